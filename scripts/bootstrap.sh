@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds the project's environment if needed; safe to run again (it does nothing when the
+# environment already matches pyproject.toml and requirements.lock).
+#   - checks for Java 17 (Spark needs it) and installs openjdk-17-jre-headless through apt
+#     where it is missing;
+#   - creates .venv with Python 3.11 and installs the pinned dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31m[bootstrap] error:\033[0m %s\n' "$*" >&2; exit 1; }
+
+java_major() {
+  command -v java >/dev/null 2>&1 || { echo 0; return; }
+  java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'
+}
+
+major=$(java_major)
+if [ "${major:-0}" -lt 17 ]; then
+  say "Java 17 not found (found: ${major:-none}); installing openjdk-17-jre-headless"
+  if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+    die "Java 17 is missing and this user cannot install packages. Install it with: apt-get install openjdk-17-jre-headless"
+  fi
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  command -v apt-get >/dev/null 2>&1 || die "Java 17 is missing and apt-get is not available: install a Java 17 runtime and re-run"
+  $SUDO apt-get update -qq || die "apt-get update failed: cannot install Java 17; install openjdk-17-jre-headless by hand"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null \
+    || die "apt-get install openjdk-17-jre-headless failed; install a Java 17 runtime by hand"
+  major=$(java_major)
+  [ "${major:-0}" -ge 17 ] || die "Java 17 still not on PATH after installing it"
+fi
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      PY=$cand; break
+    fi
+  done
+fi
+[ -n "$PY" ] || die "Python 3.11 is required (set PYTHON=/path/to/python3.11)"
+
+stamp=.venv/.shardex-env
+want=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+say "installing pinned dependencies into .venv (first time: a few minutes, pyspark is large)"
+.venv/bin/python -m pip install -q -r requirements.lock
+.venv/bin/python -m pip install -q --no-deps -e .
+echo "$want" > "$stamp"
+say "environment ready"

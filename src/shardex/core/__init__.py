@@ -1,0 +1,1 @@
+"""Core types shared by every service: timestamps, topologies, values, key codec, expressions."""

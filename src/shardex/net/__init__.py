@@ -1,0 +1,1 @@
+"""Wire protocol: transports, framing, typed messages, authentication, request/response."""

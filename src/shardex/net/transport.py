@@ -1,0 +1,94 @@
+"""The transport seam: services never know whether bytes cross real TCP or the simulator.
+
+Modelled on the Comm/Listener/Connector split of Dask ``distributed``: a ``Transport`` opens
+listeners and outgoing connections; a ``Comm`` moves whole frames (``bytes``) in order, or
+fails. Framing, the frame-size limit and the byte stream are the backend's business; message
+encoding, authentication and request/response live above, in ``shardex.net.rpc``, so they run
+identically over ``TcpTransport`` and ``shardex.sim.SimTransport``.
+
+Time comes from the running asyncio loop (``loop.time()``, ``asyncio.sleep``,
+``asyncio.wait_for``): under simulation the loop itself runs on virtual time, so the same
+service code is the clock's client in both modes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable
+
+# The largest frame either side accepts; a peer that announces more is cut off.
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+
+
+class Comm(abc.ABC):
+    """One bidirectional, ordered, framed connection."""
+
+    @abc.abstractmethod
+    async def read(self) -> bytes:
+        """Next whole frame. Raises ``ConnectionClosed`` at EOF/reset, ``FrameTooLarge`` if the
+        peer announces a frame over the limit (the comm is then closed)."""
+
+    @abc.abstractmethod
+    async def write(self, frame: bytes) -> None:
+        """Send one whole frame. Raises ``ConnectionClosed`` if the comm is gone."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Flush and close gracefully; idempotent."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Close at once without flushing; idempotent, safe from any callback."""
+
+    @property
+    @abc.abstractmethod
+    def closed(self) -> bool: ...
+
+    @property
+    @abc.abstractmethod
+    def local_address(self) -> str: ...
+
+    @property
+    @abc.abstractmethod
+    def peer_address(self) -> str: ...
+
+
+CommHandler = Callable[[Comm], Awaitable[None]]
+
+
+class Listener(abc.ABC):
+    @property
+    @abc.abstractmethod
+    def address(self) -> str:
+        """``host:port`` actually bound (port 0 resolves to the real port)."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop accepting; existing comms are closed by their owners."""
+
+
+class Transport(abc.ABC):
+    """Factory of listeners and outgoing comms for one address family."""
+
+    max_frame: int = DEFAULT_MAX_FRAME
+
+    @abc.abstractmethod
+    async def listen(self, address: str, handler: CommHandler) -> Listener:
+        """Accept connections on ``address`` (``host:port``); run ``handler(comm)`` for each."""
+
+    @abc.abstractmethod
+    async def connect(self, address: str, timeout: float) -> Comm:
+        """Open a comm to ``address``; raises ``NodeUnavailable`` if it cannot within timeout."""
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"127.0.0.1:7000"`` -> ``("127.0.0.1", 7000)`` with a clear error for anything else."""
+    from shardex.errors import ConfigError
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"bad address {address!r}",
+            details={"value": address, "hint": "expected host:port, e.g. 127.0.0.1:7000"},
+        )
+    return host, int(port)

@@ -1,0 +1,379 @@
+"""RocksDB through rocksdict, in raw-bytes mode.
+
+Why a wrapper at all: rocksdict exposes RocksDB faithfully but leaves three things to the
+caller that every shardex service needs the same way:
+
+* column families opened by name and kept open (a slice or a data partition is one);
+* atomic multi-column-family write batches with an explicit durability choice (``sync=True``
+  syncs the WAL before returning: what the data service's acknowledged writes rely on);
+* snapshots that are consistent *across* column families. A rocksdict ``Snapshot`` is bound
+  to one column family; taking several while a writer commits a batch between them would tear.
+  Every write through a ``Store`` and every multi-family snapshot hold one lock, so a
+  ``StoreSnapshot`` never sees half a batch.
+
+Keys and values are ``bytes`` throughout; encoding is the caller's (the key codec, msgspec).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from rocksdict import (
+    IngestExternalFileOptions,
+    Options,
+    ReadOptions,
+    Rdict,
+    RdictIter,
+    Snapshot,
+    WriteBatch,
+    WriteOptions,
+)
+from rocksdict import SstFileWriter as _RocksSstWriter
+
+from shardex.errors import StorageError
+
+DEFAULT_CF = "default"
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    return opts
+
+
+_CHUNK = 512
+
+
+def _scan_chunks(
+    it: RdictIter,
+    lock: threading.Lock | None,
+    lower: bytes | None,
+    upper: bytes | None,
+    reverse: bool,
+) -> Iterator[tuple[bytes, bytes]]:
+    """Walk ``[lower, upper)`` of a RocksDB iterator in byte order (or reversed).
+
+    Bounds are applied here rather than through rocksdict's ReadOptions because rocksdict
+    0.3.29 encodes iterator bounds without raw mode (the lower bound is silently ignored).
+    The iterator may be shared (a snapshot's pinned iterator): each chunk re-seeks from the
+    last key returned while holding ``lock``, so concurrent scans over one snapshot never
+    interleave inside a chunk.
+    """
+    last: bytes | None = None
+    while True:
+        chunk: list[tuple[bytes, bytes]] = []
+        with lock if lock is not None else _NO_LOCK:
+            if not reverse:
+                if last is not None:
+                    it.seek(last)
+                    if it.valid() and it.key() == last:
+                        it.next()
+                elif lower is not None:
+                    it.seek(lower)
+                else:
+                    it.seek_to_first()
+                while it.valid() and len(chunk) < _CHUNK:
+                    k = it.key()
+                    if upper is not None and k >= upper:
+                        break
+                    chunk.append((k, it.value()))
+                    it.next()
+            else:
+                start = last if last is not None else upper
+                if start is not None:
+                    it.seek_for_prev(start)
+                    # seek_for_prev lands on start itself when present; start is exclusive.
+                    if it.valid() and it.key() == start:
+                        it.prev()
+                else:
+                    it.seek_to_last()
+                while it.valid() and len(chunk) < _CHUNK:
+                    k = it.key()
+                    if lower is not None and k < lower:
+                        break
+                    chunk.append((k, it.value()))
+                    it.prev()
+        yield from chunk
+        if len(chunk) < _CHUNK:
+            return
+        last = chunk[-1][0]
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+class ColumnFamily:
+    """One named keyspace inside a ``Store`` (for example one index slice)."""
+
+    def __init__(self, store: Store, name: str, rdict: Rdict) -> None:
+        self._store = store
+        self.name = name
+        self._rdict = rdict
+        self._handle = store._db.get_column_family_handle(name)
+
+    def get(self, key: bytes, snapshot: StoreSnapshot | None = None) -> bytes | None:
+        if snapshot is not None:
+            return snapshot.get(self.name, key)
+        return self._rdict.get(key)
+
+    def put(self, key: bytes, value: bytes, *, sync: bool = False) -> None:
+        batch = self._store.batch()
+        batch.put(self, key, value)
+        self._store.write(batch, sync=sync)
+
+    def delete(self, key: bytes, *, sync: bool = False) -> None:
+        batch = self._store.batch()
+        batch.delete(self, key)
+        self._store.write(batch, sync=sync)
+
+    def iterate(
+        self,
+        lower: bytes | None = None,
+        upper: bytes | None = None,
+        *,
+        reverse: bool = False,
+        snapshot: StoreSnapshot | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs with ``lower <= key < upper`` in byte order (or reversed)."""
+        if snapshot is not None:
+            return snapshot.iterate(self.name, lower, upper, reverse=reverse)
+        # A fresh RocksDB iterator reads an implicit snapshot taken at its creation, so even
+        # a scan without an explicit snapshot sees one consistent state.
+        return _scan_chunks(self._rdict.iter(ReadOptions()), None, lower, upper, reverse)
+
+    def ingest(self, sst_paths: Iterable[str | os.PathLike[str]], *, move: bool = True) -> None:
+        """Bulk-load SST files written by ``SstWriter`` (sorted, non-overlapping with each
+        other). ``move`` hands the files to RocksDB instead of copying them."""
+        paths = [str(p) for p in sst_paths]
+        if not paths:
+            return
+        opts = IngestExternalFileOptions()
+        opts.set_move_files(move)
+        try:
+            self._rdict.ingest_external_file(paths, opts)
+        except Exception as exc:  # rocksdict raises plain Exception subclasses
+            raise StorageError(
+                f"SST ingestion into {self.name!r} failed: {exc}",
+                details={"column_family": self.name, "files": paths},
+            ) from exc
+
+    @property
+    def handle(self) -> object:
+        return self._handle
+
+
+class Batch:
+    """An atomic group of puts and deletes over any column families of one store."""
+
+    def __init__(self) -> None:
+        self._wb = WriteBatch(raw_mode=True)
+        self.count = 0
+
+    def put(self, cf: ColumnFamily, key: bytes, value: bytes) -> None:
+        self._wb.put(key, value, cf.handle)
+        self.count += 1
+
+    def delete(self, cf: ColumnFamily, key: bytes) -> None:
+        self._wb.delete(key, cf.handle)
+        self.count += 1
+
+    def delete_range(self, cf: ColumnFamily, lower: bytes, upper: bytes) -> None:
+        """Delete every key in [lower, upper)."""
+        self._wb.delete_range(lower, upper, cf.handle)
+        self.count += 1
+
+    @property
+    def size_bytes(self) -> int:
+        return int(self._wb.size_in_bytes())
+
+
+class StoreSnapshot:
+    """A point-in-time view over column families of a store.
+
+    rocksdict 0.3.29 drops the snapshot when it builds an iterator over a ``Snapshot`` (its
+    ``Snapshot.iter`` converts the read options twice and loses ``set_snapshot``), so range
+    reads here use a RocksDB iterator created at snapshot time instead: a RocksDB iterator
+    reads an implicit snapshot fixed at its creation, however often it is re-seeked. Point
+    reads use rocksdict's ``Snapshot``, whose ``get`` does honour the snapshot.
+    """
+
+    def __init__(self, parts: dict[str, tuple[Snapshot, RdictIter]]) -> None:
+        self._parts = parts
+        self._locks = {name: threading.Lock() for name in parts}
+
+    def _part(self, cf_name: str) -> tuple[Snapshot, RdictIter]:
+        try:
+            return self._parts[cf_name]
+        except KeyError:
+            raise StorageError(
+                f"column family {cf_name!r} is not in this snapshot",
+                details={"column_family": cf_name, "hint": "released, or created after it"},
+            ) from None
+
+    def get(self, cf_name: str, key: bytes) -> bytes | None:
+        snap, _ = self._part(cf_name)
+        try:
+            return snap[key]
+        except KeyError:
+            return None
+        except Exception as exc:  # rocksdict raises a bare Exception("key not found")
+            if "not found" in str(exc):
+                return None
+            raise
+
+    def iterate(
+        self,
+        cf_name: str,
+        lower: bytes | None = None,
+        upper: bytes | None = None,
+        *,
+        reverse: bool = False,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        _, it = self._part(cf_name)
+        return _scan_chunks(it, self._locks[cf_name], lower, upper, reverse)
+
+    def release(self) -> None:
+        """Drop the pinned iterators and snapshots so RocksDB can reclaim old versions."""
+        self._parts.clear()
+
+
+class Store:
+    """One RocksDB database directory with named column families."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        opts = _options()
+        try:
+            existing = Rdict.list_cf(str(self.path), _options())
+        except Exception:
+            existing = [DEFAULT_CF]  # a new database has only the default family
+        cfs = {name: _options() for name in existing if name != DEFAULT_CF}
+        try:
+            self._db = Rdict(str(self.path), opts, column_families=cfs or None)
+        except Exception as exc:
+            raise StorageError(
+                f"cannot open RocksDB at {self.path}: {exc}",
+                details={"path": str(self.path), "hint": "is another process using it?"},
+            ) from exc
+        self._cfs: dict[str, ColumnFamily] = {}
+        self._cfs[DEFAULT_CF] = ColumnFamily(self, DEFAULT_CF, self._db)
+        for name in cfs:
+            self._cfs[name] = ColumnFamily(self, name, self._db.get_column_family(name))
+        self._closed = False
+
+    # column families -----------------------------------------------------------------
+    def column_families(self) -> list[str]:
+        return sorted(self._cfs)
+
+    def has_column_family(self, name: str) -> bool:
+        return name in self._cfs
+
+    def column_family(self, name: str = DEFAULT_CF, *, create: bool = True) -> ColumnFamily:
+        cf = self._cfs.get(name)
+        if cf is not None:
+            return cf
+        if not create:
+            raise StorageError(f"no column family {name!r}", details={"column_family": name})
+        with self._lock:
+            if name not in self._cfs:
+                rd = self._db.create_column_family(name, _options())
+                self._cfs[name] = ColumnFamily(self, name, rd)
+        return self._cfs[name]
+
+    def drop_column_family(self, name: str) -> None:
+        if name == DEFAULT_CF:
+            raise StorageError("the default column family cannot be dropped")
+        with self._lock:
+            if self._cfs.pop(name, None) is not None:
+                self._db.drop_column_family(name)
+
+    # writes ----------------------------------------------------------------------------
+    def batch(self) -> Batch:
+        return Batch()
+
+    def write(self, batch: Batch, *, sync: bool = False) -> None:
+        """Apply ``batch`` atomically. ``sync=True`` fsyncs the WAL before returning, so the
+        batch survives a machine crash; ``sync=False`` survives a process crash only."""
+        if batch.count == 0:
+            return
+        wo = WriteOptions()
+        wo.sync = sync
+        with self._lock:
+            self._check_open()
+            self._db.write(batch._wb, wo)
+
+    # reads -------------------------------------------------------------------------------
+    def snapshot(self, cf_names: Iterable[str] | None = None) -> StoreSnapshot:
+        """A consistent view of the named column families (all open ones by default)."""
+        names = list(cf_names) if cf_names is not None else list(self._cfs)
+        with self._lock:
+            self._check_open()
+            parts = {}
+            for n in names:
+                rd = self.column_family(n, create=False)._rdict
+                parts[n] = (rd.snapshot(), rd.iter(ReadOptions()))
+            return StoreSnapshot(parts)
+
+    def flush(self) -> None:
+        self._db.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cfs.clear()
+            self._db.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"store {self.path} is closed")
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SstWriter:
+    """Writes a sorted run of (key, value) into an SST file for ``ColumnFamily.ingest``.
+
+    Keys must be added in strictly increasing byte order (RocksDB's rule for SST files);
+    an out-of-order key raises ``StorageError`` naming it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        self._w = _RocksSstWriter(options=Options(raw_mode=True))
+        self._w.open(self.path)
+        self._last: bytes | None = None
+        self.count = 0
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if self._last is not None and key <= self._last:
+            raise StorageError(
+                "SST keys must be strictly increasing",
+                details={"key": key.hex(), "previous": self._last.hex()},
+            )
+        self._w[key] = value
+        self._last = key
+        self.count += 1
+
+    def finish(self) -> str:
+        self._w.finish()
+        return self.path

@@ -1,0 +1,151 @@
+"""The RocksDB wrapper: column families, atomic batches, snapshots, bounded iterators, SSTs."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardex.errors import ErrorCode, StorageError
+from shardex.storage import SstWriter, Store
+
+
+def test_column_families_persist_across_reopen(tmp_path):
+    with Store(tmp_path / "db") as store:
+        store.column_family("slice-1").put(b"k", b"v", sync=True)
+        store.column_family("slice-2").put(b"k", b"w")
+    with Store(tmp_path / "db") as store:
+        assert store.column_families() == ["default", "slice-1", "slice-2"]
+        assert store.column_family("slice-1", create=False).get(b"k") == b"v"
+        assert store.column_family("slice-2", create=False).get(b"k") == b"w"
+
+
+def test_missing_column_family_without_create_is_an_error(tmp_path):
+    with Store(tmp_path / "db") as store, pytest.raises(StorageError) as err:
+        store.column_family("nope", create=False)
+    assert err.value.code is ErrorCode.STORAGE_ERROR
+    assert "nope" in err.value.message
+
+
+def test_batch_is_atomic_across_column_families(tmp_path):
+    with Store(tmp_path / "db") as store:
+        a, b = store.column_family("a"), store.column_family("b")
+        batch = store.batch()
+        batch.put(a, b"1", b"x")
+        batch.put(b, b"2", b"y")
+        batch.delete(a, b"absent")
+        snap_before = store.snapshot()
+        store.write(batch, sync=True)
+        assert a.get(b"1") == b"x" and b.get(b"2") == b"y"
+        # The snapshot taken before the batch sees none of it, in either family.
+        assert snap_before.get("a", b"1") is None
+        assert snap_before.get("b", b"2") is None
+        snap_after = store.snapshot()
+        assert snap_after.get("a", b"1") == b"x" and snap_after.get("b", b"2") == b"y"
+
+
+def test_bounded_iteration_forward_and_reverse(tmp_path):
+    with Store(tmp_path / "db") as store:
+        cf = store.column_family("s")
+        batch = store.batch()
+        for i in range(10):
+            batch.put(cf, bytes([i]), str(i).encode())
+        store.write(batch)
+        assert [k for k, _ in cf.iterate(bytes([3]), bytes([6]))] == [b"\x03", b"\x04", b"\x05"]
+        assert [k[0] for k, _ in cf.iterate(bytes([7]), None, reverse=True)] == [9, 8, 7]
+        assert len(list(cf.iterate())) == 10
+
+
+def test_snapshot_iteration_ignores_later_writes(tmp_path):
+    with Store(tmp_path / "db") as store:
+        cf = store.column_family("s")
+        cf.put(b"a", b"1")
+        snap = store.snapshot(["s"])
+        cf.put(b"b", b"2")
+        cf.delete(b"a")
+        assert list(cf.iterate(snapshot=snap)) == [(b"a", b"1")]
+        assert list(cf.iterate()) == [(b"b", b"2")]
+
+
+def test_delete_range(tmp_path):
+    with Store(tmp_path / "db") as store:
+        cf = store.column_family("s")
+        batch = store.batch()
+        for i in range(5):
+            batch.put(cf, bytes([i]), b"")
+        batch.delete_range(cf, bytes([1]), bytes([4]))
+        store.write(batch)
+        assert [k for k, _ in cf.iterate()] == [b"\x00", b"\x04"]
+
+
+def test_sst_ingestion(tmp_path):
+    writer = SstWriter(tmp_path / "bulk.sst")
+    for i in range(100):
+        writer.put(i.to_bytes(2, "big"), b"v%d" % i)
+    path = writer.finish()
+    with Store(tmp_path / "db") as store:
+        cf = store.column_family("s")
+        cf.ingest([path])
+        rows = list(cf.iterate())
+        assert len(rows) == 100 and rows[42] == ((42).to_bytes(2, "big"), b"v42")
+
+
+def test_sst_writer_rejects_unsorted_keys(tmp_path):
+    writer = SstWriter(tmp_path / "bulk.sst")
+    writer.put(b"b", b"")
+    with pytest.raises(StorageError) as err:
+        writer.put(b"a", b"")
+    assert err.value.details["key"] == b"a".hex()
+
+
+def test_closed_store_refuses_writes(tmp_path):
+    store = Store(tmp_path / "db")
+    cf = store.column_family("s")
+    store.close()
+    with pytest.raises(StorageError):
+        cf.put(b"k", b"v")
+
+
+def test_drop_column_family(tmp_path):
+    with Store(tmp_path / "db") as store:
+        store.column_family("s").put(b"k", b"v")
+        store.drop_column_family("s")
+        assert not store.has_column_family("s")
+    with Store(tmp_path / "db") as store:
+        assert store.column_families() == ["default"]
+
+
+def test_snapshot_scans_span_chunks_and_interleave(tmp_path):
+    """Two scans over one snapshot, advanced alternately across many chunks, each see exactly
+    the snapshot's keys in order, even while the live data changes underneath."""
+    with Store(tmp_path / "db") as store:
+        cf = store.column_family("s")
+        batch = store.batch()
+        for i in range(2000):
+            batch.put(cf, i.to_bytes(4, "big"), b"old")
+        store.write(batch)
+        snap = store.snapshot(["s"])
+        batch = store.batch()
+        batch.delete_range(cf, (0).to_bytes(4, "big"), (1000).to_bytes(4, "big"))
+        batch.put(cf, (5000).to_bytes(4, "big"), b"new")
+        store.write(batch)
+        fwd = cf.iterate((10).to_bytes(4, "big"), (1990).to_bytes(4, "big"), snapshot=snap)
+        rev = cf.iterate((10).to_bytes(4, "big"), (1990).to_bytes(4, "big"), snapshot=snap,
+                         reverse=True)
+        got_fwd, got_rev = [], []
+        for a, b in zip(fwd, rev, strict=True):
+            got_fwd.append(int.from_bytes(a[0], "big"))
+            got_rev.append(int.from_bytes(b[0], "big"))
+        assert got_fwd == list(range(10, 1990))
+        assert got_rev == list(range(1989, 9, -1))
+        assert cf.get((5).to_bytes(4, "big"), snapshot=snap) == b"old"
+        assert cf.get((5).to_bytes(4, "big")) is None
+        assert cf.get((5000).to_bytes(4, "big"), snapshot=snap) is None
+
+
+def test_released_snapshot_is_refused(tmp_path):
+    with Store(tmp_path / "db") as store:
+        store.column_family("s")
+        snap = store.snapshot(["s"])
+        snap.release()
+        with pytest.raises(StorageError) as err:
+            list(snap.iterate("s"))
+        assert err.value.details["column_family"] == "s"

@@ -1,0 +1,1 @@
+"""shardex benchmarks: ``python -m bench.<name>``; results land in ``bench/results/``."""

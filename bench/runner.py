@@ -1,0 +1,155 @@
+"""A tiny shared benchmark runner.
+
+A benchmark is a function (plain or ``async``) taking a ``BenchContext`` and returning rows:
+a list of dicts with the same keys. The runner runs each one, prints every row in one table
+(rich if installed, else plain aligned text) and writes all rows plus machine info to
+``bench/results/<name>.json`` so runs can be compared over time.
+
+    def main() -> None:
+        run_suite("wire", [bench_a, bench_b], description="...")
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import inspect
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+Benchmark = Callable[["BenchContext"], "list[Row] | Awaitable[list[Row]]"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class BenchContext:
+    """What every benchmark gets: how long each measurement should run."""
+
+    duration: float = 2.0
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    if hasattr(os, "getloadavg"):
+        # Figures on a shared machine mean little without the load they were taken under.
+        info["load_avg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return info
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value == 0 or abs(value) >= 100:
+            return f"{value:,.0f}"
+        return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _columns(rows: Sequence[Row]) -> list[str]:
+    cols: list[str] = []
+    for row in rows:
+        cols.extend(k for k in row if k not in cols)
+    return cols
+
+
+def print_table(title: str, rows: Sequence[Row]) -> None:
+    cols = _columns(rows)
+    cells = [[_fmt(r.get(c, "")) for c in cols] for r in rows]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+        print(title)
+        print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+        print("  ".join("-" * w for w in widths))
+        for row in cells:
+            # Numbers right-aligned, text left-aligned, as a reader scans them.
+            print(
+                "  ".join(
+                    v.rjust(w) if v[:1].isdigit() else v.ljust(w)
+                    for v, w in zip(row, widths, strict=True)
+                )
+            )
+        return
+    table = Table(title=title)
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("bench", "case") else "right")
+    for row in cells:
+        table.add_row(*row)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # piped or in CI: do not squeeze columns to 80
+    console.print(table)
+
+
+def write_json(name: str, rows: Sequence[Row], extra: dict[str, Any] | None = None) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    doc = {"name": name, "machine": machine_info(), **(extra or {}), "rows": list(rows)}
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return path
+
+
+def run_one(bench: Benchmark, ctx: BenchContext) -> list[Row]:
+    result = bench(ctx)
+    if inspect.isawaitable(result):
+        result = asyncio.run(_await(result))
+    return list(result)
+
+
+async def _await(aw: Awaitable[list[Row]]) -> list[Row]:
+    return await aw
+
+
+def run_suite(
+    name: str,
+    benchmarks: Sequence[Benchmark],
+    *,
+    description: str = "",
+    argv: Sequence[str] | None = None,
+) -> list[Row]:
+    """Parse ``--duration/--only``, run the benchmarks, print and save their rows."""
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=description)
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
+    parser.add_argument("--only", action="append", default=[], help="run benchmarks by name")
+    args = parser.parse_args(argv)
+    ctx = BenchContext(duration=args.duration)
+    selected = [b for b in benchmarks if not args.only or b.__name__ in args.only]
+    rows: list[Row] = []
+    start = time.perf_counter()
+    for bench in selected:
+        print(f"running {bench.__name__} ...", file=sys.stderr, flush=True)
+        rows.extend(run_one(bench, ctx))
+    elapsed = time.perf_counter() - start
+    load = f", load {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    print_table(f"{name} ({elapsed:.1f} s{load}, {os.cpu_count()} CPUs)", rows)
+    path = write_json(name, rows, {"duration_per_measurement": ctx.duration, "elapsed": elapsed})
+    print(f"wrote {path}", file=sys.stderr)
+    return rows

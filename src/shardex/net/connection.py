@@ -1,0 +1,483 @@
+"""The symmetric connection: request/response and one-way messages over any ``Comm``.
+
+A ``Connection`` is symmetric: once authenticated, either side may send requests and one-way
+messages, and either side may route incoming ones to handlers. That lets a node stream
+batches or notifications back over the connection a peer opened, instead of dialling back.
+
+Handlers: ``async def handler(msg, conn) -> Message | None``.
+- For a request, the return value is the response (``None`` sends ``Ack``); a raised
+  ``ShardexError`` becomes an ``ErrorReply`` with its code/message/details; any other exception
+  is logged with its traceback and answered with INTERNAL. Each request runs in its own task,
+  so a slow handler never blocks other requests on the connection.
+- One-way messages on one connection are handled one at a time, in arrival order, by a
+  worker task (not the reader, so a one-way handler may itself make requests on the same
+  connection without deadlocking).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, overload
+
+from shardex.errors import (
+    ConnectionClosed,
+    ErrorCode,
+    FrameTooLarge,
+    ProtocolError,
+    RequestTimeout,
+    ShardexError,
+)
+from shardex.net.messages import (
+    Ack,
+    Envelope,
+    ErrorReply,
+    Kind,
+    Message,
+    Ping,
+    Pong,
+    UndecodableBody,
+    decode_frame,
+    encode_frame,
+    message_type_name,
+)
+from shardex.net.transport import Comm
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REQUEST_TIMEOUT = 30.0
+# How long a best-effort notice (the reason we are hanging up) may delay a close.
+_NOTICE_TIMEOUT = 1.0
+
+M = TypeVar("M", bound=Message)
+Handler = Callable[[Any, "Connection"], Awaitable[Message | None]]
+CloseCallback = Callable[["Connection"], None]
+
+
+class Router:
+    """Dispatch table: message class -> handler. Shared by every connection it is given to."""
+
+    def __init__(self, routes: Mapping[type[Message], Handler] | None = None) -> None:
+        self._routes: dict[type[Message], Handler] = {}
+        for msg_type, handler in (routes or {}).items():
+            self.route(msg_type, handler)
+
+    @overload
+    def route(self, msg_type: type[Message], handler: Handler) -> Handler: ...
+    @overload
+    def route(
+        self, msg_type: type[Message], handler: None = None
+    ) -> Callable[[Handler], Handler]: ...
+
+    def route(self, msg_type: type[Message], handler: Handler | None = None) -> Any:
+        """Register ``handler`` for ``msg_type``; without a handler, acts as a decorator."""
+        if not (isinstance(msg_type, type) and issubclass(msg_type, Message)):
+            raise TypeError(f"route() needs a Message subclass, got {msg_type!r}")
+
+        def register(h: Handler) -> Handler:
+            if msg_type in self._routes:
+                raise ValueError(f"{msg_type.__name__} is already routed")
+            self._routes[msg_type] = h
+            return h
+
+        return register(handler) if handler is not None else register
+
+    def lookup(self, msg_type: type[Message]) -> Handler | None:
+        return self._routes.get(msg_type)
+
+    def __contains__(self, msg_type: object) -> bool:
+        return msg_type in self._routes
+
+
+def as_router(handlers: Router | Mapping[type[Message], Handler] | None) -> Router:
+    if isinstance(handlers, Router):
+        return handlers
+    return Router(handlers)
+
+
+class Connection:
+    """One authenticated, symmetric connection. Build with ``connect`` or get it from
+    ``RpcServer`` handlers; never construct directly outside this package."""
+
+    def __init__(
+        self,
+        comm: Comm,
+        *,
+        name: str,
+        peer_name: str,
+        router: Router | None = None,
+        max_frame: int,
+    ) -> None:
+        self._comm = comm
+        self.name = name
+        self.peer_name = peer_name
+        self._router = router if router is not None else Router()
+        self._max_frame = max_frame
+        self._loop = asyncio.get_running_loop()
+        self._next_id = 1
+        self._pending: dict[int, tuple[asyncio.Future[Message], str]] = {}
+        self._write_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._oneway: asyncio.Queue[Message] = asyncio.Queue()
+        self._oneway_task: asyncio.Task[None] | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._close_reason: ShardexError | None = None
+        self._peer_notice: ErrorReply | None = None
+        self._closed_event = asyncio.Event()
+        self._close_callbacks: list[CloseCallback] = []
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<Connection {self.name} -> {self.peer_label} {state}>"
+
+    # --- properties -------------------------------------------------------------------
+
+    @property
+    def peer_address(self) -> str:
+        return self._comm.peer_address
+
+    @property
+    def local_address(self) -> str:
+        return self._comm.local_address
+
+    @property
+    def peer_label(self) -> str:
+        return f"{self.peer_name}@{self.peer_address}"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def close_reason(self) -> ShardexError | None:
+        """Why the connection ended (``None`` while open)."""
+        return self._close_reason
+
+    @property
+    def pending_requests(self) -> int:
+        return len(self._pending)
+
+    # --- public API -------------------------------------------------------------------
+
+    @overload
+    async def request(self, msg: Message, timeout: float | None = ..., *, expect: type[M]) -> M: ...
+    @overload
+    async def request(
+        self, msg: Message, timeout: float | None = ..., *, expect: None = None
+    ) -> Message: ...
+
+    async def request(
+        self,
+        msg: Message,
+        timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        *,
+        expect: type[Message] | None = None,
+    ) -> Message:
+        """Send ``msg`` and wait for its response.
+
+        Raises the peer's error (rebuilt by ``ShardexError.from_wire``), ``RequestTimeout``
+        after ``timeout`` seconds (``None`` waits forever; the connection stays usable and a
+        late response is dropped), ``ConnectionClosed`` if the connection ends first,
+        ``FrameTooLarge`` if ``msg`` encodes over the frame limit (nothing is sent), and
+        ``ProtocolError`` if the response is not an instance of ``expect``.
+        """
+        if self._closed:
+            raise self._closed_error(message_type_name(msg))
+        rid = self._next_id
+        self._next_id += 1
+        fut: asyncio.Future[Message] = self._loop.create_future()
+        type_name = message_type_name(msg)
+        self._pending[rid] = (fut, type_name)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._write(Envelope(Kind.REQUEST, rid, msg))
+                reply = await fut
+        except TimeoutError:
+            raise RequestTimeout(
+                f"{type_name} to {self.peer_label} timed out after {timeout}s",
+                details={"type": type_name, "peer": self.peer_label, "timeout": timeout},
+            ) from None
+        finally:
+            self._pending.pop(rid, None)
+        if expect is not None and not isinstance(reply, expect):
+            raise ProtocolError(
+                f"{self.peer_label} answered {type_name} with {message_type_name(reply)}, "
+                f"expected {expect.__name__}",
+                details={"type": type_name, "got": message_type_name(reply)},
+            )
+        return reply
+
+    async def send(self, msg: Message) -> None:
+        """Send a one-way message. Returns once it is handed to the transport (not when the
+        peer has handled it); a slow peer makes this wait (backpressure)."""
+        if self._closed:
+            raise self._closed_error(message_type_name(msg))
+        await self._write(Envelope(Kind.ONEWAY, 0, msg))
+
+    async def ping(self, timeout: float | None = DEFAULT_REQUEST_TIMEOUT) -> float:
+        """Round-trip time in seconds (loop clock)."""
+        start = self._loop.time()
+        await self.request(Ping(), timeout, expect=Pong)
+        return self._loop.time() - start
+
+    def add_close_callback(self, callback: CloseCallback) -> None:
+        """Call ``callback(conn)`` once when the connection ends (at once if it has)."""
+        if self._closed:
+            callback(self)
+        else:
+            self._close_callbacks.append(callback)
+
+    async def close(self) -> None:
+        """Close gracefully: pending requests fail with ConnectionClosed, running handlers
+        are cancelled, queued outgoing bytes are flushed. Idempotent."""
+        if not self._closed:
+            self._finish(ConnectionClosed(f"connection to {self.peer_label} closed locally"))
+        await self._comm.close()
+        await self._closed_event.wait()
+
+    def abort(self) -> None:
+        """Close at once without flushing."""
+        if not self._closed:
+            self._finish(ConnectionClosed(f"connection to {self.peer_label} aborted locally"))
+        self._comm.abort()
+
+    async def wait_closed(self) -> None:
+        await self._closed_event.wait()
+
+    # --- internals --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the reader task (done by ``connect`` and ``RpcServer``)."""
+        if self._reader_task is None:
+            self._reader_task = self._loop.create_task(
+                self._read_loop(), name=f"shardex-rpc-reader {self.name}<-{self.peer_name}"
+            )
+
+    def _closed_error(self, type_name: str) -> ConnectionClosed:
+        reason = self._close_reason
+        details: dict[str, Any] = {"type": type_name, "peer": self.peer_label}
+        if reason is not None and "notice" in reason.details:
+            details["notice"] = reason.details["notice"]
+        return ConnectionClosed(
+            f"{type_name}: connection to {self.peer_label} is closed"
+            + (f" ({reason.message})" if reason else ""),
+            details=details,
+        )
+
+    async def _write(self, env: Envelope) -> None:
+        frame = encode_frame(env)
+        if len(frame) > self._max_frame:
+            type_name = message_type_name(env.body)
+            raise FrameTooLarge(
+                f"{type_name} encodes to {len(frame)} bytes, over max_frame {self._max_frame}",
+                details={"type": type_name, "size": len(frame), "max_frame": self._max_frame},
+            )
+        # The lock keeps frames whole whatever the backend does while a write is suspended,
+        # and bounds buffering: writers queue behind one draining write.
+        async with self._write_lock:
+            if self._closed:
+                raise self._closed_error(message_type_name(env.body))
+            await self._comm.write(frame)
+
+    async def _read_loop(self) -> None:
+        reason: ShardexError
+        notice: ErrorReply | None = None
+        try:
+            while True:
+                frame = await self._comm.read()
+                try:
+                    env = decode_frame(frame)
+                except UndecodableBody as e:
+                    self._on_bad_body(e)
+                    continue
+                self._dispatch(env)
+        except ConnectionClosed as e:
+            reason = e
+            if self._peer_notice is not None:
+                # The peer said why it hung up; pass that on to whoever was waiting.
+                n = self._peer_notice
+                reason = ConnectionClosed(
+                    f"{e.message} after notice {n.code}: {n.message}",
+                    details={**e.details, "notice": n.code},
+                )
+        except ProtocolError as e:  # includes FrameTooLarge
+            log.error("protocol error on connection with %s: %s; closing it", self.peer_label, e)
+            reason = ConnectionClosed(
+                f"connection to {self.peer_label} closed: {e.message}",
+                details={"peer": self.peer_label, "cause": e.code.value},
+            )
+            code, message, _ = e.to_wire()
+            notice = ErrorReply(code=code, message=message, details={})
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("reader of connection with %s failed; closing it", self.peer_label)
+            reason = ConnectionClosed(f"connection to {self.peer_label} failed: {e!r}")
+        self._finish(reason)
+        if notice is not None and not self._comm.closed:
+            # Tell the peer why before hanging up; it may be a buggy but honest node.
+            try:
+                async with asyncio.timeout(_NOTICE_TIMEOUT), self._write_lock:
+                    await self._comm.write(encode_frame(Envelope(Kind.ERROR, 0, notice)))
+            except (TimeoutError, ShardexError, OSError):
+                pass
+        await self._comm.close()
+
+    def _dispatch(self, env: Envelope) -> None:
+        kind = env.kind
+        if kind is Kind.REQUEST:
+            self._spawn(self._handle_request(env.id, env.body))
+        elif kind is Kind.ONEWAY:
+            self._oneway.put_nowait(env.body)
+            if self._oneway_task is None:
+                self._oneway_task = self._loop.create_task(self._oneway_loop())
+        elif env.id == 0:
+            body = env.body
+            if isinstance(body, ErrorReply):
+                log.warning("%s sent notice %s: %s", self.peer_label, body.code, body.message)
+                self._peer_notice = body
+        else:
+            entry = self._pending.pop(env.id, None)
+            if entry is None:
+                # Its request timed out or was cancelled; nobody is waiting any more.
+                log.debug("late reply %d from %s dropped", env.id, self.peer_label)
+                return
+            fut, type_name = entry
+            if fut.done():
+                return
+            body = env.body
+            if kind is Kind.RESPONSE:
+                fut.set_result(body)
+            elif isinstance(body, ErrorReply):
+                fut.set_exception(ShardexError.from_wire(body.code, body.message, body.details))
+            else:
+                fut.set_exception(
+                    ProtocolError(
+                        f"{self.peer_label} sent an error of type {message_type_name(body)}",
+                        details={"type": type_name},
+                    )
+                )
+
+    def _on_bad_body(self, e: UndecodableBody) -> None:
+        log.warning("%s from %s: %s", e.kind.name.lower(), self.peer_label, e.message)
+        if e.kind is Kind.REQUEST:
+            self._spawn(self._reply_error(e.request_id, e))
+        elif e.kind in (Kind.RESPONSE, Kind.ERROR) and e.request_id:
+            entry = self._pending.pop(e.request_id, None)
+            if entry is not None and not entry[0].done():
+                entry[0].set_exception(e)
+
+    def _spawn(self, coro: Any) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle_request(self, rid: int, msg: Message) -> None:
+        handler = self._router.lookup(type(msg))
+        type_name = message_type_name(msg)
+        if handler is None:
+            if isinstance(msg, Ping):
+                await self._reply(rid, Pong(payload=msg.payload))
+                return
+            await self._reply_error(
+                rid,
+                ShardexError(
+                    f"{self.name} has no handler for {type_name}",
+                    code=ErrorCode.UNKNOWN_MESSAGE,
+                    details={"type": type_name},
+                ),
+            )
+            return
+        try:
+            result = await handler(msg, self)
+            if result is None:
+                result = Ack()
+            elif not isinstance(result, Message):
+                raise TypeError(f"handler returned {type(result).__name__}, not a Message")
+        except ShardexError as e:
+            log.debug("%s from %s failed: %s", type_name, self.peer_label, e)
+            await self._reply_error(rid, e)
+            return
+        except Exception as e:
+            log.exception("handler for %s from %s raised", type_name, self.peer_label)
+            await self._reply_error(
+                rid,
+                ShardexError(
+                    f"{type(e).__name__}: {e}",
+                    code=ErrorCode.INTERNAL,
+                    details={"type": type_name, "exception": type(e).__name__},
+                ),
+            )
+            return
+        await self._reply(rid, result)
+
+    async def _reply(self, rid: int, result: Message) -> None:
+        try:
+            await self._write(Envelope(Kind.RESPONSE, rid, result))
+        except ConnectionClosed:
+            log.debug("reply %d to %s lost: connection closed", rid, self.peer_label)
+        except ProtocolError as e:  # unencodable or oversized response: say so instead
+            log.error("cannot send reply %d to %s: %s", rid, self.peer_label, e)
+            await self._reply_error(rid, e)
+
+    async def _reply_error(self, rid: int, err: ShardexError) -> None:
+        code, message, details = err.to_wire()
+        try:
+            try:
+                await self._write(
+                    Envelope(
+                        Kind.ERROR, rid, ErrorReply(code=code, message=message, details=details)
+                    )
+                )
+            except ProtocolError:
+                # Details that cannot be encoded must not turn an error into a hang.
+                safe = ErrorReply(code=code, message=message, details={"repr": repr(details)})
+                await self._write(Envelope(Kind.ERROR, rid, safe))
+        except ConnectionClosed:
+            log.debug("error reply %d to %s lost: connection closed", rid, self.peer_label)
+        except ShardexError as e:
+            log.error("cannot send error reply %d to %s: %s", rid, self.peer_label, e)
+
+    async def _oneway_loop(self) -> None:
+        while True:
+            msg = await self._oneway.get()
+            handler = self._router.lookup(type(msg))
+            if handler is None:
+                log.warning(
+                    "no handler for one-way %s from %s; dropped",
+                    message_type_name(msg),
+                    self.peer_label,
+                )
+                continue
+            try:
+                await handler(msg, self)
+            except ShardexError as e:
+                log.warning("one-way %s from %s failed: %s", type(msg).__name__, self.peer_label, e)
+            except Exception:
+                log.exception(
+                    "handler for one-way %s from %s raised", type(msg).__name__, self.peer_label
+                )
+
+    def _finish(self, reason: ShardexError) -> None:
+        """End the connection once: fail every pending request together, stop handlers."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_reason = reason
+        pending, self._pending = self._pending, {}
+        for fut, type_name in pending.values():
+            if not fut.done():
+                fut.set_exception(self._closed_error(type_name))
+        current = asyncio.current_task()
+        for task in (self._reader_task, self._oneway_task, *self._tasks):
+            if task is not None and task is not current:
+                task.cancel()
+        for cb in self._close_callbacks:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("close callback of %r failed", self)
+        self._close_callbacks.clear()
+        self._closed_event.set()

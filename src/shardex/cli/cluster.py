@@ -1,0 +1,209 @@
+"""``shardex cluster start|status|stop``: a local cluster of node processes on loopback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from shardex.cli import localcluster as lc
+from shardex.cli.common import EXIT_FAILED, err, fail, out
+from shardex.errors import ConfigError, ShardexError
+from shardex.node import cluster_dir as cdir
+
+app = typer.Typer(
+    help="Run a local cluster: N node processes on 127.0.0.1, state in one directory.",
+    no_args_is_help=True,
+)
+
+DirOption = Annotated[Path, typer.Option("--dir", "-d", help="Cluster directory.", file_okay=False)]
+
+
+def _load(cluster_dir: Path) -> tuple[cdir.ClusterSpec, str]:
+    try:
+        spec = cdir.load(cluster_dir)
+        return spec, cdir.read_secret(cluster_dir, spec)
+    except ShardexError as e:
+        fail(e)
+
+
+@app.command()
+def start(
+    cluster_dir: DirOption,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", "-n", help="Number of nodes (new cluster: 3).")
+    ] = None,
+    base_port: Annotated[
+        int | None,
+        typer.Option(
+            "--base-port",
+            help=f"First cluster port (new cluster: {cdir.DEFAULT_BASE_PORT}); nodes use P, "
+            f"P+1, ...; HTTP ports are reserved at +{cdir.HTTP_PORT_OFFSET}.",
+        ),
+    ] = None,
+    services: Annotated[
+        str | None, typer.Option(help="Services of every node (new cluster: all).")
+    ] = None,
+    heartbeat_interval: Annotated[
+        float | None, typer.Option("--heartbeat-interval", help="New cluster: 0.5 s.")
+    ] = None,
+    failure_timeout: Annotated[
+        float | None, typer.Option("--failure-timeout", help="New cluster: 3 s.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for all nodes to be up.")] = 30.0,
+) -> None:
+    """Create the cluster on first use, start every node that is not running, and wait until
+    each answers and sees all members up. Safe to run again (e.g. after kill -9)."""
+    try:
+        if cdir.exists(cluster_dir):
+            spec = cdir.load(cluster_dir)
+            _check_same(spec, nodes, base_port)
+        else:
+            from shardex.node.config import load_config
+
+            # Validate the settings the way a node will, before writing anything.
+            probe_cfg: dict[str, Any] = {
+                "name": "node1",
+                "data_dir": str(cluster_dir / "node1"),
+                "secret": "x" * 32,
+                "services": services,
+                "heartbeat_interval": heartbeat_interval,
+                "failure_timeout": failure_timeout,
+            }
+            cfg = load_config(None, probe_cfg)
+            spec = cdir.create(
+                cluster_dir,
+                nodes=3 if nodes is None else nodes,
+                base_port=cdir.DEFAULT_BASE_PORT if base_port is None else base_port,
+                services=list(cfg.services),
+                heartbeat_interval=cfg.heartbeat_interval,
+                failure_timeout=cfg.failure_timeout,
+            )
+            err.print(f"created cluster directory {cluster_dir} ({len(spec.nodes)} nodes)")
+        secret = cdir.read_secret(cluster_dir, spec)
+    except ShardexError as e:
+        fail(e)
+
+    with err.status("starting nodes...", spinner="dots") as spinner:
+        outcome = lc.start(
+            cluster_dir,
+            spec,
+            secret,
+            timeout=timeout,
+            progress=lambda msg: spinner.update(msg),
+        )
+
+    table = Table(title=f"cluster {cluster_dir}")
+    for col in ("node", "address", "pid", "state", "action"):
+        table.add_column(col)
+    procs = lc.node_procs(cluster_dir, spec)
+    for p, r in zip(procs, outcome.results, strict=True):
+        name = p.spec.name
+        action = "started" if name in outcome.started else "already running"
+        if name in outcome.failed:
+            action = f"[red]FAILED[/]: {outcome.failed[name]}"
+        state = "[green]up[/]" if r.up else "[red]down[/]"
+        table.add_row(name, p.spec.address, str(p.pid or "-"), state, action)
+    out.print(table)
+
+    if outcome.failed:
+        for name in sorted(outcome.failed):
+            node = next(n for n in spec.nodes if n.name == name)
+            err.print(f"[bold red]{name} failed:[/] {outcome.failed[name]}")
+            err.rule(f"last lines of {node.path(cluster_dir) / cdir.STDOUT_FILE}")
+            err.print(lc.log_tail(node.path(cluster_dir)), markup=False, highlight=False)
+            err.rule()
+        raise typer.Exit(EXIT_FAILED)
+    err.print(f"[green]cluster up:[/] {len(spec.nodes)} nodes, all members up")
+
+
+def _check_same(spec: cdir.ClusterSpec, nodes: int | None, base_port: int | None) -> None:
+    if nodes is not None and nodes != len(spec.nodes):
+        raise ConfigError(
+            f"the cluster has {len(spec.nodes)} nodes, not {nodes}",
+            details={
+                "key": "nodes",
+                "value": nodes,
+                "hint": "omit --nodes to restart it (adding or removing nodes is not supported)",
+            },
+        )
+    if base_port is not None and base_port != spec.base_port:
+        raise ConfigError(
+            f"the cluster uses base port {spec.base_port}, not {base_port}",
+            details={"key": "base_port", "value": base_port, "hint": "omit --base-port"},
+        )
+
+
+@app.command()
+def status(
+    cluster_dir: DirOption,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each node.")] = 2.0,
+) -> None:
+    """Which nodes run and answer an authenticated ping, and the membership view."""
+    spec, secret = _load(cluster_dir)
+    procs = lc.node_procs(cluster_dir, spec)
+    results = lc.probe_nodes(spec, secret, timeout=timeout)
+    doc = lc.status_dict(cluster_dir, spec, procs, results)
+    if as_json:
+        # Plain print: rich would wrap long lines and break the JSON.
+        print(json.dumps(doc, sort_keys=True))
+        return
+
+    table = Table(title=f"cluster {cluster_dir}: {doc['up']}/{doc['total']} up")
+    for col in ("node", "address", "pid", "state", "services", "member id", "sees up"):
+        table.add_column(col)
+    for n in doc["nodes"]:
+        table.add_row(
+            n["name"],
+            n["address"],
+            str(n["pid"] or "-"),
+            "[green]up[/]" if n["state"] == "up" else "[red]down[/]",
+            ",".join(n["services"]),
+            (n["member_id"] or "-")[:8],
+            "-" if n["members_up"] is None else f"{n['members_up']}/{doc['total']}",
+        )
+    out.print(table)
+    view = doc["membership"]
+    if view is None:
+        out.print("[red]no live node: no membership view[/]")
+        return
+    vt = Table(title=f"membership as seen by {view['observer']} (version {view['version']})")
+    for col in ("member", "address", "state", "last heartbeat", "member id"):
+        vt.add_column(col)
+    for m in view["members"]:
+        age = m["last_heartbeat_age"]
+        colour = {"up": "green", "down": "red"}.get(m["state"], "yellow")
+        vt.add_row(
+            m["name"],
+            m["address"],
+            f"[{colour}]{m['state']}[/]",
+            "never" if age is None else f"{age:.1f}s ago",
+            m["member_id"][:8],
+        )
+    out.print(vt)
+
+
+@app.command()
+def stop(
+    cluster_dir: DirOption,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait after SIGTERM before SIGKILL.")
+    ] = 10.0,
+) -> None:
+    """SIGTERM every node, wait, then SIGKILL stragglers."""
+    spec, _secret = _load(cluster_dir)
+    outcomes = lc.stop(cluster_dir, spec, timeout=timeout)
+    table = Table(title=f"stop {cluster_dir}")
+    for col in ("node", "pid", "result"):
+        table.add_column(col)
+    colours = {"stopped": "green", "killed": "yellow", "not running": "dim"}
+    for o in outcomes:
+        colour = colours.get(o.result, "red")
+        table.add_row(o.node, str(o.pid or "-"), f"[{colour}]{o.result}[/]")
+    out.print(table)
+    if any(o.result == "still running" for o in outcomes):
+        raise typer.Exit(EXIT_FAILED)

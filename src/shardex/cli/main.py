@@ -1,0 +1,29 @@
+"""The ``shardex`` command (entry point ``shardex.cli.main:app``)."""
+
+from __future__ import annotations
+
+import typer
+
+from shardex import __version__
+from shardex.cli import cluster
+from shardex.cli.node import node
+
+app = typer.Typer(
+    name="shardex",
+    help="shardex: a distributed JSON document store with global secondary indexes and SQL.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals could include the cluster secret
+)
+app.command("node", help=node.__doc__)(node)
+app.add_typer(cluster.app, name="cluster")
+
+
+@app.command()
+def version() -> None:
+    """Print the shardex version."""
+    print(__version__)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,91 @@
+"""``shardex node``: run one server process in the foreground."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardex.cli.common import fail
+from shardex.errors import ShardexError
+
+_HELP = """Run one shardex node (foreground; stop with SIGTERM or Ctrl-C).
+
+Configuration comes from --config FILE (TOML) and these flags, which override the file.
+Without --seed the node founds a new cluster (or resumes the one in its data dir)."""
+
+
+def node(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="TOML config file.", dir_okay=False)
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Node name, unique in the cluster.")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="Data directory (created if absent).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Cluster protocol port on 127.0.0.1 (default 7100).")
+    ] = None,
+    http_port: Annotated[
+        int | None, typer.Option("--http-port", help="HTTP admin port (reserved; not served yet).")
+    ] = None,
+    services: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated services: data,index,query,manager (default all)."),
+    ] = None,
+    seed: Annotated[
+        list[str] | None,
+        typer.Option(help="host:port of a node to join through; repeatable. None: found."),
+    ] = None,
+    secret: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SHARDEX_SECRET",
+            help="Cluster secret (visible in ps: prefer --secret-file or $SHARDEX_SECRET).",
+            show_envvar=True,
+        ),
+    ] = None,
+    secret_file: Annotated[
+        Path | None, typer.Option("--secret-file", help="File holding the cluster secret.")
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+    ] = None,
+    heartbeat_interval: Annotated[
+        float | None, typer.Option("--heartbeat-interval", help="Seconds (default 0.5).")
+    ] = None,
+    failure_timeout: Annotated[
+        float | None,
+        typer.Option("--failure-timeout", help="Seconds without heartbeat => down (default 3)."),
+    ] = None,
+) -> None:
+    # Imported here so `shardex --help` and other commands stay fast.
+    from shardex.node.config import load_config
+    from shardex.node.process import run_node
+
+    overrides = {
+        "name": name,
+        "data_dir": str(data_dir) if data_dir is not None else None,
+        "port": port,
+        "http_port": http_port,
+        "services": services,
+        "seed": seed or None,
+        "secret": secret,
+        "secret_file": str(secret_file) if secret_file is not None else None,
+        "log_level": log_level,
+        "heartbeat_interval": heartbeat_interval,
+        "failure_timeout": failure_timeout,
+    }
+    if secret is not None and secret_file is not None:
+        # An environment secret plus an explicit file: the explicit flag wins.
+        overrides["secret"] = None
+    try:
+        cfg = load_config(config, overrides)
+        code = run_node(cfg)
+    except ShardexError as e:
+        fail(e)
+    raise typer.Exit(code)
+
+
+node.__doc__ = _HELP

@@ -1,0 +1,63 @@
+"""Async one-shot probes of nodes (used by the CLI to check many nodes concurrently)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+
+from shardex.errors import ShardexError
+from shardex.manager.membership import MembersReply, MembersRequest
+from shardex.net import TcpTransport, Transport
+from shardex.net import connect as rpc_connect
+from shardex.node.server import StatusReply, StatusRequest
+
+
+@dataclasses.dataclass
+class ProbeResult:
+    address: str
+    status: StatusReply | None = None  # set iff the node answered an authenticated status
+    members: MembersReply | None = None
+    error: ShardexError | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.status is not None
+
+
+async def probe(
+    address: str,
+    secret: str,
+    *,
+    timeout: float = 2.0,
+    transport: Transport | None = None,
+    name: str = "shardex-cli",
+) -> ProbeResult:
+    """Connect (authenticated), ask status and membership view, close. Never raises a
+    ``ShardexError``: failures are reported in the result."""
+    result = ProbeResult(address)
+    transport = transport or TcpTransport()
+    try:
+        conn = await rpc_connect(transport, address, secret, name=name, timeout=timeout)
+    except ShardexError as e:
+        result.error = e
+        return result
+    try:
+        result.status = await conn.request(StatusRequest(), timeout, expect=StatusReply)
+        result.members = await conn.request(MembersRequest(), timeout, expect=MembersReply)
+    except ShardexError as e:
+        result.error = e
+    finally:
+        await conn.close()
+    return result
+
+
+async def probe_all(
+    addresses: Sequence[str], secret: str, *, timeout: float = 2.0
+) -> list[ProbeResult]:
+    transport = TcpTransport()
+    return list(
+        await asyncio.gather(
+            *(probe(a, secret, timeout=timeout, transport=transport) for a in addresses)
+        )
+    )

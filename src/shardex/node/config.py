@@ -1,0 +1,317 @@
+"""Typed, validated configuration of one ``shardex node`` process.
+
+Sources, lowest precedence first: built-in defaults, a TOML file (``--config``), then command
+line flags. Every key is declared once in ``NodeConfig``; an unknown key, a wrong type or an
+out-of-range value raises ``ConfigError`` naming the key, the value and a hint, so an operator
+never has to guess which line of which file was wrong. (No string-keyed config map is passed
+around after loading: services receive the frozen dataclass.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardex.errors import ConfigError
+from shardex.net.transport import split_address
+
+ALL_SERVICES: tuple[str, ...] = ("data", "index", "query", "manager")
+LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+BIND_HOST = "127.0.0.1"  # every listener binds loopback only (see docs/operations.md)
+DEFAULT_PORT = 7100
+DEFAULT_HEARTBEAT_INTERVAL = 0.5
+DEFAULT_FAILURE_TIMEOUT = 3.0
+MIN_SECRET_LENGTH = 16
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SECRET_HINT = (
+    "give the cluster secret with --secret-file FILE (or secret_file = ... in the config file); "
+    "generate one with: python -c 'import secrets; print(secrets.token_hex(32))'"
+)
+
+# Keys accepted in the TOML file and as overrides. ``secret`` and ``secret_file`` are two
+# spellings of one setting and are resolved together (see ``load_config``).
+CONFIG_KEYS: frozenset[str] = frozenset(
+    {
+        "name",
+        "data_dir",
+        "port",
+        "http_port",
+        "services",
+        "seed",
+        "secret",
+        "secret_file",
+        "log_level",
+        "heartbeat_interval",
+        "failure_timeout",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeConfig:
+    """Everything a node process needs to start; immutable once validated."""
+
+    name: str
+    data_dir: Path
+    secret: str = dataclasses.field(repr=False)  # never printed in logs or tracebacks
+    port: int = DEFAULT_PORT
+    http_port: int | None = None  # reserved for the HTTP admin API (not served yet)
+    services: tuple[str, ...] = ALL_SERVICES
+    seeds: tuple[str, ...] = ()  # empty: this node founds the cluster
+    log_level: str = "INFO"
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
+    host: str = BIND_HOST
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def runs_manager(self) -> bool:
+        return "manager" in self.services
+
+
+def _err(key: str, value: Any, problem: str, hint: str) -> ConfigError:
+    shown = "<hidden>" if key == "secret" else repr(value)
+    return ConfigError(
+        f"config key {key!r}: {problem} (got {shown}); {hint}",
+        details={"key": key, "value": None if key == "secret" else value, "hint": hint},
+    )
+
+
+def _as_int(key: str, value: Any, lo: int, hi: int, hint: str) -> int:
+    # bool is an int subclass: ``port = true`` must not quietly become port 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        else:
+            raise _err(key, value, "not an integer", hint)
+    if not lo <= value <= hi:
+        raise _err(key, value, f"out of range [{lo}, {hi}]", hint)
+    return value
+
+
+def _as_float(key: str, value: Any, hint: str) -> float:
+    if isinstance(value, bool):
+        raise _err(key, value, "not a number", hint)
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise _err(key, value, "not a number", hint) from None
+    if not isinstance(value, int | float):
+        raise _err(key, value, "not a number", hint)
+    if not value > 0 or value != value or value == float("inf"):
+        raise _err(key, value, "must be a positive finite number of seconds", hint)
+    return float(value)
+
+
+def _as_str_list(key: str, value: Any, hint: str) -> list[str]:
+    """A TOML list of strings, or one comma-separated string (the command line form)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return [v.strip() for v in value if v.strip()]
+    raise _err(key, value, "not a string or a list of strings", hint)
+
+
+def _validate_address(key: str, value: str, hint: str) -> str:
+    try:
+        host, port = split_address(value)
+    except ConfigError:
+        raise _err(key, value, "not a host:port address", hint) from None
+    if port == 0:
+        raise _err(key, value, "port 0 cannot be a seed", hint)
+    return f"{host}:{port}"
+
+
+def _read_secret_file(key: str, path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        problem = f"cannot read the secret file ({exc.strerror})"
+        raise _err(key, str(path), problem, _SECRET_HINT) from None
+    return text.strip()
+
+
+def _resolve_path(value: Any, key: str, base: Path | None) -> Path:
+    if not isinstance(value, str | os.PathLike) or not str(value).strip():
+        raise _err(key, value, "not a path", "give a directory or file path")
+    path = Path(value).expanduser()
+    # Paths in a config file are relative to that file, so a cluster directory can be moved.
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    return path.absolute()
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a config file; syntax errors become ``ConfigError`` with the file and position."""
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file {str(path)!r} does not exist",
+            details={"key": "config", "value": str(path), "hint": "check the --config path"},
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid TOML: {exc}",
+            details={"key": "config", "value": str(path), "hint": "fix the TOML syntax"},
+        ) from None
+    # Accept either top-level keys or a [node] table (room for other sections later).
+    if "node" in data and isinstance(data["node"], dict):
+        data = {**{k: v for k, v in data.items() if k != "node"}, **data["node"]}
+    return data
+
+
+def load_config(
+    file: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> NodeConfig:
+    """Build a validated ``NodeConfig`` from an optional TOML file plus flag overrides.
+
+    ``overrides`` uses the config-file key names; ``None`` values mean "not given". The
+    secret is one setting with two spellings: whichever layer (file, then flags) last
+    gives ``secret`` or ``secret_file`` decides, and giving both in one layer is an error.
+    """
+    file_values: dict[str, Any] = {}
+    file_base: Path | None = None
+    if file is not None:
+        file_values = load_toml(file)
+        file_base = file.absolute().parent
+    flag_values = {k: v for k, v in (overrides or {}).items() if v is not None}
+
+    for layer, source in ((file_values, "config file"), (flag_values, "command line")):
+        unknown = sorted(set(layer) - CONFIG_KEYS)
+        if unknown:
+            raise _err(
+                unknown[0],
+                layer[unknown[0]],
+                f"unknown key in the {source}",
+                f"valid keys: {', '.join(sorted(CONFIG_KEYS))}",
+            )
+        if "secret" in layer and "secret_file" in layer:
+            raise _err(
+                "secret", None, f"both secret and secret_file given in the {source}", _SECRET_HINT
+            )
+
+    merged: dict[str, Any] = dict(file_values)
+    if "secret" in flag_values or "secret_file" in flag_values:
+        merged.pop("secret", None)
+        merged.pop("secret_file", None)
+    merged.update(flag_values)
+    # Paths from the command line are relative to the working directory, from the file to it.
+    bases = {k: (None if k in flag_values else file_base) for k in merged}
+    return _build(merged, bases)
+
+
+def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
+    name = values.get("name")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise _err(
+            "name",
+            name,
+            "missing or not a valid node name",
+            "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+
+    if "data_dir" not in values:
+        raise _err("data_dir", None, "missing", "give --data-dir DIR (created if absent)")
+    data_dir = _resolve_path(values["data_dir"], "data_dir", bases.get("data_dir"))
+    if data_dir.exists() and not data_dir.is_dir():
+        raise _err("data_dir", str(data_dir), "exists and is not a directory", "pick a directory")
+
+    port_hint = "a TCP port 1-65535 (0 picks a free one)"
+    port = _as_int("port", values.get("port", DEFAULT_PORT), 0, 65535, port_hint)
+
+    http_port: int | None = None
+    if "http_port" in values:
+        http_port = _as_int("http_port", values["http_port"], 0, 65535, port_hint)
+        if http_port != 0 and http_port == port:
+            raise _err("http_port", http_port, "same as port", "use a different port for HTTP")
+
+    svc_hint = f"a comma-separated subset of {','.join(ALL_SERVICES)}"
+    services = _as_str_list("services", values.get("services", list(ALL_SERVICES)), svc_hint)
+    services = [s.lower() for s in services]
+    bad = [s for s in services if s not in ALL_SERVICES]
+    if bad:
+        raise _err("services", bad[0], "unknown service", svc_hint)
+    if not services:
+        raise _err("services", values.get("services"), "no service given", svc_hint)
+    # Canonical order, no duplicates: two configs naming the same set compare equal.
+    service_tuple = tuple(s for s in ALL_SERVICES if s in services)
+
+    seed_hint = "host:port of a running node to join through, e.g. 127.0.0.1:7100"
+    seeds = tuple(
+        _validate_address("seed", s, seed_hint)
+        for s in _as_str_list("seed", values.get("seed", []), seed_hint)
+    )
+
+    if "secret_file" in values:
+        secret_path = _resolve_path(values["secret_file"], "secret_file", bases.get("secret_file"))
+        secret = _read_secret_file("secret_file", secret_path)
+        secret_key = "secret_file"
+    elif "secret" in values:
+        secret, secret_key = values["secret"], "secret"
+        if not isinstance(secret, str):
+            raise _err("secret", secret, "not a string", _SECRET_HINT)
+        secret = secret.strip()
+    else:
+        raise ConfigError(
+            "no cluster secret configured: a node refuses to start without one",
+            details={"key": "secret", "value": None, "hint": _SECRET_HINT},
+        )
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(
+            f"config key {secret_key!r}: the cluster secret is shorter than "
+            f"{MIN_SECRET_LENGTH} characters; {_SECRET_HINT}",
+            details={"key": secret_key, "value": None, "hint": _SECRET_HINT},
+        )
+
+    level = values.get("log_level", "INFO")
+    level_hint = f"one of {', '.join(LOG_LEVELS)}"
+    if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
+        raise _err("log_level", level, "unknown log level", level_hint)
+
+    hb_hint = "seconds between heartbeats, e.g. 0.5"
+    interval = _as_float(
+        "heartbeat_interval", values.get("heartbeat_interval", DEFAULT_HEARTBEAT_INTERVAL), hb_hint
+    )
+    ft_hint = "seconds of silence before a member is marked down, e.g. 3"
+    timeout = _as_float(
+        "failure_timeout", values.get("failure_timeout", DEFAULT_FAILURE_TIMEOUT), ft_hint
+    )
+    # With fewer than two heartbeat periods in the window, one late packet flaps a member.
+    if timeout < 2 * interval:
+        raise _err(
+            "failure_timeout",
+            timeout,
+            f"must be at least twice heartbeat_interval ({interval})",
+            f"use failure_timeout >= {2 * interval:g} or a shorter heartbeat_interval",
+        )
+
+    return NodeConfig(
+        name=name,
+        data_dir=data_dir,
+        secret=secret,
+        port=port,
+        http_port=http_port,
+        services=service_tuple,
+        seeds=seeds,
+        log_level=level.upper(),
+        heartbeat_interval=interval,
+        failure_timeout=timeout,
+    )
+
+
+def log_level_number(config: NodeConfig) -> int:
+    return logging.getLevelName(config.log_level)  # type: ignore[no-any-return]

@@ -1,0 +1,114 @@
+"""The ``shardex node`` process: data dir, logging, pid file, signals around a ``Node``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from shardex.net.tcp import TcpTransport
+from shardex.node.config import NodeConfig
+from shardex.node.server import Node
+from shardex.node.state import (
+    LOG_FILE,
+    FileMemberStore,
+    InstanceLock,
+    load_or_create_identity,
+    remove_pid,
+    write_pid,
+)
+
+log = logging.getLogger("shardex.node")
+
+# How long a clean stop may take before we give up waiting for tasks and exit anyway.
+STOP_TIMEOUT = 10.0
+
+
+def setup_logging(config: NodeConfig) -> None:
+    """stderr and ``<data-dir>/node.log``, each line with a timestamp and the node name."""
+    fmt = logging.Formatter(
+        f"%(asctime)s.%(msecs)03d %(levelname)-7s {config.name} %(name)s: %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S",
+    )
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    stderr = logging.StreamHandler(sys.stderr)
+    file = logging.FileHandler(config.data_dir / LOG_FILE, encoding="utf-8")
+    for h in (stderr, file):
+        h.setFormatter(fmt)
+        root.addHandler(h)
+    root.setLevel(config.log_level)
+
+
+def run_node(config: NodeConfig) -> int:
+    """Run a node until SIGTERM/SIGINT. Returns the process exit code.
+
+    Raises ``ShardexError`` (e.g. ``ConfigError``) for problems found before serving."""
+    data_dir: Path = config.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = InstanceLock(data_dir)
+    lock.acquire()  # before touching anything else in the dir: one process per data dir
+    try:
+        setup_logging(config)
+        identity, new = load_or_create_identity(data_dir, config.name)
+        write_pid(data_dir)
+        log.info(
+            "starting node %s (pid %d, %s identity %s), data dir %s, heartbeat %.3gs, "
+            "failure timeout %.3gs",
+            config.name,
+            os.getpid(),
+            "new" if new else "persisted",
+            identity.member_id,
+            data_dir,
+            config.heartbeat_interval,
+            config.failure_timeout,
+        )
+        return asyncio.run(_serve(config, identity.member_id))
+    finally:
+        remove_pid(data_dir)
+        logging.shutdown()  # flush node.log before the lock says "not running"
+        lock.release()
+
+
+async def _serve(config: NodeConfig, member_id: str) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    node = Node(
+        transport=TcpTransport(),
+        secret=config.secret,
+        name=config.name,
+        member_id=member_id,
+        address=config.address,
+        services=config.services,
+        store=FileMemberStore(config.data_dir),
+        seeds=config.seeds,
+        heartbeat_interval=config.heartbeat_interval,
+        failure_timeout=config.failure_timeout,
+        http_port=config.http_port,
+    )
+    try:
+        await node.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await node.stop()
+        raise
+    await stop.wait()
+    try:
+        await asyncio.wait_for(node.stop(), STOP_TIMEOUT)
+    except TimeoutError:
+        log.error("clean stop took longer than %.0fs; exiting anyway", STOP_TIMEOUT)
+        return 1
+    return 0

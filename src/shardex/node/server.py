@@ -1,0 +1,136 @@
+"""The services of one node behind one RPC server, independent of processes and files.
+
+``Node`` takes a ``Transport`` and a ``MemberStore``, so the very same object runs inside a
+``shardex node`` process (TCP, files in the data dir; see ``shardex.node.process``) and inside
+the simulator (SimTransport, in-memory store, virtual time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterable
+
+from shardex import __version__
+from shardex.manager.membership import Membership, MemberStore
+from shardex.net import Connection, RpcServer
+from shardex.net.messages import Message
+from shardex.net.transport import Transport
+
+log = logging.getLogger(__name__)
+
+
+class StatusRequest(Message):
+    """Authenticated "are you alive, and who are you?"."""
+
+
+class StatusReply(Message):
+    name: str
+    member_id: str
+    address: str
+    services: tuple[str, ...]
+    pid: int
+    started_at: float  # wall clock, seconds since the epoch
+    uptime: float  # seconds, loop clock
+    shardex_version: str
+    membership_version: int
+    joined: bool
+    http_port: int | None = None
+
+
+class Node:
+    """One node: RPC server + membership + status. Services (data, index, ...) plug in here
+    as later issues add them."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        secret: str,
+        name: str,
+        member_id: str,
+        address: str,
+        services: Iterable[str],
+        store: MemberStore,
+        seeds: Iterable[str] = (),
+        heartbeat_interval: float = 0.5,
+        failure_timeout: float = 3.0,
+        http_port: int | None = None,
+    ) -> None:
+        self.transport = transport
+        self.name = name
+        self.member_id = member_id
+        self.bind_address = address
+        self.services = tuple(services)
+        self.http_port = http_port
+        self._secret = secret
+        self._store = store
+        self._seeds = tuple(seeds)
+        self._heartbeat_interval = heartbeat_interval
+        self._failure_timeout = failure_timeout
+        self.server = RpcServer(transport, secret, name=name)
+        self.server.route(StatusRequest, self._on_status)
+        self.membership: Membership | None = None
+        self._started_loop_time = 0.0
+        self._started_wall = 0.0
+
+    @property
+    def address(self) -> str:
+        """The address actually bound (differs from ``bind_address`` for port 0)."""
+        return self.membership.me.address if self.membership else self.bind_address
+
+    async def start(self) -> None:
+        self._started_loop_time = asyncio.get_running_loop().time()
+        self._started_wall = time.time()
+        await self.server.start(self.bind_address)
+        actual = self.server.address or self.bind_address
+        # Membership needs the real address (port 0 is only resolved by binding), so its
+        # routes go in right after the bind; a peer that arrives in between gets
+        # UNKNOWN_MESSAGE once and retries on its next heartbeat.
+        self.membership = Membership(
+            transport=self.transport,
+            secret=self._secret,
+            member_id=self.member_id,
+            name=self.name,
+            address=actual,
+            services=self.services,
+            seeds=self._seeds,
+            heartbeat_interval=self._heartbeat_interval,
+            failure_timeout=self._failure_timeout,
+            store=self._store,
+        )
+        self.membership.install(self.server)
+        await self.membership.start()
+        log.info(
+            "node %s (%s) listening on %s, services %s, %s",
+            self.name,
+            self.member_id,
+            actual,
+            ",".join(self.services),
+            f"joining through {', '.join(self._seeds)}" if self._seeds else "founding/resuming",
+        )
+
+    async def stop(self) -> None:
+        # Membership first: no heartbeat may go out from a node that is closing its listener.
+        if self.membership is not None:
+            await self.membership.stop()
+        await self.server.stop()
+        log.info("node %s stopped", self.name)
+
+    async def _on_status(self, msg: StatusRequest, conn: Connection) -> StatusReply:
+        m = self.membership
+        return StatusReply(
+            name=self.name,
+            member_id=self.member_id,
+            address=self.address,
+            services=self.services,
+            pid=os.getpid(),
+            started_at=self._started_wall,
+            uptime=round(asyncio.get_running_loop().time() - self._started_loop_time, 3),
+            shardex_version=__version__,
+            membership_version=m.version if m else 0,
+            joined=bool(m and m.joined.is_set()),
+            http_port=self.http_port,
+        )

@@ -1,0 +1,122 @@
+"""Helpers for real-process cluster tests: free ports, running the CLI, cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardex.node.cluster_dir import HTTP_PORT_OFFSET
+from shardex.node.state import pid_alive, read_pid
+
+CLI = [sys.executable, "-m", "shardex.cli.main"]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(nodes: int) -> int:
+    """A base port P with P..P+n-1 and their HTTP ports (P+1000..) all free right now."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 40000)
+        ports = [base + i for i in range(nodes)] + [
+            base + HTTP_PORT_OFFSET + i for i in range(nodes)
+        ]
+        if all(_port_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+def proc_env() -> dict[str, str]:
+    """Environment for CLI and node processes started by tests.
+
+    Bytecode caching is turned back on, into a directory outside the source tree: every test
+    starts a dozen interpreters (CLI, nodes) and recompiling shardex, typer and rich from
+    source each time costs about a CPU-second per process."""
+    env = dict(os.environ)
+    env.pop("SHARDEX_SECRET", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "shardex-pycache"))
+    return env
+
+
+def run_cli(
+    *args: str, timeout: float = 60.0, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = proc_env()
+    env["COLUMNS"] = "200"  # rich tables: no wrapping in assertions on text output
+    proc = subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"shardex {' '.join(args)} exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+    return proc
+
+
+def status_json(cluster_dir: Path) -> dict[str, Any]:
+    proc = run_cli("cluster", "status", "--dir", str(cluster_dir), "--json")
+    return json.loads(proc.stdout)  # exactly one JSON object on stdout
+
+
+def wait_for(
+    cond: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition"
+) -> tuple[Any, float]:
+    """Poll ``cond`` until truthy; returns (value, seconds waited). Fails at the deadline."""
+    start = time.monotonic()
+    deadline = start + timeout
+    last: Any = None
+    while True:
+        last = cond()
+        if last:
+            return last, time.monotonic() - start
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")
+        time.sleep(interval)
+
+
+def kill_leftovers(cluster_dir: Path) -> None:
+    """Last-resort cleanup: SIGKILL any node process still running in ``cluster_dir``."""
+    for node_dir in cluster_dir.glob("node*"):
+        pid = read_pid(node_dir)
+        if pid is not None and pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+class LocalCluster:
+    def __init__(self, path: Path, nodes: int, base_port: int) -> None:
+        self.path = path
+        self.nodes = nodes
+        self.base_port = base_port
+
+    def start(self, *extra: str) -> subprocess.CompletedProcess[str]:
+        return run_cli("cluster", "start", "--dir", str(self.path), *extra)
+
+    def address(self, i: int) -> str:
+        return f"127.0.0.1:{self.base_port + i - 1}"
+
+    def pid(self, i: int) -> int | None:
+        return read_pid(self.path / f"node{i}")
+
+    def secret(self) -> str:
+        return (self.path / "secret").read_text().strip()

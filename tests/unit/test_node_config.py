@@ -1,0 +1,166 @@
+"""Node configuration: TOML + flag precedence, and a clear ConfigError for every bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardex.errors import ConfigError, ErrorCode
+from shardex.node.config import ALL_SERVICES, load_config
+
+SECRET = "0123456789abcdef0123456789abcdef"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def base(tmp_path: Path, **kw: Any) -> dict[str, Any]:
+    return {"name": "n1", "data_dir": str(tmp_path / "d"), "secret": SECRET, **kw}
+
+
+def bad(tmp_path: Path, **kw: Any) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, base(tmp_path, **kw))
+    assert info.value.code == ErrorCode.CONFIG_ERROR
+    return info.value
+
+
+def test_defaults(tmp_path: Path) -> None:
+    cfg = load_config(None, base(tmp_path))
+    assert cfg.name == "n1" and cfg.data_dir == (tmp_path / "d").absolute()
+    assert cfg.port == 7100 and cfg.address == "127.0.0.1:7100" and cfg.http_port is None
+    assert cfg.services == ALL_SERVICES and cfg.runs_manager
+    assert cfg.seeds == () and cfg.log_level == "INFO"
+    assert cfg.heartbeat_interval == 0.5 and cfg.failure_timeout == 3.0
+    assert SECRET not in repr(cfg)  # never in logs or tracebacks
+
+
+def test_file_then_flags_override(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    write(tmp_path / "etc" / "s", SECRET + "\n")
+    f = write(
+        tmp_path / "etc" / "node.toml",
+        """
+name = "a"
+data_dir = "data"            # relative to this file
+port = 7200
+http_port = 8200
+services = ["manager", "data", "data"]
+seed = "127.0.0.1:7100"
+secret_file = "s"
+log_level = "debug"
+heartbeat_interval = 0.25
+failure_timeout = 2
+""",
+    )
+    cfg = load_config(f)
+    assert cfg.name == "a" and cfg.data_dir == tmp_path / "etc" / "data"
+    assert (cfg.port, cfg.http_port) == (7200, 8200)
+    assert cfg.services == ("data", "manager")  # canonical order, deduplicated
+    assert cfg.seeds == ("127.0.0.1:7100",)
+    assert cfg.secret == SECRET and cfg.log_level == "DEBUG"
+    assert (cfg.heartbeat_interval, cfg.failure_timeout) == (0.25, 2.0)
+
+    cfg = load_config(
+        f,
+        {
+            "name": "b",
+            "port": 7300,
+            "services": "query,index",
+            "seed": ["127.0.0.1:1", "127.0.0.1:2"],
+            "secret": "f" * 20,  # a flag secret replaces the file's secret_file
+            "data_dir": "rel",  # flags are relative to the working directory
+            "heartbeat_interval": None,  # None means "flag not given"
+        },
+    )
+    assert (cfg.name, cfg.port, cfg.services) == ("b", 7300, ("index", "query"))
+    assert cfg.seeds == ("127.0.0.1:1", "127.0.0.1:2")
+    assert cfg.secret == "f" * 20 and cfg.heartbeat_interval == 0.25
+    assert cfg.data_dir == Path("rel").absolute()
+
+
+def test_node_table_is_accepted(tmp_path: Path) -> None:
+    f = write(tmp_path / "n.toml", f'[node]\nname = "t"\ndata_dir = "x"\nsecret = "{SECRET}"\n')
+    assert load_config(f).name == "t"
+
+
+def test_no_secret_refuses_with_hint(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {"name": "n1", "data_dir": str(tmp_path)})
+    e = info.value
+    assert "secret" in e.message and e.details["key"] == "secret"
+    assert "--secret-file" in e.details["hint"]
+
+
+def test_secret_problems(tmp_path: Path) -> None:
+    e = bad(tmp_path, secret="tiny-pw")
+    assert e.details["key"] == "secret" and "16" in e.message
+    assert "tiny-pw" not in str(e)  # the (bad) secret itself is never echoed
+    e = bad(tmp_path, secret=None, secret_file=str(tmp_path / "missing"))
+    assert e.details["key"] == "secret_file" and "missing" in e.message
+    f = write(tmp_path / "c.toml", f'name="n"\ndata_dir="d"\nsecret="{SECRET}"\nsecret_file="s"\n')
+    with pytest.raises(ConfigError, match="both secret and secret_file"):
+        load_config(f)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("port", 70000, "out of range"),
+        ("port", -1, "out of range"),
+        ("port", "abc", "not an integer"),
+        ("port", True, "not an integer"),
+        ("http_port", 7100, "same as port"),
+        ("services", "data,cache", "unknown service"),
+        ("services", [], "no service"),
+        ("services", 3, "not a string or a list"),
+        ("seed", "localhost", "not a host:port"),
+        ("seed", "127.0.0.1:0", "port 0"),
+        ("name", "bad name!", "not a valid node name"),
+        ("name", "", "not a valid node name"),
+        ("log_level", "LOUD", "unknown log level"),
+        ("heartbeat_interval", 0, "positive"),
+        ("heartbeat_interval", "fast", "not a number"),
+        ("failure_timeout", float("nan"), "positive"),
+        ("failure_timeout", 0.9, "at least twice heartbeat_interval"),
+        ("data_dir", "", "not a path"),
+    ],
+)
+def test_bad_values_name_key_value_and_hint(
+    tmp_path: Path, key: str, value: Any, fragment: str
+) -> None:
+    e = bad(tmp_path, **{key: value})
+    assert e.details["key"] == key
+    assert fragment in e.message
+    assert e.details["hint"]
+    assert key in str(e)
+
+
+def test_unknown_key_lists_valid_keys(tmp_path: Path) -> None:
+    f = write(tmp_path / "c.toml", f'name="n"\ndata_dir="d"\nsecret="{SECRET}"\nprot=1\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    assert info.value.details["key"] == "prot" and "port" in info.value.details["hint"]
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML") as info:
+        load_config(write(tmp_path / "c.toml", "name = \n"))
+    assert info.value.details["key"] == "config"
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_data_dir_that_is_a_file(tmp_path: Path) -> None:
+    write(tmp_path / "f", "")
+    e = bad(tmp_path, data_dir=str(tmp_path / "f"))
+    assert "not a directory" in e.message
+
+
+def test_string_numbers_from_the_command_line(tmp_path: Path) -> None:
+    cfg = load_config(None, base(tmp_path, port="7001", heartbeat_interval="0.1"))
+    assert cfg.port == 7001 and cfg.heartbeat_interval == 0.1

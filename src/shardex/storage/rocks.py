@@ -24,9 +24,9 @@ from pathlib import Path
 from rocksdict import (
     IngestExternalFileOptions,
     Options,
-    ReadOptions,
     Rdict,
     RdictIter,
+    ReadOptions,
     Snapshot,
     WriteBatch,
     WriteOptions,
@@ -249,13 +249,51 @@ class StoreSnapshot:
         self._parts.clear()
 
 
+class _SharedExclusiveLock:
+    """Many writers at once, or one snapshot-taker alone.
+
+    Writers share the lock so RocksDB can group-commit their WAL syncs (an exclusive lock
+    would serialise every fsync); taking a multi-family snapshot excludes writers so it never
+    sees half a batch. Writer-preferring is unnecessary: snapshots are short and rare.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._shared = 0
+        self._exclusive = False
+
+    def acquire_shared(self) -> None:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._shared += 1
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            if self._shared == 0:
+                self._cond.notify_all()
+
+    def acquire_exclusive(self) -> None:
+        with self._cond:
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._exclusive = True
+
+    def release_exclusive(self) -> None:
+        with self._cond:
+            self._exclusive = False
+            self._cond.notify_all()
+
+
 class Store:
     """One RocksDB database directory with named column families."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # column-family registry and close
+        self._commit = _SharedExclusiveLock()  # writes (shared) vs snapshots (exclusive)
         opts = _options()
         try:
             existing = Rdict.list_cf(str(self.path), _options())
@@ -312,21 +350,27 @@ class Store:
             return
         wo = WriteOptions()
         wo.sync = sync
-        with self._lock:
+        self._commit.acquire_shared()
+        try:
             self._check_open()
             self._db.write(batch._wb, wo)
+        finally:
+            self._commit.release_shared()
 
     # reads -------------------------------------------------------------------------------
     def snapshot(self, cf_names: Iterable[str] | None = None) -> StoreSnapshot:
         """A consistent view of the named column families (all open ones by default)."""
         names = list(cf_names) if cf_names is not None else list(self._cfs)
-        with self._lock:
+        self._commit.acquire_exclusive()
+        try:
             self._check_open()
             parts = {}
             for n in names:
                 rd = self.column_family(n, create=False)._rdict
                 parts[n] = (rd.snapshot(), rd.iter(ReadOptions()))
             return StoreSnapshot(parts)
+        finally:
+            self._commit.release_exclusive()
 
     def flush(self) -> None:
         self._db.flush()
@@ -335,9 +379,13 @@ class Store:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
-            self._cfs.clear()
-            self._db.close()
+            self._commit.acquire_exclusive()  # let in-flight writes finish first
+            try:
+                self._closed = True
+                self._cfs.clear()
+                self._db.close()
+            finally:
+                self._commit.release_exclusive()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,0 +1,257 @@
+"""Document operations of ``DataEngine``: CRUD with CAS, batched mutations, high seqnos.
+
+A mixin only to keep modules small; it relies on the engine's catalog and partition lookup
+(``keyspace``, ``_held``, ``_serving``) and ``max_doc_bytes``. Validation happens here, before
+any lock, so a rejected request cannot have changed anything; the partition then applies the
+checked ops under its lock (``partition.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+import msgspec
+
+from shardex.core.timestamp import SeqnoEntry, Timestamp
+from shardex.data.errors import BadRequest, DocNotFound
+from shardex.data.partition import Partition, PreparedOp, commit_many
+from shardex.data.partitioning import partition_of
+from shardex.data.records import STATE_ACTIVE, KeyspaceInfo, MutationResult, PartitionMeta
+from shardex.data.validation import (
+    Durability,
+    check_cas,
+    check_docid,
+    check_durability,
+    encode_document,
+)
+from shardex.errors import ShardexError
+from shardex.storage import Store
+
+BATCH_MAX_OPS = 5_000  # ops per atomic batch in *_many: bounds lock hold time and memory
+BATCH_MAX_BYTES = 8 * 1024 * 1024
+
+
+class GetResult(NamedTuple):
+    doc: dict[str, Any]
+    cas: int
+    seqno: int
+
+
+class RawGetResult(NamedTuple):
+    body: bytes  # the stored JSON text, for callers that forward it without decoding
+    cas: int
+    seqno: int
+
+
+class DocumentOps:
+    """Mixed into ``DataEngine``.
+
+    Every mutation takes ``durability``: ``"persist"`` (default) fsyncs the WAL before it
+    returns, so the write survives a power loss; ``"memory"`` returns once the write is in
+    RocksDB and the WAL's OS buffers: it survives a crash of this process but NOT a power loss
+    or kernel crash (after which the partition starts a new branch, see ``recovery.py``).
+    """
+
+    max_doc_bytes: int
+    _parts: dict[tuple[str, int], Partition]
+    _store: Store
+
+    def keyspace(self, name: str) -> KeyspaceInfo:
+        raise NotImplementedError
+
+    def _held(self, keyspace: str, partition: int) -> Partition:
+        raise NotImplementedError
+
+    def _serving(self, keyspace: str, partition: int) -> Partition:
+        raise NotImplementedError
+
+    def insert(
+        self, keyspace: str, docid: str, doc: object, *, durability: Durability = "persist"
+    ) -> MutationResult:
+        """Create ``docid``; DOC_EXISTS if it exists (a tombstone does not count)."""
+        return self._mutate("insert", keyspace, docid, doc, None, durability)
+
+    def upsert(
+        self,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        *,
+        cas: int | None = None,
+        durability: Durability = "persist",
+    ) -> MutationResult:
+        """Create or overwrite. With ``cas`` it behaves as ``replace`` (must exist, match)."""
+        return self._mutate("upsert", keyspace, docid, doc, cas, durability)
+
+    def replace(
+        self,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        *,
+        cas: int | None = None,
+        durability: Durability = "persist",
+    ) -> MutationResult:
+        """Overwrite an existing document; DOC_NOT_FOUND if absent, CAS_MISMATCH if ``cas``
+        is given and differs from the document's."""
+        return self._mutate("replace", keyspace, docid, doc, cas, durability)
+
+    def delete(
+        self,
+        keyspace: str,
+        docid: str,
+        *,
+        cas: int | None = None,
+        durability: Durability = "persist",
+    ) -> MutationResult:
+        """Replace the document by a tombstone (kept, with its seqno, until purged)."""
+        return self._mutate("delete", keyspace, docid, None, cas, durability)
+
+    def _prepare(self, kind: str, docid: object, doc: object, cas: object) -> PreparedOp:
+        docid = check_docid(docid)
+        cas = check_cas(cas)
+        if kind == "insert" and cas is not None:
+            raise BadRequest("insert takes no cas", details={"docid": docid})
+        body = b"" if kind == "delete" else encode_document(doc, self.max_doc_bytes, docid)
+        return PreparedOp(kind, docid, body, cas)
+
+    def _mutate(
+        self, kind: str, keyspace: str, docid: object, doc: object, cas: object, durability: str
+    ) -> MutationResult:
+        sync = check_durability(durability)
+        ks = self.keyspace(keyspace)
+        op = self._prepare(kind, docid, doc, cas)
+        part = self._held(keyspace, partition_of(op.docid, ks.num_partitions))
+        result = part.apply([op], sync=sync)[0]
+        if isinstance(result, ShardexError):
+            raise result
+        return result
+
+    def upsert_many(
+        self,
+        keyspace: str,
+        items: Iterable[tuple[str, object]],
+        *,
+        durability: Durability = "persist",
+    ) -> list[MutationResult | ShardexError]:
+        """Upsert ``(docid, doc)`` pairs: one atomic batch (one fsync) per ``BATCH_MAX_OPS``
+        ops or ``BATCH_MAX_BYTES``, whatever partitions they fall in; each partition's ops get
+        consecutive seqnos in input order. Results align with the input; a bad item gets its
+        error (and changes nothing) while the others are written, as a bulk load wants."""
+        return self.mutate_many(
+            keyspace, (("upsert", d, doc, None) for d, doc in items), durability=durability
+        )
+
+    def mutate_many(
+        self,
+        keyspace: str,
+        ops: Iterable[tuple[str, str, object, int | None]],
+        *,
+        durability: Durability = "persist",
+    ) -> list[MutationResult | ShardexError]:
+        """Batched ``(kind, docid, doc, cas)`` mutations, kind in insert/upsert/replace/delete.
+        Within a partition they apply in input order."""
+        sync = check_durability(durability)
+        ks = self.keyspace(keyspace)
+        results: list[MutationResult | ShardexError | None] = []
+        valid: list[tuple[int, int, PreparedOp]] = []
+        for i, (kind, docid, doc, cas) in enumerate(ops):
+            results.append(None)
+            try:
+                if kind not in ("insert", "upsert", "replace", "delete"):
+                    raise BadRequest(f"unknown mutation {kind!r}", details={"kind": repr(kind)})
+                op = self._prepare(kind, docid, doc, cas)
+            except ShardexError as exc:
+                results[i] = exc
+                continue
+            valid.append((i, partition_of(op.docid, ks.num_partitions), op))
+        for chunk in _chunks(valid):
+            self._apply_chunk(keyspace, chunk, results, sync)
+        return results  # type: ignore[return-value]  # every slot filled above
+
+    def _apply_chunk(
+        self,
+        keyspace: str,
+        chunk: list[tuple[int, int, PreparedOp]],
+        results: list[MutationResult | ShardexError | None],
+        sync: bool,
+    ) -> None:
+        """One atomic batch (one fsync) for a chunk spanning any number of partitions. The
+        partitions' locks are taken in column-family-name order; every other lock holder takes
+        one partition lock only (or the same order), so this cannot deadlock."""
+        by_part: dict[int, list[tuple[int, PreparedOp]]] = {}
+        for i, p, op in chunk:
+            by_part.setdefault(p, []).append((i, op))
+        parts: list[tuple[Partition, list[tuple[int, PreparedOp]]]] = []
+        for p, items in by_part.items():
+            try:
+                parts.append((self._held(keyspace, p), items))
+            except ShardexError as exc:
+                for i, _ in items:
+                    results[i] = exc
+        parts.sort(key=lambda t: t[0].cf.name)
+        for part, _ in parts:
+            part.lock.acquire()
+        try:
+            batch = self._store.batch()
+            staged: list[tuple[Partition, PartitionMeta]] = []
+            pending: list[tuple[int, MutationResult | ShardexError]] = []
+            for part, items in parts:
+                try:
+                    part.check_serving(write=True)
+                except ShardexError as exc:
+                    pending += [(i, exc) for i, _ in items]
+                    continue
+                meta, out = part.stage([op for _, op in items], batch)
+                pending += [(i, r) for (i, _), r in zip(items, out, strict=True)]
+                if meta is not None:
+                    staged.append((part, meta))
+            if staged:
+                commit_many(self._store, batch, staged, sync=sync)
+            for i, r in pending:  # only now: a failed write raises and acknowledges nothing
+                results[i] = r
+        finally:
+            for part, _ in reversed(parts):
+                part.lock.release()
+
+    def get(self, keyspace: str, docid: str) -> GetResult:
+        """(document, cas, seqno); DOC_NOT_FOUND for a missing or deleted document."""
+        raw = self.get_raw(keyspace, docid)
+        return GetResult(msgspec.json.decode(raw.body), raw.cas, raw.seqno)
+
+    def get_raw(self, keyspace: str, docid: str) -> RawGetResult:
+        docid = check_docid(docid)
+        ks = self.keyspace(keyspace)
+        p = partition_of(docid, ks.num_partitions)
+        rec = self._serving(keyspace, p).read_doc(docid)
+        if rec is None or rec.deleted:
+            raise DocNotFound(
+                f"document {docid!r} not found", details={"docid": docid, "partition": p}
+            )
+        return RawGetResult(rec.body, rec.cas, rec.seqno)
+
+    def high_seqnos(self, keyspace: str) -> Timestamp:
+        """(high seqno, uuid) of every partition of ``keyspace`` this node serves."""
+        self.keyspace(keyspace)
+        entries = {}
+        for (ks, p), part in list(self._parts.items()):
+            meta = part.meta
+            if ks == keyspace and meta.state == STATE_ACTIVE:
+                entries[p] = SeqnoEntry(meta.high_seqno, meta.uuid)
+        return Timestamp(entries)
+
+
+def _chunks(
+    valid: list[tuple[int, int, PreparedOp]],
+) -> Iterator[list[tuple[int, int, PreparedOp]]]:
+    chunk: list[tuple[int, int, PreparedOp]] = []
+    size = 0
+    for item in valid:
+        chunk.append(item)
+        size += len(item[2].body)
+        if len(chunk) >= BATCH_MAX_OPS or size >= BATCH_MAX_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk

@@ -1,0 +1,448 @@
+"""``DataEngine``: everything a data node does with its partitions on its own disk.
+
+One engine per node, over one ``Store`` in the node's data directory. It holds a local catalog
+of keyspaces (name -> num_partitions, so it can route a docid to its partition) and the
+partitions this node has been told to own; placement is the manager's business. No
+networking here: RPC handlers and the client are wired onto these methods later, and every
+method is synchronous and thread-safe except the ``async`` waiting ones.
+
+Threading model: a mutation validates its input without any lock, then takes its partition's
+lock for check + seqno + one atomic RocksDB batch (+ WAL fsync for "persist"). RPC handlers
+should run mutations in a thread pool so an fsync never blocks the event loop; streams and
+waits can run on the loop.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterable, Iterator
+from pathlib import Path
+
+from shardex.data import migration, streams
+from shardex.data.documents import DocumentOps
+from shardex.data.errors import (
+    BadRequest,
+    KeyspaceExists,
+    KeyspaceNotFound,
+    not_my_partition,
+)
+from shardex.data.partition import Partition
+from shardex.data.partitioning import (
+    DEFAULT_NUM_PARTITIONS,
+    check_keyspace_name,
+    check_num_partitions,
+    parse_partition_cf_name,
+    partition_cf_name,
+    partition_of,
+)
+from shardex.data.records import (
+    META_KEY,
+    STATE_ACTIVE,
+    STATE_PENDING,
+    STATE_RELEASED,
+    Change,
+    FailoverEntry,
+    KeyspaceInfo,
+    PartitionInfo,
+    PartitionMeta,
+    SnapshotMarker,
+    consumer_key,
+    decode_keyspace,
+    decode_meta,
+    encode,
+    info_of,
+    new_uuid,
+)
+from shardex.data.recovery import DirtyMarks, current_boot_id
+from shardex.data.validation import (
+    DEFAULT_MAX_DOC_BYTES,
+    check_docid,
+    check_seqno,
+)
+from shardex.errors import ShardexError
+from shardex.storage import Store
+
+DEFAULT_RETENTION_SEQNOS = 100_000
+_KS_PREFIX = b"data/ks/"
+
+
+class DataEngine(DocumentOps):
+    """The local storage engine of the data service (see module docstring)."""
+
+    def __init__(
+        self,
+        store: Store | str | Path,
+        *,
+        max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
+        retention_seqnos: int = DEFAULT_RETENTION_SEQNOS,
+        boot_id: str | None = None,
+    ) -> None:
+        self._owns_store = not isinstance(store, Store)
+        self._store = Store(store) if not isinstance(store, Store) else store
+        self.max_doc_bytes = max_doc_bytes
+        self.retention_seqnos = retention_seqnos
+        self._lock = threading.RLock()  # catalog and partition map (not the write path)
+        self._keyspaces: dict[str, KeyspaceInfo] = {}
+        self._parts: dict[tuple[str, int], Partition] = {}
+        self._marks = DirtyMarks(self._store, current_boot_id() if boot_id is None else boot_id)
+        self._closed = False
+        self._load()
+
+    # lifecycle ---------------------------------------------------------------------------
+    def _load(self) -> None:
+        upper = _KS_PREFIX[:-1] + bytes([_KS_PREFIX[-1] + 1])
+        for _key, raw in self._store.column_family().iterate(_KS_PREFIX, upper):
+            ks = decode_keyspace(raw)
+            self._keyspaces[ks.name] = ks
+        for name in self._store.column_families():
+            parsed = parse_partition_cf_name(name)
+            if parsed is None:
+                continue
+            cf = self._store.column_family(name, create=False)
+            raw = cf.get(META_KEY)
+            if parsed[0] not in self._keyspaces or raw is None:
+                # A keyspace drop or partition creation/ingest that crashed half-way: the
+                # catalog entry / meta is written last (first on drop), so this is garbage.
+                self._store.drop_column_family(name)
+                continue
+            part = Partition(self._store, cf, decode_meta(raw))
+            self._marks.attach(part)
+            self._parts[parsed] = part
+        self._marks.recover({p.cf.name: p for p in self._parts.values()})
+
+    def sync(self) -> None:
+        """Fsync the WAL: every "memory" write so far becomes power-loss safe (and its
+        partition's dirty mark is cleared). Cheap to call periodically."""
+        self._marks.clear(list(self._parts.values()))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self.sync()
+            self._closed = True
+            closed = ShardexError("data engine closed")
+            for part in self._parts.values():
+                part.fail_waiters(closed)
+            # Column-family handles keep RocksDB's directory lock alive: drop ours (also from
+            # partitions something may still reference, e.g. a traceback) so the directory can
+            # be reopened in this process, as in-process restarts and tests do.
+            for part in self._parts.values():
+                part.detach()
+            self._parts.clear()
+            self._marks.detach()
+            if self._owns_store:
+                self._store.close()
+
+    def __enter__(self) -> DataEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # keyspace catalog --------------------------------------------------------------------
+    def create_keyspace(
+        self, name: str, num_partitions: int = DEFAULT_NUM_PARTITIONS, *, exist_ok: bool = False
+    ) -> KeyspaceInfo:
+        """Record a keyspace locally (no partitions yet: the node is told which it owns).
+        ``exist_ok`` makes it idempotent when the partition count matches."""
+        check_keyspace_name(name)
+        check_num_partitions(num_partitions)
+        with self._lock:
+            old = self._keyspaces.get(name)
+            if old is not None:
+                if exist_ok and old.num_partitions == num_partitions:
+                    return old
+                raise KeyspaceExists(
+                    f"keyspace {name!r} already exists with {old.num_partitions} partitions",
+                    details={"keyspace": name, "num_partitions": old.num_partitions},
+                )
+            ks = KeyspaceInfo(name, num_partitions)
+            self._store.column_family().put(_KS_PREFIX + name.encode(), encode(ks), sync=True)
+            self._keyspaces[name] = ks
+            return ks
+
+    def drop_keyspace(self, name: str) -> None:
+        """Forget the keyspace and drop every local partition of it. The catalog entry goes
+        first so a crash half-way leaves orphan families that the next open drops."""
+        with self._lock:
+            self.keyspace(name)
+            batch = self._store.batch()
+            batch.delete(self._store.column_family(), _KS_PREFIX + name.encode())
+            self._store.write(batch, sync=True)
+            del self._keyspaces[name]
+            for ks, p in [k for k in self._parts if k[0] == name]:
+                self._drop(ks, p)
+
+    def keyspace(self, name: str) -> KeyspaceInfo:
+        ks = self._keyspaces.get(name)
+        if ks is None:
+            raise KeyspaceNotFound(f"keyspace {name!r} not found", details={"keyspace": name})
+        return ks
+
+    def keyspaces(self) -> list[KeyspaceInfo]:
+        return sorted(self._keyspaces.values(), key=lambda k: k.name)
+
+    def partition_for(self, keyspace: str, docid: str) -> int:
+        return partition_of(check_docid(docid), self.keyspace(keyspace).num_partitions)
+
+    # partitions ----------------------------------------------------------------------------
+    def create_partition(
+        self, keyspace: str, partition: int, *, exist_ok: bool = False
+    ) -> PartitionInfo:
+        """Start an empty partition here: a fresh uuid whose history begins at seqno 0."""
+        ks = self.keyspace(keyspace)
+        self._check_partition_number(ks, partition)
+        with self._lock:
+            old = self._parts.get((keyspace, partition))
+            if old is not None:
+                if exist_ok:
+                    return info_of(old.meta, frozen=old.frozen)
+                raise BadRequest(
+                    f"partition {partition} of {keyspace!r} already exists here",
+                    details={"keyspace": keyspace, "partition": partition},
+                )
+            meta = PartitionMeta(
+                keyspace=keyspace,
+                partition=partition,
+                num_partitions=ks.num_partitions,
+                failover_log=[FailoverEntry(new_uuid(), 0)],
+            )
+            part = self._install(meta, items=())
+            return info_of(part.meta)
+
+    def _install(self, meta: PartitionMeta, items: Iterable[tuple[bytes, bytes]]) -> Partition:
+        """Create the family, load ``items``, then write the meta (last: its presence is what
+        makes the partition exist after a crash)."""
+        name = partition_cf_name(meta.keyspace, meta.partition)
+        if self._store.has_column_family(name):  # leftover of a failed attempt
+            self._store.drop_column_family(name)
+        cf = self._store.column_family(name)
+        try:
+            migration.write_sst(cf, items, self._store.path / "data-ingest")
+            cf.put(META_KEY, encode(meta), sync=True)
+        except BaseException:
+            self._store.drop_column_family(name)
+            raise
+        part = Partition(self._store, cf, meta)
+        self._marks.attach(part)
+        self._parts[(meta.keyspace, meta.partition)] = part
+        return part
+
+    def drop_partition(self, keyspace: str, partition: int) -> None:
+        """Delete the partition's data here (one column-family drop). Waiting followers get
+        NOT_MY_PARTITION. Dropping a partition this node does not hold is a no-op."""
+        with self._lock:
+            self._drop(keyspace, partition)
+
+    def _drop(self, keyspace: str, partition: int) -> None:
+        part = self._parts.pop((keyspace, partition), None)
+        if part is None:
+            return
+        with part.lock:
+            self._store.drop_column_family(part.cf.name)
+            part.meta = part.meta.copy()
+            part.meta.state = "absent"
+        part.fail_waiters(not_my_partition(keyspace, partition, "absent"))
+
+    def partitions(self, keyspace: str) -> list[int]:
+        """Partitions of ``keyspace`` held here, in any state."""
+        self.keyspace(keyspace)
+        return sorted(p for ks, p in self._parts if ks == keyspace)
+
+    def partition_info(self, keyspace: str, partition: int) -> PartitionInfo:
+        part = self._held(keyspace, partition)
+        return info_of(part.meta, frozen=part.frozen)
+
+    def freeze_partition(self, keyspace: str, partition: int) -> PartitionInfo:
+        """Pause writes for a hand-over; returns the info whose ``high_seqno`` is final while
+        frozen. Writers get NOT_MY_PARTITION with ``retryable: True`` (never blocked: a
+        blocked writer would hold an RPC worker for an unbounded time). Not persisted: a
+        restart ends an unfinished hand-over with the partition active here."""
+        part = self._held(keyspace, partition)
+        with part.lock:
+            part.check_serving(write=False)
+            part.frozen = True
+            return info_of(part.meta, frozen=True)
+
+    def unfreeze_partition(self, keyspace: str, partition: int) -> None:
+        part = self._held(keyspace, partition)
+        with part.lock:
+            part.frozen = False
+
+    def release_partition(self, keyspace: str, partition: int) -> PartitionInfo:
+        """Hand-over done: from now on (persisted, so across restarts too) every operation on
+        the partition answers NOT_MY_PARTITION until it is dropped."""
+        part = self._held(keyspace, partition)
+        part.set_state(STATE_RELEASED)
+        return info_of(part.meta)
+
+    def activate_partition(self, keyspace: str, partition: int) -> PartitionInfo:
+        """Make a copied-in (pending) partition serve: the target side of a hand-over."""
+        part = self._held(keyspace, partition)
+        if part.meta.state != STATE_PENDING:
+            raise BadRequest(
+                f"partition {partition} is {part.meta.state}, only a pending one is activated",
+                details={"partition": partition, "state": part.meta.state},
+            )
+        part.set_state(STATE_ACTIVE)
+        return info_of(part.meta)
+
+    def new_branch(self, keyspace: str, partition: int) -> FailoverEntry:
+        """Start a new history branch (new uuid at the current high seqno): for restores and
+        failovers, when consumers may hold history this copy does not have."""
+        return self._held(keyspace, partition).new_branch()
+
+    def _check_partition_number(self, ks: KeyspaceInfo, partition: int) -> None:
+        if not isinstance(partition, int) or not 0 <= partition < ks.num_partitions:
+            raise BadRequest(
+                f"partition {partition!r} is outside 0..{ks.num_partitions - 1}",
+                details={"keyspace": ks.name, "partition": repr(partition)},
+            )
+
+    def _held(self, keyspace: str, partition: int) -> Partition:
+        if self._closed:
+            raise ShardexError("data engine is closed", details={"path": str(self._store.path)})
+        self._check_partition_number(self.keyspace(keyspace), partition)
+        part = self._parts.get((keyspace, partition))
+        if part is None:
+            raise not_my_partition(keyspace, partition, "absent")
+        return part
+
+    def _serving(self, keyspace: str, partition: int) -> Partition:
+        part = self._held(keyspace, partition)
+        part.check_serving(write=False)
+        return part
+
+    # streams ------------------------------------------------------------------------------
+    def stream(
+        self,
+        keyspace: str,
+        partition: int,
+        from_seqno: int,
+        uuid: int,
+        end_seqno: int | None = None,
+    ) -> Iterator[SnapshotMarker | Change]:
+        """Every change after ``from_seqno`` up to ``end_seqno`` or the current high seqno
+        (whichever is lower), in seqno order, after one ``SnapshotMarker``. Raises ROLLBACK
+        (``details["rollback_seqno"]``) before yielding if (uuid, from_seqno) is not in this
+        partition's history. Close the iterator (or exhaust it) to release its snapshot."""
+        part = self._serving(keyspace, partition)
+        return streams.open_stream(part, from_seqno, uuid, end_seqno)
+
+    async def wait_for_seqno(
+        self, keyspace: str, partition: int, seqno: int, timeout: float | None = None
+    ) -> int:
+        """Wait until the partition's high seqno exceeds ``seqno``; returns the high seqno
+        (after ``timeout`` it may still be <= ``seqno``: compare)."""
+        return await streams.wait_for_seqno(self._serving(keyspace, partition), seqno, timeout)
+
+    def follow(
+        self,
+        keyspace: str,
+        partition: int,
+        from_seqno: int,
+        uuid: int,
+        end_seqno: int | None = None,
+    ) -> AsyncIterator[SnapshotMarker | Change]:
+        """``stream`` that continues live: an async generator that never ends unless
+        ``end_seqno`` is reached or the partition goes away (NOT_MY_PARTITION)."""
+        return streams.follow(self._serving, keyspace, partition, from_seqno, uuid, end_seqno)
+
+    # retention ------------------------------------------------------------------------------
+    def set_consumer_checkpoint(self, name: str, keyspace: str, partition: int, seqno: int) -> None:
+        self.set_consumer_checkpoints(name, keyspace, {partition: seqno})
+
+    def set_consumer_checkpoints(self, name: str, keyspace: str, seqnos: dict[int, int]) -> None:
+        """Record that consumer ``name`` has durably consumed each partition up to its seqno,
+        so retention keeps change records above it. One unsynced batch for all partitions:
+        losing it only makes retention keep more."""
+        if not isinstance(name, str) or not name:
+            raise BadRequest("consumer name must be a non-empty string", details={"name": name})
+        batch = self._store.batch()
+        for p, seqno in seqnos.items():
+            check_seqno("seqno", seqno)
+            batch.put(self._held(keyspace, p).cf, consumer_key(name), encode(seqno))
+        self._store.write(batch, sync=False)
+
+    def remove_consumer(self, name: str, keyspace: str | None = None) -> None:
+        batch = self._store.batch()
+        for (ks, _p), part in list(self._parts.items()):
+            if keyspace is None or ks == keyspace:
+                batch.delete(part.cf, consumer_key(name))
+        self._store.write(batch, sync=False)
+
+    def consumer_checkpoints(self, keyspace: str, partition: int) -> dict[str, int]:
+        return self._held(keyspace, partition).consumers()
+
+    def purge(self) -> dict[tuple[str, int], int]:
+        """Apply the retention rule to every active partition; returns change records purged
+        per partition. Rule: a change record (and the tombstone it created, if still current)
+        is purged once it is more than ``retention_seqnos`` below the high seqno AND at or below
+        every registered consumer's checkpoint on that partition. Run it periodically."""
+        out: dict[tuple[str, int], int] = {}
+        for key, part in list(self._parts.items()):
+            if part.meta.state != STATE_ACTIVE:
+                continue
+            target = part.meta.high_seqno - self.retention_seqnos
+            checkpoints = part.consumers()
+            if checkpoints:
+                target = min(target, *checkpoints.values())
+            if target > part.meta.purge_seqno:
+                out[key] = part.purge_to(target)
+        return out
+
+    # migration -------------------------------------------------------------------------------
+    def snapshot_partition(self, keyspace: str, partition: int) -> migration.PartitionSnapshot:
+        """A consistent snapshot of the partition (documents in docid order, change log,
+        checkpoints, and the high seqno / uuid / failover log at that point)."""
+        return migration.PartitionSnapshot(self._store, self._serving(keyspace, partition))
+
+    def ingest_partition(
+        self,
+        keyspace: str,
+        partition: int,
+        info: PartitionInfo,
+        items: Iterable[tuple[bytes, bytes]],
+        *,
+        activate: bool = False,
+    ) -> PartitionInfo:
+        """Install a copy (``PartitionSnapshot.info`` and ``raw_items()``) keeping its seqnos,
+        uuid, failover log and CAS clock, so it continues the same history. The copy is
+        ``pending`` (only ``apply_changes``) unless ``activate``. A pending leftover of a
+        failed attempt is replaced; a partition in any other state is refused."""
+        ks = self.keyspace(keyspace)
+        self._check_partition_number(ks, partition)
+        migration.check_info(info, keyspace, partition, ks.num_partitions)
+        with self._lock:
+            old = self._parts.get((keyspace, partition))
+            if old is not None:
+                if old.meta.state != STATE_PENDING:
+                    raise BadRequest(
+                        f"partition {partition} of {keyspace!r} is already {old.meta.state} here",
+                        details={"keyspace": keyspace, "partition": partition},
+                    )
+                self._drop(keyspace, partition)
+            meta = PartitionMeta(
+                keyspace=keyspace,
+                partition=partition,
+                num_partitions=ks.num_partitions,
+                high_seqno=info.high_seqno,
+                failover_log=list(info.failover_log),
+                purge_seqno=info.purge_seqno,
+                max_cas=info.max_cas,
+                doc_count=info.doc_count,
+                state=STATE_ACTIVE if activate else STATE_PENDING,
+            )
+            return info_of(self._install(meta, items).meta)
+
+    def apply_changes(
+        self,
+        keyspace: str,
+        partition: int,
+        changes: Iterable[Change | SnapshotMarker],
+        *,
+        failover_log: list[FailoverEntry] | None = None,
+    ) -> int:
+        """Catch a pending copy up from the source's stream; returns the new high seqno."""
+        return migration.apply_changes(self._held(keyspace, partition), changes, failover_log)

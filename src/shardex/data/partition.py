@@ -1,0 +1,303 @@
+"""One partition on this node: its lock, its in-memory meta, and every write to it.
+
+Why one lock per partition (not per engine): seqnos are per partition, so writers of
+different partitions never need to wait for each other's seqno assignment; writers of the same
+partition must, or two batches could commit seqnos out of order. The lock is held from reading
+the current document (for CAS / exists checks) until the batch is in RocksDB and the in-memory
+meta is updated, which is what makes the seqnos gap-free and strictly increasing and the
+checks race-free. ``Store.write`` takes the store's own lock inside this one (never the other
+way round), so there is no lock-order cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from shardex.data.errors import CasMismatch, DocExists, DocNotFound, not_my_partition
+from shardex.data.records import (
+    MAX_FAILOVER_ENTRIES,
+    META_KEY,
+    OP_DELETE,
+    OP_UPSERT,
+    PREFIX_CONSUMER,
+    STATE_ACTIVE,
+    ChangeRecord,
+    DocRecord,
+    FailoverEntry,
+    MutationResult,
+    PartitionMeta,
+    change_key,
+    decode_change,
+    decode_doc,
+    decode_int,
+    doc_key,
+    encode,
+    new_uuid,
+    next_prefix,
+    seqno_of_change_key,
+)
+from shardex.errors import ShardexError
+from shardex.storage import Batch, ColumnFamily, Store
+
+PURGE_CHUNK = 10_000  # change records purged per batch, to bound how long the lock is held
+
+
+@dataclass(slots=True)
+class PreparedOp:
+    """A validated mutation: ``kind`` is insert / upsert / replace / delete."""
+
+    kind: str
+    docid: str
+    body: bytes
+    cas: int | None
+
+
+@dataclass(slots=True)
+class _Waiter:
+    seqno: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[int]
+
+
+def _resolve(fut: asyncio.Future[int], value: int | BaseException) -> None:
+    if fut.done():
+        return
+    if isinstance(value, BaseException):
+        fut.set_exception(value)
+    else:
+        fut.set_result(value)
+
+
+class Partition:
+    """State and write path of one (keyspace, partition) column family."""
+
+    def __init__(self, store: Store, cf: ColumnFamily, meta: PartitionMeta) -> None:
+        self.store = store
+        self.cf = cf
+        self.meta = meta  # replaced (never mutated) after each commit
+        self.lock = threading.Lock()
+        self.frozen = False  # in memory only: a restart ends an unfinished hand-over
+        self.dirty = False  # has unsynced ("memory") writes not yet covered by a WAL fsync
+        # Set by the engine (see recovery.py): called under ``lock`` before an unsynced write
+        # to record a dirty mark durably, and on a synced write to add the mark's removal.
+        self.before_unsynced: Callable[[Partition], None] = lambda _p: None
+        self.clear_mark_into: Callable[[Partition, Batch], None] = lambda _p, _b: None
+        self._waiters: list[_Waiter] = []
+        self._wlock = threading.Lock()
+
+    def detach(self) -> None:
+        """The store is closing: drop the column-family handle (it pins the database)."""
+        with self.lock:
+            del self.cf
+
+    @property
+    def keyspace(self) -> str:
+        return self.meta.keyspace
+
+    @property
+    def number(self) -> int:
+        return self.meta.partition
+
+    # serving state -----------------------------------------------------------------------
+    def check_serving(self, *, write: bool) -> None:
+        state = self.meta.state
+        if state != STATE_ACTIVE:
+            raise not_my_partition(self.keyspace, self.number, state)
+        if write and self.frozen:
+            raise not_my_partition(self.keyspace, self.number, "frozen", retry_after_ms=50)
+
+    def read_doc(self, docid: str) -> DocRecord | None:
+        raw = self.cf.get(doc_key(docid))
+        return None if raw is None else decode_doc(raw)
+
+    # commit --------------------------------------------------------------------------------
+    def commit(self, batch: Batch, meta: PartitionMeta, *, sync: bool) -> None:
+        """Write ``batch`` plus ``meta`` atomically, then publish ``meta`` and wake waiters.
+        Caller holds ``lock``. If the write fails nothing in memory changes."""
+        commit_many(self.store, batch, [(self, meta)], sync=sync)
+
+    def _publish(self, meta: PartitionMeta, *, sync: bool) -> None:
+        if sync:
+            self.dirty = False
+        advanced = meta.high_seqno > self.meta.high_seqno
+        self.meta = meta
+        if advanced:
+            self.notify()
+
+    # mutations ----------------------------------------------------------------------------
+    def apply(self, ops: list[PreparedOp], *, sync: bool) -> list[MutationResult | ShardexError]:
+        """Apply ``ops`` in order as one atomic batch; each op that fails its check (exists,
+        not found, CAS) is skipped with its error in the result and takes no seqno."""
+        with self.lock:
+            self.check_serving(write=True)
+            batch = self.store.batch()
+            meta, results = self.stage(ops, batch)
+            if meta is not None:
+                self.commit(batch, meta, sync=sync)
+            return results
+
+    def stage(
+        self, ops: list[PreparedOp], batch: Batch
+    ) -> tuple[PartitionMeta | None, list[MutationResult | ShardexError]]:
+        """Check ``ops`` against the current documents, assign seqnos and CAS values, and add
+        their records to ``batch``. Returns the meta to commit with it (None if no op passed
+        its checks). Caller holds ``lock`` and has checked the partition serves writes."""
+        meta = self.meta.copy()
+        uuid = meta.uuid
+        seen: dict[str, DocRecord | None] = {}
+        results: list[MutationResult | ShardexError] = []
+        for op in ops:
+            cur = seen[op.docid] if op.docid in seen else self.read_doc(op.docid)
+            err = self._check(op, cur)
+            if err is not None:
+                results.append(err)
+                continue
+            meta.high_seqno += 1
+            meta.max_cas = cas = max(meta.max_cas + 1, time.time_ns())
+            live_before = cur is not None and not cur.deleted
+            deleting = op.kind == "delete"
+            rec = DocRecord(cas=cas, seqno=meta.high_seqno, deleted=deleting, body=op.body)
+            change = ChangeRecord(
+                docid=op.docid, op=OP_DELETE if deleting else OP_UPSERT, cas=cas, body=op.body
+            )
+            batch.put(self.cf, doc_key(op.docid), encode(rec))
+            batch.put(self.cf, change_key(meta.high_seqno), encode(change))
+            meta.doc_count += (0 if deleting else 1) - (1 if live_before else 0)
+            seen[op.docid] = rec
+            results.append(MutationResult(self.number, meta.high_seqno, uuid, cas))
+        return (meta if meta.high_seqno != self.meta.high_seqno else None), results
+
+    def _check(self, op: PreparedOp, cur: DocRecord | None) -> ShardexError | None:
+        live = cur is not None and not cur.deleted
+        where = {"docid": op.docid, "partition": self.number}
+        if op.kind == "insert":
+            if live:
+                return DocExists(f"document {op.docid!r} already exists", details=where)
+            return None
+        if op.kind == "upsert" and op.cas is None:
+            return None
+        if not live:
+            return DocNotFound(f"document {op.docid!r} not found", details=where)
+        assert cur is not None
+        if op.cas is not None and op.cas != cur.cas:
+            return CasMismatch(
+                f"CAS mismatch on {op.docid!r}: expected {op.cas}, document has {cur.cas}",
+                details={**where, "expected": op.cas, "actual": cur.cas},
+            )
+        return None
+
+    # history --------------------------------------------------------------------------------
+    def new_branch(self) -> FailoverEntry:
+        """Start a new history branch at the current high seqno (newest first in the log)."""
+        with self.lock:
+            meta = self.meta.copy()
+            entry = FailoverEntry(new_uuid(), meta.high_seqno)
+            meta.failover_log = [entry, *meta.failover_log][:MAX_FAILOVER_ENTRIES]
+            self.commit(self.store.batch(), meta, sync=True)
+            return entry
+
+    def set_state(self, state: str) -> None:
+        with self.lock:
+            meta = self.meta.copy()
+            meta.state = state
+            self.commit(self.store.batch(), meta, sync=True)
+            self.frozen = False
+        if state != STATE_ACTIVE:
+            self.fail_waiters(not_my_partition(self.keyspace, self.number, state))
+
+    # retention ------------------------------------------------------------------------------
+    def consumers(self) -> dict[str, int]:
+        return {
+            k[1:].decode("utf-8"): decode_int(v)
+            for k, v in self.cf.iterate(PREFIX_CONSUMER, next_prefix(PREFIX_CONSUMER))
+        }
+
+    def purge_to(self, target: int) -> int:
+        """Remove change records with seqno <= ``target`` and the tombstones they created (if
+        still the document's current version), advancing ``purge_seqno``. Returns how many
+        change records went. Unsynced: losing a purge only keeps records longer."""
+        purged = 0
+        while True:
+            with self.lock:
+                meta = self.meta.copy()
+                start = meta.purge_seqno
+                end = min(target, start + PURGE_CHUNK, meta.high_seqno)
+                if end <= start:
+                    return purged
+                batch = self.store.batch()
+                lo, hi = change_key(start + 1), change_key(end + 1)
+                for key, raw in self.cf.iterate(lo, hi):
+                    purged += 1
+                    rec = decode_change(raw)
+                    if rec.op != OP_DELETE:
+                        continue
+                    cur = self.read_doc(rec.docid)
+                    if cur is not None and cur.deleted and cur.seqno == seqno_of_change_key(key):
+                        batch.delete(self.cf, doc_key(rec.docid))
+                batch.delete_range(self.cf, lo, hi)
+                meta.purge_seqno = end
+                self.commit(batch, meta, sync=False)
+
+    # waiters (live streams) -------------------------------------------------------------------
+    def add_waiter(self, seqno: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future[int] | None:
+        """A future resolved (on ``loop``) with the high seqno once it exceeds ``seqno``, or
+        None if it already does. Checked under the waiter lock, which ``notify`` also takes
+        after publishing the new meta, so a commit can never slip between check and wait."""
+        with self._wlock:
+            self.check_serving(write=False)
+            if self.meta.high_seqno > seqno:
+                return None
+            fut: asyncio.Future[int] = loop.create_future()
+            self._waiters.append(_Waiter(seqno, loop, fut))
+            return fut
+
+    def remove_waiter(self, fut: asyncio.Future[int]) -> None:
+        with self._wlock:
+            self._waiters = [w for w in self._waiters if w.future is not fut]
+
+    def notify(self) -> None:
+        """Wake waiters whose seqno is now passed. Writers may be any thread, so results are
+        delivered with ``call_soon_threadsafe`` on each waiter's own loop."""
+        with self._wlock:
+            high = self.meta.high_seqno
+            ready = [w for w in self._waiters if w.seqno < high]
+            if not ready:
+                return
+            self._waiters = [w for w in self._waiters if w.seqno >= high]
+        _deliver(ready, high)
+
+    def fail_waiters(self, exc: BaseException) -> None:
+        with self._wlock:
+            ready, self._waiters = self._waiters, []
+        _deliver(ready, exc)
+
+
+def commit_many(
+    store: Store, batch: Batch, staged: list[tuple[Partition, PartitionMeta]], *, sync: bool
+) -> None:
+    """One atomic write (one fsync when ``sync``) of ``batch`` and the new meta of every
+    staged partition, then publish each meta. Caller holds every staged partition's lock.
+
+    Why across partitions: an fsync costs milliseconds here, so a client batch spread over
+    64 partitions pays one instead of 64 (measured in docs/decisions.md)."""
+    for part, meta in staged:
+        batch.put(part.cf, META_KEY, encode(meta))
+        if not sync:
+            part.before_unsynced(part)
+        elif part.dirty:
+            part.clear_mark_into(part, batch)
+    store.write(batch, sync=sync)
+    for part, meta in staged:
+        part._publish(meta, sync=sync)
+
+
+def _deliver(waiters: Iterable[_Waiter], value: int | BaseException) -> None:
+    for w in waiters:
+        # A closed loop means nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            w.loop.call_soon_threadsafe(_resolve, w.future, value)

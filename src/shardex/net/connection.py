@@ -118,7 +118,9 @@ class Connection:
         self._next_id = 1
         self._pending: dict[int, tuple[asyncio.Future[Message], str]] = {}
         self._write_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[None]] = set()
+        # insertion-ordered (a dict, not a set): cancelling in a stable order keeps simulation
+        # runs replayable; set order follows object addresses
+        self._tasks: dict[asyncio.Task[None], None] = {}
         self._oneway: asyncio.Queue[Message] = asyncio.Queue()
         self._oneway_task: asyncio.Task[None] | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -371,8 +373,8 @@ class Connection:
 
     def _spawn(self, coro: Any) -> None:
         task = self._loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(lambda t: self._tasks.pop(t, None))
 
     async def _handle_request(self, rid: int, msg: Message) -> None:
         handler = self._router.lookup(type(msg))

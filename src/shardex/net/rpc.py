@@ -72,7 +72,11 @@ async def connect(
     comm = await transport.connect(address, timeout)
     try:
         peer_name = await client_handshake(
-            comm, secret, name=name, timeout=max(deadline - loop.time(), 0.0)
+            comm,
+            secret,
+            name=name,
+            timeout=max(deadline - loop.time(), 0.0),
+            nonce_source=transport.nonce,
         )
     except BaseException:
         comm.abort()
@@ -107,8 +111,9 @@ class RpcServer:
         self._auth_timeout = auth_timeout
         self.router = router if router is not None else Router()
         self._listener: Listener | None = None
-        self._conns: set[Connection] = set()
-        self._handshaking: set[Comm] = set()
+        # dicts, not sets: stop() closes in insertion order, which keeps simulations replayable
+        self._conns: dict[Connection, None] = {}
+        self._handshaking: dict[Comm, None] = {}
         self._stopping = False
 
     def route(self, msg_type: type[Message], handler: Handler | None = None) -> Any:
@@ -147,15 +152,19 @@ class RpcServer:
         if self._stopping:
             comm.abort()
             return
-        self._handshaking.add(comm)
+        self._handshaking[comm] = None
         try:
             peer_name = await server_handshake(
-                comm, self._secret, name=self.name, timeout=self._auth_timeout
+                comm,
+                self._secret,
+                name=self.name,
+                timeout=self._auth_timeout,
+                nonce_source=self._transport.nonce,
             )
         except ShardexError:
             return  # logged and closed by the handshake
         finally:
-            self._handshaking.discard(comm)
+            self._handshaking.pop(comm, None)
         if self._stopping:
             comm.abort()
             return
@@ -166,8 +175,8 @@ class RpcServer:
             router=self.router,
             max_frame=self._transport.max_frame,
         )
-        self._conns.add(conn)
-        conn.add_close_callback(self._conns.discard)
+        self._conns[conn] = None
+        conn.add_close_callback(lambda c: self._conns.pop(c, None))
         conn.start()
 
 

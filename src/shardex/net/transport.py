@@ -14,6 +14,7 @@ service code is the clock's client in both modes.
 from __future__ import annotations
 
 import abc
+import secrets
 from collections.abc import Awaitable, Callable
 
 # The largest frame either side accepts; a peer that announces more is cut off.
@@ -79,6 +80,11 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def connect(self, address: str, timeout: float) -> Comm:
         """Open a comm to ``address``; raises ``NodeUnavailable`` if it cannot within timeout."""
+
+    def nonce(self, size: int) -> bytes:
+        """Random bytes for authentication nonces. The transport supplies them so that the
+        simulator can draw them from its seeded generator: a run then replays byte for byte."""
+        return secrets.token_bytes(size)
 
 
 def split_address(address: str) -> tuple[str, int]:

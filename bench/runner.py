@@ -38,6 +38,13 @@ class BenchContext:
     duration: float = 2.0
 
 
+def load_average() -> list[float] | None:
+    """The 1/5/15-minute load average, rounded, or None where the OS has none."""
+    if not hasattr(os, "getloadavg"):
+        return None
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "cpu_count": os.cpu_count(),
@@ -47,9 +54,10 @@ def machine_info() -> dict[str, Any]:
         "machine": platform.machine(),
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    if hasattr(os, "getloadavg"):
+    load = load_average()
+    if load is not None:
         # Figures on a shared machine mean little without the load they were taken under.
-        info["load_avg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
+        info["load_avg_1_5_15"] = load
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -78,6 +86,10 @@ def _columns(rows: Sequence[Row]) -> list[str]:
     return cols
 
 
+# Columns of names, left-aligned in rich tables (the plain fallback decides per cell).
+TEXT_COLUMNS = ("bench", "case", "system", "metric")
+
+
 def print_table(title: str, rows: Sequence[Row]) -> None:
     cols = _columns(rows)
     cells = [[_fmt(r.get(c, "")) for c in cols] for r in rows]
@@ -100,7 +112,7 @@ def print_table(title: str, rows: Sequence[Row]) -> None:
         return
     table = Table(title=title)
     for c in cols:
-        table.add_column(c, justify="left" if c in ("bench", "case") else "right")
+        table.add_column(c, justify="left" if c in TEXT_COLUMNS else "right")
     for row in cells:
         table.add_row(*row)
     console = Console()
@@ -148,8 +160,24 @@ def run_suite(
         print(f"running {bench.__name__} ...", file=sys.stderr, flush=True)
         rows.extend(run_one(bench, ctx))
     elapsed = time.perf_counter() - start
-    load = f", load {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
-    print_table(f"{name} ({elapsed:.1f} s{load}, {os.cpu_count()} CPUs)", rows)
-    path = write_json(name, rows, {"duration_per_measurement": ctx.duration, "elapsed": elapsed})
-    print(f"wrote {path}", file=sys.stderr)
+    report(name, rows, elapsed=elapsed, extra={"duration_per_measurement": ctx.duration})
     return rows
+
+
+def report(
+    name: str,
+    rows: Sequence[Row],
+    *,
+    elapsed: float,
+    extra: dict[str, Any] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Print ``rows`` as one table (titled with the time taken, the load and the CPUs) and
+    write them with machine info and ``extra`` to ``bench/results/<name>.json``. For
+    benchmarks with their own arguments, which cannot use ``run_suite``."""
+    load = load_average()
+    load_text = f", load {load[0]:.1f}" if load else ""
+    print_table(f"{title or name} ({elapsed:.1f} s{load_text}, {os.cpu_count()} CPUs)", rows)
+    path = write_json(name, rows, {**(extra or {}), "elapsed": elapsed})
+    print(f"wrote {path}", file=sys.stderr)
+    return path

@@ -47,6 +47,7 @@ class ErrorCode(enum.StrEnum):
     SQL_SYNTAX = "SQL_SYNTAX"
     TOPOLOGY_NOT_FOUND = "TOPOLOGY_NOT_FOUND"
     STALE_TOPOLOGY = "STALE_TOPOLOGY"
+    PARTIAL_FAILURE = "PARTIAL_FAILURE"  # a batch where some items failed (details say which)
 
 
 class ShardexError(Exception):

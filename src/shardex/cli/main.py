@@ -5,7 +5,8 @@ from __future__ import annotations
 import typer
 
 from shardex import __version__
-from shardex.cli import cluster
+from shardex.cli import cluster, keyspace
+from shardex.cli.load import load
 from shardex.cli.node import node
 
 app = typer.Typer(
@@ -17,6 +18,8 @@ app = typer.Typer(
 )
 app.command("node", help=node.__doc__)(node)
 app.add_typer(cluster.app, name="cluster")
+app.add_typer(keyspace.app, name="keyspace")
+app.command("load", help=load.__doc__)(load)
 
 
 @app.command()

@@ -2,13 +2,45 @@
 
     from shardex.client import connect_local
     with connect_local("/tmp/mycluster") as client:
-        print(client.ping())
-        print(client.cluster_status().up)
+        client.create_keyspace("users", num_partitions=64)
+        users = client.keyspace("users")
+        r = users.insert("u1", {"name": "Ada"})       # r.partition, r.seqno, r.uuid, r.cas
+        users.get("u1")                                 # {"name": "Ada"}
+        users.upsert_many((f"u{i}", {"n": i}) for i in range(10_000))
+        client.high_seqnos("users")                     # Timestamp: partition -> (seqno, uuid)
 
 Every error raised is a ``shardex.errors.ShardexError`` subclass with a ``.code``.
 """
 
+from shardex.client.bulk import BulkWriteError
+from shardex.client.keyspace import Keyspace, VersionedDocument
+from shardex.client.streams import ChangeStream
 from shardex.client.sync import Client, connect, connect_local
-from shardex.client.types import ClusterStatus, MemberStatus, NodeStatus
+from shardex.client.types import (
+    ClusterStatus,
+    KeyspaceDescription,
+    KeyspaceStatsResult,
+    MemberStatus,
+    NodeStatus,
+    PartitionStats,
+)
+from shardex.data.records import Change, MutationResult, SnapshotMarker
 
-__all__ = ["Client", "ClusterStatus", "MemberStatus", "NodeStatus", "connect", "connect_local"]
+__all__ = [
+    "BulkWriteError",
+    "Change",
+    "ChangeStream",
+    "Client",
+    "ClusterStatus",
+    "Keyspace",
+    "KeyspaceDescription",
+    "KeyspaceStatsResult",
+    "MemberStatus",
+    "MutationResult",
+    "NodeStatus",
+    "PartitionStats",
+    "SnapshotMarker",
+    "VersionedDocument",
+    "connect",
+    "connect_local",
+]

@@ -11,12 +11,27 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+import uuid
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from shardex.client.types import ClusterStatus, NodeStatus, cluster_status_from, node_status_from
+from shardex.client.keyspace import Keyspace
+from shardex.client.routing import DataRouter
+from shardex.client.types import (
+    ClusterStatus,
+    KeyspaceDescription,
+    KeyspaceStatsResult,
+    NodeStatus,
+    cluster_status_from,
+    describe,
+    node_status_from,
+    stats_from,
+)
+from shardex.core.timestamp import Timestamp
+from shardex.data.messages import HighSeqnos, HighSeqnosReply, KeyspaceStats, KeyspaceStatsReply
+from shardex.data.partitioning import DEFAULT_NUM_PARTITIONS, check_num_partitions
 from shardex.errors import (
     AuthFailed,
     ConfigError,
@@ -24,6 +39,15 @@ from shardex.errors import (
     NodeUnavailable,
     RequestTimeout,
     ShardexError,
+)
+from shardex.manager.keyspaces import (
+    CreateKeyspace,
+    DropKeyspace,
+    KeyspaceCreated,
+    KeyspaceDropped,
+    KeyspaceList,
+    ListKeyspaces,
+    check_keyspace_name,
 )
 from shardex.manager.membership import MembersReply, MembersRequest
 from shardex.net import Connection
@@ -117,6 +141,14 @@ class Client:
         self._closed = False
         self._reconnecting: asyncio.Lock | None = None  # created on the client's loop
         self._io = _LoopThread(f"shardex-client-{name}")
+        self._router = DataRouter(
+            transport=self._transport,
+            secret=secret,
+            name=name,
+            control=lambda msg, expect: self._request(msg, expect, True),
+            request_timeout=request_timeout,
+            connect_timeout=connect_timeout,
+        )
 
     # -- lifecycle --
 
@@ -160,6 +192,8 @@ class Client:
             return
         self._closed = True
         conn, self._conn = self._conn, None
+        with contextlib.suppress(Exception):
+            self._io.run(self._router.close(), timeout=5)
         if conn is not None:
             with contextlib.suppress(Exception):
                 self._io.run(conn.close(), timeout=5)
@@ -216,9 +250,13 @@ class Client:
         return await conn.request(msg, self.request_timeout, expect=expect)
 
     def _call(self, msg: Message, expect: type[M], *, idempotent: bool = True) -> M:
+        return self._run(self._request(msg, expect, idempotent))
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
+            coro.close()
             raise ConnectionClosed("client is closed", details={"hint": "create a new client"})
-        return self._io.run(self._request(msg, expect, idempotent))
+        return self._io.run(coro)
 
     def ping(self) -> NodeStatus:
         """Authenticated round trip to the connected node; returns who answered and how fast."""
@@ -237,6 +275,66 @@ class Client:
     def cluster_status(self) -> ClusterStatus:
         """The membership view (members, up/down, versions) of the connected node."""
         return cluster_status_from(self._call(MembersRequest(), MembersReply))
+
+    # -- keyspaces and documents --
+
+    def create_keyspace(
+        self, name: str, num_partitions: int = DEFAULT_NUM_PARTITIONS
+    ) -> KeyspaceDescription:
+        """Create a keyspace with ``num_partitions`` partitions placed over the data nodes;
+        returns once every owner has opened its partitions. KEYSPACE_EXISTS if it exists."""
+        check_keyspace_name(name)
+        check_num_partitions(num_partitions)
+        msg = CreateKeyspace(name=name, num_partitions=num_partitions, request_id=_request_id())
+        # Retried on another node with the same request id: the coordinator deduplicates.
+        reply = self._call(msg, KeyspaceCreated, idempotent=True)
+        self._run(self._router.refresh())
+        return describe(reply.meta, reply.topology)
+
+    def list_keyspaces(self) -> list[KeyspaceDescription]:
+        reply = self._call(ListKeyspaces(request_id=_request_id()), KeyspaceList)
+        return [describe(m, reply.topologies.get(m.name)) for m in reply.keyspaces]
+
+    def drop_keyspace(self, name: str) -> None:
+        """Drop a keyspace and its documents. KEYSPACE_NOT_FOUND if there is none."""
+        msg = DropKeyspace(name=name, request_id=_request_id())
+        self._call(msg, KeyspaceDropped, idempotent=True)
+        self._router.forget(name)
+
+    def keyspace(self, name: str) -> Keyspace:
+        """The document API of keyspace ``name`` (no network call until it is used)."""
+        return Keyspace(self, check_keyspace_name(name))
+
+    def high_seqnos(self, keyspace: str) -> Timestamp:
+        """Every partition's current (high seqno, uuid), gathered by a data node from the
+        owners: what session consistency waits for."""
+        reply = self._run(self._keyspace_wide(HighSeqnos(keyspace=keyspace), HighSeqnosReply))
+        return Timestamp.from_wire(reply.entries)
+
+    def keyspace_stats(self, keyspace: str) -> KeyspaceStatsResult:
+        """Per partition: owner node, live document count, high seqno, uuid."""
+        msg = KeyspaceStats(keyspace=keyspace)
+        return stats_from(
+            keyspace, self._run(self._keyspace_wide(msg, KeyspaceStatsReply)).partitions
+        )
+
+    async def _keyspace_wide(self, msg: HighSeqnos | KeyspaceStats, expect: type[M]) -> M:
+        """Ask a data node (an owner of the keyspace, the first that answers) for a
+        keyspace-wide answer it gathers from the others; the control node may not run the
+        data service."""
+        _, topology = await self._router.keyspace(msg.keyspace)  # KEYSPACE_NOT_FOUND
+        last: ShardexError | None = None
+        for node in topology.nodes():
+            try:
+                return await self._router.to_node(node, msg, expect)
+            except _RETRYABLE as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+
+def _request_id() -> str:
+    return uuid.uuid4().hex
 
 
 def connect(

@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from shardex.core.topology import Topology
+from shardex.data.messages import PartitionStat
 from shardex.manager.membership import MembersReply
+from shardex.manager.state import KeyspaceMeta
 from shardex.node.server import StatusReply
 
 
@@ -106,5 +109,73 @@ def cluster_status_from(reply: MembersReply) -> ClusterStatus:
                 incarnation=m.incarnation,
             )
             for m in reply.members
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyspaceDescription:
+    """A keyspace as the manager knows it, with its latest data topology."""
+
+    name: str
+    num_partitions: int
+    uuid: str
+    created_cas: int
+    topology_seq: int | None
+    assignment: dict[int, str]  # partition -> node (latest topology)
+
+    def partitions_of(self, node: str) -> list[int]:
+        return sorted(p for p, n in self.assignment.items() if n == node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def describe(meta: KeyspaceMeta, topology: Topology | None) -> KeyspaceDescription:
+    return KeyspaceDescription(
+        name=meta.name,
+        num_partitions=meta.num_partitions,
+        uuid=meta.uuid,
+        created_cas=meta.created_cas,
+        topology_seq=None if topology is None else topology.seq_num,
+        assignment={} if topology is None else dict(sorted(topology.assignment.items())),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionStats:
+    partition: int
+    node: str
+    doc_count: int
+    high_seqno: int
+    uuid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyspaceStatsResult:
+    """What ``Client.keyspace_stats`` returns: one row per partition, in partition order."""
+
+    keyspace: str
+    partitions: tuple[PartitionStats, ...]
+
+    @property
+    def total_docs(self) -> int:
+        return sum(p.doc_count for p in self.partitions)
+
+    def by_node(self) -> dict[str, tuple[int, int]]:
+        """node -> (partitions, documents)."""
+        out: dict[str, tuple[int, int]] = {}
+        for p in self.partitions:
+            parts, docs = out.get(p.node, (0, 0))
+            out[p.node] = (parts + 1, docs + p.doc_count)
+        return dict(sorted(out.items()))
+
+
+def stats_from(keyspace: str, rows: list[PartitionStat]) -> KeyspaceStatsResult:
+    return KeyspaceStatsResult(
+        keyspace,
+        tuple(
+            PartitionStats(r.partition, r.node, r.doc_count, r.high_seqno, r.uuid)
+            for r in sorted(rows, key=lambda r: r.partition)
         ),
     )

@@ -115,6 +115,11 @@ class DataEngine(DocumentOps):
         partition's dirty mark is cleared). Cheap to call periodically."""
         self._marks.clear(list(self._parts.values()))
 
+    @property
+    def has_unsynced(self) -> bool:
+        """Some partition has "memory" writes not yet covered by a WAL fsync."""
+        return any(p.dirty for p in list(self._parts.values()))
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -142,22 +147,32 @@ class DataEngine(DocumentOps):
 
     # keyspace catalog --------------------------------------------------------------------
     def create_keyspace(
-        self, name: str, num_partitions: int = DEFAULT_NUM_PARTITIONS, *, exist_ok: bool = False
+        self,
+        name: str,
+        num_partitions: int = DEFAULT_NUM_PARTITIONS,
+        *,
+        exist_ok: bool = False,
+        uuid: str = "",
+        created_cas: int = 0,
     ) -> KeyspaceInfo:
         """Record a keyspace locally (no partitions yet: the node is told which it owns).
-        ``exist_ok`` makes it idempotent when the partition count matches."""
+        ``exist_ok`` makes it idempotent when the partition count and ``uuid`` match."""
         check_keyspace_name(name)
         check_num_partitions(num_partitions)
         with self._lock:
             old = self._keyspaces.get(name)
             if old is not None:
-                if exist_ok and old.num_partitions == num_partitions:
+                if exist_ok and old.num_partitions == num_partitions and old.uuid == uuid:
                     return old
                 raise KeyspaceExists(
                     f"keyspace {name!r} already exists with {old.num_partitions} partitions",
-                    details={"keyspace": name, "num_partitions": old.num_partitions},
+                    details={
+                        "keyspace": name,
+                        "num_partitions": old.num_partitions,
+                        "uuid": old.uuid,
+                    },
                 )
-            ks = KeyspaceInfo(name, num_partitions)
+            ks = KeyspaceInfo(name, num_partitions, uuid, created_cas)
             self._store.column_family().put(_KS_PREFIX + name.encode(), encode(ks), sync=True)
             self._keyspaces[name] = ks
             return ks

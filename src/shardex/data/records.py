@@ -181,8 +181,14 @@ class PartitionInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class KeyspaceInfo(msgspec.Struct, frozen=True):
+    """The local catalog entry. ``uuid`` and ``created_cas`` come from the manager's keyspace
+    meta (empty/0 for keyspaces created locally): they tell a re-created keyspace of the same
+    name from the one this node still holds, and a stale manager state from a newer one."""
+
     name: str
     num_partitions: int
+    uuid: str = ""
+    created_cas: int = 0
 
 
 _enc = msgspec.msgpack.Encoder()

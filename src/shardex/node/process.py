@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from shardex.manager.state import FileStateStore
 from shardex.net.tcp import TcpTransport
 from shardex.node.config import NodeConfig
 from shardex.node.server import Node
@@ -98,6 +99,8 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
         heartbeat_interval=config.heartbeat_interval,
         failure_timeout=config.failure_timeout,
         http_port=config.http_port,
+        data_dir=config.data_dir,
+        state_store=FileStateStore(config.data_dir),
     )
     try:
         await node.start()

@@ -11,13 +11,21 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardex import __version__
+from shardex.manager.coordinator import Coordinator, CoordinatorTiming
+from shardex.manager.keyspaces import register_keyspace_ops
 from shardex.manager.membership import Membership, MemberStore
+from shardex.manager.state import MemoryStateStore, StateStore
 from shardex.net import Connection, RpcServer
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
+
+if TYPE_CHECKING:
+    from shardex.data.service import DataService
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,9 @@ class Node:
         heartbeat_interval: float = 0.5,
         failure_timeout: float = 3.0,
         http_port: int | None = None,
+        data_dir: Path | None = None,
+        state_store: StateStore | None = None,
+        id_factory: Callable[[], str] | None = None,
     ) -> None:
         self.transport = transport
         self.name = name
@@ -73,8 +84,36 @@ class Node:
         self.server = RpcServer(transport, secret, name=name)
         self.server.route(StatusRequest, self._on_status)
         self.membership: Membership | None = None
+        # The manager service's replicated coordinator. Built here, before start, so other
+        # services can register their ops on it; routed and started with membership.
+        self.coordinator: Coordinator | None = None
+        if "manager" in self.services:
+            self.coordinator = Coordinator(
+                transport=transport,
+                secret=secret,
+                name=name,
+                store=state_store if state_store is not None else MemoryStateStore(),
+                timing=CoordinatorTiming.for_membership(heartbeat_interval, failure_timeout),
+                id_factory=id_factory,
+            )
         self._started_loop_time = 0.0
         self._started_wall = 0.0
+        # The data service needs a directory (RocksDB); without one (simulations) it is off.
+        self.data: DataService | None = None
+        if "data" in self.services and data_dir is not None:
+            from shardex.data.service import DataService  # RocksDB: not for StatusRequest users
+
+            self.data = DataService(
+                data_dir=data_dir,
+                node_name=name,
+                transport=transport,
+                secret=secret,
+                coordinator=lambda: self.coordinator,
+                members=lambda: self.membership.members if self.membership else [],
+            )
+            self.data.install(self.server)
+        if self.coordinator is not None:
+            register_keyspace_ops(self.coordinator)
 
     @property
     def address(self) -> str:
@@ -84,6 +123,8 @@ class Node:
     async def start(self) -> None:
         self._started_loop_time = asyncio.get_running_loop().time()
         self._started_wall = time.time()
+        if self.data is not None:
+            await self.data.start()  # the engine is open before the first request arrives
         await self.server.start(self.bind_address)
         actual = self.server.address or self.bind_address
         # Membership needs the real address (port 0 is only resolved by binding), so its
@@ -102,7 +143,11 @@ class Node:
             store=self._store,
         )
         self.membership.install(self.server)
+        if self.coordinator is not None:
+            self.coordinator.install(self.server)
         await self.membership.start()
+        if self.coordinator is not None:
+            await self.coordinator.start(self.membership)
         log.info(
             "node %s (%s) listening on %s, services %s, %s",
             self.name,
@@ -113,10 +158,14 @@ class Node:
         )
 
     async def stop(self) -> None:
+        if self.coordinator is not None:
+            await self.coordinator.stop()
         # Membership first: no heartbeat may go out from a node that is closing its listener.
         if self.membership is not None:
             await self.membership.stop()
         await self.server.stop()
+        if self.data is not None:
+            await self.data.stop()
         log.info("node %s stopped", self.name)
 
     async def _on_status(self, msg: StatusRequest, conn: Connection) -> StatusReply:

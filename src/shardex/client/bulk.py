@@ -1,0 +1,158 @@
+"""Batched writes: chunks of documents split by owner node, sent in parallel, pipelined.
+
+The caller's thread validates and encodes a chunk (so a bad item fails alone, before any
+network work) while earlier chunks are on the wire. Each chunk is split by the node owning
+each item's partition; every node has one sender task that sends its sub-batches one at a
+time, in chunk order, so two writes of one docid in the input apply in input order, while
+different nodes work in parallel. Items a node refuses with NOT_MY_PARTITION are re-routed
+with a refreshed topology (bounded, with backoff); items whose node could not be reached were
+never sent and are retried the same way; items whose connection died in flight are reported
+as failed (their outcome is unknown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from shardex.client.routing import ROUTE_ATTEMPTS, DataRouter, backoff
+from shardex.data.messages import MutateMany, MutateManyReply, OpItem
+from shardex.data.partitioning import partition_of
+from shardex.data.records import MutationResult
+from shardex.errors import ErrorCode, ShardexError
+
+Result = MutationResult | ShardexError
+_REROUTE = (ErrorCode.NOT_MY_PARTITION,)
+
+
+class BulkWriteError(ShardexError):
+    """Some items of a batched write failed; the others were written.
+
+    ``results`` aligns with the input (a ``MutationResult`` or the item's ``ShardexError``);
+    ``failures`` lists (index, docid, error) for the failed ones."""
+
+    def __init__(self, results: list[Result], docids: list[str]) -> None:
+        self.results = results
+        self.failures = [
+            (i, docids[i], r) for i, r in enumerate(results) if isinstance(r, ShardexError)
+        ]
+        shown = "; ".join(f"#{i} {d!r}: {e}" for i, d, e in self.failures[:5])
+        more = len(self.failures) - 5
+        super().__init__(
+            f"{len(self.failures)} of {len(results)} item(s) failed: {shown}"
+            + (f"; and {more} more" if more > 0 else ""),
+            code=ErrorCode.PARTIAL_FAILURE,
+            details={
+                "failed": len(self.failures),
+                "total": len(results),
+                "codes": sorted({e.code.value for _, _, e in self.failures}),
+            },
+        )
+
+
+class BulkWriter:
+    """Async side of one batched write (lives on the client's loop)."""
+
+    def __init__(self, router: DataRouter, keyspace: str, durability: str) -> None:
+        self._router = router
+        self.keyspace = keyspace
+        self.durability = durability
+        self._queues: dict[
+            str, asyncio.Queue[tuple[list[tuple[int, OpItem]], asyncio.Future[Any]]]
+        ] = {}
+        self._senders: list[asyncio.Task[None]] = []
+        self._num_partitions = 0
+        self._assignment: dict[int, str] = {}
+
+    async def start(self) -> None:
+        meta, topo = await self._router.keyspace(self.keyspace)
+        self._num_partitions, self._assignment = meta.num_partitions, dict(topo.assignment)
+
+    async def close(self) -> None:
+        for t in self._senders:
+            t.cancel()
+        await asyncio.gather(*self._senders, return_exceptions=True)
+
+    async def write_chunk(self, ops: list[tuple[int, OpItem]]) -> dict[int, Result]:
+        """Write ``(index, op)`` pairs; returns index -> result or error."""
+        results: dict[int, Result] = {}
+        pending = ops
+        for attempt in range(ROUTE_ATTEMPTS):
+            # Split and enqueue before any await: chunks reach each node in call order.
+            futures = [self._enqueue(node, group) for node, group in self._split(pending)]
+            for fut in futures:
+                results.update(await fut)
+            pending = [
+                (i, op)
+                for i, op in pending
+                if isinstance(results.get(i), ShardexError) and _retryable(results[i])
+            ]
+            if not pending:
+                break
+            await asyncio.sleep(backoff(attempt))
+            with contextlib.suppress(ShardexError):
+                meta, topo = await self._router.keyspace(self.keyspace, refresh=True)
+                self._num_partitions, self._assignment = meta.num_partitions, dict(topo.assignment)
+        return results
+
+    def _split(self, ops: list[tuple[int, OpItem]]) -> list[tuple[str, list[tuple[int, OpItem]]]]:
+        groups: dict[str, list[tuple[int, OpItem]]] = {}
+        for i, op in ops:
+            node = self._assignment[partition_of(op.docid, self._num_partitions)]
+            groups.setdefault(node, []).append((i, op))
+        return sorted(groups.items())
+
+    def _enqueue(self, node: str, group: list[tuple[int, OpItem]]) -> asyncio.Future[Any]:
+        queue = self._queues.get(node)
+        if queue is None:
+            queue = self._queues[node] = asyncio.Queue()
+            self._senders.append(asyncio.get_running_loop().create_task(self._sender(node, queue)))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        queue.put_nowait((group, fut))
+        return fut
+
+    async def _sender(
+        self,
+        node: str,
+        queue: asyncio.Queue[tuple[list[tuple[int, OpItem]], asyncio.Future[Any]]],
+    ) -> None:
+        while True:
+            group, fut = await queue.get()
+            try:
+                out = await self._send(node, group)
+            except Exception as exc:  # never leave a chunk waiting forever
+                err = exc if isinstance(exc, ShardexError) else ShardexError(repr(exc))
+                out = {i: err for i, _ in group}
+            if not fut.done():
+                fut.set_result(out)
+
+    async def _send(self, node: str, group: list[tuple[int, OpItem]]) -> dict[int, Result]:
+        router = self._router
+        try:
+            conn = await router.pool.get(await router.address(node), router.request_timeout)
+        except ShardexError as exc:
+            exc.details.setdefault("unsent", True)
+            return {i: exc for i, _ in group}
+        msg = MutateMany(
+            keyspace=self.keyspace, ops=[op for _, op in group], durability=self.durability
+        )
+        try:
+            reply = await conn.request(msg, router.request_timeout, expect=MutateManyReply)
+        except ShardexError as exc:
+            if exc.code is ErrorCode.NOT_MY_PARTITION:  # the whole batch refused
+                return {i: exc for i, _ in group}
+            exc.details.setdefault("outcome", "unknown: the request may have been applied")
+            return {i: exc for i, _ in group}
+        out: dict[int, Result] = {}
+        for (i, _), r in zip(group, reply.results, strict=True):
+            if r is not None:
+                out[i] = r
+        for item in reply.errors:
+            e = item.error
+            out[group[item.index][0]] = ShardexError.from_wire(e.code, e.message, e.details)
+        return out
+
+
+def _retryable(err: ShardexError) -> bool:
+    return err.code in _REROUTE or bool(err.details.get("unsent"))

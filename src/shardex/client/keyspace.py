@@ -1,0 +1,235 @@
+"""``Keyspace``: the synchronous document API of one keyspace (``client.keyspace(name)``).
+
+Inputs are checked here first with the very functions the data node uses (docid, document,
+CAS, durability), so a bad call fails at once with a precise ``BAD_REQUEST`` or
+``DOC_TOO_LARGE`` and nothing is sent; the node checks again, since not every client is this
+one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import itertools
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import msgspec
+
+from shardex.client.bulk import BulkWriteError, BulkWriter, Result
+from shardex.client.streams import DEFAULT_CREDIT, ChangeStream, RemoteStream
+from shardex.data.errors import BadRequest
+from shardex.data.messages import (
+    Delete,
+    Get,
+    GetReply,
+    Insert,
+    MutationReply,
+    OpItem,
+    Replace,
+    Upsert,
+)
+from shardex.data.partitioning import partition_of
+from shardex.data.records import MutationResult
+from shardex.data.validation import (
+    DEFAULT_MAX_DOC_BYTES,
+    check_cas,
+    check_docid,
+    check_durability,
+    encode_document,
+)
+from shardex.errors import ShardexError
+
+if TYPE_CHECKING:
+    from shardex.client.sync import Client
+
+DEFAULT_CHUNK = 1000
+DEFAULT_WINDOW = 4  # chunks in flight per upsert_many
+
+
+class VersionedDocument(NamedTuple):
+    doc: dict[str, Any]
+    cas: int  # pass to replace/delete for optimistic concurrency
+    seqno: int  # the seqno of the mutation that wrote this version
+
+
+class Keyspace:
+    """Documents of one keyspace. Thread-safe; cheap to create (no network until used)."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self._client = client
+        self.name = name
+        self.max_doc_bytes = DEFAULT_MAX_DOC_BYTES
+
+    def __repr__(self) -> str:
+        return f"<Keyspace {self.name}>"
+
+    # --- single documents ----------------------------------------------------------------------
+
+    def _encode(self, docid: object, doc: object) -> tuple[str, bytes]:
+        docid = check_docid(docid)
+        return docid, encode_document(doc, self.max_doc_bytes, docid)
+
+    def _mutate(self, docid: str, msg: Any) -> MutationResult:
+        router = self._client._router
+        reply = self._client._run(
+            router.to_owner(self.name, docid, msg, MutationReply, idempotent=False)
+        )
+        return reply.result
+
+    def insert(self, docid: str, doc: object, *, durability: str = "persist") -> MutationResult:
+        """Create ``docid``; DOC_EXISTS if it exists. Returns (partition, seqno, uuid, cas)."""
+        docid, body = self._encode(docid, doc)
+        check_durability(durability)
+        msg = Insert(keyspace=self.name, docid=docid, doc=body, durability=durability)
+        return self._mutate(docid, msg)
+
+    def upsert(
+        self, docid: str, doc: object, cas: int | None = None, *, durability: str = "persist"
+    ) -> MutationResult:
+        """Create or overwrite; with ``cas`` the document must exist with that CAS."""
+        docid, body = self._encode(docid, doc)
+        check_durability(durability)
+        msg = Upsert(
+            keyspace=self.name, docid=docid, doc=body, cas=check_cas(cas), durability=durability
+        )
+        return self._mutate(docid, msg)
+
+    def replace(
+        self, docid: str, doc: object, cas: int | None = None, *, durability: str = "persist"
+    ) -> MutationResult:
+        """Overwrite an existing document: DOC_NOT_FOUND if absent, CAS_MISMATCH if ``cas``
+        is given and the document has changed since."""
+        docid, body = self._encode(docid, doc)
+        check_durability(durability)
+        msg = Replace(
+            keyspace=self.name, docid=docid, doc=body, cas=check_cas(cas), durability=durability
+        )
+        return self._mutate(docid, msg)
+
+    def delete(
+        self, docid: str, cas: int | None = None, *, durability: str = "persist"
+    ) -> MutationResult:
+        """Delete (a tombstone with its own seqno); DOC_NOT_FOUND if absent."""
+        docid = check_docid(docid)
+        check_durability(durability)
+        msg = Delete(keyspace=self.name, docid=docid, cas=check_cas(cas), durability=durability)
+        return self._mutate(docid, msg)
+
+    def get_versioned(self, docid: str) -> VersionedDocument:
+        """The document with its CAS and seqno; DOC_NOT_FOUND if absent or deleted."""
+        docid = check_docid(docid)
+        router = self._client._router
+        reply = self._client._run(
+            router.to_owner(
+                self.name, docid, Get(keyspace=self.name, docid=docid), GetReply, idempotent=True
+            )
+        )
+        return VersionedDocument(msgspec.json.decode(reply.body), reply.cas, reply.seqno)
+
+    def get(self, docid: str) -> dict[str, Any]:
+        """The document (a dict); raises ShardexError DOC_NOT_FOUND if absent or deleted."""
+        return self.get_versioned(docid).doc
+
+    def partition_of(self, docid: str) -> int:
+        meta, _ = self._client._run(self._client._router.keyspace(self.name))
+        return partition_of(check_docid(docid), meta.num_partitions)
+
+    # --- batches ---------------------------------------------------------------------------
+
+    def upsert_many(
+        self,
+        items: Iterable[tuple[str, object]],
+        *,
+        chunk_size: int = DEFAULT_CHUNK,
+        durability: str = "persist",
+        raise_errors: bool = True,
+        on_chunk: Callable[[int, list[Result]], None] | None = None,
+        window: int = DEFAULT_WINDOW,
+    ) -> list[Result]:
+        """Upsert ``(docid, doc)`` pairs (``doc`` a dict, or JSON text/bytes of an object)
+        in chunks, grouped by owner node and sent in parallel. Returns results aligned with
+        the input. Items fail individually; if any failed and ``raise_errors``, raises
+        ``BulkWriteError`` (code PARTIAL_FAILURE) after writing all the others.
+        ``on_chunk(first_index, results)`` reports progress as chunks complete, in order."""
+        check_durability(durability)
+        if chunk_size < 1 or window < 1:
+            raise ValueError("chunk_size and window must be positive")
+        client = self._client
+        writer = BulkWriter(client._router, self.name, durability)
+        client._run(writer.start())
+        results: list[Result | None] = []
+        docids: list[str] = []
+        inflight: collections.deque[
+            tuple[int, int, dict[int, Result], concurrent.futures.Future[dict[int, Result]]]
+        ] = collections.deque()
+
+        def drain_one() -> None:
+            start, n, local, fut = inflight.popleft()
+            remote = fut.result()
+            chunk = [local[i] if i in local else remote[i] for i in range(start, start + n)]
+            results[start : start + n] = chunk
+            if on_chunk is not None:
+                on_chunk(start, chunk)
+
+        try:
+            it = iter(items)
+            while chunk := list(itertools.islice(it, chunk_size)):
+                start = len(results)
+                local: dict[int, Result] = {}
+                ops: list[tuple[int, OpItem]] = []
+                for i, item in enumerate(chunk, start):
+                    docid: object = None
+                    try:
+                        docid, doc = _pair(item)
+                        d, body = self._encode(docid, doc)
+                        ops.append((i, OpItem("upsert", d, body)))
+                    except ShardexError as exc:
+                        local[i] = exc
+                    docids.append(docid if isinstance(docid, str) else repr(docid)[:60])
+                results.extend([None] * len(chunk))
+                fut = asyncio.run_coroutine_threadsafe(writer.write_chunk(ops), client._io.loop)
+                inflight.append((start, len(chunk), local, fut))
+                while len(inflight) >= window:
+                    drain_one()
+            while inflight:
+                drain_one()
+        finally:
+            for *_, fut in inflight:
+                fut.cancel()
+            client._run(writer.close())
+        out: list[Result] = results  # type: ignore[assignment]  # every slot is filled
+        if raise_errors and any(isinstance(r, ShardexError) for r in out):
+            raise BulkWriteError(out, docids)
+        return out
+
+    # --- change streams --------------------------------------------------------------------
+
+    def stream(
+        self,
+        partition: int,
+        from_seqno: int = 0,
+        uuid: int | None = None,
+        end_seqno: int | None = None,
+        *,
+        follow: bool = False,
+        credit: int = DEFAULT_CREDIT,
+    ) -> ChangeStream:
+        """Changes of ``partition`` after ``from_seqno`` in seqno order (SnapshotMarker and
+        Change items), up to ``end_seqno`` / the current high seqno, or live with ``follow``.
+        ``uuid`` is the branch the consumer's ``from_seqno`` belongs to (ROLLBACK if the
+        partition's history does not contain it); None means "the current branch"."""
+        client = self._client
+        remote = RemoteStream(client._router, self.name, partition)
+        opened = client._run(remote.open(from_seqno, uuid, end_seqno, follow, credit))
+        return ChangeStream(remote, client._run, opened, from_seqno)
+
+
+def _pair(item: object) -> tuple[Any, Any]:
+    if isinstance(item, tuple | list) and len(item) == 2:
+        return item[0], item[1]
+    raise BadRequest(
+        f"upsert_many wants (docid, doc) pairs, got {type(item).__name__}",
+        details={"item": repr(item)[:100]},
+    )

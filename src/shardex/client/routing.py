@@ -1,0 +1,237 @@
+"""Async core of the client's data path: topology cache, routing to owners, retries.
+
+Runs on the client's private loop. The client keeps the manager state it last fetched
+(``StateRequest`` through its control connection) and the member list's addresses
+(``MembersRequest``); a document request goes straight to the node the keyspace's latest
+topology names for ``partition_of(docid)``. A NOT_MY_PARTITION answer (stale topology, a
+partition in hand-over, a node that has not opened its partitions yet) makes it refresh the
+state and retry with exponential backoff, a bounded number of times.
+
+Retry safety: a request is resent after a failure only when it cannot have been applied
+(NOT_MY_PARTITION: the node refused it; no connection: it was never sent) or when it is
+idempotent (reads). A mutation whose connection dies mid-flight raises: the client cannot
+know whether it was applied, and resending an insert could report DOC_EXISTS for its own
+write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from shardex.core.topology import Topology
+from shardex.data.messages import StreamBatch, StreamEnd, WireError
+from shardex.data.partitioning import partition_of
+from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
+from shardex.manager.coordinator_messages import StateReply, StateRequest
+from shardex.manager.membership import MembersReply, MembersRequest
+from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.net import Connection, ConnectionPool, Router
+from shardex.net.messages import Message
+from shardex.net.transport import Transport
+
+M = TypeVar("M", bound=Message)
+
+SECTIONS = ["keyspaces", "data_topologies"]  # not the dedup table: it can be large
+ROUTE_ATTEMPTS = 8  # with backoff 0.05 * 2^k capped at 1 s: about 4 s of trying
+_RETRY_UNSENT = (ErrorCode.NODE_UNAVAILABLE,)
+_RETRY_IDEMPOTENT = (ErrorCode.CONNECTION_CLOSED, ErrorCode.TIMEOUT)
+
+Control = Callable[[Message, type[Any]], Awaitable[Any]]
+
+
+def backoff(attempt: int) -> float:
+    return min(0.05 * 2**attempt, 1.0)
+
+
+class DataRouter:
+    """Topology cache + connection pool to data nodes + stream inboxes."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        secret: str,
+        name: str,
+        control: Control,
+        request_timeout: float,
+        connect_timeout: float,
+    ) -> None:
+        self._control = control  # a request on the client's control connection (any node)
+        self.request_timeout = request_timeout
+        handlers = Router({StreamBatch: self._on_stream_msg, StreamEnd: self._on_stream_msg})
+        self.pool = ConnectionPool(
+            transport, secret, name=name, connect_timeout=connect_timeout, handlers=handlers
+        )
+        self._state: StateContext | None = None
+        self._forced: dict[str, Topology] = {}
+        self._addresses: dict[str, str] = {}
+        self._refreshing: asyncio.Lock | None = None
+        self._stream_ids = itertools.count(1)
+        self.inboxes: dict[int, asyncio.Queue[StreamBatch | StreamEnd]] = {}
+        self._conn_streams: dict[Connection, set[int]] = {}  # streams open on a connection
+        self.refreshes = 0  # how often the topology was refetched (tests watch it)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    # --- state ------------------------------------------------------------------------------
+
+    async def refresh(self) -> StateContext:
+        """Fetch the manager state and member addresses; concurrent callers share one fetch."""
+        if self._refreshing is None:
+            self._refreshing = asyncio.Lock()
+        seen = self.refreshes
+        async with self._refreshing:
+            if self.refreshes != seen and self._state is not None:
+                return self._state  # someone refreshed while we waited
+            reply = await self._control(StateRequest(sections=SECTIONS, fresh=True), StateReply)
+            members = await self._control(MembersRequest(), MembersReply)
+            self._addresses = {m.name: m.address for m in members.members}
+            self._state = reply.state
+            self._forced.clear()
+            self.refreshes += 1
+            return reply.state
+
+    async def state(self) -> StateContext:
+        return self._state if self._state is not None else await self.refresh()
+
+    async def keyspace(self, name: str, *, refresh: bool = False) -> tuple[KeyspaceMeta, Topology]:
+        state = await (self.refresh() if refresh else self.state())
+        if name not in state.keyspaces and not refresh:
+            state = await self.refresh()
+        meta = state.keyspaces.get(name)
+        history = state.data_topologies.get(name)
+        if meta is None or not history:
+            raise ShardexError(
+                f"keyspace {name!r} not found",
+                code=ErrorCode.KEYSPACE_NOT_FOUND,
+                details={"keyspace": name},
+            )
+        return meta, self._forced.get(name, history[-1])
+
+    def force_topology(self, keyspace: str, topology: Topology) -> None:
+        """Pretend the cached topology is ``topology`` until the next refresh (tests)."""
+        self._forced[keyspace] = topology
+
+    def forget(self, keyspace: str) -> None:
+        if self._state is not None and keyspace in self._state.keyspaces:
+            self._state = None
+
+    async def address(self, node: str) -> str:
+        addr = self._addresses.get(node)
+        if addr is None:
+            await self.refresh()
+            addr = self._addresses.get(node)
+        if addr is None:
+            raise NodeUnavailable(f"node {node!r} is not a cluster member", details={"node": node})
+        return addr
+
+    # --- requests -------------------------------------------------------------------------------
+
+    async def to_node(self, node: str, msg: Message, expect: type[M]) -> M:
+        conn = await self.pool.get(await self.address(node), self.request_timeout)
+        return await conn.request(msg, self.request_timeout, expect=expect)
+
+    async def to_owner(
+        self,
+        keyspace: str,
+        docid: str,
+        msg: Message,
+        expect: type[M],
+        *,
+        idempotent: bool,
+    ) -> M:
+        """Send ``msg`` to the owner of ``docid``'s partition; re-route on NOT_MY_PARTITION."""
+        meta, _ = await self.keyspace(keyspace)
+        partition = partition_of(docid, meta.num_partitions)
+        return await self.to_partition(keyspace, partition, msg, expect, idempotent=idempotent)
+
+    async def to_partition(
+        self,
+        keyspace: str,
+        partition: int,
+        msg: Message,
+        expect: type[M],
+        *,
+        idempotent: bool,
+        on_conn: Callable[[Connection], None] | None = None,
+    ) -> M:
+        last: ShardexError | None = None
+        gone = False
+        for attempt in range(ROUTE_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(backoff(attempt - 1))
+            _, topo = await self.keyspace(keyspace, refresh=attempt > 0 and last is not None)
+            node = topo.assignment.get(partition)
+            if node is None:
+                raise ShardexError(
+                    f"partition {partition} is not in topology {topo.seq_num} of {keyspace!r}",
+                    code=ErrorCode.BAD_REQUEST,
+                    details={"keyspace": keyspace, "partition": partition},
+                )
+            try:
+                conn = await self.pool.get(await self.address(node), self.request_timeout)
+            except ShardexError as exc:
+                if exc.code not in _RETRY_UNSENT:
+                    raise
+                last = exc  # nothing was sent: safe to retry (the owner may be restarting)
+                continue
+            if on_conn is not None:
+                on_conn(conn)
+            try:
+                return await conn.request(msg, self.request_timeout, expect=expect)
+            except ShardexError as exc:
+                if exc.code is ErrorCode.NOT_MY_PARTITION:
+                    last = exc
+                    continue
+                if exc.code is ErrorCode.KEYSPACE_NOT_FOUND and not gone:
+                    # Our cached state still has it: dropped (the refresh raises), or dropped
+                    # and re-created (the refresh finds the new incarnation).
+                    last, gone = exc, True
+                    continue
+                if idempotent and exc.code in _RETRY_IDEMPOTENT + _RETRY_UNSENT:
+                    last = exc
+                    continue
+                raise
+        assert last is not None
+        last.details.setdefault("attempts", ROUTE_ATTEMPTS)
+        raise last
+
+    # --- stream inboxes ---------------------------------------------------------------------------
+
+    def new_stream(self) -> tuple[int, asyncio.Queue[StreamBatch | StreamEnd]]:
+        sid = next(self._stream_ids)
+        inbox: asyncio.Queue[StreamBatch | StreamEnd] = asyncio.Queue()
+        self.inboxes[sid] = inbox
+        return sid, inbox
+
+    def attach_stream(self, stream_id: int, conn: Connection) -> None:
+        """Route ``conn``'s death to the stream's inbox as a failed ``StreamEnd`` (one close
+        callback per connection, however many streams it carries)."""
+        streams = self._conn_streams.get(conn)
+        if streams is None:
+            streams = self._conn_streams[conn] = set()
+            conn.add_close_callback(self._on_conn_closed)
+        streams.add(stream_id)
+
+    def detach_stream(self, stream_id: int) -> None:
+        self.inboxes.pop(stream_id, None)
+        for streams in self._conn_streams.values():
+            streams.discard(stream_id)
+
+    def _on_conn_closed(self, conn: Connection) -> None:
+        reason = conn.close_reason or ConnectionClosed("connection closed")
+        code, message, details = reason.to_wire()
+        for sid in sorted(self._conn_streams.pop(conn, ())):
+            inbox = self.inboxes.get(sid)
+            if inbox is not None:
+                error = WireError(code, message, details)
+                inbox.put_nowait(StreamEnd(stream_id=sid, error=error))
+
+    async def _on_stream_msg(self, msg: StreamBatch | StreamEnd, conn: Connection) -> None:
+        inbox = self.inboxes.get(msg.stream_id)
+        if inbox is not None:  # unknown: a stream we already closed; credits bound the rest
+            inbox.put_nowait(msg)

@@ -1,0 +1,214 @@
+"""Messages of the data service (client <-> data node, manager -> data node).
+
+Document bodies travel as JSON text inside msgpack ``bin`` fields: the client encodes a dict
+once, the data node validates and stores those very bytes, and a get returns the stored bytes
+untouched. Nothing on the path re-encodes a document.
+
+Tags carry a ``data.`` prefix because short names such as ``Upsert`` or ``Delete`` are also
+what the index pipeline calls its key versions; tags must be unique across the code base.
+
+Change streams: ``OpenStream`` is a request (its reply, or its ROLLBACK error, says whether the
+stream exists); the node then sends ``StreamBatch`` one-way messages on the same connection and
+finally one ``StreamEnd``. Flow control is credit based: the opener grants ``credit`` batches
+and returns one credit (``StreamCredit``) per batch it has consumed, so neither side ever buffers
+more than ``credit`` batches of one stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from shardex.data.records import MutationResult
+from shardex.net.messages import Message
+
+# (seqno, docid, op, cas, body or None for a deletion, flags, expiry): a change on the wire as a
+# msgpack array, about half the bytes of a map with field names.
+ChangeTuple = tuple[int, str, str, int, bytes | None, int, int]
+
+
+class WireError(msgspec.Struct, array_like=True, frozen=True):
+    """A ``ShardexError`` as data (``ShardexError.from_wire`` rebuilds it)."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+# --- documents -----------------------------------------------------------------------------
+
+
+class Insert(Message, tag="data.Insert"):
+    keyspace: str
+    docid: str
+    doc: bytes  # JSON text of an object
+    durability: str = "persist"
+
+
+class Upsert(Message, tag="data.Upsert"):
+    keyspace: str
+    docid: str
+    doc: bytes
+    cas: int | None = None
+    durability: str = "persist"
+
+
+class Replace(Message, tag="data.Replace"):
+    keyspace: str
+    docid: str
+    doc: bytes
+    cas: int | None = None
+    durability: str = "persist"
+
+
+class Delete(Message, tag="data.Delete"):
+    keyspace: str
+    docid: str
+    cas: int | None = None
+    durability: str = "persist"
+
+
+class MutationReply(Message, tag="data.MutationReply"):
+    result: MutationResult
+
+
+class Get(Message, tag="data.Get"):
+    keyspace: str
+    docid: str
+
+
+class GetReply(Message, tag="data.GetReply"):
+    body: bytes  # the stored JSON text
+    cas: int
+    seqno: int
+
+
+class OpItem(msgspec.Struct, array_like=True, frozen=True):
+    """One mutation of a ``MutateMany``: kind is insert / upsert / replace / delete."""
+
+    kind: str
+    docid: str
+    doc: bytes = b""
+    cas: int | None = None
+
+
+class MutateMany(Message, tag="data.MutateMany"):
+    """A batch for one node. Items of one partition apply in order; each item succeeds or
+    fails on its own (a bulk load must not stop at one bad document)."""
+
+    keyspace: str
+    ops: list[OpItem]
+    durability: str = "persist"
+
+
+class ItemError(msgspec.Struct, array_like=True, frozen=True):
+    index: int
+    error: WireError
+
+
+class MutateManyReply(Message, tag="data.MutateManyReply"):
+    results: list[MutationResult | None]  # None where ``errors`` has the item's error
+    errors: list[ItemError] = msgspec.field(default_factory=list)
+
+
+# --- seqnos and stats ------------------------------------------------------------------------
+
+
+class HighSeqnos(Message, tag="data.HighSeqnos"):
+    """Answered by any data node: it gathers every partition's (seqno, uuid) from the owners.
+    With ``partitions`` set the node answers for those of its own partitions only (the
+    gathering node's fan-out request)."""
+
+    keyspace: str
+    partitions: list[int] | None = None
+
+
+class HighSeqnosReply(Message, tag="data.HighSeqnosReply"):
+    entries: dict[int, tuple[int, int]]  # partition -> (high seqno, uuid)
+
+
+class PartitionStat(msgspec.Struct, array_like=True, frozen=True):
+    partition: int
+    node: str
+    doc_count: int
+    high_seqno: int
+    uuid: int
+    state: str
+
+
+class KeyspaceStats(Message, tag="data.KeyspaceStats"):
+    """Per-partition document counts and owners, gathered like ``HighSeqnos``."""
+
+    keyspace: str
+    partitions: list[int] | None = None
+
+
+class KeyspaceStatsReply(Message, tag="data.KeyspaceStatsReply"):
+    partitions: list[PartitionStat]
+
+
+# --- placement (manager -> data node) ------------------------------------------------------------
+
+
+class OpenPartitions(Message, tag="data.OpenPartitions"):
+    """Create the keyspace locally (if needed) and open these partitions, empty. Idempotent:
+    the manager retries it, and a node reconciling from the state does the same."""
+
+    keyspace: str
+    uuid: str
+    created_cas: int
+    num_partitions: int
+    partitions: list[int]
+
+
+class DropKeyspaceData(Message, tag="data.DropKeyspaceData"):
+    """Drop every local partition of the keyspace (if it is the incarnation ``uuid``)."""
+
+    keyspace: str
+    uuid: str
+
+
+# --- change streams ---------------------------------------------------------------------------
+
+
+class OpenStream(Message, tag="data.OpenStream"):
+    stream_id: int  # chosen by the opener, unique on its connection
+    keyspace: str
+    partition: int
+    from_seqno: int = 0
+    uuid: int = 0
+    end_seqno: int | None = None
+    follow: bool = False
+    credit: int = 4  # batches the node may send before waiting for StreamCredit
+    max_items: int = 1000  # per batch
+
+
+class StreamOpened(Message, tag="data.StreamOpened"):
+    stream_id: int
+    uuid: int
+    high_seqno: int
+
+
+class StreamBatch(Message, tag="data.StreamBatch"):
+    """A run of changes; ``marker`` (if any) precedes ``changes`` (a new snapshot run)."""
+
+    stream_id: int
+    marker: tuple[int, int, int, bool] | None = None  # (start, end, uuid, backfill)
+    changes: list[ChangeTuple] = msgspec.field(default_factory=list)
+
+
+class StreamEnd(Message, tag="data.StreamEnd"):
+    """The last message of a stream: complete (``error`` None) or failed."""
+
+    stream_id: int
+    error: WireError | None = None
+
+
+class StreamCredit(Message, tag="data.StreamCredit"):
+    stream_id: int
+    batches: int = 1
+
+
+class CancelStream(Message, tag="data.CancelStream"):
+    stream_id: int

@@ -1,0 +1,114 @@
+"""The data service's view of placement: keyspace metas and topologies from the manager state.
+
+A data node needs the state for three things: owner hints in NOT_MY_PARTITION answers, the
+fan-out of ``HighSeqnos`` / ``KeyspaceStats`` to the owners, and reconciling its partitions
+with the latest topology after a restart. On a node that also runs the manager service the
+local coordinator replica holds the state (replicated synchronously before any op replies);
+elsewhere the node asks a manager with ``StateRequest``. The cached copy may be stale: every
+user of it treats it as a hint and the owners' own answers as the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.manager.coordinator_messages import StateReply, StateRequest
+from shardex.manager.member_list import MemberInfo
+from shardex.manager.state import StateContext
+from shardex.net import ConnectionPool
+
+log = logging.getLogger(__name__)
+
+STATE_TIMEOUT = 2.0
+
+
+def latest_topology(state: StateContext, keyspace: str) -> Topology | None:
+    history = state.data_topologies.get(keyspace)
+    return history[-1] if history else None
+
+
+class PlacementView:
+    """Cached manager state plus the member list's name -> address map."""
+
+    def __init__(
+        self,
+        *,
+        me: str,
+        coordinator: Callable[[], Any | None],
+        members: Callable[[], list[MemberInfo]],
+        pool: ConnectionPool,
+    ) -> None:
+        self.me = me
+        self._coordinator = coordinator
+        self._members = members
+        self._pool = pool
+        self._state: StateContext | None = None
+
+    @property
+    def cached(self) -> StateContext | None:
+        coord = self._coordinator()
+        if coord is not None:
+            return coord.state  # the local replica is always at least as new as our cache
+        return self._state
+
+    def remember(self, state: StateContext) -> None:
+        if self._state is None or state.cas >= self._state.cas:
+            self._state = state
+
+    async def refresh(self) -> StateContext:
+        """The freshest state we can get: the local replica, else the first manager that
+        answers. Raises NODE_UNAVAILABLE when no manager does."""
+        coord = self._coordinator()
+        if coord is not None:
+            state: StateContext = coord.state
+            self.remember(state)
+            return state
+        errors: dict[str, str] = {}
+        managers = [m for m in self._members() if "manager" in m.services]
+        for m in managers:
+            try:
+                reply = await self._pool.request(
+                    m.address,
+                    StateRequest(sections=["keyspaces", "data_topologies"]),
+                    STATE_TIMEOUT,
+                    expect=StateReply,
+                )
+            except ShardexError as exc:
+                errors[m.name] = str(exc)
+                continue
+            self.remember(reply.state)
+            return reply.state
+        raise NodeUnavailable(
+            "no manager answered the state request",
+            details={"managers": [m.name for m in managers], "errors": errors},
+        )
+
+    async def state(self) -> StateContext:
+        cached = self.cached
+        return cached if cached is not None else await self.refresh()
+
+    def topology(self, keyspace: str) -> Topology | None:
+        state = self.cached
+        return None if state is None else latest_topology(state, keyspace)
+
+    def owner_hint(self, keyspace: str, partition: int) -> str | None:
+        topo = self.topology(keyspace)
+        return None if topo is None else topo.assignment.get(partition)
+
+    def address(self, node: str) -> str:
+        for m in self._members():
+            if m.name == node:
+                return m.address
+        raise ShardexError(
+            f"node {node!r} is not in the member list",
+            code=ErrorCode.NODE_UNAVAILABLE,
+            details={"node": node},
+        )
+
+    def keyspace_exists(self, keyspace: str) -> bool:
+        state = self.cached
+        return state is not None and keyspace in state.keyspaces

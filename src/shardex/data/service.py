@@ -1,0 +1,468 @@
+"""The data service on a data node: the local ``DataEngine`` on the wire.
+
+One engine per node in ``<data-dir>/data`` (RocksDB). Requests are routed here by clients from
+their cached topology; this node answers only for the partitions it holds and says
+NOT_MY_PARTITION (with an ``owner_hint`` from the manager state) for the others, so a client
+with a stale topology refreshes and retries.
+
+The engine is synchronous and a durable write waits for an fsync, so all disk work runs in a
+dedicated thread pool (``io_threads``) and the event loop keeps serving heartbeats, reads and
+streams meanwhile. Point reads run on the loop: a RocksDB get of a cached block costs less
+than the hop to a thread. Single mutations go through group commit (``groupcommit.py``).
+
+Placement: the manager tells the owners to open a new keyspace's partitions
+(``OpenPartitions``) and to drop a dropped one's (``DropKeyspaceData``). Because a node may be
+down when that happens, the node also reconciles with the manager state at start, on every
+state change it sees, and every ``reconcile_interval`` seconds: it opens the partitions the
+latest topology assigns it, keeps every partition it already holds (a migration source or
+target is the migration's business), and drops keyspaces the state no longer has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from shardex.data import reconcile
+from shardex.data.engine import DataEngine
+from shardex.data.errors import KeyspaceNotFound, not_my_partition
+from shardex.data.groupcommit import GroupCommitter
+from shardex.data.messages import (
+    CancelStream,
+    Delete,
+    DropKeyspaceData,
+    Get,
+    GetReply,
+    HighSeqnos,
+    HighSeqnosReply,
+    Insert,
+    ItemError,
+    KeyspaceStats,
+    KeyspaceStatsReply,
+    MutateMany,
+    MutateManyReply,
+    MutationReply,
+    OpenPartitions,
+    OpenStream,
+    PartitionStat,
+    Replace,
+    StreamCredit,
+    Upsert,
+    WireError,
+)
+from shardex.data.partitioning import partition_of
+from shardex.data.placement import PlacementView, latest_topology
+from shardex.data.records import STATE_ACTIVE, MutationResult
+from shardex.data.streaming import StreamServer
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.manager.member_list import MemberInfo
+from shardex.net import Connection, ConnectionPool, RpcServer
+from shardex.net.messages import Message
+from shardex.net.transport import Transport
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_IO_THREADS = 8
+DEFAULT_RECONCILE_INTERVAL = 2.0
+SYNC_INTERVAL = 1.0  # "memory" writes become power-loss safe within this long
+PURGE_INTERVAL = 30.0  # the engine's retention rule runs this often
+FAN_OUT_TIMEOUT = 5.0
+FAN_OUT_ATTEMPTS = 4  # a partition in hand-over is missing for a moment: retry the gather
+
+
+class DataService:
+    """Routes of the data service plus placement reconciliation (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        node_name: str,
+        transport: Transport,
+        secret: str,
+        coordinator: Callable[[], Any | None] = lambda: None,
+        members: Callable[[], list[MemberInfo]] = list,
+        io_threads: int = DEFAULT_IO_THREADS,
+        reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
+    ) -> None:
+        self.path = Path(data_dir) / "data"
+        self.name = node_name
+        self.reconcile_interval = reconcile_interval
+        self._io_threads = io_threads
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._engine: DataEngine | None = None
+        self._coordinator = coordinator
+        self.pool = ConnectionPool(transport, secret, name=f"{node_name}/data")
+        self.placement = PlacementView(
+            me=node_name, coordinator=coordinator, members=members, pool=self.pool
+        )
+        self.committer: GroupCommitter | None = None
+        self.streams: StreamServer | None = None
+        self._placement_lock = asyncio.Lock()
+        self._reconcile_now = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.reconciled = asyncio.Event()  # set after the first successful reconcile
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> DataEngine:
+        if self._engine is None:
+            raise NodeUnavailable(
+                f"the data service of {self.name} is not running", details={"node": self.name}
+            )
+        return self._engine
+
+    def install(self, server: RpcServer) -> None:
+        routes: dict[type[Message], Callable[[Any, Connection], Awaitable[Message | None]]] = {
+            Insert: self._on_insert,
+            Upsert: self._on_upsert,
+            Replace: self._on_replace,
+            Delete: self._on_delete,
+            Get: self._on_get,
+            MutateMany: self._on_mutate_many,
+            HighSeqnos: self._on_high_seqnos,
+            KeyspaceStats: self._on_stats,
+            OpenPartitions: self._on_open_partitions,
+            DropKeyspaceData: self._on_drop_keyspace,
+            OpenStream: self._on_open_stream,
+            StreamCredit: self._on_stream_credit,
+            CancelStream: self._on_cancel_stream,
+        }
+        for msg_type, handler in routes.items():
+            server.route(msg_type, handler)
+
+    async def start(self) -> None:
+        """Open the engine (in a thread: opening RocksDB with many families takes a while)
+        and start reconciling; call before the node accepts requests."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            self._io_threads, thread_name_prefix=f"data-io-{self.name}"
+        )
+        self._engine = await self._run(DataEngine, self.path)
+        self.committer = GroupCommitter(self._engine.mutate_many, self._run)
+        self.streams = StreamServer(self._engine, self._run, self._enrich)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._reconcile_loop(), name="data-reconcile"))
+        self._tasks.append(loop.create_task(self._maintenance_loop(), name="data-maintenance"))
+        log.info("data service open at %s: %s", self.path, _summary(self._engine))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.streams is not None:
+            await self.streams.close()
+        if self.committer is not None:
+            await self.committer.close()
+        await self.pool.close()
+        engine, self._engine = self._engine, None
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, True)
+        if engine is not None:
+            await asyncio.to_thread(engine.close)
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self._executor is None:
+            raise NodeUnavailable(f"the data service of {self.name} is not running")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    def state_changed(self) -> None:
+        """Hook for the coordinator's ``on_change``: reconcile soon."""
+        self._reconcile_now.set()
+
+    # --- errors ------------------------------------------------------------------------------
+
+    def _enrich(self, exc: ShardexError) -> ShardexError:
+        """NOT_MY_PARTITION gets the owner the latest topology names (a hint: the client
+        refreshes its topology anyway)."""
+        if exc.code is ErrorCode.NOT_MY_PARTITION and "owner_hint" not in exc.details:
+            ks, p = exc.details.get("keyspace"), exc.details.get("partition")
+            if isinstance(ks, str) and isinstance(p, int):
+                exc.details["owner_hint"] = self.placement.owner_hint(ks, p)
+        return exc
+
+    def _not_here(self, exc: KeyspaceNotFound, keyspace: str, docid: object) -> ShardexError:
+        """The keyspace is unknown here; if the cluster has it, this node simply owns none
+        of it (yet), which the client must hear as NOT_MY_PARTITION, not as "no keyspace"."""
+        state = self.placement.cached
+        meta = None if state is None else state.keyspaces.get(keyspace)
+        if meta is None or not isinstance(docid, str) or not docid:
+            return exc
+        p = partition_of(docid, meta.num_partitions)
+        return self._enrich(not_my_partition(keyspace, p, "absent"))
+
+    # --- documents ---------------------------------------------------------------------------
+
+    async def _mutate(
+        self, kind: str, keyspace: str, docid: str, doc: object, cas: int | None, durability: str
+    ) -> MutationReply:
+        if self.committer is None:
+            raise NodeUnavailable(f"the data service of {self.name} is not running")
+        try:
+            result = await self.committer.submit(keyspace, durability, (kind, docid, doc, cas))
+        except KeyspaceNotFound as exc:
+            raise self._not_here(exc, keyspace, docid) from None
+        except ShardexError as exc:
+            raise self._enrich(exc) from None
+        return MutationReply(result=result)
+
+    async def _on_insert(self, msg: Insert, conn: Connection) -> MutationReply:
+        return await self._mutate("insert", msg.keyspace, msg.docid, msg.doc, None, msg.durability)
+
+    async def _on_upsert(self, msg: Upsert, conn: Connection) -> MutationReply:
+        return await self._mutate(
+            "upsert", msg.keyspace, msg.docid, msg.doc, msg.cas, msg.durability
+        )
+
+    async def _on_replace(self, msg: Replace, conn: Connection) -> MutationReply:
+        return await self._mutate(
+            "replace", msg.keyspace, msg.docid, msg.doc, msg.cas, msg.durability
+        )
+
+    async def _on_delete(self, msg: Delete, conn: Connection) -> MutationReply:
+        return await self._mutate("delete", msg.keyspace, msg.docid, None, msg.cas, msg.durability)
+
+    async def _on_get(self, msg: Get, conn: Connection) -> GetReply:
+        try:
+            raw = self.engine.get_raw(msg.keyspace, msg.docid)
+        except KeyspaceNotFound as exc:
+            raise self._not_here(exc, msg.keyspace, msg.docid) from None
+        except ShardexError as exc:
+            raise self._enrich(exc) from None
+        return GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+
+    async def _on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
+        ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]
+        try:
+            out = await self._run(
+                self.engine.mutate_many, msg.keyspace, ops, durability=msg.durability
+            )
+        except KeyspaceNotFound as exc:
+            errs = [self._not_here(exc, msg.keyspace, o.docid) for o in msg.ops]
+            if not msg.ops or any(e is exc for e in errs):
+                raise exc from None
+            out = errs
+        results: list[MutationResult | None] = []
+        errors: list[ItemError] = []
+        for i, r in enumerate(out):
+            if isinstance(r, ShardexError):
+                code, message, details = self._enrich(r).to_wire()
+                errors.append(ItemError(i, WireError(code, message, details)))
+                results.append(None)
+            else:
+                results.append(r)
+        return MutateManyReply(results=results, errors=errors)
+
+    # --- high seqnos and stats: answered by any node, gathered from the owners ----------------
+
+    def _local_high_seqnos(
+        self, keyspace: str, partitions: list[int]
+    ) -> dict[int, tuple[int, int]]:
+        try:
+            ts = self.engine.high_seqnos(keyspace)
+        except KeyspaceNotFound:
+            if self.placement.keyspace_exists(keyspace):
+                return {}
+            raise
+        wanted = set(partitions)
+        return {p: (e.seqno, e.uuid) for p, e in ts.items() if p in wanted}
+
+    def _local_stats(self, keyspace: str, partitions: list[int]) -> list[PartitionStat]:
+        eng = self.engine
+        try:
+            held = set(eng.partitions(keyspace))
+        except KeyspaceNotFound:
+            if self.placement.keyspace_exists(keyspace):
+                return []
+            raise
+        out = []
+        for p in sorted(held & set(partitions)):
+            info = eng.partition_info(keyspace, p)
+            if info.state == STATE_ACTIVE:
+                out.append(
+                    PartitionStat(
+                        p, self.name, info.doc_count, info.high_seqno, info.uuid, info.state
+                    )
+                )
+        return out
+
+    async def _on_high_seqnos(self, msg: HighSeqnos, conn: Connection) -> HighSeqnosReply:
+        if msg.partitions is not None:
+            return HighSeqnosReply(entries=self._local_high_seqnos(msg.keyspace, msg.partitions))
+
+        async def remote(address: str, parts: list[int]) -> dict[int, tuple[int, int]]:
+            req = HighSeqnos(keyspace=msg.keyspace, partitions=parts)
+            reply = await self.pool.request(address, req, FAN_OUT_TIMEOUT, expect=HighSeqnosReply)
+            return reply.entries
+
+        entries = await self._gather(msg.keyspace, self._local_high_seqnos, remote)
+        return HighSeqnosReply(entries=entries)
+
+    async def _on_stats(self, msg: KeyspaceStats, conn: Connection) -> KeyspaceStatsReply:
+        if msg.partitions is not None:
+            return KeyspaceStatsReply(partitions=self._local_stats(msg.keyspace, msg.partitions))
+
+        def local(keyspace: str, parts: list[int]) -> dict[int, PartitionStat]:
+            return {s.partition: s for s in self._local_stats(keyspace, parts)}
+
+        async def remote(address: str, parts: list[int]) -> dict[int, PartitionStat]:
+            req = KeyspaceStats(keyspace=msg.keyspace, partitions=parts)
+            reply = await self.pool.request(
+                address, req, FAN_OUT_TIMEOUT, expect=KeyspaceStatsReply
+            )
+            return {s.partition: s for s in reply.partitions}
+
+        stats = await self._gather(msg.keyspace, local, remote)
+        return KeyspaceStatsReply(partitions=[stats[p] for p in sorted(stats)])
+
+    async def _gather(
+        self,
+        keyspace: str,
+        local: Callable[[str, list[int]], dict[int, T]],
+        remote: Callable[[str, list[int]], Awaitable[dict[int, T]]],
+    ) -> dict[int, T]:
+        """Ask every owner (in parallel) for its partitions of ``keyspace``; retry the
+        partitions nobody answered for (a hand-over in flight) with a refreshed state."""
+        state = await self.placement.state()
+        if keyspace not in state.keyspaces:
+            state = await self.placement.refresh()
+        meta = state.keyspaces.get(keyspace)
+        topo = latest_topology(state, keyspace)
+        if meta is None or topo is None:
+            raise KeyspaceNotFound(
+                f"keyspace {keyspace!r} not found", details={"keyspace": keyspace}
+            )
+        out: dict[int, T] = {}
+        failures: dict[str, str] = {}
+        for attempt in range(FAN_OUT_ATTEMPTS):
+            missing = [p for p in range(meta.num_partitions) if p not in out]
+            by_owner: dict[str, list[int]] = {}
+            for p in missing:
+                by_owner.setdefault(topo.assignment.get(p, self.name), []).append(p)
+            owners = sorted(by_owner)
+            calls = [self._ask(keyspace, o, by_owner[o], local, remote) for o in owners]
+            failures = {}
+            for owner, res in zip(
+                owners, await asyncio.gather(*calls, return_exceptions=True), strict=True
+            ):
+                if isinstance(res, BaseException):
+                    failures[owner] = str(res)
+                else:
+                    out.update(res)
+            if len(out) == meta.num_partitions:
+                return out
+            await asyncio.sleep(0.05 * 2**attempt)
+            state = await self.placement.refresh()
+            topo = latest_topology(state, keyspace) or topo
+        missing = [p for p in range(meta.num_partitions) if p not in out]
+        raise ShardexError(
+            f"no owner answered for {len(missing)} partition(s) of {keyspace!r}",
+            code=ErrorCode.NODE_UNAVAILABLE if failures else ErrorCode.NOT_MY_PARTITION,
+            details={"keyspace": keyspace, "partitions": missing[:50], "failures": failures},
+        )
+
+    async def _ask(
+        self,
+        keyspace: str,
+        owner: str,
+        parts: list[int],
+        local: Callable[[str, list[int]], dict[int, T]],
+        remote: Callable[[str, list[int]], Awaitable[dict[int, T]]],
+    ) -> dict[int, T]:
+        if owner == self.name:
+            return local(keyspace, parts)
+        return await remote(self.placement.address(owner), parts)
+
+    # --- placement -----------------------------------------------------------------------------
+
+    async def _on_open_partitions(self, msg: OpenPartitions, conn: Connection) -> None:
+        async with self._placement_lock:
+            await self._run(
+                reconcile.open_partitions,
+                self.engine,
+                msg.keyspace,
+                msg.uuid,
+                msg.created_cas,
+                msg.num_partitions,
+                msg.partitions,
+            )
+
+    async def _on_drop_keyspace(self, msg: DropKeyspaceData, conn: Connection) -> None:
+        async with self._placement_lock:
+            await self._run(reconcile.drop_incarnation, self.engine, msg.keyspace, msg.uuid)
+
+    async def reconcile(self) -> None:
+        """Bring local placement in line with the manager state (``reconcile.py``)."""
+        state = await self.placement.refresh()
+        async with self._placement_lock:
+            await self._run(reconcile.reconcile, self.engine, self.name, state)
+
+    async def _maintenance_loop(self) -> None:
+        """Periodic engine housekeeping: a WAL sync (clears the dirty marks of "memory"
+        writes) every ``SYNC_INTERVAL``, the retention purge every ``PURGE_INTERVAL``."""
+        loop = asyncio.get_running_loop()
+        next_purge = loop.time() + PURGE_INTERVAL
+        while True:
+            await asyncio.sleep(SYNC_INTERVAL)
+            try:
+                if self.engine.has_unsynced:
+                    await self._run(self.engine.sync)
+                if loop.time() >= next_purge:
+                    next_purge = loop.time() + PURGE_INTERVAL
+                    purged = await self._run(self.engine.purge)
+                    if purged:
+                        log.info("retention purged %d change records", sum(purged.values()))
+            except Exception:
+                log.exception("data maintenance failed")
+
+    async def _reconcile_loop(self) -> None:
+        coord = self._coordinator()
+        if coord is not None:
+            coord.on_change(lambda *_args: self.state_changed())
+        delay = 0.2
+        while True:
+            try:
+                await self.reconcile()
+                self.reconciled.set()
+                delay = self.reconcile_interval
+            except ShardexError as exc:
+                log.debug("reconcile failed (retrying): %s", exc)
+                delay = min(delay * 2, self.reconcile_interval)
+            except Exception:
+                log.exception("reconcile failed")
+                delay = self.reconcile_interval
+            self._reconcile_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reconcile_now.wait(), delay)
+
+    # --- streams --------------------------------------------------------------------------------
+
+    async def _on_open_stream(self, msg: OpenStream, conn: Connection) -> Message:
+        if self.streams is None:
+            raise NodeUnavailable(f"the data service of {self.name} is not running")
+        return await self.streams.on_open(msg, conn)
+
+    async def _on_stream_credit(self, msg: StreamCredit, conn: Connection) -> None:
+        if self.streams is not None:
+            await self.streams.on_credit(msg, conn)
+
+    async def _on_cancel_stream(self, msg: CancelStream, conn: Connection) -> None:
+        if self.streams is not None:
+            await self.streams.on_cancel(msg, conn)
+
+
+def _summary(engine: DataEngine) -> str:
+    parts = [f"{k.name} ({len(engine.partitions(k.name))} partitions)" for k in engine.keyspaces()]
+    return ", ".join(parts) or "no keyspaces"

@@ -1,0 +1,1 @@
+"""Demo helpers: a realistic, deterministic data set for ``scripts/demo.sh``."""

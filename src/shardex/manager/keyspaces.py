@@ -1,0 +1,227 @@
+"""Keyspace DDL as coordinator ops: CREATE, DROP and LIST keyspaces.
+
+The coordinator runs ops one at a time on the master, so checks and commit see one state.
+Create: validate, place the partitions round-robin over the data nodes that are up
+(``balanced_assignment``), commit the keyspace meta with topology ``seq_num`` 1 as the first
+entry of its history, then ask every data node to open its partitions (``OpenPartitions``;
+idempotent, retried). Drop: commit the removal, then ask every data node to drop its data.
+
+Failure after the commit: the state is the truth and is not rolled back. A data node that
+could not be told (down, slow) converges by itself: every data node reconciles with the state
+when it starts, on every state change it sees and periodically (``DataService``), opening the
+partitions the latest topology gives it and dropping keyspaces the state no longer has. So a
+create that could not reach an owner fails with NODE_UNAVAILABLE that says exactly this: the
+keyspace exists, the named partitions are unavailable until their node is back. A drop that
+could not reach a node succeeds (the keyspace is gone from the state) and names the nodes that
+will drop their copy when they reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid as uuidlib
+from typing import Any
+
+import msgspec
+
+from shardex.core.topology import Topology, balanced_assignment
+from shardex.data.errors import BadRequest, KeyspaceExists, KeyspaceNotFound
+from shardex.data.messages import DropKeyspaceData, OpenPartitions
+from shardex.data.partitioning import DEFAULT_NUM_PARTITIONS, check_num_partitions
+from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.member_list import UP, MemberInfo
+from shardex.manager.state import KeyspaceMeta
+from shardex.net.messages import Message
+
+KEYSPACE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+MAX_KEYSPACE_NAME = 100
+NODE_ATTEMPTS = 3
+NODE_TIMEOUT = 2.0  # x NODE_ATTEMPTS + backoff stays under a client's 10 s request timeout
+
+
+class CreateKeyspace(Message, tag="manager.CreateKeyspace"):
+    name: str
+    num_partitions: int = DEFAULT_NUM_PARTITIONS
+    request_id: str = ""
+
+
+class DropKeyspace(Message, tag="manager.DropKeyspace"):
+    name: str
+    request_id: str = ""
+
+
+class ListKeyspaces(Message, tag="manager.ListKeyspaces"):
+    request_id: str = ""
+
+
+class KeyspaceCreated(Message, tag="manager.KeyspaceCreated"):
+    meta: KeyspaceMeta
+    topology: Topology
+
+
+class KeyspaceDropped(Message, tag="manager.KeyspaceDropped"):
+    name: str
+    uuid: str
+    # data nodes that drop their copy when they reconcile (not recorded for a retried request)
+    pending_nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class KeyspaceList(Message, tag="manager.KeyspaceList"):
+    keyspaces: list[KeyspaceMeta]
+    topologies: dict[str, Topology]  # latest topology of each keyspace
+
+
+def check_keyspace_name(name: object) -> str:
+    """The cluster-level rule (stricter than the engine's on-disk alphabet): an identifier
+    that SQL can name without quoting tricks, dashes allowed."""
+    if not isinstance(name, str) or not name:
+        raise BadRequest(
+            f"keyspace name must be a non-empty string, got {name!r}",
+            details={"keyspace": repr(name)},
+        )
+    if len(name) > MAX_KEYSPACE_NAME or not KEYSPACE_NAME.match(name):
+        raise BadRequest(
+            f"invalid keyspace name {name!r}",
+            details={
+                "keyspace": name[:120],
+                "hint": f"1-{MAX_KEYSPACE_NAME} characters: a letter or _ first, then letters, "
+                "digits, _ or -",
+            },
+        )
+    return name
+
+
+def data_members(ctx: Any) -> tuple[list[MemberInfo], list[MemberInfo]]:
+    """(all data-service members, those up) as the master observes them."""
+    membership = ctx.membership
+    now = asyncio.get_running_loop().time()
+    members = [m for m in membership.members if "data" in m.services]
+    up = [m for m in members if membership.state_of(m.member_id, now)[0] == UP]
+    return members, up
+
+
+async def _tell(ctx: Any, member: MemberInfo, msg: Message) -> str | None:
+    """Send ``msg`` to ``member`` with retries; None on success, else the last error."""
+    last = ""
+    for attempt in range(NODE_ATTEMPTS):
+        try:
+            await ctx.pool.request(member.address, msg, NODE_TIMEOUT)
+            return None
+        except ShardexError as exc:
+            last = str(exc)
+            if exc.code not in (
+                ErrorCode.NODE_UNAVAILABLE,
+                ErrorCode.TIMEOUT,
+                ErrorCode.CONNECTION_CLOSED,
+                ErrorCode.UNKNOWN_MESSAGE,  # a node between bind and route installation
+            ):
+                return last  # a refusal: retrying says the same
+        await asyncio.sleep(0.2 * 2**attempt)
+    return last
+
+
+async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
+    name = check_keyspace_name(msg.name)
+    num_partitions = check_num_partitions(msg.num_partitions)
+    state = ctx.state
+    if name in state.keyspaces:
+        old = state.keyspaces[name]
+        raise KeyspaceExists(
+            f"keyspace {name!r} already exists ({old.num_partitions} partitions)",
+            details={"keyspace": name, "num_partitions": old.num_partitions, "uuid": old.uuid},
+        )
+    members, up = data_members(ctx)
+    if not up:
+        raise ShardexError(
+            "no data node is up to place the keyspace on",
+            code=ErrorCode.NODE_UNAVAILABLE,
+            details={"keyspace": name, "data_nodes": [m.name for m in members]},
+        )
+    topology = Topology(
+        seq_num=1, assignment=balanced_assignment(num_partitions, [m.name for m in up])
+    )
+    meta = KeyspaceMeta(
+        name=name,
+        num_partitions=num_partitions,
+        uuid=uuidlib.uuid4().hex,
+        created_cas=state.cas + 1,
+    )
+    new_state = msgspec.structs.replace(
+        state,
+        keyspaces={**state.keyspaces, name: meta},
+        data_topologies={**state.data_topologies, name: [topology]},
+    )
+    reply = KeyspaceCreated(meta=meta, topology=topology)
+    # The reply is recorded with the effect: a retry of this request id (after a lost
+    # connection) answers "created", which is what the state says, whatever the nodes did.
+    committed = await ctx.commit(new_state, reply=reply)
+
+    async def open_on(m: MemberInfo) -> str | None:
+        req = OpenPartitions(
+            keyspace=name,
+            uuid=meta.uuid,
+            created_cas=meta.created_cas,
+            num_partitions=num_partitions,
+            partitions=topology.partitions_of(m.name),
+        )
+        return await _tell(ctx, m, req)
+
+    results = await asyncio.gather(*(open_on(m) for m in up))
+    failed = {
+        m.name: err
+        for m, err in zip(up, results, strict=True)
+        if err is not None and topology.partitions_of(m.name)
+    }
+    if failed:
+        lost = sorted(p for n in failed for p in topology.partitions_of(n))
+        raise ShardexError(
+            f"keyspace {name!r} was created (state cas {committed.cas}, topology 1) but "
+            f"{', '.join(sorted(failed))} did not open its partitions; those {len(lost)} "
+            "partition(s) are unavailable until the node is reachable again, when it opens "
+            "them by itself (data nodes reconcile with the cluster state)",
+            code=ErrorCode.NODE_UNAVAILABLE,
+            details={
+                "keyspace": name,
+                "state": "created",
+                "cas": committed.cas,
+                "failed": failed,
+                "partitions": lost,
+            },
+        )
+    return reply
+
+
+async def drop_keyspace(msg: DropKeyspace, ctx: Any) -> KeyspaceDropped:
+    state = ctx.state
+    meta = state.keyspaces.get(msg.name)
+    if meta is None:
+        raise KeyspaceNotFound(f"keyspace {msg.name!r} not found", details={"keyspace": msg.name})
+    keyspaces = {k: v for k, v in state.keyspaces.items() if k != msg.name}
+    topologies = {k: v for k, v in state.data_topologies.items() if k != msg.name}
+    await ctx.commit(
+        msgspec.structs.replace(state, keyspaces=keyspaces, data_topologies=topologies),
+        reply=KeyspaceDropped(name=msg.name, uuid=meta.uuid),
+    )
+    members, up = data_members(ctx)
+    up_ids = {m.member_id for m in up}
+    req = DropKeyspaceData(keyspace=msg.name, uuid=meta.uuid)
+    results = await asyncio.gather(*(_tell(ctx, m, req) for m in up))
+    pending = [m.name for m, err in zip(up, results, strict=True) if err is not None]
+    pending += [m.name for m in members if m.member_id not in up_ids]
+    return KeyspaceDropped(name=msg.name, uuid=meta.uuid, pending_nodes=sorted(pending))
+
+
+async def list_keyspaces(msg: ListKeyspaces, ctx: Any) -> KeyspaceList:
+    state = ctx.state
+    return KeyspaceList(
+        keyspaces=[state.keyspaces[k] for k in sorted(state.keyspaces)],
+        topologies={k: h[-1] for k, h in state.data_topologies.items() if h},
+    )
+
+
+def register_keyspace_ops(coordinator: Any) -> None:
+    """Install the keyspace ops on a ``Coordinator``."""
+    coordinator.register_op(CreateKeyspace, create_keyspace)
+    coordinator.register_op(DropKeyspace, drop_keyspace)
+    coordinator.register_op(ListKeyspaces, list_keyspaces)

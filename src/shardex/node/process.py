@@ -57,7 +57,6 @@ def run_node(config: NodeConfig) -> int:
     try:
         setup_logging(config)
         identity, new = load_or_create_identity(data_dir, config.name)
-        write_pid(data_dir)
         log.info(
             "starting node %s (pid %d, %s identity %s), data dir %s, heartbeat %.3gs, "
             "failure timeout %.3gs",
@@ -108,6 +107,10 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
         with contextlib.suppress(Exception):
             await node.stop()
         raise
+    # The pid file says "serving": written only once the listener is bound and the services
+    # are up, so a waiter that sees it can connect at once (the flock says "running").
+    write_pid(config.data_dir)
+    log.info("node %s ready on %s", config.name, node.address)
     await stop.wait()
     try:
         await asyncio.wait_for(node.stop(), STOP_TIMEOUT)

@@ -931,3 +931,15 @@ def test_identifier_resolves_against_the_root():
     row = {"o": {"id": 1}, "c": {"name": "x"}}
     assert evaluate("o.id = 1 AND c.name = 'x'", row) is True
     assert evaluate(Identifier("o"), row) == {"id": 1}
+
+
+def test_overflow_and_huge_results_are_null_in_both_paths():
+    """Found by the projector's tests: compiled ``a * 1e308`` gave inf while the interpreter
+    gave NULL, and POWER / TO_STRING of huge ints raised. Data never makes evaluation raise."""
+    doc = {"a": 10, "big": 10**5000}
+    for text in ("a * 1e308", "1e308 * a", "POWER(1e300, 2)", "TO_STRING(big)", "-a * 1e308"):
+        assert evaluate(parse_expression(text), doc) is None, text
+        assert compile_expression(parse_expression(text))(doc) is None, text
+    # ints stay exact, however large: the key codec encodes them exactly too
+    power = parse_expression("POWER(10, 10000)")
+    assert evaluate(power, doc) == 10**10000 == compile_expression(power)(doc)

@@ -214,7 +214,7 @@ def _arith_const(op: str, operand: CompiledExpr, c: int | float) -> CompiledExpr
         tv = type(v)
         if tv is int or tv is float:
             try:
-                return pyop(v, c)
+                return ops.finite(pyop(v, c))
             except OverflowError:
                 return None
         return slow(v, c)

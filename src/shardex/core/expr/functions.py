@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import ROUND_DOWN, ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
@@ -59,8 +59,26 @@ class FunctionSpec:
 FUNCTIONS: dict[str, FunctionSpec] = {}
 
 
+def _guarded(impl: Callable[..., Any]) -> Callable[..., Any]:
+    """Functions never raise on data: a result no JSON number can hold (an int too long to
+    print, an overflow, a non-finite float) is NULL, whatever the function's own checks."""
+
+    def guarded(*args: Any) -> Any:
+        try:
+            r = impl(*args)
+        except (ValueError, ArithmeticError):
+            return None
+        if type(r) is float and not math.isfinite(r):
+            return None
+        return r
+
+    guarded.__name__ = getattr(impl, "__name__", "guarded")
+    return guarded
+
+
 def register_function(spec: FunctionSpec, *aliases: str) -> FunctionSpec:
     """Add (or replace) a function; aliases resolve to the same spec and canonical name."""
+    spec = replace(spec, impl=_guarded(spec.impl))
     for name in (spec.name, *aliases):
         FUNCTIONS[name.upper()] = spec
     return spec

@@ -201,7 +201,7 @@ def _unknown2(a: Any, b: Any) -> Any:
     return MISSING if a is MISSING or b is MISSING else None
 
 
-def _finite(x: Any) -> Any:
+def finite(x: Any) -> Any:
     """Non-finite floats are not JSON: an overflowing result is NULL, like an int overflow."""
     return None if type(x) is float and not math.isfinite(x) else x
 
@@ -209,7 +209,7 @@ def _finite(x: Any) -> Any:
 def add(a: Any, b: Any) -> Any:
     if is_number(a) and is_number(b):
         try:
-            return _finite(a + b)
+            return finite(a + b)
         except OverflowError:  # int too large for a float: no JSON number holds the result
             return None
     return _unknown2(a, b)
@@ -218,7 +218,7 @@ def add(a: Any, b: Any) -> Any:
 def sub(a: Any, b: Any) -> Any:
     if is_number(a) and is_number(b):
         try:
-            return _finite(a - b)
+            return finite(a - b)
         except OverflowError:
             return None
     return _unknown2(a, b)
@@ -227,7 +227,7 @@ def sub(a: Any, b: Any) -> Any:
 def mul(a: Any, b: Any) -> Any:
     if is_number(a) and is_number(b):
         try:
-            return _finite(a * b)
+            return finite(a * b)
         except OverflowError:
             return None
     return _unknown2(a, b)
@@ -241,7 +241,7 @@ def div(a: Any, b: Any) -> Any:
         try:
             if type(a) is int and type(b) is int and a % b == 0:
                 return a // b
-            return _finite(a / b)
+            return finite(a / b)
         except OverflowError:
             return None
     return _unknown2(a, b)

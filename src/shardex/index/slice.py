@@ -1,0 +1,497 @@
+"""One index slice: mutation queue, stabilise, back index, snapshots, local scan.
+
+Why it is correct, in short (in full: ``docs/decisions.md``, section "Indexer"):
+
+* **Idempotent delivery.** ``enqueue`` drops a key version whose seqno is at or below the
+  applied seqno of its data partition (below T0 while a build loads) or whose (partition,
+  seqno) is already queued: one mutation yields at most one key version per slice.
+* **Exactly up to the TS.** ``stabilise(ts)`` takes exactly the queued versions with
+  ``seqno <= ts[p]`` and decides each docid by its newest one against the back index (old
+  entry removed, unchanged key writes nothing, removal of a docid not held does nothing, a
+  back row with an equal or higher seqno wins).
+* **Atomic.** Entries, back rows, tombstone log and the meta with the applied TS are one
+  write batch: after a crash the applied TS on disk describes the entries on disk.
+* **Snapshots** are taken under the slice lock right after the batch: the one labelled
+  ``ts`` is the state at ``ts``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.bulk import sorted_load_rows, write_sorted
+from shardex.index.keyversion import UPSERT, KeyVersion
+from shardex.index.records import (
+    META_KEY,
+    STATE_ACTIVE,
+    STATE_CREATED,
+    STATE_LOADING,
+    STATE_NEEDS_REBUILD,
+    SliceMeta,
+    cf_names,
+    decode_back,
+    encode_back,
+    encode_meta,
+    parse_tombstone_log_key,
+    tombstone_log_key,
+    tombstone_log_range,
+)
+from shardex.index.snapshots import SnapshotRing
+from shardex.index.spans import Span, scan_ranges, spans_to_ranges
+from shardex.storage import Batch, Store
+
+__all__ = ["DEFAULT_KEEP_SNAPSHOTS", "Slice", "SliceStats", "StabilizeAck"]
+
+DEFAULT_KEEP_SNAPSHOTS = 5
+_ALL = (b"", b"\xff\xff")  # every key of a slice family (docids are UTF-8: never FF)
+
+Queued = tuple[int, bytes, str]  # (kind, entry, docid)
+
+
+@dataclass(frozen=True, slots=True)
+class StabilizeAck:
+    """A slice's answer to ``stabilise(ts)``. ``already``: the TS was reached before (no work);
+    ``applied``: key versions taken from the queue; ``writes``: entry/back-index/tombstone-log
+    operations written (0 when every key was unchanged)."""
+
+    index_id: str
+    partition: int
+    ts: Timestamp
+    applied: int
+    writes: int
+    already: bool
+
+
+@dataclass(slots=True)
+class SliceStats:
+    enqueued: int = 0
+    dropped: int = 0  # already applied or already queued (re-delivery)
+    applied: int = 0
+    writes: int = 0
+    unchanged: int = 0
+    stale: int = 0  # older than the back row: never overwrites newer
+
+
+@dataclass(slots=True)
+class _Pending:
+    ack: StabilizeAck
+    meta: SliceMeta | None = None  # None: nothing to commit
+    taken: list[tuple[int, list[int] | None]] = field(default_factory=list)  # None: all
+
+
+def _err(code: ErrorCode, msg: str, **details: Any) -> ShardexError:
+    return ShardexError(msg, code=code, details=details)
+
+
+class Slice:
+    """Storage and queue of one index partition on this node. Thread-safe (one lock)."""
+
+    def __init__(self, store: Store, meta: SliceMeta, *, keep_snapshots: int) -> None:
+        self.store = store
+        self.definition = meta.definition
+        self.index_id = meta.definition.id
+        self.partition = meta.partition
+        self.desc = tuple(k.desc for k in meta.definition.keys)
+        e, b, m = cf_names(self.index_id, self.partition)
+        self._entries = store.column_family(e)
+        self._back = store.column_family(b)
+        self._meta_cf = store.column_family(m)
+        self._meta = meta
+        self._applied = Timestamp.from_wire(meta.applied)
+        self._queue: dict[int, dict[int, Queued]] = {}
+        self._hwm: dict[int, int] = {}
+        self._snapshots = SnapshotRing(keep_snapshots, f"{self.index_id}/{self.partition}")
+        self.lock = threading.RLock()
+        self.stats = SliceStats()
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self._meta.state
+
+    @property
+    def items_count(self) -> int:
+        return self._meta.count
+
+    def applied_ts(self) -> Timestamp:
+        """The TS the slice's storage is at (what the pipeline resumes from after a crash)."""
+        return self._applied
+
+    def high_watermark(self) -> dict[int, int]:
+        """Per data partition, the highest seqno received (queued or applied)."""
+        with self.lock:
+            out = {p: e.seqno for p, e in self._applied.items()}
+            for p, s in self._hwm.items():
+                if s > out.get(p, 0):
+                    out[p] = s
+            return out
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self._queue.values())
+
+    def _write_meta(self, meta: SliceMeta, *, sync: bool = True) -> None:
+        batch = self.store.batch()
+        batch.put(self._meta_cf, META_KEY, encode_meta(meta))
+        self.store.write(batch, sync=sync)
+        self._meta = meta
+
+    # -- queue ------------------------------------------------------------------------------
+    def enqueue(self, rows: Iterable[KeyVersion]) -> int:
+        """Queue this slice's key versions; returns how many were new. Re-delivered ones
+        (seqno already applied, below the build's T0, or already queued) are dropped."""
+        with self.lock:
+            state = self._meta.state
+            if state == STATE_NEEDS_REBUILD:
+                return 0  # the rebuild reloads everything
+            floor_ts = self._applied
+            if state == STATE_LOADING and self._meta.load_ts is not None:
+                floor_ts = Timestamp.from_wire(self._meta.load_ts)
+            floors: dict[int, int] = {}
+            queue, hwm = self._queue, self._hwm
+            new = dropped = 0
+            for row in rows:
+                part, seqno = row[5], row[6]
+                floor = floors.get(part)
+                if floor is None:
+                    floor = floors[part] = floor_ts.seqno(part)
+                q = queue.get(part)
+                if q is None:
+                    q = queue[part] = {}
+                if seqno <= floor or seqno in q:
+                    dropped += 1
+                    continue
+                q[seqno] = (row[2], row[3], row[4])
+                new += 1
+                if seqno > hwm.get(part, 0):
+                    hwm[part] = seqno
+            self.stats.enqueued += new
+            self.stats.dropped += dropped
+            return new
+
+    # -- stabilise --------------------------------------------------------------------------
+    def stabilize(self, ts: Timestamp, *, sync: bool = True) -> StabilizeAck:
+        """Apply the queue up to ``ts`` in one atomic batch, then snapshot at ``ts``."""
+        with self.lock:
+            batch = self.store.batch()
+            pending = self.prepare(ts, batch)
+            if pending.meta is not None:
+                self.store.write(batch, sync=sync)
+            self.commit(pending)
+            return pending.ack
+
+    def prepare(self, ts: Timestamp, batch: Batch) -> _Pending:
+        """Add the work of ``stabilise(ts)`` to ``batch``; the caller holds ``self.lock``,
+        writes the batch, then calls :meth:`commit`. Split so one batch (one fsync) can
+        serve every slice of an index on this node."""
+        state = self._meta.state
+        if state == STATE_NEEDS_REBUILD:
+            raise _err(ErrorCode.INDEX_IN_ROLLBACK, f"slice {self._name()} needs a rebuild")
+        if state == STATE_LOADING:
+            raise _err(ErrorCode.INDEX_NOT_READY, f"slice {self._name()} is still loading")
+        applied = self._applied
+        ahead = [p for p in ts if ts[p].seqno > applied.seqno(p)]
+        behind = [p for p in ts if ts[p].seqno < applied.seqno(p)]
+        if not ahead:
+            # Reached before: acknowledged without work (a re-run micro-batch, a re-sent TS).
+            return _Pending(StabilizeAck(self.index_id, self.partition, ts, 0, 0, True))
+        if behind:
+            raise _err(
+                ErrorCode.BAD_REQUEST,
+                f"stability TS for slice {self._name()} goes backwards in partitions {behind}",
+                behind=behind[:20],
+            )
+        latest: dict[str, tuple[int, int, bytes, int]] = {}
+        taken: list[tuple[int, list[int] | None]] = []
+        n_taken = 0
+        for part, q in self._queue.items():
+            lim = ts[part].seqno if part in ts else 0
+            if not q or lim == 0:
+                continue
+            if self._hwm.get(part, 0) <= lim:
+                items: Iterable[tuple[int, Queued]] = q.items()
+                taken.append((part, None))
+            else:
+                items = [(s, v) for s, v in q.items() if s <= lim]
+                taken.append((part, [s for s, _ in items]))
+            for s, (kind, entry, docid) in items:
+                n_taken += 1
+                cur = latest.get(docid)
+                if cur is None or s > cur[0]:
+                    latest[docid] = (s, kind, entry, part)
+        writes, delta = self._apply(latest, batch)
+        wire = dict(applied.to_wire())
+        for p, e in ts.items():
+            wire[p] = (e.seqno, e.uuid)
+        meta = SliceMeta(
+            definition=self.definition,
+            partition=self.partition,
+            state=STATE_ACTIVE,
+            applied=wire,
+            count=self._meta.count + delta,
+        )
+        batch.put(self._meta_cf, META_KEY, encode_meta(meta))
+        ack = StabilizeAck(self.index_id, self.partition, ts, n_taken, writes, False)
+        return _Pending(ack, meta, taken)
+
+    def _apply(
+        self, latest: dict[str, tuple[int, int, bytes, int]], batch: Batch
+    ) -> tuple[int, int]:
+        """Decide each docid's final state against the back index; returns (writes, change
+        in the number of live entries).
+
+        Lookups go in docid order and writes are added to the batch sorted per family:
+        RocksDB's memtable inserts a sorted batch about ten times faster than a random one
+        (measured: 600k puts 0.3 s sorted vs 3 s random). Keys never repeat within one
+        batch (one decision per docid; an entry embeds its docid), so order is free."""
+        get = self._back.get
+        unchanged = stale = delta = 0
+        e_del: list[bytes] = []
+        e_put: list[bytes] = []
+        b_put: list[tuple[bytes, bytes]] = []
+        t_put: list[bytes] = []
+        for docid in sorted(latest):
+            s, kind, entry, part = latest[docid]
+            key = docid.encode("utf-8")
+            raw = get(key)
+            old = b""
+            if raw is not None:
+                # decode_back inlined (hot): partition (2 bytes), seqno (8), entry
+                if int.from_bytes(raw[2:10], "big") >= s:
+                    stale += 1
+                    continue
+                old = raw[10:]
+            if kind == UPSERT:
+                if old == entry:
+                    unchanged += 1
+                    continue
+                if old:
+                    e_del.append(old)
+                else:
+                    delta += 1
+                e_put.append(entry)
+                b_put.append((key, encode_back(part, s, entry)))
+            elif old:  # UpsertDeletion or Delete of an entry this slice holds
+                e_del.append(old)
+                b_put.append((key, encode_back(part, s, b"")))
+                t_put.append(tombstone_log_key(part, s, docid))
+                delta -= 1
+            # else: removal of a docid not held here (or already a tombstone): nothing
+        e_del.sort()
+        e_put.sort()
+        t_put.sort()
+        entries, back, meta_cf = self._entries, self._back, self._meta_cf
+        for k in e_del:
+            batch.delete(entries, k)
+        for k in e_put:
+            batch.put(entries, k, b"")
+        for k, v in b_put:  # already in docid order
+            batch.put(back, k, v)
+        for k in t_put:
+            batch.put(meta_cf, k, b"")
+        self.stats.unchanged += unchanged
+        self.stats.stale += stale
+        return len(e_del) + len(e_put) + len(b_put) + len(t_put), delta
+
+    def commit(self, pending: _Pending) -> None:
+        """After the batch is durable: drop the taken key versions, publish the applied TS,
+        snapshot. Called under ``self.lock``."""
+        ack = pending.ack
+        if pending.meta is not None:
+            for part, seqnos in pending.taken:
+                if seqnos is None:
+                    self._queue.pop(part, None)
+                else:
+                    q = self._queue[part]
+                    for s in seqnos:
+                        del q[s]
+            self._meta = pending.meta
+            self._applied = Timestamp.from_wire(pending.meta.applied)
+            self.stats.applied += ack.applied
+            self.stats.writes += ack.writes
+            self._take_snapshot(ack.ts)
+        elif ack.ts == self._applied and not self._snapshots.has(ack.ts):
+            self._take_snapshot(ack.ts)  # re-sent TS after a restart: make it scannable
+
+    # -- snapshots and scans ------------------------------------------------------------------
+    def _take_snapshot(self, ts: Timestamp) -> None:
+        self._snapshots.add(ts, lambda: self.store.snapshot([self._entries.name]))
+
+    def snapshot_timestamps(self) -> list[Timestamp]:
+        """Kept snapshots, oldest first."""
+        with self.lock:
+            return self._snapshots.timestamps()
+
+    def latest_snapshot_ts(self) -> Timestamp | None:
+        with self.lock:
+            return self._snapshots.latest()
+
+    def scan(
+        self,
+        spans: Iterable[Span] | None = None,
+        *,
+        snapshot_ts: Timestamp | None = None,
+        limit: int | None = None,
+        reverse: bool = False,
+        raw: bool = False,
+    ) -> Iterator[Any]:
+        """Entries in ``spans`` (None: all) as ``(key values, docid)`` (or raw entry bytes),
+        at the snapshot taken at ``snapshot_ts`` or at the tip (None). Errors (rollback,
+        SNAPSHOT_TOO_OLD, not reached) are raised here, not on first iteration."""
+        with self.lock:
+            if self._meta.state == STATE_NEEDS_REBUILD:
+                raise _err(ErrorCode.INDEX_IN_ROLLBACK, f"slice {self._name()} is rolling back")
+            if self._meta.state == STATE_LOADING:
+                raise _err(ErrorCode.INDEX_NOT_READY, f"slice {self._name()} is loading")
+            snap = None
+            if snapshot_ts is not None:
+                snap = self._snapshots.at(snapshot_ts, self._applied)
+            desc = self.desc if any(self.desc) else None
+            return scan_ranges(
+                self._entries, spans_to_ranges(spans), snap, limit, reverse, raw, desc
+            )
+
+    def entries(self, snapshot_ts: Timestamp | None = None) -> list[bytes]:
+        """Every entry (raw bytes) at a snapshot or the tip: what the oracle checks."""
+        return list(self.scan(snapshot_ts=snapshot_ts, raw=True))
+
+    def back_rows(self) -> dict[str, tuple[int, int, bytes]]:
+        """The back index at the tip: docid -> (partition, seqno, entry or b"")."""
+        return {k.decode("utf-8"): tuple(decode_back(v)) for k, v in self._back.iterate()}
+
+    # -- initial build ------------------------------------------------------------------------
+    def begin_load(self, ts0: Timestamp) -> None:
+        """Enter ``loading`` at T0 (durably): from now on key versions with seqno <= T0[p]
+        are dropped at enqueue, later ones queue up until the load is done."""
+        with self.lock:
+            if self.state == STATE_LOADING and self._meta.load_ts == dict(ts0.to_wire()):
+                return
+            if self.state != STATE_CREATED:
+                raise _err(
+                    ErrorCode.BAD_REQUEST,
+                    f"slice {self._name()} is {self.state}: a load needs an empty slice",
+                    hint="reset() it first",
+                )
+            self._write_meta(
+                msgspec.structs.replace(
+                    self._meta, state=STATE_LOADING, load_ts=dict(ts0.to_wire())
+                )
+            )
+            self._drop_queued_upto(ts0)
+
+    def bulk_load(
+        self, rows: Iterable[KeyVersion], ts0: Timestamp, *, use_sst: bool | None = None
+    ) -> str:
+        """Initial build: load the UPSERT key versions of a snapshot at ``ts0`` (any order;
+        sorted here), record ``ts0`` as applied, snapshot it. Returns ``"sst"``/``"batch"``.
+
+        A crash before the final meta write leaves ``loading`` on disk, which ``recover``
+        turns into ``needs_rebuild``: a torn load is never mistaken for a complete one."""
+        with self.lock:
+            self.begin_load(ts0)
+            entries, back = sorted_load_rows(rows)
+            method = write_sorted(
+                self.store, self._entries, self._back, entries, back, use_sst=use_sst
+            )
+            meta = SliceMeta(
+                definition=self.definition,
+                partition=self.partition,
+                state=STATE_ACTIVE,
+                applied=dict(ts0.to_wire()),
+                count=len(entries),
+            )
+            self._write_meta(meta, sync=True)
+            self._applied = ts0
+            self._drop_queued_upto(ts0)
+            self._take_snapshot(ts0)
+            return method
+
+    def _drop_queued_upto(self, ts: Timestamp) -> None:
+        for part, q in self._queue.items():
+            lim = ts.seqno(part)
+            for s in [s for s in q if s <= lim]:
+                del q[s]
+
+    # -- maintenance --------------------------------------------------------------------------
+    def purge_tombstones(self, stable_ts: Timestamp) -> int:
+        """Remove tombstones whose seqno is covered by ``stable_ts`` (a TS stable on every
+        slice, so their removals can no longer be re-delivered). Returns how many."""
+        with self.lock:
+            batch = self.store.batch()
+            purged = 0
+            for p, e in stable_ts.items():
+                lo, hi = tombstone_log_range(p, e.seqno)
+                for k, _ in self._meta_cf.iterate(lo, hi):
+                    _, seqno, docid = parse_tombstone_log_key(k)
+                    batch.delete(self._meta_cf, k)
+                    key = docid.encode("utf-8")
+                    raw = self._back.get(key)
+                    if raw is not None:
+                        row = decode_back(raw)
+                        if not row.entry and row.seqno == seqno:
+                            batch.delete(self._back, key)
+                            purged += 1
+            self.store.write(batch)
+            return purged
+
+    def rollback_to(self, partition: int, seqno: int) -> bool:
+        """Data partition ``partition`` rolled back to ``seqno`` (its history diverged after
+        it). Queued key versions above it are discarded. If the slice already applied beyond
+        it, entries from the lost history may be in storage: the slice is marked
+        ``needs_rebuild`` (scans get INDEX_IN_ROLLBACK) and True is returned; the simplest
+        correct recovery is ``reset`` and a new initial build."""
+        with self.lock:
+            q = self._queue.get(partition)
+            if q:
+                for s in [s for s in q if s > seqno]:
+                    del q[s]
+                self._hwm[partition] = max(q, default=0)
+            if self._applied.seqno(partition) <= seqno and self.state != STATE_LOADING:
+                return False
+            self._queue.clear()
+            self._hwm.clear()
+            self._write_meta(msgspec.structs.replace(self._meta, state=STATE_NEEDS_REBUILD))
+            return True
+
+    def reset(self) -> None:
+        """Empty the slice (entries, back index, meta, queue, snapshots): back to ``created``,
+        ready for an initial build."""
+        with self.lock:
+            batch = self.store.batch()
+            for cf in (self._entries, self._back, self._meta_cf):
+                batch.delete_range(cf, *_ALL)
+            meta = SliceMeta(definition=self.definition, partition=self.partition)
+            batch.put(self._meta_cf, META_KEY, encode_meta(meta))
+            self.store.write(batch, sync=True)
+            self._meta = meta
+            self._applied = Timestamp()
+            self._queue.clear()
+            self._hwm.clear()
+            self._snapshots.release_all()
+
+    def close(self) -> None:
+        """Release snapshots and the column-family handles (they keep RocksDB open)."""
+        with self.lock:
+            self._snapshots.release_all()
+            self._entries = self._back = self._meta_cf = None  # type: ignore[assignment]
+
+    def recover(self) -> None:
+        """After opening: a torn initial build needs a rebuild; an active slice gets a
+        snapshot at its applied TS so a re-sent stabilise or scan at it works."""
+        with self.lock:
+            if self._meta.state == STATE_LOADING:
+                self._write_meta(msgspec.structs.replace(self._meta, state=STATE_NEEDS_REBUILD))
+            elif self._meta.state == STATE_ACTIVE and not self._snapshots:
+                self._take_snapshot(self._applied)
+
+    def _name(self) -> str:
+        return f"{self.index_id}/{self.partition}"
+
+    def __repr__(self) -> str:
+        return f"Slice({self._name()}, {self.state}, applied={self._applied!r})"

@@ -1,0 +1,121 @@
+"""Router core: key versions -> per-indexer-node batches. Pure functions, no network.
+
+Destinations (``mutation-flow.md`` and the pipeline notes, "Router and moving keys"):
+
+* ``UPSERT`` -> the node owning its index partition. When the index's partition key can
+  change (``PARTITION BY HASH(expr)`` with expr not the docid), the entry may have lived in
+  another slice before, and the projector does not know the old value, so the router also
+  sends an ``UPSERT_DELETION`` for the same (docid, partition, seqno) to **every other
+  slice**. Each slice's back index turns one for a docid it does not hold into nothing.
+* ``UPSERT_DELETION`` / ``DELETE`` with a known slice (unpartitioned, or partitioned by docid)
+  -> that slice's owner only. With ``BROADCAST`` (-1) -> **every slice** of the index.
+* ``ERROR`` rows (inline error reports) are never routed; they are counted.
+
+Every row that leaves the router names a concrete slice (index id + index partition), so an
+indexer node enqueues each row into exactly one of its slices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.definition import IndexDefinition, partition_key_is_docid
+from shardex.index.keyversion import BROADCAST, ERROR, UPSERT, UPSERT_DELETION, KeyVersion
+
+__all__ = ["IndexRoute", "RouteResult", "frames", "route", "routes_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRoute:
+    """Placement of one index: index partition -> indexer node, and whether entries move."""
+
+    index_id: str
+    num_partition: int
+    owners: tuple[str, ...]  # owners[p] = node hosting slice p
+    moving: bool
+
+    @classmethod
+    def of(cls, defn: IndexDefinition, topology: Topology | Mapping[int, str]) -> IndexRoute:
+        assignment = topology.assignment if isinstance(topology, Topology) else topology
+        try:
+            owners = tuple(assignment[p] for p in range(defn.num_partition))
+        except KeyError as exc:
+            raise ShardexError(
+                f"index {defn.id} partition {exc.args[0]} has no indexer node",
+                code=ErrorCode.BAD_REQUEST,
+                details={"index": defn.id, "partition": exc.args[0]},
+            ) from None
+        return cls(defn.id, defn.num_partition, owners, not partition_key_is_docid(defn))
+
+
+def routes_for(
+    definitions: Iterable[IndexDefinition], topologies: Mapping[str, Topology | Mapping[int, str]]
+) -> dict[str, IndexRoute]:
+    """``IndexRoute`` per index id from the definitions and each index's topology."""
+    return {d.id: IndexRoute.of(d, topologies[d.id]) for d in definitions}
+
+
+@dataclass(slots=True)
+class RouteResult:
+    """Rows per destination node (each row with a concrete slice) and what was not routed."""
+
+    by_node: dict[str, list[KeyVersion]] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)  # ERROR rows per index id
+
+    def rows_for(self, node: str) -> list[KeyVersion]:
+        return self.by_node.get(node, [])
+
+
+def route(rows: Iterable[KeyVersion], routes: Mapping[str, IndexRoute]) -> RouteResult:
+    """Group key versions by destination node, expanding broadcasts to concrete slices.
+
+    Row order per node follows input order, so a node receives each data partition's key
+    versions in the order the projector emitted them (not required for correctness: slices
+    deduplicate and order by seqno, but it keeps queues cheap).
+    """
+    res = RouteResult()
+    by_node = res.by_node
+    lists: dict[str, list[KeyVersion]] = {}
+
+    def dest(node: str) -> list[KeyVersion]:
+        lst = lists.get(node)
+        if lst is None:
+            lst = lists[node] = by_node[node] = []
+        return lst
+
+    for row in rows:
+        index_id, ip, kind, _entry, docid, part, seqno = row
+        if kind == ERROR:
+            res.errors[index_id] = res.errors.get(index_id, 0) + 1
+            continue
+        r = routes.get(index_id)
+        if r is None:
+            raise ShardexError(
+                f"no route for index {index_id}",
+                code=ErrorCode.INDEX_NOT_FOUND,
+                details={"index": index_id},
+            )
+        owners = r.owners
+        if kind == UPSERT:
+            dest(owners[ip]).append(row)
+            if r.moving:
+                for q in range(r.num_partition):
+                    if q != ip:
+                        dest(owners[q]).append(
+                            (index_id, q, UPSERT_DELETION, b"", docid, part, seqno)
+                        )
+        elif ip == BROADCAST:
+            for q in range(r.num_partition):
+                dest(owners[q]).append((index_id, q, kind, b"", docid, part, seqno))
+        else:
+            dest(owners[ip]).append(row)
+    return res
+
+
+def frames(rows: list[KeyVersion], max_rows: int = 65536) -> Iterator[list[KeyVersion]]:
+    """Split one node's rows into frames of at most ``max_rows`` (large frames, few sends)."""
+    for i in range(0, len(rows), max_rows):
+        yield rows[i : i + max_rows]

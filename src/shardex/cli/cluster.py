@@ -127,7 +127,7 @@ def _check_same(spec: cdir.ClusterSpec, nodes: int | None, base_port: int | None
             details={
                 "key": "nodes",
                 "value": nodes,
-                "hint": "omit --nodes to restart it (adding or removing nodes is not supported)",
+                "hint": "omit --nodes to restart it (add nodes with `shardex cluster add-node`)",
             },
         )
     if base_port is not None and base_port != spec.base_port:
@@ -135,6 +135,47 @@ def _check_same(spec: cdir.ClusterSpec, nodes: int | None, base_port: int | None
             f"the cluster uses base port {spec.base_port}, not {base_port}",
             details={"key": "base_port", "value": base_port, "hint": "omit --base-port"},
         )
+
+
+@app.command("add-node")
+def add_node(
+    cluster_dir: DirOption,
+    services: Annotated[
+        str | None, typer.Option(help="Services of the new node (default: node1's).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for it to be up.")] = 30.0,
+) -> None:
+    """Start one more node on the next port and join it to the cluster. It holds no
+    partitions until `shardex rebalance` moves some to it. Updates cluster.json."""
+    spec, secret = _load(cluster_dir)
+    try:
+        wanted = None
+        if services is not None:
+            from shardex.node.config import load_config
+
+            probe = {"name": "probe", "data_dir": str(cluster_dir), "secret": "x" * 32}
+            wanted = list(load_config(None, {**probe, "services": services}).services)
+        spec, node = cdir.add_node(cluster_dir, spec, services=wanted)
+    except ShardexError as e:
+        fail(e)
+    err.print(f"added {node.name} ({node.address}) to {cluster_dir}")
+    with err.status(f"starting {node.name}...", spinner="dots") as spinner:
+        outcome = lc.start(
+            cluster_dir, spec, secret, timeout=timeout, progress=lambda m: spinner.update(m)
+        )
+    if outcome.failed:
+        for name in sorted(outcome.failed):
+            err.print(f"[bold red]{name} failed:[/] {outcome.failed[name]}")
+        if node.name in outcome.failed:
+            err.rule(f"last lines of {node.path(cluster_dir) / cdir.STDOUT_FILE}")
+            err.print(lc.log_tail(node.path(cluster_dir)), markup=False, highlight=False)
+            err.print("it stays in cluster.json: `shardex cluster start` retries it")
+        raise typer.Exit(EXIT_FAILED)
+    out.print(
+        f"[green]{node.name} is up[/] at {node.address} ({','.join(node.services)}); "
+        f"{len(spec.nodes)} nodes. It holds no partitions yet: run "
+        f"`shardex rebalance --dir {cluster_dir}`"
+    )
 
 
 @app.command()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import typer
 
 from shardex import __version__
-from shardex.cli import cluster, keyspace
+from shardex.cli import cluster, index, keyspace
 from shardex.cli.load import load
 from shardex.cli.node import node
+from shardex.cli.rebalance import rebalance
 
 app = typer.Typer(
     name="shardex",
@@ -19,7 +20,10 @@ app = typer.Typer(
 app.command("node", help=node.__doc__)(node)
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(keyspace.app, name="keyspace")
+app.add_typer(index.app, name="index")
+app.command("ddl", help=index.ddl.__doc__)(index.ddl)
 app.command("load", help=load.__doc__)(load)
+app.command("rebalance", help=rebalance.__doc__)(rebalance)
 
 
 @app.command()

@@ -8,12 +8,14 @@
         users.get("u1")                                 # {"name": "Ada"}
         users.upsert_many((f"u{i}", {"n": i}) for i in range(10_000))
         client.high_seqnos("users")                     # Timestamp: partition -> (seqno, uuid)
+        client.rebalance()                              # after adding a node: RebalanceResult
 
 Every error raised is a ``shardex.errors.ShardexError`` subclass with a ``.code``.
 """
 
 from shardex.client.bulk import BulkWriteError
 from shardex.client.keyspace import Keyspace, VersionedDocument
+from shardex.client.rebalance import RebalanceError
 from shardex.client.streams import ChangeStream
 from shardex.client.sync import Client, connect, connect_local
 from shardex.client.types import (
@@ -21,8 +23,10 @@ from shardex.client.types import (
     KeyspaceDescription,
     KeyspaceStatsResult,
     MemberStatus,
+    MoveResult,
     NodeStatus,
     PartitionStats,
+    RebalanceResult,
 )
 from shardex.data.records import Change, MutationResult, SnapshotMarker
 
@@ -36,9 +40,12 @@ __all__ = [
     "KeyspaceDescription",
     "KeyspaceStatsResult",
     "MemberStatus",
+    "MoveResult",
     "MutationResult",
     "NodeStatus",
     "PartitionStats",
+    "RebalanceError",
+    "RebalanceResult",
     "SnapshotMarker",
     "VersionedDocument",
     "connect",

@@ -17,7 +17,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from shardex.client.indexes import IndexOps
 from shardex.client.keyspace import Keyspace
+from shardex.client.rebalance import RebalanceOps
 from shardex.client.routing import DataRouter
 from shardex.client.types import (
     ClusterStatus,
@@ -112,7 +114,7 @@ class _LoopThread:
             self.loop.close()
 
 
-class Client:
+class Client(RebalanceOps, IndexOps):
     """A connection to a shardex cluster through one node, failing over to the others.
 
     Build it with ``connect`` or ``connect_local``. Thread-safe: calls from several threads

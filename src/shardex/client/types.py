@@ -9,6 +9,7 @@ from typing import Any
 from shardex.core.topology import Topology
 from shardex.data.messages import PartitionStat
 from shardex.manager.membership import MembersReply
+from shardex.manager.rebalance_state import RebalanceRecord
 from shardex.manager.state import KeyspaceMeta
 from shardex.node.server import StatusReply
 
@@ -177,5 +178,93 @@ def stats_from(keyspace: str, rows: list[PartitionStat]) -> KeyspaceStatsResult:
         tuple(
             PartitionStats(r.partition, r.node, r.doc_count, r.high_seqno, r.uuid)
             for r in sorted(rows, key=lambda r: r.partition)
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class MoveResult:
+    """One partition migration of a rebalance (``RebalanceResult.moves``)."""
+
+    keyspace: str
+    partition: int
+    source: str
+    target: str
+    status: str  # planned, moving, done, failed, unresolved, cancelled
+    phase: str  # live phase while moving (copying, hand-over, publishing, resolving)
+    error: str
+    topology_seq: int  # the topology that published it (done)
+    bytes: int
+    docs: int
+    copy_seconds: float
+    pause_ms: float  # writes to the partition were refused (retried) this long
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RebalanceResult:
+    """What ``Client.rebalance`` / ``move_partition`` return (and ``rebalance_status``)."""
+
+    id: str
+    kind: str  # "rebalance" or "move"
+    state: str  # running, done, failed
+    message: str
+    started_at: float  # wall clock
+    finished_at: float
+    moves: tuple[MoveResult, ...]
+
+    @property
+    def moved(self) -> list[MoveResult]:
+        return [m for m in self.moves if m.status == "done"]
+
+    @property
+    def failed(self) -> list[MoveResult]:
+        return [m for m in self.moves if m.status not in ("done", "planned", "moving")]
+
+    @property
+    def bytes(self) -> int:
+        return sum(m.bytes for m in self.moved)
+
+    @property
+    def docs(self) -> int:
+        return sum(m.docs for m in self.moved)
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.finished_at - self.started_at) if self.finished_at else 0.0
+
+    @property
+    def max_pause_ms(self) -> float:
+        return max((m.pause_ms for m in self.moved), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def rebalance_from(record: RebalanceRecord, phases: dict[str, str]) -> RebalanceResult:
+    return RebalanceResult(
+        id=record.id,
+        kind=record.kind,
+        state=record.state,
+        message=record.message,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        moves=tuple(
+            MoveResult(
+                keyspace=m.keyspace,
+                partition=m.partition,
+                source=m.source,
+                target=m.target,
+                status=m.status,
+                phase=phases.get(m.migration_id, ""),
+                error=m.error,
+                topology_seq=m.topology_seq,
+                bytes=m.bytes,
+                docs=m.docs,
+                copy_seconds=m.copy_seconds,
+                pause_ms=m.pause_ms,
+                seconds=m.seconds,
+            )
+            for m in record.moves
         ),
     )

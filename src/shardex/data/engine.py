@@ -26,6 +26,7 @@ from shardex.data.errors import (
     KeyspaceNotFound,
     not_my_partition,
 )
+from shardex.data.handover import INGEST_DIR, HandoverOps
 from shardex.data.partition import Partition
 from shardex.data.partitioning import (
     DEFAULT_NUM_PARTITIONS,
@@ -38,8 +39,6 @@ from shardex.data.partitioning import (
 from shardex.data.records import (
     META_KEY,
     STATE_ACTIVE,
-    STATE_PENDING,
-    STATE_RELEASED,
     Change,
     FailoverEntry,
     KeyspaceInfo,
@@ -66,7 +65,7 @@ DEFAULT_RETENTION_SEQNOS = 100_000
 _KS_PREFIX = b"data/ks/"
 
 
-class DataEngine(DocumentOps):
+class DataEngine(DocumentOps, HandoverOps):
     """The local storage engine of the data service (see module docstring)."""
 
     def __init__(
@@ -90,6 +89,7 @@ class DataEngine(DocumentOps):
 
     # lifecycle ---------------------------------------------------------------------------
     def _load(self) -> None:
+        self._clean_ingest_dir()
         upper = _KS_PREFIX[:-1] + bytes([_KS_PREFIX[-1] + 1])
         for _key, raw in self._store.column_family().iterate(_KS_PREFIX, upper):
             ks = decode_keyspace(raw)
@@ -184,6 +184,7 @@ class DataEngine(DocumentOps):
             self.keyspace(name)
             batch = self._store.batch()
             batch.delete(self._store.column_family(), _KS_PREFIX + name.encode())
+            self._delete_markers(batch, name)
             self._store.write(batch, sync=True)
             del self._keyspaces[name]
             for ks, p in [k for k in self._parts if k[0] == name]:
@@ -226,15 +227,20 @@ class DataEngine(DocumentOps):
             part = self._install(meta, items=())
             return info_of(part.meta)
 
-    def _install(self, meta: PartitionMeta, items: Iterable[tuple[bytes, bytes]]) -> Partition:
-        """Create the family, load ``items``, then write the meta (last: its presence is what
-        makes the partition exist after a crash)."""
+    def _install(
+        self, meta: PartitionMeta, items: Iterable[tuple[bytes, bytes]], sst: Path | None = None
+    ) -> Partition:
+        """Create the family, load ``items`` (or the ready SST file ``sst``), then write the
+        meta (last: its presence is what makes the partition exist after a crash)."""
         name = partition_cf_name(meta.keyspace, meta.partition)
         if self._store.has_column_family(name):  # leftover of a failed attempt
             self._store.drop_column_family(name)
         cf = self._store.column_family(name)
         try:
-            migration.write_sst(cf, items, self._store.path / "data-ingest")
+            if sst is not None:
+                cf.ingest([sst], move=True)
+            else:
+                migration.write_sst(cf, items, self._store.path / INGEST_DIR)
             cf.put(META_KEY, encode(meta), sync=True)
         except BaseException:
             self._store.drop_column_family(name)
@@ -268,40 +274,6 @@ class DataEngine(DocumentOps):
     def partition_info(self, keyspace: str, partition: int) -> PartitionInfo:
         part = self._held(keyspace, partition)
         return info_of(part.meta, frozen=part.frozen)
-
-    def freeze_partition(self, keyspace: str, partition: int) -> PartitionInfo:
-        """Pause writes for a hand-over; returns the info whose ``high_seqno`` is final while
-        frozen. Writers get NOT_MY_PARTITION with ``retryable: True`` (never blocked: a
-        blocked writer would hold an RPC worker for an unbounded time). Not persisted: a
-        restart ends an unfinished hand-over with the partition active here."""
-        part = self._held(keyspace, partition)
-        with part.lock:
-            part.check_serving(write=False)
-            part.frozen = True
-            return info_of(part.meta, frozen=True)
-
-    def unfreeze_partition(self, keyspace: str, partition: int) -> None:
-        part = self._held(keyspace, partition)
-        with part.lock:
-            part.frozen = False
-
-    def release_partition(self, keyspace: str, partition: int) -> PartitionInfo:
-        """Hand-over done: from now on (persisted, so across restarts too) every operation on
-        the partition answers NOT_MY_PARTITION until it is dropped."""
-        part = self._held(keyspace, partition)
-        part.set_state(STATE_RELEASED)
-        return info_of(part.meta)
-
-    def activate_partition(self, keyspace: str, partition: int) -> PartitionInfo:
-        """Make a copied-in (pending) partition serve: the target side of a hand-over."""
-        part = self._held(keyspace, partition)
-        if part.meta.state != STATE_PENDING:
-            raise BadRequest(
-                f"partition {partition} is {part.meta.state}, only a pending one is activated",
-                details={"partition": partition, "state": part.meta.state},
-            )
-        part.set_state(STATE_ACTIVE)
-        return info_of(part.meta)
 
     def new_branch(self, keyspace: str, partition: int) -> FailoverEntry:
         """Start a new history branch (new uuid at the current high seqno): for restores and
@@ -406,58 +378,3 @@ class DataEngine(DocumentOps):
             if target > part.meta.purge_seqno:
                 out[key] = part.purge_to(target)
         return out
-
-    # migration -------------------------------------------------------------------------------
-    def snapshot_partition(self, keyspace: str, partition: int) -> migration.PartitionSnapshot:
-        """A consistent snapshot of the partition (documents in docid order, change log,
-        checkpoints, and the high seqno / uuid / failover log at that point)."""
-        return migration.PartitionSnapshot(self._store, self._serving(keyspace, partition))
-
-    def ingest_partition(
-        self,
-        keyspace: str,
-        partition: int,
-        info: PartitionInfo,
-        items: Iterable[tuple[bytes, bytes]],
-        *,
-        activate: bool = False,
-    ) -> PartitionInfo:
-        """Install a copy (``PartitionSnapshot.info`` and ``raw_items()``) keeping its seqnos,
-        uuid, failover log and CAS clock, so it continues the same history. The copy is
-        ``pending`` (only ``apply_changes``) unless ``activate``. A pending leftover of a
-        failed attempt is replaced; a partition in any other state is refused."""
-        ks = self.keyspace(keyspace)
-        self._check_partition_number(ks, partition)
-        migration.check_info(info, keyspace, partition, ks.num_partitions)
-        with self._lock:
-            old = self._parts.get((keyspace, partition))
-            if old is not None:
-                if old.meta.state != STATE_PENDING:
-                    raise BadRequest(
-                        f"partition {partition} of {keyspace!r} is already {old.meta.state} here",
-                        details={"keyspace": keyspace, "partition": partition},
-                    )
-                self._drop(keyspace, partition)
-            meta = PartitionMeta(
-                keyspace=keyspace,
-                partition=partition,
-                num_partitions=ks.num_partitions,
-                high_seqno=info.high_seqno,
-                failover_log=list(info.failover_log),
-                purge_seqno=info.purge_seqno,
-                max_cas=info.max_cas,
-                doc_count=info.doc_count,
-                state=STATE_ACTIVE if activate else STATE_PENDING,
-            )
-            return info_of(self._install(meta, items).meta)
-
-    def apply_changes(
-        self,
-        keyspace: str,
-        partition: int,
-        changes: Iterable[Change | SnapshotMarker],
-        *,
-        failover_log: list[FailoverEntry] | None = None,
-    ) -> int:
-        """Catch a pending copy up from the source's stream; returns the new high seqno."""
-        return migration.apply_changes(self._held(keyspace, partition), changes, failover_log)

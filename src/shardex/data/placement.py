@@ -73,7 +73,7 @@ class PlacementView:
             try:
                 reply = await self._pool.request(
                     m.address,
-                    StateRequest(sections=["keyspaces", "data_topologies"]),
+                    StateRequest(sections=["keyspaces", "data_topologies", "rebalance"]),
                     STATE_TIMEOUT,
                     expect=StateReply,
                 )

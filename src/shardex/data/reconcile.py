@@ -3,22 +3,31 @@ manager state. Synchronous functions over a ``DataEngine`` (the service runs the
 executor under its placement lock); the reasoning is in ``docs/decisions.md``, "Data service
 on the wire".
 
-Two guards keep a stale state from doing harm. Each local keyspace records the manager's
+Guards keep a stale state from doing harm. Each local keyspace records the manager's
 ``uuid`` and ``created_cas``: a different uuid under the same name is another incarnation
 (dropped and re-created while this node was away), which replaces ours only if it is newer;
 and a keyspace missing from a state is dropped only if that state's ``cas`` is above the
 keyspace's ``created_cas`` (a keyspace created at cas N is in every later state unless it was
 dropped, while a lagging replica or an empty state proves nothing).
+
+Migrations add three rules (``docs/decisions.md``, "Partition migration"): a partition is
+opened *empty* only if every topology in its history placed it here (anything that ever lived
+elsewhere arrives by migration); a state whose latest topology is below the keyspace's
+*floor* (raised when a moved-away copy is dropped) opens nothing; and incoming copies and
+released copies are settled against the state's rebalance record: kept while their migration
+is in flight, activated or dropped once it is over.
 """
 
 from __future__ import annotations
 
 import logging
 
+from shardex.core.topology import Topology
 from shardex.data.engine import DataEngine
 from shardex.data.errors import KeyspaceNotFound
-from shardex.data.placement import latest_topology
+from shardex.data.records import STATE_PENDING, STATE_RELEASED
 from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.rebalance_state import TERMINAL, MoveRecord, in_flight
 from shardex.manager.state import StateContext
 
 log = logging.getLogger(__name__)
@@ -79,27 +88,117 @@ def drop_incarnation(engine: DataEngine, keyspace: str, uuid: str) -> bool:
 
 
 def reconcile(engine: DataEngine, node: str, state: StateContext) -> None:
-    """Open what the latest topologies give ``node``, keep everything else it holds, drop
-    keyspaces the state proves dropped."""
+    """Bring ``node``'s partitions in line with ``state`` (module docstring, and
+    ``docs/decisions.md``, "Partition migration"): ensure each keyspace's incarnation, open
+    the partitions the latest topology gives this node *that never lived anywhere else*,
+    settle incoming copies whose migration is over, drop released copies whose hand-over is
+    published, drop keyspaces the state proves dropped."""
+    moving = in_flight(state.rebalance)
     for name, meta in state.keyspaces.items():
-        topo = latest_topology(state, name)
-        mine = topo.partitions_of(node) if topo is not None else []
+        history = state.data_topologies.get(name) or []
+        topo = history[-1] if history else None
         try:
             local = engine.keyspace(name)
         except KeyspaceNotFound:
             local = None
-        if local is not None and local.uuid == meta.uuid:
-            if set(mine) <= set(engine.partitions(name)):
-                continue
-        elif local is not None and local.created_cas > meta.created_cas:
+        same = local is not None and local.uuid == meta.uuid
+        if local is not None and not same and local.created_cas > meta.created_cas:
             continue  # the state we read predates our keyspace: a stale replica
-        open_partitions(engine, name, meta.uuid, meta.created_cas, meta.num_partitions, mine)
+        if topo is None or (same and topo.seq_num < engine.topology_floor(name)):
+            continue  # a state older than a topology we already acted on
+        if not same:  # make this incarnation exist here (replacing an older one)
+            open_partitions(engine, name, meta.uuid, meta.created_cas, meta.num_partitions, [])
+        held = set(engine.partitions(name))
+        incoming = {p for ks, p in engine.incoming() if ks == name}
+        fresh = [
+            p
+            for p in topo.partitions_of(node)
+            if p not in held and p not in incoming and never_moved(history, p, node)
+        ]
+        if fresh:
+            open_partitions(engine, name, meta.uuid, meta.created_cas, meta.num_partitions, fresh)
+        _settle_incoming(engine, node, state, name, topo, moving)
+        _drop_released(engine, node, name, topo, moving)
     if state.cas == 0:
         return  # an empty state (a manager that knows nothing yet) proves nothing
     for local in engine.keyspaces():
         if local.name not in state.keyspaces and state.cas > local.created_cas:
             log.info("keyspace %s is gone from the cluster state: dropping it", local.name)
             engine.drop_keyspace(local.name)
+
+
+def never_moved(history: list[Topology], partition: int, node: str) -> bool:
+    """Every published topology placed ``partition`` on ``node``: the only partitions a node
+    may open empty. A partition that ever lived elsewhere arrives by migration (or, if its copy
+    here is lost, stays unavailable rather than silently coming back empty)."""
+    return bool(history) and all(t.assignment.get(partition) == node for t in history)
+
+
+def _settle_incoming(
+    engine: DataEngine,
+    node: str,
+    state: StateContext,
+    keyspace: str,
+    topo: Topology,
+    moving: dict[tuple[str, int], MoveRecord],
+) -> None:
+    """An incoming copy whose migration is no longer in flight: activate it if the hand-over
+    was published (this node was away when the master's activation came), else drop it."""
+    record = state.rebalance
+    for (ks, p), marker in engine.incoming().items():
+        if ks != keyspace or (state.epoch, state.cas) < (marker.epoch, marker.record_cas):
+            continue  # a state that need not descend from the commit recording the move
+        mv = moving.get((ks, p))
+        if mv is not None and mv.migration_id == marker.migration_id:
+            continue  # in flight: the master finishes or aborts it
+        try:
+            known = None if record is None else record.move(marker.migration_id)
+        except KeyError:
+            known = None
+        published = topo.assignment.get(p) == node and topo.seq_num > marker.base_seq
+        if published and engine.partition_state(ks, p) == STATE_PENDING:
+            log.info("activating %s/%d: its hand-over was published meanwhile", ks, p)
+            engine.activate_partition(ks, p)
+        elif published:
+            engine.clear_incoming(ks, p)
+        elif known is None or known.status in TERMINAL:
+            drop_incoming(engine, (ks, p), marker.migration_id)
+
+
+def _drop_released(
+    engine: DataEngine,
+    node: str,
+    keyspace: str,
+    topo: Topology,
+    moving: dict[tuple[str, int], MoveRecord],
+) -> None:
+    """A released copy whose partition the latest topology places elsewhere: the master's
+    ``DropOutgoing`` did not arrive. Raise the floor first (a stale state must never re-open
+    it empty), then drop."""
+    for info in engine.local_partitions(keyspace):
+        p = info.partition
+        if info.state != STATE_RELEASED or (keyspace, p) in moving:
+            continue
+        if topo.assignment.get(p) not in (None, node):
+            engine.raise_topology_floor(keyspace, topo.seq_num)
+            engine.drop_partition(keyspace, p)
+            log.info("dropped released %s/%d: it moved to %s", keyspace, p, topo.assignment[p])
+
+
+def drop_incoming(engine: DataEngine, key: tuple[str, int], migration_id: str | None) -> str:
+    """Drop the partial (pending) copy and the marker of migration ``migration_id`` (any, for
+    None); an active partition is never touched. Returns the partition's state afterwards."""
+    marker = engine.incoming().get(key)
+    if marker is not None and migration_id is not None and marker.migration_id != migration_id:
+        return engine.partition_state(*key)  # another migration's copy: not ours to drop
+    state = engine.partition_state(*key)
+    if state == STATE_PENDING:
+        engine.drop_partition(*key)
+        state = "absent"
+    if marker is not None:
+        engine.clear_incoming(*key)
+        log.info("dropped incoming copy of %s/%d (migration %s)", *key, marker.migration_id)
+    return state
 
 
 def _ranges(ps: list[int]) -> str:

@@ -14,8 +14,8 @@ Placement: the manager tells the owners to open a new keyspace's partitions
 (``OpenPartitions``) and to drop a dropped one's (``DropKeyspaceData``). Because a node may be
 down when that happens, the node also reconciles with the manager state at start, on every
 state change it sees, and every ``reconcile_interval`` seconds: it opens the partitions the
-latest topology assigns it, keeps every partition it already holds (a migration source or
-target is the migration's business), and drops keyspaces the state no longer has.
+latest topology assigns it (if they never lived elsewhere), settles migration leftovers
+against the state's rebalance record, and drops keyspaces the state no longer has.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ from shardex.data.messages import (
     Upsert,
     WireError,
 )
+from shardex.data.migration_source import MigrationSource
+from shardex.data.migration_target import MigrationTarget
 from shardex.data.partitioning import partition_of
 from shardex.data.placement import PlacementView, latest_topology
 from shardex.data.records import STATE_ACTIVE, MutationResult
@@ -110,6 +112,11 @@ class DataService:
         self._reconcile_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.reconciled = asyncio.Event()  # set after the first successful reconcile
+        # Partition migration (source and target sides); see migration_source/_target.py.
+        self.migration_source = MigrationSource(lambda: self.engine, self._run)
+        self.migration_target = MigrationTarget(
+            lambda: self.engine, self._run, self.pool, self._placement_lock
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -137,6 +144,8 @@ class DataService:
             StreamCredit: self._on_stream_credit,
             CancelStream: self._on_cancel_stream,
         }
+        routes.update(self.migration_source.routes())
+        routes.update(self.migration_target.routes())
         for msg_type, handler in routes.items():
             server.route(msg_type, handler)
 
@@ -160,6 +169,8 @@ class DataService:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self.migration_target.close()
+        await self.migration_source.close()
         if self.streams is not None:
             await self.streams.close()
         if self.committer is not None:

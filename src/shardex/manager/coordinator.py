@@ -37,7 +37,7 @@ import inspect
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.manager.coordinator_messages import (
@@ -78,6 +78,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Op = Callable[[Any, "OpContext"], Awaitable[Message]]
 ChangeCallback = Callable[[StateContext], Awaitable[None] | None]
 RecoveryHook = Callable[["OpContext"], Awaitable[None]]
@@ -242,6 +243,27 @@ class Coordinator:
 
     def new_id(self) -> str:
         return self._id_factory()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` in a task this coordinator cancels when it stops (background work an
+        op starts, e.g. a rebalance)."""
+        return self._spawn(coro)
+
+    async def exclusive(self, epoch: int, fn: Callable[[OpContext], Awaitable[T]]) -> T:
+        """Run ``fn`` as an op of master term ``epoch``: under the op lock, so its reads and
+        commits never interleave with ops; NODE_UNAVAILABLE (``deposed``) if this node is no
+        longer master of that term. For long work started by an op (a rebalance) that
+        commits between node calls but must not hold the op lock throughout."""
+        group = self._group
+        async with group.op_lock:
+            if not group.serving or group.my_epoch != epoch:
+                raise unavailable(
+                    f"{self.name} is no longer master of term {epoch}",
+                    "deposed",
+                    node=self.name,
+                    epoch=epoch,
+                )
+            return await fn(OpContext(self, None, epoch))
 
     # -- lifecycle --
 

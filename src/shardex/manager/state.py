@@ -1,7 +1,7 @@
 """The coordinator's replicated state: ``StateContext``, its durable record, and dedup helpers.
 
 The ``StateContext`` is the whole cluster metadata the manager replicas agree on (keyspaces,
-the data topology history; index definitions and index topologies once issue 4 lands). It is
+the data topology history, index definitions and states, index topologies). It is
 small and changes rarely (DDL rates), so every change replicates the *whole* value rather than
 a delta: a replica that missed any number of changes catches up with one message, and there
 is no log to truncate or replay.
@@ -30,6 +30,8 @@ import msgspec
 
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError, StorageError
+from shardex.manager.index_state import IndexRecord
+from shardex.manager.rebalance_state import RebalanceRecord
 from shardex.net.messages import Envelope, Kind, Message, decode_frame, encode_frame
 
 # How many request ids the state remembers for deduplication. A client retrying a request
@@ -55,9 +57,15 @@ class StateContext(msgspec.Struct, frozen=True, kw_only=True):
     keyspaces: dict[str, KeyspaceMeta] = {}
     # keyspace -> every published data topology, ascending seq_num (the topology history)
     data_topologies: dict[str, list[Topology]] = {}
+    # the current or last rebalance / partition move, with the status of every move: what a
+    # new master finishes or aborts, and what data nodes reconcile migrations against
+    rebalance: RebalanceRecord | None = None
     # request id -> encoded reply (insertion order = apply order), bounded for dedup
     applied_requests: dict[str, bytes] = {}
-    # issue 4 adds: indexes, index_topologies
+    # index id -> definition + state (``index_state.py``; the ops are ``index_ddl.py``)
+    indexes: dict[str, IndexRecord] = {}
+    # index id -> every published index topology (index partition -> indexer node)
+    index_topologies: dict[str, list[Topology]] = {}
     epoch: int = 0  # master term that committed this state
     master: str = ""  # name of the master that committed it (diagnostics)
 
@@ -119,8 +127,10 @@ def decode_state(data: bytes) -> StateContext:
 
 
 def state_digest(state: StateContext) -> str:
-    """A short content hash (checkers compare states across nodes with it)."""
-    return hashlib.blake2b(_digest_encoder.encode(state), digest_size=8).hexdigest()
+    """A short content hash (checkers compare states across nodes with it). Map keys are
+    made strings first: sorting needs them (topologies map int partitions)."""
+    plain = msgspec.to_builtins(state, str_keys=True)
+    return hashlib.blake2b(_digest_encoder.encode(plain), digest_size=8).hexdigest()
 
 
 def select_sections(state: StateContext, sections: list[str] | None) -> StateContext:

@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import os
 import secrets
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,55 @@ def create(
 
 def to_dict(spec: ClusterSpec) -> dict[str, Any]:
     return msgspec.to_builtins(spec)  # type: ignore[no-any-return]
+
+
+def port_free(port: int, host: str = BIND_HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def add_node(
+    cluster_dir: Path, spec: ClusterSpec, *, services: list[str] | None = None
+) -> tuple[ClusterSpec, NodeSpec]:
+    """Add one node to the cluster dir: the next port after the highest in use (its HTTP
+    port at the usual offset), the next free ``nodeN`` name, seeded with every existing
+    node's address (any live one lets it join), the services of node1 unless given. Writes
+    its directory and config, then cluster.json last. Nothing is started here."""
+    if len(spec.nodes) >= MAX_NODES:
+        raise ConfigError(
+            f"the cluster already has {MAX_NODES} nodes",
+            details={"key": "nodes", "value": len(spec.nodes), "hint": "that is the limit"},
+        )
+    port = max(n.port for n in spec.nodes) + 1
+    if port + HTTP_PORT_OFFSET > 65535 or not port_free(port):
+        raise ConfigError(
+            f"the next port {port} is not available",
+            details={
+                "key": "port",
+                "value": port,
+                "hint": "free the port (another process listens on it) and retry",
+            },
+        )
+    names = {n.name for n in spec.nodes}
+    k = len(spec.nodes) + 1
+    while f"node{k}" in names or (cluster_dir / f"node{k}").exists():
+        k += 1
+    node = NodeSpec(
+        name=f"node{k}",
+        address=f"{BIND_HOST}:{port}",
+        port=port,
+        http_port=port + HTTP_PORT_OFFSET,
+        services=list(services or spec.nodes[0].services),
+        data_dir=f"node{k}",
+        seeds=[n.address for n in spec.nodes],
+    )
+    new = msgspec.structs.replace(spec, nodes=[*spec.nodes, node])
+    node_dir = node.path(cluster_dir)
+    node_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(node_dir / NODE_CONFIG_FILE, _node_toml(new, node).encode())
+    atomic_write_json(cluster_file(cluster_dir), to_dict(new))
+    return new, node

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 
 from shardex import __version__
 from shardex.manager.coordinator import Coordinator, CoordinatorTiming
+from shardex.manager.index_ddl import IndexDDL, register_index_ddl
 from shardex.manager.keyspaces import register_keyspace_ops
 from shardex.manager.membership import Membership, MemberStore
+from shardex.manager.rebalance import Rebalancer
 from shardex.manager.state import MemoryStateStore, StateStore
 from shardex.net import Connection, RpcServer
 from shardex.net.messages import Message
@@ -26,6 +28,7 @@ from shardex.net.transport import Transport
 
 if TYPE_CHECKING:
     from shardex.data.service import DataService
+    from shardex.index.service import IndexService, SliceEngine
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,7 @@ class Node:
         data_dir: Path | None = None,
         state_store: StateStore | None = None,
         id_factory: Callable[[], str] | None = None,
+        index_engine: Callable[[], SliceEngine] | None = None,
     ) -> None:
         self.transport = transport
         self.name = name
@@ -112,8 +116,28 @@ class Node:
                 members=lambda: self.membership.members if self.membership else [],
             )
             self.data.install(self.server)
+        # The index service: the indexer's slices in <data-dir>/index, or in the engine
+        # ``index_engine`` makes (simulations: in memory, inline I/O).
+        self.index: IndexService | None = None
+        if "index" in self.services and (data_dir is not None or index_engine is not None):
+            from shardex.index.service import IndexService
+
+            self.index = IndexService(
+                node_name=name,
+                transport=transport,
+                secret=secret,
+                path=Path(data_dir) / "index" if data_dir is not None else None,
+                engine_factory=index_engine,
+                inline_io=index_engine is not None,
+                coordinator=lambda: self.coordinator,
+                members=lambda: self.membership.members if self.membership else [],
+            )
+            self.index.install(self.server)
+        self.index_ddl: IndexDDL | None = None
         if self.coordinator is not None:
             register_keyspace_ops(self.coordinator)
+            self.index_ddl = register_index_ddl(self.coordinator)
+            Rebalancer(self.coordinator).register()
 
     @property
     def address(self) -> str:
@@ -125,6 +149,8 @@ class Node:
         self._started_wall = time.time()
         if self.data is not None:
             await self.data.start()  # the engine is open before the first request arrives
+        if self.index is not None:
+            await self.index.start()
         await self.server.start(self.bind_address)
         actual = self.server.address or self.bind_address
         # Membership needs the real address (port 0 is only resolved by binding), so its
@@ -164,6 +190,8 @@ class Node:
         if self.membership is not None:
             await self.membership.stop()
         await self.server.stop()
+        if self.index is not None:
+            await self.index.stop()
         if self.data is not None:
             await self.data.stop()
         log.info("node %s stopped", self.name)

@@ -1,0 +1,366 @@
+"""Index DDL from the client: ``execute_ddl``, ``create_index``, ``build_index``,
+``drop_index``, ``list_indexes``, ``wait_for_index``.
+
+A mixin of ``Client`` (kept apart only for module size). Statements and definitions are
+checked here first (syntax with line and column, expressions, names), so most mistakes fail
+without a round trip; the coordinator checks everything again against the cluster state.
+
+Retries. A DDL call may outlive its node: the coordinator waits up to ~11 s for a new master
+during a failover, and a CREATE then allocates slices on every indexer. So DDL calls use
+their own per-attempt timeout (``DDL_ATTEMPT_TIMEOUT``, above the client's request timeout)
+and, when the outcome is unknown (connection lost, timeout, no master yet, commit failed),
+resend the *same* message - the same ``request_id``, made once per call - to the next node
+until ``ddl_timeout``. The coordinator applies a request id once and returns its stored reply
+to a repeat, so a retried CREATE never creates twice. Refusals (INDEX_EXISTS, BAD_REQUEST,
+an allocation failure, ...) are raised at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from shardex.core.topology import Topology
+from shardex.data.errors import BadRequest
+from shardex.errors import (
+    ConnectionClosed,
+    ErrorCode,
+    NodeUnavailable,
+    RequestTimeout,
+    ShardexError,
+)
+from shardex.index.definition import IndexDefinition, IndexKey, validate_definition
+from shardex.manager.coordinator_messages import StateReply, StateRequest
+from shardex.manager.index_messages import (
+    BuildIndex,
+    CreateIndex,
+    DropIndex,
+    IndexCreated,
+    IndexDropped,
+    IndexesBuilding,
+)
+from shardex.manager.index_state import (
+    ERROR,
+    INDEX_STATES,
+    PRIMARY_NAME,
+    IndexRecord,
+    latest_index_topology,
+    state_rank,
+)
+from shardex.manager.index_validate import DEFAULT_PARTITIONED, check_index_name
+from shardex.manager.keyspaces import check_keyspace_name
+from shardex.net.messages import Message
+from shardex.sql.ddl import (
+    BuildIndexStmt,
+    CreateIndexStmt,
+    DropIndexStmt,
+    parse_ddl,
+    parse_index_key,
+)
+
+if TYPE_CHECKING:
+    from shardex.net import Connection
+
+__all__ = ["DDL_ATTEMPT_TIMEOUT", "DEFAULT_DDL_TIMEOUT", "IndexOps", "describe_index"]
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+
+DEFAULT_DDL_TIMEOUT = 60.0
+DDL_ATTEMPT_TIMEOUT = 30.0  # > the coordinator's failover wait (op_timeout) + allocation
+_RETRY_REASONS = frozenset({"no_master", "not_master", "commit_failed", "deposed", None})
+
+KeySpec = str | tuple[str, bool] | IndexKey
+
+
+def describe_index(rec: IndexRecord, topo: Topology | None, cas: int | None) -> dict[str, Any]:
+    """One index as a plain dict (what ``list_indexes`` returns; JSON-ready but for the int
+    keys of ``partitions`` and the timestamps)."""
+    d = rec.definition
+    assignment = dict(sorted(topo.assignment.items())) if topo is not None else {}
+    return {
+        "id": d.id,
+        "name": d.name,
+        "keyspace": d.keyspace,
+        "state": rec.state,
+        "error": rec.error,
+        "cas": cas,
+        "num_partition": d.num_partition,
+        "nodes": sorted(set(assignment.values())),
+        "partitions": assignment,
+        "topology_seq": topo.seq_num if topo is not None else None,
+        "keys": [k.expr + (" DESC" if k.desc else "") for k in d.keys],
+        "where": d.where,
+        "partition_by": list(d.partition_by) if d.partition_by is not None else None,
+        "is_primary": d.is_primary,
+        "defer_build": rec.defer_build,
+        "build_ts": _ts(rec.build_ts),
+        "stability_ts": _ts(rec.stability_ts),
+        "items_count": rec.items_count,
+        "progress": rec.progress,
+    }
+
+
+def _ts(wire: dict[int, tuple[int, int]] | None) -> dict[int, list[int]] | None:
+    return None if wire is None else {p: [s, u] for p, (s, u) in sorted(wire.items())}
+
+
+def _key(spec: KeySpec) -> IndexKey:
+    if isinstance(spec, IndexKey):
+        return spec
+    if isinstance(spec, str):
+        expr, desc = parse_index_key(spec)
+        return IndexKey(expr=expr, desc=desc)
+    expr, desc = spec
+    return IndexKey(expr=expr, desc=bool(desc))
+
+
+class IndexOps:
+    """Mixed into ``Client``."""
+
+    ddl_timeout: float = DEFAULT_DDL_TIMEOUT
+
+    if TYPE_CHECKING:
+        request_timeout: float
+
+        def _run(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+        async def _live_conn(self, failed: Connection | None = None) -> Connection: ...
+
+        async def _request(self, msg: Message, expect: type[M], idempotent: bool) -> M: ...
+
+    # -- statements -------------------------------------------------------------------------
+
+    def execute_ddl(self, statement: str) -> dict[str, Any] | list[dict[str, Any]]:
+        """Run one DDL statement (``shardex.sql.ddl``): CREATE [PRIMARY] INDEX returns the
+        index, BUILD INDEX the named indexes, DROP INDEX the dropped one. SQL_SYNTAX (with
+        line, column and token) before anything is sent."""
+        stmt = parse_ddl(statement)
+        if isinstance(stmt, CreateIndexStmt):
+            return self.create_index(
+                stmt.keyspace,
+                stmt.name,
+                list(stmt.keys),
+                where=stmt.where,
+                partition_by=list(stmt.partition_by) if stmt.partition_by else None,
+                num_partition=stmt.num_partition,
+                defer_build=stmt.defer_build,
+                nodes=list(stmt.nodes) if stmt.nodes else None,
+                primary=stmt.is_primary,
+            )
+        if isinstance(stmt, BuildIndexStmt):
+            return self.build_index(stmt.keyspace, *stmt.names)
+        assert isinstance(stmt, DropIndexStmt)
+        return self.drop_index(stmt.keyspace, stmt.name, primary=stmt.is_primary)
+
+    # -- DDL calls ----------------------------------------------------------------------------
+
+    def create_index(
+        self,
+        keyspace: str,
+        name: str | None,
+        keys: Sequence[KeySpec] = (),
+        where: str | None = None,
+        partition_by: Sequence[str] | None = None,
+        num_partition: int | None = None,
+        defer_build: bool = False,
+        nodes: Sequence[str] | None = None,
+        *,
+        primary: bool = False,
+    ) -> dict[str, Any]:
+        """CREATE INDEX; returns once every slice is allocated, with the index in BUILDING
+        (READY with ``defer_build``). ``keys``: ``"age"``, ``"age DESC"``, ``("age", True)``.
+        ``partition_by``: expressions (``["META().id"]``); ``num_partition`` defaults to 8
+        with it, 1 without. ``nodes`` pins the placement. ``primary``: a primary index (no
+        keys; named ``#primary`` unless ``name`` is given)."""
+        check_keyspace_name(keyspace)
+        parts = [_key(k) for k in keys]
+        if primary:
+            name = check_index_name(name or PRIMARY_NAME, primary=True)
+        else:
+            name = check_index_name(name)
+            if num_partition is None:
+                n = 1 if partition_by is None else DEFAULT_PARTITIONED
+            else:
+                n = num_partition
+            # Expressions and partition counts, checked here to fail without a round trip.
+            validate_definition(
+                IndexDefinition(
+                    id="pending",
+                    name=name,
+                    keyspace=keyspace,
+                    keys=parts,
+                    where=where,
+                    partition_by=list(partition_by) if partition_by is not None else None,
+                    num_partition=n,
+                )
+            )
+        msg = CreateIndex(
+            keyspace=keyspace,
+            name=name,
+            keys=parts,
+            where=where,
+            partition_by=list(partition_by) if partition_by is not None else None,
+            num_partition=num_partition,
+            defer_build=defer_build,
+            nodes=list(nodes) if nodes is not None else None,
+            is_primary=primary,
+            request_id=uuid.uuid4().hex,
+        )
+        reply = self._run(self._ddl(msg, IndexCreated))
+        return self._described(reply.index, reply.topology)
+
+    def build_index(self, keyspace: str, *names: str) -> list[dict[str, Any]]:
+        """BUILD INDEX: deferred (READY) or failed (ERROR) indexes start building."""
+        if not names:
+            raise BadRequest("build_index needs at least one index name", details={})
+        msg = BuildIndex(keyspace=keyspace, names=list(names), request_id=uuid.uuid4().hex)
+        reply = self._run(self._ddl(msg, IndexesBuilding))
+        return [self._described(r, None) for r in reply.indexes]
+
+    def drop_index(
+        self, keyspace: str, name: str | None = None, *, primary: bool = False
+    ) -> dict[str, Any]:
+        """DROP INDEX; with ``primary`` and no name, the keyspace's primary index. Returns
+        ``{"id", "keyspace", "name", "pending_nodes"}``: indexers that were not reachable
+        drop their slices when they reconcile."""
+        if name is None and not primary:
+            raise BadRequest("drop_index needs an index name (or primary=True)", details={})
+        msg = DropIndex(
+            keyspace=keyspace, name=name, is_primary=primary, request_id=uuid.uuid4().hex
+        )
+        reply = self._run(self._ddl(msg, IndexDropped))
+        return {
+            "id": reply.index_id,
+            "keyspace": reply.keyspace,
+            "name": reply.name,
+            "pending_nodes": list(reply.pending_nodes),
+        }
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def list_indexes(self, keyspace: str | None = None, *, fresh: bool = True) -> list[dict]:
+        """Indexes (of ``keyspace``, or all) with state, CAS, partitions and nodes, sorted by
+        keyspace and name. ``fresh``: as of the master's last commit; otherwise the connected
+        node's own replica (what that node would answer; the cluster tests compare them).
+        ``cas`` is the CAS of the state read."""
+        msg = StateRequest(sections=["indexes", "index_topologies"], fresh=fresh)
+        state = self._run(self._request(msg, StateReply, True)).state
+        out = [
+            describe_index(rec, latest_index_topology(state.index_topologies, rec.id), state.cas)
+            for rec in state.indexes.values()
+            if keyspace is None or rec.keyspace == keyspace
+        ]
+        return sorted(out, key=lambda d: (d["keyspace"], d["name"]))
+
+    def wait_for_index(
+        self,
+        keyspace: str,
+        name: str,
+        state: str = "ACTIVE",
+        timeout: float = 60.0,
+        interval: float = 0.2,
+    ) -> dict[str, Any]:
+        """Poll until the index is in ``state`` or a later one (INIT < READY < BUILDING <
+        ACTIVE). Raises INDEX_NOT_READY if it goes to ERROR (with its error), INDEX_NOT_FOUND
+        if it is dropped meanwhile (or never appears), TIMEOUT naming the state it is in."""
+        if state not in INDEX_STATES:
+            raise BadRequest(
+                f"unknown index state {state!r}", details={"states": list(INDEX_STATES)}
+            )
+        deadline = time.monotonic() + timeout
+        seen: dict[str, Any] | None = None
+        while True:
+            try:
+                current = next((i for i in self.list_indexes(keyspace) if i["name"] == name), None)
+            except (ConnectionClosed, RequestTimeout, NodeUnavailable):
+                current = seen  # a failover: keep polling
+            else:
+                if current is None and seen is not None:
+                    raise ShardexError(
+                        f"index {name!r} on {keyspace!r} was dropped while waiting for {state}",
+                        code=ErrorCode.INDEX_NOT_FOUND,
+                        details={"keyspace": keyspace, "name": name},
+                    )
+            if current is not None:
+                seen = current
+                if _reached(current["state"], state):
+                    return current
+                if current["state"] == ERROR:
+                    raise ShardexError(
+                        f"index {name!r} on {keyspace!r} failed: {current['error']}",
+                        code=ErrorCode.INDEX_NOT_READY,
+                        details={
+                            "keyspace": keyspace,
+                            "name": name,
+                            "state": ERROR,
+                            "error": current["error"],
+                        },
+                    )
+            if time.monotonic() >= deadline:
+                if seen is None:
+                    raise ShardexError(
+                        f"index {name!r} not found on {keyspace!r}",
+                        code=ErrorCode.INDEX_NOT_FOUND,
+                        details={"keyspace": keyspace, "name": name},
+                    )
+                raise RequestTimeout(
+                    f"index {name!r} on {keyspace!r} is still {seen['state']} after "
+                    f"{timeout}s (waiting for {state})",
+                    details={
+                        "keyspace": keyspace,
+                        "name": name,
+                        "state": seen["state"],
+                        "wanted": state,
+                        "progress": seen["progress"],
+                    },
+                )
+            time.sleep(interval)
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _described(self, rec: IndexRecord, topo: Topology | None) -> dict[str, Any]:
+        """The index as ``list_indexes`` shows it (with the state's CAS) if it can be read
+        now, else from the reply."""
+        try:
+            for d in self.list_indexes(rec.keyspace):
+                if d["id"] == rec.id:
+                    return d
+        except ShardexError:
+            pass
+        return describe_index(rec, topo, None)
+
+    async def _ddl(self, msg: Message, expect: type[M]) -> M:
+        """Send ``msg`` (carrying its request id) until a node answers it or refuses it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(self.ddl_timeout, self.request_timeout)
+        conn: Connection | None = None
+        while True:
+            try:
+                if conn is None:
+                    conn = await self._live_conn()
+                remaining = deadline - loop.time()
+                attempt = max(self.request_timeout, min(DDL_ATTEMPT_TIMEOUT, remaining))
+                return await conn.request(msg, attempt, expect=expect)
+            except (ConnectionClosed, RequestTimeout, NodeUnavailable) as exc:
+                if isinstance(exc, NodeUnavailable) and exc.details.get("reason") not in (
+                    _RETRY_REASONS
+                ):
+                    raise
+                if loop.time() + 0.5 >= deadline:
+                    raise
+            await asyncio.sleep(0.5)
+            try:
+                conn = await self._live_conn(failed=conn)  # the next node
+            except ShardexError:
+                conn = None
+
+
+def _reached(current: str, wanted: str) -> bool:
+    if current == wanted:
+        return True
+    a, b = state_rank(current), state_rank(wanted)
+    return a is not None and b is not None and a > b

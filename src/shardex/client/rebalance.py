@@ -1,0 +1,146 @@
+"""Partition migration from the client: ``rebalance``, ``move_partition``, status.
+
+A mixin of ``Client`` (kept apart only for module size). Starting a rebalance is a quick
+coordinator op (the plan is recorded in the cluster state and the master migrates in the
+background); these calls then poll ``GetRebalance`` until it is over, so a client that
+disconnects does not stop a rebalance, and one that reconnects can watch it again.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from shardex.client.types import RebalanceResult, rebalance_from
+from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.rebalance import (
+    GetRebalance,
+    MovePartition,
+    RebalanceReply,
+    StartRebalance,
+)
+from shardex.net.messages import Message
+
+if TYPE_CHECKING:
+    from shardex.client.routing import DataRouter
+
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+
+
+def _request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class RebalanceError(ShardexError):
+    """Some move of a rebalance did not complete (``result`` says which and why); the
+    others did. A failed move's partition stays on its source, serving."""
+
+    def __init__(self, result: RebalanceResult) -> None:
+        self.result = result
+        bad = result.failed
+        shown = "; ".join(
+            f"{m.keyspace}/{m.partition} {m.source}->{m.target}: {m.status} ({m.error})"
+            for m in bad[:5]
+        )
+        super().__init__(
+            f"{result.kind} {result.id} {result.state}: {len(result.moved)} moved, "
+            f"{len(bad)} not: {shown}",
+            code=ErrorCode.PARTIAL_FAILURE,
+            details={"id": result.id, "moved": len(result.moved), "failed": len(bad)},
+        )
+
+
+class RebalanceOps:
+    """Mixed into ``Client``."""
+
+    _router: DataRouter
+
+    def _call(self, msg: Message, expect: type[M], *, idempotent: bool = True) -> M:
+        raise NotImplementedError
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        raise NotImplementedError
+
+    def rebalance(
+        self,
+        *,
+        max_parallel: int = 2,
+        rate_limit: int = 0,
+        on_progress: Callable[[RebalanceResult], None] | None = None,
+        poll_interval: float = 0.2,
+    ) -> RebalanceResult:
+        """Move partitions so every keyspace is balanced over the data nodes that are up
+        (e.g. after ``shardex cluster add-node``), while reads, writes and change streams
+        go on; returns when done. ``max_parallel`` migrations run at a time, each copy at
+        most ``rate_limit`` bytes/s (0: unlimited). If a rebalance is already running this
+        waits for it and then balances whatever it left. Raises ``RebalanceError`` (with
+        ``.result``) if some move did not complete; a failed move leaves its partition
+        where it was, serving."""
+        msg = StartRebalance(
+            request_id=_request_id(), max_parallel=max_parallel, rate_limit=rate_limit
+        )
+        reply = self._call(msg, RebalanceReply)
+        if reply.attached:
+            self._wait_rebalance(reply, on_progress, poll_interval)
+            msg = StartRebalance(
+                request_id=_request_id(), max_parallel=max_parallel, rate_limit=rate_limit
+            )
+            reply = self._call(msg, RebalanceReply)
+        return self._wait_rebalance(reply, on_progress, poll_interval)
+
+    def move_partition(
+        self,
+        keyspace: str,
+        partition: int,
+        target: str,
+        *,
+        rate_limit: int = 0,
+        wait: bool = True,
+        on_progress: Callable[[RebalanceResult], None] | None = None,
+    ) -> RebalanceResult:
+        """Migrate one partition to data node ``target`` (admin and tests); with ``wait``
+        returns when it is done (``RebalanceError`` if it failed), else at once."""
+        msg = MovePartition(
+            keyspace=keyspace,
+            partition=partition,
+            target=target,
+            request_id=_request_id(),
+            rate_limit=rate_limit,
+        )
+        reply = self._call(msg, RebalanceReply)
+        if not wait:
+            assert reply.record is not None
+            return rebalance_from(reply.record, reply.phases)
+        return self._wait_rebalance(reply, on_progress, 0.1)
+
+    def rebalance_status(self) -> RebalanceResult | None:
+        """The running or last rebalance (or partition move), None if there never was one."""
+        reply = self._call(GetRebalance(), RebalanceReply)
+        return None if reply.record is None else rebalance_from(reply.record, reply.phases)
+
+    def _wait_rebalance(
+        self,
+        reply: RebalanceReply,
+        on_progress: Callable[[RebalanceResult], None] | None,
+        poll_interval: float,
+    ) -> RebalanceResult:
+        assert reply.record is not None
+        wanted = reply.record.id
+        result = rebalance_from(reply.record, reply.phases)
+        while True:
+            if on_progress is not None:
+                on_progress(result)
+            if result.state != "running":
+                break
+            time.sleep(poll_interval)
+            reply = self._call(GetRebalance(), RebalanceReply)
+            if reply.record is None or reply.record.id != wanted:
+                break  # replaced by a newer one: ours is over; report what we saw last
+            result = rebalance_from(reply.record, reply.phases)
+        self._run(self._router.refresh())
+        if result.state != "done" and result.state != "running":
+            raise RebalanceError(result)
+        return result

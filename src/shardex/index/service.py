@@ -1,0 +1,331 @@
+"""The index service of an indexer node: the local ``IndexerEngine`` on the wire, for DDL.
+
+One engine per node in ``<data-dir>/index`` (RocksDB). The DDL coordinator allocates and
+drops slices here (``AllocateSlices``, ``DropSlices``: seed steps 8-11 and DROP INDEX); both
+are idempotent, so a retry or a new master's recovery re-sending them is harmless.
+
+Reconciliation. A node may be down while its slices are allocated or dropped, so it also
+brings its slices in line with the coordinator state at start, on every state change it sees
+and every ``reconcile_interval`` (``plan_reconcile``):
+
+* it creates the slices the latest topology of every index in READY, BUILDING, ACTIVE or
+  ERROR assigns to it and that it lacks (an index in INIT gets its slices from the master's
+  ``AllocateSlices`` only: a node that misses it makes the CREATE fail, and a state in INIT
+  may be an old master's change that no majority ever held);
+* it drops the slices of an index the state marks DELETED, or no longer has *and* the state
+  is newer than the index's creation (the index id carries the version its CREATE was built
+  on: ``index_state.creation_base``). A state that is merely older than the index - a lagging
+  replica - proves nothing and drops nothing;
+* it never drops a slice of an index in a live state, and never acts on drops from a state
+  that may not be committed: a drop is confirmed against the master's last committed state
+  first. A manager node's own replica can hold one uncommitted change (an old master's
+  DELETED that a failover discards); dropping on it would leave a live index without its
+  slice.
+
+Slices of partitions the topology no longer gives this node are left alone (index partition
+moves are rebalance's business). The engine is synchronous: its calls run in one I/O thread
+(serialised with each other and under ``_lock``), or inline on the loop when ``inline_io``
+is set (the simulator forbids threads; its engine is in memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from shardex.errors import NodeUnavailable, ShardexError
+from shardex.index.definition import IndexDefinition
+from shardex.index.messages import (
+    AllocateSlices,
+    DropSlices,
+    ListSlices,
+    SliceInfo,
+    SliceList,
+    SlicesAllocated,
+    SlicesDropped,
+)
+from shardex.manager.coordinator_messages import StateReply, StateRequest
+from shardex.manager.index_state import (
+    DELETED,
+    INIT,
+    LIVE_STATES,
+    creation_base,
+    latest_index_topology,
+)
+from shardex.manager.member_list import MemberInfo
+from shardex.manager.state import StateContext
+from shardex.net import Connection, ConnectionPool, RpcServer
+from shardex.net.transport import Transport
+
+__all__ = ["IndexService", "ReconcilePlan", "SliceEngine", "plan_reconcile"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_RECONCILE_INTERVAL = 2.0
+STATE_TIMEOUT = 2.0
+SECTIONS = ["indexes", "index_topologies"]
+
+
+class SliceEngine(Protocol):
+    """What the service needs of an engine (``IndexerEngine``, or the simulator's fake)."""
+
+    def create_slice(self, definition: IndexDefinition, partition: int) -> Any: ...
+
+    def drop_index(self, index_id: str) -> int: ...
+
+    def slices(self, index_id: str | None = None) -> list[Any]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReconcilePlan:
+    create: list[tuple[IndexDefinition, list[int]]] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+
+
+def plan_reconcile(node: str, state: StateContext, held: dict[str, set[int]]) -> ReconcilePlan:
+    """What this node must create and drop to match ``state`` (module docstring). ``held``:
+    index id -> partitions with a local slice."""
+    create: list[tuple[IndexDefinition, list[int]]] = []
+    for index_id, rec in state.indexes.items():
+        if rec.state not in LIVE_STATES or rec.state == INIT:
+            continue
+        topo = latest_index_topology(state.index_topologies, index_id)
+        mine = topo.partitions_of(node) if topo is not None else []
+        missing = [p for p in mine if p not in held.get(index_id, set())]
+        if missing:
+            create.append((rec.definition, missing))
+    drop: list[str] = []
+    version = (state.epoch, state.cas)
+    for index_id in sorted(held):
+        rec = state.indexes.get(index_id)
+        if rec is not None:
+            if rec.state == DELETED:
+                drop.append(index_id)
+            continue
+        base = creation_base(index_id)
+        if base is not None and version > base:
+            drop.append(index_id)
+    return ReconcilePlan(create=create, drop=drop)
+
+
+class IndexService:
+    """Routes of the index service (DDL part) plus slice reconciliation."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        transport: Transport,
+        secret: str,
+        path: Path | None = None,
+        engine_factory: Callable[[], SliceEngine] | None = None,
+        inline_io: bool = False,
+        coordinator: Callable[[], Any | None] = lambda: None,
+        members: Callable[[], list[MemberInfo]] = list,
+        reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
+    ) -> None:
+        if engine_factory is None:
+            if path is None:
+                raise ValueError("IndexService needs a path or an engine factory")
+            engine_factory = functools.partial(_open_engine, Path(path))
+        self.name = node_name
+        self.path = path
+        self._factory = engine_factory
+        self.inline_io = inline_io
+        self._coordinator = coordinator
+        self._members = members
+        self.reconcile_interval = reconcile_interval
+        self.pool = ConnectionPool(transport, secret, name=f"{node_name}/index")
+        self._engine: SliceEngine | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = asyncio.Lock()
+        self._reconcile_now = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.reconciled = asyncio.Event()  # set after the first successful reconcile
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> SliceEngine:
+        if self._engine is None:
+            raise NodeUnavailable(
+                f"the index service of {self.name} is not running", details={"node": self.name}
+            )
+        return self._engine
+
+    def install(self, server: RpcServer) -> None:
+        server.route(AllocateSlices, self._on_allocate)
+        server.route(DropSlices, self._on_drop)
+        server.route(ListSlices, self._on_list)
+
+    async def start(self) -> None:
+        """Open the engine, then reconcile in the background; call before serving."""
+        if not self.inline_io:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"index-io-{self.name}"
+            )
+        self._engine = await self._run(self._factory)
+        coord = self._coordinator()
+        if coord is not None:
+            coord.on_change(lambda *_args: self._reconcile_now.set())
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._reconcile_loop(), name="index-reconcile"))
+        log.info("index service of %s: %d slice(s)", self.name, len(self._engine.slices()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.pool.close()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await self._run(engine.close)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, True)
+
+    def close_now(self) -> None:
+        """Close the engine synchronously (a simulated crash: tasks are already cancelled)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self.inline_io:
+            return fn(*args)
+        if self._executor is None:
+            raise NodeUnavailable(f"the index service of {self.name} is not running")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    # --- handlers ----------------------------------------------------------------------------
+
+    def _held(self) -> dict[str, set[int]]:
+        held: dict[str, set[int]] = {}
+        for s in self.engine.slices():
+            held.setdefault(s.definition.id, set()).add(s.partition)
+        return held
+
+    def _create(self, definition: IndexDefinition, partitions: Iterable[int]) -> list[int]:
+        held = self._held().get(definition.id, set())
+        created = []
+        for p in partitions:
+            self.engine.create_slice(definition, p)  # idempotent for the same definition
+            if p not in held:
+                created.append(p)
+        return created
+
+    async def _on_allocate(self, msg: AllocateSlices, conn: Connection) -> SlicesAllocated:
+        async with self._lock:
+            created = await self._run(self._create, msg.definition, msg.partitions)
+            held = sorted(self._held().get(msg.definition.id, set()))
+        if created:
+            log.info("allocated slices %s of index %s", created, msg.definition.id)
+        return SlicesAllocated(
+            node=self.name, index_id=msg.definition.id, partitions=held, created=created
+        )
+
+    async def _on_drop(self, msg: DropSlices, conn: Connection) -> SlicesDropped:
+        async with self._lock:
+            dropped = await self._run(self.engine.drop_index, msg.index_id)
+        if dropped:
+            log.info("dropped %d slice(s) of index %s", dropped, msg.index_id)
+        return SlicesDropped(node=self.name, index_id=msg.index_id, dropped=dropped)
+
+    async def _on_list(self, msg: ListSlices, conn: Connection) -> SliceList:
+        infos = [
+            SliceInfo(
+                index_id=s.definition.id,
+                name=s.definition.name,
+                keyspace=s.definition.keyspace,
+                partition=s.partition,
+                state=str(getattr(s, "state", "")),
+            )
+            for s in self.engine.slices()
+        ]
+        return SliceList(node=self.name, slices=infos)
+
+    # --- reconciliation ----------------------------------------------------------------------
+
+    async def _state(self, fresh: bool) -> StateContext:
+        """The local manager replica's state (``fresh``: the master's committed one), else
+        the first manager that answers."""
+        request = StateRequest(sections=SECTIONS, fresh=fresh)
+        coord = self._coordinator()
+        if coord is not None:
+            if not fresh:
+                state: StateContext = coord.state
+                return state
+            reply = await coord.submit(request)
+            assert isinstance(reply, StateReply)
+            return reply.state
+        errors: dict[str, str] = {}
+        managers = [m for m in self._members() if "manager" in m.services]
+        for m in managers:
+            try:
+                answer = await self.pool.request(
+                    m.address, request, STATE_TIMEOUT, expect=StateReply
+                )
+            except ShardexError as exc:
+                errors[m.name] = str(exc)
+                continue
+            return answer.state
+        raise NodeUnavailable(
+            "no manager answered the state request",
+            details={"managers": [m.name for m in managers], "errors": errors},
+        )
+
+    async def reconcile(self) -> ReconcilePlan:
+        """One round (module docstring); returns what was done."""
+        state = await self._state(fresh=False)
+        async with self._lock:
+            plan = plan_reconcile(self.name, state, self._held())
+            for definition, partitions in plan.create:
+                log.info("reconcile: creating slices %s of %s", partitions, definition.id)
+                await self._run(self._create, definition, partitions)
+        drops: list[str] = []
+        if plan.drop:
+            committed = await self._state(fresh=True)
+            async with self._lock:
+                confirmed = plan_reconcile(self.name, committed, self._held()).drop
+                for index_id in confirmed:
+                    log.info("reconcile: dropping the slices of index %s", index_id)
+                    await self._run(self.engine.drop_index, index_id)
+                    drops.append(index_id)
+        return ReconcilePlan(create=plan.create, drop=drops)
+
+    async def _reconcile_loop(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self.reconcile()
+                self.reconciled.set()
+                delay = self.reconcile_interval
+            except ShardexError as exc:
+                log.debug("index reconcile failed (retrying): %s", exc)
+                delay = min(delay * 2, self.reconcile_interval)
+            except Exception:
+                log.exception("index reconcile failed")
+                delay = self.reconcile_interval
+            self._reconcile_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reconcile_now.wait(), delay)
+
+
+def _open_engine(path: Path) -> SliceEngine:
+    from shardex.index.engine import IndexerEngine  # RocksDB: only where the service runs
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return IndexerEngine(path)

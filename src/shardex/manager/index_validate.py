@@ -1,0 +1,277 @@
+"""CREATE INDEX before anything is created: validation and placement (pure functions).
+
+``validate_create`` refuses a definition that cannot work with the error the issue names
+(KEYSPACE_NOT_FOUND, INDEX_EXISTS, EXPRESSION_SYNTAX / BAD_REQUEST for expressions,
+BAD_REQUEST for partition counts and nodes, NODE_UNAVAILABLE when no indexer is up), each
+with ``details`` naming the bad part and, where there is one, a ``hint``. It runs on the
+master under the op lock, so the checks and the INIT commit see one state.
+
+Placement (``place_partitions``): index partitions go to the up indexers, each to the node
+with the fewest slices so far, counting the slices of every index that is not being dropped
+(ties by name). So one index's partitions are spread evenly, and a new index leans towards
+nodes that host fewer slices. ``nodes`` pins the placement: the partitions are dealt
+round-robin over exactly those nodes, least loaded first, and every named node gets at least
+one (so more nodes than partitions is refused).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from shardex.data.errors import BadRequest, KeyspaceNotFound
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.index.definition import (
+    DOCID_EXPR,
+    MAX_INDEX_PARTITIONS,
+    IndexDefinition,
+    IndexKey,
+    validate_definition,
+)
+from shardex.manager.index_messages import CreateIndex
+from shardex.manager.index_state import (
+    DELETED,
+    PRIMARY_NAME,
+    find_index,
+    find_primary,
+    latest_index_topology,
+)
+from shardex.manager.state import StateContext
+
+__all__ = [
+    "DEFAULT_PARTITIONED",
+    "INDEX_NAME",
+    "CreatePlan",
+    "check_index_name",
+    "place_partitions",
+    "slice_load",
+    "validate_create",
+]
+
+DEFAULT_PARTITIONED = 8  # num_partition of a PARTITION BY index that names none (as N1QL)
+INDEX_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+MAX_INDEX_NAME = 100
+_PENDING_ID = "pending"  # validate_definition needs an id; the real one comes after
+
+
+@dataclass(frozen=True)
+class CreatePlan:
+    definition: IndexDefinition  # canonical, id still a placeholder
+    assignment: dict[int, str]  # index partition -> indexer node
+    defer_build: bool
+    nodes: list[str] | None
+
+
+def check_index_name(name: object, *, primary: bool = False) -> str:
+    if primary and name == PRIMARY_NAME:
+        return PRIMARY_NAME
+    if not isinstance(name, str) or not name:
+        raise BadRequest(
+            f"index name must be a non-empty string, got {name!r}",
+            details={"name": repr(name), "hint": "CREATE INDEX name ON keyspace(...)"},
+        )
+    if len(name) > MAX_INDEX_NAME or not INDEX_NAME.match(name):
+        raise BadRequest(
+            f"invalid index name {name!r}",
+            details={
+                "name": name[:120],
+                "hint": f"1-{MAX_INDEX_NAME} characters: a letter or _ first, then letters, "
+                "digits, _ or -",
+            },
+        )
+    return name
+
+
+def _num_partition(msg: CreateIndex) -> int:
+    n = msg.num_partition
+    if n is None:
+        return 1 if msg.partition_by is None else DEFAULT_PARTITIONED
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_INDEX_PARTITIONS:
+        raise BadRequest(
+            f"num_partition must be an integer in 1..{MAX_INDEX_PARTITIONS}, got {n!r}",
+            details={
+                "num_partition": repr(n),
+                "max": MAX_INDEX_PARTITIONS,
+                "hint": "fewer partitions than indexer cores is usually plenty",
+            },
+        )
+    if msg.partition_by is None and n != 1:
+        raise BadRequest(
+            f"num_partition is {n} but the index has no PARTITION BY: an unpartitioned index "
+            "has exactly one partition",
+            details={
+                "num_partition": n,
+                "hint": "add PARTITION BY HASH(META().id) (partition_by=['META().id']), or "
+                "drop num_partition",
+            },
+        )
+    return n
+
+
+def _check_nodes(
+    nodes: list[str] | None, n: int, indexers: Sequence[str], up: Sequence[str]
+) -> list[str] | None:
+    if nodes is None:
+        return None
+    if isinstance(nodes, str) or not isinstance(nodes, list) or not nodes:
+        raise BadRequest(
+            f"nodes must be a non-empty list of node names, got {nodes!r}",
+            details={"nodes": repr(nodes), "hint": 'WITH {"nodes": ["node1", "node2"]}'},
+        )
+    if len(set(nodes)) != len(nodes):
+        raise BadRequest(f"nodes lists a node twice: {nodes}", details={"nodes": nodes})
+    for node in nodes:
+        if node not in indexers:
+            raise BadRequest(
+                f"node {node!r} is not an indexer",
+                details={
+                    "node": node,
+                    "indexers": sorted(indexers),
+                    "hint": "name nodes that run the index service (shardex cluster status)",
+                },
+            )
+        if node not in up:
+            raise BadRequest(
+                f"indexer {node!r} is down",
+                details={
+                    "node": node,
+                    "up_indexers": sorted(up),
+                    "hint": "name indexers that are up, or leave nodes out to place the index "
+                    "on the ones that are",
+                },
+            )
+    if len(nodes) > n:
+        raise BadRequest(
+            f"nodes names {len(nodes)} indexers but the index has {n} partition(s): every "
+            "named node must host at least one",
+            details={"nodes": nodes, "num_partition": n, "hint": "raise num_partition"},
+        )
+    return list(nodes)
+
+
+def _check_primary(msg: CreateIndex, name: str) -> None:
+    if msg.where is not None:
+        raise BadRequest("a primary index has no WHERE clause", details={"name": name})
+    keys = list(msg.keys)
+    if keys and [(k.expr.strip(), k.desc) for k in keys] != [(DOCID_EXPR, False)]:
+        raise BadRequest(
+            "a primary index takes no keys (its key is META().id)", details={"name": name}
+        )
+
+
+def _definition(msg: CreateIndex, name: str, n: int) -> IndexDefinition:
+    keys = [IndexKey(expr=DOCID_EXPR)] if msg.is_primary else list(msg.keys)
+    defn = IndexDefinition(
+        id=_PENDING_ID,
+        name=name,
+        keyspace=msg.keyspace,
+        keys=keys,
+        where=msg.where,
+        partition_by=list(msg.partition_by) if msg.partition_by is not None else None,
+        num_partition=n,
+        is_primary=msg.is_primary,
+    )
+    try:
+        return validate_definition(defn)
+    except ShardexError as e:
+        e.details.setdefault("keyspace", msg.keyspace)
+        e.details.setdefault("index", name)
+        if e.code is ErrorCode.EXPRESSION_SYNTAX:
+            e.details.setdefault("hint", "index expressions use the SQL++ expression language")
+        raise
+
+
+def validate_create(
+    msg: CreateIndex, state: StateContext, indexers: Sequence[str], up: Sequence[str]
+) -> CreatePlan:
+    """Every check of a CREATE INDEX, then the placement. ``indexers``: every member that
+    runs the index service; ``up``: those up in the master's view."""
+    keyspace = msg.keyspace
+    if keyspace not in state.keyspaces:
+        raise KeyspaceNotFound(
+            f"keyspace {keyspace!r} not found",
+            details={
+                "keyspace": keyspace,
+                "keyspaces": sorted(state.keyspaces)[:20],
+                "hint": "create it first (shardex keyspace create)",
+            },
+        )
+    if msg.is_primary:
+        name = check_index_name(msg.name or PRIMARY_NAME, primary=True)
+        _check_primary(msg, name)
+        old = find_primary(state.indexes, keyspace)
+        if old is not None:
+            raise ShardexError(
+                f"keyspace {keyspace!r} already has a primary index ({old.name!r})",
+                code=ErrorCode.INDEX_EXISTS,
+                details={"keyspace": keyspace, "name": old.name, "state": old.state},
+            )
+    else:
+        name = check_index_name(msg.name)
+    old = find_index(state.indexes, keyspace, name)
+    if old is not None:
+        raise ShardexError(
+            f"index {name!r} already exists on {keyspace!r} (state {old.state})",
+            code=ErrorCode.INDEX_EXISTS,
+            details={"keyspace": keyspace, "name": name, "state": old.state, "id": old.id},
+        )
+    if not isinstance(msg.defer_build, bool):
+        raise BadRequest(
+            f"defer_build must be true or false, got {msg.defer_build!r}",
+            details={"defer_build": repr(msg.defer_build)},
+        )
+    n = _num_partition(msg)
+    definition = _definition(msg, name, n)
+    nodes = _check_nodes(msg.nodes, n, indexers, up)
+    if nodes is None and not up:
+        raise NodeUnavailable(
+            "no indexer is up to place the index on",
+            details={
+                "reason": "no_indexer",
+                "keyspace": keyspace,
+                "indexers": sorted(indexers),
+                "hint": "start a node with the index service",
+            },
+        )
+    assignment = place_partitions(n, nodes if nodes is not None else up, slice_load(state), nodes)
+    return CreatePlan(
+        definition=definition,
+        assignment=assignment,
+        defer_build=msg.defer_build,
+        nodes=nodes,
+    )
+
+
+def slice_load(state: StateContext) -> Counter[str]:
+    """Slices per node over every index that is not being dropped (latest topologies)."""
+    load: Counter[str] = Counter()
+    for index_id, rec in state.indexes.items():
+        topo = latest_index_topology(state.index_topologies, index_id)
+        if topo is None or rec.state == DELETED:
+            continue
+        load.update(topo.assignment.values())
+    return load
+
+
+def place_partitions(
+    num_partition: int,
+    candidates: Iterable[str],
+    load: Counter[str],
+    pinned: Sequence[str] | None = None,
+) -> dict[int, str]:
+    """See the module docstring. Deterministic for a given state and membership view."""
+    nodes = sorted(set(candidates))
+    if not nodes:
+        raise ShardexError("no nodes to place the index on", code=ErrorCode.BAD_REQUEST)
+    if pinned is not None:
+        order = sorted(nodes, key=lambda n: (load[n], n))
+        return {p: order[p % len(order)] for p in range(num_partition)}
+    total = Counter({n: load[n] for n in nodes})
+    assignment: dict[int, str] = {}
+    for p in range(num_partition):
+        node = min(nodes, key=lambda n: (total[n], n))
+        assignment[p] = node
+        total[node] += 1
+    return assignment

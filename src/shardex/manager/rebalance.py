@@ -1,0 +1,298 @@
+"""Online partition migration and rebalance, orchestrated by the coordinator master.
+
+``StartRebalance`` plans the fewest moves that balance every keyspace over the up data nodes
+(``rebalance_moves``), ``MovePartition`` plans one move (admin, tests); both record the plan in
+the replicated state and return at once, and a background task on the master migrates the
+partitions, a few at a time (``max_parallel``). ``GetRebalance`` reports progress. The op
+lock is held only for each commit (``Coordinator.exclusive``), so DDL keeps working during a
+rebalance, and a forwarded op never has to outlive ``op_timeout``.
+
+One migration, source S to target T (why each step is there: ``docs/decisions.md``,
+"Partition migration"):
+
+1. commit the move as ``moving`` (before any node hears of it);
+2. T ``MigrateIn``: incoming marker, chunked snapshot copy pulled from S, catch-up rounds;
+3. S ``FreezeOutgoing`` (writes refused, retryable, under a lease) -> frozen high seqno H;
+4. T ``CatchUp`` to exactly H;
+5. S ``ReleaseOutgoing`` at H: persisted, conditional: **the point of no return**;
+6. T ``ActivateIncoming``; commit the new topology (seq_num + 1, appended to the history)
+   and the move ``done`` in one commit; S ``DropOutgoing``.
+
+Any failure before 5 is settled by ``ResolveOutgoing`` at S, which answers from S's own
+state and fences the migration there: "active" -> abort (drop T's copy, move ``failed``; the
+partition never stopped serving at S), "released" -> roll forward (6), no answer -> the move
+stays ``unresolved`` (T's copy is kept) and is retried until S answers.
+
+Master failover: the new master's recovery hook marks the interrupted rebalance over (moves
+not started: ``cancelled``; moves in flight: ``unresolved``) and resolves every in-flight move
+as above: finished if its source had released the partition, aborted otherwise. Run
+``shardex rebalance`` again to finish the balancing; completed moves are not redone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import msgspec
+
+from shardex.data.errors import BadRequest, KeyspaceNotFound
+from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.keyspaces import data_members
+from shardex.manager.migration_driver import MigrationDriver, deposed
+from shardex.manager.rebalance_state import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    IN_FLIGHT,
+    MOVING,
+    PLANNED,
+    RUNNING,
+    UNRESOLVED,
+    MoveRecord,
+    RebalanceRecord,
+    finish,
+    new_record,
+    plan_moves,
+    with_move,
+)
+from shardex.net.messages import Message
+
+log = logging.getLogger(__name__)
+
+RESOLVE_INTERVAL = 2.0  # retrying unresolved moves
+MAX_PARALLEL = 8
+
+
+class StartRebalance(Message, tag="manager.StartRebalance"):
+    request_id: str = ""
+    max_parallel: int = 2
+    rate_limit: int = 0  # bytes/s per copy, 0 = unlimited
+
+
+class MovePartition(Message, tag="manager.MovePartition"):
+    keyspace: str
+    partition: int
+    target: str
+    request_id: str = ""
+    rate_limit: int = 0
+
+
+class GetRebalance(Message, tag="manager.GetRebalance"):
+    """The current or last rebalance, with the live phase of each running move."""
+
+
+class RebalanceReply(Message, tag="manager.RebalanceReply"):
+    record: RebalanceRecord | None = None
+    phases: dict[str, str] = msgspec.field(default_factory=dict)  # migration id -> phase
+    attached: bool = False  # a rebalance was already running: this is that one
+
+
+def _busy(record: RebalanceRecord | None) -> None:
+    """Refuse a new plan while a move is unresolved: its partition's owner is unknown."""
+    stuck = [m for m in (record.moves if record else []) if m.status in IN_FLIGHT]
+    if stuck:
+        m = stuck[0]
+        raise ShardexError(
+            f"the move of {m.keyspace}/{m.partition} from {m.source} to {m.target} is not "
+            f"settled yet ({m.status}: {m.error or 'in progress'}); it settles when "
+            f"{m.source} answers",
+            code=ErrorCode.NODE_UNAVAILABLE,
+            details={"moves": [f"{x.keyspace}/{x.partition}" for x in stuck][:20]},
+        )
+
+
+class Rebalancer:
+    """The rebalance ops and background migrations of one coordinator (master side)."""
+
+    def __init__(self, coordinator: Any) -> None:
+        self._c = coordinator
+        self.phases: dict[str, str] = {}  # migration id -> live phase (this master only)
+        self._resolver: asyncio.Task[None] | None = None
+        self.driver = MigrationDriver(coordinator, self.phases, self._ensure_resolver)
+
+    def register(self) -> None:
+        self._c.register_op(StartRebalance, self.start)
+        self._c.register_op(MovePartition, self.move)
+        self._c.register_op(GetRebalance, self.status)
+        self._c.register_recovery(self.recover)
+
+    # --- ops ---------------------------------------------------------------------------------
+
+    async def start(self, msg: StartRebalance, ctx: Any) -> RebalanceReply:
+        state = ctx.state
+        running = state.rebalance
+        if running is not None and running.state == RUNNING:
+            return RebalanceReply(record=running, phases=dict(self.phases), attached=True)
+        _busy(running)
+        members, up = data_members(ctx)
+        keyspaces = {
+            name: (meta.uuid, state.data_topologies[name][-1])
+            for name, meta in state.keyspaces.items()
+            if state.data_topologies.get(name)
+        }
+        planned = plan_moves(keyspaces, [m.name for m in members], [m.name for m in up])
+        record = new_record(
+            ctx.new_id(),
+            "rebalance",
+            planned,
+            [ctx.new_id() for _ in planned],
+            time.time(),
+            max_parallel=max(1, min(msg.max_parallel, MAX_PARALLEL)),
+            rate_limit=max(0, msg.rate_limit),
+        )
+        return await self._begin(ctx, record)
+
+    async def move(self, msg: MovePartition, ctx: Any) -> RebalanceReply:
+        state = ctx.state
+        if state.rebalance is not None and state.rebalance.state == RUNNING:
+            raise ShardexError(
+                "a rebalance is running; move partitions when it is done",
+                code=ErrorCode.BAD_REQUEST,
+                details={"rebalance": state.rebalance.id},
+            )
+        _busy(state.rebalance)
+        meta = state.keyspaces.get(msg.keyspace)
+        history = state.data_topologies.get(msg.keyspace)
+        if meta is None or not history:
+            raise KeyspaceNotFound(
+                f"keyspace {msg.keyspace!r} not found", details={"keyspace": msg.keyspace}
+            )
+        topo = history[-1]
+        source = topo.assignment.get(msg.partition)
+        if source is None:
+            raise BadRequest(
+                f"partition {msg.partition} is outside 0..{meta.num_partitions - 1}",
+                details={"partition": msg.partition},
+            )
+        _members, up = data_members(ctx)
+        up_names = {m.name for m in up}
+        if msg.target not in up_names or source not in up_names:
+            raise ShardexError(
+                f"both {source} (owner) and {msg.target} (target) must be up data nodes",
+                code=ErrorCode.NODE_UNAVAILABLE,
+                details={"up": sorted(up_names)},
+            )
+        if msg.target == source:
+            raise BadRequest(
+                f"partition {msg.partition} of {msg.keyspace!r} is already on {source}",
+                details={"partition": msg.partition, "node": source},
+            )
+        planned = [(msg.keyspace, meta.uuid, msg.partition, source, msg.target, topo.seq_num)]
+        record = new_record(
+            ctx.new_id(),
+            "move",
+            planned,
+            [ctx.new_id()],
+            time.time(),
+            max_parallel=1,
+            rate_limit=max(0, msg.rate_limit),
+        )
+        return await self._begin(ctx, record)
+
+    async def status(self, msg: GetRebalance, ctx: Any) -> RebalanceReply:
+        return RebalanceReply(record=ctx.state.rebalance, phases=dict(self.phases))
+
+    async def _begin(self, ctx: Any, record: RebalanceRecord) -> RebalanceReply:
+        reply = RebalanceReply(record=record)
+        await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=record), reply=reply)
+        if record.state == RUNNING:
+            log.info("rebalance %s: %d move(s) planned", record.id, len(record.moves))
+            self._c.spawn(self._run(record.id, ctx.epoch))
+        return reply
+
+    # --- recovery (a newly promoted master) -----------------------------------------------------
+
+    async def recover(self, ctx: Any) -> None:
+        """Close an interrupted rebalance and resolve its in-flight moves (module docstring).
+        Commits only from the state; node calls happen in the background resolver."""
+        record = ctx.state.rebalance
+        if record is None:
+            return
+        if record.state == RUNNING:
+            changed = record
+            for m in record.moves:
+                if m.status == PLANNED:
+                    changed = with_move(changed, m.migration_id, status=CANCELLED)
+                elif m.status == MOVING:
+                    changed = with_move(
+                        changed, m.migration_id, status=UNRESOLVED, error="master failover"
+                    )
+            changed = finish(changed, time.time(), "interrupted by a coordinator failover")
+            await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=changed))
+            record = changed
+            log.warning("rebalance %s was interrupted by a failover: resolving", record.id)
+        if any(m.status in IN_FLIGHT for m in record.moves):
+            self._ensure_resolver(ctx.epoch)
+
+    def _ensure_resolver(self, epoch: int) -> None:
+        if self._resolver is None or self._resolver.done():
+            self._resolver = self._c.spawn(self._resolve_loop(epoch))
+
+    def _unsettled(self) -> list[MoveRecord]:
+        """In-flight moves no live migration task of this master is working on."""
+        record = self._c.state.rebalance
+        return [
+            m
+            for m in (record.moves if record else [])
+            if m.status in IN_FLIGHT and m.migration_id not in self.phases
+        ]
+
+    async def _resolve_loop(self, epoch: int) -> None:
+        while pending := self._unsettled():
+            for m in pending:
+                try:
+                    await self.driver.resolve(m, epoch, m.error or "interrupted")
+                except ShardexError as exc:
+                    if deposed(exc):
+                        return
+                    log.warning("resolving %s/%d failed: %s", m.keyspace, m.partition, exc)
+            if self._unsettled():
+                await asyncio.sleep(RESOLVE_INTERVAL)
+
+    # --- the background rebalance ---------------------------------------------------------------
+
+    async def _run(self, rebalance_id: str, epoch: int) -> None:
+        record = self._c.state.rebalance
+        if record is None or record.id != rebalance_id:
+            return
+        limit = asyncio.Semaphore(record.max_parallel)
+
+        async def one(move: MoveRecord) -> None:
+            async with limit:
+                await self.driver.migrate(move, epoch, record.rate_limit)
+
+        todo = [m for m in record.moves if m.status == PLANNED]
+        results = await asyncio.gather(*(one(m) for m in todo), return_exceptions=True)
+        for r in results:
+            if isinstance(r, ShardexError) and deposed(r):
+                log.warning("rebalance %s: no longer master; the next one resolves it", epoch)
+                return
+            if isinstance(r, BaseException):
+                log.error("rebalance %s: a migration crashed", rebalance_id, exc_info=r)
+
+        async def done(ctx: Any) -> None:
+            rec = ctx.state.rebalance
+            if rec is None or rec.id != rebalance_id or rec.state != RUNNING:
+                return
+            for m in rec.moves:  # a crashed migration task leaves its move to the resolver
+                if m.status == MOVING:
+                    rec = with_move(rec, m.migration_id, status=UNRESOLVED, error="crashed")
+                elif m.status == PLANNED:
+                    rec = with_move(rec, m.migration_id, status=CANCELLED)
+            rec = finish(rec, time.time())
+            await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
+            log.info(
+                "rebalance %s %s: %d moved, %d failed, %d unresolved",
+                rebalance_id,
+                rec.state,
+                rec.count(DONE),
+                rec.count(FAILED),
+                rec.count(UNRESOLVED),
+            )
+            if rec.count(UNRESOLVED):
+                self._ensure_resolver(epoch)
+
+        await self._c.exclusive(epoch, done)

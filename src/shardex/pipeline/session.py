@@ -1,0 +1,96 @@
+"""One way to build the SparkSession: for tests, the ``shardex pipeline`` driver and benchmarks.
+
+Everything here was measured on the 2-core development machine (see ``docs/decisions.md``,
+"Spark change-stream source"). The settings and why:
+
+* Loopback only: ``SPARK_LOCAL_IP`` and ``spark.driver.host``/``bindAddress`` = 127.0.0.1.
+  Nothing may listen on or resolve another interface, and without them Spark spends seconds
+  on a reverse lookup of the host name.
+* ``PYSPARK_PYTHON`` = this interpreter, so workers import pyarrow and shardex from the same
+  virtual environment (the system Python has neither).
+* The driver JVM gets ``-XX:+UseSerialGC -XX:TieredStopAtLevel=1``: C1 only and the serial
+  collector start faster on two cores; the pipeline's JVM work is small (Arrow batches are
+  made and consumed in Python).
+* UI off, console progress bar off, 2 shuffle partitions: a micro-batch of a few hundred rows
+  must not pay for 200 shuffle tasks or a web server.
+* Python workers are reused across tasks (the default, stated explicitly): the change source
+  caches its data-service client per worker process, which only pays off when they live on.
+
+The session builder's JVM options only take effect when this call starts the JVM: if a
+session already runs in the process, ``getOrCreate`` returns it (with the SQL options of
+``conf_overrides`` applied, the launch options ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+LOOPBACK = "127.0.0.1"
+DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+
+DEFAULT_CONF: dict[str, str] = {
+    "spark.driver.host": LOOPBACK,
+    "spark.driver.bindAddress": LOOPBACK,
+    "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Nothing of ours uses Hive; the in-memory catalog avoids Derby files in the cwd.
+    "spark.sql.catalogImplementation": "in-memory",
+}
+
+
+def spark_environment() -> dict[str, str]:
+    """The environment variables Spark must see before its JVM starts (set by
+    ``build_spark_session``; exposed for ``spark-submit`` wrappers)."""
+    return {
+        "SPARK_LOCAL_IP": LOOPBACK,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+
+
+def build_spark_session(
+    master: str = "local[2]",
+    app_name: str = "shardex",
+    conf_overrides: Mapping[str, Any] | None = None,
+    *,
+    register_source: bool = True,
+) -> SparkSession:
+    """Start (or return the running) SparkSession with shardex's settings.
+
+    ``conf_overrides`` win over the defaults (values are stringified). With
+    ``register_source`` the change-stream data source is registered as ``"shardex"``, so
+    ``spark.read.format("shardex")`` and ``spark.readStream.format("shardex")`` work."""
+    os.environ.update(spark_environment())
+    from pyspark.sql import SparkSession
+
+    conf = dict(DEFAULT_CONF)
+    for key, value in (conf_overrides or {}).items():
+        conf[key] = _conf_value(value)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    if register_source:
+        from shardex.pipeline.source import ShardexChangeSource
+
+        spark.dataSource.register(ShardexChangeSource)
+    return spark
+
+
+def _conf_value(value: Any) -> str:
+    """Spark reads booleans as ``true``/``false``; Python's ``str(True)`` is ``True``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

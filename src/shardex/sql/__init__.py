@@ -1,0 +1,22 @@
+"""The SQL layer. For now the index DDL statements (``shardex.sql.ddl``); the SQL++ query
+parser, planner and execution protocol (issue 7) extend the same parser."""
+
+from shardex.sql.ddl import (
+    BuildIndexStmt,
+    CreateIndexStmt,
+    DDLParser,
+    DDLStatement,
+    DropIndexStmt,
+    parse_ddl,
+    parse_index_key,
+)
+
+__all__ = [
+    "BuildIndexStmt",
+    "CreateIndexStmt",
+    "DDLParser",
+    "DDLStatement",
+    "DropIndexStmt",
+    "parse_ddl",
+    "parse_index_key",
+]

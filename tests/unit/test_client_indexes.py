@@ -1,0 +1,93 @@
+"""The client's index helpers that need no cluster: ``wait_for_index`` outcomes, key
+specs, and the local checks ``create_index`` / ``execute_ddl`` make before sending."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shardex.client.indexes import IndexOps, _key
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.definition import IndexKey
+
+
+class Scripted(IndexOps):
+    """``list_indexes`` answers from a script of states (None: the index is absent)."""
+
+    request_timeout = 1.0
+
+    def __init__(self, states: list[str | None], error: str = "") -> None:
+        self.states = states
+        self.error = error
+        self.sent: list[Any] = []
+
+    def list_indexes(self, keyspace: str | None = None, *, fresh: bool = True) -> list[dict]:
+        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        if state is None:
+            return []
+        return [{"name": "ix", "state": state, "error": self.error, "progress": 0.5}]
+
+    def _run(self, coro: Any) -> Any:
+        coro.close()
+        self.sent.append(coro)
+        raise AssertionError("nothing may be sent")
+
+
+def test_wait_returns_at_or_beyond_the_state() -> None:
+    assert (
+        Scripted(["INIT", "READY", "BUILDING"]).wait_for_index(
+            "ks", "ix", "BUILDING", timeout=5, interval=0
+        )["state"]
+        == "BUILDING"
+    )
+    assert Scripted(["ACTIVE"]).wait_for_index("ks", "ix", "READY", timeout=5)["state"] == "ACTIVE"
+
+
+def test_wait_errors_name_the_state() -> None:
+    with pytest.raises(ShardexError) as err:
+        Scripted(["BUILDING", "ERROR"], error="disk full").wait_for_index(
+            "ks", "ix", timeout=5, interval=0
+        )
+    assert err.value.code is ErrorCode.INDEX_NOT_READY and "disk full" in err.value.message
+    with pytest.raises(ShardexError) as err:
+        Scripted(["BUILDING"]).wait_for_index("ks", "ix", timeout=0.05, interval=0.01)
+    assert err.value.code is ErrorCode.TIMEOUT and "still BUILDING" in err.value.message
+    with pytest.raises(ShardexError) as err:
+        Scripted([None]).wait_for_index("ks", "ix", timeout=0.05, interval=0.01)
+    assert err.value.code is ErrorCode.INDEX_NOT_FOUND
+    with pytest.raises(ShardexError) as err:
+        Scripted(["BUILDING", None]).wait_for_index("ks", "ix", timeout=5, interval=0)
+    assert err.value.code is ErrorCode.INDEX_NOT_FOUND and "dropped" in err.value.message
+    with pytest.raises(ShardexError) as err:
+        Scripted(["READY"]).wait_for_index("ks", "ix", "DONE")
+    assert err.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_key_specs() -> None:
+    assert _key("age") == IndexKey(expr="age")
+    assert _key("LOWER( name ) DESC") == IndexKey(expr="LOWER(name)", desc=True)
+    assert _key(("age", True)) == IndexKey(expr="age", desc=True)
+    assert _key(IndexKey(expr="x")) == IndexKey(expr="x")
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        (lambda c: c.execute_ddl("CREATE INDEX ON ks(a)"), ErrorCode.SQL_SYNTAX),
+        (lambda c: c.create_index("ks", "i", ["a +"]), ErrorCode.SQL_SYNTAX),
+        (lambda c: c.create_index("ks", "i", [("a +", False)]), ErrorCode.EXPRESSION_SYNTAX),
+        (lambda c: c.create_index("ks", "i", ["a"], num_partition=3), ErrorCode.BAD_REQUEST),
+        (lambda c: c.create_index("ks", "9i", ["a"]), ErrorCode.BAD_REQUEST),
+        (lambda c: c.create_index("k s", "i", ["a"]), ErrorCode.BAD_REQUEST),
+        (lambda c: c.create_index("ks", "i", []), ErrorCode.BAD_REQUEST),
+        (lambda c: c.build_index("ks"), ErrorCode.BAD_REQUEST),
+        (lambda c: c.drop_index("ks"), ErrorCode.BAD_REQUEST),
+    ],
+)
+def test_local_checks_fail_before_sending(call: Any, code: ErrorCode) -> None:
+    c = Scripted(["READY"])
+    with pytest.raises(ShardexError) as err:
+        call(c)
+    assert err.value.code is code
+    assert not c.sent

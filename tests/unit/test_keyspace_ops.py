@@ -134,3 +134,32 @@ async def test_drop_and_list() -> None:
     with pytest.raises(ShardexError) as info:
         await drop_keyspace(DropKeyspace(name="a"), ctx)
     assert info.value.code == ErrorCode.KEYSPACE_NOT_FOUND
+
+
+async def test_drop_keyspace_removes_its_indexes() -> None:
+    """A keyspace re-created under the same name must not inherit the old index records."""
+    from shardex.core.topology import Topology
+    from shardex.index.definition import IndexDefinition, IndexKey
+    from shardex.manager.index_state import IndexRecord
+
+    ctx: Any = FakeCtx({"n1": True})
+    await create_keyspace(CreateKeyspace(name="a", num_partitions=2), ctx)
+    await create_keyspace(CreateKeyspace(name="b", num_partitions=2), ctx)
+
+    def record(index_id: str, keyspace: str) -> IndexRecord:
+        defn = IndexDefinition(
+            id=index_id, name=index_id, keyspace=keyspace, keys=[IndexKey(expr="x")],
+            where=None, partition_by=None, num_partition=1, is_primary=False,
+        )  # fmt: skip
+        return IndexRecord(definition=defn, state="ACTIVE")
+
+    ctx.state = msgspec.structs.replace(
+        ctx.state,
+        indexes={"ia": record("ia", "a"), "ib": record("ib", "b")},
+        index_topologies={
+            "ia": [Topology(seq_num=1, assignment={0: "n1"})],
+            "ib": [Topology(seq_num=1, assignment={0: "n1"})],
+        },
+    )
+    await drop_keyspace(DropKeyspace(name="a"), ctx)
+    assert list(ctx.state.indexes) == ["ib"] and list(ctx.state.index_topologies) == ["ib"]

@@ -37,8 +37,10 @@ def test_rebalance_balances_with_few_moves(n, before, after):
     assert all(assignment[p] != node for p, node in moves.items())  # no pointless moves
     # every partition on a removed node moves; beyond that, only surplus moves
     forced = sum(1 for v in assignment.values() if v not in after)
-    surplus = sum(max(0, sum(1 for v in assignment.values() if v == x) - (n // len(set(after)) + 1))
-                  for x in set(after))
+    surplus = sum(
+        max(0, sum(1 for v in assignment.values() if v == x) - (n // len(set(after)) + 1))
+        for x in set(after)
+    )
     assert len(moves) <= forced + surplus + len(set(after))
 
 

@@ -364,7 +364,7 @@ class Coordinator:
         when the message carries a ``request_id``; otherwise the error is raised."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timing.op_timeout
-        request_id = getattr(msg, "request_id", None)
+        request_id = getattr(msg, "request_id", None) or None  # "" means no id
         while True:
             try:
                 if self._group.serving:
@@ -450,7 +450,7 @@ class Coordinator:
             epoch = group.my_epoch
             if not group.serving or epoch is None:
                 raise self._not_master()
-            request_id = getattr(msg, "request_id", None)
+            request_id = getattr(msg, "request_id", None) or None  # "" means no id
             cached = stored_reply(self.state, request_id)
             if cached is not None:
                 return cached

@@ -199,8 +199,20 @@ async def drop_keyspace(msg: DropKeyspace, ctx: Any) -> KeyspaceDropped:
         raise KeyspaceNotFound(f"keyspace {msg.name!r} not found", details={"keyspace": msg.name})
     keyspaces = {k: v for k, v in state.keyspaces.items() if k != msg.name}
     topologies = {k: v for k, v in state.data_topologies.items() if k != msg.name}
+    # The keyspace's indexes go with it, in the same commit: a keyspace re-created under
+    # this name must not be indexed by the old definitions. Indexers drop the orphaned
+    # slices when they reconcile with the committed state.
+    gone = {i for i, rec in state.indexes.items() if rec.definition.keyspace == msg.name}
+    indexes = {i: r for i, r in state.indexes.items() if i not in gone}
+    index_topologies = {i: t for i, t in state.index_topologies.items() if i not in gone}
     await ctx.commit(
-        msgspec.structs.replace(state, keyspaces=keyspaces, data_topologies=topologies),
+        msgspec.structs.replace(
+            state,
+            keyspaces=keyspaces,
+            data_topologies=topologies,
+            indexes=indexes,
+            index_topologies=index_topologies,
+        ),
         reply=KeyspaceDropped(name=msg.name, uuid=meta.uuid),
     )
     members, up = data_members(ctx)

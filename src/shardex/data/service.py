@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -67,6 +66,7 @@ from shardex.manager.member_list import MemberInfo
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
+from shardex.node.reconcile_loop import reconcile_forever
 
 log = logging.getLogger(__name__)
 
@@ -442,21 +442,13 @@ class DataService:
         coord = self._coordinator()
         if coord is not None:
             coord.on_change(lambda *_args: self.state_changed())
-        delay = 0.2
-        while True:
-            try:
-                await self.reconcile()
-                self.reconciled.set()
-                delay = self.reconcile_interval
-            except ShardexError as exc:
-                log.debug("reconcile failed (retrying): %s", exc)
-                delay = min(delay * 2, self.reconcile_interval)
-            except Exception:
-                log.exception("reconcile failed")
-                delay = self.reconcile_interval
-            self._reconcile_now.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reconcile_now.wait(), delay)
+        await reconcile_forever(
+            self.reconcile,
+            wake=self._reconcile_now,
+            ready=self.reconciled,
+            interval=self.reconcile_interval,
+            what="data",
+        )
 
     # --- streams --------------------------------------------------------------------------------
 

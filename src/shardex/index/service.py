@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterable
@@ -63,6 +62,7 @@ from shardex.manager.member_list import MemberInfo
 from shardex.manager.state import StateContext
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
+from shardex.node.reconcile_loop import reconcile_forever
 
 __all__ = ["IndexService", "ReconcilePlan", "SliceEngine", "plan_reconcile"]
 
@@ -307,21 +307,13 @@ class IndexService:
         return ReconcilePlan(create=plan.create, drop=drops)
 
     async def _reconcile_loop(self) -> None:
-        delay = 0.2
-        while True:
-            try:
-                await self.reconcile()
-                self.reconciled.set()
-                delay = self.reconcile_interval
-            except ShardexError as exc:
-                log.debug("index reconcile failed (retrying): %s", exc)
-                delay = min(delay * 2, self.reconcile_interval)
-            except Exception:
-                log.exception("index reconcile failed")
-                delay = self.reconcile_interval
-            self._reconcile_now.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reconcile_now.wait(), delay)
+        await reconcile_forever(
+            self.reconcile,
+            wake=self._reconcile_now,
+            ready=self.reconciled,
+            interval=self.reconcile_interval,
+            what="index",
+        )
 
 
 def _open_engine(path: Path) -> SliceEngine:

@@ -54,6 +54,11 @@ class FakeCtx:
         self.state = StateContext()
         self.membership = FakeMembership(up)
         self.pool = FakePool(set(failing))
+        self._ids = 0
+
+    def new_id(self) -> str:
+        self._ids += 1
+        return f"id{self._ids}"
 
     async def commit(self, new: StateContext, *, reply: Message | None = None) -> StateContext:
         if reply is not None:
@@ -76,7 +81,8 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_create_places_over_up_data_nodes_and_opens_them() -> None:
     ctx: Any = FakeCtx({"n1": True, "n2": True, "n3": False})
     reply = await create_keyspace(CreateKeyspace(name="users", num_partitions=6), ctx)
-    assert reply.meta.name == "users" and reply.meta.created_cas == 1 and len(reply.meta.uuid) == 32
+    assert reply.meta.name == "users" and reply.meta.created_cas == 1
+    assert reply.meta.uuid == "id1"  # from ctx.new_id(): seeded under the simulator
     assert reply.topology.seq_num == 1
     assert reply.topology.partitions_of("n1") == [0, 2, 4]
     assert reply.topology.partitions_of("n2") == [1, 3, 5]

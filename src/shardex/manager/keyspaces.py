@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import uuid as uuidlib
 from typing import Any
 
 import msgspec
@@ -144,7 +143,7 @@ async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
     meta = KeyspaceMeta(
         name=name,
         num_partitions=num_partitions,
-        uuid=uuidlib.uuid4().hex,
+        uuid=ctx.new_id(),  # seeded under the simulator, so runs replay
         created_cas=state.cas + 1,
     )
     new_state = msgspec.structs.replace(

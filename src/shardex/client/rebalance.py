@@ -58,11 +58,13 @@ class RebalanceOps:
 
     _router: DataRouter
 
-    def _call(self, msg: Message, expect: type[M], *, idempotent: bool = True) -> M:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+        # provided by the concrete class this is mixed into; declared for type checkers only
+        def _call(self, msg: Message, expect: type[M], *, idempotent: bool = True) -> M:
+            ...
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        raise NotImplementedError
+        def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+            ...
 
     def rebalance(
         self,

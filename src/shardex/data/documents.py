@@ -9,7 +9,7 @@ checked ops under its lock (``partition.py``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -57,14 +57,16 @@ class DocumentOps:
     _parts: dict[tuple[str, int], Partition]
     _store: Store
 
-    def keyspace(self, name: str) -> KeyspaceInfo:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+        # provided by the concrete class this is mixed into; declared for type checkers only
+        def keyspace(self, name: str) -> KeyspaceInfo:
+            ...
 
-    def _held(self, keyspace: str, partition: int) -> Partition:
-        raise NotImplementedError
+        def _held(self, keyspace: str, partition: int) -> Partition:
+            ...
 
-    def _serving(self, keyspace: str, partition: int) -> Partition:
-        raise NotImplementedError
+        def _serving(self, keyspace: str, partition: int) -> Partition:
+            ...
 
     def insert(
         self, keyspace: str, docid: str, doc: object, *, durability: Durability = "persist"

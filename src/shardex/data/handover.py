@@ -29,6 +29,7 @@ import shutil
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -136,25 +137,27 @@ class HandoverOps:
     _lock: threading.RLock
     _parts: dict[tuple[str, int], Partition]
 
-    def keyspace(self, name: str) -> KeyspaceInfo:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+        # provided by the concrete class this is mixed into; declared for type checkers only
+        def keyspace(self, name: str) -> KeyspaceInfo:
+            ...
 
-    def _check_partition_number(self, ks: KeyspaceInfo, partition: int) -> None:
-        raise NotImplementedError
+        def _check_partition_number(self, ks: KeyspaceInfo, partition: int) -> None:
+            ...
 
-    def _held(self, keyspace: str, partition: int) -> Partition:
-        raise NotImplementedError
+        def _held(self, keyspace: str, partition: int) -> Partition:
+            ...
 
-    def _serving(self, keyspace: str, partition: int) -> Partition:
-        raise NotImplementedError
+        def _serving(self, keyspace: str, partition: int) -> Partition:
+            ...
 
-    def _drop(self, keyspace: str, partition: int) -> None:
-        raise NotImplementedError
+        def _drop(self, keyspace: str, partition: int) -> None:
+            ...
 
-    def _install(
-        self, meta: PartitionMeta, items: Iterable[tuple[bytes, bytes]], sst: Path | None = None
-    ) -> Partition:
-        raise NotImplementedError
+        def _install(
+            self, meta: PartitionMeta, items: Iterable[tuple[bytes, bytes]], sst: Path | None = None
+        ) -> Partition:
+            ...
 
     # --- source side --------------------------------------------------------------------------
 

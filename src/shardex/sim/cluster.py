@@ -12,6 +12,7 @@ restart (what the node had made durable); everything else of the node dies with 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
@@ -70,13 +71,13 @@ class ClusterNode:
         return await self.task
 
 
-class _Cluster:
+class _Cluster(abc.ABC):
     def __init__(self) -> None:
         self.nodes: dict[str, ClusterNode] = {}
         self.failures: list[tuple[str, BaseException]] = []
 
-    def _new_node(self, host: str, main: NodeMain) -> ClusterNode:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _new_node(self, host: str, main: NodeMain) -> ClusterNode: ...
 
     def add(self, host: str, main: NodeMain) -> ClusterNode:
         if host in self.nodes:
@@ -112,8 +113,8 @@ class _Cluster:
             node._serving.set_exception(exc)
         self._report(node, exc)
 
-    def _report(self, node: ClusterNode, exc: BaseException) -> None:
-        pass
+    def _report(self, node: ClusterNode, exc: BaseException) -> None:  # noqa: B027
+        """Optional hook (the simulator traces the failure); ``failures`` already holds it."""
 
     def check(self) -> None:
         """Raise the first exception a node's main died of (a bug, not a crash)."""
@@ -132,8 +133,8 @@ class _Cluster:
         for node in self.nodes.values():
             await self.crash(node.host)
 
-    async def crash(self, host: str) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def crash(self, host: str) -> None: ...
 
     async def restart(self, host: str) -> None:
         node = self.nodes[host]

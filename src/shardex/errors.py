@@ -47,6 +47,8 @@ class ErrorCode(enum.StrEnum):
     SQL_SYNTAX = "SQL_SYNTAX"
     TOPOLOGY_NOT_FOUND = "TOPOLOGY_NOT_FOUND"
     STALE_TOPOLOGY = "STALE_TOPOLOGY"
+    # an indexer restarted between a delivery and its stabilise: the batch must be re-sent
+    STALE_DELIVERY = "STALE_DELIVERY"
     PARTIAL_FAILURE = "PARTIAL_FAILURE"  # a batch where some items failed (details say which)
 
 

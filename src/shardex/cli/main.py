@@ -8,6 +8,7 @@ from shardex import __version__
 from shardex.cli import cluster, index, keyspace
 from shardex.cli.load import load
 from shardex.cli.node import node
+from shardex.cli.pipeline import pipeline
 from shardex.cli.rebalance import rebalance
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ app.add_typer(index.app, name="index")
 app.command("ddl", help=index.ddl.__doc__)(index.ddl)
 app.command("load", help=load.__doc__)(load)
 app.command("rebalance", help=rebalance.__doc__)(rebalance)
+app.command("pipeline", help=pipeline.__doc__)(pipeline)
 
 
 @app.command()

@@ -147,8 +147,9 @@ class FileMemberStore:
 class InstanceLock:
     """An exclusive ``flock`` on ``<data-dir>/node.lock`` held while the node runs."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, what: str = "node") -> None:
         self.path = data_dir / LOCK_FILE
+        self.what = what  # named in the "already running" error
         self._fd: int | None = None
 
     def acquire(self, wait: float = 1.0) -> None:
@@ -165,7 +166,7 @@ class InstanceLock:
                     os.close(fd)
                     pid = read_pid(self.path.parent)
                     raise ConfigError(
-                        f"another node process (pid {pid}) is running on {self.path.parent}",
+                        f"another {self.what} process (pid {pid}) is running on {self.path.parent}",
                         details={
                             "key": "data_dir",
                             "value": str(self.path.parent),

@@ -1,0 +1,62 @@
+"""``shardex pipeline``: run the index pipeline's Spark driver in the foreground."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardex.cli.common import err, fail
+from shardex.errors import ConfigError, ShardexError
+
+
+def pipeline(
+    cluster_dir: Annotated[
+        Path, typer.Option("--dir", "-d", help="Cluster directory.", file_okay=False)
+    ],
+    master: Annotated[
+        str, typer.Option(help="Spark master URL (local[N], spark://..., ...).")
+    ] = "local[2]",
+    poll: Annotated[float, typer.Option(help="Seconds between reads of the index states.")] = 1.0,
+    trigger: Annotated[
+        str, typer.Option(help="Micro-batch trigger interval (Spark syntax).")
+    ] = "0 seconds",
+    log_level: Annotated[str, typer.Option("--log-level", help="shardex log level.")] = "INFO",
+    conf: Annotated[
+        list[str] | None,
+        typer.Option("--conf", help="Extra Spark setting KEY=VALUE (repeatable)."),
+    ] = None,
+) -> None:
+    """Run the index pipeline (initial builds and continuous maintenance) for a local
+    cluster until SIGTERM or Ctrl-C. Logs go to <dir>/pipeline/pipeline.log."""
+    from shardex.node import cluster_dir as cdir
+    from shardex.pipeline.process import PipelineSettings, run_pipeline
+
+    try:
+        if not cdir.exists(cluster_dir):
+            raise ConfigError(
+                f"{cluster_dir} is not a cluster directory",
+                details={"hint": "create one with: shardex cluster start --dir DIR"},
+            )
+        pairs = []
+        for item in conf or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(
+                    f"--conf {item!r} is not KEY=VALUE",
+                    details={"value": item, "hint": "e.g. --conf spark.driver.memory=2g"},
+                )
+            pairs.append((key.strip(), value.strip()))
+        settings = PipelineSettings(
+            cluster_dir=cluster_dir,
+            master=master,
+            poll=poll,
+            trigger_interval=trigger,
+            log_level=log_level,
+            spark_conf=tuple(pairs),
+        )
+        err.print(f"pipeline driver for {cluster_dir} (master {master}); Ctrl-C stops it")
+        raise typer.Exit(run_pipeline(settings))
+    except ShardexError as e:
+        fail(e)

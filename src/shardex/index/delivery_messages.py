@@ -1,0 +1,135 @@
+"""Pipeline -> indexer messages: delivery, stabilise, publish, initial-build loads, status.
+
+The maintenance stream sends, per micro-batch and per indexer node, one ``DeliverKeyVersions``
+(the router's rows for that node, in frames of at most ``MAX_ROWS_PER_FRAME``), then the
+timekeeper sends ``StabilizeSlices`` and, once every indexer has acknowledged,
+``PublishStability``. Initial builds stream ``LoadChunk`` rows into a slice and end with
+``LoadFinish``. See ``docs/decisions.md``, "Index pipeline".
+
+Timestamps travel in wire form: data partition -> (seqno, partition uuid).
+
+``incarnation``: a random id an indexer process picks at start. A delivery is only good
+for the process that queued it (the mutation queue lives in memory), so the pipeline passes
+the incarnations it delivered to along with the stabilise request, and an indexer that
+restarted in between refuses (``STALE_DELIVERY``) instead of stabilising a queue it lost.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from shardex.net.messages import Message
+
+__all__ = [
+    "MAX_ROWS_PER_FRAME",
+    "Delivered",
+    "DeliverKeyVersions",
+    "LoadChunk",
+    "LoadChunkAck",
+    "LoadFinish",
+    "LoadFinished",
+    "PublishStability",
+    "SliceAck",
+    "StabilityPublished",
+    "StabilizeSlices",
+    "Stabilized",
+    "WireKeyVersion",
+    "WireTs",
+]
+
+MAX_ROWS_PER_FRAME: Final = 50_000
+
+WireTs = dict[int, tuple[int, int]]
+# (index_id, index_partition, kind, entry, docid, partition, seqno): shardex.index.keyversion
+WireKeyVersion = tuple[str, int, int, bytes, str, int, int]
+
+
+class DeliverKeyVersions(Message, tag="index.DeliverKeyVersions"):
+    """Key versions for slices on the receiving node (router output). Re-deliveries are
+    dropped by seqno; rows naming a slice the node does not host are counted ``unknown``."""
+
+    keyspace: str
+    batch_id: int
+    rows: list[WireKeyVersion]
+
+
+class Delivered(Message, tag="index.Delivered"):
+    node: str
+    incarnation: str
+    accepted: int = 0
+    dropped: int = 0
+    unknown: int = 0
+
+
+class StabilizeSlices(Message, tag="index.StabilizeSlices"):
+    """Timekeeper -> indexer: apply every local slice of ``index_ids`` up to ``ts`` in one
+    atomic write, snapshot at ``ts``. ``incarnation``: what the pipeline delivered this
+    batch to ("" = delivered nothing to this node, any incarnation is fine)."""
+
+    keyspace: str
+    ts: WireTs
+    index_ids: list[str]
+    incarnation: str = ""
+
+
+class SliceAck(msgspec.Struct, frozen=True, kw_only=True):
+    index_id: str
+    partition: int
+    applied: WireTs  # the slice's applied TS after the request
+    items_count: int
+    state: str  # created | loading | active | needs_rebuild
+
+
+class Stabilized(Message, tag="index.Stabilized"):
+    node: str
+    incarnation: str
+    acks: list[SliceAck]
+    missing: list[str] = msgspec.field(default_factory=list)  # index ids with no local slice
+
+
+class PublishStability(Message, tag="index.PublishStability"):
+    """Timekeeper -> indexer: these TSs are now the indexes' stability TSs (every slice of
+    each index acknowledged them). Monotonic: an older TS than the one held is ignored."""
+
+    keyspace: str
+    stability: dict[str, WireTs]  # index id -> stability TS
+
+
+class StabilityPublished(Message, tag="index.StabilityPublished"):
+    node: str
+
+
+class LoadChunk(Message, tag="index.LoadChunk"):
+    """Initial build: UPSERT key versions of one slice from the snapshot at ``ts0``. The
+    first chunk starts the load (slice -> loading); chunks may repeat (a Spark task retry):
+    the load keeps one row per docid."""
+
+    index_id: str
+    partition: int
+    ts0: WireTs
+    rows: list[WireKeyVersion]
+    docs: int = 0  # documents of the snapshot these rows came from (for progress)
+
+
+class LoadChunkAck(Message, tag="index.LoadChunkAck"):
+    node: str
+    rows: int  # rows held for this load so far
+
+
+class LoadFinish(Message, tag="index.LoadFinish"):
+    """Sort and write what the chunks delivered (an SST where it pays off), record ``ts0`` as
+    the slice's applied TS and snapshot it; the slice becomes active. A slice never sent a
+    chunk loads empty. Idempotent once active at ``ts0``."""
+
+    index_id: str
+    partition: int
+    ts0: WireTs
+
+
+class LoadFinished(Message, tag="index.LoadFinished"):
+    node: str
+    index_id: str
+    partition: int
+    items_count: int

@@ -1,0 +1,40 @@
+"""Pipeline driver -> timekeeper: the end of a micro-batch (the seed's steps 12-16)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shardex.index.delivery_messages import WireTs
+from shardex.net.messages import Message
+
+__all__ = ["AdvanceStability", "StabilityAdvanced", "StabilityRequest", "StabilityReply"]
+
+
+class AdvanceStability(Message, tag="manager.AdvanceStability"):
+    """Stabilise ``index_ids`` of ``keyspace`` at ``ts`` (the batch's end offset) on every
+    indexer hosting them, wait for all ACKs, then publish ``ts`` as their stability TS.
+    ``incarnations``: node -> the indexer incarnation the batch was delivered to."""
+
+    keyspace: str
+    ts: WireTs
+    index_ids: list[str]
+    batch_id: int = -1
+    incarnations: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class StabilityAdvanced(Message, tag="manager.StabilityAdvanced"):
+    keyspace: str
+    ts: WireTs
+    published: list[str]  # index ids whose stability TS is now ``ts``
+    items_count: dict[str, int]  # index id -> entries over all slices at ``ts``
+    skipped: list[str] = msgspec.field(default_factory=list)  # not in a stabilisable state
+
+
+class StabilityRequest(Message, tag="manager.StabilityRequest"):
+    """The stability TS this timekeeper last published for each index of a keyspace."""
+
+    keyspace: str
+
+
+class StabilityReply(Message, tag="manager.StabilityReply"):
+    stability: dict[str, WireTs]

@@ -1,0 +1,226 @@
+"""The initial build of new indexes (the load phase of the DDL seed): a Spark batch job.
+
+1. T0 = the keyspace's current high seqnos (at or after every batch the stream has read).
+2. Spark reads the documents as of T0 (the change source's snapshot mode, one task per data
+   partition) and, in ``mapInArrow`` on the workers, projects every building index in one
+   pass and sends each slice's Upsert key versions straight to its indexer (``LoadChunk``).
+   Only counts come back to the driver.
+3. Each indexer sorts its slice's rows (one per docid) and writes them (an SST ingested
+   when the slice is big), records T0 as the slice's applied TS and snapshots it
+   (``LoadFinish``).
+4. The timekeeper publishes T0 as the index's first stability TS, the coordinator moves the
+   index to ACTIVE (``MarkIndexActive``) and the index joins the maintenance stream, which
+   catches it up from T0 (``maintain.py``). Other indexes are maintained throughout.
+
+A build that fails (or a driver that dies mid-build) leaves slices ``loading``; the next
+build of the index starts over with a new T0 (a new T0 replaces a load session; a restarted
+indexer turns a torn load into ``needs_rebuild``). Progress: the workers count snapshot
+documents into the chunks (``docs``); a thread sums them from the indexers every second and
+reports ``IndexBuildProgress`` (documents done / documents in the keyspace at T0).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shardex.client import Client
+from shardex.core.timestamp import Timestamp
+from shardex.index.definition import IndexDefinition
+from shardex.index.keyversion import UPSERT
+from shardex.manager.index_messages import IndexBuildProgress, IndexUpdated, MarkIndexActive
+from shardex.pipeline.indexers import advance_stability, list_slices, load_chunks, load_finish
+from shardex.pipeline.projector import _changes_of, _projector_for
+from shardex.pipeline.registry import IndexRegistry, IndexView
+from shardex.pipeline.source_options import SourceOptions
+from shardex.pipeline.source_read import client_for
+from shardex.pipeline.source_types import Endpoint
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["BuildResult", "InitialBuild"]
+
+log = logging.getLogger(__name__)
+
+COUNTS_SCHEMA = "docs long, rows long, errors long"
+COUNTS_ARROW = pa.schema([("docs", pa.int64()), ("rows", pa.int64()), ("errors", pa.int64())])
+PROGRESS_INTERVAL = 1.0
+
+
+@dataclass
+class BuildResult:
+    ts0: Timestamp
+    docs: int = 0
+    rows: int = 0
+    errors: int = 0
+    items: dict[str, int] = field(default_factory=dict)  # index id -> entries loaded
+    seconds: float = 0.0
+
+
+def load_fn(
+    endpoint: Endpoint,
+    definitions: Sequence[IndexDefinition],
+    owners: dict[str, tuple[str, ...]],
+    ts0: Timestamp,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of a build: project, send Upserts to their slices'
+    indexers, yield one row of counts per input batch."""
+    defs = tuple(definitions)
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        client = client_for(endpoint)
+        projector = _projector_for(defs)
+        for batch in batches:
+            res = projector.project(_changes_of(batch), sample_limit=0)
+            chunks: dict[tuple[str, int, str], list] = defaultdict(list)
+            for row in res.rows:
+                if row[2] == UPSERT:
+                    chunks[(row[0], row[1], owners[row[0]][row[1]])].append(row)
+            # Each index counts the batch's documents once, on its slice 0 (progress).
+            docs = {(d.id, 0, owners[d.id][0]): batch.num_rows for d in defs}
+            load_chunks(client, ts0, chunks, docs)
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "docs": [batch.num_rows],
+                    "rows": [sum(len(c) for c in chunks.values())],
+                    "errors": [sum(res.errors.values())],
+                },
+                schema=COUNTS_ARROW,
+            )
+
+    return fn
+
+
+class InitialBuild:
+    """Builds the given indexes of one keyspace from one snapshot."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        client: Client,
+        registry: IndexRegistry,
+        source_options: dict[str, str],
+        *,
+        on_progress: Callable[[str, float, int], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.client = client
+        self.registry = registry
+        self.keyspace = registry.keyspace
+        self.source_options = dict(source_options, keyspace=registry.keyspace)
+        self.on_progress = on_progress
+
+    def run(self, views: Sequence[IndexView]) -> BuildResult:
+        started = time.perf_counter()
+        ts0 = self.client.high_seqnos(self.keyspace)
+        total = max(1, self.client.keyspace_stats(self.keyspace).total_docs)
+        ids = [v.id for v in views]
+        log.info(
+            "initial build of %s on %s at T0=%r (%d documents)", ids, self.keyspace, ts0, total
+        )
+        for v in views:
+            self._progress(v.id, 0.0, 0, ts0)
+        opts = dict(
+            self.source_options,
+            mode="snapshot",
+            snapshot_ts=ts0_json(ts0),
+            tasks="partition",
+        )
+        endpoint = SourceOptions.parse(opts).endpoint
+        owners = {v.id: v.route().owners for v in views}
+        fn = load_fn(endpoint, [v.definition for v in views], owners, ts0)
+        stop = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch, args=(views, ts0, total, stop), name="build-progress", daemon=True
+        )
+        watcher.start()
+        try:
+            df = self.spark.read.format("shardex").options(**opts).load()
+            counts = df.mapInArrow(fn, COUNTS_SCHEMA).toArrow()
+        finally:
+            stop.set()
+            watcher.join()
+        result = BuildResult(ts0=ts0)
+        result.docs = int(pc.sum(counts["docs"]).as_py() or 0)
+        result.rows = int(pc.sum(counts["rows"]).as_py() or 0)
+        result.errors = int(pc.sum(counts["errors"]).as_py() or 0)
+        slices = [s for v in views for s in v.slices()]
+        for done in load_finish(self.client, ts0, slices):
+            result.items[done.index_id] = result.items.get(done.index_id, 0) + done.items_count
+        # Every slice holds a snapshot at T0: publish it, then ACTIVE, then join the stream.
+        reply = advance_stability(self.client, self.keyspace, ts0, ids)
+        for v in views:
+            if v.id not in reply.published:
+                log.warning("build of %s: T0 not published (%s)", v.id, reply.skipped)
+                continue
+            self._mark_active(v.id, ts0, result.items.get(v.id, 0))
+            self.registry.join(v.id, ts0)
+        result.seconds = time.perf_counter() - started
+        log.info(
+            "built %s: %d documents, %d entries, %d evaluation errors in %.1f s",
+            ids,
+            result.docs,
+            sum(result.items.values()),
+            result.errors,
+            result.seconds,
+        )
+        return result
+
+    def _watch(
+        self, views: Sequence[IndexView], ts0: Timestamp, total: int, stop: threading.Event
+    ) -> None:
+        while not stop.wait(PROGRESS_INTERVAL):
+            for v in views:
+                try:
+                    infos = list_slices(self.client, v.nodes, v.id)
+                except Exception as exc:  # progress is best effort
+                    log.debug("progress of %s: %s", v.id, exc)
+                    continue
+                docs = sum(s.load_docs for s in infos)
+                rows = sum(s.load_rows for s in infos)
+                self._progress(v.id, min(0.99, docs / total), rows, ts0)
+
+    def _progress(self, index_id: str, progress: float, items: int, ts0: Timestamp) -> None:
+        if self.on_progress is not None:
+            self.on_progress(index_id, progress, items)
+        msg = IndexBuildProgress(
+            index_id=index_id,
+            progress=progress,
+            items_count=items,
+            build_ts=dict(ts0.to_wire()),
+            request_id=_rid(),
+        )
+        try:
+            self.client._run(self.client._ddl(msg, IndexUpdated))
+        except Exception as exc:  # a progress report must not fail the build
+            log.debug("progress report for %s failed: %s", index_id, exc)
+
+    def _mark_active(self, index_id: str, ts0: Timestamp, items: int) -> None:
+        wire = dict(ts0.to_wire())
+        msg = MarkIndexActive(
+            index_id=index_id,
+            build_ts=wire,
+            items_count=items,
+            stability_ts=wire,
+            request_id=_rid(),
+        )
+        self.client._run(self.client._ddl(msg, IndexUpdated))
+
+
+def ts0_json(ts: Timestamp) -> str:
+    return json.dumps(ts.to_json())
+
+
+def _rid() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,198 @@
+"""``shardex pipeline``: the Spark driver of the index pipeline.
+
+A supervisor loop (every ``poll`` seconds) reads the coordinator state and, per keyspace that
+has BUILDING or ACTIVE indexes, keeps one maintenance query running (``maintain.py``) and
+runs initial builds for indexes that need one (``build.py``) in a builder thread, so a build
+never stops the maintenance of the other indexes. A query that dies is restarted from its
+Spark checkpoint (``<checkpoints>/<keyspace>-<uuid>``) after a back-off; a build that fails
+is retried. A keyspace whose indexes are all gone has its query stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shardex.client import Client
+from shardex.core.timestamp import SeqnoEntry, Timestamp
+from shardex.manager.index_state import ACTIVE, BUILDING
+from shardex.pipeline.build import BuildResult, InitialBuild
+from shardex.pipeline.maintain import BatchStats, MaintenanceJob
+from shardex.pipeline.registry import IndexRegistry
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+__all__ = ["KeyspacePipeline", "PipelineDriver"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLL = 1.0
+RESTART_BACKOFF = (1.0, 30.0)  # first and largest pause before restarting a failed query
+
+
+@dataclass
+class KeyspacePipeline:
+    """The running parts for one keyspace."""
+
+    keyspace: str
+    uuid: str
+    registry: IndexRegistry
+    job: MaintenanceJob
+    query: StreamingQuery | None = None
+    builder: threading.Thread | None = None
+    failures: int = 0
+    restart_at: float = 0.0
+    builds: list[BuildResult] = field(default_factory=list)
+    build_failures: int = 0
+
+
+class PipelineDriver:
+    """Supervises maintenance queries and builds for every keyspace with indexes."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        client: Client,
+        source_options: dict[str, str],
+        checkpoint_root: Path,
+        *,
+        poll: float = DEFAULT_POLL,
+        trigger_interval: str = "0 seconds",
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.client = client
+        self.source_options = dict(source_options)
+        self.checkpoint_root = checkpoint_root
+        self.poll = poll
+        self.trigger_interval = trigger_interval
+        self.on_batch = on_batch
+        self.keyspaces: dict[str, KeyspacePipeline] = {}
+        self._stop = threading.Event()
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Supervise until ``stop()``; then stop every query."""
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.step()
+                except Exception as exc:  # a cluster hiccup must not end the driver
+                    log.warning("pipeline supervisor: %s", exc)
+                self._stop.wait(self.poll)
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def step(self) -> None:
+        """One supervision round (public for tests)."""
+        state = self.client._run(self.client._router.refresh())
+        wanted: dict[str, str] = {}
+        for rec in state.indexes.values():
+            meta = state.keyspaces.get(rec.keyspace)
+            if rec.state in (BUILDING, ACTIVE) and meta is not None:
+                wanted[rec.keyspace] = meta.uuid
+        for name in list(self.keyspaces):
+            kp = self.keyspaces[name]
+            if wanted.get(name) != kp.uuid:
+                self._stop_keyspace(kp)
+                del self.keyspaces[name]
+        for name, uuid in sorted(wanted.items()):
+            kp = self.keyspaces.get(name)
+            if kp is None:
+                kp = self.keyspaces[name] = self._new_keyspace(name, uuid)
+            self._supervise(kp)
+
+    def _new_keyspace(self, name: str, uuid: str) -> KeyspacePipeline:
+        registry = IndexRegistry(self.client, name)
+        registry.refresh(force=True)
+        checkpoint = self.checkpoint_root / f"{name}-{uuid}"
+        job = MaintenanceJob(
+            self.spark,
+            self.client,
+            registry,
+            self.source_options,
+            checkpoint,
+            starting=self._starting(registry, name),
+            trigger_interval=self.trigger_interval,
+            on_batch=self.on_batch,
+        )
+        log.info("maintaining keyspace %s (checkpoint %s)", name, checkpoint)
+        return KeyspacePipeline(keyspace=name, uuid=uuid, registry=registry, job=job)
+
+    def _starting(self, registry: IndexRegistry, keyspace: str) -> Timestamp:
+        """Where a new checkpoint starts: the lowest applied TS of the joined indexes, else
+        now (an index that joins later is caught up from its own T0)."""
+        joined = registry.maintained()
+        if not joined:
+            return self.client.high_seqnos(keyspace)
+        low: dict[int, SeqnoEntry] = {}
+        for v in joined:
+            for p, e in registry.applied(v.id).items():
+                if p not in low or e.seqno < low[p].seqno:
+                    low[p] = e
+        return Timestamp(low)
+
+    def _supervise(self, kp: KeyspacePipeline) -> None:
+        kp.registry.refresh()
+        q = kp.query
+        if q is not None and not q.isActive:
+            exc = q.exception()
+            kp.failures += 1
+            pause = min(RESTART_BACKOFF[1], RESTART_BACKOFF[0] * 2 ** (kp.failures - 1))
+            kp.restart_at = time.monotonic() + pause
+            log.warning(
+                "maintenance of %s stopped (%s); restarting from its checkpoint in %.0f s",
+                kp.keyspace,
+                exc,
+                pause,
+            )
+            kp.query = None
+        if kp.query is None and time.monotonic() >= kp.restart_at:
+            kp.query = kp.job.start()
+        if kp.builder is None or not kp.builder.is_alive():
+            todo = kp.registry.needs_build()
+            if todo:
+                kp.builder = threading.Thread(
+                    target=self._build, args=(kp, todo), name=f"build-{kp.keyspace}", daemon=True
+                )
+                kp.builder.start()
+
+    def _build(self, kp: KeyspacePipeline, views: list[Any]) -> None:
+        builder = InitialBuild(self.spark, self.client, kp.registry, self.source_options)
+        try:
+            kp.builds.append(builder.run(views))
+            kp.build_failures = 0
+        except Exception as exc:
+            kp.build_failures += 1
+            log.warning(
+                "initial build of %s failed (attempt %d): %s",
+                [v.id for v in views],
+                kp.build_failures,
+                exc,
+            )
+            time.sleep(min(30.0, 2.0**kp.build_failures))
+
+    def _stop_keyspace(self, kp: KeyspacePipeline) -> None:
+        log.info("keyspace %s has no index to maintain: stopping its query", kp.keyspace)
+        if kp.query is not None:
+            try:
+                kp.query.stop()
+            except Exception as exc:
+                log.debug("stopping the query of %s: %s", kp.keyspace, exc)
+
+    def shutdown(self) -> None:
+        for kp in self.keyspaces.values():
+            self._stop_keyspace(kp)
+        for kp in self.keyspaces.values():
+            if kp.builder is not None:
+                kp.builder.join(timeout=5)

@@ -1,0 +1,178 @@
+"""The pipeline's calls to indexers and the timekeeper, from the driver or a Spark worker.
+
+Every call goes through the process's ``Client`` (its loop thread and its connection pool to
+named nodes). Deliveries to several indexers run in parallel; frames are cut at
+``MAX_ROWS_PER_FRAME`` rows so one message stays far below the frame limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from shardex.client import Client
+from shardex.core.timestamp import Timestamp
+from shardex.index.delivery_messages import (
+    MAX_ROWS_PER_FRAME,
+    Delivered,
+    DeliverKeyVersions,
+    LoadChunk,
+    LoadChunkAck,
+    LoadFinish,
+    LoadFinished,
+)
+from shardex.index.keyversion import KeyVersion
+from shardex.index.messages import ListSlices, SliceInfo, SliceList
+from shardex.manager.timekeeper_messages import AdvanceStability, StabilityAdvanced
+from shardex.net.messages import Message
+
+__all__ = [
+    "DeliveryReport",
+    "advance_stability",
+    "deliver",
+    "list_slices",
+    "load_chunks",
+    "load_finish",
+]
+
+M = TypeVar("M", bound=Message)
+
+# A stabilise fans out to every indexer and fsyncs: allow for a slow disk under load.
+ADVANCE_TIMEOUT = 30.0
+# A load's end sorts and writes a whole slice (an SST for big ones).
+LOAD_FINISH_TIMEOUT = 600.0
+
+
+class DeliveryReport:
+    """What one batch's delivery did: node -> incarnation it reached, and row counts."""
+
+    __slots__ = ("accepted", "dropped", "incarnations", "unknown")
+
+    def __init__(self) -> None:
+        self.incarnations: dict[str, str] = {}
+        self.accepted = 0
+        self.dropped = 0
+        self.unknown = 0
+
+    def add(self, reply: Delivered) -> None:
+        self.incarnations[reply.node] = reply.incarnation
+        self.accepted += reply.accepted
+        self.dropped += reply.dropped
+        self.unknown += reply.unknown
+
+
+async def _to_node(
+    client: Client, node: str, msg: Message, expect: type[M], timeout: float | None = None
+) -> M:
+    router = client._router
+    conn = await router.pool.get(await router.address(node), router.request_timeout)
+    return await conn.request(msg, timeout or router.request_timeout, expect=expect)
+
+
+def _frames(rows: Sequence[Any]) -> list[Sequence[Any]]:
+    return [rows[i : i + MAX_ROWS_PER_FRAME] for i in range(0, len(rows), MAX_ROWS_PER_FRAME)]
+
+
+def deliver(
+    client: Client, keyspace: str, batch_id: int, by_node: Mapping[str, Sequence[KeyVersion]]
+) -> DeliveryReport:
+    """Send each node its rows (frames in order per node, nodes in parallel)."""
+    report = DeliveryReport()
+
+    async def one(node: str, rows: Sequence[KeyVersion]) -> None:
+        for frame in _frames(rows) or [[]]:
+            msg = DeliverKeyVersions(keyspace=keyspace, batch_id=batch_id, rows=list(frame))
+            report.add(await _to_node(client, node, msg, Delivered))
+
+    async def all_nodes() -> None:
+        await asyncio.gather(*(one(n, r) for n, r in by_node.items()))
+
+    client._run(all_nodes())
+    return report
+
+
+def advance_stability(
+    client: Client,
+    keyspace: str,
+    ts: Timestamp,
+    index_ids: Sequence[str],
+    *,
+    batch_id: int = -1,
+    incarnations: Mapping[str, str] | None = None,
+) -> StabilityAdvanced:
+    """Ask the timekeeper (on the node the client talks to) to stabilise and publish."""
+    msg = AdvanceStability(
+        keyspace=keyspace,
+        ts=dict(ts.to_wire()),
+        index_ids=list(index_ids),
+        batch_id=batch_id,
+        incarnations=dict(incarnations or {}),
+    )
+
+    async def go() -> StabilityAdvanced:
+        conn = await client._live_conn()
+        return await conn.request(msg, ADVANCE_TIMEOUT, expect=StabilityAdvanced)
+
+    return client._run(go())
+
+
+def list_slices(client: Client, nodes: Sequence[str], index_id: str | None) -> list[SliceInfo]:
+    """Every slice (of one index) on ``nodes``, asked in parallel."""
+
+    async def go() -> list[SliceList]:
+        msg = ListSlices(index_id=index_id)
+        return await asyncio.gather(*(_to_node(client, n, msg, SliceList) for n in nodes))
+
+    out: list[SliceInfo] = []
+    for reply in client._run(go()):
+        out.extend(s for s in reply.slices if index_id is None or s.index_id == index_id)
+    return out
+
+
+def load_chunks(
+    client: Client,
+    ts0: Timestamp,
+    chunks: Mapping[tuple[str, int, str], Sequence[KeyVersion]],
+    docs: Mapping[tuple[str, int, str], int],
+) -> None:
+    """Initial build: send each (index, slice, node)'s rows as ``LoadChunk`` frames."""
+    wire = dict(ts0.to_wire())
+
+    async def one(key: tuple[str, int, str], rows: Sequence[KeyVersion]) -> None:
+        index_id, partition, node = key
+        n_docs = docs.get(key, 0)
+        for frame in _frames(rows) or [[]]:
+            msg = LoadChunk(
+                index_id=index_id, partition=partition, ts0=wire, rows=list(frame), docs=n_docs
+            )
+            n_docs = 0  # counted once per key
+            await _to_node(client, node, msg, LoadChunkAck)
+
+    async def go() -> None:
+        await asyncio.gather(*(one(k, chunks.get(k, [])) for k in set(chunks) | set(docs)))
+
+    client._run(go())
+
+
+def load_finish(
+    client: Client, ts0: Timestamp, slices: Sequence[tuple[str, int, str]]
+) -> list[LoadFinished]:
+    """End every listed (index, slice, node) load at ``ts0``, in parallel."""
+    wire = dict(ts0.to_wire())
+
+    async def go() -> list[LoadFinished]:
+        return await asyncio.gather(
+            *(
+                _to_node(
+                    client,
+                    node,
+                    LoadFinish(index_id=i, partition=p, ts0=wire),
+                    LoadFinished,
+                    LOAD_FINISH_TIMEOUT,
+                )
+                for i, p, node in slices
+            )
+        )
+
+    return client._run(go())

@@ -1,0 +1,319 @@
+"""The maintenance stream of one keyspace: a Structured Streaming query over the change source
+whose ``foreachBatch`` projects, routes, delivers and stabilises (the mutation-flow seed).
+
+One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
+
+1. the maintained indexes (``IndexRegistry``; an index joins after its initial build);
+2. project the batch's changes for them with ``mapInArrow`` (Spark workers) and collect
+   the key versions on the driver (``toArrow``);
+3. catch up any index whose applied TS is behind ``start`` (an index that joined after the
+   stream passed its build's T0): its missing range is read on the driver and projected too;
+4. route by index topology and deliver each indexer its rows (in parallel);
+5. the timekeeper stabilises every indexer at ``end`` and publishes ``end`` as the indexes'
+   stability TS once all acknowledged.
+
+Exactly-once from at-least-once (``docs/decisions.md``, "Index pipeline"): Spark runs a
+batch again with the same offsets after a failure; slices drop key versions at or below
+their applied seqno, a stabilise at a TS already reached is a no-op, and an indexer that
+restarted between steps 4 and 5 refuses the stabilise (STALE_DELIVERY), so the batch is
+delivered again before it is stabilised. Failures of steps 4-5 are retried with back-off for
+``retry_for`` seconds before the batch fails (and the driver restarts the query from its
+checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shardex.client import Client
+from shardex.core.timestamp import SeqnoEntry, Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.keyversion import ERROR, KEY_VERSION_SCHEMA, KeyVersion, from_arrow
+from shardex.pipeline.indexers import advance_stability, deliver
+from shardex.pipeline.projector import map_in_arrow_fn, project_arrow
+from shardex.pipeline.registry import IndexRegistry, IndexView
+from shardex.pipeline.router import route
+from shardex.pipeline.source_plan import plan_ranges
+from shardex.pipeline.source_read import read_ranges
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+__all__ = ["BatchStats", "MaintenanceJob", "read_offset"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETRY_FOR = 300.0
+# Conditions a retry can outlive: an indexer restarting, a node failing over.
+_RETRYABLE = frozenset(
+    {
+        ErrorCode.STALE_DELIVERY,
+        ErrorCode.NODE_UNAVAILABLE,
+        ErrorCode.CONNECTION_CLOSED,
+        ErrorCode.TIMEOUT,
+        ErrorCode.INDEX_NOT_FOUND,
+    }
+)
+
+
+def read_offset(checkpoint: Path, batch_id: int) -> Timestamp | None:
+    """The end offset of ``batch_id`` from Spark's offset log (``offsets/<id>``: a version
+    line, a metadata line, then one line per source: ours is the TS in JSON form)."""
+    path = checkpoint / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    if len(lines) < 3:
+        raise ShardexError(
+            f"Spark offset log entry {path} has {len(lines)} line(s), expected 3",
+            code=ErrorCode.INTERNAL,
+            details={"path": str(path)},
+        )
+    return Timestamp.from_json(json.loads(lines[2]))
+
+
+@dataclass
+class BatchStats:
+    """Per-batch timings (seconds) and counts, kept for the last batches and logged."""
+
+    batch_id: int
+    changes: int = 0
+    key_versions: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    project: float = 0.0
+    catch_up: float = 0.0
+    deliver: float = 0.0
+    stabilize: float = 0.0
+    total: float = 0.0
+    retries: int = 0
+    end: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+class MaintenanceJob:
+    """One keyspace's streaming query. ``start()`` returns the running query."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        client: Client,
+        registry: IndexRegistry,
+        source_options: dict[str, str],
+        checkpoint: Path,
+        *,
+        starting: Timestamp | None = None,
+        retry_for: float = DEFAULT_RETRY_FOR,
+        trigger_interval: str = "0 seconds",
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.client = client
+        self.registry = registry
+        self.keyspace = registry.keyspace
+        self.source_options = dict(source_options)
+        self.checkpoint = checkpoint
+        self.starting = starting
+        self.retry_for = retry_for
+        self.trigger_interval = trigger_interval
+        self.on_batch = on_batch
+        self.errors: Counter[str] = Counter()
+        self.last: list[BatchStats] = []
+        self.stable: Timestamp | None = None  # the last TS this job had published
+
+    # -- the query -----------------------------------------------------------------------------
+    def start(self) -> StreamingQuery:
+        opts = dict(self.source_options, keyspace=self.keyspace)
+        self.starting = self._pin_starting()
+        if self.starting is not None:
+            opts["starting_offsets"] = json.dumps(self.starting.to_json())
+        reader = self.spark.readStream.format("shardex").options(**opts)
+        return (
+            reader.load()
+            .writeStream.queryName(f"shardex-maintain-{self.keyspace}")
+            .foreachBatch(self.run_batch)
+            .option("checkpointLocation", str(self.checkpoint))
+            .trigger(processingTime=self.trigger_interval)
+            .start()
+        )
+
+    def _pin_starting(self) -> Timestamp | None:
+        """The first start offset of this checkpoint, kept beside it: Spark re-plans batch 0
+        from the source's initial offset after a restart, and the catch-up rule needs every
+        batch's true start."""
+        pinned = self.checkpoint / "shardex-start.json"
+        if pinned.exists():
+            return Timestamp.from_json(json.loads(pinned.read_text()))
+        if self.starting is None:
+            return None
+        self.checkpoint.mkdir(parents=True, exist_ok=True)
+        tmp = pinned.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.starting.to_json()))
+        tmp.replace(pinned)
+        return self.starting
+
+    def batch_range(self, batch_id: int) -> tuple[Timestamp, Timestamp]:
+        end = read_offset(self.checkpoint, batch_id)
+        if end is None:
+            raise ShardexError(
+                f"no offset log entry for batch {batch_id} under {self.checkpoint}",
+                code=ErrorCode.INTERNAL,
+                details={"checkpoint": str(self.checkpoint), "batch_id": batch_id},
+            )
+        start = read_offset(self.checkpoint, batch_id - 1) if batch_id > 0 else None
+        if start is None:
+            start = self.starting if self.starting is not None else Timestamp({})
+        return start, end
+
+    # -- one micro-batch -----------------------------------------------------------------------
+    def run_batch(self, df: DataFrame, batch_id: int) -> None:
+        t0 = time.perf_counter()
+        start, end = self.batch_range(batch_id)
+        stats = BatchStats(batch_id=batch_id, end=dict(end.to_wire()))
+        self.registry.refresh()
+        # An index whose applied TS is ahead of this batch's end in some partition (it joined
+        # at a T0 the stream has not reached) waits for a later batch: stabilising it at
+        # ``end`` would move it backwards. What it skips is caught up from its applied TS.
+        views = [v for v in self.registry.maintained() if end.covers(self.registry.applied(v.id))]
+        rows: list[KeyVersion] = []
+        if views:
+            t = time.perf_counter()
+            defs = [v.definition for v in views]
+            table = df.mapInArrow(map_in_arrow_fn(defs), KEY_VERSION_SCHEMA).toArrow()
+            for b in table.to_batches():
+                rows.extend(from_arrow(b))
+            stats.project = time.perf_counter() - t
+            t = time.perf_counter()
+            rows.extend(self._catch_up(views, start))
+            stats.catch_up = time.perf_counter() - t
+        stats.changes = _changes(start, end)
+        self._deliver_and_stabilize(views, rows, end, batch_id, stats)
+        stats.total = time.perf_counter() - t0
+        self._record(stats)
+
+    def _catch_up(self, views: Sequence[IndexView], start: Timestamp) -> list[KeyVersion]:
+        """Key versions of (applied, start] for every index whose applied TS is behind the
+        batch's start (read on the driver: these ranges are small, a build's tail)."""
+        out: list[KeyVersion] = []
+        behind = [v for v in views if not self.registry.applied(v.id).covers(start)]
+        if not behind:
+            return out
+        low = self.registry.applied(behind[0].id)
+        for v in behind[1:]:
+            low = _min_ts(low, self.registry.applied(v.id))
+        ranges = plan_ranges(self.keyspace, _min_ts(low, start), start)
+        defs = [v.definition for v in behind]
+        n = 0
+        for batch in read_ranges(self.client, self.keyspace, ranges):
+            kv, _ = project_arrow(defs, batch, error_rows=True)
+            out.extend(from_arrow(kv))
+            n += batch.num_rows
+        log.info(
+            "caught up %d change(s) for %s behind the stream", n, ", ".join(v.id for v in behind)
+        )
+        return out
+
+    def _deliver_and_stabilize(
+        self,
+        views: Sequence[IndexView],
+        rows: list[KeyVersion],
+        end: Timestamp,
+        batch_id: int,
+        stats: BatchStats,
+    ) -> None:
+        deadline = time.monotonic() + self.retry_for
+        attempt = 0
+        while True:
+            try:
+                self._attempt(views, rows, end, batch_id, stats)
+                return
+            except ShardexError as exc:
+                if exc.code not in _RETRYABLE or time.monotonic() > deadline:
+                    raise
+                attempt += 1
+                stats.retries = attempt
+                pause = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
+                log.warning(
+                    "batch %d of %s: %s (%s); retrying in %.2f s",
+                    batch_id,
+                    self.keyspace,
+                    exc,
+                    exc.code,
+                    pause,
+                )
+                time.sleep(pause)
+                self.registry.refresh(force=True)
+                views = [v for v in self.registry.maintained() if v.id in {w.id for w in views}]
+
+    def _attempt(
+        self,
+        views: Sequence[IndexView],
+        rows: list[KeyVersion],
+        end: Timestamp,
+        batch_id: int,
+        stats: BatchStats,
+    ) -> None:
+        if not views:
+            self.stable = end
+            return
+        t = time.perf_counter()
+        routes = {v.id: v.route() for v in views}
+        wanted = set(routes)
+        routed = route((r for r in rows if r[0] in wanted or r[2] == ERROR), routes)
+        for index_id, n in routed.errors.items():
+            stats.errors[index_id] = stats.errors.get(index_id, 0) + n
+            self.errors[index_id] += n
+        stats.key_versions = sum(len(r) for r in routed.by_node.values())
+        report = deliver(self.client, self.keyspace, batch_id, routed.by_node)
+        stats.deliver = time.perf_counter() - t
+        t = time.perf_counter()
+        reply = advance_stability(
+            self.client,
+            self.keyspace,
+            end,
+            sorted(wanted),
+            batch_id=batch_id,
+            incarnations=report.incarnations,
+        )
+        stats.stabilize = time.perf_counter() - t
+        self.registry.advanced(reply.published, end)
+        self.stable = end
+
+    def _record(self, stats: BatchStats) -> None:
+        self.last.append(stats)
+        del self.last[:-100]
+        if stats.errors:
+            log.warning("batch %d: evaluation errors per index %s", stats.batch_id, stats.errors)
+        log.debug(
+            "batch %d: %d changes, %d key versions, project %.1f ms, deliver %.1f ms, "
+            "stabilise %.1f ms, total %.1f ms",
+            stats.batch_id,
+            stats.changes,
+            stats.key_versions,
+            stats.project * 1e3,
+            stats.deliver * 1e3,
+            stats.stabilize * 1e3,
+            stats.total * 1e3,
+        )
+        if self.on_batch is not None:
+            self.on_batch(stats)
+
+
+def _changes(start: Timestamp, end: Timestamp) -> int:
+    return sum(max(0, e.seqno - start.seqno(p)) for p, e in end.items())
+
+
+def _min_ts(a: Timestamp, b: Timestamp) -> Timestamp:
+    """Per partition the lower of the two entries (absent = seqno 0)."""
+    zero = SeqnoEntry(0, 0)
+    return Timestamp(
+        {p: min(a.get(p, zero), b.get(p, zero), key=lambda e: e.seqno) for p in set(a) | set(b)}
+    )

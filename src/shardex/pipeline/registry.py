@@ -1,0 +1,170 @@
+"""What the pipeline driver knows of a keyspace's indexes, and which ones the stream maintains.
+
+The coordinator state says which indexes exist and where their slices live; the driver adds
+what only it knows: which indexes have *joined* the maintenance stream (their slices hold an
+applied TS the stream can continue from) and that applied TS (the lowest over the slices).
+
+Rules (``docs/decisions.md``, "Index pipeline"):
+
+* An ACTIVE index is maintained. A BUILDING index is maintained once its initial build has
+  loaded every slice (applied TS = the build's T0); before that the stream leaves it out.
+* At start (and after a restart of the driver) an index's applied TS is read from its
+  slices: every slice active => joined at the lowest applied TS; otherwise it needs a build.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from shardex.client import Client
+from shardex.core.timestamp import SeqnoEntry, Timestamp
+from shardex.core.topology import Topology
+from shardex.index.definition import IndexDefinition
+from shardex.index.messages import SliceInfo
+from shardex.index.records import STATE_ACTIVE
+from shardex.manager.index_state import ACTIVE, BUILDING, IndexRecord, latest_index_topology
+from shardex.pipeline.indexers import list_slices
+from shardex.pipeline.router import IndexRoute
+
+__all__ = ["IndexRegistry", "IndexView", "min_applied"]
+
+log = logging.getLogger(__name__)
+
+REFRESH_INTERVAL = 0.5  # seconds between coordinator-state reads on the batch path
+
+
+@dataclass(frozen=True)
+class IndexView:
+    record: IndexRecord
+    topology: Topology
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def definition(self) -> IndexDefinition:
+        return self.record.definition
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted(set(self.topology.assignment.values()))
+
+    def route(self) -> IndexRoute:
+        return IndexRoute.of(self.definition, self.topology)
+
+    def slices(self) -> list[tuple[str, int, str]]:
+        """(index id, index partition, node) of every slice."""
+        return [(self.id, p, n) for p, n in sorted(self.topology.assignment.items())]
+
+
+def min_applied(infos: list[SliceInfo]) -> Timestamp:
+    """Per data partition the lowest applied seqno over the slices (a partition a slice
+    has never seen counts as 0)."""
+    tss = [Timestamp.from_wire(s.applied) for s in infos]
+    parts = {p for t in tss for p in t}
+    out: dict[int, SeqnoEntry] = {}
+    for p in parts:
+        low = min((t.get(p, SeqnoEntry(0, 0)) for t in tss), key=lambda e: e.seqno)
+        out[p] = low
+    return Timestamp(out)
+
+
+class IndexRegistry:
+    """The indexes of one keyspace as the driver sees them. Thread-safe (the build thread
+    joins indexes while the stream's batches read them)."""
+
+    def __init__(self, client: Client, keyspace: str) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self._lock = threading.Lock()
+        self._views: dict[str, IndexView] = {}
+        self._joined: dict[str, Timestamp] = {}
+        self._checked: set[str] = set()  # indexes whose slices were inspected at start
+        self._fetched_at = 0.0
+        self.keyspace_uuid: str | None = None
+
+    # -- state ---------------------------------------------------------------------------------
+    def refresh(self, *, force: bool = False) -> dict[str, IndexView]:
+        now = time.monotonic()
+        if not force and now - self._fetched_at < REFRESH_INTERVAL:
+            return self.views()
+        state = self.client._run(self.client._router.refresh())
+        meta = state.keyspaces.get(self.keyspace)
+        views: dict[str, IndexView] = {}
+        for rec in state.indexes.values():
+            if rec.keyspace != self.keyspace or rec.state not in (BUILDING, ACTIVE):
+                continue
+            topo = latest_index_topology(state.index_topologies, rec.id)
+            if topo is not None:
+                views[rec.id] = IndexView(rec, topo)
+        with self._lock:
+            self._views = views
+            self.keyspace_uuid = None if meta is None else meta.uuid
+            for gone in set(self._joined) - set(views):
+                del self._joined[gone]
+            self._fetched_at = now
+        self._inspect_new(views)
+        return dict(views)
+
+    def views(self) -> dict[str, IndexView]:
+        with self._lock:
+            return dict(self._views)
+
+    def _inspect_new(self, views: dict[str, IndexView]) -> None:
+        """First sight of an index: join it if every slice is already loaded (a driver
+        restart, or a build that finished before the driver died)."""
+        for view in views.values():
+            if view.id in self._checked:
+                continue
+            try:
+                infos = list_slices(self.client, view.nodes, view.id)
+            except Exception as exc:  # an indexer is down: look again next refresh
+                log.info("cannot inspect the slices of %s yet: %s", view.id, exc)
+                continue
+            self._checked.add(view.id)
+            parts = {s.partition for s in infos}
+            loaded = parts == set(view.topology.assignment) and all(
+                s.state == STATE_ACTIVE for s in infos
+            )
+            if loaded:
+                self.join(view.id, min_applied(infos))
+                log.info("index %s joins the stream at its slices' applied TS", view.id)
+
+    # -- the stream's set ----------------------------------------------------------------------
+    def join(self, index_id: str, applied: Timestamp) -> None:
+        with self._lock:
+            self._joined[index_id] = applied
+
+    def maintained(self) -> list[IndexView]:
+        with self._lock:
+            return [v for i, v in sorted(self._views.items()) if i in self._joined]
+
+    def needs_build(self) -> list[IndexView]:
+        """BUILDING indexes the stream does not maintain yet (inspected, not loaded)."""
+        with self._lock:
+            return [
+                v
+                for i, v in sorted(self._views.items())
+                if v.record.state == BUILDING and i not in self._joined and i in self._checked
+            ]
+
+    def applied(self, index_id: str) -> Timestamp:
+        with self._lock:
+            return self._joined[index_id]
+
+    def advanced(self, index_ids: list[str], ts: Timestamp) -> None:
+        """``ts`` is published for these indexes: every slice has applied it."""
+        with self._lock:
+            for i in index_ids:
+                if i in self._joined:
+                    self._joined[i] = self._joined[i].merge_max(ts)
+
+    def forget(self, index_id: str) -> None:
+        """The index must be built again (rollback, or its slices were lost)."""
+        with self._lock:
+            self._joined.pop(index_id, None)
+            self._checked.discard(index_id)

@@ -359,7 +359,7 @@ def shardex_cluster(base_dir: Path, nodes: int) -> Iterator[Path]:
 
     cdir = Path(tempfile.mkdtemp(prefix=f"shardex-{nodes}n-", dir=base_dir)) / "cluster"
     port = free_base_port(nodes, HTTP_PORT_OFFSET)
-    cmd = [*_cli(), "cluster", "start", "--nodes", str(nodes), "--dir", str(cdir)]
+    cmd = [*_cli(), "cluster", "start", "--nodes", str(nodes), "--dir", str(cdir), "--no-pipeline"]
     cmd += ["--base-port", str(port)]
     log(f"running: {' '.join(cmd)}")
     try:

@@ -110,7 +110,7 @@ class LocalCluster:
         self.base_port = base_port
 
     def start(self, *extra: str) -> subprocess.CompletedProcess[str]:
-        return run_cli("cluster", "start", "--dir", str(self.path), *extra)
+        return run_cli("cluster", "start", "--dir", str(self.path), "--no-pipeline", *extra)
 
     def address(self, i: int) -> str:
         return f"127.0.0.1:{self.base_port + i - 1}"

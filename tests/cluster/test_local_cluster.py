@@ -69,7 +69,9 @@ def test_start_twice_is_safe(cluster: LocalCluster) -> None:
     assert "already running" in proc.stdout
     assert [cluster.pid(i) for i in (1, 2, 3)] == pids
     # Changing the shape of an existing cluster is refused, not silently ignored.
-    bad = run_cli("cluster", "start", "--dir", str(cluster.path), "--nodes", "5", check=False)
+    bad = run_cli(
+        "cluster", "start", "--dir", str(cluster.path), "--nodes", "5", "--no-pipeline", check=False
+    )
     assert bad.returncode == 2 and "3 nodes" in bad.stderr
 
 

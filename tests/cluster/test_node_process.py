@@ -118,6 +118,7 @@ def test_cluster_start_reports_a_node_that_cannot_start(tmp_path: Path) -> None:
         proc = run_cli(
             "cluster",
             "start",
+            "--no-pipeline",
             "--dir",
             str(tmp_path / "c"),
             "--nodes",

@@ -54,9 +54,14 @@ def start(
         float | None, typer.Option("--failure-timeout", help="New cluster: 3 s.")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for all nodes to be up.")] = 30.0,
+    no_pipeline: Annotated[
+        bool,
+        typer.Option("--no-pipeline", help="Do not start the index pipeline's Spark driver."),
+    ] = False,
 ) -> None:
     """Create the cluster on first use, start every node that is not running, and wait until
-    each answers and sees all members up. Safe to run again (e.g. after kill -9)."""
+    each answers and sees all members up; then start the index pipeline (Spark driver) unless
+    it runs already or --no-pipeline. Safe to run again (e.g. after kill -9)."""
     try:
         if cdir.exists(cluster_dir):
             spec = cdir.load(cluster_dir)
@@ -118,6 +123,22 @@ def start(
             err.rule()
         raise typer.Exit(EXIT_FAILED)
     err.print(f"[green]cluster up:[/] {len(spec.nodes)} nodes, all members up")
+    if not no_pipeline:
+        _start_pipeline(cluster_dir)
+
+
+def _start_pipeline(cluster_dir: Path) -> None:
+    from shardex.pipeline.process import LOG_FILE, pipeline_dir, pipeline_pid
+
+    pid = pipeline_pid(cluster_dir)
+    if pid is not None:
+        err.print(f"pipeline driver already running (pid {pid})")
+        return
+    child = lc.spawn_pipeline(cluster_dir)
+    err.print(
+        f"[green]pipeline driver starting[/] (pid {child.pid}); Spark takes ~20 s to come up; "
+        f"log: {pipeline_dir(cluster_dir) / LOG_FILE}"
+    )
 
 
 def _check_same(spec: cdir.ClusterSpec, nodes: int | None, base_port: int | None) -> None:
@@ -237,7 +258,9 @@ def stop(
 ) -> None:
     """SIGTERM every node, wait, then SIGKILL stragglers."""
     spec, _secret = _load(cluster_dir)
-    outcomes = lc.stop(cluster_dir, spec, timeout=timeout)
+    # The pipeline first: it stops its queries cleanly while the nodes still answer.
+    outcomes = [lc.stop_pipeline(cluster_dir, timeout=timeout)]
+    outcomes += lc.stop(cluster_dir, spec, timeout=timeout)
     table = Table(title=f"stop {cluster_dir}")
     for col in ("node", "pid", "result"):
         table.add_column(col)

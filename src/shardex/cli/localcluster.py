@@ -7,6 +7,7 @@ tools can reuse it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -69,6 +70,54 @@ def spawn(cluster_dir: Path, node: NodeSpec) -> subprocess.Popen[bytes]:
             start_new_session=True,
             close_fds=True,
         )
+
+
+def spawn_pipeline(
+    cluster_dir: Path, extra_args: list[str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start the cluster's pipeline driver detached (``shardex pipeline --dir``), output
+    appended to ``<cluster>/pipeline/stdout.log``."""
+    from shardex.pipeline.process import STDOUT_FILE, pipeline_dir
+
+    home = pipeline_dir(cluster_dir)
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.pop("SHARDEX_SECRET", None)
+    cmd = [sys.executable, "-m", "shardex.cli.main", "pipeline", "--dir", str(cluster_dir)]
+    cmd += extra_args or []
+    with open(home / STDOUT_FILE, "ab") as log:
+        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting the pipeline\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            cmd,
+            cwd=home,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def stop_pipeline(cluster_dir: Path, *, timeout: float, kill_wait: float = 5.0) -> StopOutcome:
+    """SIGTERM the pipeline driver (it stops its queries), SIGKILL it after ``timeout``."""
+    from shardex.pipeline.process import pipeline_pid
+
+    pid = pipeline_pid(cluster_dir)
+    if pid is None:
+        return StopOutcome("pipeline", None, "not running")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return StopOutcome("pipeline", pid, "not running")
+    _wait_gone({"pipeline": pid}, timeout)
+    if not pid_alive(pid):
+        return StopOutcome("pipeline", pid, "stopped")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _wait_gone({"pipeline": pid}, kill_wait)
+    return StopOutcome("pipeline", pid, "still running" if pid_alive(pid) else "killed")
 
 
 def probe_nodes(spec: ClusterSpec, secret: str, timeout: float = 2.0) -> list[ProbeResult]:

@@ -1,5 +1,5 @@
 """Index DDL from the client: ``execute_ddl``, ``create_index``, ``build_index``,
-``drop_index``, ``list_indexes``, ``wait_for_index``.
+``drop_index``, ``list_indexes``, ``wait_for_index``, ``stability``.
 
 A mixin of ``Client`` (kept apart only for module size). Statements and definitions are
 checked here first (syntax with line and column, expressions, names), so most mistakes fail
@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shardex.client.index_stats import IndexStats, gather_slices, has_slices, index_stats, seqnos
+from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.data.errors import BadRequest
 from shardex.errors import (
@@ -43,6 +45,7 @@ from shardex.manager.index_messages import (
     IndexesBuilding,
 )
 from shardex.manager.index_state import (
+    ACTIVE,
     ERROR,
     INDEX_STATES,
     PRIMARY_NAME,
@@ -52,6 +55,7 @@ from shardex.manager.index_state import (
 )
 from shardex.manager.index_validate import DEFAULT_PARTITIONED, check_index_name
 from shardex.manager.keyspaces import check_keyspace_name
+from shardex.manager.timekeeper_messages import StabilityReply, StabilityRequest
 from shardex.net.messages import Message
 from shardex.sql.ddl import (
     BuildIndexStmt,
@@ -62,6 +66,7 @@ from shardex.sql.ddl import (
 )
 
 if TYPE_CHECKING:
+    from shardex.client.routing import DataRouter
     from shardex.net import Connection
 
 __all__ = ["DDL_ATTEMPT_TIMEOUT", "DEFAULT_DDL_TIMEOUT", "IndexOps", "describe_index"]
@@ -76,11 +81,19 @@ _RETRY_REASONS = frozenset({"no_master", "not_master", "commit_failed", "deposed
 KeySpec = str | tuple[str, bool] | IndexKey
 
 
-def describe_index(rec: IndexRecord, topo: Topology | None, cas: int | None) -> dict[str, Any]:
+def describe_index(
+    rec: IndexRecord, topo: Topology | None, cas: int | None, stats: IndexStats | None = None
+) -> dict[str, Any]:
     """One index as a plain dict (what ``list_indexes`` returns; JSON-ready but for the int
-    keys of ``partitions`` and the timestamps)."""
+    keys of ``partitions`` and the timestamps). ``stats``: the indexers' (stability seqnos,
+    items) for the index (``index_stats``); without them, the record's own values.
+    ``stability_ts`` is data partition -> seqno (``None``: nothing published yet)."""
     d = rec.definition
     assignment = dict(sorted(topo.assignment.items())) if topo is not None else {}
+    if stats is not None:
+        stability, items, source = stats[0], stats[1], "indexers"
+    else:
+        stability, items, source = seqnos(rec.stability_ts), rec.items_count, "state"
     return {
         "id": d.id,
         "name": d.name,
@@ -98,9 +111,10 @@ def describe_index(rec: IndexRecord, topo: Topology | None, cas: int | None) -> 
         "is_primary": d.is_primary,
         "defer_build": rec.defer_build,
         "build_ts": _ts(rec.build_ts),
-        "stability_ts": _ts(rec.stability_ts),
-        "items_count": rec.items_count,
-        "progress": rec.progress,
+        "stability_ts": stability,
+        "items_count": items,
+        "stats_source": source,
+        "progress": 1.0 if rec.state == ACTIVE else rec.progress,
     }
 
 
@@ -125,6 +139,7 @@ class IndexOps:
 
     if TYPE_CHECKING:
         request_timeout: float
+        _router: DataRouter
 
         def _run(self, coro: Coroutine[Any, Any, T]) -> T: ...
 
@@ -242,19 +257,49 @@ class IndexOps:
 
     # -- reads ------------------------------------------------------------------------------
 
-    def list_indexes(self, keyspace: str | None = None, *, fresh: bool = True) -> list[dict]:
+    def list_indexes(
+        self, keyspace: str | None = None, *, fresh: bool = True, stats: bool = True
+    ) -> list[dict]:
         """Indexes (of ``keyspace``, or all) with state, CAS, partitions and nodes, sorted by
         keyspace and name. ``fresh``: as of the master's last commit; otherwise the connected
         node's own replica (what that node would answer; the cluster tests compare them).
-        ``cas`` is the CAS of the state read."""
+        ``cas`` is the CAS of the state read. ``stats``: also ask the indexers for each
+        index's published stability TS and entry count (``client/index_stats.py``; falls back
+        to the record's values for an index whose indexers do not all answer)."""
+        return self._run(self._list_indexes(keyspace, fresh, stats))
+
+    async def _list_indexes(self, keyspace: str | None, fresh: bool, stats: bool) -> list[dict]:
         msg = StateRequest(sections=["indexes", "index_topologies"], fresh=fresh)
-        state = self._run(self._request(msg, StateReply, True)).state
-        out = [
-            describe_index(rec, latest_index_topology(state.index_topologies, rec.id), state.cas)
+        state = (await self._request(msg, StateReply, True)).state
+        listed = [
+            (rec, latest_index_topology(state.index_topologies, rec.id))
             for rec in state.indexes.values()
             if keyspace is None or rec.keyspace == keyspace
         ]
+        wanted: dict[str, set[str]] = {}
+        if stats:
+            for rec, topo in listed:
+                if topo is not None and has_slices(rec):
+                    for node in topo.assignment.values():
+                        wanted.setdefault(node, set()).add(rec.id)
+        slices = await gather_slices(self._router, wanted) if wanted else {}
+        out = [
+            describe_index(
+                rec,
+                topo,
+                state.cas,
+                index_stats(rec.id, topo, slices) if has_slices(rec) else None,
+            )
+            for rec, topo in listed
+        ]
         return sorted(out, key=lambda d: (d["keyspace"], d["name"]))
+
+    def stability(self, keyspace: str) -> dict[str, Timestamp]:
+        """Index id -> the stability TS the connected node's timekeeper last published for
+        the indexes of ``keyspace`` (held in that node's memory: the node the pipeline talks
+        to knows; the others may hold nothing). The node must run the manager service."""
+        reply = self._run(self._request(StabilityRequest(keyspace=keyspace), StabilityReply, True))
+        return {i: Timestamp.from_wire(ts) for i, ts in reply.stability.items()}
 
     def wait_for_index(
         self,

@@ -60,11 +60,9 @@ class RebalanceOps:
 
     if TYPE_CHECKING:
         # provided by the concrete class this is mixed into; declared for type checkers only
-        def _call(self, msg: Message, expect: type[M], *, idempotent: bool = True) -> M:
-            ...
+        def _call(self, msg: Message, expect: type[M], *, idempotent: bool = True) -> M: ...
 
-        def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-            ...
+        def _run(self, coro: Coroutine[Any, Any, T]) -> T: ...
 
     def rebalance(
         self,

@@ -24,14 +24,16 @@ from shardex.net.messages import Message
 
 __all__ = [
     "MAX_ROWS_PER_FRAME",
-    "Delivered",
     "DeliverKeyVersions",
+    "Delivered",
     "LoadChunk",
     "LoadChunkAck",
     "LoadFinish",
     "LoadFinished",
     "PublishStability",
+    "ReadSlice",
     "SliceAck",
+    "SliceEntries",
     "StabilityPublished",
     "StabilizeSlices",
     "Stabilized",
@@ -115,7 +117,8 @@ class LoadChunk(Message, tag="index.LoadChunk"):
 
 class LoadChunkAck(Message, tag="index.LoadChunkAck"):
     node: str
-    rows: int  # rows held for this load so far
+    rows: int  # rows held for this load so far (one per docid)
+    incarnation: str = ""  # the indexer process that holds them (pass it to LoadFinish)
 
 
 class LoadFinish(Message, tag="index.LoadFinish"):
@@ -126,6 +129,9 @@ class LoadFinish(Message, tag="index.LoadFinish"):
     index_id: str
     partition: int
     ts0: WireTs
+    # The incarnation every chunk of this load was acknowledged by ("" = no chunk was sent
+    # to this node): a restarted indexer lost the rows and refuses (``STALE_DELIVERY``).
+    incarnation: str = ""
 
 
 class LoadFinished(Message, tag="index.LoadFinished"):
@@ -133,3 +139,21 @@ class LoadFinished(Message, tag="index.LoadFinished"):
     index_id: str
     partition: int
     items_count: int
+
+
+class ReadSlice(Message, tag="index.ReadSlice"):
+    """A local read of one slice's raw entries (``key + 02 + docid``) in key order, at a
+    snapshot TS (one of the last K the slice keeps) or at the tip: what tests and the oracle
+    use until the scan service exists. Pages: pass the last entry of a page as ``after``."""
+
+    index_id: str
+    partition: int
+    snapshot_ts: WireTs | None = None
+    after: bytes | None = None
+    limit: int = 100_000
+
+
+class SliceEntries(Message, tag="index.SliceEntries"):
+    node: str
+    entries: list[bytes]
+    more: bool = False

@@ -8,25 +8,34 @@ The node's index service (wire layer, later) is a thin shell over this class:
   up to ``ts`` in **one** atomic batch (one WAL fsync for the node, not one per slice), then
   each snapshots; the acks go back to the timekeeper;
 * ``scan`` for the scan service; ``applied_ts`` for the pipeline to resume from after a crash;
-* ``bulk_load`` for initial builds; ``rollback_to`` / ``reset`` for rollbacks;
+* ``stabilize_many(index_ids, ts)``: the same for several indexes in one batch (the
+  timekeeper's round for a keyspace); slices that are loading or need a rebuild are reported,
+  not stabilised;
+* ``bulk_load`` for initial builds, or load sessions fed chunk by chunk over the wire
+  (``load_chunk`` ... ``load_finish``, memory only: a restart loses them and the slice, left
+  ``loading``, becomes ``needs_rebuild``); ``rollback_to`` / ``reset`` for rollbacks;
   ``purge_tombstones`` once a TS is stable everywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition, validate_definition
-from shardex.index.keyversion import KeyVersion
+from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.index.records import (
     META_KEY,
+    STATE_ACTIVE,
+    STATE_CREATED,
+    STATE_LOADING,
     SliceMeta,
     cf_names,
     decode_meta,
@@ -37,9 +46,17 @@ from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS, Slice, StabilizeAck
 from shardex.index.spans import Span
 from shardex.storage import Store
 
-__all__ = ["EnqueueResult", "IndexerEngine"]
+__all__ = [
+    "STABILIZABLE",
+    "EnqueueResult",
+    "IndexerEngine",
+    "LoadSession",
+    "SliceReport",
+    "StabilizeManyResult",
+]
 
 _NOTHING = SeqnoEntry(0, 0)
+STABILIZABLE = frozenset({STATE_CREATED, STATE_ACTIVE})  # states a stabilise applies to
 
 
 @dataclass(slots=True)
@@ -50,6 +67,36 @@ class EnqueueResult:
     accepted: int = 0
     dropped: int = 0
     unknown: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SliceReport:
+    """A slice after ``stabilize_many``: ``ack`` is None when it was not stabilised (its
+    ``state`` is loading or needs_rebuild)."""
+
+    index_id: str
+    partition: int
+    state: str
+    applied: Timestamp
+    items_count: int
+    ack: StabilizeAck | None
+
+
+@dataclass(slots=True)
+class StabilizeManyResult:
+    slices: list[SliceReport] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # index ids with no local slice
+
+
+@dataclass(slots=True)
+class LoadSession:
+    """An initial build's rows for one slice, held until ``load_finish``: docid -> its
+    UPSERT row with the highest seqno (a repeated chunk adds nothing)."""
+
+    ts0: Timestamp
+    rows: dict[str, KeyVersion] = field(default_factory=dict)
+    docs: int = 0  # documents reported by the chunks (repeated chunks count again)
+    chunks: int = 0
 
 
 class IndexerEngine:
@@ -67,6 +114,9 @@ class IndexerEngine:
         self.sync = sync
         self._lock = threading.Lock()
         self._slices: dict[tuple[str, int], Slice] = {}
+        self._load_lock = threading.Lock()
+        self._loads: dict[tuple[str, int], LoadSession] = {}
+        self._loaded: dict[tuple[str, int], Timestamp] = {}  # T0 of the last finished load
         for name in self.store.column_families():
             parsed = parse_cf_name(name)
             if parsed is None or parsed[2] != "m":
@@ -110,10 +160,13 @@ class IndexerEngine:
             return sl
 
     def drop_index(self, index_id: str) -> int:
-        """Drop every local slice of an index (its column families); returns how many."""
-        with self._lock:
+        """Drop every local slice of an index (its column families) and its load sessions;
+        returns how many."""
+        with self._lock, self._load_lock:
             keys = [k for k in self._slices if k[0] == index_id]
             for k in keys:
+                self._loads.pop(k, None)
+                self._loaded.pop(k, None)
                 sl = self._slices.pop(k)
                 sl.close()
                 for name in cf_names(*k):
@@ -135,15 +188,16 @@ class IndexerEngine:
         return [s for k, s in sorted(self._slices.items()) if index_id is None or k[0] == index_id]
 
     # -- maintenance stream -----------------------------------------------------------------
-    def enqueue(self, rows: Iterable[KeyVersion]) -> EnqueueResult:
-        """Queue the router's rows for this node into their slices (duplicates dropped)."""
+    def enqueue(self, rows: Iterable[KeyVersion], *, keyspace: str | None = None) -> EnqueueResult:
+        """Queue the router's rows for this node into their slices (duplicates dropped).
+        With ``keyspace``, rows naming an index of another keyspace count as unknown."""
         groups: dict[tuple[str, int], list[KeyVersion]] = defaultdict(list)
         for row in rows:
             groups[(row[0], row[1])].append(row)
         res = EnqueueResult()
         for key, group in groups.items():
             sl = self._slices.get(key)
-            if sl is None:
+            if sl is None or (keyspace is not None and sl.definition.keyspace != keyspace):
                 res.unknown += len(group)
                 continue
             n = sl.enqueue(group)
@@ -167,19 +221,42 @@ class IndexerEngine:
                 code=ErrorCode.INDEX_NOT_FOUND,
                 details={"index": index_id},
             )
-        for s in slices:  # (index, partition) order: no lock-order inversion
-            s.lock.acquire()
-        try:
-            batch = self.store.batch()
-            pending = [s.prepare(ts, batch) for s in slices]
-            if any(p.meta is not None for p in pending):
-                self.store.write(batch, sync=self.sync)
-            for s, p in zip(slices, pending, strict=True):
-                s.commit(p)
-            return [p.ack for p in pending]
-        finally:
-            for s in reversed(slices):
-                s.lock.release()
+        with _locked(slices):
+            return self._stabilize_locked(slices, ts)
+
+    def stabilize_many(self, index_ids: Iterable[str], ts: Timestamp) -> StabilizeManyResult:
+        """Apply every local slice of every index in ``index_ids`` that is ``created`` or
+        ``active`` up to ``ts`` in ONE atomic batch (one synced write for all of them), then
+        snapshot each. Slices ``loading`` or ``needs_rebuild`` are reported, not touched; ids
+        without a local slice (never here, or dropped meanwhile) are ``missing``. A slice
+        refusing ``ts`` (it goes backwards) fails the whole call and nothing is written."""
+        wanted = sorted(set(index_ids))
+        slices = [s for i in wanted for s in self.slices(i)]
+        with _locked(slices):
+            # Dropped between listing and locking: as if never here.
+            live = [s for s in slices if self._slices.get((s.index_id, s.partition)) is s]
+            todo = [s for s in live if s.state in STABILIZABLE]
+            acks = dict(zip(todo, self._stabilize_locked(todo, ts), strict=True))
+            held = {s.index_id for s in live}
+            return StabilizeManyResult(
+                slices=[
+                    SliceReport(
+                        s.index_id, s.partition, s.state, s.applied_ts(), s.items_count, acks.get(s)
+                    )
+                    for s in live
+                ],
+                missing=[i for i in wanted if i not in held],
+            )
+
+    def _stabilize_locked(self, slices: list[Slice], ts: Timestamp) -> list[StabilizeAck]:
+        """One batch for ``slices`` (locked by the caller), one write, then each commits."""
+        batch = self.store.batch()
+        pending = [s.prepare(ts, batch) for s in slices]
+        if any(p.meta is not None for p in pending):
+            self.store.write(batch, sync=self.sync)
+        for s, p in zip(slices, pending, strict=True):
+            s.commit(p)
+        return [p.ack for p in pending]
 
     def applied_ts(self, index_id: str) -> dict[int, Timestamp]:
         """Applied TS per local slice of the index: the pipeline resumes from the minimum."""
@@ -209,6 +286,129 @@ class IndexerEngine:
         use_sst: bool | None = None,
     ) -> str:
         return self.slice(index_id, partition).bulk_load(rows, ts0, use_sst=use_sst)
+
+    def load_session(self, index_id: str, partition: int) -> LoadSession | None:
+        return self._loads.get((index_id, partition))
+
+    def load_chunk(
+        self,
+        index_id: str,
+        partition: int,
+        ts0: Timestamp,
+        rows: Iterable[KeyVersion],
+        docs: int = 0,
+    ) -> int:
+        """Add an initial build's rows (UPSERTs of the snapshot at ``ts0``) to the slice's
+        load session; returns the rows held (one per docid, so a repeated chunk adds
+        nothing). The first chunk at ``ts0`` opens the session (``_open``). A slice whose
+        load at ``ts0`` already finished acknowledges without holding anything (a retried
+        chunk) and returns its items count."""
+        sl = self.slice(index_id, partition)
+        with self._load_lock, sl.lock:
+            session = self._open(sl, ts0)
+            if session is None:
+                return sl.items_count
+            held = session.rows
+            for row in rows:
+                if row[0] != index_id or row[1] != partition:
+                    raise ShardexError(
+                        f"a load chunk for slice {index_id}/{partition} holds a row of "
+                        f"slice {row[0]}/{row[1]}",
+                        code=ErrorCode.BAD_REQUEST,
+                        details={"index": index_id, "partition": partition, "row": repr(row)},
+                    )
+                if row[2] != UPSERT:
+                    continue  # a snapshot has nothing to remove (bulk.sorted_load_rows)
+                cur = held.get(row[4])
+                if cur is None or row[6] > cur[6]:
+                    held[row[4]] = row
+            session.docs += docs
+            session.chunks += 1
+            return len(held)
+
+    def load_finish(self, index_id: str, partition: int, ts0: Timestamp) -> int:
+        """Write the session's rows (``bulk_load``: sorted, SST when large), record ``ts0``
+        as applied; the slice becomes active and the session is dropped. Returns the
+        slice's items count. Without a session the slice loads empty (it was sent no row).
+        A finish of a load that already finished does nothing (a retry)."""
+        sl = self.slice(index_id, partition)
+        key = (index_id, partition)
+        with self._load_lock, sl.lock:
+            session = self._open(sl, ts0)
+            if session is None:
+                return sl.items_count
+            sl.bulk_load(session.rows.values(), ts0)
+            self._loads.pop(key, None)
+            self._loaded[key] = ts0
+            return sl.items_count
+
+    def _open(self, sl: Slice, ts0: Timestamp) -> LoadSession | None:
+        """The load session at ``ts0`` of a slice (locked by the caller); None when the
+        load at ``ts0`` already finished (the slice is active, its last load or its applied
+        TS at ``ts0``). Opening one puts the slice in ``loading`` (durably). A load at
+        another T0 than the held session's restarts (the slice is emptied, the old rows
+        dropped), unless the held T0 covers the new one (a stale request of an abandoned
+        build: refused). A ``needs_rebuild`` slice restarts too. An ``active`` slice, or a
+        session whose slice was rolled back meanwhile, refuses."""
+        key = (sl.index_id, sl.partition)
+        session = self._loads.get(key)
+        if session is not None and session.ts0 == ts0:
+            if sl.state != STATE_LOADING:  # rollback_to during the load: its rows are void
+                raise ShardexError(
+                    f"slice {sl.index_id}/{sl.partition} was rolled back during its load at "
+                    f"{ts0!r}",
+                    code=ErrorCode.INDEX_IN_ROLLBACK,
+                    details={
+                        "index": sl.index_id,
+                        "partition": sl.partition,
+                        "state": sl.state,
+                        "hint": "restart the build at a T0 of the new history",
+                    },
+                )
+            return session
+        if session is None and self._finished_at(sl, ts0):
+            return None
+        self._check_restart(sl, session, ts0)
+        sl.begin_load(ts0, restart=True)
+        self._loaded.pop(key, None)
+        session = self._loads[key] = LoadSession(ts0)
+        return session
+
+    def _finished_at(self, sl: Slice, ts0: Timestamp) -> bool:
+        if sl.state != STATE_ACTIVE:
+            return False
+        return self._loaded.get((sl.index_id, sl.partition)) == ts0 or sl.applied_ts() == ts0
+
+    @staticmethod
+    def _check_restart(sl: Slice, session: LoadSession | None, ts0: Timestamp) -> None:
+        name = f"{sl.index_id}/{sl.partition}"
+        if session is not None and session.ts0.covers(ts0):
+            raise ShardexError(
+                f"load of slice {name} at {ts0!r} is older than the load in progress "
+                f"at {session.ts0!r}",
+                code=ErrorCode.BAD_REQUEST,
+                details={
+                    "index": sl.index_id,
+                    "partition": sl.partition,
+                    "ts0": ts0.to_json(),
+                    "session_ts0": session.ts0.to_json(),
+                    "hint": "a stale request of an abandoned build: drop it",
+                },
+            )
+        if sl.state == STATE_ACTIVE:
+            raise ShardexError(
+                f"slice {name} is active at {sl.applied_ts()!r}: it cannot load at {ts0!r}",
+                code=ErrorCode.BAD_REQUEST,
+                details={
+                    "index": sl.index_id,
+                    "partition": sl.partition,
+                    "state": sl.state,
+                    "applied": sl.applied_ts().to_json(),
+                    "ts0": ts0.to_json(),
+                    "hint": "an initial build needs a created slice (or one that needs a "
+                    "rebuild); a slice the maintenance stream already stabilised is built",
+                },
+            )
 
     def rollback_to(self, keyspace: str, partition: int, seqno: int) -> list[Slice]:
         """Data partition ``partition`` of ``keyspace`` rolled back to ``seqno``: returns the
@@ -263,6 +463,7 @@ class IndexerEngine:
             for s in self._slices.values():
                 s.close()
             self._slices.clear()
+            self._loads.clear()
         self.store.close()
 
     def __enter__(self) -> IndexerEngine:
@@ -270,3 +471,19 @@ class IndexerEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _locked(slices: list[Slice]) -> Iterator[None]:
+    """Hold the locks of ``slices``, taken in (index, partition) order: no lock-order
+    inversion between concurrent stabilises."""
+    ordered = sorted(slices, key=lambda s: (s.index_id, s.partition))
+    taken: list[Slice] = []
+    try:
+        for s in ordered:
+            s.lock.acquire()
+            taken.append(s)
+        yield
+    finally:
+        for s in reversed(taken):
+            s.lock.release()

@@ -3,7 +3,8 @@
 Seed steps 8-11: the coordinator sends ``AllocateSlices`` to every indexer in a new index's
 topology; the indexer creates the slices (column families and local metadata, durable) and
 answers ``SlicesAllocated``. ``DropSlices`` removes every local slice of an index.
-``ListSlices`` says what a node holds (tests, diagnostics, the cluster test's resync check).
+``ListSlices`` says what a node holds (tests, diagnostics, the cluster test's resync check,
+the pipeline's progress: applied TS, entries, queue, load sessions).
 All three are idempotent: a retried request changes nothing more.
 """
 
@@ -51,7 +52,7 @@ class SlicesDropped(Message, tag="index.SlicesDropped"):
 
 
 class ListSlices(Message, tag="index.ListSlices"):
-    pass
+    index_id: str | None = None  # only this index's slices (None: all)
 
 
 class SliceInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +61,13 @@ class SliceInfo(msgspec.Struct, frozen=True, kw_only=True):
     keyspace: str
     partition: int
     state: str  # the slice's local state (created, loading, active, needs_rebuild)
+    applied: dict[int, tuple[int, int]] = msgspec.field(default_factory=dict)  # wire TS
+    # The stability TS last published to this node for the index (None: none since start).
+    stability: dict[int, tuple[int, int]] | None = None
+    items_count: int = 0
+    queued: int = 0  # key versions in the mutation queue
+    load_rows: int = 0  # rows held by a load session in progress (one per docid)
+    load_docs: int = 0  # documents its chunks reported
 
 
 class SliceList(Message, tag="index.SliceList"):

@@ -1,4 +1,9 @@
-"""The index service of an indexer node: the local ``IndexerEngine`` on the wire, for DDL.
+"""The index service of an indexer node: the local ``IndexerEngine`` on the wire.
+
+DDL here; the pipeline's routes (delivery, stabilise, publish, initial loads) are
+``shardex.index.delivery.IndexDelivery``, which the service composes and installs. The
+service picks a random ``incarnation`` at every start: the mutation queues live in memory, so
+a delivery is only good for the incarnation that queued it.
 
 One engine per node in ``<data-dir>/index`` (RocksDB). The DDL coordinator allocates and
 drops slices here (``AllocateSlices``, ``DropSlices``: seed steps 8-11 and DROP INDEX); both
@@ -34,6 +39,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +47,11 @@ from typing import Any, Protocol, TypeVar
 
 from shardex.errors import NodeUnavailable, ShardexError
 from shardex.index.definition import IndexDefinition
+from shardex.index.delivery import IndexDelivery, describe_slices
 from shardex.index.messages import (
     AllocateSlices,
     DropSlices,
     ListSlices,
-    SliceInfo,
     SliceList,
     SlicesAllocated,
     SlicesDropped,
@@ -120,7 +126,8 @@ def plan_reconcile(node: str, state: StateContext, held: dict[str, set[int]]) ->
 
 
 class IndexService:
-    """Routes of the index service (DDL part) plus slice reconciliation."""
+    """Routes of the index service (DDL, and the pipeline's via ``delivery``) plus slice
+    reconciliation."""
 
     def __init__(
         self,
@@ -153,6 +160,8 @@ class IndexService:
         self._reconcile_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.reconciled = asyncio.Event()  # set after the first successful reconcile
+        self.incarnation = uuid.uuid4().hex  # a new one at every start
+        self.delivery = IndexDelivery(self)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -168,9 +177,11 @@ class IndexService:
         server.route(AllocateSlices, self._on_allocate)
         server.route(DropSlices, self._on_drop)
         server.route(ListSlices, self._on_list)
+        self.delivery.install(server)
 
     async def start(self) -> None:
         """Open the engine, then reconcile in the background; call before serving."""
+        self.incarnation = uuid.uuid4().hex
         if not self.inline_io:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix=f"index-io-{self.name}"
@@ -181,7 +192,12 @@ class IndexService:
             coord.on_change(lambda *_args: self._reconcile_now.set())
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._reconcile_loop(), name="index-reconcile"))
-        log.info("index service of %s: %d slice(s)", self.name, len(self._engine.slices()))
+        log.info(
+            "index service of %s (incarnation %s): %d slice(s)",
+            self.name,
+            self.incarnation,
+            len(self._engine.slices()),
+        )
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -240,21 +256,14 @@ class IndexService:
     async def _on_drop(self, msg: DropSlices, conn: Connection) -> SlicesDropped:
         async with self._lock:
             dropped = await self._run(self.engine.drop_index, msg.index_id)
+        self.delivery.forget(msg.index_id)
         if dropped:
             log.info("dropped %d slice(s) of index %s", dropped, msg.index_id)
         return SlicesDropped(node=self.name, index_id=msg.index_id, dropped=dropped)
 
     async def _on_list(self, msg: ListSlices, conn: Connection) -> SliceList:
-        infos = [
-            SliceInfo(
-                index_id=s.definition.id,
-                name=s.definition.name,
-                keyspace=s.definition.keyspace,
-                partition=s.partition,
-                state=str(getattr(s, "state", "")),
-            )
-            for s in self.engine.slices()
-        ]
+        engine = self.engine
+        infos = await self._run(describe_slices, engine, msg.index_id, self.delivery.published.get)
         return SliceList(node=self.name, slices=infos)
 
     # --- reconciliation ----------------------------------------------------------------------
@@ -303,6 +312,7 @@ class IndexService:
                 for index_id in confirmed:
                     log.info("reconcile: dropping the slices of index %s", index_id)
                     await self._run(self.engine.drop_index, index_id)
+                    self.delivery.forget(index_id)
                     drops.append(index_id)
         return ReconcilePlan(create=plan.create, drop=drops)
 

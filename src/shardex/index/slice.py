@@ -366,23 +366,31 @@ class Slice:
         return {k.decode("utf-8"): tuple(decode_back(v)) for k, v in self._back.iterate()}
 
     # -- initial build ------------------------------------------------------------------------
-    def begin_load(self, ts0: Timestamp) -> None:
+    def begin_load(self, ts0: Timestamp, *, restart: bool = False) -> None:
         """Enter ``loading`` at T0 (durably): from now on key versions with seqno <= T0[p]
-        are dropped at enqueue, later ones queue up until the load is done."""
+        are dropped at enqueue, later ones queue up until the load is done. Idempotent for
+        the same T0. ``restart``: a slice ``loading`` (at another T0) or ``needs_rebuild``
+        is emptied first (a restarted build); queued versions above T0 are kept."""
         with self.lock:
             if self.state == STATE_LOADING and self._meta.load_ts == dict(ts0.to_wire()):
                 return
-            if self.state != STATE_CREATED:
+            torn = self.state in (STATE_LOADING, STATE_NEEDS_REBUILD)
+            if self.state != STATE_CREATED and not (restart and torn):
                 raise _err(
                     ErrorCode.BAD_REQUEST,
                     f"slice {self._name()} is {self.state}: a load needs an empty slice",
                     hint="reset() it first",
                 )
-            self._write_meta(
-                msgspec.structs.replace(
-                    self._meta, state=STATE_LOADING, load_ts=dict(ts0.to_wire())
-                )
+            meta = SliceMeta(
+                definition=self.definition,
+                partition=self.partition,
+                state=STATE_LOADING,
+                load_ts=dict(ts0.to_wire()),
             )
+            if torn:  # storage of a torn load or of a rolled-back history: start empty
+                self._empty(meta)
+            else:
+                self._write_meta(meta)
             self._drop_queued_upto(ts0)
 
     def bulk_load(
@@ -463,17 +471,20 @@ class Slice:
         """Empty the slice (entries, back index, meta, queue, snapshots): back to ``created``,
         ready for an initial build."""
         with self.lock:
-            batch = self.store.batch()
-            for cf in (self._entries, self._back, self._meta_cf):
-                batch.delete_range(cf, *_ALL)
-            meta = SliceMeta(definition=self.definition, partition=self.partition)
-            batch.put(self._meta_cf, META_KEY, encode_meta(meta))
-            self.store.write(batch, sync=True)
-            self._meta = meta
-            self._applied = Timestamp()
+            self._empty(SliceMeta(definition=self.definition, partition=self.partition))
             self._queue.clear()
             self._hwm.clear()
-            self._snapshots.release_all()
+
+    def _empty(self, meta: SliceMeta) -> None:
+        """Delete entries, back index and meta, then write ``meta`` (one durable batch)."""
+        batch = self.store.batch()
+        for cf in (self._entries, self._back, self._meta_cf):
+            batch.delete_range(cf, *_ALL)
+        batch.put(self._meta_cf, META_KEY, encode_meta(meta))
+        self.store.write(batch, sync=True)
+        self._meta = meta
+        self._applied = Timestamp()
+        self._snapshots.release_all()
 
     def close(self) -> None:
         """Release snapshots and the column-family handles (they keep RocksDB open)."""

@@ -7,7 +7,7 @@ import msgspec
 from shardex.index.delivery_messages import WireTs
 from shardex.net.messages import Message
 
-__all__ = ["AdvanceStability", "StabilityAdvanced", "StabilityRequest", "StabilityReply"]
+__all__ = ["AdvanceStability", "StabilityAdvanced", "StabilityReply", "StabilityRequest"]
 
 
 class AdvanceStability(Message, tag="manager.AdvanceStability"):

@@ -22,6 +22,7 @@ from shardex.manager.keyspaces import register_keyspace_ops
 from shardex.manager.membership import Membership, MemberStore
 from shardex.manager.rebalance import Rebalancer
 from shardex.manager.state import MemoryStateStore, StateStore
+from shardex.manager.timekeeper import Timekeeper
 from shardex.net import Connection, RpcServer
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
@@ -134,10 +135,21 @@ class Node:
             )
             self.index.install(self.server)
         self.index_ddl: IndexDDL | None = None
+        # The timekeeper (end of each pipeline micro-batch): on every manager node, reading
+        # its local replica of the state.
+        self.timekeeper: Timekeeper | None = None
         if self.coordinator is not None:
             register_keyspace_ops(self.coordinator)
             self.index_ddl = register_index_ddl(self.coordinator)
             Rebalancer(self.coordinator).register()
+            self.timekeeper = Timekeeper(
+                transport=transport,
+                secret=secret,
+                name=name,
+                coordinator=lambda: self.coordinator,
+                membership=lambda: self.membership,
+            )
+            self.timekeeper.install(self.server)
 
     @property
     def address(self) -> str:
@@ -184,6 +196,8 @@ class Node:
         )
 
     async def stop(self) -> None:
+        if self.timekeeper is not None:
+            await self.timekeeper.stop()
         if self.coordinator is not None:
             await self.coordinator.stop()
         # Membership first: no heartbeat may go out from a node that is closing its listener.

@@ -1,0 +1,236 @@
+"""The index pipeline's side of an indexer: delivery, stabilise, publish, initial loads.
+
+``IndexDelivery`` holds the handlers ``IndexService`` installs next to its DDL routes
+(messages in ``shardex.index.delivery_messages``; protocol in ``docs/decisions.md``, "Index
+pipeline"). Every handler makes **one** engine call through the service's I/O thread, so it
+is atomic with respect to the DDL calls (allocate, drop) and to the other handlers.
+
+* ``DeliverKeyVersions`` -> ``IndexerEngine.enqueue``: rows of a slice this node does not
+  host (dropped meanwhile, another keyspace) are counted ``unknown``; re-deliveries
+  ``dropped``. The reply names this process's ``incarnation``.
+* ``StabilizeSlices`` -> ``IndexerEngine.stabilize_many``: one atomic, synced write for every
+  listed index. It is refused with ``STALE_DELIVERY`` when the pipeline delivered the batch to
+  another incarnation (this process restarted since: the queue it filled is gone). Slices
+  loading or needing a rebuild are acknowledged with their state, not stabilised; indexes
+  without a local slice are ``missing``.
+* ``PublishStability``: the stability TS per index, held in memory (a restart forgets it
+  until the next publish). Monotonic: a TS the held one covers is ignored; any other TS
+  replaces it (newer, or on a new history branch after a rollback).
+* ``LoadChunk`` / ``LoadFinish`` -> ``IndexerEngine.load_chunk`` / ``load_finish`` (load
+  sessions live in the engine, in memory). A ``LoadFinish`` naming another incarnation than
+  this one is refused with ``STALE_DELIVERY``: the chunks it counts on died with the process
+  that held them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.delivery_messages import (
+    Delivered,
+    DeliverKeyVersions,
+    LoadChunk,
+    LoadChunkAck,
+    LoadFinish,
+    LoadFinished,
+    PublishStability,
+    SliceAck,
+    StabilityPublished,
+    Stabilized,
+    StabilizeSlices,
+)
+from shardex.index.messages import SliceInfo
+from shardex.net import Connection, RpcServer
+
+if TYPE_CHECKING:
+    from shardex.index.engine import IndexerEngine, StabilizeManyResult
+    from shardex.index.service import IndexService
+
+__all__ = ["IndexDelivery", "describe_slices"]
+
+log = logging.getLogger(__name__)
+
+
+class IndexDelivery:
+    """The pipeline's routes of one indexer node, over its ``IndexService``."""
+
+    def __init__(self, service: IndexService) -> None:
+        self.service = service
+        self.published: dict[str, Timestamp] = {}  # index id -> stability TS
+
+    @property
+    def node(self) -> str:
+        return self.service.name
+
+    def install(self, server: RpcServer) -> None:
+        server.route(DeliverKeyVersions, self.on_deliver)
+        server.route(StabilizeSlices, self.on_stabilize)
+        server.route(PublishStability, self.on_publish)
+        server.route(LoadChunk, self.on_load_chunk)
+        server.route(LoadFinish, self.on_load_finish)
+
+    def forget(self, index_id: str) -> None:
+        """The index's slices were dropped here."""
+        self.published.pop(index_id, None)
+
+    def _engine(self) -> IndexerEngine:
+        engine: Any = self.service.engine
+        if not hasattr(engine, "stabilize_many"):
+            raise ShardexError(
+                f"the index engine of {self.node} does not take deliveries",
+                code=ErrorCode.BAD_REQUEST,
+                details={"node": self.node, "engine": type(engine).__name__},
+            )
+        result: IndexerEngine = engine
+        return result
+
+    def _check_incarnation(
+        self, theirs: str, what: str, hint: str, details: dict[str, Any]
+    ) -> None:
+        mine = self.service.incarnation
+        if theirs and theirs != mine:
+            raise ShardexError(
+                f"indexer {self.node} restarted: {what} was for incarnation {theirs}, this is "
+                f"incarnation {mine}; the rows delivered to the old one are lost",
+                code=ErrorCode.STALE_DELIVERY,
+                details={
+                    "node": self.node,
+                    "incarnation": mine,
+                    "expected": theirs,
+                    **details,
+                    "hint": hint,
+                },
+            )
+
+    # --- maintenance stream ------------------------------------------------------------------
+
+    async def on_deliver(self, msg: DeliverKeyVersions, conn: Connection) -> Delivered:
+        engine = self._engine()
+        res = await self.service._run(lambda: engine.enqueue(msg.rows, keyspace=msg.keyspace))
+        if res.unknown:
+            log.info(
+                "batch %d of %s: %d row(s) for slices not on %s",
+                msg.batch_id,
+                msg.keyspace,
+                res.unknown,
+                self.node,
+            )
+        return Delivered(
+            node=self.node,
+            incarnation=self.service.incarnation,
+            accepted=res.accepted,
+            dropped=res.dropped,
+            unknown=res.unknown,
+        )
+
+    async def on_stabilize(self, msg: StabilizeSlices, conn: Connection) -> Stabilized:
+        self._check_incarnation(
+            msg.incarnation,
+            "the stabilise's delivery",
+            "re-deliver the batch from the indexer's applied TS, then stabilise again",
+            {"keyspace": msg.keyspace, "index_ids": msg.index_ids[:20]},
+        )
+        engine = self._engine()
+        ts = Timestamp.from_wire(msg.ts)
+
+        def run() -> StabilizeManyResult:
+            for index_id in msg.index_ids:
+                for s in engine.slices(index_id):
+                    if s.definition.keyspace != msg.keyspace:
+                        raise ShardexError(
+                            f"index {index_id} is in keyspace {s.definition.keyspace}, "
+                            f"not {msg.keyspace}",
+                            code=ErrorCode.BAD_REQUEST,
+                            details={"index": index_id, "keyspace": msg.keyspace},
+                        )
+            return engine.stabilize_many(msg.index_ids, ts)
+
+        res = await self.service._run(run)
+        acks = [
+            SliceAck(
+                index_id=r.index_id,
+                partition=r.partition,
+                applied=dict(r.applied.to_wire()),
+                items_count=r.items_count,
+                state=r.state,
+            )
+            for r in res.slices
+        ]
+        return Stabilized(
+            node=self.node, incarnation=self.service.incarnation, acks=acks, missing=res.missing
+        )
+
+    async def on_publish(self, msg: PublishStability, conn: Connection) -> StabilityPublished:
+        engine = self.service.engine
+        hosted = await self.service._run(lambda: {s.definition.id for s in engine.slices()})
+        for index_id, wire in msg.stability.items():
+            if index_id not in hosted:
+                continue  # dropped here (or never here): nothing to serve scans of
+            ts = Timestamp.from_wire(wire)
+            held = self.published.get(index_id)
+            if held is None or not held.covers(ts):
+                self.published[index_id] = ts
+        return StabilityPublished(node=self.node)
+
+    # --- initial builds ----------------------------------------------------------------------
+
+    async def on_load_chunk(self, msg: LoadChunk, conn: Connection) -> LoadChunkAck:
+        engine = self._engine()
+        ts0 = Timestamp.from_wire(msg.ts0)
+        rows = await self.service._run(
+            lambda: engine.load_chunk(msg.index_id, msg.partition, ts0, msg.rows, msg.docs)
+        )
+        return LoadChunkAck(node=self.node, rows=rows, incarnation=self.service.incarnation)
+
+    async def on_load_finish(self, msg: LoadFinish, conn: Connection) -> LoadFinished:
+        self._check_incarnation(
+            msg.incarnation,
+            f"the load of slice {msg.index_id}/{msg.partition}",
+            "restart the build: the slice needs a rebuild",
+            {"index": msg.index_id, "partition": msg.partition},
+        )
+        engine = self._engine()
+        ts0 = Timestamp.from_wire(msg.ts0)
+        count = await self.service._run(
+            lambda: engine.load_finish(msg.index_id, msg.partition, ts0)
+        )
+        log.info("loaded slice %s/%d at %r: %d entries", msg.index_id, msg.partition, ts0, count)
+        return LoadFinished(
+            node=self.node, index_id=msg.index_id, partition=msg.partition, items_count=count
+        )
+
+
+def describe_slices(
+    engine: Any, index_id: str | None, published: Callable[[str], Timestamp | None]
+) -> list[SliceInfo]:
+    """``SliceInfo`` of every local slice (of one index). Run on the engine's I/O thread
+    (it reads the mutation queues). Tolerates engines without the pipeline surface (the
+    simulator's ``MemorySliceEngine``): their slices report state only."""
+    out = []
+    for s in engine.slices(index_id):
+        d = s.definition
+        applied = s.applied_ts() if hasattr(s, "applied_ts") else Timestamp()
+        stable = published(d.id)
+        session = None
+        if hasattr(engine, "load_session"):
+            session = engine.load_session(d.id, s.partition)
+        out.append(
+            SliceInfo(
+                index_id=d.id,
+                name=d.name,
+                keyspace=d.keyspace,
+                partition=s.partition,
+                state=str(getattr(s, "state", "")),
+                applied=dict(applied.to_wire()),
+                stability=dict(stable.to_wire()) if stable is not None else None,
+                items_count=getattr(s, "items_count", 0),
+                queued=s.queued() if hasattr(s, "queued") else 0,
+                load_rows=len(session.rows) if session is not None else 0,
+                load_docs=session.docs if session is not None else 0,
+            )
+        )
+    return out

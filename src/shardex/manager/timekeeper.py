@@ -1,0 +1,379 @@
+"""The timekeeper: the end of a micro-batch (the mutation-flow seed's steps 12-16).
+
+The pipeline driver has delivered a batch's key versions to the indexers; it then sends
+``AdvanceStability(keyspace, ts, index_ids, incarnations)`` to a manager node, whose
+timekeeper:
+
+12. decides the stability TS: the batch's end offset ``ts``, for the listed indexes that
+    exist in this node's replica of the coordinator state (the rest are ``skipped``);
+13. sends ``StabilizeSlices`` to every indexer node the latest index topologies name, in
+    parallel, each with the incarnation the batch was delivered to there;
+14. (the indexers apply their queues up to ``ts`` in one atomic write and snapshot it);
+15. waits for every ACK. Any failure (no connection, timeout, ``STALE_DELIVERY`` from an
+    indexer that restarted since the delivery, a refusal) fails the whole request and
+    publishes nothing: ``STALE_DELIVERY`` keeps its code (the caller must re-deliver the
+    batch), everything else becomes NODE_UNAVAILABLE naming the node. Stabilise is
+    idempotent, so the caller simply retries;
+16. checks that every partition of each index's topology acknowledged a slice in state
+    ``active`` or ``created`` whose applied TS covers ``ts`` (an index with a slice loading or
+    needing a rebuild, or missing, is ``skipped``), then publishes ``ts`` as the stability TS
+    of the others: held here in memory (monotonic per index) and told to their indexers with
+    ``PublishStability`` (best effort: an indexer keeps it only as a hint for status).
+
+This runs every micro-batch (a few times a second): it reads the local replica's state and
+commits nothing. Requests for one keyspace are serialised (a later batch never overtakes an
+earlier one's publication); keyspaces proceed independently.
+
+The held stability TSs live in the memory of the node that ran the requests: the pipeline
+must keep talking to the same manager node, and after a restart the held map starts empty
+(``StabilityRequest`` answers with what is held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.index.delivery_messages import (
+    PublishStability,
+    SliceAck,
+    StabilityPublished,
+    Stabilized,
+    StabilizeSlices,
+    WireTs,
+)
+from shardex.manager.index_state import INIT, LIVE_STATES, latest_index_topology
+from shardex.manager.member_list import UP
+from shardex.manager.state import StateContext
+from shardex.manager.timekeeper_messages import (
+    AdvanceStability,
+    StabilityAdvanced,
+    StabilityReply,
+    StabilityRequest,
+)
+from shardex.net import Connection, ConnectionPool, RpcServer
+from shardex.net.transport import Transport
+
+__all__ = [
+    "PUBLISH_TIMEOUT",
+    "STABILIZE_TIMEOUT",
+    "StabilizePlan",
+    "Timekeeper",
+    "plan_stabilize",
+    "verify_acks",
+]
+
+log = logging.getLogger(__name__)
+
+# One stabilise fsyncs every local slice of the indexes: allow for a slow disk under load,
+# but stay below the pipeline's own timeout for the whole request (30 s).
+STABILIZE_TIMEOUT: Final = 20.0
+PUBLISH_TIMEOUT: Final = 5.0
+# Slice states whose applied TS is the slice's content (loading / needs_rebuild are not).
+STABLE_SLICE_STATES: Final = frozenset({"active", "created"})
+# Slice states that are expected to keep an index from being published (no warning).
+_EXPECTED_SKIPS: Final = frozenset({"loading", "created"})
+
+
+@dataclass
+class StabilizePlan:
+    """Which indexes to stabilise, on which nodes. ``by_node``: node -> index ids."""
+
+    topologies: dict[str, Topology] = field(default_factory=dict)
+    by_node: dict[str, list[str]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # index id -> why
+
+
+def plan_stabilize(state: StateContext, keyspace: str, index_ids: Iterable[str]) -> StabilizePlan:
+    """Group the index partitions of ``index_ids`` by the indexer of their latest topology.
+    Unknown ids, indexes of another keyspace, and indexes in INIT or DELETED (their slices
+    may not exist) are skipped."""
+    plan = StabilizePlan()
+    nodes: dict[str, set[str]] = {}
+    for index_id in dict.fromkeys(index_ids):
+        rec = state.indexes.get(index_id)
+        topo = latest_index_topology(state.index_topologies, index_id)
+        if rec is None or rec.keyspace != keyspace:
+            plan.skipped[index_id] = f"no index {index_id} on keyspace {keyspace!r}"
+        elif rec.state not in LIVE_STATES or rec.state == INIT:
+            plan.skipped[index_id] = f"index {rec.name!r} is {rec.state}"
+        elif topo is None or not topo.assignment:
+            plan.skipped[index_id] = f"index {rec.name!r} has no topology"
+        else:
+            plan.topologies[index_id] = topo
+            for node in topo.assignment.values():
+                nodes.setdefault(node, set()).add(index_id)
+    plan.by_node = {n: sorted(ids) for n, ids in sorted(nodes.items())}
+    return plan
+
+
+def verify_acks(
+    plan: StabilizePlan, replies: dict[str, Stabilized], ts: Timestamp
+) -> tuple[dict[str, int], dict[str, str]]:
+    """(index id -> items over its slices, for the indexes every slice of which is stable at
+    ``ts``; index id -> why not, for the others)."""
+    acks: dict[tuple[str, str, int], SliceAck] = {}
+    missing: set[tuple[str, str]] = set()
+    for node, reply in replies.items():
+        for ack in reply.acks:
+            acks[(node, ack.index_id, ack.partition)] = ack
+        missing.update((node, index_id) for index_id in reply.missing)
+    ready: dict[str, int] = {}
+    not_ready: dict[str, str] = {}
+    for index_id, topo in plan.topologies.items():
+        items = 0
+        why = None
+        for p, node in sorted(topo.assignment.items()):
+            ack = acks.get((node, index_id, p))
+            if ack is None:
+                gone = "has no slices of the index" if (node, index_id) in missing else "did not"
+                why = f"missing: {node} {gone} acknowledge partition {p}"
+            elif ack.state not in STABLE_SLICE_STATES:
+                why = f"{ack.state}: partition {p} on {node} is {ack.state}"
+            elif not Timestamp.from_wire(ack.applied).covers(ts):
+                why = f"{ack.state}: partition {p} on {node} has not applied the TS"
+            if why is not None:
+                break
+            assert ack is not None
+            items += ack.items_count
+        if why is None:
+            ready[index_id] = items
+        else:
+            not_ready[index_id] = why
+    return ready, not_ready
+
+
+class Timekeeper:
+    """The timekeeper of one manager node (every manager runs one; the pipeline picks one)."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        secret: str,
+        name: str,
+        coordinator: Callable[[], Any | None],
+        membership: Callable[[], Any | None],
+        stabilize_timeout: float = STABILIZE_TIMEOUT,
+        publish_timeout: float = PUBLISH_TIMEOUT,
+    ) -> None:
+        self.name = name
+        self._coordinator = coordinator
+        self._membership = membership
+        self.stabilize_timeout = stabilize_timeout
+        self.publish_timeout = publish_timeout
+        self.pool = ConnectionPool(transport, secret, name=f"{name}/timekeeper")
+        self._locks: dict[str, asyncio.Lock] = {}
+        # keyspace -> index id -> the stability TS published last (monotonic)
+        self.published: dict[str, dict[str, Timestamp]] = {}
+        # keyspace -> index id -> the skip reason logged last
+        self._skip_seen: dict[str, dict[str, str]] = {}
+
+    def install(self, server: RpcServer) -> None:
+        server.route(AdvanceStability, self._on_advance)
+        server.route(StabilityRequest, self._on_request)
+
+    async def stop(self) -> None:
+        await self.pool.close()
+
+    # -- handlers -------------------------------------------------------------------------
+
+    async def _on_advance(self, msg: AdvanceStability, conn: Connection) -> StabilityAdvanced:
+        return await self.advance(msg)
+
+    async def _on_request(self, msg: StabilityRequest, conn: Connection) -> StabilityReply:
+        return StabilityReply(stability=self.stability(msg.keyspace))
+
+    def stability(self, keyspace: str) -> dict[str, WireTs]:
+        """Index id -> the stability TS held for the indexes of ``keyspace`` (dropped
+        indexes are forgotten here)."""
+        held = self.published.get(keyspace, {})
+        state = self._state_or_none()
+        if state is not None:
+            for index_id in [i for i in held if i not in state.indexes]:
+                del held[index_id]
+        return {i: ts.to_wire() for i, ts in sorted(held.items())}
+
+    async def advance(self, msg: AdvanceStability) -> StabilityAdvanced:
+        lock = self._locks.get(msg.keyspace)
+        if lock is None:
+            lock = self._locks[msg.keyspace] = asyncio.Lock()
+        async with lock:
+            return await self._advance(msg)
+
+    # -- the flow ---------------------------------------------------------------------------
+
+    async def _advance(self, msg: AdvanceStability) -> StabilityAdvanced:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        ts = Timestamp.from_wire(msg.ts)  # BAD_REQUEST for a negative seqno
+        wire = ts.to_wire()
+        plan = plan_stabilize(self._state(), msg.keyspace, msg.index_ids)
+        replies = await self._stabilize_all(msg, plan, wire)
+        stabilized = loop.time()
+        ready, not_ready = verify_acks(plan, replies, ts)
+        skipped = {**plan.skipped, **not_ready}
+        self._log_skips(msg.keyspace, skipped, ready)
+        if ready:
+            held = self.published.setdefault(msg.keyspace, {})
+            for index_id in ready:
+                before = held.get(index_id)
+                if before is None or not before.covers(ts):
+                    held[index_id] = ts
+            await self._publish_all(msg.keyspace, plan, ready, wire)
+        log.debug(
+            "timekeeper %s: %s batch %d: stabilise on %d node(s) %.1f ms, publish %.1f ms; "
+            "published %d, skipped %d",
+            self.name,
+            msg.keyspace,
+            msg.batch_id,
+            len(plan.by_node),
+            (stabilized - started) * 1e3,
+            (loop.time() - stabilized) * 1e3,
+            len(ready),
+            len(skipped),
+        )
+        return StabilityAdvanced(
+            keyspace=msg.keyspace,
+            ts=wire,
+            published=sorted(ready),
+            items_count=dict(sorted(ready.items())),
+            skipped=sorted(skipped),
+        )
+
+    async def _stabilize_all(
+        self, msg: AdvanceStability, plan: StabilizePlan, wire: WireTs
+    ) -> dict[str, Stabilized]:
+        """Steps 13-15: every node in parallel; all must answer, or nothing is published."""
+        nodes = list(plan.by_node)
+
+        async def one(node: str) -> Stabilized | ShardexError:
+            request = StabilizeSlices(
+                keyspace=msg.keyspace,
+                ts=wire,
+                index_ids=plan.by_node[node],
+                incarnation=msg.incarnations.get(node, ""),
+            )
+            try:
+                address = self._address(node)
+                return await self.pool.request(
+                    address, request, self.stabilize_timeout, expect=Stabilized
+                )
+            except ShardexError as exc:
+                return exc
+
+        results = await asyncio.gather(*(one(n) for n in nodes))
+        failed = {n: r for n, r in zip(nodes, results, strict=True) if isinstance(r, ShardexError)}
+        if failed:
+            raise self._failure(msg, failed)
+        return {n: r for n, r in zip(nodes, results, strict=True) if isinstance(r, Stabilized)}
+
+    def _failure(self, msg: AdvanceStability, failed: dict[str, ShardexError]) -> ShardexError:
+        errors = {n: str(e) for n, e in failed.items()}
+        stale = [n for n, e in failed.items() if e.code is ErrorCode.STALE_DELIVERY]
+        if stale:
+            node = stale[0]
+            exc = failed[node]
+            return ShardexError(
+                f"indexer {node} did not stabilise {msg.keyspace!r} (batch {msg.batch_id}): "
+                f"{exc.message}; nothing was published",
+                code=ErrorCode.STALE_DELIVERY,
+                details={
+                    **exc.details,
+                    "node": node,
+                    "nodes": stale,
+                    "failed": errors,
+                    "hint": "re-deliver the batch to the restarted indexer(s), then retry",
+                },
+            )
+        node, exc = next(iter(failed.items()))
+        return NodeUnavailable(
+            f"indexer {node} did not stabilise {msg.keyspace!r} (batch {msg.batch_id}): "
+            f"{exc}; nothing was published",
+            details={
+                "node": node,
+                "error": str(exc),
+                "code": exc.code.value,
+                "failed": errors,
+                "hint": "retry the batch (stabilise is idempotent)",
+            },
+        )
+
+    async def _publish_all(
+        self, keyspace: str, plan: StabilizePlan, ready: dict[str, int], wire: WireTs
+    ) -> None:
+        """Step 16 on the indexers: best effort, in parallel."""
+        by_node = {
+            node: {i: wire for i in ids if i in ready}
+            for node, ids in plan.by_node.items()
+            if any(i in ready for i in ids)
+        }
+
+        async def one(node: str, stability: dict[str, WireTs]) -> None:
+            request = PublishStability(keyspace=keyspace, stability=stability)
+            try:
+                await self.pool.request(
+                    self._address(node),
+                    request,
+                    self.publish_timeout,
+                    expect=StabilityPublished,
+                )
+            except ShardexError as exc:
+                log.info("timekeeper %s: publishing to %s failed: %s", self.name, node, exc)
+
+        await asyncio.gather(*(one(n, s) for n, s in by_node.items()))
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _state_or_none(self) -> StateContext | None:
+        coord = self._coordinator()
+        return None if coord is None else coord.state
+
+    def _state(self) -> StateContext:
+        state = self._state_or_none()
+        if state is None:
+            raise NodeUnavailable(
+                f"{self.name} runs no coordinator",
+                details={"node": self.name, "hint": "ask a manager"},
+            )
+        return state
+
+    def _address(self, node: str) -> str:
+        """The member's address if it is up in this node's view (as the DDL addresses
+        indexers); NODE_UNAVAILABLE otherwise, at once rather than after a timeout."""
+        membership = self._membership()
+        if membership is None:
+            raise NodeUnavailable(f"{self.name} has not joined the cluster yet", details={})
+        now = asyncio.get_running_loop().time()
+        for m in membership.members:
+            if m.name == node:
+                if membership.state_of(m.member_id, now)[0] != UP:
+                    raise NodeUnavailable(f"{node} is down", details={"node": node})
+                return str(m.address)
+        raise NodeUnavailable(f"{node} is not a cluster member", details={"node": node})
+
+    def _log_skips(self, keyspace: str, skipped: dict[str, str], ready: Iterable[str]) -> None:
+        """A skip reason is logged when it changes: loading slices skip every batch of an
+        initial build, which must not flood the log."""
+        seen = self._skip_seen.setdefault(keyspace, {})
+        for index_id, why in skipped.items():
+            if seen.get(index_id) == why:
+                continue
+            seen[index_id] = why
+            level = logging.DEBUG if why.split(":", 1)[0] in _EXPECTED_SKIPS else logging.INFO
+            log.log(
+                level,
+                "timekeeper %s: %s: not publishing %s: %s",
+                self.name,
+                keyspace,
+                index_id,
+                why,
+            )
+        for index_id in ready:
+            seen.pop(index_id, None)

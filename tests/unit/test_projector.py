@@ -19,8 +19,8 @@ from shardex.index import (
     hash_partition,
     make_definition,
 )
-from shardex.index.keyversion import KEY_VERSION_SCHEMA, from_arrow
-from shardex.index.oracle import evaluate_document, expected_errors
+from shardex.index.keyversion import KEY_VERSION_SCHEMA, MAX_ENTRY_BYTES, from_arrow
+from shardex.index.oracle import evaluate_document, expected_entries, expected_errors
 from shardex.index.testing import EXPLODE
 from shardex.pipeline.projector import (
     CHANGE_SCHEMA,
@@ -197,3 +197,18 @@ def test_arrow_entry_points() -> None:
     fn = map_in_arrow_fn([USERS, BY_CITY])
     outs = list(fn(iter([batch, batch.slice(0, 1)])))
     assert [o.num_rows for o in outs] == [8, 2]
+
+
+def test_an_entry_over_the_size_limit_is_an_evaluation_error_not_an_entry() -> None:
+    defn = make_definition(id="big", name="big", keyspace="ks", keys=["name"])
+    docs = {"small": {"name": "x" * 100}, "huge": {"name": "x" * MAX_ENTRY_BYTES}}
+    changes = [(d, 0, i + 1, "upsert", J(doc)) for i, (d, doc) in enumerate(docs.items())]
+    res = project([defn], changes)
+    assert res.errors == {"big": 1}
+    assert [s.docid for s in res.samples] == ["huge"]
+    kinds = {r[4]: r[2] for r in res.rows}
+    assert kinds == {"small": UPSERT, "huge": UPSERT_DELETION}
+    assert expected_errors(defn, docs) == {"huge"}
+    assert {e for _, e in expected_entries(defn, docs)} == {
+        r[3] for r in res.rows if r[2] == UPSERT
+    }

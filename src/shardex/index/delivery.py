@@ -38,12 +38,15 @@ from shardex.index.delivery_messages import (
     LoadFinish,
     LoadFinished,
     PublishStability,
+    ReadSlice,
     SliceAck,
+    SliceEntries,
     StabilityPublished,
     Stabilized,
     StabilizeSlices,
 )
 from shardex.index.messages import SliceInfo
+from shardex.index.spans import Span
 from shardex.net import Connection, RpcServer
 
 if TYPE_CHECKING:
@@ -72,6 +75,7 @@ class IndexDelivery:
         server.route(PublishStability, self.on_publish)
         server.route(LoadChunk, self.on_load_chunk)
         server.route(LoadFinish, self.on_load_finish)
+        server.route(ReadSlice, self.on_read)
 
     def forget(self, index_id: str) -> None:
         """The index's slices were dropped here."""
@@ -202,6 +206,23 @@ class IndexDelivery:
         return LoadFinished(
             node=self.node, index_id=msg.index_id, partition=msg.partition, items_count=count
         )
+
+    async def on_read(self, msg: ReadSlice, conn: Connection) -> SliceEntries:
+        """A page of raw entries of one slice (tests and the oracle; scans are issue 6)."""
+        engine = self._engine()
+        ts = None if msg.snapshot_ts is None else Timestamp.from_wire(msg.snapshot_ts)
+        limit = max(1, min(msg.limit, 100_000))
+        spans = None if msg.after is None else [Span(low=msg.after, low_inclusive=False)]
+
+        def run() -> list[bytes]:
+            it = engine.scan(
+                msg.index_id, msg.partition, spans, snapshot_ts=ts, limit=limit + 1, raw=True
+            )
+            return list(it)
+
+        entries = await self.service._run(run)
+        more = len(entries) > limit
+        return SliceEntries(node=self.node, entries=entries[:limit], more=more)
 
 
 def describe_slices(

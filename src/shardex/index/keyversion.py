@@ -25,8 +25,10 @@ __all__ = [
     "BROADCAST",
     "DELETE",
     "ERROR",
+    "KEY_VERSION_DDL",
     "KEY_VERSION_SCHEMA",
     "KIND_NAMES",
+    "MAX_ENTRY_BYTES",
     "UPSERT",
     "UPSERT_DELETION",
     "KeyVersion",
@@ -45,6 +47,9 @@ KIND_NAMES: Final = {
     ERROR: "Error",
 }
 BROADCAST: Final = -1
+# An encoded entry (key + docid) above this is not indexed and counted as an evaluation error
+# (Couchbase's default ``max_seckey_size``): one huge value must not bloat a slice or a frame.
+MAX_ENTRY_BYTES: Final = 4608
 
 KeyVersion = tuple[str, int, int, bytes, str, int, int]
 
@@ -58,6 +63,12 @@ KEY_VERSION_SCHEMA: Final = pa.schema(
         ("partition", pa.int32()),
         ("seqno", pa.int64()),
     ]
+)
+
+# The same schema as Spark DDL (what ``mapInArrow`` takes).
+KEY_VERSION_DDL: Final = (
+    "index_id string, index_partition int, kind tinyint, entry binary, docid string, "
+    "partition int, seqno long"
 )
 
 

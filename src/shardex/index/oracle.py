@@ -26,6 +26,7 @@ from shardex.core.expr.ops import truth
 from shardex.core.keycodec import decode_entry, encode_entry, encode_key
 from shardex.core.values import MISSING
 from shardex.index.definition import IndexDefinition, hash_partition, validate_definition
+from shardex.index.keyversion import MAX_ENTRY_BYTES
 
 __all__ = [
     "check_back_index",
@@ -60,6 +61,8 @@ def _evaluate(p: _Parsed, docid: str, doc: Any) -> tuple[int, bytes] | None:
     if values[0] is MISSING:
         return None
     entry = encode_entry(values, docid, p.desc)
+    if len(entry) > MAX_ENTRY_BYTES:
+        raise ValueError(f"entry of {len(entry)} bytes is over the limit")  # not indexed
     if not p.parts:
         return 0, entry
     pvals = [evaluate(e, doc, meta=meta) for e in p.parts]

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import UPSERT
 from shardex.manager.index_messages import IndexBuildProgress, IndexUpdated, MarkIndexActive
@@ -53,8 +54,15 @@ __all__ = ["BuildResult", "InitialBuild"]
 
 log = logging.getLogger(__name__)
 
-COUNTS_SCHEMA = "docs long, rows long, errors long"
-COUNTS_ARROW = pa.schema([("docs", pa.int64()), ("rows", pa.int64()), ("errors", pa.int64())])
+COUNTS_SCHEMA = "docs long, rows long, errors long, incarnations string"
+COUNTS_ARROW = pa.schema(
+    [
+        ("docs", pa.int64()),
+        ("rows", pa.int64()),
+        ("errors", pa.int64()),
+        ("incarnations", pa.string()),
+    ]
+)
 PROGRESS_INTERVAL = 1.0
 
 
@@ -89,12 +97,13 @@ def load_fn(
                     chunks[(row[0], row[1], owners[row[0]][row[1]])].append(row)
             # Each index counts the batch's documents once, on its slice 0 (progress).
             docs = {(d.id, 0, owners[d.id][0]): batch.num_rows for d in defs}
-            load_chunks(client, ts0, chunks, docs)
+            seen = load_chunks(client, ts0, chunks, docs)
             yield pa.RecordBatch.from_pydict(
                 {
                     "docs": [batch.num_rows],
                     "rows": [sum(len(c) for c in chunks.values())],
                     "errors": [sum(res.errors.values())],
+                    "incarnations": [json.dumps({n: sorted(v) for n, v in seen.items()})],
                 },
                 schema=COUNTS_ARROW,
             )
@@ -156,7 +165,7 @@ class InitialBuild:
         result.rows = int(pc.sum(counts["rows"]).as_py() or 0)
         result.errors = int(pc.sum(counts["errors"]).as_py() or 0)
         slices = [s for v in views for s in v.slices()]
-        for done in load_finish(self.client, ts0, slices):
+        for done in load_finish(self.client, ts0, slices, _one_incarnation(counts)):
             result.items[done.index_id] = result.items.get(done.index_id, 0) + done.items_count
         # Every slice holds a snapshot at T0: publish it, then ACTIVE, then join the stream.
         reply = advance_stability(self.client, self.keyspace, ts0, ids)
@@ -216,6 +225,23 @@ class InitialBuild:
             request_id=_rid(),
         )
         self.client._run(self.client._ddl(msg, IndexUpdated))
+
+
+def _one_incarnation(counts: pa.Table) -> dict[str, str]:
+    """node -> the one indexer incarnation that took all its chunks; an indexer that
+    restarted during the build lost its chunks: STALE_DELIVERY (the build starts over)."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for raw in counts["incarnations"].to_pylist():
+        for node, incs in json.loads(raw).items():
+            seen[node].update(incs)
+    restarted = {n: sorted(v) for n, v in seen.items() if len(v) > 1}
+    if restarted:
+        raise ShardexError(
+            f"indexer(s) {', '.join(sorted(restarted))} restarted during the build",
+            code=ErrorCode.STALE_DELIVERY,
+            details={"incarnations": restarted, "hint": "the build is retried from a new T0"},
+        )
+    return {n: next(iter(v)) for n, v in seen.items()}
 
 
 def ts0_json(ts: Timestamp) -> str:

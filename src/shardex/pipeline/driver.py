@@ -22,6 +22,7 @@ from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.manager.index_state import ACTIVE, BUILDING
 from shardex.pipeline.build import BuildResult, InitialBuild
+from shardex.pipeline.indexers import index_state
 from shardex.pipeline.maintain import BatchStats, MaintenanceJob
 from shardex.pipeline.registry import IndexRegistry
 
@@ -95,7 +96,7 @@ class PipelineDriver:
 
     def step(self) -> None:
         """One supervision round (public for tests)."""
-        state = self.client._run(self.client._router.refresh())
+        state = index_state(self.client)
         wanted: dict[str, str] = {}
         for rec in state.indexes.values():
             meta = state.keyspaces.get(rec.keyspace)
@@ -104,6 +105,7 @@ class PipelineDriver:
         for name in list(self.keyspaces):
             kp = self.keyspaces[name]
             if wanted.get(name) != kp.uuid:
+                log.info("keyspace %s has no index to maintain: stopping its query", name)
                 self._stop_keyspace(kp)
                 del self.keyspaces[name]
         for name, uuid in sorted(wanted.items()):
@@ -183,7 +185,6 @@ class PipelineDriver:
             time.sleep(min(30.0, 2.0**kp.build_failures))
 
     def _stop_keyspace(self, kp: KeyspacePipeline) -> None:
-        log.info("keyspace %s has no index to maintain: stopping its query", kp.keyspace)
         if kp.query is not None:
             try:
                 kp.query.stop()

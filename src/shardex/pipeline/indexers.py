@@ -24,6 +24,8 @@ from shardex.index.delivery_messages import (
 )
 from shardex.index.keyversion import KeyVersion
 from shardex.index.messages import ListSlices, SliceInfo, SliceList
+from shardex.manager.coordinator_messages import StateReply, StateRequest
+from shardex.manager.state import StateContext
 from shardex.manager.timekeeper_messages import AdvanceStability, StabilityAdvanced
 from shardex.net.messages import Message
 
@@ -31,6 +33,7 @@ __all__ = [
     "DeliveryReport",
     "advance_stability",
     "deliver",
+    "index_state",
     "list_slices",
     "load_chunks",
     "load_finish",
@@ -117,6 +120,13 @@ def advance_stability(
     return client._run(go())
 
 
+def index_state(client: Client) -> StateContext:
+    """The master's committed keyspaces, indexes and index topologies (not the data
+    topologies or the dedup table: this runs every few hundred milliseconds)."""
+    msg = StateRequest(sections=["keyspaces", "indexes", "index_topologies"], fresh=True)
+    return client._call(msg, StateReply).state
+
+
 def list_slices(client: Client, nodes: Sequence[str], index_id: str | None) -> list[SliceInfo]:
     """Every slice (of one index) on ``nodes``, asked in parallel."""
 
@@ -135,9 +145,12 @@ def load_chunks(
     ts0: Timestamp,
     chunks: Mapping[tuple[str, int, str], Sequence[KeyVersion]],
     docs: Mapping[tuple[str, int, str], int],
-) -> None:
-    """Initial build: send each (index, slice, node)'s rows as ``LoadChunk`` frames."""
+) -> dict[str, set[str]]:
+    """Initial build: send each (index, slice, node)'s rows as ``LoadChunk`` frames.
+    Returns node -> the indexer incarnations that acknowledged (more than one: it restarted
+    and lost what it held, so the build must start over)."""
     wire = dict(ts0.to_wire())
+    seen: dict[str, set[str]] = {}
 
     async def one(key: tuple[str, int, str], rows: Sequence[KeyVersion]) -> None:
         index_id, partition, node = key
@@ -147,18 +160,24 @@ def load_chunks(
                 index_id=index_id, partition=partition, ts0=wire, rows=list(frame), docs=n_docs
             )
             n_docs = 0  # counted once per key
-            await _to_node(client, node, msg, LoadChunkAck)
+            ack = await _to_node(client, node, msg, LoadChunkAck)
+            seen.setdefault(node, set()).add(ack.incarnation)
 
     async def go() -> None:
         await asyncio.gather(*(one(k, chunks.get(k, [])) for k in set(chunks) | set(docs)))
 
     client._run(go())
+    return seen
 
 
 def load_finish(
-    client: Client, ts0: Timestamp, slices: Sequence[tuple[str, int, str]]
+    client: Client,
+    ts0: Timestamp,
+    slices: Sequence[tuple[str, int, str]],
+    incarnations: Mapping[str, str],
 ) -> list[LoadFinished]:
-    """End every listed (index, slice, node) load at ``ts0``, in parallel."""
+    """End every listed (index, slice, node) load at ``ts0``, in parallel. ``incarnations``:
+    node -> the indexer incarnation that took its chunks (a restarted one refuses)."""
     wire = dict(ts0.to_wire())
 
     async def go() -> list[LoadFinished]:
@@ -167,7 +186,9 @@ def load_finish(
                 _to_node(
                     client,
                     node,
-                    LoadFinish(index_id=i, partition=p, ts0=wire),
+                    LoadFinish(
+                        index_id=i, partition=p, ts0=wire, incarnation=incarnations.get(node, "")
+                    ),
                     LoadFinished,
                     LOAD_FINISH_TIMEOUT,
                 )

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.keyversion import ERROR, KEY_VERSION_SCHEMA, KeyVersion, from_arrow
+from shardex.index.keyversion import ERROR, KEY_VERSION_DDL, KeyVersion, from_arrow
 from shardex.pipeline.indexers import advance_stability, deliver
 from shardex.pipeline.projector import map_in_arrow_fn, project_arrow
 from shardex.pipeline.registry import IndexRegistry, IndexView
@@ -187,7 +187,7 @@ class MaintenanceJob:
         if views:
             t = time.perf_counter()
             defs = [v.definition for v in views]
-            table = df.mapInArrow(map_in_arrow_fn(defs), KEY_VERSION_SCHEMA).toArrow()
+            table = df.mapInArrow(map_in_arrow_fn(defs), KEY_VERSION_DDL).toArrow()
             for b in table.to_batches():
                 rows.extend(from_arrow(b))
             stats.project = time.perf_counter() - t

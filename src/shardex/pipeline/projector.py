@@ -14,6 +14,7 @@ Rules (the SQL++/N1QL rules; stated again in ``docs/decisions.md``):
 * Leading key MISSING: the document is **not indexed** (N1QL: an index entry needs its
   leading key; ``WHERE k IS MISSING`` cannot use an index on ``k``). A MISSING non-leading
   key is kept and encoded as MISSING (it sorts first), as N1QL does.
+* Key too large: an encoded entry over ``MAX_ENTRY_BYTES`` (4608) is an evaluation error.
 * Evaluation error (an exception from an expression, a non-finite number in a key): the
   document is treated as not indexed for that index, the error is counted per index and a
   few samples are kept. Never raised: one bad document must not stop the pipeline.
@@ -51,6 +52,7 @@ from shardex.index.keyversion import (
     BROADCAST,
     DELETE,
     ERROR,
+    MAX_ENTRY_BYTES,
     UPSERT,
     UPSERT_DELETION,
     KeyVersion,
@@ -59,10 +61,12 @@ from shardex.index.keyversion import (
 
 __all__ = [
     "CHANGE_SCHEMA",
+    "MAX_ENTRY_BYTES",
     "OP_DELETE",
     "OP_UPSERT",
     "ChangeRow",
     "EvalError",
+    "KeyTooLarge",
     "ProjectResult",
     "Projector",
     "map_in_arrow_fn",
@@ -73,6 +77,11 @@ __all__ = [
 OP_UPSERT: Final = "upsert"
 OP_DELETE: Final = "delete"
 MAX_ERROR_SAMPLES: Final = 10
+
+
+class KeyTooLarge(ValueError):
+    """An index entry longer than ``MAX_ENTRY_BYTES``."""
+
 
 ChangeRow = tuple[str, int, int, str, bytes | None]  # (docid, partition, seqno, op, body JSON)
 
@@ -251,6 +260,11 @@ class Projector:
                         suffix = _B_DOCID + str_body(docid)
                     parts.append(suffix)
                     entry = b"".join(parts)
+                    if len(entry) > MAX_ENTRY_BYTES:
+                        raise KeyTooLarge(
+                            f"index entry of {len(entry)} bytes exceeds the "
+                            f"{MAX_ENTRY_BYTES}-byte limit"
+                        )
                     if pl.moving:
                         pparts = []
                         for s in pl.part_slots:
@@ -323,7 +337,20 @@ def project(definitions: Sequence[IndexDefinition], changes: Iterable[ChangeRow]
 
 
 def _changes_of(batch: pa.RecordBatch) -> Iterator[ChangeRow]:
+    """Change rows of a batch with ``CHANGE_SCHEMA``'s columns, or of the change source's
+    batches (``deleted`` flag instead of ``op``; ``uuid`` and ``cas`` ignored)."""
     names = batch.schema.names
+    if "op" not in names and "deleted" in names:
+        col = batch.column
+        ops = [OP_DELETE if d else OP_UPSERT for d in col(names.index("deleted")).to_pylist()]
+        return zip(  # type: ignore[return-value]
+            col(names.index("docid")).to_pylist(),
+            col(names.index("partition")).to_pylist(),
+            col(names.index("seqno")).to_pylist(),
+            ops,
+            col(names.index("body")).to_pylist(),
+            strict=True,
+        )
     cols = [batch.column(names.index(c)).to_pylist() for c in CHANGE_SCHEMA.names]
     return zip(*cols, strict=True)  # type: ignore[return-value]
 

@@ -26,7 +26,7 @@ from shardex.index.definition import IndexDefinition
 from shardex.index.messages import SliceInfo
 from shardex.index.records import STATE_ACTIVE
 from shardex.manager.index_state import ACTIVE, BUILDING, IndexRecord, latest_index_topology
-from shardex.pipeline.indexers import list_slices
+from shardex.pipeline.indexers import index_state, list_slices
 from shardex.pipeline.router import IndexRoute
 
 __all__ = ["IndexRegistry", "IndexView", "min_applied"]
@@ -92,7 +92,7 @@ class IndexRegistry:
         now = time.monotonic()
         if not force and now - self._fetched_at < REFRESH_INTERVAL:
             return self.views()
-        state = self.client._run(self.client._router.refresh())
+        state = index_state(self.client)
         meta = state.keyspaces.get(self.keyspace)
         views: dict[str, IndexView] = {}
         for rec in state.indexes.values():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -141,6 +142,32 @@ def mutate(
                 ks.delete(docid)
             else:
                 ks.upsert(docid, make(rng, n))
+
+
+class Writer:
+    """Random mutations (``mutate``) of one keyspace in a background thread until stopped.
+    ``done`` counts the mutations attempted (some fail while a node is down)."""
+
+    def __init__(self, client: Client, keyspace: str, seed: int) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.done = 0
+        self.thread = threading.Thread(target=self._run, name=f"writer-{keyspace}", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            mutate(self.client, self.keyspace, self.rng, 20)
+            self.done += 20
+
+    def __enter__(self) -> Writer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
 
 
 def random_doc(rng: random.Random, _n: int) -> dict[str, Any]:

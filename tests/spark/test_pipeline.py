@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from data_helpers import running_cluster
-from pipeline_helpers import check_oracle, mutate, published_ts, wait_stable
+from pipeline_helpers import Writer, check_oracle, mutate, published_ts, wait_stable
 
 from shardex.client import Client, connect_local
 from shardex.core.timestamp import Timestamp
@@ -65,30 +65,6 @@ def index_id(client: Client, name: str) -> str:
     return rec.id
 
 
-class Writer:
-    """Random mutations in a background thread until stopped."""
-
-    def __init__(self, client: Client, seed: int) -> None:
-        self.client = client
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.done = 0
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            mutate(self.client, KEYSPACE, self.rng, 20)
-            self.done += 20
-
-    def __enter__(self) -> Writer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-
-
 def check_mid_stream(client: Client, name: str, attempts: int = 8) -> Timestamp:
     """The oracle at a stability TS published while writes continue (retried if the slices
     have already dropped that snapshot)."""
@@ -126,7 +102,7 @@ def test_build_then_maintain_under_writes_with_deferred_build_and_errors(env: En
         num_partition=3,
         defer_build=True,
     )
-    with Writer(connect_local(env.path), seed=11) as writer:
+    with Writer(connect_local(env.path), KEYSPACE, seed=11) as writer:
         client.wait_for_index(KEYSPACE, "by_name", timeout=180)
         check_mid_stream(client, "by_name")
         # The deferred index is built while writes continue, then maintained.

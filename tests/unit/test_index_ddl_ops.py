@@ -376,9 +376,15 @@ async def test_pipeline_hooks_validate_state() -> None:
     n = len(ctx.commits)
     await run(d.mark_active, MarkIndexActive(index_id=rec.id, build_ts=ts), ctx)  # idempotent
     assert len(ctx.commits) == n
+    # A rebuild after a rollback: ACTIVE stays ACTIVE with the new build TS.
+    rebuilt = {3: (4, 123)}
+    upd = await run(d.mark_active, MarkIndexActive(index_id=rec.id, build_ts=rebuilt), ctx)
+    assert upd.index.state == ACTIVE and upd.index.build_ts == rebuilt
+    assert len(ctx.commits) == n + 1
+    await run(d.drop_index, DropIndex(keyspace="ks", name="ix"), ctx)
     with pytest.raises(ShardexError) as err:
-        await run(d.mark_active, MarkIndexActive(index_id=rec.id, build_ts={3: (11, 99)}), ctx)
-    assert err.value.code is ErrorCode.BAD_REQUEST
+        await run(d.mark_active, MarkIndexActive(index_id=rec.id, build_ts=ts), ctx)
+    assert err.value.code in (ErrorCode.BAD_REQUEST, ErrorCode.INDEX_NOT_FOUND)
     with pytest.raises(ShardexError) as err:
         await run(d.mark_active, MarkIndexActive(index_id="1.1.none", build_ts=ts), ctx)
     assert err.value.code is ErrorCode.INDEX_NOT_FOUND

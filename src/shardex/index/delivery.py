@@ -39,8 +39,10 @@ from shardex.index.delivery_messages import (
     LoadFinished,
     PublishStability,
     ReadSlice,
+    RollbackSlices,
     SliceAck,
     SliceEntries,
+    SlicesRolledBack,
     StabilityPublished,
     Stabilized,
     StabilizeSlices,
@@ -76,6 +78,7 @@ class IndexDelivery:
         server.route(LoadChunk, self.on_load_chunk)
         server.route(LoadFinish, self.on_load_finish)
         server.route(ReadSlice, self.on_read)
+        server.route(RollbackSlices, self.on_rollback)
 
     def forget(self, index_id: str) -> None:
         """The index's slices were dropped here."""
@@ -223,6 +226,22 @@ class IndexDelivery:
         entries = await self.service._run(run)
         more = len(entries) > limit
         return SliceEntries(node=self.node, entries=entries[:limit], more=more)
+
+    async def on_rollback(self, msg: RollbackSlices, conn: Connection) -> SlicesRolledBack:
+        engine = self._engine()
+        hit = await self.service._run(
+            lambda: engine.rollback_to(msg.keyspace, msg.partition, msg.seqno)
+        )
+        pairs = [(s.definition.id, s.partition) for s in hit]
+        if pairs:
+            log.warning(
+                "data partition %d of %s rolled back to seqno %d: slices %s need a rebuild",
+                msg.partition,
+                msg.keyspace,
+                msg.seqno,
+                pairs,
+            )
+        return SlicesRolledBack(node=self.node, needs_rebuild=pairs)
 
 
 def describe_slices(

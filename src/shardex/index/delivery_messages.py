@@ -32,8 +32,10 @@ __all__ = [
     "LoadFinished",
     "PublishStability",
     "ReadSlice",
+    "RollbackSlices",
     "SliceAck",
     "SliceEntries",
+    "SlicesRolledBack",
     "StabilityPublished",
     "StabilizeSlices",
     "Stabilized",
@@ -157,3 +159,19 @@ class SliceEntries(Message, tag="index.SliceEntries"):
     node: str
     entries: list[bytes]
     more: bool = False
+
+
+class RollbackSlices(Message, tag="index.RollbackSlices"):
+    """Data partition ``partition`` of ``keyspace`` rolled back to ``seqno`` (its history
+    diverged after it): every local slice of the keyspace's indexes drops queued versions
+    above it, and a slice that applied beyond it turns ``needs_rebuild`` (scans get
+    INDEX_IN_ROLLBACK until the pipeline rebuilds it)."""
+
+    keyspace: str
+    partition: int
+    seqno: int
+
+
+class SlicesRolledBack(Message, tag="index.SlicesRolledBack"):
+    node: str
+    needs_rebuild: list[tuple[str, int]]  # (index id, index partition)

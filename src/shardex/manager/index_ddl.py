@@ -406,7 +406,9 @@ class IndexDDL:
         rec = self._record(ctx, msg.index_id)
         if rec.state == ACTIVE and rec.build_ts == msg.build_ts:
             return IndexUpdated(index=rec)
-        if rec.state != BUILDING:
+        # ACTIVE with another build TS: a rebuild after a change-stream rollback (the index
+        # stays ACTIVE meanwhile; its slices answer INDEX_IN_ROLLBACK until rebuilt).
+        if rec.state not in (BUILDING, ACTIVE):
             raise self._wrong_state(rec, "MarkIndexActive", BUILDING)
         new = msgspec.structs.replace(
             rec,

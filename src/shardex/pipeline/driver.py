@@ -2,10 +2,11 @@
 
 A supervisor loop (every ``poll`` seconds) reads the coordinator state and, per keyspace that
 has BUILDING or ACTIVE indexes, keeps one maintenance query running (``maintain.py``) and
-runs initial builds for indexes that need one (``build.py``) in a builder thread, so a build
-never stops the maintenance of the other indexes. A query that dies is restarted from its
-Spark checkpoint (``<checkpoints>/<keyspace>-<uuid>``) after a back-off; a build that fails
-is retried. A keyspace whose indexes are all gone has its query stopped.
+runs initial builds for indexes that need one (new, or hit by a rollback: ``build.py``) in a
+builder thread, so a build never stops the maintenance of the other indexes. A query that
+dies is restarted from its Spark checkpoint (``<checkpoints>/<keyspace>-<uuid>/gen-N``) after
+a back-off; a ROLLBACK starts a new generation (``rollback.py``); a failed build is retried.
+A keyspace whose indexes are all gone has its query stopped.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from shardex.pipeline.build import BuildResult, InitialBuild
 from shardex.pipeline.indexers import index_state
 from shardex.pipeline.maintain import BatchStats, MaintenanceJob
 from shardex.pipeline.registry import IndexRegistry
+from shardex.pipeline.rollback import current_generation, handle_rollback, new_generation
+from shardex.pipeline.source_types import parse_rollback
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -52,6 +55,7 @@ class KeyspacePipeline:
     restart_at: float = 0.0
     builds: list[BuildResult] = field(default_factory=list)
     build_failures: int = 0
+    rollbacks: int = 0
 
 
 class PipelineDriver:
@@ -117,19 +121,22 @@ class PipelineDriver:
     def _new_keyspace(self, name: str, uuid: str) -> KeyspacePipeline:
         registry = IndexRegistry(self.client, name)
         registry.refresh(force=True)
-        checkpoint = self.checkpoint_root / f"{name}-{uuid}"
-        job = MaintenanceJob(
+        checkpoint = current_generation(self.checkpoint_root / f"{name}-{uuid}")
+        job = self._job(registry, checkpoint)
+        log.info("maintaining keyspace %s (checkpoint %s)", name, checkpoint)
+        return KeyspacePipeline(keyspace=name, uuid=uuid, registry=registry, job=job)
+
+    def _job(self, registry: IndexRegistry, checkpoint: Path) -> MaintenanceJob:
+        return MaintenanceJob(
             self.spark,
             self.client,
             registry,
             self.source_options,
             checkpoint,
-            starting=self._starting(registry, name),
+            starting=self._starting(registry, registry.keyspace),
             trigger_interval=self.trigger_interval,
             on_batch=self.on_batch,
         )
-        log.info("maintaining keyspace %s (checkpoint %s)", name, checkpoint)
-        return KeyspacePipeline(keyspace=name, uuid=uuid, registry=registry, job=job)
 
     def _starting(self, registry: IndexRegistry, keyspace: str) -> Timestamp:
         """Where a new checkpoint starts: the lowest applied TS of the joined indexes, else
@@ -149,6 +156,15 @@ class PipelineDriver:
         q = kp.query
         if q is not None and not q.isActive:
             exc = q.exception()
+            info = parse_rollback(str(exc)) if exc is not None else None
+            if info is not None:
+                # The offsets are on a lost history: rebuild what it reached, restart the
+                # stream in a new checkpoint generation at once.
+                handle_rollback(self.client, kp.registry, info)
+                kp.rollbacks += 1
+                kp.job = self._job(kp.registry, new_generation(kp.job.checkpoint.parent))
+                kp.query = kp.job.start()
+                return
             kp.failures += 1
             pause = min(RESTART_BACKOFF[1], RESTART_BACKOFF[0] * 2 ** (kp.failures - 1))
             kp.restart_at = time.monotonic() + pause

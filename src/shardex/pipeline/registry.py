@@ -144,12 +144,13 @@ class IndexRegistry:
             return [v for i, v in sorted(self._views.items()) if i in self._joined]
 
     def needs_build(self) -> list[IndexView]:
-        """BUILDING indexes the stream does not maintain yet (inspected, not loaded)."""
+        """Indexes the stream does not maintain (inspected, not loaded): BUILDING ones, and
+        ACTIVE ones whose slices a rollback sent to ``needs_rebuild``."""
         with self._lock:
             return [
                 v
                 for i, v in sorted(self._views.items())
-                if v.record.state == BUILDING and i not in self._joined and i in self._checked
+                if i not in self._joined and i in self._checked
             ]
 
     def applied(self, index_id: str) -> Timestamp:

@@ -1,0 +1,331 @@
+"""Part 1 of ``bench.pipeline``: the initial build of two indexes vs PostgreSQL CREATE INDEX.
+
+* Documents: ``shardex.demo.datagen`` users, written once as JSON Lines (a few part files).
+* PostgreSQL (``bench/postgres.py``, the Debian package's server, its default settings): table
+  ``docs(id text generated from body->>'id' primary key, body jsonb)`` loaded with COPY,
+  VACUUM ANALYZE and CHECKPOINT, then the twin expression indexes (``INDEXES[*]["pg"]``)
+  built one after the other, dropped, and built again concurrently (two connections, as
+  BUILD INDEX builds both in one pass). Loading is not timed into the figure.
+* shardex: the same files loaded with ``shardex load`` (one process per file), the two
+  indexes created with ``defer_build``; the Spark floor jobs (below) run; then BUILD INDEX
+  both at once, timed until both are ACTIVE (``client.wait_for_index``), and the driver's
+  own job time (``BuildResult.seconds``: T0, Spark job with LoadChunk, LoadFinish, publish,
+  MarkIndexActive).
+* Spark's floor: the build's Spark job (snapshot read at the current TS, one task per data
+  partition) with a sink that only counts: (a) read only, (b) read + the build's projection
+  of both indexes, no LoadChunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from bench.data_service import _cli
+from bench.pipeline_common import INDEX_NAMES, INDEXES, KEYSPACE, load1, log
+from bench.postgres import PostgresServer
+from bench.runner import Row
+
+COUNT_SCHEMA = "docs long, rows long"
+
+
+# --- documents ---------------------------------------------------------------------------
+
+
+def write_docs(work: Path, n: int, seed: int, parts: int) -> tuple[list[Path], int]:
+    """``n`` demo users as JSON Lines in ``parts`` files (chunks of 5000 round-robin)."""
+    from shardex.demo.datagen import users
+
+    paths = [work / f"docs-{k}.jsonl" for k in range(parts)]
+    enc = msgspec.json.Encoder()
+    size = 0
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(p.open("wb")) for p in paths]
+        buf: list[bytes] = []
+        k = 0
+        for doc in users(n, seed):
+            buf.append(enc.encode(doc))
+            if len(buf) == 5000:
+                chunk = b"\n".join(buf) + b"\n"
+                files[k % parts].write(chunk)
+                size += len(chunk)
+                k += 1
+                buf.clear()
+        if buf:
+            chunk = b"\n".join(buf) + b"\n"
+            files[k % parts].write(chunk)
+            size += len(chunk)
+    return paths, size
+
+
+# --- PostgreSQL --------------------------------------------------------------------------
+
+
+def _copy_files(conn: Any, files: Sequence[Path]) -> None:
+    # COPY text format: a JSON line has no raw tab or newline; only backslashes need escaping.
+    with conn.cursor() as cur, cur.copy("COPY docs (body) FROM STDIN") as copy:
+        for path in files:
+            with path.open("rb") as fh:
+                while block := fh.read(1 << 22):
+                    while not block.endswith(b"\n"):
+                        more = fh.read(1 << 16)
+                        if not more:
+                            break
+                        block += more
+                    copy.write(block.replace(b"\\", b"\\\\"))
+
+
+def _create_indexes(server: PostgresServer, concurrent: bool) -> dict[str, float]:
+    """Run the twin CREATE INDEX statements; seconds each and the wall time of both."""
+    times: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def one(sql: str, name: str) -> None:
+        try:
+            with server.connect() as conn:
+                t = time.perf_counter()
+                conn.execute(sql)
+                times[name] = time.perf_counter() - t
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    t0 = time.perf_counter()
+    if concurrent:
+        threads = [threading.Thread(target=one, args=(i["pg"], i["name"])) for i in INDEXES]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    else:
+        for i in INDEXES:
+            one(i["pg"], i["name"])
+    times["both"] = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return times
+
+
+def postgres_build(base: Path, files: Sequence[Path], n: int) -> tuple[list[Row], dict[str, Any]]:
+    rows: list[Row] = []
+    with PostgresServer(base_dir=base) as server:
+        info: dict[str, Any] = {"server": server.describe()}
+        with server.connect() as conn:
+            conn.execute(
+                "CREATE TABLE docs (id text GENERATED ALWAYS AS (body->>'id') STORED "
+                "PRIMARY KEY, body jsonb NOT NULL)"
+            )
+            t = time.perf_counter()
+            _copy_files(conn, files)
+            info["copy_seconds"] = round(time.perf_counter() - t, 2)
+            conn.execute("VACUUM (ANALYZE) docs")
+            conn.execute("CHECKPOINT")
+            count = conn.execute("SELECT count(*) FROM docs").fetchone()[0]  # also warms
+            if count != n:
+                raise RuntimeError(f"postgresql holds {count} documents, expected {n}")
+            info["table_bytes"] = conn.execute("SELECT pg_table_size('docs')").fetchone()[0]
+            for key in ("maintenance_work_mem", "max_parallel_maintenance_workers", "work_mem"):
+                info[key] = conn.execute(f"SHOW {key}").fetchone()[0]
+            log(f"postgresql: {count} documents copied in {info['copy_seconds']} s")
+            for concurrent in (False, True):
+                load = load1()
+                times = _create_indexes(server, concurrent)
+                sizes = {
+                    name: conn.execute(
+                        "SELECT pg_relation_size(%s)", (f"pg_{name.removeprefix('by_')}",)
+                    ).fetchone()[0]
+                    for name in INDEX_NAMES
+                }
+                if not concurrent:
+                    info["entries"] = {
+                        "by_city_age": count,
+                        "by_email": conn.execute(
+                            "SELECT count(*) FROM docs WHERE body->>'status' = 'active'"
+                        ).fetchone()[0],
+                    }
+                    info["index_bytes"] = sizes
+                case = (
+                    "CREATE INDEX x2, concurrent" if concurrent else "CREATE INDEX x2, one by one"
+                )
+                rows.append(
+                    {
+                        "system": "postgresql",
+                        "case": case,
+                        "docs": n,
+                        "seconds": round(times["both"], 2),
+                        "docs/s": round(n / times["both"]),
+                        "detail": ", ".join(
+                            f"{k} {v:.2f} s" for k, v in times.items() if k != "both"
+                        ),
+                        "load_1m": load,
+                    }
+                )
+                for name in ("pg_city_age", "pg_email"):
+                    conn.execute(f"DROP INDEX {name}")
+                conn.execute("CHECKPOINT")
+    return rows, info
+
+
+# --- shardex: loading ----------------------------------------------------------------------
+
+
+def shardex_load(cluster_dir: Path, files: Sequence[Path], work: Path) -> float:
+    """``shardex load`` of every file, one process each, in parallel; returns seconds."""
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    t = time.perf_counter()
+    try:
+        for k, path in enumerate(files):
+            out = work / f"load-{k}.log"
+            cmd = [*_cli(), "load", KEYSPACE, str(path), "--dir", str(cluster_dir)]
+            cmd += ["--id-field", "id", "--batch", "1000"]
+            with out.open("wb") as fh:
+                procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT), out))
+        for proc, out in procs:
+            if proc.wait() != 0:
+                raise RuntimeError(f"shardex load failed:\n{out.read_text()[-2000:]}")
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return time.perf_counter() - t
+
+
+def create_indexes(client: Any) -> None:
+    for i in INDEXES:
+        client.create_index(
+            KEYSPACE,
+            i["name"],
+            i["keys"],
+            where=i["where"],
+            partition_by=i["partition_by"],
+            num_partition=i["num_partition"],
+            defer_build=True,
+        )
+
+
+# --- shardex: Spark's floor ----------------------------------------------------------------
+
+
+def count_fn() -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    schema = pa.schema([("docs", pa.int64()), ("rows", pa.int64())])
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            yield pa.RecordBatch.from_pydict({"docs": [b.num_rows], "rows": [0]}, schema=schema)
+
+    return fn
+
+
+def project_count_fn(
+    definitions: Sequence[Any],
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The build's mapInArrow function (``build.load_fn``) up to, not including, the
+    LoadChunk sends: project every index, keep the Upserts, count them."""
+    from shardex.index.keyversion import UPSERT
+    from shardex.pipeline.projector import _changes_of, _projector_for
+
+    defs = tuple(definitions)
+    schema = pa.schema([("docs", pa.int64()), ("rows", pa.int64())])
+
+    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        projector = _projector_for(defs)
+        for b in batches:
+            res = projector.project(_changes_of(b), sample_limit=0)
+            n = sum(1 for row in res.rows if row[2] == UPSERT)
+            yield pa.RecordBatch.from_pydict({"docs": [b.num_rows], "rows": [n]}, schema=schema)
+
+    return fn
+
+
+def spark_floor(
+    spark: Any, client: Any, cluster_dir: Path, definitions: Sequence[Any]
+) -> list[Row]:
+    """The build's Spark job with counting sinks (the read exactly as ``InitialBuild.run``)."""
+    from shardex.pipeline.build import ts0_json
+
+    ts = client.high_seqnos(KEYSPACE)
+    opts = {
+        "cluster_dir": str(cluster_dir),
+        "keyspace": KEYSPACE,
+        "mode": "snapshot",
+        "snapshot_ts": ts0_json(ts),
+        "tasks": "partition",
+    }
+    # Warm the Python worker pool (the build finds it warm too: the floor jobs ran first).
+    spark.range(0, 8, 1, 2).mapInArrow(lambda it: it, "id long").count()
+    rows: list[Row] = []
+    for case, fn in (
+        ("Spark floor: snapshot read, count", count_fn()),
+        ("Spark floor: read + project x2, count", project_count_fn(definitions)),
+    ):
+        load = load1()
+        t = time.perf_counter()
+        df = spark.read.format("shardex").options(**opts).load()
+        counts = df.mapInArrow(fn, COUNT_SCHEMA).toArrow()
+        seconds = time.perf_counter() - t
+        docs = sum(counts["docs"].to_pylist())
+        rows.append(
+            {
+                "system": "shardex",
+                "case": case,
+                "docs": docs,
+                "seconds": round(seconds, 2),
+                "docs/s": round(docs / seconds),
+                "detail": f"{sum(counts['rows'].to_pylist())} upserts projected",
+                "load_1m": load,
+            }
+        )
+        log(f"{case}: {docs} docs in {seconds:.1f} s")
+    return rows
+
+
+# --- shardex: the build ----------------------------------------------------------------------
+
+
+def shardex_build(client: Any, driver: Any, n: int, timeout: float) -> tuple[list[Row], Any]:
+    """BUILD INDEX both at once; wall time until both are ACTIVE, and the driver's job time."""
+    load = load1()
+    t = time.perf_counter()
+    client.build_index(KEYSPACE, *INDEX_NAMES)
+    for name in INDEX_NAMES:
+        client.wait_for_index(KEYSPACE, name, timeout=timeout)
+    wall = time.perf_counter() - t
+    kp = driver.keyspace()
+    deadline = time.monotonic() + 30
+    while (kp is None or not kp.builds) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        kp = driver.keyspace()
+    if kp is None or not kp.builds:
+        raise RuntimeError("both indexes are ACTIVE but the driver recorded no BuildResult")
+    result = kp.builds[-1]
+    if len(kp.builds) != 1:
+        log(f"the driver recorded {len(kp.builds)} builds (expected one build of both)")
+    rows = [
+        {
+            "system": "shardex",
+            "case": "BUILD INDEX x2 -> both ACTIVE",
+            "docs": n,
+            "seconds": round(wall, 2),
+            "docs/s": round(n / wall),
+            "detail": "client.build_index .. wait_for_index",
+            "load_1m": load,
+        },
+        {
+            "system": "shardex",
+            "case": "build job (BuildResult.seconds)",
+            "docs": result.docs,
+            "seconds": round(result.seconds, 2),
+            "docs/s": round(result.docs / result.seconds),
+            "detail": f"entries {result.items}, errors {result.errors}",
+            "load_1m": load,
+        },
+    ]
+    return rows, result

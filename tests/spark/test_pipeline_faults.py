@@ -1,0 +1,290 @@
+"""The index pipeline under faults, on a real 3-node cluster with a writer running: an
+indexer (node) killed with ``kill -9`` and restarted, data partitions migrating to a new
+node, and the pipeline driver process killed with ``kill -9`` and started again (it resumes
+from its Spark checkpoint).
+
+Every test stops writing, waits until the indexes' published stability TS reaches the
+keyspace's high seqnos and ends with ``check_oracle`` at that TS: the entries of every slice
+equal the definition over the documents as of the TS, and no entry is in two slices (nothing
+lost, nothing doubled).
+
+The first two tests share one cluster and the in-process driver (on the shared
+SparkSession); the driver-process test has its own cluster and runs ``shardex pipeline``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from cluster_helpers import LocalCluster, run_cli, wait_for
+from data_helpers import running_cluster
+from pipeline_helpers import Writer, check_oracle, mutate, stability_of, wait_stable
+
+from shardex.cli.localcluster import spawn_pipeline
+from shardex.client import Client, connect_local
+from shardex.manager.index_state import find_index, latest_index_topology
+from shardex.node.state import pid_alive
+from shardex.pipeline.driver import PipelineDriver
+from shardex.pipeline.indexers import index_state
+from shardex.pipeline.process import LOG_FILE, pipeline_dir, pipeline_pid
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+KEYSPACE = "faults"
+NAMES = ["by_name", "by_age"]
+# The driver retries a batch's delivery for up to 300 s and restarts a failed query with a
+# back-off of up to 30 s: stability may take a while to catch up after a fault.
+STABLE_TIMEOUT = 360.0
+
+
+def create_indexes(client: Client) -> None:
+    """Two indexes: a moving partition key (city) with a WHERE, and one by docid."""
+    client.create_index(
+        KEYSPACE,
+        "by_name",
+        ["name", "age"],
+        where="type = 'user'",
+        partition_by=["city"],
+        num_partition=4,
+    )
+    client.create_index(
+        KEYSPACE, "by_age", ["age", "name DESC"], partition_by=["META().id"], num_partition=3
+    )
+
+
+def check_all(client: Client, timeout: float = STABLE_TIMEOUT) -> dict[str, int]:
+    """Writes have stopped: wait for stability at the high seqnos, then the oracle."""
+    ts = wait_stable(client, KEYSPACE, NAMES, timeout=timeout)
+    counts = {n: check_oracle(client, KEYSPACE, n, ts) for n in NAMES}
+    assert all(c > 0 for c in counts.values()), counts
+    return counts
+
+
+def slice_nodes(client: Client, name: str) -> set[str]:
+    state = index_state(client)
+    rec = find_index(state.indexes, KEYSPACE, name)
+    assert rec is not None
+    topo = latest_index_topology(state.index_topologies, rec.id)
+    assert topo is not None
+    return set(topo.assignment.values())
+
+
+def stability_sum(client: Client) -> int:
+    """The lowest total of published stability seqnos over the indexes (grows with batches)."""
+    totals = []
+    for n in NAMES:
+        st = stability_of(client, KEYSPACE, n)
+        totals.append(-1 if st is None else sum(st.values()))
+    return min(totals)
+
+
+def wait_progress(client: Client, timeout: float, what: str) -> None:
+    """Wait until the published stability of both indexes moves forward (batches run)."""
+    before = stability_sum(client)
+    wait_for(lambda: stability_sum(client) > before, timeout, 0.2, what)
+
+
+# --- in-process driver: kill -9 of a node, partition migration -------------------------------
+
+
+@dataclass
+class Env:
+    path: Path
+    cluster: LocalCluster
+    client: Client
+    driver: PipelineDriver
+
+
+@pytest.fixture(scope="module")
+def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    import random
+
+    root = tmp_path_factory.mktemp("pipeline-faults")
+    path = root / "cluster"
+    with running_cluster(path, nodes=3) as cluster, connect_local(path) as client:
+        client.create_keyspace(KEYSPACE, num_partitions=8)
+        mutate(client, KEYSPACE, random.Random(3), 300)
+        with connect_local(path, name="driver") as driver_client:
+            driver = PipelineDriver(
+                spark, driver_client, {"cluster_dir": str(path)}, root / "checkpoints", poll=0.3
+            )
+            thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
+            thread.start()
+            try:
+                create_indexes(client)
+                for n in NAMES:
+                    client.wait_for_index(KEYSPACE, n, timeout=180)
+                yield Env(path, cluster, client, driver)
+            finally:
+                driver.stop()
+                thread.join(timeout=60)
+
+
+def batch_report(driver: PipelineDriver) -> str:
+    kp = driver.keyspaces[KEYSPACE]
+    retried = [(s.batch_id, s.retries) for s in kp.job.last if s.retries]
+    return f"query restarts {kp.failures}, batches retried {retried}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_kill_indexer_node_mid_stream(env: Env) -> None:
+    client = env.client
+    # A node holding slices of both indexes (and data partitions): node2, not the seed.
+    victim = 2
+    assert f"node{victim}" in slice_nodes(client, "by_name") & slice_nodes(client, "by_age")
+    pid = env.cluster.pid(victim)
+    assert pid is not None and pid_alive(pid)
+    with connect_local(env.path, name="writer") as wclient, Writer(wclient, KEYSPACE, 21) as w:
+        wait_progress(client, 60, "batches before the kill")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 10, 0.05, f"node{victim} gone")
+        time.sleep(4)  # writes go on (those to node2's partitions fail); deliveries retry
+        env.cluster.start()  # starts only the node that is not running
+        new_pid = env.cluster.pid(victim)
+        assert new_pid is not None and new_pid != pid
+        wait_progress(client, 180, "batches after the restart")
+        time.sleep(2)
+        assert w.done > 0
+    counts = check_all(client)
+    print(f"\nkill -9 node{victim}: {w.done} mutations, {counts}; {batch_report(env.driver)}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_partition_migration_mid_stream(env: Env) -> None:
+    client = env.client
+    before = {ks.name: dict(ks.assignment) for ks in client.list_keyspaces()}[KEYSPACE]
+    run_cli("cluster", "add-node", "--dir", str(env.path))
+    with connect_local(env.path, name="writer") as wclient, Writer(wclient, KEYSPACE, 31) as w:
+        wait_progress(client, 60, "batches before the rebalance")
+        result = client.rebalance()
+        wait_progress(client, 60, "batches after the rebalance")
+        time.sleep(1)
+        assert w.done > 0
+    assert result.state == "done" and result.moved, result
+    after = {ks.name: dict(ks.assignment) for ks in client.list_keyspaces()}[KEYSPACE]
+    assert "node4" in after.values() and after != before
+    counts = check_all(client)
+    print(
+        f"\nrebalance: {len(result.moved)} move(s), {w.done} mutations, {counts}; "
+        f"{batch_report(env.driver)}"
+    )
+
+
+# --- the driver as its own process: kill -9 and restart from the checkpoint ------------------
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (the driver's JVM and its Python workers)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (d / "stat").read_text()
+            parent[int(d.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for child, ppid in parent.items():
+            if ppid == p and child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def batch_ids(checkpoints: Path, suffix: str) -> list[int]:
+    """The batch ids in the Spark offset (``offsets``) or commit (``commits``) log of the
+    keyspace's checkpoint."""
+    found = sorted(checkpoints.glob(f"{KEYSPACE}-*"))
+    if not found:
+        return []
+    return sorted(int(f.name) for f in (found[0] / suffix).glob("[0-9]*"))
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a driver we spawned and its session (its JVM, its workers)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_kill_driver_process_mid_stream(tmp_path_factory: pytest.TempPathFactory) -> None:
+    import random
+
+    if shutil.which("java") is None:
+        pytest.skip("no Java runtime: the pipeline driver needs one (Java 17)")
+    path = tmp_path_factory.mktemp("pipeline-driver-kill") / "cluster"
+    home = pipeline_dir(path)
+    checkpoints = home / "checkpoints"
+    args = ["--poll", "0.3"]
+    spawned: list[subprocess.Popen[bytes]] = []
+    with running_cluster(path, nodes=3), connect_local(path) as client:
+        try:
+            client.create_keyspace(KEYSPACE, num_partitions=8)
+            mutate(client, KEYSPACE, random.Random(7), 300)
+            first = spawn_pipeline(path, args)
+            spawned.append(first)
+            wait_for(lambda: pipeline_pid(path) == first.pid, 120, 0.2, "first driver serving")
+            # One driver per cluster: a second one refuses at once (the flock).
+            refused = run_cli("pipeline", "--dir", str(path), check=False, timeout=60)
+            assert refused.returncode != 0
+            assert "another pipeline driver process" in refused.stdout + refused.stderr
+            assert pipeline_pid(path) == first.pid
+            create_indexes(client)
+            for n in NAMES:
+                client.wait_for_index(KEYSPACE, n, timeout=240)
+            with connect_local(path, name="writer") as wclient, Writer(wclient, KEYSPACE, 41) as w:
+                wait_progress(client, 60, "batches before the kill")
+                wait_for(lambda: len(batch_ids(checkpoints, "commits")) >= 3, 60, 0.1, "batches")
+                jvm = descendants(first.pid)
+                assert jvm, "the driver runs no JVM?"
+                os.kill(first.pid, signal.SIGKILL)
+                first.wait(10)
+                offsets_at_kill = batch_ids(checkpoints, "offsets")
+                # The JVM exits when its Python parent is gone (py4j: stdin closed).
+                wait_for(lambda: not any(pid_alive(p) for p in jvm), 30, 0.2, "driver JVM gone")
+                assert pipeline_pid(path) is None
+                time.sleep(3)  # writes go on with no driver
+                second = spawn_pipeline(path, args)
+                spawned.append(second)
+                wait_for(lambda: pipeline_pid(path) == second.pid, 120, 0.2, "second driver")
+                last = max(offsets_at_kill)
+                wait_for(
+                    lambda: max(batch_ids(checkpoints, "commits"), default=-1) > last + 1,
+                    120,
+                    0.2,
+                    "batches of the second driver",
+                )
+                assert w.done > 0
+            counts = check_all(client)
+            # The second driver went on from the first one's checkpoint (same offset log, no
+            # new initial build).
+            assert batch_ids(checkpoints, "offsets")[: len(offsets_at_kill)] == offsets_at_kill
+            second_log = (home / LOG_FILE).read_text().split(f"(pid {second.pid})")[-1]
+            assert "initial build of" not in second_log, "the second driver built again"
+            print(
+                f"\ndriver kill -9: {w.done} mutations, {counts}; offsets at kill "
+                f"{offsets_at_kill[-3:]}, now {batch_ids(checkpoints, 'offsets')[-1]}"
+            )
+        finally:
+            for proc in spawned:
+                kill_group(proc)

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Annotated, Any
 
 import typer
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-from shardex.cli.common import out
+from shardex.cli.common import err, out
 from shardex.cli.keyspace import DirOption, local_client
 
 app = typer.Typer(
@@ -119,9 +128,11 @@ def list_(
         _print_json(rows)
         return
     table = Table(title=f"indexes (cas {rows[0]['cas']})" if rows else "indexes")
-    for col in ("keyspace", "name", "state", "keys", "where", "partitions", "nodes", "progress"):
+    cols = ("keyspace", "name", "state", "keys", "where", "partitions", "nodes", "progress")
+    for col in (*cols, "items", "stable at"):
         table.add_column(col)
     for r in rows:
+        stable = r.get("stability_ts")
         table.add_row(
             r["keyspace"],
             r["name"],
@@ -131,6 +142,8 @@ def list_(
             str(r["num_partition"]),
             ", ".join(r["nodes"]),
             f"{r['progress']:.0%}",
+            f"{r.get('items_count', 0):,}",
+            "-" if stable is None else f"{sum(stable.values()):,} mutations",
         )
     out.print(table)
 
@@ -143,10 +156,48 @@ def wait(
     state: Annotated[str, typer.Option("--state", help="State to wait for.")] = "ACTIVE",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds.")] = 60.0,
 ) -> None:
-    """Wait until an index reaches a state (or a later one)."""
+    """Wait until an index reaches a state (or a later one), with a progress bar while it
+    builds (documents loaded of the snapshot, rate, time left)."""
     with local_client(cluster_dir) as client:
-        ix = client.wait_for_index(keyspace, name, state=state, timeout=timeout)
-    out.print(_summary(ix))
+        waiter = _Waiter(client, keyspace, name, state, timeout)
+        waiter.thread.start()
+        with Progress(
+            TextColumn(f"[bold]{name}[/]" + " {task.fields[state]}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[items]:,} entries"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=err,
+        ) as bar:
+            task = bar.add_task("build", total=1.0, state="", items=0)
+            while waiter.thread.is_alive():
+                waiter.thread.join(0.5)
+                ix = next((i for i in client.list_indexes(keyspace) if i["name"] == name), None)
+                if ix is not None:
+                    bar.update(
+                        task, completed=ix["progress"], state=ix["state"], items=ix["items_count"]
+                    )
+    if waiter.error is not None:
+        raise waiter.error
+    assert waiter.result is not None
+    out.print(_summary(waiter.result))
+
+
+class _Waiter:
+    """``client.wait_for_index`` on a thread, so the CLI can draw the bar meanwhile."""
+
+    def __init__(self, client: Any, keyspace: str, name: str, state: str, timeout: float) -> None:
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self.result = client.wait_for_index(keyspace, name, state=state, timeout=timeout)
+            except BaseException as exc:  # re-raised on the main thread
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
 
 
 def ddl(

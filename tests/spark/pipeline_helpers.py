@@ -102,7 +102,7 @@ def stability_of(client: Client, keyspace: str, name: str) -> dict[int, int] | N
 
 
 def wait_stable(
-    client: Client, keyspace: str, names: list[str], timeout: float = 90.0
+    client: Client, keyspace: str, names: list[str], timeout: float = 240.0
 ) -> Timestamp:
     """Wait until every named index's published stability TS equals the keyspace's high
     seqnos (writes must have stopped); returns that TS."""

@@ -24,7 +24,7 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.manager.index_state import ACTIVE, BUILDING
 from shardex.pipeline.build import BuildResult, InitialBuild
 from shardex.pipeline.indexers import index_state
-from shardex.pipeline.maintain import BatchStats, MaintenanceJob
+from shardex.pipeline.maintain import DEFAULT_DRIVER_READ_MAX, BatchStats, MaintenanceJob
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.rollback import current_generation, handle_rollback, new_generation
 from shardex.pipeline.source_types import parse_rollback
@@ -71,8 +71,10 @@ class PipelineDriver:
         poll: float = DEFAULT_POLL,
         trigger_interval: str = "0 seconds",
         on_batch: Callable[[BatchStats], None] | None = None,
+        driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
     ) -> None:
         self.spark = spark
+        self.driver_read_max = driver_read_max
         self.client = client
         self.source_options = dict(source_options)
         self.checkpoint_root = checkpoint_root
@@ -136,6 +138,7 @@ class PipelineDriver:
             starting=self._starting(registry, registry.keyspace),
             trigger_interval=self.trigger_interval,
             on_batch=self.on_batch,
+            driver_read_max=self.driver_read_max,
         )
 
     def _starting(self, registry: IndexRegistry, keyspace: str) -> Timestamp:

@@ -4,8 +4,9 @@ whose ``foreachBatch`` projects, routes, delivers and stabilises (the mutation-f
 One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
 
 1. the maintained indexes (``IndexRegistry``; an index joins after its initial build);
-2. project the batch's changes for them with ``mapInArrow`` (Spark workers) and collect
-   the key versions on the driver (``toArrow``);
+2. project the batch's changes for them: a small batch (``driver_read_max`` changes) is read
+   and projected on the driver, a larger one with ``mapInArrow`` on the Spark workers, the
+   key versions collected on the driver (``toArrow``);
 3. catch up any index whose applied TS is behind ``start`` (an index that joined after the
    stream passed its build's T0): its missing range is read on the driver and projected too;
 4. route by index topology and deliver each indexer its rows (in parallel);
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
+from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KEY_VERSION_DDL, KeyVersion, from_arrow
 from shardex.pipeline.indexers import advance_stability, deliver
 from shardex.pipeline.projector import map_in_arrow_fn, project_arrow
@@ -53,6 +55,8 @@ __all__ = ["BatchStats", "MaintenanceJob", "read_offset"]
 log = logging.getLogger(__name__)
 
 DEFAULT_RETRY_FOR = 300.0
+# Batches of at most this many changes are read and projected on the driver (no Spark job).
+DEFAULT_DRIVER_READ_MAX = 5_000
 # Conditions a retry can outlive: an indexer restarting, a node failing over.
 _RETRYABLE = frozenset(
     {
@@ -96,6 +100,7 @@ class BatchStats:
     stabilize: float = 0.0
     total: float = 0.0
     retries: int = 0
+    on_driver: bool = False  # read and projected on the driver (small batch)
     end: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
@@ -114,8 +119,10 @@ class MaintenanceJob:
         retry_for: float = DEFAULT_RETRY_FOR,
         trigger_interval: str = "0 seconds",
         on_batch: Callable[[BatchStats], None] | None = None,
+        driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
     ) -> None:
         self.spark = spark
+        self.driver_read_max = driver_read_max
         self.client = client
         self.registry = registry
         self.keyspace = registry.keyspace
@@ -184,20 +191,38 @@ class MaintenanceJob:
         # ``end`` would move it backwards. What it skips is caught up from its applied TS.
         views = [v for v in self.registry.maintained() if end.covers(self.registry.applied(v.id))]
         rows: list[KeyVersion] = []
+        stats.changes = _changes(start, end)
         if views:
             t = time.perf_counter()
             defs = [v.definition for v in views]
-            table = df.mapInArrow(map_in_arrow_fn(defs), KEY_VERSION_DDL).toArrow()
-            for b in table.to_batches():
-                rows.extend(from_arrow(b))
+            if stats.changes <= self.driver_read_max:
+                # Small batch: read (start, end] here and project in this process. A Spark
+                # job (plan, Python worker round trips, Arrow collect) costs more than the
+                # work itself; the rows are the same either way (the DataFrame is the same
+                # range of the same source and is simply not executed).
+                stats.on_driver = True
+                rows = self._read_and_project(defs, start, end)
+            else:
+                table = df.mapInArrow(map_in_arrow_fn(defs), KEY_VERSION_DDL).toArrow()
+                for b in table.to_batches():
+                    rows.extend(from_arrow(b))
             stats.project = time.perf_counter() - t
             t = time.perf_counter()
             rows.extend(self._catch_up(views, start))
             stats.catch_up = time.perf_counter() - t
-        stats.changes = _changes(start, end)
         self._deliver_and_stabilize(views, rows, end, batch_id, stats)
         stats.total = time.perf_counter() - t0
         self._record(stats)
+
+    def _read_and_project(
+        self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
+    ) -> list[KeyVersion]:
+        out: list[KeyVersion] = []
+        ranges = plan_ranges(self.keyspace, start, end)
+        for batch in read_ranges(self.client, self.keyspace, ranges):
+            kv, _ = project_arrow(defs, batch, error_rows=True)
+            out.extend(from_arrow(kv))
+        return out
 
     def _catch_up(self, views: Sequence[IndexView], start: Timestamp) -> list[KeyVersion]:
         """Key versions of (applied, start] for every index whose applied TS is behind the

@@ -44,6 +44,10 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.default.parallelism": "2",
     "spark.python.worker.reuse": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # A Python worker must connect back within this; the default 15 s is exceeded when a
+    # loaded 2-core machine starts one (imports of pyspark, pyarrow and pandas), which kills
+    # the streaming query ("Python worker failed to connect back").
+    "spark.python.authenticate.socketTimeout": "120s",
     # Nothing of ours uses Hive; the in-memory catalog avoids Derby files in the cwd.
     "spark.sql.catalogImplementation": "in-memory",
 }

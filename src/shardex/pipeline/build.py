@@ -168,7 +168,9 @@ class InitialBuild:
         for done in load_finish(self.client, ts0, slices, _one_incarnation(counts)):
             result.items[done.index_id] = result.items.get(done.index_id, 0) + done.items_count
         # Every slice holds a snapshot at T0: publish it, then ACTIVE, then join the stream.
-        reply = advance_stability(self.client, self.keyspace, ts0, ids)
+        reply = advance_stability(
+            self.client, self.keyspace, ts0, ids, timekeeper=self.registry.timekeeper
+        )
         for v in views:
             if v.id not in reply.published:
                 log.warning("build of %s: T0 not published (%s)", v.id, reply.skipped)

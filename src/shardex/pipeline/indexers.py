@@ -106,8 +106,11 @@ def advance_stability(
     *,
     batch_id: int = -1,
     incarnations: Mapping[str, str] | None = None,
+    timekeeper: str = "",
 ) -> StabilityAdvanced:
-    """Ask the timekeeper (on the node the client talks to) to stabilise and publish."""
+    """Ask the timekeeper on node ``timekeeper`` (the coordinator master, so every batch of a
+    keyspace meets the same one; "" = the node the client talks to) to stabilise and
+    publish."""
     msg = AdvanceStability(
         keyspace=keyspace,
         ts=dict(ts.to_wire()),
@@ -117,6 +120,8 @@ def advance_stability(
     )
 
     async def go() -> StabilityAdvanced:
+        if timekeeper:
+            return await _to_node(client, timekeeper, msg, StabilityAdvanced, ADVANCE_TIMEOUT)
         conn = await client._live_conn()
         return await conn.request(msg, ADVANCE_TIMEOUT, expect=StabilityAdvanced)
 

@@ -307,6 +307,7 @@ class MaintenanceJob:
             sorted(wanted),
             batch_id=batch_id,
             incarnations=report.incarnations,
+            timekeeper=self.registry.timekeeper,
         )
         stats.stabilize = time.perf_counter() - t
         self.registry.advanced(reply.published, end)

@@ -86,6 +86,7 @@ class IndexRegistry:
         self._checked: set[str] = set()  # indexes whose slices were inspected at start
         self._fetched_at = 0.0
         self.keyspace_uuid: str | None = None
+        self.timekeeper = ""  # the coordinator master: where stabilise rounds go
 
     # -- state ---------------------------------------------------------------------------------
     def refresh(self, *, force: bool = False) -> dict[str, IndexView]:
@@ -104,6 +105,7 @@ class IndexRegistry:
         with self._lock:
             self._views = views
             self.keyspace_uuid = None if meta is None else meta.uuid
+            self.timekeeper = state.master
             for gone in set(self._joined) - set(views):
                 del self._joined[gone]
             self._fetched_at = now

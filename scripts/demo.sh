@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job: a real local cluster on loopback. Each issue extends it; today it starts a
-# 3-node cluster, shows its status, talks to it through the Python client, creates a keyspace,
-# loads a generated data set into it, shows where the documents live, reads some back, and
-# stops the cluster. SHARDEX_DEMO_DOCS sets the data set size (default 100000).
+# 3-node cluster and its index pipeline (Spark), shows its status, talks to it through the
+# Python client, creates a keyspace, loads a generated data set into it, shows where the
+# documents live, builds two secondary indexes through Spark, reads and updates documents and
+# watches the indexes' stability timestamp cover the update, and stops the cluster.
+# SHARDEX_DEMO_DOCS sets the data set size (default 100000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SPARK_LOCAL_IP=127.0.0.1
@@ -53,6 +55,13 @@ step "Bulk-loading them: shardex load users $DIR/users.jsonl --id-field id"
 step "Documents per node and per partition"
 "$SX" keyspace stats users --dir "$DIR"
 
+step "Creating two secondary indexes; the pipeline's Spark job builds them from a snapshot"
+"$SX" ddl --dir "$DIR" 'CREATE INDEX by_city ON users(address.city, age) PARTITION BY HASH(META().id) WITH {"num_partition": 4}'
+"$SX" ddl --dir "$DIR" "CREATE INDEX by_status ON users(status, age DESC) WHERE age >= 18"
+"$SX" index wait users by_city --dir "$DIR" --timeout 900
+"$SX" index wait users by_status --dir "$DIR" --timeout 900
+"$SX" index list users --dir "$DIR"
+
 step "Reading, updating with CAS and streaming through the Python client"
 .venv/bin/python - "$DIR" <<'PY'
 import sys
@@ -85,6 +94,30 @@ with connect_local(sys.argv[1]) as client:
             if isinstance(item, Change):
                 print(f"  change stream of partition {r.partition}: seqno {item.seqno} "
                       f"{item.op} {item.docid}")
+PY
+
+step "The indexes follow the writes: time until their stability TS covers an update"
+.venv/bin/python - "$DIR" <<'PY'
+import sys
+import time
+from shardex.client import connect_local
+
+with connect_local(sys.argv[1]) as client:
+    users = client.keyspace("users")
+    for i in range(5):
+        v = users.get_versioned(f"user-000010{i}")
+        t0 = time.monotonic()
+        r = users.replace(f"user-000010{i}", {**v.doc, "status": "vip", "age": 40}, cas=v.cas)
+        while True:
+            ix = {x["name"]: x for x in client.list_indexes("users")}
+            st = [ix[n]["stability_ts"] or {} for n in ("by_city", "by_status")]
+            if all(s.get(r.partition, 0) >= r.seqno for s in st):
+                break
+            time.sleep(0.005)
+        print(f"update of user-000010{i} (partition {r.partition}, seqno {r.seqno}) covered "
+              f"by both indexes' stability TS after {(time.monotonic() - t0) * 1000:.0f} ms")
+    for n in ("by_city", "by_status"):
+        print(f"{n}: {ix[n]['items_count']:,} entries, state {ix[n]['state']}")
 PY
 
 step "Stopping the cluster"

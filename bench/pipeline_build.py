@@ -13,7 +13,8 @@
   MarkIndexActive).
 * Spark's floor: the build's Spark job (snapshot read at the current TS, one task per data
   partition) with a sink that only counts: (a) read only, (b) read + the build's projection
-  of both indexes, no LoadChunk.
+  of both indexes, no LoadChunk. And the same snapshot read without Spark (``read_ranges``
+  in this process), to split the read's cost between the data nodes and Spark.
 """
 
 from __future__ import annotations
@@ -249,6 +250,7 @@ def spark_floor(
     spark: Any, client: Any, cluster_dir: Path, definitions: Sequence[Any]
 ) -> list[Row]:
     """The build's Spark job with counting sinks (the read exactly as ``InitialBuild.run``)."""
+    from shardex.core.timestamp import Timestamp
     from shardex.pipeline.build import ts0_json
 
     ts = client.high_seqnos(KEYSPACE)
@@ -259,9 +261,12 @@ def spark_floor(
         "snapshot_ts": ts0_json(ts),
         "tasks": "partition",
     }
-    # Warm the Python worker pool (the build finds it warm too: the floor jobs ran first).
-    spark.range(0, 8, 1, 2).mapInArrow(lambda it: it, "id long").count()
-    rows: list[Row] = []
+    # Warm up on two partitions: the data source's planning workers and the Python worker
+    # pool start here (the build finds them warm too: the floor jobs ran first).
+    two = Timestamp({p: e for p, e in sorted(ts.items())[:2]})
+    warm = dict(opts, snapshot_ts=ts0_json(two))
+    spark.read.format("shardex").options(**warm).load().mapInArrow(count_fn(), COUNT_SCHEMA).count()
+    rows: list[Row] = [source_read(client, ts)]
     for case, fn in (
         ("Spark floor: snapshot read, count", count_fn()),
         ("Spark floor: read + project x2, count", project_count_fn(definitions)),
@@ -287,17 +292,46 @@ def spark_floor(
     return rows
 
 
+def source_read(client: Any, ts: Any) -> Row:
+    """The same snapshot read without Spark: ``read_ranges`` in this process, every data
+    partition (what the data nodes and the source's reader deliver on their own)."""
+    from shardex.core.timestamp import Timestamp
+    from shardex.pipeline.source_plan import plan_ranges
+    from shardex.pipeline.source_read import read_ranges
+
+    load = load1()
+    t = time.perf_counter()
+    docs = 0
+    for batch in read_ranges(
+        client, KEYSPACE, plan_ranges(KEYSPACE, Timestamp({}), ts), snapshot=True
+    ):
+        docs += batch.num_rows
+    seconds = time.perf_counter() - t
+    log(f"snapshot read without Spark: {docs} docs in {seconds:.1f} s")
+    return {
+        "system": "shardex",
+        "case": "snapshot read, no Spark (read_ranges)",
+        "docs": docs,
+        "seconds": round(seconds, 2),
+        "docs/s": round(docs / seconds),
+        "detail": "in the driver process, one thread",
+        "load_1m": load,
+    }
+
+
 # --- shardex: the build ----------------------------------------------------------------------
 
 
 def shardex_build(client: Any, driver: Any, n: int, timeout: float) -> tuple[list[Row], Any]:
     """BUILD INDEX both at once; wall time until both are ACTIVE, and the driver's job time."""
     load = load1()
+    log(f"BUILD INDEX {', '.join(INDEX_NAMES)}")
     t = time.perf_counter()
     client.build_index(KEYSPACE, *INDEX_NAMES)
     for name in INDEX_NAMES:
         client.wait_for_index(KEYSPACE, name, timeout=timeout)
     wall = time.perf_counter() - t
+    log(f"both indexes ACTIVE after {wall:.1f} s")
     kp = driver.keyspace()
     deadline = time.monotonic() + 30
     while (kp is None or not kp.builds) and time.monotonic() < deadline:

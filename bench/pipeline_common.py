@@ -108,6 +108,18 @@ class BatchLog:
         with self.lock:
             return [(t, s) for t, s in self.records if t >= t0 and (t1 is None or t <= t1)]
 
+    def wait_end(self, target: dict[int, int], timeout: float = 30.0) -> None:
+        """Until a batch whose end covers ``target`` is recorded: the driver records a batch
+        just after its TS is published, so a poller can see the TS first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                last = self.records[-1][1] if self.records else None
+            if last is not None and covers({p: e[0] for p, e in last.end.items()}, target):
+                return
+            time.sleep(0.01)
+        log("no recorded batch covers the target (stats of the last batch may be missing)")
+
 
 class InProcessDriver:
     """``PipelineDriver`` on this process's SparkSession, in a thread (as the e2e tests run
@@ -156,10 +168,38 @@ def index_ids(client: Any) -> list[str]:
     return out
 
 
+_MASTER_TTL = 2.0
+_masters: dict[int, tuple[str, float]] = {}
+
+
+def timekeeper_node(client: Any) -> str:
+    """The coordinator master, whose timekeeper the pipeline's stabilise rounds go to (read
+    again every couple of seconds)."""
+    from shardex.pipeline.indexers import index_state
+
+    hit = _masters.get(id(client))
+    if hit is not None and time.monotonic() - hit[1] < _MASTER_TTL:
+        return hit[0]
+    master = index_state(client).master
+    _masters[id(client)] = (master, time.monotonic())
+    return master
+
+
+def held_stability(client: Any) -> dict[str, Any]:
+    """Index id -> the stability TS the master's timekeeper holds for the keyspace."""
+    from shardex.core.timestamp import Timestamp
+    from shardex.manager.timekeeper_messages import StabilityReply, StabilityRequest
+    from shardex.pipeline.indexers import _to_node
+
+    msg = StabilityRequest(keyspace=KEYSPACE)
+    reply = client._run(_to_node(client, timekeeper_node(client), msg, StabilityReply))
+    return {i: Timestamp.from_wire(ts) for i, ts in reply.stability.items()}
+
+
 def stable_seqnos(client: Any, ids: Sequence[str]) -> dict[int, int] | None:
     """Per data partition the seqno every listed index's published stability TS covers (the
-    timekeeper's held TS on the node the client talks to); None until all are published."""
-    held = client.stability(KEYSPACE)
+    TS held by the master's timekeeper); None until all are published."""
+    held = held_stability(client)
     if any(i not in held for i in ids):
         return None
     out: dict[int, int] = {}
@@ -208,6 +248,7 @@ def batch_row(part: str, records: Sequence[tuple[float, Any]]) -> Row:
     totals = sorted(s.total for s in stats)
     row["total p90 ms"] = ms(percentile(totals, 90))
     row["retries"] = sum(s.retries for s in stats)
+    row["on driver"] = sum(1 for s in stats if getattr(s, "on_driver", False))
     return row
 
 

@@ -59,7 +59,9 @@ def writer_main(
     per_thread: int,
     rate_per_thread: float | None,
     seconds: float,
-    start_at: float,
+    ready: Any,
+    go: Any,
+    start_at: Any,
     out: str,
 ) -> None:
     """Write ``per_thread`` updates from each of ``threads`` threads: paced at
@@ -70,13 +72,17 @@ def writer_main(
     client = connect_local(cluster_dir, name="bench-writer")
     ks = client.keyspace(KEYSPACE)
     docs = list(updates(per_thread * threads, total_docs, seed))
+    ks.partition_of(docs[0][0])  # the topology, before the clock starts
+    ready.put(1)
+    go.wait()
+    begin = start_at.value
     acks: list[list[tuple[int, int, float]]] = [[] for _ in range(threads)]
     errors: list[BaseException] = []
 
     def run(k: int) -> None:
         mine = docs[k * per_thread : (k + 1) * per_thread]
         try:
-            while time.time() < start_at:
+            while time.time() < begin:
                 time.sleep(0.001)
             if rate_per_thread is None:
                 for i in range(0, len(mine), 1000):
@@ -87,13 +93,13 @@ def writer_main(
             per_tick = max(1, round(rate_per_thread * TICK))
             n = 0
             i = 0
-            while i < len(mine) and time.time() < start_at + seconds:
+            while i < len(mine) and time.time() < begin + seconds:
                 res = ks.upsert_many(mine[i : i + per_tick], chunk_size=per_tick)
                 now = time.time()
                 acks[k].extend((r.partition, r.seqno, now) for r in res)
                 i += per_tick
                 n += 1
-                delay = start_at + n * TICK - time.time()
+                delay = begin + n * TICK - time.time()
                 if delay > 0:
                     time.sleep(delay)
         except BaseException as exc:
@@ -179,7 +185,8 @@ def write_updates(
     timeout: float,
 ) -> np.ndarray:
     """Run ``writers`` writer processes; returns their (partition, seqno, ack) rows."""
-    start_at = time.time() + 3.0 + per_thread * threads * 4e-5  # after generating the docs
+    ready, go = procs.ctx.Queue(), procs.ctx.Event()
+    start_at = procs.ctx.Value("d", 0.0)
     outs = [work / f"acks-{tag}-{w}.npy" for w in range(writers)]
     per_rate = None if rate is None else rate / (writers * threads)
     ps = [
@@ -192,11 +199,17 @@ def write_updates(
             per_thread,
             per_rate,
             seconds,
+            ready,
+            go,
             start_at,
             str(outs[w]),
         )
         for w in range(writers)
     ]
+    for _ in ps:  # every writer has generated its documents
+        ready.get(timeout=timeout)
+    start_at.value = time.time() + 0.2
+    go.set()
     for p in ps:
         procs.join_ok(p, timeout)
     return np.concatenate([np.load(o) for o in outs])
@@ -234,11 +247,13 @@ def ack_to_stable(acks: np.ndarray, t: np.ndarray, seq: np.ndarray) -> np.ndarra
 
 
 def spark_progress(driver: InProcessDriver, recs: list[tuple[float, Any]]) -> list[dict]:
-    """Spark's queryProgress of the batches in ``recs`` (as far as recentProgress holds)."""
+    """Spark's queryProgress of the batches in ``recs`` (as far as recentProgress holds;
+    one per batch: idle triggers report the next batch id too, without ``addBatch``)."""
     kp = driver.keyspace()
     wanted = {s.batch_id for _, s in recs}
     progress = [] if kp is None or kp.query is None else kp.query.recentProgress
-    return [p for p in progress if p["batchId"] in wanted]
+    by_id = {p["batchId"]: p for p in progress if "addBatch" in p.get("durationMs", {})}
+    return [p for b, p in sorted(by_id.items()) if b in wanted]
 
 
 # --- part 2: drain ---------------------------------------------------------------------------
@@ -273,7 +288,8 @@ def drain(
     load = load1()
     driver = ctx.new_driver()
     t0 = driver.started
-    t1 = wait_covered(client, ids, target, timeout=3600)
+    t1 = wait_covered(client, ids, target, timeout=max(300.0, mutations / 200))
+    ctx.batches.wait_end(target)
     recs = ctx.batches.since(t0)
     active = [(t, s) for t, s in recs if s.changes > 0]
     first_start = min(t - s.total for t, s in active) if active else t0
@@ -285,6 +301,7 @@ def drain(
             "changes": changes,
             "written/s": round(len(acks) / write_s),
             "drain s": round(t1 - t0, 2),
+            "query start s": round(first_start - t0, 2),
             "mutations/s": round(len(acks) / (t1 - t0)),
             "from 1st batch s": round(t1 - first_start, 2),
             "mutations/s (batches)": round(len(acks) / (t1 - first_start)),
@@ -328,6 +345,7 @@ def freshness(
         )
         target = seqnos(client.high_seqnos(KEYSPACE))
         wait_covered(client, ids, target, timeout=600)
+        ctx.batches.wait_end(target)
         time.sleep(0.1)
     finally:
         t, seq = poller.finish()
@@ -376,6 +394,7 @@ def floor(ctx: Any, driver: InProcessDriver, writes: int) -> tuple[list[Row], li
             acked = time.time()
             acks.append((r.partition, r.seqno, acked))
             wait_covered(client, ids, {r.partition: r.seqno}, timeout=60, interval=0.005)
+            ctx.batches.wait_end({r.partition: r.seqno})
             time.sleep(max(0.0, acked + 1.0 - time.time()))
     finally:
         t, seq = poller.finish()

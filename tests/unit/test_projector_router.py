@@ -92,3 +92,19 @@ def test_errors_counted_unknown_index_rejected_frames() -> None:
     rows = [("p", 0, UPSERT, b"e", f"x{i}", 0, i) for i in range(10)]
     assert [len(f) for f in frames(rows, 4)] == [4, 4, 2]
     assert routes_for([PLAIN], {"p": {0: "n9"}})["p"].owners == ("n9",)
+
+
+def test_delivery_report_refuses_a_restart_between_frames() -> None:
+    """A node that answered one frame of a batch as one incarnation and the next as another
+    lost the first frame: the batch must be delivered again (STALE_DELIVERY, retried)."""
+    from shardex.index.delivery_messages import Delivered
+    from shardex.pipeline.indexers import DeliveryReport
+
+    report = DeliveryReport()
+    report.add(Delivered(node="n1", incarnation="a", accepted=2))
+    report.add(Delivered(node="n2", incarnation="b", accepted=1))
+    report.add(Delivered(node="n1", incarnation="a", accepted=3))
+    assert report.incarnations == {"n1": "a", "n2": "b"} and report.accepted == 6
+    with pytest.raises(ShardexError) as info:
+        report.add(Delivered(node="n1", incarnation="c"))
+    assert info.value.code is ErrorCode.STALE_DELIVERY

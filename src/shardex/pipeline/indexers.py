@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
 from shardex.index.delivery_messages import (
     MAX_ROWS_PER_FRAME,
     Delivered,
@@ -62,7 +63,16 @@ class DeliveryReport:
         self.unknown = 0
 
     def add(self, reply: Delivered) -> None:
-        self.incarnations[reply.node] = reply.incarnation
+        seen = self.incarnations.setdefault(reply.node, reply.incarnation)
+        if seen != reply.incarnation:
+            # The indexer restarted between two frames of this batch: the first ones died
+            # with the old process, and a stabilise naming the new one would not notice.
+            raise ShardexError(
+                f"indexer {reply.node} restarted during the delivery (incarnation {seen}, "
+                f"then {reply.incarnation})",
+                code=ErrorCode.STALE_DELIVERY,
+                details={"node": reply.node, "hint": "deliver the whole batch again"},
+            )
         self.accepted += reply.accepted
         self.dropped += reply.dropped
         self.unknown += reply.unknown

@@ -148,10 +148,11 @@ class Writer:
     """Random mutations (``mutate``) of one keyspace in a background thread until stopped.
     ``done`` counts the mutations attempted (some fail while a node is down)."""
 
-    def __init__(self, client: Client, keyspace: str, seed: int) -> None:
+    def __init__(self, client: Client, keyspace: str, seed: int, pause: float = 0.0) -> None:
         self.client = client
         self.keyspace = keyspace
         self.rng = random.Random(seed)
+        self.pause = pause  # seconds between rounds of 20 mutations
         self.stop = threading.Event()
         self.done = 0
         self.thread = threading.Thread(target=self._run, name=f"writer-{keyspace}", daemon=True)
@@ -160,6 +161,8 @@ class Writer:
         while not self.stop.is_set():
             mutate(self.client, self.keyspace, self.rng, 20)
             self.done += 20
+            if self.pause:
+                self.stop.wait(self.pause)
 
     def __enter__(self) -> Writer:
         self.thread.start()

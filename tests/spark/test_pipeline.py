@@ -88,6 +88,8 @@ def check_mid_stream(client: Client, name: str, attempts: int = 8) -> Timestamp:
     raise AssertionError(f"no stability TS of {name} could be checked mid-stream")
 
 
+# Setup (cluster) and call (two builds, writes) outlast the default 120 s on a loaded box.
+@pytest.mark.timeout(600)
 def test_build_then_maintain_under_writes_with_deferred_build_and_errors(env: Env) -> None:
     client = env.client
     rng = random.Random(5)

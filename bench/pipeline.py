@@ -20,10 +20,10 @@ user documents (``shardex.demo.datagen``), two indexes (``pipeline_common.INDEXE
 
 "gap x" is how far from the target, > 1 short of it: measured / target for times and
 latencies, target / measured for rates. PostgreSQL runs first (and is stopped) so the two
-never share the machine. Everything is
-stopped and removed at the end, also on errors and Ctrl-C. The machine may be shared and
-noisy: figures are ratios and medians with the load average beside them, never checked
-against a threshold.
+never share the machine. Everything is stopped and removed at the end, also on errors and
+Ctrl-C. The machine may be shared and noisy: figures are ratios and medians with the load
+average beside them, never checked against a threshold. Results: ``bench/results/
+pipeline.json`` (``pipeline-quick.json`` with ``--quick``) unless ``--json PATH``.
 """
 
 from __future__ import annotations

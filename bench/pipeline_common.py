@@ -7,7 +7,6 @@ Nothing here imports PySpark at module level: the writer and poller processes of
 
 from __future__ import annotations
 
-import logging
 import random
 import statistics
 import sys
@@ -46,8 +45,6 @@ INDEXES: list[dict[str, Any]] = [
     },
 ]
 INDEX_NAMES = [i["name"] for i in INDEXES]
-
-log_ = logging.getLogger("bench.pipeline")
 
 
 def log(msg: str) -> None:

@@ -144,7 +144,9 @@ class InitialBuild:
             self.source_options,
             mode="snapshot",
             snapshot_ts=ts0_json(ts0),
-            tasks="partition",
+            # One task per data node, not per partition: measured with 50k documents, 64
+            # partitions, the snapshot read took 34-67 s in 64 tasks and 6 s in 3.
+            tasks="owner",
         )
         endpoint = SourceOptions.parse(opts).endpoint
         owners = {v.id: v.route().owners for v in views}

@@ -180,6 +180,8 @@ class PipelineDriver:
             kp.query = None
         if kp.query is None and time.monotonic() >= kp.restart_at:
             kp.query = kp.job.start()
+        elif kp.failures and kp.query is not None and kp.query.lastProgress is not None:
+            kp.failures = 0  # it runs again: the next failure starts the back-off afresh
         if kp.builder is None or not kp.builder.is_alive():
             todo = kp.registry.needs_build()
             if todo:

@@ -2,7 +2,7 @@
 
 1. T0 = the keyspace's current high seqnos (at or after every batch the stream has read).
 2. Spark reads the documents as of T0 (the change source's snapshot mode, one task per data
-   partition) and, in ``mapInArrow`` on the workers, projects every building index in one
+   node) and, in ``mapInArrow`` on the workers, projects every building index in one
    pass and sends each slice's Upsert key versions straight to its indexer (``LoadChunk``).
    Only counts come back to the driver.
 3. Each indexer sorts its slice's rows (one per docid) and writes them (an SST ingested

@@ -212,3 +212,16 @@ def test_an_entry_over_the_size_limit_is_an_evaluation_error_not_an_entry() -> N
     assert {e for _, e in expected_entries(defn, docs)} == {
         r[3] for r in res.rows if r[2] == UPSERT
     }
+
+
+def test_a_huge_integer_power_is_null_not_a_stall() -> None:
+    """POWER on big integers must not compute an exact gigantic integer (minutes of CPU for
+    one document): it overflows to NULL like any non-finite result."""
+    defn = make_definition(id="pw", name="pw", keyspace="ks", keys=["POWER(n, n)"])
+    changes = [
+        ("big", 0, 1, "upsert", J({"n": 10**9})),
+        ("small", 0, 2, "upsert", J({"n": 3})),
+    ]
+    res = project([defn], changes)
+    keys = {r[4]: decode_entry(r[3])[0] for r in res.rows}
+    assert keys == {"big": [None], "small": [27]}

@@ -301,10 +301,24 @@ def _power(x: Any, y: Any) -> Any:
     if not (is_number(x) and is_number(y)):
         return None
     try:
-        r = x**y
+        if (
+            isinstance(x, int)
+            and isinstance(y, int)
+            and y > 0
+            and y * max(1, abs(x).bit_length()) > _EXACT_POWER_BITS
+        ):
+            # An exact integer power this large would take minutes and gigabytes
+            # (POWER(1e9, 1e9) from one document stalls the pipeline): compute it as a float,
+            # which overflows (NULL) like every other non-finite result.
+            r = float(x) ** float(y)
+        else:
+            r = x**y
     except (OverflowError, ZeroDivisionError):
         return None
     return None if isinstance(r, complex) else r
+
+
+_EXACT_POWER_BITS = 4096
 
 
 @_fn("SQRT", 1)

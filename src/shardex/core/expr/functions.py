@@ -318,7 +318,7 @@ def _power(x: Any, y: Any) -> Any:
     return None if isinstance(r, complex) else r
 
 
-_EXACT_POWER_BITS = 4096
+_EXACT_POWER_BITS = 1 << 20  # exact up to a million-bit result (milliseconds)
 
 
 @_fn("SQRT", 1)

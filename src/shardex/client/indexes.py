@@ -295,10 +295,23 @@ class IndexOps:
         return sorted(out, key=lambda d: (d["keyspace"], d["name"]))
 
     def stability(self, keyspace: str) -> dict[str, Timestamp]:
-        """Index id -> the stability TS the connected node's timekeeper last published for
-        the indexes of ``keyspace`` (held in that node's memory: the node the pipeline talks
-        to knows; the others may hold nothing). The node must run the manager service."""
-        reply = self._run(self._request(StabilityRequest(keyspace=keyspace), StabilityReply, True))
+        """Index id -> the stability TS the coordinator master's timekeeper last published
+        for the indexes of ``keyspace`` (the pipeline sends every stabilise round there; held
+        in memory, so a new master knows nothing until the next round)."""
+
+        async def ask() -> StabilityReply:
+            reply = await self._request(
+                StateRequest(sections=["keyspaces"], fresh=True), StateReply, True
+            )
+            msg = StabilityRequest(keyspace=keyspace)
+            master = reply.state.master
+            if not master:
+                return await self._request(msg, StabilityReply, True)
+            router = self._router
+            conn = await router.pool.get(await router.address(master), self.request_timeout)
+            return await conn.request(msg, self.request_timeout, expect=StabilityReply)
+
+        reply = self._run(ask())
         return {i: Timestamp.from_wire(ts) for i, ts in reply.stability.items()}
 
     def wait_for_index(

@@ -258,8 +258,13 @@ def stop(
 ) -> None:
     """SIGTERM every node, wait, then SIGKILL stragglers."""
     spec, _secret = _load(cluster_dir)
-    # The pipeline first: it stops its queries cleanly while the nodes still answer.
-    outcomes = [lc.stop_pipeline(cluster_dir, timeout=timeout)]
+    from shardex.pipeline.process import pipeline_dir
+
+    # The pipeline first: it stops its queries cleanly while the nodes still answer. (No row
+    # for it when this cluster never ran one, e.g. started with --no-pipeline.)
+    outcomes = []
+    if pipeline_dir(cluster_dir).exists():
+        outcomes.append(lc.stop_pipeline(cluster_dir, timeout=timeout))
     outcomes += lc.stop(cluster_dir, spec, timeout=timeout)
     table = Table(title=f"stop {cluster_dir}")
     for col in ("node", "pid", "result"):

@@ -48,21 +48,21 @@ def node_procs(cluster_dir: Path, spec: ClusterSpec) -> list[NodeProc]:
     return procs
 
 
-def spawn(cluster_dir: Path, node: NodeSpec) -> subprocess.Popen[bytes]:
-    """Start one node detached: own session (no terminal signals from the CLI's shell),
-    stdin closed, stdout+stderr appended to ``<node dir>/stdout.log``."""
-    node_dir = node.path(cluster_dir)
-    node_dir.mkdir(parents=True, exist_ok=True)
+def _spawn_detached(
+    cmd: list[str], cwd: Path, log_path: Path, what: str
+) -> subprocess.Popen[bytes]:
+    """Start a process detached: own session (no terminal signals from the CLI's shell), stdin
+    closed, stdout+stderr appended to ``log_path``, without a client's exported secret (it
+    must use the cluster's secret file)."""
+    cwd.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    # The node must use the cluster's secret file, not a secret exported for clients.
     env.pop("SHARDEX_SECRET", None)
-    cmd = [sys.executable, "-m", "shardex.node", "--config", str(node_dir / cdir.NODE_CONFIG_FILE)]
-    with open(node_dir / cdir.STDOUT_FILE, "ab") as log:
-        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {node.name}\n".encode())
+    with open(log_path, "ab") as log:
+        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {what}\n".encode())
         log.flush()
         return subprocess.Popen(
             cmd,
-            cwd=node_dir,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -70,6 +70,13 @@ def spawn(cluster_dir: Path, node: NodeSpec) -> subprocess.Popen[bytes]:
             start_new_session=True,
             close_fds=True,
         )
+
+
+def spawn(cluster_dir: Path, node: NodeSpec) -> subprocess.Popen[bytes]:
+    """Start one node detached, output appended to ``<node dir>/stdout.log``."""
+    node_dir = node.path(cluster_dir)
+    cmd = [sys.executable, "-m", "shardex.node", "--config", str(node_dir / cdir.NODE_CONFIG_FILE)]
+    return _spawn_detached(cmd, node_dir, node_dir / cdir.STDOUT_FILE, node.name)
 
 
 def spawn_pipeline(
@@ -80,24 +87,9 @@ def spawn_pipeline(
     from shardex.pipeline.process import STDOUT_FILE, pipeline_dir
 
     home = pipeline_dir(cluster_dir)
-    home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env.pop("SHARDEX_SECRET", None)
     cmd = [sys.executable, "-m", "shardex.cli.main", "pipeline", "--dir", str(cluster_dir)]
     cmd += extra_args or []
-    with open(home / STDOUT_FILE, "ab") as log:
-        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting the pipeline\n".encode())
-        log.flush()
-        return subprocess.Popen(
-            cmd,
-            cwd=home,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
+    return _spawn_detached(cmd, home, home / STDOUT_FILE, "the pipeline")
 
 
 def stop_pipeline(cluster_dir: Path, *, timeout: float, kill_wait: float = 5.0) -> StopOutcome:

@@ -10,6 +10,7 @@ from shardex.cli.load import load
 from shardex.cli.node import node
 from shardex.cli.pipeline import pipeline
 from shardex.cli.rebalance import rebalance
+from shardex.cli.scan import scan
 
 app = typer.Typer(
     name="shardex",
@@ -26,6 +27,7 @@ app.command("ddl", help=index.ddl.__doc__)(index.ddl)
 app.command("load", help=load.__doc__)(load)
 app.command("rebalance", help=rebalance.__doc__)(rebalance)
 app.command("pipeline", help=pipeline.__doc__)(pipeline)
+app.command("scan", help=scan.__doc__)(scan)
 
 
 @app.command()

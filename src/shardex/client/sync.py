@@ -12,7 +12,7 @@ import concurrent.futures
 import contextlib
 import threading
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -21,6 +21,14 @@ from shardex.client.indexes import IndexOps
 from shardex.client.keyspace import Keyspace
 from shardex.client.rebalance import RebalanceOps
 from shardex.client.routing import DataRouter
+from shardex.client.scan import (
+    DEFAULT_SCAN_TIMEOUT,
+    QueryContext,
+    ScanResult,
+    ScanSession,
+    open_scan,
+)
+from shardex.client.scan import close_session as close_scan_session
 from shardex.client.types import (
     ClusterStatus,
     KeyspaceDescription,
@@ -143,6 +151,7 @@ class Client(RebalanceOps, IndexOps):
         self._closed = False
         self._reconnecting: asyncio.Lock | None = None  # created on the client's loop
         self._io = _LoopThread(f"shardex-client-{name}")
+        self._scan_session: ScanSession | None = None  # made by the first scan
         self._router = DataRouter(
             transport=self._transport,
             secret=secret,
@@ -196,6 +205,8 @@ class Client(RebalanceOps, IndexOps):
         conn, self._conn = self._conn, None
         with contextlib.suppress(Exception):
             self._io.run(self._router.close(), timeout=5)
+        with contextlib.suppress(Exception):
+            self._io.run(close_scan_session(self), timeout=5)
         if conn is not None:
             with contextlib.suppress(Exception):
                 self._io.run(conn.close(), timeout=5)
@@ -319,6 +330,49 @@ class Client(RebalanceOps, IndexOps):
         return stats_from(
             keyspace, self._run(self._keyspace_wide(msg, KeyspaceStatsReply)).partitions
         )
+
+    # -- index scans (``shardex.client.scan``) --
+
+    def scan(
+        self,
+        keyspace: str,
+        index: str,
+        spans: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
+        consistency: str = "not_bounded",
+        at: Any = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        ordered: bool = True,
+        covering: bool = True,
+        *,
+        stability: str | None = None,
+        timeout: float = DEFAULT_SCAN_TIMEOUT,
+    ) -> ScanResult:
+        """Scan an index: an iterator of ``{"docid", "key"}`` rows (``key`` only with
+        ``covering``). ``spans``: ``[{"low": [...], "high": [...], "inclusion": "both" |
+        "low" | "high" | "neither"}]`` in index order (None: everything). ``consistency``:
+        not_bounded, request_plus (every write acknowledged before the call), at_plus (``at``:
+        the writes' MutationResults or a Timestamp). ``stability``: none, scan (default for
+        request_plus / at_plus); ``query_context()`` for query stability. ``timeout``: how
+        long the index may take to catch up (SCAN_TIMEOUT after)."""
+        return open_scan(
+            self,
+            keyspace,
+            index,
+            spans,
+            consistency,
+            at,
+            limit,
+            offset,
+            ordered,
+            covering,
+            stability=stability,
+            timeout=timeout,
+        )
+
+    def query_context(self) -> QueryContext:
+        """Scans through the context share one stability TS per keyspace (query stability)."""
+        return QueryContext(self)
 
     async def _keyspace_wide(self, msg: HighSeqnos | KeyspaceStats, expect: type[M]) -> M:
         """Ask a data node (an owner of the keyspace, the first that answers) for a

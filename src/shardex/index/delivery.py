@@ -25,7 +25,7 @@ is atomic with respect to the DDL calls (allocate, drop) and to the other handle
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from shardex.core.timestamp import Timestamp
@@ -66,6 +66,9 @@ class IndexDelivery:
     def __init__(self, service: IndexService) -> None:
         self.service = service
         self.published: dict[str, Timestamp] = {}  # index id -> stability TS
+        # Called with an index id when its slices' snapshots, stability or state may have
+        # changed (stabilise, publish, rollback, drop): scans waiting on it re-check.
+        self.listeners: list[Callable[[str], None]] = []
 
     @property
     def node(self) -> str:
@@ -83,6 +86,12 @@ class IndexDelivery:
     def forget(self, index_id: str) -> None:
         """The index's slices were dropped here."""
         self.published.pop(index_id, None)
+        self._notify([index_id])
+
+    def _notify(self, index_ids: Iterable[str]) -> None:
+        for index_id in index_ids:
+            for listener in self.listeners:
+                listener(index_id)
 
     def _engine(self) -> IndexerEngine:
         engine: Any = self.service.engine
@@ -157,6 +166,7 @@ class IndexDelivery:
             return engine.stabilize_many(msg.index_ids, ts)
 
         res = await self.service._run(run)
+        self._notify(msg.index_ids)
         acks = [
             SliceAck(
                 index_id=r.index_id,
@@ -181,6 +191,7 @@ class IndexDelivery:
             held = self.published.get(index_id)
             if held is None or not held.covers(ts):
                 self.published[index_id] = ts
+                self._notify([index_id])
         return StabilityPublished(node=self.node)
 
     # --- initial builds ----------------------------------------------------------------------
@@ -206,6 +217,7 @@ class IndexDelivery:
             lambda: engine.load_finish(msg.index_id, msg.partition, ts0)
         )
         log.info("loaded slice %s/%d at %r: %d entries", msg.index_id, msg.partition, ts0, count)
+        self._notify([msg.index_id])
         return LoadFinished(
             node=self.node, index_id=msg.index_id, partition=msg.partition, items_count=count
         )
@@ -233,6 +245,7 @@ class IndexDelivery:
             lambda: engine.rollback_to(msg.keyspace, msg.partition, msg.seqno)
         )
         pairs = [(s.definition.id, s.partition) for s in hit]
+        self._notify(sorted({i for i, _ in pairs}))
         if pairs:
             log.warning(
                 "data partition %d of %s rolled back to seqno %d: slices %s need a rebuild",

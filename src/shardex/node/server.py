@@ -26,9 +26,12 @@ from shardex.manager.timekeeper import Timekeeper
 from shardex.net import Connection, RpcServer
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
+from shardex.scan.coordinator import ScanCoordinator
+from shardex.scan.streams import OutStreams
 
 if TYPE_CHECKING:
     from shardex.data.service import DataService
+    from shardex.index.scan_server import IndexScanServer
     from shardex.index.service import IndexService, SliceEngine
 
 log = logging.getLogger(__name__)
@@ -134,6 +137,25 @@ class Node:
                 members=lambda: self.membership.members if self.membership else [],
             )
             self.index.install(self.server)
+        # Index scans: the coordinator on every node, the slice reader on indexers; one
+        # registry of outgoing block streams for both (``shardex.scan``).
+        self.scan_streams = OutStreams()
+        self.scan_streams.install(self.server.router)
+        self.scan = ScanCoordinator(
+            transport=transport,
+            secret=secret,
+            name=name,
+            coordinator=lambda: self.coordinator,
+            members=lambda: self.membership.members if self.membership else [],
+            streams=self.scan_streams,
+        )
+        self.scan.install(self.server)
+        self.index_scan: IndexScanServer | None = None
+        if self.index is not None:
+            from shardex.index.scan_server import IndexScanServer
+
+            self.index_scan = IndexScanServer(self.index, self.scan_streams)
+            self.index_scan.install(self.server)
         self.index_ddl: IndexDDL | None = None
         # The timekeeper (end of each pipeline micro-batch): on every manager node, reading
         # its local replica of the state.
@@ -204,6 +226,10 @@ class Node:
         if self.membership is not None:
             await self.membership.stop()
         await self.server.stop()
+        await self.scan_streams.close()
+        await self.scan.stop()
+        if self.index_scan is not None:
+            await self.index_scan.close()
         if self.index is not None:
             await self.index.stop()
         if self.data is not None:

@@ -1,0 +1,363 @@
+"""Index scans from the client: ``client.scan(...)`` and query contexts.
+
+The client sends ``IndexScan`` to the node it is connected to (any node coordinates scans,
+``shardex.scan.coordinator``) over a connection pool of its own, whose connections route the
+returning ``ScanBlock``/``ScanEnd`` messages to per-scan inboxes; the first reply says the scan
+runs, then rows stream in blocks with credit flow control, so however slowly the caller
+iterates, at most ``credit`` blocks wait in the client. If the coordinator cannot be reached
+(or dies before answering), the scan is sent to the next node: nothing has been returned yet.
+A coordinator dying mid-stream ends the iterator with CONNECTION_CLOSED, never silently.
+
+Rows are dicts ``{"docid": ..., "key": [...]}`` (``key`` decoded with the index's DESC flags;
+without ``covering`` only the docid). ``ScanResult.ts`` is the stability TS the scan read
+(None: the tips).
+
+Query stability (``scan-request-flow.md``): a ``QueryContext`` pins the stability TS its first
+scan of a keyspace read and reads every later scan of that keyspace at the very same TS; once
+the indexers have released that snapshot, a scan answers SNAPSHOT_TOO_OLD.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import msgspec
+
+from shardex.core.keycodec import decode_entry
+from shardex.core.timestamp import Timestamp
+from shardex.data.records import MutationResult
+from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
+from shardex.net import ConnectionPool
+from shardex.scan.messages import (
+    AT_PLUS,
+    CONSISTENCIES,
+    NOT_BOUNDED,
+    STABILITIES,
+    STABILITY_NONE,
+    STABILITY_QUERY,
+    STABILITY_SCAN,
+    IndexScan,
+    IndexScanStarted,
+)
+from shardex.scan.spans import to_user_spans
+from shardex.scan.streams import Inboxes, InStream
+
+if TYPE_CHECKING:
+    from shardex.client.sync import Client
+
+__all__ = ["QueryContext", "ScanResult", "ScanSession", "open_scan", "to_wire_ts"]
+
+T = TypeVar("T")
+
+DEFAULT_SCAN_TIMEOUT: Final = 30.0
+CREDIT: Final = 4
+REPLY_MARGIN: Final = 15.0  # the coordinator's own round trips beyond the scan's wait
+_FAILOVER = (NodeUnavailable, ConnectionClosed)
+
+Row = dict[str, Any]
+
+
+def _bad(message: str, **details: Any) -> ShardexError:
+    return ShardexError(message, code=ErrorCode.BAD_REQUEST, details=details)
+
+
+def to_wire_ts(at: Any) -> dict[int, tuple[int, int]]:
+    """``at`` for at_plus: a ``Timestamp``, a write's ``MutationResult``, several of them, or
+    a mapping partition -> (seqno, uuid) or -> ``MutationResult``. Several results of one
+    partition keep the highest seqno."""
+    if isinstance(at, Timestamp):
+        return dict(at.to_wire())
+    if isinstance(at, MutationResult):
+        return {at.partition: (at.seqno, at.uuid)}
+    out: dict[int, tuple[int, int]] = {}
+
+    def add(p: int, seqno: int, uuid: int) -> None:
+        if p not in out or seqno > out[p][0]:
+            out[p] = (seqno, uuid)
+
+    if isinstance(at, Mapping):
+        for p, v in at.items():
+            if isinstance(v, MutationResult):
+                add(v.partition, v.seqno, v.uuid)
+            elif (
+                isinstance(p, int)
+                and isinstance(v, (tuple, list))
+                and len(v) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+            ):
+                add(p, v[0], v[1])
+            else:
+                raise _bad(
+                    f"at: partition {p!r} -> {v!r:.60} is not (seqno, uuid)",
+                    value=repr(v)[:200],
+                    hint="pass the MutationResult a write returned (it carries the uuid)",
+                )
+        return dict(sorted(out.items()))
+    if isinstance(at, Iterable) and not isinstance(at, (str, bytes)):
+        for r in at:
+            if not isinstance(r, MutationResult):
+                raise _bad(f"at: {r!r:.60} is not a MutationResult", value=repr(r)[:200])
+            add(r.partition, r.seqno, r.uuid)
+        return dict(sorted(out.items()))
+    raise _bad(
+        f"at must be a Timestamp, MutationResult(s) or {{partition: (seqno, uuid)}}, got "
+        f"{type(at).__name__}",
+        value=repr(at)[:200],
+    )
+
+
+def _check_int(name: str, value: Any, *, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _bad(f"{name} must be an integer >= 0, got {value!r}", value=repr(value))
+
+
+def build_request(
+    keyspace: str,
+    index: str,
+    spans: Any,
+    consistency: str,
+    at: Any,
+    limit: int | None,
+    offset: int | None,
+    ordered: bool,
+    stability: str | None,
+    timeout: float,
+    pinned: Timestamp | None = None,
+) -> IndexScan:
+    """Check the caller's arguments (BAD_REQUEST naming the value) and build the message."""
+    if not isinstance(keyspace, str) or not keyspace:
+        raise _bad(f"keyspace must be a name, got {keyspace!r}", value=repr(keyspace))
+    if not isinstance(index, str) or not index:
+        raise _bad(f"index must be a name, got {index!r}", value=repr(index))
+    if consistency not in CONSISTENCIES:
+        raise _bad(
+            f"consistency must be one of {', '.join(CONSISTENCIES)}, got {consistency!r}",
+            value=repr(consistency),
+        )
+    if stability is None:
+        stability = STABILITY_NONE if consistency == NOT_BOUNDED else STABILITY_SCAN
+    if stability not in STABILITIES:
+        raise _bad(
+            f"stability must be one of {', '.join(STABILITIES)}, got {stability!r}",
+            value=repr(stability),
+        )
+    if (at is None) != (consistency != AT_PLUS):
+        raise _bad(
+            "at_plus needs at=..., and at is only for at_plus",
+            consistency=consistency,
+            hint="consistency='at_plus', at=<the writes' MutationResults>",
+        )
+    _check_int("limit", limit, allow_none=True)
+    _check_int("offset", offset, allow_none=True)
+    if not isinstance(ordered, bool):
+        raise _bad(f"ordered must be True or False, got {ordered!r}", value=repr(ordered))
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return IndexScan(
+        scan_id=0,
+        keyspace=keyspace,
+        index=index,
+        spans=to_user_spans(spans),
+        consistency=consistency,
+        stability=stability,
+        at=None if at is None else to_wire_ts(at),
+        pinned=None if pinned is None else dict(pinned.to_wire()),
+        limit=limit,
+        offset=offset or 0,
+        ordered=ordered,
+        credit=CREDIT,
+        timeout=float(timeout),
+    )
+
+
+class ScanSession:
+    """The async side, one per client: a pool whose connections carry scan blocks."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.inboxes = Inboxes()
+        self.pool = ConnectionPool(
+            client._transport,
+            client._secret,
+            name=f"{client.name}/scan",
+            connect_timeout=client.connect_timeout,
+            handlers=self.inboxes.handlers(),
+        )
+
+    async def start(self, msg: IndexScan) -> tuple[IndexScanStarted, InStream]:
+        """Send the scan to the client's node, failing over to the next ones."""
+        addresses = self.client.addresses
+        first = self.client._current
+        last: ShardexError | None = None
+        for k in range(len(addresses)):
+            address = addresses[(first + k) % len(addresses)]
+            stream = self.inboxes.open()
+            try:
+                conn = await self.pool.get(address)
+                stream.attach(conn)
+                req = msgspec.structs.replace(msg, scan_id=stream.scan_id)
+                timeout = msg.timeout + REPLY_MARGIN + self.client.request_timeout
+                started = await conn.request(req, timeout, expect=IndexScanStarted)
+            except _FAILOVER as exc:
+                await stream.cancel()
+                last = exc
+                continue
+            except BaseException:
+                await stream.cancel()
+                raise
+            return started, stream
+        assert last is not None
+        raise last
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+def _session(client: Client) -> ScanSession:
+    session = client._scan_session
+    if session is None:
+        session = client._scan_session = ScanSession(client)
+    return session
+
+
+class ScanResult:
+    """The rows of one scan, as an iterator (read it once). Use it as a context manager (or
+    call ``close``) to stop a scan that is not read to its end."""
+
+    def __init__(
+        self,
+        run: Any,
+        stream: InStream,
+        started: IndexScanStarted,
+        covering: bool,
+    ) -> None:
+        self._run = run
+        self._stream = stream
+        self.started = started
+        self.covering = covering
+        self.ts = None if started.ts is None else Timestamp.from_wire(started.ts)
+        self.partitions = list(started.partitions)
+        self._desc = list(started.desc)
+        self._iterating = False
+
+    @property
+    def index_id(self) -> str:
+        return self.started.index_id
+
+    def blocks(self) -> Iterator[list[bytes]]:
+        """Raw index entries (``key + 02 + docid``), block by block."""
+        try:
+            while True:
+                block = self._run(self._stream.next_block())
+                if block is None:
+                    return
+                yield block
+        finally:
+            self.close()
+
+    def __iter__(self) -> Iterator[Row]:
+        if self._iterating:
+            raise _bad("a scan's rows can be read once", index=self.index_id)
+        self._iterating = True
+        desc, covering = self._desc, self.covering
+        for block in self.blocks():
+            for entry in block:
+                key, docid = decode_entry(entry, desc)
+                yield {"docid": docid, "key": key} if covering else {"docid": docid}
+
+    def close(self) -> None:
+        if not self._stream.done:
+            self._run(self._stream.cancel())
+
+    def __enter__(self) -> ScanResult:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_scan(
+    client: Client,
+    keyspace: str,
+    index: str,
+    spans: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
+    consistency: str = NOT_BOUNDED,
+    at: Any = None,
+    limit: int | None = None,
+    offset: int | None = None,
+    ordered: bool = True,
+    covering: bool = True,
+    *,
+    stability: str | None = None,
+    timeout: float = DEFAULT_SCAN_TIMEOUT,
+    pinned: Timestamp | None = None,
+) -> ScanResult:
+    msg = build_request(
+        keyspace, index, spans, consistency, at, limit, offset, ordered, stability, timeout, pinned
+    )
+    if not isinstance(covering, bool):
+        raise _bad(f"covering must be True or False, got {covering!r}", value=repr(covering))
+    session = _session(client)
+
+    def run(coro: Coroutine[Any, Any, T]) -> T:
+        return client._run(coro)
+
+    started, stream = run(session.start(msg))
+    return ScanResult(run, stream, started, covering)
+
+
+class QueryContext:
+    """Scans at one stability TS per keyspace (query stability): the first scan of a
+    keyspace picks it (as a scan-stable scan with its consistency), later ones reuse it."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.pinned: dict[str, Timestamp] = {}
+
+    def scan(
+        self,
+        keyspace: str,
+        index: str,
+        spans: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
+        consistency: str = NOT_BOUNDED,
+        at: Any = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        ordered: bool = True,
+        covering: bool = True,
+        *,
+        timeout: float = DEFAULT_SCAN_TIMEOUT,
+    ) -> ScanResult:
+        result = open_scan(
+            self.client,
+            keyspace,
+            index,
+            spans,
+            consistency,
+            at,
+            limit,
+            offset,
+            ordered,
+            covering,
+            stability=STABILITY_QUERY,
+            timeout=timeout,
+            pinned=self.pinned.get(keyspace),
+        )
+        if result.ts is not None:
+            self.pinned.setdefault(keyspace, result.ts)
+        return result
+
+    def __enter__(self) -> QueryContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pinned.clear()
+
+
+async def close_session(client: Client) -> None:
+    session = client._scan_session
+    if session is not None:
+        await session.close()

@@ -1,0 +1,145 @@
+"""What a scan coordinator reads about the cluster: state, member addresses, high seqnos.
+
+The coordinator runs on every node, manager or not. A manager node reads its own replica of
+the coordinator state (replicated synchronously with every commit, so it is current) and
+asks the master for a fresh one only when a name is missing (an index created a moment ago);
+any other node asks the managers, caching the answer for ``STATE_TTL`` seconds.
+
+``high_seqnos`` is what request_plus waits for (seed step 9, "poll all KV nodes"): every
+partition's (seqno, uuid), asked of the owners directly, in parallel, one request per data
+node (the partitions it owns per the keyspace's latest topology). A partition that moved
+meanwhile is asked again after a fresh state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Final
+
+from shardex.core.timestamp import Timestamp
+from shardex.data.messages import HighSeqnos, HighSeqnosReply
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.manager.coordinator_messages import StateReply, StateRequest
+from shardex.manager.member_list import MemberInfo
+from shardex.manager.state import StateContext
+from shardex.net import ConnectionPool
+
+__all__ = ["ClusterView"]
+
+STATE_TTL: Final = 1.0
+STATE_TIMEOUT: Final = 5.0
+SEQNO_TIMEOUT: Final = 10.0
+SEQNO_ATTEMPTS: Final = 4
+SECTIONS: Final = ["keyspaces", "data_topologies", "indexes", "index_topologies"]
+
+
+class ClusterView:
+    def __init__(
+        self,
+        *,
+        pool: ConnectionPool,
+        coordinator: Callable[[], Any | None],
+        members: Callable[[], list[MemberInfo]],
+    ) -> None:
+        self.pool = pool
+        self._coordinator = coordinator
+        self._members = members
+        self._cached: StateContext | None = None
+        self._cached_at = 0.0
+
+    async def state(self, *, fresh: bool = False) -> StateContext:
+        coord = self._coordinator()
+        if coord is not None:
+            if not fresh:
+                local: StateContext = coord.state
+                return local
+            reply = await coord.submit(StateRequest(sections=SECTIONS, fresh=True))
+            assert isinstance(reply, StateReply)
+            return reply.state
+        loop = asyncio.get_running_loop()
+        if not fresh and self._cached is not None and loop.time() - self._cached_at < STATE_TTL:
+            return self._cached
+        errors: dict[str, str] = {}
+        managers = [m for m in self._members() if "manager" in m.services]
+        for m in managers:
+            try:
+                answer = await self.pool.request(
+                    m.address,
+                    StateRequest(sections=SECTIONS, fresh=fresh),
+                    STATE_TIMEOUT,
+                    expect=StateReply,
+                )
+            except ShardexError as exc:
+                errors[m.name] = str(exc)
+                continue
+            self._cached, self._cached_at = answer.state, loop.time()
+            return answer.state
+        raise NodeUnavailable(
+            "no manager answered the state request",
+            details={"managers": [m.name for m in managers], "errors": errors},
+        )
+
+    def address(self, node: str) -> str:
+        for m in self._members():
+            if m.name == node:
+                return m.address
+        raise NodeUnavailable(
+            f"node {node!r} is not a cluster member",
+            details={"node": node, "hint": "check `shardex cluster status`"},
+        )
+
+    async def high_seqnos(self, keyspace: str) -> Timestamp:
+        """Every partition's current (high seqno, uuid), gathered from the owners."""
+        got: dict[int, tuple[int, int]] = {}
+        state = await self.state()
+        last: ShardexError | None = None
+        for attempt in range(SEQNO_ATTEMPTS):
+            if attempt:
+                state = await self.state(fresh=True)
+            history = state.data_topologies.get(keyspace)
+            if keyspace not in state.keyspaces or not history:
+                raise ShardexError(
+                    f"keyspace {keyspace!r} not found",
+                    code=ErrorCode.KEYSPACE_NOT_FOUND,
+                    details={"keyspace": keyspace},
+                )
+            by_node: dict[str, list[int]] = {}
+            for p, node in sorted(history[-1].assignment.items()):
+                if p not in got:
+                    by_node.setdefault(node, []).append(p)
+            if not by_node:
+                break
+
+            async def ask(node: str, parts: list[int]) -> dict[int, tuple[int, int]]:
+                msg = HighSeqnos(keyspace=keyspace, partitions=parts)
+                reply = await self.pool.request(
+                    self.address(node), msg, SEQNO_TIMEOUT, expect=HighSeqnosReply
+                )
+                return reply.entries
+
+            results = await asyncio.gather(
+                *(ask(n, ps) for n, ps in by_node.items()), return_exceptions=True
+            )
+            for res in results:
+                if isinstance(res, ShardexError):
+                    last = res
+                elif isinstance(res, BaseException):
+                    raise res
+                else:
+                    got.update(res)
+            if all(p in got for ps in by_node.values() for p in ps):
+                break
+            if attempt + 1 < SEQNO_ATTEMPTS:
+                await asyncio.sleep(0.05 * 2**attempt)  # a partition in hand-over
+        else:
+            missing = sorted(p for ps in by_node.values() for p in ps if p not in got)
+            raise NodeUnavailable(
+                f"no owner answered the high seqnos of partitions {missing[:20]} of {keyspace!r}",
+                details={
+                    "keyspace": keyspace,
+                    "partitions": missing[:100],
+                    "cause": str(last) if last else None,
+                },
+            )
+        return Timestamp.from_wire(got)

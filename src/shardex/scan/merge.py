@@ -1,0 +1,129 @@
+"""Combining the streams of several slices: k-way merge, interleave, offset and limit.
+
+Pure stream logic, no network: a *source* is anything with ``async next_block() -> list of
+entries | None`` (None at its end), so the same code merges indexer streams at the scan
+coordinator and fake sources in the unit tests.
+
+* ``merge_ordered``: a k-way merge on the raw entry bytes (entries sort by (key, docid), see
+  ``shardex.core.keycodec``), holding at most one block per source. Each source must itself
+  be in entry order (a slice is; an indexer merges its local slices before sending).
+* ``interleave``: unordered, blocks in whatever order they arrive, one fetch in flight per
+  source (so no source is drained faster than the output is consumed).
+* ``window``: offset and limit over the combined stream. With offset ``o`` and limit ``l``
+  every source needs to deliver at most ``o + l`` entries (``pushdown_limit``): entries past
+  that in one source are preceded, in the combined order, by ``o + l`` of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+__all__ = ["BlockSource", "interleave", "merge_ordered", "pushdown_limit", "window"]
+
+
+class BlockSource(Protocol):
+    async def next_block(self) -> list[bytes] | None: ...
+
+
+def pushdown_limit(offset: int, limit: int | None) -> int | None:
+    """What each slice must deliver at most for ``offset``/``limit`` over all slices."""
+    return None if limit is None else offset + limit
+
+
+async def merge_ordered(
+    sources: Sequence[BlockSource], block_rows: int = 1000
+) -> AsyncIterator[list[bytes]]:
+    """Blocks of the sources' entries in byte order. A non-empty partial block is emitted
+    before waiting on a source, so rows flow while slow slices are still reading."""
+    blocks: list[list[bytes]] = [[] for _ in sources]
+    pos = [0] * len(sources)
+    heap: list[tuple[bytes, int]] = []
+
+    async def refill(i: int) -> None:
+        """Load source ``i``'s next non-empty block and push its head (nothing at its end)."""
+        while True:
+            block = await sources[i].next_block()
+            if block is None:
+                return
+            if block:
+                blocks[i], pos[i] = block, 0
+                heapq.heappush(heap, (block[0], i))
+                return
+
+    # The first blocks of all sources are fetched concurrently: the slowest slice's start
+    # latency is paid once, not once per slice.
+    await asyncio.gather(*(refill(i) for i in range(len(sources))))
+    out: list[bytes] = []
+    while heap:
+        entry, i = heapq.heappop(heap)
+        out.append(entry)
+        p = pos[i] + 1
+        if p < len(blocks[i]):
+            pos[i] = p
+            heapq.heappush(heap, (blocks[i][p], i))
+        else:
+            blocks[i] = []
+            if out:  # about to wait on the network: hand over what is merged so far
+                yield out
+                out = []
+            await refill(i)
+        if len(out) >= block_rows:
+            yield out
+            out = []
+    if out:
+        yield out
+
+
+async def interleave(sources: Sequence[BlockSource]) -> AsyncIterator[list[bytes]]:
+    """Blocks from all sources as they arrive, one fetch in flight per source."""
+    pending: dict[asyncio.Task[list[bytes] | None], int] = {}
+
+    def fetch(i: int) -> None:
+        task = asyncio.ensure_future(sources[i].next_block())
+        pending[task] = i
+
+    for i in range(len(sources)):
+        fetch(i)
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                block = task.result()  # a source's error ends the whole scan
+                if block is None:
+                    continue
+                fetch(i)
+                if block:
+                    yield block
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def window(
+    blocks: AsyncIterator[list[bytes]], offset: int, limit: int | None
+) -> AsyncIterator[list[bytes]]:
+    """Skip ``offset`` entries, then pass at most ``limit`` (None: all). Stops pulling from
+    ``blocks`` as soon as the limit is reached."""
+    skip = offset
+    left = limit
+    if left is not None and left <= 0:
+        return
+    async for block in blocks:
+        if skip:
+            if skip >= len(block):
+                skip -= len(block)
+                continue
+            block = block[skip:]
+            skip = 0
+        if left is not None:
+            if len(block) >= left:
+                yield block[:left]
+                return
+            left -= len(block)
+        yield block

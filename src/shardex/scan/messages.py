@@ -1,0 +1,187 @@
+"""Wire messages of index scans: client -> scan coordinator -> indexers.
+
+Two hops, one stream shape. A scan is opened by a request (``IndexScan`` from a client to any
+node, which becomes the scan coordinator; ``ScanSlices`` from the coordinator to each indexer
+node holding slices to read). The request's reply says the scan exists and at which TS it
+reads; the rows then follow as one-way ``ScanBlock`` messages on the same connection, ended
+by exactly one ``ScanEnd`` (carrying the error, if any). Flow control is credit based, as for
+change streams: the opener grants ``credit`` blocks and returns one ``ScanCredit`` per block
+it has consumed; ``CancelScan`` stops a scan early (a satisfied limit, a client that went
+away). ``scan_id`` is chosen by the opener and unique on its connection.
+
+Rows travel as raw index entries (``key + 02 + docid``, ``shardex.core.keycodec``): the
+coordinator merges on them byte-wise and the client decodes them with the index's DESC flags
+(sent in ``IndexScanStarted``), so nobody on the path decodes and re-encodes.
+
+Spans from the client carry their bounds as JSON text (a JSON array of key parts, or null):
+JSON keeps integers of any size exactly, which msgpack does not. The coordinator encodes them
+with the index's DESC flags; spans to indexers are encoded bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from shardex.data.messages import WireError
+from shardex.net.messages import Message
+
+__all__ = [
+    "CONSISTENCIES",
+    "INCLUSIONS",
+    "STABILITIES",
+    "CancelScan",
+    "IndexScan",
+    "IndexScanStarted",
+    "ScanBlock",
+    "ScanCredit",
+    "ScanEnd",
+    "ScanSlices",
+    "SlicesOpened",
+    "StabilityAt",
+    "UserSpan",
+    "WaitStability",
+    "WireSpan",
+    "WireTs",
+]
+
+WireTs = dict[int, tuple[int, int]]  # data partition -> (seqno, partition uuid)
+
+NOT_BOUNDED: Final = "not_bounded"
+REQUEST_PLUS: Final = "request_plus"
+AT_PLUS: Final = "at_plus"
+CONSISTENCIES: Final = (NOT_BOUNDED, REQUEST_PLUS, AT_PLUS)
+
+STABILITY_NONE: Final = "none"
+STABILITY_SCAN: Final = "scan"
+STABILITY_QUERY: Final = "query"
+STABILITIES: Final = (STABILITY_NONE, STABILITY_SCAN, STABILITY_QUERY)
+
+INCLUSIONS: Final = ("both", "low", "high", "neither")
+
+
+class UserSpan(msgspec.Struct, array_like=True, frozen=True):
+    """A client's span: bounds as JSON text of a list of key parts (None: open end)."""
+
+    low: str | None = None
+    high: str | None = None
+    inclusion: str = "both"
+
+
+class WireSpan(msgspec.Struct, array_like=True, frozen=True):
+    """An encoded span (``shardex.index.spans.Span``): encoded key prefixes or None."""
+
+    low: bytes | None = None
+    high: bytes | None = None
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+
+
+# --- client -> scan coordinator ---------------------------------------------------------------
+
+
+class IndexScan(Message, tag="scan.IndexScan"):
+    """Scan index ``index`` of ``keyspace``. ``spans`` empty: the whole index.
+
+    ``consistency``: not_bounded (no waiting), request_plus (the keyspace's high seqnos now),
+    at_plus (``at``). ``stability``: none (the tip), scan (one stability TS for every slice),
+    query (``pinned``: the TS a query context holds, or none yet: pick one as for scan).
+    ``timeout``: how long the slices may wait for a stability TS (SCAN_TIMEOUT after)."""
+
+    scan_id: int
+    keyspace: str
+    index: str
+    spans: list[UserSpan] = msgspec.field(default_factory=list)
+    consistency: str = NOT_BOUNDED
+    stability: str = STABILITY_NONE
+    at: WireTs | None = None
+    pinned: WireTs | None = None
+    limit: int | None = None
+    offset: int = 0
+    ordered: bool = True
+    credit: int = 4
+    timeout: float = 30.0
+
+
+class IndexScanStarted(Message, tag="scan.IndexScanStarted"):
+    """The scan runs. ``ts``: the stability TS every slice reads (None: the tips);
+    ``desc``: the index's DESC flags (to decode entries); ``partitions``: the index
+    partitions scanned (after elimination)."""
+
+    scan_id: int
+    index_id: str
+    desc: list[bool]
+    ts: WireTs | None = None
+    partitions: list[int] = msgspec.field(default_factory=list)
+
+
+# --- scan coordinator -> indexer ---------------------------------------------------------------
+
+
+class WaitStability(Message, tag="scan.WaitStability"):
+    """Phase one of a stable scan over several indexer nodes: answer, once this node holds
+    a published stability TS of ``index_id`` covering ``wait_for`` (None: any), with that TS.
+    SCAN_TIMEOUT after ``timeout`` seconds, naming per data partition wanted vs held."""
+
+    index_id: str
+    partitions: list[int]
+    wait_for: WireTs | None = None
+    timeout: float = 30.0
+
+
+class StabilityAt(Message, tag="scan.StabilityAt"):
+    node: str
+    ts: WireTs
+
+
+class ScanSlices(Message, tag="scan.ScanSlices"):
+    """Read ``partitions`` (local slices of ``index_id``) within ``spans`` (empty: all).
+
+    Where to read: ``snapshot_ts`` set: the snapshot labelled with it (SNAPSHOT_TOO_OLD if
+    released); else with ``stability``: the snapshot at the published stability TS, once it
+    covers ``wait_for``; else the tip, once the published stability TS covers ``wait_for``
+    (None: at once). ``ordered``: the node merges its slices into one stream in entry order.
+    ``limit``: at most this many entries in all (the coordinator's offset + limit)."""
+
+    scan_id: int
+    index_id: str
+    partitions: list[int]
+    spans: list[WireSpan] = msgspec.field(default_factory=list)
+    snapshot_ts: WireTs | None = None
+    wait_for: WireTs | None = None
+    stability: bool = False
+    timeout: float = 30.0
+    limit: int | None = None
+    ordered: bool = True
+    credit: int = 4
+    block_rows: int = 1000
+
+
+class SlicesOpened(Message, tag="scan.SlicesOpened"):
+    scan_id: int
+    node: str
+    ts: WireTs | None = None  # the snapshot read (None: the tips)
+
+
+# --- both hops: the stream --------------------------------------------------------------------
+
+
+class ScanBlock(Message, tag="scan.ScanBlock"):
+    scan_id: int
+    entries: list[bytes]
+
+
+class ScanEnd(Message, tag="scan.ScanEnd"):
+    scan_id: int
+    error: WireError | None = None
+    rows: int = 0  # entries sent in all (a check for the receiver)
+
+
+class ScanCredit(Message, tag="scan.ScanCredit"):
+    scan_id: int
+    blocks: int = 1
+
+
+class CancelScan(Message, tag="scan.CancelScan"):
+    scan_id: int

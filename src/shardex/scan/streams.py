@@ -1,0 +1,244 @@
+"""Credit-based block streams over a ``Connection``, both ends, for any scan hop.
+
+The shape is the change streams' (``shardex.data.streaming`` / ``shardex.client.streams``)
+made generic: the opener registers an inbox, sends the opening request, and then receives
+``ScanBlock`` one-way messages and one ``ScanEnd``; it returns a ``ScanCredit`` per block it
+consumed. The sender spends one credit per block and waits when it has none, so a slow
+consumer costs the sender O(credit x block) memory, never an unbounded queue.
+
+* ``OutStreams`` (sender side, one per node): the open outgoing streams by (connection,
+  scan id); ``start`` runs a producer coroutine in a task and always ends the stream with
+  one ``ScanEnd`` (with the error, if any) unless it was cancelled or its connection closed.
+* ``Inboxes`` (receiver side, one per connection pool): routes blocks to per-scan queues and
+  turns a dead connection into a failed end; ``InStream`` is one scan being received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from shardex.data.messages import WireError
+from shardex.errors import ConnectionClosed, ErrorCode, ShardexError
+from shardex.net import Connection, Router
+from shardex.scan.messages import CancelScan, ScanBlock, ScanCredit, ScanEnd
+
+__all__ = ["MAX_CREDIT", "InStream", "Inboxes", "OutStream", "OutStreams"]
+
+log = logging.getLogger(__name__)
+
+MAX_CREDIT: Final = 64
+CANCEL_TIMEOUT: Final = 5.0
+
+
+class OutStream:
+    """One outgoing scan: ``send`` a block (waits for credit)."""
+
+    def __init__(self, conn: Connection, scan_id: int, credit: int) -> None:
+        self.conn = conn
+        self.scan_id = scan_id
+        self.credit = max(1, min(credit, MAX_CREDIT))
+        self.credit_changed = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.rows = 0
+        self.blocks = 0
+
+    async def send(self, entries: list[bytes]) -> None:
+        while self.credit <= 0:
+            self.credit_changed.clear()
+            await self.credit_changed.wait()
+        self.credit -= 1
+        self.rows += len(entries)
+        self.blocks += 1
+        await self.conn.send(ScanBlock(scan_id=self.scan_id, entries=entries))
+
+    def grant(self, blocks: int) -> None:
+        if blocks > 0:
+            self.credit = min(self.credit + blocks, MAX_CREDIT)
+            self.credit_changed.set()
+
+
+Producer = Callable[[OutStream], Awaitable[None]]
+
+
+class OutStreams:
+    """The node's outgoing scan streams (both the indexer's and the coordinator's)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[tuple[Connection, int], OutStream] = {}
+        self._watched: dict[Connection, None] = {}
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def install(self, router: Router) -> None:
+        router.route(ScanCredit, self.on_credit)
+        router.route(CancelScan, self.on_cancel)
+
+    def check_new(self, conn: Connection, scan_id: int) -> None:
+        if (conn, scan_id) in self._streams:
+            raise ShardexError(
+                f"scan {scan_id} is already open on this connection",
+                code=ErrorCode.BAD_REQUEST,
+                details={"scan_id": scan_id, "hint": "use a new scan id per scan"},
+            )
+
+    def start(self, conn: Connection, scan_id: int, credit: int, producer: Producer) -> OutStream:
+        """Run ``producer(stream)`` in a task; the stream ends with one ``ScanEnd``."""
+        self.check_new(conn, scan_id)
+        stream = OutStream(conn, scan_id, credit)
+        self._streams[(conn, scan_id)] = stream
+        if conn not in self._watched:
+            self._watched[conn] = None
+            conn.add_close_callback(self._on_conn_closed)
+        stream.task = asyncio.get_running_loop().create_task(
+            self._serve(stream, producer), name=f"scan-out {scan_id}"
+        )
+        return stream
+
+    async def _serve(self, stream: OutStream, producer: Producer) -> None:
+        error: ShardexError | None = None
+        try:
+            await producer(stream)
+        except asyncio.CancelledError:
+            self._streams.pop((stream.conn, stream.scan_id), None)
+            raise
+        except ShardexError as exc:
+            error = exc
+        except Exception as exc:
+            log.exception("scan %d failed", stream.scan_id)
+            error = ShardexError(f"{type(exc).__name__}: {exc}", code=ErrorCode.INTERNAL)
+        self._streams.pop((stream.conn, stream.scan_id), None)
+        wire = None if error is None else WireError(*error.to_wire())
+        with contextlib.suppress(ShardexError):  # a closed connection: nobody is listening
+            await stream.conn.send(ScanEnd(scan_id=stream.scan_id, error=wire, rows=stream.rows))
+
+    async def on_credit(self, msg: ScanCredit, conn: Connection) -> None:
+        stream = self._streams.get((conn, msg.scan_id))
+        if stream is not None:
+            stream.grant(msg.blocks)
+
+    async def on_cancel(self, msg: CancelScan, conn: Connection) -> None:
+        stream = self._streams.pop((conn, msg.scan_id), None)
+        if stream is not None and stream.task is not None:
+            stream.task.cancel()
+
+    def _on_conn_closed(self, conn: Connection) -> None:
+        self._watched.pop(conn, None)
+        for key in [k for k in self._streams if k[0] is conn]:
+            stream = self._streams.pop(key)
+            if stream.task is not None:
+                stream.task.cancel()
+
+    async def close(self) -> None:
+        tasks = [s.task for s in self._streams.values() if s.task is not None]
+        self._streams.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Inboxes:
+    """Receiver side: per-scan queues of one connection pool's incoming blocks."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._queues: dict[int, asyncio.Queue[ScanBlock | ScanEnd]] = {}
+        self._by_conn: dict[Connection, set[int]] = {}
+
+    def handlers(self) -> Router:
+        """Routes to give the pool whose connections carry the blocks."""
+        return Router({ScanBlock: self._on_msg, ScanEnd: self._on_msg})
+
+    def open(self) -> InStream:
+        scan_id = next(self._ids)
+        queue: asyncio.Queue[ScanBlock | ScanEnd] = asyncio.Queue()
+        self._queues[scan_id] = queue
+        return InStream(self, scan_id, queue)
+
+    def attach(self, scan_id: int, conn: Connection) -> None:
+        """Route ``conn``'s death to the scan as a failed end."""
+        ids = self._by_conn.get(conn)
+        if ids is None:
+            ids = self._by_conn[conn] = set()
+            conn.add_close_callback(self._on_conn_closed)
+        ids.add(scan_id)
+
+    def detach(self, scan_id: int) -> None:
+        self._queues.pop(scan_id, None)
+        for ids in self._by_conn.values():
+            ids.discard(scan_id)
+
+    def _on_conn_closed(self, conn: Connection) -> None:
+        reason = conn.close_reason or ConnectionClosed("connection closed")
+        for scan_id in sorted(self._by_conn.pop(conn, ())):
+            queue = self._queues.get(scan_id)
+            if queue is not None:
+                queue.put_nowait(ScanEnd(scan_id=scan_id, error=WireError(*reason.to_wire())))
+
+    async def _on_msg(self, msg: ScanBlock | ScanEnd, conn: Connection) -> None:
+        queue = self._queues.get(msg.scan_id)
+        if queue is not None:  # unknown: a scan we already closed; credits bound the rest
+            queue.put_nowait(msg)
+
+
+class InStream:
+    """One scan being received. Open it (``inboxes.open()``) *before* sending the opening
+    request: blocks may overtake the request's reply."""
+
+    def __init__(
+        self, inboxes: Inboxes, scan_id: int, queue: asyncio.Queue[ScanBlock | ScanEnd]
+    ) -> None:
+        self._inboxes = inboxes
+        self.scan_id = scan_id
+        self._queue = queue
+        self.conn: Connection | None = None
+        self.done = False
+        self.rows = 0
+
+    def attach(self, conn: Connection) -> None:
+        self.conn = conn
+        self._inboxes.attach(self.scan_id, conn)
+
+    async def next_block(self) -> list[bytes] | None:
+        """The next block of entries; None at the end; raises the sender's error."""
+        if self.done:
+            return None
+        msg = await self._queue.get()
+        if isinstance(msg, ScanEnd):
+            self._finish()
+            if msg.error is not None:
+                e = msg.error
+                raise ShardexError.from_wire(e.code, e.message, e.details)
+            if msg.rows != self.rows:
+                raise ShardexError(
+                    f"scan {self.scan_id} ended after {self.rows} of {msg.rows} rows",
+                    code=ErrorCode.PROTOCOL_ERROR,
+                    details={"received": self.rows, "sent": msg.rows},
+                )
+            return None
+        self.rows += len(msg.entries)
+        conn = self.conn
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(ShardexError):
+                await conn.send(ScanCredit(scan_id=self.scan_id, blocks=1))
+        return msg.entries
+
+    async def cancel(self) -> None:
+        """Stop the sender (a no-op once the stream ended)."""
+        if self.done:
+            return
+        self._finish()
+        conn = self.conn
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(ShardexError):
+                await conn.send(CancelScan(scan_id=self.scan_id))
+
+    def _finish(self) -> None:
+        self.done = True
+        self._inboxes.detach(self.scan_id)

@@ -1,0 +1,175 @@
+"""One query on one member: the local fragment instances with their inboxes and outboxes.
+
+Created when the ``execute`` message arrives (on the initiator: before any is sent) and
+started at once. The service is told when every local fragment has finished
+(``on_done(execution, None)``) or when one failed (``on_done(execution, error)``); it then
+frees the execution (and, on failure, cancels the query through the initiator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pyarrow as pa
+
+from shardex.errors import ErrorCode, ShardexError
+from shardex.net.messages import Message
+from shardex.sql.protocol.flow import ExchangeMeter, Inbox, Outbox
+from shardex.sql.protocol.fragments import FragmentContext, FragmentRegistry
+from shardex.sql.protocol.ids import QueryId
+from shardex.sql.protocol.messages import FragmentSpec, QueryBatch, QueryExecute, QueryFlowControl
+from shardex.sql.protocol.plan import PlanLayout
+from shardex.sql.protocol.results import ResultChannel
+
+__all__ = ["QueryExecution"]
+
+log = logging.getLogger(__name__)
+
+DoneCallback = Callable[["QueryExecution", ShardexError | None], None]
+
+
+def as_query_error(exc: BaseException, fragment: FragmentSpec, member: str) -> ShardexError:
+    where = {"fragment": fragment.fragment_id, "kind": fragment.kind, "member": member}
+    if isinstance(exc, ShardexError):
+        return ShardexError(exc.message, code=exc.code, details={**exc.details, **where})
+    return ShardexError(
+        f"fragment {fragment.kind} on {member} failed: {type(exc).__name__}: {exc}",
+        code=ErrorCode.INTERNAL,
+        details={**where, "exception": type(exc).__name__},
+    )
+
+
+class QueryExecution:
+    def __init__(
+        self,
+        *,
+        msg: QueryExecute,
+        layout: PlanLayout,
+        member: str,
+        fragments: FragmentRegistry,
+        send: Callable[[str, Message], Awaitable[None]],
+        grant: Callable[[str, QueryFlowControl], None],
+        meter: ExchangeMeter,
+        result: ResultChannel | None,
+        on_done: DoneCallback,
+    ) -> None:
+        self.query_id: QueryId = msg.query_id
+        self.msg = msg
+        self.layout = layout
+        self.member = member
+        self.participants = layout.participants
+        self._registry = fragments
+        self._result = result
+        self._on_done = on_done
+        self.local = [f for f in msg.plan.fragments if member in f.members]
+        self.inboxes: dict[int, Inbox] = {}
+        self.outboxes: dict[int, Outbox] = {}
+        for f in self.local:
+            for e in f.inputs:
+                self.inboxes[e] = Inbox(
+                    query_id=self.query_id,
+                    edge_id=e,
+                    senders=layout.edges[e].senders,
+                    window=msg.window,
+                    grant=lambda sender, limit, e=e: grant(
+                        sender,
+                        QueryFlowControl(
+                            query_id=self.query_id, edge_id=e, receiver=member, credit_limit=limit
+                        ),
+                    ),
+                    meter=meter,
+                )
+            if f.output is not None:
+                self.outboxes[f.output] = Outbox(
+                    query_id=self.query_id,
+                    edge_id=f.output,
+                    sender=member,
+                    receiver=layout.edges[f.output].receiver,
+                    window=msg.window,
+                    send=send,
+                    meter=meter,
+                )
+        self._tasks: dict[asyncio.Task[None], FragmentSpec] = {}
+        self.finished = False
+        # The root fragment finished before everything feeding it did (a LIMIT): the
+        # initiator then stops the participants still running.
+        self.early = False
+
+    def __repr__(self) -> str:
+        return f"<QueryExecution {self.query_id} on {self.member}, {len(self._tasks)} running>"
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for f in self.local:
+            task = loop.create_task(self._run(f), name=f"sql {self.query_id} f{f.fragment_id}")
+            self._tasks[task] = f
+            task.add_done_callback(self._task_done)
+
+    @property
+    def inputs_complete(self) -> bool:
+        return all(inbox.complete for inbox in self.inboxes.values())
+
+    def on_batch(self, msg: QueryBatch) -> None:
+        inbox = self.inboxes.get(msg.edge_id)
+        if inbox is None:
+            raise ShardexError(
+                f"batch for edge {msg.edge_id}, which no fragment on {self.member} reads",
+                code=ErrorCode.PROTOCOL_ERROR,
+                details={"query_id": str(self.query_id), "edge": msg.edge_id},
+            )
+        inbox.on_batch(msg)
+
+    def on_flow_control(self, msg: QueryFlowControl) -> None:
+        outbox = self.outboxes.get(msg.edge_id)
+        if outbox is not None:
+            outbox.on_flow_control(msg.credit_limit)
+
+    def stop(self) -> None:
+        """Cancel every local fragment (no callback follows)."""
+        self.finished = True
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _run(self, f: FragmentSpec) -> None:
+        inputs: dict[int, AsyncIterator[pa.RecordBatch]] = {
+            e: self.inboxes[e].batches() for e in f.inputs
+        }
+        ctx = FragmentContext(
+            query_id=self.query_id,
+            member_id=self.member,
+            fragment=f,
+            participants=self.participants,
+            parameters=self.msg.parameters,
+            inputs=inputs,
+        )
+        produce = self._registry.get(f.kind)(ctx)
+        if f.output is None:
+            assert self._result is not None, "the root fragment runs on the initiator"
+            async for batch in produce:
+                await self._result.put(batch)
+            self._result.finish()
+        else:
+            outbox = self.outboxes[f.output]
+            async for batch in produce:
+                await outbox.put(batch)
+            await outbox.finish()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        f = self._tasks.pop(task, None)
+        if self.finished or f is None or task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.finished = True
+            self.stop()
+            self._on_done(self, as_query_error(exc, f, self.member))
+        elif f.output is None:
+            # The root is done: the caller has every row, whatever else still runs here.
+            self.early = bool(self._tasks) or not self.inputs_complete
+            self.stop()
+            self._on_done(self, None)
+        elif not self._tasks:
+            self.finished = True
+            self._on_done(self, None)

@@ -1,0 +1,235 @@
+"""Exchanges with credit-based flow control: the sender's ``Outbox``, the receiver's ``Inbox``
+and the ``ExchangeMeter`` that measures bytes in flight.
+
+A stream is ``(query, edge, sender member)``. Credits are bytes of Arrow IPC payload. The
+receiver grants a cumulative ``credit_limit`` = bytes its consumer has taken + ``window``, so
+whatever is in flight, ``sent - consumed <= window`` on every stream: that is the invariant
+the simulation checks (``ExchangeMeter.max_in_flight``).
+
+Grants go out each time the consumer has taken half a window since the last grant. The
+sender cuts batches into pieces of at most half a window, which makes that rule deadlock-free:
+a blocked sender has more than half a window unconsumed, so draining it crosses the threshold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from shardex.errors import ErrorCode, ShardexError
+from shardex.net.messages import Message
+from shardex.sql.protocol.batches import decode_batch, split_to_fit
+from shardex.sql.protocol.ids import QueryId
+from shardex.sql.protocol.messages import QueryBatch
+
+__all__ = ["MIN_WINDOW", "ExchangeMeter", "Inbox", "Outbox", "StreamKey", "StreamStats"]
+
+StreamKey = tuple[QueryId, int, str]  # (query, edge, sender member)
+
+# An Arrow IPC stream of one small row is a few hundred bytes; half the window must hold one.
+MIN_WINDOW = 4096
+
+
+@dataclass
+class StreamStats:
+    window: int
+    sent: int = 0
+    consumed: int = 0
+    max_in_flight: int = 0  # max of sent - consumed; exact when sender and receiver share a meter
+    max_sender_bound: int = 0  # max of sent - (credit limit - window): what the sender can vouch
+    stalls: int = 0  # times the sender waited for credits
+
+
+class ExchangeMeter:
+    """Bytes per stream. Give one meter to every member of a simulation and ``max_in_flight``
+    is the true peak of bytes sent but not yet consumed; on one real node it sees only its own
+    side, and ``max_sender_bound`` is the measure that holds there."""
+
+    def __init__(self) -> None:
+        self.streams: dict[StreamKey, StreamStats] = {}
+
+    def _stats(self, key: StreamKey, window: int) -> StreamStats:
+        st = self.streams.get(key)
+        if st is None:
+            st = self.streams[key] = StreamStats(window)
+        return st
+
+    def on_sent(self, key: StreamKey, window: int, size: int, bound: int) -> None:
+        st = self._stats(key, window)
+        st.sent += size
+        st.max_in_flight = max(st.max_in_flight, st.sent - st.consumed)
+        st.max_sender_bound = max(st.max_sender_bound, bound)
+
+    def on_stall(self, key: StreamKey, window: int) -> None:
+        self._stats(key, window).stalls += 1
+
+    def on_consumed(self, key: StreamKey, window: int, size: int) -> None:
+        self._stats(key, window).consumed += size
+
+
+def _violation(message: str, key: StreamKey, **details: object) -> ShardexError:
+    q, edge, sender = key
+    return ShardexError(
+        message,
+        code=ErrorCode.PROTOCOL_ERROR,
+        details={"query_id": str(q), "edge": edge, "sender": sender, **details},
+    )
+
+
+class Outbox:
+    """The sending end of one stream. ``put`` waits while credits are short (backpressure on
+    the fragment that produces the rows); ``finish`` sends the ``last`` marker."""
+
+    def __init__(
+        self,
+        *,
+        query_id: QueryId,
+        edge_id: int,
+        sender: str,
+        receiver: str,
+        window: int,
+        send: Callable[[str, Message], Awaitable[None]],
+        meter: ExchangeMeter,
+    ) -> None:
+        self.key: StreamKey = (query_id, edge_id, sender)
+        self.receiver = receiver
+        self.window = window
+        self._send_fn = send
+        self._meter = meter
+        self.sent_bytes = 0
+        self.credit_limit = window  # the initial credits both sides agree on: the window
+        self.seq = 0
+        self.finished = False
+        self._wake = asyncio.Event()
+
+    async def put(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return  # nothing to say; an empty batch would only spend credits
+        for data in split_to_fit(batch, self.window // 2):
+            await self._send(data, last=False)
+
+    async def finish(self) -> None:
+        await self._send(b"", last=True)
+        self.finished = True
+
+    def on_flow_control(self, credit_limit: int) -> None:
+        if credit_limit > self.credit_limit:  # limits only grow; an old one changes nothing
+            self.credit_limit = credit_limit
+            self._wake.set()
+
+    async def _send(self, data: bytes, *, last: bool) -> None:
+        size = len(data)
+        while self.sent_bytes + size > self.credit_limit:
+            self._meter.on_stall(self.key, self.window)
+            self._wake.clear()
+            await self._wake.wait()
+        self.sent_bytes += size
+        q, edge, sender = self.key
+        msg = QueryBatch(
+            query_id=q,
+            edge_id=edge,
+            sender=sender,
+            seq=self.seq,
+            data=data,
+            last=last,
+            remaining_credits=self.credit_limit - self.sent_bytes,
+        )
+        self.seq += 1
+        # Counted before the send: from here on the bytes are the network's.
+        bound = self.sent_bytes - (self.credit_limit - self.window)
+        self._meter.on_sent(self.key, self.window, size, bound)
+        await self._send_fn(self.receiver, msg)
+
+
+@dataclass
+class _InStream:
+    next_seq: int = 0
+    received: int = 0
+    consumed: int = 0
+    limit: int = 0
+    last: bool = False
+
+
+class Inbox:
+    """The receiving end of one edge on its reader's member: the streams of every sender,
+    merged in arrival order. ``on_batch`` is called by the message handler (never blocks);
+    the consuming fragment iterates ``batches()``; grants go out through ``grant``."""
+
+    def __init__(
+        self,
+        *,
+        query_id: QueryId,
+        edge_id: int,
+        senders: tuple[str, ...],
+        window: int,
+        grant: Callable[[str, int], None],
+        meter: ExchangeMeter,
+    ) -> None:
+        self.query_id = query_id
+        self.edge_id = edge_id
+        self.window = window
+        self._grant = grant
+        self._meter = meter
+        self._streams = {s: _InStream(limit=window) for s in senders}
+        self._queue: deque[tuple[str, int, pa.RecordBatch]] = deque()
+        self._ready = asyncio.Event()
+
+    @property
+    def complete(self) -> bool:
+        """Every sender's ``last`` batch has arrived."""
+        return all(s.last for s in self._streams.values())
+
+    def on_batch(self, msg: QueryBatch) -> None:
+        """Take one batch; raises ``PROTOCOL_ERROR`` for a batch the stream cannot carry
+        (unknown sender, a gap or repeat in ``seq``, after ``last``, over the credits)."""
+        key = (self.query_id, self.edge_id, msg.sender)
+        st = self._streams.get(msg.sender)
+        if st is None:
+            raise _violation(f"batch from {msg.sender}, not a sender of edge {self.edge_id}", key)
+        if st.last:
+            raise _violation("batch after the stream's last batch", key, seq=msg.seq)
+        if msg.seq != st.next_seq:
+            raise _violation(
+                f"batch {msg.seq} where {st.next_seq} was expected (a batch was lost)",
+                key,
+                seq=msg.seq,
+                expected=st.next_seq,
+            )
+        size = len(msg.data)
+        if st.received + size > st.limit:
+            raise _violation(
+                f"sender exceeded its credits: {st.received + size} bytes > limit {st.limit}",
+                key,
+                limit=st.limit,
+            )
+        batch = decode_batch(msg.data) if size else None
+        st.next_seq += 1
+        st.received += size
+        st.last = msg.last
+        if batch is not None:
+            self._queue.append((msg.sender, size, batch))
+        self._ready.set()
+
+    async def batches(self) -> AsyncIterator[pa.RecordBatch]:
+        while True:
+            if self._queue:
+                sender, size, batch = self._queue.popleft()
+                self._consumed(sender, size)
+                yield batch
+            elif self.complete:
+                return
+            else:
+                self._ready.clear()
+                await self._ready.wait()
+
+    def _consumed(self, sender: str, size: int) -> None:
+        st = self._streams[sender]
+        st.consumed += size
+        self._meter.on_consumed((self.query_id, self.edge_id, sender), self.window, size)
+        if not st.last and st.consumed - (st.limit - self.window) >= self.window // 2:
+            st.limit = st.consumed + self.window
+            self._grant(sender, st.limit)

@@ -1,0 +1,81 @@
+"""What the protocol runs: fragments, as factories registered by name on every member.
+
+The protocol does not know what a fragment computes. A fragment is
+``fn(ctx) -> AsyncIterator[pyarrow.RecordBatch]``: it reads its inputs (one async iterator
+of batches per inbound edge, all senders merged) and yields its output batches, which go to
+its outbound edge or, for the root fragment, to the caller. ``FragmentSpec.kind`` names the
+factory; the SQL operators register theirs, tests register small ones (emit, filter, sum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.protocol.ids import QueryId
+from shardex.sql.protocol.messages import FragmentSpec
+
+__all__ = ["Fragment", "FragmentContext", "FragmentRegistry"]
+
+
+@dataclass
+class FragmentContext:
+    query_id: QueryId
+    member_id: str
+    fragment: FragmentSpec
+    participants: tuple[str, ...]
+    parameters: list[Any] | dict[str, Any]
+    inputs: dict[int, AsyncIterator[pa.RecordBatch]]
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return self.fragment.args
+
+    @property
+    def instance(self) -> int:
+        """This member's position among the fragment's members (0-based)."""
+        return self.fragment.members.index(self.member_id)
+
+    def input(self) -> AsyncIterator[pa.RecordBatch]:
+        """The only input of a single-input fragment."""
+        if len(self.inputs) != 1:
+            raise ShardexError(
+                f"fragment {self.fragment.kind} has {len(self.inputs)} inputs, expected one",
+                code=ErrorCode.BAD_REQUEST,
+                details={"value": sorted(self.inputs), "hint": "use ctx.inputs[edge_id]"},
+            )
+        return next(iter(self.inputs.values()))
+
+
+Fragment = Callable[[FragmentContext], AsyncIterator[pa.RecordBatch]]
+
+
+class FragmentRegistry:
+    """Fragment kind -> factory, the same on every member."""
+
+    def __init__(self, fragments: dict[str, Fragment] | None = None) -> None:
+        self._fragments: dict[str, Fragment] = {}
+        for kind, fn in (fragments or {}).items():
+            self.register(kind, fn)
+
+    def register(self, kind: str, fn: Fragment) -> None:
+        if kind in self._fragments:
+            raise ValueError(f"fragment kind {kind!r} is already registered")
+        self._fragments[kind] = fn
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._fragments
+
+    def get(self, kind: str) -> Fragment:
+        fn = self._fragments.get(kind)
+        if fn is None:
+            raise ShardexError(
+                f"unknown fragment kind {kind!r}",
+                code=ErrorCode.BAD_REQUEST,
+                details={"value": kind, "hint": f"known kinds: {sorted(self._fragments)}"},
+            )
+        return fn

@@ -1,0 +1,315 @@
+"""Members running ``QueryService`` on the simulator, small fragments, plans and controls.
+
+Every member is a host of a ``SimCluster`` with an ``RpcServer`` and a ``QueryService`` that
+share one ``ExchangeMeter`` (so bytes in flight are measured exactly, sender to consumer)
+and one ``SimDirectory`` (the membership stand-in: the test says when the failure detector
+marks a member down). ``Interceptor`` holds or drops chosen messages before they leave a
+member, which is how the scenarios force the seed's message orders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from sql_protocol_checkers import check_flow_control, check_state_freed
+
+from shardex.errors import ErrorCode, ShardexError
+from shardex.net.messages import Message
+from shardex.net.rpc import RpcServer
+from shardex.sim import ClusterNode, Simulation
+from shardex.sql.protocol import (
+    ExchangeMeter,
+    FragmentContext,
+    FragmentRegistry,
+    FragmentSpec,
+    ProtocolConfig,
+    QueryPlan,
+    QueryResult,
+    QueryService,
+)
+
+SECRET = "sql-protocol-sim-secret"
+
+# Short intervals: virtual time is free, and cleanup paths should run within a scenario.
+SIM_CONFIG = ProtocolConfig(
+    window=8192,
+    timeout=30.0,
+    check_interval=0.5,
+    check_timeout=1.0,
+    tombstone_ttl=3.0,
+    result_capacity=2,
+    connect_timeout=1.0,
+)
+
+
+class SimDirectory:
+    """Addresses of the members and the failure detector's verdicts, set by the test."""
+
+    def __init__(self) -> None:
+        self.addresses: dict[str, str] = {}
+        self.down: dict[str, bool] = {}
+
+    def address_of(self, member_id: str) -> str | None:
+        return self.addresses.get(member_id)
+
+    def is_down(self, member_id: str) -> bool:
+        return self.down.get(member_id, False)
+
+
+@dataclass
+class _Rule:
+    match: Callable[[str, str, Message], bool]
+    drop: bool
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    hits: int = 0
+
+
+class Interceptor:
+    """Rules on (source, destination, message): hold a message until released, or drop it."""
+
+    def __init__(self) -> None:
+        self.rules: list[_Rule] = []
+
+    def hold(self, match: Callable[[str, str, Message], bool]) -> _Rule:
+        rule = _Rule(match, drop=False)
+        self.rules.append(rule)
+        return rule
+
+    def drop(self, match: Callable[[str, str, Message], bool]) -> _Rule:
+        rule = _Rule(match, drop=True)
+        self.rules.append(rule)
+        return rule
+
+    def hook(self, src: str) -> Callable[[str, Message], Any]:
+        async def before_send(dst: str, msg: Message) -> bool:
+            for rule in self.rules:
+                if rule.match(src, dst, msg):
+                    rule.hits += 1
+                    if rule.drop:
+                        return False
+                    await rule.release.wait()
+            return True
+
+        return before_send
+
+
+def message(kind: type[Message], src: str | None = None, dst: str | None = None) -> Any:
+    """A rule matcher: messages of ``kind`` from ``src`` to ``dst`` (None = any)."""
+
+    def match(s: str, d: str, msg: Message) -> bool:
+        return isinstance(msg, kind) and src in (None, s) and dst in (None, d)
+
+    return match
+
+
+# --- fragments -----------------------------------------------------------------------------
+
+
+def emitted_rows(member: str, instance: int, args: dict[str, Any]) -> list[dict[str, Any]]:
+    n, pad = args["rows"], args.get("pad", 0)
+    return [{"src": member, "i": instance * n + j, "pad": "x" * pad} for j in range(n)]
+
+
+def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
+    """Test fragments. ``emit``: ``rows`` rows per instance in batches of ``batch_rows``; it
+    may wait for a gate first, fail on some members after some batches, or hang."""
+
+    async def emit(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        args, me = ctx.args, ctx.member_id
+        if "gate" in args:
+            await gates.setdefault(args["gate"], asyncio.Event()).wait()
+        if me in args.get("hang_on", []):
+            await asyncio.Event().wait()
+        n, pad, step = args["rows"], "x" * args.get("pad", 0), args.get("batch_rows", 50)
+        base = ctx.instance * n  # the same rows as emitted_rows, built column-wise (cheaper)
+        for k, start in enumerate(range(0, n, step)):
+            if me in args.get("fail_on", []) and k == args.get("fail_after", 0):
+                raise ShardexError(f"emit failed on {me}", code=ErrorCode.EXPRESSION_EVAL)
+            count = min(step, n - start)
+            yield pa.record_batch(
+                {
+                    "src": pa.array([me] * count, pa.string()),
+                    "i": pa.array(range(base + start, base + start + count), pa.int64()),
+                    "pad": pa.array([pad] * count, pa.string()),
+                }
+            )
+
+    async def collect(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        delay = ctx.args.get("delay", 0.0)
+        async for batch in ctx.input():
+            if delay:
+                await asyncio.sleep(delay)  # a slow consumer (virtual time): backpressure
+            yield batch
+
+    async def keep_multiples(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        mod = ctx.args["mod"]
+        async for batch in ctx.input():
+            keep = [i % mod == 0 for i in batch.column("i").to_pylist()]
+            yield batch.filter(pa.array(keep))
+
+    async def total(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        count = acc = 0
+        async for batch in ctx.input():
+            count += batch.num_rows
+            acc += sum(batch.column("i").to_pylist())
+        yield pa.RecordBatch.from_pylist([{"count": count, "total": acc}])
+
+    async def take(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        left = ctx.args["limit"]
+        async for batch in ctx.input():
+            yield batch.slice(0, left)
+            left -= min(left, batch.num_rows)
+            if left == 0:
+                return
+
+    return FragmentRegistry(
+        {
+            "emit": emit,
+            "collect": collect,
+            "keep_multiples": keep_multiples,
+            "sum": total,
+            "take": take,
+        }
+    )
+
+
+# --- plans ---------------------------------------------------------------------------------
+
+
+def gather_plan(
+    root: str, leaves: list[str], *, root_kind: str = "collect", root_args: Any = None, **emit: Any
+) -> QueryPlan:
+    """Two fragments: ``emit`` on every leaf -> edge 1 -> ``root_kind`` on the initiator."""
+    return QueryPlan(
+        fragments=[
+            FragmentSpec(
+                fragment_id=0, kind=root_kind, members=[root], inputs=[1], args=root_args or {}
+            ),
+            FragmentSpec(fragment_id=1, kind="emit", members=leaves, output=1, args=emit),
+        ]
+    )
+
+
+def chain_plan(root: str, middle: str, leaves: list[str], *, mod: int, **emit: Any) -> QueryPlan:
+    """Three fragments: ``emit`` on the leaves -> ``keep_multiples`` on ``middle`` -> root."""
+    return QueryPlan(
+        fragments=[
+            FragmentSpec(fragment_id=0, kind="collect", members=[root], inputs=[1]),
+            FragmentSpec(
+                fragment_id=1,
+                kind="keep_multiples",
+                members=[middle],
+                inputs=[2],
+                output=1,
+                args={"mod": mod},
+            ),
+            FragmentSpec(fragment_id=2, kind="emit", members=leaves, output=2, args=emit),
+        ]
+    )
+
+
+def expected_gather(leaves: list[str], **emit: Any) -> list[dict[str, Any]]:
+    return [row for k, m in enumerate(leaves) for row in emitted_rows(m, k, emit)]
+
+
+# --- the harness ---------------------------------------------------------------------------
+
+
+class Harness:
+    """Members of one simulation run and handles on their live services."""
+
+    def __init__(self, sim: Simulation, config: ProtocolConfig = SIM_CONFIG) -> None:
+        self.sim = sim
+        self.config = config
+        self.directory = SimDirectory()
+        self.meter = ExchangeMeter()
+        self.interceptor = Interceptor()
+        self.gates: dict[str, asyncio.Event] = {}
+        self.fragments = build_fragments(self.gates)
+        self.services: dict[str, QueryService] = {}  # live members only
+        self.every_service: list[QueryService] = []  # every incarnation (message counts)
+
+    def gate(self, name: str) -> asyncio.Event:
+        return self.gates.setdefault(name, asyncio.Event())
+
+    def _main(self, host: str) -> Callable[[ClusterNode], Any]:
+        async def main(node: ClusterNode) -> None:
+            svc = QueryService(
+                member_id=host,
+                transport=node.transport,
+                secret=SECRET,
+                directory=self.directory,
+                fragments=self.fragments,
+                config=self.config,
+                meter=self.meter,
+                before_send=self.interceptor.hook(host),
+            )
+            server = RpcServer(node.transport, SECRET, name=host)
+            svc.install(server)
+            address = await server.start(node.listen_address)
+            self.directory.addresses[host] = address
+            await svc.start()
+            self.services[host] = svc
+            self.every_service.append(svc)
+            node.serving(address)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await svc.stop()
+                await server.stop()
+
+        return main
+
+    async def start(self, *hosts: str) -> None:
+        for host in hosts:
+            self.sim.cluster.add(host, self._main(host))
+        await self.sim.cluster.start(*hosts)
+        for host in hosts:
+            await self.sim.cluster[host].wait_serving()
+
+    async def crash(self, host: str, *, power_off: bool = False) -> None:
+        self.services.pop(host, None)
+        await self.sim.cluster.crash(host, power_off=power_off)
+
+    async def restart(self, host: str) -> None:
+        await self.sim.cluster.restart(host)
+        await self.sim.cluster[host].wait_serving()
+        self.directory.down[host] = False
+
+    async def until(self, pred: Callable[[], bool], timeout: float = 30.0) -> None:
+        """Wait (virtual time, 1 ms steps) for ``pred``; fail the scenario after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not pred():
+            if loop.time() > deadline:
+                raise AssertionError(f"condition not reached within {timeout}s of virtual time")
+            await asyncio.sleep(0.001)
+
+    async def settle(self) -> None:
+        """Let cleanup run its course: past the check interval and the tombstone TTL."""
+        await asyncio.sleep(self.config.tombstone_ttl + 2 * self.config.check_interval + 1.0)
+
+    async def finish(self) -> None:
+        """The checks every scenario ends with: flow control held, all state freed."""
+        check_flow_control(self.meter)
+        await self.settle()
+        check_state_freed(self.services, tombstones=True)
+        await self.sim.cluster.stop_all()
+        self.sim.cluster.check()
+
+
+async def drain(result: QueryResult) -> list[dict[str, Any]]:
+    return await result.all_rows()
+
+
+async def drain_error(result: QueryResult) -> ShardexError:
+    """Iterate a result that must fail; return its error."""
+    try:
+        rows = await result.all_rows()
+    except ShardexError as e:
+        return e
+    raise AssertionError(f"the query succeeded with {len(rows)} rows; it had to fail")

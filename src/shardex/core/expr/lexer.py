@@ -74,6 +74,8 @@ _OPERATORS = (
     ";",
 )
 
+_OPERATOR_SET = frozenset(_OPERATORS)
+
 _SIMPLE_ESCAPES = {
     '"': '"',
     "'": "'",
@@ -121,13 +123,16 @@ class Lexer:
     # -- position bookkeeping -------------------------------------------------------------
 
     def _advance(self, n: int = 1) -> None:
-        for _ in range(n):
-            if self.text[self.pos] == "\n":
-                self.line += 1
-                self.col = 1
-            else:
-                self.col += 1
-            self.pos += 1
+        # Count newlines in the whole run at once: long string literals (documents in
+        # INSERT statements) would otherwise cost a Python-level step per character.
+        end = self.pos + n
+        nl = self.text.count("\n", self.pos, end)
+        if nl:
+            self.line += nl
+            self.col = end - self.text.rfind("\n", self.pos, end)
+        else:
+            self.col += n
+        self.pos = end
 
     def _fail(self, message: str, line: int, col: int, token: str) -> NoReturn:
         raise syntax_error(f"{message} at line {line}, column {col}", self.text, line, col, token)
@@ -315,10 +320,15 @@ class Lexer:
 
     def _operator(self) -> Token:
         start, line, col = self.pos, self.line, self.col
-        for op in _OPERATORS:
-            if self.text.startswith(op, start):
-                self._advance(len(op))
-                return Token(TokenKind.OP, op, op, line, col, start)
+        # Two-character operators first (longest match), by set lookup: this runs for every
+        # punctuation token, and INSERT statements carry hundreds of thousands of them.
+        op = self.text[start : start + 2]
+        if op not in _OPERATOR_SET:
+            op = self.text[start]
+        if op in _OPERATOR_SET:
+            self.pos += len(op)  # operators never contain a newline
+            self.col += len(op)
+            return Token(TokenKind.OP, op, op, line, col, start)
         ch = self.text[start]
         self._fail(f"unexpected character {ch!r}", line, col, ch)
 

@@ -88,8 +88,9 @@ class Parser:
     # -- token helpers ----------------------------------------------------------------------
 
     def peek(self, ahead: int = 0) -> Token:
-        i = min(self.pos + ahead, len(self.tokens) - 1)
-        return self.tokens[i]
+        tokens = self.tokens
+        i = self.pos + ahead
+        return tokens[i] if i < len(tokens) else tokens[-1]
 
     def advance(self) -> Token:
         tok = self.tokens[self.pos]

@@ -1,0 +1,416 @@
+"""``LocalEngine``: runs SQL++ statements over in-memory keyspaces in one process.
+
+It is the single-process reference for the distributed SQL path: the planner's fragments
+are built from the same operators (``shardex.sql.operators``) over the same bound statement
+(``shardex.sql.syntax.bind``), so a distributed result can be checked against this one. The
+conformance runner uses it until queries run on the cluster.
+
+    >>> eng = LocalEngine()
+    >>> eng.create_keyspace("users")
+    >>> eng.execute('INSERT INTO users (KEY, VALUE) VALUES ("u1", {"name": "Ann", "age": 41})')
+    QueryResult(rows=[], mutation_count=1)
+    >>> eng.query("SELECT name FROM users WHERE age > $1", [40])
+    [{'name': 'Ann'}]
+
+Keyspaces are ``dict[docid, document]``; documents are JSON values (dicts). Statements
+that fail raise ``ShardexError`` before changing anything (DML evaluates every new document
+first, then applies them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardex.core.expr import (
+    MISSING,
+    Expr,
+    Literal,
+    Param,
+    compile_expression,
+    evaluate,
+    truth,
+    walk,
+)
+from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.ddl import BuildIndexStmt, CreateIndexStmt, DropIndexStmt
+from shardex.sql.operators import (
+    AggSpec,
+    ProjectTerm,
+    SortSpec,
+    aggregate,
+    distinct,
+    encode_sort_key,
+    filter_rows,
+    offset_limit,
+    project,
+    sort_pairs,
+    strip_keys,
+)
+from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
+from shardex.sql.syntax import (
+    DeleteStmt,
+    ExplainStmt,
+    InsertStmt,
+    KeyspaceRef,
+    SelectStmt,
+    Statement,
+    UpdateStmt,
+    parse_statement,
+)
+from shardex.sql.syntax.bind import (
+    META_KEY,
+    BoundSelect,
+    aggregate_name,
+    bind_select,
+    group_key_name,
+    resolve,
+)
+from shardex.sql.syntax.explain import explain_select
+from shardex.sql.syntax.params import check_params
+
+Params = Sequence[Any] | Mapping[str, Any] | None
+
+
+@dataclass
+class QueryResult:
+    rows: list[Any] = field(default_factory=list)
+    mutation_count: int = 0
+
+
+def _compile(expr: Expr) -> Any:
+    return compile_expression(expr)
+
+
+def eval_count(expr: Expr | None, params: Params, what: str) -> int | None:
+    """LIMIT / OFFSET: a constant number (parameters allowed); negative counts are 0."""
+    if expr is None:
+        return None
+    v = evaluate(expr, {}, params=params)
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != v:
+        raise ShardexError(
+            f"{what} must be a number, got {v!r}",
+            code=ErrorCode.BAD_REQUEST,
+            details={"clause": what, "value": repr(v), "hint": f"write {what} 10"},
+        )
+    if isinstance(v, float) and not v.is_integer():
+        raise ShardexError(
+            f"{what} must be an integer, got {v!r}",
+            code=ErrorCode.BAD_REQUEST,
+            details={"clause": what, "value": v, "hint": f"write {what} {int(v)}"},
+        )
+    return max(int(v), 0)
+
+
+class LocalEngine:
+    def __init__(self) -> None:
+        self.keyspaces: dict[str, dict[str, Any]] = {}
+        self.indexes: dict[str, dict[str, CreateIndexStmt]] = {}
+
+    # -- keyspaces ----------------------------------------------------------------------------
+
+    def create_keyspace(self, name: str, *, exist_ok: bool = False) -> None:
+        if name in self.keyspaces:
+            if exist_ok:
+                return
+            raise ShardexError(
+                f"keyspace {name!r} already exists",
+                code=ErrorCode.KEYSPACE_EXISTS,
+                details={"keyspace": name},
+            )
+        self.keyspaces[name] = {}
+        self.indexes[name] = {}
+
+    def keyspace(self, name: str) -> dict[str, Any]:
+        ks = self.keyspaces.get(name)
+        if ks is None:
+            raise ShardexError(
+                f"keyspace {name!r} not found",
+                code=ErrorCode.KEYSPACE_NOT_FOUND,
+                details={
+                    "keyspace": name,
+                    "known": sorted(self.keyspaces),
+                    "hint": "create it first (or check the spelling)",
+                },
+            )
+        return ks
+
+    # -- statements ---------------------------------------------------------------------------
+
+    def query(self, sql: str | Statement, params: Params = None) -> list[Any]:
+        return self.execute(sql, params).rows
+
+    def execute(self, sql: str | Statement, params: Params = None) -> QueryResult:
+        stmt = parse_statement(sql) if isinstance(sql, str) else sql
+        if isinstance(stmt, SelectStmt):
+            bound = bind_select(stmt)
+            check_params(bound.params(), params)
+            return QueryResult(list(self.run_select(bound, params)))
+        if isinstance(stmt, ExplainStmt):
+            bound = bind_select(stmt.statement)
+            self._check_from(bound)
+            return QueryResult([explain_select(bound)])
+        if isinstance(stmt, InsertStmt):
+            return self._insert(stmt, params)
+        if isinstance(stmt, DeleteStmt | UpdateStmt):
+            return self._modify(stmt, params)
+        return self._ddl(stmt)
+
+    def _ddl(self, stmt: Any) -> QueryResult:
+        indexes = self.indexes.setdefault(stmt.keyspace, {})
+        self.keyspace(stmt.keyspace)
+        if isinstance(stmt, CreateIndexStmt):
+            name = stmt.name or "#primary"
+            if name in indexes:
+                raise ShardexError(
+                    f"index {name!r} already exists on {stmt.keyspace!r}",
+                    code=ErrorCode.INDEX_EXISTS,
+                    details={"index": name, "keyspace": stmt.keyspace},
+                )
+            indexes[name] = stmt
+        elif isinstance(stmt, DropIndexStmt):
+            name = stmt.name or "#primary"
+            if stmt.is_primary and stmt.name is None:
+                name = next((n for n, s in indexes.items() if s.is_primary), name)
+            if indexes.pop(name, None) is None:
+                raise self._no_index(stmt.keyspace, name)
+        elif isinstance(stmt, BuildIndexStmt):
+            for name in stmt.names:
+                if name not in indexes:
+                    raise self._no_index(stmt.keyspace, name)
+        return QueryResult()
+
+    def _no_index(self, keyspace: str, name: str) -> ShardexError:
+        return ShardexError(
+            f"index {name!r} not found on keyspace {keyspace!r}",
+            code=ErrorCode.INDEX_NOT_FOUND,
+            details={
+                "index": name,
+                "keyspace": keyspace,
+                "known": sorted(self.indexes.get(keyspace, {})),
+            },
+        )
+
+    def _check_from(self, b: BoundSelect) -> None:
+        ref = b.from_
+        if ref is None or ref.source is not None:
+            return
+        self.keyspace(ref.name)
+        for name in ref.use_index:
+            if name not in self.indexes.get(ref.name, {}):
+                raise self._no_index(ref.name, name)
+
+    # -- DML ----------------------------------------------------------------------------------
+
+    def _insert(self, stmt: InsertStmt, params: Params) -> QueryResult:
+        check_params(_params_of([e for kv in stmt.values for e in kv]), params)
+        docs = self.keyspace(stmt.keyspace)
+        new: dict[str, Any] = {}
+        for key_expr, value_expr in stmt.values:
+            key = evaluate(key_expr, {}, params=params)
+            value = evaluate(value_expr, {}, params=params)
+            if not isinstance(key, str) or not key:
+                raise ShardexError(
+                    f"document key must be a non-empty string, got {key!r}",
+                    code=ErrorCode.BAD_REQUEST,
+                    details={
+                        "key": repr(key),
+                        "hint": "INSERT INTO ks (KEY, VALUE) VALUES ('id', {...})",
+                    },
+                )
+            if value is MISSING:
+                raise ShardexError(
+                    f"document {key!r} has no value (MISSING)",
+                    code=ErrorCode.BAD_REQUEST,
+                    details={"key": key, "hint": "give a JSON value"},
+                )
+            if not stmt.upsert and (key in docs or key in new):
+                raise ShardexError(
+                    f"document {key!r} already exists in {stmt.keyspace!r}",
+                    code=ErrorCode.DOC_EXISTS,
+                    details={
+                        "key": key,
+                        "keyspace": stmt.keyspace,
+                        "hint": "use UPSERT to replace",
+                    },
+                )
+            new[key] = value
+        docs.update(new)
+        rows = self._returning(stmt.returning, stmt.keyspace, new.items(), params)
+        return QueryResult(rows, len(new))
+
+    def _modify(self, stmt: DeleteStmt | UpdateStmt, params: Params) -> QueryResult:
+        target = stmt.target
+        exprs = [e for e in (target.use_keys, stmt.where, stmt.limit) if e is not None]
+        if isinstance(stmt, UpdateStmt):
+            exprs += [e for pair in stmt.set for e in pair] + list(stmt.unset)
+        check_params(_params_of(exprs), params)
+        docs = self.keyspace(target.name)
+        alias = target.as_name
+        bound = bind_select(SelectStmt(terms=(), from_=target, where=stmt.where))
+        where = None if bound.where is None else _compile(bound.where)
+        limit = eval_count(stmt.limit, params, "LIMIT")
+        chosen: list[tuple[str, Any]] = []
+        for docid, doc in self.docs(docs, target.use_keys, params):
+            if limit is not None and len(chosen) >= limit:
+                break
+            scope = {alias: doc, META_KEY: {"id": docid}}
+            if where is None or truth(where(scope, None, params)):
+                chosen.append((docid, doc))
+        if isinstance(stmt, DeleteStmt):
+            for docid, _ in chosen:
+                del docs[docid]
+            rows = self._returning(stmt.returning, alias, chosen, params)
+            return QueryResult(rows, len(chosen))
+        # UPDATE: compute every new document first, then apply them all.
+        sets = [(path_steps(p, alias), _compile(bind_expr(e, alias))) for p, e in stmt.set]
+        unsets = [path_steps(p, alias) for p in stmt.unset]
+        updated: list[tuple[str, Any]] = []
+        for docid, doc in chosen:
+            scope = {alias: doc, META_KEY: {"id": docid}}
+            new = updated_copy(doc)
+            for steps, f in sets:
+                set_path(new, steps, f(scope, None, params))
+            for steps in unsets:
+                unset_path(new, steps)
+            updated.append((docid, new))
+        docs.update(updated)
+        rows = self._returning(stmt.returning, alias, updated, params)
+        return QueryResult(rows, len(updated))
+
+    def _returning(
+        self, terms: Any, alias: str, docs: Iterable[tuple[str, Any]], params: Params
+    ) -> list[Any]:
+        if not terms:
+            return []
+        ref = KeyspaceRef("", alias, source=Literal(None))
+        bound = bind_select(SelectStmt(terms=tuple(terms), from_=ref))
+        scopes = ({alias: doc, META_KEY: {"id": docid}} for docid, doc in docs)
+        return list(_finish(bound, scopes, params, None, 0))
+
+    # -- SELECT ---------------------------------------------------------------------------------
+
+    def scope_rows(self, b: BoundSelect, params: Params) -> Iterator[dict[str, Any]]:
+        """The document-scope rows of FROM (before LET and WHERE)."""
+        ref = b.from_
+        if ref is None:
+            yield {}
+            return
+        alias = b.alias
+        if ref.source is not None:
+            value = evaluate(ref.source, {}, params=params)
+            items = (
+                value if isinstance(value, list) else [] if value in (MISSING, None) else [value]
+            )
+            for item in items:
+                yield {alias: item, META_KEY: {}}
+            return
+        docs = self.keyspace(ref.name)
+        self._check_from(b)
+        for docid, doc in self.docs(docs, ref.use_keys, params):
+            yield {alias: doc, META_KEY: {"id": docid}}
+
+    @staticmethod
+    def docs(
+        docs: dict[str, Any], use_keys: Expr | None, params: Params
+    ) -> Iterable[tuple[str, Any]]:
+        if use_keys is None:
+            return list(docs.items())  # a snapshot: DML may change the keyspace while we run
+        keys = evaluate(use_keys, {}, params=params)
+        if isinstance(keys, str):
+            keys = [keys]
+        if not isinstance(keys, list):
+            return []
+        return [(k, docs[k]) for k in keys if isinstance(k, str) and k in docs]
+
+    def run_select(self, b: BoundSelect, params: Params) -> Iterator[Any]:
+        rows: Iterable[Any] = self.scope_rows(b, params)
+        rows = _with_bindings(rows, b.lets, params)
+        if b.where is not None:
+            where = _compile(b.where)
+            rows = filter_rows(rows, lambda r: where(r, None, params))
+        if b.grouped:
+            rows = self._group(b, rows, params)
+        limit = eval_count(b.limit, params, "LIMIT")
+        offset = eval_count(b.offset, params, "OFFSET") or 0
+        if limit == 0:
+            return iter(())
+        return _finish(b, rows, params, limit, offset)
+
+    def _group(self, b: BoundSelect, rows: Iterable[Any], params: Params) -> Iterator[Any]:
+        keys = [_row_fn(k, params) for k in b.group_keys]
+        aggs = [
+            AggSpec(a.name, None if a.arg is None else _row_fn(a.arg, params), a.distinct)
+            for a in b.aggregates
+        ]
+        groups = aggregate(rows, keys, aggs, global_group=not b.group_keys)
+        out: Iterable[Any] = (
+            {
+                **{group_key_name(i): v for i, v in enumerate(kv)},
+                **{aggregate_name(j): v for j, v in enumerate(av)},
+            }
+            for kv, av in groups
+        )
+        out = _with_bindings(out, b.letting, params)
+        if b.having is not None:
+            having = _compile(b.having)
+            out = filter_rows(out, lambda r: having(r, None, params))
+        return iter(out)
+
+
+def bind_expr(expr: Expr, alias: str) -> Expr:
+    return resolve(expr, alias, frozenset({alias, META_KEY}))
+
+
+def _params_of(exprs: Iterable[Expr]) -> set[str]:
+    return {n.name for e in exprs for n in walk(e) if isinstance(n, Param)}
+
+
+def _row_fn(expr: Expr, params: Params) -> Any:
+    f = _compile(expr)
+    return lambda row: f(row, None, params)
+
+
+def _with_bindings(
+    rows: Iterable[dict[str, Any]], bindings: tuple[tuple[str, Expr], ...], params: Params
+) -> Iterable[dict[str, Any]]:
+    if not bindings:
+        return rows
+    fns = [(name, _compile(e)) for name, e in bindings]
+
+    def gen() -> Iterator[dict[str, Any]]:
+        for row in rows:
+            row = dict(row)
+            for name, f in fns:
+                row[name] = f(row, None, params)
+            yield row
+
+    return gen()
+
+
+def _finish(
+    b: BoundSelect, rows: Iterable[Any], params: Params, limit: int | None, offset: int
+) -> Iterator[Any]:
+    """Projection, DISTINCT, ORDER BY, OFFSET and LIMIT."""
+    terms = [ProjectTerm(_row_fn(t.expr, params), t.name, t.star) for t in b.terms]
+    raw = terms[0].value if b.raw else None
+    if not b.order:
+        out: Iterable[Any] = project(rows, terms, raw=raw)
+        if b.distinct:
+            out = distinct(out)
+        return offset_limit(out, offset, limit)
+    specs = [SortSpec(o.desc, o.nulls_first) for _, o in b.order]
+    order_fns = [_compile(e) for e, _ in b.order]
+    aliases = b.order_aliases
+
+    def sort_key(row: dict[str, Any], value: Any) -> bytes:
+        if aliases:
+            row = {**row, **{a: value.get(a, MISSING) for a in aliases}}
+        return encode_sort_key([f(row, None, params) for f in order_fns], specs)
+
+    pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=sort_key)
+    if b.distinct:
+        pairs = distinct(pairs, value_of=lambda p: p[1])
+    top = None if limit is None else offset + limit
+    return offset_limit(strip_keys(sort_pairs(pairs, top)), offset, limit)

@@ -1,0 +1,189 @@
+"""The SQL++ statement tree: SELECT, EXPLAIN, INSERT/UPSERT, DELETE, UPDATE, plus the
+expression nodes only statements use (collection predicates, array comprehensions,
+aggregates).
+
+Expressions inside statements are ordinary ``shardex.core.expr`` nodes; the extra nodes here
+subclass ``Expr`` and are registered with the evaluator (``comprehension.py``), so the one
+interpreter and compiler evaluate everything. Statements are frozen dataclasses: the planner
+and the local engine read them, nothing mutates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from shardex.core.expr import Expr, format_identifier
+from shardex.core.expr.ast import PREC_ATOM
+
+# -- expression nodes ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """``var IN expr`` (or ``var WITHIN expr``: every nested value) in ANY/EVERY/ARRAY."""
+
+    var: str
+    source: Expr
+    within: bool = False
+
+    def to_text(self) -> str:
+        word = "WITHIN" if self.within else "IN"
+        return f"{format_identifier(self.var)} {word} {self.source.to_text()}"
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionPredicate(Expr):
+    """``ANY | SOME | EVERY | ANY AND EVERY  var IN coll [, ...]  SATISFIES cond END``."""
+
+    quantifier: str  # "ANY", "EVERY" or "ANY AND EVERY"
+    bindings: tuple[Binding, ...]
+    satisfies: Expr
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        return (*(b.source for b in self.bindings), self.satisfies)
+
+    def to_text(self) -> str:
+        binds = ", ".join(b.to_text() for b in self.bindings)
+        return f"{self.quantifier} {binds} SATISFIES {self.satisfies.to_text()} END"
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayComprehension(Expr):
+    """``ARRAY expr FOR var IN coll [, ...] [WHEN cond] END`` (``FIRST`` keeps the first)."""
+
+    mapping: Expr
+    bindings: tuple[Binding, ...]
+    when: Expr | None = None
+    first: bool = False
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        out = [self.mapping, *(b.source for b in self.bindings)]
+        if self.when is not None:
+            out.append(self.when)
+        return tuple(out)
+
+    def to_text(self) -> str:
+        word = "FIRST" if self.first else "ARRAY"
+        binds = ", ".join(b.to_text() for b in self.bindings)
+        when = "" if self.when is None else f" WHEN {self.when.to_text()}"
+        return f"{word} {self.mapping.to_text()} FOR {binds}{when} END"
+
+
+AGGREGATES = frozenset({"COUNT", "SUM", "AVG", "MIN", "MAX", "ARRAY_AGG"})
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate(Expr):
+    """``COUNT(*)`` (arg None), ``SUM(x)``, ``COUNT(DISTINCT x)``, ... Only meaningful in a
+    grouped query's projection, HAVING, LETTING and ORDER BY: the binder replaces it with a
+    reference to the group's computed value."""
+
+    name: str
+    arg: Expr | None
+    distinct: bool = False
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        return () if self.arg is None else (self.arg,)
+
+    def to_text(self) -> str:
+        if self.arg is None:
+            return f"{self.name}(*)"
+        d = "DISTINCT " if self.distinct else ""
+        return f"{self.name}({d}{self.arg.to_text()})"
+
+
+# -- statements -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResultTerm:
+    """One projection term. ``expr`` None with ``star`` is ``*``; ``expr`` with ``star`` is
+    ``expr.*`` (the fields of an object merged into the result)."""
+
+    expr: Expr | None
+    alias: str | None = None
+    star: bool = False
+
+
+@dataclass(frozen=True)
+class OrderTerm:
+    expr: Expr
+    desc: bool = False
+    nulls_first: bool | None = None  # None: the default (ASC: first, DESC: last)
+
+    @property
+    def effective_nulls_first(self) -> bool:
+        return (not self.desc) if self.nulls_first is None else self.nulls_first
+
+
+@dataclass(frozen=True)
+class KeyspaceRef:
+    """``FROM name [AS alias] [USE INDEX (...)] [USE KEYS expr]``, or an expression source
+    ``FROM (expr) AS alias`` (``source`` set, ``name`` empty): the expression's array
+    elements are the rows."""
+
+    name: str
+    alias: str | None = None
+    use_index: tuple[str, ...] = ()
+    use_keys: Expr | None = None
+    source: Expr | None = None
+
+    @property
+    def as_name(self) -> str:
+        return self.alias or self.name
+
+
+@dataclass(frozen=True)
+class SelectStmt:
+    terms: tuple[ResultTerm, ...]
+    raw: bool = False  # SELECT RAW / VALUE / ELEMENT: one term, rows are its values
+    distinct: bool = False
+    from_: KeyspaceRef | None = None
+    let: tuple[tuple[str, Expr], ...] = ()
+    where: Expr | None = None
+    group_by: tuple[Expr, ...] = ()
+    letting: tuple[tuple[str, Expr], ...] = ()
+    having: Expr | None = None
+    order_by: tuple[OrderTerm, ...] = ()
+    limit: Expr | None = None
+    offset: Expr | None = None
+
+
+@dataclass(frozen=True)
+class ExplainStmt:
+    statement: SelectStmt
+
+
+@dataclass(frozen=True)
+class InsertStmt:
+    """``INSERT|UPSERT INTO ks (KEY, VALUE) VALUES (k, v), ...``."""
+
+    keyspace: str
+    values: tuple[tuple[Expr, Expr], ...]
+    upsert: bool = False
+    returning: tuple[ResultTerm, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeleteStmt:
+    target: KeyspaceRef
+    where: Expr | None = None
+    limit: Expr | None = None
+    returning: tuple[ResultTerm, ...] = ()
+
+
+@dataclass(frozen=True)
+class UpdateStmt:
+    target: KeyspaceRef
+    set: tuple[tuple[Expr, Expr], ...] = ()
+    unset: tuple[Expr, ...] = ()
+    where: Expr | None = None
+    limit: Expr | None = None
+    returning: tuple[ResultTerm, ...] = ()
+
+
+DmlStatement = InsertStmt | DeleteStmt | UpdateStmt

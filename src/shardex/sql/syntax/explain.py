@@ -1,0 +1,69 @@
+"""EXPLAIN for the local engine: the operator pipeline a bound SELECT runs as, with each
+operator's expressions as canonical text. The distributed planner's EXPLAIN (index choice,
+spans, fragments, exchanges) extends this shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .bind import BoundSelect
+
+
+def _text(e: Any) -> str:
+    return e.to_text().replace("\x00", "#")
+
+
+def explain_select(b: BoundSelect) -> dict[str, Any]:
+    ops: list[dict[str, Any]] = []
+    ref = b.from_
+    if ref is None:
+        ops.append({"operator": "DummyScan"})
+    elif ref.source is not None:
+        ops.append({"operator": "ExpressionScan", "expr": _text(ref.source), "as": b.alias})
+    else:
+        scan: dict[str, Any] = {"operator": "KeyspaceScan", "keyspace": ref.name, "as": b.alias}
+        if ref.use_index:
+            scan["use_index"] = list(ref.use_index)
+        if ref.use_keys is not None:
+            scan["use_keys"] = _text(ref.use_keys)
+        ops.append(scan)
+    if b.lets:
+        ops.append({"operator": "Let", "bindings": {n: _text(e) for n, e in b.lets}})
+    if b.where is not None:
+        ops.append({"operator": "Filter", "condition": _text(b.where)})
+    if b.grouped:
+        ops.append(
+            {
+                "operator": "Aggregate",
+                "phases": ["PARTIAL", "FINAL"],
+                "group_keys": [_text(k) for k in b.group_keys],
+                "aggregates": [_text(a) for a in b.aggregates],
+            }
+        )
+        if b.letting:
+            ops.append({"operator": "Letting", "bindings": {n: _text(e) for n, e in b.letting}})
+        if b.having is not None:
+            ops.append({"operator": "Filter", "condition": _text(b.having)})
+    proj: dict[str, Any] = {"operator": "Project", "raw": b.raw}
+    proj["terms"] = [
+        {"name": t.name, "expr": _text(t.expr), **({"star": True} if t.star else {})}
+        for t in b.terms
+    ]
+    ops.append(proj)
+    if b.distinct:
+        ops.append({"operator": "Distinct"})
+    if b.order:
+        ops.append(
+            {
+                "operator": "Order" if b.limit is None else "TopN",
+                "terms": [
+                    {"expr": _text(e), "desc": o.desc, "nulls_first": o.effective_nulls_first}
+                    for e, o in b.order
+                ],
+            }
+        )
+    if b.offset is not None:
+        ops.append({"operator": "Offset", "expr": _text(b.offset)})
+    if b.limit is not None:
+        ops.append({"operator": "Limit", "expr": _text(b.limit)})
+    return {"plan": ops, "statement": "SELECT"}

@@ -1,0 +1,487 @@
+"""The SQL++ statement parser: one entry point, ``parse_statement``, for SELECT, EXPLAIN,
+INSERT/UPSERT, DELETE, UPDATE and the index DDL.
+
+``SqlParser`` extends ``DDLParser`` (itself the expression ``Parser``), so statements,
+DDL and expressions share one tokenizer, one set of token helpers and one error shape:
+``SqlSyntaxError`` (SQL_SYNTAX) whose message names line, column and token, with
+``details`` line, column, token, text and, where it helps, expected and hint.
+
+Grammar (keywords case-insensitive, ``;`` optional at the end)::
+
+    SELECT [DISTINCT|ALL] [RAW|VALUE|ELEMENT] term {, term}
+      [FROM keyspace [[AS] alias] [USE INDEX (name {, name})] [USE KEYS expr]
+            | FROM (expr) [AS] alias]
+      [LET name = expr {, ...}] [WHERE expr]
+      [GROUP BY expr {, expr} [LETTING name = expr {, ...}]] [HAVING expr]
+      [ORDER BY expr [ASC|DESC] [NULLS FIRST|LAST] {, ...}] [LIMIT expr] [OFFSET expr]
+    term: * | expr.* | expr [[AS] alias]
+    EXPLAIN select
+    INSERT|UPSERT INTO keyspace [(KEY, VALUE)] VALUES (k, v) {, [VALUES] (k, v)}
+      [RETURNING terms]
+    DELETE FROM keyspace [[AS] alias] [USE KEYS expr] [WHERE expr] [LIMIT expr]
+      [RETURNING terms]
+    UPDATE keyspace [[AS] alias] [USE KEYS expr] [SET path = expr {, ...}]
+      [UNSET path {, ...}] [WHERE expr] [LIMIT expr] [RETURNING terms]
+
+Expressions add to the expression language: ``ANY|SOME|EVERY|ANY AND EVERY v IN coll
+SATISFIES cond END``, ``ARRAY|FIRST expr FOR v IN coll [WHEN cond] END`` and the
+aggregates COUNT(*), COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr).
+"""
+
+from __future__ import annotations
+
+from shardex.core.expr import Expr, Field, Identifier, Index, Literal, Token, TokenKind
+from shardex.core.expr.ast import EXPRESSION_KEYWORDS
+from shardex.sql.ddl import DDL_KEYWORDS, DDLParser, DDLStatement
+
+from . import comprehension  # noqa: F401 - registers the evaluators of the new nodes
+from .ast import (
+    AGGREGATES,
+    Aggregate,
+    ArrayComprehension,
+    Binding,
+    CollectionPredicate,
+    DeleteStmt,
+    ExplainStmt,
+    InsertStmt,
+    KeyspaceRef,
+    OrderTerm,
+    ResultTerm,
+    SelectStmt,
+    UpdateStmt,
+)
+
+SQL_KEYWORDS = frozenset(
+    {
+        "SELECT",
+        "FROM",
+        "WHERE",
+        "GROUP",
+        "HAVING",
+        "ORDER",
+        "LIMIT",
+        "OFFSET",
+        "AS",
+        "LET",
+        "LETTING",
+        "RAW",
+        "VALUE",
+        "ELEMENT",
+        "DISTINCT",
+        "ALL",
+        "INSERT",
+        "UPSERT",
+        "DELETE",
+        "UPDATE",
+        "SET",
+        "UNSET",
+        "INTO",
+        "VALUES",
+        "KEY",
+        "KEYS",
+        "USE",
+        "SATISFIES",
+        "ANY",
+        "SOME",
+        "EVERY",
+        "ARRAY",
+        "FIRST",
+        "FOR",
+        "WITHIN",
+        "EXPLAIN",
+        "NULLS",
+        "RETURNING",
+        "UNION",
+        "INTERSECT",
+        "EXCEPT",
+        "JOIN",
+        "NEST",
+        "UNNEST",
+    }
+)
+
+Statement = SelectStmt | ExplainStmt | InsertStmt | DeleteStmt | UpdateStmt | DDLStatement
+
+_STATEMENT_WORDS = "SELECT, EXPLAIN, INSERT, UPSERT, UPDATE, DELETE, CREATE, BUILD or DROP"
+# Words that end a projection term / FROM clause when no AS precedes an alias.
+_CLAUSE_WORDS = SQL_KEYWORDS | DDL_KEYWORDS | EXPRESSION_KEYWORDS
+
+
+class SqlParser(DDLParser):
+    reserved = EXPRESSION_KEYWORDS | DDL_KEYWORDS | SQL_KEYWORDS
+
+    # -- statements -------------------------------------------------------------------------
+
+    def parse_statement(self) -> Statement:  # type: ignore[override]
+        tok = self.peek()
+        word = tok.upper
+        if word in ("CREATE", "BUILD", "DROP"):
+            return super().parse_statement()
+        stmt: Statement
+        if word == "SELECT":
+            stmt = self.parse_select()
+        elif self.accept_keyword("EXPLAIN"):
+            if not self.at_keyword("SELECT"):
+                self.error(self.peek(), expected="SELECT after EXPLAIN")
+            stmt = ExplainStmt(self.parse_select())
+        elif word in ("INSERT", "UPSERT"):
+            stmt = self.parse_insert()
+        elif word == "DELETE":
+            stmt = self.parse_delete()
+        elif word == "UPDATE":
+            stmt = self.parse_update()
+        else:
+            self.error(
+                tok,
+                "not a statement" if tok.kind is not TokenKind.EOF else "empty statement",
+                expected=_STATEMENT_WORDS,
+            )
+        self.accept(";")
+        if not self.at_end():
+            self.error(self.peek(), expected="the end of the statement")
+        return stmt
+
+    def parse_select(self) -> SelectStmt:
+        self.expect_keyword("SELECT")
+        distinct = self.accept_keyword("DISTINCT") is not None
+        if not distinct:
+            self.accept_keyword("ALL")
+        raw = False
+        if self.peek().upper in ("RAW", "VALUE", "ELEMENT"):
+            self.advance()
+            raw = True
+        if raw:
+            terms: tuple[ResultTerm, ...] = (ResultTerm(self.parse_expr()),)
+        else:
+            terms = self.parse_terms()
+        from_ = self.parse_from() if self.accept_keyword("FROM") else None
+        let = self.parse_bindings() if self.accept_keyword("LET") else ()
+        where = self.parse_expr() if self.accept_keyword("WHERE") else None
+        group_by: tuple[Expr, ...] = ()
+        letting: tuple[tuple[str, Expr], ...] = ()
+        if self.accept_keyword("GROUP"):
+            self.expect_keyword("BY")
+            group_by = tuple(self.parse_expr_list())
+            if self.accept_keyword("LETTING"):
+                letting = self.parse_bindings()
+        having_tok = self.peek()
+        having = self.parse_expr() if self.accept_keyword("HAVING") else None
+        if having is not None and not group_by and from_ is None:
+            self.error(having_tok, "HAVING needs a FROM clause")
+        order_by = self.parse_order_by() if self.at_keyword("ORDER") else ()
+        limit = offset = None
+        for _ in range(2):  # LIMIT and OFFSET, in either order, each at most once
+            if limit is None and self.accept_keyword("LIMIT"):
+                limit = self.parse_expr()
+            elif offset is None and self.accept_keyword("OFFSET"):
+                offset = self.parse_expr()
+        return SelectStmt(
+            terms=terms,
+            raw=raw,
+            distinct=distinct,
+            from_=from_,
+            let=let,
+            where=where,
+            group_by=group_by,
+            letting=letting,
+            having=having,
+            order_by=order_by,
+            limit=limit,
+            offset=offset,
+        )
+
+    def parse_insert(self) -> InsertStmt:
+        upsert = self.advance().upper == "UPSERT"
+        self.expect_keyword("INTO")
+        keyspace = self.parse_name("keyspace")
+        if self.accept_keyword("AS"):
+            self.parse_alias()
+        if self.accept("("):
+            self.expect_keyword("KEY")
+            self.expect(",", "',' VALUE")
+            self.expect_keyword("VALUE")
+            self.expect(")", "')' after (KEY, VALUE")
+        self.expect_keyword("VALUES")
+        values = [self.parse_key_value()]
+        while self.accept(","):
+            self.accept_keyword("VALUES")
+            values.append(self.parse_key_value())
+        returning = self.parse_returning()
+        return InsertStmt(keyspace, tuple(values), upsert=upsert, returning=returning)
+
+    def parse_key_value(self) -> tuple[Expr, Expr]:
+        self.expect("(", "'(' and a key, value pair")
+        key = self.parse_expr()
+        self.expect(",", "',' and the document value")
+        value = self.parse_expr()
+        self.expect(")", "')' after the document value")
+        return key, value
+
+    def parse_delete(self) -> DeleteStmt:
+        self.expect_keyword("DELETE")
+        self.expect_keyword("FROM")
+        target = self.parse_target()
+        where = self.parse_expr() if self.accept_keyword("WHERE") else None
+        limit = self.parse_expr() if self.accept_keyword("LIMIT") else None
+        return DeleteStmt(target, where=where, limit=limit, returning=self.parse_returning())
+
+    def parse_update(self) -> UpdateStmt:
+        self.expect_keyword("UPDATE")
+        target = self.parse_target()
+        sets: list[tuple[Expr, Expr]] = []
+        unsets: list[Expr] = []
+        if self.accept_keyword("SET"):
+            while True:
+                path = self.parse_path()
+                self.expect("=", "'=' and the new value")
+                sets.append((path, self.parse_expr()))
+                if not self.accept(","):
+                    break
+        if self.accept_keyword("UNSET"):
+            unsets.append(self.parse_path())
+            while self.accept(","):
+                unsets.append(self.parse_path())
+        if not sets and not unsets:
+            self.error(self.peek(), expected="SET or UNSET")
+        where = self.parse_expr() if self.accept_keyword("WHERE") else None
+        limit = self.parse_expr() if self.accept_keyword("LIMIT") else None
+        return UpdateStmt(
+            target,
+            set=tuple(sets),
+            unset=tuple(unsets),
+            where=where,
+            limit=limit,
+            returning=self.parse_returning(),
+        )
+
+    # -- clauses ----------------------------------------------------------------------------
+
+    def parse_terms(self) -> tuple[ResultTerm, ...]:
+        terms = [self.parse_term()]
+        while self.accept(","):
+            terms.append(self.parse_term())
+        return tuple(terms)
+
+    def parse_term(self) -> ResultTerm:
+        if self.accept("*"):
+            return ResultTerm(None, star=True)
+        expr = self.parse_expr()
+        if self.at_op(".") and self.at_op("*", 1):
+            self.advance()
+            self.advance()
+            return ResultTerm(expr, star=True)
+        return ResultTerm(expr, self.parse_optional_alias())
+
+    def parse_optional_alias(self) -> str | None:
+        if self.accept_keyword("AS"):
+            return self.parse_alias()
+        tok = self.peek()
+        if tok.kind is TokenKind.QIDENT or (
+            tok.kind is TokenKind.IDENT and tok.upper not in _CLAUSE_WORDS
+        ):
+            return self.parse_alias()
+        return None
+
+    def parse_alias(self) -> str:
+        tok = self.peek()
+        if tok.kind is TokenKind.QIDENT:
+            self.advance()
+            return str(tok.value)
+        if tok.kind is TokenKind.IDENT and tok.upper not in self.reserved:
+            self.advance()
+            return tok.text
+        if tok.kind is TokenKind.IDENT:
+            self.error(
+                tok,
+                f"reserved word {tok.describe()} cannot be an alias (quote it with back-ticks)",
+                expected="an alias",
+            )
+        self.error(tok, expected="an alias")
+
+    def parse_from(self) -> KeyspaceRef:
+        if self.at_op("(") or self.at_op("["):
+            source = self.parse_expr()
+            alias = self.parse_optional_alias()
+            if alias is None:
+                self.error(self.peek(), "an expression in FROM needs an alias", expected="AS")
+            return KeyspaceRef("", alias, source=source)
+        return self.parse_target()
+
+    def parse_target(self) -> KeyspaceRef:
+        name = self.parse_name("keyspace")
+        alias = self.parse_optional_alias()
+        use_index: tuple[str, ...] = ()
+        use_keys: Expr | None = None
+        while self.accept_keyword("USE"):
+            if self.accept_keyword("INDEX"):
+                self.expect("(", "'(' and index names")
+                names = [self.parse_name("index")]
+                while self.accept(","):
+                    names.append(self.parse_name("index"))
+                if self.accept_keyword("USING"):
+                    self.expect_keyword("GSI")
+                self.expect(")", "',' or ')'")
+                use_index = tuple(names)
+            elif self.accept_keyword("KEYS"):
+                use_keys = self.parse_expr()
+            else:
+                self.error(self.peek(), expected="INDEX or KEYS after USE")
+        return KeyspaceRef(name, alias, use_index=use_index, use_keys=use_keys)
+
+    def parse_bindings(self) -> tuple[tuple[str, Expr], ...]:
+        out: list[tuple[str, Expr]] = []
+        while True:
+            name = self.parse_alias()
+            if any(n == name for n, _ in out):
+                self.error(self.tokens[self.pos - 1], f"variable {name!r} bound twice")
+            self.expect("=", "'=' and the value")
+            out.append((name, self.parse_expr()))
+            if not self.accept(","):
+                return tuple(out)
+
+    def parse_expr_list(self) -> list[Expr]:
+        items = [self.parse_expr()]
+        while self.accept(","):
+            items.append(self.parse_expr())
+        return items
+
+    def parse_order_by(self) -> tuple[OrderTerm, ...]:
+        self.expect_keyword("ORDER")
+        self.expect_keyword("BY")
+        terms: list[OrderTerm] = []
+        while True:
+            expr = self.parse_expr()
+            desc = False
+            if self.accept_keyword("DESC"):
+                desc = True
+            else:
+                self.accept_keyword("ASC")
+            nulls_first: bool | None = None
+            if self.accept_keyword("NULLS"):
+                tok = self.peek()
+                if tok.upper not in ("FIRST", "LAST"):
+                    self.error(tok, expected="FIRST or LAST after NULLS")
+                self.advance()
+                nulls_first = tok.upper == "FIRST"
+            terms.append(OrderTerm(expr, desc, nulls_first))
+            if not self.accept(","):
+                return tuple(terms)
+
+    def parse_returning(self) -> tuple[ResultTerm, ...]:
+        if not self.accept_keyword("RETURNING"):
+            return ()
+        if self.peek().upper in ("RAW", "VALUE", "ELEMENT"):
+            self.error(self.peek(), "RETURNING RAW is not supported", expected="result terms")
+        return self.parse_terms()
+
+    def parse_path(self) -> Expr:
+        """A document path for SET/UNSET: ``a``, ``a.b``, ``a[0].c`` (constant indexes)."""
+        tok = self.peek()
+        expr = self.parse_postfix(self.parse_primary())
+        node = expr
+        while isinstance(node, Field | Index):
+            if isinstance(node, Index) and not isinstance(node.index, Literal):
+                self.error(tok, "a SET/UNSET path may only use constant array positions")
+            node = node.base
+        if not isinstance(node, Identifier):
+            self.error(tok, f"{expr.to_text()} is not a document path", expected="a field path")
+        return expr
+
+    # -- expression extensions ---------------------------------------------------------------
+
+    def parse_primary(self) -> Expr:
+        tok = self.peek()
+        word = tok.upper
+        if word in ("ANY", "SOME", "EVERY") and not self.at_op("(", 1):
+            return self.parse_collection_predicate()
+        if word in ("ARRAY", "FIRST") and not self.at_op("(", 1):
+            return self.parse_array_comprehension()
+        return super().parse_primary()
+
+    def parse_postfix(self, base: Expr) -> Expr:
+        # The base loop, except that ".*" is left to the projection-term parser.
+        while True:
+            if self.at_op(".") and self.at_op("*", 1):
+                return base
+            if self.at_op("."):
+                self.advance()
+                tok = self.peek()
+                if tok.kind is TokenKind.IDENT or tok.kind is TokenKind.QIDENT:
+                    self.advance()
+                    base = Field(base, str(tok.value))
+                else:
+                    self.error(tok, expected="a field name after '.'")
+            elif self.at_op("["):
+                self.advance()
+                index = self.parse_expression()
+                self.expect("]")
+                base = Index(base, index)
+            else:
+                return base
+
+    def parse_collection_predicate(self) -> Expr:
+        tok = self.advance()
+        quantifier = "EVERY" if tok.upper == "EVERY" else "ANY"
+        if quantifier == "ANY" and self.at_keyword("AND") and self.at_keyword("EVERY", 1):
+            self.advance()
+            self.advance()
+            quantifier = "ANY AND EVERY"
+        bindings = self.parse_comprehension_bindings()
+        self.expect_keyword("SATISFIES")
+        cond = self.parse_expr()
+        self.expect_keyword("END")
+        return CollectionPredicate(quantifier, bindings, cond)
+
+    def parse_array_comprehension(self) -> Expr:
+        first = self.advance().upper == "FIRST"
+        mapping = self.parse_expr()
+        self.expect_keyword("FOR")
+        bindings = self.parse_comprehension_bindings()
+        when = self.parse_expr() if self.accept_keyword("WHEN") else None
+        self.expect_keyword("END")
+        return ArrayComprehension(mapping, bindings, when, first)
+
+    def parse_comprehension_bindings(self) -> tuple[Binding, ...]:
+        out: list[Binding] = []
+        while True:
+            var = self.parse_alias()
+            if self.accept_keyword("WITHIN"):
+                within = True
+            else:
+                self.expect_keyword("IN")
+                within = False
+            out.append(Binding(var, self.parse_expression(), within))
+            if not self.accept(","):
+                return tuple(out)
+
+    def parse_call(self, name_tok: Token, name: str) -> Expr:
+        upper = name.upper()
+        if upper not in AGGREGATES:
+            return super().parse_call(name_tok, name)
+        self.expect("(")
+        if self.accept("*"):
+            if upper != "COUNT":
+                self.error(self.tokens[self.pos - 1], f"{upper}(*) is not allowed; only COUNT(*)")
+            self.expect(")", "')' after COUNT(*")
+            return Aggregate("COUNT", None)
+        distinct = self.accept_keyword("DISTINCT") is not None
+        if not distinct:
+            self.accept_keyword("ALL")
+        arg = self.parse_expression()
+        self.expect(")", f"')' ({upper} takes one argument)")
+        return Aggregate(upper, arg, distinct)
+
+
+def parse_statement(text: str) -> Statement:
+    """Parse one SQL++ statement (query, DML or index DDL). Raises ``SqlSyntaxError``
+    (SQL_SYNTAX) naming line, column and token."""
+    return SqlParser.for_text(text).parse_statement()
+
+
+def parse_select(text: str) -> SelectStmt:
+    stmt = parse_statement(text)
+    if isinstance(stmt, ExplainStmt):
+        return stmt.statement
+    if not isinstance(stmt, SelectStmt):
+        raise TypeError(f"not a SELECT: {text!r}")
+    return stmt

@@ -1,0 +1,82 @@
+"""Couchbase's SQL++ conformance cases through the runner (shardex.sql.conformance).
+
+Every case the runner classifies as in scope must pass; the pass count must not drop below
+the floor reached when the runner was written (raise the floor as more cases pass). The
+default run covers the folders whose data loads in seconds; the full run is marked slow
+(``any_functions`` and ``comp_functions`` load 3 MB of INSERT statements).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from shardex.sql import conformance
+
+ROOT = Path(os.environ.get("SHARDEX_CONFORMANCE_DIR", conformance.DEFAULT_DIR))
+HEAVY = {"any_functions", "comp_functions"}
+FULL_PASS_FLOOR = 273  # of 284; the other 11 are unsupported with a stated reason
+LIGHT_PASS_FLOOR = 248
+
+pytestmark = pytest.mark.skipif(not ROOT.is_dir(), reason=f"no conformance cases at {ROOT}")
+
+
+def _run(folders: list[Path]) -> list[conformance.CaseOutcome]:
+    out: list[conformance.CaseOutcome] = []
+    for folder in folders:
+        engine = conformance.load_folder(folder)
+        for case_file in sorted(folder.glob("case_*.json")):
+            for i, case in enumerate(json.loads(case_file.read_text())):
+                out.append(conformance.run_case(engine, f"{folder.name}/{case_file.name}", i, case))
+    return out
+
+
+def _check(outcomes: list[conformance.CaseOutcome], floor: int) -> None:
+    failed = [
+        f"{o.file}#{o.index}: {o.statement[:80]} -> {o.reason}"
+        for o in outcomes
+        if o.outcome == "failed"
+    ]
+    assert not failed, "in-scope cases failed:\n" + "\n".join(failed)
+    passed = sum(o.outcome == "passed" for o in outcomes)
+    assert passed >= floor, f"{passed} cases passed, floor is {floor}"
+    for o in outcomes:
+        if o.outcome == "unsupported":
+            assert o.reason, f"{o.file}#{o.index} is unsupported without a reason"
+
+
+def test_light_folders_pass() -> None:
+    folders = sorted(p for p in ROOT.iterdir() if p.is_dir() and p.name not in HEAVY)
+    _check(_run(folders), LIGHT_PASS_FLOOR)
+
+
+@pytest.mark.slow
+def test_every_folder_passes() -> None:
+    outcomes = conformance.run_all(ROOT)
+    assert len(outcomes) == 284
+    _check(outcomes, FULL_PASS_FLOOR)
+
+
+def test_comparison_rules() -> None:
+    # Multiset without ORDER BY, in order with it; 1 == 1.0 but TRUE is not 1.
+    assert conformance.compare_results([{"a": 1}, {"a": 2}], [{"a": 2}, {"a": 1.0}], False) is None
+    assert conformance.compare_results([{"a": 1}, {"a": 2}], [{"a": 2}, {"a": 1}], True)
+    assert conformance.compare_results([{"a": True}], [{"a": 1}], False)
+    assert conformance.compare_results([{"a": 0.1 + 0.2}], [{"a": 0.3}], True) is None
+    assert conformance.compare_results([{"a": 0.31}], [{"a": 0.3}], True)
+    assert conformance.compare_results([{}], [{}, {}], False)
+
+
+def test_error_cases_compare_by_substring() -> None:
+    engine = conformance.load_folder(ROOT / "case_functions")
+    ok = conformance.run_case(engine, "x", 0, {"statements": "SELEC 1", "error": "line 1"})
+    assert ok.outcome == "passed"
+    bad = conformance.run_case(engine, "x", 0, {"statements": "SELECT 1", "error": "boom"})
+    assert bad.outcome == "failed"
+    unknown = conformance.run_case(
+        engine, "x", 0, {"statements": "SELECT NO_SUCH(1)", "results": []}
+    )
+    assert unknown.outcome == "unsupported" and "NO_SUCH" in unknown.reason

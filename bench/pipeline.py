@@ -236,6 +236,7 @@ def build_summary(
         "snapshot read, no Spark (read_ranges)",
         "Spark floor: snapshot read, count",
         "Spark floor: read + project x2, count",
+        "Spark floor: projected read x2 in the read task, count",
     ):
         if case in by:
             out.append(

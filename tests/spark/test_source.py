@@ -355,6 +355,53 @@ def _drain(follows: FollowSet, partition: int, into: list[int]) -> Timestamp:
     return handed
 
 
+@pytest.mark.spark
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_projected_read_hands_spark_the_key_versions(
+    spark: Any, cluster: Cluster, first_wave: tuple[Timestamp, Timestamp, Expected]
+) -> None:
+    """With ``project`` the read tasks project where they read: Spark gets exactly the key
+    versions that the projector makes of the plain read's changes (error rows: the unit
+    test; a worker has no test-only function to raise one here)."""
+    from shardex.index import make_definition
+    from shardex.index.keyversion import from_arrow
+    from shardex.pipeline.projector import project_arrow
+    from shardex.pipeline.source_project import ProjectSpec
+
+    before, after, _ = first_wave
+    defs = [
+        make_definition(id="by_i", name="by_i", keyspace=KEYSPACE, keys=["i"], where="v = 2"),
+        make_definition(
+            id="by_tag",
+            name="by_tag",
+            keyspace=KEYSPACE,
+            keys=["tag", "v"],
+            partition_by=["META().id"],
+            num_partition=3,
+        ),
+    ]
+    between = {
+        **cluster.options,
+        "start_ts": json.dumps(before.to_json()),
+        "end_ts": json.dumps(after.to_json()),
+    }
+    plain = spark.read.format("shardex").options(**between).load().toArrow()
+    expected: list[tuple[Any, ...]] = []
+    for batch in plain.to_batches():
+        kv, _ = project_arrow(defs, batch)
+        expected.extend(from_arrow(kv))
+    projected = (
+        spark.read.format("shardex")
+        .options(**between, project=ProjectSpec.definitions_option(defs))
+        .load()
+        .toArrow()
+    )
+    got = [row for b in projected.to_batches() for row in from_arrow(b)]
+    assert len(expected) == 2 * plain.num_rows  # one key version per change and index
+    assert sorted(got) == sorted(expected)
+
+
 # --- schema, planning and options ---------------------------------------------------------------
 
 
@@ -364,6 +411,12 @@ def test_arrow_schema_matches_spark(spark: Any) -> None:
     from pyspark.sql.types import StructType
 
     assert to_arrow_schema(StructType.fromDDL(SCHEMA_DDL), timezone="UTC").equals(ARROW_SCHEMA)
+    from shardex.index.keyversion import KEY_VERSION_DDL, KEY_VERSION_SCHEMA
+    from shardex.pipeline.source_project import COUNTS_ARROW, COUNTS_SCHEMA
+
+    # The projected modes' schemas, likewise.
+    for ddl, arrow in ((KEY_VERSION_DDL, KEY_VERSION_SCHEMA), (COUNTS_SCHEMA, COUNTS_ARROW)):
+        assert to_arrow_schema(StructType.fromDDL(ddl), timezone="UTC").equals(arrow)
 
 
 def test_plan_ranges_and_grouping() -> None:

@@ -11,6 +11,7 @@ from shardex.cli.node import node
 from shardex.cli.pipeline import pipeline
 from shardex.cli.rebalance import rebalance
 from shardex.cli.scan import scan
+from shardex.cli.sql import sql
 
 app = typer.Typer(
     name="shardex",
@@ -28,6 +29,7 @@ app.command("load", help=load.__doc__)(load)
 app.command("rebalance", help=rebalance.__doc__)(rebalance)
 app.command("pipeline", help=pipeline.__doc__)(pipeline)
 app.command("scan", help=scan.__doc__)(scan)
+app.command("sql", help=sql.__doc__)(sql)
 
 
 @app.command()

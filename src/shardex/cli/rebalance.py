@@ -19,8 +19,19 @@ from rich.table import Table
 from shardex.cli.common import EXIT_FAILED, err, out
 from shardex.cli.keyspace import DirOption, local_client
 from shardex.client import RebalanceError, RebalanceResult
+from shardex.client.types import MoveResult
 
-_STEP = {"planned": 0, "copying": 1, "hand-over": 2, "publishing": 3, "resolving": 3}
+_STEP = {
+    "planned": 0,
+    "preparing": 1,
+    "copying": 1,
+    "hand-over": 2,
+    "catching up": 2,
+    "publishing": 3,
+    "switching": 3,
+    "resolving": 3,
+    "aborting": 3,
+}
 
 
 def rebalance(
@@ -44,13 +55,13 @@ def rebalance(
             console=err,
             disable=as_json,
         )
-        tasks: dict[tuple[str, int], TaskID] = {}
+        tasks: dict[tuple[str, str, int], TaskID] = {}
 
         def on_progress(r: RebalanceResult) -> None:
             for m in r.moves:
-                key = (m.keyspace, m.partition)
+                key = (m.keyspace, m.index, m.partition)
                 if key not in tasks:
-                    desc = f"{m.keyspace}/{m.partition} {m.source} -> {m.target}"
+                    desc = f"{_what(m)} {m.source} -> {m.target}"
                     tasks[key] = progress.add_task(desc, total=4, status=m.status)
                 step = 4 if m.status not in ("planned", "moving") else _STEP.get(m.phase, 0)
                 label = m.phase if m.status == "moving" and m.phase else m.status
@@ -77,6 +88,11 @@ def rebalance(
         raise typer.Exit(EXIT_FAILED)
 
 
+def _what(m: MoveResult) -> str:
+    """``keyspace/partition`` of a data move, ``keyspace.index/partition`` of an index's."""
+    return f"{m.keyspace}.{m.index}/{m.partition}" if m.index else f"{m.keyspace}/{m.partition}"
+
+
 def _summary(r: RebalanceResult) -> None:
     if not r.moves:
         out.print("[green]already balanced:[/] nothing to move")
@@ -89,7 +105,7 @@ def _summary(r: RebalanceResult) -> None:
     for m in r.moves:
         ok = m.status == "done"
         table.add_row(
-            f"{m.keyspace}/{m.partition}",
+            _what(m),
             m.source,
             m.target,
             m.status if ok else f"[red]{m.status}[/] {m.error[:50]}",

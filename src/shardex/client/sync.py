@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from shardex.client.indexes import IndexOps
 from shardex.client.keyspace import Keyspace
+from shardex.client.query import QueryRows, run_query
 from shardex.client.rebalance import RebalanceOps
 from shardex.client.routing import DataRouter
 from shardex.client.scan import (
@@ -29,6 +30,7 @@ from shardex.client.scan import (
     open_scan,
 )
 from shardex.client.scan import close_session as close_scan_session
+from shardex.client.scan_page import ScanPage, build_page_request, scan_page
 from shardex.client.types import (
     ClusterStatus,
     KeyspaceDescription,
@@ -368,6 +370,62 @@ class Client(RebalanceOps, IndexOps):
             covering,
             stability=stability,
             timeout=timeout,
+        )
+
+    def scan_page(
+        self,
+        keyspace: str,
+        index: str,
+        spans: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
+        consistency: str = "not_bounded",
+        page_size: int = 100,
+        continuation: str | None = None,
+        *,
+        at: Any = None,
+        stability: str | None = None,
+        ordered: bool = False,
+        timeout: float = DEFAULT_SCAN_TIMEOUT,
+    ) -> ScanPage:
+        """One page (at most ``page_size`` rows) of a paginated scan that loses and doubles
+        nothing while partitions migrate; pass the returned ``continuation`` for the next
+        page (None: done). ``index="#primary"`` scans the documents (spans bound the docid).
+        ``ordered``: rows in key order across shards. request_plus / at_plus pin one
+        stability TS for every page (``shardex.client.scan_page``)."""
+        msg = build_page_request(
+            keyspace,
+            index,
+            spans,
+            consistency,
+            page_size,
+            continuation,
+            at=at,
+            stability=stability,
+            ordered=ordered,
+            timeout=timeout,
+        )
+        return scan_page(self, msg)
+
+    def query(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        consistency: str = "request_plus",
+        *,
+        at: Any = None,
+        timeout: float = 120.0,
+        max_rows_in_memory: int | None = None,
+    ) -> QueryRows:
+        """Run one SQL++ statement (``shardex.client.query``): an iterator of rows (dicts)
+        with ``metrics`` once exhausted. ``params``: a list for $1, $2 or a mapping for
+        $name. ``consistency``: request_plus (default), not_bounded, at_plus (with ``at``)."""
+        return run_query(
+            self,
+            sql,
+            params,
+            consistency,
+            at=at,
+            timeout=timeout,
+            max_rows_in_memory=max_rows_in_memory,
         )
 
     def query_context(self) -> QueryContext:

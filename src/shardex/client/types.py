@@ -199,6 +199,7 @@ class MoveResult:
     copy_seconds: float
     pause_ms: float  # writes to the partition were refused (retried) this long
     seconds: float
+    index: str = ""  # an index partition's move: the index name ("": a data partition)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,5 +267,24 @@ def rebalance_from(record: RebalanceRecord, phases: dict[str, str]) -> Rebalance
                 seconds=m.seconds,
             )
             for m in record.moves
+        )
+        + tuple(
+            MoveResult(
+                keyspace=m.keyspace,
+                partition=m.partition,
+                source=m.source,
+                target=m.target,
+                status=m.status,
+                phase=phases.get(m.migration_id, ""),
+                error=m.error,
+                topology_seq=m.topology_seq,
+                bytes=m.bytes,
+                docs=m.items,
+                copy_seconds=m.copy_seconds,
+                pause_ms=0.0,  # an index move never pauses writes or scans
+                seconds=m.seconds,
+                index=m.index_name,
+            )
+            for m in record.index_moves
         ),
     )

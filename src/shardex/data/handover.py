@@ -27,7 +27,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,9 +51,11 @@ from shardex.data.records import (
     PartitionInfo,
     PartitionMeta,
     SnapshotMarker,
+    decode_doc,
     decode_int,
     encode,
     info_of,
+    next_prefix,
 )
 from shardex.errors import ErrorCode, ShardexError
 from shardex.storage import Batch, SstWriter, Store
@@ -66,6 +68,9 @@ _ALLOWED = (PREFIX_CHANGE[0], PREFIX_DOC[0], PREFIX_CONSUMER[0])
 
 
 _decode_marker = msgspec.msgpack.Decoder(IncomingMarker).decode
+
+# (event, keyspace, partition); event is "left" (released here) or "arrived" (activated here)
+HandoverListener = Callable[[str, str, int], None]
 
 
 def _in_key(keyspace: str, partition: int) -> bytes:
@@ -136,6 +141,7 @@ class HandoverOps:
     _store: Store
     _lock: threading.RLock
     _parts: dict[tuple[str, int], Partition]
+    _handover_listeners: list[HandoverListener]
 
     if TYPE_CHECKING:
         # provided by the concrete class this is mixed into; declared for type checkers only
@@ -181,6 +187,7 @@ class HandoverOps:
         the partition answers NOT_MY_PARTITION until it is dropped."""
         part = self._held(keyspace, partition)
         part.set_state(STATE_RELEASED)
+        self._announce("left", keyspace, partition)
         return info_of(part.meta)
 
     def release_if_high(self, keyspace: str, partition: int, high_seqno: int) -> PartitionInfo:
@@ -209,6 +216,7 @@ class HandoverOps:
             part.commit(self._store.batch(), new, sync=True)
             part.frozen = False
         part.fail_waiters(not_my_partition(keyspace, partition, STATE_RELEASED))
+        self._announce("left", keyspace, partition)
         return info_of(part.meta)
 
     # --- target side --------------------------------------------------------------------------
@@ -225,6 +233,7 @@ class HandoverOps:
             )
         part.set_state(STATE_ACTIVE)
         self.clear_incoming(keyspace, partition)
+        self._announce("arrived", keyspace, partition)
         return info_of(part.meta)
 
     def ingest_partition(
@@ -314,6 +323,32 @@ class HandoverOps:
             return "absent"
         part = self._parts.get((keyspace, partition))
         return "absent" if part is None else part.meta.state
+
+    # --- paginated scans: hand-over events and a partition's documents -----------------------
+
+    def add_handover_listener(self, fn: HandoverListener) -> None:
+        """Call ``fn(event, keyspace, partition)`` after every hand-over step that changes
+        what this node serves, once it is persisted: "left" (released, the point of no
+        return) and "arrived" (activated). Runs in the thread that made the change; the
+        paginated scans' migration manager (``shardex.scan.elastic_adapters_data``)."""
+        self._handover_listeners = [*getattr(self, "_handover_listeners", ()), fn]
+
+    def _announce(self, event: str, keyspace: str, partition: int) -> None:
+        for fn in getattr(self, "_handover_listeners", ()):
+            fn(event, keyspace, partition)
+
+    def iter_docids(
+        self, keyspace: str, partition: int, start: bytes = b"", stop: bytes | None = None
+    ) -> Iterator[str]:
+        """Docids of the live documents of a partition held here *in any state* with
+        ``start <= utf-8 docid < stop``, in that (code point) order. A released partition is
+        still read: a paginated scan whose base topology has it here keeps reading it until
+        its migration manager says it left (its contents are final once released)."""
+        part = self._held(keyspace, partition)
+        upper = next_prefix(PREFIX_DOC) if stop is None else PREFIX_DOC + stop
+        for key, raw in part.cf.iterate(PREFIX_DOC + start, upper):
+            if not decode_doc(raw).deleted:
+                yield key[1:].decode("utf-8")
 
     # --- durable markers -------------------------------------------------------------------------
 

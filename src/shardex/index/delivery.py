@@ -166,6 +166,8 @@ class IndexDelivery:
             return engine.stabilize_many(msg.index_ids, ts)
 
         res = await self.service._run(run)
+        if msg.moving:  # an index move's target: this batch reached its copy too
+            self.service.slice_moves.note_routed(msg.moving, ts)
         self._notify(msg.index_ids)
         acks = [
             SliceAck(

@@ -76,6 +76,9 @@ class StabilizeSlices(Message, tag="index.StabilizeSlices"):
     ts: WireTs
     index_ids: list[str]
     incarnation: str = ""
+    # index id -> partitions of an index move whose batch was routed to this node too (the
+    # target's catching-up slices; ``shardex.index.slice_copy``)
+    moving: dict[str, list[int]] = msgspec.field(default_factory=dict)
 
 
 class SliceAck(msgspec.Struct, frozen=True, kw_only=True):

@@ -173,6 +173,22 @@ class IndexerEngine:
                     self.store.drop_column_family(name)
             return len(keys)
 
+    def drop_slice(self, index_id: str, partition: int) -> bool:
+        """Drop one local slice (an index partition that moved away, or a copy whose move
+        was aborted) and its load session; False if it was not here."""
+        key = (index_id, partition)
+        with self._lock, self._load_lock:
+            sl = self._slices.pop(key, None)
+            if sl is None:
+                return False
+            self._loads.pop(key, None)
+            self._loaded.pop(key, None)
+            with sl.lock:
+                sl.close()
+            for name in cf_names(*key):
+                self.store.drop_column_family(name)
+            return True
+
     def slice(self, index_id: str, partition: int) -> Slice:
         sl = self._slices.get((index_id, partition))
         if sl is None:

@@ -29,7 +29,7 @@ import concurrent.futures
 import functools
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from shardex.core.timestamp import Timestamp
@@ -124,6 +124,7 @@ class IndexScanServer:
         for p in sorted(set(partitions)):
             s = engine.slice(index_id, p)  # INDEX_NOT_FOUND
             _check_state(s, self.node)
+            self.service.slice_moves.check_serving(index_id, p)  # moved away: STALE_TOPOLOGY
             out.append(s)
         return out
 
@@ -195,6 +196,36 @@ class IndexScanServer:
         self.streams.start(conn, msg.scan_id, msg.credit, produce)
         wire = None if read_ts is None else dict(read_ts.to_wire())
         return SlicesOpened(scan_id=msg.scan_id, node=self.node, ts=wire)
+
+    async def read_local(
+        self,
+        index_id: str,
+        partitions: list[int],
+        spans: list[Any] | None,
+        snapshot_ts: Timestamp | None,
+        *,
+        ordered: bool,
+        limit: int | None = None,
+        block_rows: int = 1000,
+    ) -> AsyncIterator[list[bytes]]:
+        """This node's slices of ``index_id`` read in-process (SQL leaf fragments): blocks
+        of raw entries at ``snapshot_ts`` (None: the tips), merged in entry order when
+        ``ordered``. Errors (SNAPSHOT_TOO_OLD, rollback) are raised before the first block."""
+
+        def open_iterators() -> Iterator[bytes]:
+            its = [
+                s.scan(spans, snapshot_ts=snapshot_ts, limit=limit, raw=True)
+                for s in self._slices(index_id, partitions)
+            ]
+            merged = heapq.merge(*its) if ordered else itertools.chain(*its)
+            return itertools.islice(merged, limit) if limit is not None else merged
+
+        gen = await self._run(open_iterators)
+        while True:
+            block = await self._run(take_block, gen, block_rows)
+            if not block:
+                return
+            yield block
 
 
 def _check_state(s: Any, node: str) -> None:

@@ -56,6 +56,7 @@ from shardex.index.messages import (
     SlicesAllocated,
     SlicesDropped,
 )
+from shardex.index.slice_copy import SliceMoves
 from shardex.manager.coordinator_messages import StateReply, StateRequest
 from shardex.manager.index_state import (
     DELETED,
@@ -69,6 +70,7 @@ from shardex.manager.state import StateContext
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 from shardex.node.reconcile_loop import reconcile_forever
+from shardex.scan.elastic_adapters_index import IndexScanMigrations
 
 __all__ = ["IndexService", "ReconcilePlan", "SliceEngine", "plan_reconcile"]
 
@@ -162,6 +164,11 @@ class IndexService:
         self.reconciled = asyncio.Event()  # set after the first successful reconcile
         self.incarnation = uuid.uuid4().hex  # a new one at every start
         self.delivery = IndexDelivery(self)
+        # Paginated scans' migration managers, one per index: the index rebalance calls
+        # scan_migrations.partition_left / _arrived / _returned (``elastic_adapters_index``).
+        self.scan_migrations = IndexScanMigrations(node_name)
+        # Index partitions moving in or out (``shardex.index.slice_copy``).
+        self.slice_moves = SliceMoves(self)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -178,6 +185,7 @@ class IndexService:
         server.route(DropSlices, self._on_drop)
         server.route(ListSlices, self._on_list)
         self.delivery.install(server)
+        self.slice_moves.install(server)
 
     async def start(self) -> None:
         """Open the engine, then reconcile in the background; call before serving."""
@@ -204,6 +212,7 @@ class IndexService:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self.slice_moves.stop()
         await self.pool.close()
         engine, self._engine = self._engine, None
         if engine is not None:

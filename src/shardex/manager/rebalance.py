@@ -40,6 +40,8 @@ import msgspec
 
 from shardex.data.errors import BadRequest, KeyspaceNotFound
 from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.index_rebalance import IndexMoveDriver, plan_into, settle_index_moves
+from shardex.manager.index_rebalance_state import interrupt_index_moves
 from shardex.manager.keyspaces import data_members
 from shardex.manager.migration_driver import MigrationDriver, deposed
 from shardex.manager.rebalance_state import (
@@ -112,6 +114,7 @@ class Rebalancer:
         self.phases: dict[str, str] = {}  # migration id -> live phase (this master only)
         self._resolver: asyncio.Task[None] | None = None
         self.driver = MigrationDriver(coordinator, self.phases, self._ensure_resolver)
+        self.index_driver = IndexMoveDriver(coordinator, self.phases)  # index partitions
 
     def register(self) -> None:
         self._c.register_op(StartRebalance, self.start)
@@ -143,6 +146,7 @@ class Rebalancer:
             max_parallel=max(1, min(msg.max_parallel, MAX_PARALLEL)),
             rate_limit=max(0, msg.rate_limit),
         )
+        record = plan_into(ctx, record)  # index partitions over the up indexers too
         return await self._begin(ctx, record)
 
     async def move(self, msg: MovePartition, ctx: Any) -> RebalanceReply:
@@ -220,8 +224,16 @@ class Rebalancer:
                     changed = with_move(
                         changed, m.migration_id, status=UNRESOLVED, error="master failover"
                     )
+            # Index moves: nothing past a point of no return outside this state (the
+            # switch and ``done`` are one commit), so a move still moving is aborted.
+            stranded = [m for m in changed.index_moves if m.status == MOVING]
+            changed = msgspec.structs.replace(
+                changed, index_moves=interrupt_index_moves(changed.index_moves, "master failover")
+            )
             changed = finish(changed, time.time(), "interrupted by a coordinator failover")
             await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=changed))
+            if stranded:  # their targets drop their copies (node calls: in the background)
+                self._c.spawn(self.index_driver.cleanup(stranded))
             record = changed
             log.warning("rebalance %s was interrupted by a failover: resolving", record.id)
         if any(m.status in IN_FLIGHT for m in record.moves):
@@ -272,6 +284,13 @@ class Rebalancer:
                 return
             if isinstance(r, BaseException):
                 log.error("rebalance %s: a migration crashed", rebalance_id, exc_info=r)
+        try:  # then the index partitions (``index_rebalance``)
+            await self.index_driver.run(record, epoch)
+        except ShardexError as exc:
+            if deposed(exc):
+                log.warning("rebalance %s: no longer master; the next one resolves it", epoch)
+                return
+            raise
 
         async def done(ctx: Any) -> None:
             rec = ctx.state.rebalance
@@ -282,6 +301,7 @@ class Rebalancer:
                     rec = with_move(rec, m.migration_id, status=UNRESOLVED, error="crashed")
                 elif m.status == PLANNED:
                     rec = with_move(rec, m.migration_id, status=CANCELLED)
+            rec = settle_index_moves(rec, "crashed")
             rec = finish(rec, time.time())
             await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
             log.info(

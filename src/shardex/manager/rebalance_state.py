@@ -26,6 +26,7 @@ import msgspec
 
 from shardex.core.topology import Topology, rebalance_moves
 from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.index_rebalance_record import IndexMoveRecord
 
 PLANNED = "planned"
 MOVING = "moving"
@@ -70,6 +71,8 @@ class RebalanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     max_parallel: int = 2
     rate_limit: int = 0
     moves: list[MoveRecord] = msgspec.field(default_factory=list)
+    # index partitions moving between indexers (``index_rebalance_state``)
+    index_moves: list[IndexMoveRecord] = msgspec.field(default_factory=list)
 
     def move(self, migration_id: str) -> MoveRecord:
         for m in self.moves:
@@ -141,7 +144,7 @@ def new_record(
         rate_limit=rate_limit,
         moves=moves,
     )
-    return record if moves else finish(record, now)
+    return record if moves else finish(record, now)  # index moves: ``index_rebalance``
 
 
 def with_move(record: RebalanceRecord, migration_id: str, **changes: object) -> RebalanceRecord:
@@ -154,11 +157,12 @@ def with_move(record: RebalanceRecord, migration_id: str, **changes: object) -> 
 
 
 def finish(record: RebalanceRecord, now: float, message: str = "") -> RebalanceRecord:
-    """The rebalance is over: ``done`` if every move is, else ``failed``."""
-    ok = all(m.status == DONE for m in record.moves)
+    """The rebalance is over: ``done`` if every move (data and index) is, else ``failed``."""
+    every = [*record.moves, *record.index_moves]
+    ok = all(m.status == DONE for m in every)
     if not message and not ok:
-        bad = [m for m in record.moves if m.status != DONE]
-        message = f"{len(bad)} of {len(record.moves)} move(s) did not complete"
+        bad = [m for m in every if m.status != DONE]
+        message = f"{len(bad)} of {len(every)} move(s) did not complete"
     return msgspec.structs.replace(
         record, state=DONE if ok else FAILED, finished_at=now, message=message
     )

@@ -88,12 +88,21 @@ class StabilizePlan:
     topologies: dict[str, Topology] = field(default_factory=dict)
     by_node: dict[str, list[str]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # index id -> why
+    # node -> index id -> partitions it receives as an index move's target (not in the
+    # topology yet: stabilised, never part of ``verify_acks``)
+    moving: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
 
-def plan_stabilize(state: StateContext, keyspace: str, index_ids: Iterable[str]) -> StabilizePlan:
+def plan_stabilize(
+    state: StateContext,
+    keyspace: str,
+    index_ids: Iterable[str],
+    moving: dict[str, dict[int, str]] | None = None,
+) -> StabilizePlan:
     """Group the index partitions of ``index_ids`` by the indexer of their latest topology.
     Unknown ids, indexes of another keyspace, and indexes in INIT or DELETED (their slices
-    may not exist) are skipped."""
+    may not exist) are skipped. ``moving``: index -> partition -> target of the moves the
+    batch was routed to both ends of; each target joins the round for that index."""
     plan = StabilizePlan()
     nodes: dict[str, set[str]] = {}
     for index_id in dict.fromkeys(index_ids):
@@ -109,6 +118,9 @@ def plan_stabilize(state: StateContext, keyspace: str, index_ids: Iterable[str])
             plan.topologies[index_id] = topo
             for node in topo.assignment.values():
                 nodes.setdefault(node, set()).add(index_id)
+            for p, target in sorted((moving or {}).get(index_id, {}).items()):
+                nodes.setdefault(target, set()).add(index_id)
+                plan.moving.setdefault(target, {}).setdefault(index_id, []).append(p)
     plan.by_node = {n: sorted(ids) for n, ids in sorted(nodes.items())}
     return plan
 
@@ -214,7 +226,7 @@ class Timekeeper:
         started = loop.time()
         ts = Timestamp.from_wire(msg.ts)  # BAD_REQUEST for a negative seqno
         wire = ts.to_wire()
-        plan = plan_stabilize(self._state(), msg.keyspace, msg.index_ids)
+        plan = plan_stabilize(self._state(), msg.keyspace, msg.index_ids, msg.moving)
         replies = await self._stabilize_all(msg, plan, wire)
         stabilized = loop.time()
         ready, not_ready = verify_acks(plan, replies, ts)
@@ -259,6 +271,7 @@ class Timekeeper:
                 ts=wire,
                 index_ids=plan.by_node[node],
                 incarnation=msg.incarnations.get(node, ""),
+                moving=plan.moving.get(node, {}),
             )
             try:
                 address = self._address(node)

@@ -20,6 +20,9 @@ class AdvanceStability(Message, tag="manager.AdvanceStability"):
     index_ids: list[str]
     batch_id: int = -1
     incarnations: dict[str, str] = msgspec.field(default_factory=dict)
+    # index id -> index partition -> target indexer of a move: this batch was routed to
+    # the target too, so the target takes part in the round (not in the publish check)
+    moving: dict[str, dict[int, str]] = msgspec.field(default_factory=dict)
 
 
 class StabilityAdvanced(Message, tag="manager.StabilityAdvanced"):

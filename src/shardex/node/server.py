@@ -27,6 +27,7 @@ from shardex.net import Connection, RpcServer
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
 from shardex.scan.coordinator import ScanCoordinator
+from shardex.scan.paging_store_proxy import PagingService
 from shardex.scan.streams import OutStreams
 
 if TYPE_CHECKING:
@@ -156,6 +157,22 @@ class Node:
 
             self.index_scan = IndexScanServer(self.index, self.scan_streams)
             self.index_scan.install(self.server)
+        # Paginated scans under elasticity: the proxy on every node, shard batches on data and
+        # index nodes (``shardex.scan.paging_store_proxy``).
+        self.paging = PagingService(
+            name=name,
+            secret=secret,
+            transport=transport,
+            scan=self.scan,
+            data=self.data,
+            index=self.index,
+        )
+        self.paging.install(self.server)
+        # SQL: the execution protocol and the client-facing statement service (issue 7).
+        from shardex.sql.exec.mount import SqlMount
+
+        self.sql = SqlMount(self, secret)
+        self.sql.install(self.server)
         self.index_ddl: IndexDDL | None = None
         # The timekeeper (end of each pipeline micro-batch): on every manager node, reading
         # its local replica of the state.
@@ -208,6 +225,7 @@ class Node:
         await self.membership.start()
         if self.coordinator is not None:
             await self.coordinator.start(self.membership)
+        await self.sql.start()
         log.info(
             "node %s (%s) listening on %s, services %s, %s",
             self.name,
@@ -222,12 +240,14 @@ class Node:
             await self.timekeeper.stop()
         if self.coordinator is not None:
             await self.coordinator.stop()
+        await self.sql.stop()
         # Membership first: no heartbeat may go out from a node that is closing its listener.
         if self.membership is not None:
             await self.membership.stop()
         await self.server.stop()
         await self.scan_streams.close()
         await self.scan.stop()
+        await self.paging.stop()
         if self.index_scan is not None:
             await self.index_scan.close()
         if self.index is not None:

@@ -2,8 +2,9 @@
 
 1. T0 = the keyspace's current high seqnos (at or after every batch the stream has read).
 2. Spark reads the documents as of T0 (the change source's snapshot mode, one task per data
-   node) and, in ``mapInArrow`` on the workers, projects every building index in one
-   pass and sends each slice's Upsert key versions straight to its indexer (``LoadChunk``).
+   node) and each read task projects every building index in one pass and sends each
+   slice's Upsert key versions straight to its indexer (``LoadChunk``): the source's
+   projected mode with ``load`` (``source_project``), so documents never cross into the JVM.
    Only counts come back to the driver.
 3. Each indexer sorts its slice's rows (one per docid) and writes them (an SST ingested
    when the slice is big), records T0 as the slice's applied TS and snapshots it
@@ -27,7 +28,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,32 +38,18 @@ import pyarrow.compute as pc
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexDefinition
-from shardex.index.keyversion import UPSERT
 from shardex.manager.index_messages import IndexBuildProgress, IndexUpdated, MarkIndexActive
-from shardex.pipeline.indexers import advance_stability, list_slices, load_chunks, load_finish
-from shardex.pipeline.projector import _changes_of, _projector_for
+from shardex.pipeline.indexers import advance_stability, list_slices, load_finish
 from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.source_options import SourceOptions
-from shardex.pipeline.source_read import client_for
-from shardex.pipeline.source_types import Endpoint
+from shardex.pipeline.source_project import COUNTS_ARROW, COUNTS_SCHEMA, LoadSpec, ProjectSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["BuildResult", "InitialBuild"]
+__all__ = ["COUNTS_ARROW", "COUNTS_SCHEMA", "BuildResult", "InitialBuild"]
 
 log = logging.getLogger(__name__)
 
-COUNTS_SCHEMA = "docs long, rows long, errors long, incarnations string"
-COUNTS_ARROW = pa.schema(
-    [
-        ("docs", pa.int64()),
-        ("rows", pa.int64()),
-        ("errors", pa.int64()),
-        ("incarnations", pa.string()),
-    ]
-)
 PROGRESS_INTERVAL = 1.0
 
 
@@ -74,41 +61,6 @@ class BuildResult:
     errors: int = 0
     items: dict[str, int] = field(default_factory=dict)  # index id -> entries loaded
     seconds: float = 0.0
-
-
-def load_fn(
-    endpoint: Endpoint,
-    definitions: Sequence[IndexDefinition],
-    owners: dict[str, tuple[str, ...]],
-    ts0: Timestamp,
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of a build: project, send Upserts to their slices'
-    indexers, yield one row of counts per input batch."""
-    defs = tuple(definitions)
-
-    def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        client = client_for(endpoint)
-        projector = _projector_for(defs)
-        for batch in batches:
-            res = projector.project(_changes_of(batch), sample_limit=0)
-            chunks: dict[tuple[str, int, str], list] = defaultdict(list)
-            for row in res.rows:
-                if row[2] == UPSERT:
-                    chunks[(row[0], row[1], owners[row[0]][row[1]])].append(row)
-            # Each index counts the batch's documents once, on its slice 0 (progress).
-            docs = {(d.id, 0, owners[d.id][0]): batch.num_rows for d in defs}
-            seen = load_chunks(client, ts0, chunks, docs)
-            yield pa.RecordBatch.from_pydict(
-                {
-                    "docs": [batch.num_rows],
-                    "rows": [sum(len(c) for c in chunks.values())],
-                    "errors": [sum(res.errors.values())],
-                    "incarnations": [json.dumps({n: sorted(v) for n, v in seen.items()})],
-                },
-                schema=COUNTS_ARROW,
-            )
-
-    return fn
 
 
 class InitialBuild:
@@ -148,9 +100,8 @@ class InitialBuild:
             # partitions, the snapshot read took 34-67 s in 64 tasks and 6 s in 3.
             tasks="owner",
         )
-        endpoint = SourceOptions.parse(opts).endpoint
-        owners = {v.id: v.route().owners for v in views}
-        fn = load_fn(endpoint, [v.definition for v in views], owners, ts0)
+        opts["project"] = ProjectSpec.definitions_option([v.definition for v in views])
+        opts["load"] = LoadSpec(ts0, {v.id: v.route().owners for v in views}).to_option()
         stop = threading.Event()
         watcher = threading.Thread(
             target=self._watch, args=(views, ts0, total, stop), name="build-progress", daemon=True
@@ -158,7 +109,7 @@ class InitialBuild:
         watcher.start()
         try:
             df = self.spark.read.format("shardex").options(**opts).load()
-            counts = df.mapInArrow(fn, COUNTS_SCHEMA).toArrow()
+            counts = df.toArrow()
         finally:
             stop.set()
             watcher.join()

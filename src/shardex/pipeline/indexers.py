@@ -117,6 +117,7 @@ def advance_stability(
     batch_id: int = -1,
     incarnations: Mapping[str, str] | None = None,
     timekeeper: str = "",
+    moving: Mapping[str, Mapping[int, str]] | None = None,
 ) -> StabilityAdvanced:
     """Ask the timekeeper on node ``timekeeper`` (the coordinator master, so every batch of a
     keyspace meets the same one; "" = the node the client talks to) to stabilise and
@@ -127,6 +128,7 @@ def advance_stability(
         index_ids=list(index_ids),
         batch_id=batch_id,
         incarnations=dict(incarnations or {}),
+        moving={i: dict(m) for i, m in (moving or {}).items()},
     )
 
     async def go() -> StabilityAdvanced:
@@ -152,9 +154,11 @@ def rollback_slices(
 
 
 def index_state(client: Client) -> StateContext:
-    """The master's committed keyspaces, indexes and index topologies (not the data
-    topologies or the dedup table: this runs every few hundred milliseconds)."""
-    msg = StateRequest(sections=["keyspaces", "indexes", "index_topologies"], fresh=True)
+    """The master's committed keyspaces, indexes, index topologies and rebalance record
+    (not the data topologies or the dedup table: this runs every few hundred
+    milliseconds)."""
+    sections = ["keyspaces", "indexes", "index_topologies", "rebalance"]  # index moves too
+    msg = StateRequest(sections=sections, fresh=True)
     return client._call(msg, StateReply).state
 
 

@@ -5,8 +5,11 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
 
 1. the maintained indexes (``IndexRegistry``; an index joins after its initial build);
 2. project the batch's changes for them: a small batch (``driver_read_max`` changes) is read
-   and projected on the driver, a larger one with ``mapInArrow`` on the Spark workers, the
-   key versions collected on the driver (``toArrow``);
+   and projected on the driver, a larger one by a projected batch read of the same range
+   (the source's ``project`` option: Spark's read tasks read and project in their Python
+   workers, only key versions reach the JVM), collected on the driver (``toArrow``);
+   batches are capped at ``max_records_per_batch`` changes (``DEFAULT_MAX_RECORDS``), so a
+   backlog drains as a run of moderate batches rather than one giant one;
 3. catch up any index whose applied TS is behind ``start`` (an index that joined after the
    stream passed its build's T0): its missing range is read on the driver and projected too;
 4. route by index topology and deliver each indexer its rows (in parallel);
@@ -29,7 +32,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,25 +41,38 @@ from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition
-from shardex.index.keyversion import ERROR, KEY_VERSION_DDL, KeyVersion, from_arrow
+from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
+from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.indexers import advance_stability, deliver
-from shardex.pipeline.projector import map_in_arrow_fn, project_arrow
+from shardex.pipeline.projector import project_arrow
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.router import route
 from shardex.pipeline.source_plan import plan_ranges
+from shardex.pipeline.source_project import ProjectSpec
 from shardex.pipeline.source_read import read_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-__all__ = ["BatchStats", "MaintenanceJob", "read_offset"]
+__all__ = [
+    "DEFAULT_DRIVER_READ_MAX",
+    "DEFAULT_MAX_RECORDS",
+    "BatchStats",
+    "MaintenanceJob",
+    "read_offset",
+    "stream_options",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RETRY_FOR = 300.0
 # Batches of at most this many changes are read and projected on the driver (no Spark job).
-DEFAULT_DRIVER_READ_MAX = 5_000
+# On 2 cores the driver path was 2-3x faster than Spark tasks for every batch size measured
+# (the nodes and indexers need the other core), so it covers the default batch cap.
+DEFAULT_DRIVER_READ_MAX = 20_000
+# Admission control: the most changes one micro-batch takes (``max_records_per_batch``).
+DEFAULT_MAX_RECORDS = 20_000
 # Conditions a retry can outlive: an indexer restarting, a node failing over.
 _RETRYABLE = frozenset(
     {
@@ -138,10 +154,8 @@ class MaintenanceJob:
 
     # -- the query -----------------------------------------------------------------------------
     def start(self) -> StreamingQuery:
-        opts = dict(self.source_options, keyspace=self.keyspace)
         self.starting = self._pin_starting()
-        if self.starting is not None:
-            opts["starting_offsets"] = json.dumps(self.starting.to_json())
+        opts = stream_options(self.source_options, self.keyspace, self.starting)
         reader = self.spark.readStream.format("shardex").options(**opts)
         return (
             reader.load()
@@ -193,26 +207,36 @@ class MaintenanceJob:
         rows: list[KeyVersion] = []
         stats.changes = _changes(start, end)
         if views:
-            t = time.perf_counter()
-            defs = [v.definition for v in views]
-            if stats.changes <= self.driver_read_max:
-                # Small batch: read (start, end] here and project in this process. A Spark
-                # job (plan, Python worker round trips, Arrow collect) costs more than the
-                # work itself; the rows are the same either way (the DataFrame is the same
-                # range of the same source and is simply not executed).
-                stats.on_driver = True
-                rows = self._read_and_project(defs, start, end)
-            else:
-                table = df.mapInArrow(map_in_arrow_fn(defs), KEY_VERSION_DDL).toArrow()
-                for b in table.to_batches():
-                    rows.extend(from_arrow(b))
-            stats.project = time.perf_counter() - t
-            t = time.perf_counter()
-            rows.extend(self._catch_up(views, start))
-            stats.catch_up = time.perf_counter() - t
+            with gc_paused():
+                self._project(views, start, end, stats, rows)
         self._deliver_and_stabilize(views, rows, end, batch_id, stats)
         stats.total = time.perf_counter() - t0
         self._record(stats)
+
+    def _project(
+        self,
+        views: Sequence[IndexView],
+        start: Timestamp,
+        end: Timestamp,
+        stats: BatchStats,
+        rows: list[KeyVersion],
+    ) -> None:
+        """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``."""
+        t = time.perf_counter()
+        defs = [v.definition for v in views]
+        if stats.changes <= self.driver_read_max:
+            # Small batch: read (start, end] here and project in this process. A Spark
+            # job (plan, Python worker round trips, Arrow collect) costs more than the
+            # work itself; the rows are the same either way (the DataFrame is the same
+            # range of the same source and is simply not executed).
+            stats.on_driver = True
+            rows.extend(self._read_and_project(defs, start, end))
+        else:
+            rows.extend(self._read_and_project_on_workers(defs, start, end))
+        stats.project = time.perf_counter() - t
+        t = time.perf_counter()
+        rows.extend(self._catch_up(views, start))
+        stats.catch_up = time.perf_counter() - t
 
     def _read_and_project(
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
@@ -222,6 +246,30 @@ class MaintenanceJob:
         for batch in read_ranges(self.client, self.keyspace, ranges):
             kv, _ = project_arrow(defs, batch, error_rows=True)
             out.extend(from_arrow(kv))
+        return out
+
+    def _read_and_project_on_workers(
+        self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
+    ) -> list[KeyVersion]:
+        """(start, end] through a projected batch read: the micro-batch's own DataFrame
+        covers the same range but carries whole documents through the JVM and back into a
+        second Python worker (``mapInArrow``); this read's tasks project where they read."""
+        opts = {
+            k: v
+            for k, v in self.source_options.items()
+            if k not in ("starting_offsets", "max_records_per_batch", "reader")
+        }
+        opts.update(
+            keyspace=self.keyspace,
+            mode="changes",
+            start_ts=json.dumps(start.to_json()),
+            end_ts=json.dumps(end.to_json()),
+            project=ProjectSpec.definitions_option(defs),
+        )
+        table = self.spark.read.format("shardex").options(**opts).load().toArrow()
+        out: list[KeyVersion] = []
+        for b in table.to_batches():
+            out.extend(from_arrow(b))
         return out
 
     def _catch_up(self, views: Sequence[IndexView], start: Timestamp) -> list[KeyVersion]:
@@ -292,7 +340,8 @@ class MaintenanceJob:
         t = time.perf_counter()
         routes = {v.id: v.route() for v in views}
         wanted = set(routes)
-        routed = route((r for r in rows if r[0] in wanted or r[2] == ERROR), routes)
+        with gc_paused():
+            routed = route((r for r in rows if r[0] in wanted or r[2] == ERROR), routes)
         for index_id, n in routed.errors.items():
             stats.errors[index_id] = stats.errors.get(index_id, 0) + n
             self.errors[index_id] += n
@@ -308,6 +357,7 @@ class MaintenanceJob:
             batch_id=batch_id,
             incarnations=report.incarnations,
             timekeeper=self.registry.timekeeper,
+            moving={v.id: v.moving for v in views if v.moving},  # index moves' targets
         )
         stats.stabilize = time.perf_counter() - t
         self.registry.advanced(reply.published, end)
@@ -331,6 +381,22 @@ class MaintenanceJob:
         )
         if self.on_batch is not None:
             self.on_batch(stats)
+
+
+def stream_options(
+    source_options: Mapping[str, str], keyspace: str, starting: Timestamp | None
+) -> dict[str, str]:
+    """The change source's options for a maintenance stream. Admission control: a backlog
+    becomes a run of batches of at most ``max_records_per_batch`` changes (default
+    ``DEFAULT_MAX_RECORDS``; "0" lifts the cap), so the driver reads and projects each one
+    itself and no batch holds the stability TS back for long."""
+    opts = dict(source_options, keyspace=keyspace)
+    if starting is not None:
+        opts["starting_offsets"] = json.dumps(starting.to_json())
+    cap = opts.pop("max_records_per_batch", str(DEFAULT_MAX_RECORDS))
+    if cap not in ("", "0"):
+        opts["max_records_per_batch"] = cap
+    return opts
 
 
 def _changes(start: Timestamp, end: Timestamp) -> int:

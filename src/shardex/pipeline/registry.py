@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
@@ -25,6 +26,7 @@ from shardex.core.topology import Topology
 from shardex.index.definition import IndexDefinition
 from shardex.index.messages import SliceInfo
 from shardex.index.records import STATE_ACTIVE
+from shardex.manager.index_rebalance_state import routed_targets
 from shardex.manager.index_state import ACTIVE, BUILDING, IndexRecord, latest_index_topology
 from shardex.pipeline.indexers import index_state, list_slices
 from shardex.pipeline.router import IndexRoute
@@ -40,6 +42,8 @@ REFRESH_INTERVAL = 0.5  # seconds between coordinator-state reads on the batch p
 class IndexView:
     record: IndexRecord
     topology: Topology
+    # index partition -> target of its move (routed to both ends; ``index_rebalance_state``)
+    moving: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -54,7 +58,7 @@ class IndexView:
         return sorted(set(self.topology.assignment.values()))
 
     def route(self) -> IndexRoute:
-        return IndexRoute.of(self.definition, self.topology)
+        return IndexRoute.of(self.definition, self.topology, self.moving)
 
     def slices(self) -> list[tuple[str, int, str]]:
         """(index id, index partition, node) of every slice."""
@@ -96,12 +100,13 @@ class IndexRegistry:
         state = index_state(self.client)
         meta = state.keyspaces.get(self.keyspace)
         views: dict[str, IndexView] = {}
+        routed = routed_targets(state.rebalance.index_moves if state.rebalance else [])
         for rec in state.indexes.values():
             if rec.keyspace != self.keyspace or rec.state not in (BUILDING, ACTIVE):
                 continue
             topo = latest_index_topology(state.index_topologies, rec.id)
             if topo is not None:
-                views[rec.id] = IndexView(rec, topo)
+                views[rec.id] = IndexView(rec, topo, routed.get(rec.id, {}))
         with self._lock:
             self._views = views
             self.keyspace_uuid = None if meta is None else meta.uuid
@@ -128,6 +133,8 @@ class IndexRegistry:
                 log.info("cannot inspect the slices of %s yet: %s", view.id, exc)
                 continue
             self._checked.add(view.id)
+            # A moving partition's target holds a copy still loading: not the index's state.
+            infos = [s for s in infos if s.partition not in view.moving or s.state == STATE_ACTIVE]
             parts = {s.partition for s in infos}
             loaded = parts == set(view.topology.assignment) and all(
                 s.state == STATE_ACTIVE for s in infos

@@ -36,9 +36,17 @@ class IndexRoute:
     num_partition: int
     owners: tuple[str, ...]  # owners[p] = node hosting slice p
     moving: bool
+    # index partition -> the target of its move: every row for slice p goes there too (the
+    # target's catching-up copy, ``shardex.index.slice_copy``)
+    also: Mapping[int, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, defn: IndexDefinition, topology: Topology | Mapping[int, str]) -> IndexRoute:
+    def of(
+        cls,
+        defn: IndexDefinition,
+        topology: Topology | Mapping[int, str],
+        also: Mapping[int, str] | None = None,
+    ) -> IndexRoute:
         assignment = topology.assignment if isinstance(topology, Topology) else topology
         try:
             owners = tuple(assignment[p] for p in range(defn.num_partition))
@@ -48,7 +56,9 @@ class IndexRoute:
                 code=ErrorCode.BAD_REQUEST,
                 details={"index": defn.id, "partition": exc.args[0]},
             ) from None
-        return cls(defn.id, defn.num_partition, owners, not partition_key_is_docid(defn))
+        return cls(
+            defn.id, defn.num_partition, owners, not partition_key_is_docid(defn), dict(also or {})
+        )
 
 
 def routes_for(
@@ -99,19 +109,28 @@ def route(rows: Iterable[KeyVersion], routes: Mapping[str, IndexRoute]) -> Route
                 details={"index": index_id},
             )
         owners = r.owners
+        also = r.also  # an index partition is moving: its rows go to source and target
         if kind == UPSERT:
             dest(owners[ip]).append(row)
+            if also and ip in also:
+                dest(also[ip]).append(row)
             if r.moving:
                 for q in range(r.num_partition):
                     if q != ip:
-                        dest(owners[q]).append(
-                            (index_id, q, UPSERT_DELETION, b"", docid, part, seqno)
-                        )
+                        kv = (index_id, q, UPSERT_DELETION, b"", docid, part, seqno)
+                        dest(owners[q]).append(kv)
+                        if also and q in also:
+                            dest(also[q]).append(kv)
         elif ip == BROADCAST:
             for q in range(r.num_partition):
-                dest(owners[q]).append((index_id, q, kind, b"", docid, part, seqno))
+                kv = (index_id, q, kind, b"", docid, part, seqno)
+                dest(owners[q]).append(kv)
+                if also and q in also:
+                    dest(also[q]).append(kv)
         else:
             dest(owners[ip]).append(row)
+            if also and ip in also:
+                dest(also[ip]).append(row)
     return res
 
 

@@ -6,11 +6,16 @@ Everything here was measured on the 2-core development machine (see ``docs/decis
 * Loopback only: ``SPARK_LOCAL_IP`` and ``spark.driver.host``/``bindAddress`` = 127.0.0.1.
   Nothing may listen on or resolve another interface, and without them Spark spends seconds
   on a reverse lookup of the host name.
-* ``PYSPARK_PYTHON`` = this interpreter, so workers import pyarrow and shardex from the same
-  virtual environment (the system Python has neither).
+* ``PYSPARK_PYTHON`` = this interpreter behind a small wrapper (``python_worker_wrapper``),
+  so workers import pyarrow and shardex from the same virtual environment (the system Python
+  has neither). The wrapper drops Spark's ``pyspark.zip``/``py4j-*.zip`` from ``PYTHONPATH``
+  when the installed pyspark is the same version: imports from a zip are compiled on every
+  start (no ``.pyc`` cache), which made each Python worker start cost 2.7 CPU-s instead of
+  1.1 (measured); the first Spark job of a session starts several of them.
 * The driver JVM gets ``-XX:+UseSerialGC -XX:TieredStopAtLevel=1``: C1 only and the serial
   collector start faster on two cores; the pipeline's JVM work is small (Arrow batches are
   made and consumed in Python).
+* Checkpoints on the raw local file system, 20 batches retained (see ``DEFAULT_CONF``).
 * UI off, console progress bar off, 2 shuffle partitions: a micro-batch of a few hundred rows
   must not pay for 200 shuffle tasks or a web server.
 * Python workers are reused across tasks (the default, stated explicitly): the change source
@@ -23,9 +28,12 @@ session already runs in the process, ``getOrCreate`` returns it (with the SQL op
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -50,15 +58,58 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.python.authenticate.socketTimeout": "120s",
     # Nothing of ours uses Hive; the in-memory catalog avoids Derby files in the cwd.
     "spark.sql.catalogImplementation": "in-memory",
+    # Checkpoint writes (the offset log before a micro-batch, the commit log after it) are
+    # most of an empty batch's time. The raw local file system writes no .crc side file
+    # (one file and one rename less per log entry): walCommit + commitOffsets went from
+    # 455-580 ms to 225-240 ms per batch in the same run (load 15-20). Neither variant
+    # fsyncs, so nothing is lost that the checksummed one kept.
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
+    # Old offset/commit log entries are purged after every batch by listing the directory;
+    # the pipeline reads only the current and previous entries.
+    "spark.sql.streaming.minBatchesToRetain": "20",
 }
 
 
-def spark_environment() -> dict[str, str]:
+# The worker wrapper: keep every PYTHONPATH entry but Spark's own zips, then run the venv's
+# interpreter. Only used when the installed pyspark is importable without the zips.
+_WRAPPER = """#!/bin/sh
+# Written by shardex.pipeline.session: runs PySpark workers without Spark's zips on
+# PYTHONPATH (the installed pyspark and py4j are the same code, with cached bytecode).
+PYTHONPATH=$(printf '%s' "$PYTHONPATH" | tr ':' '\\n' | grep -v -e '/pyspark\\.zip$' \\
+    -e '/py4j-[^/]*\\.zip$' | paste -sd: -)
+export PYTHONPATH
+exec {python} "$@"
+"""
+
+
+def python_worker_wrapper(python: str = sys.executable) -> str:
+    """The path of an executable that runs ``python`` for Spark's Python workers with the
+    zips dropped from ``PYTHONPATH`` (written once per interpreter into the temp dir; the
+    name carries a hash of its text, so a stale one is never reused). Falls back to
+    ``python`` itself when the file cannot be written."""
+    text = _WRAPPER.format(python=python)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"shardex-pyspark-python-{os.getuid()}-{digest}"
+    try:
+        if not path.exists():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            tmp.replace(path)
+    except OSError:
+        return python
+    return str(path)
+
+
+def spark_environment(master: str = "local[2]") -> dict[str, str]:
     """The environment variables Spark must see before its JVM starts (set by
-    ``build_spark_session``; exposed for ``spark-submit`` wrappers)."""
+    ``build_spark_session``; exposed for ``spark-submit`` wrappers). The worker wrapper is a
+    local file, so only ``local`` masters (workers on this host) get it."""
+    local = master == "local" or master.startswith("local[")
     return {
         "SPARK_LOCAL_IP": LOOPBACK,
-        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_PYTHON": python_worker_wrapper() if local else sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
 
@@ -75,7 +126,7 @@ def build_spark_session(
     ``conf_overrides`` win over the defaults (values are stringified). With
     ``register_source`` the change-stream data source is registered as ``"shardex"``, so
     ``spark.read.format("shardex")`` and ``spark.readStream.format("shardex")`` work."""
-    os.environ.update(spark_environment())
+    os.environ.update(spark_environment(master))
     from pyspark.sql import SparkSession
 
     conf = dict(DEFAULT_CONF)

@@ -29,6 +29,11 @@ Options (strings, as Spark passes them):
   workers), ``driver`` (``SimpleDataSourceStreamReader``: the driver reads the ranges, no
   read tasks) or ``follow`` (driver-side too, fed by live per-partition streams: the lowest
   floor, but costly for the data node at high write rates; see ``source_follow``).
+* projected reads (``source_project``): ``project`` (index definitions as JSON,
+  ``ProjectSpec.definitions_option``): the read task evaluates them and Spark gets key
+  versions (``KEY_VERSION_DDL``) instead of changes; with ``load`` too (``LoadSpec``, an
+  initial build: mode=snapshot, the same TS as ``snapshot_ts``) the task also sends the
+  Upserts to the slices' indexers and Spark gets one row of counts per read batch.
 * tuning: ``tasks`` = ``owner`` (default: one task per owner node), ``partition`` or a
   number; ``concurrency`` (streams open at once per task), ``max_items``,
   ``request_timeout``, ``resume_timeout``; ``stats_path`` (the stream readers write their
@@ -101,7 +106,7 @@ class ShardexChangeSource(DataSource):
         return "shardex"
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        return self.opts.schema_ddl
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return ShardexBatchReader(self.opts)

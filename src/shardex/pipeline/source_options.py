@@ -20,10 +20,17 @@ from shardex.client import Client, connect
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConfigError, ShardexError
 from shardex.pipeline.source_plan import group_ranges
+from shardex.pipeline.source_project import (
+    COUNTS_SCHEMA,
+    ProjectSpec,
+    load_batches,
+    project_batches,
+)
 from shardex.pipeline.source_read import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MAX_ITEMS,
     DEFAULT_RESUME_TIMEOUT,
+    client_for,
     read_ranges_for,
 )
 from shardex.pipeline.source_types import Endpoint, PartitionRange
@@ -56,6 +63,17 @@ class SourceOptions:
     max_items: int = DEFAULT_MAX_ITEMS
     resume_timeout: float = DEFAULT_RESUME_TIMEOUT
     stats_path: str | None = None
+    project: ProjectSpec | None = None
+
+    @property
+    def schema_ddl(self) -> str:
+        """The rows this read hands Spark: changes, key versions or load counts."""
+        from shardex.index.keyversion import KEY_VERSION_DDL
+        from shardex.pipeline.source_types import SCHEMA_DDL
+
+        if self.project is None:
+            return SCHEMA_DDL
+        return KEY_VERSION_DDL if self.project.load is None else COUNTS_SCHEMA
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -82,6 +100,7 @@ class SourceOptions:
             max_items=int(_num(o, "max_items", DEFAULT_MAX_ITEMS)),
             resume_timeout=_num(o, "resume_timeout", DEFAULT_RESUME_TIMEOUT),
             stats_path=o.get("stats_path"),
+            project=_project(o),
         )
 
     def connect(self) -> Client:
@@ -170,6 +189,26 @@ def _ts(o: Mapping[str, str], name: str) -> Timestamp | None:
         ) from None
 
 
+def _project(o: Mapping[str, str]) -> ProjectSpec | None:
+    raw = o.get("project")
+    if not raw:
+        if o.get("load"):
+            raise config_error("option 'load' needs 'project' (the indexes to load)", "load")
+        return None
+    spec = ProjectSpec.from_options(raw, o.get("load"))
+    if spec.load is not None:
+        if o.get("mode", "changes").lower() != "snapshot":
+            raise config_error("option 'load' is an initial build: it needs mode=snapshot", "load")
+        snap = _ts(o, "snapshot_ts")
+        if snap is None or snap != spec.load.ts0:
+            raise config_error(
+                "option 'load' must name the same TS as 'snapshot_ts' (chunks are loaded at it)",
+                "load",
+                hint="snapshot_ts=<T0 JSON>, load=LoadSpec(T0, owners).to_option()",
+            )
+    return spec
+
+
 def _starting(raw: str) -> str | Timestamp:
     if raw.lower() in ("earliest", "latest"):
         return raw.lower()
@@ -212,6 +251,7 @@ class ChangeRangesPartition(InputPartition):
         concurrency: int = DEFAULT_CONCURRENCY,
         max_items: int = DEFAULT_MAX_ITEMS,
         resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+        project: ProjectSpec | None = None,
     ) -> None:
         super().__init__(None)
         self.endpoint = endpoint
@@ -220,6 +260,7 @@ class ChangeRangesPartition(InputPartition):
         self.concurrency = concurrency
         self.max_items = max_items
         self.resume_timeout = resume_timeout
+        self.project = project
 
     def __repr__(self) -> str:
         parts = ",".join(str(r.partition) for r in self.ranges[:8])
@@ -227,7 +268,7 @@ class ChangeRangesPartition(InputPartition):
         return f"ChangeRangesPartition(partitions=[{parts}{more}], snapshot={self.snapshot})"
 
     def read(self) -> Iterator[pa.RecordBatch]:
-        return read_ranges_for(
+        changes = read_ranges_for(
             self.endpoint,
             self.ranges,
             snapshot=self.snapshot,
@@ -235,6 +276,12 @@ class ChangeRangesPartition(InputPartition):
             max_items=self.max_items,
             resume_timeout=self.resume_timeout,
         )
+        spec = self.project
+        if spec is None:
+            return changes
+        if spec.load is None:
+            return project_batches(spec.definitions, changes)
+        return load_batches(client_for(self.endpoint), spec.definitions, spec.load, changes)
 
 
 def task_partitions(
@@ -252,6 +299,7 @@ def task_partitions(
             concurrency=opts.concurrency,
             max_items=opts.max_items,
             resume_timeout=opts.resume_timeout,
+            project=opts.project,
         )
         for group in group_ranges(ranges, owners, opts.tasks)
     ]

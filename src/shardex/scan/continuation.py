@@ -69,6 +69,9 @@ class Continuation(msgspec.Struct, array_like=True):
     ordered: bool = False
     cursors: list[Cursor] = msgspec.field(default_factory=list)  # ordered: one per base shard
     scan_digest: bytes = b""  # binds the key to one scan spec (index, spans, ordering)
+    # What the first page fixed for every later one (opaque to the protocol: a real scan
+    # keeps its index id and pinned stability TS here, so every page reads the same snapshot)
+    context: bytes = b""
 
     def clone(self) -> Continuation:
         """A deep copy (the RN keeps a saved copy to repeat a batch from)."""
@@ -81,6 +84,7 @@ class Continuation(msgspec.Struct, array_like=True):
             ordered=self.ordered,
             cursors=[Cursor(resume=c.resume, done=c.done) for c in self.cursors],
             scan_digest=self.scan_digest,
+            context=self.context,
         )
 
     def virtual(self, pid: int) -> VirtualScan | None:

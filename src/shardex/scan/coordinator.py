@@ -171,10 +171,12 @@ class ScanCoordinator:
 
     # --- resolve -------------------------------------------------------------------------------
 
-    async def resolve(self, keyspace: str, index: str) -> tuple[IndexRecord, Topology]:
-        state = await self.view.state()
+    async def resolve(
+        self, keyspace: str, index: str, *, fresh: bool = False
+    ) -> tuple[IndexRecord, Topology]:
+        state = await self.view.state(fresh=fresh)
         rec = find_index(state.indexes, keyspace, index)
-        if rec is None or rec.state != ACTIVE:  # a moment old? ask the master
+        if not fresh and (rec is None or rec.state != ACTIVE):  # a moment old? ask the master
             state = await self.view.state(fresh=True)
             rec = find_index(state.indexes, keyspace, index)
         if rec is None and keyspace not in state.keyspaces:
@@ -202,17 +204,7 @@ class ScanCoordinator:
         defn = rec.definition
         spans = to_wire_spans(encode_spans(msg.spans, defn))
         partitions = eliminate(msg.spans, defn)
-        by_node: dict[str, list[int]] = {}
-        for p in partitions:
-            node = topo.assignment.get(p)
-            if node is None:
-                raise ShardexError(
-                    f"index partition {p} of {msg.index!r} has no indexer in topology "
-                    f"{topo.seq_num}",
-                    code=ErrorCode.INDEX_NOT_READY,
-                    details={"index": msg.index, "partition": p},
-                )
-            by_node.setdefault(node, []).append(p)
+        by_node = _placement(msg.index, topo, partitions)
         wait_for: Timestamp | None = None
         if msg.consistency == REQUEST_PLUS:
             wait_for = await self.view.high_seqnos(msg.keyspace)
@@ -234,7 +226,25 @@ class ScanCoordinator:
         )
         if msg.limit == 0:
             by_node = {}  # nothing to read; still resolved and validated above
-        ts, sources = await self._open(msg, base, by_node, wait_for)
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                ts, sources = await self._open(msg, base, by_node, wait_for)
+                break
+            except ShardexError as exc:
+                # An index partition moved (its old indexer refuses or dropped its slice):
+                # read the topology again and retry against the new owner.
+                if exc.code not in _MOVED or attempt + 1 == OPEN_ATTEMPTS:
+                    raise
+                now, newer = await self.resolve(msg.keyspace, msg.index, fresh=True)
+                if now.id != rec.id:
+                    raise
+                if newer.seq_num <= topo.seq_num:
+                    if exc.code is not ErrorCode.STALE_TOPOLOGY:
+                        raise
+                    await asyncio.sleep(0.05 * 2**attempt)  # the switch is being committed
+                topo = newer
+                by_node = _placement(msg.index, topo, partitions) if by_node else {}
+                log.info("scan of %s: %s; retrying on topology %d", rec.id, exc, topo.seq_num)
 
         async def produce(out: OutStream) -> None:
             await self._stream(msg, sources, out)
@@ -336,6 +346,24 @@ class ScanCoordinator:
                     await out.send(block)
         finally:
             await _cancel_all(sources)
+
+
+_MOVED: Final = frozenset({ErrorCode.STALE_TOPOLOGY, ErrorCode.INDEX_NOT_FOUND})
+
+
+def _placement(index: str, topo: Topology, partitions: list[int]) -> dict[str, list[int]]:
+    """Indexer node -> the index partitions it serves in ``topo``."""
+    by_node: dict[str, list[int]] = {}
+    for p in partitions:
+        node = topo.assignment.get(p)
+        if node is None:
+            raise ShardexError(
+                f"index partition {p} of {index!r} has no indexer in topology {topo.seq_num}",
+                code=ErrorCode.INDEX_NOT_READY,
+                details={"index": index, "partition": p},
+            )
+        by_node.setdefault(node, []).append(p)
+    return by_node
 
 
 def _replace(msg: ScanSlices, **changes: Any) -> ScanSlices:

@@ -58,7 +58,9 @@ class MemoryShardStore(ShardStore):
         self._low = low
         self._high = high
 
-    def entries_after(self, after: bytes | None) -> Iterator[Entry]:
+    def entries_after(
+        self, after: bytes | None, partitions: frozenset[int] | None = None
+    ) -> Iterator[Entry]:
         pos = after
         if self._low is not None and (pos is None or pos < self._low):
             pos = self._low  # the span's exclusive low end

@@ -66,6 +66,16 @@ class MigrationManager:
             rcb.restored.add(pid)
         self._notify()
 
+    def redirect(self, pid: int, to: str) -> None:
+        """Name (or correct) where a departed ``pid`` went, without notifying running batches:
+        bookkeeping for a node that learns a release's target after the release itself."""
+        if pid in self._departed:
+            self._departed[pid] = to
+
+    def departed(self) -> dict[int, str]:
+        """Partitions that left and where they went ("" while not known yet)."""
+        return dict(self._departed)
+
     def topology_published(self, seq_num: int) -> None:
         self._known_topo = max(self._known_topo, seq_num)
         self._notify()
@@ -86,7 +96,10 @@ class MigrationManager:
             return self.node
         if pid in self._departed:
             return self._departed[pid]
-        return official.assignment.get(pid, "")
+        where = official.assignment.get(pid, "")
+        # The topology says "here" but the partition is not open here (a local view behind
+        # the topology): unknown, so the scan fails clearly instead of skipping its entries.
+        return "" if where == self.node else where
 
     def register(self, rcb: RuntimeControlBlock) -> None:
         self._rcbs.append(rcb)

@@ -47,11 +47,15 @@ class TopologyLookup(Protocol):
 class ShardStore(Protocol):
     """One scan's view of a node's storage (its spans applied)."""
 
-    def entries_after(self, after: bytes | None) -> Iterator[Entry]:
+    def entries_after(
+        self, after: bytes | None, partitions: frozenset[int] | None = None
+    ) -> Iterator[Entry]:
         """Entries with key > ``after`` (all if None) in key order, of partitions open now.
 
         Lazy: whether a partition is open is decided as each entry is reached, as a
         storage engine that closes a partition's files mid-scan would behave.
+        ``partitions``: a hint, the only partitions the batch wants (a store may skip the
+        others' storage entirely; the scanner filters by partition anyway).
         """
         ...
 
@@ -251,7 +255,7 @@ class ElasticShardScanner:
         rows: list[PageRow] = []
         hook = self.on_row
         ctx = BatchContext(self.node, req, vsm, targets, 0, attempt) if hook else None
-        for key, pid, value in store.entries_after(req.resume):
+        for key, pid, value in store.entries_after(req.resume, targets):
             if pid not in targets:
                 continue
             rows.append(PageRow(key=key, partition=pid, value=value))

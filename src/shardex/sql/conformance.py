@@ -1,6 +1,6 @@
 """Conformance runner: Couchbase's own SQL++ test cases run against shardex.
 
-    python -m shardex.sql.conformance [--dir DIR] [--json out.json]
+    python -m shardex.sql.conformance [--dir DIR] [--json out.json] [--cluster CLUSTER_DIR]
 
 Reads the case folders (``../shared/conformance/couchbase-filestore`` by default, or
 ``$SHARDEX_CONFORMANCE_DIR``; format in that folder's README), loads each folder's
@@ -16,8 +16,11 @@ A case is *unsupported* when it needs something outside the implemented language
 function shardex does not have (the parser reports which), or a documented deliberate
 difference (``KNOWN_DIFFERENCES``). Everything else is in scope and must pass.
 
-Queries run on ``LocalEngine`` (the single-process reference) until the runner is switched
-to the cluster (``client.query``).
+Queries run on ``LocalEngine`` (the single-process reference), or with ``--cluster`` on the
+local cluster in that directory through ``client.query`` at request_plus (``ClusterEngine``:
+the five keyspaces are created with a primary index if missing, emptied before each folder
+and loaded with its documents; the cluster's index pipeline must be running, as
+``shardex pipeline`` or the tests' driver, for the primary indexes to build).
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shardex.core.keycodec_values import encode_value
 from shardex.errors import ShardexError
 from shardex.sql.local import LocalEngine
 from shardex.sql.syntax import ExplainStmt, SelectStmt, parse_statement
+
+if TYPE_CHECKING:
+    from shardex.client import Client
 
 KEYSPACES = ("customer", "orders", "product", "purchase", "review")
 DEFAULT_DIR = Path(__file__).resolve().parents[4] / "shared" / "conformance" / "couchbase-filestore"
@@ -143,11 +149,49 @@ def _has_order_by(statement: str) -> bool:
     return isinstance(stmt, SelectStmt) and bool(stmt.order_by)
 
 
-def load_folder(folder: Path) -> LocalEngine:
-    engine = LocalEngine()
-    for ks in KEYSPACES:
-        engine.create_keyspace(ks)
-        engine.execute(f"CREATE PRIMARY INDEX ON {ks}")
+class Engine(Protocol):
+    def execute(self, sql: str) -> Any: ...
+    def query(self, sql: str, params: Any = None) -> list[Any]: ...
+
+
+class ClusterEngine:
+    """The runner's engine over a cluster: every statement through ``client.query`` at
+    request_plus, so a case reads every write of the inserts and preStatements."""
+
+    def __init__(self, client: Client, *, num_partitions: int = 8, timeout: float = 300.0):
+        self.client = client
+        self.num_partitions = num_partitions
+        self.timeout = timeout
+
+    def execute(self, sql: str) -> Any:
+        return list(self.client.query(sql))
+
+    def query(self, sql: str, params: Any = None) -> list[Any]:
+        return list(self.client.query(sql, params))
+
+    def reset(self) -> None:
+        """The five keyspaces, empty, each with an ACTIVE primary index."""
+        have = {k.name for k in self.client.list_keyspaces()}
+        for ks in KEYSPACES:
+            if ks not in have:
+                self.client.create_keyspace(ks, self.num_partitions)
+            if not any(i["name"] == "#primary" for i in self.client.list_indexes(ks)):
+                self.execute(f"CREATE PRIMARY INDEX ON {ks}")
+        for ks in KEYSPACES:
+            self.client.wait_for_index(ks, "#primary", timeout=self.timeout)
+            self.execute(f"DELETE FROM {ks}")
+
+
+def load_folder(folder: Path, cluster: ClusterEngine | None = None) -> Engine:
+    engine: Engine
+    if cluster is not None:
+        cluster.reset()
+        engine = cluster
+    else:
+        engine = local = LocalEngine()
+        for ks in KEYSPACES:
+            local.create_keyspace(ks)
+            local.execute(f"CREATE PRIMARY INDEX ON {ks}")
     insert = folder / "insert.json"
     if insert.exists():
         for item in json.loads(insert.read_text()):
@@ -155,7 +199,7 @@ def load_folder(folder: Path) -> LocalEngine:
     return engine
 
 
-def run_case(engine: LocalEngine, file: str, index: int, case: dict[str, Any]) -> CaseOutcome:
+def run_case(engine: Engine, file: str, index: int, case: dict[str, Any]) -> CaseOutcome:
     statement = case["statements"]
     out = CaseOutcome(file, index, statement, "passed")
     if case.get("disabled"):
@@ -207,10 +251,10 @@ def run_case(engine: LocalEngine, file: str, index: int, case: dict[str, Any]) -
     return out
 
 
-def run_all(root: Path = DEFAULT_DIR) -> list[CaseOutcome]:
+def run_all(root: Path = DEFAULT_DIR, cluster: ClusterEngine | None = None) -> list[CaseOutcome]:
     outcomes: list[CaseOutcome] = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        engine = load_folder(folder)
+        engine = load_folder(folder, cluster)
         for case_file in sorted(folder.glob("case_*.json")):
             name = f"{folder.name}/{case_file.name}"
             for i, case in enumerate(json.loads(case_file.read_text())):
@@ -251,11 +295,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--dir", type=Path, default=Path(os.environ.get("SHARDEX_CONFORMANCE_DIR", DEFAULT_DIR))
     )
     ap.add_argument("--json", type=Path, help="also write every outcome to this file")
+    ap.add_argument("--cluster", type=Path, help="run on the local cluster in this directory")
     args = ap.parse_args(argv)
     if not args.dir.is_dir():
         print(f"conformance folder not found: {args.dir}", file=sys.stderr)
         return 2
-    outcomes = run_all(args.dir)
+    if args.cluster is not None:
+        from shardex.client import connect_local
+
+        try:
+            client = connect_local(args.cluster, name="shardex-conformance")
+        except ShardexError as e:
+            print(f"cannot connect to the cluster in {args.cluster}: {e}", file=sys.stderr)
+            return 2
+        with client:
+            outcomes = run_all(args.dir, ClusterEngine(client))
+    else:
+        outcomes = run_all(args.dir)
     render(outcomes)
     if args.json:
         args.json.write_text(

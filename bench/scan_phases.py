@@ -1,0 +1,258 @@
+"""The two phases of ``bench.scan``, never running at the same time: PostgreSQL (server up,
+documents and twin indexes, queries, server down), then shardex (3-node cluster, documents,
+initial build by the Spark pipeline, Spark stopped, queries). Each returns its rows and what
+the other needs for checks (PostgreSQL's answers to the check queries)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.pipeline_common import INDEXES, KEYSPACE, load1, log
+from bench.runner import Row
+from bench.scan_clients import ClientPool, Target
+from bench.scan_queries import CASES, PG_SETTINGS, PG_SQL, Query
+
+NOT_BOUNDED = "not_bounded"
+REQUEST_PLUS = "request_plus"
+CHECKS = 4  # queries of each case checked (rows and docids) before measuring
+
+
+@dataclass
+class Phase:
+    """One system's output: measurement rows and the docids its check queries returned."""
+
+    rows: list[Row] = field(default_factory=list)
+    answers: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def check_answer(system: str, q: Query, docids: list[str]) -> None:
+    if len(docids) != q.expected_rows:
+        raise RuntimeError(
+            f"{system}: {q.case} {q.pg_params} returned {len(docids)} rows, "
+            f"expected {q.expected_rows}"
+        )
+
+
+def measure_cases(
+    system: str,
+    pool: ClientPool,
+    queries: dict[str, list[Query]],
+    consistencies: Sequence[str],
+    levels: Sequence[int],
+    seconds: float,
+) -> list[Row]:
+    rows: list[Row] = []
+    for case in CASES:
+        for consistency in consistencies:
+            for n in levels:
+                load = load1()
+                m = pool.measure(queries[case], consistency, n, seconds)
+                row: Row = {
+                    "system": system,
+                    "case": case,
+                    "consistency": consistency if system == "shardex" else "read committed",
+                    "clients": n,
+                    **m.summary(),
+                    "load_1m": load,
+                }
+                if m.errors:
+                    row["first error"] = m.errors[0]
+                rows.append(row)
+                log(
+                    f"{system} {case} {consistency} x{n}: p50 {row['p50 ms']} ms, "
+                    f"{row['scans/s']} scans/s (load {load})"
+                )
+    return rows
+
+
+# --- PostgreSQL ------------------------------------------------------------------------------
+
+
+def postgres_phase(
+    base: Path,
+    files: Sequence[Path],
+    n_docs: int,
+    queries: dict[str, list[Query]],
+    levels: Sequence[int],
+    seconds: float,
+) -> Phase:
+    from psycopg.types.json import Jsonb
+
+    from bench.pipeline_build import _copy_files
+    from bench.postgres import PostgresServer
+
+    out = Phase()
+    with PostgresServer(base_dir=base) as server:
+        out.info["server"] = server.describe()
+        with server.connect() as conn:
+            conn.execute(
+                "CREATE TABLE docs (id text GENERATED ALWAYS AS (body->>'id') STORED "
+                "PRIMARY KEY, body jsonb NOT NULL)"
+            )
+            _copy_files(conn, files)
+            for i in INDEXES:
+                conn.execute(i["pg"])
+            conn.execute("VACUUM (ANALYZE) docs")
+            conn.execute("CHECKPOINT")
+            count = conn.execute("SELECT count(*) FROM docs").fetchone()[0]
+            if count != n_docs:
+                raise RuntimeError(f"postgresql holds {count} documents, expected {n_docs}")
+            plans = {}
+            for case in CASES:
+                conn.execute("RESET ALL")
+                for setting in PG_SETTINGS[case]:
+                    conn.execute(setting)
+                for k, q in enumerate(queries[case][:CHECKS]):
+                    params = tuple(Jsonb(p) for p in q.pg_params)
+                    got = [r[0] for r in conn.execute(PG_SQL[q.case], params).fetchall()]
+                    check_answer("postgresql", q, got)
+                    out.answers[(case, k)] = sorted(got)
+                q = queries[case][0]
+                params = tuple(Jsonb(p) for p in q.pg_params)
+                plan = conn.execute("EXPLAIN " + PG_SQL[case], params).fetchall()
+                plans[case] = [r[0] for r in plan]
+            out.info["plans"] = plans
+            out.info["session_settings"] = {c: list(PG_SETTINGS[c]) for c in CASES}
+            conn.execute("RESET ALL")
+            log(f"postgresql: {count} documents, twin indexes built, checks passed")
+            out.rows.extend(large_scan_pg(conn, n_docs))
+        target = Target("postgresql", conninfo=server.conninfo())
+        with ClientPool(target, max(levels)) as pool:
+            out.rows[:0] = measure_cases("postgresql", pool, queries, ["-"], levels, seconds)
+    return out
+
+
+LARGE_PG_SQL = (
+    "SELECT id, body->'address'->'city', body->'age' FROM docs "
+    "WHERE body->'address'->'city' >= '\"\"'::jsonb "
+    "ORDER BY body->'address'->'city', body->'age'"
+)
+
+
+def large_scan_pg(conn: Any, n_docs: int) -> list[Row]:
+    """Every entry of the by_city_age twin in index order, through an index scan (seq scans
+    and bitmap scans off: the like-for-like of a full index scan), fetched over psycopg."""
+    conn.execute("SET enable_seqscan = off")
+    plan = [r[0] for r in conn.execute("EXPLAIN " + LARGE_PG_SQL).fetchall()]
+    rows: list[Row] = []
+    for attempt in ("warm", "measured"):
+        load = load1()
+        t = time.perf_counter()
+        got = conn.execute(LARGE_PG_SQL).fetchall()
+        seconds = time.perf_counter() - t
+        if len(got) != n_docs:
+            raise RuntimeError(f"postgresql large scan: {len(got)} rows, expected {n_docs}")
+        if attempt == "measured":
+            rows.append(
+                large_row("postgresql", "full by_city_age, index order", n_docs, seconds, load)
+                | {"detail": plan[0][:60]}
+            )
+    conn.execute("RESET enable_seqscan")
+    return rows
+
+
+def large_row(system: str, case: str, n: int, seconds: float, load: float | None) -> Row:
+    return {
+        "system": system,
+        "case": case,
+        "rows": n,
+        "seconds": round(seconds, 3),
+        "rows/s": round(n / seconds),
+        "load_1m": load,
+    }
+
+
+# --- shardex -----------------------------------------------------------------------------------
+
+
+def shardex_phase(
+    client: Any,
+    cluster_dir: Path,
+    expected: dict[str, int],
+    queries: dict[str, list[Query]],
+    pg_answers: dict[tuple[str, int], list[str]],
+    levels: Sequence[int],
+    seconds: float,
+) -> Phase:
+    """The cluster is loaded and both indexes are ACTIVE; Spark is stopped."""
+    from shardex.node import cluster_dir as cdir
+
+    out = Phase()
+    for consistency in (NOT_BOUNDED, REQUEST_PLUS):
+        for case in CASES:
+            for k, q in enumerate(queries[case][:CHECKS]):
+                res = client.scan(
+                    KEYSPACE, q.index, q.spans, consistency=consistency, limit=q.limit
+                )
+                got = [r["docid"] for r in res]
+                check_answer("shardex", q, got)
+                pg = pg_answers.get((case, k))
+                # Natural ranges hold the same docids in both; LIMIT picks ties by docid
+                # in shardex and by heap order in PostgreSQL, so only counts compare there.
+                if pg is not None and q.limit is None and sorted(got) != pg:
+                    raise RuntimeError(f"shardex and postgresql differ on {case} {q.pg_params}")
+    log("shardex: check queries passed (rows, and docids against postgresql)")
+    out.rows.extend(large_scans_shardex(client, cluster_dir, expected))
+    spec = cdir.load(cluster_dir)
+    target = Target(
+        "shardex",
+        addresses=[n.address for n in spec.nodes],
+        secret=cdir.read_secret(cluster_dir, spec),
+    )
+    with ClientPool(target, max(levels)) as pool:
+        out.rows[:0] = measure_cases(
+            "shardex", pool, queries, [NOT_BOUNDED, REQUEST_PLUS], levels, seconds
+        )
+    return out
+
+
+def _timed(fn: Callable[[], int]) -> tuple[int, float, float | None]:
+    load = load1()
+    t = time.perf_counter()
+    n = fn()
+    return n, time.perf_counter() - t, load
+
+
+def large_scans_shardex(client: Any, cluster_dir: Path, expected: dict[str, int]) -> list[Row]:
+    """Full scans of both indexes through the client (rows decoded, or raw entry blocks),
+    ordered (k-way merge) and unordered, against raw RocksDB iteration of the same slices."""
+    from bench.scan_raw import raw_iterate, slice_locations
+
+    def rows_of(index: str, ordered: bool) -> Callable[[], int]:
+        return lambda: sum(1 for _ in client.scan(KEYSPACE, index, ordered=ordered, timeout=300))
+
+    def entries_of(index: str, ordered: bool) -> Callable[[], int]:
+        def run() -> int:
+            res = client.scan(KEYSPACE, index, ordered=ordered, timeout=300)
+            return sum(len(b) for b in res.blocks())
+
+        return run
+
+    out: list[Row] = []
+    for index, n_expected in expected.items():
+        cases = [
+            (f"full {index}, ordered, rows", rows_of(index, True)),
+            (f"full {index}, unordered, rows", rows_of(index, False)),
+            (f"full {index}, ordered, raw entries", entries_of(index, True)),
+        ]
+        rows_of(index, True)()  # warm: connections, the page cache, the slices' blocks
+        for case, fn in cases:
+            n, seconds, load = _timed(fn)
+            if n != n_expected:
+                raise RuntimeError(f"shardex {case}: {n} rows, expected {n_expected}")
+            out.append(large_row("shardex", case, n, seconds, load))
+        locations = slice_locations(client, cluster_dir, KEYSPACE, index)
+        raw_iterate(locations)  # warm
+        load = load1()
+        n, seconds = raw_iterate(locations)
+        if n != n_expected:
+            raise RuntimeError(f"raw RocksDB {index}: {n} keys, expected {n_expected}")
+        row = large_row("rocksdb raw", f"full {index}, keys", n, seconds, load)
+        out.append(row | {"detail": f"{len(locations)} slices, read-only open, 1 thread"})
+        log(f"large scans of {index} done")
+    return out

@@ -1,0 +1,223 @@
+"""SQL from the client: ``client.query(sql, params=None, consistency="request_plus")``.
+
+Index DDL (CREATE/DROP/BUILD INDEX) goes to ``client.execute_ddl``; every other statement is
+sent as ``SqlQuery`` to the node the client is connected to (failing over to the next one if
+it cannot be reached: nothing ran yet), which becomes the query's initiator. Rows come back
+on the scan session's connection as ``ScanBlock`` entries (msgpack rows) with block credits,
+so however slowly the caller iterates, at most ``CREDIT`` blocks wait in the client.
+
+``QueryRows`` is the iterator of rows (dicts; the bare values for SELECT RAW). Once it is
+exhausted, ``metrics`` holds elapsed seconds, the result count, the bytes received, the
+mutation count (DML) and what the statement read (index, stability TS).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from shardex.client.scan import REPLY_MARGIN, _session, to_wire_ts
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
+from shardex.scan.messages import AT_PLUS, CONSISTENCIES
+from shardex.scan.streams import InStream
+from shardex.sql.ddl import BuildIndexStmt, CreateIndexStmt, DropIndexStmt
+from shardex.sql.exec.messages import SqlQuery, SqlStarted
+from shardex.sql.exec.rows import decode_row
+from shardex.sql.syntax import parse_statement
+
+if TYPE_CHECKING:
+    from shardex.client.sync import Client
+
+__all__ = ["QueryMetrics", "QueryRows", "run_query"]
+
+CREDIT: Final = 4
+DEFAULT_QUERY_TIMEOUT: Final = 120.0
+_FAILOVER = (NodeUnavailable, ConnectionClosed)
+
+
+def _bad(message: str, **details: Any) -> ShardexError:
+    return ShardexError(message, code=ErrorCode.BAD_REQUEST, details=details)
+
+
+@dataclass
+class QueryMetrics:
+    elapsed: float  # seconds, from the call to the last row
+    result_count: int
+    bytes: int  # encoded result bytes received
+    mutation_count: int = 0
+    statement: str = ""
+    index: str | None = None
+    ts: Timestamp | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class QueryRows:
+    """The rows of one statement, read once. ``metrics`` is None until the rows are
+    exhausted. Use as a context manager (or ``close()``) to stop a query early."""
+
+    def __init__(
+        self,
+        client: Client,
+        started: SqlStarted,
+        stream: InStream | None,
+        rows: list[Any] | None,
+        t0: float,
+    ) -> None:
+        self._client = client
+        self._stream = stream
+        self._rows = rows
+        self.started = started
+        self._t0 = t0
+        self.metrics: QueryMetrics | None = None
+        self._count = 0
+        self._bytes = 0
+        self._iterating = False
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._iterating:
+            raise _bad("a query's rows can be read once", statement=self.started.statement)
+        self._iterating = True
+        return self._gen()
+
+    def _gen(self) -> Iterator[Any]:
+        if self._rows is not None:
+            for row in self._rows:
+                self._count += 1
+                yield row
+            self._done()
+            return
+        assert self._stream is not None
+        try:
+            while True:
+                block = self._client._run(self._stream.next_block())
+                if block is None:
+                    break
+                for cell in block:
+                    self._count += 1
+                    self._bytes += len(cell)
+                    yield decode_row(cell)
+        finally:
+            self.close()
+        self._done()
+
+    def _done(self) -> None:
+        s = self.started
+        self.metrics = QueryMetrics(
+            elapsed=time.monotonic() - self._t0,
+            result_count=self._count,
+            bytes=self._bytes,
+            mutation_count=s.mutation_count,
+            statement=s.statement,
+            index=s.index,
+            ts=None if s.ts is None else Timestamp.from_wire(s.ts),
+            details=dict(s.details),
+        )
+
+    def close(self) -> None:
+        stream = self._stream
+        if stream is not None and not stream.done:
+            self._client._run(stream.cancel())
+
+    def __enter__(self) -> QueryRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _start(client: Client, msg: SqlQuery) -> tuple[SqlStarted, InStream]:
+    session = _session(client)
+    addresses = client.addresses
+    first = client._current
+    last: ShardexError | None = None
+    for k in range(len(addresses)):
+        address = addresses[(first + k) % len(addresses)]
+        stream = session.inboxes.open()
+        try:
+            conn = await session.pool.get(address)
+            stream.attach(conn)
+            req = msgspec.structs.replace(msg, stream_id=stream.scan_id)
+            timeout = msg.timeout + REPLY_MARGIN + client.request_timeout
+            started = await conn.request(req, timeout, expect=SqlStarted)
+        except _FAILOVER as exc:
+            await stream.cancel()
+            last = exc
+            continue
+        except BaseException:
+            await stream.cancel()
+            raise
+        return started, stream
+    assert last is not None
+    raise last
+
+
+def _check_params(params: Any) -> list[Any] | dict[str, Any] | None:
+    if params is None:
+        return None
+    if isinstance(params, Mapping):
+        return {str(k).lstrip("$"): v for k, v in params.items()}
+    if isinstance(params, str | bytes) or not isinstance(params, Sequence):
+        raise _bad(
+            f"params must be a list or a mapping, not {type(params).__name__}",
+            hint="params=[...] for $1, $2 or {'name': ...} for $name",
+        )
+    return list(params)
+
+
+def run_query(
+    client: Client,
+    sql: str,
+    params: Sequence[Any] | Mapping[str, Any] | None = None,
+    consistency: str = "request_plus",
+    *,
+    at: Any = None,
+    timeout: float = DEFAULT_QUERY_TIMEOUT,
+    max_rows_in_memory: int | None = None,
+) -> QueryRows:
+    t0 = time.monotonic()
+    if not isinstance(sql, str) or not sql.strip():
+        raise _bad(f"a statement must be non-empty text, got {sql!r:.80}", value=repr(sql)[:200])
+    if consistency not in CONSISTENCIES:
+        raise _bad(
+            f"consistency must be one of {', '.join(CONSISTENCIES)}, got {consistency!r}",
+            value=repr(consistency),
+        )
+    if (at is not None) != (consistency == AT_PLUS):
+        raise _bad(
+            "at_plus needs at=..., and at is only for at_plus",
+            consistency=consistency,
+            hint="consistency='at_plus', at=<the writes' MutationResults>",
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}")
+    wire_params = _check_params(params)
+    stmt = parse_statement(sql)  # SQL_SYNTAX here, before anything is sent
+    if isinstance(stmt, CreateIndexStmt | BuildIndexStmt | DropIndexStmt):
+        out = client.execute_ddl(sql)
+        rows = out if isinstance(out, list) else [out]
+        started = SqlStarted(stream_id=0, statement="ddl", mutation_count=0)
+        return QueryRows(client, started, None, [_plain(r) for r in rows], t0)
+    msg = SqlQuery(
+        stream_id=0,
+        statement=sql,
+        params=wire_params,
+        consistency=consistency,
+        at=None if at is None else to_wire_ts(at),
+        timeout=float(timeout),
+        credit=CREDIT,
+        max_rows_in_memory=max_rows_in_memory,
+    )
+    started, stream = client._run(_start(client, msg))
+    return QueryRows(client, started, stream, None, t0)
+
+
+def _plain(value: Any) -> Any:
+    """A DDL answer as a plain row."""
+    if isinstance(value, msgspec.Struct):
+        return msgspec.to_builtins(value)
+    return value

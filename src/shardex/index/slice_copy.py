@@ -1,0 +1,362 @@
+"""An index partition moving between indexers, the indexers' side (``IndexService.slice_moves``).
+
+Target T (the coordinator master drives; ``manager/index_rebalance.py``):
+
+1. ``PrepareIncomingSlice``: create the slice and put it in ``loading`` with an empty T0, so
+   every key version the pipeline delivers to it is queued and none applied (a stabilise
+   reports it, the timekeeper does not count it);
+2. the master commits ``routing``: the pipeline routes the partition to S and T; the first
+   stabilise round that names this slice as routed (``StabilizeSlices.moving``) proves that
+   every key version above that round's TS E1 reaches T (``note_routed``);
+3. ``CopySliceIn``: pull S's slice in chunks (``ReadSliceCopy``) from one snapshot taken at
+   S's applied TS T1, which must cover E1, and load it like an initial build's load session
+   (``load_chunk`` / ``load_finish`` at T1): queued versions <= T1 are dropped, the ones
+   above stay queued and are applied by the next stabilise;
+4. ``IndexPartitionSwitched`` (after the master committed the new index topology): T's
+   paginated scans learn the partition arrived.
+
+Source S: serves ``ReadSliceCopy`` from a snapshot of the slice's back index (each live back
+row names its entry, so the entries are rebuilt from it: half the bytes); on
+``IndexPartitionSwitched`` it stops opening scans on the slice (STALE_TOPOLOGY, retryable:
+the scan coordinator re-reads the topology), tells its paginated scans the partition left,
+and drops the slice after the grace period (scans already open finish on their snapshots).
+
+Why T is exact at every stabilise after the load: its storage is S's state at T1 (S was
+exact at its applied TS), every key version with seqno above E1 <= T1 was delivered to T
+(routed to both since before E1's batch started), and the enqueue floor T1 drops the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.keyversion import UPSERT, KeyVersion
+from shardex.index.records import STATE_ACTIVE, STATE_LOADING, cf_names, decode_back
+from shardex.index.slice_copy_messages import (
+    AbortIncomingSlice,
+    CopySliceIn,
+    IncomingSliceReady,
+    IndexPartitionSwitched,
+    PrepareIncomingSlice,
+    ReadSliceCopy,
+    SliceCopied,
+    SliceCopyChunk,
+    SliceMoveDone,
+)
+from shardex.net import Connection, RpcServer
+from shardex.storage import StoreSnapshot
+
+if TYPE_CHECKING:
+    from shardex.index.service import IndexService
+
+__all__ = ["SliceMoves", "back_rows_to_key_versions"]
+
+log = logging.getLogger(__name__)
+
+CHUNK_TIMEOUT = 30.0
+COPY_SESSION_IDLE = 120.0  # a source releases a copy snapshot nobody asked for this long
+NOT_READY_RETRY_FOR = 30.0  # the source has not applied E1 yet: it will within a round
+
+SliceKey = tuple[str, int]
+
+
+@dataclass
+class _Incoming:
+    migration_id: str
+    routed: Timestamp | None = None  # E1: the first dual-routed stabilise seen here
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _CopySession:
+    ts: Timestamp
+    snapshot: StoreSnapshot
+    cf: str
+    used: float
+
+
+def back_rows_to_key_versions(
+    index_id: str, partition: int, rows: list[tuple[bytes, bytes]]
+) -> list[KeyVersion]:
+    """The UPSERT key versions a load session takes, from copied back-index rows (docid ->
+    data partition, seqno, entry); tombstones carry no entry and are not copied (the
+    enqueue floor at T1 is what rejects older re-deliveries)."""
+    out: list[KeyVersion] = []
+    for key, value in rows:
+        back = decode_back(value)
+        if back.entry:
+            out.append(
+                (index_id, partition, UPSERT, back.entry, key.decode("utf-8"), back.partition,
+                 back.seqno)
+            )  # fmt: skip
+    return out
+
+
+class SliceMoves:
+    """Routes and memory of index-partition moves on one indexer node."""
+
+    def __init__(self, service: IndexService) -> None:
+        self.service = service
+        self._incoming: dict[SliceKey, _Incoming] = {}
+        self._copies: dict[str, _CopySession] = {}
+        self._retired: dict[SliceKey, str] = {}  # slices handed over: key -> new owner
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def node(self) -> str:
+        return self.service.name
+
+    def install(self, server: RpcServer) -> None:
+        server.route(PrepareIncomingSlice, self.on_prepare)
+        server.route(CopySliceIn, self.on_copy_in)
+        server.route(ReadSliceCopy, self.on_read_copy)
+        server.route(AbortIncomingSlice, self.on_abort)
+        server.route(IndexPartitionSwitched, self.on_switched)
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for s in self._copies.values():
+            s.snapshot.release()
+        self._copies.clear()
+
+    def _notify(self, index_id: str) -> None:
+        for listener in self.service.delivery.listeners:
+            listener(index_id)
+
+    def check_serving(self, index_id: str, partition: int) -> None:
+        """Refuse a new scan of a slice this node handed over (the caller's topology is
+        stale): retryable, the scan coordinator re-reads the topology."""
+        owner = self._retired.get((index_id, partition))
+        if owner is not None:
+            raise ShardexError(
+                f"index partition {partition} of {index_id} moved from {self.node} to {owner}",
+                code=ErrorCode.STALE_TOPOLOGY,
+                details={
+                    "index": index_id,
+                    "partition": partition,
+                    "node": self.node,
+                    "owner": owner,
+                    "retryable": True,
+                    "hint": "re-read the index topology and retry",
+                },
+            )
+
+    # --- target ------------------------------------------------------------------------------
+
+    async def on_prepare(self, msg: PrepareIncomingSlice, conn: Connection) -> IncomingSliceReady:
+        engine: Any = self.service.engine
+        key = (msg.definition.id, msg.partition)
+
+        def prepare() -> None:
+            sl = engine.create_slice(msg.definition, msg.partition)
+            if sl.state not in (STATE_LOADING, "created"):
+                raise ShardexError(
+                    f"slice {key[0]}/{key[1]} is {sl.state} on {self.node}: it cannot "
+                    "receive a copy",
+                    code=ErrorCode.BAD_REQUEST,
+                    details={"index": key[0], "partition": key[1], "state": sl.state},
+                )
+            sl.begin_load(Timestamp(), restart=True)  # queue everything, apply nothing
+
+        async with self.service._lock:
+            inc = self._incoming.get(key)
+            if inc is None or inc.migration_id != msg.migration_id:
+                await self.service._run(prepare)
+                self._incoming[key] = _Incoming(msg.migration_id)
+            self._retired.pop(key, None)
+        log.info("slice %s/%d: incoming (move %s)", key[0], key[1], msg.migration_id)
+        return IncomingSliceReady(node=self.node, incarnation=self.service.incarnation)
+
+    def note_routed(self, moving: dict[str, list[int]], ts: Timestamp) -> None:
+        """A stabilise round at ``ts`` whose batch was routed to these incoming slices too
+        succeeded here (``IndexDelivery.on_stabilize``)."""
+        for index_id, parts in moving.items():
+            for p in parts:
+                inc = self._incoming.get((index_id, p))
+                if inc is not None and inc.routed is None:
+                    inc.routed = ts
+                    inc.event.set()
+
+    async def on_copy_in(self, msg: CopySliceIn, conn: Connection) -> SliceCopied:
+        key = (msg.index_id, msg.partition)
+        inc = self._incoming.get(key)
+        if msg.incarnation != self.service.incarnation or inc is None:
+            raise ShardexError(
+                f"{self.node} has no incoming slice {key[0]}/{key[1]} for move "
+                f"{msg.migration_id} (restarted since it was prepared?)",
+                code=ErrorCode.STALE_DELIVERY,
+                details={"index": key[0], "partition": key[1], "node": self.node},
+            )
+        try:
+            await asyncio.wait_for(inc.event.wait(), msg.routed_timeout)
+        except TimeoutError:
+            raise ShardexError(
+                f"no stabilise round routed slice {key[0]}/{key[1]} to {self.node} within "
+                f"{msg.routed_timeout:.0f} s",
+                code=ErrorCode.TIMEOUT,
+                details={"index": key[0], "partition": key[1], "hint": "is the pipeline up?"},
+            ) from None
+        assert inc.routed is not None
+        started = time.monotonic()
+        ts, items, size = await self._pull(msg, inc.routed)
+        engine: Any = self.service.engine
+        count = await self.service._run(engine.load_finish, key[0], key[1], ts)
+        self._notify(key[0])
+        seconds = time.monotonic() - started
+        log.info(
+            "slice %s/%d copied from %s at %r: %d entries, %d bytes, %.2f s",
+            key[0], key[1], msg.source, ts, count, size, seconds,
+        )  # fmt: skip
+        return SliceCopied(
+            node=self.node, ts=dict(ts.to_wire()), items=items, bytes=size, seconds=seconds
+        )
+
+    async def _pull(self, msg: CopySliceIn, not_before: Timestamp) -> tuple[Timestamp, int, int]:
+        """Every chunk from the source, each handed to the slice's load session."""
+        engine: Any = self.service.engine
+        copy_id = f"{msg.migration_id}/{uuid.uuid4().hex}"
+        after: bytes | None = None
+        items = size = 0
+        deadline = time.monotonic() + NOT_READY_RETRY_FOR
+        pause = 0.05
+        while True:
+            request = ReadSliceCopy(
+                copy_id=copy_id,
+                index_id=msg.index_id,
+                partition=msg.partition,
+                not_before=dict(not_before.to_wire()),
+                after=after,
+            )
+            try:
+                chunk = await self.service.pool.request(
+                    msg.source_address, request, CHUNK_TIMEOUT, expect=SliceCopyChunk
+                )
+            except ShardexError as exc:
+                # The source has not applied E1 yet (its round is acknowledged in parallel
+                # with ours): it will within one stabilise.
+                if exc.code is not ErrorCode.INDEX_NOT_READY or after is not None:
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(1.0, pause * 2)
+                continue
+            ts = Timestamp.from_wire(chunk.ts)
+            rows = back_rows_to_key_versions(msg.index_id, msg.partition, chunk.rows)
+            size += sum(len(k) + len(v) for k, v in chunk.rows)
+            items += len(rows)
+            await self.service._run(engine.load_chunk, msg.index_id, msg.partition, ts, rows)
+            if chunk.done:
+                return ts, items, size
+            after = chunk.rows[-1][0] if chunk.rows else after
+
+    async def on_abort(self, msg: AbortIncomingSlice, conn: Connection) -> SliceMoveDone:
+        key = (msg.index_id, msg.partition)
+        inc = self._incoming.get(key)
+        if inc is not None and inc.migration_id != msg.migration_id:
+            return SliceMoveDone(node=self.node)  # a later move of the same slice
+        self._incoming.pop(key, None)
+        dropped = await self._drop(key)
+        return SliceMoveDone(node=self.node, dropped=dropped)
+
+    async def _drop(self, key: SliceKey) -> bool:
+        engine: Any = self.service.engine
+        async with self.service._lock:
+            dropped: bool = await self.service._run(engine.drop_slice, key[0], key[1])
+        self._notify(key[0])
+        if dropped:
+            log.info("slice %s/%d dropped (moved away or move aborted)", key[0], key[1])
+        return dropped
+
+    # --- source ------------------------------------------------------------------------------
+
+    def _open_copy(self, msg: ReadSliceCopy) -> _CopySession:
+        """Under the slice lock: the applied TS and a snapshot of the back index agree."""
+        engine: Any = self.service.engine
+        sl = engine.slice(msg.index_id, msg.partition)  # INDEX_NOT_FOUND
+        want = Timestamp.from_wire(msg.not_before)
+        with sl.lock:
+            applied = sl.applied_ts()
+            if sl.state != STATE_ACTIVE or not applied.covers(want):
+                raise ShardexError(
+                    f"slice {msg.index_id}/{msg.partition} on {self.node} is {sl.state} at "
+                    f"{applied!r}, the copy needs {want!r}",
+                    code=ErrorCode.INDEX_NOT_READY,
+                    details={"index": msg.index_id, "partition": msg.partition, "retryable": True},
+                )
+            cf = cf_names(msg.index_id, msg.partition)[1]
+            snap = sl.store.snapshot([cf])
+        return _CopySession(applied, snap, cf, time.monotonic())
+
+    def _read_chunk(self, session: _CopySession, after: bytes | None, max_bytes: int) -> tuple[
+        list[tuple[bytes, bytes]], bool
+    ]:  # fmt: skip
+        lower = None if after is None else after + b"\x00"
+        rows: list[tuple[bytes, bytes]] = []
+        size = 0
+        for k, v in session.snapshot.iterate(session.cf, lower):
+            rows.append((k, v))
+            size += len(k) + len(v)
+            if size >= max_bytes:
+                return rows, False
+        return rows, True
+
+    async def on_read_copy(self, msg: ReadSliceCopy, conn: Connection) -> SliceCopyChunk:
+        self._expire_copies()
+        session = self._copies.get(msg.copy_id)
+        if session is None:
+            if msg.after is not None:
+                raise ShardexError(
+                    f"copy {msg.copy_id} is not open on {self.node} (expired or restarted)",
+                    code=ErrorCode.BAD_REQUEST,
+                    details={"copy_id": msg.copy_id, "hint": "restart the copy"},
+                )
+            session = await self.service._run(self._open_copy, msg)
+            self._copies[msg.copy_id] = session
+        session.used = time.monotonic()
+        max_bytes = max(64 * 1024, min(msg.max_bytes, 3 * 1024 * 1024))
+        if self.service.inline_io:
+            rows, done = self._read_chunk(session, msg.after, max_bytes)
+        else:
+            rows, done = await asyncio.to_thread(self._read_chunk, session, msg.after, max_bytes)
+        if done:
+            self._copies.pop(msg.copy_id, None)
+            session.snapshot.release()
+        return SliceCopyChunk(ts=dict(session.ts.to_wire()), rows=rows, done=done)
+
+    def _expire_copies(self) -> None:
+        now = time.monotonic()
+        for cid in [c for c, s in self._copies.items() if now - s.used > COPY_SESSION_IDLE]:
+            self._copies.pop(cid).snapshot.release()
+
+    # --- both ends ---------------------------------------------------------------------------
+
+    async def on_switched(self, msg: IndexPartitionSwitched, conn: Connection) -> SliceMoveDone:
+        key = (msg.index_id, msg.partition)
+        migrations = self.service.scan_migrations
+        if self.node == msg.target:
+            self._incoming.pop(key, None)
+            migrations.partition_arrived(msg.index_id, msg.partition)
+        elif self.node == msg.source and key not in self._retired:
+            self._retired[key] = msg.target
+            migrations.partition_left(msg.index_id, msg.partition, msg.target)
+            self._notify(msg.index_id)  # scans waiting on this slice re-check and retry
+            task = asyncio.get_running_loop().create_task(self._drop_later(key, msg.grace))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        migrations.topology_published(msg.index_id, msg.topology_seq)
+        return SliceMoveDone(node=self.node)
+
+    async def _drop_later(self, key: SliceKey, grace: float) -> None:
+        await asyncio.sleep(max(0.0, grace))  # in-flight scans on the slice finish
+        if self._retired.get(key) is not None:
+            await self._drop(key)

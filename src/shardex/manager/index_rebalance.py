@@ -1,0 +1,377 @@
+"""Index-partition moves, driven by the coordinator master (the index side of a rebalance).
+
+``Rebalancer.start`` plans them with the data moves (``plan_into``); ``Rebalancer._run`` runs
+them after the data moves (``IndexMoveDriver.run``). One move of index partition p from
+indexer S to indexer T (node side: ``shardex.index.slice_copy``):
+
+1. commit the move ``moving`` (before any node hears of it);
+2. T ``PrepareIncomingSlice``: the slice exists, catching up (queues, applies nothing);
+3. commit ``routing``: the pipeline's router (which reads the rebalance record with the index
+   state it refreshes) now sends p's key versions to S and T, and tells the timekeeper, which
+   includes T in that index's stabilise rounds but not in its publish check;
+4. T ``CopySliceIn``: waits for a round routed to it (TS E1), pulls S's slice at S's applied
+   TS T1 >= E1 (entries + back index, chunked) and bulk-loads it with applied TS T1;
+5. wait until T's applied TS covers the published stability TS (T takes part in rounds);
+6. commit the new index topology (seq_num + 1, appended to the history) and the move
+   ``done`` in ONE commit: scans now go to T;
+7. ``IndexPartitionSwitched`` to S and T: paginated scans' migration managers learn the
+   partition left S / arrived at T; S refuses new scans on its slice (retryable
+   STALE_TOPOLOGY) and drops it after a grace period.
+
+Failures before 6 abort: commit ``failed`` (the router stops sending to T), then tell T to
+drop its copy; S served the partition throughout. T dying mid-copy fails its RPC; S dying
+fails the copy (and the partition is unavailable as it would be without a move). A new master
+(``interrupt_index_moves`` in ``Rebalancer.recover``) fails every move still ``moving``: the
+switch and ``done`` are one commit, so those never switched; it then tells their targets to
+drop their copies (``cleanup``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import msgspec
+
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.messages import ListSlices, SliceList
+from shardex.index.records import STATE_ACTIVE, STATE_LOADING
+from shardex.index.slice_copy_messages import (
+    AbortIncomingSlice,
+    CopySliceIn,
+    IncomingSliceReady,
+    IndexPartitionSwitched,
+    PrepareIncomingSlice,
+    SliceCopied,
+    SliceMoveDone,
+)
+from shardex.manager.index_rebalance_state import (
+    DONE,
+    FAILED,
+    MOVING,
+    PLANNED,
+    IndexMoveRecord,
+    new_index_moves,
+    plan_index_moves,
+    publish_index_move,
+    replace_index_move,
+)
+from shardex.manager.index_state import ACTIVE
+from shardex.manager.member_list import UP
+from shardex.manager.migration_driver import deposed
+from shardex.manager.rebalance_state import RUNNING, RebalanceRecord
+from shardex.net.messages import Message
+
+__all__ = ["IndexMoveDriver", "indexer_members", "plan_into", "settle_index_moves"]
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+COMMAND_TIMEOUT = 10.0
+COPY_TIMEOUT = 3600.0  # the copy itself (a dead target or source fails it sooner)
+ROUTED_TIMEOUT = 60.0  # for the first stabilise round routed to the target
+CATCH_UP_TIMEOUT = 120.0
+CATCH_UP_POLL = 0.1
+DROP_GRACE = 10.0  # the source keeps its slice this long after the switch
+
+
+def indexer_members(ctx: Any) -> tuple[list[str], list[str]]:
+    """(every index-service member, those up) as the master observes them."""
+    membership = ctx.membership
+    now = asyncio.get_running_loop().time()
+    members = [m for m in membership.members if "index" in m.services]
+    up = [m.name for m in members if membership.state_of(m.member_id, now)[0] == UP]
+    return [m.name for m in members], up
+
+
+def plan_into(ctx: Any, record: RebalanceRecord) -> RebalanceRecord:
+    """``record`` (a new rebalance) with the index moves that balance the indexers; a record
+    ``new_record`` finished for lack of data moves runs again when there are index moves."""
+    state = ctx.state
+    members, up = indexer_members(ctx)
+    planned = plan_index_moves(state.indexes, state.index_topologies, members, up)
+    if not planned:
+        return record
+    moves = new_index_moves(planned, [ctx.new_id() for _ in planned])
+    return msgspec.structs.replace(
+        record, index_moves=moves, state=RUNNING, finished_at=0.0, message=""
+    )
+
+
+def settle_index_moves(record: RebalanceRecord, why: str) -> RebalanceRecord:
+    """The rebalance ends: moves never started are cancelled, a move still ``moving`` (its
+    task crashed) failed."""
+    moves = [
+        msgspec.structs.replace(m, status="cancelled")
+        if m.status == PLANNED
+        else msgspec.structs.replace(m, status=FAILED, routing=False, error=why)
+        if m.status == MOVING
+        else m
+        for m in record.index_moves
+    ]
+    return msgspec.structs.replace(record, index_moves=moves)
+
+
+def _find(record: RebalanceRecord | None, migration_id: str) -> IndexMoveRecord | None:
+    for m in record.index_moves if record else []:
+        if m.migration_id == migration_id:
+            return m
+    return None
+
+
+class IndexMoveDriver:
+    """Node calls and commits of index moves (module docstring)."""
+
+    def __init__(self, coordinator: Any, phases: dict[str, str]) -> None:
+        self._c = coordinator
+        self.phases = phases  # migration id -> live phase, shared with the Rebalancer
+        self.grace = DROP_GRACE
+
+    async def update(self, epoch: int, migration_id: str, **changes: Any) -> None:
+        async def fn(ctx: Any) -> None:
+            rec = ctx.state.rebalance
+            if _find(rec, migration_id) is None:
+                return
+            moves = replace_index_move(rec.index_moves, migration_id, **changes)
+            rec = msgspec.structs.replace(rec, index_moves=moves)
+            await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
+
+        await self._c.exclusive(epoch, fn)
+
+    def _address(self, node: str) -> str:
+        for m in self._c.membership.members:
+            if m.name == node:
+                return str(m.address)
+        raise ShardexError(
+            f"node {node!r} is not a cluster member",
+            code=ErrorCode.NODE_UNAVAILABLE,
+            details={"node": node},
+        )
+
+    async def _ask(self, node: str, msg: Message, timeout: float, expect: type[M]) -> M:
+        reply: M = await self._c.pool.request(self._address(node), msg, timeout, expect=expect)
+        return reply
+
+    async def run(self, record: RebalanceRecord, epoch: int) -> None:
+        """Every planned index move of ``record``, ``max_parallel`` at a time."""
+        limit = asyncio.Semaphore(record.max_parallel)
+
+        async def one(move: IndexMoveRecord) -> None:
+            async with limit:
+                await self.migrate(move, epoch)
+
+        todo = [m for m in record.index_moves if m.status == PLANNED]
+        results = await asyncio.gather(*(one(m) for m in todo), return_exceptions=True)
+        for r in results:
+            if isinstance(r, ShardexError) and deposed(r):
+                raise r
+            if isinstance(r, BaseException):
+                log.error("rebalance %s: an index move crashed", record.id, exc_info=r)
+
+    async def migrate(self, move: IndexMoveRecord, epoch: int) -> None:
+        """One index move, steps 1-7 of the module docstring."""
+        loop = asyncio.get_running_loop()
+        mid, started = move.migration_id, loop.time()
+
+        async def begin(ctx: Any) -> Any:
+            state = ctx.state
+            rec = state.indexes.get(move.index_id)
+            history = state.index_topologies.get(move.index_id) or []
+            _members, up = indexer_members(ctx)
+            problem = ""
+            if rec is None or rec.state != ACTIVE:
+                problem = "the index is not ACTIVE any more (dropped or rebuilding)"
+            elif not history or history[-1].assignment.get(move.partition) != move.source:
+                problem = "the index partition is not on its source any more"
+            elif move.target not in up or move.source not in up:
+                problem = f"{move.target if move.target not in up else move.source} is down"
+            changes: dict[str, Any] = {"status": FAILED if problem else MOVING}
+            if problem:
+                changes["error"] = problem
+            moves = replace_index_move(state.rebalance.index_moves, mid, **changes)
+            rebalance = msgspec.structs.replace(state.rebalance, index_moves=moves)
+            await ctx.commit(msgspec.structs.replace(state, rebalance=rebalance))
+            return None if problem else rec.definition  # type: ignore[union-attr]
+
+        definition = await self._c.exclusive(epoch, begin)
+        if definition is None:
+            return
+        stats: dict[str, Any] = {}
+        common = {"migration_id": mid, "index_id": move.index_id, "partition": move.partition}
+        try:
+            self.phases[mid] = "preparing"
+            ready = await self._ask(
+                move.target,
+                PrepareIncomingSlice(
+                    migration_id=mid, definition=definition, partition=move.partition
+                ),
+                COMMAND_TIMEOUT,
+                IncomingSliceReady,
+            )
+            await self.update(epoch, mid, routing=True)
+            self.phases[mid] = "copying"
+            copied = await self._ask(
+                move.target,
+                CopySliceIn(
+                    **common,
+                    source=move.source,
+                    source_address=self._address(move.source),
+                    incarnation=ready.incarnation,
+                    routed_timeout=ROUTED_TIMEOUT,
+                ),
+                COPY_TIMEOUT,
+                SliceCopied,
+            )
+            stats = {
+                "copy_ts": copied.ts,
+                "items": copied.items,
+                "bytes": copied.bytes,
+                "copy_seconds": round(copied.seconds, 3),
+            }
+            self.phases[mid] = "catching up"
+            await self._caught_up(move, Timestamp.from_wire(copied.ts))
+            self.phases[mid] = "switching"
+            seq = await self._switch(move, epoch, stats, loop.time() - started)
+        except ShardexError as exc:
+            if deposed(exc):
+                raise
+            log.warning(
+                "index move %s of %s/%d (%s -> %s) failed: %s",
+                mid, move.index_name, move.partition, move.source, move.target, exc,
+            )  # fmt: skip
+            await self.abort(move, epoch, str(exc), stats)
+            return
+        finally:
+            self.phases.pop(mid, None)
+        log.info(
+            "index move %s: %s/%d now on %s (index topology %d)",
+            mid, move.index_name, move.partition, move.target, seq,
+        )  # fmt: skip
+        switched = IndexPartitionSwitched(
+            **common, source=move.source, target=move.target, topology_seq=seq, grace=self.grace
+        )
+        for node in (move.target, move.source):
+            try:
+                await self._ask(node, switched, COMMAND_TIMEOUT, SliceMoveDone)
+            except ShardexError as exc:
+                if deposed(exc):
+                    raise
+                log.warning("index move %s: telling %s of the switch failed: %s", mid, node, exc)
+
+    async def _caught_up(self, move: IndexMoveRecord, copy_ts: Timestamp) -> None:
+        """Until T's slice is active, a round at or after the copy was published to it, and
+        its applied TS covers that published stability TS."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_TIMEOUT
+        last = "no answer"
+        while loop.time() < deadline:
+            reply = await self._ask(
+                move.target, ListSlices(index_id=move.index_id), COMMAND_TIMEOUT, SliceList
+            )
+            mine = [s for s in reply.slices if s.partition == move.partition]
+            if not mine:
+                raise ShardexError(
+                    f"{move.target} lost its copy of {move.index_name}/{move.partition}",
+                    code=ErrorCode.INDEX_NOT_FOUND,
+                    details={"node": move.target, "index": move.index_id},
+                )
+            s = mine[0]
+            if s.state not in (STATE_ACTIVE, STATE_LOADING):
+                raise ShardexError(
+                    f"the copy of {move.index_name}/{move.partition} on {move.target} is "
+                    f"{s.state} (the indexer restarted?)",
+                    code=ErrorCode.INDEX_IN_ROLLBACK,
+                    details={"node": move.target, "state": s.state},
+                )
+            applied = Timestamp.from_wire(s.applied)
+            stable = None if s.stability is None else Timestamp.from_wire(s.stability)
+            if (
+                s.state == STATE_ACTIVE
+                and stable is not None
+                and stable.covers(copy_ts)
+                and applied.covers(stable)
+            ):
+                return
+            last = f"{s.state}, applied {applied!r}, published {stable!r}"
+            await asyncio.sleep(CATCH_UP_POLL)
+        raise ShardexError(
+            f"the copy of {move.index_name}/{move.partition} on {move.target} did not catch "
+            f"up within {CATCH_UP_TIMEOUT:.0f} s ({last})",
+            code=ErrorCode.TIMEOUT,
+            details={"node": move.target, "hint": "is the pipeline running?"},
+        )
+
+    async def _switch(
+        self, move: IndexMoveRecord, epoch: int, stats: dict[str, Any], seconds: float
+    ) -> int:
+        """The new index topology and the move ``done``, in one commit."""
+
+        async def fn(ctx: Any) -> int:
+            state = ctx.state
+            current = _find(state.rebalance, move.migration_id)
+            if current is None or current.status != MOVING:
+                raise ShardexError(
+                    f"index move {move.migration_id} is {current.status if current else 'gone'}",
+                    code=ErrorCode.STALE_TOPOLOGY,
+                    details={"migration_id": move.migration_id},
+                )
+            rec = state.indexes.get(move.index_id)
+            if rec is None or rec.state != ACTIVE:
+                raise ShardexError(
+                    f"index {move.index_name!r} was dropped or is rebuilding",
+                    code=ErrorCode.INDEX_NOT_FOUND,
+                    details={"index": move.index_id},
+                )
+            history, topo = publish_index_move(state.index_topologies[move.index_id], move)
+            moves = replace_index_move(
+                state.rebalance.index_moves,
+                move.migration_id,
+                status=DONE,
+                routing=False,
+                error="",
+                topology_seq=topo.seq_num,
+                seconds=round(seconds, 3),
+                **stats,
+            )
+            await ctx.commit(
+                msgspec.structs.replace(
+                    state,
+                    index_topologies={**state.index_topologies, move.index_id: history},
+                    rebalance=msgspec.structs.replace(state.rebalance, index_moves=moves),
+                )
+            )
+            return topo.seq_num
+
+        seq: int = await self._c.exclusive(epoch, fn)
+        return seq
+
+    async def abort(
+        self, move: IndexMoveRecord, epoch: int, error: str, stats: dict[str, Any] | None = None
+    ) -> None:
+        """Fail the move (the router stops sending to T), then drop T's copy."""
+        self.phases[move.migration_id] = "aborting"
+        try:
+            await self.update(
+                epoch, move.migration_id, status=FAILED, routing=False, error=error,
+                **(stats or {}),
+            )  # fmt: skip
+            await self.cleanup([move])
+        finally:
+            self.phases.pop(move.migration_id, None)
+
+    async def cleanup(self, moves: Iterable[IndexMoveRecord]) -> None:
+        """Tell the targets of failed moves to drop their copies (best effort: a target that
+        is down holds a copy in ``needs_rebuild`` the pipeline never routes to)."""
+        for m in moves:
+            msg = AbortIncomingSlice(
+                migration_id=m.migration_id, index_id=m.index_id, partition=m.partition
+            )
+            try:
+                await self._ask(m.target, msg, COMMAND_TIMEOUT, SliceMoveDone)
+            except ShardexError as exc:
+                log.info("index move %s: %s not told to drop its copy: %s", m.migration_id,
+                         m.target, exc)  # fmt: skip

@@ -1,0 +1,246 @@
+"""Paginated scans on real nodes: the proxy (``PageScan`` from a client) and the wiring.
+
+The proxy of the seed is the node the client talks to (any node): it decodes and checks the
+continuation (HMAC under a key derived from the cluster secret), resolves the keyspace or
+index, pins what the scan reads on its first page, and runs the protocol's
+``PageCoordinator`` over ``ShardBatch`` calls to the shard nodes (a direct call when the
+shard is itself). It keeps no state between pages: the continuation carries everything, so
+the next page may go to any node and a retried page is harmless.
+
+Consistency and stability of paged index scans (the choice this module makes):
+
+* request_plus / at_plus (default stability "scan"): the first page waits until every
+  indexer of the index holds a stability TS covering the keyspace's high seqnos (or the
+  caller's TS), pins the oldest of their answers (the one all of them have a snapshot at) in
+  the continuation, and *every* page reads exactly that snapshot: the pages together are one
+  consistent state. A snapshot the indexers have released meanwhile ends the scan with
+  SNAPSHOT_TOO_OLD (restart it).
+* not_bounded (default stability "none"): every page reads the slices' tips; with stability
+  "scan" the first page pins the newest common stability TS without waiting.
+* request_plus / at_plus with stability "none": the first page waits as above, then every
+  page reads the tips.
+
+Primary scans read documents at their owners, where every acknowledged write is visible, so
+all three consistencies hold without waiting; pages read the current documents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Final
+
+from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.index_state import IndexRecord
+from shardex.net import Connection, ConnectionPool, RpcServer
+from shardex.net.transport import Transport
+from shardex.scan.continuation import Continuation, ContinuationCodec, scan_digest
+from shardex.scan.coordinator import ScanCoordinator, oldest_common
+from shardex.scan.elastic_adapters import (
+    ARRIVAL_TIMEOUT,
+    ElasticScanNode,
+    HistoryLookup,
+    has_topology,
+)
+from shardex.scan.messages import (
+    AT_PLUS,
+    CONSISTENCIES,
+    REQUEST_PLUS,
+    STABILITY_NONE,
+    STABILITY_SCAN,
+    StabilityAt,
+    WaitStability,
+)
+from shardex.scan.paging import PageCoordinator, check_page_size
+from shardex.scan.paging_store_spec import (
+    PRIMARY,
+    PageContext,
+    PagedScanSpec,
+    PageScan,
+    PageScanReply,
+    decode_context,
+    encode_context,
+    encode_spec,
+    primary_spans,
+    request_identity,
+)
+from shardex.scan.paging_wire import ShardBatch, ShardBatchResult
+from shardex.scan.spans import encode_spans, to_wire_spans
+
+if TYPE_CHECKING:
+    from shardex.data.service import DataService
+    from shardex.index.service import IndexService
+
+__all__ = ["PagingService"]
+
+BATCH_TIMEOUT: Final = 2 * ARRIVAL_TIMEOUT + 15.0  # a shard may wait for both, then read
+RPC_MARGIN: Final = 10.0
+MAX_TIMEOUT: Final = 600.0
+PAGE_STABILITIES: Final = (STABILITY_NONE, STABILITY_SCAN)
+
+
+def _bad(message: str, **details: object) -> ShardexError:
+    return ShardexError(message, code=ErrorCode.BAD_REQUEST, details=dict(details))
+
+
+def check_page_request(msg: PageScan) -> str:
+    """Validate ``msg``; returns its stability (the default resolved)."""
+    check_page_size(msg.page_size)
+    if msg.consistency not in CONSISTENCIES:
+        raise _bad(
+            f"consistency must be one of {', '.join(CONSISTENCIES)}, got {msg.consistency!r}",
+            value=repr(msg.consistency),
+        )
+    stability = msg.stability
+    if stability is None:
+        stability = STABILITY_SCAN if msg.consistency in (REQUEST_PLUS, AT_PLUS) else "none"
+    if stability not in PAGE_STABILITIES:
+        raise _bad(
+            f"a paginated scan's stability is one of {', '.join(PAGE_STABILITIES)}, "
+            f"got {stability!r}",
+            value=repr(stability),
+            hint="query stability spans several scans: use client.query_context() with scan",
+        )
+    if msg.consistency == AT_PLUS and msg.at is None and msg.continuation is None:
+        raise _bad("at_plus needs a timestamp (at=...)", hint="pass the writes' results")
+    if not 0 < msg.timeout <= MAX_TIMEOUT:
+        raise _bad(f"timeout must be in (0, {MAX_TIMEOUT}] seconds", value=msg.timeout)
+    return stability
+
+
+class PagingService:
+    """The proxy on every node plus the shard-node side where data or index runs."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        secret: str,
+        transport: Transport,
+        scan: ScanCoordinator,
+        data: DataService | None,
+        index: IndexService | None,
+    ) -> None:
+        self.name = name
+        self.codec = ContinuationCodec(secret)
+        self.scan = scan
+        self.view = scan.view
+        self.pool = ConnectionPool(transport, secret, name=f"{name}/paging")
+        self.shard = ElasticScanNode(name=name, view=scan.view, data=data, index=index)
+
+    def install(self, server: RpcServer) -> None:
+        server.route(PageScan, self.on_page)
+        server.route(ShardBatch, self.shard.on_batch)
+
+    async def stop(self) -> None:
+        await self.pool.close()
+
+    async def _call(self, node: str, req: ShardBatch) -> ShardBatchResult:
+        if node == self.name:
+            return await self.shard.on_batch(req)
+        return await self.pool.request(
+            self.view.address(node), req, BATCH_TIMEOUT, expect=ShardBatchResult
+        )
+
+    # --- one page --------------------------------------------------------------------------
+
+    async def on_page(self, msg: PageScan, conn: Connection | None = None) -> PageScanReply:
+        stability = check_page_request(msg)
+        ident = request_identity(msg, stability)
+        digest = scan_digest(ident + (b"/ordered" if msg.ordered else b"/unordered"))
+        if msg.continuation is None:
+            ck = Continuation(ordered=msg.ordered, scan_digest=digest)
+        else:
+            ck = self.codec.decode(msg.continuation, expect_digest=digest)
+        desc: list[bool] = []
+        if msg.index == PRIMARY:
+            spec, history = await self._primary(msg, ck)
+        else:
+            rec, spec, history = await self._index(msg, ck, stability)
+            desc = list(rec.definition.desc)
+        what = f"keyspace {msg.keyspace!r}" if spec.primary else f"index {msg.index!r}"
+        coordinator = PageCoordinator(HistoryLookup(history, what), self._call, self.codec)
+        rows, nxt = await coordinator.page_state(encode_spec(spec), msg.page_size, ck)
+        return PageScanReply(
+            entries=[r.key for r in rows],
+            continuation=None if nxt is None else self.codec.encode(nxt),
+            primary=spec.primary,
+            desc=desc,
+            ts=spec.snapshot,
+        )
+
+    async def _primary(
+        self, msg: PageScan, ck: Continuation
+    ) -> tuple[PagedScanSpec, list[Topology]]:
+        spans = primary_spans(msg.spans)  # BAD_REQUEST before any lookup
+        state = await self.view.state()
+        history = state.data_topologies.get(msg.keyspace) or []
+        if not history or (ck.base_topo >= 0 and not has_topology(history, ck.base_topo)):
+            state = await self.view.state(fresh=True)
+            history = state.data_topologies.get(msg.keyspace) or []
+        if msg.keyspace not in state.keyspaces or not history:
+            raise ShardexError(
+                f"keyspace {msg.keyspace!r} not found",
+                code=ErrorCode.KEYSPACE_NOT_FOUND,
+                details={"keyspace": msg.keyspace, "hint": "shardex keyspace list"},
+            )
+        return PagedScanSpec(keyspace=msg.keyspace, index_id="", spans=spans), history
+
+    async def _index(
+        self, msg: PageScan, ck: Continuation, stability: str
+    ) -> tuple[IndexRecord, PagedScanSpec, list[Topology]]:
+        rec, topo = await self.scan.resolve(msg.keyspace, msg.index)
+        spans = to_wire_spans(encode_spans(msg.spans, rec.definition))
+        if ck.base_topo >= 0:  # a later page: read what the first one pinned
+            ctx = decode_context(ck.context)
+            if ctx.index_id != rec.id:
+                raise _bad(
+                    f"index {msg.index!r} was dropped and re-created since the scan began",
+                    index=msg.index,
+                    hint="start a new scan (continuation=None)",
+                )
+            snapshot = ctx.snapshot
+        else:
+            snapshot = await self._first_snapshot(msg, rec, topo, stability)
+            ck.context = encode_context(PageContext(index_id=rec.id, snapshot=snapshot))
+        state = await self.view.state()
+        history = state.index_topologies.get(rec.id) or []
+        if ck.base_topo >= 0 and not has_topology(history, ck.base_topo):
+            state = await self.view.state(fresh=True)
+            history = state.index_topologies.get(rec.id) or []
+        if not history:
+            history = [topo]
+        spec = PagedScanSpec(keyspace=msg.keyspace, index_id=rec.id, spans=spans, snapshot=snapshot)
+        return rec, spec, history
+
+    async def _first_snapshot(
+        self, msg: PageScan, rec: IndexRecord, topo: Topology, stability: str
+    ) -> dict[int, tuple[int, int]] | None:
+        """The stability TS every page reads (None: the tips), after the first page's wait."""
+        wait_for: Timestamp | None = None
+        if msg.consistency == REQUEST_PLUS:
+            wait_for = await self.view.high_seqnos(msg.keyspace)
+        elif msg.consistency == AT_PLUS:
+            assert msg.at is not None
+            wait_for = Timestamp.from_wire(msg.at)
+        if stability == STABILITY_NONE and wait_for is None:
+            return None
+        by_node: dict[str, list[int]] = {}
+        for p, node in sorted(topo.assignment.items()):
+            by_node.setdefault(node, []).append(p)
+        wire = None if wait_for is None else dict(wait_for.to_wire())
+
+        async def ask(node: str, parts: list[int]) -> Timestamp:
+            req = WaitStability(
+                index_id=rec.id, partitions=parts, wait_for=wire, timeout=msg.timeout
+            )
+            reply = await self.pool.request(
+                self.view.address(node), req, msg.timeout + RPC_MARGIN, expect=StabilityAt
+            )
+            return Timestamp.from_wire(reply.ts)
+
+        tss = await asyncio.gather(*(ask(n, ps) for n, ps in by_node.items()))
+        if stability == STABILITY_NONE:
+            return None  # waited until covered; the pages read the tips
+        return dict(oldest_common(list(tss)).to_wire())

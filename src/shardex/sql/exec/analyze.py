@@ -1,0 +1,191 @@
+"""What the physical planner asks of a bound SELECT: the WHERE clause and ORDER BY in
+document terms (the form ``planner.choose`` and the index key expressions use), the document
+paths the query reads (for covering), and a direct key lookup (USE KEYS, META().id = ...).
+
+Bound expressions read the scope row: ``Field(Identifier(alias), "age")`` is the document's
+``age``, ``Identifier(META_KEY)`` is META(), other identifiers are LET variables (inlined
+here, so a LET never looks like a document field) or comprehension variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardex.core.expr import (
+    BinaryOp,
+    Expr,
+    Field,
+    Identifier,
+    In,
+    Meta,
+    referenced_paths,
+    walk,
+)
+from shardex.core.expr.analysis import Path
+from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.planner.choose import OrderKey
+from shardex.sql.planner.sargable import conjuncts, reads_document
+from shardex.sql.syntax.bind import META_KEY, BoundSelect, map_children
+
+__all__ = [
+    "Budget",
+    "KeyLookup",
+    "doc_order",
+    "doc_where",
+    "key_lookup",
+    "read_paths",
+    "to_document_terms",
+]
+
+_WHOLE_DOC = Identifier("\x00document")  # never an index key: marks "reads everything"
+
+
+def inline_lets(expr: Expr, lets: tuple[tuple[str, Expr], ...]) -> Expr:
+    """``expr`` with LET variables replaced by their (already inlined) definitions."""
+    if not lets:
+        return expr
+    defs: dict[str, Expr] = {}
+    for name, e in lets:
+        defs[name] = _substitute(e, defs)
+    return _substitute(expr, defs)
+
+
+def _substitute(expr: Expr, defs: dict[str, Expr]) -> Expr:
+    def f(node: Expr) -> Expr:
+        if isinstance(node, Identifier) and node.name in defs:
+            return defs[node.name]
+        return map_children(node, f)
+
+    return f(expr)
+
+
+def to_document_terms(expr: Expr, alias: str | None) -> Expr:
+    """A bound expression rewritten over the bare document: ``alias.a.b`` -> ``a.b``,
+    META() -> ``META()``; the whole document (``alias`` alone) -> a marker no key equals."""
+
+    def f(node: Expr) -> Expr:
+        if (
+            isinstance(node, Field)
+            and isinstance(node.base, Identifier)
+            and node.base.name == alias
+        ):
+            return Identifier(node.name)
+        if isinstance(node, Identifier):
+            if node.name == META_KEY:
+                return Meta(None)
+            if node.name == alias:
+                return _WHOLE_DOC
+            return node
+        return map_children(node, f)
+
+    return f(expr)
+
+
+def doc_where(b: BoundSelect) -> Expr | None:
+    if b.where is None:
+        return None
+    return to_document_terms(inline_lets(b.where, b.lets), b.alias)
+
+
+def doc_order(b: BoundSelect) -> list[OrderKey]:
+    """ORDER BY in document terms, for "does the index order satisfy it" (grouped queries
+    and projection aliases never do: the caller passes [] then)."""
+    out = []
+    for e, o in b.order:
+        out.append(
+            OrderKey(to_document_terms(inline_lets(e, b.lets), b.alias), o.desc, o.nulls_first)
+        )
+    return out
+
+
+def _doc_exprs(b: BoundSelect) -> list[Expr]:
+    """Every expression evaluated over the document scope."""
+    exprs: list[Expr] = [e for _, e in b.lets]
+    if b.where is not None:
+        exprs.append(b.where)
+    if b.grouped:
+        exprs += list(b.group_keys)
+        exprs += [a.arg for a in b.aggregates if a.arg is not None]
+    else:
+        exprs += [t.expr for t in b.terms]
+        exprs += [e for e, _ in b.order]
+    return exprs
+
+
+def read_paths(b: BoundSelect) -> set[Path] | None:
+    """The document paths the query reads; None when it needs whole documents."""
+    let_names = {n for n, _ in b.lets}
+    out: set[Path] = set()
+    for e in _doc_exprs(b):
+        d = to_document_terms(e, b.alias)
+        if any(n == _WHOLE_DOC for n in walk(d)):
+            return None
+        for p in referenced_paths(d):
+            if p and p[0] in let_names:
+                continue  # a LET variable, read through its definition (also listed)
+            out.add(p)
+    return out
+
+
+@dataclass(frozen=True)
+class KeyLookup:
+    """Documents named directly: ``USE KEYS expr`` or ``META().id = expr`` / ``IN expr``."""
+
+    keys: Expr
+    source: str  # "use_keys" | "meta_id"
+
+
+def _is_meta_id(e: Expr) -> bool:
+    return (
+        isinstance(e, Field)
+        and e.name == "id"
+        and isinstance(e.base, Identifier)
+        and e.base.name == META_KEY
+    )
+
+
+def key_lookup(b: BoundSelect) -> KeyLookup | None:
+    ref = b.from_
+    if ref is None or ref.source is not None:
+        return None
+    if ref.use_keys is not None:
+        return KeyLookup(ref.use_keys, "use_keys")
+    if b.where is None:
+        return None
+    for term in conjuncts(inline_lets(b.where, b.lets)):
+        if isinstance(term, BinaryOp) and term.op == "=":
+            for key, other in ((term.left, term.right), (term.right, term.left)):
+                if _is_meta_id(key) and not reads_document(other):
+                    return KeyLookup(other, "meta_id")
+        if (
+            isinstance(term, In)
+            and not term.negated
+            and _is_meta_id(term.operand)
+            and not reads_document(term.collection)
+        ):
+            return KeyLookup(term.collection, "meta_id")
+    return None
+
+
+class Budget:
+    """The rows a query may hold in its blocking operators (sort, group, distinct) on one
+    member: past ``limit`` the query fails with QUERY_MEMORY_LIMIT instead of exhausting
+    the node."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int, operator: str) -> None:
+        self.used += n
+        if self.used > self.limit:
+            raise ShardexError(
+                f"query holds more than {self.limit} rows in its {operator}: over its memory limit",
+                code=ErrorCode.QUERY_MEMORY_LIMIT,
+                details={
+                    "value": self.used,
+                    "limit": self.limit,
+                    "operator": operator,
+                    "hint": "add a LIMIT, a narrower WHERE, or raise max_rows_in_memory",
+                },
+            )

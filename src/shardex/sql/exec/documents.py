@@ -1,0 +1,121 @@
+"""Documents for SQL on a node: fetches for non-covering scans and key lookups, and the
+mutations of DML, sent to the owning data nodes (by the keyspace's latest data topology).
+
+Fetches go out ``FETCH_PARALLEL`` at a time per call, pipelined on the pooled connections
+(one ``Get`` each: the data service has no multi-get yet). A document deleted since the
+index was read answers DOC_NOT_FOUND and is skipped: the query reads it as absent, which is
+what it is now. NOT_MY_PARTITION (a partition moved) refreshes the state and retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from shardex.data.messages import Delete, Get, GetReply, Insert, MutationReply, Upsert
+from shardex.data.partitioning import partition_of
+from shardex.data.records import MutationResult
+from shardex.errors import ErrorCode, ShardexError
+from shardex.net import ConnectionPool
+from shardex.net.messages import Message
+from shardex.scan.cluster_view import ClusterView
+
+__all__ = ["DocumentAccess"]
+
+M = TypeVar("M", bound=Message)
+
+FETCH_PARALLEL: Final = 64
+REQUEST_TIMEOUT: Final = 10.0
+ROUTE_ATTEMPTS: Final = 6
+
+_json_decode = msgspec.json.Decoder()
+
+
+class DocumentAccess:
+    def __init__(self, view: ClusterView, pool: ConnectionPool) -> None:
+        self.view = view
+        self.pool = pool
+
+    async def _owner(self, keyspace: str, docid: str, fresh: bool) -> str:
+        state = await self.view.state(fresh=fresh)
+        meta = state.keyspaces.get(keyspace)
+        history = state.data_topologies.get(keyspace)
+        if meta is None or not history:
+            raise ShardexError(
+                f"keyspace {keyspace!r} not found",
+                code=ErrorCode.KEYSPACE_NOT_FOUND,
+                details={"keyspace": keyspace, "hint": "shardex keyspace list"},
+            )
+        partition = partition_of(docid, meta.num_partitions)
+        node = history[-1].assignment.get(partition)
+        if node is None:
+            raise ShardexError(
+                f"partition {partition} of {keyspace!r} has no owner",
+                code=ErrorCode.NODE_UNAVAILABLE,
+                details={"keyspace": keyspace, "partition": partition},
+            )
+        return self.view.address(node)
+
+    async def _to_owner(self, keyspace: str, docid: str, msg: Message, expect: type[M]) -> M:
+        last: ShardexError | None = None
+        for attempt in range(ROUTE_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+            address = await self._owner(keyspace, docid, fresh=attempt > 0)
+            try:
+                return await self.pool.request(address, msg, REQUEST_TIMEOUT, expect=expect)
+            except ShardexError as exc:
+                if exc.code is not ErrorCode.NOT_MY_PARTITION:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
+
+    async def get(self, keyspace: str, docid: str) -> Any | None:
+        """The document, or None when it does not exist (or was deleted)."""
+        try:
+            reply = await self._to_owner(
+                keyspace, docid, Get(keyspace=keyspace, docid=docid), GetReply
+            )
+        except ShardexError as exc:
+            if exc.code is ErrorCode.DOC_NOT_FOUND:
+                return None
+            raise
+        return _json_decode.decode(reply.body)
+
+    async def get_many(self, keyspace: str, docids: Sequence[str]) -> list[tuple[str, Any]]:
+        """``(docid, document)`` for the docids that exist, in the given order."""
+        sem = asyncio.Semaphore(FETCH_PARALLEL)
+
+        async def one(docid: str) -> Any | None:
+            async with sem:
+                return await self.get(keyspace, docid)
+
+        docs = await asyncio.gather(*(one(d) for d in docids))
+        return [(d, doc) for d, doc in zip(docids, docs, strict=True) if doc is not None]
+
+    async def upsert(
+        self, keyspace: str, docid: str, doc: Any, *, insert: bool = False
+    ) -> MutationResult:
+        body = msgspec.json.encode(doc)
+        msg: Message = (
+            Insert(keyspace=keyspace, docid=docid, doc=body)
+            if insert
+            else Upsert(keyspace=keyspace, docid=docid, doc=body)
+        )
+        return (await self._to_owner(keyspace, docid, msg, MutationReply)).result
+
+    async def delete(self, keyspace: str, docid: str) -> MutationResult | None:
+        """None when the document is already gone (a concurrent delete)."""
+        try:
+            reply = await self._to_owner(
+                keyspace, docid, Delete(keyspace=keyspace, docid=docid), MutationReply
+            )
+        except ShardexError as exc:
+            if exc.code is ErrorCode.DOC_NOT_FOUND:
+                return None
+            raise
+        return reply.result

@@ -1,0 +1,131 @@
+"""The SQL fragment kinds, registered on every member: ``sql.leaf`` (on indexer nodes) and
+``sql.root`` (on the initiator). Each is ``fn(ctx) -> AsyncIterator[RecordBatch]`` for the
+execution protocol; the row work runs in ``bridge.run_pipeline`` over ``pipeline``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from shardex.core.expr import evaluate, parse_expression, static_path
+from shardex.core.keycodec import decode_entry
+from shardex.core.timestamp import Timestamp
+from shardex.core.values import MISSING
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.spans import Span
+from shardex.sql.exec.analyze import Budget, key_lookup
+from shardex.sql.exec.bridge import run_pipeline
+from shardex.sql.exec.documents import DocumentAccess
+from shardex.sql.exec.pipeline import leaf_rows, root_rows
+from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
+from shardex.sql.exec.rows import decode_rows
+from shardex.sql.planner.choose import covered_document
+from shardex.sql.protocol import FragmentContext, FragmentRegistry
+from shardex.sql.syntax.bind import META_KEY
+
+if TYPE_CHECKING:
+    from shardex.index.scan_server import IndexScanServer
+
+__all__ = ["sql_fragments"]
+
+SCAN_BLOCK_ROWS = 500
+
+
+def sql_fragments(
+    index_scan: IndexScanServer | None, documents: DocumentAccess
+) -> FragmentRegistry:
+    async def leaf(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        a = ctx.args
+        b = bind_statement(a["sql"], a["dml"])
+        if index_scan is None:
+            raise ShardexError(
+                f"member {ctx.member_id} runs no index service but got a scan fragment",
+                code=ErrorCode.QUERY_STATE,
+                details={"member": ctx.member_id},
+            )
+        params = ctx.parameters
+        desc = list(a["desc"])
+        key_paths = [static_path(parse_expression(k)) for k in a["keys"]]
+        spans = None
+        if a["spans"]:
+            spans = [Span(lo, hi, li, hi_inc) for lo, hi, li, hi_inc in a["spans"]]
+        ts = None if a["ts"] is None else Timestamp.from_wire(a["ts"])
+        alias, keyspace, covering = b.alias, a["keyspace"], a["covering"]
+
+        async def scope_rows() -> AsyncIterator[list[Any]]:
+            blocks = index_scan.read_local(
+                a["index_id"], a["partitions"], spans, ts, ordered=False, block_rows=SCAN_BLOCK_ROWS
+            )
+            async for block in blocks:
+                entries = [decode_entry(e, desc) for e in block]
+                if covering:
+                    yield [
+                        {alias: covered_document(key_paths, key), META_KEY: {"id": docid}}
+                        for key, docid in entries
+                    ]
+                    continue
+                docs = await documents.get_many(keyspace, [docid for _, docid in entries])
+                yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
+
+        budget = Budget(a["budget"])
+        mode, top = a["mode"], a["top"]
+        batches = run_pipeline(
+            lambda ins: leaf_rows(b, params, mode, top, budget, ins[0]),
+            [scope_rows()],
+            name=f"{ctx.query_id} leaf",
+        )
+        async for batch in batches:
+            yield batch
+
+    async def root(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        a = ctx.args
+        b = bind_statement(a["sql"], a["dml"])
+        params = ctx.parameters
+        source = a["source"]
+        sources: list[AsyncIterator[list[Any]]]
+        if source == "index":
+            sources = [_rows_by_batch(ctx.inputs[e]) for e in sorted(ctx.inputs)]
+        elif source == "keys":
+            sources = [_lookup(b, params, a["keyspace"], documents)]
+        elif source == "expr":
+            assert b.from_ is not None and b.from_.source is not None
+            value = evaluate(b.from_.source, {}, params=params)
+            items = (
+                value if isinstance(value, list) else [] if value in (MISSING, None) else [value]
+            )
+            sources = [_once([{b.alias: item, META_KEY: {}} for item in items])]
+        else:
+            sources = [_once([{}])]
+        budget = Budget(a["budget"])
+        mode, limit, offset = a["mode"], a["limit"], a["offset"]
+        mode = "local" if source != "index" else mode
+        batches = run_pipeline(
+            lambda ins: root_rows(b, params, mode, limit, offset, budget, ins),
+            sources,
+            name=f"{ctx.query_id} root",
+        )
+        async for batch in batches:
+            yield batch
+
+    return FragmentRegistry({LEAF_KIND: leaf, ROOT_KIND: root})
+
+
+async def _once(rows: list[Any]) -> AsyncIterator[list[Any]]:
+    yield rows
+
+
+async def _rows_by_batch(batches: AsyncIterator[pa.RecordBatch]) -> AsyncIterator[list[Any]]:
+    async for batch in batches:
+        yield decode_rows(batch)
+
+
+async def _lookup(
+    b: Any, params: Any, keyspace: str, documents: DocumentAccess
+) -> AsyncIterator[list[Any]]:
+    lookup = key_lookup(b)
+    assert lookup is not None
+    keys = lookup_keys(lookup.keys, params, dedupe=lookup.source == "meta_id")
+    docs = dict(await documents.get_many(keyspace, list(dict.fromkeys(keys))))
+    yield [{b.alias: docs[k], META_KEY: {"id": k}} for k in keys if k in docs]

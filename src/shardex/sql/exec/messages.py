@@ -1,0 +1,36 @@
+"""Client-facing SQL messages. ``SqlQuery`` (a request) runs one statement on the node that
+receives it (the initiator); the reply ``SqlStarted`` says it runs (or, for DML, what it
+changed); result rows then follow on the same connection as the scan streams' one-way
+``ScanBlock`` messages (each entry one msgpack-encoded row, ``shardex.sql.exec.rows``) and one
+``ScanEnd``, with the same block-credit flow control (``shardex.scan.streams``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from shardex.net.messages import Message
+from shardex.scan.messages import WireTs
+
+__all__ = ["SqlQuery", "SqlStarted"]
+
+
+class SqlQuery(Message, tag="sql.QueryRequest"):
+    stream_id: int  # the opener's scan id for the result stream (unique on its connection)
+    statement: str
+    params: list[Any] | dict[str, Any] | None = None
+    consistency: str = "request_plus"
+    at: WireTs | None = None  # at_plus: the vector to cover
+    timeout: float = 60.0
+    credit: int = 4  # result blocks the node may send before waiting for ScanCredit
+    max_rows_in_memory: int | None = None  # None: the node's default budget
+
+
+class SqlStarted(Message, tag="sql.QueryStarted"):
+    stream_id: int
+    statement: str  # select | explain | insert | upsert | delete | update
+    mutation_count: int = 0
+    index: str | None = None  # the index a SELECT reads (None: no index)
+    ts: WireTs | None = None  # the stability TS every scan of the query read
+    details: dict[str, Any] = msgspec.field(default_factory=dict)

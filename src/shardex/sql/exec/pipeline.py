@@ -1,0 +1,233 @@
+"""The row pipelines of the SQL fragments, as plain synchronous generator chains over the
+operators of ``shardex.sql.operators`` (the same ones ``LocalEngine`` runs, so a distributed
+result equals the reference by construction of the parts).
+
+Three shapes (``mode``), chosen by the physical planner:
+
+* ``group``: leaves run LET, WHERE and the PARTIAL aggregate; the root merges partial
+  states (FINAL), then LETTING, HAVING, projection, DISTINCT, ORDER BY, OFFSET, LIMIT;
+* ``sort``: leaves project each row with its encoded sort key and sort locally (top-N when a
+  limit is known); the root k-way merges the sorted streams, then DISTINCT, OFFSET, LIMIT;
+* ``rows``: leaves project (DISTINCT locally, limit pushed down); the root concatenates,
+  then DISTINCT, OFFSET, LIMIT.
+
+``local``: the root alone over scope rows it made itself (no FROM, an expression FROM, or
+documents named by key), i.e. the whole statement in one place.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from shardex.core.expr import MISSING, Expr, compile_expression
+from shardex.sql.exec.analyze import Budget
+from shardex.sql.exec.rows import pack_state
+from shardex.sql.operators import (
+    AggSpec,
+    ProjectTerm,
+    SortSpec,
+    distinct,
+    encode_sort_key,
+    filter_rows,
+    final_aggregate,
+    merge_sorted,
+    offset_limit,
+    partial_aggregate,
+    project,
+    sort_pairs,
+    strip_keys,
+)
+from shardex.sql.syntax.bind import BoundSelect, aggregate_name, group_key_name
+
+__all__ = ["MODES", "leaf_rows", "mode_of", "root_rows"]
+
+MODES = ("group", "sort", "rows")
+Params = Any
+
+
+def mode_of(b: BoundSelect) -> str:
+    if b.grouped:
+        return "group"
+    return "sort" if b.order else "rows"
+
+
+def _fn(expr: Expr, params: Params) -> Callable[[Any], Any]:
+    f = compile_expression(expr)
+    return lambda row: f(row, None, params)
+
+
+def _counted(rows: Iterable[Any], budget: Budget, operator: str) -> Iterator[Any]:
+    for row in rows:
+        budget.take(1, operator)
+        yield row
+
+
+def _with_bindings(
+    rows: Iterable[dict[str, Any]], bindings: tuple[tuple[str, Expr], ...], params: Params
+) -> Iterable[dict[str, Any]]:
+    if not bindings:
+        return rows
+    fns = [(name, _fn(e, params)) for name, e in bindings]
+
+    def gen() -> Iterator[dict[str, Any]]:
+        for row in rows:
+            row = dict(row)
+            for name, f in fns:
+                row[name] = f(row)
+            yield row
+
+    return gen()
+
+
+def _filtered(b: BoundSelect, rows: Iterable[Any], params: Params) -> Iterable[Any]:
+    """LET, then WHERE (always re-applied: spans are only a superset of the rows)."""
+    rows = _with_bindings(rows, b.lets, params)
+    if b.where is not None:
+        rows = filter_rows(rows, _fn(b.where, params))
+    return rows
+
+
+def _agg_specs(b: BoundSelect, params: Params) -> list[AggSpec]:
+    return [
+        AggSpec(a.name, None if a.arg is None else _fn(a.arg, params), a.distinct)
+        for a in b.aggregates
+    ]
+
+
+def _terms(b: BoundSelect, params: Params) -> tuple[list[ProjectTerm], Any]:
+    terms = [ProjectTerm(_fn(t.expr, params), t.name, t.star) for t in b.terms]
+    return terms, (terms[0].value if b.raw else None)
+
+
+def _sort_key(b: BoundSelect, params: Params) -> Callable[[Any, Any], bytes]:
+    specs = [SortSpec(o.desc, o.nulls_first) for _, o in b.order]
+    fns = [compile_expression(e) for e, _ in b.order]
+    aliases = b.order_aliases
+
+    def key(row: Any, value: Any) -> bytes:
+        if aliases:
+            row = {**row, **{a: value.get(a, MISSING) for a in aliases}}
+        return encode_sort_key([f(row, None, params) for f in fns], specs)
+
+    return key
+
+
+# --- leaves -----------------------------------------------------------------------------------
+
+
+def leaf_rows(
+    b: BoundSelect,
+    params: Params,
+    mode: str,
+    top: int | None,
+    budget: Budget,
+    scope_rows: Iterable[Any],
+) -> Iterator[Any]:
+    """A leaf's output rows from its scope rows (see the module doc for each mode)."""
+    rows = _filtered(b, scope_rows, params)
+    if mode == "group":
+        keys = [_fn(k, params) for k in b.group_keys]
+        partials = list(partial_aggregate(rows, keys, _agg_specs(b, params)))
+        budget.take(len(partials), "GROUP BY")
+        for kv, states in partials:
+            yield [list(kv), [pack_state(s) for s in states]]
+        return
+    terms, raw = _terms(b, params)
+    if mode == "sort":
+        pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=_sort_key(b, params))
+        if top is None or b.distinct:
+            pairs = _counted(pairs, budget, "ORDER BY")
+        for key, value in sort_pairs(pairs, None if b.distinct else top):
+            yield [key, value]
+        return
+    values: Iterable[Any] = project(rows, terms, raw=raw)
+    if b.distinct:
+        values = distinct(_counted(values, budget, "DISTINCT"))
+    yield from itertools.islice(values, top) if top is not None and not b.distinct else values
+
+
+# --- the root ----------------------------------------------------------------------------------
+
+
+def _group_rows(b: BoundSelect, groups: Iterable[Any], params: Params) -> Iterable[Any]:
+    out: Iterable[Any] = (
+        {
+            **{group_key_name(i): v for i, v in enumerate(kv)},
+            **{aggregate_name(j): v for j, v in enumerate(av)},
+        }
+        for kv, av in groups
+    )
+    out = _with_bindings(out, b.letting, params)
+    if b.having is not None:
+        out = filter_rows(out, _fn(b.having, params))
+    return out
+
+
+def finish(
+    b: BoundSelect,
+    rows: Iterable[Any],
+    params: Params,
+    limit: int | None,
+    offset: int,
+    budget: Budget,
+) -> Iterator[Any]:
+    """Projection, DISTINCT, ORDER BY, OFFSET and LIMIT over finished rows."""
+    terms, raw = _terms(b, params)
+    if not b.order:
+        out: Iterable[Any] = project(rows, terms, raw=raw)
+        if b.distinct:
+            out = distinct(_counted(out, budget, "DISTINCT"))
+        return offset_limit(out, offset, limit)
+    pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=_sort_key(b, params))
+    if b.distinct:
+        pairs = distinct(_counted(pairs, budget, "DISTINCT"), value_of=lambda p: p[1])
+    top = None if limit is None else offset + limit
+    if top is None:
+        pairs = _counted(pairs, budget, "ORDER BY")
+    return offset_limit(strip_keys(sort_pairs(pairs, top)), offset, limit)
+
+
+def _grouped(b: BoundSelect, partials: Iterable[Any], params: Params) -> Iterable[Any]:
+    groups = final_aggregate(
+        ((tuple(kv), tuple(states)) for kv, states in partials),
+        _agg_specs(b, params),
+        global_group=not b.group_keys,
+    )
+    return _group_rows(b, groups, params)
+
+
+def root_rows(
+    b: BoundSelect,
+    params: Params,
+    mode: str,
+    limit: int | None,
+    offset: int,
+    budget: Budget,
+    inputs: list[Iterator[Any]],
+) -> Iterator[Any]:
+    """The result values from the leaves' outputs (``inputs``, one per leaf), or from the
+    scope rows of the only input in ``local`` mode."""
+    if limit == 0:
+        return iter(())
+    if mode == "local":
+        rows = _filtered(b, inputs[0], params)
+        if b.grouped:
+            keys = [_fn(k, params) for k in b.group_keys]
+            specs = _agg_specs(b, params)
+            partials = _counted(partial_aggregate(rows, keys, specs), budget, "GROUP BY")
+            rows = _grouped(b, partials, params)
+        return finish(b, rows, params, limit, offset, budget)
+    if mode == "group":
+        partials = _counted(itertools.chain(*inputs), budget, "GROUP BY")
+        return finish(b, _grouped(b, partials, params), params, limit, offset, budget)
+    if mode == "sort":
+        merged: Iterable[Any] = merge_sorted(*(((bytes(k), v) for k, v in i) for i in inputs))
+        if b.distinct:
+            merged = distinct(_counted(merged, budget, "DISTINCT"), value_of=lambda p: p[1])
+        return offset_limit(strip_keys(merged), offset, limit)
+    values: Iterable[Any] = itertools.chain(*inputs)
+    if b.distinct:
+        values = distinct(_counted(values, budget, "DISTINCT"))
+    return offset_limit(values, offset, limit)

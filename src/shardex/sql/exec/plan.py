@@ -1,0 +1,341 @@
+"""Physical planning: a bound SELECT (+ parameters + the cluster state) -> ``PhysicalPlan``,
+which becomes the protocol's ``QueryPlan`` of fragments once the stability TS is known.
+
+Shape (the seed's fragments split at exchanges)::
+
+    root  (initiator)   sql.root: merge / final aggregate / distinct / order / offset+limit
+      ^ one unicast exchange (edge) per indexer node
+    leaf  (each indexer node holding slices to read)   sql.leaf: scan the local slices at
+          the query's stability TS -> fetch documents unless covering -> LET, WHERE ->
+          partial aggregate | local top-N sort | project (+ limit pushed down)
+
+Documents named by key (USE KEYS, ``META().id = c`` / ``IN``), a FROM without keyspace, and
+no FROM at all run as the root alone (``mode = "local"``): no index is read.
+
+Fragments carry the statement's text, not its tree: every member parses and binds the same
+text the same way (``bind_statement``), which keeps the plan small and the wire format free
+of expression trees. ``dml`` marks the SELECT a DELETE/UPDATE derives (``dml_select``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardex.core.expr import Field, Identifier, Meta, evaluate
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.index_state import ACTIVE, IndexRecord, latest_index_topology
+from shardex.manager.state import StateContext
+from shardex.scan.coordinator import check_servable
+from shardex.scan.spans import eliminate, encode_spans, to_user_spans
+from shardex.sql.exec.analyze import doc_order, doc_where, key_lookup, read_paths
+from shardex.sql.exec.pipeline import mode_of
+from shardex.sql.local import eval_count
+from shardex.sql.planner.choose import IndexChoice, choose_index
+from shardex.sql.planner.key_ranges import key_spans
+from shardex.sql.protocol import FragmentSpec, QueryPlan
+from shardex.sql.syntax import (
+    DeleteStmt,
+    ExplainStmt,
+    ResultTerm,
+    SelectStmt,
+    UpdateStmt,
+    parse_statement,
+)
+from shardex.sql.syntax.bind import BoundSelect, bind_select
+from shardex.sql.syntax.explain import explain_select
+
+__all__ = ["Leaf", "PhysicalPlan", "bind_statement", "dml_select", "lookup_keys", "plan_select"]
+
+ROOT_KIND = "sql.root"
+LEAF_KIND = "sql.leaf"
+
+
+def dml_select(stmt: DeleteStmt | UpdateStmt) -> SelectStmt:
+    """The SELECT that finds what a DELETE / UPDATE changes: each row's id and document."""
+    alias = stmt.target.as_name
+    terms = (
+        ResultTerm(Field(Meta(alias), "id"), "id"),
+        ResultTerm(Identifier(alias), "doc"),
+    )
+    return SelectStmt(terms=terms, from_=stmt.target, where=stmt.where, limit=stmt.limit)
+
+
+def bind_statement(sql: str, dml: bool) -> BoundSelect:
+    """The bound SELECT of ``sql`` (the one a DML statement derives when ``dml``)."""
+    stmt = parse_statement(sql)
+    if isinstance(stmt, ExplainStmt):
+        stmt = stmt.statement
+    if dml:
+        assert isinstance(stmt, DeleteStmt | UpdateStmt)
+        stmt = dml_select(stmt)
+    assert isinstance(stmt, SelectStmt)
+    return bind_select(stmt)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    member: str  # member id (protocol participant)
+    node: str  # node name (topologies)
+    partitions: list[int]
+
+
+@dataclass
+class PhysicalPlan:
+    bound: BoundSelect
+    mode: str  # group | sort | rows | local
+    source: str  # index | keys | none | expr
+    keyspace: str | None = None
+    choice: IndexChoice | None = None
+    record: IndexRecord | None = None
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    leaves: list[Leaf] = field(default_factory=list)
+    limit: int | None = None
+    offset: int = 0
+
+    @property
+    def top(self) -> int | None:
+        """Rows a leaf needs at most (limit pushdown), None when it must send all."""
+        b = self.bound
+        if self.limit is None or b.grouped or b.distinct:
+            return None
+        return self.offset + self.limit
+
+    def query_plan(
+        self, sql: str, dml: bool, initiator: str, ts: Timestamp | None, budget: int
+    ) -> QueryPlan:
+        common = {"sql": sql, "dml": dml, "mode": self.mode, "budget": budget}
+        fragments: list[FragmentSpec] = []
+        inputs: list[int] = []
+        if self.choice is not None and self.record is not None:
+            defn = self.record.definition
+            wire_spans = [
+                [s.low, s.high, s.low_inclusive, s.high_inclusive]
+                for s in encode_spans(to_user_spans(self.spans), defn) or []
+            ]
+            for i, leaf in enumerate(self.leaves, start=1):
+                args = {
+                    **common,
+                    "keyspace": self.keyspace,
+                    "index_id": defn.id,
+                    "keys": [k.expr for k in defn.keys],
+                    "desc": list(defn.desc),
+                    "partitions": leaf.partitions,
+                    "spans": wire_spans or None,
+                    "ts": None if ts is None else dict(ts.to_wire()),
+                    "covering": self.choice.covering,
+                    "top": self.top,
+                }
+                fragments.append(
+                    FragmentSpec(
+                        fragment_id=i, kind=LEAF_KIND, members=[leaf.member], args=args, output=i
+                    )
+                )
+                inputs.append(i)
+        root_args = {
+            **common,
+            "source": self.source,
+            "keyspace": self.keyspace,
+            "limit": self.limit,
+            "offset": self.offset,
+        }
+        root = FragmentSpec(
+            fragment_id=0, kind=ROOT_KIND, members=[initiator], args=root_args, inputs=inputs
+        )
+        return QueryPlan(fragments=[root, *fragments])
+
+    def explain(self) -> dict[str, Any]:
+        out = explain_select(self.bound)
+        dist: dict[str, Any] = {"mode": self.mode, "source": self.source}
+        if self.choice is not None and self.record is not None:
+            defn = self.record.definition
+            dist["index"] = {
+                "name": defn.name,
+                "keys": [k.expr for k in defn.keys],
+                "primary": defn.is_primary,
+                "covering": self.choice.covering,
+                "spans": self.spans,
+            }
+        fragments = [
+            {
+                "fragment": 0,
+                "kind": ROOT_KIND,
+                "on": "initiator",
+                "does": _root_does(self),
+                "inputs": list(range(1, len(self.leaves) + 1)),
+            }
+        ]
+        for i, leaf in enumerate(self.leaves, start=1):
+            fragments.append(
+                {
+                    "fragment": i,
+                    "kind": LEAF_KIND,
+                    "on": leaf.node,
+                    "partitions": leaf.partitions,
+                    "does": _leaf_does(self),
+                    "output": i,
+                }
+            )
+        dist["fragments"] = fragments
+        dist["exchanges"] = [
+            {"edge": i, "from": leaf.node, "to": "initiator", "kind": "unicast"}
+            for i, leaf in enumerate(self.leaves, start=1)
+        ]
+        out["distributed"] = dist
+        return out
+
+
+def _leaf_does(p: PhysicalPlan) -> list[str]:
+    assert p.choice is not None
+    steps = ["IndexScan" + (" (covering)" if p.choice.covering else ""), "Fetch"]
+    if p.choice.covering:
+        steps.pop()
+    steps.append("Filter")
+    steps.append(
+        {"group": "PartialAggregate", "sort": "LocalSort", "rows": "Project"}.get(p.mode, p.mode)
+    )
+    if p.top is not None:
+        steps.append(f"Limit({p.top})")
+    return steps
+
+
+def _root_does(p: PhysicalPlan) -> list[str]:
+    steps = {
+        "group": ["FinalAggregate", "Project"],
+        "sort": ["MergeSort"],
+        "rows": ["Concat"],
+        "local": ["LocalScan" if p.source != "keys" else "KeyLookup", "Filter", "Project"],
+    }[p.mode]
+    if p.bound.distinct:
+        steps.append("Distinct")
+    if p.mode in ("group", "local") and p.bound.order:
+        steps.append("Order")
+    if p.offset:
+        steps.append(f"Offset({p.offset})")
+    if p.limit is not None:
+        steps.append(f"Limit({p.limit})")
+    return steps
+
+
+def _no_keyspace(keyspace: str) -> ShardexError:
+    return ShardexError(
+        f"keyspace {keyspace!r} not found",
+        code=ErrorCode.KEYSPACE_NOT_FOUND,
+        details={"keyspace": keyspace, "hint": "shardex keyspace list (or check the spelling)"},
+    )
+
+
+def _counts(b: BoundSelect, params: Any, resolve_params: bool) -> tuple[int | None, int]:
+    """LIMIT and OFFSET; for EXPLAIN without parameter values, those it can evaluate."""
+    if resolve_params:
+        return eval_count(b.limit, params, "LIMIT"), eval_count(b.offset, params, "OFFSET") or 0
+    try:
+        limit = eval_count(b.limit, params, "LIMIT")
+    except ShardexError:
+        limit = None
+    try:
+        offset = eval_count(b.offset, params, "OFFSET") or 0
+    except ShardexError:
+        offset = 0
+    return limit, offset
+
+
+def plan_select(
+    b: BoundSelect,
+    params: Any,
+    *,
+    state: StateContext,
+    members: dict[str, str],
+    resolve_params: bool = True,
+) -> PhysicalPlan:
+    """Choose the source, the index and its spans, and the leaves. ``members``: node name
+    -> member id of the live members. ``resolve_params`` False (EXPLAIN without values):
+    spans are left empty when they need parameter values."""
+    limit, offset = _counts(b, params, resolve_params)
+    ref = b.from_
+    if ref is None:
+        return PhysicalPlan(b, "local", "none", limit=limit, offset=offset)
+    if ref.source is not None:
+        return PhysicalPlan(b, "local", "expr", limit=limit, offset=offset)
+    keyspace = ref.name
+    if keyspace not in state.keyspaces:
+        raise _no_keyspace(keyspace)
+    if len(ref.use_index) > 1:
+        raise ShardexError(
+            "USE INDEX names one index here",
+            code=ErrorCode.BAD_REQUEST,
+            details={"value": list(ref.use_index), "hint": "USE INDEX (name)"},
+        )
+    use_index = ref.use_index[0] if ref.use_index else None
+    if key_lookup(b) is not None and use_index is None:
+        return PhysicalPlan(b, "local", "keys", keyspace, limit=limit, offset=offset)
+    records = [r for r in state.indexes.values() if r.definition.keyspace == keyspace]
+    if use_index is not None:
+        hinted = [r for r in records if r.definition.name == use_index]
+        if hinted:
+            check_servable(hinted[0], keyspace, use_index)  # INDEX_NOT_READY names why
+    active = [r for r in records if r.state == ACTIVE]
+    order = doc_order(b) if not b.grouped and not b.order_aliases else []
+    choice = choose_index(
+        [r.definition for r in active],
+        doc_where(b),
+        keyspace=keyspace,
+        read_paths=read_paths(b),
+        order_by=order,
+        use_index=use_index,
+    )
+    record = next(r for r in active if r.definition.id == choice.definition.id)
+    defn = record.definition
+    spans: list[dict[str, Any]] = []
+    if resolve_params:
+        spans = key_spans(choice.per_key, list(defn.desc), params)
+    else:
+        try:
+            spans = key_spans(choice.per_key, list(defn.desc), None)
+        except ShardexError:
+            spans = []
+    plan = PhysicalPlan(
+        b, mode_of(b), "index", keyspace, choice, record, spans, limit=limit, offset=offset
+    )
+    if not spans or limit == 0:
+        return plan  # nothing can match: the root alone (a global aggregate still answers)
+    topo = latest_index_topology(state.index_topologies, record.id)
+    if topo is None or not topo.assignment:
+        raise ShardexError(
+            f"index {defn.name!r} on {keyspace!r} has no topology",
+            code=ErrorCode.INDEX_NOT_READY,
+            details={"keyspace": keyspace, "index": defn.name},
+        )
+    by_node: dict[str, list[int]] = {}
+    for p in eliminate(to_user_spans(spans), defn):
+        node = topo.assignment.get(p)
+        if node is None:
+            raise ShardexError(
+                f"index partition {p} of {defn.name!r} has no indexer",
+                code=ErrorCode.INDEX_NOT_READY,
+                details={"index": defn.name, "partition": p},
+            )
+        by_node.setdefault(node, []).append(p)
+    for node, parts in sorted(by_node.items()):
+        member = members.get(node)
+        if member is None:
+            raise ShardexError(
+                f"indexer {node!r} holding slices of {defn.name!r} is not a live member",
+                code=ErrorCode.NODE_UNAVAILABLE,
+                details={"node": node, "index": defn.name, "hint": "shardex cluster status"},
+            )
+        plan.leaves.append(Leaf(member, node, parts))
+    return plan
+
+
+def lookup_keys(expr: Any, params: Any, *, dedupe: bool) -> list[str]:
+    """The document ids a key lookup names (non-strings are ignored, as SQL++ does). USE
+    KEYS keeps repeats (as the reference engine does); ``META().id IN [...]`` cannot."""
+    keys = evaluate(expr, {}, params=params)
+    if isinstance(keys, str):
+        keys = [keys]
+    if not isinstance(keys, list):
+        return []
+    strings = [k for k in keys if isinstance(k, str)]
+    return list(dict.fromkeys(strings)) if dedupe else strings

@@ -1,0 +1,360 @@
+"""``SqlService``: one SQL statement from a client, on the node that receives it (the
+initiator of the query).
+
+SELECT: bind, check parameters, plan (``plan.plan_select``), pick the query's one stability
+TS (``pin_stability``), start the fragments through the execution protocol
+(``QueryService.execute``) and stream the root's rows to the client. EXPLAIN: the plan as one
+row. INSERT/UPSERT: by key. DELETE/UPDATE: the derived SELECT (``plan.dml_select``) runs
+distributed at request_plus, then each document is mutated at its owner; the reply carries
+the mutation count. Errors before the stream starts answer the request (SQL_SYNTAX with
+line/column/token, KEYSPACE_NOT_FOUND, INDEX_NOT_FOUND with a CREATE PRIMARY INDEX hint,
+BAD_REQUEST for parameters); errors while rows flow end the stream with that error. Nothing
+here outlives the statement: a failed statement leaves the node serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+from shardex.core.expr import MISSING, Literal, evaluate, walk
+from shardex.core.expr.ast import Param
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.net import Connection, RpcServer
+from shardex.scan.coordinator import ScanCoordinator, oldest_common
+from shardex.scan.messages import AT_PLUS, CONSISTENCIES, REQUEST_PLUS, StabilityAt, WaitStability
+from shardex.scan.streams import OutStream, OutStreams
+from shardex.sql.exec.analyze import Budget
+from shardex.sql.exec.documents import DocumentAccess
+from shardex.sql.exec.messages import SqlQuery, SqlStarted
+from shardex.sql.exec.pipeline import finish
+from shardex.sql.exec.plan import PhysicalPlan, dml_select, plan_select
+from shardex.sql.exec.rows import decode_rows, encode_row
+from shardex.sql.local import bind_expr
+from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
+from shardex.sql.protocol import QueryService
+from shardex.sql.syntax import (
+    DeleteStmt,
+    ExplainStmt,
+    InsertStmt,
+    KeyspaceRef,
+    SelectStmt,
+    UpdateStmt,
+    parse_statement,
+)
+from shardex.sql.syntax.bind import META_KEY, bind_select
+from shardex.sql.syntax.params import check_params
+
+__all__ = ["DEFAULT_MAX_ROWS", "SqlService"]
+
+DEFAULT_MAX_ROWS: Final = 1_000_000
+BLOCK_ROWS: Final = 500
+BLOCK_BYTES: Final = 512 * 1024
+MUTATE_PARALLEL: Final = 32
+MAX_TIMEOUT: Final = 3600.0
+WAIT_MARGIN: Final = 10.0
+
+
+def _bad(message: str, **details: Any) -> ShardexError:
+    return ShardexError(message, code=ErrorCode.BAD_REQUEST, details=details)
+
+
+def _params_of(exprs: list[Any]) -> set[str]:
+    return {n.name for e in exprs if e is not None for n in walk(e) if isinstance(n, Param)}
+
+
+class SqlService:
+    def __init__(
+        self,
+        *,
+        query: QueryService,
+        scan: ScanCoordinator,
+        documents: DocumentAccess,
+        streams: OutStreams,
+        members: Callable[[], dict[str, str]],
+        max_rows: int = DEFAULT_MAX_ROWS,
+    ) -> None:
+        self.query = query
+        self.scan = scan
+        self.documents = documents
+        self.streams = streams
+        self._members = members  # node name -> member id of the members up now
+        self.max_rows = max_rows
+
+    def install(self, server: RpcServer) -> None:
+        server.route(SqlQuery, self.on_query)
+
+    # --- the request ---------------------------------------------------------------------
+
+    async def on_query(self, msg: SqlQuery, conn: Connection) -> SqlStarted:
+        self.streams.check_new(conn, msg.stream_id)
+        self._check(msg)
+        stmt = parse_statement(msg.statement)  # SQL_SYNTAX: line, column, token
+        params = msg.params
+        if isinstance(stmt, SelectStmt):
+            return await self._select(msg, stmt, params, conn)
+        if isinstance(stmt, ExplainStmt):
+            b = bind_select(stmt.statement)
+            state = await self.scan.view.state()
+            have_params = params is not None
+            plan = plan_select(
+                b, params, state=state, members=self._members(), resolve_params=have_params
+            )
+            self._stream_values(conn, msg, _once([plan.explain()]))
+            return SqlStarted(stream_id=msg.stream_id, statement="explain", index=_index_of(plan))
+        if isinstance(stmt, InsertStmt):
+            count, rows = await self._insert(stmt, params)
+            self._stream_values(conn, msg, _once(rows))
+            kind = "upsert" if stmt.upsert else "insert"
+            return SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
+        if isinstance(stmt, DeleteStmt | UpdateStmt):
+            count, rows = await self._modify(msg, stmt, params)
+            self._stream_values(conn, msg, _once(rows))
+            kind = "delete" if isinstance(stmt, DeleteStmt) else "update"
+            return SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
+        raise _bad(
+            f"{type(stmt).__name__} is index DDL: run it with client.execute_ddl",
+            hint="client.query sends DDL there itself",
+        )
+
+    def _check(self, msg: SqlQuery) -> None:
+        if msg.consistency not in CONSISTENCIES:
+            raise _bad(
+                f"consistency must be one of {', '.join(CONSISTENCIES)}, got {msg.consistency!r}",
+                value=repr(msg.consistency),
+            )
+        if msg.consistency == AT_PLUS and msg.at is None:
+            raise _bad("at_plus needs a timestamp (at=...)", hint="pass the writes' results")
+        if not 0 < msg.timeout <= MAX_TIMEOUT:
+            raise _bad(f"timeout must be in (0, {MAX_TIMEOUT}] seconds", value=msg.timeout)
+        if msg.max_rows_in_memory is not None and msg.max_rows_in_memory < 1:
+            raise _bad("max_rows_in_memory must be >= 1", value=msg.max_rows_in_memory)
+
+    def _budget(self, msg: SqlQuery) -> int:
+        return msg.max_rows_in_memory or self.max_rows
+
+    # --- SELECT --------------------------------------------------------------------------
+
+    async def start_select(
+        self,
+        msg: SqlQuery,
+        sql: str,
+        stmt: SelectStmt,
+        params: Any,
+        *,
+        dml: bool = False,
+        consistency: str | None = None,
+    ) -> tuple[PhysicalPlan, Timestamp | None, AsyncIterator[Any]]:
+        """Plan and start a SELECT; returns the plan, the TS it reads and its result batches."""
+        b = bind_select(stmt)
+        check_params(b.params(), params)
+        state = await self.scan.view.state()
+        plan = plan_select(b, params, state=state, members=self._members())
+        ts = await self.pin_stability(plan, consistency or msg.consistency, msg)
+        qplan = plan.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))
+        result = await self.query.execute(qplan, params, timeout=msg.timeout)
+        return plan, ts, _batches_closing(result)
+
+    async def _select(
+        self, msg: SqlQuery, stmt: SelectStmt, params: Any, conn: Connection
+    ) -> SqlStarted:
+        plan, ts, batches = await self.start_select(msg, msg.statement, stmt, params)
+
+        async def produce(out: OutStream) -> None:
+            async with contextlib.aclosing(batches):
+                async for batch in batches:
+                    cells = batch.column(0).to_pylist()
+                    for block in _blocks(cells):
+                        await out.send(block)
+
+        self.streams.start(conn, msg.stream_id, msg.credit, produce)
+        return SqlStarted(
+            stream_id=msg.stream_id,
+            statement="select",
+            index=_index_of(plan),
+            ts=None if ts is None else dict(ts.to_wire()),
+            details={"mode": plan.mode, "source": plan.source, "leaves": len(plan.leaves)},
+        )
+
+    async def pin_stability(
+        self, plan: PhysicalPlan, consistency: str, msg: SqlQuery
+    ) -> Timestamp | None:
+        """Query stability: one TS for every scan of the query. not_bounded: the tips (None);
+        request_plus: the keyspace's high seqnos now; at_plus: the caller's vector; then each
+        leaf's node answers once its slices hold a snapshot covering that, and the oldest
+        answer (one every node has a snapshot at) is pinned for all."""
+        if not plan.leaves or consistency not in (REQUEST_PLUS, AT_PLUS):
+            return None
+        assert plan.keyspace is not None and plan.record is not None
+        if consistency == REQUEST_PLUS:
+            wait_for = await self.scan.view.high_seqnos(plan.keyspace)
+        else:
+            assert msg.at is not None
+            wait_for = Timestamp.from_wire(msg.at)
+        wire = dict(wait_for.to_wire())
+        index_id = plan.record.id
+
+        async def ask(node: str, parts: list[int]) -> Timestamp:
+            req = WaitStability(
+                index_id=index_id, partitions=parts, wait_for=wire, timeout=msg.timeout
+            )
+            reply = await self.scan.pool.request(
+                self.scan.view.address(node), req, msg.timeout + WAIT_MARGIN, expect=StabilityAt
+            )
+            return Timestamp.from_wire(reply.ts)
+
+        tss = await asyncio.gather(*(ask(leaf.node, leaf.partitions) for leaf in plan.leaves))
+        return oldest_common(list(tss))
+
+    def _stream_values(self, conn: Connection, msg: SqlQuery, values: AsyncIterator[Any]) -> None:
+        async def produce(out: OutStream) -> None:
+            cells = [encode_row(v) async for v in values]
+            for block in _blocks(cells):
+                await out.send(block)
+
+        self.streams.start(conn, msg.stream_id, msg.credit, produce)
+
+    # --- DML -----------------------------------------------------------------------------
+
+    async def _insert(self, stmt: InsertStmt, params: Any) -> tuple[int, list[Any]]:
+        check_params(_params_of([e for kv in stmt.values for e in kv]), params)
+        state = await self.scan.view.state()
+        if stmt.keyspace not in state.keyspaces:
+            raise ShardexError(
+                f"keyspace {stmt.keyspace!r} not found",
+                code=ErrorCode.KEYSPACE_NOT_FOUND,
+                details={"keyspace": stmt.keyspace},
+            )
+        new: dict[str, Any] = {}
+        for key_expr, value_expr in stmt.values:
+            key = evaluate(key_expr, {}, params=params)
+            value = evaluate(value_expr, {}, params=params)
+            if not isinstance(key, str) or not key:
+                raise _bad(
+                    f"document key must be a non-empty string, got {key!r}",
+                    key=repr(key),
+                    hint="INSERT INTO ks (KEY, VALUE) VALUES ('id', {...})",
+                )
+            if not isinstance(value, dict):
+                raise _bad(
+                    f"document {key!r} must be an object, got {_show(value)}",
+                    key=key,
+                    hint="VALUES ('id', {\"field\": ...})",
+                )
+            if not stmt.upsert and key in new:
+                raise ShardexError(
+                    f"document {key!r} is inserted twice by this statement",
+                    code=ErrorCode.DOC_EXISTS,
+                    details={"key": key, "hint": "use UPSERT to replace"},
+                )
+            new[key] = value
+        await self._apply(
+            [
+                self.documents.upsert(stmt.keyspace, k, v, insert=not stmt.upsert)
+                for k, v in new.items()
+            ]
+        )
+        rows = self._returning(stmt.returning, stmt.keyspace, list(new.items()), params)
+        return len(new), rows
+
+    async def _modify(
+        self, msg: SqlQuery, stmt: DeleteStmt | UpdateStmt, params: Any
+    ) -> tuple[int, list[Any]]:
+        target = stmt.target
+        alias = target.as_name
+        exprs: list[Any] = [target.use_keys, stmt.where, stmt.limit]
+        if isinstance(stmt, UpdateStmt):
+            exprs += [e for pair in stmt.set for e in pair] + list(stmt.unset)
+        check_params(_params_of(exprs), params)
+        # Compiled first: a bad SET path fails before anything is read or changed.
+        sets = [(path_steps(p, alias), bind_expr(e, alias)) for p, e in getattr(stmt, "set", ())]
+        unsets = [path_steps(p, alias) for p in getattr(stmt, "unset", ())]
+        select = dml_select(stmt)
+        _, _, batches = await self.start_select(
+            msg, msg.statement, select, params, dml=True, consistency=REQUEST_PLUS
+        )
+        chosen: list[tuple[str, Any]] = []
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                chosen += [(r["id"], r["doc"]) for r in decode_rows(batch)]
+        ks = target.name
+        if isinstance(stmt, DeleteStmt):
+            await self._apply([self.documents.delete(ks, docid) for docid, _ in chosen])
+            return len(chosen), self._returning(stmt.returning, alias, chosen, params)
+        updated: list[tuple[str, Any]] = []
+        for docid, doc in chosen:
+            scope = {alias: doc, META_KEY: {"id": docid}}
+            new = updated_copy(doc)
+            for steps, e in sets:
+                set_path(new, steps, evaluate(e, scope, params=params))
+            for steps in unsets:
+                unset_path(new, steps)
+            updated.append((docid, new))
+        await self._apply([self.documents.upsert(ks, docid, new) for docid, new in updated])
+        return len(updated), self._returning(stmt.returning, alias, updated, params)
+
+    async def _apply(self, ops: list[Any]) -> None:
+        """Run the mutations, ``MUTATE_PARALLEL`` at a time; the first error is raised (the
+        ones applied before it stay applied: statements are not transactions)."""
+        sem = asyncio.Semaphore(MUTATE_PARALLEL)
+
+        async def one(op: Any) -> None:
+            async with sem:
+                await op
+
+        tasks = [asyncio.ensure_future(one(op)) for op in ops]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def _returning(
+        self, terms: Any, alias: str, docs: list[tuple[str, Any]], params: Any
+    ) -> list[Any]:
+        if not terms:
+            return []
+        ref = KeyspaceRef("", alias, source=Literal(None))
+        b = bind_select(SelectStmt(terms=tuple(terms), from_=ref))
+        scopes = [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
+        return list(finish(b, scopes, params, None, 0, Budget(self.max_rows)))
+
+
+def _show(value: Any) -> str:
+    return "MISSING" if value is MISSING else repr(value)[:80]
+
+
+def _index_of(plan: PhysicalPlan) -> str | None:
+    return None if plan.record is None else plan.record.definition.name
+
+
+async def _once(values: list[Any]) -> AsyncIterator[Any]:
+    for v in values:
+        yield v
+
+
+async def _batches_closing(result: Any) -> AsyncIterator[Any]:
+    """The result's batches; closing early cancels the query everywhere."""
+    try:
+        async for batch in result:
+            yield batch
+    finally:
+        await result.aclose()
+
+
+def _blocks(cells: list[bytes]) -> list[list[bytes]]:
+    out: list[list[bytes]] = []
+    block: list[bytes] = []
+    size = 0
+    for cell in cells:
+        block.append(cell)
+        size += len(cell)
+        if len(block) >= BLOCK_ROWS or size >= BLOCK_BYTES:
+            out.append(block)
+            block, size = [], 0
+    if block:
+        out.append(block)
+    return out

@@ -1,0 +1,289 @@
+"""SQL end to end: ``c.query`` on a real 3-node cluster with the Spark pipeline maintaining a
+primary and two secondary indexes, every result compared with ``LocalEngine`` (the
+single-process reference) over the very same documents: multisets, or sequences where the
+statement has ORDER BY (always with a tie-breaker, so the order is unique)."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pytest
+from data_helpers import running_cluster
+
+from shardex.client import Client, connect_local
+from shardex.errors import ErrorCode, ShardexError
+from shardex.pipeline.driver import PipelineDriver
+from shardex.sql.local import LocalEngine
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+KS = "people"
+N_DOCS = 400
+WAIT = 120.0
+
+INDEXES = [
+    f"CREATE PRIMARY INDEX ON {KS}",
+    f"CREATE INDEX by_age ON {KS}(age, name) PARTITION BY HASH(META().id)"
+    ' WITH {"num_partition": 4}',
+    f"CREATE INDEX by_city ON {KS}(city, score DESC) PARTITION BY HASH(city)"
+    ' WITH {"num_partition": 3}',
+]
+
+
+def make_doc(rng: random.Random, i: int) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": rng.choice(["ann", "bob", "cy", "dee", "eve", "fay"]),
+        "city": rng.choice(["paris", "rome", "oslo", "lima", "kyiv"]),
+        "score": rng.choice([rng.randrange(100), rng.randrange(1000) / 10, None]),
+        "tags": rng.sample(["a", "b", "c", "d"], rng.randrange(3)),
+        "active": rng.random() < 0.6,
+        "n": i,
+    }
+    if rng.random() < 0.85:  # some documents have no age at all (MISSING)
+        doc["age"] = rng.randrange(18, 70)
+    if rng.random() < 0.3:
+        doc["address"] = {"zip": f"{rng.randrange(100):05d}", "floor": rng.randrange(5)}
+    return doc
+
+
+@dataclass
+class Env:
+    path: Path
+    client: Client
+    ref: LocalEngine
+
+    def check(self, sql: str, params: Any = None, *, ordered: bool | None = None) -> list[Any]:
+        """Run ``sql`` on the cluster and on the reference; assert equal results."""
+        got = list(self.client.query(sql, params))
+        want = self.ref.query(sql, params)
+        if ordered is None:
+            ordered = "ORDER BY" in sql.upper()
+        if ordered:
+            assert _numbers(got) == _numbers(want), sql
+        else:
+            assert sorted(map(_canon, got)) == sorted(map(_canon, want)), sql
+        return got
+
+    def both(self, sql: str, params: Any = None) -> Any:
+        """A DML statement on both sides; returns the cluster's metrics."""
+        rows = self.client.query(sql, params)
+        list(rows)
+        self.ref.execute(sql, params)
+        return rows.metrics
+
+
+def first(rows: Any) -> Any:
+    out = list(rows)
+    assert len(out) == 1
+    return out[0]
+
+
+def _canon(v: Any) -> bytes:
+    return msgspec.json.encode(_numbers(v), order="sorted")
+
+
+def _numbers(v: Any) -> Any:
+    """JSON numbers by value: a covering scan rebuilds 58.0 from the index key as 58 (the key
+    codec orders numbers exactly across int and float, and keeps no type)."""
+    if type(v) is float and v.is_integer():
+        return int(v)
+    if isinstance(v, dict):
+        return {k: _numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_numbers(x) for x in v]
+    return v
+
+
+@pytest.fixture(scope="module")
+def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    root = tmp_path_factory.mktemp("sql")
+    path = root / "cluster"
+    rng = random.Random(7)
+    docs = {f"p{i:04d}": make_doc(rng, i) for i in range(N_DOCS)}
+    ref = LocalEngine()
+    ref.create_keyspace(KS)
+    ref.keyspaces[KS].update(docs)
+    with running_cluster(path, nodes=3), connect_local(path) as client:
+        client.create_keyspace(KS, num_partitions=8)
+        ks = client.keyspace(KS)
+        for docid, doc in docs.items():
+            ks.upsert(docid, doc)
+        for ddl in INDEXES:
+            list(client.query(ddl))
+            ref.execute(ddl)
+        with connect_local(path) as driver_client:
+            driver = PipelineDriver(
+                spark, driver_client, {"cluster_dir": str(path)}, root / "ckpt", poll=0.2
+            )
+            thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
+            thread.start()
+            try:
+                for name in ("#primary", "by_age", "by_city"):
+                    client.wait_for_index(KS, name, timeout=240)
+                yield Env(path, client, ref)
+            finally:
+                driver.stop()
+                thread.join(timeout=60)
+
+
+@pytest.mark.timeout(600)
+def test_filters_projections_and_params(env: Env) -> None:
+    env.check(f"SELECT * FROM {KS}")
+    env.check(f"SELECT META().id AS id, name, age FROM {KS} WHERE age > 40")
+    env.check(f"SELECT name FROM {KS} WHERE age BETWEEN 20 AND 30 AND name = 'bob'")
+    env.check(f"SELECT RAW age FROM {KS} WHERE age >= 60")
+    env.check(f"SELECT p.name, p.address.zip FROM {KS} AS p WHERE p.city = 'rome'")
+    env.check(f"SELECT city, score FROM {KS} WHERE city IN ['oslo', 'lima'] AND score > 50")
+    env.check(f"SELECT n FROM {KS} WHERE city = 'kyiv' AND score IS NULL")
+    env.check(f"SELECT n FROM {KS} WHERE age IS MISSING")
+    env.check(f"SELECT n, tags FROM {KS} WHERE ANY t IN tags SATISFIES t = 'c' END")
+    env.check(f"SELECT n FROM {KS} WHERE name LIKE 'd%' AND active")
+    env.check(f"SELECT n FROM {KS} WHERE age < $1 AND name = $2", [25, "eve"])
+    env.check(f"SELECT n FROM {KS} WHERE age > $lo AND age < $hi", {"lo": 30, "hi": 33})
+    env.check(f"SELECT n, age + 1 AS next FROM {KS} LET a = age WHERE a = 44")
+    env.check(f"SELECT VALUE {{'id': META().id, 'x': n * 2}} FROM {KS} WHERE age = 50")
+    env.check("SELECT 1 + 2 AS three, 'x' AS y")  # no FROM: the initiator alone
+    env.check("SELECT RAW v * 10 FROM [1, 2, 3] AS v WHERE v > 1")
+
+
+@pytest.mark.timeout(600)
+def test_covering_and_non_covering_and_use_index(env: Env) -> None:
+    c = env.client
+    covered = c.query(f"SELECT age, name FROM {KS} WHERE age > 60")
+    assert sorted(map(_canon, covered)) == sorted(
+        map(_canon, env.ref.query(f"SELECT age, name FROM {KS} WHERE age > 60"))
+    )
+    assert covered.metrics is not None and covered.metrics.index == "by_age"
+    plan = first(c.query(f"EXPLAIN SELECT age, name FROM {KS} WHERE age > 60"))
+    assert plan["distributed"]["index"]["covering"] is True
+    plan = first(c.query(f"EXPLAIN SELECT age, city FROM {KS} WHERE age > 60"))
+    assert plan["distributed"]["index"]["covering"] is False
+    env.check(f"SELECT age, city FROM {KS} WHERE age > 60")
+    env.check(f"SELECT META().id FROM {KS} USE INDEX (`#primary`) WHERE age > 60")
+    env.check(f"SELECT COUNT(*) AS c FROM {KS}")  # the primary index, covering
+    env.check(f"SELECT city, score FROM {KS} USE INDEX (by_city) WHERE city > 'm'")
+    rows = c.query(f"SELECT n FROM {KS} USE INDEX (`#primary`) WHERE age = 30")
+    list(rows)
+    assert rows.metrics is not None and rows.metrics.index == "#primary"
+
+
+@pytest.mark.timeout(600)
+def test_order_limit_offset(env: Env) -> None:
+    env.check(f"SELECT META().id AS id, age FROM {KS} WHERE age > 20 ORDER BY age, id")
+    env.check(f"SELECT META().id AS id, age FROM {KS} WHERE age > 20 ORDER BY age DESC, id LIMIT 7")
+    env.check(f"SELECT n, score FROM {KS} ORDER BY score NULLS LAST, n LIMIT 15 OFFSET 5")
+    env.check(f"SELECT n, city FROM {KS} WHERE city = 'oslo' ORDER BY n DESC LIMIT 3 OFFSET 2")
+    env.check(f"SELECT RAW n FROM {KS} WHERE age > 30 ORDER BY n LIMIT $1", [9])
+    env.check(f"SELECT n FROM {KS} ORDER BY age, n OFFSET 390")
+    env.check(f"SELECT n FROM {KS} WHERE age > 20 ORDER BY n LIMIT 0")
+    got = list(env.client.query(f"SELECT n FROM {KS} WHERE age > 20 LIMIT 5"))
+    assert len(got) == 5
+
+
+@pytest.mark.timeout(600)
+def test_group_by_having_every_aggregate_and_distinct(env: Env) -> None:
+    env.check(
+        f"SELECT city, COUNT(*) AS c, COUNT(age) AS ca, SUM(score) AS s, AVG(score) AS a, "
+        f"MIN(age) AS lo, MAX(name) AS hi, COUNT(DISTINCT name) AS names FROM {KS} GROUP BY city"
+    )
+    env.check(
+        f"SELECT name, AVG(age) AS a FROM {KS} WHERE age > 25 GROUP BY name HAVING COUNT(*) > 10 "
+        "ORDER BY name"
+    )
+    env.check(f"SELECT COUNT(*) AS c, SUM(age) AS s, MIN(score) AS m FROM {KS} WHERE age > 1000")
+    env.check(
+        f"SELECT active, city, COUNT(*) AS c FROM {KS} GROUP BY active, city "
+        "ORDER BY c DESC, city, active LIMIT 4"
+    )
+    env.check(f"SELECT DISTINCT city FROM {KS}")
+    env.check(f"SELECT DISTINCT RAW name FROM {KS} WHERE age > 50")
+    env.check(f"SELECT DISTINCT city, active FROM {KS} ORDER BY city, active")
+    env.check(f"SELECT SUM(DISTINCT age) AS s, AVG(DISTINCT age) AS a FROM {KS}")
+
+
+@pytest.mark.timeout(600)
+def test_meta_id_and_use_keys_go_to_the_data_service(env: Env) -> None:
+    env.check(f"SELECT name, META().id AS id FROM {KS} WHERE META().id = 'p0007'")
+    env.check(f"SELECT n FROM {KS} WHERE META().id IN ['p0001', 'p0002', 'nope']")
+    env.check(f"SELECT n FROM {KS} USE KEYS ['p0003', 'p0004'] WHERE n > 3")
+    plan = first(env.client.query(f"EXPLAIN SELECT n FROM {KS} USE KEYS 'p0003'"))
+    assert plan["distributed"]["source"] == "keys" and "index" not in plan["distributed"]
+
+
+@pytest.mark.timeout(600)
+def test_dml_then_request_plus_reads_see_it(env: Env) -> None:
+    m = env.both(
+        f"INSERT INTO {KS} (KEY, VALUE) VALUES ('new1', {{'age': 33, 'name': 'zed', 'n': -1}})"
+    )
+    assert m.mutation_count == 1
+    env.check(f"SELECT META().id AS id, name FROM {KS} WHERE age = 33")
+    m = env.both(f"UPDATE {KS} SET age = age + 100 WHERE name = 'fay' AND age < 30")
+    assert m.mutation_count == len(
+        [
+            d
+            for d in env.ref.keyspaces[KS].values()
+            if d.get("name") == "fay" and 100 <= d.get("age", 0) < 130
+        ]
+    )
+    env.check(f"SELECT n, age FROM {KS} WHERE age > 100")
+    m = env.both(f"DELETE FROM {KS} WHERE city = 'lima' AND score > 80")
+    assert m.mutation_count > 0
+    env.check(f"SELECT n FROM {KS} WHERE city = 'lima'")
+    env.check(f"SELECT COUNT(*) AS c FROM {KS}")
+    m = env.both(f"UPSERT INTO {KS} (KEY, VALUE) VALUES ('new1', {{'age': 34, 'name': 'zed'}})")
+    assert m.mutation_count == 1
+    env.check(f"SELECT name FROM {KS} WHERE age = 34")
+
+
+@pytest.mark.timeout(600)
+def test_explain_shows_index_spans_fragments_and_exchanges(env: Env) -> None:
+    plan = list(
+        env.client.query(f"EXPLAIN SELECT name FROM {KS} WHERE city = 'rome' ORDER BY name LIMIT 3")
+    )
+    assert len(plan) == 1
+    dist = plan[0]["distributed"]
+    assert dist["index"]["name"] == "by_city"
+    assert dist["index"]["spans"] == [{"low": ["rome"], "high": ["rome"], "inclusion": "both"}]
+    # PARTITION BY HASH(city): the equality span reads one slice, so one leaf.
+    assert len(dist["fragments"]) == 2 and len(dist["exchanges"]) == 1
+    assert dist["fragments"][0]["does"][0] == "MergeSort"
+    assert "Limit(3)" in dist["fragments"][1]["does"]
+
+
+def _error(env: Env, sql: str, params: Any = None, **kw: Any) -> ShardexError:
+    with pytest.raises(ShardexError) as info:
+        list(env.client.query(sql, params, **kw))
+    # The server keeps serving: a good query right after every error.
+    env.check(f"SELECT COUNT(*) AS c FROM {KS} WHERE age > 50")
+    return info.value
+
+
+@pytest.mark.timeout(600)
+def test_errors_are_clear_and_the_server_keeps_serving(env: Env) -> None:
+    e = _error(env, f"SELECT name FROM {KS} WHERE age >")
+    assert e.code is ErrorCode.SQL_SYNTAX and "line 1" in e.message
+    e = _error(env, "SELECT * FROM nowhere")
+    assert e.code is ErrorCode.KEYSPACE_NOT_FOUND
+    list(env.client.query(f"DROP PRIMARY INDEX ON {KS}"))
+    try:
+        e = _error(env, f"SELECT n FROM {KS} WHERE name = 'ann'")
+        assert e.code is ErrorCode.INDEX_NOT_FOUND
+        assert "CREATE PRIMARY INDEX" in e.details["hint"]
+    finally:
+        list(env.client.query(f"CREATE PRIMARY INDEX ON {KS}"))
+        env.client.wait_for_index(KS, "#primary", timeout=240)
+    e = _error(env, f"SELECT n FROM {KS} WHERE age = $1 AND name = $2", [1])
+    assert e.code is ErrorCode.BAD_REQUEST and e.details["expected"] == 2
+    e = _error(env, f"SELECT n FROM {KS} WHERE age > 3 LIMIT 'ten'")
+    assert e.code is ErrorCode.BAD_REQUEST and "LIMIT" in e.message
+    e = _error(env, f"SELECT n FROM {KS} ORDER BY n", max_rows_in_memory=50)
+    assert e.code is ErrorCode.QUERY_MEMORY_LIMIT and e.details["limit"] == 50
+    e = _error(env, f"SELECT n FROM {KS} USE INDEX (nope) WHERE age > 3")
+    assert e.code is ErrorCode.INDEX_NOT_FOUND

@@ -1,0 +1,147 @@
+"""The SQL surfaces on a real cluster (2 nodes on loopback, the Spark pipeline maintaining
+the primary indexes): ``shardex sql --json`` as a process, ``shardex.dbapi`` over
+``connect(dir=...)``, and (slow) the DuckDB correctness suite and the Couchbase conformance
+cases through ``c.query`` at request_plus."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from data_helpers import running_cluster
+from tests.sql_reference.compare import run_suite
+from tests.sql_reference.documents import make_documents
+
+import shardex.dbapi as db
+from shardex.client import Client, connect_local
+from shardex.pipeline.driver import PipelineDriver
+from shardex.sql.conformance import DEFAULT_DIR, ClusterEngine, run_all
+from shardex.sql.local import LocalEngine
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+KS = "docs"
+N_DOCS = 200
+SHARDEX = Path(sys.executable).with_name("shardex")
+
+
+@dataclass
+class Env:
+    path: Path
+    client: Client
+    ref: LocalEngine
+
+
+@pytest.fixture(scope="module")
+def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    root = tmp_path_factory.mktemp("sqlsurf")
+    path = root / "cluster"
+    docs = make_documents(1, N_DOCS)
+    ref = LocalEngine()
+    ref.create_keyspace(KS)
+    ref.keyspaces[KS].update(docs)
+    with running_cluster(path, nodes=2), connect_local(path) as client:
+        client.create_keyspace(KS, num_partitions=8)
+        ks = client.keyspace(KS)
+        for docid, doc in docs.items():
+            ks.upsert(docid, doc)
+        list(client.query(f"CREATE PRIMARY INDEX ON {KS}"))
+        with connect_local(path) as driver_client:
+            driver = PipelineDriver(
+                spark, driver_client, {"cluster_dir": str(path)}, root / "ckpt", poll=0.2
+            )
+            thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
+            thread.start()
+            try:
+                client.wait_for_index(KS, "#primary", timeout=240)
+                yield Env(path, client, ref)
+            finally:
+                driver.stop()
+                thread.join(timeout=60)
+
+
+def _cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SHARDEX), "sql", "--dir", str(env.path), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+@pytest.mark.timeout(600)
+def test_cli_json_prints_exactly_the_rows(env: Env) -> None:
+    sql = f"SELECT d.id, d.s FROM {KS} AS d WHERE d.a > $1 ORDER BY d.id LIMIT 5"
+    done = _cli(env, "--json", "--param", "10", sql)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == env.ref.query(sql, [10])
+    assert done.stdout.strip().startswith("[") and done.stdout.strip().endswith("]")
+    done = _cli(env, "--json", f"SELECT RAW COUNT(*) FROM {KS} WHERE a IS MISSING")
+    assert json.loads(done.stdout) == env.ref.query(
+        f"SELECT RAW COUNT(*) FROM {KS} WHERE a IS MISSING"
+    )
+    bad = _cli(env, "--json", f"SELECT id FROM {KS} WHERE")
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert "SQL_SYNTAX" in bad.stderr and "line 1" in bad.stderr and "^" in bad.stderr
+    table = _cli(env, f"SELECT d.id, d.g FROM {KS} AS d WHERE d.id < 3 ORDER BY d.id")
+    assert table.returncode == 0 and "3 row(s)" in table.stdout
+
+
+@pytest.mark.timeout(600)
+def test_dbapi_through_the_cluster(env: Env) -> None:
+    with db.connect(dir=env.path) as conn:
+        cur = conn.cursor()
+        cur.execute(
+            f"SELECT d.id, d.a FROM {KS} AS d WHERE d.a BETWEEN ? AND ? ORDER BY d.id", [3, 5]
+        )
+        want = env.ref.query(
+            f"SELECT d.id, d.a FROM {KS} AS d WHERE d.a BETWEEN 3 AND 5 ORDER BY d.id"
+        )
+        assert [d[0] for d in cur.description] == ["id", "a"]
+        assert cur.fetchall() == [(r["id"], r["a"]) for r in want]
+        assert cur.rowcount == len(want) and cur.metrics.index == "#primary"
+        cur.execute(f"UPSERT INTO {KS} (KEY, VALUE) VALUES (?, {{'id': ?, 'a': 1000}})", ["zz", -1])
+        assert cur.rowcount == 1
+        cur.execute(f"SELECT RAW d.id FROM {KS} AS d WHERE d.a = 1000")  # request_plus
+        assert cur.fetchall() == [(-1,)]
+        cur.execute(f"DELETE FROM {KS} WHERE META().id = ?", ["zz"])
+        assert cur.rowcount == 1
+        conn.commit()
+        with pytest.raises(db.ProgrammingError) as info:
+            cur.execute("SELECT * FROM nowhere")
+        assert info.value.code is not None and info.value.code.name == "KEYSPACE_NOT_FOUND"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_duckdb_suite_through_the_cluster(env: Env) -> None:
+    qs, mismatches = run_suite(
+        lambda sql: env.client.query(sql), keyspace=KS, n_docs=N_DOCS, n_queries=300
+    )
+    assert len(qs) == 300
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_conformance_through_the_cluster(env: Env) -> None:
+    if not DEFAULT_DIR.is_dir():
+        pytest.skip(f"no conformance cases at {DEFAULT_DIR}")
+    local = {(o.file, o.index): o for o in run_all(DEFAULT_DIR)}
+    cluster = run_all(DEFAULT_DIR, ClusterEngine(env.client))
+    failed = [o for o in cluster if o.outcome == "failed"]
+    assert not failed, "\n".join(f"{o.file}#{o.index}: {o.reason}" for o in failed[:15])
+    # The cluster passes exactly what the single-process reference passes.
+    assert {(o.file, o.index): o.outcome for o in cluster} == {
+        k: o.outcome for k, o in local.items()
+    }

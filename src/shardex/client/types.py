@@ -242,6 +242,24 @@ class RebalanceResult:
         return dataclasses.asdict(self)
 
 
+def _move_result(m: Any, phases: dict[str, str], **extra: Any) -> MoveResult:
+    """One data or index move of a rebalance record as the client shows it."""
+    return MoveResult(
+        keyspace=m.keyspace,
+        partition=m.partition,
+        source=m.source,
+        target=m.target,
+        status=m.status,
+        phase=phases.get(m.migration_id, ""),
+        error=m.error,
+        topology_seq=m.topology_seq,
+        bytes=m.bytes,
+        copy_seconds=m.copy_seconds,
+        seconds=m.seconds,
+        **extra,
+    )
+
+
 def rebalance_from(record: RebalanceRecord, phases: dict[str, str]) -> RebalanceResult:
     return RebalanceResult(
         id=record.id,
@@ -250,41 +268,10 @@ def rebalance_from(record: RebalanceRecord, phases: dict[str, str]) -> Rebalance
         message=record.message,
         started_at=record.started_at,
         finished_at=record.finished_at,
-        moves=tuple(
-            MoveResult(
-                keyspace=m.keyspace,
-                partition=m.partition,
-                source=m.source,
-                target=m.target,
-                status=m.status,
-                phase=phases.get(m.migration_id, ""),
-                error=m.error,
-                topology_seq=m.topology_seq,
-                bytes=m.bytes,
-                docs=m.docs,
-                copy_seconds=m.copy_seconds,
-                pause_ms=m.pause_ms,
-                seconds=m.seconds,
-            )
-            for m in record.moves
-        )
+        moves=tuple(_move_result(m, phases, docs=m.docs, pause_ms=m.pause_ms) for m in record.moves)
         + tuple(
-            MoveResult(
-                keyspace=m.keyspace,
-                partition=m.partition,
-                source=m.source,
-                target=m.target,
-                status=m.status,
-                phase=phases.get(m.migration_id, ""),
-                error=m.error,
-                topology_seq=m.topology_seq,
-                bytes=m.bytes,
-                docs=m.items,
-                copy_seconds=m.copy_seconds,
-                pause_ms=0.0,  # an index move never pauses writes or scans
-                seconds=m.seconds,
-                index=m.index_name,
-            )
+            # an index move never pauses writes or scans
+            _move_result(m, phases, docs=m.items, pause_ms=0.0, index=m.index_name)
             for m in record.index_moves
         ),
     )

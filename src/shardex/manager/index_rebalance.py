@@ -61,7 +61,7 @@ from shardex.manager.index_rebalance_state import (
 )
 from shardex.manager.index_state import ACTIVE
 from shardex.manager.member_list import UP
-from shardex.manager.migration_driver import deposed
+from shardex.manager.migration_driver import ask_member, deposed, member_address
 from shardex.manager.rebalance_state import RUNNING, RebalanceRecord
 from shardex.net.messages import Message
 
@@ -143,18 +143,10 @@ class IndexMoveDriver:
         await self._c.exclusive(epoch, fn)
 
     def _address(self, node: str) -> str:
-        for m in self._c.membership.members:
-            if m.name == node:
-                return str(m.address)
-        raise ShardexError(
-            f"node {node!r} is not a cluster member",
-            code=ErrorCode.NODE_UNAVAILABLE,
-            details={"node": node},
-        )
+        return member_address(self._c, node)
 
     async def _ask(self, node: str, msg: Message, timeout: float, expect: type[M]) -> M:
-        reply: M = await self._c.pool.request(self._address(node), msg, timeout, expect=expect)
-        return reply
+        return await ask_member(self._c, node, msg, timeout, expect)
 
     async def run(self, record: RebalanceRecord, epoch: int) -> None:
         """Every planned index move of ``record``, ``max_parallel`` at a time."""

@@ -58,6 +58,28 @@ def deposed(exc: ShardexError) -> bool:
     return exc.code is ErrorCode.NODE_UNAVAILABLE and exc.details.get("reason") == "deposed"
 
 
+def member_address(coordinator: Any, node: str) -> str:
+    """The address of cluster member ``node``; NODE_UNAVAILABLE if it is not one."""
+    for m in coordinator.membership.members:
+        if m.name == node:
+            return str(m.address)
+    raise ShardexError(
+        f"node {node!r} is not a cluster member",
+        code=ErrorCode.NODE_UNAVAILABLE,
+        details={"node": node},
+    )
+
+
+async def ask_member(
+    coordinator: Any, node: str, msg: Message, timeout: float, expect: type[M]
+) -> M:
+    """One request to member ``node`` over the coordinator's connection pool."""
+    reply: M = await coordinator.pool.request(
+        member_address(coordinator, node), msg, timeout, expect=expect
+    )
+    return reply
+
+
 class MigrationDriver:
     """Node calls and commits of single migrations (module docstring)."""
 
@@ -81,18 +103,10 @@ class MigrationDriver:
         await self._c.exclusive(epoch, fn)
 
     def _address(self, node: str) -> str:
-        for m in self._c.membership.members:
-            if m.name == node:
-                return str(m.address)
-        raise ShardexError(
-            f"node {node!r} is not a cluster member",
-            code=ErrorCode.NODE_UNAVAILABLE,
-            details={"node": node},
-        )
+        return member_address(self._c, node)
 
     async def _ask(self, node: str, msg: Message, timeout: float, expect: type[M]) -> M:
-        reply: M = await self._c.pool.request(self._address(node), msg, timeout, expect=expect)
-        return reply
+        return await ask_member(self._c, node, msg, timeout, expect)
 
     async def migrate(self, move: MoveRecord, epoch: int, rate_limit: int) -> None:
         """One migration, steps 1-6 of the module docstring."""

@@ -45,7 +45,21 @@ if TYPE_CHECKING:
     from shardex.client import Client
 
 KEYSPACES = ("customer", "orders", "product", "purchase", "review")
-DEFAULT_DIR = Path(__file__).resolve().parents[4] / "shared" / "conformance" / "couchbase-filestore"
+_CASES = Path("shared") / "conformance" / "couchbase-filestore"
+
+
+def _default_dir() -> Path:
+    """The workplace's shared folder beside the checkout (``<repo>/../shared``), else beside
+    the working directory, else the workplace's fixed location; the first that exists."""
+    candidates = [
+        Path(__file__).resolve().parents[4] / _CASES,
+        Path.cwd().resolve().parent / _CASES,
+        Path("/work") / _CASES,
+    ]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+DEFAULT_DIR = _default_dir()
 
 # Deliberate differences from N1QL, each with its reason: (statement pattern, reason).
 KNOWN_DIFFERENCES: tuple[tuple[str, str], ...] = (

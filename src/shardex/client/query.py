@@ -178,7 +178,12 @@ def run_query(
     at: Any = None,
     timeout: float = DEFAULT_QUERY_TIMEOUT,
     max_rows_in_memory: int | None = None,
+    window: int | None = None,
+    tuning: Mapping[str, bool] | None = None,
 ) -> QueryRows:
+    """``window``: the credit window of every exchange of the query, bytes (None: the
+    node's default). ``tuning``: switches of the execution (``shardex.sql.exec.tuning``),
+    for benchmarks that compare paths; the node rejects unknown names."""
     t0 = time.monotonic()
     if not isinstance(sql, str) or not sql.strip():
         raise _bad(f"a statement must be non-empty text, got {sql!r:.80}", value=repr(sql)[:200])
@@ -211,6 +216,8 @@ def run_query(
         timeout=float(timeout),
         credit=CREDIT,
         max_rows_in_memory=max_rows_in_memory,
+        window=window,
+        tuning=None if tuning is None else dict(tuning),
     )
     started, stream = client._run(_start(client, msg))
     return QueryRows(client, started, stream, None, t0)

@@ -414,6 +414,8 @@ class Client(RebalanceOps, IndexOps):
         at: Any = None,
         timeout: float = 120.0,
         max_rows_in_memory: int | None = None,
+        window: int | None = None,
+        tuning: Mapping[str, bool] | None = None,
     ) -> QueryRows:
         """Run one SQL++ statement (``shardex.client.query``): an iterator of rows (dicts)
         with ``metrics`` once exhausted. ``params``: a list for $1, $2 or a mapping for
@@ -426,6 +428,8 @@ class Client(RebalanceOps, IndexOps):
             at=at,
             timeout=timeout,
             max_rows_in_memory=max_rows_in_memory,
+            window=window,
+            tuning=tuning,
         )
 
     def query_context(self) -> QueryContext:

@@ -83,6 +83,7 @@ __all__ = [
     "collate",
     "collation_key",
     "decode_entry",
+    "decode_entry_key",
     "decode_key",
     "decode_value",
     "encode_entry",
@@ -184,6 +185,19 @@ def decode_entry(data: bytes, desc: Sequence[bool] | None = None) -> tuple[list[
     if end != len(data):
         malformed(data, f"{len(data) - end} trailing bytes")
     return parts, docid
+
+
+def decode_entry_key(
+    data: bytes, desc: Sequence[bool] | None = None
+) -> tuple[list[JsonValue], int]:
+    """The key parts of an entry and the offset of its docid marker: ``data[:offset]`` is
+    the key's encoding, so an entry that starts with those bytes followed by the marker has
+    the same key parts (readers of sorted entries decode each distinct key once)."""
+    data = bytes(data)
+    parts, pos = _decode_parts(data, desc, entry=True)
+    if pos >= len(data):
+        malformed(data, "no document id")
+    return parts, pos
 
 
 def successor(prefix: bytes) -> bytes:

@@ -112,6 +112,20 @@ class MutateManyReply(Message, tag="data.MutateManyReply"):
     errors: list[ItemError] = msgspec.field(default_factory=list)
 
 
+class GetMany(Message, tag="data.GetMany"):
+    """Several documents of one keyspace from their owner in one request, read by the
+    engine in one call (SQL fetches). Docids this node does not own come back as per-item
+    NOT_MY_PARTITION errors; the caller re-routes just those."""
+
+    keyspace: str
+    docids: list[str]
+
+
+class GetManyReply(Message, tag="data.GetManyReply"):
+    bodies: list[bytes | None]  # aligned with the docids; None: absent, deleted, or an error
+    errors: list[ItemError] = msgspec.field(default_factory=list)
+
+
 # --- seqnos and stats ------------------------------------------------------------------------
 
 

@@ -30,13 +30,15 @@ from typing import Any, TypeVar
 
 from shardex.data import reconcile
 from shardex.data.engine import DataEngine
-from shardex.data.errors import KeyspaceNotFound, not_my_partition
+from shardex.data.errors import BadRequest, DocNotFound, KeyspaceNotFound, not_my_partition
 from shardex.data.groupcommit import GroupCommitter
 from shardex.data.messages import (
     CancelStream,
     Delete,
     DropKeyspaceData,
     Get,
+    GetMany,
+    GetManyReply,
     GetReply,
     HighSeqnos,
     HighSeqnosReply,
@@ -78,6 +80,8 @@ SYNC_INTERVAL = 1.0  # "memory" writes become power-loss safe within this long
 PURGE_INTERVAL = 30.0  # the engine's retention rule runs this often
 FAN_OUT_TIMEOUT = 5.0
 FAN_OUT_ATTEMPTS = 4  # a partition in hand-over is missing for a moment: retry the gather
+GET_MANY_MAX = 10_000  # docids per GetMany: bounds one reply's size
+GET_MANY_ON_LOOP = 32  # up to this many cached point reads cost less than a thread hop
 
 
 class DataService:
@@ -135,6 +139,7 @@ class DataService:
             Replace: self._on_replace,
             Delete: self._on_delete,
             Get: self._on_get,
+            GetMany: self._on_get_many,
             MutateMany: self._on_mutate_many,
             HighSeqnos: self._on_high_seqnos,
             KeyspaceStats: self._on_stats,
@@ -253,6 +258,43 @@ class DataService:
         except ShardexError as exc:
             raise self._enrich(exc) from None
         return GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+
+    async def _on_get_many(self, msg: GetMany, conn: Connection) -> GetManyReply:
+        if len(msg.docids) > GET_MANY_MAX:
+            raise BadRequest(
+                f"GetMany asks for {len(msg.docids)} documents, more than {GET_MANY_MAX}",
+                details={"value": len(msg.docids), "hint": f"split into <= {GET_MANY_MAX}"},
+            )
+        engine = self.engine
+        if len(msg.docids) <= GET_MANY_ON_LOOP:
+            bodies, errs = self._read_many(engine, msg.keyspace, msg.docids)
+        else:  # a long read would hold the loop (heartbeats, other requests)
+            bodies, errs = await self._run(self._read_many, engine, msg.keyspace, msg.docids)
+        errors = [ItemError(i, WireError(*self._enrich(e).to_wire())) for i, e in errs]
+        return GetManyReply(bodies=bodies, errors=errors)
+
+    def _read_many(
+        self, engine: DataEngine, keyspace: str, docids: list[str]
+    ) -> tuple[list[bytes | None], list[tuple[int, ShardexError]]]:
+        """Every docid's stored body (None when absent or deleted) in one pass over the
+        engine; per-item errors (NOT_MY_PARTITION, a bad docid) beside them."""
+        bodies: list[bytes | None] = []
+        errors: list[tuple[int, ShardexError]] = []
+        for i, docid in enumerate(docids):
+            try:
+                bodies.append(engine.get_raw(keyspace, docid).body)
+                continue
+            except DocNotFound:
+                pass
+            except KeyspaceNotFound as exc:
+                err = self._not_here(exc, keyspace, docid)
+                if err is exc:
+                    raise  # the cluster has no such keyspace: the whole request fails
+                errors.append((i, err))
+            except ShardexError as exc:
+                errors.append((i, exc))
+            bodies.append(None)
+        return bodies, errors
 
     async def _on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
         ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]

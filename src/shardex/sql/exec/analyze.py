@@ -34,6 +34,7 @@ __all__ = [
     "doc_where",
     "key_lookup",
     "read_paths",
+    "reads_meta",
     "to_document_terms",
 ]
 
@@ -125,6 +126,14 @@ def read_paths(b: BoundSelect) -> set[Path] | None:
                 continue  # a LET variable, read through its definition (also listed)
             out.add(p)
     return out
+
+
+def reads_meta(b: BoundSelect) -> bool:
+    """Whether the query reads ``META()`` of the documents (a covering leaf then needs
+    each entry's docid)."""
+    return any(
+        isinstance(n, Identifier) and n.name == META_KEY for e in _doc_exprs(b) for n in walk(e)
+    )
 
 
 @dataclass(frozen=True)

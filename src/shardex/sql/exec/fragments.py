@@ -4,24 +4,24 @@ execution protocol; the row work runs in ``bridge.run_pipeline`` over ``pipeline
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from shardex.core.expr import evaluate, parse_expression, static_path
-from shardex.core.keycodec import decode_entry
 from shardex.core.timestamp import Timestamp
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.spans import Span
-from shardex.sql.exec.analyze import Budget, key_lookup
+from shardex.sql.exec.analyze import Budget, key_lookup, reads_meta
 from shardex.sql.exec.bridge import run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
+from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.pipeline import leaf_rows, root_rows
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
 from shardex.sql.exec.rows import decode_rows
-from shardex.sql.planner.choose import covered_document
+from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.protocol import FragmentContext, FragmentRegistry
 from shardex.sql.syntax.bind import META_KEY
 
@@ -31,6 +31,17 @@ if TYPE_CHECKING:
 __all__ = ["sql_fragments"]
 
 SCAN_BLOCK_ROWS = 500
+MIN_SCAN_BLOCK_ROWS = 16
+
+
+def scan_block_rows(top: int | None) -> int:
+    """Entries a leaf reads per block: with a known row limit, about that many (a LIMIT 20
+    reads and fetches ~20, and the next block only if the filter dropped some), else
+    ``SCAN_BLOCK_ROWS``. The pipeline pulls blocks lazily, so the index scan stops when the
+    leaf has its rows: the limit reaches the scan itself."""
+    if top is None:
+        return SCAN_BLOCK_ROWS
+    return max(MIN_SCAN_BLOCK_ROWS, min(SCAN_BLOCK_ROWS, top))
 
 
 def sql_fragments(
@@ -38,7 +49,8 @@ def sql_fragments(
 ) -> FragmentRegistry:
     async def leaf(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         a = ctx.args
-        b = bind_statement(a["sql"], a["dml"])
+        tuning = check_tuning(a.get("tuning"))
+        b = bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
         if index_scan is None:
             raise ShardexError(
                 f"member {ctx.member_id} runs no index service but got a scan fragment",
@@ -53,26 +65,32 @@ def sql_fragments(
             spans = [Span(lo, hi, li, hi_inc) for lo, hi, li, hi_inc in a["spans"]]
         ts = None if a["ts"] is None else Timestamp.from_wire(a["ts"])
         alias, keyspace, covering = b.alias, a["keyspace"], a["covering"]
+        ordered = bool(a.get("ordered"))
+        fetch = documents.get_many if tuning["get_many"] else documents.get_each
+
+        decoder = EntryDecoder(desc, key_paths)
+        meta = reads_meta(b)
 
         async def scope_rows() -> AsyncIterator[list[Any]]:
             blocks = index_scan.read_local(
-                a["index_id"], a["partitions"], spans, ts, ordered=False, block_rows=SCAN_BLOCK_ROWS
+                a["index_id"],
+                a["partitions"],
+                spans,
+                ts,
+                ordered=ordered,
+                block_rows=scan_block_rows(a["top"]),
             )
             async for block in blocks:
-                entries = [decode_entry(e, desc) for e in block]
                 if covering:
-                    yield [
-                        {alias: covered_document(key_paths, key), META_KEY: {"id": docid}}
-                        for key, docid in entries
-                    ]
+                    yield decoder.covered_rows(block, alias, meta)
                     continue
-                docs = await documents.get_many(keyspace, [docid for _, docid in entries])
+                docs = await fetch(keyspace, decoder.docids(block))
                 yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
         budget = Budget(a["budget"])
         mode, top = a["mode"], a["top"]
         batches = run_pipeline(
-            lambda ins: leaf_rows(b, params, mode, top, budget, ins[0]),
+            lambda ins: leaf_rows(b, params, mode, top, budget, ins[0], presorted=ordered),
             [scope_rows()],
             name=f"{ctx.query_id} leaf",
         )
@@ -81,14 +99,16 @@ def sql_fragments(
 
     async def root(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         a = ctx.args
-        b = bind_statement(a["sql"], a["dml"])
+        tuning = check_tuning(a.get("tuning"))
+        b = bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
         params = ctx.parameters
         source = a["source"]
         sources: list[AsyncIterator[list[Any]]]
         if source == "index":
             sources = [_rows_by_batch(ctx.inputs[e]) for e in sorted(ctx.inputs)]
         elif source == "keys":
-            sources = [_lookup(b, params, a["keyspace"], documents)]
+            fetch = documents.get_many if tuning["get_many"] else documents.get_each
+            sources = [_lookup(b, params, a["keyspace"], fetch)]
         elif source == "expr":
             assert b.from_ is not None and b.from_.source is not None
             value = evaluate(b.from_.source, {}, params=params)
@@ -122,10 +142,13 @@ async def _rows_by_batch(batches: AsyncIterator[pa.RecordBatch]) -> AsyncIterato
 
 
 async def _lookup(
-    b: Any, params: Any, keyspace: str, documents: DocumentAccess
+    b: Any,
+    params: Any,
+    keyspace: str,
+    fetch: Callable[[str, list[str]], Awaitable[list[tuple[str, Any]]]],
 ) -> AsyncIterator[list[Any]]:
     lookup = key_lookup(b)
     assert lookup is not None
     keys = lookup_keys(lookup.keys, params, dedupe=lookup.source == "meta_id")
-    docs = dict(await documents.get_many(keyspace, list(dict.fromkeys(keys))))
+    docs = dict(await fetch(keyspace, list(dict.fromkeys(keys))))
     yield [{b.alias: docs[k], META_KEY: {"id": k}} for k in keys if k in docs]

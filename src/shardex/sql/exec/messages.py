@@ -2,7 +2,10 @@
 receives it (the initiator); the reply ``SqlStarted`` says it runs (or, for DML, what it
 changed); result rows then follow on the same connection as the scan streams' one-way
 ``ScanBlock`` messages (each entry one msgpack-encoded row, ``shardex.sql.exec.rows``) and one
-``ScanEnd``, with the same block-credit flow control (``shardex.scan.streams``)."""
+``ScanEnd``, with the same block-credit flow control (``shardex.scan.streams``).
+
+``ExchangeStats`` asks one node what its ``ExchangeMeter`` saw of one query's exchanges
+(the benchmark of bytes in flight against the credit window)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import msgspec
 from shardex.net.messages import Message
 from shardex.scan.messages import WireTs
 
-__all__ = ["SqlQuery", "SqlStarted"]
+__all__ = ["ExchangeStats", "ExchangeStatsReply", "SqlQuery", "SqlStarted", "StreamReport"]
 
 
 class SqlQuery(Message, tag="sql.QueryRequest"):
@@ -25,6 +28,8 @@ class SqlQuery(Message, tag="sql.QueryRequest"):
     timeout: float = 60.0
     credit: int = 4  # result blocks the node may send before waiting for ScanCredit
     max_rows_in_memory: int | None = None  # None: the node's default budget
+    window: int | None = None  # credit window of the query's exchanges; None: the default
+    tuning: dict[str, bool] | None = None  # execution switches (``tuning.py``); None: all on
 
 
 class SqlStarted(Message, tag="sql.QueryStarted"):
@@ -34,3 +39,25 @@ class SqlStarted(Message, tag="sql.QueryStarted"):
     index: str | None = None  # the index a SELECT reads (None: no index)
     ts: WireTs | None = None  # the stability TS every scan of the query read
     details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ExchangeStats(Message, tag="sql.ExchangeStats"):
+    query_id: str  # as ``str(QueryId)``, what ``SqlStarted.details["query_id"]`` says
+
+
+class StreamReport(msgspec.Struct, array_like=True, frozen=True):
+    """One stream (edge, sender) as this node's meter saw it: the sender's side (sent,
+    max_sender_bound, stalls) on the sender's node, the receiver's (consumed) on its own."""
+
+    edge: int
+    sender: str
+    window: int
+    sent: int
+    consumed: int
+    max_sender_bound: int  # max of sent - (credit limit - window): >= bytes in flight
+    stalls: int
+
+
+class ExchangeStatsReply(Message, tag="sql.ExchangeStatsReply"):
+    member: str
+    streams: list[StreamReport]

@@ -10,6 +10,7 @@ from shardex.net import ConnectionPool, RpcServer
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragments import sql_fragments
 from shardex.sql.exec.service import SqlService
+from shardex.sql.exec.tuning import BoundedMeter
 from shardex.sql.protocol import MembershipDirectory, QueryService
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ class SqlMount:
             secret=secret,
             directory=MembershipDirectory(lambda: node.membership),
             fragments=sql_fragments(node.index_scan, self.documents),
+            meter=BoundedMeter(),  # the last queries' exchanges, for ExchangeStats
         )
         self.sql = SqlService(
             query=self.query,

@@ -7,7 +7,9 @@ Three shapes (``mode``), chosen by the physical planner:
 * ``group``: leaves run LET, WHERE and the PARTIAL aggregate; the root merges partial
   states (FINAL), then LETTING, HAVING, projection, DISTINCT, ORDER BY, OFFSET, LIMIT;
 * ``sort``: leaves project each row with its encoded sort key and sort locally (top-N when a
-  limit is known); the root k-way merges the sorted streams, then DISTINCT, OFFSET, LIMIT;
+  limit is known), or, when the index order satisfies ORDER BY (``presorted``), pass rows on
+  in scan order and stop at the limit; the root k-way merges the sorted streams, then
+  DISTINCT, OFFSET, LIMIT;
 * ``rows``: leaves project (DISTINCT locally, limit pushed down); the root concatenates,
   then DISTINCT, OFFSET, LIMIT.
 
@@ -124,8 +126,12 @@ def leaf_rows(
     top: int | None,
     budget: Budget,
     scope_rows: Iterable[Any],
+    *,
+    presorted: bool = False,
 ) -> Iterator[Any]:
-    """A leaf's output rows from its scope rows (see the module doc for each mode)."""
+    """A leaf's output rows from its scope rows (see the module doc for each mode).
+    ``presorted``: the scope rows come in ORDER BY order already (the index order satisfies
+    it), so ``sort`` only tags each row with its key and stops after ``top`` rows."""
     rows = _filtered(b, scope_rows, params)
     if mode == "group":
         keys = [_fn(k, params) for k in b.group_keys]
@@ -137,6 +143,10 @@ def leaf_rows(
     terms, raw = _terms(b, params)
     if mode == "sort":
         pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=_sort_key(b, params))
+        if presorted and not b.distinct:
+            for key, value in itertools.islice(pairs, top):
+                yield [key, value]
+            return
         if top is None or b.distinct:
             pairs = _counted(pairs, budget, "ORDER BY")
         for key, value in sort_pairs(pairs, None if b.distinct else top):

@@ -31,19 +31,19 @@ from shardex.scan.coordinator import check_servable
 from shardex.scan.spans import eliminate, encode_spans, to_user_spans
 from shardex.sql.exec.analyze import doc_order, doc_where, key_lookup, read_paths
 from shardex.sql.exec.pipeline import mode_of
+from shardex.sql.exec.statements import bound_statement
+from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count
 from shardex.sql.planner.choose import IndexChoice, choose_index
 from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.protocol import FragmentSpec, QueryPlan
 from shardex.sql.syntax import (
     DeleteStmt,
-    ExplainStmt,
     ResultTerm,
     SelectStmt,
     UpdateStmt,
-    parse_statement,
 )
-from shardex.sql.syntax.bind import BoundSelect, bind_select
+from shardex.sql.syntax.bind import BoundSelect
 from shardex.sql.syntax.explain import explain_select
 
 __all__ = ["Leaf", "PhysicalPlan", "bind_statement", "dml_select", "lookup_keys", "plan_select"]
@@ -62,16 +62,10 @@ def dml_select(stmt: DeleteStmt | UpdateStmt) -> SelectStmt:
     return SelectStmt(terms=terms, from_=stmt.target, where=stmt.where, limit=stmt.limit)
 
 
-def bind_statement(sql: str, dml: bool) -> BoundSelect:
-    """The bound SELECT of ``sql`` (the one a DML statement derives when ``dml``)."""
-    stmt = parse_statement(sql)
-    if isinstance(stmt, ExplainStmt):
-        stmt = stmt.statement
-    if dml:
-        assert isinstance(stmt, DeleteStmt | UpdateStmt)
-        stmt = dml_select(stmt)
-    assert isinstance(stmt, SelectStmt)
-    return bind_select(stmt)
+def bind_statement(sql: str, dml: bool, *, cached: bool = True) -> BoundSelect:
+    """The bound SELECT of ``sql`` (the one a DML statement derives when ``dml``), from the
+    statement cache unless ``cached`` is False."""
+    return bound_statement(sql, dml, cached=cached)
 
 
 @dataclass(frozen=True)
@@ -93,6 +87,9 @@ class PhysicalPlan:
     leaves: list[Leaf] = field(default_factory=list)
     limit: int | None = None
     offset: int = 0
+    ordered: bool = False  # leaves stream in index order (it satisfies ORDER BY): no sort
+    tuning: dict[str, bool] = field(default_factory=lambda: check_tuning(None))
+    query_id: str | None = None  # once started
 
     @property
     def top(self) -> int | None:
@@ -105,7 +102,13 @@ class PhysicalPlan:
     def query_plan(
         self, sql: str, dml: bool, initiator: str, ts: Timestamp | None, budget: int
     ) -> QueryPlan:
-        common = {"sql": sql, "dml": dml, "mode": self.mode, "budget": budget}
+        common = {
+            "sql": sql,
+            "dml": dml,
+            "mode": self.mode,
+            "budget": budget,
+            "tuning": self.tuning,
+        }
         fragments: list[FragmentSpec] = []
         inputs: list[int] = []
         if self.choice is not None and self.record is not None:
@@ -126,6 +129,7 @@ class PhysicalPlan:
                     "ts": None if ts is None else dict(ts.to_wire()),
                     "covering": self.choice.covering,
                     "top": self.top,
+                    "ordered": self.ordered,
                 }
                 fragments.append(
                     FragmentSpec(
@@ -156,6 +160,7 @@ class PhysicalPlan:
                 "primary": defn.is_primary,
                 "covering": self.choice.covering,
                 "spans": self.spans,
+                "index_order": self.ordered,
             }
         fragments = [
             {
@@ -192,9 +197,14 @@ def _leaf_does(p: PhysicalPlan) -> list[str]:
     if p.choice.covering:
         steps.pop()
     steps.append("Filter")
-    steps.append(
-        {"group": "PartialAggregate", "sort": "LocalSort", "rows": "Project"}.get(p.mode, p.mode)
-    )
+    if p.ordered:
+        steps.append("IndexOrder")  # entries already in ORDER BY order: no local sort
+    else:
+        steps.append(
+            {"group": "PartialAggregate", "sort": "LocalSort", "rows": "Project"}.get(
+                p.mode, p.mode
+            )
+        )
     if p.top is not None:
         steps.append(f"Limit({p.top})")
     return steps
@@ -248,16 +258,18 @@ def plan_select(
     state: StateContext,
     members: dict[str, str],
     resolve_params: bool = True,
+    tuning: dict[str, bool] | None = None,
 ) -> PhysicalPlan:
     """Choose the source, the index and its spans, and the leaves. ``members``: node name
     -> member id of the live members. ``resolve_params`` False (EXPLAIN without values):
     spans are left empty when they need parameter values."""
     limit, offset = _counts(b, params, resolve_params)
+    switches = check_tuning(tuning)
     ref = b.from_
     if ref is None:
-        return PhysicalPlan(b, "local", "none", limit=limit, offset=offset)
+        return PhysicalPlan(b, "local", "none", limit=limit, offset=offset, tuning=switches)
     if ref.source is not None:
-        return PhysicalPlan(b, "local", "expr", limit=limit, offset=offset)
+        return PhysicalPlan(b, "local", "expr", limit=limit, offset=offset, tuning=switches)
     keyspace = ref.name
     if keyspace not in state.keyspaces:
         raise _no_keyspace(keyspace)
@@ -269,7 +281,9 @@ def plan_select(
         )
     use_index = ref.use_index[0] if ref.use_index else None
     if key_lookup(b) is not None and use_index is None:
-        return PhysicalPlan(b, "local", "keys", keyspace, limit=limit, offset=offset)
+        return PhysicalPlan(
+            b, "local", "keys", keyspace, limit=limit, offset=offset, tuning=switches
+        )
     records = [r for r in state.indexes.values() if r.definition.keyspace == keyspace]
     if use_index is not None:
         hinted = [r for r in records if r.definition.name == use_index]
@@ -295,8 +309,19 @@ def plan_select(
             spans = key_spans(choice.per_key, list(defn.desc), None)
         except ShardexError:
             spans = []
+    mode = mode_of(b)
     plan = PhysicalPlan(
-        b, mode_of(b), "index", keyspace, choice, record, spans, limit=limit, offset=offset
+        b,
+        mode,
+        "index",
+        keyspace,
+        choice,
+        record,
+        spans,
+        limit=limit,
+        offset=offset,
+        ordered=bool(order) and choice.ordered and not b.distinct and switches["index_order"],
+        tuning=switches,
     )
     if not spans or limit == 0:
         return plan  # nothing can match: the root alone (a global aggregate still answers)

@@ -29,10 +29,18 @@ from shardex.scan.messages import AT_PLUS, CONSISTENCIES, REQUEST_PLUS, Stabilit
 from shardex.scan.streams import OutStream, OutStreams
 from shardex.sql.exec.analyze import Budget
 from shardex.sql.exec.documents import DocumentAccess
-from shardex.sql.exec.messages import SqlQuery, SqlStarted
+from shardex.sql.exec.messages import (
+    ExchangeStats,
+    ExchangeStatsReply,
+    SqlQuery,
+    SqlStarted,
+    StreamReport,
+)
 from shardex.sql.exec.pipeline import finish
-from shardex.sql.exec.plan import PhysicalPlan, dml_select, plan_select
+from shardex.sql.exec.plan import PhysicalPlan, bind_statement, dml_select, plan_select
 from shardex.sql.exec.rows import decode_rows, encode_row
+from shardex.sql.exec.statements import parsed
+from shardex.sql.exec.tuning import BoundedMeter, check_tuning
 from shardex.sql.local import bind_expr
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
 from shardex.sql.protocol import QueryService
@@ -43,7 +51,6 @@ from shardex.sql.syntax import (
     KeyspaceRef,
     SelectStmt,
     UpdateStmt,
-    parse_statement,
 )
 from shardex.sql.syntax.bind import META_KEY, bind_select
 from shardex.sql.syntax.params import check_params
@@ -86,18 +93,37 @@ class SqlService:
 
     def install(self, server: RpcServer) -> None:
         server.route(SqlQuery, self.on_query)
+        server.route(ExchangeStats, self.on_exchange_stats)
+
+    async def on_exchange_stats(self, msg: ExchangeStats, conn: Connection) -> ExchangeStatsReply:
+        meter = self.query.meter
+        found = meter.of_query(msg.query_id) if isinstance(meter, BoundedMeter) else []
+        streams = [
+            StreamReport(
+                edge=edge,
+                sender=sender,
+                window=st.window,
+                sent=st.sent,
+                consumed=st.consumed,
+                max_sender_bound=st.max_sender_bound,
+                stalls=st.stalls,
+            )
+            for (_, edge, sender), st in found
+        ]
+        return ExchangeStatsReply(member=self.query.member_id, streams=streams)
 
     # --- the request ---------------------------------------------------------------------
 
     async def on_query(self, msg: SqlQuery, conn: Connection) -> SqlStarted:
         self.streams.check_new(conn, msg.stream_id)
         self._check(msg)
-        stmt = parse_statement(msg.statement)  # SQL_SYNTAX: line, column, token
+        tuning = check_tuning(msg.tuning)
+        stmt = parsed(msg.statement, cached=tuning["plan_cache"])  # SQL_SYNTAX: line, column
         params = msg.params
         if isinstance(stmt, SelectStmt):
             return await self._select(msg, stmt, params, conn)
         if isinstance(stmt, ExplainStmt):
-            b = bind_select(stmt.statement)
+            b = bind_statement(msg.statement, False, cached=tuning["plan_cache"])
             state = await self.scan.view.state()
             have_params = params is not None
             plan = plan_select(
@@ -148,14 +174,17 @@ class SqlService:
         dml: bool = False,
         consistency: str | None = None,
     ) -> tuple[PhysicalPlan, Timestamp | None, AsyncIterator[Any]]:
-        """Plan and start a SELECT; returns the plan, the TS it reads and its result batches."""
-        b = bind_select(stmt)
+        """Plan and start a SELECT; returns the plan, the TS it reads and its result batches.
+        ``stmt`` is ``sql`` parsed (for DML: the SELECT it derives)."""
+        tuning = check_tuning(msg.tuning)
+        b = bind_statement(sql, dml, cached=tuning["plan_cache"])
         check_params(b.params(), params)
         state = await self.scan.view.state()
-        plan = plan_select(b, params, state=state, members=self._members())
+        plan = plan_select(b, params, state=state, members=self._members(), tuning=tuning)
         ts = await self.pin_stability(plan, consistency or msg.consistency, msg)
         qplan = plan.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))
-        result = await self.query.execute(qplan, params, timeout=msg.timeout)
+        result = await self.query.execute(qplan, params, timeout=msg.timeout, window=msg.window)
+        plan.query_id = str(result.query_id)
         return plan, ts, _batches_closing(result)
 
     async def _select(
@@ -176,7 +205,13 @@ class SqlService:
             statement="select",
             index=_index_of(plan),
             ts=None if ts is None else dict(ts.to_wire()),
-            details={"mode": plan.mode, "source": plan.source, "leaves": len(plan.leaves)},
+            details={
+                "mode": plan.mode,
+                "source": plan.source,
+                "leaves": len(plan.leaves),
+                "index_order": plan.ordered,
+                "query_id": plan.query_id,
+            },
         )
 
     async def pin_stability(

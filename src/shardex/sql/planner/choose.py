@@ -35,6 +35,8 @@ from .sargable import KeyAtom, Range, conjuncts, constrain_keys
 
 __all__ = ["IndexChoice", "OrderKey", "choose_index", "covered_document"]
 
+_DOCID = parse_expression("META().id")
+
 
 @dataclass(frozen=True, slots=True)
 class OrderKey:
@@ -93,7 +95,9 @@ def _order_satisfied(
 ) -> bool:
     """ORDER BY follows the index order: its terms are the key parts after the ones pinned by
     equality (which are constant within the result), in order, with the same directions and
-    default NULLS placement (the index sorts MISSING/NULL first for ASC, last for DESC)."""
+    default NULLS placement (the index sorts MISSING/NULL first for ASC, last for DESC),
+    optionally followed by ``META().id`` ASC once every key part is ordered (ties break by
+    docid in the index)."""
     if not order_by:
         return True
     keys = list(zip(choice_keys, (k.desc for k in defn.keys), strict=True))
@@ -104,6 +108,11 @@ def _order_satisfied(
         if term.expr in pinned:
             continue
         j = max(i, eq)
+        if j >= len(keys) and term.expr == _DOCID and not term.desc:
+            # Entries with equal keys sort by docid (``key + 0x02 + docid``), and docids
+            # are unique: the order is total here, later terms order nothing.
+            return True
+
         if j >= len(keys) or keys[j][0] != term.expr or keys[j][1] != term.desc:
             return False
         if term.nulls_first is not None and term.nulls_first != (not term.desc):

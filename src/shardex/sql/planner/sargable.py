@@ -8,7 +8,8 @@ Rules (SQL++ with N1QL collation, ``MISSING < NULL < FALSE < TRUE < numbers < st
 arrays < objects``; comparisons across types follow that order, see ``core.expr.ops``):
 
 * ``k = e``, ``k IN [..]``, ``k BETWEEN a AND b``, ``k < e`` (and ``>``, ``<=``, ``>=``, the
-  flipped ``e < k``), ``k IS NULL``, ``k IS NOT NULL``, ``k LIKE "prefix%"`` constrain ``k``
+  flipped ``e < k``), ``k IS NULL``, ``k IS NOT NULL``, ``k IS NOT MISSING``, ``k IS VALUED``,
+  ``k LIKE "prefix%"`` constrain ``k``
   when ``e`` does not read the document (constants and parameters only).
 * A one-sided comparison also excludes NULL (``NULL < 5`` is NULL, not TRUE), so ``k < 5``
   becomes the interval ``(NULL, 5)``.
@@ -132,16 +133,29 @@ def _atom_for(pred: Expr, key: Expr) -> KeyAtom | None:
         return Range(pred.low, True, pred.high, True)
     if isinstance(pred, In) and not pred.negated and pred.operand == key:
         return None if reads_document(pred.collection) else InList(pred.collection)
-    if isinstance(pred, IsCheck) and pred.operand == key and pred.kind == "NULL":
-        if pred.negated:
-            return Range(None, True, None, True, above_null=True)
-        return Range(_NULL, True, _NULL, True)
+    if isinstance(pred, IsCheck) and pred.operand == key:
+        return _is_check(pred)
     if isinstance(pred, Like) and not pred.negated and pred.operand == key:
         return _like_prefix(pred.pattern)
     if isinstance(pred, Or):
         atoms = [_atom_for(branch, key) for branch in pred.operands]
         if all(a is not None for a in atoms):
             return AnyOf(tuple(a for a in atoms if a is not None))
+    return None
+
+
+def _is_check(pred: IsCheck) -> KeyAtom | None:
+    """``IS [NOT] NULL``; ``IS NOT MISSING`` (every indexed entry: a MISSING leading key
+    is never indexed, a MISSING later key part sorts first); ``IS VALUED`` (neither MISSING
+    nor NULL: above NULL). ``IS MISSING`` and ``IS NOT VALUED`` stay filters."""
+    if pred.kind == "NULL":
+        if pred.negated:
+            return Range(None, True, None, True, above_null=True)
+        return Range(_NULL, True, _NULL, True)
+    if pred.kind == "MISSING" and pred.negated:
+        return Range(None, True, None, True)
+    if pred.kind == "VALUED" and not pred.negated:
+        return Range(None, True, None, True, above_null=True)
     return None
 
 

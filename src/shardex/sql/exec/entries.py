@@ -1,0 +1,64 @@
+"""Index entries to scope rows on a leaf, decoding each distinct key once.
+
+A leaf reads a slice's entries in entry order, so runs of entries share one key and differ
+only in the docid (``GROUP BY city`` over an index on (city, age): a million entries, a few
+thousand keys). An entry that starts with the previous entry's key bytes followed by the
+docid marker has the same key parts (the encoding is prefix-free), so only the docid is
+decoded, and a covering scan reuses the document it rebuilt for that key (rows never mutate
+the documents they carry). The docid is not decoded at all when the query never reads
+``META()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shardex.core.expr.analysis import Path
+from shardex.core.keycodec import decode_entry_key
+from shardex.core.keycodec_values import TAG_DOCID, dec_str
+from shardex.sql.planner.choose import covered_document
+from shardex.sql.syntax.bind import META_KEY
+
+__all__ = ["EntryDecoder"]
+
+_NO_META: dict[str, Any] = {}
+
+
+class EntryDecoder:
+    def __init__(self, desc: Sequence[bool], key_paths: Sequence[Path | None]) -> None:
+        self.desc = list(desc) if any(desc) else None
+        self.key_paths = list(key_paths)
+        self._key = b""  # the last key's bytes (up to, not including, the docid marker)
+        self._parts: list[Any] = []
+        self._doc: dict[str, Any] | None = None
+        self.decoded_keys = 0  # how many keys were decoded (the rest were reused)
+
+    def _key_of(self, entry: bytes) -> int:
+        """Make ``entry``'s key the current one; returns the docid marker's offset."""
+        n = len(self._key)
+        if n and entry.startswith(self._key) and len(entry) > n and entry[n] == TAG_DOCID:
+            return n
+        self._parts, n = decode_entry_key(entry, self.desc)
+        self._key = entry[:n]
+        self._doc = None
+        self.decoded_keys += 1
+        return n
+
+    def docids(self, entries: Sequence[bytes]) -> list[str]:
+        out = []
+        for e in entries:
+            pos = self._key_of(e)
+            out.append(dec_str(e, pos + 1)[0])
+        return out
+
+    def covered_rows(self, entries: Sequence[bytes], alias: str, meta: bool) -> list[Any]:
+        """Scope rows rebuilt from the keys (covering scans); ``META().id`` only if ``meta``."""
+        out = []
+        for e in entries:
+            pos = self._key_of(e)
+            doc = self._doc
+            if doc is None:
+                doc = self._doc = covered_document(self.key_paths, self._parts)
+            out.append({alias: doc, META_KEY: {"id": dec_str(e, pos + 1)[0]} if meta else _NO_META})
+        return out

@@ -1,0 +1,51 @@
+"""Parsed and bound statements kept by their text (``plan_cache``): a query's text is parsed
+on the initiator and bound again by every fragment on every member (fragments carry the
+text, not the tree), and parsing plus binding costs milliseconds in Python. Statements and
+bound SELECTs are immutable, so one copy serves every query and thread. A statement that
+fails to parse or bind is not kept (the error is raised each time).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Final
+
+from shardex.sql.syntax import DeleteStmt, ExplainStmt, SelectStmt, UpdateStmt, parse_statement
+from shardex.sql.syntax.bind import BoundSelect, bind_select
+from shardex.sql.syntax.parser import Statement
+
+__all__ = ["CACHE_SIZE", "bound_statement", "parsed"]
+
+CACHE_SIZE: Final = 512
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _parsed(sql: str) -> Statement:
+    return parse_statement(sql)
+
+
+def parsed(sql: str, *, cached: bool = True) -> Statement:
+    """``parse_statement(sql)``, from the cache when ``cached``."""
+    return _parsed(sql) if cached else parse_statement(sql)
+
+
+def _bind(stmt: Statement, dml: bool) -> BoundSelect:
+    from shardex.sql.exec.plan import dml_select  # plan imports this module
+
+    if isinstance(stmt, ExplainStmt):
+        stmt = stmt.statement
+    if dml:
+        assert isinstance(stmt, DeleteStmt | UpdateStmt)
+        stmt = dml_select(stmt)
+    assert isinstance(stmt, SelectStmt)
+    return bind_select(stmt)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _bound(sql: str, dml: bool) -> BoundSelect:
+    return _bind(_parsed(sql), dml)
+
+
+def bound_statement(sql: str, dml: bool, *, cached: bool = True) -> BoundSelect:
+    """The bound SELECT of ``sql`` (the one a DML statement derives when ``dml``)."""
+    return _bound(sql, dml) if cached else _bind(parse_statement(sql), dml)

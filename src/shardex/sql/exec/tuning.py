@@ -1,0 +1,81 @@
+"""Execution switches a query may carry (``SqlQuery.tuning``), so a benchmark compares the
+fast paths against the plain ones in the same run, on the same data, under the same load.
+Every switch defaults to on; turning one off never changes a result, only how it is reached:
+
+* ``index_order``: when the chosen index's order satisfies ORDER BY, leaves stream in index
+  order (no local sort) and stop after ``offset + limit`` rows, reading the index in blocks
+  of that size; the root merges. Off: leaves sort (top-N) what the spans return.
+* ``get_many``: document fetches go to each owner as one ``data.GetMany``. Off: one
+  ``data.Get`` per document, 64 in parallel.
+* ``plan_cache``: parsed and bound statements are kept by text (an LRU) on every member,
+  so a repeated statement is parsed once. Off: parsed on each use.
+
+Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
+``METER_QUERIES`` queries only (a real node runs queries forever).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Final
+
+from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.protocol import ExchangeMeter, StreamStats
+from shardex.sql.protocol.flow import StreamKey
+from shardex.sql.protocol.ids import QueryId
+
+__all__ = ["METER_QUERIES", "SWITCHES", "BoundedMeter", "check_tuning"]
+
+SWITCHES: Final = ("index_order", "get_many", "plan_cache")
+METER_QUERIES: Final = 256
+
+
+def check_tuning(tuning: Mapping[str, bool] | None) -> dict[str, bool]:
+    """Every switch with its value (unnamed ones on); BAD_REQUEST for an unknown name or a
+    value that is not a boolean."""
+    out = dict.fromkeys(SWITCHES, True)
+    for name, value in (tuning or {}).items():
+        if name not in out:
+            raise ShardexError(
+                f"unknown tuning switch {name!r}",
+                code=ErrorCode.BAD_REQUEST,
+                details={"value": name, "hint": f"one of {', '.join(SWITCHES)}"},
+            )
+        if not isinstance(value, bool):
+            raise ShardexError(
+                f"tuning switch {name!r} must be true or false, got {value!r}",
+                code=ErrorCode.BAD_REQUEST,
+                details={"value": repr(value)[:80], "key": name},
+            )
+        out[name] = value
+    return out
+
+
+class BoundedMeter(ExchangeMeter):
+    """An ``ExchangeMeter`` holding the streams of the ``limit`` most recent queries."""
+
+    def __init__(self, limit: int = METER_QUERIES) -> None:
+        super().__init__()
+        self.limit = limit
+        self._queries: OrderedDict[QueryId, list[StreamKey]] = OrderedDict()
+
+    def _stats(self, key: StreamKey, window: int) -> StreamStats:
+        if key not in self.streams:
+            q = key[0]
+            keys = self._queries.get(q)
+            if keys is None:
+                keys = self._queries[q] = []
+                while len(self._queries) > self.limit:
+                    _, old = self._queries.popitem(last=False)
+                    for k in old:
+                        self.streams.pop(k, None)
+            keys.append(key)
+        return super()._stats(key, window)
+
+    def of_query(self, query_id: str) -> list[tuple[StreamKey, StreamStats]]:
+        """The streams of the query whose ``str(QueryId)`` is ``query_id``."""
+        for q, keys in self._queries.items():
+            if str(q) == query_id:
+                return [(k, self.streams[k]) for k in keys if k in self.streams]
+        return []

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 KEYSPACE = "events"
+# Two initial builds, a query restart and the module's cluster start: beyond the default 120 s
+# on a loaded 2-core machine (the timeout covers fixture setup too).
+pytestmark = pytest.mark.timeout(600)
 
 
 class DriverThread:

@@ -164,9 +164,11 @@ class PipelineDriver:
                 # The offsets are on a lost history: rebuild what it reached, restart the
                 # stream in a new checkpoint generation at once.
                 handle_rollback(self.client, kp.registry, info)
-                kp.rollbacks += 1
                 kp.job = self._job(kp.registry, new_generation(kp.job.checkpoint.parent))
                 kp.query = kp.job.start()
+                # Counted once the new generation runs: observers (tests, status) that see
+                # the count see the new job too.
+                kp.rollbacks += 1
                 return
             kp.failures += 1
             pause = min(RESTART_BACKOFF[1], RESTART_BACKOFF[0] * 2 ** (kp.failures - 1))

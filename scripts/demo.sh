@@ -1,23 +1,33 @@
 #!/usr/bin/env bash
 # The main job: a real local cluster on loopback. Each issue extends it; today it starts a
-# 3-node cluster and its index pipeline (Spark), shows its status, talks to it through the
-# Python client, creates a keyspace, loads a generated data set into it, shows where the
-# documents live, builds two secondary indexes through Spark, reads and updates documents and
-# watches the indexes' stability timestamp cover the update, and stops the cluster.
-# SHARDEX_DEMO_DOCS sets the data set size (default 100000).
+# 3-node cluster and its index pipeline (Spark), loads a generated data set, builds two
+# secondary indexes through Spark, watches their stability timestamp cover an update, runs
+# request_plus scans while a writer writes (every acknowledged write visible), adds a node
+# and rebalances data and index partitions while paginated scans run (rows read == rows
+# expected), runs SQL++ queries with their EXPLAIN and an UPDATE, and stops the cluster.
+# The Python steps are modules under src/shardex/demo/ (each runnable with python -m).
+# SHARDEX_DEMO_DOCS sets the data set size (default 50000: a few minutes on 2 cores);
+# SHARDEX_DEMO_PAGE the page size of the paginated scans (default 100).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SPARK_LOCAL_IP=127.0.0.1
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 DIR=${SHARDEX_DEMO_DIR:-demo-cluster}
 NODES=${SHARDEX_DEMO_NODES:-3}
-DOCS=${SHARDEX_DEMO_DOCS:-100000}
+DOCS=${SHARDEX_DEMO_DOCS:-50000}
+PAGE=${SHARDEX_DEMO_PAGE:-100}
 SX=.venv/bin/shardex
+PY=.venv/bin/python
 
 step() { printf '\n\033[1;34m==> %s\033[0m\n' "$*"; }
 
-# A previous run that was interrupted may have left nodes behind: stop them first.
-if [ -f "$DIR/cluster.json" ]; then "$SX" cluster stop --dir "$DIR" >/dev/null 2>&1 || true; fi
+# A previous run that was interrupted may have left nodes behind: stop them first. A previous
+# run also added a node to cluster.json, so start from an empty directory (only one that holds
+# a cluster.json: never remove anything else).
+if [ -f "$DIR/cluster.json" ]; then
+    "$SX" cluster stop --dir "$DIR" >/dev/null 2>&1 || true
+    rm -rf "$DIR"
+fi
 trap '"$SX" cluster stop --dir "$DIR" >/dev/null 2>&1 || true' EXIT
 
 step "Starting a $NODES-node cluster on 127.0.0.1 in $DIR"
@@ -46,7 +56,7 @@ step "Creating keyspace users (64 partitions over the data nodes)"
 "$SX" keyspace create users --partitions 64 --dir "$DIR"
 
 step "Generating $DOCS users (deterministic, seed 42) as JSON Lines"
-.venv/bin/python -m shardex.demo.datagen "$DIR/users.jsonl" --docs "$DOCS" --seed 42
+"$PY" -m shardex.demo.datagen "$DIR/users.jsonl" --docs "$DOCS" --seed 42
 head -c 400 "$DIR/users.jsonl"; echo " ..."
 
 step "Bulk-loading them: shardex load users $DIR/users.jsonl --id-field id"
@@ -119,6 +129,31 @@ with connect_local(sys.argv[1]) as client:
     for n in ("by_city", "by_status"):
         print(f"{n}: {ix[n]['items_count']:,} entries, state {ix[n]['state']}")
 PY
+
+step "Writing while scanning: request_plus scans see every acknowledged write"
+"$PY" -m shardex.demo.scans "$DIR" --docs "$DOCS"
+
+step "Adding node $((NODES + 1)): shardex cluster add-node (it holds nothing until a rebalance)"
+"$SX" cluster add-node --dir "$DIR"
+
+step "shardex rebalance (data and index partitions) while paginated scans run"
+"$PY" -m shardex.demo.elastic "$DIR" --index by_city --page-size "$PAGE"
+# the per-node table only (awk reads to the end: no SIGPIPE under pipefail)
+"$SX" keyspace stats users --dir "$DIR" | awk '!done { print } /^└/ { done = 1 }'
+COLUMNS=140 "$SX" index list users --dir "$DIR"  # wide enough for the placement
+
+step "SQL++ across the cluster at request_plus, each query with its EXPLAIN"
+"$PY" -m shardex.demo.sql "$DIR"
+
+step "An UPDATE through shardex sql, and a query that shows its effect"
+Q='SELECT plan, COUNT(*) AS users FROM users WHERE address.city = "Reykjavik" GROUP BY plan ORDER BY plan'
+echo "shardex sql: $Q"
+"$SX" sql --dir "$DIR" "$Q"
+U='UPDATE users SET plan = "pro", upgraded = true WHERE address.city = "Reykjavik" AND age < 40'
+echo "shardex sql: $U"
+"$SX" sql --dir "$DIR" "$U"
+echo "shardex sql: $Q"
+"$SX" sql --dir "$DIR" "$Q"
 
 step "Stopping the cluster"
 "$SX" cluster stop --dir "$DIR"

@@ -3,7 +3,8 @@
 ``check_oracle(client, keyspace, index, ts)`` reads every slice of the index at its snapshot
 ``ts`` (``ReadSlice`` on each indexer) and the documents as of ``ts`` (the change source's
 snapshot read: the last version of every docid with seqno <= ts), and asserts the index
-invariant with ``shardex.index.oracle.check_index``.
+invariant with ``shardex.index.oracle.check_index``. ``running_pipeline`` runs the Spark
+driver of one cluster in a thread of the test process (on the shared SparkSession).
 """
 
 from __future__ import annotations
@@ -13,18 +14,60 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from shardex.client import Client
+from shardex.client import Client, connect_local
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
 from shardex.index.delivery_messages import ReadSlice, SliceEntries
 from shardex.index.oracle import check_index
 from shardex.manager.index_state import find_index, latest_index_topology
+from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import _to_node, index_state, list_slices
 from shardex.pipeline.source_plan import plan_ranges
 from shardex.pipeline.source_read import read_ranges
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass
+class SharedCluster:
+    """The session's 3-node cluster with the pipeline driver running on it."""
+
+    path: Path  # the cluster directory (``--dir`` of the CLI)
+    client: Client
+
+    @contextlib.contextmanager
+    def keyspace(self, name: str, num_partitions: int = 8) -> Iterator[str]:
+        """A keyspace of one module's own; dropped (with its indexes) at the end."""
+        self.client.create_keyspace(name, num_partitions=num_partitions)
+        try:
+            yield name
+        finally:
+            self.client.drop_keyspace(name)
+
+
+@contextlib.contextmanager
+def running_pipeline(
+    spark: SparkSession, cluster_dir: Path, checkpoints: Path
+) -> Iterator[PipelineDriver]:
+    """The pipeline driver of the cluster in ``cluster_dir`` (its own client), supervising
+    in a daemon thread until the block ends."""
+    with connect_local(cluster_dir) as driver_client:
+        driver = PipelineDriver(
+            spark, driver_client, {"cluster_dir": str(cluster_dir)}, checkpoints, poll=0.2
+        )
+        thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
+        thread.start()
+        try:
+            yield driver
+        finally:
+            driver.stop()
+            thread.join(timeout=60)
 
 
 def documents_at(client: Client, keyspace: str, ts: Timestamp) -> dict[str, Any]:

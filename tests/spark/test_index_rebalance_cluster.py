@@ -2,7 +2,13 @@
 the shared SparkSession) maintain two partitioned indexes while a writer keeps mutating;
 a 4th node joins and ``shardex rebalance`` moves data partitions and index partitions to it
 online. Afterwards the oracle holds at a published stability TS, request_plus scans see
-every acknowledged write, and ``list_indexes`` shows the new placement."""
+every acknowledged write, and ``list_indexes`` shows the new placement.
+
+Meanwhile paginated index scans (``client.scan_page``: random page sizes, ordered and
+unordered, request_plus) run back to back: each pins the stability TS of its first page, so
+the union of its pages must be exactly the oracle at that TS, no row lost and none doubled,
+also when an index partition switched to node4 between two of its pages. This cluster is
+the module's own (it gains a node): it does not use ``shared_cluster``."""
 
 from __future__ import annotations
 
@@ -10,19 +16,28 @@ import json
 import random
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from cluster_helpers import run_cli
 from data_helpers import running_cluster
-from pipeline_helpers import Writer, check_oracle, documents_at, mutate, wait_stable
+from pipeline_helpers import (
+    Writer,
+    check_oracle,
+    documents_at,
+    mutate,
+    running_pipeline,
+    wait_stable,
+)
 
 from shardex.client import Client, connect_local
+from shardex.core.keycodec import decode_entry
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
 from shardex.index.oracle import expected_entries
 from shardex.manager.index_state import find_index
-from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state
 
 if TYPE_CHECKING:
@@ -31,6 +46,9 @@ if TYPE_CHECKING:
 KEYSPACE = "ixreb"
 NAMES = ["by_age", "by_city"]
 WAIT = 180.0
+PAGE_SIZES = [3, 17, 60, 250]
+
+Row = tuple[list[Any], str]
 
 
 @dataclass
@@ -46,50 +64,144 @@ def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     with running_cluster(path, nodes=3), connect_local(path) as client:
         client.create_keyspace(KEYSPACE, num_partitions=8)
         mutate(client, KEYSPACE, random.Random(3), 300)
-        # by_age: partitioned by docid; by_city: by a key that moves between slices.
+        # by_age: partitioned by docid; by_city: by a key that moves between slices. Nine
+        # slices over three nodes: node4 receives two of them.
         client.create_index(
             KEYSPACE, "by_age", ["age", "name"], partition_by=["META().id"], num_partition=4
         )
         client.create_index(
-            KEYSPACE, "by_city", ["city", "age"], partition_by=["city"], num_partition=3
+            KEYSPACE, "by_city", ["city", "age"], partition_by=["city"], num_partition=5
         )
-        with connect_local(path) as driver_client:
-            driver = PipelineDriver(
-                spark, driver_client, {"cluster_dir": str(path)}, root / "ckpt", poll=0.2
-            )
-            thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
-            thread.start()
-            try:
-                for name in NAMES:
-                    client.wait_for_index(KEYSPACE, name, timeout=240)
-                yield Env(path, client)
-            finally:
-                driver.stop()
-                thread.join(timeout=60)
+        with running_pipeline(spark, path, root / "ckpt"):
+            for name in NAMES:
+                client.wait_for_index(KEYSPACE, name, timeout=240)
+            yield Env(path, client)
 
 
-def _scan(client: Client, name: str) -> list[tuple[list, str]]:
+def _scan(client: Client, name: str) -> list[Row]:
     got = client.scan(KEYSPACE, name, consistency="request_plus", timeout=WAIT)
     return [(r["key"], r["docid"]) for r in got]
 
 
-def _expected(client: Client, name: str) -> list[tuple[list, str]]:
-    from shardex.core.keycodec import decode_entry
-
+def _expected(client: Client, name: str, ts: Timestamp | None = None) -> list[Row]:
+    """The index's entries over the documents as of ``ts`` (default: now), in index order."""
     rec = find_index(index_state(client).indexes, KEYSPACE, name)
     assert rec is not None
-    docs = documents_at(client, KEYSPACE, client.high_seqnos(KEYSPACE))
+    docs = documents_at(client, KEYSPACE, client.high_seqnos(KEYSPACE) if ts is None else ts)
     entries = sorted(e for _, e in expected_entries(rec.definition, docs))
-    return [tuple(decode_entry(e, rec.definition.desc)) for e in entries]  # type: ignore[misc]
+    return [decode_entry(e, rec.definition.desc) for e in entries]
 
 
+@dataclass
+class PagedScan:
+    """One completed paginated scan: every page's rows, the TS they all read, and the index
+    topology seq_num before its first page and after its last."""
+
+    index: str
+    ordered: bool
+    ts: Timestamp
+    rows: list[Row]
+    seqs: tuple[int, int]
+    pages: int
+
+
+@dataclass
+class PagedScans:
+    """Paginated request_plus scans one after the other in a thread until stopped. A scan
+    whose pinned snapshot was released (SNAPSHOT_TOO_OLD: the writer keeps the stability TS
+    moving) is restarted, as a caller must; any other error ends the thread and the test."""
+
+    path: Path
+    seed: int
+    done: list[PagedScan] = field(default_factory=list)
+    restarted: int = 0
+    errors: list[BaseException] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.thread = threading.Thread(target=self._run, name="paged-scans", daemon=True)
+
+    def _seq(self, client: Client, name: str) -> int:
+        items = {i["name"]: i for i in client.list_indexes(KEYSPACE, stats=False)}
+        return int(items[name]["topology_seq"])
+
+    def _one(self, client: Client, name: str, ordered: bool) -> PagedScan:
+        before = self._seq(client, name)
+        rows: list[Row] = []
+        ts: Timestamp | None = None
+        cont: str | None = None
+        pages = 0
+        while True:
+            page = client.scan_page(
+                KEYSPACE,
+                name,
+                consistency="request_plus",
+                page_size=self.rng.choice(PAGE_SIZES),
+                continuation=cont,
+                ordered=ordered,
+                timeout=WAIT,
+            )
+            pages += 1
+            assert page.ts is not None and (ts is None or page.ts == ts)
+            ts = page.ts
+            rows += [(r["key"], r["docid"]) for r in page.rows]
+            cont = page.continuation
+            if cont is None:
+                return PagedScan(name, ordered, ts, rows, (before, self._seq(client, name)), pages)
+
+    def _run(self) -> None:
+        with connect_local(self.path) as client:
+            while not self.stop.is_set():
+                name = self.rng.choice(NAMES)
+                ordered = self.rng.random() < 0.5
+                try:
+                    self.done.append(self._one(client, name, ordered))
+                except ShardexError as exc:
+                    if exc.code is ErrorCode.SNAPSHOT_TOO_OLD:
+                        self.restarted += 1
+                        continue
+                    self.errors.append(exc)
+                    return
+                except BaseException as exc:  # an assertion: reported by the test
+                    self.errors.append(exc)
+                    return
+
+    def __enter__(self) -> PagedScans:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=WAIT + 60)
+
+
+def check_paged_scans(client: Client, scans: PagedScans) -> None:
+    """Every completed scan is exactly the oracle at its pinned TS."""
+    assert not scans.errors, scans.errors
+    oracle: dict[tuple[str, Timestamp], list[Row]] = {}
+    for s in scans.done:
+        key = (s.index, s.ts)
+        if key not in oracle:
+            oracle[key] = _expected(client, s.index, s.ts)
+        want = oracle[key]
+        where = f"{s.index} ordered={s.ordered} at {s.ts!r}, {s.pages} pages, seqs {s.seqs}"
+        if s.ordered:
+            assert s.rows == want, where
+        else:  # as multisets: a row returned twice is caught as well as one lost
+            assert sorted(s.rows, key=repr) == sorted(want, key=repr), where
+
+
+# Slow until the post-rebalance request_plus scan that sometimes never returns is fixed (a
+# known bug, see the session-3 note): a hang in the default run would stop every landing.
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_rebalance_moves_index_partitions_online(env: Env) -> None:
     c = env.client
     before = {i["name"]: i for i in c.list_indexes(KEYSPACE)}
     assert all(set(i["nodes"]) <= {"node1", "node2", "node3"} for i in before.values())
     run_cli("cluster", "add-node", "--dir", str(env.path))
-    with Writer(c, KEYSPACE, seed=5, pause=0.05) as writer:
+    with Writer(c, KEYSPACE, seed=5, pause=0.05) as writer, PagedScans(env.path, 9) as scans:
         proc = run_cli("rebalance", "--dir", str(env.path), "--json", timeout=600)
         result = json.loads(proc.stdout)
     assert writer.done > 0
@@ -116,6 +228,13 @@ def test_rebalance_moves_index_partitions_online(env: Env) -> None:
     ts = wait_stable(c, KEYSPACE, NAMES)
     for name in NAMES:
         check_oracle(c, KEYSPACE, name, ts)
+    # Paged scans during the rebalance: each exact at its TS, some across a switch.
+    check_paged_scans(c, scans)
+    straddled = [s for s in scans.done if s.seqs[0] != s.seqs[1]]
+    assert straddled, (
+        f"no paged scan spanned an index partition switch: {len(scans.done)} completed, "
+        f"{scans.restarted} restarted (SNAPSHOT_TOO_OLD)"
+    )
     # request_plus sees every acknowledged write, also writes made after the moves.
     mutate(c, KEYSPACE, random.Random(11), 120)
     for name in NAMES:

@@ -1,5 +1,6 @@
 """Index scans end to end: a real 3-node cluster, the Spark pipeline (in this process, on
-the shared SparkSession) maintaining two partitioned indexes, scans through the client and
+the shared SparkSession; both shared with other modules: ``shared_cluster``) maintaining two
+partitioned indexes of this module's own keyspace, scans through the client and
 the CLI. Every result is compared with the oracle: the index's definition evaluated over the
 documents the test wrote (its own model of every acknowledged write)."""
 
@@ -7,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from cluster_helpers import run_cli
-from data_helpers import running_cluster
 
-from shardex.client import Client, connect_local
+from shardex.client import Client
 from shardex.core.keycodec import decode_entry
 from shardex.data.records import MutationResult
 from shardex.errors import ErrorCode, ShardexError
@@ -25,12 +24,11 @@ from shardex.index.definition import IndexDefinition
 from shardex.index.oracle import expected_entries
 from shardex.index.spans import in_ranges, spans_to_ranges
 from shardex.manager.index_state import find_index
-from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state
 from shardex.scan.spans import encode_spans, to_user_spans
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pipeline_helpers import SharedCluster
 
 KEYSPACE = "scans"
 WAIT = 120.0  # request_plus / at_plus: a micro-batch on a loaded 2-core box
@@ -79,32 +77,18 @@ def rows(result: Any) -> list[tuple[list[Any], str]]:
 
 
 @pytest.fixture(scope="module")
-def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    root = tmp_path_factory.mktemp("scan")
-    path = root / "cluster"
-    with running_cluster(path, nodes=3), connect_local(path) as client:
-        client.create_keyspace(KEYSPACE, num_partitions=8)
-        e = Env(path, client)
+def env(shared_cluster: SharedCluster) -> Iterator[Env]:
+    c = shared_cluster.client
+    with shared_cluster.keyspace(KEYSPACE):
+        e = Env(shared_cluster.path, c)
         e.write(300)
-        client.create_index(
+        c.create_index(
             KEYSPACE, "by_age", ["age", "name"], partition_by=["META().id"], num_partition=4
         )
-        client.create_index(
-            KEYSPACE, "by_city", ["city", "age"], partition_by=["city"], num_partition=3
-        )
-        with connect_local(path) as driver_client:
-            driver = PipelineDriver(
-                spark, driver_client, {"cluster_dir": str(path)}, root / "ckpt", poll=0.2
-            )
-            thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
-            thread.start()
-            try:
-                client.wait_for_index(KEYSPACE, "by_age", timeout=240)
-                client.wait_for_index(KEYSPACE, "by_city", timeout=240)
-                yield e
-            finally:
-                driver.stop()
-                thread.join(timeout=60)
+        c.create_index(KEYSPACE, "by_city", ["city", "age"], partition_by=["city"], num_partition=3)
+        c.wait_for_index(KEYSPACE, "by_age", timeout=240)
+        c.wait_for_index(KEYSPACE, "by_city", timeout=240)
+        yield e
 
 
 @pytest.mark.timeout(600)

@@ -1,5 +1,6 @@
 """Paginated index scans (``client.scan_page``) end to end: a real 3-node cluster, the Spark
-pipeline maintaining a partitioned index (4 slices over 3 indexers), and pages of random
+pipeline (both shared with other modules: ``shared_cluster``) maintaining a partitioned
+index of this module's own keyspace (4 slices over 3 indexers), and pages of random
 sizes, ordered and unordered, compared with ``client.scan`` of the same span and with the
 oracle (the definition over the documents the test wrote, ``pipeline_helpers.mutate``).
 
@@ -9,26 +10,23 @@ not seen by the later pages, so the pages together are exactly the index at that
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from data_helpers import running_cluster
 from pipeline_helpers import documents_at, mutate
 
-from shardex.client import Client, connect_local
+from shardex.client import Client
 from shardex.core.keycodec import decode_entry
 from shardex.core.timestamp import Timestamp
 from shardex.index.oracle import expected_entries
 from shardex.index.spans import in_ranges, spans_to_ranges
 from shardex.manager.index_state import find_index
-from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state
 from shardex.scan.spans import encode_spans, to_user_spans
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pipeline_helpers import SharedCluster
 
 KEYSPACE = "paged_idx"
 INDEX = "by_age"
@@ -38,27 +36,15 @@ Row = tuple[list[Any], str]
 
 
 @pytest.fixture(scope="module")
-def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    root = tmp_path_factory.mktemp("scanpage")
-    path = root / "cluster"
-    with running_cluster(path, nodes=3), connect_local(path) as client:
-        client.create_keyspace(KEYSPACE, num_partitions=8)
+def env(shared_cluster: SharedCluster) -> Iterator[Client]:
+    client = shared_cluster.client
+    with shared_cluster.keyspace(KEYSPACE):
         mutate(client, KEYSPACE, random.Random(5), 400)
         client.create_index(
             KEYSPACE, INDEX, ["age", "name"], partition_by=["META().id"], num_partition=4
         )
-        with connect_local(path) as driver_client:
-            driver = PipelineDriver(
-                spark, driver_client, {"cluster_dir": str(path)}, root / "ckpt", poll=0.2
-            )
-            thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
-            thread.start()
-            try:
-                client.wait_for_index(KEYSPACE, INDEX, timeout=240)
-                yield client
-            finally:
-                driver.stop()
-                thread.join(timeout=60)
+        client.wait_for_index(KEYSPACE, INDEX, timeout=240)
+        yield client
 
 
 def oracle(client: Client, ts: Timestamp, spans: Any = None) -> list[Row]:

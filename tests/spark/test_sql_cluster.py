@@ -1,12 +1,12 @@
-"""SQL end to end: ``c.query`` on a real 3-node cluster with the Spark pipeline maintaining a
-primary and two secondary indexes, every result compared with ``LocalEngine`` (the
+"""SQL end to end: ``c.query`` on a real 3-node cluster with the Spark pipeline (both shared
+with other modules: ``shared_cluster``) maintaining a primary and two secondary indexes of
+this module's own keyspace, every result compared with ``LocalEngine`` (the
 single-process reference) over the very same documents: multisets, or sequences where the
 statement has ORDER BY (always with a tie-breaker, so the order is unique)."""
 
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,15 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pytest
-from data_helpers import running_cluster
 
-from shardex.client import Client, connect_local
+from shardex.client import Client
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.driver import PipelineDriver
 from shardex.sql.local import LocalEngine
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pipeline_helpers import SharedCluster
 
 KS = "people"
 N_DOCS = 400
@@ -102,35 +100,23 @@ def _numbers(v: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    root = tmp_path_factory.mktemp("sql")
-    path = root / "cluster"
+def env(shared_cluster: SharedCluster) -> Iterator[Env]:
     rng = random.Random(7)
     docs = {f"p{i:04d}": make_doc(rng, i) for i in range(N_DOCS)}
     ref = LocalEngine()
     ref.create_keyspace(KS)
     ref.keyspaces[KS].update(docs)
-    with running_cluster(path, nodes=3), connect_local(path) as client:
-        client.create_keyspace(KS, num_partitions=8)
+    client = shared_cluster.client
+    with shared_cluster.keyspace(KS):
         ks = client.keyspace(KS)
         for docid, doc in docs.items():
             ks.upsert(docid, doc)
         for ddl in INDEXES:
             list(client.query(ddl))
             ref.execute(ddl)
-        with connect_local(path) as driver_client:
-            driver = PipelineDriver(
-                spark, driver_client, {"cluster_dir": str(path)}, root / "ckpt", poll=0.2
-            )
-            thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
-            thread.start()
-            try:
-                for name in ("#primary", "by_age", "by_city"):
-                    client.wait_for_index(KS, name, timeout=240)
-                yield Env(path, client, ref)
-            finally:
-                driver.stop()
-                thread.join(timeout=60)
+        for name in ("#primary", "by_age", "by_city"):
+            client.wait_for_index(KS, name, timeout=240)
+        yield Env(shared_cluster.path, client, ref)
 
 
 @pytest.mark.timeout(600)

@@ -1,7 +1,8 @@
-"""The SQL surfaces on a real cluster (2 nodes on loopback, the Spark pipeline maintaining
-the primary indexes): ``shardex sql --json`` as a process, ``shardex.dbapi`` over
-``connect(dir=...)``, and (slow) the DuckDB correctness suite and the Couchbase conformance
-cases through ``c.query`` at request_plus."""
+"""The SQL surfaces on a real cluster (the session's shared 3 nodes on loopback and Spark
+pipeline, ``shared_cluster``, maintaining the primary index of this module's keyspace):
+``shardex sql --json`` as a process, ``shardex.dbapi`` over ``connect(dir=...)``, and (slow)
+the DuckDB correctness suite and the Couchbase conformance cases through ``c.query`` at
+request_plus."""
 
 from __future__ import annotations
 
@@ -9,25 +10,22 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from data_helpers import running_cluster
 from tests.sql_reference.compare import run_suite
 from tests.sql_reference.documents import make_documents
 
 import shardex.dbapi as db
-from shardex.client import Client, connect_local
-from shardex.pipeline.driver import PipelineDriver
+from shardex.client import Client
 from shardex.sql.conformance import DEFAULT_DIR, ClusterEngine, run_all
 from shardex.sql.local import LocalEngine
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pipeline_helpers import SharedCluster
 
 KS = "docs"
 N_DOCS = 200
@@ -42,31 +40,19 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    root = tmp_path_factory.mktemp("sqlsurf")
-    path = root / "cluster"
+def env(shared_cluster: SharedCluster) -> Iterator[Env]:
     docs = make_documents(1, N_DOCS)
     ref = LocalEngine()
     ref.create_keyspace(KS)
     ref.keyspaces[KS].update(docs)
-    with running_cluster(path, nodes=2), connect_local(path) as client:
-        client.create_keyspace(KS, num_partitions=8)
+    client = shared_cluster.client
+    with shared_cluster.keyspace(KS):
         ks = client.keyspace(KS)
         for docid, doc in docs.items():
             ks.upsert(docid, doc)
         list(client.query(f"CREATE PRIMARY INDEX ON {KS}"))
-        with connect_local(path) as driver_client:
-            driver = PipelineDriver(
-                spark, driver_client, {"cluster_dir": str(path)}, root / "ckpt", poll=0.2
-            )
-            thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
-            thread.start()
-            try:
-                client.wait_for_index(KS, "#primary", timeout=240)
-                yield Env(path, client, ref)
-            finally:
-                driver.stop()
-                thread.join(timeout=60)
+        client.wait_for_index(KS, "#primary", timeout=240)
+        yield Env(shared_cluster.path, client, ref)
 
 
 def _cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:

@@ -11,8 +11,11 @@ import msgspec
 from shardex.core.topology import Topology
 from shardex.index.definition import make_definition
 from shardex.index.messages import AllocateSlices, DropSlices, ListSlices
+from shardex.index.orphans import OrphanTracker, plan_orphans
 from shardex.index.service import IndexService, plan_reconcile
+from shardex.index.slice_copy_messages import IndexPartitionSwitched, PrepareIncomingSlice
 from shardex.manager.coordinator_messages import StateReply, StateRequest
+from shardex.manager.index_rebalance_state import FAILED, MOVING, IndexMoveRecord
 from shardex.manager.index_state import (
     ACTIVE,
     BUILDING,
@@ -22,6 +25,7 @@ from shardex.manager.index_state import (
     READY,
     IndexRecord,
 )
+from shardex.manager.rebalance_state import RebalanceRecord
 from shardex.manager.state import StateContext
 from shardex.net.tcp import TcpTransport
 
@@ -164,5 +168,144 @@ async def test_reconcile_confirms_drops_against_the_committed_state(tmp_path: Pa
         assert [(d.id, p) for d, p in done.create] == [("3.6.new", [1])]
         assert [(s.index_id, s.partition) for s in svc.engine.slices()] == [("3.6.new", 1)]
         assert coord.callbacks  # reconciles on every state change
+    finally:
+        await svc.stop()
+
+
+# --- orphan slice copies (``shardex.index.orphans``) --------------------------------------------
+
+
+def with_move(state: StateContext, index_id: str, partition: int, status: str) -> StateContext:
+    """``state`` with a rebalance record holding one move of ``partition`` from "other" to
+    "me" in ``status``."""
+    move = IndexMoveRecord(
+        migration_id=f"mv-{partition}",
+        index_id=index_id,
+        index_name="i",
+        keyspace="ks",
+        partition=partition,
+        source="other",
+        target="me",
+        base_seq=1,
+        status=status,
+        routing=status == MOVING,
+    )
+    rebalance = RebalanceRecord(id="r1", kind="rebalance", started_at=0.0, index_moves=[move])
+    return msgspec.structs.replace(state, rebalance=rebalance)
+
+
+def test_plan_orphans_keeps_assigned_and_incoming_slices_only() -> None:
+    active = record("1.1.a", ACTIVE, {0: "me", 1: "other", 2: "other", 3: "other"})
+    init = record("1.2.i", INIT, {0: "other"})
+    held = {"1.1.a": {0, 1, 2, 3}, "1.2.i": {0}, "1.3.gone": {0}}
+    state = state_of(2, 9, active, init)
+    # 0 is assigned here; 1, 2, 3 are not; INIT and unknown indexes are not this rule's.
+    assert plan_orphans("me", state, held) == [("1.1.a", 1), ("1.1.a", 2), ("1.1.a", 3)]
+    # A move in flight to this node keeps its catching-up copy; a failed one does not.
+    moving = with_move(state, "1.1.a", 2, MOVING)
+    assert plan_orphans("me", moving, held) == [("1.1.a", 1), ("1.1.a", 3)]
+    failed = with_move(state, "1.1.a", 2, FAILED)
+    assert plan_orphans("me", failed, held) == [("1.1.a", 1), ("1.1.a", 2), ("1.1.a", 3)]
+    assert plan_reconcile("me", moving, held).orphans == [("1.1.a", 1), ("1.1.a", 3)]
+
+
+def test_orphan_tracker_waits_the_grace_and_restarts_the_clock() -> None:
+    now = [100.0]
+    tracker = OrphanTracker(grace=30.0, clock=lambda: now[0])
+    a, b = ("x", 1), ("x", 2)
+    assert tracker.due([a, b], in_use=set()) == []
+    now[0] += 29.0
+    assert tracker.due([a, b], in_use={b}) == []  # b is busy: its clock is forgotten
+    now[0] += 1.0
+    assert tracker.due([a, b], in_use=set()) == [a]  # b orphaned again only now
+    now[0] += 30.0
+    assert tracker.due([b], in_use=set()) == [b]  # a is no orphan any more: forgotten
+    assert tracker.since == {b: 130.0}
+
+
+def tracked_service(tmp_path: Path, coord: Any, now: list[float]) -> IndexService:
+    svc = service(tmp_path, coord)
+    svc.orphans = OrphanTracker(grace=30.0, clock=lambda: now[0])
+    return svc
+
+
+def held_slices(svc: IndexService) -> list[tuple[str, int, str]]:
+    return [(s.index_id, s.partition, s.state) for s in svc.engine.slices()]
+
+
+async def test_a_target_down_when_its_move_aborted_drops_its_copy(tmp_path: Path) -> None:
+    rec, topo = record("1.1.a", ACTIVE, {0: "me", 1: "other"})
+    state = state_of(2, 9, (rec, topo))
+    now = [0.0]
+    coord = FakeCoordinator(
+        with_move(state, rec.id, 1, MOVING), with_move(state, rec.id, 1, MOVING)
+    )
+    svc = tracked_service(tmp_path, coord, now)
+    await svc.start()
+    try:
+        await svc.reconcile()  # creates slice 0
+        prep = PrepareIncomingSlice(migration_id="mv-1", definition=rec.definition, partition=1)
+        await svc.slice_moves.on_prepare(prep, None)  # type: ignore[arg-type]
+        assert held_slices(svc) == [(rec.id, 0, "created"), (rec.id, 1, "loading")]
+        # The move is in flight to this node: its copy stays whatever the time.
+        now[0] += 100.0
+        assert (await svc.reconcile()).orphans == []
+    finally:
+        await svc.stop()  # the target goes down with its copy half loaded
+    # Meanwhile the move failed; the abort never reached this node.
+    svc = tracked_service(tmp_path, coord, now)
+    await svc.start()
+    try:
+        assert held_slices(svc) == [(rec.id, 0, "created"), (rec.id, 1, "needs_rebuild")]
+        # This node's replica says failed, but the master's committed state does not (yet):
+        # no drop on the replica's word, and no clock runs.
+        coord.state = with_move(state, rec.id, 1, FAILED)
+        for _ in range(2):
+            assert (await svc.reconcile()).orphans == []
+            now[0] += 60.0
+        assert svc.orphans.since == {}
+        coord.committed = coord.state
+        assert (await svc.reconcile()).orphans == []  # first seen orphaned: grace runs
+        now[0] += 29.0
+        assert (await svc.reconcile()).orphans == []
+        now[0] += 1.0
+        assert (await svc.reconcile()).orphans == [(rec.id, 1)]
+        assert held_slices(svc) == [(rec.id, 0, "created")]  # the assigned slice stays
+        assert svc.orphans.since == {}
+        assert (await svc.reconcile()).orphans == []
+    finally:
+        await svc.stop()
+
+
+async def test_a_source_restarted_in_its_drop_grace_drops_the_old_slice(tmp_path: Path) -> None:
+    rec, topo = record("1.1.a", ACTIVE, {0: "me", 1: "me"})
+    now = [0.0]
+    coord = FakeCoordinator(state_of(2, 9, (rec, topo)), state_of(2, 9, (rec, topo)))
+    svc = tracked_service(tmp_path, coord, now)
+    await svc.start()
+    try:
+        await svc.reconcile()
+        # Partition 1 moved to "other": the committed state has the new topology; the switch
+        # message starts this node's own drop timer (an hour here), which reconcile leaves be.
+        moved = msgspec.structs.replace(topo, seq_num=2, assignment={0: "me", 1: "other"})
+        coord.state = coord.committed = state_of(2, 10, (rec, moved))
+        switched = IndexPartitionSwitched(
+            migration_id="mv-1", index_id=rec.id, partition=1, source="me", target="other",
+            topology_seq=2, grace=3600.0,
+        )  # fmt: skip
+        await svc.slice_moves.on_switched(switched, None)  # type: ignore[arg-type]
+        for _ in range(3):
+            assert (await svc.reconcile()).orphans == []
+            now[0] += 60.0
+        assert [(i, p) for i, p, _ in held_slices(svc)] == [(rec.id, 0), (rec.id, 1)]
+    finally:
+        await svc.stop()  # restarted before its timer fired
+    svc = tracked_service(tmp_path, coord, now)
+    await svc.start()
+    try:
+        assert (await svc.reconcile()).orphans == []
+        now[0] += 30.0
+        assert (await svc.reconcile()).orphans == [(rec.id, 1)]
+        assert [(i, p) for i, p, _ in held_slices(svc)] == [(rec.id, 0)]
     finally:
         await svc.stop()

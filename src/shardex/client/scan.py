@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import msgspec
 
-from shardex.core.keycodec import decode_entry
+from shardex.core.keycodec import decode_entry_key
+from shardex.core.keycodec_values import TAG_DOCID, dec_str
 from shardex.core.timestamp import Timestamp
 from shardex.data.records import MutationResult
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
@@ -54,6 +55,7 @@ DEFAULT_SCAN_TIMEOUT: Final = 30.0
 CREDIT: Final = 4
 REPLY_MARGIN: Final = 15.0  # the coordinator's own round trips beyond the scan's wait
 _FAILOVER = (NodeUnavailable, ConnectionClosed)
+_DOCID: Final = bytes((TAG_DOCID,))
 
 Row = dict[str, Any]
 
@@ -201,6 +203,7 @@ class ScanSession:
                 req = msgspec.structs.replace(msg, scan_id=stream.scan_id)
                 timeout = msg.timeout + REPLY_MARGIN + self.client.request_timeout
                 started = await conn.request(req, timeout, expect=IndexScanStarted)
+                stream.put_head(started.entries, started.done)
             except _FAILOVER as exc:
                 await stream.cancel()
                 last = exc
@@ -221,6 +224,28 @@ def _session(client: Client) -> ScanSession:
     if session is None:
         session = client._scan_session = ScanSession(client)
     return session
+
+
+class _EntryRows:
+    """Rows of raw entries, decoding each distinct key once. Entries come in key order, so
+    runs share one key (a (city, age) range: ~100 rows, a handful of keys); an entry that
+    starts with the previous key's bytes and the docid marker has the same key parts (the
+    encoding is prefix-free), so only its docid is decoded. Each row gets its own list."""
+
+    def __init__(self, desc: Sequence[bool], covering: bool) -> None:
+        self.desc = list(desc) if any(desc) else None
+        self.covering = covering
+        self._key = b""
+        self._parts: list[Any] = []
+
+    def of(self, block: list[bytes]) -> Iterator[Row]:
+        for entry in block:
+            n = len(self._key)
+            if not (n and entry.startswith(self._key) and entry[n : n + 1] == _DOCID):
+                self._parts, n = decode_entry_key(entry, self.desc)
+                self._key = entry[:n]
+            docid = dec_str(entry, n + 1)[0]
+            yield {"docid": docid, "key": list(self._parts)} if self.covering else {"docid": docid}
 
 
 class ScanResult:
@@ -251,7 +276,10 @@ class ScanResult:
         """Raw index entries (``key + 02 + docid``), block by block."""
         try:
             while True:
-                block = self._run(self._stream.next_block())
+                # The reply's own entries (all of a small scan) need no trip to the loop.
+                answered, block = self._stream.poll()
+                if not answered:
+                    block = self._run(self._stream.next_block())
                 if block is None:
                     return
                 yield block
@@ -262,14 +290,12 @@ class ScanResult:
         if self._iterating:
             raise _bad("a scan's rows can be read once", index=self.index_id)
         self._iterating = True
-        desc, covering = self._desc, self.covering
+        rows = _EntryRows(self._desc, self.covering)
         for block in self.blocks():
-            for entry in block:
-                key, docid = decode_entry(entry, desc)
-                yield {"docid": docid, "key": key} if covering else {"docid": docid}
+            yield from rows.of(block)
 
     def close(self) -> None:
-        if not self._stream.done:
+        if not self._stream.done and not self._stream.complete:
             self._run(self._stream.cancel())
 
     def __enter__(self) -> ScanResult:

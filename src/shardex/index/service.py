@@ -27,10 +27,14 @@ and every ``reconcile_interval`` (``plan_reconcile``):
   DELETED that a failover discards); dropping on it would leave a live index without its
   slice.
 
-Slices of partitions the topology no longer gives this node are left alone (index partition
-moves are rebalance's business). The engine is synchronous: its calls run in one I/O thread
-(serialised with each other and under ``_lock``), or inline on the loop when ``inline_io``
-is set (the simulator forbids threads; its engine is in memory).
+Slices of partitions the topology no longer gives this node are normally dropped by the move
+that took them away; the copies a move's messages cannot reach (a target down when its move
+aborted, a source restarted during the drop grace) are orphans, dropped here after a grace
+period and only against the committed state (``shardex.index.orphans``).
+
+The engine is synchronous: its calls run in one I/O thread (serialised with each other and
+under ``_lock``), or inline on the loop when ``inline_io`` is set (the simulator forbids
+threads; its engine is in memory).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from shardex.index.messages import (
     SlicesAllocated,
     SlicesDropped,
 )
+from shardex.index.orphans import OrphanTracker, SliceKey, plan_orphans
 from shardex.index.slice_copy import SliceMoves
 from shardex.manager.coordinator_messages import StateReply, StateRequest
 from shardex.manager.index_state import (
@@ -80,7 +85,7 @@ T = TypeVar("T")
 
 DEFAULT_RECONCILE_INTERVAL = 2.0
 STATE_TIMEOUT = 2.0
-SECTIONS = ["indexes", "index_topologies"]
+SECTIONS = ["indexes", "index_topologies", "rebalance"]  # rebalance: moves in flight
 
 
 class SliceEngine(Protocol):
@@ -89,6 +94,8 @@ class SliceEngine(Protocol):
     def create_slice(self, definition: IndexDefinition, partition: int) -> Any: ...
 
     def drop_index(self, index_id: str) -> int: ...
+
+    def drop_slice(self, index_id: str, partition: int) -> bool: ...
 
     def slices(self, index_id: str | None = None) -> list[Any]: ...
 
@@ -99,6 +106,7 @@ class SliceEngine(Protocol):
 class ReconcilePlan:
     create: list[tuple[IndexDefinition, list[int]]] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
+    orphans: list[SliceKey] = field(default_factory=list)  # slices of live indexes (orphans.py)
 
 
 def plan_reconcile(node: str, state: StateContext, held: dict[str, set[int]]) -> ReconcilePlan:
@@ -124,7 +132,7 @@ def plan_reconcile(node: str, state: StateContext, held: dict[str, set[int]]) ->
         base = creation_base(index_id)
         if base is not None and version > base:
             drop.append(index_id)
-    return ReconcilePlan(create=create, drop=drop)
+    return ReconcilePlan(create=create, drop=drop, orphans=plan_orphans(node, state, held))
 
 
 class IndexService:
@@ -169,6 +177,9 @@ class IndexService:
         self.scan_migrations = IndexScanMigrations(node_name)
         # Index partitions moving in or out (``shardex.index.slice_copy``).
         self.slice_moves = SliceMoves(self)
+        # Slices left behind by moves (``orphans.py``), timed on the loop's clock: virtual
+        # time in the simulator, so a seed replays exactly.
+        self.orphans = OrphanTracker(clock=_loop_time)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -314,16 +325,28 @@ class IndexService:
                 log.info("reconcile: creating slices %s of %s", partitions, definition.id)
                 await self._run(self._create, definition, partitions)
         drops: list[str] = []
-        if plan.drop:
+        orphans: list[SliceKey] = []
+        # The tracker holds slices orphaned in an earlier round: each round confirms them
+        # again (or forgets them), so their clocks only run while they stay orphans.
+        if plan.drop or plan.orphans or self.orphans.since:
             committed = await self._state(fresh=True)
             async with self._lock:
-                confirmed = plan_reconcile(self.name, committed, self._held()).drop
-                for index_id in confirmed:
+                confirmed = plan_reconcile(self.name, committed, self._held())
+                for index_id in confirmed.drop:
                     log.info("reconcile: dropping the slices of index %s", index_id)
                     await self._run(self.engine.drop_index, index_id)
                     self.delivery.forget(index_id)
                     drops.append(index_id)
-        return ReconcilePlan(create=plan.create, drop=drops)
+                busy = self.slice_moves.busy_slices()  # read under the lock moves take too
+                for index_id, p in self.orphans.due(confirmed.orphans, busy):
+                    log.info("reconcile: dropping orphan slice %s/%d", index_id, p)
+                    await self._run(self.engine.drop_slice, index_id, p)
+                    self.orphans.dropped((index_id, p))
+                    orphans.append((index_id, p))
+            for index_id in sorted({k[0] for k in orphans}):
+                for listener in self.delivery.listeners:  # scans waiting on it re-check
+                    listener(index_id)
+        return ReconcilePlan(create=plan.create, drop=drops, orphans=orphans)
 
     async def _reconcile_loop(self) -> None:
         await reconcile_forever(
@@ -333,6 +356,10 @@ class IndexService:
             interval=self.reconcile_interval,
             what="index",
         )
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _open_engine(path: Path) -> SliceEngine:

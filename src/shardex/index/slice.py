@@ -332,6 +332,15 @@ class Slice:
         with self.lock:
             return self._snapshots.latest()
 
+    def lease_snapshot(self, ts: Timestamp, lease_id: str, ttl: float) -> float:
+        """Keep the snapshot at ``ts`` for a paginated scan (``SnapshotRing.lease``)."""
+        with self.lock:
+            return self._snapshots.lease(ts, lease_id, ttl, self._applied)
+
+    def release_lease(self, lease_id: str) -> bool:
+        with self.lock:
+            return self._snapshots.release_lease(lease_id)
+
     def scan(
         self,
         spans: Iterable[Span] | None = None,

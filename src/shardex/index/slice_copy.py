@@ -128,6 +128,11 @@ class SliceMoves:
             s.snapshot.release()
         self._copies.clear()
 
+    def busy_slices(self) -> set[SliceKey]:
+        """Slices a move on this node is using: incoming copies, and handed-over slices
+        whose drop timer runs (reconciliation must not drop them as orphans)."""
+        return set(self._incoming) | set(self._retired)
+
     def _notify(self, index_id: str) -> None:
         for listener in self.service.delivery.listeners:
             listener(index_id)

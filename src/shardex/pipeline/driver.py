@@ -191,6 +191,11 @@ class PipelineDriver:
                     target=self._build, args=(kp, todo), name=f"build-{kp.keyspace}", daemon=True
                 )
                 kp.builder.start()
+        # Index moves wait for a routed stabilise round, which an idle keyspace never runs.
+        try:
+            kp.job.idle_round()
+        except Exception as exc:  # tried again next poll; other keyspaces go on
+            log.warning("idle stabilise round of %s: %s", kp.keyspace, exc)
 
     def _build(self, kp: KeyspacePipeline, views: list[Any]) -> None:
         builder = InitialBuild(self.spark, self.client, kp.registry, self.source_options)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,7 @@ from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.indexers import advance_stability, deliver
+from shardex.pipeline.move_rounds import MoveRounds
 from shardex.pipeline.projector import project_arrow
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.router import route
@@ -151,6 +153,9 @@ class MaintenanceJob:
         self.errors: Counter[str] = Counter()
         self.last: list[BatchStats] = []
         self.stable: Timestamp | None = None  # the last TS this job had published
+        # Batches and idle rounds for index moves never overlap (``move_rounds.py``).
+        self._batch_lock = threading.Lock()
+        self.move_rounds = MoveRounds()
 
     # -- the query -----------------------------------------------------------------------------
     def start(self) -> StreamingQuery:
@@ -196,6 +201,10 @@ class MaintenanceJob:
 
     # -- one micro-batch -----------------------------------------------------------------------
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
+        with self._batch_lock:
+            self._run_batch(batch_id)
+
+    def _run_batch(self, batch_id: int) -> None:
         t0 = time.perf_counter()
         start, end = self.batch_range(batch_id)
         stats = BatchStats(batch_id=batch_id, end=dict(end.to_wire()))
@@ -361,7 +370,52 @@ class MaintenanceJob:
         )
         stats.stabilize = time.perf_counter() - t
         self.registry.advanced(reply.published, end)
+        self.move_rounds.confirmed({v.id: v.moving for v in views if v.moving})
         self.stable = end
+
+    # -- index moves on an idle keyspace ---------------------------------------------------
+    def idle_round(self) -> list[str]:
+        """An empty stabilise round at the stream's position for the index moves no round
+        has been routed to yet (``move_rounds.py`` argues why it is exact); the ids of the
+        indexes it named. Skipped while a batch runs: that batch carries the round."""
+        if not self._batch_lock.acquire(blocking=False):
+            return []
+        try:
+            self.registry.refresh()
+            views = self.registry.maintained()
+            if not any(v.moving for v in views):
+                self.move_rounds.pending([], Timestamp({}), self.registry.applied)
+                return []
+            position = self.stable if self.stable is not None else self._committed_position()
+            if position is None:
+                return []
+            moving = self.move_rounds.pending(views, position, self.registry.applied)
+            if not moving:
+                return []
+            reply = advance_stability(
+                self.client,
+                self.keyspace,
+                position,
+                sorted(moving),
+                timekeeper=self.registry.timekeeper,
+                moving=moving,
+            )
+            self.registry.advanced(reply.published, position)
+            self.move_rounds.confirmed(moving)
+            log.info("idle stabilise round at the stream's position for moves of %s", moving)
+            return sorted(moving)
+        finally:
+            self._batch_lock.release()
+
+    def _committed_position(self) -> Timestamp | None:
+        """The end of the checkpoint's last committed batch (where the next batch starts),
+        or the stream's first start when none committed yet."""
+        commits = self.checkpoint / "commits"
+        names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
+        ids = [int(n) for n in names if n.isdigit()]
+        if ids:
+            return read_offset(self.checkpoint, max(ids))
+        return self.starting
 
     def _record(self, stats: BatchStats) -> None:
         self.last.append(stats)

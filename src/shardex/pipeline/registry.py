@@ -89,6 +89,7 @@ class IndexRegistry:
         self._joined: dict[str, Timestamp] = {}
         self._checked: set[str] = set()  # indexes whose slices were inspected at start
         self._fetched_at = 0.0
+        self._cas = -1  # of the state the views come from: never replaced by an older one
         self.keyspace_uuid: str | None = None
         self.timekeeper = ""  # the coordinator master: where stabilise rounds go
 
@@ -108,6 +109,11 @@ class IndexRegistry:
             if topo is not None:
                 views[rec.id] = IndexView(rec, topo, routed.get(rec.id, {}))
         with self._lock:
+            if state.cas < self._cas:
+                # A slower concurrent refresh: a batch must never route with an older view
+                # than an earlier batch or idle round did (``move_rounds.py``).
+                return dict(self._views)
+            self._cas = state.cas
             self._views = views
             self.keyspace_uuid = None if meta is None else meta.uuid
             self.timekeeper = state.master

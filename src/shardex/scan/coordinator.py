@@ -8,17 +8,21 @@
 2. the consistency's TS to cover: none (not_bounded), the keyspace's high seqnos now
    (request_plus, ``ClusterView.high_seqnos``) or the caller's (at_plus);
 3. stability: none reads the tips (after the wait), scan and query one stability TS for
-   every slice. Over one indexer node that node picks it (its slices' newest common
-   snapshot covering the TS); over several, phase one asks each node (``WaitStability``) and
-   the oldest answer - one every node has a snapshot at - is pinned for all. A query context
-   passes its TS as ``pinned``. A TS that a node released meanwhile (SNAPSHOT_TOO_OLD) is
-   retried with a newer one unless the caller pinned it;
+   every slice, in one round in the common case: each node waits for and reads its slices'
+   newest common snapshot covering the TS and names it in its reply; when the answers
+   differ, the oldest - one every node holds (the ring keeps K) - is pinned and only the
+   nodes that read another one are asked again (no separate ``WaitStability`` round). A
+   query context passes its TS as ``pinned``. A TS that a node released meanwhile
+   (SNAPSHOT_TOO_OLD) is retried with a newer one unless the caller pinned it;
 4. ``ScanSlices`` to every indexer node in parallel (each with the local partitions, the
-   encoded spans, ``offset + limit`` as its limit); once all answered, the reply
-   ``IndexScanStarted`` goes back with the TS read, and a task streams the rows: a k-way
-   merge on the entry bytes (``merge.merge_ordered``) or blocks as they come
-   (``merge.interleave``), offset and limit applied over the combination, credit flow
-   control on both hops. A failing slice ends the client's stream with its error.
+   encoded spans, ``offset + limit`` as its limit); this node's own slices are read
+   in-process (``local_index``). A reply carries the first entries, and says when they are
+   all. When every reply did (a small scan), the rows are merged here and go back inside
+   ``IndexScanStarted`` itself: one request and one reply per hop, no stream. Otherwise the
+   reply goes back with the TS read, and a task streams the rows: a k-way merge on the entry
+   bytes (``merge.merge_ordered``) or blocks as they come (``merge.interleave``), offset and
+   limit applied over the combination, credit flow control on both hops. A failing slice
+   ends the client's stream with its error.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -58,11 +62,13 @@ from shardex.scan.messages import (
     IndexScanStarted,
     ScanSlices,
     SlicesOpened,
-    StabilityAt,
-    WaitStability,
 )
 from shardex.scan.spans import eliminate, encode_spans, to_wire_spans
-from shardex.scan.streams import Inboxes, InStream, OutStream, OutStreams
+from shardex.scan.streams import Inboxes, LocalStream, OutStream, OutStreams, Source
+from shardex.scan.topology_retry import on_fresh_topology
+
+if TYPE_CHECKING:
+    from shardex.index.scan_server import IndexScanServer
 
 __all__ = ["ScanCoordinator", "oldest_common"]
 
@@ -162,6 +168,9 @@ class ScanCoordinator:
             transport, secret, name=f"{name}/scan", handlers=self.inboxes.handlers()
         )
         self.view = ClusterView(pool=self.pool, coordinator=coordinator, members=members)
+        # This node's own indexer (set by the node when it runs the index service): its
+        # slices are read in-process, not over a connection to ourselves.
+        self.local_index: IndexScanServer | None = None
 
     def install(self, server: RpcServer) -> None:
         server.route(IndexScan, self.on_scan)
@@ -226,58 +235,60 @@ class ScanCoordinator:
         )
         if msg.limit == 0:
             by_node = {}  # nothing to read; still resolved and validated above
-        for attempt in range(OPEN_ATTEMPTS):
-            try:
-                ts, sources = await self._open(msg, base, by_node, wait_for)
-                break
-            except ShardexError as exc:
-                # An index partition moved (its old indexer refuses or dropped its slice):
-                # read the topology again and retry against the new owner.
-                if exc.code not in _MOVED or attempt + 1 == OPEN_ATTEMPTS:
-                    raise
-                now, newer = await self.resolve(msg.keyspace, msg.index, fresh=True)
-                if now.id != rec.id:
-                    raise
-                if newer.seq_num <= topo.seq_num:
-                    if exc.code is not ErrorCode.STALE_TOPOLOGY:
-                        raise
-                    await asyncio.sleep(0.05 * 2**attempt)  # the switch is being committed
-                topo = newer
-                by_node = _placement(msg.index, topo, partitions) if by_node else {}
-                log.info("scan of %s: %s; retrying on topology %d", rec.id, exc, topo.seq_num)
 
-        async def produce(out: OutStream) -> None:
-            await self._stream(msg, sources, out)
+        async def open_on(t: Topology) -> tuple[Timestamp | None, list[Source]]:
+            # An index partition moved: retried on the fresh topology's owners.
+            nodes = by_node if t is topo else _placement(msg.index, t, partitions)
+            return await self._open(msg, base, nodes if by_node else {})
 
-        try:
-            self.streams.start(conn, msg.scan_id, msg.credit, produce)
-        except BaseException:
-            await _cancel_all(sources)
-            raise
-        return IndexScanStarted(
+        ts, sources = await on_fresh_topology(
+            rec,
+            topo,
+            open_on,
+            lambda: self.resolve(msg.keyspace, msg.index, fresh=True),
+            attempts=OPEN_ATTEMPTS,
+        )
+        started = IndexScanStarted(
             scan_id=msg.scan_id,
             index_id=rec.id,
             desc=list(defn.desc),
             ts=None if ts is None else dict(ts.to_wire()),
             partitions=partitions,
         )
+        if all(s.complete for s in sources):
+            # Every slice answered in its reply (a small scan): merge here and answer in
+            # ours; only what exceeds one block is streamed.
+            rows = [e for block in await _collect(self._combine(msg, sources)) for e in block]
+            started.entries = rows[:BLOCK_ROWS]
+            started.done = len(rows) <= BLOCK_ROWS
+            if started.done:
+                return started
+            rest = [rows[i : i + BLOCK_ROWS] for i in range(BLOCK_ROWS, len(rows), BLOCK_ROWS)]
+
+            async def produce(out: OutStream) -> None:
+                for block in rest:
+                    await out.send(block)
+
+        else:
+
+            async def produce(out: OutStream) -> None:
+                await self._stream(msg, sources, out)
+
+        try:
+            self.streams.start(conn, msg.scan_id, msg.credit, produce)
+        except BaseException:
+            await _cancel_all(sources)
+            raise
+        return started
 
     async def _open(
-        self,
-        msg: IndexScan,
-        base: ScanSlices,
-        by_node: dict[str, list[int]],
-        wait_for: Timestamp | None,
-    ) -> tuple[Timestamp | None, list[InStream]]:
+        self, msg: IndexScan, base: ScanSlices, by_node: dict[str, list[int]]
+    ) -> tuple[Timestamp | None, list[Source]]:
         """Open every node's stream; returns (the TS read, the streams)."""
         for attempt in range(OPEN_ATTEMPTS):
-            pinned: Timestamp | None = None
-            if msg.pinned is not None:
-                pinned = Timestamp.from_wire(msg.pinned)
-            elif base.stability and len(by_node) > 1:
-                pinned = await self._phase_one(base.index_id, by_node, wait_for, msg.timeout)
+            pinned = None if msg.pinned is None else Timestamp.from_wire(msg.pinned)
             try:
-                return await self._open_all(base, by_node, pinned)
+                return await self._open_stable(base, by_node, pinned)
             except ShardexError as exc:
                 retry = (
                     exc.code is ErrorCode.SNAPSHOT_TOO_OLD
@@ -289,66 +300,81 @@ class ScanCoordinator:
                 log.info("scan of %s: %s; picking a newer TS", base.index_id, exc)
         raise AssertionError("unreachable")
 
-    async def _phase_one(
-        self,
-        index_id: str,
-        by_node: dict[str, list[int]],
-        wait_for: Timestamp | None,
-        timeout: float,
-    ) -> Timestamp:
-        wire = None if wait_for is None else dict(wait_for.to_wire())
-
-        async def ask(node: str, parts: list[int]) -> Timestamp:
-            req = WaitStability(index_id=index_id, partitions=parts, wait_for=wire, timeout=timeout)
-            reply = await self.pool.request(
-                self.view.address(node), req, timeout + RPC_MARGIN, expect=StabilityAt
-            )
-            return Timestamp.from_wire(reply.ts)
-
-        tss = await asyncio.gather(*(ask(n, ps) for n, ps in by_node.items()))
-        return oldest_common(list(tss))
+    async def _open_stable(
+        self, base: ScanSlices, by_node: dict[str, list[int]], pinned: Timestamp | None
+    ) -> tuple[Timestamp | None, list[Source]]:
+        """Scan stability in one round in the common case: every node waits for (and reads)
+        its own newest snapshot covering ``wait_for``; when they all name the same TS that
+        is the scan's. Otherwise the oldest answer - a snapshot every node holds (the ring
+        keeps K) - is pinned and only the nodes that read another one are asked again."""
+        opened = await self._open_all(base, by_node, pinned)
+        if pinned is not None or not base.stability or len(opened) <= 1:
+            tss = [ts for _, ts, _ in opened if ts is not None]
+            return (pinned if pinned is not None else (tss[0] if tss else None)), _srcs(opened)
+        tss = [ts for _, ts, _ in opened if ts is not None]
+        pin = oldest_common(tss)
+        again = {node: by_node[node] for node, ts, _ in opened if ts != pin}
+        if not again:
+            return pin, _srcs(opened)
+        kept = [src for node, _, src in opened if node not in again]
+        await _cancel_all([src for node, _, src in opened if node in again])
+        log.debug("scan of %s: slices read different TSs; pinning %s", base.index_id, pin)
+        try:
+            reopened = await self._open_all(base, again, pin)
+        except BaseException:
+            await _cancel_all(kept)
+            raise
+        return pin, kept + _srcs(reopened)
 
     async def _open_all(
         self, base: ScanSlices, by_node: dict[str, list[int]], pinned: Timestamp | None
-    ) -> tuple[Timestamp | None, list[InStream]]:
-        sources: list[InStream] = []
+    ) -> list[tuple[str, Timestamp | None, Source]]:
+        """``ScanSlices`` to every node in parallel: (node, the TS it read, its stream)."""
+        sources: list[Source] = []
+        snapshot_ts = None if pinned is None else dict(pinned.to_wire())
+        wait_for = None if pinned is not None else base.wait_for
 
-        async def open_one(node: str, parts: list[int]) -> SlicesOpened:
-            src = self.inboxes.open()
-            sources.append(src)
-            conn = await self.pool.get(self.view.address(node))
-            src.attach(conn)
-            req = _replace(
-                base,
-                scan_id=src.scan_id,
-                partitions=parts,
-                snapshot_ts=None if pinned is None else dict(pinned.to_wire()),
-                wait_for=None if pinned is not None else base.wait_for,
-            )
-            return await conn.request(req, base.timeout + RPC_MARGIN, expect=SlicesOpened)
+        async def open_one(node: str, parts: list[int]) -> tuple[str, Timestamp | None, Source]:
+            src: Source
+            if node == self.name and self.local_index is not None:
+                req = _replace(base, partitions=parts, snapshot_ts=snapshot_ts, wait_for=wait_for)
+                reply, rest = await self.local_index.open_local(req)
+                src = LocalStream(reply.entries, rest)
+                sources.append(src)
+            else:
+                stream = self.inboxes.open()
+                sources.append(stream)
+                src = stream
+                conn = await self.pool.get(self.view.address(node))
+                stream.attach(conn)
+                req = _replace(
+                    base,
+                    scan_id=stream.scan_id,
+                    partitions=parts,
+                    snapshot_ts=snapshot_ts,
+                    wait_for=wait_for,
+                )
+                reply = await conn.request(req, base.timeout + RPC_MARGIN, expect=SlicesOpened)
+                stream.put_head(reply.entries, reply.done)
+            return node, None if reply.ts is None else Timestamp.from_wire(reply.ts), src
 
         try:
-            replies = await asyncio.gather(*(open_one(n, ps) for n, ps in by_node.items()))
+            return list(await asyncio.gather(*(open_one(n, ps) for n, ps in by_node.items())))
         except BaseException:
             await _cancel_all(sources)
             raise
-        tss = [Timestamp.from_wire(r.ts) for r in replies if r.ts is not None]
-        return (pinned if pinned is not None else (tss[0] if tss else None)), sources
 
-    async def _stream(self, msg: IndexScan, sources: list[InStream], out: OutStream) -> None:
+    def _combine(self, msg: IndexScan, sources: list[Source]) -> AsyncIterator[list[bytes]]:
+        combined = merge_ordered(sources, BLOCK_ROWS) if msg.ordered else interleave(sources)
+        return window(combined, msg.offset, msg.limit)
+
+    async def _stream(self, msg: IndexScan, sources: list[Source], out: OutStream) -> None:
         try:
-            combined = merge_ordered(sources, BLOCK_ROWS) if msg.ordered else interleave(sources)
-            async with (
-                contextlib.aclosing(combined) as blocks,
-                contextlib.aclosing(window(blocks, msg.offset, msg.limit)) as rows,
-            ):
+            async with contextlib.aclosing(self._combine(msg, sources)) as rows:
                 async for block in rows:
                     await out.send(block)
         finally:
             await _cancel_all(sources)
-
-
-_MOVED: Final = frozenset({ErrorCode.STALE_TOPOLOGY, ErrorCode.INDEX_NOT_FOUND})
 
 
 def _placement(index: str, topo: Topology, partitions: list[int]) -> dict[str, list[int]]:
@@ -370,5 +396,14 @@ def _replace(msg: ScanSlices, **changes: Any) -> ScanSlices:
     return msgspec.structs.replace(msg, **changes)
 
 
-async def _cancel_all(sources: list[InStream]) -> None:
+def _srcs(opened: list[tuple[str, Timestamp | None, Source]]) -> list[Source]:
+    return [src for _, _, src in opened]
+
+
+async def _collect(blocks: AsyncIterator[list[bytes]]) -> list[list[bytes]]:
+    async with contextlib.aclosing(blocks) as it:
+        return [b async for b in it]
+
+
+async def _cancel_all(sources: list[Source]) -> None:
     await asyncio.gather(*(s.cancel() for s in sources), return_exceptions=True)

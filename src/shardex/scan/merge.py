@@ -28,6 +28,13 @@ class BlockSource(Protocol):
     async def next_block(self) -> list[bytes] | None: ...
 
 
+def _would_wait(source: BlockSource) -> bool:
+    """Whether ``next_block`` may wait on the network: True unless the source says it has
+    its answer at hand (``ready()``, as ``InStream`` has)."""
+    ready = getattr(source, "ready", None)
+    return ready is None or not ready()
+
+
 def pushdown_limit(offset: int, limit: int | None) -> int | None:
     """What each slice must deliver at most for ``offset``/``limit`` over all slices."""
     return None if limit is None else offset + limit
@@ -37,7 +44,8 @@ async def merge_ordered(
     sources: Sequence[BlockSource], block_rows: int = 1000
 ) -> AsyncIterator[list[bytes]]:
     """Blocks of the sources' entries in byte order. A non-empty partial block is emitted
-    before waiting on a source, so rows flow while slow slices are still reading."""
+    before waiting on a source (not when its next block is already at hand), so rows flow
+    while slow slices are still reading and small scans come out as one block."""
     blocks: list[list[bytes]] = [[] for _ in sources]
     pos = [0] * len(sources)
     heap: list[tuple[bytes, int]] = []
@@ -66,7 +74,7 @@ async def merge_ordered(
             heapq.heappush(heap, (blocks[i][p], i))
         else:
             blocks[i] = []
-            if out:  # about to wait on the network: hand over what is merged so far
+            if out and _would_wait(sources[i]):  # hand over what is merged so far
                 yield out
                 out = []
             await refill(i)

@@ -13,6 +13,11 @@ Rows travel as raw index entries (``key + 02 + docid``, ``shardex.core.keycodec`
 coordinator merges on them byte-wise and the client decodes them with the index's DESC flags
 (sent in ``IndexScanStarted``), so nobody on the path decodes and re-encodes.
 
+A small scan needs no stream: a reply (``SlicesOpened``, ``IndexScanStarted``) may carry the
+first entries, and ``done`` when they are all (no ``ScanBlock``/``ScanEnd`` follow). The
+receiver delivers them before any block that overtook the reply; they cost no credit, and
+``ScanEnd.rows`` counts only the streamed blocks' entries.
+
 Spans from the client carry their bounds as JSON text (a JSON array of key parts, or null):
 JSON keeps integers of any size exactly, which msgpack does not. The coordinator encodes them
 with the index's DESC flags; spans to indexers are encoded bounds.
@@ -114,6 +119,8 @@ class IndexScanStarted(Message, tag="scan.IndexScanStarted"):
     desc: list[bool]
     ts: WireTs | None = None
     partitions: list[int] = msgspec.field(default_factory=list)
+    entries: list[bytes] = msgspec.field(default_factory=list)  # as in ``SlicesOpened``
+    done: bool = False
 
 
 # --- scan coordinator -> indexer ---------------------------------------------------------------
@@ -159,9 +166,15 @@ class ScanSlices(Message, tag="scan.ScanSlices"):
 
 
 class SlicesOpened(Message, tag="scan.SlicesOpened"):
+    """The slices are open. ``entries``: the stream's first entries, read at once when that
+    was cheap (they precede every ``ScanBlock``); ``done``: they are all of them, no stream
+    follows (a small scan is one request and one reply)."""
+
     scan_id: int
     node: str
     ts: WireTs | None = None  # the snapshot read (None: the tips)
+    entries: list[bytes] = msgspec.field(default_factory=list)
+    done: bool = False
 
 
 # --- both hops: the stream --------------------------------------------------------------------

@@ -13,7 +13,9 @@ Consistency and stability of paged index scans (the choice this module makes):
   indexer of the index holds a stability TS covering the keyspace's high seqnos (or the
   caller's TS), pins the oldest of their answers (the one all of them have a snapshot at) in
   the continuation, and *every* page reads exactly that snapshot: the pages together are one
-  consistent state. A snapshot the indexers have released meanwhile ends the scan with
+  consistent state. The first page leases that snapshot on every slice and later pages renew
+  the lease (``paging_leases``), so the indexers keep it beyond their last K; a snapshot
+  released meanwhile (the lease expired, or too many leased) ends the scan with
   SNAPSHOT_TOO_OLD (restart it).
 * not_bounded (default stability "none"): every page reads the slices' tips; with stability
   "scan" the first page pins the newest common stability TS without waiting.
@@ -27,6 +29,7 @@ all three consistencies hold without waiting; pages read the current documents.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import TYPE_CHECKING, Final
 
 from shardex.core.timestamp import Timestamp
@@ -36,7 +39,7 @@ from shardex.manager.index_state import IndexRecord
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 from shardex.scan.continuation import Continuation, ContinuationCodec, scan_digest
-from shardex.scan.coordinator import ScanCoordinator, oldest_common
+from shardex.scan.coordinator import OPEN_ATTEMPTS, ScanCoordinator, oldest_common
 from shardex.scan.elastic_adapters import (
     ARRIVAL_TIMEOUT,
     ElasticScanNode,
@@ -53,6 +56,16 @@ from shardex.scan.messages import (
     WaitStability,
 )
 from shardex.scan.paging import PageCoordinator, check_page_size
+from shardex.scan.paging_leases import (
+    LEASE,
+    RELEASE,
+    RENEW,
+    LeaseSnapshots,
+    SnapshotsLeased,
+    lease_on_nodes,
+    placement,
+    serve_lease,
+)
 from shardex.scan.paging_store_spec import (
     PRIMARY,
     PageContext,
@@ -67,6 +80,7 @@ from shardex.scan.paging_store_spec import (
 )
 from shardex.scan.paging_wire import ShardBatch, ShardBatchResult
 from shardex.scan.spans import encode_spans, to_wire_spans
+from shardex.scan.topology_retry import on_fresh_topology
 
 if TYPE_CHECKING:
     from shardex.data.service import DataService
@@ -128,10 +142,30 @@ class PagingService:
         self.view = scan.view
         self.pool = ConnectionPool(transport, secret, name=f"{name}/paging")
         self.shard = ElasticScanNode(name=name, view=scan.view, data=data, index=index)
+        self.index = index
 
     def install(self, server: RpcServer) -> None:
         server.route(PageScan, self.on_page)
         server.route(ShardBatch, self.shard.on_batch)
+        server.route(LeaseSnapshots, self.on_lease)
+
+    async def on_lease(
+        self, msg: LeaseSnapshots, conn: Connection | None = None
+    ) -> SnapshotsLeased:
+        if self.index is None:
+            raise ShardexError(
+                f"{self.name} runs no index service",
+                code=ErrorCode.INDEX_NOT_FOUND,
+                details={"node": self.name, "index": msg.index_id},
+            )
+        return await serve_lease(self.index, self.name, msg)
+
+    async def _lease_call(self, node: str, msg: LeaseSnapshots) -> SnapshotsLeased:
+        if node == self.name:
+            return await self.on_lease(msg)
+        return await self.pool.request(
+            self.view.address(node), msg, BATCH_TIMEOUT, expect=SnapshotsLeased
+        )
 
     async def stop(self) -> None:
         await self.pool.close()
@@ -154,14 +188,28 @@ class PagingService:
         else:
             ck = self.codec.decode(msg.continuation, expect_digest=digest)
         desc: list[bool] = []
+        lease = ""
         if msg.index == PRIMARY:
             spec, history = await self._primary(msg, ck)
         else:
             rec, spec, history = await self._index(msg, ck, stability)
             desc = list(rec.definition.desc)
+            lease = decode_context(ck.context).lease
         what = f"keyspace {msg.keyspace!r}" if spec.primary else f"index {msg.index!r}"
         coordinator = PageCoordinator(HistoryLookup(history, what), self._call, self.codec)
-        rows, nxt = await coordinator.page_state(encode_spec(spec), msg.page_size, ck)
+        base_topo = ck.base_topo
+        page = coordinator.page_state(encode_spec(spec), msg.page_size, ck)
+        if lease and base_topo >= 0:  # a later page of a pinned scan: renew its lease
+            nodes = _lease_nodes(history, base_topo)
+            renew = lease_on_nodes(
+                self._lease_call, nodes, spec.index_id, lease, RENEW, spec.snapshot
+            )
+            (rows, nxt), _ = await asyncio.gather(page, renew)
+        else:
+            rows, nxt = await page
+        if lease and nxt is None:  # the continuation ends: the indexers may let it go
+            nodes = _lease_nodes(history, base_topo)
+            await lease_on_nodes(self._lease_call, nodes, spec.index_id, lease, RELEASE, None)
         return PageScanReply(
             entries=[r.key for r in rows],
             continuation=None if nxt is None else self.codec.encode(nxt),
@@ -202,8 +250,10 @@ class PagingService:
                 )
             snapshot = ctx.snapshot
         else:
-            snapshot = await self._first_snapshot(msg, rec, topo, stability)
-            ck.context = encode_context(PageContext(index_id=rec.id, snapshot=snapshot))
+            snapshot, lease = await self._first_snapshot(msg, rec, topo, stability)
+            ck.context = encode_context(
+                PageContext(index_id=rec.id, snapshot=snapshot, lease=lease)
+            )
         state = await self.view.state()
         history = state.index_topologies.get(rec.id) or []
         if ck.base_topo >= 0 and not has_topology(history, ck.base_topo):
@@ -216,8 +266,9 @@ class PagingService:
 
     async def _first_snapshot(
         self, msg: PageScan, rec: IndexRecord, topo: Topology, stability: str
-    ) -> dict[int, tuple[int, int]] | None:
-        """The stability TS every page reads (None: the tips), after the first page's wait."""
+    ) -> tuple[dict[int, tuple[int, int]] | None, str]:
+        """(The stability TS every page reads (None: the tips), after the first page's wait;
+        the id of its lease on every slice, "" for none)."""
         wait_for: Timestamp | None = None
         if msg.consistency == REQUEST_PLUS:
             wait_for = await self.view.high_seqnos(msg.keyspace)
@@ -225,10 +276,7 @@ class PagingService:
             assert msg.at is not None
             wait_for = Timestamp.from_wire(msg.at)
         if stability == STABILITY_NONE and wait_for is None:
-            return None
-        by_node: dict[str, list[int]] = {}
-        for p, node in sorted(topo.assignment.items()):
-            by_node.setdefault(node, []).append(p)
+            return None, ""
         wire = None if wait_for is None else dict(wait_for.to_wire())
 
         async def ask(node: str, parts: list[int]) -> Timestamp:
@@ -240,7 +288,29 @@ class PagingService:
             )
             return Timestamp.from_wire(reply.ts)
 
-        tss = await asyncio.gather(*(ask(n, ps) for n, ps in by_node.items()))
-        if stability == STABILITY_NONE:
-            return None  # waited until covered; the pages read the tips
-        return dict(oldest_common(list(tss)).to_wire())
+        lease = uuid.uuid4().hex if stability != STABILITY_NONE else ""
+
+        async def ask_all(t: Topology) -> dict[int, tuple[int, int]] | None:
+            by_node = placement(t)
+            tss = await asyncio.gather(*(ask(n, ps) for n, ps in by_node.items()))
+            if stability == STABILITY_NONE:
+                return None  # waited until covered; the pages read the tips
+            pin = dict(oldest_common(list(tss)).to_wire())
+            await lease_on_nodes(self._lease_call, by_node, rec.id, lease, LEASE, pin)
+            return pin
+
+        # A partition moved since this node's state was read: ask the new owner.
+        pin = await on_fresh_topology(
+            rec,
+            topo,
+            ask_all,
+            lambda: self.scan.resolve(msg.keyspace, msg.index, fresh=True),
+            attempts=OPEN_ATTEMPTS,
+        )
+        return pin, lease
+
+
+def _lease_nodes(history: list[Topology], base_topo: int) -> dict[str, list[int]]:
+    """Where a pinned scan's lease lives: the slices of its base and latest topologies."""
+    base = next((t for t in history if t.seq_num == base_topo), None)
+    return placement(base, history[-1] if history else None)

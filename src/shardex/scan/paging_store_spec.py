@@ -94,6 +94,7 @@ class PageContext(msgspec.Struct, array_like=True, frozen=True):
 
     index_id: str = ""
     snapshot: WireTs | None = None
+    lease: str = ""  # the snapshot lease of a pinned scan ("": none; ``paging_leases``)
 
 
 _spec_encoder = msgspec.msgpack.Encoder()

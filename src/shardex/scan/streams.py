@@ -11,6 +11,8 @@ consumer costs the sender O(credit x block) memory, never an unbounded queue.
   one ``ScanEnd`` (with the error, if any) unless it was cancelled or its connection closed.
 * ``Inboxes`` (receiver side, one per connection pool): routes blocks to per-scan queues and
   turns a dead connection into a failed end; ``InStream`` is one scan being received.
+* ``LocalStream``: the same receiving end over an in-process reader (a scan coordinator
+  reading its own node's slices needs no connection to itself).
 """
 
 from __future__ import annotations
@@ -19,15 +21,15 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Final
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Final, Protocol
 
 from shardex.data.messages import WireError
 from shardex.errors import ConnectionClosed, ErrorCode, ShardexError
 from shardex.net import Connection, Router
 from shardex.scan.messages import CancelScan, ScanBlock, ScanCredit, ScanEnd
 
-__all__ = ["MAX_CREDIT", "InStream", "Inboxes", "OutStream", "OutStreams"]
+__all__ = ["MAX_CREDIT", "InStream", "Inboxes", "LocalStream", "OutStream", "OutStreams", "Source"]
 
 log = logging.getLogger(__name__)
 
@@ -200,15 +202,53 @@ class InStream:
         self.conn: Connection | None = None
         self.done = False
         self.rows = 0
+        # Entries the opening request's reply carried (``SlicesOpened`` / ``IndexScanStarted``
+        # with ``entries``): they come first, whatever blocks overtook the reply, and need no
+        # credit back (the sender spent none). ``_ends_at_head``: the reply said nothing follows.
+        self._head: list[bytes] | None = None
+        self._ends_at_head = False
 
     def attach(self, conn: Connection) -> None:
         self.conn = conn
         self._inboxes.attach(self.scan_id, conn)
 
+    def put_head(self, entries: list[bytes] | None, done: bool) -> None:
+        """What the opening reply carried: ``entries`` to deliver first, and ``done`` when
+        the sender opened no stream (no ``ScanBlock``/``ScanEnd`` follow). Call it before
+        the first ``next_block``."""
+        self._head = entries if entries else None
+        if done:
+            self._ends_at_head = True
+            self._inboxes.detach(self.scan_id)  # nothing more comes; nothing to cancel
+
+    @property
+    def complete(self) -> bool:
+        """The opening reply carried every entry (``put_head`` with ``done``)."""
+        return self._ends_at_head
+
+    def ready(self) -> bool:
+        """True when ``next_block`` answers without waiting for the network."""
+        return self.done or self._head is not None or self._ends_at_head or not self._queue.empty()
+
+    def poll(self) -> tuple[bool, list[bytes] | None]:
+        """``next_block`` without a loop when the reply's entries answer it: (True, the
+        block or None at the end), else (False, None). Touches nothing the event loop
+        writes, so a synchronous caller may use it from its own thread."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            return True, head
+        if self._ends_at_head:
+            self.done = True
+            return True, None
+        return False, None
+
     async def next_block(self) -> list[bytes] | None:
         """The next block of entries; None at the end; raises the sender's error."""
         if self.done:
             return None
+        answered, block = self.poll()
+        if answered:
+            return block
         msg = await self._queue.get()
         if isinstance(msg, ScanEnd):
             self._finish()
@@ -231,7 +271,8 @@ class InStream:
 
     async def cancel(self) -> None:
         """Stop the sender (a no-op once the stream ended)."""
-        if self.done:
+        if self.done or self._ends_at_head:
+            self._finish()
             return
         self._finish()
         conn = self.conn
@@ -242,3 +283,53 @@ class InStream:
     def _finish(self) -> None:
         self.done = True
         self._inboxes.detach(self.scan_id)
+
+
+class Source(Protocol):
+    """What a scan coordinator reads a slice stream through (``InStream``, ``LocalStream``)."""
+
+    @property
+    def complete(self) -> bool: ...
+
+    def ready(self) -> bool: ...
+
+    async def next_block(self) -> list[bytes] | None: ...
+
+    async def cancel(self) -> None: ...
+
+
+class LocalStream:
+    """A stream read in-process: the opening reply's ``head`` entries, then the blocks of
+    ``rest`` (None: the head was all). Pulled by its reader, so no credit is needed."""
+
+    def __init__(self, head: list[bytes], rest: AsyncIterator[list[bytes]] | None) -> None:
+        self._head: list[bytes] | None = head if head else None
+        self._rest = rest
+        self._complete = rest is None
+        self.done = False
+
+    @property
+    def complete(self) -> bool:
+        return self._complete
+
+    def ready(self) -> bool:
+        return self.done or self._head is not None or self._rest is None
+
+    async def next_block(self) -> list[bytes] | None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            return head
+        if self.done or self._rest is None:
+            self.done = True
+            return None
+        try:
+            return await anext(self._rest)
+        except StopAsyncIteration:
+            self.done = True
+            return None
+
+    async def cancel(self) -> None:
+        self.done = True
+        rest, self._rest = self._rest, None
+        if rest is not None and hasattr(rest, "aclose"):
+            await rest.aclose()

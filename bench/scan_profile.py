@@ -1,0 +1,175 @@
+"""Where a 100-row scan's time goes: ``python -m bench.scan_profile setup|run DIR``.
+
+A development tool beside ``bench.scan`` (which needs PostgreSQL and a Spark build per run):
+
+* ``setup DIR``: a 3-node cluster in ``DIR/cluster``, the bench's documents (``--docs``,
+  default 20,000), both indexes built once by the Spark pipeline, then the cluster is
+  stopped. The directory is kept, so ``run`` can restart the same cluster many times.
+* ``run DIR``: start the cluster (no pipeline), run ``--scans`` scans of every case at
+  not_bounded and request_plus from one in-process client, print p50/p90 per case and the
+  CPU time per scan of the three node processes and the client (less sensitive to a loaded
+  machine than wall time), and stop the cluster. ``--profile`` adds a cProfile of the
+  client side.
+
+The cluster is always stopped before the command returns (``cluster stop``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import os
+import pstats
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from bench.data_service import _cli, free_base_port, percentile
+from bench.pipeline_common import KEYSPACE, SEED, BatchLog, InProcessDriver, load1, log
+from bench.scan_queries import CASES, KeyStats, build_queries
+
+CONSISTENCIES = ("not_bounded", "request_plus")
+
+
+@contextmanager
+def running(cdir: Path, new: bool) -> Iterator[None]:
+    from shardex.node.cluster_dir import HTTP_PORT_OFFSET
+
+    cmd = [*_cli(), "cluster", "start", "--dir", str(cdir), "--no-pipeline"]
+    if new:
+        cmd += ["--nodes", "3", "--base-port", str(free_base_port(3, HTTP_PORT_OFFSET))]
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"cluster start failed:\n{proc.stdout}")
+        yield
+    finally:
+        subprocess.run(
+            [*_cli(), "cluster", "stop", "--dir", str(cdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+def node_pids(cdir: Path) -> list[int]:
+    """The node processes of the cluster in ``cdir`` (their command lines name it)."""
+    pids = []
+    marker = str(cdir.resolve()).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def cpu_seconds(pids: Sequence[int]) -> tuple[float, float]:
+    """User + system CPU seconds of ``pids`` (the nodes), and of this process (the client)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    t = os.times()
+    return total, t.user + t.system
+
+
+def setup(base: Path, docs: int) -> None:
+    from bench.pipeline_build import create_indexes, shardex_build, shardex_load, write_docs
+    from shardex.client import connect_local
+    from shardex.pipeline.session import build_spark_session
+
+    base.mkdir(parents=True, exist_ok=True)
+    files, _ = write_docs(base, docs, SEED, 3)
+    cdir = base / "cluster"
+    with running(cdir, new=True), connect_local(cdir) as client:
+        client.create_keyspace(KEYSPACE, num_partitions=64)
+        shardex_load(cdir, files, base)
+        create_indexes(client)
+        spark = build_spark_session(
+            app_name="shardex-scan-profile",
+            conf_overrides={"spark.local.dir": str(base / "spark-tmp")},
+        )
+        driver = None
+        try:
+            driver = InProcessDriver(spark, cdir, base / "checkpoints", BatchLog(), 0.3)
+            shardex_build(client, driver, docs, timeout=3600)
+        finally:
+            if driver is not None:
+                driver.stop()
+            spark.stop()
+    (base / "docs.txt").write_text(str(docs))
+    log(f"set up {base}")
+
+
+def measure(base: Path, scans: int, profile: bool) -> None:
+    from shardex.client import connect_local
+    from shardex.demo.datagen import users
+
+    docs = int((base / "docs.txt").read_text())
+    queries = build_queries(KeyStats.of(users(docs, SEED)))
+    with running(base / "cluster", new=False), connect_local(base / "cluster") as client:
+        pids = node_pids(base / "cluster")
+        prof = cProfile.Profile() if profile else None
+        for consistency in CONSISTENCIES:
+            for case in CASES:
+                qs = queries[case]
+                for q in qs[:10]:  # warm
+                    list(client.scan(KEYSPACE, q.index, q.spans, consistency=consistency))
+                lat: list[float] = []
+                load = load1()
+                if prof is not None:
+                    prof.enable()
+                cpu = cpu_seconds(pids)
+                for k in range(scans):
+                    q = qs[k % len(qs)]
+                    t = time.perf_counter()
+                    rows = list(
+                        client.scan(
+                            KEYSPACE, q.index, q.spans, consistency=consistency, limit=q.limit
+                        )
+                    )
+                    lat.append(time.perf_counter() - t)
+                    if len(rows) != q.expected_rows:
+                        raise RuntimeError(f"{case}: {len(rows)} rows, not {q.expected_rows}")
+                after = cpu_seconds(pids)
+                nodes_cpu, client_cpu = ((a - b) / scans for a, b in zip(after, cpu, strict=True))
+                if prof is not None:
+                    prof.disable()
+                lat.sort()
+                print(
+                    f"{case:22} {consistency:13} p50 {percentile(lat, 50) * 1e3:6.2f} ms  "
+                    f"p90 {percentile(lat, 90) * 1e3:6.2f} ms  "
+                    f"cpu/scan nodes {nodes_cpu * 1e3:5.2f} client {client_cpu * 1e3:5.2f} ms  "
+                    f"load {load}",
+                    flush=True,
+                )
+        if prof is not None:
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scan_profile")
+    ap.add_argument("command", choices=["setup", "run"])
+    ap.add_argument("dir", type=Path)
+    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--scans", type=int, default=200)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    if args.command == "setup":
+        setup(args.dir, args.docs)
+    else:
+        measure(args.dir, args.scans, args.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Snapshot leases of pinned paginated scans (``index/snapshots.py`` keeps the snapshots).
+
+A request_plus / at_plus paged scan reads one stability TS on every page. Each indexer keeps
+only its last K snapshots, so under steady writes a scan of hundreds of pages would lose its
+TS. The proxy therefore (``paging_store_proxy``):
+
+* on the first page, once the TS is pinned, leases it on every slice of the index
+  (``LeaseSnapshots`` mode ``lease``, a random lease id kept in the HMAC-covered context);
+* on every later page renews the lease on the indexers of the scan's base and latest
+  topologies (mode ``renew``, in parallel with the page's batches; an indexer not read on
+  this page must keep the snapshot too), so a scan idle for longer than ``LEASE_TTL`` loses
+  its snapshot and ends with SNAPSHOT_TOO_OLD as without leases;
+* releases it when the continuation ends (mode ``release``).
+
+Renew and release are best effort per slice (a slice dropped after a move has nothing to
+keep); the first lease is not: it fails the first page (STALE_TOPOLOGY for a moved slice,
+retried on a fresh topology; SNAPSHOT_TOO_OLD when the TS is gone or the slice holds the
+most leased snapshots it may).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final
+
+from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, ShardexError
+from shardex.net.messages import Message
+from shardex.scan.messages import WireTs
+
+if TYPE_CHECKING:
+    from shardex.index.service import IndexService
+
+__all__ = [
+    "LEASE",
+    "LEASE_TTL",
+    "RELEASE",
+    "RENEW",
+    "LeaseSnapshots",
+    "SnapshotsLeased",
+    "lease_on_nodes",
+    "serve_lease",
+]
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL: Final = 60.0
+LEASE: Final = "lease"
+RENEW: Final = "renew"
+RELEASE: Final = "release"
+MODES: Final = (LEASE, RENEW, RELEASE)
+
+
+class LeaseSnapshots(Message, tag="scan.LeaseSnapshots"):
+    """Lease, renew or release the snapshot at ``ts`` of this node's ``partitions`` of
+    ``index_id`` for a paginated scan (module docstring)."""
+
+    index_id: str
+    partitions: list[int]
+    lease_id: str
+    mode: str = LEASE
+    ts: WireTs | None = None  # release needs none
+    ttl: float = LEASE_TTL
+
+
+class SnapshotsLeased(Message, tag="scan.SnapshotsLeased"):
+    node: str
+    leased: list[int]  # partitions whose slice now holds (or released) the lease
+
+
+async def serve_lease(index: IndexService, node: str, msg: LeaseSnapshots) -> SnapshotsLeased:
+    """The indexer's side: every slice under its lock, off the event loop."""
+    if msg.mode not in MODES:
+        raise ShardexError(
+            f"lease mode must be one of {', '.join(MODES)}, got {msg.mode!r}",
+            code=ErrorCode.BAD_REQUEST,
+            details={"value": msg.mode},
+        )
+    if msg.mode != RELEASE and msg.ts is None:
+        raise ShardexError(
+            f"a snapshot {msg.mode} needs the TS", code=ErrorCode.BAD_REQUEST, details={}
+        )
+    ts = None if msg.ts is None else Timestamp.from_wire(msg.ts)
+    engine = index.engine
+
+    def one(p: int) -> None:
+        sl = engine.slice(msg.index_id, p)  # INDEX_NOT_FOUND
+        if msg.mode == RELEASE:
+            sl.release_lease(msg.lease_id)
+            return
+        if msg.mode == LEASE:  # a new scan: refuse a slice handed over (retryable)
+            index.slice_moves.check_serving(msg.index_id, p)
+        assert ts is not None
+        sl.lease_snapshot(ts, msg.lease_id, msg.ttl)
+
+    def run() -> list[int]:
+        done = []
+        for p in sorted(set(msg.partitions)):
+            try:
+                one(p)
+            except ShardexError:
+                if msg.mode == LEASE:
+                    raise
+                continue  # renew / release: best effort per slice
+            done.append(p)
+        return done
+
+    return SnapshotsLeased(node=node, leased=await index._run(run))
+
+
+Ask = Callable[[str, LeaseSnapshots], Awaitable[SnapshotsLeased]]
+
+
+def placement(*topologies: Topology | None) -> dict[str, list[int]]:
+    """Node -> the index partitions any of ``topologies`` places there."""
+    out: dict[str, set[int]] = {}
+    for t in topologies:
+        for p, node in (t.assignment if t is not None else {}).items():
+            out.setdefault(node, set()).add(p)
+    return {n: sorted(ps) for n, ps in sorted(out.items())}
+
+
+async def lease_on_nodes(
+    ask: Ask,
+    by_node: dict[str, list[int]],
+    index_id: str,
+    lease_id: str,
+    mode: str,
+    ts: WireTs | None,
+) -> None:
+    """``mode`` on every node in parallel. ``lease`` raises the first failure; renew and
+    release only log (the page's own reads answer for a lost snapshot)."""
+
+    async def one(node: str, parts: list[int]) -> None:
+        msg = LeaseSnapshots(
+            index_id=index_id, partitions=parts, lease_id=lease_id, mode=mode, ts=ts
+        )
+        try:
+            await ask(node, msg)
+        except ShardexError as exc:
+            if mode == LEASE:
+                raise
+            log.info("snapshot lease %s (%s) on %s: %s", lease_id, mode, node, exc)
+
+    await asyncio.gather(*(one(n, ps) for n, ps in by_node.items()))

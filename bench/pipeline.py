@@ -29,33 +29,26 @@ pipeline.json`` (``pipeline-quick.json`` with ``--quick``) unless ``--json PATH`
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.data_service import fs_type, shardex_cluster
+from bench.harness import DRIVER_POLL, bench_dir, bench_main, loaded_cluster, spark_session
 from bench.pipeline_build import (
     create_indexes,
     postgres_build,
     shardex_build,
-    shardex_load,
     spark_floor,
     write_docs,
 )
 from bench.pipeline_common import KEYSPACE, SEED, BatchLog, InProcessDriver, index_ids, log
 from bench.pipeline_maintain import Procs, drain, floor, freshness
-from bench.postgres import signals_raise
-from bench.runner import RESULTS_DIR, Row, load_average, machine_info, print_table
+from bench.runner import RESULTS_DIR, Row, machine_info
 
 BUILD_TARGET = 2.0  # shardex build time / PostgreSQL CREATE INDEX time
-DRIVER_POLL = 0.3  # the supervisor's poll (s); the e2e tests use the same
 
 
 @dataclass
@@ -100,50 +93,32 @@ class Context:
 
 
 def run(plan: Plan) -> dict[str, Any]:
-    from shardex.client import connect_local
     from shardex.pipeline.indexers import index_state
-    from shardex.pipeline.session import build_spark_session
 
     tables: dict[str, list[Row]] = {}
-    extra: dict[str, Any] = {"plan": asdict(plan), "load_avg_start": load_average()}
-    base = Path(tempfile.mkdtemp(prefix="shardex-bench-pipeline-"))
-    base.chmod(0o711)  # the postgres OS user must reach its dir inside
-    extra["disk"] = {"dir": str(base), "fs_type": fs_type(base)}
     procs = Procs()
-    try:
-        with signals_raise():
+    with bench_dir("pipeline", plan, cleanup=procs.close) as (base, extra):
+        t = time.perf_counter()
+        files, size = write_docs(base, plan.docs, plan.seed, plan.load_files)
+        extra["documents"] = {
+            "source": "shardex.demo.datagen users",
+            "count": plan.docs,
+            "jsonl_bytes": size,
+            "generate_seconds": round(time.perf_counter() - t, 1),
+        }
+        log(f"{plan.docs} documents ({size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s")
+        build_rows: list[Row] = []
+        if 1 in plan.parts:
+            pg_rows, extra["postgresql"] = postgres_build(base, files, plan.docs)
+            build_rows.extend(pg_rows)
+        with loaded_cluster(base, files, plan.docs, plan.partitions) as (cdir, client, load_s):
+            extra["shardex_load"] = {"seconds": round(load_s, 1), "docs/s": plan.docs / load_s}
+            log(f"shardex load: {plan.docs} documents in {load_s:.0f} s")
+            for f in files:
+                f.unlink()
+            create_indexes(client)
             t = time.perf_counter()
-            files, size = write_docs(base, plan.docs, plan.seed, plan.load_files)
-            extra["documents"] = {
-                "source": "shardex.demo.datagen users",
-                "count": plan.docs,
-                "jsonl_bytes": size,
-                "generate_seconds": round(time.perf_counter() - t, 1),
-            }
-            log(f"{plan.docs} documents ({size / 1e6:.0f} MB) in {time.perf_counter() - t:.0f} s")
-            build_rows: list[Row] = []
-            if 1 in plan.parts:
-                pg_rows, extra["postgresql"] = postgres_build(base, files, plan.docs)
-                build_rows.extend(pg_rows)
-            with shardex_cluster(base, 3) as cdir, connect_local(cdir) as client:
-                client.create_keyspace(KEYSPACE, num_partitions=plan.partitions)
-                load_s = shardex_load(cdir, files, base)
-                total = client.keyspace_stats(KEYSPACE).total_docs
-                if total != plan.docs:
-                    raise RuntimeError(f"shardex holds {total} documents, expected {plan.docs}")
-                extra["shardex_load"] = {"seconds": round(load_s, 1), "docs/s": plan.docs / load_s}
-                log(f"shardex load: {total} documents in {load_s:.0f} s")
-                for f in files:
-                    f.unlink()
-                create_indexes(client)
-                t = time.perf_counter()
-                spark = build_spark_session(
-                    app_name="shardex-bench-pipeline",
-                    conf_overrides={
-                        "spark.sql.warehouse.dir": str(base / "spark-warehouse"),
-                        "spark.local.dir": str(base / "spark-tmp"),
-                    },
-                )
+            with spark_session(base, "shardex-bench-pipeline") as spark:
                 extra["spark_session_seconds"] = round(time.perf_counter() - t, 1)
                 batches = BatchLog()
                 ctx = Context(
@@ -202,11 +177,6 @@ def run(plan: Plan) -> dict[str, Any]:
                 finally:
                     if driver is not None:
                         driver.stop()
-                    spark.stop()
-    finally:
-        procs.close()
-        shutil.rmtree(base, ignore_errors=True)
-    extra["load_avg_end"] = load_average()
     return {"tables": tables, **extra}
 
 
@@ -287,31 +257,15 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     plan, path = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    t = time.perf_counter()
-    try:
-        out = run(plan)
-    except KeyboardInterrupt as e:
-        print(
-            f"interrupted ({e or 'SIGINT'}); cluster, Spark and PostgreSQL stopped", file=sys.stderr
+
+    def summary(out: dict[str, Any], elapsed: float) -> str:
+        return (
+            f"{plan.docs:,} docs, {plan.partitions} partitions, 3 nodes + Spark local[2] on "
+            f"{machine_info()['cpu_count']} CPUs; load average start {out['load_avg_start']}, "
+            f"end {out['load_avg_end']}; {elapsed:.0f} s. Shared machine: figures are noisy."
         )
-        return 130
-    elapsed = time.perf_counter() - t
-    load = out["load_avg_end"]
-    for title, rows in out["tables"].items():
-        if rows:
-            print_table(f"{title} (load {load[0]:.1f})" if load else title, rows)
-    print(
-        f"{plan.docs:,} docs, {plan.partitions} partitions, 3 nodes + Spark local[2] on "
-        f"{machine_info()['cpu_count']} CPUs; load average start {out['load_avg_start']}, "
-        f"end {load}; {elapsed:.0f} s. Shared machine: figures are noisy."
-    )
-    doc = {"name": "pipeline", "machine": machine_info(), "elapsed": elapsed, **out}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+
+    return bench_main("pipeline", plan, path, run, summary, load_label="load")
 
 
 if __name__ == "__main__":

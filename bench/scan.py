@@ -32,22 +32,15 @@ beside each figure; nothing is checked against a threshold. Results in
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.data_service import fs_type, shardex_cluster
-from bench.pipeline_common import INDEX_NAMES, KEYSPACE, SEED, BatchLog, InProcessDriver, log
-from bench.postgres import signals_raise
-from bench.runner import RESULTS_DIR, Row, load_average, machine_info, print_table
+from bench.harness import bench_dir, bench_main, loaded_cluster, parse_plan_args, spark_driver
+from bench.pipeline_common import INDEX_NAMES, SEED, log
+from bench.runner import Row, machine_info
 from bench.scan_queries import CASES, KeyStats, build_queries, ratio
 
 P50_TARGET = 2.0  # shardex 100-row scan p50 / PostgreSQL p50
@@ -67,62 +60,34 @@ QUICK = {"docs": 20_000, "seconds": 3.0}
 
 
 def run(plan: Plan) -> dict[str, Any]:
-    from bench.pipeline_build import create_indexes, shardex_build, shardex_load, write_docs
+    from bench.pipeline_build import create_indexes, shardex_build, write_docs
     from bench.scan_phases import postgres_phase, shardex_phase
-    from shardex.client import connect_local
     from shardex.demo.datagen import users
-    from shardex.pipeline.session import build_spark_session
 
-    extra: dict[str, Any] = {"plan": asdict(plan), "load_avg_start": load_average()}
-    base = Path(tempfile.mkdtemp(prefix="shardex-bench-scan-"))
-    base.chmod(0o711)  # the postgres OS user must reach its dir inside
-    extra["disk"] = {"dir": str(base), "fs_type": fs_type(base)}
-    try:
-        with signals_raise():
-            files, size = write_docs(base, plan.docs, plan.seed, plan.load_files)
-            stats = KeyStats.of(users(plan.docs, plan.seed))
-            queries = build_queries(stats)
-            for case in CASES:
-                if not queries[case]:
-                    raise RuntimeError(f"no {case} queries for {plan.docs} documents")
-            expected = {"by_city_age": plan.docs, "by_email": len(stats.active_emails)}
-            extra["documents"] = {"count": plan.docs, "jsonl_bytes": size}
-            extra["queries"] = {
-                c: [{"spans": q.spans, "limit": q.limit, "rows": q.expected_rows} for q in qs]
-                for c, qs in queries.items()
-            }
-            pg = postgres_phase(base, files, plan.docs, queries, plan.levels, plan.seconds)
-            extra["postgresql"] = pg.info
-            with shardex_cluster(base, 3) as cdir, connect_local(cdir) as client:
-                client.create_keyspace(KEYSPACE, num_partitions=plan.partitions)
-                shardex_load(cdir, files, base)
-                total = client.keyspace_stats(KEYSPACE).total_docs
-                if total != plan.docs:
-                    raise RuntimeError(f"shardex holds {total} documents, expected {plan.docs}")
-                create_indexes(client)
-                spark = build_spark_session(
-                    app_name="shardex-bench-scan",
-                    conf_overrides={
-                        "spark.sql.warehouse.dir": str(base / "spark-warehouse"),
-                        "spark.local.dir": str(base / "spark-tmp"),
-                    },
-                )
-                driver = None
-                try:
-                    driver = InProcessDriver(spark, cdir, base / "checkpoints", BatchLog(), 0.3)
-                    build_rows, _ = shardex_build(client, driver, plan.docs, timeout=7200)
-                    extra["build"] = build_rows
-                finally:
-                    if driver is not None:
-                        driver.stop()
-                    spark.stop()
-                log("Spark stopped; scanning")
-                sx = shardex_phase(
-                    client, cdir, expected, queries, pg.answers, plan.levels, plan.seconds
-                )
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    extra["load_avg_end"] = load_average()
+    with bench_dir("scan", plan) as (base, extra):
+        files, size = write_docs(base, plan.docs, plan.seed, plan.load_files)
+        stats = KeyStats.of(users(plan.docs, plan.seed))
+        queries = build_queries(stats)
+        for case in CASES:
+            if not queries[case]:
+                raise RuntimeError(f"no {case} queries for {plan.docs} documents")
+        expected = {"by_city_age": plan.docs, "by_email": len(stats.active_emails)}
+        extra["documents"] = {"count": plan.docs, "jsonl_bytes": size}
+        extra["queries"] = {
+            c: [{"spans": q.spans, "limit": q.limit, "rows": q.expected_rows} for q in qs]
+            for c, qs in queries.items()
+        }
+        pg = postgres_phase(base, files, plan.docs, queries, plan.levels, plan.seconds)
+        extra["postgresql"] = pg.info
+        with loaded_cluster(base, files, plan.docs, plan.partitions) as (cdir, client, _):
+            create_indexes(client)
+            with spark_driver(base, cdir, "shardex-bench-scan") as driver:
+                build_rows, _ = shardex_build(client, driver, plan.docs, timeout=7200)
+                extra["build"] = build_rows
+            log("Spark stopped; scanning")
+            sx = shardex_phase(
+                client, cdir, expected, queries, pg.answers, plan.levels, plan.seconds
+            )
     rows = pg.rows + sx.rows
     tables = {
         "100-row scans": [r for r in rows if "p50 ms" in r],
@@ -184,48 +149,21 @@ def large_ratios(rows: Sequence[Row]) -> list[Row]:
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
-    ap = argparse.ArgumentParser(prog="python -m bench.scan", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="20k docs, 3 s per measurement")
-    ap.add_argument("--docs", type=int, help="documents (default 200,000)")
-    ap.add_argument("--seconds", type=float, help="seconds per measurement (default 5)")
-    ap.add_argument("--json", type=Path, help="where to write the JSON")
-    args = ap.parse_args(argv)
-    plan = Plan(**QUICK) if args.quick else Plan()  # type: ignore[arg-type]
-    if args.docs is not None:
-        plan.docs = args.docs
-    if args.seconds is not None:
-        plan.seconds = args.seconds
-    default = "scan-quick.json" if args.quick else "scan.json"
-    return plan, args.json or RESULTS_DIR / default
+    return parse_plan_args(argv, "scan", __doc__, Plan, QUICK)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     plan, path = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    t = time.perf_counter()
-    try:
-        out = run(plan)
-    except KeyboardInterrupt as e:
-        print(
-            f"interrupted ({e or 'SIGINT'}); cluster, Spark and PostgreSQL stopped", file=sys.stderr
+
+    def summary(out: dict[str, Any], elapsed: float) -> str:
+        return (
+            f"{plan.docs:,} docs, indexes {', '.join(INDEX_NAMES)}, 3 nodes on "
+            f"{machine_info()['cpu_count']} CPUs, clients are processes; load average start "
+            f"{out['load_avg_start']}, end {out['load_avg_end']}; {elapsed:.0f} s. "
+            "Shared machine: noisy figures."
         )
-        return 130
-    elapsed = time.perf_counter() - t
-    load = out["load_avg_end"]
-    for title, rows in out["tables"].items():
-        if rows:
-            print_table(f"{title} (load at end {load[0]:.1f})" if load else title, rows)
-    print(
-        f"{plan.docs:,} docs, indexes {', '.join(INDEX_NAMES)}, 3 nodes on "
-        f"{machine_info()['cpu_count']} CPUs, clients are processes; load average start "
-        f"{out['load_avg_start']}, end {load}; {elapsed:.0f} s. Shared machine: noisy figures."
-    )
-    doc = {"name": "scan", "machine": machine_info(), "elapsed": elapsed, **out}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+
+    return bench_main("scan", plan, path, run, summary)
 
 
 if __name__ == "__main__":

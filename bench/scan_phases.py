@@ -7,35 +7,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.clients import shardex_target
+from bench.phases import Phase, check_rows, measure_grid, pg_load_docs
 from bench.pipeline_common import INDEXES, KEYSPACE, load1, log
 from bench.runner import Row
 from bench.scan_clients import ClientPool, Target
 from bench.scan_queries import CASES, PG_SETTINGS, PG_SQL, Query
+
+__all__ = ["Phase", "postgres_phase", "shardex_phase"]
 
 NOT_BOUNDED = "not_bounded"
 REQUEST_PLUS = "request_plus"
 CHECKS = 4  # queries of each case checked (rows and docids) before measuring
 
 
-@dataclass
-class Phase:
-    """One system's output: measurement rows and the docids its check queries returned."""
-
-    rows: list[Row] = field(default_factory=list)
-    answers: dict[tuple[str, int], list[str]] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-
-
 def check_answer(system: str, q: Query, docids: list[str]) -> None:
-    if len(docids) != q.expected_rows:
-        raise RuntimeError(
-            f"{system}: {q.case} {q.pg_params} returned {len(docids)} rows, "
-            f"expected {q.expected_rows}"
-        )
+    check_rows(system, q.case, q.pg_params, len(docids), q.expected_rows)
 
 
 def measure_cases(
@@ -46,28 +36,18 @@ def measure_cases(
     levels: Sequence[int],
     seconds: float,
 ) -> list[Row]:
-    rows: list[Row] = []
-    for case in CASES:
-        for consistency in consistencies:
-            for n in levels:
-                load = load1()
-                m = pool.measure(queries[case], consistency, n, seconds)
-                row: Row = {
-                    "system": system,
-                    "case": case,
-                    "consistency": consistency if system == "shardex" else "read committed",
-                    "clients": n,
-                    **m.summary(),
-                    "load_1m": load,
-                }
-                if m.errors:
-                    row["first error"] = m.errors[0]
-                rows.append(row)
-                log(
-                    f"{system} {case} {consistency} x{n}: p50 {row['p50 ms']} ms, "
-                    f"{row['scans/s']} scans/s (load {load})"
-                )
-    return rows
+    return measure_grid(
+        system,
+        pool,
+        queries,
+        CASES,
+        consistencies,
+        levels,
+        seconds,
+        column="consistency",
+        label=lambda c: c if system == "shardex" else "read committed",
+        rate="scans/s",
+    )
 
 
 # --- PostgreSQL ------------------------------------------------------------------------------
@@ -83,25 +63,13 @@ def postgres_phase(
 ) -> Phase:
     from psycopg.types.json import Jsonb
 
-    from bench.pipeline_build import _copy_files
     from bench.postgres import PostgresServer
 
     out = Phase()
     with PostgresServer(base_dir=base) as server:
         out.info["server"] = server.describe()
         with server.connect() as conn:
-            conn.execute(
-                "CREATE TABLE docs (id text GENERATED ALWAYS AS (body->>'id') STORED "
-                "PRIMARY KEY, body jsonb NOT NULL)"
-            )
-            _copy_files(conn, files)
-            for i in INDEXES:
-                conn.execute(i["pg"])
-            conn.execute("VACUUM (ANALYZE) docs")
-            conn.execute("CHECKPOINT")
-            count = conn.execute("SELECT count(*) FROM docs").fetchone()[0]
-            if count != n_docs:
-                raise RuntimeError(f"postgresql holds {count} documents, expected {n_docs}")
+            count = pg_load_docs(conn, files, (i["pg"] for i in INDEXES), n_docs)
             plans = {}
             for case in CASES:
                 conn.execute("RESET ALL")
@@ -180,8 +148,6 @@ def shardex_phase(
     seconds: float,
 ) -> Phase:
     """The cluster is loaded and both indexes are ACTIVE; Spark is stopped."""
-    from shardex.node import cluster_dir as cdir
-
     out = Phase()
     for consistency in (NOT_BOUNDED, REQUEST_PLUS):
         for case in CASES:
@@ -198,12 +164,7 @@ def shardex_phase(
                     raise RuntimeError(f"shardex and postgresql differ on {case} {q.pg_params}")
     log("shardex: check queries passed (rows, and docids against postgresql)")
     out.rows.extend(large_scans_shardex(client, cluster_dir, expected))
-    spec = cdir.load(cluster_dir)
-    target = Target(
-        "shardex",
-        addresses=[n.address for n in spec.nodes],
-        secret=cdir.read_secret(cluster_dir, spec),
-    )
+    target = shardex_target(cluster_dir)
     with ClientPool(target, max(levels)) as pool:
         out.rows[:0] = measure_cases(
             "shardex", pool, queries, [NOT_BOUNDED, REQUEST_PLUS], levels, seconds

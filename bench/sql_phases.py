@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.clients import shardex_target
+from bench.phases import Phase, check_rows, measure_grid, pg_load_docs
 from bench.pipeline_common import load1, log
 from bench.runner import Row
 from bench.sql_clients import ClientPool, Runner, Target, Variant
@@ -37,18 +38,8 @@ BASELINE = Variant(
 )
 
 
-@dataclass
-class Phase:
-    rows: list[Row] = field(default_factory=list)
-    answers: dict[tuple[str, int], list[tuple[Any, ...]]] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-
-
 def check(system: str, q: Query, got: list[tuple[Any, ...]]) -> None:
-    if len(got) != q.expected_rows:
-        raise RuntimeError(
-            f"{system}: {q.case} {q.params} returned {len(got)} rows, expected {q.expected_rows}"
-        )
+    check_rows(system, q.case, q.params, len(got), q.expected_rows)
 
 
 def measure(
@@ -59,28 +50,18 @@ def measure(
     levels: Sequence[int],
     seconds: float,
 ) -> list[Row]:
-    rows: list[Row] = []
-    for case in CASES:
-        for variant in variants:
-            for n in levels:
-                load = load1()
-                m = pool.measure(queries[case], variant, n, seconds)
-                row: Row = {
-                    "system": system,
-                    "case": case,
-                    "variant": variant.name,
-                    "clients": n,
-                    **m.summary(),
-                    "load_1m": load,
-                }
-                if m.errors:
-                    row["first error"] = m.errors[0]
-                rows.append(row)
-                log(
-                    f"{system} {case} {variant.name} x{n}: p50 {row['p50 ms']} ms, "
-                    f"{row['q/s']} q/s (load {load})"
-                )
-    return rows
+    return measure_grid(
+        system,
+        pool,
+        queries,
+        CASES,
+        variants,
+        levels,
+        seconds,
+        column="variant",
+        label=lambda v: v.name,
+        rate="q/s",
+    )
 
 
 # --- PostgreSQL ------------------------------------------------------------------------------
@@ -95,25 +76,13 @@ def postgres_phase(
     levels: Sequence[int],
     seconds: float,
 ) -> Phase:
-    from bench.pipeline_build import _copy_files
     from bench.postgres import PostgresServer
 
     out = Phase()
     with PostgresServer(base_dir=base) as server:
         out.info["server"] = server.describe()
         with server.connect() as conn:
-            conn.execute(
-                "CREATE TABLE docs (id text GENERATED ALWAYS AS (body->>'id') STORED "
-                "PRIMARY KEY, body jsonb NOT NULL)"
-            )
-            _copy_files(conn, files)
-            for ddl in PG_DDL:
-                conn.execute(ddl)
-            conn.execute("VACUUM (ANALYZE) docs")
-            conn.execute("CHECKPOINT")
-            count = conn.execute("SELECT count(*) FROM docs").fetchone()[0]
-            if count != n_docs:
-                raise RuntimeError(f"postgresql holds {count} documents, expected {n_docs}")
+            count = pg_load_docs(conn, files, PG_DDL, n_docs)
         target = Target("postgresql", conninfo=server.conninfo())
         runner = Runner(target)
         try:
@@ -125,7 +94,7 @@ def postgres_phase(
                     out.answers[(case, k)] = got
                 q = queries[case][0]
                 explain = runner.conn.execute(
-                    "EXPLAIN " + PG_SQL[case], _pg_params(runner, q)
+                    "EXPLAIN " + PG_SQL[case], runner.pg_params(q)
                 ).fetchall()
                 plans[case] = [r[0] for r in explain]
             diff = differences(GROUP, out.answers[(GROUP, 0)], expected_groups)
@@ -138,14 +107,6 @@ def postgres_phase(
         with ClientPool(target, max(levels)) as pool:
             out.rows = measure("postgresql", pool, queries, [PG], levels, seconds)
     return out
-
-
-def _pg_params(runner: Runner, q: Query) -> tuple[Any, ...]:
-    from bench.sql_queries import PG_JSONB
-
-    return tuple(
-        runner.jsonb(p) if j else p for p, j in zip(q.params, PG_JSONB[q.case], strict=True)
-    )
 
 
 # --- shardex -----------------------------------------------------------------------------------
@@ -261,15 +222,9 @@ def shardex_phase(
 
     out = Phase()
     out.info["explain"] = shardex_checks(client, queries, pg)
-    spec = cdir.load(cluster_dir)
-    names = [n.name for n in spec.nodes]
+    names = [n.name for n in cdir.load(cluster_dir).nodes]
     group = queries[GROUP][0]
     out.info["exchanges"] = exchange_rows(client, names, [group, large], [SMALL_WINDOW, None])
-    target = Target(
-        "shardex",
-        addresses=[n.address for n in spec.nodes],
-        secret=cdir.read_secret(cluster_dir, spec),
-    )
-    with ClientPool(target, max(levels)) as pool:
+    with ClientPool(shardex_target(cluster_dir), max(levels)) as pool:
         out.rows = measure("shardex", pool, queries, [CURRENT, BASELINE], levels, seconds)
     return out

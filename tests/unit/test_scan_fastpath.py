@@ -8,7 +8,8 @@
 * scan stability in one round: when the nodes' newest snapshots differ, the oldest is pinned
   and only the nodes that read another one are asked again;
 * an indexer reads on its event loop only when no slice lock is held; otherwise it waits in
-  its scan pool and the loop keeps serving.
+  its scan pool and the loop keeps serving;
+* the client sends its next scans of an index to the node holding most of its slices.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.test_scan_service import KS, NODES, Env, as_rows, oracle_rows
+from tests.unit.test_scan_service import KS, NODES, SECRET, Env, as_rows, oracle_rows
 
+from shardex.client import connect
 from shardex.client.scan import _EntryRows
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.errors import ErrorCode, ShardexError
@@ -218,3 +220,28 @@ def test_rows_decode_each_distinct_key_once_and_own_their_key_lists() -> None:
     assert list(_EntryRows(desc, covering=False).of(entries)) == [
         {"docid": r["docid"]} for r in want
     ]
+
+
+async def test_the_client_sends_its_next_scans_where_the_slices_are(env: Env) -> None:
+    ts = await env.round(random.Random(15), 120)
+    want = oracle_rows(env.defs["by_city"], env.ks.documents_at(ts), None)
+    n1, n2 = env.nodes["n1"].address, env.nodes["n2"].address
+    client = await asyncio.to_thread(connect, n2, secret=SECRET, name="via-n2")
+    try:
+        # by_city's one slice is on n1: n2 coordinates the first scan and names n1 ...
+        res = await asyncio.to_thread(client.scan, KS, "by_city", None, "at_plus", ts)
+        assert res.started.prefer == n1
+        assert as_rows(await asyncio.to_thread(list, res)) == want
+        # ... which coordinates the next ones (no node holds more of them)
+        res = await asyncio.to_thread(client.scan, KS, "by_city", None, "at_plus", ts)
+        assert res.started.prefer == ""
+        assert as_rows(await asyncio.to_thread(list, res)) == want
+        session = client._scan_session
+        assert session is not None and session.prefer == {(KS, "by_city"): n1}
+        # A preferred node that cannot be reached is skipped and forgotten.
+        session.prefer[(KS, "by_city")] = "127.0.0.1:1"
+        res = await asyncio.to_thread(client.scan, KS, "by_city", None, "at_plus", ts)
+        assert as_rows(await asyncio.to_thread(list, res)) == want
+        assert session.prefer == {(KS, "by_city"): n1}
+    finally:
+        await asyncio.to_thread(client.close)

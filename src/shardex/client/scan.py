@@ -180,6 +180,9 @@ class ScanSession:
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        # (keyspace, index) -> the address its last scan's coordinator preferred
+        # (``IndexScanStarted.prefer``): the node holding most of its slices.
+        self.prefer: dict[tuple[str, str], str] = {}
         self.inboxes = Inboxes()
         self.pool = ConnectionPool(
             client._transport,
@@ -190,12 +193,18 @@ class ScanSession:
         )
 
     async def start(self, msg: IndexScan) -> tuple[IndexScanStarted, InStream]:
-        """Send the scan to the client's node, failing over to the next ones."""
+        """Send the scan to the node its index prefers (the one holding most of its slices,
+        learnt from the previous scan), else to the client's node, failing over to the next
+        ones."""
         addresses = self.client.addresses
         first = self.client._current
+        order = [addresses[(first + k) % len(addresses)] for k in range(len(addresses))]
+        key = (msg.keyspace, msg.index)
+        hint = self.prefer.get(key)
+        if hint is not None:
+            order = [hint, *(a for a in order if a != hint)]
         last: ShardexError | None = None
-        for k in range(len(addresses)):
-            address = addresses[(first + k) % len(addresses)]
+        for address in order:
             stream = self.inboxes.open()
             try:
                 conn = await self.pool.get(address)
@@ -206,11 +215,17 @@ class ScanSession:
                 stream.put_head(started.entries, started.done)
             except _FAILOVER as exc:
                 await stream.cancel()
+                if address == hint:
+                    self.prefer.pop(key, None)
                 last = exc
                 continue
             except BaseException:
                 await stream.cancel()
                 raise
+            if started.prefer:
+                self.prefer[key] = started.prefer
+            elif address != hint:
+                self.prefer.pop(key, None)
             return started, stream
         assert last is not None
         raise last

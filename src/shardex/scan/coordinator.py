@@ -236,10 +236,14 @@ class ScanCoordinator:
         if msg.limit == 0:
             by_node = {}  # nothing to read; still resolved and validated above
 
+        placed = by_node
+
         async def open_on(t: Topology) -> tuple[Timestamp | None, list[Source]]:
             # An index partition moved: retried on the fresh topology's owners.
+            nonlocal placed
             nodes = by_node if t is topo else _placement(msg.index, t, partitions)
-            return await self._open(msg, base, nodes if by_node else {})
+            placed = nodes if by_node else {}
+            return await self._open(msg, base, placed)
 
         ts, sources = await on_fresh_topology(
             rec,
@@ -254,6 +258,7 @@ class ScanCoordinator:
             desc=list(defn.desc),
             ts=None if ts is None else dict(ts.to_wire()),
             partitions=partitions,
+            prefer=self._prefer(placed),
         )
         if all(s.complete for s in sources):
             # Every slice answered in its reply (a small scan): merge here and answer in
@@ -280,6 +285,19 @@ class ScanCoordinator:
             await _cancel_all(sources)
             raise
         return started
+
+    def _prefer(self, by_node: dict[str, list[int]]) -> str:
+        """The address of the node holding the most of ``by_node``'s partitions if that is
+        not this node (ties stay here): coordinating there reads them in-process."""
+        if not by_node:
+            return ""
+        best = max(by_node, key=lambda n: (len(by_node[n]), n == self.name))
+        if best == self.name:
+            return ""
+        try:
+            return self.view.address(best)
+        except ShardexError:  # not a member any more: no hint
+            return ""
 
     async def _open(
         self, msg: IndexScan, base: ScanSlices, by_node: dict[str, list[int]]

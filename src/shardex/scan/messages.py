@@ -121,6 +121,10 @@ class IndexScanStarted(Message, tag="scan.IndexScanStarted"):
     partitions: list[int] = msgspec.field(default_factory=list)
     entries: list[bytes] = msgspec.field(default_factory=list)  # as in ``SlicesOpened``
     done: bool = False
+    # The address of the node holding most of the slices scanned, when that is not this
+    # node: it would read them in-process, so the client sends its next scans of this
+    # index there ("" : here is as good). A hint only: any node coordinates any scan.
+    prefer: str = ""
 
 
 # --- scan coordinator -> indexer ---------------------------------------------------------------

@@ -70,3 +70,61 @@ def test_phase_one_pins_the_ts_every_node_covers() -> None:
     assert oldest_common([b]) == b
     other_branch = Timestamp({0: (2, 9), 1: (1, 9)})
     assert oldest_common([a, other_branch]) == other_branch  # fewest seqnos; errors tell
+
+
+def test_a_check_that_never_answers_cannot_outlive_the_wait() -> None:
+    """A check stuck behind a slice lock (a stabilise's fsync, a slice drop) used to keep the
+    scan waiting past its own timeout: the check is bounded by the deadline (with a floor)."""
+    import shardex.index.scan_wait as scan_wait
+
+    async def main() -> object:
+        never = asyncio.Event()
+
+        async def stuck() -> object:
+            await never.wait()
+            return "late"
+
+        return await StabilityWatch().wait("ix", stuck, 0.05)
+
+    old = scan_wait.CHECK_FLOOR
+    scan_wait.CHECK_FLOOR = 0.05  # keep the test short; the rule is the same
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 30)) is None
+    finally:
+        scan_wait.CHECK_FLOOR = old
+
+
+def test_a_scan_whose_coordinator_goes_quiet_ends_with_scan_timeout() -> None:
+    """The client waits for the next block at most ``block_timeout``: a stream that never
+    sends its next block ends the iterator with SCAN_TIMEOUT, not a hang."""
+    import pytest
+
+    from shardex.client.scan import ScanResult
+    from shardex.errors import ShardexError
+    from shardex.scan.messages import IndexScanStarted
+
+    class QuietStream:
+        done = False
+        complete = False
+
+        def poll(self) -> tuple[bool, None]:
+            return False, None
+
+        async def next_block(self) -> None:
+            await asyncio.Event().wait()
+
+        async def cancel(self) -> None:
+            self.done = True
+
+    loop = asyncio.new_event_loop()
+    try:
+        started = IndexScanStarted(scan_id=1, index_id="ix", desc=[False])
+        result = ScanResult(
+            lambda coro: loop.run_until_complete(coro), QuietStream(), started, True, 0.05
+        )
+        with pytest.raises(ShardexError) as err:
+            list(result)
+        assert err.value.code == ErrorCode.SCAN_TIMEOUT
+        assert err.value.details["index"] == "ix"
+    finally:
+        loop.close()

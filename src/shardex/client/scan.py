@@ -19,6 +19,7 @@ the indexers have released that snapshot, a scan answers SNAPSHOT_TOO_OLD.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -273,9 +274,13 @@ class ScanResult:
         stream: InStream,
         started: IndexScanStarted,
         covering: bool,
+        block_timeout: float | None = None,
     ) -> None:
         self._run = run
         self._stream = stream
+        # The longest wait for the next block: past it the scan ends with SCAN_TIMEOUT
+        # instead of waiting forever on a coordinator that went quiet.
+        self._block_timeout = block_timeout
         self.started = started
         self.covering = covering
         self.ts = None if started.ts is None else Timestamp.from_wire(started.ts)
@@ -294,12 +299,26 @@ class ScanResult:
                 # The reply's own entries (all of a small scan) need no trip to the loop.
                 answered, block = self._stream.poll()
                 if not answered:
-                    block = self._run(self._stream.next_block())
+                    block = self._run(self._next_block())
                 if block is None:
                     return
                 yield block
         finally:
             self.close()
+
+    async def _next_block(self) -> list[bytes] | None:
+        try:
+            return await asyncio.wait_for(self._stream.next_block(), self._block_timeout)
+        except TimeoutError:
+            raise ShardexError(
+                f"scan of index {self.index_id} received no rows for {self._block_timeout}s",
+                code=ErrorCode.SCAN_TIMEOUT,
+                details={
+                    "index": self.index_id,
+                    "waited": self._block_timeout,
+                    "hint": "a node of the scan may be down or overloaded; retry the scan",
+                },
+            ) from None
 
     def __iter__(self) -> Iterator[Row]:
         if self._iterating:
@@ -347,7 +366,8 @@ def open_scan(
         return client._run(coro)
 
     started, stream = run(session.start(msg))
-    return ScanResult(run, stream, started, covering)
+    block_timeout = msg.timeout + REPLY_MARGIN + client.request_timeout
+    return ScanResult(run, stream, started, covering, block_timeout)
 
 
 class QueryContext:

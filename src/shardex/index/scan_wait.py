@@ -29,6 +29,9 @@ __all__ = ["StabilityWatch", "behind_details", "common_snapshot_ts", "scan_timeo
 T = TypeVar("T")
 
 
+CHECK_FLOOR = 1.0  # seconds a single check may always take
+
+
 class StabilityWatch:
     """Per index id, an event replaced at every notification."""
 
@@ -53,7 +56,14 @@ class StabilityWatch:
             ev = self._events.get(index_id)
             if ev is None:
                 ev = self._events[index_id] = asyncio.Event()
-            result = await check()
+            # The check itself is bounded too: off the loop it can queue behind a slice lock
+            # (a stabilise's fsync, a slice drop), and an unbounded check made the scan
+            # outlive its own timeout. It gets at least CHECK_FLOOR seconds, so a scan with
+            # no wait (timeout 0) still looks once.
+            try:
+                result = await asyncio.wait_for(check(), max(deadline - loop.time(), CHECK_FLOOR))
+            except TimeoutError:
+                return None
             if result is not None:
                 return result
             remaining = deadline - loop.time()

@@ -212,6 +212,9 @@ class ScanCoordinator:
         rec, topo = await self.resolve(msg.keyspace, msg.index)
         defn = rec.definition
         spans = to_wire_spans(encode_spans(msg.spans, defn))
+        # One deadline for the whole open, retries included: every indexer request gets the
+        # time that is left, so no retry can make the scan outlive its own timeout.
+        deadline = asyncio.get_running_loop().time() + msg.timeout
         partitions = eliminate(msg.spans, defn)
         by_node = _placement(msg.index, topo, partitions)
         wait_for: Timestamp | None = None
@@ -243,7 +246,7 @@ class ScanCoordinator:
             nonlocal placed
             nodes = by_node if t is topo else _placement(msg.index, t, partitions)
             placed = nodes if by_node else {}
-            return await self._open(msg, base, placed)
+            return await self._open(msg, base, placed, deadline)
 
         ts, sources = await on_fresh_topology(
             rec,
@@ -300,13 +303,13 @@ class ScanCoordinator:
             return ""
 
     async def _open(
-        self, msg: IndexScan, base: ScanSlices, by_node: dict[str, list[int]]
+        self, msg: IndexScan, base: ScanSlices, by_node: dict[str, list[int]], deadline: float
     ) -> tuple[Timestamp | None, list[Source]]:
         """Open every node's stream; returns (the TS read, the streams)."""
         for attempt in range(OPEN_ATTEMPTS):
             pinned = None if msg.pinned is None else Timestamp.from_wire(msg.pinned)
             try:
-                return await self._open_stable(base, by_node, pinned)
+                return await self._open_stable(base, by_node, pinned, deadline)
             except ShardexError as exc:
                 retry = (
                     exc.code is ErrorCode.SNAPSHOT_TOO_OLD
@@ -319,13 +322,17 @@ class ScanCoordinator:
         raise AssertionError("unreachable")
 
     async def _open_stable(
-        self, base: ScanSlices, by_node: dict[str, list[int]], pinned: Timestamp | None
+        self,
+        base: ScanSlices,
+        by_node: dict[str, list[int]],
+        pinned: Timestamp | None,
+        deadline: float,
     ) -> tuple[Timestamp | None, list[Source]]:
         """Scan stability in one round in the common case: every node waits for (and reads)
         its own newest snapshot covering ``wait_for``; when they all name the same TS that
         is the scan's. Otherwise the oldest answer - a snapshot every node holds (the ring
         keeps K) - is pinned and only the nodes that read another one are asked again."""
-        opened = await self._open_all(base, by_node, pinned)
+        opened = await self._open_all(base, by_node, pinned, deadline)
         if pinned is not None or not base.stability or len(opened) <= 1:
             tss = [ts for _, ts, _ in opened if ts is not None]
             return (pinned if pinned is not None else (tss[0] if tss else None)), _srcs(opened)
@@ -338,25 +345,42 @@ class ScanCoordinator:
         await _cancel_all([src for node, _, src in opened if node in again])
         log.debug("scan of %s: slices read different TSs; pinning %s", base.index_id, pin)
         try:
-            reopened = await self._open_all(base, again, pin)
+            reopened = await self._open_all(base, again, pin, deadline)
         except BaseException:
             await _cancel_all(kept)
             raise
         return pin, kept + _srcs(reopened)
 
     async def _open_all(
-        self, base: ScanSlices, by_node: dict[str, list[int]], pinned: Timestamp | None
+        self,
+        base: ScanSlices,
+        by_node: dict[str, list[int]],
+        pinned: Timestamp | None,
+        deadline: float,
     ) -> list[tuple[str, Timestamp | None, Source]]:
-        """``ScanSlices`` to every node in parallel: (node, the TS it read, its stream)."""
+        """``ScanSlices`` to every node in parallel: (node, the TS it read, its stream).
+        The first failure cancels the other opens (a late reply would leave its stream
+        waiting for credit on the indexer)."""
         sources: list[Source] = []
         snapshot_ts = None if pinned is None else dict(pinned.to_wire())
         wait_for = None if pinned is not None else base.wait_for
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise ShardexError(
+                f"scan of index {base.index_id} ran out of its {base.timeout}s before every "
+                "slice was opened (retries after moved or released snapshots)",
+                code=ErrorCode.SCAN_TIMEOUT,
+                details={"index": base.index_id, "timeout": base.timeout},
+            )
+        base = _replace(base, timeout=left)
 
         async def open_one(node: str, parts: list[int]) -> tuple[str, Timestamp | None, Source]:
             src: Source
             if node == self.name and self.local_index is not None:
                 req = _replace(base, partitions=parts, snapshot_ts=snapshot_ts, wait_for=wait_for)
-                reply, rest = await self.local_index.open_local(req)
+                reply, rest = await asyncio.wait_for(
+                    self.local_index.open_local(req), left + RPC_MARGIN
+                )
                 src = LocalStream(reply.entries, rest)
                 sources.append(src)
             else:
@@ -376,9 +400,18 @@ class ScanCoordinator:
                 stream.put_head(reply.entries, reply.done)
             return node, None if reply.ts is None else Timestamp.from_wire(reply.ts), src
 
+        tasks = [asyncio.ensure_future(open_one(n, ps)) for n, ps in by_node.items()]
         try:
-            return list(await asyncio.gather(*(open_one(n, ps) for n, ps in by_node.items())))
+            if tasks:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in tasks:
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            return [t.result() for t in tasks]
         except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await _cancel_all(sources)
             raise
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +198,15 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         await e.stop()
 
 
+async def _until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll ``cond`` on the loop until it holds; fail the test past ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 def oracle_rows(defn: IndexDefinition, docs: dict[str, Any], spans: Any) -> list[tuple[Any, str]]:
     ranges = spans_to_ranges(encode_spans(to_user_spans(spans), defn))
     entries = sorted(e for _, e in expected_entries(defn, docs) if in_ranges(e, ranges))
@@ -262,8 +271,7 @@ async def test_at_plus_waits_for_the_stabilise_then_sees_the_writes(env: Env) ->
     await env.deliver(ahead)  # queued, not stabilised: a scan at_plus ahead must wait
     scan = asyncio.ensure_future(env.scan("by_name", consistency="at_plus", at=ahead))
     watch = env.nodes["n1"].scan_server.watch
-    while not watch._events and not scan.done():  # the scan is waiting on n1's slices
-        await asyncio.sleep(0.01)
+    await _until(lambda: bool(watch._events) or scan.done())  # waiting on n1's slices
     assert not scan.done()
     await env.stabilize(ahead)
     got = await scan
@@ -341,8 +349,7 @@ async def test_back_pressure_bounds_what_a_slow_reader_is_sent(env: Env) -> None
     assert first[0] < first[-1]
     out = env.nodes["n1"].streams
     (stream,) = [s for (c, _), s in out._streams.items() if c.peer_name == client.name + "/scan"]
-    while stream.credit > 0:  # the coordinator sends until its credit is spent, then waits
-        await asyncio.sleep(0.01)
+    await _until(lambda: stream.credit <= 0)  # sends until its credit is spent, then waits
     assert stream.blocks == 1 + 4  # the block the reader took back + the initial credit
     rest = await asyncio.to_thread(lambda: [e for b in blocks for e in b])
     assert len(first) + len(rest) == 12_000

@@ -56,6 +56,8 @@ def _enc_hook(obj: Any) -> Any:
         return msgspec.msgpack.Ext(_EXT_MISSING, b"")
     if isinstance(obj, _BigInt):
         return msgspec.msgpack.Ext(_EXT_BIGINT, obj.text.encode())
+    # msgspec's enc_hook protocol: NotImplementedError means "not encodable" and becomes the
+    # encoder's TypeError naming the type (rows hold JSON values, MISSING and big ints only).
     raise NotImplementedError(f"cannot ship {type(obj).__name__} between fragments")
 
 

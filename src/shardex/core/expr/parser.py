@@ -262,8 +262,15 @@ class Parser:
                 return self.parse_object()
         self.error(tok, expected="an expression")
 
+    def postfix_ends(self) -> bool:
+        """Whether the postfix chain stops here although a '.' or '[' follows (the SQL parser
+        leaves ``expr.*`` to its projection terms)."""
+        return False
+
     def parse_postfix(self, base: Expr) -> Expr:
         while True:
+            if self.postfix_ends():
+                return base
             if self.at_op("."):
                 self.advance()
                 tok = self.peek()

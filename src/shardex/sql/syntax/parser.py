@@ -398,26 +398,9 @@ class SqlParser(DDLParser):
             return self.parse_array_comprehension()
         return super().parse_primary()
 
-    def parse_postfix(self, base: Expr) -> Expr:
-        # The base loop, except that ".*" is left to the projection-term parser.
-        while True:
-            if self.at_op(".") and self.at_op("*", 1):
-                return base
-            if self.at_op("."):
-                self.advance()
-                tok = self.peek()
-                if tok.kind is TokenKind.IDENT or tok.kind is TokenKind.QIDENT:
-                    self.advance()
-                    base = Field(base, str(tok.value))
-                else:
-                    self.error(tok, expected="a field name after '.'")
-            elif self.at_op("["):
-                self.advance()
-                index = self.parse_expression()
-                self.expect("]")
-                base = Index(base, index)
-            else:
-                return base
+    def postfix_ends(self) -> bool:
+        # ".*" is left to the projection-term parser.
+        return self.at_op(".") and self.at_op("*", 1)
 
     def parse_collection_predicate(self) -> Expr:
         tok = self.advance()

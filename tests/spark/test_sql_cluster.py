@@ -7,6 +7,7 @@ statement has ORDER BY (always with a tie-breaker, so the order is unique)."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import pytest
 
-from shardex.client import Client
+from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.local import LocalEngine
 
@@ -226,6 +227,40 @@ def test_dml_then_request_plus_reads_see_it(env: Env) -> None:
     m = env.both(f"UPSERT INTO {KS} (KEY, VALUE) VALUES ('new1', {{'age': 34, 'name': 'zed'}})")
     assert m.mutation_count == 1
     env.check(f"SELECT name FROM {KS} WHERE age = 34")
+
+
+@pytest.mark.timeout(600)
+def test_concurrent_updates_lose_nothing_and_recheck_where(env: Env) -> None:
+    """Four clients run ``SET n = n + 1 WHERE n < 20`` on one document 8 times each: every
+    write carries the CAS of the version its WHERE was checked on, so none is lost (the count
+    of mutations equals the increments) and none overshoots (a version that reached 20 no
+    longer matches, and is skipped)."""
+    env.both(f"UPSERT INTO {KS} (KEY, VALUE) VALUES ('ctr', {{'n': 0, 'name': 'ctr'}})")
+    stmt = f"UPDATE {KS} SET n = n + 1 WHERE META().id = 'ctr' AND n < 20"
+    counts: list[int] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            with connect_local(env.path) as c:
+                for _ in range(8):
+                    rows = c.query(stmt)
+                    list(rows)
+                    counts.append(rows.metrics.mutation_count)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert len(counts) == 32
+    assert env.client.keyspace(KS).get("ctr")["n"] == 20
+    assert sum(counts) == 20
+    env.ref.keyspaces[KS]["ctr"] = {"n": 20, "name": "ctr"}
+    env.check(f"SELECT n FROM {KS} WHERE name = 'ctr'")
 
 
 @pytest.mark.timeout(600)

@@ -119,11 +119,13 @@ class GetMany(Message, tag="data.GetMany"):
 
     keyspace: str
     docids: list[str]
+    with_cas: bool = False  # also answer each document's CAS (DML's optimistic writes)
 
 
 class GetManyReply(Message, tag="data.GetManyReply"):
     bodies: list[bytes | None]  # aligned with the docids; None: absent, deleted, or an error
     errors: list[ItemError] = msgspec.field(default_factory=list)
+    cas: list[int] = msgspec.field(default_factory=list)  # with ``with_cas``: aligned, 0 = absent
 
 
 # --- seqnos and stats ------------------------------------------------------------------------

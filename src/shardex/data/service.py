@@ -267,22 +267,25 @@ class DataService:
             )
         engine = self.engine
         if len(msg.docids) <= GET_MANY_ON_LOOP:
-            bodies, errs = self._read_many(engine, msg.keyspace, msg.docids)
+            bodies, cas, errs = self._read_many(engine, msg.keyspace, msg.docids)
         else:  # a long read would hold the loop (heartbeats, other requests)
-            bodies, errs = await self._run(self._read_many, engine, msg.keyspace, msg.docids)
+            bodies, cas, errs = await self._run(self._read_many, engine, msg.keyspace, msg.docids)
         errors = [ItemError(i, WireError(*self._enrich(e).to_wire())) for i, e in errs]
-        return GetManyReply(bodies=bodies, errors=errors)
+        return GetManyReply(bodies=bodies, errors=errors, cas=cas if msg.with_cas else [])
 
     def _read_many(
         self, engine: DataEngine, keyspace: str, docids: list[str]
-    ) -> tuple[list[bytes | None], list[tuple[int, ShardexError]]]:
-        """Every docid's stored body (None when absent or deleted) in one pass over the
-        engine; per-item errors (NOT_MY_PARTITION, a bad docid) beside them."""
+    ) -> tuple[list[bytes | None], list[int], list[tuple[int, ShardexError]]]:
+        """Every docid's stored body (None when absent or deleted) and CAS (0 then) in one
+        pass over the engine; per-item errors (NOT_MY_PARTITION, a bad docid) beside them."""
         bodies: list[bytes | None] = []
+        cas: list[int] = []
         errors: list[tuple[int, ShardexError]] = []
         for i, docid in enumerate(docids):
             try:
-                bodies.append(engine.get_raw(keyspace, docid).body)
+                raw = engine.get_raw(keyspace, docid)
+                bodies.append(raw.body)
+                cas.append(raw.cas)
                 continue
             except DocNotFound:
                 pass
@@ -294,7 +297,8 @@ class DataService:
             except ShardexError as exc:
                 errors.append((i, exc))
             bodies.append(None)
-        return bodies, errors
+            cas.append(0)
+        return bodies, cas, errors
 
     async def _on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
         ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]

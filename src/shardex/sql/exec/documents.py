@@ -24,6 +24,7 @@ from shardex.data.messages import (
     GetReply,
     Insert,
     MutationReply,
+    Replace,
     Upsert,
 )
 from shardex.data.partitioning import partition_of
@@ -99,7 +100,33 @@ class DocumentAccess:
 
     async def get_many(self, keyspace: str, docids: Sequence[str]) -> list[tuple[str, Any]]:
         """``(docid, document)`` for the docids that exist, in the given order."""
-        bodies: dict[str, bytes] = {}
+        found = await self._fetch(keyspace, docids, with_cas=False)
+        return [(d, _json_decode.decode(found[d][0])) for d in docids if d in found]
+
+    async def get_many_cas(
+        self, keyspace: str, docids: Sequence[str]
+    ) -> dict[str, tuple[Any, int]]:
+        """docid -> (document, CAS) for the docids that exist (DML's optimistic writes)."""
+        found = await self._fetch(keyspace, docids, with_cas=True)
+        return {d: (_json_decode.decode(body), cas) for d, (body, cas) in found.items()}
+
+    async def get_cas(self, keyspace: str, docid: str) -> tuple[Any, int] | None:
+        """(document, CAS), or None when it does not exist."""
+        try:
+            reply = await self._to_owner(
+                keyspace, docid, Get(keyspace=keyspace, docid=docid), GetReply
+            )
+        except ShardexError as exc:
+            if exc.code is ErrorCode.DOC_NOT_FOUND:
+                return None
+            raise
+        return _json_decode.decode(reply.body), reply.cas
+
+    async def _fetch(
+        self, keyspace: str, docids: Sequence[str], *, with_cas: bool
+    ) -> dict[str, tuple[bytes, int]]:
+        """docid -> (stored body, CAS or 0) of the docids that exist, from their owners."""
+        found: dict[str, tuple[bytes, int]] = {}
         todo = list(dict.fromkeys(docids))
         last: ShardexError | None = None
         for attempt in range(ROUTE_ATTEMPTS):
@@ -116,36 +143,35 @@ class DocumentAccess:
                 for i in range(0, len(chunk), GET_MANY_CHUNK)
             ]
             replies = await asyncio.gather(
-                *(self._get_many_at(address, keyspace, ids) for address, ids in requests)
+                *(self._get_many_at(address, keyspace, ids, with_cas) for address, ids in requests)
             )
             todo = []
             for got, moved, error in replies:
-                bodies.update(got)
+                found.update(got)
                 todo += moved
                 last = error or last
         if todo:
             assert last is not None
             raise last
-        out = []
-        for d in docids:
-            body = bodies.get(d)
-            if body is not None:
-                out.append((d, _json_decode.decode(body)))
-        return out
+        return found
 
     async def _get_many_at(
-        self, address: str, keyspace: str, docids: list[str]
-    ) -> tuple[dict[str, bytes], list[str], ShardexError | None]:
-        """One GetMany: the bodies found, the docids to re-route (their partition moved)
-        and the NOT_MY_PARTITION error that says so; any other error is raised."""
-        msg = GetMany(keyspace=keyspace, docids=docids)
+        self, address: str, keyspace: str, docids: list[str], with_cas: bool
+    ) -> tuple[dict[str, tuple[bytes, int]], list[str], ShardexError | None]:
+        """One GetMany: the bodies found (with their CAS when asked), the docids to re-route
+        (their partition moved) and the NOT_MY_PARTITION error that says so; any other error
+        is raised."""
+        msg = GetMany(keyspace=keyspace, docids=docids, with_cas=with_cas)
         try:
             reply = await self.pool.request(address, msg, REQUEST_TIMEOUT, expect=GetManyReply)
         except ShardexError as exc:
             if exc.code is not ErrorCode.NOT_MY_PARTITION:
                 raise
             return {}, docids, exc
-        got = {d: b for d, b in zip(docids, reply.bodies, strict=True) if b is not None}
+        cas = reply.cas if with_cas else [0] * len(docids)
+        got = {
+            d: (b, c) for d, b, c in zip(docids, reply.bodies, cas, strict=True) if b is not None
+        }
         moved: list[str] = []
         error: ShardexError | None = None
         for item in reply.errors:
@@ -179,11 +205,20 @@ class DocumentAccess:
         )
         return (await self._to_owner(keyspace, docid, msg, MutationReply)).result
 
-    async def delete(self, keyspace: str, docid: str) -> MutationResult | None:
-        """None when the document is already gone (a concurrent delete)."""
+    async def replace(self, keyspace: str, docid: str, doc: Any, cas: int) -> MutationResult:
+        """Overwrite the version with this CAS: CAS_MISMATCH after a concurrent write,
+        DOC_NOT_FOUND after a concurrent delete."""
+        msg = Replace(keyspace=keyspace, docid=docid, doc=msgspec.json.encode(doc), cas=cas)
+        return (await self._to_owner(keyspace, docid, msg, MutationReply)).result
+
+    async def delete(
+        self, keyspace: str, docid: str, cas: int | None = None
+    ) -> MutationResult | None:
+        """None when the document is already gone (a concurrent delete); with ``cas``,
+        CAS_MISMATCH when it changed since."""
         try:
             reply = await self._to_owner(
-                keyspace, docid, Delete(keyspace=keyspace, docid=docid), MutationReply
+                keyspace, docid, Delete(keyspace=keyspace, docid=docid, cas=cas), MutationReply
             )
         except ShardexError as exc:
             if exc.code is ErrorCode.DOC_NOT_FOUND:

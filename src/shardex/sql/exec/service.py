@@ -5,11 +5,12 @@ SELECT: bind, check parameters, plan (``plan.plan_select``), pick the query's on
 TS (``pin_stability``), start the fragments through the execution protocol
 (``QueryService.execute``) and stream the root's rows to the client. EXPLAIN: the plan as one
 row. INSERT/UPSERT: by key. DELETE/UPDATE: the derived SELECT (``plan.dml_select``) runs
-distributed at request_plus, then each document is mutated at its owner; the reply carries
-the mutation count. Errors before the stream starts answer the request (SQL_SYNTAX with
-line/column/token, KEYSPACE_NOT_FOUND, INDEX_NOT_FOUND with a CREATE PRIMARY INDEX hint,
-BAD_REQUEST for parameters); errors while rows flow end the stream with that error. Nothing
-here outlives the statement: a failed statement leaves the node serving.
+distributed at request_plus to choose the documents, then each is written at its owner under
+its CAS with the WHERE re-checked on the version written (``dml.py``: no lost updates); the
+reply carries the mutation count. Errors before the stream starts answer the request
+(SQL_SYNTAX with line/column/token, KEYSPACE_NOT_FOUND, INDEX_NOT_FOUND with a CREATE PRIMARY
+INDEX hint, BAD_REQUEST for parameters); errors while rows flow end the stream with that
+error. Nothing here outlives the statement: a failed statement leaves the node serving.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Final
 
 from shardex.core.expr import MISSING, Literal, evaluate, walk
 from shardex.core.expr.ast import Param
+from shardex.core.expr.ops import truth
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Connection, RpcServer
@@ -28,6 +30,7 @@ from shardex.scan.coordinator import ScanCoordinator, oldest_common
 from shardex.scan.messages import AT_PLUS, CONSISTENCIES, REQUEST_PLUS, StabilityAt, WaitStability
 from shardex.scan.streams import OutStream, OutStreams
 from shardex.sql.exec.analyze import Budget
+from shardex.sql.exec.dml import DELETE, SKIP, write_checked
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.messages import (
     ExchangeStats,
@@ -311,25 +314,30 @@ class SqlService:
         _, _, batches = await self.start_select(
             msg, msg.statement, select, params, dml=True, consistency=REQUEST_PLUS
         )
-        chosen: list[tuple[str, Any]] = []
+        chosen: list[str] = []
         async with contextlib.aclosing(batches):
             async for batch in batches:
-                chosen += [(r["id"], r["doc"]) for r in decode_rows(batch)]
+                chosen += [r["id"] for r in decode_rows(batch)]
         ks = target.name
-        if isinstance(stmt, DeleteStmt):
-            await self._apply([self.documents.delete(ks, docid) for docid, _ in chosen])
-            return len(chosen), self._returning(stmt.returning, alias, chosen, params)
-        updated: list[tuple[str, Any]] = []
-        for docid, doc in chosen:
+        where = None if stmt.where is None else bind_expr(stmt.where, alias)
+
+        def decide(docid: str, doc: Any) -> Any:
+            """The write for this version of the document: the WHERE is evaluated again on
+            it (it may have changed since the SELECT read it)."""
             scope = {alias: doc, META_KEY: {"id": docid}}
+            if where is not None and not truth(evaluate(where, scope, params=params)):
+                return SKIP
+            if isinstance(stmt, DeleteStmt):
+                return DELETE
             new = updated_copy(doc)
             for steps, e in sets:
                 set_path(new, steps, evaluate(e, scope, params=params))
             for steps in unsets:
                 unset_path(new, steps)
-            updated.append((docid, new))
-        await self._apply([self.documents.upsert(ks, docid, new) for docid, new in updated])
-        return len(updated), self._returning(stmt.returning, alias, updated, params)
+            return new
+
+        written = await write_checked(self.documents, ks, chosen, decide, parallel=MUTATE_PARALLEL)
+        return len(written), self._returning(stmt.returning, alias, written, params)
 
     async def _apply(self, ops: list[Any]) -> None:
         """Run the mutations, ``MUTATE_PARALLEL`` at a time; the first error is raised (the

@@ -231,7 +231,7 @@ def project_count_fn(
     """The build's mapInArrow function (``build.load_fn``) up to, not including, the
     LoadChunk sends: project every index, keep the Upserts, count them."""
     from shardex.index.keyversion import UPSERT
-    from shardex.pipeline.projector import _changes_of, _projector_for
+    from shardex.pipeline.projector import _columns_of, _projector_for
 
     defs = tuple(definitions)
     schema = pa.schema([("docs", pa.int64()), ("rows", pa.int64())])
@@ -239,7 +239,7 @@ def project_count_fn(
     def fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         projector = _projector_for(defs)
         for b in batches:
-            res = projector.project(_changes_of(b), sample_limit=0)
+            res = projector.project_columns(*_columns_of(b), sample_limit=0)
             n = sum(1 for row in res.rows if row[2] == UPSERT)
             yield pa.RecordBatch.from_pydict({"docs": [b.num_rows], "rows": [n]}, schema=schema)
 

@@ -112,7 +112,7 @@ def test_non_finite_key_is_an_error() -> None:
     # inf cannot be encoded as a key (not a JSON value). The compiled and the interpreted
     # ``a * 1e308`` disagree today (inf vs NULL), so the projector is given inf directly.
     d = make_definition(id="f", name="f", keyspace="ks", keys=["a"])
-    pr = Projector([d])
+    pr = Projector([d], fast=False)  # the general path: the one whose _fns are swapped
     pr._fns = (lambda doc, m=None, p=None: float("inf"),)
     res = pr.project([("x", 0, 1, "upsert", J({"a": 1}))])
     assert res.errors == {"f": 1} and res.rows[0][2] == UPSERT_DELETION
@@ -140,7 +140,8 @@ def test_partition_destinations() -> None:
 
 def test_shared_expressions_evaluated_once() -> None:
     calls = []
-    pr = Projector([BY_CITY, make_definition(id="c2", name="c2", keyspace="ks", keys=["city"])])
+    defs = [BY_CITY, make_definition(id="c2", name="c2", keyspace="ks", keys=["city"])]
+    pr = Projector(defs, fast=False)  # the general path counts calls of its _fns
     fns = list(pr._fns)
     for i, f in enumerate(fns):
         fns[i] = lambda d, m=None, p=None, f=f, i=i: calls.append(i) or f(d, m, p)

@@ -33,19 +33,20 @@ def sorted_load_rows(
     that are not indexed, which have nothing to load). A docid given twice keeps its highest
     seqno, so a build that read a document twice is still exact.
     """
-    latest: dict[str, tuple[int, bytes, int]] = {}
-    for row in rows:
-        if row[2] != UPSERT:
-            continue
-        docid, seqno = row[4], row[6]
-        cur = latest.get(docid)
-        if cur is None or seqno > cur[0]:
-            latest[docid] = (seqno, row[3], row[5])
-    entries = sorted(e for _, e, _ in latest.values())
-    back = sorted(
-        (docid.encode("utf-8"), encode_back(part, seqno, entry))
-        for docid, (seqno, entry, part) in latest.items()
-    )
+    ups = [r for r in rows if r[2] == UPSERT]
+    if len({r[4] for r in ups}) != len(ups):
+        # A docid given twice (a retried chunk read the document again): the highest seqno.
+        latest: dict[str, KeyVersion] = {}
+        for row in ups:
+            cur = latest.get(row[4])
+            if cur is None or row[6] > cur[6]:
+                latest[row[4]] = row
+        ups = list(latest.values())
+    # Comprehensions and one C sort each: the per-row cost here is paid for every entry of
+    # an initial build (back keys are unique docids, so tuples compare on the key alone).
+    entries = sorted([r[3] for r in ups])
+    enc = encode_back
+    back = sorted([(r[4].encode("utf-8"), enc(r[5], r[6], r[3])) for r in ups])
     return entries, back
 
 

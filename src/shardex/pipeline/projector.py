@@ -5,7 +5,9 @@ and tests and small driver-side batches call :func:`project` directly. Both run 
 loop: decode each JSON body once (msgspec), evaluate every index of the keyspace in one pass
 over the document (an expression text shared by several indexes, such as a common leading key
 or a partition key that is also a key, is evaluated once per document), and encode entries
-with the key codec.
+with the key codec. Index sets made of plain paths (and ``path op constant`` filters) take
+the column-at-a-time path of :mod:`shardex.pipeline.projector_fast` instead, with identical
+results; ``Projector(defs, fast=False)`` keeps the loop.
 
 Rules (the SQL++/N1QL rules; stated again in ``docs/decisions.md``):
 
@@ -57,6 +59,7 @@ from shardex.index.keyversion import (
     KeyVersion,
     to_arrow,
 )
+from shardex.pipeline.projector_fast import build_fast_path
 
 __all__ = [
     "CHANGE_SCHEMA",
@@ -157,7 +160,7 @@ class Projector:
     ``encode_entry``, checks the two agree.
     """
 
-    def __init__(self, definitions: Sequence[IndexDefinition]) -> None:
+    def __init__(self, definitions: Sequence[IndexDefinition], *, fast: bool = True) -> None:
         self.definitions = tuple(definitions)
         texts: dict[str, int] = {}
         fns: list[Callable[..., Any]] = []
@@ -193,6 +196,13 @@ class Projector:
             )
         self._plans = tuple(plans)
         self._fns = tuple(fns)
+        wheres = frozenset(pl.where_slot for pl in self._plans if pl.where_slot >= 0)
+        self._fast = build_fast_path(self._plans, list(texts), wheres) if fast else None
+
+    @property
+    def fast(self) -> bool:
+        """Whether batches take the column-at-a-time path (``projector_fast``)."""
+        return self._fast is not None
 
     def project(
         self, changes: Iterable[ChangeRow], *, sample_limit: int | None = MAX_ERROR_SAMPLES
@@ -201,8 +211,43 @@ class Projector:
 
         ``sample_limit``: how many failures to keep in ``samples`` (None: all of them).
         """
+        if self._fast is not None:
+            cols = [list(c) for c in zip(*changes, strict=True)] or [[], [], [], [], []]
+            return self.project_columns(*cols, sample_limit=sample_limit)
         res = ProjectResult()
         limit = sample_limit if sample_limit is not None else 1 << 62
+        res.documents = self._project_into(res, changes, limit)
+        return res
+
+    def project_columns(
+        self,
+        docids: list[str],
+        parts: list[int],
+        seqnos: list[int],
+        ops: list[str],
+        bodies: list[bytes | None],
+        *,
+        sample_limit: int | None = MAX_ERROR_SAMPLES,
+    ) -> ProjectResult:
+        """:meth:`project` of changes given as columns (what an Arrow batch holds): the
+        fast path when the index set has one, else the general loop."""
+        res = ProjectResult()
+        limit = sample_limit if sample_limit is not None else 1 << 62
+        if self._fast is None:
+            changes = zip(docids, parts, seqnos, ops, bodies, strict=True)
+            res.documents = self._project_into(res, changes, limit)
+            return res
+
+        def slow(i: int) -> None:
+            row = (docids[i], parts[i], seqnos[i], ops[i], bodies[i])
+            self._project_into(res, (row,), limit)
+
+        self._fast.project(docids, parts, seqnos, ops, bodies, slow, res.rows.extend)
+        res.documents = len(docids)
+        return res
+
+    def _project_into(self, res: ProjectResult, changes: Iterable[ChangeRow], limit: int) -> int:
+        """The general loop: appends to ``res``; returns the number of changes."""
         append = res.rows.append
         plans, fns = self._plans, self._fns
         nslots = len(fns)
@@ -283,8 +328,7 @@ class Projector:
                     _error(res, limit, pl.index_id, docid, part, seqno, exc)
                     dest = _owner(pl, docid, memo)
                     append((pl.index_id, dest, UPSERT_DELETION, b"", docid, part, seqno))
-        res.documents = n
-        return res
+        return n
 
 
 def _owner(pl: _Plan, docid: str, memo: dict[int, int]) -> int:
@@ -338,23 +382,30 @@ def project(definitions: Sequence[IndexDefinition], changes: Iterable[ChangeRow]
     return _projector_for(definitions).project(changes)
 
 
-def _changes_of(batch: pa.RecordBatch) -> Iterator[ChangeRow]:
-    """Change rows of a batch with ``CHANGE_SCHEMA``'s columns, or of the change source's
-    batches (``deleted`` flag instead of ``op``; ``uuid`` and ``cas`` ignored)."""
+def _columns_of(
+    batch: pa.RecordBatch,
+) -> tuple[list[str], list[int], list[int], list[str], list[bytes | None]]:
+    """(docids, partitions, seqnos, ops, bodies) of a batch with ``CHANGE_SCHEMA``'s columns,
+    or of the change source's batches (``deleted`` flag instead of ``op``; ``uuid`` and
+    ``cas`` ignored)."""
     names = batch.schema.names
+    col = batch.column
     if "op" not in names and "deleted" in names:
-        col = batch.column
         ops = [OP_DELETE if d else OP_UPSERT for d in col(names.index("deleted")).to_pylist()]
-        return zip(  # type: ignore[return-value]
-            col(names.index("docid")).to_pylist(),
-            col(names.index("partition")).to_pylist(),
-            col(names.index("seqno")).to_pylist(),
-            ops,
-            col(names.index("body")).to_pylist(),
-            strict=True,
-        )
-    cols = [batch.column(names.index(c)).to_pylist() for c in CHANGE_SCHEMA.names]
-    return zip(*cols, strict=True)  # type: ignore[return-value]
+    else:
+        ops = col(names.index("op")).to_pylist()
+    return (
+        col(names.index("docid")).to_pylist(),
+        col(names.index("partition")).to_pylist(),
+        col(names.index("seqno")).to_pylist(),
+        ops,
+        col(names.index("body")).to_pylist(),
+    )
+
+
+def _changes_of(batch: pa.RecordBatch) -> Iterator[ChangeRow]:
+    """Change rows of a batch (see :func:`_columns_of`)."""
+    return zip(*_columns_of(batch), strict=True)  # type: ignore[return-value]
 
 
 def project_arrow(
@@ -371,7 +422,7 @@ def project_arrow(
     ``mapInArrow``, which has no other channel back to the driver.
     """
     limit = None if error_rows else MAX_ERROR_SAMPLES
-    res = _projector_for(definitions).project(_changes_of(batch), sample_limit=limit)
+    res = _projector_for(definitions).project_columns(*_columns_of(batch), sample_limit=limit)
     rows = res.rows
     if error_rows and res.samples:
         rows = rows + [

@@ -29,7 +29,7 @@ from shardex.errors import ConfigError
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.pipeline.gcpause import gc_paused
-from shardex.pipeline.projector import _changes_of, _projector_for, project_arrow
+from shardex.pipeline.projector import _columns_of, _projector_for, project_arrow
 
 __all__ = [
     "COUNTS_ARROW",
@@ -145,7 +145,7 @@ def load_batches(
     for batch in batches:
         chunks: dict[tuple[str, int, str], list[KeyVersion]] = defaultdict(list)
         with gc_paused():
-            res = projector.project(_changes_of(batch), sample_limit=0)
+            res = projector.project_columns(*_columns_of(batch), sample_limit=0)
             for row in res.rows:
                 if row[2] == UPSERT:
                     chunks[(row[0], row[1], owners[row[0]][row[1]])].append(row)

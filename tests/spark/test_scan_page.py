@@ -14,15 +14,21 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from pipeline_helpers import documents_at, mutate
+from pipeline_helpers import documents_at, mutate, wait_stable
 
 from shardex.client import Client
 from shardex.core.keycodec import decode_entry
 from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
 from shardex.index.oracle import expected_entries
+from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS
 from shardex.index.spans import in_ranges, spans_to_ranges
 from shardex.manager.index_state import find_index
-from shardex.pipeline.indexers import index_state
+from shardex.node.cluster_dir import read_secret
+from shardex.pipeline.indexers import _to_node, index_state
+from shardex.scan.continuation import ContinuationCodec
+from shardex.scan.paging_leases import RELEASE, LeaseSnapshots, SnapshotsLeased
+from shardex.scan.paging_store_spec import decode_context
 from shardex.scan.spans import encode_spans, to_user_spans
 
 if TYPE_CHECKING:
@@ -140,3 +146,37 @@ def test_request_plus_pages_read_one_pinned_snapshot(env: Client) -> None:
         now = env.scan(KEYSPACE, INDEX, consistency="request_plus", timeout=WAIT)
         now_rows = [(r["key"], r["docid"]) for r in now]
         assert now.ts is not None and now_rows == oracle(env, now.ts) and now_rows != want
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_lease_ends_the_scan_on_the_next_page(
+    env: Client, shared_cluster: SharedCluster
+) -> None:
+    """The pinned snapshot is gone on an indexer the next page does not even read (its lease
+    was released and newer snapshots pushed it out): the renewal that page sends finds it
+    gone, and the page ends the scan with SNAPSHOT_TOO_OLD instead of returning rows."""
+    first = env.scan_page(
+        KEYSPACE, INDEX, consistency="request_plus", page_size=1, ordered=False, timeout=WAIT
+    )
+    assert first.continuation is not None
+    ck = ContinuationCodec(read_secret(shared_cluster.path)).decode(first.continuation)
+    lease = decode_context(ck.context).lease
+    rec = find_index(index_state(env).indexes, KEYSPACE, INDEX)
+    assert rec is not None and lease
+    base = next(t for t in index_state(env).index_topologies[rec.id] if t.seq_num == ck.base_topo)
+    shards = base.nodes()  # an unordered scan reads them one after the other
+    assert ck.shard_idx == 0 and len(shards) > 1
+    last = shards[-1]
+    release = LeaseSnapshots(
+        index_id=rec.id, partitions=base.partitions_of(last), lease_id=lease, mode=RELEASE
+    )
+    env._run(_to_node(env, last, release, SnapshotsLeased))
+    for n in range(DEFAULT_KEEP_SNAPSHOTS + 2):  # newer snapshots push the pinned one out
+        env.keyspace(KEYSPACE).upsert(f"lease-{n}", {"age": n, "name": "pushed"})
+        wait_stable(env, KEYSPACE, [INDEX])
+    with pytest.raises(ShardexError) as info:
+        env.scan_page(
+            KEYSPACE, INDEX, consistency="request_plus", page_size=1, ordered=False,
+            continuation=first.continuation, timeout=WAIT,
+        )  # fmt: skip
+    assert info.value.code is ErrorCode.SNAPSHOT_TOO_OLD, info.value

@@ -341,6 +341,11 @@ class Slice:
         with self.lock:
             return self._snapshots.release_lease(lease_id)
 
+    def lease_expiry(self) -> float | None:
+        """When the last live snapshot lease ends (``time.monotonic``), None without one."""
+        with self.lock:
+            return self._snapshots.lease_expiry()
+
     def scan(
         self,
         spans: Iterable[Span] | None = None,

@@ -19,7 +19,9 @@ Source S: serves ``ReadSliceCopy`` from a snapshot of the slice's back index (ea
 row names its entry, so the entries are rebuilt from it: half the bytes); on
 ``IndexPartitionSwitched`` it stops opening scans on the slice (STALE_TOPOLOGY, retryable:
 the scan coordinator re-reads the topology), tells its paginated scans the partition left,
-and drops the slice after the grace period (scans already open finish on their snapshots).
+and drops the slice after the grace period (scans already open finish on their snapshots)
+once no snapshot lease holds it: a pinned paginated scan reads its leased snapshot here to
+its end (``scan/elastic_adapters_index.py``), as the new owner's copy starts at T1.
 
 Why T is exact at every stabilise after the load: its storage is S's state at T1 (S was
 exact at its applied TS), every key version with seqno above E1 <= T1 was delivered to T
@@ -29,9 +31,11 @@ exact at its applied TS), every key version with seqno above E1 <= T1 was delive
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +67,7 @@ log = logging.getLogger(__name__)
 CHUNK_TIMEOUT = 30.0
 COPY_SESSION_IDLE = 120.0  # a source releases a copy snapshot nobody asked for this long
 NOT_READY_RETRY_FOR = 30.0  # the source has not applied E1 yet: it will within a round
+LEASE_RECHECK = 0.5  # after the last lease's expiry: a renewal may have moved it
 
 SliceKey = tuple[str, int]
 
@@ -107,6 +112,7 @@ class SliceMoves:
         self._incoming: dict[SliceKey, _Incoming] = {}
         self._copies: dict[str, _CopySession] = {}
         self._retired: dict[SliceKey, str] = {}  # slices handed over: key -> new owner
+        self._released: dict[SliceKey, asyncio.Event] = {}  # retired slices kept for leases
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -363,5 +369,36 @@ class SliceMoves:
 
     async def _drop_later(self, key: SliceKey, grace: float) -> None:
         await asyncio.sleep(max(0.0, grace))  # in-flight scans on the slice finish
+        # Pinned paginated scans read their leased snapshot here, where it was taken (the
+        # new owner's copy starts at the move's T1): keep the slice until the last lease is
+        # released or expires. No new lease is granted on a retired slice (``check_serving``)
+        # and a lease lives at most LEASE_TTL past its last renewal, so this ends.
+        while (expiry := await self._lease_expiry(key)) is not None:
+            released = self._released[key] = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                wait = max(expiry - time.monotonic(), 0.0) + LEASE_RECHECK
+                await asyncio.wait_for(released.wait(), wait)
+        self._released.pop(key, None)
         if self._retired.get(key) is not None:
-            await self._drop(key)
+            await self._drop(key)  # ``_retired`` keeps the new owner (``moved_to``)
+
+    def lease_released(self, index_id: str, partitions: Iterable[int]) -> None:
+        """A scan released its lease on these slices: a handed-over one may go now."""
+        for p in partitions:
+            ev = self._released.get((index_id, p))
+            if ev is not None:
+                ev.set()
+
+    async def _lease_expiry(self, key: SliceKey) -> float | None:
+        engine: Any = self.service.engine
+        try:
+            sl = engine.slice(key[0], key[1])
+        except ShardexError:  # dropped meanwhile (the index was)
+            return None
+        expiry: float | None = await self.service._run(sl.lease_expiry)
+        return expiry
+
+    def moved_to(self, index_id: str, partition: int) -> str | None:
+        """The node a slice handed over from here went to (also after its drop), None if
+        it did not move away."""
+        return self._retired.get((index_id, partition))

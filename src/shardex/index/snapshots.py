@@ -137,6 +137,12 @@ class SnapshotRing:
     def leases(self) -> dict[str, tuple[Timestamp, float]]:
         return dict(self._leases)
 
+    def lease_expiry(self) -> float | None:
+        """When the last live lease expires (``clock`` time), None when none is live: a
+        slice that moved away is kept until then (``slice_copy``)."""
+        self._trim()
+        return max((exp for _, exp in self._leases.values()), default=None)
+
     def release_all(self) -> None:
         for _, snap in self._ring:
             snap.release()

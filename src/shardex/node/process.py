@@ -13,6 +13,7 @@ from pathlib import Path
 from shardex.manager.state import FileStateStore
 from shardex.net.tcp import TcpTransport
 from shardex.node.config import NodeConfig
+from shardex.node.debug_dump import install_debug_dump
 from shardex.node.server import Node
 from shardex.node.state import (
     LOG_FILE,
@@ -85,6 +86,7 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    uninstall_dump = install_debug_dump(loop, config.data_dir)  # kill -USR1: threads, tasks
 
     node = Node(
         transport=TcpTransport(),
@@ -117,4 +119,6 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
     except TimeoutError:
         log.error("clean stop took longer than %.0fs; exiting anyway", STOP_TIMEOUT)
         return 1
+    finally:
+        uninstall_dump()
     return 0

@@ -23,7 +23,7 @@ from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.scan.cluster_view import ClusterView
 from shardex.scan.elastic_adapters_data import DataScanMigrations, DataShardStore
-from shardex.scan.elastic_adapters_index import IndexShardStore
+from shardex.scan.elastic_adapters_index import batch_view
 from shardex.scan.elastic_node import ElasticShardScanner, ShardStore
 from shardex.scan.paging_store_spec import PagedScanSpec, decode_spec, spec_ranges
 from shardex.scan.paging_wire import ShardBatch, ShardBatchResult
@@ -157,11 +157,18 @@ class ElasticScanNode:
         lookup = HistoryLookup(history, f"index {spec.index_id}")
         base = lookup.get(msg.base_topo)
         engine = index.engine
-        held = [s.partition for s in engine.slices(spec.index_id)]
-        mm = index.scan_migrations.manager(spec.index_id, held, history[-1].seq_num)
-        snapshot = None if spec.snapshot is None else Timestamp.from_wire(spec.snapshot)
-        store = IndexShardStore(engine, spec.index_id, spec_ranges(spec), snapshot, mm)
         wanted = [msg.vs_pid] if msg.vs_pid >= 0 else base.partitions_of(self.name)
+        mm, store = batch_view(
+            engine,
+            index.scan_migrations,
+            self.name,
+            spec.index_id,
+            spec_ranges(spec),
+            None if spec.snapshot is None else Timestamp.from_wire(spec.snapshot),
+            history[-1].seq_num,
+            wanted,
+            index.slice_moves.moved_to,
+        )
         if index.inline_io:
             store.open(msg.resume, wanted)
         else:  # a slice's lock may be held by a stabilise's fsync: not on the loop

@@ -9,8 +9,15 @@ continuation, see ``paging_store_proxy``) on every slice of every page, or the t
 is None (not_bounded without stability). A snapshot the slice has released answers
 SNAPSHOT_TOO_OLD: the scan must be restarted (its later pages would read another state).
 
-Index partitions do not move yet. ``IndexScanMigrations`` is the hook their rebalance will
-call, on the event loop, at the same points as the data hand-over: ``partition_incoming``
+Pinned scans do not follow moves (``pinned_manager``): a snapshot never changes, so the
+slice that holds the leased snapshot - the base topology's owner, where the first page
+leased it - serves every page of its partition, also after the partition moved away (the
+source keeps a handed-over slice while a lease holds it, ``slice_copy``). The new owner
+could not serve it: its copy starts at the move's T1, after the pinned TS. A slice dropped
+meanwhile (its lease expired) answers SNAPSHOT_TOO_OLD naming the move.
+
+Tip scans follow moves. ``IndexScanMigrations`` is the hook the index rebalance calls, on
+the event loop, at the same points as the data hand-over: ``partition_incoming``
 before the target starts receiving a slice (a copy in progress is held but not open),
 ``partition_left`` when the source stops serving it (its entries are then skipped there, and
 later pages read them on ``to``), ``partition_arrived`` when the target's copy is complete
@@ -23,16 +30,76 @@ from then on only these hooks change it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
 from shardex.index.spans import Range
 from shardex.scan.elastic_migrations import MigrationManager
 from shardex.scan.elastic_node import Entry, ShardStore
 from shardex.scan.paging_store_spec import clip_ranges, ranges_as_spans
 
-__all__ = ["IndexScanMigrations", "IndexShardStore"]
+__all__ = [
+    "IndexScanMigrations",
+    "IndexShardStore",
+    "batch_view",
+    "pinned_manager",
+    "snapshot_gone",
+]
+
+MovedTo = Callable[[str, int], "str | None"]  # (index id, partition) -> new owner, if moved
+
+
+def pinned_manager(node: str, partitions: Iterable[int], latest_seq: int) -> MigrationManager:
+    """The migration view of one batch of a pinned scan: ``partitions`` (the base
+    topology's partitions of this node, or the virtual scan's) open, none ever leaving."""
+    return MigrationManager(node, partitions, known_topo=latest_seq)
+
+
+def batch_view(
+    engine: Any,
+    migrations: IndexScanMigrations,
+    node: str,
+    index_id: str,
+    ranges: list[Range],
+    snapshot: Timestamp | None,
+    latest_seq: int,
+    wanted: Iterable[int],
+    moved_to: MovedTo | None = None,
+) -> tuple[MigrationManager, IndexShardStore]:
+    """The migration view and the store of one batch on indexer ``node``: tips follow the
+    index's moves (its ``MigrationManager``), a pinned ``snapshot`` reads ``wanted`` here
+    whatever moved (``pinned_manager``)."""
+    if snapshot is None:
+        held = [s.partition for s in engine.slices(index_id)]
+        mm = migrations.manager(index_id, held, latest_seq)
+    else:
+        mm = pinned_manager(node, wanted, latest_seq)
+    store = IndexShardStore(engine, index_id, ranges, snapshot, mm, node=node, moved_to=moved_to)
+    return mm, store
+
+
+def snapshot_gone(
+    index_id: str, partition: int, node: str, moved_to: str | None, snapshot: Timestamp
+) -> ShardexError:
+    """SNAPSHOT_TOO_OLD for a pinned scan whose slice is gone from ``node`` (after a move,
+    its lease expired and the slice was dropped)."""
+    where = ""
+    if moved_to:
+        where = f" (the partition moved to {moved_to} and its slice here was dropped)"
+    return ShardexError(
+        f"slice {index_id}/{partition} on {node} no longer has the scan's snapshot at "
+        f"{snapshot!r}{where}",
+        code=ErrorCode.SNAPSHOT_TOO_OLD,
+        details={
+            "index": index_id,
+            "partition": partition,
+            "node": node,
+            "moved_to": moved_to,
+            "hint": "restart the scan (continuation=None)",
+        },
+    )
 
 
 class IndexScanMigrations:
@@ -114,16 +181,29 @@ class IndexShardStore(ShardStore):
         ranges: list[Range],
         snapshot: Timestamp | None,
         migrations: MigrationManager,
+        *,
+        node: str = "",
+        moved_to: MovedTo | None = None,
     ) -> None:
         self._engine = engine
         self._index_id = index_id
         self._ranges = ranges
         self._snapshot = snapshot
         self._mm = migrations
+        self._node = node
+        self._moved_to = moved_to
         self._opened: tuple[bytes | None, dict[int, Iterator[bytes]]] | None = None
 
     def _iterate(self, partition: int, ranges: list[Range]) -> Iterator[bytes]:
-        sl = self._engine.slice(self._index_id, partition)  # INDEX_NOT_FOUND if not here
+        try:
+            sl = self._engine.slice(self._index_id, partition)  # INDEX_NOT_FOUND if not here
+        except ShardexError as exc:
+            moved = None if self._moved_to is None else self._moved_to(self._index_id, partition)
+            if exc.code is ErrorCode.INDEX_NOT_FOUND and self._snapshot is not None and moved:
+                raise snapshot_gone(
+                    self._index_id, partition, self._node, moved, self._snapshot
+                ) from None
+            raise
         it: Iterator[bytes] = sl.scan(
             ranges_as_spans(ranges), snapshot_ts=self._snapshot, raw=True
         )  # INDEX_IN_ROLLBACK, SNAPSHOT_TOO_OLD, ... raised here

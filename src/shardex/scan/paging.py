@@ -65,10 +65,12 @@ class PageCoordinator:
         return Page(rows=rows, continuation=None if nxt is None else self._codec.encode(nxt))
 
     async def page_state(
-        self, scan: bytes, page_size: int, ck: Continuation
+        self, scan: bytes, page_size: int, ck: Continuation, *, first_base: int | None = None
     ) -> tuple[list[PageRow], Continuation | None]:
-        """The page after state ``ck`` (decoded); the next state, None at the end."""
-        base = self._base_topology(ck)
+        """The page after state ``ck`` (decoded); the next state, None at the end.
+        ``first_base``: the base topology a first page pins instead of the newest (a pinned
+        index scan's: the one whose owners leased its snapshot)."""
+        base = self._base_topology(ck, first_base)
         self.inflight = ck
         try:
             if ck.ordered:
@@ -77,9 +79,11 @@ class PageCoordinator:
         finally:
             self.inflight = None
 
-    def _base_topology(self, ck: Continuation) -> Topology:
+    def _base_topology(self, ck: Continuation, first_base: int | None = None) -> Topology:
         if ck.base_topo < 0:  # the very first page: pin the newest topology as the base
             latest = self._topologies.latest
+            if first_base is not None:
+                latest = self._topologies.get(first_base)
             if latest is None:
                 raise ShardexError("no topology has been published", code=ErrorCode.INTERNAL)
             ck.base_topo = latest.seq_num

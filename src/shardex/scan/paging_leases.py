@@ -6,16 +6,21 @@ TS. The proxy therefore (``paging_store_proxy``):
 
 * on the first page, once the TS is pinned, leases it on every slice of the index
   (``LeaseSnapshots`` mode ``lease``, a random lease id kept in the HMAC-covered context);
-* on every later page renews the lease on the indexers of the scan's base and latest
-  topologies (mode ``renew``, in parallel with the page's batches; an indexer not read on
-  this page must keep the snapshot too), so a scan idle for longer than ``LEASE_TTL`` loses
-  its snapshot and ends with SNAPSHOT_TOO_OLD as without leases;
-* releases it when the continuation ends (mode ``release``).
+* on every later page renews the lease on the indexers of the scan's base topology (mode
+  ``renew``, in parallel with the page's batches; an indexer not read on this page must keep
+  the snapshot too), so a scan idle for longer than ``LEASE_TTL`` loses its snapshot and
+  ends with SNAPSHOT_TOO_OLD as without leases. The base topology's owners are where every
+  page reads (a pinned scan does not follow moves, ``elastic_adapters_index``): a slice
+  that moved away is kept at its source while leased;
+* releases it when the continuation ends (mode ``release``, best effort).
 
-Renew and release are best effort per slice (a slice dropped after a move has nothing to
-keep); the first lease is not: it fails the first page (STALE_TOPOLOGY for a moved slice,
-retried on a fresh topology; SNAPSHOT_TOO_OLD when the TS is gone or the slice holds the
-most leased snapshots it may).
+The first lease fails the first page (STALE_TOPOLOGY for a moved slice, retried on a fresh
+topology; SNAPSHOT_TOO_OLD when the TS is gone or the slice holds the most leased snapshots
+it may). A renewal that finds the snapshot gone fails its page with SNAPSHOT_TOO_OLD naming
+the slice, before any row of that page reaches the client: the scan could not go on at its
+TS. A renewal that fails in transit (timeout, lost connection, node unavailable) is tried
+once more, then fails the page with that error: the page may be retried with the same
+continuation, and the lease may still hold.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
+from shardex.scan.elastic_adapters_index import snapshot_gone
 from shardex.scan.messages import WireTs
 
 if TYPE_CHECKING:
@@ -52,6 +58,11 @@ LEASE: Final = "lease"
 RENEW: Final = "renew"
 RELEASE: Final = "release"
 MODES: Final = (LEASE, RENEW, RELEASE)
+RENEW_ATTEMPTS: Final = 2  # a renewal that failed in transit is tried once more
+# Failures that say nothing about the snapshot: the request or its answer was lost.
+TRANSIENT: Final = frozenset(
+    {ErrorCode.TIMEOUT, ErrorCode.CONNECTION_CLOSED, ErrorCode.NODE_UNAVAILABLE}
+)
 
 
 class LeaseSnapshots(Message, tag="scan.LeaseSnapshots"):
@@ -87,14 +98,30 @@ async def serve_lease(index: IndexService, node: str, msg: LeaseSnapshots) -> Sn
     engine = index.engine
 
     def one(p: int) -> None:
-        sl = engine.slice(msg.index_id, p)  # INDEX_NOT_FOUND
+        try:
+            sl = engine.slice(msg.index_id, p)  # INDEX_NOT_FOUND
+        except ShardexError as exc:
+            moved = index.slice_moves.moved_to(msg.index_id, p)
+            if msg.mode != RENEW or exc.code is not ErrorCode.INDEX_NOT_FOUND or ts is None:
+                raise
+            # Renewing a slice that is gone: the snapshot went with it.
+            raise snapshot_gone(msg.index_id, p, node, moved, ts) from None
         if msg.mode == RELEASE:
             sl.release_lease(msg.lease_id)
             return
         if msg.mode == LEASE:  # a new scan: refuse a slice handed over (retryable)
             index.slice_moves.check_serving(msg.index_id, p)
         assert ts is not None
-        sl.lease_snapshot(ts, msg.lease_id, msg.ttl)
+        try:
+            sl.lease_snapshot(ts, msg.lease_id, msg.ttl)  # SNAPSHOT_TOO_OLD once gone
+        except ShardexError as exc:
+            if exc.code is not ErrorCode.SNAPSHOT_TOO_OLD:
+                raise
+            where = {"index": msg.index_id, "partition": p, "node": node}
+            hint = exc.details.get("hint") or "restart the scan (continuation=None)"
+            raise ShardexError(
+                exc.message, code=exc.code, details={**exc.details, **where, "hint": hint}
+            ) from None
 
     def run() -> list[int]:
         done = []
@@ -102,13 +129,16 @@ async def serve_lease(index: IndexService, node: str, msg: LeaseSnapshots) -> Sn
             try:
                 one(p)
             except ShardexError:
-                if msg.mode == LEASE:
+                if msg.mode != RELEASE:
                     raise
-                continue  # renew / release: best effort per slice
+                continue  # release: best effort per slice
             done.append(p)
         return done
 
-    return SnapshotsLeased(node=node, leased=await index._run(run))
+    leased = await index._run(run)
+    if msg.mode == RELEASE:
+        index.slice_moves.lease_released(msg.index_id, leased)
+    return SnapshotsLeased(node=node, leased=leased)
 
 
 Ask = Callable[[str, LeaseSnapshots], Awaitable[SnapshotsLeased]]
@@ -131,18 +161,24 @@ async def lease_on_nodes(
     mode: str,
     ts: WireTs | None,
 ) -> None:
-    """``mode`` on every node in parallel. ``lease`` raises the first failure; renew and
-    release only log (the page's own reads answer for a lost snapshot)."""
+    """``mode`` on every node in parallel. ``lease`` and ``renew`` raise the first failure
+    (a renewal that failed in transit is tried once more first); ``release`` only logs."""
 
     async def one(node: str, parts: list[int]) -> None:
         msg = LeaseSnapshots(
             index_id=index_id, partitions=parts, lease_id=lease_id, mode=mode, ts=ts
         )
-        try:
-            await ask(node, msg)
-        except ShardexError as exc:
-            if mode == LEASE:
-                raise
-            log.info("snapshot lease %s (%s) on %s: %s", lease_id, mode, node, exc)
+        for attempt in range(RENEW_ATTEMPTS if mode == RENEW else 1):
+            try:
+                await ask(node, msg)
+                return
+            except ShardexError as exc:
+                if mode == RELEASE:
+                    log.info("snapshot lease %s (release) on %s: %s", lease_id, node, exc)
+                    return
+                if mode == LEASE or exc.code not in TRANSIENT or attempt + 1 >= RENEW_ATTEMPTS:
+                    raise
+                log.info("snapshot lease %s: renewal on %s failed (%s); once more", lease_id,
+                         node, exc)  # fmt: skip
 
     await asyncio.gather(*(one(n, ps) for n, ps in by_node.items()))

@@ -13,10 +13,12 @@ Consistency and stability of paged index scans (the choice this module makes):
   indexer of the index holds a stability TS covering the keyspace's high seqnos (or the
   caller's TS), pins the oldest of their answers (the one all of them have a snapshot at) in
   the continuation, and *every* page reads exactly that snapshot: the pages together are one
-  consistent state. The first page leases that snapshot on every slice and later pages renew
-  the lease (``paging_leases``), so the indexers keep it beyond their last K; a snapshot
-  released meanwhile (the lease expired, or too many leased) ends the scan with
-  SNAPSHOT_TOO_OLD (restart it).
+  consistent state. The first page leases that snapshot on every slice of the topology it
+  asked and pins that topology as the scan's base; later pages renew the lease there
+  (``paging_leases``), so the indexers keep it beyond their last K, and read every partition
+  there too, also one that moved meanwhile (its source keeps the leased slice; the new
+  owner's copy is newer than the pinned TS). A snapshot released meanwhile (the lease
+  expired, or too many leased) ends the scan with SNAPSHOT_TOO_OLD (restart it).
 * not_bounded (default stability "none"): every page reads the slices' tips; with stability
   "scan" the first page pins the newest common stability TS without waiting.
 * request_plus / at_plus with stability "none": the first page waits as above, then every
@@ -30,7 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING, Final
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
@@ -87,6 +90,8 @@ if TYPE_CHECKING:
     from shardex.index.service import IndexService
 
 __all__ = ["PagingService"]
+
+T = TypeVar("T")
 
 BATCH_TIMEOUT: Final = 2 * ARRIVAL_TIMEOUT + 15.0  # a shard may wait for both, then read
 RPC_MARGIN: Final = 10.0
@@ -189,26 +194,29 @@ class PagingService:
             ck = self.codec.decode(msg.continuation, expect_digest=digest)
         desc: list[bool] = []
         lease = ""
+        first_base: int | None = None
         if msg.index == PRIMARY:
             spec, history = await self._primary(msg, ck)
         else:
-            rec, spec, history = await self._index(msg, ck, stability)
+            rec, spec, history, first_base = await self._index(msg, ck, stability)
             desc = list(rec.definition.desc)
             lease = decode_context(ck.context).lease
         what = f"keyspace {msg.keyspace!r}" if spec.primary else f"index {msg.index!r}"
         coordinator = PageCoordinator(HistoryLookup(history, what), self._call, self.codec)
         base_topo = ck.base_topo
-        page = coordinator.page_state(encode_spec(spec), msg.page_size, ck)
+        page = coordinator.page_state(encode_spec(spec), msg.page_size, ck, first_base=first_base)
         if lease and base_topo >= 0:  # a later page of a pinned scan: renew its lease
+            # Where the first page leased it: the base owners serve every page of a pinned
+            # scan. A snapshot gone there fails this page (SNAPSHOT_TOO_OLD), rows and all.
             nodes = _lease_nodes(history, base_topo)
             renew = lease_on_nodes(
                 self._lease_call, nodes, spec.index_id, lease, RENEW, spec.snapshot
             )
-            (rows, nxt), _ = await asyncio.gather(page, renew)
+            rows, nxt = await _with_renewal(page, renew)
         else:
             rows, nxt = await page
         if lease and nxt is None:  # the continuation ends: the indexers may let it go
-            nodes = _lease_nodes(history, base_topo)
+            nodes = _lease_nodes(history, ck.base_topo)
             await lease_on_nodes(self._lease_call, nodes, spec.index_id, lease, RELEASE, None)
         return PageScanReply(
             entries=[r.key for r in rows],
@@ -237,9 +245,12 @@ class PagingService:
 
     async def _index(
         self, msg: PageScan, ck: Continuation, stability: str
-    ) -> tuple[IndexRecord, PagedScanSpec, list[Topology]]:
+    ) -> tuple[IndexRecord, PagedScanSpec, list[Topology], int | None]:
+        """(The index, the scan's spec, the index's topology history, the base topology a
+        first page must pin: None for the newest)."""
         rec, topo = await self.scan.resolve(msg.keyspace, msg.index)
         spans = to_wire_spans(encode_spans(msg.spans, rec.definition))
+        first_base: int | None = None
         if ck.base_topo >= 0:  # a later page: read what the first one pinned
             ctx = decode_context(ck.context)
             if ctx.index_id != rec.id:
@@ -250,25 +261,28 @@ class PagingService:
                 )
             snapshot = ctx.snapshot
         else:
-            snapshot, lease = await self._first_snapshot(msg, rec, topo, stability)
+            snapshot, lease, leased_on = await self._first_snapshot(msg, rec, topo, stability)
             ck.context = encode_context(
                 PageContext(index_id=rec.id, snapshot=snapshot, lease=lease)
             )
+            if lease:  # the pages read where the snapshot is leased
+                first_base = leased_on.seq_num
+        needed = ck.base_topo if ck.base_topo >= 0 else first_base
         state = await self.view.state()
         history = state.index_topologies.get(rec.id) or []
-        if ck.base_topo >= 0 and not has_topology(history, ck.base_topo):
+        if needed is not None and not has_topology(history, needed):
             state = await self.view.state(fresh=True)
             history = state.index_topologies.get(rec.id) or []
         if not history:
             history = [topo]
         spec = PagedScanSpec(keyspace=msg.keyspace, index_id=rec.id, spans=spans, snapshot=snapshot)
-        return rec, spec, history
+        return rec, spec, history, first_base
 
     async def _first_snapshot(
         self, msg: PageScan, rec: IndexRecord, topo: Topology, stability: str
-    ) -> tuple[dict[int, tuple[int, int]] | None, str]:
+    ) -> tuple[dict[int, tuple[int, int]] | None, str, Topology]:
         """(The stability TS every page reads (None: the tips), after the first page's wait;
-        the id of its lease on every slice, "" for none)."""
+        the id of its lease on every slice, "" for none; the topology it was leased on)."""
         wait_for: Timestamp | None = None
         if msg.consistency == REQUEST_PLUS:
             wait_for = await self.view.high_seqnos(msg.keyspace)
@@ -276,7 +290,7 @@ class PagingService:
             assert msg.at is not None
             wait_for = Timestamp.from_wire(msg.at)
         if stability == STABILITY_NONE and wait_for is None:
-            return None, ""
+            return None, "", topo
         wire = None if wait_for is None else dict(wait_for.to_wire())
 
         async def ask(node: str, parts: list[int]) -> Timestamp:
@@ -289,8 +303,10 @@ class PagingService:
             return Timestamp.from_wire(reply.ts)
 
         lease = uuid.uuid4().hex if stability != STABILITY_NONE else ""
+        used = [topo]
 
         async def ask_all(t: Topology) -> dict[int, tuple[int, int]] | None:
+            used[0] = t
             by_node = placement(t)
             tss = await asyncio.gather(*(ask(n, ps) for n, ps in by_node.items()))
             if stability == STABILITY_NONE:
@@ -307,10 +323,28 @@ class PagingService:
             lambda: self.scan.resolve(msg.keyspace, msg.index, fresh=True),
             attempts=OPEN_ATTEMPTS,
         )
-        return pin, lease
+        return pin, lease, used[0]
+
+
+async def _with_renewal(page: Awaitable[T], renew: Awaitable[None]) -> T:
+    """The page's result once the renewal succeeded too; the first failure of either
+    cancels the other (a page whose snapshot is gone returns no row)."""
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(page), asyncio.ensure_future(renew)]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+        result: T = tasks[0].result()
+        return result
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _lease_nodes(history: list[Topology], base_topo: int) -> dict[str, list[int]]:
-    """Where a pinned scan's lease lives: the slices of its base and latest topologies."""
+    """Where a pinned scan's lease lives: the slices of its base topology (the first page
+    leased it there, and every page reads there)."""
     base = next((t for t in history if t.seq_num == base_topo), None)
-    return placement(base, history[-1] if history else None)
+    return placement(base)

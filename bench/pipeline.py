@@ -18,6 +18,11 @@ user documents (``shardex.demo.datagen``), two indexes (``pipeline_common.INDEXE
 4. the floor of a micro-batch: single isolated writes, ack -> stability p50 and the
    batch's BatchStats.total (``pipeline_maintain.py``).
 
+``--ab`` runs parts 3 and 4 a second time on a new driver whose batches run their
+deliver/stabilise round inside ``foreachBatch`` (``overlap_stabilize=False``: no overlap with
+Spark's commit, no read-ahead), on the same cluster minutes later: the pair is the
+comparison, not either figure alone.
+
 "gap x" is how far from the target, > 1 short of it: measured / target for times and
 latencies, target / measured for rates. PostgreSQL runs first (and is stopped) so the two
 never share the machine. Everything is stopped and removed at the end, also on errors and
@@ -64,6 +69,7 @@ class Plan:
     load_files: int = 3  # ``shardex load`` processes
     seed: int = SEED
     parts: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    ab: bool = False  # parts 3 and 4 again without the overlapped round (``--ab``)
 
 
 QUICK = {"docs": 50_000, "mutations": 20_000, "fresh_seconds": 10.0, "floor_writes": 10}
@@ -86,9 +92,14 @@ class Context:
     threads: int
     seed: int
 
-    def new_driver(self) -> InProcessDriver:
+    def new_driver(self, overlap: bool = True) -> InProcessDriver:
         return InProcessDriver(
-            self.spark, self.cluster_dir, self.work / "checkpoints", self.batches, DRIVER_POLL
+            self.spark,
+            self.cluster_dir,
+            self.work / "checkpoints",
+            self.batches,
+            DRIVER_POLL,
+            overlap=overlap,
         )
 
 
@@ -168,6 +179,22 @@ def run(plan: Plan) -> dict[str, Any]:
                         rows, st = floor(ctx, driver, plan.floor_writes)
                         tables["4 floor"] = rows
                         stats.extend(st)
+                    if plan.ab and (3 in plan.parts or 4 in plan.parts):
+                        # The same parts again with each batch's round inside foreachBatch
+                        # (no overlap with Spark's commit, no read-ahead), same cluster, same
+                        # minutes of machine load: the ratio is the figure.
+                        driver.stop()
+                        driver = ctx.new_driver(overlap=False)
+                        wait_started(ctx, driver)
+                        tag = " / no overlap"
+                        if 3 in plan.parts:
+                            rows, st = freshness(ctx, driver, plan.rate, plan.fresh_seconds)
+                            tables["3 freshness" + tag] = _tagged(rows, tag)
+                            stats.extend(_tagged(st, tag))
+                        if 4 in plan.parts:
+                            rows, st = floor(ctx, driver, plan.floor_writes)
+                            tables["4 floor" + tag] = _tagged(rows, tag)
+                            stats.extend(_tagged(st, tag))
                     tables["per-batch medians (BatchStats, ms)"] = [
                         r for r in stats if "triggerExecution" not in r
                     ]
@@ -178,6 +205,19 @@ def run(plan: Plan) -> dict[str, Any]:
                     if driver is not None:
                         driver.stop()
     return {"tables": tables, **extra}
+
+
+def _tagged(rows: list[Row], tag: str) -> list[Row]:
+    return [{**r, "part": f"{r['part']}{tag}"} for r in rows]
+
+
+def wait_started(ctx: Context, driver: InProcessDriver, timeout: float = 300.0) -> None:
+    """Until the new driver's query has published a batch: a write, then its stability."""
+    from bench.pipeline_common import wait_covered
+
+    ks = ctx.client.keyspace(KEYSPACE)
+    r = ks.upsert("bench-warmup", b'{"id": "bench-warmup"}')
+    wait_covered(ctx.client, ctx.ids, {r.partition: r.seqno}, timeout=timeout)
 
 
 def build_summary(
@@ -237,6 +277,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
     ap.add_argument("--partitions", type=int, help="keyspace partitions (64)")
     ap.add_argument("--part", type=int, action="append", choices=[1, 2, 3, 4],
                     help="parts to run (repeatable; the build always runs)")  # fmt: skip
+    ap.add_argument("--ab", action="store_true",
+                    help="parts 3 and 4 again, each batch's round inside foreachBatch")  # fmt: skip
     ap.add_argument("--json", type=Path, help="where to write the JSON")
     args = ap.parse_args(argv)
     plan = Plan(**QUICK) if args.quick else Plan()
@@ -251,6 +293,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
             setattr(plan, attr, getattr(args, name))
     if args.part:
         plan.parts = sorted(set(args.part))
+    plan.ab = args.ab
     default = "pipeline-quick.json" if args.quick else "pipeline.json"
     return plan, args.json or RESULTS_DIR / default
 

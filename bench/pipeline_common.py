@@ -123,7 +123,13 @@ class InProcessDriver:
     it); ``stop()`` stops its queries. A new one on the same checkpoint root resumes."""
 
     def __init__(
-        self, spark: Any, cluster_dir: Path, checkpoints: Path, batches: BatchLog, poll: float
+        self,
+        spark: Any,
+        cluster_dir: Path,
+        checkpoints: Path,
+        batches: BatchLog,
+        poll: float,
+        overlap: bool = True,
     ) -> None:
         from shardex.client import connect_local
         from shardex.pipeline.driver import PipelineDriver
@@ -136,6 +142,7 @@ class InProcessDriver:
             checkpoints,
             poll=poll,
             on_batch=batches,
+            overlap_stabilize=overlap,
         )
         self.thread = threading.Thread(target=self.driver.run, name="pipeline-driver", daemon=True)
         self.started = time.time()
@@ -246,6 +253,8 @@ def batch_row(part: str, records: Sequence[tuple[float, Any]]) -> Row:
     row["total p90 ms"] = ms(percentile(totals, 90))
     row["retries"] = sum(s.retries for s in stats)
     row["on driver"] = sum(1 for s in stats if getattr(s, "on_driver", False))
+    # key versions the batch took from the read-ahead (read while Spark committed the last)
+    row["read ahead kv"] = statistics.median(getattr(s, "read_ahead", 0) for s in stats)
     return row
 
 

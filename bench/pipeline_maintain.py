@@ -5,8 +5,10 @@
    is started on the same checkpoints and timed until the published stability TS (the
    timekeeper's, ``client.stability``) covers the high seqnos: mutations/s, from the restart
    and from the start of the first batch (the query's start-up excluded).
-3. Freshness: writer processes (threads pacing ``upsert_many`` chunks every 20 ms) offer
-   ``rate`` mutations/s for ``seconds``; each chunk's ack time and the (partition, seqno) of
+3. Freshness: writer processes (threads pacing ``upsert_many`` chunks every 20 ms; a thread
+   behind its schedule sends everything due in one bigger chunk, up to 1000, so the offered
+   rate holds while each call's round trip is slow) offer ``rate`` mutations/s for
+   ``seconds``; each chunk's ack time and the (partition, seqno) of
    every write are kept; a poller process reads the published stability TS every ~10 ms.
    Per write: the first poll at or after its ack whose TS covers it, minus the ack time.
 4. The empty-micro-batch floor: single writes, one every ~1 s, each after the previous one
@@ -44,7 +46,8 @@ from bench.pipeline_common import (
 )
 from bench.runner import Row
 
-TICK = 0.02  # a paced writer thread sends one chunk every TICK seconds
+TICK = 0.02  # a paced writer thread sends one chunk every TICK seconds (more when behind)
+MAX_CHUNK = 1000  # the most one paced call sends (a writer far behind catches up in these)
 POLL = 0.01
 
 
@@ -90,16 +93,20 @@ def writer_main(
                     now = time.time()
                     acks[k].extend((r.partition, r.seqno, now) for r in res)
                 return
+            # Paced by the clock, not by the calls: each call sends what is due by now (at
+            # least one tick's worth, at most MAX_CHUNK), so a slow round trip makes the next
+            # chunk bigger instead of lowering the offered rate; ahead of the schedule the
+            # thread sleeps until its next chunk is due.
             per_tick = max(1, round(rate_per_thread * TICK))
-            n = 0
-            i = 0
-            while i < len(mine) and time.time() < begin + seconds:
-                res = ks.upsert_many(mine[i : i + per_tick], chunk_size=per_tick)
+            sent = 0
+            while sent < len(mine) and time.time() < begin + seconds:
+                due = int(rate_per_thread * (time.time() - begin))
+                n = min(max(due - sent, per_tick), MAX_CHUNK, len(mine) - sent)
+                res = ks.upsert_many(mine[sent : sent + n], chunk_size=n)
                 now = time.time()
                 acks[k].extend((r.partition, r.seqno, now) for r in res)
-                i += per_tick
-                n += 1
-                delay = begin + n * TICK - time.time()
+                sent += n
+                delay = begin + sent / rate_per_thread - now
                 if delay > 0:
                     time.sleep(delay)
         except BaseException as exc:

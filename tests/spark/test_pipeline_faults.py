@@ -16,6 +16,7 @@ The node-kill and driver-process tests are marked slow (``-m slow``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -37,11 +38,13 @@ from pipeline_helpers import Writer, check_oracle, mutate, stability_of, wait_st
 
 from shardex.cli.localcluster import spawn_pipeline
 from shardex.client import Client, connect_local
+from shardex.index.delivery_messages import DeliverKeyVersions
 from shardex.manager.index_state import find_index, latest_index_topology
+from shardex.net.messages import Message
 from shardex.node.state import pid_alive
-from shardex.pipeline import maintain
+from shardex.pipeline import indexers
 from shardex.pipeline.driver import PipelineDriver
-from shardex.pipeline.indexers import DeliveryReport, index_state
+from shardex.pipeline.indexers import index_state
 from shardex.pipeline.process import LOG_FILE, pipeline_dir, pipeline_pid
 from shardex.pipeline.rollback import current_generation
 
@@ -167,26 +170,31 @@ class Retries(logging.Handler):
 
 
 class DeliveryHook:
-    """Wraps the maintenance job's ``deliver``: once armed, the next batch that delivers rows
-    to ``node`` runs ``action`` after the delivery returned and before its stabilise (the
-    window in which an indexer holds a batch only in its memory queue)."""
+    """Wraps the pipeline's calls to indexers: once armed, the next batch that delivers rows
+    to ``node`` runs ``action`` after one of its earlier frames (``DeliverKeyVersions``)
+    returned and before its last one (``DeliverAndStabilize``): the window in which an
+    indexer holds part of a batch only in its memory queue. Frames are cut at
+    ``FRAME_ROWS`` rows here, so most batches have earlier frames."""
+
+    FRAME_ROWS = 8
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.armed: tuple[str, Callable[[], None]] | None = None
         self.fired = threading.Event()
-        self._deliver = maintain.deliver
-        monkeypatch.setattr(maintain, "deliver", self._wrapped)
+        self._to_node = indexers._to_node
+        monkeypatch.setattr(indexers, "_to_node", self._wrapped)
+        monkeypatch.setattr(indexers, "MAX_ROWS_PER_FRAME", self.FRAME_ROWS)
 
-    def _wrapped(
-        self, client: Client, keyspace: str, batch_id: int, by_node: dict[str, list[Any]]
-    ) -> DeliveryReport:
-        report = self._deliver(client, keyspace, batch_id, by_node)
+    async def _wrapped(
+        self, client: Client, node: str, msg: Message, expect: type[Any], timeout: Any = None
+    ) -> Any:
+        reply = await self._to_node(client, node, msg, expect, timeout)
         armed = self.armed
-        if armed is not None and by_node.get(armed[0]):
+        if armed is not None and node == armed[0] and isinstance(msg, DeliverKeyVersions):
             self.armed = None
-            armed[1]()
+            await asyncio.to_thread(armed[1])  # off the client's event loop
             self.fired.set()
-        return report
+        return reply
 
     def arm(self, node: str, action: Callable[[], None]) -> None:
         self.fired.clear()
@@ -199,10 +207,10 @@ def test_kill_indexer_node_mid_stream(env: Env, monkeypatch: pytest.MonkeyPatch)
     """Each node (its data partitions and index slices) is killed with SIGKILL once while a
     writer runs: (0) node3 at an arbitrary moment, restarted after a few seconds; (1) node1
     (the seed: coordinator master, and the node the driver's timekeeper calls go to) between
-    a batch's delivery and its stabilise, restarted after a few seconds: the batch's retries
-    ride out the outage; (2) node2 killed and restarted inside that window: the stabilise
-    reaches a new incarnation that never saw the batch and is refused (STALE_DELIVERY), the
-    batch is delivered again."""
+    a batch's first frames and its last (the stabilise), restarted after a few seconds: the
+    batch's retries ride out the outage; (2) node2 killed and restarted inside that window:
+    the last frame reaches a new incarnation that never saw the first ones and is refused
+    (STALE_DELIVERY), the batch is delivered again."""
     client = env.client
     for i in (1, 2):
         assert f"node{i}" in slice_nodes(client, "by_name") & slice_nodes(client, "by_age")

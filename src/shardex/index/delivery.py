@@ -8,6 +8,9 @@ is atomic with respect to the DDL calls (allocate, drop) and to the other handle
 * ``DeliverKeyVersions`` -> ``IndexerEngine.enqueue``: rows of a slice this node does not
   host (dropped meanwhile, another keyspace) are counted ``unknown``; re-deliveries
   ``dropped``. The reply names this process's ``incarnation``.
+* ``DeliverAndStabilize``: both of the above in one engine call (the maintenance stream's
+  one round trip per node and batch); only the batch's earlier frames, if any, can have
+  gone to another incarnation (checked as for a stabilise).
 * ``StabilizeSlices`` -> ``IndexerEngine.stabilize_many``: one atomic, synced write for every
   listed index. It is refused with ``STALE_DELIVERY`` when the pipeline delivered the batch to
   another incarnation (this process restarted since: the queue it filled is gone). Slices
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.delivery_messages import (
+    DeliverAndStabilize,
     Delivered,
     DeliverKeyVersions,
     LoadChunk,
@@ -47,6 +51,7 @@ from shardex.index.delivery_messages import (
     Stabilized,
     StabilizeSlices,
 )
+from shardex.index.engine import EnqueueResult
 from shardex.index.messages import SliceInfo
 from shardex.index.spans import Span
 from shardex.net import Connection, RpcServer
@@ -77,6 +82,7 @@ class IndexDelivery:
     def install(self, server: RpcServer) -> None:
         server.route(DeliverKeyVersions, self.on_deliver)
         server.route(StabilizeSlices, self.on_stabilize)
+        server.route(DeliverAndStabilize, self.on_deliver_and_stabilize)
         server.route(PublishStability, self.on_publish)
         server.route(LoadChunk, self.on_load_chunk)
         server.route(LoadFinish, self.on_load_finish)
@@ -154,21 +160,65 @@ class IndexDelivery:
         ts = Timestamp.from_wire(msg.ts)
 
         def run() -> StabilizeManyResult:
-            for index_id in msg.index_ids:
-                for s in engine.slices(index_id):
-                    if s.definition.keyspace != msg.keyspace:
-                        raise ShardexError(
-                            f"index {index_id} is in keyspace {s.definition.keyspace}, "
-                            f"not {msg.keyspace}",
-                            code=ErrorCode.BAD_REQUEST,
-                            details={"index": index_id, "keyspace": msg.keyspace},
-                        )
+            self._check_keyspace(engine, msg.keyspace, msg.index_ids)
             return engine.stabilize_many(msg.index_ids, ts)
 
         res = await self.service._run(run)
-        if msg.moving:  # an index move's target: this batch reached its copy too
-            self.service.slice_moves.note_routed(msg.moving, ts)
-        self._notify(msg.index_ids)
+        return self._stabilized(msg.index_ids, msg.moving, ts, res, None)
+
+    async def on_deliver_and_stabilize(
+        self, msg: DeliverAndStabilize, conn: Connection
+    ) -> Stabilized:
+        """``on_deliver`` then ``on_stabilize`` in one engine call: the rows are queued by the
+        process that stabilises them, so only the frames sent before (``incarnation``) can
+        belong to a previous one."""
+        self._check_incarnation(
+            msg.incarnation,
+            "the batch's earlier frames",
+            "deliver the whole batch again, then stabilise",
+            {"keyspace": msg.keyspace, "batch_id": msg.batch_id},
+        )
+        engine = self._engine()
+        ts = Timestamp.from_wire(msg.ts)
+
+        def run() -> tuple[EnqueueResult, StabilizeManyResult]:
+            self._check_keyspace(engine, msg.keyspace, msg.index_ids)
+            queued = engine.enqueue(msg.rows, keyspace=msg.keyspace)
+            return queued, engine.stabilize_many(msg.index_ids, ts)
+
+        queued, res = await self.service._run(run)
+        if queued.unknown:
+            log.info(
+                "batch %d of %s: %d row(s) for slices not on %s",
+                msg.batch_id,
+                msg.keyspace,
+                queued.unknown,
+                self.node,
+            )
+        return self._stabilized(msg.index_ids, msg.moving, ts, res, queued)
+
+    @staticmethod
+    def _check_keyspace(engine: IndexerEngine, keyspace: str, index_ids: list[str]) -> None:
+        for index_id in index_ids:
+            for s in engine.slices(index_id):
+                if s.definition.keyspace != keyspace:
+                    raise ShardexError(
+                        f"index {index_id} is in keyspace {s.definition.keyspace}, not {keyspace}",
+                        code=ErrorCode.BAD_REQUEST,
+                        details={"index": index_id, "keyspace": keyspace},
+                    )
+
+    def _stabilized(
+        self,
+        index_ids: list[str],
+        moving: dict[str, list[int]],
+        ts: Timestamp,
+        res: StabilizeManyResult,
+        queued: EnqueueResult | None,
+    ) -> Stabilized:
+        if moving:  # an index move's target: this batch reached its copy too
+            self.service.slice_moves.note_routed(moving, ts)
+        self._notify(index_ids)
         acks = [
             SliceAck(
                 index_id=r.index_id,
@@ -179,8 +229,15 @@ class IndexDelivery:
             )
             for r in res.slices
         ]
+        q = queued if queued is not None else EnqueueResult()
         return Stabilized(
-            node=self.node, incarnation=self.service.incarnation, acks=acks, missing=res.missing
+            node=self.node,
+            incarnation=self.service.incarnation,
+            acks=acks,
+            missing=res.missing,
+            accepted=q.accepted,
+            dropped=q.dropped,
+            unknown=q.unknown,
         )
 
     async def on_publish(self, msg: PublishStability, conn: Connection) -> StabilityPublished:

@@ -1,9 +1,11 @@
 """Pipeline -> indexer messages: delivery, stabilise, publish, initial-build loads, status.
 
-The maintenance stream sends, per micro-batch and per indexer node, one ``DeliverKeyVersions``
-(the router's rows for that node, in frames of at most ``MAX_ROWS_PER_FRAME``), then the
-timekeeper sends ``StabilizeSlices`` and, once every indexer has acknowledged,
-``PublishStability``. Initial builds stream ``LoadChunk`` rows into a slice and end with
+The maintenance stream sends, per micro-batch and per indexer node, one
+``DeliverAndStabilize`` (the router's rows for that node and the batch's end TS: queue, then
+stabilise; a node's rows beyond ``MAX_ROWS_PER_FRAME`` go ahead as ``DeliverKeyVersions``);
+the timekeeper checks the replies and, once every slice has acknowledged, sends
+``PublishStability``. ``StabilizeSlices`` is the timekeeper's own round (initial builds,
+idle rounds for index moves). Initial builds stream ``LoadChunk`` rows into a slice and end with
 ``LoadFinish``. See ``docs/decisions.md``, "Index pipeline".
 
 Timestamps travel in wire form: data partition -> (seqno, partition uuid).
@@ -24,6 +26,7 @@ from shardex.net.messages import Message
 
 __all__ = [
     "MAX_ROWS_PER_FRAME",
+    "DeliverAndStabilize",
     "DeliverKeyVersions",
     "Delivered",
     "LoadChunk",
@@ -81,6 +84,25 @@ class StabilizeSlices(Message, tag="index.StabilizeSlices"):
     moving: dict[str, list[int]] = msgspec.field(default_factory=dict)
 
 
+class DeliverAndStabilize(Message, tag="index.DeliverAndStabilize"):
+    """Pipeline -> indexer, one round trip per node and batch: queue ``rows`` (as
+    ``DeliverKeyVersions``) and then stabilise every local slice of ``index_ids`` at ``ts``
+    (as ``StabilizeSlices``), in one call on the indexer's I/O thread. Frames before this
+    one (a node's rows over ``MAX_ROWS_PER_FRAME``) go as ``DeliverKeyVersions``;
+    ``incarnation`` names the process that took them ("" = none: any is fine), and a
+    restarted indexer refuses with ``STALE_DELIVERY`` before queueing anything. The reply is
+    ``Stabilized`` with the delivery counts; the pipeline hands the replies to the
+    timekeeper (``AdvanceStability.stabilized``), which checks and publishes."""
+
+    keyspace: str
+    batch_id: int
+    rows: list[WireKeyVersion]
+    ts: WireTs
+    index_ids: list[str]
+    incarnation: str = ""
+    moving: dict[str, list[int]] = msgspec.field(default_factory=dict)
+
+
 class SliceAck(msgspec.Struct, frozen=True, kw_only=True):
     index_id: str
     partition: int
@@ -94,6 +116,10 @@ class Stabilized(Message, tag="index.Stabilized"):
     incarnation: str
     acks: list[SliceAck]
     missing: list[str] = msgspec.field(default_factory=list)  # index ids with no local slice
+    # DeliverAndStabilize only: what its rows did (as ``Delivered``)
+    accepted: int = 0
+    dropped: int = 0
+    unknown: int = 0
 
 
 class PublishStability(Message, tag="index.PublishStability"):

@@ -7,7 +7,9 @@ timekeeper:
 12. decides the stability TS: the batch's end offset ``ts``, for the listed indexes that
     exist in this node's replica of the coordinator state (the rest are ``skipped``);
 13. sends ``StabilizeSlices`` to every indexer node the latest index topologies name, in
-    parallel, each with the incarnation the batch was delivered to there;
+    parallel, each with the incarnation the batch was delivered to there (the maintenance
+    stream does 13-15 itself with ``DeliverAndStabilize``, one round trip per indexer, and
+    brings the replies in ``AdvanceStability.stabilized``: they are checked in 16 alike);
 14. (the indexers apply their queues up to ``ts`` in one atomic write and snapshot it);
 15. waits for every ACK. Any failure (no connection, timeout, ``STALE_DELIVERY`` from an
     indexer that restarted since the delivery, a refusal) fails the whole request and
@@ -227,7 +229,13 @@ class Timekeeper:
         ts = Timestamp.from_wire(msg.ts)  # BAD_REQUEST for a negative seqno
         wire = ts.to_wire()
         plan = plan_stabilize(self._state(), msg.keyspace, msg.index_ids, msg.moving)
-        replies = await self._stabilize_all(msg, plan, wire)
+        if msg.stabilized is not None:
+            # The pipeline's DeliverAndStabilize did steps 13-15: the replies it brings are
+            # checked like our own (a node of the plan that did not answer keeps its indexes
+            # from being published).
+            replies = {n: r for n, r in msg.stabilized.items() if n in plan.by_node}
+        else:
+            replies = await self._stabilize_all(msg, plan, wire)
         stabilized = loop.time()
         ready, not_ready = verify_acks(plan, replies, ts)
         skipped = {**plan.skipped, **not_ready}

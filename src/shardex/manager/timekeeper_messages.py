@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shardex.index.delivery_messages import WireTs
+from shardex.index.delivery_messages import Stabilized, WireTs
 from shardex.net.messages import Message
 
 __all__ = ["AdvanceStability", "StabilityAdvanced", "StabilityReply", "StabilityRequest"]
@@ -13,7 +13,8 @@ __all__ = ["AdvanceStability", "StabilityAdvanced", "StabilityReply", "Stability
 class AdvanceStability(Message, tag="manager.AdvanceStability"):
     """Stabilise ``index_ids`` of ``keyspace`` at ``ts`` (the batch's end offset) on every
     indexer hosting them, wait for all ACKs, then publish ``ts`` as their stability TS.
-    ``incarnations``: node -> the indexer incarnation the batch was delivered to."""
+    ``incarnations``: node -> the indexer incarnation the batch was delivered to. With
+    ``stabilized`` the indexers were stabilised already: only check and publish."""
 
     keyspace: str
     ts: WireTs
@@ -23,6 +24,9 @@ class AdvanceStability(Message, tag="manager.AdvanceStability"):
     # index id -> index partition -> target indexer of a move: this batch was routed to
     # the target too, so the target takes part in the round (not in the publish check)
     moving: dict[str, dict[int, str]] = msgspec.field(default_factory=dict)
+    # node -> the indexer's reply, when the pipeline stabilised the indexers itself
+    # (``DeliverAndStabilize``): the timekeeper checks them instead of sending its own round
+    stabilized: dict[str, Stabilized] | None = None
 
 
 class StabilityAdvanced(Message, tag="manager.StabilityAdvanced"):

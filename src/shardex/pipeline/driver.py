@@ -72,9 +72,12 @@ class PipelineDriver:
         trigger_interval: str = "0 seconds",
         on_batch: Callable[[BatchStats], None] | None = None,
         driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
+        overlap_stabilize: bool = True,
     ) -> None:
         self.spark = spark
         self.driver_read_max = driver_read_max
+        # False: each batch's round runs inside foreachBatch (``MaintenanceJob``)
+        self.overlap_stabilize = overlap_stabilize
         self.client = client
         self.source_options = dict(source_options)
         self.checkpoint_root = checkpoint_root
@@ -139,6 +142,7 @@ class PipelineDriver:
             trigger_interval=self.trigger_interval,
             on_batch=self.on_batch,
             driver_read_max=self.driver_read_max,
+            overlap_stabilize=self.overlap_stabilize,
         )
 
     def _starting(self, registry: IndexRegistry, keyspace: str) -> Timestamp:
@@ -163,6 +167,7 @@ class PipelineDriver:
             if info is not None:
                 # The offsets are on a lost history: rebuild what it reached, restart the
                 # stream in a new checkpoint generation at once.
+                kp.job.close()
                 handle_rollback(self.client, kp.registry, info)
                 kp.job = self._job(kp.registry, new_generation(kp.job.checkpoint.parent))
                 kp.query = kp.job.start()
@@ -218,6 +223,7 @@ class PipelineDriver:
                 kp.query.stop()
             except Exception as exc:
                 log.debug("stopping the query of %s: %s", kp.keyspace, exc)
+        kp.job.close()  # the last batch's stabilise round (it runs beside Spark's commit)
 
     def shutdown(self) -> None:
         for kp in self.keyspaces.values():

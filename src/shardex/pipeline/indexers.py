@@ -2,7 +2,9 @@
 
 Every call goes through the process's ``Client`` (its loop thread and its connection pool to
 named nodes). Deliveries to several indexers run in parallel; frames are cut at
-``MAX_ROWS_PER_FRAME`` rows so one message stays far below the frame limit.
+``MAX_ROWS_PER_FRAME`` rows so one message stays far below the frame limit. A maintenance
+batch makes one round trip per indexer (``deliver_and_stabilize``) and one to the timekeeper
+(``advance_stability`` with the replies).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.delivery_messages import (
     MAX_ROWS_PER_FRAME,
+    DeliverAndStabilize,
     Delivered,
     DeliverKeyVersions,
     LoadChunk,
@@ -24,6 +27,7 @@ from shardex.index.delivery_messages import (
     LoadFinished,
     RollbackSlices,
     SlicesRolledBack,
+    Stabilized,
 )
 from shardex.index.keyversion import KeyVersion
 from shardex.index.messages import ListSlices, SliceInfo, SliceList
@@ -35,7 +39,7 @@ from shardex.net.messages import Message
 __all__ = [
     "DeliveryReport",
     "advance_stability",
-    "deliver",
+    "deliver_and_stabilize",
     "index_state",
     "list_slices",
     "load_chunks",
@@ -62,7 +66,7 @@ class DeliveryReport:
         self.dropped = 0
         self.unknown = 0
 
-    def add(self, reply: Delivered) -> None:
+    def add(self, reply: Delivered | Stabilized) -> None:
         seen = self.incarnations.setdefault(reply.node, reply.incarnation)
         if seen != reply.incarnation:
             # The indexer restarted between two frames of this batch: the first ones died
@@ -90,22 +94,51 @@ def _frames(rows: Sequence[Any]) -> list[Sequence[Any]]:
     return [rows[i : i + MAX_ROWS_PER_FRAME] for i in range(0, len(rows), MAX_ROWS_PER_FRAME)]
 
 
-def deliver(
-    client: Client, keyspace: str, batch_id: int, by_node: Mapping[str, Sequence[KeyVersion]]
-) -> DeliveryReport:
-    """Send each node its rows (frames in order per node, nodes in parallel)."""
+def deliver_and_stabilize(
+    client: Client,
+    keyspace: str,
+    batch_id: int,
+    ts: Timestamp,
+    by_node: Mapping[str, Sequence[KeyVersion]],
+    plan: Mapping[str, Sequence[str]],
+    moving: Mapping[str, Mapping[str, list[int]]] | None = None,
+) -> tuple[DeliveryReport, dict[str, Stabilized]]:
+    """One round trip per indexer (in parallel): each node of ``plan`` (node -> the index
+    ids it hosts) gets its rows and the stabilise at ``ts`` in one ``DeliverAndStabilize``;
+    rows beyond one frame go ahead as ``DeliverKeyVersions`` and the last frame names the
+    incarnation that took them. ``moving``: node -> index id -> partitions it receives as an
+    index move's target. Returns the delivery counts and each node's reply (for
+    ``advance_stability(stabilized=...)``)."""
     report = DeliveryReport()
+    replies: dict[str, Stabilized] = {}
+    wire = dict(ts.to_wire())
 
-    async def one(node: str, rows: Sequence[KeyVersion]) -> None:
-        for frame in _frames(rows) or [[]]:
+    async def one(node: str) -> None:
+        frames = _frames(by_node.get(node, ())) or [[]]
+        incarnation = ""
+        for frame in frames[:-1]:
             msg = DeliverKeyVersions(keyspace=keyspace, batch_id=batch_id, rows=list(frame))
-            report.add(await _to_node(client, node, msg, Delivered))
+            got = await _to_node(client, node, msg, Delivered)
+            report.add(got)
+            incarnation = got.incarnation
+        last = DeliverAndStabilize(
+            keyspace=keyspace,
+            batch_id=batch_id,
+            rows=list(frames[-1]),
+            ts=wire,
+            index_ids=list(plan.get(node, ())),
+            incarnation=incarnation,
+            moving=dict((moving or {}).get(node, {})),
+        )
+        reply = await _to_node(client, node, last, Stabilized, ADVANCE_TIMEOUT)
+        report.add(reply)
+        replies[node] = reply
 
     async def all_nodes() -> None:
-        await asyncio.gather(*(one(n, r) for n, r in by_node.items()))
+        await asyncio.gather(*(one(n) for n in sorted(set(plan) | set(by_node))))
 
     client._run(all_nodes())
-    return report
+    return report, replies
 
 
 def advance_stability(
@@ -118,9 +151,11 @@ def advance_stability(
     incarnations: Mapping[str, str] | None = None,
     timekeeper: str = "",
     moving: Mapping[str, Mapping[int, str]] | None = None,
+    stabilized: Mapping[str, Stabilized] | None = None,
 ) -> StabilityAdvanced:
     """Ask the timekeeper on node ``timekeeper`` (the coordinator master, so every batch of a
     keyspace meets the same one; "" = the node the client talks to) to stabilise and
+    publish; with ``stabilized`` (``deliver_and_stabilize``'s replies) only to check and
     publish."""
     msg = AdvanceStability(
         keyspace=keyspace,
@@ -129,6 +164,7 @@ def advance_stability(
         batch_id=batch_id,
         incarnations=dict(incarnations or {}),
         moving={i: dict(m) for i, m in (moving or {}).items()},
+        stabilized=None if stabilized is None else dict(stabilized),
     )
 
     async def go() -> StabilityAdvanced:

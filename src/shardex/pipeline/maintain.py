@@ -12,17 +12,21 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
    backlog drains as a run of moderate batches rather than one giant one;
 3. catch up any index whose applied TS is behind ``start`` (an index that joined after the
    stream passed its build's T0): its missing range is read on the driver and projected too;
-4. route by index topology and deliver each indexer its rows (in parallel);
-5. the timekeeper stabilises every indexer at ``end`` and publishes ``end`` as the indexes'
-   stability TS once all acknowledged.
+4. ``foreachBatch`` returns; on a thread beside Spark's commit (``batch_tail.py``, the
+   batch's "round"): route by index topology and send each indexer its rows and the
+   stabilise at ``end`` in one ``DeliverAndStabilize`` (in parallel);
+5. the timekeeper checks the indexers' replies and publishes ``end`` as the indexes'
+   stability TS once every slice acknowledged. The next batch first waits for this round,
+   and a small batch's successor is read and projected meanwhile (``read_ahead.py``).
 
 Exactly-once from at-least-once (``docs/decisions.md``, "Index pipeline"): Spark runs a
 batch again with the same offsets after a failure; slices drop key versions at or below
 their applied seqno, a stabilise at a TS already reached is a no-op, and an indexer that
-restarted between steps 4 and 5 refuses the stabilise (STALE_DELIVERY), so the batch is
-delivered again before it is stabilised. Failures of steps 4-5 are retried with back-off for
-``retry_for`` seconds before the batch fails (and the driver restarts the query from its
-checkpoint).
+restarted after taking a batch's earlier frames refuses its last one (STALE_DELIVERY), so
+the batch is delivered again. Failures of steps 4-5 are retried with back-off for
+``retry_for`` seconds; then the next batch fails (and the driver restarts the query from its
+checkpoint). Spark may have committed a batch whose round failed: the registry's applied TS
+did not advance, so the next batch catches the range up (step 3).
 """
 
 from __future__ import annotations
@@ -43,10 +47,12 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
+from shardex.pipeline.batch_tail import BatchTail
 from shardex.pipeline.gcpause import gc_paused
-from shardex.pipeline.indexers import advance_stability, deliver
+from shardex.pipeline.indexers import advance_stability, deliver_and_stabilize
 from shardex.pipeline.move_rounds import MoveRounds
 from shardex.pipeline.projector import project_arrow
+from shardex.pipeline.read_ahead import ReadAhead
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.router import route
 from shardex.pipeline.source_plan import plan_ranges
@@ -112,13 +118,14 @@ class BatchStats:
     changes: int = 0
     key_versions: int = 0
     errors: dict[str, int] = field(default_factory=dict)
-    project: float = 0.0
+    project: float = 0.0  # read + project of (start, end] (what the read-ahead left)
     catch_up: float = 0.0
-    deliver: float = 0.0
-    stabilize: float = 0.0
-    total: float = 0.0
+    deliver: float = 0.0  # route + DeliverAndStabilize on every indexer (the last attempt)
+    stabilize: float = 0.0  # the timekeeper's check and publish
+    total: float = 0.0  # from the batch's start to its publication (the round included)
     retries: int = 0
     on_driver: bool = False  # read and projected on the driver (small batch)
+    read_ahead: int = 0  # key versions taken from the read-ahead (``read_ahead.py``)
     end: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
@@ -138,6 +145,7 @@ class MaintenanceJob:
         trigger_interval: str = "0 seconds",
         on_batch: Callable[[BatchStats], None] | None = None,
         driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
+        overlap_stabilize: bool = True,
     ) -> None:
         self.spark = spark
         self.driver_read_max = driver_read_max
@@ -156,9 +164,22 @@ class MaintenanceJob:
         # Batches and idle rounds for index moves never overlap (``move_rounds.py``).
         self._batch_lock = threading.Lock()
         self.move_rounds = MoveRounds()
+        # The stabilise round of the last batch, beside Spark's commit (``batch_tail.py``).
+        self.overlap_stabilize = overlap_stabilize
+        self.tail = BatchTail(f"stabilise-{self.keyspace}")
+        self.read_ahead = ReadAhead(
+            self._read_and_project,
+            lambda: self.client.high_seqnos(self.keyspace),
+            int(
+                stream_options(source_options, self.keyspace, None).get("max_records_per_batch", 0)
+            ),
+        )
 
     # -- the query -----------------------------------------------------------------------------
     def start(self) -> StreamingQuery:
+        # A restarted query: the previous query's last round is over (its failure, if any,
+        # is caught up by the first batch from the slices' applied TS).
+        self.close()
         self.starting = self._pin_starting()
         opts = stream_options(self.source_options, self.keyspace, self.starting)
         reader = self.spark.readStream.format("shardex").options(**opts)
@@ -205,6 +226,10 @@ class MaintenanceJob:
             self._run_batch(batch_id)
 
     def _run_batch(self, batch_id: int) -> None:
+        # The previous batch's round first: its end is this batch's start. Its failure fails
+        # this batch (the query restarts; the registry, not advanced, makes the re-run catch
+        # the lost range up from the slices' applied TS).
+        self.tail.join()
         t0 = time.perf_counter()
         start, end = self.batch_range(batch_id)
         stats = BatchStats(batch_id=batch_id, end=dict(end.to_wire()))
@@ -218,9 +243,29 @@ class MaintenanceJob:
         if views:
             with gc_paused():
                 self._project(views, start, end, stats, rows)
-        self._deliver_and_stabilize(views, rows, end, batch_id, stats)
-        stats.total = time.perf_counter() - t0
-        self._record(stats)
+            if self.overlap_stabilize and stats.on_driver:
+                # The next batch's changes, read beside this round and Spark's commit.
+                self.read_ahead.start([v.definition for v in views], end)
+
+        def finish() -> None:
+            self._deliver_and_stabilize(views, rows, end, batch_id, stats)
+            stats.total = time.perf_counter() - t0
+            self._record(stats)
+
+        if self.overlap_stabilize:
+            self.tail.start(finish)  # Spark commits this batch meanwhile (``batch_tail.py``)
+        else:
+            finish()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Wait for the last batch's round (the query is stopped): its failure is logged, not
+        raised; the next job catches the batch up from the slices' applied TS."""
+        try:
+            with self._batch_lock:
+                self.read_ahead.discard()
+                self.tail.join(timeout)
+        except Exception as exc:
+            log.warning("last stabilise round of %s: %s", self.keyspace, exc)
 
     def _project(
         self,
@@ -239,8 +284,16 @@ class MaintenanceJob:
             # work itself; the rows are the same either way (the DataFrame is the same
             # range of the same source and is simply not executed).
             stats.on_driver = True
-            rows.extend(self._read_and_project(defs, start, end))
+            got = self.read_ahead.take(defs, start, end)
+            rest = start
+            if got is not None:  # read while Spark committed the previous batch
+                ahead, rest = got
+                stats.read_ahead = len(ahead)
+                rows.extend(ahead)
+            if rest != end:
+                rows.extend(self._read_and_project(defs, rest, end))
         else:
+            self.read_ahead.discard()
             rows.extend(self._read_and_project_on_workers(defs, start, end))
         stats.project = time.perf_counter() - t
         t = time.perf_counter()
@@ -311,6 +364,8 @@ class MaintenanceJob:
         batch_id: int,
         stats: BatchStats,
     ) -> None:
+        """Steps 4-5, retrying what time can heal with back-off for ``retry_for`` seconds
+        (every attempt delivers the whole batch again: slices drop what they hold)."""
         deadline = time.monotonic() + self.retry_for
         attempt = 0
         while True:
@@ -343,34 +398,39 @@ class MaintenanceJob:
         batch_id: int,
         stats: BatchStats,
     ) -> None:
+        """Route, then one ``DeliverAndStabilize`` per indexer (in parallel), then the
+        timekeeper checks the replies and publishes."""
         if not views:
             self.stable = end
             return
         t = time.perf_counter()
         routes = {v.id: v.route() for v in views}
-        wanted = set(routes)
         with gc_paused():
-            routed = route((r for r in rows if r[0] in wanted or r[2] == ERROR), routes)
-        for index_id, n in routed.errors.items():
-            stats.errors[index_id] = stats.errors.get(index_id, 0) + n
-            self.errors[index_id] += n
+            routed = route((r for r in rows if r[0] in routes or r[2] == ERROR), routes)
+        stats.errors = dict(routed.errors)
         stats.key_versions = sum(len(r) for r in routed.by_node.values())
-        report = deliver(self.client, self.keyspace, batch_id, routed.by_node)
-        stats.deliver = time.perf_counter() - t
+        plan, moving_by_node = stabilize_plan(views)
+        _, replies = deliver_and_stabilize(
+            self.client, self.keyspace, batch_id, end, routed.by_node, plan, moving_by_node
+        )
+        stats.deliver = time.perf_counter() - t  # deliver and stabilise on the indexers
         t = time.perf_counter()
+        moving = {v.id: dict(v.moving) for v in views if v.moving}  # index moves' targets
         reply = advance_stability(
             self.client,
             self.keyspace,
             end,
-            sorted(wanted),
+            sorted(routes),
             batch_id=batch_id,
-            incarnations=report.incarnations,
             timekeeper=self.registry.timekeeper,
-            moving={v.id: v.moving for v in views if v.moving},  # index moves' targets
+            moving=moving,
+            stabilized=replies,
         )
-        stats.stabilize = time.perf_counter() - t
+        stats.stabilize = time.perf_counter() - t  # the timekeeper's check and publish
         self.registry.advanced(reply.published, end)
-        self.move_rounds.confirmed({v.id: v.moving for v in views if v.moving})
+        self.move_rounds.confirmed(moving)
+        for index_id, n in stats.errors.items():
+            self.errors[index_id] += n
         self.stable = end
 
     # -- index moves on an idle keyspace ---------------------------------------------------
@@ -381,6 +441,13 @@ class MaintenanceJob:
         if not self._batch_lock.acquire(blocking=False):
             return []
         try:
+            if self.tail.busy():
+                return []  # the last batch's round is still running: it carries the moves
+            try:
+                self.tail.join()
+            except Exception as exc:  # the next batch delivers it again, or fails the query
+                log.info("stabilise round of the last batch of %s failed: %s", self.keyspace, exc)
+                return []
             self.registry.refresh()
             views = self.registry.maintained()
             if not any(v.moving for v in views):
@@ -389,6 +456,9 @@ class MaintenanceJob:
             position = self.stable if self.stable is not None else self._committed_position()
             if position is None:
                 return []
+            # Only indexes whose slices applied ``position`` (a batch Spark committed while its
+            # round failed leaves them behind it: the next batch catches them up first).
+            views = [v for v in views if self.registry.applied(v.id).covers(position)]
             moving = self.move_rounds.pending(views, position, self.registry.applied)
             if not moving:
                 return []
@@ -451,6 +521,23 @@ def stream_options(
     if cap not in ("", "0"):
         opts["max_records_per_batch"] = cap
     return opts
+
+
+def stabilize_plan(
+    views: Sequence[IndexView],
+) -> tuple[dict[str, list[str]], dict[str, dict[str, list[int]]]]:
+    """(node -> the index ids it hosts, node -> index id -> partitions it receives as an
+    index move's target) for a batch's round: the nodes the router sends rows to, by the
+    same views (the timekeeper's ``plan_stabilize``, from the driver's side)."""
+    nodes: dict[str, set[str]] = {}
+    moving: dict[str, dict[str, list[int]]] = {}
+    for v in views:
+        for node in v.topology.assignment.values():
+            nodes.setdefault(node, set()).add(v.id)
+        for p, target in sorted(v.moving.items()):
+            nodes.setdefault(target, set()).add(v.id)
+            moving.setdefault(target, {}).setdefault(v.id, []).append(p)
+    return {n: sorted(ids) for n, ids in sorted(nodes.items())}, moving
 
 
 def _changes(start: Timestamp, end: Timestamp) -> int:

@@ -6,10 +6,13 @@ A development tool beside ``bench.scan`` (which needs PostgreSQL and a Spark bui
   default 20,000), both indexes built once by the Spark pipeline, then the cluster is
   stopped. The directory is kept, so ``run`` can restart the same cluster many times.
 * ``run DIR``: start the cluster (no pipeline), run ``--scans`` scans of every case at
-  not_bounded and request_plus from one in-process client, print p50/p90 per case and the
-  CPU time per scan of the three node processes and the client (less sensitive to a loaded
-  machine than wall time), and stop the cluster. ``--profile`` adds a cProfile of the
-  client side.
+  not_bounded and request_plus from one in-process client, the two taking turns in rounds
+  of 20 (a load spike from other work hits both), print p50/p90 per case, the CPU time per
+  scan of the three node processes and the client (less sensitive to a loaded machine than
+  wall time) and the request_plus / not_bounded p50 ratio, and stop the cluster.
+  ``--profile`` adds a cProfile of the client side, ``--profile-nodes OUT`` one of every
+  node per case (``bench/scan_nodeprof.py``; compare two runs' files with ``pstats``);
+  ``--case`` and ``--consistency`` narrow the run.
 
 The cluster is always stopped before the command returns (``cluster stop``).
 """
@@ -30,9 +33,11 @@ from pathlib import Path
 
 from bench.data_service import _cli, free_base_port, percentile
 from bench.pipeline_common import KEYSPACE, SEED, BatchLog, InProcessDriver, load1, log
+from bench.scan_nodeprof import node_profiling, start_profiles, stop_profiles
 from bench.scan_queries import CASES, KeyStats, build_queries
 
 CONSISTENCIES = ("not_bounded", "request_plus")
+ROUND = 20  # scans of one consistency before the other's turn
 
 
 @contextmanager
@@ -110,7 +115,28 @@ def setup(base: Path, docs: int) -> None:
     log(f"set up {base}")
 
 
-def measure(base: Path, scans: int, profile: bool) -> None:
+def measure(
+    base: Path,
+    scans: int,
+    profile: bool,
+    cases: Sequence[str] = CASES,
+    consistencies: Sequence[str] = CONSISTENCIES,
+    nodes_out: Path | None = None,
+) -> None:
+    with contextlib.ExitStack() as stack:
+        if nodes_out is not None:  # before the nodes start: they inherit the hook
+            stack.enter_context(node_profiling(nodes_out))
+        _measure(base, scans, profile, cases, consistencies, nodes_out)
+
+
+def _measure(
+    base: Path,
+    scans: int,
+    profile: bool,
+    cases: Sequence[str],
+    consistencies: Sequence[str],
+    nodes_out: Path | None,
+) -> None:
     from shardex.client import connect_local
     from shardex.demo.datagen import users
 
@@ -119,41 +145,67 @@ def measure(base: Path, scans: int, profile: bool) -> None:
     with running(base / "cluster", new=False), connect_local(base / "cluster") as client:
         pids = node_pids(base / "cluster")
         prof = cProfile.Profile() if profile else None
-        for consistency in CONSISTENCIES:
-            for case in CASES:
-                qs = queries[case]
+        for case in cases:
+            qs = queries[case]
+            lat: dict[str, list[float]] = {c: [] for c in consistencies}
+            cpu: dict[str, list[float]] = {c: [0.0, 0.0] for c in consistencies}
+            load = load1()
+            for consistency in consistencies:
                 for q in qs[:10]:  # warm
                     list(client.scan(KEYSPACE, q.index, q.spans, consistency=consistency))
-                lat: list[float] = []
-                load = load1()
-                if prof is not None:
-                    prof.enable()
-                cpu = cpu_seconds(pids)
-                for k in range(scans):
-                    q = qs[k % len(qs)]
-                    t = time.perf_counter()
-                    rows = list(
-                        client.scan(
-                            KEYSPACE, q.index, q.spans, consistency=consistency, limit=q.limit
+            # The consistencies take turns in rounds of ROUND scans, so a load spike from
+            # other work on the machine lands on both alike: their ratio is what to read.
+            if nodes_out is not None:
+                start_profiles(pids)
+            k = 0
+            while k < scans:
+                n = min(ROUND, scans - k)
+                for consistency in consistencies:
+                    if prof is not None:
+                        prof.enable()
+                    before = cpu_seconds(pids)
+                    for i in range(k, k + n):
+                        q = qs[i % len(qs)]
+                        t = time.perf_counter()
+                        rows = list(
+                            client.scan(
+                                KEYSPACE, q.index, q.spans, consistency=consistency, limit=q.limit
+                            )
                         )
-                    )
-                    lat.append(time.perf_counter() - t)
-                    if len(rows) != q.expected_rows:
-                        raise RuntimeError(f"{case}: {len(rows)} rows, not {q.expected_rows}")
-                after = cpu_seconds(pids)
-                nodes_cpu, client_cpu = ((a - b) / scans for a, b in zip(after, cpu, strict=True))
-                if prof is not None:
-                    prof.disable()
-                lat.sort()
+                        lat[consistency].append(time.perf_counter() - t)
+                        if len(rows) != q.expected_rows:
+                            raise RuntimeError(f"{case}: {len(rows)} rows, not {q.expected_rows}")
+                    after = cpu_seconds(pids)
+                    if prof is not None:
+                        prof.disable()
+                    for j in range(2):
+                        cpu[consistency][j] += after[j] - before[j]
+                k += n
+            if nodes_out is not None:
+                files = stop_profiles(pids, nodes_out)
+                for f in files:  # one set of files per case
+                    f.rename(f.with_name(f"{_slug(case)}-{f.name}"))
+            p50 = {}
+            for consistency in consistencies:
+                ls = sorted(lat[consistency])
+                p50[consistency] = percentile(ls, 50)
+                nodes_cpu, client_cpu = (c / len(ls) for c in cpu[consistency])
                 print(
-                    f"{case:22} {consistency:13} p50 {percentile(lat, 50) * 1e3:6.2f} ms  "
-                    f"p90 {percentile(lat, 90) * 1e3:6.2f} ms  "
+                    f"{case:22} {consistency:13} p50 {p50[consistency] * 1e3:6.2f} ms  "
+                    f"p90 {percentile(ls, 90) * 1e3:6.2f} ms  "
                     f"cpu/scan nodes {nodes_cpu * 1e3:5.2f} client {client_cpu * 1e3:5.2f} ms  "
                     f"load {load}",
                     flush=True,
                 )
+            if set(CONSISTENCIES) <= set(p50):
+                ratio = p50["request_plus"] / p50["not_bounded"]
+                print(f"{case:22} request_plus / not_bounded p50 {ratio:.2f}", flush=True)
         if prof is not None:
             pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+
+
+def _slug(case: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in case).strip("_")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,11 +215,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--docs", type=int, default=20_000)
     ap.add_argument("--scans", type=int, default=200)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--case", action="append", choices=CASES, help="only these cases")
+    ap.add_argument("--consistency", action="append", choices=CONSISTENCIES)
+    ap.add_argument(
+        "--profile-nodes",
+        type=Path,
+        metavar="OUT",
+        help="cProfile the node processes: OUT/<case>-node-<pid>.prof",
+    )
     args = ap.parse_args(argv)
     if args.command == "setup":
         setup(args.dir, args.docs)
     else:
-        measure(args.dir, args.scans, args.profile)
+        measure(
+            args.dir,
+            args.scans,
+            args.profile,
+            args.case or CASES,
+            args.consistency or CONSISTENCIES,
+            args.profile_nodes,
+        )
     return 0
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import pickle
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
+from shardex.scan.messages import WireTs as Wire
 
 UUIDS = st.sampled_from([0xA1, 0xB2])
 entries = st.dictionaries(st.integers(0, 7), st.tuples(st.integers(0, 50), UUIDS), max_size=8)
@@ -79,3 +82,30 @@ def test_malformed_json_and_negative_seqno_are_clear_errors():
 def test_with_entry_and_mapping_protocol():
     t = Timestamp().with_entry(3, 10, 0xFF)
     assert t[3] == SeqnoEntry(10, 0xFF) and len(t) == 1 and t.seqno(4) == 0
+
+
+def test_wire_forms_are_checked_and_coerced() -> None:
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode({3: (7, 9), 1: (2, 9)}), type=Wire)
+    t = Timestamp.from_wire(decoded)
+    assert list(t) == [1, 3] and t[3] == SeqnoEntry(7, 9)  # ascending, whatever came in
+    assert Timestamp.from_wire({"3": ["7", 9]}) == Timestamp({3: (7, 9)})  # coerced
+    with pytest.raises(ShardexError) as err:
+        Timestamp.from_wire({0: (1, 1), 5: (-2, 1)})
+    assert err.value.code is ErrorCode.BAD_REQUEST and err.value.details["partition"] == 5
+
+
+@given(timestamps)
+def test_the_mapping_view_pickling_and_hash_agree_with_the_wire_form(a: Timestamp) -> None:
+    b = Timestamp.from_wire(a.to_wire())
+    assert hash(a) == hash(b) and {a: 1}[b] == 1
+    assert pickle.loads(pickle.dumps(a)) == a
+    assert dict(a.items()) == {p: SeqnoEntry(s, u) for p, (s, u) in a.to_wire().items()}
+    assert list(a.values()) == [a[p] for p in a] and all(p in a for p in a)
+    assert a.get(99) is None and a.get(99, SeqnoEntry(0, 0)) == SeqnoEntry(0, 0)
+    assert a.seqno(99) == 0 and 99 not in a
+
+
+def test_to_wire_is_a_copy() -> None:
+    t = Timestamp({0: (1, 1)})
+    t.to_wire()[0] = (9, 9)
+    assert t.seqno(0) == 1

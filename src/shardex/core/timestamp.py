@@ -7,15 +7,30 @@ is exactly when a consumer must roll back (see ``ROLLBACK`` / ``INDEX_IN_ROLLBAC
 
 Offsets of the Spark change-stream source round-trip through JSON, where integer keys come back
 as strings, so ``to_json``/``from_json`` use string partition ids in ascending numeric order.
+
+A TS is held in its wire form, ``{partition: (seqno, uuid)}`` in ascending partition order:
+every request_plus scan converts a few of them to and from messages (the keyspace's high
+seqnos, the snapshot read), so ``from_wire``/``to_wire``, ``covers``, equality and hashing work
+on plain tuples in C-level dict operations. The ``SeqnoEntry`` objects the ``Mapping`` view
+hands out are built once per TS, on first use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Final, TypeVar, overload
+
+import msgspec
 
 from shardex.errors import ErrorCode, ShardexError
+
+__all__ = ["SeqnoEntry", "Timestamp"]
+
+_D = TypeVar("_D")
+Wire = dict[int, tuple[int, int]]
+# ``from_wire``'s check in C: int partitions, (seqno >= 0, uuid) int pairs.
+_WIRE_TYPE: Final[Any] = dict[int, tuple[Annotated[int, msgspec.Meta(ge=0)], int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,117 +39,182 @@ class SeqnoEntry:
     uuid: int
 
 
+def _negative(p: int, seqno: int) -> ShardexError:
+    return ShardexError(
+        f"negative seqno {seqno} for partition {p}",
+        code=ErrorCode.BAD_REQUEST,
+        details={"partition": p, "seqno": seqno},
+    )
+
+
 class Timestamp(Mapping[int, SeqnoEntry]):
     """An immutable partition -> SeqnoEntry vector. Absent partitions mean "nothing seen"."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_hash", "_objs", "_wire")
+
+    _wire: Wire
+    _objs: dict[int, SeqnoEntry] | None
+    _hash: int | None
 
     def __init__(self, entries: Mapping[int, SeqnoEntry | tuple[int, int]] | None = None) -> None:
-        norm: dict[int, SeqnoEntry] = {}
+        norm: Wire = {}
         for p, e in (entries or {}).items():
-            entry = e if isinstance(e, SeqnoEntry) else SeqnoEntry(int(e[0]), int(e[1]))
-            if entry.seqno < 0:
-                raise ShardexError(
-                    f"negative seqno {entry.seqno} for partition {p}",
-                    code=ErrorCode.BAD_REQUEST,
-                    details={"partition": p, "seqno": entry.seqno},
-                )
-            norm[int(p)] = entry
-        self._entries = dict(sorted(norm.items()))
+            if isinstance(e, SeqnoEntry):
+                norm[int(p)] = (int(e.seqno), int(e.uuid))
+            else:
+                norm[int(p)] = (int(e[0]), int(e[1]))
+        self._set(norm)
+
+    @classmethod
+    def _of(cls, wire: Wire, *, checked: bool = False) -> Timestamp:
+        """A TS over ``wire`` (normalised: int keys, (int, int) values), which it owns;
+        ``checked``: its seqnos are known to be >= 0."""
+        ts = cls.__new__(cls)
+        ts._set(wire, checked=checked)
+        return ts
+
+    def _set(self, wire: Wire, *, checked: bool = False) -> None:
+        if not checked:
+            for p, (seqno, _) in wire.items():
+                if seqno < 0:
+                    raise _negative(p, seqno)
+        keys = list(wire)
+        if keys != sorted(keys):
+            wire = dict(sorted(wire.items()))
+        self._wire = wire
+        self._objs = None
+        self._hash = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Timestamp._of, (dict(self._wire),))
 
     # Mapping protocol -------------------------------------------------------------------
+    def _entries(self) -> dict[int, SeqnoEntry]:
+        objs = self._objs
+        if objs is None:
+            objs = self._objs = {p: SeqnoEntry(s, u) for p, (s, u) in self._wire.items()}
+        return objs
+
     def __getitem__(self, partition: int) -> SeqnoEntry:
-        return self._entries[partition]
+        return self._entries()[partition]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._entries)
+        return iter(self._wire)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._wire)
+
+    def __contains__(self, partition: object) -> bool:
+        return partition in self._wire
+
+    @overload
+    def get(self, partition: int, /) -> SeqnoEntry | None: ...
+    @overload
+    def get(self, partition: int, /, default: SeqnoEntry | _D) -> SeqnoEntry | _D: ...
+    def get(self, partition: int, default: Any = None) -> Any:
+        return self._entries().get(partition, default)
+
+    def items(self) -> ItemsView[int, SeqnoEntry]:
+        return self._entries().items()
+
+    def values(self) -> ValuesView[SeqnoEntry]:
+        return self._entries().values()
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Timestamp):
-            return self._entries == other._entries
+            return self._wire == other._wire
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(tuple(self._entries.items()))
+        h = self._hash
+        if h is None:
+            h = self._hash = hash(tuple(self._wire.items()))
+        return h
 
     def __repr__(self) -> str:
-        body = ", ".join(f"{p}:{e.seqno}@{e.uuid:x}" for p, e in self._entries.items())
+        body = ", ".join(f"{p}:{s}@{u:x}" for p, (s, u) in self._wire.items())
         return f"Timestamp({{{body}}})"
 
     def seqno(self, partition: int) -> int:
-        e = self._entries.get(partition)
-        return e.seqno if e is not None else 0
+        e = self._wire.get(partition)
+        return e[0] if e is not None else 0
 
     # comparisons the seeds need ---------------------------------------------------------
     def covers(self, other: Timestamp) -> bool:
         """At least as recent as ``other`` in every partition ``other`` names, on the same
         branch. A partition of ``other`` with seqno 0 is covered trivially (nothing to see)."""
-        for p, theirs in other._entries.items():
-            if theirs.seqno == 0:
+        mine = self._wire
+        if mine == other._wire:  # the common case of a scan on an idle keyspace: C speed
+            return True
+        for p, (seqno, uuid) in other._wire.items():
+            if seqno == 0:
                 continue
-            mine = self._entries.get(p)
-            if mine is None or mine.uuid != theirs.uuid or mine.seqno < theirs.seqno:
+            m = mine.get(p)
+            if m is None or m[1] != uuid or m[0] < seqno:
                 return False
         return True
 
     def diverged_from(self, other: Timestamp) -> list[int]:
         """Partitions present in both whose branch uuid differs (history diverged)."""
-        return [
-            p
-            for p, mine in self._entries.items()
-            if p in other._entries and other._entries[p].uuid != mine.uuid
-        ]
+        theirs = other._wire
+        return [p for p, (_, u) in self._wire.items() if p in theirs and theirs[p][1] != u]
 
     def merge_max(self, other: Timestamp) -> Timestamp:
         """Per-partition maximum. On a branch conflict the entry with the higher seqno wins
         (the newer history); ties keep ``other``, the value being merged in."""
-        out = dict(self._entries)
-        for p, theirs in other._entries.items():
+        out = dict(self._wire)
+        for p, theirs in other._wire.items():
             mine = out.get(p)
-            if mine is None or theirs.seqno >= mine.seqno:
+            if mine is None or theirs[0] >= mine[0]:
                 out[p] = theirs
-        return Timestamp(out)
+        return Timestamp._of(out)
 
     def behind(self, target: Timestamp) -> dict[int, int]:
         """How many seqnos ``self`` lacks to cover ``target``, per partition (only those
         behind; a partition on another branch counts its whole target seqno)."""
         out: dict[int, int] = {}
-        for p, theirs in target._entries.items():
-            mine = self._entries.get(p)
-            if mine is None or mine.uuid != theirs.uuid:
-                if theirs.seqno > 0:
-                    out[p] = theirs.seqno
-            elif mine.seqno < theirs.seqno:
-                out[p] = theirs.seqno - mine.seqno
+        mine_all = self._wire
+        for p, (seqno, uuid) in target._wire.items():
+            mine = mine_all.get(p)
+            if mine is None or mine[1] != uuid:
+                if seqno > 0:
+                    out[p] = seqno
+            elif mine[0] < seqno:
+                out[p] = seqno - mine[0]
         return out
 
     def total_behind(self, target: Timestamp) -> int:
         return sum(self.behind(target).values())
 
     def with_entry(self, partition: int, seqno: int, uuid: int) -> Timestamp:
-        out = dict(self._entries)
-        out[partition] = SeqnoEntry(seqno, uuid)
-        return Timestamp(out)
+        out = dict(self._wire)
+        out[int(partition)] = (int(seqno), int(uuid))
+        return Timestamp._of(out)
 
     # encodings ------------------------------------------------------------------------------
-    def to_wire(self) -> dict[int, tuple[int, int]]:
-        return {p: (e.seqno, e.uuid) for p, e in self._entries.items()}
+    def to_wire(self) -> Wire:
+        """``{partition: (seqno, uuid)}``, ascending: a fresh dict (the caller may keep it)."""
+        return dict(self._wire)
 
     @classmethod
     def from_wire(cls, data: Mapping[Any, Any]) -> Timestamp:
-        return cls({int(p): (int(v[0]), int(v[1])) for p, v in data.items()})
+        """The inverse of ``to_wire``. A message's decoded ``WireTs`` is checked in C
+        (``msgspec.convert``); anything else is coerced to ints in Python, which also names
+        the partition of a negative seqno."""
+        try:
+            wire = msgspec.convert(data, _WIRE_TYPE)
+        except msgspec.ValidationError:
+            return cls._of({int(p): (int(v[0]), int(v[1])) for p, v in data.items()})
+        return cls._of(wire, checked=True)
 
     def to_json(self) -> dict[str, list[int]]:
         """JSON-safe form with string partition ids (Spark offsets stringify keys)."""
-        return {str(p): [e.seqno, e.uuid] for p, e in self._entries.items()}
+        return {str(p): [s, u] for p, (s, u) in self._wire.items()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Timestamp:
         try:
-            return cls({int(p): (int(v[0]), int(v[1])) for p, v in data.items()})
+            return cls._of({int(p): (int(v[0]), int(v[1])) for p, v in data.items()})
         except (TypeError, ValueError, IndexError) as exc:
             raise ShardexError(
                 f"malformed timestamp: {exc}",

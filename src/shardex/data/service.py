@@ -324,9 +324,10 @@ class DataService:
 
     # --- high seqnos and stats: answered by any node, gathered from the owners ----------------
 
-    def _local_high_seqnos(
-        self, keyspace: str, partitions: list[int]
-    ) -> dict[int, tuple[int, int]]:
+    def local_high_seqnos(self, keyspace: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+        """(high seqno, uuid) of those of ``partitions`` this node serves, from memory (the
+        partitions' metadata): a request_plus scan asks it of every owner, and its own
+        node's scan coordinator calls it in-process."""
         try:
             ts = self.engine.high_seqnos(keyspace)
         except KeyspaceNotFound:
@@ -334,7 +335,7 @@ class DataService:
                 return {}
             raise
         wanted = set(partitions)
-        return {p: (e.seqno, e.uuid) for p, e in ts.items() if p in wanted}
+        return {p: e for p, e in ts.to_wire().items() if p in wanted}
 
     def _local_stats(self, keyspace: str, partitions: list[int]) -> list[PartitionStat]:
         eng = self.engine
@@ -357,14 +358,14 @@ class DataService:
 
     async def _on_high_seqnos(self, msg: HighSeqnos, conn: Connection) -> HighSeqnosReply:
         if msg.partitions is not None:
-            return HighSeqnosReply(entries=self._local_high_seqnos(msg.keyspace, msg.partitions))
+            return HighSeqnosReply(entries=self.local_high_seqnos(msg.keyspace, msg.partitions))
 
         async def remote(address: str, parts: list[int]) -> dict[int, tuple[int, int]]:
             req = HighSeqnos(keyspace=msg.keyspace, partitions=parts)
             reply = await self.pool.request(address, req, FAN_OUT_TIMEOUT, expect=HighSeqnosReply)
             return reply.entries
 
-        entries = await self._gather(msg.keyspace, self._local_high_seqnos, remote)
+        entries = await self._gather(msg.keyspace, self.local_high_seqnos, remote)
         return HighSeqnosReply(entries=entries)
 
     async def _on_stats(self, msg: KeyspaceStats, conn: Connection) -> KeyspaceStatsReply:

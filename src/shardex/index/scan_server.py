@@ -121,20 +121,26 @@ class IndexScanServer:
         """``fn()`` (which takes the locks of ``slices``) on the event loop when none of them
         is held elsewhere, so it cannot block; else in the scan pool (a stabilise may hold
         one through its fsync). Saves the thread hand-off of the common case."""
+        ran, result = self._try_inline(slices, fn)
+        if ran:
+            return result  # type: ignore[return-value]
+        return await self._run(fn)
+
+    def _try_inline(self, slices: list[Any], fn: Callable[[], T]) -> tuple[bool, T | None]:
+        """(True, ``fn()``) run on the event loop if no lock of ``slices`` is held elsewhere
+        (the locks are re-entrant: ``fn`` takes them again), else (False, None)."""
         if self.service.inline_io:
-            return fn()
+            return True, fn()
         taken: list[Any] = []
         try:
             for s in slices:
                 if not s.lock.acquire(blocking=False):
-                    break
+                    return False, None
                 taken.append(s)
-            else:
-                return fn()
+            return True, fn()
         finally:
             for s in reversed(taken):
                 s.lock.release()
-        return await self._run(fn)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self.service.inline_io:
@@ -176,13 +182,21 @@ class IndexScanServer:
         """Wait until the slices share a snapshot covering ``wait_for``; return its TS."""
         last: list[Timestamp | None] = [None]
 
-        def check() -> Timestamp | None:
-            slices = self._slices(index_id, partitions)  # raises on drop / rollback
+        def check(slices: list[Any] | None = None) -> Timestamp | None:
+            if slices is None:
+                slices = self._slices(index_id, partitions)  # raises on drop / rollback
             ts = common_snapshot_ts(slices)
             last[0] = ts
             if ts is not None and (wait_for is None or ts.covers(wait_for)):
                 return ts
             return None
+
+        # Most scans find the TS already there (the pipeline keeps up): one check on the
+        # loop when no slice lock is held, without the watch's event and bounded task.
+        slices = self._slices(index_id, partitions)
+        _, found = self._try_inline(slices, lambda: check(slices))
+        if found is not None:
+            return found
 
         async def check_off_loop() -> Timestamp | None:
             return await self._run_unlocked(self._slices(index_id, partitions), check)

@@ -76,6 +76,9 @@ class StabilityWatch:
 def common_snapshot_ts(slices: Sequence[Any]) -> Timestamp | None:
     """The newest TS at which every slice of ``slices`` keeps a snapshot (thread-safe; call
     it off the event loop: each slice's lock may be held by a stabilise's fsync)."""
+    if len(slices) == 1:  # the common single-slice read: its newest snapshot
+        own = slices[0].snapshot_timestamps()
+        return own[-1] if own else None
     common: set[Timestamp] | None = None
     order: list[Timestamp] = []
     for s in slices:

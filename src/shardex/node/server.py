@@ -151,6 +151,8 @@ class Node:
             streams=self.scan_streams,
         )
         self.scan.install(self.server)
+        if self.data is not None:  # request_plus reads this node's high seqnos in-process
+            self.scan.view.local_seqnos = self.data.local_high_seqnos
         self.index_scan: IndexScanServer | None = None
         if self.index is not None:
             from shardex.index.scan_server import IndexScanServer

@@ -7,8 +7,11 @@ any other node asks the managers, caching the answer for ``STATE_TTL`` seconds.
 
 ``high_seqnos`` is what request_plus waits for (seed step 9, "poll all KV nodes"): every
 partition's (seqno, uuid), asked of the owners directly, in parallel, one request per data
-node (the partitions it owns per the keyspace's latest topology). A partition that moved
-meanwhile is asked again after a fresh state.
+node (the partitions it owns per the keyspace's latest topology). This node's own data
+service, if it runs one, is read in-process (``local_seqnos``: no loopback connection, no
+encoding): it answers from the same in-memory partition metadata as its ``HighSeqnos``
+handler, after the writes it acknowledged. A partition that moved meanwhile is asked again
+after a fresh state.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ SEQNO_TIMEOUT: Final = 10.0
 SEQNO_ATTEMPTS: Final = 4
 SECTIONS: Final = ["keyspaces", "data_topologies", "indexes", "index_topologies"]
 
+# (keyspace, partitions) -> {partition: (high seqno, uuid)} of those this node serves.
+LocalSeqnos = Callable[[str, list[int]], dict[int, tuple[int, int]]]
+
 
 class ClusterView:
     def __init__(
@@ -41,12 +47,19 @@ class ClusterView:
         pool: ConnectionPool,
         coordinator: Callable[[], Any | None],
         members: Callable[[], list[MemberInfo]],
+        name: str = "",
     ) -> None:
         self.pool = pool
+        self.name = name
         self._coordinator = coordinator
         self._members = members
         self._cached: StateContext | None = None
         self._cached_at = 0.0
+        # This node's data service (set by the node when it runs one): asked in-process.
+        self.local_seqnos: LocalSeqnos | None = None
+        # The owners of every partition of a data topology, grouped once per topology object
+        # (the state replaces it on every change): (topology, {node: partitions}).
+        self._owners: dict[str, tuple[Any, dict[str, list[int]]]] = {}
 
     async def state(self, *, fresh: bool = False) -> StateContext:
         coord = self._coordinator()
@@ -104,10 +117,9 @@ class ClusterView:
                     code=ErrorCode.KEYSPACE_NOT_FOUND,
                     details={"keyspace": keyspace},
                 )
-            by_node: dict[str, list[int]] = {}
-            for p, node in sorted(history[-1].assignment.items()):
-                if p not in got:
-                    by_node.setdefault(node, []).append(p)
+            owners = self._owners_of(keyspace, history[-1])
+            by_node = {n: [p for p in ps if p not in got] for n, ps in owners.items()}
+            by_node = {n: ps for n, ps in by_node.items() if ps}
             if not by_node:
                 break
 
@@ -118,10 +130,19 @@ class ClusterView:
                 )
                 return reply.entries
 
-            results = await asyncio.gather(
-                *(ask(n, ps) for n, ps in by_node.items()), return_exceptions=True
-            )
-            for res in results:
+            local = self.local_seqnos if self.name in by_node else None
+            remote = [(n, ps) for n, ps in by_node.items() if local is None or n != self.name]
+            pending = asyncio.gather(*(ask(n, ps) for n, ps in remote), return_exceptions=True)
+            if local is not None:  # read while the requests are out; no task, no encoding
+                try:
+                    got.update(local(keyspace, by_node[self.name]))
+                except ShardexError as exc:
+                    last = exc
+                except BaseException:
+                    pending.cancel()
+                    await asyncio.gather(pending, return_exceptions=True)
+                    raise
+            for res in await pending:
                 if isinstance(res, ShardexError):
                     last = res
                 elif isinstance(res, BaseException):
@@ -143,3 +164,15 @@ class ClusterView:
                 },
             )
         return Timestamp.from_wire(got)
+
+    def _owners_of(self, keyspace: str, topo: Any) -> dict[str, list[int]]:
+        """Data node -> the partitions it owns in ``topo`` (ascending), computed once per
+        topology object."""
+        cached = self._owners.get(keyspace)
+        if cached is not None and cached[0] is topo:
+            return cached[1]
+        by_node: dict[str, list[int]] = {}
+        for p, node in sorted(topo.assignment.items()):
+            by_node.setdefault(node, []).append(p)
+        self._owners[keyspace] = (topo, by_node)
+        return by_node

@@ -22,6 +22,7 @@ from shardex.pipeline import maintain
 from shardex.pipeline.batch_tail import BatchTail
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
+from shardex.pipeline.source_plan import plan_ranges
 
 T0 = Timestamp({0: (0, 1), 1: (0, 1)})
 
@@ -47,7 +48,7 @@ class Calls:
 
     def deliver(
         self, client: Any, keyspace: str, batch_id: int, ts: Timestamp, by_node: Any, plan: Any,
-        moving: Any,
+        moving: Any, slices: Any = None,
     ) -> tuple[DeliveryReport, dict[str, Any]]:  # fmt: skip
         self.log.append(("deliver", batch_id))
         self.entered.set()
@@ -72,11 +73,12 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     monkeypatch.setattr(maintain, "deliver_and_stabilize", c.deliver)
     monkeypatch.setattr(maintain, "advance_stability", c.advance)
 
-    def read_ranges(client: Any, keyspace: str, ranges: Any) -> list[Any]:
+    def read_and_project(client: Any, keyspace: str, defs: Any, start: Any, end: Any) -> list:
+        ranges = plan_ranges(keyspace, start, end)
         c.reads.append([(r.partition, r.start_seqno, r.end_seqno) for r in ranges])
         return []
 
-    monkeypatch.setattr(maintain, "read_ranges", read_ranges)
+    monkeypatch.setattr(maintain, "read_and_project", read_and_project)
     return c
 
 

@@ -110,7 +110,9 @@ def test_batches_get_exactly_their_range_with_the_read_ahead(
     log = Log()
     delivered: list[set[tuple[int, int]]] = []
 
-    def deliver(client: Any, ks: str, batch_id: int, end: Any, by_node: Any, plan: Any, mv: Any):
+    def deliver(
+        client: Any, ks: str, batch_id: int, end: Any, by_node: Any, plan: Any, mv: Any, **kw: Any
+    ):
         delivered.append({(r[5], r[6]) for rows in by_node.values() for r in rows})
         return DeliveryReport(), {}
 

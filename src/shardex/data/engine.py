@@ -317,6 +317,19 @@ class DataEngine(DocumentOps, HandoverOps):
         part = self._serving(keyspace, partition)
         return streams.open_stream(part, from_seqno, uuid, end_seqno)
 
+    def stream_wire(
+        self,
+        keyspace: str,
+        partition: int,
+        from_seqno: int,
+        uuid: int,
+        end_seqno: int | None = None,
+    ) -> Iterator[streams.WireItem]:
+        """``stream`` with each change as its ``StreamBatch`` tuple (the stream server's
+        form: no ``Change`` struct built per change only to be taken apart)."""
+        part = self._serving(keyspace, partition)
+        return streams.open_stream(part, from_seqno, uuid, end_seqno, wire=True)
+
     async def wait_for_seqno(
         self, keyspace: str, partition: int, seqno: int, timeout: float | None = None
     ) -> int:

@@ -42,7 +42,8 @@ MAX_BATCH_ITEMS = 5000
 MAX_BATCH_BYTES = 4 * 1024 * 1024  # a batch is cut here even below max_items
 
 RunInExecutor = Callable[..., Awaitable[Any]]
-StreamItem = SnapshotMarker | Change
+StreamItem = SnapshotMarker | Change | ChangeTuple
+_Taken = tuple[list[StreamItem], bool]  # (items, the run is exhausted)
 
 
 class _Stream:
@@ -54,17 +55,33 @@ class _Stream:
         self.task: asyncio.Task[None] | None = None
 
 
-def _take(gen: Iterator[StreamItem], n: int, max_bytes: int) -> list[StreamItem]:
-    """Up to ``n`` items (fewer once ``max_bytes`` of bodies are collected); runs in a thread."""
+def _take(gen: Iterator[StreamItem], n: int, max_bytes: int) -> _Taken:
+    """Up to ``n`` items (fewer once ``max_bytes`` of bodies are collected) and whether the
+    run is exhausted (fewer than ``n`` came without the byte cut: asking again would only
+    cost another trip to the executor to learn it); runs in a thread."""
     out: list[StreamItem] = []
     size = 0
     for item in itertools.islice(gen, n):
         out.append(item)
-        if isinstance(item, Change) and item.body is not None:
-            size += len(item.body) + len(item.docid)
+        if type(item) is tuple and item[4] is not None:  # (seqno, docid, op, cas, body, ..)
+            size += len(item[4]) + len(item[1])
             if size >= max_bytes:
-                break
-    return out
+                return out, False
+    return out, len(out) < n
+
+
+def _open_and_take(
+    engine: DataEngine, msg: OpenStream, pos: int, uuid: int, max_items: int
+) -> tuple[Iterator[StreamItem], _Taken]:
+    """Open a run at (pos, uuid) and take its first batch in the same executor call: a
+    bounded read (the driver's micro-batches: ~100 changes per partition) is then served
+    with one executor trip instead of three (open, take, take again to see the end)."""
+    run = engine.stream_wire(msg.keyspace, msg.partition, pos, uuid, msg.end_seqno)
+    try:
+        return run, _take(run, max_items, MAX_BATCH_BYTES)
+    except BaseException:
+        _close_quietly(run)
+        raise
 
 
 class StreamServer:
@@ -97,13 +114,8 @@ class StreamServer:
         try:
             # Checks (keyspace, ownership, ROLLBACK) happen here so the reply carries them.
             info = self._engine.partition_info(msg.keyspace, msg.partition)
-            run = await self._run(
-                self._engine.stream,
-                msg.keyspace,
-                msg.partition,
-                msg.from_seqno,
-                msg.uuid,
-                msg.end_seqno,
+            run, first = await self._run(
+                _open_and_take, self._engine, msg, msg.from_seqno, msg.uuid, _max_items(msg)
             )
         except ShardexError as exc:
             raise self._enrich(exc) from None
@@ -113,7 +125,7 @@ class StreamServer:
             self._watched[conn] = None
             conn.add_close_callback(self._on_conn_closed)
         stream.task = asyncio.get_running_loop().create_task(
-            self._serve(stream, run), name=f"data-stream {msg.keyspace}/{msg.partition}"
+            self._serve(stream, run, first), name=f"data-stream {msg.keyspace}/{msg.partition}"
         )
         return StreamOpened(stream_id=msg.stream_id, uuid=info.uuid, high_seqno=info.high_seqno)
 
@@ -144,11 +156,11 @@ class StreamServer:
 
     # --- the stream task -------------------------------------------------------------------
 
-    async def _serve(self, stream: _Stream, first_run: Iterator[StreamItem]) -> None:
+    async def _serve(self, stream: _Stream, first_run: Iterator[StreamItem], first: _Taken) -> None:
         msg = stream.msg
         error: ShardexError | None = None
         try:
-            await self._pump(stream, first_run)
+            await self._pump(stream, first_run, first)
         except asyncio.CancelledError:
             _close_quietly(first_run)
             raise
@@ -165,15 +177,22 @@ class StreamServer:
         with contextlib.suppress(ShardexError):  # a closed connection: nobody is listening
             await stream.conn.send(end)
 
-    async def _pump(self, stream: _Stream, run: Iterator[StreamItem]) -> None:
+    async def _pump(self, stream: _Stream, run: Iterator[StreamItem], first: _Taken) -> None:
+        """Send ``run`` (whose first batch is ``first``), then, when following, every later
+        run; returns at ``end_seqno`` or, not following, at the run's end."""
         msg = stream.msg
-        max_items = max(1, min(msg.max_items, MAX_BATCH_ITEMS))
+        max_items = _max_items(msg)
         pos, uuid = msg.from_seqno, msg.uuid
+        taken: _Taken | None = first
         while True:
             run_end = pos  # a run covers up to its marker's end (a backfill skips seqnos)
             try:
-                while True:
-                    items = await self._run(_take, run, max_items, MAX_BATCH_BYTES)
+                exhausted = False
+                while not exhausted:
+                    if taken is None:
+                        taken = await self._run(_take, run, max_items, MAX_BATCH_BYTES)
+                    items, exhausted = taken
+                    taken = None
                     if not items:
                         break
                     for batch in _batches(msg.stream_id, items):
@@ -189,9 +208,7 @@ class StreamServer:
                 return
             # Wait for a commit past what we sent (raises NOT_MY_PARTITION if it goes away).
             await self._engine.wait_for_seqno(msg.keyspace, msg.partition, pos, None)
-            run = await self._run(
-                self._engine.stream, msg.keyspace, msg.partition, pos, uuid, msg.end_seqno
-            )
+            run, taken = await self._run(_open_and_take, self._engine, msg, pos, uuid, max_items)
 
     async def _send(self, stream: _Stream, batch: StreamBatch) -> None:
         while stream.credit <= 0:
@@ -201,12 +218,19 @@ class StreamServer:
         await stream.conn.send(batch)
 
 
+def _max_items(msg: OpenStream) -> int:
+    return max(1, min(msg.max_items, MAX_BATCH_ITEMS))
+
+
 def _batches(stream_id: int, items: list[StreamItem]) -> Iterator[StreamBatch]:
-    """Split ``items`` at snapshot markers: each batch starts with at most one marker."""
+    """Split ``items`` at snapshot markers: each batch starts with at most one marker.
+    Changes come as ``StreamBatch`` tuples (``DataEngine.stream_wire``) or ``Change``s."""
     marker: tuple[int, int, int, bool] | None = None
     changes: list[ChangeTuple] = []
     for item in items:
-        if isinstance(item, SnapshotMarker):
+        if type(item) is tuple:
+            changes.append(item)
+        elif isinstance(item, SnapshotMarker):
             if marker is not None or changes:
                 yield StreamBatch(stream_id=stream_id, marker=marker, changes=changes)
             marker = (item.start, item.end, item.uuid, item.backfill)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Generator
+from typing import Any
 
 from shardex.data.errors import BadRequest, RollbackRequired, not_my_partition
+from shardex.data.messages import ChangeTuple
 from shardex.data.partition import Partition
 from shardex.data.records import (
     META_KEY,
+    OP_DELETE,
     PREFIX_DOC,
     STATE_ACTIVE,
     Change,
@@ -33,6 +36,9 @@ from shardex.data.validation import check_seqno
 from shardex.storage import StoreSnapshot
 
 StreamItem = SnapshotMarker | Change
+# ``wire=True`` runs: changes as ``StreamBatch`` tuples (what the stream server sends), so
+# serving a change builds no ``Change`` struct only to take it apart again.
+WireItem = SnapshotMarker | ChangeTuple
 
 _YIELD_EVERY = 256  # follow() gives the event loop a turn this often while draining a run
 
@@ -63,10 +69,11 @@ def rollback_seqno(meta: PartitionMeta, from_seqno: int, uuid: int) -> int | Non
 
 
 def open_stream(
-    part: Partition, from_seqno: int, uuid: int, end_seqno: int | None
-) -> Generator[StreamItem, None, None]:
+    part: Partition, from_seqno: int, uuid: int, end_seqno: int | None, *, wire: bool = False
+) -> Generator[Any, None, None]:
     """Check the request against one snapshot (raising before anything is yielded) and return
-    the generator of the run. The snapshot is released when the generator ends or closes."""
+    the generator of the run. The snapshot is released when the generator ends or closes.
+    Items are ``StreamItem``s, or ``WireItem``s with ``wire`` (same order, same content)."""
     check_seqno("from_seqno", from_seqno)
     if end_seqno is not None:
         check_seqno("end_seqno", end_seqno)
@@ -110,29 +117,36 @@ def open_stream(
                         "hint": "omit end_seqno, or use snapshot_partition",
                     },
                 )
-            return _backfill_run(snap, part.cf.name, meta)
-        return _log_run(snap, part.cf.name, meta, from_seqno, end)
+            return _backfill_run(snap, part.cf.name, meta, wire)
+        return _log_run(snap, part.cf.name, meta, from_seqno, end, wire)
     except BaseException:
         snap.release()
         raise
 
 
 def _log_run(
-    snap: StoreSnapshot, cf: str, meta: PartitionMeta, from_seqno: int, end: int
-) -> Generator[StreamItem, None, None]:
+    snap: StoreSnapshot, cf: str, meta: PartitionMeta, from_seqno: int, end: int, wire: bool
+) -> Generator[Any, None, None]:
     try:
         if end <= from_seqno:
             return
         yield SnapshotMarker(meta.partition, from_seqno + 1, end, meta.uuid)
-        for key, raw in snap.iterate(cf, change_key(from_seqno + 1), change_key(end + 1)):
+        rows = snap.iterate(cf, change_key(from_seqno + 1), change_key(end + 1))
+        if wire:
+            for key, raw in rows:
+                r = decode_change(raw)
+                body = None if r.op == OP_DELETE else r.body
+                yield (seqno_of_change_key(key), r.docid, r.op, r.cas, body, r.flags, r.expiry)
+            return
+        for key, raw in rows:
             yield change_from_record(meta.partition, seqno_of_change_key(key), decode_change(raw))
     finally:
         snap.release()
 
 
 def _backfill_run(
-    snap: StoreSnapshot, cf: str, meta: PartitionMeta
-) -> Generator[StreamItem, None, None]:
+    snap: StoreSnapshot, cf: str, meta: PartitionMeta, wire: bool
+) -> Generator[Any, None, None]:
     """Every current document version (tombstones included) in seqno order: what a consumer
     starting from nothing needs once the early change log is purged (Couchbase's backfill)."""
     try:
@@ -148,6 +162,11 @@ def _backfill_run(
             if raw is None:
                 continue
             rec = decode_doc(raw)
+            if wire:
+                op = "delete" if rec.deleted else "upsert"
+                body = None if rec.deleted else rec.body
+                yield (seqno, key[1:].decode("utf-8"), op, rec.cas, body, rec.flags, rec.expiry)
+                continue
             yield Change(
                 partition=meta.partition,
                 seqno=seqno,

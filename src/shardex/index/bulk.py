@@ -13,20 +13,29 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable
+from operator import itemgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from shardex.index.keyversion import UPSERT, KeyVersion
-from shardex.index.records import encode_back
+from shardex.index.records import pack_back_head
 from shardex.storage import ColumnFamily, SstWriter, Store
 
-__all__ = ["SST_THRESHOLD", "sorted_load_rows", "write_sorted"]
+__all__ = ["SST_THRESHOLD", "SortedLoad", "sorted_load_rows", "write_sorted"]
 
 SST_THRESHOLD = 20_000
+_DOCID = itemgetter(4)
 
 
-def sorted_load_rows(
-    rows: Iterable[KeyVersion],
-) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
+class SortedLoad(NamedTuple):
+    """A load ready to write: entries sorted, back-index keys sorted with their values."""
+
+    entries: list[bytes]
+    back_keys: list[bytes]
+    back_values: list[bytes]
+
+
+def sorted_load_rows(rows: Iterable[KeyVersion]) -> SortedLoad:
     """Entries and back-index rows of a load, each sorted by key bytes.
 
     Only ``UPSERT`` rows make entries (a snapshot read yields removals only for documents
@@ -34,7 +43,7 @@ def sorted_load_rows(
     seqno, so a build that read a document twice is still exact.
     """
     ups = [r for r in rows if r[2] == UPSERT]
-    if len({r[4] for r in ups}) != len(ups):
+    if len(set(map(_DOCID, ups))) != len(ups):
         # A docid given twice (a retried chunk read the document again): the highest seqno.
         latest: dict[str, KeyVersion] = {}
         for row in ups:
@@ -43,32 +52,33 @@ def sorted_load_rows(
                 latest[row[4]] = row
         ups = list(latest.values())
     # Comprehensions and one C sort each: the per-row cost here is paid for every entry of
-    # an initial build (back keys are unique docids, so tuples compare on the key alone).
+    # an initial build. The back index sorts the docid strings, not (key, value) tuples: str
+    # order is code-point order, which is UTF-8 byte order, and a str sort is far cheaper.
     entries = sorted([r[3] for r in ups])
-    enc = encode_back
-    back = sorted([(r[4].encode("utf-8"), enc(r[5], r[6], r[3])) for r in ups])
-    return entries, back
+    ups.sort(key=_DOCID)
+    pack = pack_back_head
+    back_keys = [r[4].encode("utf-8") for r in ups]
+    back_values = [pack(r[5], r[6]) + r[3] for r in ups]
+    return SortedLoad(entries, back_keys, back_values)
 
 
 def write_sorted(
     store: Store,
     entries_cf: ColumnFamily,
     back_cf: ColumnFamily,
-    entries: list[bytes],
-    back: list[tuple[bytes, bytes]],
+    load: SortedLoad,
     *,
     use_sst: bool | None = None,
 ) -> str:
     """Write a sorted load into two (empty) families; returns the method used
     (``"sst"`` or ``"batch"``). ``use_sst=None`` chooses by ``SST_THRESHOLD``."""
+    entries, back_keys, back_values = load
     if use_sst is None:
         use_sst = len(entries) >= SST_THRESHOLD
     if not use_sst:
         batch = store.batch()
-        for e in entries:
-            batch.put(entries_cf, e, b"")
-        for k, v in back:
-            batch.put(back_cf, k, v)
+        batch.put_many(entries_cf, entries)
+        batch.put_many(back_cf, back_keys, back_values)
         store.write(batch, sync=True)
         return "batch"
     tmp = Path(store.path) / "ingest"
@@ -79,15 +89,13 @@ def write_sorted(
     os.close(fd)
     try:
         if entries:
-            w = SstWriter(epath)
-            for e in entries:
-                w.put(e, b"")
+            w = SstWriter(epath, bloom=False)  # entries are range-scanned, never point-read
+            w.put_many(entries)
             w.finish()
             entries_cf.ingest([epath])
-        if back:
+        if back_keys:
             w = SstWriter(bpath)
-            for k, v in back:
-                w.put(k, v)
+            w.put_many(back_keys, back_values)
             w.finish()
             back_cf.ingest([bpath])
     finally:

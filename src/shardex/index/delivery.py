@@ -15,7 +15,10 @@ is atomic with respect to the DDL calls (allocate, drop) and to the other handle
   listed index. It is refused with ``STALE_DELIVERY`` when the pipeline delivered the batch to
   another incarnation (this process restarted since: the queue it filled is gone). Slices
   loading or needing a rebuild are acknowledged with their state, not stabilised; indexes
-  without a local slice are ``missing``.
+  without a local slice are ``missing``. Only the slices the round names (``slices``: the
+  partitions its topology gives this node, and incoming move copies) are stabilised: a
+  slice an index move switched away still sits here until its drop, and the round's rows
+  for it went to the new owner only.
 * ``PublishStability``: the stability TS per index, held in memory (a restart forgets it
   until the next publish). Monotonic: a TS the held one covers is ignored; any other TS
   replaces it (newer, or on a new history branch after a rollback).
@@ -161,7 +164,7 @@ class IndexDelivery:
 
         def run() -> StabilizeManyResult:
             self._check_keyspace(engine, msg.keyspace, msg.index_ids)
-            return engine.stabilize_many(msg.index_ids, ts)
+            return engine.stabilize_many(msg.index_ids, ts, msg.slices)
 
         res = await self.service._run(run)
         return self._stabilized(msg.index_ids, msg.moving, ts, res, None)
@@ -184,7 +187,7 @@ class IndexDelivery:
         def run() -> tuple[EnqueueResult, StabilizeManyResult]:
             self._check_keyspace(engine, msg.keyspace, msg.index_ids)
             queued = engine.enqueue(msg.rows, keyspace=msg.keyspace)
-            return queued, engine.stabilize_many(msg.index_ids, ts)
+            return queued, engine.stabilize_many(msg.index_ids, ts, msg.slices)
 
         queued, res = await self.service._run(run)
         if queued.unknown:
@@ -259,7 +262,14 @@ class IndexDelivery:
         engine = self._engine()
         ts0 = Timestamp.from_wire(msg.ts0)
         rows = await self.service._run(
-            lambda: engine.load_chunk(msg.index_id, msg.partition, ts0, msg.rows, msg.docs)
+            lambda: engine.load_chunk(
+                msg.index_id,
+                msg.partition,
+                ts0,
+                msg.rows,
+                msg.docs,
+                columns=(msg.entries, msg.docids, msg.partitions, msg.seqnos),
+            )
         )
         return LoadChunkAck(node=self.node, rows=rows, incarnation=self.service.incarnation)
 

@@ -18,6 +18,7 @@ restarted in between refuses (``STALE_DELIVERY``) instead of stabilising a queue
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import msgspec
@@ -82,6 +83,11 @@ class StabilizeSlices(Message, tag="index.StabilizeSlices"):
     # index id -> partitions of an index move whose batch was routed to this node too (the
     # target's catching-up slices; ``shardex.index.slice_copy``)
     moving: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    # index id -> the partitions this round stabilises here: those the round's topology
+    # gives this node, plus ``moving``. A local slice not named is left alone (after an
+    # index move's switch the source still holds the slice, but the batch's rows went to
+    # the new owner only). None: every local slice of ``index_ids`` (hand-made requests).
+    slices: dict[str, list[int]] | None = None
 
 
 class DeliverAndStabilize(Message, tag="index.DeliverAndStabilize"):
@@ -101,6 +107,7 @@ class DeliverAndStabilize(Message, tag="index.DeliverAndStabilize"):
     index_ids: list[str]
     incarnation: str = ""
     moving: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    slices: dict[str, list[int]] | None = None  # as ``StabilizeSlices.slices``
 
 
 class SliceAck(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,13 +144,44 @@ class StabilityPublished(Message, tag="index.StabilityPublished"):
 class LoadChunk(Message, tag="index.LoadChunk"):
     """Initial build: UPSERT key versions of one slice from the snapshot at ``ts0``. The
     first chunk starts the load (slice -> loading); chunks may repeat (a Spark task retry):
-    the load keeps one row per docid."""
+    the load keeps one row per docid.
+
+    Rows travel as ``rows`` (whole key versions) or, what the pipeline sends, columnar:
+    ``entries``/``docids``/``partitions``/``seqnos`` with one value per row. Every row of
+    a chunk is an Upsert of this slice, so the columnar form does not repeat the index id,
+    slice and kind: 44 instead of 68 bytes per row and a 3x cheaper decode (measured:
+    50k rows, 0.47 vs 1.58 us/row)."""
 
     index_id: str
     partition: int
     ts0: WireTs
-    rows: list[WireKeyVersion]
+    rows: list[WireKeyVersion] = msgspec.field(default_factory=list)
     docs: int = 0  # documents of the snapshot these rows came from (for progress)
+    entries: list[bytes] = msgspec.field(default_factory=list)
+    docids: list[str] = msgspec.field(default_factory=list)
+    partitions: list[int] = msgspec.field(default_factory=list)  # data partitions
+    seqnos: list[int] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def columnar(
+        cls,
+        index_id: str,
+        partition: int,
+        ts0: WireTs,
+        rows: Sequence[WireKeyVersion],
+        docs: int = 0,
+    ) -> LoadChunk:
+        """The columnar frame of ``rows`` (all Upserts of slice ``index_id/partition``)."""
+        return cls(
+            index_id=index_id,
+            partition=partition,
+            ts0=ts0,
+            docs=docs,
+            entries=[r[3] for r in rows],
+            docids=[r[4] for r in rows],
+            partitions=[r[5] for r in rows],
+            seqnos=[r[6] for r in rows],
+        )
 
 
 class LoadChunkAck(Message, tag="index.LoadChunkAck"):

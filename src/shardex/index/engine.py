@@ -23,7 +23,7 @@ import contextlib
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition, validate_definition
 from shardex.index.keyversion import UPSERT, KeyVersion
+from shardex.index.load_session import LoadSession
 from shardex.index.records import (
     META_KEY,
     STATE_ACTIVE,
@@ -50,12 +51,15 @@ __all__ = [
     "STABILIZABLE",
     "EnqueueResult",
     "IndexerEngine",
+    "LoadColumns",
     "LoadSession",
     "SliceReport",
     "StabilizeManyResult",
 ]
 
 _NOTHING = SeqnoEntry(0, 0)
+# A columnar load chunk: (entries, docids, data partitions, seqnos), one value per row.
+LoadColumns = tuple[Sequence[bytes], Sequence[str], Sequence[int], Sequence[int]]
 STABILIZABLE = frozenset({STATE_CREATED, STATE_ACTIVE})  # states a stabilise applies to
 
 
@@ -86,17 +90,6 @@ class SliceReport:
 class StabilizeManyResult:
     slices: list[SliceReport] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # index ids with no local slice
-
-
-@dataclass(slots=True)
-class LoadSession:
-    """An initial build's rows for one slice, held until ``load_finish``: docid -> its
-    UPSERT row with the highest seqno (a repeated chunk adds nothing)."""
-
-    ts0: Timestamp
-    rows: dict[str, KeyVersion] = field(default_factory=dict)
-    docs: int = 0  # documents reported by the chunks (repeated chunks count again)
-    chunks: int = 0
 
 
 class IndexerEngine:
@@ -240,14 +233,24 @@ class IndexerEngine:
         with _locked(slices):
             return self._stabilize_locked(slices, ts)
 
-    def stabilize_many(self, index_ids: Iterable[str], ts: Timestamp) -> StabilizeManyResult:
+    def stabilize_many(
+        self,
+        index_ids: Iterable[str],
+        ts: Timestamp,
+        partitions: Mapping[str, Collection[int]] | None = None,
+    ) -> StabilizeManyResult:
         """Apply every local slice of every index in ``index_ids`` that is ``created`` or
         ``active`` up to ``ts`` in ONE atomic batch (one synced write for all of them), then
         snapshot each. Slices ``loading`` or ``needs_rebuild`` are reported, not touched; ids
         without a local slice (never here, or dropped meanwhile) are ``missing``. A slice
-        refusing ``ts`` (it goes backwards) fails the whole call and nothing is written."""
+        refusing ``ts`` (it goes backwards) fails the whole call and nothing is written.
+        ``partitions`` (index id -> partitions): only those slices of an index it lists are
+        stabilised or reported; the others are left as they are (a slice the round's rows
+        were not routed to must not take a snapshot labelled ``ts``)."""
         wanted = sorted(set(index_ids))
         slices = [s for i in wanted for s in self.slices(i)]
+        if partitions is not None:
+            slices = [s for s in slices if s.partition in partitions.get(s.index_id, ())]
         with _locked(slices):
             # Dropped between listing and locking: as if never here.
             live = [s for s in slices if self._slices.get((s.index_id, s.partition)) is s]
@@ -313,18 +316,24 @@ class IndexerEngine:
         ts0: Timestamp,
         rows: Iterable[KeyVersion],
         docs: int = 0,
+        *,
+        columns: LoadColumns | None = None,
     ) -> int:
         """Add an initial build's rows (UPSERTs of the snapshot at ``ts0``) to the slice's
         load session; returns the rows held (one per docid, so a repeated chunk adds
-        nothing). The first chunk at ``ts0`` opens the session (``_open``). A slice whose
-        load at ``ts0`` already finished acknowledges without holding anything (a retried
-        chunk) and returns its items count."""
+        nothing). ``columns``: more UPSERTs of this slice as parallel lists (entries,
+        docids, partitions, seqnos), the wire's columnar form. The first chunk at ``ts0``
+        opens the session (``_open``). A slice whose load at ``ts0`` already finished
+        acknowledges without holding anything (a retried chunk) and returns its items
+        count."""
         sl = self.slice(index_id, partition)
+        if columns is not None:
+            _check_columns(index_id, partition, columns)
         with self._load_lock, sl.lock:
             session = self._open(sl, ts0)
             if session is None:
                 return sl.items_count
-            held = session.rows
+            ups: list[KeyVersion] = []
             for row in rows:
                 if row[0] != index_id or row[1] != partition:
                     raise ShardexError(
@@ -333,14 +342,14 @@ class IndexerEngine:
                         code=ErrorCode.BAD_REQUEST,
                         details={"index": index_id, "partition": partition, "row": repr(row)},
                     )
-                if row[2] != UPSERT:
-                    continue  # a snapshot has nothing to remove (bulk.sorted_load_rows)
-                cur = held.get(row[4])
-                if cur is None or row[6] > cur[6]:
-                    held[row[4]] = row
+                if row[2] == UPSERT:  # a snapshot has nothing to remove (sorted_load_rows)
+                    ups.append(row)
+            session.add_rows(ups)
+            if columns is not None:
+                session.add_columns(*columns)
             session.docs += docs
             session.chunks += 1
-            return len(held)
+            return len(session.held)
 
     def load_finish(self, index_id: str, partition: int, ts0: Timestamp) -> int:
         """Write the session's rows (``bulk_load``: sorted, SST when large), record ``ts0``
@@ -353,7 +362,7 @@ class IndexerEngine:
             session = self._open(sl, ts0)
             if session is None:
                 return sl.items_count
-            sl.bulk_load(session.rows.values(), ts0)
+            sl.write_load(session.sorted_load(), ts0)
             self._loads.pop(key, None)
             self._loaded[key] = ts0
             return sl.items_count
@@ -487,6 +496,19 @@ class IndexerEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_columns(index_id: str, partition: int, columns: LoadColumns) -> None:
+    entries, docids, parts, seqnos = columns
+    n = len(docids)
+    if not len(entries) == len(parts) == len(seqnos) == n:
+        raise ShardexError(
+            f"a load chunk for slice {index_id}/{partition} has columns of different lengths "
+            f"(entries {len(entries)}, docids {n}, partitions {len(parts)}, seqnos "
+            f"{len(seqnos)})",
+            code=ErrorCode.BAD_REQUEST,
+            details={"index": index_id, "partition": partition, "hint": "one value per row"},
+        )
 
 
 @contextlib.contextmanager

@@ -8,6 +8,10 @@ move's own messages cannot clean up:
 * its source restarted during the drop grace after the switch: the in-memory timer that
   would have dropped the old slice died with the process.
 
+(A switched-away source slice is usually retired before it is due here: the reconciliation
+that confirms it as an orphan first hands it to ``SliceMoves.switched_in_state``, which
+recognises it from the index topology history and drops it after the move's own grace.)
+
 The rule (``plan_orphans``): a held slice of a settled live index (READY, BUILDING, ACTIVE or
 ERROR) is an orphan when the index's latest topology does not give the partition to this
 node *and* no in-flight move (``moving``) targets it here. Whole-index drops (DELETED,

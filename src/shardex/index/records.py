@@ -38,6 +38,7 @@ __all__ = [
     "decode_meta",
     "encode_back",
     "encode_meta",
+    "pack_back_head",
     "parse_cf_name",
     "tombstone_log_key",
     "tombstone_log_range",
@@ -59,6 +60,11 @@ class BackRow(NamedTuple):
     partition: int
     seqno: int
     entry: bytes  # b"" = tombstone
+
+
+# ``pack_back_head(partition, seqno)``: a back row without its entry (a tombstone); hot
+# loops add the entry themselves instead of calling ``encode_back`` per row.
+pack_back_head = _BACK_HEAD.pack
 
 
 def encode_back(partition: int, seqno: int, entry: bytes) -> bytes:

@@ -328,7 +328,7 @@ class IndexService:
         orphans: list[SliceKey] = []
         # The tracker holds slices orphaned in an earlier round: each round confirms them
         # again (or forgets them), so their clocks only run while they stay orphans.
-        if plan.drop or plan.orphans or self.orphans.since:
+        if plan.drop or plan.orphans or self.orphans.since or self.slice_moves.awaiting_switch():
             committed = await self._state(fresh=True)
             async with self._lock:
                 confirmed = plan_reconcile(self.name, committed, self._held())
@@ -337,6 +337,9 @@ class IndexService:
                     await self._run(self.engine.drop_index, index_id)
                     self.delivery.forget(index_id)
                     drops.append(index_id)
+                # A switch whose IndexPartitionSwitched never came: learnt from the state.
+                # (A copy still incoming here is not an orphan: its arrival is learnt too.)
+                self.slice_moves.switched_in_state(committed, confirmed.orphans)
                 busy = self.slice_moves.busy_slices()  # read under the lock moves take too
                 for index_id, p in self.orphans.due(confirmed.orphans, busy):
                     log.info("reconcile: dropping orphan slice %s/%d", index_id, p)

@@ -15,6 +15,13 @@ Target T (the coordinator master drives; ``manager/index_rebalance.py``):
 4. ``IndexPartitionSwitched`` (after the master committed the new index topology): T's
    paginated scans learn the partition arrived.
 
+The master re-sends ``IndexPartitionSwitched`` until each end acknowledges (or is declared
+down); both ends take it idempotently. An end that still missed it (the master failed over,
+or it restarted) learns the switch from the committed state at its next reconciliation
+(``switched_in_state``: the source from a held slice an earlier index topology gave to it and
+the latest gives to another node, the target from its copy's move being ``done``), within a
+reconcile interval rather than the orphan grace.
+
 Source S: serves ``ReadSliceCopy`` from a snapshot of the slice's back index (each live back
 row names its entry, so the entries are rebuilt from it: half the bytes); on
 ``IndexPartitionSwitched`` it stops opening scans on the slice (STALE_TOPOLOGY, retryable:
@@ -54,13 +61,15 @@ from shardex.index.slice_copy_messages import (
     SliceCopyChunk,
     SliceMoveDone,
 )
+from shardex.manager.index_rebalance_state import DONE
 from shardex.net import Connection, RpcServer
 from shardex.storage import StoreSnapshot
 
 if TYPE_CHECKING:
     from shardex.index.service import IndexService
+    from shardex.manager.state import StateContext
 
-__all__ = ["SliceMoves", "back_rows_to_key_versions"]
+__all__ = ["SWITCH_DROP_GRACE", "SliceMoves", "back_rows_to_key_versions"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +77,9 @@ CHUNK_TIMEOUT = 30.0
 COPY_SESSION_IDLE = 120.0  # a source releases a copy snapshot nobody asked for this long
 NOT_READY_RETRY_FOR = 30.0  # the source has not applied E1 yet: it will within a round
 LEASE_RECHECK = 0.5  # after the last lease's expiry: a renewal may have moved it
+# A switched source keeps its slice this long (in-flight scans finish on their snapshots);
+# the master sends it in ``IndexPartitionSwitched.grace``.
+SWITCH_DROP_GRACE = 10.0
 
 SliceKey = tuple[str, int]
 
@@ -352,20 +364,82 @@ class SliceMoves:
     # --- both ends ---------------------------------------------------------------------------
 
     async def on_switched(self, msg: IndexPartitionSwitched, conn: Connection) -> SliceMoveDone:
+        """Idempotent: the master re-sends it until acknowledged, and reconciliation may have
+        learnt the switch from the state first (``switched_in_state``)."""
         key = (msg.index_id, msg.partition)
         migrations = self.service.scan_migrations
+        inc = self._incoming.get(key)
+        if inc is not None and inc.migration_id != msg.migration_id:
+            return SliceMoveDone(node=self.node)  # a later move of the slice is under way here
         if self.node == msg.target:
             self._incoming.pop(key, None)
             migrations.partition_arrived(msg.index_id, msg.partition)
-        elif self.node == msg.source and key not in self._retired:
-            self._retired[key] = msg.target
-            migrations.partition_left(msg.index_id, msg.partition, msg.target)
-            self._notify(msg.index_id)  # scans waiting on this slice re-check and retry
-            task = asyncio.get_running_loop().create_task(self._drop_later(key, msg.grace))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        elif self.node == msg.source:
+            self._retire(key, msg.target, msg.grace)
         migrations.topology_published(msg.index_id, msg.topology_seq)
         return SliceMoveDone(node=self.node)
+
+    def _retire(self, key: SliceKey, owner: str, grace: float) -> bool:
+        """The slice was switched to ``owner``: refuse new scans of it, tell the paginated
+        scans it left, drop it after ``grace`` (and its leases). False if already retired."""
+        if key in self._retired:
+            return False
+        self._retired[key] = owner
+        self.service.scan_migrations.partition_left(key[0], key[1], owner)
+        self._notify(key[0])  # scans waiting on this slice re-check and retry
+        task = asyncio.get_running_loop().create_task(self._drop_later(key, grace))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    def awaiting_switch(self) -> bool:
+        """An incoming copy is here: reconciliation reads the committed state to learn its
+        switch if the message does not come (``switched_in_state``)."""
+        return bool(self._incoming)
+
+    def switched_in_state(self, state: StateContext, orphans: Iterable[SliceKey]) -> list[SliceKey]:
+        """Learn from the master's committed ``state`` the switches whose
+        ``IndexPartitionSwitched`` did not arrive (lost, the master failed over, or this node
+        restarted). Source side: of ``orphans`` (held slices the latest index topology gives
+        to another node, no move coming here: ``orphans.plan_orphans``), those an earlier
+        topology of the index gave to this node were switched away from here; retire them
+        as the message would have. Target side: an incoming copy whose own move is ``done``
+        and whose partition the latest topology gives to this node has arrived.
+        Returns the slices switched now, either way."""
+        out: list[SliceKey] = []
+        moves = state.rebalance.index_moves if state.rebalance is not None else []
+        done = {m.migration_id for m in moves if m.status == DONE and m.target == self.node}
+        for key, inc in list(self._incoming.items()):
+            history = state.index_topologies.get(key[0]) or []
+            # This copy's own move is done (not an older state from before it started).
+            if (
+                inc.migration_id in done
+                and history
+                and history[-1].assignment.get(key[1]) == self.node
+            ):
+                del self._incoming[key]
+                self.service.scan_migrations.partition_arrived(key[0], key[1])
+                self.service.scan_migrations.topology_published(key[0], history[-1].seq_num)
+                log.info("slice %s/%d: arrived (move %s, learnt from the state)",
+                         key[0], key[1], inc.migration_id)  # fmt: skip
+                out.append(key)
+        for key in orphans:
+            if key in self._retired or key in self._incoming:
+                continue
+            history = state.index_topologies.get(key[0]) or []
+            if len(history) < 2 or not any(
+                t.assignment.get(key[1]) == self.node for t in history[:-1]
+            ):
+                continue  # never served here (an aborted copy): the orphan drop's business
+            owner = history[-1].assignment.get(key[1], "")
+            if self._retire(key, owner, SWITCH_DROP_GRACE):
+                self.service.scan_migrations.topology_published(key[0], history[-1].seq_num)
+                log.info(
+                    "slice %s/%d: switched to %s (learnt from the state, topology %d)",
+                    key[0], key[1], owner, history[-1].seq_num,
+                )  # fmt: skip
+                out.append(key)
+        return out
 
     async def _drop_later(self, key: SliceKey, grace: float) -> None:
         await asyncio.sleep(max(0.0, grace))  # in-flight scans on the slice finish

@@ -14,9 +14,12 @@ indexer S to indexer T (node side: ``shardex.index.slice_copy``):
 5. wait until T's applied TS covers the published stability TS (T takes part in rounds);
 6. commit the new index topology (seq_num + 1, appended to the history) and the move
    ``done`` in ONE commit: scans now go to T;
-7. ``IndexPartitionSwitched`` to S and T: paginated scans' migration managers learn the
-   partition left S / arrived at T; S refuses new scans on its slice (retryable
-   STALE_TOPOLOGY) and drops it after a grace period.
+7. ``IndexPartitionSwitched`` to S and T (re-sent until acknowledged, or the node is down,
+   or this master's term ended: ``tell_switched``): paginated scans' migration managers learn
+   the partition left S / arrived at T; S refuses new scans on its slice (retryable
+   STALE_TOPOLOGY) and drops it after a grace period. A node that missed it learns the
+   switch from the committed state at its next reconciliation
+   (``SliceMoves.switched_in_state``).
 
 Failures before 6 abort: commit ``failed`` (the router stops sending to T), then tell T to
 drop its copy; S served the partition throughout. T dying mid-copy fails its RPC; S dying
@@ -39,6 +42,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.messages import ListSlices, SliceList
 from shardex.index.records import STATE_ACTIVE, STATE_LOADING
+from shardex.index.slice_copy import SWITCH_DROP_GRACE
 from shardex.index.slice_copy_messages import (
     AbortIncomingSlice,
     CopySliceIn,
@@ -76,7 +80,8 @@ COPY_TIMEOUT = 3600.0  # the copy itself (a dead target or source fails it soone
 ROUTED_TIMEOUT = 60.0  # for the first stabilise round routed to the target
 CATCH_UP_TIMEOUT = 120.0
 CATCH_UP_POLL = 0.1
-DROP_GRACE = 10.0  # the source keeps its slice this long after the switch
+DROP_GRACE = SWITCH_DROP_GRACE  # the source keeps its slice this long after the switch
+SWITCH_RETRY = (0.2, 2.0)  # IndexPartitionSwitched re-sent after these pauses (doubling)
 
 
 def indexer_members(ctx: Any) -> tuple[list[str], list[str]]:
@@ -130,6 +135,7 @@ class IndexMoveDriver:
         self._c = coordinator
         self.phases = phases  # migration id -> live phase, shared with the Rebalancer
         self.grace = DROP_GRACE
+        self.switch_retry = SWITCH_RETRY  # (first pause, longest pause) between re-sends
 
     async def update(self, epoch: int, migration_id: str, **changes: Any) -> None:
         async def fn(ctx: Any) -> None:
@@ -246,13 +252,37 @@ class IndexMoveDriver:
         switched = IndexPartitionSwitched(
             **common, source=move.source, target=move.target, topology_seq=seq, grace=self.grace
         )
+        # The target first, as before: it owns the partition once the source lets go.
         for node in (move.target, move.source):
+            await self.tell_switched(node, switched, epoch)
+
+    async def tell_switched(self, node: str, msg: IndexPartitionSwitched, epoch: int) -> bool:
+        """Send ``msg`` to ``node`` until it acknowledges (True), or it is not up any more or
+        this master's term ended (False). The source must hear it: until then it serves the
+        slice and its paginated scans never learn the partition left. A node declared down
+        learns the switch from the state at its next reconciliation instead
+        (``SliceMoves.switched_in_state``), as does every node after a failover."""
+        pause = self.switch_retry[0]
+        while True:
             try:
-                await self._ask(node, switched, COMMAND_TIMEOUT, SliceMoveDone)
+                await self._ask(node, msg, COMMAND_TIMEOUT, SliceMoveDone)
+                return True
             except ShardexError as exc:
                 if deposed(exc):
                     raise
-                log.warning("index move %s: telling %s of the switch failed: %s", mid, node, exc)
+                error = exc
+            if self._c.epoch != epoch:
+                log.info("index move %s: term %d over; %s learns the switch from the state",
+                         msg.migration_id, epoch, node)  # fmt: skip
+                return False
+            if node not in indexer_members(self._c)[1]:
+                log.warning("index move %s: %s is down (%s); it learns the switch from the "
+                            "state", msg.migration_id, node, error)  # fmt: skip
+                return False
+            log.info("index move %s: telling %s of the switch failed (%s), again in %.1f s",
+                     msg.migration_id, node, error, pause)  # fmt: skip
+            await asyncio.sleep(pause)
+            pause = min(self.switch_retry[1], pause * 2)
 
     async def _caught_up(self, move: IndexMoveRecord, copy_ts: Timestamp) -> None:
         """Until T's slice is active, a round at or after the copy was published to it, and

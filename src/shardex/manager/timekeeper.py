@@ -7,7 +7,8 @@ timekeeper:
 12. decides the stability TS: the batch's end offset ``ts``, for the listed indexes that
     exist in this node's replica of the coordinator state (the rest are ``skipped``);
 13. sends ``StabilizeSlices`` to every indexer node the latest index topologies name, in
-    parallel, each with the incarnation the batch was delivered to there (the maintenance
+    parallel, each with the incarnation the batch was delivered to there and the slices
+    (index, partition) the topologies give it: no other local slice advances (the maintenance
     stream does 13-15 itself with ``DeliverAndStabilize``, one round trip per indexer, and
     brings the replies in ``AdvanceStability.stabilized``: they are checked in 16 alike);
 14. (the indexers apply their queues up to ``ts`` in one atomic write and snapshot it);
@@ -93,6 +94,9 @@ class StabilizePlan:
     # node -> index id -> partitions it receives as an index move's target (not in the
     # topology yet: stabilised, never part of ``verify_acks``)
     moving: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    # node -> index id -> the partitions the round stabilises there (the topology's and the
+    # move targets'): an indexer leaves its other slices alone (``StabilizeSlices.slices``)
+    slices: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
 
 def plan_stabilize(
@@ -118,11 +122,15 @@ def plan_stabilize(
             plan.skipped[index_id] = f"index {rec.name!r} has no topology"
         else:
             plan.topologies[index_id] = topo
-            for node in topo.assignment.values():
+            for p, node in sorted(topo.assignment.items()):
                 nodes.setdefault(node, set()).add(index_id)
+                plan.slices.setdefault(node, {}).setdefault(index_id, []).append(p)
             for p, target in sorted((moving or {}).get(index_id, {}).items()):
                 nodes.setdefault(target, set()).add(index_id)
                 plan.moving.setdefault(target, {}).setdefault(index_id, []).append(p)
+                named = plan.slices.setdefault(target, {}).setdefault(index_id, [])
+                if p not in named:
+                    named.append(p)
     plan.by_node = {n: sorted(ids) for n, ids in sorted(nodes.items())}
     return plan
 
@@ -280,6 +288,7 @@ class Timekeeper:
                 index_ids=plan.by_node[node],
                 incarnation=msg.incarnations.get(node, ""),
                 moving=plan.moving.get(node, {}),
+                slices=plan.slices.get(node, {}),
             )
             try:
                 address = self._address(node)

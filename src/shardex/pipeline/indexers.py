@@ -102,12 +102,15 @@ def deliver_and_stabilize(
     by_node: Mapping[str, Sequence[KeyVersion]],
     plan: Mapping[str, Sequence[str]],
     moving: Mapping[str, Mapping[str, list[int]]] | None = None,
+    slices: Mapping[str, Mapping[str, list[int]]] | None = None,
 ) -> tuple[DeliveryReport, dict[str, Stabilized]]:
     """One round trip per indexer (in parallel): each node of ``plan`` (node -> the index
     ids it hosts) gets its rows and the stabilise at ``ts`` in one ``DeliverAndStabilize``;
     rows beyond one frame go ahead as ``DeliverKeyVersions`` and the last frame names the
     incarnation that took them. ``moving``: node -> index id -> partitions it receives as an
-    index move's target. Returns the delivery counts and each node's reply (for
+    index move's target. ``slices``: node -> index id -> the partitions its round
+    stabilises there, from the topology the rows were routed by (an indexer leaves its other
+    slices alone). Returns the delivery counts and each node's reply (for
     ``advance_stability(stabilized=...)``)."""
     report = DeliveryReport()
     replies: dict[str, Stabilized] = {}
@@ -129,6 +132,7 @@ def deliver_and_stabilize(
             index_ids=list(plan.get(node, ())),
             incarnation=incarnation,
             moving=dict((moving or {}).get(node, {})),
+            slices=None if slices is None else dict(slices.get(node, {})),
         )
         reply = await _to_node(client, node, last, Stabilized, ADVANCE_TIMEOUT)
         report.add(reply)
@@ -227,9 +231,7 @@ def load_chunks(
         index_id, partition, node = key
         n_docs = docs.get(key, 0)
         for frame in _frames(rows) or [[]]:
-            msg = LoadChunk(
-                index_id=index_id, partition=partition, ts0=wire, rows=list(frame), docs=n_docs
-            )
+            msg = LoadChunk.columnar(index_id, partition, wire, frame, n_docs)
             n_docs = 0  # counted once per key
             ack = await _to_node(client, node, msg, LoadChunkAck)
             seen.setdefault(node, set()).add(ack.incarnation)

@@ -48,16 +48,14 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.pipeline.batch_tail import BatchTail
+from shardex.pipeline.driver_read import read_and_project
 from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.indexers import advance_stability, deliver_and_stabilize
 from shardex.pipeline.move_rounds import MoveRounds
-from shardex.pipeline.projector import project_arrow
 from shardex.pipeline.read_ahead import ReadAhead
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.router import route
-from shardex.pipeline.source_plan import plan_ranges
 from shardex.pipeline.source_project import ProjectSpec
-from shardex.pipeline.source_read import read_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -69,6 +67,7 @@ __all__ = [
     "BatchStats",
     "MaintenanceJob",
     "read_offset",
+    "round_slices",
     "stream_options",
 ]
 
@@ -303,12 +302,9 @@ class MaintenanceJob:
     def _read_and_project(
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
     ) -> list[KeyVersion]:
-        out: list[KeyVersion] = []
-        ranges = plan_ranges(self.keyspace, start, end)
-        for batch in read_ranges(self.client, self.keyspace, ranges):
-            kv, _ = project_arrow(defs, batch, error_rows=True)
-            out.extend(from_arrow(kv))
-        return out
+        # Stream items straight into the projector's columns, rows kept as tuples, every
+        # partition's stream open at once (``driver_read.py``).
+        return read_and_project(self.client, self.keyspace, defs, start, end)
 
     def _read_and_project_on_workers(
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
@@ -337,22 +333,19 @@ class MaintenanceJob:
     def _catch_up(self, views: Sequence[IndexView], start: Timestamp) -> list[KeyVersion]:
         """Key versions of (applied, start] for every index whose applied TS is behind the
         batch's start (read on the driver: these ranges are small, a build's tail)."""
-        out: list[KeyVersion] = []
         behind = [v for v in views if not self.registry.applied(v.id).covers(start)]
         if not behind:
-            return out
+            return []
         low = self.registry.applied(behind[0].id)
         for v in behind[1:]:
             low = _min_ts(low, self.registry.applied(v.id))
-        ranges = plan_ranges(self.keyspace, _min_ts(low, start), start)
+        lower = _min_ts(low, start)
         defs = [v.definition for v in behind]
-        n = 0
-        for batch in read_ranges(self.client, self.keyspace, ranges):
-            kv, _ = project_arrow(defs, batch, error_rows=True)
-            out.extend(from_arrow(kv))
-            n += batch.num_rows
+        out = read_and_project(self.client, self.keyspace, defs, lower, start)
         log.info(
-            "caught up %d change(s) for %s behind the stream", n, ", ".join(v.id for v in behind)
+            "caught up %d change(s) for %s behind the stream",
+            _changes(lower, start),
+            ", ".join(v.id for v in behind),
         )
         return out
 
@@ -411,7 +404,14 @@ class MaintenanceJob:
         stats.key_versions = sum(len(r) for r in routed.by_node.values())
         plan, moving_by_node = stabilize_plan(views)
         _, replies = deliver_and_stabilize(
-            self.client, self.keyspace, batch_id, end, routed.by_node, plan, moving_by_node
+            self.client,
+            self.keyspace,
+            batch_id,
+            end,
+            routed.by_node,
+            plan,
+            moving_by_node,
+            slices=round_slices(views),
         )
         stats.deliver = time.perf_counter() - t  # deliver and stabilise on the indexers
         t = time.perf_counter()
@@ -538,6 +538,21 @@ def stabilize_plan(
             nodes.setdefault(target, set()).add(v.id)
             moving.setdefault(target, {}).setdefault(v.id, []).append(p)
     return {n: sorted(ids) for n, ids in sorted(nodes.items())}, moving
+
+
+def round_slices(views: Sequence[IndexView]) -> dict[str, dict[str, list[int]]]:
+    """node -> index id -> the partitions a batch's round stabilises there: exactly the
+    slices the router sends the batch's rows to, by the same views (topology and routed
+    moves). A slice left out keeps its applied TS: after an index move's switch the source
+    still holds the partition, but must not snapshot a TS whose changes went to the target
+    only (``docs/decisions.md``, "Index moves")."""
+    out: dict[str, dict[str, set[int]]] = {}
+    for v in views:
+        for p, node in v.topology.assignment.items():
+            out.setdefault(node, {}).setdefault(v.id, set()).add(p)
+        for p, target in v.moving.items():
+            out.setdefault(target, {}).setdefault(v.id, set()).add(p)
+    return {n: {i: sorted(ps) for i, ps in sorted(by.items())} for n, by in sorted(out.items())}
 
 
 def _changes(start: Timestamp, end: Timestamp) -> int:

@@ -59,10 +59,12 @@ from shardex.pipeline.source_types import (
 __all__ = [
     "ARROW_SCHEMA",
     "SCHEMA_DDL",
+    "Chunk",
     "Endpoint",
     "PartitionRange",
     "RollbackInfo",
     "client_for",
+    "iter_chunks",
     "parse_rollback",
     "read_ranges",
     "rollback_error",
@@ -304,7 +306,7 @@ async def _snapshot_of(
     return Chunk(r.partition, r.end_uuid, live)
 
 
-async def _iter_chunks(
+async def iter_chunks(
     client: Client,
     keyspace: str,
     ranges: Sequence[PartitionRange],
@@ -407,7 +409,7 @@ def read_ranges(
 ) -> Iterator[pa.RecordBatch]:
     """RecordBatches (about ``batch_rows`` rows each) of every record in ``ranges``; within
     a partition in seqno order. Closing the iterator early cancels the open streams."""
-    agen = _iter_chunks(
+    agen = iter_chunks(
         client,
         keyspace,
         ranges,

@@ -282,7 +282,11 @@ class PagingService:
         self, msg: PageScan, rec: IndexRecord, topo: Topology, stability: str
     ) -> tuple[dict[int, tuple[int, int]] | None, str, Topology]:
         """(The stability TS every page reads (None: the tips), after the first page's wait;
-        the id of its lease on every slice, "" for none; the topology it was leased on)."""
+        the id of its lease on every slice, "" for none; the topology it was leased on).
+        One deadline for the whole wait, topology retries included (as the scan
+        coordinator's open): each attempt's ``WaitStability`` gets the time that is left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + msg.timeout
         wait_for: Timestamp | None = None
         if msg.consistency == REQUEST_PLUS:
             wait_for = await self.view.high_seqnos(msg.keyspace)
@@ -293,12 +297,10 @@ class PagingService:
             return None, "", topo
         wire = None if wait_for is None else dict(wait_for.to_wire())
 
-        async def ask(node: str, parts: list[int]) -> Timestamp:
-            req = WaitStability(
-                index_id=rec.id, partitions=parts, wait_for=wire, timeout=msg.timeout
-            )
+        async def ask(node: str, parts: list[int], left: float) -> Timestamp:
+            req = WaitStability(index_id=rec.id, partitions=parts, wait_for=wire, timeout=left)
             reply = await self.pool.request(
-                self.view.address(node), req, msg.timeout + RPC_MARGIN, expect=StabilityAt
+                self.view.address(node), req, left + RPC_MARGIN, expect=StabilityAt
             )
             return Timestamp.from_wire(reply.ts)
 
@@ -308,7 +310,16 @@ class PagingService:
         async def ask_all(t: Topology) -> dict[int, tuple[int, int]] | None:
             used[0] = t
             by_node = placement(t)
-            tss = await asyncio.gather(*(ask(n, ps) for n, ps in by_node.items()))
+            left = deadline - loop.time()
+            if left <= 0:
+                raise ShardexError(
+                    f"the first page of a scan of index {rec.name!r} ran out of its "
+                    f"{msg.timeout}s before every slice reached its TS (retries after moved "
+                    "partitions included)",
+                    code=ErrorCode.SCAN_TIMEOUT,
+                    details={"index": rec.id, "timeout": msg.timeout, "hint": "retry the scan"},
+                )
+            tss = await asyncio.gather(*(ask(n, ps, left) for n, ps in by_node.items()))
             if stability == STABILITY_NONE:
                 return None  # waited until covered; the pages read the tips
             pin = dict(oldest_common(list(tss)).to_wire())

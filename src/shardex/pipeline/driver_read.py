@@ -1,0 +1,114 @@
+"""Read and project a change range on the driver, without Arrow in between.
+
+``read_and_project(client, keyspace, defs, start, end)`` returns the key versions of every
+change in (start, end] for ``defs``, exactly what ``read_ranges`` + ``project_arrow(...,
+error_rows=True)`` + ``from_arrow`` returned (the maintenance job's path for small batches,
+its catch-up and the read-ahead), minus two conversions: the stream's changes go straight
+into the projector's columns (no ``RecordBatch`` built and read back with ``to_pylist``), and
+the projector's row tuples are kept (no ``to_arrow`` and ``from_arrow`` round trip). Measured
+with ``python -m bench.pipeline_read``; figures in ``docs/decisions.md`` ("The driver's read +
+project, and what a stream costs the data node").
+
+The stream part is ``source_read``'s (same exactness checks, resumption and rollback
+errors); with ``concurrency`` = the number of ranges every partition's stream opens at once,
+so their round trips to the nodes overlap instead of queueing behind 16 slots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from shardex.client import Client
+from shardex.core.timestamp import Timestamp
+from shardex.data.records import OP_DELETE
+from shardex.index.definition import IndexDefinition
+from shardex.index.keyversion import BROADCAST, ERROR, KeyVersion
+from shardex.pipeline.projector import OP_UPSERT, _projector_for
+from shardex.pipeline.source_plan import plan_ranges
+from shardex.pipeline.source_read import (
+    DEFAULT_MAX_ITEMS,
+    DEFAULT_RESUME_TIMEOUT,
+    Chunk,
+    iter_chunks,
+)
+
+__all__ = ["project_chunks", "read_and_project"]
+
+# Chunks projected together: large enough that the projector's per-call cost is noise,
+# small enough that projecting overlaps the streams still arriving.
+_PROJECT_ROWS = 4096
+
+
+def project_chunks(defs: Sequence[IndexDefinition], chunks: Sequence[Chunk]) -> list[KeyVersion]:
+    """Key versions of ``chunks`` for ``defs``; every evaluation error also becomes an
+    ``ERROR`` row (entry = UTF-8 message), as ``project_arrow(..., error_rows=True)`` does."""
+    docids: list[str] = []
+    parts: list[int] = []
+    seqnos: list[int] = []
+    ops: list[str] = []
+    bodies: list[bytes | None] = []
+    for ch in chunks:
+        parts.extend([ch.partition] * len(ch.changes))
+        for c in ch.changes:
+            docids.append(c.docid)
+            seqnos.append(c.seqno)
+            ops.append(OP_DELETE if c.op == OP_DELETE else OP_UPSERT)
+            bodies.append(c.body)
+    res = _projector_for(defs).project_columns(
+        docids, parts, seqnos, ops, bodies, sample_limit=None
+    )
+    rows = res.rows
+    for e in res.samples:
+        rows.append(
+            (e.index_id, BROADCAST, ERROR, e.message.encode(), e.docid, e.partition, e.seqno)
+        )
+    return rows
+
+
+def read_and_project(
+    client: Client,
+    keyspace: str,
+    defs: Sequence[IndexDefinition],
+    start: Timestamp,
+    end: Timestamp,
+    *,
+    max_items: int = DEFAULT_MAX_ITEMS,
+    resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+) -> list[KeyVersion]:
+    """The key versions of (start, end] of ``keyspace`` for ``defs`` (see the module doc)."""
+    ranges = plan_ranges(keyspace, start, end)
+    out: list[KeyVersion] = []
+    if not ranges:
+        return out
+    agen = iter_chunks(
+        client,
+        keyspace,
+        ranges,
+        snapshot=False,
+        concurrency=len(ranges),
+        max_items=max_items,
+        resume_timeout=resume_timeout,
+    )
+    group: list[Chunk] = []
+    rows = 0
+    finished = False
+    try:
+        while True:
+            try:
+                chunk = client._run(agen.__anext__())
+            except StopAsyncIteration:
+                finished = True
+                break
+            group.append(chunk)
+            rows += len(chunk.changes)
+            if rows >= _PROJECT_ROWS:
+                out.extend(project_chunks(defs, group))
+                group, rows = [], 0
+        if group:
+            out.extend(project_chunks(defs, group))
+    finally:
+        if not finished:
+            with contextlib.suppress(Exception):
+                client._run(agen.aclose())
+    return out

@@ -12,8 +12,9 @@ One run on one machine, the two systems one after the other (never both at once)
    PostgreSQL's answers, with the fast paths on and off; then the bytes in flight per
    exchange of the GROUP BY and of a large range, with a 64 KiB and the default 1 MiB credit
    window; then every case through ``c.query`` at request_plus, twice: ``current`` (every
-   execution switch on) and ``baseline`` (``index_order``, ``get_many`` and ``plan_cache``
-   off: the execution before them), so before/after come from the same run and load.
+   execution switch on) and ``baseline`` (``index_order``, ``get_many``, ``plan_cache``
+   and ``inline`` off: the execution before them), so before/after come from the same run
+   and load.
 
 The query mix is ``bench/sql_queries.py`` (point by key, point by email, range with ORDER BY
 LIMIT 20, GROUP BY city over every document, a covering range). Each case runs at 1 and 4

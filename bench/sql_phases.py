@@ -34,7 +34,8 @@ SMALL_WINDOW = 64 * 1024
 PG = Variant(name="-")
 CURRENT = Variant(name="current")
 BASELINE = Variant(
-    name="baseline", tuning={"index_order": False, "get_many": False, "plan_cache": False}
+    name="baseline",
+    tuning={"index_order": False, "get_many": False, "plan_cache": False, "inline": False},
 )
 
 

@@ -2,9 +2,11 @@
 
 Index DDL (CREATE/DROP/BUILD INDEX) goes to ``client.execute_ddl``; every other statement is
 sent as ``SqlQuery`` to the node the client is connected to (failing over to the next one if
-it cannot be reached: nothing ran yet), which becomes the query's initiator. Rows come back
-on the scan session's connection as ``ScanBlock`` entries (msgpack rows) with block credits,
-so however slowly the caller iterates, at most ``CREDIT`` blocks wait in the client.
+it cannot be reached: nothing ran yet), which becomes the query's initiator. The reply
+carries the first block of rows (a small result: every row, and no stream follows); the
+rest come on the scan session's connection as ``ScanBlock`` entries (msgpack rows) with
+block credits, so however slowly the caller iterates, at most ``CREDIT`` blocks wait in the
+client. Rows the reply carried are read without a hop to the client's loop thread.
 
 ``QueryRows`` is the iterator of rows (dicts; the bare values for SELECT RAW). Once it is
 exhausted, ``metrics`` holds elapsed seconds, the result count, the bytes received, the
@@ -28,7 +30,7 @@ from shardex.scan.streams import InStream
 from shardex.sql.ddl import BuildIndexStmt, CreateIndexStmt, DropIndexStmt
 from shardex.sql.exec.messages import SqlQuery, SqlStarted
 from shardex.sql.exec.rows import decode_row
-from shardex.sql.syntax import parse_statement
+from shardex.sql.exec.statements import parsed
 
 if TYPE_CHECKING:
     from shardex.client.sync import Client
@@ -91,10 +93,13 @@ class QueryRows:
                 yield row
             self._done()
             return
-        assert self._stream is not None
+        stream = self._stream
+        assert stream is not None
         try:
             while True:
-                block = self._client._run(self._stream.next_block())
+                answered, block = stream.poll()  # the reply's rows: no loop round trip
+                if not answered:
+                    block = self._client._run(stream.next_block())
                 if block is None:
                     break
                 for cell in block:
@@ -120,7 +125,7 @@ class QueryRows:
 
     def close(self) -> None:
         stream = self._stream
-        if stream is not None and not stream.done:
+        if stream is not None and not stream.done and not stream.complete:
             self._client._run(stream.cancel())
 
     def __enter__(self) -> QueryRows:
@@ -144,6 +149,7 @@ async def _start(client: Client, msg: SqlQuery) -> tuple[SqlStarted, InStream]:
             req = msgspec.structs.replace(msg, stream_id=stream.scan_id)
             timeout = msg.timeout + REPLY_MARGIN + client.request_timeout
             started = await conn.request(req, timeout, expect=SqlStarted)
+            stream.put_head(started.rows, started.done)
         except _FAILOVER as exc:
             await stream.cancel()
             last = exc
@@ -201,7 +207,7 @@ def run_query(
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}")
     wire_params = _check_params(params)
-    stmt = parse_statement(sql)  # SQL_SYNTAX here, before anything is sent
+    stmt = parsed(sql)  # SQL_SYNTAX here, before anything is sent (parsed once per text)
     if isinstance(stmt, CreateIndexStmt | BuildIndexStmt | DropIndexStmt):
         out = client.execute_ddl(sql)
         rows = out if isinstance(out, list) else [out]

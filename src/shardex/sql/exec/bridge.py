@@ -6,6 +6,16 @@ The thread pulls each source's next chunk through ``run_coroutine_threadsafe`` a
 each output batch back the same way into a queue of ``QUEUE_BATCHES``, so a slow consumer
 stops the thread (backpressure). Closing the consumer early (a LIMIT satisfied, a cancel)
 cancels whatever the thread waits on, and the thread ends with ``_Stopped``.
+
+``inline``: most queries a user waits on are tiny (a point lookup reads one row), and for
+them the thread costs more than the work: its start and one loop round trip per chunk.
+So the first chunk of every source is read on the loop and ``fn`` runs on the loop over
+what was read; an input that runs dry before its source ended raises ``_NeedMore``, the
+loop reads one more chunk and ``fn`` starts again from scratch (a function of its input
+rows: the same prefix gives the same rows and the same errors; inputs it changes in place,
+the root's partial aggregate states, are decoded afresh for each run by ``decode``). Past
+``INLINE_ROWS`` rows read or ``INLINE_TRIES`` restarts, the thread takes over from the
+chunks already read: the loop is never held for more than a small input's work.
 """
 
 from __future__ import annotations
@@ -24,6 +34,9 @@ from shardex.sql.exec.rows import to_batches
 __all__ = ["run_pipeline"]
 
 QUEUE_BATCHES: Final = 2
+INLINE_ROWS: Final = 256  # rows read on the loop at most before the thread takes over
+INLINE_TRIES: Final = 4  # runs of ``fn`` on the loop at most
+Decode = Callable[[Any], Any]
 
 
 class _Stopped(Exception):
@@ -68,12 +81,41 @@ async def _next_chunk(source: AsyncIterator[list[Any]]) -> list[Any] | None:
         return None
 
 
-def _pull(link: _Link, source: AsyncIterator[list[Any]]) -> Iterator[Any]:
+def _pull(link: _Link, source: AsyncIterator[list[Any]], decode: Decode | None) -> Iterator[Any]:
     while True:
         chunk = link.call(_next_chunk(source))
         if chunk is None:
             return
-        yield from chunk
+        yield from chunk if decode is None else map(decode, chunk)
+
+
+class _NeedMore(BaseException):
+    """An inline run of ``fn`` read all that was read of source ``index``, which has more.
+    A ``BaseException``: no operator's ``except Exception`` may swallow it."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+def _read_so_far(
+    chunks: list[list[Any]], ended: bool, index: int, decode: Decode | None
+) -> Iterator[Any]:
+    for chunk in chunks:
+        yield from chunk if decode is None else map(decode, chunk)
+    if not ended:
+        raise _NeedMore(index)
+
+
+async def _replay(
+    chunks: list[list[Any]], ended: bool, source: AsyncIterator[list[Any]]
+) -> AsyncIterator[list[Any]]:
+    """The chunks already read, then the rest of ``source``."""
+    for chunk in chunks:
+        yield chunk
+    if not ended:
+        while (chunk := await _next_chunk(source)) is not None:
+            yield chunk
 
 
 async def run_pipeline(
@@ -81,16 +123,74 @@ async def run_pipeline(
     sources: list[AsyncIterator[list[Any]]],
     *,
     name: str,
+    inline: bool = False,
+    decode: Decode | None = None,
 ) -> AsyncIterator[pa.RecordBatch]:
-    """Batches of ``fn(inputs)``'s rows, ``fn`` running in a new thread over one blocking
-    iterator per async source (each yields lists of rows)."""
+    """Batches of ``fn(inputs)``'s rows over one blocking iterator per async source (each
+    yields lists of rows): on the loop when ``inline`` and the input is small, else in a
+    new thread. ``fn`` may be called more than once (inline restarts): it must make its
+    state (a ``Budget``) afresh on each call, and must not change the rows it reads unless
+    ``decode`` makes them afresh from what the sources yield (each run decodes again)."""
+    if not inline:
+        async for batch in _threaded(fn, sources, name=name, decode=decode):
+            yield batch
+        return
+    read: list[list[list[Any]]] = [[] for _ in sources]
+    ended = [False] * len(sources)
+    rows = 0
+    try:
+        for i, s in enumerate(sources):
+            chunk = await _next_chunk(s)
+            ended[i] = chunk is None
+            if chunk is not None:
+                read[i].append(chunk)
+                rows += len(chunk)
+        for _ in range(INLINE_TRIES):
+            if rows > INLINE_ROWS:
+                break
+            try:
+                inputs = [_read_so_far(read[i], ended[i], i, decode) for i in range(len(sources))]
+                out = list(fn(inputs))
+            except _NeedMore as more:
+                chunk = await _next_chunk(sources[more.index])
+                ended[more.index] = chunk is None
+                if chunk is not None:
+                    read[more.index].append(chunk)
+                    rows += len(chunk)
+                continue
+            for batch in to_batches(out):
+                yield batch
+            return
+        replays = [_replay(read[i], ended[i], s) for i, s in enumerate(sources)]
+        async for batch in _threaded(fn, replays, name=name, decode=decode):
+            yield batch
+    finally:
+        await _close_all(sources)
+
+
+async def _close_all(sources: list[AsyncIterator[list[Any]]]) -> None:
+    for s in sources:
+        aclose = getattr(s, "aclose", None)
+        if aclose is not None:
+            # RuntimeError: a generator the thread is inside of; cancelling its wait ends it.
+            with contextlib.suppress(RuntimeError, asyncio.CancelledError):
+                await aclose()
+
+
+async def _threaded(
+    fn: Callable[[list[Iterator[Any]]], Iterable[Any]],
+    sources: list[AsyncIterator[list[Any]]],
+    *,
+    name: str,
+    decode: Decode | None,
+) -> AsyncIterator[pa.RecordBatch]:
     loop = asyncio.get_running_loop()
     link = _Link(loop)
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(QUEUE_BATCHES)
 
     def work() -> None:
         try:
-            inputs = [_pull(link, s) for s in sources]
+            inputs = [_pull(link, s, decode) for s in sources]
             for batch in to_batches(fn(inputs)):
                 link.call(queue.put(("batch", batch)))
             link.call(queue.put(("end", None)))
@@ -114,9 +214,4 @@ async def run_pipeline(
             yield value
     finally:
         link.stop()
-        for s in sources:
-            aclose = getattr(s, "aclose", None)
-            if aclose is not None:
-                # RuntimeError: a generator the thread is inside of; cancelling its wait ends it.
-                with contextlib.suppress(RuntimeError, asyncio.CancelledError):
-                    await aclose()
+        await _close_all(sources)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from shardex.core.expr import evaluate, parse_expression, static_path
+from shardex.core.expr import evaluate, static_path
 from shardex.core.timestamp import Timestamp
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
@@ -20,15 +20,16 @@ from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.pipeline import leaf_rows, root_rows
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
-from shardex.sql.exec.rows import decode_rows
+from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.tuning import check_tuning
+from shardex.sql.planner.choose import key_exprs
 from shardex.sql.protocol import FragmentContext, FragmentRegistry
 from shardex.sql.syntax.bind import META_KEY
 
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["sql_fragments"]
+__all__ = ["lookup_rows", "named_keys", "sql_fragments"]
 
 SCAN_BLOCK_ROWS = 500
 MIN_SCAN_BLOCK_ROWS = 16
@@ -59,7 +60,7 @@ def sql_fragments(
             )
         params = ctx.parameters
         desc = list(a["desc"])
-        key_paths = [static_path(parse_expression(k)) for k in a["keys"]]
+        key_paths = [static_path(k) for k in key_exprs(tuple(a["keys"]))]
         spans = None
         if a["spans"]:
             spans = [Span(lo, hi, li, hi_inc) for lo, hi, li, hi_inc in a["spans"]]
@@ -87,12 +88,12 @@ def sql_fragments(
                 docs = await fetch(keyspace, decoder.docids(block))
                 yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
-        budget = Budget(a["budget"])
-        mode, top = a["mode"], a["top"]
+        mode, top, budget = a["mode"], a["top"], a["budget"]
         batches = run_pipeline(
-            lambda ins: leaf_rows(b, params, mode, top, budget, ins[0], presorted=ordered),
+            lambda ins: leaf_rows(b, params, mode, top, Budget(budget), ins[0], presorted=ordered),
             [scope_rows()],
             name=f"{ctx.query_id} leaf",
+            inline=tuning["inline"],
         )
         async for batch in batches:
             yield batch
@@ -104,11 +105,15 @@ def sql_fragments(
         params = ctx.parameters
         source = a["source"]
         sources: list[AsyncIterator[list[Any]]]
+        decode = None
         if source == "index":
-            sources = [_rows_by_batch(ctx.inputs[e]) for e in sorted(ctx.inputs)]
+            # Encoded rows, decoded afresh for each inline run: the final aggregate merges
+            # into the partial states it reads, so a restarted run needs untouched ones.
+            sources = [_cells_by_batch(ctx.inputs[e]) for e in sorted(ctx.inputs)]
+            decode = decode_row
         elif source == "keys":
             fetch = documents.get_many if tuning["get_many"] else documents.get_each
-            sources = [_lookup(b, params, a["keyspace"], fetch)]
+            sources = [lookup_rows(b, params, a["keyspace"], fetch)]
         elif source == "expr":
             assert b.from_ is not None and b.from_.source is not None
             value = evaluate(b.from_.source, {}, params=params)
@@ -118,13 +123,15 @@ def sql_fragments(
             sources = [_once([{b.alias: item, META_KEY: {}} for item in items])]
         else:
             sources = [_once([{}])]
-        budget = Budget(a["budget"])
+        budget = a["budget"]
         mode, limit, offset = a["mode"], a["limit"], a["offset"]
         mode = "local" if source != "index" else mode
         batches = run_pipeline(
-            lambda ins: root_rows(b, params, mode, limit, offset, budget, ins),
+            lambda ins: root_rows(b, params, mode, limit, offset, Budget(budget), ins),
             sources,
             name=f"{ctx.query_id} root",
+            inline=tuning["inline"],
+            decode=decode,
         )
         async for batch in batches:
             yield batch
@@ -136,19 +143,27 @@ async def _once(rows: list[Any]) -> AsyncIterator[list[Any]]:
     yield rows
 
 
-async def _rows_by_batch(batches: AsyncIterator[pa.RecordBatch]) -> AsyncIterator[list[Any]]:
+async def _cells_by_batch(batches: AsyncIterator[pa.RecordBatch]) -> AsyncIterator[list[Any]]:
     async for batch in batches:
-        yield decode_rows(batch)
+        yield batch.column(0).to_pylist()
 
 
-async def _lookup(
+async def lookup_rows(
     b: Any,
     params: Any,
     keyspace: str,
     fetch: Callable[[str, list[str]], Awaitable[list[tuple[str, Any]]]],
+    keys: list[str] | None = None,
 ) -> AsyncIterator[list[Any]]:
-    lookup = key_lookup(b)
-    assert lookup is not None
-    keys = lookup_keys(lookup.keys, params, dedupe=lookup.source == "meta_id")
+    """The scope rows of a key lookup (``keys``: the ids it names, when known already)."""
+    if keys is None:
+        keys = named_keys(b, params)
     docs = dict(await fetch(keyspace, list(dict.fromkeys(keys))))
     yield [{b.alias: docs[k], META_KEY: {"id": k}} for k in keys if k in docs]
+
+
+def named_keys(b: Any, params: Any) -> list[str]:
+    """The document ids a key-lookup SELECT names, in its order."""
+    lookup = key_lookup(b)
+    assert lookup is not None
+    return lookup_keys(lookup.keys, params, dedupe=lookup.source == "meta_id")

@@ -1,6 +1,7 @@
 """Client-facing SQL messages. ``SqlQuery`` (a request) runs one statement on the node that
 receives it (the initiator); the reply ``SqlStarted`` says it runs (or, for DML, what it
-changed); result rows then follow on the same connection as the scan streams' one-way
+changed) and carries the first block of rows, all of them for a small result; any further
+result rows follow on the same connection as the scan streams' one-way
 ``ScanBlock`` messages (each entry one msgpack-encoded row, ``shardex.sql.exec.rows``) and one
 ``ScanEnd``, with the same block-credit flow control (``shardex.scan.streams``).
 
@@ -39,6 +40,10 @@ class SqlStarted(Message, tag="sql.QueryStarted"):
     index: str | None = None  # the index a SELECT reads (None: no index)
     ts: WireTs | None = None  # the stability TS every scan of the query read
     details: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The first block of result rows, carried by the reply itself (no credit spent), and
+    # ``done`` when that is every row: no ``ScanBlock``/``ScanEnd`` follow.
+    rows: list[bytes] | None = None
+    done: bool = False
 
 
 class ExchangeStats(Message, tag="sql.ExchangeStats"):

@@ -20,8 +20,10 @@ documents named by key), i.e. the whole statement in one place.
 from __future__ import annotations
 
 import itertools
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from shardex.core.expr import MISSING, Expr, compile_expression
 from shardex.sql.exec.analyze import Budget
@@ -55,8 +57,32 @@ def mode_of(b: BoundSelect) -> str:
     return "sort" if b.order else "rows"
 
 
+COMPILED_MAX: Final = 4096
+_compiled_lock = threading.Lock()
+_compiled_fns: OrderedDict[int, tuple[Expr, Any]] = OrderedDict()
+
+
+def compiled(expr: Expr) -> Any:
+    """``compile_expression(expr)``, once per expression object: a cached bound statement
+    (``statements.py``) brings the same trees to every execution, and compiling them was
+    most of a point query's operator time. Keyed by identity, the tree kept alive beside
+    its function so the id cannot be reused; an LRU bounds it; any thread may call it."""
+    key = id(expr)
+    with _compiled_lock:
+        hit = _compiled_fns.get(key)
+        if hit is not None:
+            _compiled_fns.move_to_end(key)
+            return hit[1]
+    fn = compile_expression(expr)
+    with _compiled_lock:
+        _compiled_fns[key] = (expr, fn)
+        if len(_compiled_fns) > COMPILED_MAX:
+            _compiled_fns.popitem(last=False)
+    return fn
+
+
 def _fn(expr: Expr, params: Params) -> Callable[[Any], Any]:
-    f = compile_expression(expr)
+    f = compiled(expr)
     return lambda row: f(row, None, params)
 
 
@@ -105,7 +131,7 @@ def _terms(b: BoundSelect, params: Params) -> tuple[list[ProjectTerm], Any]:
 
 def _sort_key(b: BoundSelect, params: Params) -> Callable[[Any, Any], bytes]:
     specs = [SortSpec(o.desc, o.nulls_first) for _, o in b.order]
-    fns = [compile_expression(e) for e, _ in b.order]
+    fns = [compiled(e) for e, _ in b.order]
     aliases = b.order_aliases
 
     def key(row: Any, value: Any) -> bytes:

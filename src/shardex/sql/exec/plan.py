@@ -10,7 +10,9 @@ Shape (the seed's fragments split at exchanges)::
           partial aggregate | local top-N sort | project (+ limit pushed down)
 
 Documents named by key (USE KEYS, ``META().id = c`` / ``IN``), a FROM without keyspace, and
-no FROM at all run as the root alone (``mode = "local"``): no index is read.
+no FROM at all run as the root alone (``mode = "local"``): no index is read. A key lookup
+of at most ``INLINE_KEYS`` documents (``inline`` switch on) does not even start the
+root fragment: the initiator fetches and evaluates on its loop (EXPLAIN says so).
 
 Fragments carry the statement's text, not its tree: every member parses and binds the same
 text the same way (``bind_statement``), which keeps the plan small and the wire format free
@@ -19,6 +21,7 @@ of expression trees. ``dml`` marks the SELECT a DELETE/UPDATE derives (``dml_sel
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +52,7 @@ from shardex.sql.syntax.explain import explain_select
 __all__ = ["Leaf", "PhysicalPlan", "bind_statement", "dml_select", "lookup_keys", "plan_select"]
 
 ROOT_KIND = "sql.root"
+INLINE_KEYS = 64  # a key lookup naming at most this many ids runs without any fragment
 LEAF_KIND = "sql.leaf"
 
 
@@ -90,6 +94,7 @@ class PhysicalPlan:
     ordered: bool = False  # leaves stream in index order (it satisfies ORDER BY): no sort
     tuning: dict[str, bool] = field(default_factory=lambda: check_tuning(None))
     query_id: str | None = None  # once started
+    inline: bool = False  # a small key lookup run on the initiator's loop (no fragment)
 
     @property
     def top(self) -> int | None:
@@ -183,6 +188,15 @@ class PhysicalPlan:
                 }
             )
         dist["fragments"] = fragments
+        if self.source == "keys" and self.tuning["inline"]:
+            # Decided per execution (the number of keys may come from a parameter).
+            dist["fast_path"] = {
+                "kind": "InlineKeyLookup",
+                "on": "initiator",
+                "max_keys": INLINE_KEYS,
+                "does": ["GetMany per owner", *_root_does(self)[1:]],
+                "otherwise": "fragment 0",
+            }
         dist["exchanges"] = [
             {"edge": i, "from": leaf.node, "to": "initiator", "kind": "unicast"}
             for i, leaf in enumerate(self.leaves, start=1)
@@ -251,6 +265,36 @@ def _counts(b: BoundSelect, params: Any, resolve_params: bool) -> tuple[int | No
     return limit, offset
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """What planning reads off a bound SELECT whatever the parameters and the cluster."""
+
+    key_lookup: bool
+    where: Any
+    order: Any
+    read_paths: Any
+
+
+FACTS_MAX = 512
+_facts_memo: OrderedDict[int, tuple[BoundSelect, _Facts]] = OrderedDict()
+
+
+def _facts(b: BoundSelect) -> _Facts:
+    """``_Facts`` of ``b``, once per bound statement object (the statement cache hands the
+    same one to every execution of a text). Keyed by identity with ``b`` kept alive, so the
+    id is not reused; an LRU. Planning runs on the event loop only."""
+    hit = _facts_memo.get(id(b))
+    if hit is not None:
+        _facts_memo.move_to_end(id(b))
+        return hit[1]
+    order = doc_order(b) if not b.grouped and not b.order_aliases else []
+    facts = _Facts(key_lookup(b) is not None, doc_where(b), order, read_paths(b))
+    _facts_memo[id(b)] = (b, facts)
+    if len(_facts_memo) > FACTS_MAX:
+        _facts_memo.popitem(last=False)
+    return facts
+
+
 def plan_select(
     b: BoundSelect,
     params: Any,
@@ -280,7 +324,8 @@ def plan_select(
             details={"value": list(ref.use_index), "hint": "USE INDEX (name)"},
         )
     use_index = ref.use_index[0] if ref.use_index else None
-    if key_lookup(b) is not None and use_index is None:
+    facts = _facts(b)
+    if facts.key_lookup and use_index is None:
         return PhysicalPlan(
             b, "local", "keys", keyspace, limit=limit, offset=offset, tuning=switches
         )
@@ -290,12 +335,12 @@ def plan_select(
         if hinted:
             check_servable(hinted[0], keyspace, use_index)  # INDEX_NOT_READY names why
     active = [r for r in records if r.state == ACTIVE]
-    order = doc_order(b) if not b.grouped and not b.order_aliases else []
+    order = facts.order
     choice = choose_index(
         [r.definition for r in active],
-        doc_where(b),
+        facts.where,
         keyspace=keyspace,
-        read_paths=read_paths(b),
+        read_paths=facts.read_paths,
         order_by=order,
         use_index=use_index,
     )

@@ -3,14 +3,18 @@ initiator of the query).
 
 SELECT: bind, check parameters, plan (``plan.plan_select``), pick the query's one stability
 TS (``pin_stability``), start the fragments through the execution protocol
-(``QueryService.execute``) and stream the root's rows to the client. EXPLAIN: the plan as one
-row. INSERT/UPSERT: by key. DELETE/UPDATE: the derived SELECT (``plan.dml_select``) runs
-distributed at request_plus to choose the documents, then each is written at its owner under
-its CAS with the WHERE re-checked on the version written (``dml.py``: no lost updates); the
-reply carries the mutation count. Errors before the stream starts answer the request
-(SQL_SYNTAX with line/column/token, KEYSPACE_NOT_FOUND, INDEX_NOT_FOUND with a CREATE PRIMARY
-INDEX hint, BAD_REQUEST for parameters); errors while rows flow end the stream with that
-error. Nothing here outlives the statement: a failed statement leaves the node serving.
+(``QueryService.execute``) and stream the root's rows to the client; a key lookup of at
+most ``plan.INLINE_KEYS`` documents runs right here on the loop instead (one ``GetMany``
+per owner, no fragment, no thread). The reply carries the first block of result rows (all
+of them when they fit: no stream at all) unless the ``inline`` switch is off. EXPLAIN: the
+plan as one row. INSERT/UPSERT: by key. DELETE/UPDATE: the derived SELECT
+(``plan.dml_select``) runs distributed at request_plus to choose the documents, then each
+is written at its owner under its CAS with the WHERE re-checked on the version written
+(``dml.py``: no lost updates); the reply carries the mutation count. Errors before the
+statement runs answer the request (SQL_SYNTAX with line/column/token, KEYSPACE_NOT_FOUND,
+INDEX_NOT_FOUND with a CREATE PRIMARY INDEX hint, BAD_REQUEST for parameters); errors while
+rows flow (also within the first block) end the stream with that error. Nothing here
+outlives the statement: a failed statement leaves the node serving.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
+
+import msgspec
 
 from shardex.core.expr import MISSING, Literal, evaluate, walk
 from shardex.core.expr.ast import Param
@@ -32,6 +38,7 @@ from shardex.scan.streams import OutStream, OutStreams
 from shardex.sql.exec.analyze import Budget
 from shardex.sql.exec.dml import DELETE, SKIP, write_checked
 from shardex.sql.exec.documents import DocumentAccess
+from shardex.sql.exec.fragments import lookup_rows, named_keys
 from shardex.sql.exec.messages import (
     ExchangeStats,
     ExchangeStatsReply,
@@ -39,14 +46,21 @@ from shardex.sql.exec.messages import (
     SqlStarted,
     StreamReport,
 )
-from shardex.sql.exec.pipeline import finish
-from shardex.sql.exec.plan import PhysicalPlan, bind_statement, dml_select, plan_select
-from shardex.sql.exec.rows import decode_rows, encode_row
+from shardex.sql.exec.pipeline import finish, root_rows
+from shardex.sql.exec.plan import (
+    INLINE_KEYS,
+    PhysicalPlan,
+    bind_statement,
+    dml_select,
+    plan_select,
+)
+from shardex.sql.exec.rows import decode_row, encode_row
 from shardex.sql.exec.statements import parsed
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
 from shardex.sql.local import bind_expr
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
 from shardex.sql.protocol import QueryService
+from shardex.sql.protocol.initiator import cancelled
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
@@ -130,20 +144,27 @@ class SqlService:
             state = await self.scan.view.state()
             have_params = params is not None
             plan = plan_select(
-                b, params, state=state, members=self._members(), resolve_params=have_params
+                b,
+                params,
+                state=state,
+                members=self._members(),
+                resolve_params=have_params,
+                tuning=tuning,
             )
-            self._stream_values(conn, msg, _once([plan.explain()]))
-            return SqlStarted(stream_id=msg.stream_id, statement="explain", index=_index_of(plan))
+            started = SqlStarted(
+                stream_id=msg.stream_id, statement="explain", index=_index_of(plan)
+            )
+            return await self._respond_values(conn, msg, started, [plan.explain()])
         if isinstance(stmt, InsertStmt):
             count, rows = await self._insert(stmt, params)
-            self._stream_values(conn, msg, _once(rows))
             kind = "upsert" if stmt.upsert else "insert"
-            return SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
+            started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
+            return await self._respond_values(conn, msg, started, rows)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
             count, rows = await self._modify(msg, stmt, params)
-            self._stream_values(conn, msg, _once(rows))
             kind = "delete" if isinstance(stmt, DeleteStmt) else "update"
-            return SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
+            started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
+            return await self._respond_values(conn, msg, started, rows)
         raise _bad(
             f"{type(stmt).__name__} is index DDL: run it with client.execute_ddl",
             hint="client.query sends DDL there itself",
@@ -176,34 +197,54 @@ class SqlService:
         *,
         dml: bool = False,
         consistency: str | None = None,
-    ) -> tuple[PhysicalPlan, Timestamp | None, AsyncIterator[Any]]:
-        """Plan and start a SELECT; returns the plan, the TS it reads and its result batches.
-        ``stmt`` is ``sql`` parsed (for DML: the SELECT it derives)."""
+    ) -> tuple[PhysicalPlan, Timestamp | None, AsyncIterator[list[bytes]]]:
+        """Plan and start a SELECT; returns the plan, the TS it reads and its result rows
+        (encoded, in chunks). ``stmt`` is ``sql`` parsed (for DML: the SELECT it derives)."""
         tuning = check_tuning(msg.tuning)
         b = bind_statement(sql, dml, cached=tuning["plan_cache"])
         check_params(b.params(), params)
         state = await self.scan.view.state()
         plan = plan_select(b, params, state=state, members=self._members(), tuning=tuning)
+        if plan.source == "keys" and tuning["inline"]:
+            keys = named_keys(b, params)
+            if len(keys) <= INLINE_KEYS:
+                plan.inline = True
+                return plan, None, self._key_lookup(plan, keys, params, msg)
         ts = await self.pin_stability(plan, consistency or msg.consistency, msg)
         qplan = plan.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))
         result = await self.query.execute(qplan, params, timeout=msg.timeout, window=msg.window)
         plan.query_id = str(result.query_id)
-        return plan, ts, _batches_closing(result)
+        return plan, ts, _cells_closing(result)
+
+    async def _key_lookup(
+        self, plan: PhysicalPlan, keys: list[str], params: Any, msg: SqlQuery
+    ) -> AsyncIterator[list[bytes]]:
+        """A small key lookup on this node's loop: the documents from their owners (one
+        ``GetMany`` each), then the root's operators over them. The work after the fetch
+        is bounded by ``INLINE_KEYS`` rows; the query's timeout bounds the fetch."""
+        assert plan.keyspace is not None
+        b = plan.bound
+        fetch = self.documents.get_many if plan.tuning["get_many"] else self.documents.get_each
+        try:
+            async with asyncio.timeout(msg.timeout):
+                chunks = [c async for c in lookup_rows(b, params, plan.keyspace, fetch, keys)]
+        except TimeoutError:
+            raise cancelled(
+                f"query timed out after {msg.timeout}s",
+                "timeout",
+                timeout=msg.timeout,
+                hint="raise the query timeout or make the query cheaper",
+            ) from None
+        scopes = iter([row for chunk in chunks for row in chunk])
+        budget = Budget(self._budget(msg))
+        rows = root_rows(b, params, "local", plan.limit, plan.offset, budget, [scopes])
+        yield [encode_row(r) for r in rows]
 
     async def _select(
         self, msg: SqlQuery, stmt: SelectStmt, params: Any, conn: Connection
     ) -> SqlStarted:
-        plan, ts, batches = await self.start_select(msg, msg.statement, stmt, params)
-
-        async def produce(out: OutStream) -> None:
-            async with contextlib.aclosing(batches):
-                async for batch in batches:
-                    cells = batch.column(0).to_pylist()
-                    for block in _blocks(cells):
-                        await out.send(block)
-
-        self.streams.start(conn, msg.stream_id, msg.credit, produce)
-        return SqlStarted(
+        plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
+        started = SqlStarted(
             stream_id=msg.stream_id,
             statement="select",
             index=_index_of(plan),
@@ -214,8 +255,10 @@ class SqlService:
                 "leaves": len(plan.leaves),
                 "index_order": plan.ordered,
                 "query_id": plan.query_id,
+                "inline": plan.inline,
             },
         )
+        return await self._respond(conn, msg, started, chunks)
 
     async def pin_stability(
         self, plan: PhysicalPlan, consistency: str, msg: SqlQuery
@@ -247,13 +290,53 @@ class SqlService:
         tss = await asyncio.gather(*(ask(leaf.node, leaf.partitions) for leaf in plan.leaves))
         return oldest_common(list(tss))
 
-    def _stream_values(self, conn: Connection, msg: SqlQuery, values: AsyncIterator[Any]) -> None:
+    async def _respond_values(
+        self, conn: Connection, msg: SqlQuery, started: SqlStarted, values: list[Any]
+    ) -> SqlStarted:
+        return await self._respond(conn, msg, started, _once([encode_row(v) for v in values]))
+
+    async def _respond(
+        self,
+        conn: Connection,
+        msg: SqlQuery,
+        started: SqlStarted,
+        chunks: AsyncIterator[list[bytes]],
+    ) -> SqlStarted:
+        """``started`` with the first block of rows (``inline``; ``done`` when that is all:
+        no stream is opened), the rest on the result stream. An error while the first
+        block is read ends the stream, as it would have after the reply: the reply means
+        "the statement runs", whatever its rows turn out to be."""
+        head: list[bytes] = []
+        rest: list[bytes] = []
+        error: BaseException | None = None
+        if check_tuning(msg.tuning)["inline"]:
+            size = 0
+            try:
+                while not rest:
+                    chunk = await anext(chunks, None)
+                    if chunk is None:
+                        return msgspec.structs.replace(started, rows=head, done=True)
+                    for i, cell in enumerate(chunk):
+                        if len(head) >= BLOCK_ROWS or size >= BLOCK_BYTES:
+                            rest = chunk[i:]
+                            break
+                        head.append(cell)
+                        size += len(cell)
+            except Exception as exc:  # it ends the stream, as it would have later
+                error, head = exc, []
+
         async def produce(out: OutStream) -> None:
-            cells = [encode_row(v) async for v in values]
-            for block in _blocks(cells):
-                await out.send(block)
+            if error is not None:
+                raise error
+            async with contextlib.aclosing(chunks):
+                for block in _blocks(rest):
+                    await out.send(block)
+                async for chunk in chunks:
+                    for block in _blocks(chunk):
+                        await out.send(block)
 
         self.streams.start(conn, msg.stream_id, msg.credit, produce)
+        return msgspec.structs.replace(started, rows=head or None)
 
     # --- DML -----------------------------------------------------------------------------
 
@@ -316,8 +399,8 @@ class SqlService:
         )
         chosen: list[str] = []
         async with contextlib.aclosing(batches):
-            async for batch in batches:
-                chosen += [r["id"] for r in decode_rows(batch)]
+            async for chunk in batches:
+                chosen += [decode_row(cell)["id"] for cell in chunk]
         ks = target.name
         where = None if stmt.where is None else bind_expr(stmt.where, alias)
 
@@ -374,16 +457,16 @@ def _index_of(plan: PhysicalPlan) -> str | None:
     return None if plan.record is None else plan.record.definition.name
 
 
-async def _once(values: list[Any]) -> AsyncIterator[Any]:
-    for v in values:
-        yield v
+async def _once(cells: list[bytes]) -> AsyncIterator[list[bytes]]:
+    yield cells
 
 
-async def _batches_closing(result: Any) -> AsyncIterator[Any]:
-    """The result's batches; closing early cancels the query everywhere."""
+async def _cells_closing(result: Any) -> AsyncIterator[list[bytes]]:
+    """The result's rows (encoded), a batch at a time; closing early cancels the query
+    everywhere."""
     try:
         async for batch in result:
-            yield batch
+            yield batch.column(0).to_pylist()
     finally:
         await result.aclose()
 

@@ -9,6 +9,12 @@ Every switch defaults to on; turning one off never changes a result, only how it
   ``data.Get`` per document, 64 in parallel.
 * ``plan_cache``: parsed and bound statements are kept by text (an LRU) on every member,
   so a repeated statement is parsed once. Off: parsed on each use.
+* ``inline``: small work skips the machinery sized for large results: a key lookup of at
+  most ``INLINE_KEYS`` documents runs on the initiator's event loop (no fragment, no
+  thread); a fragment whose input ends within a few small chunks runs its operators on
+  the loop instead of a thread of its own (``bridge.py``); the first block of result rows
+  (all of them when they fit) rides in the ``SqlStarted`` reply. Off: every SELECT runs as
+  fragments in threads and every row comes on the stream.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -27,7 +33,7 @@ from shardex.sql.protocol.ids import QueryId
 
 __all__ = ["METER_QUERIES", "SWITCHES", "BoundedMeter", "check_tuning"]
 
-SWITCHES: Final = ("index_order", "get_many", "plan_cache")
+SWITCHES: Final = ("index_order", "get_many", "plan_cache", "inline")
 METER_QUERIES: Final = 256
 
 

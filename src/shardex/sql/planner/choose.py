@@ -22,6 +22,7 @@ costs a fetch, not a wrong answer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,13 @@ def _order_satisfied(
     return True
 
 
+@functools.lru_cache(maxsize=1024)
+def key_exprs(texts: tuple[str, ...]) -> tuple[Expr, ...]:
+    """An index's key expressions parsed, once per text (a query plans against every index
+    of its keyspace, and parsing dominated a point query's planning). Trees are immutable."""
+    return tuple(parse_expression(t) for t in texts)
+
+
 def choose_index(
     indexes: Iterable[IndexDefinition],
     where: Expr | None,
@@ -147,7 +155,7 @@ def choose_index(
         seen_names.append(defn.name)
         if use_index is not None and defn.name != use_index:
             continue
-        keys = tuple(parse_expression(k.expr) for k in defn.keys)
+        keys = key_exprs(tuple(k.expr for k in defn.keys))
         per_key = tuple(tuple(a) for a in constrain_keys(where, keys))
         if not (defn.is_primary or per_key[0]) or not _implies(terms, defn.where):
             continue

@@ -1,6 +1,6 @@
-"""The stream server's form of a run (``DataEngine.stream_wire``: changes as ``StreamBatch``
-tuples) carries exactly what ``stream`` does, and ``_take`` reports an exhausted run so a
-bounded stream is served without an extra executor trip."""
+"""The stream server's form of a run (``DataEngine.stream(..., wire=True)``: changes as
+``StreamBatch`` tuples) carries exactly what ``stream`` does, and ``_take`` reports an
+exhausted run so a bounded stream is served without an extra executor trip."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def test_wire_items_match_change_items(engine: DataEngine) -> None:
     engine.upsert("ks", "d3", {"back": True}, durability="memory")
     for start, end in ((0, None), (5, 15), (21, 22), (22, 22)):
         plain = list(engine.stream("ks", 0, start, 0 if start == 0 else _uuid(engine), end))
-        wire = list(engine.stream_wire("ks", 0, start, 0 if start == 0 else _uuid(engine), end))
+        uuid = 0 if start == 0 else _uuid(engine)
+        wire = list(engine.stream("ks", 0, start, uuid, end, wire=True))
         assert len(plain) == len(wire)
         for a, b in zip(plain, wire, strict=True):
             if isinstance(a, SnapshotMarker):
@@ -42,7 +43,7 @@ def test_wire_items_match_change_items(engine: DataEngine) -> None:
             else:
                 assert _as_tuple(a) == b
     deleted = [
-        t for t in engine.stream_wire("ks", 0, 0, 0) if type(t) is tuple and t[2] == "delete"
+        t for t in engine.stream("ks", 0, 0, 0, wire=True) if type(t) is tuple and t[2] == "delete"
     ]
     assert [(t[1], t[4]) for t in deleted] == [("d3", None)]
 
@@ -54,14 +55,14 @@ def _uuid(engine: DataEngine) -> int:
 def test_take_reports_the_end_of_a_run(engine: DataEngine) -> None:
     for i in range(10):
         engine.upsert("ks", f"d{i}", {"i": i}, durability="memory")
-    run = engine.stream_wire("ks", 0, 0, 0, 10)  # marker + 10 changes
+    run = engine.stream("ks", 0, 0, 0, 10, wire=True)  # marker + 10 changes
     items, done = _take(run, 20, 1 << 20)
     assert len(items) == 11 and done  # fewer than asked: no further take needed
-    run = engine.stream_wire("ks", 0, 0, 0, 10)
+    run = engine.stream("ks", 0, 0, 0, 10, wire=True)
     first, done = _take(run, 11, 1 << 20)
     assert len(first) == 11 and not done  # exactly n: the end is unknown yet
     assert _take(run, 11, 1 << 20) == ([], True)
-    run = engine.stream_wire("ks", 0, 0, 0, 10)
+    run = engine.stream("ks", 0, 0, 0, 10, wire=True)
     cut, done = _take(run, 20, 1)  # the byte cap cuts after the first change
     assert len(cut) == 2 and not done
     rest, done = _take(run, 20, 1 << 20)

@@ -309,26 +309,17 @@ class DataEngine(DocumentOps, HandoverOps):
         from_seqno: int,
         uuid: int,
         end_seqno: int | None = None,
-    ) -> Iterator[SnapshotMarker | Change]:
+        *,
+        wire: bool = False,
+    ) -> Iterator[SnapshotMarker | Change] | Iterator[streams.WireItem]:
         """Every change after ``from_seqno`` up to ``end_seqno`` or the current high seqno
         (whichever is lower), in seqno order, after one ``SnapshotMarker``. Raises ROLLBACK
         (``details["rollback_seqno"]``) before yielding if (uuid, from_seqno) is not in this
-        partition's history. Close the iterator (or exhaust it) to release its snapshot."""
+        partition's history. Close the iterator (or exhaust it) to release its snapshot.
+        ``wire``: each change as its ``StreamBatch`` tuple (the stream server's form: no
+        ``Change`` struct built per change only to be taken apart)."""
         part = self._serving(keyspace, partition)
-        return streams.open_stream(part, from_seqno, uuid, end_seqno)
-
-    def stream_wire(
-        self,
-        keyspace: str,
-        partition: int,
-        from_seqno: int,
-        uuid: int,
-        end_seqno: int | None = None,
-    ) -> Iterator[streams.WireItem]:
-        """``stream`` with each change as its ``StreamBatch`` tuple (the stream server's
-        form: no ``Change`` struct built per change only to be taken apart)."""
-        part = self._serving(keyspace, partition)
-        return streams.open_stream(part, from_seqno, uuid, end_seqno, wire=True)
+        return streams.open_stream(part, from_seqno, uuid, end_seqno, wire=wire)
 
     async def wait_for_seqno(
         self, keyspace: str, partition: int, seqno: int, timeout: float | None = None

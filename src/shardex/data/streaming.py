@@ -76,7 +76,7 @@ def _open_and_take(
     """Open a run at (pos, uuid) and take its first batch in the same executor call: a
     bounded read (the driver's micro-batches: ~100 changes per partition) is then served
     with one executor trip instead of three (open, take, take again to see the end)."""
-    run = engine.stream_wire(msg.keyspace, msg.partition, pos, uuid, msg.end_seqno)
+    run = engine.stream(msg.keyspace, msg.partition, pos, uuid, msg.end_seqno, wire=True)
     try:
         return run, _take(run, max_items, MAX_BATCH_BYTES)
     except BaseException:
@@ -224,7 +224,8 @@ def _max_items(msg: OpenStream) -> int:
 
 def _batches(stream_id: int, items: list[StreamItem]) -> Iterator[StreamBatch]:
     """Split ``items`` at snapshot markers: each batch starts with at most one marker.
-    Changes come as ``StreamBatch`` tuples (``DataEngine.stream_wire``) or ``Change``s."""
+    Changes come as ``StreamBatch`` tuples (``DataEngine.stream(..., wire=True)``) or
+    ``Change``s."""
     marker: tuple[int, int, int, bool] | None = None
     changes: list[ChangeTuple] = []
     for item in items:

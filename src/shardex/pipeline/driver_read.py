@@ -16,7 +16,6 @@ so their round trips to the nodes overlap instead of queueing behind 16 slots.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 from shardex.client import Client
@@ -30,7 +29,7 @@ from shardex.pipeline.source_read import (
     DEFAULT_MAX_ITEMS,
     DEFAULT_RESUME_TIMEOUT,
     Chunk,
-    iter_chunks,
+    chunk_groups,
 )
 
 __all__ = ["project_chunks", "read_and_project"]
@@ -81,34 +80,14 @@ def read_and_project(
     out: list[KeyVersion] = []
     if not ranges:
         return out
-    agen = iter_chunks(
+    for group in chunk_groups(
         client,
         keyspace,
         ranges,
-        snapshot=False,
+        _PROJECT_ROWS,
         concurrency=len(ranges),
         max_items=max_items,
         resume_timeout=resume_timeout,
-    )
-    group: list[Chunk] = []
-    rows = 0
-    finished = False
-    try:
-        while True:
-            try:
-                chunk = client._run(agen.__anext__())
-            except StopAsyncIteration:
-                finished = True
-                break
-            group.append(chunk)
-            rows += len(chunk.changes)
-            if rows >= _PROJECT_ROWS:
-                out.extend(project_chunks(defs, group))
-                group, rows = [], 0
-        if group:
-            out.extend(project_chunks(defs, group))
-    finally:
-        if not finished:
-            with contextlib.suppress(Exception):
-                client._run(agen.aclose())
+    ):
+        out.extend(project_chunks(defs, group))
     return out

@@ -63,6 +63,7 @@ __all__ = [
     "Endpoint",
     "PartitionRange",
     "RollbackInfo",
+    "chunk_groups",
     "client_for",
     "iter_chunks",
     "parse_rollback",
@@ -409,6 +410,33 @@ def read_ranges(
 ) -> Iterator[pa.RecordBatch]:
     """RecordBatches (about ``batch_rows`` rows each) of every record in ``ranges``; within
     a partition in seqno order. Closing the iterator early cancels the open streams."""
+    groups = chunk_groups(
+        client,
+        keyspace,
+        ranges,
+        batch_rows,
+        snapshot=snapshot,
+        concurrency=concurrency,
+        max_items=max_items,
+        resume_timeout=resume_timeout,
+    )
+    for group in groups:
+        yield to_record_batch(group)
+
+
+def chunk_groups(
+    client: Client,
+    keyspace: str,
+    ranges: Sequence[PartitionRange],
+    group_rows: int,
+    *,
+    snapshot: bool = False,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    max_items: int = DEFAULT_MAX_ITEMS,
+    resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+) -> Iterator[list[Chunk]]:
+    """``iter_chunks`` on the client's loop, gathered into lists of at least ``group_rows``
+    changes (the last may hold fewer; none is empty). Closing early cancels the streams."""
     agen = iter_chunks(
         client,
         keyspace,
@@ -418,7 +446,7 @@ def read_ranges(
         max_items=max_items,
         resume_timeout=resume_timeout,
     )
-    buffered: list[Chunk] = []
+    group: list[Chunk] = []
     rows = 0
     finished = False
     try:
@@ -428,13 +456,13 @@ def read_ranges(
             except StopAsyncIteration:
                 finished = True
                 break
-            buffered.append(chunk)
+            group.append(chunk)
             rows += len(chunk.changes)
-            if rows >= batch_rows:
-                yield to_record_batch(buffered)
-                buffered, rows = [], 0
+            if rows >= group_rows:
+                yield group
+                group, rows = [], 0
         if rows:
-            yield to_record_batch(buffered)
+            yield group
     finally:
         if not finished:
             with contextlib.suppress(Exception):

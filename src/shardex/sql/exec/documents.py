@@ -88,15 +88,8 @@ class DocumentAccess:
 
     async def get(self, keyspace: str, docid: str) -> Any | None:
         """The document, or None when it does not exist (or was deleted)."""
-        try:
-            reply = await self._to_owner(
-                keyspace, docid, Get(keyspace=keyspace, docid=docid), GetReply
-            )
-        except ShardexError as exc:
-            if exc.code is ErrorCode.DOC_NOT_FOUND:
-                return None
-            raise
-        return _json_decode.decode(reply.body)
+        found = await self.get_cas(keyspace, docid)
+        return None if found is None else found[0]
 
     async def get_many(self, keyspace: str, docids: Sequence[str]) -> list[tuple[str, Any]]:
         """``(docid, document)`` for the docids that exist, in the given order."""

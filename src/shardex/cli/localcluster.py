@@ -86,6 +86,7 @@ def spawn_pipeline(
     appended to ``<cluster>/pipeline/stdout.log``."""
     from shardex.pipeline.process import STDOUT_FILE, pipeline_dir
 
+    cluster_dir = cluster_dir.resolve()  # absolute: the child runs in its own directory
     home = pipeline_dir(cluster_dir)
     cmd = [sys.executable, "-m", "shardex.cli.main", "pipeline", "--dir", str(cluster_dir)]
     cmd += extra_args or []

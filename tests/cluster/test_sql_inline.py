@@ -70,6 +70,21 @@ def test_key_lookups_keep_order_repeats_filters_and_limits(client: Client) -> No
     assert rows == [{"id": "p019"}, {"id": "p018"}]
 
 
+def test_an_inline_lookup_has_a_query_id_like_other_queries(client: Client) -> None:
+    sql = f"SELECT name FROM {KS} USE KEYS 'p004'"
+    ids = []
+    for tuning in (None, None, OFF):
+        q = client.query(sql, tuning=tuning)
+        assert list(q) == [{"name": "n4"}] and q.metrics is not None
+        assert q.started.details["inline"] is (tuning is None)
+        assert q.metrics.details["query_id"] == q.started.details["query_id"]
+        ids.append(q.started.details["query_id"])
+    # "<initiator member>/<local id>", from the one factory the fragment path uses: each
+    # query its own id.
+    assert all(isinstance(i, str) and i.count("/") == 1 for i in ids)
+    assert len(set(ids)) == 3
+
+
 def test_more_keys_than_the_inline_bound_run_as_a_fragment(client: Client) -> None:
     keys = sorted(DOCS)[: INLINE_KEYS + 1]
     rows, q = both(client, f"SELECT RAW META().id FROM {KS} USE KEYS $1", [keys])

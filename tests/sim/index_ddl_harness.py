@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from manager_cluster import HOSTS, ManagerCluster, version
 
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.coordinator import Coordinator, OpContext
@@ -41,20 +42,13 @@ from shardex.manager.index_messages import (
     IndexesBuilding,
 )
 from shardex.manager.index_state import DELETED, INIT, READY
-from shardex.manager.membership import MemoryMemberStore
-from shardex.manager.state import KeyspaceMeta, MemoryStateStore, StateContext, state_digest
-from shardex.net import ConnectionPool
+from shardex.manager.state import KeyspaceMeta, StateContext
 from shardex.net.messages import Message
-from shardex.node.server import Node
-from shardex.sim import ClusterNode, Simulation
+from shardex.sim import ClusterNode, NodeMain, Simulation
 from shardex.sim.checkers_coordinator import Version, check_coordinator
 from shardex.sim.checkers_index_ddl import Observation, check_index_ddl, missing_slices
 from shardex.sim.index_fake import MemorySliceEngine
 
-SECRET = "sim-secret-0123456789abcdef"
-HB = 0.5
-FT = 3.0
-HOSTS = ("n1", "n2", "n3")
 RETRY_REASONS = {"no_master", "not_master", "commit_failed", "deposed"}
 
 
@@ -78,30 +72,14 @@ async def seed_keyspace(msg: SeedKeyspace, ctx: OpContext) -> KeyspaceSeeded:
     return reply
 
 
-def version(state: StateContext) -> Version:
-    return (state.epoch, state.cas, state_digest(state))
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float, step: float = 0.05) -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not cond():
-        if loop.time() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout} virtual seconds")
-        await asyncio.sleep(step)
-    return loop.time() - start
-
-
-class IndexCluster:
+class IndexCluster(ManagerCluster):
     def __init__(
         self,
         sim: Simulation,
         hosts: tuple[str, ...] = HOSTS,
         engine: Callable[[ClusterNode], Any] | None = None,
     ) -> None:
-        self.sim = sim
-        self.hosts = hosts
-        self.live: dict[str, Node] = {}
+        super().__init__(sim, hosts)
         self.commits: list[tuple[str, Version]] = []
         self.applies: dict[str, list[Version]] = {h: [] for h in hosts}
         self.observations: list[Observation] = []
@@ -117,11 +95,7 @@ class IndexCluster:
         self.on_persist: Callable[[str, str], None] | None = None
         self._persisted: dict[str, list[str]] = {INIT: [], READY: [], DELETED: []}
         self._acks: dict[str, int] = {INIT: 0, READY: 0}
-        for i, host in enumerate(hosts):
-            self._add(host, seeds=() if i == 0 else (f"{hosts[0]}:7000",))
-        self.client = ConnectionPool(
-            sim.network.transport("client"), SECRET, name="client", connect_timeout=1.0
-        )
+        self.add_hosts(self._main)
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -138,47 +112,27 @@ class IndexCluster:
     def all_slices(self) -> dict[str, set[tuple[str, int]]]:
         return {h: self.disk_slices(h) for h in self.hosts}
 
-    def _add(self, host: str, seeds: tuple[str, ...]) -> None:
+    def _main(self, host: str, seeds: tuple[str, ...]) -> NodeMain:
         async def main(node: ClusterNode) -> None:
-            disk = node.disk
-            disk.setdefault("member_id", f"{host}-id")
-            ids = self.sim.fork_rng(f"ids/{host}/{node.incarnation}")
             if self.engine is not None:
                 factory = lambda: self.engine(node)  # noqa: E731
             else:
-                factory = lambda: MemorySliceEngine(disk.setdefault("slices", {}))  # noqa: E731
-            n = Node(
-                transport=node.transport,
-                secret=SECRET,
-                name=host,
-                member_id=disk["member_id"],
-                address=node.listen_address,
-                services=("manager", "index"),
-                store=disk.setdefault("members", MemoryMemberStore()),
-                seeds=seeds,
-                heartbeat_interval=HB,
-                failure_timeout=FT,
-                state_store=disk.setdefault("coordinator", MemoryStateStore()),
-                id_factory=lambda: f"{ids.getrandbits(64):016x}",
-                index_engine=factory,
-            )
-            coord = n.coordinator
-            assert coord is not None and n.index_ddl is not None
+                factory = lambda: MemorySliceEngine(node.disk.setdefault("slices", {}))  # noqa: E731
+            services = ("manager", "index")
+            n, coord = self.manager_node(node, host, seeds, services, index_engine=factory)
+            assert n.index_ddl is not None
             coord.register_op(SeedKeyspace, seed_keyspace)
             coord.on_change(lambda s: self._applied(host, s))
             coord.on_commit(lambda s: self._committed(host, s))
             n.index_ddl.step_hook = lambda step, index_id: self._op_step(host, step, index_id)
             self._wrap_pool(host, coord)
             try:
-                await n.start()
-                self.live[host] = n
-                node.serving(n.address)
-                await asyncio.get_running_loop().create_future()  # until crashed
+                await self.serve(host, node, n)
             finally:
                 if n.index is not None:
                     n.index.close_now()
 
-        self.sim.cluster.add(host, main)
+        return main
 
     def _committed(self, host: str, state: StateContext) -> None:
         self.commits.append((host, version(state)))
@@ -259,32 +213,8 @@ class IndexCluster:
     # -- cluster ops ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.sim.cluster.start()
-        await wait_until(lambda: self.master() is not None and len(self.live) == 3, 20)
+        await super().start()
         await self.request(SeedKeyspace(name="ks", request_id="seed-ks"), KeyspaceSeeded)
-
-    def coord(self, host: str) -> Coordinator:
-        c = self.live[host].coordinator
-        assert c is not None
-        return c
-
-    def master(self) -> str | None:
-        masters = [h for h in self.live if self.coord(h).is_master]
-        return masters[0] if len(masters) == 1 else None
-
-    async def crash(self, host: str, power_off: bool = False) -> None:
-        self.live.pop(host, None)
-        await self.sim.cluster.crash(host, power_off=power_off)
-
-    async def restart(self, host: str) -> None:
-        self.live.pop(host, None)
-        await self.sim.cluster.restart(host)
-        await wait_until(lambda: host in self.live, 2)
-
-    def converged(self) -> bool:
-        if len(self.live) != len(self.hosts) or self.master() is None:
-            return False
-        return len({version(self.coord(h).state) for h in self.hosts}) == 1
 
     def settled(self) -> bool:
         """Converged, and every indexer's slices match the state (reconciled)."""

@@ -16,21 +16,22 @@ from dataclasses import dataclass, field
 
 import msgspec
 import pytest
+from manager_cluster import FT, HB, HOSTS, ManagerCluster, version, wait_until
 
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.coordinator import Coordinator, OpContext, StateReply, StateRequest
-from shardex.manager.membership import MemoryMemberStore
-from shardex.manager.state import KeyspaceMeta, MemoryStateStore, StateContext, state_digest
-from shardex.net import ConnectionPool
+from shardex.manager.coordinator import OpContext, StateReply, StateRequest
+from shardex.manager.state import KeyspaceMeta, StateContext, state_digest
 from shardex.net.messages import Message
-from shardex.node.server import Node
-from shardex.sim import ClusterNode, FaultConfig, Simulation, many_seeds, run_simulation, sim_seeds
+from shardex.sim import (
+    ClusterNode,
+    FaultConfig,
+    NodeMain,
+    Simulation,
+    many_seeds,
+    run_simulation,
+    sim_seeds,
+)
 from shardex.sim.checkers_coordinator import Version, check_coordinator
-
-SECRET = "sim-secret-0123456789abcdef"
-HB = 0.5
-FT = 3.0
-HOSTS = ("n1", "n2", "n3")
 
 
 class AppendItem(Message, tag="coordtest.AppendItem"):
@@ -71,47 +72,19 @@ class Records:
     ops_run: list[tuple[str, int, float]] = field(default_factory=list)
 
 
-def version(state: StateContext) -> Version:
-    return (state.epoch, state.cas, state_digest(state))
-
-
-class Cluster:
-    """Node mains for a SimCluster plus handles on the live coordinators."""
+class Cluster(ManagerCluster):
+    """The three managers with the test op registered and every apply and commit recorded."""
 
     def __init__(self, sim: Simulation, hosts: tuple[str, ...] = HOSTS) -> None:
-        self.sim = sim
-        self.hosts = hosts
-        self.live: dict[str, Node] = {}
+        super().__init__(sim, hosts)
         self.rec = Records()
-        for i, host in enumerate(hosts):
-            self._add(host, seeds=() if i == 0 else (f"{hosts[0]}:7000",))
-        self.client = ConnectionPool(
-            sim.network.transport("client"), SECRET, name="client", connect_timeout=1.0
-        )
+        self.add_hosts(self._main)
 
-    def _add(self, host: str, seeds: tuple[str, ...]) -> None:
+    def _main(self, host: str, seeds: tuple[str, ...]) -> NodeMain:
         rec = self.rec
 
         async def main(node: ClusterNode) -> None:
-            disk = node.disk
-            disk.setdefault("member_id", f"{host}-id")
-            ids = self.sim.fork_rng(f"ids/{host}/{node.incarnation}")
-            n = Node(
-                transport=node.transport,
-                secret=SECRET,
-                name=host,
-                member_id=disk["member_id"],
-                address=node.listen_address,
-                services=("manager",),
-                store=disk.setdefault("members", MemoryMemberStore()),
-                seeds=seeds,
-                heartbeat_interval=HB,
-                failure_timeout=FT,
-                state_store=disk.setdefault("coordinator", MemoryStateStore()),
-                id_factory=lambda: f"{ids.getrandbits(64):016x}",
-            )
-            coord = n.coordinator
-            assert coord is not None
+            n, coord = self.manager_node(node, host, seeds, ("manager",))
             loop = asyncio.get_running_loop()
 
             async def op(msg: AppendItem, ctx: OpContext) -> ItemAppended:
@@ -126,40 +99,9 @@ class Cluster:
             applies = rec.applies.setdefault(host, [])
             coord.on_change(lambda s: applies.append(version(s)))
             coord.on_commit(lambda s: rec.commits.append((host, version(s))))
-            await n.start()
-            self.live[host] = n
-            node.serving(n.address)
-            await loop.create_future()  # until crashed
+            await self.serve(host, node, n)
 
-        self.sim.cluster.add(host, main)
-
-    async def start(self) -> None:
-        await self.sim.cluster.start()
-        await wait_until(lambda: self.master() is not None and len(self.live) == 3, 20)
-
-    def coord(self, host: str) -> Coordinator:
-        c = self.live[host].coordinator
-        assert c is not None
-        return c
-
-    def master(self) -> str | None:
-        masters = [h for h in self.live if self.coord(h).is_master]
-        return masters[0] if len(masters) == 1 else None
-
-    async def crash(self, host: str, power_off: bool = False) -> None:
-        """kill -9 (peers get a reset) or, with ``power_off``, silence (they time out)."""
-        self.live.pop(host, None)
-        await self.sim.cluster.crash(host, power_off=power_off)
-
-    async def restart(self, host: str) -> None:
-        self.live.pop(host, None)
-        await self.sim.cluster.restart(host)
-        await wait_until(lambda: host in self.live, 2)
-
-    def converged(self) -> bool:
-        if len(self.live) != len(self.hosts) or self.master() is None:
-            return False
-        return len({version(self.coord(h).state) for h in self.hosts}) == 1
+        return main
 
     async def op(
         self, host: str, item: str, request_id: str | None = None, timeout: float = 30.0
@@ -186,16 +128,6 @@ class Cluster:
         )
         self.sim.cluster.check()
         return final
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float, step: float = 0.05) -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not cond():
-        if loop.time() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout} virtual seconds")
-        await asyncio.sleep(step)
-    return loop.time() - start
 
 
 @pytest.mark.parametrize("seed", sim_seeds(3))

@@ -9,7 +9,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from index_ddl_harness import HOSTS, IndexCluster, wait_until
+from index_ddl_harness import IndexCluster
+from manager_cluster import HOSTS, wait_until
 
 from shardex.errors import ShardexError
 from shardex.index.definition import IndexKey

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from index_ddl_harness import FT, HOSTS, IndexCluster, wait_until
+from index_ddl_harness import IndexCluster
+from manager_cluster import FT, HOSTS, wait_until
 
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexKey

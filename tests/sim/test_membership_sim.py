@@ -4,16 +4,16 @@ network in virtual time. Crash, restart, partition; detection bounds checked in 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import pytest
+from manager_cluster import FT, HB, HOSTS, SECRET, sim_node, wait_until
 
 from shardex.manager.membership import (
     MemberInfo,
     Membership,
     MembersReply,
     MembersRequest,
-    MemoryMemberStore,
     list_digest,
     merge_members,
 )
@@ -21,9 +21,6 @@ from shardex.net import connect
 from shardex.node.server import Node
 from shardex.sim import ClusterNode, FaultConfig, Simulation, run_simulation, sim_seeds
 
-SECRET = "sim-secret-0123456789abcdef"
-HB = 0.5
-FT = 3.0
 BOUND = FT + 2 * HB  # the stated failure-detection bound
 
 
@@ -38,22 +35,9 @@ class SimNodes:
         seeds, services = tuple(seeds), tuple(services) or ("data", "index", "query", "manager")
 
         async def main(node: ClusterNode) -> None:
-            # node.disk survives crashes: it plays the data dir (identity + member list).
-            disk = node.disk
-            disk.setdefault("member_id", f"{host}-id{node.incarnation}")
-            store = disk.setdefault("members", MemoryMemberStore())
-            n = Node(
-                transport=node.transport,
-                secret=SECRET,
-                name=host,
-                member_id=disk["member_id"],
-                address=node.listen_address,
-                services=services,
-                store=store,
-                seeds=seeds,
-                heartbeat_interval=HB,
-                failure_timeout=FT,
-            )
+            # A new incarnation keeps the first one's member id (the disk survives crashes).
+            first_id = f"{host}-id{node.incarnation}"
+            n = sim_node(node, host, seeds, services, first_member_id=first_id)
             await n.start()
             self.live[host] = n
             node.serving(n.address)
@@ -87,20 +71,6 @@ class SimNodes:
 
     def all_see(self, observers: Iterable[str], member: str, state: str) -> bool:
         return all(self.state(o, member) == state for o in observers)
-
-
-async def wait_until(cond: Callable[[], bool], timeout: float, step: float = 0.05) -> float:
-    """Virtual seconds until ``cond`` holds; fails after ``timeout`` virtual seconds."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not cond():
-        if loop.time() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout} virtual seconds")
-        await asyncio.sleep(step)
-    return loop.time() - start
-
-
-HOSTS = ("n1", "n2", "n3")
 
 
 async def start_three(sim: Simulation) -> SimNodes:

@@ -9,9 +9,10 @@ from typing import Any
 
 import msgspec
 import pytest
+from tests.unit import coordinator_fakes as fakes
 
 from shardex.core.topology import Topology
-from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import MAX_INDEX_PARTITIONS, IndexKey
 from shardex.index.messages import AllocateSlices, DropSlices
 from shardex.manager.index_ddl import IndexDDL
@@ -36,40 +37,19 @@ from shardex.manager.index_state import (
     creation_base,
 )
 from shardex.manager.index_validate import place_partitions, slice_load, validate_create
-from shardex.manager.member_list import DOWN, UP, MemberInfo
-from shardex.manager.state import KeyspaceMeta, StateContext, record_reply, stored_reply
-from shardex.net.messages import Message
+from shardex.manager.state import KeyspaceMeta, StateContext, stored_reply
 
 K = [IndexKey(expr="age")]
 
 
-class FakeMembership:
-    def __init__(self, up: dict[str, bool], services: tuple[str, ...] = ("index", "manager")):
-        self.members = [
-            MemberInfo(member_id=f"id-{n}", name=n, address=f"{n}:1", services=services) for n in up
-        ]
-        self.members.append(
-            MemberInfo(member_id="id-d1", name="d1", address="d1:1", services=("data",))
-        )
-        self.up = {**up, "d1": True}
-
-    def state_of(self, member_id: str, now: float) -> tuple[str, float]:
-        return (UP if self.up[member_id[3:]] else DOWN), 0.0
+def indexers(up: dict[str, bool]) -> fakes.FakeMembership:
+    """Indexers (also managers) ``up`` plus one data node, d1."""
+    return fakes.FakeMembership(up, ("index", "manager"), others={"d1": ("data",)})
 
 
-class FakePool:
-    def __init__(self, failing: set[str]) -> None:
-        self.failing = failing
-        self.sent: list[tuple[str, Message]] = []
+class FakeCtx(fakes.FakeCtx):
+    """The master's context over a state holding keyspace ``ks``."""
 
-    async def request(self, address: str, msg: Message, timeout: float) -> None:
-        node = address.split(":")[0]
-        self.sent.append((node, msg))
-        if node in self.failing:
-            raise NodeUnavailable(f"{node} is unreachable")
-
-
-class FakeCtx:
     def __init__(
         self,
         up: dict[str, bool] | None = None,
@@ -77,23 +57,13 @@ class FakeCtx:
         request_id: str | None = "r1",
     ) -> None:
         meta = KeyspaceMeta(name="ks", num_partitions=8, uuid="u", created_cas=1)
-        self.state = StateContext(cas=1, epoch=1, keyspaces={"ks": meta})
-        self.membership = FakeMembership(up or {"n1": True, "n2": True, "n3": True})
-        self.pool = FakePool(set(failing))
-        self.request_id = request_id
-        self.commits: list[StateContext] = []
-        self._ids = iter(f"{i:012x}" for i in range(1000))
-
-    def new_id(self) -> str:
-        return next(self._ids)
-
-    async def commit(self, new: StateContext, *, reply: Message | None = None) -> StateContext:
-        assert new.cas == self.state.cas, "built on a stale state"
-        if reply is not None and self.request_id is not None:
-            new = record_reply(new, self.request_id, reply)
-        self.state = msgspec.structs.replace(new, cas=self.state.cas + 1)
-        self.commits.append(self.state)
-        return self.state
+        super().__init__(
+            StateContext(cas=1, epoch=1, keyspaces={"ks": meta}),
+            indexers(up or {"n1": True, "n2": True, "n3": True}),
+            iter(f"{i:012x}" for i in range(1000)),
+            failing,
+            request_id,
+        )
 
 
 class FakeCoordinator:
@@ -104,10 +74,7 @@ class FakeCoordinator:
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     import shardex.manager.index_ddl as mod
 
-    async def fast_sleep(_: float) -> None:
-        return None
-
-    monkeypatch.setattr(mod.asyncio, "sleep", fast_sleep)
+    fakes.no_backoff(monkeypatch, mod)
 
 
 async def run(op: Any, msg: Any, ctx: FakeCtx) -> Any:
@@ -314,7 +281,7 @@ async def test_failed_allocation_removes_the_index_and_fails_cleanly() -> None:
 async def test_a_down_indexer_is_not_retried() -> None:
     ctx = FakeCtx()
     plan_up = {"n1": True, "n2": True, "n3": True}
-    ctx.membership = FakeMembership(plan_up)
+    ctx.membership = indexers(plan_up)
     d = ddl()
 
     def down_after_placement(step: int, _id: str) -> None:

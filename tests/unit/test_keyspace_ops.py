@@ -3,13 +3,15 @@ nodes, the committed state, and what a failure to reach a data node leaves behin
 
 from __future__ import annotations
 
+from itertools import count
 from typing import Any
 
 import msgspec
 import pytest
+from tests.unit import coordinator_fakes as fakes
 
 from shardex.data.messages import DropKeyspaceData, OpenPartitions
-from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.keyspaces import (
     CreateKeyspace,
     DropKeyspace,
@@ -18,68 +20,24 @@ from shardex.manager.keyspaces import (
     drop_keyspace,
     list_keyspaces,
 )
-from shardex.manager.member_list import DOWN, UP, MemberInfo
-from shardex.manager.state import StateContext, record_reply, stored_reply
-from shardex.net.messages import Message
+from shardex.manager.state import StateContext, stored_reply
 
 
-class FakeMembership:
-    def __init__(self, up: dict[str, bool]) -> None:
-        self.members = [
-            MemberInfo(member_id=f"id-{n}", name=n, address=f"{n}:1", services=("data", "manager"))
-            for n in up
-        ]
-        self.up = up
-
-    def state_of(self, member_id: str, now: float) -> tuple[str, float]:
-        return (UP if self.up[member_id[3:]] else DOWN), 0.0
-
-
-class FakePool:
-    def __init__(self, failing: set[str]) -> None:
-        self.failing = failing
-        self.sent: list[tuple[str, Message]] = []
-
-    async def request(self, address: str, msg: Message, timeout: float) -> None:
-        node = address.split(":")[0]
-        self.sent.append((node, msg))
-        if node in self.failing:
-            raise NodeUnavailable(f"{node} is unreachable")
-
-
-class FakeCtx:
-    request_id = "r1"
-
-    def __init__(self, up: dict[str, bool], failing: frozenset[str] = frozenset()) -> None:
-        self.state = StateContext()
-        self.membership = FakeMembership(up)
-        self.pool = FakePool(set(failing))
-        self._ids = 0
-
-    def new_id(self) -> str:
-        self._ids += 1
-        return f"id{self._ids}"
-
-    async def commit(self, new: StateContext, *, reply: Message | None = None) -> StateContext:
-        if reply is not None:
-            new = record_reply(new, self.request_id, reply)
-        self.state = msgspec.structs.replace(new, cas=self.state.cas + 1)
-        return self.state
-
-
-async def fast_sleep(_: float) -> None:
-    return None
+def make_ctx(up: dict[str, bool], failing: frozenset[str] = frozenset()) -> fakes.FakeCtx:
+    """A context over an empty state; every node a data node and a manager."""
+    membership = fakes.FakeMembership(up, ("data", "manager"))
+    return fakes.FakeCtx(StateContext(), membership, (f"id{i}" for i in count(1)), failing)
 
 
 @pytest.fixture(autouse=True)
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     import shardex.manager.keyspaces as mod
 
-    monkeypatch.setattr(mod.asyncio, "sleep", fast_sleep)
+    fakes.no_backoff(monkeypatch, mod)
 
 
 async def test_create_places_over_up_data_nodes_and_opens_them() -> None:
-    ctx: Any = FakeCtx({"n1": True, "n2": True, "n3": False})
+    ctx: Any = make_ctx({"n1": True, "n2": True, "n3": False})
     reply = await create_keyspace(CreateKeyspace(name="users", num_partitions=6), ctx)
     assert reply.meta.name == "users" and reply.meta.created_cas == 1
     assert reply.meta.uuid == "id1"  # from ctx.new_id(): seeded under the simulator
@@ -95,7 +53,7 @@ async def test_create_places_over_up_data_nodes_and_opens_them() -> None:
 
 
 async def test_create_validates_before_committing() -> None:
-    ctx: Any = FakeCtx({"n1": True})
+    ctx: Any = make_ctx({"n1": True})
     for name, n in (("9lives", 4), ("has space", 4), ("x" * 101, 4), ("ok", 0), ("ok", 2000)):
         with pytest.raises(ShardexError) as info:
             await create_keyspace(CreateKeyspace(name=name, num_partitions=n), ctx)
@@ -105,14 +63,14 @@ async def test_create_validates_before_committing() -> None:
         await create_keyspace(CreateKeyspace(name="Ok_name-2", num_partitions=1), ctx)
     assert info.value.code == ErrorCode.KEYSPACE_EXISTS
     assert ctx.state.cas == 1  # only the one good create committed
-    down: Any = FakeCtx({"n1": False})
+    down: Any = make_ctx({"n1": False})
     with pytest.raises(ShardexError) as info:
         await create_keyspace(CreateKeyspace(name="k"), down)
     assert info.value.code == ErrorCode.NODE_UNAVAILABLE and down.state.cas == 0
 
 
 async def test_create_with_an_unreachable_owner_fails_and_says_the_keyspace_exists() -> None:
-    ctx: Any = FakeCtx({"n1": True, "n2": True}, failing=frozenset({"n2"}))
+    ctx: Any = make_ctx({"n1": True, "n2": True}, failing=frozenset({"n2"}))
     with pytest.raises(ShardexError) as info:
         await create_keyspace(CreateKeyspace(name="users", num_partitions=4), ctx)
     err = info.value
@@ -125,7 +83,7 @@ async def test_create_with_an_unreachable_owner_fails_and_says_the_keyspace_exis
 
 
 async def test_drop_and_list() -> None:
-    ctx: Any = FakeCtx({"n1": True, "n2": True}, failing=frozenset({"n2"}))
+    ctx: Any = make_ctx({"n1": True, "n2": True}, failing=frozenset({"n2"}))
     ctx.pool.failing.clear()
     await create_keyspace(CreateKeyspace(name="a", num_partitions=2), ctx)
     await create_keyspace(CreateKeyspace(name="b", num_partitions=2), ctx)
@@ -148,7 +106,7 @@ async def test_drop_keyspace_removes_its_indexes() -> None:
     from shardex.index.definition import IndexDefinition, IndexKey
     from shardex.manager.index_state import IndexRecord
 
-    ctx: Any = FakeCtx({"n1": True})
+    ctx: Any = make_ctx({"n1": True})
     await create_keyspace(CreateKeyspace(name="a", num_partitions=2), ctx)
     await create_keyspace(CreateKeyspace(name="b", num_partitions=2), ctx)
 

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -19,6 +20,7 @@ import pytest
 
 from shardex.core.topology import Topology, balanced_assignment
 from shardex.data.migration_messages import (
+    AbortIncoming,
     CatchUp,
     CatchUpReply,
     FreezeOutgoing,
@@ -32,8 +34,9 @@ from shardex.data.migration_messages import (
 from shardex.data.partitioning import partition_of
 from shardex.data.records import Change
 from shardex.data.service import DataService
-from shardex.errors import ErrorCode, ShardexError
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.manager.member_list import DOWN, UP, MemberInfo
+from shardex.manager.migration_driver import MigrationDriver
 from shardex.manager.rebalance import GetRebalance, MovePartition, Rebalancer, StartRebalance
 from shardex.manager.rebalance_state import DONE, FAILED, MOVING, UNRESOLVED, new_record, with_move
 from shardex.manager.replication import unavailable
@@ -408,3 +411,27 @@ async def test_source_dying_mid_copy_fails_the_move_at_once(cluster) -> None:
     assert nodes["n2"].engine.partition_state("ks", 2) == "absent"
     await nodes["n1"].start(port)
     assert nodes["n1"].engine.partition_info("ks", 2).state == "active"
+
+
+async def test_a_best_effort_command_survives_a_failure_but_not_a_deposed_master() -> None:
+    """Activate, drop, abort and the resolver's question are best effort (the node reconciles
+    by itself): any failure is logged and the move goes on, except the term fence saying this
+    master is deposed, which stops the driver."""
+
+    class FailingPool:
+        def __init__(self) -> None:
+            self.error: ShardexError = NodeUnavailable("n2 is unreachable")
+
+        async def request(self, address: str, msg: Any, timeout: float, expect: Any) -> Any:
+            raise self.error
+
+    member = MemberInfo(member_id="id-n2", name="n2", address="n2:1", services=("data",))
+    pool = FailingPool()
+    coord = SimpleNamespace(membership=SimpleNamespace(members=[member]), pool=pool)
+    driver = MigrationDriver(coord, {}, lambda epoch: None)
+    msg = AbortIncoming(migration_id="m1", epoch=1, keyspace="ks", partition=0)
+    assert await driver._tell("m1", "n2", msg, "not told to abort") is None
+    pool.error = unavailable("deposed", "deposed", epoch=1)
+    with pytest.raises(ShardexError) as info:
+        await driver._tell("m1", "n2", msg, "not told to abort")
+    assert info.value.details["reason"] == "deposed"

@@ -17,12 +17,10 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.test_scan_service import KS, NODES, SECRET, Env, as_rows, oracle_rows
+from tests.unit.scan_env import KS, NODES, SECRET, Env, as_rows, oracle_rows
 
 from shardex.client import connect
 from shardex.client.scan import _EntryRows
@@ -40,16 +38,6 @@ CITIES = ("lima", "oslo", "paris", "rome")
 def user(i: int) -> dict[str, Any]:
     """A document every index of the workload holds (by_name needs type 'user')."""
     return {"type": "user", "name": f"n{i % 97:02}", "age": i % 50, "city": CITIES[i % 4]}
-
-
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    e = Env(tmp_path)
-    await e.start()
-    try:
-        yield e
-    finally:
-        await e.stop()
 
 
 @pytest.fixture

@@ -80,6 +80,17 @@ async def ask_member(
     return reply
 
 
+def _command_fields(move: MoveRecord, epoch: int) -> dict[str, Any]:
+    """What every command of one move carries: the migration, this master's term (the data
+    nodes' fence) and the partition."""
+    return {
+        "migration_id": move.migration_id,
+        "epoch": epoch,
+        "keyspace": move.keyspace,
+        "partition": move.partition,
+    }
+
+
 class MigrationDriver:
     """Node calls and commits of single migrations (module docstring)."""
 
@@ -107,6 +118,18 @@ class MigrationDriver:
 
     async def _ask(self, node: str, msg: Message, timeout: float, expect: type[M]) -> M:
         return await ask_member(self._c, node, msg, timeout, expect)
+
+    async def _tell(self, mid: str, node: str, msg: Message, failed: str) -> Outcome | None:
+        """A command migration ``mid`` survives without: its outcome, or None once the
+        failure is logged (``failed`` says what the node does about it); a deposed master
+        stops."""
+        try:
+            return await self._ask(node, msg, COMMAND_TIMEOUT, Outcome)
+        except ShardexError as exc:
+            if deposed(exc):
+                raise
+            log.warning("migration %s: %s: %s", mid, failed, exc)
+            return None
 
     async def migrate(self, move: MoveRecord, epoch: int, rate_limit: int) -> None:
         """One migration, steps 1-6 of the module docstring."""
@@ -136,12 +159,7 @@ class MigrationDriver:
             return
         record_cas, meta = begun
         self.phases[mid] = "copying"
-        common = {
-            "migration_id": mid,
-            "epoch": epoch,
-            "keyspace": move.keyspace,
-            "partition": move.partition,
-        }
+        common = _command_fields(move, epoch)
         stats: dict[str, Any] = {}
         release_sent = False
         try:
@@ -230,21 +248,14 @@ class MigrationDriver:
         loop = asyncio.get_running_loop()
         mid = move.migration_id
         self.phases[mid] = "publishing"
-        common = {
-            "migration_id": mid,
-            "epoch": epoch,
-            "keyspace": move.keyspace,
-            "partition": move.partition,
-        }
-        try:
-            await self._ask(
-                move.target, ActivateIncoming(**common, high_seqno=high), COMMAND_TIMEOUT, Outcome
-            )
-        except ShardexError as exc:
-            if deposed(exc):
-                raise
-            # Its copy is complete and durable; it activates itself when it sees the topology.
-            log.warning("migration %s: activating on %s failed: %s", mid, move.target, exc)
+        common = _command_fields(move, epoch)
+        # Its copy is complete and durable: it activates itself when it sees the topology.
+        await self._tell(
+            mid,
+            move.target,
+            ActivateIncoming(**common, high_seqno=high),
+            f"activating on {move.target} failed (it activates from the topology)",
+        )
 
         async def pub(ctx: Any) -> int:
             state = ctx.state
@@ -282,16 +293,12 @@ class MigrationDriver:
             move.target,
             seq,
         )
-        try:
-            await self._ask(
-                move.source, DropOutgoing(**common, topology_seq=seq), COMMAND_TIMEOUT, Outcome
-            )
-        except ShardexError as exc:
-            if deposed(exc):
-                raise
-            log.warning(
-                "migration %s: drop at %s failed (it reconciles): %s", mid, move.source, exc
-            )
+        await self._tell(
+            mid,
+            move.source,
+            DropOutgoing(**common, topology_seq=seq),
+            f"drop at {move.source} failed (it reconciles)",
+        )
 
     async def resolve(
         self,
@@ -305,20 +312,13 @@ class MigrationDriver:
         """Settle a move whose hand-over did not complete (``resolution``)."""
         mid = move.migration_id
         self.phases[mid] = "resolving"
-        common = {
-            "migration_id": mid,
-            "epoch": epoch,
-            "keyspace": move.keyspace,
-            "partition": move.partition,
-        }
-        try:
-            source: Outcome | None = await self._ask(
-                move.source, ResolveOutgoing(**common), COMMAND_TIMEOUT, Outcome
-            )
-        except ShardexError as exc:
-            if deposed(exc):
-                raise
-            source = None
+        common = _command_fields(move, epoch)
+        source = await self._tell(
+            mid,
+            move.source,
+            ResolveOutgoing(**common),
+            f"{move.source} did not answer how the hand-over ended",
+        )
         history = self._c.state.data_topologies.get(move.keyspace) or []
         latest = history[-1] if history else None
         published = (
@@ -336,13 +336,13 @@ class MigrationDriver:
                 assert source is not None
                 await self.roll_forward(move, epoch, source.high_seqno, stats or {}, started, None)
             elif action == "abort":
-                try:
-                    await self._ask(move.target, AbortIncoming(**common), COMMAND_TIMEOUT, Outcome)
-                except ShardexError as exc:
-                    if deposed(exc):
-                        raise
-                    # The target drops its copy when it reconciles (the move is failed).
-                    log.info("migration %s: target %s not told to abort: %s", mid, move.target, exc)
+                await self._tell(
+                    mid,
+                    move.target,
+                    AbortIncoming(**common),
+                    f"target {move.target} not told to abort (it drops its copy when it "
+                    "reconciles: the move is failed)",
+                )
                 await self.update(epoch, mid, status=FAILED, error=error, **(stats or {}))
             elif move.status != UNRESOLVED:
                 await self.update(

@@ -300,9 +300,7 @@ class DDLParser(Parser):
             self.error(tok, expected="HASH (the only partitioning scheme)")
         self.advance()
         self.expect("(", "'(' and the partition key expressions")
-        exprs = [self.parse_expr().to_text()]
-        while self.accept(","):
-            exprs.append(self.parse_expr().to_text())
+        exprs = self.comma_list(lambda: self.parse_expr().to_text())
         self.expect(")", "',' or ')'")
         return tuple(exprs)
 

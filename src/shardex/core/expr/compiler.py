@@ -263,40 +263,36 @@ def _compare_const(op: str, operand: CompiledExpr, c: Any) -> CompiledExpr:
     return lambda d, m=None, p=None: cmp(operand(d, m, p), c)
 
 
-def _and(node: And) -> CompiledExpr:
-    fns = tuple(_compile(o) for o in node.operands)
-    is_false, land = ops.is_false, ops.logical_and
+def _junction(operands: tuple[Expr, ...], absorbing: bool) -> CompiledExpr:
+    """AND (``absorbing`` False) and OR (True) are one loop: a known value whose truth is
+    ``absorbing`` decides at once and stops evaluation; the plain opposite boolean (the
+    common case) is skipped without the generic combine; anything else (MISSING, NULL,
+    other types) folds in through the operator's own precedence of unknowns."""
+    fns = tuple(_compile(o) for o in operands)
+    neutral = not absorbing
+    decides = ops.is_true if absorbing else ops.is_false
+    combine = ops.logical_or if absorbing else ops.logical_and
 
     def f(d: Any, m: Any = None, p: Any = None) -> Any:
-        result: Any = True
+        result: Any = neutral
         for fn in fns:
             v = fn(d, m, p)
-            if v is True:
+            if v is neutral:
                 continue
-            if v is False or is_false(v):
-                return False
-            result = land(result, v)
+            if v is absorbing or decides(v):
+                return absorbing
+            result = combine(result, v)
         return result
 
     return f
+
+
+def _and(node: And) -> CompiledExpr:
+    return _junction(node.operands, absorbing=False)
 
 
 def _or(node: Or) -> CompiledExpr:
-    fns = tuple(_compile(o) for o in node.operands)
-    is_true, lor = ops.is_true, ops.logical_or
-
-    def f(d: Any, m: Any = None, p: Any = None) -> Any:
-        result: Any = False
-        for fn in fns:
-            v = fn(d, m, p)
-            if v is False:
-                continue
-            if v is True or is_true(v):
-                return True
-            result = lor(result, v)
-        return result
-
-    return f
+    return _junction(node.operands, absorbing=True)
 
 
 def _like(node: Like) -> CompiledExpr:

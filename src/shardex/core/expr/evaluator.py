@@ -153,26 +153,26 @@ def _binary(node: BinaryOp, env: Env) -> Any:
     return ops.compare(node.op, a, b)
 
 
-def _and(node: And, env: Env) -> Any:
-    # FALSE wins (and stops evaluation), then MISSING, then NULL, then TRUE.
-    result: Any = True
-    for operand in node.operands:
+def _junction(operands: tuple[Expr, ...], env: Env, absorbing: bool) -> Any:
+    # AND (absorbing False): FALSE wins and stops evaluation, then MISSING, then NULL, then
+    # TRUE. OR (absorbing True): TRUE wins and stops, then NULL, then MISSING, then FALSE.
+    decides = ops.is_true if absorbing else ops.is_false
+    combine = ops.logical_or if absorbing else ops.logical_and
+    result: Any = not absorbing
+    for operand in operands:
         v = _eval(operand, env)
-        if ops.is_false(v):
-            return False
-        result = ops.logical_and(result, v)
+        if decides(v):
+            return absorbing
+        result = combine(result, v)
     return result
+
+
+def _and(node: And, env: Env) -> Any:
+    return _junction(node.operands, env, absorbing=False)
 
 
 def _or(node: Or, env: Env) -> Any:
-    # TRUE wins (and stops evaluation), then NULL, then MISSING, then FALSE.
-    result: Any = False
-    for operand in node.operands:
-        v = _eval(operand, env)
-        if ops.is_true(v):
-            return True
-        result = ops.logical_or(result, v)
-    return result
+    return _junction(node.operands, env, absorbing=True)
 
 
 def _negate_if(result: Any, negated: bool) -> Any:

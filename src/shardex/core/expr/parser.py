@@ -9,8 +9,8 @@ bare identifiers) is a class attribute a subclass widens, and ``parse_primary`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from typing import NoReturn, TypeVar
 
 from shardex.core.values import MISSING
 from shardex.errors import ExpressionSyntaxError
@@ -50,6 +50,8 @@ from .ast import (
 )
 from .functions import FUNCTIONS, FunctionSpec
 from .lexer import Token, TokenKind, syntax_error, tokenize
+
+T = TypeVar("T")
 
 # Operators written more than one way; the AST keeps one spelling.
 _OP_ALIASES = {"==": "=", "<>": "!="}
@@ -111,6 +113,22 @@ class Parser:
         if self.at_op(op):
             return self.advance()
         self.error(self.peek(), expected=what or repr(op))
+
+    def comma_list(self, item: Callable[[], T]) -> list[T]:
+        """``item`` parsed once, then again after each comma (``a, b, c``)."""
+        items = [item()]
+        while self.accept(","):
+            items.append(item())
+        return items
+
+    def expression_list(self, close: str) -> list[Expr]:
+        """Expressions separated by commas up to the closing ``close`` (taken), maybe none:
+        array items, call arguments."""
+        if self.accept(close):
+            return []
+        items = self.comma_list(self.parse_expression)
+        self.expect(close, f"',' or '{close}'")
+        return items
 
     def at_keyword(self, word: str, ahead: int = 0) -> bool:
         """True if the token is the (case-insensitive) word ``word``; back-ticked identifiers
@@ -290,13 +308,7 @@ class Parser:
 
     def parse_array(self) -> Expr:
         self.expect("[")
-        items: list[Expr] = []
-        if not self.accept("]"):
-            items.append(self.parse_expression())
-            while self.accept(","):
-                items.append(self.parse_expression())
-            self.expect("]", "',' or ']'")
-        return ArrayConstruct(tuple(items))
+        return ArrayConstruct(tuple(self.expression_list("]")))
 
     def parse_object(self) -> Expr:
         self.expect("{")
@@ -332,12 +344,7 @@ class Parser:
         if spec is None:
             self.error(name_tok, f"unknown function {name!r}")
         self.expect("(")
-        args: list[Expr] = []
-        if not self.accept(")"):
-            args.append(self.parse_expression())
-            while self.accept(","):
-                args.append(self.parse_expression())
-            self.expect(")", "',' or ')'")
+        args = self.expression_list(")")
         n = len(args)
         if n < spec.min_args or (spec.max_args is not None and n > spec.max_args):
             self.error(
@@ -434,9 +441,7 @@ class Parser:
         if self.at_op("("):
             start = self.pos
             self.advance()
-            items = [self.parse_expression()]
-            while self.accept(","):
-                items.append(self.parse_expression())
+            items = self.comma_list(self.parse_expression)
             self.expect(")", "',' or ')'")
             nxt_prec, _ = self._infix_precedence(self.peek())
             continues = nxt_prec > PREC_IN or self.at_op(".") or self.at_op("[")

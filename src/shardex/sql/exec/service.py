@@ -209,6 +209,9 @@ class SqlService:
             keys = named_keys(b, params)
             if len(keys) <= INLINE_KEYS:
                 plan.inline = True
+                # No QueryExecute, but an id all the same: the reply and the metrics name
+                # every SELECT by one (an ExchangeStats for it finds no streams).
+                plan.query_id = str(self.query.new_query_id())
                 return plan, None, self._key_lookup(plan, keys, params, msg)
         ts = await self.pin_stability(plan, consistency or msg.consistency, msg)
         qplan = plan.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))

@@ -138,6 +138,12 @@ class QueryService(InitiatorRole):
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._pool.close()
 
+    def new_query_id(self) -> QueryId:
+        """A fresh id from this member's factory, for a query that runs without fragments
+        (the SQL initiator's inline key lookup): it is named in replies and logs like the
+        others, and no two queries of this member share an id."""
+        return self._new_id()
+
     def describe(self) -> dict[str, int]:
         """Counts of live state, including protocol tasks still running (sends, checks)."""
         return {**self.registry.describe(), "tasks": len(self._tasks)}

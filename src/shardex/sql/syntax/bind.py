@@ -230,9 +230,10 @@ def bind_select(stmt: SelectStmt) -> BoundSelect:
 
     order_exprs = [o.expr for o in stmt.order_by]
     order_bound = frozenset(explicit)
+    grouping: _Grouping | None = None
+    terms: list[BoundTerm] = []
     if grouped:
         grouping = _Grouping(stmt, alias, doc_bound)
-        terms = []
         for term, name in zip(stmt.terms, names, strict=True):
             if term.expr is None:
                 raise SqlSemanticError(
@@ -244,48 +245,28 @@ def bind_select(stmt: SelectStmt) -> BoundSelect:
             (grouping.bind(e, "ORDER BY", extra=order_bound), o)
             for e, o in zip(order_exprs, stmt.order_by, strict=True)
         )
-        return BoundSelect(
-            stmt=stmt,
-            from_=ref,
-            alias=alias,
-            lets=tuple(lets),
-            where=where,
-            grouped=True,
-            group_keys=grouping.keys,
-            aggregates=tuple(grouping.aggregates),
-            letting=grouping.letting,
-            having=grouping.having,
-            terms=tuple(terms),
-            raw=stmt.raw,
-            distinct=stmt.distinct,
-            order=order,
-            order_aliases=_aliases_used(order, order_bound),
-            limit=stmt.limit,
-            offset=stmt.offset,
+    else:
+        for term, name in zip(stmt.terms, names, strict=True):
+            if term.expr is None:
+                if alias is not None:
+                    terms.append(BoundTerm(alias, Identifier(alias)))
+                continue
+            terms.append(BoundTerm(name, resolve(term.expr, alias, doc_bound), term.star))
+        order = tuple(
+            (resolve(e, alias, doc_bound | order_bound), o)
+            for e, o in zip(order_exprs, stmt.order_by, strict=True)
         )
-
-    terms = []
-    for term, name in zip(stmt.terms, names, strict=True):
-        if term.expr is None:
-            if alias is not None:
-                terms.append(BoundTerm(alias, Identifier(alias)))
-            continue
-        terms.append(BoundTerm(name, resolve(term.expr, alias, doc_bound), term.star))
-    order = tuple(
-        (resolve(e, alias, doc_bound | order_bound), o)
-        for e, o in zip(order_exprs, stmt.order_by, strict=True)
-    )
     return BoundSelect(
         stmt=stmt,
         from_=ref,
         alias=alias,
         lets=tuple(lets),
         where=where,
-        grouped=False,
-        group_keys=(),
-        aggregates=(),
-        letting=(),
-        having=None,
+        grouped=grouping is not None,
+        group_keys=grouping.keys if grouping else (),
+        aggregates=tuple(grouping.aggregates) if grouping else (),
+        letting=grouping.letting if grouping else (),
+        having=grouping.having if grouping else None,
         terms=tuple(terms),
         raw=stmt.raw,
         distinct=stmt.distinct,

@@ -230,17 +230,16 @@ class SqlParser(DDLParser):
         target = self.parse_target()
         sets: list[tuple[Expr, Expr]] = []
         unsets: list[Expr] = []
+
+        def assignment() -> tuple[Expr, Expr]:
+            path = self.parse_path()
+            self.expect("=", "'=' and the new value")
+            return path, self.parse_expr()
+
         if self.accept_keyword("SET"):
-            while True:
-                path = self.parse_path()
-                self.expect("=", "'=' and the new value")
-                sets.append((path, self.parse_expr()))
-                if not self.accept(","):
-                    break
+            sets = self.comma_list(assignment)
         if self.accept_keyword("UNSET"):
-            unsets.append(self.parse_path())
-            while self.accept(","):
-                unsets.append(self.parse_path())
+            unsets = self.comma_list(self.parse_path)
         if not sets and not unsets:
             self.error(self.peek(), expected="SET or UNSET")
         where = self.parse_expr() if self.accept_keyword("WHERE") else None
@@ -257,10 +256,7 @@ class SqlParser(DDLParser):
     # -- clauses ----------------------------------------------------------------------------
 
     def parse_terms(self) -> tuple[ResultTerm, ...]:
-        terms = [self.parse_term()]
-        while self.accept(","):
-            terms.append(self.parse_term())
-        return tuple(terms)
+        return tuple(self.comma_list(self.parse_term))
 
     def parse_term(self) -> ResultTerm:
         if self.accept("*"):
@@ -315,9 +311,7 @@ class SqlParser(DDLParser):
         while self.accept_keyword("USE"):
             if self.accept_keyword("INDEX"):
                 self.expect("(", "'(' and index names")
-                names = [self.parse_name("index")]
-                while self.accept(","):
-                    names.append(self.parse_name("index"))
+                names = self.comma_list(lambda: self.parse_name("index"))
                 if self.accept_keyword("USING"):
                     self.expect_keyword("GSI")
                 self.expect(")", "',' or ')'")
@@ -340,10 +334,7 @@ class SqlParser(DDLParser):
                 return tuple(out)
 
     def parse_expr_list(self) -> list[Expr]:
-        items = [self.parse_expr()]
-        while self.accept(","):
-            items.append(self.parse_expr())
-        return items
+        return self.comma_list(self.parse_expr)
 
     def parse_order_by(self) -> tuple[OrderTerm, ...]:
         self.expect_keyword("ORDER")

@@ -41,14 +41,18 @@ ROUND = 20  # scans of one consistency before the other's turn
 
 
 @contextmanager
-def running(cdir: Path, new: bool) -> Iterator[None]:
+def running(cdir: Path, new: bool, env: dict[str, str] | None = None) -> Iterator[None]:
+    """The cluster in ``cdir`` started (its nodes with ``env``, default this one's), stopped
+    on exit."""
     from shardex.node.cluster_dir import HTTP_PORT_OFFSET
 
     cmd = [*_cli(), "cluster", "start", "--dir", str(cdir), "--no-pipeline"]
     if new:
         cmd += ["--nodes", "3", "--base-port", str(free_base_port(3, HTTP_PORT_OFFSET))]
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"cluster start failed:\n{proc.stdout}")
         yield

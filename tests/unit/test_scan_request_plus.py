@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.unit.test_scan_service import KS, NODES, Env, _until, as_rows, oracle_rows
+from tests.unit.scan_env import KS, NODES, Env, _until, as_rows, oracle_rows
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
@@ -36,21 +35,11 @@ from shardex.scan.cluster_view import ClusterView
 from shardex.scan.streams import OutStreams
 
 
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    e = Env(tmp_path)
-    await e.start()
-    try:
-        yield e
-    finally:
-        await e.stop()
-
-
 def fake_high_seqnos(env: Env, calls: list[str]) -> None:
     """Every coordinator's high seqnos are the fake keyspace's TS at the call (what the data
     nodes would answer: every write made so far is acknowledged)."""
 
-    async def high_seqnos(keyspace: str) -> Timestamp:
+    async def high_seqnos(keyspace: str, *, known: Any = None) -> Timestamp:
         calls.append(keyspace)
         await asyncio.sleep(0)  # an answer that arrives after the reads started
         return env.ks.ts()
@@ -136,7 +125,7 @@ async def test_a_failed_high_seqno_fetch_fails_the_scan_and_closes_its_reads(
 
     monkeypatch.setattr(OutStreams, "start", spy)
 
-    async def unreachable(keyspace: str) -> Timestamp:
+    async def unreachable(keyspace: str, *, known: Any = None) -> Timestamp:
         await asyncio.sleep(0.05)
         raise NodeUnavailable("no owner answered the high seqnos", details={})
 

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import msgspec
 
 from shardex.core.keycodec import decode_entry_key
-from shardex.core.keycodec_values import TAG_DOCID, dec_str
+from shardex.core.keycodec_values import STR_TERM as _STR_TERM
+from shardex.core.keycodec_values import TAG_DOCID, TAG_STR, dec_str
 from shardex.core.timestamp import Timestamp
 from shardex.data.records import MutationResult
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
@@ -57,6 +58,7 @@ CREDIT: Final = 4
 REPLY_MARGIN: Final = 15.0  # the coordinator's own round trips beyond the scan's wait
 _FAILOVER = (NodeUnavailable, ConnectionClosed)
 _DOCID: Final = bytes((TAG_DOCID,))
+_STR: Final = bytes((TAG_STR,))
 
 Row = dict[str, Any]
 
@@ -246,7 +248,9 @@ class _EntryRows:
     """Rows of raw entries, decoding each distinct key once. Entries come in key order, so
     runs share one key (a (city, age) range: ~100 rows, a handful of keys); an entry that
     starts with the previous key's bytes and the docid marker has the same key parts (the
-    encoding is prefix-free), so only its docid is decoded. Each row gets its own list."""
+    encoding is prefix-free), so only its docid is decoded. A key of ASC string parts only
+    (an email index: every key distinct) is split in one C call (``_string_entry``). Each
+    row gets its own list."""
 
     def __init__(self, desc: Sequence[bool], covering: bool) -> None:
         self.desc = list(desc) if any(desc) else None
@@ -255,13 +259,53 @@ class _EntryRows:
         self._parts: list[Any] = []
 
     def of(self, block: list[bytes]) -> Iterator[Row]:
+        desc = self.desc
         for entry in block:
             n = len(self._key)
-            if not (n and entry.startswith(self._key) and entry[n : n + 1] == _DOCID):
-                self._parts, n = decode_entry_key(entry, self.desc)
+            if n and entry.startswith(self._key) and entry[n : n + 1] == _DOCID:
+                # The docid body runs to the entry's final 00 01 (no 00 in it: unescaped).
+                body = entry[n + 1 : -2]
+                if b"\x00" in body:
+                    docid = dec_str(entry, n + 1)[0]
+                else:
+                    docid = body.decode("utf-8", "surrogatepass")
+            else:
+                split = _string_entry(entry) if desc is None else None
+                if split is not None:
+                    self._parts, docid, n = split
+                else:
+                    self._parts, n = decode_entry_key(entry, desc)
+                    docid = dec_str(entry, n + 1)[0]
                 self._key = entry[:n]
-            docid = dec_str(entry, n + 1)[0]
             yield {"docid": docid, "key": list(self._parts)} if self.covering else {"docid": docid}
+
+
+def _string_entry(entry: bytes) -> tuple[list[Any], str, int] | None:
+    """(key parts, docid, offset of the docid marker) of an entry whose key parts are all
+    ASC strings, else None. A string is ``50 body 00 01`` and the docid ``02 body 00 01``,
+    where a body holds 00 only as the escape ``00 FF``: so ``00 01`` occurs exactly at the
+    ends, and splitting on it gives every part when each piece but the last two starts with
+    the string tag, the next-to-last with the docid marker and the last is empty. Anything
+    else (numbers, whose bytes may hold ``00 01``; arrays; MISSING) takes the general path."""
+    pieces = entry.split(_STR_TERM)
+    if len(pieces) < 3 or pieces[-1] or pieces[-2][:1] != _DOCID:
+        return None
+    parts: list[Any] = []
+    n = 0
+    for piece in pieces[:-2]:
+        if piece[:1] != _STR:
+            return None
+        parts.append(_text(piece))
+        n += len(piece) + 2
+    return parts, _text(pieces[-2]), n
+
+
+def _text(piece: bytes) -> str:
+    """A tagged string piece's text (after its tag byte, escapes undone)."""
+    body = piece[1:]
+    if b"\x00" in body:
+        body = body.replace(b"\x00\xff", b"\x00")
+    return body.decode("utf-8", "surrogatepass")
 
 
 class ScanResult:
@@ -283,7 +327,7 @@ class ScanResult:
         self._block_timeout = block_timeout
         self.started = started
         self.covering = covering
-        self.ts = None if started.ts is None else Timestamp.from_wire(started.ts)
+        self._ts: Timestamp | None = None
         self.partitions = list(started.partitions)
         self._desc = list(started.desc)
         self._iterating = False
@@ -291,6 +335,14 @@ class ScanResult:
     @property
     def index_id(self) -> str:
         return self.started.index_id
+
+    @property
+    def ts(self) -> Timestamp | None:
+        """The stability TS the scan read (None: the tips); built when first asked for (a
+        request_plus scan's is one entry per data partition, and most callers never look)."""
+        if self._ts is None and self.started.ts is not None:
+            self._ts = Timestamp.from_wire(self.started.ts)
+        return self._ts
 
     def blocks(self) -> Iterator[list[bytes]]:
         """Raw index entries (``key + 02 + docid``), block by block."""

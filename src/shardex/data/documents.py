@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from shardex.core.timestamp import SeqnoEntry, Timestamp
+from shardex.core.timestamp import Timestamp
 from shardex.data.errors import BadRequest, DocNotFound
 from shardex.data.partition import Partition, PreparedOp, commit_many
 from shardex.data.partitioning import partition_of
@@ -237,8 +237,9 @@ class DocumentOps:
         for (ks, p), part in list(self._parts.items()):
             meta = part.meta
             if ks == keyspace and meta.state == STATE_ACTIVE:
-                entries[p] = SeqnoEntry(meta.high_seqno, meta.uuid)
-        return Timestamp(entries)
+                entries[p] = (meta.high_seqno, meta.uuid)
+        # Wire form, checked in C: every request_plus scan reads this on each data node.
+        return Timestamp.from_wire(entries)
 
 
 def _chunks(

@@ -11,6 +11,9 @@ built), picks what to read and answers ``SlicesOpened`` with it:
 * otherwise the tips, after waiting likewise when ``wait_for`` is set (consistency without
   stability). The wait ends in SCAN_TIMEOUT naming, per data partition, wanted vs held.
 
+A request_plus ``ScanSlices`` may name data partitions (``seqnos_of``) whose high seqnos this
+node's data service serves: they are read first, on arrival, and returned in the reply.
+
 Iterators are created before the reply (a scan pins its snapshots when it is asked for, so
 a later stabilise releasing them cannot fail it): the local slices merged in entry order
 (``heapq.merge``) for ordered scans, one after the other otherwise, cut at ``limit``. The
@@ -102,6 +105,9 @@ class IndexScanServer:
         self.streams = streams
         self.watch = StabilityWatch()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # This node's data service's high seqnos (set by the node when it runs one):
+        # ``ScanSlices.seqnos_of`` is answered from it, as its ``HighSeqnos`` handler.
+        self.local_seqnos: Callable[[str, list[int]], dict[int, tuple[int, int]]] | None = None
 
     @property
     def node(self) -> str:
@@ -240,6 +246,9 @@ class IndexScanServer:
     async def _open(self, msg: ScanSlices) -> tuple[SlicesOpened, Iterator[bytes] | None, int]:
         """Wait, pick the snapshot, open the slices and read the first block: (the reply,
         the entries after it or None at the end, the block size)."""
+        # Read before anything else: the request arrived after the scan did at its
+        # coordinator, so these cover every write acknowledged before the scan (seed step 9).
+        seqnos = self._high_seqnos(msg)
         wait_for = None if msg.wait_for is None else Timestamp.from_wire(msg.wait_for)
         read_ts: Timestamp | None = None
         if msg.snapshot_ts is not None:
@@ -264,9 +273,24 @@ class IndexScanServer:
         first, rest = take_first(gen, min(block_rows, INLINE_ROWS), INLINE_BYTES)
         wire = None if read_ts is None else dict(read_ts.to_wire())
         opened = SlicesOpened(
-            scan_id=msg.scan_id, node=self.node, ts=wire, entries=first, done=rest is None
+            scan_id=msg.scan_id,
+            node=self.node,
+            ts=wire,
+            entries=first,
+            done=rest is None,
+            high_seqnos=seqnos,
         )
         return opened, rest, block_rows
+
+    def _high_seqnos(self, msg: ScanSlices) -> dict[int, tuple[int, int]] | None:
+        """``msg.seqnos_of``'s high seqnos that this node's data service serves (None: none
+        asked, no data service here, or it failed: the coordinator asks the owners itself)."""
+        if not msg.seqnos_of or self.local_seqnos is None:
+            return None
+        try:
+            return self.local_seqnos(msg.seqnos_keyspace, msg.seqnos_of)
+        except ShardexError:  # e.g. the keyspace is not open here yet
+            return None
 
     async def _blocks(self, gen: Iterator[bytes], block_rows: int) -> AsyncIterator[list[bytes]]:
         """Blocks of ``gen``, each read in the scan pool (a block may take milliseconds)."""

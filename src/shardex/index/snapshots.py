@@ -52,6 +52,8 @@ class SnapshotRing:
         self._trim()
 
     def _trim(self) -> None:
+        if not self._leases and len(self._ring) <= self.keep:
+            return  # nothing to expire or release: every scan's ``at`` comes through here
         now = self._clock()
         for lease_id in [i for i, (_, exp) in self._leases.items() if exp <= now]:
             del self._leases[lease_id]

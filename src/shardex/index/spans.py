@@ -26,6 +26,7 @@ from shardex.storage import ColumnFamily, StoreSnapshot
 __all__ = ["Span", "in_ranges", "scan_ranges", "spans_to_ranges"]
 
 Range = tuple[bytes | None, bytes | None]  # [lower, upper), None = open
+CHUNK_MAX = 512  # entries a limited scan reads per storage chunk at most (as unlimited ones)
 
 
 class Span(NamedTuple):
@@ -95,7 +96,10 @@ def scan_ranges(
     snapshot when it is asked for, so releasing that snapshot later (a newer stabilise) does
     not fail a scan that has not started consuming yet."""
     order = list(reversed(ranges)) if reverse else list(ranges)
-    iters = [cf.iterate(lo, hi, reverse=reverse, snapshot=snap) for lo, hi in order]
+    # A limited scan reads no RocksDB entry past its limit (a 100-row scan read a whole
+    # 512-entry chunk, ~5x the entries it returned).
+    chunk = {} if limit is None else {"chunk_size": max(1, min(limit, CHUNK_MAX))}
+    iters = [cf.iterate(lo, hi, reverse=reverse, snapshot=snap, **chunk) for lo, hi in order]
     return _limited(iters, limit, raw, desc)
 
 

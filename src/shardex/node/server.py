@@ -160,6 +160,8 @@ class Node:
             self.index_scan = IndexScanServer(self.index, self.scan_streams)
             self.index_scan.install(self.server)
             self.scan.local_index = self.index_scan  # own slices read in-process
+            if self.data is not None:  # request_plus high seqnos ride in ScanSlices
+                self.index_scan.local_seqnos = self.data.local_high_seqnos
         # Paginated scans under elasticity: the proxy on every node, shard batches on data and
         # index nodes (``shardex.scan.paging_store_proxy``).
         self.paging = PagingService(

@@ -11,13 +11,15 @@ node (the partitions it owns per the keyspace's latest topology). This node's ow
 service, if it runs one, is read in-process (``local_seqnos``: no loopback connection, no
 encoding): it answers from the same in-memory partition metadata as its ``HighSeqnos``
 handler, after the writes it acknowledged. A partition that moved meanwhile is asked again
-after a fresh state.
+after a fresh state. A request_plus scan gets most of them another way (its ``ScanSlices``
+replies) and asks only the other owners, in a round shared by the scans that ask before it
+starts (``shared_partial_high_seqnos``), then completes what is missing (``known=``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
 from shardex.core.timestamp import Timestamp
@@ -60,6 +62,8 @@ class ClusterView:
         # The owners of every partition of a data topology, grouped once per topology object
         # (the state replaces it on every change): (topology, {node: partitions}).
         self._owners: dict[str, tuple[Any, dict[str, list[int]]]] = {}
+        # (keyspace, nodes skipped) -> the shared high-seqno round not yet started.
+        self._next_round: dict[tuple[str, frozenset[str]], _Round] = {}
 
     async def state(self, *, fresh: bool = False) -> StateContext:
         coord = self._coordinator()
@@ -102,9 +106,60 @@ class ClusterView:
             details={"node": node, "hint": "check `shardex cluster status`"},
         )
 
-    async def high_seqnos(self, keyspace: str) -> Timestamp:
-        """Every partition's current (high seqno, uuid), gathered from the owners."""
+    async def data_owners(self, keyspace: str) -> dict[str, list[int]]:
+        """Data node -> the partitions of ``keyspace`` it owns in the latest topology ({}:
+        no such keyspace; ``high_seqnos`` says so)."""
+        state = await self.state()
+        history = state.data_topologies.get(keyspace)
+        if keyspace not in state.keyspaces or not history:
+            return {}
+        return self._owners_of(keyspace, history[-1])
+
+    def shared_partial_high_seqnos(
+        self, keyspace: str, skip: Collection[str]
+    ) -> asyncio.Future[dict[int, tuple[int, int]]]:
+        """``partial_high_seqnos`` shared by the scans that ask before it starts.
+
+        Seed step 9 wants seqnos read after the scan arrived. A round that has not started
+        yet (its task runs on a later loop iteration) reads them after every scan that
+        joined it arrived, so all of them may use its answer: concurrent request_plus scans
+        arriving together at a busy coordinator send one ``HighSeqnos`` per data node, not
+        one each. A round already started is never joined. The answer is shared: do not
+        modify it. Cancelling the returned future leaves the round to its other scans."""
+        key = (keyspace, frozenset(skip))
+        pending = self._next_round.get(key)
+        if pending is None:
+            pending = self._next_round[key] = _Round()
+
+            async def run(r: _Round = pending) -> dict[int, tuple[int, int]]:
+                if self._next_round.get(key) is r:  # from now on, later scans start another
+                    del self._next_round[key]
+                return await self.partial_high_seqnos(keyspace, skip)
+
+            pending.task = asyncio.ensure_future(run())
+            pending.task.add_done_callback(_retrieve)
+        assert pending.task is not None
+        return asyncio.shield(pending.task)
+
+    async def partial_high_seqnos(
+        self, keyspace: str, skip: Collection[str]
+    ) -> dict[int, tuple[int, int]]:
+        """One round of ``high_seqnos`` over the owners not in ``skip`` (their seqnos come
+        another way: a request_plus scan's ``ScanSlices``): what answered. Nothing is
+        retried or raised here; ``high_seqnos(known=...)`` completes the rest."""
         got: dict[int, tuple[int, int]] = {}
+        owners = await self.data_owners(keyspace)
+        by_node = {n: ps for n, ps in owners.items() if n not in skip}
+        if by_node:
+            await self._ask_round(keyspace, by_node, got)
+        return got
+
+    async def high_seqnos(
+        self, keyspace: str, *, known: Mapping[int, tuple[int, int]] | None = None
+    ) -> Timestamp:
+        """Every partition's current (high seqno, uuid), gathered from the owners; those in
+        ``known`` (read after the scan arrived, elsewhere) are not asked again."""
+        got: dict[int, tuple[int, int]] = dict(known) if known else {}
         state = await self.state()
         last: ShardexError | None = None
         for attempt in range(SEQNO_ATTEMPTS):
@@ -122,33 +177,7 @@ class ClusterView:
             by_node = {n: ps for n, ps in by_node.items() if ps}
             if not by_node:
                 break
-
-            async def ask(node: str, parts: list[int]) -> dict[int, tuple[int, int]]:
-                msg = HighSeqnos(keyspace=keyspace, partitions=parts)
-                reply = await self.pool.request(
-                    self.address(node), msg, SEQNO_TIMEOUT, expect=HighSeqnosReply
-                )
-                return reply.entries
-
-            local = self.local_seqnos if self.name in by_node else None
-            remote = [(n, ps) for n, ps in by_node.items() if local is None or n != self.name]
-            pending = asyncio.gather(*(ask(n, ps) for n, ps in remote), return_exceptions=True)
-            if local is not None:  # read while the requests are out; no task, no encoding
-                try:
-                    got.update(local(keyspace, by_node[self.name]))
-                except ShardexError as exc:
-                    last = exc
-                except BaseException:
-                    pending.cancel()
-                    await asyncio.gather(pending, return_exceptions=True)
-                    raise
-            for res in await pending:
-                if isinstance(res, ShardexError):
-                    last = res
-                elif isinstance(res, BaseException):
-                    raise res
-                else:
-                    got.update(res)
+            last = await self._ask_round(keyspace, by_node, got) or last
             if all(p in got for ps in by_node.values() for p in ps):
                 break
             if attempt + 1 < SEQNO_ATTEMPTS:
@@ -165,6 +194,42 @@ class ClusterView:
             )
         return Timestamp.from_wire(got)
 
+    async def _ask_round(
+        self, keyspace: str, by_node: dict[str, list[int]], got: dict[int, tuple[int, int]]
+    ) -> ShardexError | None:
+        """Ask every node of ``by_node`` for its partitions in parallel (this node's own in
+        process) into ``got``; the last error of a node that failed (its partitions stay
+        missing)."""
+        last: ShardexError | None = None
+
+        async def ask(node: str, parts: list[int]) -> dict[int, tuple[int, int]]:
+            msg = HighSeqnos(keyspace=keyspace, partitions=parts)
+            reply = await self.pool.request(
+                self.address(node), msg, SEQNO_TIMEOUT, expect=HighSeqnosReply
+            )
+            return reply.entries
+
+        local = self.local_seqnos if self.name in by_node else None
+        remote = [(n, ps) for n, ps in by_node.items() if local is None or n != self.name]
+        pending = asyncio.gather(*(ask(n, ps) for n, ps in remote), return_exceptions=True)
+        if local is not None:  # read while the requests are out; no task, no encoding
+            try:
+                got.update(local(keyspace, by_node[self.name]))
+            except ShardexError as exc:
+                last = exc
+            except BaseException:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+                raise
+        for res in await pending:
+            if isinstance(res, ShardexError):
+                last = res
+            elif isinstance(res, BaseException):
+                raise res
+            else:
+                got.update(res)
+        return last
+
     def _owners_of(self, keyspace: str, topo: Any) -> dict[str, list[int]]:
         """Data node -> the partitions it owns in ``topo`` (ascending), computed once per
         topology object."""
@@ -176,3 +241,18 @@ class ClusterView:
             by_node.setdefault(node, []).append(p)
         self._owners[keyspace] = (topo, by_node)
         return by_node
+
+
+class _Round:
+    """A shared high-seqno round: its task, removed from ``_next_round`` when it starts."""
+
+    __slots__ = ("task",)
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[dict[int, tuple[int, int]]] | None = None
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a shared round's failure as seen: every scan that joined it may have gone."""
+    if not task.cancelled():
+        task.exception()

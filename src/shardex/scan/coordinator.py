@@ -8,7 +8,9 @@
 2. the consistency's TS to cover: none (not_bounded), the keyspace's high seqnos now
    (request_plus, ``ClusterView.high_seqnos``) or the caller's (at_plus). A request_plus
    scan with scan stability fetches them while its slices are opened at their newest
-   snapshot, and keeps that read if its TS covers them (``_open_speculative``);
+   snapshot, and keeps that read if its TS covers them (``_open_speculative``); the indexer
+   nodes it opens read their own data partitions' seqnos on arrival (``SeqnoRide``), the
+   other data nodes are asked in a round shared with the scans that ask before it starts;
 3. stability: none reads the tips (after the wait), scan and query one stability TS for
    every slice, in one round in the common case: each node waits for and reads its slices'
    newest common snapshot covering the TS and names it in its reply; when the answers
@@ -54,7 +56,7 @@ from shardex.manager.member_list import MemberInfo
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 from shardex.scan.cluster_view import ClusterView
-from shardex.scan.merge import interleave, merge_ordered, pushdown_limit, window
+from shardex.scan.merge import interleave, merge_heads, merge_ordered, pushdown_limit, window
 from shardex.scan.messages import (
     AT_PLUS,
     CONSISTENCIES,
@@ -230,12 +232,21 @@ class ScanCoordinator:
         if msg.limit == 0:
             by_node = {}  # nothing to read; still resolved and validated above
         wait_for: Timestamp | None = None
-        seqnos: asyncio.Future[Timestamp] | None = None
+        seqnos: asyncio.Future[dict[int, tuple[int, int]]] | None = None
+        ride: SeqnoRide | None = None
         if msg.consistency == REQUEST_PLUS:
             if self._speculate(msg, rec.id, by_node):
-                seqnos = asyncio.ensure_future(self.view.high_seqnos(msg.keyspace))
-            else:
-                wait_for = await self.view.high_seqnos(msg.keyspace)
+                # The indexer nodes that own data partitions read their high seqnos on
+                # arrival of their ScanSlices; only the other owners get a HighSeqnos.
+                owners = await self.view.data_owners(msg.keyspace)
+                ride = SeqnoRide(
+                    msg.keyspace,
+                    {n: ps for n, ps in owners.items() if n in by_node and n != self.name},
+                )
+                seqnos = self.view.shared_partial_high_seqnos(msg.keyspace, skip=ride.plan)
+            else:  # needed before any ScanSlices: a shared round, completed if need be
+                shared = await self.view.shared_partial_high_seqnos(msg.keyspace, skip=())
+                wait_for = await self.view.high_seqnos(msg.keyspace, known=shared)
         elif msg.consistency == AT_PLUS:
             assert msg.at is not None
             wait_for = Timestamp.from_wire(msg.at)
@@ -254,13 +265,15 @@ class ScanCoordinator:
         )
         placed = by_node
 
-        async def open_with(req: ScanSlices) -> tuple[Timestamp | None, list[Source]]:
+        async def open_with(
+            req: ScanSlices, ride: SeqnoRide | None = None
+        ) -> tuple[Timestamp | None, list[Source]]:
             async def open_on(t: Topology) -> tuple[Timestamp | None, list[Source]]:
                 # An index partition moved: retried on the fresh topology's owners.
                 nonlocal placed
                 nodes = by_node if t is topo else _placement(msg.index, t, partitions)
                 placed = nodes if by_node else {}
-                return await self._open(msg, req, placed, deadline)
+                return await self._open(msg, req, placed, deadline, ride)
 
             return await on_fresh_topology(
                 rec,
@@ -270,10 +283,10 @@ class ScanCoordinator:
                 attempts=OPEN_ATTEMPTS,
             )
 
-        if seqnos is None:
+        if seqnos is None or ride is None:
             ts, sources = await open_with(base)
         else:
-            ts, sources = await self._open_speculative(rec.id, base, seqnos, open_with)
+            ts, sources = await self._open_speculative(rec.id, base, seqnos, ride, open_with)
         started = IndexScanStarted(
             scan_id=msg.scan_id,
             index_id=rec.id,
@@ -285,7 +298,8 @@ class ScanCoordinator:
         if all(s.complete for s in sources):
             # Every slice answered in its reply (a small scan): merge here and answer in
             # ours; only what exceeds one block is streamed.
-            rows = [e for block in await _collect(self._combine(msg, sources)) for e in block]
+            rows = merge_heads([s.take_head() for s in sources], msg.ordered)
+            rows = rows[msg.offset : None if msg.limit is None else msg.offset + msg.limit]
             started.entries = rows[:BLOCK_ROWS]
             started.done = len(rows) <= BLOCK_ROWS
             if started.done:
@@ -327,23 +341,29 @@ class ScanCoordinator:
         self,
         index_id: str,
         base: ScanSlices,
-        seqnos: asyncio.Future[Timestamp],
-        open_with: Callable[[ScanSlices], Awaitable[tuple[Timestamp | None, list[Source]]]],
+        seqnos: asyncio.Future[dict[int, tuple[int, int]]],
+        ride: SeqnoRide,
+        open_with: Callable[..., Awaitable[tuple[Timestamp | None, list[Source]]]],
     ) -> tuple[Timestamp | None, list[Source]]:
         """request_plus in one round trip instead of two: the slices are opened at their
         newest common snapshot while ``seqnos`` (the keyspace's high seqnos, asked after
         the scan arrived) are in flight. A snapshot whose TS covers them holds every write
         acknowledged before the scan - all the guarantee asks (seed step 9), whenever it was
         read - so it is kept. Otherwise (the index is behind) the reads are cancelled and
-        the slices opened again the ordinary way, waiting for a snapshot covering them."""
+        the slices opened again the ordinary way, waiting for a snapshot covering them.
+
+        ``seqnos`` holds what the owners outside ``ride.plan`` answered; those in it answer
+        in their ``SlicesOpened`` (``ride.got``). Whatever is still missing - a reply
+        without them, a partition that moved - is asked of its owner before the check."""
         try:
-            ts, sources = await open_with(base)
+            ts, sources = await open_with(base, ride)
         except BaseException:
             seqnos.cancel()
             await asyncio.gather(seqnos, return_exceptions=True)
             raise
         try:
-            wanted = await seqnos
+            known = {**await seqnos, **ride.got}  # the first is shared: not modified
+            wanted = await self.view.high_seqnos(ride.keyspace, known=known)
         except BaseException:
             await _cancel_all(sources)
             raise
@@ -369,13 +389,18 @@ class ScanCoordinator:
             return ""
 
     async def _open(
-        self, msg: IndexScan, base: ScanSlices, by_node: dict[str, list[int]], deadline: float
+        self,
+        msg: IndexScan,
+        base: ScanSlices,
+        by_node: dict[str, list[int]],
+        deadline: float,
+        ride: SeqnoRide | None = None,
     ) -> tuple[Timestamp | None, list[Source]]:
         """Open every node's stream; returns (the TS read, the streams)."""
         for attempt in range(OPEN_ATTEMPTS):
             pinned = None if msg.pinned is None else Timestamp.from_wire(msg.pinned)
             try:
-                return await self._open_stable(base, by_node, pinned, deadline)
+                return await self._open_stable(base, by_node, pinned, deadline, ride)
             except ShardexError as exc:
                 retry = (
                     exc.code is ErrorCode.SNAPSHOT_TOO_OLD
@@ -393,12 +418,13 @@ class ScanCoordinator:
         by_node: dict[str, list[int]],
         pinned: Timestamp | None,
         deadline: float,
+        ride: SeqnoRide | None = None,
     ) -> tuple[Timestamp | None, list[Source]]:
         """Scan stability in one round in the common case: every node waits for (and reads)
         its own newest snapshot covering ``wait_for``; when they all name the same TS that
         is the scan's. Otherwise the oldest answer - a snapshot every node holds (the ring
         keeps K) - is pinned and only the nodes that read another one are asked again."""
-        opened = await self._open_all(base, by_node, pinned, deadline)
+        opened = await self._open_all(base, by_node, pinned, deadline, ride)
         if pinned is not None or not base.stability or len(opened) <= 1:
             tss = [ts for _, ts, _ in opened if ts is not None]
             return (pinned if pinned is not None else (tss[0] if tss else None)), _srcs(opened)
@@ -423,10 +449,12 @@ class ScanCoordinator:
         by_node: dict[str, list[int]],
         pinned: Timestamp | None,
         deadline: float,
+        ride: SeqnoRide | None = None,
     ) -> list[tuple[str, Timestamp | None, Source]]:
         """``ScanSlices`` to every node in parallel: (node, the TS it read, its stream).
         The first failure cancels the other opens (a late reply would leave its stream
-        waiting for credit on the indexer)."""
+        waiting for credit on the indexer). With ``ride``, the nodes of its plan read their
+        high seqnos too, into ``ride.got``."""
         sources: list[Source] = []
         snapshot_ts = None if pinned is None else dict(pinned.to_wire())
         wait_for = None if pinned is not None else base.wait_for
@@ -439,19 +467,22 @@ class ScanCoordinator:
                 details={"index": base.index_id, "timeout": base.timeout},
             )
         base = _replace(base, timeout=left)
+        # The local read runs on this loop without yielding (a 100-row scan: a millisecond or
+        # two): it first lets the tasks already queued send theirs, so the network round trips
+        # overlap the local read instead of following it. The other nodes' opens send one
+        # loop iteration from now; a request_plus scan's high-seqno requests two (the shared
+        # round's task, then its requests' tasks). A lone local read waits for nothing.
+        yields = 2 if ride is not None else 1 if len(by_node) > 1 else 0
 
         async def open_one(node: str, parts: list[int]) -> tuple[str, Timestamp | None, Source]:
             src: Source
             if node == self.name and self.local_index is not None:
-                # The local read runs on this loop without yielding (a 100-row scan: a
-                # millisecond or two): let the tasks already queued - the other nodes' opens,
-                # a request_plus scan's high-seqno requests - send theirs first, so the
-                # network round trips overlap the local read instead of following it.
-                await asyncio.sleep(0)
+                for _ in range(yields):
+                    await asyncio.sleep(0)
                 req = _replace(base, partitions=parts, snapshot_ts=snapshot_ts, wait_for=wait_for)
-                reply, rest = await asyncio.wait_for(
-                    self.local_index.open_local(req), left + RPC_MARGIN
-                )
+                # ``timeout`` rather than ``wait_for``: no task per scan for the bound.
+                async with asyncio.timeout(left + RPC_MARGIN):
+                    reply, rest = await self.local_index.open_local(req)
                 src = LocalStream(reply.entries, rest)
                 sources.append(src)
             else:
@@ -460,17 +491,29 @@ class ScanCoordinator:
                 src = stream
                 conn = await self.pool.get(self.view.address(node))
                 stream.attach(conn)
+                seqnos_of = ride.plan.get(node) if ride is not None else None
                 req = _replace(
                     base,
                     scan_id=stream.scan_id,
                     partitions=parts,
                     snapshot_ts=snapshot_ts,
                     wait_for=wait_for,
+                    seqnos_keyspace=ride.keyspace if seqnos_of else "",
+                    seqnos_of=seqnos_of or [],
                 )
                 reply = await conn.request(req, base.timeout + RPC_MARGIN, expect=SlicesOpened)
                 stream.put_head(reply.entries, reply.done)
+                if ride is not None and reply.high_seqnos:
+                    ride.got.update(reply.high_seqnos)
             return node, None if reply.ts is None else Timestamp.from_wire(reply.ts), src
 
+        if len(by_node) == 1:  # one node (a single-slice scan): no task to run it in
+            [(node, parts)] = by_node.items()
+            try:
+                return [await open_one(node, parts)]
+            except BaseException:
+                await _cancel_all(sources)
+                raise
         tasks = [asyncio.ensure_future(open_one(n, ps)) for n, ps in by_node.items()]
         try:
             if tasks:
@@ -499,6 +542,19 @@ class ScanCoordinator:
             await _cancel_all(sources)
 
 
+class SeqnoRide:
+    """A request_plus scan's high seqnos riding in its ``ScanSlices``: ``plan`` names, per
+    indexer node that is also a data owner, the data partitions of ``keyspace`` it reads on
+    arrival; ``got`` collects what the replies carried."""
+
+    __slots__ = ("got", "keyspace", "plan")
+
+    def __init__(self, keyspace: str, plan: dict[str, list[int]]) -> None:
+        self.keyspace = keyspace
+        self.plan = plan
+        self.got: dict[int, tuple[int, int]] = {}
+
+
 def _placement(index: str, topo: Topology, partitions: list[int]) -> dict[str, list[int]]:
     """Indexer node -> the index partitions it serves in ``topo``."""
     by_node: dict[str, list[int]] = {}
@@ -520,11 +576,6 @@ def _replace(msg: ScanSlices, **changes: Any) -> ScanSlices:
 
 def _srcs(opened: list[tuple[str, Timestamp | None, Source]]) -> list[Source]:
     return [src for _, _, src in opened]
-
-
-async def _collect(blocks: AsyncIterator[list[bytes]]) -> list[list[bytes]]:
-    async with contextlib.aclosing(blocks) as it:
-        return [b async for b in it]
 
 
 async def _cancel_all(sources: list[Source]) -> None:

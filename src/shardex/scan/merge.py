@@ -7,6 +7,8 @@ coordinator and fake sources in the unit tests.
 * ``merge_ordered``: a k-way merge on the raw entry bytes (entries sort by (key, docid), see
   ``shardex.core.keycodec``), holding at most one block per source. Each source must itself
   be in entry order (a slice is; an indexer merges its local slices before sending).
+* ``merge_heads``: the same order for sources whose entries are all at hand (a small scan's
+  replies), in one sort;
 * ``interleave``: unordered, blocks in whatever order they arrive, one fetch in flight per
   source (so no source is drained faster than the output is consumed).
 * ``window``: offset and limit over the combined stream. With offset ``o`` and limit ``l``
@@ -21,7 +23,14 @@ import heapq
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-__all__ = ["BlockSource", "interleave", "merge_ordered", "pushdown_limit", "window"]
+__all__ = [
+    "BlockSource",
+    "interleave",
+    "merge_heads",
+    "merge_ordered",
+    "pushdown_limit",
+    "window",
+]
 
 
 class BlockSource(Protocol):
@@ -83,6 +92,18 @@ async def merge_ordered(
             out = []
     if out:
         yield out
+
+
+def merge_heads(heads: list[list[bytes]], ordered: bool) -> list[bytes]:
+    """The entries of complete slice streams (every entry at hand) combined: in entry order
+    when ``ordered`` - each head is sorted and no entry is in two slices, so one C sort (a
+    merge of runs for timsort) gives ``merge_ordered``'s order - else one after the other."""
+    if len(heads) == 1:
+        return heads[0]
+    rows = [e for head in heads for e in head]
+    if ordered:
+        rows.sort()
+    return rows
 
 
 async def interleave(sources: Sequence[BlockSource]) -> AsyncIterator[list[bytes]]:

@@ -167,6 +167,12 @@ class ScanSlices(Message, tag="scan.ScanSlices"):
     ordered: bool = True
     credit: int = 4
     block_rows: int = 1000
+    # request_plus: the data partitions of ``seqnos_keyspace`` this node owns (as the
+    # coordinator sees it) whose high seqnos to read on arrival and return in
+    # ``SlicesOpened.high_seqnos``: the scan's high-seqno request to this node, without a
+    # round trip of its own.
+    seqnos_keyspace: str = ""
+    seqnos_of: list[int] = msgspec.field(default_factory=list)
 
 
 class SlicesOpened(Message, tag="scan.SlicesOpened"):
@@ -179,6 +185,10 @@ class SlicesOpened(Message, tag="scan.SlicesOpened"):
     ts: WireTs | None = None  # the snapshot read (None: the tips)
     entries: list[bytes] = msgspec.field(default_factory=list)
     done: bool = False
+    # Of ``ScanSlices.seqnos_of``, the (high seqno, uuid) of those this node's data service
+    # serves, read after the request arrived; a partition it does not serve is left out
+    # (None: not read at all) and the coordinator asks its owner itself.
+    high_seqnos: WireTs | None = None
 
 
 # --- both hops: the stream --------------------------------------------------------------------

@@ -226,6 +226,13 @@ class InStream:
         """The opening reply carried every entry (``put_head`` with ``done``)."""
         return self._ends_at_head
 
+    def take_head(self) -> list[bytes]:
+        """Every entry of a ``complete`` stream at once (the reply's), ending it."""
+        assert self._ends_at_head, "take_head needs a complete stream"
+        head, self._head = self._head, None
+        self.done = True
+        return head or []
+
     def ready(self) -> bool:
         """True when ``next_block`` answers without waiting for the network."""
         return self.done or self._head is not None or self._ends_at_head or not self._queue.empty()
@@ -291,6 +298,8 @@ class Source(Protocol):
     @property
     def complete(self) -> bool: ...
 
+    def take_head(self) -> list[bytes]: ...
+
     def ready(self) -> bool: ...
 
     async def next_block(self) -> list[bytes] | None: ...
@@ -311,6 +320,13 @@ class LocalStream:
     @property
     def complete(self) -> bool:
         return self._complete
+
+    def take_head(self) -> list[bytes]:
+        """Every entry of a ``complete`` stream at once, ending it."""
+        assert self._complete, "take_head needs a complete stream"
+        head, self._head = self._head, None
+        self.done = True
+        return head or []
 
     def ready(self) -> bool:
         return self.done or self._head is not None or self._rest is None

@@ -64,6 +64,7 @@ def _scan_chunks(
     lower: bytes | None,
     upper: bytes | None,
     reverse: bool,
+    chunk_size: int = _CHUNK,
 ) -> Iterator[tuple[bytes, bytes]]:
     """Walk ``[lower, upper)`` of a RocksDB iterator in byte order (or reversed).
 
@@ -71,8 +72,10 @@ def _scan_chunks(
     0.3.29 encodes iterator bounds without raw mode (the lower bound is silently ignored).
     The iterator may be shared (a snapshot's pinned iterator): each chunk re-seeks from the
     last key returned while holding ``lock``, so concurrent scans over one snapshot never
-    interleave inside a chunk.
+    interleave inside a chunk. ``chunk_size``: entries per chunk; a caller that will stop
+    after ``n`` entries (a scan's limit) passes ``n`` so no entry past it is read.
     """
+    size = max(1, chunk_size)
     last: bytes | None = None
     while True:
         chunk: list[tuple[bytes, bytes]] = []
@@ -86,7 +89,7 @@ def _scan_chunks(
                     it.seek(lower)
                 else:
                     it.seek_to_first()
-                while it.valid() and len(chunk) < _CHUNK:
+                while it.valid() and len(chunk) < size:
                     k = it.key()
                     if upper is not None and k >= upper:
                         break
@@ -101,14 +104,14 @@ def _scan_chunks(
                         it.prev()
                 else:
                     it.seek_to_last()
-                while it.valid() and len(chunk) < _CHUNK:
+                while it.valid() and len(chunk) < size:
                     k = it.key()
                     if lower is not None and k < lower:
                         break
                     chunk.append((k, it.value()))
                     it.prev()
         yield from chunk
-        if len(chunk) < _CHUNK:
+        if len(chunk) < size:
             return
         last = chunk[-1][0]
 
@@ -163,13 +166,16 @@ class ColumnFamily:
         *,
         reverse: bool = False,
         snapshot: StoreSnapshot | None = None,
+        chunk_size: int = _CHUNK,
     ) -> Iterator[tuple[bytes, bytes]]:
-        """(key, value) pairs with ``lower <= key < upper`` in byte order (or reversed)."""
+        """(key, value) pairs with ``lower <= key < upper`` in byte order (or reversed),
+        read ``chunk_size`` at a time (see ``_scan_chunks``)."""
         if snapshot is not None:
-            return snapshot.iterate(self.name, lower, upper, reverse=reverse)
+            return snapshot.iterate(self.name, lower, upper, reverse=reverse, chunk_size=chunk_size)
         # A fresh RocksDB iterator reads an implicit snapshot taken at its creation, so even
         # a scan without an explicit snapshot sees one consistent state.
-        return _scan_chunks(self._rdict.iter(ReadOptions()), None, lower, upper, reverse)
+        it = self._rdict.iter(ReadOptions())
+        return _scan_chunks(it, None, lower, upper, reverse, chunk_size)
 
     def ingest(self, sst_paths: Iterable[str | os.PathLike[str]], *, move: bool = True) -> None:
         """Bulk-load SST files written by ``SstWriter`` (sorted, non-overlapping with each
@@ -285,9 +291,10 @@ class StoreSnapshot:
         upper: bytes | None = None,
         *,
         reverse: bool = False,
+        chunk_size: int = _CHUNK,
     ) -> Iterator[tuple[bytes, bytes]]:
         _, it = self._part(cf_name)
-        return _scan_chunks(it, self._locks[cf_name], lower, upper, reverse)
+        return _scan_chunks(it, self._locks[cf_name], lower, upper, reverse, chunk_size)
 
     def release(self) -> None:
         """Drop the pinned iterators and snapshots so RocksDB can reclaim old versions."""

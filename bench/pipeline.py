@@ -70,6 +70,9 @@ class Plan:
     seed: int = SEED
     parts: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     ab: bool = False  # parts 3 and 4 again without the overlapped round (``--ab``)
+    # Part 3 (and 2) once per early-delivery variant, interleaved, ``--early-ab N`` rounds
+    early_ab: int = 0
+    early_variants: tuple[str, ...] = ("off", "once", "rolling")
 
 
 QUICK = {"docs": 50_000, "mutations": 20_000, "fresh_seconds": 10.0, "floor_writes": 10}
@@ -92,7 +95,7 @@ class Context:
     threads: int
     seed: int
 
-    def new_driver(self, overlap: bool = True) -> InProcessDriver:
+    def new_driver(self, overlap: bool = True, early: str | None = None) -> InProcessDriver:
         return InProcessDriver(
             self.spark,
             self.cluster_dir,
@@ -100,6 +103,7 @@ class Context:
             self.batches,
             DRIVER_POLL,
             overlap=overlap,
+            early=early,
         )
 
 
@@ -179,6 +183,8 @@ def run(plan: Plan) -> dict[str, Any]:
                         rows, st = floor(ctx, driver, plan.floor_writes)
                         tables["4 floor"] = rows
                         stats.extend(st)
+                    if plan.early_ab:
+                        driver = early_ab(ctx, driver, plan, tables, stats)
                     if plan.ab and (3 in plan.parts or 4 in plan.parts):
                         # The same parts again with each batch's round inside foreachBatch
                         # (no overlap with Spark's commit, no read-ahead), same cluster, same
@@ -205,6 +211,34 @@ def run(plan: Plan) -> dict[str, Any]:
                     if driver is not None:
                         driver.stop()
     return {"tables": tables, **extra}
+
+
+def early_ab(
+    ctx: Context,
+    driver: InProcessDriver,
+    plan: Plan,
+    tables: dict[str, list[Row]],
+    stats: list[Row],
+) -> InProcessDriver:
+    """Parts 2 and 3 (those asked for) once per early-delivery variant, in rounds that
+    alternate the variants (``--early-variants``, default off, once, rolling;
+    ``pipeline_common.EARLY_VARIANTS``), each on a new driver of the same cluster: the
+    machine's load drifts, so compare within a round."""
+    for n in range(plan.early_ab):
+        for variant in plan.early_variants:
+            driver.stop()
+            driver = ctx.new_driver(early=variant)
+            wait_started(ctx, driver)
+            tag = f" / early {variant} #{n + 1}"
+            if 2 in plan.parts:
+                rows, st, driver = drain(ctx, driver, plan.mutations, variant)
+                tables["2 drain" + tag] = _tagged(rows, tag)
+                stats.extend(_tagged(st, tag))
+            if 3 in plan.parts:
+                rows, st = freshness(ctx, driver, plan.rate, plan.fresh_seconds)
+                tables["3 freshness" + tag] = _tagged(rows, tag)
+                stats.extend(_tagged(st, tag))
+    return driver
 
 
 def _tagged(rows: list[Row], tag: str) -> list[Row]:
@@ -279,6 +313,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
                     help="parts to run (repeatable; the build always runs)")  # fmt: skip
     ap.add_argument("--ab", action="store_true",
                     help="parts 3 and 4 again, each batch's round inside foreachBatch")  # fmt: skip
+    ap.add_argument("--early-ab", type=int, default=0, metavar="N",
+                    help="N rounds of parts 2/3 per early-delivery variant")  # fmt: skip
+    ap.add_argument("--early-variants", default="off,once,rolling",
+                    help="comma-separated variants for --early-ab")  # fmt: skip
     ap.add_argument("--json", type=Path, help="where to write the JSON")
     args = ap.parse_args(argv)
     plan = Plan(**QUICK) if args.quick else Plan()
@@ -294,6 +332,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
     if args.part:
         plan.parts = sorted(set(args.part))
     plan.ab = args.ab
+    plan.early_ab = args.early_ab
+    plan.early_variants = tuple(v for v in args.early_variants.split(",") if v)
     default = "pipeline-quick.json" if args.quick else "pipeline.json"
     return plan, args.json or RESULTS_DIR / default
 

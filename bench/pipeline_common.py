@@ -130,6 +130,7 @@ class InProcessDriver:
         batches: BatchLog,
         poll: float,
         overlap: bool = True,
+        early: str | None = None,
     ) -> None:
         from shardex.client import connect_local
         from shardex.pipeline.driver import PipelineDriver
@@ -144,6 +145,8 @@ class InProcessDriver:
             on_batch=batches,
             overlap_stabilize=overlap,
         )
+        if early is not None:  # else the jobs' defaults
+            _early_variant(self.driver, early)
         self.thread = threading.Thread(target=self.driver.run, name="pipeline-driver", daemon=True)
         self.started = time.time()
         self.thread.start()
@@ -157,6 +160,26 @@ class InProcessDriver:
         if self.thread.is_alive():
             log("the pipeline driver did not stop within 120 s")
         self.client.close()
+
+
+EARLY_VARIANTS = ("off", "once", "rolling")
+
+
+def _early_variant(driver: Any, early: str) -> None:
+    """Make ``driver``'s maintenance jobs deliver ahead as ``early`` says: "off" (the batch
+    delivers every row), "once" (one read-ahead per batch, delivered once the round ended),
+    "rolling" (keep reading and delivering until the next batch)."""
+    if early not in EARLY_VARIANTS:
+        raise ValueError(f"early delivery variant {early!r} not in {EARLY_VARIANTS}")
+    make = driver._job
+
+    def job(*args: Any, **kwargs: Any) -> Any:
+        j = make(*args, **kwargs)
+        j.deliver_ahead = early != "off"
+        j.read_ahead.rolling = early == "rolling"
+        return j
+
+    driver._job = job
 
 
 def index_ids(client: Any) -> list[str]:
@@ -255,6 +278,8 @@ def batch_row(part: str, records: Sequence[tuple[float, Any]]) -> Row:
     row["on driver"] = sum(1 for s in stats if getattr(s, "on_driver", False))
     # key versions the batch took from the read-ahead (read while Spark committed the last)
     row["read ahead kv"] = statistics.median(getattr(s, "read_ahead", 0) for s in stats)
+    # of those, delivered to the indexers before the batch's round (0: it delivered all)
+    row["early kv"] = statistics.median(getattr(s, "early", 0) for s in stats)
     return row
 
 

@@ -267,9 +267,10 @@ def spark_progress(driver: InProcessDriver, recs: list[tuple[float, Any]]) -> li
 
 
 def drain(
-    ctx: Any, driver: InProcessDriver, mutations: int
+    ctx: Any, driver: InProcessDriver, mutations: int, early: str | None = None
 ) -> tuple[list[Row], list[Row], InProcessDriver]:
-    """Stop the driver, write, restart, time until covered. Returns the new driver."""
+    """Stop the driver, write, restart (deliver-ahead variant ``early``), time until
+    covered. Returns the new driver."""
     client, ids = ctx.client, ctx.ids
     wait_covered(client, ids, seqnos(client.high_seqnos(KEYSPACE)), timeout=300)
     driver.stop()
@@ -293,7 +294,7 @@ def drain(
     target = seqnos(client.high_seqnos(KEYSPACE))
     log(f"drain: {len(acks)} written in {write_s:.1f} s; restarting the driver")
     load = load1()
-    driver = ctx.new_driver()
+    driver = ctx.new_driver(early=early)
     t0 = driver.started
     t1 = wait_covered(client, ids, target, timeout=max(300.0, mutations / 200))
     ctx.batches.wait_end(target)

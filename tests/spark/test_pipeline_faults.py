@@ -190,7 +190,10 @@ class DeliveryHook:
     ) -> Any:
         reply = await self._to_node(client, node, msg, expect, timeout)
         armed = self.armed
-        if armed is not None and node == armed[0] and isinstance(msg, DeliverKeyVersions):
+        # batch_id -1: rows delivered ahead of their batch (``deliver_ahead.py``), not a
+        # batch's earlier frame.
+        frame = isinstance(msg, DeliverKeyVersions) and msg.batch_id >= 0
+        if armed is not None and node == armed[0] and frame:
             self.armed = None
             await asyncio.to_thread(armed[1])  # off the client's event loop
             self.fired.set()

@@ -48,7 +48,7 @@ class Calls:
 
     def deliver(
         self, client: Any, keyspace: str, batch_id: int, ts: Timestamp, by_node: Any, plan: Any,
-        moving: Any, slices: Any = None,
+        moving: Any, slices: Any = None, **kw: Any,
     ) -> tuple[DeliveryReport, dict[str, Any]]:  # fmt: skip
         self.log.append(("deliver", batch_id))
         self.entered.set()

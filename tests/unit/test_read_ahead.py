@@ -68,7 +68,7 @@ def test_take_keeps_what_lies_in_the_batch_and_says_what_it_covers() -> None:
     ra.start(["def"], start)  # type: ignore[list-item]
     got = ra.take(["def"], start, ts(p0=4, p1=12))  # type: ignore[list-item]
     assert got is not None
-    rows, covered = got
+    rows, covered = got.rows, got.covered
     assert covered == ts(p0=4, p1=9)  # p0: the batch ends first; p1: read ahead to 9
     assert {(r[5], r[6]) for r in rows} == _range(start, covered)
     assert ra.take(["def"], start, ts(p0=4, p1=12)) is None  # consumed
@@ -83,7 +83,7 @@ def test_another_branch_start_or_definitions_is_not_used() -> None:
     failover = Timestamp({0: (6, UUID), 1: (9, UUID + 1)})  # p1 is on a new branch
     got = ra.take(["def"], start, failover)  # type: ignore[list-item]
     assert got is not None
-    rows, covered = got
+    rows, covered = got.rows, got.covered
     assert covered == Timestamp({0: (6, UUID), 1: (5, UUID)})  # p1 read in full by the batch
     assert {r[5] for r in rows} == {0}
     ra.start(["def"], start)  # type: ignore[list-item]

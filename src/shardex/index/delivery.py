@@ -7,7 +7,10 @@ is atomic with respect to the DDL calls (allocate, drop) and to the other handle
 
 * ``DeliverKeyVersions`` -> ``IndexerEngine.enqueue``: rows of a slice this node does not
   host (dropped meanwhile, another keyspace) are counted ``unknown``; re-deliveries
-  ``dropped``. The reply names this process's ``incarnation``.
+  ``dropped``. The reply names this process's ``incarnation``. One naming another
+  incarnation (an early delivery continuing what a previous process held) is refused with
+  ``STALE_DELIVERY``. ``drop_above`` (here and in ``DeliverAndStabilize``): queued versions
+  of those data partitions above those seqnos are forgotten first, in the same engine call.
 * ``DeliverAndStabilize``: both of the above in one engine call (the maintenance stream's
   one round trip per node and batch); only the batch's earlier frames, if any, can have
   gone to another incarnation (checked as for a stabilise).
@@ -134,8 +137,19 @@ class IndexDelivery:
     # --- maintenance stream ------------------------------------------------------------------
 
     async def on_deliver(self, msg: DeliverKeyVersions, conn: Connection) -> Delivered:
+        self._check_incarnation(
+            msg.incarnation,
+            "the early delivery",
+            "deliver the whole batch again",
+            {"keyspace": msg.keyspace, "batch_id": msg.batch_id},
+        )
         engine = self._engine()
-        res = await self.service._run(lambda: engine.enqueue(msg.rows, keyspace=msg.keyspace))
+
+        def run() -> EnqueueResult:
+            _drop_queued(engine, msg.keyspace, msg.drop_above)
+            return engine.enqueue(msg.rows, keyspace=msg.keyspace)
+
+        res = await self.service._run(run)
         if res.unknown:
             log.info(
                 "batch %d of %s: %d row(s) for slices not on %s",
@@ -186,6 +200,7 @@ class IndexDelivery:
 
         def run() -> tuple[EnqueueResult, StabilizeManyResult]:
             self._check_keyspace(engine, msg.keyspace, msg.index_ids)
+            _drop_queued(engine, msg.keyspace, msg.drop_above)
             queued = engine.enqueue(msg.rows, keyspace=msg.keyspace)
             return queued, engine.stabilize_many(msg.index_ids, ts, msg.slices)
 
@@ -324,6 +339,18 @@ class IndexDelivery:
                 pairs,
             )
         return SlicesRolledBack(node=self.node, needs_rebuild=pairs)
+
+
+def _drop_queued(engine: IndexerEngine, keyspace: str, drop: dict[int, int] | None) -> None:
+    """``drop_above``: every local slice of ``keyspace`` forgets its queued versions of the
+    named data partitions above the named seqnos (on the engine's I/O thread, before the
+    message's own rows are queued)."""
+    if not drop:
+        return
+    for s in engine.slices():
+        if s.definition.keyspace == keyspace:
+            for partition, seqno in drop.items():
+                s.drop_queued_above(partition, seqno)
 
 
 def describe_slices(

@@ -61,6 +61,13 @@ class DeliverKeyVersions(Message, tag="index.DeliverKeyVersions"):
     keyspace: str
     batch_id: int
     rows: list[WireKeyVersion]
+    # The indexer process the sender expects ("" = any): an early delivery of the rows after
+    # a batch continues what that process holds, so a restarted one refuses with
+    # STALE_DELIVERY before queueing anything (``pipeline/deliver_ahead.py``).
+    incarnation: str = ""
+    # Before queueing: every local slice of ``keyspace`` forgets its queued versions of
+    # these data partitions above these seqnos (``Slice.drop_queued_above``).
+    drop_above: dict[int, int] | None = None
 
 
 class Delivered(Message, tag="index.Delivered"):
@@ -94,9 +101,10 @@ class DeliverAndStabilize(Message, tag="index.DeliverAndStabilize"):
     """Pipeline -> indexer, one round trip per node and batch: queue ``rows`` (as
     ``DeliverKeyVersions``) and then stabilise every local slice of ``index_ids`` at ``ts``
     (as ``StabilizeSlices``), in one call on the indexer's I/O thread. Frames before this
-    one (a node's rows over ``MAX_ROWS_PER_FRAME``) go as ``DeliverKeyVersions``;
-    ``incarnation`` names the process that took them ("" = none: any is fine), and a
-    restarted indexer refuses with ``STALE_DELIVERY`` before queueing anything. The reply is
+    one (a node's rows over ``MAX_ROWS_PER_FRAME``, and the rows delivered ahead of the
+    batch: ``pipeline/deliver_ahead.py``) go as ``DeliverKeyVersions``; ``incarnation``
+    names the process that took them ("" = none: any is fine), and a restarted indexer
+    refuses with ``STALE_DELIVERY`` before queueing anything. The reply is
     ``Stabilized`` with the delivery counts; the pipeline hands the replies to the
     timekeeper (``AdvanceStability.stabilized``), which checks and publishes."""
 
@@ -108,6 +116,7 @@ class DeliverAndStabilize(Message, tag="index.DeliverAndStabilize"):
     incarnation: str = ""
     moving: dict[str, list[int]] = msgspec.field(default_factory=dict)
     slices: dict[str, list[int]] | None = None  # as ``StabilizeSlices.slices``
+    drop_above: dict[int, int] | None = None  # as ``DeliverKeyVersions.drop_above``
 
 
 class SliceAck(msgspec.Struct, frozen=True, kw_only=True):

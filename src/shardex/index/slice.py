@@ -199,6 +199,23 @@ class Slice:
             self.stats.dropped += dropped
             return new
 
+    def drop_queued_above(self, partition: int, seqno: int) -> int:
+        """Forget the queued key versions of data partition ``partition`` above ``seqno``;
+        returns how many. The pipeline's fallback after an early delivery
+        (``pipeline/deliver_ahead.py``): versions queued ahead of a batch may belong to a
+        branch the batch's end is not on, and a re-delivery would be dropped as a duplicate
+        of them, so the batch clears them before delivering its rows again."""
+        with self.lock:
+            q = self._queue.get(partition)
+            if not q:
+                return 0
+            gone = [s for s in q if s > seqno]
+            for s in gone:
+                del q[s]
+            # What is left is a prefix of what was there: still ordered if it was.
+            self._hwm[partition] = max(q, default=0)
+            return len(gone)
+
     # -- stabilise --------------------------------------------------------------------------
     def stabilize(self, ts: Timestamp, *, sync: bool = True) -> StabilizeAck:
         """Apply the queue up to ``ts`` in one atomic batch, then snapshot at ``ts``."""

@@ -47,6 +47,11 @@ class BatchTail:
         self._thread = threading.Thread(target=run, name=self.name, daemon=True)
         self._thread.start()
 
+    def future(self) -> concurrent.futures.Future[None] | None:
+        """The tail in flight (or ended, not yet joined): what the read-ahead's early
+        delivery waits for without taking its failure away from ``join``."""
+        return self._future
+
     def busy(self) -> bool:
         """A tail is in flight (started, not finished)."""
         return self._future is not None and not self._future.done()

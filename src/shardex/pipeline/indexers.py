@@ -10,6 +10,7 @@ batch makes one round trip per indexer (``deliver_and_stabilize``) and one to th
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -40,6 +41,7 @@ __all__ = [
     "DeliveryReport",
     "advance_stability",
     "deliver_and_stabilize",
+    "deliver_rows",
     "index_state",
     "list_slices",
     "load_chunks",
@@ -48,6 +50,8 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=Message)
+
+log = logging.getLogger(__name__)
 
 # A stabilise fans out to every indexer and fsyncs: allow for a slow disk under load.
 ADVANCE_TIMEOUT = 30.0
@@ -103,6 +107,10 @@ def deliver_and_stabilize(
     plan: Mapping[str, Sequence[str]],
     moving: Mapping[str, Mapping[str, list[int]]] | None = None,
     slices: Mapping[str, Mapping[str, list[int]]] | None = None,
+    *,
+    early: Mapping[str, str] | None = None,
+    drop_above: Mapping[int, int] | None = None,
+    drop_nodes: Sequence[str] = (),
 ) -> tuple[DeliveryReport, dict[str, Stabilized]]:
     """One round trip per indexer (in parallel): each node of ``plan`` (node -> the index
     ids it hosts) gets its rows and the stabilise at ``ts`` in one ``DeliverAndStabilize``;
@@ -111,16 +119,33 @@ def deliver_and_stabilize(
     index move's target. ``slices``: node -> index id -> the partitions its round
     stabilises there, from the topology the rows were routed by (an indexer leaves its other
     slices alone). Returns the delivery counts and each node's reply (for
-    ``advance_stability(stabilized=...)``)."""
+    ``advance_stability(stabilized=...)``).
+
+    ``early``: node -> the incarnation that took this batch's rows delivered ahead
+    (``deliver_ahead``); the node's frames must reach the same one. ``drop_above``: every
+    node of the round and of ``drop_nodes`` first forgets its queued versions of these data
+    partitions above these seqnos (the fallback after early deliveries)."""
     report = DeliveryReport()
+    for node, incarnation in (early or {}).items():
+        if incarnation:
+            report.incarnations[node] = incarnation  # a frame reaching another one: STALE
     replies: dict[str, Stabilized] = {}
     wire = dict(ts.to_wire())
+    drop = None if drop_above is None else dict(drop_above)
 
     async def one(node: str) -> None:
         frames = _frames(by_node.get(node, ())) or [[]]
-        incarnation = ""
+        incarnation = (early or {}).get(node, "")
+        first = drop
         for frame in frames[:-1]:
-            msg = DeliverKeyVersions(keyspace=keyspace, batch_id=batch_id, rows=list(frame))
+            msg = DeliverKeyVersions(
+                keyspace=keyspace,
+                batch_id=batch_id,
+                rows=list(frame),
+                incarnation=incarnation,
+                drop_above=first,
+            )
+            first = None
             got = await _to_node(client, node, msg, Delivered)
             report.add(got)
             incarnation = got.incarnation
@@ -133,16 +158,63 @@ def deliver_and_stabilize(
             incarnation=incarnation,
             moving=dict((moving or {}).get(node, {})),
             slices=None if slices is None else dict(slices.get(node, {})),
+            drop_above=first,
         )
         reply = await _to_node(client, node, last, Stabilized, ADVANCE_TIMEOUT)
         report.add(reply)
-        replies[node] = reply
+        if node in plan or node in by_node:
+            replies[node] = reply
+
+    async def drop_only(node: str) -> None:
+        # A node outside the round that took early rows: best effort. Unreachable, it either
+        # died (its queue with it) or is cut off; a later round that names it again has it
+        # in its plan and delivers its rows then.
+        try:
+            await one(node)
+        except (ShardexError, OSError) as exc:
+            log.info("dropping early rows on %s failed: %s", node, exc)
 
     async def all_nodes() -> None:
-        await asyncio.gather(*(one(n) for n in sorted(set(plan) | set(by_node))))
+        nodes = set(plan) | set(by_node)
+        extra = set(drop_nodes) - nodes if drop is not None else set()
+        await asyncio.gather(
+            *(one(n) for n in sorted(nodes)), *(drop_only(n) for n in sorted(extra))
+        )
 
     client._run(all_nodes())
     return report, replies
+
+
+def deliver_rows(
+    client: Client,
+    keyspace: str,
+    batch_id: int,
+    by_node: Mapping[str, Sequence[KeyVersion]],
+    incarnations: Mapping[str, str],
+) -> DeliveryReport:
+    """Queue rows ahead of their batch (``deliver_ahead``): ``DeliverKeyVersions`` frames to
+    every node of ``by_node`` in parallel, each naming the incarnation ``incarnations`` has
+    for it ("" = any), which a restarted indexer refuses (STALE_DELIVERY)."""
+    report = DeliveryReport()
+    for node, incarnation in incarnations.items():
+        if incarnation:
+            report.incarnations[node] = incarnation
+
+    async def one(node: str, rows: Sequence[KeyVersion]) -> None:
+        for frame in _frames(rows):
+            msg = DeliverKeyVersions(
+                keyspace=keyspace,
+                batch_id=batch_id,
+                rows=list(frame),
+                incarnation=incarnations.get(node, ""),
+            )
+            report.add(await _to_node(client, node, msg, Delivered))
+
+    async def all_nodes() -> None:
+        await asyncio.gather(*(one(n, rows) for n, rows in sorted(by_node.items()) if rows))
+
+    client._run(all_nodes())
+    return report
 
 
 def advance_stability(

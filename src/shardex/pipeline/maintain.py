@@ -17,7 +17,10 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
    stabilise at ``end`` in one ``DeliverAndStabilize`` (in parallel);
 5. the timekeeper checks the indexers' replies and publishes ``end`` as the indexes'
    stability TS once every slice acknowledged. The next batch first waits for this round,
-   and a small batch's successor is read and projected meanwhile (``read_ahead.py``).
+   and a small batch's successor is read and projected meanwhile (``read_ahead.py``);
+   those rows go to the indexers ahead of their round, once this round ended or while the
+   next batch reads the rest, and its round sends only what they lack, or falls back to
+   everything (``deliver_ahead.py``).
 
 Exactly-once from at-least-once (``docs/decisions.md``, "Index pipeline"): Spark runs a
 batch again with the same offsets after a failure; slices drop key versions at or below
@@ -40,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
@@ -48,12 +51,14 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.pipeline.batch_tail import BatchTail
+from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
 from shardex.pipeline.driver_read import read_and_project
 from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.indexers import advance_stability, deliver_and_stabilize
 from shardex.pipeline.move_rounds import MoveRounds
-from shardex.pipeline.read_ahead import ReadAhead
+from shardex.pipeline.read_ahead import ReadAhead, Taken
 from shardex.pipeline.registry import IndexRegistry, IndexView
+from shardex.pipeline.round_plan import round_slices, stabilize_plan
 from shardex.pipeline.router import route
 from shardex.pipeline.source_project import ProjectSpec
 
@@ -125,6 +130,7 @@ class BatchStats:
     retries: int = 0
     on_driver: bool = False  # read and projected on the driver (small batch)
     read_ahead: int = 0  # key versions taken from the read-ahead (``read_ahead.py``)
+    early: int = 0  # of those, delivered before the round (``deliver_ahead.py``); 0: fallback
     end: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
@@ -145,6 +151,8 @@ class MaintenanceJob:
         on_batch: Callable[[BatchStats], None] | None = None,
         driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
         overlap_stabilize: bool = True,
+        deliver_ahead: bool = True,
+        rolling: bool = False,
     ) -> None:
         self.spark = spark
         self.driver_read_max = driver_read_max
@@ -172,13 +180,20 @@ class MaintenanceJob:
             int(
                 stream_options(source_options, self.keyspace, None).get("max_records_per_batch", 0)
             ),
+            rolling=rolling and deliver_ahead,
         )
+        # The read-ahead's rows to the indexers before their batch (``deliver_ahead.py``).
+        # Rolling (keep reading and delivering until the next batch) measured no better than
+        # one read-ahead per batch here (``docs/decisions.md``, "Deliver ahead"): off.
+        self.deliver_ahead = deliver_ahead
+        self.early = DeliverAhead(client, self.keyspace)
 
     # -- the query -----------------------------------------------------------------------------
     def start(self) -> StreamingQuery:
         # A restarted query: the previous query's last round is over (its failure, if any,
         # is caught up by the first batch from the slices' applied TS).
         self.close()
+        self.early.restart()  # what a previous query queued ahead is cleared by its 1st round
         self.starting = self._pin_starting()
         opts = stream_options(self.source_options, self.keyspace, self.starting)
         reader = self.spark.readStream.format("shardex").options(**opts)
@@ -239,20 +254,27 @@ class MaintenanceJob:
         views = [v for v in self.registry.maintained() if end.covers(self.registry.applied(v.id))]
         rows: list[KeyVersion] = []
         stats.changes = _changes(start, end)
+        wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
         if views:
             with gc_paused():
-                self._project(views, start, end, stats, rows)
-            if self.overlap_stabilize and stats.on_driver:
-                # The next batch's changes, read beside this round and Spark's commit.
-                self.read_ahead.start([v.definition for v in views], end)
+                wait = self._project(views, start, end, stats, rows, views_key(views))
 
         def finish() -> None:
-            self._deliver_and_stabilize(views, rows, end, batch_id, stats)
+            # The round waits for the rows the batch sent ahead (if any), not foreachBatch.
+            skip = wait()
+            if skip is not None:
+                stats.early = len(rows) - len(skip.rest(rows))
+            self._deliver_and_stabilize(views, rows, start, end, batch_id, stats, skip)
             stats.total = time.perf_counter() - t0
             self._record(stats)
 
         if self.overlap_stabilize:
             self.tail.start(finish)  # Spark commits this batch meanwhile (``batch_tail.py``)
+            if views and stats.on_driver:
+                # The next batch's changes, read beside this round and Spark's commit, and
+                # delivered once the round ended (``deliver_ahead.py``).
+                hook = self.early.hook(self.tail.future()) if self.deliver_ahead else None
+                self.read_ahead.start([v.definition for v in views], end, hook)
         else:
             finish()
 
@@ -273,10 +295,16 @@ class MaintenanceJob:
         end: Timestamp,
         stats: BatchStats,
         rows: list[KeyVersion],
-    ) -> None:
-        """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``."""
+        key: tuple[Any, ...] = (),
+    ) -> Callable[[], Skip | None]:
+        """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``
+        (the read-ahead's first). Returns what says which rows the round may skip: the
+        read-ahead's rows not delivered yet are sent while the rest is read
+        (``deliver_ahead.py``)."""
         t = time.perf_counter()
         defs = [v.definition for v in views]
+        got: Taken | None = None
+        wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
         if stats.changes <= self.driver_read_max:
             # Small batch: read (start, end] here and project in this process. A Spark
             # job (plan, Python worker round trips, Arrow collect) costs more than the
@@ -286,9 +314,11 @@ class MaintenanceJob:
             got = self.read_ahead.take(defs, start, end)
             rest = start
             if got is not None:  # read while Spark committed the previous batch
-                ahead, rest = got
-                stats.read_ahead = len(ahead)
-                rows.extend(ahead)
+                rest = got.covered
+                stats.read_ahead = len(got.rows)
+                rows.extend(got.rows)
+                if self.deliver_ahead:
+                    wait = self.early.send_taken(got, views, key, start)
             if rest != end:
                 rows.extend(self._read_and_project(defs, rest, end))
         else:
@@ -298,6 +328,7 @@ class MaintenanceJob:
         t = time.perf_counter()
         rows.extend(self._catch_up(views, start))
         stats.catch_up = time.perf_counter() - t
+        return wait
 
     def _read_and_project(
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
@@ -353,23 +384,29 @@ class MaintenanceJob:
         self,
         views: Sequence[IndexView],
         rows: list[KeyVersion],
+        start: Timestamp,
         end: Timestamp,
         batch_id: int,
         stats: BatchStats,
+        skip: Skip | None = None,
     ) -> None:
         """Steps 4-5, retrying what time can heal with back-off for ``retry_for`` seconds
-        (every attempt delivers the whole batch again: slices drop what they hold)."""
+        (every retry delivers the whole batch again, after the indexers dropped what was
+        queued above ``start``: slices drop what they hold)."""
         deadline = time.monotonic() + self.retry_for
         attempt = 0
         while True:
             try:
-                self._attempt(views, rows, end, batch_id, stats)
+                self._attempt(views, rows, start, end, batch_id, stats, skip)
                 return
             except ShardexError as exc:
                 if exc.code not in _RETRYABLE or time.monotonic() > deadline:
                     raise
                 attempt += 1
                 stats.retries = attempt
+                if skip is not None:
+                    skip = None  # the early deliveries may be gone: all rows again
+                    stats.early = 0
                 pause = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
                 log.warning(
                     "batch %d of %s: %s (%s); retrying in %.2f s",
@@ -387,23 +424,30 @@ class MaintenanceJob:
         self,
         views: Sequence[IndexView],
         rows: list[KeyVersion],
+        start: Timestamp,
         end: Timestamp,
         batch_id: int,
         stats: BatchStats,
+        skip: Skip | None = None,
     ) -> None:
         """Route, then one ``DeliverAndStabilize`` per indexer (in parallel), then the
-        timekeeper checks the replies and publishes."""
+        timekeeper checks the replies and publishes. With ``skip`` only the rows not
+        delivered early are routed; without, the indexers first drop what may have been
+        queued above ``start`` ahead of this batch (``deliver_ahead.py``)."""
         if not views:
             self.stable = end
             return
         t = time.perf_counter()
         routes = {v.id: v.route() for v in views}
+        send = rows if skip is None else skip.rest(rows)
         with gc_paused():
-            routed = route((r for r in rows if r[0] in routes or r[2] == ERROR), routes)
-        stats.errors = dict(routed.errors)
+            routed = route((r for r in send if r[0] in routes or r[2] == ERROR), routes)
+        errors = Counter(r[0] for r in rows if r[2] == ERROR) if skip else routed.errors
+        stats.errors = dict(errors)
         stats.key_versions = sum(len(r) for r in routed.by_node.values())
         plan, moving_by_node = stabilize_plan(views)
-        _, replies = deliver_and_stabilize(
+        drop = None if skip is not None else self.early.drop_above(start, end)
+        report, replies = deliver_and_stabilize(
             self.client,
             self.keyspace,
             batch_id,
@@ -412,6 +456,9 @@ class MaintenanceJob:
             plan,
             moving_by_node,
             slices=round_slices(views),
+            early=None if skip is None else skip.incarnations,
+            drop_above=drop,
+            drop_nodes=self.early.drop_nodes() if drop is not None else (),
         )
         stats.deliver = time.perf_counter() - t  # deliver and stabilise on the indexers
         t = time.perf_counter()
@@ -432,6 +479,9 @@ class MaintenanceJob:
         for index_id, n in stats.errors.items():
             self.errors[index_id] += n
         self.stable = end
+        self.early.round_done(
+            end, views_key(views), routes, dict(report.incarnations), skip, dropped=drop is not None
+        )
 
     # -- index moves on an idle keyspace ---------------------------------------------------
     def idle_round(self) -> list[str]:
@@ -521,38 +571,6 @@ def stream_options(
     if cap not in ("", "0"):
         opts["max_records_per_batch"] = cap
     return opts
-
-
-def stabilize_plan(
-    views: Sequence[IndexView],
-) -> tuple[dict[str, list[str]], dict[str, dict[str, list[int]]]]:
-    """(node -> the index ids it hosts, node -> index id -> partitions it receives as an
-    index move's target) for a batch's round: the nodes the router sends rows to, by the
-    same views (the timekeeper's ``plan_stabilize``, from the driver's side)."""
-    nodes: dict[str, set[str]] = {}
-    moving: dict[str, dict[str, list[int]]] = {}
-    for v in views:
-        for node in v.topology.assignment.values():
-            nodes.setdefault(node, set()).add(v.id)
-        for p, target in sorted(v.moving.items()):
-            nodes.setdefault(target, set()).add(v.id)
-            moving.setdefault(target, {}).setdefault(v.id, []).append(p)
-    return {n: sorted(ids) for n, ids in sorted(nodes.items())}, moving
-
-
-def round_slices(views: Sequence[IndexView]) -> dict[str, dict[str, list[int]]]:
-    """node -> index id -> the partitions a batch's round stabilises there: exactly the
-    slices the router sends the batch's rows to, by the same views (topology and routed
-    moves). A slice left out keeps its applied TS: after an index move's switch the source
-    still holds the partition, but must not snapshot a TS whose changes went to the target
-    only (``docs/decisions.md``, "Index moves")."""
-    out: dict[str, dict[str, set[int]]] = {}
-    for v in views:
-        for p, node in v.topology.assignment.items():
-            out.setdefault(node, {}).setdefault(v.id, set()).add(p)
-        for p, target in v.moving.items():
-            out.setdefault(target, {}).setdefault(v.id, set()).add(p)
-    return {n: {i: sorted(ps) for i, ps in sorted(by.items())} for n, by in sorted(out.items())}
 
 
 def _changes(start: Timestamp, end: Timestamp) -> int:

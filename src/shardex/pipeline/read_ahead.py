@@ -4,17 +4,24 @@ When a batch has been read and projected on the driver, the changes after its en
 already in the change log (written while the batch ran). ``ReadAhead.start`` reads them up to
 the current high seqnos (capped like a batch, ``limit_offsets``) and projects them on a
 thread, while the batch's round runs and Spark writes its commit log, asks for the next
-offsets and logs them. The next batch ``take``s what falls inside its own range and reads
-only the rest.
+offsets and logs them. Rolling (``rolling=True``): until the next batch ``take``s, the thread
+keeps reading from where it ended up to the new high seqnos, a piece at a time (at least
+``min_piece`` changes or a pause apart, never past the batch cap), and hands each piece to
+``deliver`` (``deliver_ahead.py``: the rows go to the indexers before their batch). The next
+batch ``take``s what falls inside its own range and reads only the rest; what lies beyond its
+end is carried over to the next read-ahead (same definitions, same branch), with the record
+of which of those rows were delivered.
 
 Why it is exact: a batch (S, E] needs, per partition p, the key versions of the records
 (S[p], E[p]] on the branch E[p].uuid, projected with the batch's definitions. The read-ahead
-holds the records (S[p], A[p]] on branch A[p].uuid, projected with the definitions it was
-started with. ``take`` uses them only if S is the batch's start, the definitions are the
-same, and for partition p only if A[p].uuid == E[p].uuid (the same branch: the same
-records); it keeps the rows with seqno <= min(A[p], E[p]) and returns that TS as ``covered``,
-so the batch reads (covered, E] itself. Anything else (views changed, a rollback or failover
-changed a uuid, no read-ahead) falls back to reading the whole range.
+holds the records (S[p], A[p]] on branch A[p].uuid (each piece's reader checks the records
+are on its end's branch, and a piece never extends a partition whose rows are held onto
+another uuid), projected with the definitions it was started with. ``take`` uses them only
+if S is the batch's start, the definitions are the same, and for partition p only if
+A[p].uuid == E[p].uuid (the same branch: the same records); it keeps the rows with seqno <=
+min(A[p], E[p]) and returns that TS as ``covered``, so the batch reads (covered, E] itself.
+Anything else (views changed, a rollback or failover changed a uuid, no read-ahead) falls
+back to reading the whole range.
 """
 
 from __future__ import annotations
@@ -30,62 +37,146 @@ from shardex.index.keyversion import KeyVersion
 from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.source_plan import limit_offsets
 
-__all__ = ["ReadAhead"]
+__all__ = ["Ahead", "ReadAhead", "Taken"]
 
 log = logging.getLogger(__name__)
 
 Reader = Callable[[Sequence[IndexDefinition], Timestamp, Timestamp], list[KeyVersion]]
+_ZERO = SeqnoEntry(0, 0)
 
 
 @dataclass
-class _Ahead:
+class Ahead:
+    """The key versions of (start, end] in read order (piece after piece). ``rows[:sent]``
+    were delivered to the indexers ahead of their batch, under ``tag`` (what
+    ``deliver_ahead`` needs to know they are still usable), reaching ``sent_to``."""
+
     defs: tuple[IndexDefinition, ...]
     start: Timestamp
     end: Timestamp
     rows: list[KeyVersion]
+    sent: int = 0
+    sent_to: Timestamp | None = None  # None: nothing sent (= start)
+    tag: object | None = None
+
+
+@dataclass
+class Taken:
+    """What a batch (S, E] gets from the read-ahead: ``rows`` inside (S, ``covered``];
+    ``sent[p]``: the rows of partition p with seqno <= it were delivered early under ``tag``
+    (on E's branch); ``branch_ok`` is False when rows delivered above S for some partition
+    are on another branch than E's (they must be dropped from the queues)."""
+
+    rows: list[KeyVersion]
+    covered: Timestamp
+    sent: dict[int, int]
+    tag: object | None
+    branch_ok: bool
+    sent_to: Timestamp | None = None  # how far the delivered rows reach (past ``end`` too)
+
+
+# deliver(ahead, stop, wait): send what is not sent yet, waiting at most ``wait`` seconds
+# for what must come first; False once it gives up for this read-ahead.
+Deliver = Callable[[Ahead, threading.Event, float], bool]
 
 
 class ReadAhead:
     """At most one read-ahead at a time; ``take`` consumes it. Not thread-safe beyond that
-    (the maintenance job calls both under its batch lock)."""
+    (the maintenance job calls ``start``, ``take`` and ``discard`` under its batch lock; the
+    thread alone touches the ``Ahead`` until ``take`` has stopped it)."""
 
-    def __init__(self, read: Reader, latest: Callable[[], Timestamp], max_changes: int) -> None:
+    def __init__(
+        self,
+        read: Reader,
+        latest: Callable[[], Timestamp],
+        max_changes: int,
+        *,
+        rolling: bool = False,
+        pause: float = 0.05,
+        max_pause: float = 0.4,
+        min_piece: int = 500,
+    ) -> None:
         self._read = read
         self._latest = latest
         self.max_changes = max_changes
+        self.rolling = rolling
+        self.pause = pause
+        self.max_pause = max_pause
+        self.min_piece = min_piece
         self._thread: threading.Thread | None = None
-        self._ahead: _Ahead | None = None
+        self._stop = threading.Event()
+        self._ahead: Ahead | None = None
+        self._carried: Ahead | None = None  # rows beyond the last batch's end
         self.hits = 0  # batches that took rows from a read-ahead
         self.misses = 0  # batches that found none usable
+        self.pieces = 0  # pieces read
 
-    def start(self, defs: Sequence[IndexDefinition], start: Timestamp) -> None:
-        """Read and project (start, high seqnos now] for ``defs`` on a daemon thread."""
+    def start(
+        self,
+        defs: Sequence[IndexDefinition],
+        start: Timestamp,
+        deliver: Deliver | None = None,
+    ) -> None:
+        """Read and project (start, high seqnos now] for ``defs`` on a daemon thread (and
+        keep rolling if configured), continuing what the last ``take`` carried over when it
+        starts at ``start`` with the same definitions."""
+        carried, self._carried = self._carried, None
         self.discard()
         frozen = tuple(defs)
+        if carried is not None and carried.start == start and carried.defs == frozen:
+            ahead = carried
+        else:
+            ahead = Ahead(frozen, start, start, [])
+        self._ahead = ahead
+        stop = self._stop = threading.Event()
 
         def run() -> None:
             try:
-                end = _not_below(self._latest(), start)
-                if self.max_changes > 0:
-                    end = limit_offsets(start, end, self.max_changes)
-                if end == start:
-                    return
-                with gc_paused():
-                    rows = self._read(frozen, start, end)
-                self._ahead = _Ahead(frozen, start, end, rows)
+                self._run(ahead, stop, deliver)
             except Exception as exc:  # a read-ahead is an optimisation: the batch reads itself
-                log.debug("read-ahead from %r failed: %s", start, exc)
+                log.debug("read-ahead from %r failed: %s", ahead.end, exc)
 
         self._thread = threading.Thread(target=run, name="read-ahead", daemon=True)
         self._thread.start()
 
+    def _run(self, ahead: Ahead, stop: threading.Event, deliver: Deliver | None) -> None:
+        first = True
+        pause = self.pause
+        while not stop.is_set():
+            if first or self.rolling:
+                target = _not_below(self._latest(), ahead.start)
+                if self.max_changes > 0:
+                    target = limit_offsets(ahead.start, target, self.max_changes)
+                target = _same_branch(ahead, _not_below(target, ahead.end))
+                n = _changes(ahead.end, target)
+                if n > 0 and (first or n >= self.min_piece):
+                    with gc_paused():
+                        rows = self._read(ahead.defs, ahead.end, target)
+                    ahead.rows.extend(rows)
+                    ahead.end = target
+                    self.pieces += 1
+                    pause = self.pause
+                else:
+                    pause = min(self.max_pause, pause * 2)  # idle: poll the high seqnos less
+                first = False
+            if deliver is not None and not deliver(ahead, stop, self.pause):
+                deliver = None  # it gave up (the round failed, an indexer restarted)
+            capped = self.max_changes > 0 and _changes(ahead.start, ahead.end) >= self.max_changes
+            reading = self.rolling and not capped
+            if not reading and (deliver is None or ahead.sent == len(ahead.rows)):
+                return
+            if reading:
+                stop.wait(pause)
+
     def take(
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
-    ) -> tuple[list[KeyVersion], Timestamp] | None:
+    ) -> Taken | None:
         """The read-ahead's key versions inside (start, end] and the TS they cover (the
-        batch reads (covered, end] itself); None when none is usable."""
-        self._join()
+        batch reads (covered, end] itself); None when none is usable. Rows beyond ``end``
+        on ``end``'s branch are kept for the next ``start`` at ``end``."""
+        self._halt()
         ahead, self._ahead = self._ahead, None
+        self._carried = None
         if ahead is None or ahead.start != start or ahead.defs != tuple(defs):
             self.misses += 1
             return None
@@ -93,25 +184,93 @@ class ReadAhead:
         upto: dict[int, int] = {}
         for p, e in end.items():
             a = ahead.end.get(p)
-            s = start.get(p, SeqnoEntry(0, 0))
+            s = start.get(p, _ZERO)
             if a is not None and a.uuid == e.uuid and a.seqno > s.seqno:
                 top = min(a.seqno, e.seqno)
                 covered[p] = SeqnoEntry(top, e.uuid)
                 upto[p] = top
             else:
                 covered[p] = s  # this partition is read in full by the batch
+        sent: dict[int, int] = {}
+        branch_ok = True
+        sent_to = ahead.sent_to if ahead.sent else None
+        if sent_to is not None:
+            for p, d in sent_to.items():
+                s = start.get(p, _ZERO)
+                if d.seqno <= s.seqno:
+                    continue
+                e = end.get(p)
+                if e is None or d.uuid != e.uuid:
+                    branch_ok = False  # early rows on a branch the batch is not on
+                else:
+                    sent[p] = min(d.seqno, e.seqno)
         rows = [r for r in ahead.rows if r[6] <= upto.get(r[5], -1)]
+        self._carried = _carry(ahead, end)
         self.hits += 1
-        return rows, Timestamp(covered)
+        return Taken(rows, Timestamp(covered), sent, ahead.tag, branch_ok, sent_to)
 
     def discard(self) -> None:
-        self._join()
+        self._halt()
         self._ahead = None
+        self._carried = None
 
-    def _join(self) -> None:
+    def _halt(self) -> None:
+        self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
+
+
+def _carry(ahead: Ahead, end: Timestamp) -> Ahead | None:
+    """What of ``ahead`` lies beyond ``end`` on ``end``'s branch, as a read-ahead starting at
+    ``end`` (rows that were sent stay sent, in front: the sent rows are a prefix)."""
+    beyond: dict[int, int] = {}
+    new_end: dict[int, SeqnoEntry] = {}
+    for p, e in end.items():
+        a = ahead.end.get(p)
+        if a is not None and a.uuid == e.uuid and a.seqno > e.seqno:
+            beyond[p] = e.seqno
+            new_end[p] = a
+        else:
+            new_end[p] = e
+    if not beyond:
+        return None
+
+    def keep(r: KeyVersion) -> bool:
+        s = beyond.get(r[5])
+        return s is not None and r[6] > s
+
+    head = [r for r in ahead.rows[: ahead.sent] if keep(r)]
+    tail = [r for r in ahead.rows[ahead.sent :] if keep(r)]
+    sent_to = None
+    if head and ahead.sent_to is not None:
+        to = dict(end.items())
+        for p, d in ahead.sent_to.items():
+            if p in beyond and d.seqno > beyond[p]:
+                to[p] = d
+        sent_to = Timestamp(to)
+    out = Ahead(ahead.defs, end, Timestamp(new_end), head + tail)
+    if head:
+        out.sent, out.sent_to, out.tag = len(head), sent_to, ahead.tag
+    return out
+
+
+def _same_branch(ahead: Ahead, target: Timestamp) -> Timestamp:
+    """``target`` with every partition whose held rows are on another uuid kept where it is
+    (its rows stay on one branch; ``take`` compares that branch with the batch's)."""
+    out: dict[int, SeqnoEntry] | None = None
+    for p, t in target.items():
+        a = ahead.end.get(p)
+        if a is None or a.uuid == t.uuid or a.seqno <= ahead.start.seqno(p):
+            continue
+        if out is None:
+            out = dict(target.items())
+        out[p] = a
+    return target if out is None else Timestamp(out)
+
+
+def _changes(start: Timestamp, end: Timestamp) -> int:
+    return sum(max(0, e.seqno - start.seqno(p)) for p, e in end.items())
 
 
 def _not_below(ts: Timestamp, start: Timestamp) -> Timestamp:

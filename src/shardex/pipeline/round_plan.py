@@ -1,0 +1,43 @@
+"""What a batch's round stabilises where: derived from the same views the router used, so a
+round names exactly the slices its rows went to (``maintain.py``; ``docs/decisions.md``,
+"Index moves")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shardex.pipeline.registry import IndexView
+
+__all__ = ["round_slices", "stabilize_plan"]
+
+
+def stabilize_plan(
+    views: Sequence[IndexView],
+) -> tuple[dict[str, list[str]], dict[str, dict[str, list[int]]]]:
+    """(node -> the index ids it hosts, node -> index id -> partitions it receives as an
+    index move's target) for a batch's round: the nodes the router sends rows to, by the
+    same views (the timekeeper's ``plan_stabilize``, from the driver's side)."""
+    nodes: dict[str, set[str]] = {}
+    moving: dict[str, dict[str, list[int]]] = {}
+    for v in views:
+        for node in v.topology.assignment.values():
+            nodes.setdefault(node, set()).add(v.id)
+        for p, target in sorted(v.moving.items()):
+            nodes.setdefault(target, set()).add(v.id)
+            moving.setdefault(target, {}).setdefault(v.id, []).append(p)
+    return {n: sorted(ids) for n, ids in sorted(nodes.items())}, moving
+
+
+def round_slices(views: Sequence[IndexView]) -> dict[str, dict[str, list[int]]]:
+    """node -> index id -> the partitions a batch's round stabilises there: exactly the
+    slices the router sends the batch's rows to, by the same views (topology and routed
+    moves). A slice left out keeps its applied TS: after an index move's switch the source
+    still holds the partition, but must not snapshot a TS whose changes went to the target
+    only (``docs/decisions.md``, "Index moves")."""
+    out: dict[str, dict[str, set[int]]] = {}
+    for v in views:
+        for p, node in v.topology.assignment.items():
+            out.setdefault(node, {}).setdefault(v.id, set()).add(p)
+        for p, target in v.moving.items():
+            out.setdefault(target, {}).setdefault(v.id, set()).add(p)
+    return {n: {i: sorted(ps) for i, ps in sorted(by.items())} for n, by in sorted(out.items())}

@@ -17,7 +17,7 @@ import contextlib
 from typing import Any
 
 from shardex.client.routing import ROUTE_ATTEMPTS, DataRouter, backoff
-from shardex.data.messages import MutateMany, MutateManyReply, OpItem
+from shardex.data.messages import OpItem
 from shardex.data.partitioning import partition_of
 from shardex.data.records import MutationResult
 from shardex.errors import ErrorCode, ShardexError
@@ -75,14 +75,37 @@ class BulkWriter:
         await asyncio.gather(*self._senders, return_exceptions=True)
 
     async def write_chunk(self, ops: list[tuple[int, OpItem]]) -> dict[int, Result]:
-        """Write ``(index, op)`` pairs; returns index -> result or error."""
+        """Write ``(index, op)`` pairs; returns index -> result or error. Chunks written
+        concurrently reach each node in call order (one sender task per node)."""
+        return await self._write(ops, queued=True)
+
+    async def write_only_chunk(self, ops: list[tuple[int, OpItem]]) -> dict[int, Result]:
+        """``write_chunk`` for a call whose whole input is this one chunk: ``start``, the
+        per-node requests and nothing to close, in one coroutine on the client's loop.
+
+        Why: a paced writer sends small ``upsert_many`` calls (tens of documents); per call,
+        the sender tasks and queues plus the separate start/write/close hops from the
+        caller's thread cost more instructions than the documents themselves. With one
+        chunk there is no later chunk to keep in order behind it, so the node requests go
+        out directly (concurrently, one per node)."""
+        await self.start()
+        return await self._write(ops, queued=False)
+
+    async def _write(self, ops: list[tuple[int, OpItem]], *, queued: bool) -> dict[int, Result]:
         results: dict[int, Result] = {}
         pending = ops
         for attempt in range(ROUTE_ATTEMPTS):
-            # Split and enqueue before any await: chunks reach each node in call order.
-            futures = [self._enqueue(node, group) for node, group in self._split(pending)]
-            for fut in futures:
-                results.update(await fut)
+            groups = self._split(pending)
+            if queued:
+                # Split and enqueue before any await: chunks reach each node in call order.
+                futures = [self._enqueue(node, group) for node, group in groups]
+                for fut in futures:
+                    results.update(await fut)
+            elif len(groups) == 1:  # no task needed for a single node
+                results.update(await self._send_safe(*groups[0]))
+            else:
+                for out in await asyncio.gather(*(self._send_safe(n, g) for n, g in groups)):
+                    results.update(out)
             pending = [
                 (i, op)
                 for i, op in pending
@@ -119,39 +142,24 @@ class BulkWriter:
     ) -> None:
         while True:
             group, fut = await queue.get()
-            try:
-                out = await self._send(node, group)
-            except Exception as exc:  # never leave a chunk waiting forever
-                err = exc if isinstance(exc, ShardexError) else ShardexError(repr(exc))
-                out = {i: err for i, _ in group}
+            out = await self._send_safe(node, group)
             if not fut.done():
                 fut.set_result(out)
 
+    async def _send_safe(self, node: str, group: list[tuple[int, OpItem]]) -> dict[int, Result]:
+        try:
+            return await self._send(node, group)
+        except Exception as exc:  # every item gets an outcome, whatever went wrong
+            err = exc if isinstance(exc, ShardexError) else ShardexError(repr(exc))
+            return {i: err for i, _ in group}
+
     async def _send(self, node: str, group: list[tuple[int, OpItem]]) -> dict[int, Result]:
-        router = self._router
-        try:
-            conn = await router.pool.get(await router.address(node), router.request_timeout)
-        except ShardexError as exc:
-            exc.details.setdefault("unsent", True)
-            return {i: exc for i, _ in group}
-        msg = MutateMany(
-            keyspace=self.keyspace, ops=[op for _, op in group], durability=self.durability
+        # Through the client's coalescer: merged with other calls' writes to this node that
+        # wait while a request is out (``coalesce.py``).
+        outcomes = await self._router.writes.submit(
+            node, self.keyspace, self.durability, [op for _, op in group]
         )
-        try:
-            reply = await conn.request(msg, router.request_timeout, expect=MutateManyReply)
-        except ShardexError as exc:
-            if exc.code is ErrorCode.NOT_MY_PARTITION:  # the whole batch refused
-                return {i: exc for i, _ in group}
-            exc.details.setdefault("outcome", "unknown: the request may have been applied")
-            return {i: exc for i, _ in group}
-        out: dict[int, Result] = {}
-        for (i, _), r in zip(group, reply.results, strict=True):
-            if r is not None:
-                out[i] = r
-        for item in reply.errors:
-            e = item.error
-            out[group[item.index][0]] = ShardexError.from_wire(e.code, e.message, e.details)
-        return out
+        return {i: r for (i, _), r in zip(group, outcomes, strict=True)}
 
 
 def _retryable(err: ShardexError) -> bool:

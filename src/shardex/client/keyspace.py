@@ -158,6 +158,8 @@ class Keyspace:
             raise ValueError("chunk_size and window must be positive")
         client = self._client
         writer = BulkWriter(client._router, self.name, durability)
+        if isinstance(items, list | tuple) and len(items) <= chunk_size:
+            return self._upsert_one_chunk(writer, items, raise_errors, on_chunk)
         client._run(writer.start())
         results: list[Result | None] = []
         docids: list[str] = []
@@ -177,17 +179,7 @@ class Keyspace:
             it = iter(items)
             while chunk := list(itertools.islice(it, chunk_size)):
                 start = len(results)
-                local: dict[int, Result] = {}
-                ops: list[tuple[int, OpItem]] = []
-                for i, item in enumerate(chunk, start):
-                    docid: object = None
-                    try:
-                        docid, doc = _pair(item)
-                        d, body = self._encode(docid, doc)
-                        ops.append((i, OpItem("upsert", d, body)))
-                    except ShardexError as exc:
-                        local[i] = exc
-                    docids.append(docid if isinstance(docid, str) else repr(docid)[:60])
+                local, ops = self._encode_chunk(chunk, start, docids)
                 results.extend([None] * len(chunk))
                 fut = asyncio.run_coroutine_threadsafe(writer.write_chunk(ops), client._io.loop)
                 inflight.append((start, len(chunk), local, fut))
@@ -200,6 +192,44 @@ class Keyspace:
                 fut.cancel()
             client._run(writer.close())
         out: list[Result] = results  # type: ignore[assignment]  # every slot is filled
+        if raise_errors and any(isinstance(r, ShardexError) for r in out):
+            raise BulkWriteError(out, docids)
+        return out
+
+    def _encode_chunk(
+        self, chunk: list[Any] | tuple[Any, ...], start: int, docids: list[str]
+    ) -> tuple[dict[int, Result], list[tuple[int, OpItem]]]:
+        """Validate and encode ``chunk`` (items ``start``...): the items that failed with
+        their errors, and the ``(index, OpItem)`` pairs to send."""
+        local: dict[int, Result] = {}
+        ops: list[tuple[int, OpItem]] = []
+        for i, item in enumerate(chunk, start):
+            docid: object = None
+            try:
+                docid, doc = _pair(item)
+                d, body = self._encode(docid, doc)
+                ops.append((i, OpItem("upsert", d, body)))
+            except ShardexError as exc:
+                local[i] = exc
+            docids.append(docid if isinstance(docid, str) else repr(docid)[:60])
+        return local, ops
+
+    def _upsert_one_chunk(
+        self,
+        writer: BulkWriter,
+        items: list[Any] | tuple[Any, ...],
+        raise_errors: bool,
+        on_chunk: Callable[[int, list[Result]], None] | None,
+    ) -> list[Result]:
+        """``upsert_many`` of an input that fits one chunk: one hop to the client's loop
+        (``BulkWriter.write_only_chunk``) instead of start + write + close."""
+        docids: list[str] = []
+        local, ops = self._encode_chunk(items, 0, docids)
+        # Even with nothing valid to send: an unknown keyspace raises, as with many chunks.
+        remote = self._client._run(writer.write_only_chunk(ops))
+        out = [local[i] if i in local else remote[i] for i in range(len(items))]
+        if on_chunk is not None and out:
+            on_chunk(0, out)
         if raise_errors and any(isinstance(r, ShardexError) for r in out):
             raise BulkWriteError(out, docids)
         return out

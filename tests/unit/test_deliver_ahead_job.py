@@ -139,6 +139,25 @@ def _batch(job: MaintenanceJob, b: int, end: Timestamp) -> None:
     job.tail.join()
 
 
+def _two_written(tmp_path: Path) -> tuple[Log, MaintenanceJob, Any]:
+    """A job over one index whose log holds 2 changes per partition, with 3 more per
+    partition landing while the first batch runs (the read-ahead's rows)."""
+    log = Log()
+    job, registry = _job(tmp_path, log, [_view("a")])
+    log.write(0, 2)
+    log.write(1, 2)
+    log.pending.extend([(0, 3), (1, 3)])
+    return log, job, registry
+
+
+def _first_batch_early(tmp_path: Path, model: Indexers) -> tuple[Log, MaintenanceJob, Any]:
+    """``_two_written``, then batch 0 to (2, 2) and its read-ahead's (2, 5] delivered early."""
+    log, job, registry = _two_written(tmp_path)
+    _batch(job, 0, ts(p0=2, p1=2))
+    _wait_early(model, 1)
+    return log, job, registry
+
+
 def _wait_early(model: Indexers, n: int) -> None:
     """Until the read-ahead thread has made its ``n``-th early delivery (bounded)."""
     deadline = time.monotonic() + 10
@@ -187,13 +206,7 @@ def test_early_rows_and_the_round_together_are_exactly_the_batch(
 def test_a_view_change_between_early_delivery_and_the_batch_falls_back(
     tmp_path: Path, model: Indexers
 ) -> None:
-    log = Log()
-    job, registry = _job(tmp_path, log, [_view("a")])
-    log.write(0, 2)
-    log.write(1, 2)
-    log.pending.extend([(0, 3), (1, 3)])
-    _batch(job, 0, ts(p0=2, p1=2))
-    _wait_early(model, 1)
+    _, job, registry = _first_batch_early(tmp_path, model)
     # The index's topology changes (a new version, same nodes) before the next batch.
     v = _view("a")
     moved = IndexView(v.record, Topology(seq_num=2, assignment={0: "n2", 1: "n1"}), {})
@@ -211,13 +224,7 @@ def test_an_indexer_restarted_after_the_early_delivery_gets_the_whole_batch(
     tmp_path: Path, model: Indexers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(maintain.time, "sleep", lambda s: None)  # the retry's back-off
-    log = Log()
-    job, _ = _job(tmp_path, log, [_view("a")])
-    log.write(0, 2)
-    log.write(1, 2)
-    log.pending.extend([(0, 3), (1, 3)])
-    _batch(job, 0, ts(p0=2, p1=2))
-    _wait_early(model, 1)
+    _, job, _ = _first_batch_early(tmp_path, model)
     model.restart("n1")  # its early rows are gone
     _batch(job, 1, ts(p0=5, p1=5))
     first, retry = model.rounds[-2:]
@@ -247,13 +254,7 @@ def test_a_new_job_drops_what_a_previous_one_may_have_queued_ahead(
 def test_a_failed_early_delivery_makes_the_next_round_drop_and_send_all(
     tmp_path: Path, model: Indexers
 ) -> None:
-    log = Log()
-    job, _ = _job(tmp_path, log, [_view("a")])
-    log.write(0, 2)
-    log.write(1, 2)
-    log.pending.extend([(0, 3), (1, 3)])
-    _batch(job, 0, ts(p0=2, p1=2))
-    _wait_early(model, 1)  # (2, 5] delivered early
+    log, job, _ = _first_batch_early(tmp_path, model)  # (2, 5] delivered early
     log.pending.extend([(0, 2), (1, 2)])
     model.fail.append(ShardexError("down", code=ErrorCode.NODE_UNAVAILABLE))
     _batch(job, 1, ts(p0=4, p1=4))  # (4, 5] carried; (5, 7] read, its delivery fails
@@ -310,11 +311,7 @@ def test_the_rows_sent_early_and_the_rest_are_the_batch_at_any_boundary() -> Non
 def test_rows_taken_but_not_sent_go_ahead_while_the_batch_reads_the_rest(
     tmp_path: Path, model: Indexers
 ) -> None:
-    log = Log()
-    job, _ = _job(tmp_path, log, [_view("a")])
-    log.write(0, 2)
-    log.write(1, 2)
-    log.pending.extend([(0, 3), (1, 3)])
+    log, job, _ = _two_written(tmp_path)
     # The round's end waits for the test: the read-ahead's rows are read, not delivered.
     job.read_ahead.rolling = False
     gate = threading.Event()
@@ -388,13 +385,7 @@ def test_the_rolling_read_ahead_reads_contiguous_pieces_and_carries_the_rest() -
 def test_rows_queued_by_a_discarded_read_ahead_are_dropped_by_the_next_round(
     tmp_path: Path, model: Indexers
 ) -> None:
-    log = Log()
-    job, _ = _job(tmp_path, log, [_view("a")])
-    log.write(0, 2)
-    log.write(1, 2)
-    log.pending.extend([(0, 3), (1, 3)])
-    _batch(job, 0, ts(p0=2, p1=2))
-    _wait_early(model, 1)  # (2, 5] queued early
+    log, job, _ = _first_batch_early(tmp_path, model)  # (2, 5] queued early
     job.read_ahead.discard()  # as a batch read by Spark's workers does: the record is gone
     log.pending.extend([(0, 1), (1, 1)])
     _batch(job, 1, ts(p0=3, p1=3))

@@ -82,6 +82,7 @@ def test_sigterm_identity_and_single_instance(tmp_path: Path) -> None:
         assert not (data / "node.pid").exists()
         log = (data / "node.log").read_text()
         assert "received SIGTERM" in log and "node solo stopped" in log
+        assert "event loop uvloop" in log  # the default (``shardex.net.loops``)
         # Each line: timestamp, level, node name.
         assert all(" solo " in line for line in log.splitlines() if line[:2] == "20")
 

@@ -65,6 +65,7 @@ from shardex.manager.keyspaces import (
 from shardex.manager.membership import MembersReply, MembersRequest
 from shardex.net import Connection
 from shardex.net import connect as rpc_connect
+from shardex.net.loops import new_event_loop
 from shardex.net.messages import Message
 from shardex.net.tcp import TcpTransport
 from shardex.net.transport import Transport
@@ -137,7 +138,7 @@ class _LoopThread:
     """A private event loop on a daemon thread."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()  # uvloop where installed (``net/loops.py``)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

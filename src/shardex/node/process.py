@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from shardex.manager.state import FileStateStore
+from shardex.net.loops import loop_kind, new_event_loop
 from shardex.net.tcp import TcpTransport
 from shardex.node.config import NodeConfig
 from shardex.node.debug_dump import install_debug_dump
@@ -60,7 +61,7 @@ def run_node(config: NodeConfig) -> int:
         identity, new = load_or_create_identity(data_dir, config.name)
         log.info(
             "starting node %s (pid %d, %s identity %s), data dir %s, heartbeat %.3gs, "
-            "failure timeout %.3gs",
+            "failure timeout %.3gs, event loop %s",
             config.name,
             os.getpid(),
             "new" if new else "persisted",
@@ -68,8 +69,10 @@ def run_node(config: NodeConfig) -> int:
             data_dir,
             config.heartbeat_interval,
             config.failure_timeout,
+            loop_kind(),
         )
-        return asyncio.run(_serve(config, identity.member_id))
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            return runner.run(_serve(config, identity.member_id))
     finally:
         remove_pid(data_dir)
         logging.shutdown()  # flush node.log before the lock says "not running"

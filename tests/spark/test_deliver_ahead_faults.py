@@ -75,8 +75,12 @@ def test_indexer_restarted_after_an_early_delivery(
         ):
             assert fired.wait(240), "no rows delivered ahead to node2"
             wait_progress(client, 180, "batches after node2's restart")
-            time.sleep(1)
-            assert w.done > 0
+            # Some more writes after the restarted node's first rounds, then stop the writer.
+            more = w.done + 50
+            deadline = time.monotonic() + 60
+            while w.done < more:
+                assert time.monotonic() < deadline, "the writer stalled after the restart"
+                time.sleep(0.05)
     finally:
         logging.getLogger("shardex.pipeline.maintain").removeHandler(retries)
     counts = check_all(client)

@@ -175,6 +175,15 @@ class Env:
         await self.stabilize(ts)
         return ts
 
+    async def many_in_paris(self, n: int = 12_000) -> Timestamp:
+        """``n`` documents in one city, delivered and stabilised: a scan of many blocks."""
+        for i in range(n):
+            self.ks.upsert(f"d{i:05}", {"city": "paris"})
+        ts = self.ks.ts()
+        await self.deliver(ts)
+        await self.stabilize(ts)
+        return ts
+
     async def scan(self, *args: Any, **kw: Any) -> list[dict[str, Any]]:
         assert self.client is not None
         client = self.client

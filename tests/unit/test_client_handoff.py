@@ -203,11 +203,7 @@ def test_an_error_before_any_block_is_raised_at_once() -> None:
 
 
 async def test_a_scan_abandoned_half_read_releases_its_stream(env: Env) -> None:
-    for i in range(12_000):
-        env.ks.upsert(f"d{i:05}", {"city": "paris"})
-    ts = env.ks.ts()
-    await env.deliver(ts)
-    await env.stabilize(ts)
+    ts = await env.many_in_paris()
     assert env.client is not None
     client = env.client
 

@@ -4,6 +4,7 @@ and how stream runs are cut into wire batches."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -37,8 +38,9 @@ def state_with(cas: int, *metas: tuple[str, str, int, int, list[str]]) -> StateC
     return StateContext(cas=cas, keyspaces=keyspaces, data_topologies=topos)
 
 
-@pytest.fixture
-async def service(tmp_path: Path) -> AsyncIterator[tuple[DataService, FakeCoordinator]]:
+@contextlib.asynccontextmanager
+async def running_service(tmp_path: Path) -> AsyncIterator[tuple[DataService, FakeCoordinator]]:
+    """A started ``DataService`` named n1 on a fake coordinator (no reconcile loop)."""
     coord = FakeCoordinator()
     ds = DataService(
         data_dir=tmp_path,
@@ -53,6 +55,12 @@ async def service(tmp_path: Path) -> AsyncIterator[tuple[DataService, FakeCoordi
         yield ds, coord
     finally:
         await ds.stop()
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[tuple[DataService, FakeCoordinator]]:
+    async with running_service(tmp_path) as both:
+        yield both
 
 
 async def test_reconcile_opens_assigned_partitions_only(service) -> None:

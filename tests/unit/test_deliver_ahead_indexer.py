@@ -13,15 +13,14 @@ import copy
 import random
 
 import pytest
+from tests.unit.test_deliver_and_stabilize import _round
 from tests.unit.test_index_delivery import KS, NODES, Pipe, incarnations, pipe  # noqa: F401
 
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.delivery_messages import (
-    DeliverAndStabilize,
     Delivered,
     DeliverKeyVersions,
-    Stabilized,
 )
 from shardex.index.testing import FakeKeyspace, random_workload
 
@@ -32,27 +31,6 @@ async def _early(p: Pipe, by_node: dict[str, list], inc: dict[str, str]) -> None
             keyspace=KS, batch_id=-1, rows=by_node.get(node, []), incarnation=inc[node]
         )
         assert (await p.ask(node, msg, Delivered)).incarnation == inc[node]
-
-
-async def _round(
-    p: Pipe,
-    by_node: dict[str, list],
-    ts: Timestamp,
-    early: dict[str, str] | None = None,
-    drop: dict[int, int] | None = None,
-) -> None:
-    p.batch += 1
-    for node in NODES:
-        msg = DeliverAndStabilize(
-            keyspace=KS,
-            batch_id=p.batch,
-            rows=by_node.get(node, []),
-            ts=dict(ts.to_wire()),
-            index_ids=p.ids,
-            incarnation=(early or {}).get(node, ""),
-            drop_above=drop,
-        )
-        await p.ask(node, msg, Stabilized)
 
 
 async def _start(pipe: Pipe, rng: random.Random) -> tuple[FakeKeyspace, Timestamp]:  # noqa: F811
@@ -81,11 +59,11 @@ async def test_early_rows_plus_the_rest_are_the_batch_and_beyond_waits(pipe: Pip
     # Read ahead to t3 and delivered early; the batch ends at t2 (below t3) and the next at
     # t4: each round sends only what was not delivered early.
     await _early(pipe, pipe.by_node(ks.changes(t1, t3)), inc)
-    await _round(pipe, {}, t2, early=inc)
+    await _round(pipe, {}, t2, earlier=inc)
     pipe.check(t2, ks.documents_at(t2))  # rows in (t2, t3] stayed queued
     queued = [s.queued for n in NODES for s in await pipe.list(n)]
     assert sum(queued) > 0
-    await _round(pipe, pipe.by_node(ks.changes(t3, t4)), t4, early=inc)
+    await _round(pipe, pipe.by_node(ks.changes(t3, t4)), t4, earlier=inc)
     pipe.check(t4, ks.documents_at(t4))
 
 
@@ -100,7 +78,7 @@ async def test_restart_after_the_early_delivery_falls_back_exactly(pipe: Pipe) -
     await n1.stop()
     await n1.start()  # a new incarnation: the early rows are gone
     with pytest.raises(ShardexError) as err:
-        await _round(pipe, {}, t2, early=inc)
+        await _round(pipe, {}, t2, earlier=inc)
     assert err.value.code == ErrorCode.STALE_DELIVERY
     # An early delivery naming the old process is refused too, before queueing anything.
     stale = DeliverKeyVersions(

@@ -23,8 +23,14 @@ from shardex.index.testing import FakeKeyspace, random_workload
 
 
 async def _round(
-    p: Pipe, by_node: dict[str, list], ts: Timestamp, earlier: dict[str, str] | None = None
+    p: Pipe,
+    by_node: dict[str, list],
+    ts: Timestamp,
+    earlier: dict[str, str] | None = None,
+    drop: dict[int, int] | None = None,
 ) -> dict[str, Stabilized]:
+    """One ``DeliverAndStabilize`` per node; ``earlier``: node -> the incarnation the
+    batch's earlier (or early) rows went to; ``drop``: the round's ``drop_above``."""
     p.batch += 1
     out = {}
     for node in NODES:
@@ -35,6 +41,7 @@ async def _round(
             ts=dict(ts.to_wire()),
             index_ids=p.ids,
             incarnation=(earlier or {}).get(node, ""),
+            drop_above=drop,
         )
         out[node] = await p.ask(node, msg, Stabilized)
     return out

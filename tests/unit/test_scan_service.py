@@ -152,11 +152,7 @@ async def test_errors_name_the_index_and_change_nothing(env: Env) -> None:
 
 
 async def test_back_pressure_bounds_what_a_slow_reader_is_sent(env: Env) -> None:
-    for i in range(12_000):
-        env.ks.upsert(f"d{i:05}", {"city": "paris"})
-    ts = env.ks.ts()
-    await env.deliver(ts)
-    await env.stabilize(ts)
+    ts = await env.many_in_paris()
     assert env.client is not None
     client = env.client
     res = await asyncio.to_thread(client.scan, KS, "#primary", None, "at_plus", ts)

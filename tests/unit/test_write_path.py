@@ -9,34 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_data_service import FakeCoordinator, state_with
+from test_data_service import running_service, state_with
 
 from shardex.data import groupcommit
 from shardex.data.messages import MutateMany, MutateManyReply, OpItem
 from shardex.data.service import DataService
 from shardex.data.validation import encode_document
 from shardex.errors import ErrorCode, ShardexError
-from shardex.net import TcpTransport
 
 
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[DataService]:
-    coord = FakeCoordinator()
-    ds = DataService(
-        data_dir=tmp_path,
-        node_name="n1",
-        transport=TcpTransport(),
-        secret="s" * 32,
-        coordinator=lambda: coord,
-        reconcile_interval=3600,
-    )
-    await ds.start()
-    coord.state = state_with(5, ("ks", "u1", 1, 5, ["n1"]))  # one partition: global seqnos
-    await ds.reconcile()
-    try:
+    async with running_service(tmp_path) as (ds, coord):
+        coord.state = state_with(5, ("ks", "u1", 1, 5, ["n1"]))  # one partition: global seqnos
+        await ds.reconcile()
         yield ds
-    finally:
-        await ds.stop()
 
 
 def batch(prefix: str, n: int, bad: int | None = None) -> MutateMany:

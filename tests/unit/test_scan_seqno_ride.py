@@ -120,14 +120,21 @@ async def test_the_indexer_nodes_high_seqnos_ride_in_their_scan_request(env: Env
     assert outcomes(env) == {"hit": 1}
 
 
-async def test_seqnos_carried_ahead_of_the_index_make_the_scan_wait_for_them(env: Env) -> None:
-    rng = random.Random(32)
+async def _writes_ahead(env: Env, seed: int) -> tuple[Timestamp, list[tuple[str, list[int]]]]:
+    """A stabilised round, then writes acknowledged and delivered but not stabilised (their
+    TS is returned); n1's coordinator reads its own seqnos through a recording fake."""
+    rng = random.Random(seed)
     await env.round(rng, 150)
     random_workload(env.ks, rng, 60)
-    ahead = env.ks.ts()  # acknowledged, delivered, not yet stabilised
+    ahead = env.ks.ts()
     await env.deliver(ahead)
     asked: list[tuple[str, list[int]]] = []
     env.nodes["n1"].coord.view.local_seqnos = data_service(env, "n1", asked)
+    return ahead, asked
+
+
+async def test_seqnos_carried_ahead_of_the_index_make_the_scan_wait_for_them(env: Env) -> None:
+    ahead, asked = await _writes_ahead(env, 32)
     env.nodes["n2"].scan_server.local_seqnos = data_service(env, "n2", asked)
     first = asyncio.ensure_future(scan(env))
     await _until(lambda: outcomes(env).get("miss") == 1 or first.done())
@@ -214,13 +221,7 @@ async def test_a_scan_giving_up_leaves_the_shared_round_to_the_others() -> None:
 
 
 async def test_a_scan_without_stability_waits_for_the_shared_rounds_seqnos(env: Env) -> None:
-    rng = random.Random(34)
-    await env.round(rng, 150)
-    random_workload(env.ks, rng, 60)
-    ahead = env.ks.ts()  # acknowledged, delivered, not yet stabilised
-    await env.deliver(ahead)
-    asked: list[tuple[str, list[int]]] = []
-    env.nodes["n1"].coord.view.local_seqnos = data_service(env, "n1", asked)
+    ahead, asked = await _writes_ahead(env, 34)
     requests: list[str] = []
     serve_high_seqnos(env, "n2", data_service(env, "n2", asked), requests)
     assert env.client is not None

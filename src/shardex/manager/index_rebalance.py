@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -65,15 +65,12 @@ from shardex.manager.index_rebalance_state import (
 )
 from shardex.manager.index_state import ACTIVE
 from shardex.manager.member_list import UP
-from shardex.manager.migration_driver import ask_member, deposed, member_address
+from shardex.manager.migration_driver import MoveDriverBase, deposed
 from shardex.manager.rebalance_state import RUNNING, RebalanceRecord
-from shardex.net.messages import Message
 
 __all__ = ["IndexMoveDriver", "indexer_members", "plan_into", "settle_index_moves"]
 
 log = logging.getLogger(__name__)
-
-M = TypeVar("M", bound=Message)
 
 COMMAND_TIMEOUT = 10.0
 COPY_TIMEOUT = 3600.0  # the copy itself (a dead target or source fails it sooner)
@@ -128,31 +125,21 @@ def _find(record: RebalanceRecord | None, migration_id: str) -> IndexMoveRecord 
     return None
 
 
-class IndexMoveDriver:
+class IndexMoveDriver(MoveDriverBase):
     """Node calls and commits of index moves (module docstring)."""
 
     def __init__(self, coordinator: Any, phases: dict[str, str]) -> None:
-        self._c = coordinator
-        self.phases = phases  # migration id -> live phase, shared with the Rebalancer
+        super().__init__(coordinator, phases)
         self.grace = DROP_GRACE
         self.switch_retry = SWITCH_RETRY  # (first pause, longest pause) between re-sends
 
-    async def update(self, epoch: int, migration_id: str, **changes: Any) -> None:
-        async def fn(ctx: Any) -> None:
-            rec = ctx.state.rebalance
-            if _find(rec, migration_id) is None:
-                return
-            moves = replace_index_move(rec.index_moves, migration_id, **changes)
-            rec = msgspec.structs.replace(rec, index_moves=moves)
-            await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
-
-        await self._c.exclusive(epoch, fn)
-
-    def _address(self, node: str) -> str:
-        return member_address(self._c, node)
-
-    async def _ask(self, node: str, msg: Message, timeout: float, expect: type[M]) -> M:
-        return await ask_member(self._c, node, msg, timeout, expect)
+    def _with_changes(
+        self, record: RebalanceRecord, migration_id: str, changes: dict[str, Any]
+    ) -> RebalanceRecord | None:
+        if _find(record, migration_id) is None:
+            return None
+        moves = replace_index_move(record.index_moves, migration_id, **changes)
+        return msgspec.structs.replace(record, index_moves=moves)
 
     async def run(self, record: RebalanceRecord, epoch: int) -> None:
         """Every planned index move of ``record``, ``max_parallel`` at a time."""

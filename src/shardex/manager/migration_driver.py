@@ -38,6 +38,7 @@ from shardex.manager.rebalance_state import (
     MOVING,
     UNRESOLVED,
     MoveRecord,
+    RebalanceRecord,
     publish,
     resolution,
     with_move,
@@ -91,25 +92,26 @@ def _command_fields(move: MoveRecord, epoch: int) -> dict[str, Any]:
     }
 
 
-class MigrationDriver:
-    """Node calls and commits of single migrations (module docstring)."""
+class MoveDriverBase:
+    """What a data move's driver and an index move's driver share: commands to members over
+    the coordinator's pool, and commits of one move's changes under the master's op lock."""
 
-    def __init__(self, coordinator: Any, phases: dict[str, str], on_unresolved: Any) -> None:
+    def __init__(self, coordinator: Any, phases: dict[str, str]) -> None:
         self._c = coordinator
         self.phases = phases  # migration id -> live phase, shared with the Rebalancer
-        self._on_unresolved = on_unresolved  # (epoch) -> None: make sure a resolver runs
+
+    def _with_changes(
+        self, record: RebalanceRecord, migration_id: str, changes: dict[str, Any]
+    ) -> RebalanceRecord | None:
+        """``record`` with move ``migration_id`` changed; None if it holds no such move."""
+        raise NotImplementedError
 
     async def update(self, epoch: int, migration_id: str, **changes: Any) -> None:
         async def fn(ctx: Any) -> None:
             rec = ctx.state.rebalance
-            if rec is None:
-                return
-            try:
-                rec.move(migration_id)
-            except KeyError:
-                return
-            rec = with_move(rec, migration_id, **changes)
-            await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
+            rec = None if rec is None else self._with_changes(rec, migration_id, changes)
+            if rec is not None:
+                await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
 
         await self._c.exclusive(epoch, fn)
 
@@ -118,6 +120,23 @@ class MigrationDriver:
 
     async def _ask(self, node: str, msg: Message, timeout: float, expect: type[M]) -> M:
         return await ask_member(self._c, node, msg, timeout, expect)
+
+
+class MigrationDriver(MoveDriverBase):
+    """Node calls and commits of single migrations (module docstring)."""
+
+    def __init__(self, coordinator: Any, phases: dict[str, str], on_unresolved: Any) -> None:
+        super().__init__(coordinator, phases)
+        self._on_unresolved = on_unresolved  # (epoch) -> None: make sure a resolver runs
+
+    def _with_changes(
+        self, record: RebalanceRecord, migration_id: str, changes: dict[str, Any]
+    ) -> RebalanceRecord | None:
+        try:
+            record.move(migration_id)
+        except KeyError:
+            return None
+        return with_move(record, migration_id, **changes)
 
     async def _tell(self, mid: str, node: str, msg: Message, failed: str) -> Outcome | None:
         """A command migration ``mid`` survives without: its outcome, or None once the

@@ -27,6 +27,7 @@ from shardex.net.transport import Comm
 
 pytestmark = pytest.mark.timeout(30)
 
+
 SECRET = "s3cret"
 MAX_FRAME = 64 * 1024
 
@@ -263,7 +264,7 @@ async def test_garbage_after_auth_closes_that_connection_only(
     caplog.set_level(logging.ERROR, logger="shardex.net")
     good = await world.client()
     raw = await world.raw_authenticated()
-    raw._writer.write(garbage)
+    raw._transport.write(garbage)
     notices = await drain_until_closed(raw)
     assert [(e.kind, type(e.body)) for e in notices] == [(Kind.ERROR, ErrorReply)]
     assert notices[0].body.code == "PROTOCOL_ERROR"  # type: ignore[attr-defined]
@@ -282,7 +283,7 @@ async def test_oversized_frame_after_auth_closes_that_connection_only(
     caplog.set_level(logging.ERROR, logger="shardex.net")
     good = await world.client()
     raw = await world.raw_authenticated()
-    raw._writer.write((MAX_FRAME + 1).to_bytes(4, "big") + b"xxxx")
+    raw._transport.write((MAX_FRAME + 1).to_bytes(4, "big") + b"xxxx")
     assert await drain_until_closed(raw) == []  # cut off at once, no payload is read
     assert any(
         raw.local_address in r.getMessage() and str(MAX_FRAME + 1) in r.getMessage()

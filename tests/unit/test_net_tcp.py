@@ -51,7 +51,7 @@ async def test_frames_round_trip_in_order(echo: EchoServer) -> None:
         await comm.write(f)
     assert [await comm.read() for _ in frames] == frames
     assert comm.peer_address == echo.address
-    sock_nodelay = comm._writer.get_extra_info("socket").getsockopt(  # type: ignore[attr-defined]
+    sock_nodelay = comm._transport.get_extra_info("socket").getsockopt(  # type: ignore[attr-defined]
         socket.IPPROTO_TCP, socket.TCP_NODELAY
     )
     assert sock_nodelay

@@ -91,10 +91,11 @@ class _Call:
     the loop), hands its outcome over in two attributes. The old hand-off measured ~150-200 us
     of CPU per call (issue 6), a quarter of a point ``get``'s client CPU; this one ~half."""
 
-    __slots__ = ("_coro", "_exc", "_lock", "_result", "_task")
+    __slots__ = ("_coro", "_exc", "_lock", "_loop", "_result", "_task")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> None:
         self._coro = coro
+        self._loop = loop  # not get_running_loop() in start: that is a getpid() syscall
         self._lock = _thread.allocate_lock()
         self._lock.acquire()
         self._result: Any = None
@@ -103,7 +104,7 @@ class _Call:
 
     def start(self) -> None:
         """On the loop (``call_soon_threadsafe``): run the coroutine in a task."""
-        self._task = asyncio.get_running_loop().create_task(self._main())
+        self._task = self._loop.create_task(self._main())
 
     async def _main(self) -> None:
         try:
@@ -147,7 +148,7 @@ class _LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        call = _Call(coro)
+        call = _Call(coro, self.loop)
         try:
             self.loop.call_soon_threadsafe(call.start)
         except BaseException:

@@ -17,8 +17,9 @@ Handlers: ``async def handler(msg, conn) -> Message | None``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from shardex.errors import (
@@ -29,6 +30,7 @@ from shardex.errors import (
     RequestTimeout,
     ShardexError,
 )
+from shardex.net.deadlines import DeadlineSweep, Pending
 from shardex.net.messages import (
     Ack,
     Envelope,
@@ -42,7 +44,17 @@ from shardex.net.messages import (
     encode_frame,
     message_type_name,
 )
+from shardex.net.router import Handler, Router, as_router
 from shardex.net.transport import Comm
+
+__all__ = [
+    "DEFAULT_REQUEST_TIMEOUT",
+    "CloseCallback",
+    "Connection",
+    "Handler",
+    "Router",
+    "as_router",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,49 +63,7 @@ DEFAULT_REQUEST_TIMEOUT = 30.0
 _NOTICE_TIMEOUT = 1.0
 
 M = TypeVar("M", bound=Message)
-Handler = Callable[[Any, "Connection"], Awaitable[Message | None]]
 CloseCallback = Callable[["Connection"], None]
-
-
-class Router:
-    """Dispatch table: message class -> handler. Shared by every connection it is given to."""
-
-    def __init__(self, routes: Mapping[type[Message], Handler] | None = None) -> None:
-        self._routes: dict[type[Message], Handler] = {}
-        for msg_type, handler in (routes or {}).items():
-            self.route(msg_type, handler)
-
-    @overload
-    def route(self, msg_type: type[Message], handler: Handler) -> Handler: ...
-    @overload
-    def route(
-        self, msg_type: type[Message], handler: None = None
-    ) -> Callable[[Handler], Handler]: ...
-
-    def route(self, msg_type: type[Message], handler: Handler | None = None) -> Any:
-        """Register ``handler`` for ``msg_type``; without a handler, acts as a decorator."""
-        if not (isinstance(msg_type, type) and issubclass(msg_type, Message)):
-            raise TypeError(f"route() needs a Message subclass, got {msg_type!r}")
-
-        def register(h: Handler) -> Handler:
-            if msg_type in self._routes:
-                raise ValueError(f"{msg_type.__name__} is already routed")
-            self._routes[msg_type] = h
-            return h
-
-        return register(handler) if handler is not None else register
-
-    def lookup(self, msg_type: type[Message]) -> Handler | None:
-        return self._routes.get(msg_type)
-
-    def __contains__(self, msg_type: object) -> bool:
-        return msg_type in self._routes
-
-
-def as_router(handlers: Router | Mapping[type[Message], Handler] | None) -> Router:
-    if isinstance(handlers, Router):
-        return handlers
-    return Router(handlers)
 
 
 class Connection:
@@ -116,14 +86,24 @@ class Connection:
         self._max_frame = max_frame
         self._loop = asyncio.get_running_loop()
         self._next_id = 1
-        self._pending: dict[int, tuple[asyncio.Future[Message], str]] = {}
+        self._pending: dict[int, Pending] = {}
+        # One timer for every pending request's deadline (``deadlines.py``).
+        self._deadlines = DeadlineSweep(self._loop, lambda: self._pending, self._timed_out)
         self._write_lock = asyncio.Lock()
-        # insertion-ordered (a dict, not a set): cancelling in a stable order keeps simulation
-        # runs replayable; set order follows object addresses
-        self._tasks: dict[asyncio.Task[None], None] = {}
-        self._oneway: asyncio.Queue[Message] = asyncio.Queue()
+        # Handler tasks by a key of ours, insertion-ordered (cancelling in a stable order keeps
+        # simulation runs replayable); a request handler removes its own entry when it ends,
+        # so a request costs no done-callback round.
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._task_seq = 0
+        # One-way messages waiting for the worker, and the worker's wait when there are none
+        # (a deque and one future: asyncio.Queue costs more per message).
+        self._oneway: collections.deque[Message] = collections.deque()
+        self._oneway_wakeup: asyncio.Future[None] | None = None
         self._oneway_task: asyncio.Task[None] | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self._started = False
+        # Sends the notice and closes the comm after a push-mode receive ended the connection.
+        self._closer_task: asyncio.Task[None] | None = None
         self._closed = False
         self._close_reason: ShardexError | None = None
         self._peer_notice: ErrorReply | None = None
@@ -191,11 +171,20 @@ class Connection:
         self._next_id += 1
         fut: asyncio.Future[Message] = self._loop.create_future()
         type_name = message_type_name(msg)
-        self._pending[rid] = (fut, type_name)
+        pending = Pending(fut, type_name, timeout)
+        self._pending[rid] = pending
         try:
-            async with asyncio.timeout(timeout):
-                await self._write(Envelope(Kind.REQUEST, rid, msg))
+            frame = self._encode(Envelope(Kind.REQUEST, rid, msg))
+            if not self._write_lock.locked() and self._comm.write_nowait(frame):
+                # Sent without waiting: only the reply is awaited, bounded by the sweep.
+                if timeout is not None:
+                    self._deadlines.arm(pending, timeout)
                 reply = await fut
+            else:
+                # The peer is not keeping up: the timeout bounds the wait to send as well.
+                async with asyncio.timeout(timeout):
+                    await self._write_frame(frame, type_name)
+                    reply = await fut
         except TimeoutError:
             raise RequestTimeout(
                 f"{type_name} to {self.peer_label} timed out after {timeout}s",
@@ -251,8 +240,12 @@ class Connection:
     # --- internals --------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the reader task (done by ``connect`` and ``RpcServer``)."""
-        if self._reader_task is None:
+        """Start receiving (done by ``connect`` and ``RpcServer``): frames pushed by the comm
+        straight into ``_on_frame`` where it can (TCP), else a reader task (the simulator)."""
+        if self._started:
+            return
+        self._started = True
+        if not self._comm.set_receiver(self._on_frame, self._on_end):
             self._reader_task = self._loop.create_task(
                 self._read_loop(), name=f"shardex-rpc-reader {self.name}<-{self.peer_name}"
             )
@@ -268,7 +261,7 @@ class Connection:
             details=details,
         )
 
-    async def _write(self, env: Envelope) -> None:
+    def _encode(self, env: Envelope) -> bytes:
         frame = encode_frame(env)
         if len(frame) > self._max_frame:
             type_name = message_type_name(env.body)
@@ -276,12 +269,88 @@ class Connection:
                 f"{type_name} encodes to {len(frame)} bytes, over max_frame {self._max_frame}",
                 details={"type": type_name, "size": len(frame), "max_frame": self._max_frame},
             )
+        return frame
+
+    async def _write(self, env: Envelope) -> None:
+        frame = self._encode(env)
+        # Fast path: nobody is queued behind a draining write and the peer keeps up, so the
+        # frame goes out now, with no lock round (most writes on a request's path).
+        if not self._closed and not self._write_lock.locked() and self._comm.write_nowait(frame):
+            return
+        await self._write_frame(frame, message_type_name(env.body))
+
+    async def _write_frame(self, frame: bytes, type_name: str) -> None:
         # The lock keeps frames whole whatever the backend does while a write is suspended,
         # and bounds buffering: writers queue behind one draining write.
         async with self._write_lock:
             if self._closed:
-                raise self._closed_error(message_type_name(env.body))
+                raise self._closed_error(type_name)
             await self._comm.write(frame)
+
+    def _timed_out(self, p: Pending) -> RequestTimeout:
+        return RequestTimeout(
+            f"{p.type_name} to {self.peer_label} timed out after {p.timeout}s",
+            details={"type": p.type_name, "peer": self.peer_label, "timeout": p.timeout},
+        )
+
+    def _on_frame(self, frame: bytes) -> None:
+        """Push mode: one frame, in the comm's data callback."""
+        if self._closed:
+            return
+        try:
+            try:
+                env = decode_frame(frame)
+            except UndecodableBody as e:
+                self._on_bad_body(e)
+                return
+            self._dispatch(env)
+        except ProtocolError as e:
+            self._on_end(e)
+        except Exception as e:
+            log.exception("receiving from %s failed; closing the connection", self.peer_label)
+            self._end_with(ConnectionClosed(f"connection to {self.peer_label} failed: {e!r}"))
+
+    def _on_end(self, err: ShardexError) -> None:
+        """Push mode: the stream ended (``err`` as ``read`` would raise it), or a frame broke
+        the protocol. Same outcomes as the reader task's."""
+        if self._closed:
+            return
+        if isinstance(err, ProtocolError):  # includes FrameTooLarge
+            log.error("protocol error on connection with %s: %s; closing it", self.peer_label, err)
+            code, message, _ = err.to_wire()
+            self._end_with(
+                ConnectionClosed(
+                    f"connection to {self.peer_label} closed: {err.message}",
+                    details={"peer": self.peer_label, "cause": err.code.value},
+                ),
+                ErrorReply(code=code, message=message, details={}),
+            )
+        else:
+            self._end_with(self._with_notice(err))
+
+    def _end_with(self, reason: ShardexError, notice: ErrorReply | None = None) -> None:
+        self._finish(reason)
+        self._closer_task = self._loop.create_task(self._notify_and_close(notice))
+
+    async def _notify_and_close(self, notice: ErrorReply | None) -> None:
+        if notice is not None and not self._comm.closed:
+            # Tell the peer why before hanging up; it may be a buggy but honest node.
+            try:
+                async with asyncio.timeout(_NOTICE_TIMEOUT), self._write_lock:
+                    await self._comm.write(encode_frame(Envelope(Kind.ERROR, 0, notice)))
+            except (TimeoutError, ShardexError, OSError):
+                pass
+        await self._comm.close()
+
+    def _with_notice(self, e: ShardexError) -> ShardexError:
+        if self._peer_notice is None:
+            return e
+        # The peer said why it hung up; pass that on to whoever was waiting.
+        n = self._peer_notice
+        return ConnectionClosed(
+            f"{e.message} after notice {n.code}: {n.message}",
+            details={**e.details, "notice": n.code},
+        )
 
     async def _read_loop(self) -> None:
         reason: ShardexError
@@ -330,10 +399,19 @@ class Connection:
     def _dispatch(self, env: Envelope) -> None:
         kind = env.kind
         if kind is Kind.REQUEST:
-            self._spawn(self._handle_request(env.id, env.body))
+            body = env.body
+            if type(body) is Ping and self._answer_ping_now(env.id, body):
+                return
+            key = self._task_seq = self._task_seq + 1
+            self._tasks[key] = self._loop.create_task(self._handle_request(env.id, body, key))
         elif kind is Kind.ONEWAY:
-            self._oneway.put_nowait(env.body)
-            if self._oneway_task is None:
+            self._oneway.append(env.body)
+            wakeup = self._oneway_wakeup
+            if wakeup is not None:
+                self._oneway_wakeup = None
+                if not wakeup.done():
+                    wakeup.set_result(None)
+            elif self._oneway_task is None:
                 self._oneway_task = self._loop.create_task(self._oneway_loop())
         elif env.id == 0:
             body = env.body
@@ -346,7 +424,7 @@ class Connection:
                 # Its request timed out or was cancelled; nobody is waiting any more.
                 log.debug("late reply %d from %s dropped", env.id, self.peer_label)
                 return
-            fut, type_name = entry
+            fut, type_name = entry.fut, entry.type_name
             if fut.done():
                 return
             body = env.body
@@ -368,15 +446,34 @@ class Connection:
             self._spawn(self._reply_error(e.request_id, e))
         elif e.kind in (Kind.RESPONSE, Kind.ERROR) and e.request_id:
             entry = self._pending.pop(e.request_id, None)
-            if entry is not None and not entry[0].done():
-                entry[0].set_exception(e)
+            if entry is not None and not entry.fut.done():
+                entry.fut.set_exception(e)
 
     def _spawn(self, coro: Any) -> None:
-        task = self._loop.create_task(coro)
-        self._tasks[task] = None
-        task.add_done_callback(lambda t: self._tasks.pop(t, None))
+        key = self._task_seq = self._task_seq + 1
+        self._tasks[key] = task = self._loop.create_task(coro)
+        task.add_done_callback(lambda _: self._tasks.pop(key, None))
 
-    async def _handle_request(self, rid: int, msg: Message) -> None:
+    def _answer_ping_now(self, rid: int, ping: Ping) -> bool:
+        """An unrouted ``Ping`` answered in the receive callback: no task, no extra loop
+        iteration (liveness probes stay cheap). False: leave it to a handler task."""
+        if Ping in self._router or self._closed:
+            return False
+        frame = encode_frame(Envelope(Kind.RESPONSE, rid, Pong(payload=ping.payload)))
+        if len(frame) > self._max_frame or self._write_lock.locked():
+            return False
+        try:
+            return self._comm.write_nowait(frame)
+        except ConnectionClosed:
+            return True  # the reply is lost with the connection, as a task's would be
+
+    async def _handle_request(self, rid: int, msg: Message, key: int) -> None:
+        try:
+            await self._answer(rid, msg)
+        finally:
+            self._tasks.pop(key, None)
+
+    async def _answer(self, rid: int, msg: Message) -> None:
         handler = self._router.lookup(type(msg))
         type_name = message_type_name(msg)
         if handler is None:
@@ -443,8 +540,12 @@ class Connection:
             log.error("cannot send error reply %d to %s: %s", rid, self.peer_label, e)
 
     async def _oneway_loop(self) -> None:
+        queue = self._oneway
         while True:
-            msg = await self._oneway.get()
+            while not queue:
+                self._oneway_wakeup = self._loop.create_future()
+                await self._oneway_wakeup
+            msg = queue.popleft()
             handler = self._router.lookup(type(msg))
             if handler is None:
                 log.warning(
@@ -469,11 +570,12 @@ class Connection:
         self._closed = True
         self._close_reason = reason
         pending, self._pending = self._pending, {}
-        for fut, type_name in pending.values():
-            if not fut.done():
-                fut.set_exception(self._closed_error(type_name))
+        for p in pending.values():
+            if not p.fut.done():
+                p.fut.set_exception(self._closed_error(p.type_name))
+        self._deadlines.cancel()
         current = asyncio.current_task()
-        for task in (self._reader_task, self._oneway_task, *self._tasks):
+        for task in (self._reader_task, self._oneway_task, *self._tasks.values()):
             if task is not None and task is not current:
                 task.cancel()
         for cb in self._close_callbacks:

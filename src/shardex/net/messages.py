@@ -201,18 +201,37 @@ class _Codec:
     )
     tag_decoder: ClassVar[msgspec.msgpack.Decoder[Any]] = msgspec.msgpack.Decoder(_TagOnly)
     body_decoder: ClassVar[msgspec.msgpack.Decoder[Any] | None] = None
+    # Envelope and body in one pass (the common case); the two-stage decoders above only
+    # classify a frame this one refused.
+    frame_decoder: ClassVar[msgspec.msgpack.Decoder[Any] | None] = None
     body_version: ClassVar[int] = -1
 
     @classmethod
+    def _rebuild(cls) -> None:
+        with _lock:
+            version = _registry_version
+            types = tuple(_registry.values())
+        union = Union[types]  # noqa: UP007 (runtime union)
+        whole = msgspec.defstruct(
+            "_WholeEnvelope", [("kind", Kind), ("id", int), ("body", union)], array_like=True
+        )
+        cls.body_decoder = msgspec.msgpack.Decoder(union)
+        cls.frame_decoder = msgspec.msgpack.Decoder(whole)
+        cls.body_version = version
+
+    @classmethod
     def body(cls) -> msgspec.msgpack.Decoder[Any]:
-        dec = cls.body_decoder
-        if dec is None or cls.body_version != _registry_version:
-            with _lock:
-                version = _registry_version
-                types = tuple(_registry.values())
-            dec = msgspec.msgpack.Decoder(Union[types])  # noqa: UP007 (runtime union)
-            cls.body_decoder, cls.body_version = dec, version
-        return dec
+        if cls.body_decoder is None or cls.body_version != _registry_version:
+            cls._rebuild()
+        assert cls.body_decoder is not None
+        return cls.body_decoder
+
+    @classmethod
+    def frame(cls) -> msgspec.msgpack.Decoder[Any]:
+        if cls.frame_decoder is None or cls.body_version != _registry_version:
+            cls._rebuild()
+        assert cls.frame_decoder is not None
+        return cls.frame_decoder
 
 
 def encode_frame(envelope: Envelope) -> bytes:
@@ -232,6 +251,13 @@ def decode_frame(data: bytes | bytearray | memoryview) -> Envelope:
     Raises ``UndecodableBody`` (a ``ProtocolError``) when only the body is bad and plain
     ``ProtocolError`` for anything else; never another exception type, whatever the bytes.
     """
+    try:
+        whole = _Codec.frame().decode(data)
+    except Exception:
+        pass  # find out what is wrong with it below
+    else:
+        if whole.id >= 0:
+            return Envelope(whole.kind, whole.id, whole.body)
     try:
         raw = _Codec.envelope_decoder.decode(data)
     except Exception as e:  # msgspec errors, and anything else garbage might provoke

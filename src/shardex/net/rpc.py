@@ -292,6 +292,9 @@ class ConnectionPool:
         expect: type[Message] | None = None,
     ) -> Message:
         """``conn.request`` on the pooled connection; ``timeout`` bounds connect + request."""
+        conn = self._conns.get(address)
+        if conn is not None and not conn.closed:  # the common case: no connect to bound
+            return await conn.request(msg, timeout, expect=expect)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         conn = await self.get(address, timeout)

@@ -1,21 +1,31 @@
-"""The real transport: asyncio TCP streams carrying length-prefixed frames.
+"""The real transport: length-prefixed frames over TCP, parsed in the loop's data callback.
 
 Frame = 4-byte big-endian unsigned payload length + payload. Nothing else is on the wire at
 this layer; encoding, authentication and request matching live in ``shardex.net.rpc``.
+
+``TcpComm`` is an ``asyncio.Protocol``, not a pair of streams: every ``recv`` the loop makes
+is cut into whole frames at once, in its callback. A ``Connection`` takes them there
+(``set_receiver``), so a frame costs no reader-task wake-up, no ``readexactly`` coroutines and
+no extra loop iteration; several frames that arrive in one ``recv`` are handled in one go.
+``read()`` (the handshake, the simulator-compatible path) takes them from a queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 
-from shardex.errors import ConnectionClosed, FrameTooLarge, NodeUnavailable
+from shardex.errors import ConnectionClosed, FrameTooLarge, NodeUnavailable, ShardexError
 from shardex.net.transport import (
     DEFAULT_MAX_FRAME,
     Comm,
     CommHandler,
+    EndCallback,
+    FrameCallback,
     Listener,
     Transport,
     split_address,
@@ -24,24 +34,16 @@ from shardex.net.transport import (
 log = logging.getLogger(__name__)
 
 _HEADER = 4
-# StreamReader pauses the socket once it buffers 2 * limit bytes. The default (64 KiB) makes
-# a 1 MiB frame bounce between pause and resume dozens of times; 1 MiB keeps large frames
-# flowing while bounding what one connection can buffer (2 MiB).
-_READ_LIMIT = 1024 * 1024
+# Frames queued for ``read()`` (before a receiver takes over) past this many bytes pause the
+# socket until read: a peer cannot make an unauthenticated connection buffer without bound.
+_READ_LIMIT = 2 * 1024 * 1024
 # Writes return without awaiting until this much is buffered in the kernel-side transport.
 # Many small frames then coalesce into few syscalls; a slow reader still pushes back on us.
 _WRITE_HIGH_WATER = 256 * 1024
+# Frames this small are sent as one joined buffer; larger ones as two (no copy of the body).
+_JOIN_BELOW = 64 * 1024
 # A graceful close that cannot flush within this bound (peer not reading) becomes an abort.
 _CLOSE_TIMEOUT = 5.0
-
-
-def _set_nodelay(writer: asyncio.StreamWriter) -> None:
-    # asyncio enables TCP_NODELAY on TCP sockets already; set it explicitly because request/
-    # response latency depends on it (Nagle + delayed ACK would add ~40 ms per round trip).
-    sock = writer.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _fmt_addr(addr: object) -> str:
@@ -50,30 +52,194 @@ def _fmt_addr(addr: object) -> str:
     return str(addr)
 
 
-class TcpComm(Comm):
-    """One TCP connection moving whole frames."""
+class TcpComm(Comm, asyncio.Protocol):
+    """One TCP connection moving whole frames; also the connection's asyncio protocol."""
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
         max_frame: int = DEFAULT_MAX_FRAME,
+        on_connected: Callable[[TcpComm], None] | None = None,
     ) -> None:
-        self._reader = reader
-        self._writer = writer
         self._max_frame = max_frame
-        self._closed = False
-        self._local = _fmt_addr(writer.get_extra_info("sockname"))
-        self._peer = _fmt_addr(writer.get_extra_info("peername"))
-        _set_nodelay(writer)
-        writer.transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        self._on_connected = on_connected
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._local = self._peer = "?"
+        self._buf = bytearray()
+        # Pull mode: frames waiting for read(), their bytes, and the reader waiting for one.
+        self._frames: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self._read_paused = False
+        self._read_waiter: asyncio.Future[None] | None = None
+        # Push mode (set_receiver): every frame goes to _on_frame as it is cut.
+        self._on_frame: FrameCallback | None = None
+        self._on_end: EndCallback | None = None
+        # Why the byte stream ended (EOF, reset, oversized frame); None while it runs.
+        self._end: ShardexError | None = None
+        self._closing = False  # close() or abort() called here
+        self._write_paused = False
+        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._lost: asyncio.Future[None] = self._loop.create_future()
 
     def __repr__(self) -> str:
         return f"<TcpComm {self._local} -> {self._peer}{' closed' if self.closed else ''}>"
 
+    # --- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; both have its methods.
+        self._transport = transport  # type: ignore[assignment]
+        self._local = _fmt_addr(transport.get_extra_info("sockname"))
+        self._peer = _fmt_addr(transport.get_extra_info("peername"))
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Loops enable TCP_NODELAY already; set it explicitly because request/response
+            # latency depends on it (Nagle + delayed ACK would add ~40 ms per round trip).
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        if self._on_connected is not None:
+            self._on_connected(self)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        if buf:
+            buf += data
+            view: bytes | bytearray = buf
+        else:
+            view = data  # the common case: frames cut straight from what recv returned
+        pos, end = 0, len(view)
+        while end - pos >= _HEADER and self._end is None and not self._closing:
+            size = int.from_bytes(view[pos : pos + _HEADER], "big")
+            if size > self._max_frame:
+                self._too_large(size)
+                return
+            stop = pos + _HEADER + size
+            if stop > end:
+                break
+            # memoryview: one copy out of a bytearray buffer, not two (the view is freed
+            # at once, so the buffer can be resized below)
+            frame = bytes(memoryview(view)[pos + _HEADER : stop])
+            pos = stop
+            self._deliver(frame)
+        if self._end is not None or self._closing:
+            buf.clear()
+        elif view is buf:
+            del buf[:pos]
+        elif pos < end:
+            buf += memoryview(data)[pos:]
+
+    def eof_received(self) -> bool | None:
+        partial = max(len(self._buf) - _HEADER, 0) if len(self._buf) >= _HEADER else len(self._buf)
+        self._ended(
+            ConnectionClosed(
+                f"connection to {self._peer} closed by peer",
+                details={"peer": self._peer, "partial_bytes": partial},
+            )
+        )
+        return None  # let the transport close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            err = ConnectionClosed(
+                f"connection to {self._peer} closed " + ("locally" if self._closing else "by peer"),
+                details={"peer": self._peer, "partial_bytes": len(self._buf)},
+            )
+        else:
+            err = ConnectionClosed(
+                f"connection to {self._peer} lost: {exc}", details={"peer": self._peer}
+            )
+        self._ended(err)
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)  # write() sees the end and raises
+        self._drain_waiters.clear()
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        while self._drain_waiters:
+            w = self._drain_waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+
+    # --- frames in -------------------------------------------------------------------------
+
+    def _deliver(self, frame: bytes) -> None:
+        on_frame = self._on_frame
+        if on_frame is not None:
+            try:
+                on_frame(frame)
+            except Exception:  # the receiver handles its own errors; this is a bug
+                log.exception("frame receiver of %r failed; aborting", self)
+                self.abort()
+            return
+        self._frames.append(frame)
+        self._queued += len(frame)
+        if self._queued > _READ_LIMIT and not self._read_paused and self._transport is not None:
+            self._read_paused = True
+            self._transport.pause_reading()
+        self._wake_reader()
+
+    def _too_large(self, size: int) -> None:
+        log.error(
+            "peer %s announced a frame of %d bytes (max_frame %d); closing connection",
+            self._peer,
+            size,
+            self._max_frame,
+        )
+        self._ended(
+            FrameTooLarge(
+                f"peer {self._peer} announced a frame of {size} bytes",
+                details={"peer": self._peer, "size": size, "max_frame": self._max_frame},
+            )
+        )
+        self._buf.clear()
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _ended(self, err: ShardexError) -> None:
+        if self._end is not None:
+            return
+        self._end = err
+        self._wake_reader()
+        on_end, self._on_end, self._on_frame = self._on_end, None, None
+        if on_end is not None:
+            on_end(err)
+
+    def _wake_reader(self) -> None:
+        w = self._read_waiter
+        if w is not None:
+            self._read_waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def set_receiver(self, on_frame: FrameCallback, on_end: EndCallback) -> bool:
+        """From now on hand every frame to ``on_frame`` as it arrives (frames already queued
+        first), and the end of the stream to ``on_end`` (once; at once if it has ended)."""
+        while self._frames:
+            if self._closing:
+                self._frames.clear()
+                break
+            frame = self._frames.popleft()
+            on_frame(frame)
+        self._queued = 0
+        if self._read_paused and self._transport is not None:
+            self._read_paused = False
+            self._transport.resume_reading()
+        if self._end is not None:
+            self._loop.call_soon(on_end, self._end)
+        else:
+            self._on_frame, self._on_end = on_frame, on_end
+        return True
+
     @property
     def closed(self) -> bool:
-        return self._closed or self._writer.is_closing()
+        return self._closing or self._end is not None or self._transport is None
 
     @property
     def local_address(self) -> str:
@@ -84,37 +250,31 @@ class TcpComm(Comm):
         return self._peer
 
     async def read(self) -> bytes:
-        if self._closed:
-            raise ConnectionClosed("comm is closed", details={"peer": self._peer})
-        try:
-            header = await self._reader.readexactly(_HEADER)
-            size = int.from_bytes(header, "big")
-            if size > self._max_frame:
-                log.error(
-                    "peer %s announced a frame of %d bytes (max_frame %d); closing connection",
-                    self._peer,
-                    size,
-                    self._max_frame,
-                )
-                self.abort()
-                raise FrameTooLarge(
-                    f"peer {self._peer} announced a frame of {size} bytes",
-                    details={"peer": self._peer, "size": size, "max_frame": self._max_frame},
-                )
-            return await self._reader.readexactly(size)
-        except asyncio.IncompleteReadError as e:
-            self._closed = True
-            raise ConnectionClosed(
-                f"connection to {self._peer} closed by peer",
-                details={"peer": self._peer, "partial_bytes": len(e.partial)},
-            ) from None
-        except (ConnectionError, OSError) as e:
-            self.abort()
-            raise ConnectionClosed(
-                f"connection to {self._peer} lost: {e}", details={"peer": self._peer}
-            ) from e
+        while True:
+            if self._closing:
+                raise ConnectionClosed("comm is closed", details={"peer": self._peer})
+            if self._frames:
+                frame = self._frames.popleft()
+                self._queued -= len(frame)
+                if self._read_paused and self._queued <= _READ_LIMIT // 2:
+                    self._read_paused = False
+                    if self._transport is not None:
+                        self._transport.resume_reading()
+                return frame
+            if self._end is not None:
+                err, self._end = self._end, None
+                # Raised once; after that, like any closed comm.
+                self._closing = True
+                raise err
+            if self._on_frame is not None:
+                raise RuntimeError("read() on a comm whose frames go to a receiver")
+            waiter = self._loop.create_future()
+            self._read_waiter = waiter
+            await waiter
 
-    async def write(self, frame: bytes) -> None:
+    # --- frames out ------------------------------------------------------------------------
+
+    def _check_writable(self, frame: bytes) -> None:
         size = len(frame)
         if size > self._max_frame:
             # The caller learns at once; the peer would cut us off anyway.
@@ -122,36 +282,62 @@ class TcpComm(Comm):
                 f"frame of {size} bytes to {self._peer} exceeds max_frame {self._max_frame}",
                 details={"peer": self._peer, "size": size, "max_frame": self._max_frame},
             )
-        if self.closed:
+        if self.closed or self._transport is None or self._transport.is_closing():
             raise ConnectionClosed(
                 f"connection to {self._peer} is closed", details={"peer": self._peer}
             )
-        # One write call per frame: header and payload leave together (NODELAY would otherwise
-        # send a 4-byte segment on its own).
-        self._writer.write(size.to_bytes(_HEADER, "big") + frame)
-        transport = self._writer.transport
-        if transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
-            try:
-                await self._writer.drain()
-            except (ConnectionError, OSError) as e:
-                self.abort()
+
+    def _send(self, frame: bytes) -> None:
+        transport = self._transport
+        assert transport is not None
+        size = len(frame)
+        if size < _JOIN_BELOW:
+            # One write call per frame: header and payload leave together (NODELAY would
+            # otherwise send a 4-byte segment on its own).
+            transport.write(size.to_bytes(_HEADER, "big") + frame)
+        else:
+            transport.writelines((size.to_bytes(_HEADER, "big"), frame))
+
+    def write_nowait(self, frame: bytes) -> bool:
+        """Send ``frame`` now if that needs no wait (the peer is keeping up); False leaves it
+        to ``write``. Raises like ``write`` for an oversized frame or a closed comm."""
+        self._check_writable(frame)
+        if self._write_paused:
+            return False
+        self._send(frame)
+        return True
+
+    async def write(self, frame: bytes) -> None:
+        self._check_writable(frame)
+        while self._write_paused:
+            waiter = self._loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+            if self._transport is None or self._transport.is_closing():
                 raise ConnectionClosed(
-                    f"connection to {self._peer} lost: {e}", details={"peer": self._peer}
-                ) from e
+                    f"connection to {self._peer} lost", details={"peer": self._peer}
+                )
+        self._send(frame)
 
     async def close(self) -> None:
-        if self._closed and self._writer.is_closing():
+        transport = self._transport
+        if transport is None or (self._closing and self._lost.done()):
+            self._closing = True
             return
-        self._closed = True
-        self._writer.close()
+        self._closing = True
+        self._frames.clear()
+        transport.close()
         try:
-            await asyncio.wait_for(self._writer.wait_closed(), _CLOSE_TIMEOUT)
-        except (TimeoutError, ConnectionError, OSError):
-            self._writer.transport.abort()
+            await asyncio.wait_for(asyncio.shield(self._lost), _CLOSE_TIMEOUT)
+        except TimeoutError:
+            transport.abort()
 
     def abort(self) -> None:
-        self._closed = True
-        self._writer.transport.abort()
+        self._closing = True
+        self._frames.clear()
+        if self._transport is not None:
+            self._transport.abort()
+        self._wake_reader()
 
 
 class TcpListener(Listener):
@@ -178,9 +364,11 @@ class TcpTransport(Transport):
 
     async def listen(self, address: str, handler: CommHandler) -> Listener:
         host, port = split_address(address)
+        loop = asyncio.get_running_loop()
+        # Handler tasks must be referenced until they finish (the loop keeps weak ones only).
+        running: set[asyncio.Task[None]] = set()
 
-        async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            comm = TcpComm(reader, writer, self.max_frame)
+        async def serve(comm: TcpComm) -> None:
             try:
                 await handler(comm)
             except Exception:
@@ -188,8 +376,15 @@ class TcpTransport(Transport):
                 log.exception("connection handler failed for %s", comm.peer_address)
                 comm.abort()
 
+        def on_connected(comm: TcpComm) -> None:
+            task = loop.create_task(serve(comm))
+            running.add(task)
+            task.add_done_callback(running.discard)
+
         try:
-            server = await asyncio.start_server(on_client, host, port, limit=_READ_LIMIT)
+            server = await loop.create_server(
+                lambda: TcpComm(self.max_frame, on_connected), host, port
+            )
         except OSError as e:
             raise NodeUnavailable(
                 f"cannot listen on {address}: {e}", details={"address": address}
@@ -199,9 +394,10 @@ class TcpTransport(Transport):
 
     async def connect(self, address: str, timeout: float) -> Comm:
         host, port = split_address(address)
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(host, port, limit=_READ_LIMIT)
+                _, comm = await loop.create_connection(lambda: TcpComm(self.max_frame), host, port)
         except TimeoutError:
             raise NodeUnavailable(
                 f"connect to {address} timed out after {timeout}s",
@@ -211,4 +407,7 @@ class TcpTransport(Transport):
             raise NodeUnavailable(
                 f"cannot connect to {address}: {e}", details={"address": address}
             ) from e
-        return TcpComm(reader, writer, self.max_frame)
+        return comm
+
+
+__all__ = ["TcpComm", "TcpListener", "TcpTransport"]

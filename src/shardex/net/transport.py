@@ -16,13 +16,33 @@ from __future__ import annotations
 import abc
 import secrets
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shardex.errors import ShardexError
 
 # The largest frame either side accepts; a peer that announces more is cut off.
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 
 
+FrameCallback = Callable[[bytes], None]
+EndCallback = Callable[["ShardexError"], None]
+
+
 class Comm(abc.ABC):
     """One bidirectional, ordered, framed connection."""
+
+    def set_receiver(self, on_frame: FrameCallback, on_end: EndCallback) -> bool:
+        """Push mode, optional: hand every later frame to ``on_frame`` as it arrives (in the
+        loop's data callback, no task in between) and the stream's end to ``on_end``, once,
+        with the error ``read`` would raise. True if the comm does so (``read`` must not be
+        called any more); False (the default) leaves the caller to ``read``."""
+        return False
+
+    def write_nowait(self, frame: bytes) -> bool:
+        """Send ``frame`` at once if that needs no wait; False (the default, or a peer that
+        is not keeping up) leaves it to ``write``. Raises as ``write`` does."""
+        return False
 
     @abc.abstractmethod
     async def read(self) -> bytes:

@@ -4,8 +4,10 @@ Issue 6's concurrent-client ratios (``bench.scan``, 4-16 client processes on 2 c
 bounded by the CPU each client process spends per scan, so this measures exactly that: the
 CPU time (user + system, ``time.process_time``) of a client process per 100-row scan
 (``bench.scan_queries``' cases at not_bounded and request_plus) and per point ``get``,
-divided by the operations run. Wall time is printed too, but on the shared machine the
-CPU figure is the one to read.
+divided by the operations run, and the p50 latency of an operation. ``--threads N`` runs N
+threads of one client process at once (the concurrent clients of ``bench.scan_ab``), so the
+p50 shows what the client's CPU does to latency when its threads and the nodes share the
+cores; the CPU figure is the one least moved by other work on the machine.
 
 ``DIR`` is a ``bench.scan_profile setup`` directory (a 3-node cluster with the documents and
 both indexes built). The cluster runs on this tree's code; each side's client runs in a
@@ -32,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.data_service import percentile
 from bench.pipeline_common import KEYSPACE, SEED, load1
 from bench.runner import Row, report
 
@@ -43,8 +46,11 @@ SIDES = ("A", "B")
 # -- the worker (one client process) ---------------------------------------------------------
 
 
-def _worker(cdir: Path, profile: bool) -> None:
-    """Read ``<op>\\t<n>`` lines, run ``n`` operations, answer one JSON line each."""
+def _worker(cdir: Path, profile: bool, threads: int) -> None:
+    """Read ``<op>\\t<n>`` lines, run ``n`` operations in each of ``threads`` threads,
+    answer one JSON line each (CPU, wall and each operation's latency)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from bench.scan_queries import CASES, KeyStats, build_queries
     from shardex.client import connect_local
     from shardex.demo.datagen import users
@@ -80,6 +86,16 @@ def _worker(cdir: Path, profile: bool) -> None:
         for op in OPS:  # warm: connections, routing tables, the scan preference
             for _ in range(10):
                 run[op]()
+        pool = ThreadPoolExecutor(threads)
+
+        def timed(fn: Callable[[], None], n: int) -> list[float]:
+            out = []
+            for _ in range(n):
+                t = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t)
+            return out
+
         print(json.dumps({"ready": True}), flush=True)
         for line in sys.stdin:
             op, n = line.rstrip("\n").split("\t")
@@ -88,14 +104,19 @@ def _worker(cdir: Path, profile: bool) -> None:
                 prof.enable()
                 _on_loop(client, loop_prof.enable)
             cpu, wall, main = time.process_time(), time.perf_counter(), time.thread_time()
-            for _ in range(int(n)):
-                fn()
+            if threads == 1:
+                lat = timed(fn, int(n))
+            else:
+                jobs = [pool.submit(timed, fn, int(n)) for _ in range(threads)]
+                lat = [x for job in jobs for x in job.result()]
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             main = time.thread_time() - main
             if prof is not None and loop_prof is not None:
                 prof.disable()
                 _on_loop(client, loop_prof.disable)
-            print(json.dumps({"cpu": cpu, "wall": wall, "main": main}), flush=True)
+            out = {"cpu": cpu, "wall": wall, "main": main, "lat": lat}
+            print(json.dumps(out), flush=True)
+        pool.shutdown()
     for title, p in (("caller thread", prof), ("event-loop thread", loop_prof)):
         if p is not None:
             print(f"--- {title} ---", file=sys.stderr)
@@ -117,13 +138,16 @@ def _on_loop(client: Any, fn: Callable[[], None]) -> None:
 
 
 class _Side:
-    def __init__(self, cdir: Path, src: Path | None, profile: bool, log: Path) -> None:
+    def __init__(
+        self, cdir: Path, src: Path | None, profile: bool, threads: int, log: Path
+    ) -> None:
         env = dict(os.environ)
         if src is not None:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(src.resolve()), env.get("PYTHONPATH", "")) if p
             )
         cmd = [sys.executable, "-m", "bench.client_profile", str(cdir), "--worker"]
+        cmd += ["--threads", str(threads)]
         if profile:
             cmd.append("--profile")
         self._err = log.open("w")
@@ -142,12 +166,12 @@ class _Side:
             raise RuntimeError(f"client worker said {line!r}")
         return out
 
-    def run(self, op: str, n: int) -> tuple[float, float, float]:
+    def run(self, op: str, n: int) -> tuple[float, float, float, list[float]]:
         assert self.proc.stdin is not None
         self.proc.stdin.write(f"{op}\t{n}\n")
         self.proc.stdin.flush()
         out = self._expect("cpu")
-        return out["cpu"], out["wall"], out["main"]
+        return out["cpu"], out["wall"], out["main"], out["lat"]
 
     def close(self) -> None:
         if self.proc.stdin is not None:
@@ -156,30 +180,35 @@ class _Side:
         self._err.close()
 
 
-def measure(base: Path, before_src: Path | None, ops: int, profile: bool) -> list[Row]:
+def measure(
+    base: Path, before_src: Path | None, ops: int, profile: bool, threads: int = 1
+) -> list[Row]:
     from bench.scan_profile import running
 
     cdir = base / "twin" if (base / "twin").exists() else base / "cluster"
     sides = SIDES if before_src is not None else ("B",)
     totals = {(s, op): [0.0, 0.0, 0.0, 0] for s in sides for op in OPS}
+    lats: dict[tuple[str, str], list[float]] = {(s, op): [] for s in sides for op in OPS}
     load_start = load1()
     with running(cdir, new=False):
         workers: dict[str, _Side] = {}
         try:
             for s in sides:
                 src = before_src if s == "A" else None
-                workers[s] = _Side(cdir, src, profile and s == "B", base / f"worker-{s}.log")
+                log = base / f"worker-{s}.log"
+                workers[s] = _Side(cdir, src, profile and s == "B", threads, log)
             done = 0
             while done < ops:
                 n = min(ROUND, ops - done)
                 for op in OPS:
                     for s in sides:
-                        cpu, wall, main = workers[s].run(op, n)
+                        cpu, wall, main, lat = workers[s].run(op, n)
                         t = totals[(s, op)]
                         t[0] += cpu
                         t[1] += wall
                         t[2] += main
-                        t[3] += n
+                        t[3] += n * threads
+                        lats[(s, op)] += lat
                 done += n
         finally:
             for w in workers.values():
@@ -188,14 +217,16 @@ def measure(base: Path, before_src: Path | None, ops: int, profile: bool) -> lis
         print((base / "worker-B.log").read_text(), file=sys.stderr)
     rows: list[Row] = []
     for op in OPS:
-        row: Row = {"case": op, "ops": ops}
+        row: Row = {"case": op, "ops": ops, "threads": threads}
         for s in sides:
             cpu, wall, main, n = totals[(s, op)]
             row[f"cpu_us {s}"] = cpu / n * 1e6
-            row[f"caller_us {s}"] = main / n * 1e6  # of cpu: the calling thread's share
-            row[f"wall_us {s}"] = wall / n * 1e6
+            if threads == 1:  # of cpu: the calling thread's share (with threads: the pool's)
+                row[f"caller_us {s}"] = main / n * 1e6
+            row[f"p50_us {s}"] = percentile(sorted(lats[(s, op)]), 50) * 1e6
         if before_src is not None:
             row["cpu B/A"] = row["cpu_us B"] / row["cpu_us A"]
+            row["p50 B/A"] = row["p50_us B"] / row["p50_us A"]
         row["load"] = f"{load_start}->{load1()}"
         rows.append(row)
     return rows
@@ -207,15 +238,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dir", type=Path, help="a bench.scan_profile setup dir (or, with --worker, a cluster dir)"
     )
     ap.add_argument("--before-src", type=Path, help="side A's source tree (holds shardex/)")
-    ap.add_argument("--ops", type=int, default=400, help="operations of each kind per side")
+    ap.add_argument(
+        "--ops", type=int, default=400, help="operations of each kind per side (per thread)"
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile side B's client")
+    ap.add_argument("--threads", type=int, default=1, help="concurrent threads per client")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        _worker(args.dir, args.profile)
+        _worker(args.dir, args.profile, args.threads)
         return 0
     start = time.perf_counter()
-    rows = measure(args.dir, args.before_src, args.ops, args.profile)
+    rows = measure(args.dir, args.before_src, args.ops, args.profile, args.threads)
     report(
         "client_profile",
         rows,

@@ -632,3 +632,21 @@ def test_error_message_survives_unprintable_values() -> None:
         encode_value({1: 10**5000})  # repr of a 5001-digit int raises ValueError
     assert "too large to print" in info.value.message
     assert "object name 1 is not a string" in info.value.message
+
+
+@pytest.mark.parametrize("desc", [False, True])
+def test_small_ints_in_keys_decode_like_any_number(desc: bool) -> None:
+    """Key parts that are small ints decode through a table (``_dec_pos``/``_dec_neg``):
+    every one of them, the ints just past the table, and a part following each, come back
+    as the magnitude decoder gives them."""
+    for i in [*range(-1100, 4200), -(2**40), 2**40 + 1]:
+        key = encode_key([i, "x", i], [desc, False, desc])
+        assert decode_key(key, [desc, False, desc]) == [i, "x", i]
+        value = encode_value(i)
+        assert decode_value(value) == i
+        if i:  # the table's answer is the magnitude decoder's, end included
+            body = value + b"\x50"
+            got = keycodec_values.DECODERS[value[0]](body, 0)
+            assert got == (i, len(value))
+            if i > 0:
+                assert keycodec_values.decode_magnitude(body, 1) == (i, len(value))

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import msgspec
 
-from shardex.core.keycodec import decode_entry_key
-from shardex.core.keycodec_values import STR_TERM as _STR_TERM
-from shardex.core.keycodec_values import TAG_DOCID, TAG_STR, dec_str
+from shardex.client.rows import EntryRows as _EntryRows
+from shardex.client.rows import Row
 from shardex.core.timestamp import Timestamp
 from shardex.data.records import MutationResult
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
@@ -57,10 +57,6 @@ DEFAULT_SCAN_TIMEOUT: Final = 30.0
 CREDIT: Final = 4
 REPLY_MARGIN: Final = 15.0  # the coordinator's own round trips beyond the scan's wait
 _FAILOVER = (NodeUnavailable, ConnectionClosed)
-_DOCID: Final = bytes((TAG_DOCID,))
-_STR: Final = bytes((TAG_STR,))
-
-Row = dict[str, Any]
 
 
 def _bad(message: str, **details: Any) -> ShardexError:
@@ -244,81 +240,6 @@ def _session(client: Client) -> ScanSession:
     return session
 
 
-class _EntryRows:
-    """Rows of raw entries, decoding each distinct key once. Entries come in key order, so
-    runs share one key (a (city, age) range: ~100 rows, a handful of keys); an entry that
-    starts with the previous key's bytes and the docid marker has the same key parts (the
-    encoding is prefix-free), so only its docid is decoded. A key of ASC string parts only
-    (an email index: every key distinct) is split in one C call (``_string_entry``). Each
-    row gets its own list."""
-
-    def __init__(self, desc: Sequence[bool], covering: bool) -> None:
-        self.desc = list(desc) if any(desc) else None
-        self.covering = covering
-        self._marked = b""  # the previous entry's key bytes and the docid marker
-        self._parts: list[Any] = []
-
-    def of(self, block: list[bytes]) -> list[Row]:
-        """The block's rows, built in one loop over locals (a list, not a generator: a
-        100-row scan's rows cost the caller ~3 us each, the generator's frame switches a
-        good part of it)."""
-        desc = self.desc
-        covering = self.covering
-        marked, parts = self._marked, self._parts
-        n = len(marked) - 1
-        start = n + 1  # of a repeated key's docid body
-        out: list[Row] = []
-        append = out.append
-        for entry in block:
-            if n > 0 and entry.startswith(marked):
-                # The docid body runs to the entry's final 00 01 (no 00 in it: unescaped).
-                body = entry[start:-2]
-                if b"\x00" in body:  # an escaped 00 (00 FF is not UTF-8): the codec's path
-                    docid = dec_str(entry, start)[0]
-                else:
-                    docid = body.decode("utf-8", "surrogatepass")
-            else:
-                split = _string_entry(entry) if desc is None else None
-                if split is not None:
-                    parts, docid, n = split
-                else:
-                    parts, n = decode_entry_key(entry, desc)
-                    docid = dec_str(entry, n + 1)[0]
-                start = n + 1
-                marked = entry[:start]
-            append({"docid": docid, "key": parts[:]} if covering else {"docid": docid})
-        self._marked, self._parts = marked, parts
-        return out
-
-
-def _string_entry(entry: bytes) -> tuple[list[Any], str, int] | None:
-    """(key parts, docid, offset of the docid marker) of an entry whose key parts are all
-    ASC strings, else None. A string is ``50 body 00 01`` and the docid ``02 body 00 01``,
-    where a body holds 00 only as the escape ``00 FF``: so ``00 01`` occurs exactly at the
-    ends, and splitting on it gives every part when each piece but the last two starts with
-    the string tag, the next-to-last with the docid marker and the last is empty. Anything
-    else (numbers, whose bytes may hold ``00 01``; arrays; MISSING) takes the general path."""
-    pieces = entry.split(_STR_TERM)
-    if len(pieces) < 3 or pieces[-1] or pieces[-2][:1] != _DOCID:
-        return None
-    parts: list[Any] = []
-    n = 0
-    # Each piece decoded inline, not in a helper: every entry of an email index (keys that
-    # never repeat) comes here.
-    for piece in pieces[:-2]:
-        if piece[:1] != _STR:
-            return None
-        body = piece[1:]
-        if b"\x00" in body:
-            body = body.replace(b"\x00\xff", b"\x00")
-        parts.append(body.decode("utf-8", "surrogatepass"))
-        n += len(piece) + 2
-    body = pieces[-2][1:]
-    if b"\x00" in body:
-        body = body.replace(b"\x00\xff", b"\x00")
-    return parts, body.decode("utf-8", "surrogatepass"), n
-
-
 class ScanResult:
     """The rows of one scan, as an iterator (read it once). Use it as a context manager (or
     call ``close``) to stop a scan that is not read to its end."""
@@ -394,8 +315,9 @@ class ScanResult:
             raise _bad("a scan's rows can be read once", index=self.index_id)
         self._iterating = True
         rows = _EntryRows(self._desc, self.covering)
-        for block in self.blocks():
-            yield from rows.of(block)
+        # A C-level chain of the blocks' row lists: no generator frame resumed per row (the
+        # caller's ``list(scan)`` or ``for`` takes each row in C), one per block.
+        return chain.from_iterable(map(rows.of, self.blocks()))
 
     def close(self) -> None:
         if not self._stream.done and not self._stream.complete:

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from shardex.client.rows import EntryRows, Row
 from shardex.client.scan import to_wire_ts
-from shardex.core.keycodec import decode_entry
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
 from shardex.scan.paging_store_spec import PageScan, PageScanReply
@@ -29,8 +29,6 @@ __all__ = ["ScanPage", "scan_page"]
 
 REPLY_MARGIN: Final = 120.0  # the proxy's own waits: shard batches, arrivals, state
 _FAILOVER = (NodeUnavailable, ConnectionClosed)
-
-Row = dict[str, Any]
 
 
 @dataclass
@@ -53,12 +51,9 @@ class ScanPage:
 def _rows(reply: PageScanReply) -> list[Row]:
     if reply.primary:
         return [{"docid": d, "key": [d]} for d in (e.decode("utf-8") for e in reply.entries)]
-    desc = reply.desc if any(reply.desc) else None
-    out = []
-    for e in reply.entries:
-        key, docid = decode_entry(e, desc)
-        out.append({"docid": docid, "key": key})
-    return out
+    # The scan client's block decoder (``client/rows.py``): a page's entries are one block
+    # (unordered pages concatenate shards; it checks each run it takes).
+    return EntryRows(reply.desc, covering=True).of(reply.entries)
 
 
 def build_page_request(

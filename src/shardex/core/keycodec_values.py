@@ -367,11 +367,33 @@ def _dec_const(value: Any) -> Decoder:
     return lambda buf, pos: (value, pos + 1)
 
 
+# A nonzero integer of ``_SMALL`` encodes in 4 or 5 bytes (tag, 2 exponent bytes, 1-2
+# fraction bytes). Encodings are prefix-free, so when the 4 (or 5) bytes at ``pos`` are a
+# whole small int's encoding, that is the value there: two dict lookups instead of the
+# magnitude decoder (ages, counts, years: most numbers in real keys).
+_small_int = _SMALL_DECODED.get
+SMALL_INTS: Final = _SMALL_DECODED
+"""Encoding -> value of every small int (``-1024..4095``; nonzero ones are 4-5 bytes): for
+decoders of their own (``shardex.client.rows``). Read only."""
+
+
 def _dec_pos(buf: bytes, pos: int) -> tuple[Any, int]:
+    small = _small_int(buf[pos : pos + 4])
+    if small is not None:
+        return small, pos + 4
+    small = _small_int(buf[pos : pos + 5])
+    if small is not None:
+        return small, pos + 5
     return decode_magnitude(buf, pos + 1)
 
 
 def _dec_neg(buf: bytes, pos: int) -> tuple[Any, int]:
+    small = _small_int(buf[pos : pos + 4])
+    if small is not None:
+        return small, pos + 4
+    small = _small_int(buf[pos : pos + 5])
+    if small is not None:
+        return small, pos + 5
     end = _inverted_magnitude_end(buf, pos + 1)
     value, _ = decode_magnitude(buf[pos + 1 : end].translate(INVERT), 0)
     return -value, end

@@ -377,23 +377,25 @@ SMALL_INTS: Final = _SMALL_DECODED
 decoders of their own (``shardex.client.rows``). Read only."""
 
 
-def _dec_pos(buf: bytes, pos: int) -> tuple[Any, int]:
+def _small_at(buf: bytes, pos: int) -> tuple[Any, int] | None:
+    """The small int encoded at ``pos`` (4 or 5 bytes; encodings are prefix-free) and its end."""
     small = _small_int(buf[pos : pos + 4])
     if small is not None:
         return small, pos + 4
     small = _small_int(buf[pos : pos + 5])
     if small is not None:
         return small, pos + 5
-    return decode_magnitude(buf, pos + 1)
+    return None
+
+
+def _dec_pos(buf: bytes, pos: int) -> tuple[Any, int]:
+    return _small_at(buf, pos) or decode_magnitude(buf, pos + 1)
 
 
 def _dec_neg(buf: bytes, pos: int) -> tuple[Any, int]:
-    small = _small_int(buf[pos : pos + 4])
+    small = _small_at(buf, pos)
     if small is not None:
-        return small, pos + 4
-    small = _small_int(buf[pos : pos + 5])
-    if small is not None:
-        return small, pos + 5
+        return small
     end = _inverted_magnitude_end(buf, pos + 1)
     value, _ = decode_magnitude(buf[pos + 1 : end].translate(INVERT), 0)
     return -value, end

@@ -365,14 +365,7 @@ class Connection:
                     continue
                 self._dispatch(env)
         except ConnectionClosed as e:
-            reason = e
-            if self._peer_notice is not None:
-                # The peer said why it hung up; pass that on to whoever was waiting.
-                n = self._peer_notice
-                reason = ConnectionClosed(
-                    f"{e.message} after notice {n.code}: {n.message}",
-                    details={**e.details, "notice": n.code},
-                )
+            reason = self._with_notice(e)
         except ProtocolError as e:  # includes FrameTooLarge
             log.error("protocol error on connection with %s: %s; closing it", self.peer_label, e)
             reason = ConnectionClosed(
@@ -387,14 +380,7 @@ class Connection:
             log.exception("reader of connection with %s failed; closing it", self.peer_label)
             reason = ConnectionClosed(f"connection to {self.peer_label} failed: {e!r}")
         self._finish(reason)
-        if notice is not None and not self._comm.closed:
-            # Tell the peer why before hanging up; it may be a buggy but honest node.
-            try:
-                async with asyncio.timeout(_NOTICE_TIMEOUT), self._write_lock:
-                    await self._comm.write(encode_frame(Envelope(Kind.ERROR, 0, notice)))
-            except (TimeoutError, ShardexError, OSError):
-                pass
-        await self._comm.close()
+        await self._notify_and_close(notice)
 
     def _dispatch(self, env: Envelope) -> None:
         kind = env.kind

@@ -44,8 +44,12 @@ def fake_high_seqnos(env: Env, calls: list[str]) -> None:
         await asyncio.sleep(0)  # an answer that arrives after the reads started
         return env.ks.ts()
 
+    async def high_seqnos_wire(keyspace: str, *, known: Any = None) -> dict[int, Any]:
+        return (await high_seqnos(keyspace, known=known)).to_wire()
+
     for n in env.nodes.values():
         n.coord.view.high_seqnos = high_seqnos  # type: ignore[method-assign]
+        n.coord.view.high_seqnos_wire = high_seqnos_wire  # type: ignore[method-assign]
 
 
 def outcomes(env: Env) -> dict[str, int]:
@@ -131,6 +135,7 @@ async def test_a_failed_high_seqno_fetch_fails_the_scan_and_closes_its_reads(
 
     for n in env.nodes.values():
         n.coord.view.high_seqnos = unreachable  # type: ignore[method-assign]
+        n.coord.view.high_seqnos_wire = unreachable  # type: ignore[method-assign]
     with pytest.raises(ShardexError) as info:
         await env.scan("by_name", None, "request_plus")
     assert info.value.code is ErrorCode.NODE_UNAVAILABLE

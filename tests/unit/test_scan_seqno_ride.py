@@ -239,3 +239,92 @@ async def test_a_scan_without_stability_waits_for_the_shared_rounds_seqnos(env: 
     await env.stabilize(ahead)
     rows = await first
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(ahead), None)
+
+
+def gated_rounds(view: Any) -> tuple[list[asyncio.Future[None]], list[int]]:
+    """``view``'s rounds held until the test releases them: round i (from 0) waits for
+    ``gates[i]``; ``started`` counts the rounds that began (sent their requests)."""
+    gates: list[asyncio.Future[None]] = []
+    started: list[int] = []
+
+    async def partial(keyspace: str, skip: Any) -> dict[int, tuple[int, int]]:
+        i = len(started)
+        started.append(i)
+        while len(gates) <= i:
+            gates.append(asyncio.get_running_loop().create_future())
+        await gates[i]
+        return {0: (i, 7)}
+
+    view.partial_high_seqnos = partial
+    return gates, started
+
+
+async def test_scans_asking_while_a_round_is_out_share_the_next_one_after_it() -> None:
+    view = _view(lambda p: NODES[0], {})
+    gates, started = gated_rounds(view)
+    first = view.shared_partial_high_seqnos(KS, skip=())
+    await _until(lambda: started == [0])
+    # Round 0's requests are out: these two scans join round 1, which waits for round 0.
+    b = view.shared_partial_high_seqnos(KS, skip=())
+    c = view.shared_partial_high_seqnos(KS, skip=())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert started == [0]
+    gates[0].set_result(None)
+    assert await first == {0: (0, 7)}
+    await _until(lambda: started == [0, 1])
+    # Round 1 started after both scans asked, so its seqnos are read after they arrived.
+    gates[1].set_result(None)
+    assert await b == await c == {0: (1, 7)}
+    # With nothing out, a round starts at once.
+    d = view.shared_partial_high_seqnos(KS, skip=())
+    await _until(lambda: started == [0, 1, 2])
+    gates[2].set_result(None)
+    assert await d == {0: (2, 7)}
+    await view.pool.close()
+
+
+async def test_a_round_waits_for_a_hung_round_ahead_only_a_moment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shardex.scan import cluster_view
+
+    monkeypatch.setattr(cluster_view, "CHAIN_WAIT", 0.05)
+    view = _view(lambda p: NODES[0], {})
+    gates, started = gated_rounds(view)
+    hung = view.shared_partial_high_seqnos(KS, skip=())
+    await _until(lambda: started == [0])
+    later = view.shared_partial_high_seqnos(KS, skip=())
+    await _until(lambda: started == [0, 1])  # after CHAIN_WAIT, round 0 still unanswered
+    gates[1].set_result(None)
+    assert await later == {0: (1, 7)}
+    assert not hung.done()
+    hung.cancel()
+    gates[0].set_result(None)
+    await view.pool.close()
+
+
+async def test_with_every_other_owner_riding_only_the_own_node_is_read_without_a_round() -> None:
+    local = {0: (10, 7), 2: (11, 7)}
+    view = _view(owner, local)  # n1 owns 0 and 2 (read in-process), n2 owns 1 and 3
+    owners = await view.data_owners(KS)
+    rounds_before = asyncio.all_tasks()
+    got = view.shared_partial_high_seqnos(KS, skip=["n2"], owners=owners)
+    assert got.done() and got.result() == local  # read now: no task, no request
+    assert asyncio.all_tasks() == rounds_before
+    local[0] = (12, 7)
+    again = view.shared_partial_high_seqnos(KS, skip=["n2"], owners=owners)
+    assert again.result()[0] == (12, 7)  # each scan reads on its own arrival
+    # A failing local read leaves the partitions to ``high_seqnos(known=...)``.
+    view.local_seqnos = _failing
+    assert view.shared_partial_high_seqnos(KS, skip=["n2"], owners=owners).result() == {}
+    # Without a data service here, this node's partitions go through a round.
+    view.local_seqnos = None
+    assert not view._only_local(owners, ["n2"])
+    await view.pool.close()
+
+
+def _failing(keyspace: str, parts: list[int]) -> dict[int, tuple[int, int]]:
+    from shardex.data.errors import KeyspaceNotFound
+
+    raise KeyspaceNotFound("not open here yet")

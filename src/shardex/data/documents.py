@@ -241,6 +241,25 @@ class DocumentOps:
         # Wire form, checked in C: every request_plus scan reads this on each data node.
         return Timestamp.from_wire(entries)
 
+    def partition_seqnos(
+        self, keyspace: str, partitions: Iterable[int]
+    ) -> dict[int, tuple[int, int]]:
+        """(high seqno, uuid) of those of ``partitions`` this node serves (active), in wire
+        form. Every request_plus scan reads it on each data node (a ``HighSeqnos``, a
+        ``ScanSlices.seqnos_of``, its coordinator's own node), so it looks up only the
+        partitions asked for and builds no ``Timestamp``: the values are this node's own
+        partition metadata, already ints."""
+        self.keyspace(keyspace)  # KEYSPACE_NOT_FOUND as ``high_seqnos``
+        parts = self._parts
+        entries: dict[int, tuple[int, int]] = {}
+        for p in partitions:
+            part = parts.get((keyspace, p))  # one lookup: safe beside a writer thread
+            if part is not None:
+                meta = part.meta
+                if meta.state == STATE_ACTIVE:
+                    entries[p] = (meta.high_seqno, meta.failover_log[0].uuid)
+        return entries
+
 
 def _chunks(
     valid: list[tuple[int, int, PreparedOp]],

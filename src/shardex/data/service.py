@@ -359,13 +359,11 @@ class DataService:
         partitions' metadata): a request_plus scan asks it of every owner, and its own
         node's scan coordinator calls it in-process."""
         try:
-            ts = self.engine.high_seqnos(keyspace)
+            return self.engine.partition_seqnos(keyspace, partitions)
         except KeyspaceNotFound:
             if self.placement.keyspace_exists(keyspace):
                 return {}
             raise
-        wanted = set(partitions)
-        return {p: e for p, e in ts.to_wire().items() if p in wanted}
 
     def _local_stats(self, keyspace: str, partitions: list[int]) -> list[PartitionStat]:
         eng = self.engine

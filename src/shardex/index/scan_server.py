@@ -33,6 +33,7 @@ answer of all nodes).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import functools
 import heapq
@@ -89,8 +90,14 @@ def take_first(
 ) -> tuple[list[bytes], Iterator[bytes] | None]:
     """The first block of ``gen`` and what is left of it (None: ``gen`` is exhausted, known
     by reading one entry ahead, which the returned iterator gives back first)."""
-    block = take_block(gen, n, max_bytes)
-    if len(block) < n and sum(map(len, block)) < max_bytes:
+    # ``take_block``'s block, taken in C: up to ``n`` entries, then cut after the entry
+    # that reaches ``max_bytes`` (the entries past the cut go back in front of ``gen``).
+    block = list(itertools.islice(gen, n))
+    sizes = list(itertools.accumulate(map(len, block)))
+    cut = bisect.bisect_left(sizes, max_bytes) + 1
+    if cut < len(block):
+        return block[:cut], itertools.chain(block[cut:], gen)
+    if len(block) < n and (not sizes or sizes[-1] < max_bytes):
         return block, None
     for ahead in gen:
         return block, itertools.chain((ahead,), gen)
@@ -182,6 +189,16 @@ class IndexScanServer:
             out.append(s)
         return out
 
+    def _covering_now(self, slices: list[Any], wait_for: Timestamp | None) -> Timestamp | None:
+        """The slices' newest common snapshot TS if it covers ``wait_for`` and no slice lock
+        is held elsewhere (checked on the loop), else None (``_stable_ts`` waits)."""
+
+        def check() -> Timestamp | None:
+            ts = common_snapshot_ts(slices)
+            return ts if ts is not None and (wait_for is None or ts.covers(wait_for)) else None
+
+        return self._try_inline(slices, check)[1]
+
     async def _stable_ts(
         self, index_id: str, partitions: list[int], wait_for: Timestamp | None, timeout: float
     ) -> Timestamp:
@@ -223,7 +240,7 @@ class IndexScanServer:
 
     async def on_scan(self, msg: ScanSlices, conn: Connection) -> SlicesOpened:
         self.streams.check_new(conn, msg.scan_id)
-        opened, rest, block_rows = await self._open(msg)
+        opened, rest, block_rows, _ = await self._open(msg)
         if rest is not None:
             left: Iterator[bytes] = rest
 
@@ -236,25 +253,34 @@ class IndexScanServer:
 
     async def open_local(
         self, msg: ScanSlices
-    ) -> tuple[SlicesOpened, AsyncIterator[list[bytes]] | None]:
+    ) -> tuple[SlicesOpened, AsyncIterator[list[bytes]] | None, Timestamp | None]:
         """``ScanSlices`` from this node's own scan coordinator, without the loopback
-        connection: the reply, and the blocks after its entries (None: ``done``), pulled by
-        the caller (its pace is the flow control)."""
-        opened, rest, block_rows = await self._open(msg)
-        return opened, None if rest is None else self._blocks(rest, block_rows)
+        connection: the reply (without ``ts`` in wire form), the blocks after its entries
+        (None: ``done``), pulled by the caller (its pace is the flow control), and the TS
+        read (None: the tips) as the object the slices hold, not a copy."""
+        opened, rest, block_rows, read_ts = await self._open(msg, wire_ts=False)
+        return opened, None if rest is None else self._blocks(rest, block_rows), read_ts
 
-    async def _open(self, msg: ScanSlices) -> tuple[SlicesOpened, Iterator[bytes] | None, int]:
+    async def _open(
+        self, msg: ScanSlices, *, wire_ts: bool = True
+    ) -> tuple[SlicesOpened, Iterator[bytes] | None, int, Timestamp | None]:
         """Wait, pick the snapshot, open the slices and read the first block: (the reply,
-        the entries after it or None at the end, the block size)."""
+        the entries after it or None at the end, the block size, the TS read)."""
         # Read before anything else: the request arrived after the scan did at its
         # coordinator, so these cover every write acknowledged before the scan (seed step 9).
         seqnos = self._high_seqnos(msg)
         wait_for = None if msg.wait_for is None else Timestamp.from_wire(msg.wait_for)
+        slices = self._slices(msg.index_id, msg.partitions)
         read_ts: Timestamp | None = None
         if msg.snapshot_ts is not None:
             read_ts = Timestamp.from_wire(msg.snapshot_ts)
         elif msg.stability or wait_for is not None:
-            stable = await self._stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
+            # The common case (the pipeline keeps up) is answered by the slices just looked
+            # up; a wait looks them up again after it (a drop or rollback meanwhile).
+            stable = self._covering_now(slices, wait_for)
+            if stable is None:
+                stable = await self._stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
+                slices = self._slices(msg.index_id, msg.partitions)
             read_ts = stable if msg.stability else None
         spans = from_wire_spans(msg.spans)
         limit = msg.limit
@@ -262,7 +288,6 @@ class IndexScanServer:
             raise ShardexError(
                 f"limit must be >= 0, got {limit}", code=ErrorCode.BAD_REQUEST, details={}
             )
-        slices = self._slices(msg.index_id, msg.partitions)
         # SNAPSHOT_TOO_OLD etc. answer the request. Opening only creates iterators; the first
         # block is read on the loop too (bounded), and a scan that ends within it is answered
         # by the reply alone: no stream, no thread hand-off.
@@ -271,7 +296,7 @@ class IndexScanServer:
         )
         block_rows = max(1, min(msg.block_rows, MAX_BLOCK_ROWS))
         first, rest = take_first(gen, min(block_rows, INLINE_ROWS), INLINE_BYTES)
-        wire = None if read_ts is None else dict(read_ts.to_wire())
+        wire = None if read_ts is None or not wire_ts else read_ts.to_wire()
         opened = SlicesOpened(
             scan_id=msg.scan_id,
             node=self.node,
@@ -280,7 +305,7 @@ class IndexScanServer:
             done=rest is None,
             high_seqnos=seqnos,
         )
-        return opened, rest, block_rows
+        return opened, rest, block_rows, read_ts
 
     def _high_seqnos(self, msg: ScanSlices) -> dict[int, tuple[int, int]] | None:
         """``msg.seqnos_of``'s high seqnos that this node's data service serves (None: none
@@ -334,6 +359,8 @@ def _open_iterators(
     """One iterator over the slices' raw entries, merged in entry order when ``ordered``,
     cut at ``limit``. Each slice's iterators exist (its snapshot is pinned) on return."""
     its = [s.scan(spans, snapshot_ts=read_ts, limit=limit, raw=True) for s in slices]
+    if len(its) == 1:
+        return its[0]  # one slice: in entry order and cut at ``limit`` already
     merged = heapq.merge(*its) if ordered else itertools.chain(*its)
     return itertools.islice(merged, limit) if limit is not None else merged
 

@@ -17,7 +17,9 @@ overlapping spans never return an entry twice.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from shardex.core.keycodec import decode_entry, successor
@@ -109,12 +111,25 @@ def _limited(
     raw: bool,
     desc: Sequence[bool] | None,
 ) -> Iterator[Any]:
+    if raw:
+        # C iterators only: a scan's every entry passes through here (no generator frame
+        # per entry), and ``islice`` pulls nothing past the limit.
+        keys = map(itemgetter(0), itertools.chain.from_iterable(iters))
+        return keys if limit is None else itertools.islice(keys, max(limit, 0))
+    return _decoded(iters, limit, desc)
+
+
+def _decoded(
+    iters: list[Iterator[tuple[bytes, bytes]]],
+    limit: int | None,
+    desc: Sequence[bool] | None,
+) -> Iterator[Any]:
     if limit is not None and limit <= 0:
         return
     n = 0
     for it in iters:
         for k, _ in it:
-            yield k if raw else decode_entry(k, desc)
+            yield decode_entry(k, desc)
             n += 1
             if limit is not None and n >= limit:
                 return

@@ -36,6 +36,9 @@ STATE_TTL: Final = 1.0
 STATE_TIMEOUT: Final = 5.0
 SEQNO_TIMEOUT: Final = 10.0
 SEQNO_ATTEMPTS: Final = 4
+# A shared high-seqno round waits at most this long for the round ahead of it to be
+# answered (``shared_partial_high_seqnos``); a healthy round takes about a millisecond.
+CHAIN_WAIT: Final = 0.1
 SECTIONS: Final = ["keyspaces", "data_topologies", "indexes", "index_topologies"]
 
 # (keyspace, partitions) -> {partition: (high seqno, uuid)} of those this node serves.
@@ -62,8 +65,10 @@ class ClusterView:
         # The owners of every partition of a data topology, grouped once per topology object
         # (the state replaces it on every change): (topology, {node: partitions}).
         self._owners: dict[str, tuple[Any, dict[str, list[int]]]] = {}
-        # (keyspace, nodes skipped) -> the shared high-seqno round not yet started.
+        # (keyspace, nodes skipped) -> the shared high-seqno round not yet started, and the
+        # one whose requests are out (the next one starts once it is answered).
         self._next_round: dict[tuple[str, frozenset[str]], _Round] = {}
+        self._in_flight: dict[tuple[str, frozenset[str]], asyncio.Task[Any]] = {}
 
     async def state(self, *, fresh: bool = False) -> StateContext:
         coord = self._coordinator()
@@ -116,30 +121,72 @@ class ClusterView:
         return self._owners_of(keyspace, history[-1])
 
     def shared_partial_high_seqnos(
-        self, keyspace: str, skip: Collection[str]
+        self,
+        keyspace: str,
+        skip: Collection[str],
+        owners: Mapping[str, list[int]] | None = None,
     ) -> asyncio.Future[dict[int, tuple[int, int]]]:
         """``partial_high_seqnos`` shared by the scans that ask before it starts.
 
         Seed step 9 wants seqnos read after the scan arrived. A round that has not started
         yet (its task runs on a later loop iteration) reads them after every scan that
         joined it arrived, so all of them may use its answer: concurrent request_plus scans
-        arriving together at a busy coordinator send one ``HighSeqnos`` per data node, not
-        one each. A round already started is never joined. The answer is shared: do not
-        modify it. Cancelling the returned future leaves the round to its other scans."""
+        arriving at a busy coordinator send one ``HighSeqnos`` per data node, not one each.
+        A round starts once the round ahead of it (same keyspace and skipped nodes) is
+        answered, or after ``CHAIN_WAIT``; scans keep joining it meanwhile (group commit).
+        A round already started is never joined. The answer is shared: do not modify it.
+        Cancelling the returned future leaves the round to its other scans.
+
+        ``owners`` (``data_owners(keyspace)``, when the caller has it): if no owner outside
+        ``skip`` but this node's own data service is left, that is read now, in-process -
+        no round, no task (every other owner answers in the scan's ``ScanSlices``)."""
+        if owners is not None and self._only_local(owners, skip):
+            done: asyncio.Future[dict[int, tuple[int, int]]]
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(self._read_local(keyspace, owners.get(self.name)))
+            return done
         key = (keyspace, frozenset(skip))
         pending = self._next_round.get(key)
         if pending is None:
             pending = self._next_round[key] = _Round()
+            ahead = self._in_flight.get(key)
 
             async def run(r: _Round = pending) -> dict[int, tuple[int, int]]:
+                if ahead is not None and not ahead.done():
+                    # Group commit: while the round ahead is out, scans keep joining this
+                    # one, so concurrent scans send one HighSeqnos per data node per round
+                    # trip instead of one per loop iteration. Bounded: a hung owner must
+                    # not hold every later scan for its whole request timeout.
+                    await asyncio.wait((ahead,), timeout=CHAIN_WAIT)
                 if self._next_round.get(key) is r:  # from now on, later scans start another
                     del self._next_round[key]
-                return await self.partial_high_seqnos(keyspace, skip)
+                assert r.task is not None
+                self._in_flight[key] = r.task
+                try:
+                    return await self.partial_high_seqnos(keyspace, skip)
+                finally:
+                    if self._in_flight.get(key) is r.task:
+                        del self._in_flight[key]
 
             pending.task = asyncio.ensure_future(run())
             pending.task.add_done_callback(_retrieve)
         assert pending.task is not None
         return asyncio.shield(pending.task)
+
+    def _only_local(self, owners: Mapping[str, list[int]], skip: Collection[str]) -> bool:
+        if self.name in owners and self.local_seqnos is None:
+            return False
+        return all(n in skip or n == self.name for n in owners)
+
+    def _read_local(self, keyspace: str, parts: list[int] | None) -> dict[int, tuple[int, int]]:
+        """This node's own data partitions ``parts`` read in-process ({}: none, or the read
+        failed: ``high_seqnos(known=...)`` then asks for them)."""
+        if not parts or self.local_seqnos is None:
+            return {}
+        try:
+            return self.local_seqnos(keyspace, parts)
+        except ShardexError:
+            return {}
 
     async def partial_high_seqnos(
         self, keyspace: str, skip: Collection[str]
@@ -159,6 +206,13 @@ class ClusterView:
     ) -> Timestamp:
         """Every partition's current (high seqno, uuid), gathered from the owners; those in
         ``known`` (read after the scan arrived, elsewhere) are not asked again."""
+        return Timestamp.from_wire(await self.high_seqnos_wire(keyspace, known=known))
+
+    async def high_seqnos_wire(
+        self, keyspace: str, *, known: Mapping[int, tuple[int, int]] | None = None
+    ) -> dict[int, tuple[int, int]]:
+        """``high_seqnos`` as its wire dict, in partition order, not checked into a
+        ``Timestamp`` (a request_plus scan compares it with its snapshot's first)."""
         got: dict[int, tuple[int, int]] = dict(known) if known else {}
         state = await self.state()
         last: ShardexError | None = None
@@ -172,6 +226,8 @@ class ClusterView:
                     code=ErrorCode.KEYSPACE_NOT_FOUND,
                     details={"keyspace": keyspace},
                 )
+            if got.keys() >= history[-1].assignment.keys():
+                break  # the common case: every partition came with the scan (C-level check)
             owners = self._owners_of(keyspace, history[-1])
             by_node = {n: [p for p in ps if p not in got] for n, ps in owners.items()}
             by_node = {n: ps for n, ps in by_node.items() if ps}
@@ -192,7 +248,9 @@ class ClusterView:
                     "cause": str(last) if last else None,
                 },
             )
-        return Timestamp.from_wire(got)
+        # In partition order: the answers arrive node by node, and a Timestamp sorts an
+        # unordered dict by its (partition, entry) items; sorting the ints is cheaper.
+        return {p: got[p] for p in sorted(got)}
 
     async def _ask_round(
         self, keyspace: str, by_node: dict[str, list[int]], got: dict[int, tuple[int, int]]

@@ -20,9 +20,9 @@ the indexers have released that snapshot, a scan answers SNAPSHOT_TOO_OLD.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -42,6 +42,7 @@ from shardex.scan.messages import (
     STABILITY_SCAN,
     IndexScan,
     IndexScanStarted,
+    ts_of,
 )
 from shardex.scan.spans import to_user_spans
 from shardex.scan.streams import Inboxes, InStream
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 
 __all__ = ["QueryContext", "ScanResult", "ScanSession", "open_scan", "to_wire_ts"]
 
-T = TypeVar("T")
 
 DEFAULT_SCAN_TIMEOUT: Final = 30.0
 CREDIT: Final = 4
@@ -151,26 +151,35 @@ def build_request(
             consistency=consistency,
             hint="consistency='at_plus', at=<the writes' MutationResults>",
         )
-    _check_int("limit", limit, allow_none=True)
-    _check_int("offset", offset, allow_none=True)
-    if not isinstance(ordered, bool):
+    # ``type(...) is`` first (the usual arguments), the full checks otherwise: a client
+    # spends these on every scan (issue 6).
+    if limit is not None and (type(limit) is not int or limit < 0):
+        _check_int("limit", limit, allow_none=True)
+    if offset is not None and (type(offset) is not int or offset < 0):
+        _check_int("offset", offset, allow_none=True)
+    if ordered is not True and ordered is not False:
         raise _bad(f"ordered must be True or False, got {ordered!r}", value=repr(ordered))
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if type(timeout) is not float or not timeout > 0:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}")
+        timeout = float(timeout)
+    # Positional: msgspec matches keyword arguments to fields one by one (~5k instructions
+    # for these 13). The order is ``IndexScan``'s own; ``test_scan_request.py`` checks it
+    # against the keyword form.
     return IndexScan(
-        scan_id=0,
-        keyspace=keyspace,
-        index=index,
-        spans=to_user_spans(spans),
-        consistency=consistency,
-        stability=stability,
-        at=None if at is None else to_wire_ts(at),
-        pinned=None if pinned is None else dict(pinned.to_wire()),
-        limit=limit,
-        offset=offset or 0,
-        ordered=ordered,
-        credit=CREDIT,
-        timeout=float(timeout),
+        0,  # scan_id: the inbox's, set per attempt
+        keyspace,
+        index,
+        to_user_spans(spans),
+        consistency,
+        stability,
+        None if at is None else to_wire_ts(at),
+        None if pinned is None else dict(pinned.to_wire()),
+        limit,
+        offset or 0,
+        ordered,
+        CREDIT,
+        timeout,
     )
 
 
@@ -195,13 +204,19 @@ class ScanSession:
         """Send the scan to the node its index prefers (the one holding most of its slices,
         learnt from the previous scan), else to the client's node, failing over to the next
         ones."""
-        addresses = self.client.addresses
-        first = self.client._current
-        order = [addresses[(first + k) % len(addresses)] for k in range(len(addresses))]
+        client = self.client
+        addresses = client.addresses
+        first = client._current
+        # The addresses from the client's node on, wrapping (C-level slices, no generator).
+        order = addresses[first:] + addresses[:first] if first else addresses
         key = (msg.keyspace, msg.index)
         hint = self.prefer.get(key)
-        if hint is not None:
-            order = [hint, *(a for a in order if a != hint)]
+        if hint is not None and order[0] != hint:
+            rest = list(order)
+            if hint in rest:
+                rest.remove(hint)
+            order = [hint, *rest]
+        timeout = msg.timeout + REPLY_MARGIN + client.request_timeout
         last: ShardexError | None = None
         for address in order:
             stream = self.inboxes.open()
@@ -209,7 +224,6 @@ class ScanSession:
                 conn = await self.pool.get(address)
                 stream.attach(conn)
                 req = msgspec.structs.replace(msg, scan_id=stream.scan_id)
-                timeout = msg.timeout + REPLY_MARGIN + self.client.request_timeout
                 started = await conn.request(req, timeout, expect=IndexScanStarted)
                 stream.put_head(started.entries, started.done)
             except _FAILOVER as exc:
@@ -272,8 +286,10 @@ class ScanResult:
     def ts(self) -> Timestamp | None:
         """The stability TS the scan read (None: the tips); built when first asked for (a
         request_plus scan's is one entry per data partition, and most callers never look)."""
-        if self._ts is None and self.started.ts is not None:
-            self._ts = Timestamp.from_wire(self.started.ts)
+        if self._ts is None:
+            wire = ts_of(self.started.ts)
+            if wire is not None:
+                self._ts = Timestamp.from_wire(wire)
         return self._ts
 
     def blocks(self) -> Iterator[list[bytes]]:
@@ -351,11 +367,8 @@ def open_scan(
     )
     if not isinstance(covering, bool):
         raise _bad(f"covering must be True or False, got {covering!r}", value=repr(covering))
-    session = _session(client)
-
-    def run(coro: Coroutine[Any, Any, T]) -> T:
-        return client._run(coro)
-
+    session = client._scan_session or _session(client)
+    run = client._run  # the hand-off to the client's loop thread, for this scan's trips
     started, stream = run(session.start(msg))
     block_timeout = msg.timeout + REPLY_MARGIN + client.request_timeout
     return ScanResult(run, stream, started, covering, block_timeout)

@@ -68,6 +68,7 @@ from shardex.scan.messages import (
     ScanSlices,
     SlicesOpened,
     WireTs,
+    raw_ts,
 )
 from shardex.scan.scan_ts import oldest_common, one_object_per_ts
 from shardex.scan.spans import eliminate, encode_spans, to_wire_spans
@@ -287,7 +288,7 @@ class ScanCoordinator:
             scan_id=msg.scan_id,
             index_id=rec.id,
             desc=list(defn.desc),
-            ts=None if ts is None else ts.to_wire(),  # a fresh dict
+            ts=raw_ts(None if ts is None else ts.to_wire()),
             partitions=partitions,
             prefer=self._prefer(placed),
         )

@@ -35,6 +35,7 @@ from shardex.net.messages import Message
 __all__ = [
     "CONSISTENCIES",
     "INCLUSIONS",
+    "NO_TS",
     "STABILITIES",
     "CancelScan",
     "IndexScan",
@@ -49,9 +50,12 @@ __all__ = [
     "WaitStability",
     "WireSpan",
     "WireTs",
+    "raw_ts",
+    "ts_of",
 ]
 
 WireTs = dict[int, tuple[int, int]]  # data partition -> (seqno, partition uuid)
+NO_TS: Final = msgspec.Raw(b"\xc0")  # an encoded ``WireTs | None`` of None: msgpack nil
 
 NOT_BOUNDED: Final = "not_bounded"
 REQUEST_PLUS: Final = "request_plus"
@@ -110,14 +114,18 @@ class IndexScan(Message, tag="scan.IndexScan"):
 
 
 class IndexScanStarted(Message, tag="scan.IndexScanStarted"):
-    """The scan runs. ``ts``: the stability TS every slice reads (None: the tips);
-    ``desc``: the index's DESC flags (to decode entries); ``partitions``: the index
-    partitions scanned (after elimination)."""
+    """The scan runs. ``ts``: the stability TS every slice reads (None: the tips), kept
+    encoded (``raw_ts`` / ``ts_of``); ``desc``: the index's DESC flags (to decode entries);
+    ``partitions``: the index partitions scanned (after elimination)."""
 
     scan_id: int
     index_id: str
     desc: list[bool]
-    ts: WireTs | None = None
+    # The encoded ``WireTs | None`` (msgpack nil: None), decoded only when asked for: a
+    # request_plus TS names every data partition (64: ~76k instructions to decode, most of
+    # the client's work on the reply), and most scans never look at it (issue 6). The bytes
+    # on the wire are those of the plain field.
+    ts: msgspec.Raw = NO_TS
     partitions: list[int] = msgspec.field(default_factory=list)
     entries: list[bytes] = msgspec.field(default_factory=list)  # as in ``SlicesOpened``
     done: bool = False
@@ -125,6 +133,19 @@ class IndexScanStarted(Message, tag="scan.IndexScanStarted"):
     # node: it would read them in-process, so the client sends its next scans of this
     # index there ("" : here is as good). A hint only: any node coordinates any scan.
     prefer: str = ""
+
+
+_TS_DECODER: Final = msgspec.msgpack.Decoder(WireTs | None)
+
+
+def raw_ts(ts: WireTs | None) -> msgspec.Raw:
+    """``ts`` encoded for ``IndexScanStarted.ts``."""
+    return NO_TS if ts is None else msgspec.Raw(msgspec.msgpack.encode(ts))
+
+
+def ts_of(raw: msgspec.Raw) -> WireTs | None:
+    """``IndexScanStarted.ts`` decoded (None: the tips)."""
+    return _TS_DECODER.decode(raw)
 
 
 # --- scan coordinator -> indexer ---------------------------------------------------------------

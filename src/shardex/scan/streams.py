@@ -9,7 +9,7 @@ consumer costs the sender O(credit x block) memory, never an unbounded queue.
 * ``OutStreams`` (sender side, one per node): the open outgoing streams by (connection,
   scan id); ``start`` runs a producer coroutine in a task and always ends the stream with
   one ``ScanEnd`` (with the error, if any) unless it was cancelled or its connection closed.
-* ``Inboxes`` (receiver side, one per connection pool): routes blocks to per-scan queues and
+* ``Inboxes`` (receiver side, one per connection pool): routes blocks to per-scan inboxes and
   turns a dead connection into a failed end; ``InStream`` is one scan being received.
 * ``LocalStream``: the same receiving end over an in-process reader (a scan coordinator
   reading its own node's slices needs no connection to itself).
@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final, Protocol
 
@@ -146,22 +147,29 @@ class OutStreams:
 
 
 class Inboxes:
-    """Receiver side: per-scan queues of one connection pool's incoming blocks."""
+    """Receiver side: the open scans of one connection pool, by scan id, and the
+    connections each listens on."""
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
-        self._queues: dict[int, asyncio.Queue[ScanBlock | ScanEnd]] = {}
+        self._queues: dict[int, InStream] = {}  # the scans still listening, by scan id
         self._by_conn: dict[Connection, set[int]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the scans run on
 
     def handlers(self) -> Router:
         """Routes to give the pool whose connections carry the blocks."""
         return Router({ScanBlock: self._on_msg, ScanEnd: self._on_msg})
 
     def open(self) -> InStream:
+        """A new scan's inbox; call it on the loop that receives the blocks."""
+        loop = self._loop
+        if loop is None:
+            # Once per ``Inboxes``: ``get_running_loop`` is a ``getpid`` on Python 3.11.
+            loop = self._loop = asyncio.get_running_loop()
         scan_id = next(self._ids)
-        queue: asyncio.Queue[ScanBlock | ScanEnd] = asyncio.Queue()
-        self._queues[scan_id] = queue
-        return InStream(self, scan_id, queue)
+        stream = InStream(self, scan_id, loop)
+        self._queues[scan_id] = stream
+        return stream
 
     def attach(self, scan_id: int, conn: Connection) -> None:
         """Route ``conn``'s death to the scan as a failed end."""
@@ -171,34 +179,45 @@ class Inboxes:
             conn.add_close_callback(self._on_conn_closed)
         ids.add(scan_id)
 
-    def detach(self, scan_id: int) -> None:
-        self._queues.pop(scan_id, None)
+    def detach(self, scan_id: int, conn: Connection | None = None) -> None:
+        """Stop routing to the scan (``conn``: the one it was attached to, if any)."""
+        if self._queues.pop(scan_id, None) is None:
+            return  # detached already (or never opened)
+        if conn is not None:
+            ids = self._by_conn.get(conn)
+            if ids is not None:
+                ids.discard(scan_id)
+            return
         for ids in self._by_conn.values():
             ids.discard(scan_id)
 
     def _on_conn_closed(self, conn: Connection) -> None:
         reason = conn.close_reason or ConnectionClosed("connection closed")
         for scan_id in sorted(self._by_conn.pop(conn, ())):
-            queue = self._queues.get(scan_id)
-            if queue is not None:
-                queue.put_nowait(ScanEnd(scan_id=scan_id, error=WireError(*reason.to_wire())))
+            stream = self._queues.get(scan_id)
+            if stream is not None:
+                stream.deliver(ScanEnd(scan_id=scan_id, error=WireError(*reason.to_wire())))
 
     async def _on_msg(self, msg: ScanBlock | ScanEnd, conn: Connection) -> None:
-        queue = self._queues.get(msg.scan_id)
-        if queue is not None:  # unknown: a scan we already closed; credits bound the rest
-            queue.put_nowait(msg)
+        stream = self._queues.get(msg.scan_id)
+        if stream is not None:  # unknown: a scan we already closed; credits bound the rest
+            stream.deliver(msg)
 
 
 class InStream:
     """One scan being received. Open it (``inboxes.open()``) *before* sending the opening
-    request: blocks may overtake the request's reply."""
+    request: blocks may overtake the request's reply.
 
-    def __init__(
-        self, inboxes: Inboxes, scan_id: int, queue: asyncio.Queue[ScanBlock | ScanEnd]
-    ) -> None:
+    Its inbox is a deque and, while the reader waits, one future: no ``asyncio.Queue`` (with
+    its ``Event`` and two more deques) per scan, which most scans - answered in their
+    reply - never read (issue 6, the client's CPU per scan)."""
+
+    def __init__(self, inboxes: Inboxes, scan_id: int, loop: asyncio.AbstractEventLoop) -> None:
         self._inboxes = inboxes
         self.scan_id = scan_id
-        self._queue = queue
+        self._loop = loop
+        self._msgs: deque[ScanBlock | ScanEnd] = deque()
+        self._waiter: asyncio.Future[None] | None = None  # the reader, waiting for a message
         self.conn: Connection | None = None
         self.done = False
         self.rows = 0
@@ -212,6 +231,13 @@ class InStream:
         self.conn = conn
         self._inboxes.attach(self.scan_id, conn)
 
+    def deliver(self, msg: ScanBlock | ScanEnd) -> None:
+        """A message for this scan (on the loop): queue it and wake the reader."""
+        self._msgs.append(msg)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def put_head(self, entries: list[bytes] | None, done: bool) -> None:
         """What the opening reply carried: ``entries`` to deliver first, and ``done`` when
         the sender opened no stream (no ``ScanBlock``/``ScanEnd`` follow). Call it before
@@ -219,7 +245,7 @@ class InStream:
         self._head = entries if entries else None
         if done:
             self._ends_at_head = True
-            self._inboxes.detach(self.scan_id)  # nothing more comes; nothing to cancel
+            self._inboxes.detach(self.scan_id, self.conn)  # nothing more comes; nothing to cancel
 
     @property
     def complete(self) -> bool:
@@ -235,7 +261,7 @@ class InStream:
 
     def ready(self) -> bool:
         """True when ``next_block`` answers without waiting for the network."""
-        return self.done or self._head is not None or self._ends_at_head or not self._queue.empty()
+        return self.done or self._head is not None or self._ends_at_head or bool(self._msgs)
 
     def poll(self) -> tuple[bool, list[bytes] | None]:
         """``next_block`` without a loop when the reply's entries answer it: (True, the
@@ -249,6 +275,16 @@ class InStream:
             return True, None
         return False, None
 
+    async def _next_msg(self) -> ScanBlock | ScanEnd:
+        msgs = self._msgs
+        while not msgs:
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return msgs.popleft()
+
     async def next_block(self) -> list[bytes] | None:
         """The next block of entries; None at the end; raises the sender's error."""
         if self.done:
@@ -256,7 +292,8 @@ class InStream:
         answered, block = self.poll()
         if answered:
             return block
-        msg = await self._queue.get()
+        msgs = self._msgs
+        msg = msgs.popleft() if msgs else await self._next_msg()
         if isinstance(msg, ScanEnd):
             self._finish()
             if msg.error is not None:
@@ -289,7 +326,7 @@ class InStream:
 
     def _finish(self) -> None:
         self.done = True
-        self._inboxes.detach(self.scan_id)
+        self._inboxes.detach(self.scan_id, self.conn)
 
 
 class Source(Protocol):

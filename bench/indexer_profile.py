@@ -4,8 +4,9 @@ In-process ``IndexerEngine`` over a temporary RocksDB store (no network, no Spar
 
 * **maintenance**: 2 indexes x ``--slices`` slices; ``--versions`` changes per round,
   projected and routed (upserts that change keys, unchanged re-upserts, deletes) plus a
-  re-delivery of half the previous round's key versions; ``--rounds`` rounds of ``enqueue``
-  then ``stabilize_many`` at the round's TS (what one ``DeliverAndStabilize`` does);
+  re-delivery of half the previous round's key versions; ``--rounds`` rounds of ``enqueue``,
+  ``decide_pending`` (what an indexer does after acknowledging an early delivery:
+  ``index/decided.py``) then ``stabilize_many`` at the round's TS;
 * **load**: ``--load-rows`` UPSERT rows into one slice through ``load_chunk`` (frames of
   ``MAX_ROWS_PER_FRAME``) and ``load_finish`` (sort, SST, ingest).
 
@@ -104,7 +105,9 @@ def maintenance(args: argparse.Namespace) -> None:
     rng = random.Random(1)
     defs = _defs(args.slices)
     seqnos: dict[int, int] = {}
-    totals = {"enqueue": 0.0, "stabilize": 0.0}
+    # decide: what an indexer does right after acknowledging an early delivery
+    # (``index/decided.py``); the stabilise then only writes the decisions.
+    totals = {"enqueue": 0.0, "decide": 0.0, "stabilize": 0.0}
     n_total = 0
     profs = {k: cProfile.Profile() if args.profile else None for k in totals}
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,6 +125,9 @@ def maintenance(args: argparse.Namespace) -> None:
             totals["enqueue"] += _measure(
                 "enqueue", lambda b=batch: eng.enqueue(b), 1, profs["enqueue"]
             )
+            decide = getattr(eng, "decide_pending", None)  # absent before ``decided.py``
+            if decide is not None:
+                totals["decide"] += _measure("decide", decide, 1, profs["decide"])
             totals["stabilize"] += _measure(
                 "stabilize",
                 lambda t=ts: eng.stabilize_many([d.id for d in defs], t),

@@ -9,6 +9,7 @@ would win over the batch's own rows without it. Reuses the harness of
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import random
 
@@ -121,3 +122,28 @@ async def test_without_the_drop_the_lost_branch_would_win(pipe: Pipe) -> None:  
     # to the slices, so the lost branch's versions would be applied instead.
     with pytest.raises(AssertionError):
         await _lost_branch(pipe, drop=False)
+
+
+async def test_an_early_delivery_is_decided_after_its_reply(pipe: Pipe) -> None:  # noqa: F811
+    """The indexer acknowledges early rows, then decides them on its I/O thread
+    (``index/decided.py``): by the round, the slices hold a decision for every queued docid
+    and the round's stabilise only writes them; the result is the oracle's."""
+    rng = random.Random(5)
+    ks, t1 = await _start(pipe, rng)
+    random_workload(ks, rng, 40)
+    t2 = ks.ts()
+    inc = incarnations(pipe)
+    await _early(pipe, pipe.by_node(ks.changes(t1, t2)), inc)
+    queued = decided = 0
+    deadline = asyncio.get_running_loop().time() + 10
+    while asyncio.get_running_loop().time() < deadline:
+        engines = [ix.svc.engine for ix in pipe.nodes.values() if ix.svc is not None]
+        slices = [s for e in engines for s in e.slices()]
+        queued = sum(len({r[4] for q in s._queue.values() for r in q.values()}) for s in slices)
+        decided = sum(len(s._decided or ()) for s in slices)
+        if queued and decided == queued:
+            break
+        await asyncio.sleep(0.01)
+    assert queued and decided == queued, (queued, decided)
+    await _round(pipe, {}, t2, earlier=inc)
+    pipe.check(t2, ks.documents_at(t2))

@@ -129,8 +129,8 @@ def test_older_seqno_never_overwrites_newer(eng) -> None:
     batch = eng.store.batch()
     with sl.lock:  # the back-index guard itself, below the enqueue filter
         row = ("ix", 0, UPSERT, encode_entry([1], "a"), "a", 0, 5)  # a queued key version
-        writes, _ = sl._apply({"a": row}, batch)
-    assert writes == 0 and batch.count == 0 and sl.stats.stale == 1
+        writes, _, _, stale = sl._apply({"a": row}, batch)
+    assert writes == 0 and batch.count == 0 and stale == 1
     assert eng.enqueue([up("a", 1, 5)]).dropped == 1  # and the enqueue filter drops it
 
 

@@ -33,8 +33,9 @@ is atomic with respect to the DDL calls (allocate, drop) and to the other handle
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from shardex.core.timestamp import Timestamp
@@ -80,6 +81,20 @@ class IndexDelivery:
         # Called with an index id when its slices' snapshots, stability or state may have
         # changed (stabilise, publish, rollback, drop): scans waiting on it re-check.
         self.listeners: list[Callable[[str], None]] = []
+        self._tasks: set[asyncio.Future[Any]] = set()  # work after a reply (``_background``)
+
+    def _background(self, work: Awaitable[Any]) -> None:
+        """Run ``work`` after the handler replied; a failure is logged (the work is an
+        optimisation: a stabilise does it itself when it was not done)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Future[Any]) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("indexer %s: deciding queued rows: %s", self.node, t.exception())
+
+        task.add_done_callback(done)
 
     @property
     def node(self) -> str:
@@ -150,6 +165,10 @@ class IndexDelivery:
             return engine.enqueue(msg.rows, keyspace=msg.keyspace)
 
         res = await self.service._run(run)
+        if res.accepted:
+            # Decided after this reply, on the same I/O thread (so before a later stabilise
+            # in the usual order; a stabilise that comes first decides them itself).
+            self._background(self.service._run(engine.decide_pending))
         if res.unknown:
             log.info(
                 "batch %d of %s: %d row(s) for slices not on %s",
@@ -201,7 +220,8 @@ class IndexDelivery:
         def run() -> tuple[EnqueueResult, StabilizeManyResult]:
             self._check_keyspace(engine, msg.keyspace, msg.index_ids)
             _drop_queued(engine, msg.keyspace, msg.drop_above)
-            queued = engine.enqueue(msg.rows, keyspace=msg.keyspace)
+            # Stabilised at once: decided by the stabilise, not ahead (``Slice.enqueue``).
+            queued = engine.enqueue(msg.rows, keyspace=msg.keyspace, ahead=False)
             return queued, engine.stabilize_many(msg.index_ids, ts, msg.slices)
 
         queued, res = await self.service._run(run)

@@ -197,9 +197,12 @@ class IndexerEngine:
         return [s for k, s in sorted(self._slices.items()) if index_id is None or k[0] == index_id]
 
     # -- maintenance stream -----------------------------------------------------------------
-    def enqueue(self, rows: Iterable[KeyVersion], *, keyspace: str | None = None) -> EnqueueResult:
+    def enqueue(
+        self, rows: Iterable[KeyVersion], *, keyspace: str | None = None, ahead: bool = True
+    ) -> EnqueueResult:
         """Queue the router's rows for this node into their slices (duplicates dropped).
-        With ``keyspace``, rows naming an index of another keyspace count as unknown."""
+        With ``keyspace``, rows naming an index of another keyspace count as unknown.
+        ``ahead``: the rows arrive before their stabilise (``Slice.enqueue``)."""
         groups: dict[tuple[str, int], list[KeyVersion]] = defaultdict(list)
         for row in rows:
             groups[(row[0], row[1])].append(row)
@@ -209,10 +212,15 @@ class IndexerEngine:
             if sl is None or (keyspace is not None and sl.definition.keyspace != keyspace):
                 res.unknown += len(group)
                 continue
-            n = sl.enqueue(group)
+            n = sl.enqueue(group, ahead=ahead)
             res.accepted += n
             res.dropped += len(group) - n
         return res
+
+    def decide_pending(self) -> int:
+        """Every slice decides the rows queued ahead since its last call (``decided.py``);
+        returns how many."""
+        return sum(s.decide_pending() for s in list(self._slices.values()))
 
     def stabilize(
         self, index_id: str, ts: Timestamp, *, partitions: Iterable[int] | None = None

@@ -1,0 +1,180 @@
+"""A slice's stabilise decisions, taken when key versions arrive instead of at the stabilise.
+
+Why: a maintenance batch's rows mostly reach an indexer ahead of their round (the pipeline's
+deliver-ahead), yet the round paid for them all: per docid a back-index read, the decision
+against it, then the write batch. The round is on the stream's critical path (the next batch
+waits for it), the early delivery is not. So each slice keeps, per docid with queued
+versions, the back row read from storage and the decision for the newest queued version
+(``Decided``), kept up to date as versions are queued (by the indexer right after it
+acknowledged an early delivery, ``Slice.decide_pending``, else by the stabilise); a
+stabilise that takes the whole queue only gathers the decisions into its write batch.
+
+The rules (``decide``) are the stabilise's, in one place for both paths: a back row with an
+equal or higher seqno wins (older never overwrites newer); an unchanged key writes nothing;
+a removal of a docid the slice does not hold writes nothing; otherwise the old entry is
+deleted, the new one put and the back row updated (a removal leaves a tombstone and a
+tombstone-log key).
+
+Exact because the decision for a docid depends on two things only, both kept current:
+
+* the back row in storage, which changes only by a commit of this slice (a stabilise, a
+  load, a reset, a purge): the slice forgets its decisions (``Slice._reset_decided``) at
+  each of them, and a stabilise that applies them takes the whole queue, so nothing decided
+  outlives the state it was decided against;
+* the docid's newest queued version: deciding replaces the decision for a newer version (a
+  docid's versions share one data partition, so seqnos order them) and keeps it for an
+  older one; every queued version is decided or pending, and a stabilise decides the
+  pending ones first; versions leave the queue only by a commit or a drop, after which the
+  slice decides the remaining queue again from storage.
+
+A stabilise whose TS leaves some queued version behind (a cut inside the queue) cannot use
+decisions made for the newest versions: it decides from storage as before. Rows that come
+with their stabilise into an empty queue are left to it (``Slice.enqueue``, ``ahead``).
+``docs/decisions.md``, "Indexer", "Decided on arrival".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from operator import itemgetter
+from typing import TYPE_CHECKING
+
+from shardex.index.keyversion import UPSERT, KeyVersion
+from shardex.index.records import pack_back_head, tombstone_log_key
+
+if TYPE_CHECKING:
+    from shardex.storage import Batch, ColumnFamily
+
+__all__ = ["NOTHING", "STALE", "UNCHANGED", "WRITE", "Decided", "Outcome", "decide", "write"]
+
+# What a stabilise does for one docid (``Outcome.kind``).
+WRITE = 0  # entry/back-row/tombstone-log operations below
+UNCHANGED = 1  # an Upsert of the entry the slice already holds
+STALE = 2  # the back row is as new or newer: older never overwrites newer
+NOTHING = 3  # a removal of a docid the slice does not hold (or already a tombstone)
+
+
+# One docid's decision: (kind, back key, back value, entry to delete, entry to put, tombstone
+# log key, change in live entries), the operations it adds to the stabilise's batch. A
+# plain tuple: one is built per queued docid, on the enqueue's path.
+Outcome = tuple[int, bytes, "bytes | None", "bytes | None", "bytes | None", "bytes | None", int]
+
+_DOCID = itemgetter(4)
+
+_UNCHANGED: Outcome = (UNCHANGED, b"", None, None, None, None, 0)
+_STALE: Outcome = (STALE, b"", None, None, None, None, 0)
+_NOTHING: Outcome = (NOTHING, b"", None, None, None, None, 0)
+
+
+def decide(row: KeyVersion, key: bytes, raw: bytes | None) -> Outcome:
+    """The stabilise's rule for ``row`` (a docid's newest version up to the TS) against its
+    back row ``raw`` (None: never held) in storage; ``key`` is the docid's UTF-8 bytes."""
+    _, _, kind, entry, docid, part, s = row
+    old = b""
+    if raw is not None:
+        # decode_back inlined (hot): partition (2 bytes), seqno (8), entry
+        if int.from_bytes(raw[2:10], "big") >= s:
+            return _STALE
+        old = raw[10:]
+    if kind == UPSERT:
+        if old == entry:
+            return _UNCHANGED
+        if old:
+            return (WRITE, key, pack_back_head(part, s) + entry, old, entry, None, 0)
+        return (WRITE, key, pack_back_head(part, s) + entry, None, entry, None, 1)
+    if old:  # UpsertDeletion or Delete of an entry this slice holds
+        tlog = tombstone_log_key(part, s, docid)
+        return (WRITE, key, pack_back_head(part, s), old, None, tlog, -1)
+    return _NOTHING
+
+
+def write(
+    outcomes: Iterable[Outcome],
+    batch: Batch,
+    entries: ColumnFamily,
+    back: ColumnFamily,
+    meta: ColumnFamily,
+) -> tuple[int, int, int, int]:
+    """Add the decisions to ``batch``, each family's keys sorted (RocksDB's memtable takes a
+    sorted batch about ten times faster than a random one; keys never repeat within one
+    batch: one decision per docid, and an entry embeds its docid). Returns (writes, change
+    in live entries, unchanged, stale)."""
+    e_del: list[bytes] = []
+    e_put: list[bytes] = []
+    backs: list[tuple[bytes, bytes]] = []
+    t_put: list[bytes] = []
+    delta = unchanged = stale = 0
+    for kind, b_k, b_v, e_d, e_p, t_p, d in outcomes:
+        if kind == WRITE:
+            if e_d is not None:
+                e_del.append(e_d)
+            if e_p is not None:
+                e_put.append(e_p)
+            if t_p is not None:
+                t_put.append(t_p)
+            backs.append((b_k, b_v))  # type: ignore[arg-type]
+            delta += d
+        elif kind == UNCHANGED:
+            unchanged += 1
+        elif kind == STALE:
+            stale += 1
+    e_del.sort()
+    e_put.sort()
+    t_put.sort()
+    backs.sort()
+    b_key = [k for k, _ in backs]
+    b_val = [v for _, v in backs]
+    batch.delete_many(entries, e_del)
+    batch.put_many(entries, e_put)
+    batch.put_many(back, b_key, b_val)
+    batch.put_many(meta, t_put)
+    return len(e_del) + len(e_put) + len(b_key) + len(t_put), delta, unchanged, stale
+
+
+class Decided:
+    """The slice's decisions for every docid with queued versions (module docstring), in
+    three dicts by docid: the back row read from storage (``raws``), the newest queued
+    version (``rows``) and its ``Outcome`` (``outcomes``). Parallel dicts rather than one
+    record per docid: the common case (new docids, rows in seqno order) fills them with
+    C-level ``dict.update`` calls."""
+
+    __slots__ = ("outcomes", "raws", "rows")
+
+    def __init__(self) -> None:
+        self.raws: dict[str, bytes | None] = {}
+        self.rows: dict[str, KeyVersion] = {}
+        self.outcomes: dict[str, Outcome] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, rows: Sequence[KeyVersion], back: ColumnFamily, *, ordered: bool) -> None:
+        """Fold newly queued versions in. ``ordered``: within each data partition ``rows``
+        come in ascending seqno order, so a docid's last row is its newest. A docid decided
+        before is decided again only for a newer version (its back row is kept, no read);
+        new docids' back rows are read in one ``get_many`` (sorted: str order of docids is
+        UTF-8 byte order)."""
+        newest: dict[str, KeyVersion]
+        if ordered:
+            newest = dict(zip(map(_DOCID, rows), rows, strict=True))
+        else:
+            newest = {}
+            for row in rows:
+                cur = newest.get(row[4])
+                if cur is None or row[6] > cur[6]:
+                    newest[row[4]] = row
+        known = self.rows
+        for docid in known.keys() & newest.keys():
+            row = newest.pop(docid)
+            if row[6] > known[docid][6]:
+                known[docid] = row
+                self.outcomes[docid] = decide(row, docid.encode("utf-8"), self.raws[docid])
+        if not newest:
+            return
+        docids = sorted(newest)
+        keys = [d.encode("utf-8") for d in docids]
+        raws = back.get_many(keys)
+        fresh = [newest[d] for d in docids]
+        self.raws.update(zip(docids, raws, strict=True))
+        known.update(zip(docids, fresh, strict=True))
+        self.outcomes.update(zip(docids, map(decide, fresh, keys, raws), strict=True))

@@ -27,7 +27,6 @@ import msgspec
 
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.bulk import SortedLoad, sorted_load_rows, write_sorted
 from shardex.index.decided import Decided, decide, write
 from shardex.index.keyversion import KeyVersion
 from shardex.index.records import (
@@ -43,6 +42,7 @@ from shardex.index.records import (
     parse_tombstone_log_key,
     tombstone_log_range,
 )
+from shardex.index.slice_load import SliceLoading
 from shardex.index.snapshots import SnapshotRing
 from shardex.index.spans import Span, scan_ranges, spans_to_ranges
 from shardex.storage import Batch, Store
@@ -95,7 +95,7 @@ def _err(code: ErrorCode, msg: str, **details: Any) -> ShardexError:
     return ShardexError(msg, code=code, details=details)
 
 
-class Slice:
+class Slice(SliceLoading):
     """Storage and queue of one index partition on this node. Thread-safe (one lock)."""
 
     def __init__(self, store: Store, meta: SliceMeta, *, keep_snapshots: int) -> None:
@@ -467,70 +467,6 @@ class Slice:
     def back_rows(self) -> dict[str, tuple[int, int, bytes]]:
         """The back index at the tip: docid -> (partition, seqno, entry or b"")."""
         return {k.decode("utf-8"): tuple(decode_back(v)) for k, v in self._back.iterate()}
-
-    # -- initial build ------------------------------------------------------------------------
-    def begin_load(self, ts0: Timestamp, *, restart: bool = False) -> None:
-        """Enter ``loading`` at T0 (durably): from now on key versions with seqno <= T0[p]
-        are dropped at enqueue, later ones queue up until the load is done. Idempotent for
-        the same T0. ``restart``: a slice ``loading`` (at another T0) or ``needs_rebuild``
-        is emptied first (a restarted build); queued versions above T0 are kept."""
-        with self.lock:
-            if self.state == STATE_LOADING and self._meta.load_ts == dict(ts0.to_wire()):
-                return
-            torn = self.state in (STATE_LOADING, STATE_NEEDS_REBUILD)
-            if self.state != STATE_CREATED and not (restart and torn):
-                raise _err(
-                    ErrorCode.BAD_REQUEST,
-                    f"slice {self._name()} is {self.state}: a load needs an empty slice",
-                    hint="reset() it first",
-                )
-            meta = SliceMeta(
-                definition=self.definition,
-                partition=self.partition,
-                state=STATE_LOADING,
-                load_ts=dict(ts0.to_wire()),
-            )
-            if torn:  # storage of a torn load or of a rolled-back history: start empty
-                self._empty(meta)
-            else:
-                self._write_meta(meta)
-            self._drop_queued_upto(ts0)
-            self._reset_decided()  # loading: the stabilise waits for the load
-
-    def bulk_load(
-        self, rows: Iterable[KeyVersion], ts0: Timestamp, *, use_sst: bool | None = None
-    ) -> str:
-        """Initial build: load the UPSERT key versions of a snapshot at ``ts0`` (any order;
-        sorted here), record ``ts0`` as applied, snapshot it. Returns ``"sst"``/``"batch"``."""
-        return self.write_load(sorted_load_rows(rows), ts0, use_sst=use_sst)
-
-    def write_load(self, load: SortedLoad, ts0: Timestamp, *, use_sst: bool | None = None) -> str:
-        """``bulk_load`` of rows already sorted (a load session's ``sorted_load``).
-
-        A crash before the final meta write leaves ``loading`` on disk, which ``recover``
-        turns into ``needs_rebuild``: a torn load is never mistaken for a complete one."""
-        with self.lock:
-            self.begin_load(ts0)
-            method = write_sorted(self.store, self._entries, self._back, load, use_sst=use_sst)
-            meta = SliceMeta(
-                definition=self.definition,
-                partition=self.partition,
-                state=STATE_ACTIVE,
-                applied=dict(ts0.to_wire()),
-                count=len(load.entries),
-            )
-            self._write_meta(meta, sync=True)
-            self._applied = ts0
-            self._drop_queued_upto(ts0)
-            self._reset_decided()  # what queued during the load, against the loaded rows
-            self._take_snapshot(ts0)
-            return method
-
-    def _drop_queued_upto(self, ts: Timestamp) -> None:
-        for part, q in self._queue.items():
-            lim = ts.seqno(part)
-            for s in [s for s in q if s <= lim]:
-                del q[s]
 
     # -- maintenance --------------------------------------------------------------------------
     def purge_tombstones(self, stable_ts: Timestamp) -> int:

@@ -6,7 +6,10 @@
 * ``spans._limited`` on raw entries: every key in order, cut at the limit, nothing read
   past it;
 * ``scan_wait.common_snapshot_ts`` with its shortcut for slices whose newest TSs agree;
-* ``scan_ts.one_object_per_ts``: equal TSs of a scan's nodes become one object.
+* ``Timestamp.packed``: canonical (equal TSs, equal bytes: the scan coordinator compares
+  its slices' TSs as bytes), the bytes of the plain wire field; ``scan_ts.oldest_packed``
+  picks the TS to pin among encoded ones and ``scan_ts.covers_seqnos`` checks one against
+  the high seqnos; ``SlicesOpened.ts`` frames are unchanged.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,7 +31,9 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.index.scan_server import take_block, take_first
 from shardex.index.scan_wait import common_snapshot_ts
 from shardex.index.spans import _limited
-from shardex.scan.scan_ts import one_object_per_ts
+from shardex.net.messages import Envelope, Kind, decode_frame, encode_frame
+from shardex.scan.messages import NO_TS, SlicesOpened, packed_ts, ts_of
+from shardex.scan.scan_ts import covers_seqnos, oldest_packed
 
 
 def test_partition_seqnos_are_high_seqnos_of_the_partitions_asked(tmp_path: Path) -> None:
@@ -134,22 +141,76 @@ def _ts(s: int) -> Timestamp:
     return Timestamp({0: (s, 7), 1: (s, 9)})
 
 
-def test_equal_timestamps_of_a_scans_nodes_become_one_object() -> None:
-    local = _ts(3)
-    older = _ts(2).to_wire()
-    opened = [
-        ("n1", local, "s1"),
-        ("n2", _ts(3).to_wire(), "s2"),  # the same snapshot, read elsewhere
-        ("n3", older, "s3"),
-        ("n4", dict(older), "s4"),
-        ("n5", None, "s5"),
-    ]
-    out = one_object_per_ts(opened)
-    assert [(n, s) for n, _, s in out] == [(n, s) for n, _, s in opened]
-    got = [ts for _, ts, _ in out]
-    assert got[0] is local and got[1] is local
-    assert got[2] == _ts(2) and got[3] is got[2]
-    assert got[4] is None
-    # Without a local TS the first wire one is converted and the equal ones share it.
-    remote = one_object_per_ts([("a", older, 1), ("b", dict(older), 2)])
-    assert remote[0][1] == _ts(2) and remote[1][1] is remote[0][1]
+_WIRE = st.dictionaries(
+    st.integers(0, 1023),
+    st.tuples(st.integers(0, 2**63 - 1), st.integers(-(2**63), 2**64 - 1)),
+    max_size=70,
+)
+
+
+@given(_WIRE, _WIRE, st.randoms(use_true_random=False))
+@settings(max_examples=200, deadline=None)
+def test_packed_timestamps_are_equal_exactly_when_the_timestamps_are(
+    a: dict[int, tuple[int, int]], b: dict[int, tuple[int, int]], rnd: Any
+) -> None:
+    # Built from the same entries in another order (a wire dict as the nodes' answers
+    # arrive): the same bytes, those of the plain ``WireTs`` field, decoded back to it.
+    shuffled = list(a.items())
+    rnd.shuffle(shuffled)
+    ta, tb, same = Timestamp(a), Timestamp(b), Timestamp.from_wire(dict(shuffled))
+    assert ta.packed() == same.packed() == msgspec.msgpack.encode(ta.to_wire())
+    assert ta.packed() is ta.packed()  # encoded once per TS object
+    assert (ta.packed() == tb.packed()) == (ta == tb)
+    assert Timestamp.from_packed(ta.packed()) == ta
+    assert Timestamp.from_packed(msgspec.msgpack.encode(dict(shuffled))) == ta
+    # A sorted high-seqno dict encodes as the TS's own bytes (the request_plus hit).
+    assert msgspec.msgpack.encode(dict(sorted(shuffled))) == ta.packed()
+
+
+def test_a_malformed_packed_timestamp_is_a_bad_request() -> None:
+    for bad in (msgspec.msgpack.encode({1: (-1, 2)}), b"\x92\x01", b"\xc1"):
+        with pytest.raises(ShardexError) as err:
+            Timestamp.from_packed(bad)
+        assert err.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_the_oldest_of_packed_timestamps_is_one_of_them() -> None:
+    newer, older = _ts(3).packed(), Timestamp(_ts(2).to_wire()).packed()
+    packed, pin = oldest_packed([newer, older, newer, bytes(older)])
+    assert pin == _ts(2) and packed == older
+    assert oldest_packed([newer]) == (newer, _ts(3))
+    # Diverged branches: the fewest seqnos, as ``oldest_common``.
+    other = Timestamp({0: (1, 8), 1: (1, 9)})
+    assert oldest_packed([newer, other.packed()]) == (other.packed(), other)
+    with pytest.raises(ValueError):
+        oldest_packed([])
+
+
+def test_a_packed_snapshot_ts_covers_the_high_seqnos_by_the_timestamp_rule() -> None:
+    ts = _ts(3)
+    assert covers_seqnos(ts.packed(), ts.to_wire())  # caught up: the same bytes
+    assert covers_seqnos(ts.packed(), _ts(2).to_wire())  # ahead
+    assert covers_seqnos(ts.packed(), {0: (3, 7)})  # a partition not asked for
+    assert covers_seqnos(ts.packed(), {1: (3, 9), 0: (3, 7)})  # out of order: decoded
+    assert covers_seqnos(ts.packed(), {**ts.to_wire(), 2: (0, 5)})  # nothing seen there
+    assert not covers_seqnos(ts.packed(), _ts(4).to_wire())  # behind
+    assert not covers_seqnos(ts.packed(), {0: (1, 8), 1: (1, 9)})  # another branch
+    assert not covers_seqnos(ts.packed(), {**ts.to_wire(), 2: (1, 5)})
+    assert not covers_seqnos(None, ts.to_wire())  # the tips: no TS to cover anything
+    with pytest.raises(ShardexError) as err:
+        covers_seqnos(b"\xc1", ts.to_wire())
+    assert err.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_slices_opened_carries_the_packed_ts_as_the_plain_field_did() -> None:
+    ts = Timestamp({p: (100 + p, 9_000_000_000 + p) for p in range(64)})
+    for packed, wire in ((ts.packed(), ts.to_wire()), (None, None)):
+        raw = NO_TS if packed is None else msgspec.Raw(packed)
+        new = SlicesOpened(scan_id=1, node="n1", ts=raw, done=True)
+        # What a peer that sends the plain field writes (the field was ``WireTs | None``).
+        old = SlicesOpened(scan_id=1, node="n1", ts=wire, done=True)  # type: ignore[arg-type]
+        frame = encode_frame(Envelope(Kind.RESPONSE, 7, new))
+        assert frame == encode_frame(Envelope(Kind.RESPONSE, 7, old))
+        got = decode_frame(frame).body
+        assert isinstance(got, SlicesOpened) and packed_ts(got.ts) == packed
+        assert ts_of(got.ts) == wire

@@ -60,10 +60,22 @@ def outcomes(env: Env) -> dict[str, int]:
     return out
 
 
-async def test_a_caught_up_index_answers_from_the_read_made_while_fetching(env: Env) -> None:
+async def test_a_caught_up_index_answers_from_the_read_made_while_fetching(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ts = await env.round(random.Random(21), 200)
     calls: list[str] = []
     fake_high_seqnos(env, calls)
+    # The slices' TSs stay encoded on the coordinator: equal bytes settle both "one common
+    # snapshot" and "covers the high seqnos", so no TS is decoded there.
+    decoded: list[bytes] = []
+    real = Timestamp.from_packed.__func__  # type: ignore[attr-defined]
+
+    def from_packed(cls: type[Timestamp], data: bytes) -> Timestamp:
+        decoded.append(bytes(data))
+        return real(cls, data)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Timestamp, "from_packed", classmethod(from_packed))
     assert env.client is not None
     client = env.client
     res = await asyncio.to_thread(client.scan, KS, "by_name", None, "request_plus")
@@ -71,6 +83,8 @@ async def test_a_caught_up_index_answers_from_the_read_made_while_fetching(env: 
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(ts), None)
     assert res.ts == ts and calls == [KS]
     assert outcomes(env) == {"hit": 1}
+    assert decoded == []
+    assert bytes(res.started.ts) == ts.packed()  # the indexers' bytes, passed through
 
 
 async def test_an_index_behind_is_read_again_once_it_covers_every_acknowledged_write(

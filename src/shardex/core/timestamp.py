@@ -41,6 +41,12 @@ class _WireBox(msgspec.Struct, array_like=True):
     wire: dict[int, tuple[Annotated[int, msgspec.Meta(ge=0)], int]]
 
 
+# ``packed``/``from_packed``: one encoder and one typed decoder for every TS (msgspec keeps
+# the compiled type on a Decoder, as on ``_WireBox``).
+_PACKER = msgspec.msgpack.Encoder()
+_UNPACKER = msgspec.msgpack.Decoder(dict[int, tuple[Annotated[int, msgspec.Meta(ge=0)], int]])
+
+
 @dataclass(frozen=True, slots=True)
 class SeqnoEntry:
     seqno: int
@@ -58,11 +64,12 @@ def _negative(p: int, seqno: int) -> ShardexError:
 class Timestamp(Mapping[int, SeqnoEntry]):
     """An immutable partition -> SeqnoEntry vector. Absent partitions mean "nothing seen"."""
 
-    __slots__ = ("_hash", "_objs", "_wire")
+    __slots__ = ("_hash", "_objs", "_packed", "_wire")
 
     _wire: Wire
     _objs: dict[int, SeqnoEntry] | None
     _hash: int | None
+    _packed: bytes | None
 
     def __init__(self, entries: Mapping[int, SeqnoEntry | tuple[int, int]] | None = None) -> None:
         norm: Wire = {}
@@ -92,6 +99,7 @@ class Timestamp(Mapping[int, SeqnoEntry]):
         self._wire = wire
         self._objs = None
         self._hash = None
+        self._packed = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Timestamp._of, (dict(self._wire),))
@@ -213,6 +221,31 @@ class Timestamp(Mapping[int, SeqnoEntry]):
             wire = msgspec.convert((data,), _WireBox).wire
         except msgspec.ValidationError:
             return cls._of({int(p): (int(v[0]), int(v[1])) for p, v in data.items()})
+        return cls._of(wire, checked=True)
+
+    def packed(self) -> bytes:
+        """``to_wire()`` msgpack-encoded, built once per TS object (a snapshot's TS is one
+        object in the ring, so once per stabilise, not per scan). Canonical: the wire dict
+        is in ascending partition order and msgpack ints take their shortest form, so equal
+        TSs give equal bytes - a scan coordinator compares its slices' TSs as bytes, and
+        the bytes are those of a message's plain ``WireTs`` field."""
+        b = self._packed
+        if b is None:
+            b = self._packed = _PACKER.encode(self._wire)
+        return b
+
+    @classmethod
+    def from_packed(cls, data: bytes | memoryview) -> Timestamp:
+        """The inverse of ``packed`` (any msgpack ``WireTs``, in any order); BAD_REQUEST
+        naming the problem when ``data`` is not one."""
+        try:
+            wire = _UNPACKER.decode(data)
+        except msgspec.DecodeError as exc:  # ValidationError included
+            raise ShardexError(
+                f"malformed timestamp: {exc}",
+                code=ErrorCode.BAD_REQUEST,
+                details={"value": bytes(data[:64]).hex(), "hint": "{partition: [seqno, uuid]}"},
+            ) from exc
         return cls._of(wire, checked=True)
 
     def to_json(self) -> dict[str, list[int]]:

@@ -41,12 +41,15 @@ import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+import msgspec
+
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.records import STATE_CREATED, STATE_LOADING, STATE_NEEDS_REBUILD
 from shardex.index.scan_wait import StabilityWatch, common_snapshot_ts, scan_timeout
 from shardex.net import Connection, RpcServer
 from shardex.scan.messages import (
+    NO_TS,
     ScanSlices,
     SlicesOpened,
     StabilityAt,
@@ -296,7 +299,9 @@ class IndexScanServer:
         )
         block_rows = max(1, min(msg.block_rows, MAX_BLOCK_ROWS))
         first, rest = take_first(gen, min(block_rows, INLINE_ROWS), INLINE_BYTES)
-        wire = None if read_ts is None or not wire_ts else read_ts.to_wire()
+        # The snapshot's TS as its cached encoding (``Timestamp.packed``): the ring holds
+        # one object per snapshot, so it is encoded once per stabilise, not per scan.
+        wire = NO_TS if read_ts is None or not wire_ts else msgspec.Raw(read_ts.packed())
         opened = SlicesOpened(
             scan_id=msg.scan_id,
             node=self.node,

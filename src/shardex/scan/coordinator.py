@@ -60,6 +60,7 @@ from shardex.scan.merge import interleave, merge_heads, merge_ordered, pushdown_
 from shardex.scan.messages import (
     AT_PLUS,
     CONSISTENCIES,
+    NO_TS,
     REQUEST_PLUS,
     STABILITIES,
     STABILITY_NONE,
@@ -67,10 +68,9 @@ from shardex.scan.messages import (
     IndexScanStarted,
     ScanSlices,
     SlicesOpened,
-    WireTs,
-    raw_ts,
+    packed_ts,
 )
-from shardex.scan.scan_ts import oldest_common, one_object_per_ts
+from shardex.scan.scan_ts import covers_seqnos, oldest_common, oldest_packed
 from shardex.scan.spans import eliminate, encode_spans, to_wire_spans
 from shardex.scan.streams import Inboxes, LocalStream, OutStream, OutStreams, Source
 from shardex.scan.topology_retry import on_fresh_topology
@@ -90,6 +90,10 @@ SLICE_CREDIT: Final = 4
 # After a request_plus scan found its index behind the high seqnos, that index's scans wait
 # for them first (no speculative read) for this long.
 SPECULATE_BACKOFF: Final = 1.0
+
+# A stability TS as the coordinator holds it: encoded (``Timestamp.packed``, canonical, so
+# equal bytes are equal TSs), None for the tips (``scan_ts``).
+PackedTs = bytes | None
 
 
 def _bad(message: str, **details: Any) -> ShardexError:
@@ -264,8 +268,8 @@ class ScanCoordinator:
 
         async def open_with(
             req: ScanSlices, ride: SeqnoRide | None = None
-        ) -> tuple[Timestamp | None, list[Source]]:
-            async def open_on(t: Topology) -> tuple[Timestamp | None, list[Source]]:
+        ) -> tuple[PackedTs, list[Source]]:
+            async def open_on(t: Topology) -> tuple[PackedTs, list[Source]]:
                 # An index partition moved: retried on the fresh topology's owners.
                 nonlocal placed
                 nodes = by_node if t is topo else _placement(msg.index, t, partitions)
@@ -288,7 +292,7 @@ class ScanCoordinator:
             scan_id=msg.scan_id,
             index_id=rec.id,
             desc=list(defn.desc),
-            ts=raw_ts(None if ts is None else ts.to_wire()),
+            ts=NO_TS if ts is None else msgspec.Raw(ts),  # the slices' bytes, not re-encoded
             partitions=partitions,
             prefer=self._prefer(placed),
         )
@@ -340,8 +344,8 @@ class ScanCoordinator:
         base: ScanSlices,
         seqnos: asyncio.Future[dict[int, tuple[int, int]]],
         ride: SeqnoRide,
-        open_with: Callable[..., Awaitable[tuple[Timestamp | None, list[Source]]]],
-    ) -> tuple[Timestamp | None, list[Source]]:
+        open_with: Callable[..., Awaitable[tuple[PackedTs, list[Source]]]],
+    ) -> tuple[PackedTs, list[Source]]:
         """request_plus in one round trip instead of two: the slices are opened at their
         newest common snapshot while ``seqnos`` (the keyspace's high seqnos, asked after
         the scan arrived) are in flight. A snapshot whose TS covers them holds every write
@@ -361,21 +365,17 @@ class ScanCoordinator:
         try:
             known = {**await seqnos, **ride.got}  # the first is shared: not modified
             got = await self.view.high_seqnos_wire(ride.keyspace, known=known)
+            hit = covers_seqnos(ts, got)  # BAD_REQUEST on a malformed TS: reads closed
         except BaseException:
             await _cancel_all(sources)
             raise
-        # An index that caught up holds exactly the high seqnos: one dict comparison in C
-        # settles it without building a 64-partition Timestamp (~30 us); otherwise the
-        # Timestamp's own rule decides.
-        wanted = None if ts is not None and ts.to_wire() == got else Timestamp.from_wire(got)
-        if ts is not None and (wanted is None or ts.covers(wanted)):
+        if hit:
             self.speculation["hit"] += 1
             return ts, sources
-        assert wanted is not None
         self.speculation["miss"] += 1
         self._missed[index_id] = asyncio.get_running_loop().time()
         await _cancel_all(sources)
-        return await open_with(_replace(base, wait_for=wanted.to_wire()))
+        return await open_with(_replace(base, wait_for=Timestamp.from_wire(got).to_wire()))
 
     def _prefer(self, by_node: dict[str, list[int]]) -> str:
         """The address of the node holding the most of ``by_node``'s partitions if that is
@@ -397,8 +397,8 @@ class ScanCoordinator:
         by_node: dict[str, list[int]],
         deadline: float,
         ride: SeqnoRide | None = None,
-    ) -> tuple[Timestamp | None, list[Source]]:
-        """Open every node's stream; returns (the TS read, the streams)."""
+    ) -> tuple[PackedTs, list[Source]]:
+        """Open every node's stream; returns (the TS read, encoded; the streams)."""
         for attempt in range(OPEN_ATTEMPTS):
             pinned = None if msg.pinned is None else Timestamp.from_wire(msg.pinned)
             try:
@@ -421,24 +421,27 @@ class ScanCoordinator:
         pinned: Timestamp | None,
         deadline: float,
         ride: SeqnoRide | None = None,
-    ) -> tuple[Timestamp | None, list[Source]]:
+    ) -> tuple[PackedTs, list[Source]]:
         """Scan stability in one round in the common case: every node waits for (and reads)
         its own newest snapshot covering ``wait_for``; when they all name the same TS that
         is the scan's. Otherwise the oldest answer - a snapshot every node holds (the ring
-        keeps K) - is pinned and only the nodes that read another one are asked again."""
+        keeps K) - is pinned and only the nodes that read another one are asked again.
+        The TSs stay encoded throughout (``scan_ts``); only differing ones are decoded."""
         opened = await self._open_all(base, by_node, pinned, deadline, ride)
         if pinned is not None or not base.stability or len(opened) <= 1:
+            if pinned is not None:
+                return pinned.packed(), _srcs(opened)
             tss = [ts for _, ts, _ in opened if ts is not None]
-            return (pinned if pinned is not None else (tss[0] if tss else None)), _srcs(opened)
+            return (tss[0] if tss else None), _srcs(opened)
         tss = [ts for _, ts, _ in opened if ts is not None]
-        # Equal TSs are one object (``one_object_per_ts``): the common case - every node
-        # read the same snapshot - is settled by identity, without comparing TSs.
-        if tss and all(ts is tss[0] for ts in tss):
+        # The common case - every node read the same snapshot - is one bytes comparison
+        # (a memcmp) per node: equal TSs have equal encodings (``Timestamp.packed``).
+        if tss and all(ts == tss[0] for ts in tss):
             return tss[0], _srcs(opened)
-        pin = oldest_common(tss)
-        again = {node: by_node[node] for node, ts, _ in opened if ts is not pin}
+        packed, pin = oldest_packed(tss)
+        again = {node: by_node[node] for node, ts, _ in opened if ts != packed}
         if not again:
-            return pin, _srcs(opened)
+            return packed, _srcs(opened)
         kept = [src for node, _, src in opened if node not in again]
         await _cancel_all([src for node, _, src in opened if node in again])
         log.debug("scan of %s: slices read different TSs; pinning %s", base.index_id, pin)
@@ -447,7 +450,7 @@ class ScanCoordinator:
         except BaseException:
             await _cancel_all(kept)
             raise
-        return pin, kept + _srcs(reopened)
+        return packed, kept + _srcs(reopened)
 
     async def _open_all(
         self,
@@ -456,8 +459,9 @@ class ScanCoordinator:
         pinned: Timestamp | None,
         deadline: float,
         ride: SeqnoRide | None = None,
-    ) -> list[tuple[str, Timestamp | None, Source]]:
-        """``ScanSlices`` to every node in parallel: (node, the TS it read, its stream).
+    ) -> list[tuple[str, PackedTs, Source]]:
+        """``ScanSlices`` to every node in parallel: (node, the TS it read - encoded, as the
+        reply carried it or as the local slices' snapshot caches it -, its stream).
         The first failure cancels the other opens (a late reply would leave its stream
         waiting for credit on the indexer). With ``ride``, the nodes of its plan read their
         high seqnos too, into ``ride.got``."""
@@ -481,9 +485,7 @@ class ScanCoordinator:
         # owners may ride in these opens). A lone local read waits for nothing.
         yields = 2 if ride is not None and ride.round else 1 if len(by_node) > 1 else 0
 
-        async def open_one(
-            node: str, parts: list[int]
-        ) -> tuple[str, Timestamp | WireTs | None, Source]:
+        async def open_one(node: str, parts: list[int]) -> tuple[str, PackedTs, Source]:
             src: Source
             if node == self.name and self.local_index is not None:
                 for _ in range(yields):
@@ -494,7 +496,9 @@ class ScanCoordinator:
                     reply, rest, local_ts = await self.local_index.open_local(req)
                 src = LocalStream(reply.entries, rest)
                 sources.append(src)
-                return node, local_ts, src  # the slices' own TS: no wire round trip
+                # The snapshot's own TS object, its encoding cached on it: no wire round
+                # trip, and encoded once per snapshot rather than per scan.
+                return node, None if local_ts is None else local_ts.packed(), src
             else:
                 stream = self.inboxes.open()
                 sources.append(stream)
@@ -515,12 +519,12 @@ class ScanCoordinator:
                 stream.put_head(reply.entries, reply.done)
                 if ride is not None and reply.high_seqnos:
                     ride.got.update(reply.high_seqnos)
-            return node, reply.ts, src  # converted once per distinct TS, after all opens
+            return node, packed_ts(reply.ts), src  # kept encoded (``scan_ts``)
 
         if len(by_node) == 1:  # one node (a single-slice scan): no task to run it in
             [(node, parts)] = by_node.items()
             try:
-                return one_object_per_ts([await open_one(node, parts)])
+                return [await open_one(node, parts)]
             except BaseException:
                 await _cancel_all(sources)
                 raise
@@ -531,7 +535,7 @@ class ScanCoordinator:
             for t in tasks:
                 if t.done() and not t.cancelled() and t.exception() is not None:
                     raise t.exception()  # type: ignore[misc]
-            return one_object_per_ts([t.result() for t in tasks])
+            return [t.result() for t in tasks]
         except BaseException:
             for t in tasks:
                 t.cancel()
@@ -586,7 +590,7 @@ def _replace(msg: ScanSlices, **changes: Any) -> ScanSlices:
     return msgspec.structs.replace(msg, **changes)
 
 
-def _srcs(opened: list[tuple[str, Timestamp | None, Source]]) -> list[Source]:
+def _srcs(opened: list[tuple[str, PackedTs, Source]]) -> list[Source]:
     return [src for _, _, src in opened]
 
 

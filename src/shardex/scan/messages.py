@@ -50,6 +50,7 @@ __all__ = [
     "WaitStability",
     "WireSpan",
     "WireTs",
+    "packed_ts",
     "raw_ts",
     "ts_of",
 ]
@@ -144,8 +145,13 @@ def raw_ts(ts: WireTs | None) -> msgspec.Raw:
 
 
 def ts_of(raw: msgspec.Raw) -> WireTs | None:
-    """``IndexScanStarted.ts`` decoded (None: the tips)."""
+    """``IndexScanStarted.ts`` (or ``SlicesOpened.ts``) decoded (None: the tips)."""
     return _TS_DECODER.decode(raw)
+
+
+def packed_ts(raw: msgspec.Raw) -> bytes | None:
+    """An encoded TS field as the bytes a scan coordinator compares (None: the tips)."""
+    return None if raw == NO_TS else bytes(raw)
 
 
 # --- scan coordinator -> indexer ---------------------------------------------------------------
@@ -203,7 +209,11 @@ class SlicesOpened(Message, tag="scan.SlicesOpened"):
 
     scan_id: int
     node: str
-    ts: WireTs | None = None  # the snapshot read (None: the tips)
+    # The snapshot read: an encoded ``WireTs | None`` (msgpack nil: the tips), the bytes
+    # of the plain field. The indexer sends its snapshot's cached ``Timestamp.packed()``
+    # and the coordinator compares the slices' TSs as bytes and passes them on into
+    # ``IndexScanStarted.ts``, decoding only when they differ (issue 6).
+    ts: msgspec.Raw = NO_TS
     entries: list[bytes] = msgspec.field(default_factory=list)
     done: bool = False
     # Of ``ScanSlices.seqnos_of``, the (high seqno, uuid) of those this node's data service

@@ -73,6 +73,21 @@ class Plan:
     # Part 3 (and 2) once per early-delivery variant, interleaved, ``--early-ab N`` rounds
     early_ab: int = 0
     early_variants: tuple[str, ...] = ("off", "once", "rolling")
+    # Part 3 once per Spark-overhead variant (``SPARK_VARIANTS``), interleaved, N rounds
+    spark_ab: int = 0
+    spark_variants: tuple[str, ...] = ("pyspark", "lean")
+    java_options: str | None = None  # the driver JVM's options instead of session.py's
+
+
+# --spark-ab variants: (the maintenance job's lean foreachBatch callback, SQL confs set on
+# the session before the variant's query starts; a query clones the session's conf).
+SPARK_VARIANTS: dict[str, tuple[bool, dict[str, str]]] = {
+    "pyspark": (False, {}),
+    "lean": (True, {}),
+    "lean-noaqe": (True, {"spark.sql.adaptive.enabled": "false"}),
+    "lean-nowholestage": (True, {"spark.sql.codegen.wholeStage": "false"}),
+    "lean-progress10": (True, {"spark.sql.streaming.numRecentProgressUpdates": "10"}),
+}
 
 
 QUICK = {"docs": 50_000, "mutations": 20_000, "fresh_seconds": 10.0, "floor_writes": 10}
@@ -126,6 +141,11 @@ def run(plan: Plan) -> dict[str, Any]:
         if 1 in plan.parts:
             pg_rows, extra["postgresql"] = postgres_build(base, files, plan.docs)
             build_rows.extend(pg_rows)
+        if plan.java_options is not None:
+            from shardex.pipeline import session as session_mod
+
+            session_mod.DEFAULT_CONF["spark.driver.extraJavaOptions"] = plan.java_options
+            extra["driver_java_options"] = plan.java_options
         with loaded_cluster(base, files, plan.docs, plan.partitions) as (cdir, client, load_s):
             extra["shardex_load"] = {"seconds": round(load_s, 1), "docs/s": plan.docs / load_s}
             log(f"shardex load: {plan.docs} documents in {load_s:.0f} s")
@@ -185,6 +205,8 @@ def run(plan: Plan) -> dict[str, Any]:
                         stats.extend(st)
                     if plan.early_ab:
                         driver = early_ab(ctx, driver, plan, tables, stats)
+                    if plan.spark_ab:
+                        driver = spark_ab(ctx, driver, plan, tables, stats)
                     if plan.ab and (3 in plan.parts or 4 in plan.parts):
                         # The same parts again with each batch's round inside foreachBatch
                         # (no overlap with Spark's commit, no read-ahead), same cluster, same
@@ -238,6 +260,41 @@ def early_ab(
                 rows, st = freshness(ctx, driver, plan.rate, plan.fresh_seconds)
                 tables["3 freshness" + tag] = _tagged(rows, tag)
                 stats.extend(_tagged(st, tag))
+    return driver
+
+
+def spark_ab(
+    ctx: Context,
+    driver: InProcessDriver,
+    plan: Plan,
+    tables: dict[str, list[Row]],
+    stats: list[Row],
+) -> InProcessDriver:
+    """Part 3 once per Spark-overhead variant (``--spark-variants``, ``SPARK_VARIANTS``) in
+    rounds that alternate them, each on a new driver (a new query on the same session and
+    JVM): compare within a round, the machine's load drifts; the order alternates."""
+    from shardex.pipeline.maintain import MaintenanceJob
+
+    for n in range(plan.spark_ab):
+        # Every other round in reverse order: a later query runs on a warmer JVM.
+        order = plan.spark_variants if n % 2 == 0 else plan.spark_variants[::-1]
+        for variant in order:
+            lean, confs = SPARK_VARIANTS[variant]
+            driver.stop()
+            MaintenanceJob.lean_callback = lean
+            for key, value in confs.items():
+                ctx.spark.conf.set(key, value)
+            try:
+                driver = ctx.new_driver()
+                wait_started(ctx, driver)
+                tag = f" / spark {variant} #{n + 1}"
+                rows, st = freshness(ctx, driver, plan.rate, plan.fresh_seconds)
+                tables["3 freshness" + tag] = _tagged(rows, tag)
+                stats.extend(_tagged(st, tag))
+            finally:
+                MaintenanceJob.lean_callback = True
+                for key in confs:
+                    ctx.spark.conf.unset(key)
     return driver
 
 
@@ -317,6 +374,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
                     help="N rounds of parts 2/3 per early-delivery variant")  # fmt: skip
     ap.add_argument("--early-variants", default="off,once,rolling",
                     help="comma-separated variants for --early-ab")  # fmt: skip
+    ap.add_argument("--spark-ab", type=int, default=0, metavar="N",
+                    help="N rounds of part 3 per Spark-overhead variant")  # fmt: skip
+    ap.add_argument("--spark-variants", default="pyspark,lean",
+                    help=f"comma-separated, of {','.join(SPARK_VARIANTS)}")  # fmt: skip
+    ap.add_argument("--java-options", help="the driver JVM's options, as --java-options='-XX:...'")
     ap.add_argument("--json", type=Path, help="where to write the JSON")
     args = ap.parse_args(argv)
     plan = Plan(**QUICK) if args.quick else Plan()
@@ -334,6 +396,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
     plan.ab = args.ab
     plan.early_ab = args.early_ab
     plan.early_variants = tuple(v for v in args.early_variants.split(",") if v)
+    plan.spark_ab = args.spark_ab
+    plan.spark_variants = tuple(v for v in args.spark_variants.split(",") if v)
+    unknown = [v for v in plan.spark_variants if v not in SPARK_VARIANTS]
+    if unknown:
+        ap.error(f"unknown --spark-variants {unknown}; known: {', '.join(SPARK_VARIANTS)}")
+    plan.java_options = args.java_options
     default = "pipeline-quick.json" if args.quick else "pipeline.json"
     return plan, args.json or RESULTS_DIR / default
 

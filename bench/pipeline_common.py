@@ -259,7 +259,7 @@ def wait_covered(
 
 # --- per-batch statistics ------------------------------------------------------------------
 
-STAT_PARTS = ("project", "catch_up", "deliver", "stabilize", "total")
+STAT_PARTS = ("wait_round", "project", "catch_up", "deliver", "stabilize", "total")
 
 
 def batch_row(part: str, records: Sequence[tuple[float, Any]]) -> Row:

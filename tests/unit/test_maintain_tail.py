@@ -127,6 +127,8 @@ def test_run_batch_returns_before_its_round_and_the_next_batch_waits_for_it(
     ]
     assert registry.applied("a") == _ts(5, 4) and job.stable == _ts(5, 4)
     assert [s.batch_id for s in job.last] == [0, 1] and calls.reads == []
+    # Batch 1's wait for batch 0's round is counted apart (it was held >= 0.3 s above).
+    assert job.last[1].wait_round >= 0.3 > job.last[0].wait_round
 
 
 def test_a_failed_round_fails_the_next_batch_and_its_rerun_catches_the_range_up(

@@ -50,6 +50,7 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
+from shardex.pipeline.batch_callback import foreach_batch_id
 from shardex.pipeline.batch_tail import BatchTail
 from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
 from shardex.pipeline.driver_read import read_and_project
@@ -127,6 +128,9 @@ class BatchStats:
     deliver: float = 0.0  # route + DeliverAndStabilize on every indexer (the last attempt)
     stabilize: float = 0.0  # the timekeeper's check and publish
     total: float = 0.0  # from the batch's start to its publication (the round included)
+    # foreachBatch waiting for the previous batch's round (``tail.join``), before ``total``'s
+    # start: the part of Spark's addBatch that is our round outlasting Spark's commit.
+    wait_round: float = 0.0
     retries: int = 0
     on_driver: bool = False  # read and projected on the driver (small batch)
     read_ahead: int = 0  # key versions taken from the read-ahead (``read_ahead.py``)
@@ -136,6 +140,12 @@ class BatchStats:
 
 class MaintenanceJob:
     """One keyspace's streaming query. ``start()`` returns the running query."""
+
+    # foreachBatch registered with the batch id only (``batch_callback.py``): the job never
+    # executes the streaming DataFrame, so PySpark's per-batch session and DataFrame
+    # wrappers (py4j round trips on Spark's critical path) are skipped. False: PySpark's
+    # own ``foreachBatch`` (kept for the benchmark's A/B, ``bench.pipeline --spark-ab``).
+    lean_callback = True
 
     def __init__(
         self,
@@ -197,11 +207,13 @@ class MaintenanceJob:
         self.starting = self._pin_starting()
         opts = stream_options(self.source_options, self.keyspace, self.starting)
         reader = self.spark.readStream.format("shardex").options(**opts)
+        writer = reader.load().writeStream.queryName(f"shardex-maintain-{self.keyspace}")
+        if self.lean_callback:
+            writer = foreach_batch_id(writer, self.run_batch_id)
+        else:
+            writer = writer.foreachBatch(self.run_batch)
         return (
-            reader.load()
-            .writeStream.queryName(f"shardex-maintain-{self.keyspace}")
-            .foreachBatch(self.run_batch)
-            .option("checkpointLocation", str(self.checkpoint))
+            writer.option("checkpointLocation", str(self.checkpoint))
             .trigger(processingTime=self.trigger_interval)
             .start()
         )
@@ -236,6 +248,10 @@ class MaintenanceJob:
 
     # -- one micro-batch -----------------------------------------------------------------------
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
+        """PySpark's ``foreachBatch`` signature; the DataFrame is not read (see ``_project``)."""
+        self.run_batch_id(batch_id)
+
+    def run_batch_id(self, batch_id: int) -> None:
         with self._batch_lock:
             self._run_batch(batch_id)
 
@@ -243,10 +259,11 @@ class MaintenanceJob:
         # The previous batch's round first: its end is this batch's start. Its failure fails
         # this batch (the query restarts; the registry, not advanced, makes the re-run catch
         # the lost range up from the slices' applied TS).
+        w0 = time.perf_counter()
         self.tail.join()
         t0 = time.perf_counter()
         start, end = self.batch_range(batch_id)
-        stats = BatchStats(batch_id=batch_id, end=dict(end.to_wire()))
+        stats = BatchStats(batch_id=batch_id, end=dict(end.to_wire()), wait_round=t0 - w0)
         self.registry.refresh()
         # An index whose applied TS is ahead of this batch's end in some partition (it joined
         # at a T0 the stream has not reached) waits for a later batch: stabilising it at

@@ -298,12 +298,7 @@ class Connection:
         if self._closed:
             return
         try:
-            try:
-                env = decode_frame(frame)
-            except UndecodableBody as e:
-                self._on_bad_body(e)
-                return
-            self._dispatch(env)
+            self._handle_frame(frame)
         except ProtocolError as e:
             self._on_end(e)
         except Exception as e:
@@ -352,18 +347,22 @@ class Connection:
             details={**e.details, "notice": n.code},
         )
 
+    def _handle_frame(self, frame: bytes) -> None:
+        """One received frame, in either mode: decoded and dispatched; a body that does not
+        decode is answered or dropped by ``_on_bad_body`` (the connection stays)."""
+        try:
+            env = decode_frame(frame)
+        except UndecodableBody as e:
+            self._on_bad_body(e)
+            return
+        self._dispatch(env)
+
     async def _read_loop(self) -> None:
         reason: ShardexError
         notice: ErrorReply | None = None
         try:
             while True:
-                frame = await self._comm.read()
-                try:
-                    env = decode_frame(frame)
-                except UndecodableBody as e:
-                    self._on_bad_body(e)
-                    continue
-                self._dispatch(env)
+                self._handle_frame(await self._comm.read())
         except ConnectionClosed as e:
             reason = self._with_notice(e)
         except ProtocolError as e:  # includes FrameTooLarge

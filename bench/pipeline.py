@@ -216,9 +216,7 @@ def run(plan: Plan) -> dict[str, Any]:
                         wait_started(ctx, driver)
                         tag = " / no overlap"
                         if 3 in plan.parts:
-                            rows, st = freshness(ctx, driver, plan.rate, plan.fresh_seconds)
-                            tables["3 freshness" + tag] = _tagged(rows, tag)
-                            stats.extend(_tagged(st, tag))
+                            _tagged_freshness(ctx, driver, plan, tables, stats, tag)
                         if 4 in plan.parts:
                             rows, st = floor(ctx, driver, plan.floor_writes)
                             tables["4 floor" + tag] = _tagged(rows, tag)
@@ -257,10 +255,22 @@ def early_ab(
                 tables["2 drain" + tag] = _tagged(rows, tag)
                 stats.extend(_tagged(st, tag))
             if 3 in plan.parts:
-                rows, st = freshness(ctx, driver, plan.rate, plan.fresh_seconds)
-                tables["3 freshness" + tag] = _tagged(rows, tag)
-                stats.extend(_tagged(st, tag))
+                _tagged_freshness(ctx, driver, plan, tables, stats, tag)
     return driver
+
+
+def _tagged_freshness(
+    ctx: Context,
+    driver: InProcessDriver,
+    plan: Plan,
+    tables: dict[str, list[Row]],
+    stats: list[Row],
+    tag: str,
+) -> None:
+    """Part 3 once, its table and batch stats recorded under ``tag`` (an A/B variant)."""
+    rows, st = freshness(ctx, driver, plan.rate, plan.fresh_seconds)
+    tables["3 freshness" + tag] = _tagged(rows, tag)
+    stats.extend(_tagged(st, tag))
 
 
 def spark_ab(
@@ -287,10 +297,7 @@ def spark_ab(
             try:
                 driver = ctx.new_driver()
                 wait_started(ctx, driver)
-                tag = f" / spark {variant} #{n + 1}"
-                rows, st = freshness(ctx, driver, plan.rate, plan.fresh_seconds)
-                tables["3 freshness" + tag] = _tagged(rows, tag)
-                stats.extend(_tagged(st, tag))
+                _tagged_freshness(ctx, driver, plan, tables, stats, f" / spark {variant} #{n + 1}")
             finally:
                 MaintenanceJob.lean_callback = True
                 for key in confs:

@@ -10,6 +10,7 @@ spoken to them (the term fence).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 from typing import Any, TypeVar
@@ -92,7 +93,7 @@ def _command_fields(move: MoveRecord, epoch: int) -> dict[str, Any]:
     }
 
 
-class MoveDriverBase:
+class MoveDriverBase(abc.ABC):
     """What a data move's driver and an index move's driver share: commands to members over
     the coordinator's pool, and commits of one move's changes under the master's op lock."""
 
@@ -100,11 +101,11 @@ class MoveDriverBase:
         self._c = coordinator
         self.phases = phases  # migration id -> live phase, shared with the Rebalancer
 
+    @abc.abstractmethod
     def _with_changes(
         self, record: RebalanceRecord, migration_id: str, changes: dict[str, Any]
     ) -> RebalanceRecord | None:
         """``record`` with move ``migration_id`` changed; None if it holds no such move."""
-        raise NotImplementedError
 
     async def update(self, epoch: int, migration_id: str, **changes: Any) -> None:
         async def fn(ctx: Any) -> None:

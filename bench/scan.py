@@ -1,37 +1,48 @@
-"""Index scans against PostgreSQL: ``python -m bench.scan [--quick] [--docs N] [--json PATH]``.
+"""Index scans against PostgreSQL: ``python -m bench.scan [--quick] [--rounds R] [--json PATH]``.
 
-One run on one machine, the two systems one after the other (never both at once):
+One run on one machine, both systems up together for the 100-row measurements, which take
+turns (``scan_rounds.py``, ``scan_interleaved.py``):
 
 1. PostgreSQL (``bench/postgres.py``, the Debian server, its default settings): the demo's
    documents in ``docs(id, body jsonb)`` with the twin expression indexes of ``by_city_age``
-   and ``by_email`` (``pipeline_common.INDEXES``), VACUUM ANALYZE; the 100-row queries over
-   psycopg (prepared statements, its own client protocol; per-case session settings give it
-   its best plan, ``scan_queries.PG_SETTINGS``) and a full index-order scan.
+   and ``by_email`` (``pipeline_common.INDEXES``), VACUUM ANALYZE, check queries and a full
+   index-order scan. The server stays up.
 2. shardex: a 3-node local cluster, the same documents (``shardex load``), the two indexes
    built by the Spark pipeline (in this process; ``by_city_age`` on (address.city, age)
    partitioned by hash(META().id) into 4, ``by_email`` unpartitioned WHERE status =
    'active'). Spark is then stopped: no writes happen during the scans, so the pipeline
    would only add its idle polling to the machine (request_plus still fetches the high
    seqnos and waits for stability to cover them; it just never has to wait long).
-   The 100-row scans at not_bounded and request_plus, full scans (rows decoded, raw
-   entries; ordered and unordered), and raw RocksDB iteration of the same slice files.
+   Check queries, full scans (rows decoded, raw entries; ordered and unordered) and raw
+   RocksDB iteration of the same slice files.
+3. The 100-row queries, interleaved: in each of R rounds (``--rounds``, default 3) every
+   case x clients slot measures PostgreSQL (over psycopg, prepared statements, per-case
+   session settings for its best plan, ``scan_queries.PG_SETTINGS``) and shardex at
+   not_bounded and request_plus one after the other, the order reversed every other round;
+   ``--seconds`` per measurement (27 x R of them). Per arm the median over rounds of p50,
+   p99 and scans/s; ratios of the medians and the per-round ratios' min and max. Around each
+   measurement the CPU of both systems' server processes (and client processes) is read
+   from /proc: "own cpu %" is the measured system's servers, "peer cpu %" what the idle
+   other system cost meanwhile (% of one core).
 
 The 100-row cases (``scan_queries.py``): a (city, age) range that naturally holds ~100 rows,
 an ordered ``LIMIT 100`` over a (city, age >= lo) range, and ``LIMIT 100`` over the
 unpartitioned email index (one slice, no scatter-gather). Each at 1, 4 and 16 concurrent
-clients, one OS process per client (``scan_clients.py``). Before measuring, a few queries of
-each case are checked: row counts against the documents, and for the natural ranges the
-same docids in both systems.
+clients, one OS process per client (``scan_clients.py``; one pool per system, both open for
+the whole measurement). Before measuring, a few queries of each case are checked: row
+counts against the documents, and for the natural ranges the same docids in both systems.
 
 Ratios are shardex / PostgreSQL (> 1: shardex slower for latencies, faster for rates). The
 target is the 100-row scan p50 within 2x of PostgreSQL: "gap x" = ratio / 2 (> 1: short).
 The machine is shared (2 cores, other work running): the 1-minute load average is printed
-beside each figure; nothing is checked against a threshold. Results in
-``bench/results/scan.json`` (``scan-quick.json`` with ``--quick``) unless ``--json PATH``.
+beside each measurement ("100-row scans, every measurement") and each median row; nothing
+is checked against a threshold. Results in ``bench/results/scan.json`` (``scan-quick.json``
+with ``--quick``) unless ``--json PATH``.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,26 +53,34 @@ from bench.harness import bench_dir, bench_main, loaded_cluster, parse_plan_args
 from bench.pipeline_common import INDEX_NAMES, SEED, log
 from bench.runner import Row, machine_info
 from bench.scan_queries import CASES, KeyStats, build_queries, ratio
+from bench.scan_rounds import P50_TARGET, median_rows, scan_ratios
 
-P50_TARGET = 2.0  # shardex 100-row scan p50 / PostgreSQL p50
+__all__ = ["P50_TARGET", "Plan", "large_ratios", "main", "run", "scan_ratios"]
 
 
 @dataclass
 class Plan:
     docs: int = 200_000
-    seconds: float = 5.0  # per measurement
+    # Per measurement: 27 per round (3 cases x 3 levels x 3 arms); 3 rounds of 1.5 s are
+    # 121 s measured, under the 135 s (27 x 5 s) of the one-after-the-other layout.
+    seconds: float = 1.5
+    rounds: int = 3
     levels: tuple[int, ...] = (1, 4, 16)
     partitions: int = 64
     load_files: int = 3
     seed: int = SEED
 
 
-QUICK = {"docs": 20_000, "seconds": 3.0}
+QUICK = {"docs": 20_000, "seconds": 1.0}  # 81 s measured, as 27 x 3 s before
 
 
 def run(plan: Plan) -> dict[str, Any]:
+    from bench.clients import shardex_target
     from bench.pipeline_build import create_indexes, shardex_build, write_docs
-    from bench.scan_phases import postgres_phase, shardex_phase
+    from bench.postgres import PostgresServer
+    from bench.scan_clients import Target
+    from bench.scan_interleaved import measure_interleaved
+    from bench.scan_phases import NOT_BOUNDED, REQUEST_PLUS, postgres_setup, shardex_setup
     from shardex.demo.datagen import users
 
     with bench_dir("scan", plan) as (base, extra):
@@ -77,53 +96,38 @@ def run(plan: Plan) -> dict[str, Any]:
             c: [{"spans": q.spans, "limit": q.limit, "rows": q.expected_rows} for q in qs]
             for c, qs in queries.items()
         }
-        pg = postgres_phase(base, files, plan.docs, queries, plan.levels, plan.seconds)
-        extra["postgresql"] = pg.info
-        with loaded_cluster(base, files, plan.docs, plan.partitions) as (cdir, client, _):
-            create_indexes(client)
-            with spark_driver(base, cdir, "shardex-bench-scan") as driver:
-                build_rows, _ = shardex_build(client, driver, plan.docs, timeout=7200)
-                extra["build"] = build_rows
-            log("Spark stopped; scanning")
-            sx = shardex_phase(
-                client, cdir, expected, queries, pg.answers, plan.levels, plan.seconds
-            )
-    rows = pg.rows + sx.rows
+        with PostgresServer(base_dir=base) as server:
+            pg = postgres_setup(server, files, plan.docs, queries)
+            extra["postgresql"] = pg.info
+            with loaded_cluster(base, files, plan.docs, plan.partitions) as (cdir, client, _):
+                create_indexes(client)
+                with spark_driver(base, cdir, "shardex-bench-scan") as driver:
+                    build_rows, _ = shardex_build(client, driver, plan.docs, timeout=7200)
+                    extra["build"] = build_rows
+                log("Spark stopped; scanning")
+                sx = shardex_setup(client, cdir, expected, queries, pg.answers)
+                log(f"100-row scans: {plan.rounds} rounds, both systems up, taking turns")
+                samples = measure_interleaved(
+                    Target("postgresql", conninfo=server.conninfo()),
+                    server.data_dir,
+                    shardex_target(cdir),
+                    cdir,
+                    queries,
+                    [NOT_BOUNDED, REQUEST_PLUS],
+                    plan.levels,
+                    plan.rounds,
+                    plan.seconds,
+                )
+    scans = median_rows(samples, CASES)
+    large = pg.rows + sx.rows
     tables = {
-        "100-row scans": [r for r in rows if "p50 ms" in r],
-        "large scans": [r for r in rows if "rows/s" in r],
+        "100-row scans": scans,
+        "large scans": large,
+        "ratios shardex / PostgreSQL (100-row scans)": scan_ratios(scans, samples),
+        "ratios (large scans)": large_ratios(large),
+        "100-row scans, every measurement": samples,
     }
-    tables["ratios shardex / PostgreSQL (100-row scans)"] = scan_ratios(tables["100-row scans"])
-    tables["ratios (large scans)"] = large_ratios(tables["large scans"])
     return {"tables": tables, **extra}
-
-
-def scan_ratios(rows: Sequence[Row]) -> list[Row]:
-    """For every shardex row, its PostgreSQL twin (same case and clients): p50, p99 and
-    scans/s ratios, and the gap to the p50 target."""
-    pg = {(r["case"], r["clients"]): r for r in rows if r["system"] == "postgresql"}
-    out: list[Row] = []
-    for r in rows:
-        if r["system"] != "shardex":
-            continue
-        p = pg.get((r["case"], r["clients"]))
-        if p is None:
-            continue
-        p50 = ratio(r["p50 ms"], p["p50 ms"])
-        out.append(
-            {
-                "case": r["case"],
-                "consistency": r["consistency"],
-                "clients": r["clients"],
-                "p50 x": p50,
-                "p99 x": ratio(r["p99 ms"], p["p99 ms"]),
-                "scans/s x": ratio(r["scans/s"], p["scans/s"]),
-                "p50 target": f"<= {P50_TARGET}",
-                "gap x": None if p50 is None else round(p50 / P50_TARGET, 2),
-                "load_1m": r["load_1m"],
-            }
-        )
-    return out
 
 
 def large_ratios(rows: Sequence[Row]) -> list[Row]:
@@ -149,7 +153,16 @@ def large_ratios(rows: Sequence[Row]) -> list[Row]:
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
-    return parse_plan_args(argv, "scan", __doc__, Plan, QUICK)
+    """The shared ``--quick/--docs/--seconds/--json`` and this bench's ``--rounds``."""
+    ap = argparse.ArgumentParser(prog="python -m bench.scan", add_help=False)
+    ap.add_argument("--rounds", type=int)
+    known, rest = ap.parse_known_args(argv)
+    plan, path = parse_plan_args(rest, "scan", __doc__, Plan, QUICK)
+    if known.rounds is not None:
+        if known.rounds < 1:
+            ap.error(f"--rounds must be >= 1, got {known.rounds}")
+        plan.rounds = known.rounds
+    return plan, path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{plan.docs:,} docs, indexes {', '.join(INDEX_NAMES)}, 3 nodes on "
             f"{machine_info()['cpu_count']} CPUs, clients are processes; load average start "
             f"{out['load_avg_start']}, end {out['load_avg_end']}; {elapsed:.0f} s. "
-            "Shared machine: noisy figures."
+            f"100-row scans: {plan.rounds} rounds of {plan.seconds:g} s per measurement, "
+            "the systems taking turns (medians over rounds). Shared machine: noisy figures."
         )
 
     return bench_main("scan", plan, path, run, summary)

@@ -1,7 +1,8 @@
-"""The two phases of ``bench.scan``, never running at the same time: PostgreSQL (server up,
-documents and twin indexes, queries, server down), then shardex (3-node cluster, documents,
-initial build by the Spark pipeline, Spark stopped, queries). Each returns its rows and what
-the other needs for checks (PostgreSQL's answers to the check queries)."""
+"""The two setups of ``bench.scan``, each system's own part before the interleaved 100-row
+measurements (``scan_interleaved.py``): PostgreSQL (documents and twin indexes in a running
+server, check queries, plans, its large scan), then shardex (check queries against
+PostgreSQL's answers, large scans). Each returns its rows and what the other needs for
+checks (PostgreSQL's answers to the check queries)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.clients import shardex_target
-from bench.phases import Phase, check_rows, measure_grid, pg_load_docs
+from bench.phases import Phase, check_rows, pg_load_docs
 from bench.pipeline_common import INDEXES, KEYSPACE, load1, log
 from bench.runner import Row
-from bench.scan_clients import ClientPool, Target
 from bench.scan_queries import CASES, PG_SETTINGS, PG_SQL, Query
 
-__all__ = ["Phase", "postgres_phase", "shardex_phase"]
+__all__ = ["NOT_BOUNDED", "REQUEST_PLUS", "Phase", "postgres_setup", "shardex_setup"]
 
 NOT_BOUNDED = "not_bounded"
 REQUEST_PLUS = "request_plus"
@@ -28,70 +27,39 @@ def check_answer(system: str, q: Query, docids: list[str]) -> None:
     check_rows(system, q.case, q.pg_params, len(docids), q.expected_rows)
 
 
-def measure_cases(
-    system: str,
-    pool: ClientPool,
-    queries: dict[str, list[Query]],
-    consistencies: Sequence[str],
-    levels: Sequence[int],
-    seconds: float,
-) -> list[Row]:
-    return measure_grid(
-        system,
-        pool,
-        queries,
-        CASES,
-        consistencies,
-        levels,
-        seconds,
-        column="consistency",
-        label=lambda c: c if system == "shardex" else "read committed",
-        rate="scans/s",
-    )
-
-
 # --- PostgreSQL ------------------------------------------------------------------------------
 
 
-def postgres_phase(
-    base: Path,
-    files: Sequence[Path],
-    n_docs: int,
-    queries: dict[str, list[Query]],
-    levels: Sequence[int],
-    seconds: float,
+def postgres_setup(
+    server: Any, files: Sequence[Path], n_docs: int, queries: dict[str, list[Query]]
 ) -> Phase:
+    """``server`` (a started ``PostgresServer``) loaded, checked and scanned in full; it
+    stays up for the measurements."""
     from psycopg.types.json import Jsonb
 
-    from bench.postgres import PostgresServer
-
     out = Phase()
-    with PostgresServer(base_dir=base) as server:
-        out.info["server"] = server.describe()
-        with server.connect() as conn:
-            count = pg_load_docs(conn, files, (i["pg"] for i in INDEXES), n_docs)
-            plans = {}
-            for case in CASES:
-                conn.execute("RESET ALL")
-                for setting in PG_SETTINGS[case]:
-                    conn.execute(setting)
-                for k, q in enumerate(queries[case][:CHECKS]):
-                    params = tuple(Jsonb(p) for p in q.pg_params)
-                    got = [r[0] for r in conn.execute(PG_SQL[q.case], params).fetchall()]
-                    check_answer("postgresql", q, got)
-                    out.answers[(case, k)] = sorted(got)
-                q = queries[case][0]
-                params = tuple(Jsonb(p) for p in q.pg_params)
-                plan = conn.execute("EXPLAIN " + PG_SQL[case], params).fetchall()
-                plans[case] = [r[0] for r in plan]
-            out.info["plans"] = plans
-            out.info["session_settings"] = {c: list(PG_SETTINGS[c]) for c in CASES}
+    out.info["server"] = server.describe()
+    with server.connect() as conn:
+        count = pg_load_docs(conn, files, (i["pg"] for i in INDEXES), n_docs)
+        plans = {}
+        for case in CASES:
             conn.execute("RESET ALL")
-            log(f"postgresql: {count} documents, twin indexes built, checks passed")
-            out.rows.extend(large_scan_pg(conn, n_docs))
-        target = Target("postgresql", conninfo=server.conninfo())
-        with ClientPool(target, max(levels)) as pool:
-            out.rows[:0] = measure_cases("postgresql", pool, queries, ["-"], levels, seconds)
+            for setting in PG_SETTINGS[case]:
+                conn.execute(setting)
+            for k, q in enumerate(queries[case][:CHECKS]):
+                params = tuple(Jsonb(p) for p in q.pg_params)
+                got = [r[0] for r in conn.execute(PG_SQL[q.case], params).fetchall()]
+                check_answer("postgresql", q, got)
+                out.answers[(case, k)] = sorted(got)
+            q = queries[case][0]
+            params = tuple(Jsonb(p) for p in q.pg_params)
+            plan = conn.execute("EXPLAIN " + PG_SQL[case], params).fetchall()
+            plans[case] = [r[0] for r in plan]
+        out.info["plans"] = plans
+        out.info["session_settings"] = {c: list(PG_SETTINGS[c]) for c in CASES}
+        conn.execute("RESET ALL")
+        log(f"postgresql: {count} documents, twin indexes built, checks passed")
+        out.rows.extend(large_scan_pg(conn, n_docs))
     return out
 
 
@@ -138,14 +106,12 @@ def large_row(system: str, case: str, n: int, seconds: float, load: float | None
 # --- shardex -----------------------------------------------------------------------------------
 
 
-def shardex_phase(
+def shardex_setup(
     client: Any,
     cluster_dir: Path,
     expected: dict[str, int],
     queries: dict[str, list[Query]],
     pg_answers: dict[tuple[str, int], list[str]],
-    levels: Sequence[int],
-    seconds: float,
 ) -> Phase:
     """The cluster is loaded and both indexes are ACTIVE; Spark is stopped."""
     out = Phase()
@@ -164,11 +130,6 @@ def shardex_phase(
                     raise RuntimeError(f"shardex and postgresql differ on {case} {q.pg_params}")
     log("shardex: check queries passed (rows, and docids against postgresql)")
     out.rows.extend(large_scans_shardex(client, cluster_dir, expected))
-    target = shardex_target(cluster_dir)
-    with ClientPool(target, max(levels)) as pool:
-        out.rows[:0] = measure_cases(
-            "shardex", pool, queries, [NOT_BOUNDED, REQUEST_PLUS], levels, seconds
-        )
     return out
 
 

@@ -150,11 +150,13 @@ def test_ratio_tables_pair_shardex_with_its_postgres_twin() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_quick_run_end_to_end(tmp_path: Path) -> None:
-    """``python -m bench.scan --quick``, fewer documents and shorter measurements: every
-    table is there, both systems answered every case without errors."""
+    """``python -m bench.scan --quick``, fewer documents, shorter measurements, 2 rounds:
+    every table is there, both systems answered every case in every round without errors,
+    each measurement with its load and both systems' server CPU."""
     out = tmp_path / "scan.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "bench.scan", "--quick", "--docs", "6000", "--seconds", "1"]
+    cmd += ["--rounds", "2"]
     proc = subprocess.run(
         [*cmd, "--json", str(out)], cwd=REPO, env=env, capture_output=True, text=True
     )
@@ -162,7 +164,16 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     scans = doc["tables"]["100-row scans"]
     assert len(scans) == 3 * 3 + 3 * 2 * 3  # PostgreSQL: 3 cases x 3; shardex x 2 consistencies
-    assert all(r["errors"] == 0 and r["scans"] > 0 for r in scans)
-    assert len(doc["tables"]["ratios shardex / PostgreSQL (100-row scans)"]) == 18
+    assert all(r["errors"] == 0 and r["scans"] > 0 and r["rounds"] == 2 for r in scans)
+    ratios = doc["tables"]["ratios shardex / PostgreSQL (100-row scans)"]
+    assert len(ratios) == 18
+    # a_i <= c * b_i in every round implies median(a) <= c * median(b): the ratio of
+    # medians lies within the per-round ratios (give or take their rounding).
+    assert all(r["p50 x min"] - 0.02 <= r["p50 x"] <= r["p50 x max"] + 0.02 for r in ratios)
+    every = doc["tables"]["100-row scans, every measurement"]
+    assert len(every) == 2 * (3 * 3 + 3 * 2 * 3)
+    assert {r["round"] for r in every} == {0, 1}
+    assert all(r["load_1m"] is not None and r["own cpu %"] > 0 for r in every)
+    assert all(r["peer cpu %"] is not None for r in every)
     systems = {r["system"] for r in doc["tables"]["large scans"]}
     assert systems == {"postgresql", "shardex", "rocksdb raw"}

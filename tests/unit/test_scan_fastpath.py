@@ -224,12 +224,12 @@ async def test_the_client_sends_its_next_scans_where_the_slices_are(env: Env) ->
         res = await asyncio.to_thread(client.scan, KS, "by_city", None, "at_plus", ts)
         assert res.started.prefer == ""
         assert as_rows(await asyncio.to_thread(list, res)) == want
-        session = client._scan_session
-        assert session is not None and session.prefer == {(KS, "by_city"): n1}
+        targets = client._scan_targets  # both scan paths' (``ScanTargets``)
+        assert targets.prefer == {(KS, "by_city"): n1}
         # A preferred node that cannot be reached is skipped and forgotten.
-        session.prefer[(KS, "by_city")] = "127.0.0.1:1"
+        targets.prefer[(KS, "by_city")] = "127.0.0.1:1"
         res = await asyncio.to_thread(client.scan, KS, "by_city", None, "at_plus", ts)
         assert as_rows(await asyncio.to_thread(list, res)) == want
-        assert session.prefer == {(KS, "by_city"): n1}
+        assert targets.prefer == {(KS, "by_city"): n1}
     finally:
         await asyncio.to_thread(client.close)

@@ -7,6 +7,10 @@ runs, then rows stream in blocks with credit flow control, so however slowly the
 iterates, at most ``credit`` blocks wait in the client. If the coordinator cannot be reached
 (or dies before answering), the scan is sent to the next node: nothing has been returned yet.
 A coordinator dying mid-stream ends the iterator with CONNECTION_CLOSED, never silently.
+That is the loop path; by default a scan runs the same protocol over a blocking socket of the
+calling thread instead (``client/direct_scan.py``, which ``open_scan`` tries first), and this
+module holds what the two share: the request (``build_request``), where scans go and how they
+fail over (``ScanTargets``), the result (``ScanResult``) and the errors' words.
 
 Rows are dicts ``{"docid": ..., "key": [...]}`` (``key`` decoded with the index's DESC flags;
 without ``covering`` only the docid). ``ScanResult.ts`` is the stability TS the scan read
@@ -22,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 
@@ -56,7 +60,8 @@ __all__ = ["QueryContext", "ScanResult", "ScanSession", "open_scan", "to_wire_ts
 DEFAULT_SCAN_TIMEOUT: Final = 30.0
 CREDIT: Final = 4
 REPLY_MARGIN: Final = 15.0  # the coordinator's own round trips beyond the scan's wait
-_FAILOVER = (NodeUnavailable, ConnectionClosed)
+# Failures that say "this node, now": the scan goes to the next node (nothing returned yet).
+FAILOVER: Final = (NodeUnavailable, ConnectionClosed)
 
 
 def _bad(message: str, **details: Any) -> ShardexError:
@@ -183,14 +188,77 @@ def build_request(
     )
 
 
+def client_closed() -> ConnectionClosed:
+    """What any call on a closed client raises (both scan paths and ``Client._run``)."""
+    return ConnectionClosed("client is closed", details={"hint": "create a new client"})
+
+
+def reply_timeout(client: Client, msg: IndexScan) -> float:
+    """How long a scan's opening reply, and then each of its blocks, may take."""
+    return msg.timeout + REPLY_MARGIN + client.request_timeout
+
+
+def scan_timed_out(index_id: str, waited: float | None) -> ShardexError:
+    """SCAN_TIMEOUT for a scan whose next block did not come within ``waited`` seconds."""
+    return ShardexError(
+        f"scan of index {index_id} received no rows for {waited}s",
+        code=ErrorCode.SCAN_TIMEOUT,
+        details={
+            "index": index_id,
+            "waited": waited,
+            "hint": "a node of the scan may be down or overloaded; retry the scan",
+        },
+    )
+
+
+class ScanTargets:
+    """Which node a client sends a scan to, and in what order it fails over: the node its
+    index prefers (the one holding most of its slices, learnt from the previous scan's
+    ``IndexScanStarted.prefer``), else the client's node, then the next ones. One per client,
+    shared by both scan paths (the loop's ``ScanSession`` and the calling thread's
+    ``DirectScans``), so they fail over alike and learn from each other's replies.
+
+    A path tries ``order`` in turn; an address that fails with one of ``FAILOVER`` (nothing
+    has been returned to the caller yet) is ``failed`` and the next one tried; the reply of
+    the one that answers is ``answered``."""
+
+    def __init__(self) -> None:
+        # (keyspace, index) -> the address its last scan's coordinator preferred.
+        self.prefer: dict[tuple[str, str], str] = {}
+
+    def order(self, client: Client, key: tuple[str, str]) -> tuple[list[str], str | None]:
+        """(the addresses to try in turn, the preferred one if any)."""
+        addresses = client.addresses
+        first = client._current
+        # The addresses from the client's node on, wrapping (C-level slices, no generator).
+        order = addresses[first:] + addresses[:first] if first else addresses
+        hint = self.prefer.get(key)
+        if hint is not None and order[0] != hint:
+            rest = list(order)
+            if hint in rest:
+                rest.remove(hint)
+            order = [hint, *rest]
+        return order, hint
+
+    def failed(self, key: tuple[str, str], address: str, hint: str | None) -> None:
+        if address == hint:
+            self.prefer.pop(key, None)
+
+    def answered(
+        self, key: tuple[str, str], address: str, hint: str | None, started: IndexScanStarted
+    ) -> None:
+        if started.prefer:
+            self.prefer[key] = started.prefer
+        elif address != hint:
+            self.prefer.pop(key, None)
+
+
 class ScanSession:
     """The async side, one per client: a pool whose connections carry scan blocks."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        # (keyspace, index) -> the address its last scan's coordinator preferred
-        # (``IndexScanStarted.prefer``): the node holding most of its slices.
-        self.prefer: dict[tuple[str, str], str] = {}
+        self.targets: ScanTargets = client._scan_targets
         self.inboxes = Inboxes()
         self.pool = ConnectionPool(
             client._transport,
@@ -201,22 +269,12 @@ class ScanSession:
         )
 
     async def start(self, msg: IndexScan) -> tuple[IndexScanStarted, InStream]:
-        """Send the scan to the node its index prefers (the one holding most of its slices,
-        learnt from the previous scan), else to the client's node, failing over to the next
+        """Send the scan to the node ``ScanTargets`` names first, failing over to the next
         ones."""
-        client = self.client
-        addresses = client.addresses
-        first = client._current
-        # The addresses from the client's node on, wrapping (C-level slices, no generator).
-        order = addresses[first:] + addresses[:first] if first else addresses
+        targets = self.targets
         key = (msg.keyspace, msg.index)
-        hint = self.prefer.get(key)
-        if hint is not None and order[0] != hint:
-            rest = list(order)
-            if hint in rest:
-                rest.remove(hint)
-            order = [hint, *rest]
-        timeout = msg.timeout + REPLY_MARGIN + client.request_timeout
+        order, hint = targets.order(self.client, key)
+        timeout = reply_timeout(self.client, msg)
         last: ShardexError | None = None
         for address in order:
             stream = self.inboxes.open()
@@ -226,19 +284,15 @@ class ScanSession:
                 req = msgspec.structs.replace(msg, scan_id=stream.scan_id)
                 started = await conn.request(req, timeout, expect=IndexScanStarted)
                 stream.put_head(started.entries, started.done)
-            except _FAILOVER as exc:
+            except FAILOVER as exc:
                 await stream.cancel()
-                if address == hint:
-                    self.prefer.pop(key, None)
+                targets.failed(key, address, hint)
                 last = exc
                 continue
             except BaseException:
                 await stream.cancel()
                 raise
-            if started.prefer:
-                self.prefer[key] = started.prefer
-            elif address != hint:
-                self.prefer.pop(key, None)
+            targets.answered(key, address, hint, started)
             return started, stream
         assert last is not None
         raise last
@@ -254,6 +308,18 @@ def _session(client: Client) -> ScanSession:
     return session
 
 
+class BlockSource(Protocol):
+    """What ``ScanResult`` reads its head through: an ``InStream`` (the loop path) or a
+    ``DirectStream`` (the calling thread's socket, ``shardex.client.direct_scan``)."""
+
+    done: bool
+
+    @property
+    def complete(self) -> bool: ...
+
+    def poll(self) -> tuple[bool, list[bytes] | None]: ...
+
+
 class ScanResult:
     """The rows of one scan, as an iterator (read it once). Use it as a context manager (or
     call ``close``) to stop a scan that is not read to its end."""
@@ -261,7 +327,7 @@ class ScanResult:
     def __init__(
         self,
         run: Any,
-        stream: InStream,
+        stream: InStream | BlockSource,
         started: IndexScanStarted,
         covering: bool,
         block_timeout: float | None = None,
@@ -299,32 +365,28 @@ class ScanResult:
                 # The reply's own entries (all of a small scan) need no trip to the loop.
                 answered, block = self._stream.poll()
                 if not answered:
-                    # One block per trip, never more: taking a block returns its credit,
-                    # so taking every block already received would let the sender run
-                    # ahead of the reader (``credit`` blocks beyond what it has read).
-                    block = self._run(self._next_block())
+                    block = self._next()
                 if block is None:
                     return
                 yield block
         finally:
             self.close()
 
+    def _next(self) -> list[bytes] | None:
+        """The next block from the network (None: the end). One block per trip, never
+        more: taking a block returns its credit, so taking every block already received
+        would let the sender run ahead of the reader (``credit`` blocks beyond what it has
+        read). ``DirectScanResult`` reads it from the calling thread's socket instead."""
+        return self._run(self._next_block())  # type: ignore[no-any-return]
+
     async def _next_block(self) -> list[bytes] | None:
         try:
             # ``asyncio.timeout``, not ``wait_for``: the latter runs the wait in a Task of
             # its own (Python 3.11), a Task per block.
             async with asyncio.timeout(self._block_timeout):
-                return await self._stream.next_block()
+                return await self._stream.next_block()  # type: ignore[union-attr]
         except TimeoutError:
-            raise ShardexError(
-                f"scan of index {self.index_id} received no rows for {self._block_timeout}s",
-                code=ErrorCode.SCAN_TIMEOUT,
-                details={
-                    "index": self.index_id,
-                    "waited": self._block_timeout,
-                    "hint": "a node of the scan may be down or overloaded; retry the scan",
-                },
-            ) from None
+            raise scan_timed_out(self.index_id, self._block_timeout) from None
 
     def __iter__(self) -> Iterator[Row]:
         if self._iterating:
@@ -336,8 +398,9 @@ class ScanResult:
         return chain.from_iterable(map(rows.of, self.blocks()))
 
     def close(self) -> None:
-        if not self._stream.done and not self._stream.complete:
-            self._run(self._stream.cancel())
+        stream = self._stream
+        if not stream.done and not stream.complete:
+            self._run(stream.cancel())  # type: ignore[union-attr]
 
     def __enter__(self) -> ScanResult:
         return self
@@ -367,11 +430,16 @@ def open_scan(
     )
     if not isinstance(covering, bool):
         raise _bad(f"covering must be True or False, got {covering!r}", value=repr(covering))
+    direct = client._direct_scans
+    if direct is not None:
+        result = direct.open(msg, covering)
+        if result is not None:
+            return result
+        # None: a scan nested in one this thread still reads on that socket: the loop path.
     session = client._scan_session or _session(client)
     run = client._run  # the hand-off to the client's loop thread, for this scan's trips
     started, stream = run(session.start(msg))
-    block_timeout = msg.timeout + REPLY_MARGIN + client.request_timeout
-    return ScanResult(run, stream, started, covering, block_timeout)
+    return ScanResult(run, stream, started, covering, reply_timeout(client, msg))
 
 
 class QueryContext:

@@ -1,8 +1,11 @@
 """The synchronous Python client.
 
 Users call plain methods; underneath, an asyncio loop runs in a background thread owned by
-the client and every call is a coroutine submitted to it (``run_coroutine_threadsafe``). The
+the client and every call is a coroutine submitted to it (``_LoopThread.run``). The
 network code is therefore the same async code the nodes use, and the user never sees a loop.
+The exception is ``scan``: on TCP it runs over a blocking socket of the calling thread
+(``shardex.client.direct_scan``), since the hand-off to the loop thread and back was most of
+a scan's client CPU outside its rows (issue 6).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from shardex.client.direct_scan import DirectScans
 from shardex.client.indexes import IndexOps
 from shardex.client.keyspace import Keyspace
 from shardex.client.query import QueryRows, run_query
@@ -28,6 +32,8 @@ from shardex.client.scan import (
     QueryContext,
     ScanResult,
     ScanSession,
+    ScanTargets,
+    client_closed,
     open_scan,
 )
 from shardex.client.scan import close_session as close_scan_session
@@ -195,7 +201,9 @@ class Client(RebalanceOps, IndexOps):
     """A connection to a shardex cluster through one node, failing over to the others.
 
     Build it with ``connect`` or ``connect_local``. Thread-safe: calls from several threads
-    run concurrently on the client's loop. Use as a context manager or call ``close()``."""
+    run concurrently on the client's loop; index scans run in each calling thread, over
+    sockets of its own (``client/direct_scan.py``; ``direct_scans=False``: on the loop too).
+    Use as a context manager or call ``close()``."""
 
     def __init__(
         self,
@@ -206,6 +214,7 @@ class Client(RebalanceOps, IndexOps):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         transport: Transport | None = None,
+        direct_scans: bool = True,
     ) -> None:
         if not addresses:
             raise ConfigError("no node address given", details={"hint": "pass host:port"})
@@ -221,6 +230,11 @@ class Client(RebalanceOps, IndexOps):
         self._reconnecting: asyncio.Lock | None = None  # created on the client's loop
         self._io = _LoopThread(f"shardex-client-{name}")
         self._scan_session: ScanSession | None = None  # made by the first scan
+        self._scan_targets = ScanTargets()  # where scans go, for both scan paths
+        # Scans over a blocking socket in the calling thread (``client/direct_scan.py``):
+        # the default on TCP; the simulator's deterministic network keeps the loop path.
+        direct = direct_scans and type(self._transport) is TcpTransport
+        self._direct_scans: DirectScans | None = DirectScans(self) if direct else None
         self._router = DataRouter(
             transport=self._transport,
             secret=secret,
@@ -271,6 +285,8 @@ class Client(RebalanceOps, IndexOps):
         if self._closed:
             return
         self._closed = True
+        if self._direct_scans is not None:
+            self._direct_scans.close()  # every thread's scan sockets; blocked readers wake
         conn, self._conn = self._conn, None
         with contextlib.suppress(Exception):
             self._io.run(self._router.close(), timeout=5)
@@ -337,7 +353,7 @@ class Client(RebalanceOps, IndexOps):
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:
             coro.close()
-            raise ConnectionClosed("client is closed", details={"hint": "create a new client"})
+            raise client_closed()
         return self._io.run(coro)
 
     def ping(self) -> NodeStatus:
@@ -350,7 +366,7 @@ class Client(RebalanceOps, IndexOps):
             return reply, loop.time() - start
 
         if self._closed:
-            raise ConnectionClosed("client is closed", details={"hint": "create a new client"})
+            raise client_closed()
         reply, rtt = self._io.run(go())
         return node_status_from(reply, rtt)
 
@@ -529,8 +545,11 @@ def connect(
     name: str = "shardex-client",
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    direct_scans: bool = True,
 ) -> Client:
-    """Connect to a node (or the first reachable of several addresses)."""
+    """Connect to a node (or the first reachable of several addresses). ``direct_scans``:
+    scans run over a socket of the calling thread (False: through the client's loop
+    thread, as every other call; for comparisons)."""
     addresses = [address] if isinstance(address, str) else list(address)
     client = Client(
         addresses,
@@ -538,6 +557,7 @@ def connect(
         name=name,
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,
+        direct_scans=direct_scans,
     )
     client._connect()
     return client
@@ -549,6 +569,7 @@ def connect_local(
     name: str = "shardex-client",
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    direct_scans: bool = True,
 ) -> Client:
     """Connect to the local cluster in ``cluster_dir`` (made by ``shardex cluster start``):
     reads cluster.json and the secret, connects to the first live node, then the next."""
@@ -562,4 +583,5 @@ def connect_local(
         name=name,
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,
+        direct_scans=direct_scans,
     )

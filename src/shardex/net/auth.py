@@ -153,6 +153,72 @@ async def _reject(comm: Comm, peer: str) -> None:
     comm.abort()
 
 
+def check_challenge(challenge: Message, peer: str) -> Challenge:
+    """The server's first frame, checked: a ``Challenge`` in our protocol version, else the
+    error it carries (``ErrorReply``) or ``ProtocolError``. Shared by ``client_handshake``
+    and the client's blocking scan sockets (``shardex.client.direct_conn``)."""
+    if isinstance(challenge, ErrorReply):
+        raise ShardexError.from_wire(challenge.code, challenge.message, challenge.details)
+    if not isinstance(challenge, Challenge):
+        raise ProtocolError(
+            f"{peer} sent {message_type_name(challenge)} instead of Challenge",
+            details={"peer": peer},
+        )
+    if challenge.protocol_version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"{peer} speaks protocol {challenge.protocol_version}, we speak {PROTOCOL_VERSION}",
+            details={"peer": peer, "theirs": challenge.protocol_version},
+        )
+    return challenge
+
+
+def auth_response(key: bytes, challenge: Challenge, nonce_c: bytes, name: str) -> AuthResponse:
+    """The client's answer to ``challenge``: its nonce and proof."""
+    return AuthResponse(
+        client_name=name,
+        protocol_version=PROTOCOL_VERSION,
+        nonce=nonce_c,
+        proof=_proof(key, b"client", challenge, nonce_c, name),
+    )
+
+
+def check_auth_ok(
+    ok: Message, key: bytes, challenge: Challenge, nonce_c: bytes, name: str, peer: str
+) -> None:
+    """The server's last frame: its proof (``AuthOk``), else the error it sent."""
+    if isinstance(ok, ErrorReply):
+        raise ShardexError.from_wire(ok.code, ok.message, {**ok.details, "peer": peer})
+    if not isinstance(ok, AuthOk):
+        raise ProtocolError(
+            f"{peer} sent {message_type_name(ok)} instead of AuthOk",
+            details={"peer": peer},
+        )
+    expected = _proof(key, b"server", challenge, nonce_c, name)
+    if not hmac.compare_digest(expected, ok.proof):
+        raise AuthFailed(
+            f"server {peer} failed to prove it knows the cluster secret",
+            details={"peer": peer, "server_name": challenge.server_name},
+        )
+
+
+def handshake_timed_out(peer: str, timeout: float) -> NodeUnavailable:
+    return NodeUnavailable(
+        f"handshake with {peer} timed out after {timeout}s",
+        details={"address": peer, "timeout": timeout},
+    )
+
+
+def handshake_closed(peer: str) -> NodeUnavailable:
+    return NodeUnavailable(
+        f"{peer} closed the connection during the handshake", details={"address": peer}
+    )
+
+
+def log_auth_failure(peer: str, e: ShardexError) -> None:
+    if isinstance(e, AuthFailed):
+        log.warning("authentication with %s failed: %s", peer, e.message)
+
+
 async def client_handshake(
     comm: Comm,
     secret: str,
@@ -171,59 +237,18 @@ async def client_handshake(
     peer = comm.peer_address
     try:
         async with asyncio.timeout(timeout):
-            challenge = await _recv(comm)
-            if isinstance(challenge, ErrorReply):
-                raise ShardexError.from_wire(challenge.code, challenge.message, challenge.details)
-            if not isinstance(challenge, Challenge):
-                raise ProtocolError(
-                    f"{peer} sent {message_type_name(challenge)} instead of Challenge",
-                    details={"peer": peer},
-                )
-            if challenge.protocol_version != PROTOCOL_VERSION:
-                raise ProtocolError(
-                    f"{peer} speaks protocol {challenge.protocol_version}, "
-                    f"we speak {PROTOCOL_VERSION}",
-                    details={"peer": peer, "theirs": challenge.protocol_version},
-                )
+            challenge = check_challenge(await _recv(comm), peer)
             nonce_c = nonce_source(NONCE_BYTES)
-            proof = _proof(key, b"client", challenge, nonce_c, name)
-            await _send(
-                comm,
-                AuthResponse(
-                    client_name=name,
-                    protocol_version=PROTOCOL_VERSION,
-                    nonce=nonce_c,
-                    proof=proof,
-                ),
-            )
-            ok = await _recv(comm)
-            if isinstance(ok, ErrorReply):
-                raise ShardexError.from_wire(ok.code, ok.message, {**ok.details, "peer": peer})
-            if not isinstance(ok, AuthOk):
-                raise ProtocolError(
-                    f"{peer} sent {message_type_name(ok)} instead of AuthOk",
-                    details={"peer": peer},
-                )
-            expected = _proof(key, b"server", challenge, nonce_c, name)
-            if not hmac.compare_digest(expected, ok.proof):
-                raise AuthFailed(
-                    f"server {peer} failed to prove it knows the cluster secret",
-                    details={"peer": peer, "server_name": challenge.server_name},
-                )
+            await _send(comm, auth_response(key, challenge, nonce_c, name))
+            check_auth_ok(await _recv(comm), key, challenge, nonce_c, name, peer)
             return challenge.server_name
     except TimeoutError:
         comm.abort()
-        raise NodeUnavailable(
-            f"handshake with {peer} timed out after {timeout}s",
-            details={"address": peer, "timeout": timeout},
-        ) from None
+        raise handshake_timed_out(peer, timeout) from None
     except ConnectionClosed as e:
         comm.abort()
-        raise NodeUnavailable(
-            f"{peer} closed the connection during the handshake", details={"address": peer}
-        ) from e
+        raise handshake_closed(peer) from e
     except ShardexError as e:
-        if isinstance(e, AuthFailed):
-            log.warning("authentication with %s failed: %s", peer, e.message)
+        log_auth_failure(peer, e)
         comm.abort()
         raise

@@ -1,0 +1,375 @@
+"""Scans over a blocking socket in the calling thread: the sync client's default scan path.
+
+``Client.scan`` (``open_scan``) sends a scan here first. The calling thread keeps one
+``DirectConn`` per node it has scanned (opened lazily, thread-local), sends the very
+``IndexScan`` the loop path sends, reads the ``IndexScanStarted`` reply itself and, while
+the caller iterates, reads each ``ScanBlock`` and returns its ``ScanCredit``: the same
+protocol and back-pressure as the loop path, without the hand-off to the client's event-loop
+thread (two wake-ups, a send from another thread and context switches per scan: most of the
+client's CPU outside the rows, decisions.md "Scans in the calling thread").
+
+What stays on the loop path (``open` returns None, or the client has no ``DirectScans``):
+* a scan started while another scan of this thread still streams on the same socket
+  (nested scans: the socket carries one stream at a time);
+* clients on any transport other than TCP (the simulator's deterministic network);
+* clients built with ``direct_scans=False`` (benches compare the two).
+
+Failover is ``ScanTargets``' (``client/scan.py``), as on the loop path: NodeUnavailable or
+ConnectionClosed before the reply sends the scan to the next node; a socket kept from an
+earlier scan that turns out dead (the node restarted) is first replaced once. Errors and
+their messages are the loop path's: the reply's wait is a ``RequestTimeout``, a block's wait
+SCAN_TIMEOUT, a socket that ends mid-stream CONNECTION_CLOSED, a closed client "client is
+closed". A scan abandoned half-read is cancelled on the node (``CancelScan``, from the
+thread that owns the socket, else by that thread before its next scan); frames of it still
+on the way are skipped by scan id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import weakref
+from collections import deque
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+from shardex.client.direct_conn import DirectConn
+from shardex.client.scan import (
+    FAILOVER,
+    ScanResult,
+    client_closed,
+    reply_timeout,
+    scan_timed_out,
+)
+from shardex.errors import ConnectionClosed, ErrorCode, ProtocolError, RequestTimeout, ShardexError
+from shardex.net.messages import Envelope, ErrorReply, Kind, encode_frame, message_type_name
+from shardex.scan.messages import (
+    CancelScan,
+    IndexScan,
+    IndexScanStarted,
+    ScanBlock,
+    ScanCredit,
+    ScanEnd,
+)
+
+if TYPE_CHECKING:
+    from shardex.client.sync import Client
+
+__all__ = ["DirectScanResult", "DirectScans", "DirectStream"]
+
+_SCAN_TYPE: Final = message_type_name(IndexScan)
+
+
+class DirectStream:
+    """One scan's blocks, read from its socket by whichever thread iterates the result."""
+
+    __slots__ = (
+        "_credit",
+        "_early",
+        "_ends_at_head",
+        "_head",
+        "_owner",
+        "client",
+        "conn",
+        "done",
+        "index_id",
+        "rows",
+        "scan_id",
+    )
+
+    def __init__(self, client: Client, conn: DirectConn, scan_id: int) -> None:
+        self.client = client
+        self.conn = conn
+        self.scan_id = scan_id
+        self.index_id = "?"  # named by the reply (SCAN_TIMEOUT names it)
+        self._owner = threading.get_ident()  # the thread whose socket this is
+        self.done = False
+        self.rows = 0
+        self._head: list[bytes] | None = None
+        self._ends_at_head = False
+        self._early: deque[ScanBlock | ScanEnd] | None = None  # frames ahead of the reply
+        self._credit: bytes | None = None  # this scan's ScanCredit frame, encoded once
+
+    # -- the head (``ScanResult.blocks`` polls it without any I/O) --
+
+    def put_head(self, entries: list[bytes], done: bool) -> None:
+        self._head = entries if entries else None
+        if done:
+            self._ends_at_head = True
+            self._release()
+
+    @property
+    def complete(self) -> bool:
+        return self._ends_at_head
+
+    def poll(self) -> tuple[bool, list[bytes] | None]:
+        if self._head is not None:
+            head, self._head = self._head, None
+            return True, head
+        if self._ends_at_head:
+            self.done = True
+            return True, None
+        return False, None
+
+    def early(self, msg: ScanBlock | ScanEnd) -> None:
+        """A block or end that overtook the reply."""
+        if self._early is None:
+            self._early = deque()
+        self._early.append(msg)
+
+    # -- the rest, from the socket --
+
+    def read(self, timeout: float | None) -> list[bytes] | None:
+        """The next block (None at the end), its credit returned; raises the sender's
+        error, SCAN_TIMEOUT past ``timeout`` (the loop path's words), CONNECTION_CLOSED if
+        the socket ends, "client is closed" once the client is."""
+        if self.done:
+            return None
+        if self.client._closed:
+            raise client_closed()
+        conn = self.conn
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        sid = self.scan_id
+        early = self._early
+        while True:
+            if early:
+                msg = early.popleft()
+            else:
+                try:
+                    env = conn.read(deadline)
+                except TimeoutError:
+                    raise scan_timed_out(self.index_id, timeout) from None
+                except ShardexError:
+                    self._release()
+                    if self.client._closed:
+                        raise client_closed() from None
+                    raise
+                msg = env.body
+                kind = type(msg)
+                if (kind is not ScanBlock and kind is not ScanEnd) or msg.scan_id != sid:
+                    continue  # a late reply, or a frame of a scan this socket left behind
+            if type(msg) is ScanEnd:
+                return self._end(msg)
+            self.rows += len(msg.entries)
+            frame = self._credit
+            if frame is None:
+                credit = ScanCredit(scan_id=sid, blocks=1)
+                frame = self._credit = encode_frame(Envelope(Kind.ONEWAY, 0, credit))
+            # Not ``contextlib.suppress``: an object per block. A dead socket: the next read
+            # says so, after this block's rows.
+            try:  # noqa: SIM105
+                conn.send_frame(frame)
+            except ShardexError:
+                pass
+            return msg.entries
+
+    def _end(self, msg: ScanEnd) -> None:
+        self._release()
+        if msg.error is not None:
+            e = msg.error
+            raise ShardexError.from_wire(e.code, e.message, e.details)
+        if msg.rows != self.rows:
+            raise ShardexError(
+                f"scan {self.scan_id} ended after {self.rows} of {msg.rows} rows",
+                code=ErrorCode.PROTOCOL_ERROR,
+                details={"received": self.rows, "sent": msg.rows},
+            )
+        return None
+
+    def cancel(self) -> None:
+        """Stop the sender (nothing once the stream ended). The ``CancelScan`` goes out now
+        from the socket's own thread; from another thread (a result dropped elsewhere) it
+        is left to the owner, which sends it before its next scan on that socket."""
+        if self.done:
+            return
+        ends_at_head = self._ends_at_head
+        self._release()
+        conn = self.conn
+        if ends_at_head or conn.closed:
+            return
+        if threading.get_ident() == self._owner:
+            with contextlib.suppress(ShardexError):  # gone: the stream ends with it
+                conn.send(CancelScan(scan_id=self.scan_id), 0)
+        else:
+            conn.pending_cancels.append(self.scan_id)
+
+    def _release(self) -> None:
+        self.done = True
+        if self.conn.busy is self:
+            self.conn.busy = None
+
+
+class DirectScanResult(ScanResult):
+    """A ``ScanResult`` whose blocks come from the calling thread's socket."""
+
+    _stream: DirectStream
+
+    def _next(self) -> list[bytes] | None:
+        return self._stream.read(self._block_timeout)
+
+    def close(self) -> None:
+        stream = self._stream
+        if not stream.done and not stream.complete:
+            if stream.client._closed:
+                # Nothing to cancel: ``Client.close`` closed the socket, and the node ends
+                # the stream with it. Reading raises "client is closed", as the loop path.
+                stream._release()
+                return
+            stream.cancel()
+
+
+class DirectScans:
+    """The client's direct scan sockets: per thread, per node, opened on first use; every
+    one also in a set that ``close`` (from any thread) shuts down."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # Weak: a thread that ends drops its sockets (its thread-local dict goes with it).
+        self._all: weakref.WeakSet[DirectConn] = weakref.WeakSet()
+        self._closed = False
+        self.name = f"{client.name}/scan"  # the node sees the loop path's scan-pool name
+
+    def _conns(self) -> dict[str, DirectConn]:
+        try:
+            conns: dict[str, DirectConn] = self._local.conns
+        except AttributeError:
+            conns = self._local.conns = {}
+        return conns
+
+    def open(self, msg: IndexScan, covering: bool) -> ScanResult | None:
+        """Start the scan on this thread's socket to the first node that answers (the
+        failover of ``ScanTargets``); None when it must take the loop path (nested)."""
+        client = self._client
+        if client._closed:
+            raise client_closed()
+        conns = self._conns()
+        targets = client._scan_targets
+        key = (msg.keyspace, msg.index)
+        order, hint = targets.order(client, key)
+        timeout = reply_timeout(client, msg)
+        last: ShardexError | None = None
+        for address in order:
+            conn = conns.get(address)
+            if conn is not None and conn.busy is not None:
+                return None  # this socket streams a scan the caller still reads
+            try:
+                started, stream = self._start(conns, address, conn, msg, timeout)
+            except FAILOVER as exc:
+                if client._closed:
+                    raise client_closed() from None
+                targets.failed(key, address, hint)
+                last = exc
+                continue
+            targets.answered(key, address, hint, started)
+            stream.index_id = started.index_id
+            return DirectScanResult(None, stream, started, covering, timeout)
+        assert last is not None
+        raise last
+
+    def _start(
+        self,
+        conns: dict[str, DirectConn],
+        address: str,
+        conn: DirectConn | None,
+        msg: IndexScan,
+        timeout: float,
+    ) -> tuple[IndexScanStarted, DirectStream]:
+        if conn is None or conn.closed:
+            return self._send(self._connect(conns, address), msg, timeout)
+        try:
+            return self._send(conn, msg, timeout)
+        except FAILOVER:
+            if not conn.closed:
+                raise
+        # A socket kept from an earlier scan was found dead (the node restarted, or dropped
+        # it): the loop path's pool would have noticed and reconnected; so does this, once.
+        return self._send(self._connect(conns, address), msg, timeout)
+
+    def _connect(self, conns: dict[str, DirectConn], address: str) -> DirectConn:
+        client = self._client
+        transport = client._transport
+        conn = DirectConn.open(
+            address,
+            client._secret,
+            name=self.name,
+            timeout=client.connect_timeout,
+            max_frame=transport.max_frame,
+            nonce=transport.nonce,
+        )
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise client_closed()
+            self._all.add(conn)
+        old = conns.get(address)
+        if old is not None:
+            old.close()
+        conns[address] = conn
+        return conn
+
+    def _send(
+        self, conn: DirectConn, msg: IndexScan, timeout: float
+    ) -> tuple[IndexScanStarted, DirectStream]:
+        """Send the scan on ``conn`` and read its reply (blocks that overtake it are kept
+        for the stream)."""
+        cancels = conn.pending_cancels
+        while cancels:  # abandoned from another thread: stop them now, from the owner
+            conn.send(CancelScan(scan_id=cancels.popleft()), 0)
+        sid = conn.new_scan_id()
+        rid = conn.new_request_id()
+        stream = DirectStream(self._client, conn, sid)
+        conn.send(msgspec.structs.replace(msg, scan_id=sid), rid, Kind.REQUEST)
+        conn.busy = stream
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    env = conn.read(deadline)
+                except TimeoutError:
+                    raise RequestTimeout(
+                        f"{_SCAN_TYPE} to {conn.peer_label} timed out after {timeout}s",
+                        details={"type": _SCAN_TYPE, "peer": conn.peer_label, "timeout": timeout},
+                    ) from None
+                body = env.body
+                if env.kind is Kind.ONEWAY:
+                    kind = type(body)
+                    if (kind is ScanBlock or kind is ScanEnd) and body.scan_id == sid:
+                        stream.early(body)
+                    continue
+                if env.id != rid or env.kind is Kind.REQUEST:
+                    continue  # the late reply of a request this socket gave up on
+                if env.kind is Kind.ERROR:
+                    if isinstance(body, ErrorReply):
+                        raise ShardexError.from_wire(body.code, body.message, body.details)
+                    raise ProtocolError(
+                        f"{conn.peer_label} sent an error of type {message_type_name(body)}",
+                        details={"type": _SCAN_TYPE},
+                    )
+                if type(body) is not IndexScanStarted:
+                    raise ProtocolError(
+                        f"{conn.peer_label} answered {_SCAN_TYPE} with "
+                        f"{message_type_name(body)}, expected IndexScanStarted",
+                        details={"type": _SCAN_TYPE, "got": message_type_name(body)},
+                    )
+                stream.put_head(body.entries, body.done)
+                return body, stream
+        except ConnectionClosed:
+            stream._release()
+            raise
+        except BaseException:
+            stream.cancel()  # as the loop path: the node stops whatever it started
+            raise
+
+    def close(self) -> None:
+        """Close every socket of every thread (from any thread): readers blocked on one
+        wake up with an error. Idempotent."""
+        with self._lock:
+            self._closed = True
+            conns = list(self._all)
+            self._all.clear()
+        for conn in conns:
+            conn.close()

@@ -131,6 +131,7 @@ class InProcessDriver:
         poll: float,
         overlap: bool = True,
         early: str | None = None,
+        source_options: dict[str, str] | None = None,
     ) -> None:
         from shardex.client import connect_local
         from shardex.pipeline.driver import PipelineDriver
@@ -139,7 +140,7 @@ class InProcessDriver:
         self.driver = PipelineDriver(
             spark,
             self.client,
-            {"cluster_dir": str(cluster_dir)},
+            {"cluster_dir": str(cluster_dir), **(source_options or {})},
             checkpoints,
             poll=poll,
             on_batch=batches,

@@ -173,53 +173,6 @@ async def test_a_reply_without_the_seqnos_makes_the_coordinator_ask_the_owner(en
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(got_ts), None)
 
 
-async def test_scans_asking_before_a_round_starts_share_it_later_ones_do_not() -> None:
-    local = {p: (10, 7) for p in range(4)}
-    reads: list[int] = []
-    view = _view(lambda p: NODES[0], local)
-    real = view.local_seqnos
-    assert real is not None
-
-    def counted(ks: str, parts: list[int]) -> dict[int, tuple[int, int]]:
-        reads.append(len(parts))
-        return real(ks, parts)
-
-    view.local_seqnos = counted
-    # Two scans asking in one loop iteration: one round, read after both asked.
-    a = view.shared_partial_high_seqnos(KS, skip=())
-    b = view.shared_partial_high_seqnos(KS, skip=())
-    assert await a == await b == local
-    assert reads == [4]
-    # Another set of skipped nodes is another round.
-    assert await view.shared_partial_high_seqnos(KS, skip=["n9"]) == local
-    assert reads == [4, 4]
-    await view.pool.close()
-
-
-async def test_a_scan_asking_after_a_round_started_sees_the_writes_acknowledged_since() -> None:
-    local = {0: (10, 7), 2: (10, 7), 3: (10, 7)}
-    # Partition 1's owner is not reachable: its request keeps the round open a moment after
-    # it read this node's seqnos.
-    view = _view(lambda p: NODES[1] if p == 1 else NODES[0], local)
-    first = view.shared_partial_high_seqnos(KS, skip=())
-    await asyncio.sleep(0)  # the round starts: it has read partition 0 at 10
-    local[0] = (11, 7)  # a write acknowledged now, before the next scan arrives
-    second = view.shared_partial_high_seqnos(KS, skip=())
-    assert (await first)[0] == (10, 7)
-    assert (await second)[0] == (11, 7)
-    await view.pool.close()
-
-
-async def test_a_scan_giving_up_leaves_the_shared_round_to_the_others() -> None:
-    local = {p: (10, 7) for p in range(4)}
-    view = _view(lambda p: NODES[1] if p == 1 else NODES[0], local)
-    a = view.shared_partial_high_seqnos(KS, skip=())
-    b = view.shared_partial_high_seqnos(KS, skip=())
-    a.cancel()
-    assert (await b)[0] == (10, 7)
-    await view.pool.close()
-
-
 async def test_a_scan_without_stability_waits_for_the_shared_rounds_seqnos(env: Env) -> None:
     ahead, asked = await _writes_ahead(env, 34)
     requests: list[str] = []
@@ -239,69 +192,6 @@ async def test_a_scan_without_stability_waits_for_the_shared_rounds_seqnos(env: 
     await env.stabilize(ahead)
     rows = await first
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(ahead), None)
-
-
-def gated_rounds(view: Any) -> tuple[list[asyncio.Future[None]], list[int]]:
-    """``view``'s rounds held until the test releases them: round i (from 0) waits for
-    ``gates[i]``; ``started`` counts the rounds that began (sent their requests)."""
-    gates: list[asyncio.Future[None]] = []
-    started: list[int] = []
-
-    async def partial(keyspace: str, skip: Any) -> dict[int, tuple[int, int]]:
-        i = len(started)
-        started.append(i)
-        while len(gates) <= i:
-            gates.append(asyncio.get_running_loop().create_future())
-        await gates[i]
-        return {0: (i, 7)}
-
-    view.partial_high_seqnos = partial
-    return gates, started
-
-
-async def test_scans_asking_while_a_round_is_out_share_the_next_one_after_it() -> None:
-    view = _view(lambda p: NODES[0], {})
-    gates, started = gated_rounds(view)
-    first = view.shared_partial_high_seqnos(KS, skip=())
-    await _until(lambda: started == [0])
-    # Round 0's requests are out: these two scans join round 1, which waits for round 0.
-    b = view.shared_partial_high_seqnos(KS, skip=())
-    c = view.shared_partial_high_seqnos(KS, skip=())
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert started == [0]
-    gates[0].set_result(None)
-    assert await first == {0: (0, 7)}
-    await _until(lambda: started == [0, 1])
-    # Round 1 started after both scans asked, so its seqnos are read after they arrived.
-    gates[1].set_result(None)
-    assert await b == await c == {0: (1, 7)}
-    # With nothing out, a round starts at once.
-    d = view.shared_partial_high_seqnos(KS, skip=())
-    await _until(lambda: started == [0, 1, 2])
-    gates[2].set_result(None)
-    assert await d == {0: (2, 7)}
-    await view.pool.close()
-
-
-async def test_a_round_waits_for_a_hung_round_ahead_only_a_moment(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from shardex.scan import cluster_view
-
-    monkeypatch.setattr(cluster_view, "CHAIN_WAIT", 0.05)
-    view = _view(lambda p: NODES[0], {})
-    gates, started = gated_rounds(view)
-    hung = view.shared_partial_high_seqnos(KS, skip=())
-    await _until(lambda: started == [0])
-    later = view.shared_partial_high_seqnos(KS, skip=())
-    await _until(lambda: started == [0, 1])  # after CHAIN_WAIT, round 0 still unanswered
-    gates[1].set_result(None)
-    assert await later == {0: (1, 7)}
-    assert not hung.done()
-    hung.cancel()
-    gates[0].set_result(None)
-    await view.pool.close()
 
 
 async def test_with_every_other_owner_riding_only_the_own_node_is_read_without_a_round() -> None:

@@ -71,6 +71,7 @@ from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
 from shardex.node.reconcile_loop import reconcile_forever
+from shardex.node.thread_names import os_thread_namer
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,6 @@ class DataService:
             Get: self._on_get,
             GetMany: self._on_get_many,
             MutateMany: self._on_mutate_many,
-            HighSeqnos: self._on_high_seqnos,
             KeyspaceStats: self._on_stats,
             OpenPartitions: self._on_open_partitions,
             DropKeyspaceData: self._on_drop_keyspace,
@@ -155,13 +155,18 @@ class DataService:
         routes.update(self.migration_target.routes())
         for msg_type, handler in routes.items():
             server.route(msg_type, handler)
+        # Every request_plus scan asks each data node it does not read: answered from memory
+        # in the receive callback, no task (``Router.route_inline``).
+        server.router.route_inline(HighSeqnos, self._on_high_seqnos)
 
     async def start(self) -> None:
         """Open the engine (in a thread: opening RocksDB with many families takes a while)
         and start reconciling; call before the node accepts requests."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            self._io_threads, thread_name_prefix=f"data-io-{self.name}"
+            self._io_threads,
+            thread_name_prefix=f"data-io-{self.name}",
+            initializer=os_thread_namer("data-io"),  # per-thread CPU (bench.pipeline_cpu)
         )
         self._engine = await self._run(DataEngine, self.path)
         self.committer = GroupCommitter(self._engine.mutate_many, self._run_direct)
@@ -384,10 +389,14 @@ class DataService:
                 )
         return out
 
-    async def _on_high_seqnos(self, msg: HighSeqnos, conn: Connection) -> HighSeqnosReply:
-        if msg.partitions is not None:
+    def _on_high_seqnos(
+        self, msg: HighSeqnos, conn: Connection
+    ) -> HighSeqnosReply | Awaitable[HighSeqnosReply]:
+        if msg.partitions is not None:  # an owner's share: from memory, answered inline
             return HighSeqnosReply(entries=self.local_high_seqnos(msg.keyspace, msg.partitions))
+        return self._gather_high_seqnos(msg)  # every partition: gathered, in a task
 
+    async def _gather_high_seqnos(self, msg: HighSeqnos) -> HighSeqnosReply:
         async def remote(address: str, parts: list[int]) -> dict[int, tuple[int, int]]:
             req = HighSeqnos(keyspace=msg.keyspace, partitions=parts)
             reply = await self.pool.request(address, req, FAN_OUT_TIMEOUT, expect=HighSeqnosReply)

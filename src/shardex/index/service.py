@@ -75,6 +75,7 @@ from shardex.manager.state import StateContext
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 from shardex.node.reconcile_loop import reconcile_forever
+from shardex.node.thread_names import os_thread_namer
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 
 __all__ = ["IndexService", "ReconcilePlan", "SliceEngine", "plan_reconcile"]
@@ -203,7 +204,9 @@ class IndexService:
         self.incarnation = uuid.uuid4().hex
         if not self.inline_io:
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix=f"index-io-{self.name}"
+                1,
+                thread_name_prefix=f"index-io-{self.name}",
+                initializer=os_thread_namer("index-io"),  # per-thread CPU (bench.pipeline_cpu)
             )
         self._engine = await self._run(self._factory)
         coord = self._coordinator()

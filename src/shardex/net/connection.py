@@ -24,15 +24,14 @@ from typing import Any, TypeVar, overload
 
 from shardex.errors import (
     ConnectionClosed,
-    ErrorCode,
     FrameTooLarge,
     ProtocolError,
     RequestTimeout,
     ShardexError,
 )
+from shardex.net.answering import Answering
 from shardex.net.deadlines import DeadlineSweep, Pending
 from shardex.net.messages import (
-    Ack,
     Envelope,
     ErrorReply,
     Kind,
@@ -66,7 +65,7 @@ M = TypeVar("M", bound=Message)
 CloseCallback = Callable[["Connection"], None]
 
 
-class Connection:
+class Connection(Answering):
     """One authenticated, symmetric connection. Build with ``connect`` or get it from
     ``RpcServer`` handlers; never construct directly outside this package."""
 
@@ -199,6 +198,39 @@ class Connection:
                 details={"type": type_name, "got": message_type_name(reply)},
             )
         return reply
+
+    def request_future(
+        self, msg: Message, timeout: float | None = DEFAULT_REQUEST_TIMEOUT
+    ) -> asyncio.Future[Message]:
+        """``request`` without a coroutine: ``msg`` is sent now (when the transport takes it
+        without waiting) and the future of its response returned, failing as ``request``
+        raises; the response is not checked against a type. For a caller that fans a request
+        out to several peers from plain code: no task per request. Cancelling the future
+        drops a late response. A send that must wait for back-pressure runs ``request`` in a
+        task instead. Raises at once if the connection is closed or ``msg`` cannot be sent."""
+        if self._closed:
+            raise self._closed_error(message_type_name(msg))
+        if self._write_lock.locked():
+            return self._loop.create_task(self.request(msg, timeout))
+        rid = self._next_id
+        frame = self._encode(Envelope(Kind.REQUEST, rid, msg))
+        fut: asyncio.Future[Message] = self._loop.create_future()
+        pending = Pending(fut, message_type_name(msg), timeout)
+        self._pending[rid] = pending
+        try:
+            sent = self._comm.write_nowait(frame)
+        except BaseException:
+            del self._pending[rid]
+            raise
+        if not sent:
+            del self._pending[rid]
+            return self._loop.create_task(self.request(msg, timeout))
+        self._next_id = rid + 1
+        if timeout is not None:
+            self._deadlines.arm(pending, timeout)
+        # A response pops its entry; a timeout or a cancel leaves it: dropped here.
+        fut.add_done_callback(lambda _: self._pending.pop(rid, None))
+        return fut
 
     async def send(self, msg: Message) -> None:
         """Send a one-way message. Returns once it is handed to the transport (not when the
@@ -387,6 +419,10 @@ class Connection:
             body = env.body
             if type(body) is Ping and self._answer_ping_now(env.id, body):
                 return
+            inline = self._router.lookup_inline(type(body))
+            if inline is not None:
+                self._answer_inline(env.id, body, inline)
+                return
             key = self._task_seq = self._task_seq + 1
             self._tasks[key] = self._loop.create_task(self._handle_request(env.id, body, key))
         elif kind is Kind.ONEWAY:
@@ -438,91 +474,6 @@ class Connection:
         key = self._task_seq = self._task_seq + 1
         self._tasks[key] = task = self._loop.create_task(coro)
         task.add_done_callback(lambda _: self._tasks.pop(key, None))
-
-    def _answer_ping_now(self, rid: int, ping: Ping) -> bool:
-        """An unrouted ``Ping`` answered in the receive callback: no task, no extra loop
-        iteration (liveness probes stay cheap). False: leave it to a handler task."""
-        if Ping in self._router or self._closed:
-            return False
-        frame = encode_frame(Envelope(Kind.RESPONSE, rid, Pong(payload=ping.payload)))
-        if len(frame) > self._max_frame or self._write_lock.locked():
-            return False
-        try:
-            return self._comm.write_nowait(frame)
-        except ConnectionClosed:
-            return True  # the reply is lost with the connection, as a task's would be
-
-    async def _handle_request(self, rid: int, msg: Message, key: int) -> None:
-        try:
-            await self._answer(rid, msg)
-        finally:
-            self._tasks.pop(key, None)
-
-    async def _answer(self, rid: int, msg: Message) -> None:
-        handler = self._router.lookup(type(msg))
-        type_name = message_type_name(msg)
-        if handler is None:
-            if isinstance(msg, Ping):
-                await self._reply(rid, Pong(payload=msg.payload))
-                return
-            await self._reply_error(
-                rid,
-                ShardexError(
-                    f"{self.name} has no handler for {type_name}",
-                    code=ErrorCode.UNKNOWN_MESSAGE,
-                    details={"type": type_name},
-                ),
-            )
-            return
-        try:
-            result = await handler(msg, self)
-            if result is None:
-                result = Ack()
-            elif not isinstance(result, Message):
-                raise TypeError(f"handler returned {type(result).__name__}, not a Message")
-        except ShardexError as e:
-            log.debug("%s from %s failed: %s", type_name, self.peer_label, e)
-            await self._reply_error(rid, e)
-            return
-        except Exception as e:
-            log.exception("handler for %s from %s raised", type_name, self.peer_label)
-            await self._reply_error(
-                rid,
-                ShardexError(
-                    f"{type(e).__name__}: {e}",
-                    code=ErrorCode.INTERNAL,
-                    details={"type": type_name, "exception": type(e).__name__},
-                ),
-            )
-            return
-        await self._reply(rid, result)
-
-    async def _reply(self, rid: int, result: Message) -> None:
-        try:
-            await self._write(Envelope(Kind.RESPONSE, rid, result))
-        except ConnectionClosed:
-            log.debug("reply %d to %s lost: connection closed", rid, self.peer_label)
-        except ProtocolError as e:  # unencodable or oversized response: say so instead
-            log.error("cannot send reply %d to %s: %s", rid, self.peer_label, e)
-            await self._reply_error(rid, e)
-
-    async def _reply_error(self, rid: int, err: ShardexError) -> None:
-        code, message, details = err.to_wire()
-        try:
-            try:
-                await self._write(
-                    Envelope(
-                        Kind.ERROR, rid, ErrorReply(code=code, message=message, details=details)
-                    )
-                )
-            except ProtocolError:
-                # Details that cannot be encoded must not turn an error into a hang.
-                safe = ErrorReply(code=code, message=message, details={"repr": repr(details)})
-                await self._write(Envelope(Kind.ERROR, rid, safe))
-        except ConnectionClosed:
-            log.debug("error reply %d to %s lost: connection closed", rid, self.peer_label)
-        except ShardexError as e:
-            log.error("cannot send error reply %d to %s: %s", rid, self.peer_label, e)
 
     async def _oneway_loop(self) -> None:
         queue = self._oneway

@@ -37,7 +37,8 @@ Options (strings, as Spark passes them):
 * tuning: ``tasks`` = ``owner`` (default: one task per owner node), ``partition`` or a
   number; ``concurrency`` (streams open at once per task), ``max_items``,
   ``request_timeout``, ``resume_timeout``; ``stats_path`` (the stream readers write their
-  call counters there as JSON: the benchmark reads them).
+  call counters there as JSON: the benchmark reads them); ``high_seqnos`` = ``owners``
+  (default: each owner asked directly) or ``gather`` (one data node gathers).
 
 Timestamps are JSON ``{"<partition>": [seqno, uuid], ...}`` (``Timestamp.to_json``). Offsets
 use the same form with every partition present, string keys in numeric order, so Spark's

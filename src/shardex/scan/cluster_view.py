@@ -12,13 +12,15 @@ service, if it runs one, is read in-process (``local_seqnos``: no loopback conne
 encoding): it answers from the same in-memory partition metadata as its ``HighSeqnos``
 handler, after the writes it acknowledged. A partition that moved meanwhile is asked again
 after a fresh state. A request_plus scan gets most of them another way (its ``ScanSlices``
-replies) and asks only the other owners, in a round shared by the scans that ask before it
-starts (``shared_partial_high_seqnos``), then completes what is missing (``known=``).
+replies) and asks only the other owners (``shared_partial_high_seqnos``: a round sent at
+once, without a task, or shared by the scans that ask while one is out), then completes what
+is missing (``known=``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
@@ -68,7 +70,7 @@ class ClusterView:
         # (keyspace, nodes skipped) -> the shared high-seqno round not yet started, and the
         # one whose requests are out (the next one starts once it is answered).
         self._next_round: dict[tuple[str, frozenset[str]], _Round] = {}
-        self._in_flight: dict[tuple[str, frozenset[str]], asyncio.Task[Any]] = {}
+        self._in_flight: dict[tuple[str, frozenset[str]], asyncio.Future[Any]] = {}
 
     async def state(self, *, fresh: bool = False) -> StateContext:
         coord = self._coordinator()
@@ -124,54 +126,120 @@ class ClusterView:
         self,
         keyspace: str,
         skip: Collection[str],
-        owners: Mapping[str, list[int]] | None = None,
+        owners: Mapping[str, list[int]],
     ) -> asyncio.Future[dict[int, tuple[int, int]]]:
-        """``partial_high_seqnos`` shared by the scans that ask before it starts.
+        """The high seqnos of ``owners``' partitions (``data_owners(keyspace)``) but those of
+        the nodes in ``skip`` (their seqnos come another way: a request_plus scan's
+        ``ScanSlices``): what answered. Nothing is retried or raised here;
+        ``high_seqnos(known=...)`` completes the rest. The answer may be shared: do not
+        modify it. Cancelling the returned future leaves a shared round to its other scans.
 
-        Seed step 9 wants seqnos read after the scan arrived. A round that has not started
-        yet (its task runs on a later loop iteration) reads them after every scan that
-        joined it arrived, so all of them may use its answer: concurrent request_plus scans
-        arriving at a busy coordinator send one ``HighSeqnos`` per data node, not one each.
-        A round starts once the round ahead of it (same keyspace and skipped nodes) is
-        answered, or after ``CHAIN_WAIT``; scans keep joining it meanwhile (group commit).
-        A round already started is never joined. The answer is shared: do not modify it.
-        Cancelling the returned future leaves the round to its other scans.
+        Seed step 9 wants seqnos read after the scan arrived. With no round of this
+        (keyspace, skip) out, one starts now: its requests leave before this returns (no task:
+        ``Connection.request_future``) and this node's own partitions are read in-process
+        meanwhile; no other scan can join it. While one is out, the scans asking share the
+        next round, which starts once the one ahead is answered, or after ``CHAIN_WAIT``: it
+        reads the seqnos after every scan that joined it arrived (group commit), so
+        concurrent scans send one ``HighSeqnos`` per data node per round trip.
 
-        ``owners`` (``data_owners(keyspace)``, when the caller has it): if no owner outside
-        ``skip`` but this node's own data service is left, that is read now, in-process -
-        no round, no task (every other owner answers in the scan's ``ScanSlices``)."""
-        if owners is not None and self._only_local(owners, skip):
-            done: asyncio.Future[dict[int, tuple[int, int]]]
-            done = asyncio.get_running_loop().create_future()
+        If no owner outside ``skip`` but this node's own data service is left, that is read
+        now, in-process - no round (every other owner answers in the scan's ``ScanSlices``)."""
+        loop = asyncio.get_running_loop()
+        if self._only_local(owners, skip):
+            done: asyncio.Future[dict[int, tuple[int, int]]] = loop.create_future()
             done.set_result(self._read_local(keyspace, owners.get(self.name)))
             return done
         key = (keyspace, frozenset(skip))
         pending = self._next_round.get(key)
         if pending is None:
-            pending = self._next_round[key] = _Round()
+            by_node = {n: ps for n, ps in owners.items() if n not in skip}
             ahead = self._in_flight.get(key)
+            if ahead is None:  # a lone scan: its own round, at once
+                own: asyncio.Future[dict[int, tuple[int, int]]] = loop.create_future()
+                self._start_round(key, keyspace, by_node, own)
+                return own
+            pending = self._next_round[key] = _Round(loop.create_future())
+            start = functools.partial(self._start_pending, key, keyspace, by_node, pending)
+            # Bounded: a hung owner must not hold every later scan for its whole timeout.
+            pending.timer = loop.call_later(CHAIN_WAIT, start)
+            ahead.add_done_callback(lambda _: start())
+        return asyncio.shield(pending.fut)
 
-            async def run(r: _Round = pending) -> dict[int, tuple[int, int]]:
-                if ahead is not None and not ahead.done():
-                    # Group commit: while the round ahead is out, scans keep joining this
-                    # one, so concurrent scans send one HighSeqnos per data node per round
-                    # trip instead of one per loop iteration. Bounded: a hung owner must
-                    # not hold every later scan for its whole request timeout.
-                    await asyncio.wait((ahead,), timeout=CHAIN_WAIT)
-                if self._next_round.get(key) is r:  # from now on, later scans start another
-                    del self._next_round[key]
-                assert r.task is not None
-                self._in_flight[key] = r.task
-                try:
-                    return await self.partial_high_seqnos(keyspace, skip)
-                finally:
-                    if self._in_flight.get(key) is r.task:
-                        del self._in_flight[key]
+    def _start_pending(
+        self,
+        key: tuple[str, frozenset[str]],
+        keyspace: str,
+        by_node: dict[str, list[int]],
+        r: _Round,
+    ) -> None:
+        """Start the shared round ``r`` (once: the round ahead answered, or ``CHAIN_WAIT``
+        passed); from now on, scans asking start or join another."""
+        if r.started:
+            return
+        r.started = True
+        if r.timer is not None:
+            r.timer.cancel()
+        if self._next_round.get(key) is r:
+            del self._next_round[key]
+        self._start_round(key, keyspace, by_node, r.fut)
 
-            pending.task = asyncio.ensure_future(run())
-            pending.task.add_done_callback(_retrieve)
-        assert pending.task is not None
-        return asyncio.shield(pending.task)
+    def _start_round(
+        self,
+        key: tuple[str, frozenset[str]],
+        keyspace: str,
+        by_node: dict[str, list[int]],
+        out: asyncio.Future[dict[int, tuple[int, int]]],
+    ) -> None:
+        """Send one ``HighSeqnos`` to every node of ``by_node`` but this one, read this
+        node's partitions in-process meanwhile, and set ``out`` to what answered once every
+        request ended (a failed one just leaves its partitions out)."""
+        self._in_flight[key] = out
+        out.add_done_callback(functools.partial(self._round_ended, key))
+        got: dict[int, tuple[int, int]] = {}
+        local = self.local_seqnos is not None and self.name in by_node
+        asks = [
+            self._ask(node, keyspace, parts)
+            for node, parts in by_node.items()
+            if not (local and node == self.name)
+        ]
+        if local:  # while the requests are out; no task, no encoding
+            got.update(self._read_local(keyspace, by_node[self.name]))
+        left = len(asks)
+        if not left:
+            out.set_result(got)
+            return
+
+        def answered(f: asyncio.Future[Any]) -> None:
+            nonlocal left
+            left -= 1
+            if not f.cancelled() and f.exception() is None:
+                reply = f.result()
+                if isinstance(reply, HighSeqnosReply):
+                    got.update(reply.entries)
+            if not left and not out.done():
+                out.set_result(got)
+
+        for f in asks:
+            f.add_done_callback(answered)
+
+    def _round_ended(self, key: tuple[str, frozenset[str]], out: asyncio.Future[Any]) -> None:
+        if self._in_flight.get(key) is out:
+            del self._in_flight[key]
+
+    def _ask(self, node: str, keyspace: str, parts: list[int]) -> asyncio.Future[Any]:
+        """``HighSeqnos`` for ``parts`` to ``node``, sent now on a live pooled connection
+        (else connecting in a task); its failure is the future's exception."""
+        msg = HighSeqnos(keyspace=keyspace, partitions=parts)
+        try:
+            address = self.address(node)
+            conn = self.pool.connections.get(address)
+            if conn is not None:
+                return conn.request_future(msg, SEQNO_TIMEOUT)
+        except ShardexError as exc:
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+        return asyncio.ensure_future(self.pool.request(address, msg, SEQNO_TIMEOUT))
 
     def _only_local(self, owners: Mapping[str, list[int]], skip: Collection[str]) -> bool:
         if self.name in owners and self.local_seqnos is None:
@@ -188,19 +256,6 @@ class ClusterView:
         except ShardexError:
             return {}
 
-    async def partial_high_seqnos(
-        self, keyspace: str, skip: Collection[str]
-    ) -> dict[int, tuple[int, int]]:
-        """One round of ``high_seqnos`` over the owners not in ``skip`` (their seqnos come
-        another way: a request_plus scan's ``ScanSlices``): what answered. Nothing is
-        retried or raised here; ``high_seqnos(known=...)`` completes the rest."""
-        got: dict[int, tuple[int, int]] = {}
-        owners = await self.data_owners(keyspace)
-        by_node = {n: ps for n, ps in owners.items() if n not in skip}
-        if by_node:
-            await self._ask_round(keyspace, by_node, got)
-        return got
-
     async def high_seqnos(
         self, keyspace: str, *, known: Mapping[int, tuple[int, int]] | None = None
     ) -> Timestamp:
@@ -210,10 +265,11 @@ class ClusterView:
 
     async def high_seqnos_wire(
         self, keyspace: str, *, known: Mapping[int, tuple[int, int]] | None = None
-    ) -> dict[int, tuple[int, int]]:
-        """``high_seqnos`` as its wire dict, in partition order, not checked into a
-        ``Timestamp`` (a request_plus scan compares it with its snapshot's first)."""
-        got: dict[int, tuple[int, int]] = dict(known) if known else {}
+    ) -> Mapping[int, tuple[int, int]]:
+        """``high_seqnos`` as its wire dict, in no particular order, not checked into a
+        ``Timestamp`` (a request_plus scan compares it with its snapshot's first). ``known``
+        itself when it names every partition (not copied: do not modify the answer)."""
+        got: Mapping[int, tuple[int, int]] = known if known is not None else {}
         state = await self.state()
         last: ShardexError | None = None
         for attempt in range(SEQNO_ATTEMPTS):
@@ -233,6 +289,9 @@ class ClusterView:
             by_node = {n: ps for n, ps in by_node.items() if ps}
             if not by_node:
                 break
+            if got is known:
+                got = dict(got)  # ``known`` may be shared: asked partitions go into a copy
+            assert isinstance(got, dict)
             last = await self._ask_round(keyspace, by_node, got) or last
             if all(p in got for ps in by_node.values() for p in ps):
                 break
@@ -248,9 +307,7 @@ class ClusterView:
                     "cause": str(last) if last else None,
                 },
             )
-        # In partition order: the answers arrive node by node, and a Timestamp sorts an
-        # unordered dict by its (partition, entry) items; sorting the ints is cheaper.
-        return {p: got[p] for p in sorted(got)}
+        return got
 
     async def _ask_round(
         self, keyspace: str, by_node: dict[str, list[int]], got: dict[int, tuple[int, int]]
@@ -302,15 +359,11 @@ class ClusterView:
 
 
 class _Round:
-    """A shared high-seqno round: its task, removed from ``_next_round`` when it starts."""
+    """A shared high-seqno round not started yet: the answer its scans wait for."""
 
-    __slots__ = ("task",)
+    __slots__ = ("fut", "started", "timer")
 
-    def __init__(self) -> None:
-        self.task: asyncio.Task[dict[int, tuple[int, int]]] | None = None
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """Mark a shared round's failure as seen: every scan that joined it may have gone."""
-    if not task.cancelled():
-        task.exception()
+    def __init__(self, fut: asyncio.Future[dict[int, tuple[int, int]]]) -> None:
+        self.fut = fut
+        self.started = False
+        self.timer: asyncio.TimerHandle | None = None

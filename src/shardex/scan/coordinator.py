@@ -10,7 +10,8 @@
    scan with scan stability fetches them while its slices are opened at their newest
    snapshot, and keeps that read if its TS covers them (``_open_speculative``); the indexer
    nodes it opens read their own data partitions' seqnos on arrival (``SeqnoRide``), the
-   other data nodes are asked in a round shared with the scans that ask before it starts;
+   other data nodes are asked at once, or in a round shared by the scans that ask while
+   one is out (``ClusterView.shared_partial_high_seqnos``);
 3. stability: none reads the tips (after the wait), scan and query one stability TS for
    every slice, in one round in the common case: each node waits for and reads its slices'
    newest common snapshot covering the TS and names it in its reply; when the answers
@@ -233,20 +234,20 @@ class ScanCoordinator:
         seqnos: asyncio.Future[dict[int, tuple[int, int]]] | None = None
         ride: SeqnoRide | None = None
         if msg.consistency == REQUEST_PLUS:
+            owners = await self.view.data_owners(msg.keyspace)
             if self._speculate(msg, rec.id, by_node):
                 # The indexer nodes that own data partitions read their high seqnos on
                 # arrival of their ScanSlices; only the other owners get a HighSeqnos.
-                owners = await self.view.data_owners(msg.keyspace)
                 ride = SeqnoRide(
                     msg.keyspace,
                     {n: ps for n, ps in owners.items() if n in by_node and n != self.name},
                 )
+                # Sent now, before the slices are opened: the round overlaps every read.
                 seqnos = self.view.shared_partial_high_seqnos(
                     msg.keyspace, skip=ride.plan, owners=owners
                 )
-                ride.round = not seqnos.done()  # requests to other data nodes go out
             else:  # needed before any ScanSlices: a shared round, completed if need be
-                shared = await self.view.shared_partial_high_seqnos(msg.keyspace, skip=())
+                shared = await self.view.shared_partial_high_seqnos(msg.keyspace, (), owners)
                 wait_for = await self.view.high_seqnos(msg.keyspace, known=shared)
         elif msg.consistency == AT_PLUS:
             assert msg.at is not None
@@ -363,9 +364,11 @@ class ScanCoordinator:
             await asyncio.gather(seqnos, return_exceptions=True)
             raise
         try:
-            known = {**await seqnos, **ride.got}  # the first is shared: not modified
+            known = await seqnos  # may be shared: not modified
+            known = {**known, **ride.got} if ride.got else known
             got = await self.view.high_seqnos_wire(ride.keyspace, known=known)
-            hit = covers_seqnos(ts, got)  # BAD_REQUEST on a malformed TS: reads closed
+            # BAD_REQUEST on a malformed TS: reads closed.
+            hit = covers_seqnos(ts, got, ride.snapshot)
         except BaseException:
             await _cancel_all(sources)
             raise
@@ -478,12 +481,10 @@ class ScanCoordinator:
             )
         base = _replace(base, timeout=left)
         # The local read runs on this loop without yielding (a 100-row scan: a millisecond or
-        # two): it first lets the tasks already queued send theirs, so the network round trips
-        # overlap the local read instead of following it. The other nodes' opens send one
-        # loop iteration from now; a request_plus scan's high-seqno requests two (the shared
-        # round's task, then its requests' tasks) when it has a round (all the other data
-        # owners may ride in these opens). A lone local read waits for nothing.
-        yields = 2 if ride is not None and ride.round else 1 if len(by_node) > 1 else 0
+        # two): it first lets the other nodes' opens (tasks) send, so their round trips
+        # overlap it. A request_plus scan's high-seqno requests are already out (sent
+        # without a task). A lone local read waits for nothing.
+        yields = 1 if len(by_node) > 1 else 0
 
         async def open_one(node: str, parts: list[int]) -> tuple[str, PackedTs, Source]:
             src: Source
@@ -496,6 +497,8 @@ class ScanCoordinator:
                     reply, rest, local_ts = await self.local_index.open_local(req)
                 src = LocalStream(reply.entries, rest)
                 sources.append(src)
+                if ride is not None:
+                    ride.snapshot = local_ts  # checked against the seqnos without decoding
                 # The snapshot's own TS object, its encoding cached on it: no wire round
                 # trip, and encoded once per snapshot rather than per scan.
                 return node, None if local_ts is None else local_ts.packed(), src
@@ -559,16 +562,16 @@ class ScanCoordinator:
 class SeqnoRide:
     """A request_plus scan's high seqnos riding in its ``ScanSlices``: ``plan`` names, per
     indexer node that is also a data owner, the data partitions of ``keyspace`` it reads on
-    arrival; ``got`` collects what the replies carried. ``round``: the other data owners
-    are asked in a shared round (False: none is left, only this node's own, read at once)."""
+    arrival; ``got`` collects what the replies carried; ``snapshot`` is the TS this node's
+    own slices were read at (None: none read here, or the tips)."""
 
-    __slots__ = ("got", "keyspace", "plan", "round")
+    __slots__ = ("got", "keyspace", "plan", "snapshot")
 
     def __init__(self, keyspace: str, plan: dict[str, list[int]]) -> None:
         self.keyspace = keyspace
         self.plan = plan
         self.got: dict[int, tuple[int, int]] = {}
-        self.round = True
+        self.snapshot: Timestamp | None = None
 
 
 def _placement(index: str, topo: Topology, partitions: list[int]) -> dict[str, list[int]]:

@@ -13,12 +13,12 @@ request_plus scan's check of its snapshot against the keyspace's high seqnos.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import msgspec
 
 from shardex.core.timestamp import Timestamp
-from shardex.scan.messages import WireTs
 
 __all__ = ["covers_seqnos", "oldest_common", "oldest_packed"]
 
@@ -45,14 +45,23 @@ def oldest_packed(packed: list[bytes]) -> tuple[bytes, Timestamp]:
     return next(b for b, t in distinct.items() if t is pin), pin
 
 
-def covers_seqnos(packed: bytes | None, seqnos: WireTs) -> bool:
+def covers_seqnos(
+    packed: bytes | None, seqnos: Mapping[int, tuple[int, int]], snapshot: Timestamp | None = None
+) -> bool:
     """Whether the encoded snapshot TS ``packed`` (None: the tips, no TS) covers the high
-    seqnos ``seqnos`` (a wire dict in partition order, ``ClusterView.high_seqnos_wire``).
-    An index that caught up holds exactly the high seqnos, so their encoding is the TS's
-    own bytes: one comparison, without decoding the TS (~76k instructions) or building a
-    ``Timestamp`` (~30 us); otherwise both are decoded for ``Timestamp.covers``."""
+    seqnos ``seqnos`` (a wire dict in any order, ``ClusterView.high_seqnos_wire``).
+
+    An index that caught up holds exactly the high seqnos. With ``snapshot``, the
+    ``Timestamp`` whose ``packed()`` that is (the coordinator's own read), that is one
+    C-level check that each entry of ``seqnos`` is one of the snapshot's (no sort, no
+    encoding); otherwise the high seqnos are encoded in partition order and compared with
+    the TS's own bytes, without decoding the TS (~76k instructions) or building a
+    ``Timestamp`` (~30 us). Anything else decodes both for ``Timestamp.covers``."""
     if packed is None:
         return False
-    if packed == _PACKER.encode(seqnos):
+    if snapshot is not None and snapshot.packed() == packed:
+        if snapshot.to_wire().items() >= seqnos.items():
+            return True
+    elif packed == _PACKER.encode({p: seqnos[p] for p in sorted(seqnos)}):
         return True
     return Timestamp.from_packed(packed).covers(Timestamp.from_wire(seqnos))

@@ -8,8 +8,9 @@ checked ops under its lock (``partition.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
+from zlib import crc32
 
 import msgspec
 
@@ -19,6 +20,7 @@ from shardex.data.partition import Partition, PreparedOp, commit_many
 from shardex.data.partitioning import partition_of
 from shardex.data.records import STATE_ACTIVE, KeyspaceInfo, MutationResult, PartitionMeta
 from shardex.data.validation import (
+    MAX_DOCID_BYTES,
     Durability,
     check_cas,
     check_docid,
@@ -30,6 +32,7 @@ from shardex.storage import Store
 
 BATCH_MAX_OPS = 5_000  # ops per atomic batch in *_many: bounds lock hold time and memory
 BATCH_MAX_BYTES = 8 * 1024 * 1024
+_KINDS = frozenset(("insert", "upsert", "replace", "delete"))
 
 
 class GetResult(NamedTuple):
@@ -54,6 +57,7 @@ class DocumentOps:
     """
 
     max_doc_bytes: int
+    _closed: bool
     _parts: dict[tuple[str, int], Partition]
     _store: Store
 
@@ -150,22 +154,44 @@ class DocumentOps:
         durability: Durability = "persist",
     ) -> list[MutationResult | ShardexError]:
         """Batched ``(kind, docid, doc, cas)`` mutations, kind in insert/upsert/replace/delete.
-        Within a partition they apply in input order."""
+        Within a partition they apply in input order.
+
+        Every write of the node passes here (group commit, ``GroupCommitter``), so the per-op
+        checks are inlined for the usual op (a str docid that encodes within the limit, no
+        CAS) and its UTF-8 bytes are encoded once, for the length check and the partition
+        hash both; any other op takes ``_prepare``, whose checks and errors are the same."""
         sync = check_durability(durability)
         ks = self.keyspace(keyspace)
+        nparts = ks.num_partitions
+        max_bytes = self.max_doc_bytes
         results: list[MutationResult | ShardexError | None] = []
         valid: list[tuple[int, int, PreparedOp]] = []
+        chunks: list[list[tuple[int, int, PreparedOp]]] = []
+        size = 0
         for i, (kind, docid, doc, cas) in enumerate(ops):
             results.append(None)
             try:
-                if kind not in ("insert", "upsert", "replace", "delete"):
+                if kind not in _KINDS:
                     raise BadRequest(f"unknown mutation {kind!r}", details={"kind": repr(kind)})
-                op = self._prepare(kind, docid, doc, cas)
+                raw = _docid_bytes(docid) if cas is None else None
+                if raw is None:
+                    op = self._prepare(kind, docid, doc, cas)
+                    raw = op.docid.encode("utf-8")
+                else:
+                    body = b"" if kind == "delete" else encode_document(doc, max_bytes, docid)
+                    op = PreparedOp(kind, docid, body, None)
             except ShardexError as exc:
                 results[i] = exc
                 continue
-            valid.append((i, partition_of(op.docid, ks.num_partitions), op))
-        for chunk in _chunks(valid):
+            # partition_of's hash, on the bytes already encoded
+            valid.append((i, crc32(raw) % nparts, op))
+            size += len(op.body)
+            if len(valid) >= BATCH_MAX_OPS or size >= BATCH_MAX_BYTES:
+                chunks.append(valid)
+                valid, size = [], 0
+        if valid:
+            chunks.append(valid)
+        for chunk in chunks:
             self._apply_chunk(keyspace, chunk, results, sync)
         return results  # type: ignore[return-value]  # every slot filled above
 
@@ -181,14 +207,25 @@ class DocumentOps:
         one partition lock only (or the same order), so this cannot deadlock."""
         by_part: dict[int, list[tuple[int, PreparedOp]]] = {}
         for i, p, op in chunk:
-            by_part.setdefault(p, []).append((i, op))
+            got = by_part.get(p)
+            if got is None:
+                by_part[p] = [(i, op)]
+            else:
+                got.append((i, op))
         parts: list[tuple[Partition, list[tuple[int, PreparedOp]]]] = []
+        # The partition numbers come from the hash, in range; a partition held by an open
+        # engine is one dict look-up, anything else goes through ``_held`` for its error.
+        held = {} if self._closed else self._parts
         for p, items in by_part.items():
-            try:
-                parts.append((self._held(keyspace, p), items))
-            except ShardexError as exc:
-                for i, _ in items:
-                    results[i] = exc
+            part = held.get((keyspace, p))
+            if part is None:
+                try:
+                    part = self._held(keyspace, p)
+                except ShardexError as exc:
+                    for i, _ in items:
+                        results[i] = exc
+                    continue
+            parts.append((part, items))
         parts.sort(key=lambda t: t[0].cf.name)
         for part, _ in parts:
             part.lock.acquire()
@@ -261,16 +298,13 @@ class DocumentOps:
         return entries
 
 
-def _chunks(
-    valid: list[tuple[int, int, PreparedOp]],
-) -> Iterator[list[tuple[int, int, PreparedOp]]]:
-    chunk: list[tuple[int, int, PreparedOp]] = []
-    size = 0
-    for item in valid:
-        chunk.append(item)
-        size += len(item[2].body)
-        if len(chunk) >= BATCH_MAX_OPS or size >= BATCH_MAX_BYTES:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
+def _docid_bytes(docid: object) -> bytes | None:
+    """The UTF-8 bytes of a docid that passes ``check_docid``, else None (the caller then
+    runs ``check_docid`` for its error)."""
+    if type(docid) is not str or not docid:
+        return None
+    try:
+        raw = docid.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return raw if len(raw) <= MAX_DOCID_BYTES else None

@@ -27,7 +27,6 @@ from typing import Final
 from shardex.errors import (
     ConnectionClosed,
     FrameTooLarge,
-    NodeUnavailable,
     ProtocolError,
     ShardexError,
 )
@@ -53,7 +52,7 @@ from shardex.net.messages import (
     encode_frame,
     message_type_name,
 )
-from shardex.net.transport import split_address
+from shardex.net.transport import connect_failed, split_address
 
 __all__ = ["DirectConn"]
 
@@ -122,15 +121,8 @@ class DirectConn:
         deadline = time.monotonic() + timeout
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
-        except TimeoutError:
-            raise NodeUnavailable(
-                f"connect to {address} timed out after {timeout}s",
-                details={"address": address, "timeout": timeout},
-            ) from None
-        except OSError as e:
-            raise NodeUnavailable(
-                f"cannot connect to {address}: {e}", details={"address": address}
-            ) from e
+        except OSError as e:  # refused, unreachable, or timed out (TimeoutError)
+            raise connect_failed(address, timeout, e) from e
         # Request/response on small frames: never wait for Nagle.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # Blocking from here on: deadlines are the kernel's (``_set_rcvtimeo``); a send

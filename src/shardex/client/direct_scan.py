@@ -43,7 +43,7 @@ from shardex.client.scan import (
     reply_timeout,
     scan_timed_out,
 )
-from shardex.errors import ConnectionClosed, ErrorCode, ProtocolError, RequestTimeout, ShardexError
+from shardex.errors import ConnectionClosed, ProtocolError, RequestTimeout, ShardexError
 from shardex.net.messages import Envelope, ErrorReply, Kind, encode_frame, message_type_name
 from shardex.scan.messages import (
     CancelScan,
@@ -167,16 +167,7 @@ class DirectStream:
 
     def _end(self, msg: ScanEnd) -> None:
         self._release()
-        if msg.error is not None:
-            e = msg.error
-            raise ShardexError.from_wire(e.code, e.message, e.details)
-        if msg.rows != self.rows:
-            raise ShardexError(
-                f"scan {self.scan_id} ended after {self.rows} of {msg.rows} rows",
-                code=ErrorCode.PROTOCOL_ERROR,
-                details={"received": self.rows, "sent": msg.rows},
-            )
-        return None
+        msg.check(self.rows)
 
     def cancel(self) -> None:
         """Stop the sender (nothing once the stream ended). The ``CancelScan`` goes out now

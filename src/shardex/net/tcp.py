@@ -28,6 +28,7 @@ from shardex.net.transport import (
     FrameCallback,
     Listener,
     Transport,
+    connect_failed,
     split_address,
 )
 
@@ -398,15 +399,8 @@ class TcpTransport(Transport):
         try:
             async with asyncio.timeout(timeout):
                 _, comm = await loop.create_connection(lambda: TcpComm(self.max_frame), host, port)
-        except TimeoutError:
-            raise NodeUnavailable(
-                f"connect to {address} timed out after {timeout}s",
-                details={"address": address, "timeout": timeout},
-            ) from None
-        except OSError as e:
-            raise NodeUnavailable(
-                f"cannot connect to {address}: {e}", details={"address": address}
-            ) from e
+        except OSError as e:  # refused, unreachable, or timed out (TimeoutError)
+            raise connect_failed(address, timeout, e) from e
         return comm
 
 

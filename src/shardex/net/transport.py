@@ -118,3 +118,16 @@ def split_address(address: str) -> tuple[str, int]:
             details={"value": address, "hint": "expected host:port, e.g. 127.0.0.1:7000"},
         )
     return host, int(port)
+
+
+def connect_failed(address: str, timeout: float, exc: OSError) -> ShardexError:
+    """The ``NodeUnavailable`` for a TCP connect that timed out or was refused (the loop's
+    transport and the sync client's scan sockets say the same)."""
+    from shardex.errors import NodeUnavailable
+
+    if isinstance(exc, TimeoutError):
+        return NodeUnavailable(
+            f"connect to {address} timed out after {timeout}s",
+            details={"address": address, "timeout": timeout},
+        )
+    return NodeUnavailable(f"cannot connect to {address}: {exc}", details={"address": address})

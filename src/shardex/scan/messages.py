@@ -30,6 +30,7 @@ from typing import Final
 import msgspec
 
 from shardex.data.messages import WireError
+from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
 
 __all__ = [
@@ -234,6 +235,19 @@ class ScanEnd(Message, tag="scan.ScanEnd"):
     scan_id: int
     error: WireError | None = None
     rows: int = 0  # entries sent in all (a check for the receiver)
+
+    def check(self, received: int) -> None:
+        """The receiver's end of a stream (both client scan paths): the sender's error, or
+        a count that differs from the entries received, raises."""
+        if self.error is not None:
+            e = self.error
+            raise ShardexError.from_wire(e.code, e.message, e.details)
+        if self.rows != received:
+            raise ShardexError(
+                f"scan {self.scan_id} ended after {received} of {self.rows} rows",
+                code=ErrorCode.PROTOCOL_ERROR,
+                details={"received": received, "sent": self.rows},
+            )
 
 
 class ScanCredit(Message, tag="scan.ScanCredit"):

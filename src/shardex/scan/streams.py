@@ -296,15 +296,7 @@ class InStream:
         msg = msgs.popleft() if msgs else await self._next_msg()
         if isinstance(msg, ScanEnd):
             self._finish()
-            if msg.error is not None:
-                e = msg.error
-                raise ShardexError.from_wire(e.code, e.message, e.details)
-            if msg.rows != self.rows:
-                raise ShardexError(
-                    f"scan {self.scan_id} ended after {self.rows} of {msg.rows} rows",
-                    code=ErrorCode.PROTOCOL_ERROR,
-                    details={"received": self.rows, "sent": msg.rows},
-                )
+            msg.check(self.rows)
             return None
         self.rows += len(msg.entries)
         conn = self.conn

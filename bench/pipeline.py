@@ -87,6 +87,19 @@ SPARK_VARIANTS: dict[str, tuple[bool, dict[str, str]]] = {
     "lean-noaqe": (True, {"spark.sql.adaptive.enabled": "false"}),
     "lean-nowholestage": (True, {"spark.sql.codegen.wholeStage": "false"}),
     "lean-progress10": (True, {"spark.sql.streaming.numRecentProgressUpdates": "10"}),
+    "lean-owners": (True, {}),  # SOURCE_VARIANTS: high seqnos asked of the owners directly
+    "lean-gather": (True, {}),  # SOURCE_VARIANTS: high seqnos gathered by one data node
+    "lean-async": (True, {}),  # ASYNC_VARIANTS: offset/commit logs off the stream thread
+    "lean-async1s": (True, {}),
+}
+# --spark-ab variants with Spark's asynchronous progress tracking (``MaintenanceJob.
+# async_progress_ms``: the logs written at most every N ms); every other variant runs without.
+ASYNC_VARIANTS: dict[str, int] = {"lean-async": 0, "lean-async1s": 1000}
+# --spark-ab variants that also set change-source options (on top of ``cluster_dir``); every
+# variant's query writes its source's call statistics (``stats_path``), tabled per variant.
+SOURCE_VARIANTS: dict[str, dict[str, str]] = {
+    "lean-owners": {"high_seqnos": "owners"},
+    "lean-gather": {"high_seqnos": "gather"},
 }
 
 
@@ -110,7 +123,12 @@ class Context:
     threads: int
     seed: int
 
-    def new_driver(self, overlap: bool = True, early: str | None = None) -> InProcessDriver:
+    def new_driver(
+        self,
+        overlap: bool = True,
+        early: str | None = None,
+        source_options: dict[str, str] | None = None,
+    ) -> InProcessDriver:
         return InProcessDriver(
             self.spark,
             self.cluster_dir,
@@ -119,6 +137,7 @@ class Context:
             DRIVER_POLL,
             overlap=overlap,
             early=early,
+            source_options=source_options,
         )
 
 
@@ -285,6 +304,7 @@ def spark_ab(
     JVM): compare within a round, the machine's load drifts; the order alternates."""
     from shardex.pipeline.maintain import MaintenanceJob
 
+    async_default = MaintenanceJob.async_progress_ms
     for n in range(plan.spark_ab):
         # Every other round in reverse order: a later query runs on a warmer JVM.
         order = plan.spark_variants if n % 2 == 0 else plan.spark_variants[::-1]
@@ -292,17 +312,60 @@ def spark_ab(
             lean, confs = SPARK_VARIANTS[variant]
             driver.stop()
             MaintenanceJob.lean_callback = lean
+            MaintenanceJob.async_progress_ms = ASYNC_VARIANTS.get(variant)
             for key, value in confs.items():
                 ctx.spark.conf.set(key, value)
+            tag = f" / spark {variant} #{n + 1}"
+            stats_file = ctx.work / f"source-stats-{variant}-{n + 1}.json"
+            source = {**SOURCE_VARIANTS.get(variant, {}), "stats_path": str(stats_file)}
             try:
-                driver = ctx.new_driver()
+                driver = ctx.new_driver(source_options=source)
                 wait_started(ctx, driver)
-                _tagged_freshness(ctx, driver, plan, tables, stats, f" / spark {variant} #{n + 1}")
+                _tagged_freshness(ctx, driver, plan, tables, stats, tag)
+                driver.stop()  # the source writes its final figures as its query stops
+                tables.setdefault("source calls (stats_path, median ms)", []).append(
+                    source_calls_row("3 freshness" + tag, stats_file)
+                )
             finally:
+                if variant in ASYNC_VARIANTS:
+                    forget_stopped_queries(ctx.spark)
                 MaintenanceJob.lean_callback = True
+                MaintenanceJob.async_progress_ms = async_default
                 for key in confs:
                     ctx.spark.conf.unset(key)
     return driver
+
+
+def forget_stopped_queries(spark: Any) -> None:
+    """Measurement only: Spark 4.3's asynchronous progress tracking leaves a query over a
+    Python data source registered as active once stopped (its cleanup commits the sources
+    after stopping them, the Python source runner's socket is closed, and the exception skips
+    the query manager's ``notifyQueryTermination``), so no query of the same name or
+    checkpoint could start again in this session. Unregister the stopped ones by hand, so
+    the A/B can go on (why the job does not use async progress: ``docs/decisions.md``,
+    "Spark's offset log off the critical path")."""
+    manager = spark._jsparkSession.streams()
+    shared = spark._jsparkSession.sharedState().activeStreamingQueries()  # id -> execution
+    for q in spark.streams.active:
+        if not q._jsq.isActive():
+            manager.notifyQueryTermination(q._jsq)
+            shared.remove(q._jsq.id(), q._jsq.streamingQuery())
+
+
+def source_calls_row(part: str, path: Path) -> Row:
+    """The change source's own figures for one query (``source_stats.py``): median ms in our
+    code per Spark call, the bare round trip between latestOffset and reportLatestOffset, the
+    HighSeqnos RPC, and the JVM's time between calls; idle triggers apart."""
+    import json
+
+    row: Row = {"part": part}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {**row, "error": f"no source stats at {path}"}
+    row["calls"] = data.get("calls", {})
+    row.update(data.get("median_ms", {}))
+    return row
 
 
 def _tagged(rows: list[Row], tag: str) -> list[Row]:

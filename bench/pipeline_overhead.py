@@ -10,7 +10,12 @@ callback round trip. Two comparisons:
   JVM (options only apply at JVM start), the variants alternating, ``--rounds`` times;
 * inside each child, PySpark's ``foreachBatch`` wrapper (``pyspark``) against the maintenance
   job's ``foreach_batch_id`` (``lean``, ``shardex.pipeline.batch_callback``), alternating
-  queries on the same JVM.
+  queries on the same JVM;
+* ``--progress``: instead of the callbacks, the lean callback with Spark's offset and commit
+  logs written on the stream thread (``sync``) against asynchronous progress tracking
+  (``async-0``: on Spark's own thread after every batch; ``async-1000``: at most once a
+  second; ``shardex.pipeline.batch_range``), alternating queries on the same JVM, the JVM
+  of ``session.py`` only.
 
 Per (JVM, callback): the median of each Spark ``durationMs`` phase over the measured batches
 (after ``--warmup`` batches per query), batches per second, and CPU per batch of the JVM
@@ -39,6 +44,8 @@ JVM_VARIANTS = {
     "C1+C2 tiered": "-XX:+UseSerialGC",
 }
 PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
+# --progress: writer options per variant (``batch_range.async_progress_options``).
+PROGRESS_VARIANTS: dict[str, int | None] = {"sync": None, "async-0": 0, "async-1000": 1000}
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -47,8 +54,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _one_query(spark: Any, lean: bool, warmup: int, seconds: float, ckpt: Path) -> Row:
+def _one_query(
+    spark: Any,
+    lean: bool,
+    warmup: int,
+    seconds: float,
+    ckpt: Path,
+    async_ms: int | None = None,
+) -> Row:
     from shardex.pipeline.batch_callback import foreach_batch_id
+    from shardex.pipeline.batch_range import async_progress_options
 
     jvm_pid = spark.sparkContext._gateway.proc.pid
     source = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 100)
@@ -57,6 +72,8 @@ def _one_query(spark: Any, lean: bool, warmup: int, seconds: float, ckpt: Path) 
         writer = foreach_batch_id(writer, lambda batch_id: None)
     else:
         writer = writer.foreachBatch(lambda df, batch_id: None)
+    if async_ms is not None:
+        writer = writer.options(**async_progress_options(async_ms))
     query = writer.option("checkpointLocation", str(ckpt)).trigger(processingTime="0 seconds")
     q = query.start()
     try:
@@ -82,7 +99,9 @@ def _one_query(spark: Any, lean: bool, warmup: int, seconds: float, ckpt: Path) 
     return row
 
 
-def child(java_options: str, rounds: int, warmup: int, seconds: float, out: Path) -> None:
+def child(
+    java_options: str, rounds: int, warmup: int, seconds: float, out: Path, progress: bool
+) -> None:
     from shardex.pipeline.session import build_spark_session
 
     base = Path(tempfile.mkdtemp(prefix="shardex-bench-overhead-"))
@@ -101,6 +120,15 @@ def child(java_options: str, rounds: int, warmup: int, seconds: float, out: Path
     rows: list[Row] = []
     try:
         for r in range(rounds):
+            if progress:
+                # Reversed every other round: a later query runs on a warmer JVM.
+                names = list(PROGRESS_VARIANTS)[:: 1 if r % 2 == 0 else -1]
+                for name in names:
+                    ckpt = base / f"ckpt-{r}-{name}"
+                    ms = PROGRESS_VARIANTS[name]
+                    row = _one_query(spark, True, warmup, seconds, ckpt, ms)
+                    rows.append({"callback": f"lean {name}", "round": r + 1, **row})
+                continue
             for lean in (False, True):
                 ckpt = base / f"ckpt-{r}-{int(lean)}"
                 row = _one_query(spark, lean, warmup, seconds, ckpt)
@@ -117,21 +145,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=2, help="callback alternations per JVM")
     ap.add_argument("--warmup", type=int, default=100, help="batches before measuring")
     ap.add_argument("--seconds", type=float, default=20.0, help="measured seconds per query")
+    ap.add_argument("--progress", action="store_true",
+                    help="sync against async offset/commit logs (lean callback)")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
-        child(args.child, args.queries, args.warmup, args.seconds, args.out)
+        child(args.child, args.queries, args.warmup, args.seconds, args.out, args.progress)
         return 0
     rows: list[Row] = []
+    jvms = dict(list(JVM_VARIANTS.items())[:1]) if args.progress else JVM_VARIANTS
     for n in range(args.rounds):
-        for name, opts in JVM_VARIANTS.items():
+        for name, opts in jvms.items():
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 load = load_average()
                 subprocess.run(
                     [sys.executable, "-m", "bench.pipeline_overhead", f"--child={opts}",
                      "--out", f.name, "--queries", str(args.queries),
-                     "--warmup", str(args.warmup), "--seconds", str(args.seconds)],
+                     "--warmup", str(args.warmup), "--seconds", str(args.seconds)]
+                    + (["--progress"] if args.progress else []),
                     check=True,
                 )  # fmt: skip
                 got = json.loads(Path(f.name).read_text())

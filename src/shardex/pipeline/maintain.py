@@ -51,6 +51,12 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.pipeline.batch_callback import foreach_batch_id
+from shardex.pipeline.batch_range import (
+    ExecutionRanges,
+    async_progress_options,
+    logged_range,
+    read_offset,
+)
 from shardex.pipeline.batch_tail import BatchTail
 from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
 from shardex.pipeline.driver_read import read_and_project
@@ -98,23 +104,6 @@ _RETRYABLE = frozenset(
 )
 
 
-def read_offset(checkpoint: Path, batch_id: int) -> Timestamp | None:
-    """The end offset of ``batch_id`` from Spark's offset log (``offsets/<id>``: a version
-    line, a metadata line, then one line per source: ours is the TS in JSON form)."""
-    path = checkpoint / "offsets" / str(batch_id)
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    if len(lines) < 3:
-        raise ShardexError(
-            f"Spark offset log entry {path} has {len(lines)} line(s), expected 3",
-            code=ErrorCode.INTERNAL,
-            details={"path": str(path)},
-        )
-    return Timestamp.from_json(json.loads(lines[2]))
-
-
 @dataclass
 class BatchStats:
     """Per-batch timings (seconds) and counts, kept for the last batches and logged."""
@@ -146,6 +135,13 @@ class MaintenanceJob:
     # wrappers (py4j round trips on Spark's critical path) are skipped. False: PySpark's
     # own ``foreachBatch`` (kept for the benchmark's A/B, ``bench.pipeline --spark-ab``).
     lean_callback = True
+    # Spark's offset and commit logs written on a thread of Spark's, at most every this many
+    # ms (asynchronous progress tracking, ``batch_range.py``), the batch's range read from
+    # the query's execution context; None: on the stream thread, the range from the offset
+    # log. Off, for the benchmark only: exactly-once holds, but Spark 4.3 leaves a stopped or
+    # failed query over a Python source registered as active, so the supervisor could never
+    # restart it (``docs/decisions.md``, "Spark's offset log off the critical path").
+    async_progress_ms: int | None = None
 
     def __init__(
         self,
@@ -197,6 +193,7 @@ class MaintenanceJob:
         # one read-ahead per batch here (``docs/decisions.md``, "Deliver ahead"): off.
         self.deliver_ahead = deliver_ahead
         self.early = DeliverAhead(client, self.keyspace)
+        self.ranges = ExecutionRanges()  # the running query's batch ranges (async progress)
 
     # -- the query -----------------------------------------------------------------------------
     def start(self) -> StreamingQuery:
@@ -205,6 +202,7 @@ class MaintenanceJob:
         self.close()
         self.early.restart()  # what a previous query queued ahead is cleared by its 1st round
         self.starting = self._pin_starting()
+        self.ranges.detach()
         opts = stream_options(self.source_options, self.keyspace, self.starting)
         reader = self.spark.readStream.format("shardex").options(**opts)
         writer = reader.load().writeStream.queryName(f"shardex-maintain-{self.keyspace}")
@@ -212,11 +210,15 @@ class MaintenanceJob:
             writer = foreach_batch_id(writer, self.run_batch_id)
         else:
             writer = writer.foreachBatch(self.run_batch)
-        return (
+        if self.async_progress_ms is not None:
+            writer = writer.options(**async_progress_options(self.async_progress_ms))
+        query = (
             writer.option("checkpointLocation", str(self.checkpoint))
             .trigger(processingTime=self.trigger_interval)
             .start()
         )
+        self.ranges.attach(query)
+        return query
 
     def _pin_starting(self) -> Timestamp | None:
         """The first start offset of this checkpoint, kept beside it: Spark re-plans batch 0
@@ -234,14 +236,11 @@ class MaintenanceJob:
         return self.starting
 
     def batch_range(self, batch_id: int) -> tuple[Timestamp, Timestamp]:
-        end = read_offset(self.checkpoint, batch_id)
-        if end is None:
-            raise ShardexError(
-                f"no offset log entry for batch {batch_id} under {self.checkpoint}",
-                code=ErrorCode.INTERNAL,
-                details={"checkpoint": str(self.checkpoint), "batch_id": batch_id},
-            )
-        start = read_offset(self.checkpoint, batch_id - 1) if batch_id > 0 else None
+        if self.async_progress_ms is not None:
+            # The offset log may lag the batch (or skip it): the range Spark planned.
+            start, end = self.ranges.range(batch_id)
+        else:
+            start, end = logged_range(self.checkpoint, batch_id)
         if start is None:
             start = self.starting if self.starting is not None else Timestamp({})
         return start, end

@@ -30,29 +30,25 @@ noisy: the ratios are reported, never checked against a threshold.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
 
-from bench.postgres import PostgresServer, no_interrupts, signals_raise
+from bench.data_docs import Doc, Item, doc_sizes, make_docs
+from bench.local_cluster import shardex_cluster
+from bench.postgres import PostgresServer, signals_raise
 from bench.runner import Row, load_average, print_table, report
 from shardex.errors import ShardexError
-
-Doc = dict[str, Any]
-Item = tuple[str, Doc]
 
 KEYSPACE = "bench"
 NUM_PARTITIONS = 64
@@ -83,69 +79,6 @@ QUICK_PLAN = Plan(
 
 def log(msg: str) -> None:
     print(f"[data_service] {msg}", file=sys.stderr, flush=True)
-
-
-# --- documents ---------------------------------------------------------------------------
-
-_STREETS = ("Main", "Oak", "Pine", "Maple", "Cedar", "Elm", "Lake", "Hill", "Park", "River")
-_WORD_TEXT = (
-    "data store index query shard node partition replica stream change seqno durable batch "
-    "latency throughput cluster topology migrate rebalance json document key value range "
-    "scan filter sort join group aggregate window cursor snapshot commit log flush sync"
-)
-_WORDS = _WORD_TEXT.split()
-_ORDER_STATUS = ("paid", "shipped", "delivered", "returned")
-
-
-def _extras(rng: random.Random, i: int, orders: int) -> Doc:
-    """What the benchmark adds to a demo user to reach ~500 B - 1 KB: a street and geo point
-    in the address, preferences, the last few orders (nested objects in an array), a bio."""
-    return {
-        "street": f"{rng.randint(1, 999)} {rng.choice(_STREETS)} Street",
-        "geo": {"lat": round(rng.uniform(-60, 70), 5), "lon": round(rng.uniform(-180, 180), 5)},
-        "preferences": {
-            "newsletter": rng.random() < 0.4,
-            "language": rng.choice(("en", "de", "fr", "pt", "ja", "es")),
-            "theme": rng.choice(("light", "dark", "system")),
-        },
-        "recent_orders": [
-            {
-                "order_id": f"o{i}-{k}",
-                "total": round(rng.uniform(5, 500), 2),
-                "items": rng.randint(1, 9),
-                "status": rng.choice(_ORDER_STATUS),
-            }
-            for k in range(min(orders, 3))
-        ],
-        "bio": " ".join(rng.choices(_WORDS, k=rng.randint(15, 45))),
-    }
-
-
-def make_docs(n: int, seed: int) -> tuple[list[Item], str]:
-    """``n`` documents (docid, doc) and a description of where they come from: the demo's
-    users (``shardex.demo.datagen``, the same documents the demo loads) with benchmark
-    extras from a second seeded stream, so they weigh ~500 B - 1 KB. Deterministic."""
-    from shardex.demo.datagen import users
-
-    rng = random.Random(seed + 1)
-    out: list[Item] = []
-    for i, user in enumerate(users(n, seed)):
-        extra = _extras(rng, i, int(user.get("orders", 0)))
-        doc: Doc = dict(user)
-        doc["address"] = {**user["address"], "street": extra.pop("street"), "geo": extra.pop("geo")}
-        doc.update(extra)
-        out.append((str(user["id"]), doc))
-    return out, "shardex.demo.datagen users + bench extras (street, geo, preferences, orders, bio)"
-
-
-def doc_sizes(items: Sequence[Item]) -> dict[str, float]:
-    sizes = sorted(len(msgspec.json.encode(d)) for _, d in items)
-    return {
-        "min_bytes": sizes[0],
-        "median_bytes": sizes[len(sizes) // 2],
-        "max_bytes": sizes[-1],
-        "mean_bytes": round(sum(sizes) / len(sizes), 1),
-    }
 
 
 # --- measuring ---------------------------------------------------------------------------
@@ -319,66 +252,6 @@ class PostgresTarget:
 
 
 # --- shardex -----------------------------------------------------------------------------
-
-
-def _cli() -> list[str]:
-    exe = Path(sys.executable).with_name("shardex")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "shardex.cli.main"]
-
-
-def _ports_free(ports: Sequence[int]) -> bool:
-    socks: list[socket.socket] = []
-    try:
-        for p in ports:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind(("127.0.0.1", p))
-        return True
-    except OSError:
-        return False
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_base_port(nodes: int, http_offset: int = 1000, seed: int | None = None) -> int:
-    """A base port P with P..P+nodes-1 and P+http_offset.. free now."""
-    rng = random.Random(seed)
-    for _ in range(200):
-        base = rng.randrange(20_000, 60_000 - http_offset - nodes)
-        wanted = [base + k for k in range(nodes)] + [base + http_offset + k for k in range(nodes)]
-        if _ports_free(wanted):
-            return base
-    raise RuntimeError("found no free range of ports for the cluster")
-
-
-@contextlib.contextmanager
-def shardex_cluster(base_dir: Path, nodes: int) -> Iterator[Path]:
-    """``shardex cluster start --nodes N`` in a fresh dir under ``base_dir``; always stopped."""
-    from shardex.node.cluster_dir import HTTP_PORT_OFFSET
-
-    cdir = Path(tempfile.mkdtemp(prefix=f"shardex-{nodes}n-", dir=base_dir)) / "cluster"
-    port = free_base_port(nodes, HTTP_PORT_OFFSET)
-    cmd = [*_cli(), "cluster", "start", "--nodes", str(nodes), "--dir", str(cdir), "--no-pipeline"]
-    cmd += ["--base-port", str(port)]
-    log(f"running: {' '.join(cmd)}")
-    try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"shardex cluster start failed ({proc.returncode}):\n{proc.stdout}")
-        yield cdir
-    finally:
-        with no_interrupts():
-            stop = subprocess.run(
-                [*_cli(), "cluster", "stop", "--dir", str(cdir)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            if stop.returncode != 0 and cdir.exists():
-                log(f"shardex cluster stop: {stop.stdout.strip()}")
-            shutil.rmtree(cdir.parent, ignore_errors=True)
-            log(f"stopped the {nodes}-node cluster and removed {cdir.parent}")
 
 
 class ShardexTarget:

@@ -19,7 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.data_service import fs_type, shardex_cluster
+from bench.data_service import fs_type
+from bench.local_cluster import shardex_cluster
 from bench.pipeline_common import KEYSPACE, BatchLog, InProcessDriver
 from bench.postgres import signals_raise
 from bench.runner import RESULTS_DIR, load_average, machine_info, print_table

@@ -13,7 +13,9 @@ In-process ``IndexerEngine`` over a temporary RocksDB store (no network, no Spar
 Prints CPU microseconds per key version of the calling thread (``time.thread_time``: RocksDB's
 background flushes and compactions are left out, and the figure is less noisy than wall time
 on a shared machine) for each stage; ``--profile`` adds the top cProfile entries per stage.
-``--sync`` WAL-syncs each stabilise as a node does; ``--rows-frames`` sends the load as
+``--sync`` WAL-syncs each stabilise as a node does; ``--phases`` adds the wall time of a
+stabilise's phases (medians over the rounds, ms per stabilise: the slices' ``prepare``,
+the store's write, their ``commit``); ``--rows-frames`` sends the load as
 whole key-version rows instead of columns. For before/after figures run an older tree with
 ``PYTHONPATH=<git archive of it>/src`` (the bench adapts to a ``LoadChunk`` without columns).
 """
@@ -101,6 +103,52 @@ def _measure(name: str, fn: Callable[[], Any], n: int, prof: cProfile.Profile | 
     return us
 
 
+class _Phases:
+    """Wall time per stabilise of its phases (``--phases``): wraps ``Slice.prepare`` and
+    ``Slice.commit`` (class attributes, restored by ``close``) and the store's ``write``."""
+
+    NAMES = ("prepare", "write", "commit")
+
+    def __init__(self, store: Any) -> None:
+        from shardex.index.slice import Slice
+
+        self.now: dict[str, float] = dict.fromkeys(self.NAMES, 0.0)
+        self.rounds: list[dict[str, float]] = []
+        self._saved = {n: getattr(Slice, n) for n in ("prepare", "commit")}
+        for name, fn in self._saved.items():
+            setattr(Slice, name, self._timed(name, fn))
+        store.write = self._timed("write", store.write)
+
+    def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.now[name] += time.perf_counter() - t
+
+        return timed
+
+    def start(self) -> None:
+        self.now = dict.fromkeys(self.NAMES, 0.0)
+
+    def stop(self, total: float) -> None:
+        self.rounds.append({**self.now, "total": total})
+
+    def close(self) -> None:
+        from shardex.index.slice import Slice
+
+        for name, fn in self._saved.items():
+            setattr(Slice, name, fn)
+
+    def report(self) -> None:
+        import statistics
+
+        for k in ("total", *self.NAMES):
+            med = statistics.median(r[k] for r in self.rounds)
+            print(f"  wall {k:8s} {med * 1e3:7.2f} ms per stabilise (median)")
+
+
 def maintenance(args: argparse.Namespace) -> None:
     rng = random.Random(1)
     defs = _defs(args.slices)
@@ -112,6 +160,7 @@ def maintenance(args: argparse.Namespace) -> None:
     profs = {k: cProfile.Profile() if args.profile else None for k in totals}
     with tempfile.TemporaryDirectory() as tmp:
         eng = IndexerEngine(tmp, sync=args.sync)
+        phases = _Phases(eng.store) if args.phases else None
         for d in defs:
             for p in range(d.num_partition):
                 eng.create_slice(d, p)
@@ -128,12 +177,17 @@ def maintenance(args: argparse.Namespace) -> None:
             decide = getattr(eng, "decide_pending", None)  # absent before ``decided.py``
             if decide is not None:
                 totals["decide"] += _measure("decide", decide, 1, profs["decide"])
+            if phases is not None:
+                phases.start()
+            w = time.perf_counter()
             totals["stabilize"] += _measure(
                 "stabilize",
                 lambda t=ts: eng.stabilize_many([d.id for d in defs], t),
                 1,
                 profs["stabilize"],
             )
+            if phases is not None:
+                phases.stop(time.perf_counter() - w)
         kinds = {UPSERT: 0, UPSERT_DELETION: 0, DELETE: 0}
         for r in prev:
             kinds[r[2]] += 1
@@ -145,6 +199,9 @@ def maintenance(args: argparse.Namespace) -> None:
         )
         for k, v in totals.items():
             print(f"  {k:10s} {v / n_total:7.2f} us CPU per key version")
+        if phases is not None:
+            phases.report()
+            phases.close()
         eng.store.close()
     _print_profiles(profs)
 
@@ -220,6 +277,7 @@ def main() -> None:
     ap.add_argument("--load-rows", type=int, default=100_000)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--sync", action="store_true", help="WAL-synced stabilise (as on a node)")
+    ap.add_argument("--phases", action="store_true", help="wall time of a stabilise's phases")
     ap.add_argument("--rows-frames", action="store_true", help="LoadChunk rows, not columns")
     ap.add_argument("--only", choices=("maintenance", "load"))
     args = ap.parse_args()

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from bench.data_service import _cli
+from bench.local_cluster import shardex_cli
 from bench.pipeline_common import INDEX_NAMES, INDEXES, KEYSPACE, load1, log
 from bench.postgres import PostgresServer
 from bench.runner import Row
@@ -184,7 +184,7 @@ def shardex_load(cluster_dir: Path, files: Sequence[Path], work: Path) -> float:
     try:
         for k, path in enumerate(files):
             out = work / f"load-{k}.log"
-            cmd = [*_cli(), "load", KEYSPACE, str(path), "--dir", str(cluster_dir)]
+            cmd = [*shardex_cli(), "load", KEYSPACE, str(path), "--dir", str(cluster_dir)]
             cmd += ["--id-field", "id", "--batch", "1000"]
             with out.open("wb") as fh:
                 procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT), out))

@@ -10,10 +10,15 @@ by the indexes' topologies and runs the batch's round, alternating two ways:
   does without early delivery, or on a fallback);
 * ``delivered ahead``: the rows first as ``DeliverKeyVersions`` (``indexers.deliver_rows``,
   timed apart: off the critical path when it happens between rounds), then the round with
-  no rows, naming the incarnations that took them.
+  no rows, naming the incarnations that took them. ``--gap`` seconds pass between the two
+  (default 0.2: in the pipeline Spark's trigger, planning and the batch's own read sit
+  between a batch's early delivery and its round, and the indexer decides the early rows
+  after its reply, ``index/decided.py``; with no gap the round waits for those decisions).
 
 Per way, medians over ``--repeat`` rounds of the round's wall time, this process's CPU and
-the nodes' CPU (from /proc), per change; and the early delivery's own wall time. The
+the nodes' CPU (from /proc), per change; the early delivery's own wall time; and the
+timekeeper's check + publish that ends a batch's round (``advance_stability`` with the
+round's replies, ms per round). The
 machine is shared: the two ways alternate, so compare them within the run.
 """
 
@@ -27,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.data_service import shardex_cluster
+from bench.local_cluster import shardex_cluster
 from bench.pipeline_build import create_indexes
 from bench.pipeline_common import KEYSPACE, SEED, updates
 from bench.pipeline_read import PARTITIONS, _node_cpu
@@ -59,11 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--changes", type=int, default=4000, help="changes per round")
     ap.add_argument("--repeat", type=int, default=8, help="rounds per way")
+    ap.add_argument(
+        "--gap", type=float, default=0.2, help="seconds between early delivery and round"
+    )
     args = ap.parse_args(argv)
 
     from shardex.client import connect_local
     from shardex.pipeline.driver_read import read_and_project
-    from shardex.pipeline.indexers import deliver_and_stabilize, deliver_rows
+    from shardex.pipeline.indexers import advance_stability, deliver_and_stabilize, deliver_rows
     from shardex.pipeline.router import route
 
     base = Path(tempfile.mkdtemp(prefix="shardex-bench-early-"))
@@ -89,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         # The slices start at the keyspace's load: stabilise there first (nothing queued).
         deliver_and_stabilize(client, KEYSPACE, 0, start, {}, plan)
         incarnations: dict[str, str] = {}
-        samples: dict[str, list[tuple[float, float, float, float]]] = {
+        changes: list[int] = []
+        samples: dict[str, list[tuple[float, float, float, float, float]]] = {
             "all in the round": [],
             "delivered ahead": [],
         }
@@ -103,15 +112,23 @@ def main(argv: list[str] | None = None) -> int:
                 early = time.perf_counter() - t
                 incarnations = dict(report.incarnations)
                 by_node = {}
+                time.sleep(args.gap)  # the pipeline's batch between the two (docstring)
             w0, c0, d0 = time.perf_counter(), time.process_time(), _node_cpu(cdir)
-            report, _ = deliver_and_stabilize(
+            report, replies = deliver_and_stabilize(
                 client, KEYSPACE, batch, end, by_node, plan, early=incarnations
             )
             w1, c1, d1 = time.perf_counter(), time.process_time(), _node_cpu(cdir)
+            index_ids = sorted({i for ids in plan.values() for i in ids})
+            advance_stability(client, KEYSPACE, end, index_ids, batch_id=batch, stabilized=replies)
+            publish = time.perf_counter() - w1
             incarnations = dict(report.incarnations)
             if i >= 2:  # the first of each way warms connections and caches
-                samples[way].append(((w1 - w0) / n, (c1 - c0) / n, (d1 - d0) / n, early / n))
+                changes.append(n)
+                samples[way].append(
+                    ((w1 - w0) / n, (c1 - c0) / n, (d1 - d0) / n, early / n, publish)
+                )
         rows: list[Row] = []
+        n_avg = statistics.median(changes)
         for way, got in samples.items():
             rows.append(
                 {
@@ -119,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
                     "changes/round": args.changes,
                     "rounds": len(got),
                     "round wall us/change": round(statistics.median(s[0] for s in got) * 1e6, 1),
+                    "round wall ms": round(statistics.median(s[0] for s in got) * n_avg * 1e3, 1),
                     "driver CPU us/change": round(statistics.median(s[1] for s in got) * 1e6, 1),
                     "nodes CPU us/change": round(statistics.median(s[2] for s in got) * 1e6, 1),
                     "early wall us/change": round(statistics.median(s[3] for s in got) * 1e6, 1),
+                    "check+publish ms": round(statistics.median(s[4] for s in got) * 1e3, 1),
                 }
             )
         print_table(

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.data_service import percentile, shardex_cluster
+from bench.data_service import percentile
+from bench.local_cluster import shardex_cluster
 from bench.runner import Row, load_average, print_table, report
 
 KEYSPACE = "floor"

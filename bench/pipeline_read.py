@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.data_service import shardex_cluster
+from bench.local_cluster import shardex_cluster
 from bench.pipeline_common import INDEXES, KEYSPACE, SEED, updates
 from bench.runner import Row, load_average, print_table
 

@@ -28,7 +28,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.data_service import free_base_port, percentile
+from bench.data_service import percentile
+from bench.local_cluster import free_base_port
 from bench.pipeline_common import KEYSPACE, SEED, load1
 from bench.scan_profile import CONSISTENCIES, ROUND, cpu_seconds, node_pids, running
 from bench.scan_queries import CASES, KeyStats, build_queries

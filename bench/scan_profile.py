@@ -31,7 +31,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.data_service import _cli, free_base_port, percentile
+from bench.data_service import percentile
+from bench.local_cluster import free_base_port, shardex_cli
 from bench.pipeline_common import KEYSPACE, SEED, BatchLog, InProcessDriver, load1, log
 from bench.scan_nodeprof import node_profiling, start_profiles, stop_profiles
 from bench.scan_queries import CASES, KeyStats, build_queries
@@ -46,7 +47,7 @@ def running(cdir: Path, new: bool, env: dict[str, str] | None = None) -> Iterato
     on exit."""
     from shardex.node.cluster_dir import HTTP_PORT_OFFSET
 
-    cmd = [*_cli(), "cluster", "start", "--dir", str(cdir), "--no-pipeline"]
+    cmd = [*shardex_cli(), "cluster", "start", "--dir", str(cdir), "--no-pipeline"]
     if new:
         cmd += ["--nodes", "3", "--base-port", str(free_base_port(3, HTTP_PORT_OFFSET))]
     try:
@@ -58,7 +59,7 @@ def running(cdir: Path, new: bool, env: dict[str, str] | None = None) -> Iterato
         yield
     finally:
         subprocess.run(
-            [*_cli(), "cluster", "stop", "--dir", str(cdir)],
+            [*shardex_cli(), "cluster", "stop", "--dir", str(cdir)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench.data_service import shardex_cluster
+from bench.local_cluster import shardex_cluster
 
 KEYSPACE = "offsets"
 PARTITIONS = 64

@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.data_service import percentile, shardex_cluster
+from bench.data_service import percentile
+from bench.local_cluster import shardex_cluster
 from bench.runner import Row, load_average, report
 from bench.scan_nodeprof import node_profiling, start_profiles, stop_profiles
 from bench.scan_profile import node_pids

@@ -66,7 +66,7 @@ def test_sigterm_identity_and_single_instance(tmp_path: Path) -> None:
     cmd = node_cmd(data, port, "--secret-file", str(secret_file))
     p = spawn(cmd, tmp_path / "out1.log")
     try:
-        wait_for(lambda: read_pid(data) == p.pid, 15, what="pid file")
+        wait_for(lambda: read_pid(data) == p.pid, 60, what="pid file")
         with connect(f"127.0.0.1:{port}", secret=SECRET) as c:
             first = c.ping()
         assert first.name == "solo" and first.pid == p.pid
@@ -92,7 +92,7 @@ def test_sigterm_identity_and_single_instance(tmp_path: Path) -> None:
         assert [m["name"] for m in members["members"]] == ["solo"]
 
         p = spawn(cmd, tmp_path / "out2.log")
-        wait_for(lambda: read_pid(data) == p.pid, 15, what="pid file after restart")
+        wait_for(lambda: read_pid(data) == p.pid, 60, what="pid file after restart")
         with connect(f"127.0.0.1:{port}", secret=SECRET) as c:
             assert c.ping().member_id == first.member_id  # same identity after restart
             assert c.cluster_status().version == 1  # and no phantom membership change

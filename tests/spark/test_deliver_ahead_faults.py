@@ -67,7 +67,7 @@ def test_indexer_restarted_after_an_early_delivery(
 
     monkeypatch.setattr(indexers, "_to_node", wrapped)
     retries = Retries()
-    logging.getLogger("shardex.pipeline.maintain").addHandler(retries)
+    logging.getLogger("shardex.pipeline.batch_steps").addHandler(retries)
     try:
         with (
             connect_local(env.path, name="writer") as wclient,
@@ -82,7 +82,7 @@ def test_indexer_restarted_after_an_early_delivery(
                 assert time.monotonic() < deadline, "the writer stalled after the restart"
                 time.sleep(0.05)
     finally:
-        logging.getLogger("shardex.pipeline.maintain").removeHandler(retries)
+        logging.getLogger("shardex.pipeline.batch_steps").removeHandler(retries)
     counts = check_all(client)
     stale = [m for m in retries.messages if "STALE_DELIVERY" in m]
     print(f"\nkill -9 node2 after an early delivery: {w.done} mutations, {counts}, {stale[:1]}")

@@ -219,7 +219,7 @@ def test_kill_indexer_node_mid_stream(env: Env, monkeypatch: pytest.MonkeyPatch)
         assert f"node{i}" in slice_nodes(client, "by_name") & slice_nodes(client, "by_age")
     hook = DeliveryHook(monkeypatch)
     retries = Retries()
-    logging.getLogger("shardex.pipeline.maintain").addHandler(retries)
+    logging.getLogger("shardex.pipeline.batch_steps").addHandler(retries)
 
     def kill(i: int) -> None:
         pid = env.cluster.pid(i)
@@ -264,7 +264,7 @@ def test_kill_indexer_node_mid_stream(env: Env, monkeypatch: pytest.MonkeyPatch)
             time.sleep(1)
             assert w.done > 0
     finally:
-        logging.getLogger("shardex.pipeline.maintain").removeHandler(retries)
+        logging.getLogger("shardex.pipeline.batch_steps").removeHandler(retries)
     counts = check_all(client)
     stale = [m for m in retries.messages[seen:] if "STALE_DELIVERY" in m]
     print(

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from bench import data_service as ds
 from bench import postgres as pgh
+from bench.data_docs import doc_sizes, make_docs
+from bench.local_cluster import free_base_port, ports_free
 
 
 def test_render_conf_quotes_every_value_and_renders_bools() -> None:
@@ -100,11 +102,11 @@ def test_signals_raise_turns_sigterm_into_keyboard_interrupt() -> None:
 
 
 def test_documents_are_deterministic_and_about_half_to_one_kb() -> None:
-    a, _ = ds.make_docs(300, seed=7)
-    b, _ = ds.make_docs(300, seed=7)
+    a, _ = make_docs(300, seed=7)
+    b, _ = make_docs(300, seed=7)
     assert a == b
     assert len({docid for docid, _ in a}) == 300
-    sizes = ds.doc_sizes(a)
+    sizes = doc_sizes(a)
     assert sizes["min_bytes"] >= 400 and sizes["max_bytes"] <= 1200
     doc = a[0][1]
     assert isinstance(doc["address"], dict) and isinstance(doc["tags"], list)
@@ -132,8 +134,8 @@ def test_ratios_say_which_way_is_better() -> None:
 
 
 def test_free_base_port_leaves_room_for_http_ports() -> None:
-    base = ds.free_base_port(3, 1000)
-    assert ds._ports_free([base, base + 1, base + 2, base + 1000, base + 1002])
+    base = free_base_port(3, 1000)
+    assert ports_free([base, base + 1, base + 2, base + 1000, base + 1002])
 
 
 @pytest.mark.slow

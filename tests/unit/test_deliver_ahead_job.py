@@ -26,7 +26,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.timekeeper_messages import StabilityAdvanced
-from shardex.pipeline import deliver_ahead, maintain
+from shardex.pipeline import batch_steps, deliver_ahead
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
 from shardex.pipeline.read_ahead import ReadAhead
@@ -107,8 +107,8 @@ def _advance(client: Any, keyspace: str, at: Timestamp, ids: list[str], **kw: An
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Indexers:
     m = Indexers()
-    monkeypatch.setattr(maintain, "deliver_and_stabilize", m.deliver_and_stabilize)
-    monkeypatch.setattr(maintain, "advance_stability", _advance)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", m.deliver_and_stabilize)
+    monkeypatch.setattr(batch_steps, "advance_stability", _advance)
     monkeypatch.setattr(deliver_ahead, "deliver_rows", m.deliver_rows)
     return m
 
@@ -223,7 +223,7 @@ def test_a_view_change_between_early_delivery_and_the_batch_falls_back(
 def test_an_indexer_restarted_after_the_early_delivery_gets_the_whole_batch(
     tmp_path: Path, model: Indexers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(maintain.time, "sleep", lambda s: None)  # the retry's back-off
+    monkeypatch.setattr(batch_steps.time, "sleep", lambda s: None)  # the retry's back-off
     _, job, _ = _first_batch_early(tmp_path, model)
     model.restart("n1")  # its early rows are gone
     _batch(job, 1, ts(p0=5, p1=5))
@@ -321,7 +321,7 @@ def test_rows_taken_but_not_sent_go_ahead_while_the_batch_reads_the_rest(
         assert gate.wait(10)
         return real(*a, **kw)
 
-    maintain.deliver_and_stabilize = slow  # type: ignore[assignment]
+    batch_steps.deliver_and_stabilize = slow  # type: ignore[assignment]
     try:
         offset = json.dumps(ts(p0=2, p1=2).to_json())
         (job.checkpoint / "offsets" / "0").write_text(f"v1\n{{}}\n{offset}\n")
@@ -334,7 +334,7 @@ def test_rows_taken_but_not_sent_go_ahead_while_the_batch_reads_the_rest(
         gate.set()
         job.tail.join()
     finally:
-        maintain.deliver_and_stabilize = real  # type: ignore[assignment]
+        batch_steps.deliver_and_stabilize = real  # type: ignore[assignment]
     assert model.early == []
     log.write(0, 1)
     log.write(1, 1)

@@ -21,8 +21,8 @@ from shardex.index.testing import FakeKeyspace, LocalPipeline, random_workload
 from shardex.manager.index_state import ACTIVE, IndexRecord
 from shardex.manager.state import StateContext
 from shardex.manager.timekeeper import plan_stabilize, verify_acks
-from shardex.pipeline.maintain import round_slices, stabilize_plan
 from shardex.pipeline.registry import IndexView
+from shardex.pipeline.round_plan import round_slices, stabilize_plan
 from shardex.pipeline.router import route
 
 DEFN = make_definition(

@@ -18,7 +18,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.keyversion import UPSERT
 from shardex.manager.timekeeper_messages import StabilityAdvanced
-from shardex.pipeline import maintain
+from shardex.pipeline import batch_steps
 from shardex.pipeline.batch_tail import BatchTail
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
@@ -70,15 +70,15 @@ class Calls:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     c = Calls()
-    monkeypatch.setattr(maintain, "deliver_and_stabilize", c.deliver)
-    monkeypatch.setattr(maintain, "advance_stability", c.advance)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", c.deliver)
+    monkeypatch.setattr(batch_steps, "advance_stability", c.advance)
 
     def read_and_project(client: Any, keyspace: str, defs: Any, start: Any, end: Any) -> list:
         ranges = plan_ranges(keyspace, start, end)
         c.reads.append([(r.partition, r.start_seqno, r.end_seqno) for r in ranges])
         return []
 
-    monkeypatch.setattr(maintain, "read_and_project", read_and_project)
+    monkeypatch.setattr(batch_steps, "read_and_project", read_and_project)
     return c
 
 

@@ -16,7 +16,7 @@ from tests.unit.test_maintain_tail import _FixedRegistry
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.manager.timekeeper_messages import StabilityAdvanced
-from shardex.pipeline import maintain
+from shardex.pipeline import batch_steps
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
 from shardex.pipeline.read_ahead import ReadAhead
@@ -121,8 +121,8 @@ def test_batches_get_exactly_their_range_with_the_read_ahead(
             keyspace=keyspace, ts=dict(at.to_wire()), published=list(ids), items_count={}
         )
 
-    monkeypatch.setattr(maintain, "deliver_and_stabilize", deliver)
-    monkeypatch.setattr(maintain, "advance_stability", advance)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", deliver)
+    monkeypatch.setattr(batch_steps, "advance_stability", advance)
     registry = _FixedRegistry([_view("a")], ts(p0=0, p1=0))
     job = MaintenanceJob(None, None, registry, {}, tmp_path / "ckpt", starting=ts(p0=0, p1=0))  # type: ignore[arg-type]
     job._read_and_project = log.read  # type: ignore[method-assign]

@@ -30,7 +30,7 @@ from shardex.index.testing import random_workload
 from shardex.manager.coordinator_messages import StateReply
 from shardex.manager.state import KeyspaceMeta, StateContext
 from shardex.net import ConnectionPool, TcpTransport
-from shardex.scan import coordinator
+from shardex.scan import coordinator, request_plus
 from shardex.scan.cluster_view import ClusterView
 from shardex.scan.streams import OutStreams
 
@@ -90,7 +90,7 @@ async def test_a_caught_up_index_answers_from_the_read_made_while_fetching(
 async def test_an_index_behind_is_read_again_once_it_covers_every_acknowledged_write(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(coordinator, "SPECULATE_BACKOFF", 3600.0)  # no clock in the test
+    monkeypatch.setattr(request_plus, "SPECULATE_BACKOFF", 3600.0)  # no clock in the test
     rng = random.Random(22)
     await env.round(rng, 150)
     random_workload(env.ks, rng, 60)
@@ -119,7 +119,7 @@ async def test_an_index_behind_is_read_again_once_it_covers_every_acknowledged_w
     assert ts == ahead and as_rows(rows) == want
     assert outcomes(env) == {"miss": 1, "skipped": 1}
     # Past it, they read while fetching again.
-    monkeypatch.setattr(coordinator, "SPECULATE_BACKOFF", 0.0)
+    monkeypatch.setattr(request_plus, "SPECULATE_BACKOFF", 0.0)
     ts, rows = await asyncio.to_thread(scan)
     assert ts == ahead and as_rows(rows) == want
     assert outcomes(env) == {"miss": 1, "skipped": 1, "hit": 1}

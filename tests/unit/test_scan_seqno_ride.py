@@ -28,7 +28,7 @@ from shardex.core.topology import Topology
 from shardex.data.messages import HighSeqnos, HighSeqnosReply
 from shardex.index.testing import random_workload
 from shardex.net import Connection
-from shardex.scan import coordinator
+from shardex.scan import request_plus
 from shardex.scan.messages import ScanSlices
 
 Seqnos = Callable[[str, list[int]], dict[int, tuple[int, int]]]
@@ -40,7 +40,7 @@ def owner(p: int) -> str:
 
 @pytest.fixture
 async def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Env]:
-    monkeypatch.setattr(coordinator, "SPECULATE_BACKOFF", 3600.0)  # no clock in the tests
+    monkeypatch.setattr(request_plus, "SPECULATE_BACKOFF", 3600.0)  # no clock in the tests
     e = Env(tmp_path)
     topo = Topology(seq_num=1, assignment={p: owner(p) for p in range(8)})
     e.holder.state = msgspec.structs.replace(e.holder.state, data_topologies={KS: [topo]})

@@ -6,8 +6,12 @@ against it, then the write batch. The round is on the stream's critical path (th
 waits for it), the early delivery is not. So each slice keeps, per docid with queued
 versions, the back row read from storage and the decision for the newest queued version
 (``Decided``), kept up to date as versions are queued (by the indexer right after it
-acknowledged an early delivery, ``Slice.decide_pending``, else by the stabilise); a
-stabilise that takes the whole queue only gathers the decisions into its write batch.
+acknowledged an early delivery, ``Slice.decide_pending``, else by the stabilise), and the
+write batch's sorted operations for them (``Prepared``, built and sorted there too); a
+stabilise that takes the whole queue only hands those lists to its write batch. A newer
+version of a docid decided before replaces its decision, whose operations cannot be taken
+back out of the lists: the prepared lists are dropped and that stabilise gathers the
+decisions instead (``Decided.write``).
 
 The rules (``decide``) are the stabilise's, in one place for both paths: a back row with an
 equal or higher seqno wins (older never overwrites newer); an unchanged key writes nothing;
@@ -45,7 +49,17 @@ from shardex.index.records import pack_back_head, tombstone_log_key
 if TYPE_CHECKING:
     from shardex.storage import Batch, ColumnFamily
 
-__all__ = ["NOTHING", "STALE", "UNCHANGED", "WRITE", "Decided", "Outcome", "decide", "write"]
+__all__ = [
+    "NOTHING",
+    "STALE",
+    "UNCHANGED",
+    "WRITE",
+    "Decided",
+    "Outcome",
+    "Prepared",
+    "decide",
+    "write",
+]
 
 # What a stabilise does for one docid (``Outcome.kind``).
 WRITE = 0  # entry/back-row/tombstone-log operations below
@@ -88,6 +102,87 @@ def decide(row: KeyVersion, key: bytes, raw: bytes | None) -> Outcome:
     return _NOTHING
 
 
+class Prepared:
+    """The write batch's operations for a set of decisions, per family, kept sorted
+    (RocksDB's memtable takes a sorted batch about ten times faster than a random one; keys
+    never repeat: one decision per docid, and an entry embeds its docid). Built as decisions
+    are taken (``Decided.add`` on the indexer's I/O thread after an early delivery's reply,
+    ``seal`` sorting there too), so a stabilise of the whole queue only hands the lists to
+    the batch: the gathering loop and the sorts leave the round's critical path."""
+
+    __slots__ = (
+        "b_key",
+        "b_val",
+        "backs",
+        "delta",
+        "e_del",
+        "e_put",
+        "sealed",
+        "stale",
+        "t_put",
+        "unchanged",
+    )
+
+    def __init__(self) -> None:
+        self.e_del: list[bytes] = []
+        self.e_put: list[bytes] = []
+        self.backs: list[tuple[bytes, bytes]] = []
+        self.t_put: list[bytes] = []
+        self.b_key: list[bytes] = []
+        self.b_val: list[bytes] = []
+        self.delta = self.unchanged = self.stale = 0
+        self.sealed = True
+
+    def extend(self, outcomes: Iterable[Outcome]) -> None:
+        """Add the operations of ``outcomes`` (each for a docid not added before)."""
+        e_del, e_put, backs, t_put = self.e_del, self.e_put, self.backs, self.t_put
+        delta = unchanged = stale = 0
+        for kind, b_k, b_v, e_d, e_p, t_p, d in outcomes:
+            if kind == WRITE:
+                if e_d is not None:
+                    e_del.append(e_d)
+                if e_p is not None:
+                    e_put.append(e_p)
+                if t_p is not None:
+                    t_put.append(t_p)
+                backs.append((b_k, b_v))  # type: ignore[arg-type]
+                delta += d
+            elif kind == UNCHANGED:
+                unchanged += 1
+            elif kind == STALE:
+                stale += 1
+        self.delta += delta
+        self.unchanged += unchanged
+        self.stale += stale
+        self.sealed = False
+
+    def seal(self) -> None:
+        """Sort each family's operations (sorted runs merge in linear time: sealing after
+        every early delivery costs little more than once)."""
+        if self.sealed:
+            return
+        self.e_del.sort()
+        self.e_put.sort()
+        self.t_put.sort()
+        self.backs.sort()
+        self.b_key = [k for k, _ in self.backs]
+        self.b_val = [v for _, v in self.backs]
+        self.sealed = True
+
+    def write(
+        self, batch: Batch, entries: ColumnFamily, back: ColumnFamily, meta: ColumnFamily
+    ) -> tuple[int, int, int, int]:
+        """Add the operations to ``batch``; returns (writes, change in live entries,
+        unchanged, stale)."""
+        self.seal()
+        batch.delete_many(entries, self.e_del)
+        batch.put_many(entries, self.e_put)
+        batch.put_many(back, self.b_key, self.b_val)
+        batch.put_many(meta, self.t_put)
+        writes = len(self.e_del) + len(self.e_put) + len(self.b_key) + len(self.t_put)
+        return writes, self.delta, self.unchanged, self.stale
+
+
 def write(
     outcomes: Iterable[Outcome],
     batch: Batch,
@@ -95,40 +190,11 @@ def write(
     back: ColumnFamily,
     meta: ColumnFamily,
 ) -> tuple[int, int, int, int]:
-    """Add the decisions to ``batch``, each family's keys sorted (RocksDB's memtable takes a
-    sorted batch about ten times faster than a random one; keys never repeat within one
-    batch: one decision per docid, and an entry embeds its docid). Returns (writes, change
-    in live entries, unchanged, stale)."""
-    e_del: list[bytes] = []
-    e_put: list[bytes] = []
-    backs: list[tuple[bytes, bytes]] = []
-    t_put: list[bytes] = []
-    delta = unchanged = stale = 0
-    for kind, b_k, b_v, e_d, e_p, t_p, d in outcomes:
-        if kind == WRITE:
-            if e_d is not None:
-                e_del.append(e_d)
-            if e_p is not None:
-                e_put.append(e_p)
-            if t_p is not None:
-                t_put.append(t_p)
-            backs.append((b_k, b_v))  # type: ignore[arg-type]
-            delta += d
-        elif kind == UNCHANGED:
-            unchanged += 1
-        elif kind == STALE:
-            stale += 1
-    e_del.sort()
-    e_put.sort()
-    t_put.sort()
-    backs.sort()
-    b_key = [k for k, _ in backs]
-    b_val = [v for _, v in backs]
-    batch.delete_many(entries, e_del)
-    batch.put_many(entries, e_put)
-    batch.put_many(back, b_key, b_val)
-    batch.put_many(meta, t_put)
-    return len(e_del) + len(e_put) + len(b_key) + len(t_put), delta, unchanged, stale
+    """Add the decisions (one per docid) to ``batch``, each family's keys sorted
+    (``Prepared``). Returns (writes, change in live entries, unchanged, stale)."""
+    prepared = Prepared()
+    prepared.extend(outcomes)
+    return prepared.write(batch, entries, back, meta)
 
 
 class Decided:
@@ -136,14 +202,18 @@ class Decided:
     three dicts by docid: the back row read from storage (``raws``), the newest queued
     version (``rows``) and its ``Outcome`` (``outcomes``). Parallel dicts rather than one
     record per docid: the common case (new docids, rows in seqno order) fills them with
-    C-level ``dict.update`` calls."""
+    C-level ``dict.update`` calls. ``prepared``: the write batch's operations for exactly
+    ``outcomes``, built as they are decided; None once a docid's decision was replaced
+    (a newer version of a docid decided before: its old operations cannot be taken out of
+    the lists), and then ``write`` gathers ``outcomes`` as before."""
 
-    __slots__ = ("outcomes", "raws", "rows")
+    __slots__ = ("outcomes", "prepared", "raws", "rows")
 
     def __init__(self) -> None:
         self.raws: dict[str, bytes | None] = {}
         self.rows: dict[str, KeyVersion] = {}
         self.outcomes: dict[str, Outcome] = {}
+        self.prepared: Prepared | None = Prepared()
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -169,6 +239,7 @@ class Decided:
             if row[6] > known[docid][6]:
                 known[docid] = row
                 self.outcomes[docid] = decide(row, docid.encode("utf-8"), self.raws[docid])
+                self.prepared = None  # the replaced decision's operations are in it
         if not newest:
             return
         docids = sorted(newest)
@@ -177,4 +248,22 @@ class Decided:
         fresh = [newest[d] for d in docids]
         self.raws.update(zip(docids, raws, strict=True))
         known.update(zip(docids, fresh, strict=True))
-        self.outcomes.update(zip(docids, map(decide, fresh, keys, raws), strict=True))
+        outcomes = list(map(decide, fresh, keys, raws))
+        self.outcomes.update(zip(docids, outcomes, strict=True))
+        if self.prepared is not None:
+            self.prepared.extend(outcomes)
+
+    def seal(self) -> None:
+        """Sort the prepared operations now (off the stabilise's path)."""
+        if self.prepared is not None:
+            self.prepared.seal()
+
+    def write(
+        self, batch: Batch, entries: ColumnFamily, back: ColumnFamily, meta: ColumnFamily
+    ) -> tuple[int, int, int, int]:
+        """Add every decision to ``batch`` (the stabilise of the whole queue): the prepared
+        operations, else gathered from the decisions. Returns (writes, change in live
+        entries, unchanged, stale)."""
+        if self.prepared is not None:
+            return self.prepared.write(batch, entries, back, meta)
+        return write(self.outcomes.values(), batch, entries, back, meta)

@@ -123,6 +123,10 @@ class Slice(SliceLoading):
         # after acknowledging an early delivery) or the stabilise folds them in.
         self._undecided: list[Queued] = []
         self._undecided_ordered = True
+        # What a commit took out of the queue and its decisions: freed by the next
+        # ``decide_pending`` (the I/O thread after an early delivery's reply) or commit,
+        # not inside the round (freeing a batch's rows and decisions was ~10% of it).
+        self._retired: list[object] = []
         self._snapshots = SnapshotRing(keep_snapshots, f"{self.index_id}/{self.partition}")
         self.lock = threading.RLock()
         self.stats = SliceStats()
@@ -231,11 +235,13 @@ class Slice(SliceLoading):
         delivery: the sender (the driver's read-ahead, which the next batch waits for) does
         not wait for the decisions."""
         with self.lock:
+            self._retired = []
             rows = self._undecided
             if not rows:
                 return 0
             if self._decided is not None:
                 self._decided.add(rows, self._back, ordered=self._undecided_ordered)
+                self._decided.seal()  # the write batch's sorted lists, off the round's path
             self._undecided = []
             self._undecided_ordered = True
             return len(rows)
@@ -300,8 +306,8 @@ class Slice(SliceLoading):
             self.decide_pending()  # rows queued since the last call (or with this stabilise)
             taken = [(p, None) for p, q in self._queue.items() if q]
             n_taken = sum(len(q) for q in self._queue.values())
-            writes, delta, unchanged, stale = write(
-                self._decided.outcomes.values(), batch, self._entries, self._back, self._meta_cf
+            writes, delta, unchanged, stale = self._decided.write(
+                batch, self._entries, self._back, self._meta_cf
             )
         else:
             taken, n_taken, latest = self._take(ts)
@@ -376,9 +382,10 @@ class Slice(SliceLoading):
         snapshot. Called under ``self.lock``."""
         ack = pending.ack
         if pending.meta is not None:
+            retired: list[object] = [self._decided]
             for part, seqnos in pending.taken:
                 if seqnos is None:
-                    self._queue.pop(part, None)
+                    retired.append(self._queue.pop(part, None))
                     self._unordered.discard(part)
                 else:
                     q = self._queue[part]
@@ -387,6 +394,7 @@ class Slice(SliceLoading):
             self._meta = pending.meta
             self._applied = Timestamp.from_wire(pending.meta.applied)
             self._reset_decided()  # decided against the storage before this commit
+            self._retired = retired  # the previous commit's are freed here
             self.stats.applied += ack.applied
             self.stats.writes += ack.writes
             self._take_snapshot(ack.ts)

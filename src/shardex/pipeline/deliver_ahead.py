@@ -7,8 +7,14 @@ batch's round has ended, ``DeliverAhead.hook`` routes them by that round's views
 ``DeliverKeyVersions`` naming the incarnation each node had in that round (queue only, no
 stabilise). The batch then sends in its ``DeliverAndStabilize`` only what was not delivered,
 if everything it would have routed them by is what the early deliveries used
-(``EarlyDeliveries.usable``); otherwise it falls back to delivering all its rows after
+(``DeliverAhead.usable``); otherwise it falls back to delivering all its rows after
 every node forgot what was queued above the batch's start (``drop_above``).
+
+Rows a previous job (or query) queued ahead are unknown to this one, so a node is trusted
+only once a round of this query dropped above its start there (``DeliverAhead.cleaned``): a
+round whose plan names any other node falls back as a whole, as the first round does (it is
+that rule with nobody cleaned yet), so a node entering a plan later is cleaned like the
+first round's nodes.
 
 Rows beyond the batch's end that were delivered early stay queued on the indexers (a
 stabilise takes only seqnos <= its TS) and stay recorded in the read-ahead (``Ahead.sent``),
@@ -21,7 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +40,7 @@ from shardex.pipeline.read_ahead import Ahead, Deliver, Taken
 from shardex.pipeline.registry import IndexView
 from shardex.pipeline.router import IndexRoute, route
 
-__all__ = ["DeliverAhead", "RoundInfo", "Skip", "views_key"]
+__all__ = ["DeliverAhead", "RoundInfo", "Skip", "plan_nodes", "views_key"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,16 @@ def views_key(views: Sequence[IndexView]) -> tuple[Any, ...]:
         )
         for v in views
     )
+
+
+def plan_nodes(key: tuple[Any, ...]) -> set[str]:
+    """The nodes a round with views key ``key`` sends to and stabilises on: every owner of
+    a topology and every move target (``round_plan.stabilize_plan``'s nodes)."""
+    out: set[str] = set()
+    for _id, _definition, _seq, assignment, moving in key:
+        out.update(node for _p, node in assignment)
+        out.update(node for _p, node in moving)
+    return out
 
 
 @dataclass(eq=False)
@@ -106,8 +122,12 @@ class DeliverAhead:
     # and a later delivery of the same seqnos would be dropped as their duplicates.
     nodes: set[str] = field(default_factory=set)
     queued_to: dict[int, int] = field(default_factory=dict)
-    # A new job (or a restarted query): whatever a previous job queued ahead is unknown.
-    fresh: bool = True
+    # Nodes where a round of this query dropped above its start (and none of this job's
+    # early rows went unrecorded since): what they hold above the applied TS is known here.
+    # Elsewhere a previous job (or query) may have queued rows ahead, possibly of a branch
+    # a rollback then cut off; a round naming such a node drops first. Empty for a new job
+    # or query, so its first round drops on all its nodes.
+    cleaned: set[str] = field(default_factory=set)
     delivered: int = 0  # key versions sent early (routed), for the bench
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -175,7 +195,7 @@ class DeliverAhead:
             return None
         if tag.round is not r and r.confirmed is not tag:
             return None
-        if tag.round.key != key:
+        if tag.round.key != key or not self._all_cleaned(plan_nodes(key)):
             return None
         with self._lock:
             nodes = set(self.nodes)
@@ -197,6 +217,10 @@ class DeliverAhead:
         if taken is None or not taken.rows or not taken.branch_ok or r is None:
             return lambda: self.usable(taken, key, start)
         if r.end != start or not self._recorded(taken.sent_to if taken.sent else None, start):
+            return lambda: None
+        if not self._all_cleaned(plan_nodes(key)):
+            # A node this query never dropped on may hold a previous job's rows, which would
+            # win over these: the round falls back (drops there first, then sends all).
             return lambda: None
         if taken.sent and self.usable(taken, key, start) is None:
             return lambda: None  # earlier early rows not usable: the fallback drops them
@@ -257,11 +281,18 @@ class DeliverAhead:
                 for p, q in self.queued_to.items()
             )
 
-    def drop_above(self, start: Timestamp, end: Timestamp) -> dict[int, int] | None:
-        """For a round that does not skip: the queues to clear first (above ``start``), when
-        rows may have been queued ahead (by this job, or by a previous one)."""
+    def _all_cleaned(self, nodes: Iterable[str]) -> bool:
         with self._lock:
-            if not self.fresh and not self.nodes:
+            return self.cleaned.issuperset(nodes)
+
+    def drop_above(
+        self, start: Timestamp, end: Timestamp, plan: Iterable[str]
+    ) -> dict[int, int] | None:
+        """For a round that does not skip, over the nodes ``plan``: the queues to clear
+        first (above ``start``), when rows may have been queued ahead: by this job (recorded
+        in ``nodes``), or by a previous one on a node of ``plan`` not ``cleaned`` yet."""
+        with self._lock:
+            if not self.nodes and self.cleaned.issuperset(plan):
                 return None
         return {p: start.seqno(p) for p in set(start) | set(end)}
 
@@ -278,11 +309,17 @@ class DeliverAhead:
         skip: Skip | None,
         dropped: bool,
     ) -> None:
-        """A round succeeded (called on the tail thread, before its future completes)."""
+        """A round succeeded (called on the tail thread, before its future completes).
+        ``incarnations``: every node that answered it. A round that ``dropped`` did so on
+        every node of its plan (a node that failed fails the round) and on the nodes outside
+        it that took early rows and answered."""
         with self._lock:
             if dropped:
+                answered = set(incarnations) | plan_nodes(key)
+                # A node that took early rows and missed the drop keeps rows no record will
+                # know once ``queued_to`` is cleared: not cleaned until a round drops there.
+                self.cleaned = (self.cleaned - (self.nodes - answered)) | answered
                 self.queued_to.clear()
-                self.fresh = False
             else:  # applied by this round (or superseded): no longer only queued
                 self.queued_to = {p: q for p, q in self.queued_to.items() if q > end.seqno(p)}
             if not self.queued_to:
@@ -294,5 +331,5 @@ class DeliverAhead:
     def restart(self) -> None:
         """A new query: nothing recorded is known to hold any more."""
         with self._lock:
-            self.fresh = True
+            self.cleaned.clear()
         self.last_round = None

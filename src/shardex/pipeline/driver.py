@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.manager.index_state import ACTIVE, BUILDING
+from shardex.pipeline.batch_steps import BatchStats
 from shardex.pipeline.build import BuildResult, InitialBuild
 from shardex.pipeline.indexers import index_state
-from shardex.pipeline.maintain import DEFAULT_DRIVER_READ_MAX, BatchStats, MaintenanceJob
+from shardex.pipeline.maintain import DEFAULT_DRIVER_READ_MAX, MaintenanceJob
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.rollback import current_generation, handle_rollback, new_generation
 from shardex.pipeline.source_types import parse_rollback

@@ -30,26 +30,25 @@ the batch is delivered again. Failures of steps 4-5 are retried with back-off fo
 ``retry_for`` seconds; then the next batch fails (and the driver restarts the query from its
 checkpoint). Spark may have committed a batch whose round failed: the registry's applied TS
 did not advance, so the next batch catches the range up (step 3).
+
+This module sets up the query and runs each batch; steps 2-5 themselves are
+``batch_steps.py`` (``BatchSteps``, a mixin of ``MaintenanceJob``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shardex.client import Client
-from shardex.core.timestamp import SeqnoEntry, Timestamp
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexDefinition
-from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
+from shardex.core.timestamp import Timestamp
+from shardex.index.keyversion import KeyVersion
 from shardex.pipeline.batch_callback import foreach_batch_id
 from shardex.pipeline.batch_range import (
     ExecutionRanges,
@@ -57,17 +56,14 @@ from shardex.pipeline.batch_range import (
     logged_range,
     read_offset,
 )
+from shardex.pipeline.batch_steps import BatchStats, BatchSteps, count_changes
 from shardex.pipeline.batch_tail import BatchTail
 from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
-from shardex.pipeline.driver_read import read_and_project
 from shardex.pipeline.gcpause import gc_paused
-from shardex.pipeline.indexers import advance_stability, deliver_and_stabilize
+from shardex.pipeline.indexers import advance_stability
 from shardex.pipeline.move_rounds import MoveRounds
-from shardex.pipeline.read_ahead import ReadAhead, Taken
-from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.round_plan import round_slices, stabilize_plan
-from shardex.pipeline.router import route
-from shardex.pipeline.source_project import ProjectSpec
+from shardex.pipeline.read_ahead import ReadAhead
+from shardex.pipeline.registry import IndexRegistry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -76,10 +72,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_DRIVER_READ_MAX",
     "DEFAULT_MAX_RECORDS",
-    "BatchStats",
     "MaintenanceJob",
     "read_offset",
-    "round_slices",
     "stream_options",
 ]
 
@@ -92,42 +86,9 @@ DEFAULT_RETRY_FOR = 300.0
 DEFAULT_DRIVER_READ_MAX = 20_000
 # Admission control: the most changes one micro-batch takes (``max_records_per_batch``).
 DEFAULT_MAX_RECORDS = 20_000
-# Conditions a retry can outlive: an indexer restarting, a node failing over.
-_RETRYABLE = frozenset(
-    {
-        ErrorCode.STALE_DELIVERY,
-        ErrorCode.NODE_UNAVAILABLE,
-        ErrorCode.CONNECTION_CLOSED,
-        ErrorCode.TIMEOUT,
-        ErrorCode.INDEX_NOT_FOUND,
-    }
-)
 
 
-@dataclass
-class BatchStats:
-    """Per-batch timings (seconds) and counts, kept for the last batches and logged."""
-
-    batch_id: int
-    changes: int = 0
-    key_versions: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    project: float = 0.0  # read + project of (start, end] (what the read-ahead left)
-    catch_up: float = 0.0
-    deliver: float = 0.0  # route + DeliverAndStabilize on every indexer (the last attempt)
-    stabilize: float = 0.0  # the timekeeper's check and publish
-    total: float = 0.0  # from the batch's start to its publication (the round included)
-    # foreachBatch waiting for the previous batch's round (``tail.join``), before ``total``'s
-    # start: the part of Spark's addBatch that is our round outlasting Spark's commit.
-    wait_round: float = 0.0
-    retries: int = 0
-    on_driver: bool = False  # read and projected on the driver (small batch)
-    read_ahead: int = 0  # key versions taken from the read-ahead (``read_ahead.py``)
-    early: int = 0  # of those, delivered before the round (``deliver_ahead.py``); 0: fallback
-    end: dict[int, tuple[int, int]] = field(default_factory=dict)
-
-
-class MaintenanceJob:
+class MaintenanceJob(BatchSteps):
     """One keyspace's streaming query. ``start()`` returns the running query."""
 
     # foreachBatch registered with the batch id only (``batch_callback.py``): the job never
@@ -269,7 +230,7 @@ class MaintenanceJob:
         # ``end`` would move it backwards. What it skips is caught up from its applied TS.
         views = [v for v in self.registry.maintained() if end.covers(self.registry.applied(v.id))]
         rows: list[KeyVersion] = []
-        stats.changes = _changes(start, end)
+        stats.changes = count_changes(start, end)
         wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
         if views:
             with gc_paused():
@@ -303,201 +264,6 @@ class MaintenanceJob:
                 self.tail.join(timeout)
         except Exception as exc:
             log.warning("last stabilise round of %s: %s", self.keyspace, exc)
-
-    def _project(
-        self,
-        views: Sequence[IndexView],
-        start: Timestamp,
-        end: Timestamp,
-        stats: BatchStats,
-        rows: list[KeyVersion],
-        key: tuple[Any, ...] = (),
-    ) -> Callable[[], Skip | None]:
-        """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``
-        (the read-ahead's first). Returns what says which rows the round may skip: the
-        read-ahead's rows not delivered yet are sent while the rest is read
-        (``deliver_ahead.py``)."""
-        t = time.perf_counter()
-        defs = [v.definition for v in views]
-        got: Taken | None = None
-        wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
-        if stats.changes <= self.driver_read_max:
-            # Small batch: read (start, end] here and project in this process. A Spark
-            # job (plan, Python worker round trips, Arrow collect) costs more than the
-            # work itself; the rows are the same either way (the DataFrame is the same
-            # range of the same source and is simply not executed).
-            stats.on_driver = True
-            got = self.read_ahead.take(defs, start, end)
-            rest = start
-            if got is not None:  # read while Spark committed the previous batch
-                rest = got.covered
-                stats.read_ahead = len(got.rows)
-                rows.extend(got.rows)
-                if self.deliver_ahead:
-                    wait = self.early.send_taken(got, views, key, start)
-            if rest != end:
-                rows.extend(self._read_and_project(defs, rest, end))
-        else:
-            self.read_ahead.discard()
-            rows.extend(self._read_and_project_on_workers(defs, start, end))
-        stats.project = time.perf_counter() - t
-        t = time.perf_counter()
-        rows.extend(self._catch_up(views, start))
-        stats.catch_up = time.perf_counter() - t
-        return wait
-
-    def _read_and_project(
-        self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
-    ) -> list[KeyVersion]:
-        # Stream items straight into the projector's columns, rows kept as tuples, every
-        # partition's stream open at once (``driver_read.py``).
-        return read_and_project(self.client, self.keyspace, defs, start, end)
-
-    def _read_and_project_on_workers(
-        self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
-    ) -> list[KeyVersion]:
-        """(start, end] through a projected batch read: the micro-batch's own DataFrame
-        covers the same range but carries whole documents through the JVM and back into a
-        second Python worker (``mapInArrow``); this read's tasks project where they read."""
-        opts = {
-            k: v
-            for k, v in self.source_options.items()
-            if k not in ("starting_offsets", "max_records_per_batch", "reader")
-        }
-        opts.update(
-            keyspace=self.keyspace,
-            mode="changes",
-            start_ts=json.dumps(start.to_json()),
-            end_ts=json.dumps(end.to_json()),
-            project=ProjectSpec.definitions_option(defs),
-        )
-        table = self.spark.read.format("shardex").options(**opts).load().toArrow()
-        out: list[KeyVersion] = []
-        for b in table.to_batches():
-            out.extend(from_arrow(b))
-        return out
-
-    def _catch_up(self, views: Sequence[IndexView], start: Timestamp) -> list[KeyVersion]:
-        """Key versions of (applied, start] for every index whose applied TS is behind the
-        batch's start (read on the driver: these ranges are small, a build's tail)."""
-        behind = [v for v in views if not self.registry.applied(v.id).covers(start)]
-        if not behind:
-            return []
-        low = self.registry.applied(behind[0].id)
-        for v in behind[1:]:
-            low = _min_ts(low, self.registry.applied(v.id))
-        lower = _min_ts(low, start)
-        defs = [v.definition for v in behind]
-        out = read_and_project(self.client, self.keyspace, defs, lower, start)
-        log.info(
-            "caught up %d change(s) for %s behind the stream",
-            _changes(lower, start),
-            ", ".join(v.id for v in behind),
-        )
-        return out
-
-    def _deliver_and_stabilize(
-        self,
-        views: Sequence[IndexView],
-        rows: list[KeyVersion],
-        start: Timestamp,
-        end: Timestamp,
-        batch_id: int,
-        stats: BatchStats,
-        skip: Skip | None = None,
-    ) -> None:
-        """Steps 4-5, retrying what time can heal with back-off for ``retry_for`` seconds
-        (every retry delivers the whole batch again, after the indexers dropped what was
-        queued above ``start``: slices drop what they hold)."""
-        deadline = time.monotonic() + self.retry_for
-        attempt = 0
-        while True:
-            try:
-                self._attempt(views, rows, start, end, batch_id, stats, skip)
-                return
-            except ShardexError as exc:
-                if exc.code not in _RETRYABLE or time.monotonic() > deadline:
-                    raise
-                attempt += 1
-                stats.retries = attempt
-                if skip is not None:
-                    skip = None  # the early deliveries may be gone: all rows again
-                    stats.early = 0
-                pause = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
-                log.warning(
-                    "batch %d of %s: %s (%s); retrying in %.2f s",
-                    batch_id,
-                    self.keyspace,
-                    exc,
-                    exc.code,
-                    pause,
-                )
-                time.sleep(pause)
-                self.registry.refresh(force=True)
-                views = [v for v in self.registry.maintained() if v.id in {w.id for w in views}]
-
-    def _attempt(
-        self,
-        views: Sequence[IndexView],
-        rows: list[KeyVersion],
-        start: Timestamp,
-        end: Timestamp,
-        batch_id: int,
-        stats: BatchStats,
-        skip: Skip | None = None,
-    ) -> None:
-        """Route, then one ``DeliverAndStabilize`` per indexer (in parallel), then the
-        timekeeper checks the replies and publishes. With ``skip`` only the rows not
-        delivered early are routed; without, the indexers first drop what may have been
-        queued above ``start`` ahead of this batch (``deliver_ahead.py``)."""
-        if not views:
-            self.stable = end
-            return
-        t = time.perf_counter()
-        routes = {v.id: v.route() for v in views}
-        send = rows if skip is None else skip.rest(rows)
-        with gc_paused():
-            routed = route((r for r in send if r[0] in routes or r[2] == ERROR), routes)
-        errors = Counter(r[0] for r in rows if r[2] == ERROR) if skip else routed.errors
-        stats.errors = dict(errors)
-        stats.key_versions = sum(len(r) for r in routed.by_node.values())
-        plan, moving_by_node = stabilize_plan(views)
-        drop = None if skip is not None else self.early.drop_above(start, end)
-        report, replies = deliver_and_stabilize(
-            self.client,
-            self.keyspace,
-            batch_id,
-            end,
-            routed.by_node,
-            plan,
-            moving_by_node,
-            slices=round_slices(views),
-            early=None if skip is None else skip.incarnations,
-            drop_above=drop,
-            drop_nodes=self.early.drop_nodes() if drop is not None else (),
-        )
-        stats.deliver = time.perf_counter() - t  # deliver and stabilise on the indexers
-        t = time.perf_counter()
-        moving = {v.id: dict(v.moving) for v in views if v.moving}  # index moves' targets
-        reply = advance_stability(
-            self.client,
-            self.keyspace,
-            end,
-            sorted(routes),
-            batch_id=batch_id,
-            timekeeper=self.registry.timekeeper,
-            moving=moving,
-            stabilized=replies,
-        )
-        stats.stabilize = time.perf_counter() - t  # the timekeeper's check and publish
-        self.registry.advanced(reply.published, end)
-        self.move_rounds.confirmed(moving)
-        for index_id, n in stats.errors.items():
-            self.errors[index_id] += n
-        self.stable = end
-        self.early.round_done(
-            end, views_key(views), routes, dict(report.incarnations), skip, dropped=drop is not None
-        )
 
     # -- index moves on an idle keyspace ---------------------------------------------------
     def idle_round(self) -> list[str]:
@@ -587,15 +353,3 @@ def stream_options(
     if cap not in ("", "0"):
         opts["max_records_per_batch"] = cap
     return opts
-
-
-def _changes(start: Timestamp, end: Timestamp) -> int:
-    return sum(max(0, e.seqno - start.seqno(p)) for p, e in end.items())
-
-
-def _min_ts(a: Timestamp, b: Timestamp) -> Timestamp:
-    """Per partition the lower of the two entries (absent = seqno 0)."""
-    zero = SeqnoEntry(0, 0)
-    return Timestamp(
-        {p: min(a.get(p, zero), b.get(p, zero), key=lambda e: e.seqno) for p in set(a) | set(b)}
-    )

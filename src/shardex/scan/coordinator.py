@@ -8,10 +8,10 @@
 2. the consistency's TS to cover: none (not_bounded), the keyspace's high seqnos now
    (request_plus, ``ClusterView.high_seqnos``) or the caller's (at_plus). A request_plus
    scan with scan stability fetches them while its slices are opened at their newest
-   snapshot, and keeps that read if its TS covers them (``_open_speculative``); the indexer
-   nodes it opens read their own data partitions' seqnos on arrival (``SeqnoRide``), the
-   other data nodes are asked at once, or in a round shared by the scans that ask while
-   one is out (``ClusterView.shared_partial_high_seqnos``);
+   snapshot, and keeps that read if its TS covers them (``request_plus.Speculation``);
+   the indexer nodes it opens read their own data partitions' seqnos on arrival
+   (``request_plus.SeqnoRide``), the other data nodes are asked at once, or in a round
+   shared by the scans that ask while one is out (``ClusterView.shared_partial_high_seqnos``);
 3. stability: none reads the tips (after the wait), scan and query one stability TS for
    every slice, in one round in the common case: each node waits for and reads its slices'
    newest common snapshot covering the TS and names it in its reply; when the answers
@@ -28,6 +28,9 @@
    bytes (``merge.merge_ordered``) or blocks as they come (``merge.interleave``), offset and
    limit applied over the combination, credit flow control on both hops. A failing slice
    ends the client's stream with its error.
+
+The request's checks are ``scan_checks.py``; request_plus's speculative open and the
+seqnos riding in ``ScanSlices`` are ``request_plus.py``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -46,9 +49,6 @@ from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_state import (
     ACTIVE,
-    BUILDING,
-    ERROR,
-    READY,
     IndexRecord,
     find_index,
     latest_index_topology,
@@ -60,10 +60,8 @@ from shardex.scan.cluster_view import ClusterView
 from shardex.scan.merge import interleave, merge_heads, merge_ordered, pushdown_limit, window
 from shardex.scan.messages import (
     AT_PLUS,
-    CONSISTENCIES,
     NO_TS,
     REQUEST_PLUS,
-    STABILITIES,
     STABILITY_NONE,
     IndexScan,
     IndexScanStarted,
@@ -71,9 +69,11 @@ from shardex.scan.messages import (
     SlicesOpened,
     packed_ts,
 )
-from shardex.scan.scan_ts import covers_seqnos, oldest_common, oldest_packed
+from shardex.scan.request_plus import SeqnoRide, Speculation
+from shardex.scan.scan_checks import check_request, check_servable
+from shardex.scan.scan_ts import oldest_common, oldest_packed
 from shardex.scan.spans import eliminate, encode_spans, to_wire_spans
-from shardex.scan.streams import Inboxes, LocalStream, OutStream, OutStreams, Source
+from shardex.scan.streams import Inboxes, LocalStream, OutStream, OutStreams, Source, cancel_all
 from shardex.scan.topology_retry import on_fresh_topology
 
 if TYPE_CHECKING:
@@ -85,74 +85,12 @@ log = logging.getLogger(__name__)
 
 OPEN_ATTEMPTS: Final = 3
 RPC_MARGIN: Final = 10.0  # beyond the scan's own wait timeout
-MAX_TIMEOUT: Final = 600.0
 BLOCK_ROWS: Final = 1000
 SLICE_CREDIT: Final = 4
-# After a request_plus scan found its index behind the high seqnos, that index's scans wait
-# for them first (no speculative read) for this long.
-SPECULATE_BACKOFF: Final = 1.0
 
 # A stability TS as the coordinator holds it: encoded (``Timestamp.packed``, canonical, so
 # equal bytes are equal TSs), None for the tips (``scan_ts``).
 PackedTs = bytes | None
-
-
-def _bad(message: str, **details: Any) -> ShardexError:
-    return ShardexError(message, code=ErrorCode.BAD_REQUEST, details=details)
-
-
-def check_request(msg: IndexScan) -> None:
-    if msg.consistency not in CONSISTENCIES:
-        raise _bad(
-            f"consistency must be one of {', '.join(CONSISTENCIES)}, got {msg.consistency!r}",
-            value=repr(msg.consistency),
-        )
-    if msg.stability not in STABILITIES:
-        raise _bad(
-            f"stability must be one of {', '.join(STABILITIES)}, got {msg.stability!r}",
-            value=repr(msg.stability),
-        )
-    if msg.consistency == AT_PLUS and msg.at is None:
-        raise _bad("at_plus needs a timestamp (at=...)", hint="pass the writes' results")
-    if msg.limit is not None and msg.limit < 0:
-        raise _bad(f"limit must be >= 0, got {msg.limit}", value=msg.limit)
-    if msg.offset < 0:
-        raise _bad(f"offset must be >= 0, got {msg.offset}", value=msg.offset)
-    if not 0 < msg.timeout <= MAX_TIMEOUT:
-        raise _bad(f"timeout must be in (0, {MAX_TIMEOUT}] seconds", value=msg.timeout)
-
-
-def check_servable(rec: IndexRecord | None, keyspace: str, index: str) -> IndexRecord:
-    if rec is None:
-        raise ShardexError(
-            f"index {index!r} not found on keyspace {keyspace!r}",
-            code=ErrorCode.INDEX_NOT_FOUND,
-            details={"keyspace": keyspace, "index": index, "hint": "shardex index list"},
-        )
-    if rec.state in (READY, BUILDING, ERROR):
-        why = {
-            READY: "deferred: run BUILD INDEX",
-            BUILDING: f"still building ({rec.progress:.0%})",
-            ERROR: f"its build failed: {rec.error}",
-        }[rec.state]
-        raise ShardexError(
-            f"index {index!r} on {keyspace!r} is {rec.state}: {why}",
-            code=ErrorCode.INDEX_NOT_READY,
-            details={
-                "keyspace": keyspace,
-                "index": index,
-                "state": rec.state,
-                "progress": rec.progress,
-                "hint": "wait for ACTIVE (client.wait_for_index)",
-            },
-        )
-    if rec.state != ACTIVE:  # INIT (being created) or DELETED (being dropped)
-        raise ShardexError(
-            f"index {index!r} on {keyspace!r} is {rec.state}",
-            code=ErrorCode.INDEX_NOT_FOUND,
-            details={"keyspace": keyspace, "index": index, "state": rec.state},
-        )
-    return rec
 
 
 class ScanCoordinator:
@@ -178,10 +116,10 @@ class ScanCoordinator:
         # This node's own indexer (set by the node when it runs the index service): its
         # slices are read in-process, not over a connection to ourselves.
         self.local_index: IndexScanServer | None = None
-        # request_plus opened while its high seqnos are fetched: index id -> loop time of
-        # its last miss (the snapshot read did not cover them), and the outcomes counted.
-        self._missed: dict[str, float] = {}
-        self.speculation: Counter[str] = Counter()
+        # request_plus opened while its high seqnos are fetched (``request_plus.py``);
+        # ``speculation`` counts the outcomes (hit, miss, skipped).
+        self.speculative = Speculation(self.view)
+        self.speculation: Counter[str] = self.speculative.counts
 
     def install(self, server: RpcServer) -> None:
         server.route(IndexScan, self.on_scan)
@@ -235,7 +173,7 @@ class ScanCoordinator:
         ride: SeqnoRide | None = None
         if msg.consistency == REQUEST_PLUS:
             owners = await self.view.data_owners(msg.keyspace)
-            if self._speculate(msg, rec.id, by_node):
+            if self.speculative.wanted(msg, rec.id, by_node):
                 # The indexer nodes that own data partitions read their high seqnos on
                 # arrival of their ScanSlices; only the other owners get a HighSeqnos.
                 ride = SeqnoRide(
@@ -288,7 +226,7 @@ class ScanCoordinator:
         if seqnos is None or ride is None:
             ts, sources = await open_with(base)
         else:
-            ts, sources = await self._open_speculative(rec.id, base, seqnos, ride, open_with)
+            ts, sources = await self.speculative.open(rec.id, base, seqnos, ride, open_with)
         started = IndexScanStarted(
             scan_id=msg.scan_id,
             index_id=rec.id,
@@ -320,65 +258,9 @@ class ScanCoordinator:
         try:
             self.streams.start(conn, msg.scan_id, msg.credit, produce)
         except BaseException:
-            await _cancel_all(sources)
+            await cancel_all(sources)
             raise
         return started
-
-    def _speculate(self, msg: IndexScan, index_id: str, by_node: dict[str, list[int]]) -> bool:
-        """Whether a request_plus scan opens its slices while the high seqnos are fetched
-        (``_open_speculative``): it needs a labelled snapshot (scan stability, nothing
-        pinned), slices to read, and no recent miss on this index (the pipeline lagged a
-        moment ago: the wasted read would likely be wasted again)."""
-        if msg.stability == STABILITY_NONE or msg.pinned is not None or not by_node:
-            return False
-        missed = self._missed.get(index_id)
-        if missed is not None:
-            if asyncio.get_running_loop().time() - missed < SPECULATE_BACKOFF:
-                self.speculation["skipped"] += 1
-                return False
-            del self._missed[index_id]
-        return True
-
-    async def _open_speculative(
-        self,
-        index_id: str,
-        base: ScanSlices,
-        seqnos: asyncio.Future[dict[int, tuple[int, int]]],
-        ride: SeqnoRide,
-        open_with: Callable[..., Awaitable[tuple[PackedTs, list[Source]]]],
-    ) -> tuple[PackedTs, list[Source]]:
-        """request_plus in one round trip instead of two: the slices are opened at their
-        newest common snapshot while ``seqnos`` (the keyspace's high seqnos, asked after
-        the scan arrived) are in flight. A snapshot whose TS covers them holds every write
-        acknowledged before the scan - all the guarantee asks (seed step 9), whenever it was
-        read - so it is kept. Otherwise (the index is behind) the reads are cancelled and
-        the slices opened again the ordinary way, waiting for a snapshot covering them.
-
-        ``seqnos`` holds what the owners outside ``ride.plan`` answered; those in it answer
-        in their ``SlicesOpened`` (``ride.got``). Whatever is still missing - a reply
-        without them, a partition that moved - is asked of its owner before the check."""
-        try:
-            ts, sources = await open_with(base, ride)
-        except BaseException:
-            seqnos.cancel()
-            await asyncio.gather(seqnos, return_exceptions=True)
-            raise
-        try:
-            known = await seqnos  # may be shared: not modified
-            known = {**known, **ride.got} if ride.got else known
-            got = await self.view.high_seqnos_wire(ride.keyspace, known=known)
-            # BAD_REQUEST on a malformed TS: reads closed.
-            hit = covers_seqnos(ts, got, ride.snapshot)
-        except BaseException:
-            await _cancel_all(sources)
-            raise
-        if hit:
-            self.speculation["hit"] += 1
-            return ts, sources
-        self.speculation["miss"] += 1
-        self._missed[index_id] = asyncio.get_running_loop().time()
-        await _cancel_all(sources)
-        return await open_with(_replace(base, wait_for=Timestamp.from_wire(got).to_wire()))
 
     def _prefer(self, by_node: dict[str, list[int]]) -> str:
         """The address of the node holding the most of ``by_node``'s partitions if that is
@@ -446,12 +328,12 @@ class ScanCoordinator:
         if not again:
             return packed, _srcs(opened)
         kept = [src for node, _, src in opened if node not in again]
-        await _cancel_all([src for node, _, src in opened if node in again])
+        await cancel_all([src for node, _, src in opened if node in again])
         log.debug("scan of %s: slices read different TSs; pinning %s", base.index_id, pin)
         try:
             reopened = await self._open_all(base, again, pin, deadline)
         except BaseException:
-            await _cancel_all(kept)
+            await cancel_all(kept)
             raise
         return packed, kept + _srcs(reopened)
 
@@ -529,7 +411,7 @@ class ScanCoordinator:
             try:
                 return [await open_one(node, parts)]
             except BaseException:
-                await _cancel_all(sources)
+                await cancel_all(sources)
                 raise
         tasks = [asyncio.ensure_future(open_one(n, ps)) for n, ps in by_node.items()]
         try:
@@ -543,7 +425,7 @@ class ScanCoordinator:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await _cancel_all(sources)
+            await cancel_all(sources)
             raise
 
     def _combine(self, msg: IndexScan, sources: list[Source]) -> AsyncIterator[list[bytes]]:
@@ -556,22 +438,7 @@ class ScanCoordinator:
                 async for block in rows:
                     await out.send(block)
         finally:
-            await _cancel_all(sources)
-
-
-class SeqnoRide:
-    """A request_plus scan's high seqnos riding in its ``ScanSlices``: ``plan`` names, per
-    indexer node that is also a data owner, the data partitions of ``keyspace`` it reads on
-    arrival; ``got`` collects what the replies carried; ``snapshot`` is the TS this node's
-    own slices were read at (None: none read here, or the tips)."""
-
-    __slots__ = ("got", "keyspace", "plan", "snapshot")
-
-    def __init__(self, keyspace: str, plan: dict[str, list[int]]) -> None:
-        self.keyspace = keyspace
-        self.plan = plan
-        self.got: dict[int, tuple[int, int]] = {}
-        self.snapshot: Timestamp | None = None
+            await cancel_all(sources)
 
 
 def _placement(index: str, topo: Topology, partitions: list[int]) -> dict[str, list[int]]:
@@ -595,7 +462,3 @@ def _replace(msg: ScanSlices, **changes: Any) -> ScanSlices:
 
 def _srcs(opened: list[tuple[str, PackedTs, Source]]) -> list[Source]:
     return [src for _, _, src in opened]
-
-
-async def _cancel_all(sources: list[Source]) -> None:
-    await asyncio.gather(*(s.cancel() for s in sources), return_exceptions=True)

@@ -30,7 +30,16 @@ from shardex.errors import ConnectionClosed, ErrorCode, ShardexError
 from shardex.net import Connection, Router
 from shardex.scan.messages import CancelScan, ScanBlock, ScanCredit, ScanEnd
 
-__all__ = ["MAX_CREDIT", "InStream", "Inboxes", "LocalStream", "OutStream", "OutStreams", "Source"]
+__all__ = [
+    "MAX_CREDIT",
+    "InStream",
+    "Inboxes",
+    "LocalStream",
+    "OutStream",
+    "OutStreams",
+    "Source",
+    "cancel_all",
+]
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +343,11 @@ class Source(Protocol):
     async def next_block(self) -> list[bytes] | None: ...
 
     async def cancel(self) -> None: ...
+
+
+async def cancel_all(sources: list[Source]) -> None:
+    """Cancel every source at once; one failing cancel does not stop the others."""
+    await asyncio.gather(*(s.cancel() for s in sources), return_exceptions=True)
 
 
 class LocalStream:

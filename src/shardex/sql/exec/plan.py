@@ -30,7 +30,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_state import ACTIVE, IndexRecord, latest_index_topology
 from shardex.manager.state import StateContext
-from shardex.scan.coordinator import check_servable
+from shardex.scan.scan_checks import check_servable
 from shardex.scan.spans import eliminate, encode_spans, to_user_spans
 from shardex.sql.exec.analyze import doc_order, doc_where, key_lookup, read_paths
 from shardex.sql.exec.pipeline import mode_of

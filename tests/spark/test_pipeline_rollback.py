@@ -26,8 +26,8 @@ from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_state import find_index, latest_index_topology
 from shardex.pipeline.driver import PipelineDriver
-from shardex.pipeline.indexers import index_state, load_finish, rollback_slices
-from shardex.pipeline.rollback import current_generation
+from shardex.pipeline.indexers import index_state, load_finish
+from shardex.pipeline.rollback import current_generation, rollback_everywhere
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -129,7 +129,7 @@ def test_a_slice_in_rollback_refuses_reads(cluster: tuple[Path, Client]) -> None
     t0 = client.high_seqnos(KEYSPACE)
     load_finish(client, t0, [(rec.id, 0, node)], {})
     assert slice_entries(client, rec.id, 0, node, None) == []
-    hit = rollback_slices(client, [node], KEYSPACE, partition=0, seqno=0)
+    hit = rollback_everywhere(client, [node], {}, KEYSPACE, partition=0, seqno=0)
     assert (rec.id, 0) in hit
     with pytest.raises(ShardexError) as err:
         slice_entries(client, rec.id, 0, node, None)

@@ -67,6 +67,8 @@ class FakeIndexer:
         self.publish: list[PublishStability] = []
         self.fail: ShardexError | None = None
         self.gate: Callable[[StabilizeSlices], Any] | None = None  # awaited before answering
+        self.publish_gate: Callable[[PublishStability], Any] | None = None  # before applying
+        self.held: dict[str, Timestamp] = {}  # index id -> stability TS, as IndexDelivery
         self.server = RpcServer(TcpTransport(), SECRET, name=name)
         self.server.route(StabilizeSlices, self._on_stabilize)
         self.server.route(PublishStability, self._on_publish)
@@ -104,6 +106,13 @@ class FakeIndexer:
 
     async def _on_publish(self, msg: PublishStability, conn: Connection) -> StabilityPublished:
         self.publish.append(msg)
+        if self.publish_gate is not None:
+            await self.publish_gate(msg)
+        for index_id, wire in msg.stability.items():  # IndexDelivery.on_publish's rule
+            at = Timestamp.from_wire(wire)
+            held = self.held.get(index_id)
+            if held is None or not held.covers(at):
+                self.held[index_id] = at
         return StabilityPublished(node=self.name)
 
 
@@ -188,7 +197,11 @@ class World:
             if ix.stabilize
         }
 
-    def published_to(self) -> dict[str, list[dict[str, Any]]]:
+    async def published_to(self) -> dict[str, list[dict[str, Any]]]:
+        """What each indexer was told. The publishes follow the reply to AdvanceStability:
+        wait (with a deadline) until every one queued so far has been answered."""
+        async with asyncio.timeout(5):
+            await self.tk.drain_publishes()
         return {
             n: [dict(m.stability) for m in ix.publish]
             for n, ix in sorted(self.indexers.items())
@@ -250,7 +263,7 @@ async def test_all_ack_publishes_and_holds_monotonically(world: World) -> None:
     assert Timestamp.from_wire(reply.ts) == Timestamp.from_wire(ts(5, 7))
     assert await world.held() == {"a": ts(5, 7), "c": ts(5, 7)}
     # Every indexer was told the TS of exactly the indexes it hosts.
-    assert world.published_to() == {
+    assert await world.published_to() == {
         "n1": [{"a": ts(5, 7), "c": ts(5, 7)}],
         "n2": [{"a": ts(5, 7)}],
         "n3": [{"a": ts(5, 7), "c": ts(5, 7)}],
@@ -306,7 +319,7 @@ async def test_an_index_with_a_loading_slice_is_skipped(world: World) -> None:
     assert reply.published == ["b"] and reply.skipped == ["a", "c"]
     assert reply.items_count == {"b": 10}
     assert await world.held() == {"b": ts(2, 2)}
-    assert world.published_to() == {"n2": [{"b": ts(2, 2)}]}
+    assert await world.published_to() == {"n2": [{"b": ts(2, 2)}]}
     # "created" (allocated, nothing loaded) is stable once its applied TS covers the TS.
     world.indexers["n2"].slices[("a", 1)] = FakeSlice(state="created")
     assert (await world.advance(["a"], ts(2, 2))).published == ["a"]
@@ -318,7 +331,7 @@ async def test_a_slice_that_did_not_reach_the_ts_or_is_missing_is_skipped(world:
     world.indexers["n1"].slices[("a", 0)].state = "weird"
     reply = await world.advance(["a", "c"], ts(1, 1))
     assert reply.published == [] and reply.skipped == ["a", "c"]
-    assert world.published_to() == {} and await world.held() == {}
+    assert await world.published_to() == {} and await world.held() == {}
 
 
 async def test_one_failing_indexer_fails_the_request_and_publishes_nothing(world: World) -> None:
@@ -331,7 +344,7 @@ async def test_one_failing_indexer_fails_the_request_and_publishes_nothing(world
     assert err.value.details["hint"]
     assert "nothing was published" in err.value.message
     assert await world.held() == {"a": ts(1, 1)}  # c was fine on n1, n3: still not published
-    assert world.published_to() == {n: [{"a": ts(1, 1)}] for n in ("n1", "n2", "n3")}
+    assert await world.published_to() == {n: [{"a": ts(1, 1)}] for n in ("n1", "n2", "n3")}
     # The others were asked anyway (in parallel); a retry after the fix publishes both.
     assert sorted(world.sent()) == ["n1", "n2", "n3"]
     world.indexers["n2"].fail = None
@@ -343,7 +356,7 @@ async def test_an_unreachable_indexer_fails_the_request(world: World) -> None:
     with pytest.raises(ShardexError) as err:
         await world.advance(["a"], ts(1, 1))
     assert err.value.code is ErrorCode.NODE_UNAVAILABLE and err.value.details["node"] == "n3"
-    assert await world.held() == {} and world.published_to() == {}
+    assert await world.held() == {} and await world.published_to() == {}
     # Down in the membership view: refused at once, nothing sent to it.
     world.membership.down.add("n2")
     asked = len(world.indexers["n2"].stabilize)
@@ -360,7 +373,7 @@ async def test_stale_delivery_keeps_its_code(world: World) -> None:
         )
     assert err.value.code is ErrorCode.STALE_DELIVERY
     assert err.value.details["node"] == "n2" and err.value.details["incarnation"] == "inc-n2"
-    assert await world.held() == {} and world.published_to() == {}
+    assert await world.held() == {} and await world.published_to() == {}
     # Even when another node fails differently, the caller learns it must re-deliver.
     world.indexers["n1"].fail = NodeUnavailable("n1 broke")
     with pytest.raises(ShardexError) as err:

@@ -39,7 +39,7 @@ async def test_brought_acks_are_checked_and_published_without_a_round(world: Wor
     assert reply.published == ["a", "c"] and reply.items_count == {"a": 15, "c": 10}
     assert world.sent() == {}  # no StabilizeSlices: the pipeline did steps 13-15
     assert await world.held() == {"a": at, "c": at}
-    assert world.published_to() == {
+    assert await world.published_to() == {
         "n1": [{"a": at, "c": at}],
         "n2": [{"a": at}],
         "n3": [{"a": at, "c": at}],

@@ -91,7 +91,12 @@ def test_advance_on_a_real_node(node: NodeThread) -> None:
         assert reply.published == [ix["id"]] and reply.skipped == ["no-such-index"]
         assert reply.items_count == {ix["id"]: 0}
         assert c.stability("ks") == {ix["id"]: ts}
+        # The indexers are told after the reply: poll their view, with a deadline.
+        deadline = time.monotonic() + 10
         listed = c.list_indexes("ks")[0]
+        while listed["stability_ts"] is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            listed = c.list_indexes("ks")[0]
         assert listed["stability_ts"] == {p: 0 for p in range(4)}
         assert listed["stats_source"] == "indexers"
         # A delivery made to another incarnation of the indexer: STALE_DELIVERY, kept.

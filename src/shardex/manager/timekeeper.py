@@ -20,8 +20,13 @@ timekeeper:
 16. checks that every partition of each index's topology acknowledged a slice in state
     ``active`` or ``created`` whose applied TS covers ``ts`` (an index with a slice loading or
     needing a rebuild, or missing, is ``skipped``), then publishes ``ts`` as the stability TS
-    of the others: held here in memory (monotonic per index) and told to their indexers with
-    ``PublishStability`` (best effort: an indexer keeps it only as a hint for status).
+    of the others: held here in memory (monotonic per index), and the reply goes back at
+    once. Their indexers are told with ``PublishStability`` after the reply (best effort: an
+    indexer keeps it only as a hint for status; scans wait on the slices' own snapshots,
+    ``index/scan_wait.py``), through one queue per indexer node whose sender waits for each
+    answer before the next: an indexer takes any TS its held one does not cover (a new
+    history branch after a rollback), so two publishes in flight at once could land in the
+    wrong order and move it back.
 
 This runs every micro-batch (a few times a second): it reads the local replica's state and
 commits nothing. Requests for one keyspace are serialised (a later batch never overtakes an
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -64,6 +70,7 @@ from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 
 __all__ = [
+    "MAX_QUEUED_PUBLISHES",
     "PUBLISH_TIMEOUT",
     "STABILIZE_TIMEOUT",
     "StabilizePlan",
@@ -78,6 +85,10 @@ log = logging.getLogger(__name__)
 # but stay below the pipeline's own timeout for the whole request (30 s).
 STABILIZE_TIMEOUT: Final = 20.0
 PUBLISH_TIMEOUT: Final = 5.0
+# Publishes waiting per indexer node behind one in flight. A few rounds a second against a
+# 5 s publish timeout: a hung indexer would queue ~25; past this the oldest goes (each
+# publish is a hint the next one supersedes).
+MAX_QUEUED_PUBLISHES: Final = 64
 # Slice states whose applied TS is the slice's content (loading / needs_rebuild are not).
 STABLE_SLICE_STATES: Final = frozenset({"active", "created"})
 # Slice states that are expected to keep an index from being published (no warning).
@@ -196,13 +207,27 @@ class Timekeeper:
         self.published: dict[str, dict[str, Timestamp]] = {}
         # keyspace -> index id -> the skip reason logged last
         self._skip_seen: dict[str, dict[str, str]] = {}
+        # node -> publishes not yet sent to it, in round order; its sender task (one at most)
+        self._outbox: dict[str, deque[PublishStability]] = {}
+        self._senders: dict[str, asyncio.Task[None]] = {}
 
     def install(self, server: RpcServer) -> None:
         server.route(AdvanceStability, self._on_advance)
         server.route(StabilityRequest, self._on_request)
 
     async def stop(self) -> None:
+        senders = list(self._senders.values())
+        for task in senders:
+            task.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
+        self._outbox.clear()
         await self.pool.close()
+
+    async def drain_publishes(self) -> None:
+        """Return once every publish queued so far has been answered or given up on (for
+        tests and callers that want the indexers told, not only the TS held)."""
+        while self._senders:
+            await asyncio.gather(*self._senders.values(), return_exceptions=True)
 
     # -- handlers -------------------------------------------------------------------------
 
@@ -254,9 +279,9 @@ class Timekeeper:
                 before = held.get(index_id)
                 if before is None or not before.covers(ts):
                     held[index_id] = ts
-            await self._publish_all(msg.keyspace, plan, ready, wire)
+            self._queue_publishes(msg.keyspace, plan, ready, wire)
         log.debug(
-            "timekeeper %s: %s batch %d: stabilise on %d node(s) %.1f ms, publish %.1f ms; "
+            "timekeeper %s: %s batch %d: stabilise on %d node(s) %.1f ms, check %.1f ms; "
             "published %d, skipped %d",
             self.name,
             msg.keyspace,
@@ -335,29 +360,52 @@ class Timekeeper:
             },
         )
 
-    async def _publish_all(
+    def _queue_publishes(
         self, keyspace: str, plan: StabilizePlan, ready: dict[str, int], wire: WireTs
     ) -> None:
-        """Step 16 on the indexers: best effort, in parallel."""
-        by_node = {
-            node: {i: wire for i in ids if i in ready}
-            for node, ids in plan.by_node.items()
-            if any(i in ready for i in ids)
-        }
-
-        async def one(node: str, stability: dict[str, WireTs]) -> None:
-            request = PublishStability(keyspace=keyspace, stability=stability)
-            try:
-                await self.pool.request(
-                    self._address(node),
-                    request,
-                    self.publish_timeout,
-                    expect=StabilityPublished,
+        """Step 16 on the indexers, after the reply: each node's message joins its queue.
+        Requests of a keyspace are serialised, so a queue holds them in round order."""
+        for node, ids in plan.by_node.items():
+            stability = {i: wire for i in ids if i in ready}
+            if not stability:
+                continue
+            queue = self._outbox.setdefault(node, deque())
+            if len(queue) >= MAX_QUEUED_PUBLISHES:
+                dropped = queue.popleft()
+                log.info(
+                    "timekeeper %s: %s is %d publishes behind: dropped the oldest (%s)",
+                    self.name,
+                    node,
+                    len(queue) + 1,
+                    dropped.keyspace,
                 )
-            except ShardexError as exc:
-                log.info("timekeeper %s: publishing to %s failed: %s", self.name, node, exc)
+            queue.append(PublishStability(keyspace=keyspace, stability=stability))
+            if node not in self._senders:
+                task = asyncio.create_task(self._send_publishes(node))
+                self._senders[node] = task
 
-        await asyncio.gather(*(one(n, s) for n, s in by_node.items()))
+    async def _send_publishes(self, node: str) -> None:
+        """Send ``node``'s queued publishes one at a time, each after the previous one's
+        answer (or failure): the indexer sees them in round order. Ends with the queue."""
+        queue = self._outbox[node]
+        try:
+            while queue:
+                request = queue.popleft()
+                try:
+                    await self.pool.request(
+                        self._address(node),
+                        request,
+                        self.publish_timeout,
+                        expect=StabilityPublished,
+                    )
+                except ShardexError as exc:
+                    log.info("timekeeper %s: publishing to %s failed: %s", self.name, node, exc)
+                except Exception:  # a bug must not stop the node's later publishes
+                    log.exception("timekeeper %s: publishing to %s", self.name, node)
+        finally:
+            del self._senders[node]
+            if not queue:
+                del self._outbox[node]
 
     # -- plumbing ---------------------------------------------------------------------------
 

@@ -26,8 +26,6 @@ from shardex.index.delivery_messages import (
     LoadChunkAck,
     LoadFinish,
     LoadFinished,
-    RollbackSlices,
-    SlicesRolledBack,
     Stabilized,
 )
 from shardex.index.keyversion import KeyVersion
@@ -46,7 +44,6 @@ __all__ = [
     "list_slices",
     "load_chunks",
     "load_finish",
-    "rollback_slices",
 ]
 
 M = TypeVar("M", bound=Message)
@@ -250,19 +247,6 @@ def advance_stability(
         return await conn.request(msg, ADVANCE_TIMEOUT, expect=StabilityAdvanced)
 
     return client._run(go())
-
-
-def rollback_slices(
-    client: Client, nodes: Sequence[str], keyspace: str, partition: int, seqno: int
-) -> list[tuple[str, int]]:
-    """Tell every indexer of ``nodes`` that a data partition rolled back; returns the
-    (index id, index partition) slices that now need a rebuild."""
-    msg = RollbackSlices(keyspace=keyspace, partition=partition, seqno=seqno)
-
-    async def go() -> list[SlicesRolledBack]:
-        return await asyncio.gather(*(_to_node(client, n, msg, SlicesRolledBack) for n in nodes))
-
-    return [pair for reply in client._run(go()) for pair in reply.needs_rebuild]
 
 
 def index_state(client: Client) -> StateContext:

@@ -49,10 +49,7 @@ class Answering:
     _spawn: Callable[[Coroutine[Any, Any, None]], None]
     _write: Callable[[Envelope], Awaitable[None]]
     _encode: Callable[[Envelope], bytes]
-
-    @property
-    def peer_label(self) -> str:
-        raise NotImplementedError
+    peer_label: str  # a property of ``Connection``
 
     def _answer_ping_now(self, rid: int, ping: Ping) -> bool:
         """An unrouted ``Ping`` answered in the receive callback: no task, no extra loop

@@ -53,6 +53,7 @@ from shardex.scan.messages import (
     ScanCredit,
     ScanEnd,
 )
+from shardex.scan.streams import ReplyHead
 
 if TYPE_CHECKING:
     from shardex.client.sync import Client
@@ -62,7 +63,7 @@ __all__ = ["DirectScanResult", "DirectScans", "DirectStream"]
 _SCAN_TYPE: Final = message_type_name(IndexScan)
 
 
-class DirectStream:
+class DirectStream(ReplyHead):
     """One scan's blocks, read from its socket by whichever thread iterates the result."""
 
     __slots__ = (
@@ -103,15 +104,6 @@ class DirectStream:
     @property
     def complete(self) -> bool:
         return self._ends_at_head
-
-    def poll(self) -> tuple[bool, list[bytes] | None]:
-        if self._head is not None:
-            head, self._head = self._head, None
-            return True, head
-        if self._ends_at_head:
-            self.done = True
-            return True, None
-        return False, None
 
     def early(self, msg: ScanBlock | ScanEnd) -> None:
         """A block or end that overtook the reply."""

@@ -37,6 +37,7 @@ __all__ = [
     "LocalStream",
     "OutStream",
     "OutStreams",
+    "ReplyHead",
     "Source",
     "cancel_all",
 ]
@@ -213,7 +214,30 @@ class Inboxes:
             stream.deliver(msg)
 
 
-class InStream:
+class ReplyHead:
+    """The entries a scan's opening reply carried, as both receiving ends (``InStream`` here,
+    the client's ``DirectStream``) hold them: ``_head`` comes first, ``_ends_at_head`` says
+    nothing follows it."""
+
+    __slots__ = ()
+    _head: list[bytes] | None
+    _ends_at_head: bool
+    done: bool
+
+    def poll(self) -> tuple[bool, list[bytes] | None]:
+        """``next_block`` without a loop when the reply's entries answer it: (True, the
+        block or None at the end), else (False, None). Touches nothing the event loop
+        writes, so a synchronous caller may use it from its own thread."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            return True, head
+        if self._ends_at_head:
+            self.done = True
+            return True, None
+        return False, None
+
+
+class InStream(ReplyHead):
     """One scan being received. Open it (``inboxes.open()``) *before* sending the opening
     request: blocks may overtake the request's reply.
 
@@ -271,18 +295,6 @@ class InStream:
     def ready(self) -> bool:
         """True when ``next_block`` answers without waiting for the network."""
         return self.done or self._head is not None or self._ends_at_head or bool(self._msgs)
-
-    def poll(self) -> tuple[bool, list[bytes] | None]:
-        """``next_block`` without a loop when the reply's entries answer it: (True, the
-        block or None at the end), else (False, None). Touches nothing the event loop
-        writes, so a synchronous caller may use it from its own thread."""
-        if self._head is not None:
-            head, self._head = self._head, None
-            return True, head
-        if self._ends_at_head:
-            self.done = True
-            return True, None
-        return False, None
 
     async def _next_msg(self) -> ScanBlock | ScanEnd:
         msgs = self._msgs

@@ -228,3 +228,49 @@ class StreamCredit(Message, tag="data.StreamCredit"):
 
 class CancelStream(Message, tag="data.CancelStream"):
     stream_id: int
+
+
+# --- multi-range change reads -------------------------------------------------------------------
+
+
+class RangeSpec(msgspec.Struct, array_like=True, frozen=True):
+    """One partition's changes (``from_seqno``, ``end_seqno``] on branch ``uuid`` (the
+    consumer's position, checked against the failover log as ``OpenStream`` checks it)."""
+
+    partition: int
+    from_seqno: int
+    uuid: int
+    end_seqno: int
+
+
+class RangeChanges(msgspec.Struct, array_like=True, frozen=True):
+    """The answer for one ``RangeSpec``: ``changes`` cover (from_seqno, ``reached``] in seqno
+    order, dense; the range is complete when ``reached`` is its ``end_seqno``, otherwise the
+    reply's caps cut it and the reader asks again from ``reached``. ``uuid`` is the branch
+    the changes are on (the request's when nothing was read). With ``error`` (this range
+    only: NOT_MY_PARTITION, ROLLBACK with its details, ...) or ``use_stream`` (a backfill,
+    which only a stream serves) nothing was read."""
+
+    partition: int
+    uuid: int
+    reached: int
+    changes: list[ChangeTuple] = msgspec.field(default_factory=list)
+    error: WireError | None = None
+    use_stream: bool = False
+
+
+class ReadRanges(Message, tag="data.ReadRanges"):
+    """Many partitions' change ranges from their owner in one request and one reply, read
+    in one trip to the node's I/O pool (instead of one ``OpenStream`` per partition). The
+    reply holds at most ``max_items`` changes and about ``max_bytes`` of bodies in all;
+    ranges past the caps come back partial or untouched. Not ``data.ReadChanges``: that
+    tag is the migration catch-up's."""
+
+    keyspace: str
+    ranges: list[RangeSpec]
+    max_items: int = 20_000
+    max_bytes: int = 8 * 1024 * 1024
+
+
+class ReadRangesReply(Message, tag="data.ReadRangesReply"):
+    results: list[RangeChanges]  # aligned with the request's ranges

@@ -54,6 +54,7 @@ from shardex.data.messages import (
     OpenPartitions,
     OpenStream,
     PartitionStat,
+    ReadRanges,
     Replace,
     StreamCredit,
     Upsert,
@@ -63,6 +64,7 @@ from shardex.data.migration_source import MigrationSource
 from shardex.data.migration_target import MigrationTarget
 from shardex.data.partitioning import partition_of
 from shardex.data.placement import PlacementView, latest_topology
+from shardex.data.range_reads import RangeReadServer
 from shardex.data.records import STATE_ACTIVE, MutationResult
 from shardex.data.streaming import StreamServer
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
@@ -115,6 +117,7 @@ class DataService:
         )
         self.committer: GroupCommitter | None = None
         self.streams: StreamServer | None = None
+        self.range_reads: RangeReadServer | None = None
         self._placement_lock = asyncio.Lock()
         self._reconcile_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -150,6 +153,7 @@ class DataService:
             OpenStream: self._on_open_stream,
             StreamCredit: self._on_stream_credit,
             CancelStream: self._on_cancel_stream,
+            ReadRanges: self._on_read_ranges,
         }
         routes.update(self.migration_source.routes())
         routes.update(self.migration_target.routes())
@@ -171,6 +175,9 @@ class DataService:
         self._engine = await self._run(DataEngine, self.path)
         self.committer = GroupCommitter(self._engine.mutate_many, self._run_direct)
         self.streams = StreamServer(self._engine, self._run, self._enrich)
+        self.range_reads = RangeReadServer(
+            self._engine, self._run, self._enrich, self._num_partitions
+        )
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._reconcile_loop(), name="data-reconcile"))
         self._tasks.append(loop.create_task(self._maintenance_loop(), name="data-maintenance"))
@@ -548,6 +555,17 @@ class DataService:
     async def _on_cancel_stream(self, msg: CancelStream, conn: Connection) -> None:
         if self.streams is not None:
             await self.streams.on_cancel(msg, conn)
+
+    def _num_partitions(self, keyspace: str) -> int | None:
+        """The keyspace's partition count in the cached cluster state (None: no keyspace)."""
+        state = self.placement.cached
+        meta = None if state is None else state.keyspaces.get(keyspace)
+        return None if meta is None else meta.num_partitions
+
+    async def _on_read_ranges(self, msg: ReadRanges, conn: Connection) -> Message:
+        if self.range_reads is None:
+            raise NodeUnavailable(f"the data service of {self.name} is not running")
+        return await self.range_reads.on_read(msg, conn)
 
 
 def _settle_future(fut: asyncio.Future[Any], value: Any, ok: bool) -> None:

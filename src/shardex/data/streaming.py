@@ -59,6 +59,13 @@ def _take(gen: Iterator[StreamItem], n: int, max_bytes: int) -> _Taken:
     """Up to ``n`` items (fewer once ``max_bytes`` of bodies are collected) and whether the
     run is exhausted (fewer than ``n`` came without the byte cut: asking again would only
     cost another trip to the executor to learn it); runs in a thread."""
+    out, exhausted, _size = take_sized(gen, n, max_bytes)
+    return out, exhausted
+
+
+def take_sized(gen: Iterator[StreamItem], n: int, max_bytes: int) -> tuple[list[Any], bool, int]:
+    """``_take`` plus the bytes counted (bodies and docids of wire tuples): a multi-range
+    read (``range_reads.py``) spends one reply's byte budget over many runs."""
     out: list[StreamItem] = []
     size = 0
     for item in itertools.islice(gen, n):
@@ -66,8 +73,8 @@ def _take(gen: Iterator[StreamItem], n: int, max_bytes: int) -> _Taken:
         if type(item) is tuple and item[4] is not None:  # (seqno, docid, op, cas, body, ..)
             size += len(item[4]) + len(item[1])
             if size >= max_bytes:
-                return out, False
-    return out, len(out) < n
+                return out, False, size
+    return out, len(out) < n, size
 
 
 def _open_and_take(
@@ -80,7 +87,7 @@ def _open_and_take(
     try:
         return run, _take(run, max_items, MAX_BATCH_BYTES)
     except BaseException:
-        _close_quietly(run)
+        close_quietly(run)
         raise
 
 
@@ -162,7 +169,7 @@ class StreamServer:
         try:
             await self._pump(stream, first_run, first)
         except asyncio.CancelledError:
-            _close_quietly(first_run)
+            close_quietly(first_run)
             raise
         except ShardexError as exc:
             error = self._enrich(exc)
@@ -200,7 +207,7 @@ class StreamServer:
                             uuid, run_end = batch.marker[2], batch.marker[1]
                         await self._send(stream, batch)
             finally:
-                _close_quietly(run)
+                close_quietly(run)
             pos = max(pos, run_end)
             if msg.end_seqno is not None and pos >= msg.end_seqno:
                 return
@@ -244,7 +251,8 @@ def _batches(stream_id: int, items: list[StreamItem]) -> Iterator[StreamBatch]:
         yield StreamBatch(stream_id=stream_id, marker=marker, changes=changes)
 
 
-def _close_quietly(run: Iterator[StreamItem]) -> None:
+def close_quietly(run: Iterator[Any]) -> None:
+    """Close a run's generator (releasing its snapshot), logging instead of raising."""
     close = getattr(run, "close", None)
     if close is not None:
         try:

@@ -9,9 +9,10 @@ the projector's row tuples are kept (no ``to_arrow`` and ``from_arrow`` round tr
 with ``python -m bench.pipeline_read``; figures in ``docs/decisions.md`` ("The driver's read +
 project, and what a stream costs the data node").
 
-The stream part is ``source_read``'s (same exactness checks, resumption and rollback
-errors); with ``concurrency`` = the number of ranges every partition's stream opens at once,
-so their round trips to the nodes overlap instead of queueing behind 16 slots.
+The read is ``source_read``'s (same exactness checks, resumption and rollback errors):
+ranges of at most ``small_range`` changes with one ``ReadRanges`` per owner node, larger
+ones with a stream each; with ``concurrency`` = the number of ranges every partition's
+stream opens at once, so their round trips overlap instead of queueing behind 16 slots.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from shardex.pipeline.source_plan import plan_ranges
 from shardex.pipeline.source_read import (
     DEFAULT_MAX_ITEMS,
     DEFAULT_RESUME_TIMEOUT,
+    DEFAULT_SMALL_RANGE,
     Chunk,
     chunk_groups,
 )
@@ -74,6 +76,7 @@ def read_and_project(
     *,
     max_items: int = DEFAULT_MAX_ITEMS,
     resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+    small_range: int = DEFAULT_SMALL_RANGE,
 ) -> list[KeyVersion]:
     """The key versions of (start, end] of ``keyspace`` for ``defs`` (see the module doc)."""
     ranges = plan_ranges(keyspace, start, end)
@@ -88,6 +91,7 @@ def read_and_project(
         concurrency=len(ranges),
         max_items=max_items,
         resume_timeout=resume_timeout,
+        small_range=small_range,
     ):
         out.extend(project_chunks(defs, group))
     return out

@@ -1,7 +1,7 @@
 """Reading change-stream ranges into Arrow: the part of the Spark source that runs in workers.
 
 ``read_ranges(client, keyspace, ranges)`` (``read_ranges_for(endpoint, ranges)`` with the
-process-wide client) streams every record of each ``PartitionRange`` (start, end] from
+process-wide client) reads every record of each ``PartitionRange`` (start, end] from
 whichever node owns the partition now and yields ``pyarrow.RecordBatch``es in the source's
 schema. It runs in a Spark Python worker on a pickled ``InputPartition`` (so it
 needs nothing but what the range and the endpoint carry), or on the driver for the
@@ -13,10 +13,12 @@ Why the pieces are as they are:
 * One client per worker process (``client_for``): connecting costs an authenticated TCP
   handshake plus two state requests; Spark reuses Python workers across tasks, so a cached
   client makes every later micro-batch pay only for the stream opens.
-* All streams of a task are opened concurrently on the client's event loop (bounded by
-  ``concurrency``), so their round trips overlap. Each still costs about 1 ms of CPU between
-  client and node (measured: 60 partitions, 40-80 ms whatever the concurrency), which is why
-  a multi-range read RPC is on the wish list in ``docs/decisions.md``.
+* Small ranges (at most ``small_range`` changes, 2,000 by default) are read with one
+  ``ReadRanges`` per owner node (``source_ranges.py``): a stream costs about 1 ms of CPU on
+  each side whatever it carries, which made a read of 10-100 changes per partition mostly
+  per-stream cost. Larger ranges, where a stream's credit window overlaps the node's reads
+  with the reader's decoding, and snapshot reads keep one stream each, opened concurrently
+  on the client's event loop (bounded by ``concurrency``).
 * Exactly (start, end], never skipping or renumbering: the reader checks that the seqnos of
   a (non-backfill) run are dense and end at ``end_seqno``, and that the branch uuid is the one
   the range was planned on. A stream cut by a migration (NOT_MY_PARTITION) or a dead owner
@@ -36,7 +38,6 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -46,6 +47,14 @@ from shardex.client.routing import DataRouter, backoff
 from shardex.client.streams import RemoteStream
 from shardex.data.records import OP_DELETE, Change, SnapshotMarker
 from shardex.errors import ErrorCode, ShardexError
+from shardex.pipeline.source_checks import (
+    RESUMABLE,
+    Chunk,
+    branch_changed,
+    history_ends_below,
+    tagged_rollback,
+)
+from shardex.pipeline.source_ranges import read_small_ranges
 from shardex.pipeline.source_types import (
     ARROW_SCHEMA,
     SCHEMA_DDL,
@@ -76,12 +85,9 @@ DEFAULT_MAX_ITEMS = 2000  # items per stream batch on the wire
 DEFAULT_CREDIT = 4  # stream batches in flight per stream
 DEFAULT_BATCH_ROWS = 16_384  # rows per RecordBatch handed to Spark
 DEFAULT_RESUME_TIMEOUT = 30.0  # how long a cut stream keeps trying to resume
-RESUMABLE = (
-    ErrorCode.NOT_MY_PARTITION,
-    ErrorCode.CONNECTION_CLOSED,
-    ErrorCode.NODE_UNAVAILABLE,
-    ErrorCode.TIMEOUT,
-)
+# Ranges of at most this many changes are read with ReadRanges (one request per owner node)
+# rather than a stream each: measured in docs/decisions.md, "Multi-range change reads".
+DEFAULT_SMALL_RANGE = 2000
 
 # --- clients ------------------------------------------------------------------------------------
 
@@ -125,13 +131,6 @@ def partition_owners(client: Client, keyspace: str) -> dict[int, str]:
 # --- reading ------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Chunk:
-    partition: int
-    uuid: int
-    changes: list[Change]
-
-
 _DONE = object()
 
 
@@ -160,7 +159,7 @@ async def _stream_range(
                 for item in items:
                     if isinstance(item, SnapshotMarker):
                         if item.uuid != r.end_uuid and r.end_uuid != 0:
-                            raise _branch_changed(keyspace, r, item.uuid)
+                            raise branch_changed(keyspace, r, item.uuid)
                         cur_uuid, backfill = item.uuid, item.backfill
                         continue
                     if not backfill and item.seqno != pos + 1:
@@ -179,7 +178,7 @@ async def _stream_range(
             break
         except ShardexError as exc:
             if exc.code is ErrorCode.ROLLBACK:
-                raise _tagged_rollback(keyspace, r, exc) from None
+                raise tagged_rollback(keyspace, r, exc) from None
             if exc.code is ErrorCode.BAD_REQUEST:
                 exc.details.setdefault("partition", r.partition)
                 raise
@@ -197,42 +196,7 @@ async def _stream_range(
         finally:
             await stream.cancel()
     if pos != r.end_seqno:
-        # The owner's history ends below what the offsets promise: acknowledged writes are
-        # gone (e.g. a failover to a copy that lacked them). The consumer must roll back.
-        raise rollback_error(
-            keyspace,
-            r.partition,
-            pos,
-            f"partition {r.partition} of {keyspace!r} ends at seqno {pos}, below the planned "
-            f"end {r.end_seqno}",
-            planned_end=r.end_seqno,
-        )
-
-
-def _branch_changed(keyspace: str, r: PartitionRange, found: int) -> ShardexError:
-    return rollback_error(
-        keyspace,
-        r.partition,
-        r.start_seqno,
-        f"partition {r.partition} of {keyspace!r} moved to branch {found} after the batch "
-        f"was planned on {r.end_uuid}; the batch's end offset is not in its history",
-        planned_uuid=r.end_uuid,
-        current_uuid=found,
-    )
-
-
-def _tagged_rollback(keyspace: str, r: PartitionRange, exc: ShardexError) -> ShardexError:
-    rb = int(exc.details.get("rollback_seqno", 0))
-    extra = {k: v for k, v in exc.details.items() if k not in ("keyspace", "partition")}
-    extra.pop("rollback_seqno", None)
-    return rollback_error(
-        keyspace,
-        r.partition,
-        rb,
-        f"partition {r.partition} of {keyspace!r} cannot stream from seqno {r.start_seqno} "
-        f"on uuid {r.start_uuid}: roll back to {rb}",
-        **extra,
-    )
+        raise history_ends_below(keyspace, r, pos)
 
 
 async def _produce(
@@ -307,6 +271,36 @@ async def _snapshot_of(
     return Chunk(r.partition, r.end_uuid, live)
 
 
+async def _produce_small(
+    router: DataRouter,
+    keyspace: str,
+    ranges: Sequence[PartitionRange],
+    out: _Outbox,
+    *,
+    max_items: int,
+    resume_timeout: float,
+) -> None:
+    """``ranges`` read with one ``ReadRanges`` per owner (``source_ranges``); a backfill it
+    meets is streamed."""
+
+    async def stream_range(r: PartitionRange) -> None:
+        runs = _stream_range(
+            router, keyspace, r, max_items=max_items, resume_timeout=resume_timeout
+        )
+        async for uuid, changes in runs:
+            await out.put(Chunk(r.partition, uuid, changes))
+
+    try:
+        await read_small_ranges(
+            router, keyspace, ranges, out.put, stream_range, resume_timeout=resume_timeout
+        )
+        out.finish(None)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        out.finish(exc)
+
+
 async def iter_chunks(
     client: Client,
     keyspace: str,
@@ -316,7 +310,12 @@ async def iter_chunks(
     concurrency: int,
     max_items: int,
     resume_timeout: float,
+    small_range: int = DEFAULT_SMALL_RANGE,
 ) -> AsyncIterator[Chunk]:
+    """Every change of ``ranges`` as ``Chunk``s (in seqno order within a partition).
+    Outside snapshot mode, ranges of at most ``small_range`` changes are read with one
+    ``ReadRanges`` per owner node (one task for all of them), the others with a stream each
+    (``concurrency`` at once); ``small_range=0`` streams every range."""
     router = client._router
     out = _Outbox(2 * concurrency)
     sem = asyncio.Semaphore(concurrency)
@@ -325,11 +324,26 @@ async def iter_chunks(
         "max_items": max_items,
         "resume_timeout": resume_timeout,
     }
+    todo = [r for r in ranges if r.end_seqno > r.start_seqno]
+    small = [] if snapshot else [r for r in todo if r.count <= small_range]
     tasks = [
         asyncio.create_task(_produce(router, keyspace, r, out, sem, **kw))
-        for r in ranges
-        if r.end_seqno > r.start_seqno
+        for r in todo
+        if snapshot or r.count > small_range
     ]
+    if small:
+        tasks.append(
+            asyncio.create_task(
+                _produce_small(
+                    router,
+                    keyspace,
+                    small,
+                    out,
+                    max_items=max_items,
+                    resume_timeout=resume_timeout,
+                )
+            )
+        )
     pending = len(tasks)
     try:
         while pending:
@@ -407,6 +421,7 @@ def read_ranges(
     max_items: int = DEFAULT_MAX_ITEMS,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+    small_range: int = DEFAULT_SMALL_RANGE,
 ) -> Iterator[pa.RecordBatch]:
     """RecordBatches (about ``batch_rows`` rows each) of every record in ``ranges``; within
     a partition in seqno order. Closing the iterator early cancels the open streams."""
@@ -419,6 +434,7 @@ def read_ranges(
         concurrency=concurrency,
         max_items=max_items,
         resume_timeout=resume_timeout,
+        small_range=small_range,
     )
     for group in groups:
         yield to_record_batch(group)
@@ -434,9 +450,10 @@ def chunk_groups(
     concurrency: int = DEFAULT_CONCURRENCY,
     max_items: int = DEFAULT_MAX_ITEMS,
     resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+    small_range: int = DEFAULT_SMALL_RANGE,
 ) -> Iterator[list[Chunk]]:
     """``iter_chunks`` on the client's loop, gathered into lists of at least ``group_rows``
-    changes (the last may hold fewer; none is empty). Closing early cancels the streams."""
+    changes (the last may hold fewer; none is empty). Closing early cancels the reads."""
     agen = iter_chunks(
         client,
         keyspace,
@@ -445,28 +462,35 @@ def chunk_groups(
         concurrency=concurrency,
         max_items=max_items,
         resume_timeout=resume_timeout,
+        small_range=small_range,
     )
-    group: list[Chunk] = []
-    rows = 0
     finished = False
     try:
-        while True:
-            try:
-                chunk = client._run(agen.__anext__())
-            except StopAsyncIteration:
-                finished = True
-                break
-            group.append(chunk)
-            rows += len(chunk.changes)
-            if rows >= group_rows:
+        while not finished:
+            # A whole group per trip to the client's loop, not a chunk per trip: a read of
+            # many small ranges arrives as dozens of chunks at once (one per partition).
+            group, rows, finished = client._run(_next_group(agen, group_rows))
+            if rows:
                 yield group
-                group, rows = [], 0
-        if rows:
-            yield group
     finally:
         if not finished:
             with contextlib.suppress(Exception):
                 client._run(agen.aclose())
+
+
+async def _next_group(agen: AsyncIterator[Chunk], group_rows: int) -> tuple[list[Chunk], int, bool]:
+    """Chunks until they hold ``group_rows`` changes or the reads end: (chunks, changes,
+    the reads ended)."""
+    group: list[Chunk] = []
+    rows = 0
+    while rows < group_rows:
+        try:
+            chunk = await agen.__anext__()
+        except StopAsyncIteration:
+            return group, rows, True
+        group.append(chunk)
+        rows += len(chunk.changes)
+    return group, rows, False
 
 
 def read_ranges_for(

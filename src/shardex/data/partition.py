@@ -18,6 +18,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import msgspec
+from msgspec.structs import replace as replace_struct
+
 from shardex.data.errors import CasMismatch, DocExists, DocNotFound, not_my_partition
 from shardex.data.records import (
     MAX_FAILOVER_ENTRIES,
@@ -48,9 +51,9 @@ from shardex.storage import Batch, ColumnFamily, Store
 PURGE_CHUNK = 10_000  # change records purged per batch, to bound how long the lock is held
 
 
-@dataclass(slots=True)
-class PreparedOp:
-    """A validated mutation: ``kind`` is insert / upsert / replace / delete."""
+class PreparedOp(msgspec.Struct, gc=False):
+    """A validated mutation: ``kind`` is insert / upsert / replace / delete. A Struct, not a
+    dataclass: built once per write, and a Struct's constructor runs no Python."""
 
     kind: str
     docid: str
@@ -122,12 +125,13 @@ class Partition:
         Caller holds ``lock``. If the write fails nothing in memory changes."""
         commit_many(self.store, batch, [(self, meta)], sync=sync)
 
-    def _publish(self, meta: PartitionMeta, *, sync: bool) -> None:
+    def _publish(self, meta: PartitionMeta, sync: bool) -> None:
+        """Make ``meta`` (just written) the partition's and wake the waiters it passes."""
         if sync:
             self.dirty = False
         advanced = meta.high_seqno > self.meta.high_seqno
         self.meta = meta
-        if advanced:
+        if advanced and self._waiters:  # publish, then look (see ``add_waiter``)
             self.notify()
 
     # mutations ----------------------------------------------------------------------------
@@ -156,15 +160,17 @@ class Partition:
         their structs' field order (``DocRecord`` / ``ChangeRecord`` are ``array_like`` with
         every field encoded, so the bytes are the same: ``test_data_write_format.py`` pins
         them) instead of building a Struct only to encode it."""
-        meta = self.meta.copy()
+        meta = self.meta
         start = high = meta.high_seqno
         max_cas = meta.max_cas
         doc_count = meta.doc_count
-        uuid = meta.uuid
+        uuid = meta.failover_log[0].uuid
         number = meta.partition
         cf = self.cf
-        get = cf.get
-        put = batch.put
+        # rocksdict's own bound get and put (no wrapper call per op, see ``storage/rocks.py``)
+        get = cf.get_tip
+        put = batch.rocks_put
+        handle = cf.handle
         time_ns = time.time_ns
         # Docids written earlier in this call: (live, cas) of the version just staged.
         seen: dict[str, tuple[bool, int]] = {}
@@ -197,18 +203,18 @@ class Partition:
             max_cas = cas
             body = op.body
             live = kind != "delete"  # a delete stores a tombstone
-            put(cf, key, encode((cas, high, not live, body, 0, 0)))
+            put(key, encode((cas, high, not live, body, 0, 0)), handle)
             change = PREFIX_CHANGE + high.to_bytes(8, "big")
-            put(cf, change, encode((docid, OP_UPSERT if live else OP_DELETE, cas, body, 0, 0)))
+            put(change, encode((docid, OP_UPSERT if live else OP_DELETE, cas, body, 0, 0)), handle)
             doc_count += live - live_before
             seen[docid] = (live, cas)
             results.append(MutationResult(number, high, uuid, cas))
         if high == start:
             return None, results
-        meta.high_seqno = high
-        meta.max_cas = max_cas
-        meta.doc_count = doc_count
-        return meta, results
+        # A new meta sharing the failover log: a meta is replaced, never mutated, and a
+        # branch assigns a new log (``new_branch``), so no copy of the list is needed.
+        new = replace_struct(meta, high_seqno=high, max_cas=max_cas, doc_count=doc_count)
+        return new, results
 
     def _check(self, op: PreparedOp, live: bool, cur_cas: int) -> ShardexError | None:
         """The op's error against the current version (``live``, with CAS ``cur_cas``)."""
@@ -333,15 +339,17 @@ def commit_many(
 
     Why across partitions: an fsync costs milliseconds here, so a client batch spread over
     64 partitions pays one instead of 64 (measured in docs/decisions.md)."""
+    put = batch.rocks_put
     for part, meta in staged:
-        batch.put(part.cf, META_KEY, encode(meta))
+        put(META_KEY, encode(meta), part.cf.handle)
         if not sync:
-            part.before_unsynced(part)
+            if not part.dirty:  # else its dirty mark is already durable
+                part.before_unsynced(part)
         elif part.dirty:
             part.clear_mark_into(part, batch)
     store.write(batch, sync=sync)
     for part, meta in staged:
-        part._publish(meta, sync=sync)
+        part._publish(meta, sync)
 
 
 def _deliver(waiters: Iterable[_Waiter], value: int | BaseException) -> None:

@@ -56,6 +56,14 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
     parse as an object (kept as given, so a client that already holds JSON pays no re-encode).
 
     The size is checked before parsing text so an oversized body is never parsed."""
+    # The common case first (the node's every write: JSON the caller already holds, kept
+    # without a copy); any failure takes the general path below for its error.
+    if type(doc) is bytes and len(doc) <= max_bytes:
+        try:
+            _OBJECT.decode(doc)
+            return doc
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            pass
     if isinstance(doc, dict):
         try:
             body = _encode_json(doc)

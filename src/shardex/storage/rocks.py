@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from rocksdict import (
@@ -56,6 +56,17 @@ def _options(*, bloom: bool = True) -> Options:
 
 
 _CHUNK = 512
+
+
+def _write_options(sync: bool) -> WriteOptions:
+    wo = WriteOptions()
+    wo.sync = sync
+    return wo
+
+
+# Built once, read by every write (rocksdict copies them into RocksDB's own per call).
+_SYNC = _write_options(True)
+_NO_SYNC = _write_options(False)
 
 
 def _scan_chunks(
@@ -134,7 +145,11 @@ class ColumnFamily:
         self._store = store
         self.name = name
         self._rdict = rdict
-        self._handle = store._db.get_column_family_handle(name)
+        # rocksdict's handle, an attribute (not a property): read per put on the write path
+        self.handle: object = store._db.get_column_family_handle(name)
+        # ``get(key)`` at the tip without the wrapper's call: rocksdict's own bound method,
+        # for the write path's per-op read of the current document (``Partition.stage``).
+        self.get_tip: Callable[[bytes], bytes | None] = rdict.get
 
     def get(self, key: bytes, snapshot: StoreSnapshot | None = None) -> bytes | None:
         if snapshot is not None:
@@ -193,25 +208,28 @@ class ColumnFamily:
                 details={"column_family": self.name, "files": paths},
             ) from exc
 
-    @property
-    def handle(self) -> object:
-        return self._handle
-
 
 class Batch:
     """An atomic group of puts and deletes over any column families of one store."""
 
     def __init__(self) -> None:
         self._wb = WriteBatch(raw_mode=True)
-        self.count = 0
+        # rocksdict's own ``put(key, value, cf.handle)``, bound once: the write path's per-op
+        # puts (``Partition.stage``, ``commit_many``) skip a wrapper call each. Safe to use
+        # beside the wrapper methods: ``count`` is the batch's own record count.
+        self.rocks_put: Callable[[bytes, bytes, object], None] = self._wb.put
+        self._written: int | None = None  # the count once written (rocksdict consumes it)
+
+    @property
+    def count(self) -> int:
+        """Records in the batch (puts, deletes, range deletes)."""
+        return len(self._wb) if self._written is None else self._written
 
     def put(self, cf: ColumnFamily, key: bytes, value: bytes) -> None:
         self._wb.put(key, value, cf.handle)
-        self.count += 1
 
     def delete(self, cf: ColumnFamily, key: bytes) -> None:
         self._wb.delete(key, cf.handle)
-        self.count += 1
 
     # The *_many forms add a whole list with one wrapper call: per key they cost only
     # rocksdict's own ``put``/``delete`` (the per-call wrapper was most of a stabilise's
@@ -232,18 +250,15 @@ class Batch:
                 )
             for k, v in zip(keys, values, strict=True):
                 put(k, v, h)
-        self.count += len(keys)
 
     def delete_many(self, cf: ColumnFamily, keys: list[bytes]) -> None:
         delete, h = self._wb.delete, cf.handle
         for k in keys:
             delete(k, h)
-        self.count += len(keys)
 
     def delete_range(self, cf: ColumnFamily, lower: bytes, upper: bytes) -> None:
         """Delete every key in [lower, upper)."""
         self._wb.delete_range(lower, upper, cf.handle)
-        self.count += 1
 
     @property
     def size_bytes(self) -> int:
@@ -398,14 +413,14 @@ class Store:
     def write(self, batch: Batch, *, sync: bool = False) -> None:
         """Apply ``batch`` atomically. ``sync=True`` fsyncs the WAL before returning, so the
         batch survives a machine crash; ``sync=False`` survives a process crash only."""
-        if batch.count == 0:
+        count = batch.count
+        if count == 0:
             return
-        wo = WriteOptions()
-        wo.sync = sync
         self._commit.acquire_shared()
         try:
             self._check_open()
-            self._db.write(batch._wb, wo)
+            self._db.write(batch._wb, _SYNC if sync else _NO_SYNC)
+            batch._written = count
         finally:
             self._commit.release_shared()
 

@@ -112,8 +112,8 @@ class Prepared:
 
     __slots__ = (
         "b_key",
+        "b_sorted",
         "b_val",
-        "backs",
         "delta",
         "e_del",
         "e_put",
@@ -126,16 +126,21 @@ class Prepared:
     def __init__(self) -> None:
         self.e_del: list[bytes] = []
         self.e_put: list[bytes] = []
-        self.backs: list[tuple[bytes, bytes]] = []
         self.t_put: list[bytes] = []
+        # Back rows as two parallel lists (what ``put_many`` takes); ``b_sorted``: the keys
+        # are in ascending order already (rows decided in docid order), so ``seal`` need not
+        # sort them.
         self.b_key: list[bytes] = []
         self.b_val: list[bytes] = []
+        self.b_sorted = True
         self.delta = self.unchanged = self.stale = 0
         self.sealed = True
 
     def extend(self, outcomes: Iterable[Outcome]) -> None:
-        """Add the operations of ``outcomes`` (each for a docid not added before)."""
-        e_del, e_put, backs, t_put = self.e_del, self.e_put, self.backs, self.t_put
+        """Add the operations of ``outcomes`` (each for a docid not added before, in any
+        order)."""
+        e_del, e_put, t_put = self.e_del, self.e_put, self.t_put
+        b_key, b_val = self.b_key, self.b_val
         delta = unchanged = stale = 0
         for kind, b_k, b_v, e_d, e_p, t_p, d in outcomes:
             if kind == WRITE:
@@ -145,12 +150,59 @@ class Prepared:
                     e_put.append(e_p)
                 if t_p is not None:
                     t_put.append(t_p)
-                backs.append((b_k, b_v))  # type: ignore[arg-type]
+                b_key.append(b_k)
+                b_val.append(b_v)  # type: ignore[arg-type]
                 delta += d
             elif kind == UNCHANGED:
                 unchanged += 1
             elif kind == STALE:
                 stale += 1
+        self.delta += delta
+        self.unchanged += unchanged
+        self.stale += stale
+        self.sealed = False
+        self.b_sorted = False
+
+    def decide_sorted(
+        self, rows: Sequence[KeyVersion], keys: Sequence[bytes], raws: Sequence[bytes | None]
+    ) -> None:
+        """``extend(map(decide, rows, keys, raws))`` in one loop, for rows of distinct
+        docids in ascending docid order (``keys`` their UTF-8 bytes, ``raws`` their back
+        rows): no ``Outcome`` tuple per docid, and the back rows come out sorted, so
+        ``seal`` only sorts the entries and the tombstone log. The rule is ``decide``'s,
+        inlined because this loop is the stabilise's per-docid cost;
+        ``test_index_decide_sorted.py`` checks both give the same lists on random rows."""
+        e_del, e_put, t_put = self.e_del, self.e_put, self.t_put
+        b_key, b_val = self.b_key, self.b_val
+        if keys and b_key and keys[0] <= b_key[-1]:
+            self.b_sorted = False  # a second run of docids: ``seal`` merges
+        head, from_bytes = pack_back_head, int.from_bytes
+        delta = unchanged = stale = 0
+        for row, key, raw in zip(rows, keys, raws, strict=True):
+            _, _, kind, entry, docid, part, s = row
+            old = b""
+            if raw is not None:
+                if from_bytes(raw[2:10], "big") >= s:
+                    stale += 1
+                    continue
+                old = raw[10:]
+            if kind == UPSERT:
+                if old == entry:
+                    unchanged += 1
+                    continue
+                if old:
+                    e_del.append(old)
+                else:
+                    delta += 1
+                e_put.append(entry)
+                b_key.append(key)
+                b_val.append(head(part, s) + entry)
+            elif old:  # UpsertDeletion or Delete of an entry this slice holds
+                e_del.append(old)
+                t_put.append(tombstone_log_key(part, s, docid))
+                b_key.append(key)
+                b_val.append(head(part, s))
+                delta -= 1
         self.delta += delta
         self.unchanged += unchanged
         self.stale += stale
@@ -164,9 +216,12 @@ class Prepared:
         self.e_del.sort()
         self.e_put.sort()
         self.t_put.sort()
-        self.backs.sort()
-        self.b_key = [k for k, _ in self.backs]
-        self.b_val = [v for _, v in self.backs]
+        if not self.b_sorted:
+            # keys never repeat (one decision per docid): the values are never compared
+            backs = sorted(zip(self.b_key, self.b_val, strict=True))
+            self.b_key = [k for k, _ in backs]
+            self.b_val = [v for _, v in backs]
+            self.b_sorted = True
         self.sealed = True
 
     def write(
@@ -199,20 +254,22 @@ def write(
 
 class Decided:
     """The slice's decisions for every docid with queued versions (module docstring), in
-    three dicts by docid: the back row read from storage (``raws``), the newest queued
-    version (``rows``) and its ``Outcome`` (``outcomes``). Parallel dicts rather than one
-    record per docid: the common case (new docids, rows in seqno order) fills them with
-    C-level ``dict.update`` calls. ``prepared``: the write batch's operations for exactly
-    ``outcomes``, built as they are decided; None once a docid's decision was replaced
-    (a newer version of a docid decided before: its old operations cannot be taken out of
-    the lists), and then ``write`` gathers ``outcomes`` as before."""
+    dicts by docid: the back row read from storage (``raws``) and the newest queued version
+    (``rows``). Parallel dicts rather than one record per docid: the common case (new
+    docids, rows in seqno order) fills them with C-level ``dict.update`` calls.
+    ``prepared``: the write batch's operations for exactly those decisions, built as they
+    are taken (``Prepared.decide_sorted``: no ``Outcome`` per docid); None once a docid's
+    decision was replaced (a newer version of a docid decided before: its old operations
+    cannot be taken out of the lists). From then on ``outcomes`` holds each docid's
+    ``Outcome`` (every docid's, decided again from ``rows`` and ``raws`` at the
+    replacement) and ``write`` gathers them as before."""
 
     __slots__ = ("outcomes", "prepared", "raws", "rows")
 
     def __init__(self) -> None:
         self.raws: dict[str, bytes | None] = {}
         self.rows: dict[str, KeyVersion] = {}
-        self.outcomes: dict[str, Outcome] = {}
+        self.outcomes: dict[str, Outcome] = {}  # filled once ``prepared`` is None
         self.prepared: Prepared | None = Prepared()
 
     def __len__(self) -> int:
@@ -237,9 +294,10 @@ class Decided:
         for docid in known.keys() & newest.keys():
             row = newest.pop(docid)
             if row[6] > known[docid][6]:
+                if self.prepared is not None:
+                    self._unprepare()  # the replaced decision's operations are in it
                 known[docid] = row
                 self.outcomes[docid] = decide(row, docid.encode("utf-8"), self.raws[docid])
-                self.prepared = None  # the replaced decision's operations are in it
         if not newest:
             return
         docids = sorted(newest)
@@ -248,10 +306,18 @@ class Decided:
         fresh = [newest[d] for d in docids]
         self.raws.update(zip(docids, raws, strict=True))
         known.update(zip(docids, fresh, strict=True))
-        outcomes = list(map(decide, fresh, keys, raws))
-        self.outcomes.update(zip(docids, outcomes, strict=True))
         if self.prepared is not None:
-            self.prepared.extend(outcomes)
+            self.prepared.decide_sorted(fresh, keys, raws)
+        else:
+            self.outcomes.update(zip(docids, map(decide, fresh, keys, raws), strict=True))
+
+    def _unprepare(self) -> None:
+        """Drop the prepared lists and keep an ``Outcome`` per docid instead (decided again
+        from the kept rows and back rows: the same decisions, ``decide`` being the rule
+        ``decide_sorted`` inlines)."""
+        raws = self.raws
+        self.outcomes = {d: decide(row, d.encode("utf-8"), raws[d]) for d, row in self.rows.items()}
+        self.prepared = None
 
     def seal(self) -> None:
         """Sort the prepared operations now (off the stabilise's path)."""

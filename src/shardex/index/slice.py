@@ -27,7 +27,7 @@ import msgspec
 
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.decided import Decided, decide, write
+from shardex.index.decided import Decided, Prepared
 from shardex.index.keyversion import KeyVersion
 from shardex.index.records import (
     META_KEY,
@@ -370,12 +370,14 @@ class Slice(SliceLoading):
         """Decide each docid's final state against the back index (``decided.decide``) and
         add the writes to ``batch``; returns (writes, change in live entries, unchanged,
         stale). Back rows are read in one ``get_many``, in docid order (str order of docids
-        is UTF-8 byte order)."""
-        rows = sorted(latest.values(), key=_DOCID)
-        keys = [r[4].encode("utf-8") for r in rows]
+        is UTF-8 byte order), and decided in that order straight into the batch's sorted
+        lists (``Prepared.decide_sorted``)."""
+        docids = sorted(latest)
+        keys = [d.encode("utf-8") for d in docids]
         raws = self._back.get_many(keys)
-        outcomes = map(decide, rows, keys, raws)
-        return write(outcomes, batch, self._entries, self._back, self._meta_cf)
+        prepared = Prepared()
+        prepared.decide_sorted(list(map(latest.__getitem__, docids)), keys, raws)
+        return prepared.write(batch, self._entries, self._back, self._meta_cf)
 
     def commit(self, pending: _Pending) -> None:
         """After the batch is durable: drop the taken key versions, publish the applied TS,

@@ -91,7 +91,11 @@ SPARK_VARIANTS: dict[str, tuple[bool, dict[str, str]]] = {
     "lean-gather": (True, {}),  # SOURCE_VARIANTS: high seqnos gathered by one data node
     "lean-async": (True, {}),  # ASYNC_VARIANTS: offset/commit logs off the stream thread
     "lean-async1s": (True, {}),
+    "lean-between": (True, {}),  # JOB_VARIANTS: stability rounds between batches
 }
+# --spark-ab variants whose maintenance jobs are set up otherwise (``pipeline_common.
+# _early_variant``): "between" runs stability rounds between Spark's batches.
+JOB_VARIANTS: dict[str, str] = {"lean-between": "between"}
 # --spark-ab variants with Spark's asynchronous progress tracking (``MaintenanceJob.
 # async_progress_ms``: the logs written at most every N ms); every other variant runs without.
 ASYNC_VARIANTS: dict[str, int] = {"lean-async": 0, "lean-async1s": 1000}
@@ -319,7 +323,7 @@ def spark_ab(
             stats_file = ctx.work / f"source-stats-{variant}-{n + 1}.json"
             source = {**SOURCE_VARIANTS.get(variant, {}), "stats_path": str(stats_file)}
             try:
-                driver = ctx.new_driver(source_options=source)
+                driver = ctx.new_driver(source_options=source, early=JOB_VARIANTS.get(variant))
                 wait_started(ctx, driver)
                 _tagged_freshness(ctx, driver, plan, tables, stats, tag)
                 driver.stop()  # the source writes its final figures as its query stops

@@ -163,19 +163,24 @@ class InProcessDriver:
         self.client.close()
 
 
-EARLY_VARIANTS = ("off", "once", "rolling")
+EARLY_VARIANTS = ("off", "once", "rolling", "between")
 
 
 def _early_variant(driver: Any, early: str) -> None:
     """Make ``driver``'s maintenance jobs deliver ahead as ``early`` says: "off" (the batch
     delivers every row), "once" (one read-ahead per batch, delivered once the round ended),
-    "rolling" (keep reading and delivering until the next batch)."""
+    "rolling" (keep reading and delivering until the next batch), "between" (stability
+    rounds between batches, ``MaintenanceJob.stabilise_between``, in place of delivering
+    ahead)."""
     if early not in EARLY_VARIANTS:
         raise ValueError(f"early delivery variant {early!r} not in {EARLY_VARIANTS}")
     make = driver._job
 
     def job(*args: Any, **kwargs: Any) -> Any:
         j = make(*args, **kwargs)
+        if early == "between":
+            j.stabilise_between()
+            return j
         j.deliver_ahead = early != "off"
         j.read_ahead.rolling = early == "rolling"
         return j
@@ -282,6 +287,22 @@ def batch_row(part: str, records: Sequence[tuple[float, Any]]) -> Row:
     # of those, delivered to the indexers before the batch's round (0: it delivered all)
     row["early kv"] = statistics.median(getattr(s, "early", 0) for s in stats)
     return row
+
+
+def between_row(part: str, job: Any, before: Any) -> Row:
+    """The stability rounds between batches of ``job`` since ``before`` (a copy of its
+    ``between.stats`` taken at the start): count, failures, stops, key versions, wall."""
+    now = job.between.stats
+    walls = now.walls[len(before.walls) :] if len(now.walls) >= len(before.walls) else now.walls
+    return {
+        "part": part,
+        "rounds": now.rounds - before.rounds,
+        "failed": now.failed - before.failed,
+        "stopped": now.stopped - before.stopped,
+        "kv/round": round((now.key_versions - before.key_versions) / max(1, len(walls))),
+        "round ms p50": ms(statistics.median(walls)) if walls else float("nan"),
+        "round ms p90": ms(percentile(sorted(walls), 90)) if walls else float("nan"),
+    }
 
 
 def progress_row(part: str, progress: Sequence[dict[str, Any]]) -> Row:

@@ -22,6 +22,7 @@ which runs the driver's foreachBatch, does not delay their clocks.
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as mp
 import threading
 import time
@@ -34,6 +35,7 @@ from bench.pipeline_common import (
     KEYSPACE,
     InProcessDriver,
     batch_row,
+    between_row,
     covers,
     load1,
     log,
@@ -335,6 +337,8 @@ def freshness(
     client, ids = ctx.client, ctx.ids
     poller = Poller(ctx.procs, ctx.work, ctx.cluster_dir, ids, ctx.partitions)
     load = load1()
+    kp = driver.keyspace()
+    between = None if kp is None else copy.deepcopy(kp.job.between.stats)
     try:
         t0 = time.time()
         acks = write_updates(
@@ -381,7 +385,10 @@ def freshness(
     ]
     active = [(t, s) for t, s in recs if s.changes > 0]
     prog = spark_progress(driver, active)
-    return rows, [batch_row("3 freshness", recs), progress_row("3 freshness (Spark)", prog)]
+    out = [batch_row("3 freshness", recs), progress_row("3 freshness (Spark)", prog)]
+    if kp is not None and between is not None and kp.job.stabilise_ahead:
+        out.append(between_row("3 freshness (rounds between batches)", kp.job, between))
+    return rows, out
 
 
 # --- part 4: the floor -----------------------------------------------------------------------

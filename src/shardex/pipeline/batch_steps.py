@@ -27,6 +27,7 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
+from shardex.pipeline.between_rounds import raise_floor
 from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
 from shardex.pipeline.driver_read import read_and_project
 from shardex.pipeline.gcpause import gc_paused
@@ -77,6 +78,7 @@ class BatchStats:
     on_driver: bool = False  # read and projected on the driver (small batch)
     read_ahead: int = 0  # key versions taken from the read-ahead (``read_ahead.py``)
     early: int = 0  # of those, delivered before the round (``deliver_ahead.py``); 0: fallback
+    between: bool = False  # left to the stability rounds between batches (``between_rounds``)
     end: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
@@ -96,6 +98,11 @@ class BatchSteps:
     read_ahead: ReadAhead
     deliver_ahead: bool
     early: DeliverAhead
+    stabilise_ahead: bool
+    # The last round that succeeded: every index of it published, and what it routed by
+    # (a between-batch round follows only a round that published all, by the same views).
+    round_published: bool
+    round_key: tuple[Any, ...] | None
 
     def _project(
         self,
@@ -105,12 +112,17 @@ class BatchSteps:
         stats: BatchStats,
         rows: list[KeyVersion],
         key: tuple[Any, ...] = (),
+        top: Timestamp | None = None,
+        floor: Timestamp | None = None,
     ) -> Callable[[], Skip | None]:
         """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``
         (the read-ahead's first). Returns what says which rows the round may skip: the
         read-ahead's rows not delivered yet are sent while the rest is read
-        (``deliver_ahead.py``)."""
+        (``deliver_ahead.py``). Between-batch rounds (``between_rounds.py``): the range
+        read goes up to ``top`` (F >= end) and starts no lower than ``floor`` (what every
+        view applied), so only what is not applied is read."""
         t = time.perf_counter()
+        upto = end if top is None else top
         defs = [v.definition for v in views]
         got: Taken | None = None
         wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
@@ -128,11 +140,16 @@ class BatchSteps:
                 rows.extend(got.rows)
                 if self.deliver_ahead:
                     wait = self.early.send_taken(got, views, key, start)
-            if rest != end:
-                rows.extend(self._read_and_project(defs, rest, end))
+            if floor is not None:
+                rest = raise_floor(rest, floor)
+            if rest != upto:
+                rows.extend(self._read_and_project(defs, rest, upto))
         else:
             self.read_ahead.discard()
             rows.extend(self._read_and_project_on_workers(defs, start, end))
+            if upto != end:
+                rest = end if floor is None else raise_floor(end, floor)
+                rows.extend(self._read_and_project(defs, rest, upto))
         stats.project = time.perf_counter() - t
         t = time.perf_counter()
         rows.extend(self._catch_up(views, start))
@@ -245,6 +262,7 @@ class BatchSteps:
         queued above ``start`` ahead of this batch (``deliver_ahead.py``)."""
         if not views:
             self.stable = end
+            self.round_published, self.round_key = True, ()
             return
         t = time.perf_counter()
         routes = {v.id: v.route() for v in views}
@@ -255,6 +273,9 @@ class BatchSteps:
         stats.errors = dict(errors)
         stats.key_versions = sum(len(r) for r in routed.by_node.values())
         plan, moving_by_node = stabilize_plan(views)
+        # Before anything is sent: some slices may apply ``end`` even if the round fails.
+        self.round_published = False
+        self.registry.attempted(sorted(routes), end)
         drop = None if skip is not None else self.early.drop_above(start, end, plan)
         report, replies = deliver_and_stabilize(
             self.client,
@@ -288,9 +309,25 @@ class BatchSteps:
         for index_id, n in stats.errors.items():
             self.errors[index_id] += n
         self.stable = end
+        self.round_published = set(routes) <= set(reply.published)
+        self.round_key = key = views_key(views)
         self.early.round_done(
-            end, views_key(views), routes, dict(report.incarnations), skip, dropped=drop is not None
+            end, key, routes, dict(report.incarnations), skip, dropped=drop is not None
         )
+
+    def _round(
+        self,
+        views: Sequence[IndexView],
+        rows: list[KeyVersion],
+        start: Timestamp,
+        end: Timestamp,
+        batch_id: int,
+    ) -> int:
+        """A stability round between batches (``between_rounds.py``): the same ``_attempt``
+        as a batch's round, once (no retry: the next batch repairs). The key versions sent."""
+        stats = BatchStats(batch_id=batch_id)
+        self._attempt(views, rows, start, end, batch_id, stats)
+        return stats.key_versions
 
 
 def count_changes(start: Timestamp, end: Timestamp) -> int:

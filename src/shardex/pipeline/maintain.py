@@ -20,7 +20,16 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
    and a small batch's successor is read and projected meanwhile (``read_ahead.py``);
    those rows go to the indexers ahead of their round, once this round ended or while the
    next batch reads the rest, and its round sends only what they lack, or falls back to
-   everything (``deliver_ahead.py``).
+   everything (``deliver_ahead.py``);
+6. or, with ``stabilise_ahead`` (``stabilise_between``): the read-ahead keeps reading in
+   pieces after the round, and what it read gets stability rounds of its own (the same
+   ``_attempt``: the rows, the stabilise at their end, the publish), one at a time, beside
+   the next piece's read, so the stability TS moves between Spark's batches
+   (``between_rounds.py``). A batch leaves its range to them while they are healthy and
+   route by its views (``_left_to_rounds``); otherwise it halts them, leaves out what they
+   applied and stabilises at F = max(its end, every TS a round attempted), reading what
+   lies between its end and F (and is not applied). No two rounds (a batch's, an idle one,
+   one between batches) ever overlap (``_round_lock``).
 
 Exactly-once from at-least-once (``docs/decisions.md``, "Index pipeline"): Spark runs a
 batch again with the same offsets after a failure; slices drop key versions at or below
@@ -29,7 +38,9 @@ restarted after taking a batch's earlier frames refuses its last one (STALE_DELI
 the batch is delivered again. Failures of steps 4-5 are retried with back-off for
 ``retry_for`` seconds; then the next batch fails (and the driver restarts the query from its
 checkpoint). Spark may have committed a batch whose round failed: the registry's applied TS
-did not advance, so the next batch catches the range up (step 3).
+did not advance, so the next batch catches the range up (step 3). A round between batches is
+not retried: its failure stops those rounds until the next batch, which stabilises past
+whatever it reached (the registry's ahead TS: ``IndexRegistry.attempted``).
 
 This module sets up the query and runs each batch; steps 2-5 themselves are
 ``batch_steps.py`` (``BatchSteps``, a mixin of ``MaintenanceJob``).
@@ -42,9 +53,9 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
@@ -58,12 +69,19 @@ from shardex.pipeline.batch_range import (
 )
 from shardex.pipeline.batch_steps import BatchStats, BatchSteps, count_changes
 from shardex.pipeline.batch_tail import BatchTail
+from shardex.pipeline.between_rounds import (
+    BetweenRounds,
+    lowest_applied,
+    not_applied,
+    on_branch,
+    stabilise_ts,
+)
 from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
 from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.indexers import advance_stability
 from shardex.pipeline.move_rounds import MoveRounds
 from shardex.pipeline.read_ahead import ReadAhead
-from shardex.pipeline.registry import IndexRegistry
+from shardex.pipeline.registry import IndexRegistry, IndexView
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -86,6 +104,10 @@ DEFAULT_RETRY_FOR = 300.0
 DEFAULT_DRIVER_READ_MAX = 20_000
 # Admission control: the most changes one micro-batch takes (``max_records_per_batch``).
 DEFAULT_MAX_RECORDS = 20_000
+# Rounds between batches: a piece is read (and stabilised) once it holds this many changes
+# or this many seconds passed since the last piece; each piece is a read of every partition.
+DEFAULT_MIN_PIECE = 500
+DEFAULT_PIECE_INTERVAL = 0.1
 
 
 class MaintenanceJob(BatchSteps):
@@ -120,6 +142,9 @@ class MaintenanceJob(BatchSteps):
         overlap_stabilize: bool = True,
         deliver_ahead: bool = True,
         rolling: bool = False,
+        stabilise_ahead: bool = False,
+        piece_interval: float = DEFAULT_PIECE_INTERVAL,
+        min_piece: int = DEFAULT_MIN_PIECE,
     ) -> None:
         self.spark = spark
         self.driver_read_max = driver_read_max
@@ -137,6 +162,10 @@ class MaintenanceJob(BatchSteps):
         self.stable: Timestamp | None = None  # the last TS this job had published
         # Batches and idle rounds for index moves never overlap (``move_rounds.py``).
         self._batch_lock = threading.Lock()
+        # No two rounds overlap: a batch's, an idle one, one between batches.
+        self._round_lock = threading.Lock()
+        self.round_published = True
+        self.round_key: tuple[Any, ...] | None = None
         self.move_rounds = MoveRounds()
         # The stabilise round of the last batch, beside Spark's commit (``batch_tail.py``).
         self.overlap_stabilize = overlap_stabilize
@@ -148,13 +177,28 @@ class MaintenanceJob(BatchSteps):
                 stream_options(source_options, self.keyspace, None).get("max_records_per_batch", 0)
             ),
             rolling=rolling and deliver_ahead,
+            min_piece=min_piece,
         )
         # The read-ahead's rows to the indexers before their batch (``deliver_ahead.py``).
         # Rolling (keep reading and delivering until the next batch) measured no better than
         # one read-ahead per batch here (``docs/decisions.md``, "Deliver ahead"): off.
         self.deliver_ahead = deliver_ahead
+        self.between = BetweenRounds(self, self._round_lock)
+        self.stabilise_ahead = False
+        if stabilise_ahead:
+            self.stabilise_between(piece_interval)
         self.early = DeliverAhead(client, self.keyspace)
         self.ranges = ExecutionRanges()  # the running query's batch ranges (async progress)
+
+    def stabilise_between(self, piece_interval: float = DEFAULT_PIECE_INTERVAL) -> None:
+        """Run stability rounds between batches (``between_rounds.py``) from the next batch
+        on: the read-ahead rolls, a piece at least ``min_piece`` changes or
+        ``piece_interval`` seconds apart, and each piece gets a round with its own rows,
+        which replaces the early deliveries (``deliver_ahead.py``). Call before ``start``."""
+        self.stabilise_ahead = True
+        self.deliver_ahead = False
+        self.read_ahead.rolling = True
+        self.read_ahead.piece_interval = piece_interval
 
     # -- the query -----------------------------------------------------------------------------
     def start(self) -> StreamingQuery:
@@ -225,23 +269,45 @@ class MaintenanceJob(BatchSteps):
         start, end = self.batch_range(batch_id)
         stats = BatchStats(batch_id=batch_id, end=dict(end.to_wire()), wait_round=t0 - w0)
         self.registry.refresh()
-        # An index whose applied TS is ahead of this batch's end in some partition (it joined
-        # at a T0 the stream has not reached) waits for a later batch: stabilising it at
-        # ``end`` would move it backwards. What it skips is caught up from its applied TS.
-        views = [v for v in self.registry.maintained() if end.covers(self.registry.applied(v.id))]
         rows: list[KeyVersion] = []
         stats.changes = count_changes(start, end)
         wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
-        if views:
-            with gc_paused():
-                wait = self._project(views, start, end, stats, rows, views_key(views))
+        top = end  # the TS this batch stabilises at
+        if self.stabilise_ahead and self._left_to_rounds(end):
+            # The rounds between batches carry on past this batch's end: nothing to do.
+            stats.between = True
+            stats.total = time.perf_counter() - t0
+            self._record(stats)
+            return
+        if self.stabilise_ahead:
+            self.read_ahead.halt()
+            self.between.drain()  # a round between batches in flight ends first
+            views, top = self._ahead_views(end)
+            if views:
+                with gc_paused():
+                    floor = lowest_applied(self.registry, views)
+                    self._project(views, start, end, stats, rows, (), top, floor)
+                    applied = {v.id: self.registry.applied(v.id) for v in views}
+                    rows = not_applied(rows, applied)
+        else:
+            # An index whose applied TS is ahead of this batch's end in some partition (it
+            # joined at a T0 the stream has not reached) waits for a later batch: stabilising
+            # it at ``end`` would move it backwards. Its skipped range is caught up later.
+            views = [
+                v for v in self.registry.maintained() if end.covers(self.registry.applied(v.id))
+            ]
+            if views:
+                with gc_paused():
+                    wait = self._project(views, start, end, stats, rows, views_key(views))
 
         def finish() -> None:
             # The round waits for the rows the batch sent ahead (if any), not foreachBatch.
             skip = wait()
             if skip is not None:
                 stats.early = len(rows) - len(skip.rest(rows))
-            self._deliver_and_stabilize(views, rows, start, end, batch_id, stats, skip)
+            with self._round_lock:
+                if not self._covered(views, rows, top):
+                    self._deliver_and_stabilize(views, rows, start, top, batch_id, stats, skip)
             stats.total = time.perf_counter() - t0
             self._record(stats)
 
@@ -249,11 +315,59 @@ class MaintenanceJob(BatchSteps):
             self.tail.start(finish)  # Spark commits this batch meanwhile (``batch_tail.py``)
             if views and stats.on_driver:
                 # The next batch's changes, read beside this round and Spark's commit, and
-                # delivered once the round ended (``deliver_ahead.py``).
-                hook = self.early.hook(self.tail.future()) if self.deliver_ahead else None
+                # delivered once the round ended (``deliver_ahead.py``), or stabilised in
+                # rounds of their own (``between_rounds.py``).
+                future = self.tail.future()
+                hook = None
+                if self.stabilise_ahead:
+                    hook = self.between.hook(future, views, batch_id)
+                elif self.deliver_ahead:
+                    hook = self.early.hook(future)
                 self.read_ahead.start([v.definition for v in views], end, hook)
         else:
             finish()
+
+    def _left_to_rounds(self, end: Timestamp) -> bool:
+        """The rounds between batches are healthy (their thread runs, none failed or
+        stopped, the last one published every index) and route by the views this batch
+        would: they stabilise this batch's range too (they read up to the high seqnos, at or
+        past ``end``), so the batch leaves it to them. A batch that finds otherwise halts
+        them and takes over (F, ``_ahead_views``); a later failure of theirs is repaired by
+        the next batch the same way (its catch-up reads from the applied TS)."""
+        if not self.between.live or not self.read_ahead.running():
+            return False
+        if not self.round_published and not self.between.in_flight():
+            # (A round in flight unsets it until it ends; it started after one that
+            # published every index.)
+            return False
+        views = self.registry.maintained()
+        if not views or views_key(views) != self.between.key:
+            return False  # an index joined or left, a topology or a move changed
+        return all(
+            on_branch(end, self.registry.applied(v.id), self.registry.ahead(v.id)) for v in views
+        )
+
+    def _ahead_views(self, end: Timestamp) -> tuple[list[IndexView], Timestamp]:
+        """With rounds between batches: the indexes this batch maintains, and F, the TS it
+        stabilises them at (``between_rounds.stabilise_ts``). An index is left out only where
+        its applied or ahead TS is on another branch than ``end`` in some partition (a
+        rollback or failover: the stream fails, or a later batch sorts it out)."""
+        views = []
+        for v in self.registry.maintained():
+            if on_branch(end, self.registry.applied(v.id), self.registry.ahead(v.id)):
+                views.append(v)
+        return views, stabilise_ts(end, [self.registry.ahead(v.id) for v in views])
+
+    def _covered(self, views: Sequence[IndexView], rows: list[KeyVersion], top: Timestamp) -> bool:
+        """Rounds between batches already did this batch's round: no rows left to send, the
+        last round was at ``top``, by the same views, published for every index."""
+        if not self.stabilise_ahead or rows or not views:
+            return False
+        if not self.round_published or self.round_key != views_key(views):
+            return False
+        if self.stable is None or self.stable.to_wire() != top.to_wire():
+            return False
+        return all(self.registry.applied(v.id).covers(top) for v in views)
 
     def close(self, timeout: float = 60.0) -> None:
         """Wait for the last batch's round (the query is stopped): its failure is logged, not
@@ -261,7 +375,11 @@ class MaintenanceJob(BatchSteps):
         try:
             with self._batch_lock:
                 self.read_ahead.discard()
-                self.tail.join(timeout)
+                try:
+                    self.tail.join(timeout)
+                finally:
+                    self.read_ahead.discard()  # one a tail may have started meanwhile
+                    self.between.drain()
         except Exception as exc:
             log.warning("last stabilise round of %s: %s", self.keyspace, exc)
 
@@ -273,41 +391,51 @@ class MaintenanceJob(BatchSteps):
         if not self._batch_lock.acquire(blocking=False):
             return []
         try:
-            if self.tail.busy():
-                return []  # the last batch's round is still running: it carries the moves
+            # Never beside another round: one in flight (a batch's, or one between batches,
+            # which only run while writes come, so batches carry the moves) skips this poll.
+            if not self._round_lock.acquire(blocking=False):
+                return []
             try:
-                self.tail.join()
-            except Exception as exc:  # the next batch delivers it again, or fails the query
-                log.info("stabilise round of the last batch of %s failed: %s", self.keyspace, exc)
-                return []
-            self.registry.refresh()
-            views = self.registry.maintained()
-            if not any(v.moving for v in views):
-                self.move_rounds.pending([], Timestamp({}), self.registry.applied)
-                return []
-            position = self.stable if self.stable is not None else self._committed_position()
-            if position is None:
-                return []
-            # Only indexes whose slices applied ``position`` (a batch Spark committed while its
-            # round failed leaves them behind it: the next batch catches them up first).
-            views = [v for v in views if self.registry.applied(v.id).covers(position)]
-            moving = self.move_rounds.pending(views, position, self.registry.applied)
-            if not moving:
-                return []
-            reply = advance_stability(
-                self.client,
-                self.keyspace,
-                position,
-                sorted(moving),
-                timekeeper=self.registry.timekeeper,
-                moving=moving,
-            )
-            self.registry.advanced(reply.published, position)
-            self.move_rounds.confirmed(moving)
-            log.info("idle stabilise round at the stream's position for moves of %s", moving)
-            return sorted(moving)
+                return self._idle_round()
+            finally:
+                self._round_lock.release()
         finally:
             self._batch_lock.release()
+
+    def _idle_round(self) -> list[str]:
+        if self.tail.busy():
+            return []  # the last batch's round is still running: it carries the moves
+        try:
+            self.tail.join()
+        except Exception as exc:  # the next batch delivers it again, or fails the query
+            log.info("stabilise round of the last batch of %s failed: %s", self.keyspace, exc)
+            return []
+        self.registry.refresh()
+        views = self.registry.maintained()
+        if not any(v.moving for v in views):
+            self.move_rounds.pending([], Timestamp({}), self.registry.applied)
+            return []
+        position = self.stable if self.stable is not None else self._committed_position()
+        if position is None:
+            return []
+        # Only indexes whose slices applied ``position`` (a batch Spark committed while its
+        # round failed leaves them behind it: the next batch catches them up first).
+        views = [v for v in views if self.registry.applied(v.id).covers(position)]
+        moving = self.move_rounds.pending(views, position, self.registry.applied)
+        if not moving:
+            return []
+        reply = advance_stability(
+            self.client,
+            self.keyspace,
+            position,
+            sorted(moving),
+            timekeeper=self.registry.timekeeper,
+            moving=moving,
+        )
+        self.registry.advanced(reply.published, position)
+        self.move_rounds.confirmed(moving)
+        log.info("idle stabilise round at the stream's position for moves of %s", moving)
+        return sorted(moving)
 
     def _committed_position(self) -> Timestamp | None:
         """The end of the checkpoint's last committed batch (where the next batch starts),

@@ -10,7 +10,11 @@ keeps reading from where it ended up to the new high seqnos, a piece at a time (
 ``deliver`` (``deliver_ahead.py``: the rows go to the indexers before their batch). The next
 batch ``take``s what falls inside its own range and reads only the rest; what lies beyond its
 end is carried over to the next read-ahead (same definitions, same branch), with the record
-of which of those rows were delivered.
+of which of those rows were delivered. With stability rounds between batches
+(``between_rounds.py``) ``deliver`` starts a whole round instead (everything read so far,
+the stabilise at its end, the publish) on a thread of its own while the next piece is read,
+and drops the rows of a round published for every index (``Ahead.start`` moves to its end);
+pieces then also come ``piece_interval`` seconds apart when smaller than ``min_piece``.
 
 Why it is exact: a batch (S, E] needs, per partition p, the key versions of the records
 (S[p], E[p]] on the branch E[p].uuid, projected with the batch's definitions. The read-ahead
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -95,6 +100,7 @@ class ReadAhead:
         pause: float = 0.05,
         max_pause: float = 0.4,
         min_piece: int = 500,
+        piece_interval: float | None = None,
     ) -> None:
         self._read = read
         self._latest = latest
@@ -103,6 +109,10 @@ class ReadAhead:
         self.pause = pause
         self.max_pause = max_pause
         self.min_piece = min_piece
+        # Rolling: a piece smaller than ``min_piece`` is read too once this many seconds
+        # passed since the last one (None: only ``min_piece`` decides). Each piece is a read
+        # of every partition, so pieces stay this far apart at the least.
+        self.piece_interval = piece_interval
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._ahead: Ahead | None = None
@@ -142,6 +152,7 @@ class ReadAhead:
     def _run(self, ahead: Ahead, stop: threading.Event, deliver: Deliver | None) -> None:
         first = True
         pause = self.pause
+        last_piece = time.monotonic()
         while not stop.is_set():
             if first or self.rolling:
                 target = _not_below(self._latest(), ahead.start)
@@ -149,15 +160,22 @@ class ReadAhead:
                     target = limit_offsets(ahead.start, target, self.max_changes)
                 target = _same_branch(ahead, _not_below(target, ahead.end))
                 n = _changes(ahead.end, target)
-                if n > 0 and (first or n >= self.min_piece):
+                due = self.piece_interval is not None and (
+                    time.monotonic() - last_piece >= self.piece_interval
+                )
+                if n > 0 and (first or n >= self.min_piece or due):
                     with gc_paused():
                         rows = self._read(ahead.defs, ahead.end, target)
                     ahead.rows.extend(rows)
                     ahead.end = target
                     self.pieces += 1
+                    last_piece = time.monotonic()
                     pause = self.pause
                 else:
                     pause = min(self.max_pause, pause * 2)  # idle: poll the high seqnos less
+                    if self.piece_interval is not None:  # but not past the next piece's due
+                        wait = self.piece_interval - (time.monotonic() - last_piece)
+                        pause = min(pause, max(0.01, wait))
                 first = False
             if deliver is not None and not deliver(ahead, stop, self.pause):
                 deliver = None  # it gave up (the round failed, an indexer restarted)
@@ -213,6 +231,16 @@ class ReadAhead:
         self._halt()
         self._ahead = None
         self._carried = None
+
+    def running(self) -> bool:
+        """The thread is reading (or delivering)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def halt(self) -> None:
+        """Stop the thread (waiting for what it is doing: a piece, or a stability round
+        between batches) and keep what it read for ``take``."""
+        self._halt()
 
     def _halt(self) -> None:
         self._stop.set()

@@ -2,7 +2,11 @@
 
 The coordinator state says which indexes exist and where their slices live; the driver adds
 what only it knows: which indexes have *joined* the maintenance stream (their slices hold an
-applied TS the stream can continue from) and that applied TS (the lowest over the slices).
+applied TS the stream can continue from), that applied TS (the lowest over the slices), and
+the index's *ahead* TS: the highest TS any of its slices may have applied (the highest over
+the slices at start, raised by every stabilise this driver attempts, ``attempted``), which a
+batch's stabilise must reach so that no slice is asked to go back (``docs/decisions.md``,
+"Stability rounds between Spark batches").
 
 Rules (``docs/decisions.md``, "Index pipeline"):
 
@@ -31,7 +35,7 @@ from shardex.manager.index_state import ACTIVE, BUILDING, IndexRecord, latest_in
 from shardex.pipeline.indexers import index_state, list_slices
 from shardex.pipeline.router import IndexRoute
 
-__all__ = ["IndexRegistry", "IndexView", "min_applied"]
+__all__ = ["IndexRegistry", "IndexView", "max_applied", "min_applied"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,17 @@ def min_applied(infos: list[SliceInfo]) -> Timestamp:
     return Timestamp(out)
 
 
+def max_applied(infos: list[SliceInfo]) -> Timestamp:
+    """Per data partition the highest applied seqno over the slices: how far a stabilise
+    that reached only some slices (a round that failed half way) may have taken them."""
+    out: dict[int, SeqnoEntry] = {}
+    for s in infos:
+        for p, e in Timestamp.from_wire(s.applied).items():
+            if p not in out or e.seqno > out[p].seqno:
+                out[p] = e
+    return Timestamp(out)
+
+
 class IndexRegistry:
     """The indexes of one keyspace as the driver sees them. Thread-safe (the build thread
     joins indexes while the stream's batches read them)."""
@@ -87,6 +102,8 @@ class IndexRegistry:
         self._lock = threading.Lock()
         self._views: dict[str, IndexView] = {}
         self._joined: dict[str, Timestamp] = {}
+        # The highest TS a slice of the index may have applied, when above ``_joined``.
+        self._ahead: dict[str, Timestamp] = {}
         self._checked: set[str] = set()  # indexes whose slices were inspected at start
         self._fetched_at = 0.0
         self._cas = -1  # of the state the views come from: never replaced by an older one
@@ -119,6 +136,7 @@ class IndexRegistry:
             self.timekeeper = state.master
             for gone in set(self._joined) - set(views):
                 del self._joined[gone]
+                self._ahead.pop(gone, None)
             self._fetched_at = now
         self._inspect_new(views)
         return dict(views)
@@ -146,13 +164,17 @@ class IndexRegistry:
                 s.state == STATE_ACTIVE for s in infos
             )
             if loaded:
-                self.join(view.id, min_applied(infos))
+                self.join(view.id, min_applied(infos), ahead=max_applied(infos))
                 log.info("index %s joins the stream at its slices' applied TS", view.id)
 
     # -- the stream's set ----------------------------------------------------------------------
-    def join(self, index_id: str, applied: Timestamp) -> None:
+    def join(self, index_id: str, applied: Timestamp, *, ahead: Timestamp | None = None) -> None:
         with self._lock:
             self._joined[index_id] = applied
+            if ahead is None:
+                self._ahead.pop(index_id, None)
+            else:
+                self._ahead[index_id] = ahead
 
     def maintained(self) -> list[IndexView]:
         with self._lock:
@@ -172,6 +194,22 @@ class IndexRegistry:
         with self._lock:
             return self._joined[index_id]
 
+    def ahead(self, index_id: str) -> Timestamp:
+        """The highest TS any slice of the index may have applied (at least ``applied``)."""
+        with self._lock:
+            applied = self._joined[index_id]
+            ahead = self._ahead.get(index_id)
+        return applied if ahead is None else applied.merge_max(ahead)
+
+    def attempted(self, index_ids: list[str], ts: Timestamp) -> None:
+        """A stabilise at ``ts`` is about to reach these indexes' slices (some may apply it
+        even if the round then fails): a later stabilise must not be below it."""
+        with self._lock:
+            for i in index_ids:
+                if i in self._joined:
+                    before = self._ahead.get(i)
+                    self._ahead[i] = ts if before is None else before.merge_max(ts)
+
     def advanced(self, index_ids: list[str], ts: Timestamp) -> None:
         """``ts`` is published for these indexes: every slice has applied it."""
         with self._lock:
@@ -183,4 +221,5 @@ class IndexRegistry:
         """The index must be built again (rollback, or its slices were lost)."""
         with self._lock:
             self._joined.pop(index_id, None)
+            self._ahead.pop(index_id, None)
             self._checked.discard(index_id)

@@ -95,7 +95,7 @@ def test_latest_offset_samples_the_rpc_apart_for_batches_and_idle_polls(
     offsets = reader.offsets
     answers = [Timestamp.from_json(_ts(10)), Timestamp.from_json(_ts(10))]
 
-    def high_seqnos(*, fresh: bool = False) -> Timestamp:
+    def high_seqnos(*, fresh: bool = False, partial: bool = False) -> Timestamp:
         offsets.last_rpc = 0.002
         return answers.pop(0)
 

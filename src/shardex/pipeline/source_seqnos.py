@@ -14,6 +14,11 @@ meanwhile, an owner down, a keyspace re-created) makes the caller fall back to t
 RPC, which retries with a fresh state on the node; the client's topology is refreshed then
 (at most once a second) so the next direct ask follows the move.
 
+An owner that cannot be reached at all (a node killed, before failover moves its partitions):
+``partial=True`` (``latestOffset``'s use) returns what the other owners answered once the
+gathered RPC also failed, and the caller keeps those partitions where the stream already is
+(a batch may cover fewer partitions, never a wrong range), instead of failing the query.
+
 Freshness is the gathered RPC's: each owner reads its in-memory high seqnos after the
 request reached it, i.e. after ``latestOffset`` was called, so every write acknowledged
 before the call is covered (a write is acknowledged after its seqno is in memory).
@@ -28,10 +33,19 @@ import time
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.data.messages import HighSeqnos, HighSeqnosReply
-from shardex.errors import ShardexError
+from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Message
 
 REFRESH_EVERY = 1.0  # seconds: at most one topology refresh per fallback burst
+# What a down owner looks like to the gathered RPC (no node could answer for its partitions).
+_UNREACHABLE = frozenset(
+    {
+        ErrorCode.NODE_UNAVAILABLE,
+        ErrorCode.CONNECTION_CLOSED,
+        ErrorCode.TIMEOUT,
+        ErrorCode.NOT_MY_PARTITION,
+    }
+)
 
 
 class OwnerSeqnos:
@@ -42,12 +56,17 @@ class OwnerSeqnos:
         self.keyspace = keyspace
         self.direct = 0  # answers from the owners (tests and stats)
         self.fallbacks = 0  # answers from the gathered RPC
+        self.partial = 0  # answers missing an unreachable owner's partitions (``partial``)
         self._refreshed = 0.0
 
-    def __call__(self) -> Timestamp:
+    def __call__(self, *, partial: bool = False) -> Timestamp:
+        """Every partition's high (seqno, uuid). ``partial``: when some owner cannot be
+        reached by either way of asking, the partitions the others answered (the gathered
+        RPC's error otherwise)."""
         client = self._client
+        answered: dict[int, tuple[int, int]] = {}
         try:
-            ts = client._run(self._ask_owners())
+            ts = client._run(self._ask_owners(answered))
         except ShardexError:
             ts = None
         if ts is not None:
@@ -59,10 +78,17 @@ class OwnerSeqnos:
             self._refreshed = now
             with contextlib.suppress(ShardexError):
                 client._run(client._router.refresh())
-        return client.high_seqnos(self.keyspace)
+        try:
+            return client.high_seqnos(self.keyspace)
+        except ShardexError as exc:
+            if not partial or exc.code not in _UNREACHABLE or not answered:
+                raise
+            self.partial += 1
+            return Timestamp.from_wire(answered)
 
-    async def _ask_owners(self) -> Timestamp | None:
-        """Every partition's (seqno, uuid) from its owner, or None if any is missing."""
+    async def _ask_owners(self, answered: dict[int, tuple[int, int]]) -> Timestamp | None:
+        """Every partition's (seqno, uuid) from its owner, or None if any is missing (what
+        the owners that did answer said is left in ``answered``)."""
         router = self._client._router
         _, topo = await router.keyspace(self.keyspace)
         by_node: dict[str, list[int]] = {}
@@ -72,25 +98,26 @@ class OwnerSeqnos:
         # Sent at once on each owner's pooled connection, as futures: no task per request
         # (this runs per trigger, several times a second, in Spark's runner process).
         asks: list[asyncio.Future[Message]] = []
-        try:
-            for node, parts in by_node.items():
+        missing = False
+        for node, parts in by_node.items():
+            try:
                 conn = await router.pool.get(await router.address(node), router.request_timeout)
-                msg = HighSeqnos(keyspace=self.keyspace, partitions=sorted(parts))
-                asks.append(conn.request_future(msg, router.request_timeout))
-        except ShardexError:
-            for f in asks:
-                f.cancel()
-            return None
+            except ShardexError:  # unreachable: the others are still asked
+                missing = True
+                continue
+            msg = HighSeqnos(keyspace=self.keyspace, partitions=sorted(parts))
+            asks.append(conn.request_future(msg, router.request_timeout))
         replies = await asyncio.gather(*asks, return_exceptions=True)
-        entries: dict[int, tuple[int, int]] = {}
         for reply in replies:
             if isinstance(reply, ShardexError):
-                return None
+                missing = True
+                continue
             if isinstance(reply, BaseException):
                 raise reply
             if not isinstance(reply, HighSeqnosReply):
-                return None  # not what an owner answers: let the gathered RPC decide
-            entries.update(reply.entries)
-        if len(entries) != len(topo.assignment):
+                missing = True  # not what an owner answers: let the gathered RPC decide
+                continue
+            answered.update(reply.entries)
+        if missing or len(answered) != len(topo.assignment):
             return None
-        return Timestamp.from_wire(entries)
+        return Timestamp.from_wire(answered)

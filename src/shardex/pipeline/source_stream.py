@@ -79,7 +79,9 @@ class _OffsetSource:
             self._client = self.opts.connect()
         return self._client
 
-    def high_seqnos(self, *, fresh: bool = False) -> Timestamp:
+    def high_seqnos(self, *, fresh: bool = False, partial: bool = False) -> Timestamp:
+        """The partitions' high seqnos (reused for ``latest_offset_interval``). ``partial``:
+        with an owner unreachable, the partitions the others answered (``source_seqnos``)."""
         now = time.monotonic()
         cached = self._latest
         if not fresh and cached is not None and now - cached[0] < self.opts.latest_offset_interval:
@@ -88,7 +90,7 @@ class _OffsetSource:
         if self.opts.high_seqnos == "owners":
             if self._owner_seqnos is None:
                 self._owner_seqnos = OwnerSeqnos(self.client(), self.keyspace)
-            ts = self._owner_seqnos()
+            ts = self._owner_seqnos(partial=partial)
         else:
             ts = self.client().high_seqnos(self.keyspace)
         self.last_rpc = took = time.perf_counter() - t0
@@ -127,8 +129,10 @@ class _OffsetSource:
         changed is checked against its history and raises ROLLBACK if ``start`` left it."""
         self.stats["latest_calls"] += 1
         # availableNow: everything up to the high seqnos seen when the trigger started.
-        current = self._target if self._target is not None else self.high_seqnos()
-        out: dict[int, SeqnoEntry] = {}
+        current = self._target if self._target is not None else self.high_seqnos(partial=True)
+        # A partition no owner answered for (its node down) stays where the stream is: this
+        # batch leaves it out, a later one reads it once it is served again.
+        out: dict[int, SeqnoEntry] = {p: s for p, s in start.items() if p not in current}
         for p, now in current.items():
             s = start.get(p, SeqnoEntry(0, 0))
             if s.seqno > 0 and now.uuid != s.uuid:

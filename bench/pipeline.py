@@ -92,10 +92,11 @@ SPARK_VARIANTS: dict[str, tuple[bool, dict[str, str]]] = {
     "lean-async": (True, {}),  # ASYNC_VARIANTS: offset/commit logs off the stream thread
     "lean-async1s": (True, {}),
     "lean-between": (True, {}),  # JOB_VARIANTS: stability rounds between batches
+    "lean-batches": (True, {}),  # JOB_VARIANTS: stability at Spark's batch ends only
 }
 # --spark-ab variants whose maintenance jobs are set up otherwise (``pipeline_common.
 # _early_variant``): "between" runs stability rounds between Spark's batches.
-JOB_VARIANTS: dict[str, str] = {"lean-between": "between"}
+JOB_VARIANTS: dict[str, str] = {"lean-between": "between", "lean-batches": "once"}
 # --spark-ab variants with Spark's asynchronous progress tracking (``MaintenanceJob.
 # async_progress_ms``: the logs written at most every N ms); every other variant runs without.
 ASYNC_VARIANTS: dict[str, int] = {"lean-async": 0, "lean-async1s": 1000}

@@ -181,6 +181,7 @@ def _early_variant(driver: Any, early: str) -> None:
         if early == "between":
             j.stabilise_between()
             return j
+        j.stabilise_per_batch()
         j.deliver_ahead = early != "off"
         j.read_ahead.rolling = early == "rolling"
         return j

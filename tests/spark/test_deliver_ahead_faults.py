@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,6 +34,24 @@ from shardex.index.delivery_messages import DeliverKeyVersions
 from shardex.net.messages import Message
 from shardex.node.state import pid_alive
 from shardex.pipeline import indexers
+from shardex.pipeline.maintain import MaintenanceJob
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stability_at_batch_ends() -> Iterator[None]:
+    """Deliver-ahead is what this module tests: the jobs stabilise at Spark's batch ends
+    only (``stabilise_ahead=False``). The default since session 8 runs stability rounds
+    between batches instead, which deliver nothing early. Autouse and module-scoped, so it
+    is in place before ``env`` starts the driver."""
+    original = MaintenanceJob.__init__
+
+    def init(self: MaintenanceJob, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("stabilise_ahead", False)
+        original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MaintenanceJob, "__init__", init)
+        yield
 
 
 @pytest.mark.slow

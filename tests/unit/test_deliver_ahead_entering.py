@@ -118,7 +118,15 @@ def _job(tmp_path: Path, log: Log) -> tuple[MaintenanceJob, _Fixed]:
     """One index, partition 0 on n1 and 1 on n2; every record's key version goes to index
     partition (data partition % 2)."""
     registry = _Fixed([_view("a")], ts(p0=0, p1=0))
-    job = MaintenanceJob(None, None, registry, {}, tmp_path / "ckpt", starting=ts(p0=0, p1=0))  # type: ignore[arg-type]
+    job = MaintenanceJob(  # stabilised at batch ends: deliver-ahead under test
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        registry,
+        {},
+        tmp_path / "ckpt",
+        starting=ts(p0=0, p1=0),
+        stabilise_ahead=False,
+    )
 
     def read(defs: Any, start: Timestamp, end: Timestamp) -> list[Any]:
         return [(*r[:1], r[5] % 2, *r[2:]) for r in log.read(defs, start, end)]

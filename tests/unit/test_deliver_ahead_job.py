@@ -121,7 +121,15 @@ def _rows_to_both(defs: Any, start: Timestamp, end: Timestamp, log: Log) -> list
 
 def _job(tmp_path: Path, log: Log, views: list[IndexView]) -> tuple[MaintenanceJob, Any]:
     registry = _FixedRegistry(views, ts(p0=0, p1=0))
-    job = MaintenanceJob(None, None, registry, {}, tmp_path / "ckpt", starting=ts(p0=0, p1=0))  # type: ignore[arg-type]
+    job = MaintenanceJob(  # stabilised at batch ends: deliver-ahead under test
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        registry,
+        {},
+        tmp_path / "ckpt",
+        starting=ts(p0=0, p1=0),
+        stabilise_ahead=False,
+    )
 
     def read(defs: Any, start: Timestamp, end: Timestamp) -> list[Any]:
         return _rows_to_both(defs, start, end, log)

@@ -124,7 +124,15 @@ def test_batches_get_exactly_their_range_with_the_read_ahead(
     monkeypatch.setattr(batch_steps, "deliver_and_stabilize", deliver)
     monkeypatch.setattr(batch_steps, "advance_stability", advance)
     registry = _FixedRegistry([_view("a")], ts(p0=0, p1=0))
-    job = MaintenanceJob(None, None, registry, {}, tmp_path / "ckpt", starting=ts(p0=0, p1=0))  # type: ignore[arg-type]
+    job = MaintenanceJob(  # stabilised at batch ends: deliver-ahead under test
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        registry,
+        {},
+        tmp_path / "ckpt",
+        starting=ts(p0=0, p1=0),
+        stabilise_ahead=False,
+    )
     job._read_and_project = log.read  # type: ignore[method-assign]
     job.read_ahead = ReadAhead(log.read, log.latest, max_changes=0)
     (job.checkpoint / "offsets").mkdir(parents=True)

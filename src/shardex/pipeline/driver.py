@@ -219,6 +219,7 @@ class PipelineDriver:
             time.sleep(min(30.0, 2.0**kp.build_failures))
 
     def _stop_keyspace(self, kp: KeyspacePipeline) -> None:
+        kp.job.stop_rounds()  # no round between batches once the query is seen stopped
         if kp.query is not None:
             try:
                 kp.query.stop()

@@ -21,7 +21,8 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
    those rows go to the indexers ahead of their round, once this round ended or while the
    next batch reads the rest, and its round sends only what they lack, or falls back to
    everything (``deliver_ahead.py``);
-6. or, with ``stabilise_ahead`` (``stabilise_between``): the read-ahead keeps reading in
+6. or, with ``stabilise_ahead`` (the default since session 8; ``stabilise_per_batch`` goes
+   back to 5 alone): the read-ahead keeps reading in
    pieces after the round, and what it read gets stability rounds of its own (the same
    ``_attempt``: the rows, the stabilise at their end, the publish), one at a time, beside
    the next piece's read, so the stability TS moves between Spark's batches
@@ -142,7 +143,7 @@ class MaintenanceJob(BatchSteps):
         overlap_stabilize: bool = True,
         deliver_ahead: bool = True,
         rolling: bool = False,
-        stabilise_ahead: bool = False,
+        stabilise_ahead: bool = True,
         piece_interval: float = DEFAULT_PIECE_INTERVAL,
         min_piece: int = DEFAULT_MIN_PIECE,
     ) -> None:
@@ -164,6 +165,9 @@ class MaintenanceJob(BatchSteps):
         self._batch_lock = threading.Lock()
         # No two rounds overlap: a batch's, an idle one, one between batches.
         self._round_lock = threading.Lock()
+        # The query is being stopped (``stop_rounds``): no read-ahead, no round between
+        # batches from now on. Cleared by ``start``.
+        self.stopping = False
         self.round_published = True
         self.round_key: tuple[Any, ...] | None = None
         self.move_rounds = MoveRounds()
@@ -200,11 +204,20 @@ class MaintenanceJob(BatchSteps):
         self.read_ahead.rolling = True
         self.read_ahead.piece_interval = piece_interval
 
+    def stabilise_per_batch(self) -> None:
+        """Stabilise only at Spark's batch ends (the read-ahead read once per batch and
+        delivered ahead, ``deliver_ahead.py``): the mode before session 8, kept for the
+        benchmark's A/B and for tests of deliver-ahead. Call before ``start``."""
+        self.stabilise_ahead = False
+        self.deliver_ahead = True
+        self.read_ahead.rolling = False
+
     # -- the query -----------------------------------------------------------------------------
     def start(self) -> StreamingQuery:
         # A restarted query: the previous query's last round is over (its failure, if any,
         # is caught up by the first batch from the slices' applied TS).
         self.close()
+        self.stopping = False
         self.early.restart()  # what a previous query queued ahead is cleared by its 1st round
         self.starting = self._pin_starting()
         self.ranges.detach()
@@ -273,7 +286,7 @@ class MaintenanceJob(BatchSteps):
         stats.changes = count_changes(start, end)
         wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
         top = end  # the TS this batch stabilises at
-        if self.stabilise_ahead and self._left_to_rounds(end):
+        if self.stabilise_ahead and not self.stopping and self._left_to_rounds(end):
             # The rounds between batches carry on past this batch's end: nothing to do.
             stats.between = True
             stats.total = time.perf_counter() - t0
@@ -313,7 +326,7 @@ class MaintenanceJob(BatchSteps):
 
         if self.overlap_stabilize:
             self.tail.start(finish)  # Spark commits this batch meanwhile (``batch_tail.py``)
-            if views and stats.on_driver:
+            if views and stats.on_driver and not self.stopping:
                 # The next batch's changes, read beside this round and Spark's commit, and
                 # delivered once the round ended (``deliver_ahead.py``), or stabilised in
                 # rounds of their own (``between_rounds.py``).
@@ -368,6 +381,15 @@ class MaintenanceJob(BatchSteps):
         if self.stable is None or self.stable.to_wire() != top.to_wire():
             return False
         return all(self.registry.applied(v.id).covers(top) for v in views)
+
+    def stop_rounds(self) -> None:
+        """Before the query is stopped: once this returns no stability round between batches
+        runs (a stopped pipeline publishes nothing more; its last batches, if any, stabilise
+        their own ranges). Waits for the batch in ``foreachBatch`` and a round in flight."""
+        self.stopping = True
+        with self._batch_lock:
+            self.read_ahead.discard()
+            self.between.drain()
 
     def close(self, timeout: float = 60.0) -> None:
         """Wait for the last batch's round (the query is stopped): its failure is logged, not

@@ -209,7 +209,12 @@ def test_a_round_between_batches_that_failed_half_way_is_repaired_by_the_batch(
     assert registry.ahead("a") == ts(p0=5, p1=5)
     # No more rounds until the next batch (more writes come, nothing is stabilised).
     log.write(0, 1)
-    time.sleep(0.05)  # a chance to misbehave; the assertion does not depend on timing
+    # The read-ahead (still rolling) reads that write; with its rounds stopped it must not
+    # stabilise it.
+    _until(
+        lambda: (a := job.read_ahead._ahead) is not None and a.end.seqno(0) >= 6,
+        "the read-ahead did not read the new write",
+    )
     assert len(model.rounds) == 2
     # Spark's next batch ends at (4, 4), below n1's applied TS: stabilising there would be
     # refused by n1 (back in both partitions, forward on n2). The batch stabilises at

@@ -163,7 +163,7 @@ class InProcessDriver:
         self.client.close()
 
 
-EARLY_VARIANTS = ("off", "once", "rolling", "between")
+EARLY_VARIANTS = ("off", "once", "rolling", "between", "between-whole")
 
 
 def _early_variant(driver: Any, early: str) -> None:
@@ -171,15 +171,18 @@ def _early_variant(driver: Any, early: str) -> None:
     delivers every row), "once" (one read-ahead per batch, delivered once the round ended),
     "rolling" (keep reading and delivering until the next batch), "between" (stability
     rounds between batches, ``MaintenanceJob.stabilise_between``, in place of delivering
-    ahead)."""
+    ahead), "between-whole" (the same, but a batch's round starts only once the batch is
+    projected: no ``streamed_round``)."""
     if early not in EARLY_VARIANTS:
         raise ValueError(f"early delivery variant {early!r} not in {EARLY_VARIANTS}")
     make = driver._job
 
     def job(*args: Any, **kwargs: Any) -> Any:
         j = make(*args, **kwargs)
-        if early == "between":
+        if early in ("between", "between-whole"):
             j.stabilise_between()
+            if early == "between-whole":
+                j.project_rows = 1 << 40  # one group: nothing sent before the round
             return j
         j.stabilise_per_batch()
         j.deliver_ahead = early != "off"
@@ -287,6 +290,8 @@ def batch_row(part: str, records: Sequence[tuple[float, Any]]) -> Row:
     row["read ahead kv"] = statistics.median(getattr(s, "read_ahead", 0) for s in stats)
     # of those, delivered to the indexers before the batch's round (0: it delivered all)
     row["early kv"] = statistics.median(getattr(s, "early", 0) for s in stats)
+    # sent while the batch was still projected (``streamed_round.py``)
+    row["streamed kv"] = statistics.median(getattr(s, "streamed", 0) for s in stats)
     return row
 
 

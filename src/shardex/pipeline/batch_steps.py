@@ -31,13 +31,14 @@ from shardex.pipeline.between_rounds import raise_floor
 from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
 from shardex.pipeline.driver_read import read_and_project
 from shardex.pipeline.gcpause import gc_paused
-from shardex.pipeline.indexers import advance_stability, deliver_and_stabilize
+from shardex.pipeline.indexers import RoundSender, advance_stability, deliver_and_stabilize
 from shardex.pipeline.move_rounds import MoveRounds
 from shardex.pipeline.read_ahead import ReadAhead, Taken
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.round_plan import round_slices, stabilize_plan
 from shardex.pipeline.router import route
 from shardex.pipeline.source_project import ProjectSpec
+from shardex.pipeline.streamed_round import StreamedRound
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,6 +80,7 @@ class BatchStats:
     read_ahead: int = 0  # key versions taken from the read-ahead (``read_ahead.py``)
     early: int = 0  # of those, delivered before the round (``deliver_ahead.py``); 0: fallback
     between: bool = False  # left to the stability rounds between batches (``between_rounds``)
+    streamed: int = 0  # key versions sent while the batch was projected (``streamed_round``)
     end: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
@@ -92,6 +94,7 @@ class BatchSteps:
     source_options: dict[str, str]
     retry_for: float
     driver_read_max: int
+    project_rows: int  # changes projected per group on the driver (and per streamed group)
     errors: Counter[str]
     stable: Timestamp | None
     move_rounds: MoveRounds
@@ -114,14 +117,23 @@ class BatchSteps:
         key: tuple[Any, ...] = (),
         top: Timestamp | None = None,
         floor: Timestamp | None = None,
+        stream: StreamedRound | None = None,
     ) -> Callable[[], Skip | None]:
         """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``
         (the read-ahead's first). Returns what says which rows the round may skip: the
         read-ahead's rows not delivered yet are sent while the rest is read
         (``deliver_ahead.py``). Between-batch rounds (``between_rounds.py``): the range
         read goes up to ``top`` (F >= end) and starts no lower than ``floor`` (what every
-        view applied), so only what is not applied is read."""
+        view applied), so only what is not applied is read. ``stream``: the rows of a batch
+        read on the driver go to it group by group too, as they are projected (its round
+        starts sending them, ``streamed_round.py``)."""
         t = time.perf_counter()
+
+        def add(group: list[KeyVersion]) -> None:
+            rows.extend(group)
+            if stream is not None and group:
+                stream.offer(group)
+
         upto = end if top is None else top
         defs = [v.definition for v in views]
         got: Taken | None = None
@@ -137,14 +149,25 @@ class BatchSteps:
             if got is not None:  # read while Spark committed the previous batch
                 rest = got.covered
                 stats.read_ahead = len(got.rows)
-                rows.extend(got.rows)
+                add(got.rows)
                 if self.deliver_ahead:
                     wait = self.early.send_taken(got, views, key, start)
             if floor is not None:
                 rest = raise_floor(rest, floor)
-            if rest != upto:
+            if rest != upto and stream is None:
                 rows.extend(self._read_and_project(defs, rest, upto))
+            elif rest != upto:
+                read_and_project(
+                    self.client,
+                    self.keyspace,
+                    defs,
+                    rest,
+                    upto,
+                    group_rows=self.project_rows,
+                    on_group=add,
+                )
         else:
+            stream = None  # one table from Spark: nothing to stream
             self.read_ahead.discard()
             rows.extend(self._read_and_project_on_workers(defs, start, end))
             if upto != end:
@@ -152,7 +175,7 @@ class BatchSteps:
                 rows.extend(self._read_and_project(defs, rest, upto))
         stats.project = time.perf_counter() - t
         t = time.perf_counter()
-        rows.extend(self._catch_up(views, start))
+        add(self._catch_up(views, start))
         stats.catch_up = time.perf_counter() - t
         return wait
 
@@ -215,15 +238,17 @@ class BatchSteps:
         batch_id: int,
         stats: BatchStats,
         skip: Skip | None = None,
+        streamed: StreamedRound | None = None,
     ) -> None:
         """Steps 4-5, retrying what time can heal with back-off for ``retry_for`` seconds
         (every retry delivers the whole batch again, after the indexers dropped what was
-        queued above ``start``: slices drop what they hold)."""
+        queued above ``start``: slices drop what they hold). ``streamed``: the first
+        attempt's rows sent while the batch was projected."""
         deadline = time.monotonic() + self.retry_for
         attempt = 0
         while True:
             try:
-                self._attempt(views, rows, start, end, batch_id, stats, skip)
+                self._attempt(views, rows, start, end, batch_id, stats, skip, streamed)
                 return
             except ShardexError as exc:
                 if exc.code not in _RETRYABLE or time.monotonic() > deadline:
@@ -233,6 +258,8 @@ class BatchSteps:
                 if skip is not None:
                     skip = None  # the early deliveries may be gone: all rows again
                     stats.early = 0
+                streamed = None  # likewise the frames sent while projecting
+                stats.streamed = 0
                 pause = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
                 log.warning(
                     "batch %d of %s: %s (%s); retrying in %.2f s",
@@ -255,28 +282,47 @@ class BatchSteps:
         batch_id: int,
         stats: BatchStats,
         skip: Skip | None = None,
+        streamed: StreamedRound | None = None,
     ) -> None:
         """Route, then one ``DeliverAndStabilize`` per indexer (in parallel), then the
         timekeeper checks the replies and publishes. With ``skip`` only the rows not
         delivered early are routed; without, the indexers first drop what may have been
-        queued above ``start`` ahead of this batch (``deliver_ahead.py``)."""
+        queued above ``start`` ahead of this batch (``deliver_ahead.py``). With ``streamed``
+        (rows already sent by the same views while the batch was projected) only the rest
+        is routed, and the round's frames continue its sender's."""
         if not views:
             self.stable = end
             self.round_published, self.round_key = True, ()
             return
+        if streamed is not None and not streamed.started:
+            streamed = None  # nothing went out early: the usual round
         t = time.perf_counter()
         routes = {v.id: v.route() for v in views}
         send = rows if skip is None else skip.rest(rows)
+        if streamed is not None:
+            send = streamed.rest(rows)
         with gc_paused():
             routed = route((r for r in send if r[0] in routes or r[2] == ERROR), routes)
-        errors = Counter(r[0] for r in rows if r[2] == ERROR) if skip else routed.errors
+        if skip is not None or streamed is not None:
+            errors = Counter(r[0] for r in rows if r[2] == ERROR)
+        else:
+            errors = routed.errors
         stats.errors = dict(errors)
         stats.key_versions = sum(len(r) for r in routed.by_node.values())
         plan, moving_by_node = stabilize_plan(views)
         # Before anything is sent: some slices may apply ``end`` even if the round fails.
         self.round_published = False
         self.registry.attempted(sorted(routes), end)
-        drop = None if skip is not None else self.early.drop_above(start, end, plan)
+        how: dict[str, Any]
+        if streamed is not None:
+            stats.streamed = streamed.key_versions
+            stats.key_versions += streamed.key_versions
+            dropped = streamed.dropped
+            how = {"sender": streamed.sender}
+        else:
+            drop = None if skip is not None else self.early.drop_above(start, end, plan)
+            dropped = drop is not None
+            how = {"early": None if skip is None else skip.incarnations, "drop_above": drop}
         report, replies = deliver_and_stabilize(
             self.client,
             self.keyspace,
@@ -286,9 +332,8 @@ class BatchSteps:
             plan,
             moving_by_node,
             slices=round_slices(views),
-            early=None if skip is None else skip.incarnations,
-            drop_above=drop,
-            drop_nodes=self.early.drop_nodes() if drop is not None else (),
+            drop_nodes=self.early.drop_nodes() if dropped else (),
+            **how,
         )
         stats.deliver = time.perf_counter() - t  # deliver and stabilise on the indexers
         t = time.perf_counter()
@@ -311,9 +356,30 @@ class BatchSteps:
         self.stable = end
         self.round_published = set(routes) <= set(reply.published)
         self.round_key = key = views_key(views)
-        self.early.round_done(
-            end, key, routes, dict(report.incarnations), skip, dropped=drop is not None
-        )
+        self.early.round_done(end, key, routes, dict(report.incarnations), skip, dropped=dropped)
+
+    def _stream_round(
+        self,
+        views: Sequence[IndexView],
+        start: Timestamp,
+        end: Timestamp,
+        batch_id: int,
+        applied: dict[str, Timestamp],
+    ) -> StreamedRound:
+        """The round of a batch (start, end] by ``views``, begun while its rows are still
+        projected (``streamed_round.py``). Its first rows drop what may be queued above
+        ``start`` where the round would (``DeliverAhead.drop_above``); before them, as
+        before any round's, the registry learns that the slices may reach ``end``."""
+        routes = {v.id: v.route() for v in views}
+        plan, _moving = stabilize_plan(views)
+        drop = self.early.drop_above(start, end, plan)
+
+        def begin() -> None:
+            self.round_published = False
+            self.registry.attempted(sorted(routes), end)
+
+        sender = RoundSender(self.client, self.keyspace, batch_id, drop_above=drop)
+        return StreamedRound(sender, routes, applied, begin, dropped=drop is not None)
 
     def _round(
         self,

@@ -17,7 +17,7 @@ stream opens at once, so their round trips overlap instead of queueing behind 16
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
@@ -34,11 +34,11 @@ from shardex.pipeline.source_read import (
     chunk_groups,
 )
 
-__all__ = ["project_chunks", "read_and_project"]
+__all__ = ["PROJECT_ROWS", "project_chunks", "read_and_project"]
 
 # Chunks projected together: large enough that the projector's per-call cost is noise,
 # small enough that projecting overlaps the streams still arriving.
-_PROJECT_ROWS = 4096
+PROJECT_ROWS = 4096
 
 
 def project_chunks(defs: Sequence[IndexDefinition], chunks: Sequence[Chunk]) -> list[KeyVersion]:
@@ -77,8 +77,12 @@ def read_and_project(
     max_items: int = DEFAULT_MAX_ITEMS,
     resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
     small_range: int = DEFAULT_SMALL_RANGE,
+    group_rows: int = PROJECT_ROWS,
+    on_group: Callable[[list[KeyVersion]], None] | None = None,
 ) -> list[KeyVersion]:
-    """The key versions of (start, end] of ``keyspace`` for ``defs`` (see the module doc)."""
+    """The key versions of (start, end] of ``keyspace`` for ``defs`` (see the module doc),
+    projected in groups of about ``group_rows`` changes. With ``on_group`` each group's key
+    versions go to it as soon as they are projected (in order), and nothing is returned."""
     ranges = plan_ranges(keyspace, start, end)
     out: list[KeyVersion] = []
     if not ranges:
@@ -87,11 +91,15 @@ def read_and_project(
         client,
         keyspace,
         ranges,
-        _PROJECT_ROWS,
+        group_rows,
         concurrency=len(ranges),
         max_items=max_items,
         resume_timeout=resume_timeout,
         small_range=small_range,
     ):
-        out.extend(project_chunks(defs, group))
+        rows = project_chunks(defs, group)
+        if on_group is None:
+            out.extend(rows)
+        else:
+            on_group(rows)
     return out

@@ -10,6 +10,7 @@ batch makes one round trip per indexer (``deliver_and_stabilize``) and one to th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ from shardex.net.messages import Message
 
 __all__ = [
     "DeliveryReport",
+    "RoundSender",
     "advance_stability",
     "deliver_and_stabilize",
     "deliver_rows",
@@ -95,6 +97,149 @@ def _frames(rows: Sequence[Any]) -> list[Sequence[Any]]:
     return [rows[i : i + MAX_ROWS_PER_FRAME] for i in range(0, len(rows), MAX_ROWS_PER_FRAME)]
 
 
+class RoundSender:
+    """One round's frames to the indexers. ``send`` (from any thread, without waiting)
+    queues rows as ``DeliverKeyVersions`` frames while the round's later rows are still being
+    read and projected (``streamed_round.py``); ``finish`` sends each node its last rows with
+    the stabilise in one ``DeliverAndStabilize`` once its earlier frames were acknowledged.
+    A node's frames go one after the other: the first carries the round's ``drop_above``,
+    every later one names the incarnation that took the first (a restarted indexer refuses
+    it: STALE_DELIVERY, and the round is delivered again as a whole)."""
+
+    def __init__(
+        self,
+        client: Client,
+        keyspace: str,
+        batch_id: int,
+        *,
+        early: Mapping[str, str] | None = None,
+        drop_above: Mapping[int, int] | None = None,
+    ) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.batch_id = batch_id
+        self.report = DeliveryReport()
+        # node -> the incarnation its next frame names ("" = any): the one that took this
+        # round's rows delivered ahead (``deliver_ahead``), then the one that took its frames.
+        self._incarnation: dict[str, str] = {}
+        for node, incarnation in (early or {}).items():
+            if incarnation:
+                self.report.incarnations[node] = incarnation  # another one answering: STALE
+                self._incarnation[node] = incarnation
+        self._drop = None if drop_above is None else dict(drop_above)
+        self._dropped: set[str] = set()  # nodes whose first frame carried the drop
+        # node -> the task sending its frames so far (on the client's loop only).
+        self._chains: dict[str, asyncio.Task[None]] = {}
+        self._loop = client._io.loop
+
+    def send(self, by_node: Mapping[str, Sequence[KeyVersion]]) -> None:
+        """Queue these rows on their nodes, after what was sent before (returns at once; a
+        failure surfaces in ``finish``)."""
+        rows = {n: v for n, v in by_node.items() if v}
+        if rows:
+            self._loop.call_soon_threadsafe(self._schedule, rows)
+
+    def _schedule(self, by_node: Mapping[str, Sequence[KeyVersion]]) -> None:
+        for node, rows in by_node.items():
+            task = self._loop.create_task(self._chain(node, self._chains.get(node), rows))
+            # Retrieved here so an abandoned round logs no "never retrieved"; ``finish``
+            # still raises it (awaiting a failed task re-raises).
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._chains[node] = task
+
+    async def _chain(
+        self, node: str, before: asyncio.Task[None] | None, rows: Sequence[KeyVersion]
+    ) -> None:
+        if before is not None:
+            await before  # its failure fails every later frame of the node
+        for frame in _frames(rows):
+            await self._frame(node, frame)
+
+    def _take_drop(self, node: str) -> dict[int, int] | None:
+        if self._drop is None or node in self._dropped:
+            return None
+        self._dropped.add(node)
+        return self._drop
+
+    async def _frame(self, node: str, rows: Sequence[KeyVersion]) -> None:
+        msg = DeliverKeyVersions(
+            keyspace=self.keyspace,
+            batch_id=self.batch_id,
+            rows=list(rows),
+            incarnation=self._incarnation.get(node, ""),
+            drop_above=self._take_drop(node),
+        )
+        got = await _to_node(self.client, node, msg, Delivered)
+        self.report.add(got)
+        self._incarnation[node] = got.incarnation
+
+    def finish(
+        self,
+        ts: Timestamp,
+        by_node: Mapping[str, Sequence[KeyVersion]],
+        plan: Mapping[str, Sequence[str]],
+        moving: Mapping[str, Mapping[str, list[int]]] | None = None,
+        slices: Mapping[str, Mapping[str, list[int]]] | None = None,
+        drop_nodes: Sequence[str] = (),
+    ) -> tuple[DeliveryReport, dict[str, Stabilized]]:
+        """The round's last rows and the stabilise at ``ts``: see ``deliver_and_stabilize``.
+        Every node that took frames from ``send`` is stabilised too."""
+        replies: dict[str, Stabilized] = {}
+        wire = dict(ts.to_wire())
+
+        async def one(node: str) -> None:
+            before = self._chains.get(node)
+            if before is not None:
+                await before
+            frames = _frames(by_node.get(node, ())) or [[]]
+            for frame in frames[:-1]:
+                await self._frame(node, frame)
+            last = DeliverAndStabilize(
+                keyspace=self.keyspace,
+                batch_id=self.batch_id,
+                rows=list(frames[-1]),
+                ts=wire,
+                index_ids=list(plan.get(node, ())),
+                incarnation=self._incarnation.get(node, ""),
+                moving=dict((moving or {}).get(node, {})),
+                slices=None if slices is None else dict(slices.get(node, {})),
+                drop_above=self._take_drop(node),
+            )
+            reply = await _to_node(self.client, node, last, Stabilized, ADVANCE_TIMEOUT)
+            self.report.add(reply)
+            if node in plan or node in by_node or node in self._chains:
+                replies[node] = reply
+
+        async def drop_only(node: str) -> None:
+            # A node outside the round that took early rows: best effort. Unreachable, it
+            # either died (its queue with it) or is cut off; a later round that names it
+            # again has it in its plan and delivers its rows then.
+            try:
+                await one(node)
+            except (ShardexError, OSError) as exc:
+                log.info("dropping early rows on %s failed: %s", node, exc)
+
+        async def all_nodes() -> None:
+            nodes = set(plan) | set(by_node) | set(self._chains)
+            extra = set(drop_nodes) - nodes if self._drop is not None else set()
+            await asyncio.gather(
+                *(one(n) for n in sorted(nodes)), *(drop_only(n) for n in sorted(extra))
+            )
+
+        self.client._run(all_nodes())
+        return self.report, replies
+
+    def abandon(self) -> None:
+        """The round will not be finished (its batch failed): stop sending its frames."""
+
+        def cancel() -> None:
+            for task in self._chains.values():
+                task.cancel()
+
+        with contextlib.suppress(RuntimeError):  # the client's loop is closed: nothing runs
+            self._loop.call_soon_threadsafe(cancel)
+
+
 def deliver_and_stabilize(
     client: Client,
     keyspace: str,
@@ -108,6 +253,7 @@ def deliver_and_stabilize(
     early: Mapping[str, str] | None = None,
     drop_above: Mapping[int, int] | None = None,
     drop_nodes: Sequence[str] = (),
+    sender: RoundSender | None = None,
 ) -> tuple[DeliveryReport, dict[str, Stabilized]]:
     """One round trip per indexer (in parallel): each node of ``plan`` (node -> the index
     ids it hosts) gets its rows and the stabilise at ``ts`` in one ``DeliverAndStabilize``;
@@ -121,65 +267,12 @@ def deliver_and_stabilize(
     ``early``: node -> the incarnation that took this batch's rows delivered ahead
     (``deliver_ahead``); the node's frames must reach the same one. ``drop_above``: every
     node of the round and of ``drop_nodes`` first forgets its queued versions of these data
-    partitions above these seqnos (the fallback after early deliveries)."""
-    report = DeliveryReport()
-    for node, incarnation in (early or {}).items():
-        if incarnation:
-            report.incarnations[node] = incarnation  # a frame reaching another one: STALE
-    replies: dict[str, Stabilized] = {}
-    wire = dict(ts.to_wire())
-    drop = None if drop_above is None else dict(drop_above)
-
-    async def one(node: str) -> None:
-        frames = _frames(by_node.get(node, ())) or [[]]
-        incarnation = (early or {}).get(node, "")
-        first = drop
-        for frame in frames[:-1]:
-            msg = DeliverKeyVersions(
-                keyspace=keyspace,
-                batch_id=batch_id,
-                rows=list(frame),
-                incarnation=incarnation,
-                drop_above=first,
-            )
-            first = None
-            got = await _to_node(client, node, msg, Delivered)
-            report.add(got)
-            incarnation = got.incarnation
-        last = DeliverAndStabilize(
-            keyspace=keyspace,
-            batch_id=batch_id,
-            rows=list(frames[-1]),
-            ts=wire,
-            index_ids=list(plan.get(node, ())),
-            incarnation=incarnation,
-            moving=dict((moving or {}).get(node, {})),
-            slices=None if slices is None else dict(slices.get(node, {})),
-            drop_above=first,
-        )
-        reply = await _to_node(client, node, last, Stabilized, ADVANCE_TIMEOUT)
-        report.add(reply)
-        if node in plan or node in by_node:
-            replies[node] = reply
-
-    async def drop_only(node: str) -> None:
-        # A node outside the round that took early rows: best effort. Unreachable, it either
-        # died (its queue with it) or is cut off; a later round that names it again has it
-        # in its plan and delivers its rows then.
-        try:
-            await one(node)
-        except (ShardexError, OSError) as exc:
-            log.info("dropping early rows on %s failed: %s", node, exc)
-
-    async def all_nodes() -> None:
-        nodes = set(plan) | set(by_node)
-        extra = set(drop_nodes) - nodes if drop is not None else set()
-        await asyncio.gather(
-            *(one(n) for n in sorted(nodes)), *(drop_only(n) for n in sorted(extra))
-        )
-
-    client._run(all_nodes())
-    return report, replies
+    partitions above these seqnos (the fallback after early deliveries). ``sender``: the
+    round's frames sent so far (``RoundSender.send``), which then holds ``early`` and
+    ``drop_above``; ``by_node`` is what they left."""
+    if sender is None:
+        sender = RoundSender(client, keyspace, batch_id, early=early, drop_above=drop_above)
+    return sender.finish(ts, by_node, plan, moving, slices, drop_nodes)
 
 
 def deliver_rows(

@@ -78,11 +78,13 @@ from shardex.pipeline.between_rounds import (
     stabilise_ts,
 )
 from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
+from shardex.pipeline.driver_read import PROJECT_ROWS
 from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.indexers import advance_stability
 from shardex.pipeline.move_rounds import MoveRounds
 from shardex.pipeline.read_ahead import ReadAhead
 from shardex.pipeline.registry import IndexRegistry, IndexView
+from shardex.pipeline.streamed_round import StreamedRound
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -146,9 +148,13 @@ class MaintenanceJob(BatchSteps):
         stabilise_ahead: bool = True,
         piece_interval: float = DEFAULT_PIECE_INTERVAL,
         min_piece: int = DEFAULT_MIN_PIECE,
+        project_rows: int = PROJECT_ROWS,
     ) -> None:
         self.spark = spark
         self.driver_read_max = driver_read_max
+        # A batch read on the driver is projected in groups of this many changes; with more
+        # than one, its round starts sending them as they come (``streamed_round.py``).
+        self.project_rows = project_rows
         self.client = client
         self.registry = registry
         self.keyspace = registry.keyspace
@@ -292,16 +298,31 @@ class MaintenanceJob(BatchSteps):
             stats.total = time.perf_counter() - t0
             self._record(stats)
             return
+        stream: StreamedRound | None = None
         if self.stabilise_ahead:
             self.read_ahead.halt()
             self.between.drain()  # a round between batches in flight ends first
             views, top = self._ahead_views(end)
             if views:
-                with gc_paused():
-                    floor = lowest_applied(self.registry, views)
-                    self._project(views, start, end, stats, rows, (), top, floor)
-                    applied = {v.id: self.registry.applied(v.id) for v in views}
-                    rows = not_applied(rows, applied)
+                applied = {v.id: self.registry.applied(v.id) for v in views}
+                if count_changes(start, top) > self.project_rows and (
+                    stats.changes <= self.driver_read_max
+                ):
+                    # No other round runs until this one ends: the rounds between batches
+                    # are halted (above), an idle round needs the batch lock, the last
+                    # batch's round was joined.
+                    stream = self._stream_round(views, start, top, batch_id, applied)
+                try:
+                    with gc_paused():
+                        floor = lowest_applied(self.registry, views)
+                        self._project(views, start, end, stats, rows, (), top, floor, stream)
+                        rows = not_applied(rows, applied)
+                except BaseException:
+                    if stream is not None:
+                        # The query fails; its restart's first round drops what this one
+                        # queued (above its start, on every node: ``DeliverAhead.restart``).
+                        stream.abandon()
+                    raise
         else:
             # An index whose applied TS is ahead of this batch's end in some partition (it
             # joined at a T0 the stream has not reached) waits for a later batch: stabilising
@@ -320,7 +341,9 @@ class MaintenanceJob(BatchSteps):
                 stats.early = len(rows) - len(skip.rest(rows))
             with self._round_lock:
                 if not self._covered(views, rows, top):
-                    self._deliver_and_stabilize(views, rows, start, top, batch_id, stats, skip)
+                    self._deliver_and_stabilize(
+                        views, rows, start, top, batch_id, stats, skip, stream
+                    )
             stats.total = time.perf_counter() - t0
             self._record(stats)
 

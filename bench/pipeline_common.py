@@ -308,7 +308,14 @@ def between_row(part: str, job: Any, before: Any) -> Row:
         "kv/round": round((now.key_versions - before.key_versions) / max(1, len(walls))),
         "round ms p50": ms(statistics.median(walls)) if walls else float("nan"),
         "round ms p90": ms(percentile(sorted(walls), 90)) if walls else float("nan"),
+        # of a round: deliver + stabilise on the indexers, then the timekeeper's publish
+        "deliver ms p50": _median_ms(now.delivers[-len(walls) :] if walls else []),
+        "publish ms p50": _median_ms(now.publishes[-len(walls) :] if walls else []),
     }
+
+
+def _median_ms(samples: Sequence[float]) -> float:
+    return ms(statistics.median(samples)) if samples else float("nan")
 
 
 def progress_row(part: str, progress: Sequence[dict[str, Any]]) -> Row:

@@ -11,6 +11,10 @@ streaming source runner), the driver's Python (this process; its threads by thei
 names, this sampler apart) and the bench's poller. The window is the writers' first to last
 acknowledgement, so process start-up and the drain after the load are outside it.
 
+``--drain N`` budgets part 2 instead: a backlog of N updates written with the pipeline
+stopped, then drained by a new driver; the window runs from the drain's first batch to the
+moment every index covered the backlog (the writers are outside it), per mutation drained.
+
 Prints CPU seconds per second of the window (cores) and microseconds of CPU per
 acknowledged mutation for each, the machine's total CPU from ``/proc/stat`` beside them (the
 rest is other work on a shared machine), and writes JSON (``bench/results/
@@ -393,14 +397,56 @@ def install(capture: Capture, interval: float) -> Callable[[], None]:
     return restore
 
 
+def install_drain(capture: Capture, interval: float) -> Callable[[], None]:
+    """Wrap part 2's ``drain`` so the sampler runs through it, and ``wait_covered`` to learn
+    when the backlog was covered; the window is the drain's first batch to that moment."""
+    original_drain = pipeline_bench.drain
+    original_wait = maintain_bench.wait_covered
+    covered: list[float] = []
+
+    def wait_covered(*args: Any, **kw: Any) -> Any:
+        out = original_wait(*args, **kw)
+        covered.append(time.time())
+        return out
+
+    def drain(ctx: Any, driver: Any, mutations: int, *args: Any, **kw: Any) -> Any:
+        roles = capture.roles
+        roles.nodes = node_pids(ctx.cluster_dir)
+        sampler = CpuSampler(lambda: {os.getpid(), *roles.nodes}, interval)
+        capture.sampler = sampler
+        sampler.start()
+        try:
+            rows, stats, new_driver = original_drain(ctx, driver, mutations, *args, **kw)
+        finally:
+            sampler.stop()
+        b = covered[-1]
+        a = b - float(rows[0]["from 1st batch s"])
+        n = int(rows[0]["mutations"])
+        capture.windows.append((a, b, n))
+        capture.results.append(budget(sampler, roles, a, b, n))
+        return rows, stats, new_driver
+
+    pipeline_bench.drain = drain
+    maintain_bench.wait_covered = wait_covered
+
+    def restore() -> None:
+        pipeline_bench.drain = original_drain
+        maintain_bench.wait_covered = original_wait
+
+    return restore
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="python -m bench.pipeline_cpu", description=__doc__)
     ap.add_argument("--interval", type=float, default=0.5, help="seconds between samples")
     ap.add_argument("--json", type=Path, default=RESULTS_DIR / "pipeline-cpu.json")
+    ap.add_argument("--drain", type=int, metavar="N", help="budget a drain of N updates")
     ap.add_argument("rest", nargs="*", help="after --: more bench.pipeline options")
     args = ap.parse_args(argv)
     if args.interval <= 0:
         ap.error("--interval must be > 0")
+    if args.drain is not None:
+        return args, ["--quick", "--part", "2", "--mutations", str(args.drain), *args.rest]
     return args, ["--quick", "--part", "3", *args.rest]
 
 
@@ -408,7 +454,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, pipeline_argv = parse_args(argv)
     plan, _ = pipeline_bench.parse_args(pipeline_argv)
     capture = Capture()
-    restore = install(capture, args.interval)
+    if args.drain is not None:
+        restore = install_drain(capture, args.interval)
+    else:
+        restore = install(capture, args.interval)
 
     def run(plan: Any) -> dict[str, Any]:
         out = pipeline_bench.run(plan)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -325,6 +326,25 @@ def drain(
         batch_row("2 drain", active),
         progress_row("2 drain (Spark)", spark_progress(driver, active)),
     ]
+    from shardex.pipeline.between_rounds import BetweenStats
+
+    kp = driver.keyspace()
+    if kp is not None and kp.job.stabilise_ahead:
+        # A new job: every round between its batches belongs to this drain.
+        stats.append(between_row("2 drain (rounds between batches)", kp.job, BetweenStats()))
+        reads = kp.job.read_ahead.piece_reads
+        if reads:
+            stats.append(
+                {
+                    "part": "2 drain (read-ahead pieces)",
+                    "pieces": len(reads),
+                    "changes/piece p50": statistics.median(n for n, _ in reads),
+                    "read ms p50": round(statistics.median(s for _, s in reads) * 1e3, 1),
+                    "read us/change": round(
+                        sum(s for _, s in reads) / max(1, sum(n for n, _ in reads)) * 1e6, 1
+                    ),
+                }
+            )
     return rows, stats, driver
 
 

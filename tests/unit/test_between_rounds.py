@@ -113,6 +113,8 @@ def _job(tmp_path: Path, log: Log) -> tuple[MaintenanceJob, _FixedRegistry]:
 
     job._read_and_project = read  # type: ignore[method-assign]
     job.read_ahead = ReadAhead(read, log.latest, 0, rolling=True, min_piece=1, pause=0.01)
+    job.read_ahead.on_end = job.between.ended.set
+    job.rest_while_rounds = 0.0  # a batch left to the rounds returns at once (tested apart)
     (job.checkpoint / "offsets").mkdir(parents=True)
     return job, registry
 
@@ -305,4 +307,46 @@ def test_a_batch_arriving_while_a_round_runs_leaves_its_range_to_the_rounds(
     gate.set()
     _until(lambda: job.stable == ts(p0=5, p1=5), "the round in flight did not end")
     assert _applied(model) == _range(ts(p0=0, p1=0), ts(p0=5, p1=5))
+    job.close()
+
+
+def test_a_batch_left_to_the_rounds_rests_until_they_stop(tmp_path: Path, model: Indexers) -> None:
+    """Spark's batches only move the checkpoint while the rounds carry the stream: one left
+    to them holds the next back until they stop (here a failed round, then ``stop_rounds``),
+    not for its whole rest, and rounds go on meanwhile."""
+    log = Log()
+    job, _registry = _job(tmp_path, log)
+    job.rest_while_rounds = 60.0
+    log.write(0, 2)
+    log.write(1, 2)
+    log.pending.extend([(0, 3), (1, 3)])
+    _batch(job, 0, ts(p0=2, p1=2))
+    _until(lambda: job.stable == ts(p0=5, p1=5), "no round between batches")
+
+    def left(b: int, end: Timestamp) -> threading.Thread:
+        (job.checkpoint / "offsets" / str(b)).write_text(f"v1\n{{}}\n{json.dumps(end.to_json())}\n")
+        t = threading.Thread(target=job.run_batch, args=(None, b), daemon=True)
+        t.start()
+        return t
+
+    resting = left(1, ts(p0=5, p1=5))
+    _until(lambda: len(job.last) == 2 and job.last[-1].between, "batch 1 not left to rounds")
+    log.write(0, 1)
+    _until(lambda: job.stable == ts(p0=6, p1=5), "no round while the batch rests")
+    assert resting.is_alive()  # still resting: the rounds carry on
+    model.fail_round = len(model.rounds)  # the next round fails: the rounds stop
+    log.write(1, 1)
+    resting.join(10)
+    assert not resting.is_alive() and job.between.stats.failed == 1
+    # A batch takes over and the rounds resume; the next one left to them rests again
+    # until the query is being stopped.
+    _batch(job, 2, ts(p0=6, p1=6))
+    log.write(0, 1)
+    _until(lambda: job.stable == ts(p0=7, p1=6), "no round after the repair")
+    resting = left(3, ts(p0=7, p1=6))
+    _until(lambda: len(job.last) == 4 and job.last[-1].between, "batch 3 not left to rounds")
+    assert resting.is_alive()
+    job.stop_rounds()
+    resting.join(10)
+    assert not resting.is_alive()
     job.close()

@@ -164,3 +164,29 @@ def test_the_read_ahead_runs_on_its_own_thread() -> None:
     ra.start(["def"], ts(p0=0, p1=0))  # type: ignore[list-item]
     ra.discard()
     assert seen == ["read-ahead"]
+
+
+def test_a_rolling_read_ahead_reads_a_backlog_in_pieces_of_at_most_max_piece() -> None:
+    """With rounds between batches each round takes what was read while the last one ran:
+    pieces of at most ``max_piece`` keep a backlog's reads beside the rounds (one piece of
+    the whole cap would leave nothing to read until its round ended)."""
+    log = Log()
+    ra = ReadAhead(
+        log.read, lambda: log.high, 20, rolling=True, min_piece=1, pause=0.001, max_piece=6
+    )
+    log.high = ts(p0=10, p1=10)  # a backlog of 20 changes
+    done = threading.Event()
+
+    def deliver(ahead: Any, stop: threading.Event, wait: float) -> bool:
+        del ahead.rows[:]  # a round took (and applied) what was read so far
+        ahead.start = ahead.end
+        if ahead.end == log.high:
+            done.set()
+        return True
+
+    ra.start(["def"], ts(p0=0, p1=0), deliver)  # type: ignore[list-item]
+    assert done.wait(10)
+    ra.discard()
+    sizes = [sum(e.seqno - s.seqno(p) for p, e in end.items()) for s, end in log.reads]
+    assert sum(sizes) == 20 and max(sizes) <= 6, sizes
+    assert all(a[1] == b[0] for a, b in zip(log.reads, log.reads[1:], strict=False))  # dense

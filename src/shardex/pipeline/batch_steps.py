@@ -388,12 +388,12 @@ class BatchSteps:
         start: Timestamp,
         end: Timestamp,
         batch_id: int,
-    ) -> int:
+    ) -> BatchStats:
         """A stability round between batches (``between_rounds.py``): the same ``_attempt``
-        as a batch's round, once (no retry: the next batch repairs). The key versions sent."""
+        as a batch's round, once (no retry: the next batch repairs). What it did."""
         stats = BatchStats(batch_id=batch_id)
         self._attempt(views, rows, start, end, batch_id, stats)
-        return stats.key_versions
+        return stats
 
 
 def count_changes(start: Timestamp, end: Timestamp) -> int:

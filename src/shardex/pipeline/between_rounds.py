@@ -30,13 +30,16 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.index.keyversion import KeyVersion
 from shardex.pipeline.deliver_ahead import views_key
 from shardex.pipeline.read_ahead import Ahead, Deliver
 from shardex.pipeline.registry import IndexRegistry, IndexView
+
+if TYPE_CHECKING:
+    from shardex.pipeline.batch_steps import BatchStats
 
 __all__ = [
     "BetweenRounds",
@@ -59,7 +62,7 @@ class _Job(Protocol):
     round_key: tuple[object, ...] | None
 
     def _round(self, views: Sequence[IndexView], rows: list[KeyVersion], start: Timestamp,
-               end: Timestamp, batch_id: int) -> int: ...  # fmt: skip
+               end: Timestamp, batch_id: int) -> BatchStats: ...  # fmt: skip
 
 
 def on_branch(end: Timestamp, applied: Timestamp, ahead: Timestamp) -> bool:
@@ -143,6 +146,9 @@ class BetweenStats:
     stopped: int = 0  # rounds not run: the views changed, a branch moved, not published
     key_versions: int = 0
     walls: list[float] = field(default_factory=list)  # the last rounds' wall times (s)
+    # of each of those rounds: deliver + stabilise on the indexers, the timekeeper's publish
+    delivers: list[float] = field(default_factory=list)
+    publishes: list[float] = field(default_factory=list)
 
 
 class BetweenRounds:
@@ -153,10 +159,25 @@ class BetweenRounds:
         self.job = job
         self.lock = lock
         self.stats = BetweenStats()
-        # The rounds of the current hook go on (none failed or stopped), by views ``key``.
-        self.live = False
+        # The rounds of the current hook go on (none failed or stopped), by views ``key``;
+        # ``ended`` is set whenever they stop (a batch resting while they run wakes up).
+        self.ended = threading.Event()
+        self.ended.set()
+        self._live = False
         self.key: tuple[object, ...] | None = None
         self._inflight: _Inflight | None = None
+
+    @property
+    def live(self) -> bool:
+        return self._live
+
+    @live.setter
+    def live(self, value: bool) -> None:
+        self._live = value
+        if value:
+            self.ended.clear()
+        else:
+            self.ended.set()
 
     def hook(
         self,
@@ -261,16 +282,21 @@ class BetweenRounds:
         to = end.merge_max(stable)
         t = time.perf_counter()
         try:
-            n = job._round(views, send, stable, to, batch_id)
+            done = job._round(views, send, stable, to, batch_id)
         except Exception as exc:  # not retried: the next batch stabilises past it (F)
             self.stats.failed += 1
             log.info("stability round between batches of %s failed: %s", views[0].id, exc)
             return False
         s = self.stats
         s.rounds += 1
-        s.key_versions += n
-        s.walls.append(time.perf_counter() - t)
-        del s.walls[:-200]
+        s.key_versions += done.key_versions
+        for samples, value in (
+            (s.walls, time.perf_counter() - t),
+            (s.delivers, done.deliver),
+            (s.publishes, done.stabilize),
+        ):
+            samples.append(value)
+            del samples[:-200]
         return job.round_published
 
 

@@ -111,6 +111,11 @@ DEFAULT_MAX_RECORDS = 20_000
 # or this many seconds passed since the last piece; each piece is a read of every partition.
 DEFAULT_MIN_PIECE = 500
 DEFAULT_PIECE_INTERVAL = 0.1
+# ... and holds at most this many changes (a backlog is read beside the rounds, not in turn).
+DEFAULT_MAX_PIECE = 10_000
+# A batch that leaves its range to healthy rounds between batches holds Spark's next batch
+# back this long at most (until the rounds stop): those batches only move the checkpoint.
+DEFAULT_REST_WHILE_ROUNDS = 1.0
 
 
 class MaintenanceJob(BatchSteps):
@@ -148,7 +153,9 @@ class MaintenanceJob(BatchSteps):
         stabilise_ahead: bool = True,
         piece_interval: float = DEFAULT_PIECE_INTERVAL,
         min_piece: int = DEFAULT_MIN_PIECE,
+        max_piece: int = DEFAULT_MAX_PIECE,
         project_rows: int = PROJECT_ROWS,
+        rest_while_rounds: float = DEFAULT_REST_WHILE_ROUNDS,
     ) -> None:
         self.spark = spark
         self.driver_read_max = driver_read_max
@@ -189,11 +196,20 @@ class MaintenanceJob(BatchSteps):
             rolling=rolling and deliver_ahead,
             min_piece=min_piece,
         )
+        self.max_piece = max_piece
+        # Spark's batches while rounds between batches carry the stream: each costs Spark's
+        # planning and logs (~0.3 of a core at one every ~150 ms in a drain, ``docs/
+        # decisions.md``, "Streamed rounds and the sustained drain") and only moves the
+        # checkpoint, so such a batch rests in ``foreachBatch`` until the rounds stop (a
+        # failure, new views, ``stop_rounds``) or this many seconds passed.
+        self.rest_while_rounds = rest_while_rounds
         # The read-ahead's rows to the indexers before their batch (``deliver_ahead.py``).
         # Rolling (keep reading and delivering until the next batch) measured no better than
         # one read-ahead per batch here (``docs/decisions.md``, "Deliver ahead"): off.
         self.deliver_ahead = deliver_ahead
         self.between = BetweenRounds(self, self._round_lock)
+        # A read-ahead that ended (halted, failed) ends a batch's rest too: no rounds now.
+        self.read_ahead.on_end = self.between.ended.set
         self.stabilise_ahead = False
         if stabilise_ahead:
             self.stabilise_between(piece_interval)
@@ -209,6 +225,7 @@ class MaintenanceJob(BatchSteps):
         self.deliver_ahead = False
         self.read_ahead.rolling = True
         self.read_ahead.piece_interval = piece_interval
+        self.read_ahead.max_piece = self.max_piece
 
     def stabilise_per_batch(self) -> None:
         """Stabilise only at Spark's batch ends (the read-ahead read once per batch and
@@ -217,6 +234,7 @@ class MaintenanceJob(BatchSteps):
         self.stabilise_ahead = False
         self.deliver_ahead = True
         self.read_ahead.rolling = False
+        self.read_ahead.max_piece = 0
 
     # -- the query -----------------------------------------------------------------------------
     def start(self) -> StreamingQuery:
@@ -297,6 +315,7 @@ class MaintenanceJob(BatchSteps):
             stats.between = True
             stats.total = time.perf_counter() - t0
             self._record(stats)
+            self.between.ended.wait(self.rest_while_rounds)
             return
         stream: StreamedRound | None = None
         if self.stabilise_ahead:
@@ -410,6 +429,7 @@ class MaintenanceJob(BatchSteps):
         runs (a stopped pipeline publishes nothing more; its last batches, if any, stabilise
         their own ranges). Waits for the batch in ``foreachBatch`` and a round in flight."""
         self.stopping = True
+        self.between.ended.set()  # a batch resting while the rounds run returns now
         with self._batch_lock:
             self.read_ahead.discard()
             self.between.drain()

@@ -101,6 +101,7 @@ class ReadAhead:
         max_pause: float = 0.4,
         min_piece: int = 500,
         piece_interval: float | None = None,
+        max_piece: int = 0,
     ) -> None:
         self._read = read
         self._latest = latest
@@ -113,6 +114,13 @@ class ReadAhead:
         # passed since the last one (None: only ``min_piece`` decides). Each piece is a read
         # of every partition, so pieces stay this far apart at the least.
         self.piece_interval = piece_interval
+        # Rolling: the most changes one piece reads (0: up to the cap on what is held). With
+        # rounds between batches a round takes what was read while the last one ran, so
+        # a backlog read in pieces of at most half the cap is read beside the rounds instead
+        # of in turn with them (a piece of the whole cap leaves nothing to read until its
+        # round ended: ``docs/decisions.md``, "Streamed rounds").
+        self.max_piece = max_piece
+        self.on_end: Callable[[], None] | None = None  # called as the thread ends
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._ahead: Ahead | None = None
@@ -120,6 +128,7 @@ class ReadAhead:
         self.hits = 0  # batches that took rows from a read-ahead
         self.misses = 0  # batches that found none usable
         self.pieces = 0  # pieces read
+        self.piece_reads: list[tuple[int, float]] = []  # the last pieces' (changes, seconds)
 
     def start(
         self,
@@ -145,6 +154,9 @@ class ReadAhead:
                 self._run(ahead, stop, deliver)
             except Exception as exc:  # a read-ahead is an optimisation: the batch reads itself
                 log.debug("read-ahead from %r failed: %s", ahead.end, exc)
+            finally:
+                if self.on_end is not None:
+                    self.on_end()
 
         self._thread = threading.Thread(target=run, name="read-ahead", daemon=True)
         self._thread.start()
@@ -153,38 +165,52 @@ class ReadAhead:
         first = True
         pause = self.pause
         last_piece = time.monotonic()
+        more = False  # the last piece was cut at ``max_piece``: a backlog, read on at once
         while not stop.is_set():
             if first or self.rolling:
-                target = _not_below(self._latest(), ahead.start)
+                latest = target = _not_below(self._latest(), ahead.start)
                 if self.max_changes > 0:
                     target = limit_offsets(ahead.start, target, self.max_changes)
+                if self.rolling and self.max_piece > 0:
+                    target = limit_offsets(ahead.end, target, self.max_piece)
                 target = _same_branch(ahead, _not_below(target, ahead.end))
                 n = _changes(ahead.end, target)
                 due = self.piece_interval is not None and (
                     time.monotonic() - last_piece >= self.piece_interval
                 )
                 if n > 0 and (first or n >= self.min_piece or due):
+                    t = time.perf_counter()
                     with gc_paused():
                         rows = self._read(ahead.defs, ahead.end, target)
                     ahead.rows.extend(rows)
                     ahead.end = target
                     self.pieces += 1
+                    self.piece_reads.append((n, time.perf_counter() - t))
+                    del self.piece_reads[:-200]
                     last_piece = time.monotonic()
                     pause = self.pause
+                    more = self.max_piece > 0 and _changes(ahead.end, latest) > 0
                 else:
+                    more = False
                     pause = min(self.max_pause, pause * 2)  # idle: poll the high seqnos less
                     if self.piece_interval is not None:  # but not past the next piece's due
                         wait = self.piece_interval - (time.monotonic() - last_piece)
                         pause = min(pause, max(0.01, wait))
                 first = False
-            if deliver is not None and not deliver(ahead, stop, self.pause):
+            # With more to read, a round in flight is not waited for (its successor starts
+            # after the next piece); with nothing, ``deliver`` waits a little for it.
+            hurry = more and self.rolling and not self._capped(ahead)
+            if deliver is not None and not deliver(ahead, stop, 0.0 if hurry else self.pause):
                 deliver = None  # it gave up (the round failed, an indexer restarted)
-            capped = self.max_changes > 0 and _changes(ahead.start, ahead.end) >= self.max_changes
-            reading = self.rolling and not capped
+            reading = self.rolling and not self._capped(ahead)
             if not reading and (deliver is None or ahead.sent == len(ahead.rows)):
                 return
-            if reading:
+            if reading and not hurry:
                 stop.wait(pause)
+
+    def _capped(self, ahead: Ahead) -> bool:
+        """The read-ahead holds as many changes as a batch may (no more is read)."""
+        return self.max_changes > 0 and _changes(ahead.start, ahead.end) >= self.max_changes
 
     def take(
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp

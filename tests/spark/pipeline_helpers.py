@@ -27,6 +27,7 @@ from shardex.index.oracle import check_index
 from shardex.manager.index_state import find_index, latest_index_topology
 from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import _to_node, index_state, list_slices
+from shardex.pipeline.maintain import MaintenanceJob
 from shardex.pipeline.source_plan import plan_ranges
 from shardex.pipeline.source_read import read_ranges
 
@@ -53,14 +54,29 @@ class SharedCluster:
 
 @contextlib.contextmanager
 def running_pipeline(
-    spark: SparkSession, cluster_dir: Path, checkpoints: Path
+    spark: SparkSession,
+    cluster_dir: Path,
+    checkpoints: Path,
+    *,
+    poll: float = 0.2,
+    each_job: Callable[[MaintenanceJob], None] | None = None,
 ) -> Iterator[PipelineDriver]:
     """The pipeline driver of the cluster in ``cluster_dir`` (its own client), supervising
-    in a daemon thread until the block ends."""
+    in a daemon thread until the block ends; ``each_job`` adjusts every maintenance job it
+    makes (before its query starts)."""
     with connect_local(cluster_dir) as driver_client:
         driver = PipelineDriver(
-            spark, driver_client, {"cluster_dir": str(cluster_dir)}, checkpoints, poll=0.2
+            spark, driver_client, {"cluster_dir": str(cluster_dir)}, checkpoints, poll=poll
         )
+        if each_job is not None:
+            make = driver._job
+
+            def job(*args: Any, **kwargs: Any) -> MaintenanceJob:
+                j = make(*args, **kwargs)
+                each_job(j)
+                return j
+
+            driver._job = job  # type: ignore[method-assign]
         thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
         thread.start()
         try:

@@ -9,18 +9,15 @@ drained the same way is exact too."""
 from __future__ import annotations
 
 import random
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from data_helpers import running_cluster
-from pipeline_helpers import check_oracle, mutate, wait_stable
+from pipeline_helpers import check_oracle, mutate, running_pipeline, wait_stable
 
 from shardex.client import Client, connect_local
-from shardex.pipeline.driver import PipelineDriver
+from shardex.pipeline.maintain import MaintenanceJob
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -29,28 +26,8 @@ KEYSPACE = "streamed"
 INDEXES = ["by_city", "by_name"]
 
 
-@contextmanager
-def _driver(spark: SparkSession, path: Path, checkpoints: Path) -> Iterator[PipelineDriver]:
-    """A pipeline driver whose jobs project (and stream) in groups of 24 changes."""
-    with connect_local(path) as driver_client:
-        driver = PipelineDriver(
-            spark, driver_client, {"cluster_dir": str(path)}, checkpoints, poll=0.3
-        )
-        make = driver._job
-
-        def job(*args: Any, **kwargs: Any) -> Any:
-            j = make(*args, **kwargs)
-            j.project_rows = 24
-            return j
-
-        driver._job = job  # type: ignore[method-assign]
-        thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
-        thread.start()
-        try:
-            yield driver
-        finally:
-            driver.stop()
-            thread.join(timeout=60)
+def _groups_of_24(job: MaintenanceJob) -> None:
+    job.project_rows = 24
 
 
 def _drain(
@@ -58,7 +35,7 @@ def _drain(
 ) -> list[Any]:
     """Write a backlog with no driver running, drain it with a new one: its batch stats."""
     mutate(client, KEYSPACE, random.Random(seed), 500)
-    with _driver(spark, path, checkpoints) as driver:
+    with running_pipeline(spark, path, checkpoints, poll=0.3, each_job=_groups_of_24) as driver:
         ts = wait_stable(client, KEYSPACE, INDEXES)
         for name in INDEXES:
             check_oracle(client, KEYSPACE, name, ts)
@@ -78,7 +55,7 @@ def test_a_drained_backlog_streamed_to_the_indexers_is_exact(
             KEYSPACE, "by_city", ["city", "age"], partition_by=["city"], num_partition=4
         )
         client.create_index(KEYSPACE, "by_name", ["name"], where="type = 'user'")
-        with _driver(spark, path, checkpoints):
+        with running_pipeline(spark, path, checkpoints, poll=0.3, each_job=_groups_of_24):
             for name in INDEXES:
                 client.wait_for_index(KEYSPACE, name, timeout=180)
             wait_stable(client, KEYSPACE, INDEXES)

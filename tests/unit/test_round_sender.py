@@ -116,15 +116,25 @@ async def test_early_frames_then_the_stabilise_are_exact(pipe: Pipe, client: _Cl
         done = ts
 
 
+async def _first_round(
+    pipe: Pipe,  # noqa: F811
+    client: _Client,
+    rng: random.Random,
+    n: int,
+) -> tuple[FakeKeyspace, Timestamp]:
+    """A keyspace of ``n`` random mutations, stabilised by one round: (it, its TS)."""
+    ks = FakeKeyspace(num_partitions=8)
+    random_workload(ks, rng, n)
+    ts = ks.ts()
+    await _round(pipe, client, pipe.by_node(ks.changes(None, ts)), ts, 1)
+    return ks, ts
+
+
 async def test_the_first_frame_drops_what_was_queued_above_the_start(
     pipe: Pipe,  # noqa: F811
     client: _Client,
 ) -> None:
-    rng = random.Random(22)
-    ks = FakeKeyspace(num_partitions=8)
-    random_workload(ks, rng, 80)
-    ts1 = ks.ts()
-    await _round(pipe, client, pipe.by_node(ks.changes(None, ts1)), ts1, 1)
+    ks, ts1 = await _first_round(pipe, client, random.Random(22), 80)
     # A previous job queued rows of another history with the seqnos this round will send
     # (a branch a rollback cut off): kept, they would win over this round's (same seqnos).
     other = FakeKeyspace(num_partitions=8, log={p: list(v) for p, v in ks.log.items()})
@@ -145,10 +155,7 @@ async def test_an_indexer_restarted_after_early_frames_refuses_the_stabilise(
     client: _Client,
 ) -> None:
     rng = random.Random(25)
-    ks = FakeKeyspace(num_partitions=8)
-    random_workload(ks, rng, 60)
-    ts1 = ks.ts()
-    await _round(pipe, client, pipe.by_node(ks.changes(None, ts1)), ts1, 1)
+    ks, ts1 = await _first_round(pipe, client, rng, 60)
     random_workload(ks, rng, 100)
     ts2 = ks.ts()
     rows = pipe.by_node(ks.changes(ts1, ts2))

@@ -5,6 +5,7 @@ answer, so a late publish never lands after a newer one (issue 5)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from tests.unit.test_timekeeper import World, ts, world  # noqa: F401
@@ -89,8 +90,13 @@ async def test_a_failed_publish_does_not_stop_the_next(world: World) -> None:  #
     assert n2.held == {"b": Timestamp.from_wire(ts(2))}
 
 
-async def test_a_full_queue_drops_its_oldest(world: World, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+async def test_a_full_queue_drops_its_oldest(
+    world: World,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     monkeypatch.setattr(timekeeper_module, "MAX_QUEUED_PUBLISHES", 2)
+    caplog.set_level(logging.INFO, logger=timekeeper_module.__name__)
     release = asyncio.Event()
     n2 = world.indexers["n2"]
 
@@ -103,3 +109,7 @@ async def test_a_full_queue_drops_its_oldest(world: World, monkeypatch: pytest.M
     release.set()
     assert await world.published_to() == {"n2": [{"b": ts(1)}, {"b": ts(4)}, {"b": ts(5)}]}
     assert n2.held == {"b": Timestamp.from_wire(ts(5))}
+    # Two dropped (for rounds 2 and 3), one log line: a node far behind drops one publish per
+    # round, and the log says so once per interval with the count.
+    lines = [r.getMessage() for r in caplog.records if "publishes behind" in r.getMessage()]
+    assert len(lines) == 1 and "1 dropped since the last report" in lines[0], lines

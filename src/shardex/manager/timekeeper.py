@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from shardex.core.tally import Tally
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
@@ -209,6 +210,7 @@ class Timekeeper:
         self._skip_seen: dict[str, dict[str, str]] = {}
         # node -> publishes not yet sent to it, in round order; its sender task (one at most)
         self._outbox: dict[str, deque[PublishStability]] = {}
+        self._drops = Tally()  # publishes dropped from a full queue, per node (for the log)
         self._senders: dict[str, asyncio.Task[None]] = {}
 
     def install(self, server: RpcServer) -> None:
@@ -372,13 +374,18 @@ class Timekeeper:
             queue = self._outbox.setdefault(node, deque())
             if len(queue) >= MAX_QUEUED_PUBLISHES:
                 dropped = queue.popleft()
-                log.info(
-                    "timekeeper %s: %s is %d publishes behind: dropped the oldest (%s)",
-                    self.name,
-                    node,
-                    len(queue) + 1,
-                    dropped.keyspace,
-                )
+                n = self._drops.hit(node)  # a node this far behind drops one per round
+                if n:
+                    log.info(
+                        "timekeeper %s: %s is %d publishes behind: dropped the oldest (%s); "
+                        "%d dropped since the last report (one every %.0f s at most)",
+                        self.name,
+                        node,
+                        len(queue) + 1,
+                        dropped.keyspace,
+                        n,
+                        self._drops.interval,
+                    )
             queue.append(PublishStability(keyspace=keyspace, stability=stability))
             if node not in self._senders:
                 task = asyncio.create_task(self._send_publishes(node))

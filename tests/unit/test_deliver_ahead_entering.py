@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from tests.unit.test_index_move_idle import _Registry, _view
-from tests.unit.test_read_ahead import Log, _range, ts
+from tests.unit.test_read_ahead import Log, _range, batch_end_job, ts
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
@@ -118,15 +118,7 @@ def _job(tmp_path: Path, log: Log) -> tuple[MaintenanceJob, _Fixed]:
     """One index, partition 0 on n1 and 1 on n2; every record's key version goes to index
     partition (data partition % 2)."""
     registry = _Fixed([_view("a")], ts(p0=0, p1=0))
-    job = MaintenanceJob(  # stabilised at batch ends: deliver-ahead under test
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        registry,
-        {},
-        tmp_path / "ckpt",
-        starting=ts(p0=0, p1=0),
-        stabilise_ahead=False,
-    )
+    job = batch_end_job(tmp_path, registry)
 
     def read(defs: Any, start: Timestamp, end: Timestamp) -> list[Any]:
         return [(*r[:1], r[5] % 2, *r[2:]) for r in log.read(defs, start, end)]

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from tests.unit.test_index_move_idle import _view
 from tests.unit.test_maintain_tail import _FixedRegistry
-from tests.unit.test_read_ahead import Log, _range, ts
+from tests.unit.test_read_ahead import Log, _range, batch_end_job, ts
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
@@ -121,15 +121,7 @@ def _rows_to_both(defs: Any, start: Timestamp, end: Timestamp, log: Log) -> list
 
 def _job(tmp_path: Path, log: Log, views: list[IndexView]) -> tuple[MaintenanceJob, Any]:
     registry = _FixedRegistry(views, ts(p0=0, p1=0))
-    job = MaintenanceJob(  # stabilised at batch ends: deliver-ahead under test
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        registry,
-        {},
-        tmp_path / "ckpt",
-        starting=ts(p0=0, p1=0),
-        stabilise_ahead=False,
-    )
+    job = batch_end_job(tmp_path, registry)
 
     def read(defs: Any, start: Timestamp, end: Timestamp) -> list[Any]:
         return _rows_to_both(defs, start, end, log)

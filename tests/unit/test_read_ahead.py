@@ -56,6 +56,20 @@ class Log:
         ]
 
 
+def batch_end_job(tmp_path: Path, registry: Any) -> MaintenanceJob:
+    """A job without Spark or a client (the tests replace its reads and calls) that
+    stabilises at batch ends, deliver-ahead on (what these tests exercise), from (0, 0)."""
+    return MaintenanceJob(
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        registry,
+        {},
+        tmp_path / "ckpt",
+        starting=ts(p0=0, p1=0),
+        stabilise_ahead=False,
+    )
+
+
 def _range(start: Timestamp, end: Timestamp) -> set[tuple[int, int]]:
     return {(p, s) for p, e in end.items() for s in range(start.seqno(p) + 1, e.seqno + 1)}
 
@@ -124,15 +138,7 @@ def test_batches_get_exactly_their_range_with_the_read_ahead(
     monkeypatch.setattr(batch_steps, "deliver_and_stabilize", deliver)
     monkeypatch.setattr(batch_steps, "advance_stability", advance)
     registry = _FixedRegistry([_view("a")], ts(p0=0, p1=0))
-    job = MaintenanceJob(  # stabilised at batch ends: deliver-ahead under test
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        registry,
-        {},
-        tmp_path / "ckpt",
-        starting=ts(p0=0, p1=0),
-        stabilise_ahead=False,
-    )
+    job = batch_end_job(tmp_path, registry)
     job._read_and_project = log.read  # type: ignore[method-assign]
     job.read_ahead = ReadAhead(log.read, log.latest, max_changes=0)
     (job.checkpoint / "offsets").mkdir(parents=True)

@@ -22,13 +22,12 @@ from typing import Any
 import pytest
 from tests.unit.test_index_move_idle import _view
 from tests.unit.test_maintain_tail import _FixedRegistry
-from tests.unit.test_read_ahead import UUID, Log, _range, ts
+from tests.unit.test_read_ahead import UUID, Log, _range, published_all, ts
 
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.messages import SliceInfo
 from shardex.index.records import STATE_ACTIVE
-from shardex.manager.timekeeper_messages import StabilityAdvanced
 from shardex.pipeline import batch_steps
 from shardex.pipeline import registry as registry_mod
 from shardex.pipeline.between_rounds import not_applied, on_branch, stabilise_ts
@@ -86,17 +85,11 @@ class Indexers:
         return report, {n: "reply" for n in NODES}
 
 
-def _advance(client: Any, keyspace: str, at: Timestamp, ids: list[str], **kw: Any) -> Any:
-    return StabilityAdvanced(
-        keyspace=keyspace, ts=dict(at.to_wire()), published=list(ids), items_count={}
-    )
-
-
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Indexers:
     m = Indexers()
     monkeypatch.setattr(batch_steps, "deliver_and_stabilize", m.deliver_and_stabilize)
-    monkeypatch.setattr(batch_steps, "advance_stability", _advance)
+    monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     return m
 
 
@@ -119,6 +112,17 @@ def _job(tmp_path: Path, log: Log) -> tuple[MaintenanceJob, _FixedRegistry]:
     return job, registry
 
 
+def _backlog(tmp_path: Path) -> tuple[Log, MaintenanceJob, _FixedRegistry]:
+    """A job over a log of two records per partition, and three more each written while
+    its first batch (0, 2] runs (``Log.pending``)."""
+    log = Log()
+    job, registry = _job(tmp_path, log)
+    log.write(0, 2)
+    log.write(1, 2)
+    log.pending.extend([(0, 3), (1, 3)])
+    return log, job, registry
+
+
 def _batch(job: MaintenanceJob, b: int, end: Timestamp) -> None:
     (job.checkpoint / "offsets" / str(b)).write_text(f"v1\n{{}}\n{json.dumps(end.to_json())}\n")
     job.run_batch(None, b)  # type: ignore[arg-type]
@@ -139,11 +143,7 @@ def _applied(model: Indexers) -> set[tuple[int, int]]:
 def test_a_round_between_batches_publishes_ahead_of_spark_then_the_batch_takes_over(
     tmp_path: Path, model: Indexers
 ) -> None:
-    log = Log()
-    job, registry = _job(tmp_path, log)
-    log.write(0, 2)
-    log.write(1, 2)
-    log.pending.extend([(0, 3), (1, 3)])  # written while batch 0 runs
+    log, job, registry = _backlog(tmp_path)
     _batch(job, 0, ts(p0=2, p1=2))
     assert model.rounds[0]["ts"] == ts(p0=2, p1=2)
     # The read-ahead's piece (2, 5] gets a round of its own, published before any batch.
@@ -196,11 +196,7 @@ def test_a_round_between_batches_publishes_ahead_of_spark_then_the_batch_takes_o
 def test_a_round_between_batches_that_failed_half_way_is_repaired_by_the_batch(
     tmp_path: Path, model: Indexers
 ) -> None:
-    log = Log()
-    job, registry = _job(tmp_path, log)
-    log.write(0, 2)
-    log.write(1, 2)
-    log.pending.extend([(0, 3), (1, 3)])
+    log, job, registry = _backlog(tmp_path)
     # The round between batches (the 2nd round) reaches n1 (applied at 5), not n2 (at 2).
     model.fail_round = 1
     _batch(job, 0, ts(p0=2, p1=2))
@@ -314,12 +310,8 @@ def test_a_batch_left_to_the_rounds_rests_until_they_stop(tmp_path: Path, model:
     """Spark's batches only move the checkpoint while the rounds carry the stream: one left
     to them holds the next back until they stop (here a failed round, then ``stop_rounds``),
     not for its whole rest, and rounds go on meanwhile."""
-    log = Log()
-    job, _registry = _job(tmp_path, log)
+    log, job, _registry = _backlog(tmp_path)
     job.rest_while_rounds = 60.0
-    log.write(0, 2)
-    log.write(1, 2)
-    log.pending.extend([(0, 3), (1, 3)])
     _batch(job, 0, ts(p0=2, p1=2))
     _until(lambda: job.stable == ts(p0=5, p1=5), "no round between batches")
 

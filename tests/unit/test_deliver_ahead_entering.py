@@ -22,12 +22,11 @@ from typing import Any
 
 import pytest
 from tests.unit.test_index_move_idle import _Registry, _view
-from tests.unit.test_read_ahead import Log, _range, batch_end_job, ts
+from tests.unit.test_read_ahead import Log, _range, batch_end_job, published_all, ts
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.index.keyversion import UPSERT
-from shardex.manager.timekeeper_messages import StabilityAdvanced
 from shardex.pipeline import deliver_ahead
 from shardex.pipeline.deliver_ahead import DeliverAhead, RoundInfo, _Tag, plan_nodes, views_key
 from shardex.pipeline.indexers import DeliveryReport
@@ -92,19 +91,13 @@ class Queues:
         return report, {n: "reply" for n in nodes}
 
 
-def _advance(client: Any, keyspace: str, at: Timestamp, ids: list[str], **kw: Any) -> Any:
-    return StabilityAdvanced(
-        keyspace=keyspace, ts=dict(at.to_wire()), published=list(ids), items_count={}
-    )
-
-
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Queues:
     m = Queues()
     # The module whose round calls the indexers (``maintain`` or the batch steps it uses).
     steps = sys.modules[MaintenanceJob._attempt.__module__]
     monkeypatch.setattr(steps, "deliver_and_stabilize", m.deliver_and_stabilize)
-    monkeypatch.setattr(steps, "advance_stability", _advance)
+    monkeypatch.setattr(steps, "advance_stability", published_all)
     monkeypatch.setattr(deliver_ahead, "deliver_rows", m.deliver_rows)
     return m
 

@@ -20,12 +20,11 @@ from typing import Any
 import pytest
 from tests.unit.test_index_move_idle import _view
 from tests.unit.test_maintain_tail import _FixedRegistry
-from tests.unit.test_read_ahead import Log, _range, batch_end_job, ts
+from tests.unit.test_read_ahead import Log, _range, batch_end_job, published_all, ts
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.timekeeper_messages import StabilityAdvanced
 from shardex.pipeline import batch_steps, deliver_ahead
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
@@ -98,17 +97,11 @@ class Indexers:
         return report, {n: "reply" for n in nodes}
 
 
-def _advance(client: Any, keyspace: str, at: Timestamp, ids: list[str], **kw: Any) -> Any:
-    return StabilityAdvanced(
-        keyspace=keyspace, ts=dict(at.to_wire()), published=list(ids), items_count={}
-    )
-
-
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Indexers:
     m = Indexers()
     monkeypatch.setattr(batch_steps, "deliver_and_stabilize", m.deliver_and_stabilize)
-    monkeypatch.setattr(batch_steps, "advance_stability", _advance)
+    monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     monkeypatch.setattr(deliver_ahead, "deliver_rows", m.deliver_rows)
     return m
 

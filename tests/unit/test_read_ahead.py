@@ -56,6 +56,13 @@ class Log:
         ]
 
 
+def published_all(client: Any, keyspace: str, at: Timestamp, ids: list[str], **kw: Any) -> Any:
+    """A timekeeper stand-in (``advance_stability``) that publishes ``at`` for every index."""
+    return StabilityAdvanced(
+        keyspace=keyspace, ts=dict(at.to_wire()), published=list(ids), items_count={}
+    )
+
+
 def batch_end_job(tmp_path: Path, registry: Any) -> MaintenanceJob:
     """A job without Spark or a client (the tests replace its reads and calls) that
     stabilises at batch ends, deliver-ahead on (what these tests exercise), from (0, 0)."""
@@ -130,13 +137,8 @@ def test_batches_get_exactly_their_range_with_the_read_ahead(
         delivered.append({(r[5], r[6]) for rows in by_node.values() for r in rows})
         return DeliveryReport(), {}
 
-    def advance(client: Any, keyspace: str, at: Timestamp, ids: list[str], **kw: Any) -> Any:
-        return StabilityAdvanced(
-            keyspace=keyspace, ts=dict(at.to_wire()), published=list(ids), items_count={}
-        )
-
     monkeypatch.setattr(batch_steps, "deliver_and_stabilize", deliver)
-    monkeypatch.setattr(batch_steps, "advance_stability", advance)
+    monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     registry = _FixedRegistry([_view("a")], ts(p0=0, p1=0))
     job = batch_end_job(tmp_path, registry)
     job._read_and_project = log.read  # type: ignore[method-assign]

@@ -10,11 +10,13 @@ demo: env
 
 test: env
 	@.venv/bin/ruff check src tests bench
+	@.venv/bin/lint-imports --no-cache
 	@.venv/bin/python -m pytest
 
 lint: env
 	@.venv/bin/ruff check src tests bench
 	@.venv/bin/ruff format --check src tests bench
+	@.venv/bin/lint-imports --no-cache
 
 format: env
 	@.venv/bin/ruff format src tests bench

@@ -42,7 +42,7 @@ class Target:
 
 def shardex_target(cluster_dir: Any) -> Target:
     """The ``Target`` of a local cluster: every node's address and the cluster secret."""
-    from shardex.node import cluster_dir as cdir
+    from shardex.meta import cluster_dir as cdir
 
     spec = cdir.load(cluster_dir)
     return Target(

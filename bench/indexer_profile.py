@@ -33,11 +33,11 @@ from typing import Any
 
 import msgspec
 
+from shardex.api.delivery import MAX_ROWS_PER_FRAME, LoadChunk
 from shardex.core.timestamp import SeqnoEntry, Timestamp
-from shardex.index.definition import make_definition
-from shardex.index.delivery_messages import MAX_ROWS_PER_FRAME, LoadChunk
 from shardex.index.engine import IndexerEngine
 from shardex.index.keyversion import DELETE, UPSERT, UPSERT_DELETION, KeyVersion
+from shardex.meta.index_definition import make_definition
 from shardex.pipeline.projector import project
 from shardex.pipeline.router import IndexRoute, route
 
@@ -72,7 +72,7 @@ def _rows_for_round(
 ) -> list[KeyVersion]:
     """Project ``n`` changes (80% upserts with a new key, 10% unchanged, 10% deletes) and
     route them to every slice (all slices are local)."""
-    from shardex.data.partitioning import partition_of
+    from shardex.meta.partitioning import partition_of
     from shardex.pipeline.projector import OP_DELETE, OP_UPSERT, ChangeRow
 
     changes: list[ChangeRow] = []

@@ -58,7 +58,7 @@ PHASES = (
 
 
 def _defs() -> list[Any]:
-    from shardex.index.definition import make_definition
+    from shardex.meta.index_definition import make_definition
 
     return [
         make_definition(
@@ -106,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every round here")
     args = ap.parse_args(argv)
 
+    from shardex.api.delivery import DeliverAndStabilize, DeliverKeyVersions
     from shardex.core.timestamp import SeqnoEntry, Timestamp
-    from shardex.data.partitioning import partition_of
-    from shardex.index.delivery_messages import DeliverAndStabilize, DeliverKeyVersions
     from shardex.index.engine import IndexerEngine
+    from shardex.meta.partitioning import partition_of
     from shardex.net.messages import Envelope, Kind, decode_frame, encode_frame
     from shardex.pipeline.projector import OP_UPSERT, project
     from shardex.pipeline.router import IndexRoute, route
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ack(reply: list[Any]) -> Any:
-    from shardex.index.delivery_messages import SliceAck, Stabilized
+    from shardex.api.delivery import SliceAck, Stabilized
 
     return Stabilized(
         node="n0",

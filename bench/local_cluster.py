@@ -60,7 +60,7 @@ def free_base_port(nodes: int, http_offset: int = 1000, seed: int | None = None)
 @contextlib.contextmanager
 def shardex_cluster(base_dir: Path, nodes: int) -> Iterator[Path]:
     """``shardex cluster start --nodes N`` in a fresh dir under ``base_dir``; always stopped."""
-    from shardex.node.cluster_dir import HTTP_PORT_OFFSET
+    from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
 
     cdir = Path(tempfile.mkdtemp(prefix=f"shardex-{nodes}n-", dir=base_dir)) / "cluster"
     port = free_base_port(nodes, HTTP_PORT_OFFSET)

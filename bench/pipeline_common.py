@@ -193,7 +193,7 @@ def _early_variant(driver: Any, early: str) -> None:
 
 
 def index_ids(client: Any) -> list[str]:
-    from shardex.manager.index_state import find_index
+    from shardex.meta.index_state import find_index
     from shardex.pipeline.indexers import index_state
 
     state = index_state(client)
@@ -224,8 +224,8 @@ def timekeeper_node(client: Any) -> str:
 
 def held_stability(client: Any) -> dict[str, Any]:
     """Index id -> the stability TS the master's timekeeper holds for the keyspace."""
+    from shardex.api.timekeeper import StabilityReply, StabilityRequest
     from shardex.core.timestamp import Timestamp
-    from shardex.manager.timekeeper_messages import StabilityReply, StabilityRequest
     from shardex.pipeline.indexers import _to_node
 
     msg = StabilityRequest(keyspace=KEYSPACE)

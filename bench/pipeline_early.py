@@ -43,7 +43,7 @@ DOCS = 20_000
 
 def _plan(client: Any) -> tuple[Any, dict[str, Any], dict[str, list[str]]]:
     """The keyspace's index definitions, routes and node -> index ids, from the state."""
-    from shardex.manager.index_state import latest_index_topology
+    from shardex.meta.index_state import latest_index_topology
     from shardex.pipeline.indexers import index_state
     from shardex.pipeline.router import IndexRoute
 

@@ -363,7 +363,7 @@ def steady_writer(
 
 def node_cpu(cluster_dir: Path) -> float:
     """CPU seconds the data node has used (user + system): what serving the source costs."""
-    from shardex.node.state import read_pid
+    from shardex.runtime.pidfile import read_pid
 
     pid = read_pid(cluster_dir / "node1")
     try:

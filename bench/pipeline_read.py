@@ -50,7 +50,7 @@ ALL_RANGES = 10**9  # small_range: every range through ReadRanges
 
 
 def _definitions() -> list[Any]:
-    from shardex.index.definition import IndexDefinition, IndexKey
+    from shardex.meta.index_definition import IndexDefinition, IndexKey
 
     return [
         IndexDefinition(
@@ -191,7 +191,7 @@ def ab_main(args: argparse.Namespace) -> int:
             )
             cases.append((f"{k}/partition", start, end))
         if args.one_range:
-            from shardex.data.partitioning import partition_of
+            from shardex.meta.partitioning import partition_of
 
             mine = [
                 (d, b)

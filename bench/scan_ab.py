@@ -40,7 +40,7 @@ SIDES = ("A", "B")
 def twin(base: Path) -> Path:
     """``base/twin``: a copy of ``base/cluster`` on free ports with its own secret (not
     named ``cluster...``: ``node_pids`` finds a cluster's nodes by its path, a prefix)."""
-    from shardex.node.cluster_dir import HTTP_PORT_OFFSET
+    from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
 
     src, dst = base / "cluster", base / "twin"
     if dst.exists():

@@ -72,8 +72,8 @@ def postmaster_pid(data_dir: Path) -> int:
 
 def node_pids(cluster_dir: Path) -> list[int]:
     """The node processes of a local cluster, from their pid files."""
-    from shardex.node import cluster_dir as cdir
-    from shardex.node.state import read_pid
+    from shardex.meta import cluster_dir as cdir
+    from shardex.runtime.pidfile import read_pid
 
     spec = cdir.load(cluster_dir)
     pids = [read_pid(n.path(cluster_dir)) for n in spec.nodes]

@@ -45,7 +45,7 @@ ROUND = 20  # scans of one consistency before the other's turn
 def running(cdir: Path, new: bool, env: dict[str, str] | None = None) -> Iterator[None]:
     """The cluster in ``cdir`` started (its nodes with ``env``, default this one's), stopped
     on exit."""
-    from shardex.node.cluster_dir import HTTP_PORT_OFFSET
+    from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
 
     cmd = [*shardex_cli(), "cluster", "start", "--dir", str(cdir), "--no-pipeline"]
     if new:

@@ -21,8 +21,8 @@ def slice_locations(client: Any, cluster_dir: Path, keyspace: str, index: str) -
     """(index db path, entries column family) of every slice of ``index``, from its latest
     topology and the cluster spec (node name -> data dir)."""
     from shardex.index.records import cf_names
-    from shardex.manager.index_state import find_index, latest_index_topology
-    from shardex.node import cluster_dir as cdir
+    from shardex.meta import cluster_dir as cdir
+    from shardex.meta.index_state import find_index, latest_index_topology
     from shardex.pipeline.indexers import index_state
 
     state = index_state(client)

@@ -168,7 +168,7 @@ def exchange_rows(
     """Each query once per credit window; every node's ExchangeMeter for the query: per
     stream (leaf -> root) the bytes sent and the most the sender could have had in flight
     (``max_sender_bound`` >= sent - consumed at every instant), against the window."""
-    from shardex.sql.exec.messages import ExchangeStats, ExchangeStatsReply
+    from shardex.api.sql_exec import ExchangeStats, ExchangeStatsReply
 
     rows: list[Row] = []
     for q in cases:
@@ -219,7 +219,7 @@ def shardex_phase(
     seconds: float,
 ) -> Phase:
     """The cluster is loaded, the indexes are ACTIVE and Spark is stopped."""
-    from shardex.node import cluster_dir as cdir
+    from shardex.meta import cluster_dir as cdir
 
     out = Phase()
     out.info["explain"] = shardex_checks(client, queries, pg)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardex.node.cluster_dir import HTTP_PORT_OFFSET
-from shardex.node.state import pid_alive, read_pid
+from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
+from shardex.runtime.pidfile import pid_alive, read_pid
 
 CLI = [sys.executable, "-m", "shardex.cli.main"]
 

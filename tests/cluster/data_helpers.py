@@ -10,8 +10,8 @@ from pathlib import Path
 from cluster_helpers import LocalCluster, free_base_port, kill_leftovers, run_cli
 
 from shardex.client import Change, Client, Keyspace, SnapshotMarker
-from shardex.data.partitioning import partition_of
-from shardex.node.state import pid_alive
+from shardex.meta.partitioning import partition_of
+from shardex.runtime.pidfile import pid_alive
 
 
 @contextlib.contextmanager

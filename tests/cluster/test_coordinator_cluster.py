@@ -14,7 +14,7 @@ from data_helpers import running_cluster
 from shardex.errors import ShardexError
 from shardex.manager.coordinator import StateReply, StateRequest
 from shardex.net import TcpTransport, connect
-from shardex.node.state import pid_alive
+from shardex.runtime.pidfile import pid_alive
 
 pytestmark = pytest.mark.cluster
 

@@ -16,7 +16,7 @@ from data_helpers import docids_in, read_partition, running_cluster
 
 from shardex.client import Change, MutationResult, connect_local
 from shardex.errors import ErrorCode, ShardexError
-from shardex.node.state import pid_alive
+from shardex.runtime.pidfile import pid_alive
 
 pytestmark = pytest.mark.cluster
 

@@ -14,9 +14,9 @@ import pytest
 from cluster_helpers import LocalCluster, run_cli
 from data_helpers import docids_in, owner_of, read_partition, running_cluster
 
+from shardex.api.data import Get, GetReply, HighSeqnos, HighSeqnosReply, Upsert
 from shardex.client import BulkWriteError, Change, Client, SnapshotMarker, connect_local
 from shardex.core.topology import Topology
-from shardex.data.messages import Get, GetReply, HighSeqnos, HighSeqnosReply, Upsert
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import TcpTransport
 from shardex.net import connect as rpc_connect

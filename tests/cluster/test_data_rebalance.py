@@ -21,15 +21,15 @@ import pytest
 from cluster_helpers import LocalCluster, run_cli, wait_for
 from data_helpers import docids_in, read_partition, running_cluster
 
+from shardex.api.data import Upsert
+from shardex.api.migration import LocalPartitions, LocalPartitionsReply
 from shardex.client import Change, Client, MutationResult, connect_local
 from shardex.core.topology import rebalance_moves
-from shardex.data.messages import Upsert
-from shardex.data.migration_messages import LocalPartitions, LocalPartitionsReply
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import TcpTransport
 from shardex.net import connect as rpc_connect
 from shardex.net.messages import Message
-from shardex.node.state import pid_alive
+from shardex.runtime.pidfile import pid_alive
 
 pytestmark = pytest.mark.cluster
 

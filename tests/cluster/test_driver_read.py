@@ -13,8 +13,8 @@ from data_helpers import running_cluster
 
 from shardex.client import Client, connect_local
 from shardex.core.timestamp import Timestamp
-from shardex.index.definition import IndexDefinition, IndexKey
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
+from shardex.meta.index_definition import IndexDefinition, IndexKey
 from shardex.pipeline.driver_read import read_and_project
 from shardex.pipeline.projector import project_arrow
 from shardex.pipeline.source_plan import plan_ranges

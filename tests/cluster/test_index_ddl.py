@@ -17,13 +17,13 @@ import pytest
 from cluster_helpers import LocalCluster, run_cli, wait_for
 from data_helpers import running_cluster
 
+from shardex.api.index import ListSlices, SliceList
 from shardex.client import connect
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.messages import ListSlices, SliceList
 from shardex.manager.coordinator import StateReply, StateRequest
 from shardex.net import TcpTransport
 from shardex.net import connect as rpc_connect
-from shardex.node.state import pid_alive
+from shardex.runtime.pidfile import pid_alive
 
 pytestmark = pytest.mark.cluster
 

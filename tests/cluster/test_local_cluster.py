@@ -18,7 +18,7 @@ from cluster_helpers import (
 
 from shardex.client import connect, connect_local
 from shardex.errors import AuthFailed, ErrorCode, NodeUnavailable
-from shardex.node.state import pid_alive
+from shardex.runtime.pidfile import pid_alive
 
 pytestmark = pytest.mark.cluster
 

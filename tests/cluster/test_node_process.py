@@ -14,7 +14,7 @@ import pytest
 from cluster_helpers import free_base_port, kill_leftovers, proc_env, run_cli, wait_for
 
 from shardex.client import connect
-from shardex.node.state import pid_alive, read_pid
+from shardex.runtime.pidfile import pid_alive, read_pid
 
 pytestmark = pytest.mark.cluster
 
@@ -25,7 +25,7 @@ def node_cmd(data_dir: Path, port: int, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "shardex.node",
+        "shardex.cli.node",
         "--name",
         "solo",
         "--data-dir",

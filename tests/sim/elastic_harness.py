@@ -30,12 +30,12 @@ from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net.rpc import ConnectionPool, RpcServer
 from shardex.scan.continuation import Continuation, ContinuationCodec, scan_digest
-from shardex.scan.elastic_checker import check_paginated_scan
-from shardex.scan.elastic_memory import ElasticMemoryCluster
 from shardex.scan.elastic_node import BatchContext
 from shardex.scan.paging import PageCoordinator
 from shardex.scan.paging_wire import PageRow, ShardBatch, ShardBatchResult
 from shardex.sim import ClusterNode, FaultConfig, Simulation
+from shardex.testing.elastic_checker import check_paginated_scan
+from shardex.testing.elastic_memory import ElasticMemoryCluster
 
 SECRET = "elastic-sim-secret"
 NODES = ("n1", "n2", "n3")

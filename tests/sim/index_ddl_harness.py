@@ -30,10 +30,8 @@ from typing import Any
 import msgspec
 from manager_cluster import HOSTS, ManagerCluster, version
 
-from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.coordinator import Coordinator, OpContext
-from shardex.manager.coordinator_messages import StateReplicate, StateReplicateReply
-from shardex.manager.index_messages import (
+from shardex.api.coordinator import StateReplicate, StateReplicateReply
+from shardex.api.index_ddl import (
     BuildIndex,
     CreateIndex,
     DropIndex,
@@ -41,13 +39,15 @@ from shardex.manager.index_messages import (
     IndexDropped,
     IndexesBuilding,
 )
-from shardex.manager.index_state import DELETED, INIT, READY
-from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.coordinator import Coordinator, OpContext
+from shardex.meta.index_state import DELETED, INIT, READY
+from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net.messages import Message
 from shardex.sim import ClusterNode, NodeMain, Simulation
-from shardex.sim.checkers_coordinator import Version, check_coordinator
-from shardex.sim.checkers_index_ddl import Observation, check_index_ddl, missing_slices
-from shardex.sim.index_fake import MemorySliceEngine
+from shardex.testing.checkers_coordinator import Version, check_coordinator
+from shardex.testing.checkers_index_ddl import Observation, check_index_ddl, missing_slices
+from shardex.testing.index_fake import MemorySliceEngine
 
 RETRY_REASONS = {"no_master", "not_master", "commit_failed", "deposed"}
 
@@ -218,7 +218,7 @@ class IndexCluster(ManagerCluster):
 
     def settled(self) -> bool:
         """Converged, and every indexer's slices match the state (reconciled)."""
-        from shardex.sim.checkers_index_ddl import orphan_slices
+        from shardex.testing.checkers_index_ddl import orphan_slices
 
         if not self.converged():
             return False

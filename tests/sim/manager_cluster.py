@@ -18,11 +18,11 @@ from typing import Any
 
 from shardex.manager.coordinator import Coordinator
 from shardex.manager.membership import MemoryMemberStore
-from shardex.manager.state import MemoryStateStore, StateContext, state_digest
+from shardex.meta.state import MemoryStateStore, StateContext, state_digest
 from shardex.net import ConnectionPool
 from shardex.node.server import Node
 from shardex.sim import ClusterNode, NodeMain, Simulation
-from shardex.sim.checkers_coordinator import Version
+from shardex.testing.checkers_coordinator import Version
 
 SECRET = "sim-secret-0123456789abcdef"
 HB = 0.5

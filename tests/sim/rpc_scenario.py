@@ -21,7 +21,7 @@ from shardex.errors import ConnectionClosed, NodeUnavailable, RequestTimeout
 from shardex.net.messages import Message
 from shardex.net.rpc import ConnectionPool, RpcServer
 from shardex.sim import ClusterNode, FaultConfig, SimCluster, Simulation, TcpCluster
-from shardex.sim.checkers import check_exactly_once
+from shardex.testing.checkers import check_exactly_once
 
 SECRET = "sim-test-secret"
 SERVERS = ("s1", "s2")

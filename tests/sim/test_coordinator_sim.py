@@ -20,7 +20,7 @@ from manager_cluster import FT, HB, HOSTS, ManagerCluster, version, wait_until
 
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.coordinator import OpContext, StateReply, StateRequest
-from shardex.manager.state import KeyspaceMeta, StateContext, state_digest
+from shardex.meta.state import KeyspaceMeta, StateContext, state_digest
 from shardex.net.messages import Message
 from shardex.sim import (
     ClusterNode,
@@ -31,7 +31,7 @@ from shardex.sim import (
     run_simulation,
     sim_seeds,
 )
-from shardex.sim.checkers_coordinator import Version, check_coordinator
+from shardex.testing.checkers_coordinator import Version, check_coordinator
 
 
 class AppendItem(Message, tag="coordtest.AppendItem"):

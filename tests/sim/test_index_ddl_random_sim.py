@@ -12,9 +12,9 @@ import pytest
 from index_ddl_harness import IndexCluster
 from manager_cluster import HOSTS, wait_until
 
+from shardex.api.index_ddl import BuildIndex, IndexesBuilding
 from shardex.errors import ShardexError
-from shardex.index.definition import IndexKey
-from shardex.manager.index_messages import BuildIndex, IndexesBuilding
+from shardex.meta.index_definition import IndexKey
 from shardex.sim import FaultConfig, Simulation, many_seeds, run_simulation
 
 KEYS = [IndexKey(expr="age")]

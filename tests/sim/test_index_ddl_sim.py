@@ -23,10 +23,8 @@ import pytest
 from index_ddl_harness import IndexCluster
 from manager_cluster import FT, HOSTS, wait_until
 
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexKey
-from shardex.manager.coordinator_messages import StateReply, StateRequest
-from shardex.manager.index_messages import (
+from shardex.api.coordinator import StateReply, StateRequest
+from shardex.api.index_ddl import (
     CreateIndex,
     DropIndex,
     IndexBuildProgress,
@@ -35,8 +33,10 @@ from shardex.manager.index_messages import (
     IndexUpdated,
     MarkIndexActive,
 )
-from shardex.manager.index_state import ACTIVE, BUILDING, INIT, READY
-from shardex.manager.state import StateContext
+from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.index_definition import IndexKey
+from shardex.meta.index_state import ACTIVE, BUILDING, INIT, READY
+from shardex.meta.state import StateContext
 from shardex.sim import (
     ClusterNode,
     FaultConfig,

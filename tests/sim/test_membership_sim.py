@@ -9,14 +9,9 @@ from collections.abc import Iterable
 import pytest
 from manager_cluster import FT, HB, HOSTS, SECRET, sim_node, wait_until
 
-from shardex.manager.membership import (
-    MemberInfo,
-    Membership,
-    MembersReply,
-    MembersRequest,
-    list_digest,
-    merge_members,
-)
+from shardex.api.membership import MembersReply, MembersRequest
+from shardex.manager.membership import Membership, list_digest, merge_members
+from shardex.meta.member_list import MemberInfo
 from shardex.net import connect
 from shardex.node.server import Node
 from shardex.sim import ClusterNode, FaultConfig, Simulation, run_simulation, sim_seeds

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shardex.api.delivery import ReadSlice, SliceEntries
 from shardex.client import Client, connect_local
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
-from shardex.index.delivery_messages import ReadSlice, SliceEntries
 from shardex.index.oracle import check_index
-from shardex.manager.index_state import find_index, latest_index_topology
+from shardex.meta.index_state import find_index, latest_index_topology
 from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import _to_node, index_state, list_slices
 from shardex.pipeline.maintain import MaintenanceJob

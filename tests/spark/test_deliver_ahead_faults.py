@@ -29,12 +29,12 @@ from test_pipeline_faults import (  # noqa: F401  (``env``: the module-scoped cl
     wait_progress,
 )
 
+from shardex.api.delivery import DeliverKeyVersions
 from shardex.client import Client, connect_local
-from shardex.index.delivery_messages import DeliverKeyVersions
 from shardex.net.messages import Message
-from shardex.node.state import pid_alive
 from shardex.pipeline import indexers
 from shardex.pipeline.maintain import MaintenanceJob
+from shardex.runtime.pidfile import pid_alive
 
 
 @pytest.fixture(scope="module", autouse=True)

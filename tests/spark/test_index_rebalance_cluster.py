@@ -39,7 +39,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.oracle import expected_entries
 from shardex.manager.index_rebalance import DROP_GRACE
-from shardex.manager.index_state import find_index
+from shardex.meta.index_state import find_index
 from shardex.pipeline.indexers import index_state, list_slices
 from shardex.scan.paging_leases import LEASE_TTL
 

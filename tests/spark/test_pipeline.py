@@ -22,7 +22,7 @@ from pipeline_helpers import Writer, check_oracle, mutate, published_ts, wait_st
 from shardex.client import Client, connect_local
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.index_state import find_index
+from shardex.meta.index_state import find_index
 from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state
 

@@ -36,17 +36,17 @@ from cluster_helpers import LocalCluster, run_cli, wait_for
 from data_helpers import running_cluster
 from pipeline_helpers import Writer, check_oracle, mutate, stability_of, wait_stable
 
+from shardex.api.delivery import DeliverKeyVersions
 from shardex.cli.localcluster import spawn_pipeline
 from shardex.client import Client, connect_local
-from shardex.index.delivery_messages import DeliverKeyVersions
-from shardex.manager.index_state import find_index, latest_index_topology
+from shardex.meta.index_state import find_index, latest_index_topology
 from shardex.net.messages import Message
-from shardex.node.state import pid_alive
 from shardex.pipeline import indexers
 from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state
 from shardex.pipeline.process import LOG_FILE, pipeline_dir, pipeline_pid
 from shardex.pipeline.rollback import current_generation
+from shardex.runtime.pidfile import pid_alive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -24,7 +24,7 @@ from pipeline_helpers import check_oracle, mutate, slice_entries, wait_stable
 
 from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.index_state import find_index, latest_index_topology
+from shardex.meta.index_state import find_index, latest_index_topology
 from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state, load_finish
 from shardex.pipeline.rollback import current_generation, rollback_everywhere

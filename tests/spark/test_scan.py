@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from cluster_helpers import run_cli
 
+from shardex.api.records import MutationResult
+from shardex.api.spans import encode_spans, to_user_spans
 from shardex.client import Client
 from shardex.core.keycodec import decode_entry
-from shardex.data.records import MutationResult
+from shardex.core.spans import in_ranges, spans_to_ranges
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexDefinition
 from shardex.index.oracle import expected_entries
-from shardex.index.spans import in_ranges, spans_to_ranges
-from shardex.manager.index_state import find_index
+from shardex.meta.index_definition import IndexDefinition
+from shardex.meta.index_state import find_index
 from shardex.pipeline.indexers import index_state
-from shardex.scan.spans import encode_spans, to_user_spans
 
 if TYPE_CHECKING:
     from pipeline_helpers import SharedCluster

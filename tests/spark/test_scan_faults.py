@@ -36,10 +36,10 @@ from shardex.client import Client, connect, connect_local
 from shardex.core.keycodec import decode_entry
 from shardex.errors import ShardexError
 from shardex.index.oracle import expected_entries
-from shardex.manager.index_state import find_index, latest_index_topology
-from shardex.node.state import pid_alive
+from shardex.meta.index_state import find_index, latest_index_topology
 from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state
+from shardex.runtime.pidfile import pid_alive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

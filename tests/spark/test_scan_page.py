@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pipeline_helpers import documents_at, mutate, wait_stable
 
+from shardex.api.spans import encode_spans, to_user_spans
 from shardex.client import Client
 from shardex.core.keycodec import decode_entry
+from shardex.core.spans import in_ranges, spans_to_ranges
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.oracle import expected_entries
 from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS
-from shardex.index.spans import in_ranges, spans_to_ranges
-from shardex.manager.index_state import find_index
-from shardex.node.cluster_dir import read_secret
+from shardex.meta.cluster_dir import read_secret
+from shardex.meta.index_state import find_index
 from shardex.pipeline.indexers import _to_node, index_state
 from shardex.scan.continuation import ContinuationCodec
 from shardex.scan.paging_leases import RELEASE, LeaseSnapshots, SnapshotsLeased
 from shardex.scan.paging_store_spec import decode_context
-from shardex.scan.spans import encode_spans, to_user_spans
 
 if TYPE_CHECKING:
     from pipeline_helpers import SharedCluster

@@ -21,8 +21,8 @@ from tests.sql_reference.documents import make_documents
 
 import shardex.dbapi as db
 from shardex.client import Client
-from shardex.sql.conformance import DEFAULT_DIR, ClusterEngine, run_all
 from shardex.sql.local import LocalEngine
+from shardex.testing.sql_conformance import DEFAULT_DIR, ClusterEngine, run_all
 
 if TYPE_CHECKING:
     from pipeline_helpers import SharedCluster

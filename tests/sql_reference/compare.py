@@ -12,7 +12,7 @@ from typing import Any
 from tests.sql_reference.documents import load_duckdb, make_documents
 from tests.sql_reference.generator import QueryGen, RefQuery
 
-from shardex.sql.conformance import compare_results
+from shardex.testing.sql_conformance import compare_results
 
 
 def shardex_row(row: Any, q: RefQuery) -> list[Any]:

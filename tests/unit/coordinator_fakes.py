@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from shardex.errors import NodeUnavailable
-from shardex.manager.member_list import DOWN, UP, MemberInfo
-from shardex.manager.state import StateContext, record_reply
+from shardex.meta.member_list import DOWN, UP, MemberInfo
+from shardex.meta.state import StateContext, record_reply
 from shardex.net.messages import Message
 
 

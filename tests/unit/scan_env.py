@@ -14,12 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardex.client import Client, connect
-from shardex.core.keycodec import decode_entry
-from shardex.core.timestamp import Timestamp
-from shardex.core.topology import Topology
-from shardex.index.definition import IndexDefinition
-from shardex.index.delivery_messages import (
+from shardex.api.coordinator import StateReply
+from shardex.api.delivery import (
     Delivered,
     DeliverKeyVersions,
     PublishStability,
@@ -27,23 +23,28 @@ from shardex.index.delivery_messages import (
     Stabilized,
     StabilizeSlices,
 )
-from shardex.index.messages import AllocateSlices, SlicesAllocated
+from shardex.api.index import AllocateSlices, SlicesAllocated
+from shardex.api.scan_streams import OutStreams
+from shardex.api.spans import encode_spans, to_user_spans
+from shardex.client import Client, connect
+from shardex.core.keycodec import decode_entry
+from shardex.core.spans import in_ranges, spans_to_ranges
+from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
 from shardex.index.oracle import expected_entries
 from shardex.index.scan_server import IndexScanServer
 from shardex.index.service import IndexService
-from shardex.index.spans import in_ranges, spans_to_ranges
-from shardex.index.testing import FakeKeyspace, random_workload, workload_definitions
-from shardex.manager.coordinator_messages import StateReply
-from shardex.manager.index_state import ACTIVE, IndexRecord
-from shardex.manager.member_list import MemberInfo
-from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.meta.index_definition import IndexDefinition
+from shardex.meta.index_state import ACTIVE, IndexRecord
+from shardex.meta.member_list import MemberInfo
+from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import ConnectionPool, RpcServer, TcpTransport
 from shardex.net.messages import Message
 from shardex.pipeline.projector import project
 from shardex.pipeline.router import IndexRoute, route
 from shardex.scan.coordinator import ScanCoordinator
-from shardex.scan.spans import encode_spans, to_user_spans
-from shardex.scan.streams import OutStreams
+from shardex.scan.elastic_adapters_index import IndexScanMigrations
+from shardex.testing.index import FakeKeyspace, random_workload, workload_definitions
 
 SECRET = "s" * 32
 KS = "ks"
@@ -69,6 +70,7 @@ class Node:
             secret=SECRET,
             path=path,
             reconcile_interval=3600,
+            scan_migrations=IndexScanMigrations(name),
         )
         self.server = RpcServer(TcpTransport(), SECRET, name=name)
         self.streams = OutStreams()

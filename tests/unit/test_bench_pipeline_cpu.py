@@ -10,7 +10,7 @@ import time
 import pytest
 from bench.pipeline_cpu import CpuSampler, Roles, Series, budget, node_thread, read_threads
 
-from shardex.node.thread_names import OS_NAME_MAX, name_os_thread, os_thread_namer
+from shardex.runtime.thread_names import OS_NAME_MAX, name_os_thread, os_thread_namer
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 

@@ -24,9 +24,9 @@ from tests.unit.test_index_move_idle import _view
 from tests.unit.test_maintain_tail import _FixedRegistry
 from tests.unit.test_read_ahead import UUID, Log, _range, published_all, ts
 
+from shardex.api.index import SliceInfo
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.messages import SliceInfo
 from shardex.index.records import STATE_ACTIVE
 from shardex.pipeline import batch_steps
 from shardex.pipeline import registry as registry_mod

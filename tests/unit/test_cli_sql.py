@@ -20,7 +20,7 @@ from shardex.cli.sql import (
     parse_params,
     render_rows,
 )
-from shardex.dbapi_local import LocalQueryClient
+from shardex.dbapi.local import LocalQueryClient
 from shardex.errors import ErrorCode, ShardexError
 
 

@@ -2,7 +2,7 @@
 the scan iterator's block hand-over (``shardex.client.scan``): outcomes, errors, timeouts
 and cancellation cross the thread boundary as before; an error after some blocks comes
 after their rows; a scan left half-read releases its stream on the node. Also the cheaper
-span-bound text (``shardex.scan.spans``) and ``Timestamp.from_wire``.
+span-bound text (``shardex.api.spans``) and ``Timestamp.from_wire``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.unit.scan_env import KS, Env, _until
 
+from shardex.api.scan import IndexScanStarted
+from shardex.api.spans import _bound_text
 from shardex.client.scan import ScanResult
 from shardex.client.sync import _LoopThread
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, RequestTimeout, ShardexError
-from shardex.scan.messages import IndexScanStarted
-from shardex.scan.spans import _bound_text
 
 
 @pytest.fixture

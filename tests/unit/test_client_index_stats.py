@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
+from shardex.api.coordinator import StateReply, StateRequest
+from shardex.api.index import ListSlices, SliceInfo, SliceList
 from shardex.client.index_stats import index_stats
 from shardex.client.indexes import IndexOps
 from shardex.core.topology import Topology
 from shardex.errors import NodeUnavailable
-from shardex.index.definition import make_definition
-from shardex.index.messages import ListSlices, SliceInfo, SliceList
-from shardex.manager.coordinator_messages import StateReply, StateRequest
-from shardex.manager.index_state import ACTIVE, BUILDING, INIT, IndexRecord
-from shardex.manager.state import StateContext
+from shardex.meta.index_definition import make_definition
+from shardex.meta.index_state import ACTIVE, BUILDING, INIT, IndexRecord
+from shardex.meta.state import StateContext
 from shardex.net import Connection, ConnectionPool, RpcServer, TcpTransport
 
 pytestmark = pytest.mark.timeout(30)

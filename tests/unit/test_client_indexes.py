@@ -9,7 +9,7 @@ import pytest
 
 from shardex.client.indexes import IndexOps, _key
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexKey
+from shardex.meta.index_definition import IndexKey
 
 
 class Scripted(IndexOps):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from shardex.manager.coordinator_messages import StateGather, StateReplicate
+from shardex.api.coordinator import StateGather, StateReplicate
 from shardex.manager.replica import Replica
-from shardex.manager.state import KeyspaceMeta, MemoryStateStore, StateContext
-from shardex.sim.checkers_coordinator import check_coordinator
+from shardex.meta.state import KeyspaceMeta, MemoryStateStore, StateContext
+from shardex.testing.checkers_coordinator import check_coordinator
 
 
 def st(epoch: int, cas: int, tag: str = "") -> StateContext:

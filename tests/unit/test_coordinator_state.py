@@ -7,11 +7,11 @@ import os
 import msgspec
 import pytest
 
+from shardex.api.coordinator import StateReply
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError, StorageError
 from shardex.manager.coordinator import CoordinatorTiming
-from shardex.manager.coordinator_messages import StateReply
-from shardex.manager.state import (
+from shardex.meta.state import (
     STATE_FILE,
     CoordinatorRecord,
     FileStateStore,

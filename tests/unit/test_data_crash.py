@@ -11,12 +11,14 @@ import textwrap
 import time
 from collections import defaultdict
 
-from shardex.data import Change, DataEngine, SnapshotMarker
+from shardex.api.records import Change, SnapshotMarker
+from shardex.data.engine import DataEngine
 
 WRITER = textwrap.dedent(
     """
     import sys, threading
-    from shardex.data import DataEngine, MutationResult
+    from shardex.api.records import MutationResult
+    from shardex.data.engine import DataEngine
 
     eng = DataEngine(sys.argv[1])
     eng.create_keyspace("ks", 4, exist_ok=True)

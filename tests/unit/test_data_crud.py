@@ -9,13 +9,10 @@ import zlib
 import msgspec
 import pytest
 
-from shardex.data import (
-    DataEngine,
-    MutationResult,
-    SnapshotMarker,
-    partition_of,
-)
+from shardex.api.records import MutationResult, SnapshotMarker
+from shardex.data.engine import DataEngine
 from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.partitioning import partition_of
 
 
 def _open(path) -> DataEngine:

@@ -10,12 +10,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from shardex.api.data import GetMany, GetManyReply
 from shardex.core.topology import Topology, balanced_assignment
-from shardex.data.messages import GetMany, GetManyReply
-from shardex.data.partitioning import partition_of
 from shardex.data.service import GET_MANY_MAX, DataService
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.meta.partitioning import partition_of
+from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import ConnectionPool, RpcServer, TcpTransport
 from shardex.sql.exec.documents import DocumentAccess
 

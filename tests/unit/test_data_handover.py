@@ -7,13 +7,14 @@ import threading
 
 import pytest
 
+from shardex.api.migration import IncomingMarker
 from shardex.core.topology import Topology
-from shardex.data import DataEngine, partition_of
-from shardex.data.migration_messages import IncomingMarker
+from shardex.data.engine import DataEngine
 from shardex.data.reconcile import never_moved, reconcile
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.rebalance_state import FAILED, MOVING, new_record, with_move
-from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.meta.partitioning import partition_of
+from shardex.meta.rebalance_state import FAILED, MOVING, new_record, with_move
+from shardex.meta.state import KeyspaceMeta, StateContext
 
 META = KeyspaceMeta(name="ks", num_partitions=4, uuid="u1", created_cas=1)
 T1 = Topology(seq_num=1, assignment={0: "n1", 1: "n2", 2: "n1", 3: "n2"})

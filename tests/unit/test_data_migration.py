@@ -7,8 +7,10 @@ import asyncio
 
 import pytest
 
-from shardex.data import Change, DataEngine, MutationResult, SnapshotMarker, partition_of
+from shardex.api.records import Change, MutationResult, SnapshotMarker
+from shardex.data.engine import DataEngine
 from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.partitioning import partition_of
 
 
 @pytest.fixture

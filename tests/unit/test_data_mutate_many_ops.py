@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 import shardex.data.documents as documents
-from shardex.data import DataEngine, MutationResult, partition_of
+from shardex.api.records import MutationResult
+from shardex.data.engine import DataEngine
 from shardex.errors import ShardexError
+from shardex.meta.partitioning import partition_of
 
 PARTS = 8
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from shardex.data import DataEngine
+from shardex.data.engine import DataEngine
 from shardex.data.partition import Partition
 
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from shardex.api.data import RangeChanges, RangeSpec, ReadRanges
+from shardex.api.errors import not_my_partition
+from shardex.api.records import SnapshotMarker
 from shardex.data.engine import DataEngine
-from shardex.data.errors import not_my_partition
-from shardex.data.messages import RangeChanges, RangeSpec, ReadRanges
-from shardex.data.partitioning import partition_of
 from shardex.data.range_reads import MAX_RANGES, RangeReadServer, read_ranges
-from shardex.data.records import SnapshotMarker
 from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.partitioning import partition_of
 
 PARTS = 4
 

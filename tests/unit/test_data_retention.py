@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardex.data import Change, DataEngine, SnapshotMarker
+from shardex.api.records import Change, SnapshotMarker
+from shardex.data.engine import DataEngine
 from shardex.errors import ErrorCode, ShardexError
 
 

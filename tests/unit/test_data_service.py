@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from shardex.api.data import StreamBatch
+from shardex.api.records import Change, SnapshotMarker
 from shardex.core.topology import Topology, balanced_assignment
-from shardex.data.messages import StreamBatch
-from shardex.data.records import Change, SnapshotMarker
 from shardex.data.service import DataService
 from shardex.data.streaming import _batches
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import TcpTransport
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from shardex.api.records import Change, SnapshotMarker
 from shardex.data.engine import DataEngine
-from shardex.data.records import Change, SnapshotMarker
 from shardex.data.streaming import _batches, _take
 
 

@@ -8,14 +8,10 @@ import threading
 
 import pytest
 
-from shardex.data import (
-    Change,
-    DataEngine,
-    FailoverEntry,
-    SnapshotMarker,
-    rollback_seqno,
-)
+from shardex.api.records import Change, FailoverEntry, SnapshotMarker
+from shardex.data.engine import DataEngine
 from shardex.data.records import PartitionMeta
+from shardex.data.streams import rollback_seqno
 from shardex.errors import ErrorCode, ShardexError
 
 

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardex.data.documents as documents
-from shardex.data import DataEngine
-from shardex.data.validation import encode_document
+from shardex.api.validation import encode_document
+from shardex.data.engine import DataEngine
 from shardex.errors import ShardexError
 from shardex.storage import Store
 

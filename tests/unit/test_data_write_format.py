@@ -11,7 +11,8 @@ import time
 import pytest
 
 import shardex.data.engine as engine_mod
-from shardex.data import DataEngine, MutationResult
+from shardex.api.records import MutationResult
+from shardex.data.engine import DataEngine
 from shardex.data.records import ChangeRecord, DocRecord, decode_change, decode_doc, encode
 from shardex.errors import ShardexError
 

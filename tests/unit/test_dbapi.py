@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import shardex.dbapi as db
-from shardex.dbapi_local import LocalQueryClient
-from shardex.dbapi_params import to_sqlpp
+from shardex.dbapi.local import LocalQueryClient
+from shardex.dbapi.params import to_sqlpp
 from shardex.errors import ErrorCode, ShardexError
 
 INSERT = 'INSERT INTO users (KEY, VALUE) VALUES (?, {"name": ?, "age": ?})'
@@ -183,7 +183,7 @@ def test_errors_map_from_shardex_codes(conn: db.Connection, client: Recorder) ->
 
 
 def test_error_class_for_every_code() -> None:
-    from shardex.dbapi_errors import error_class
+    from shardex.dbapi.errors import error_class
 
     assert error_class(ErrorCode.EXPRESSION_EVAL) is db.DataError
     assert error_class(ErrorCode.SCAN_TIMEOUT) is db.OperationalError

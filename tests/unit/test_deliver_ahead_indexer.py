@@ -17,13 +17,13 @@ import pytest
 from tests.unit.test_deliver_and_stabilize import _round
 from tests.unit.test_index_delivery import KS, NODES, Pipe, incarnations, pipe  # noqa: F401
 
-from shardex.core.timestamp import Timestamp
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.delivery_messages import (
+from shardex.api.delivery import (
     Delivered,
     DeliverKeyVersions,
 )
-from shardex.index.testing import FakeKeyspace, random_workload
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.testing.index import FakeKeyspace, random_workload
 
 
 async def _early(p: Pipe, by_node: dict[str, list], inc: dict[str, str]) -> None:

@@ -11,15 +11,15 @@ import random
 import pytest
 from tests.unit.test_index_delivery import KS, NODES, Pipe, incarnations, pipe  # noqa: F401
 
-from shardex.core.timestamp import Timestamp
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.delivery_messages import (
+from shardex.api.delivery import (
     DeliverAndStabilize,
     Delivered,
     DeliverKeyVersions,
     Stabilized,
 )
-from shardex.index.testing import FakeKeyspace, random_workload
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.testing.index import FakeKeyspace, random_workload
 
 
 async def _round(

@@ -10,8 +10,8 @@ import pytest
 from shardex.core.keycodec import decode_entry
 from shardex.demo import elastic, scans
 from shardex.demo.datagen import users
-from shardex.index.definition import IndexDefinition, make_definition
 from shardex.index.oracle import evaluate_document
+from shardex.meta.index_definition import IndexDefinition, make_definition
 
 BY_CITY = make_definition(
     id="1.1.a",

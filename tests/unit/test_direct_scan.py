@@ -17,13 +17,13 @@ import pytest
 from tests.unit.scan_env import KS, SECRET, Env, _until, as_rows, oracle_rows
 from tests.unit.test_scan_request_plus import fake_high_seqnos
 
+from shardex.api.scan import IndexScan, IndexScanStarted
 from shardex.client import Client, connect
 from shardex.client import scan as client_scan
 from shardex.client.direct_scan import DirectScanResult
 from shardex.client.scan import ScanResult
 from shardex.errors import AuthFailed, ConnectionClosed, ErrorCode, RequestTimeout, ShardexError
 from shardex.net import Connection, RpcServer, TcpTransport
-from shardex.scan.messages import IndexScan, IndexScanStarted
 from shardex.sim.network import SimNetwork
 from shardex.sim.transport import SimTransport
 

@@ -13,16 +13,15 @@ from typing import Any
 
 import pytest
 
+from shardex.api.spans import encode_spans, to_user_spans, to_wire_spans
+from shardex.core.spans import Span
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology, TopologyHistory
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import make_definition
 from shardex.index.engine import IndexerEngine
-from shardex.index.spans import Span
-from shardex.index.testing import FakeKeyspace, LocalPipeline
+from shardex.meta.index_definition import make_definition
 from shardex.scan.continuation import Continuation, ContinuationCodec
 from shardex.scan.elastic_adapters_index import IndexScanMigrations, batch_view
-from shardex.scan.elastic_checker import check_paginated_scan
 from shardex.scan.elastic_node import ElasticShardScanner
 from shardex.scan.paging import PageCoordinator
 from shardex.scan.paging_store_spec import (
@@ -34,7 +33,8 @@ from shardex.scan.paging_store_spec import (
     spec_ranges,
 )
 from shardex.scan.paging_wire import PageRow, ShardBatch, ShardBatchResult
-from shardex.scan.spans import encode_spans, to_user_spans, to_wire_spans
+from shardex.testing.elastic_checker import check_paginated_scan
+from shardex.testing.index import FakeKeyspace, LocalPipeline
 
 DEFN = make_definition(
     id="ix",

@@ -8,11 +8,11 @@ import pytest
 
 from shardex.errors import ErrorCode, ShardexError
 from shardex.scan.continuation import ContinuationCodec
-from shardex.scan.elastic_checker import check_paginated_scan
-from shardex.scan.elastic_memory import ElasticMemoryCluster
 from shardex.scan.elastic_node import BatchContext
 from shardex.scan.paging import PageCoordinator
 from shardex.scan.paging_wire import PageRow, ShardBatch, ShardBatchResult
+from shardex.testing.elastic_checker import check_paginated_scan
+from shardex.testing.elastic_memory import ElasticMemoryCluster
 
 
 def make(**scanner_kwargs):  # type: ignore[no-untyped-def]

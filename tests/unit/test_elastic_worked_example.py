@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from shardex.scan.continuation import ContinuationCodec, scan_digest
-from shardex.scan.elastic_memory import ElasticMemoryCluster
 from shardex.scan.elastic_node import BatchContext
 from shardex.scan.paging import PageCoordinator
 from shardex.scan.paging_wire import ShardBatch, ShardBatchResult
+from shardex.testing.elastic_memory import ElasticMemoryCluster
 
 S1_INDEX = [(23, 11, 1), (47, 12, 2), (55, 13, 2), (58, 14, 3), (60, 15, 6), (60, 16, 3)]
 S1_INDEX += [(62, 18, 2), (75, 19, 1), (75, 20, 5), (75, 21, 2), (80, 22, 4)]

@@ -17,14 +17,14 @@ import time
 import pytest
 
 from shardex.index import IndexerEngine
-from shardex.index.testing import LocalPipeline, workload_definitions
+from shardex.testing.index import LocalPipeline, workload_definitions
 
 STEPS = 40
 
 HISTORY = textwrap.dedent(
     """
     import random
-    from shardex.index.testing import FakeKeyspace, random_workload
+    from shardex.testing.index import FakeKeyspace, random_workload
 
     def history(steps):
         ks = FakeKeyspace(num_partitions=4)
@@ -41,7 +41,7 @@ CHILD = HISTORY + textwrap.dedent(
     """
     import sys, time
     from shardex.index import IndexerEngine
-    from shardex.index.testing import LocalPipeline, workload_definitions
+    from shardex.testing.index import LocalPipeline, workload_definitions
 
     ks, tss = history(int(sys.argv[2]))
     defs = workload_definitions()

@@ -11,12 +11,8 @@ import msgspec
 import pytest
 from tests.unit import coordinator_fakes as fakes
 
-from shardex.core.topology import Topology
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import MAX_INDEX_PARTITIONS, IndexKey
-from shardex.index.messages import AllocateSlices, DropSlices
-from shardex.manager.index_ddl import IndexDDL
-from shardex.manager.index_messages import (
+from shardex.api.index import AllocateSlices, DropSlices
+from shardex.api.index_ddl import (
     BuildIndex,
     CreateIndex,
     DropIndex,
@@ -26,7 +22,12 @@ from shardex.manager.index_messages import (
     MarkIndexActive,
     MarkIndexError,
 )
-from shardex.manager.index_state import (
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.index_ddl import IndexDDL
+from shardex.manager.index_validate import place_partitions, slice_load, validate_create
+from shardex.meta.index_definition import MAX_INDEX_PARTITIONS, IndexKey
+from shardex.meta.index_state import (
     ACTIVE,
     BUILDING,
     DELETED,
@@ -36,8 +37,7 @@ from shardex.manager.index_state import (
     IndexRecord,
     creation_base,
 )
-from shardex.manager.index_validate import place_partitions, slice_load, validate_create
-from shardex.manager.state import KeyspaceMeta, StateContext, stored_reply
+from shardex.meta.state import KeyspaceMeta, StateContext, stored_reply
 
 K = [IndexKey(expr="age")]
 

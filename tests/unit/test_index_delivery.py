@@ -12,10 +12,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from shardex.core.timestamp import Timestamp
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexDefinition
-from shardex.index.delivery_messages import (
+from shardex.api.delivery import (
     Delivered,
     DeliverKeyVersions,
     LoadChunk,
@@ -27,7 +24,7 @@ from shardex.index.delivery_messages import (
     Stabilized,
     StabilizeSlices,
 )
-from shardex.index.messages import (
+from shardex.api.index import (
     AllocateSlices,
     DropSlices,
     ListSlices,
@@ -36,13 +33,17 @@ from shardex.index.messages import (
     SlicesAllocated,
     SlicesDropped,
 )
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
 from shardex.index.oracle import check_index
 from shardex.index.service import IndexService
-from shardex.index.testing import FakeKeyspace, random_workload, workload_definitions
+from shardex.meta.index_definition import IndexDefinition
 from shardex.net import ConnectionPool, RpcServer, TcpTransport
 from shardex.net.messages import Message
 from shardex.pipeline.projector import OP_DELETE, ChangeRow, project
 from shardex.pipeline.router import IndexRoute, route
+from shardex.scan.elastic_adapters_index import IndexScanMigrations
+from shardex.testing.index import FakeKeyspace, random_workload, workload_definitions
 
 SECRET = "s" * 32
 KS = "ks"
@@ -66,6 +67,7 @@ class Indexer:
             secret=SECRET,
             path=self.path,
             reconcile_interval=3600,
+            scan_migrations=IndexScanMigrations(self.name),
         )
         self.server = RpcServer(TcpTransport(), SECRET, name=self.name)
         self.svc.install(self.server)
@@ -547,7 +549,12 @@ async def test_a_load_interrupted_by_a_restart_is_refused_then_rebuilt(pipe: Pip
 
 async def test_every_start_is_a_new_incarnation(tmp_path: Path) -> None:
     svc = IndexService(
-        node_name="n", transport=TcpTransport(), secret=SECRET, path=tmp_path, inline_io=True
+        node_name="n",
+        transport=TcpTransport(),
+        secret=SECRET,
+        path=tmp_path,
+        inline_io=True,
+        scan_migrations=IndexScanMigrations("n"),
     )
     seen = set()
     for _ in range(2):

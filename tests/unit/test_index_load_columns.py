@@ -6,11 +6,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from shardex.api.delivery import LoadChunk
 from shardex.core.keycodec import encode_entry
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index import UPSERT, IndexerEngine, make_definition
-from shardex.index.delivery_messages import LoadChunk
 
 D = make_definition(id="b", name="b", keyspace="ks", keys=["k"])
 T0 = Timestamp({0: (100, 0xFEED), 1: (100, 0xFEED)})

@@ -22,7 +22,7 @@ from shardex.index import (
 )
 from shardex.index.delivery import describe_slices
 from shardex.index.oracle import check_index
-from shardex.sim.index_fake import MemorySliceEngine
+from shardex.testing.index_fake import MemorySliceEngine
 
 A = make_definition(
     id="a", name="a", keyspace="ks", keys=["k"], partition_by=["META().id"], num_partition=2

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from shardex.api.timekeeper import StabilityAdvanced
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.index import make_definition
-from shardex.manager.index_state import ACTIVE, IndexRecord
-from shardex.manager.timekeeper_messages import StabilityAdvanced
+from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.pipeline import maintain
 from shardex.pipeline.maintain import MaintenanceJob
 from shardex.pipeline.move_rounds import MoveRounds

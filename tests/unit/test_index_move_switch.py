@@ -9,21 +9,21 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from shardex.api.delivery import DeliverAndStabilize, Stabilized
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.index import make_definition
 from shardex.index.delivery import IndexDelivery
-from shardex.index.delivery_messages import DeliverAndStabilize, Stabilized
 from shardex.index.engine import IndexerEngine
 from shardex.index.keyversion import UPSERT
 from shardex.index.oracle import check_index
-from shardex.index.testing import FakeKeyspace, LocalPipeline, random_workload
-from shardex.manager.index_state import ACTIVE, IndexRecord
-from shardex.manager.state import StateContext
 from shardex.manager.timekeeper import plan_stabilize, verify_acks
+from shardex.meta.index_state import ACTIVE, IndexRecord
+from shardex.meta.state import StateContext
 from shardex.pipeline.registry import IndexView
 from shardex.pipeline.round_plan import round_slices, stabilize_plan
 from shardex.pipeline.router import route
+from shardex.testing.index import FakeKeyspace, LocalPipeline, random_workload
 
 DEFN = make_definition(
     id="m", name="by_k", keyspace="ks", keys=["name"], partition_by=["city"], num_partition=4

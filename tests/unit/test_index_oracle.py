@@ -8,7 +8,7 @@ import pytest
 from shardex.core.keycodec import encode_entry
 from shardex.index import make_definition
 from shardex.index.oracle import check_back_index, check_index, expected_entries
-from shardex.index.testing import FakeKeyspace
+from shardex.testing.index import FakeKeyspace
 
 D = make_definition(
     id="o", name="o", keyspace="ks", keys=["k"], where="k > 0", partition_by=["k"], num_partition=3

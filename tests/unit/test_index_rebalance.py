@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
+from shardex.api.slice_copy import ReadSliceCopy
 from shardex.client.types import rebalance_from
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
@@ -18,10 +19,8 @@ from shardex.index.engine import IndexerEngine
 from shardex.index.keyversion import BROADCAST, DELETE, UPSERT
 from shardex.index.records import STATE_ACTIVE, STATE_LOADING
 from shardex.index.slice_copy import SliceMoves, back_rows_to_key_versions
-from shardex.index.slice_copy_messages import ReadSliceCopy
-from shardex.index.testing import FakeKeyspace, LocalPipeline, random_workload
 from shardex.manager.index_rebalance import settle_index_moves
-from shardex.manager.index_rebalance_state import (
+from shardex.meta.index_rebalance_state import (
     DONE,
     FAILED,
     MOVING,
@@ -32,9 +31,10 @@ from shardex.manager.index_rebalance_state import (
     publish_index_move,
     routed_targets,
 )
-from shardex.manager.index_state import ACTIVE, BUILDING, IndexRecord
-from shardex.manager.rebalance_state import RebalanceRecord, finish
+from shardex.meta.index_state import ACTIVE, BUILDING, IndexRecord
+from shardex.meta.rebalance_state import RebalanceRecord, finish
 from shardex.pipeline.router import IndexRoute, route
+from shardex.testing.index import FakeKeyspace, LocalPipeline, random_workload
 
 MOVABLE = make_definition(
     id="m", name="by_k", keyspace="ks", keys=["k"], partition_by=["k"], num_partition=4
@@ -153,9 +153,9 @@ def test_router_sends_a_moving_partition_to_source_and_target() -> None:
 
 
 def test_timekeeper_round_includes_the_target_but_publishes_on_the_topology() -> None:
-    from shardex.index.delivery_messages import SliceAck, Stabilized
-    from shardex.manager.state import StateContext
+    from shardex.api.delivery import SliceAck, Stabilized
     from shardex.manager.timekeeper import plan_stabilize, verify_acks
+    from shardex.meta.state import StateContext
 
     rec = IndexRecord(definition=MOVABLE, state=ACTIVE)
     topo = Topology(seq_num=1, assignment={0: "n1", 1: "n1", 2: "n2", 3: "n2"})

@@ -8,15 +8,15 @@ from typing import Any
 
 import msgspec
 
+from shardex.api.coordinator import StateReply, StateRequest
+from shardex.api.index import AllocateSlices, DropSlices, ListSlices
+from shardex.api.slice_copy import IndexPartitionSwitched, PrepareIncomingSlice
 from shardex.core.topology import Topology
-from shardex.index.definition import make_definition
-from shardex.index.messages import AllocateSlices, DropSlices, ListSlices
 from shardex.index.orphans import OrphanTracker, plan_orphans
 from shardex.index.service import IndexService, plan_reconcile
-from shardex.index.slice_copy_messages import IndexPartitionSwitched, PrepareIncomingSlice
-from shardex.manager.coordinator_messages import StateReply, StateRequest
-from shardex.manager.index_rebalance_state import FAILED, MOVING, IndexMoveRecord
-from shardex.manager.index_state import (
+from shardex.meta.index_definition import make_definition
+from shardex.meta.index_rebalance_state import FAILED, MOVING, IndexMoveRecord
+from shardex.meta.index_state import (
     ACTIVE,
     BUILDING,
     DELETED,
@@ -25,9 +25,10 @@ from shardex.manager.index_state import (
     READY,
     IndexRecord,
 )
-from shardex.manager.rebalance_state import RebalanceRecord
-from shardex.manager.state import StateContext
+from shardex.meta.rebalance_state import RebalanceRecord
+from shardex.meta.state import StateContext
 from shardex.net.tcp import TcpTransport
+from shardex.scan.elastic_adapters_index import IndexScanMigrations
 
 
 def record(index_id: str, state: str, assignment: dict[int, str]) -> tuple[IndexRecord, Topology]:
@@ -103,6 +104,7 @@ def service(tmp_path: Path, coord: Any = None) -> IndexService:
         inline_io=True,
         coordinator=lambda: coord,
         reconcile_interval=3600,
+        scan_migrations=IndexScanMigrations("me"),
     )
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardex.core.keycodec import encode_entry, encode_key
-from shardex.index.spans import Span, in_ranges, spans_to_ranges
+from shardex.core.spans import Span, in_ranges, spans_to_ranges
 
 DESC = [False, True]
 part = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from(["a", "b", ""]))

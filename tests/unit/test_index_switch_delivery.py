@@ -20,18 +20,18 @@ from tests.unit.test_index_service import (
     with_move,
 )
 
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index import slice_copy
-from shardex.index.slice_copy_messages import (
+from shardex.api.slice_copy import (
     IndexPartitionSwitched,
     PrepareIncomingSlice,
     SliceMoveDone,
 )
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index import slice_copy
 from shardex.manager.index_rebalance import IndexMoveDriver
-from shardex.manager.index_rebalance_state import DONE, MOVING
-from shardex.manager.index_state import ACTIVE
-from shardex.manager.member_list import UP
-from shardex.manager.state import StateContext
+from shardex.meta.index_rebalance_state import DONE, MOVING
+from shardex.meta.index_state import ACTIVE
+from shardex.meta.member_list import UP
+from shardex.meta.state import StateContext
 
 SWITCHED = IndexPartitionSwitched(
     migration_id="mv-1", index_id="1.1.a", partition=1, source="me", target="other",

@@ -15,13 +15,13 @@ import pytest
 from shardex.core.timestamp import Timestamp
 from shardex.index import UPSERT, IndexerEngine
 from shardex.index.oracle import check_index, expected_errors
-from shardex.index.testing import (
+from shardex.pipeline.projector import Projector, project
+from shardex.testing.index import (
     FakeKeyspace,
     LocalPipeline,
     random_workload,
     workload_definitions,
 )
-from shardex.pipeline.projector import Projector, project
 
 SEEDS = [int(os.environ["SHARDEX_INDEX_SEED"])] if "SHARDEX_INDEX_SEED" in os.environ else [1, 2, 3]
 NODES = ["n1", "n2", "n3"]

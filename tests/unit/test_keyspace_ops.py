@@ -10,17 +10,11 @@ import msgspec
 import pytest
 from tests.unit import coordinator_fakes as fakes
 
-from shardex.data.messages import DropKeyspaceData, OpenPartitions
+from shardex.api.data import DropKeyspaceData, OpenPartitions
+from shardex.api.keyspaces import CreateKeyspace, DropKeyspace, ListKeyspaces
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.keyspaces import (
-    CreateKeyspace,
-    DropKeyspace,
-    ListKeyspaces,
-    create_keyspace,
-    drop_keyspace,
-    list_keyspaces,
-)
-from shardex.manager.state import StateContext, stored_reply
+from shardex.manager.keyspaces import create_keyspace, drop_keyspace, list_keyspaces
+from shardex.meta.state import StateContext, stored_reply
 
 
 def make_ctx(up: dict[str, bool], failing: frozenset[str] = frozenset()) -> fakes.FakeCtx:
@@ -103,8 +97,8 @@ async def test_drop_and_list() -> None:
 async def test_drop_keyspace_removes_its_indexes() -> None:
     """A keyspace re-created under the same name must not inherit the old index records."""
     from shardex.core.topology import Topology
-    from shardex.index.definition import IndexDefinition, IndexKey
-    from shardex.manager.index_state import IndexRecord
+    from shardex.meta.index_definition import IndexDefinition, IndexKey
+    from shardex.meta.index_state import IndexRecord
 
     ctx: Any = make_ctx({"n1": True})
     await create_keyspace(CreateKeyspace(name="a", num_partitions=2), ctx)

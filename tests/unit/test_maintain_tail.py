@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from tests.unit.test_index_move_idle import _Registry, _view
 
+from shardex.api.timekeeper import StabilityAdvanced
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.keyversion import UPSERT
-from shardex.manager.timekeeper_messages import StabilityAdvanced
 from shardex.pipeline import batch_steps
 from shardex.pipeline.batch_tail import BatchTail
 from shardex.pipeline.indexers import DeliveryReport

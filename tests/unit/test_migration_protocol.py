@@ -18,8 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from shardex.core.topology import Topology, balanced_assignment
-from shardex.data.migration_messages import (
+from shardex.api.migration import (
     AbortIncoming,
     CatchUp,
     CatchUpReply,
@@ -31,16 +30,18 @@ from shardex.data.migration_messages import (
     ReleaseOutgoing,
     ResolveOutgoing,
 )
-from shardex.data.partitioning import partition_of
-from shardex.data.records import Change
+from shardex.api.rebalance import GetRebalance, MovePartition, StartRebalance
+from shardex.api.records import Change
+from shardex.core.topology import Topology, balanced_assignment
 from shardex.data.service import DataService
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.manager.member_list import DOWN, UP, MemberInfo
 from shardex.manager.migration_driver import MigrationDriver
-from shardex.manager.rebalance import GetRebalance, MovePartition, Rebalancer, StartRebalance
-from shardex.manager.rebalance_state import DONE, FAILED, MOVING, UNRESOLVED, new_record, with_move
+from shardex.manager.rebalance import Rebalancer
 from shardex.manager.replication import unavailable
-from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.meta.member_list import DOWN, UP, MemberInfo
+from shardex.meta.partitioning import partition_of
+from shardex.meta.rebalance_state import DONE, FAILED, MOVING, UNRESOLVED, new_record, with_move
+from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import ConnectionPool, RpcServer, TcpTransport
 
 SECRET = "s" * 32

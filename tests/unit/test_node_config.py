@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from shardex.errors import ConfigError, ErrorCode
-from shardex.node.config import ALL_SERVICES, load_config
+from shardex.meta.node_defaults import ALL_SERVICES
+from shardex.node.config import load_config
 
 SECRET = "0123456789abcdef0123456789abcdef"
 

@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 
 from shardex.errors import ConfigError, StorageError
-from shardex.manager.membership import MemberInfo, self_entry
-from shardex.node.state import (
-    FileMemberStore,
-    InstanceLock,
-    atomic_write_json,
-    is_locked,
-    load_or_create_identity,
-    pid_alive,
-)
+from shardex.meta.member_list import MemberInfo, self_entry
+from shardex.node.state import FileMemberStore, load_or_create_identity
+from shardex.runtime.files import atomic_write_json
+from shardex.runtime.pidfile import InstanceLock, is_locked, pid_alive
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path: Path) -> None:

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from shardex.api.scan import AT_PLUS, STABILITY_NONE, StabilityAt, WaitStability
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index import make_definition
-from shardex.manager.index_state import ACTIVE, IndexRecord
-from shardex.scan.messages import AT_PLUS, STABILITY_NONE, StabilityAt, WaitStability
+from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.scan.paging_store_proxy import RPC_MARGIN, PagingService
 from shardex.scan.paging_store_spec import PageScan
 

@@ -13,7 +13,7 @@ import pytest
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index import make_definition
-from shardex.manager.index_state import ACTIVE, IndexRecord
+from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.scan.topology_retry import on_fresh_topology
 
 DEFN = make_definition(

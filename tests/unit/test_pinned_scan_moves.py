@@ -22,12 +22,11 @@ import pytest
 from test_elastic_adapters import Rig, pages_of
 from test_index_service import FakeCoordinator, record, service, state_of
 
+from shardex.api.slice_copy import IndexPartitionSwitched
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.slice_copy_messages import IndexPartitionSwitched
-from shardex.manager.index_state import ACTIVE
+from shardex.meta.index_state import ACTIVE
 from shardex.scan.elastic_adapters_index import batch_view
-from shardex.scan.elastic_checker import check_paginated_scan
 from shardex.scan.elastic_node import ElasticShardScanner
 from shardex.scan.paging_leases import (
     LEASE,
@@ -41,6 +40,7 @@ from shardex.scan.paging_leases import (
 from shardex.scan.paging_store_proxy import _with_renewal
 from shardex.scan.paging_store_spec import PagedScanSpec, decode_spec, spec_ranges
 from shardex.scan.paging_wire import ShardBatch, ShardBatchResult
+from shardex.testing.elastic_checker import check_paginated_scan
 
 
 def _code(exc: pytest.ExceptionInfo[ShardexError]) -> ErrorCode:

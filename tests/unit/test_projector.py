@@ -21,7 +21,6 @@ from shardex.index import (
 )
 from shardex.index.keyversion import KEY_VERSION_SCHEMA, MAX_ENTRY_BYTES, from_arrow
 from shardex.index.oracle import evaluate_document, expected_entries, expected_errors
-from shardex.index.testing import EXPLODE
 from shardex.pipeline.projector import (
     CHANGE_SCHEMA,
     Projector,
@@ -29,6 +28,7 @@ from shardex.pipeline.projector import (
     project,
     project_arrow,
 )
+from shardex.testing.index import EXPLODE
 
 J = msgspec.json.encode
 

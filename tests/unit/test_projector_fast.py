@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardex.index.definition import make_definition
+from shardex.meta.index_definition import make_definition
 from shardex.pipeline.projector import OP_DELETE, OP_UPSERT, Projector, ProjectResult
 
 

@@ -97,7 +97,7 @@ def test_errors_counted_unknown_index_rejected_frames() -> None:
 def test_delivery_report_refuses_a_restart_between_frames() -> None:
     """A node that answered one frame of a batch as one incarnation and the next as another
     lost the first frame: the batch must be delivered again (STALE_DELIVERY, retried)."""
-    from shardex.index.delivery_messages import Delivered
+    from shardex.api.delivery import Delivered
     from shardex.pipeline.indexers import DeliveryReport
 
     report = DeliveryReport()

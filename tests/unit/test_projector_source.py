@@ -15,7 +15,6 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index import ERROR, UPSERT, make_definition
 from shardex.index.keyversion import KEY_VERSION_DDL, KEY_VERSION_SCHEMA, from_arrow
-from shardex.index.testing import EXPLODE
 from shardex.pipeline.projector import project_arrow
 from shardex.pipeline.source_options import ChangeRangesPartition, SourceOptions, task_partitions
 from shardex.pipeline.source_project import (
@@ -25,6 +24,7 @@ from shardex.pipeline.source_project import (
     project_batches,
 )
 from shardex.pipeline.source_types import ARROW_SCHEMA, SCHEMA_DDL, PartitionRange
+from shardex.testing.index import EXPLODE
 
 A = make_definition(
     id="a", name="a", keyspace="ks", keys=[f"{EXPLODE}(age)"], where="type = 'user'"

@@ -13,9 +13,9 @@ import pytest
 from tests.unit.test_index_move_idle import _view
 from tests.unit.test_maintain_tail import _FixedRegistry
 
+from shardex.api.timekeeper import StabilityAdvanced
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import UPSERT, KeyVersion
-from shardex.manager.timekeeper_messages import StabilityAdvanced
 from shardex.pipeline import batch_steps
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob

@@ -8,7 +8,7 @@ import pytest
 
 from shardex.core.topology import Topology, balanced_assignment
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.rebalance_state import (
+from shardex.meta.rebalance_state import (
     CANCELLED,
     DONE,
     FAILED,
@@ -24,7 +24,7 @@ from shardex.manager.rebalance_state import (
     resolution,
     with_move,
 )
-from shardex.manager.state import StateContext, decode_state, encode_state
+from shardex.meta.state import StateContext, decode_state, encode_state
 
 TWO = Topology(seq_num=1, assignment=balanced_assignment(16, ["n1", "n2"]))
 

@@ -17,18 +17,18 @@ from typing import Any
 
 import pytest
 
+from shardex.api.delivery import RollbackSlices, SlicesRolledBack
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import NodeUnavailable
-from shardex.index.definition import make_definition
-from shardex.index.delivery_messages import RollbackSlices, SlicesRolledBack
 from shardex.index.engine import IndexerEngine
 from shardex.index.records import STATE_ACTIVE, STATE_NEEDS_REBUILD
-from shardex.index.testing import FakeKeyspace, LocalPipeline
-from shardex.manager.index_state import ACTIVE, IndexRecord
+from shardex.meta.index_definition import make_definition
+from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.pipeline import indexers, rollback
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.source_types import RollbackInfo
+from shardex.testing.index import FakeKeyspace, LocalPipeline
 
 KS = "ks"
 ROLLBACK_SEQNO = 4  # data partition 0 rolled back to seqno 4: seqnos 5-7 are the lost branch

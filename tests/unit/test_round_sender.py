@@ -23,13 +23,13 @@ from tests.unit.test_index_delivery import (  # noqa: F401
     pipe,
 )
 
+from shardex.api.delivery import Delivered, DeliverKeyVersions
 from shardex.client.sync import _LoopThread
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.delivery_messages import Delivered, DeliverKeyVersions
-from shardex.index.testing import FakeKeyspace, random_workload
 from shardex.net import ConnectionPool, TcpTransport
 from shardex.pipeline.indexers import RoundSender, deliver_and_stabilize
+from shardex.testing.index import FakeKeyspace, random_workload
 
 
 class _Router:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.unit.test_keycodec import docids, json_values, same, strings
 
+from shardex.api.scan import IndexScanStarted
 from shardex.client.rows import EntryRows as _EntryRows
 from shardex.client.rows import _plain_key
 from shardex.client.rows import string_entry as _string_entry
@@ -19,7 +20,6 @@ from shardex.client.scan_page import _rows as _page_rows
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
-from shardex.scan.messages import IndexScanStarted
 from shardex.scan.paging_store_spec import PageScanReply
 
 # Strings with NULs and the bytes around the escape, which the one-call split must undo.

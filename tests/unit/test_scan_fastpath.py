@@ -22,15 +22,15 @@ from typing import Any
 import pytest
 from tests.unit.scan_env import KS, NODES, SECRET, Env, as_rows, oracle_rows
 
+from shardex.api.delivery import Stabilized, StabilizeSlices
+from shardex.api.scan import ScanSlices
+from shardex.api.scan_streams import OutStreams
 from shardex.client import connect
 from shardex.client.scan import _EntryRows
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.delivery_messages import Stabilized, StabilizeSlices
 from shardex.index.scan_server import INLINE_ROWS
-from shardex.index.testing import random_workload
-from shardex.scan.messages import ScanSlices
-from shardex.scan.streams import OutStreams
+from shardex.testing.index import random_workload
 
 CITIES = ("lima", "oslo", "paris", "rome")
 

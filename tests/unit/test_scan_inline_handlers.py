@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.unit.test_data_service import running_service, state_with
 
-from shardex.data.messages import HighSeqnos, HighSeqnosReply
+from shardex.api.data import HighSeqnos, HighSeqnosReply
 from shardex.errors import ConnectionClosed, ErrorCode, RequestTimeout, ShardexError
 from shardex.net import Ack, Connection, Message, RpcServer, TcpTransport, connect
 from shardex.net.router import Router

@@ -24,15 +24,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardex.api.scan import NO_TS, SlicesOpened, packed_ts, ts_of
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.core.timestamp import Timestamp
-from shardex.data import DataEngine, partition_of
+from shardex.data.engine import DataEngine
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.scan_server import take_block, take_first
 from shardex.index.scan_wait import common_snapshot_ts
 from shardex.index.spans import _limited
+from shardex.meta.partitioning import partition_of
 from shardex.net.messages import Envelope, Kind, decode_frame, encode_frame
-from shardex.scan.messages import NO_TS, SlicesOpened, packed_ts, ts_of
 from shardex.scan.scan_ts import covers_seqnos, oldest_packed
 
 

@@ -17,12 +17,8 @@ from typing import Any
 
 import pytest
 
-from shardex.client.scan import CREDIT, ScanResult, build_request
-from shardex.core.timestamp import Timestamp
-from shardex.data.records import MutationResult
-from shardex.errors import ErrorCode, ShardexError
-from shardex.net.messages import Envelope, Kind, decode_frame, encode_frame
-from shardex.scan.messages import (
+from shardex.api.records import MutationResult
+from shardex.api.scan import (
     IndexScan,
     IndexScanStarted,
     ScanBlock,
@@ -31,8 +27,12 @@ from shardex.scan.messages import (
     raw_ts,
     ts_of,
 )
-from shardex.scan.spans import to_user_spans
-from shardex.scan.streams import Inboxes
+from shardex.api.scan_streams import Inboxes
+from shardex.api.spans import to_user_spans
+from shardex.client.scan import CREDIT, ScanResult, build_request
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.net.messages import Envelope, Kind, decode_frame, encode_frame
 
 
 def _kwargs_form(**kw: Any) -> IndexScan:

@@ -22,17 +22,17 @@ from typing import Any
 import pytest
 from tests.unit.scan_env import KS, NODES, Env, _until, as_rows, oracle_rows
 
+from shardex.api.coordinator import StateReply
+from shardex.api.scan_streams import OutStreams
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.index import scan_server
-from shardex.index.testing import random_workload
-from shardex.manager.coordinator_messages import StateReply
-from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import ConnectionPool, TcpTransport
 from shardex.scan import coordinator, request_plus
 from shardex.scan.cluster_view import ClusterView
-from shardex.scan.streams import OutStreams
+from shardex.testing.index import random_workload
 
 
 def fake_high_seqnos(env: Env, calls: list[str]) -> None:

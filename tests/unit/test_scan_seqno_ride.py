@@ -23,13 +23,13 @@ import pytest
 from tests.unit.scan_env import KS, NODES, Env, _until, as_rows, oracle_rows
 from tests.unit.test_scan_request_plus import _view
 
+from shardex.api.data import HighSeqnos, HighSeqnosReply
+from shardex.api.scan import ScanSlices
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
-from shardex.data.messages import HighSeqnos, HighSeqnosReply
-from shardex.index.testing import random_workload
 from shardex.net import Connection
 from shardex.scan import request_plus
-from shardex.scan.messages import ScanSlices
+from shardex.testing.index import random_workload
 
 Seqnos = Callable[[str, list[int]], dict[int, tuple[int, int]]]
 
@@ -215,6 +215,6 @@ async def test_with_every_other_owner_riding_only_the_own_node_is_read_without_a
 
 
 def _failing(keyspace: str, parts: list[int]) -> dict[int, tuple[int, int]]:
-    from shardex.data.errors import KeyspaceNotFound
+    from shardex.api.errors import KeyspaceNotFound
 
     raise KeyspaceNotFound("not open here yet")

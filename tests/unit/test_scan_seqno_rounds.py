@@ -17,8 +17,8 @@ import pytest
 from tests.unit.scan_env import KS, NODES, _until
 from tests.unit.test_scan_request_plus import _view
 
+from shardex.api.data import HighSeqnosReply
 from shardex.core.timestamp import Timestamp
-from shardex.data.messages import HighSeqnosReply
 from shardex.errors import NodeUnavailable
 from shardex.scan import cluster_view
 from shardex.scan.cluster_view import ClusterView

@@ -24,13 +24,13 @@ from tests.unit.scan_env import (
     oracle_rows,
 )
 
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.delivery_messages import (
+from shardex.api.delivery import (
     RollbackSlices,
     SlicesRolledBack,
 )
-from shardex.index.testing import random_workload
-from shardex.manager.index_state import BUILDING
+from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.index_state import BUILDING
+from shardex.testing.index import random_workload
 
 
 async def test_scans_equal_the_oracle_with_spans_limit_offset_and_order(env: Env) -> None:

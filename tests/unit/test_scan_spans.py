@@ -6,11 +6,11 @@ import random
 
 import pytest
 
+from shardex.api.spans import eliminate, encode_spans, to_user_spans
 from shardex.core.keycodec import decode_entry, encode_entry
+from shardex.core.spans import in_ranges, spans_to_ranges
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import index_partition_of, make_definition
-from shardex.index.spans import in_ranges, spans_to_ranges
-from shardex.scan.spans import eliminate, encode_spans, to_user_spans
+from shardex.meta.index_definition import index_partition_of, make_definition
 
 AGE_NAME = make_definition(id="i1", name="by_age", keyspace="ks", keys=["age", "name"])
 AGE_DESC = make_definition(id="i2", name="by_age_d", keyspace="ks", keys=[("age", True), "name"])

@@ -99,9 +99,9 @@ def test_a_scan_whose_coordinator_goes_quiet_ends_with_scan_timeout() -> None:
     sends its next block ends the iterator with SCAN_TIMEOUT, not a hang."""
     import pytest
 
+    from shardex.api.scan import IndexScanStarted
     from shardex.client.scan import ScanResult
     from shardex.errors import ShardexError
-    from shardex.scan.messages import IndexScanStarted
 
     class QuietStream:
         done = False

@@ -14,9 +14,9 @@ from test_elastic_adapters import Rig, pages_of
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.snapshots import SnapshotRing
-from shardex.scan.elastic_checker import check_paginated_scan
 from shardex.scan.paging_store_spec import PagedScanSpec
 from shardex.storage import Store
+from shardex.testing.elastic_checker import check_paginated_scan
 
 CF = "default"
 

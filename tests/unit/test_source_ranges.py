@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 import shardex.pipeline.source_ranges as source_ranges
+from shardex.api.data import RangeChanges, RangeSpec
+from shardex.api.errors import WireError
 from shardex.core.topology import Topology
-from shardex.data.messages import RangeChanges, RangeSpec, WireError
 from shardex.errors import ErrorCode, ShardexError
 from shardex.pipeline.source_checks import Chunk
 from shardex.pipeline.source_types import PartitionRange, parse_rollback

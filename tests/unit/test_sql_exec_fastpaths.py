@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from tests.unit.test_sql_exec_plan import BY_AGE, BY_CITY, KS, MEMBERS, PRIMARY, STATE
 
+from shardex.api.query_ids import QueryId
 from shardex.core.expr import parse_expression
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.errors import ErrorCode, ShardexError
@@ -27,7 +28,6 @@ from shardex.sql.exec.tuning import SWITCHES, BoundedMeter, check_tuning
 from shardex.sql.local import LocalEngine
 from shardex.sql.planner.choose import choose_index, covered_document
 from shardex.sql.planner.key_ranges import key_spans
-from shardex.sql.protocol.ids import QueryId
 from shardex.sql.syntax.bind import META_KEY
 
 RANGE_SQL = f"SELECT META().id AS id, age FROM {KS} WHERE city = $1 ORDER BY age, META().id LIMIT 5"

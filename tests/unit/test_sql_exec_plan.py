@@ -8,9 +8,9 @@ import pytest
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import make_definition
-from shardex.manager.index_state import ACTIVE, BUILDING, IndexRecord
-from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.meta.index_definition import make_definition
+from shardex.meta.index_state import ACTIVE, BUILDING, IndexRecord
+from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, plan_select
 from shardex.sql.protocol.plan import layout_plan
 from shardex.sql.syntax import parse_statement

@@ -6,7 +6,7 @@ import pytest
 
 from shardex.core.expr import MISSING, evaluate, parse_expression
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexKey, make_definition
+from shardex.meta.index_definition import IndexKey, make_definition
 from shardex.sql.planner.choose import OrderKey, choose_index, covered_document
 
 P = parse_expression

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from shardex.core.expr import evaluate, parse_expression
 from shardex.core.keycodec import encode_key
-from shardex.index.spans import Span, in_ranges, spans_to_ranges
+from shardex.core.spans import Span, in_ranges, spans_to_ranges
 from shardex.sql.planner.key_ranges import key_spans, spans_for
 from shardex.sql.planner.sargable import constrain_keys
 

@@ -239,8 +239,8 @@ async def test_the_outbox_stops_at_zero_credits_and_resumes_on_flow_control() ->
 
 
 async def test_the_membership_directory_reads_the_member_list_and_the_detector() -> None:
-    from shardex.manager.member_list import MemberInfo
     from shardex.manager.membership import Membership
+    from shardex.meta.member_list import MemberInfo
     from shardex.net import TcpTransport
     from shardex.sql.protocol import MembershipDirectory
 

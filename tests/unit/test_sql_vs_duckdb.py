@@ -12,7 +12,7 @@ import pytest
 from tests.sql_reference.compare import compare, duck_connection, queries, run_suite
 from tests.sql_reference.documents import make_documents
 
-from shardex.dbapi_local import LocalQueryClient
+from shardex.dbapi.local import LocalQueryClient
 
 N_DOCS = 200
 N_QUERIES = 250

@@ -12,27 +12,27 @@ from typing import Any
 
 import pytest
 
-from shardex.core.timestamp import Timestamp
-from shardex.core.topology import Topology
-from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.index.definition import make_definition
-from shardex.index.delivery_messages import (
+from shardex.api.delivery import (
     PublishStability,
     SliceAck,
     StabilityPublished,
     Stabilized,
     StabilizeSlices,
 )
-from shardex.manager.index_state import ACTIVE, BUILDING, DELETED, INIT, IndexRecord
-from shardex.manager.member_list import DOWN, UP, MemberInfo
-from shardex.manager.state import StateContext
-from shardex.manager.timekeeper import Timekeeper, plan_stabilize
-from shardex.manager.timekeeper_messages import (
+from shardex.api.timekeeper import (
     AdvanceStability,
     StabilityAdvanced,
     StabilityReply,
     StabilityRequest,
 )
+from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.manager.timekeeper import Timekeeper, plan_stabilize
+from shardex.meta.index_definition import make_definition
+from shardex.meta.index_state import ACTIVE, BUILDING, DELETED, INIT, IndexRecord
+from shardex.meta.member_list import DOWN, UP, MemberInfo
+from shardex.meta.state import StateContext
 from shardex.net import Connection, ConnectionPool, RpcServer, TcpTransport
 
 pytestmark = pytest.mark.timeout(30)

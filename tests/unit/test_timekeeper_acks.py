@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from tests.unit.test_timekeeper import World, ts, world  # noqa: F401
 
-from shardex.index.delivery_messages import SliceAck, Stabilized
-from shardex.manager.timekeeper_messages import AdvanceStability, StabilityAdvanced
+from shardex.api.delivery import SliceAck, Stabilized
+from shardex.api.timekeeper import AdvanceStability, StabilityAdvanced
 
 
 def _reply(node: str, acks: list[tuple[str, int, dict]], state: str = "active") -> Stabilized:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from shardex.api.timekeeper import AdvanceStability, StabilityAdvanced
 from shardex.client import Client, connect
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.member_list import MemoryMemberStore
-from shardex.manager.timekeeper_messages import AdvanceStability, StabilityAdvanced
+from shardex.meta.member_list import MemoryMemberStore
 from shardex.net.tcp import TcpTransport
 from shardex.node.server import Node
 

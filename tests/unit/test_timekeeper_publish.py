@@ -10,9 +10,9 @@ import logging
 import pytest
 from tests.unit.test_timekeeper import World, ts, world  # noqa: F401
 
+from shardex.api.delivery import PublishStability
 from shardex.core.timestamp import Timestamp
 from shardex.errors import NodeUnavailable
-from shardex.index.delivery_messages import PublishStability
 from shardex.manager import timekeeper as timekeeper_module
 
 OTHER_BRANCH = 91  # partition 0's uuid after a rollback

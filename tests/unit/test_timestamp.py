@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shardex.api.scan import WireTs as Wire
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.scan.messages import WireTs as Wire
 
 UUIDS = st.sampled_from([0xA1, 0xB2])
 entries = st.dictionaries(st.integers(0, 7), st.tuples(st.integers(0, 50), UUIDS), max_size=8)

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
+from shardex.api.data import OpItem
+from shardex.api.records import MutationResult
 from shardex.client import coalesce
 from shardex.client.coalesce import Result, WriteCoalescer
-from shardex.data.messages import OpItem
-from shardex.data.records import MutationResult
 from shardex.errors import ShardexError
 
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from test_data_service import running_service, state_with
 
+from shardex.api.data import MutateMany, MutateManyReply, OpItem
+from shardex.api.validation import encode_document
 from shardex.data import groupcommit
-from shardex.data.messages import MutateMany, MutateManyReply, OpItem
 from shardex.data.service import DataService
-from shardex.data.validation import encode_document
 from shardex.errors import ErrorCode, ShardexError
 
 

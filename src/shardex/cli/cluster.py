@@ -12,7 +12,7 @@ from rich.table import Table
 from shardex.cli import localcluster as lc
 from shardex.cli.common import EXIT_FAILED, err, fail, out
 from shardex.errors import ConfigError, ShardexError
-from shardex.node import cluster_dir as cdir
+from shardex.meta import cluster_dir as cdir
 
 app = typer.Typer(
     help="Run a local cluster: N node processes on 127.0.0.1, state in one directory.",

@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 import msgspec
 
-from shardex.data.validation import DEFAULT_MAX_DOC_BYTES, MAX_DOCID_BYTES
+from shardex.api.validation import DEFAULT_MAX_DOC_BYTES, MAX_DOCID_BYTES
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from shardex.client.probe import ProbeResult, probe_all
-from shardex.node import cluster_dir as cdir
-from shardex.node.cluster_dir import ClusterSpec, NodeSpec
-from shardex.node.state import LOG_FILE, is_locked, pid_alive, read_pid
+from shardex.meta import cluster_dir as cdir
+from shardex.meta.cluster_dir import ClusterSpec, NodeSpec
+from shardex.node.state import LOG_FILE
+from shardex.runtime.pidfile import is_locked, pid_alive, read_pid
 
 
 @dataclasses.dataclass
@@ -75,7 +76,13 @@ def _spawn_detached(
 def spawn(cluster_dir: Path, node: NodeSpec) -> subprocess.Popen[bytes]:
     """Start one node detached, output appended to ``<node dir>/stdout.log``."""
     node_dir = node.path(cluster_dir)
-    cmd = [sys.executable, "-m", "shardex.node", "--config", str(node_dir / cdir.NODE_CONFIG_FILE)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardex.cli.node",
+        "--config",
+        str(node_dir / cdir.NODE_CONFIG_FILE),
+    ]
     return _spawn_detached(cmd, node_dir, node_dir / cdir.STDOUT_FILE, node.name)
 
 

@@ -89,3 +89,13 @@ def node(
 
 
 node.__doc__ = _HELP
+
+
+# ``python -m shardex.cli.node ...`` == ``shardex node ...``: the local cluster CLI starts nodes
+# this way, with the same interpreter as itself, so it never depends on where (or whether) the
+# ``shardex`` script is on PATH. One command: typer runs it without a subcommand name; no
+# locals in tracebacks (the secret).
+if __name__ == "__main__":
+    _app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+    _app.command(help=node.__doc__)(node)
+    _app()

@@ -30,7 +30,7 @@ def pipeline(
 ) -> None:
     """Run the index pipeline (initial builds and continuous maintenance) for a local
     cluster until SIGTERM or Ctrl-C. Logs go to <dir>/pipeline/pipeline.log."""
-    from shardex.node import cluster_dir as cdir
+    from shardex.meta import cluster_dir as cdir
     from shardex.pipeline.process import PipelineSettings, run_pipeline
 
     try:

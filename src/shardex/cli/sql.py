@@ -33,7 +33,7 @@ from rich.text import Text
 from shardex.cli.common import err, fail
 from shardex.cli.keyspace import DirOption, local_client
 from shardex.core.expr.lexer import tokenize
-from shardex.dbapi_local import QueryClient
+from shardex.dbapi.local import QueryClient
 from shardex.errors import ErrorCode, ShardexError
 
 HISTORY_FILE: Final = "~/.shardex_history"

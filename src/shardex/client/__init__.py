@@ -13,6 +13,7 @@
 Every error raised is a ``shardex.errors.ShardexError`` subclass with a ``.code``.
 """
 
+from shardex.api.records import Change, MutationResult, SnapshotMarker
 from shardex.client.bulk import BulkWriteError
 from shardex.client.keyspace import Keyspace, VersionedDocument
 from shardex.client.rebalance import RebalanceError
@@ -28,7 +29,6 @@ from shardex.client.types import (
     PartitionStats,
     RebalanceResult,
 )
-from shardex.data.records import Change, MutationResult, SnapshotMarker
 
 __all__ = [
     "BulkWriteError",

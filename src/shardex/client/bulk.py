@@ -16,11 +16,11 @@ import asyncio
 import contextlib
 from typing import Any
 
+from shardex.api.data import OpItem
+from shardex.api.records import MutationResult
 from shardex.client.routing import ROUTE_ATTEMPTS, DataRouter, backoff
-from shardex.data.messages import OpItem
-from shardex.data.partitioning import partition_of
-from shardex.data.records import MutationResult
 from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.partitioning import partition_of
 
 Result = MutationResult | ShardexError
 _REROUTE = (ErrorCode.NOT_MY_PARTITION,)

@@ -22,8 +22,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from shardex.data.messages import MutateMany, MutateManyReply, OpItem
-from shardex.data.records import MutationResult
+from shardex.api.data import MutateMany, MutateManyReply, OpItem
+from shardex.api.records import MutationResult
 from shardex.errors import ErrorCode, ShardexError
 
 if TYPE_CHECKING:

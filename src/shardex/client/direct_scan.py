@@ -35,6 +35,15 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
+from shardex.api.scan import (
+    CancelScan,
+    IndexScan,
+    IndexScanStarted,
+    ScanBlock,
+    ScanCredit,
+    ScanEnd,
+)
+from shardex.api.scan_streams import ReplyHead
 from shardex.client.direct_conn import DirectConn
 from shardex.client.scan import (
     FAILOVER,
@@ -45,15 +54,6 @@ from shardex.client.scan import (
 )
 from shardex.errors import ConnectionClosed, ProtocolError, RequestTimeout, ShardexError
 from shardex.net.messages import Envelope, ErrorReply, Kind, encode_frame, message_type_name
-from shardex.scan.messages import (
-    CancelScan,
-    IndexScan,
-    IndexScanStarted,
-    ScanBlock,
-    ScanCredit,
-    ScanEnd,
-)
-from shardex.scan.streams import ReplyHead
 
 if TYPE_CHECKING:
     from shardex.client.sync import Client

@@ -19,10 +19,10 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
+from shardex.api.index import ListSlices, SliceInfo, SliceList
 from shardex.core.topology import Topology
 from shardex.errors import ShardexError
-from shardex.index.messages import ListSlices, SliceInfo, SliceList
-from shardex.manager.index_state import INIT, LIVE_STATES, IndexRecord
+from shardex.meta.index_state import INIT, LIVE_STATES, IndexRecord
 
 __all__ = ["STATS_TIMEOUT", "IndexStats", "gather_slices", "has_slices", "index_stats", "seqnos"]
 

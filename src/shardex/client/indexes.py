@@ -23,10 +23,23 @@ import uuid
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shardex.api.coordinator import StateReply, StateRequest
+from shardex.api.errors import BadRequest
+from shardex.api.index_ddl import (
+    DEFAULT_PARTITIONED,
+    BuildIndex,
+    CreateIndex,
+    DropIndex,
+    IndexCreated,
+    IndexDropped,
+    IndexesBuilding,
+    check_index_name,
+)
+from shardex.api.keyspaces import check_keyspace_name
+from shardex.api.timekeeper import StabilityReply, StabilityRequest
 from shardex.client.index_stats import IndexStats, gather_slices, has_slices, index_stats, seqnos
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
-from shardex.data.errors import BadRequest
 from shardex.errors import (
     ConnectionClosed,
     ErrorCode,
@@ -34,17 +47,8 @@ from shardex.errors import (
     RequestTimeout,
     ShardexError,
 )
-from shardex.index.definition import IndexDefinition, IndexKey, validate_definition
-from shardex.manager.coordinator_messages import StateReply, StateRequest
-from shardex.manager.index_messages import (
-    BuildIndex,
-    CreateIndex,
-    DropIndex,
-    IndexCreated,
-    IndexDropped,
-    IndexesBuilding,
-)
-from shardex.manager.index_state import (
+from shardex.meta.index_definition import IndexDefinition, IndexKey, validate_definition
+from shardex.meta.index_state import (
     ACTIVE,
     ERROR,
     INDEX_STATES,
@@ -53,9 +57,6 @@ from shardex.manager.index_state import (
     latest_index_topology,
     state_rank,
 )
-from shardex.manager.index_validate import DEFAULT_PARTITIONED, check_index_name
-from shardex.manager.keyspaces import check_keyspace_name
-from shardex.manager.timekeeper_messages import StabilityReply, StabilityRequest
 from shardex.net.messages import Message
 from shardex.sql.ddl import (
     BuildIndexStmt,

@@ -17,10 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from shardex.client.bulk import BulkWriteError, BulkWriter, Result
-from shardex.client.streams import DEFAULT_CREDIT, ChangeStream, RemoteStream
-from shardex.data.errors import BadRequest
-from shardex.data.messages import (
+from shardex.api.data import (
     Delete,
     Get,
     GetReply,
@@ -30,16 +27,19 @@ from shardex.data.messages import (
     Replace,
     Upsert,
 )
-from shardex.data.partitioning import partition_of
-from shardex.data.records import MutationResult
-from shardex.data.validation import (
+from shardex.api.errors import BadRequest
+from shardex.api.records import MutationResult
+from shardex.api.validation import (
     DEFAULT_MAX_DOC_BYTES,
     check_cas,
     check_docid,
     check_durability,
     encode_document,
 )
+from shardex.client.bulk import BulkWriteError, BulkWriter, Result
+from shardex.client.streams import DEFAULT_CREDIT, ChangeStream, RemoteStream
 from shardex.errors import ShardexError
+from shardex.meta.partitioning import partition_of
 
 if TYPE_CHECKING:
     from shardex.client.sync import Client

@@ -6,11 +6,11 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 
+from shardex.api.membership import MembersReply, MembersRequest
+from shardex.api.node import StatusReply, StatusRequest
 from shardex.errors import ShardexError
-from shardex.manager.membership import MembersReply, MembersRequest
 from shardex.net import TcpTransport, Transport
 from shardex.net import connect as rpc_connect
-from shardex.node.server import StatusReply, StatusRequest
 
 
 @dataclasses.dataclass

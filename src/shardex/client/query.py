@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from shardex.api.scan import AT_PLUS, CONSISTENCIES
+from shardex.api.scan_streams import InStream
+from shardex.api.sql_exec import SqlQuery, SqlStarted
 from shardex.client.scan import REPLY_MARGIN, _session, to_wire_ts
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
-from shardex.scan.messages import AT_PLUS, CONSISTENCIES
-from shardex.scan.streams import InStream
 from shardex.sql.ddl import BuildIndexStmt, CreateIndexStmt, DropIndexStmt
-from shardex.sql.exec.messages import SqlQuery, SqlStarted
 from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import parsed
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from shardex.api.data import RangeChanges, RangeSpec, ReadRanges, ReadRangesReply
+from shardex.api.errors import WireError
 from shardex.client.routing import DataRouter
-from shardex.data.messages import RangeChanges, RangeSpec, ReadRanges, ReadRangesReply, WireError
 from shardex.errors import ErrorCode, ShardexError
 
 __all__ = ["RangeChanges", "RangeSpec", "read_round"]

@@ -13,14 +13,9 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shardex.api.rebalance import GetRebalance, MovePartition, RebalanceReply, StartRebalance
 from shardex.client.types import RebalanceResult, rebalance_from
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.rebalance import (
-    GetRebalance,
-    MovePartition,
-    RebalanceReply,
-    StartRebalance,
-)
 from shardex.net.messages import Message
 
 if TYPE_CHECKING:

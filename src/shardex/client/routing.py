@@ -21,14 +21,15 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from shardex.api.coordinator import StateReply, StateRequest
+from shardex.api.data import StreamBatch, StreamEnd
+from shardex.api.errors import WireError
+from shardex.api.membership import MembersReply, MembersRequest
 from shardex.client.coalesce import WriteCoalescer, send_mutate_many
 from shardex.core.topology import Topology
-from shardex.data.messages import StreamBatch, StreamEnd, WireError
-from shardex.data.partitioning import partition_of
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
-from shardex.manager.coordinator_messages import StateReply, StateRequest
-from shardex.manager.membership import MembersReply, MembersRequest
-from shardex.manager.state import KeyspaceMeta, StateContext
+from shardex.meta.partitioning import partition_of
+from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import Connection, ConnectionPool, Router
 from shardex.net.messages import Message
 from shardex.net.transport import Transport

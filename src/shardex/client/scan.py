@@ -30,13 +30,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 
-from shardex.client.rows import EntryRows as _EntryRows
-from shardex.client.rows import Row
-from shardex.core.timestamp import Timestamp
-from shardex.data.records import MutationResult
-from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
-from shardex.net import ConnectionPool
-from shardex.scan.messages import (
+from shardex.api.records import MutationResult
+from shardex.api.scan import (
     AT_PLUS,
     CONSISTENCIES,
     NOT_BOUNDED,
@@ -48,8 +43,13 @@ from shardex.scan.messages import (
     IndexScanStarted,
     ts_of,
 )
-from shardex.scan.spans import to_user_spans
-from shardex.scan.streams import Inboxes, InStream
+from shardex.api.scan_streams import Inboxes, InStream
+from shardex.api.spans import to_user_spans
+from shardex.client.rows import EntryRows as _EntryRows
+from shardex.client.rows import Row
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
+from shardex.net import ConnectionPool
 
 if TYPE_CHECKING:
     from shardex.client.sync import Client

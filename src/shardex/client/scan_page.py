@@ -15,12 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from shardex.api.spans import to_user_spans
 from shardex.client.rows import EntryRows, Row
 from shardex.client.scan import to_wire_ts
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
 from shardex.scan.paging_store_spec import PageScan, PageScanReply
-from shardex.scan.spans import to_user_spans
 
 if TYPE_CHECKING:
     from shardex.client.sync import Client

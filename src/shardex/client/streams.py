@@ -19,8 +19,7 @@ import contextlib
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from shardex.client.routing import DataRouter
-from shardex.data.messages import (
+from shardex.api.data import (
     CancelStream,
     HighSeqnos,
     HighSeqnosReply,
@@ -30,7 +29,8 @@ from shardex.data.messages import (
     StreamEnd,
     StreamOpened,
 )
-from shardex.data.records import Change, SnapshotMarker
+from shardex.api.records import Change, SnapshotMarker
+from shardex.client.routing import DataRouter
 from shardex.errors import ShardexError
 from shardex.net import Connection
 

@@ -21,6 +21,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from shardex.api.data import HighSeqnos, HighSeqnosReply, KeyspaceStats, KeyspaceStatsReply
+from shardex.api.keyspaces import (
+    CreateKeyspace,
+    DropKeyspace,
+    KeyspaceCreated,
+    KeyspaceDropped,
+    KeyspaceList,
+    ListKeyspaces,
+    check_keyspace_name,
+)
+from shardex.api.membership import MembersReply, MembersRequest
+from shardex.api.node import StatusReply, StatusRequest
 from shardex.client.direct_scan import DirectScans
 from shardex.client.indexes import IndexOps
 from shardex.client.keyspace import Keyspace
@@ -49,8 +61,6 @@ from shardex.client.types import (
     stats_from,
 )
 from shardex.core.timestamp import Timestamp
-from shardex.data.messages import HighSeqnos, HighSeqnosReply, KeyspaceStats, KeyspaceStatsReply
-from shardex.data.partitioning import DEFAULT_NUM_PARTITIONS, check_num_partitions
 from shardex.errors import (
     AuthFailed,
     ConfigError,
@@ -59,23 +69,13 @@ from shardex.errors import (
     RequestTimeout,
     ShardexError,
 )
-from shardex.manager.keyspaces import (
-    CreateKeyspace,
-    DropKeyspace,
-    KeyspaceCreated,
-    KeyspaceDropped,
-    KeyspaceList,
-    ListKeyspaces,
-    check_keyspace_name,
-)
-from shardex.manager.membership import MembersReply, MembersRequest
+from shardex.meta.partitioning import DEFAULT_NUM_PARTITIONS, check_num_partitions
 from shardex.net import Connection
 from shardex.net import connect as rpc_connect
 from shardex.net.loops import new_event_loop
 from shardex.net.messages import Message
 from shardex.net.tcp import TcpTransport
 from shardex.net.transport import Transport
-from shardex.node.server import StatusReply, StatusRequest
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
@@ -573,7 +573,7 @@ def connect_local(
 ) -> Client:
     """Connect to the local cluster in ``cluster_dir`` (made by ``shardex cluster start``):
     reads cluster.json and the secret, connects to the first live node, then the next."""
-    from shardex.node import cluster_dir as cdir
+    from shardex.meta import cluster_dir as cdir
 
     path = Path(cluster_dir)
     spec = cdir.load(path)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from shardex.api.data import PartitionStat
+from shardex.api.membership import MembersReply
+from shardex.api.node import StatusReply
 from shardex.core.topology import Topology
-from shardex.data.messages import PartitionStat
-from shardex.manager.membership import MembersReply
-from shardex.manager.rebalance_state import RebalanceRecord
-from shardex.manager.state import KeyspaceMeta
-from shardex.node.server import StatusReply
+from shardex.meta.rebalance_state import RebalanceRecord
+from shardex.meta.state import KeyspaceMeta
 
 
 @dataclasses.dataclass(frozen=True)

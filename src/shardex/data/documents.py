@@ -15,12 +15,9 @@ from zlib import crc32
 
 import msgspec
 
-from shardex.core.timestamp import Timestamp
-from shardex.data.errors import BadRequest, DocNotFound
-from shardex.data.partition import Partition, PreparedOp, commit_many
-from shardex.data.partitioning import partition_of
-from shardex.data.records import STATE_ACTIVE, KeyspaceInfo, MutationResult, PartitionMeta
-from shardex.data.validation import (
+from shardex.api.errors import BadRequest, DocNotFound
+from shardex.api.records import STATE_ACTIVE, KeyspaceInfo, MutationResult
+from shardex.api.validation import (
     MAX_DOCID_BYTES,
     Durability,
     check_cas,
@@ -28,7 +25,11 @@ from shardex.data.validation import (
     check_durability,
     encode_document,
 )
+from shardex.core.timestamp import Timestamp
+from shardex.data.partition import Partition, PreparedOp, commit_many
+from shardex.data.records import PartitionMeta
 from shardex.errors import ShardexError
+from shardex.meta.partitioning import partition_of
 from shardex.storage import Store
 
 BATCH_MAX_OPS = 5_000  # ops per atomic batch in *_many: bounds lock hold time and memory

@@ -18,33 +18,32 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
-from shardex.data import migration, streams
-from shardex.data.documents import DocumentOps
-from shardex.data.errors import (
+from shardex.api.errors import (
     BadRequest,
     KeyspaceExists,
     KeyspaceNotFound,
     not_my_partition,
 )
-from shardex.data.handover import INGEST_DIR, HandoverOps
-from shardex.data.partition import Partition
-from shardex.data.partitioning import (
-    DEFAULT_NUM_PARTITIONS,
-    check_keyspace_name,
-    check_num_partitions,
-    parse_partition_cf_name,
-    partition_cf_name,
-    partition_of,
-)
-from shardex.data.records import (
-    META_KEY,
+from shardex.api.records import (
     STATE_ACTIVE,
     Change,
     FailoverEntry,
     KeyspaceInfo,
     PartitionInfo,
-    PartitionMeta,
     SnapshotMarker,
+)
+from shardex.api.validation import (
+    DEFAULT_MAX_DOC_BYTES,
+    check_docid,
+    check_seqno,
+)
+from shardex.data import migration, streams
+from shardex.data.documents import DocumentOps
+from shardex.data.handover import INGEST_DIR, HandoverOps
+from shardex.data.partition import Partition
+from shardex.data.records import (
+    META_KEY,
+    PartitionMeta,
     consumer_key,
     decode_keyspace,
     decode_meta,
@@ -53,12 +52,15 @@ from shardex.data.records import (
     new_uuid,
 )
 from shardex.data.recovery import DirtyMarks, current_boot_id
-from shardex.data.validation import (
-    DEFAULT_MAX_DOC_BYTES,
-    check_docid,
-    check_seqno,
-)
 from shardex.errors import ShardexError
+from shardex.meta.partitioning import (
+    DEFAULT_NUM_PARTITIONS,
+    check_keyspace_name,
+    check_num_partitions,
+    parse_partition_cf_name,
+    partition_cf_name,
+    partition_of,
+)
 from shardex.storage import Store
 
 DEFAULT_RETENTION_SEQNOS = 100_000

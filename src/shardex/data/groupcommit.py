@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shardex.data.records import MutationResult
+from shardex.api.records import MutationResult
 from shardex.errors import ErrorCode, ShardexError
 
 MAX_GROUP_OPS = 1000  # ops per flush (a larger batch goes alone): bounds lock hold time

@@ -33,15 +33,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from shardex.data import migration
-from shardex.data.errors import BadRequest, KeyspaceNotFound, not_my_partition
-from shardex.data.migration_messages import IncomingMarker
-from shardex.data.partition import Partition
-from shardex.data.partitioning import partition_cf_name
-from shardex.data.records import (
-    PREFIX_CHANGE,
-    PREFIX_CONSUMER,
-    PREFIX_DOC,
+from shardex.api.errors import BadRequest, KeyspaceNotFound, not_my_partition
+from shardex.api.migration import IncomingMarker
+from shardex.api.records import (
     STATE_ACTIVE,
     STATE_PENDING,
     STATE_RELEASED,
@@ -49,8 +43,15 @@ from shardex.data.records import (
     FailoverEntry,
     KeyspaceInfo,
     PartitionInfo,
-    PartitionMeta,
     SnapshotMarker,
+)
+from shardex.data import migration
+from shardex.data.partition import Partition
+from shardex.data.records import (
+    PREFIX_CHANGE,
+    PREFIX_CONSUMER,
+    PREFIX_DOC,
+    PartitionMeta,
     decode_doc,
     decode_int,
     encode,
@@ -58,6 +59,7 @@ from shardex.data.records import (
     next_prefix,
 )
 from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.partitioning import partition_cf_name
 from shardex.storage import Batch, SstWriter, Store
 
 INGEST_DIR = "data-ingest"

@@ -28,23 +28,25 @@ from pathlib import Path
 
 import msgspec
 
-from shardex.data.errors import BadRequest
-from shardex.data.partition import Partition
-from shardex.data.records import (
+from shardex.api.errors import BadRequest
+from shardex.api.records import (
     MAX_FAILOVER_ENTRIES,
-    META_KEY,
     OP_DELETE,
     OP_UPSERT,
-    PREFIX_CHANGE,
-    PREFIX_CONSUMER,
-    PREFIX_DOC,
     STATE_PENDING,
     Change,
-    ChangeRecord,
-    DocRecord,
     FailoverEntry,
     PartitionInfo,
     SnapshotMarker,
+)
+from shardex.data.partition import Partition
+from shardex.data.records import (
+    META_KEY,
+    PREFIX_CHANGE,
+    PREFIX_CONSUMER,
+    PREFIX_DOC,
+    ChangeRecord,
+    DocRecord,
     change_from_record,
     change_key,
     decode_change,

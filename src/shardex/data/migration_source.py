@@ -28,10 +28,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from shardex.data.engine import DataEngine
-from shardex.data.messages import ChangeTuple
-from shardex.data.migration import PartitionSnapshot
-from shardex.data.migration_messages import (
+from shardex.api.data import ChangeTuple
+from shardex.api.migration import (
     MAX_CHUNK_BYTES,
     CopyChunk,
     CopyChunkReply,
@@ -47,7 +45,9 @@ from shardex.data.migration_messages import (
     ReleaseOutgoing,
     ResolveOutgoing,
 )
-from shardex.data.records import STATE_ACTIVE, STATE_RELEASED, Change
+from shardex.api.records import STATE_ACTIVE, STATE_RELEASED, Change
+from shardex.data.engine import DataEngine
+from shardex.data.migration import PartitionSnapshot
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Connection
 

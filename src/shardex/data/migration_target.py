@@ -24,10 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shardex.data import reconcile
-from shardex.data.engine import DataEngine
-from shardex.data.handover import IncomingCopy
-from shardex.data.migration_messages import (
+from shardex.api.migration import (
     AbortIncoming,
     ActivateIncoming,
     CatchUp,
@@ -46,7 +43,10 @@ from shardex.data.migration_messages import (
     ReadChanges,
     ReadChangesReply,
 )
-from shardex.data.records import STATE_ACTIVE, STATE_PENDING, Change, PartitionInfo
+from shardex.api.records import STATE_ACTIVE, STATE_PENDING, Change, PartitionInfo
+from shardex.data import reconcile
+from shardex.data.engine import DataEngine
+from shardex.data.handover import IncomingCopy
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Connection, ConnectionPool
 

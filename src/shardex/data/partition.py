@@ -21,19 +21,21 @@ from dataclasses import dataclass
 import msgspec
 from msgspec.structs import replace as replace_struct
 
-from shardex.data.errors import CasMismatch, DocExists, DocNotFound, not_my_partition
-from shardex.data.records import (
+from shardex.api.errors import CasMismatch, DocExists, DocNotFound, not_my_partition
+from shardex.api.records import (
     MAX_FAILOVER_ENTRIES,
-    META_KEY,
     OP_DELETE,
     OP_UPSERT,
+    STATE_ACTIVE,
+    FailoverEntry,
+    MutationResult,
+)
+from shardex.data.records import (
+    META_KEY,
     PREFIX_CHANGE,
     PREFIX_CONSUMER,
     PREFIX_DOC,
-    STATE_ACTIVE,
     DocRecord,
-    FailoverEntry,
-    MutationResult,
     PartitionMeta,
     change_key,
     decode_change,

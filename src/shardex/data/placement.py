@@ -14,11 +14,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from shardex.api.coordinator import StateReply, StateRequest
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.manager.coordinator_messages import StateReply, StateRequest
-from shardex.manager.member_list import MemberInfo
-from shardex.manager.state import StateContext
+from shardex.meta.member_list import MemberInfo
+from shardex.meta.state import StateContext
 from shardex.net import ConnectionPool
 
 log = logging.getLogger(__name__)

@@ -22,10 +22,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from shardex.api.data import RangeChanges, RangeSpec, ReadRanges, ReadRangesReply
+from shardex.api.errors import (
+    BadRequest,
+    KeyspaceNotFound,
+    RollbackRequired,
+    WireError,
+    not_my_partition,
+)
+from shardex.api.records import SnapshotMarker
 from shardex.data.engine import DataEngine
-from shardex.data.errors import BadRequest, KeyspaceNotFound, RollbackRequired, not_my_partition
-from shardex.data.messages import RangeChanges, RangeSpec, ReadRanges, ReadRangesReply, WireError
-from shardex.data.records import SnapshotMarker
 from shardex.data.streaming import close_quietly, take_sized
 from shardex.errors import ShardexError
 from shardex.net import Connection

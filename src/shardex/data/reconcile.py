@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import logging
 
+from shardex.api.errors import KeyspaceNotFound
+from shardex.api.records import STATE_PENDING, STATE_RELEASED
 from shardex.core.topology import Topology
 from shardex.data.engine import DataEngine
-from shardex.data.errors import KeyspaceNotFound
-from shardex.data.records import STATE_PENDING, STATE_RELEASED
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.rebalance_state import TERMINAL, MoveRecord, in_flight
-from shardex.manager.state import StateContext
+from shardex.meta.rebalance_state import TERMINAL, MoveRecord, in_flight
+from shardex.meta.state import StateContext
 
 log = logging.getLogger(__name__)
 

@@ -17,25 +17,27 @@ order for ``SstWriter`` when a partition is copied:
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
+
+from shardex.api.records import (
+    OP_DELETE,
+    STATE_ACTIVE,
+    Change,
+    FailoverEntry,
+    KeyspaceInfo,
+    PartitionInfo,
+)
 
 PREFIX_CHANGE = b"c"
 PREFIX_DOC = b"d"
 PREFIX_CONSUMER = b"k"
 META_KEY = b"m"
 
-OP_UPSERT = "upsert"
-OP_DELETE = "delete"
 Op = Literal["upsert", "delete"]
 
-STATE_ACTIVE = "active"  # serves reads, writes and streams
-STATE_PENDING = "pending"  # being copied in by a migration: only ingest/apply_changes
-STATE_RELEASED = "released"  # handed over: every operation answers NOT_MY_PARTITION
 PartitionStateName = Literal["active", "pending", "released"]
-
-MAX_FAILOVER_ENTRIES = 25  # as Couchbase: older branches fall off and mean "roll back to 0"
 
 
 def change_key(seqno: int) -> bytes:
@@ -90,13 +92,6 @@ class ChangeRecord(msgspec.Struct, array_like=True, frozen=True):
     expiry: int = 0
 
 
-class FailoverEntry(msgspec.Struct, array_like=True, frozen=True):
-    """A history branch: ``uuid`` started at ``seqno`` (the high seqno when it was created)."""
-
-    uuid: int
-    seqno: int
-
-
 class PartitionMeta(msgspec.Struct, kw_only=True):
     """Per-partition state written in the same batch as every mutation.
 
@@ -120,75 +115,6 @@ class PartitionMeta(msgspec.Struct, kw_only=True):
 
     def copy(self) -> PartitionMeta:
         return msgspec.structs.replace(self, failover_log=list(self.failover_log))
-
-
-class MutationResult(msgspec.Struct, frozen=True):
-    """What an acknowledged mutation returns: where it landed in the partition's history."""
-
-    partition: int
-    seqno: int
-    uuid: int
-    cas: int
-
-
-class SnapshotMarker(msgspec.Struct, frozen=True):
-    """Precedes a run of stream items read from one consistent snapshot: after the consumer
-    has applied every item up to ``end`` it holds the partition's state as of ``end`` on
-    branch ``uuid``. ``backfill`` runs come from the documents (latest version per docid,
-    in seqno order, intermediate versions skipped) and are consistent only at ``end``."""
-
-    partition: int
-    start: int
-    end: int
-    uuid: int
-    backfill: bool = False
-
-
-class Change(msgspec.Struct, frozen=True):
-    """One stream item: an upsert with its JSON body, or a deletion (``body is None``)."""
-
-    partition: int
-    seqno: int
-    docid: str
-    op: str
-    cas: int
-    body: bytes | None
-    flags: int = 0
-    expiry: int = 0
-
-    @property
-    def deleted(self) -> bool:
-        return self.op == OP_DELETE
-
-    def doc(self) -> dict[str, Any] | None:
-        return None if self.body is None else msgspec.json.decode(self.body)
-
-
-class PartitionInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """A read-only view of a partition's state, for admin calls and migrations."""
-
-    keyspace: str
-    partition: int
-    num_partitions: int
-    high_seqno: int
-    uuid: int
-    failover_log: list[FailoverEntry]
-    purge_seqno: int
-    max_cas: int
-    doc_count: int
-    state: str
-    frozen: bool = False
-
-
-class KeyspaceInfo(msgspec.Struct, frozen=True):
-    """The local catalog entry. ``uuid`` and ``created_cas`` come from the manager's keyspace
-    meta (empty/0 for keyspaces created locally): they tell a re-created keyspace of the same
-    name from the one this node still holds, and a stale manager state from a newer one."""
-
-    name: str
-    num_partitions: int
-    uuid: str = ""
-    created_cas: int = 0
 
 
 _enc = msgspec.msgpack.Encoder()

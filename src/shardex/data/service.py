@@ -30,11 +30,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shardex.data import reconcile
-from shardex.data.engine import DataEngine
-from shardex.data.errors import BadRequest, DocNotFound, KeyspaceNotFound, not_my_partition
-from shardex.data.groupcommit import GroupCommitter
-from shardex.data.messages import (
+from shardex.api.data import (
     CancelStream,
     Delete,
     DropKeyspaceData,
@@ -58,22 +54,31 @@ from shardex.data.messages import (
     Replace,
     StreamCredit,
     Upsert,
-    WireError,
 )
+from shardex.api.errors import (
+    BadRequest,
+    DocNotFound,
+    KeyspaceNotFound,
+    WireError,
+    not_my_partition,
+)
+from shardex.api.records import STATE_ACTIVE, MutationResult
+from shardex.data import reconcile
+from shardex.data.engine import DataEngine
+from shardex.data.groupcommit import GroupCommitter
 from shardex.data.migration_source import MigrationSource
 from shardex.data.migration_target import MigrationTarget
-from shardex.data.partitioning import partition_of
 from shardex.data.placement import PlacementView, latest_topology
 from shardex.data.range_reads import RangeReadServer
-from shardex.data.records import STATE_ACTIVE, MutationResult
 from shardex.data.streaming import StreamServer
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.manager.member_list import MemberInfo
+from shardex.meta.member_list import MemberInfo
+from shardex.meta.partitioning import partition_of
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
-from shardex.node.reconcile_loop import reconcile_forever
-from shardex.node.thread_names import os_thread_namer
+from shardex.runtime.reconcile_loop import reconcile_forever
+from shardex.runtime.thread_names import os_thread_namer
 
 log = logging.getLogger(__name__)
 

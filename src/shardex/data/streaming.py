@@ -20,8 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from shardex.data.engine import DataEngine
-from shardex.data.messages import (
+from shardex.api.data import (
     CancelStream,
     ChangeTuple,
     OpenStream,
@@ -29,9 +28,10 @@ from shardex.data.messages import (
     StreamCredit,
     StreamEnd,
     StreamOpened,
-    WireError,
 )
-from shardex.data.records import Change, SnapshotMarker
+from shardex.api.errors import WireError
+from shardex.api.records import Change, SnapshotMarker
+from shardex.data.engine import DataEngine
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Connection
 

@@ -13,17 +13,15 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Generator
 from typing import Any
 
-from shardex.data.errors import BadRequest, RollbackRequired, not_my_partition
-from shardex.data.messages import ChangeTuple
+from shardex.api.data import ChangeTuple
+from shardex.api.errors import BadRequest, RollbackRequired, not_my_partition
+from shardex.api.records import OP_DELETE, STATE_ACTIVE, Change, SnapshotMarker
+from shardex.api.validation import check_seqno
 from shardex.data.partition import Partition
 from shardex.data.records import (
     META_KEY,
-    OP_DELETE,
     PREFIX_DOC,
-    STATE_ACTIVE,
-    Change,
     PartitionMeta,
-    SnapshotMarker,
     change_from_record,
     change_key,
     decode_change,
@@ -32,7 +30,6 @@ from shardex.data.records import (
     next_prefix,
     seqno_of_change_key,
 )
-from shardex.data.validation import check_seqno
 from shardex.storage import StoreSnapshot
 
 StreamItem = SnapshotMarker | Change

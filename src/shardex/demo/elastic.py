@@ -37,7 +37,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.demo.checks import Comparison, compare_rows, row_key
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.oracle import expected_entries
-from shardex.manager.index_state import find_index
+from shardex.meta.index_state import find_index
 from shardex.pipeline.indexers import index_state
 from shardex.pipeline.source_plan import plan_ranges
 from shardex.pipeline.source_read import read_ranges

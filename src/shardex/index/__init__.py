@@ -4,18 +4,7 @@ local scan), the node's local engine, and the correctness oracle.
     from shardex.index import IndexerEngine, make_definition
 """
 
-from shardex.index.definition import (
-    DOCID_EXPR,
-    CompiledIndex,
-    IndexDefinition,
-    IndexKey,
-    compile_definition,
-    hash_partition,
-    index_partition_of,
-    make_definition,
-    partition_key_is_docid,
-    validate_definition,
-)
+from shardex.core.spans import Span
 from shardex.index.engine import EnqueueResult, IndexerEngine
 from shardex.index.keyversion import (
     BROADCAST,
@@ -32,7 +21,18 @@ from shardex.index.records import (
     STATE_NEEDS_REBUILD,
 )
 from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS, Slice, StabilizeAck
-from shardex.index.spans import Span
+from shardex.meta.index_definition import (
+    DOCID_EXPR,
+    CompiledIndex,
+    IndexDefinition,
+    IndexKey,
+    compile_definition,
+    hash_partition,
+    index_partition_of,
+    make_definition,
+    partition_key_is_docid,
+    validate_definition,
+)
 
 __all__ = [
     "BROADCAST",

@@ -1,7 +1,7 @@
 """The index pipeline's side of an indexer: delivery, stabilise, publish, initial loads.
 
 ``IndexDelivery`` holds the handlers ``IndexService`` installs next to its DDL routes
-(messages in ``shardex.index.delivery_messages``; protocol in ``docs/decisions.md``, "Index
+(messages in ``shardex.api.delivery``; protocol in ``docs/decisions.md``, "Index
 pipeline"). Every handler makes **one** engine call through the service's I/O thread, so it
 is atomic with respect to the DDL calls (allocate, drop) and to the other handlers.
 
@@ -38,9 +38,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from shardex.core.timestamp import Timestamp
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.delivery_messages import (
+from shardex.api.delivery import (
     DeliverAndStabilize,
     Delivered,
     DeliverKeyVersions,
@@ -58,9 +56,11 @@ from shardex.index.delivery_messages import (
     Stabilized,
     StabilizeSlices,
 )
+from shardex.api.index import SliceInfo
+from shardex.core.spans import Span
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
 from shardex.index.engine import EnqueueResult
-from shardex.index.messages import SliceInfo
-from shardex.index.spans import Span
 from shardex.net import Connection, RpcServer
 
 if TYPE_CHECKING:

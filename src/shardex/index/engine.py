@@ -27,9 +27,9 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardex.core.spans import Span
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexDefinition, validate_definition
 from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.index.load_session import LoadSession
 from shardex.index.records import (
@@ -44,7 +44,7 @@ from shardex.index.records import (
     parse_cf_name,
 )
 from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS, Slice, StabilizeAck
-from shardex.index.spans import Span
+from shardex.meta.index_definition import IndexDefinition, validate_definition
 from shardex.storage import Store
 
 __all__ = [

@@ -3,7 +3,7 @@
     At a stability timestamp T, an index's entries on all its slices together equal its
     definition evaluated over the documents as of T, and no document is in two slices.
 
-Like the checkers in ``shardex.sim.checkers``: plain data in (entries per slice, documents),
+Like the checkers in ``shardex.testing.checkers``: plain data in (entries per slice, documents),
 ``AssertionError`` with a readable diff out, so the same check ends a unit test, a simulated
 run, a Spark test and a real-cluster test.
 
@@ -25,8 +25,8 @@ from shardex.core.expr import evaluate, parse_expression
 from shardex.core.expr.ops import truth
 from shardex.core.keycodec import decode_entry, encode_entry, encode_key
 from shardex.core.values import MISSING
-from shardex.index.definition import IndexDefinition, hash_partition, validate_definition
 from shardex.index.keyversion import MAX_ENTRY_BYTES
+from shardex.meta.index_definition import IndexDefinition, hash_partition, validate_definition
 
 __all__ = [
     "check_back_index",

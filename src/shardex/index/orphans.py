@@ -35,9 +35,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterable
 
-from shardex.manager.index_rebalance_state import moving_targets
-from shardex.manager.index_state import INIT, LIVE_STATES, latest_index_topology
-from shardex.manager.state import StateContext
+from shardex.meta.index_rebalance_state import moving_targets
+from shardex.meta.index_state import INIT, LIVE_STATES, latest_index_topology
+from shardex.meta.state import StateContext
 
 __all__ = ["ORPHAN_GRACE", "OrphanTracker", "SliceKey", "plan_orphans"]
 

@@ -23,7 +23,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from shardex.index.definition import IndexDefinition
+from shardex.meta.index_definition import IndexDefinition
 
 __all__ = [
     "META_KEY",

@@ -20,7 +20,7 @@ a later stabilise releasing them cannot fail it): the local slices merged in ent
 reply carries the first block (at most ``INLINE_ROWS``), read on the event loop, and says
 ``done`` when that is all: a small scan costs one request and one reply, no stream and no
 thread hand-off. Anything after it streams in blocks with credit flow control
-(``shardex.scan.streams``), each read in a small thread pool of the scanner's own, so neither
+(``shardex.api.scan_streams``), each read in a small thread pool of the scanner's own, so neither
 the event loop nor the pipeline's I/O thread waits behind a large scan. Opening (and the
 stability check) runs on the loop only when no slice lock is held - a stabilise holds one
 through its fsync - and in the pool otherwise. ``open_local`` is the same for the scan
@@ -43,20 +43,20 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import msgspec
 
-from shardex.core.timestamp import Timestamp
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.records import STATE_CREATED, STATE_LOADING, STATE_NEEDS_REBUILD
-from shardex.index.scan_wait import StabilityWatch, common_snapshot_ts, scan_timeout
-from shardex.net import Connection, RpcServer
-from shardex.scan.messages import (
+from shardex.api.scan import (
     NO_TS,
     ScanSlices,
     SlicesOpened,
     StabilityAt,
     WaitStability,
 )
-from shardex.scan.spans import from_wire_spans
-from shardex.scan.streams import OutStream, OutStreams
+from shardex.api.scan_streams import OutStream, OutStreams
+from shardex.api.spans import from_wire_spans
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.records import STATE_CREATED, STATE_LOADING, STATE_NEEDS_REBUILD
+from shardex.index.scan_wait import StabilityWatch, common_snapshot_ts, scan_timeout
+from shardex.net import Connection, RpcServer
 
 if TYPE_CHECKING:
     from shardex.index.service import IndexService

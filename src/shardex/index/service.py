@@ -49,10 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from shardex.errors import NodeUnavailable, ShardexError
-from shardex.index.definition import IndexDefinition
-from shardex.index.delivery import IndexDelivery, describe_slices
-from shardex.index.messages import (
+from shardex.api.coordinator import StateReply, StateRequest
+from shardex.api.index import (
     AllocateSlices,
     DropSlices,
     ListSlices,
@@ -60,23 +58,24 @@ from shardex.index.messages import (
     SlicesAllocated,
     SlicesDropped,
 )
+from shardex.errors import NodeUnavailable, ShardexError
+from shardex.index.delivery import IndexDelivery, describe_slices
 from shardex.index.orphans import OrphanTracker, SliceKey, plan_orphans
 from shardex.index.slice_copy import SliceMoves
-from shardex.manager.coordinator_messages import StateReply, StateRequest
-from shardex.manager.index_state import (
+from shardex.meta.index_definition import IndexDefinition
+from shardex.meta.index_state import (
     DELETED,
     INIT,
     LIVE_STATES,
     creation_base,
     latest_index_topology,
 )
-from shardex.manager.member_list import MemberInfo
-from shardex.manager.state import StateContext
+from shardex.meta.member_list import MemberInfo
+from shardex.meta.state import StateContext
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
-from shardex.node.reconcile_loop import reconcile_forever
-from shardex.node.thread_names import os_thread_namer
-from shardex.scan.elastic_adapters_index import IndexScanMigrations
+from shardex.runtime.reconcile_loop import reconcile_forever
+from shardex.runtime.thread_names import os_thread_namer
 
 __all__ = ["IndexService", "ReconcilePlan", "SliceEngine", "plan_reconcile"]
 
@@ -136,6 +135,18 @@ def plan_reconcile(node: str, state: StateContext, held: dict[str, set[int]]) ->
     return ReconcilePlan(create=create, drop=drop, orphans=plan_orphans(node, state, held))
 
 
+class ScanMigrations(Protocol):
+    """What index partition moves tell paginated scans (``scan.elastic_adapters_index``'s
+    ``IndexScanMigrations``, built by the node and passed in: the indexer does not depend on
+    the scan package)."""
+
+    def partition_left(self, index_id: str, partition: int, to: str) -> None: ...
+
+    def partition_arrived(self, index_id: str, partition: int) -> None: ...
+
+    def topology_published(self, index_id: str, seq_num: int) -> None: ...
+
+
 class IndexService:
     """Routes of the index service (DDL, and the pipeline's via ``delivery``) plus slice
     reconciliation."""
@@ -152,6 +163,7 @@ class IndexService:
         coordinator: Callable[[], Any | None] = lambda: None,
         members: Callable[[], list[MemberInfo]] = list,
         reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
+        scan_migrations: ScanMigrations,
     ) -> None:
         if engine_factory is None:
             if path is None:
@@ -175,7 +187,7 @@ class IndexService:
         self.delivery = IndexDelivery(self)
         # Paginated scans' migration managers, one per index: the index rebalance calls
         # scan_migrations.partition_left / _arrived / _returned (``elastic_adapters_index``).
-        self.scan_migrations = IndexScanMigrations(node_name)
+        self.scan_migrations = scan_migrations
         # Index partitions moving in or out (``shardex.index.slice_copy``).
         self.slice_moves = SliceMoves(self)
         # Slices left behind by moves (``orphans.py``), timed on the loop's clock: virtual

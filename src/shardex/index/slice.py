@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from shardex.core.spans import Span, spans_to_ranges
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.decided import Decided, Prepared
@@ -44,7 +45,7 @@ from shardex.index.records import (
 )
 from shardex.index.slice_load import SliceLoading
 from shardex.index.snapshots import SnapshotRing
-from shardex.index.spans import Span, scan_ranges, spans_to_ranges
+from shardex.index.spans import scan_ranges
 from shardex.storage import Batch, Store
 
 __all__ = ["DEFAULT_KEEP_SNAPSHOTS", "Slice", "SliceStats", "StabilizeAck"]

@@ -46,11 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shardex.core.timestamp import Timestamp
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.keyversion import UPSERT, KeyVersion
-from shardex.index.records import STATE_ACTIVE, STATE_LOADING, cf_names, decode_back
-from shardex.index.slice_copy_messages import (
+from shardex.api.slice_copy import (
     AbortIncomingSlice,
     CopySliceIn,
     IncomingSliceReady,
@@ -61,13 +57,17 @@ from shardex.index.slice_copy_messages import (
     SliceCopyChunk,
     SliceMoveDone,
 )
-from shardex.manager.index_rebalance_state import DONE
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.keyversion import UPSERT, KeyVersion
+from shardex.index.records import STATE_ACTIVE, STATE_LOADING, cf_names, decode_back
+from shardex.meta.index_rebalance_state import DONE
 from shardex.net import Connection, RpcServer
 from shardex.storage import StoreSnapshot
 
 if TYPE_CHECKING:
     from shardex.index.service import IndexService
-    from shardex.manager.state import StateContext
+    from shardex.meta.state import StateContext
 
 __all__ = ["SWITCH_DROP_GRACE", "SliceMoves", "back_rows_to_key_versions"]
 

@@ -39,8 +39,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.manager.coordinator_messages import (
+from shardex.api.coordinator import (
     OpForward,
     StateGather,
     StateGatherReply,
@@ -49,9 +48,10 @@ from shardex.manager.coordinator_messages import (
     StateReply,
     StateRequest,
 )
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.manager.membership import Membership
 from shardex.manager.replication import CoordinatorTiming, ReplicationGroup, majority, unavailable
-from shardex.manager.state import (
+from shardex.meta.state import (
     KeyspaceMeta,
     StateContext,
     StateStore,

@@ -50,11 +50,9 @@ from typing import Any
 
 import msgspec
 
-from shardex.core.topology import Topology
-from shardex.data.errors import BadRequest, KeyspaceNotFound
-from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.index.messages import AllocateSlices, DropSlices
-from shardex.manager.index_messages import (
+from shardex.api.errors import BadRequest, KeyspaceNotFound
+from shardex.api.index import AllocateSlices, DropSlices
+from shardex.api.index_ddl import (
     BuildIndex,
     CreateIndex,
     DropIndex,
@@ -66,7 +64,10 @@ from shardex.manager.index_messages import (
     MarkIndexActive,
     MarkIndexError,
 )
-from shardex.manager.index_state import (
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.manager.index_validate import validate_create
+from shardex.meta.index_state import (
     ACTIVE,
     BUILDING,
     DELETED,
@@ -79,9 +80,8 @@ from shardex.manager.index_state import (
     latest_index_topology,
     make_index_id,
 )
-from shardex.manager.index_validate import validate_create
-from shardex.manager.member_list import UP, MemberInfo
-from shardex.manager.state import StateContext, record_reply
+from shardex.meta.member_list import UP, MemberInfo
+from shardex.meta.state import StateContext, record_reply
 from shardex.net.messages import Message
 
 __all__ = ["IndexDDL", "StepHook", "register_index_ddl"]

@@ -38,12 +38,8 @@ from typing import Any
 
 import msgspec
 
-from shardex.core.timestamp import Timestamp
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.messages import ListSlices, SliceList
-from shardex.index.records import STATE_ACTIVE, STATE_LOADING
-from shardex.index.slice_copy import SWITCH_DROP_GRACE
-from shardex.index.slice_copy_messages import (
+from shardex.api.index import ListSlices, SliceList
+from shardex.api.slice_copy import (
     AbortIncomingSlice,
     CopySliceIn,
     IncomingSliceReady,
@@ -52,7 +48,12 @@ from shardex.index.slice_copy_messages import (
     SliceCopied,
     SliceMoveDone,
 )
-from shardex.manager.index_rebalance_state import (
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.records import STATE_ACTIVE, STATE_LOADING
+from shardex.index.slice_copy import SWITCH_DROP_GRACE
+from shardex.manager.migration_driver import MoveDriverBase, deposed
+from shardex.meta.index_rebalance_state import (
     DONE,
     FAILED,
     MOVING,
@@ -63,10 +64,9 @@ from shardex.manager.index_rebalance_state import (
     publish_index_move,
     replace_index_move,
 )
-from shardex.manager.index_state import ACTIVE
-from shardex.manager.member_list import UP
-from shardex.manager.migration_driver import MoveDriverBase, deposed
-from shardex.manager.rebalance_state import RUNNING, RebalanceRecord
+from shardex.meta.index_state import ACTIVE
+from shardex.meta.member_list import UP
+from shardex.meta.rebalance_state import RUNNING, RebalanceRecord
 
 __all__ = ["IndexMoveDriver", "indexer_members", "plan_into", "settle_index_moves"]
 

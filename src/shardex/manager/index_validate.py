@@ -16,43 +16,36 @@ one (so more nodes than partitions is refused).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from shardex.data.errors import BadRequest, KeyspaceNotFound
+from shardex.api.errors import BadRequest, KeyspaceNotFound
+from shardex.api.index_ddl import DEFAULT_PARTITIONED, CreateIndex, check_index_name
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.index.definition import (
+from shardex.meta.index_definition import (
     DOCID_EXPR,
     MAX_INDEX_PARTITIONS,
     IndexDefinition,
     IndexKey,
     validate_definition,
 )
-from shardex.manager.index_messages import CreateIndex
-from shardex.manager.index_state import (
+from shardex.meta.index_state import (
     DELETED,
     PRIMARY_NAME,
     find_index,
     find_primary,
     latest_index_topology,
 )
-from shardex.manager.state import StateContext
+from shardex.meta.state import StateContext
 
 __all__ = [
-    "DEFAULT_PARTITIONED",
-    "INDEX_NAME",
     "CreatePlan",
-    "check_index_name",
     "place_partitions",
     "slice_load",
     "validate_create",
 ]
 
-DEFAULT_PARTITIONED = 8  # num_partition of a PARTITION BY index that names none (as N1QL)
-INDEX_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
-MAX_INDEX_NAME = 100
 _PENDING_ID = "pending"  # validate_definition needs an id; the real one comes after
 
 
@@ -62,26 +55,6 @@ class CreatePlan:
     assignment: dict[int, str]  # index partition -> indexer node
     defer_build: bool
     nodes: list[str] | None
-
-
-def check_index_name(name: object, *, primary: bool = False) -> str:
-    if primary and name == PRIMARY_NAME:
-        return PRIMARY_NAME
-    if not isinstance(name, str) or not name:
-        raise BadRequest(
-            f"index name must be a non-empty string, got {name!r}",
-            details={"name": repr(name), "hint": "CREATE INDEX name ON keyspace(...)"},
-        )
-    if len(name) > MAX_INDEX_NAME or not INDEX_NAME.match(name):
-        raise BadRequest(
-            f"invalid index name {name!r}",
-            details={
-                "name": name[:120],
-                "hint": f"1-{MAX_INDEX_NAME} characters: a letter or _ first, then letters, "
-                "digits, _ or -",
-            },
-        )
-    return name
 
 
 def _num_partition(msg: CreateIndex) -> int:

@@ -34,19 +34,21 @@ from collections.abc import Iterable
 
 import msgspec
 
-from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.member_list import (
-    DOWN,
-    UNKNOWN,
-    UP,
+from shardex.api.membership import (
     Heartbeat,
     HeartbeatAck,
     JoinReply,
     JoinRequest,
-    MemberInfo,
     MemberListPush,
     MembersReply,
     MembersRequest,
+)
+from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.member_list import (
+    DOWN,
+    UNKNOWN,
+    UP,
+    MemberInfo,
     MemberStore,
     MemberView,
     MemoryMemberStore,

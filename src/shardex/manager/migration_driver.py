@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from shardex.data.migration_messages import (
+from shardex.api.migration import (
     AbortIncoming,
     ActivateIncoming,
     CatchUp,
@@ -33,7 +33,7 @@ from shardex.data.migration_messages import (
 )
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.keyspaces import data_members
-from shardex.manager.rebalance_state import (
+from shardex.meta.rebalance_state import (
     DONE,
     FAILED,
     MOVING,

@@ -38,13 +38,14 @@ from typing import Any
 
 import msgspec
 
-from shardex.data.errors import BadRequest, KeyspaceNotFound
+from shardex.api.errors import BadRequest, KeyspaceNotFound
+from shardex.api.rebalance import GetRebalance, MovePartition, RebalanceReply, StartRebalance
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_rebalance import IndexMoveDriver, plan_into, settle_index_moves
-from shardex.manager.index_rebalance_state import interrupt_index_moves
 from shardex.manager.keyspaces import data_members
 from shardex.manager.migration_driver import MigrationDriver, deposed
-from shardex.manager.rebalance_state import (
+from shardex.meta.index_rebalance_state import interrupt_index_moves
+from shardex.meta.rebalance_state import (
     CANCELLED,
     DONE,
     FAILED,
@@ -60,36 +61,11 @@ from shardex.manager.rebalance_state import (
     plan_moves,
     with_move,
 )
-from shardex.net.messages import Message
 
 log = logging.getLogger(__name__)
 
 RESOLVE_INTERVAL = 2.0  # retrying unresolved moves
 MAX_PARALLEL = 8
-
-
-class StartRebalance(Message, tag="manager.StartRebalance"):
-    request_id: str = ""
-    max_parallel: int = 2
-    rate_limit: int = 0  # bytes/s per copy, 0 = unlimited
-
-
-class MovePartition(Message, tag="manager.MovePartition"):
-    keyspace: str
-    partition: int
-    target: str
-    request_id: str = ""
-    rate_limit: int = 0
-
-
-class GetRebalance(Message, tag="manager.GetRebalance"):
-    """The current or last rebalance, with the live phase of each running move."""
-
-
-class RebalanceReply(Message, tag="manager.RebalanceReply"):
-    record: RebalanceRecord | None = None
-    phases: dict[str, str] = msgspec.field(default_factory=dict)  # migration id -> phase
-    attached: bool = False  # a rebalance was already running: this is that one
 
 
 def _busy(record: RebalanceRecord | None) -> None:

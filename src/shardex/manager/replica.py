@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import logging
 
-from shardex.manager.coordinator_messages import (
+from shardex.api.coordinator import (
     StateGather,
     StateGatherReply,
     StateReplicate,
     StateReplicateReply,
 )
-from shardex.manager.state import CoordinatorRecord, StateContext, StateStore, version_of
+from shardex.meta.state import CoordinatorRecord, StateContext, StateStore, version_of
 
 log = logging.getLogger(__name__)
 

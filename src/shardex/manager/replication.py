@@ -18,17 +18,17 @@ from typing import Any
 
 import msgspec
 
-from shardex.errors import NodeUnavailable, ShardexError
-from shardex.manager.coordinator_messages import (
+from shardex.api.coordinator import (
     StateGather,
     StateGatherReply,
     StateReplicate,
     StateReplicateReply,
 )
-from shardex.manager.member_list import UP, MemberInfo
+from shardex.errors import NodeUnavailable, ShardexError
 from shardex.manager.membership import Membership
 from shardex.manager.replica import Replica
-from shardex.manager.state import StateContext, StateStore, newest, version_of
+from shardex.meta.member_list import UP, MemberInfo
+from shardex.meta.state import StateContext, StateStore, newest, version_of
 from shardex.net import ConnectionPool
 
 log = logging.getLogger(__name__)

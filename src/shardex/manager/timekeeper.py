@@ -46,11 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from shardex.core.tally import Tally
-from shardex.core.timestamp import Timestamp
-from shardex.core.topology import Topology
-from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.index.delivery_messages import (
+from shardex.api.delivery import (
     PublishStability,
     SliceAck,
     StabilityPublished,
@@ -58,15 +54,19 @@ from shardex.index.delivery_messages import (
     StabilizeSlices,
     WireTs,
 )
-from shardex.manager.index_state import INIT, LIVE_STATES, latest_index_topology
-from shardex.manager.member_list import UP
-from shardex.manager.state import StateContext
-from shardex.manager.timekeeper_messages import (
+from shardex.api.timekeeper import (
     AdvanceStability,
     StabilityAdvanced,
     StabilityReply,
     StabilityRequest,
 )
+from shardex.core.tally import Tally
+from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.meta.index_state import INIT, LIVE_STATES, latest_index_topology
+from shardex.meta.member_list import UP
+from shardex.meta.state import StateContext
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 

@@ -19,14 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from shardex.errors import ConfigError
+from shardex.meta.node_defaults import (
+    ALL_SERVICES,
+    BIND_HOST,
+    DEFAULT_FAILURE_TIMEOUT,
+    DEFAULT_HEARTBEAT_INTERVAL,
+)
 from shardex.net.transport import split_address
 
-ALL_SERVICES: tuple[str, ...] = ("data", "index", "query", "manager")
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-BIND_HOST = "127.0.0.1"  # every listener binds loopback only (see docs/operations.md)
 DEFAULT_PORT = 7100
-DEFAULT_HEARTBEAT_INTERVAL = 0.5
-DEFAULT_FAILURE_TIMEOUT = 3.0
 MIN_SECRET_LENGTH = 16
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -10,20 +10,14 @@ import signal
 import sys
 from pathlib import Path
 
-from shardex.manager.state import FileStateStore
+from shardex.meta.state import FileStateStore
 from shardex.net.loops import loop_kind, new_event_loop
 from shardex.net.tcp import TcpTransport
 from shardex.node.config import NodeConfig
 from shardex.node.debug_dump import install_debug_dump
 from shardex.node.server import Node
-from shardex.node.state import (
-    LOG_FILE,
-    FileMemberStore,
-    InstanceLock,
-    load_or_create_identity,
-    remove_pid,
-    write_pid,
-)
+from shardex.node.state import LOG_FILE, FileMemberStore, load_or_create_identity
+from shardex.runtime.pidfile import InstanceLock, remove_pid, write_pid
 
 log = logging.getLogger("shardex.node")
 

@@ -16,19 +16,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardex import __version__
+from shardex.api.node import StatusReply, StatusRequest
+from shardex.api.scan_streams import OutStreams
 from shardex.manager.coordinator import Coordinator, CoordinatorTiming
 from shardex.manager.index_ddl import IndexDDL, register_index_ddl
 from shardex.manager.keyspaces import register_keyspace_ops
 from shardex.manager.membership import Membership, MemberStore
 from shardex.manager.rebalance import Rebalancer
-from shardex.manager.state import MemoryStateStore, StateStore
 from shardex.manager.timekeeper import Timekeeper
+from shardex.meta.state import MemoryStateStore, StateStore
 from shardex.net import Connection, RpcServer
-from shardex.net.messages import Message
 from shardex.net.transport import Transport
 from shardex.scan.coordinator import ScanCoordinator
+from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.scan.paging_store_proxy import PagingService
-from shardex.scan.streams import OutStreams
 
 if TYPE_CHECKING:
     from shardex.data.service import DataService
@@ -36,24 +37,6 @@ if TYPE_CHECKING:
     from shardex.index.service import IndexService, SliceEngine
 
 log = logging.getLogger(__name__)
-
-
-class StatusRequest(Message):
-    """Authenticated "are you alive, and who are you?"."""
-
-
-class StatusReply(Message):
-    name: str
-    member_id: str
-    address: str
-    services: tuple[str, ...]
-    pid: int
-    started_at: float  # wall clock, seconds since the epoch
-    uptime: float  # seconds, loop clock
-    shardex_version: str
-    membership_version: int
-    joined: bool
-    http_port: int | None = None
 
 
 class Node:
@@ -136,6 +119,7 @@ class Node:
                 inline_io=index_engine is not None,
                 coordinator=lambda: self.coordinator,
                 members=lambda: self.membership.members if self.membership else [],
+                scan_migrations=IndexScanMigrations(name),
             )
             self.index.install(self.server)
         # Index scans: the coordinator on every node, the slice reader on indexers; one

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
+from shardex.meta.index_definition import IndexDefinition
 from shardex.pipeline.between_rounds import raise_floor
 from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
 from shardex.pipeline.driver_read import read_and_project

@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shardex.api.index_ddl import IndexBuildProgress, IndexUpdated, MarkIndexActive
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.index_messages import IndexBuildProgress, IndexUpdated, MarkIndexActive
 from shardex.pipeline.indexers import advance_stability, list_slices, load_finish
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.source_project import COUNTS_ARROW, COUNTS_SCHEMA, LoadSpec, ProjectSpec

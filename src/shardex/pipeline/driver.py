@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
-from shardex.manager.index_state import ACTIVE, BUILDING
+from shardex.meta.index_state import ACTIVE, BUILDING
 from shardex.pipeline.batch_steps import BatchStats
 from shardex.pipeline.build import BuildResult, InitialBuild
 from shardex.pipeline.indexers import index_state

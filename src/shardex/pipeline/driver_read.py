@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from shardex.api.records import OP_DELETE
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
-from shardex.data.records import OP_DELETE
-from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import BROADCAST, ERROR, KeyVersion
+from shardex.meta.index_definition import IndexDefinition
 from shardex.pipeline.projector import OP_UPSERT, _projector_for
 from shardex.pipeline.source_plan import plan_ranges
 from shardex.pipeline.source_read import (

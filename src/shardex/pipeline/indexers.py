@@ -15,10 +15,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from shardex.client import Client
-from shardex.core.timestamp import Timestamp
-from shardex.errors import ErrorCode, ShardexError
-from shardex.index.delivery_messages import (
+from shardex.api.coordinator import StateReply, StateRequest
+from shardex.api.delivery import (
     MAX_ROWS_PER_FRAME,
     DeliverAndStabilize,
     Delivered,
@@ -29,11 +27,13 @@ from shardex.index.delivery_messages import (
     LoadFinished,
     Stabilized,
 )
+from shardex.api.index import ListSlices, SliceInfo, SliceList
+from shardex.api.timekeeper import AdvanceStability, StabilityAdvanced
+from shardex.client import Client
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, ShardexError
 from shardex.index.keyversion import KeyVersion
-from shardex.index.messages import ListSlices, SliceInfo, SliceList
-from shardex.manager.coordinator_messages import StateReply, StateRequest
-from shardex.manager.state import StateContext
-from shardex.manager.timekeeper_messages import AdvanceStability, StabilityAdvanced
+from shardex.meta.state import StateContext
 from shardex.net.messages import Message
 
 __all__ = [

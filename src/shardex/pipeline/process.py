@@ -16,8 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardex.node import cluster_dir as cdir
-from shardex.node.state import InstanceLock, is_locked, pid_alive, read_pid, remove_pid, write_pid
+from shardex.meta import cluster_dir as cdir
+from shardex.runtime.pidfile import (
+    InstanceLock,
+    is_locked,
+    pid_alive,
+    read_pid,
+    remove_pid,
+    write_pid,
+)
 
 __all__ = ["PIPELINE_DIR", "PipelineSettings", "pipeline_dir", "pipeline_pid", "run_pipeline"]
 

@@ -45,10 +45,6 @@ from shardex.core.expr.ops import truth
 from shardex.core.keycodec import encode_value
 from shardex.core.keycodec_values import INVERT, TAG_DOCID, TAG_STR, str_body
 from shardex.core.values import MISSING
-from shardex.index.definition import (
-    IndexDefinition,
-    compile_definition,
-)
 from shardex.index.keyversion import (
     BROADCAST,
     DELETE,
@@ -58,6 +54,10 @@ from shardex.index.keyversion import (
     UPSERT_DELETION,
     KeyVersion,
     to_arrow,
+)
+from shardex.meta.index_definition import (
+    IndexDefinition,
+    compile_definition,
 )
 from shardex.pipeline.projector_fast import build_fast_path
 

@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardex.core.timestamp import SeqnoEntry, Timestamp
-from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import KeyVersion
+from shardex.meta.index_definition import IndexDefinition
 from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.source_plan import limit_offsets
 

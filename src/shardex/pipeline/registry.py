@@ -24,14 +24,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from shardex.api.index import SliceInfo
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.core.topology import Topology
-from shardex.index.definition import IndexDefinition
-from shardex.index.messages import SliceInfo
 from shardex.index.records import STATE_ACTIVE
-from shardex.manager.index_rebalance_state import routed_targets
-from shardex.manager.index_state import ACTIVE, BUILDING, IndexRecord, latest_index_topology
+from shardex.meta.index_definition import IndexDefinition
+from shardex.meta.index_rebalance_state import routed_targets
+from shardex.meta.index_state import ACTIVE, BUILDING, IndexRecord, latest_index_topology
 from shardex.pipeline.indexers import index_state, list_slices
 from shardex.pipeline.router import IndexRoute
 

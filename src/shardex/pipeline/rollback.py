@@ -30,9 +30,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from shardex.api.delivery import RollbackSlices, SlicesRolledBack
 from shardex.client import Client
 from shardex.errors import ShardexError
-from shardex.index.delivery_messages import RollbackSlices, SlicesRolledBack
 from shardex.pipeline import indexers
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.source_types import RollbackInfo

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexDefinition, partition_key_is_docid
 from shardex.index.keyversion import BROADCAST, ERROR, UPSERT, UPSERT_DELETION, KeyVersion
+from shardex.meta.index_definition import IndexDefinition, partition_key_is_docid
 
 __all__ = ["IndexRoute", "RouteResult", "frames", "route", "routes_for"]
 

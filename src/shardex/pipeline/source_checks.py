@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardex.data.records import Change
+from shardex.api.records import Change
 from shardex.errors import ErrorCode, ShardexError
 from shardex.pipeline.source_types import PartitionRange, rollback_error
 

@@ -27,11 +27,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from shardex.api.records import Change, SnapshotMarker
 from shardex.client import Client
 from shardex.client.routing import backoff
 from shardex.client.streams import RemoteStream
 from shardex.core.timestamp import SeqnoEntry, Timestamp
-from shardex.data.records import Change, SnapshotMarker
 from shardex.errors import ErrorCode, ShardexError
 from shardex.pipeline.source_plan import limit_offsets
 from shardex.pipeline.source_read import (

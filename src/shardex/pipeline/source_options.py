@@ -126,7 +126,7 @@ def config_error(message: str, option: str, **details: Any) -> ConfigError:
 
 def _endpoint(o: Mapping[str, str], keyspace: str, timeout: float) -> Endpoint:
     if o.get("cluster_dir"):
-        from shardex.node import cluster_dir as cdir
+        from shardex.meta import cluster_dir as cdir
 
         path = Path(o["cluster_dir"])
         spec = cdir.load(path)

@@ -26,8 +26,8 @@ import pyarrow as pa
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConfigError
-from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import UPSERT, KeyVersion
+from shardex.meta.index_definition import IndexDefinition
 from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.projector import _columns_of, _projector_for, project_arrow
 

@@ -30,9 +30,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from shardex.api.records import Change
 from shardex.client.range_reads import RangeChanges, RangeSpec, read_round
 from shardex.client.routing import DataRouter, backoff
-from shardex.data.records import Change
 from shardex.errors import ErrorCode, ShardexError
 from shardex.pipeline.source_checks import (
     RESUMABLE,

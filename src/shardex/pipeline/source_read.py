@@ -42,10 +42,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from shardex.api.records import OP_DELETE, Change, SnapshotMarker
 from shardex.client import Client, connect
 from shardex.client.routing import DataRouter, backoff
 from shardex.client.streams import RemoteStream
-from shardex.data.records import OP_DELETE, Change, SnapshotMarker
 from shardex.errors import ErrorCode, ShardexError
 from shardex.pipeline.source_checks import (
     RESUMABLE,

@@ -30,9 +30,9 @@ import asyncio
 import contextlib
 import time
 
+from shardex.api.data import HighSeqnos, HighSeqnosReply
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
-from shardex.data.messages import HighSeqnos, HighSeqnosReply
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Message
 

@@ -24,12 +24,12 @@ import functools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
+from shardex.api.coordinator import StateReply, StateRequest
+from shardex.api.data import HighSeqnos, HighSeqnosReply
 from shardex.core.timestamp import Timestamp
-from shardex.data.messages import HighSeqnos, HighSeqnosReply
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.manager.coordinator_messages import StateReply, StateRequest
-from shardex.manager.member_list import MemberInfo
-from shardex.manager.state import StateContext
+from shardex.meta.member_list import MemberInfo
+from shardex.meta.state import StateContext
 from shardex.net import ConnectionPool
 
 __all__ = ["ClusterView"]

@@ -44,21 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from shardex.core.timestamp import Timestamp
-from shardex.core.topology import Topology
-from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.index_state import (
-    ACTIVE,
-    IndexRecord,
-    find_index,
-    latest_index_topology,
-)
-from shardex.manager.member_list import MemberInfo
-from shardex.net import Connection, ConnectionPool, RpcServer
-from shardex.net.transport import Transport
-from shardex.scan.cluster_view import ClusterView
-from shardex.scan.merge import interleave, merge_heads, merge_ordered, pushdown_limit, window
-from shardex.scan.messages import (
+from shardex.api.scan import (
     AT_PLUS,
     NO_TS,
     REQUEST_PLUS,
@@ -69,11 +55,25 @@ from shardex.scan.messages import (
     SlicesOpened,
     packed_ts,
 )
+from shardex.api.scan_streams import Inboxes, LocalStream, OutStream, OutStreams, Source, cancel_all
+from shardex.api.spans import eliminate, encode_spans, to_wire_spans
+from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.index_state import (
+    ACTIVE,
+    IndexRecord,
+    find_index,
+    latest_index_topology,
+)
+from shardex.meta.member_list import MemberInfo
+from shardex.net import Connection, ConnectionPool, RpcServer
+from shardex.net.transport import Transport
+from shardex.scan.cluster_view import ClusterView
+from shardex.scan.merge import interleave, merge_heads, merge_ordered, pushdown_limit, window
 from shardex.scan.request_plus import SeqnoRide, Speculation
 from shardex.scan.scan_checks import check_request, check_servable
 from shardex.scan.scan_ts import oldest_common, oldest_packed
-from shardex.scan.spans import eliminate, encode_spans, to_wire_spans
-from shardex.scan.streams import Inboxes, LocalStream, OutStream, OutStreams, Source, cancel_all
 from shardex.scan.topology_retry import on_fresh_topology
 
 if TYPE_CHECKING:

@@ -36,12 +36,12 @@ import heapq
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from shardex.api.errors import KeyspaceNotFound
+from shardex.api.records import STATE_ACTIVE, STATE_RELEASED
+from shardex.core.spans import Range
 from shardex.core.topology import Topology
-from shardex.data.errors import KeyspaceNotFound
-from shardex.data.records import STATE_ACTIVE, STATE_RELEASED
-from shardex.index.spans import Range
-from shardex.manager.rebalance_state import in_flight
-from shardex.manager.state import StateContext
+from shardex.meta.rebalance_state import in_flight
+from shardex.meta.state import StateContext
 from shardex.scan.elastic_migrations import MigrationManager
 from shardex.scan.elastic_node import Entry, ShardStore
 from shardex.scan.paging_store_spec import clip_ranges

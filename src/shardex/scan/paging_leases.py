@@ -30,12 +30,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
+from shardex.api.scan import WireTs
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
 from shardex.scan.elastic_adapters_index import snapshot_gone
-from shardex.scan.messages import WireTs
 
 if TYPE_CHECKING:
     from shardex.index.service import IndexService

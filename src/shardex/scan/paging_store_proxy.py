@@ -35,10 +35,20 @@ import uuid
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from shardex.api.scan import (
+    AT_PLUS,
+    CONSISTENCIES,
+    REQUEST_PLUS,
+    STABILITY_NONE,
+    STABILITY_SCAN,
+    StabilityAt,
+    WaitStability,
+)
+from shardex.api.spans import encode_spans, to_wire_spans
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.index_state import IndexRecord
+from shardex.meta.index_state import IndexRecord
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 from shardex.scan.continuation import Continuation, ContinuationCodec, scan_digest
@@ -48,15 +58,6 @@ from shardex.scan.elastic_adapters import (
     ElasticScanNode,
     HistoryLookup,
     has_topology,
-)
-from shardex.scan.messages import (
-    AT_PLUS,
-    CONSISTENCIES,
-    REQUEST_PLUS,
-    STABILITY_NONE,
-    STABILITY_SCAN,
-    StabilityAt,
-    WaitStability,
 )
 from shardex.scan.paging import PageCoordinator, check_page_size
 from shardex.scan.paging_leases import (
@@ -82,7 +83,6 @@ from shardex.scan.paging_store_spec import (
     request_identity,
 )
 from shardex.scan.paging_wire import ShardBatch, ShardBatchResult
-from shardex.scan.spans import encode_spans, to_wire_spans
 from shardex.scan.topology_retry import on_fresh_topology
 
 if TYPE_CHECKING:

@@ -24,11 +24,11 @@ from typing import Any, Final
 
 import msgspec
 
+from shardex.api.scan import NOT_BOUNDED, UserSpan, WireSpan, WireTs
+from shardex.api.spans import from_wire_spans
+from shardex.core.spans import Range, Span, spans_to_ranges
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.spans import Range, Span, spans_to_ranges
 from shardex.net.messages import Message
-from shardex.scan.messages import NOT_BOUNDED, UserSpan, WireSpan, WireTs
-from shardex.scan.spans import from_wire_spans
 
 __all__ = [
     "PRIMARY",

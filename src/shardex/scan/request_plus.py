@@ -20,11 +20,11 @@ from typing import Final
 
 import msgspec
 
+from shardex.api.scan import STABILITY_NONE, IndexScan, ScanSlices
+from shardex.api.scan_streams import Source, cancel_all
 from shardex.core.timestamp import Timestamp
 from shardex.scan.cluster_view import ClusterView
-from shardex.scan.messages import STABILITY_NONE, IndexScan, ScanSlices
 from shardex.scan.scan_ts import covers_seqnos
-from shardex.scan.streams import Source, cancel_all
 
 __all__ = ["SPECULATE_BACKOFF", "SeqnoRide", "Speculation"]
 

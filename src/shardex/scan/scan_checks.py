@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from shardex.api.scan import AT_PLUS, CONSISTENCIES, STABILITIES, IndexScan
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.index_state import ACTIVE, BUILDING, ERROR, READY, IndexRecord
-from shardex.scan.messages import AT_PLUS, CONSISTENCIES, STABILITIES, IndexScan
+from shardex.meta.index_state import ACTIVE, BUILDING, ERROR, READY, IndexRecord
 
 __all__ = ["MAX_TIMEOUT", "check_request", "check_servable"]
 

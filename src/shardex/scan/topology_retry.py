@@ -16,7 +16,7 @@ from typing import Final, TypeVar
 
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.index_state import IndexRecord
+from shardex.meta.index_state import IndexRecord
 
 __all__ = ["MOVED", "RETRY_PAUSE", "on_fresh_topology"]
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from shardex.sim.comm import Packet, Pipe, SimConnection, State
 from shardex.sim.loop import SimLoop, SimulationError
 from shardex.sim.trace import Trace
+from shardex.sim.transport import SimTransport
 
 
 @dataclass
@@ -93,10 +94,8 @@ class SimNetwork:
             self._loop = loop
         return self._loop
 
-    def transport(self, host: str, max_frame: int | None = None):  # type: ignore[no-untyped-def]
+    def transport(self, host: str, max_frame: int | None = None) -> SimTransport:
         """A ``SimTransport`` for ``host`` (one per simulated process)."""
-        from shardex.sim.transport import SimTransport
-
         return SimTransport(self, host, max_frame=max_frame)
 
     def record(self, kind: str, detail: str) -> None:

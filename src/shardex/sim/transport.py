@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from typing import TYPE_CHECKING
 
 from shardex.errors import NodeUnavailable
 from shardex.net.transport import DEFAULT_MAX_FRAME, Comm, CommHandler, Listener, Transport
 from shardex.net.transport import split_address as _split
 from shardex.sim.comm import SimComm, SimConnection
 from shardex.sim.loop import current_host
-from shardex.sim.network import SimNetwork
+
+if TYPE_CHECKING:  # the network builds transports (SimNetwork.transport), not the reverse
+    from shardex.sim.network import SimNetwork
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from shardex.core.expr import (
 )
 from shardex.core.expr.ast import EXPRESSION_KEYWORDS
 from shardex.errors import ErrorCode, ExpressionSyntaxError, ShardexError
-from shardex.index.definition import MAX_INDEX_PARTITIONS
+from shardex.meta.index_definition import MAX_INDEX_PARTITIONS
 
 __all__ = [
     "DDL_KEYWORDS",

@@ -1,6 +1,6 @@
 """The writes of DELETE and UPDATE under optimistic concurrency.
 
-The statement's derived SELECT (``plan.dml_select``, at request_plus) chooses the documents.
+The statement's derived SELECT (``statements.dml_select``, at request_plus) chooses the documents.
 Between that read and the write another client may change one of them; writing back the
 copy the SELECT read would silently undo that client's write (a lost update). So every
 chosen document is read again with its CAS (one ``GetMany`` per owner node), the statement's

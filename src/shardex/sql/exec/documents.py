@@ -16,7 +16,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from shardex.data.messages import (
+from shardex.api.data import (
     Delete,
     Get,
     GetMany,
@@ -27,9 +27,9 @@ from shardex.data.messages import (
     Replace,
     Upsert,
 )
-from shardex.data.partitioning import partition_of
-from shardex.data.records import MutationResult
+from shardex.api.records import MutationResult
 from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.partitioning import partition_of
 from shardex.net import ConnectionPool
 from shardex.net.messages import Message
 from shardex.scan.cluster_view import ClusterView

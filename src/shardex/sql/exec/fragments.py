@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from shardex.core.expr import evaluate, static_path
+from shardex.core.spans import Span
 from shardex.core.timestamp import Timestamp
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.spans import Span
 from shardex.sql.exec.analyze import Budget, key_lookup, reads_meta
 from shardex.sql.exec.bridge import run_pipeline
 from shardex.sql.exec.documents import DocumentAccess

@@ -25,13 +25,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardex.core.expr import Field, Identifier, Meta, evaluate
+from shardex.api.spans import eliminate, encode_spans, to_user_spans
+from shardex.core.expr import evaluate
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.manager.index_state import ACTIVE, IndexRecord, latest_index_topology
-from shardex.manager.state import StateContext
+from shardex.meta.index_state import ACTIVE, IndexRecord, latest_index_topology
+from shardex.meta.state import StateContext
 from shardex.scan.scan_checks import check_servable
-from shardex.scan.spans import eliminate, encode_spans, to_user_spans
 from shardex.sql.exec.analyze import doc_order, doc_where, key_lookup, read_paths
 from shardex.sql.exec.pipeline import mode_of
 from shardex.sql.exec.statements import bound_statement
@@ -40,30 +40,14 @@ from shardex.sql.local import eval_count
 from shardex.sql.planner.choose import IndexChoice, choose_index
 from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.protocol import FragmentSpec, QueryPlan
-from shardex.sql.syntax import (
-    DeleteStmt,
-    ResultTerm,
-    SelectStmt,
-    UpdateStmt,
-)
 from shardex.sql.syntax.bind import BoundSelect
 from shardex.sql.syntax.explain import explain_select
 
-__all__ = ["Leaf", "PhysicalPlan", "bind_statement", "dml_select", "lookup_keys", "plan_select"]
+__all__ = ["Leaf", "PhysicalPlan", "bind_statement", "lookup_keys", "plan_select"]
 
 ROOT_KIND = "sql.root"
 INLINE_KEYS = 64  # a key lookup naming at most this many ids runs without any fragment
 LEAF_KIND = "sql.leaf"
-
-
-def dml_select(stmt: DeleteStmt | UpdateStmt) -> SelectStmt:
-    """The SELECT that finds what a DELETE / UPDATE changes: each row's id and document."""
-    alias = stmt.target.as_name
-    terms = (
-        ResultTerm(Field(Meta(alias), "id"), "id"),
-        ResultTerm(Identifier(alias), "doc"),
-    )
-    return SelectStmt(terms=terms, from_=stmt.target, where=stmt.where, limit=stmt.limit)
 
 
 def bind_statement(sql: str, dml: bool, *, cached: bool = True) -> BoundSelect:

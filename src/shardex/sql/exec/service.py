@@ -8,7 +8,7 @@ most ``plan.INLINE_KEYS`` documents runs right here on the loop instead (one ``G
 per owner, no fragment, no thread). The reply carries the first block of result rows (all
 of them when they fit: no stream at all) unless the ``inline`` switch is off. EXPLAIN: the
 plan as one row. INSERT/UPSERT: by key. DELETE/UPDATE: the derived SELECT
-(``plan.dml_select``) runs distributed at request_plus to choose the documents, then each
+(``statements.dml_select``) runs distributed at request_plus to choose the documents, then each
 is written at its owner under its CAS with the WHERE re-checked on the version written
 (``dml.py``: no lost updates); the reply carries the mutation count. Errors before the
 statement runs answer the request (SQL_SYNTAX with line/column/token, KEYSPACE_NOT_FOUND,
@@ -26,6 +26,15 @@ from typing import Any, Final
 
 import msgspec
 
+from shardex.api.scan import AT_PLUS, CONSISTENCIES, REQUEST_PLUS, StabilityAt, WaitStability
+from shardex.api.scan_streams import OutStream, OutStreams
+from shardex.api.sql_exec import (
+    ExchangeStats,
+    ExchangeStatsReply,
+    SqlQuery,
+    SqlStarted,
+    StreamReport,
+)
 from shardex.core.expr import MISSING, Literal, evaluate, walk
 from shardex.core.expr.ast import Param
 from shardex.core.expr.ops import truth
@@ -33,29 +42,14 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Connection, RpcServer
 from shardex.scan.coordinator import ScanCoordinator, oldest_common
-from shardex.scan.messages import AT_PLUS, CONSISTENCIES, REQUEST_PLUS, StabilityAt, WaitStability
-from shardex.scan.streams import OutStream, OutStreams
 from shardex.sql.exec.analyze import Budget
 from shardex.sql.exec.dml import DELETE, SKIP, write_checked
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragments import lookup_rows, named_keys
-from shardex.sql.exec.messages import (
-    ExchangeStats,
-    ExchangeStatsReply,
-    SqlQuery,
-    SqlStarted,
-    StreamReport,
-)
 from shardex.sql.exec.pipeline import finish, root_rows
-from shardex.sql.exec.plan import (
-    INLINE_KEYS,
-    PhysicalPlan,
-    bind_statement,
-    dml_select,
-    plan_select,
-)
+from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
 from shardex.sql.exec.rows import decode_row, encode_row
-from shardex.sql.exec.statements import parsed
+from shardex.sql.exec.statements import dml_select, parsed
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
 from shardex.sql.local import bind_expr
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy

@@ -10,7 +10,15 @@ from __future__ import annotations
 import functools
 from typing import Final
 
-from shardex.sql.syntax import DeleteStmt, ExplainStmt, SelectStmt, UpdateStmt, parse_statement
+from shardex.core.expr import Field, Identifier, Meta
+from shardex.sql.syntax import (
+    DeleteStmt,
+    ExplainStmt,
+    ResultTerm,
+    SelectStmt,
+    UpdateStmt,
+    parse_statement,
+)
 from shardex.sql.syntax.bind import BoundSelect, bind_select
 from shardex.sql.syntax.parser import Statement
 
@@ -30,8 +38,6 @@ def parsed(sql: str, *, cached: bool = True) -> Statement:
 
 
 def _bind(stmt: Statement, dml: bool) -> BoundSelect:
-    from shardex.sql.exec.plan import dml_select  # plan imports this module
-
     if isinstance(stmt, ExplainStmt):
         stmt = stmt.statement
     if dml:
@@ -49,3 +55,13 @@ def _bound(sql: str, dml: bool) -> BoundSelect:
 def bound_statement(sql: str, dml: bool, *, cached: bool = True) -> BoundSelect:
     """The bound SELECT of ``sql`` (the one a DML statement derives when ``dml``)."""
     return _bound(sql, dml) if cached else _bind(parse_statement(sql), dml)
+
+
+def dml_select(stmt: DeleteStmt | UpdateStmt) -> SelectStmt:
+    """The SELECT that finds what a DELETE / UPDATE changes: each row's id and document."""
+    alias = stmt.target.as_name
+    terms = (
+        ResultTerm(Field(Meta(alias), "id"), "id"),
+        ResultTerm(Identifier(alias), "doc"),
+    )
+    return SelectStmt(terms=terms, from_=stmt.target, where=stmt.where, limit=stmt.limit)

@@ -26,10 +26,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Final
 
+from shardex.api.query_ids import QueryId
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.protocol import ExchangeMeter, StreamStats
 from shardex.sql.protocol.flow import StreamKey
-from shardex.sql.protocol.ids import QueryId
 
 __all__ = ["METER_QUERIES", "SWITCHES", "BoundedMeter", "check_tuning"]
 

@@ -30,7 +30,7 @@ from typing import Any
 from shardex.core.expr import MISSING, Expr, parse_expression, static_path
 from shardex.core.expr.analysis import Path
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.definition import IndexDefinition
+from shardex.meta.index_definition import IndexDefinition
 
 from .sargable import KeyAtom, Range, conjuncts, constrain_keys
 

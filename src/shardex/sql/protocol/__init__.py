@@ -6,12 +6,8 @@ control, cancel through the initiator (at most 2N messages), and ``check`` to fr
 of queries the initiator no longer runs. Mount it on a node with ``QueryService.install``.
 """
 
-from shardex.sql.protocol.config import BeforeSend, MemberDirectory, ProtocolConfig
-from shardex.sql.protocol.directory import MembershipDirectory
-from shardex.sql.protocol.flow import MIN_WINDOW, ExchangeMeter, StreamStats
-from shardex.sql.protocol.fragments import Fragment, FragmentContext, FragmentRegistry
-from shardex.sql.protocol.ids import QueryId, QueryIdFactory
-from shardex.sql.protocol.messages import (
+from shardex.api.query_ids import QueryId, QueryIdFactory
+from shardex.api.sql_protocol import (
     FragmentSpec,
     QueryBatch,
     QueryCancel,
@@ -21,6 +17,10 @@ from shardex.sql.protocol.messages import (
     QueryFlowControl,
     QueryPlan,
 )
+from shardex.sql.protocol.config import BeforeSend, MemberDirectory, ProtocolConfig
+from shardex.sql.protocol.directory import MembershipDirectory
+from shardex.sql.protocol.flow import MIN_WINDOW, ExchangeMeter, StreamStats
+from shardex.sql.protocol.fragments import Fragment, FragmentContext, FragmentRegistry
 from shardex.sql.protocol.results import QueryMetrics, QueryResult
 from shardex.sql.protocol.service import QueryService
 

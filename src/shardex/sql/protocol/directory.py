@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from shardex.manager.member_list import DOWN
-from shardex.manager.membership import Membership
+from shardex.meta.member_list import DOWN
+
+if TYPE_CHECKING:  # the node hands its Membership in; the protocol layer never builds one
+    from shardex.manager.membership import Membership
 
 __all__ = ["MembershipDirectory"]
 

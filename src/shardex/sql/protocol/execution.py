@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pyarrow as pa
 
+from shardex.api.query_ids import QueryId
+from shardex.api.sql_protocol import FragmentSpec, QueryBatch, QueryExecute, QueryFlowControl
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
 from shardex.sql.protocol.flow import ExchangeMeter, Inbox, Outbox
 from shardex.sql.protocol.fragments import FragmentContext, FragmentRegistry
-from shardex.sql.protocol.ids import QueryId
-from shardex.sql.protocol.messages import FragmentSpec, QueryBatch, QueryExecute, QueryFlowControl
 from shardex.sql.protocol.plan import PlanLayout
 from shardex.sql.protocol.results import ResultChannel
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from shardex.api.query_ids import QueryId
+from shardex.api.sql_protocol import QueryBatch
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
 from shardex.sql.protocol.batches import decode_batch, split_to_fit
-from shardex.sql.protocol.ids import QueryId
-from shardex.sql.protocol.messages import QueryBatch
 
 __all__ = ["MIN_WINDOW", "ExchangeMeter", "Inbox", "Outbox", "StreamKey", "StreamStats"]
 

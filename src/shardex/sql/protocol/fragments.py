@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from shardex.api.query_ids import QueryId
+from shardex.api.sql_protocol import FragmentSpec
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.protocol.ids import QueryId
-from shardex.sql.protocol.messages import FragmentSpec
 
 __all__ = ["Fragment", "FragmentContext", "FragmentRegistry"]
 

@@ -12,12 +12,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from shardex.api.query_ids import QueryId
+from shardex.api.sql_protocol import QueryCancel, QueryExecute, QueryPlan
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.net.messages import Message
 from shardex.sql.protocol.flow import MIN_WINDOW
 from shardex.sql.protocol.fragments import FragmentRegistry
-from shardex.sql.protocol.ids import QueryId
-from shardex.sql.protocol.messages import QueryCancel, QueryExecute, QueryPlan
 from shardex.sql.protocol.plan import PlanLayout, layout_plan
 from shardex.sql.protocol.results import QueryResult, ResultChannel
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardex.api.sql_protocol import FragmentSpec, QueryPlan
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.protocol.messages import FragmentSpec, QueryPlan
 
 __all__ = ["Edge", "PlanLayout", "layout_plan"]
 

@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from shardex.sql.protocol.ids import QueryId
-from shardex.sql.protocol.messages import QueryBatch
+from shardex.api.query_ids import QueryId
+from shardex.api.sql_protocol import QueryBatch
 
 if TYPE_CHECKING:
     from shardex.sql.protocol.execution import QueryExecution

@@ -15,8 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from shardex.api.query_ids import QueryId
 from shardex.errors import ShardexError
-from shardex.sql.protocol.ids import QueryId
 
 __all__ = ["QueryMetrics", "QueryResult", "ResultChannel"]
 

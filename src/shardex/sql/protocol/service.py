@@ -24,6 +24,15 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from shardex.api.query_ids import QueryId, QueryIdFactory
+from shardex.api.sql_protocol import (
+    QueryBatch,
+    QueryCancel,
+    QueryCheck,
+    QueryCheckResponse,
+    QueryExecute,
+    QueryFlowControl,
+)
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.connection import Handler
@@ -33,16 +42,7 @@ from shardex.sql.protocol.config import BeforeSend, MemberDirectory, ProtocolCon
 from shardex.sql.protocol.execution import QueryExecution
 from shardex.sql.protocol.flow import ExchangeMeter
 from shardex.sql.protocol.fragments import FragmentRegistry
-from shardex.sql.protocol.ids import QueryId, QueryIdFactory
 from shardex.sql.protocol.initiator import InitiatorRole, cancelled, wire_details
-from shardex.sql.protocol.messages import (
-    QueryBatch,
-    QueryCancel,
-    QueryCheck,
-    QueryCheckResponse,
-    QueryExecute,
-    QueryFlowControl,
-)
 from shardex.sql.protocol.plan import PlanLayout, layout_plan
 from shardex.sql.protocol.registry import QueryRegistry
 from shardex.sql.protocol.results import ResultChannel

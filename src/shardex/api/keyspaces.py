@@ -1,0 +1,72 @@
+"""Keyspace DDL messages (client -> any manager node -> the coordinator master) and the
+cluster-level rule for keyspace names, checked by the client before sending and by the
+coordinator again."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from shardex.api.errors import BadRequest
+from shardex.core.topology import Topology
+from shardex.meta.partitioning import DEFAULT_NUM_PARTITIONS
+from shardex.meta.state import KeyspaceMeta
+from shardex.net.messages import Message
+
+KEYSPACE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
+MAX_KEYSPACE_NAME = 100
+
+
+class CreateKeyspace(Message, tag="manager.CreateKeyspace"):
+    name: str
+    num_partitions: int = DEFAULT_NUM_PARTITIONS
+    request_id: str = ""
+
+
+class DropKeyspace(Message, tag="manager.DropKeyspace"):
+    name: str
+    request_id: str = ""
+
+
+class ListKeyspaces(Message, tag="manager.ListKeyspaces"):
+    request_id: str = ""
+
+
+class KeyspaceCreated(Message, tag="manager.KeyspaceCreated"):
+    meta: KeyspaceMeta
+    topology: Topology
+
+
+class KeyspaceDropped(Message, tag="manager.KeyspaceDropped"):
+    name: str
+    uuid: str
+    # data nodes that drop their copy when they reconcile (not recorded for a retried request)
+    pending_nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class KeyspaceList(Message, tag="manager.KeyspaceList"):
+    keyspaces: list[KeyspaceMeta]
+    topologies: dict[str, Topology]  # latest topology of each keyspace
+
+
+def check_keyspace_name(name: object) -> str:
+    """The cluster-level rule (stricter than the engine's on-disk alphabet): an identifier
+    that SQL can name without quoting tricks, dashes allowed."""
+    if not isinstance(name, str) or not name:
+        raise BadRequest(
+            f"keyspace name must be a non-empty string, got {name!r}",
+            details={"keyspace": repr(name)},
+        )
+    if len(name) > MAX_KEYSPACE_NAME or not KEYSPACE_NAME.match(name):
+        raise BadRequest(
+            f"invalid keyspace name {name!r}",
+            details={
+                "keyspace": name[:120],
+                "hint": f"1-{MAX_KEYSPACE_NAME} characters: a letter or _ first, then letters, "
+                "digits, _ or -",
+            },
+        )
+    return name

@@ -1,0 +1,68 @@
+"""Client-facing SQL messages. ``SqlQuery`` (a request) runs one statement on the node that
+receives it (the initiator); the reply ``SqlStarted`` says it runs (or, for DML, what it
+changed) and carries the first block of rows, all of them for a small result; any further
+result rows follow on the same connection as the scan streams' one-way
+``ScanBlock`` messages (each entry one msgpack-encoded row, ``shardex.sql.exec.rows``) and one
+``ScanEnd``, with the same block-credit flow control (``shardex.api.scan_streams``).
+
+``ExchangeStats`` asks one node what its ``ExchangeMeter`` saw of one query's exchanges
+(the benchmark of bytes in flight against the credit window)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from shardex.api.scan import WireTs
+from shardex.net.messages import Message
+
+__all__ = ["ExchangeStats", "ExchangeStatsReply", "SqlQuery", "SqlStarted", "StreamReport"]
+
+
+class SqlQuery(Message, tag="sql.QueryRequest"):
+    stream_id: int  # the opener's scan id for the result stream (unique on its connection)
+    statement: str
+    params: list[Any] | dict[str, Any] | None = None
+    consistency: str = "request_plus"
+    at: WireTs | None = None  # at_plus: the vector to cover
+    timeout: float = 60.0
+    credit: int = 4  # result blocks the node may send before waiting for ScanCredit
+    max_rows_in_memory: int | None = None  # None: the node's default budget
+    window: int | None = None  # credit window of the query's exchanges; None: the default
+    tuning: dict[str, bool] | None = None  # execution switches (``tuning.py``); None: all on
+
+
+class SqlStarted(Message, tag="sql.QueryStarted"):
+    stream_id: int
+    statement: str  # select | explain | insert | upsert | delete | update
+    mutation_count: int = 0
+    index: str | None = None  # the index a SELECT reads (None: no index)
+    ts: WireTs | None = None  # the stability TS every scan of the query read
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The first block of result rows, carried by the reply itself (no credit spent), and
+    # ``done`` when that is every row: no ``ScanBlock``/``ScanEnd`` follow.
+    rows: list[bytes] | None = None
+    done: bool = False
+
+
+class ExchangeStats(Message, tag="sql.ExchangeStats"):
+    query_id: str  # as ``str(QueryId)``, what ``SqlStarted.details["query_id"]`` says
+
+
+class StreamReport(msgspec.Struct, array_like=True, frozen=True):
+    """One stream (edge, sender) as this node's meter saw it: the sender's side (sent,
+    max_sender_bound, stalls) on the sender's node, the receiver's (consumed) on its own."""
+
+    edge: int
+    sender: str
+    window: int
+    sent: int
+    consumed: int
+    max_sender_bound: int  # max of sent - (credit limit - window): >= bytes in flight
+    stalls: int
+
+
+class ExchangeStatsReply(Message, tag="sql.ExchangeStatsReply"):
+    member: str
+    streams: list[StreamReport]

@@ -1,0 +1,147 @@
+"""Input checks run before any lock is taken or byte written.
+
+Every check raises a ``ShardexError`` whose ``details`` name the offending value, so a caller
+(or the bulk loader's per-line report) can say exactly what was wrong. Nothing here touches
+storage: a rejected request cannot have changed anything.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+
+from shardex.api.errors import BadRequest, DocTooLarge
+
+MAX_DOCID_BYTES = 250
+DEFAULT_MAX_DOC_BYTES = 1024 * 1024
+
+Durability = Literal["persist", "memory"]
+DURABILITIES = ("persist", "memory")
+
+_POSITION = re.compile(r"\(byte (\d+)\)")
+# Built once: ``msgspec.json.decode(body, type=dict)`` converts the type on every call, which
+# measured 3x the parse itself for a 300-byte document (20 vs 7 us), on every write, on the
+# client and again on the node.
+_OBJECT = msgspec.json.Decoder(dict)
+_encode_json = msgspec.json.Encoder().encode
+
+
+def check_docid(docid: object) -> str:
+    if not isinstance(docid, str):
+        raise BadRequest(
+            f"docid must be a string, got {type(docid).__name__}",
+            details={"docid": repr(docid)[:100]},
+        )
+    if not docid:
+        raise BadRequest("docid must not be empty", details={"docid": ""})
+    try:
+        n = len(docid.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise BadRequest(
+            f"docid is not valid Unicode text: {exc.reason}",
+            details={"docid": repr(docid)[:100], "position": exc.start},
+        ) from None
+    if n > MAX_DOCID_BYTES:
+        raise BadRequest(
+            f"docid is {n} UTF-8 bytes, the limit is {MAX_DOCID_BYTES}",
+            details={"docid": docid[:60] + "...", "size": n, "limit": MAX_DOCID_BYTES},
+        )
+    return docid
+
+
+def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
+    """The JSON bytes to store for ``doc``: a dict (encoded), or JSON text / bytes that must
+    parse as an object (kept as given, so a client that already holds JSON pays no re-encode).
+
+    The size is checked before parsing text so an oversized body is never parsed."""
+    # The common case first (the node's every write: JSON the caller already holds, kept
+    # without a copy); any failure takes the general path below for its error.
+    if type(doc) is bytes and len(doc) <= max_bytes:
+        try:
+            _OBJECT.decode(doc)
+            return doc
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            pass
+    if isinstance(doc, dict):
+        try:
+            body = _encode_json(doc)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise BadRequest(
+                f"document is not JSON-serialisable: {exc}", details={"docid": docid}
+            ) from None
+        _check_size(body, max_bytes, docid)
+        return body
+    if isinstance(doc, str):
+        try:
+            body = doc.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadRequest(
+                f"document text is not valid Unicode: {exc.reason}",
+                details={"docid": docid, "position": exc.start},
+            ) from None
+    elif type(doc) is bytes:  # the common case: JSON the caller already holds, no copy
+        body = doc
+    elif isinstance(doc, bytes | bytearray | memoryview):
+        body = bytes(doc)
+    else:
+        raise BadRequest(
+            f"document must be a JSON object (dict) or JSON text, got {type(doc).__name__}",
+            details={"docid": docid, "type": type(doc).__name__},
+        )
+    _check_size(body, max_bytes, docid)
+    try:
+        _OBJECT.decode(body)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(
+            f"document must be a JSON object: {exc}", details={"docid": docid}
+        ) from None
+    except msgspec.DecodeError as exc:
+        m = _POSITION.search(str(exc))
+        raise BadRequest(
+            f"document is not valid JSON: {exc}",
+            details={"docid": docid, "position": int(m.group(1)) if m else None},
+        ) from None
+    except UnicodeDecodeError as exc:  # msgspec's own error for a string that is not UTF-8
+        raise BadRequest(
+            f"document is not valid UTF-8: {exc.reason}",
+            details={"docid": docid, "position": exc.start},
+        ) from None
+    return body
+
+
+def _check_size(body: bytes, max_bytes: int, docid: str) -> None:
+    if len(body) > max_bytes:
+        raise DocTooLarge(
+            f"document is {len(body)} bytes encoded, the limit is {max_bytes}",
+            details={"docid": docid, "size": len(body), "limit": max_bytes},
+        )
+
+
+def check_cas(cas: object) -> int | None:
+    if cas is None:
+        return None
+    if isinstance(cas, bool) or not isinstance(cas, int) or cas <= 0:
+        raise BadRequest(
+            f"cas must be a positive integer or None, got {cas!r}", details={"cas": repr(cas)}
+        )
+    return cas
+
+
+def check_durability(durability: object) -> bool:
+    """True when the WAL must be fsynced before the acknowledgement."""
+    if durability not in DURABILITIES:
+        raise BadRequest(
+            f"durability must be one of {DURABILITIES}, got {durability!r}",
+            details={"durability": repr(durability)},
+        )
+    return durability == "persist"
+
+
+def check_seqno(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(
+            f"{name} must be a non-negative integer, got {value!r}", details={name: repr(value)}
+        )
+    return value

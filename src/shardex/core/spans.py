@@ -1,0 +1,76 @@
+"""Scan spans over encoded keys, and their byte ranges over encoded entries.
+
+A span bounds the *key* part of entries (``entry = key + 02 + docid``) with encoded keys
+from ``shardex.core.keycodec.encode_key``. A bound may encode fewer parts than the index has
+(a prefix); comparisons are then on the leading parts, which is what a planner means by
+``k1 > 5`` on a two-part index. Because part encodings are self-delimiting, "the leading parts
+of an entry equal bound ``b``" is exactly "the entry starts with ``b``", so:
+
+* inclusive low ``b``  -> entries ``>= b``
+* exclusive low ``b``  -> entries ``>= successor(b)`` (skips every entry starting with ``b``)
+* inclusive high ``b`` -> entries ``< successor(b)``
+* exclusive high ``b`` -> entries ``< b``
+
+``None`` is an open end. Spans are normalised into sorted, disjoint byte ranges, so
+overlapping spans never return an entry twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from shardex.core.keycodec import successor
+
+Range = tuple[bytes | None, bytes | None]  # [lower, upper), None = open
+
+
+class Span(NamedTuple):
+    low: bytes | None = None
+    high: bytes | None = None
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+
+
+def _lower(s: Span) -> bytes | None:
+    if not s.low:
+        return None
+    return s.low if s.low_inclusive else successor(s.low)
+
+
+def _upper(s: Span) -> bytes | None:
+    if not s.high:
+        return None
+    return successor(s.high) if s.high_inclusive else s.high
+
+
+def spans_to_ranges(spans: Iterable[Span] | None) -> list[Range]:
+    """Sorted, disjoint ``[lower, upper)`` byte ranges covering the union of ``spans``.
+
+    No spans (``None``) means the whole slice; an empty list means nothing.
+    """
+    if spans is None:
+        return [(None, None)]
+    ranges: list[Range] = []
+    for s in spans:
+        lo, hi = _lower(s), _upper(s)
+        if lo is not None and hi is not None and lo >= hi:
+            continue  # empty span
+        ranges.append((lo, hi))
+    ranges.sort(key=lambda r: b"" if r[0] is None else r[0])
+    merged: list[Range] = []
+    for lo, hi in ranges:
+        if merged:
+            plo, phi = merged[-1]
+            if phi is None or (lo is not None and lo <= phi) or lo is None:
+                # overlaps or touches the previous range: extend it
+                new_hi = None if phi is None or hi is None else max(phi, hi)
+                merged[-1] = (plo, new_hi)
+                continue
+        merged.append((lo, hi))
+    return merged
+
+
+def in_ranges(entry: bytes, ranges: Sequence[Range]) -> bool:
+    """Whether ``entry`` falls in one of ``ranges`` (the oracle's reference for scans)."""
+    return any((lo is None or entry >= lo) and (hi is None or entry < hi) for lo, hi in ranges)

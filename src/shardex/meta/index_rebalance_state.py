@@ -1,0 +1,208 @@
+"""Index-partition moves in the replicated state: planning and the pure rules over them.
+
+The coordinator master records every index move in ``RebalanceRecord.index_moves`` before it
+tells any indexer, and changes a move's status in the same commit as its effect (``moving``
+before the target hears of it, ``routing`` once the target's slice exists, ``done`` together
+with the new index topology). So the state alone says which moves may have left a slice on
+a node, which partitions the pipeline must send to two indexers, and what a newly promoted
+master must clean up. Everything here is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.index_rebalance_record import IndexMoveRecord
+from shardex.meta.index_state import ACTIVE, INIT, LIVE_STATES, IndexRecord
+
+__all__ = [
+    "CANCELLED",
+    "DONE",
+    "FAILED",
+    "MOVING",
+    "PLANNED",
+    "IndexMoveRecord",
+    "PlannedIndexMove",
+    "interrupt_index_moves",
+    "moving_targets",
+    "new_index_moves",
+    "plan_index_moves",
+    "publish_index_move",
+    "routed_targets",
+]
+
+# The data moves' status strings (``rebalance_state``), repeated here so this module does
+# not import it (it imports the record from ``index_rebalance_record``).
+PLANNED = "planned"
+MOVING = "moving"
+DONE = "done"
+FAILED = "failed"
+CANCELLED = "cancelled"
+
+# (index id, index name, keyspace, index partition, source, target, base seq)
+PlannedIndexMove = tuple[str, str, str, int, str, str, int]
+
+
+def plan_index_moves(
+    indexes: Mapping[str, IndexRecord],
+    topologies: Mapping[str, list[Topology]],
+    indexer_nodes: Iterable[str],
+    up_nodes: Iterable[str],
+) -> list[PlannedIndexMove]:
+    """The fewest index-partition moves that leave every up indexer within one slice of the
+    others (slices counted over every live index), spreading each index's partitions.
+
+    Only slices of ACTIVE indexes whose placement was not pinned (``WITH {"nodes": ...}``)
+    move; the others still count as load. Each move takes a slice from the most loaded node
+    to the least loaded one, so every move lowers the spread and none is wasted. Refuses
+    when a node that holds slices is down: its slices cannot be copied."""
+    up = sorted(set(up_nodes))
+    known = set(indexer_nodes)
+    load: Counter[str] = Counter({n: 0 for n in up})
+    per_index: Counter[tuple[str, str]] = Counter()  # (index id, node) -> slices
+    movable: dict[str, list[tuple[str, int]]] = {n: [] for n in up}
+    base: dict[str, int] = {}
+    names: dict[str, tuple[str, str]] = {}
+    for index_id in sorted(indexes):
+        rec = indexes[index_id]
+        history = topologies.get(index_id)
+        if rec.state not in LIVE_STATES or rec.state == INIT or not history:
+            continue
+        topo = history[-1]
+        down = sorted({n for n in topo.assignment.values() if n not in up and n in known})
+        if down:
+            raise ShardexError(
+                f"cannot rebalance index {rec.name!r} of {rec.keyspace!r}: "
+                f"{', '.join(down)} hold(s) its slices and is down",
+                code=ErrorCode.NODE_UNAVAILABLE,
+                details={"index": rec.name, "down": down, "hint": "start the node, then retry"},
+            )
+        base[index_id] = topo.seq_num
+        names[index_id] = (rec.name, rec.keyspace)
+        for p, node in sorted(topo.assignment.items()):
+            if node not in load:
+                continue  # a node no longer a member: nothing to copy from
+            load[node] += 1
+            per_index[(index_id, node)] += 1
+            if rec.state == ACTIVE and rec.nodes is None:
+                movable[node].append((index_id, p))
+    out: list[PlannedIndexMove] = []
+    exhausted: set[str] = set()
+    while len(up) > 1:
+        receiver = min(up, key=lambda n: (load[n], n))
+        donors = [n for n in up if n not in exhausted and load[n] - load[receiver] > 1]
+        if not donors:
+            break
+        donor = max(donors, key=lambda n: (load[n], n))
+        if not movable[donor]:
+            exhausted.add(donor)
+            continue
+        # The slice whose index gains the most spread: few slices of it on the receiver,
+        # many on the donor; then the highest partition (deterministic).
+        pick = min(
+            movable[donor],
+            key=lambda s: (
+                per_index[(s[0], receiver)] - per_index[(s[0], donor)],
+                s[0],
+                -s[1],
+            ),
+        )
+        movable[donor].remove(pick)
+        index_id, p = pick
+        load[donor] -= 1
+        load[receiver] += 1
+        per_index[(index_id, donor)] -= 1
+        per_index[(index_id, receiver)] += 1
+        name, keyspace = names[index_id]
+        out.append((index_id, name, keyspace, p, donor, receiver, base[index_id]))
+    return sorted(out, key=lambda m: (m[2], m[1], m[3]))
+
+
+def new_index_moves(
+    planned: list[PlannedIndexMove], migration_ids: Iterable[str]
+) -> list[IndexMoveRecord]:
+    return [
+        IndexMoveRecord(
+            migration_id=mid,
+            index_id=index_id,
+            index_name=name,
+            keyspace=keyspace,
+            partition=p,
+            source=src,
+            target=dst,
+            base_seq=seq,
+        )
+        for (index_id, name, keyspace, p, src, dst, seq), mid in zip(
+            planned, migration_ids, strict=True
+        )
+    ]
+
+
+def replace_index_move(
+    moves: list[IndexMoveRecord], migration_id: str, **changes: object
+) -> list[IndexMoveRecord]:
+    """``moves`` with one move's fields replaced."""
+    return [
+        msgspec.structs.replace(m, **changes) if m.migration_id == migration_id else m
+        for m in moves
+    ]
+
+
+def routed_targets(moves: Iterable[IndexMoveRecord]) -> dict[str, dict[int, str]]:
+    """index id -> index partition -> target, for the moves the pipeline must send to both
+    source and target (``moving`` with the target's slice allocated)."""
+    out: dict[str, dict[int, str]] = {}
+    for m in moves:
+        if m.status == MOVING and m.routing:
+            out.setdefault(m.index_id, {})[m.partition] = m.target
+    return out
+
+
+def moving_targets(moves: Iterable[IndexMoveRecord]) -> dict[tuple[str, int], str]:
+    """(index id, partition) -> target of every move in flight (its target may hold a
+    catching-up slice that reconciliation must leave alone)."""
+    return {(m.index_id, m.partition): m.target for m in moves if m.status == MOVING}
+
+
+def interrupt_index_moves(moves: list[IndexMoveRecord], why: str) -> list[IndexMoveRecord]:
+    """A master failover: moves not started are cancelled, moves in flight failed. An index
+    move has no point of no return outside the coordinator: the topology switch and ``done``
+    are one commit, so a move still ``moving`` never switched and is simply aborted (its
+    source kept serving throughout)."""
+    out = []
+    for m in moves:
+        if m.status == PLANNED:
+            m = msgspec.structs.replace(m, status=CANCELLED)
+        elif m.status == MOVING:
+            m = msgspec.structs.replace(m, status=FAILED, routing=False, error=why)
+        out.append(m)
+    return out
+
+
+def publish_index_move(
+    history: list[Topology], move: IndexMoveRecord
+) -> tuple[list[Topology], Topology]:
+    """The index topology history with the move appended as ``seq_num + 1``. Refuses if the
+    partition is not on the move's source any more."""
+    if not history:
+        raise ShardexError(
+            f"index {move.index_name!r} has no topology",
+            code=ErrorCode.INDEX_NOT_FOUND,
+            details={"index": move.index_id},
+        )
+    latest = history[-1]
+    owner = latest.assignment.get(move.partition)
+    if owner != move.source:
+        raise ShardexError(
+            f"partition {move.partition} of index {move.index_name!r} is on {owner}, not on "
+            f"the move's source {move.source}",
+            code=ErrorCode.STALE_TOPOLOGY,
+            details={"partition": move.partition, "owner": owner, "source": move.source},
+        )
+    topo = latest.with_moves({move.partition: move.target})
+    return [*history, topo], topo

@@ -1,0 +1,15 @@
+"""What a node runs, where it listens and how fast membership notices a failure, unless its
+config says otherwise; shared by node configs and the local cluster directory."""
+
+from __future__ import annotations
+
+ALL_SERVICES: tuple[str, ...] = ("data", "index", "query", "manager")
+
+
+BIND_HOST = "127.0.0.1"  # every listener binds loopback only (see docs/operations.md)
+
+
+DEFAULT_HEARTBEAT_INTERVAL = 0.5
+
+
+DEFAULT_FAILURE_TIMEOUT = 3.0

@@ -1,4 +1,4 @@
-"""The data node's write fast paths (session 8, issue 5) keep what the general paths give.
+"""The data node's write fast paths keep what the general paths give.
 
 * ``encode_document`` checks a ``bytes`` body inline: it must accept and reject exactly what
   the general path (a ``bytearray`` of the same text goes there) does, with the same error.

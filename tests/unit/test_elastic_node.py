@@ -46,7 +46,7 @@ async def drain(coord: PageCoordinator, size: int, ordered: bool, between=None):
 @pytest.mark.parametrize("ordered", [False, True])
 def test_a_move_between_two_base_shards_is_exact(ordered: bool) -> None:
     """P0 moves A -> B (both base shards): B's normal scan must not take P0 for a partition
-    that came back (the seed's pseudo-code would raise QUERY_STATE here)."""
+    that came back (the algorithm's pseudo-code would raise QUERY_STATE here)."""
     cluster, coord = make()
 
     def between(n: int) -> None:

@@ -4,7 +4,7 @@ Shards S1 (P1..P6) and S2 (P7..P12); S3 joins and receives P2 (during batch 1), 
 batch 3), P7 (before batch 4) and P8 (during batch 4, between S2's batch and S3's). Index
 entries are (index key, primary key, partition).
 
-The seed says the query is ``key > 15`` but its walk-through returns (12, 40, 8) and
+The algorithm's text says the query is ``key > 15`` but its walk-through returns (12, 40, 8) and
 (15, 41, 7) in batch 3, i.e. it actually scans the whole index. Both are tested: the
 walk-through verbatim over the whole index (its rows, continuation states and union), and
 the same schedule with ``key > 15`` really applied (rows worked out by hand below).
@@ -27,7 +27,7 @@ S1_INDEX = [(23, 11, 1), (47, 12, 2), (55, 13, 2), (58, 14, 3), (60, 15, 6), (60
 S1_INDEX += [(62, 18, 2), (75, 19, 1), (75, 20, 5), (75, 21, 2), (80, 22, 4)]
 S2_INDEX = [(12, 40, 8), (15, 41, 7), (23, 42, 12), (23, 43, 8), (34, 44, 7), (47, 45, 10)]
 S2_INDEX += [(48, 46, 7), (66, 47, 9), (70, 48, 7), (70, 49, 8), (70, 50, 7), (80, 51, 11)]
-PAGE_SIZES = [4, 4, 5, 7, 5, 5]  # the seed's batch limits, read off its walk-through
+PAGE_SIZES = [4, 4, 5, 7, 5, 5]  # the example's batch limits, read off its walk-through
 SECRET = "worked-example-secret"
 
 Triple = tuple[int, int, int]
@@ -53,14 +53,14 @@ def build() -> ElasticMemoryCluster:
     entries = [(key(i, pk), p, pk) for i, pk, p in S1_INDEX + S2_INDEX]
     cluster = ElasticMemoryCluster(assignment, entries, extra_nodes=["S3"])
     for node in ("S1", "S2", "S3"):
-        # The seed's example answers a mid-batch move with an empty page and the saved
+        # The specification's example answers a mid-batch move with an empty page and the saved
         # continuation (its consumption-limit branch), not a local repeat.
         cluster.scanner(node, span_of, max_local_repeats=0)
     return cluster
 
 
 class Script:
-    """Runs the example's migrations at the points the seed names."""
+    """Runs the example's migrations at the points the specification names."""
 
     def __init__(self, cluster: ElasticMemoryCluster) -> None:
         self.cluster = cluster
@@ -149,7 +149,7 @@ def test_the_seed_walk_through_verbatim() -> None:
     assert (st.shard_idx, resume_of(st)) == (1, (15, 41))
     assert vsm_of(st) == [(2, "S3", None), (3, "S3", (60, 16))]
     # Batch 4: P7 detected at (15, 41, 7); S2 ends; the virtual scan of P2 on S3 starts.
-    # (The seed says "7 results" for S2 but lists six entries; the page has 6 + 1.)
+    # (The specification says "7 results" for S2 but lists six entries; the page has 6 + 1.)
     assert rows[3] == [
         (23, 42, 12),
         (23, 43, 8),
@@ -172,7 +172,7 @@ def test_the_seed_walk_through_verbatim() -> None:
     union = [r for b in rows for r in b]
     assert len(union) == len(set(union))
     assert sorted(union) == sorted(S1_INDEX + S2_INDEX)
-    # The migrations really happened where the seed puts them.
+    # The migrations really happened where the specification puts them.
     assert cluster.owner[2] == cluster.owner[3] == cluster.owner[7] == cluster.owner[8] == "S3"
     assert cluster.history.latest is not None and cluster.history.latest.seq_num == 5
     assert "4:S3:2" in script.calls
@@ -203,7 +203,7 @@ def test_the_example_with_key_greater_than_15_applied() -> None:
 
 @pytest.mark.parametrize("spec", [b"all", b"gt:15"])
 def test_the_example_schedule_as_an_ordered_scan(spec: bytes) -> None:
-    """Beyond the seed: the same migrations under an ordered (merging) paginated scan."""
+    """Beyond the specification: the same migrations under an ordered (merging) paginated scan."""
     batches, _, _ = run_example(spec, ordered=True)
     union = [r for b in batches for r in b[0]]
     expected = [e for e in S1_INDEX + S2_INDEX if spec == b"all" or e[0] > 15]

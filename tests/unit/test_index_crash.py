@@ -123,7 +123,7 @@ def test_kill_9_between_stabilises(tmp_path, kill_after: int) -> None:
 
 
 def test_history_is_deterministic() -> None:
-    """The child and the parent rebuild the same history from the seed."""
+    """The child and the parent rebuild the same history from the random seed."""
     a, ta = history(5)
     b, tb = history(5)
     assert ta == tb and a.log == b.log

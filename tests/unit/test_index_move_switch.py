@@ -1,4 +1,4 @@
-"""An index move's switch seen by the stabilise rounds (issue 6, item 1): a round stabilises
+"""An index move's switch seen by the stabilise rounds: a round stabilises
 exactly the slices its rows were routed to, per node, so a source that still holds a
 switched-away slice never snapshots a TS whose changes went to the target only."""
 

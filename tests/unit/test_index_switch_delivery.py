@@ -1,4 +1,4 @@
-"""``IndexPartitionSwitched`` reaches the source (issue 6, item 2): the master re-sends it
+"""``IndexPartitionSwitched`` reaches the source: the master re-sends it
 until acknowledged, the node is down or its term ended; the source takes it idempotently;
 and a source that never got it learns the switch from the committed state at its next
 reconciliation (not the orphan drop's 30 s later)."""

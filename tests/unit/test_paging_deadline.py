@@ -1,4 +1,4 @@
-"""A paginated scan's first page waits for stability under ONE deadline (issue 6, item 3):
+"""A paginated scan's first page waits for stability under ONE deadline:
 every topology retry of its ``WaitStability`` gets only the time that is left, so partitions
 moving under it cannot stretch the wait to attempts x timeout."""
 

@@ -1,4 +1,4 @@
-"""The short paths of a scan (issue 6 latency work), over the same real-TCP two-node setup as
+"""The short paths of a scan (its latency), over the same real-TCP two-node setup as
 ``test_scan_service.py``:
 
 * a small scan is answered in the replies alone (no stream on either hop);

@@ -1,6 +1,6 @@
 """Requests answered in the receive callback (``Router.route_inline``), requests sent without
 a task (``Connection.request_future``), and the data service's ``HighSeqnos`` answered
-inline: the message path of a request_plus scan's high-seqno round (issue 6)."""
+inline: the message path of a request_plus scan's high-seqno round."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The scan read path's cheap forms against their plain references (issue 6, CPU per scan):
+"""The scan read path's cheap forms against their plain references (CPU per scan):
 
 * ``DocumentOps.partition_seqnos``: what ``high_seqnos`` says, for the partitions asked;
 * ``scan_server.take_first``: the first block ``take_block`` would take (cut by rows or

@@ -1,4 +1,4 @@
-"""The client's scan request and inbox, as the per-scan fast paths build them (issue 6).
+"""The client's scan request and inbox, as the per-scan fast paths build them.
 
 ``build_request`` builds ``IndexScan`` positionally and ``to_user_spans`` skips the ABC checks
 for lists and dicts: both must give exactly what the plain forms give (a continuation is bound

@@ -1,4 +1,4 @@
-"""request_plus in one round trip (issue 6 latency work), over the real-TCP two-node setup of
+"""request_plus in one round trip, over the real-TCP two-node setup of
 ``test_scan_service.py``, with the keyspace's high seqnos stood in for by the fake keyspace's
 TS (these nodes run no data service):
 

@@ -1,4 +1,4 @@
-"""request_plus high seqnos riding in ``ScanSlices`` (issue 6), over the real-TCP two-node
+"""request_plus high seqnos riding in ``ScanSlices``, over the real-TCP two-node
 setup of ``scan_env.py``. Both nodes stand in for data owners too: the keyspace's
 8 partitions alternate between them (``data_topologies``), and each node's "data service"
 is a function answering the fake keyspace's seqnos of its own partitions (what a data node

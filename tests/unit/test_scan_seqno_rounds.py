@@ -1,8 +1,8 @@
 """A request_plus scan's high-seqno round to the data nodes it does not read
-(``ClusterView.shared_partial_high_seqnos``, issue 6): a lone scan's round is sent at once,
+(``ClusterView.shared_partial_high_seqnos``): a lone scan's round is sent at once,
 without a task, and reads this node's own partitions while its requests are out; scans
 asking while a round is out share the next one, which starts after every one of them
-arrived (seed step 9) once the round ahead is answered, or after ``CHAIN_WAIT``.
+arrived (scan-request flow step 9) once the round ahead is answered, or after ``CHAIN_WAIT``.
 
 n1 (this node) owns partitions 0 and 2, read in-process; n2 owns 1 and 3 and answers
 through ``_ask``, replaced here by futures the tests answer.

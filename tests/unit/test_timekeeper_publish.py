@@ -1,6 +1,6 @@
 """The timekeeper answers ``AdvanceStability`` once the TS is held, and tells the indexers
 after the reply: one queue per indexer node, each publish sent after the previous one's
-answer, so a late publish never lands after a newer one (issue 5)."""
+answer, so a late publish never lands after a newer one."""
 
 from __future__ import annotations
 

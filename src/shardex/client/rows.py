@@ -5,7 +5,7 @@ without ``covering`` only the docid), each row with its own key list. An entry i
 ``key + 02 + docid`` (``shardex.core.keycodec``).
 
 Why a module of its own, and why it looks like this: the bench's clients share two cores with
-the nodes, so the calling thread's CPU per row is taken from the nodes (issue 6). What costs
+the nodes, so the calling thread's CPU per row is taken from the nodes. What costs
 in CPython is bytecode per row, not C work per byte, so a block is decoded with as few
 bytecode steps per row as the shape of its keys allows, the rest being C calls over the whole
 block (``b"".join``, ``split``, one ``decode``, ``map`` over C callables):

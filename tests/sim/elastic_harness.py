@@ -39,7 +39,7 @@ from shardex.testing.elastic_memory import ElasticMemoryCluster
 
 SECRET = "elastic-sim-secret"
 NODES = ("n1", "n2", "n3")
-SPARE = "n4"  # joins empty, like the seed's S3
+SPARE = "n4"  # joins empty, like the specification's S3
 SPEC_ALL = b"all"
 ARRIVAL_TIMEOUT = 10.0
 

@@ -4,7 +4,7 @@ Each node keeps its coordinator record and its slices (``MemorySliceEngine``) in
 simulated disk, so both survive crashes. The harness records every state applied on every
 node together with the slices its serving indexes lacked at that instant, for states not yet
 superseded by a commit (the checker's invariant 1), and can crash the master at any of the
-seed's steps 1-17:
+DDL flow's steps 1-17:
 
 * 1, 2, 3, 8, 9, 10, 11, 12, 17: ``IndexDDL.step_hook`` on the master (3 and 12 fire when
   the master has persisted INIT / READY, before anything is sent);
@@ -14,7 +14,7 @@ seed's steps 1-17:
 * 6 / 15: the master has received the first replica's ACK (the second is still in flight);
 * 7 / 16: the second replica has persisted it: every manager holds it, the master dies
   before it learns so;
-* DROP INDEX (not numbered by the seed): 103 the master has persisted DELETED, 105 / 107 the
+* DROP INDEX (not numbered by the DDL flow): 103 the master has persisted DELETED, 105 / 107 the
   first / second replica has.
 
 The crash is ``network.crash`` (kill -9: comms reset, tasks cancelled) called at exactly that

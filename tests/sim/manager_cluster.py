@@ -3,11 +3,10 @@ host's Node, its identity and member list in the host's simulated disk), the bou
 virtual time, and ``ManagerCluster`` for the coordinator scenarios (``test_coordinator_sim``,
 ``index_ddl_harness``; ``test_membership_sim`` uses the rest).
 
-``ManagerCluster`` adds each host to the ``SimCluster`` (the first is the seed), keeps the
-live ``Node`` of each host, and answers the questions every coordinator scenario asks: who
-is master, have all nodes converged on one state, crash / restart a host. A subclass writes
-its node main: ``manager_node`` builds the Node, the scenario registers its ops and hooks,
-``serve`` runs it.
+``ManagerCluster`` adds each host to the ``SimCluster`` (the others join through the first), keeps
+the live ``Node`` of each host, and answers the questions every coordinator scenario asks: who is
+master, have all nodes converged on one state, crash / restart a host. A subclass writes its node
+main: ``manager_node`` builds the Node, the scenario registers its ops and hooks, ``serve`` runs it.
 """
 
 from __future__ import annotations

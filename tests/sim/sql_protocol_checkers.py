@@ -48,7 +48,7 @@ def check_state_freed(services: Mapping[str, QueryService], *, tombstones: bool 
 
 
 def check_cancel_messages(services: Iterable[QueryService], participants: int) -> int:
-    """At most 2N cancel messages for a query with N participants (the seed's bound for
+    """At most 2N cancel messages for a query with N participants (the specification's bound for
     cancels through the initiator). Call it on a run of exactly one query. Returns the count."""
     sent = sum(svc.sent["QueryCancel"] for svc in services)
     if sent > 2 * participants:

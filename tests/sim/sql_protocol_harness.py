@@ -4,7 +4,7 @@ Every member is a host of a ``SimCluster`` with an ``RpcServer`` and a ``QuerySe
 share one ``ExchangeMeter`` (so bytes in flight are measured exactly, sender to consumer)
 and one ``SimDirectory`` (the membership stand-in: the test says when the failure detector
 marks a member down). ``Interceptor`` holds or drops chosen messages before they leave a
-member, which is how the scenarios force the seed's message orders.
+member, which is how the scenarios force the specification's message orders.
 """
 
 from __future__ import annotations

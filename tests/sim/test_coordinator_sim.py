@@ -2,7 +2,7 @@
 (RPC server + membership + coordinator) on a simulated network in virtual time.
 
 The test op ``AppendItem`` adds one ``KeyspaceMeta`` whose name is ``<item>@<cas>``, so a
-double apply is visible as two entries for one item. Targeted scenarios follow the seed's
+double apply is visible as two entries for one item. Targeted scenarios follow the DDL flow's
 failure notes; ``test_random_faults`` streams ops through random crashes (master and
 replicas), restarts, partitions and drops, and ends with ``check_coordinator``.
 """
@@ -195,7 +195,7 @@ def test_master_crash_failover_recovery_and_rejoin(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", sim_seeds(3))
 def test_rack_failure_no_failover_then_resync(seed: int) -> None:
-    """The seed's second note. Master and a replica holding the newest state die together:
+    """The DDL flow's second note. Master and a replica holding the newest state die together:
     the survivor alone is a minority and must not take over (no automatic failover with more
     than one node down), so ops fail with a clear error instead of running on a stale state.
     When one of the lost nodes returns, the new master continues from the newest state and

@@ -1,5 +1,5 @@
 """Index DDL under the simulator: 3 real Nodes (manager + index services), crashes at every
-step of the seed's prepare phase, replica crash and rejoin, partitions, the rack failure.
+step of the DDL flow's prepare phase, replica crash and rejoin, partitions, the rack failure.
 
 Every scenario ends with ``check_coordinator`` (replicas converge to one state and CAS) and
 ``check_index_ddl`` (never an index READY or later without all its slices on any node's

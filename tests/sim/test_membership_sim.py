@@ -149,7 +149,7 @@ def test_no_false_suspicion_under_mild_faults(seed: int) -> None:
 def test_restart_while_seed_is_down_rejoins_through_a_known_member(seed: int) -> None:
     async def main(sim: Simulation) -> None:
         nodes = await start_three(sim)
-        await nodes.crash("n1")  # the seed of n2 and n3
+        await nodes.crash("n1")  # n2 and n3 joined through it
         await nodes.crash("n2")
         await nodes.restart("n2")  # its seed is dead: it must use its member list
         await wait_until(lambda: nodes.m("n2").joined.is_set(), 5)

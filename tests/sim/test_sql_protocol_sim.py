@@ -1,4 +1,4 @@
-"""The SQL execution protocol under the simulator: every message order the seed discusses.
+"""The SQL execution protocol under the simulator: every message order the specification discusses.
 
 Each scenario runs real ``QueryService`` members over ``SimNetwork`` (``sql_protocol_harness``)
 and ends with ``Harness.finish``: bytes in flight never above the credit window on any
@@ -229,7 +229,7 @@ def test_initiator_death_frees_participants_without_messages(seed: int) -> None:
         for m in ("m2", "m3"):
             await h.until(lambda m=m: not h.services[m].registry.executions)
             assert h.services[m].registry.stats["freed_initiator_down"] == 1
-        assert cancels(h) == sent_before  # freed locally, no message (the seed)
+        assert cancels(h) == sent_before  # freed locally, no message (as specified)
         await drain_error(result)  # the caller died with m1; its result just ends in an error
 
     run(scenario, seed)

@@ -40,7 +40,7 @@ from shardex.runtime.pidfile import pid_alive
 @pytest.fixture(scope="module", autouse=True)
 def stability_at_batch_ends() -> Iterator[None]:
     """Deliver-ahead is what this module tests: the jobs stabilise at Spark's batch ends
-    only (``stabilise_ahead=False``). The default since session 8 runs stability rounds
+    only (``stabilise_ahead=False``). The default runs stability rounds
     between batches instead, which deliver nothing early. Autouse and module-scoped, so it
     is in place before ``env`` starts the driver."""
     original = MaintenanceJob.__init__

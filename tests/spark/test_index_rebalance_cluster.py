@@ -269,8 +269,8 @@ def check_paged_scans(client: Client, scans: PagedScans) -> None:
 
 
 # Slow for its length (1.5-4 min on the shared 2-core machine: its own cluster and pipeline,
-# a node added, a rebalance, the drop grace). The post-rebalance request_plus scan that hung
-# in session 3 did not hang in 8 runs and 210 scans around a rebalance in session 4; every
+# a node added, a rebalance, the drop grace). A post-rebalance request_plus scan hung once
+# and did not hang again in 8 runs and 210 scans around a rebalance; every
 # scan wait is bounded by the scan's deadline (the test below), so a recurrence fails with
 # SCAN_TIMEOUT naming the lagging partitions instead of hanging (``kill -USR1`` a node for
 # its threads and tasks).

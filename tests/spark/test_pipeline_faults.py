@@ -209,13 +209,13 @@ class DeliveryHook:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_kill_indexer_node_mid_stream(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each node (its data partitions and index slices) is killed with SIGKILL once while a
-    writer runs: (0) node3 at an arbitrary moment, restarted after a few seconds; (1) node1
-    (the seed: coordinator master, and the node the driver's timekeeper calls go to) between
-    a batch's first frames and its last (the stabilise), restarted after a few seconds: the
-    batch's retries ride out the outage; (2) node2 killed and restarted inside that window:
-    the last frame reaches a new incarnation that never saw the first ones and is refused
-    (STALE_DELIVERY), the batch is delivered again."""
+    """Each node (its data partitions and index slices) is killed with SIGKILL once while a writer
+    runs: (0) node3 at an arbitrary moment, restarted after a few seconds; (1) node1 (the node the
+    others joined through: coordinator master, and the node the driver's timekeeper calls go to)
+    between a batch's first frames and its last (the stabilise), restarted after a few seconds: the
+    batch's retries ride out the outage; (2) node2 killed and restarted inside that window: the last
+    frame reaches a new incarnation that never saw the first ones and is refused (STALE_DELIVERY),
+    the batch is delivered again."""
     client = env.client
     for i in (1, 2):
         assert f"node{i}" in slice_nodes(client, "by_name") & slice_nodes(client, "by_age")

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from shardex.testing.sql_conformance import compare_results
 from tests.sql_reference.documents import load_duckdb, make_documents
 from tests.sql_reference.generator import QueryGen, RefQuery
-
-from shardex.testing.sql_conformance import compare_results
 
 
 def shardex_row(row: Any, q: RefQuery) -> list[Any]:

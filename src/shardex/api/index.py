@@ -1,6 +1,6 @@
 """Messages between the DDL coordinator and the index service of an indexer node.
 
-Seed steps 8-11: the coordinator sends ``AllocateSlices`` to every indexer in a new index's
+DDL flow steps 8-11: the coordinator sends ``AllocateSlices`` to every indexer in a new index's
 topology; the indexer creates the slices (column families and local metadata, durable) and
 answers ``SlicesAllocated``. ``DropSlices`` removes every local slice of an index.
 ``ListSlices`` says what a node holds (tests, diagnostics, the cluster test's resync check,

@@ -3,7 +3,7 @@
 Every op carries an optional ``request_id``: the client makes one uuid per call and reuses it
 on every retry, and the coordinator returns the stored reply for an id it already applied
 (``coordinator.py``, "Dedup"). The pipeline hooks (``IndexBuildProgress``,
-``MarkIndexActive``, ``MarkIndexError``) are for the index pipeline; see
+``MarkIndexActive``, ``MarkIndexError``) are for the index pipeline's build; see
 ``manager/index_ddl.py`` and ``docs/decisions.md``, "Index DDL".
 """
 

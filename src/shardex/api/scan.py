@@ -125,7 +125,7 @@ class IndexScanStarted(Message, tag="scan.IndexScanStarted"):
     desc: list[bool]
     # The encoded ``WireTs | None`` (msgpack nil: None), decoded only when asked for: a
     # request_plus TS names every data partition (64: ~76k instructions to decode, most of
-    # the client's work on the reply), and most scans never look at it (issue 6). The bytes
+    # the client's work on the reply), and most scans never look at it. The bytes
     # on the wire are those of the plain field.
     ts: msgspec.Raw = NO_TS
     partitions: list[int] = msgspec.field(default_factory=list)
@@ -213,7 +213,7 @@ class SlicesOpened(Message, tag="scan.SlicesOpened"):
     # The snapshot read: an encoded ``WireTs | None`` (msgpack nil: the tips), the bytes
     # of the plain field. The indexer sends its snapshot's cached ``Timestamp.packed()``
     # and the coordinator compares the slices' TSs as bytes and passes them on into
-    # ``IndexScanStarted.ts``, decoding only when they differ (issue 6).
+    # ``IndexScanStarted.ts``, decoding only when they differ.
     ts: msgspec.Raw = NO_TS
     entries: list[bytes] = msgspec.field(default_factory=list)
     done: bool = False

@@ -243,7 +243,7 @@ class InStream(ReplyHead):
 
     Its inbox is a deque and, while the reader waits, one future: no ``asyncio.Queue`` (with
     its ``Event`` and two more deques) per scan, which most scans - answered in their
-    reply - never read (issue 6, the client's CPU per scan)."""
+    reply - never read (the client's CPU per scan)."""
 
     def __init__(self, inboxes: Inboxes, scan_id: int, loop: asyncio.AbstractEventLoop) -> None:
         self._inboxes = inboxes

@@ -1,16 +1,16 @@
-"""The protocol's messages: one small class per message (the seed's operations).
+"""The protocol's messages: one small class per message (the specification's operations).
 
 All but ``QueryCheck`` travel one-way (fire and forget, in order per connection); the check
 is a request whose response is ``QueryCheckResponse``. The dispatch table that routes them is
 ``QueryService.routes`` (``shardex.sql.protocol.service``). See docs/protocol.md, "SQL
 execution protocol", and ``../shared/seeds/sql-execution-protocol.md``.
 
-Flow control deviates from the seed on one point, on purpose: ``QueryFlowControl`` carries a
-cumulative ``credit_limit`` (total bytes the sender may have sent on the stream), not the
+Flow control deviates from the specification on one point, on purpose: ``QueryFlowControl``
+carries a cumulative ``credit_limit`` (total bytes the sender may have sent on the stream), not the
 sender's remaining credits. A remaining-credits value computed by the receiver is wrong by
 whatever is in flight when the sender reads it (it would let the sender exceed the window);
 a cumulative limit stays correct whatever is in flight. ``QueryBatch.remaining_credits``
-keeps the seed's field: the sender's credits left after this batch, for diagnostics.
+keeps the specification's field: the sender's credits left after this batch, for diagnostics.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pipeline driver -> timekeeper: the end of a micro-batch (the seed's steps 12-16)."""
+"""Pipeline driver -> timekeeper: the end of a micro-batch (the mutation flow's steps 12-16)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ without ``covering`` only the docid), each row with its own key list. An entry i
 ``key + 02 + docid`` (``shardex.core.keycodec``).
 
 Why a module of its own, and why it looks like this: the bench's clients share two cores with
-the nodes, so the calling thread's CPU per row is taken from the nodes (issue 6). What costs
+the nodes, so the calling thread's CPU per row is taken from the nodes. What costs
 in CPython is bytecode per row, not C work per byte, so a block is decoded with as few
 bytecode steps per row as the shape of its keys allows, the rest being C calls over the whole
 block (``b"".join``, ``split``, one ``decode``, ``map`` over C callables):
@@ -23,7 +23,8 @@ block (``b"".join``, ``split``, one ``decode``, ``map`` over C callables):
   02, key + 03)``, checked by the run's min and max, so an unordered block is safe) and its
   docids come out of one join, one replace, one decode and one split.
 * Anything those checks refuse (escaped NULs) takes the same steps one entry at a time. All
-  paths agree with the codec's own ``decode_entry`` (``tests/unit/test_scan_client_rows.py``).
+  paths agree with the codec's own ``decode_entry``
+  (``tests/unit/client/test_scan_client_rows.py``).
 
 Instructions per row on 30 of the bench's blocks per case (``perf stat``), before -> after:
 (city, age) range 9.6k -> ~6.5k, limit 100 8.5k -> ~5.3k, email 17k -> 5.7k; building each

@@ -157,7 +157,7 @@ def build_request(
             hint="consistency='at_plus', at=<the writes' MutationResults>",
         )
     # ``type(...) is`` first (the usual arguments), the full checks otherwise: a client
-    # spends these on every scan (issue 6).
+    # spends these on every scan.
     if limit is not None and (type(limit) is not int or limit < 0):
         _check_int("limit", limit, allow_none=True)
     if offset is not None and (type(offset) is not int or offset < 0):

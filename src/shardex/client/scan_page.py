@@ -1,7 +1,7 @@
 """Paginated, elasticity-safe scans from the client: ``client.scan_page(...)``.
 
-Each call is one request to the node the client is connected to, which acts as the seed's
-proxy (``shardex.scan.paging_store_proxy``) and answers one page plus an opaque
+Each call is one request to the node the client is connected to, which acts as the elastic-scan
+algorithm's proxy (``shardex.scan.paging_store_proxy``) and answers one page plus an opaque
 continuation. The next page passes that continuation back, to the same node or any other
 (the proxy keeps no state): no row is lost or returned twice while partitions migrate.
 

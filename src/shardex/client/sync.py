@@ -5,7 +5,7 @@ the client and every call is a coroutine submitted to it (``_LoopThread.run``). 
 network code is therefore the same async code the nodes use, and the user never sees a loop.
 The exception is ``scan``: on TCP it runs over a blocking socket of the calling thread
 (``shardex.client.direct_scan``), since the hand-off to the loop thread and back was most of
-a scan's client CPU outside its rows (issue 6).
+a scan's client CPU outside its rows.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class _Call:
     its extra callbacks on both sides. The caller holds ``_lock``; the coroutine, wrapped so
     that it releases the lock in the very step it finishes (no done-callback round through
     the loop), hands its outcome over in two attributes. The old hand-off measured ~150-200 us
-    of CPU per call (issue 6), a quarter of a point ``get``'s client CPU; this one ~half."""
+    of CPU per call, a quarter of a point ``get``'s client CPU; this one ~half."""
 
     __slots__ = ("_coro", "_exc", "_lock", "_loop", "_result", "_task")
 

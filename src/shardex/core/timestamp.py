@@ -155,7 +155,7 @@ class Timestamp(Mapping[int, SeqnoEntry]):
         e = self._wire.get(partition)
         return e[0] if e is not None else 0
 
-    # comparisons the seeds need ---------------------------------------------------------
+    # comparisons the scan and stability rules need -------------------------------------
     def covers(self, other: Timestamp) -> bool:
         """At least as recent as ``other`` in every partition ``other`` names, on the same
         branch. A partition of ``other`` with seqno 0 is covered trivially (nothing to see)."""

@@ -1,7 +1,7 @@
 """The demo's verdicts, as pure functions of rows: what a scan had to return and what it did.
 
 ``scans.py`` (write while scanning) and ``elastic.py`` (paginated scans during a rebalance)
-print these verdicts; keeping them free of I/O lets ``tests/unit/test_demo_checks.py`` pin
+print these verdicts; keeping them free of I/O lets ``tests/unit/demo/test_demo_checks.py`` pin
 them down, so a demo that prints "True" means the rows were really compared.
 """
 

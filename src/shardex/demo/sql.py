@@ -3,7 +3,7 @@
 For each query: the statement, the distributed plan in a few readable lines (the index the
 planner chose and why it can serve the query, its spans, whether the scan is covering, the
 fragments on each node with their operators, the exchanges), then the rows as a table with
-the query's metrics. ``format_explain`` is pure (``tests/unit/test_demo_sql.py``).
+the query's metrics. ``format_explain`` is pure (``tests/unit/demo/test_demo_sql.py``).
 
     python -m shardex.demo.sql DIR
 """

@@ -327,7 +327,8 @@ class IndexDelivery:
         )
 
     async def on_read(self, msg: ReadSlice, conn: Connection) -> SliceEntries:
-        """A page of raw entries of one slice (tests and the oracle; scans are issue 6)."""
+        """A page of raw entries of one slice (tests and the oracle; scans go through
+        ``scan_server``)."""
         engine = self._engine()
         ts = None if msg.snapshot_ts is None else Timestamp.from_wire(msg.snapshot_ts)
         limit = max(1, min(msg.limit, 100_000))

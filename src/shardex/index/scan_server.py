@@ -1,4 +1,5 @@
-"""The indexer's side of a scan (seed steps 11-13): find the slices, wait, read, stream.
+"""The indexer's side of a scan (scan-request flow steps 11-13): find the slices, wait, read,
+stream.
 
 ``ScanSlices`` names local slices of one index. The handler checks them (INDEX_NOT_FOUND:
 not here; INDEX_IN_ROLLBACK: a slice needs a rebuild; INDEX_NOT_READY: loading or never
@@ -270,7 +271,8 @@ class IndexScanServer:
         """Wait, pick the snapshot, open the slices and read the first block: (the reply,
         the entries after it or None at the end, the block size, the TS read)."""
         # Read before anything else: the request arrived after the scan did at its
-        # coordinator, so these cover every write acknowledged before the scan (seed step 9).
+        # coordinator, so these cover every write acknowledged before the scan (scan-request
+        # flow step 9).
         seqnos = self._high_seqnos(msg)
         wait_for = None if msg.wait_for is None else Timestamp.from_wire(msg.wait_for)
         slices = self._slices(msg.index_id, msg.partitions)

@@ -6,7 +6,7 @@ service picks a random ``incarnation`` at every start: the mutation queues live 
 a delivery is only good for the incarnation that queued it.
 
 One engine per node in ``<data-dir>/index`` (RocksDB). The DDL coordinator allocates and
-drops slices here (``AllocateSlices``, ``DropSlices``: seed steps 8-11 and DROP INDEX); both
+drops slices here (``AllocateSlices``, ``DropSlices``: DDL flow steps 8-11 and DROP INDEX); both
 are idempotent, so a retry or a new master's recovery re-sending them is harmless.
 
 Reconciliation. A node may be down while its slices are allocated or dropped, so it also

@@ -1,7 +1,7 @@
 """The ring of a slice's last K snapshots, each labelled with its stability TS, and the
 leases that keep older ones for paginated scans.
 
-Kept apart from the slice because its rules are the scan-flow seed's: a scan at a TS gets the
+Kept apart from the slice because its rules are the scan-request flow's: a scan at a TS gets the
 snapshot with exactly that TS; one the slice has passed and released is ``SNAPSHOT_TOO_OLD``,
 one it has not reached is ``INDEX_NOT_READY`` (the scan service decides whether to wait).
 

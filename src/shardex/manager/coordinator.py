@@ -6,16 +6,16 @@ Protocol (``index-ddl-flow.md``, made to survive its failure notes; the reasonin
 
 * **Voters** are the members of the member list that run the manager service. A node acts as
   master only while its membership view shows a *majority* of them up: for 3 managers that is
-  the seed's own assumption ("no automatic failover when more than one node is down"), made
+  the DDL flow's own assumption ("no automatic failover when more than one node is down"), made
   a rule, and it keeps the minority side of a partition from acting.
 * **Master choice** is deterministic: the leader of the newest term this node knows of, if
   that node is up in its view, else the up manager with the smallest name. The chosen node
   runs a promotion; everyone else forwards ops to it.
-* **Promotion** (seed step 5): take a new term ``epoch`` above every term seen, get a promise
+* **Promotion** (DDL flow step 5): take a new term ``epoch`` above every term seen, get a promise
   from a majority (``StateGather``; a voter that promised a term refuses anything older from
   then on), take the gathered state with the highest ``(epoch, cas)``, commit it again under
   the new term (this re-synchronises every replica), run the recovery hooks, then serve ops.
-* **Commit** (seed steps 2-7): ``cas`` + 1, persist locally, replicate the whole state to ALL
+* **Commit** (DDL flow steps 2-7): ``cas`` + 1, persist locally, replicate the whole state to ALL
   voters in parallel. A voter that does not answer is retried until it answers, membership
   reports it down, or ``commit_timeout`` passes. The commit succeeds when a majority
   (the master included) holds it; otherwise it fails with NODE_UNAVAILABLE

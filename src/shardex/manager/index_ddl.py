@@ -1,7 +1,7 @@
 """Index DDL as coordinator ops: CREATE / BUILD / DROP INDEX, the pipeline hooks, recovery.
 
-CREATE follows ``index-ddl-flow.md``'s prepare phase step by step (the numbers are the
-seed's; ``step_hook`` is called at each step the op itself passes, so the simulator can crash
+CREATE follows ``index-ddl-flow.md``'s prepare phase step by step (the numbers are
+the flow's; ``step_hook`` is called at each step the op itself passes, so the simulator can crash
 the master exactly there):
 
  1. the master receives the request (``create_index``; a retry with a known request id gets
@@ -37,7 +37,7 @@ to BUILDING. DELETED is finished: drop slices, remove, reply recorded under the 
 request id. Everything is idempotent: a recovery that fails abandons the promotion and the
 next one starts over.
 
-The load phase belongs to the index pipeline (issue 5): it calls ``IndexBuildProgress`` while
+The load phase belongs to the index pipeline: it calls ``IndexBuildProgress`` while
 building, then ``MarkIndexActive`` (BUILDING -> ACTIVE) or ``MarkIndexError`` (-> ERROR).
 """
 
@@ -88,7 +88,7 @@ __all__ = ["IndexDDL", "StepHook", "register_index_ddl"]
 
 log = logging.getLogger(__name__)
 
-StepHook = Callable[[int, str], None]  # (seed step, index id); may raise to abort the op
+StepHook = Callable[[int, str], None]  # (DDL flow step, index id); may raise to abort the op
 NODE_ATTEMPTS = 3
 NODE_TIMEOUT = 2.0
 _TRANSIENT = frozenset(
@@ -149,7 +149,7 @@ class IndexDDL:
         self.coordinator = coordinator
         self.node_attempts = node_attempts
         self.node_timeout = node_timeout
-        self.step_hook: StepHook | None = None  # tests: crash the master at a seed step
+        self.step_hook: StepHook | None = None  # tests: crash the master at a DDL flow step
         self._seen: dict[str, str] = {}  # index id -> state at this node's last apply
 
     def register(self) -> IndexDDL:
@@ -213,7 +213,7 @@ class IndexDDL:
         return last
 
     async def _allocate(self, ctx: Any, rec: IndexRecord, topo: Topology) -> dict[str, str]:
-        """Seed steps 8-11, one indexer at a time in name order; stops at the first failure."""
+        """DDL flow steps 8-11, one indexer at a time in name order; stops at the first failure."""
         for i, node in enumerate(topo.nodes()):
             msg = AllocateSlices(definition=rec.definition, partitions=topo.partitions_of(node))
             self._step(8 if i == 0 else 10, rec.id)
@@ -364,7 +364,7 @@ class IndexDDL:
         await commit_with_reply(ctx, without_index(ctx.state, index_id), reply, rec.drop_request_id)
         return reply
 
-    # -- pipeline hooks (issue 5) -----------------------------------------------------------
+    # -- pipeline hooks ---------------------------------------------------------------------
 
     def _record(self, ctx: Any, index_id: str) -> IndexRecord:
         rec = ctx.state.indexes.get(index_id)

@@ -351,7 +351,7 @@ class Membership:
             log.debug("push of member list to %s failed: %s", member.name, e)
 
     async def _join_loop(self) -> None:
-        """Join through the seeds (then any persisted member) until one admits us.
+        """Join through each seed address (then any persisted member) until one admits us.
 
         Re-joining is idempotent, so a restarted node simply does it again."""
         delay = min(0.2, self.heartbeat_interval)

@@ -48,7 +48,7 @@ class CoordinatorTiming:
     @classmethod
     def for_membership(cls, heartbeat_interval: float, failure_timeout: float) -> CoordinatorTiming:
         """Derived from failure detection: a commit waits long enough for membership to report
-        a dead voter down (so it proceeds without it, as the seed says) and an op long enough
+        a dead voter down (so it proceeds without it, as the DDL flow says) and an op long enough
         to ride out one failover."""
         attempt = max(2 * heartbeat_interval, 0.5)
         detect = failure_timeout + 2 * heartbeat_interval
@@ -208,7 +208,7 @@ class ReplicationGroup:
             await self._catch_up()
 
     async def promote(self) -> bool:
-        """Seed step 5: promises from a majority, continue from the highest (epoch, cas),
+        """DDL flow step 5: promises from a majority, continue from the highest (epoch, cas),
         re-synchronise everyone by committing it under the new term, recover, serve."""
         rep = self.replica
         epoch = max(rep.promised_epoch, self._seen_epoch) + 1
@@ -280,7 +280,7 @@ class ReplicationGroup:
     # -- commit (master) --
 
     async def commit(self, content: StateContext, epoch: int) -> StateContext:
-        """Seed steps 2-7: persist ``content`` as the next state, replicate it to all voters;
+        """DDL flow steps 2-7: persist ``content`` as the next state, replicate it to all voters;
         return it once a majority holds it, else step down and raise commit_failed."""
         self.check_term(epoch)
         current = self.replica.state

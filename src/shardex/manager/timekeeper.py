@@ -1,4 +1,4 @@
-"""The timekeeper: the end of a micro-batch (the mutation-flow seed's steps 12-16).
+"""The timekeeper: the end of a micro-batch (the mutation flow's steps 12-16).
 
 The pipeline driver has delivered a batch's key versions to the indexers; it then sends
 ``AdvanceStability(keyspace, ts, index_ids, incarnations)`` to a manager node, whose

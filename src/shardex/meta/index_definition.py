@@ -1,6 +1,6 @@
 """Index definitions: what an index is, validated and in canonical form.
 
-A definition is a plain ``msgspec`` struct because the DDL coordinator (issue 4) stores it in
+A definition is a plain ``msgspec`` struct because the DDL coordinator stores it in
 its replicated StateContext and the Spark pipeline pickles it to executors. Expressions travel
 as canonical *text* (``parse_expression(t).to_text()``), never as compiled closures (those do
 not pickle): every process compiles a definition once and caches the result by id

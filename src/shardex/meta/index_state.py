@@ -1,4 +1,4 @@
-"""Index records in the coordinator's ``StateContext`` (issue 4) and helpers to read them.
+"""Index records in the coordinator's ``StateContext`` and helpers to read them.
 
 ``StateContext.indexes`` maps index id -> ``IndexRecord``; ``StateContext.index_topologies``
 maps index id -> the index's topology history (index partition -> indexer node, ascending
@@ -74,7 +74,7 @@ class IndexRecord(msgspec.Struct, frozen=True, kw_only=True):
     it; a master that finishes the work after a failover records the reply under them, so
     the client's retry gets the answer instead of a second CREATE (or INDEX_NOT_FOUND).
     ``build_ts``, ``stability_ts``, ``items_count``, ``progress`` are written by the index
-    pipeline (issue 5) through ``IndexBuildProgress`` / ``MarkIndexActive``; timestamps in
+    pipeline through ``IndexBuildProgress`` / ``MarkIndexActive``; timestamps in
     wire form (data partition -> (seqno, partition uuid)).
     """
 

@@ -157,7 +157,7 @@ class Node:
             index=self.index,
         )
         self.paging.install(self.server)
-        # SQL: the execution protocol and the client-facing statement service (issue 7).
+        # SQL: the execution protocol and the client-facing statement service.
         from shardex.sql.exec.mount import SqlMount
 
         self.sql = SqlMount(self, secret)

@@ -5,16 +5,15 @@ the coordinator state (replicated synchronously with every commit, so it is curr
 asks the master for a fresh one only when a name is missing (an index created a moment ago);
 any other node asks the managers, caching the answer for ``STATE_TTL`` seconds.
 
-``high_seqnos`` is what request_plus waits for (seed step 9, "poll all KV nodes"): every
-partition's (seqno, uuid), asked of the owners directly, in parallel, one request per data
-node (the partitions it owns per the keyspace's latest topology). This node's own data
-service, if it runs one, is read in-process (``local_seqnos``: no loopback connection, no
-encoding): it answers from the same in-memory partition metadata as its ``HighSeqnos``
-handler, after the writes it acknowledged. A partition that moved meanwhile is asked again
-after a fresh state. A request_plus scan gets most of them another way (its ``ScanSlices``
-replies) and asks only the other owners (``shared_partial_high_seqnos``: a round sent at
-once, without a task, or shared by the scans that ask while one is out), then completes what
-is missing (``known=``).
+``high_seqnos`` is what request_plus waits for (scan-request flow step 9, "poll all KV nodes"):
+every partition's (seqno, uuid), asked of the owners directly, in parallel, one request per data
+node (the partitions it owns per the keyspace's latest topology). This node's own data service, if
+it runs one, is read in-process (``local_seqnos``: no loopback connection, no encoding): it answers
+from the same in-memory partition metadata as its ``HighSeqnos`` handler, after the writes it
+acknowledged. A partition that moved meanwhile is asked again after a fresh state. A request_plus
+scan gets most of them another way (its ``ScanSlices`` replies) and asks only the other owners
+(``shared_partial_high_seqnos``: a round sent at once, without a task, or shared by the scans that
+ask while one is out), then completes what is missing (``known=``).
 """
 
 from __future__ import annotations
@@ -134,7 +133,7 @@ class ClusterView:
         ``high_seqnos(known=...)`` completes the rest. The answer may be shared: do not
         modify it. Cancelling the returned future leaves a shared round to its other scans.
 
-        Seed step 9 wants seqnos read after the scan arrived. With no round of this
+        Scan-request flow step 9 wants seqnos read after the scan arrived. With no round of this
         (keyspace, skip) out, one starts now: its requests leave before this returns (no task:
         ``Connection.request_future``) and this node's own partitions are read in-process
         meanwhile; no other scan can join it. While one is out, the scans asking share the

@@ -1,10 +1,10 @@
 """The continuation key of a paginated, elasticity-safe scan (``elastic-all-shard-queries.md``).
 
-The key carries exactly the state the seed's pseudo-code keeps between batches: the base
+The key carries exactly the state the algorithm's pseudo-code keeps between batches: the base
 topology number, the index of the shard being scanned, its resume key, the virtual-scan map
 (partitions found to have left their base shard: partition, new owner, resume key) and the
-virtual-scan partition. Beyond the seed, an ORDERED (merging) scan keeps one cursor per base
-shard, and each virtual scan's own cursor lives in its map entry.
+virtual-scan partition. Beyond the specification, an ORDERED (merging) scan keeps one cursor
+per base shard, and each virtual scan's own cursor lives in its map entry.
 
 On the wire the key is opaque text: ``base64url(version | flags | payload | tag)`` where the
 payload is msgpack (zlib-compressed when that is shorter) and the tag is a truncated
@@ -59,7 +59,7 @@ class Cursor(msgspec.Struct, array_like=True):
 
 
 class Continuation(msgspec.Struct, array_like=True):
-    """The decoded state of a paginated scan (the seed's CK)."""
+    """The decoded state of a paginated scan (the algorithm's CK)."""
 
     base_topo: int = -1  # -1: the first page has not picked its base topology yet
     shard_idx: int = 0  # into SHARDS = base shards (sorted) + virtual scans (map order)

@@ -1,4 +1,4 @@
-"""The scan coordinator (seed steps 5-15): any node, for any client.
+"""The scan coordinator (scan-request flow steps 5-15): any node, for any client.
 
 ``IndexScan`` from a client:
 

@@ -10,7 +10,7 @@ builds an ``ElasticShardScanner`` over
   batch's base topology is newer than the copy this node holds);
 * a store for this batch (``DataShardStore`` / ``IndexShardStore``).
 
-The scanner is the seed's RN procedure unchanged (``elastic_node``).
+The scanner is the elastic-scan algorithm's RN procedure unchanged (``elastic_node``).
 """
 
 from __future__ import annotations

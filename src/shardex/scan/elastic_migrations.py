@@ -1,11 +1,11 @@
-"""The node side's view of partition migrations: the seed's MigrationManager and RCB.
+"""The node side's view of partition migrations: the algorithm's MigrationManager and RCB.
 
 A node (indexer for index scans, data node for primary scans) records here every partition
 that arrives, leaves, or returns after a failed migration, and every batch of a paginated
 scan registers a ``RuntimeControlBlock`` for its duration so a migration that happens *during*
 the batch is noticed at its end. This class is also the node's partition manager as far as
 scans are concerned: the store consults ``is_open`` per entry, so the local topology and the
-set of open partitions change together, which is the seed's "partition manager consistent
+set of open partitions change together, which is the algorithm's "partition manager consistent
 with the local topology" wait condition holding by construction.
 
 Pure and loop-agnostic except for the waits (``asyncio.Event``), so it runs in the simulator
@@ -23,7 +23,8 @@ from shardex.core.topology import Topology
 
 @dataclass
 class RuntimeControlBlock:
-    """Per-batch notifications (seed A.3): partitions that left, or came back, meanwhile."""
+    """Per-batch notifications (the algorithm's A.3): partitions that left, or came back,
+    meanwhile."""
 
     migrated: set[int] = field(default_factory=set)
     restored: set[int] = field(default_factory=set)

@@ -1,6 +1,7 @@
 """The node (RN) side of a paginated scan under elasticity: one batch of one shard.
 
-``ElasticShardScanner.scan_batch`` is the seed's RN procedure (section B, "The RN"):
+``ElasticShardScanner.scan_batch`` is the elastic-scan algorithm's RN procedure (section B,
+"The RN"):
 
 * a base-shard batch first checks that no partition it handed to a virtual scan has come
   back (QUERY_STATE: its skipped entries would be lost), then adds to the virtual-scan map
@@ -14,8 +15,8 @@
   with QUERY_STATE (a second move within one query); a partition that came back during a
   base batch fails it with QUERY_STATE.
 
-Deviation from the seed's pseudo-code (a bug there): the "returned partition" check looks
-only at map entries whose *base* owner is this shard. The seed checks every map entry, which
+Deviation from the algorithm's pseudo-code (a bug there): the "returned partition" check looks
+only at map entries whose *base* owner is this shard. The pseudo-code checks every map entry, which
 wrongly fails a normal scan of a base shard that is also the target of a virtual scan (a
 partition moving between two existing shards, the common rebalance).
 """
@@ -36,7 +37,7 @@ Entry = tuple[bytes, int, Any]  # (key, partition, value)
 
 
 class TopologyLookup(Protocol):
-    """The topology history: every published topology by number (the seed's system table)."""
+    """The topology history: every published topology by number (the algorithm's system table)."""
 
     @property
     def latest(self) -> Topology | None: ...
@@ -109,7 +110,7 @@ class ElasticShardScanner:
         self._topologies = topologies
         self._store_for = store_for
         # Past this many local repeats the batch returns no rows and the saved state, and the
-        # proxy's caller asks again (the seed's consumption-limit branch).
+        # proxy's caller asks again (the algorithm's consumption-limit branch).
         self.max_local_repeats = max_local_repeats
         self.arrival_timeout = arrival_timeout
         self.topology_timeout = topology_timeout
@@ -129,7 +130,7 @@ class ElasticShardScanner:
                 details={"limit": req.limit},
             )
         base = self._topologies.get(req.base_topo)
-        # Seed wait condition 1: this node has seen the base topology (or a later one).
+        # The algorithm's wait condition 1: this node has seen the base topology (or a later one).
         seen = await self.migrations.wait_until(
             lambda: self.migrations.known_topo >= base.seq_num, self.topology_timeout
         )
@@ -150,7 +151,7 @@ class ElasticShardScanner:
                     targets = self._prepare_base_scan(base, req.resume, vsm)
                 else:
                     targets = await self._prepare_virtual_scan(base, req)
-                saved_vsm = [clone_vs(v) for v in vsm]  # the seed's savedCK
+                saved_vsm = [clone_vs(v) for v in vsm]  # the algorithm's savedCK
                 rows, resume, exhausted = await self._execute(
                     store, req, vsm, frozenset(targets), attempt
                 )

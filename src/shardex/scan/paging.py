@@ -1,13 +1,13 @@
 """The proxy side of paginated scans under elasticity: one page per call, stateless.
 
-``PageCoordinator.page`` is the seed's proxy (section B, "The proxy"). Everything a page needs
-to continue travels in the continuation key, so any query node can serve the next page and a
-retried page request is harmless. The first page pins the *base topology* (the newest
+``PageCoordinator.page`` is the elastic-scan algorithm's proxy (section B, "The proxy"). Everything
+a page needs to continue travels in the continuation key, so any query node can serve the next page
+and a retried page request is harmless. The first page pins the *base topology* (the newest
 published one); later pages read it back from the topology history by number.
 
 Unordered scans walk SHARDS = the base topology's nodes (sorted) followed by the virtual
-scans in the order they were found, one shard at a time, exactly as the seed does. Ordered
-scans (beyond the seed) are in ``paging_ordered``: they merge every shard on every page.
+scans in the order they were found, one shard at a time, exactly as the algorithm does. Ordered
+scans (beyond the specification) are in ``paging_ordered``: they merge every shard on every page.
 """
 
 from __future__ import annotations

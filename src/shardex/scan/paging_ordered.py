@@ -1,14 +1,13 @@
-"""Ordered (merging) paginated scans under elasticity: beyond the seed.
+"""Ordered (merging) paginated scans under elasticity: beyond the specification.
 
-The seed scans shards one after another, which cannot return rows in key order. An ordered
-scan keeps one *stream* per base shard and per virtual scan, each with its own cursor (the
-key of the last row the scan returned from that stream). A page asks every unfinished
-stream for up to ``page_size`` rows after its cursor, merges them by key and returns the
-first ``page_size`` rows that are provably next: no unfinished stream may still hold a
-smaller key, so emission stops at the smallest "last fetched key" of the streams that hit
-their limit.
+The elastic-scan algorithm scans shards one after another, which cannot return rows in key order. An
+ordered scan keeps one *stream* per base shard and per virtual scan, each with its own cursor (the
+key of the last row the scan returned from that stream). A page asks every unfinished stream for up
+to ``page_size`` rows after its cursor, merges them by key and returns the first ``page_size`` rows
+that are provably next: no unfinished stream may still hold a smaller key, so emission stops at the
+smallest "last fetched key" of the streams that hit their limit.
 
-Migrations follow the seed's rules per stream: a base stream's node adds partitions that
+Migrations follow the algorithm's rules per stream: a base stream's node adds partitions that
 left it to the virtual-scan map, starting at that stream's cursor; a virtual stream found in
 this page is fetched in the same page (before anything past its start is returned), so
 merging stays exact. Why the result is exact: every row returned from a stream is the next

@@ -1,11 +1,11 @@
 """Paginated scans on real nodes: the proxy (``PageScan`` from a client) and the wiring.
 
-The proxy of the seed is the node the client talks to (any node): it decodes and checks the
-continuation (HMAC under a key derived from the cluster secret), resolves the keyspace or
-index, pins what the scan reads on its first page, and runs the protocol's
-``PageCoordinator`` over ``ShardBatch`` calls to the shard nodes (a direct call when the
-shard is itself). It keeps no state between pages: the continuation carries everything, so
-the next page may go to any node and a retried page is harmless.
+The elastic-scan algorithm's proxy is the node the client talks to (any node): it decodes and checks
+the continuation (HMAC under a key derived from the cluster secret), resolves the keyspace or index,
+pins what the scan reads on its first page, and runs the protocol's ``PageCoordinator`` over
+``ShardBatch`` calls to the shard nodes (a direct call when the shard is itself). It keeps no state
+between pages: the continuation carries everything, so the next page may go to any node and a
+retried page is harmless.
 
 Consistency and stability of paged index scans (the choice this module makes):
 

@@ -1,7 +1,8 @@
-"""Messages between the page coordinator (the seed's proxy) and a shard's node (its RN).
+"""Messages between the page coordinator (the elastic-scan algorithm's proxy) and a shard's
+node (its RN).
 
 One request asks a node for one batch of one (base or virtual) shard, carrying the
-continuation state the seed's ``sendRequestToRN(shard, CK)`` sends; the answer is the rows
+continuation state the algorithm's ``sendRequestToRN(shard, CK)`` sends; the answer is the rows
 and the updated state. The same structs are used in-process (unit tests, one node) and on
 the wire (they are ``Message`` subclasses, so they register with the frame codec).
 """

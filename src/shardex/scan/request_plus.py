@@ -1,6 +1,6 @@
-"""request_plus in one round trip (seed step 9), for the scan coordinator: the slices are
-opened at their newest common snapshot while the keyspace's high seqnos are in flight, and
-that read is kept when its TS covers them.
+"""request_plus in one round trip (scan-request flow step 9), for the scan coordinator: the
+slices are opened at their newest common snapshot while the keyspace's high seqnos are in flight,
+and that read is kept when its TS covers them.
 
 * ``SeqnoRide``: the high seqnos riding in a scan's own ``ScanSlices`` (the indexer nodes
   that also own data partitions read them on arrival);
@@ -84,12 +84,12 @@ class Speculation:
         ride: SeqnoRide,
         open_with: Callable[..., Awaitable[Opened]],
     ) -> Opened:
-        """request_plus in one round trip instead of two: the slices are opened at their
-        newest common snapshot while ``seqnos`` (the keyspace's high seqnos, asked after
-        the scan arrived) are in flight. A snapshot whose TS covers them holds every write
-        acknowledged before the scan - all the guarantee asks (seed step 9), whenever it was
-        read - so it is kept. Otherwise (the index is behind) the reads are cancelled and
-        the slices opened again the ordinary way, waiting for a snapshot covering them.
+        """request_plus in one round trip instead of two: the slices are opened at their newest
+        common snapshot while ``seqnos`` (the keyspace's high seqnos, asked after the scan arrived)
+        are in flight. A snapshot whose TS covers them holds every write acknowledged before the
+        scan - all the guarantee asks (scan-request flow step 9), whenever it was read - so it is
+        kept. Otherwise (the index is behind) the reads are cancelled and the slices opened again
+        the ordinary way, waiting for a snapshot covering them.
 
         ``seqnos`` holds what the owners outside ``ride.plan`` answered; those in it answer
         in their ``SlicesOpened`` (``ride.got``). Whatever is still missing - a reply

@@ -1,4 +1,4 @@
-"""Checks of an ``IndexScan`` before the coordinator reads anything (seed step 5): the
+"""Checks of an ``IndexScan`` before the coordinator reads anything (scan-request flow step 5): the
 request's own fields (BAD_REQUEST) and whether its index can serve a scan
 (INDEX_NOT_FOUND / INDEX_NOT_READY)."""
 

@@ -1,5 +1,5 @@
-"""The SQL layer. For now the index DDL statements (``shardex.sql.ddl``); the SQL++ query
-parser, planner and execution protocol (issue 7) extend the same parser."""
+"""The SQL layer: the index DDL statements (``shardex.sql.ddl``); the SQL++ query parser,
+planner and execution protocol extend the same parser."""
 
 from shardex.sql.ddl import (
     BuildIndexStmt,

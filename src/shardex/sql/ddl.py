@@ -15,7 +15,7 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
 
 ``DDLParser`` subclasses the expression ``Parser`` so key, WHERE and partition expressions are
 parsed by exactly the parser that later re-reads their canonical text (the definitions store
-``expr.to_text()``), and so the SQL statement parser (issue 7) can extend this one. Every
+``expr.to_text()``), and so the SQL statement parser (``sql.syntax``) can extend this one. Every
 error is ``SQL_SYNTAX`` naming line, column and token (``details``: line, column, token,
 text, expected), lexer errors included. Names that are DDL keywords need back-ticks; a
 keyspace or index name may contain dashes (``my-ks``) as long as there is no space around

@@ -88,7 +88,7 @@ def check_index_ddl(
     since the last change, so orphan slices are a failure.
 
     1. Never, on any node, a current state with an index in READY/BUILDING/ACTIVE whose
-       slices are not all allocated on its indexers (the seed's promise: READY only after
+       slices are not all allocated on its indexers (the DDL flow's promise: READY only after
        all ACKs; and no slice of a live index is ever dropped).
     2. Nothing left in flight: no index in INIT or DELETED in the final state.
     3. Index names are unique per keyspace.

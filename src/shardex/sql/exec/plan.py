@@ -1,7 +1,7 @@
 """Physical planning: a bound SELECT (+ parameters + the cluster state) -> ``PhysicalPlan``,
 which becomes the protocol's ``QueryPlan`` of fragments once the stability TS is known.
 
-Shape (the seed's fragments split at exchanges)::
+Shape (the SQL protocol specification's fragments, split at exchanges)::
 
     root  (initiator)   sql.root: merge / final aggregate / distinct / order / offset+limit
       ^ one unicast exchange (edge) per indexer node

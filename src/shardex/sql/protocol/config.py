@@ -50,5 +50,5 @@ class MemberDirectory(Protocol):
 
 
 # Test seam: awaited before each message leaves the member; returning False drops it (a loss
-# that no connection reset reports). Simulations use it to force the seed's message orders.
+# that no connection reset reports). Simulations use it to force the specification's message orders.
 BeforeSend = Callable[[str, Message], Awaitable[bool]]

@@ -1,7 +1,7 @@
 """Per-member query state: running executions, queries this member initiated, batches that
 arrived before their ``execute``, and tombstones of finished or cancelled queries.
 
-Why each exists (the seed's section 4):
+Why each exists (the protocol's specification, section 4):
 * pending: a batch can overtake its query's ``execute`` (they travel on different
   connections). It is kept, bounded, and fed to the execution when the execute arrives.
   Flow control bounds it per stream (a sender sends at most one window before a grant, and

@@ -3,7 +3,7 @@
 Dispatch table (``routes``): ``QueryExecute``, ``QueryBatch``, ``QueryFlowControl``,
 ``QueryCancel`` (one-way) and ``QueryCheck`` (request -> ``QueryCheckResponse``).
 
-Life of a query (the seed, sections 3-4):
+Life of a query (the protocol's specification, sections 3-4):
 * ``execute()`` on the initiator registers the query (before anything is sent, so a check
   naming it always finds it), starts its local fragments, sends ``QueryExecute`` to every
   other participant at once and returns a ``QueryResult``; a timer enforces the timeout.
@@ -392,7 +392,7 @@ class QueryService(InitiatorRole):
             if q.initiator == self.member_id:
                 continue
             if down(q.initiator):
-                self._free(q)  # the seed: cancel locally, without messages
+                self._free(q)  # as specified: cancel locally, without messages
                 reg.stats["freed_initiator_down"] += 1
                 continue
             gone = [p for p in exe.participants if p != self.member_id and down(p)]

@@ -1,0 +1,235 @@
+"""The short paths of a scan (its latency), over the same real-TCP two-node setup as
+``test_scan_service.py``:
+
+* a small scan is answered in the replies alone (no stream on either hop);
+* a scan larger than what a reply carries continues as a stream after the reply's entries;
+* a coordinator reads its own node's slices in-process (``local_index``) with the same
+  results and errors as over the network;
+* scan stability in one round: when the nodes' newest snapshots differ, the oldest is pinned
+  and only the nodes that read another one are asked again;
+* an indexer reads on its event loop only when no slice lock is held; otherwise it waits in
+  its scan pool and the loop keeps serving;
+* the client sends its next scans of an index to the node holding most of its slices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from typing import Any
+
+import pytest
+
+from shardex.api.delivery import Stabilized, StabilizeSlices
+from shardex.api.scan import ScanSlices
+from shardex.api.scan_streams import OutStreams
+from shardex.client import connect
+from shardex.client.scan import _EntryRows
+from shardex.core.keycodec import decode_entry, encode_entry
+from shardex.errors import ErrorCode, ShardexError
+from shardex.index.scan_server import INLINE_ROWS
+from shardex.testing.index import random_workload
+from tests.integration.scan_env import KS, NODES, SECRET, Env, as_rows, oracle_rows
+
+CITIES = ("lima", "oslo", "paris", "rome")
+
+
+def user(i: int) -> dict[str, Any]:
+    """A document every index of the workload holds (by_name needs type 'user')."""
+    return {"type": "user", "name": f"n{i % 97:02}", "age": i % 50, "city": CITIES[i % 4]}
+
+
+@pytest.fixture
+def started_streams(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The scan ids of every outgoing stream any node starts."""
+    started: list[int] = []
+    real = OutStreams.start
+
+    def spy(self: OutStreams, conn: Any, scan_id: int, credit: int, producer: Any) -> Any:
+        started.append(scan_id)
+        return real(self, conn, scan_id, credit, producer)
+
+    monkeypatch.setattr(OutStreams, "start", spy)
+    return started
+
+
+async def test_a_small_scan_is_answered_by_the_replies_alone(
+    env: Env, started_streams: list[int]
+) -> None:
+    ts = await env.round(random.Random(11), 300)
+    assert env.client is not None
+    client = env.client
+    want = oracle_rows(env.defs["by_name"], env.ks.documents_at(ts), None)
+    assert 20 < len(want) < INLINE_ROWS
+    res = await asyncio.to_thread(client.scan, KS, "by_name", None, "at_plus", ts, 20, 3)
+    assert res.started.done and len(res.started.entries) == 20
+    assert as_rows(await asyncio.to_thread(list, res)) == want[3:23]
+    res = await asyncio.to_thread(client.scan, KS, "by_name", None, "at_plus", ts)
+    assert as_rows(await asyncio.to_thread(list, res)) == want
+    res = await asyncio.to_thread(client.scan, KS, "by_name", None, "at_plus", ts, ordered=False)
+    assert res.started.done  # the slices' answers come back as one block
+    assert sorted(as_rows(await asyncio.to_thread(list, res)), key=repr) == sorted(want, key=repr)
+    assert started_streams == []  # no ScanBlock / ScanEnd on either hop
+    for node in env.nodes.values():
+        assert node.streams.open_streams == 0
+
+
+async def test_a_large_scan_streams_what_follows_the_replys_entries(
+    env: Env, started_streams: list[int]
+) -> None:
+    for i in range(3 * INLINE_ROWS):
+        env.ks.upsert(f"d{i:05}", user(i))
+    ts = env.ks.ts()
+    await env.deliver(ts)
+    await env.stabilize(ts)
+    want = oracle_rows(env.defs["by_name"], env.ks.documents_at(ts), None)
+    got = await env.scan("by_name", consistency="at_plus", at=ts)
+    assert as_rows(got) == want  # the k-way merge puts the replies' entries first per slice
+    unordered = await env.scan("by_name", consistency="at_plus", at=ts, ordered=False)
+    assert sorted(as_rows(unordered), key=repr) == sorted(want, key=repr)
+    assert started_streams  # the rest came as streams
+
+
+async def test_the_coordinators_own_slices_are_read_in_process(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for node in env.nodes.values():
+        node.coord.local_index = node.scan_server
+    local_opens: list[list[int]] = []
+    real = type(env.nodes["n1"].scan_server).open_local
+
+    async def spy(self: Any, msg: ScanSlices) -> Any:
+        local_opens.append(msg.partitions)
+        return await real(self, msg)
+
+    monkeypatch.setattr(type(env.nodes["n1"].scan_server), "open_local", spy)
+    rng = random.Random(12)
+    ts = await env.round(rng, 200)
+    for i in range(2 * INLINE_ROWS):  # large enough that the local rest is streamed too
+        env.ks.upsert(f"big{i:05}", user(i))
+    ts = env.ks.ts()
+    await env.deliver(ts)
+    await env.stabilize(ts)
+    docs = env.ks.documents_at(ts)
+    for name, spans in [("by_name", None), ("by_city", [{"low": ["lima"], "high": ["rome"]}])]:
+        want = oracle_rows(env.defs[name], docs, spans)
+        assert as_rows(await env.scan(name, spans, consistency="at_plus", at=ts)) == want
+        page = await env.scan(name, spans, "at_plus", ts, limit=15, offset=7)
+        assert as_rows(page) == want[7:22]
+    assert local_opens and all(p for p in local_opens)
+    # Errors of the local slices are the same errors: a released snapshot.
+    ctx = env.client.query_context() if env.client is not None else None
+    assert ctx is not None
+    await asyncio.to_thread(lambda: list(ctx.scan(KS, "by_name", consistency="at_plus", at=ts)))
+    for _ in range(6):
+        await env.round(rng, 5)
+    with pytest.raises(ShardexError) as info:
+        await asyncio.to_thread(lambda: list(ctx.scan(KS, "by_name")))
+    assert info.value.code is ErrorCode.SNAPSHOT_TOO_OLD
+
+
+async def test_stability_pins_the_oldest_snapshot_when_nodes_differ(env: Env) -> None:
+    rng = random.Random(13)
+    old = await env.round(rng, 150)
+    random_workload(env.ks, rng, 80)
+    new = env.ks.ts()
+    await env.deliver(new)
+    ids = [d.id for d in env.defs.values()]
+    # Only n1 stabilises the newer TS: n1's newest snapshot is `new`, n2's is `old`.
+    msg = StabilizeSlices(keyspace=KS, ts=dict(new.to_wire()), index_ids=ids)
+    await env.ask("n1", msg, Stabilized)
+    opened: list[tuple[str, Any]] = []
+    for name in NODES:
+        server = env.nodes[name].scan_server
+        real = server._open
+
+        async def spy(msg: ScanSlices, real: Any = real, name: str = name) -> Any:
+            opened.append((name, msg.snapshot_ts))
+            return await real(msg)
+
+        server._open = spy  # type: ignore[method-assign]
+    assert env.client is not None
+    client = env.client
+    res = await asyncio.to_thread(client.scan, KS, "by_name", None, stability="scan")
+    rows = await asyncio.to_thread(list, res)
+    assert res.ts == old  # one TS for every slice: the one both nodes hold
+    assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(old), None)
+    # One round to both, then n1 alone again at the pinned TS.
+    assert sorted(n for n, ts in opened if ts is None) == ["n1", "n2"]
+    assert [n for n, ts in opened if ts is not None] == ["n1"]
+    # Once n2 has it too, one round is enough.
+    await env.ask("n2", msg, Stabilized)
+    opened.clear()
+    res = await asyncio.to_thread(client.scan, KS, "by_name", None, stability="scan")
+    rows = await asyncio.to_thread(list, res)
+    assert res.ts == new and len(opened) == 2
+    assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(new), None)
+
+
+async def test_a_held_slice_lock_sends_the_read_to_the_pool_not_the_loop(env: Env) -> None:
+    ts = await env.round(random.Random(14), 100)
+    server = env.nodes["n1"].scan_server
+    held = server.service.engine.slice(env.defs["by_city"].id, 0)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a stabilise's fsync, say
+        with held.lock:
+            locked.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        await asyncio.to_thread(locked.wait, 10)
+        scan = asyncio.ensure_future(env.scan("by_city", consistency="at_plus", at=ts))
+        # The node's event loop keeps serving (a blocked loop would not answer this) ...
+        for _ in range(3):
+            await asyncio.sleep(0.05)
+            assert not scan.done()
+        ping = await env.scan("by_name", limit=1)  # n1 coordinates; by_name needs no lock
+        assert len(ping) == 1
+    finally:
+        release.set()
+        await asyncio.to_thread(holder.join)
+    got = await scan  # ... and the scan completes once the lock is free
+    assert as_rows(got) == oracle_rows(env.defs["by_city"], env.ks.documents_at(ts), None)
+
+
+def test_rows_decode_each_distinct_key_once_and_own_their_key_lists() -> None:
+    desc = [True, False]  # a DESC part: the prefix check works on the encoded bytes
+    keys = [["rome", 3], ["rome", 3], ["rome", 30], ["oslo", 3], ["oslo", 3]]
+    entries = sorted(encode_entry(k, f"d{i}", desc) for i, k in enumerate(keys))
+    want = [{"docid": d, "key": k} for k, d in (decode_entry(e, desc) for e in entries)]
+    rows = list(_EntryRows(desc, covering=True).of(entries))
+    assert rows == want
+    rows[0]["key"].append("mine")
+    assert rows[1]["key"] == want[1]["key"]
+    assert list(_EntryRows(desc, covering=False).of(entries)) == [
+        {"docid": r["docid"]} for r in want
+    ]
+
+
+async def test_the_client_sends_its_next_scans_where_the_slices_are(env: Env) -> None:
+    ts = await env.round(random.Random(15), 120)
+    want = oracle_rows(env.defs["by_city"], env.ks.documents_at(ts), None)
+    n1, n2 = env.nodes["n1"].address, env.nodes["n2"].address
+    client = await asyncio.to_thread(connect, n2, secret=SECRET, name="via-n2")
+    try:
+        # by_city's one slice is on n1: n2 coordinates the first scan and names n1 ...
+        res = await asyncio.to_thread(client.scan, KS, "by_city", None, "at_plus", ts)
+        assert res.started.prefer == n1
+        assert as_rows(await asyncio.to_thread(list, res)) == want
+        # ... which coordinates the next ones (no node holds more of them)
+        res = await asyncio.to_thread(client.scan, KS, "by_city", None, "at_plus", ts)
+        assert res.started.prefer == ""
+        assert as_rows(await asyncio.to_thread(list, res)) == want
+        targets = client._scan_targets  # both scan paths' (``ScanTargets``)
+        assert targets.prefer == {(KS, "by_city"): n1}
+        # A preferred node that cannot be reached is skipped and forgotten.
+        targets.prefer[(KS, "by_city")] = "127.0.0.1:1"
+        res = await asyncio.to_thread(client.scan, KS, "by_city", None, "at_plus", ts)
+        assert as_rows(await asyncio.to_thread(list, res)) == want
+        assert targets.prefer == {(KS, "by_city"): n1}
+    finally:
+        await asyncio.to_thread(client.close)

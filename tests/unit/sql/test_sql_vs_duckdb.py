@@ -1,0 +1,131 @@
+"""The SQL correctness suite on ``LocalEngine``: generated documents and queries, every
+result compared with DuckDB's under the translation rules of ``tests/sql_reference``.
+The same suite runs through ``c.query`` on a cluster in tests/spark/test_sql_surfaces.py."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from shardex.dbapi.local import LocalQueryClient
+from tests.sql_reference.compare import compare, duck_connection, queries, run_suite
+from tests.sql_reference.documents import make_documents
+
+N_DOCS = 200
+N_QUERIES = 250
+
+# Each feature the suite must exercise, as a pattern over the SQL++ text, with the least
+# number of generated queries that must use it.
+FEATURES = {
+    "AND": (r"\bAND\b", 40),
+    "OR": (r"\bOR\b", 30),
+    "NOT": (r"\(NOT ", 10),
+    "IN": (r"\bIN \[", 10),
+    "NOT IN": (r"NOT IN \[", 2),
+    "BETWEEN": (r"\bBETWEEN\b", 10),
+    "LIKE": (r"\bLIKE\b", 10),
+    "IS NULL": (r"IS (NOT )?NULL", 5),
+    "IS MISSING": (r"IS (NOT )?MISSING", 5),
+    "arithmetic": (r"[*%/]", 40),
+    "ORDER BY": (r"ORDER BY", 60),
+    "DESC": (r"\bDESC\b", 20),
+    "NULLS FIRST": (r"NULLS FIRST", 10),
+    "NULLS LAST": (r"NULLS LAST", 10),
+    "LIMIT": (r"\bLIMIT\b", 30),
+    "OFFSET": (r"\bOFFSET\b", 15),
+    "GROUP BY": (r"GROUP BY", 30),
+    "HAVING": (r"HAVING", 8),
+    "COUNT(*)": (r"COUNT\(\*\)", 20),
+    "COUNT(DISTINCT)": (r"COUNT\(DISTINCT", 5),
+    "SUM": (r"\bSUM\(", 10),
+    "AVG": (r"\bAVG\(", 10),
+    "MIN": (r"\bMIN\(", 10),
+    "MAX": (r"\bMAX\(", 5),
+    "DISTINCT": (r"SELECT DISTINCT", 8),
+    "RAW": (r"SELECT RAW", 5),
+}
+
+
+@pytest.fixture(scope="module")
+def client() -> LocalQueryClient:
+    c = LocalQueryClient()
+    c.engine.create_keyspace("docs")
+    c.engine.keyspaces["docs"].update(make_documents(1, N_DOCS))
+    return c
+
+
+def test_generated_queries_cover_the_language() -> None:
+    qs = queries(2, N_QUERIES, "docs")
+    counts = Counter(
+        name for q in qs for name, (pat, _) in FEATURES.items() if re.search(pat, q.sqlpp)
+    )
+    short = {n: counts[n] for n, (_, least) in FEATURES.items() if counts[n] < least}
+    assert not short, f"too few queries use {short}"
+    assert sum(q.ordered for q in qs) >= 60
+
+
+def test_local_engine_matches_duckdb(client: LocalQueryClient) -> None:
+    qs, mismatches = run_suite(
+        lambda sql: client.query(sql), keyspace="docs", n_docs=N_DOCS, n_queries=N_QUERIES
+    )
+    assert len(qs) == N_QUERIES
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
+
+
+def test_results_are_not_trivial(client: LocalQueryClient) -> None:
+    """Most queries return rows, so agreement means something."""
+    qs = queries(2, 80, "docs")
+    nonempty = sum(1 for q in qs if list(client.query(q.sqlpp)))
+    assert nonempty >= 55
+
+
+def test_the_comparison_catches_wrong_answers(client: LocalQueryClient) -> None:
+    docs = make_documents(1, N_DOCS)
+    con = duck_connection(docs)
+    qs = queries(2, 60, "docs")
+    ordered = next(q for q in qs if q.ordered and "LIMIT 0" not in q.sqlpp)
+    unordered = next(q for q in qs if not q.ordered and not q.raw)
+
+    def drop_last(sql: str) -> list[Any]:
+        return list(client.query(sql))[:-1]
+
+    def swap(sql: str) -> list[Any]:
+        rows = list(client.query(sql))
+        return rows[1:] + rows[:1] if len(rows) > 1 else rows
+
+    def null_for_missing(sql: str) -> list[Any]:
+        return [{c: r.get(c) for c in unordered.columns} for r in client.query(sql)]
+
+    assert compare(lambda s: client.query(s), con, ordered) is None
+    assert compare(drop_last, con, unordered) is not None
+    assert compare(swap, con, ordered) is not None or len(list(client.query(ordered.sqlpp))) < 2
+    # A document edited on one side only is found.
+    changed = LocalQueryClient()
+    changed.engine.create_keyspace("docs")
+    changed.engine.keyspaces["docs"].update(docs)
+    next(iter(changed.engine.keyspaces["docs"].values()))["a"] = 10**6
+    diffs = [compare(lambda s: changed.query(s), con, q) for q in qs]
+    assert any(d is not None for d in diffs)
+    # Reading MISSING as NULL is the rule, so an engine doing that agrees.
+    assert compare(null_for_missing, con, unordered) is None
+    con.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_local_engine_matches_duckdb_more_seeds(seed: int) -> None:
+    c = LocalQueryClient()
+    c.engine.create_keyspace("docs")
+    c.engine.keyspaces["docs"].update(make_documents(seed, 400))
+    _, mismatches = run_suite(
+        lambda sql: c.query(sql),
+        keyspace="docs",
+        docs_seed=seed,
+        n_docs=400,
+        query_seed=seed * 100,
+        n_queries=600,
+    )
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))

@@ -226,10 +226,10 @@ def held_stability(client: Any) -> dict[str, Any]:
     """Index id -> the stability TS the master's timekeeper holds for the keyspace."""
     from shardex.core.timestamp import Timestamp
     from shardex.manager.timekeeper_messages import StabilityReply, StabilityRequest
-    from shardex.pipeline.indexers import _to_node
+    from shardex.pipeline.indexers import to_node
 
     msg = StabilityRequest(keyspace=KEYSPACE)
-    reply = client._run(_to_node(client, timekeeper_node(client), msg, StabilityReply))
+    reply = client._run(to_node(client, timekeeper_node(client), msg, StabilityReply))
     return {i: Timestamp.from_wire(ts) for i, ts in reply.stability.items()}
 
 

@@ -166,7 +166,7 @@ class InitialBuild:
             request_id=_rid(),
         )
         try:
-            self.client._run(self.client._ddl(msg, IndexUpdated))
+            self.client.rpc.run(self.client.rpc.ddl(msg, IndexUpdated))
         except Exception as exc:  # a progress report must not fail the build
             log.debug("progress report for %s failed: %s", index_id, exc)
 
@@ -179,7 +179,7 @@ class InitialBuild:
             stability_ts=wire,
             request_id=_rid(),
         )
-        self.client._run(self.client._ddl(msg, IndexUpdated))
+        self.client.rpc.run(self.client.rpc.ddl(msg, IndexUpdated))
 
 
 def _one_incarnation(counts: pa.Table) -> dict[str, str]:

@@ -85,10 +85,10 @@ class DeliveryReport:
         self.unknown += reply.unknown
 
 
-async def _to_node(
+async def to_node(
     client: Client, node: str, msg: Message, expect: type[M], timeout: float | None = None
 ) -> M:
-    router = client._router
+    router = client.rpc.router
     conn = await router.pool.get(await router.address(node), router.request_timeout)
     return await conn.request(msg, timeout or router.request_timeout, expect=expect)
 
@@ -130,7 +130,7 @@ class RoundSender:
         self._dropped: set[str] = set()  # nodes whose first frame carried the drop
         # node -> the task sending its frames so far (on the client's loop only).
         self._chains: dict[str, asyncio.Task[None]] = {}
-        self._loop = client._io.loop
+        self._loop = client.rpc.loop
 
     def send(self, by_node: Mapping[str, Sequence[KeyVersion]]) -> None:
         """Queue these rows on their nodes, after what was sent before (returns at once; a
@@ -169,7 +169,7 @@ class RoundSender:
             incarnation=self._incarnation.get(node, ""),
             drop_above=self._take_drop(node),
         )
-        got = await _to_node(self.client, node, msg, Delivered)
+        got = await to_node(self.client, node, msg, Delivered)
         self.report.add(got)
         self._incarnation[node] = got.incarnation
 
@@ -205,7 +205,7 @@ class RoundSender:
                 slices=None if slices is None else dict(slices.get(node, {})),
                 drop_above=self._take_drop(node),
             )
-            reply = await _to_node(self.client, node, last, Stabilized, ADVANCE_TIMEOUT)
+            reply = await to_node(self.client, node, last, Stabilized, ADVANCE_TIMEOUT)
             self.report.add(reply)
             if node in plan or node in by_node or node in self._chains:
                 replies[node] = reply
@@ -226,7 +226,7 @@ class RoundSender:
                 *(one(n) for n in sorted(nodes)), *(drop_only(n) for n in sorted(extra))
             )
 
-        self.client._run(all_nodes())
+        self.client.rpc.run(all_nodes())
         return self.report, replies
 
     def abandon(self) -> None:
@@ -298,12 +298,12 @@ def deliver_rows(
                 rows=list(frame),
                 incarnation=incarnations.get(node, ""),
             )
-            report.add(await _to_node(client, node, msg, Delivered))
+            report.add(await to_node(client, node, msg, Delivered))
 
     async def all_nodes() -> None:
         await asyncio.gather(*(one(n, rows) for n, rows in sorted(by_node.items()) if rows))
 
-    client._run(all_nodes())
+    client.rpc.run(all_nodes())
     return report
 
 
@@ -335,11 +335,11 @@ def advance_stability(
 
     async def go() -> StabilityAdvanced:
         if timekeeper:
-            return await _to_node(client, timekeeper, msg, StabilityAdvanced, ADVANCE_TIMEOUT)
-        conn = await client._live_conn()
+            return await to_node(client, timekeeper, msg, StabilityAdvanced, ADVANCE_TIMEOUT)
+        conn = await client.rpc.connection()
         return await conn.request(msg, ADVANCE_TIMEOUT, expect=StabilityAdvanced)
 
-    return client._run(go())
+    return client.rpc.run(go())
 
 
 def index_state(client: Client) -> StateContext:
@@ -348,7 +348,7 @@ def index_state(client: Client) -> StateContext:
     milliseconds)."""
     sections = ["keyspaces", "indexes", "index_topologies", "rebalance"]  # index moves too
     msg = StateRequest(sections=sections, fresh=True)
-    return client._call(msg, StateReply).state
+    return client.rpc.call(msg, StateReply).state
 
 
 def list_slices(client: Client, nodes: Sequence[str], index_id: str | None) -> list[SliceInfo]:
@@ -356,10 +356,10 @@ def list_slices(client: Client, nodes: Sequence[str], index_id: str | None) -> l
 
     async def go() -> list[SliceList]:
         msg = ListSlices(index_id=index_id)
-        return await asyncio.gather(*(_to_node(client, n, msg, SliceList) for n in nodes))
+        return await asyncio.gather(*(to_node(client, n, msg, SliceList) for n in nodes))
 
     out: list[SliceInfo] = []
-    for reply in client._run(go()):
+    for reply in client.rpc.run(go()):
         out.extend(s for s in reply.slices if index_id is None or s.index_id == index_id)
     return out
 
@@ -382,13 +382,13 @@ def load_chunks(
         for frame in _frames(rows) or [[]]:
             msg = LoadChunk.columnar(index_id, partition, wire, frame, n_docs)
             n_docs = 0  # counted once per key
-            ack = await _to_node(client, node, msg, LoadChunkAck)
+            ack = await to_node(client, node, msg, LoadChunkAck)
             seen.setdefault(node, set()).add(ack.incarnation)
 
     async def go() -> None:
         await asyncio.gather(*(one(k, chunks.get(k, [])) for k in set(chunks) | set(docs)))
 
-    client._run(go())
+    client.rpc.run(go())
     return seen
 
 
@@ -405,7 +405,7 @@ def load_finish(
     async def go() -> list[LoadFinished]:
         return await asyncio.gather(
             *(
-                _to_node(
+                to_node(
                     client,
                     node,
                     LoadFinish(
@@ -418,4 +418,4 @@ def load_finish(
             )
         )
 
-    return client._run(go())
+    return client.rpc.run(go())

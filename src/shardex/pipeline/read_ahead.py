@@ -151,7 +151,7 @@ class ReadAhead:
 
         def run() -> None:
             try:
-                self._run(ahead, stop, deliver)
+                self._read_on(ahead, stop, deliver)
             except Exception as exc:  # a read-ahead is an optimisation: the batch reads itself
                 log.debug("read-ahead from %r failed: %s", ahead.end, exc)
             finally:
@@ -161,7 +161,7 @@ class ReadAhead:
         self._thread = threading.Thread(target=run, name="read-ahead", daemon=True)
         self._thread.start()
 
-    def _run(self, ahead: Ahead, stop: threading.Event, deliver: Deliver | None) -> None:
+    def _read_on(self, ahead: Ahead, stop: threading.Event, deliver: Deliver | None) -> None:
         first = True
         pause = self.pause
         last_piece = time.monotonic()

@@ -109,7 +109,7 @@ class _OffsetSource:
         if self._owners is None or now - self._owners_at > OWNERS_MAX_AGE:
             client = self.client()
             with contextlib.suppress(ShardexError):
-                client._run(client._router.refresh())
+                client.rpc.run(client.rpc.router.refresh())
             self._owners_at = now
             self._owners = partition_owners(client, self.keyspace)
         return self._owners

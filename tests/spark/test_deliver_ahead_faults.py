@@ -64,7 +64,7 @@ def test_indexer_restarted_after_an_early_delivery(
     assert "node2" in slice_nodes(client, "by_name") | slice_nodes(client, "by_age")
     fired = threading.Event()
     armed = [True]
-    to_node = indexers._to_node
+    to_node = indexers.to_node
 
     def kill_and_restart() -> None:
         pid = env.cluster.pid(2)
@@ -84,7 +84,7 @@ def test_indexer_restarted_after_an_early_delivery(
             fired.set()
         return reply
 
-    monkeypatch.setattr(indexers, "_to_node", wrapped)
+    monkeypatch.setattr(indexers, "to_node", wrapped)
     retries = Retries()
     logging.getLogger("shardex.pipeline.batch_steps").addHandler(retries)
     try:

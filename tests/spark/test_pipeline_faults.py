@@ -183,8 +183,8 @@ class DeliveryHook:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.armed: tuple[str, Callable[[], None]] | None = None
         self.fired = threading.Event()
-        self._to_node = indexers._to_node
-        monkeypatch.setattr(indexers, "_to_node", self._wrapped)
+        self._to_node = indexers.to_node
+        monkeypatch.setattr(indexers, "to_node", self._wrapped)
         monkeypatch.setattr(indexers, "MAX_ROWS_PER_FRAME", self.FRAME_ROWS)
 
     async def _wrapped(

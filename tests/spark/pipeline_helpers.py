@@ -28,8 +28,8 @@ from shardex.manager.index_state import find_index, latest_index_topology
 from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state, list_slices, to_node
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.source_plan import plan_ranges
-from shardex.pipeline.source_read import read_ranges
+from shardex.pipeline.source.plan import plan_ranges
+from shardex.pipeline.source.read import read_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,4 +1,4 @@
-"""Deliver ahead under a real fault (``pipeline/deliver_ahead.py``): an indexer node killed
+"""Deliver ahead under a real fault (``pipeline/rounds/deliver_ahead.py``): an indexer node killed
 with SIGKILL and restarted right after it took rows delivered ahead of their batch (a
 ``DeliverKeyVersions`` with batch id -1). The new process never saw them; the batch's round
 names the old incarnation, is refused (STALE_DELIVERY), and its retry drops and delivers

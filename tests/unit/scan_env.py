@@ -39,8 +39,8 @@ from shardex.manager.member_list import MemberInfo
 from shardex.manager.state import KeyspaceMeta, StateContext
 from shardex.net import ConnectionPool, RpcServer, TcpTransport
 from shardex.net.messages import Message
-from shardex.pipeline.projector import project
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.project.projector import project
+from shardex.pipeline.project.router import IndexRoute, route
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.spans import encode_spans, to_user_spans
 from shardex.scan.streams import OutStreams

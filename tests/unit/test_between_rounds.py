@@ -1,4 +1,4 @@
-"""Stability rounds between Spark's micro-batches (``pipeline/between_rounds.py``): after a
+"""Stability rounds between Spark's micro-batches (``pipeline/rounds/between.py``): after a
 batch's round, the read-ahead's pieces are stabilised and published in rounds of their own
 (ahead of Spark's next batch); the next batch leaves out what they applied and stabilises at
 F = max(its end, what any round attempted), so a slice is never asked to go back, and a round
@@ -30,11 +30,11 @@ from shardex.index.messages import SliceInfo
 from shardex.index.records import STATE_ACTIVE
 from shardex.pipeline import batch_steps
 from shardex.pipeline import registry as registry_mod
-from shardex.pipeline.between_rounds import not_applied, on_branch, stabilise_ts
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.read_ahead import ReadAhead
 from shardex.pipeline.registry import IndexRegistry
+from shardex.pipeline.rounds.between import not_applied, on_branch, stabilise_ts
+from shardex.pipeline.rounds.read_ahead import ReadAhead
 
 NODES = ("n1", "n2")
 

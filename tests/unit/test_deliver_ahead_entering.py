@@ -1,5 +1,5 @@
 """Deliver ahead: a node that enters a round's plan after the first round is cleaned like the
-first round's nodes (``DeliverAhead.cleaned``, ``pipeline/deliver_ahead.py``).
+first round's nodes (``DeliverAhead.cleaned``, ``pipeline/rounds/deliver_ahead.py``).
 
 A previous driver may have queued rows ahead on a node that no round of this query has
 named yet (its slices had switched away, a rollback's ``RollbackSlices`` did not reach it).
@@ -27,12 +27,18 @@ from tests.unit.test_read_ahead import Log, _range, batch_end_job, published_all
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.index.keyversion import UPSERT
-from shardex.pipeline import deliver_ahead
-from shardex.pipeline.deliver_ahead import DeliverAhead, RoundInfo, _Tag, plan_nodes, views_key
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.read_ahead import ReadAhead, Taken
 from shardex.pipeline.registry import IndexView
+from shardex.pipeline.rounds import deliver_ahead
+from shardex.pipeline.rounds.deliver_ahead import (
+    DeliverAhead,
+    RoundInfo,
+    _Tag,
+    plan_nodes,
+    views_key,
+)
+from shardex.pipeline.rounds.read_ahead import ReadAhead, Taken
 
 Key = tuple[int, int]  # (data partition, seqno)
 LOST = "lost branch"  # queued by a previous driver, before a rollback it never saw

@@ -1,4 +1,4 @@
-"""Deliver ahead, the maintenance job's side (``pipeline/deliver_ahead.py``): rows read ahead
+"""Deliver ahead, the maintenance job's side (``pipeline/rounds/deliver_ahead.py``): rows read ahead
 are queued on the indexers once the previous round ended, the batch's round sends only the
 rest, and what was delivered early plus what the round sent is exactly the batch's range (no
 hole at the boundary, rows beyond the end applied only by a later stabilise). A view change
@@ -25,11 +25,12 @@ from tests.unit.test_read_ahead import Log, _range, batch_end_job, published_all
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline import batch_steps, deliver_ahead
+from shardex.pipeline import batch_steps
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.read_ahead import ReadAhead
 from shardex.pipeline.registry import IndexView
+from shardex.pipeline.rounds import deliver_ahead
+from shardex.pipeline.rounds.read_ahead import ReadAhead
 
 
 class Indexers:

@@ -41,8 +41,8 @@ from shardex.index.service import IndexService
 from shardex.index.testing import FakeKeyspace, random_workload, workload_definitions
 from shardex.net import ConnectionPool, RpcServer, TcpTransport
 from shardex.net.messages import Message
-from shardex.pipeline.projector import OP_DELETE, ChangeRow, project
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.project.projector import OP_DELETE, ChangeRow, project
+from shardex.pipeline.project.router import IndexRoute, route
 
 SECRET = "s" * 32
 KS = "ks"

@@ -1,6 +1,6 @@
 """Index moves on an idle keyspace: the maintenance job runs an empty stabilise round, naming
 the move's target, at the stream's position when no batch has routed one to it
-(``pipeline/move_rounds.py``); never during a batch, never twice for one move, never for an
+(``pipeline/rounds/moves.py``); never during a batch, never twice for one move, never for an
 index whose applied TS is ahead of the stream."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from shardex.manager.index_state import ACTIVE, IndexRecord
 from shardex.manager.timekeeper_messages import StabilityAdvanced
 from shardex.pipeline import maintain
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.move_rounds import MoveRounds
 from shardex.pipeline.registry import IndexRegistry, IndexView
+from shardex.pipeline.rounds.moves import MoveRounds
 
 P5 = Timestamp({0: (5, 1), 1: (7, 1)})
 

@@ -21,9 +21,9 @@ from shardex.index.testing import FakeKeyspace, LocalPipeline, random_workload
 from shardex.manager.index_state import ACTIVE, IndexRecord
 from shardex.manager.state import StateContext
 from shardex.manager.timekeeper import plan_stabilize, verify_acks
+from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexView
-from shardex.pipeline.round_plan import round_slices, stabilize_plan
-from shardex.pipeline.router import route
+from shardex.pipeline.rounds.plan import round_slices, stabilize_plan
 
 DEFN = make_definition(
     id="m", name="by_k", keyspace="ks", keys=["name"], partition_by=["city"], num_partition=4

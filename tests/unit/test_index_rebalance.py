@@ -34,7 +34,7 @@ from shardex.manager.index_rebalance_state import (
 )
 from shardex.manager.index_state import ACTIVE, BUILDING, IndexRecord
 from shardex.manager.rebalance_state import RebalanceRecord, finish
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.project.router import IndexRoute, route
 
 MOVABLE = make_definition(
     id="m", name="by_k", keyspace="ks", keys=["k"], partition_by=["k"], num_partition=4

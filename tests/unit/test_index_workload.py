@@ -21,7 +21,7 @@ from shardex.index.testing import (
     random_workload,
     workload_definitions,
 )
-from shardex.pipeline.projector import Projector, project
+from shardex.pipeline.project.projector import Projector, project
 
 SEEDS = [int(os.environ["SHARDEX_INDEX_SEED"])] if "SHARDEX_INDEX_SEED" in os.environ else [1, 2, 3]
 NODES = ["n1", "n2", "n3"]

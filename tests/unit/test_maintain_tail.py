@@ -1,4 +1,4 @@
-"""The stabilise round of a micro-batch runs beside Spark's commit (``pipeline/batch_tail.py``):
+"""The stabilise round of a micro-batch runs beside Spark's commit (``pipeline/rounds/tail.py``):
 ``run_batch`` returns once the batch is delivered; the next batch (and an idle round) waits
 for the round first; a round that failed leaves the registry behind, so a later batch
 catches the lost range up from the slices' applied TS. No Spark, no cluster: the offset log
@@ -19,10 +19,10 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.index.keyversion import UPSERT
 from shardex.manager.timekeeper_messages import StabilityAdvanced
 from shardex.pipeline import batch_steps
-from shardex.pipeline.batch_tail import BatchTail
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.source_plan import plan_ranges
+from shardex.pipeline.rounds.tail import BatchTail
+from shardex.pipeline.source.plan import plan_ranges
 
 T0 = Timestamp({0: (0, 1), 1: (0, 1)})
 

@@ -1,4 +1,4 @@
-"""The read-ahead (``pipeline/read_ahead.py``): a batch gets exactly the key versions of its
+"""The read-ahead (``pipeline/rounds/read_ahead.py``): a batch gets exactly the key versions of its
 range whether they were read ahead, partly read ahead or read by the batch; a read-ahead on
 another branch (uuid), from another start or for other definitions is not used."""
 
@@ -19,7 +19,7 @@ from shardex.manager.timekeeper_messages import StabilityAdvanced
 from shardex.pipeline import batch_steps
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.read_ahead import ReadAhead
+from shardex.pipeline.rounds.read_ahead import ReadAhead
 
 UUID = 7
 

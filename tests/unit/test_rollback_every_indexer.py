@@ -28,7 +28,7 @@ from shardex.index.testing import FakeKeyspace, LocalPipeline
 from shardex.manager.index_state import ACTIVE, IndexRecord
 from shardex.pipeline import indexers, rollback
 from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.source_types import RollbackInfo
+from shardex.pipeline.source.types import RollbackInfo
 
 KS = "ks"
 ROLLBACK_SEQNO = 4  # data partition 0 rolled back to seqno 4: seqnos 5-7 are the lost branch

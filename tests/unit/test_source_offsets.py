@@ -13,10 +13,10 @@ import pytest
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
-from shardex.pipeline import source_stream
-from shardex.pipeline.source_options import SourceOptions
-from shardex.pipeline.source_stream import ShardexStreamReader
-from shardex.pipeline.source_types import PartitionRange
+from shardex.pipeline.source import stream as source_stream
+from shardex.pipeline.source.options import SourceOptions
+from shardex.pipeline.source.stream import ShardexStreamReader
+from shardex.pipeline.source.types import PartitionRange
 
 OWNERS = {p: f"n{p % 3}" for p in range(8)}
 

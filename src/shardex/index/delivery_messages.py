@@ -63,7 +63,7 @@ class DeliverKeyVersions(Message, tag="index.DeliverKeyVersions"):
     rows: list[WireKeyVersion]
     # The indexer process the sender expects ("" = any): an early delivery of the rows after
     # a batch continues what that process holds, so a restarted one refuses with
-    # STALE_DELIVERY before queueing anything (``pipeline/deliver_ahead.py``).
+    # STALE_DELIVERY before queueing anything (``pipeline/rounds/deliver_ahead.py``).
     incarnation: str = ""
     # Before queueing: every local slice of ``keyspace`` forgets its queued versions of
     # these data partitions above these seqnos (``Slice.drop_queued_above``).
@@ -102,7 +102,7 @@ class DeliverAndStabilize(Message, tag="index.DeliverAndStabilize"):
     ``DeliverKeyVersions``) and then stabilise every local slice of ``index_ids`` at ``ts``
     (as ``StabilizeSlices``), in one call on the indexer's I/O thread. Frames before this
     one (a node's rows over ``MAX_ROWS_PER_FRAME``, and the rows delivered ahead of the
-    batch: ``pipeline/deliver_ahead.py``) go as ``DeliverKeyVersions``; ``incarnation``
+    batch: ``pipeline/rounds/deliver_ahead.py``) go as ``DeliverKeyVersions``; ``incarnation``
     names the process that took them ("" = none: any is fine), and a restarted indexer
     refuses with ``STALE_DELIVERY`` before queueing anything. The reply is
     ``Stabilized`` with the delivery counts; the pipeline hands the replies to the

@@ -249,7 +249,7 @@ class Slice(SliceLoading):
     def drop_queued_above(self, partition: int, seqno: int) -> int:
         """Forget the queued key versions of data partition ``partition`` above ``seqno``;
         returns how many. The pipeline's fallback after an early delivery
-        (``pipeline/deliver_ahead.py``): versions queued ahead of a batch may belong to a
+        (``pipeline/rounds/deliver_ahead.py``): versions queued ahead of a batch may belong to a
         branch the batch's end is not on, and a re-delivery would be dropped as a duplicate
         of them, so the batch clears them before delivering its rows again."""
         with self.lock:

@@ -27,18 +27,18 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
-from shardex.pipeline.between_rounds import raise_floor
-from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
-from shardex.pipeline.driver_read import read_and_project
-from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.indexers import RoundSender, advance_stability, deliver_and_stabilize
-from shardex.pipeline.move_rounds import MoveRounds
-from shardex.pipeline.read_ahead import ReadAhead, Taken
+from shardex.pipeline.project.gcpause import gc_paused
+from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.round_plan import round_slices, stabilize_plan
-from shardex.pipeline.router import route
-from shardex.pipeline.source_project import ProjectSpec
-from shardex.pipeline.streamed_round import StreamedRound
+from shardex.pipeline.rounds.between import raise_floor
+from shardex.pipeline.rounds.deliver_ahead import DeliverAhead, Skip, views_key
+from shardex.pipeline.rounds.moves import MoveRounds
+from shardex.pipeline.rounds.plan import round_slices, stabilize_plan
+from shardex.pipeline.rounds.read_ahead import ReadAhead, Taken
+from shardex.pipeline.rounds.streamed import StreamedRound
+from shardex.pipeline.source.driver_read import read_and_project
+from shardex.pipeline.source.projected import ProjectSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -77,10 +77,10 @@ class BatchStats:
     wait_round: float = 0.0
     retries: int = 0
     on_driver: bool = False  # read and projected on the driver (small batch)
-    read_ahead: int = 0  # key versions taken from the read-ahead (``read_ahead.py``)
-    early: int = 0  # of those, delivered before the round (``deliver_ahead.py``); 0: fallback
-    between: bool = False  # left to the stability rounds between batches (``between_rounds``)
-    streamed: int = 0  # key versions sent while the batch was projected (``streamed_round``)
+    read_ahead: int = 0  # key versions taken from the read-ahead (``rounds/read_ahead.py``)
+    early: int = 0  # of those, delivered before the round (``deliver_ahead``); 0: fallback
+    between: bool = False  # left to the stability rounds between batches (``rounds/between.py``)
+    streamed: int = 0  # key versions sent while the batch was projected (``rounds/streamed.py``)
     end: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
@@ -122,11 +122,11 @@ class BatchSteps:
         """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``
         (the read-ahead's first). Returns what says which rows the round may skip: the
         read-ahead's rows not delivered yet are sent while the rest is read
-        (``deliver_ahead.py``). Between-batch rounds (``between_rounds.py``): the range
+        (``rounds/deliver_ahead.py``). Between-batch rounds (``rounds/between.py``): the range
         read goes up to ``top`` (F >= end) and starts no lower than ``floor`` (what every
         view applied), so only what is not applied is read. ``stream``: the rows of a batch
         read on the driver go to it group by group too, as they are projected (its round
-        starts sending them, ``streamed_round.py``)."""
+        starts sending them, ``rounds/streamed.py``)."""
         t = time.perf_counter()
 
         def add(group: list[KeyVersion]) -> None:
@@ -183,7 +183,7 @@ class BatchSteps:
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
     ) -> list[KeyVersion]:
         # Stream items straight into the projector's columns, rows kept as tuples, every
-        # partition's stream open at once (``driver_read.py``).
+        # partition's stream open at once (``source/driver_read.py``).
         return read_and_project(self.client, self.keyspace, defs, start, end)
 
     def _read_and_project_on_workers(
@@ -287,7 +287,7 @@ class BatchSteps:
         """Route, then one ``DeliverAndStabilize`` per indexer (in parallel), then the
         timekeeper checks the replies and publishes. With ``skip`` only the rows not
         delivered early are routed; without, the indexers first drop what may have been
-        queued above ``start`` ahead of this batch (``deliver_ahead.py``). With ``streamed``
+        queued above ``start`` ahead of this batch (``rounds/deliver_ahead.py``). With ``streamed``
         (rows already sent by the same views while the batch was projected) only the rest
         is routed, and the round's frames continue its sender's."""
         if not views:
@@ -367,7 +367,7 @@ class BatchSteps:
         applied: dict[str, Timestamp],
     ) -> StreamedRound:
         """The round of a batch (start, end] by ``views``, begun while its rows are still
-        projected (``streamed_round.py``). Its first rows drop what may be queued above
+        projected (``rounds/streamed.py``). Its first rows drop what may be queued above
         ``start`` where the round would (``DeliverAhead.drop_above``); before them, as
         before any round's, the registry learns that the slices may reach ``end``."""
         routes = {v.id: v.route() for v in views}
@@ -389,7 +389,7 @@ class BatchSteps:
         end: Timestamp,
         batch_id: int,
     ) -> BatchStats:
-        """A stability round between batches (``between_rounds.py``): the same ``_attempt``
+        """A stability round between batches (``rounds/between.py``): the same ``_attempt``
         as a batch's round, once (no retry: the next batch repairs). What it did."""
         stats = BatchStats(batch_id=batch_id)
         self._attempt(views, rows, start, end, batch_id, stats)

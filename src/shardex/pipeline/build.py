@@ -41,7 +41,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_messages import IndexBuildProgress, IndexUpdated, MarkIndexActive
 from shardex.pipeline.indexers import advance_stability, list_slices, load_finish
 from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.source_project import COUNTS_ARROW, COUNTS_SCHEMA, LoadSpec, ProjectSpec
+from shardex.pipeline.source.projected import COUNTS_ARROW, COUNTS_SCHEMA, LoadSpec, ProjectSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -100,7 +100,7 @@ def _frames(rows: Sequence[Any]) -> list[Sequence[Any]]:
 class RoundSender:
     """One round's frames to the indexers. ``send`` (from any thread, without waiting)
     queues rows as ``DeliverKeyVersions`` frames while the round's later rows are still being
-    read and projected (``streamed_round.py``); ``finish`` sends each node its last rows with
+    read and projected (``rounds/streamed.py``); ``finish`` sends each node its last rows with
     the stabilise in one ``DeliverAndStabilize`` once its earlier frames were acknowledged.
     A node's frames go one after the other: the first carries the round's ``drop_above``,
     every later one names the incarnation that took the first (a restarted indexer refuses

@@ -12,21 +12,21 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
    backlog drains as a run of moderate batches rather than one giant one;
 3. catch up any index whose applied TS is behind ``start`` (an index that joined after the
    stream passed its build's T0): its missing range is read on the driver and projected too;
-4. ``foreachBatch`` returns; on a thread beside Spark's commit (``batch_tail.py``, the
+4. ``foreachBatch`` returns; on a thread beside Spark's commit (``rounds/tail.py``, the
    batch's "round"): route by index topology and send each indexer its rows and the
    stabilise at ``end`` in one ``DeliverAndStabilize`` (in parallel);
 5. the timekeeper checks the indexers' replies and publishes ``end`` as the indexes'
    stability TS once every slice acknowledged. The next batch first waits for this round,
-   and a small batch's successor is read and projected meanwhile (``read_ahead.py``);
+   and a small batch's successor is read and projected meanwhile (``rounds/read_ahead.py``);
    those rows go to the indexers ahead of their round, once this round ended or while the
    next batch reads the rest, and its round sends only what they lack, or falls back to
-   everything (``deliver_ahead.py``);
+   everything (``rounds/deliver_ahead.py``);
 6. or, with ``stabilise_ahead`` (the default since session 8; ``stabilise_per_batch`` goes
    back to 5 alone): the read-ahead keeps reading in
    pieces after the round, and what it read gets stability rounds of its own (the same
    ``_attempt``: the rows, the stabilise at their end, the publish), one at a time, beside
    the next piece's read, so the stability TS moves between Spark's batches
-   (``between_rounds.py``). A batch leaves its range to them while they are healthy and
+   (``rounds/between.py``). A batch leaves its range to them while they are healthy and
    route by its views (``_left_to_rounds``); otherwise it halts them, leaves out what they
    applied and stabilises at F = max(its end, every TS a round attempted), reading what
    lies between its end and F (and is not applied). No two rounds (a batch's, an idle one,
@@ -69,22 +69,22 @@ from shardex.pipeline.batch_range import (
     read_offset,
 )
 from shardex.pipeline.batch_steps import BatchStats, BatchSteps, count_changes
-from shardex.pipeline.batch_tail import BatchTail
-from shardex.pipeline.between_rounds import (
+from shardex.pipeline.indexers import advance_stability
+from shardex.pipeline.project.gcpause import gc_paused
+from shardex.pipeline.registry import IndexRegistry, IndexView
+from shardex.pipeline.rounds.between import (
     BetweenRounds,
     lowest_applied,
     not_applied,
     on_branch,
     stabilise_ts,
 )
-from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
-from shardex.pipeline.driver_read import PROJECT_ROWS
-from shardex.pipeline.gcpause import gc_paused
-from shardex.pipeline.indexers import advance_stability
-from shardex.pipeline.move_rounds import MoveRounds
-from shardex.pipeline.read_ahead import ReadAhead
-from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.streamed_round import StreamedRound
+from shardex.pipeline.rounds.deliver_ahead import DeliverAhead, Skip, views_key
+from shardex.pipeline.rounds.moves import MoveRounds
+from shardex.pipeline.rounds.read_ahead import ReadAhead
+from shardex.pipeline.rounds.streamed import StreamedRound
+from shardex.pipeline.rounds.tail import BatchTail
+from shardex.pipeline.source.driver_read import PROJECT_ROWS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -160,7 +160,7 @@ class MaintenanceJob(BatchSteps):
         self.spark = spark
         self.driver_read_max = driver_read_max
         # A batch read on the driver is projected in groups of this many changes; with more
-        # than one, its round starts sending them as they come (``streamed_round.py``).
+        # than one, its round starts sending them as they come (``rounds/streamed.py``).
         self.project_rows = project_rows
         self.client = client
         self.registry = registry
@@ -174,7 +174,7 @@ class MaintenanceJob(BatchSteps):
         self.errors: Counter[str] = Counter()
         self.last: list[BatchStats] = []
         self.stable: Timestamp | None = None  # the last TS this job had published
-        # Batches and idle rounds for index moves never overlap (``move_rounds.py``).
+        # Batches and idle rounds for index moves never overlap (``rounds/moves.py``).
         self._batch_lock = threading.Lock()
         # No two rounds overlap: a batch's, an idle one, one between batches.
         self._round_lock = threading.Lock()
@@ -184,7 +184,7 @@ class MaintenanceJob(BatchSteps):
         self.round_published = True
         self.round_key: tuple[Any, ...] | None = None
         self.move_rounds = MoveRounds()
-        # The stabilise round of the last batch, beside Spark's commit (``batch_tail.py``).
+        # The stabilise round of the last batch, beside Spark's commit (``rounds/tail.py``).
         self.overlap_stabilize = overlap_stabilize
         self.tail = BatchTail(f"stabilise-{self.keyspace}")
         self.read_ahead = ReadAhead(
@@ -203,7 +203,7 @@ class MaintenanceJob(BatchSteps):
         # checkpoint, so such a batch rests in ``foreachBatch`` until the rounds stop (a
         # failure, new views, ``stop_rounds``) or this many seconds passed.
         self.rest_while_rounds = rest_while_rounds
-        # The read-ahead's rows to the indexers before their batch (``deliver_ahead.py``).
+        # The read-ahead's rows to the indexers before their batch (``rounds/deliver_ahead.py``).
         # Rolling (keep reading and delivering until the next batch) measured no better than
         # one read-ahead per batch here (``docs/decisions.md``, "Deliver ahead"): off.
         self.deliver_ahead = deliver_ahead
@@ -217,10 +217,10 @@ class MaintenanceJob(BatchSteps):
         self.ranges = ExecutionRanges()  # the running query's batch ranges (async progress)
 
     def stabilise_between(self, piece_interval: float = DEFAULT_PIECE_INTERVAL) -> None:
-        """Run stability rounds between batches (``between_rounds.py``) from the next batch
+        """Run stability rounds between batches (``rounds/between.py``) from the next batch
         on: the read-ahead rolls, a piece at least ``min_piece`` changes or
         ``piece_interval`` seconds apart, and each piece gets a round with its own rows,
-        which replaces the early deliveries (``deliver_ahead.py``). Call before ``start``."""
+        which replaces the early deliveries (``rounds/deliver_ahead.py``). Call before ``start``."""
         self.stabilise_ahead = True
         self.deliver_ahead = False
         self.read_ahead.rolling = True
@@ -229,7 +229,7 @@ class MaintenanceJob(BatchSteps):
 
     def stabilise_per_batch(self) -> None:
         """Stabilise only at Spark's batch ends (the read-ahead read once per batch and
-        delivered ahead, ``deliver_ahead.py``): the mode before session 8, kept for the
+        delivered ahead, ``rounds/deliver_ahead.py``): the mode before session 8, kept for the
         benchmark's A/B and for tests of deliver-ahead. Call before ``start``."""
         self.stabilise_ahead = False
         self.deliver_ahead = True
@@ -367,11 +367,11 @@ class MaintenanceJob(BatchSteps):
             self._record(stats)
 
         if self.overlap_stabilize:
-            self.tail.start(finish)  # Spark commits this batch meanwhile (``batch_tail.py``)
+            self.tail.start(finish)  # Spark commits this batch meanwhile (``rounds/tail.py``)
             if views and stats.on_driver and not self.stopping:
                 # The next batch's changes, read beside this round and Spark's commit, and
-                # delivered once the round ended (``deliver_ahead.py``), or stabilised in
-                # rounds of their own (``between_rounds.py``).
+                # delivered once the round ended (``rounds/deliver_ahead.py``), or stabilised in
+                # rounds of their own (``rounds/between.py``).
                 future = self.tail.future()
                 hook = None
                 if self.stabilise_ahead:
@@ -404,7 +404,7 @@ class MaintenanceJob(BatchSteps):
 
     def _ahead_views(self, end: Timestamp) -> tuple[list[IndexView], Timestamp]:
         """With rounds between batches: the indexes this batch maintains, and F, the TS it
-        stabilises them at (``between_rounds.stabilise_ts``). An index is left out only where
+        stabilises them at (``between.stabilise_ts``). An index is left out only where
         its applied or ahead TS is on another branch than ``end`` in some partition (a
         rollback or failover: the stream fails, or a later batch sorts it out)."""
         views = []
@@ -451,7 +451,7 @@ class MaintenanceJob(BatchSteps):
     # -- index moves on an idle keyspace ---------------------------------------------------
     def idle_round(self) -> list[str]:
         """An empty stabilise round at the stream's position for the index moves no round
-        has been routed to yet (``move_rounds.py`` argues why it is exact); the ids of the
+        has been routed to yet (``rounds/moves.py`` argues why it is exact); the ids of the
         indexes it named. Skipped while a batch runs: that batch carries the round."""
         if not self._batch_lock.acquire(blocking=False):
             return []

@@ -35,7 +35,7 @@ from shardex.errors import ShardexError
 from shardex.index.delivery_messages import RollbackSlices, SlicesRolledBack
 from shardex.pipeline import indexers
 from shardex.pipeline.registry import IndexRegistry
-from shardex.pipeline.source_types import RollbackInfo
+from shardex.pipeline.source.types import RollbackInfo
 
 __all__ = [
     "GENERATION_PREFIX",

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.index.keyversion import KeyVersion
-from shardex.pipeline.deliver_ahead import views_key
-from shardex.pipeline.read_ahead import Ahead, Deliver
 from shardex.pipeline.registry import IndexRegistry, IndexView
+from shardex.pipeline.rounds.deliver_ahead import views_key
+from shardex.pipeline.rounds.read_ahead import Ahead, Deliver
 
 if TYPE_CHECKING:
     from shardex.pipeline.batch_steps import BatchStats

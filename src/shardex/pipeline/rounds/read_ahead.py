@@ -7,11 +7,11 @@ thread, while the batch's round runs and Spark writes its commit log, asks for t
 offsets and logs them. Rolling (``rolling=True``): until the next batch ``take``s, the thread
 keeps reading from where it ended up to the new high seqnos, a piece at a time (at least
 ``min_piece`` changes or a pause apart, never past the batch cap), and hands each piece to
-``deliver`` (``deliver_ahead.py``: the rows go to the indexers before their batch). The next
+``deliver`` (``rounds/deliver_ahead.py``: the rows go to the indexers before their batch). The next
 batch ``take``s what falls inside its own range and reads only the rest; what lies beyond its
 end is carried over to the next read-ahead (same definitions, same branch), with the record
 of which of those rows were delivered. With stability rounds between batches
-(``between_rounds.py``) ``deliver`` starts a whole round instead (everything read so far,
+(``rounds/between.py``) ``deliver`` starts a whole round instead (everything read so far,
 the stabilise at its end, the publish) on a thread of its own while the next piece is read,
 and drops the rows of a round published for every index (``Ahead.start`` moves to its end);
 pieces then also come ``piece_interval`` seconds apart when smaller than ``min_piece``.
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.index.definition import IndexDefinition
 from shardex.index.keyversion import KeyVersion
-from shardex.pipeline.gcpause import gc_paused
-from shardex.pipeline.source_plan import limit_offsets
+from shardex.pipeline.project.gcpause import gc_paused
+from shardex.pipeline.source.plan import limit_offsets
 
 __all__ = ["Ahead", "ReadAhead", "Taken"]
 

@@ -14,7 +14,7 @@ Why the pieces are as they are:
   handshake plus two state requests; Spark reuses Python workers across tasks, so a cached
   client makes every later micro-batch pay only for the stream opens.
 * Small ranges (at most ``small_range`` changes, 2,000 by default) are read with one
-  ``ReadRanges`` per owner node (``source_ranges.py``): a stream costs about 1 ms of CPU on
+  ``ReadRanges`` per owner node (``source/ranges.py``): a stream costs about 1 ms of CPU on
   each side whatever it carries, which made a read of 10-100 changes per partition mostly
   per-stream cost. Larger ranges, where a stream's credit window overlaps the node's reads
   with the reader's decoding, and snapshot reads keep one stream each, opened concurrently
@@ -47,15 +47,15 @@ from shardex.client.routing import DataRouter, backoff
 from shardex.client.streams import RemoteStream
 from shardex.data.records import OP_DELETE, Change, SnapshotMarker
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.source_checks import (
+from shardex.pipeline.source.checks import (
     RESUMABLE,
     Chunk,
     branch_changed,
     history_ends_below,
     tagged_rollback,
 )
-from shardex.pipeline.source_ranges import read_small_ranges
-from shardex.pipeline.source_types import (
+from shardex.pipeline.source.ranges import read_small_ranges
+from shardex.pipeline.source.types import (
     ARROW_SCHEMA,
     SCHEMA_DDL,
     Endpoint,

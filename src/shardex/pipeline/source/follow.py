@@ -33,8 +33,8 @@ from shardex.client.streams import RemoteStream
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.data.records import Change, SnapshotMarker
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.source_plan import limit_offsets
-from shardex.pipeline.source_read import (
+from shardex.pipeline.source.plan import limit_offsets
+from shardex.pipeline.source.read import (
     DEFAULT_MAX_ITEMS,
     DEFAULT_RESUME_TIMEOUT,
     RESUMABLE,

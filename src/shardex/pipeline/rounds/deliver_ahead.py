@@ -1,7 +1,7 @@
 """Deliver ahead: the read-ahead's key versions go to the indexers before their batch does.
 
-A batch's round (``batch_tail.py``) spends part of its time sending rows the read-ahead had
-projected long before (``read_ahead.py``). Once the read-ahead holds rows AND the previous
+A batch's round (``rounds/tail.py``) spends part of its time sending rows the read-ahead had
+projected long before (``rounds/read_ahead.py``). Once the read-ahead holds rows AND the previous
 batch's round has ended, ``DeliverAhead.hook`` routes them by that round's views (the same
 ``route``, the same moving slices of index moves) and queues them on the indexers as
 ``DeliverKeyVersions`` naming the incarnation each node had in that round (queue only, no
@@ -34,11 +34,11 @@ from typing import Any
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import ERROR, KeyVersion
-from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.indexers import deliver_rows
-from shardex.pipeline.read_ahead import Ahead, Deliver, Taken
+from shardex.pipeline.project.gcpause import gc_paused
+from shardex.pipeline.project.router import IndexRoute, route
 from shardex.pipeline.registry import IndexView
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.rounds.read_ahead import Ahead, Deliver, Taken
 
 __all__ = ["DeliverAhead", "RoundInfo", "Skip", "plan_nodes", "views_key"]
 
@@ -63,7 +63,7 @@ def views_key(views: Sequence[IndexView]) -> tuple[Any, ...]:
 
 def plan_nodes(key: tuple[Any, ...]) -> set[str]:
     """The nodes a round with views key ``key`` sends to and stabilises on: every owner of
-    a topology and every move target (``round_plan.stabilize_plan``'s nodes)."""
+    a topology and every move target (``plan.stabilize_plan``'s nodes)."""
     out: set[str] = set()
     for _id, _definition, _seq, assignment, moving in key:
         out.update(node for _p, node in assignment)

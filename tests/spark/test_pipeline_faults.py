@@ -192,7 +192,7 @@ class DeliveryHook:
     ) -> Any:
         reply = await self._to_node(client, node, msg, expect, timeout)
         armed = self.armed
-        # batch_id -1: rows delivered ahead of their batch (``rounds/deliver_ahead.py``), not a
+        # batch_id -1: rows delivered ahead of their batch (by an older pipeline), not a
         # batch's earlier frame.
         frame = isinstance(msg, DeliverKeyVersions) and msg.batch_id >= 0
         if armed is not None and node == armed[0] and frame:

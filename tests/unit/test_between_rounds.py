@@ -53,8 +53,7 @@ class Indexers:
 
     def deliver_and_stabilize(
         self, client: Any, ks: str, batch_id: int, end: Timestamp, by_node: Any, plan: Any,
-        moving: Any, slices: Any = None, *, early: Any = None, drop_above: Any = None,
-        drop_nodes: Any = (),
+        moving: Any, slices: Any = None, *, drop_above: Any = None,
     ) -> tuple[DeliveryReport, dict[str, Any]]:  # fmt: skip
         sent = {n: {(r[5], r[6]) for r in by_node.get(n, [])} for n in NODES}
         failing = "n2" if self.fail_round == len(self.rounds) else None

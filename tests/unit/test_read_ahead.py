@@ -65,7 +65,7 @@ def published_all(client: Any, keyspace: str, at: Timestamp, ids: list[str], **k
 
 def batch_end_job(tmp_path: Path, registry: Any) -> MaintenanceJob:
     """A job without Spark or a client (the tests replace its reads and calls) that
-    stabilises at batch ends, deliver-ahead on (what these tests exercise), from (0, 0)."""
+    stabilises at batch ends (no rounds between batches), from (0, 0)."""
     return MaintenanceJob(
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]

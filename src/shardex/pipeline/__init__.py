@@ -6,7 +6,7 @@
   shares with the driver (``read``, ``driver_read``);
 * ``rounds/``: the stability rounds of the maintenance stream and what changes their timing
   (the round beside Spark's commit, the read-ahead, rounds between batches, streamed
-  rounds, early deliveries, rounds for index moves);
+  rounds, the drop before a round, rounds for index moves);
 * here: the driver (``driver``, ``process``, ``session``), its jobs (``maintain`` with
   ``batch_steps``, ``build``, ``rollback``), what it knows of the indexes (``registry``)
   and its calls to indexers and the timekeeper (``indexers``).

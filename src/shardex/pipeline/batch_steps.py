@@ -18,7 +18,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +32,9 @@ from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.rounds.between import raise_floor
-from shardex.pipeline.rounds.deliver_ahead import DeliverAhead, Skip, views_key
+from shardex.pipeline.rounds.cleaned import CleanedNodes
 from shardex.pipeline.rounds.moves import MoveRounds
-from shardex.pipeline.rounds.plan import round_slices, stabilize_plan
+from shardex.pipeline.rounds.plan import round_slices, stabilize_plan, views_key
 from shardex.pipeline.rounds.read_ahead import ReadAhead, Taken
 from shardex.pipeline.rounds.streamed import StreamedRound
 from shardex.pipeline.source.driver_read import read_and_project
@@ -78,7 +78,6 @@ class BatchStats:
     retries: int = 0
     on_driver: bool = False  # read and projected on the driver (small batch)
     read_ahead: int = 0  # key versions taken from the read-ahead (``rounds/read_ahead.py``)
-    early: int = 0  # of those, delivered before the round (``deliver_ahead``); 0: fallback
     between: bool = False  # left to the stability rounds between batches (``rounds/between.py``)
     streamed: int = 0  # key versions sent while the batch was projected (``rounds/streamed.py``)
     end: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -99,8 +98,7 @@ class BatchSteps:
     stable: Timestamp | None
     move_rounds: MoveRounds
     read_ahead: ReadAhead
-    deliver_ahead: bool
-    early: DeliverAhead
+    cleaned: CleanedNodes
     stabilise_ahead: bool
     # The last round that succeeded: every index of it published, and what it routed by
     # (a between-batch round follows only a round that published all, by the same views).
@@ -114,15 +112,12 @@ class BatchSteps:
         end: Timestamp,
         stats: BatchStats,
         rows: list[KeyVersion],
-        key: tuple[Any, ...] = (),
         top: Timestamp | None = None,
         floor: Timestamp | None = None,
         stream: StreamedRound | None = None,
-    ) -> Callable[[], Skip | None]:
+    ) -> None:
         """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``
-        (the read-ahead's first). Returns what says which rows the round may skip: the
-        read-ahead's rows not delivered yet are sent while the rest is read
-        (``rounds/deliver_ahead.py``). Between-batch rounds (``rounds/between.py``): the range
+        (the read-ahead's first). Between-batch rounds (``rounds/between.py``): the range
         read goes up to ``top`` (F >= end) and starts no lower than ``floor`` (what every
         view applied), so only what is not applied is read. ``stream``: the rows of a batch
         read on the driver go to it group by group too, as they are projected (its round
@@ -137,7 +132,6 @@ class BatchSteps:
         upto = end if top is None else top
         defs = [v.definition for v in views]
         got: Taken | None = None
-        wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
         if stats.changes <= self.driver_read_max:
             # Small batch: read (start, end] here and project in this process. A Spark
             # job (plan, Python worker round trips, Arrow collect) costs more than the
@@ -150,8 +144,6 @@ class BatchSteps:
                 rest = got.covered
                 stats.read_ahead = len(got.rows)
                 add(got.rows)
-                if self.deliver_ahead:
-                    wait = self.early.send_taken(got, views, key, start)
             if floor is not None:
                 rest = raise_floor(rest, floor)
             if rest != upto and stream is None:
@@ -177,7 +169,6 @@ class BatchSteps:
         t = time.perf_counter()
         add(self._catch_up(views, start))
         stats.catch_up = time.perf_counter() - t
-        return wait
 
     def _read_and_project(
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
@@ -237,7 +228,6 @@ class BatchSteps:
         end: Timestamp,
         batch_id: int,
         stats: BatchStats,
-        skip: Skip | None = None,
         streamed: StreamedRound | None = None,
     ) -> None:
         """Steps 4-5, retrying what time can heal with back-off for ``retry_for`` seconds
@@ -248,17 +238,14 @@ class BatchSteps:
         attempt = 0
         while True:
             try:
-                self._attempt(views, rows, start, end, batch_id, stats, skip, streamed)
+                self._attempt(views, rows, start, end, batch_id, stats, streamed)
                 return
             except ShardexError as exc:
                 if exc.code not in _RETRYABLE or time.monotonic() > deadline:
                     raise
                 attempt += 1
                 stats.retries = attempt
-                if skip is not None:
-                    skip = None  # the early deliveries may be gone: all rows again
-                    stats.early = 0
-                streamed = None  # likewise the frames sent while projecting
+                streamed = None  # the frames sent while projecting may be gone: all rows again
                 stats.streamed = 0
                 pause = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
                 log.warning(
@@ -281,15 +268,14 @@ class BatchSteps:
         end: Timestamp,
         batch_id: int,
         stats: BatchStats,
-        skip: Skip | None = None,
         streamed: StreamedRound | None = None,
     ) -> None:
         """Route, then one ``DeliverAndStabilize`` per indexer (in parallel), then the
-        timekeeper checks the replies and publishes. With ``skip`` only the rows not
-        delivered early are routed; without, the indexers first drop what may have been
-        queued above ``start`` ahead of this batch (``rounds/deliver_ahead.py``). With ``streamed``
-        (rows already sent by the same views while the batch was projected) only the rest
-        is routed, and the round's frames continue its sender's."""
+        timekeeper checks the replies and publishes. The indexers first drop what may have
+        been queued above ``start`` by rounds this query does not know of
+        (``rounds/cleaned.py``). With ``streamed`` (rows already sent by the same views while
+        the batch was projected) only the rest is routed, and the round's frames continue
+        its sender's."""
         if not views:
             self.stable = end
             self.round_published, self.round_key = True, ()
@@ -298,12 +284,10 @@ class BatchSteps:
             streamed = None  # nothing went out early: the usual round
         t = time.perf_counter()
         routes = {v.id: v.route() for v in views}
-        send = rows if skip is None else skip.rest(rows)
-        if streamed is not None:
-            send = streamed.rest(rows)
+        send = rows if streamed is None else streamed.rest(rows)
         with gc_paused():
             routed = route((r for r in send if r[0] in routes or r[2] == ERROR), routes)
-        if skip is not None or streamed is not None:
+        if streamed is not None:
             errors = Counter(r[0] for r in rows if r[2] == ERROR)
         else:
             errors = routed.errors
@@ -320,9 +304,9 @@ class BatchSteps:
             dropped = streamed.dropped
             how = {"sender": streamed.sender}
         else:
-            drop = None if skip is not None else self.early.drop_above(start, end, plan)
+            drop = self.cleaned.drop_above(start, end, plan)
             dropped = drop is not None
-            how = {"early": None if skip is None else skip.incarnations, "drop_above": drop}
+            how = {"drop_above": drop}
         report, replies = deliver_and_stabilize(
             self.client,
             self.keyspace,
@@ -332,7 +316,6 @@ class BatchSteps:
             plan,
             moving_by_node,
             slices=round_slices(views),
-            drop_nodes=self.early.drop_nodes() if dropped else (),
             **how,
         )
         stats.deliver = time.perf_counter() - t  # deliver and stabilise on the indexers
@@ -356,7 +339,7 @@ class BatchSteps:
         self.stable = end
         self.round_published = set(routes) <= set(reply.published)
         self.round_key = key = views_key(views)
-        self.early.round_done(end, key, routes, dict(report.incarnations), skip, dropped=dropped)
+        self.cleaned.round_done(key, report.incarnations, dropped)
 
     def _stream_round(
         self,
@@ -368,11 +351,11 @@ class BatchSteps:
     ) -> StreamedRound:
         """The round of a batch (start, end] by ``views``, begun while its rows are still
         projected (``rounds/streamed.py``). Its first rows drop what may be queued above
-        ``start`` where the round would (``DeliverAhead.drop_above``); before them, as
+        ``start`` where the round would (``CleanedNodes.drop_above``); before them, as
         before any round's, the registry learns that the slices may reach ``end``."""
         routes = {v.id: v.route() for v in views}
         plan, _moving = stabilize_plan(views)
-        drop = self.early.drop_above(start, end, plan)
+        drop = self.cleaned.drop_above(start, end, plan)
 
         def begin() -> None:
             self.round_published = False

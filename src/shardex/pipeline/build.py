@@ -1,4 +1,4 @@
-"""The initial build of new indexes (the load phase of the DDL seed): a Spark batch job.
+"""The initial build of new indexes (the load phase of index DDL): a Spark batch job.
 
 1. T0 = the keyspace's current high seqnos (at or after every batch the stream has read).
 2. Spark reads the documents as of T0 (the change source's snapshot mode, one task per data

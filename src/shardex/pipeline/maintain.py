@@ -1,5 +1,5 @@
 """The maintenance stream of one keyspace: a Structured Streaming query over the change source
-whose ``foreachBatch`` projects, routes, delivers and stabilises (the mutation-flow seed).
+whose ``foreachBatch`` projects, routes, delivers and stabilises (the mutation flow).
 
 One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
 
@@ -18,11 +18,8 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
 5. the timekeeper checks the indexers' replies and publishes ``end`` as the indexes'
    stability TS once every slice acknowledged. The next batch first waits for this round,
    and a small batch's successor is read and projected meanwhile (``rounds/read_ahead.py``);
-   those rows go to the indexers ahead of their round, once this round ended or while the
-   next batch reads the rest, and its round sends only what they lack, or falls back to
-   everything (``rounds/deliver_ahead.py``);
-6. or, with ``stabilise_ahead`` (the default since session 8; ``stabilise_per_batch`` goes
-   back to 5 alone): the read-ahead keeps reading in
+6. with ``stabilise_ahead`` (the default; ``stabilise_per_batch`` goes back to 5 alone,
+   for comparisons): the read-ahead keeps reading in
    pieces after the round, and what it read gets stability rounds of its own (the same
    ``_attempt``: the rows, the stabilise at their end, the publish), one at a time, beside
    the next piece's read, so the stability TS moves between Spark's batches
@@ -62,12 +59,7 @@ from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import KeyVersion
 from shardex.pipeline.batch_callback import foreach_batch_id
-from shardex.pipeline.batch_range import (
-    ExecutionRanges,
-    async_progress_options,
-    logged_range,
-    read_offset,
-)
+from shardex.pipeline.batch_range import logged_range, read_offset
 from shardex.pipeline.batch_steps import BatchStats, BatchSteps, count_changes
 from shardex.pipeline.indexers import advance_stability
 from shardex.pipeline.project.gcpause import gc_paused
@@ -79,8 +71,9 @@ from shardex.pipeline.rounds.between import (
     on_branch,
     stabilise_ts,
 )
-from shardex.pipeline.rounds.deliver_ahead import DeliverAhead, Skip, views_key
+from shardex.pipeline.rounds.cleaned import CleanedNodes
 from shardex.pipeline.rounds.moves import MoveRounds
+from shardex.pipeline.rounds.plan import views_key
 from shardex.pipeline.rounds.read_ahead import ReadAhead
 from shardex.pipeline.rounds.streamed import StreamedRound
 from shardex.pipeline.rounds.tail import BatchTail
@@ -126,13 +119,6 @@ class MaintenanceJob(BatchSteps):
     # wrappers (py4j round trips on Spark's critical path) are skipped. False: PySpark's
     # own ``foreachBatch`` (kept for the benchmark's A/B, ``bench.pipeline --spark-ab``).
     lean_callback = True
-    # Spark's offset and commit logs written on a thread of Spark's, at most every this many
-    # ms (asynchronous progress tracking, ``batch_range.py``), the batch's range read from
-    # the query's execution context; None: on the stream thread, the range from the offset
-    # log. Off, for the benchmark only: exactly-once holds, but Spark 4.3 leaves a stopped or
-    # failed query over a Python source registered as active, so the supervisor could never
-    # restart it (``docs/decisions.md``, "Spark's offset log off the critical path").
-    async_progress_ms: int | None = None
 
     def __init__(
         self,
@@ -148,8 +134,6 @@ class MaintenanceJob(BatchSteps):
         on_batch: Callable[[BatchStats], None] | None = None,
         driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
         overlap_stabilize: bool = True,
-        deliver_ahead: bool = True,
-        rolling: bool = False,
         stabilise_ahead: bool = True,
         piece_interval: float = DEFAULT_PIECE_INTERVAL,
         min_piece: int = DEFAULT_MIN_PIECE,
@@ -193,7 +177,6 @@ class MaintenanceJob(BatchSteps):
             int(
                 stream_options(source_options, self.keyspace, None).get("max_records_per_batch", 0)
             ),
-            rolling=rolling and deliver_ahead,
             min_piece=min_piece,
         )
         self.max_piece = max_piece
@@ -203,36 +186,31 @@ class MaintenanceJob(BatchSteps):
         # checkpoint, so such a batch rests in ``foreachBatch`` until the rounds stop (a
         # failure, new views, ``stop_rounds``) or this many seconds passed.
         self.rest_while_rounds = rest_while_rounds
-        # The read-ahead's rows to the indexers before their batch (``rounds/deliver_ahead.py``).
-        # Rolling (keep reading and delivering until the next batch) measured no better than
-        # one read-ahead per batch here (``docs/decisions.md``, "Deliver ahead"): off.
-        self.deliver_ahead = deliver_ahead
         self.between = BetweenRounds(self, self._round_lock)
         # A read-ahead that ended (halted, failed) ends a batch's rest too: no rounds now.
         self.read_ahead.on_end = self.between.ended.set
         self.stabilise_ahead = False
         if stabilise_ahead:
             self.stabilise_between(piece_interval)
-        self.early = DeliverAhead(client, self.keyspace)
-        self.ranges = ExecutionRanges()  # the running query's batch ranges (async progress)
+        # The nodes a round of this query dropped on above its start (``rounds/cleaned.py``).
+        self.cleaned = CleanedNodes()
 
     def stabilise_between(self, piece_interval: float = DEFAULT_PIECE_INTERVAL) -> None:
         """Run stability rounds between batches (``rounds/between.py``) from the next batch
         on: the read-ahead rolls, a piece at least ``min_piece`` changes or
-        ``piece_interval`` seconds apart, and each piece gets a round with its own rows,
-        which replaces the early deliveries (``rounds/deliver_ahead.py``). Call before ``start``."""
+        ``piece_interval`` seconds apart, and each piece gets a round with its own rows.
+        Call before ``start``."""
         self.stabilise_ahead = True
-        self.deliver_ahead = False
         self.read_ahead.rolling = True
         self.read_ahead.piece_interval = piece_interval
         self.read_ahead.max_piece = self.max_piece
 
     def stabilise_per_batch(self) -> None:
-        """Stabilise only at Spark's batch ends (the read-ahead read once per batch and
-        delivered ahead, ``rounds/deliver_ahead.py``): the mode before session 8, kept for the
-        benchmark's A/B and for tests of deliver-ahead. Call before ``start``."""
+        """Stabilise only at Spark's batch ends (the read-ahead read once per batch, its rows
+        taken by the next batch): the mode before rounds between batches, kept for the
+        benchmark's A/B (``docs/decisions.md``, "Stability rounds between Spark batches").
+        Call before ``start``."""
         self.stabilise_ahead = False
-        self.deliver_ahead = True
         self.read_ahead.rolling = False
         self.read_ahead.max_piece = 0
 
@@ -242,9 +220,8 @@ class MaintenanceJob(BatchSteps):
         # is caught up by the first batch from the slices' applied TS).
         self.close()
         self.stopping = False
-        self.early.restart()  # what a previous query queued ahead is cleared by its 1st round
+        self.cleaned.restart()  # what a previous query queued is cleared by its 1st round
         self.starting = self._pin_starting()
-        self.ranges.detach()
         opts = stream_options(self.source_options, self.keyspace, self.starting)
         reader = self.spark.readStream.format("shardex").options(**opts)
         writer = reader.load().writeStream.queryName(f"shardex-maintain-{self.keyspace}")
@@ -252,14 +229,11 @@ class MaintenanceJob(BatchSteps):
             writer = foreach_batch_id(writer, self.run_batch_id)
         else:
             writer = writer.foreachBatch(self.run_batch)
-        if self.async_progress_ms is not None:
-            writer = writer.options(**async_progress_options(self.async_progress_ms))
         query = (
             writer.option("checkpointLocation", str(self.checkpoint))
             .trigger(processingTime=self.trigger_interval)
             .start()
         )
-        self.ranges.attach(query)
         return query
 
     def _pin_starting(self) -> Timestamp | None:
@@ -278,11 +252,7 @@ class MaintenanceJob(BatchSteps):
         return self.starting
 
     def batch_range(self, batch_id: int) -> tuple[Timestamp, Timestamp]:
-        if self.async_progress_ms is not None:
-            # The offset log may lag the batch (or skip it): the range Spark planned.
-            start, end = self.ranges.range(batch_id)
-        else:
-            start, end = logged_range(self.checkpoint, batch_id)
+        start, end = logged_range(self.checkpoint, batch_id)
         if start is None:
             start = self.starting if self.starting is not None else Timestamp({})
         return start, end
@@ -308,7 +278,6 @@ class MaintenanceJob(BatchSteps):
         self.registry.refresh()
         rows: list[KeyVersion] = []
         stats.changes = count_changes(start, end)
-        wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
         top = end  # the TS this batch stabilises at
         if self.stabilise_ahead and not self.stopping and self._left_to_rounds(end):
             # The rounds between batches carry on past this batch's end: nothing to do.
@@ -334,12 +303,12 @@ class MaintenanceJob(BatchSteps):
                 try:
                     with gc_paused():
                         floor = lowest_applied(self.registry, views)
-                        self._project(views, start, end, stats, rows, (), top, floor, stream)
+                        self._project(views, start, end, stats, rows, top, floor, stream)
                         rows = not_applied(rows, applied)
                 except BaseException:
                     if stream is not None:
                         # The query fails; its restart's first round drops what this one
-                        # queued (above its start, on every node: ``DeliverAhead.restart``).
+                        # queued (above its start, on every node: ``CleanedNodes.restart``).
                         stream.abandon()
                     raise
         else:
@@ -351,18 +320,12 @@ class MaintenanceJob(BatchSteps):
             ]
             if views:
                 with gc_paused():
-                    wait = self._project(views, start, end, stats, rows, views_key(views))
+                    self._project(views, start, end, stats, rows)
 
         def finish() -> None:
-            # The round waits for the rows the batch sent ahead (if any), not foreachBatch.
-            skip = wait()
-            if skip is not None:
-                stats.early = len(rows) - len(skip.rest(rows))
             with self._round_lock:
                 if not self._covered(views, rows, top):
-                    self._deliver_and_stabilize(
-                        views, rows, start, top, batch_id, stats, skip, stream
-                    )
+                    self._deliver_and_stabilize(views, rows, start, top, batch_id, stats, stream)
             stats.total = time.perf_counter() - t0
             self._record(stats)
 
@@ -370,14 +333,10 @@ class MaintenanceJob(BatchSteps):
             self.tail.start(finish)  # Spark commits this batch meanwhile (``rounds/tail.py``)
             if views and stats.on_driver and not self.stopping:
                 # The next batch's changes, read beside this round and Spark's commit, and
-                # delivered once the round ended (``rounds/deliver_ahead.py``), or stabilised in
-                # rounds of their own (``rounds/between.py``).
-                future = self.tail.future()
+                # stabilised in rounds of their own (``rounds/between.py``).
                 hook = None
                 if self.stabilise_ahead:
-                    hook = self.between.hook(future, views, batch_id)
-                elif self.deliver_ahead:
-                    hook = self.early.hook(future)
+                    hook = self.between.hook(self.tail.future(), views, batch_id)
                 self.read_ahead.start([v.definition for v in views], end, hook)
         else:
             finish()

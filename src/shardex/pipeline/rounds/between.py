@@ -1,15 +1,14 @@
 """Stability rounds between Spark's micro-batches (``MaintenanceJob(stabilise_ahead=True)``).
 
-The seed's Index Manager creates stability timestamps "based on the SYNC messages received
-and some algorithm": a stability point need not be a Spark batch's end. After batch B's round
-succeeded and was published for every index, the read-ahead thread (started at B's end E_B
-with B's views' definitions, rolling) keeps reading pieces and runs rounds through the
-batch's own ``_attempt``, one at a time, each on a thread of its own while the next piece is
-read: route by B's views, one ``DeliverAndStabilize`` per indexer with the rows read since
-the last round (those not applied) and the stabilise at T' = pointwise max(their end, last
-stabilised TS), then ``AdvanceStability(T')``. A write is then covered about one piece + one
-round after it was acknowledged instead of half a Spark cycle + Spark's planning + a read +
-a round.
+The design lets the Index Manager create stability timestamps "based on the SYNC messages
+received and some algorithm": a stability point need not be a Spark batch's end. After batch B's
+round succeeded and was published for every index, the read-ahead thread (started at B's end E_B
+with B's views' definitions, rolling) keeps reading pieces and runs rounds through the batch's
+own ``_attempt``, one at a time, each on a thread of its own while the next piece is read: route
+by B's views, one ``DeliverAndStabilize`` per indexer with the rows read since the last round
+(those not applied) and the stabilise at T' = pointwise max(their end, last stabilised TS), then
+``AdvanceStability(T')``. A write is then covered about one piece + one round after it was
+acknowledged instead of half a Spark cycle + Spark's planning + a read + a round.
 
 A later batch (S, E] leaves its range to these rounds while they are healthy and route by
 the views it would (``MaintenanceJob._left_to_rounds``). Otherwise it halts them (waiting for
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.index.keyversion import KeyVersion
 from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.rounds.deliver_ahead import views_key
+from shardex.pipeline.rounds.plan import views_key
 from shardex.pipeline.rounds.read_ahead import Ahead, Deliver
 
 if TYPE_CHECKING:
@@ -217,7 +216,7 @@ class BetweenRounds:
                 # Published for every index: those rows are applied on every slice (a batch
                 # that takes over reads what is not applied itself); read on from its end.
                 del ahead.rows[: r.count]
-                ahead.sent, ahead.start = 0, r.end
+                ahead.start = r.end
             if stop.is_set():
                 return False
             stable = self.job.stable

@@ -15,7 +15,6 @@ whose queues keep the first version of a (partition, seqno), as a slice's queue 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from tests.unit.test_read_ahead import Log, _range, batch_end_job, published_all
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
+from shardex.pipeline import batch_steps
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
 from shardex.pipeline.registry import IndexView
@@ -77,10 +77,8 @@ class Queues:
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Queues:
     m = Queues()
-    # The module whose round calls the indexers (``maintain`` or the batch steps it uses).
-    steps = sys.modules[MaintenanceJob._attempt.__module__]
-    monkeypatch.setattr(steps, "deliver_and_stabilize", m.deliver_and_stabilize)
-    monkeypatch.setattr(steps, "advance_stability", published_all)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", m.deliver_and_stabilize)
+    monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     return m
 
 
@@ -98,7 +96,7 @@ def _job(tmp_path: Path, log: Log) -> tuple[MaintenanceJob, _Fixed]:
     def read(defs: Any, start: Timestamp, end: Timestamp) -> list[Any]:
         return [(*r[:1], r[5] % 2, *r[2:]) for r in log.read(defs, start, end)]
 
-    job._read_and_project = read  # type: ignore[method-assign]
+    job.steps.read_and_project = read  # type: ignore[method-assign]
     job.read_ahead = ReadAhead(read, log.latest, max_changes=0)
     (job.checkpoint / "offsets").mkdir(parents=True)
     return job, registry
@@ -167,14 +165,13 @@ def test_a_new_owner_entering_a_later_round_drops_what_it_holds_above_the_start(
     # Batch 0's round ends only once the read-ahead has read (2, 5] and stopped: the next
     # batch takes those rows and sends them in its round.
     gate = threading.Event()
-    steps = sys.modules[MaintenanceJob._attempt.__module__]
-    real = steps.deliver_and_stabilize
+    real = batch_steps.deliver_and_stabilize
 
     def slow(*a: Any, **kw: Any) -> Any:
         assert gate.wait(10)
         return real(*a, **kw)
 
-    steps.deliver_and_stabilize = slow
+    batch_steps.deliver_and_stabilize = slow
     try:
         _offset(job, 0, ts(p0=2, p1=2))
         job.run_batch(None, 0)  # type: ignore[arg-type]
@@ -186,7 +183,7 @@ def test_a_new_owner_entering_a_later_round_drops_what_it_holds_above_the_start(
         gate.set()
         job.tail.join()
     finally:
-        steps.deliver_and_stabilize = real
+        batch_steps.deliver_and_stabilize = real
     # Partition 0 switches to n3 before batch 1.
     _switch(registry, {0: "n3", 1: "n2"}, {})
     log.write(0, 1)

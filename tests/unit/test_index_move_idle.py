@@ -112,7 +112,7 @@ def test_idle_round_waits_for_a_running_batch_and_follows_the_last_batch(
         assert job.idle_round() == []
     assert rounds == []
     later = Timestamp({0: (6, 1), 1: (7, 1)})
-    job.stable = later  # the last batch this job stabilised, before any checkpoint commit
+    job.steps.stable = later  # the last batch this job stabilised, before any checkpoint commit
     registry.advanced(["a"], later)
     assert job.idle_round() == ["a"]
     assert rounds[0]["ts"] == later
@@ -123,5 +123,5 @@ def test_a_batch_that_routed_the_move_makes_the_idle_round_unneeded(
 ) -> None:
     registry = _Registry([_view("a", {1: "n3"})], P5)
     job = _job(tmp_path, registry, starting=P5)
-    job.move_rounds.confirmed({"a": {1: "n3"}})  # what ``_attempt`` records after its round
+    job.steps.move_rounds.confirmed({"a": {1: "n3"}})  # what ``_attempt`` records after its round
     assert job.idle_round() == [] and rounds == []

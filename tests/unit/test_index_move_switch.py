@@ -58,7 +58,7 @@ async def _round(
     end: Timestamp,
     batch_id: int,
 ) -> dict[str, Stabilized]:
-    """One batch the way ``MaintenanceJob._attempt`` sends it: routed by ``views``, one
+    """One batch the way ``BatchSteps._attempt`` sends it: routed by ``views``, one
     ``DeliverAndStabilize`` per node of the round's plan."""
     routes = {v.id: v.route() for v in views}
     rows = [r for rows in pipe.project_and_route(changes).values() for r in rows]

@@ -141,7 +141,7 @@ def test_batches_get_exactly_their_range_with_the_read_ahead(
     monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     registry = _FixedRegistry([_view("a")], ts(p0=0, p1=0))
     job = batch_end_job(tmp_path, registry)
-    job._read_and_project = log.read  # type: ignore[method-assign]
+    job.steps.read_and_project = log.read  # type: ignore[method-assign]
     job.read_ahead = ReadAhead(log.read, log.latest, max_changes=0)
     (job.checkpoint / "offsets").mkdir(parents=True)
     prev = ts(p0=0, p1=0)

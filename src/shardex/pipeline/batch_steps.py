@@ -1,5 +1,5 @@
 """One micro-batch's steps 2-5 for the maintenance job (``maintain.py``, which sets up the
-query and runs a batch through them):
+query and runs each batch through them), and every round's:
 
 * steps 2-3, project: the key versions of (start, end] - read and projected on the driver
   for a small batch (the read-ahead's rows first), by a projected batch read on Spark's
@@ -7,8 +7,10 @@ query and runs a batch through them):
 * steps 4-5, the round: route, one ``DeliverAndStabilize`` per indexer, the timekeeper's
   check and publish, retried with back-off for what time can heal.
 
-``BatchSteps`` is a mixin of ``MaintenanceJob``: it works on the job's client, registry,
-read-ahead and early deliveries; ``BatchStats`` records what each step took.
+``BatchSteps`` is the job's collaborator for both, and holds what the rounds leave behind
+(the last TS stabilised, whether every index of the last round published, the nodes a round
+dropped on); the job, the rounds between batches (``rounds/between.py``) and idle rounds
+read it. ``BatchStats`` records what each step took.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from shardex.pipeline.rounds.between import raise_floor
 from shardex.pipeline.rounds.cleaned import CleanedNodes
 from shardex.pipeline.rounds.moves import MoveRounds
 from shardex.pipeline.rounds.plan import round_slices, stabilize_plan, views_key
-from shardex.pipeline.rounds.read_ahead import ReadAhead, Taken
+from shardex.pipeline.rounds.read_ahead import ReadAhead
 from shardex.pipeline.rounds.streamed import StreamedRound
 from shardex.pipeline.source.driver_read import read_and_project
 from shardex.pipeline.source.projected import ProjectSpec
@@ -84,40 +86,53 @@ class BatchStats:
 
 
 class BatchSteps:
-    """Steps 2-5 of a micro-batch, as methods of ``MaintenanceJob`` (which sets these)."""
+    """Steps 2-5 of one keyspace's micro-batches and the rounds between them: the
+    maintenance job's reads, projections and rounds, with the state the rounds leave."""
 
-    spark: SparkSession
-    client: Client
-    registry: IndexRegistry
-    keyspace: str
-    source_options: dict[str, str]
-    retry_for: float
-    driver_read_max: int
-    project_rows: int  # changes projected per group on the driver (and per streamed group)
-    errors: Counter[str]
-    stable: Timestamp | None
-    move_rounds: MoveRounds
-    read_ahead: ReadAhead
-    cleaned: CleanedNodes
-    stabilise_ahead: bool
-    # The last round that succeeded: every index of it published, and what it routed by
-    # (a between-batch round follows only a round that published all, by the same views).
-    round_published: bool
-    round_key: tuple[Any, ...] | None
+    def __init__(
+        self,
+        spark: SparkSession,
+        client: Client,
+        registry: IndexRegistry,
+        source_options: dict[str, str],
+        *,
+        retry_for: float,
+    ) -> None:
+        self.spark = spark
+        self.client = client
+        self.registry = registry
+        self.keyspace = registry.keyspace
+        self.source_options = dict(source_options)
+        self.retry_for = retry_for
+        self.errors: Counter[str] = Counter()  # evaluation errors per index id
+        self.stable: Timestamp | None = None  # the last TS this job had published
+        # The last round that succeeded: every index of it published, and what it routed by
+        # (a between-batch round follows only a round that published all, by the same views).
+        self.round_published = True
+        self.round_key: tuple[Any, ...] | None = None
+        self.move_rounds = MoveRounds()
+        # The nodes a round of this query dropped on above its start (``rounds/cleaned.py``).
+        self.cleaned = CleanedNodes()
 
-    def _project(
+    def project(
         self,
         views: Sequence[IndexView],
         start: Timestamp,
         end: Timestamp,
         stats: BatchStats,
         rows: list[KeyVersion],
+        read_ahead: ReadAhead,
+        *,
+        on_driver: bool,
+        group_rows: int,
         top: Timestamp | None = None,
         floor: Timestamp | None = None,
         stream: StreamedRound | None = None,
     ) -> None:
-        """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``
-        (the read-ahead's first). Between-batch rounds (``rounds/between.py``): the range
+        """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``.
+        ``on_driver``: read and project here (``read_ahead``'s rows first), in groups of
+        ``group_rows`` changes; else by a projected batch read on Spark's workers (and
+        ``read_ahead`` is discarded). Between-batch rounds (``rounds/between.py``): the range
         read goes up to ``top`` (F >= end) and starts no lower than ``floor`` (what every
         view applied), so only what is not applied is read. ``stream``: the rows of a batch
         read on the driver go to it group by group too, as they are projected (its round
@@ -131,14 +146,13 @@ class BatchSteps:
 
         upto = end if top is None else top
         defs = [v.definition for v in views]
-        got: Taken | None = None
-        if stats.changes <= self.driver_read_max:
+        if on_driver:
             # Small batch: read (start, end] here and project in this process. A Spark
             # job (plan, Python worker round trips, Arrow collect) costs more than the
             # work itself; the rows are the same either way (the DataFrame is the same
             # range of the same source and is simply not executed).
             stats.on_driver = True
-            got = self.read_ahead.take(defs, start, end)
+            got = read_ahead.take(defs, start, end)
             rest = start
             if got is not None:  # read while Spark committed the previous batch
                 rest = got.covered
@@ -147,7 +161,7 @@ class BatchSteps:
             if floor is not None:
                 rest = raise_floor(rest, floor)
             if rest != upto and stream is None:
-                rows.extend(self._read_and_project(defs, rest, upto))
+                rows.extend(self.read_and_project(defs, rest, upto))
             elif rest != upto:
                 read_and_project(
                     self.client,
@@ -155,22 +169,22 @@ class BatchSteps:
                     defs,
                     rest,
                     upto,
-                    group_rows=self.project_rows,
+                    group_rows=group_rows,
                     on_group=add,
                 )
         else:
             stream = None  # one table from Spark: nothing to stream
-            self.read_ahead.discard()
+            read_ahead.discard()
             rows.extend(self._read_and_project_on_workers(defs, start, end))
             if upto != end:
                 rest = end if floor is None else raise_floor(end, floor)
-                rows.extend(self._read_and_project(defs, rest, upto))
+                rows.extend(self.read_and_project(defs, rest, upto))
         stats.project = time.perf_counter() - t
         t = time.perf_counter()
         add(self._catch_up(views, start))
         stats.catch_up = time.perf_counter() - t
 
-    def _read_and_project(
+    def read_and_project(
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
     ) -> list[KeyVersion]:
         # Stream items straight into the projector's columns, rows kept as tuples, every
@@ -220,7 +234,7 @@ class BatchSteps:
         )
         return out
 
-    def _deliver_and_stabilize(
+    def deliver_and_stabilize(
         self,
         views: Sequence[IndexView],
         rows: list[KeyVersion],
@@ -341,7 +355,7 @@ class BatchSteps:
         self.round_key = key = views_key(views)
         self.cleaned.round_done(key, report.incarnations, dropped)
 
-    def _stream_round(
+    def stream_round(
         self,
         views: Sequence[IndexView],
         start: Timestamp,
@@ -364,7 +378,7 @@ class BatchSteps:
         sender = RoundSender(self.client, self.keyspace, batch_id, drop_above=drop)
         return StreamedRound(sender, routes, applied, begin, dropped=drop is not None)
 
-    def _round(
+    def round(
         self,
         views: Sequence[IndexView],
         rows: list[KeyVersion],

@@ -40,8 +40,8 @@ did not advance, so the next batch catches the range up (step 3). A round betwee
 not retried: its failure stops those rounds until the next batch, which stabilises past
 whatever it reached (the registry's ahead TS: ``IndexRegistry.attempted``).
 
-This module sets up the query and runs each batch; steps 2-5 themselves are
-``batch_steps.py`` (``BatchSteps``, a mixin of ``MaintenanceJob``).
+This module sets up the query and runs each batch; steps 2-5 themselves, and the state the
+rounds leave, are the job's ``BatchSteps`` (``batch_steps.py``).
 """
 
 from __future__ import annotations
@@ -50,10 +50,9 @@ import json
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
@@ -71,8 +70,6 @@ from shardex.pipeline.rounds.between import (
     on_branch,
     stabilise_ts,
 )
-from shardex.pipeline.rounds.cleaned import CleanedNodes
-from shardex.pipeline.rounds.moves import MoveRounds
 from shardex.pipeline.rounds.plan import views_key
 from shardex.pipeline.rounds.read_ahead import ReadAhead
 from shardex.pipeline.rounds.streamed import StreamedRound
@@ -111,7 +108,7 @@ DEFAULT_MAX_PIECE = 10_000
 DEFAULT_REST_WHILE_ROUNDS = 1.0
 
 
-class MaintenanceJob(BatchSteps):
+class MaintenanceJob:
     """One keyspace's streaming query. ``start()`` returns the running query."""
 
     # foreachBatch registered with the batch id only (``batch_callback.py``): the job never
@@ -142,6 +139,7 @@ class MaintenanceJob(BatchSteps):
         rest_while_rounds: float = DEFAULT_REST_WHILE_ROUNDS,
     ) -> None:
         self.spark = spark
+        # Batches of at most this many changes are read and projected on the driver.
         self.driver_read_max = driver_read_max
         # A batch read on the driver is projected in groups of this many changes; with more
         # than one, its round starts sending them as they come (``rounds/streamed.py``).
@@ -152,12 +150,11 @@ class MaintenanceJob(BatchSteps):
         self.source_options = dict(source_options)
         self.checkpoint = checkpoint
         self.starting = starting
-        self.retry_for = retry_for
         self.trigger_interval = trigger_interval
         self.on_batch = on_batch
-        self.errors: Counter[str] = Counter()
         self.last: list[BatchStats] = []
-        self.stable: Timestamp | None = None  # the last TS this job had published
+        # Steps 2-5 of a batch, and every round's, with what the rounds leave behind.
+        self.steps = BatchSteps(spark, client, registry, source_options, retry_for=retry_for)
         # Batches and idle rounds for index moves never overlap (``rounds/moves.py``).
         self._batch_lock = threading.Lock()
         # No two rounds overlap: a batch's, an idle one, one between batches.
@@ -165,14 +162,11 @@ class MaintenanceJob(BatchSteps):
         # The query is being stopped (``stop_rounds``): no read-ahead, no round between
         # batches from now on. Cleared by ``start``.
         self.stopping = False
-        self.round_published = True
-        self.round_key: tuple[Any, ...] | None = None
-        self.move_rounds = MoveRounds()
         # The stabilise round of the last batch, beside Spark's commit (``rounds/tail.py``).
         self.overlap_stabilize = overlap_stabilize
         self.tail = BatchTail(f"stabilise-{self.keyspace}")
         self.read_ahead = ReadAhead(
-            self._read_and_project,
+            self.steps.read_and_project,
             lambda: self.client.high_seqnos(self.keyspace),
             int(
                 stream_options(source_options, self.keyspace, None).get("max_records_per_batch", 0)
@@ -186,14 +180,12 @@ class MaintenanceJob(BatchSteps):
         # checkpoint, so such a batch rests in ``foreachBatch`` until the rounds stop (a
         # failure, new views, ``stop_rounds``) or this many seconds passed.
         self.rest_while_rounds = rest_while_rounds
-        self.between = BetweenRounds(self, self._round_lock)
+        self.between = BetweenRounds(self.steps, self._round_lock)
         # A read-ahead that ended (halted, failed) ends a batch's rest too: no rounds now.
         self.read_ahead.on_end = self.between.ended.set
         self.stabilise_ahead = False
         if stabilise_ahead:
             self.stabilise_between(piece_interval)
-        # The nodes a round of this query dropped on above its start (``rounds/cleaned.py``).
-        self.cleaned = CleanedNodes()
 
     def stabilise_between(self, piece_interval: float = DEFAULT_PIECE_INTERVAL) -> None:
         """Run stability rounds between batches (``rounds/between.py``) from the next batch
@@ -220,7 +212,7 @@ class MaintenanceJob(BatchSteps):
         # is caught up by the first batch from the slices' applied TS).
         self.close()
         self.stopping = False
-        self.cleaned.restart()  # what a previous query queued is cleared by its 1st round
+        self.steps.cleaned.restart()  # what a previous query queued: its 1st round drops it
         self.starting = self._pin_starting()
         opts = stream_options(self.source_options, self.keyspace, self.starting)
         reader = self.spark.readStream.format("shardex").options(**opts)
@@ -256,6 +248,33 @@ class MaintenanceJob(BatchSteps):
         if start is None:
             start = self.starting if self.starting is not None else Timestamp({})
         return start, end
+
+    def _project(
+        self,
+        views: Sequence[IndexView],
+        start: Timestamp,
+        end: Timestamp,
+        stats: BatchStats,
+        rows: list[KeyVersion],
+        top: Timestamp | None = None,
+        floor: Timestamp | None = None,
+        stream: StreamedRound | None = None,
+    ) -> None:
+        """Steps 2-3 (``BatchSteps.project``): on the driver for a batch of at most
+        ``driver_read_max`` changes, with the read-ahead's rows."""
+        self.steps.project(
+            views,
+            start,
+            end,
+            stats,
+            rows,
+            self.read_ahead,
+            on_driver=stats.changes <= self.driver_read_max,
+            group_rows=self.project_rows,
+            top=top,
+            floor=floor,
+            stream=stream,
+        )
 
     # -- one micro-batch -----------------------------------------------------------------------
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
@@ -299,7 +318,7 @@ class MaintenanceJob(BatchSteps):
                     # No other round runs until this one ends: the rounds between batches
                     # are halted (above), an idle round needs the batch lock, the last
                     # batch's round was joined.
-                    stream = self._stream_round(views, start, top, batch_id, applied)
+                    stream = self.steps.stream_round(views, start, top, batch_id, applied)
                 try:
                     with gc_paused():
                         floor = lowest_applied(self.registry, views)
@@ -325,7 +344,9 @@ class MaintenanceJob(BatchSteps):
         def finish() -> None:
             with self._round_lock:
                 if not self._covered(views, rows, top):
-                    self._deliver_and_stabilize(views, rows, start, top, batch_id, stats, stream)
+                    self.steps.deliver_and_stabilize(
+                        views, rows, start, top, batch_id, stats, stream
+                    )
             stats.total = time.perf_counter() - t0
             self._record(stats)
 
@@ -350,7 +371,7 @@ class MaintenanceJob(BatchSteps):
         the next batch the same way (its catch-up reads from the applied TS)."""
         if not self.between.live or not self.read_ahead.running():
             return False
-        if not self.round_published and not self.between.in_flight():
+        if not self.steps.round_published and not self.between.in_flight():
             # (A round in flight unsets it until it ends; it started after one that
             # published every index.)
             return False
@@ -377,9 +398,10 @@ class MaintenanceJob(BatchSteps):
         last round was at ``top``, by the same views, published for every index."""
         if not self.stabilise_ahead or rows or not views:
             return False
-        if not self.round_published or self.round_key != views_key(views):
+        steps = self.steps
+        if not steps.round_published or steps.round_key != views_key(views):
             return False
-        if self.stable is None or self.stable.to_wire() != top.to_wire():
+        if steps.stable is None or steps.stable.to_wire() != top.to_wire():
             return False
         return all(self.registry.applied(v.id).covers(top) for v in views)
 
@@ -437,15 +459,16 @@ class MaintenanceJob(BatchSteps):
         self.registry.refresh()
         views = self.registry.maintained()
         if not any(v.moving for v in views):
-            self.move_rounds.pending([], Timestamp({}), self.registry.applied)
+            self.steps.move_rounds.pending([], Timestamp({}), self.registry.applied)
             return []
-        position = self.stable if self.stable is not None else self._committed_position()
+        stable = self.steps.stable
+        position = stable if stable is not None else self._committed_position()
         if position is None:
             return []
         # Only indexes whose slices applied ``position`` (a batch Spark committed while its
         # round failed leaves them behind it: the next batch catches them up first).
         views = [v for v in views if self.registry.applied(v.id).covers(position)]
-        moving = self.move_rounds.pending(views, position, self.registry.applied)
+        moving = self.steps.move_rounds.pending(views, position, self.registry.applied)
         if not moving:
             return []
         reply = advance_stability(
@@ -457,7 +480,7 @@ class MaintenanceJob(BatchSteps):
             moving=moving,
         )
         self.registry.advanced(reply.published, position)
-        self.move_rounds.confirmed(moving)
+        self.steps.move_rounds.confirmed(moving)
         log.info("idle stabilise round at the stream's position for moves of %s", moving)
         return sorted(moving)
 

@@ -38,8 +38,8 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.index.engine import IndexerEngine
 from shardex.index.keyversion import DELETE, UPSERT, UPSERT_DELETION, KeyVersion
 from shardex.meta.index_definition import make_definition
-from shardex.pipeline.projector import project
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.project.projector import project
+from shardex.pipeline.project.router import IndexRoute, route
 
 NUM_PARTITIONS = 8
 UUID = 7
@@ -73,7 +73,7 @@ def _rows_for_round(
     """Project ``n`` changes (80% upserts with a new key, 10% unchanged, 10% deletes) and
     route them to every slice (all slices are local)."""
     from shardex.meta.partitioning import partition_of
-    from shardex.pipeline.projector import OP_DELETE, OP_UPSERT, ChangeRow
+    from shardex.pipeline.project.projector import OP_DELETE, OP_UPSERT, ChangeRow
 
     changes: list[ChangeRow] = []
     for _ in range(n):

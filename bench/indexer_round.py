@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     from shardex.index.engine import IndexerEngine
     from shardex.meta.partitioning import partition_of
     from shardex.net.messages import Envelope, Kind, decode_frame, encode_frame
-    from shardex.pipeline.projector import OP_UPSERT, project
-    from shardex.pipeline.router import IndexRoute, route
+    from shardex.pipeline.project.projector import OP_UPSERT, project
+    from shardex.pipeline.project.router import IndexRoute, route
 
     defs = _defs()
     owners = {d.id: {p: NODES[p % len(NODES)] for p in range(d.num_partition)} for d in defs}

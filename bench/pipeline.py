@@ -358,7 +358,7 @@ def forget_stopped_queries(spark: Any) -> None:
 
 
 def source_calls_row(part: str, path: Path) -> Row:
-    """The change source's own figures for one query (``source_stats.py``): median ms in our
+    """The change source's own figures for one query (``source/stats.py``): median ms in our
     code per Spark call, the bare round trip between latestOffset and reportLatestOffset, the
     HighSeqnos RPC, and the JVM's time between calls; idle triggers apart."""
     import json

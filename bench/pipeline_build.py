@@ -231,7 +231,7 @@ def project_count_fn(
     """The build's mapInArrow function (``build.load_fn``) up to, not including, the
     LoadChunk sends: project every index, keep the Upserts, count them."""
     from shardex.index.keyversion import UPSERT
-    from shardex.pipeline.projector import _columns_of, _projector_for
+    from shardex.pipeline.project.projector import _columns_of, _projector_for
 
     defs = tuple(definitions)
     schema = pa.schema([("docs", pa.int64()), ("rows", pa.int64())])
@@ -300,7 +300,7 @@ def projected_floor(spark: Any, opts: dict[str, str], definitions: Sequence[Any]
     """The build's job as it runs now (the source's projected mode: read and project in the
     read task) without the LoadChunk sends: Spark counts the key versions."""
     from shardex.index.keyversion import UPSERT
-    from shardex.pipeline.source_project import ProjectSpec
+    from shardex.pipeline.source.projected import ProjectSpec
 
     load = load1()
     t = time.perf_counter()
@@ -327,8 +327,8 @@ def source_read(client: Any, ts: Any) -> Row:
     """The same snapshot read without Spark: ``read_ranges`` in this process, every data
     partition (what the data nodes and the source's reader deliver on their own)."""
     from shardex.core.timestamp import Timestamp
-    from shardex.pipeline.source_plan import plan_ranges
-    from shardex.pipeline.source_read import read_ranges
+    from shardex.pipeline.source.plan import plan_ranges
+    from shardex.pipeline.source.read import read_ranges
 
     load = load1()
     t = time.perf_counter()

@@ -226,10 +226,10 @@ def held_stability(client: Any) -> dict[str, Any]:
     """Index id -> the stability TS the master's timekeeper holds for the keyspace."""
     from shardex.api.timekeeper import StabilityReply, StabilityRequest
     from shardex.core.timestamp import Timestamp
-    from shardex.pipeline.indexers import _to_node
+    from shardex.pipeline.indexers import to_node
 
     msg = StabilityRequest(keyspace=KEYSPACE)
-    reply = client._run(_to_node(client, timekeeper_node(client), msg, StabilityReply))
+    reply = client._run(to_node(client, timekeeper_node(client), msg, StabilityReply))
     return {i: Timestamp.from_wire(ts) for i, ts in reply.stability.items()}
 
 
@@ -290,7 +290,7 @@ def batch_row(part: str, records: Sequence[tuple[float, Any]]) -> Row:
     row["read ahead kv"] = statistics.median(getattr(s, "read_ahead", 0) for s in stats)
     # of those, delivered to the indexers before the batch's round (0: it delivered all)
     row["early kv"] = statistics.median(getattr(s, "early", 0) for s in stats)
-    # sent while the batch was still projected (``streamed_round.py``)
+    # sent while the batch was still projected (``rounds/streamed.py``)
     row["streamed kv"] = statistics.median(getattr(s, "streamed", 0) for s in stats)
     return row
 

@@ -45,7 +45,7 @@ def _plan(client: Any) -> tuple[Any, dict[str, Any], dict[str, list[str]]]:
     """The keyspace's index definitions, routes and node -> index ids, from the state."""
     from shardex.meta.index_state import latest_index_topology
     from shardex.pipeline.indexers import index_state
-    from shardex.pipeline.router import IndexRoute
+    from shardex.pipeline.project.router import IndexRoute
 
     state = index_state(client)
     defs, routes, plan = [], {}, {}
@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from shardex.client import connect_local
-    from shardex.pipeline.driver_read import read_and_project
     from shardex.pipeline.indexers import advance_stability, deliver_and_stabilize, deliver_rows
-    from shardex.pipeline.router import route
+    from shardex.pipeline.project.router import route
+    from shardex.pipeline.source.driver_read import read_and_project
 
     base = Path(tempfile.mkdtemp(prefix="shardex-bench-early-"))
     with shardex_cluster(base, 3) as cdir, connect_local(cdir) as client:

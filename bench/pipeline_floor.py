@@ -129,8 +129,8 @@ def pct(values: Sequence[float], q: float) -> float:
 
 def latest_offset_cost(cluster_dir: Path, n: int = 300) -> list[Row]:
     """The driver's offset call measured here, without Spark: one HighSeqnos round trip."""
-    from shardex.pipeline.source_options import SourceOptions
-    from shardex.pipeline.source_stream import _OffsetSource
+    from shardex.pipeline.source.options import SourceOptions
+    from shardex.pipeline.source.stream import _OffsetSource
 
     rows: list[Row] = []
     for interval_ms in (0, 20, 50):

@@ -326,7 +326,7 @@ def drain(
         batch_row("2 drain", active),
         progress_row("2 drain (Spark)", spark_progress(driver, active)),
     ]
-    from shardex.pipeline.between_rounds import BetweenStats
+    from shardex.pipeline.rounds.between import BetweenStats
 
     kp = driver.keyspace()
     if kp is not None and kp.job.stabilise_ahead:

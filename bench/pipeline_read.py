@@ -1,6 +1,6 @@
 """The driver's read + project of one micro-batch: ``python -m bench.pipeline_read [--changes N]``.
 
-What ``MaintenanceJob`` does for a batch it reads on the driver (``driver_read.py``), step
+What ``MaintenanceJob`` does for a batch it reads on the driver (``source/driver_read.py``), step
 by step, on a 3-node local cluster (``shardex cluster start``), a keyspace of 64 partitions
 holding ``--changes`` demo users, the two indexes of ``bench.pipeline`` (definitions only:
 nothing is built or delivered). Each step runs ``--repeat`` times over the whole range
@@ -12,7 +12,7 @@ cost them). Steps:
   columns);
 * ``read+project (arrow)``: the former path, ``read_ranges`` then ``project_arrow`` then
   ``from_arrow`` (the Arrow round trip both ways);
-* ``read+project (columns)``: ``driver_read.read_and_project`` (what the job runs now):
+* ``read+project (columns)``: ``source.driver_read.read_and_project`` (what the job runs now):
   stream items straight into columns, projected, rows kept as tuples.
 
 With ``--ab`` the steps are instead the two ways of reading small ranges, alternated in the
@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     from shardex.client import connect_local
     from shardex.core.timestamp import Timestamp
     from shardex.index.keyversion import from_arrow
-    from shardex.pipeline.driver_read import read_and_project
-    from shardex.pipeline.projector import project_arrow
-    from shardex.pipeline.source_plan import plan_ranges
-    from shardex.pipeline.source_read import read_ranges
+    from shardex.pipeline.project.projector import project_arrow
+    from shardex.pipeline.source.driver_read import read_and_project
+    from shardex.pipeline.source.plan import plan_ranges
+    from shardex.pipeline.source.read import read_ranges
 
     defs = _definitions()
     base = Path(tempfile.mkdtemp(prefix="shardex-bench-read-"))
@@ -171,9 +171,9 @@ def ab_main(args: argparse.Namespace) -> int:
     """Streams against ReadRanges (see the module doc), interleaved sample by sample."""
     from shardex.client import connect_local
     from shardex.core.timestamp import Timestamp
-    from shardex.pipeline.driver_read import read_and_project
-    from shardex.pipeline.source_plan import plan_ranges
-    from shardex.pipeline.source_read import read_ranges
+    from shardex.pipeline.source.driver_read import read_and_project
+    from shardex.pipeline.source.plan import plan_ranges
+    from shardex.pipeline.source.read import read_ranges
 
     sizes = [int(x) for x in args.per_partition.split(",") if x]
     defs = _definitions()

@@ -4,7 +4,7 @@
 A 3-node cluster (``shardex cluster start``), a keyspace of 64 partitions, and in this
 process, alternating call by call (the order reversed every round, so neither side always
 runs first on a warm cache): the high seqnos gathered by one data node
-(``Client.high_seqnos``) against asked of each owner (``source_seqnos.OwnerSeqnos``, the
+(``Client.high_seqnos``) against asked of each owner (``source.seqnos.OwnerSeqnos``, the
 stream readers' default), and the partitioned reader's ``partitions`` work (ranges, tasks
 grouped by owner, each task pickled as Spark's runner pickles it) with the owner map read
 from the client per call (the former path: a hand-off to the client's loop thread) against
@@ -47,11 +47,11 @@ def _writer(cluster: Path, rate: float, stop: threading.Event, tag: str) -> None
 
 def measure(cluster: Path, rate: float, rounds: int) -> dict[str, dict[str, float]]:
     from shardex.client import connect_local
-    from shardex.pipeline.source_options import SourceOptions, task_partitions
-    from shardex.pipeline.source_plan import plan_ranges
-    from shardex.pipeline.source_read import partition_owners
-    from shardex.pipeline.source_seqnos import OwnerSeqnos
-    from shardex.pipeline.source_stream import _OffsetSource
+    from shardex.pipeline.source.options import SourceOptions, task_partitions
+    from shardex.pipeline.source.plan import plan_ranges
+    from shardex.pipeline.source.read import partition_owners
+    from shardex.pipeline.source.seqnos import OwnerSeqnos
+    from shardex.pipeline.source.stream import _OffsetSource
 
     with connect_local(cluster) as c:
         c.create_keyspace(KEYSPACE, num_partitions=PARTITIONS)

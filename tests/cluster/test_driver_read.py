@@ -1,4 +1,4 @@
-"""The driver's read + project (``pipeline/driver_read.py``) against the path it replaced
+"""The driver's read + project (``pipeline/source/driver_read.py``) against the path it replaced
 (``read_ranges`` -> ``project_arrow(error_rows=True)`` -> ``from_arrow``) on a live cluster:
 the same key versions, each change of (start, end] exactly once per index, error rows kept."""
 
@@ -15,10 +15,10 @@ from shardex.client import Client, connect_local
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.meta.index_definition import IndexDefinition, IndexKey
-from shardex.pipeline.driver_read import read_and_project
-from shardex.pipeline.projector import project_arrow
-from shardex.pipeline.source_plan import plan_ranges
-from shardex.pipeline.source_read import read_ranges
+from shardex.pipeline.project.projector import project_arrow
+from shardex.pipeline.source.driver_read import read_and_project
+from shardex.pipeline.source.plan import plan_ranges
+from shardex.pipeline.source.read import read_ranges
 
 KEYSPACE = "dr"
 PARTITIONS = 8

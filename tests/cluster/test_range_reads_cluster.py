@@ -17,7 +17,7 @@ import pytest
 from cluster_helpers import LocalCluster, wait_for
 from data_helpers import docids_in, owner_of, running_cluster
 
-import shardex.pipeline.source_ranges as source_ranges
+import shardex.pipeline.source.ranges as source_ranges
 from shardex.api.data import RangeSpec, ReadRanges, ReadRangesReply
 from shardex.client import Client, connect_local
 from shardex.client.range_reads import read_round
@@ -25,11 +25,11 @@ from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_definition import IndexDefinition, IndexKey
-from shardex.pipeline.driver_read import read_and_project
-from shardex.pipeline.source_checks import Chunk
-from shardex.pipeline.source_plan import plan_ranges
-from shardex.pipeline.source_read import chunk_groups, parse_rollback
-from shardex.pipeline.source_types import PartitionRange
+from shardex.pipeline.source.checks import Chunk
+from shardex.pipeline.source.driver_read import read_and_project
+from shardex.pipeline.source.plan import plan_ranges
+from shardex.pipeline.source.read import chunk_groups, parse_rollback
+from shardex.pipeline.source.types import PartitionRange
 from shardex.runtime.pidfile import pid_alive
 
 KS = "rr"

@@ -1,4 +1,4 @@
-"""The stream readers' high seqnos asked of the owners directly (``source_seqnos.py``), on a
+"""The stream readers' high seqnos asked of the owners directly (``source/seqnos.py``), on a
 real 3-node cluster without Spark: what ``latestOffset`` returns must cover every write
 acknowledged before it was called, equal the gathered answer, and fall back to it when the
 client's topology is wrong."""
@@ -16,9 +16,9 @@ from data_helpers import running_cluster
 from shardex.client import Client, connect_local
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
-from shardex.pipeline.source_options import SourceOptions
-from shardex.pipeline.source_seqnos import OwnerSeqnos
-from shardex.pipeline.source_stream import _OffsetSource
+from shardex.pipeline.source.options import SourceOptions
+from shardex.pipeline.source.seqnos import OwnerSeqnos
+from shardex.pipeline.source.stream import _OffsetSource
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 

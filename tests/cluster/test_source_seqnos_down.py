@@ -1,4 +1,4 @@
-"""``latestOffset`` with a data node down (``source_seqnos.py``, ``partial``): the partitions
+"""``latestOffset`` with a data node down (``source/seqnos.py``, ``partial``): the partitions
 no owner can answer for stay where the stream is, the others advance, and the query is not
 failed by it (it used to raise NODE_UNAVAILABLE from the gathered fallback, which made the
 driver restart the whole query from its checkpoint for a node that comes back in seconds)."""
@@ -16,8 +16,8 @@ from data_helpers import docids_in, running_cluster
 from shardex.client import connect_local
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
-from shardex.pipeline.source_options import SourceOptions
-from shardex.pipeline.source_stream import _OffsetSource
+from shardex.pipeline.source.options import SourceOptions
+from shardex.pipeline.source.stream import _OffsetSource
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 

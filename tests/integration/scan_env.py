@@ -40,8 +40,8 @@ from shardex.meta.member_list import MemberInfo
 from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import ConnectionPool, RpcServer, TcpTransport
 from shardex.net.messages import Message
-from shardex.pipeline.projector import project
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.project.projector import project
+from shardex.pipeline.project.router import IndexRoute, route
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.testing.index import FakeKeyspace, random_workload, workload_definitions

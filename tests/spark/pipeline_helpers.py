@@ -26,10 +26,10 @@ from shardex.errors import ShardexError
 from shardex.index.oracle import check_index
 from shardex.meta.index_state import find_index, latest_index_topology
 from shardex.pipeline.driver import PipelineDriver
-from shardex.pipeline.indexers import _to_node, index_state, list_slices
+from shardex.pipeline.indexers import index_state, list_slices, to_node
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.source_plan import plan_ranges
-from shardex.pipeline.source_read import read_ranges
+from shardex.pipeline.source.plan import plan_ranges
+from shardex.pipeline.source.read import read_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -115,7 +115,7 @@ def slice_entries(
             after=after,
             limit=5000,
         )
-        page = client._run(_to_node(client, node, msg, SliceEntries))
+        page = client._run(to_node(client, node, msg, SliceEntries))
         entries.extend(page.entries)
         if not page.more:
             return entries

@@ -1,4 +1,4 @@
-"""Stability rounds between Spark's micro-batches end to end (``pipeline/between_rounds.py``,
+"""Stability rounds between Spark's micro-batches end to end (``pipeline/rounds/between.py``,
 ``MaintenanceJob(stabilise_ahead=True)``): a real 3-node cluster and the Spark driver under
 writes; the oracle holds at stability TSs published while the writes go on (by batches and by
 the rounds between them) and at the end, and rounds between batches did run."""

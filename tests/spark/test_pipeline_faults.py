@@ -158,7 +158,7 @@ def batch_report(driver: PipelineDriver) -> str:
 
 class Retries(logging.Handler):
     """Collects the maintenance job's "retrying" warnings (they name the error code) and the
-    failures of stability rounds between batches (``between_rounds.py``: not retried, the
+    failures of stability rounds between batches (``rounds/between.py``: not retried, the
     next batch repairs them); both name the error code."""
 
     def __init__(self) -> None:
@@ -183,8 +183,8 @@ class DeliveryHook:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.armed: tuple[str, Callable[[], None]] | None = None
         self.fired = threading.Event()
-        self._to_node = indexers._to_node
-        monkeypatch.setattr(indexers, "_to_node", self._wrapped)
+        self._to_node = indexers.to_node
+        monkeypatch.setattr(indexers, "to_node", self._wrapped)
         monkeypatch.setattr(indexers, "MAX_ROWS_PER_FRAME", self.FRAME_ROWS)
 
     async def _wrapped(
@@ -192,7 +192,7 @@ class DeliveryHook:
     ) -> Any:
         reply = await self._to_node(client, node, msg, expect, timeout)
         armed = self.armed
-        # batch_id -1: rows delivered ahead of their batch (``deliver_ahead.py``), not a
+        # batch_id -1: rows delivered ahead of their batch (by an older pipeline), not a
         # batch's earlier frame.
         frame = isinstance(msg, DeliverKeyVersions) and msg.batch_id >= 0
         if armed is not None and node == armed[0] and frame:
@@ -223,7 +223,7 @@ def test_kill_indexer_node_mid_stream(env: Env, monkeypatch: pytest.MonkeyPatch)
     retries = Retries()
     logging.getLogger("shardex.pipeline.batch_steps").addHandler(retries)
     # The kills may hit a round between batches instead of a batch's (the default mode).
-    between_log = logging.getLogger("shardex.pipeline.between_rounds")
+    between_log = logging.getLogger("shardex.pipeline.rounds.between")
     between_log.addHandler(retries)
     level = between_log.level
     between_log.setLevel(logging.INFO)

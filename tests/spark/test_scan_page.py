@@ -26,7 +26,7 @@ from shardex.index.oracle import expected_entries
 from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS
 from shardex.meta.cluster_dir import read_secret
 from shardex.meta.index_state import find_index
-from shardex.pipeline.indexers import _to_node, index_state
+from shardex.pipeline.indexers import index_state, to_node
 from shardex.scan.continuation import ContinuationCodec
 from shardex.scan.paging_leases import RELEASE, LeaseSnapshots, SnapshotsLeased
 from shardex.scan.paging_store_spec import decode_context
@@ -170,7 +170,7 @@ def test_a_lost_lease_ends_the_scan_on_the_next_page(
     release = LeaseSnapshots(
         index_id=rec.id, partitions=base.partitions_of(last), lease_id=lease, mode=RELEASE
     )
-    env._run(_to_node(env, last, release, SnapshotsLeased))
+    env._run(to_node(env, last, release, SnapshotsLeased))
     for n in range(DEFAULT_KEEP_SNAPSHOTS + 2):  # newer snapshots push the pinned one out
         env.keyspace(KEYSPACE).upsert(f"lease-{n}", {"age": n, "name": "pushed"})
         wait_stable(env, KEYSPACE, [INDEX])

@@ -20,10 +20,10 @@ from data_helpers import docids_in, owner_of, running_cluster
 
 from shardex.client import Client, connect_local
 from shardex.core.timestamp import Timestamp
-from shardex.pipeline.source import SourceOptions
-from shardex.pipeline.source_follow import FollowSet
-from shardex.pipeline.source_plan import group_ranges, limit_offsets, plan_ranges
-from shardex.pipeline.source_read import (
+from shardex.pipeline.source.datasource import SourceOptions
+from shardex.pipeline.source.follow import FollowSet
+from shardex.pipeline.source.plan import group_ranges, limit_offsets, plan_ranges
+from shardex.pipeline.source.read import (
     ARROW_SCHEMA,
     SCHEMA_DDL,
     PartitionRange,
@@ -366,8 +366,8 @@ def test_projected_read_hands_spark_the_key_versions(
     test; a worker has no test-only function to raise one here)."""
     from shardex.index import make_definition
     from shardex.index.keyversion import from_arrow
-    from shardex.pipeline.projector import project_arrow
-    from shardex.pipeline.source_project import ProjectSpec
+    from shardex.pipeline.project.projector import project_arrow
+    from shardex.pipeline.source.projected import ProjectSpec
 
     before, after, _ = first_wave
     defs = [
@@ -412,7 +412,7 @@ def test_arrow_schema_matches_spark(spark: Any) -> None:
 
     assert to_arrow_schema(StructType.fromDDL(SCHEMA_DDL), timezone="UTC").equals(ARROW_SCHEMA)
     from shardex.index.keyversion import KEY_VERSION_DDL, KEY_VERSION_SCHEMA
-    from shardex.pipeline.source_project import COUNTS_ARROW, COUNTS_SCHEMA
+    from shardex.pipeline.source.projected import COUNTS_ARROW, COUNTS_SCHEMA
 
     # The projected modes' schemas, likewise.
     for ddl, arrow in ((KEY_VERSION_DDL, KEY_VERSION_SCHEMA), (COUNTS_SCHEMA, COUNTS_ARROW)):

@@ -1,4 +1,4 @@
-"""A batch's round begun while the batch is still projected (``pipeline/streamed_round.py``),
+"""A batch's round begun while the batch is still projected (``pipeline/rounds/streamed.py``),
 end to end: a real 3-node cluster and the Spark driver. The driver is stopped, a backlog of
 random mutations (updates that change the indexed key and the moving partition key, deletes,
 re-inserts, evaluation errors) is written, and a new driver drains it in a first batch whose

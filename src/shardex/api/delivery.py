@@ -61,9 +61,9 @@ class DeliverKeyVersions(Message, tag="index.DeliverKeyVersions"):
     keyspace: str
     batch_id: int
     rows: list[WireKeyVersion]
-    # The indexer process the sender expects ("" = any): an early delivery of the rows after
-    # a batch continues what that process holds, so a restarted one refuses with
-    # STALE_DELIVERY before queueing anything (``pipeline/deliver_ahead.py``).
+    # The indexer process the sender expects ("" = any): a round's later frames continue
+    # what that process holds, so a restarted one refuses with STALE_DELIVERY before
+    # queueing anything (``pipeline/indexers.py``, ``RoundSender``).
     incarnation: str = ""
     # Before queueing: every local slice of ``keyspace`` forgets its queued versions of
     # these data partitions above these seqnos (``Slice.drop_queued_above``).
@@ -99,14 +99,14 @@ class StabilizeSlices(Message, tag="index.StabilizeSlices"):
 
 class DeliverAndStabilize(Message, tag="index.DeliverAndStabilize"):
     """Pipeline -> indexer, one round trip per node and batch: queue ``rows`` (as
-    ``DeliverKeyVersions``) and then stabilise every local slice of ``index_ids`` at ``ts``
-    (as ``StabilizeSlices``), in one call on the indexer's I/O thread. Frames before this
-    one (a node's rows over ``MAX_ROWS_PER_FRAME``, and the rows delivered ahead of the
-    batch: ``pipeline/deliver_ahead.py``) go as ``DeliverKeyVersions``; ``incarnation``
-    names the process that took them ("" = none: any is fine), and a restarted indexer
-    refuses with ``STALE_DELIVERY`` before queueing anything. The reply is
-    ``Stabilized`` with the delivery counts; the pipeline hands the replies to the
-    timekeeper (``AdvanceStability.stabilized``), which checks and publishes."""
+    ``DeliverKeyVersions``) and then stabilise every local slice of ``index_ids`` at ``ts`` (as
+    ``StabilizeSlices``), in one call on the indexer's I/O thread. Frames before this one (a
+    node's rows over ``MAX_ROWS_PER_FRAME``, and the rows a round sends while its batch is
+    projected: ``pipeline/rounds/streamed.py``) go as ``DeliverKeyVersions``; ``incarnation``
+    names the process that took them ("" = none: any is fine), and a restarted indexer refuses
+    with ``STALE_DELIVERY`` before queueing anything. The reply is ``Stabilized`` with the
+    delivery counts; the pipeline hands the replies to the timekeeper
+    (``AdvanceStability.stabilized``), which checks and publishes."""
 
     keyspace: str
     batch_id: int

@@ -6,7 +6,7 @@ range's ``RangeChanges`` in the order asked. A node that cannot be reached, or a
 that fails as a whole, becomes an error on each of that owner's ranges (the reply's own
 per-range errors pass through untouched), so the caller decides per range: continue from
 ``reached``, resume elsewhere after a topology refresh, or fail. Nothing here retries:
-the exactness rules and the resume deadline are the reader's (``pipeline/source_ranges.py``).
+the exactness rules and the resume deadline are the reader's (``pipeline/source/ranges.py``).
 """
 
 from __future__ import annotations

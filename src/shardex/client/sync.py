@@ -39,6 +39,7 @@ from shardex.client.keyspace import Keyspace
 from shardex.client.query import QueryRows, run_query
 from shardex.client.rebalance import RebalanceOps
 from shardex.client.routing import DataRouter
+from shardex.client.rpc_session import RpcSession
 from shardex.client.scan import (
     DEFAULT_SCAN_TIMEOUT,
     QueryContext,
@@ -242,6 +243,17 @@ class Client(RebalanceOps, IndexOps):
             control=lambda msg, expect: self._request(msg, expect, True),
             request_timeout=request_timeout,
             connect_timeout=connect_timeout,
+        )
+        # The RPC parts shardex's own components use (the index pipeline's deliveries,
+        # stabilise rounds and change streams): ``client/rpc_session.py``.
+        self.rpc = RpcSession(
+            run=self._run,
+            loop=self._io.loop,
+            router=self._router,
+            is_closed=lambda: self._closed,
+            connection=self._live_conn,
+            call=self._call,
+            ddl=self._ddl,
         )
 
     # -- lifecycle --

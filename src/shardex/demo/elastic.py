@@ -39,8 +39,8 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.index.oracle import expected_entries
 from shardex.meta.index_state import find_index
 from shardex.pipeline.indexers import index_state
-from shardex.pipeline.source_plan import plan_ranges
-from shardex.pipeline.source_read import read_ranges
+from shardex.pipeline.source.plan import plan_ranges
+from shardex.pipeline.source.read import read_ranges
 
 KEYSPACE: Final = "users"
 PRIMARY: Final = "#primary"

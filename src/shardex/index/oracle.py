@@ -9,7 +9,7 @@ run, a Spark test and a real-cluster test.
 
 The oracle evaluates with the **interpreter** (``evaluate``), not the projector's compiled
 closures and shared-slot loop, so a projector bug is not reproduced by the oracle. The rules
-are the projector's (stated in ``shardex.pipeline.projector``): WHERE by N1QL truth, leading
+are the projector's (stated in ``shardex.pipeline.project.projector``): WHERE by N1QL truth, leading
 MISSING key not indexed, non-leading MISSING kept, an evaluation error means "not indexed".
 """
 

@@ -249,10 +249,10 @@ class Slice(SliceLoading):
 
     def drop_queued_above(self, partition: int, seqno: int) -> int:
         """Forget the queued key versions of data partition ``partition`` above ``seqno``;
-        returns how many. The pipeline's fallback after an early delivery
-        (``pipeline/deliver_ahead.py``): versions queued ahead of a batch may belong to a
-        branch the batch's end is not on, and a re-delivery would be dropped as a duplicate
-        of them, so the batch clears them before delivering its rows again."""
+        returns how many. The pipeline's drop before a round (``pipeline/rounds/cleaned.py``):
+        versions queued by a round the pipeline does not know of may belong to a branch the
+        round's end is not on, and a re-delivery would be dropped as a duplicate of them, so
+        the round clears them before delivering its rows."""
         with self.lock:
             q = self._queue.get(partition)
             if not q:

@@ -1,5 +1,5 @@
 """One micro-batch's steps 2-5 for the maintenance job (``maintain.py``, which sets up the
-query and runs a batch through them):
+query and runs each batch through them), and every round's:
 
 * steps 2-3, project: the key versions of (start, end] - read and projected on the driver
   for a small batch (the read-ahead's rows first), by a projected batch read on Spark's
@@ -7,8 +7,10 @@ query and runs a batch through them):
 * steps 4-5, the round: route, one ``DeliverAndStabilize`` per indexer, the timekeeper's
   check and publish, retried with back-off for what time can heal.
 
-``BatchSteps`` is a mixin of ``MaintenanceJob``: it works on the job's client, registry,
-read-ahead and early deliveries; ``BatchStats`` records what each step took.
+``BatchSteps`` is the job's collaborator for both, and holds what the rounds leave behind
+(the last TS stabilised, whether every index of the last round published, the nodes a round
+dropped on); the job, the rounds between batches (``rounds/between.py``) and idle rounds
+read it. ``BatchStats`` records what each step took.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,18 +29,18 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.between_rounds import raise_floor
-from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
-from shardex.pipeline.driver_read import read_and_project
-from shardex.pipeline.gcpause import gc_paused
 from shardex.pipeline.indexers import RoundSender, advance_stability, deliver_and_stabilize
-from shardex.pipeline.move_rounds import MoveRounds
-from shardex.pipeline.read_ahead import ReadAhead, Taken
+from shardex.pipeline.project.gcpause import gc_paused
+from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.round_plan import round_slices, stabilize_plan
-from shardex.pipeline.router import route
-from shardex.pipeline.source_project import ProjectSpec
-from shardex.pipeline.streamed_round import StreamedRound
+from shardex.pipeline.rounds.between import raise_floor
+from shardex.pipeline.rounds.cleaned import CleanedNodes
+from shardex.pipeline.rounds.moves import MoveRounds
+from shardex.pipeline.rounds.plan import round_slices, stabilize_plan, views_key
+from shardex.pipeline.rounds.read_ahead import ReadAhead
+from shardex.pipeline.rounds.streamed import StreamedRound
+from shardex.pipeline.source.driver_read import read_and_project
+from shardex.pipeline.source.projected import ProjectSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -77,56 +79,64 @@ class BatchStats:
     wait_round: float = 0.0
     retries: int = 0
     on_driver: bool = False  # read and projected on the driver (small batch)
-    read_ahead: int = 0  # key versions taken from the read-ahead (``read_ahead.py``)
-    early: int = 0  # of those, delivered before the round (``deliver_ahead.py``); 0: fallback
-    between: bool = False  # left to the stability rounds between batches (``between_rounds``)
-    streamed: int = 0  # key versions sent while the batch was projected (``streamed_round``)
+    read_ahead: int = 0  # key versions taken from the read-ahead (``rounds/read_ahead.py``)
+    between: bool = False  # left to the stability rounds between batches (``rounds/between.py``)
+    streamed: int = 0  # key versions sent while the batch was projected (``rounds/streamed.py``)
     end: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 class BatchSteps:
-    """Steps 2-5 of a micro-batch, as methods of ``MaintenanceJob`` (which sets these)."""
+    """Steps 2-5 of one keyspace's micro-batches and the rounds between them: the
+    maintenance job's reads, projections and rounds, with the state the rounds leave."""
 
-    spark: SparkSession
-    client: Client
-    registry: IndexRegistry
-    keyspace: str
-    source_options: dict[str, str]
-    retry_for: float
-    driver_read_max: int
-    project_rows: int  # changes projected per group on the driver (and per streamed group)
-    errors: Counter[str]
-    stable: Timestamp | None
-    move_rounds: MoveRounds
-    read_ahead: ReadAhead
-    deliver_ahead: bool
-    early: DeliverAhead
-    stabilise_ahead: bool
-    # The last round that succeeded: every index of it published, and what it routed by
-    # (a between-batch round follows only a round that published all, by the same views).
-    round_published: bool
-    round_key: tuple[Any, ...] | None
+    def __init__(
+        self,
+        spark: SparkSession,
+        client: Client,
+        registry: IndexRegistry,
+        source_options: dict[str, str],
+        *,
+        retry_for: float,
+    ) -> None:
+        self.spark = spark
+        self.client = client
+        self.registry = registry
+        self.keyspace = registry.keyspace
+        self.source_options = dict(source_options)
+        self.retry_for = retry_for
+        self.errors: Counter[str] = Counter()  # evaluation errors per index id
+        self.stable: Timestamp | None = None  # the last TS this job had published
+        # The last round that succeeded: every index of it published, and what it routed by
+        # (a between-batch round follows only a round that published all, by the same views).
+        self.round_published = True
+        self.round_key: tuple[Any, ...] | None = None
+        self.move_rounds = MoveRounds()
+        # The nodes a round of this query dropped on above its start (``rounds/cleaned.py``).
+        self.cleaned = CleanedNodes()
 
-    def _project(
+    def project(
         self,
         views: Sequence[IndexView],
         start: Timestamp,
         end: Timestamp,
         stats: BatchStats,
         rows: list[KeyVersion],
-        key: tuple[Any, ...] = (),
+        read_ahead: ReadAhead,
+        *,
+        on_driver: bool,
+        group_rows: int,
         top: Timestamp | None = None,
         floor: Timestamp | None = None,
         stream: StreamedRound | None = None,
-    ) -> Callable[[], Skip | None]:
-        """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``
-        (the read-ahead's first). Returns what says which rows the round may skip: the
-        read-ahead's rows not delivered yet are sent while the rest is read
-        (``deliver_ahead.py``). Between-batch rounds (``between_rounds.py``): the range
+    ) -> None:
+        """Steps 2-3: the key versions of (start, end] and of any catch-up, into ``rows``.
+        ``on_driver``: read and project here (``read_ahead``'s rows first), in groups of
+        ``group_rows`` changes; else by a projected batch read on Spark's workers (and
+        ``read_ahead`` is discarded). Between-batch rounds (``rounds/between.py``): the range
         read goes up to ``top`` (F >= end) and starts no lower than ``floor`` (what every
         view applied), so only what is not applied is read. ``stream``: the rows of a batch
         read on the driver go to it group by group too, as they are projected (its round
-        starts sending them, ``streamed_round.py``)."""
+        starts sending them, ``rounds/streamed.py``)."""
         t = time.perf_counter()
 
         def add(group: list[KeyVersion]) -> None:
@@ -136,26 +146,22 @@ class BatchSteps:
 
         upto = end if top is None else top
         defs = [v.definition for v in views]
-        got: Taken | None = None
-        wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
-        if stats.changes <= self.driver_read_max:
+        if on_driver:
             # Small batch: read (start, end] here and project in this process. A Spark
             # job (plan, Python worker round trips, Arrow collect) costs more than the
             # work itself; the rows are the same either way (the DataFrame is the same
             # range of the same source and is simply not executed).
             stats.on_driver = True
-            got = self.read_ahead.take(defs, start, end)
+            got = read_ahead.take(defs, start, end)
             rest = start
             if got is not None:  # read while Spark committed the previous batch
                 rest = got.covered
                 stats.read_ahead = len(got.rows)
                 add(got.rows)
-                if self.deliver_ahead:
-                    wait = self.early.send_taken(got, views, key, start)
             if floor is not None:
                 rest = raise_floor(rest, floor)
             if rest != upto and stream is None:
-                rows.extend(self._read_and_project(defs, rest, upto))
+                rows.extend(self.read_and_project(defs, rest, upto))
             elif rest != upto:
                 read_and_project(
                     self.client,
@@ -163,27 +169,26 @@ class BatchSteps:
                     defs,
                     rest,
                     upto,
-                    group_rows=self.project_rows,
+                    group_rows=group_rows,
                     on_group=add,
                 )
         else:
             stream = None  # one table from Spark: nothing to stream
-            self.read_ahead.discard()
+            read_ahead.discard()
             rows.extend(self._read_and_project_on_workers(defs, start, end))
             if upto != end:
                 rest = end if floor is None else raise_floor(end, floor)
-                rows.extend(self._read_and_project(defs, rest, upto))
+                rows.extend(self.read_and_project(defs, rest, upto))
         stats.project = time.perf_counter() - t
         t = time.perf_counter()
         add(self._catch_up(views, start))
         stats.catch_up = time.perf_counter() - t
-        return wait
 
-    def _read_and_project(
+    def read_and_project(
         self, defs: Sequence[IndexDefinition], start: Timestamp, end: Timestamp
     ) -> list[KeyVersion]:
         # Stream items straight into the projector's columns, rows kept as tuples, every
-        # partition's stream open at once (``driver_read.py``).
+        # partition's stream open at once (``source/driver_read.py``).
         return read_and_project(self.client, self.keyspace, defs, start, end)
 
     def _read_and_project_on_workers(
@@ -229,7 +234,7 @@ class BatchSteps:
         )
         return out
 
-    def _deliver_and_stabilize(
+    def deliver_and_stabilize(
         self,
         views: Sequence[IndexView],
         rows: list[KeyVersion],
@@ -237,7 +242,6 @@ class BatchSteps:
         end: Timestamp,
         batch_id: int,
         stats: BatchStats,
-        skip: Skip | None = None,
         streamed: StreamedRound | None = None,
     ) -> None:
         """Steps 4-5, retrying what time can heal with back-off for ``retry_for`` seconds
@@ -248,17 +252,14 @@ class BatchSteps:
         attempt = 0
         while True:
             try:
-                self._attempt(views, rows, start, end, batch_id, stats, skip, streamed)
+                self._attempt(views, rows, start, end, batch_id, stats, streamed)
                 return
             except ShardexError as exc:
                 if exc.code not in _RETRYABLE or time.monotonic() > deadline:
                     raise
                 attempt += 1
                 stats.retries = attempt
-                if skip is not None:
-                    skip = None  # the early deliveries may be gone: all rows again
-                    stats.early = 0
-                streamed = None  # likewise the frames sent while projecting
+                streamed = None  # the frames sent while projecting may be gone: all rows again
                 stats.streamed = 0
                 pause = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
                 log.warning(
@@ -281,15 +282,14 @@ class BatchSteps:
         end: Timestamp,
         batch_id: int,
         stats: BatchStats,
-        skip: Skip | None = None,
         streamed: StreamedRound | None = None,
     ) -> None:
         """Route, then one ``DeliverAndStabilize`` per indexer (in parallel), then the
-        timekeeper checks the replies and publishes. With ``skip`` only the rows not
-        delivered early are routed; without, the indexers first drop what may have been
-        queued above ``start`` ahead of this batch (``deliver_ahead.py``). With ``streamed``
-        (rows already sent by the same views while the batch was projected) only the rest
-        is routed, and the round's frames continue its sender's."""
+        timekeeper checks the replies and publishes. The indexers first drop what may have
+        been queued above ``start`` by rounds this query does not know of
+        (``rounds/cleaned.py``). With ``streamed`` (rows already sent by the same views while
+        the batch was projected) only the rest is routed, and the round's frames continue
+        its sender's."""
         if not views:
             self.stable = end
             self.round_published, self.round_key = True, ()
@@ -298,12 +298,10 @@ class BatchSteps:
             streamed = None  # nothing went out early: the usual round
         t = time.perf_counter()
         routes = {v.id: v.route() for v in views}
-        send = rows if skip is None else skip.rest(rows)
-        if streamed is not None:
-            send = streamed.rest(rows)
+        send = rows if streamed is None else streamed.rest(rows)
         with gc_paused():
             routed = route((r for r in send if r[0] in routes or r[2] == ERROR), routes)
-        if skip is not None or streamed is not None:
+        if streamed is not None:
             errors = Counter(r[0] for r in rows if r[2] == ERROR)
         else:
             errors = routed.errors
@@ -320,9 +318,9 @@ class BatchSteps:
             dropped = streamed.dropped
             how = {"sender": streamed.sender}
         else:
-            drop = None if skip is not None else self.early.drop_above(start, end, plan)
+            drop = self.cleaned.drop_above(start, end, plan)
             dropped = drop is not None
-            how = {"early": None if skip is None else skip.incarnations, "drop_above": drop}
+            how = {"drop_above": drop}
         report, replies = deliver_and_stabilize(
             self.client,
             self.keyspace,
@@ -332,7 +330,6 @@ class BatchSteps:
             plan,
             moving_by_node,
             slices=round_slices(views),
-            drop_nodes=self.early.drop_nodes() if dropped else (),
             **how,
         )
         stats.deliver = time.perf_counter() - t  # deliver and stabilise on the indexers
@@ -356,9 +353,9 @@ class BatchSteps:
         self.stable = end
         self.round_published = set(routes) <= set(reply.published)
         self.round_key = key = views_key(views)
-        self.early.round_done(end, key, routes, dict(report.incarnations), skip, dropped=dropped)
+        self.cleaned.round_done(key, report.incarnations, dropped)
 
-    def _stream_round(
+    def stream_round(
         self,
         views: Sequence[IndexView],
         start: Timestamp,
@@ -367,12 +364,12 @@ class BatchSteps:
         applied: dict[str, Timestamp],
     ) -> StreamedRound:
         """The round of a batch (start, end] by ``views``, begun while its rows are still
-        projected (``streamed_round.py``). Its first rows drop what may be queued above
-        ``start`` where the round would (``DeliverAhead.drop_above``); before them, as
+        projected (``rounds/streamed.py``). Its first rows drop what may be queued above
+        ``start`` where the round would (``CleanedNodes.drop_above``); before them, as
         before any round's, the registry learns that the slices may reach ``end``."""
         routes = {v.id: v.route() for v in views}
         plan, _moving = stabilize_plan(views)
-        drop = self.early.drop_above(start, end, plan)
+        drop = self.cleaned.drop_above(start, end, plan)
 
         def begin() -> None:
             self.round_published = False
@@ -381,7 +378,7 @@ class BatchSteps:
         sender = RoundSender(self.client, self.keyspace, batch_id, drop_above=drop)
         return StreamedRound(sender, routes, applied, begin, dropped=drop is not None)
 
-    def _round(
+    def round(
         self,
         views: Sequence[IndexView],
         rows: list[KeyVersion],
@@ -389,7 +386,7 @@ class BatchSteps:
         end: Timestamp,
         batch_id: int,
     ) -> BatchStats:
-        """A stability round between batches (``between_rounds.py``): the same ``_attempt``
+        """A stability round between batches (``rounds/between.py``): the same ``_attempt``
         as a batch's round, once (no retry: the next batch repairs). What it did."""
         stats = BatchStats(batch_id=batch_id)
         self._attempt(views, rows, start, end, batch_id, stats)

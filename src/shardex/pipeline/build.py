@@ -1,4 +1,4 @@
-"""The initial build of new indexes (the load phase of the DDL seed): a Spark batch job.
+"""The initial build of new indexes (the load phase of index DDL): a Spark batch job.
 
 1. T0 = the keyspace's current high seqnos (at or after every batch the stream has read).
 2. Spark reads the documents as of T0 (the change source's snapshot mode, one task per data
@@ -41,7 +41,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.pipeline.indexers import advance_stability, list_slices, load_finish
 from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.source_project import COUNTS_ARROW, COUNTS_SCHEMA, LoadSpec, ProjectSpec
+from shardex.pipeline.source.projected import COUNTS_ARROW, COUNTS_SCHEMA, LoadSpec, ProjectSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -166,7 +166,7 @@ class InitialBuild:
             request_id=_rid(),
         )
         try:
-            self.client._run(self.client._ddl(msg, IndexUpdated))
+            self.client.rpc.run(self.client.rpc.ddl(msg, IndexUpdated))
         except Exception as exc:  # a progress report must not fail the build
             log.debug("progress report for %s failed: %s", index_id, exc)
 
@@ -179,7 +179,7 @@ class InitialBuild:
             stability_ts=wire,
             request_id=_rid(),
         )
-        self.client._run(self.client._ddl(msg, IndexUpdated))
+        self.client.rpc.run(self.client.rpc.ddl(msg, IndexUpdated))
 
 
 def _one_incarnation(counts: pa.Table) -> dict[str, str]:

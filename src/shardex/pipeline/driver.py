@@ -28,7 +28,7 @@ from shardex.pipeline.indexers import index_state
 from shardex.pipeline.maintain import DEFAULT_DRIVER_READ_MAX, MaintenanceJob
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.rollback import current_generation, handle_rollback, new_generation
-from shardex.pipeline.source_types import parse_rollback
+from shardex.pipeline.source.types import parse_rollback
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,17 +1,16 @@
 """The pipeline's calls to indexers and the timekeeper, from the driver or a Spark worker.
 
-Every call goes through the process's ``Client`` (its loop thread and its connection pool to
-named nodes). Deliveries to several indexers run in parallel; frames are cut at
-``MAX_ROWS_PER_FRAME`` rows so one message stays far below the frame limit. A maintenance
-batch makes one round trip per indexer (``deliver_and_stabilize``) and one to the timekeeper
-(``advance_stability`` with the replies).
+Every call goes through the process's ``Client``, by its RPC session (``Client.rpc``: its loop
+thread and its connection pool to named nodes). Deliveries to several indexers run in parallel;
+frames are cut at ``MAX_ROWS_PER_FRAME`` rows so one message stays far below the frame limit. A
+maintenance batch makes one round trip per indexer (``deliver_and_stabilize``) and one to the
+timekeeper (``advance_stability`` with the replies).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -41,7 +40,6 @@ __all__ = [
     "RoundSender",
     "advance_stability",
     "deliver_and_stabilize",
-    "deliver_rows",
     "index_state",
     "list_slices",
     "load_chunks",
@@ -49,8 +47,6 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=Message)
-
-log = logging.getLogger(__name__)
 
 # A stabilise fans out to every indexer and fsyncs: allow for a slow disk under load.
 ADVANCE_TIMEOUT = 30.0
@@ -85,10 +81,10 @@ class DeliveryReport:
         self.unknown += reply.unknown
 
 
-async def _to_node(
+async def to_node(
     client: Client, node: str, msg: Message, expect: type[M], timeout: float | None = None
 ) -> M:
-    router = client._router
+    router = client.rpc.router
     conn = await router.pool.get(await router.address(node), router.request_timeout)
     return await conn.request(msg, timeout or router.request_timeout, expect=expect)
 
@@ -100,7 +96,7 @@ def _frames(rows: Sequence[Any]) -> list[Sequence[Any]]:
 class RoundSender:
     """One round's frames to the indexers. ``send`` (from any thread, without waiting)
     queues rows as ``DeliverKeyVersions`` frames while the round's later rows are still being
-    read and projected (``streamed_round.py``); ``finish`` sends each node its last rows with
+    read and projected (``rounds/streamed.py``); ``finish`` sends each node its last rows with
     the stabilise in one ``DeliverAndStabilize`` once its earlier frames were acknowledged.
     A node's frames go one after the other: the first carries the round's ``drop_above``,
     every later one names the incarnation that took the first (a restarted indexer refuses
@@ -112,25 +108,20 @@ class RoundSender:
         keyspace: str,
         batch_id: int,
         *,
-        early: Mapping[str, str] | None = None,
         drop_above: Mapping[int, int] | None = None,
     ) -> None:
         self.client = client
         self.keyspace = keyspace
         self.batch_id = batch_id
         self.report = DeliveryReport()
-        # node -> the incarnation its next frame names ("" = any): the one that took this
-        # round's rows delivered ahead (``deliver_ahead``), then the one that took its frames.
+        # node -> the incarnation its next frame names (none: any): the one that took the
+        # node's first frame of this round.
         self._incarnation: dict[str, str] = {}
-        for node, incarnation in (early or {}).items():
-            if incarnation:
-                self.report.incarnations[node] = incarnation  # another one answering: STALE
-                self._incarnation[node] = incarnation
         self._drop = None if drop_above is None else dict(drop_above)
         self._dropped: set[str] = set()  # nodes whose first frame carried the drop
         # node -> the task sending its frames so far (on the client's loop only).
         self._chains: dict[str, asyncio.Task[None]] = {}
-        self._loop = client._io.loop
+        self._loop = client.rpc.loop
 
     def send(self, by_node: Mapping[str, Sequence[KeyVersion]]) -> None:
         """Queue these rows on their nodes, after what was sent before (returns at once; a
@@ -169,7 +160,7 @@ class RoundSender:
             incarnation=self._incarnation.get(node, ""),
             drop_above=self._take_drop(node),
         )
-        got = await _to_node(self.client, node, msg, Delivered)
+        got = await to_node(self.client, node, msg, Delivered)
         self.report.add(got)
         self._incarnation[node] = got.incarnation
 
@@ -180,7 +171,6 @@ class RoundSender:
         plan: Mapping[str, Sequence[str]],
         moving: Mapping[str, Mapping[str, list[int]]] | None = None,
         slices: Mapping[str, Mapping[str, list[int]]] | None = None,
-        drop_nodes: Sequence[str] = (),
     ) -> tuple[DeliveryReport, dict[str, Stabilized]]:
         """The round's last rows and the stabilise at ``ts``: see ``deliver_and_stabilize``.
         Every node that took frames from ``send`` is stabilised too."""
@@ -205,28 +195,16 @@ class RoundSender:
                 slices=None if slices is None else dict(slices.get(node, {})),
                 drop_above=self._take_drop(node),
             )
-            reply = await _to_node(self.client, node, last, Stabilized, ADVANCE_TIMEOUT)
+            reply = await to_node(self.client, node, last, Stabilized, ADVANCE_TIMEOUT)
             self.report.add(reply)
             if node in plan or node in by_node or node in self._chains:
                 replies[node] = reply
 
-        async def drop_only(node: str) -> None:
-            # A node outside the round that took early rows: best effort. Unreachable, it
-            # either died (its queue with it) or is cut off; a later round that names it
-            # again has it in its plan and delivers its rows then.
-            try:
-                await one(node)
-            except (ShardexError, OSError) as exc:
-                log.info("dropping early rows on %s failed: %s", node, exc)
-
         async def all_nodes() -> None:
             nodes = set(plan) | set(by_node) | set(self._chains)
-            extra = set(drop_nodes) - nodes if self._drop is not None else set()
-            await asyncio.gather(
-                *(one(n) for n in sorted(nodes)), *(drop_only(n) for n in sorted(extra))
-            )
+            await asyncio.gather(*(one(n) for n in sorted(nodes)))
 
-        self.client._run(all_nodes())
+        self.client.rpc.run(all_nodes())
         return self.report, replies
 
     def abandon(self) -> None:
@@ -250,9 +228,7 @@ def deliver_and_stabilize(
     moving: Mapping[str, Mapping[str, list[int]]] | None = None,
     slices: Mapping[str, Mapping[str, list[int]]] | None = None,
     *,
-    early: Mapping[str, str] | None = None,
     drop_above: Mapping[int, int] | None = None,
-    drop_nodes: Sequence[str] = (),
     sender: RoundSender | None = None,
 ) -> tuple[DeliveryReport, dict[str, Stabilized]]:
     """One round trip per indexer (in parallel): each node of ``plan`` (node -> the index
@@ -264,47 +240,13 @@ def deliver_and_stabilize(
     slices alone). Returns the delivery counts and each node's reply (for
     ``advance_stability(stabilized=...)``).
 
-    ``early``: node -> the incarnation that took this batch's rows delivered ahead
-    (``deliver_ahead``); the node's frames must reach the same one. ``drop_above``: every
-    node of the round and of ``drop_nodes`` first forgets its queued versions of these data
-    partitions above these seqnos (the fallback after early deliveries). ``sender``: the
-    round's frames sent so far (``RoundSender.send``), which then holds ``early`` and
-    ``drop_above``; ``by_node`` is what they left."""
+    ``drop_above``: every node of the round first forgets its queued versions of these data
+    partitions above these seqnos (rows queued by a round this query does not know of:
+    ``rounds/cleaned.py``). ``sender``: the round's frames sent so far (``RoundSender.send``),
+    which then holds ``drop_above``; ``by_node`` is what they left."""
     if sender is None:
-        sender = RoundSender(client, keyspace, batch_id, early=early, drop_above=drop_above)
-    return sender.finish(ts, by_node, plan, moving, slices, drop_nodes)
-
-
-def deliver_rows(
-    client: Client,
-    keyspace: str,
-    batch_id: int,
-    by_node: Mapping[str, Sequence[KeyVersion]],
-    incarnations: Mapping[str, str],
-) -> DeliveryReport:
-    """Queue rows ahead of their batch (``deliver_ahead``): ``DeliverKeyVersions`` frames to
-    every node of ``by_node`` in parallel, each naming the incarnation ``incarnations`` has
-    for it ("" = any), which a restarted indexer refuses (STALE_DELIVERY)."""
-    report = DeliveryReport()
-    for node, incarnation in incarnations.items():
-        if incarnation:
-            report.incarnations[node] = incarnation
-
-    async def one(node: str, rows: Sequence[KeyVersion]) -> None:
-        for frame in _frames(rows):
-            msg = DeliverKeyVersions(
-                keyspace=keyspace,
-                batch_id=batch_id,
-                rows=list(frame),
-                incarnation=incarnations.get(node, ""),
-            )
-            report.add(await _to_node(client, node, msg, Delivered))
-
-    async def all_nodes() -> None:
-        await asyncio.gather(*(one(n, rows) for n, rows in sorted(by_node.items()) if rows))
-
-    client._run(all_nodes())
-    return report
+        sender = RoundSender(client, keyspace, batch_id, drop_above=drop_above)
+    return sender.finish(ts, by_node, plan, moving, slices)
 
 
 def advance_stability(
@@ -335,11 +277,11 @@ def advance_stability(
 
     async def go() -> StabilityAdvanced:
         if timekeeper:
-            return await _to_node(client, timekeeper, msg, StabilityAdvanced, ADVANCE_TIMEOUT)
-        conn = await client._live_conn()
+            return await to_node(client, timekeeper, msg, StabilityAdvanced, ADVANCE_TIMEOUT)
+        conn = await client.rpc.connection()
         return await conn.request(msg, ADVANCE_TIMEOUT, expect=StabilityAdvanced)
 
-    return client._run(go())
+    return client.rpc.run(go())
 
 
 def index_state(client: Client) -> StateContext:
@@ -348,7 +290,7 @@ def index_state(client: Client) -> StateContext:
     milliseconds)."""
     sections = ["keyspaces", "indexes", "index_topologies", "rebalance"]  # index moves too
     msg = StateRequest(sections=sections, fresh=True)
-    return client._call(msg, StateReply).state
+    return client.rpc.call(msg, StateReply).state
 
 
 def list_slices(client: Client, nodes: Sequence[str], index_id: str | None) -> list[SliceInfo]:
@@ -356,10 +298,10 @@ def list_slices(client: Client, nodes: Sequence[str], index_id: str | None) -> l
 
     async def go() -> list[SliceList]:
         msg = ListSlices(index_id=index_id)
-        return await asyncio.gather(*(_to_node(client, n, msg, SliceList) for n in nodes))
+        return await asyncio.gather(*(to_node(client, n, msg, SliceList) for n in nodes))
 
     out: list[SliceInfo] = []
-    for reply in client._run(go()):
+    for reply in client.rpc.run(go()):
         out.extend(s for s in reply.slices if index_id is None or s.index_id == index_id)
     return out
 
@@ -382,13 +324,13 @@ def load_chunks(
         for frame in _frames(rows) or [[]]:
             msg = LoadChunk.columnar(index_id, partition, wire, frame, n_docs)
             n_docs = 0  # counted once per key
-            ack = await _to_node(client, node, msg, LoadChunkAck)
+            ack = await to_node(client, node, msg, LoadChunkAck)
             seen.setdefault(node, set()).add(ack.incarnation)
 
     async def go() -> None:
         await asyncio.gather(*(one(k, chunks.get(k, [])) for k in set(chunks) | set(docs)))
 
-    client._run(go())
+    client.rpc.run(go())
     return seen
 
 
@@ -405,7 +347,7 @@ def load_finish(
     async def go() -> list[LoadFinished]:
         return await asyncio.gather(
             *(
-                _to_node(
+                to_node(
                     client,
                     node,
                     LoadFinish(
@@ -418,4 +360,4 @@ def load_finish(
             )
         )
 
-    return client._run(go())
+    return client.rpc.run(go())

@@ -1,5 +1,5 @@
 """The maintenance stream of one keyspace: a Structured Streaming query over the change source
-whose ``foreachBatch`` projects, routes, delivers and stabilises (the mutation-flow seed).
+whose ``foreachBatch`` projects, routes, delivers and stabilises (the mutation flow).
 
 One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
 
@@ -12,21 +12,18 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
    backlog drains as a run of moderate batches rather than one giant one;
 3. catch up any index whose applied TS is behind ``start`` (an index that joined after the
    stream passed its build's T0): its missing range is read on the driver and projected too;
-4. ``foreachBatch`` returns; on a thread beside Spark's commit (``batch_tail.py``, the
+4. ``foreachBatch`` returns; on a thread beside Spark's commit (``rounds/tail.py``, the
    batch's "round"): route by index topology and send each indexer its rows and the
    stabilise at ``end`` in one ``DeliverAndStabilize`` (in parallel);
 5. the timekeeper checks the indexers' replies and publishes ``end`` as the indexes'
    stability TS once every slice acknowledged. The next batch first waits for this round,
-   and a small batch's successor is read and projected meanwhile (``read_ahead.py``);
-   those rows go to the indexers ahead of their round, once this round ended or while the
-   next batch reads the rest, and its round sends only what they lack, or falls back to
-   everything (``deliver_ahead.py``);
-6. or, with ``stabilise_ahead`` (the default since session 8; ``stabilise_per_batch`` goes
-   back to 5 alone): the read-ahead keeps reading in
+   and a small batch's successor is read and projected meanwhile (``rounds/read_ahead.py``);
+6. with ``stabilise_ahead`` (the default; ``stabilise_per_batch`` goes back to 5 alone,
+   for comparisons): the read-ahead keeps reading in
    pieces after the round, and what it read gets stability rounds of its own (the same
    ``_attempt``: the rows, the stabilise at their end, the publish), one at a time, beside
    the next piece's read, so the stability TS moves between Spark's batches
-   (``between_rounds.py``). A batch leaves its range to them while they are healthy and
+   (``rounds/between.py``). A batch leaves its range to them while they are healthy and
    route by its views (``_left_to_rounds``); otherwise it halts them, leaves out what they
    applied and stabilises at F = max(its end, every TS a round attempted), reading what
    lies between its end and F (and is not applied). No two rounds (a batch's, an idle one,
@@ -43,8 +40,8 @@ did not advance, so the next batch catches the range up (step 3). A round betwee
 not retried: its failure stops those rounds until the next batch, which stabilises past
 whatever it reached (the registry's ahead TS: ``IndexRegistry.attempted``).
 
-This module sets up the query and runs each batch; steps 2-5 themselves are
-``batch_steps.py`` (``BatchSteps``, a mixin of ``MaintenanceJob``).
+This module sets up the query and runs each batch; steps 2-5 themselves, and the state the
+rounds leave, are the job's ``BatchSteps`` (``batch_steps.py``).
 """
 
 from __future__ import annotations
@@ -53,38 +50,31 @@ import json
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import KeyVersion
 from shardex.pipeline.batch_callback import foreach_batch_id
-from shardex.pipeline.batch_range import (
-    ExecutionRanges,
-    async_progress_options,
-    logged_range,
-    read_offset,
-)
+from shardex.pipeline.batch_range import logged_range, read_offset
 from shardex.pipeline.batch_steps import BatchStats, BatchSteps, count_changes
-from shardex.pipeline.batch_tail import BatchTail
-from shardex.pipeline.between_rounds import (
+from shardex.pipeline.indexers import advance_stability
+from shardex.pipeline.project.gcpause import gc_paused
+from shardex.pipeline.registry import IndexRegistry, IndexView
+from shardex.pipeline.rounds.between import (
     BetweenRounds,
     lowest_applied,
     not_applied,
     on_branch,
     stabilise_ts,
 )
-from shardex.pipeline.deliver_ahead import DeliverAhead, Skip, views_key
-from shardex.pipeline.driver_read import PROJECT_ROWS
-from shardex.pipeline.gcpause import gc_paused
-from shardex.pipeline.indexers import advance_stability
-from shardex.pipeline.move_rounds import MoveRounds
-from shardex.pipeline.read_ahead import ReadAhead
-from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.streamed_round import StreamedRound
+from shardex.pipeline.rounds.plan import views_key
+from shardex.pipeline.rounds.read_ahead import ReadAhead
+from shardex.pipeline.rounds.streamed import StreamedRound
+from shardex.pipeline.rounds.tail import BatchTail
+from shardex.pipeline.source.driver_read import PROJECT_ROWS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -118,7 +108,7 @@ DEFAULT_MAX_PIECE = 10_000
 DEFAULT_REST_WHILE_ROUNDS = 1.0
 
 
-class MaintenanceJob(BatchSteps):
+class MaintenanceJob:
     """One keyspace's streaming query. ``start()`` returns the running query."""
 
     # foreachBatch registered with the batch id only (``batch_callback.py``): the job never
@@ -126,13 +116,6 @@ class MaintenanceJob(BatchSteps):
     # wrappers (py4j round trips on Spark's critical path) are skipped. False: PySpark's
     # own ``foreachBatch`` (kept for the benchmark's A/B, ``bench.pipeline --spark-ab``).
     lean_callback = True
-    # Spark's offset and commit logs written on a thread of Spark's, at most every this many
-    # ms (asynchronous progress tracking, ``batch_range.py``), the batch's range read from
-    # the query's execution context; None: on the stream thread, the range from the offset
-    # log. Off, for the benchmark only: exactly-once holds, but Spark 4.3 leaves a stopped or
-    # failed query over a Python source registered as active, so the supervisor could never
-    # restart it (``docs/decisions.md``, "Spark's offset log off the critical path").
-    async_progress_ms: int | None = None
 
     def __init__(
         self,
@@ -148,8 +131,6 @@ class MaintenanceJob(BatchSteps):
         on_batch: Callable[[BatchStats], None] | None = None,
         driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
         overlap_stabilize: bool = True,
-        deliver_ahead: bool = True,
-        rolling: bool = False,
         stabilise_ahead: bool = True,
         piece_interval: float = DEFAULT_PIECE_INTERVAL,
         min_piece: int = DEFAULT_MIN_PIECE,
@@ -158,9 +139,10 @@ class MaintenanceJob(BatchSteps):
         rest_while_rounds: float = DEFAULT_REST_WHILE_ROUNDS,
     ) -> None:
         self.spark = spark
+        # Batches of at most this many changes are read and projected on the driver.
         self.driver_read_max = driver_read_max
         # A batch read on the driver is projected in groups of this many changes; with more
-        # than one, its round starts sending them as they come (``streamed_round.py``).
+        # than one, its round starts sending them as they come (``rounds/streamed.py``).
         self.project_rows = project_rows
         self.client = client
         self.registry = registry
@@ -168,32 +150,27 @@ class MaintenanceJob(BatchSteps):
         self.source_options = dict(source_options)
         self.checkpoint = checkpoint
         self.starting = starting
-        self.retry_for = retry_for
         self.trigger_interval = trigger_interval
         self.on_batch = on_batch
-        self.errors: Counter[str] = Counter()
         self.last: list[BatchStats] = []
-        self.stable: Timestamp | None = None  # the last TS this job had published
-        # Batches and idle rounds for index moves never overlap (``move_rounds.py``).
+        # Steps 2-5 of a batch, and every round's, with what the rounds leave behind.
+        self.steps = BatchSteps(spark, client, registry, source_options, retry_for=retry_for)
+        # Batches and idle rounds for index moves never overlap (``rounds/moves.py``).
         self._batch_lock = threading.Lock()
         # No two rounds overlap: a batch's, an idle one, one between batches.
         self._round_lock = threading.Lock()
         # The query is being stopped (``stop_rounds``): no read-ahead, no round between
         # batches from now on. Cleared by ``start``.
         self.stopping = False
-        self.round_published = True
-        self.round_key: tuple[Any, ...] | None = None
-        self.move_rounds = MoveRounds()
-        # The stabilise round of the last batch, beside Spark's commit (``batch_tail.py``).
+        # The stabilise round of the last batch, beside Spark's commit (``rounds/tail.py``).
         self.overlap_stabilize = overlap_stabilize
         self.tail = BatchTail(f"stabilise-{self.keyspace}")
         self.read_ahead = ReadAhead(
-            self._read_and_project,
+            self.steps.read_and_project,
             lambda: self.client.high_seqnos(self.keyspace),
             int(
                 stream_options(source_options, self.keyspace, None).get("max_records_per_batch", 0)
             ),
-            rolling=rolling and deliver_ahead,
             min_piece=min_piece,
         )
         self.max_piece = max_piece
@@ -203,36 +180,29 @@ class MaintenanceJob(BatchSteps):
         # checkpoint, so such a batch rests in ``foreachBatch`` until the rounds stop (a
         # failure, new views, ``stop_rounds``) or this many seconds passed.
         self.rest_while_rounds = rest_while_rounds
-        # The read-ahead's rows to the indexers before their batch (``deliver_ahead.py``).
-        # Rolling (keep reading and delivering until the next batch) measured no better than
-        # one read-ahead per batch here (``docs/decisions.md``, "Deliver ahead"): off.
-        self.deliver_ahead = deliver_ahead
-        self.between = BetweenRounds(self, self._round_lock)
+        self.between = BetweenRounds(self.steps, self._round_lock)
         # A read-ahead that ended (halted, failed) ends a batch's rest too: no rounds now.
         self.read_ahead.on_end = self.between.ended.set
         self.stabilise_ahead = False
         if stabilise_ahead:
             self.stabilise_between(piece_interval)
-        self.early = DeliverAhead(client, self.keyspace)
-        self.ranges = ExecutionRanges()  # the running query's batch ranges (async progress)
 
     def stabilise_between(self, piece_interval: float = DEFAULT_PIECE_INTERVAL) -> None:
-        """Run stability rounds between batches (``between_rounds.py``) from the next batch
+        """Run stability rounds between batches (``rounds/between.py``) from the next batch
         on: the read-ahead rolls, a piece at least ``min_piece`` changes or
-        ``piece_interval`` seconds apart, and each piece gets a round with its own rows,
-        which replaces the early deliveries (``deliver_ahead.py``). Call before ``start``."""
+        ``piece_interval`` seconds apart, and each piece gets a round with its own rows.
+        Call before ``start``."""
         self.stabilise_ahead = True
-        self.deliver_ahead = False
         self.read_ahead.rolling = True
         self.read_ahead.piece_interval = piece_interval
         self.read_ahead.max_piece = self.max_piece
 
     def stabilise_per_batch(self) -> None:
-        """Stabilise only at Spark's batch ends (the read-ahead read once per batch and
-        delivered ahead, ``deliver_ahead.py``): the mode before session 8, kept for the
-        benchmark's A/B and for tests of deliver-ahead. Call before ``start``."""
+        """Stabilise only at Spark's batch ends (the read-ahead read once per batch, its rows
+        taken by the next batch): the mode before rounds between batches, kept for the
+        benchmark's A/B (``docs/decisions.md``, "Stability rounds between Spark batches").
+        Call before ``start``."""
         self.stabilise_ahead = False
-        self.deliver_ahead = True
         self.read_ahead.rolling = False
         self.read_ahead.max_piece = 0
 
@@ -242,9 +212,8 @@ class MaintenanceJob(BatchSteps):
         # is caught up by the first batch from the slices' applied TS).
         self.close()
         self.stopping = False
-        self.early.restart()  # what a previous query queued ahead is cleared by its 1st round
+        self.steps.cleaned.restart()  # what a previous query queued: its 1st round drops it
         self.starting = self._pin_starting()
-        self.ranges.detach()
         opts = stream_options(self.source_options, self.keyspace, self.starting)
         reader = self.spark.readStream.format("shardex").options(**opts)
         writer = reader.load().writeStream.queryName(f"shardex-maintain-{self.keyspace}")
@@ -252,14 +221,11 @@ class MaintenanceJob(BatchSteps):
             writer = foreach_batch_id(writer, self.run_batch_id)
         else:
             writer = writer.foreachBatch(self.run_batch)
-        if self.async_progress_ms is not None:
-            writer = writer.options(**async_progress_options(self.async_progress_ms))
         query = (
             writer.option("checkpointLocation", str(self.checkpoint))
             .trigger(processingTime=self.trigger_interval)
             .start()
         )
-        self.ranges.attach(query)
         return query
 
     def _pin_starting(self) -> Timestamp | None:
@@ -278,14 +244,37 @@ class MaintenanceJob(BatchSteps):
         return self.starting
 
     def batch_range(self, batch_id: int) -> tuple[Timestamp, Timestamp]:
-        if self.async_progress_ms is not None:
-            # The offset log may lag the batch (or skip it): the range Spark planned.
-            start, end = self.ranges.range(batch_id)
-        else:
-            start, end = logged_range(self.checkpoint, batch_id)
+        start, end = logged_range(self.checkpoint, batch_id)
         if start is None:
             start = self.starting if self.starting is not None else Timestamp({})
         return start, end
+
+    def _project(
+        self,
+        views: Sequence[IndexView],
+        start: Timestamp,
+        end: Timestamp,
+        stats: BatchStats,
+        rows: list[KeyVersion],
+        top: Timestamp | None = None,
+        floor: Timestamp | None = None,
+        stream: StreamedRound | None = None,
+    ) -> None:
+        """Steps 2-3 (``BatchSteps.project``): on the driver for a batch of at most
+        ``driver_read_max`` changes, with the read-ahead's rows."""
+        self.steps.project(
+            views,
+            start,
+            end,
+            stats,
+            rows,
+            self.read_ahead,
+            on_driver=stats.changes <= self.driver_read_max,
+            group_rows=self.project_rows,
+            top=top,
+            floor=floor,
+            stream=stream,
+        )
 
     # -- one micro-batch -----------------------------------------------------------------------
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
@@ -308,7 +297,6 @@ class MaintenanceJob(BatchSteps):
         self.registry.refresh()
         rows: list[KeyVersion] = []
         stats.changes = count_changes(start, end)
-        wait: Callable[[], Skip | None] = lambda: None  # noqa: E731
         top = end  # the TS this batch stabilises at
         if self.stabilise_ahead and not self.stopping and self._left_to_rounds(end):
             # The rounds between batches carry on past this batch's end: nothing to do.
@@ -330,16 +318,16 @@ class MaintenanceJob(BatchSteps):
                     # No other round runs until this one ends: the rounds between batches
                     # are halted (above), an idle round needs the batch lock, the last
                     # batch's round was joined.
-                    stream = self._stream_round(views, start, top, batch_id, applied)
+                    stream = self.steps.stream_round(views, start, top, batch_id, applied)
                 try:
                     with gc_paused():
                         floor = lowest_applied(self.registry, views)
-                        self._project(views, start, end, stats, rows, (), top, floor, stream)
+                        self._project(views, start, end, stats, rows, top, floor, stream)
                         rows = not_applied(rows, applied)
                 except BaseException:
                     if stream is not None:
                         # The query fails; its restart's first round drops what this one
-                        # queued (above its start, on every node: ``DeliverAhead.restart``).
+                        # queued (above its start, on every node: ``CleanedNodes.restart``).
                         stream.abandon()
                     raise
         else:
@@ -351,33 +339,25 @@ class MaintenanceJob(BatchSteps):
             ]
             if views:
                 with gc_paused():
-                    wait = self._project(views, start, end, stats, rows, views_key(views))
+                    self._project(views, start, end, stats, rows)
 
         def finish() -> None:
-            # The round waits for the rows the batch sent ahead (if any), not foreachBatch.
-            skip = wait()
-            if skip is not None:
-                stats.early = len(rows) - len(skip.rest(rows))
             with self._round_lock:
                 if not self._covered(views, rows, top):
-                    self._deliver_and_stabilize(
-                        views, rows, start, top, batch_id, stats, skip, stream
+                    self.steps.deliver_and_stabilize(
+                        views, rows, start, top, batch_id, stats, stream
                     )
             stats.total = time.perf_counter() - t0
             self._record(stats)
 
         if self.overlap_stabilize:
-            self.tail.start(finish)  # Spark commits this batch meanwhile (``batch_tail.py``)
+            self.tail.start(finish)  # Spark commits this batch meanwhile (``rounds/tail.py``)
             if views and stats.on_driver and not self.stopping:
                 # The next batch's changes, read beside this round and Spark's commit, and
-                # delivered once the round ended (``deliver_ahead.py``), or stabilised in
-                # rounds of their own (``between_rounds.py``).
-                future = self.tail.future()
+                # stabilised in rounds of their own (``rounds/between.py``).
                 hook = None
                 if self.stabilise_ahead:
-                    hook = self.between.hook(future, views, batch_id)
-                elif self.deliver_ahead:
-                    hook = self.early.hook(future)
+                    hook = self.between.hook(self.tail.future(), views, batch_id)
                 self.read_ahead.start([v.definition for v in views], end, hook)
         else:
             finish()
@@ -391,7 +371,7 @@ class MaintenanceJob(BatchSteps):
         the next batch the same way (its catch-up reads from the applied TS)."""
         if not self.between.live or not self.read_ahead.running():
             return False
-        if not self.round_published and not self.between.in_flight():
+        if not self.steps.round_published and not self.between.in_flight():
             # (A round in flight unsets it until it ends; it started after one that
             # published every index.)
             return False
@@ -404,7 +384,7 @@ class MaintenanceJob(BatchSteps):
 
     def _ahead_views(self, end: Timestamp) -> tuple[list[IndexView], Timestamp]:
         """With rounds between batches: the indexes this batch maintains, and F, the TS it
-        stabilises them at (``between_rounds.stabilise_ts``). An index is left out only where
+        stabilises them at (``between.stabilise_ts``). An index is left out only where
         its applied or ahead TS is on another branch than ``end`` in some partition (a
         rollback or failover: the stream fails, or a later batch sorts it out)."""
         views = []
@@ -418,9 +398,10 @@ class MaintenanceJob(BatchSteps):
         last round was at ``top``, by the same views, published for every index."""
         if not self.stabilise_ahead or rows or not views:
             return False
-        if not self.round_published or self.round_key != views_key(views):
+        steps = self.steps
+        if not steps.round_published or steps.round_key != views_key(views):
             return False
-        if self.stable is None or self.stable.to_wire() != top.to_wire():
+        if steps.stable is None or steps.stable.to_wire() != top.to_wire():
             return False
         return all(self.registry.applied(v.id).covers(top) for v in views)
 
@@ -451,7 +432,7 @@ class MaintenanceJob(BatchSteps):
     # -- index moves on an idle keyspace ---------------------------------------------------
     def idle_round(self) -> list[str]:
         """An empty stabilise round at the stream's position for the index moves no round
-        has been routed to yet (``move_rounds.py`` argues why it is exact); the ids of the
+        has been routed to yet (``rounds/moves.py`` argues why it is exact); the ids of the
         indexes it named. Skipped while a batch runs: that batch carries the round."""
         if not self._batch_lock.acquire(blocking=False):
             return []
@@ -478,15 +459,16 @@ class MaintenanceJob(BatchSteps):
         self.registry.refresh()
         views = self.registry.maintained()
         if not any(v.moving for v in views):
-            self.move_rounds.pending([], Timestamp({}), self.registry.applied)
+            self.steps.move_rounds.pending([], Timestamp({}), self.registry.applied)
             return []
-        position = self.stable if self.stable is not None else self._committed_position()
+        stable = self.steps.stable
+        position = stable if stable is not None else self._committed_position()
         if position is None:
             return []
         # Only indexes whose slices applied ``position`` (a batch Spark committed while its
         # round failed leaves them behind it: the next batch catches them up first).
         views = [v for v in views if self.registry.applied(v.id).covers(position)]
-        moving = self.move_rounds.pending(views, position, self.registry.applied)
+        moving = self.steps.move_rounds.pending(views, position, self.registry.applied)
         if not moving:
             return []
         reply = advance_stability(
@@ -498,7 +480,7 @@ class MaintenanceJob(BatchSteps):
             moving=moving,
         )
         self.registry.advanced(reply.published, position)
-        self.move_rounds.confirmed(moving)
+        self.steps.move_rounds.confirmed(moving)
         log.info("idle stabilise round at the stream's position for moves of %s", moving)
         return sorted(moving)
 

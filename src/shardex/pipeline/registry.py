@@ -33,7 +33,7 @@ from shardex.meta.index_definition import IndexDefinition
 from shardex.meta.index_rebalance_state import routed_targets
 from shardex.meta.index_state import ACTIVE, BUILDING, IndexRecord, latest_index_topology
 from shardex.pipeline.indexers import index_state, list_slices
-from shardex.pipeline.router import IndexRoute
+from shardex.pipeline.project.router import IndexRoute
 
 __all__ = ["IndexRegistry", "IndexView", "max_applied", "min_applied"]
 
@@ -128,7 +128,7 @@ class IndexRegistry:
         with self._lock:
             if state.cas < self._cas:
                 # A slower concurrent refresh: a batch must never route with an older view
-                # than an earlier batch or idle round did (``move_rounds.py``).
+                # than an earlier batch or idle round did (``rounds/moves.py``).
                 return dict(self._views)
             self._cas = state.cas
             self._views = views

@@ -35,7 +35,7 @@ from shardex.client import Client
 from shardex.errors import ShardexError
 from shardex.pipeline import indexers
 from shardex.pipeline.registry import IndexRegistry
-from shardex.pipeline.source_types import RollbackInfo
+from shardex.pipeline.source.types import RollbackInfo
 
 __all__ = [
     "GENERATION_PREFIX",
@@ -102,12 +102,12 @@ def rollback_everywhere(
     msg = RollbackSlices(keyspace=keyspace, partition=partition, seqno=seqno)
 
     async def go() -> list[SlicesRolledBack | BaseException]:
-        sends = (indexers._to_node(client, n, msg, SlicesRolledBack) for n in nodes)
+        sends = (indexers.to_node(client, n, msg, SlicesRolledBack) for n in nodes)
         return await asyncio.gather(*sends, return_exceptions=True)
 
     hit: list[tuple[str, int]] = []
     owner_error: BaseException | None = None
-    for node, reply in zip(nodes, client._run(go()), strict=True):
+    for node, reply in zip(nodes, client.rpc.run(go()), strict=True):
         if isinstance(reply, SlicesRolledBack):
             hit.extend(reply.needs_rebuild)
         elif node in owners:

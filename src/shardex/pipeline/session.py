@@ -150,7 +150,7 @@ def build_spark_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if register_source:
-        from shardex.pipeline.source import ShardexChangeSource
+        from shardex.pipeline.source.datasource import ShardexChangeSource
 
         spark.dataSource.register(ShardexChangeSource)
     return spark

@@ -24,8 +24,14 @@ from shardex.index.oracle import check_back_index, check_index
 from shardex.index.slice import StabilizeAck
 from shardex.meta.index_definition import IndexDefinition, make_definition
 from shardex.meta.partitioning import partition_of
-from shardex.pipeline.projector import OP_DELETE, OP_UPSERT, ChangeRow, ProjectResult, project
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.project.projector import (
+    OP_DELETE,
+    OP_UPSERT,
+    ChangeRow,
+    ProjectResult,
+    project,
+)
+from shardex.pipeline.project.router import IndexRoute, route
 
 __all__ = ["EXPLODE", "FakeKeyspace", "LocalPipeline", "random_workload", "workload_definitions"]
 

@@ -1,11 +1,10 @@
-"""Deliver ahead, the indexers' side, over real TCP with the oracle (``pipeline/deliver_ahead.py``,
-``index/delivery.py``): rows queued ahead of their batch (some beyond its end) plus the rest
-in the batch's ``DeliverAndStabilize`` give exactly the state at the batch's end, the rows
-beyond it applied only by a later stabilise; an indexer restarted after an early delivery
-refuses the round and the fallback (drop what is queued above the start, deliver all) is
-exact; rows of a branch the batch is not on, queued early, are dropped by the fallback and
-would win over the batch's own rows without it. Reuses the harness of
-``test_index_delivery.py``."""
+"""Deliver ahead, the indexers' side, over real TCP with the oracle (``index/delivery.py``):
+rows queued ahead of their batch (some beyond its end) plus the rest in the batch's
+``DeliverAndStabilize`` give exactly the state at the batch's end, the rows beyond it applied
+only by a later stabilise; an indexer restarted after an early delivery refuses the round and
+the fallback (drop what is queued above the start, deliver all) is exact; rows of a branch the
+batch is not on, queued early, are dropped by the fallback and would win over the batch's own
+rows without it. Reuses the harness of ``test_index_delivery.py``."""
 
 from __future__ import annotations
 

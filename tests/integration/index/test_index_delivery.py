@@ -40,8 +40,8 @@ from shardex.index.service import IndexService
 from shardex.meta.index_definition import IndexDefinition
 from shardex.net import ConnectionPool, RpcServer, TcpTransport
 from shardex.net.messages import Message
-from shardex.pipeline.projector import OP_DELETE, ChangeRow, project
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.project.projector import OP_DELETE, ChangeRow, project
+from shardex.pipeline.project.router import IndexRoute, route
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.testing.index import FakeKeyspace, random_workload, workload_definitions
 

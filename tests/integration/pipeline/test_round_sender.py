@@ -43,18 +43,20 @@ class _Router:
 
 
 class _Client:
-    """What the pipeline's indexer calls use of a ``Client``: its loop thread, ``_run`` and
-    the router's pool (here straight to the harness's indexers)."""
+    """What the pipeline's indexer calls use of a ``Client`` (its ``rpc``): the loop, ``run``
+    and the router's pool (here straight to the harness's indexers)."""
 
     def __init__(self, harness: Pipe) -> None:
         self._io = _LoopThread("sender-test")
-        self._router = _Router(harness)
+        self.loop = self._io.loop
+        self.router = _Router(harness)
+        self.rpc = self
 
-    def _run(self, coro: Any) -> Any:
+    def run(self, coro: Any) -> Any:
         return self._io.run(coro)
 
     def close(self) -> None:
-        self._io.run(self._router.pool.close())
+        self._io.run(self.router.pool.close())
         self._io.stop()
 
 
@@ -165,7 +167,7 @@ async def test_an_indexer_restarted_after_early_frames_refuses_the_stabilise(
     await asyncio.to_thread(sender.send, first)
     old = dict(incarnations(pipe))
     # The early frames reached the first incarnation before the restart.
-    await asyncio.to_thread(lambda: client._run(_acked(sender)))
+    await asyncio.to_thread(lambda: client.run(_acked(sender)))
     n1 = pipe.nodes["n1"]
     await n1.stop()
     await n1.start()

@@ -33,7 +33,7 @@ from shardex.meta.index_rebalance_state import (
 )
 from shardex.meta.index_state import ACTIVE, BUILDING, IndexRecord
 from shardex.meta.rebalance_state import RebalanceRecord, finish
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.project.router import IndexRoute, route
 from shardex.testing.index import FakeKeyspace, LocalPipeline, random_workload
 
 MOVABLE = make_definition(

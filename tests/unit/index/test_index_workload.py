@@ -16,7 +16,7 @@ import pytest
 from shardex.core.timestamp import Timestamp
 from shardex.index import UPSERT, IndexerEngine
 from shardex.index.oracle import check_index, expected_errors
-from shardex.pipeline.projector import Projector, project
+from shardex.pipeline.project.projector import Projector, project
 from shardex.testing.index import (
     FakeKeyspace,
     LocalPipeline,

@@ -1,4 +1,4 @@
-"""Stability rounds between Spark's micro-batches (``pipeline/between_rounds.py``): after a
+"""Stability rounds between Spark's micro-batches (``pipeline/rounds/between.py``): after a
 batch's round, the read-ahead's pieces are stabilised and published in rounds of their own
 (ahead of Spark's next batch); the next batch leaves out what they applied and stabilises at
 F = max(its end, what any round attempted), so a slice is never asked to go back, and a round
@@ -27,11 +27,11 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.index.records import STATE_ACTIVE
 from shardex.pipeline import batch_steps
 from shardex.pipeline import registry as registry_mod
-from shardex.pipeline.between_rounds import not_applied, on_branch, stabilise_ts
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.read_ahead import ReadAhead
 from shardex.pipeline.registry import IndexRegistry
+from shardex.pipeline.rounds.between import not_applied, on_branch, stabilise_ts
+from shardex.pipeline.rounds.read_ahead import ReadAhead
 from tests.unit.pipeline.test_index_move_idle import _view
 from tests.unit.pipeline.test_maintain_tail import _FixedRegistry
 from tests.unit.pipeline.test_read_ahead import UUID, Log, _range, published_all, ts
@@ -53,8 +53,7 @@ class Indexers:
 
     def deliver_and_stabilize(
         self, client: Any, ks: str, batch_id: int, end: Timestamp, by_node: Any, plan: Any,
-        moving: Any, slices: Any = None, *, early: Any = None, drop_above: Any = None,
-        drop_nodes: Any = (),
+        moving: Any, slices: Any = None, *, drop_above: Any = None,
     ) -> tuple[DeliveryReport, dict[str, Any]]:  # fmt: skip
         sent = {n: {(r[5], r[6]) for r in by_node.get(n, [])} for n in NODES}
         failing = "n2" if self.fail_round == len(self.rounds) else None
@@ -104,7 +103,7 @@ def _job(tmp_path: Path, log: Log) -> tuple[MaintenanceJob, _FixedRegistry]:
         # record (p, s) in index partition p: partition 0's rows on n1, 1's on n2
         return [(*r[:1], r[5] % 2, *r[2:]) for r in log.read(defs, start, end)]
 
-    job._read_and_project = read  # type: ignore[method-assign]
+    job.steps.read_and_project = read  # type: ignore[method-assign]
     job.read_ahead = ReadAhead(read, log.latest, 0, rolling=True, min_piece=1, pause=0.01)
     job.read_ahead.on_end = job.between.ended.set
     job.rest_while_rounds = 0.0  # a batch left to the rounds returns at once (tested apart)
@@ -147,7 +146,7 @@ def test_a_round_between_batches_publishes_ahead_of_spark_then_the_batch_takes_o
     _batch(job, 0, ts(p0=2, p1=2))
     assert model.rounds[0]["ts"] == ts(p0=2, p1=2)
     # The read-ahead's piece (2, 5] gets a round of its own, published before any batch.
-    _until(lambda: job.stable == ts(p0=5, p1=5), "no round between batches")
+    _until(lambda: job.steps.stable == ts(p0=5, p1=5), "no round between batches")
     assert model.rounds[1]["ts"] == ts(p0=5, p1=5)
     assert model.rounds[1]["sent"]["n1"] == {(0, 3), (0, 4), (0, 5)}
     assert registry.applied("a") == ts(p0=5, p1=5) and _applied(model) == _range(
@@ -164,11 +163,11 @@ def test_a_round_between_batches_publishes_ahead_of_spark_then_the_batch_takes_o
     # the last round is left to them too (their next round covers it).
     log.write(0, 2)
     log.write(1, 1)
-    _until(lambda: job.stable == ts(p0=7, p1=6), "no second round between batches")
+    _until(lambda: job.steps.stable == ts(p0=7, p1=6), "no second round between batches")
     log.write(0, 1)
     _batch(job, 2, ts(p0=8, p1=6))
     assert job.last[-1].between
-    _until(lambda: job.stable == ts(p0=8, p1=6), "no round past the batch's end")
+    _until(lambda: job.steps.stable == ts(p0=8, p1=6), "no round past the batch's end")
     assert _applied(model) == _range(ts(p0=0, p1=0), ts(p0=8, p1=6))
     assert {x for r in model.rounds for x in r["sent"]["n1"] | r["sent"]["n2"]} == _range(
         ts(p0=0, p1=0), ts(p0=8, p1=6)
@@ -179,7 +178,7 @@ def test_a_round_between_batches_publishes_ahead_of_spark_then_the_batch_takes_o
     registry._views["b"] = _view("b")
     registry._joined["b"] = ts(p0=8, p1=6)
     log.write(1, 1)
-    _until(lambda: job.stable == ts(p0=8, p1=7), "no round for (6, 7] of p1")
+    _until(lambda: job.steps.stable == ts(p0=8, p1=7), "no round for (6, 7] of p1")
     n = len(model.rounds)
     _batch(job, 3, ts(p0=8, p1=7))
     assert not job.last[-1].between and model.rounds[n]["ts"] == ts(p0=8, p1=7)
@@ -187,7 +186,7 @@ def test_a_round_between_batches_publishes_ahead_of_spark_then_the_batch_takes_o
     assert registry.applied("b") == ts(p0=8, p1=7)
     # And the rounds go on by the new views; the next batch leaves its range to them.
     log.write(0, 1)
-    _until(lambda: job.stable == ts(p0=9, p1=7), "no round by the new views")
+    _until(lambda: job.steps.stable == ts(p0=9, p1=7), "no round by the new views")
     _batch(job, 4, ts(p0=9, p1=7))
     assert job.last[-1].between
     job.close()
@@ -222,7 +221,7 @@ def test_a_round_between_batches_that_failed_half_way_is_repaired_by_the_batch(
     assert model.rounds[2]["sent"]["n2"] == {(1, 3), (1, 4), (1, 5)}
     assert registry.applied("a").covers(ts(p0=5, p1=5))
     # And the rounds between batches go on from there (the write above: (5, 6] of p0).
-    _until(lambda: job.stable == ts(p0=6, p1=5), "no round after the repair")
+    _until(lambda: job.steps.stable == ts(p0=6, p1=5), "no round after the repair")
     assert model.at == {"n1": {0: 6, 1: 5}, "n2": {0: 6, 1: 5}}
     assert _applied(model) == _range(ts(p0=0, p1=0), ts(p0=6, p1=5))
     job.close()
@@ -301,7 +300,7 @@ def test_a_batch_arriving_while_a_round_runs_leaves_its_range_to_the_rounds(
     _batch(job, 1, ts(p0=4, p1=4))
     assert job.last[-1].between and len(model.rounds) == 1
     gate.set()
-    _until(lambda: job.stable == ts(p0=5, p1=5), "the round in flight did not end")
+    _until(lambda: job.steps.stable == ts(p0=5, p1=5), "the round in flight did not end")
     assert _applied(model) == _range(ts(p0=0, p1=0), ts(p0=5, p1=5))
     job.close()
 
@@ -313,7 +312,7 @@ def test_a_batch_left_to_the_rounds_rests_until_they_stop(tmp_path: Path, model:
     log, job, _registry = _backlog(tmp_path)
     job.rest_while_rounds = 60.0
     _batch(job, 0, ts(p0=2, p1=2))
-    _until(lambda: job.stable == ts(p0=5, p1=5), "no round between batches")
+    _until(lambda: job.steps.stable == ts(p0=5, p1=5), "no round between batches")
 
     def left(b: int, end: Timestamp) -> threading.Thread:
         (job.checkpoint / "offsets" / str(b)).write_text(f"v1\n{{}}\n{json.dumps(end.to_json())}\n")
@@ -324,7 +323,7 @@ def test_a_batch_left_to_the_rounds_rests_until_they_stop(tmp_path: Path, model:
     resting = left(1, ts(p0=5, p1=5))
     _until(lambda: len(job.last) == 2 and job.last[-1].between, "batch 1 not left to rounds")
     log.write(0, 1)
-    _until(lambda: job.stable == ts(p0=6, p1=5), "no round while the batch rests")
+    _until(lambda: job.steps.stable == ts(p0=6, p1=5), "no round while the batch rests")
     assert resting.is_alive()  # still resting: the rounds carry on
     model.fail_round = len(model.rounds)  # the next round fails: the rounds stop
     log.write(1, 1)
@@ -334,7 +333,7 @@ def test_a_batch_left_to_the_rounds_rests_until_they_stop(tmp_path: Path, model:
     # until the query is being stopped.
     _batch(job, 2, ts(p0=6, p1=6))
     log.write(0, 1)
-    _until(lambda: job.stable == ts(p0=7, p1=6), "no round after the repair")
+    _until(lambda: job.steps.stable == ts(p0=7, p1=6), "no round after the repair")
     resting = left(3, ts(p0=7, p1=6))
     _until(lambda: len(job.last) == 4 and job.last[-1].between, "batch 3 not left to rounds")
     assert resting.is_alive()

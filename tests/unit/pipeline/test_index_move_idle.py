@@ -1,6 +1,6 @@
 """Index moves on an idle keyspace: the maintenance job runs an empty stabilise round, naming
 the move's target, at the stream's position when no batch has routed one to it
-(``pipeline/move_rounds.py``); never during a batch, never twice for one move, never for an
+(``pipeline/rounds/moves.py``); never during a batch, never twice for one move, never for an
 index whose applied TS is ahead of the stream."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from shardex.index import make_definition
 from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.pipeline import maintain
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.move_rounds import MoveRounds
 from shardex.pipeline.registry import IndexRegistry, IndexView
+from shardex.pipeline.rounds.moves import MoveRounds
 
 P5 = Timestamp({0: (5, 1), 1: (7, 1)})
 
@@ -112,7 +112,7 @@ def test_idle_round_waits_for_a_running_batch_and_follows_the_last_batch(
         assert job.idle_round() == []
     assert rounds == []
     later = Timestamp({0: (6, 1), 1: (7, 1)})
-    job.stable = later  # the last batch this job stabilised, before any checkpoint commit
+    job.steps.stable = later  # the last batch this job stabilised, before any checkpoint commit
     registry.advanced(["a"], later)
     assert job.idle_round() == ["a"]
     assert rounds[0]["ts"] == later
@@ -123,5 +123,5 @@ def test_a_batch_that_routed_the_move_makes_the_idle_round_unneeded(
 ) -> None:
     registry = _Registry([_view("a", {1: "n3"})], P5)
     job = _job(tmp_path, registry, starting=P5)
-    job.move_rounds.confirmed({"a": {1: "n3"}})  # what ``_attempt`` records after its round
+    job.steps.move_rounds.confirmed({"a": {1: "n3"}})  # what ``_attempt`` records after its round
     assert job.idle_round() == [] and rounds == []

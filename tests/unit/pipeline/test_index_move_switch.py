@@ -20,9 +20,9 @@ from shardex.index.oracle import check_index
 from shardex.manager.timekeeper import plan_stabilize, verify_acks
 from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.meta.state import StateContext
+from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexView
-from shardex.pipeline.round_plan import round_slices, stabilize_plan
-from shardex.pipeline.router import route
+from shardex.pipeline.rounds.plan import round_slices, stabilize_plan
 from shardex.testing.index import FakeKeyspace, LocalPipeline, random_workload
 
 DEFN = make_definition(
@@ -58,7 +58,7 @@ async def _round(
     end: Timestamp,
     batch_id: int,
 ) -> dict[str, Stabilized]:
-    """One batch the way ``MaintenanceJob._attempt`` sends it: routed by ``views``, one
+    """One batch the way ``BatchSteps._attempt`` sends it: routed by ``views``, one
     ``DeliverAndStabilize`` per node of the round's plan."""
     routes = {v.id: v.route() for v in views}
     rows = [r for rows in pipe.project_and_route(changes).values() for r in rows]

@@ -1,4 +1,4 @@
-"""The stabilise round of a micro-batch runs beside Spark's commit (``pipeline/batch_tail.py``):
+"""The stabilise round of a micro-batch runs beside Spark's commit (``pipeline/rounds/tail.py``):
 ``run_batch`` returns once the batch is delivered; the next batch (and an idle round) waits
 for the round first; a round that failed leaves the registry behind, so a later batch
 catches the lost range up from the slices' applied TS. No Spark, no cluster: the offset log
@@ -18,10 +18,10 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.keyversion import UPSERT
 from shardex.pipeline import batch_steps
-from shardex.pipeline.batch_tail import BatchTail
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.source_plan import plan_ranges
+from shardex.pipeline.rounds.tail import BatchTail
+from shardex.pipeline.source.plan import plan_ranges
 from tests.unit.pipeline.test_index_move_idle import _Registry, _view
 
 T0 = Timestamp({0: (0, 1), 1: (0, 1)})
@@ -95,7 +95,7 @@ def _job(tmp_path: Path, **kw: Any) -> tuple[MaintenanceJob, _Registry]:
     def project(defs: Any, start: Timestamp, end: Timestamp) -> list[Any]:
         return [one]
 
-    job._read_and_project = project  # type: ignore[method-assign]
+    job.steps.read_and_project = project  # type: ignore[method-assign]
     return job, registry
 
 
@@ -125,7 +125,7 @@ def test_run_batch_returns_before_its_round_and_the_next_batch_waits_for_it(
         ("deliver", 1),
         ("stabilise", _ts(5, 4)),
     ]
-    assert registry.applied("a") == _ts(5, 4) and job.stable == _ts(5, 4)
+    assert registry.applied("a") == _ts(5, 4) and job.steps.stable == _ts(5, 4)
     assert [s.batch_id for s in job.last] == [0, 1] and calls.reads == []
     # Batch 1's wait for batch 0's round is counted apart (it was held >= 0.3 s above).
     assert job.last[1].wait_round >= 0.3 > job.last[0].wait_round
@@ -142,7 +142,7 @@ def test_a_failed_round_fails_the_next_batch_and_its_rerun_catches_the_range_up(
     # Spark would commit batch 0 now; its round fails: batch 1 fails (the query restarts).
     with pytest.raises(ShardexError, match="refused"):
         job.run_batch(None, 1)  # type: ignore[arg-type]
-    assert registry.applied("a") == T0 and job.stable is None
+    assert registry.applied("a") == T0 and job.steps.stable is None
     # Spark runs batch 1 again (same offsets): the range of batch 0, applied nowhere, is
     # read again from the slices' applied TS (catch-up) and delivered with batch 1.
     job.run_batch(None, 1)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from shardex.index import (
 )
 from shardex.index.keyversion import KEY_VERSION_SCHEMA, MAX_ENTRY_BYTES, from_arrow
 from shardex.index.oracle import evaluate_document, expected_entries, expected_errors
-from shardex.pipeline.projector import (
+from shardex.pipeline.project.projector import (
     CHANGE_SCHEMA,
     Projector,
     map_in_arrow_fn,

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardex.meta.index_definition import make_definition
-from shardex.pipeline.projector import OP_DELETE, OP_UPSERT, Projector, ProjectResult
+from shardex.pipeline.project.projector import OP_DELETE, OP_UPSERT, Projector, ProjectResult
 
 
 def _d(i: int, keys: list[Any], **kw: Any) -> Any:

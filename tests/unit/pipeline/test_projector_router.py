@@ -17,8 +17,8 @@ from shardex.index import (
     index_partition_of,
     make_definition,
 )
-from shardex.pipeline.projector import project
-from shardex.pipeline.router import IndexRoute, frames, route, routes_for
+from shardex.pipeline.project.projector import project
+from shardex.pipeline.project.router import IndexRoute, frames, route, routes_for
 
 MOVING = make_definition(
     id="m", name="m", keyspace="ks", keys=["k"], partition_by=["k"], num_partition=4

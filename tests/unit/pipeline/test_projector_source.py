@@ -15,15 +15,15 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index import ERROR, UPSERT, make_definition
 from shardex.index.keyversion import KEY_VERSION_DDL, KEY_VERSION_SCHEMA, from_arrow
-from shardex.pipeline.projector import project_arrow
-from shardex.pipeline.source_options import ChangeRangesPartition, SourceOptions, task_partitions
-from shardex.pipeline.source_project import (
+from shardex.pipeline.project.projector import project_arrow
+from shardex.pipeline.source.options import ChangeRangesPartition, SourceOptions, task_partitions
+from shardex.pipeline.source.projected import (
     COUNTS_SCHEMA,
     LoadSpec,
     ProjectSpec,
     project_batches,
 )
-from shardex.pipeline.source_types import ARROW_SCHEMA, SCHEMA_DDL, PartitionRange
+from shardex.pipeline.source.types import ARROW_SCHEMA, SCHEMA_DDL, PartitionRange
 from shardex.testing.index import EXPLODE
 
 A = make_definition(
@@ -141,7 +141,7 @@ def test_maintenance_streams_are_capped_unless_lifted() -> None:
         DEFAULT_MAX_RECORDS,
         stream_options,
     )
-    from shardex.pipeline.source_plan import limit_offsets
+    from shardex.pipeline.source.plan import limit_offsets
 
     start = Timestamp({0: (5, 11)})
     opts = stream_options(BASE, "ks", start)
@@ -168,7 +168,7 @@ def test_maintenance_streams_are_capped_unless_lifted() -> None:
 def test_gc_pause_nests_and_restores_the_state_it_found() -> None:
     import gc
 
-    from shardex.pipeline.gcpause import gc_paused
+    from shardex.pipeline.project.gcpause import gc_paused
 
     assert gc.isenabled()
     with gc_paused():

@@ -1,4 +1,4 @@
-"""The read-ahead (``pipeline/read_ahead.py``): a batch gets exactly the key versions of its
+"""The read-ahead (``pipeline/rounds/read_ahead.py``): a batch gets exactly the key versions of its
 range whether they were read ahead, partly read ahead or read by the batch; a read-ahead on
 another branch (uuid), from another start or for other definitions is not used."""
 
@@ -17,7 +17,7 @@ from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.pipeline import batch_steps
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.read_ahead import ReadAhead
+from shardex.pipeline.rounds.read_ahead import ReadAhead
 from tests.unit.pipeline.test_index_move_idle import _view
 from tests.unit.pipeline.test_maintain_tail import _FixedRegistry
 
@@ -65,7 +65,7 @@ def published_all(client: Any, keyspace: str, at: Timestamp, ids: list[str], **k
 
 def batch_end_job(tmp_path: Path, registry: Any) -> MaintenanceJob:
     """A job without Spark or a client (the tests replace its reads and calls) that
-    stabilises at batch ends, deliver-ahead on (what these tests exercise), from (0, 0)."""
+    stabilises at batch ends (no rounds between batches), from (0, 0)."""
     return MaintenanceJob(
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
@@ -141,7 +141,7 @@ def test_batches_get_exactly_their_range_with_the_read_ahead(
     monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     registry = _FixedRegistry([_view("a")], ts(p0=0, p1=0))
     job = batch_end_job(tmp_path, registry)
-    job._read_and_project = log.read  # type: ignore[method-assign]
+    job.steps.read_and_project = log.read  # type: ignore[method-assign]
     job.read_ahead = ReadAhead(log.read, log.latest, max_changes=0)
     (job.checkpoint / "offsets").mkdir(parents=True)
     prev = ts(p0=0, p1=0)

@@ -27,7 +27,7 @@ from shardex.meta.index_definition import make_definition
 from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.pipeline import indexers, rollback
 from shardex.pipeline.registry import IndexRegistry, IndexView
-from shardex.pipeline.source_types import RollbackInfo
+from shardex.pipeline.source.types import RollbackInfo
 from shardex.testing.index import FakeKeyspace, LocalPipeline
 
 KS = "ks"
@@ -60,11 +60,12 @@ class _Client:
         self.status = status
         self.asked: list[str] = []
         self.unreachable = {"n4"}  # down in the membership: no engine answers for it
+        self.rpc = self  # the client's RPC parts: ``run`` here
 
     def cluster_status(self) -> _Status:
         return self.status
 
-    def _run(self, coro: Any) -> Any:
+    def run(self, coro: Any) -> Any:
         return asyncio.run(coro)
 
 
@@ -137,7 +138,7 @@ def cluster(
             node=node, needs_rebuild=[(s.definition.id, s.partition) for s in hit]
         )
 
-    monkeypatch.setattr(indexers, "_to_node", to_node)
+    monkeypatch.setattr(indexers, "to_node", to_node)
     return client, _Registry()
 
 

@@ -13,10 +13,10 @@ import pytest
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
-from shardex.pipeline import source_stream
-from shardex.pipeline.source_options import SourceOptions
-from shardex.pipeline.source_stream import ShardexStreamReader
-from shardex.pipeline.source_types import PartitionRange
+from shardex.pipeline.source import stream as source_stream
+from shardex.pipeline.source.options import SourceOptions
+from shardex.pipeline.source.stream import ShardexStreamReader
+from shardex.pipeline.source.types import PartitionRange
 
 OWNERS = {p: f"n{p % 3}" for p in range(8)}
 
@@ -35,14 +35,15 @@ class FakeRouter:
 
 
 class FakeClient:
-    """What ``_OffsetSource.owners`` uses of a client: ``_run`` (a hop to the client's loop
-    thread, counted) and the router."""
+    """What ``_OffsetSource.owners`` uses of a client (its ``rpc``): ``run`` (a hop to the
+    client's loop thread, counted) and the router."""
 
     def __init__(self) -> None:
-        self._router = FakeRouter()
+        self.router = FakeRouter()
+        self.rpc = self
         self.hops = 0
 
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         self.hops += 1
         return asyncio.run(coro)
 
@@ -74,7 +75,7 @@ def test_partitions_reads_the_owner_map_once_per_refresh_period(
     clock = [1000.0]
     monkeypatch.setattr(source_stream.time, "monotonic", lambda: clock[0])
     first = reader.partitions(_ts(0), _ts(10))
-    assert (client._router.refreshes, client._router.reads) == (1, 1)
+    assert (client.router.refreshes, client.router.reads) == (1, 1)
     hops = client.hops
     for i in range(1, 20):
         parts = reader.partitions(_ts(10 * i), _ts(10 * i + 10))
@@ -84,7 +85,7 @@ def test_partitions_reads_the_owner_map_once_per_refresh_period(
     assert client.hops == hops and len(first) == 3
     clock[0] += source_stream.OWNERS_MAX_AGE + 1  # the period ends: refreshed and read again
     reader.partitions(_ts(300), _ts(310))
-    assert (client._router.refreshes, client._router.reads) == (2, 2)
+    assert (client.router.refreshes, client.router.reads) == (2, 2)
     assert reader.partitions(_ts(5), _ts(5)) == []  # nothing moved: no task
 
 

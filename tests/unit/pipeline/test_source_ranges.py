@@ -1,4 +1,4 @@
-"""The ReadRanges reader's rules (``pipeline/source_ranges.py``) against scripted replies:
+"""The ReadRanges reader's rules (``pipeline/source/ranges.py``) against scripted replies:
 continuing cut ranges, resuming after NOT_MY_PARTITION within the deadline and failing past
 it, handing a backfill to the stream reader, and refusing replies that would skip, double
 or change branch."""
@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-import shardex.pipeline.source_ranges as source_ranges
+import shardex.pipeline.source.ranges as source_ranges
 from shardex.api.data import RangeChanges, RangeSpec
 from shardex.api.errors import WireError
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.source_checks import Chunk
-from shardex.pipeline.source_types import PartitionRange, parse_rollback
+from shardex.pipeline.source.checks import Chunk
+from shardex.pipeline.source.types import PartitionRange, parse_rollback
 
 UUID = 77
 

@@ -1,4 +1,4 @@
-"""The stream readers' call statistics (``pipeline/source_stats.py``): what
+"""The stream readers' call statistics (``pipeline/source/stats.py``): what
 ``bench.pipeline --spark-ab`` tables per variant, so a wrong figure misleads a decision."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shardex.pipeline import source_stats
-from shardex.pipeline.source_stats import SourceCallStats
+from shardex.pipeline.source import stats as source_stats
+from shardex.pipeline.source.stats import SourceCallStats
 
 
 class Clock:

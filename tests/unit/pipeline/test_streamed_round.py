@@ -1,4 +1,4 @@
-"""``StreamedRound`` (``pipeline/streamed_round.py``): the batch's groups are sent one behind
+"""``StreamedRound`` (``pipeline/rounds/streamed.py``): the batch's groups are sent one behind
 (the newest held back for the round's last message), filtered as the batch filters its whole
 list (rows already applied left out), routed by the batch's views; what was sent is a prefix
 of the batch's filtered rows, so ``rest`` is exactly what the round still sends; ``begin``
@@ -10,9 +10,9 @@ from typing import Any
 
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import BROADCAST, ERROR, UPSERT
-from shardex.pipeline.between_rounds import not_applied
-from shardex.pipeline.router import IndexRoute
-from shardex.pipeline.streamed_round import StreamedRound
+from shardex.pipeline.project.router import IndexRoute
+from shardex.pipeline.rounds.between import not_applied
+from shardex.pipeline.rounds.streamed import StreamedRound
 
 UUID = 7
 ROUTES = {"a": IndexRoute("a", 2, ("n1", "n2"), moving=False)}

@@ -14,7 +14,7 @@ Why the pieces are as they are:
   handshake plus two state requests; Spark reuses Python workers across tasks, so a cached
   client makes every later micro-batch pay only for the stream opens.
 * Small ranges (at most ``small_range`` changes, 2,000 by default) are read with one
-  ``ReadRanges`` per owner node (``source_ranges.py``): a stream costs about 1 ms of CPU on
+  ``ReadRanges`` per owner node (``source/ranges.py``): a stream costs about 1 ms of CPU on
   each side whatever it carries, which made a read of 10-100 changes per partition mostly
   per-stream cost. Larger ranges, where a stream's credit window overlaps the node's reads
   with the reader's decoding, and snapshot reads keep one stream each, opened concurrently
@@ -47,15 +47,15 @@ from shardex.client import Client, connect
 from shardex.client.routing import DataRouter, backoff
 from shardex.client.streams import RemoteStream
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.source_checks import (
+from shardex.pipeline.source.checks import (
     RESUMABLE,
     Chunk,
     branch_changed,
     history_ends_below,
     tagged_rollback,
 )
-from shardex.pipeline.source_ranges import read_small_ranges
-from shardex.pipeline.source_types import (
+from shardex.pipeline.source.ranges import read_small_ranges
+from shardex.pipeline.source.types import (
     ARROW_SCHEMA,
     SCHEMA_DDL,
     Endpoint,
@@ -101,7 +101,7 @@ def client_for(endpoint: Endpoint) -> Client:
     key = (endpoint.addresses, endpoint.secret, endpoint.request_timeout)
     with _clients_lock:
         client = _clients.get(key)
-        if client is None or client._closed:
+        if client is None or client.rpc.closed:
             client = connect(
                 list(endpoint.addresses),
                 secret=endpoint.secret,
@@ -124,7 +124,7 @@ def close_clients() -> None:
 def partition_owners(client: Client, keyspace: str) -> dict[int, str]:
     """partition -> owner node name from the client's cached topology (no round trip once
     cached). Only a planning hint: readers follow the partition wherever it is."""
-    _, topology = client._run(client._router.keyspace(keyspace))
+    _, topology = client.rpc.run(client.rpc.router.keyspace(keyspace))
     return dict(topology.assignment)
 
 
@@ -316,7 +316,7 @@ async def iter_chunks(
     Outside snapshot mode, ranges of at most ``small_range`` changes are read with one
     ``ReadRanges`` per owner node (one task for all of them), the others with a stream each
     (``concurrency`` at once); ``small_range=0`` streams every range."""
-    router = client._router
+    router = client.rpc.router
     out = _Outbox(2 * concurrency)
     sem = asyncio.Semaphore(concurrency)
     kw: dict[str, Any] = {
@@ -469,13 +469,13 @@ def chunk_groups(
         while not finished:
             # A whole group per trip to the client's loop, not a chunk per trip: a read of
             # many small ranges arrives as dozens of chunks at once (one per partition).
-            group, rows, finished = client._run(_next_group(agen, group_rows))
+            group, rows, finished = client.rpc.run(_next_group(agen, group_rows))
             if rows:
                 yield group
     finally:
         if not finished:
             with contextlib.suppress(Exception):
-                client._run(agen.aclose())
+                client.rpc.run(agen.aclose())
 
 
 async def _next_group(agen: AsyncIterator[Chunk], group_rows: int) -> tuple[list[Chunk], int, bool]:

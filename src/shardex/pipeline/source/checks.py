@@ -1,8 +1,8 @@
 """What every change-range reader of the source shares: the chunk it yields, which errors a
 reader resumes from, and the ROLLBACK errors its exactness checks raise.
 
-Two readers use them: one change stream per partition (``source_read._stream_range``) and
-one ``ReadRanges`` per owner node (``source_ranges.read_small_ranges``). Both must deliver
+Two readers use them: one change stream per partition (``read._stream_range``) and
+one ``ReadRanges`` per owner node (``ranges.read_small_ranges``). Both must deliver
 exactly (start, end] of each range on the branch the end was observed on, so the errors a
 consumer sees (and ``parse_rollback`` finds) are the same whichever read it.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from shardex.api.records import Change
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.source_types import PartitionRange, rollback_error
+from shardex.pipeline.source.types import PartitionRange, rollback_error
 
 RESUMABLE = (
     ErrorCode.NOT_MY_PARTITION,

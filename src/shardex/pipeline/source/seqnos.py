@@ -66,7 +66,7 @@ class OwnerSeqnos:
         client = self._client
         answered: dict[int, tuple[int, int]] = {}
         try:
-            ts = client._run(self._ask_owners(answered))
+            ts = client.rpc.run(self._ask_owners(answered))
         except ShardexError:
             ts = None
         if ts is not None:
@@ -77,7 +77,7 @@ class OwnerSeqnos:
         if now - self._refreshed > REFRESH_EVERY:
             self._refreshed = now
             with contextlib.suppress(ShardexError):
-                client._run(client._router.refresh())
+                client.rpc.run(client.rpc.router.refresh())
         try:
             return client.high_seqnos(self.keyspace)
         except ShardexError as exc:
@@ -89,7 +89,7 @@ class OwnerSeqnos:
     async def _ask_owners(self, answered: dict[int, tuple[int, int]]) -> Timestamp | None:
         """Every partition's (seqno, uuid) from its owner, or None if any is missing (what
         the owners that did answer said is left in ``answered``)."""
-        router = self._client._router
+        router = self._client.rpc.router
         _, topo = await router.keyspace(self.keyspace)
         by_node: dict[str, list[int]] = {}
         for p, node in topo.assignment.items():

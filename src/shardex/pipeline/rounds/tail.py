@@ -48,8 +48,8 @@ class BatchTail:
         self._thread.start()
 
     def future(self) -> concurrent.futures.Future[None] | None:
-        """The tail in flight (or ended, not yet joined): what the read-ahead's early
-        delivery waits for without taking its failure away from ``join``."""
+        """The tail in flight (or ended, not yet joined): what the rounds between batches
+        wait for without taking its failure away from ``join``."""
         return self._future
 
     def busy(self) -> bool:

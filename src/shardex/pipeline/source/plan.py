@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from shardex.core.timestamp import SeqnoEntry, Timestamp
-from shardex.pipeline.source_types import PartitionRange, rollback_error
+from shardex.pipeline.source.types import PartitionRange, rollback_error
 
 _NOTHING = SeqnoEntry(0, 0)
 

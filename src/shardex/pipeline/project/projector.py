@@ -6,7 +6,7 @@ loop: decode each JSON body once (msgspec), evaluate every index of the keyspace
 over the document (an expression text shared by several indexes, such as a common leading key
 or a partition key that is also a key, is evaluated once per document), and encode entries
 with the key codec. Index sets made of plain paths (and ``path op constant`` filters) take
-the column-at-a-time path of :mod:`shardex.pipeline.projector_fast` instead, with identical
+the column-at-a-time path of :mod:`shardex.pipeline.project.columnar` instead, with identical
 results; ``Projector(defs, fast=False)`` keeps the loop.
 
 Rules (the SQL++/N1QL rules; stated again in ``docs/decisions.md``):
@@ -59,7 +59,7 @@ from shardex.meta.index_definition import (
     IndexDefinition,
     compile_definition,
 )
-from shardex.pipeline.projector_fast import build_fast_path
+from shardex.pipeline.project.columnar import build_fast_path
 
 __all__ = [
     "CHANGE_SCHEMA",

@@ -24,9 +24,9 @@ from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import BROADCAST, ERROR, KeyVersion
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.projector import OP_UPSERT, _projector_for
-from shardex.pipeline.source_plan import plan_ranges
-from shardex.pipeline.source_read import (
+from shardex.pipeline.project.projector import OP_UPSERT, _projector_for
+from shardex.pipeline.source.plan import plan_ranges
+from shardex.pipeline.source.read import (
     DEFAULT_MAX_ITEMS,
     DEFAULT_RESUME_TIMEOUT,
     DEFAULT_SMALL_RANGE,

@@ -33,8 +33,8 @@ from shardex.client.routing import backoff
 from shardex.client.streams import RemoteStream
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.source_plan import limit_offsets
-from shardex.pipeline.source_read import (
+from shardex.pipeline.source.plan import limit_offsets
+from shardex.pipeline.source.read import (
     DEFAULT_MAX_ITEMS,
     DEFAULT_RESUME_TIMEOUT,
     RESUMABLE,
@@ -103,7 +103,7 @@ class FollowSet:
                     restart.append(part)
         for part in restart:
             self.restarts += 1
-            self._client._run(self._start(part))
+            self._client.rpc.run(self._start(part))
 
     def idle(self) -> bool:
         """Nothing new since the last ``take`` (and no error to raise): the caller may skip
@@ -163,7 +163,7 @@ class FollowSet:
             await asyncio.gather(*tasks, return_exceptions=True)
 
         with contextlib.suppress(Exception):
-            self._client._run(cancel_all())
+            self._client.rpc.run(cancel_all())
 
     # --- event-loop side --------------------------------------------------------------------------
 
@@ -177,7 +177,7 @@ class FollowSet:
         )
 
     async def _follow(self, part: _Partition, gen: int) -> None:
-        router = self._client._router
+        router = self._client.rpc.router
         deadline: float | None = None
         attempt = 0
         while True:

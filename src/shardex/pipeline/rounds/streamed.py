@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping
 
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import ERROR, KeyVersion
-from shardex.pipeline.between_rounds import not_applied
 from shardex.pipeline.indexers import RoundSender
-from shardex.pipeline.router import IndexRoute, route
+from shardex.pipeline.project.router import IndexRoute, route
+from shardex.pipeline.rounds.between import not_applied
 
 __all__ = ["StreamedRound"]
 

@@ -32,18 +32,18 @@ from pyspark.sql.streaming.datasource import (
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.source_follow import FollowSet
-from shardex.pipeline.source_options import (
+from shardex.pipeline.source.follow import FollowSet
+from shardex.pipeline.source.options import (
     OWNERS_MAX_AGE,
     ChangeRangesPartition,
     SourceOptions,
     task_partitions,
 )
-from shardex.pipeline.source_plan import limit_offsets, plan_ranges
-from shardex.pipeline.source_read import chunks_to_batches, partition_owners, read_ranges
-from shardex.pipeline.source_seqnos import OwnerSeqnos
-from shardex.pipeline.source_stats import SourceCallStats
-from shardex.pipeline.source_types import rollback_error
+from shardex.pipeline.source.plan import limit_offsets, plan_ranges
+from shardex.pipeline.source.read import chunks_to_batches, partition_owners, read_ranges
+from shardex.pipeline.source.seqnos import OwnerSeqnos
+from shardex.pipeline.source.stats import SourceCallStats
+from shardex.pipeline.source.types import rollback_error
 
 
 class _OffsetSource:
@@ -109,7 +109,7 @@ class _OffsetSource:
         if self._owners is None or now - self._owners_at > OWNERS_MAX_AGE:
             client = self.client()
             with contextlib.suppress(ShardexError):
-                client._run(client._router.refresh())
+                client.rpc.run(client.rpc.router.refresh())
             self._owners_at = now
             self._owners = partition_owners(client, self.keyspace)
         return self._owners

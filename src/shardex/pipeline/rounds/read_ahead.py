@@ -4,17 +4,17 @@ When a batch has been read and projected on the driver, the changes after its en
 already in the change log (written while the batch ran). ``ReadAhead.start`` reads them up to
 the current high seqnos (capped like a batch, ``limit_offsets``) and projects them on a
 thread, while the batch's round runs and Spark writes its commit log, asks for the next
-offsets and logs them. Rolling (``rolling=True``): until the next batch ``take``s, the thread
-keeps reading from where it ended up to the new high seqnos, a piece at a time (at least
-``min_piece`` changes or a pause apart, never past the batch cap), and hands each piece to
-``deliver`` (``deliver_ahead.py``: the rows go to the indexers before their batch). The next
-batch ``take``s what falls inside its own range and reads only the rest; what lies beyond its
-end is carried over to the next read-ahead (same definitions, same branch), with the record
-of which of those rows were delivered. With stability rounds between batches
-(``between_rounds.py``) ``deliver`` starts a whole round instead (everything read so far,
-the stabilise at its end, the publish) on a thread of its own while the next piece is read,
-and drops the rows of a round published for every index (``Ahead.start`` moves to its end);
-pieces then also come ``piece_interval`` seconds apart when smaller than ``min_piece``.
+offsets and logs them. The next batch ``take``s what falls inside its own range and reads
+only the rest; what lies beyond its end is carried over to the next read-ahead (same
+definitions, same branch).
+
+Rolling (``rolling=True``, with stability rounds between batches, ``rounds/between.py``):
+until the next batch ``take``s, the thread keeps reading from where it ended up to the new
+high seqnos, a piece at a time (at least ``min_piece`` changes or ``piece_interval`` seconds
+apart, at most ``max_piece`` changes, never past the batch cap), and hands what it holds to
+``deliver`` as it goes, which starts a round (everything read so far, the stabilise at
+its end, the publish) on a thread of its own while the next piece is read and drops the rows
+of a round published for every index (``Ahead.start`` moves to its end).
 
 Why it is exact: a batch (S, E] needs, per partition p, the key versions of the records
 (S[p], E[p]] on the branch E[p].uuid, projected with the batch's definitions. The read-ahead
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.index.keyversion import KeyVersion
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.gcpause import gc_paused
-from shardex.pipeline.source_plan import limit_offsets
+from shardex.pipeline.project.gcpause import gc_paused
+from shardex.pipeline.source.plan import limit_offsets
 
 __all__ = ["Ahead", "ReadAhead", "Taken"]
 
@@ -52,36 +52,24 @@ _ZERO = SeqnoEntry(0, 0)
 
 @dataclass
 class Ahead:
-    """The key versions of (start, end] in read order (piece after piece). ``rows[:sent]``
-    were delivered to the indexers ahead of their batch, under ``tag`` (what
-    ``deliver_ahead`` needs to know they are still usable), reaching ``sent_to``."""
+    """The key versions of (start, end] in read order (piece after piece)."""
 
     defs: tuple[IndexDefinition, ...]
     start: Timestamp
     end: Timestamp
     rows: list[KeyVersion]
-    sent: int = 0
-    sent_to: Timestamp | None = None  # None: nothing sent (= start)
-    tag: object | None = None
 
 
 @dataclass
 class Taken:
-    """What a batch (S, E] gets from the read-ahead: ``rows`` inside (S, ``covered``];
-    ``sent[p]``: the rows of partition p with seqno <= it were delivered early under ``tag``
-    (on E's branch); ``branch_ok`` is False when rows delivered above S for some partition
-    are on another branch than E's (they must be dropped from the queues)."""
+    """What a batch (S, E] gets from the read-ahead: ``rows`` inside (S, ``covered``]."""
 
     rows: list[KeyVersion]
     covered: Timestamp
-    sent: dict[int, int]
-    tag: object | None
-    branch_ok: bool
-    sent_to: Timestamp | None = None  # how far the delivered rows reach (past ``end`` too)
 
 
-# deliver(ahead, stop, wait): send what is not sent yet, waiting at most ``wait`` seconds
-# for what must come first; False once it gives up for this read-ahead.
+# deliver(ahead, stop, wait): hand on what was read (a round between batches), waiting at
+# most ``wait`` seconds for what must come first; False once it gives up for this read-ahead.
 Deliver = Callable[[Ahead, threading.Event, float], bool]
 
 
@@ -151,7 +139,7 @@ class ReadAhead:
 
         def run() -> None:
             try:
-                self._run(ahead, stop, deliver)
+                self._read_on(ahead, stop, deliver)
             except Exception as exc:  # a read-ahead is an optimisation: the batch reads itself
                 log.debug("read-ahead from %r failed: %s", ahead.end, exc)
             finally:
@@ -161,7 +149,7 @@ class ReadAhead:
         self._thread = threading.Thread(target=run, name="read-ahead", daemon=True)
         self._thread.start()
 
-    def _run(self, ahead: Ahead, stop: threading.Event, deliver: Deliver | None) -> None:
+    def _read_on(self, ahead: Ahead, stop: threading.Event, deliver: Deliver | None) -> None:
         first = True
         pause = self.pause
         last_piece = time.monotonic()
@@ -203,7 +191,7 @@ class ReadAhead:
             if deliver is not None and not deliver(ahead, stop, 0.0 if hurry else self.pause):
                 deliver = None  # it gave up (the round failed, an indexer restarted)
             reading = self.rolling and not self._capped(ahead)
-            if not reading and (deliver is None or ahead.sent == len(ahead.rows)):
+            if not reading and (deliver is None or not ahead.rows):
                 return
             if reading and not hurry:
                 stop.wait(pause)
@@ -235,23 +223,10 @@ class ReadAhead:
                 upto[p] = top
             else:
                 covered[p] = s  # this partition is read in full by the batch
-        sent: dict[int, int] = {}
-        branch_ok = True
-        sent_to = ahead.sent_to if ahead.sent else None
-        if sent_to is not None:
-            for p, d in sent_to.items():
-                s = start.get(p, _ZERO)
-                if d.seqno <= s.seqno:
-                    continue
-                e = end.get(p)
-                if e is None or d.uuid != e.uuid:
-                    branch_ok = False  # early rows on a branch the batch is not on
-                else:
-                    sent[p] = min(d.seqno, e.seqno)
         rows = [r for r in ahead.rows if r[6] <= upto.get(r[5], -1)]
         self._carried = _carry(ahead, end)
         self.hits += 1
-        return Taken(rows, Timestamp(covered), sent, ahead.tag, branch_ok, sent_to)
+        return Taken(rows, Timestamp(covered))
 
     def discard(self) -> None:
         self._halt()
@@ -259,7 +234,7 @@ class ReadAhead:
         self._carried = None
 
     def running(self) -> bool:
-        """The thread is reading (or delivering)."""
+        """The thread is reading (or handing on what it read)."""
         thread = self._thread
         return thread is not None and thread.is_alive()
 
@@ -277,7 +252,7 @@ class ReadAhead:
 
 def _carry(ahead: Ahead, end: Timestamp) -> Ahead | None:
     """What of ``ahead`` lies beyond ``end`` on ``end``'s branch, as a read-ahead starting at
-    ``end`` (rows that were sent stay sent, in front: the sent rows are a prefix)."""
+    ``end``."""
     beyond: dict[int, int] = {}
     new_end: dict[int, SeqnoEntry] = {}
     for p, e in end.items():
@@ -294,19 +269,7 @@ def _carry(ahead: Ahead, end: Timestamp) -> Ahead | None:
         s = beyond.get(r[5])
         return s is not None and r[6] > s
 
-    head = [r for r in ahead.rows[: ahead.sent] if keep(r)]
-    tail = [r for r in ahead.rows[ahead.sent :] if keep(r)]
-    sent_to = None
-    if head and ahead.sent_to is not None:
-        to = dict(end.items())
-        for p, d in ahead.sent_to.items():
-            if p in beyond and d.seqno > beyond[p]:
-                to[p] = d
-        sent_to = Timestamp(to)
-    out = Ahead(ahead.defs, end, Timestamp(new_end), head + tail)
-    if head:
-        out.sent, out.sent_to, out.tag = len(head), sent_to, ahead.tag
-    return out
+    return Ahead(ahead.defs, end, Timestamp(new_end), [r for r in ahead.rows if keep(r)])
 
 
 def _same_branch(ahead: Ahead, target: Timestamp) -> Timestamp:

@@ -19,26 +19,26 @@ from pyspark.sql.datasource import InputPartition
 from shardex.client import Client, connect
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConfigError, ShardexError
-from shardex.pipeline.source_plan import group_ranges
-from shardex.pipeline.source_project import (
+from shardex.pipeline.source.plan import group_ranges
+from shardex.pipeline.source.projected import (
     COUNTS_SCHEMA,
     ProjectSpec,
     load_batches,
     project_batches,
 )
-from shardex.pipeline.source_read import (
+from shardex.pipeline.source.read import (
     DEFAULT_CONCURRENCY,
     DEFAULT_MAX_ITEMS,
     DEFAULT_RESUME_TIMEOUT,
     client_for,
     read_ranges_for,
 )
-from shardex.pipeline.source_types import Endpoint, PartitionRange
+from shardex.pipeline.source.types import Endpoint, PartitionRange
 
 MODES = ("changes", "snapshot")
 READERS = ("partitioned", "driver", "follow")
 # How the stream readers learn the high seqnos: "owners" (default: each owner asked
-# directly, one hop; ``source_seqnos.py``) or "gather" (one HighSeqnos to a data node, which
+# directly, one hop; ``source/seqnos.py``) or "gather" (one HighSeqnos to a data node, which
 # gathers from the owners). Measured in the pipeline at 5,000 writes/s: the RPC at a
 # batch's start 0.24-0.64x in 9 of 10 pairs (docs/decisions.md, "latestOffset and planning").
 HIGH_SEQNOS = ("owners", "gather")
@@ -75,7 +75,7 @@ class SourceOptions:
     def schema_ddl(self) -> str:
         """The rows this read hands Spark: changes, key versions or load counts."""
         from shardex.index.keyversion import KEY_VERSION_DDL
-        from shardex.pipeline.source_types import SCHEMA_DDL
+        from shardex.pipeline.source.types import SCHEMA_DDL
 
         if self.project is None:
             return SCHEMA_DDL

@@ -5,10 +5,37 @@ round names exactly the slices its rows went to (``maintain.py``; ``docs/decisio
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from shardex.pipeline.registry import IndexView
 
-__all__ = ["round_slices", "stabilize_plan"]
+__all__ = ["plan_nodes", "round_slices", "stabilize_plan", "views_key"]
+
+
+def views_key(views: Sequence[IndexView]) -> tuple[Any, ...]:
+    """Everything a round routes and stabilises by: definitions, topologies (version and
+    assignment) and the moving slices of index moves. Two rounds with equal keys route
+    every row to the same slices and nodes."""
+    return tuple(
+        (
+            v.id,
+            v.definition,
+            v.topology.seq_num,
+            tuple(sorted(v.topology.assignment.items())),
+            tuple(sorted(v.moving.items())),
+        )
+        for v in views
+    )
+
+
+def plan_nodes(key: tuple[Any, ...]) -> set[str]:
+    """The nodes a round with views key ``key`` sends to and stabilises on: every owner of
+    a topology and every move target (``stabilize_plan``'s nodes)."""
+    out: set[str] = set()
+    for _id, _definition, _seq, assignment, moving in key:
+        out.update(node for _p, node in assignment)
+        out.update(node for _p, node in moving)
+    return out
 
 
 def stabilize_plan(

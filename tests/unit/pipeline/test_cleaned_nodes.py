@@ -1,11 +1,12 @@
-"""Deliver ahead: a node that enters a round's plan after the first round is cleaned like the
-first round's nodes (``DeliverAhead.cleaned``, ``pipeline/deliver_ahead.py``).
+"""A node that enters a round's plan after the first round is cleaned like the first round's
+nodes (``CleanedNodes``, ``pipeline/rounds/cleaned.py``).
 
-A previous driver may have queued rows ahead on a node that no round of this query has
-named yet (its slices had switched away, a rollback's ``RollbackSlices`` did not reach it).
-Those rows may be of a lost branch, and a queued version wins over a re-delivered one with
-the same seqno, so the first round that names the node must drop above its start there
-before its rows are queued; else the stale versions are stabilised.
+A previous driver may have queued rows on a node that no round of this query has named yet
+(a round's earlier frames, then the round failed; its slices had switched away, a rollback's
+``RollbackSlices`` did not reach it). Those rows may be of a lost branch, and a queued
+version wins over a re-delivered one with the same seqno, so the first round that names the
+node must drop above its start there before its rows are queued; else the stale versions
+are stabilised.
 
 No Spark, no cluster: the offset log is written by the test, and the indexers are a model
 whose queues keep the first version of a (partition, seqno), as a slice's queue does.
@@ -14,7 +15,6 @@ whose queues keep the first version of a (partition, seqno), as a slice's queue 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,13 +24,13 @@ import pytest
 
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
-from shardex.index.keyversion import UPSERT
-from shardex.pipeline import deliver_ahead
-from shardex.pipeline.deliver_ahead import DeliverAhead, RoundInfo, _Tag, plan_nodes, views_key
+from shardex.pipeline import batch_steps
 from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
-from shardex.pipeline.read_ahead import ReadAhead, Taken
 from shardex.pipeline.registry import IndexView
+from shardex.pipeline.rounds.cleaned import CleanedNodes
+from shardex.pipeline.rounds.plan import plan_nodes, views_key
+from shardex.pipeline.rounds.read_ahead import ReadAhead
 from tests.unit.pipeline.test_index_move_idle import _Registry, _view
 from tests.unit.pipeline.test_read_ahead import Log, _range, batch_end_job, published_all, ts
 
@@ -41,48 +41,31 @@ BATCH = "batch"
 
 class Queues:
     """Model indexers n1-n3: per node a queue (partition, seqno) -> origin in which the
-    version queued first wins, and what stabilises moved to ``applied`` with its origin.
-    ``unreachable``: nodes a best-effort drop outside the round cannot reach."""
+    version queued first wins, and what stabilises moved to ``applied`` with its origin."""
 
     def __init__(self) -> None:
         self.queued: dict[str, dict[Key, str]] = {n: {} for n in ("n1", "n2", "n3")}
         self.applied: dict[str, dict[Key, str]] = {n: {} for n in ("n1", "n2", "n3")}
-        self.early: list[set[Key]] = []
         self.rounds: list[dict[str, Any]] = []
-        self.unreachable: set[str] = set()
 
     def _queue(self, node: str, rows: Any) -> None:
         for r in rows:
             self.queued[node].setdefault((r[5], r[6]), BATCH)
 
-    def deliver_rows(
-        self, client: Any, ks: str, batch_id: int, by_node: Any, incarnations: Any
-    ) -> DeliveryReport:
-        for node, rows in by_node.items():
-            self._queue(node, rows)
-        self.early.append({(r[5], r[6]) for rows in by_node.values() for r in rows})
-        return DeliveryReport()
-
     def deliver_and_stabilize(
         self, client: Any, ks: str, batch_id: int, end: Timestamp, by_node: Any, plan: Any,
-        moving: Any, slices: Any = None, *, early: Any = None, drop_above: Any = None,
-        drop_nodes: Any = (),
+        moving: Any, slices: Any = None, *, drop_above: Any = None,
     ) -> tuple[DeliveryReport, dict[str, Any]]:  # fmt: skip
         nodes = sorted(set(plan) | set(by_node))
-        extra = sorted(set(drop_nodes) - set(nodes)) if drop_above is not None else []
         report = DeliveryReport()
         dropped_on = []
-        for node in nodes + extra:
-            if node in extra and node in self.unreachable:
-                continue  # best effort, as ``indexers.deliver_and_stabilize`` does
+        for node in nodes:
             q = self.queued[node]
             if drop_above is not None:  # first, in the same engine call
                 for k in [k for k in q if k[1] > drop_above.get(k[0], 0)]:
                     del q[k]
                 dropped_on.append(node)
             report.incarnations[node] = f"i-{node}"
-            if node in extra:
-                continue
             self._queue(node, by_node.get(node, []))
             for k in [k for k in q if k[1] <= end.seqno(k[0])]:
                 self.applied[node][k] = q.pop(k)
@@ -94,11 +77,8 @@ class Queues:
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Queues:
     m = Queues()
-    # The module whose round calls the indexers (``maintain`` or the batch steps it uses).
-    steps = sys.modules[MaintenanceJob._attempt.__module__]
-    monkeypatch.setattr(steps, "deliver_and_stabilize", m.deliver_and_stabilize)
-    monkeypatch.setattr(steps, "advance_stability", published_all)
-    monkeypatch.setattr(deliver_ahead, "deliver_rows", m.deliver_rows)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", m.deliver_and_stabilize)
+    monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     return m
 
 
@@ -116,7 +96,7 @@ def _job(tmp_path: Path, log: Log) -> tuple[MaintenanceJob, _Fixed]:
     def read(defs: Any, start: Timestamp, end: Timestamp) -> list[Any]:
         return [(*r[:1], r[5] % 2, *r[2:]) for r in log.read(defs, start, end)]
 
-    job._read_and_project = read  # type: ignore[method-assign]
+    job.steps.read_and_project = read  # type: ignore[method-assign]
     job.read_ahead = ReadAhead(read, log.latest, max_changes=0)
     (job.checkpoint / "offsets").mkdir(parents=True)
     return job, registry
@@ -138,8 +118,8 @@ def _switch(registry: _Fixed, assignment: dict[int, str], moving: dict[int, str]
 
 
 def _stale_on_n3(model: Queues) -> None:
-    """A previous driver queued (3, 4] of partition 0 on n3 ahead of a batch, on a branch a
-    rollback then cut off; this job's first round does not name n3."""
+    """A previous driver queued (3, 4] of partition 0 on n3 (a round's earlier frames), on a
+    branch a rollback then cut off; this job's first round does not name n3."""
     model.queued["n3"] = {(0, 3): LOST, (0, 4): LOST}
 
 
@@ -157,7 +137,6 @@ def test_a_move_target_entering_a_later_round_drops_what_it_holds_above_the_star
     log.write(1, 2)
     _batch(job, 0, ts(p0=2, p1=2))
     assert model.rounds[0]["dropped_on"] == ["n1", "n2"]  # the first round's nodes only
-    assert model.early == []  # nothing was written meanwhile: nothing queued ahead
     # Partition 0 starts moving to n3: the round routes its rows to n1 and n3.
     _switch(registry, {0: "n1", 1: "n2"}, {0: "n3"})
     log.write(0, 3)
@@ -174,7 +153,7 @@ def test_a_move_target_entering_a_later_round_drops_what_it_holds_above_the_star
     job.close()
 
 
-def test_rows_the_batch_took_are_not_sent_ahead_to_a_node_entering_the_plan(
+def test_a_new_owner_entering_a_later_round_drops_what_it_holds_above_the_start(
     tmp_path: Path, model: Queues
 ) -> None:
     log = Log()
@@ -184,16 +163,15 @@ def test_rows_the_batch_took_are_not_sent_ahead_to_a_node_entering_the_plan(
     log.write(1, 2)
     log.pending.extend([(0, 3), (1, 3)])  # written while batch 0 runs: read ahead
     # Batch 0's round ends only once the read-ahead has read (2, 5] and stopped: the next
-    # batch takes rows none of which went ahead, and sends them itself at its start.
+    # batch takes those rows and sends them in its round.
     gate = threading.Event()
-    steps = sys.modules[MaintenanceJob._attempt.__module__]
-    real = steps.deliver_and_stabilize
+    real = batch_steps.deliver_and_stabilize
 
     def slow(*a: Any, **kw: Any) -> Any:
         assert gate.wait(10)
         return real(*a, **kw)
 
-    steps.deliver_and_stabilize = slow
+    batch_steps.deliver_and_stabilize = slow
     try:
         _offset(job, 0, ts(p0=2, p1=2))
         job.run_batch(None, 0)  # type: ignore[arg-type]
@@ -205,15 +183,13 @@ def test_rows_the_batch_took_are_not_sent_ahead_to_a_node_entering_the_plan(
         gate.set()
         job.tail.join()
     finally:
-        steps.deliver_and_stabilize = real
-    assert model.early == []
+        batch_steps.deliver_and_stabilize = real
     # Partition 0 switches to n3 before batch 1.
     _switch(registry, {0: "n3", 1: "n2"}, {})
     log.write(0, 1)
     log.write(1, 1)
     _batch(job, 1, ts(p0=6, p1=6))
     r = model.rounds[-1]
-    assert model.early == []  # not queued where stale rows would win over them
     assert r["drop"] == {0: 2, 1: 2} and r["dropped_on"] == ["n2", "n3"]
     assert r["sent"] == _range(ts(p0=2, p1=2), ts(p0=6, p1=6))
     assert model.applied["n3"] == {(0, s): BATCH for s in (3, 4, 5, 6)}
@@ -221,44 +197,21 @@ def test_rows_the_batch_took_are_not_sent_ahead_to_a_node_entering_the_plan(
     job.close()
 
 
-def _done(da: DeliverAhead, key: tuple[Any, ...], answered: list[str], dropped: bool) -> None:
-    end = ts(p0=2, p1=2)
-    da.round_done(end, key, {}, {n: f"i-{n}" for n in answered}, None, dropped=dropped)
-
-
-def test_a_node_that_missed_the_drop_is_not_cleaned_and_a_new_query_trusts_nobody() -> None:
-    da = DeliverAhead(None, "ks")  # type: ignore[arg-type]
+def test_a_node_is_cleaned_by_a_dropping_round_and_a_new_query_trusts_nobody() -> None:
+    cleaned = CleanedNodes()
     key = views_key([_view("a")])
     start, end = ts(p0=2, p1=2), ts(p0=5, p1=5)
     assert plan_nodes(key) == {"n1", "n2"}
-    assert da.drop_above(start, end, ["n1", "n2"]) == {0: 2, 1: 2}  # first round
-    _done(da, key, ["n1", "n2"], dropped=True)
-    assert da.drop_above(start, end, ["n1", "n2"]) is None
-    assert da.drop_above(start, end, ["n2", "n3"]) == {0: 2, 1: 2}  # n3 enters the plan
-    # n1 took early rows, then left the plan; the fallback's best-effort drop missed it.
-    da.nodes, da.queued_to = {"n1", "n2"}, {0: 5, 1: 5}
-    n2_only = Topology(seq_num=2, assignment={0: "n2", 1: "n2"})
-    moved = views_key([IndexView(_view("a").record, n2_only, {})])
-    _done(da, moved, ["n2"], dropped=True)
-    assert da.cleaned == {"n2"} and not da.nodes
-    assert da.drop_above(start, end, ["n2"]) is None
-    assert da.drop_above(start, end, ["n1", "n2"]) == {0: 2, 1: 2}  # n1 comes back
-    # A round that skipped (no drop) cleans nobody.
-    _done(da, key, ["n1", "n2"], dropped=False)
-    assert da.cleaned == {"n2"}
-    da.restart()
-    assert da.drop_above(start, end, ["n2"]) == {0: 2, 1: 2}
-
-
-def test_rows_sent_ahead_are_skipped_only_while_every_node_of_the_plan_is_cleaned() -> None:
-    da = DeliverAhead(None, "ks")  # type: ignore[arg-type]
-    key = views_key([_view("a")])
-    start = ts(p0=2, p1=2)
-    da.last_round = RoundInfo(start, key, {}, {"n1": "i-n1", "n2": "i-n2"})
-    da.cleaned, da.nodes, da.queued_to = {"n1", "n2"}, {"n1", "n2"}, {0: 5, 1: 5}
-    row = ("a", 0, UPSERT, b"k", "d0", 0, 3)
-    taken = Taken([row], ts(p0=5, p1=5), {0: 5, 1: 5}, _Tag(da.last_round), True, ts(p0=5, p1=5))
-    skip = da.usable(taken, key, start)
-    assert skip is not None and skip.incarnations == {"n1": "i-n1", "n2": "i-n2"}
-    da.cleaned.discard("n1")
-    assert da.usable(taken, key, start) is None
+    assert cleaned.drop_above(start, end, ["n1", "n2"]) == {0: 2, 1: 2}  # first round
+    cleaned.round_done(key, {"n1": "i-n1", "n2": "i-n2"}, dropped=True)
+    assert cleaned.drop_above(start, end, ["n1", "n2"]) is None
+    assert cleaned.drop_above(start, end, ["n2", "n3"]) == {0: 2, 1: 2}  # n3 enters the plan
+    # A round that did not drop cleans nobody, though n3 answered it.
+    n3_too = Topology(seq_num=2, assignment={0: "n2", 1: "n3"})
+    moved = views_key([IndexView(_view("a").record, n3_too, {})])
+    cleaned.round_done(moved, {"n2": "i-n2", "n3": "i-n3"}, dropped=False)
+    assert cleaned.nodes == {"n1", "n2"}
+    cleaned.round_done(moved, {"n2": "i-n2", "n3": "i-n3"}, dropped=True)
+    assert cleaned.drop_above(start, end, ["n2", "n3"]) is None
+    cleaned.restart()
+    assert cleaned.drop_above(start, end, ["n2"]) == {0: 2, 1: 2}

@@ -1,15 +1,14 @@
 """Stability rounds between Spark's micro-batches (``MaintenanceJob(stabilise_ahead=True)``).
 
-The seed's Index Manager creates stability timestamps "based on the SYNC messages received
-and some algorithm": a stability point need not be a Spark batch's end. After batch B's round
-succeeded and was published for every index, the read-ahead thread (started at B's end E_B
-with B's views' definitions, rolling) keeps reading pieces and runs rounds through the
-batch's own ``_attempt``, one at a time, each on a thread of its own while the next piece is
-read: route by B's views, one ``DeliverAndStabilize`` per indexer with the rows read since
-the last round (those not applied) and the stabilise at T' = pointwise max(their end, last
-stabilised TS), then ``AdvanceStability(T')``. A write is then covered about one piece + one
-round after it was acknowledged instead of half a Spark cycle + Spark's planning + a read +
-a round.
+The design lets the Index Manager create stability timestamps "based on the SYNC messages
+received and some algorithm": a stability point need not be a Spark batch's end. After batch B's
+round succeeded and was published for every index, the read-ahead thread (started at B's end E_B
+with B's views' definitions, rolling) keeps reading pieces and runs rounds through the batch's
+own ``_attempt``, one at a time, each on a thread of its own while the next piece is read: route
+by B's views, one ``DeliverAndStabilize`` per indexer with the rows read since the last round
+(those not applied) and the stabilise at T' = pointwise max(their end, last stabilised TS), then
+``AdvanceStability(T')``. A write is then covered about one piece + one round after it was
+acknowledged instead of half a Spark cycle + Spark's planning + a read + a round.
 
 A later batch (S, E] leaves its range to these rounds while they are healthy and route by
 the views it would (``MaintenanceJob._left_to_rounds``). Otherwise it halts them (waiting for
@@ -30,16 +29,13 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.index.keyversion import KeyVersion
-from shardex.pipeline.deliver_ahead import views_key
-from shardex.pipeline.read_ahead import Ahead, Deliver
 from shardex.pipeline.registry import IndexRegistry, IndexView
-
-if TYPE_CHECKING:
-    from shardex.pipeline.batch_steps import BatchStats
+from shardex.pipeline.rounds.plan import views_key
+from shardex.pipeline.rounds.read_ahead import Ahead, Deliver
 
 __all__ = [
     "BetweenRounds",
@@ -53,16 +49,24 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class _Job(Protocol):
-    """What a between-batch round needs of the maintenance job."""
+class _RoundStats(Protocol):
+    """What a round reports: key versions sent, its deliver + stabilise and publish times."""
+
+    key_versions: int
+    deliver: float
+    stabilize: float
+
+
+class _Rounds(Protocol):
+    """What a between-batch round needs of the maintenance job's rounds (``BatchSteps``)."""
 
     registry: IndexRegistry
     stable: Timestamp | None
     round_published: bool
     round_key: tuple[object, ...] | None
 
-    def _round(self, views: Sequence[IndexView], rows: list[KeyVersion], start: Timestamp,
-               end: Timestamp, batch_id: int) -> BatchStats: ...  # fmt: skip
+    def round(self, views: Sequence[IndexView], rows: list[KeyVersion], start: Timestamp,
+              end: Timestamp, batch_id: int) -> _RoundStats: ...  # fmt: skip
 
 
 def on_branch(end: Timestamp, applied: Timestamp, ahead: Timestamp) -> bool:
@@ -155,8 +159,8 @@ class BetweenRounds:
     """The between-batch rounds of one maintenance job. ``lock`` is the job's round lock:
     no between-batch round overlaps a batch's round or an idle round."""
 
-    def __init__(self, job: _Job, lock: threading.Lock) -> None:
-        self.job = job
+    def __init__(self, rounds: _Rounds, lock: threading.Lock) -> None:
+        self.rounds = rounds
         self.lock = lock
         self.stats = BetweenStats()
         # The rounds of the current hook go on (none failed or stopped), by views ``key``;
@@ -217,10 +221,10 @@ class BetweenRounds:
                 # Published for every index: those rows are applied on every slice (a batch
                 # that takes over reads what is not applied itself); read on from its end.
                 del ahead.rows[: r.count]
-                ahead.sent, ahead.start = 0, r.end
+                ahead.start = r.end
             if stop.is_set():
                 return False
-            stable = self.job.stable
+            stable = self.rounds.stable
             if not ahead.rows and stable is not None and stable.covers(ahead.end):
                 return True  # nothing new since the last round
             r = _Inflight(len(ahead.rows), ahead.end)
@@ -261,9 +265,9 @@ class BetweenRounds:
     ) -> bool:
         """One round for ``rows`` (read up to ``end``): True when it ran and published every
         index (or had nothing to do)."""
-        job = self.job
-        stable = job.stable
-        if not job.round_published or stable is None or job.round_key != key:
+        rounds = self.rounds
+        stable = rounds.stable
+        if not rounds.round_published or stable is None or rounds.round_key != key:
             # The last round (the batch's or one of these) did not publish every index, or
             # routed by other views (an idle round for a move): a batch takes over.
             self.stats.stopped += 1
@@ -271,18 +275,18 @@ class BetweenRounds:
         if not on_branch(end, stable, stable):
             self.stats.stopped += 1  # a failover moved a partition: the batch sorts it out
             return False
-        current = [v for v in job.registry.maintained() if v.id in ids]
+        current = [v for v in rounds.registry.maintained() if v.id in ids]
         if views_key(current) != key:
             # A move started routing, a topology switched, an index was dropped or sent to
             # a rebuild: these views no longer route right. The next batch takes over.
             self.stats.stopped += 1
             return False
-        applied = {v.id: job.registry.applied(v.id) for v in views}
+        applied = {v.id: rounds.registry.applied(v.id) for v in views}
         send = not_applied(rows, applied)
         to = end.merge_max(stable)
         t = time.perf_counter()
         try:
-            done = job._round(views, send, stable, to, batch_id)
+            done = rounds.round(views, send, stable, to, batch_id)
         except Exception as exc:  # not retried: the next batch stabilises past it (F)
             self.stats.failed += 1
             log.info("stability round between batches of %s failed: %s", views[0].id, exc)
@@ -297,7 +301,7 @@ class BetweenRounds:
         ):
             samples.append(value)
             del samples[:-200]
-        return job.round_published
+        return rounds.round_published
 
 
 @dataclass(eq=False)

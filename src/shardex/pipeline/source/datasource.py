@@ -69,17 +69,17 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from shardex.core.timestamp import Timestamp
-from shardex.pipeline.source_options import (
+from shardex.pipeline.source.options import (
     ChangeRangesPartition,
     SourceOptions,
     config_error,
     current_timestamp,
     task_partitions,
 )
-from shardex.pipeline.source_plan import plan_ranges
-from shardex.pipeline.source_read import partition_owners
-from shardex.pipeline.source_stream import ShardexDriverStreamReader, ShardexStreamReader
-from shardex.pipeline.source_types import SCHEMA_DDL, RollbackInfo, parse_rollback
+from shardex.pipeline.source.plan import plan_ranges
+from shardex.pipeline.source.read import partition_owners
+from shardex.pipeline.source.stream import ShardexDriverStreamReader, ShardexStreamReader
+from shardex.pipeline.source.types import SCHEMA_DDL, RollbackInfo, parse_rollback
 
 __all__ = [
     "SCHEMA_DDL",

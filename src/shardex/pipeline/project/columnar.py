@@ -52,7 +52,7 @@ from shardex.index.keyversion import (
 )
 
 if TYPE_CHECKING:
-    from shardex.pipeline.projector import _Plan
+    from shardex.pipeline.project.projector import _Plan
 
 __all__ = ["FastPath", "build_fast_path"]
 

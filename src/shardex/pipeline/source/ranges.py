@@ -5,9 +5,9 @@ carries, so a read of 10-100 changes per partition over 64 partitions (a mainten
 its catch-up, a read-ahead piece) was mostly per-stream cost. ``read_small_ranges`` sends
 each owner all its ranges in one request (``client/range_reads.py``), every owner at once,
 and continues ranges the reply's caps cut from where they stopped, each owner at its own
-pace. Measured in ``docs/decisions.md``, "Multi-range change reads (session 8, issue 5)".
+pace. Measured in ``docs/decisions.md``, "Multi-range change reads".
 
-The rules are the stream reader's (``source_read._stream_range``), range by range:
+The rules are the stream reader's (``read._stream_range``), range by range:
 
 * exactly (start, end]: the seqnos received are dense from the position, on the branch the
   end was observed on (else ROLLBACK, ``branch_changed``), and the range ends exactly at
@@ -34,14 +34,14 @@ from shardex.api.records import Change
 from shardex.client.range_reads import RangeChanges, RangeSpec, read_round
 from shardex.client.routing import DataRouter, backoff
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.source_checks import (
+from shardex.pipeline.source.checks import (
     RESUMABLE,
     Chunk,
     branch_changed,
     history_ends_below,
     tagged_rollback,
 )
-from shardex.pipeline.source_types import PartitionRange
+from shardex.pipeline.source.types import PartitionRange
 
 __all__ = ["DEFAULT_REPLY_BYTES", "DEFAULT_REPLY_ITEMS", "read_small_ranges"]
 

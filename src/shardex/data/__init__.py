@@ -1,8 +1,8 @@
 """Data service: partitions, seqnos, change log, change streams, retention, migration.
 
 The local engine is ``DataEngine`` over one RocksDB ``Store``; the node-side RPC service is
-``shardex.data.service``. The layout and rules are in ``docs/decisions.md`` ("Data service
-storage layout", "Data service on the wire").
+``shardex.data.service``. The layout and rules are in ``docs/decisions/``
+(``0005-column-family-per-partition.md`` to ``0015-stream-credits.md``).
 
 The names below are imported lazily (PEP 562): the client imports ``shardex.data.messages``
 and ``partitioning``, and must not pay for loading RocksDB just because this package's

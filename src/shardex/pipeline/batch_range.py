@@ -18,7 +18,7 @@ Two things change for the maintenance job, both handled here:
   job never uses the batch id for that: slices drop key versions at or below their applied
   TS and a batch catches up (applied, start] for an index behind its start. So the check is
   overridden (Spark's own ``_asyncProgressTrackingOverrideSinkSupportCheck``); the argument
-  is in ``docs/decisions.md``, "Spark's offset log off the critical path".
+  is in ``docs/decisions/0065-async-progress-tracking-rejected.md``.
 
 Not used by default (``MaintenanceJob.async_progress_ms = None``): in Spark 4.3 a query with
 async progress over a Python data source cannot be stopped cleanly. Its cleanup commits the

@@ -19,7 +19,7 @@ first round's nodes.
 Rows beyond the batch's end that were delivered early stay queued on the indexers (a
 stabilise takes only seqnos <= its TS) and stay recorded in the read-ahead (``Ahead.sent``),
 so the next batch skips them too; a fallback drops them and delivers again. The argument
-(nothing lost, nothing doubled) is in ``docs/decisions.md``, "Deliver ahead".
+(nothing lost, nothing doubled) is in ``docs/decisions/0050-deliver-ahead.md``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
    lies between its end and F (and is not applied). No two rounds (a batch's, an idle one,
    one between batches) ever overlap (``_round_lock``).
 
-Exactly-once from at-least-once (``docs/decisions.md``, "Index pipeline"): Spark runs a
+Exactly-once from at-least-once (``docs/decisions/0029-index-pipeline-micro-batch.md``):
+Spark runs a
 batch again with the same offsets after a failure; slices drop key versions at or below
 their applied seqno, a stabilise at a TS already reached is a no-op, and an indexer that
 restarted after taking a batch's earlier frames refuses its last one (STALE_DELIVERY), so
@@ -131,7 +132,7 @@ class MaintenanceJob(BatchSteps):
     # the query's execution context; None: on the stream thread, the range from the offset
     # log. Off, for the benchmark only: exactly-once holds, but Spark 4.3 leaves a stopped or
     # failed query over a Python source registered as active, so the supervisor could never
-    # restart it (``docs/decisions.md``, "Spark's offset log off the critical path").
+    # restart it (``docs/decisions/0065-async-progress-tracking-rejected.md``).
     async_progress_ms: int | None = None
 
     def __init__(
@@ -199,13 +200,13 @@ class MaintenanceJob(BatchSteps):
         self.max_piece = max_piece
         # Spark's batches while rounds between batches carry the stream: each costs Spark's
         # planning and logs (~0.3 of a core at one every ~150 ms in a drain, ``docs/
-        # decisions.md``, "Streamed rounds and the sustained drain") and only moves the
+        # decisions/0077-streamed-rounds-and-sustained-drain.md``) and only moves the
         # checkpoint, so such a batch rests in ``foreachBatch`` until the rounds stop (a
         # failure, new views, ``stop_rounds``) or this many seconds passed.
         self.rest_while_rounds = rest_while_rounds
         # The read-ahead's rows to the indexers before their batch (``deliver_ahead.py``).
         # Rolling (keep reading and delivering until the next batch) measured no better than
-        # one read-ahead per batch here (``docs/decisions.md``, "Deliver ahead"): off.
+        # one read-ahead per batch here (``docs/decisions/0050-deliver-ahead.md``): off.
         self.deliver_ahead = deliver_ahead
         self.between = BetweenRounds(self, self._round_lock)
         # A read-ahead that ended (halted, failed) ends a batch's rest too: no rounds now.

@@ -6,7 +6,7 @@ stabilise; a node's rows beyond ``MAX_ROWS_PER_FRAME`` go ahead as ``DeliverKeyV
 the timekeeper checks the replies and, once every slice has acknowledged, sends
 ``PublishStability``. ``StabilizeSlices`` is the timekeeper's own round (initial builds,
 idle rounds for index moves). Initial builds stream ``LoadChunk`` rows into a slice and end with
-``LoadFinish``. See ``docs/decisions.md``, "Index pipeline".
+``LoadFinish``. See ``docs/decisions/0029-index-pipeline-micro-batch.md``.
 
 Timestamps travel in wire form: data partition -> (seqno, partition uuid).
 

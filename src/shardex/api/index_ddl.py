@@ -4,7 +4,7 @@ Every op carries an optional ``request_id``: the client makes one uuid per call 
 on every retry, and the coordinator returns the stored reply for an id it already applied
 (``coordinator.py``, "Dedup"). The pipeline hooks (``IndexBuildProgress``,
 ``MarkIndexActive``, ``MarkIndexError``) are for the index pipeline's build; see
-``manager/index_ddl.py`` and ``docs/decisions.md``, "Index DDL".
+``manager/index_ddl.py`` and ``docs/decisions/0036-index-ddl.md``.
 """
 
 from __future__ import annotations

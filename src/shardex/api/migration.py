@@ -1,4 +1,4 @@
-"""Messages of partition migration (``docs/decisions.md``, "Partition migration").
+"""Messages of partition migration (``docs/decisions/0030-partition-migration-protocol.md``).
 
 Three conversations:
 

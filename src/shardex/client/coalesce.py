@@ -1,8 +1,9 @@
 """Client-side coalescing of batched writes: one ``MutateMany`` in flight per node.
 
 Why: a data node pays a large fixed cost per request (~500k instructions: the RPC layer, the
-hop to its I/O pool, one commit and its fsync, measured in ``docs/decisions.md``, "CPU per
-write"), whatever the request carries. A client whose threads write concurrently (the
+hop to its I/O pool, one commit and its fsync, measured in
+``docs/decisions/0049-data-node-write-path-cpu.md``), whatever the request carries. A client
+whose threads write concurrently (the
 pipeline bench's paced writers: two threads per process, each sending ~25 documents every
 20 ms, split over the nodes) sent one small request per call and node. Here, per (node,
 keyspace, durability), at most one request is in flight from this client; calls arriving

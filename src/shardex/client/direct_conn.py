@@ -2,7 +2,7 @@
 
 The sync client's loop path hands every scan to its event-loop thread and back: two
 wake-ups, the send from another thread, context switches and cold caches per scan, most of
-the client's CPU outside the rows (decisions.md, "Client CPU per scan outside the rows").
+the client's CPU outside the rows (docs/decisions/0059-client-cpu-outside-rows.md).
 A ``DirectConn`` lets the calling thread talk to the node itself: it speaks the same wire
 protocol as ``shardex.net`` (4-byte big-endian length + a msgpack ``Envelope``, the same HMAC
 handshake - ``net/auth.py``'s message building and checks, in blocking form), but it is

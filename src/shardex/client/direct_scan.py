@@ -6,7 +6,7 @@
 the caller iterates, reads each ``ScanBlock`` and returns its ``ScanCredit``: the same
 protocol and back-pressure as the loop path, without the hand-off to the client's event-loop
 thread (two wake-ups, a send from another thread and context switches per scan: most of the
-client's CPU outside the rows, decisions.md "Scans in the calling thread").
+client's CPU outside the rows, docs/decisions/0068-scans-in-the-calling-thread.md).
 
 What stays on the loop path (``open` returns None, or the client has no ``DirectScans``):
 * a scan started while another scan of this thread still streams on the same socket

@@ -219,7 +219,7 @@ class DocumentOps:
 
         A group of writes spreads over many partitions (16 ops over ~14 of 64), so the work
         here is per op in effect: each step is one loop (no per-partition ``zip`` or list
-        built twice), measured in ``docs/decisions.md`` ("The data node's CPU per write")."""
+        built twice), measured in ``docs/decisions/0072-data-node-cpu-per-write.md``."""
         parts: list[tuple[str, Partition, tuple[list[int], list[PreparedOp]]]] = []
         # The partition numbers come from the hash, in range; a partition held by an open
         # engine is one dict look-up, anything else goes through ``_held`` for its error.

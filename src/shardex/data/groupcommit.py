@@ -1,7 +1,8 @@
 """Group commit: concurrent mutations share one atomic batch and one fsync.
 
 Why: a durable write costs one WAL fsync (0.4 to 3.5 ms measured here, see
-``docs/decisions.md``) and, measured in CPU, a commit costs the node about 200 us on top of its
+``docs/decisions/0012-group-commit.md``) and, measured in CPU, a commit costs the node about
+200 us on top of its
 writes whether it carries 1 or 1,000 of them. Clients writing concurrently would each pay it,
 serialised behind the partition and store locks. Instead every single mutation and every
 ``MutateMany`` batch joins a queue per (keyspace, durability); one flusher at a time hands

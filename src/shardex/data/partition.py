@@ -340,7 +340,8 @@ def commit_many(
     staged partition, then publish each meta. Caller holds every staged partition's lock.
 
     Why across partitions: an fsync costs milliseconds here, so a client batch spread over
-    64 partitions pays one instead of 64 (measured in docs/decisions.md)."""
+    64 partitions pays one instead of 64 (measured in
+    docs/decisions/0007-batches-span-partitions.md)."""
     put = batch.rocks_put
     for part, meta in staged:
         put(META_KEY, encode(meta), part.cf.handle)

@@ -1,7 +1,7 @@
 """Local placement rules of a data node: open, drop and reconcile keyspaces against the
 manager state. Synchronous functions over a ``DataEngine`` (the service runs them in its I/O
-executor under its placement lock); the reasoning is in ``docs/decisions.md``, "Data service
-on the wire".
+executor under its placement lock); the reasoning is in
+``docs/decisions/0013-placement-reconciled.md``.
 
 Guards keep a stale state from doing harm. Each local keyspace records the manager's
 ``uuid`` and ``created_cas``: a different uuid under the same name is another incarnation
@@ -10,7 +10,7 @@ and a keyspace missing from a state is dropped only if that state's ``cas`` is a
 keyspace's ``created_cas`` (a keyspace created at cas N is in every later state unless it was
 dropped, while a lagging replica or an empty state proves nothing).
 
-Migrations add three rules (``docs/decisions.md``, "Partition migration"): a partition is
+Migrations add three rules (``docs/decisions/0030-partition-migration-protocol.md``): a partition is
 opened *empty* only if every topology in its history placed it here (anything that ever lived
 elsewhere arrives by migration); a state whose latest topology is below the keyspace's
 *floor* (raised when a moved-away copy is dropped) opens nothing; and incoming copies and
@@ -89,7 +89,8 @@ def drop_incarnation(engine: DataEngine, keyspace: str, uuid: str) -> bool:
 
 def reconcile(engine: DataEngine, node: str, state: StateContext) -> None:
     """Bring ``node``'s partitions in line with ``state`` (module docstring, and
-    ``docs/decisions.md``, "Partition migration"): ensure each keyspace's incarnation, open
+    ``docs/decisions/0030-partition-migration-protocol.md``): ensure each keyspace's
+    incarnation, open
     the partitions the latest topology gives this node *that never lived anywhere else*,
     settle incoming copies whose migration is over, drop released copies whose hand-over is
     published, drop keyspaces the state proves dropped."""

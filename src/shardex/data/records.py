@@ -5,7 +5,8 @@ bytes inside them, so a body is never decoded on the write path or the stream pa
 projector decodes each document once, as the pipeline notes ask).
 
 Keys inside one partition's column family (the family *is* the partition, see
-``docs/decisions.md``), one byte of prefix each, chosen so their byte order is also a useful
+``docs/decisions/0005-column-family-per-partition.md``), one byte of prefix each, chosen so
+their byte order is also a useful
 order for ``SstWriter`` when a partition is copied:
 
 * ``c`` + seqno (8-byte big-endian)  -> ``ChangeRecord``   the change log, in seqno order

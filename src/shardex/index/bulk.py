@@ -5,7 +5,7 @@ the memtable costs a WAL write and later compactions; writing sorted SST files a
 them puts them straight into the LSM tree. Ingestion has a fixed cost (file creation, a
 flush of the family, a manifest write), so small loads go through one write batch instead.
 ``SST_THRESHOLD`` is where the two cross on this machine (measured, see
-``docs/decisions.md``, "Indexer").
+``docs/decisions/0028-initial-builds-crashes-rollbacks.md``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ Exact because the decision for a docid depends on two things only, both kept cur
 A stabilise whose TS leaves some queued version behind (a cut inside the queue) cannot use
 decisions made for the newest versions: it decides from storage as before. Rows that come
 with their stabilise into an empty queue are left to it (``Slice.enqueue``, ``ahead``).
-``docs/decisions.md``, "Indexer", "Decided on arrival".
+``docs/decisions/0055-decided-on-arrival.md``.
 """
 
 from __future__ import annotations

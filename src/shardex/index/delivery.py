@@ -1,8 +1,9 @@
 """The index pipeline's side of an indexer: delivery, stabilise, publish, initial loads.
 
 ``IndexDelivery`` holds the handlers ``IndexService`` installs next to its DDL routes
-(messages in ``shardex.api.delivery``; protocol in ``docs/decisions.md``, "Index
-pipeline"). Every handler makes **one** engine call through the service's I/O thread, so it
+(messages in ``shardex.api.delivery``; protocol in
+``docs/decisions/0029-index-pipeline-micro-batch.md``). Every handler makes **one** engine
+call through the service's I/O thread, so it
 is atomic with respect to the DDL calls (allocate, drop) and to the other handlers.
 
 * ``DeliverKeyVersions`` -> ``IndexerEngine.enqueue``: rows of a slice this node does not

@@ -1,6 +1,6 @@
 """One index slice: mutation queue, stabilise, back index, snapshots, local scan.
 
-Why it is correct, in short (in full: ``docs/decisions.md``, section "Indexer"):
+Why it is correct, in short (in full: ``docs/decisions/0027-indexer-exactness.md``):
 
 * **Idempotent delivery.** ``enqueue`` drops a key version whose seqno is at or below the
   applied seqno of its data partition (below T0 while a build loads) or whose (partition,

@@ -1,8 +1,8 @@
 """A slice's initial build: enter ``loading`` at T0, bulk-load a sorted snapshot, go active.
 
 A part of ``Slice`` (``slice.py``), split out by job: it works on the slice's own state under
-the slice lock, with the same rules (``docs/decisions.md``, "Initial builds, crashes,
-rollbacks")."""
+the slice lock, with the same rules (``docs/decisions/
+0028-initial-builds-crashes-rollbacks.md``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The replicated coordinator: one master among the manager nodes runs every metadata op.
 
 Protocol (``index-ddl-flow.md``, made to survive its failure notes; the reasoning is in
-``docs/decisions.md``, "Coordinator"; the engine is ``replication.py``, voter rules
+``docs/decisions/0023-coordinator-majority-commit.md``; the engine is ``replication.py``,
+voter rules
 ``replica.py``):
 
 * **Voters** are the members of the member list that run the manager service. A node acts as

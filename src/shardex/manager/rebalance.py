@@ -7,8 +7,8 @@ partitions, a few at a time (``max_parallel``). ``GetRebalance`` reports progres
 lock is held only for each commit (``Coordinator.exclusive``), so DDL keeps working during a
 rebalance, and a forwarded op never has to outlive ``op_timeout``.
 
-One migration, source S to target T (why each step is there: ``docs/decisions.md``,
-"Partition migration"):
+One migration, source S to target T (why each step is there:
+``docs/decisions/0030-partition-migration-protocol.md``):
 
 1. commit the move as ``moving`` (before any node hears of it);
 2. T ``MigrateIn``: incoming marker, chunked snapshot copy pulled from S, catch-up rounds;

@@ -3,7 +3,8 @@
 ``ReplicationGroup`` decides whether this node is the master, gets it promoted, and makes
 commits durable on a majority of the manager nodes; the ``Coordinator`` (ops, forwarding,
 reads) sits on top. The rules a voter applies are in ``replica.py``; why the protocol is
-shaped this way is in ``docs/decisions.md``, "Coordinator", and the module docstring of
+shaped this way is in ``docs/decisions/0023-coordinator-majority-commit.md``, and the module
+docstring of
 ``coordinator.py`` summarises it.
 """
 

@@ -6,7 +6,7 @@ as canonical *text* (``parse_expression(t).to_text()``), never as compiled closu
 not pickle): every process compiles a definition once and caches the result by id
 (:func:`compile_definition`).
 
-Rules chosen here (also in ``docs/decisions.md``, section "Indexer"):
+Rules chosen here (also in ``docs/decisions/0025-index-definitions-projector-router.md``):
 
 * ``partition_by=None`` means **not partitioned**: one index partition (0), so
   ``num_partition`` must be 1. Partitioning by document id is explicit:

@@ -5,7 +5,7 @@ maps index id -> the index's topology history (index partition -> indexer node, 
 ``seq_num``, the last one current). Both are replicated with the rest of the state, so every
 manager answers ``list_indexes`` from its own copy.
 
-States (``docs/decisions.md``, "Index DDL")::
+States (``docs/decisions/0036-index-ddl.md``)::
 
     INIT --allocate all slices--> READY --BUILD / not deferred--> BUILDING --pipeline--> ACTIVE
       \\                                                              |  ^

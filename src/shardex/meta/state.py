@@ -10,8 +10,8 @@ Versions. ``cas`` counts changes (+1 per commit, never reused on a node). ``epoc
 master term that produced the state: a promoted master commits under a new, higher epoch.
 States are ordered by ``(epoch, cas)`` (``version_of``), not by ``cas`` alone, because an old
 master cut off by a partition may have persisted one state that never reached a majority; a
-new master's state at the same ``cas`` must win over it (see ``docs/decisions.md``,
-"Coordinator").
+new master's state at the same ``cas`` must win over it (see
+``docs/decisions/0023-coordinator-majority-commit.md``).
 
 Durability. Each manager node keeps one ``CoordinatorRecord`` (its promise and its latest
 state) in one file, rewritten atomically (temp file, fsync, rename, directory fsync) on every

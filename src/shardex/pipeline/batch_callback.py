@@ -8,8 +8,8 @@ later the ``JavaObject`` garbage messages. Each is a py4j round trip from the ca
 thread while Spark's stream thread waits in ``addBatch``. The maintenance job reads
 (start, end] itself (``driver_read``, or a batch read on the workers for large batches) and
 never executes the streaming DataFrame, so it registers ``BatchIdCallback`` instead: the same
-Java interface, the batch id alone. Measured in ``docs/decisions.md``, "Spark's per-batch
-overhead".
+Java interface, the batch id alone. Measured in
+``docs/decisions/0061-spark-per-batch-overhead.md``.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ stream thread before the batch runs (``walCommit``), so ``foreachBatch`` reads t
 range from it: ``offsets/<B>`` is the end, ``offsets/<B-1>`` the start. Writing the logs
 asynchronously instead (Spark's asynchronous progress tracking) was measured and not taken:
 in Spark 4.3 a query with async progress over a Python data source cannot be stopped
-cleanly, so the supervisor could never restart it (``docs/decisions.md``, "Spark's offset
-log off the critical path").
+cleanly, so the supervisor could never restart it (``docs/decisions/0065-async-progress-tracking-rejected.md``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
    lies between its end and F (and is not applied). No two rounds (a batch's, an idle one,
    one between batches) ever overlap (``_round_lock``).
 
-Exactly-once from at-least-once (``docs/decisions.md``, "Index pipeline"): Spark runs a
+Exactly-once from at-least-once (``docs/decisions/0029-index-pipeline-micro-batch.md``):
+Spark runs a
 batch again with the same offsets after a failure; slices drop key versions at or below
 their applied seqno, a stabilise at a TS already reached is a no-op, and an indexer that
 restarted after taking a batch's earlier frames refuses its last one (STALE_DELIVERY), so
@@ -176,7 +177,7 @@ class MaintenanceJob:
         self.max_piece = max_piece
         # Spark's batches while rounds between batches carry the stream: each costs Spark's
         # planning and logs (~0.3 of a core at one every ~150 ms in a drain, ``docs/
-        # decisions.md``, "Streamed rounds and the sustained drain") and only moves the
+        # decisions/0077-streamed-rounds-and-sustained-drain.md``) and only moves the
         # checkpoint, so such a batch rests in ``foreachBatch`` until the rounds stop (a
         # failure, new views, ``stop_rounds``) or this many seconds passed.
         self.rest_while_rounds = rest_while_rounds
@@ -200,7 +201,7 @@ class MaintenanceJob:
     def stabilise_per_batch(self) -> None:
         """Stabilise only at Spark's batch ends (the read-ahead read once per batch, its rows
         taken by the next batch): the mode before rounds between batches, kept for the
-        benchmark's A/B (``docs/decisions.md``, "Stability rounds between Spark batches").
+        benchmark's A/B (``docs/decisions/0074-stability-rounds-between-batches.md``).
         Call before ``start``."""
         self.stabilise_ahead = False
         self.read_ahead.rolling = False

@@ -5,10 +5,10 @@ what only it knows: which indexes have *joined* the maintenance stream (their sl
 applied TS the stream can continue from), that applied TS (the lowest over the slices), and
 the index's *ahead* TS: the highest TS any of its slices may have applied (the highest over
 the slices at start, raised by every stabilise this driver attempts, ``attempted``), which a
-batch's stabilise must reach so that no slice is asked to go back (``docs/decisions.md``,
-"Stability rounds between Spark batches").
+batch's stabilise must reach so that no slice is asked to go back (``docs/decisions/
+0074-stability-rounds-between-batches.md``).
 
-Rules (``docs/decisions.md``, "Index pipeline"):
+Rules (``docs/decisions/0029-index-pipeline-micro-batch.md``):
 
 * An ACTIVE index is maintained. A BUILDING index is maintained once its initial build has
   loaded every slice (applied TS = the build's T0); before that the stream leaves it out.

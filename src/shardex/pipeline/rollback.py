@@ -9,7 +9,8 @@ The simple correct scheme of the pipeline notes:
    it get INDEX_IN_ROLLBACK from then on). The owners and move targets of the current
    topologies must answer (else the rollback fails and the supervisor runs it again); any other
    indexer (retired or orphan copies, a node whose slices switched away) is told best
-   effort, and one that cannot be reached is logged (``docs/decisions.md``, "Rollback");
+   effort, and one that cannot be reached is logged
+   (``docs/decisions/0067-rollback-tells-every-indexer.md``);
 2. those indexes leave the stream (``IndexRegistry.forget``) and get a new initial build
    from a fresh snapshot (the index stays ACTIVE in the coordinator; ``MarkIndexActive``
    records the new build TS);

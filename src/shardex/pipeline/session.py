@@ -1,7 +1,7 @@
 """One way to build the SparkSession: for tests, the ``shardex pipeline`` driver and benchmarks.
 
-Everything here was measured on the 2-core development machine (see ``docs/decisions.md``,
-"Spark change-stream source"). The settings and why:
+Everything here was measured on the 2-core development machine (see
+``docs/decisions/0035-spark-session-settings.md``). The settings and why:
 
 * Loopback only: ``SPARK_LOCAL_IP`` and ``spark.driver.host``/``bindAddress`` = 127.0.0.1.
   Nothing may listen on or resolve another interface, and without them Spark spends seconds

@@ -9,7 +9,8 @@ with the key codec. Index sets made of plain paths (and ``path op constant`` fil
 the column-at-a-time path of :mod:`shardex.pipeline.project.columnar` instead, with identical
 results; ``Projector(defs, fast=False)`` keeps the loop.
 
-Rules (the SQL++/N1QL rules; stated again in ``docs/decisions.md``):
+Rules (the SQL++/N1QL rules; stated again in
+``docs/decisions/0025-index-definitions-projector-router.md``):
 
 * WHERE: a document is in the index only if the WHERE clause's N1QL truth value is true
   (``ops.truth``: MISSING, NULL, false, 0, "", [] and {} are false).

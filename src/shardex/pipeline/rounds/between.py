@@ -18,7 +18,7 @@ registry's highest TS any slice may have applied, raised before every round, so 
 what a round that failed half way reached); it reads (E, F] too where F > E. An index on
 another branch than E in some partition (a rollback or a failover between) is left out as
 before (``on_branch``). The argument (nothing lost or doubled, stability monotonic and common
-to all slices): ``docs/decisions.md``, "Stability rounds between Spark batches".
+to all slices): ``docs/decisions/0074-stability-rounds-between-batches.md``.
 """
 
 from __future__ import annotations

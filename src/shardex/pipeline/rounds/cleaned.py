@@ -10,8 +10,8 @@ round of this query dropped what was queued above its start there (``drop_above`
 engine call that queues the round's rows): a round whose plan names any other node drops
 on every node of its plan first. The first round of a query is that rule with nobody
 cleaned yet; a node entering a plan later (a move target, a new owner) is cleaned like the
-first round's nodes. The argument: ``docs/decisions.md``, "Deliver ahead" ("A node entering
-a plan later").
+first round's nodes. The argument: ``docs/decisions/0050-deliver-ahead.md`` ("A node
+entering a plan later").
 """
 
 from __future__ import annotations

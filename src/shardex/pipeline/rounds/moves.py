@@ -7,7 +7,7 @@ moves (index, partition, target) a successful round has named in ``moving``; the
 job (``MaintenanceJob.idle_round``, called by the supervisor every poll) runs an *empty*
 round for the others at the stream's position.
 
-Why the copy stays exactly-once (``docs/decisions.md``, "Index moves"): E1 must be a TS such
+Why the copy stays exactly-once (``docs/decisions/0040-index-moves.md``): E1 must be a TS such
 that every key version above it reaches the target. The empty round runs under the job's
 batch lock, so no batch is in flight: everything up to the stream's position P (the end of
 the last batch that was stabilised, or the checkpoint's last committed batch) is applied on

@@ -1,6 +1,6 @@
 """What a batch's round stabilises where: derived from the same views the router used, so a
-round names exactly the slices its rows went to (``maintain.py``; ``docs/decisions.md``,
-"Index moves")."""
+round names exactly the slices its rows went to (``maintain.py``;
+``docs/decisions/0040-index-moves.md``)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def round_slices(views: Sequence[IndexView]) -> dict[str, dict[str, list[int]]]:
     slices the router sends the batch's rows to, by the same views (topology and routed
     moves). A slice left out keeps its applied TS: after an index move's switch the source
     still holds the partition, but must not snapshot a TS whose changes went to the target
-    only (``docs/decisions.md``, "Index moves")."""
+    only (``docs/decisions/0040-index-moves.md``)."""
     out: dict[str, dict[str, set[int]]] = {}
     for v in views:
         for p, node in v.topology.assignment.items():

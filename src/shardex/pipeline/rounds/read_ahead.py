@@ -106,7 +106,7 @@ class ReadAhead:
         # rounds between batches a round takes what was read while the last one ran, so
         # a backlog read in pieces of at most half the cap is read beside the rounds instead
         # of in turn with them (a piece of the whole cap leaves nothing to read until its
-        # round ended: ``docs/decisions.md``, "Streamed rounds").
+        # round ended: ``docs/decisions/0077-streamed-rounds-and-sustained-drain.md``).
         self.max_piece = max_piece
         self.on_end: Callable[[], None] | None = None  # called as the thread ends
         self._thread: threading.Thread | None = None

@@ -5,7 +5,7 @@
 while Spark writes the commit log, asks for the next offsets and writes the next offset log
 (100s of ms per batch on this machine). The next batch, and an idle stabilise round, first
 ``join`` the tail: at most one tail is ever in flight, and nothing after it starts before it
-ended. Why that keeps exactly-once: ``docs/decisions.md``, "Index pipeline".
+ended. Why that keeps exactly-once: ``docs/decisions/0044-round-trip-per-indexer.md``.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ fails the query with a message tagged for ``parse_rollback`` (partition, rollbac
 Modules: ``source_options`` (options, the task unit), ``source_plan`` (ranges, grouping,
 limits), ``source_read`` (worker-side reading into Arrow), ``source_stream`` (the stream
 readers), ``source_follow`` (live streams for ``reader=follow``), ``source_types``.
-Measurements and decisions: ``docs/decisions.md``, "Spark change-stream source".
+Measurements and decisions: ``docs/decisions/0032-spark-source-rules.md``.
 """
 
 from __future__ import annotations

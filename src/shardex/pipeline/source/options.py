@@ -40,7 +40,7 @@ READERS = ("partitioned", "driver", "follow")
 # How the stream readers learn the high seqnos: "owners" (default: each owner asked
 # directly, one hop; ``source/seqnos.py``) or "gather" (one HighSeqnos to a data node, which
 # gathers from the owners). Measured in the pipeline at 5,000 writes/s: the RPC at a
-# batch's start 0.24-0.64x in 9 of 10 pairs (docs/decisions.md, "latestOffset and planning").
+# batch's start 0.24-0.64x in 9 of 10 pairs (docs/decisions/0064-latestoffset-from-owners.md).
 HIGH_SEQNOS = ("owners", "gather")
 # Idle, Spark asks for the latest offset about 50 times a second (measured); each ask costs a
 # HighSeqnos fan-out (2.5-3 ms here). Reusing an answer for 20 ms bounds that to 50/s at most

@@ -7,7 +7,7 @@ the documents in hand, so with ``project`` set it projects there and hands Spark
 key versions (``KEY_VERSION_SCHEMA``), and with ``load`` set too (initial builds) it also
 sends each slice's Upserts to its indexer (``LoadChunk``) and hands Spark one row of counts
 per read batch. Measured with 50k documents, warm workers: read + mapInArrow 1.5 s, the
-same read in a task that only counts 0.6 s (``docs/decisions.md``, "Index pipeline").
+same read in a task that only counts 0.6 s (``docs/decisions/0047-projector-column-fast-path.md``).
 
 No pyspark import: the functions run in workers (inside ``ChangeRangesPartition.read``), on
 the driver and in tests alike.

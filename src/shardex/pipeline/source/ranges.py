@@ -5,7 +5,7 @@ carries, so a read of 10-100 changes per partition over 64 partitions (a mainten
 its catch-up, a read-ahead piece) was mostly per-stream cost. ``read_small_ranges`` sends
 each owner all its ranges in one request (``client/range_reads.py``), every owner at once,
 and continues ranges the reply's caps cut from where they stopped, each owner at its own
-pace. Measured in ``docs/decisions.md``, "Multi-range change reads".
+pace. Measured in ``docs/decisions/0075-multi-range-change-reads.md``.
 
 The rules are the stream reader's (``read._stream_range``), range by range:
 

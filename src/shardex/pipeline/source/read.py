@@ -28,7 +28,8 @@ Why the pieces are as they are:
   reaches the Spark driver as text only.
 * Snapshot mode (initial builds): the change log from seqno 0 to T0, last version per docid,
   tombstones dropped, emitted in seqno order. Correct, and the only way over today's wire;
-  a document-snapshot RPC would make it faster (see ``docs/decisions.md``).
+  a document-snapshot RPC would make it faster (see
+  ``docs/decisions/0033-spark-batch-reads-and-snapshot.md``).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ DEFAULT_CREDIT = 4  # stream batches in flight per stream
 DEFAULT_BATCH_ROWS = 16_384  # rows per RecordBatch handed to Spark
 DEFAULT_RESUME_TIMEOUT = 30.0  # how long a cut stream keeps trying to resume
 # Ranges of at most this many changes are read with ReadRanges (one request per owner node)
-# rather than a stream each: measured in docs/decisions.md, "Multi-range change reads".
+# rather than a stream each: measured in docs/decisions/0075-multi-range-change-reads.md.
 DEFAULT_SMALL_RANGE = 2000
 
 # --- clients ------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 ``Client.high_seqnos`` sends one ``HighSeqnos`` to a data node, which gathers the answer
 from every owner (a task on that node, a request to each other owner, their replies, then
 its own reply): two hops in a row, and on the gathering node two turns of its event loop.
-Measured inside the running pipeline at 5,000 writes/s (``docs/decisions.md``, "latestOffset
-and planning"), that RPC is most of Spark's latestOffset phase at a batch's start, when the
+Measured inside the running pipeline at 5,000 writes/s (``docs/decisions/
+0064-latestoffset-from-owners.md``), that RPC is most of Spark's latestOffset phase at a
+batch's start, when the
 nodes are busiest (the previous batch's round and read-ahead start at that moment).
 
 Here the reader asks each owner for its own partitions in parallel, as a gathering node

@@ -5,8 +5,8 @@ Spark tasks in Python workers. ``ShardexDriverStreamReader`` (``reader=driver`` 
 ``follow``): a ``SimpleDataSourceStreamReader`` that reads in the driver's Python process and
 hands Spark the rows with the end offset, so a micro-batch runs no read task. Both share
 ``_OffsetSource``: the client, the cached high seqnos, the initial offset, rollback checks
-and the availableNow target. Measurements and the choice between them: ``docs/decisions.md``,
-"Spark change-stream source".
+and the availableNow target. Measurements and the choice between them:
+``docs/decisions/0034-stream-reader-partitioned.md``.
 """
 
 from __future__ import annotations
@@ -237,7 +237,8 @@ class ShardexStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         # No consumer-checkpoint RPC exists on the wire yet (only DataEngine
-        # .set_consumer_checkpoint, node-local): nothing to register. See docs/decisions.md.
+        # .set_consumer_checkpoint, node-local): nothing to register. See
+        # docs/decisions/0032-spark-source-rules.md.
         with self.offsets.stats.call("commit", gap_after="reportLatestOffset"):
             return None
 

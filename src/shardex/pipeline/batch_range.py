@@ -5,7 +5,8 @@ stream thread before the batch runs (``walCommit``), so ``foreachBatch`` reads t
 range from it: ``offsets/<B>`` is the end, ``offsets/<B-1>`` the start. Writing the logs
 asynchronously instead (Spark's asynchronous progress tracking) was measured and not taken:
 in Spark 4.3 a query with async progress over a Python data source cannot be stopped
-cleanly, so the supervisor could never restart it (``docs/decisions/0065-async-progress-tracking-rejected.md``).
+cleanly, so the supervisor could never restart it
+(``docs/decisions/0065-async-progress-tracking-rejected.md``).
 """
 
 from __future__ import annotations

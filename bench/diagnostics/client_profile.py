@@ -1,29 +1,24 @@
-"""Client CPU per operation: ``python -m bench.diagnostics.client_profile DIR [--before-src PATH]``.
+"""Client CPU per operation:
+``python -m bench.diagnostics.client_profile DIR [--before-src PATH]``.
 
 The concurrent-client ratios (``bench.scan``, 4-16 client processes on 2 cores) are
 bounded by the CPU each client process spends per scan, so this measures exactly that: the
 CPU time (user + system, ``time.process_time``) of a client process per 100-row scan
 (``bench.scan.queries``' cases at not_bounded and request_plus) and per point ``get``,
 divided by the operations run, and the p50 latency of an operation. ``--threads N`` runs N
-threads of one client process at once (the concurrent clients of ``bench.scan_ab``), so the
-p50 shows what the client's CPU does to latency when its threads and the nodes share the
-cores; the CPU figure is the one least moved by other work on the machine.
-
-``--direct-ab`` compares the sync client's two scan paths on this tree instead: side A's
-scans go through the client's event-loop thread (``direct_scans=False``), side B's over a
-blocking socket in the calling thread (the default, ``client/direct_scan.py``); ``get`` runs
-the same code on both sides (a check on the run's bias).
+threads of one client process at once (concurrent clients), so the p50 shows what the
+client's CPU does to latency when its threads and the nodes share the cores; the CPU figure
+is the one least moved by other work on the machine.
 
 ``DIR`` is a ``bench.diagnostics.scan_profile setup`` directory (a 3-node cluster with the
-documents and
-both indexes built). The cluster runs on this tree's code; each side's client runs in a
-worker process of its own (``--worker``): side B on this tree, side A (with
-``--before-src``) on the ``shardex`` package in PATH (first on its ``PYTHONPATH``), so the
-client code can be A/B-compared while sharing one cluster. The parent hands the workers
-rounds of ``ROUND`` operations of one kind in turn (A, B, then B, A, ...), so a load spike from
-other work hits both sides alike: read the B/A ratio. ``--profile`` adds a cProfile of
-side B's client (the worker prints it at the end). Rows go to
-``bench/results/client_profile.json``. The cluster is stopped before the command returns.
+documents and both indexes built). The cluster runs on this tree's code; each side's client
+runs in a worker process of its own (``--worker``): side B on this tree, side A (with
+``--before-src``) on the ``shardex`` package in PATH (first on its ``PYTHONPATH``), so a
+change to the client can be measured against the code before it while sharing one cluster.
+The parent hands the workers rounds of ``ROUND`` operations of one kind in turn (A, B, then
+B, A, ...), so a load spike from other work hits both sides alike: read the B/A ratio.
+``--profile`` adds a cProfile of side B's client (the worker prints it at the end). Rows go
+to ``bench/results/client_profile.json``. The cluster is stopped before the command returns.
 """
 
 from __future__ import annotations
@@ -51,7 +46,7 @@ SIDES = ("A", "B")
 # -- the worker (one client process) ---------------------------------------------------------
 
 
-def _worker(cdir: Path, profile: bool, threads: int, direct_scans: bool = True) -> None:
+def _worker(cdir: Path, profile: bool, threads: int) -> None:
     """Read ``<op>\\t<n>`` lines, run ``n`` operations in each of ``threads`` threads,
     answer one JSON line each (CPU, wall and each operation's latency)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -65,7 +60,7 @@ def _worker(cdir: Path, profile: bool, threads: int, direct_scans: bool = True) 
     scans = [q for case in CASES for q in queries[case]]
     prof = cProfile.Profile() if profile else None
     loop_prof = cProfile.Profile() if profile else None  # the client's event-loop thread
-    with connect_local(cdir, direct_scans=direct_scans) as client:
+    with connect_local(cdir) as client:
         ks = client.keyspace(KEYSPACE)
         counter = [0]
 
@@ -150,7 +145,6 @@ class _Side:
         profile: bool,
         threads: int,
         log: Path,
-        direct_scans: bool = True,
     ) -> None:
         env = dict(os.environ)
         if src is not None:
@@ -161,8 +155,6 @@ class _Side:
         cmd += ["--threads", str(threads)]
         if profile:
             cmd.append("--profile")
-        if not direct_scans:
-            cmd.append("--loop-scans")
         self._err = log.open("w")
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, env=env
@@ -199,12 +191,11 @@ def measure(
     ops: int,
     profile: bool,
     threads: int = 1,
-    direct_ab: bool = False,
 ) -> list[Row]:
     from bench.diagnostics.scan_profile import running
 
-    cdir = base / "twin" if (base / "twin").exists() else base / "cluster"
-    ab = before_src is not None or direct_ab
+    cdir = base / "cluster"
+    ab = before_src is not None
     sides = SIDES if ab else ("B",)
     totals = {(s, op): [0.0, 0.0, 0.0, 0] for s in sides for op in OPS}
     lats: dict[tuple[str, str], list[float]] = {(s, op): [] for s in sides for op in OPS}
@@ -215,8 +206,7 @@ def measure(
             for s in sides:
                 src = before_src if s == "A" else None
                 log = base / f"worker-{s}.log"
-                direct = not (direct_ab and s == "A")  # --direct-ab: A takes the loop path
-                workers[s] = _Side(cdir, src, profile and s == "B", threads, log, direct)
+                workers[s] = _Side(cdir, src, profile and s == "B", threads, log)
             done = 0
             while done < ops:
                 n = min(ROUND, ops - done)
@@ -268,28 +258,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--profile", action="store_true", help="cProfile side B's client")
     ap.add_argument("--threads", type=int, default=1, help="concurrent threads per client")
-    ap.add_argument(
-        "--direct-ab",
-        action="store_true",
-        help="A/B the scan paths: A through the client's loop thread, B in the calling thread",
-    )
-    ap.add_argument("--loop-scans", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        _worker(args.dir, args.profile, args.threads, not args.loop_scans)
+        _worker(args.dir, args.profile, args.threads)
         return 0
     start = time.perf_counter()
-    if args.direct_ab and args.before_src is not None:
-        ap.error("--direct-ab compares this tree's two scan paths: no --before-src")
-    rows = measure(args.dir, args.before_src, args.ops, args.profile, args.threads, args.direct_ab)
+    rows = measure(args.dir, args.before_src, args.ops, args.profile, args.threads)
     report(
         "client_profile",
         rows,
         elapsed=time.perf_counter() - start,
         extra={
             "before_src": str(args.before_src) if args.before_src else None,
-            "direct_ab": args.direct_ab,
         },
         title="client CPU per operation",
     )

@@ -1,15 +1,14 @@
 """Node instructions per scan: ``python -m bench.diagnostics.scan_instructions DIR [--scans N]``.
 
-CPU seconds per scan (``bench.scan_ab``) move with the machine's load; retired instructions
-hardly do. This starts the cluster of ``bench.diagnostics.scan_profile setup DIR`` (no
-pipeline), runs
-``--scans`` scans of every case at not_bounded and request_plus from one in-process client,
-and prints, per case, the user and kernel instructions of the three node processes (all
-their threads) per scan, read by ``perf stat -e instructions:u,instructions:k -p PID``
-around the scans (warm-up excluded). Compare two code versions by running it twice, the
+CPU seconds per scan (``bench.diagnostics.scan_profile``) move with the machine's load; retired
+instructions hardly do. This starts the cluster of ``bench.diagnostics.scan_profile setup DIR``
+(no pipeline), runs ``--scans`` scans of every case at not_bounded and request_plus from one
+in-process client, and prints, per case, the user and kernel instructions of the three node
+processes (all their threads) per scan, read by ``perf stat -e instructions:u,instructions:k -p
+PID`` around the scans (warm-up excluded). Compare two code versions by running it twice, the
 nodes picking the code up from ``PYTHONPATH`` (``PYTHONPATH=/tmp/before/src python -m
-bench.diagnostics.scan_instructions DIR``); the cluster is stopped before each run returns. Needs
-``perf`` (hardware counters). ``--per-node`` adds each node's user instructions per scan
+bench.diagnostics.scan_instructions DIR``); the cluster is stopped before each run returns.
+Needs ``perf`` (hardware counters). ``--per-node`` adds each node's user instructions per scan
 (sorted by node pid: which node pays, e.g. the coordinator against the data nodes a
 request_plus scan asks); ``--threads N`` runs N clients at once (threads of this process,
 ``--scans`` each), where concurrent request_plus scans share high-seqno rounds.

@@ -27,12 +27,12 @@ import pstats
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bench.common.dataset import KEYSPACE, SEED
-from bench.common.driver import BatchLog, InProcessDriver
 from bench.common.local_cluster import free_base_port, shardex_cli
 from bench.common.runner import load1, log, percentile
 from bench.diagnostics.node_profile import node_profiling, start_profiles, stop_profiles
@@ -94,10 +94,23 @@ def cpu_seconds(pids: Sequence[int]) -> tuple[float, float]:
 
 
 def setup(base: Path, docs: int) -> None:
-    from bench.common.dataset import create_indexes, shardex_load, write_docs
+    from bench.common.dataset import create_indexes
     from bench.common.driver import shardex_build
+
+    def build(client: Any, driver: Any) -> None:
+        create_indexes(client)
+        shardex_build(client, driver, docs, timeout=3600)
+
+    setup_cluster(base, docs, "shardex-scan-profile", build)
+
+
+def setup_cluster(base: Path, docs: int, app_name: str, build: Callable[[Any, Any], None]) -> None:
+    """The kept cluster of a ``setup DIR``: 3 nodes in ``DIR/cluster``, ``docs`` demo users
+    loaded, ``build(client, driver)`` run with a pipeline driver on a SparkSession of this
+    process, then the cluster stopped (``DIR/docs.txt`` records the count)."""
+    from bench.common.dataset import shardex_load, write_docs
+    from bench.common.harness import spark_driver
     from shardex.client import connect_local
-    from shardex.pipeline.session import build_spark_session
 
     base.mkdir(parents=True, exist_ok=True)
     files, _ = write_docs(base, docs, SEED, 3)
@@ -105,19 +118,8 @@ def setup(base: Path, docs: int) -> None:
     with running(cdir, new=True), connect_local(cdir) as client:
         client.create_keyspace(KEYSPACE, num_partitions=64)
         shardex_load(cdir, files, base)
-        create_indexes(client)
-        spark = build_spark_session(
-            app_name="shardex-scan-profile",
-            conf_overrides={"spark.local.dir": str(base / "spark-tmp")},
-        )
-        driver = None
-        try:
-            driver = InProcessDriver(spark, cdir, base / "checkpoints", BatchLog(), 0.3)
-            shardex_build(client, driver, docs, timeout=3600)
-        finally:
-            if driver is not None:
-                driver.stop()
-            spark.stop()
+        with spark_driver(base, cdir, app_name) as driver:
+            build(client, driver)
     (base / "docs.txt").write_text(str(docs))
     log(f"set up {base}")
 

@@ -25,28 +25,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common.dataset import SEED
-from bench.common.runner import log, percentile
+from bench.common.runner import percentile
 from bench.diagnostics.node_profile import node_profiling, start_profiles, stop_profiles
-from bench.diagnostics.scan_profile import cpu_seconds, node_pids, running
-from bench.sql.queries import CASES, KEYSPACE, SX_SQL, DocStats, build_queries
+from bench.diagnostics.scan_profile import cpu_seconds, node_pids, running, setup_cluster
+from bench.sql.queries import CASES, SX_SQL, DocStats, build_queries
 
 
 def setup(base: Path, docs: int) -> None:
-    from bench.common.dataset import shardex_load, write_docs
-    from bench.common.harness import spark_driver
     from bench.sql.phases import create_and_build
-    from shardex.client import connect_local
 
-    base.mkdir(parents=True, exist_ok=True)
-    files, _ = write_docs(base, docs, SEED, 3)
-    cdir = base / "cluster"
-    with running(cdir, new=True), connect_local(cdir) as client:
-        client.create_keyspace(KEYSPACE, num_partitions=64)
-        shardex_load(cdir, files, base)
-        with spark_driver(base, cdir, "shardex-sql-profile") as driver:
-            create_and_build(client, driver, timeout=3600)
-    (base / "docs.txt").write_text(str(docs))
-    log(f"set up {base}")
+    setup_cluster(
+        base, docs, "shardex-sql-profile", lambda c, d: create_and_build(c, d, timeout=3600)
+    )
 
 
 def measure(base: Path, n: int, cases: Sequence[str], nodes_out: Path | None) -> None:

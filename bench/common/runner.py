@@ -196,7 +196,7 @@ def report(
 
 
 def log(msg: str) -> None:
-    print(f"[pipeline] {msg}", file=sys.stderr, flush=True)
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def load1() -> float | None:

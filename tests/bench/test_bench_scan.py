@@ -154,7 +154,7 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     every table is there, both systems answered every case in every round without errors,
     each measurement with its load and both systems' server CPU."""
     out = tmp_path / "scan.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'src'}"}
     cmd = [sys.executable, "-m", "bench.scan", "--quick", "--docs", "6000", "--seconds", "1"]
     cmd += ["--rounds", "2"]
     proc = subprocess.run(

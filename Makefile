@@ -22,7 +22,7 @@ format: env
 	@.venv/bin/ruff format src tests bench
 
 bench: env
-	@.venv/bin/python -m bench.wire
+	@.venv/bin/python -m bench --quick
 
 clean:
 	rm -rf .venv .pytest_cache demo-cluster

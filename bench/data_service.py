@@ -6,7 +6,7 @@ One run, the same generated documents, the same machine, one client each, sequen
   1 node (the fair comparison to one PostgreSQL server) and, unless ``--quick``, 3 nodes;
   a keyspace of 64 partitions; writes with the default durability (WAL synced before the
   ack).
-- PostgreSQL: a private server from the Debian package (``bench/postgres.py``), table
+- PostgreSQL: a private server from the Debian package (``bench/common/postgres.py``), table
   ``docs(id text primary key, body jsonb)``, ``fsync=on`` and ``synchronous_commit=on``.
 
 Each system, in the same order on the same documents:
@@ -30,7 +30,6 @@ noisy: the ratios are reported, never checked against a threshold.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import shutil
@@ -44,10 +43,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from bench.data_docs import Doc, Item, doc_sizes, make_docs
-from bench.local_cluster import shardex_cluster
-from bench.postgres import PostgresServer, signals_raise
-from bench.runner import Row, load_average, print_table, report
+from bench.common.dataset import Doc, Item, doc_sizes, make_docs
+from bench.common.local_cluster import shardex_cluster
+from bench.common.postgres import PostgresServer, signals_raise
+from bench.common.runner import Row, fs_type, load_average, percentile, print_table, report
 from shardex.errors import ShardexError
 
 KEYSPACE = "bench"
@@ -82,14 +81,6 @@ def log(msg: str) -> None:
 
 
 # --- measuring ---------------------------------------------------------------------------
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of an ascending sequence."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, min(len(sorted_values), math.ceil(q / 100 * len(sorted_values))))
-    return sorted_values[rank - 1]
 
 
 class Target(Protocol):
@@ -298,20 +289,6 @@ def shardex_missing() -> str | None:
 
 
 # --- machine -----------------------------------------------------------------------------
-
-
-def fs_type(path: Path) -> str:
-    """The file system type of the mount holding ``path`` (from /proc/mounts)."""
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
-                    best, kind = parts[1], parts[2]
-    except OSError:
-        pass
-    return kind
 
 
 def fsync_probe(directory: Path, n: int = 200) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Wire protocol benchmark: ``python -m bench.wire [--duration S] [--only NAME]``.
+"""Wire protocol benchmark: ``python -m bench.wire [--quick] [--duration S] [--only NAME]``.
 
 The server runs in a separate process (its own core and event loop, as a real peer would);
 the client is this process. Everything goes over loopback TCP through the full stack:
@@ -24,7 +24,7 @@ import time
 from multiprocessing.connection import Connection as Pipe
 from typing import Any
 
-from bench.runner import BenchContext, Row, run_suite
+from bench.common.runner import BenchContext, Row, run_suite
 from shardex.net import Connection, Message, RpcServer, TcpTransport, connect
 
 SECRET = "bench-secret"

@@ -1,0 +1,86 @@
+"""A throwaway local shardex cluster for a benchmark: ``shardex cluster start`` (no
+pipeline) on a free range of loopback ports in a fresh directory, always stopped and
+removed afterwards; and the CLI command line the benchmarks run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from bench.common.postgres import no_interrupts
+
+__all__ = ["free_base_port", "ports_free", "shardex_cli", "shardex_cluster"]
+
+
+def _log(msg: str) -> None:
+    print(f"[local_cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def shardex_cli() -> list[str]:
+    """The ``shardex`` CLI beside this interpreter, else the module run by it."""
+    exe = Path(sys.executable).with_name("shardex")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "shardex.cli.main"]
+
+
+def ports_free(ports: Sequence[int]) -> bool:
+    """Whether every port in ``ports`` can be bound on 127.0.0.1 right now."""
+    socks: list[socket.socket] = []
+    try:
+        for p in ports:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", p))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_base_port(nodes: int, http_offset: int = 1000, seed: int | None = None) -> int:
+    """A base port P with P..P+nodes-1 and P+http_offset.. free now."""
+    rng = random.Random(seed)
+    for _ in range(200):
+        base = rng.randrange(20_000, 60_000 - http_offset - nodes)
+        wanted = [base + k for k in range(nodes)] + [base + http_offset + k for k in range(nodes)]
+        if ports_free(wanted):
+            return base
+    raise RuntimeError("found no free range of ports for the cluster")
+
+
+@contextlib.contextmanager
+def shardex_cluster(base_dir: Path, nodes: int) -> Iterator[Path]:
+    """``shardex cluster start --nodes N`` in a fresh dir under ``base_dir``; always stopped."""
+    from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
+
+    cdir = Path(tempfile.mkdtemp(prefix=f"shardex-{nodes}n-", dir=base_dir)) / "cluster"
+    port = free_base_port(nodes, HTTP_PORT_OFFSET)
+    cmd = [*shardex_cli(), "cluster", "start", "--nodes", str(nodes), "--dir", str(cdir)]
+    cmd += ["--no-pipeline", "--base-port", str(port)]
+    _log(f"running: {' '.join(cmd)}")
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"shardex cluster start failed ({proc.returncode}):\n{proc.stdout}")
+        yield cdir
+    finally:
+        with no_interrupts():
+            stop = subprocess.run(
+                [*shardex_cli(), "cluster", "stop", "--dir", str(cdir)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            if stop.returncode != 0 and cdir.exists():
+                _log(f"shardex cluster stop: {stop.stdout.strip()}")
+            shutil.rmtree(cdir.parent, ignore_errors=True)
+            _log(f"stopped the {nodes}-node cluster and removed {cdir.parent}")

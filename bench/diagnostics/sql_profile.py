@@ -1,0 +1,105 @@
+"""Where a small SQL query's time goes: ``python -m bench.diagnostics.sql_profile setup|run DIR``.
+
+A development tool beside ``bench.sql`` (which needs PostgreSQL and a Spark build per run):
+
+* ``setup DIR``: a 3-node cluster in ``DIR/cluster``, the bench's documents (``--docs``,
+  default 20,000), ``bench.sql``'s indexes (``SHARDEX_DDL``) built once by the Spark
+  pipeline, then the cluster is stopped; the directory is kept for ``run``.
+* ``run DIR``: start the cluster (no pipeline), run ``--queries`` queries of each case of
+  ``bench.sql``'s mix (``--case`` narrows it) at request_plus from one in-process client, and
+  print per case: p50/p90, the CPU time per query of the three node processes and of the
+  client (less sensitive to a loaded machine than wall time). ``--profile-nodes OUT`` adds a
+  cProfile of every node per case (``bench/diagnostics/node_profile.py``; read them
+  with ``pstats``).
+
+The cluster is always stopped before the command returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.common.dataset import SEED
+from bench.common.runner import percentile
+from bench.diagnostics.node_profile import node_profiling, start_profiles, stop_profiles
+from bench.diagnostics.scan_profile import cpu_seconds, node_pids, running, setup_cluster
+from bench.sql.queries import CASES, SX_SQL, DocStats, build_queries
+
+
+def setup(base: Path, docs: int) -> None:
+    from bench.sql.phases import create_and_build
+
+    setup_cluster(
+        base, docs, "shardex-sql-profile", lambda c, d: create_and_build(c, d, timeout=3600)
+    )
+
+
+def measure(base: Path, n: int, cases: Sequence[str], nodes_out: Path | None) -> None:
+    with contextlib.ExitStack() as stack:
+        if nodes_out is not None:  # before the nodes start: they inherit the hook
+            stack.enter_context(node_profiling(nodes_out))
+        _measure(base, n, cases, nodes_out)
+
+
+def _measure(base: Path, n: int, cases: Sequence[str], nodes_out: Path | None) -> None:
+    from shardex.client import connect_local
+    from shardex.demo.datagen import users
+
+    docs = int((base / "docs.txt").read_text())
+    queries = build_queries(DocStats.of(users(docs, SEED)))
+    with running(base / "cluster", new=False), connect_local(base / "cluster") as client:
+        pids = node_pids(base / "cluster")
+        for case in cases:
+            qs = queries[case]
+            for q in qs[:10]:  # warm: connections, statement caches
+                list(client.query(SX_SQL[case], list(q.params)))
+            if nodes_out is not None:
+                start_profiles(pids)
+            lat: list[float] = []
+            before = cpu_seconds(pids)
+            for i in range(n):
+                q = qs[i % len(qs)]
+                t = time.perf_counter()
+                rows = list(client.query(SX_SQL[case], list(q.params)))
+                lat.append(time.perf_counter() - t)
+                if len(rows) != q.expected_rows:
+                    raise RuntimeError(f"{case}: {len(rows)} rows, not {q.expected_rows}")
+            after = cpu_seconds(pids)
+            if nodes_out is not None:
+                for f in stop_profiles(pids, nodes_out):
+                    f.rename(f.with_name(f"{case.replace(' ', '_')}-{f.name}"))
+            lat.sort()
+            nodes_cpu, client_cpu = ((a - b) / n for a, b in zip(after, before, strict=True))
+            print(
+                f"{case:20} p50 {percentile(lat, 50) * 1e3:7.2f} ms  "
+                f"p90 {percentile(lat, 90) * 1e3:7.2f} ms  cpu/query nodes "
+                f"{nodes_cpu * 1e3:6.2f} client {client_cpu * 1e3:5.2f} ms",
+                flush=True,
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.diagnostics.sql_profile", description=__doc__
+    )
+    ap.add_argument("command", choices=("setup", "run"))
+    ap.add_argument("dir", type=Path)
+    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--case", action="append", choices=CASES, help="default: every case")
+    ap.add_argument("--profile-nodes", type=Path, help="write node cProfiles here")
+    args = ap.parse_args(argv)
+    if args.command == "setup":
+        setup(args.dir, args.docs)
+    else:
+        measure(args.dir, args.queries, args.case or CASES, args.profile_nodes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

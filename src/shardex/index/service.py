@@ -77,6 +77,7 @@ from shardex.net.transport import Transport
 from shardex.node.reconcile_loop import reconcile_forever
 from shardex.node.thread_names import os_thread_namer
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
+from shardex.storage.interface import OpenStore
 
 __all__ = ["IndexService", "ReconcilePlan", "SliceEngine", "plan_reconcile"]
 
@@ -152,11 +153,14 @@ class IndexService:
         coordinator: Callable[[], Any | None] = lambda: None,
         members: Callable[[], list[MemberInfo]] = list,
         reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
+        open_store: OpenStore | None = None,
     ) -> None:
         if engine_factory is None:
             if path is None:
                 raise ValueError("IndexService needs a path or an engine factory")
-            engine_factory = functools.partial(_open_engine, Path(path))
+            # ``open_store``: the engine's store (RocksDB when None; the simulator passes a
+            # memory store on the node's simulated disk)
+            engine_factory = functools.partial(_open_engine, Path(path), open_store)
         self.name = node_name
         self.path = path
         self._factory = engine_factory
@@ -368,8 +372,10 @@ def _loop_time() -> float:
     return asyncio.get_running_loop().time()
 
 
-def _open_engine(path: Path) -> SliceEngine:
+def _open_engine(path: Path, open_store: OpenStore | None = None) -> SliceEngine:
     from shardex.index.engine import IndexerEngine  # RocksDB: only where the service runs
 
+    if open_store is not None:
+        return IndexerEngine(path, open_store=open_store)
     path.parent.mkdir(parents=True, exist_ok=True)
     return IndexerEngine(path)

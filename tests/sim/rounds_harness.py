@@ -211,6 +211,10 @@ class World:
         checkpoint = Timestamp() if saved is None else Timestamp.from_wire(saved)
         pool = ConnectionPool(node.transport, SECRET, name=node.host)
         batch_id = int(node.disk.get("batch_id", 0))
+        # The first round of a (re)started driver and every retry first drop what the
+        # indexers hold queued above the round's start (``drop_above``): rows a dead driver
+        # or a failed round left there, as a new query's first round does.
+        fallback = True
         while True:
             end = self.ks.ts()
             if checkpoint.covers(end):
@@ -218,7 +222,7 @@ class World:
                 continue
             batch_id += 1
             node.disk["batch_id"] = batch_id
-            machine = RoundMachine(self.round_spec(batch_id, checkpoint, end))
+            machine = RoundMachine(self.round_spec(batch_id, checkpoint, end, drop=fallback))
             outcome = await drive_round(
                 machine, pool, self.rng, self.params.frame_gap, self.before_frame
             )
@@ -226,8 +230,10 @@ class World:
             if isinstance(outcome, RoundFailed):
                 why = "stale" if outcome.stale else outcome.error.code.value
                 self.failed[why] = self.failed.get(why, 0) + 1
+                fallback = True
                 await asyncio.sleep(self.params.retry_backoff)
                 continue
+            fallback = False
             if outcome.published:
                 self.check_published(outcome.ts, outcome.published)
             if set(outcome.published) == {d.id for d in self.definitions}:
@@ -238,8 +244,11 @@ class World:
 
     # -- the round -------------------------------------------------------------------------
 
-    def round_spec(self, batch_id: int, start: Timestamp, end: Timestamp) -> RoundSpec:
-        """The round of ``(start, end]``: projected and routed by the pipeline's code."""
+    def round_spec(
+        self, batch_id: int, start: Timestamp, end: Timestamp, *, drop: bool = False
+    ) -> RoundSpec:
+        """The round of ``(start, end]``: projected and routed by the pipeline's code.
+        ``drop``: each node first forgets its queued versions above ``start``."""
         rows = project(self.definitions, self.ks.changes(start, end)).rows
         by_node = {n: v for n, v in route(rows, self.routes).by_node.items() if v}
         plan, moving = stabilize_plan(self.views)
@@ -252,6 +261,7 @@ class World:
             plan=plan,
             slices=round_slices(self.views),
             moving=moving,
+            drop_above={p: start.seqno(p) for p in range(self.ks.num_partitions)} if drop else None,
             frame_rows=self.params.frame_rows,
         )
 
@@ -293,16 +303,17 @@ class World:
             random_workload(self.ks, self.rng, self.rng.randint(1, 25), pool=40)
 
     async def chaos(self, until: float) -> None:
-        """Crash and restart indexers (kill -9 or power-off) and the driver, at random."""
+        """Crash and restart indexers (kill -9 or power-off), the driver and the timekeeper
+        (which forgets the stability TSs it held), at random."""
         loop = asyncio.get_running_loop()
         cluster = self.sim.cluster
         self.chaos_on = True
         while loop.time() < until:
             await asyncio.sleep(self.rng.uniform(0.2, 2.0))
-            host = self.rng.choice([*INDEXERS, DRIVER])
-            power_off = host != DRIVER and self.rng.random() < 0.4
+            host = self.rng.choice([*INDEXERS, *INDEXERS, DRIVER, TIMEKEEPER])
+            power_off = host in INDEXERS and self.rng.random() < 0.4
             await cluster.crash(host, power_off=power_off)
-            if host != DRIVER:
+            if host in INDEXERS:
                 disk: MemoryDisk = cluster[host].disk["store"]
                 disk.crash(power_off=power_off, rng=self.rng)
             self.crashes.append(f"{loop.time():.3f} {host}{' power-off' if power_off else ''}")
@@ -329,6 +340,18 @@ class World:
         await cluster.restart(ins.node)
         await cluster[ins.node].wait_serving()
         await asyncio.sleep(0.01)  # the reset reaches the driver: the frame goes on a new link
+
+    async def check_told(self) -> None:
+        """After the last round: every indexer was told the last stability TS of each index
+        it hosts (``PublishStability``, in round order, so never an older one last)."""
+        assert self.timekeeper is not None
+        await self.timekeeper.drain_publishes()
+        last = self.published[-1]
+        for host in INDEXERS:
+            told = self.services[host].delivery.published
+            hosted = {i for i, placed in self.placement.items() if host in placed.values()}
+            wrong = {i: told.get(i) for i in hosted if told.get(i) != last}
+            assert not wrong, f"{host} holds {wrong}, not the last stability TS {last!r}"
 
     async def caught_up(self, timeout: float) -> None:
         """Wait (virtual time) until the driver's checkpoint is the keyspace's end."""

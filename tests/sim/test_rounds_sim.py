@@ -11,6 +11,7 @@ import asyncio
 import pytest
 from rounds_harness import DRIVER, INDEXERS, TIMEKEEPER, Params, World
 
+from shardex.index.testing import random_workload
 from shardex.sim import FaultConfig, Simulation, assert_deterministic, run_simulation, sim_seeds
 
 
@@ -25,6 +26,13 @@ def scenario(params: Params):  # type: ignore[no-untyped-def]
             await world.chaos(until=loop.time() + 20.0)
         await writer
         await world.caught_up(timeout=120.0)
+        # Publishing is best effort (a publish on a connection a crash broke is lost): two
+        # more rounds after the faults, the first clearing such connections, and the second
+        # reaches every (restarted) indexer.
+        for _ in range(2):
+            random_workload(world.ks, world.rng, 5)
+            await world.caught_up(timeout=120.0)
+        await world.check_told()
         sim.cluster.check()
         return world
 

@@ -127,3 +127,28 @@ def test_a_timekeeper_failure_publishes_nothing() -> None:
     assert isinstance(failed, RoundFailed) and not failed.stale
     with pytest.raises(RuntimeError):
         m.start()
+
+
+def test_drop_only_nodes_are_best_effort_and_left_out_of_the_check() -> None:
+    m = RoundMachine(
+        spec(by_node={}, plan={"a": ["ix"]}, drop_above={0: 2}, drop_nodes=["a", "c", "d"])
+    )
+    sends = {i.node: i.message for i in m.start() if isinstance(i, SendToIndexer)}
+    assert set(sends) == {"a", "c", "d"}
+    assert all(msg.drop_above == {0: 2} for msg in sends.values())
+    assert sends["c"].index_ids == [] and sends["c"].rows == []
+    assert m.handle(NodeFailed("c", NodeUnavailable("c is down"))) == []  # not a failure
+    m2 = RoundMachine(
+        spec(by_node={}, plan={}, drop_above={0: 2}, drop_nodes=["e"], early={"e": "E0"})
+    )
+    m2.start()
+    (ask2,) = m2.handle(NodeReplied("e", stabilized("e", "E1")))  # restarted: no matter
+    assert isinstance(ask2, AskTimekeeper) and ask2.message.stabilized == {}
+    assert m.handle(NodeReplied("d", stabilized("d", "D1"))) == []
+    (ask,) = m.handle(NodeReplied("a", stabilized("a", "A1")))
+    assert isinstance(ask, AskTimekeeper) and set(ask.message.stabilized or {}) == {"a"}
+
+
+def test_drop_nodes_without_a_drop_send_nothing() -> None:
+    m = RoundMachine(spec(by_node={}, plan={"a": ["ix"]}, drop_nodes=["c"]))
+    assert [i.node for i in m.start() if isinstance(i, SendToIndexer)] == ["a"]

@@ -139,7 +139,10 @@ class RoundSpec:
     round stabilises there; ``moving``: node -> index id -> partitions it receives as a
     move's target; ``advance_moving``: index id -> partition -> target (for the
     timekeeper); ``early``: node -> the incarnation that took rows delivered ahead;
-    ``drop_above``: data partition -> seqno above which each node first forgets its queue.
+    ``drop_above``: data partition -> seqno above which each node first forgets its queue;
+    ``drop_nodes``: nodes outside the round that took early rows and get the drop too, best
+    effort (one unreachable either died, its queue with it, or is cut off: a later round
+    naming it delivers its rows then), their replies left out of the timekeeper's check.
     """
 
     keyspace: str
@@ -153,19 +156,24 @@ class RoundSpec:
     advance_moving: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
     early: Mapping[str, str] = field(default_factory=dict)
     drop_above: Mapping[int, int] | None = None
+    drop_nodes: Sequence[str] = ()
     frame_rows: int = MAX_ROWS_PER_FRAME
 
 
 class _NodeRound:
     """One node's frames, sent one after the other."""
 
-    __slots__ = ("frames", "incarnation", "next", "stabilized")
+    __slots__ = ("best_effort", "done", "frames", "incarnation", "next", "stabilized")
 
-    def __init__(self, frames: list[Sequence[KeyVersion]], incarnation: str) -> None:
+    def __init__(
+        self, frames: list[Sequence[KeyVersion]], incarnation: str, best_effort: bool = False
+    ) -> None:
         self.frames = frames  # never empty: the last one goes with the stabilise
         self.next = 0  # index of the frame to send next
         self.incarnation = incarnation  # what the next frame names ("" = any)
         self.stabilized: Stabilized | None = None
+        self.best_effort = best_effort  # a drop-only node: its failure fails nothing
+        self.done = False  # answered ``Stabilized`` (or, best effort, failed)
 
 
 class RoundMachine:
@@ -187,6 +195,9 @@ class RoundMachine:
                 # Another incarnation answering is STALE (``DeliveryReport.add``).
                 self.report.incarnations[node] = incarnation
             self._nodes[node] = _NodeRound(frames, incarnation)
+        if spec.drop_above is not None:
+            for node in sorted(set(spec.drop_nodes) - set(self._nodes)):
+                self._nodes[node] = _NodeRound([[]], spec.early.get(node, ""), best_effort=True)
 
     @property
     def nodes(self) -> list[str]:
@@ -206,6 +217,10 @@ class RoundMachine:
         if isinstance(event, NodeReplied):
             return self._on_reply(event.node, event.reply)
         if isinstance(event, NodeFailed):
+            nr = self._nodes.get(event.node)
+            if nr is not None and nr.best_effort and self.state == "delivering":
+                nr.done = True
+                return self._maybe_advance()
             return self._fail(event.error)
         if isinstance(event, Advanced):
             return self._on_advanced(event.reply)
@@ -253,16 +268,27 @@ class RoundMachine:
         try:
             self.report.add(reply)  # a second incarnation of one node: STALE_DELIVERY
         except ShardexError as exc:
+            if nr.best_effort:
+                nr.done = True
+                return self._maybe_advance()
             return self._fail(exc)
         nr.incarnation = reply.incarnation
         if isinstance(reply, Stabilized):
             nr.stabilized = reply
+            nr.done = True
         elif nr.next < len(nr.frames):
             return [self._next_frame(node)]
-        if any(r.stabilized is None for r in self._nodes.values()):
+        return self._maybe_advance()
+
+    def _maybe_advance(self) -> list[Instruction]:
+        if not all(r.done for r in self._nodes.values()):
             return []
         self.state = "advancing"
-        replies = {n: r.stabilized for n, r in self._nodes.items() if r.stabilized is not None}
+        replies = {
+            n: r.stabilized
+            for n, r in self._nodes.items()
+            if r.stabilized is not None and not r.best_effort
+        }
         msg = AdvanceStability(
             keyspace=self.spec.keyspace,
             ts=self._wire,

@@ -186,15 +186,15 @@ class RoundMachine:
         self._wire = dict(spec.ts.to_wire())
         self._drop_sent: set[str] = set()
         size = max(1, spec.frame_rows)
+        for node, incarnation in spec.early.items():
+            if incarnation:
+                # Another incarnation answering is STALE (``DeliveryReport.add``).
+                self.report.incarnations[node] = incarnation
         self._nodes: dict[str, _NodeRound] = {}
         for node in sorted(set(spec.plan) | {n for n, rows in spec.by_node.items() if rows}):
             rows = spec.by_node.get(node, ())
             frames = [rows[i : i + size] for i in range(0, len(rows), size)] or [[]]
-            incarnation = spec.early.get(node, "")
-            if incarnation:
-                # Another incarnation answering is STALE (``DeliveryReport.add``).
-                self.report.incarnations[node] = incarnation
-            self._nodes[node] = _NodeRound(frames, incarnation)
+            self._nodes[node] = _NodeRound(frames, spec.early.get(node, ""))
         if spec.drop_above is not None:
             for node in sorted(set(spec.drop_nodes) - set(self._nodes)):
                 self._nodes[node] = _NodeRound([[]], spec.early.get(node, ""), best_effort=True)

@@ -62,6 +62,7 @@ from shardex.meta.partitioning import (
     partition_of,
 )
 from shardex.storage import Store
+from shardex.storage.interface import KeyValueStore, OpenStore
 
 DEFAULT_RETENTION_SEQNOS = 100_000
 _KS_PREFIX = b"data/ks/"
@@ -72,14 +73,17 @@ class DataEngine(DocumentOps, HandoverOps):
 
     def __init__(
         self,
-        store: Store | str | Path,
+        store: KeyValueStore | str | Path,
         *,
         max_doc_bytes: int = DEFAULT_MAX_DOC_BYTES,
         retention_seqnos: int = DEFAULT_RETENTION_SEQNOS,
         boot_id: str | None = None,
+        open_store: OpenStore = Store,
     ) -> None:
-        self._owns_store = not isinstance(store, Store)
-        self._store = Store(store) if not isinstance(store, Store) else store
+        # A path is opened with ``open_store`` (RocksDB, or the simulator's memory store)
+        # and closed with the engine; a store passed in stays the caller's.
+        self._owns_store = isinstance(store, str | Path)
+        self._store = open_store(Path(store)) if isinstance(store, str | Path) else store
         self.max_doc_bytes = max_doc_bytes
         self.retention_seqnos = retention_seqnos
         self._lock = threading.RLock()  # catalog and partition map (not the write path)

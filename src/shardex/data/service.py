@@ -79,6 +79,8 @@ from shardex.net.messages import Message
 from shardex.net.transport import Transport
 from shardex.runtime.reconcile_loop import reconcile_forever
 from shardex.runtime.thread_names import os_thread_namer
+from shardex.storage import Store
+from shardex.storage.interface import OpenStore
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +110,10 @@ class DataService:
         members: Callable[[], list[MemberInfo]] = list,
         io_threads: int = DEFAULT_IO_THREADS,
         reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
+        open_store: OpenStore = Store,
     ) -> None:
         self.path = Path(data_dir) / "data"
+        self._open_store = open_store  # RocksDB, or a memory store on a simulated disk
         self.name = node_name
         self.reconcile_interval = reconcile_interval
         self._io_threads = io_threads
@@ -177,7 +181,7 @@ class DataService:
             thread_name_prefix=f"data-io-{self.name}",
             initializer=os_thread_namer("data-io"),  # per-thread CPU (bench.pipeline_cpu)
         )
-        self._engine = await self._run(DataEngine, self.path)
+        self._engine = await self._run(DataEngine, self.path, open_store=self._open_store)
         self.committer = GroupCommitter(self._engine.mutate_many, self._run_direct)
         self.streams = StreamServer(self._engine, self._run, self._enrich)
         self.range_reads = RangeReadServer(

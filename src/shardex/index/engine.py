@@ -25,6 +25,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from shardex.core.spans import Span
@@ -46,6 +47,7 @@ from shardex.index.records import (
 from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS, Slice, StabilizeAck
 from shardex.meta.index_definition import IndexDefinition, validate_definition
 from shardex.storage import Store
+from shardex.storage.interface import OpenStore
 
 __all__ = [
     "STABILIZABLE",
@@ -101,8 +103,10 @@ class IndexerEngine:
         *,
         keep_snapshots: int = DEFAULT_KEEP_SNAPSHOTS,
         sync: bool = True,
+        open_store: OpenStore = Store,
     ) -> None:
-        self.store = Store(path)
+        # ``open_store``: RocksDB, or the simulator's memory store on a node's simulated disk.
+        self.store = open_store(Path(path))
         self.keep_snapshots = keep_snapshots
         self.sync = sync
         self._lock = threading.Lock()

@@ -76,6 +76,7 @@ from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 from shardex.runtime.reconcile_loop import reconcile_forever
 from shardex.runtime.thread_names import os_thread_namer
+from shardex.storage.interface import OpenStore
 
 __all__ = ["IndexService", "ReconcilePlan", "SliceEngine", "plan_reconcile"]
 
@@ -164,11 +165,14 @@ class IndexService:
         members: Callable[[], list[MemberInfo]] = list,
         reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
         scan_migrations: ScanMigrations,
+        open_store: OpenStore | None = None,
     ) -> None:
         if engine_factory is None:
             if path is None:
                 raise ValueError("IndexService needs a path or an engine factory")
-            engine_factory = functools.partial(_open_engine, Path(path))
+            # ``open_store``: the engine's store (RocksDB when None; the simulator passes a
+            # memory store on the node's simulated disk)
+            engine_factory = functools.partial(_open_engine, Path(path), open_store)
         self.name = node_name
         self.path = path
         self._factory = engine_factory
@@ -380,8 +384,10 @@ def _loop_time() -> float:
     return asyncio.get_running_loop().time()
 
 
-def _open_engine(path: Path) -> SliceEngine:
+def _open_engine(path: Path, open_store: OpenStore | None = None) -> SliceEngine:
     from shardex.index.engine import IndexerEngine  # RocksDB: only where the service runs
 
+    if open_store is not None:
+        return IndexerEngine(path, open_store=open_store)
     path.parent.mkdir(parents=True, exist_ok=True)
     return IndexerEngine(path)

@@ -1,8 +1,8 @@
 """cProfile inside the node processes of a bench cluster (``scan_profile run --profile-nodes``).
 
-The nodes are started by ``shardex cluster start`` (``python -m shardex.node``), which this
+The nodes are started by ``shardex cluster start`` (``python -m shardex.cli.node``), which this
 bench does not control, so the hook comes in through the environment they inherit: a
-``sitecustomize`` module on ``PYTHONPATH`` that, in a ``shardex.node`` process and only when
+``sitecustomize`` module on ``PYTHONPATH`` that, in a ``shardex.cli.node`` process and only when
 ``SHARDEX_NODE_PROFILE_DIR`` is set, installs two real-time signal handlers: the first starts
 a cProfile of the event loop's thread, the second stops it and writes
 ``<dir>/node-<pid>.prof``. Real-time signals, because a node already uses SIGUSR1 (its
@@ -34,7 +34,7 @@ import signal
 import sys
 
 _out = os.environ.get("{ENV_DIR}")
-if _out and "shardex.node" in " ".join(getattr(sys, "orig_argv", sys.argv)):
+if _out and "shardex.cli.node" in " ".join(getattr(sys, "orig_argv", sys.argv)):
     import cProfile
 
     _prof = cProfile.Profile()

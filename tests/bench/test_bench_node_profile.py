@@ -1,6 +1,6 @@
 """``bench/diagnostics/node_profile.py``: a process started inside ``node_profiling`` whose
 command line
-names ``shardex.node`` profiles itself between the two signals; the environment is restored
+names ``shardex.cli.node`` profiles itself between the two signals; the environment is restored
 afterwards, and other processes are left alone."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from bench.diagnostics.node_profile import ENV_DIR, node_profiling
 
-# "shardex.node" appears in the command line (this -c text), as in a real node's.
+# "shardex.cli.node" appears in the command line (this -c text), as in a real node's.
 SCRIPT = """\
-import os, signal, time  # shardex.node
+import os, signal, time  # shardex.cli.node
 def work():
     return sum(range(10000))
 os.kill(os.getpid(), signal.SIGRTMIN + 3)

@@ -146,7 +146,9 @@ class InStream(cs.InStream[ScanBlock | ScanEnd], ReplyHead):
     """One scan being received. Open it (``inboxes.open()``) *before* sending the opening
     request: blocks may overtake the request's reply."""
 
-    def __init__(self, inboxes: Inboxes, scan_id: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, inboxes: Inboxes, scan_id: int, loop: asyncio.AbstractEventLoop | None
+    ) -> None:
         super().__init__(inboxes, scan_id, loop)
         self.scan_id = scan_id
         self.rows = 0
@@ -191,7 +193,7 @@ class InStream(cs.InStream[ScanBlock | ScanEnd], ReplyHead):
         msgs = self._msgs
         msg = msgs.popleft() if msgs else await self._next_msg()
         if isinstance(msg, ScanEnd):
-            self._finish()
+            self.finish()
             msg.check(self.rows)
             return None
         self.rows += len(msg.entries)
@@ -205,7 +207,7 @@ class InStream(cs.InStream[ScanBlock | ScanEnd], ReplyHead):
     async def cancel(self) -> None:
         """Stop the sender (a no-op once the stream ended, or when the reply was all)."""
         if self.done or self._ends_at_head:
-            self._finish()
+            self.finish()
             return
         await self.cancel_with(CancelScan(scan_id=self.scan_id))
 

@@ -272,7 +272,9 @@ class InStream(Generic[M]):
     its ``Event`` and two more deques) per stream, which most scans - answered in their
     reply - never read."""
 
-    def __init__(self, inboxes: Inboxes[Any], stream_id: int, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self, inboxes: Inboxes[Any], stream_id: int, loop: asyncio.AbstractEventLoop | None
+    ) -> None:
         self._inboxes = inboxes
         self.stream_id = stream_id
         self._loop = loop
@@ -294,10 +296,18 @@ class InStream(Generic[M]):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    @property
+    def queued(self) -> int:
+        """Messages arrived and not read yet."""
+        return len(self._msgs)
+
     async def _next_msg(self) -> M:
         msgs = self._msgs
+        loop = self._loop
+        if loop is None:  # opened off the loop (a synchronous caller's thread)
+            loop = self._loop = asyncio.get_running_loop()
         while not msgs:
-            waiter = self._waiter = self._loop.create_future()
+            waiter = self._waiter = loop.create_future()
             try:
                 await waiter
             finally:
@@ -312,13 +322,14 @@ class InStream(Generic[M]):
     async def cancel_with(self, msg: Message | None) -> None:
         """End the stream here and, if it was still running, send ``msg`` (the cancel)."""
         was_done = self.done
-        self._finish()
+        self.finish()
         conn = self.conn
         if not was_done and msg is not None and conn is not None and not conn.closed:
             with contextlib.suppress(ShardexError):
                 await conn.send(msg)
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """The stream ended here (read to its end, or given up): stop routing to it."""
         self.done = True
         self._inboxes.detach(self.stream_id, self.conn)
 
@@ -336,7 +347,7 @@ class Inboxes(Generic[In]):
     def __init__(
         self,
         *,
-        new: Callable[[Inboxes[In], int, asyncio.AbstractEventLoop], In],
+        new: Callable[[Inboxes[In], int, asyncio.AbstractEventLoop | None], In],
         key: Callable[[Any], int],
         lost: Callable[[int, ShardexError], Message],
     ) -> None:
@@ -356,11 +367,13 @@ class Inboxes(Generic[In]):
         return next(self._ids)
 
     def open(self) -> In:
-        """A new stream's inbox; call it on the loop that receives the messages."""
+        """A new stream's inbox, best opened on the loop that receives the messages (a
+        stream opened in another thread looks its loop up when it first waits)."""
         loop = self._loop
         if loop is None:
             # Once per ``Inboxes``: ``get_running_loop`` is a ``getpid`` on Python 3.11.
-            loop = self._loop = asyncio.get_running_loop()
+            with contextlib.suppress(RuntimeError):
+                loop = self._loop = asyncio.get_running_loop()
         stream_id = next(self._ids)
         stream = self._new(self, stream_id, loop)
         self._streams[stream_id] = stream

@@ -318,3 +318,18 @@ async def test_cancel_sends_the_cancel_once_and_stops_routing() -> None:
     assert stream.done and inboxes.get(stream.stream_id) is None
     conn.die()  # detached: the dead connection delivers nothing to it
     assert not stream._msgs
+
+
+def test_a_stream_opened_off_the_loop_waits_on_the_loop_that_reads_it() -> None:
+    """A synchronous caller opens the inbox in its own thread; its loop reads it later."""
+    inboxes = _inboxes()
+    stream = inboxes.open()  # no running loop here
+
+    async def read() -> Message:
+        reader = asyncio.create_task(stream.next_msg())
+        await _settle()
+        assert not reader.done()
+        stream.deliver(Item(stream_id=stream.stream_id, n=5))
+        return await reader
+
+    assert asyncio.run(read()) == Item(stream_id=stream.stream_id, n=5)

@@ -22,6 +22,8 @@ from shardex.net.credit_stream import (
 )
 from shardex.net.messages import Message
 
+pytestmark = pytest.mark.timeout(20)
+
 
 class Item(Message, tag="test.credit.Item"):
     stream_id: int

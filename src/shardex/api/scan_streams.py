@@ -54,7 +54,7 @@ class OutStream(cs.OutStream):
         self.rows = 0
         self.blocks = 0
 
-    async def send(self, entries: list[bytes]) -> None:  # type: ignore[override]
+    async def send(self, entries: list[bytes]) -> None:
         credit = self.credit
         if not credit.take(1):
             await credit.spend(1)
@@ -89,12 +89,12 @@ class OutStreams(cs.OutStreams[OutStream]):
         router.route(ScanCredit, self.on_credit)
         router.route(CancelScan, self.on_cancel)
 
-    def start(  # type: ignore[override]
-        self, conn: Connection, scan_id: int, credit: int, producer: Producer
-    ) -> OutStream:
+    def start(self, conn: Connection, scan_id: int, credit: int, producer: Producer) -> OutStream:
         """Run ``producer(stream)`` in a task; the stream ends with one ``ScanEnd``."""
         stream = OutStream(conn, scan_id, credit)
-        return super().start(stream, producer, name=f"scan-out {scan_id}", label=f"scan {scan_id}")
+        return self.start_stream(
+            stream, producer, name=f"scan-out {scan_id}", label=f"scan {scan_id}"
+        )
 
     async def on_credit(self, msg: ScanCredit, conn: Connection) -> None:
         self.grant(conn, msg.scan_id, msg.blocks)

@@ -143,7 +143,7 @@ class StreamServer:
                 raise
 
         try:
-            self._streams.start(
+            self._streams.start_stream(
                 _Stream(msg, conn),
                 produce,
                 name=f"data-stream {msg.keyspace}/{msg.partition}",
@@ -186,7 +186,7 @@ class StreamServer:
                     for batch in _batches(msg.stream_id, items):
                         if batch.marker is not None:
                             uuid, run_end = batch.marker[2], batch.marker[1]
-                        await stream.send(batch)
+                        await stream.send_message(batch)
             finally:
                 close_quietly(run)
             pos = max(pos, run_end)

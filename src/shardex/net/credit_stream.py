@@ -15,8 +15,9 @@ sends on their behalf (the end of a stream, the end a dead connection stands for
   (``grant``: "n more", capped) or cumulative (``raise_limit``: "up to n in all", idempotent
   when a grant is repeated or reordered).
 * ``OutStream`` / ``OutStreams`` (sender): one outgoing stream and a node's table of them by
-  (connection, stream id); ``start`` runs a producer in a task and always ends the stream with
-  one end message (with the error, if any) unless it was cancelled or its connection closed.
+  (connection, stream id); ``start_stream`` runs a producer in a task and always ends the
+  stream with one end message (with the error, if any) unless it was cancelled or its
+  connection closed.
 * ``InStream`` / ``Inboxes`` (receiver): one incoming stream's inbox - a deque and, while the
   reader waits, one future - and a pool's table of them, which turns a dead connection into
   a failed end for every stream it carried.
@@ -146,8 +147,8 @@ class ReceiveWindow:
 
 
 class OutStream:
-    """One outgoing stream on ``conn``: ``send`` spends one credit per message (waiting for
-    it), counted in messages, at most ``cap`` at hand."""
+    """One outgoing stream on ``conn``: ``send_message`` spends one credit per message
+    (waiting for it), counted in messages, at most ``cap`` at hand."""
 
     def __init__(self, conn: Connection, stream_id: int, credit: int, cap: int) -> None:
         self.conn = conn
@@ -155,7 +156,7 @@ class OutStream:
         self.credit = SendWindow(max(1, min(credit, cap)), cap)
         self.task: asyncio.Task[None] | None = None
 
-    async def send(self, msg: Message) -> None:
+    async def send_message(self, msg: Message) -> None:
         if not self.credit.take(1):
             await self.credit.spend(1)
         await self.conn.send(msg)
@@ -196,7 +197,7 @@ class OutStreams(Generic[S]):
         if (conn, stream_id) in self._streams:
             raise self._duplicate(stream_id)
 
-    def start(self, stream: S, producer: Producer[S], *, name: str, label: str) -> S:
+    def start_stream(self, stream: S, producer: Producer[S], *, name: str, label: str) -> S:
         """Run ``producer(stream)`` in a task (``name``); the stream ends with one end
         message. ``label`` names the stream in the log if the producer fails."""
         conn = stream.conn

@@ -158,9 +158,9 @@ async def test_a_stream_sends_its_credit_then_waits_and_ends_once() -> None:
 
     async def produce(s: OutStream) -> None:
         for n in range(5):
-            await s.send(Item(stream_id=s.stream_id, n=n))
+            await s.send_message(Item(stream_id=s.stream_id, n=n))
 
-    stream = streams.start(OutStream(conn, 7, 2, cap=8), produce, name="t", label="t")  # type: ignore[arg-type]
+    stream = streams.start_stream(OutStream(conn, 7, 2, cap=8), produce, name="t", label="t")  # type: ignore[arg-type]
     await _settle()
     assert [m.n for m in conn.sent] == [0, 1]  # type: ignore[attr-defined]
     assert streams.open_streams == 1 and stream.credit.available == 0
@@ -181,12 +181,12 @@ async def test_a_duplicate_id_on_one_connection_is_refused() -> None:
     async def produce(s: OutStream) -> None:
         await hold.wait()
 
-    streams.start(OutStream(conn, 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
+    streams.start_stream(OutStream(conn, 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
     with pytest.raises(ShardexError) as info:
-        streams.start(OutStream(conn, 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
+        streams.start_stream(OutStream(conn, 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
     assert info.value.code is ErrorCode.BAD_REQUEST
     # The same id on another connection is another stream.
-    streams.start(OutStream(FakeConn(), 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
+    streams.start_stream(OutStream(FakeConn(), 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
     assert streams.open_streams == 2
     await streams.close()
     assert streams.open_streams == 0
@@ -203,10 +203,10 @@ async def test_an_error_mid_stream_ends_it_with_the_error() -> None:
     streams = _outstreams(enrich)
 
     async def produce(s: OutStream) -> None:
-        await s.send(Item(stream_id=s.stream_id, n=0))
+        await s.send_message(Item(stream_id=s.stream_id, n=0))
         raise ShardexError("moved", code=ErrorCode.NOT_MY_PARTITION)
 
-    streams.start(OutStream(conn, 3, 4, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
+    streams.start_stream(OutStream(conn, 3, 4, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
     await _settle()
     assert conn.sent == [Item(stream_id=3, n=0), Done(stream_id=3, code="NOT_MY_PARTITION")]
     assert len(enriched) == 1 and streams.open_streams == 0
@@ -219,7 +219,7 @@ async def test_a_bug_in_the_producer_ends_the_stream_as_internal() -> None:
     async def produce(s: OutStream) -> None:
         raise KeyError("oops")
 
-    streams.start(OutStream(conn, 3, 4, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
+    streams.start_stream(OutStream(conn, 3, 4, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
     await _settle()
     assert conn.sent == [Done(stream_id=3, code="INTERNAL")]
 
@@ -232,12 +232,12 @@ async def test_cancel_stops_the_producer_and_sends_no_end() -> None:
     async def produce(s: OutStream) -> None:
         try:
             while True:
-                await s.send(Item(stream_id=s.stream_id, n=0))
+                await s.send_message(Item(stream_id=s.stream_id, n=0))
         except asyncio.CancelledError:
             cancelled.set()
             raise
 
-    streams.start(OutStream(conn, 9, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
+    streams.start_stream(OutStream(conn, 9, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
     await _settle()  # sent its one credit, now waiting for more
     streams.cancel(conn, 9)  # type: ignore[arg-type]
     await _settle()
@@ -253,8 +253,8 @@ async def test_a_closed_connection_cancels_its_streams_only() -> None:
     async def produce(s: OutStream) -> None:
         await hold.wait()
 
-    a = streams.start(OutStream(dead, 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
-    b = streams.start(OutStream(alive, 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
+    a = streams.start_stream(OutStream(dead, 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
+    b = streams.start_stream(OutStream(alive, 1, 1, cap=4), produce, name="t", label="t")  # type: ignore[arg-type]
     dead.die()
     await _settle()
     assert a.task is not None and a.task.cancelled()

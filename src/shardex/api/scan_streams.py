@@ -197,7 +197,7 @@ class InStream(cs.InStream[ScanBlock | ScanEnd], ReplyHead):
             msg.check(self.rows)
             return None
         self.rows += len(msg.entries)
-        blocks = self.window.consume(1)
+        blocks = self.credit_due()
         conn = self.conn
         if blocks and conn is not None and not conn.closed:
             with contextlib.suppress(ShardexError):

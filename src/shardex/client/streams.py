@@ -116,7 +116,7 @@ class RemoteStream:
             if msg.error is not None:
                 raise ShardexError.from_wire(msg.error.code, msg.error.message, msg.error.details)
             return None
-        batches = self._inbox.window.consume(1)
+        batches = self._inbox.credit_due()
         conn = self._inbox.conn
         if batches and conn is not None and not conn.closed:
             with contextlib.suppress(ShardexError):

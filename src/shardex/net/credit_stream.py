@@ -265,9 +265,9 @@ M = TypeVar("M", bound=Message)
 
 
 class InStream(Generic[M]):
-    """One incoming stream: its messages as they arrive (``deliver``, on the loop) and its
-    credit (``window``). Open it (``Inboxes.open``) *before* sending the opening request:
-    messages may overtake the request's reply.
+    """One incoming stream: its messages as they arrive (``deliver``, on the loop) and the
+    credit its reader returns (``credit_due``). Open it (``Inboxes.open``) *before* sending
+    the opening request: messages may overtake the request's reply.
 
     The inbox is a deque and, while the reader waits, one future: no ``asyncio.Queue`` (with
     its ``Event`` and two more deques) per stream, which most scans - answered in their
@@ -283,7 +283,9 @@ class InStream(Generic[M]):
         self._waiter: asyncio.Future[None] | None = None  # the reader, waiting for a message
         self.conn: Connection | None = None
         self.done = False
-        self.window = ReceiveWindow(0)  # credit back per message consumed
+        # Credit back per message consumed; made when the first one is: most scans are
+        # answered in their opening reply and never read a message.
+        self._window: ReceiveWindow | None = None
 
     def attach(self, conn: Connection) -> None:
         """The connection the stream arrives on: its death ends the stream with an error."""
@@ -296,6 +298,13 @@ class InStream(Generic[M]):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def credit_due(self, cost: int = 1) -> int:
+        """The consumer took a message of ``cost``: the credit to return for it now."""
+        window = self._window
+        if window is None:
+            window = self._window = ReceiveWindow(0)
+        return window.consume(cost)
 
     @property
     def queued(self) -> int:

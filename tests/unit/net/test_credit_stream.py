@@ -335,3 +335,8 @@ def test_a_stream_opened_off_the_loop_waits_on_the_loop_that_reads_it() -> None:
         return await reader
 
     assert asyncio.run(read()) == Item(stream_id=stream.stream_id, n=5)
+
+
+def test_a_reader_returns_one_credit_per_message_it_takes() -> None:
+    stream = _inboxes().open()
+    assert [stream.credit_due() for _ in range(3)] == [1, 1, 1]

@@ -299,8 +299,8 @@ def test_stream_credit_bounds_buffering(client: Client) -> None:
     router = client._router
     with ks.stream(0, credit=2) as s:
         time.sleep(0.5)  # the node could send all 5000 now; credit lets it send 2 batches
-        inbox = router.inboxes[s._remote.stream_id]
-        assert inbox.qsize() <= 2
+        inbox = router.streams.get(s._remote.stream_id)
+        assert inbox is not None and inbox.queued <= 2
         seen = [i.seqno for i in s if isinstance(i, Change)]
     assert seen == list(range(1, 5001))
 

@@ -328,7 +328,7 @@ def test_a_sender_that_ignores_credits_is_caught(monkeypatch: pytest.MonkeyPatch
     def greedy_init(self, **kwargs):  # type: ignore[no-untyped-def]
         real_init(self, **kwargs)
         if kwargs["sender"] == "m2":
-            self.credit_limit = 10**12
+            self.credit.limit = 10**12
 
     monkeypatch.setattr(Outbox, "__init__", greedy_init)
 

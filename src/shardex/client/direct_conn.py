@@ -1,101 +1,35 @@
-"""A blocking, authenticated socket from one calling thread to one node (the direct scans').
+"""A blocking socket from one calling thread to one node: the direct scans' connection.
 
 The sync client's loop path hands every scan to its event-loop thread and back: two
 wake-ups, the send from another thread, context switches and cold caches per scan, most of
 the client's CPU outside the rows (docs/decisions/0059-client-cpu-outside-rows.md).
-A ``DirectConn`` lets the calling thread talk to the node itself: it speaks the same wire
-protocol as ``shardex.net`` (4-byte big-endian length + a msgpack ``Envelope``, the same HMAC
-handshake - ``net/auth.py``'s message building and checks, in blocking form), but it is
-owned by one thread and used for one thing: a scan's request, its reply and its blocks.
+A ``DirectConn`` lets the calling thread talk to the node itself. Its wire protocol - frames,
+envelopes, the HMAC handshake - is ``shardex.net.blocking.BlockingConn``'s, the loop's own
+code in blocking form; this adds what a scan socket needs: scan ids, the stream it carries,
+and the cancels another thread left for it.
 
-What it never does: run handlers. A node's one-way frames for a scan this socket no longer
-reads (one the caller abandoned, or cancelled) are skipped by scan id, late replies by
-request id; a ``Ping`` request is answered. ``close`` may come from any thread
-(``Client.close``): it shuts the socket down, which wakes a reader blocked in ``recv``.
+A node's one-way frames for a scan this socket no longer reads (one the caller abandoned, or
+cancelled) are skipped by scan id, late replies by request id (``client/direct_scan.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import struct
-import time
 from collections import deque
-from collections.abc import Callable
-from typing import Final
 
-from shardex.errors import (
-    ConnectionClosed,
-    FrameTooLarge,
-    ProtocolError,
-    ShardexError,
-)
-from shardex.net.auth import (
-    NONCE_BYTES,
-    auth_response,
-    check_auth_ok,
-    check_challenge,
-    check_secret,
-    handshake_closed,
-    handshake_timed_out,
-    log_auth_failure,
-)
-from shardex.net.messages import (
-    Envelope,
-    ErrorReply,
-    Kind,
-    Message,
-    Ping,
-    Pong,
-    UndecodableBody,
-    decode_frame,
-    encode_frame,
-    message_type_name,
-)
-from shardex.net.transport import connect_failed, split_address
+from shardex.net.blocking import BlockingConn
 
 __all__ = ["DirectConn"]
 
-_HEADER: Final = 4
-# One recv takes a whole 100-row reply (~5-10 KB), or several blocks. Into a buffer kept per
-# socket: ``recv(n)`` would allocate n bytes per call and then shrink them.
-_RECV: Final = 64 * 1024
 
+class DirectConn(BlockingConn):
+    """One node's socket in one thread, carrying one scan's stream at a time."""
 
-class DirectConn:
-    """One node's socket in one thread: frames in and out, blocking, with deadlines."""
-
-    __slots__ = (
-        "__weakref__",  # the client's set of every thread's sockets holds them weakly
-        "_buf",
-        "_closed_by",
-        "_max_frame",
-        "_next_id",
-        "_next_scan",
-        "_notice",
-        "_rbuf",
-        "_rcvtimeo",
-        "_sock",
-        "address",
-        "busy",
-        "peer",
-        "peer_label",
-        "pending_cancels",
-    )
+    __slots__ = ("_next_scan", "busy", "pending_cancels")
 
     def __init__(self, sock: socket.socket, address: str, peer: str, max_frame: int) -> None:
-        self._sock = sock
-        self.address = address  # as configured (the scan targets' key)
-        self.peer = peer  # host:port as the loop path's comm names it
-        self.peer_label = peer  # name@peer once the handshake named the node
-        self._max_frame = max_frame
-        self._buf = bytearray()
-        self._rbuf = memoryview(bytearray(_RECV))
-        self._rcvtimeo = 0.0  # SO_RCVTIMEO's setting (0: none yet)
-        self._next_id = 1  # request ids, as a ``Connection`` numbers them
+        super().__init__(sock, address, peer, max_frame)  # address: the scan targets' key
         self._next_scan = 1  # scan ids: one per scan on this socket, never reused
-        self._closed_by: str | None = None  # why it closed ("locally", "by peer", ...)
-        self._notice: ErrorReply | None = None  # what the node said before hanging up
         # The scan whose stream this socket carries (its blocks not all read), if any: a
         # scan started meanwhile on this thread goes elsewhere (nested scans).
         self.busy: object | None = None
@@ -103,213 +37,7 @@ class DirectConn:
         # owner before its next request, so only the owner ever writes.
         self.pending_cancels: deque[int] = deque()
 
-    @classmethod
-    def open(
-        cls,
-        address: str,
-        secret: str,
-        *,
-        name: str,
-        timeout: float,
-        max_frame: int,
-        nonce: Callable[[int], bytes],
-    ) -> DirectConn:
-        """Connect and authenticate (both ways) within ``timeout``; the errors of
-        ``shardex.net.connect``: ``NodeUnavailable``, ``AuthFailed``, ``ProtocolError``."""
-        key = check_secret(secret)
-        host, port = split_address(address)
-        deadline = time.monotonic() + timeout
-        try:
-            sock = socket.create_connection((host, port), timeout=timeout)
-        except OSError as e:  # refused, unreachable, or timed out (TimeoutError)
-            raise connect_failed(address, timeout, e) from e
-        # Request/response on small frames: never wait for Nagle.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # Blocking from here on: deadlines are the kernel's (``_set_rcvtimeo``); a send
-        # that cannot complete (a node that stopped reading) gives up after ``timeout``.
-        sock.settimeout(None)
-        usec = max(int(timeout * 1e6), 1000)
-        tv = struct.pack("@ll", usec // 1_000_000, usec % 1_000_000)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-        peername = sock.getpeername()
-        conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame)
-        peer = conn.peer
-        try:
-            challenge = check_challenge(conn._message(deadline), peer)
-            nonce_c = nonce(NONCE_BYTES)
-            conn.send(auth_response(key, challenge, nonce_c, name), 0)
-            check_auth_ok(conn._message(deadline), key, challenge, nonce_c, name, peer)
-        except TimeoutError:
-            conn.close()
-            raise handshake_timed_out(peer, timeout) from None
-        except ConnectionClosed as e:
-            conn.close()
-            raise handshake_closed(peer) from e
-        except ShardexError as e:
-            log_auth_failure(peer, e)
-            conn.close()
-            raise
-        except BaseException:
-            conn.close()
-            raise
-        conn.peer_label = f"{challenge.server_name}@{peer}"
-        return conn
-
-    def _message(self, deadline: float) -> Message:
-        """One handshake frame's body (kind ONEWAY, or ERROR for a refusal; id 0), as
-        ``net/auth.py`` reads it: a refusal is the answer, not a notice to keep."""
-        return decode_frame(self._frame(deadline)).body
-
-    # -- ids --
-
-    def new_request_id(self) -> int:
-        rid = self._next_id
-        self._next_id = rid + 1
-        return rid
-
     def new_scan_id(self) -> int:
         sid = self._next_scan
         self._next_scan = sid + 1
         return sid
-
-    # -- frames --
-
-    @property
-    def closed(self) -> bool:
-        return self._closed_by is not None
-
-    def send(self, msg: Message, rid: int, kind: Kind = Kind.ONEWAY) -> None:
-        """Send one envelope (``rid`` 0 for one-way)."""
-        self.send_frame(encode_frame(Envelope(kind, rid, msg)), msg)
-
-    def send_frame(self, frame: bytes, msg: Message | None = None) -> None:
-        """Send one encoded envelope; ``ConnectionClosed`` if the socket is gone."""
-        if len(frame) > self._max_frame:
-            name = message_type_name(msg) if msg is not None else "frame"
-            raise FrameTooLarge(
-                f"{name} encodes to {len(frame)} bytes, over max_frame {self._max_frame}",
-                details={"type": name, "size": len(frame), "max_frame": self._max_frame},
-            )
-        if self._closed_by is not None:
-            raise self.closed_error()
-        try:
-            # Header and payload in one call: NODELAY would send them as two segments.
-            self._sock.sendall(len(frame).to_bytes(_HEADER, "big") + frame)
-        except OSError as e:
-            self._lost(f"lost: {e}")
-            raise self.closed_error() from None
-
-    def read(self, deadline: float) -> Envelope:
-        """The next envelope, waiting until ``deadline`` (``time.monotonic``): raises
-        ``TimeoutError`` past it (a partial frame stays buffered: the socket stays usable),
-        ``ConnectionClosed`` when the socket ends, ``ProtocolError`` (and closes) for a frame
-        that breaks the protocol. A ``Ping`` request is answered here."""
-        while True:
-            frame = self._frame(deadline)
-            try:
-                env = decode_frame(frame)
-            except UndecodableBody as e:
-                if e.kind in (Kind.RESPONSE, Kind.ERROR):
-                    raise  # the answer to this socket's one request: its waiter's error
-                continue  # a one-way frame of a type this client does not know: dropped
-            except ProtocolError as e:
-                self.close()
-                self._closed_by = f"closed: {e.message}"
-                raise
-            if env.kind is Kind.REQUEST and type(env.body) is Ping:
-                self.send(Pong(payload=env.body.payload), env.id, Kind.RESPONSE)
-                continue
-            if env.kind is Kind.ERROR and env.id == 0 and isinstance(env.body, ErrorReply):
-                self._notice = env.body  # the node says why it is about to hang up
-                continue
-            return env
-
-    def _frame(self, deadline: float) -> bytes:
-        buf = self._buf
-        while True:
-            if len(buf) >= _HEADER:
-                size = int.from_bytes(buf[:_HEADER], "big")
-                if size > self._max_frame:
-                    self.close()
-                    self._closed_by = "closed: frame too large"
-                    raise FrameTooLarge(
-                        f"frame of {size} bytes from {self.peer} over max_frame {self._max_frame}",
-                        details={"size": size, "max_frame": self._max_frame},
-                    )
-                end = _HEADER + size
-                if len(buf) >= end:
-                    frame = bytes(buf[_HEADER:end])
-                    del buf[:end]  # a bytearray drops its head without moving the rest
-                    return frame
-            n = self._recv(deadline)
-            buf += self._rbuf[:n]
-
-    def _set_rcvtimeo(self, seconds: float) -> None:
-        """Bound the next ``recv`` calls by the kernel (``SO_RCVTIMEO``), not by Python's
-        socket timeout: that one makes every ``recv`` and ``send`` a ``poll`` first, two
-        system calls each. A scan's waits are mostly of one length, so this is set about
-        once per socket."""
-        usec = max(int(seconds * 1e6), 1000)
-        tv = struct.pack("@ll", usec // 1_000_000, usec % 1_000_000)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-        self._rcvtimeo = seconds
-
-    def _recv(self, deadline: float) -> int:
-        """Bytes received into ``_rbuf`` (at least one)."""
-        if self._closed_by is not None:
-            raise self.closed_error()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        sock = self._sock
-        cur = self._rcvtimeo
-        if abs(left - cur) > 0.02 * cur + 0.01:  # else the last setting is close enough
-            self._set_rcvtimeo(left)
-        try:
-            n = sock.recv_into(self._rbuf)
-        except BlockingIOError:  # SO_RCVTIMEO ran out (EAGAIN on a blocking socket)
-            raise TimeoutError from None
-        except OSError as e:
-            if self._closed_by is None:
-                self._lost(f"lost: {e}")
-            raise self.closed_error() from None
-        if not n:
-            if self._closed_by is None:
-                self._lost("closed by peer")
-            raise self.closed_error()
-        return n
-
-    # -- ending --
-
-    def closed_error(self) -> ConnectionClosed:
-        """What a read or write on the closed socket raises: the loop path's words for a
-        connection that ended (``connection to <peer> closed by peer`` ...)."""
-        how = self._closed_by or "closed"
-        details = {"peer": self.peer}
-        message = f"connection to {self.peer} {how}"
-        n = self._notice
-        if n is not None:
-            message = f"{message} after notice {n.code}: {n.message}"
-            details["notice"] = n.code
-        return ConnectionClosed(message, details=details)
-
-    def _lost(self, how: str) -> None:
-        self._closed_by = how
-        with contextlib.suppress(OSError):
-            self._sock.close()
-
-    def close(self) -> None:
-        """Close at once; from any thread. A reader blocked in ``recv`` wakes up (the
-        shutdown) and raises ``ConnectionClosed``. Idempotent."""
-        if self._closed_by is None:
-            self._closed_by = "closed locally"
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._sock.close()
-
-    def __del__(self) -> None:
-        # A thread that ended drops its sockets with its thread-local dict: close quietly
-        # (no ResourceWarning for a socket that simply outlived its use).
-        with contextlib.suppress(Exception):
-            self._sock.close()

@@ -17,8 +17,8 @@ write.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Awaitable, Callable
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from shardex.api.coordinator import StateReply, StateRequest
@@ -27,10 +27,11 @@ from shardex.api.errors import WireError
 from shardex.api.membership import MembersReply, MembersRequest
 from shardex.client.coalesce import WriteCoalescer, send_mutate_many
 from shardex.core.topology import Topology
-from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.meta.partitioning import partition_of
 from shardex.meta.state import KeyspaceMeta, StateContext
-from shardex.net import Connection, ConnectionPool, Router
+from shardex.net import Connection, ConnectionPool
+from shardex.net.credit_stream import Inboxes, InStream
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
 
@@ -63,7 +64,11 @@ class DataRouter:
     ) -> None:
         self._control = control  # a request on the client's control connection (any node)
         self.request_timeout = request_timeout
-        handlers = Router({StreamBatch: self._on_stream_msg, StreamEnd: self._on_stream_msg})
+        # Change streams' inboxes (``client/streams.py``): batches and ends by stream id.
+        self.streams: Inboxes[InStream[StreamBatch | StreamEnd]] = Inboxes(
+            new=InStream, key=attrgetter("stream_id"), lost=_stream_lost
+        )
+        handlers = self.streams.route(StreamBatch, StreamEnd)
         self.pool = ConnectionPool(
             transport, secret, name=name, connect_timeout=connect_timeout, handlers=handlers
         )
@@ -71,9 +76,6 @@ class DataRouter:
         self._forced: dict[str, Topology] = {}
         self._addresses: dict[str, str] = {}
         self._refreshing: asyncio.Lock | None = None
-        self._stream_ids = itertools.count(1)
-        self.inboxes: dict[int, asyncio.Queue[StreamBatch | StreamEnd]] = {}
-        self._conn_streams: dict[Connection, set[int]] = {}  # streams open on a connection
         self.refreshes = 0  # how often the topology was refetched (tests watch it)
         # Batched writes: one MutateMany in flight per node, later calls merged (coalesce.py).
         self.writes = WriteCoalescer(
@@ -209,38 +211,8 @@ class DataRouter:
         last.details.setdefault("attempts", ROUTE_ATTEMPTS)
         raise last
 
-    # --- stream inboxes ---------------------------------------------------------------------------
 
-    def new_stream(self) -> tuple[int, asyncio.Queue[StreamBatch | StreamEnd]]:
-        sid = next(self._stream_ids)
-        inbox: asyncio.Queue[StreamBatch | StreamEnd] = asyncio.Queue()
-        self.inboxes[sid] = inbox
-        return sid, inbox
-
-    def attach_stream(self, stream_id: int, conn: Connection) -> None:
-        """Route ``conn``'s death to the stream's inbox as a failed ``StreamEnd`` (one close
-        callback per connection, however many streams it carries)."""
-        streams = self._conn_streams.get(conn)
-        if streams is None:
-            streams = self._conn_streams[conn] = set()
-            conn.add_close_callback(self._on_conn_closed)
-        streams.add(stream_id)
-
-    def detach_stream(self, stream_id: int) -> None:
-        self.inboxes.pop(stream_id, None)
-        for streams in self._conn_streams.values():
-            streams.discard(stream_id)
-
-    def _on_conn_closed(self, conn: Connection) -> None:
-        reason = conn.close_reason or ConnectionClosed("connection closed")
-        code, message, details = reason.to_wire()
-        for sid in sorted(self._conn_streams.pop(conn, ())):
-            inbox = self.inboxes.get(sid)
-            if inbox is not None:
-                error = WireError(code, message, details)
-                inbox.put_nowait(StreamEnd(stream_id=sid, error=error))
-
-    async def _on_stream_msg(self, msg: StreamBatch | StreamEnd, conn: Connection) -> None:
-        inbox = self.inboxes.get(msg.stream_id)
-        if inbox is not None:  # unknown: a stream we already closed; credits bound the rest
-            inbox.put_nowait(msg)
+def _stream_lost(stream_id: int, reason: ShardexError) -> StreamEnd:
+    """The end a change stream gets when its connection dies: the connection's error."""
+    code, message, details = reason.to_wire()
+    return StreamEnd(stream_id=stream_id, error=WireError(code, message, details))

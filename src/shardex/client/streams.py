@@ -2,8 +2,9 @@
 
 ``ks.stream(partition, from_seqno, uuid, end_seqno, follow)`` yields ``SnapshotMarker`` and
 ``Change`` objects (the engine's own types) in seqno order. The node sends batches only as
-long as it holds credit; the consumer returns one credit per batch it takes off its inbox, so
-at most ``credit`` batches wait in the client, however slow the consumer is.
+long as it holds credit; the consumer returns one credit per batch it takes off its inbox
+(``shardex.net.credit_stream``), so at most ``credit`` batches wait in the client, however
+slow the consumer is.
 
 Failures end the iterator with the error: ROLLBACK (``details["rollback_seqno"]``) when the
 (uuid, seqno) is not in the partition's history, NOT_MY_PARTITION if the partition moved away
@@ -46,8 +47,8 @@ class RemoteStream:
         self._router = router
         self.keyspace = keyspace
         self.partition = partition
-        self.stream_id, self._inbox = router.new_stream()
-        self._conn: Connection | None = None
+        self._inbox = router.streams.open()
+        self.stream_id = self._inbox.stream_id
         self.opened: StreamOpened | None = None
         self.done = False
 
@@ -100,15 +101,14 @@ class RemoteStream:
         return 0 if entry is None else entry[1]
 
     def _watch(self, conn: Connection) -> None:
-        self._conn = conn
-        self._router.attach_stream(self.stream_id, conn)
+        self._inbox.attach(conn)
 
     async def next_batch(self, timeout: float | None = None) -> list[StreamItem] | None:
         """The next batch of items, ``[]`` if ``timeout`` passed first, None at the end."""
         if self.done:
             return None
         try:
-            msg = await asyncio.wait_for(self._inbox.get(), timeout)
+            msg = await asyncio.wait_for(self._inbox.next_msg(), timeout)
         except TimeoutError:
             return []
         if isinstance(msg, StreamEnd):
@@ -116,24 +116,26 @@ class RemoteStream:
             if msg.error is not None:
                 raise ShardexError.from_wire(msg.error.code, msg.error.message, msg.error.details)
             return None
-        conn = self._conn
-        if conn is not None and not conn.closed:
+        batches = self._inbox.credit_due()
+        conn = self._inbox.conn
+        if batches and conn is not None and not conn.closed:
             with contextlib.suppress(ShardexError):
-                await conn.send(StreamCredit(stream_id=self.stream_id, batches=1))
+                await conn.send(StreamCredit(stream_id=self.stream_id, batches=batches))
         return _items(self.partition, msg)
 
     async def cancel(self) -> None:
         if self.done:
             return
         self._finish()
-        conn = self._conn
+        conn = self._inbox.conn
         if conn is not None and not conn.closed:
+            # A request, not a one-way cancel: the opener learns the node stopped the stream.
             with contextlib.suppress(ShardexError):
                 await conn.request(CancelStream(stream_id=self.stream_id), 5.0)
 
     def _finish(self) -> None:
         self.done = True
-        self._router.detach_stream(self.stream_id)
+        self._inbox.finish()
 
 
 def _items(partition: int, batch: StreamBatch) -> list[StreamItem]:

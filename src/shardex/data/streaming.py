@@ -4,17 +4,17 @@ The engine's stream runs are synchronous generators over a RocksDB snapshot; the
 in chunks in the I/O executor so a large backfill never stalls the event loop. Between runs a
 following stream awaits the partition's next commit (``DataEngine.wait_for_seqno``).
 
-Back-pressure: the opener grants ``credit`` batches; each ``StreamBatch`` spends one and each
-``StreamCredit`` returns some. With no credit the task waits, holding at most one prepared
-batch, so a slow consumer costs this node O(credit x batch) memory, never an unbounded
-queue. A stream ends with exactly one ``StreamEnd`` (error or not), unless its connection
-closed (then there is nobody to tell) or the opener cancelled it.
+Back-pressure (``shardex.net.credit_stream``): the opener grants ``credit`` batches; each
+``StreamBatch`` spends one and each ``StreamCredit`` returns some. With no credit the task
+waits, holding at most one prepared batch, so a slow consumer costs this node O(credit x
+batch) memory, never an unbounded queue. A stream ends with exactly one ``StreamEnd`` (error
+or not), unless its connection closed (then there is nobody to tell) or the opener cancelled
+it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
@@ -34,6 +34,7 @@ from shardex.api.records import Change, SnapshotMarker
 from shardex.data.engine import DataEngine
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Connection
+from shardex.net.credit_stream import OutStream, OutStreams
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,25 @@ StreamItem = SnapshotMarker | Change | ChangeTuple
 _Taken = tuple[list[StreamItem], bool]  # (items, the run is exhausted)
 
 
-class _Stream:
+class _Stream(OutStream):
     def __init__(self, msg: OpenStream, conn: Connection) -> None:
+        super().__init__(conn, msg.stream_id, msg.credit, MAX_CREDIT)
         self.msg = msg
-        self.conn = conn
-        self.credit = max(1, min(msg.credit, MAX_CREDIT))
-        self.credit_changed = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
+
+
+def _stream_end(stream: _Stream, error: ShardexError | None) -> StreamEnd:
+    if error is None:
+        return StreamEnd(stream_id=stream.stream_id)
+    code, message, details = error.to_wire()
+    return StreamEnd(stream_id=stream.stream_id, error=WireError(code, message, details))
+
+
+def _duplicate(stream_id: int) -> ShardexError:
+    return ShardexError(
+        f"stream {stream_id} is already open on this connection",
+        code=ErrorCode.BAD_REQUEST,
+        details={"stream_id": stream_id},
+    )
 
 
 def _take(gen: Iterator[StreamItem], n: int, max_bytes: int) -> _Taken:
@@ -103,21 +116,16 @@ class StreamServer:
         self._engine = engine
         self._run = run
         self._enrich = enrich  # adds owner hints to NOT_MY_PARTITION errors
-        self._streams: dict[tuple[Connection, int], _Stream] = {}
-        self._watched: dict[Connection, None] = {}  # connections with our close callback
+        self._streams: OutStreams[_Stream] = OutStreams(
+            end=_stream_end, duplicate=_duplicate, enrich=enrich
+        )
 
     @property
     def open_streams(self) -> int:
-        return len(self._streams)
+        return self._streams.open_streams
 
     async def on_open(self, msg: OpenStream, conn: Connection) -> StreamOpened:
-        key = (conn, msg.stream_id)
-        if key in self._streams:
-            raise ShardexError(
-                f"stream {msg.stream_id} is already open on this connection",
-                code=ErrorCode.BAD_REQUEST,
-                details={"stream_id": msg.stream_id},
-            )
+        self._streams.check_new(conn, msg.stream_id)
         try:
             # Checks (keyspace, ownership, ROLLBACK) happen here so the reply carries them.
             info = self._engine.partition_info(msg.keyspace, msg.partition)
@@ -126,63 +134,36 @@ class StreamServer:
             )
         except ShardexError as exc:
             raise self._enrich(exc) from None
-        stream = _Stream(msg, conn)
-        self._streams[key] = stream
-        if conn not in self._watched:
-            self._watched[conn] = None
-            conn.add_close_callback(self._on_conn_closed)
-        stream.task = asyncio.get_running_loop().create_task(
-            self._serve(stream, run, first), name=f"data-stream {msg.keyspace}/{msg.partition}"
-        )
+
+        async def produce(stream: _Stream) -> None:
+            try:
+                await self._pump(stream, run, first)
+            except asyncio.CancelledError:
+                close_quietly(run)
+                raise
+
+        try:
+            self._streams.start_stream(
+                _Stream(msg, conn),
+                produce,
+                name=f"data-stream {msg.keyspace}/{msg.partition}",
+                label=f"stream {msg.keyspace}/{msg.partition}",
+            )
+        except BaseException:  # the same id opened meanwhile: this run is nobody's
+            close_quietly(run)
+            raise
         return StreamOpened(stream_id=msg.stream_id, uuid=info.uuid, high_seqno=info.high_seqno)
 
     async def on_credit(self, msg: StreamCredit, conn: Connection) -> None:
-        stream = self._streams.get((conn, msg.stream_id))
-        if stream is not None and msg.batches > 0:
-            stream.credit = min(stream.credit + msg.batches, MAX_CREDIT)
-            stream.credit_changed.set()
+        self._streams.grant(conn, msg.stream_id, msg.batches)
 
     async def on_cancel(self, msg: CancelStream, conn: Connection) -> None:
-        stream = self._streams.pop((conn, msg.stream_id), None)
-        if stream is not None and stream.task is not None:
-            stream.task.cancel()
+        self._streams.cancel(conn, msg.stream_id)
 
     async def close(self) -> None:
-        tasks = [s.task for s in self._streams.values() if s.task is not None]
-        self._streams.clear()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _on_conn_closed(self, conn: Connection) -> None:
-        self._watched.pop(conn, None)
-        for key in [k for k in self._streams if k[0] is conn]:
-            stream = self._streams.pop(key)
-            if stream.task is not None:
-                stream.task.cancel()
+        await self._streams.close()
 
     # --- the stream task -------------------------------------------------------------------
-
-    async def _serve(self, stream: _Stream, first_run: Iterator[StreamItem], first: _Taken) -> None:
-        msg = stream.msg
-        error: ShardexError | None = None
-        try:
-            await self._pump(stream, first_run, first)
-        except asyncio.CancelledError:
-            close_quietly(first_run)
-            raise
-        except ShardexError as exc:
-            error = self._enrich(exc)
-        except Exception as exc:
-            log.exception("stream %s/%s failed", msg.keyspace, msg.partition)
-            error = ShardexError(f"{type(exc).__name__}: {exc}", code=ErrorCode.INTERNAL)
-        self._streams.pop((stream.conn, msg.stream_id), None)
-        end = StreamEnd(stream_id=msg.stream_id)
-        if error is not None:
-            code, message, details = error.to_wire()
-            end = StreamEnd(stream_id=msg.stream_id, error=WireError(code, message, details))
-        with contextlib.suppress(ShardexError):  # a closed connection: nobody is listening
-            await stream.conn.send(end)
 
     async def _pump(self, stream: _Stream, run: Iterator[StreamItem], first: _Taken) -> None:
         """Send ``run`` (whose first batch is ``first``), then, when following, every later
@@ -205,7 +186,7 @@ class StreamServer:
                     for batch in _batches(msg.stream_id, items):
                         if batch.marker is not None:
                             uuid, run_end = batch.marker[2], batch.marker[1]
-                        await self._send(stream, batch)
+                        await stream.send_message(batch)
             finally:
                 close_quietly(run)
             pos = max(pos, run_end)
@@ -216,13 +197,6 @@ class StreamServer:
             # Wait for a commit past what we sent (raises NOT_MY_PARTITION if it goes away).
             await self._engine.wait_for_seqno(msg.keyspace, msg.partition, pos, None)
             run, taken = await self._run(_open_and_take, self._engine, msg, pos, uuid, max_items)
-
-    async def _send(self, stream: _Stream, batch: StreamBatch) -> None:
-        while stream.credit <= 0:
-            stream.credit_changed.clear()
-            await stream.credit_changed.wait()
-        stream.credit -= 1
-        await stream.conn.send(batch)
 
 
 def _max_items(msg: OpenStream) -> int:

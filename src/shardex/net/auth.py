@@ -153,70 +153,87 @@ async def _reject(comm: Comm, peer: str) -> None:
     comm.abort()
 
 
-def check_challenge(challenge: Message, peer: str) -> Challenge:
-    """The server's first frame, checked: a ``Challenge`` in our protocol version, else the
-    error it carries (``ErrorReply``) or ``ProtocolError``. Shared by ``client_handshake``
-    and the client's blocking scan sockets (``shardex.client.direct_conn``)."""
-    if isinstance(challenge, ErrorReply):
-        raise ShardexError.from_wire(challenge.code, challenge.message, challenge.details)
-    if not isinstance(challenge, Challenge):
-        raise ProtocolError(
-            f"{peer} sent {message_type_name(challenge)} instead of Challenge",
-            details={"peer": peer},
-        )
-    if challenge.protocol_version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            f"{peer} speaks protocol {challenge.protocol_version}, we speak {PROTOCOL_VERSION}",
-            details={"peer": peer, "theirs": challenge.protocol_version},
-        )
-    return challenge
+class ClientHandshake:
+    """The client's side of the handshake, its steps without the I/O: the asyncio
+    ``client_handshake`` and the blocking ``shardex.net.blocking.BlockingConn`` feed it the
+    server's frames and send what it returns, so both check and answer alike.
 
+        response = hs.answer(challenge)   # the server's first frame -> our AuthResponse
+        server_name = hs.finish(ok)       # the server's last frame -> its name
+    """
 
-def auth_response(key: bytes, challenge: Challenge, nonce_c: bytes, name: str) -> AuthResponse:
-    """The client's answer to ``challenge``: its nonce and proof."""
-    return AuthResponse(
-        client_name=name,
-        protocol_version=PROTOCOL_VERSION,
-        nonce=nonce_c,
-        proof=_proof(key, b"client", challenge, nonce_c, name),
-    )
+    __slots__ = ("_challenge", "_key", "_nonce_c", "_source", "name", "peer")
 
+    def __init__(self, secret: str, *, name: str, peer: str, nonce_source: NonceSource) -> None:
+        self._key = check_secret(secret)
+        self.name = name
+        self.peer = peer
+        self._source = nonce_source
+        self._challenge: Challenge | None = None
+        self._nonce_c = b""
 
-def check_auth_ok(
-    ok: Message, key: bytes, challenge: Challenge, nonce_c: bytes, name: str, peer: str
-) -> None:
-    """The server's last frame: its proof (``AuthOk``), else the error it sent."""
-    if isinstance(ok, ErrorReply):
-        raise ShardexError.from_wire(ok.code, ok.message, {**ok.details, "peer": peer})
-    if not isinstance(ok, AuthOk):
-        raise ProtocolError(
-            f"{peer} sent {message_type_name(ok)} instead of AuthOk",
-            details={"peer": peer},
-        )
-    expected = _proof(key, b"server", challenge, nonce_c, name)
-    if not hmac.compare_digest(expected, ok.proof):
-        raise AuthFailed(
-            f"server {peer} failed to prove it knows the cluster secret",
-            details={"peer": peer, "server_name": challenge.server_name},
+    def answer(self, challenge: Message) -> AuthResponse:
+        """The server's first frame, checked - a ``Challenge`` in our protocol version, else
+        the error it carries (``ErrorReply``) or ``ProtocolError`` - and our answer: our
+        nonce and proof."""
+        peer = self.peer
+        if isinstance(challenge, ErrorReply):
+            raise ShardexError.from_wire(challenge.code, challenge.message, challenge.details)
+        if not isinstance(challenge, Challenge):
+            raise ProtocolError(
+                f"{peer} sent {message_type_name(challenge)} instead of Challenge",
+                details={"peer": peer},
+            )
+        if challenge.protocol_version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"{peer} speaks protocol {challenge.protocol_version}, we speak {PROTOCOL_VERSION}",
+                details={"peer": peer, "theirs": challenge.protocol_version},
+            )
+        self._challenge = challenge
+        nonce_c = self._nonce_c = self._source(NONCE_BYTES)
+        return AuthResponse(
+            client_name=self.name,
+            protocol_version=PROTOCOL_VERSION,
+            nonce=nonce_c,
+            proof=_proof(self._key, b"client", challenge, nonce_c, self.name),
         )
 
+    def finish(self, ok: Message) -> str:
+        """The server's last frame: its proof (``AuthOk``), else the error it sent. Returns
+        the server's name."""
+        peer, challenge = self.peer, self._challenge
+        assert challenge is not None, "answer() first"
+        if isinstance(ok, ErrorReply):
+            raise ShardexError.from_wire(ok.code, ok.message, {**ok.details, "peer": peer})
+        if not isinstance(ok, AuthOk):
+            raise ProtocolError(
+                f"{peer} sent {message_type_name(ok)} instead of AuthOk",
+                details={"peer": peer},
+            )
+        expected = _proof(self._key, b"server", challenge, self._nonce_c, self.name)
+        if not hmac.compare_digest(expected, ok.proof):
+            raise AuthFailed(
+                f"server {peer} failed to prove it knows the cluster secret",
+                details={"peer": peer, "server_name": challenge.server_name},
+            )
+        return challenge.server_name
 
-def handshake_timed_out(peer: str, timeout: float) -> NodeUnavailable:
-    return NodeUnavailable(
-        f"handshake with {peer} timed out after {timeout}s",
-        details={"address": peer, "timeout": timeout},
-    )
-
-
-def handshake_closed(peer: str) -> NodeUnavailable:
-    return NodeUnavailable(
-        f"{peer} closed the connection during the handshake", details={"address": peer}
-    )
-
-
-def log_auth_failure(peer: str, e: ShardexError) -> None:
-    if isinstance(e, AuthFailed):
-        log.warning("authentication with %s failed: %s", peer, e.message)
+    def failed(self, exc: BaseException, timeout: float) -> BaseException:
+        """What a handshake that raised ``exc`` raises instead (the caller closes the comm):
+        a timeout or a hang-up is ``NodeUnavailable``, an ``AuthFailed`` is logged."""
+        peer = self.peer
+        if isinstance(exc, TimeoutError):
+            return NodeUnavailable(
+                f"handshake with {peer} timed out after {timeout}s",
+                details={"address": peer, "timeout": timeout},
+            )
+        if isinstance(exc, ConnectionClosed):
+            return NodeUnavailable(
+                f"{peer} closed the connection during the handshake", details={"address": peer}
+            )
+        if isinstance(exc, AuthFailed):
+            log.warning("authentication with %s failed: %s", peer, exc.message)
+        return exc
 
 
 async def client_handshake(
@@ -233,22 +250,14 @@ async def client_handshake(
     does not speak this protocol, ``NodeUnavailable`` if the handshake times out or the
     server hangs up. The comm is closed on any failure.
     """
-    key = check_secret(secret)
-    peer = comm.peer_address
+    hs = ClientHandshake(secret, name=name, peer=comm.peer_address, nonce_source=nonce_source)
     try:
         async with asyncio.timeout(timeout):
-            challenge = check_challenge(await _recv(comm), peer)
-            nonce_c = nonce_source(NONCE_BYTES)
-            await _send(comm, auth_response(key, challenge, nonce_c, name))
-            check_auth_ok(await _recv(comm), key, challenge, nonce_c, name, peer)
-            return challenge.server_name
-    except TimeoutError:
+            await _send(comm, hs.answer(await _recv(comm)))
+            return hs.finish(await _recv(comm))
+    except (TimeoutError, ShardexError) as e:
         comm.abort()
-        raise handshake_timed_out(peer, timeout) from None
-    except ConnectionClosed as e:
-        comm.abort()
-        raise handshake_closed(peer) from e
-    except ShardexError as e:
-        log_auth_failure(peer, e)
-        comm.abort()
-        raise
+        failure = hs.failed(e, timeout)
+        if failure is e:
+            raise
+        raise failure from (None if isinstance(e, TimeoutError) else e)

@@ -29,7 +29,6 @@ from shardex.errors import (
     RequestTimeout,
     ShardexError,
 )
-from shardex.net.answering import Answering
 from shardex.net.deadlines import DeadlineSweep, Pending
 from shardex.net.messages import (
     Envelope,
@@ -43,6 +42,7 @@ from shardex.net.messages import (
     encode_frame,
     message_type_name,
 )
+from shardex.net.responder import Responder
 from shardex.net.router import Handler, Router, as_router
 from shardex.net.transport import Comm
 
@@ -65,7 +65,7 @@ M = TypeVar("M", bound=Message)
 CloseCallback = Callable[["Connection"], None]
 
 
-class Connection(Answering):
+class Connection:
     """One authenticated, symmetric connection. Build with ``connect`` or get it from
     ``RpcServer`` handlers; never construct directly outside this package."""
 
@@ -108,6 +108,17 @@ class Connection(Answering):
         self._peer_notice: ErrorReply | None = None
         self._closed_event = asyncio.Event()
         self._close_callbacks: list[CloseCallback] = []
+        self._responder = Responder(
+            self,
+            router=self._router,
+            comm=comm,
+            max_frame=max_frame,
+            write_lock=self._write_lock,
+            tasks=self._tasks,
+            write=self._write,
+            encode=self._encode,
+            spawn=self._spawn,
+        )
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -417,14 +428,15 @@ class Connection(Answering):
         kind = env.kind
         if kind is Kind.REQUEST:
             body = env.body
-            if type(body) is Ping and self._answer_ping_now(env.id, body):
+            responder = self._responder
+            if type(body) is Ping and responder.answer_ping_now(env.id, body):
                 return
             inline = self._router.lookup_inline(type(body))
             if inline is not None:
-                self._answer_inline(env.id, body, inline)
+                responder.answer_inline(env.id, body, inline)
                 return
             key = self._task_seq = self._task_seq + 1
-            self._tasks[key] = self._loop.create_task(self._handle_request(env.id, body, key))
+            self._tasks[key] = self._loop.create_task(responder.handle_request(env.id, body, key))
         elif kind is Kind.ONEWAY:
             self._oneway.append(env.body)
             wakeup = self._oneway_wakeup
@@ -464,7 +476,7 @@ class Connection(Answering):
     def _on_bad_body(self, e: UndecodableBody) -> None:
         log.warning("%s from %s: %s", e.kind.name.lower(), self.peer_label, e.message)
         if e.kind is Kind.REQUEST:
-            self._spawn(self._reply_error(e.request_id, e))
+            self._spawn(self._responder.reply_error(e.request_id, e))
         elif e.kind in (Kind.RESPONSE, Kind.ERROR) and e.request_id:
             entry = self._pending.pop(e.request_id, None)
             if entry is not None and not entry.fut.done():

@@ -19,7 +19,8 @@ import logging
 import socket
 from collections.abc import Callable
 
-from shardex.errors import ConnectionClosed, FrameTooLarge, NodeUnavailable, ShardexError
+from shardex.errors import ConnectionClosed, NodeUnavailable, ShardexError
+from shardex.net.framing import HEADER, announced_too_large, header, sending_too_large
 from shardex.net.transport import (
     DEFAULT_MAX_FRAME,
     Comm,
@@ -34,7 +35,6 @@ from shardex.net.transport import (
 
 log = logging.getLogger(__name__)
 
-_HEADER = 4
 # Frames queued for ``read()`` (before a receiver takes over) past this many bytes pause the
 # socket until read: a peer cannot make an unauthenticated connection buffer without bound.
 _READ_LIMIT = 2 * 1024 * 1024
@@ -110,17 +110,17 @@ class TcpComm(Comm, asyncio.Protocol):
         else:
             view = data  # the common case: frames cut straight from what recv returned
         pos, end = 0, len(view)
-        while end - pos >= _HEADER and self._end is None and not self._closing:
-            size = int.from_bytes(view[pos : pos + _HEADER], "big")
+        while end - pos >= HEADER and self._end is None and not self._closing:
+            size = int.from_bytes(view[pos : pos + HEADER], "big")
             if size > self._max_frame:
                 self._too_large(size)
                 return
-            stop = pos + _HEADER + size
+            stop = pos + HEADER + size
             if stop > end:
                 break
             # memoryview: one copy out of a bytearray buffer, not two (the view is freed
             # at once, so the buffer can be resized below)
-            frame = bytes(memoryview(view)[pos + _HEADER : stop])
+            frame = bytes(memoryview(view)[pos + HEADER : stop])
             pos = stop
             self._deliver(frame)
         if self._end is not None or self._closing:
@@ -131,7 +131,7 @@ class TcpComm(Comm, asyncio.Protocol):
             buf += memoryview(data)[pos:]
 
     def eof_received(self) -> bool | None:
-        partial = max(len(self._buf) - _HEADER, 0) if len(self._buf) >= _HEADER else len(self._buf)
+        partial = max(len(self._buf) - HEADER, 0) if len(self._buf) >= HEADER else len(self._buf)
         self._ended(
             ConnectionClosed(
                 f"connection to {self._peer} closed by peer",
@@ -193,12 +193,7 @@ class TcpComm(Comm, asyncio.Protocol):
             size,
             self._max_frame,
         )
-        self._ended(
-            FrameTooLarge(
-                f"peer {self._peer} announced a frame of {size} bytes",
-                details={"peer": self._peer, "size": size, "max_frame": self._max_frame},
-            )
-        )
+        self._ended(announced_too_large(self._peer, size, self._max_frame))
         self._buf.clear()
         if self._transport is not None:
             self._transport.abort()
@@ -278,11 +273,7 @@ class TcpComm(Comm, asyncio.Protocol):
     def _check_writable(self, frame: bytes) -> None:
         size = len(frame)
         if size > self._max_frame:
-            # The caller learns at once; the peer would cut us off anyway.
-            raise FrameTooLarge(
-                f"frame of {size} bytes to {self._peer} exceeds max_frame {self._max_frame}",
-                details={"peer": self._peer, "size": size, "max_frame": self._max_frame},
-            )
+            raise sending_too_large(self._peer, size, self._max_frame)
         if self.closed or self._transport is None or self._transport.is_closing():
             raise ConnectionClosed(
                 f"connection to {self._peer} is closed", details={"peer": self._peer}
@@ -295,9 +286,9 @@ class TcpComm(Comm, asyncio.Protocol):
         if size < _JOIN_BELOW:
             # One write call per frame: header and payload leave together (NODELAY would
             # otherwise send a 4-byte segment on its own).
-            transport.write(size.to_bytes(_HEADER, "big") + frame)
+            transport.write(header(size) + frame)
         else:
-            transport.writelines((size.to_bytes(_HEADER, "big"), frame))
+            transport.writelines((header(size), frame))
 
     def write_nowait(self, frame: bytes) -> bool:
         """Send ``frame`` now if that needs no wait (the peer is keeping up); False leaves it

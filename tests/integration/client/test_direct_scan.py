@@ -137,7 +137,7 @@ async def test_a_slow_reader_is_sent_its_credit_and_no_more(env: Env) -> None:
     first = await asyncio.to_thread(next, blocks)
     out = env.nodes["n1"].streams
     (stream,) = [s for (c, _), s in out._streams.items() if c.peer_name == client.name + "/scan"]
-    await _until(lambda: stream.credit <= 0 and stream.blocks >= 1 + 4)
+    await _until(lambda: stream.credit.available <= 0 and stream.blocks >= 1 + 4)
     await asyncio.sleep(0.2)  # time to overrun, were credits not respected
     assert stream.blocks == 1 + 4
     second = await asyncio.to_thread(next, blocks)  # one read: one credit, one more block

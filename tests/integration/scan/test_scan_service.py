@@ -163,7 +163,7 @@ async def test_back_pressure_bounds_what_a_slow_reader_is_sent(env: Env) -> None
     (stream,) = [s for (c, _), s in out._streams.items() if c.peer_name == client.name + "/scan"]
     # Sends until its credit is spent, then waits: the block the reader took gives one back
     # (which may arrive after the initial credit ran out), so 1 + 4 and no more.
-    await _until(lambda: stream.credit <= 0 and stream.blocks >= 1 + 4)
+    await _until(lambda: stream.credit.available <= 0 and stream.blocks >= 1 + 4)
     assert stream.blocks == 1 + 4
     rest = await asyncio.to_thread(lambda: [e for b in blocks for e in b])
     assert len(first) + len(rest) == 12_000

@@ -9,6 +9,12 @@ the simulation checks (``ExchangeMeter.max_in_flight``).
 Grants go out each time the consumer has taken half a window since the last grant. The
 sender cuts batches into pieces of at most half a window, which makes that rule deadlock-free:
 a blocked sender has more than half a window unconsumed, so draining it crosses the threshold.
+
+The accounting is ``shardex.net.credit_stream``'s (``SendWindow``, ``ReceiveWindow``), in
+bytes rather than the messages change streams and scans count: an Arrow batch's size varies
+by orders of magnitude, so only bytes bound what a stream holds. Grants are cumulative
+limits, not increments, because they travel between members over links that may be
+re-established: a repeated or reordered grant then changes nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import pyarrow as pa
 from shardex.api.query_ids import QueryId
 from shardex.api.sql_protocol import QueryBatch
 from shardex.errors import ErrorCode, ShardexError
+from shardex.net.credit_stream import ReceiveWindow, SendWindow
 from shardex.net.messages import Message
 from shardex.sql.protocol.batches import decode_batch, split_to_fit
 
@@ -100,11 +107,18 @@ class Outbox:
         self.window = window
         self._send_fn = send
         self._meter = meter
-        self.sent_bytes = 0
-        self.credit_limit = window  # the initial credits both sides agree on: the window
+        # The initial credits both sides agree on: the window. No cap: grants are limits.
+        self.credit = SendWindow(window)
         self.seq = 0
         self.finished = False
-        self._wake = asyncio.Event()
+
+    @property
+    def sent_bytes(self) -> int:
+        return self.credit.sent
+
+    @property
+    def credit_limit(self) -> int:
+        return self.credit.limit
 
     async def put(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -117,17 +131,16 @@ class Outbox:
         self.finished = True
 
     def on_flow_control(self, credit_limit: int) -> None:
-        if credit_limit > self.credit_limit:  # limits only grow; an old one changes nothing
-            self.credit_limit = credit_limit
-            self._wake.set()
+        self.credit.raise_limit(credit_limit)  # limits only grow; an old one changes nothing
+
+    def _stalled(self) -> None:
+        self._meter.on_stall(self.key, self.window)
 
     async def _send(self, data: bytes, *, last: bool) -> None:
         size = len(data)
-        while self.sent_bytes + size > self.credit_limit:
-            self._meter.on_stall(self.key, self.window)
-            self._wake.clear()
-            await self._wake.wait()
-        self.sent_bytes += size
+        credit = self.credit
+        if not credit.take(size):
+            await credit.spend(size, self._stalled)
         q, edge, sender = self.key
         msg = QueryBatch(
             query_id=q,
@@ -136,22 +149,25 @@ class Outbox:
             seq=self.seq,
             data=data,
             last=last,
-            remaining_credits=self.credit_limit - self.sent_bytes,
+            remaining_credits=credit.available,
         )
         self.seq += 1
         # Counted before the send: from here on the bytes are the network's.
-        bound = self.sent_bytes - (self.credit_limit - self.window)
+        bound = credit.sent - (credit.limit - self.window)
         self._meter.on_sent(self.key, self.window, size, bound)
         await self._send_fn(self.receiver, msg)
 
 
-@dataclass
 class _InStream:
-    next_seq: int = 0
-    received: int = 0
-    consumed: int = 0
-    limit: int = 0
-    last: bool = False
+    """One sender's stream into an ``Inbox``: its order, what arrived, and its credit."""
+
+    __slots__ = ("credit", "last", "next_seq", "received")
+
+    def __init__(self, window: int) -> None:
+        self.next_seq = 0
+        self.received = 0
+        self.last = False
+        self.credit = ReceiveWindow(window, every=window // 2)
 
 
 class Inbox:
@@ -174,7 +190,7 @@ class Inbox:
         self.window = window
         self._grant = grant
         self._meter = meter
-        self._streams = {s: _InStream(limit=window) for s in senders}
+        self._streams = {s: _InStream(window) for s in senders}
         self._queue: deque[tuple[str, int, pa.RecordBatch]] = deque()
         self._ready = asyncio.Event()
 
@@ -200,11 +216,12 @@ class Inbox:
                 expected=st.next_seq,
             )
         size = len(msg.data)
-        if st.received + size > st.limit:
+        limit = st.credit.limit
+        if st.received + size > limit:
             raise _violation(
-                f"sender exceeded its credits: {st.received + size} bytes > limit {st.limit}",
+                f"sender exceeded its credits: {st.received + size} bytes > limit {limit}",
                 key,
-                limit=st.limit,
+                limit=limit,
             )
         batch = decode_batch(msg.data) if size else None
         st.next_seq += 1
@@ -228,8 +245,8 @@ class Inbox:
 
     def _consumed(self, sender: str, size: int) -> None:
         st = self._streams[sender]
-        st.consumed += size
+        granted = st.credit.consume(size)
         self._meter.on_consumed((self.query_id, self.edge_id, sender), self.window, size)
-        if not st.last and st.consumed - (st.limit - self.window) >= self.window // 2:
-            st.limit = st.consumed + self.window
-            self._grant(sender, st.limit)
+        # After the last batch nothing more comes: the new limit is nobody's business.
+        if granted and not st.last:
+            self._grant(sender, st.credit.limit)

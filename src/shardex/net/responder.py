@@ -1,4 +1,4 @@
-"""How a ``Connection`` answers the requests it receives (``Answering``, its base class).
+"""How a ``Connection`` answers the requests it receives: its ``Responder``.
 
 A routed handler (``Router.route``) runs in a task per request; an inline one
 (``Router.route_inline``) is called in the receive callback and its response written at
@@ -15,7 +15,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from shardex.errors import ConnectionClosed, ErrorCode, ProtocolError, ShardexError
 from shardex.net.messages import (
@@ -35,26 +35,65 @@ from shardex.net.transport import Comm
 log = logging.getLogger("shardex.net.connection")
 
 
-class Answering:
-    """The request-answering half of ``Connection``: what it uses of the connection is
-    declared here."""
+class Answered(Protocol):
+    """What a ``Responder`` reads of its connection (a ``Connection``; declared here because
+    this module sits below ``connection.py``)."""
 
     name: str
-    _router: Router
-    _comm: Comm
-    _closed: bool
-    _max_frame: int
-    _write_lock: asyncio.Lock
-    _tasks: dict[int, asyncio.Task[Any]]
-    _spawn: Callable[[Coroutine[Any, Any, None]], None]
-    _write: Callable[[Envelope], Awaitable[None]]
-    _encode: Callable[[Envelope], bytes]
-    peer_label: str  # a property of ``Connection``
 
-    def _answer_ping_now(self, rid: int, ping: Ping) -> bool:
+    @property
+    def peer_label(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
+class Responder:
+    """Answers the requests one connection receives. The connection hands each request over
+    (``answer_ping_now``, ``answer_inline``, ``handle_request``) and lends what a reply
+    needs: its comm, its write lock and frame limit, its writer and encoder, its task table
+    (a request's task removes its own entry) and ``spawn``."""
+
+    __slots__ = (
+        "_comm",
+        "_conn",
+        "_encode",
+        "_max_frame",
+        "_router",
+        "_spawn",
+        "_tasks",
+        "_write",
+        "_write_lock",
+    )
+
+    def __init__(
+        self,
+        conn: Answered,
+        *,
+        router: Router,
+        comm: Comm,
+        max_frame: int,
+        write_lock: asyncio.Lock,
+        tasks: dict[int, asyncio.Task[None]],
+        write: Callable[[Envelope], Awaitable[None]],
+        encode: Callable[[Envelope], bytes],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        # The connection itself, passed to every handler as its second argument.
+        self._conn: Any = conn
+        self._router = router
+        self._comm = comm
+        self._max_frame = max_frame
+        self._write_lock = write_lock
+        self._tasks = tasks
+        self._write = write
+        self._encode = encode
+        self._spawn = spawn
+
+    def answer_ping_now(self, rid: int, ping: Ping) -> bool:
         """An unrouted ``Ping`` answered in the receive callback: no task, no extra loop
         iteration (liveness probes stay cheap). False: leave it to a handler task."""
-        if Ping in self._router or self._closed:
+        if Ping in self._router or self._conn.closed:
             return False
         frame = encode_frame(Envelope(Kind.RESPONSE, rid, Pong(payload=ping.payload)))
         if len(frame) > self._max_frame or self._write_lock.locked():
@@ -64,7 +103,7 @@ class Answering:
         except ConnectionClosed:
             return True  # the reply is lost with the connection, as a task's would be
 
-    async def _handle_request(self, rid: int, msg: Message, key: int) -> None:
+    async def handle_request(self, rid: int, msg: Message, key: int) -> None:
         try:
             await self._answer(rid, msg)
         finally:
@@ -77,19 +116,19 @@ class Answering:
                 await self._reply(rid, Pong(payload=msg.payload))
                 return
             type_name = message_type_name(msg)
-            await self._reply_error(
+            await self.reply_error(
                 rid,
                 ShardexError(
-                    f"{self.name} has no handler for {type_name}",
+                    f"{self._conn.name} has no handler for {type_name}",
                     code=ErrorCode.UNKNOWN_MESSAGE,
                     details={"type": type_name},
                 ),
             )
             return
         try:
-            pending = handler(msg, self)
+            pending = handler(msg, self._conn)
         except Exception as e:  # not a coroutine function, and it raised at once
-            await self._reply_error(rid, self._handler_error(msg, e))
+            await self.reply_error(rid, self._handler_error(msg, e))
             return
         await self._answer_awaited(rid, msg, pending)
 
@@ -99,28 +138,28 @@ class Answering:
         try:
             result = _response(await pending)
         except Exception as e:
-            await self._reply_error(rid, self._handler_error(msg, e))
+            await self.reply_error(rid, self._handler_error(msg, e))
             return
         await self._reply(rid, result)
 
-    def _answer_inline(self, rid: int, msg: Message, handler: InlineHandler) -> None:
+    def answer_inline(self, rid: int, msg: Message, handler: InlineHandler) -> None:
         """A request whose handler was routed inline (``Router.route_inline``): called here,
         in the receive callback, and its response written at once when the transport takes
         it without waiting. Anything else - a handler that returned an awaitable, an error,
         a write that must wait - is finished in a task, as a routed request is."""
         try:
-            result = handler(msg, self)
+            result = handler(msg, self._conn)
             if inspect.isawaitable(result):
                 self._spawn(self._answer_awaited(rid, msg, result))
                 return
             response = _response(result)
         except Exception as e:
-            self._spawn(self._reply_error(rid, self._handler_error(msg, e)))
+            self._spawn(self.reply_error(rid, self._handler_error(msg, e)))
             return
         try:
             frame = self._encode(Envelope(Kind.RESPONSE, rid, response))
             if (
-                not self._closed
+                not self._conn.closed
                 and not self._write_lock.locked()
                 and self._comm.write_nowait(frame)
             ):
@@ -134,9 +173,9 @@ class Answering:
         else INTERNAL (logged with its traceback)."""
         type_name = message_type_name(msg)
         if isinstance(e, ShardexError):
-            log.debug("%s from %s failed: %s", type_name, self.peer_label, e)
+            log.debug("%s from %s failed: %s", type_name, self._conn.peer_label, e)
             return e
-        log.error("handler for %s from %s raised", type_name, self.peer_label, exc_info=e)
+        log.error("handler for %s from %s raised", type_name, self._conn.peer_label, exc_info=e)
         return ShardexError(
             f"{type(e).__name__}: {e}",
             code=ErrorCode.INTERNAL,
@@ -147,12 +186,12 @@ class Answering:
         try:
             await self._write(Envelope(Kind.RESPONSE, rid, result))
         except ConnectionClosed:
-            log.debug("reply %d to %s lost: connection closed", rid, self.peer_label)
+            log.debug("reply %d to %s lost: connection closed", rid, self._conn.peer_label)
         except ProtocolError as e:  # unencodable or oversized response: say so instead
-            log.error("cannot send reply %d to %s: %s", rid, self.peer_label, e)
-            await self._reply_error(rid, e)
+            log.error("cannot send reply %d to %s: %s", rid, self._conn.peer_label, e)
+            await self.reply_error(rid, e)
 
-    async def _reply_error(self, rid: int, err: ShardexError) -> None:
+    async def reply_error(self, rid: int, err: ShardexError) -> None:
         code, message, details = err.to_wire()
         try:
             try:
@@ -166,9 +205,9 @@ class Answering:
                 safe = ErrorReply(code=code, message=message, details={"repr": repr(details)})
                 await self._write(Envelope(Kind.ERROR, rid, safe))
         except ConnectionClosed:
-            log.debug("error reply %d to %s lost: connection closed", rid, self.peer_label)
+            log.debug("error reply %d to %s lost: connection closed", rid, self._conn.peer_label)
         except ShardexError as e:
-            log.error("cannot send error reply %d to %s: %s", rid, self.peer_label, e)
+            log.error("cannot send error reply %d to %s: %s", rid, self._conn.peer_label, e)
 
 
 def _response(result: Message | None) -> Message:

@@ -3,7 +3,7 @@
 For a caller that talks to a node from its own thread (the sync client's scans,
 ``shardex.client.direct_conn``): handing every exchange to an event-loop thread costs two
 wake-ups, a send from another thread and context switches per exchange, more than the
-exchange itself (decisions.md, "Scans in the calling thread"). It speaks the loop's protocol
+exchange itself (docs/decisions/0068-scans-in-the-calling-thread.md). It speaks the loop's protocol
 with the loop's code: frames as ``framing.py`` cuts them, ``Envelope``s as ``messages.py``
 encodes them, the handshake's steps as ``auth.ClientHandshake`` takes them.
 

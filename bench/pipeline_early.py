@@ -13,7 +13,7 @@ by the indexes' topologies and runs the batch's round, alternating two ways:
   no rows, naming the incarnations that took them. ``--gap`` seconds pass between the two
   (default 0.2: in the pipeline Spark's trigger, planning and the batch's own read sit
   between a batch's early delivery and its round, and the indexer decides the early rows
-  after its reply, ``index/decided.py``; with no gap the round waits for those decisions).
+  after its reply, ``index/slice_decisions.py``; with no gap the round waits for those decisions).
 
 Per way, medians over ``--repeat`` rounds of the round's wall time, this process's CPU and
 the nodes' CPU (from /proc), per change; the early delivery's own wall time; and the

@@ -28,7 +28,6 @@ import msgspec
 from shardex.core.spans import Span, spans_to_ranges
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.decided import Decided, Prepared
 from shardex.index.keyversion import KeyVersion
 from shardex.index.records import (
     META_KEY,
@@ -43,6 +42,7 @@ from shardex.index.records import (
     parse_tombstone_log_key,
     tombstone_log_range,
 )
+from shardex.index.slice_decisions import Decided, Prepared
 from shardex.index.slice_load import SliceLoading
 from shardex.index.snapshots import SnapshotRing
 from shardex.index.spans import scan_ranges
@@ -118,7 +118,7 @@ class Slice(SliceLoading):
         # in seqno order, so its newest version per docid is simply the last one.
         self._unordered: set[int] = set()
         # The stabilise's decisions for the queued versions, taken as they arrive
-        # (``decided.py``); None while the slice is not stabilisable (loading, rollback).
+        # (``slice_decisions.py``); None while the slice is not stabilisable (loading, rollback).
         self._decided: Decided | None = Decided() if meta.state in _DECIDING else None
         # Rows queued ahead and not decided yet: ``decide_pending`` (the indexer calls it right
         # after acknowledging an early delivery) or the stabilise folds them in.
@@ -168,7 +168,7 @@ class Slice(SliceLoading):
         """Queue this slice's key versions; returns how many were new. Re-delivered ones
         (seqno already applied, below the build's T0, or already queued) are dropped.
         ``ahead``: the rows arrive before their stabilise (an early delivery), so they are
-        decided ahead (``decided.py``), by ``decide_pending``: the delivery's reply does not
+        decided ahead (``slice_decisions.py``), by ``decide_pending``: the delivery's reply does not
         wait for it. Rows that come with their stabilise (``ahead=False``) into an empty
         queue are left to the stabilise: deciding them first costs more than the stabilise
         deciding them (measured), and nothing is gained."""
@@ -231,7 +231,7 @@ class Slice(SliceLoading):
             return new
 
     def decide_pending(self) -> int:
-        """Decide the rows queued ahead since the last call (``decided.py``); returns how
+        """Decide the rows queued ahead since the last call (``slice_decisions.py``); returns how
         many. The indexer runs it on its I/O thread right after acknowledging an early
         delivery: the sender (the driver's read-ahead, which the next batch waits for) does
         not wait for the decisions."""
@@ -299,7 +299,7 @@ class Slice(SliceLoading):
                 behind=behind[:20],
             )
         # The whole queue up to ts (no version left behind): the decisions taken as the
-        # versions arrived are the stabilise's (``decided.py``); else decide from storage.
+        # versions arrived are the stabilise's (``slice_decisions.py``); else decide from storage.
         whole = all(
             p in ts and self._hwm.get(p, 0) <= ts[p].seqno for p, q in self._queue.items() if q
         )
@@ -368,7 +368,7 @@ class Slice(SliceLoading):
         return taken, n_taken, latest
 
     def _apply(self, latest: dict[str, Queued], batch: Batch) -> tuple[int, int, int, int]:
-        """Decide each docid's final state against the back index (``decided.decide``) and
+        """Decide each docid's final state against the back index (``slice_decisions.decide``) and
         add the writes to ``batch``; returns (writes, change in live entries, unchanged,
         stale). Back rows are read in one ``get_many``, in docid order (str order of docids
         is UTF-8 byte order), and decided in that order straight into the batch's sorted
@@ -407,7 +407,8 @@ class Slice(SliceLoading):
     def _reset_decided(self) -> None:
         """Decide again, from storage as it is now, for every queued version: after a commit
         or anything else that changed the back index or took versions out of the queue
-        (``decided.py``). None while the slice is not stabilisable. Called under the lock."""
+        (``slice_decisions.py``). None while the slice is not stabilisable. Called under the
+        lock."""
         self._undecided = []
         self._undecided_ordered = True
         if self._meta.state not in _DECIDING:

@@ -126,7 +126,7 @@ async def test_without_the_drop_the_lost_branch_would_win(pipe: Pipe) -> None:  
 
 async def test_an_early_delivery_is_decided_after_its_reply(pipe: Pipe) -> None:  # noqa: F811
     """The indexer acknowledges early rows, then decides them on its I/O thread
-    (``index/decided.py``): by the round, the slices hold a decision for every queued docid
+    (``index/slice_decisions.py``): by the round, the slices hold a decision for every queued docid
     and the round's stabilise only writes them; the result is the oracle's."""
     rng = random.Random(5)
     ks, t1 = await _start(pipe, rng)

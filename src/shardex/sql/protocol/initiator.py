@@ -18,7 +18,7 @@ from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.net.messages import Message
 from shardex.sql.protocol.flow import MIN_WINDOW
 from shardex.sql.protocol.fragments import FragmentRegistry
-from shardex.sql.protocol.plan import PlanLayout, layout_plan
+from shardex.sql.protocol.plan_layout import PlanLayout, layout_plan
 from shardex.sql.protocol.results import QueryResult, ResultChannel
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ from shardex.sql.protocol.execution import QueryExecution
 from shardex.sql.protocol.flow import ExchangeMeter
 from shardex.sql.protocol.fragments import FragmentRegistry
 from shardex.sql.protocol.initiator import InitiatorRole, cancelled, wire_details
-from shardex.sql.protocol.plan import PlanLayout, layout_plan
+from shardex.sql.protocol.plan_layout import PlanLayout, layout_plan
 from shardex.sql.protocol.registry import QueryRegistry
 from shardex.sql.protocol.results import ResultChannel
 

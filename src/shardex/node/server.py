@@ -33,8 +33,9 @@ from shardex.scan.paging_store_proxy import PagingService
 
 if TYPE_CHECKING:
     from shardex.data.service import DataService
+    from shardex.index.engine_host import SliceEngine
     from shardex.index.scan_server import IndexScanServer
-    from shardex.index.service import IndexService, SliceEngine
+    from shardex.index.service import IndexService
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,11 @@ class Node:
         if self.index is not None:
             from shardex.index.scan_server import IndexScanServer
 
-            self.index_scan = IndexScanServer(self.index, self.scan_streams)
+            self.index_scan = IndexScanServer(
+                self.index.host,
+                self.scan_streams,
+                check_serving=self.index.slice_moves.check_serving,
+            )
             self.index_scan.install(self.server)
             self.scan.local_index = self.index_scan  # own slices read in-process
             if self.data is not None:  # request_plus high seqnos ride in ScanSlices

@@ -139,7 +139,9 @@ async def test_an_early_delivery_is_decided_after_its_reply(pipe: Pipe) -> None:
     while asyncio.get_running_loop().time() < deadline:
         engines = [ix.svc.engine for ix in pipe.nodes.values() if ix.svc is not None]
         slices = [s for e in engines for s in e.slices()]
-        queued = sum(len({r[4] for q in s._queue.values() for r in q.values()}) for s in slices)
+        queued = sum(
+            len({r[4] for q in s._queue.by_partition.values() for r in q.values()}) for s in slices
+        )
         decided = sum(len(s._decided or ()) for s in slices)
         if queued and decided == queued:
             break

@@ -165,7 +165,16 @@ class Node:
         # SQL: the execution protocol and the client-facing statement service.
         from shardex.sql.exec.mount import SqlMount
 
-        self.sql = SqlMount(self, secret)
+        self.sql = SqlMount(
+            name=name,
+            member_id=member_id,
+            transport=transport,
+            secret=secret,
+            membership=lambda: self.membership,
+            scan=self.scan,
+            index_scan=self.index_scan,
+            scan_streams=self.scan_streams,
+        )
         self.sql.install(self.server)
         self.index_ddl: IndexDDL | None = None
         # The timekeeper (end of each pipeline micro-batch): on every manager node, reading

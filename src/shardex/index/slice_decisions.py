@@ -41,13 +41,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import itemgetter
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.index.records import pack_back_head, tombstone_log_key
-
-if TYPE_CHECKING:
-    from shardex.storage import Batch, ColumnFamily
+from shardex.storage import Batch, ColumnFamily
 
 __all__ = [
     "NOTHING",

@@ -6,7 +6,7 @@ In-process ``IndexerEngine`` over a temporary RocksDB store (no network, no Spar
   projected and routed (upserts that change keys, unchanged re-upserts, deletes) plus a
   re-delivery of half the previous round's key versions; ``--rounds`` rounds of ``enqueue``,
   ``decide_pending`` (what an indexer does after acknowledging an early delivery:
-  ``index/decided.py``) then ``stabilize_many`` at the round's TS;
+  ``index/slice_decisions.py``) then ``stabilize_many`` at the round's TS;
 * **load**: ``--load-rows`` UPSERT rows into one slice through ``load_chunk`` (frames of
   ``MAX_ROWS_PER_FRAME``) and ``load_finish`` (sort, SST, ingest).
 
@@ -154,7 +154,7 @@ def maintenance(args: argparse.Namespace) -> None:
     defs = _defs(args.slices)
     seqnos: dict[int, int] = {}
     # decide: what an indexer does right after acknowledging an early delivery
-    # (``index/decided.py``); the stabilise then only writes the decisions.
+    # (``index/slice_decisions.py``); the stabilise then only writes the decisions.
     totals = {"enqueue": 0.0, "decide": 0.0, "stabilize": 0.0}
     n_total = 0
     profs = {k: cProfile.Profile() if args.profile else None for k in totals}
@@ -174,7 +174,7 @@ def maintenance(args: argparse.Namespace) -> None:
             totals["enqueue"] += _measure(
                 "enqueue", lambda b=batch: eng.enqueue(b), 1, profs["enqueue"]
             )
-            decide = getattr(eng, "decide_pending", None)  # absent before ``decided.py``
+            decide = getattr(eng, "decide_pending", None)  # absent before ``slice_decisions.py``
             if decide is not None:
                 totals["decide"] += _measure("decide", decide, 1, profs["decide"])
             if phases is not None:

@@ -76,7 +76,9 @@ class Node:
         self.streams = OutStreams()
         self.streams.install(self.server.router)
         self.svc.install(self.server)
-        self.scan_server = IndexScanServer(self.svc, self.streams)
+        self.scan_server = IndexScanServer(
+            self.svc.host, self.streams, check_serving=self.svc.slice_moves.check_serving
+        )
         self.scan_server.install(self.server)
         self.coord = ScanCoordinator(
             transport=TcpTransport(),

@@ -105,7 +105,7 @@ class IndexCluster(ManagerCluster):
         if self.engine is None:
             return set(self.sim.cluster[host].disk.get("slices", {}))
         n = self.live.get(host)
-        if n is not None and n.index is not None and n.index._engine is not None:
+        if n is not None and n.index is not None and n.index.host.is_open:
             self._last_slices[host] = {(s.index_id, s.partition) for s in n.index.engine.slices()}
         return set(self._last_slices.get(host, set()))
 

@@ -181,7 +181,7 @@ class World:
         # The service picks a random incarnation; the simulator's is derived from the
         # node's start count (unique per process, the same in every replay). Set before
         # the server takes a request.
-        svc.incarnation = f"{node.host}#{node.incarnation}"
+        svc.host.incarnation = f"{node.host}#{node.incarnation}"
         node.serving(await server.start(node.listen_address))
         self.services[node.host] = svc
         try:
@@ -275,7 +275,7 @@ class World:
         node's disk as a restart would find it."""
         host = self.placement[index_id][partition]
         svc = self.services.get(host)
-        if svc is not None and svc._engine is not None:
+        if svc is not None and svc.host.is_open:
             sl = svc.engine.slice(index_id, partition)
             applied = sl.applied_ts()
             if applied.covers(ts) and ts.covers(applied):

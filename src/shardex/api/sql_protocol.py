@@ -2,7 +2,7 @@
 
 All but ``QueryCheck`` travel one-way (fire and forget, in order per connection); the check
 is a request whose response is ``QueryCheckResponse``. The dispatch table that routes them is
-``QueryService.routes`` (``shardex.sql.protocol.service``). See docs/protocol.md, "SQL
+``QueryService.routes`` (``shardex.sql.protocol.member``). See docs/protocol.md, "SQL
 execution protocol", and ``../shared/seeds/sql-execution-protocol.md``.
 
 Flow control deviates from the specification on one point, on purpose: ``QueryFlowControl``

@@ -1,22 +1,22 @@
 """Document operations of ``DataEngine``: CRUD with CAS, batched mutations, high seqnos.
 
-A mixin only to keep modules small; it relies on the engine's catalog and partition lookup
-(``keyspace``, ``_held``, ``_serving``) and ``max_doc_bytes``. Validation happens here, before
-any lock, so a rejected request cannot have changed anything; the partition then applies the
-checked ops under its lock (``partition.py``).
+A part of ``DataEngine``, which builds it over the node's ``LocalPartitions`` (the catalog
+and partition lookup, ``partitions.py``) and exposes its methods. Validation happens here,
+before any lock, so a rejected request cannot have changed anything; the partition then
+applies the checked ops under its lock (``partition.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 from zlib import crc32
 
 import msgspec
 
 from shardex.api.errors import BadRequest, DocNotFound
-from shardex.api.records import STATE_ACTIVE, KeyspaceInfo, MutationResult
+from shardex.api.records import STATE_ACTIVE, MutationResult
 from shardex.api.validation import (
     MAX_DOCID_BYTES,
     Durability,
@@ -27,10 +27,10 @@ from shardex.api.validation import (
 )
 from shardex.core.timestamp import Timestamp
 from shardex.data.partition import Partition, PreparedOp, commit_many
+from shardex.data.partitions import LocalPartitions
 from shardex.data.records import PartitionMeta
 from shardex.errors import ShardexError
 from shardex.meta.partitioning import partition_of
-from shardex.storage import Store
 
 BATCH_MAX_OPS = 5_000  # ops per atomic batch in *_many: bounds lock hold time and memory
 BATCH_MAX_BYTES = 8 * 1024 * 1024
@@ -50,7 +50,8 @@ class RawGetResult(NamedTuple):
 
 
 class DocumentOps:
-    """Mixed into ``DataEngine``.
+    """The document operations of ``DataEngine`` over ``local``; documents bigger than
+    ``max_doc_bytes`` (encoded) are refused.
 
     Every mutation takes ``durability``: ``"persist"`` (default) fsyncs the WAL before it
     returns, so the write survives a power loss; ``"memory"`` returns once the write is in
@@ -58,18 +59,9 @@ class DocumentOps:
     or kernel crash (after which the partition starts a new branch, see ``recovery.py``).
     """
 
-    max_doc_bytes: int
-    _closed: bool
-    _parts: dict[tuple[str, int], Partition]
-    _store: Store
-
-    if TYPE_CHECKING:
-        # provided by the concrete class this is mixed into; declared for type checkers only
-        def keyspace(self, name: str) -> KeyspaceInfo: ...
-
-        def _held(self, keyspace: str, partition: int) -> Partition: ...
-
-        def _serving(self, keyspace: str, partition: int) -> Partition: ...
+    def __init__(self, local: LocalPartitions, *, max_doc_bytes: int) -> None:
+        self._local = local
+        self.max_doc_bytes = max_doc_bytes
 
     def insert(
         self, keyspace: str, docid: str, doc: object, *, durability: Durability = "persist"
@@ -125,9 +117,9 @@ class DocumentOps:
         self, kind: str, keyspace: str, docid: object, doc: object, cas: object, durability: str
     ) -> MutationResult:
         sync = check_durability(durability)
-        ks = self.keyspace(keyspace)
+        ks = self._local.keyspace(keyspace)
         op = self._prepare(kind, docid, doc, cas)
-        part = self._held(keyspace, partition_of(op.docid, ks.num_partitions))
+        part = self._local.held(keyspace, partition_of(op.docid, ks.num_partitions))
         result = part.apply([op], sync=sync)[0]
         if isinstance(result, ShardexError):
             raise result
@@ -163,7 +155,7 @@ class DocumentOps:
         CAS) and its UTF-8 bytes are encoded once, for the length check and the partition
         hash both; any other op takes ``_prepare``, whose checks and errors are the same."""
         sync = check_durability(durability)
-        ks = self.keyspace(keyspace)
+        ks = self._local.keyspace(keyspace)
         nparts = ks.num_partitions
         max_bytes = self.max_doc_bytes
         results: list[MutationResult | ShardexError | None] = []
@@ -222,13 +214,14 @@ class DocumentOps:
         built twice), measured in ``docs/decisions/0072-data-node-cpu-per-write.md``."""
         parts: list[tuple[str, Partition, tuple[list[int], list[PreparedOp]]]] = []
         # The partition numbers come from the hash, in range; a partition held by an open
-        # engine is one dict look-up, anything else goes through ``_held`` for its error.
-        held = {} if self._closed else self._parts
+        # engine is one dict look-up, anything else goes through ``held`` for its error.
+        local = self._local
+        held = {} if local.closed else local.parts
         for p, entry in chunk.items():
             part = held.get((keyspace, p))
             if part is None:
                 try:
-                    part = self._held(keyspace, p)
+                    part = local.held(keyspace, p)
                 except ShardexError as exc:
                     for i in entry[0]:
                         results[i] = exc
@@ -239,7 +232,7 @@ class DocumentOps:
         for lock in locks:
             lock.acquire()
         try:
-            batch = self._store.batch()
+            batch = local.store.batch()
             staged: list[tuple[Partition, PartitionMeta]] = []
             # Every staged op's place in ``results`` and its outcome, in two flat lists.
             where: list[int] = []
@@ -258,7 +251,7 @@ class DocumentOps:
                 if meta is not None:
                     staged.append((part, meta))
             if staged:
-                commit_many(self._store, batch, staged, sync=sync)
+                commit_many(local.store, batch, staged, sync=sync)
             # Only now: a failed write raises and acknowledges nothing.
             for i, r in zip(where, outcomes, strict=True):
                 results[i] = r
@@ -273,9 +266,9 @@ class DocumentOps:
 
     def get_raw(self, keyspace: str, docid: str) -> RawGetResult:
         docid = check_docid(docid)
-        ks = self.keyspace(keyspace)
+        ks = self._local.keyspace(keyspace)
         p = partition_of(docid, ks.num_partitions)
-        rec = self._serving(keyspace, p).read_doc(docid)
+        rec = self._local.serving(keyspace, p).read_doc(docid)
         if rec is None or rec.deleted:
             raise DocNotFound(
                 f"document {docid!r} not found", details={"docid": docid, "partition": p}
@@ -284,9 +277,9 @@ class DocumentOps:
 
     def high_seqnos(self, keyspace: str) -> Timestamp:
         """(high seqno, uuid) of every partition of ``keyspace`` this node serves."""
-        self.keyspace(keyspace)
+        self._local.keyspace(keyspace)
         entries = {}
-        for (ks, p), part in list(self._parts.items()):
+        for (ks, p), part in list(self._local.parts.items()):
             meta = part.meta
             if ks == keyspace and meta.state == STATE_ACTIVE:
                 entries[p] = (meta.high_seqno, meta.uuid)
@@ -301,8 +294,8 @@ class DocumentOps:
         ``ScanSlices.seqnos_of``, its coordinator's own node), so it looks up only the
         partitions asked for and builds no ``Timestamp``: the values are this node's own
         partition metadata, already ints."""
-        self.keyspace(keyspace)  # KEYSPACE_NOT_FOUND as ``high_seqnos``
-        parts = self._parts
+        self._local.keyspace(keyspace)  # KEYSPACE_NOT_FOUND as ``high_seqnos``
+        parts = self._local.parts
         entries: dict[int, tuple[int, int]] = {}
         for p in partitions:
             part = parts.get((keyspace, p))  # one lookup: safe beside a writer thread

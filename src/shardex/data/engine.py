@@ -10,37 +10,41 @@ Threading model: a mutation validates its input without any lock, then takes its
 lock for check + seqno + one atomic RocksDB batch (+ WAL fsync for "persist"). RPC handlers
 should run mutations in a thread pool so an fsync never blocks the event loop; streams and
 waits can run on the loop.
+
+Parts: the catalog and the partition map (``partitions.LocalPartitions``) are shared by the
+document operations (``documents.DocumentOps``) and the hand-over operations
+(``handover.HandoverOps``); the engine builds them over one store, keeps lifecycle, catalog,
+streams and retention itself and exposes the parts' operations as its own.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
-from shardex.api.errors import (
-    BadRequest,
-    KeyspaceExists,
-    KeyspaceNotFound,
-    not_my_partition,
-)
+from shardex.api.errors import BadRequest, KeyspaceExists
+from shardex.api.migration import IncomingMarker
 from shardex.api.records import (
     STATE_ACTIVE,
     Change,
     FailoverEntry,
     KeyspaceInfo,
+    MutationResult,
     PartitionInfo,
     SnapshotMarker,
 )
 from shardex.api.validation import (
     DEFAULT_MAX_DOC_BYTES,
+    Durability,
     check_docid,
     check_seqno,
 )
+from shardex.core.timestamp import Timestamp
 from shardex.data import migration, streams
-from shardex.data.documents import DocumentOps
-from shardex.data.handover import INGEST_DIR, HandoverOps
+from shardex.data.documents import DocumentOps, GetResult, RawGetResult
+from shardex.data.handover import HandoverListener, HandoverOps, IncomingCopy
 from shardex.data.partition import Partition
+from shardex.data.partitions import LocalPartitions
 from shardex.data.records import (
     META_KEY,
     PartitionMeta,
@@ -58,7 +62,6 @@ from shardex.meta.partitioning import (
     check_keyspace_name,
     check_num_partitions,
     parse_partition_cf_name,
-    partition_cf_name,
     partition_of,
 )
 from shardex.storage import Store
@@ -68,7 +71,7 @@ DEFAULT_RETENTION_SEQNOS = 100_000
 _KS_PREFIX = b"data/ks/"
 
 
-class DataEngine(DocumentOps, HandoverOps):
+class DataEngine:
     """The local storage engine of the data service (see module docstring)."""
 
     def __init__(
@@ -84,18 +87,25 @@ class DataEngine(DocumentOps, HandoverOps):
         # and closed with the engine; a store passed in stays the caller's.
         self._owns_store = isinstance(store, str | Path)
         self._store = open_store(Path(store)) if isinstance(store, str | Path) else store
-        self.max_doc_bytes = max_doc_bytes
         self.retention_seqnos = retention_seqnos
-        self._lock = threading.RLock()  # catalog and partition map (not the write path)
-        self._keyspaces: dict[str, KeyspaceInfo] = {}
-        self._parts: dict[tuple[str, int], Partition] = {}
         self._marks = DirtyMarks(self._store, current_boot_id() if boot_id is None else boot_id)
-        self._closed = False
+        self._local = LocalPartitions(self._store, self._marks)
+        # The catalog, the partition map and their lock live in ``self._local``, shared with
+        # the parts; named here for the engine's own methods.
+        self._lock = self._local.lock
+        self._keyspaces = self._local.keyspaces
+        self._parts = self._local.parts
+        self._documents = DocumentOps(self._local, max_doc_bytes=max_doc_bytes)
+        self._handover = HandoverOps(self._local)
         self._load()
+
+    @property
+    def max_doc_bytes(self) -> int:
+        return self._documents.max_doc_bytes
 
     # lifecycle ---------------------------------------------------------------------------
     def _load(self) -> None:
-        self._clean_ingest_dir()
+        self._handover.clean_ingest_dir()
         upper = _KS_PREFIX[:-1] + bytes([_KS_PREFIX[-1] + 1])
         for _key, raw in self._store.column_family().iterate(_KS_PREFIX, upper):
             ks = decode_keyspace(raw)
@@ -128,10 +138,10 @@ class DataEngine(DocumentOps, HandoverOps):
 
     def close(self) -> None:
         with self._lock:
-            if self._closed:
+            if self._local.closed:
                 return
             self.sync()
-            self._closed = True
+            self._local.closed = True
             closed = ShardexError("data engine closed")
             for part in self._parts.values():
                 part.fail_waiters(closed)
@@ -190,17 +200,14 @@ class DataEngine(DocumentOps, HandoverOps):
             self.keyspace(name)
             batch = self._store.batch()
             batch.delete(self._store.column_family(), _KS_PREFIX + name.encode())
-            self._delete_markers(batch, name)
+            self._handover.delete_markers(batch, name)
             self._store.write(batch, sync=True)
             del self._keyspaces[name]
             for ks, p in [k for k in self._parts if k[0] == name]:
-                self._drop(ks, p)
+                self._local.drop(ks, p)
 
     def keyspace(self, name: str) -> KeyspaceInfo:
-        ks = self._keyspaces.get(name)
-        if ks is None:
-            raise KeyspaceNotFound(f"keyspace {name!r} not found", details={"keyspace": name})
-        return ks
+        return self._local.keyspace(name)
 
     def keyspaces(self) -> list[KeyspaceInfo]:
         return sorted(self._keyspaces.values(), key=lambda k: k.name)
@@ -214,7 +221,7 @@ class DataEngine(DocumentOps, HandoverOps):
     ) -> PartitionInfo:
         """Start an empty partition here: a fresh uuid whose history begins at seqno 0."""
         ks = self.keyspace(keyspace)
-        self._check_partition_number(ks, partition)
+        self._local.check_partition_number(ks, partition)
         with self._lock:
             old = self._parts.get((keyspace, partition))
             if old is not None:
@@ -230,47 +237,14 @@ class DataEngine(DocumentOps, HandoverOps):
                 num_partitions=ks.num_partitions,
                 failover_log=[FailoverEntry(new_uuid(), 0)],
             )
-            part = self._install(meta, items=())
+            part = self._local.install(meta, items=())
             return info_of(part.meta)
-
-    def _install(
-        self, meta: PartitionMeta, items: Iterable[tuple[bytes, bytes]], sst: Path | None = None
-    ) -> Partition:
-        """Create the family, load ``items`` (or the ready SST file ``sst``), then write the
-        meta (last: its presence is what makes the partition exist after a crash)."""
-        name = partition_cf_name(meta.keyspace, meta.partition)
-        if self._store.has_column_family(name):  # leftover of a failed attempt
-            self._store.drop_column_family(name)
-        cf = self._store.column_family(name)
-        try:
-            if sst is not None:
-                cf.ingest([sst], move=True)
-            else:
-                migration.write_sst(cf, items, self._store.path / INGEST_DIR)
-            cf.put(META_KEY, encode(meta), sync=True)
-        except BaseException:
-            self._store.drop_column_family(name)
-            raise
-        part = Partition(self._store, cf, meta)
-        self._marks.attach(part)
-        self._parts[(meta.keyspace, meta.partition)] = part
-        return part
 
     def drop_partition(self, keyspace: str, partition: int) -> None:
         """Delete the partition's data here (one column-family drop). Waiting followers get
         NOT_MY_PARTITION. Dropping a partition this node does not hold is a no-op."""
         with self._lock:
-            self._drop(keyspace, partition)
-
-    def _drop(self, keyspace: str, partition: int) -> None:
-        part = self._parts.pop((keyspace, partition), None)
-        if part is None:
-            return
-        with part.lock:
-            self._store.drop_column_family(part.cf.name)
-            part.meta = part.meta.copy()
-            part.meta.state = "absent"
-        part.fail_waiters(not_my_partition(keyspace, partition, "absent"))
+            self._local.drop(keyspace, partition)
 
     def partitions(self, keyspace: str) -> list[int]:
         """Partitions of ``keyspace`` held here, in any state."""
@@ -278,34 +252,13 @@ class DataEngine(DocumentOps, HandoverOps):
         return sorted(p for ks, p in self._parts if ks == keyspace)
 
     def partition_info(self, keyspace: str, partition: int) -> PartitionInfo:
-        part = self._held(keyspace, partition)
+        part = self._local.held(keyspace, partition)
         return info_of(part.meta, frozen=part.frozen)
 
     def new_branch(self, keyspace: str, partition: int) -> FailoverEntry:
         """Start a new history branch (new uuid at the current high seqno): for restores and
         failovers, when consumers may hold history this copy does not have."""
-        return self._held(keyspace, partition).new_branch()
-
-    def _check_partition_number(self, ks: KeyspaceInfo, partition: int) -> None:
-        if not isinstance(partition, int) or not 0 <= partition < ks.num_partitions:
-            raise BadRequest(
-                f"partition {partition!r} is outside 0..{ks.num_partitions - 1}",
-                details={"keyspace": ks.name, "partition": repr(partition)},
-            )
-
-    def _held(self, keyspace: str, partition: int) -> Partition:
-        if self._closed:
-            raise ShardexError("data engine is closed", details={"path": str(self._store.path)})
-        self._check_partition_number(self.keyspace(keyspace), partition)
-        part = self._parts.get((keyspace, partition))
-        if part is None:
-            raise not_my_partition(keyspace, partition, "absent")
-        return part
-
-    def _serving(self, keyspace: str, partition: int) -> Partition:
-        part = self._held(keyspace, partition)
-        part.check_serving(write=False)
-        return part
+        return self._local.held(keyspace, partition).new_branch()
 
     # streams ------------------------------------------------------------------------------
     def stream(
@@ -324,7 +277,7 @@ class DataEngine(DocumentOps, HandoverOps):
         partition's history. Close the iterator (or exhaust it) to release its snapshot.
         ``wire``: each change as its ``StreamBatch`` tuple (the stream server's form: no
         ``Change`` struct built per change only to be taken apart)."""
-        part = self._serving(keyspace, partition)
+        part = self._local.serving(keyspace, partition)
         return streams.open_stream(part, from_seqno, uuid, end_seqno, wire=wire)
 
     async def wait_for_seqno(
@@ -332,7 +285,9 @@ class DataEngine(DocumentOps, HandoverOps):
     ) -> int:
         """Wait until the partition's high seqno exceeds ``seqno``; returns the high seqno
         (after ``timeout`` it may still be <= ``seqno``: compare)."""
-        return await streams.wait_for_seqno(self._serving(keyspace, partition), seqno, timeout)
+        return await streams.wait_for_seqno(
+            self._local.serving(keyspace, partition), seqno, timeout
+        )
 
     def follow(
         self,
@@ -344,7 +299,7 @@ class DataEngine(DocumentOps, HandoverOps):
     ) -> AsyncIterator[SnapshotMarker | Change]:
         """``stream`` that continues live: an async generator that never ends unless
         ``end_seqno`` is reached or the partition goes away (NOT_MY_PARTITION)."""
-        return streams.follow(self._serving, keyspace, partition, from_seqno, uuid, end_seqno)
+        return streams.follow(self._local.serving, keyspace, partition, from_seqno, uuid, end_seqno)
 
     # retention ------------------------------------------------------------------------------
     def set_consumer_checkpoint(self, name: str, keyspace: str, partition: int, seqno: int) -> None:
@@ -359,7 +314,7 @@ class DataEngine(DocumentOps, HandoverOps):
         batch = self._store.batch()
         for p, seqno in seqnos.items():
             check_seqno("seqno", seqno)
-            batch.put(self._held(keyspace, p).cf, consumer_key(name), encode(seqno))
+            batch.put(self._local.held(keyspace, p).cf, consumer_key(name), encode(seqno))
         self._store.write(batch, sync=False)
 
     def remove_consumer(self, name: str, keyspace: str | None = None) -> None:
@@ -370,7 +325,7 @@ class DataEngine(DocumentOps, HandoverOps):
         self._store.write(batch, sync=False)
 
     def consumer_checkpoints(self, keyspace: str, partition: int) -> dict[str, int]:
-        return self._held(keyspace, partition).consumers()
+        return self._local.held(keyspace, partition).consumers()
 
     def purge(self) -> dict[tuple[str, int], int]:
         """Apply the retention rule to every active partition; returns change records purged
@@ -388,3 +343,185 @@ class DataEngine(DocumentOps, HandoverOps):
             if target > part.meta.purge_seqno:
                 out[key] = part.purge_to(target)
         return out
+
+    # documents (``documents.DocumentOps``) ------------------------------------------------
+    def insert(
+        self, keyspace: str, docid: str, doc: object, *, durability: Durability = "persist"
+    ) -> MutationResult:
+        """``DocumentOps.insert``."""
+        return self._documents.insert(keyspace, docid, doc, durability=durability)
+
+    def upsert(
+        self,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        *,
+        cas: int | None = None,
+        durability: Durability = "persist",
+    ) -> MutationResult:
+        """``DocumentOps.upsert``."""
+        return self._documents.upsert(keyspace, docid, doc, cas=cas, durability=durability)
+
+    def replace(
+        self,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        *,
+        cas: int | None = None,
+        durability: Durability = "persist",
+    ) -> MutationResult:
+        """``DocumentOps.replace``."""
+        return self._documents.replace(keyspace, docid, doc, cas=cas, durability=durability)
+
+    def delete(
+        self,
+        keyspace: str,
+        docid: str,
+        *,
+        cas: int | None = None,
+        durability: Durability = "persist",
+    ) -> MutationResult:
+        """``DocumentOps.delete``."""
+        return self._documents.delete(keyspace, docid, cas=cas, durability=durability)
+
+    def upsert_many(
+        self,
+        keyspace: str,
+        items: Iterable[tuple[str, object]],
+        *,
+        durability: Durability = "persist",
+    ) -> list[MutationResult | ShardexError]:
+        """``DocumentOps.upsert_many``."""
+        return self._documents.upsert_many(keyspace, items, durability=durability)
+
+    def mutate_many(
+        self,
+        keyspace: str,
+        ops: Iterable[tuple[str, str, object, int | None]],
+        *,
+        durability: Durability = "persist",
+    ) -> list[MutationResult | ShardexError]:
+        """``DocumentOps.mutate_many``."""
+        return self._documents.mutate_many(keyspace, ops, durability=durability)
+
+    def get(self, keyspace: str, docid: str) -> GetResult:
+        """``DocumentOps.get``."""
+        return self._documents.get(keyspace, docid)
+
+    def get_raw(self, keyspace: str, docid: str) -> RawGetResult:
+        """``DocumentOps.get_raw``."""
+        return self._documents.get_raw(keyspace, docid)
+
+    def high_seqnos(self, keyspace: str) -> Timestamp:
+        """``DocumentOps.high_seqnos``."""
+        return self._documents.high_seqnos(keyspace)
+
+    def partition_seqnos(
+        self, keyspace: str, partitions: Iterable[int]
+    ) -> dict[int, tuple[int, int]]:
+        """``DocumentOps.partition_seqnos``."""
+        return self._documents.partition_seqnos(keyspace, partitions)
+
+    # hand-over (``handover.HandoverOps``) ---------------------------------------------------
+    def snapshot_partition(self, keyspace: str, partition: int) -> migration.PartitionSnapshot:
+        """``HandoverOps.snapshot_partition``."""
+        return self._handover.snapshot_partition(keyspace, partition)
+
+    def freeze_partition(self, keyspace: str, partition: int) -> PartitionInfo:
+        """``HandoverOps.freeze_partition``."""
+        return self._handover.freeze_partition(keyspace, partition)
+
+    def unfreeze_partition(self, keyspace: str, partition: int) -> None:
+        """``HandoverOps.unfreeze_partition``."""
+        self._handover.unfreeze_partition(keyspace, partition)
+
+    def release_partition(self, keyspace: str, partition: int) -> PartitionInfo:
+        """``HandoverOps.release_partition``."""
+        return self._handover.release_partition(keyspace, partition)
+
+    def release_if_high(self, keyspace: str, partition: int, high_seqno: int) -> PartitionInfo:
+        """``HandoverOps.release_if_high``."""
+        return self._handover.release_if_high(keyspace, partition, high_seqno)
+
+    def activate_partition(self, keyspace: str, partition: int) -> PartitionInfo:
+        """``HandoverOps.activate_partition``."""
+        return self._handover.activate_partition(keyspace, partition)
+
+    def ingest_partition(
+        self,
+        keyspace: str,
+        partition: int,
+        info: PartitionInfo,
+        items: Iterable[tuple[bytes, bytes]],
+        *,
+        activate: bool = False,
+    ) -> PartitionInfo:
+        """``HandoverOps.ingest_partition``."""
+        return self._handover.ingest_partition(keyspace, partition, info, items, activate=activate)
+
+    def begin_ingest(self, keyspace: str, partition: int, info: PartitionInfo) -> IncomingCopy:
+        """``HandoverOps.begin_ingest``."""
+        return self._handover.begin_ingest(keyspace, partition, info)
+
+    def install_copy(self, info: PartitionInfo, sst: Path | None) -> PartitionInfo:
+        """``HandoverOps.install_copy``."""
+        return self._handover.install_copy(info, sst)
+
+    def apply_changes(
+        self,
+        keyspace: str,
+        partition: int,
+        changes: Iterable[Change | SnapshotMarker],
+        *,
+        failover_log: list[FailoverEntry] | None = None,
+    ) -> int:
+        """``HandoverOps.apply_changes``."""
+        return self._handover.apply_changes(keyspace, partition, changes, failover_log=failover_log)
+
+    def local_partitions(self, keyspace: str) -> list[PartitionInfo]:
+        """``HandoverOps.local_partitions``."""
+        return self._handover.local_partitions(keyspace)
+
+    def partition_state(self, keyspace: str, partition: int) -> str:
+        """``HandoverOps.partition_state``."""
+        return self._handover.partition_state(keyspace, partition)
+
+    def add_handover_listener(self, fn: HandoverListener) -> None:
+        """``HandoverOps.add_handover_listener``."""
+        self._handover.add_handover_listener(fn)
+
+    def iter_docids(
+        self, keyspace: str, partition: int, start: bytes = b"", stop: bytes | None = None
+    ) -> Iterator[str]:
+        """``HandoverOps.iter_docids``."""
+        return self._handover.iter_docids(keyspace, partition, start, stop)
+
+    def set_incoming(self, marker: IncomingMarker) -> None:
+        """``HandoverOps.set_incoming``."""
+        self._handover.set_incoming(marker)
+
+    def clear_incoming(self, keyspace: str, partition: int) -> None:
+        """``HandoverOps.clear_incoming``."""
+        self._handover.clear_incoming(keyspace, partition)
+
+    def incoming(self) -> dict[tuple[str, int], IncomingMarker]:
+        """``HandoverOps.incoming``."""
+        return self._handover.incoming()
+
+    def topology_floor(self, keyspace: str) -> int:
+        """``HandoverOps.topology_floor``."""
+        return self._handover.topology_floor(keyspace)
+
+    def raise_topology_floor(self, keyspace: str, seq_num: int) -> None:
+        """``HandoverOps.raise_topology_floor``."""
+        self._handover.raise_topology_floor(keyspace, seq_num)
+
+    def migration_fence(self) -> int:
+        """``HandoverOps.migration_fence``."""
+        return self._handover.migration_fence()
+
+    def check_fence(self, epoch: int) -> None:
+        """``HandoverOps.check_fence``."""
+        self._handover.check_fence(epoch)

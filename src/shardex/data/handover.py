@@ -1,9 +1,9 @@
 """Hand-over operations of ``DataEngine``: everything a migration needs from the local engine.
 
-A mixin only to keep modules small (like ``DocumentOps``). The protocol that drives these
+A part of ``DataEngine`` (like ``DocumentOps``), built over the node's ``LocalPartitions``
+(``partitions.py``); the engine exposes its methods. The protocol that drives these
 (``docs/decisions/0030-partition-migration-protocol.md``) lives in ``migration_service.py``
-(node side)
-and ``shardex.manager.rebalance`` (the coordinator master). The pieces:
+(node side) and ``shardex.manager.rebalance`` (the coordinator master). The pieces:
 
 * source: ``snapshot_partition`` (copy), ``freeze_partition`` (writes refused, retryable),
   ``release_if_high`` (the point of no return: persisted, conditional on the high seqno the
@@ -27,10 +27,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -42,12 +40,11 @@ from shardex.api.records import (
     STATE_RELEASED,
     Change,
     FailoverEntry,
-    KeyspaceInfo,
     PartitionInfo,
     SnapshotMarker,
 )
 from shardex.data import migration
-from shardex.data.partition import Partition
+from shardex.data.partitions import INGEST_DIR, LocalPartitions
 from shardex.data.records import (
     PREFIX_CHANGE,
     PREFIX_CONSUMER,
@@ -61,9 +58,8 @@ from shardex.data.records import (
 )
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.partitioning import partition_cf_name
-from shardex.storage import Batch, SstWriter, Store
+from shardex.storage import Batch, SstWriter
 
-INGEST_DIR = "data-ingest"
 _IN_PREFIX = b"data/in/"
 _FLOOR_PREFIX = b"data/floor/"
 _FENCE_KEY = b"data/fence"
@@ -139,56 +135,40 @@ class IncomingCopy:
 
 
 class HandoverOps:
-    """Mixed into ``DataEngine`` (see module docstring)."""
+    """The hand-over operations of ``DataEngine`` over ``local`` (module docstring)."""
 
-    _store: Store
-    _lock: threading.RLock
-    _parts: dict[tuple[str, int], Partition]
-    _handover_listeners: list[HandoverListener]
-
-    if TYPE_CHECKING:
-        # provided by the concrete class this is mixed into; declared for type checkers only
-        def keyspace(self, name: str) -> KeyspaceInfo: ...
-
-        def _check_partition_number(self, ks: KeyspaceInfo, partition: int) -> None: ...
-
-        def _held(self, keyspace: str, partition: int) -> Partition: ...
-
-        def _serving(self, keyspace: str, partition: int) -> Partition: ...
-
-        def _drop(self, keyspace: str, partition: int) -> None: ...
-
-        def _install(
-            self, meta: PartitionMeta, items: Iterable[tuple[bytes, bytes]], sst: Path | None = None
-        ) -> Partition: ...
+    def __init__(self, local: LocalPartitions) -> None:
+        self._local = local
+        self._store = local.store
+        self._handover_listeners: list[HandoverListener] = []
 
     # --- source side --------------------------------------------------------------------------
 
     def snapshot_partition(self, keyspace: str, partition: int) -> migration.PartitionSnapshot:
         """A consistent snapshot of the partition (documents in docid order, change log,
         checkpoints, and the high seqno / uuid / failover log at that point)."""
-        return migration.PartitionSnapshot(self._store, self._serving(keyspace, partition))
+        return migration.PartitionSnapshot(self._store, self._local.serving(keyspace, partition))
 
     def freeze_partition(self, keyspace: str, partition: int) -> PartitionInfo:
         """Pause writes for a hand-over; returns the info whose ``high_seqno`` is final while
         frozen. Writers get NOT_MY_PARTITION with ``retryable: True`` (never blocked: a
         blocked writer would hold an RPC worker for an unbounded time). Not persisted: a
         restart ends an unfinished hand-over with the partition active here."""
-        part = self._held(keyspace, partition)
+        part = self._local.held(keyspace, partition)
         with part.lock:
             part.check_serving(write=False)
             part.frozen = True
             return info_of(part.meta, frozen=True)
 
     def unfreeze_partition(self, keyspace: str, partition: int) -> None:
-        part = self._held(keyspace, partition)
+        part = self._local.held(keyspace, partition)
         with part.lock:
             part.frozen = False
 
     def release_partition(self, keyspace: str, partition: int) -> PartitionInfo:
         """Hand-over done: from now on (persisted, so across restarts too) every operation on
         the partition answers NOT_MY_PARTITION until it is dropped."""
-        part = self._held(keyspace, partition)
+        part = self._local.held(keyspace, partition)
         part.set_state(STATE_RELEASED)
         self._announce("left", keyspace, partition)
         return info_of(part.meta)
@@ -198,7 +178,7 @@ class HandoverOps:
         and persisted under the partition lock, which every writer takes, so no write can
         slip in between the check and the release. This is what makes "the target holds
         everything up to ``high_seqno``" imply "the target holds every acknowledged write"."""
-        part = self._held(keyspace, partition)
+        part = self._local.held(keyspace, partition)
         with part.lock:
             meta = part.meta
             if meta.state != STATE_ACTIVE or meta.high_seqno != high_seqno:
@@ -228,7 +208,7 @@ class HandoverOps:
         """Make a copied-in (pending) partition serve: the target side of a hand-over. Also
         forgets the partition's incoming marker (same batch would be nicer; the marker is only
         advisory once the partition is active)."""
-        part = self._held(keyspace, partition)
+        part = self._local.held(keyspace, partition)
         if part.meta.state != STATE_PENDING:
             raise BadRequest(
                 f"partition {partition} is {part.meta.state}, only a pending one is activated",
@@ -253,9 +233,9 @@ class HandoverOps:
         ``pending`` (only ``apply_changes``) unless ``activate``. A pending leftover of a
         failed attempt is replaced; a partition in any other state is refused."""
         meta = self._copy_meta(keyspace, partition, info, activate)
-        with self._lock:
+        with self._local.lock:
             self._replace_pending(keyspace, partition)
-            return info_of(self._install(meta, items).meta)
+            return info_of(self._local.install(meta, items).meta)
 
     def begin_ingest(self, keyspace: str, partition: int, info: PartitionInfo) -> IncomingCopy:
         """Start a chunked copy of ``info``'s partition (see ``IncomingCopy``)."""
@@ -266,15 +246,15 @@ class HandoverOps:
     def install_copy(self, info: PartitionInfo, sst: Path | None) -> PartitionInfo:
         """Install a finished chunked copy (``IncomingCopy.finish``)."""
         meta = self._copy_meta(info.keyspace, info.partition, info, False)
-        with self._lock:
+        with self._local.lock:
             self._replace_pending(info.keyspace, info.partition)
-            return info_of(self._install(meta, (), sst).meta)
+            return info_of(self._local.install(meta, (), sst).meta)
 
     def _copy_meta(
         self, keyspace: str, partition: int, info: PartitionInfo, activate: bool
     ) -> PartitionMeta:
-        ks = self.keyspace(keyspace)
-        self._check_partition_number(ks, partition)
+        ks = self._local.keyspace(keyspace)
+        self._local.check_partition_number(ks, partition)
         migration.check_info(info, keyspace, partition, ks.num_partitions)
         return PartitionMeta(
             keyspace=keyspace,
@@ -290,7 +270,7 @@ class HandoverOps:
 
     def _replace_pending(self, keyspace: str, partition: int) -> None:
         """Drop a pending or released leftover of an earlier attempt; refuse an active one."""
-        old = self._parts.get((keyspace, partition))
+        old = self._local.parts.get((keyspace, partition))
         if old is None:
             return
         if old.meta.state == STATE_ACTIVE:
@@ -298,7 +278,7 @@ class HandoverOps:
                 f"partition {partition} of {keyspace!r} is already active here",
                 details={"keyspace": keyspace, "partition": partition},
             )
-        self._drop(keyspace, partition)
+        self._local.drop(keyspace, partition)
 
     def apply_changes(
         self,
@@ -309,22 +289,22 @@ class HandoverOps:
         failover_log: list[FailoverEntry] | None = None,
     ) -> int:
         """Catch a pending copy up from the source's stream; returns the new high seqno."""
-        return migration.apply_changes(self._held(keyspace, partition), changes, failover_log)
+        return migration.apply_changes(self._local.held(keyspace, partition), changes, failover_log)
 
     def local_partitions(self, keyspace: str) -> list[PartitionInfo]:
         """Every partition of ``keyspace`` held here, in any state (admin and tests)."""
-        self.keyspace(keyspace)
-        with self._lock:
-            parts = [(p, part) for (ks, p), part in self._parts.items() if ks == keyspace]
+        self._local.keyspace(keyspace)
+        with self._local.lock:
+            parts = [(p, part) for (ks, p), part in self._local.parts.items() if ks == keyspace]
         return [info_of(part.meta, frozen=part.frozen) for _p, part in sorted(parts)]
 
     def partition_state(self, keyspace: str, partition: int) -> str:
         """active / pending / released, or "absent" (also for an unknown keyspace)."""
         try:
-            self.keyspace(keyspace)
+            self._local.keyspace(keyspace)
         except KeyspaceNotFound:
             return "absent"
-        part = self._parts.get((keyspace, partition))
+        part = self._local.parts.get((keyspace, partition))
         return "absent" if part is None else part.meta.state
 
     # --- paginated scans: hand-over events and a partition's documents -----------------------
@@ -334,10 +314,10 @@ class HandoverOps:
         what this node serves, once it is persisted: "left" (released, the point of no
         return) and "arrived" (activated). Runs in the thread that made the change; the
         paginated scans' migration manager (``shardex.scan.elastic_adapters_data``)."""
-        self._handover_listeners = [*getattr(self, "_handover_listeners", ()), fn]
+        self._handover_listeners = [*self._handover_listeners, fn]
 
     def _announce(self, event: str, keyspace: str, partition: int) -> None:
-        for fn in getattr(self, "_handover_listeners", ()):
+        for fn in self._handover_listeners:
             fn(event, keyspace, partition)
 
     def iter_docids(
@@ -347,7 +327,7 @@ class HandoverOps:
         ``start <= utf-8 docid < stop``, in that (code point) order. A released partition is
         still read: a paginated scan whose base topology has it here keeps reading it until
         its migration manager says it left (its contents are final once released)."""
-        part = self._held(keyspace, partition)
+        part = self._local.held(keyspace, partition)
         upper = next_prefix(PREFIX_DOC) if stop is None else PREFIX_DOC + stop
         for key, raw in part.cf.iterate(PREFIX_DOC + start, upper):
             if not decode_doc(raw).deleted:
@@ -386,7 +366,7 @@ class HandoverOps:
     def check_fence(self, epoch: int) -> None:
         """Refuse a migration command from a coordinator term older than one already seen;
         remember a newer term (persisted before the command runs)."""
-        with self._lock:
+        with self._local.lock:
             fence = self.migration_fence()
             if epoch < fence:
                 raise ShardexError(
@@ -398,7 +378,7 @@ class HandoverOps:
             if epoch > fence:
                 self._store.column_family().put(_FENCE_KEY, encode(epoch), sync=True)
 
-    def _delete_markers(self, batch: Batch, keyspace: str) -> None:
+    def delete_markers(self, batch: Batch, keyspace: str) -> None:
         """Add the deletion of ``keyspace``'s markers to ``batch`` (keyspace drop)."""
         cf = self._store.column_family()
         prefix = _IN_PREFIX + keyspace.encode() + b"/"
@@ -406,6 +386,6 @@ class HandoverOps:
             batch.delete(cf, key)
         batch.delete(cf, _FLOOR_PREFIX + keyspace.encode())
 
-    def _clean_ingest_dir(self) -> None:
+    def clean_ingest_dir(self) -> None:
         """SST files of copies that were in progress when the process died are garbage."""
         shutil.rmtree(self._store.path / INGEST_DIR, ignore_errors=True)

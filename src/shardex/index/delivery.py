@@ -3,8 +3,9 @@
 ``IndexDelivery`` holds the handlers ``IndexService`` installs next to its DDL routes
 (messages in ``shardex.api.delivery``; protocol in
 ``docs/decisions/0029-index-pipeline-micro-batch.md``). Every handler makes **one** engine
-call through the service's I/O thread, so it
-is atomic with respect to the DDL calls (allocate, drop) and to the other handlers.
+call through the engine's I/O thread
+(``EngineHost.run``), so it is atomic with respect to the DDL calls (allocate, drop) and to
+the other handlers.
 
 * ``DeliverKeyVersions`` -> ``IndexerEngine.enqueue``: rows of a slice this node does not
   host (dropped meanwhile, another keyspace) are counted ``unknown``; re-deliveries
@@ -36,8 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from shardex.api.delivery import (
     DeliverAndStabilize,
@@ -61,12 +62,9 @@ from shardex.api.index import SliceInfo
 from shardex.core.spans import Span
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.engine import EnqueueResult
+from shardex.index.engine import EnqueueResult, IndexerEngine, StabilizeManyResult
+from shardex.index.engine_host import EngineHost
 from shardex.net import Connection, RpcServer
-
-if TYPE_CHECKING:
-    from shardex.index.engine import IndexerEngine, StabilizeManyResult
-    from shardex.index.service import IndexService
 
 __all__ = ["IndexDelivery", "describe_slices"]
 
@@ -74,14 +72,19 @@ log = logging.getLogger(__name__)
 
 
 class IndexDelivery:
-    """The pipeline's routes of one indexer node, over its ``IndexService``."""
+    """The pipeline's routes of one indexer node, over its engine (``host``).
+    ``note_routed``: ``SliceMoves.note_routed``, told of the stabilise rounds that reached
+    an incoming move copy."""
 
-    def __init__(self, service: IndexService) -> None:
-        self.service = service
+    def __init__(
+        self,
+        host: EngineHost,
+        *,
+        note_routed: Callable[[dict[str, list[int]], Timestamp], None],
+    ) -> None:
+        self.host = host
+        self._note_routed = note_routed
         self.published: dict[str, Timestamp] = {}  # index id -> stability TS
-        # Called with an index id when its slices' snapshots, stability or state may have
-        # changed (stabilise, publish, rollback, drop): scans waiting on it re-check.
-        self.listeners: list[Callable[[str], None]] = []
         self._tasks: set[asyncio.Future[Any]] = set()  # work after a reply (``_background``)
 
     def _background(self, work: Awaitable[Any]) -> None:
@@ -99,7 +102,7 @@ class IndexDelivery:
 
     @property
     def node(self) -> str:
-        return self.service.name
+        return self.host.name
 
     def install(self, server: RpcServer) -> None:
         server.route(DeliverKeyVersions, self.on_deliver)
@@ -114,15 +117,10 @@ class IndexDelivery:
     def forget(self, index_id: str) -> None:
         """The index's slices were dropped here."""
         self.published.pop(index_id, None)
-        self._notify([index_id])
-
-    def _notify(self, index_ids: Iterable[str]) -> None:
-        for index_id in index_ids:
-            for listener in self.listeners:
-                listener(index_id)
+        self.host.notify([index_id])
 
     def _engine(self) -> IndexerEngine:
-        engine: Any = self.service.engine
+        engine: Any = self.host.engine
         if not hasattr(engine, "stabilize_many"):
             raise ShardexError(
                 f"the index engine of {self.node} does not take deliveries",
@@ -135,7 +133,7 @@ class IndexDelivery:
     def _check_incarnation(
         self, theirs: str, what: str, hint: str, details: dict[str, Any]
     ) -> None:
-        mine = self.service.incarnation
+        mine = self.host.incarnation
         if theirs and theirs != mine:
             raise ShardexError(
                 f"indexer {self.node} restarted: {what} was for incarnation {theirs}, this is "
@@ -165,11 +163,11 @@ class IndexDelivery:
             _drop_queued(engine, msg.keyspace, msg.drop_above)
             return engine.enqueue(msg.rows, keyspace=msg.keyspace)
 
-        res = await self.service._run(run)
+        res = await self.host.run(run)
         if res.accepted:
             # Decided after this reply, on the same I/O thread (so before a later stabilise
             # in the usual order; a stabilise that comes first decides them itself).
-            self._background(self.service._run(engine.decide_pending))
+            self._background(self.host.run(engine.decide_pending))
         if res.unknown:
             log.info(
                 "batch %d of %s: %d row(s) for slices not on %s",
@@ -180,7 +178,7 @@ class IndexDelivery:
             )
         return Delivered(
             node=self.node,
-            incarnation=self.service.incarnation,
+            incarnation=self.host.incarnation,
             accepted=res.accepted,
             dropped=res.dropped,
             unknown=res.unknown,
@@ -200,7 +198,7 @@ class IndexDelivery:
             self._check_keyspace(engine, msg.keyspace, msg.index_ids)
             return engine.stabilize_many(msg.index_ids, ts, msg.slices)
 
-        res = await self.service._run(run)
+        res = await self.host.run(run)
         return self._stabilized(msg.index_ids, msg.moving, ts, res, None)
 
     async def on_deliver_and_stabilize(
@@ -225,7 +223,7 @@ class IndexDelivery:
             queued = engine.enqueue(msg.rows, keyspace=msg.keyspace, ahead=False)
             return queued, engine.stabilize_many(msg.index_ids, ts, msg.slices)
 
-        queued, res = await self.service._run(run)
+        queued, res = await self.host.run(run)
         if queued.unknown:
             log.info(
                 "batch %d of %s: %d row(s) for slices not on %s",
@@ -256,8 +254,8 @@ class IndexDelivery:
         queued: EnqueueResult | None,
     ) -> Stabilized:
         if moving:  # an index move's target: this batch reached its copy too
-            self.service.slice_moves.note_routed(moving, ts)
-        self._notify(index_ids)
+            self._note_routed(moving, ts)
+        self.host.notify(index_ids)
         acks = [
             SliceAck(
                 index_id=r.index_id,
@@ -271,7 +269,7 @@ class IndexDelivery:
         q = queued if queued is not None else EnqueueResult()
         return Stabilized(
             node=self.node,
-            incarnation=self.service.incarnation,
+            incarnation=self.host.incarnation,
             acks=acks,
             missing=res.missing,
             accepted=q.accepted,
@@ -280,8 +278,8 @@ class IndexDelivery:
         )
 
     async def on_publish(self, msg: PublishStability, conn: Connection) -> StabilityPublished:
-        engine = self.service.engine
-        hosted = await self.service._run(lambda: {s.definition.id for s in engine.slices()})
+        engine = self.host.engine
+        hosted = await self.host.run(lambda: {s.definition.id for s in engine.slices()})
         for index_id, wire in msg.stability.items():
             if index_id not in hosted:
                 continue  # dropped here (or never here): nothing to serve scans of
@@ -289,7 +287,7 @@ class IndexDelivery:
             held = self.published.get(index_id)
             if held is None or not held.covers(ts):
                 self.published[index_id] = ts
-                self._notify([index_id])
+                self.host.notify([index_id])
         return StabilityPublished(node=self.node)
 
     # --- initial builds ----------------------------------------------------------------------
@@ -297,7 +295,7 @@ class IndexDelivery:
     async def on_load_chunk(self, msg: LoadChunk, conn: Connection) -> LoadChunkAck:
         engine = self._engine()
         ts0 = Timestamp.from_wire(msg.ts0)
-        rows = await self.service._run(
+        rows = await self.host.run(
             lambda: engine.load_chunk(
                 msg.index_id,
                 msg.partition,
@@ -307,7 +305,7 @@ class IndexDelivery:
                 columns=(msg.entries, msg.docids, msg.partitions, msg.seqnos),
             )
         )
-        return LoadChunkAck(node=self.node, rows=rows, incarnation=self.service.incarnation)
+        return LoadChunkAck(node=self.node, rows=rows, incarnation=self.host.incarnation)
 
     async def on_load_finish(self, msg: LoadFinish, conn: Connection) -> LoadFinished:
         self._check_incarnation(
@@ -318,11 +316,9 @@ class IndexDelivery:
         )
         engine = self._engine()
         ts0 = Timestamp.from_wire(msg.ts0)
-        count = await self.service._run(
-            lambda: engine.load_finish(msg.index_id, msg.partition, ts0)
-        )
+        count = await self.host.run(lambda: engine.load_finish(msg.index_id, msg.partition, ts0))
         log.info("loaded slice %s/%d at %r: %d entries", msg.index_id, msg.partition, ts0, count)
-        self._notify([msg.index_id])
+        self.host.notify([msg.index_id])
         return LoadFinished(
             node=self.node, index_id=msg.index_id, partition=msg.partition, items_count=count
         )
@@ -341,17 +337,17 @@ class IndexDelivery:
             )
             return list(it)
 
-        entries = await self.service._run(run)
+        entries = await self.host.run(run)
         more = len(entries) > limit
         return SliceEntries(node=self.node, entries=entries[:limit], more=more)
 
     async def on_rollback(self, msg: RollbackSlices, conn: Connection) -> SlicesRolledBack:
         engine = self._engine()
-        hit = await self.service._run(
+        hit = await self.host.run(
             lambda: engine.rollback_to(msg.keyspace, msg.partition, msg.seqno)
         )
         pairs = [(s.definition.id, s.partition) for s in hit]
-        self._notify(sorted({i for i, _ in pairs}))
+        self.host.notify(sorted({i for i, _ in pairs}))
         if pairs:
             log.warning(
                 "data partition %d of %s rolled back to seqno %d: slices %s need a rebuild",

@@ -222,7 +222,7 @@ class IndexerEngine:
         return res
 
     def decide_pending(self) -> int:
-        """Every slice decides the rows queued ahead since its last call (``decided.py``);
+        """Every slice decides the rows queued ahead since its last call (``slice_decisions.py``);
         returns how many."""
         return sum(s.decide_pending() for s in list(self._slices.values()))
 

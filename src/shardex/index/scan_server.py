@@ -40,7 +40,7 @@ import functools
 import heapq
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -55,12 +55,10 @@ from shardex.api.scan_streams import OutStream, OutStreams
 from shardex.api.spans import from_wire_spans
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
+from shardex.index.engine_host import EngineHost
 from shardex.index.records import STATE_CREATED, STATE_LOADING, STATE_NEEDS_REBUILD
 from shardex.index.scan_wait import StabilityWatch, common_snapshot_ts, scan_timeout
 from shardex.net import Connection, RpcServer
-
-if TYPE_CHECKING:
-    from shardex.index.service import IndexService
 
 __all__ = ["MAX_BLOCK_BYTES", "IndexScanServer", "take_block"]
 
@@ -109,10 +107,19 @@ def take_first(
 
 
 class IndexScanServer:
-    """Scan routes of one indexer node, over its ``IndexService``."""
+    """Scan routes of one indexer node, over its index engine (``host``, the index
+    service's). ``check_serving``: ``SliceMoves.check_serving``, which refuses a slice this
+    node handed over."""
 
-    def __init__(self, service: IndexService, streams: OutStreams) -> None:
-        self.service = service
+    def __init__(
+        self,
+        host: EngineHost,
+        streams: OutStreams,
+        *,
+        check_serving: Callable[[str, int], None],
+    ) -> None:
+        self.host = host
+        self._check_serving = check_serving
         self.streams = streams
         self.watch = StabilityWatch()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -122,12 +129,12 @@ class IndexScanServer:
 
     @property
     def node(self) -> str:
-        return self.service.name
+        return self.host.name
 
     def install(self, server: RpcServer) -> None:
         server.route(ScanSlices, self.on_scan)
         server.route(WaitStability, self.on_wait)
-        self.service.delivery.listeners.append(self.watch.notify)
+        self.host.listeners.append(self.watch.notify)
 
     async def close(self) -> None:
         executor, self._executor = self._executor, None
@@ -146,7 +153,7 @@ class IndexScanServer:
     def _try_inline(self, slices: list[Any], fn: Callable[[], T]) -> tuple[bool, T | None]:
         """(True, ``fn()``) run on the event loop if no lock of ``slices`` is held elsewhere
         (the locks are re-entrant: ``fn`` takes them again), else (False, None)."""
-        if self.service.inline_io:
+        if self.host.inline_io:
             return True, fn()
         taken: list[Any] = []
         try:
@@ -160,7 +167,7 @@ class IndexScanServer:
                 s.lock.release()
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self.service.inline_io:
+        if self.host.inline_io:
             return fn(*args)
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -172,7 +179,7 @@ class IndexScanServer:
     # --- slices and their state ------------------------------------------------------------
 
     def _slices(self, index_id: str, partitions: list[int]) -> list[Any]:
-        engine: Any = self.service.engine
+        engine: Any = self.host.engine
         if not hasattr(engine, "scan"):
             raise ShardexError(
                 f"the index engine of {self.node} cannot scan",
@@ -189,7 +196,7 @@ class IndexScanServer:
         for p in sorted(set(partitions)):
             s = engine.slice(index_id, p)  # INDEX_NOT_FOUND
             _check_state(s, self.node)
-            self.service.slice_moves.check_serving(index_id, p)  # moved away: STALE_TOPOLOGY
+            self._check_serving(index_id, p)  # moved away: STALE_TOPOLOGY
             out.append(s)
         return out
 

@@ -1,9 +1,12 @@
 """The index service of an indexer node: the local ``IndexerEngine`` on the wire.
 
 DDL here; the pipeline's routes (delivery, stabilise, publish, initial loads) are
-``shardex.index.delivery.IndexDelivery``, which the service composes and installs. The
-service picks a random ``incarnation`` at every start: the mutation queues live in memory, so
-a delivery is only good for the incarnation that queued it.
+``shardex.index.delivery.IndexDelivery`` and partition moves ``shardex.index.slice_copy.
+SliceMoves``, which the service composes and installs. They share the engine through an
+``EngineHost`` (``engine_host.py``: the engine, its I/O thread, the slice-set lock, the
+listeners), not through the service. The host picks a random ``incarnation`` at every start:
+the mutation queues live in memory, so a delivery is only good for the incarnation that
+queued it.
 
 One engine per node in ``<data-dir>/index`` (RocksDB). The DDL coordinator allocates and
 drops slices here (``AllocateSlices``, ``DropSlices``: DDL flow steps 8-11 and DROP INDEX); both
@@ -32,22 +35,20 @@ that took them away; the copies a move's messages cannot reach (a target down wh
 aborted, a source restarted during the drop grace) are orphans, dropped here after a grace
 period and only against the committed state (``shardex.index.orphans``).
 
-The engine is synchronous: its calls run in one I/O thread (serialised with each other and
-under ``_lock``), or inline on the loop when ``inline_io`` is set (the simulator forbids
-threads; its engine is in memory).
+The engine is synchronous: its calls run in one I/O thread (serialised with each other, and
+the changes of the slice set under ``host.lock``), or inline on the loop when ``inline_io``
+is set (the simulator forbids threads; its engine is in memory).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from shardex.api.coordinator import StateReply, StateRequest
 from shardex.api.index import (
@@ -60,8 +61,9 @@ from shardex.api.index import (
 )
 from shardex.errors import NodeUnavailable, ShardexError
 from shardex.index.delivery import IndexDelivery, describe_slices
+from shardex.index.engine_host import EngineHost, SliceEngine
 from shardex.index.orphans import OrphanTracker, SliceKey, plan_orphans
-from shardex.index.slice_copy import SliceMoves
+from shardex.index.slice_copy import ScanMigrations, SliceMoves
 from shardex.meta.index_definition import IndexDefinition
 from shardex.meta.index_state import (
     DELETED,
@@ -75,32 +77,15 @@ from shardex.meta.state import StateContext
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 from shardex.runtime.reconcile_loop import reconcile_forever
-from shardex.runtime.thread_names import os_thread_namer
 from shardex.storage.interface import OpenStore
 
-__all__ = ["IndexService", "ReconcilePlan", "SliceEngine", "plan_reconcile"]
+__all__ = ["IndexService", "ReconcilePlan", "plan_reconcile"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 DEFAULT_RECONCILE_INTERVAL = 2.0
 STATE_TIMEOUT = 2.0
 SECTIONS = ["indexes", "index_topologies", "rebalance"]  # rebalance: moves in flight
-
-
-class SliceEngine(Protocol):
-    """What the service needs of an engine (``IndexerEngine``, or the simulator's fake)."""
-
-    def create_slice(self, definition: IndexDefinition, partition: int) -> Any: ...
-
-    def drop_index(self, index_id: str) -> int: ...
-
-    def drop_slice(self, index_id: str, partition: int) -> bool: ...
-
-    def slices(self, index_id: str | None = None) -> list[Any]: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -136,18 +121,6 @@ def plan_reconcile(node: str, state: StateContext, held: dict[str, set[int]]) ->
     return ReconcilePlan(create=create, drop=drop, orphans=plan_orphans(node, state, held))
 
 
-class ScanMigrations(Protocol):
-    """What index partition moves tell paginated scans (``scan.elastic_adapters_index``'s
-    ``IndexScanMigrations``, built by the node and passed in: the indexer does not depend on
-    the scan package)."""
-
-    def partition_left(self, index_id: str, partition: int, to: str) -> None: ...
-
-    def partition_arrived(self, index_id: str, partition: int) -> None: ...
-
-    def topology_published(self, index_id: str, seq_num: int) -> None: ...
-
-
 class IndexService:
     """Routes of the index service (DDL, and the pipeline's via ``delivery``) plus slice
     reconciliation."""
@@ -175,25 +148,20 @@ class IndexService:
             engine_factory = functools.partial(_open_engine, Path(path), open_store)
         self.name = node_name
         self.path = path
-        self._factory = engine_factory
-        self.inline_io = inline_io
+        self.host = EngineHost(node_name, engine_factory, inline_io=inline_io)
         self._coordinator = coordinator
         self._members = members
         self.reconcile_interval = reconcile_interval
         self.pool = ConnectionPool(transport, secret, name=f"{node_name}/index")
-        self._engine: SliceEngine | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock = asyncio.Lock()
         self._reconcile_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.reconciled = asyncio.Event()  # set after the first successful reconcile
-        self.incarnation = uuid.uuid4().hex  # a new one at every start
-        self.delivery = IndexDelivery(self)
         # Paginated scans' migration managers, one per index: the index rebalance calls
         # scan_migrations.partition_left / _arrived / _returned (``elastic_adapters_index``).
         self.scan_migrations = scan_migrations
         # Index partitions moving in or out (``shardex.index.slice_copy``).
-        self.slice_moves = SliceMoves(self)
+        self.slice_moves = SliceMoves(self.host, self.pool, scan_migrations)
+        self.delivery = IndexDelivery(self.host, note_routed=self.slice_moves.note_routed)
         # Slices left behind by moves (``orphans.py``), timed on the loop's clock: virtual
         # time in the simulator, so a seed replays exactly.
         self.orphans = OrphanTracker(clock=_loop_time)
@@ -202,11 +170,17 @@ class IndexService:
 
     @property
     def engine(self) -> SliceEngine:
-        if self._engine is None:
-            raise NodeUnavailable(
-                f"the index service of {self.name} is not running", details={"node": self.name}
-            )
-        return self._engine
+        """The engine (NODE_UNAVAILABLE while the service is not running)."""
+        return self.host.engine
+
+    @property
+    def incarnation(self) -> str:
+        """This start's id (``engine_host.py``): what deliveries are checked against."""
+        return self.host.incarnation
+
+    @property
+    def inline_io(self) -> bool:
+        return self.host.inline_io
 
     def install(self, server: RpcServer) -> None:
         server.route(AllocateSlices, self._on_allocate)
@@ -217,14 +191,7 @@ class IndexService:
 
     async def start(self) -> None:
         """Open the engine, then reconcile in the background; call before serving."""
-        self.incarnation = uuid.uuid4().hex
-        if not self.inline_io:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                1,
-                thread_name_prefix=f"index-io-{self.name}",
-                initializer=os_thread_namer("index-io"),  # per-thread CPU (bench.pipeline_cpu)
-            )
-        self._engine = await self._run(self._factory)
+        engine = await self.host.open()
         coord = self._coordinator()
         if coord is not None:
             coord.on_change(lambda *_args: self._reconcile_now.set())
@@ -234,7 +201,7 @@ class IndexService:
             "index service of %s (incarnation %s): %d slice(s)",
             self.name,
             self.incarnation,
-            len(self._engine.slices()),
+            len(engine.slices()),
         )
 
     async def stop(self) -> None:
@@ -244,26 +211,11 @@ class IndexService:
         self._tasks.clear()
         await self.slice_moves.stop()
         await self.pool.close()
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            await self._run(engine.close)
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            await asyncio.to_thread(executor.shutdown, True)
+        await self.host.close()
 
     def close_now(self) -> None:
         """Close the engine synchronously (a simulated crash: tasks are already cancelled)."""
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.close()
-
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self.inline_io:
-            return fn(*args)
-        if self._executor is None:
-            raise NodeUnavailable(f"the index service of {self.name} is not running")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        self.host.close_now()
 
     # --- handlers ----------------------------------------------------------------------------
 
@@ -283,8 +235,8 @@ class IndexService:
         return created
 
     async def _on_allocate(self, msg: AllocateSlices, conn: Connection) -> SlicesAllocated:
-        async with self._lock:
-            created = await self._run(self._create, msg.definition, msg.partitions)
+        async with self.host.lock:
+            created = await self.host.run(self._create, msg.definition, msg.partitions)
             held = sorted(self._held().get(msg.definition.id, set()))
         if created:
             log.info("allocated slices %s of index %s", created, msg.definition.id)
@@ -293,8 +245,8 @@ class IndexService:
         )
 
     async def _on_drop(self, msg: DropSlices, conn: Connection) -> SlicesDropped:
-        async with self._lock:
-            dropped = await self._run(self.engine.drop_index, msg.index_id)
+        async with self.host.lock:
+            dropped = await self.host.run(self.engine.drop_index, msg.index_id)
         self.delivery.forget(msg.index_id)
         if dropped:
             log.info("dropped %d slice(s) of index %s", dropped, msg.index_id)
@@ -302,7 +254,9 @@ class IndexService:
 
     async def _on_list(self, msg: ListSlices, conn: Connection) -> SliceList:
         engine = self.engine
-        infos = await self._run(describe_slices, engine, msg.index_id, self.delivery.published.get)
+        infos = await self.host.run(
+            describe_slices, engine, msg.index_id, self.delivery.published.get
+        )
         return SliceList(node=self.name, slices=infos)
 
     # --- reconciliation ----------------------------------------------------------------------
@@ -338,22 +292,22 @@ class IndexService:
     async def reconcile(self) -> ReconcilePlan:
         """One round (module docstring); returns what was done."""
         state = await self._state(fresh=False)
-        async with self._lock:
+        async with self.host.lock:
             plan = plan_reconcile(self.name, state, self._held())
             for definition, partitions in plan.create:
                 log.info("reconcile: creating slices %s of %s", partitions, definition.id)
-                await self._run(self._create, definition, partitions)
+                await self.host.run(self._create, definition, partitions)
         drops: list[str] = []
         orphans: list[SliceKey] = []
         # The tracker holds slices orphaned in an earlier round: each round confirms them
         # again (or forgets them), so their clocks only run while they stay orphans.
         if plan.drop or plan.orphans or self.orphans.since or self.slice_moves.awaiting_switch():
             committed = await self._state(fresh=True)
-            async with self._lock:
+            async with self.host.lock:
                 confirmed = plan_reconcile(self.name, committed, self._held())
                 for index_id in confirmed.drop:
                     log.info("reconcile: dropping the slices of index %s", index_id)
-                    await self._run(self.engine.drop_index, index_id)
+                    await self.host.run(self.engine.drop_index, index_id)
                     self.delivery.forget(index_id)
                     drops.append(index_id)
                 # A switch whose IndexPartitionSwitched never came: learnt from the state.
@@ -362,12 +316,10 @@ class IndexService:
                 busy = self.slice_moves.busy_slices()  # read under the lock moves take too
                 for index_id, p in self.orphans.due(confirmed.orphans, busy):
                     log.info("reconcile: dropping orphan slice %s/%d", index_id, p)
-                    await self._run(self.engine.drop_slice, index_id, p)
+                    await self.host.run(self.engine.drop_slice, index_id, p)
                     self.orphans.dropped((index_id, p))
                     orphans.append((index_id, p))
-            for index_id in sorted({k[0] for k in orphans}):
-                for listener in self.delivery.listeners:  # scans waiting on it re-check
-                    listener(index_id)
+            self.host.notify(sorted({k[0] for k in orphans}))  # scans waiting re-check
         return ReconcilePlan(create=plan.create, drop=drops, orphans=orphans)
 
     async def _reconcile_loop(self) -> None:

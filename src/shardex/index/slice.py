@@ -1,4 +1,5 @@
-"""One index slice: mutation queue, stabilise, back index, snapshots, local scan.
+"""One index slice: stabilise, back index, initial build, snapshots, local scan; its queue of
+key versions waiting for a stabilise is ``slice_queue.SliceQueue``.
 
 Why it is correct, in short (in full: ``docs/decisions/0027-indexer-exactness.md``):
 
@@ -13,6 +14,10 @@ Why it is correct, in short (in full: ``docs/decisions/0027-indexer-exactness.md
   write batch: after a crash the applied TS on disk describes the entries on disk.
 * **Snapshots** are taken under the slice lock right after the batch: the one labelled
   ``ts`` is the state at ``ts``.
+* **Initial build** (``begin_load``, ``write_load``): ``loading`` at T0 on disk first, the
+  sorted rows, then ``active`` at T0 (``docs/decisions.md``, "Initial builds, crashes,
+  rollbacks"); a crash in between leaves ``loading``, which ``recover`` turns into
+  ``needs_rebuild``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -28,7 +32,7 @@ import msgspec
 from shardex.core.spans import Span, spans_to_ranges
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.decided import Decided, Prepared
+from shardex.index.bulk import SortedLoad, sorted_load_rows, write_sorted
 from shardex.index.keyversion import KeyVersion
 from shardex.index.records import (
     META_KEY,
@@ -43,7 +47,8 @@ from shardex.index.records import (
     parse_tombstone_log_key,
     tombstone_log_range,
 )
-from shardex.index.slice_load import SliceLoading
+from shardex.index.slice_decisions import Decided, Prepared
+from shardex.index.slice_queue import Queued, SliceQueue, Taken
 from shardex.index.snapshots import SnapshotRing
 from shardex.index.spans import scan_ranges
 from shardex.storage import Batch, Store
@@ -54,11 +59,6 @@ DEFAULT_KEEP_SNAPSHOTS = 5
 # States whose storage a stabilise applies to (and against which decisions are taken).
 _DECIDING = (STATE_ACTIVE, STATE_CREATED)
 _ALL = (b"", b"\xff\xff")  # every key of a slice family (docids are UTF-8: never FF)
-
-# A queued key version is the router's row itself (kept, not copied into a new tuple):
-# (index_id, index_partition, kind, entry, docid, partition, seqno).
-Queued = KeyVersion
-_DOCID = itemgetter(4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +89,14 @@ class SliceStats:
 class _Pending:
     ack: StabilizeAck
     meta: SliceMeta | None = None  # None: nothing to commit
-    taken: list[tuple[int, list[int] | None]] = field(default_factory=list)  # None: all
+    taken: Taken = field(default_factory=list)
 
 
 def _err(code: ErrorCode, msg: str, **details: Any) -> ShardexError:
     return ShardexError(msg, code=code, details=details)
 
 
-class Slice(SliceLoading):
+class Slice:
     """Storage and queue of one index partition on this node. Thread-safe (one lock)."""
 
     def __init__(self, store: Store, meta: SliceMeta, *, keep_snapshots: int) -> None:
@@ -111,14 +111,9 @@ class Slice(SliceLoading):
         self._meta_cf = store.column_family(m)
         self._meta = meta
         self._applied = Timestamp.from_wire(meta.applied)
-        self._queue: dict[int, dict[int, Queued]] = {}
-        self._hwm: dict[int, int] = {}
-        # Data partitions whose queue was not filled in ascending seqno order (a re-delivery
-        # or a late frame): their stabilise compares seqnos per docid. Every other queue is
-        # in seqno order, so its newest version per docid is simply the last one.
-        self._unordered: set[int] = set()
+        self._queue = SliceQueue()
         # The stabilise's decisions for the queued versions, taken as they arrive
-        # (``decided.py``); None while the slice is not stabilisable (loading, rollback).
+        # (``slice_decisions.py``); None while the slice is not stabilisable (loading, rollback).
         self._decided: Decided | None = Decided() if meta.state in _DECIDING else None
         # Rows queued ahead and not decided yet: ``decide_pending`` (the indexer calls it right
         # after acknowledging an early delivery) or the stabilise folds them in.
@@ -149,13 +144,13 @@ class Slice(SliceLoading):
         """Per data partition, the highest seqno received (queued or applied)."""
         with self.lock:
             out = {p: e.seqno for p, e in self._applied.items()}
-            for p, s in self._hwm.items():
+            for p, s in self._queue.high.items():
                 if s > out.get(p, 0):
                     out[p] = s
             return out
 
     def queued(self) -> int:
-        return sum(len(q) for q in self._queue.values())
+        return len(self._queue)
 
     def _write_meta(self, meta: SliceMeta, *, sync: bool = True) -> None:
         batch = self.store.batch()
@@ -168,7 +163,7 @@ class Slice(SliceLoading):
         """Queue this slice's key versions; returns how many were new. Re-delivered ones
         (seqno already applied, below the build's T0, or already queued) are dropped.
         ``ahead``: the rows arrive before their stabilise (an early delivery), so they are
-        decided ahead (``decided.py``), by ``decide_pending``: the delivery's reply does not
+        decided ahead (``slice_decisions.py``), by ``decide_pending``: the delivery's reply does not
         wait for it. Rows that come with their stabilise (``ahead=False``) into an empty
         queue are left to the stabilise: deciding them first costs more than the stabilise
         deciding them (measured), and nothing is gained."""
@@ -179,44 +174,8 @@ class Slice(SliceLoading):
             floor_ts = self._applied
             if state == STATE_LOADING and self._meta.load_ts is not None:
                 floor_ts = Timestamp.from_wire(self._meta.load_ts)
-            queue, hwm, unordered = self._queue, self._hwm, self._unordered
-            floors: dict[int, int] = {}
-            new = dropped = 0
-            # Rows usually come in runs of one data partition (a batch is read partition by
-            # partition and the router keeps the order): the partition's queue, floor and
-            # high-water mark are looked up once per run, not once per row.
-            cur = -1
-            q: dict[int, Queued] = {}
-            floor = top = 0
-            added: list[Queued] = []
-            ordered = True  # every queued row above its partition's high-water mark
-            for row in rows:
-                part, seqno = row[5], row[6]
-                if part != cur:
-                    if cur >= 0:
-                        hwm[cur] = top
-                    cur = part
-                    got = queue.get(part)
-                    if got is None:
-                        got = queue[part] = {}
-                    q = got
-                    floor = floors.get(part, -1)
-                    if floor < 0:
-                        floor = floors[part] = floor_ts.seqno(part)
-                    top = hwm.get(part, 0)
-                if seqno <= floor or seqno in q:
-                    dropped += 1
-                    continue
-                q[seqno] = row
-                added.append(row)
-                new += 1
-                if seqno > top:
-                    top = seqno
-                else:
-                    unordered.add(part)
-                    ordered = False
-            if cur >= 0:
-                hwm[cur] = top
+            added, dropped, ordered = self._queue.add(rows, floor_ts)
+            new = len(added)
             decided = self._decided
             if added and decided is not None:
                 if ahead or len(decided) or self._undecided:
@@ -231,7 +190,7 @@ class Slice(SliceLoading):
             return new
 
     def decide_pending(self) -> int:
-        """Decide the rows queued ahead since the last call (``decided.py``); returns how
+        """Decide the rows queued ahead since the last call (``slice_decisions.py``); returns how
         many. The indexer runs it on its I/O thread right after acknowledging an early
         delivery: the sender (the driver's read-ahead, which the next batch waits for) does
         not wait for the decisions."""
@@ -254,17 +213,10 @@ class Slice(SliceLoading):
         round's end is not on, and a re-delivery would be dropped as a duplicate of them, so
         the round clears them before delivering its rows."""
         with self.lock:
-            q = self._queue.get(partition)
-            if not q:
-                return 0
-            gone = [s for s in q if s > seqno]
-            for s in gone:
-                del q[s]
-            # What is left is a prefix of what was there: still ordered if it was.
-            self._hwm[partition] = max(q, default=0)
+            gone = self._queue.drop_above(partition, seqno)
             if gone:
                 self._reset_decided()  # a dropped version may be a docid's decided one
-            return len(gone)
+            return gone
 
     # -- stabilise --------------------------------------------------------------------------
     def stabilize(self, ts: Timestamp, *, sync: bool = True) -> StabilizeAck:
@@ -299,19 +251,15 @@ class Slice(SliceLoading):
                 behind=behind[:20],
             )
         # The whole queue up to ts (no version left behind): the decisions taken as the
-        # versions arrived are the stabilise's (``decided.py``); else decide from storage.
-        whole = all(
-            p in ts and self._hwm.get(p, 0) <= ts[p].seqno for p, q in self._queue.items() if q
-        )
-        if whole and self._decided is not None:
+        # versions arrived are the stabilise's (``slice_decisions.py``); else decide from storage.
+        if self._decided is not None and self._queue.covered_by(ts):
             self.decide_pending()  # rows queued since the last call (or with this stabilise)
-            taken = [(p, None) for p, q in self._queue.items() if q]
-            n_taken = sum(len(q) for q in self._queue.values())
+            taken, n_taken = self._queue.take_all()
             writes, delta, unchanged, stale = self._decided.write(
                 batch, self._entries, self._back, self._meta_cf
             )
         else:
-            taken, n_taken, latest = self._take(ts)
+            taken, n_taken, latest = self._queue.take(ts)
             writes, delta, unchanged, stale = self._apply(latest, batch)
         self.stats.unchanged += unchanged
         self.stats.stale += stale
@@ -329,46 +277,8 @@ class Slice(SliceLoading):
         ack = StabilizeAck(self.index_id, self.partition, ts, n_taken, writes, False)
         return _Pending(ack, meta, taken)
 
-    def _take(self, ts: Timestamp) -> tuple[list[tuple[int, list[int] | None]], int, dict]:
-        """The queued versions with ``seqno <= ts[p]``: (what to drop from the queue at the
-        commit, how many, docid -> its newest version)."""
-        latest: dict[str, Queued] = {}  # docid -> its newest version up to ts
-        taken: list[tuple[int, list[int] | None]] = []
-        n_taken = 0
-        for part, q in self._queue.items():
-            lim = ts[part].seqno if part in ts else 0
-            if not q or lim == 0:
-                continue
-            ordered = part not in self._unordered
-            rows: Iterable[Queued]
-            if self._hwm.get(part, 0) <= lim:
-                rows = q.values()
-                taken.append((part, None))
-                n_taken += len(q)
-            else:
-                seqnos: list[int] = []
-                if ordered:  # the versions up to lim are a prefix of the queue
-                    for s in q:
-                        if s > lim:
-                            break
-                        seqnos.append(s)
-                else:
-                    seqnos = [s for s in q if s <= lim]
-                rows = [q[s] for s in seqnos]
-                taken.append((part, seqnos))
-                n_taken += len(seqnos)
-            # A docid lives in one data partition, so partitions never compete for it.
-            if ordered:  # ascending seqnos: the last version of a docid is its newest
-                latest.update(zip(map(_DOCID, rows), rows, strict=True))
-            else:
-                for row in rows:
-                    cur = latest.get(row[4])
-                    if cur is None or row[6] > cur[6]:
-                        latest[row[4]] = row
-        return taken, n_taken, latest
-
     def _apply(self, latest: dict[str, Queued], batch: Batch) -> tuple[int, int, int, int]:
-        """Decide each docid's final state against the back index (``decided.decide``) and
+        """Decide each docid's final state against the back index (``slice_decisions.decide``) and
         add the writes to ``batch``; returns (writes, change in live entries, unchanged,
         stale). Back rows are read in one ``get_many``, in docid order (str order of docids
         is UTF-8 byte order), and decided in that order straight into the batch's sorted
@@ -385,15 +295,7 @@ class Slice(SliceLoading):
         snapshot. Called under ``self.lock``."""
         ack = pending.ack
         if pending.meta is not None:
-            retired: list[object] = [self._decided]
-            for part, seqnos in pending.taken:
-                if seqnos is None:
-                    retired.append(self._queue.pop(part, None))
-                    self._unordered.discard(part)
-                else:
-                    q = self._queue[part]
-                    for s in seqnos:
-                        del q[s]
+            retired: list[object] = [self._decided, *self._queue.remove(pending.taken)]
             self._meta = pending.meta
             self._applied = Timestamp.from_wire(pending.meta.applied)
             self._reset_decided()  # decided against the storage before this commit
@@ -407,17 +309,75 @@ class Slice(SliceLoading):
     def _reset_decided(self) -> None:
         """Decide again, from storage as it is now, for every queued version: after a commit
         or anything else that changed the back index or took versions out of the queue
-        (``decided.py``). None while the slice is not stabilisable. Called under the lock."""
+        (``slice_decisions.py``). None while the slice is not stabilisable. Called under the
+        lock."""
         self._undecided = []
         self._undecided_ordered = True
         if self._meta.state not in _DECIDING:
             self._decided = None
             return
         decided = Decided()
-        for part, q in self._queue.items():
-            if q:
-                decided.add(list(q.values()), self._back, ordered=part not in self._unordered)
+        for rows, ordered in self._queue.runs():
+            decided.add(rows, self._back, ordered=ordered)
         self._decided = decided
+
+    # -- initial build ------------------------------------------------------------------------
+    def begin_load(self, ts0: Timestamp, *, restart: bool = False) -> None:
+        """Enter ``loading`` at T0 (durably): from now on key versions with seqno <= T0[p]
+        are dropped at enqueue, later ones queue up until the load is done. Idempotent for
+        the same T0. ``restart``: a slice ``loading`` (at another T0) or ``needs_rebuild``
+        is emptied first (a restarted build); queued versions above T0 are kept."""
+        with self.lock:
+            if self.state == STATE_LOADING and self._meta.load_ts == dict(ts0.to_wire()):
+                return
+            torn = self.state in (STATE_LOADING, STATE_NEEDS_REBUILD)
+            if self.state != STATE_CREATED and not (restart and torn):
+                raise ShardexError(
+                    f"slice {self._name()} is {self.state}: a load needs an empty slice",
+                    code=ErrorCode.BAD_REQUEST,
+                    details={"hint": "reset() it first"},
+                )
+            meta = SliceMeta(
+                definition=self.definition,
+                partition=self.partition,
+                state=STATE_LOADING,
+                load_ts=dict(ts0.to_wire()),
+            )
+            if torn:  # storage of a torn load or of a rolled-back history: start empty
+                self._empty(meta)
+            else:
+                self._write_meta(meta)
+            self._queue.drop_upto(ts0)
+            self._reset_decided()  # loading: the stabilise waits for the load
+
+    def bulk_load(
+        self, rows: Iterable[KeyVersion], ts0: Timestamp, *, use_sst: bool | None = None
+    ) -> str:
+        """Initial build: load the UPSERT key versions of a snapshot at ``ts0`` (any order;
+        sorted here), record ``ts0`` as applied, snapshot it. Returns ``"sst"``/``"batch"``."""
+        return self.write_load(sorted_load_rows(rows), ts0, use_sst=use_sst)
+
+    def write_load(self, load: SortedLoad, ts0: Timestamp, *, use_sst: bool | None = None) -> str:
+        """``bulk_load`` of rows already sorted (a load session's ``sorted_load``).
+
+        A crash before the final meta write leaves ``loading`` on disk, which ``recover``
+        turns into ``needs_rebuild``: a torn load is never mistaken for a complete one."""
+        with self.lock:
+            self.begin_load(ts0)
+            method = write_sorted(self.store, self._entries, self._back, load, use_sst=use_sst)
+            meta = SliceMeta(
+                definition=self.definition,
+                partition=self.partition,
+                state=STATE_ACTIVE,
+                applied=dict(ts0.to_wire()),
+                count=len(load.entries),
+            )
+            self._write_meta(meta, sync=True)
+            self._applied = ts0
+            self._queue.drop_upto(ts0)
+            self._reset_decided()  # what queued during the load, against the loaded rows
+            self._take_snapshot(ts0)
+            return method
 
     # -- snapshots and scans ------------------------------------------------------------------
     def _take_snapshot(self, ts: Timestamp) -> None:
@@ -510,17 +470,12 @@ class Slice(SliceLoading):
         ``needs_rebuild`` (scans get INDEX_IN_ROLLBACK) and True is returned; the simplest
         correct recovery is ``reset`` and a new initial build."""
         with self.lock:
-            q = self._queue.get(partition)
-            if q:
-                for s in [s for s in q if s > seqno]:
-                    del q[s]
-                self._hwm[partition] = max(q, default=0)
+            if self._queue.holds(partition):
+                self._queue.drop_above(partition, seqno)
                 self._reset_decided()
             if self._applied.seqno(partition) <= seqno and self.state != STATE_LOADING:
                 return False
             self._queue.clear()
-            self._hwm.clear()
-            self._unordered.clear()
             self._write_meta(msgspec.structs.replace(self._meta, state=STATE_NEEDS_REBUILD))
             self._reset_decided()
             return True
@@ -531,8 +486,6 @@ class Slice(SliceLoading):
         with self.lock:
             self._empty(SliceMeta(definition=self.definition, partition=self.partition))
             self._queue.clear()
-            self._hwm.clear()
-            self._unordered.clear()
             self._reset_decided()
 
     def _empty(self, meta: SliceMeta) -> None:

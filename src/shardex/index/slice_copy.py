@@ -44,7 +44,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from shardex.api.slice_copy import (
     AbortIncomingSlice,
@@ -59,17 +59,15 @@ from shardex.api.slice_copy import (
 )
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
+from shardex.index.engine_host import EngineHost
 from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.index.records import STATE_ACTIVE, STATE_LOADING, cf_names, decode_back
 from shardex.meta.index_rebalance_state import DONE
-from shardex.net import Connection, RpcServer
+from shardex.meta.state import StateContext
+from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.storage import StoreSnapshot
 
-if TYPE_CHECKING:
-    from shardex.index.service import IndexService
-    from shardex.meta.state import StateContext
-
-__all__ = ["SWITCH_DROP_GRACE", "SliceMoves", "back_rows_to_key_versions"]
+__all__ = ["SWITCH_DROP_GRACE", "ScanMigrations", "SliceMoves", "back_rows_to_key_versions"]
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +114,29 @@ def back_rows_to_key_versions(
     return out
 
 
-class SliceMoves:
-    """Routes and memory of index-partition moves on one indexer node."""
+class ScanMigrations(Protocol):
+    """What index partition moves tell paginated scans (``scan.elastic_adapters_index``'s
+    ``IndexScanMigrations``, built by the node and passed in: the indexer does not depend on
+    the scan package)."""
 
-    def __init__(self, service: IndexService) -> None:
-        self.service = service
+    def partition_left(self, index_id: str, partition: int, to: str) -> None: ...
+
+    def partition_arrived(self, index_id: str, partition: int) -> None: ...
+
+    def topology_published(self, index_id: str, seq_num: int) -> None: ...
+
+
+class SliceMoves:
+    """Routes and memory of index-partition moves on one indexer node: the engine through
+    ``host``, ``pool`` to pull a copy from its source, ``scan_migrations`` told of arrivals
+    and departures."""
+
+    def __init__(
+        self, host: EngineHost, pool: ConnectionPool, scan_migrations: ScanMigrations
+    ) -> None:
+        self.host = host
+        self._pool = pool
+        self.scan_migrations = scan_migrations
         self._incoming: dict[SliceKey, _Incoming] = {}
         self._copies: dict[str, _CopySession] = {}
         self._retired: dict[SliceKey, str] = {}  # slices handed over: key -> new owner
@@ -129,7 +145,7 @@ class SliceMoves:
 
     @property
     def node(self) -> str:
-        return self.service.name
+        return self.host.name
 
     def install(self, server: RpcServer) -> None:
         server.route(PrepareIncomingSlice, self.on_prepare)
@@ -152,8 +168,7 @@ class SliceMoves:
         return set(self._incoming) | set(self._retired)
 
     def _notify(self, index_id: str) -> None:
-        for listener in self.service.delivery.listeners:
-            listener(index_id)
+        self.host.notify((index_id,))
 
     def check_serving(self, index_id: str, partition: int) -> None:
         """Refuse a new scan of a slice this node handed over (the caller's topology is
@@ -176,7 +191,7 @@ class SliceMoves:
     # --- target ------------------------------------------------------------------------------
 
     async def on_prepare(self, msg: PrepareIncomingSlice, conn: Connection) -> IncomingSliceReady:
-        engine: Any = self.service.engine
+        engine: Any = self.host.engine
         key = (msg.definition.id, msg.partition)
 
         def prepare() -> None:
@@ -190,14 +205,14 @@ class SliceMoves:
                 )
             sl.begin_load(Timestamp(), restart=True)  # queue everything, apply nothing
 
-        async with self.service._lock:
+        async with self.host.lock:
             inc = self._incoming.get(key)
             if inc is None or inc.migration_id != msg.migration_id:
-                await self.service._run(prepare)
+                await self.host.run(prepare)
                 self._incoming[key] = _Incoming(msg.migration_id)
             self._retired.pop(key, None)
         log.info("slice %s/%d: incoming (move %s)", key[0], key[1], msg.migration_id)
-        return IncomingSliceReady(node=self.node, incarnation=self.service.incarnation)
+        return IncomingSliceReady(node=self.node, incarnation=self.host.incarnation)
 
     def note_routed(self, moving: dict[str, list[int]], ts: Timestamp) -> None:
         """A stabilise round at ``ts`` whose batch was routed to these incoming slices too
@@ -212,7 +227,7 @@ class SliceMoves:
     async def on_copy_in(self, msg: CopySliceIn, conn: Connection) -> SliceCopied:
         key = (msg.index_id, msg.partition)
         inc = self._incoming.get(key)
-        if msg.incarnation != self.service.incarnation or inc is None:
+        if msg.incarnation != self.host.incarnation or inc is None:
             raise ShardexError(
                 f"{self.node} has no incoming slice {key[0]}/{key[1]} for move "
                 f"{msg.migration_id} (restarted since it was prepared?)",
@@ -231,8 +246,8 @@ class SliceMoves:
         assert inc.routed is not None
         started = time.monotonic()
         ts, items, size = await self._pull(msg, inc.routed)
-        engine: Any = self.service.engine
-        count = await self.service._run(engine.load_finish, key[0], key[1], ts)
+        engine: Any = self.host.engine
+        count = await self.host.run(engine.load_finish, key[0], key[1], ts)
         self._notify(key[0])
         seconds = time.monotonic() - started
         log.info(
@@ -245,7 +260,7 @@ class SliceMoves:
 
     async def _pull(self, msg: CopySliceIn, not_before: Timestamp) -> tuple[Timestamp, int, int]:
         """Every chunk from the source, each handed to the slice's load session."""
-        engine: Any = self.service.engine
+        engine: Any = self.host.engine
         copy_id = f"{msg.migration_id}/{uuid.uuid4().hex}"
         after: bytes | None = None
         items = size = 0
@@ -260,7 +275,7 @@ class SliceMoves:
                 after=after,
             )
             try:
-                chunk = await self.service.pool.request(
+                chunk = await self._pool.request(
                     msg.source_address, request, CHUNK_TIMEOUT, expect=SliceCopyChunk
                 )
             except ShardexError as exc:
@@ -277,7 +292,7 @@ class SliceMoves:
             rows = back_rows_to_key_versions(msg.index_id, msg.partition, chunk.rows)
             size += sum(len(k) + len(v) for k, v in chunk.rows)
             items += len(rows)
-            await self.service._run(engine.load_chunk, msg.index_id, msg.partition, ts, rows)
+            await self.host.run(engine.load_chunk, msg.index_id, msg.partition, ts, rows)
             if chunk.done:
                 return ts, items, size
             after = chunk.rows[-1][0] if chunk.rows else after
@@ -292,9 +307,9 @@ class SliceMoves:
         return SliceMoveDone(node=self.node, dropped=dropped)
 
     async def _drop(self, key: SliceKey) -> bool:
-        engine: Any = self.service.engine
-        async with self.service._lock:
-            dropped: bool = await self.service._run(engine.drop_slice, key[0], key[1])
+        engine: Any = self.host.engine
+        async with self.host.lock:
+            dropped: bool = await self.host.run(engine.drop_slice, key[0], key[1])
         self._notify(key[0])
         if dropped:
             log.info("slice %s/%d dropped (moved away or move aborted)", key[0], key[1])
@@ -304,7 +319,7 @@ class SliceMoves:
 
     def _open_copy(self, msg: ReadSliceCopy) -> _CopySession:
         """Under the slice lock: the applied TS and a snapshot of the back index agree."""
-        engine: Any = self.service.engine
+        engine: Any = self.host.engine
         sl = engine.slice(msg.index_id, msg.partition)  # INDEX_NOT_FOUND
         want = Timestamp.from_wire(msg.not_before)
         with sl.lock:
@@ -343,11 +358,11 @@ class SliceMoves:
                     code=ErrorCode.BAD_REQUEST,
                     details={"copy_id": msg.copy_id, "hint": "restart the copy"},
                 )
-            session = await self.service._run(self._open_copy, msg)
+            session = await self.host.run(self._open_copy, msg)
             self._copies[msg.copy_id] = session
         session.used = time.monotonic()
         max_bytes = max(64 * 1024, min(msg.max_bytes, 3 * 1024 * 1024))
-        if self.service.inline_io:
+        if self.host.inline_io:
             rows, done = self._read_chunk(session, msg.after, max_bytes)
         else:
             rows, done = await asyncio.to_thread(self._read_chunk, session, msg.after, max_bytes)
@@ -367,7 +382,7 @@ class SliceMoves:
         """Idempotent: the master re-sends it until acknowledged, and reconciliation may have
         learnt the switch from the state first (``switched_in_state``)."""
         key = (msg.index_id, msg.partition)
-        migrations = self.service.scan_migrations
+        migrations = self.scan_migrations
         inc = self._incoming.get(key)
         if inc is not None and inc.migration_id != msg.migration_id:
             return SliceMoveDone(node=self.node)  # a later move of the slice is under way here
@@ -385,7 +400,7 @@ class SliceMoves:
         if key in self._retired:
             return False
         self._retired[key] = owner
-        self.service.scan_migrations.partition_left(key[0], key[1], owner)
+        self.scan_migrations.partition_left(key[0], key[1], owner)
         self._notify(key[0])  # scans waiting on this slice re-check and retry
         task = asyncio.get_running_loop().create_task(self._drop_later(key, grace))
         self._tasks.add(task)
@@ -418,8 +433,8 @@ class SliceMoves:
                 and history[-1].assignment.get(key[1]) == self.node
             ):
                 del self._incoming[key]
-                self.service.scan_migrations.partition_arrived(key[0], key[1])
-                self.service.scan_migrations.topology_published(key[0], history[-1].seq_num)
+                self.scan_migrations.partition_arrived(key[0], key[1])
+                self.scan_migrations.topology_published(key[0], history[-1].seq_num)
                 log.info("slice %s/%d: arrived (move %s, learnt from the state)",
                          key[0], key[1], inc.migration_id)  # fmt: skip
                 out.append(key)
@@ -433,7 +448,7 @@ class SliceMoves:
                 continue  # never served here (an aborted copy): the orphan drop's business
             owner = history[-1].assignment.get(key[1], "")
             if self._retire(key, owner, SWITCH_DROP_GRACE):
-                self.service.scan_migrations.topology_published(key[0], history[-1].seq_num)
+                self.scan_migrations.topology_published(key[0], history[-1].seq_num)
                 log.info(
                     "slice %s/%d: switched to %s (learnt from the state, topology %d)",
                     key[0], key[1], owner, history[-1].seq_num,
@@ -464,12 +479,12 @@ class SliceMoves:
                 ev.set()
 
     async def _lease_expiry(self, key: SliceKey) -> float | None:
-        engine: Any = self.service.engine
+        engine: Any = self.host.engine
         try:
             sl = engine.slice(key[0], key[1])
         except ShardexError:  # dropped meanwhile (the index was)
             return None
-        expiry: float | None = await self.service._run(sl.lease_expiry)
+        expiry: float | None = await self.host.run(sl.lease_expiry)
         return expiry
 
     def moved_to(self, index_id: str, partition: int) -> str | None:

@@ -33,8 +33,9 @@ from shardex.scan.paging_store_proxy import PagingService
 
 if TYPE_CHECKING:
     from shardex.data.service import DataService
+    from shardex.index.engine_host import SliceEngine
     from shardex.index.scan_server import IndexScanServer
-    from shardex.index.service import IndexService, SliceEngine
+    from shardex.index.service import IndexService
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,11 @@ class Node:
         if self.index is not None:
             from shardex.index.scan_server import IndexScanServer
 
-            self.index_scan = IndexScanServer(self.index, self.scan_streams)
+            self.index_scan = IndexScanServer(
+                self.index.host,
+                self.scan_streams,
+                check_serving=self.index.slice_moves.check_serving,
+            )
             self.index_scan.install(self.server)
             self.scan.local_index = self.index_scan  # own slices read in-process
             if self.data is not None:  # request_plus high seqnos ride in ScanSlices
@@ -160,7 +165,16 @@ class Node:
         # SQL: the execution protocol and the client-facing statement service.
         from shardex.sql.exec.mount import SqlMount
 
-        self.sql = SqlMount(self, secret)
+        self.sql = SqlMount(
+            name=name,
+            member_id=member_id,
+            transport=transport,
+            secret=secret,
+            membership=lambda: self.membership,
+            scan=self.scan,
+            index_scan=self.index_scan,
+            scan_streams=self.scan_streams,
+        )
         self.sql.install(self.server)
         self.index_ddl: IndexDDL | None = None
         # The timekeeper (end of each pipeline micro-batch): on every manager node, reading

@@ -135,7 +135,7 @@ async def serve_lease(index: IndexService, node: str, msg: LeaseSnapshots) -> Sn
             done.append(p)
         return done
 
-    leased = await index._run(run)
+    leased = await index.host.run(run)
     if msg.mode == RELEASE:
         index.slice_moves.lease_released(msg.index_id, leased)
     return SnapshotsLeased(node=node, leased=leased)

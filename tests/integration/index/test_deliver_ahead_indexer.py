@@ -125,7 +125,7 @@ async def test_without_the_drop_the_lost_branch_would_win(pipe: Pipe) -> None:  
 
 async def test_an_early_delivery_is_decided_after_its_reply(pipe: Pipe) -> None:  # noqa: F811
     """The indexer acknowledges early rows, then decides them on its I/O thread
-    (``index/decided.py``): by the round, the slices hold a decision for every queued docid
+    (``index/slice_decisions.py``): by the round, the slices hold a decision for every queued docid
     and the round's stabilise only writes them; the result is the oracle's."""
     rng = random.Random(5)
     ks, t1 = await _start(pipe, rng)
@@ -138,7 +138,9 @@ async def test_an_early_delivery_is_decided_after_its_reply(pipe: Pipe) -> None:
     while asyncio.get_running_loop().time() < deadline:
         engines = [ix.svc.engine for ix in pipe.nodes.values() if ix.svc is not None]
         slices = [s for e in engines for s in e.slices()]
-        queued = sum(len({r[4] for q in s._queue.values() for r in q.values()}) for s in slices)
+        queued = sum(
+            len({r[4] for q in s._queue.by_partition.values() for r in q.values()}) for s in slices
+        )
         decided = sum(len(s._decided or ()) for s in slices)
         if queued and decided == queued:
             break

@@ -173,7 +173,7 @@ async def pipe(tmp_path: Path) -> AsyncIterator[Pipe]:
     finally:
         await p.pool.close()
         for node in nodes.values():
-            if node.svc is not None and node.svc._engine is not None:
+            if node.svc is not None and node.svc.host.is_open:
                 await node.stop()
 
 

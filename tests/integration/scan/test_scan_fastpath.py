@@ -170,7 +170,7 @@ async def test_stability_pins_the_oldest_snapshot_when_nodes_differ(env: Env) ->
 async def test_a_held_slice_lock_sends_the_read_to_the_pool_not_the_loop(env: Env) -> None:
     ts = await env.round(random.Random(14), 100)
     server = env.nodes["n1"].scan_server
-    held = server.service.engine.slice(env.defs["by_city"].id, 0)
+    held = server.host.engine.slice(env.defs["by_city"].id, 0)
     locked, release = threading.Event(), threading.Event()
 
     def hold() -> None:  # a stabilise's fsync, say

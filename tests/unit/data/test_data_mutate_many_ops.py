@@ -67,7 +67,7 @@ def _one_by_one(engine: DataEngine, ops: list) -> list[object]:
             if kind not in ("insert", "upsert", "replace", "delete"):
                 out.append(_shape(engine.mutate_many("ks", [(kind, docid, doc, cas)])[0]))
                 continue
-            out.append(_shape(engine._mutate(kind, "ks", docid, doc, cas, "memory")))
+            out.append(_shape(engine._documents._mutate(kind, "ks", docid, doc, cas, "memory")))
         except ShardexError as exc:
             out.append(_shape(exc))
     return out

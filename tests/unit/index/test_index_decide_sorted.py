@@ -11,10 +11,19 @@ import pytest
 
 from shardex.core.keycodec import encode_entry
 from shardex.index import DELETE, UPSERT, UPSERT_DELETION
-from shardex.index.decided import Decided, Prepared, decide
 from shardex.index.records import encode_back
+from shardex.index.slice_decisions import Decided, Prepared, decide
 
-FIELDS = ("e_del", "e_put", "t_put", "b_key", "b_val", "delta", "unchanged", "stale")
+FIELDS = (
+    "entry_deletes",
+    "entry_puts",
+    "tombstone_puts",
+    "back_keys",
+    "back_values",
+    "live_delta",
+    "unchanged",
+    "stale",
+)
 
 
 def _case(rng: random.Random, i: int) -> tuple[tuple, bytes, bytes | None]:
@@ -59,11 +68,11 @@ def test_decide_sorted_equals_extend_of_decide(seed: int) -> None:
     # rows of the second run in among the first's.
     fused.decide_sorted(rows[1::2], keys[1::2], raws[1::2])
     fused.decide_sorted(rows[::2], keys[::2], raws[::2])
-    assert not fused.b_sorted
+    assert not fused.back_sorted
     assert _state(fused) == _state(gathered)
     one = Prepared()
     one.decide_sorted(rows, keys, raws)
-    assert one.b_sorted  # one run in docid order: nothing to sort
+    assert one.back_sorted  # one run in docid order: nothing to sort
     assert _state(one) == _state(gathered)
 
 

@@ -1,19 +1,18 @@
-"""The write batch prepared as decisions are taken (``decided.Prepared``): a stabilise of the
-whole queue hands the prepared, sorted lists to its batch without gathering the decisions
+"""The write batch prepared as decisions are taken (``slice_decisions.Prepared``): a stabilise
+of the whole queue hands the prepared, sorted lists to its batch without gathering the decisions
 again, and a replaced decision (a newer version of a docid decided before) falls back to
 gathering them. What either path writes is checked against deciding from storage by
-``test_index_decided.py``'s random workloads."""
+``test_index_slice_decisions.py``'s random workloads."""
 
 from __future__ import annotations
 
 import pytest
 
-import shardex.index.decided as decided_mod
 from shardex.core.keycodec import encode_entry
 from shardex.core.timestamp import Timestamp
-from shardex.index import DELETE, UPSERT, IndexerEngine, make_definition
-from shardex.index.decided import Prepared, decide
+from shardex.index import DELETE, UPSERT, IndexerEngine, make_definition, slice_decisions
 from shardex.index.slice import Slice
+from shardex.index.slice_decisions import Prepared, decide
 
 D = make_definition(id="ix", name="ix", keyspace="ks", keys=["k"])
 U = 0xFEED
@@ -36,15 +35,16 @@ def eng(tmp_path):
 
 
 def _count_gathers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count calls of the gathering builder (``decided.write``) made by ``Decided.write``."""
+    """Count calls of the gathering builder (``slice_decisions.write``) made by
+    ``Decided.write``."""
     calls: list[int] = []
-    real = decided_mod.write
+    real = slice_decisions.write
 
     def counted(*args, **kw):  # type: ignore[no-untyped-def]
         calls.append(1)
         return real(*args, **kw)
 
-    monkeypatch.setattr(decided_mod, "write", counted)
+    monkeypatch.setattr(slice_decisions, "write", counted)
     return calls
 
 
@@ -60,7 +60,7 @@ def test_a_whole_queue_stabilise_writes_the_prepared_lists(eng, monkeypatch) -> 
     sl: Slice = eng.slice("ix", 0)
     prep = sl._decided.prepared
     assert prep is not None and prep.sealed
-    assert prep.e_put == sorted(prep.e_put) and prep.b_key == [b"a", b"b", b"c", b"d"]
+    assert prep.entry_puts == sorted(prep.entry_puts) and prep.back_keys == [b"a", b"b", b"c", b"d"]
     gathers = _count_gathers(monkeypatch)
     eng.stabilize("ix", ts({0: 6}))
     assert gathers == []  # no decision gathered on the round's path
@@ -106,10 +106,10 @@ def test_sealing_between_extends_gives_the_lists_of_one_gather() -> None:
     twice.extend(outcomes[1::2])
     assert not twice.sealed
     twice.seal()
-    for name in ("e_del", "e_put", "t_put", "b_key", "b_val"):
+    for name in ("entry_deletes", "entry_puts", "tombstone_puts", "back_keys", "back_values"):
         assert getattr(twice, name) == getattr(once, name), name
-    assert once.b_key == sorted(once.b_key) and once.e_put == sorted(once.e_put)
-    assert (twice.delta, twice.unchanged, twice.stale) == (40, 0, 0)
+    assert once.back_keys == sorted(once.back_keys) and once.entry_puts == sorted(once.entry_puts)
+    assert (twice.live_delta, twice.unchanged, twice.stale) == (40, 0, 0)
 
 
 def test_a_commit_leaves_freeing_its_decisions_to_the_next_decide(eng) -> None:

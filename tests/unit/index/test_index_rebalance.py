@@ -214,8 +214,8 @@ def test_copy_protocol_on_two_engines_keeps_the_oracle(tmp_path) -> None:
     e1 = batch(40, stabilise_target=True)
     assert target.state == STATE_LOADING and target.queued() > 0
     batch(40, stabilise_target=True)  # the source moves on: T1 > E1
-    service = SimpleNamespace(engine=engines["n1"], name="n1", inline_io=True)
-    moves = SliceMoves(service)  # type: ignore[arg-type]
+    host = SimpleNamespace(engine=engines["n1"], name="n1", inline_io=True)
+    moves = SliceMoves(host, None, None)  # type: ignore[arg-type]
     msg = ReadSliceCopy(copy_id="c", index_id="m", partition=p, not_before=dict(e1.to_wire()))
     session = moves._open_copy(msg)
     t1 = session.ts
@@ -254,7 +254,8 @@ def test_copy_refuses_a_source_behind_the_routed_round(tmp_path) -> None:
     engine = IndexerEngine(tmp_path / "s")
     engine.create_slice(MOVABLE, 0)
     engine.stabilize("m", Timestamp({0: (3, 1)}))
-    moves = SliceMoves(SimpleNamespace(engine=engine, name="s", inline_io=True))  # type: ignore[arg-type]
+    host = SimpleNamespace(engine=engine, name="s", inline_io=True)
+    moves = SliceMoves(host, None, None)  # type: ignore[arg-type]
     msg = ReadSliceCopy(copy_id="c", index_id="m", partition=0, not_before={0: (5, 1)})
     with pytest.raises(ShardexError) as err:
         moves._open_copy(msg)

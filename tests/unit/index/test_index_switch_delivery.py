@@ -121,7 +121,7 @@ async def test_a_source_that_missed_the_switch_learns_it_from_the_state(
         await svc.reconcile()
         moves.check_serving(rec.id, 1)  # served here
         woken: list[str] = []
-        svc.delivery.listeners.append(woken.append)
+        svc.host.listeners.append(woken.append)
         # The switch commits; its IndexPartitionSwitched is lost. The next reconcile learns.
         coord.state = coord.committed = after
         assert (await svc.reconcile()).orphans == []  # retired, not an orphan drop
@@ -155,7 +155,7 @@ async def test_an_aborted_copy_is_not_taken_for_a_switched_source(tmp_path: Path
     await svc.start()
     try:
         await svc.reconcile()
-        await svc._run(svc.engine.create_slice, rec.definition, 1)  # the stray copy
+        await svc.host.run(svc.engine.create_slice, rec.definition, 1)  # the stray copy
         assert (await svc.reconcile()).orphans == []
         assert svc.slice_moves.moved_to(rec.id, 1) is None and svc.orphans.since
     finally:

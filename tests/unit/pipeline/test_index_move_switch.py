@@ -5,8 +5,6 @@ switched-away slice never snapshots a TS whose changes went to the target only."
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from shardex.api.delivery import DeliverAndStabilize, Stabilized
@@ -15,6 +13,7 @@ from shardex.core.topology import Topology
 from shardex.index import make_definition
 from shardex.index.delivery import IndexDelivery
 from shardex.index.engine import IndexerEngine
+from shardex.index.engine_host import EngineHost
 from shardex.index.keyversion import UPSERT
 from shardex.index.oracle import check_index
 from shardex.manager.timekeeper import plan_stabilize, verify_acks
@@ -29,20 +28,6 @@ DEFN = make_definition(
     id="m", name="by_k", keyspace="ks", keys=["name"], partition_by=["city"], num_partition=4
 )
 MOVED = 2
-
-
-class _Service:
-    """What ``IndexDelivery`` needs of an ``IndexService``: the engine, run inline."""
-
-    def __init__(self, name: str, engine: IndexerEngine) -> None:
-        self.name = name
-        self.engine = engine
-        self.incarnation = f"{name}-1"
-        self.routed: list[tuple[dict[str, list[int]], Timestamp]] = []
-        self.slice_moves = SimpleNamespace(note_routed=lambda m, ts: self.routed.append((m, ts)))
-
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return fn(*args)
 
 
 def _views(place: dict[int, str], moving: dict[int, str] | None = None) -> list[IndexView]:
@@ -93,7 +78,11 @@ async def test_a_switched_source_slice_is_not_stabilised_by_rounds_routed_past_i
     place = {p: "s" for p in range(4)}
     pipe = LocalPipeline([DEFN], engines, {"m": place})
     pipe.create_slices()
-    deliveries = {n: IndexDelivery(_Service(n, e)) for n, e in engines.items()}  # type: ignore[arg-type]
+    deliveries = {}
+    for n, e in engines.items():
+        host = EngineHost(n, lambda e=e: e, inline_io=True)  # the engine, run inline
+        await host.open()
+        deliveries[n] = IndexDelivery(host, note_routed=lambda moving, ts: None)
     random_workload(ks, rng, 80)
     t0 = ks.ts()
     await _round(deliveries, _views(place), pipe, ks.changes(None, t0), t0, 1)

@@ -144,7 +144,7 @@ def cluster(
 
 def _queued_above(engine: IndexerEngine, index_id: str, seqno: int) -> list[int]:
     sl = engine.slice(index_id, 0)
-    return sorted(s for s in sl._queue.get(0, {}) if s > seqno)
+    return sorted(s for s in sl._queue.by_partition.get(0, {}) if s > seqno)
 
 
 def test_a_node_outside_the_current_topologies_drops_the_lost_branch_and_is_marked(
@@ -165,7 +165,7 @@ def test_a_node_outside_the_current_topologies_drops_the_lost_branch_and_is_mark
     # gone (the surviving ones at or below the point stay), the slice that applied beyond
     # the point needs a rebuild, and the index it belongs to is rebuilt.
     assert _queued_above(n3, "prim", ROLLBACK_SEQNO) == []
-    assert sorted(n3.slice("prim", 0)._queue[0]) == [3, 4]
+    assert sorted(n3.slice("prim", 0)._queue.by_partition[0]) == [3, 4]
     assert n3.slice("prim", 0).state == STATE_ACTIVE
     assert n3.slice("city", 0).state == STATE_NEEDS_REBUILD
     assert rebuild == ["city"] and registry.forgotten == ["city"]

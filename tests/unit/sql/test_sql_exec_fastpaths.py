@@ -18,8 +18,8 @@ from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.analyze import Budget, doc_order
 from shardex.sql.exec.entries import EntryDecoder
+from shardex.sql.exec.fragment_rows import leaf_rows, mode_of, root_rows
 from shardex.sql.exec.fragments import MIN_SCAN_BLOCK_ROWS, SCAN_BLOCK_ROWS, scan_block_rows
-from shardex.sql.exec.pipeline import leaf_rows, mode_of, root_rows
 from shardex.sql.exec.plan import bind_statement, plan_select
 from shardex.sql.exec.rows import decode_rows, to_batches
 from shardex.sql.exec.statements import bound_statement, parsed

@@ -12,7 +12,7 @@ from shardex.meta.index_definition import make_definition
 from shardex.meta.index_state import ACTIVE, BUILDING, IndexRecord
 from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, plan_select
-from shardex.sql.protocol.plan import layout_plan
+from shardex.sql.protocol.plan_layout import layout_plan
 from shardex.sql.syntax import parse_statement
 from shardex.sql.syntax.bind import bind_select
 

@@ -23,7 +23,7 @@ from shardex.sql.protocol import (
 )
 from shardex.sql.protocol.batches import decode_batch, encode_batch, split_to_fit
 from shardex.sql.protocol.flow import Inbox, Outbox
-from shardex.sql.protocol.plan import layout_plan
+from shardex.sql.protocol.plan_layout import layout_plan
 
 Q = QueryId("m1", "1-abc")
 

@@ -4,7 +4,7 @@ A large batch on the driver (a backlog drained after a restart, or a batch takin
 rounds between batches that stopped) used to read and project all its changes and only then
 deliver them: two phases of similar length one after the other (read + project ~270 ms and
 deliver + stabilise ~300 ms for 20,000 changes into two indexes). The indexers do most of
-their work for a row when it arrives (``index/decided.py``: the back-index read and the
+their work for a row when it arrives (``index/slice_decisions.py``: the back-index read and the
 decision happen on arrival, the stabilise only writes), so sending each projected group as
 soon as the next one is projected lets the indexers decide one group while the driver
 projects the next.

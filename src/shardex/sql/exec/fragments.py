@@ -18,7 +18,7 @@ from shardex.sql.exec.analyze import Budget, key_lookup, reads_meta
 from shardex.sql.exec.bridge import run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder
-from shardex.sql.exec.pipeline import leaf_rows, root_rows
+from shardex.sql.exec.fragment_rows import leaf_rows, root_rows
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
 from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.tuning import check_tuning

@@ -33,7 +33,7 @@ from shardex.meta.index_state import ACTIVE, IndexRecord, latest_index_topology
 from shardex.meta.state import StateContext
 from shardex.scan.scan_checks import check_servable
 from shardex.sql.exec.analyze import doc_order, doc_where, key_lookup, read_paths
-from shardex.sql.exec.pipeline import mode_of
+from shardex.sql.exec.fragment_rows import mode_of
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count

@@ -45,8 +45,8 @@ from shardex.scan.coordinator import ScanCoordinator, oldest_common
 from shardex.sql.exec.analyze import Budget
 from shardex.sql.exec.dml import DELETE, SKIP, write_checked
 from shardex.sql.exec.documents import DocumentAccess
+from shardex.sql.exec.fragment_rows import finish, root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
-from shardex.sql.exec.pipeline import finish, root_rows
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
 from shardex.sql.exec.rows import decode_row, encode_row
 from shardex.sql.exec.statements import dml_select, parsed

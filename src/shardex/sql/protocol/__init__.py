@@ -21,8 +21,8 @@ from shardex.sql.protocol.config import BeforeSend, MemberDirectory, ProtocolCon
 from shardex.sql.protocol.directory import MembershipDirectory
 from shardex.sql.protocol.flow import MIN_WINDOW, ExchangeMeter, StreamStats
 from shardex.sql.protocol.fragments import Fragment, FragmentContext, FragmentRegistry
+from shardex.sql.protocol.member import QueryService
 from shardex.sql.protocol.results import QueryMetrics, QueryResult
-from shardex.sql.protocol.service import QueryService
 
 __all__ = [
     "MIN_WINDOW",

@@ -20,7 +20,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
 from shardex.sql.protocol.flow import ExchangeMeter, Inbox, Outbox
 from shardex.sql.protocol.fragments import FragmentContext, FragmentRegistry
-from shardex.sql.protocol.plan import PlanLayout
+from shardex.sql.protocol.plan_layout import PlanLayout
 from shardex.sql.protocol.results import ResultChannel
 
 __all__ = ["QueryExecution"]

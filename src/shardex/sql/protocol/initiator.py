@@ -1,32 +1,31 @@
-"""The initiator's role: start a query on every participant, time it out, cancel it once
-(the broadcast half of cancel), complete it, and answer checks from its bookkeeping.
+"""The initiator's part of the protocol: start a query on every participant, time it out,
+cancel it once (the broadcast half of cancel), complete it. ``check`` answers from the
+same bookkeeping (``QueryRegistry.initiated``).
 
-``InitiatorRole`` is a mixin of ``QueryService``: it shares the service's registry, links
-and helpers (declared below for type checkers) and keeps the initiator's rules in one place.
+``Initiator`` is built by ``QueryService`` and given what it uses of the member: the shared
+registry, the directory, and the member's ways to send, spawn a task, free a query's local
+state and start the local execution; it holds no reference to the service.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from shardex.api.query_ids import QueryId
 from shardex.api.sql_protocol import QueryCancel, QueryExecute, QueryPlan
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.net.messages import Message
+from shardex.sql.protocol.config import MemberDirectory, ProtocolConfig
+from shardex.sql.protocol.execution import QueryExecution
 from shardex.sql.protocol.flow import MIN_WINDOW
 from shardex.sql.protocol.fragments import FragmentRegistry
-from shardex.sql.protocol.plan import PlanLayout, layout_plan
+from shardex.sql.protocol.plan_layout import PlanLayout, layout_plan
+from shardex.sql.protocol.registry import InitiatedQuery, QueryRegistry
 from shardex.sql.protocol.results import QueryResult, ResultChannel
 
-if TYPE_CHECKING:
-    from shardex.sql.protocol.config import MemberDirectory, ProtocolConfig
-    from shardex.sql.protocol.execution import QueryExecution
-    from shardex.sql.protocol.registry import QueryRegistry
-
-__all__ = ["InitiatedQuery", "InitiatorRole", "cancelled", "wire_details"]
+__all__ = ["Initiator", "cancelled", "wire_details"]
 
 
 def cancelled(message: str, reason: str, **details: Any) -> ShardexError:
@@ -41,45 +40,37 @@ def wire_details(details: dict[str, Any]) -> dict[str, Any]:
     return {str(k): v if isinstance(v, plain) else repr(v) for k, v in details.items()}
 
 
-@dataclass
-class InitiatedQuery:
-    """The initiator's bookkeeping for one query it coordinates."""
+class Initiator:
+    """The queries this member coordinates: their start, timeout, cancel and completion."""
 
-    query_id: QueryId
-    participants: tuple[str, ...]
-    timeout: float
-    result: ResultChannel
-    timer: asyncio.TimerHandle | None = None
-    # Set by the first cancel: the broadcast goes out once, whoever else asks afterwards.
-    cancelled: bool = False
+    def __init__(
+        self,
+        *,
+        member_id: str,
+        config: ProtocolConfig,
+        directory: MemberDirectory,
+        fragments: FragmentRegistry,
+        registry: QueryRegistry,
+        new_id: Callable[[], QueryId],
+        send: Callable[[str, Message], Awaitable[None]],
+        send_quietly: Callable[[str, Message], Coroutine[Any, Any, None]],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        free: Callable[[QueryId], None],
+        start_execution: Callable[[QueryExecute, PlanLayout, ResultChannel | None], QueryExecution],
+    ) -> None:
+        self.member_id = member_id
+        self.config = config
+        self.directory = directory
+        self.fragments = fragments
+        self.registry = registry
+        self._new_id = new_id
+        self._send = send  # raises ShardexError when the link fails
+        self._send_quietly = send_quietly  # logs a failure instead
+        self._spawn = spawn
+        self._free = free  # stop the local execution, tombstone the query
+        self._start_execution = start_execution
 
-    def end(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-
-class InitiatorRole:
-    if TYPE_CHECKING:
-        member_id: str
-        name: str
-        config: ProtocolConfig
-        directory: MemberDirectory
-        fragments: FragmentRegistry
-        registry: QueryRegistry
-        _stopping: bool
-        _new_id: Callable[[], QueryId]
-
-        def _spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
-        async def _send(self, member: str, msg: Message) -> None: ...
-        async def _send_quietly(self, member: str, msg: Message) -> None: ...
-        def _free(self, q: QueryId) -> None: ...
-        def request_cancel(self, q: QueryId, error: ShardexError) -> None: ...
-        def _start_execution(
-            self, msg: QueryExecute, layout: PlanLayout, result: ResultChannel | None
-        ) -> QueryExecution: ...
-
-    async def execute(
+    def start(
         self,
         plan: QueryPlan,
         parameters: list[Any] | dict[str, Any] | None = None,
@@ -87,12 +78,8 @@ class InitiatorRole:
         timeout: float | None = None,
         window: int | None = None,
     ) -> QueryResult:
-        """Start ``plan`` on its participants now; rows come from the returned result.
-
-        Raises ``BAD_REQUEST`` (bad plan, unknown fragment kind, window or timeout out of
-        range) or ``NODE_UNAVAILABLE`` (a participant is down) before anything is sent."""
-        if self._stopping:
-            raise NodeUnavailable(f"member {self.name} is stopping")
+        """Start ``plan`` on its participants now (``QueryService.execute``); rows come from
+        the returned result. Raises as ``execute`` says, before anything is sent."""
         layout = layout_plan(plan, self.member_id)
         for f in plan.fragments:
             self.fragments.get(f.kind)
@@ -141,7 +128,7 @@ class InitiatorRole:
         try:
             await self._send(member, msg)
         except ShardexError as e:
-            self.request_cancel(
+            self.cancel(
                 msg.query_id,
                 cancelled(
                     f"could not start query {msg.query_id} on {member}: {e.message}",
@@ -149,19 +136,18 @@ class InitiatorRole:
                     member=member,
                     cause=e.code.value,
                 ),
+                self.member_id,
             )
 
     async def _close_query(self, q: QueryId) -> None:
-        self._initiator_cancel(
-            q, cancelled(f"query {q} closed by the caller", "closed"), self.member_id
-        )
+        self.cancel(q, cancelled(f"query {q} closed by the caller", "closed"), self.member_id)
 
     def _on_timeout(self, q: QueryId) -> None:
         iq = self.registry.initiated.get(q)
         if iq is None:
             return
         iq.timer = None
-        self._initiator_cancel(
+        self.cancel(
             q,
             cancelled(
                 f"query {q} timed out after {iq.timeout}s",
@@ -173,7 +159,7 @@ class InitiatorRole:
             self.member_id,
         )
 
-    def _initiator_cancel(self, q: QueryId, error: ShardexError, cancel_initiator: str) -> None:
+    def cancel(self, q: QueryId, error: ShardexError, cancel_initiator: str) -> None:
         """The initiator's half of cancel: broadcast once, fail the caller's result, free."""
         reg = self.registry
         iq = reg.initiated.get(q)
@@ -196,7 +182,7 @@ class InitiatorRole:
         del reg.initiated[q]
         self._free(q)
 
-    def _complete(self, q: QueryId, early: bool) -> None:
+    def complete(self, q: QueryId, early: bool) -> None:
         """The root fragment finished: the caller has every row. If it finished before its
         inputs did (a LIMIT), tell the participants still running to stop."""
         iq = self.registry.initiated.pop(q, None)

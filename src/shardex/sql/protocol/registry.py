@@ -14,18 +14,35 @@ Why each exists (the protocol's specification, section 4):
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from shardex.api.query_ids import QueryId
 from shardex.api.sql_protocol import QueryBatch
+from shardex.sql.protocol.execution import QueryExecution
+from shardex.sql.protocol.results import ResultChannel
 
-if TYPE_CHECKING:
-    from shardex.sql.protocol.execution import QueryExecution
-    from shardex.sql.protocol.initiator import InitiatedQuery
+__all__ = ["InitiatedQuery", "QueryRegistry"]
 
-__all__ = ["QueryRegistry"]
+
+@dataclass
+class InitiatedQuery:
+    """The initiator's bookkeeping for one query it coordinates."""
+
+    query_id: QueryId
+    participants: tuple[str, ...]
+    timeout: float
+    result: ResultChannel
+    timer: asyncio.TimerHandle | None = None
+    # Set by the first cancel: the broadcast goes out once, whoever else asks afterwards.
+    cancelled: bool = False
+
+    def end(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class QueryRegistry:

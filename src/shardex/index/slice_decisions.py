@@ -41,13 +41,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.index.records import pack_back_head, tombstone_log_key
-
-if TYPE_CHECKING:
-    from shardex.storage import Batch, ColumnFamily
+from shardex.storage import Batch, ColumnFamily
 
 __all__ = [
     "NOTHING",
@@ -68,10 +66,21 @@ STALE = 2  # the back row is as new or newer: older never overwrites newer
 NOTHING = 3  # a removal of a docid the slice does not hold (or already a tombstone)
 
 
-# One docid's decision: (kind, back key, back value, entry to delete, entry to put, tombstone
-# log key, change in live entries), the operations it adds to the stabilise's batch. A
-# plain tuple: one is built per queued docid, on the enqueue's path.
-Outcome = tuple[int, bytes, "bytes | None", "bytes | None", "bytes | None", "bytes | None", int]
+class Outcome(NamedTuple):
+    """One docid's decision: the operations it adds to the stabilise's batch. ``decide``
+    builds them as tuple displays in this field order rather than through the constructor
+    (one per decided docid once the prepared lists were dropped, ``Decided.outcomes``; the
+    constructor costs about five times as much), and ``Prepared.extend`` unpacks them by
+    position: the fields name the positions."""
+
+    kind: int  # WRITE, UNCHANGED, STALE or NOTHING; the fields below matter for WRITE only
+    back_key: bytes  # the docid's UTF-8 bytes: its back-index key
+    back_value: bytes | None  # the new back row (partition, seqno, entry or b"" if removed)
+    entry_delete: bytes | None  # the entry the slice holds for the docid, to delete
+    entry_put: bytes | None  # the docid's new entry (None: a removal)
+    tombstone_log: bytes | None  # the tombstone-log key of a removal (``purge_tombstones``)
+    live_delta: int  # change in the slice's count of live entries: +1, 0 or -1
+
 
 _DOCID = itemgetter(4)
 
@@ -111,57 +120,61 @@ class Prepared:
     the batch: the gathering loop and the sorts leave the round's critical path."""
 
     __slots__ = (
-        "b_key",
-        "b_sorted",
-        "b_val",
-        "delta",
-        "e_del",
-        "e_put",
+        "back_keys",
+        "back_sorted",
+        "back_values",
+        "entry_deletes",
+        "entry_puts",
+        "live_delta",
         "sealed",
         "stale",
-        "t_put",
+        "tombstone_puts",
         "unchanged",
     )
 
     def __init__(self) -> None:
-        self.e_del: list[bytes] = []
-        self.e_put: list[bytes] = []
-        self.t_put: list[bytes] = []
-        # Back rows as two parallel lists (what ``put_many`` takes); ``b_sorted``: the keys
+        self.entry_deletes: list[bytes] = []
+        self.entry_puts: list[bytes] = []
+        self.tombstone_puts: list[bytes] = []
+        # Back rows as two parallel lists (what ``put_many`` takes); ``back_sorted``: the keys
         # are in ascending order already (rows decided in docid order), so ``seal`` need not
         # sort them.
-        self.b_key: list[bytes] = []
-        self.b_val: list[bytes] = []
-        self.b_sorted = True
-        self.delta = self.unchanged = self.stale = 0
+        self.back_keys: list[bytes] = []
+        self.back_values: list[bytes] = []
+        self.back_sorted = True
+        self.live_delta = self.unchanged = self.stale = 0
         self.sealed = True
 
     def extend(self, outcomes: Iterable[Outcome]) -> None:
         """Add the operations of ``outcomes`` (each for a docid not added before, in any
         order)."""
-        e_del, e_put, t_put = self.e_del, self.e_put, self.t_put
-        b_key, b_val = self.b_key, self.b_val
+        entry_deletes, entry_puts, tombstone_puts = (
+            self.entry_deletes,
+            self.entry_puts,
+            self.tombstone_puts,
+        )
+        back_keys, back_values = self.back_keys, self.back_values
         delta = unchanged = stale = 0
-        for kind, b_k, b_v, e_d, e_p, t_p, d in outcomes:
+        for kind, back_key, back_value, entry_delete, entry_put, tombstone_log, d in outcomes:
             if kind == WRITE:
-                if e_d is not None:
-                    e_del.append(e_d)
-                if e_p is not None:
-                    e_put.append(e_p)
-                if t_p is not None:
-                    t_put.append(t_p)
-                b_key.append(b_k)
-                b_val.append(b_v)  # type: ignore[arg-type]
+                if entry_delete is not None:
+                    entry_deletes.append(entry_delete)
+                if entry_put is not None:
+                    entry_puts.append(entry_put)
+                if tombstone_log is not None:
+                    tombstone_puts.append(tombstone_log)
+                back_keys.append(back_key)
+                back_values.append(back_value)  # type: ignore[arg-type]
                 delta += d
             elif kind == UNCHANGED:
                 unchanged += 1
             elif kind == STALE:
                 stale += 1
-        self.delta += delta
+        self.live_delta += delta
         self.unchanged += unchanged
         self.stale += stale
         self.sealed = False
-        self.b_sorted = False
+        self.back_sorted = False
 
     def decide_sorted(
         self, rows: Sequence[KeyVersion], keys: Sequence[bytes], raws: Sequence[bytes | None]
@@ -172,10 +185,14 @@ class Prepared:
         ``seal`` only sorts the entries and the tombstone log. The rule is ``decide``'s,
         inlined because this loop is the stabilise's per-docid cost;
         ``test_index_decide_sorted.py`` checks both give the same lists on random rows."""
-        e_del, e_put, t_put = self.e_del, self.e_put, self.t_put
-        b_key, b_val = self.b_key, self.b_val
-        if keys and b_key and keys[0] <= b_key[-1]:
-            self.b_sorted = False  # a second run of docids: ``seal`` merges
+        entry_deletes, entry_puts, tombstone_puts = (
+            self.entry_deletes,
+            self.entry_puts,
+            self.tombstone_puts,
+        )
+        back_keys, back_values = self.back_keys, self.back_values
+        if keys and back_keys and keys[0] <= back_keys[-1]:
+            self.back_sorted = False  # a second run of docids: ``seal`` merges
         head, from_bytes = pack_back_head, int.from_bytes
         delta = unchanged = stale = 0
         for row, key, raw in zip(rows, keys, raws, strict=True):
@@ -191,19 +208,19 @@ class Prepared:
                     unchanged += 1
                     continue
                 if old:
-                    e_del.append(old)
+                    entry_deletes.append(old)
                 else:
                     delta += 1
-                e_put.append(entry)
-                b_key.append(key)
-                b_val.append(head(part, s) + entry)
+                entry_puts.append(entry)
+                back_keys.append(key)
+                back_values.append(head(part, s) + entry)
             elif old:  # UpsertDeletion or Delete of an entry this slice holds
-                e_del.append(old)
-                t_put.append(tombstone_log_key(part, s, docid))
-                b_key.append(key)
-                b_val.append(head(part, s))
+                entry_deletes.append(old)
+                tombstone_puts.append(tombstone_log_key(part, s, docid))
+                back_keys.append(key)
+                back_values.append(head(part, s))
                 delta -= 1
-        self.delta += delta
+        self.live_delta += delta
         self.unchanged += unchanged
         self.stale += stale
         self.sealed = False
@@ -213,15 +230,15 @@ class Prepared:
         every early delivery costs little more than once)."""
         if self.sealed:
             return
-        self.e_del.sort()
-        self.e_put.sort()
-        self.t_put.sort()
-        if not self.b_sorted:
+        self.entry_deletes.sort()
+        self.entry_puts.sort()
+        self.tombstone_puts.sort()
+        if not self.back_sorted:
             # keys never repeat (one decision per docid): the values are never compared
-            backs = sorted(zip(self.b_key, self.b_val, strict=True))
-            self.b_key = [k for k, _ in backs]
-            self.b_val = [v for _, v in backs]
-            self.b_sorted = True
+            backs = sorted(zip(self.back_keys, self.back_values, strict=True))
+            self.back_keys = [k for k, _ in backs]
+            self.back_values = [v for _, v in backs]
+            self.back_sorted = True
         self.sealed = True
 
     def write(
@@ -230,12 +247,17 @@ class Prepared:
         """Add the operations to ``batch``; returns (writes, change in live entries,
         unchanged, stale)."""
         self.seal()
-        batch.delete_many(entries, self.e_del)
-        batch.put_many(entries, self.e_put)
-        batch.put_many(back, self.b_key, self.b_val)
-        batch.put_many(meta, self.t_put)
-        writes = len(self.e_del) + len(self.e_put) + len(self.b_key) + len(self.t_put)
-        return writes, self.delta, self.unchanged, self.stale
+        batch.delete_many(entries, self.entry_deletes)
+        batch.put_many(entries, self.entry_puts)
+        batch.put_many(back, self.back_keys, self.back_values)
+        batch.put_many(meta, self.tombstone_puts)
+        writes = (
+            len(self.entry_deletes)
+            + len(self.entry_puts)
+            + len(self.back_keys)
+            + len(self.tombstone_puts)
+        )
+        return writes, self.live_delta, self.unchanged, self.stale
 
 
 def write(

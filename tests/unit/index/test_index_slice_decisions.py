@@ -1,4 +1,4 @@
-"""Decisions taken as key versions arrive (``index/decided.py``): a stabilise that uses them
+"""Decisions taken as key versions arrive (``index/slice_decisions.py``): a stabilise that uses them
 writes exactly what deciding from storage at the stabilise writes, whatever the order of
 deliveries, cuts inside the queue, drops, purges and reloads; and a stabilise of the whole
 queue reads no back row."""
@@ -25,7 +25,7 @@ def ts(seqnos: dict[int, int]) -> Timestamp:
 
 class _FromStorage:
     """A slice that never decides ahead: every stabilise decides from storage (the path
-    before ``decided.py``, kept for cuts inside the queue)."""
+    before ``slice_decisions.py``, kept for cuts inside the queue)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, eng: IndexerEngine) -> None:
         sl = eng.slice("ix", 0)

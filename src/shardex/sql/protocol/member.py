@@ -32,6 +32,7 @@ from shardex.api.sql_protocol import (
     QueryCheckResponse,
     QueryExecute,
     QueryFlowControl,
+    QueryPlan,
 )
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.net import Connection, ConnectionPool, RpcServer
@@ -42,17 +43,21 @@ from shardex.sql.protocol.config import BeforeSend, MemberDirectory, ProtocolCon
 from shardex.sql.protocol.execution import QueryExecution
 from shardex.sql.protocol.flow import ExchangeMeter
 from shardex.sql.protocol.fragments import FragmentRegistry
-from shardex.sql.protocol.initiator import InitiatorRole, cancelled, wire_details
-from shardex.sql.protocol.plan import PlanLayout, layout_plan
+from shardex.sql.protocol.initiator import Initiator, cancelled, wire_details
+from shardex.sql.protocol.plan_layout import PlanLayout, layout_plan
 from shardex.sql.protocol.registry import QueryRegistry
-from shardex.sql.protocol.results import ResultChannel
+from shardex.sql.protocol.results import QueryResult, ResultChannel
 
 __all__ = ["QueryService"]
 
 log = logging.getLogger(__name__)
 
 
-class QueryService(InitiatorRole):
+class QueryService:
+    """The protocol on one member: the dispatch of its messages, the participant's part
+    (executions, held batches, cancels through the initiator), its links and the periodic
+    check; the initiator's part is ``self.initiator``."""
+
     def __init__(
         self,
         *,
@@ -94,6 +99,19 @@ class QueryService(InitiatorRole):
         self._tasks: dict[asyncio.Task[Any], None] = {}
         self._maintenance: asyncio.Task[None] | None = None
         self._stopping = False
+        self.initiator = Initiator(
+            member_id=member_id,
+            config=self.config,
+            directory=directory,
+            fragments=fragments,
+            registry=self.registry,
+            new_id=self._new_id,
+            send=self._send,
+            send_quietly=self._send_quietly,
+            spawn=self._spawn,
+            free=self._free,
+            start_execution=self._start_execution,
+        )
 
     # --- wiring --------------------------------------------------------------------------
 
@@ -138,6 +156,24 @@ class QueryService(InitiatorRole):
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._pool.close()
 
+    async def execute(
+        self,
+        plan: QueryPlan,
+        parameters: list[Any] | dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        window: int | None = None,
+    ) -> QueryResult:
+        """Start ``plan`` on its participants now, this member its initiator; rows come
+        from the returned result.
+
+        Raises ``BAD_REQUEST`` (bad plan, unknown fragment kind, window or timeout out of
+        range) or ``NODE_UNAVAILABLE`` (a participant is down, this member is stopping)
+        before anything is sent."""
+        if self._stopping:
+            raise NodeUnavailable(f"member {self.name} is stopping")
+        return self.initiator.start(plan, parameters, timeout=timeout, window=window)
+
     def new_query_id(self) -> QueryId:
         """A fresh id from this member's factory, for a query that runs without fragments
         (the SQL initiator's inline key lookup): it is named in replies and logs like the
@@ -153,7 +189,7 @@ class QueryService(InitiatorRole):
     def request_cancel(self, q: QueryId, error: ShardexError) -> None:
         """Cancel ``q`` from this member: through the initiator unless this member is it."""
         if q.initiator == self.member_id:
-            self._initiator_cancel(q, error, self.member_id)
+            self.initiator.cancel(q, error, self.member_id)
             return
         if self.registry.is_tombstoned(q):
             return  # this member already cancelled or finished it: one cancel per member
@@ -199,7 +235,7 @@ class QueryService(InitiatorRole):
         if error is not None:
             self.request_cancel(q, error)
         elif q in self.registry.initiated:
-            self._complete(q, early=exe.early)
+            self.initiator.complete(q, early=exe.early)
         else:
             self._free(q)
 
@@ -287,7 +323,7 @@ class QueryService(InitiatorRole):
         self.registry.stats["cancels_received"] += 1
         if q.initiator == self.member_id:
             self._watch(conn, msg.cancel_initiator)
-            self._initiator_cancel(q, error, msg.cancel_initiator)
+            self.initiator.cancel(q, error, msg.cancel_initiator)
         else:
             self._watch(conn, q.initiator)
             self._free(q)  # before its execute, the tombstone makes the execute a no-op
@@ -357,7 +393,7 @@ class QueryService(InitiatorRole):
         reg = self.registry
         for q, iq in list(reg.initiated.items()):
             if peer in iq.participants:
-                self._initiator_cancel(q, error, self.member_id)
+                self.initiator.cancel(q, error, self.member_id)
         for q, exe in list(reg.executions.items()):
             if peer in exe.participants:
                 self.request_cancel(q, error)
@@ -387,7 +423,7 @@ class QueryService(InitiatorRole):
             gone = [p for p in iq.participants if p != self.member_id and down(p)]
             if gone:
                 left = cancelled(f"participant {gone[0]} left", "participant_left", member=gone[0])
-                self._initiator_cancel(q, left, self.member_id)
+                self.initiator.cancel(q, left, self.member_id)
         for q, exe in list(reg.executions.items()):
             if q.initiator == self.member_id:
                 continue

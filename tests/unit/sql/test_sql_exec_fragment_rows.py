@@ -15,7 +15,7 @@ import pytest
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.analyze import Budget
-from shardex.sql.exec.pipeline import leaf_rows, mode_of, root_rows
+from shardex.sql.exec.fragment_rows import leaf_rows, mode_of, root_rows
 from shardex.sql.exec.rows import decode_row, decode_rows, encode_row, pack_state, to_batches
 from shardex.sql.local import LocalEngine, eval_count
 from shardex.sql.operators.aggregate import SumState

@@ -161,15 +161,15 @@ async def test_an_inbox_gives_blocks_in_order_before_and_while_its_reader_waits(
     await on_msg(ScanEnd(scan_id=stream.scan_id, rows=4), None)
     assert await stream.next_block() == [b"d"]
     assert await stream.next_block() is None
-    assert stream.done and not inboxes._queues  # detached at its end
+    assert stream.done and inboxes.get(stream.scan_id) is None  # detached at its end
 
 
 async def test_a_stream_answered_in_its_reply_is_detached_at_once() -> None:
     inboxes = Inboxes()
     stream = inboxes.open()
-    assert list(inboxes._queues) == [stream.scan_id]
+    assert inboxes.get(stream.scan_id) is stream
     stream.put_head([b"x"], done=True)
-    assert not inboxes._queues
+    assert inboxes.get(stream.scan_id) is None
     assert stream.poll() == (True, [b"x"]) and stream.poll() == (True, None)
 
 

@@ -2,7 +2,7 @@
 
 A minimal server on the real net stack (``RpcServer`` over ``TcpTransport``, on the loop
 nodes run: ``net/loops.py``) in its own process, and client processes on loopback, each
-with a ``ConnectionPool`` on the sync client's loop thread (``client/sync.py``'s
+with a ``ConnectionPool`` on the sync client's loop thread (``client/client.py``'s
 ``_LoopThread``), as the SDK has. Per request it reports the client's process CPU, the
 server's CPU (``/proc/<pid>/task/*/schedstat``, nanoseconds), latency p50 and p90, and with
 ``--perf`` / ``--strace`` the instructions (``perf stat -e instructions``) and syscalls
@@ -89,7 +89,7 @@ def serve() -> None:
 
 def client(address: str) -> None:
     """Reads ``run N MODE MSG`` lines; answers each with one JSON line (latencies, CPU)."""
-    from shardex.client.sync import _LoopThread
+    from shardex.client.client import _LoopThread
     from shardex.net import ConnectionPool, Ping, TcpTransport
 
     get_cls, _ = _messages()

@@ -56,7 +56,7 @@ from shardex.errors import ConnectionClosed, ProtocolError, RequestTimeout, Shar
 from shardex.net.messages import Envelope, ErrorReply, Kind, encode_frame, message_type_name
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.client import Client
 
 __all__ = ["DirectScanResult", "DirectScans", "DirectStream"]
 

@@ -42,7 +42,7 @@ from shardex.errors import ShardexError
 from shardex.meta.partitioning import partition_of
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.client import Client
 
 DEFAULT_CHUNK = 1000
 DEFAULT_WINDOW = 4  # chunks in flight per upsert_many

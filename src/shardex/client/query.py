@@ -33,7 +33,7 @@ from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import parsed
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.client import Client
 
 __all__ = ["QueryMetrics", "QueryRows", "run_query"]
 

@@ -52,7 +52,7 @@ from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, Shardex
 from shardex.net import ConnectionPool
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.client import Client
 
 __all__ = ["QueryContext", "ScanResult", "ScanSession", "open_scan", "to_wire_ts"]
 

@@ -23,7 +23,7 @@ from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, Shardex
 from shardex.scan.paging_store_spec import PageScan, PageScanReply
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.client import Client
 
 __all__ = ["ScanPage", "scan_page"]
 

@@ -1,4 +1,4 @@
-"""The synchronous client's hand-off to its event-loop thread (``shardex.client.sync``) and
+"""The synchronous client's hand-off to its event-loop thread (``shardex.client.client``) and
 the scan iterator's block hand-over (``shardex.client.scan``): outcomes, errors, timeouts
 and cancellation cross the thread boundary as before; an error after some blocks comes
 after their rows; a scan left half-read releases its stream on the node. Also the cheaper
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from shardex.api.scan import IndexScanStarted
 from shardex.api.spans import _bound_text
+from shardex.client.client import _LoopThread
 from shardex.client.scan import ScanResult
-from shardex.client.sync import _LoopThread
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, RequestTimeout, ShardexError
 from tests.integration.scan_env import KS, Env, _until

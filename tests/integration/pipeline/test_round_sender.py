@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shardex.api.delivery import Delivered, DeliverKeyVersions
-from shardex.client.sync import _LoopThread
+from shardex.client.client import _LoopThread
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import ConnectionPool, TcpTransport

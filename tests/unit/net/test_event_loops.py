@@ -47,7 +47,7 @@ def test_an_unknown_loop_name_is_an_error_naming_the_choices(
 def test_the_client_loop_thread_runs_on_the_selected_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from shardex.client.sync import _LoopThread
+    from shardex.client.client import _LoopThread
 
     for env, want_uv in (("uvloop", True), ("asyncio", False)):
         monkeypatch.setenv(ENV_VAR, env)

@@ -66,7 +66,6 @@ from shardex.net.messages import Message
 from shardex.net.tcp import TcpTransport
 from shardex.net.transport import Transport
 
-T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
 DEFAULT_CONNECT_TIMEOUT = 5.0

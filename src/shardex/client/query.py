@@ -1,12 +1,13 @@
 """SQL from the client: ``client.query(sql, params=None, consistency="request_plus")``.
 
-Index DDL (CREATE/DROP/BUILD INDEX) goes to the client's ``execute_ddl``; every other statement is
-sent as ``SqlQuery`` to the node the client is connected to (failing over to the next one if
-it cannot be reached: nothing ran yet), which becomes the query's initiator. The reply
-carries the first block of rows (a small result: every row, and no stream follows); the
-rest come on the scan session's connection as ``ScanBlock`` entries (msgpack rows) with
-block credits, so however slowly the caller iterates, at most ``CREDIT`` blocks wait in the
-client. Rows the reply carried are read without a hop to the client's loop thread.
+Index DDL (CREATE/DROP/BUILD INDEX) goes to the client's ``execute_ddl``; every other
+statement is sent as ``SqlQuery`` to the node the client is connected to (failing over to
+the next one if it cannot be reached: nothing ran yet), which becomes the query's initiator.
+The reply carries the first block of rows (a small result: every row, and no stream
+follows); the rest come on the scan session's connection as ``ScanBlock`` entries (msgpack
+rows) with block credits, so however slowly the caller iterates, at most ``CREDIT`` blocks
+wait in the client. Rows the reply carried are read without a hop to the client's loop
+thread.
 
 ``QueryRows`` is the iterator of rows (dicts; the bare values for SELECT RAW). Once it is
 exhausted, ``metrics`` holds elapsed seconds, the result count, the bytes received, the

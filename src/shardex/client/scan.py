@@ -55,7 +55,15 @@ if TYPE_CHECKING:
     from shardex.client.direct_scan import DirectScans
     from shardex.client.rpc_session import RpcSession
 
-__all__ = ["QueryContext", "ScanResult", "ScanSession", "open_scan", "to_wire_ts"]
+__all__ = [
+    "QueryContext",
+    "ScanPaths",
+    "ScanResult",
+    "ScanSession",
+    "ScanTargets",
+    "open_scan",
+    "to_wire_ts",
+]
 
 
 DEFAULT_SCAN_TIMEOUT: Final = 30.0

@@ -52,7 +52,6 @@ from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, Shardex
 from shardex.net import ConnectionPool
 
 if TYPE_CHECKING:
-    from shardex.client.direct_scan import DirectScans
     from shardex.client.rpc_session import RpcSession
 
 __all__ = [
@@ -305,12 +304,24 @@ class ScanSession:
         await self.pool.close()
 
 
+class DirectPath(Protocol):
+    """The calling thread's scan path (``client/direct_scan.py``'s ``DirectScans``)."""
+
+    def open(self, msg: IndexScan, covering: bool) -> ScanResult | None:
+        """The scan started on this thread's socket; None: it must take the loop path."""
+        ...
+
+    def close(self) -> None:
+        """From any thread: close every thread's sockets."""
+        ...
+
+
 class ScanPaths:
     """A client's two scan paths over its ``RpcSession``: the calling thread's sockets
     (``direct``, None where scans stay on the loop) and the loop's ``ScanSession`` (made by
     the first scan that takes it), sharing one ``ScanTargets``."""
 
-    def __init__(self, rpc: RpcSession, targets: ScanTargets, direct: DirectScans | None) -> None:
+    def __init__(self, rpc: RpcSession, targets: ScanTargets, direct: DirectPath | None) -> None:
         self.rpc = rpc
         self.targets = targets
         self.direct = direct

@@ -131,7 +131,7 @@ def _on_loop(client: Any, fn: Callable[[], None]) -> None:
     async def call() -> None:
         fn()
 
-    asyncio.run_coroutine_threadsafe(call(), client._io.loop).result(10)
+    asyncio.run_coroutine_threadsafe(call(), client.rpc.loop).result(10)
 
 
 # -- the parent: cluster, workers, interleaved rounds ----------------------------------------

@@ -2,14 +2,14 @@
 
 A minimal server on the real net stack (``RpcServer`` over ``TcpTransport``, on the loop
 nodes run: ``net/loops.py``) in its own process, and client processes on loopback, each
-with a ``ConnectionPool`` on the sync client's loop thread (``client/sync.py``'s
-``_LoopThread``), as the SDK has. Per request it reports the client's process CPU, the
+with a ``ConnectionPool`` on the sync client's loop thread (``client/client.py``'s
+``LoopThread``), as the SDK has. Per request it reports the client's process CPU, the
 server's CPU (``/proc/<pid>/task/*/schedstat``, nanoseconds), latency p50 and p90, and with
 ``--perf`` / ``--strace`` the instructions (``perf stat -e instructions``) and syscalls
 (``strace -c -f``) of the server and of one client, per request.
 
 Configurations: ``ping`` (the ``Ping`` every connection answers) and ``rpc`` (a routed
-request with a 100-byte reply), each sent ``sync`` (one ``_LoopThread.run`` hand-off per
+request with a 100-byte reply), each sent ``sync`` (one ``LoopThread.run`` hand-off per
 request, the SDK's path) or ``async`` (sequential awaits on the loop thread, a node's path),
 from 1 client and from 4 concurrent client processes.
 
@@ -89,11 +89,11 @@ def serve() -> None:
 
 def client(address: str) -> None:
     """Reads ``run N MODE MSG`` lines; answers each with one JSON line (latencies, CPU)."""
-    from shardex.client.sync import _LoopThread
+    from shardex.client.loop_thread import LoopThread
     from shardex.net import ConnectionPool, Ping, TcpTransport
 
     get_cls, _ = _messages()
-    io = _LoopThread("net-bench-client")
+    io = LoopThread("net-bench-client")
     pool = io.run(_make_pool(ConnectionPool, TcpTransport))
     msgs = {"ping": Ping(), "rpc": get_cls(key="k")}
 

@@ -176,7 +176,7 @@ def writer_main(spec: dict[str, Any]) -> None:
 
         loop_prof = cProfile.Profile()
         profiles.append(loop_prof)
-        client._io.loop.call_soon_threadsafe(loop_prof.enable)
+        client.rpc.loop.call_soon_threadsafe(loop_prof.enable)
     calls: list[list[float]] = [[] for _ in range(threads)]
     done = [0] * threads
     errors: list[str] = []
@@ -223,7 +223,7 @@ def writer_main(spec: dict[str, Any]) -> None:
         th.join()
     c1, t1 = os.times(), time.monotonic()
     if profiles:
-        client._io.loop.call_soon_threadsafe(loop_prof.disable)
+        client.rpc.loop.call_soon_threadsafe(loop_prof.disable)
         for prof in profiles[1:]:
             prof.disable()  # ended threads: disabling from here only stops the bookkeeping
         time.sleep(0.2)

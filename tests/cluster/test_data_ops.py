@@ -240,8 +240,8 @@ def test_not_my_partition_details_and_client_refresh(cluster: LocalCluster, clie
     )
 
     # A client whose cached topology is wrong everywhere still reads and writes correctly.
-    router = client._router
-    _, topo = client._run(router.keyspace("docs"))
+    router = client.rpc.router
+    _, topo = client.rpc.run(router.keyspace("docs"))
     rotate = {"node1": "node2", "node2": "node3", "node3": "node1"}
     stale = Topology(
         seq_num=topo.seq_num, assignment={q: rotate[n] for q, n in topo.assignment.items()}
@@ -296,7 +296,7 @@ def test_stream_credit_bounds_buffering(client: Client) -> None:
     client.create_keyspace("credit", 1)
     ks = client.keyspace("credit")
     ks.upsert_many([(f"k{i}", {"pad": "x" * 100, "i": i}) for i in range(5000)])
-    router = client._router
+    router = client.rpc.router
     with ks.stream(0, credit=2) as s:
         time.sleep(0.5)  # the node could send all 5000 now; credit lets it send 2 batches
         inbox = router.streams.get(s._remote.stream_id)

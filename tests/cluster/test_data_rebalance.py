@@ -57,7 +57,7 @@ def raw_request(cluster: LocalCluster, node: int, msg: Message) -> Message:
 
 
 def history(client: Client, keyspace: str) -> list[Any]:
-    state = client._run(client._router.refresh())
+    state = client.rpc.run(client.rpc.router.refresh())
     return state.data_topologies[keyspace]
 
 

@@ -138,9 +138,9 @@ def _read_small(client: Client, ranges: list[PartitionRange], **kw: Any) -> list
     async def no_stream(r: PartitionRange) -> None:
         raise AssertionError(f"streamed {r}")
 
-    client._run(
+    client.rpc.run(
         source_ranges.read_small_ranges(
-            client._router, KS, ranges, put, no_stream, resume_timeout=10, **kw
+            client.rpc.router, KS, ranges, put, no_stream, resume_timeout=10, **kw
         )
     )
     by_part: dict[int, list[Row]] = {}
@@ -165,7 +165,7 @@ def test_caps_cut_replies_and_the_reads_continue(
 
 def _reply(client: Client, node: str, specs: list[RangeSpec]) -> ReadRangesReply:
     msg = ReadRanges(keyspace=KS, ranges=specs)
-    return client._run(client._router.to_node(node, msg, ReadRangesReply))
+    return client.rpc.run(client.rpc.router.to_node(node, msg, ReadRangesReply))
 
 
 def test_rollback_is_per_range_with_its_details(
@@ -212,14 +212,14 @@ def test_stale_topology_resumes_at_the_owner(clients: Env) -> None:
     end = client.high_seqnos(KS)
     ranges = plan_ranges(KS, Timestamp({}), end)
     want = _rows(client, ranges, 0)
-    _, topo = client._run(client._router.keyspace(KS))
+    _, topo = client.rpc.run(client.rpc.router.keyspace(KS))
     nodes = sorted(set(topo.assignment.values()))
     wrong = {p: nodes[(nodes.index(n) + 1) % len(nodes)] for p, n in topo.assignment.items()}
     stale = Topology(seq_num=topo.seq_num, assignment=wrong)
-    client._router.force_topology(KS, stale)
-    before = client._router.refreshes
+    client.rpc.router.force_topology(KS, stale)
+    before = client.rpc.router.refreshes
     assert _rows(client, ranges, ALL) == want
-    assert client._router.refreshes > before
+    assert client.rpc.router.refreshes > before
 
 
 def test_partition_moved_mid_range_resumes_exactly(
@@ -252,14 +252,14 @@ def test_partition_moved_mid_range_resumes_exactly(
     async def no_stream(r: PartitionRange) -> None:
         raise AssertionError(f"streamed {r}")
 
-    before = client._router.refreshes
-    client._run(
+    before = client.rpc.router.refreshes
+    client.rpc.run(
         source_ranges.read_small_ranges(
-            client._router, KS, ranges, put, no_stream, resume_timeout=30, max_items=10
+            client.rpc.router, KS, ranges, put, no_stream, resume_timeout=30, max_items=10
         )
     )
     assert moved == ["done"] and owner_of(client, KS, p) == target
-    assert client._router.refreshes > before
+    assert client.rpc.router.refreshes > before
     for q in (p, other):
         got = [
             (ch.partition, ch.uuid, c.seqno, c.docid, c.op, c.cas, c.body)
@@ -289,10 +289,10 @@ def test_bad_requests_are_refused_and_the_node_keeps_serving(
         assert err.value.code is ErrorCode.BAD_REQUEST
     with pytest.raises(ShardexError) as err:
         msg = ReadRanges(keyspace="no-such-keyspace", ranges=[RangeSpec(0, 0, 0, 1)])
-        client._run(client._router.to_node(node, msg, ReadRangesReply))
+        client.rpc.run(client.rpc.router.to_node(node, msg, ReadRangesReply))
     assert err.value.code is ErrorCode.KEYSPACE_NOT_FOUND
     with pytest.raises(ShardexError) as err:
-        client._run(read_round(client._router, "no-such-keyspace", [RangeSpec(0, 0, 0, 1)]))
+        client.rpc.run(read_round(client.rpc.router, "no-such-keyspace", [RangeSpec(0, 0, 0, 1)]))
     assert err.value.code is ErrorCode.KEYSPACE_NOT_FOUND
     (res,) = _reply(client, node, [RangeSpec(0, 0, 0, end[0].seqno)]).results
     assert res.error is None and res.reached == end[0].seqno
@@ -314,13 +314,13 @@ def test_owner_down_then_back_resumes_within_the_timeout(
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not pid_alive(pid), 5, what="node2 gone")
-    before = client._router.refreshes
+    before = client.rpc.router.refreshes
     out: list[Any] = []
     reader = threading.Thread(target=lambda: out.append(_rows(client, ranges, ALL)))
     reader.start()
     try:
         # The read has failed at node2 at least twice (each failure is followed by a refresh).
-        wait_for(lambda: client._router.refreshes >= before + 2, 20, what="retries")
+        wait_for(lambda: client.rpc.router.refreshes >= before + 2, 20, what="retries")
         assert reader.is_alive()
     finally:
         cluster.start()  # restarts node2 only

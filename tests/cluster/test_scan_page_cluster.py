@@ -166,7 +166,7 @@ def test_rebalance_while_paginated_scans_run(cluster: LocalCluster) -> None:
         stop.set()
         for t in threads:
             t.join(120)
-    topologies = len(admin._run(admin._router.refresh()).data_topologies[KS])
+    topologies = len(admin.rpc.run(admin.rpc.router.refresh()).data_topologies[KS])
     admin.close()
     assert not errors, [
         (getattr(e, "code", None), str(e), getattr(e, "details", None)) for e in errors

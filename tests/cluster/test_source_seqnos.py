@@ -103,12 +103,12 @@ def test_a_wrong_topology_falls_back_to_the_gathered_rpc(cluster: tuple[Path, Cl
     path, client = cluster
     with connect_local(path) as c:
         ask = OwnerSeqnos(c, KEYSPACE)
-        _, topo = c._run(c._router.keyspace(KEYSPACE))
+        _, topo = c.rpc.run(c.rpc.router.keyspace(KEYSPACE))
         # Partition 0 "moved" to another node: that node does not serve it, so no owner
         # answers for it and the direct ask must not return a TS without it.
         wrong = {**topo.assignment}
         wrong[0] = next(n for n in topo.nodes() if n != topo.assignment[0])
-        c._router.force_topology(KEYSPACE, Topology(seq_num=topo.seq_num, assignment=wrong))
+        c.rpc.router.force_topology(KEYSPACE, Topology(seq_num=topo.seq_num, assignment=wrong))
         ts = ask()
         assert (ask.direct, ask.fallbacks) == (0, 1)
         assert isinstance(ts, Timestamp) and ts == client.high_seqnos(KEYSPACE)

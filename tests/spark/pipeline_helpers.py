@@ -115,7 +115,7 @@ def slice_entries(
             after=after,
             limit=5000,
         )
-        page = client._run(to_node(client, node, msg, SliceEntries))
+        page = client.rpc.run(to_node(client, node, msg, SliceEntries))
         entries.extend(page.entries)
         if not page.more:
             return entries

@@ -170,7 +170,7 @@ def test_a_lost_lease_ends_the_scan_on_the_next_page(
     release = LeaseSnapshots(
         index_id=rec.id, partitions=base.partitions_of(last), lease_id=lease, mode=RELEASE
     )
-    env._run(to_node(env, last, release, SnapshotsLeased))
+    env.rpc.run(to_node(env, last, release, SnapshotsLeased))
     for n in range(DEFAULT_KEEP_SNAPSHOTS + 2):  # newer snapshots push the pinned one out
         env.keyspace(KEYSPACE).upsert(f"lease-{n}", {"age": n, "name": "pushed"})
         wait_stable(env, KEYSPACE, [INDEX])

@@ -15,10 +15,10 @@ Every error raised is a ``shardex.errors.ShardexError`` subclass with a ``.code`
 
 from shardex.api.records import Change, MutationResult, SnapshotMarker
 from shardex.client.bulk import BulkWriteError
+from shardex.client.client import Client, connect, connect_local
 from shardex.client.keyspace import Keyspace, VersionedDocument
 from shardex.client.rebalance import RebalanceError
 from shardex.client.streams import ChangeStream
-from shardex.client.sync import Client, connect, connect_local
 from shardex.client.types import (
     ClusterStatus,
     KeyspaceDescription,

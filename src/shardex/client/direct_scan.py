@@ -45,10 +45,10 @@ from shardex.api.scan import (
 )
 from shardex.api.scan_streams import ReplyHead
 from shardex.client.direct_conn import DirectConn
+from shardex.client.rpc_session import client_closed
 from shardex.client.scan import (
     FAILOVER,
     ScanResult,
-    client_closed,
     reply_timeout,
     scan_timed_out,
 )
@@ -56,7 +56,8 @@ from shardex.errors import ConnectionClosed, ProtocolError, RequestTimeout, Shar
 from shardex.net.messages import Envelope, ErrorReply, Kind, encode_frame, message_type_name
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.rpc_session import RpcSession
+    from shardex.client.scan import ScanTargets
 
 __all__ = ["DirectScanResult", "DirectScans", "DirectStream"]
 
@@ -72,16 +73,16 @@ class DirectStream(ReplyHead):
         "_ends_at_head",
         "_head",
         "_owner",
-        "client",
         "conn",
         "done",
         "index_id",
         "rows",
+        "rpc",
         "scan_id",
     )
 
-    def __init__(self, client: Client, conn: DirectConn, scan_id: int) -> None:
-        self.client = client
+    def __init__(self, rpc: RpcSession, conn: DirectConn, scan_id: int) -> None:
+        self.rpc = rpc
         self.conn = conn
         self.scan_id = scan_id
         self.index_id = "?"  # named by the reply (SCAN_TIMEOUT names it)
@@ -99,7 +100,7 @@ class DirectStream(ReplyHead):
         self._head = entries if entries else None
         if done:
             self._ends_at_head = True
-            self._release()
+            self.release()
 
     @property
     def complete(self) -> bool:
@@ -119,7 +120,7 @@ class DirectStream(ReplyHead):
         the socket ends, "client is closed" once the client is."""
         if self.done:
             return None
-        if self.client._closed:
+        if self.rpc.closed:
             raise client_closed()
         conn = self.conn
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
@@ -134,8 +135,8 @@ class DirectStream(ReplyHead):
                 except TimeoutError:
                     raise scan_timed_out(self.index_id, timeout) from None
                 except ShardexError:
-                    self._release()
-                    if self.client._closed:
+                    self.release()
+                    if self.rpc.closed:
                         raise client_closed() from None
                     raise
                 msg = env.body
@@ -158,7 +159,7 @@ class DirectStream(ReplyHead):
             return msg.entries
 
     def _end(self, msg: ScanEnd) -> None:
-        self._release()
+        self.release()
         msg.check(self.rows)
 
     def cancel(self) -> None:
@@ -168,7 +169,7 @@ class DirectStream(ReplyHead):
         if self.done:
             return
         ends_at_head = self._ends_at_head
-        self._release()
+        self.release()
         conn = self.conn
         if ends_at_head or conn.closed:
             return
@@ -178,7 +179,8 @@ class DirectStream(ReplyHead):
         else:
             conn.pending_cancels.append(self.scan_id)
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """The stream is over: its socket is free for this thread's next scan."""
         self.done = True
         if self.conn.busy is self:
             self.conn.busy = None
@@ -195,10 +197,10 @@ class DirectScanResult(ScanResult):
     def close(self) -> None:
         stream = self._stream
         if not stream.done and not stream.complete:
-            if stream.client._closed:
+            if stream.rpc.closed:
                 # Nothing to cancel: ``Client.close`` closed the socket, and the node ends
                 # the stream with it. Reading raises "client is closed", as the loop path.
-                stream._release()
+                stream.release()
                 return
             stream.cancel()
 
@@ -207,14 +209,15 @@ class DirectScans:
     """The client's direct scan sockets: per thread, per node, opened on first use; every
     one also in a set that ``close`` (from any thread) shuts down."""
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, rpc: RpcSession, targets: ScanTargets) -> None:
+        self._rpc = rpc
+        self._targets = targets
         self._local = threading.local()
         self._lock = threading.Lock()
         # Weak: a thread that ends drops its sockets (its thread-local dict goes with it).
         self._all: weakref.WeakSet[DirectConn] = weakref.WeakSet()
         self._closed = False
-        self.name = f"{client.name}/scan"  # the node sees the loop path's scan-pool name
+        self.name = f"{rpc.name}/scan"  # the node sees the loop path's scan-pool name
 
     def _conns(self) -> dict[str, DirectConn]:
         try:
@@ -226,14 +229,14 @@ class DirectScans:
     def open(self, msg: IndexScan, covering: bool) -> ScanResult | None:
         """Start the scan on this thread's socket to the first node that answers (the
         failover of ``ScanTargets``); None when it must take the loop path (nested)."""
-        client = self._client
-        if client._closed:
+        rpc = self._rpc
+        if rpc.closed:
             raise client_closed()
         conns = self._conns()
-        targets = client._scan_targets
+        targets = self._targets
         key = (msg.keyspace, msg.index)
-        order, hint = targets.order(client, key)
-        timeout = reply_timeout(client, msg)
+        order, hint = targets.order(rpc, key)
+        timeout = reply_timeout(rpc, msg)
         last: ShardexError | None = None
         for address in order:
             conn = conns.get(address)
@@ -242,7 +245,7 @@ class DirectScans:
             try:
                 started, stream = self._start(conns, address, conn, msg, timeout)
             except FAILOVER as exc:
-                if client._closed:
+                if rpc.closed:
                     raise client_closed() from None
                 targets.failed(key, address, hint)
                 last = exc
@@ -273,13 +276,13 @@ class DirectScans:
         return self._send(self._connect(conns, address), msg, timeout)
 
     def _connect(self, conns: dict[str, DirectConn], address: str) -> DirectConn:
-        client = self._client
-        transport = client._transport
+        rpc = self._rpc
+        transport = rpc.transport
         conn = DirectConn.open(
             address,
-            client._secret,
+            rpc.secret,
             name=self.name,
-            timeout=client.connect_timeout,
+            timeout=rpc.connect_timeout,
             max_frame=transport.max_frame,
             nonce=transport.nonce,
         )
@@ -304,7 +307,7 @@ class DirectScans:
             conn.send(CancelScan(scan_id=cancels.popleft()), 0)
         sid = conn.new_scan_id()
         rid = conn.new_request_id()
-        stream = DirectStream(self._client, conn, sid)
+        stream = DirectStream(self._rpc, conn, sid)
         conn.send(msgspec.structs.replace(msg, scan_id=sid), rid, Kind.REQUEST)
         conn.busy = stream
         deadline = time.monotonic() + timeout
@@ -341,7 +344,7 @@ class DirectScans:
                 stream.put_head(body.entries, body.done)
                 return body, stream
         except ConnectionClosed:
-            stream._release()
+            stream.release()
             raise
         except BaseException:
             stream.cancel()  # as the loop path: the node stops whatever it started

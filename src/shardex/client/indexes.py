@@ -1,27 +1,23 @@
 """Index DDL from the client: ``execute_ddl``, ``create_index``, ``build_index``,
 ``drop_index``, ``list_indexes``, ``wait_for_index``, ``stability``.
 
-A mixin of ``Client`` (kept apart only for module size). Statements and definitions are
-checked here first (syntax with line and column, expressions, names), so most mistakes fail
-without a round trip; the coordinator checks everything again against the cluster state.
+A part of ``Client`` kept apart for module size; it reaches the cluster only through the
+client's ``RpcSession`` (``self.rpc``). Statements and definitions are checked here first
+(syntax with line and column, expressions, names), so most mistakes fail without a round
+trip; the coordinator checks everything again against the cluster state.
 
-Retries. A DDL call may outlive its node: the coordinator waits up to ~11 s for a new master
-during a failover, and a CREATE then allocates slices on every indexer. So DDL calls use
-their own per-attempt timeout (``DDL_ATTEMPT_TIMEOUT``, above the client's request timeout)
-and, when the outcome is unknown (connection lost, timeout, no master yet, commit failed),
-resend the *same* message - the same ``request_id``, made once per call - to the next node
-until ``ddl_timeout``. The coordinator applies a request id once and returns its stored reply
-to a repeat, so a retried CREATE never creates twice. Refusals (INDEX_EXISTS, BAD_REQUEST,
-an allocation failure, ...) are raised at once.
+Retries. A DDL call may outlive its node: each call makes its ``request_id`` once and
+``RpcSession.ddl`` resends the *same* message to the next node until one answers or refuses
+it, or ``ddl_timeout`` passes; the coordinator applies a request id once, so a retried
+CREATE never creates twice.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from shardex.api.coordinator import StateReply, StateRequest
 from shardex.api.errors import BadRequest
@@ -57,7 +53,6 @@ from shardex.meta.index_state import (
     latest_index_topology,
     state_rank,
 )
-from shardex.net.messages import Message
 from shardex.sql.ddl import (
     BuildIndexStmt,
     CreateIndexStmt,
@@ -67,17 +62,9 @@ from shardex.sql.ddl import (
 )
 
 if TYPE_CHECKING:
-    from shardex.client.routing import DataRouter
-    from shardex.net import Connection
+    from shardex.client.rpc_session import RpcSession
 
-__all__ = ["DDL_ATTEMPT_TIMEOUT", "DEFAULT_DDL_TIMEOUT", "IndexOps", "describe_index"]
-
-T = TypeVar("T")
-M = TypeVar("M", bound=Message)
-
-DEFAULT_DDL_TIMEOUT = 60.0
-DDL_ATTEMPT_TIMEOUT = 30.0  # > the coordinator's failover wait (op_timeout) + allocation
-_RETRY_REASONS = frozenset({"no_master", "not_master", "commit_failed", "deposed", None})
+__all__ = ["IndexOps", "describe_index"]
 
 KeySpec = str | tuple[str, bool] | IndexKey
 
@@ -134,19 +121,18 @@ def _key(spec: KeySpec) -> IndexKey:
 
 
 class IndexOps:
-    """Mixed into ``Client``."""
+    """Index DDL and listings: a base of ``Client``, which provides ``rpc``."""
 
-    ddl_timeout: float = DEFAULT_DDL_TIMEOUT
+    rpc: RpcSession
 
-    if TYPE_CHECKING:
-        request_timeout: float
-        _router: DataRouter
+    @property
+    def ddl_timeout(self) -> float:
+        """How long a DDL call keeps resending its request to the next node, seconds."""
+        return self.rpc.ddl_timeout
 
-        def _run(self, coro: Coroutine[Any, Any, T]) -> T: ...
-
-        async def _live_conn(self, failed: Connection | None = None) -> Connection: ...
-
-        async def _request(self, msg: Message, expect: type[M], idempotent: bool) -> M: ...
+    @ddl_timeout.setter
+    def ddl_timeout(self, value: float) -> None:
+        self.rpc.ddl_timeout = value
 
     # -- statements -------------------------------------------------------------------------
 
@@ -226,7 +212,7 @@ class IndexOps:
             is_primary=primary,
             request_id=uuid.uuid4().hex,
         )
-        reply = self._run(self._ddl(msg, IndexCreated))
+        reply = self.rpc.run(self.rpc.ddl(msg, IndexCreated))
         return self._described(reply.index, reply.topology)
 
     def build_index(self, keyspace: str, *names: str) -> list[dict[str, Any]]:
@@ -234,7 +220,7 @@ class IndexOps:
         if not names:
             raise BadRequest("build_index needs at least one index name", details={})
         msg = BuildIndex(keyspace=keyspace, names=list(names), request_id=uuid.uuid4().hex)
-        reply = self._run(self._ddl(msg, IndexesBuilding))
+        reply = self.rpc.run(self.rpc.ddl(msg, IndexesBuilding))
         return [self._described(r, None) for r in reply.indexes]
 
     def drop_index(
@@ -248,7 +234,7 @@ class IndexOps:
         msg = DropIndex(
             keyspace=keyspace, name=name, is_primary=primary, request_id=uuid.uuid4().hex
         )
-        reply = self._run(self._ddl(msg, IndexDropped))
+        reply = self.rpc.run(self.rpc.ddl(msg, IndexDropped))
         return {
             "id": reply.index_id,
             "keyspace": reply.keyspace,
@@ -267,11 +253,11 @@ class IndexOps:
         ``cas`` is the CAS of the state read. ``stats``: also ask the indexers for each
         index's published stability TS and entry count (``client/index_stats.py``; falls back
         to the record's values for an index whose indexers do not all answer)."""
-        return self._run(self._list_indexes(keyspace, fresh, stats))
+        return self.rpc.run(self._list_indexes(keyspace, fresh, stats))
 
     async def _list_indexes(self, keyspace: str | None, fresh: bool, stats: bool) -> list[dict]:
         msg = StateRequest(sections=["indexes", "index_topologies"], fresh=fresh)
-        state = (await self._request(msg, StateReply, True)).state
+        state = (await self.rpc.request(msg, StateReply, True)).state
         listed = [
             (rec, latest_index_topology(state.index_topologies, rec.id))
             for rec in state.indexes.values()
@@ -283,7 +269,7 @@ class IndexOps:
                 if topo is not None and has_slices(rec):
                     for node in topo.assignment.values():
                         wanted.setdefault(node, set()).add(rec.id)
-        slices = await gather_slices(self._router, wanted) if wanted else {}
+        slices = await gather_slices(self.rpc.router, wanted) if wanted else {}
         out = [
             describe_index(
                 rec,
@@ -300,19 +286,21 @@ class IndexOps:
         for the indexes of ``keyspace`` (the pipeline sends every stabilise round there; held
         in memory, so a new master knows nothing until the next round)."""
 
+        rpc = self.rpc
+
         async def ask() -> StabilityReply:
-            reply = await self._request(
+            reply = await rpc.request(
                 StateRequest(sections=["keyspaces"], fresh=True), StateReply, True
             )
             msg = StabilityRequest(keyspace=keyspace)
             master = reply.state.master
             if not master:
-                return await self._request(msg, StabilityReply, True)
-            router = self._router
-            conn = await router.pool.get(await router.address(master), self.request_timeout)
-            return await conn.request(msg, self.request_timeout, expect=StabilityReply)
+                return await rpc.request(msg, StabilityReply, True)
+            router = rpc.router
+            conn = await router.pool.get(await router.address(master), rpc.request_timeout)
+            return await conn.request(msg, rpc.request_timeout, expect=StabilityReply)
 
-        reply = self._run(ask())
+        reply = rpc.run(ask())
         return {i: Timestamp.from_wire(ts) for i, ts in reply.stability.items()}
 
     def wait_for_index(
@@ -391,31 +379,6 @@ class IndexOps:
         except ShardexError:
             pass
         return describe_index(rec, topo, None)
-
-    async def _ddl(self, msg: Message, expect: type[M]) -> M:
-        """Send ``msg`` (carrying its request id) until a node answers it or refuses it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(self.ddl_timeout, self.request_timeout)
-        conn: Connection | None = None
-        while True:
-            try:
-                if conn is None:
-                    conn = await self._live_conn()
-                remaining = deadline - loop.time()
-                attempt = max(self.request_timeout, min(DDL_ATTEMPT_TIMEOUT, remaining))
-                return await conn.request(msg, attempt, expect=expect)
-            except (ConnectionClosed, RequestTimeout, NodeUnavailable) as exc:
-                if isinstance(exc, NodeUnavailable) and exc.details.get("reason") not in (
-                    _RETRY_REASONS
-                ):
-                    raise
-                if loop.time() + 0.5 >= deadline:
-                    raise
-            await asyncio.sleep(0.5)
-            try:
-                conn = await self._live_conn(failed=conn)  # the next node
-            except ShardexError:
-                conn = None
 
 
 def _reached(current: str, wanted: str) -> bool:

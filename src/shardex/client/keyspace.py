@@ -42,7 +42,7 @@ from shardex.errors import ShardexError
 from shardex.meta.partitioning import partition_of
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.rpc_session import RpcSession
 
 DEFAULT_CHUNK = 1000
 DEFAULT_WINDOW = 4  # chunks in flight per upsert_many
@@ -57,8 +57,8 @@ class VersionedDocument(NamedTuple):
 class Keyspace:
     """Documents of one keyspace. Thread-safe; cheap to create (no network until used)."""
 
-    def __init__(self, client: Client, name: str) -> None:
-        self._client = client
+    def __init__(self, rpc: RpcSession, name: str) -> None:
+        self._rpc = rpc  # the client's: every call here is one ``rpc.run``
         self.name = name
         self.max_doc_bytes = DEFAULT_MAX_DOC_BYTES
 
@@ -72,8 +72,8 @@ class Keyspace:
         return docid, encode_document(doc, self.max_doc_bytes, docid)
 
     def _mutate(self, docid: str, msg: Any) -> MutationResult:
-        router = self._client._router
-        reply = self._client._run(
+        router = self._rpc.router
+        reply = self._rpc.run(
             router.to_owner(self.name, docid, msg, MutationReply, idempotent=False)
         )
         return reply.result
@@ -120,8 +120,8 @@ class Keyspace:
     def get_versioned(self, docid: str) -> VersionedDocument:
         """The document with its CAS and seqno; DOC_NOT_FOUND if absent or deleted."""
         docid = check_docid(docid)
-        router = self._client._router
-        reply = self._client._run(
+        router = self._rpc.router
+        reply = self._rpc.run(
             router.to_owner(
                 self.name, docid, Get(keyspace=self.name, docid=docid), GetReply, idempotent=True
             )
@@ -133,7 +133,7 @@ class Keyspace:
         return self.get_versioned(docid).doc
 
     def partition_of(self, docid: str) -> int:
-        meta, _ = self._client._run(self._client._router.keyspace(self.name))
+        meta, _ = self._rpc.run(self._rpc.router.keyspace(self.name))
         return partition_of(check_docid(docid), meta.num_partitions)
 
     # --- batches ---------------------------------------------------------------------------
@@ -156,11 +156,11 @@ class Keyspace:
         check_durability(durability)
         if chunk_size < 1 or window < 1:
             raise ValueError("chunk_size and window must be positive")
-        client = self._client
-        writer = BulkWriter(client._router, self.name, durability)
+        rpc = self._rpc
+        writer = BulkWriter(rpc.router, self.name, durability)
         if isinstance(items, list | tuple) and len(items) <= chunk_size:
             return self._upsert_one_chunk(writer, items, raise_errors, on_chunk)
-        client._run(writer.start())
+        rpc.run(writer.start())
         results: list[Result | None] = []
         docids: list[str] = []
         inflight: collections.deque[
@@ -181,7 +181,7 @@ class Keyspace:
                 start = len(results)
                 local, ops = self._encode_chunk(chunk, start, docids)
                 results.extend([None] * len(chunk))
-                fut = asyncio.run_coroutine_threadsafe(writer.write_chunk(ops), client._io.loop)
+                fut = asyncio.run_coroutine_threadsafe(writer.write_chunk(ops), rpc.loop)
                 inflight.append((start, len(chunk), local, fut))
                 while len(inflight) >= window:
                     drain_one()
@@ -190,7 +190,7 @@ class Keyspace:
         finally:
             for *_, fut in inflight:
                 fut.cancel()
-            client._run(writer.close())
+            rpc.run(writer.close())
         out: list[Result] = results  # type: ignore[assignment]  # every slot is filled
         if raise_errors and any(isinstance(r, ShardexError) for r in out):
             raise BulkWriteError(out, docids)
@@ -226,7 +226,7 @@ class Keyspace:
         docids: list[str] = []
         local, ops = self._encode_chunk(items, 0, docids)
         # Even with nothing valid to send: an unknown keyspace raises, as with many chunks.
-        remote = self._client._run(writer.write_only_chunk(ops))
+        remote = self._rpc.run(writer.write_only_chunk(ops))
         out = [local[i] if i in local else remote[i] for i in range(len(items))]
         if on_chunk is not None and out:
             on_chunk(0, out)
@@ -250,10 +250,10 @@ class Keyspace:
         Change items), up to ``end_seqno`` / the current high seqno, or live with ``follow``.
         ``uuid`` is the branch the consumer's ``from_seqno`` belongs to (ROLLBACK if the
         partition's history does not contain it); None means "the current branch"."""
-        client = self._client
-        remote = RemoteStream(client._router, self.name, partition)
-        opened = client._run(remote.open(from_seqno, uuid, end_seqno, follow, credit))
-        return ChangeStream(remote, client._run, opened, from_seqno)
+        rpc = self._rpc
+        remote = RemoteStream(rpc.router, self.name, partition)
+        opened = rpc.run(remote.open(from_seqno, uuid, end_seqno, follow, credit))
+        return ChangeStream(remote, rpc.run, opened, from_seqno)
 
 
 def _pair(item: object) -> tuple[Any, Any]:

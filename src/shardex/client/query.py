@@ -1,12 +1,13 @@
 """SQL from the client: ``client.query(sql, params=None, consistency="request_plus")``.
 
-Index DDL (CREATE/DROP/BUILD INDEX) goes to ``client.execute_ddl``; every other statement is
-sent as ``SqlQuery`` to the node the client is connected to (failing over to the next one if
-it cannot be reached: nothing ran yet), which becomes the query's initiator. The reply
-carries the first block of rows (a small result: every row, and no stream follows); the
-rest come on the scan session's connection as ``ScanBlock`` entries (msgpack rows) with
-block credits, so however slowly the caller iterates, at most ``CREDIT`` blocks wait in the
-client. Rows the reply carried are read without a hop to the client's loop thread.
+Index DDL (CREATE/DROP/BUILD INDEX) goes to the client's ``execute_ddl``; every other
+statement is sent as ``SqlQuery`` to the node the client is connected to (failing over to
+the next one if it cannot be reached: nothing ran yet), which becomes the query's initiator.
+The reply carries the first block of rows (a small result: every row, and no stream
+follows); the rest come on the scan session's connection as ``ScanBlock`` entries (msgpack
+rows) with block credits, so however slowly the caller iterates, at most ``CREDIT`` blocks
+wait in the client. Rows the reply carried are read without a hop to the client's loop
+thread.
 
 ``QueryRows`` is the iterator of rows (dicts; the bare values for SELECT RAW). Once it is
 exhausted, ``metrics`` holds elapsed seconds, the result count, the bytes received, the
@@ -16,7 +17,7 @@ mutation count (DML) and what the statement read (index, stability TS).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -25,7 +26,7 @@ import msgspec
 from shardex.api.scan import AT_PLUS, CONSISTENCIES
 from shardex.api.scan_streams import InStream
 from shardex.api.sql_exec import SqlQuery, SqlStarted
-from shardex.client.scan import REPLY_MARGIN, _session, to_wire_ts
+from shardex.client.scan import REPLY_MARGIN, to_wire_ts
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
 from shardex.sql.ddl import BuildIndexStmt, CreateIndexStmt, DropIndexStmt
@@ -33,7 +34,8 @@ from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import parsed
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.rpc_session import RpcSession
+    from shardex.client.scan import ScanPaths
 
 __all__ = ["QueryMetrics", "QueryRows", "run_query"]
 
@@ -64,13 +66,13 @@ class QueryRows:
 
     def __init__(
         self,
-        client: Client,
+        rpc: RpcSession,
         started: SqlStarted,
         stream: InStream | None,
         rows: list[Any] | None,
         t0: float,
     ) -> None:
-        self._client = client
+        self._rpc = rpc
         self._stream = stream
         self._rows = rows
         self.started = started
@@ -99,7 +101,7 @@ class QueryRows:
             while True:
                 answered, block = stream.poll()  # the reply's rows: no loop round trip
                 if not answered:
-                    block = self._client._run(stream.next_block())
+                    block = self._rpc.run(stream.next_block())
                 if block is None:
                     break
                 for cell in block:
@@ -126,7 +128,7 @@ class QueryRows:
     def close(self) -> None:
         stream = self._stream
         if stream is not None and not stream.done and not stream.complete:
-            self._client._run(stream.cancel())
+            self._rpc.run(stream.cancel())
 
     def __enter__(self) -> QueryRows:
         return self
@@ -135,10 +137,11 @@ class QueryRows:
         self.close()
 
 
-async def _start(client: Client, msg: SqlQuery) -> tuple[SqlStarted, InStream]:
-    session = _session(client)
-    addresses = client.addresses
-    first = client._current
+async def _start(scans: ScanPaths, msg: SqlQuery) -> tuple[SqlStarted, InStream]:
+    session = scans.loop_session()
+    rpc = scans.rpc
+    addresses = rpc.addresses
+    first = rpc.current
     last: ShardexError | None = None
     for k in range(len(addresses)):
         address = addresses[(first + k) % len(addresses)]
@@ -147,7 +150,7 @@ async def _start(client: Client, msg: SqlQuery) -> tuple[SqlStarted, InStream]:
             conn = await session.pool.get(address)
             stream.attach(conn)
             req = msgspec.structs.replace(msg, stream_id=stream.scan_id)
-            timeout = msg.timeout + REPLY_MARGIN + client.request_timeout
+            timeout = msg.timeout + REPLY_MARGIN + rpc.request_timeout
             started = await conn.request(req, timeout, expect=SqlStarted)
             stream.put_head(started.rows, started.done)
         except _FAILOVER as exc:
@@ -176,7 +179,8 @@ def _check_params(params: Any) -> list[Any] | dict[str, Any] | None:
 
 
 def run_query(
-    client: Client,
+    scans: ScanPaths,
+    execute_ddl: Callable[[str], dict[str, Any] | list[dict[str, Any]]],
     sql: str,
     params: Sequence[Any] | Mapping[str, Any] | None = None,
     consistency: str = "request_plus",
@@ -187,7 +191,8 @@ def run_query(
     window: int | None = None,
     tuning: Mapping[str, bool] | None = None,
 ) -> QueryRows:
-    """``window``: the credit window of every exchange of the query, bytes (None: the
+    """Rows go over ``scans``' loop-path session; index DDL goes to ``execute_ddl`` (the
+    client's). ``window``: the credit window of every exchange of the query, bytes (None: the
     node's default). ``tuning``: switches of the execution (``shardex.sql.exec.tuning``),
     for benchmarks that compare paths; the node rejects unknown names."""
     t0 = time.monotonic()
@@ -209,10 +214,10 @@ def run_query(
     wire_params = _check_params(params)
     stmt = parsed(sql)  # SQL_SYNTAX here, before anything is sent (parsed once per text)
     if isinstance(stmt, CreateIndexStmt | BuildIndexStmt | DropIndexStmt):
-        out = client.execute_ddl(sql)
+        out = execute_ddl(sql)
         rows = out if isinstance(out, list) else [out]
         started = SqlStarted(stream_id=0, statement="ddl", mutation_count=0)
-        return QueryRows(client, started, None, [_plain(r) for r in rows], t0)
+        return QueryRows(scans.rpc, started, None, [_plain(r) for r in rows], t0)
     msg = SqlQuery(
         stream_id=0,
         statement=sql,
@@ -225,8 +230,8 @@ def run_query(
         window=window,
         tuning=None if tuning is None else dict(tuning),
     )
-    started, stream = client._run(_start(client, msg))
-    return QueryRows(client, started, stream, None, t0)
+    started, stream = scans.rpc.run(_start(scans, msg))
+    return QueryRows(scans.rpc, started, stream, None, t0)
 
 
 def _plain(value: Any) -> Any:

@@ -1,6 +1,7 @@
 """Partition migration from the client: ``rebalance``, ``move_partition``, status.
 
-A mixin of ``Client`` (kept apart only for module size). Starting a rebalance is a quick
+A part of ``Client`` kept apart for module size; it reaches the cluster only through the
+client's ``RpcSession`` (``self.rpc``). Starting a rebalance is a quick
 coordinator op (the plan is recorded in the cluster state and the master migrates in the
 background); these calls then poll ``GetRebalance`` until it is over, so a client that
 disconnects does not stop a rebalance, and one that reconnects can watch it again.
@@ -10,19 +11,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from shardex.api.rebalance import GetRebalance, MovePartition, RebalanceReply, StartRebalance
 from shardex.client.types import RebalanceResult, rebalance_from
 from shardex.errors import ErrorCode, ShardexError
-from shardex.net.messages import Message
 
 if TYPE_CHECKING:
-    from shardex.client.routing import DataRouter
-
-T = TypeVar("T")
-M = TypeVar("M", bound=Message)
+    from shardex.client.rpc_session import RpcSession
 
 
 def _request_id() -> str:
@@ -49,15 +46,9 @@ class RebalanceError(ShardexError):
 
 
 class RebalanceOps:
-    """Mixed into ``Client``."""
+    """Partition migration: a base of ``Client``, which provides ``rpc``."""
 
-    _router: DataRouter
-
-    if TYPE_CHECKING:
-        # provided by the concrete class this is mixed into; declared for type checkers only
-        def _call(self, msg: Message, expect: type[M], *, idempotent: bool = True) -> M: ...
-
-        def _run(self, coro: Coroutine[Any, Any, T]) -> T: ...
+    rpc: RpcSession
 
     def rebalance(
         self,
@@ -77,13 +68,13 @@ class RebalanceOps:
         msg = StartRebalance(
             request_id=_request_id(), max_parallel=max_parallel, rate_limit=rate_limit
         )
-        reply = self._call(msg, RebalanceReply)
+        reply = self.rpc.call(msg, RebalanceReply)
         if reply.attached:
             self._wait_rebalance(reply, on_progress, poll_interval)
             msg = StartRebalance(
                 request_id=_request_id(), max_parallel=max_parallel, rate_limit=rate_limit
             )
-            reply = self._call(msg, RebalanceReply)
+            reply = self.rpc.call(msg, RebalanceReply)
         return self._wait_rebalance(reply, on_progress, poll_interval)
 
     def move_partition(
@@ -105,7 +96,7 @@ class RebalanceOps:
             request_id=_request_id(),
             rate_limit=rate_limit,
         )
-        reply = self._call(msg, RebalanceReply)
+        reply = self.rpc.call(msg, RebalanceReply)
         if not wait:
             assert reply.record is not None
             return rebalance_from(reply.record, reply.phases)
@@ -113,7 +104,7 @@ class RebalanceOps:
 
     def rebalance_status(self) -> RebalanceResult | None:
         """The running or last rebalance (or partition move), None if there never was one."""
-        reply = self._call(GetRebalance(), RebalanceReply)
+        reply = self.rpc.call(GetRebalance(), RebalanceReply)
         return None if reply.record is None else rebalance_from(reply.record, reply.phases)
 
     def _wait_rebalance(
@@ -131,11 +122,11 @@ class RebalanceOps:
             if result.state != "running":
                 break
             time.sleep(poll_interval)
-            reply = self._call(GetRebalance(), RebalanceReply)
+            reply = self.rpc.call(GetRebalance(), RebalanceReply)
             if reply.record is None or reply.record.id != wanted:
                 break  # replaced by a newer one: ours is over; report what we saw last
             result = rebalance_from(reply.record, reply.phases)
-        self._run(self._router.refresh())
+        self.rpc.run(self.rpc.router.refresh())
         if result.state != "done" and result.state != "running":
             raise RebalanceError(result)
         return result

@@ -52,9 +52,17 @@ from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, Shardex
 from shardex.net import ConnectionPool
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.rpc_session import RpcSession
 
-__all__ = ["QueryContext", "ScanResult", "ScanSession", "open_scan", "to_wire_ts"]
+__all__ = [
+    "QueryContext",
+    "ScanPaths",
+    "ScanResult",
+    "ScanSession",
+    "ScanTargets",
+    "open_scan",
+    "to_wire_ts",
+]
 
 
 DEFAULT_SCAN_TIMEOUT: Final = 30.0
@@ -188,14 +196,9 @@ def build_request(
     )
 
 
-def client_closed() -> ConnectionClosed:
-    """What any call on a closed client raises (both scan paths and ``Client._run``)."""
-    return ConnectionClosed("client is closed", details={"hint": "create a new client"})
-
-
-def reply_timeout(client: Client, msg: IndexScan) -> float:
+def reply_timeout(rpc: RpcSession, msg: IndexScan) -> float:
     """How long a scan's opening reply, and then each of its blocks, may take."""
-    return msg.timeout + REPLY_MARGIN + client.request_timeout
+    return msg.timeout + REPLY_MARGIN + rpc.request_timeout
 
 
 def scan_timed_out(index_id: str, waited: float | None) -> ShardexError:
@@ -226,10 +229,10 @@ class ScanTargets:
         # (keyspace, index) -> the address its last scan's coordinator preferred.
         self.prefer: dict[tuple[str, str], str] = {}
 
-    def order(self, client: Client, key: tuple[str, str]) -> tuple[list[str], str | None]:
+    def order(self, rpc: RpcSession, key: tuple[str, str]) -> tuple[list[str], str | None]:
         """(the addresses to try in turn, the preferred one if any)."""
-        addresses = client.addresses
-        first = client._current
+        addresses = rpc.addresses
+        first = rpc.current
         # The addresses from the client's node on, wrapping (C-level slices, no generator).
         order = addresses[first:] + addresses[:first] if first else addresses
         hint = self.prefer.get(key)
@@ -256,15 +259,15 @@ class ScanTargets:
 class ScanSession:
     """The async side, one per client: a pool whose connections carry scan blocks."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.targets: ScanTargets = client._scan_targets
+    def __init__(self, rpc: RpcSession, targets: ScanTargets) -> None:
+        self.rpc = rpc
+        self.targets = targets
         self.inboxes = Inboxes()
         self.pool = ConnectionPool(
-            client._transport,
-            client._secret,
-            name=f"{client.name}/scan",
-            connect_timeout=client.connect_timeout,
+            rpc.transport,
+            rpc.secret,
+            name=f"{rpc.name}/scan",
+            connect_timeout=rpc.connect_timeout,
             handlers=self.inboxes.handlers(),
         )
 
@@ -273,8 +276,8 @@ class ScanSession:
         ones."""
         targets = self.targets
         key = (msg.keyspace, msg.index)
-        order, hint = targets.order(self.client, key)
-        timeout = reply_timeout(self.client, msg)
+        order, hint = targets.order(self.rpc, key)
+        timeout = reply_timeout(self.rpc, msg)
         last: ShardexError | None = None
         for address in order:
             stream = self.inboxes.open()
@@ -301,11 +304,44 @@ class ScanSession:
         await self.pool.close()
 
 
-def _session(client: Client) -> ScanSession:
-    session = client._scan_session
-    if session is None:
-        session = client._scan_session = ScanSession(client)
-    return session
+class DirectPath(Protocol):
+    """The calling thread's scan path (``client/direct_scan.py``'s ``DirectScans``)."""
+
+    def open(self, msg: IndexScan, covering: bool) -> ScanResult | None:
+        """The scan started on this thread's socket; None: it must take the loop path."""
+        ...
+
+    def close(self) -> None:
+        """From any thread: close every thread's sockets."""
+        ...
+
+
+class ScanPaths:
+    """A client's two scan paths over its ``RpcSession``: the calling thread's sockets
+    (``direct``, None where scans stay on the loop) and the loop's ``ScanSession`` (made by
+    the first scan that takes it), sharing one ``ScanTargets``."""
+
+    def __init__(self, rpc: RpcSession, targets: ScanTargets, direct: DirectPath | None) -> None:
+        self.rpc = rpc
+        self.targets = targets
+        self.direct = direct
+        self.session: ScanSession | None = None
+
+    def loop_session(self) -> ScanSession:
+        session = self.session
+        if session is None:
+            session = self.session = ScanSession(self.rpc, self.targets)
+        return session
+
+    def close_direct(self) -> None:
+        """From any thread: close every thread's scan sockets (blocked readers wake)."""
+        if self.direct is not None:
+            self.direct.close()
+
+    async def close(self) -> None:
+        """On the loop: close the loop path's pool."""
+        if self.session is not None:
+            await self.session.close()
 
 
 class BlockSource(Protocol):
@@ -410,7 +446,7 @@ class ScanResult:
 
 
 def open_scan(
-    client: Client,
+    scans: ScanPaths,
     keyspace: str,
     index: str,
     spans: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
@@ -430,24 +466,25 @@ def open_scan(
     )
     if not isinstance(covering, bool):
         raise _bad(f"covering must be True or False, got {covering!r}", value=repr(covering))
-    direct = client._direct_scans
+    direct = scans.direct
     if direct is not None:
         result = direct.open(msg, covering)
         if result is not None:
             return result
         # None: a scan nested in one this thread still reads on that socket: the loop path.
-    session = client._scan_session or _session(client)
-    run = client._run  # the hand-off to the client's loop thread, for this scan's trips
+    session = scans.session or scans.loop_session()
+    rpc = scans.rpc
+    run = rpc.run  # the hand-off to the client's loop thread, for this scan's trips
     started, stream = run(session.start(msg))
-    return ScanResult(run, stream, started, covering, reply_timeout(client, msg))
+    return ScanResult(run, stream, started, covering, reply_timeout(rpc, msg))
 
 
 class QueryContext:
     """Scans at one stability TS per keyspace (query stability): the first scan of a
     keyspace picks it (as a scan-stable scan with its consistency), later ones reuse it."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
+    def __init__(self, scans: ScanPaths) -> None:
+        self.scans = scans
         self.pinned: dict[str, Timestamp] = {}
 
     def scan(
@@ -465,7 +502,7 @@ class QueryContext:
         timeout: float = DEFAULT_SCAN_TIMEOUT,
     ) -> ScanResult:
         result = open_scan(
-            self.client,
+            self.scans,
             keyspace,
             index,
             spans,
@@ -488,9 +525,3 @@ class QueryContext:
 
     def __exit__(self, *exc: object) -> None:
         self.pinned.clear()
-
-
-async def close_session(client: Client) -> None:
-    session = client._scan_session
-    if session is not None:
-        await session.close()

@@ -23,7 +23,7 @@ from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, Shardex
 from shardex.scan.paging_store_spec import PageScan, PageScanReply
 
 if TYPE_CHECKING:
-    from shardex.client.sync import Client
+    from shardex.client.rpc_session import RpcSession
 
 __all__ = ["ScanPage", "scan_page"]
 
@@ -96,20 +96,20 @@ def build_page_request(
     )
 
 
-async def _request(client: Client, msg: PageScan) -> PageScanReply:
+async def _request(rpc: RpcSession, msg: PageScan) -> PageScanReply:
     """The page from the connected node; once more from the next node if that one is gone
     (a page is stateless on the node side, so asking again is harmless)."""
     wait = msg.timeout + REPLY_MARGIN
-    conn = await client._live_conn()
+    conn = await rpc.connection()
     try:
         return await conn.request(msg, wait, expect=PageScanReply)
     except _FAILOVER:
-        conn = await client._live_conn(failed=conn)
+        conn = await rpc.connection(failed=conn)
     return await conn.request(msg, wait, expect=PageScanReply)
 
 
-def scan_page(client: Client, msg: PageScan) -> ScanPage:
-    reply = client._run(_request(client, msg))
+def scan_page(rpc: RpcSession, msg: PageScan) -> ScanPage:
+    reply = rpc.run(_request(rpc, msg))
     return ScanPage(
         rows=_rows(reply),
         continuation=reply.continuation,

@@ -1,4 +1,4 @@
-"""The synchronous client's hand-off to its event-loop thread (``shardex.client.sync``) and
+"""The synchronous client's hand-off to its event-loop thread (``shardex.client.loop_thread``) and
 the scan iterator's block hand-over (``shardex.client.scan``): outcomes, errors, timeouts
 and cancellation cross the thread boundary as before; an error after some blocks comes
 after their rows; a scan left half-read releases its stream on the node. Also the cheaper
@@ -21,24 +21,24 @@ from hypothesis import strategies as st
 
 from shardex.api.scan import IndexScanStarted
 from shardex.api.spans import _bound_text
+from shardex.client.loop_thread import LoopThread
 from shardex.client.scan import ScanResult
-from shardex.client.sync import _LoopThread
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, RequestTimeout, ShardexError
 from tests.integration.scan_env import KS, Env, _until
 
 
 @pytest.fixture
-def io() -> Iterator[_LoopThread]:
-    lt = _LoopThread("test-client")
+def io() -> Iterator[LoopThread]:
+    lt = LoopThread("test-client")
     yield lt
     lt.stop()
 
 
-# -- _LoopThread.run ---------------------------------------------------------------------------
+# -- LoopThread.run ---------------------------------------------------------------------------
 
 
-def test_a_call_returns_its_result_and_raises_its_error_in_the_caller(io: _LoopThread) -> None:
+def test_a_call_returns_its_result_and_raises_its_error_in_the_caller(io: LoopThread) -> None:
     async def ok() -> str:
         await asyncio.sleep(0)
         return threading.current_thread().name
@@ -59,7 +59,7 @@ async def _div(x: int) -> float:
     return 1 / x
 
 
-def test_a_call_past_its_timeout_raises_request_timeout_and_is_cancelled(io: _LoopThread) -> None:
+def test_a_call_past_its_timeout_raises_request_timeout_and_is_cancelled(io: LoopThread) -> None:
     cancelled = threading.Event()
     release = asyncio.Event()
 
@@ -76,7 +76,7 @@ def test_a_call_past_its_timeout_raises_request_timeout_and_is_cancelled(io: _Lo
     assert cancelled.wait(10), "the timed-out call kept running on the loop"
 
 
-def test_a_call_cancelled_on_the_loop_raises_cancelled_error(io: _LoopThread) -> None:
+def test_a_call_cancelled_on_the_loop_raises_cancelled_error(io: LoopThread) -> None:
     async def cancel_me() -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -87,7 +87,7 @@ def test_a_call_cancelled_on_the_loop_raises_cancelled_error(io: _LoopThread) ->
         io.run(cancel_me())
 
 
-def test_calls_from_several_threads_each_get_their_own_outcome(io: _LoopThread) -> None:
+def test_calls_from_several_threads_each_get_their_own_outcome(io: LoopThread) -> None:
     async def echo(i: int) -> int:
         await asyncio.sleep(0)
         if i % 7 == 0:
@@ -111,7 +111,7 @@ def test_calls_from_several_threads_each_get_their_own_outcome(io: _LoopThread) 
 
 
 def test_a_call_on_a_stopped_loop_raises_and_leaves_no_unawaited_coroutine() -> None:
-    lt = _LoopThread("stopped")
+    lt = LoopThread("stopped")
     lt.stop()
     coro = _div(1)
     with pytest.raises(RuntimeError):
@@ -221,7 +221,7 @@ async def test_a_scan_abandoned_half_read_releases_its_stream(env: Env) -> None:
     await _until(lambda: out.open_streams == 0)
     # The client's inbox for it is gone too (on the loop path: a direct scan has none,
     # ``test_direct_scan.py``), and the client still scans.
-    session = client._scan_session
+    session = client._scans.session
     assert session is None or not session.inboxes._queues
     rows = await env.scan("#primary", None, "at_plus", ts, limit=10)
     assert len(rows) == 10

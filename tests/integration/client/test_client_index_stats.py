@@ -67,16 +67,24 @@ class FakeRouter:
         return ix.server.address
 
 
-class Listing(IndexOps):
+class FakeRpc:
+    """The ``RpcSession`` ``list_indexes`` uses: the state from ``request``, the indexers
+    through ``router``."""
+
     request_timeout = 5.0
 
     def __init__(self, state: StateContext, router: FakeRouter) -> None:
         self.state = state
-        self._router = router  # type: ignore[assignment]
+        self.router = router
 
-    async def _request(self, msg: Any, expect: Any, idempotent: bool) -> Any:
+    async def request(self, msg: Any, expect: Any, idempotent: bool) -> Any:
         assert isinstance(msg, StateRequest)
         return StateReply(node="m", master="m", is_master=True, state=self.state)
+
+
+class Listing(IndexOps):
+    def __init__(self, state: StateContext, router: FakeRouter) -> None:
+        self.rpc = FakeRpc(state, router)  # type: ignore[assignment]
 
 
 def record(index_id: str, state: str, **kw: Any) -> IndexRecord:

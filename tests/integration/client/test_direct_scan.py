@@ -162,7 +162,7 @@ async def test_a_scan_abandoned_half_read_then_a_new_scan_on_that_socket(env: En
         for _ in range(3000):  # past the reply's entries: blocks stream, some still unread
             next(it)
         del it  # dropped, not closed: the generator's end cancels the stream
-        sockets = dict(client._direct_scans._local.conns)  # type: ignore[union-attr]
+        sockets = dict(client._scans.direct._local.conns)  # type: ignore[union-attr]
         # An error half-way: the same.
         try:
             with client.scan(KS, "#primary", None, "at_plus", ts) as res2:
@@ -174,7 +174,7 @@ async def test_a_scan_abandoned_half_read_then_a_new_scan_on_that_socket(env: En
         for limit in (None, 10):
             out.append(as_rows(list(client.scan(KS, "#primary", None, "at_plus", ts, limit))))
         # Still the same sockets: the frames left behind were skipped, not fatal.
-        assert client._direct_scans._local.conns == sockets  # type: ignore[union-attr]
+        assert client._scans.direct._local.conns == sockets  # type: ignore[union-attr]
         return out
 
     full, first10 = await asyncio.to_thread(on_one_thread)
@@ -228,8 +228,8 @@ async def test_a_node_that_refuses_or_drops_the_scan_fails_over_like_the_loop_pa
             try:
                 # Its scans start at the client's node: make that the dead one, then the dropper.
                 for first in (1, 2):
-                    c._current = first
-                    c._scan_targets.prefer.clear()
+                    c.rpc.current = first
+                    c._scans.targets.prefer.clear()
                     kind, rows = await asyncio.to_thread(_rows, c, "by_name", None, "at_plus", ts)
                     assert as_rows(rows) == want, (direct, first)
                     assert kind is (DirectScanResult if direct else ScanResult)
@@ -241,8 +241,8 @@ async def test_a_node_that_refuses_or_drops_the_scan_fails_over_like_the_loop_pa
 
 async def test_a_socket_the_node_closed_since_the_last_scan_is_replaced(env: Env) -> None:
     ts = await env.round(random.Random(23), 60)
-    assert env.client is not None and env.client._direct_scans is not None
-    client, direct = env.client, env.client._direct_scans
+    assert env.client is not None and env.client._scans.direct is not None
+    client, direct = env.client, env.client._scans.direct
     one_thread = ThreadPoolExecutor(1)  # both scans on one thread: its sockets
     loop = asyncio.get_running_loop()
 
@@ -340,7 +340,7 @@ async def test_close_from_another_thread_wakes_a_blocked_scan_and_closes_every_s
 ) -> None:
     big = await env.many_in_paris()
     c = await _client(env.nodes["n1"].address)
-    assert c._direct_scans is not None
+    assert c._scans.direct is not None
     p = next(iter(big))
     ahead = big.with_entry(p, big.seqno(p) + 100, big[p].uuid)  # never reached: it waits
     outcome: list[BaseException] = []
@@ -356,9 +356,9 @@ async def test_close_from_another_thread_wakes_a_blocked_scan_and_closes_every_s
 
     t = threading.Thread(target=blocked)
     t.start()
-    await _until(lambda: len(c._direct_scans._all) >= 2)  # type: ignore[union-attr]
+    await _until(lambda: len(c._scans.direct._all) >= 2)  # type: ignore[union-attr]
     await asyncio.sleep(0.2)  # in its recv
-    sockets = list(c._direct_scans._all)  # type: ignore[union-attr]
+    sockets = list(c._scans.direct._all)  # type: ignore[union-attr]
     await asyncio.to_thread(c.close)
     await asyncio.to_thread(t.join, 10)
     assert not t.is_alive()
@@ -374,10 +374,10 @@ async def test_close_from_another_thread_wakes_a_blocked_scan_and_closes_every_s
 
 def test_the_simulator_and_the_opt_out_keep_the_loop_path() -> None:
     sim = Client(["n1:1"], SECRET, transport=SimTransport(SimNetwork(1), "c"))
-    assert sim._direct_scans is None
+    assert sim._scans.direct is None
     off = Client(["127.0.0.1:1"], SECRET, direct_scans=False)
-    assert off._direct_scans is None
+    assert off._scans.direct is None
     on = Client(["127.0.0.1:1"], SECRET)
-    assert on._direct_scans is not None
+    assert on._scans.direct is not None
     for c in (sim, off, on):
         c.close()

@@ -73,10 +73,10 @@ def advance(client: Client, ts: Timestamp, ids: list[str], **kw: object) -> Stab
     msg = AdvanceStability(keyspace="ks", ts=dict(ts.to_wire()), index_ids=ids, **kw)  # type: ignore[arg-type]
 
     async def go() -> StabilityAdvanced:
-        conn = await client._live_conn()
+        conn = await client.rpc.connection()
         return await conn.request(msg, 10, expect=StabilityAdvanced)
 
-    return client._run(go())
+    return client.rpc.run(go())
 
 
 def test_advance_on_a_real_node(node: NodeThread) -> None:

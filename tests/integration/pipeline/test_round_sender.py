@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shardex.api.delivery import Delivered, DeliverKeyVersions
-from shardex.client.sync import _LoopThread
+from shardex.client.loop_thread import LoopThread
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import ConnectionPool, TcpTransport
@@ -47,7 +47,7 @@ class _Client:
     and the router's pool (here straight to the harness's indexers)."""
 
     def __init__(self, harness: Pipe) -> None:
-        self._io = _LoopThread("sender-test")
+        self._io = LoopThread("sender-test")
         self.loop = self._io.loop
         self.router = _Router(harness)
         self.rpc = self

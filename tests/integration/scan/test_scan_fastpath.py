@@ -224,7 +224,7 @@ async def test_the_client_sends_its_next_scans_where_the_slices_are(env: Env) ->
         res = await asyncio.to_thread(client.scan, KS, "by_city", None, "at_plus", ts)
         assert res.started.prefer == ""
         assert as_rows(await asyncio.to_thread(list, res)) == want
-        targets = client._scan_targets  # both scan paths' (``ScanTargets``)
+        targets = client._scans.targets  # both scan paths' (``ScanTargets``)
         assert targets.prefer == {(KS, "by_city"): n1}
         # A preferred node that cannot be reached is skipped and forgotten.
         targets.prefer[(KS, "by_city")] = "127.0.0.1:1"

@@ -12,26 +12,35 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_definition import IndexKey
 
 
+class NoSend:
+    """The ``RpcSession`` of a client whose calls must all fail before sending."""
+
+    def __init__(self, sent: list[Any]) -> None:
+        self.sent = sent
+
+    async def ddl(self, msg: Any, expect: Any) -> Any:
+        raise AssertionError("nothing may be sent")
+
+    def run(self, coro: Any) -> Any:
+        coro.close()
+        self.sent.append(coro)
+        raise AssertionError("nothing may be sent")
+
+
 class Scripted(IndexOps):
     """``list_indexes`` answers from a script of states (None: the index is absent)."""
-
-    request_timeout = 1.0
 
     def __init__(self, states: list[str | None], error: str = "") -> None:
         self.states = states
         self.error = error
         self.sent: list[Any] = []
+        self.rpc = NoSend(self.sent)  # type: ignore[assignment]
 
     def list_indexes(self, keyspace: str | None = None, *, fresh: bool = True) -> list[dict]:
         state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
         if state is None:
             return []
         return [{"name": "ix", "state": state, "error": self.error, "progress": 0.5}]
-
-    def _run(self, coro: Any) -> Any:
-        coro.close()
-        self.sent.append(coro)
-        raise AssertionError("nothing may be sent")
 
 
 def test_wait_returns_at_or_beyond_the_state() -> None:

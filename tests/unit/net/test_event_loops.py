@@ -47,11 +47,11 @@ def test_an_unknown_loop_name_is_an_error_naming_the_choices(
 def test_the_client_loop_thread_runs_on_the_selected_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from shardex.client.sync import _LoopThread
+    from shardex.client.loop_thread import LoopThread
 
     for env, want_uv in (("uvloop", True), ("asyncio", False)):
         monkeypatch.setenv(ENV_VAR, env)
-        t = _LoopThread(f"test-{env}")
+        t = LoopThread(f"test-{env}")
         try:
             assert isinstance(t.loop, uvloop.Loop) is want_uv
         finally:

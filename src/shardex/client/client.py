@@ -1,0 +1,402 @@
+"""The synchronous Python client.
+
+Users call plain methods; underneath, an asyncio loop runs in a background thread owned by
+the client and every call is a coroutine submitted to it (``client/loop_thread.py``). The
+network code is therefore the same async code the nodes use, and the user never sees a loop.
+The exception is ``scan``: on TCP it runs over a blocking socket of the calling thread
+(``shardex.client.direct_scan``), since the hand-off to the loop thread and back was most of
+a scan's client CPU outside its rows.
+
+``Client`` is the public face; its connection side (loop thread, connection and failover,
+data router) is an ``RpcSession`` (``client/rpc_session.py``), and the modules behind its
+methods (``Keyspace``, scans, queries, index DDL, rebalance) are handed that session, not
+the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from shardex.api.data import HighSeqnos, HighSeqnosReply, KeyspaceStats, KeyspaceStatsReply
+from shardex.api.keyspaces import (
+    CreateKeyspace,
+    DropKeyspace,
+    KeyspaceCreated,
+    KeyspaceDropped,
+    KeyspaceList,
+    ListKeyspaces,
+    check_keyspace_name,
+)
+from shardex.api.membership import MembersReply, MembersRequest
+from shardex.api.node import StatusReply, StatusRequest
+from shardex.client.direct_scan import DirectScans
+from shardex.client.indexes import IndexOps
+from shardex.client.keyspace import Keyspace
+from shardex.client.query import QueryRows, run_query
+from shardex.client.rebalance import RebalanceOps
+from shardex.client.rpc_session import RETRYABLE, RpcSession
+from shardex.client.scan import (
+    DEFAULT_SCAN_TIMEOUT,
+    QueryContext,
+    ScanPaths,
+    ScanResult,
+    ScanTargets,
+    open_scan,
+)
+from shardex.client.scan_page import ScanPage, build_page_request, scan_page
+from shardex.client.types import (
+    ClusterStatus,
+    KeyspaceDescription,
+    KeyspaceStatsResult,
+    NodeStatus,
+    cluster_status_from,
+    describe,
+    node_status_from,
+    stats_from,
+)
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ConfigError, ShardexError
+from shardex.meta.partitioning import DEFAULT_NUM_PARTITIONS, check_num_partitions
+from shardex.net.messages import Message
+from shardex.net.tcp import TcpTransport
+from shardex.net.transport import Transport
+
+M = TypeVar("M", bound=Message)
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_REQUEST_TIMEOUT = 10.0
+
+
+class Client(RebalanceOps, IndexOps):
+    """A connection to a shardex cluster through one node, failing over to the others.
+
+    Build it with ``connect`` or ``connect_local``. Thread-safe: calls from several threads
+    run concurrently on the client's loop; index scans run in each calling thread, over
+    sockets of its own (``client/direct_scan.py``; ``direct_scans=False``: on the loop too).
+    Use as a context manager or call ``close()``."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        secret: str,
+        *,
+        name: str = "shardex-client",
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        transport: Transport | None = None,
+        direct_scans: bool = True,
+    ) -> None:
+        if not addresses:
+            raise ConfigError("no node address given", details={"hint": "pass host:port"})
+        transport = transport or TcpTransport()
+        # Every request of the client and of its modules goes through this session (the
+        # index pipeline's deliveries, stabilise rounds and change streams too).
+        self.rpc = RpcSession(
+            addresses,
+            secret,
+            name=name,
+            connect_timeout=connect_timeout,
+            request_timeout=request_timeout,
+            transport=transport,
+        )
+        # Scans over a blocking socket in the calling thread (``client/direct_scan.py``):
+        # the default on TCP; the simulator's deterministic network keeps the loop path.
+        targets = ScanTargets()  # where scans go, for both scan paths
+        direct = direct_scans and type(transport) is TcpTransport
+        self._scans = ScanPaths(
+            self.rpc, targets, DirectScans(self.rpc, targets) if direct else None
+        )
+
+    # -- lifecycle --
+
+    def close(self) -> None:
+        """Close the connection and stop the client's thread. Idempotent."""
+        scans = self._scans
+        # Every thread's scan sockets first (blocked readers wake), the scan pool after the
+        # router's.
+        self.rpc.close(first=scans.close_direct, on_loop=scans.close)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self.connected_address or "not connected"
+        return f"<shardex.Client {self.name} -> {where}>"
+
+    @property
+    def connected_address(self) -> str | None:
+        return self.rpc.connected_address
+
+    # The connection settings, as given to ``connect`` (the session's).
+    @property
+    def addresses(self) -> list[str]:
+        return self.rpc.addresses
+
+    @property
+    def name(self) -> str:
+        return self.rpc.name
+
+    @property
+    def connect_timeout(self) -> float:
+        return self.rpc.connect_timeout
+
+    @connect_timeout.setter
+    def connect_timeout(self, value: float) -> None:
+        self.rpc.connect_timeout = value
+
+    @property
+    def request_timeout(self) -> float:
+        return self.rpc.request_timeout
+
+    @request_timeout.setter
+    def request_timeout(self, value: float) -> None:
+        self.rpc.request_timeout = value
+
+    # -- calls --
+
+    def ping(self) -> NodeStatus:
+        """Authenticated round trip to the connected node; returns who answered and how fast."""
+
+        async def go() -> tuple[StatusReply, float]:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            reply = await self.rpc.request(StatusRequest(), StatusReply, idempotent=True)
+            return reply, loop.time() - start
+
+        reply, rtt = self.rpc.run(go())
+        return node_status_from(reply, rtt)
+
+    def cluster_status(self) -> ClusterStatus:
+        """The membership view (members, up/down, versions) of the connected node."""
+        return cluster_status_from(self.rpc.call(MembersRequest(), MembersReply))
+
+    # -- keyspaces and documents --
+
+    def create_keyspace(
+        self, name: str, num_partitions: int = DEFAULT_NUM_PARTITIONS
+    ) -> KeyspaceDescription:
+        """Create a keyspace with ``num_partitions`` partitions placed over the data nodes;
+        returns once every owner has opened its partitions. KEYSPACE_EXISTS if it exists."""
+        check_keyspace_name(name)
+        check_num_partitions(num_partitions)
+        msg = CreateKeyspace(name=name, num_partitions=num_partitions, request_id=_request_id())
+        # Retried on another node with the same request id: the coordinator deduplicates.
+        reply = self.rpc.call(msg, KeyspaceCreated, idempotent=True)
+        self.rpc.run(self.rpc.router.refresh())
+        return describe(reply.meta, reply.topology)
+
+    def list_keyspaces(self) -> list[KeyspaceDescription]:
+        reply = self.rpc.call(ListKeyspaces(request_id=_request_id()), KeyspaceList)
+        return [describe(m, reply.topologies.get(m.name)) for m in reply.keyspaces]
+
+    def drop_keyspace(self, name: str) -> None:
+        """Drop a keyspace and its documents. KEYSPACE_NOT_FOUND if there is none."""
+        msg = DropKeyspace(name=name, request_id=_request_id())
+        self.rpc.call(msg, KeyspaceDropped, idempotent=True)
+        self.rpc.router.forget(name)
+
+    def keyspace(self, name: str) -> Keyspace:
+        """The document API of keyspace ``name`` (no network call until it is used)."""
+        return Keyspace(self.rpc, check_keyspace_name(name))
+
+    def high_seqnos(self, keyspace: str) -> Timestamp:
+        """Every partition's current (high seqno, uuid), gathered by a data node from the
+        owners: what session consistency waits for."""
+        reply = self.rpc.run(self._keyspace_wide(HighSeqnos(keyspace=keyspace), HighSeqnosReply))
+        return Timestamp.from_wire(reply.entries)
+
+    def keyspace_stats(self, keyspace: str) -> KeyspaceStatsResult:
+        """Per partition: owner node, live document count, high seqno, uuid."""
+        msg = KeyspaceStats(keyspace=keyspace)
+        return stats_from(
+            keyspace, self.rpc.run(self._keyspace_wide(msg, KeyspaceStatsReply)).partitions
+        )
+
+    # -- index scans (``shardex.client.scan``) --
+
+    def scan(
+        self,
+        keyspace: str,
+        index: str,
+        spans: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
+        consistency: str = "not_bounded",
+        at: Any = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        ordered: bool = True,
+        covering: bool = True,
+        *,
+        stability: str | None = None,
+        timeout: float = DEFAULT_SCAN_TIMEOUT,
+    ) -> ScanResult:
+        """Scan an index: an iterator of ``{"docid", "key"}`` rows (``key`` only with
+        ``covering``). ``spans``: ``[{"low": [...], "high": [...], "inclusion": "both" |
+        "low" | "high" | "neither"}]`` in index order (None: everything). ``consistency``:
+        not_bounded, request_plus (every write acknowledged before the call), at_plus (``at``:
+        the writes' MutationResults or a Timestamp). ``stability``: none, scan (default for
+        request_plus / at_plus); ``query_context()`` for query stability. ``timeout``: how
+        long the index may take to catch up (SCAN_TIMEOUT after)."""
+        return open_scan(
+            self._scans,
+            keyspace,
+            index,
+            spans,
+            consistency,
+            at,
+            limit,
+            offset,
+            ordered,
+            covering,
+            stability=stability,
+            timeout=timeout,
+        )
+
+    def scan_page(
+        self,
+        keyspace: str,
+        index: str,
+        spans: Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
+        consistency: str = "not_bounded",
+        page_size: int = 100,
+        continuation: str | None = None,
+        *,
+        at: Any = None,
+        stability: str | None = None,
+        ordered: bool = False,
+        timeout: float = DEFAULT_SCAN_TIMEOUT,
+    ) -> ScanPage:
+        """One page (at most ``page_size`` rows) of a paginated scan that loses and doubles
+        nothing while partitions migrate; pass the returned ``continuation`` for the next
+        page (None: done). ``index="#primary"`` scans the documents (spans bound the docid).
+        ``ordered``: rows in key order across shards. request_plus / at_plus pin one
+        stability TS for every page (``shardex.client.scan_page``)."""
+        msg = build_page_request(
+            keyspace,
+            index,
+            spans,
+            consistency,
+            page_size,
+            continuation,
+            at=at,
+            stability=stability,
+            ordered=ordered,
+            timeout=timeout,
+        )
+        return scan_page(self.rpc, msg)
+
+    def query(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        consistency: str = "request_plus",
+        *,
+        at: Any = None,
+        timeout: float = 120.0,
+        max_rows_in_memory: int | None = None,
+        window: int | None = None,
+        tuning: Mapping[str, bool] | None = None,
+    ) -> QueryRows:
+        """Run one SQL++ statement (``shardex.client.query``): an iterator of rows (dicts)
+        with ``metrics`` once exhausted. ``params``: a list for $1, $2 or a mapping for
+        $name. ``consistency``: request_plus (default), not_bounded, at_plus (with ``at``)."""
+        return run_query(
+            self._scans,
+            self.execute_ddl,
+            sql,
+            params,
+            consistency,
+            at=at,
+            timeout=timeout,
+            max_rows_in_memory=max_rows_in_memory,
+            window=window,
+            tuning=tuning,
+        )
+
+    def query_context(self) -> QueryContext:
+        """Scans through the context share one stability TS per keyspace (query stability)."""
+        return QueryContext(self._scans)
+
+    async def _keyspace_wide(self, msg: HighSeqnos | KeyspaceStats, expect: type[M]) -> M:
+        """Ask a data node (an owner of the keyspace, the first that answers) for a
+        keyspace-wide answer it gathers from the others; the control node may not run the
+        data service."""
+        router = self.rpc.router
+        _, topology = await router.keyspace(msg.keyspace)  # KEYSPACE_NOT_FOUND
+        last: ShardexError | None = None
+        for node in topology.nodes():
+            try:
+                return await router.to_node(node, msg, expect)
+            except RETRYABLE as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+
+def _request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def connect(
+    address: str | Sequence[str],
+    *,
+    secret: str,
+    name: str = "shardex-client",
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    direct_scans: bool = True,
+) -> Client:
+    """Connect to a node (or the first reachable of several addresses). ``direct_scans``:
+    scans run over a socket of the calling thread (False: through the client's loop
+    thread, as every other call; for comparisons)."""
+    addresses = [address] if isinstance(address, str) else list(address)
+    client = Client(
+        addresses,
+        secret,
+        name=name,
+        connect_timeout=connect_timeout,
+        request_timeout=request_timeout,
+        direct_scans=direct_scans,
+    )
+    try:
+        client.rpc.connect()
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def connect_local(
+    cluster_dir: str | Path,
+    *,
+    name: str = "shardex-client",
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    direct_scans: bool = True,
+) -> Client:
+    """Connect to the local cluster in ``cluster_dir`` (made by ``shardex cluster start``):
+    reads cluster.json and the secret, connects to the first live node, then the next."""
+    from shardex.meta import cluster_dir as cdir
+
+    path = Path(cluster_dir)
+    spec = cdir.load(path)
+    return connect(
+        [n.address for n in spec.nodes],
+        secret=cdir.read_secret(path, spec),
+        name=name,
+        connect_timeout=connect_timeout,
+        request_timeout=request_timeout,
+        direct_scans=direct_scans,
+    )

@@ -392,6 +392,10 @@ class Inboxes(Generic[In]):
     def get(self, stream_id: int) -> In | None:
         return self._streams.get(stream_id)
 
+    def __len__(self) -> int:
+        """Streams still listening: a finished or detached one leaves no trace."""
+        return len(self._streams)
+
     def attach(self, stream_id: int, conn: Connection) -> None:
         """Route ``conn``'s death to the stream as a failed end."""
         ids = self._by_conn.get(conn)

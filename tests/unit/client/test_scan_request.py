@@ -236,4 +236,4 @@ async def test_a_finished_scan_leaves_no_trace_in_its_connections_set() -> None:
     with pytest.raises(ShardexError) as err:
         await live.next_block()
     assert err.value.code is ErrorCode.CONNECTION_CLOSED
-    assert not inboxes._queues and not inboxes._by_conn
+    assert len(inboxes) == 0 and not inboxes._by_conn

@@ -20,9 +20,9 @@ Two shapes alternate (``--shape``): ``drain`` (every row in the round, what the 
 backlog and a fallback do) and ``early`` (rows delivered ahead as ``DeliverKeyVersions``,
 decoded, queued and decided beforehand as the indexer does after its reply; the round then
 carries no rows). Thread CPU per phase (``time.thread_time``; the network, the event loop
-and the executor hop are not in it: ``bench.pipeline_early`` measures the round on a real
-cluster), printed per key version and per round, medians over ``--rounds`` after one warm-up
-round; ``--json PATH`` writes every round. For before/after figures run another tree with
+and the executor hop are not in it: ``bench.pipeline`` measures rounds on a real cluster),
+printed per key version and per round, medians over ``--rounds`` after one warm-up round;
+``--json PATH`` writes every round. For before/after figures run another tree with
 ``PYTHONPATH=<git archive of it>/src:.`` (this bench file from this tree).
 """
 

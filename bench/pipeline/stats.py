@@ -107,7 +107,7 @@ def batch_row(part: str, records: Sequence[tuple[float, Any]]) -> Row:
     row["read ahead kv"] = statistics.median(getattr(s, "read_ahead", 0) for s in stats)
     # of those, delivered to the indexers before the batch's round (0: it delivered all)
     row["early kv"] = statistics.median(getattr(s, "early", 0) for s in stats)
-    # sent while the batch was still projected (``streamed_round.py``)
+    # sent while the batch was still projected (``pipeline/rounds/streamed.py``)
     row["streamed kv"] = statistics.median(getattr(s, "streamed", 0) for s in stats)
     return row
 

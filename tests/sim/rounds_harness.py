@@ -12,7 +12,7 @@ Nodes:
   stability TS, tells the indexers with ``PublishStability``).
 * ``drv``: the pipeline driver. Per round it reads the changes after its checkpoint from the
   keyspace's log (``FakeKeyspace``, the data service's stand-in), projects and routes them
-  with the pipeline's projector and router, plans the round with ``round_plan`` and runs a
+  with the pipeline's projector and router, plans the round with ``rounds/plan.py`` and runs a
   ``RoundMachine``, performing its instructions over a ``ConnectionPool``. Its checkpoint
   (the last TS every index was published at) is on its disk: a restarted driver resumes
   there and delivers the range again (the indexers drop what they applied, by seqno).

@@ -81,7 +81,7 @@ class UserSpan(msgspec.Struct, array_like=True, frozen=True):
 
 
 class WireSpan(msgspec.Struct, array_like=True, frozen=True):
-    """An encoded span (``shardex.index.spans.Span``): encoded key prefixes or None."""
+    """An encoded span (``shardex.core.spans.Span``): encoded key prefixes or None."""
 
     low: bytes | None = None
     high: bytes | None = None

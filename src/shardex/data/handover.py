@@ -2,8 +2,9 @@
 
 A part of ``DataEngine`` (like ``DocumentOps``), built over the node's ``LocalPartitions``
 (``partitions.py``); the engine exposes its methods. The protocol that drives these
-(``docs/decisions/0030-partition-migration-protocol.md``) lives in ``migration_service.py``
-(node side) and ``shardex.manager.rebalance`` (the coordinator master). The pieces:
+(``docs/decisions/0030-partition-migration-protocol.md``) lives in ``migration_source.py``
+and ``migration_target.py`` (node side) and ``shardex.manager.rebalance`` (the coordinator
+master). The pieces:
 
 * source: ``snapshot_partition`` (copy), ``freeze_partition`` (writes refused, retryable),
   ``release_if_high`` (the point of no return: persisted, conditional on the high seqno the

@@ -131,7 +131,7 @@ class DataService:
         self._reconcile_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.reconciled = asyncio.Event()  # set after the first successful reconcile
-        # Partition migration (source and target sides); see migration_source/_target.py.
+        # Partition migration (source and target sides): migration_source.py, migration_target.py.
         self.migration_source = MigrationSource(lambda: self.engine, self._run)
         self.migration_target = MigrationTarget(
             lambda: self.engine, self._run, self.pool, self._placement_lock
@@ -179,7 +179,7 @@ class DataService:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             self._io_threads,
             thread_name_prefix=f"data-io-{self.name}",
-            initializer=os_thread_namer("data-io"),  # per-thread CPU (bench.pipeline_cpu)
+            initializer=os_thread_namer("data-io"),  # per-thread CPU (diagnostics.pipeline_cpu)
         )
         self._engine = await self._run(DataEngine, self.path, open_store=self._open_store)
         self.committer = GroupCommitter(self._engine.mutate_many, self._run_direct)

@@ -5,7 +5,7 @@ chunks (``list.extend``), and ``held`` maps each docid to the position of its ne
 A load of millions of rows then creates no per-row Python object beyond the decoded values
 themselves (the wire's columnar ``LoadChunk`` hands exactly these lists), which also spares
 the cyclic garbage collector from walking millions of fresh tuples while the session grows
-(measured with ``bench/indexer_profile.py``: about a third of the node's chunk cost).
+(measured with ``bench/diagnostics/indexer_profile.py``: about a third of the node's chunk cost).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 2. Spark reads the documents as of T0 (the change source's snapshot mode, one task per data
    node) and each read task projects every building index in one pass and sends each
    slice's Upsert key versions straight to its indexer (``LoadChunk``): the source's
-   projected mode with ``load`` (``source_project``), so documents never cross into the JVM.
+   projected mode with ``load`` (``source/projected.py``), so documents never cross into the JVM.
    Only counts come back to the driver.
 3. Each indexer sorts its slice's rows (one per docid) and writes them (an SST ingested
    when the slice is big), records T0 as the slice's applied TS and snapshots it

@@ -115,7 +115,7 @@ class MaintenanceJob:
     # foreachBatch registered with the batch id only (``batch_callback.py``): the job never
     # executes the streaming DataFrame, so PySpark's per-batch session and DataFrame
     # wrappers (py4j round trips on Spark's critical path) are skipped. False: PySpark's
-    # own ``foreachBatch`` (kept for the benchmark's A/B, ``bench.pipeline --spark-ab``).
+    # own ``foreachBatch``, the A/B of docs/decisions/0061-spark-per-batch-overhead.md.
     lean_callback = True
 
     def __init__(

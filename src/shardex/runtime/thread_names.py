@@ -2,8 +2,8 @@
 
 CPython 3.11 names its threads only inside Python (``threading.Thread.name``); the kernel
 sees every thread under the process's name, so ``top -H``, ``perf`` and ``/proc/<pid>/task/
-<tid>/comm`` (what ``bench.pipeline_cpu`` reads to split a node's CPU into its data write
-path, indexer and scan pools) cannot tell them apart. ``os_thread_namer(name)`` is a
+<tid>/comm`` (what ``bench.diagnostics.pipeline_cpu`` reads to split a node's CPU into its
+data write path, indexer and scan pools) cannot tell them apart. ``os_thread_namer(name)`` is a
 ``ThreadPoolExecutor`` initializer that gives each pool thread ``name`` at the OS level.
 """
 

@@ -160,7 +160,8 @@ class ColumnFamily:
         """Point reads of many keys at the tip (a stabilise reads the back row of every
         docid it decides). One rocksdict ``get`` per key in a comprehension: rocksdict
         0.3.29's list form (``MultiGet``) measured 2-2.5x slower per key (1.2-2.2 us vs
-        2.9-3.8 us, 30k keys of a column family, ``/tmp`` bench in ``bench/indexer_profile``)."""
+        2.9-3.8 us, 30k keys of a column family, ``/tmp`` bench in
+        ``bench/diagnostics/indexer_profile.py``)."""
         get = self._rdict.get
         return [get(k) for k in keys]
 

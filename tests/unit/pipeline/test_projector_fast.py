@@ -1,4 +1,4 @@
-"""The projector's fast path (``projector_fast``) against its general path.
+"""The projector's fast path (``project/columnar.py``) against its general path.
 
 The property: for any batch of changes (random documents with odd types, missing fields,
 nulls, nested values, NULs in strings, oversized keys, bodies that are not JSON or not an

@@ -1,4 +1,4 @@
-"""Projected reads of the change source (``source_project``): the options that select them,
+"""Projected reads of the change source (``source/projected.py``): the options that select them,
 and that a read task's projection is the projector's, error rows included. The load path
 (LoadChunk from the read task) runs end to end in tests/spark/test_pipeline.py's builds."""
 

@@ -1,5 +1,6 @@
 """The stream readers' call statistics (``pipeline/source/stats.py``): what
-``bench.pipeline --spark-ab`` tables per variant, so a wrong figure misleads a decision."""
+``bench.diagnostics.pipeline_floor`` tables per stream reader, so a wrong figure misleads a
+decision."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ at a time instead of a document at a time:
    interleaved into the general path's order (per change, per index).
 
 Exactness: the output (rows, error counts, samples, document count) equals the general
-path's for every batch (``tests/unit/test_projector_fast.py`` checks it with hypothesis on
+path's for every batch (``tests/unit/pipeline/test_projector_fast.py`` checks it with hypothesis on
 random documents of odd shapes). A row the fast path cannot handle exactly (a body that is
 not a JSON object or not JSON at all, a value the codec rejects, an entry over the size
 limit) is handed to the general path on its own, in its place. Which index sets qualify is

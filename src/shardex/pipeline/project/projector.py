@@ -202,7 +202,7 @@ class Projector:
 
     @property
     def fast(self) -> bool:
-        """Whether batches take the column-at-a-time path (``projector_fast``)."""
+        """Whether batches take the column-at-a-time path (``columnar.py``)."""
         return self._fast is not None
 
     def project(

@@ -28,8 +28,8 @@ Options (strings, as Spark passes them):
   ``partitioned`` (default: offsets on the driver, Spark tasks read the ranges in Python
   workers), ``driver`` (``SimpleDataSourceStreamReader``: the driver reads the ranges, no
   read tasks) or ``follow`` (driver-side too, fed by live per-partition streams: the lowest
-  floor, but costly for the data node at high write rates; see ``source_follow``).
-* projected reads (``source_project``): ``project`` (index definitions as JSON,
+  floor, but costly for the data node at high write rates; see ``follow.py``).
+* projected reads (``projected.py``): ``project`` (index definitions as JSON,
   ``ProjectSpec.definitions_option``): the read task evaluates them and Spark gets key
   versions (``KEY_VERSION_DDL``) instead of changes; with ``load`` too (``LoadSpec``, an
   initial build: mode=snapshot, the same TS as ``snapshot_ts``) the task also sends the
@@ -47,9 +47,9 @@ JSON round trip and its string comparison of offsets are stable.
 Errors: a ROLLBACK (the partition's history no longer contains the offset's (seqno, uuid))
 fails the query with a message tagged for ``parse_rollback`` (partition, rollback seqno).
 
-Modules: ``source_options`` (options, the task unit), ``source_plan`` (ranges, grouping,
-limits), ``source_read`` (worker-side reading into Arrow), ``source_stream`` (the stream
-readers), ``source_follow`` (live streams for ``reader=follow``), ``source_types``.
+Modules of ``pipeline/source/``: ``options`` (options, the task unit), ``plan`` (ranges,
+grouping, limits), ``read`` (worker-side reading into Arrow), ``stream`` (the stream
+readers), ``follow`` (live streams for ``reader=follow``), ``types``.
 Measurements and decisions: ``docs/decisions/0032-spark-source-rules.md``.
 """
 

@@ -6,10 +6,10 @@ error_rows=True)`` + ``from_arrow`` returned (the maintenance job's path for sma
 its catch-up and the read-ahead), minus two conversions: the stream's changes go straight
 into the projector's columns (no ``RecordBatch`` built and read back with ``to_pylist``), and
 the projector's row tuples are kept (no ``to_arrow`` and ``from_arrow`` round trip). Measured
-with ``python -m bench.pipeline_read``; figures in
+with ``python -m bench.diagnostics.pipeline_read``; figures in
 ``docs/decisions/0046-driver-read-and-project.md``.
 
-The read is ``source_read``'s (same exactness checks, resumption and rollback errors):
+The read is ``read.py``'s (same exactness checks, resumption and rollback errors):
 ranges of at most ``small_range`` changes with one ``ReadRanges`` per owner node, larger
 ones with a stream each; with ``concurrency`` = the number of ranges every partition's
 stream opens at once, so their round trips overlap instead of queueing behind 16 slots.

@@ -12,7 +12,7 @@ a second when idle. Here the driver instead keeps a ``follow`` stream open on ev
 Exactly-once bookkeeping: ``handed`` is the position up to which records were given to Spark;
 Spark's next ``read(start)`` must start there. Any other start (a restarted query, a re-planned
 batch) restarts that partition's stream from ``start``, dropping what was buffered, so a
-position is never skipped or doubled. Seqnos are checked to be dense, as in ``source_read``.
+position is never skipped or doubled. Seqnos are checked to be dense, as in ``read.py``.
 A cut stream (migration, dead owner) resumes from the last seqno received. A ROLLBACK is kept
 and raised from the next ``take``. A backfill (a stream from 0 on a partition whose early
 history was purged) is refused: its positions are not offsets until its end, so start such a

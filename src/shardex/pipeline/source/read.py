@@ -281,7 +281,7 @@ async def _produce_small(
     max_items: int,
     resume_timeout: float,
 ) -> None:
-    """``ranges`` read with one ``ReadRanges`` per owner (``source_ranges``); a backfill it
+    """``ranges`` read with one ``ReadRanges`` per owner (``ranges.py``); a backfill it
     meets is streamed."""
 
     async def stream_range(r: PartitionRange) -> None:

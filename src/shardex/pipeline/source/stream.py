@@ -81,7 +81,7 @@ class _OffsetSource:
 
     def high_seqnos(self, *, fresh: bool = False, partial: bool = False) -> Timestamp:
         """The partitions' high seqnos (reused for ``latest_offset_interval``). ``partial``:
-        with an owner unreachable, the partitions the others answered (``source_seqnos``)."""
+        with an owner unreachable, the partitions the others answered (``seqnos.py``)."""
         now = time.monotonic()
         cached = self._latest
         if not fresh and cached is not None and now - cached[0] < self.opts.latest_offset_interval:

@@ -83,7 +83,8 @@ class EngineHost:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 1,
                 thread_name_prefix=f"index-io-{self.name}",
-                initializer=os_thread_namer("index-io"),  # per-thread CPU (bench.pipeline_cpu)
+                # named: per-thread CPU in bench.diagnostics.pipeline_cpu
+                initializer=os_thread_namer("index-io"),
             )
         self._engine = await self.run(self._factory)
         return self._engine

@@ -15,9 +15,9 @@ Why it is correct, in short (in full: ``docs/decisions/0027-indexer-exactness.md
 * **Snapshots** are taken under the slice lock right after the batch: the one labelled
   ``ts`` is the state at ``ts``.
 * **Initial build** (``begin_load``, ``write_load``): ``loading`` at T0 on disk first, the
-  sorted rows, then ``active`` at T0 (``docs/decisions.md``, "Initial builds, crashes,
-  rollbacks"); a crash in between leaves ``loading``, which ``recover`` turns into
-  ``needs_rebuild``.
+  sorted rows, then ``active`` at T0
+  (``docs/decisions/0028-initial-builds-crashes-rollbacks.md``); a crash in between leaves
+  ``loading``, which ``recover`` turns into ``needs_rebuild``.
 """
 
 from __future__ import annotations

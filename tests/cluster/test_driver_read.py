@@ -20,6 +20,8 @@ from shardex.pipeline.source.driver_read import read_and_project
 from shardex.pipeline.source.plan import plan_ranges
 from shardex.pipeline.source.read import read_ranges
 
+pytestmark = pytest.mark.cluster
+
 KEYSPACE = "dr"
 PARTITIONS = 8
 DEFS = [

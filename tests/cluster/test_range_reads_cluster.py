@@ -32,6 +32,8 @@ from shardex.pipeline.source.read import chunk_groups, parse_rollback
 from shardex.pipeline.source.types import PartitionRange
 from shardex.runtime.pidfile import pid_alive
 
+pytestmark = pytest.mark.cluster
+
 KS = "rr"
 PARTS = 16
 ALL = 10**9  # small_range: every range through ReadRanges

@@ -15,7 +15,8 @@ waits can run on the loop.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
 from shardex.api.errors import (
@@ -61,7 +62,7 @@ from shardex.meta.partitioning import (
     partition_cf_name,
     partition_of,
 )
-from shardex.storage import Store
+from shardex.storage import ColumnFamily, Store
 from shardex.storage.interface import KeyValueStore, OpenStore
 
 DEFAULT_RETENTION_SEQNOS = 100_000
@@ -79,10 +80,17 @@ class DataEngine(DocumentOps, HandoverOps):
         retention_seqnos: int = DEFAULT_RETENTION_SEQNOS,
         boot_id: str | None = None,
         open_store: OpenStore = Store,
+        clock_ns: Callable[[], int] | None = None,
+        uuids: Callable[[], int] | None = None,
     ) -> None:
         # A path is opened with ``open_store`` (RocksDB, or the simulator's memory store)
         # and closed with the engine; a store passed in stays the caller's.
+        # ``boot_id``, ``clock_ns`` (CAS values) and ``uuids`` (new histories) are what the
+        # engine reads of its machine: the simulator passes simulated ones. The defaults are
+        # looked up here, not at import, so a test may patch them.
         self._owns_store = isinstance(store, str | Path)
+        self._clock_ns = time.time_ns if clock_ns is None else clock_ns
+        self._uuids = new_uuid if uuids is None else uuids
         self._store = open_store(Path(store)) if isinstance(store, str | Path) else store
         self.max_doc_bytes = max_doc_bytes
         self.retention_seqnos = retention_seqnos
@@ -111,7 +119,7 @@ class DataEngine(DocumentOps, HandoverOps):
                 # catalog entry / meta is written last (first on drop), so this is garbage.
                 self._store.drop_column_family(name)
                 continue
-            part = Partition(self._store, cf, decode_meta(raw))
+            part = self._partition(cf, decode_meta(raw))
             self._marks.attach(part)
             self._parts[parsed] = part
         self._marks.recover({p.cf.name: p for p in self._parts.values()})
@@ -228,7 +236,7 @@ class DataEngine(DocumentOps, HandoverOps):
                 keyspace=keyspace,
                 partition=partition,
                 num_partitions=ks.num_partitions,
-                failover_log=[FailoverEntry(new_uuid(), 0)],
+                failover_log=[FailoverEntry(self._uuids(), 0)],
             )
             part = self._install(meta, items=())
             return info_of(part.meta)
@@ -245,16 +253,21 @@ class DataEngine(DocumentOps, HandoverOps):
         try:
             if sst is not None:
                 cf.ingest([sst], move=True)
-            else:
+            elif self._store.on_disk:
                 migration.write_sst(cf, items, self._store.path / INGEST_DIR)
+            else:  # a memory store takes no SST and must not make files: one batch
+                migration.write_batch(self._store, cf, items)
             cf.put(META_KEY, encode(meta), sync=True)
         except BaseException:
             self._store.drop_column_family(name)
             raise
-        part = Partition(self._store, cf, meta)
+        part = self._partition(cf, meta)
         self._marks.attach(part)
         self._parts[(meta.keyspace, meta.partition)] = part
         return part
+
+    def _partition(self, cf: ColumnFamily, meta: PartitionMeta) -> Partition:
+        return Partition(self._store, cf, meta, clock_ns=self._clock_ns, uuids=self._uuids)
 
     def drop_partition(self, keyspace: str, partition: int) -> None:
         """Delete the partition's data here (one column-family drop). Waiting followers get

@@ -9,7 +9,8 @@ The engine is synchronous and a durable write waits for an fsync, so all disk wo
 dedicated thread pool (``io_threads``) and the event loop keeps serving heartbeats, reads and
 streams meanwhile. Point reads run on the loop: a RocksDB get of a cached block costs less
 than the hop to a thread. Single mutations and ``MutateMany`` batches go through group commit
-(``groupcommit.py``).
+(``groupcommit.py``). With ``inline_io`` the same calls run inline on the loop instead: the
+simulator forbids threads, and its engine (``open_engine``) is on a memory store.
 
 Placement: the manager tells the owners to open a new keyspace's partitions
 (``OpenPartitions``) and to drop a dropped one's (``DropKeyspaceData``). Because a node may be
@@ -79,8 +80,6 @@ from shardex.net.messages import Message
 from shardex.net.transport import Transport
 from shardex.runtime.reconcile_loop import reconcile_forever
 from shardex.runtime.thread_names import os_thread_namer
-from shardex.storage import Store
-from shardex.storage.interface import OpenStore
 
 log = logging.getLogger(__name__)
 
@@ -110,13 +109,17 @@ class DataService:
         members: Callable[[], list[MemberInfo]] = list,
         io_threads: int = DEFAULT_IO_THREADS,
         reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
-        open_store: OpenStore = Store,
+        inline_io: bool = False,
+        open_engine: Callable[[Path], DataEngine] | None = None,
     ) -> None:
         self.path = Path(data_dir) / "data"
-        self._open_store = open_store  # RocksDB, or a memory store on a simulated disk
+        # How the engine opens at ``path``: RocksDB in the data directory when None; the
+        # simulator's opens a memory store on the node's simulated disk, with its clock.
+        self._open_engine = open_engine
         self.name = node_name
         self.reconcile_interval = reconcile_interval
         self._io_threads = io_threads
+        self.inline_io = inline_io  # engine calls on the loop, no thread pool (module doc)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._engine: DataEngine | None = None
         self._coordinator = coordinator
@@ -175,13 +178,13 @@ class DataService:
     async def start(self) -> None:
         """Open the engine (in a thread: opening RocksDB with many families takes a while)
         and start reconciling; call before the node accepts requests."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            self._io_threads,
-            thread_name_prefix=f"data-io-{self.name}",
-            initializer=os_thread_namer("data-io"),  # per-thread CPU (bench.pipeline_cpu)
-        )
-        self._engine = await self._run(DataEngine, self.path, open_store=self._open_store)
+        if not self.inline_io:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                self._io_threads,
+                thread_name_prefix=f"data-io-{self.name}",
+                initializer=os_thread_namer("data-io"),  # per-thread CPU (bench.pipeline_cpu)
+            )
+        self._engine = await self._run(self._open)
         self.committer = GroupCommitter(self._engine.mutate_many, self._run_direct)
         self.streams = StreamServer(self._engine, self._run, self._enrich)
         self.range_reads = RangeReadServer(
@@ -209,9 +212,20 @@ class DataService:
         if executor is not None:
             await asyncio.to_thread(executor.shutdown, True)
         if engine is not None:
-            await asyncio.to_thread(engine.close)
+            if self.inline_io:
+                engine.close()
+            else:
+                await asyncio.to_thread(engine.close)
+
+    def _open(self) -> DataEngine:
+        if self._open_engine is not None:
+            return self._open_engine(self.path)  # makes no directory: its store may have none
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return DataEngine(self.path)
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self.inline_io:
+            return fn(*args, **kwargs)
         if self._executor is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
         loop = asyncio.get_running_loop()
@@ -225,6 +239,8 @@ class DataService:
         job runs even if the awaiting task is cancelled before it starts; group commit's
         flusher is only cancelled at stop, and a write's outcome is unknown to a cancelled
         requester either way."""
+        if self.inline_io:
+            return fn(*args, **kwargs)
         if self._executor is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
         loop = asyncio.get_running_loop()

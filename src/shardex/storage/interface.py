@@ -6,7 +6,7 @@ Two stores implement it: ``rocks.Store`` (RocksDB, what every node runs) and
 engines are written against these protocols and open their store through one seam (an
 ``OpenStore`` factory, RocksDB by default), so the same engine code runs on either.
 
-The contract both stores keep (``tests/unit/test_storage_stores.py`` runs the same tests
+The contract both stores keep (``tests/unit/storage/test_storage_stores.py`` runs the same tests
 against both):
 
 * keys and values are ``bytes``; a column family iterates in unsigned byte order, bounded

@@ -3,7 +3,7 @@
 The simulator runs the real data and index engines on simulated nodes (one thread, virtual
 time, no file I/O). Their store is a ``MemoryStore``: column families of sorted keys, atomic
 multi-family batches, snapshots, bounded iteration both ways, as ``rocks.Store`` (the
-contract is in ``interface.py``; ``tests/unit/test_storage_stores.py`` runs one set of tests
+contract is in ``interface.py``; ``tests/unit/storage/test_storage_stores.py`` runs one set of tests
 against both).
 
 What survives a crash is modelled as TigerBeetle and FoundationDB simulate a disk: a

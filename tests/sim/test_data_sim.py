@@ -36,7 +36,7 @@ def scenario(params: Params):  # type: ignore[no-untyped-def]
         await sim.cluster[CLIENT].wait()
         sim.cluster.check()
         assert world.final is not None
-        # Checked inside the run, so a failure carries the seed and how to replay it.
+        # Checked inside the run, so a failure names its seed and how to replay it.
         world.summary = check(world.history, world.final)
         return world
 

@@ -19,7 +19,8 @@ streams and retention itself and exposes the parts' operations as its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
 from shardex.api.errors import BadRequest, KeyspaceExists
@@ -43,7 +44,6 @@ from shardex.core.timestamp import Timestamp
 from shardex.data import migration, streams
 from shardex.data.documents import DocumentOps, GetResult, RawGetResult
 from shardex.data.handover import HandoverListener, HandoverOps, IncomingCopy
-from shardex.data.partition import Partition
 from shardex.data.partitions import LocalPartitions
 from shardex.data.records import (
     META_KEY,
@@ -82,14 +82,23 @@ class DataEngine:
         retention_seqnos: int = DEFAULT_RETENTION_SEQNOS,
         boot_id: str | None = None,
         open_store: OpenStore = Store,
+        clock_ns: Callable[[], int] | None = None,
+        uuids: Callable[[], int] | None = None,
     ) -> None:
         # A path is opened with ``open_store`` (RocksDB, or the simulator's memory store)
         # and closed with the engine; a store passed in stays the caller's.
+        # ``boot_id``, ``clock_ns`` (CAS values) and ``uuids`` (new histories) are what the
+        # engine reads of its machine: the simulator passes simulated ones. The defaults are
+        # looked up here, not at import, so a test may patch them.
         self._owns_store = isinstance(store, str | Path)
+        self._clock_ns = time.time_ns if clock_ns is None else clock_ns
+        self._uuids = new_uuid if uuids is None else uuids
         self._store = open_store(Path(store)) if isinstance(store, str | Path) else store
         self.retention_seqnos = retention_seqnos
         self._marks = DirtyMarks(self._store, current_boot_id() if boot_id is None else boot_id)
-        self._local = LocalPartitions(self._store, self._marks)
+        self._local = LocalPartitions(
+            self._store, self._marks, clock_ns=self._clock_ns, uuids=self._uuids
+        )
         # The catalog, the partition map and their lock live in ``self._local``, shared with
         # the parts; named here for the engine's own methods.
         self._lock = self._local.lock
@@ -121,7 +130,7 @@ class DataEngine:
                 # catalog entry / meta is written last (first on drop), so this is garbage.
                 self._store.drop_column_family(name)
                 continue
-            part = Partition(self._store, cf, decode_meta(raw))
+            part = self._local.partition(cf, decode_meta(raw))
             self._marks.attach(part)
             self._parts[parsed] = part
         self._marks.recover({p.cf.name: p for p in self._parts.values()})
@@ -235,7 +244,7 @@ class DataEngine:
                 keyspace=keyspace,
                 partition=partition,
                 num_partitions=ks.num_partitions,
-                failover_log=[FailoverEntry(new_uuid(), 0)],
+                failover_log=[FailoverEntry(self._uuids(), 0)],
             )
             part = self._local.install(meta, items=())
             return info_of(part.meta)

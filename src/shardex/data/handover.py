@@ -57,7 +57,7 @@ from shardex.data.records import (
     info_of,
     next_prefix,
 )
-from shardex.errors import ErrorCode, ShardexError
+from shardex.errors import ErrorCode, ShardexError, StorageError
 from shardex.meta.partitioning import partition_cf_name
 from shardex.storage import Batch, SstWriter
 
@@ -241,6 +241,11 @@ class HandoverOps:
     def begin_ingest(self, keyspace: str, partition: int, info: PartitionInfo) -> IncomingCopy:
         """Start a chunked copy of ``info``'s partition (see ``IncomingCopy``)."""
         self._copy_meta(keyspace, partition, info, False)  # validates before any file exists
+        if not self._store.on_disk:
+            raise StorageError(
+                "a chunked copy is built as an SST file, which a memory store cannot take",
+                details={"keyspace": keyspace, "partition": partition},
+            )
         name = f"{partition_cf_name(keyspace, partition)}-{os.getpid()}-{id(info):x}.sst"
         return IncomingCopy(self, info, self._store.path / INGEST_DIR / name)
 
@@ -388,5 +393,7 @@ class HandoverOps:
         batch.delete(cf, _FLOOR_PREFIX + keyspace.encode())
 
     def clean_ingest_dir(self) -> None:
-        """SST files of copies that were in progress when the process died are garbage."""
-        shutil.rmtree(self._store.path / INGEST_DIR, ignore_errors=True)
+        """SST files of copies that were in progress when the process died are garbage.
+        A memory store has no files: its ``path`` is a name, not a directory to clean."""
+        if self._store.on_disk:
+            shutil.rmtree(self._store.path / INGEST_DIR, ignore_errors=True)

@@ -59,6 +59,7 @@ from shardex.data.records import (
     next_prefix,
     seqno_of_change_key,
 )
+from shardex.errors import StorageError
 from shardex.storage import ColumnFamily, SstWriter, Store, StoreSnapshot
 
 _ALLOWED_PREFIXES = (PREFIX_CHANGE[0], PREFIX_DOC[0], PREFIX_CONSUMER[0])
@@ -149,10 +150,7 @@ def write_sst(cf: ColumnFamily, items: Iterable[tuple[bytes, bytes]], tmp_dir: P
     try:
         for key, value in items:
             if not key or key[0] not in _ALLOWED_PREFIXES:
-                raise BadRequest(
-                    "ingest accepts only change, document and checkpoint keys",
-                    details={"key": key[:40].hex()},
-                )
+                raise _not_ingestible(key)
             writer.put(key, value)
         if writer.count == 0:
             return 0
@@ -162,6 +160,33 @@ def write_sst(cf: ColumnFamily, items: Iterable[tuple[bytes, bytes]], tmp_dir: P
     finally:
         if path.exists():
             path.unlink()
+
+
+def write_batch(store: Store, cf: ColumnFamily, items: Iterable[tuple[bytes, bytes]]) -> int:
+    """``write_sst`` for a store without files (the simulator's memory store): the same keys
+    (same checks) as one unsynced batch; the partition's meta, written next with a sync,
+    makes it durable. Returns how many pairs were loaded."""
+    batch = store.batch()
+    last: bytes | None = None
+    for key, value in items:
+        if not key or key[0] not in _ALLOWED_PREFIXES:
+            raise _not_ingestible(key)
+        if last is not None and key <= last:  # an SST's rule, kept so both stores agree
+            raise StorageError(
+                "SST keys must be strictly increasing",
+                details={"key": key.hex(), "previous": last.hex()},
+            )
+        batch.put(cf, key, value)
+        last = key
+    store.write(batch, sync=False)
+    return batch.count
+
+
+def _not_ingestible(key: bytes) -> BadRequest:
+    return BadRequest(
+        "ingest accepts only change, document and checkpoint keys",
+        details={"key": key[:40].hex()},
+    )
 
 
 def apply_changes(

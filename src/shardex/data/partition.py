@@ -82,10 +82,22 @@ def _resolve(fut: asyncio.Future[int], value: int | BaseException) -> None:
 class Partition:
     """State and write path of one (keyspace, partition) column family."""
 
-    def __init__(self, store: Store, cf: ColumnFamily, meta: PartitionMeta) -> None:
+    def __init__(
+        self,
+        store: Store,
+        cf: ColumnFamily,
+        meta: PartitionMeta,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+        uuids: Callable[[], int] = new_uuid,
+    ) -> None:
         self.store = store
         self.cf = cf
         self.meta = meta  # replaced (never mutated) after each commit
+        # The wall clock CAS values follow and the source of new branches' uuids: the
+        # simulator passes its virtual clock and a seeded generator, so a run replays.
+        self.clock_ns = clock_ns
+        self.uuids = uuids
         self.lock = threading.Lock()
         self.frozen = False  # in memory only: a restart ends an unfinished hand-over
         self.dirty = False  # has unsynced ("memory") writes not yet covered by a WAL fsync
@@ -173,7 +185,7 @@ class Partition:
         get = cf.get_tip
         put = batch.rocks_put
         handle = cf.handle
-        time_ns = time.time_ns
+        time_ns = self.clock_ns
         # Docids written earlier in this call: (live, cas) of the version just staged.
         seen: dict[str, tuple[bool, int]] = {}
         results: list[MutationResult | ShardexError] = []
@@ -241,7 +253,7 @@ class Partition:
         """Start a new history branch at the current high seqno (newest first in the log)."""
         with self.lock:
             meta = self.meta.copy()
-            entry = FailoverEntry(new_uuid(), meta.high_seqno)
+            entry = FailoverEntry(self.uuids(), meta.high_seqno)
             meta.failover_log = [entry, *meta.failover_log][:MAX_FAILOVER_ENTRIES]
             self.commit(self.store.batch(), meta, sync=True)
             return entry

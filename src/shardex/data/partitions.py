@@ -12,18 +12,19 @@ access, safe beside a thread that changes the map.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from shardex.api.errors import BadRequest, KeyspaceNotFound, not_my_partition
 from shardex.api.records import KeyspaceInfo
 from shardex.data import migration
 from shardex.data.partition import Partition
-from shardex.data.records import META_KEY, PartitionMeta, encode
+from shardex.data.records import META_KEY, PartitionMeta, encode, new_uuid
 from shardex.data.recovery import DirtyMarks
 from shardex.errors import ShardexError
 from shardex.meta.partitioning import partition_cf_name
-from shardex.storage import Store
+from shardex.storage import ColumnFamily, Store
 
 __all__ = ["INGEST_DIR", "LocalPartitions"]
 
@@ -34,9 +35,20 @@ class LocalPartitions:
     """The keyspaces this node knows (name -> ``KeyspaceInfo``) and the partitions it holds
     ((keyspace, partition) -> ``Partition``), over one ``Store``."""
 
-    def __init__(self, store: Store, marks: DirtyMarks) -> None:
+    def __init__(
+        self,
+        store: Store,
+        marks: DirtyMarks,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+        uuids: Callable[[], int] = new_uuid,
+    ) -> None:
         self.store = store
         self.marks = marks
+        # The wall clock CAS values follow and the source of new branches' uuids: the
+        # simulator passes its virtual clock and a seeded generator, so a run replays.
+        self.clock_ns = clock_ns
+        self.uuids = uuids
         self.lock = threading.RLock()  # catalog and partition map (not the write path)
         self.keyspaces: dict[str, KeyspaceInfo] = {}
         self.parts: dict[tuple[str, int], Partition] = {}
@@ -83,16 +95,22 @@ class LocalPartitions:
         try:
             if sst is not None:
                 cf.ingest([sst], move=True)
-            else:
+            elif self.store.on_disk:
                 migration.write_sst(cf, items, self.store.path / INGEST_DIR)
+            else:  # a memory store takes no SST and must not make files: one batch
+                migration.write_batch(self.store, cf, items)
             cf.put(META_KEY, encode(meta), sync=True)
         except BaseException:
             self.store.drop_column_family(name)
             raise
-        part = Partition(self.store, cf, meta)
+        part = self.partition(cf, meta)
         self.marks.attach(part)
         self.parts[(meta.keyspace, meta.partition)] = part
         return part
+
+    def partition(self, cf: ColumnFamily, meta: PartitionMeta) -> Partition:
+        """The ``Partition`` over ``cf`` (not registered: the caller does)."""
+        return Partition(self.store, cf, meta, clock_ns=self.clock_ns, uuids=self.uuids)
 
     def drop(self, keyspace: str, partition: int) -> None:
         """Drop the partition's family; waiting followers get NOT_MY_PARTITION. A partition

@@ -7,7 +7,8 @@ with a stale topology refreshes and retries.
 
 The engine is synchronous and a durable write waits for an fsync, so all disk work runs in a
 dedicated thread pool (``io_threads``) and the event loop keeps serving heartbeats, reads and
-streams meanwhile. Point reads run on the loop: a RocksDB get of a cached block costs less
+streams meanwhile; with ``inline_io`` on the loop itself, as the simulator needs
+(``engine_io.py``). Point reads run on the loop: a RocksDB get of a cached block costs less
 than the hop to a thread. Single mutations and ``MutateMany`` batches go through group commit
 (``groupcommit.py``).
 
@@ -22,9 +23,6 @@ against the state's rebalance record, and drops keyspaces the state no longer ha
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import functools
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -65,6 +63,7 @@ from shardex.api.errors import (
 from shardex.api.records import STATE_ACTIVE, MutationResult
 from shardex.data import reconcile
 from shardex.data.engine import DataEngine
+from shardex.data.engine_io import EngineIO
 from shardex.data.groupcommit import GroupCommitter
 from shardex.data.migration_source import MigrationSource
 from shardex.data.migration_target import MigrationTarget
@@ -78,9 +77,6 @@ from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
 from shardex.runtime.reconcile_loop import reconcile_forever
-from shardex.runtime.thread_names import os_thread_namer
-from shardex.storage import Store
-from shardex.storage.interface import OpenStore
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +106,17 @@ class DataService:
         members: Callable[[], list[MemberInfo]] = list,
         io_threads: int = DEFAULT_IO_THREADS,
         reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
-        open_store: OpenStore = Store,
+        inline_io: bool = False,
+        open_engine: Callable[[Path], DataEngine] | None = None,
     ) -> None:
         self.path = Path(data_dir) / "data"
-        self._open_store = open_store  # RocksDB, or a memory store on a simulated disk
+        # How the engine opens at ``path``: RocksDB in the data directory when None; the
+        # simulator's opens a memory store on the node's simulated disk, with its clock.
+        self._open_engine = open_engine
         self.name = node_name
         self.reconcile_interval = reconcile_interval
-        self._io_threads = io_threads
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # Engine calls: in a pool of ``io_threads``, or on the loop with ``inline_io``.
+        self.io = EngineIO(node_name, io_threads, inline=inline_io)
         self._engine: DataEngine | None = None
         self._coordinator = coordinator
         self.pool = ConnectionPool(transport, secret, name=f"{node_name}/data")
@@ -131,10 +130,10 @@ class DataService:
         self._reconcile_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.reconciled = asyncio.Event()  # set after the first successful reconcile
-        # Partition migration (source and target sides): migration_source.py, migration_target.py.
-        self.migration_source = MigrationSource(lambda: self.engine, self._run)
+        # Partition migration (source and target sides); see migration_source/_target.py.
+        self.migration_source = MigrationSource(lambda: self.engine, self.io.run)
         self.migration_target = MigrationTarget(
-            lambda: self.engine, self._run, self.pool, self._placement_lock
+            lambda: self.engine, self.io.run, self.pool, self._placement_lock
         )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -175,17 +174,12 @@ class DataService:
     async def start(self) -> None:
         """Open the engine (in a thread: opening RocksDB with many families takes a while)
         and start reconciling; call before the node accepts requests."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            self._io_threads,
-            thread_name_prefix=f"data-io-{self.name}",
-            initializer=os_thread_namer("data-io"),  # per-thread CPU (diagnostics.pipeline_cpu)
-        )
-        self._engine = await self._run(DataEngine, self.path, open_store=self._open_store)
-        self.committer = GroupCommitter(self._engine.mutate_many, self._run_direct)
-        self.streams = StreamServer(self._engine, self._run, self._enrich)
+        self.io.start()
+        self._engine = await self.io.run(self._open)
+        self.committer = GroupCommitter(self._engine.mutate_many, self.io.run_direct)
+        self.streams = StreamServer(self._engine, self.io.run, self._enrich)
         self.range_reads = RangeReadServer(
-            self._engine, self._run, self._enrich, self._num_partitions
+            self._engine, self.io.run, self._enrich, self._num_partitions
         )
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._reconcile_loop(), name="data-reconcile"))
@@ -205,42 +199,15 @@ class DataService:
             await self.committer.close()
         await self.pool.close()
         engine, self._engine = self._engine, None
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            await asyncio.to_thread(executor.shutdown, True)
+        await self.io.stop()
         if engine is not None:
-            await asyncio.to_thread(engine.close)
+            await self.io.run_last(engine.close)
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        if self._executor is None:
-            raise NodeUnavailable(f"the data service of {self.name} is not running")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
-
-    async def _run_direct(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``_run`` for the write path: the pool thread hands the outcome straight to an
-        asyncio future (one ``call_soon_threadsafe``) instead of ``run_in_executor``'s
-        concurrent future chained to an asyncio one (two loop callbacks and more objects).
-        Measured here: 90-95 vs 120-145 us of CPU per hop. Unlike ``run_in_executor`` the
-        job runs even if the awaiting task is cancelled before it starts; group commit's
-        flusher is only cancelled at stop, and a write's outcome is unknown to a cancelled
-        requester either way."""
-        if self._executor is None:
-            raise NodeUnavailable(f"the data service of {self.name} is not running")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-
-        def job() -> None:
-            try:
-                value: Any = fn(*args, **kwargs)
-                ok = True
-            except BaseException as exc:  # handed to the awaiting task, as run_in_executor
-                value, ok = exc, False
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-                loop.call_soon_threadsafe(_settle_future, fut, value, ok)
-
-        self._executor.submit(job)
-        return await fut
+    def _open(self) -> DataEngine:
+        if self._open_engine is not None:
+            return self._open_engine(self.path)  # makes no directory: its store may have none
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return DataEngine(self.path)
 
     def state_changed(self) -> None:
         """Hook for the coordinator's ``on_change``: reconcile soon."""
@@ -317,7 +284,7 @@ class DataService:
         if len(msg.docids) <= GET_MANY_ON_LOOP:
             bodies, cas, errs = self._read_many(engine, msg.keyspace, msg.docids)
         else:  # a long read would hold the loop (heartbeats, other requests)
-            bodies, cas, errs = await self._run(self._read_many, engine, msg.keyspace, msg.docids)
+            bodies, cas, errs = await self.io.run(self._read_many, engine, msg.keyspace, msg.docids)
         errors = [ItemError(i, WireError(*self._enrich(e).to_wire())) for i, e in errs]
         return GetManyReply(bodies=bodies, errors=errors, cas=cas if msg.with_cas else [])
 
@@ -500,7 +467,7 @@ class DataService:
 
     async def _on_open_partitions(self, msg: OpenPartitions, conn: Connection) -> None:
         async with self._placement_lock:
-            await self._run(
+            await self.io.run(
                 reconcile.open_partitions,
                 self.engine,
                 msg.keyspace,
@@ -512,13 +479,13 @@ class DataService:
 
     async def _on_drop_keyspace(self, msg: DropKeyspaceData, conn: Connection) -> None:
         async with self._placement_lock:
-            await self._run(reconcile.drop_incarnation, self.engine, msg.keyspace, msg.uuid)
+            await self.io.run(reconcile.drop_incarnation, self.engine, msg.keyspace, msg.uuid)
 
     async def reconcile(self) -> None:
         """Bring local placement in line with the manager state (``reconcile.py``)."""
         state = await self.placement.refresh()
         async with self._placement_lock:
-            await self._run(reconcile.reconcile, self.engine, self.name, state)
+            await self.io.run(reconcile.reconcile, self.engine, self.name, state)
 
     async def _maintenance_loop(self) -> None:
         """Periodic engine housekeeping: a WAL sync (clears the dirty marks of "memory"
@@ -529,10 +496,10 @@ class DataService:
             await asyncio.sleep(SYNC_INTERVAL)
             try:
                 if self.engine.has_unsynced:
-                    await self._run(self.engine.sync)
+                    await self.io.run(self.engine.sync)
                 if loop.time() >= next_purge:
                     next_purge = loop.time() + PURGE_INTERVAL
-                    purged = await self._run(self.engine.purge)
+                    purged = await self.io.run(self.engine.purge)
                     if purged:
                         log.info("retention purged %d change records", sum(purged.values()))
             except Exception:
@@ -575,15 +542,6 @@ class DataService:
         if self.range_reads is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
         return await self.range_reads.on_read(msg, conn)
-
-
-def _settle_future(fut: asyncio.Future[Any], value: Any, ok: bool) -> None:
-    if fut.done():  # the awaiting task was cancelled
-        return
-    if ok:
-        fut.set_result(value)
-    else:
-        fut.set_exception(value)
 
 
 def _summary(engine: DataEngine) -> str:

@@ -20,6 +20,8 @@ against both):
 
 ``SstWriter`` / ``ColumnFamily.ingest`` (bulk loads from files) are RocksDB's only: the
 memory store refuses them, so the simulator runs no initial builds or data moves by file.
+``on_disk`` tells an engine which kind it holds, so it never creates or cleans files beside a
+memory store.
 """
 
 from __future__ import annotations
@@ -108,6 +110,10 @@ class KeyValueStore(Protocol):
     """A database of named column families (``rocks.Store``, ``memory.MemoryStore``)."""
 
     path: Path
+    # The store lives in files under ``path``, so side files (SSTs to ingest) may go beside
+    # it. False for the memory store: ``path`` is only a name and nothing may touch the
+    # filesystem there (the simulator runs many nodes in one working directory).
+    on_disk: bool
 
     def column_families(self) -> list[str]: ...
 

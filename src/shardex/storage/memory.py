@@ -275,6 +275,8 @@ class MemoryStore:
     """A store of named column families over a ``MemoryDisk`` (a new disk when none is
     given). Opening reads the disk's state: what a restarted node finds."""
 
+    on_disk = False  # ``path`` is a name only: no file is ever created or removed for it
+
     def __init__(self, disk: MemoryDisk | None = None, path: str | Path = "memory") -> None:
         self.path = Path(path)
         self.disk = disk if disk is not None else MemoryDisk()

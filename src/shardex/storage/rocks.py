@@ -357,6 +357,8 @@ class _SharedExclusiveLock:
 class Store:
     """One RocksDB database directory with named column families."""
 
+    on_disk = True  # files under ``path`` (``interface.KeyValueStore``)
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardex.data.engine import DataEngine
-from shardex.errors import ShardexError
+from shardex.errors import ShardexError, StorageError
 from shardex.index import IndexerEngine
 from shardex.storage.memory import MemoryDisk, MemoryStore
 from shardex.testing.index import FakeKeyspace, LocalPipeline, random_workload, workload_definitions
@@ -52,7 +52,10 @@ def test_index_engine_on_memory_store_matches_oracle_and_survives_power_off(seed
     pipe.check(start, ks.documents_at(start))
 
 
-def test_data_engine_on_memory_store_loses_only_unsynced_writes() -> None:
+def test_data_engine_on_memory_store_loses_only_unsynced_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the engine's path is relative: any file would land here
     disk = MemoryDisk()
 
     def open_engine() -> DataEngine:
@@ -72,3 +75,17 @@ def test_data_engine_on_memory_store_loses_only_unsynced_writes() -> None:
     eng.upsert("ks", "survives", {"v": 3}, durability="memory")
     disk.crash()  # a process crash: the OS still had the write
     assert open_engine().get("ks", "survives").doc == {"v": 3}
+    # A partition ingested from items, and a chunked copy refused (it is an SST file): on a
+    # memory store the engine made no file and cleaned none.
+    eng = open_engine()
+    for p in range(2):
+        with eng.snapshot_partition("ks", p) as snap:
+            info, items = snap.info, list(snap.raw_items())
+        eng.drop_partition("ks", p)
+        eng.ingest_partition("ks", p, info, items, activate=True)
+    assert eng.get("ks", "kept").doc == {"v": 1}
+    assert eng.get("ks", "survives").doc == {"v": 3}
+    with pytest.raises(StorageError):
+        eng.begin_ingest("ks", 1, info)
+    eng.close()
+    assert list(tmp_path.iterdir()) == []

@@ -36,7 +36,7 @@ class EngineIO:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 self.threads,
                 thread_name_prefix=f"data-io-{self.name}",
-                initializer=os_thread_namer("data-io"),  # per-thread CPU (bench.pipeline_cpu)
+                initializer=os_thread_namer("data-io"),  # per-thread CPU (diagnostics.pipeline_cpu)
             )
 
     async def stop(self) -> None:

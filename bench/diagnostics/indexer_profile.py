@@ -6,7 +6,7 @@ In-process ``IndexerEngine`` over a temporary RocksDB store (no network, no Spar
   projected and routed (upserts that change keys, unchanged re-upserts, deletes) plus a
   re-delivery of half the previous round's key versions; ``--rounds`` rounds of ``enqueue``,
   ``decide_pending`` (what an indexer does after acknowledging an early delivery:
-  ``index/slice_decisions.py``) then ``stabilize_many`` at the round's TS;
+  ``index/slice_decisions.py``) then ``stabilise_many`` at the round's TS;
 * **load**: ``--load-rows`` UPSERT rows into one slice through ``load_chunk`` (frames of
   ``MAX_ROWS_PER_FRAME``) and ``load_finish`` (sort, SST, ingest).
 
@@ -155,7 +155,7 @@ def maintenance(args: argparse.Namespace) -> None:
     seqnos: dict[int, int] = {}
     # decide: what an indexer does right after acknowledging an early delivery
     # (``index/slice_decisions.py``); the stabilise then only writes the decisions.
-    totals = {"enqueue": 0.0, "decide": 0.0, "stabilize": 0.0}
+    totals = {"enqueue": 0.0, "decide": 0.0, "stabilise": 0.0}
     n_total = 0
     profs = {k: cProfile.Profile() if args.profile else None for k in totals}
     with tempfile.TemporaryDirectory() as tmp:
@@ -180,11 +180,11 @@ def maintenance(args: argparse.Namespace) -> None:
             if phases is not None:
                 phases.start()
             w = time.perf_counter()
-            totals["stabilize"] += _measure(
-                "stabilize",
-                lambda t=ts: eng.stabilize_many([d.id for d in defs], t),
+            totals["stabilise"] += _measure(
+                "stabilise",
+                lambda t=ts: eng.stabilise_many([d.id for d in defs], t),
                 1,
-                profs["stabilize"],
+                profs["stabilise"],
             )
             if phases is not None:
                 phases.stop(time.perf_counter() - w)

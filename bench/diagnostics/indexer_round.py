@@ -9,11 +9,11 @@ users over 64 data partitions, first loaded by a round of their own. Then each r
 changes ``--changes`` documents and runs, phase by phase, what the pipeline and the
 indexers do for one batch:
 
-* driver: ``route`` (by the topologies), then per node the ``DeliverAndStabilize`` message
+* driver: ``route`` (by the topologies), then per node the ``DeliverAndStabilise`` message
   built and encoded as a frame (``encode``);
 * indexer, per node (summed over the three): the frame decoded (``decode``), ``enqueue``,
   the stabilise's ``prepare`` (decide + gather into the batch), the store's ``write`` (and
-  fsync), ``commit`` (queue dropped, snapshot), and the ``Stabilized`` reply built and
+  fsync), ``commit`` (queue dropped, snapshot), and the ``Stabilised`` reply built and
   encoded (``reply``).
 
 Two shapes alternate (``--shape``): ``drain`` (every row in the round, what the drain of a
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every round here")
     args = ap.parse_args(argv)
 
-    from shardex.api.delivery import DeliverAndStabilize, DeliverKeyVersions
+    from shardex.api.delivery import DeliverAndStabilise, DeliverKeyVersions
     from shardex.core.timestamp import SeqnoEntry, Timestamp
     from shardex.index.engine import IndexerEngine
     from shardex.meta.partitioning import partition_of
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     clock.timed("decide", getattr(eng, "decide_pending", lambda: 0))()
                 by_node = {}
             for n in NODES:
-                msg = DeliverAndStabilize(
+                msg = DeliverAndStabilise(
                     keyspace="ks",
                     batch_id=batch,
                     rows=list(by_node.get(n, ())),
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "ahead" in eng.enqueue.__code__.co_varnames:
                     kw["ahead"] = False
                 enq(got.rows, **kw)
-                res = eng.stabilize_many(got.index_ids, Timestamp.from_wire(got.ts), got.slices)
+                res = eng.stabilise_many(got.index_ids, Timestamp.from_wire(got.ts), got.slices)
                 t = time.thread_time()
                 reply = [(r.index_id, r.partition, dict(r.applied.to_wire())) for r in res.slices]
                 encode_frame(Envelope(Kind.RESPONSE, 2, _ack(reply)))
@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ack(reply: list[Any]) -> Any:
-    from shardex.api.delivery import SliceAck, Stabilized
+    from shardex.api.delivery import SliceAck, Stabilised
 
-    return Stabilized(
+    return Stabilised(
         node="n0",
         incarnation="x" * 32,
         acks=[

@@ -86,7 +86,7 @@ def wait_covered(
         time.sleep(interval)
 
 
-STAT_PARTS = ("wait_round", "project", "catch_up", "deliver", "stabilize", "total")
+STAT_PARTS = ("wait_round", "project", "catch_up", "deliver", "stabilise", "total")
 
 
 def batch_row(part: str, records: Sequence[tuple[float, Any]]) -> Row:

@@ -19,9 +19,9 @@ from shardex.api.delivery import (
     Delivered,
     DeliverKeyVersions,
     PublishStability,
+    Stabilised,
+    StabiliseSlices,
     StabilityPublished,
-    Stabilized,
-    StabilizeSlices,
 )
 from shardex.api.index import AllocateSlices, SlicesAllocated
 from shardex.api.scan_streams import OutStreams
@@ -161,11 +161,11 @@ class Env:
             await self.ask(node, msg, Delivered)
         self.delivered = ts
 
-    async def stabilize(self, ts: Timestamp, publish: bool = True) -> None:
+    async def stabilise(self, ts: Timestamp, publish: bool = True) -> None:
         ids = [d.id for d in self.defs.values()]
         for node in NODES:
-            msg = StabilizeSlices(keyspace=KS, ts=dict(ts.to_wire()), index_ids=ids)
-            await self.ask(node, msg, Stabilized)
+            msg = StabiliseSlices(keyspace=KS, ts=dict(ts.to_wire()), index_ids=ids)
+            await self.ask(node, msg, Stabilised)
         if publish:
             wire = dict(ts.to_wire())
             for node in NODES:
@@ -176,7 +176,7 @@ class Env:
         random_workload(self.ks, rng, n)
         ts = self.ks.ts()
         await self.deliver(ts)
-        await self.stabilize(ts)
+        await self.stabilise(ts)
         return ts
 
     async def many_in_paris(self, n: int = 12_000) -> Timestamp:
@@ -185,7 +185,7 @@ class Env:
             self.ks.upsert(f"d{i:05}", {"city": "paris"})
         ts = self.ks.ts()
         await self.deliver(ts)
-        await self.stabilize(ts)
+        await self.stabilise(ts)
         return ts
 
     async def scan(self, *args: Any, **kw: Any) -> list[dict[str, Any]]:

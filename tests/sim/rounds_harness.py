@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from shardex.api.coordinator import StateReply
-from shardex.api.delivery import DeliverAndStabilize
+from shardex.api.delivery import DeliverAndStabilise
 from shardex.api.timekeeper import StabilityAdvanced
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
@@ -65,7 +65,7 @@ from shardex.pipeline.rounds.machine import (
     RoundSpec,
     SendToIndexer,
 )
-from shardex.pipeline.rounds.plan import round_slices, stabilize_plan
+from shardex.pipeline.rounds.plan import round_slices, stabilise_plan
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.sim import ClusterNode, Simulation
 from shardex.storage.memory import MemoryDisk, MemoryStore
@@ -199,7 +199,7 @@ class World:
             name=node.host,
             coordinator=lambda: coordinator,
             membership=lambda: members,
-            stabilize_timeout=REQUEST_TIMEOUT,
+            stabilise_timeout=REQUEST_TIMEOUT,
             publish_timeout=REQUEST_TIMEOUT,
         )
         server = RpcServer(node.transport, SECRET, name=node.host)
@@ -253,7 +253,7 @@ class World:
         ``drop``: each node first forgets its queued versions above ``start``."""
         rows = project(self.definitions, self.ks.changes(start, end)).rows
         by_node = {n: v for n, v in route(rows, self.routes).by_node.items() if v}
-        plan, moving = stabilize_plan(self.views)
+        plan, moving = stabilise_plan(self.views)
         return RoundSpec(
             keyspace=KEYSPACE,
             batch_id=batch_id,
@@ -331,7 +331,7 @@ class World:
         lost those frames' rows, and must be refused (STALE_DELIVERY) rather than applied
         without them; only the indexer can tell. (Earlier frames meeting a restarted
         indexer are the driver's to catch: ``DeliveryReport``; ``chaos`` hits those.)"""
-        if first or not isinstance(ins.message, DeliverAndStabilize) or not self.chaos_on:
+        if first or not isinstance(ins.message, DeliverAndStabilise) or not self.chaos_on:
             return
         if self.rng.random() >= self.params.frame_crash:
             return

@@ -174,7 +174,7 @@ class Retries(logging.Handler):
 class DeliveryHook:
     """Wraps the pipeline's calls to indexers: once armed, the next batch that delivers rows
     to ``node`` runs ``action`` after one of its earlier frames (``DeliverKeyVersions``)
-    returned and before its last one (``DeliverAndStabilize``): the window in which an
+    returned and before its last one (``DeliverAndStabilise``): the window in which an
     indexer holds part of a batch only in its memory queue. Frames are cut at
     ``FRAME_ROWS`` rows here, so most batches have earlier frames."""
 

@@ -1,10 +1,10 @@
 """Pipeline -> indexer messages: delivery, stabilise, publish, initial-build loads, status.
 
 The maintenance stream sends, per micro-batch and per indexer node, one
-``DeliverAndStabilize`` (the router's rows for that node and the batch's end TS: queue, then
+``DeliverAndStabilise`` (the router's rows for that node and the batch's end TS: queue, then
 stabilise; a node's rows beyond ``MAX_ROWS_PER_FRAME`` go ahead as ``DeliverKeyVersions``);
 the timekeeper checks the replies and, once every slice has acknowledged, sends
-``PublishStability``. ``StabilizeSlices`` is the timekeeper's own round (initial builds,
+``PublishStability``. ``StabiliseSlices`` is the timekeeper's own round (initial builds,
 idle rounds for index moves). Initial builds stream ``LoadChunk`` rows into a slice and end with
 ``LoadFinish``. See ``docs/decisions/0029-index-pipeline-micro-batch.md``.
 
@@ -27,7 +27,7 @@ from shardex.net.messages import Message
 
 __all__ = [
     "MAX_ROWS_PER_FRAME",
-    "DeliverAndStabilize",
+    "DeliverAndStabilise",
     "DeliverKeyVersions",
     "Delivered",
     "LoadChunk",
@@ -40,9 +40,9 @@ __all__ = [
     "SliceAck",
     "SliceEntries",
     "SlicesRolledBack",
+    "StabiliseSlices",
+    "Stabilised",
     "StabilityPublished",
-    "StabilizeSlices",
-    "Stabilized",
     "WireKeyVersion",
     "WireTs",
 ]
@@ -78,7 +78,7 @@ class Delivered(Message, tag="index.Delivered"):
     unknown: int = 0
 
 
-class StabilizeSlices(Message, tag="index.StabilizeSlices"):
+class StabiliseSlices(Message, tag="index.StabiliseSlices"):
     """Timekeeper -> indexer: apply every local slice of ``index_ids`` up to ``ts`` in one
     atomic write, snapshot at ``ts``. ``incarnation``: what the pipeline delivered this
     batch to ("" = delivered nothing to this node, any incarnation is fine)."""
@@ -97,16 +97,16 @@ class StabilizeSlices(Message, tag="index.StabilizeSlices"):
     slices: dict[str, list[int]] | None = None
 
 
-class DeliverAndStabilize(Message, tag="index.DeliverAndStabilize"):
+class DeliverAndStabilise(Message, tag="index.DeliverAndStabilise"):
     """Pipeline -> indexer, one round trip per node and batch: queue ``rows`` (as
     ``DeliverKeyVersions``) and then stabilise every local slice of ``index_ids`` at ``ts`` (as
-    ``StabilizeSlices``), in one call on the indexer's I/O thread. Frames before this one (a
+    ``StabiliseSlices``), in one call on the indexer's I/O thread. Frames before this one (a
     node's rows over ``MAX_ROWS_PER_FRAME``, and the rows a round sends while its batch is
     projected: ``pipeline/rounds/streamed.py``) go as ``DeliverKeyVersions``; ``incarnation``
     names the process that took them ("" = none: any is fine), and a restarted indexer refuses
-    with ``STALE_DELIVERY`` before queueing anything. The reply is ``Stabilized`` with the
+    with ``STALE_DELIVERY`` before queueing anything. The reply is ``Stabilised`` with the
     delivery counts; the pipeline hands the replies to the timekeeper
-    (``AdvanceStability.stabilized``), which checks and publishes."""
+    (``AdvanceStability.stabilised``), which checks and publishes."""
 
     keyspace: str
     batch_id: int
@@ -115,7 +115,7 @@ class DeliverAndStabilize(Message, tag="index.DeliverAndStabilize"):
     index_ids: list[str]
     incarnation: str = ""
     moving: dict[str, list[int]] = msgspec.field(default_factory=dict)
-    slices: dict[str, list[int]] | None = None  # as ``StabilizeSlices.slices``
+    slices: dict[str, list[int]] | None = None  # as ``StabiliseSlices.slices``
     drop_above: dict[int, int] | None = None  # as ``DeliverKeyVersions.drop_above``
 
 
@@ -127,12 +127,12 @@ class SliceAck(msgspec.Struct, frozen=True, kw_only=True):
     state: str  # created | loading | active | needs_rebuild
 
 
-class Stabilized(Message, tag="index.Stabilized"):
+class Stabilised(Message, tag="index.Stabilised"):
     node: str
     incarnation: str
     acks: list[SliceAck]
     missing: list[str] = msgspec.field(default_factory=list)  # index ids with no local slice
-    # DeliverAndStabilize only: what its rows did (as ``Delivered``)
+    # DeliverAndStabilise only: what its rows did (as ``Delivered``)
     accepted: int = 0
     dropped: int = 0
     unknown: int = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shardex.api.delivery import Stabilized, WireTs
+from shardex.api.delivery import Stabilised, WireTs
 from shardex.net.messages import Message
 
 __all__ = ["AdvanceStability", "StabilityAdvanced", "StabilityReply", "StabilityRequest"]
@@ -14,7 +14,7 @@ class AdvanceStability(Message, tag="manager.AdvanceStability"):
     """Stabilise ``index_ids`` of ``keyspace`` at ``ts`` (the batch's end offset) on every
     indexer hosting them, wait for all ACKs, then publish ``ts`` as their stability TS.
     ``incarnations``: node -> the indexer incarnation the batch was delivered to. With
-    ``stabilized`` the indexers were stabilised already: only check and publish."""
+    ``stabilised`` the indexers were stabilised already: only check and publish."""
 
     keyspace: str
     ts: WireTs
@@ -25,8 +25,8 @@ class AdvanceStability(Message, tag="manager.AdvanceStability"):
     # the target too, so the target takes part in the round (not in the publish check)
     moving: dict[str, dict[int, str]] = msgspec.field(default_factory=dict)
     # node -> the indexer's reply, when the pipeline stabilised the indexers itself
-    # (``DeliverAndStabilize``): the timekeeper checks them instead of sending its own round
-    stabilized: dict[str, Stabilized] | None = None
+    # (``DeliverAndStabilise``): the timekeeper checks them instead of sending its own round
+    stabilised: dict[str, Stabilised] | None = None
 
 
 class StabilityAdvanced(Message, tag="manager.StabilityAdvanced"):

@@ -20,7 +20,7 @@ from shardex.index.records import (
     STATE_LOADING,
     STATE_NEEDS_REBUILD,
 )
-from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS, Slice, StabilizeAck
+from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS, Slice, StabiliseAck
 from shardex.meta.index_definition import (
     DOCID_EXPR,
     CompiledIndex,
@@ -54,7 +54,7 @@ __all__ = [
     "KeyVersion",
     "Slice",
     "Span",
-    "StabilizeAck",
+    "StabiliseAck",
     "compile_definition",
     "hash_partition",
     "index_partition_of",

@@ -11,12 +11,12 @@ the other handlers.
   host (dropped meanwhile, another keyspace) are counted ``unknown``; re-deliveries
   ``dropped``. The reply names this process's ``incarnation``. One naming another
   incarnation (an early delivery continuing what a previous process held) is refused with
-  ``STALE_DELIVERY``. ``drop_above`` (here and in ``DeliverAndStabilize``): queued versions
+  ``STALE_DELIVERY``. ``drop_above`` (here and in ``DeliverAndStabilise``): queued versions
   of those data partitions above those seqnos are forgotten first, in the same engine call.
-* ``DeliverAndStabilize``: both of the above in one engine call (the maintenance stream's
+* ``DeliverAndStabilise``: both of the above in one engine call (the maintenance stream's
   one round trip per node and batch); only the batch's earlier frames, if any, can have
   gone to another incarnation (checked as for a stabilise).
-* ``StabilizeSlices`` -> ``IndexerEngine.stabilize_many``: one atomic, synced write for every
+* ``StabiliseSlices`` -> ``IndexerEngine.stabilise_many``: one atomic, synced write for every
   listed index. It is refused with ``STALE_DELIVERY`` when the pipeline delivered the batch to
   another incarnation (this process restarted since: the queue it filled is gone). Slices
   loading or needing a rebuild are acknowledged with their state, not stabilised; indexes
@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from shardex.api.delivery import (
-    DeliverAndStabilize,
+    DeliverAndStabilise,
     Delivered,
     DeliverKeyVersions,
     LoadChunk,
@@ -54,15 +54,15 @@ from shardex.api.delivery import (
     SliceAck,
     SliceEntries,
     SlicesRolledBack,
+    Stabilised,
+    StabiliseSlices,
     StabilityPublished,
-    Stabilized,
-    StabilizeSlices,
 )
 from shardex.api.index import SliceInfo
 from shardex.core.spans import Span
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.engine import EnqueueResult, IndexerEngine, StabilizeManyResult
+from shardex.index.engine import EnqueueResult, IndexerEngine, StabiliseManyResult
 from shardex.index.engine_host import EngineHost
 from shardex.net import Connection, RpcServer
 
@@ -106,8 +106,8 @@ class IndexDelivery:
 
     def install(self, server: RpcServer) -> None:
         server.route(DeliverKeyVersions, self.on_deliver)
-        server.route(StabilizeSlices, self.on_stabilize)
-        server.route(DeliverAndStabilize, self.on_deliver_and_stabilize)
+        server.route(StabiliseSlices, self.on_stabilise)
+        server.route(DeliverAndStabilise, self.on_deliver_and_stabilise)
         server.route(PublishStability, self.on_publish)
         server.route(LoadChunk, self.on_load_chunk)
         server.route(LoadFinish, self.on_load_finish)
@@ -121,7 +121,7 @@ class IndexDelivery:
 
     def _engine(self) -> IndexerEngine:
         engine: Any = self.host.engine
-        if not hasattr(engine, "stabilize_many"):
+        if not hasattr(engine, "stabilise_many"):
             raise ShardexError(
                 f"the index engine of {self.node} does not take deliveries",
                 code=ErrorCode.BAD_REQUEST,
@@ -184,7 +184,7 @@ class IndexDelivery:
             unknown=res.unknown,
         )
 
-    async def on_stabilize(self, msg: StabilizeSlices, conn: Connection) -> Stabilized:
+    async def on_stabilise(self, msg: StabiliseSlices, conn: Connection) -> Stabilised:
         self._check_incarnation(
             msg.incarnation,
             "the stabilise's delivery",
@@ -194,17 +194,17 @@ class IndexDelivery:
         engine = self._engine()
         ts = Timestamp.from_wire(msg.ts)
 
-        def run() -> StabilizeManyResult:
+        def run() -> StabiliseManyResult:
             self._check_keyspace(engine, msg.keyspace, msg.index_ids)
-            return engine.stabilize_many(msg.index_ids, ts, msg.slices)
+            return engine.stabilise_many(msg.index_ids, ts, msg.slices)
 
         res = await self.host.run(run)
-        return self._stabilized(msg.index_ids, msg.moving, ts, res, None)
+        return self._stabilised(msg.index_ids, msg.moving, ts, res, None)
 
-    async def on_deliver_and_stabilize(
-        self, msg: DeliverAndStabilize, conn: Connection
-    ) -> Stabilized:
-        """``on_deliver`` then ``on_stabilize`` in one engine call: the rows are queued by the
+    async def on_deliver_and_stabilise(
+        self, msg: DeliverAndStabilise, conn: Connection
+    ) -> Stabilised:
+        """``on_deliver`` then ``on_stabilise`` in one engine call: the rows are queued by the
         process that stabilises them, so only the frames sent before (``incarnation``) can
         belong to a previous one."""
         self._check_incarnation(
@@ -216,12 +216,12 @@ class IndexDelivery:
         engine = self._engine()
         ts = Timestamp.from_wire(msg.ts)
 
-        def run() -> tuple[EnqueueResult, StabilizeManyResult]:
+        def run() -> tuple[EnqueueResult, StabiliseManyResult]:
             self._check_keyspace(engine, msg.keyspace, msg.index_ids)
             _drop_queued(engine, msg.keyspace, msg.drop_above)
             # Stabilised at once: decided by the stabilise, not ahead (``Slice.enqueue``).
             queued = engine.enqueue(msg.rows, keyspace=msg.keyspace, ahead=False)
-            return queued, engine.stabilize_many(msg.index_ids, ts, msg.slices)
+            return queued, engine.stabilise_many(msg.index_ids, ts, msg.slices)
 
         queued, res = await self.host.run(run)
         if queued.unknown:
@@ -232,7 +232,7 @@ class IndexDelivery:
                 queued.unknown,
                 self.node,
             )
-        return self._stabilized(msg.index_ids, msg.moving, ts, res, queued)
+        return self._stabilised(msg.index_ids, msg.moving, ts, res, queued)
 
     @staticmethod
     def _check_keyspace(engine: IndexerEngine, keyspace: str, index_ids: list[str]) -> None:
@@ -245,14 +245,14 @@ class IndexDelivery:
                         details={"index": index_id, "keyspace": keyspace},
                     )
 
-    def _stabilized(
+    def _stabilised(
         self,
         index_ids: list[str],
         moving: dict[str, list[int]],
         ts: Timestamp,
-        res: StabilizeManyResult,
+        res: StabiliseManyResult,
         queued: EnqueueResult | None,
-    ) -> Stabilized:
+    ) -> Stabilised:
         if moving:  # an index move's target: this batch reached its copy too
             self._note_routed(moving, ts)
         self.host.notify(index_ids)
@@ -267,7 +267,7 @@ class IndexDelivery:
             for r in res.slices
         ]
         q = queued if queued is not None else EnqueueResult()
-        return Stabilized(
+        return Stabilised(
             node=self.node,
             incarnation=self.host.incarnation,
             acks=acks,

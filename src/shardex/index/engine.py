@@ -4,11 +4,11 @@ The node's index service (wire layer, later) is a thin shell over this class:
 
 * ``create_slice`` / ``drop_index`` when the DDL coordinator allocates or drops slices;
 * ``enqueue(rows)`` with the router's batch for this node (each row names its slice);
-* ``stabilize(index_id, ts)`` from the timekeeper: every local slice of the index applies
+* ``stabilise(index_id, ts)`` from the timekeeper: every local slice of the index applies
   up to ``ts`` in **one** atomic batch (one WAL fsync for the node, not one per slice), then
   each snapshots; the acks go back to the timekeeper;
 * ``scan`` for the scan service; ``applied_ts`` for the pipeline to resume from after a crash;
-* ``stabilize_many(index_ids, ts)``: the same for several indexes in one batch (the
+* ``stabilise_many(index_ids, ts)``: the same for several indexes in one batch (the
   timekeeper's round for a keyspace); slices that are loading or need a rebuild are reported,
   not stabilised;
 * ``bulk_load`` for initial builds, or load sessions fed chunk by chunk over the wire
@@ -44,25 +44,25 @@ from shardex.index.records import (
     encode_meta,
     parse_cf_name,
 )
-from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS, Slice, StabilizeAck
+from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS, Slice, StabiliseAck
 from shardex.meta.index_definition import IndexDefinition, validate_definition
 from shardex.storage import Store
 from shardex.storage.interface import OpenStore
 
 __all__ = [
-    "STABILIZABLE",
+    "STABILISABLE",
     "EnqueueResult",
     "IndexerEngine",
     "LoadColumns",
     "LoadSession",
     "SliceReport",
-    "StabilizeManyResult",
+    "StabiliseManyResult",
 ]
 
 _NOTHING = SeqnoEntry(0, 0)
 # A columnar load chunk: (entries, docids, data partitions, seqnos), one value per row.
 LoadColumns = tuple[Sequence[bytes], Sequence[str], Sequence[int], Sequence[int]]
-STABILIZABLE = frozenset({STATE_CREATED, STATE_ACTIVE})  # states a stabilise applies to
+STABILISABLE = frozenset({STATE_CREATED, STATE_ACTIVE})  # states a stabilise applies to
 
 
 @dataclass(slots=True)
@@ -77,7 +77,7 @@ class EnqueueResult:
 
 @dataclass(frozen=True, slots=True)
 class SliceReport:
-    """A slice after ``stabilize_many``: ``ack`` is None when it was not stabilised (its
+    """A slice after ``stabilise_many``: ``ack`` is None when it was not stabilised (its
     ``state`` is loading or needs_rebuild)."""
 
     index_id: str
@@ -85,11 +85,11 @@ class SliceReport:
     state: str
     applied: Timestamp
     items_count: int
-    ack: StabilizeAck | None
+    ack: StabiliseAck | None
 
 
 @dataclass(slots=True)
-class StabilizeManyResult:
+class StabiliseManyResult:
     slices: list[SliceReport] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # index ids with no local slice
 
@@ -226,9 +226,9 @@ class IndexerEngine:
         returns how many."""
         return sum(s.decide_pending() for s in list(self._slices.values()))
 
-    def stabilize(
+    def stabilise(
         self, index_id: str, ts: Timestamp, *, partitions: Iterable[int] | None = None
-    ) -> list[StabilizeAck]:
+    ) -> list[StabiliseAck]:
         """Apply every local slice of ``index_id`` (or the given partitions) up to ``ts`` in
         one atomic batch, then snapshot each at ``ts``. Slices that already reached ``ts``
         acknowledge without work."""
@@ -243,14 +243,14 @@ class IndexerEngine:
                 details={"index": index_id},
             )
         with _locked(slices):
-            return self._stabilize_locked(slices, ts)
+            return self._stabilise_locked(slices, ts)
 
-    def stabilize_many(
+    def stabilise_many(
         self,
         index_ids: Iterable[str],
         ts: Timestamp,
         partitions: Mapping[str, Collection[int]] | None = None,
-    ) -> StabilizeManyResult:
+    ) -> StabiliseManyResult:
         """Apply every local slice of every index in ``index_ids`` that is ``created`` or
         ``active`` up to ``ts`` in ONE atomic batch (one synced write for all of them), then
         snapshot each. Slices ``loading`` or ``needs_rebuild`` are reported, not touched; ids
@@ -266,10 +266,10 @@ class IndexerEngine:
         with _locked(slices):
             # Dropped between listing and locking: as if never here.
             live = [s for s in slices if self._slices.get((s.index_id, s.partition)) is s]
-            todo = [s for s in live if s.state in STABILIZABLE]
-            acks = dict(zip(todo, self._stabilize_locked(todo, ts), strict=True))
+            todo = [s for s in live if s.state in STABILISABLE]
+            acks = dict(zip(todo, self._stabilise_locked(todo, ts), strict=True))
             held = {s.index_id for s in live}
-            return StabilizeManyResult(
+            return StabiliseManyResult(
                 slices=[
                     SliceReport(
                         s.index_id, s.partition, s.state, s.applied_ts(), s.items_count, acks.get(s)
@@ -279,7 +279,7 @@ class IndexerEngine:
                 missing=[i for i in wanted if i not in held],
             )
 
-    def _stabilize_locked(self, slices: list[Slice], ts: Timestamp) -> list[StabilizeAck]:
+    def _stabilise_locked(self, slices: list[Slice], ts: Timestamp) -> list[StabiliseAck]:
         """One batch for ``slices`` (locked by the caller), one write, then each commits."""
         batch = self.store.batch()
         pending = [s.prepare(ts, batch) for s in slices]

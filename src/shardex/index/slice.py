@@ -53,7 +53,7 @@ from shardex.index.snapshots import SnapshotRing
 from shardex.index.spans import scan_ranges
 from shardex.storage import Batch, Store
 
-__all__ = ["DEFAULT_KEEP_SNAPSHOTS", "Slice", "SliceStats", "StabilizeAck"]
+__all__ = ["DEFAULT_KEEP_SNAPSHOTS", "Slice", "SliceStats", "StabiliseAck"]
 
 DEFAULT_KEEP_SNAPSHOTS = 5
 # States whose storage a stabilise applies to (and against which decisions are taken).
@@ -62,7 +62,7 @@ _ALL = (b"", b"\xff\xff")  # every key of a slice family (docids are UTF-8: neve
 
 
 @dataclass(frozen=True, slots=True)
-class StabilizeAck:
+class StabiliseAck:
     """A slice's answer to ``stabilise(ts)``. ``already``: the TS was reached before (no work);
     ``applied``: key versions taken from the queue; ``writes``: entry/back-index/tombstone-log
     operations written (0 when every key was unchanged)."""
@@ -87,7 +87,7 @@ class SliceStats:
 
 @dataclass(slots=True)
 class _Pending:
-    ack: StabilizeAck
+    ack: StabiliseAck
     meta: SliceMeta | None = None  # None: nothing to commit
     taken: Taken = field(default_factory=list)
 
@@ -219,7 +219,7 @@ class Slice:
             return gone
 
     # -- stabilise --------------------------------------------------------------------------
-    def stabilize(self, ts: Timestamp, *, sync: bool = True) -> StabilizeAck:
+    def stabilise(self, ts: Timestamp, *, sync: bool = True) -> StabiliseAck:
         """Apply the queue up to ``ts`` in one atomic batch, then snapshot at ``ts``."""
         with self.lock:
             batch = self.store.batch()
@@ -243,7 +243,7 @@ class Slice:
         behind = [p for p in ts if ts[p].seqno < applied.seqno(p)]
         if not ahead:
             # Reached before: acknowledged without work (a re-run micro-batch, a re-sent TS).
-            return _Pending(StabilizeAck(self.index_id, self.partition, ts, 0, 0, True))
+            return _Pending(StabiliseAck(self.index_id, self.partition, ts, 0, 0, True))
         if behind:
             raise _err(
                 ErrorCode.BAD_REQUEST,
@@ -274,7 +274,7 @@ class Slice:
             count=self._meta.count + delta,
         )
         batch.put(self._meta_cf, META_KEY, encode_meta(meta))
-        ack = StabilizeAck(self.index_id, self.partition, ts, n_taken, writes, False)
+        ack = StabiliseAck(self.index_id, self.partition, ts, n_taken, writes, False)
         return _Pending(ack, meta, taken)
 
     def _apply(self, latest: dict[str, Queued], batch: Batch) -> tuple[int, int, int, int]:

@@ -6,7 +6,7 @@ Target T (the coordinator master drives; ``manager/index_rebalance.py``):
    every key version the pipeline delivers to it is queued and none applied (a stabilise
    reports it, the timekeeper does not count it);
 2. the master commits ``routing``: the pipeline routes the partition to S and T; the first
-   stabilise round that names this slice as routed (``StabilizeSlices.moving``) proves that
+   stabilise round that names this slice as routed (``StabiliseSlices.moving``) proves that
    every key version above that round's TS E1 reaches T (``note_routed``);
 3. ``CopySliceIn``: pull S's slice in chunks (``ReadSliceCopy``) from one snapshot taken at
    S's applied TS T1, which must cover E1, and load it like an initial build's load session
@@ -216,7 +216,7 @@ class SliceMoves:
 
     def note_routed(self, moving: dict[str, list[int]], ts: Timestamp) -> None:
         """A stabilise round at ``ts`` whose batch was routed to these incoming slices too
-        succeeded here (``IndexDelivery.on_stabilize``)."""
+        succeeded here (``IndexDelivery.on_stabilise``)."""
         for index_id, parts in moving.items():
             for p in parts:
                 inc = self._incoming.get((index_id, p))

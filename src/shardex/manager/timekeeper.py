@@ -6,11 +6,11 @@ timekeeper:
 
 12. decides the stability TS: the batch's end offset ``ts``, for the listed indexes that
     exist in this node's replica of the coordinator state (the rest are ``skipped``);
-13. sends ``StabilizeSlices`` to every indexer node the latest index topologies name, in
+13. sends ``StabiliseSlices`` to every indexer node the latest index topologies name, in
     parallel, each with the incarnation the batch was delivered to there and the slices
     (index, partition) the topologies give it: no other local slice advances (the maintenance
-    stream does 13-15 itself with ``DeliverAndStabilize``, one round trip per indexer, and
-    brings the replies in ``AdvanceStability.stabilized``: they are checked in 16 alike);
+    stream does 13-15 itself with ``DeliverAndStabilise``, one round trip per indexer, and
+    brings the replies in ``AdvanceStability.stabilised``: they are checked in 16 alike);
 14. (the indexers apply their queues up to ``ts`` in one atomic write and snapshot it);
 15. waits for every ACK. Any failure (no connection, timeout, ``STALE_DELIVERY`` from an
     indexer that restarted since the delivery, a refusal) fails the whole request and
@@ -49,9 +49,9 @@ from typing import Any, Final
 from shardex.api.delivery import (
     PublishStability,
     SliceAck,
+    Stabilised,
+    StabiliseSlices,
     StabilityPublished,
-    Stabilized,
-    StabilizeSlices,
     WireTs,
 )
 from shardex.api.timekeeper import (
@@ -73,10 +73,10 @@ from shardex.net.transport import Transport
 __all__ = [
     "MAX_QUEUED_PUBLISHES",
     "PUBLISH_TIMEOUT",
-    "STABILIZE_TIMEOUT",
-    "StabilizePlan",
+    "STABILISE_TIMEOUT",
+    "StabilisePlan",
     "Timekeeper",
-    "plan_stabilize",
+    "plan_stabilise",
     "verify_acks",
 ]
 
@@ -84,7 +84,7 @@ log = logging.getLogger(__name__)
 
 # One stabilise fsyncs every local slice of the indexes: allow for a slow disk under load,
 # but stay below the pipeline's own timeout for the whole request (30 s).
-STABILIZE_TIMEOUT: Final = 20.0
+STABILISE_TIMEOUT: Final = 20.0
 PUBLISH_TIMEOUT: Final = 5.0
 # Publishes waiting per indexer node behind one in flight. A few rounds a second against a
 # 5 s publish timeout: a hung indexer would queue ~25; past this the oldest goes (each
@@ -97,7 +97,7 @@ _EXPECTED_SKIPS: Final = frozenset({"loading", "created"})
 
 
 @dataclass
-class StabilizePlan:
+class StabilisePlan:
     """Which indexes to stabilise, on which nodes. ``by_node``: node -> index ids."""
 
     topologies: dict[str, Topology] = field(default_factory=dict)
@@ -107,21 +107,21 @@ class StabilizePlan:
     # topology yet: stabilised, never part of ``verify_acks``)
     moving: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     # node -> index id -> the partitions the round stabilises there (the topology's and the
-    # move targets'): an indexer leaves its other slices alone (``StabilizeSlices.slices``)
+    # move targets'): an indexer leaves its other slices alone (``StabiliseSlices.slices``)
     slices: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
 
-def plan_stabilize(
+def plan_stabilise(
     state: StateContext,
     keyspace: str,
     index_ids: Iterable[str],
     moving: dict[str, dict[int, str]] | None = None,
-) -> StabilizePlan:
+) -> StabilisePlan:
     """Group the index partitions of ``index_ids`` by the indexer of their latest topology.
     Unknown ids, indexes of another keyspace, and indexes in INIT or DELETED (their slices
     may not exist) are skipped. ``moving``: index -> partition -> target of the moves the
     batch was routed to both ends of; each target joins the round for that index."""
-    plan = StabilizePlan()
+    plan = StabilisePlan()
     nodes: dict[str, set[str]] = {}
     for index_id in dict.fromkeys(index_ids):
         rec = state.indexes.get(index_id)
@@ -148,7 +148,7 @@ def plan_stabilize(
 
 
 def verify_acks(
-    plan: StabilizePlan, replies: dict[str, Stabilized], ts: Timestamp
+    plan: StabilisePlan, replies: dict[str, Stabilised], ts: Timestamp
 ) -> tuple[dict[str, int], dict[str, str]]:
     """(index id -> items over its slices, for the indexes every slice of which is stable at
     ``ts``; index id -> why not, for the others)."""
@@ -194,13 +194,13 @@ class Timekeeper:
         name: str,
         coordinator: Callable[[], Any | None],
         membership: Callable[[], Any | None],
-        stabilize_timeout: float = STABILIZE_TIMEOUT,
+        stabilise_timeout: float = STABILISE_TIMEOUT,
         publish_timeout: float = PUBLISH_TIMEOUT,
     ) -> None:
         self.name = name
         self._coordinator = coordinator
         self._membership = membership
-        self.stabilize_timeout = stabilize_timeout
+        self.stabilise_timeout = stabilise_timeout
         self.publish_timeout = publish_timeout
         self.pool = ConnectionPool(transport, secret, name=f"{name}/timekeeper")
         self._locks: dict[str, asyncio.Lock] = {}
@@ -263,15 +263,15 @@ class Timekeeper:
         started = loop.time()
         ts = Timestamp.from_wire(msg.ts)  # BAD_REQUEST for a negative seqno
         wire = ts.to_wire()
-        plan = plan_stabilize(self._state(), msg.keyspace, msg.index_ids, msg.moving)
-        if msg.stabilized is not None:
-            # The pipeline's DeliverAndStabilize did steps 13-15: the replies it brings are
+        plan = plan_stabilise(self._state(), msg.keyspace, msg.index_ids, msg.moving)
+        if msg.stabilised is not None:
+            # The pipeline's DeliverAndStabilise did steps 13-15: the replies it brings are
             # checked like our own (a node of the plan that did not answer keeps its indexes
             # from being published).
-            replies = {n: r for n, r in msg.stabilized.items() if n in plan.by_node}
+            replies = {n: r for n, r in msg.stabilised.items() if n in plan.by_node}
         else:
-            replies = await self._stabilize_all(msg, plan, wire)
-        stabilized = loop.time()
+            replies = await self._stabilise_all(msg, plan, wire)
+        stabilised = loop.time()
         ready, not_ready = verify_acks(plan, replies, ts)
         skipped = {**plan.skipped, **not_ready}
         self._log_skips(msg.keyspace, skipped, ready)
@@ -289,8 +289,8 @@ class Timekeeper:
             msg.keyspace,
             msg.batch_id,
             len(plan.by_node),
-            (stabilized - started) * 1e3,
-            (loop.time() - stabilized) * 1e3,
+            (stabilised - started) * 1e3,
+            (loop.time() - stabilised) * 1e3,
             len(ready),
             len(skipped),
         )
@@ -302,14 +302,14 @@ class Timekeeper:
             skipped=sorted(skipped),
         )
 
-    async def _stabilize_all(
-        self, msg: AdvanceStability, plan: StabilizePlan, wire: WireTs
-    ) -> dict[str, Stabilized]:
+    async def _stabilise_all(
+        self, msg: AdvanceStability, plan: StabilisePlan, wire: WireTs
+    ) -> dict[str, Stabilised]:
         """Steps 13-15: every node in parallel; all must answer, or nothing is published."""
         nodes = list(plan.by_node)
 
-        async def one(node: str) -> Stabilized | ShardexError:
-            request = StabilizeSlices(
+        async def one(node: str) -> Stabilised | ShardexError:
+            request = StabiliseSlices(
                 keyspace=msg.keyspace,
                 ts=wire,
                 index_ids=plan.by_node[node],
@@ -320,7 +320,7 @@ class Timekeeper:
             try:
                 address = self._address(node)
                 return await self.pool.request(
-                    address, request, self.stabilize_timeout, expect=Stabilized
+                    address, request, self.stabilise_timeout, expect=Stabilised
                 )
             except ShardexError as exc:
                 return exc
@@ -329,7 +329,7 @@ class Timekeeper:
         failed = {n: r for n, r in zip(nodes, results, strict=True) if isinstance(r, ShardexError)}
         if failed:
             raise self._failure(msg, failed)
-        return {n: r for n, r in zip(nodes, results, strict=True) if isinstance(r, Stabilized)}
+        return {n: r for n, r in zip(nodes, results, strict=True) if isinstance(r, Stabilised)}
 
     def _failure(self, msg: AdvanceStability, failed: dict[str, ShardexError]) -> ShardexError:
         errors = {n: str(e) for n, e in failed.items()}
@@ -363,7 +363,7 @@ class Timekeeper:
         )
 
     def _queue_publishes(
-        self, keyspace: str, plan: StabilizePlan, ready: dict[str, int], wire: WireTs
+        self, keyspace: str, plan: StabilisePlan, ready: dict[str, int], wire: WireTs
     ) -> None:
         """Step 16 on the indexers, after the reply: each node's message joins its queue.
         Requests of a keyspace are serialised, so a queue holds them in round order."""

@@ -4,7 +4,7 @@ query and runs each batch through them), and every round's:
 * steps 2-3, project: the key versions of (start, end] - read and projected on the driver
   for a small batch (the read-ahead's rows first), by a projected batch read on Spark's
   workers for a larger one - and of the catch-up of any index behind the batch's start;
-* steps 4-5, the round: route, one ``DeliverAndStabilize`` per indexer, the timekeeper's
+* steps 4-5, the round: route, one ``DeliverAndStabilise`` per indexer, the timekeeper's
   check and publish, retried with back-off for what time can heal.
 
 ``BatchSteps`` is the job's collaborator for both, and holds what the rounds leave behind
@@ -29,14 +29,14 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.indexers import RoundSender, advance_stability, deliver_and_stabilize
+from shardex.pipeline.indexers import RoundSender, advance_stability, deliver_and_stabilise
 from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.rounds.between import raise_floor
 from shardex.pipeline.rounds.cleaned import CleanedNodes
 from shardex.pipeline.rounds.moves import MoveRounds
-from shardex.pipeline.rounds.plan import round_slices, stabilize_plan, views_key
+from shardex.pipeline.rounds.plan import round_slices, stabilise_plan, views_key
 from shardex.pipeline.rounds.read_ahead import ReadAhead
 from shardex.pipeline.rounds.streamed import StreamedRound
 from shardex.pipeline.source.driver_read import read_and_project
@@ -71,8 +71,8 @@ class BatchStats:
     errors: dict[str, int] = field(default_factory=dict)
     project: float = 0.0  # read + project of (start, end] (what the read-ahead left)
     catch_up: float = 0.0
-    deliver: float = 0.0  # route + DeliverAndStabilize on every indexer (the last attempt)
-    stabilize: float = 0.0  # the timekeeper's check and publish
+    deliver: float = 0.0  # route + DeliverAndStabilise on every indexer (the last attempt)
+    stabilise: float = 0.0  # the timekeeper's check and publish
     total: float = 0.0  # from the batch's start to its publication (the round included)
     # foreachBatch waiting for the previous batch's round (``tail.join``), before ``total``'s
     # start: the part of Spark's addBatch that is our round outlasting Spark's commit.
@@ -234,7 +234,7 @@ class BatchSteps:
         )
         return out
 
-    def deliver_and_stabilize(
+    def deliver_and_stabilise(
         self,
         views: Sequence[IndexView],
         rows: list[KeyVersion],
@@ -284,7 +284,7 @@ class BatchSteps:
         stats: BatchStats,
         streamed: StreamedRound | None = None,
     ) -> None:
-        """Route, then one ``DeliverAndStabilize`` per indexer (in parallel), then the
+        """Route, then one ``DeliverAndStabilise`` per indexer (in parallel), then the
         timekeeper checks the replies and publishes. The indexers first drop what may have
         been queued above ``start`` by rounds this query does not know of
         (``rounds/cleaned.py``). With ``streamed`` (rows already sent by the same views while
@@ -307,7 +307,7 @@ class BatchSteps:
             errors = routed.errors
         stats.errors = dict(errors)
         stats.key_versions = sum(len(r) for r in routed.by_node.values())
-        plan, moving_by_node = stabilize_plan(views)
+        plan, moving_by_node = stabilise_plan(views)
         # Before anything is sent: some slices may apply ``end`` even if the round fails.
         self.round_published = False
         self.registry.attempted(sorted(routes), end)
@@ -321,7 +321,7 @@ class BatchSteps:
             drop = self.cleaned.drop_above(start, end, plan)
             dropped = drop is not None
             how = {"drop_above": drop}
-        report, replies = deliver_and_stabilize(
+        report, replies = deliver_and_stabilise(
             self.client,
             self.keyspace,
             batch_id,
@@ -343,9 +343,9 @@ class BatchSteps:
             batch_id=batch_id,
             timekeeper=self.registry.timekeeper,
             moving=moving,
-            stabilized=replies,
+            stabilised=replies,
         )
-        stats.stabilize = time.perf_counter() - t  # the timekeeper's check and publish
+        stats.stabilise = time.perf_counter() - t  # the timekeeper's check and publish
         self.registry.advanced(reply.published, end)
         self.move_rounds.confirmed(moving)
         for index_id, n in stats.errors.items():
@@ -368,7 +368,7 @@ class BatchSteps:
         ``start`` where the round would (``CleanedNodes.drop_above``); before them, as
         before any round's, the registry learns that the slices may reach ``end``."""
         routes = {v.id: v.route() for v in views}
-        plan, _moving = stabilize_plan(views)
+        plan, _moving = stabilise_plan(views)
         drop = self.cleaned.drop_above(start, end, plan)
 
         def begin() -> None:

@@ -73,12 +73,12 @@ class PipelineDriver:
         trigger_interval: str = "0 seconds",
         on_batch: Callable[[BatchStats], None] | None = None,
         driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
-        overlap_stabilize: bool = True,
+        overlap_stabilise: bool = True,
     ) -> None:
         self.spark = spark
         self.driver_read_max = driver_read_max
         # False: each batch's round runs inside foreachBatch (``MaintenanceJob``)
-        self.overlap_stabilize = overlap_stabilize
+        self.overlap_stabilise = overlap_stabilise
         self.client = client
         self.source_options = dict(source_options)
         self.checkpoint_root = checkpoint_root
@@ -143,7 +143,7 @@ class PipelineDriver:
             trigger_interval=self.trigger_interval,
             on_batch=self.on_batch,
             driver_read_max=self.driver_read_max,
-            overlap_stabilize=self.overlap_stabilize,
+            overlap_stabilise=self.overlap_stabilise,
         )
 
     def _starting(self, registry: IndexRegistry, keyspace: str) -> Timestamp:

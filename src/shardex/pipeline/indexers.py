@@ -3,7 +3,7 @@
 Every call goes through the process's ``Client``, by its RPC session (``Client.rpc``: its loop
 thread and its connection pool to named nodes). Deliveries to several indexers run in parallel;
 frames are cut at ``MAX_ROWS_PER_FRAME`` rows so one message stays far below the frame limit. A
-maintenance batch makes one round trip per indexer (``deliver_and_stabilize``) and one to the
+maintenance batch makes one round trip per indexer (``deliver_and_stabilise``) and one to the
 timekeeper (``advance_stability`` with the replies).
 """
 
@@ -17,14 +17,14 @@ from typing import Any, TypeVar
 from shardex.api.coordinator import StateReply, StateRequest
 from shardex.api.delivery import (
     MAX_ROWS_PER_FRAME,
-    DeliverAndStabilize,
+    DeliverAndStabilise,
     Delivered,
     DeliverKeyVersions,
     LoadChunk,
     LoadChunkAck,
     LoadFinish,
     LoadFinished,
-    Stabilized,
+    Stabilised,
 )
 from shardex.api.index import ListSlices, SliceInfo, SliceList
 from shardex.api.timekeeper import AdvanceStability, StabilityAdvanced
@@ -39,7 +39,7 @@ __all__ = [
     "DeliveryReport",
     "RoundSender",
     "advance_stability",
-    "deliver_and_stabilize",
+    "deliver_and_stabilise",
     "index_state",
     "list_slices",
     "load_chunks",
@@ -65,7 +65,7 @@ class DeliveryReport:
         self.dropped = 0
         self.unknown = 0
 
-    def add(self, reply: Delivered | Stabilized) -> None:
+    def add(self, reply: Delivered | Stabilised) -> None:
         seen = self.incarnations.setdefault(reply.node, reply.incarnation)
         if seen != reply.incarnation:
             # The indexer restarted between two frames of this batch: the first ones died
@@ -97,7 +97,7 @@ class RoundSender:
     """One round's frames to the indexers. ``send`` (from any thread, without waiting)
     queues rows as ``DeliverKeyVersions`` frames while the round's later rows are still being
     read and projected (``rounds/streamed.py``); ``finish`` sends each node its last rows with
-    the stabilise in one ``DeliverAndStabilize`` once its earlier frames were acknowledged.
+    the stabilise in one ``DeliverAndStabilise`` once its earlier frames were acknowledged.
     A node's frames go one after the other: the first carries the round's ``drop_above``,
     every later one names the incarnation that took the first (a restarted indexer refuses
     it: STALE_DELIVERY, and the round is delivered again as a whole)."""
@@ -171,10 +171,10 @@ class RoundSender:
         plan: Mapping[str, Sequence[str]],
         moving: Mapping[str, Mapping[str, list[int]]] | None = None,
         slices: Mapping[str, Mapping[str, list[int]]] | None = None,
-    ) -> tuple[DeliveryReport, dict[str, Stabilized]]:
-        """The round's last rows and the stabilise at ``ts``: see ``deliver_and_stabilize``.
+    ) -> tuple[DeliveryReport, dict[str, Stabilised]]:
+        """The round's last rows and the stabilise at ``ts``: see ``deliver_and_stabilise``.
         Every node that took frames from ``send`` is stabilised too."""
-        replies: dict[str, Stabilized] = {}
+        replies: dict[str, Stabilised] = {}
         wire = dict(ts.to_wire())
 
         async def one(node: str) -> None:
@@ -184,7 +184,7 @@ class RoundSender:
             frames = _frames(by_node.get(node, ())) or [[]]
             for frame in frames[:-1]:
                 await self._frame(node, frame)
-            last = DeliverAndStabilize(
+            last = DeliverAndStabilise(
                 keyspace=self.keyspace,
                 batch_id=self.batch_id,
                 rows=list(frames[-1]),
@@ -195,7 +195,7 @@ class RoundSender:
                 slices=None if slices is None else dict(slices.get(node, {})),
                 drop_above=self._take_drop(node),
             )
-            reply = await to_node(self.client, node, last, Stabilized, ADVANCE_TIMEOUT)
+            reply = await to_node(self.client, node, last, Stabilised, ADVANCE_TIMEOUT)
             self.report.add(reply)
             if node in plan or node in by_node or node in self._chains:
                 replies[node] = reply
@@ -218,7 +218,7 @@ class RoundSender:
             self._loop.call_soon_threadsafe(cancel)
 
 
-def deliver_and_stabilize(
+def deliver_and_stabilise(
     client: Client,
     keyspace: str,
     batch_id: int,
@@ -230,15 +230,15 @@ def deliver_and_stabilize(
     *,
     drop_above: Mapping[int, int] | None = None,
     sender: RoundSender | None = None,
-) -> tuple[DeliveryReport, dict[str, Stabilized]]:
+) -> tuple[DeliveryReport, dict[str, Stabilised]]:
     """One round trip per indexer (in parallel): each node of ``plan`` (node -> the index
-    ids it hosts) gets its rows and the stabilise at ``ts`` in one ``DeliverAndStabilize``;
+    ids it hosts) gets its rows and the stabilise at ``ts`` in one ``DeliverAndStabilise``;
     rows beyond one frame go ahead as ``DeliverKeyVersions`` and the last frame names the
     incarnation that took them. ``moving``: node -> index id -> partitions it receives as an
     index move's target. ``slices``: node -> index id -> the partitions its round
     stabilises there, from the topology the rows were routed by (an indexer leaves its other
     slices alone). Returns the delivery counts and each node's reply (for
-    ``advance_stability(stabilized=...)``).
+    ``advance_stability(stabilised=...)``).
 
     ``drop_above``: every node of the round first forgets its queued versions of these data
     partitions above these seqnos (rows queued by a round this query does not know of:
@@ -259,11 +259,11 @@ def advance_stability(
     incarnations: Mapping[str, str] | None = None,
     timekeeper: str = "",
     moving: Mapping[str, Mapping[int, str]] | None = None,
-    stabilized: Mapping[str, Stabilized] | None = None,
+    stabilised: Mapping[str, Stabilised] | None = None,
 ) -> StabilityAdvanced:
     """Ask the timekeeper on node ``timekeeper`` (the coordinator master, so every batch of a
     keyspace meets the same one; "" = the node the client talks to) to stabilise and
-    publish; with ``stabilized`` (``deliver_and_stabilize``'s replies) only to check and
+    publish; with ``stabilised`` (``deliver_and_stabilise``'s replies) only to check and
     publish."""
     msg = AdvanceStability(
         keyspace=keyspace,
@@ -272,7 +272,7 @@ def advance_stability(
         batch_id=batch_id,
         incarnations=dict(incarnations or {}),
         moving={i: dict(m) for i, m in (moving or {}).items()},
-        stabilized=None if stabilized is None else dict(stabilized),
+        stabilised=None if stabilised is None else dict(stabilised),
     )
 
     async def go() -> StabilityAdvanced:

@@ -14,7 +14,7 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
    stream passed its build's T0): its missing range is read on the driver and projected too;
 4. ``foreachBatch`` returns; on a thread beside Spark's commit (``rounds/tail.py``, the
    batch's "round"): route by index topology and send each indexer its rows and the
-   stabilise at ``end`` in one ``DeliverAndStabilize`` (in parallel);
+   stabilise at ``end`` in one ``DeliverAndStabilise`` (in parallel);
 5. the timekeeper checks the indexers' replies and publishes ``end`` as the indexes'
    stability TS once every slice acknowledged. The next batch first waits for this round,
    and a small batch's successor is read and projected meanwhile (``rounds/read_ahead.py``);
@@ -131,7 +131,7 @@ class MaintenanceJob:
         trigger_interval: str = "0 seconds",
         on_batch: Callable[[BatchStats], None] | None = None,
         driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
-        overlap_stabilize: bool = True,
+        overlap_stabilise: bool = True,
         stabilise_ahead: bool = True,
         piece_interval: float = DEFAULT_PIECE_INTERVAL,
         min_piece: int = DEFAULT_MIN_PIECE,
@@ -164,7 +164,7 @@ class MaintenanceJob:
         # batches from now on. Cleared by ``start``.
         self.stopping = False
         # The stabilise round of the last batch, beside Spark's commit (``rounds/tail.py``).
-        self.overlap_stabilize = overlap_stabilize
+        self.overlap_stabilise = overlap_stabilise
         self.tail = BatchTail(f"stabilise-{self.keyspace}")
         self.read_ahead = ReadAhead(
             self.steps.read_and_project,
@@ -345,13 +345,13 @@ class MaintenanceJob:
         def finish() -> None:
             with self._round_lock:
                 if not self._covered(views, rows, top):
-                    self.steps.deliver_and_stabilize(
+                    self.steps.deliver_and_stabilise(
                         views, rows, start, top, batch_id, stats, stream
                     )
             stats.total = time.perf_counter() - t0
             self._record(stats)
 
-        if self.overlap_stabilize:
+        if self.overlap_stabilise:
             self.tail.start(finish)  # Spark commits this batch meanwhile (``rounds/tail.py``)
             if views and stats.on_driver and not self.stopping:
                 # The next batch's changes, read beside this round and Spark's commit, and
@@ -508,7 +508,7 @@ class MaintenanceJob:
             stats.key_versions,
             stats.project * 1e3,
             stats.deliver * 1e3,
-            stats.stabilize * 1e3,
+            stats.stabilise * 1e3,
             stats.total * 1e3,
         )
         if self.on_batch is not None:

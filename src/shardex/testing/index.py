@@ -21,7 +21,7 @@ from shardex.core.expr import FunctionSpec, register_function
 from shardex.core.timestamp import Timestamp
 from shardex.index.engine import IndexerEngine
 from shardex.index.oracle import check_back_index, check_index
-from shardex.index.slice import StabilizeAck
+from shardex.index.slice import StabiliseAck
 from shardex.meta.index_definition import IndexDefinition, make_definition
 from shardex.meta.partitioning import partition_of
 from shardex.pipeline.project.projector import (
@@ -171,11 +171,11 @@ class LocalPipeline:
                 if rng.random() < redeliver:
                     eng.enqueue(c)
 
-    def stabilize(self, ts: Timestamp) -> list[StabilizeAck]:
-        acks: list[StabilizeAck] = []
+    def stabilise(self, ts: Timestamp) -> list[StabiliseAck]:
+        acks: list[StabiliseAck] = []
         for d in self.definitions:
             for node in sorted(set(self.placement[d.id].values())):
-                acks.extend(self.engines[node].stabilize(d.id, ts))
+                acks.extend(self.engines[node].stabilise(d.id, ts))
         return acks
 
     def entries(self, index_id: str, ts: Timestamp | None) -> dict[int, list[bytes]]:

@@ -1,6 +1,6 @@
 """Deliver ahead, the indexers' side, over real TCP with the oracle (``index/delivery.py``):
 rows queued ahead of their batch (some beyond its end) plus the rest in the batch's
-``DeliverAndStabilize`` give exactly the state at the batch's end, the rows beyond it applied
+``DeliverAndStabilise`` give exactly the state at the batch's end, the rows beyond it applied
 only by a later stabilise; an indexer restarted after an early delivery refuses the round and
 the fallback (drop what is queued above the start, deliver all) is exact; rows of a branch the
 batch is not on, queued early, are dropped by the fallback and would win over the batch's own
@@ -21,7 +21,7 @@ from shardex.api.delivery import (
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.testing.index import FakeKeyspace, random_workload
-from tests.integration.index.test_deliver_and_stabilize import _round
+from tests.integration.index.test_deliver_and_stabilise import _round
 from tests.integration.index.test_index_delivery import KS, NODES, Pipe, incarnations, pipe  # noqa: F401
 
 

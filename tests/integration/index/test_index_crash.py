@@ -53,7 +53,7 @@ CHILD = HISTORY + textwrap.dedent(
     for i, t in enumerate(tss):
         pipe.deliver(ks.changes(prev, t))   # queued, not yet applied
         time.sleep(0.002)
-        pipe.stabilize(t)
+        pipe.stabilise(t)
         print("ACK", i, flush=True)
         prev = t
     print("DONE", flush=True)
@@ -118,7 +118,7 @@ def test_kill_9_between_stabilises(tmp_path, kill_after: int) -> None:
         resume = min((next(iter(eng.applied_ts(d.id).values())) for d in defs), key=tss.index)
         final = tss[-1]
         pipe.deliver(ks.changes(resume, final))
-        pipe.stabilize(final)
+        pipe.stabilise(final)
         pipe.check(final, ks.documents_at(final))
 
 

@@ -20,9 +20,9 @@ from shardex.api.delivery import (
     LoadFinish,
     LoadFinished,
     PublishStability,
+    Stabilised,
+    StabiliseSlices,
     StabilityPublished,
-    Stabilized,
-    StabilizeSlices,
 )
 from shardex.api.index import (
     AllocateSlices,
@@ -126,18 +126,18 @@ class Pipe:
             out[node] = await self.ask(node, msg, Delivered)
         return out
 
-    async def stabilize(
+    async def stabilise(
         self, ts: Timestamp, incarnations: dict[str, str] | None = None
-    ) -> dict[str, Stabilized]:
+    ) -> dict[str, Stabilised]:
         out = {}
         for node in NODES:
-            msg = StabilizeSlices(
+            msg = StabiliseSlices(
                 keyspace=KS,
                 ts=dict(ts.to_wire()),
                 index_ids=self.ids,
                 incarnation=(incarnations or {}).get(node, ""),
             )
-            out[node] = await self.ask(node, msg, Stabilized)
+            out[node] = await self.ask(node, msg, Stabilised)
         return out
 
     async def publish(self, ts: Timestamp, ids: Sequence[str] | None = None) -> None:
@@ -209,7 +209,7 @@ async def test_deliver_stabilise_publish_round_trips_match_the_oracle(pipe: Pipe
             assert reply.node == node
             assert reply.incarnation == pipe.nodes[node].service.incarnation
             assert reply.accepted == len(sent[node]) and reply.unknown == 0
-        stab = await pipe.stabilize(ts, incarnations(pipe))
+        stab = await pipe.stabilise(ts, incarnations(pipe))
         for node, reply in stab.items():
             hosted = {i for i, pl in pipe.placement.items() if node in pl.values()}
             assert sorted(reply.missing) == sorted(set(pipe.ids) - hosted)
@@ -224,7 +224,7 @@ async def test_deliver_stabilise_publish_round_trips_match_the_oracle(pipe: Pipe
         before = {n: pipe.nodes[n].engine.entries("w_name") for n in NODES}
         again = await pipe.deliver(changes)
         assert all(r.accepted == 0 and r.dropped == len(sent[n]) for n, r in again.items())
-        await pipe.stabilize(ts)
+        await pipe.stabilise(ts)
         assert {n: pipe.nodes[n].engine.entries("w_name") for n in NODES} == before
         pipe.check(ts, ks.documents_at(ts))
 
@@ -263,7 +263,7 @@ async def test_stabilise_after_a_restart_is_refused_then_redelivery_recovers(
     random_workload(ks, rng, 50)
     ts1 = ks.ts()
     await pipe.deliver(ks.changes(None, ts1))
-    await pipe.stabilize(ts1, incarnations(pipe))
+    await pipe.stabilise(ts1, incarnations(pipe))
     random_workload(ks, rng, 50)
     ts2 = ks.ts()
     await pipe.deliver(ks.changes(ts1, ts2))
@@ -277,10 +277,10 @@ async def test_stabilise_after_a_restart_is_refused_then_redelivery_recovers(
     with pytest.raises(ShardexError) as err:
         await pipe.ask(
             "n1",
-            StabilizeSlices(
+            StabiliseSlices(
                 keyspace=KS, ts=dict(ts2.to_wire()), index_ids=pipe.ids, incarnation=old["n1"]
             ),
-            Stabilized,
+            Stabilised,
         )
     assert err.value.code == ErrorCode.STALE_DELIVERY
     assert err.value.details["expected"] == old["n1"]
@@ -292,7 +292,7 @@ async def test_stabilise_after_a_restart_is_refused_then_redelivery_recovers(
     # The pipeline re-delivers from the applied TS to the new incarnation: exact again.
     replies = await pipe.deliver(ks.changes(ts1, ts2))
     assert replies["n1"].incarnation == new
-    await pipe.stabilize(ts2, {n: r.incarnation for n, r in replies.items()})
+    await pipe.stabilise(ts2, {n: r.incarnation for n, r in replies.items()})
     pipe.check(ts2, ks.documents_at(ts2))
 
 
@@ -310,7 +310,7 @@ async def test_dropped_indexes_are_unknown_and_missing_and_keyspaces_are_checked
     replies = await pipe.deliver(ks.changes(None, ts))
     assert replies["n1"].unknown == on_n1
     assert replies["n1"].accepted == len(sent["n1"]) - on_n1
-    stab = await pipe.stabilize(ts)
+    stab = await pipe.stabilise(ts)
     assert "w_city" in stab["n1"].missing
     assert all(a.index_id != "w_city" for a in stab["n1"].acks)
     await pipe.publish(ts)
@@ -322,8 +322,8 @@ async def test_dropped_indexes_are_unknown_and_missing_and_keyspaces_are_checked
     other = await pipe.ask("n2", msg, Delivered)
     assert other.unknown == len(sent["n2"]) and other.accepted == 0
     with pytest.raises(ShardexError) as err:
-        bad = StabilizeSlices(keyspace="other", ts=dict(ts.to_wire()), index_ids=["w_name"])
-        await pipe.ask("n2", bad, Stabilized)
+        bad = StabiliseSlices(keyspace="other", ts=dict(ts.to_wire()), index_ids=["w_name"])
+        await pipe.ask("n2", bad, Stabilised)
     assert err.value.code == ErrorCode.BAD_REQUEST
 
 
@@ -336,7 +336,7 @@ async def test_published_stability_is_monotonic(pipe: Pipe) -> None:
     ts2 = ks.ts()
     for ts in (ts1, ts2):
         await pipe.deliver(ks.changes(None, ts))
-        await pipe.stabilize(ts)
+        await pipe.stabilise(ts)
     await pipe.publish(ts2, ["w_name"])
     await pipe.publish(ts1, ["w_name"])  # older: ignored
     stab = {s.partition: s.stability for s in await pipe.list("n1", "w_name")}
@@ -426,7 +426,7 @@ async def test_initial_build_by_chunks_then_maintenance(pipe: Pipe) -> None:
         below = sum(1 for r in sent[n] if r[6] <= ts0.seqno(r[5]))
         assert 0 < below < len(sent[n])
         assert (reply.dropped, reply.accepted) == (below, len(sent[n]) - below)
-    stab = await pipe.stabilize(ts1)
+    stab = await pipe.stabilise(ts1)
     acks = [a for r in stab.values() for a in r.acks]
     assert len(acks) == len(listed)
     assert all(a.state == "loading" and a.applied == {} for a in acks)  # not stabilised
@@ -442,7 +442,7 @@ async def test_initial_build_by_chunks_then_maintenance(pipe: Pipe) -> None:
             if (d.id, p) not in rows:
                 assert done.items_count == 0
     pipe.check(ts0, ks.documents_at(ts0))
-    stab = await pipe.stabilize(ts1)
+    stab = await pipe.stabilise(ts1)
     assert all(a.state == "active" for r in stab.values() for a in r.acks)
     pipe.check(ts1, ks.documents_at(ts1))
     after = [s for n in NODES for s in await pipe.list(n)]

@@ -15,9 +15,9 @@ import pytest
 from shardex.api.delivery import (
     PublishStability,
     SliceAck,
+    Stabilised,
+    StabiliseSlices,
     StabilityPublished,
-    Stabilized,
-    StabilizeSlices,
 )
 from shardex.api.timekeeper import (
     AdvanceStability,
@@ -28,7 +28,7 @@ from shardex.api.timekeeper import (
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.manager.timekeeper import Timekeeper, plan_stabilize
+from shardex.manager.timekeeper import Timekeeper, plan_stabilise
 from shardex.meta.index_definition import make_definition
 from shardex.meta.index_state import ACTIVE, BUILDING, DELETED, INIT, IndexRecord
 from shardex.meta.member_list import DOWN, UP, MemberInfo
@@ -56,25 +56,25 @@ class FakeSlice:
 
 
 class FakeIndexer:
-    """An indexer's StabilizeSlices / PublishStability on a real RpcServer. Slices in
+    """An indexer's StabiliseSlices / PublishStability on a real RpcServer. Slices in
     ``active`` / ``created`` reach the requested TS; others keep their applied TS."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.incarnation = f"inc-{name}"
         self.slices: dict[tuple[str, int], FakeSlice] = {}
-        self.stabilize: list[StabilizeSlices] = []
+        self.stabilise: list[StabiliseSlices] = []
         self.publish: list[PublishStability] = []
         self.fail: ShardexError | None = None
-        self.gate: Callable[[StabilizeSlices], Any] | None = None  # awaited before answering
+        self.gate: Callable[[StabiliseSlices], Any] | None = None  # awaited before answering
         self.publish_gate: Callable[[PublishStability], Any] | None = None  # before applying
         self.held: dict[str, Timestamp] = {}  # index id -> stability TS, as IndexDelivery
         self.server = RpcServer(TcpTransport(), SECRET, name=name)
-        self.server.route(StabilizeSlices, self._on_stabilize)
+        self.server.route(StabiliseSlices, self._on_stabilise)
         self.server.route(PublishStability, self._on_publish)
 
-    async def _on_stabilize(self, msg: StabilizeSlices, conn: Connection) -> Stabilized:
-        self.stabilize.append(msg)
+    async def _on_stabilise(self, msg: StabiliseSlices, conn: Connection) -> Stabilised:
+        self.stabilise.append(msg)
         if self.gate is not None:
             await self.gate(msg)
         if self.fail is not None:
@@ -102,7 +102,7 @@ class FakeIndexer:
                         state=s.state,
                     )
                 )
-        return Stabilized(node=self.name, incarnation=self.incarnation, acks=acks, missing=missing)
+        return Stabilised(node=self.name, incarnation=self.incarnation, acks=acks, missing=missing)
 
     async def _on_publish(self, msg: PublishStability, conn: Connection) -> StabilityPublished:
         self.publish.append(msg)
@@ -192,9 +192,9 @@ class World:
 
     def sent(self) -> dict[str, list[tuple[list[str], str]]]:
         return {
-            n: [(m.index_ids, m.incarnation) for m in ix.stabilize]
+            n: [(m.index_ids, m.incarnation) for m in ix.stabilise]
             for n, ix in sorted(self.indexers.items())
-            if ix.stabilize
+            if ix.stabilise
         }
 
     async def published_to(self) -> dict[str, list[dict[str, Any]]]:
@@ -236,7 +236,7 @@ async def world() -> AsyncIterator[World]:
         name="m1",
         coordinator=lambda: coordinator,
         membership=lambda: membership,
-        stabilize_timeout=5,
+        stabilise_timeout=5,
         publish_timeout=5,
     )
     server = RpcServer(TcpTransport(), SECRET, name="m1")
@@ -296,7 +296,7 @@ async def test_requests_reach_only_the_hosting_nodes_with_their_incarnation(worl
         "n3": [(["c"], "")],
     }
     assert all(
-        m.keyspace == "ks" and m.ts == ts(3) for ix in world.indexers.values() for m in ix.stabilize
+        m.keyspace == "ks" and m.ts == ts(3) for ix in world.indexers.values() for m in ix.stabilise
     )
 
 
@@ -359,11 +359,11 @@ async def test_an_unreachable_indexer_fails_the_request(world: World) -> None:
     assert await world.held() == {} and await world.published_to() == {}
     # Down in the membership view: refused at once, nothing sent to it.
     world.membership.down.add("n2")
-    asked = len(world.indexers["n2"].stabilize)
+    asked = len(world.indexers["n2"].stabilise)
     with pytest.raises(ShardexError) as err:
         await world.advance(["b"], ts(1, 1))
     assert err.value.details["node"] == "n2" and "down" in err.value.details["error"]
-    assert len(world.indexers["n2"].stabilize) == asked
+    assert len(world.indexers["n2"].stabilise) == asked
 
 
 async def test_stale_delivery_keeps_its_code(world: World) -> None:
@@ -387,7 +387,7 @@ async def test_stabilise_requests_go_out_in_parallel(world: World) -> None:
     # never get there (the barrier times out and fails the request).
     barrier = asyncio.Barrier(3)
 
-    async def gate(_: StabilizeSlices) -> None:
+    async def gate(_: StabiliseSlices) -> None:
         async with asyncio.timeout(5):
             await barrier.wait()
 
@@ -403,7 +403,7 @@ async def test_requests_of_one_keyspace_are_serialised(world: World) -> None:
     first_in = asyncio.Event()
     other_in = asyncio.Event()
 
-    async def gate(msg: StabilizeSlices) -> None:
+    async def gate(msg: StabiliseSlices) -> None:
         arrived.append((msg.keyspace, msg.ts[0][0]))
         if msg.keyspace == "other":
             other_in.set()
@@ -444,7 +444,7 @@ def test_plan_groups_partitions_by_the_latest_topology() -> None:
     rec, topo = index("a", {0: "n1", 1: "n2"})
     moved = Topology(seq_num=2, assignment={0: "n3", 1: "n2"})
     state = StateContext(indexes={"a": rec}, index_topologies={"a": [topo, moved]})
-    plan = plan_stabilize(state, "ks", ["a", "a"])
+    plan = plan_stabilise(state, "ks", ["a", "a"])
     assert plan.by_node == {"n2": ["a"], "n3": ["a"]}
     assert plan.topologies == {"a": moved} and plan.skipped == {}
 

@@ -1,17 +1,17 @@
 """The timekeeper's check-and-publish path: the pipeline stabilised the indexers itself
-(``DeliverAndStabilize``) and brings their replies in ``AdvanceStability.stabilized``. The
+(``DeliverAndStabilise``) and brings their replies in ``AdvanceStability.stabilised``. The
 timekeeper sends no round of its own, publishes only indexes every slice of whose topology
 acknowledged the TS, and holds the TS monotonically, as for its own rounds."""
 
 from __future__ import annotations
 
-from shardex.api.delivery import SliceAck, Stabilized
+from shardex.api.delivery import SliceAck, Stabilised
 from shardex.api.timekeeper import AdvanceStability, StabilityAdvanced
 from tests.integration.manager.test_timekeeper import World, ts, world  # noqa: F401
 
 
-def _reply(node: str, acks: list[tuple[str, int, dict]], state: str = "active") -> Stabilized:
-    return Stabilized(
+def _reply(node: str, acks: list[tuple[str, int, dict]], state: str = "active") -> Stabilised:
+    return Stabilised(
         node=node,
         incarnation=f"inc-{node}",
         acks=[
@@ -21,8 +21,8 @@ def _reply(node: str, acks: list[tuple[str, int, dict]], state: str = "active") 
     )
 
 
-async def _advance(w: World, at: dict, replies: dict[str, Stabilized]) -> StabilityAdvanced:
-    msg = AdvanceStability(keyspace="ks", ts=at, index_ids=["a", "c"], stabilized=replies)
+async def _advance(w: World, at: dict, replies: dict[str, Stabilised]) -> StabilityAdvanced:
+    msg = AdvanceStability(keyspace="ks", ts=at, index_ids=["a", "c"], stabilised=replies)
     assert w.server.address is not None
     return await w.client.request(w.server.address, msg, 10, expect=StabilityAdvanced)
 
@@ -36,7 +36,7 @@ async def test_brought_acks_are_checked_and_published_without_a_round(world: Wor
     }
     reply = await _advance(world, at, replies)
     assert reply.published == ["a", "c"] and reply.items_count == {"a": 15, "c": 10}
-    assert world.sent() == {}  # no StabilizeSlices: the pipeline did steps 13-15
+    assert world.sent() == {}  # no StabiliseSlices: the pipeline did steps 13-15
     assert await world.held() == {"a": at, "c": at}
     assert await world.published_to() == {
         "n1": [{"a": at, "c": at}],

@@ -1,5 +1,5 @@
 """``RoundSender`` (``pipeline/indexers.py``): a round's rows sent as ``DeliverKeyVersions``
-frames while the batch is still projected, then each node's ``DeliverAndStabilize``. Over real
+frames while the batch is still projected, then each node's ``DeliverAndStabilise``. Over real
 TCP to the two-indexer harness of ``test_index_delivery.py``, with the oracle: the round is
 exact; its first frames carry the round's drop (rows a previous job queued above the start on
 another branch do not survive); an indexer restarted between the early frames and the
@@ -20,7 +20,7 @@ from shardex.client.loop_thread import LoopThread
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import ConnectionPool, TcpTransport
-from shardex.pipeline.indexers import RoundSender, deliver_and_stabilize
+from shardex.pipeline.indexers import RoundSender, deliver_and_stabilise
 from shardex.testing.index import FakeKeyspace, random_workload
 from tests.integration.index.test_index_delivery import (  # noqa: F401
     KS,
@@ -178,7 +178,7 @@ async def test_an_indexer_restarted_after_early_frames_refuses_the_stabilise(
     assert all(s.queued == 0 and s.applied == ts1.to_wire() for s in listed)  # nothing taken
     assert incarnations(pipe)["n1"] != old["n1"]
     # The batch's retry: every row again, with a new sender.
-    await asyncio.to_thread(deliver_and_stabilize, client, KS, pipe.batch, ts2, rows, _plan(pipe))
+    await asyncio.to_thread(deliver_and_stabilise, client, KS, pipe.batch, ts2, rows, _plan(pipe))
     pipe.check(ts2, ks.documents_at(ts2))
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from shardex.api.delivery import Stabilized, StabilizeSlices
+from shardex.api.delivery import Stabilised, StabiliseSlices
 from shardex.api.scan import ScanSlices
 from shardex.api.scan_streams import OutStreams
 from shardex.client import connect
@@ -82,7 +82,7 @@ async def test_a_large_scan_streams_what_follows_the_replys_entries(
         env.ks.upsert(f"d{i:05}", user(i))
     ts = env.ks.ts()
     await env.deliver(ts)
-    await env.stabilize(ts)
+    await env.stabilise(ts)
     want = oracle_rows(env.defs["by_name"], env.ks.documents_at(ts), None)
     got = await env.scan("by_name", consistency="at_plus", at=ts)
     assert as_rows(got) == want  # the k-way merge puts the replies' entries first per slice
@@ -110,7 +110,7 @@ async def test_the_coordinators_own_slices_are_read_in_process(
         env.ks.upsert(f"big{i:05}", user(i))
     ts = env.ks.ts()
     await env.deliver(ts)
-    await env.stabilize(ts)
+    await env.stabilise(ts)
     docs = env.ks.documents_at(ts)
     for name, spans in [("by_name", None), ("by_city", [{"low": ["lima"], "high": ["rome"]}])]:
         want = oracle_rows(env.defs[name], docs, spans)
@@ -137,8 +137,8 @@ async def test_stability_pins_the_oldest_snapshot_when_nodes_differ(env: Env) ->
     await env.deliver(new)
     ids = [d.id for d in env.defs.values()]
     # Only n1 stabilises the newer TS: n1's newest snapshot is `new`, n2's is `old`.
-    msg = StabilizeSlices(keyspace=KS, ts=dict(new.to_wire()), index_ids=ids)
-    await env.ask("n1", msg, Stabilized)
+    msg = StabiliseSlices(keyspace=KS, ts=dict(new.to_wire()), index_ids=ids)
+    await env.ask("n1", msg, Stabilised)
     opened: list[tuple[str, Any]] = []
     for name in NODES:
         server = env.nodes[name].scan_server
@@ -159,7 +159,7 @@ async def test_stability_pins_the_oldest_snapshot_when_nodes_differ(env: Env) ->
     assert sorted(n for n, ts in opened if ts is None) == ["n1", "n2"]
     assert [n for n, ts in opened if ts is not None] == ["n1"]
     # Once n2 has it too, one round is enough.
-    await env.ask("n2", msg, Stabilized)
+    await env.ask("n2", msg, Stabilised)
     opened.clear()
     res = await asyncio.to_thread(client.scan, KS, "by_name", None, stability="scan")
     rows = await asyncio.to_thread(list, res)

@@ -110,7 +110,7 @@ async def test_an_index_behind_is_read_again_once_it_covers_every_acknowledged_w
     watches = [n.scan_server.watch for n in env.nodes.values()]
     await _until(lambda: any(w._events for w in watches) or first.done())
     assert not first.done()
-    await env.stabilize(ahead)
+    await env.stabilise(ahead)
     ts, rows = await first
     want = oracle_rows(env.defs["by_name"], env.ks.documents_at(ahead), None)
     assert ts == ahead and as_rows(rows) == want

@@ -139,7 +139,7 @@ async def test_seqnos_carried_ahead_of_the_index_make_the_scan_wait_for_them(env
     first = asyncio.ensure_future(scan(env))
     await _until(lambda: outcomes(env).get("miss") == 1 or first.done())
     assert not first.done()
-    await env.stabilize(ahead)
+    await env.stabilise(ahead)
     got_ts, rows = await first
     assert got_ts == ahead
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(ahead), None)
@@ -167,7 +167,7 @@ async def test_a_reply_without_the_seqnos_makes_the_coordinator_ask_the_owner(en
     await _until(lambda: outcomes(env).get("miss") == 1 or first.done())
     assert not first.done()  # waits: the snapshot read does not hold n2's writes
     assert requests == ["n2"]
-    await env.stabilize(env.ks.ts())
+    await env.stabilise(env.ks.ts())
     got_ts, rows = await first
     assert got_ts is not None and got_ts.covers(ahead)
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(got_ts), None)
@@ -189,7 +189,7 @@ async def test_a_scan_without_stability_waits_for_the_shared_rounds_seqnos(env: 
     await _until(lambda: any(w._events for w in watches) or first.done())
     assert not first.done()
     assert requests == ["n2"] and sorted(asked) == [("n1", [0, 2, 4, 6]), ("n2", [1, 3, 5, 7])]
-    await env.stabilize(ahead)
+    await env.stabilise(ahead)
     rows = await first
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(ahead), None)
 

@@ -89,7 +89,7 @@ async def test_at_plus_waits_for_the_stabilise_then_sees_the_writes(env: Env) ->
     watch = env.nodes["n1"].scan_server.watch
     await _until(lambda: bool(watch._events) or scan.done())  # waiting on n1's slices
     assert not scan.done()
-    await env.stabilize(ahead)
+    await env.stabilise(ahead)
     got = await scan
     assert as_rows(got) == oracle_rows(env.defs["by_name"], env.ks.documents_at(ahead), None)
 

@@ -1,4 +1,4 @@
-"""The engine under the pipeline's wire protocol: ``stabilize_many`` (one atomic write for
+"""The engine under the pipeline's wire protocol: ``stabilise_many`` (one atomic write for
 several indexes, states skipped, missing indexes) and load sessions (chunks, duplicates,
 restarts, stale and rolled-back loads), plus ``describe_slices`` on the simulator's engine."""
 
@@ -61,12 +61,12 @@ def count_writes(eng: IndexerEngine, monkeypatch: pytest.MonkeyPatch) -> list[bo
     return calls
 
 
-def test_stabilize_many_is_one_write_and_reports_every_slice(eng, monkeypatch) -> None:
+def test_stabilise_many_is_one_write_and_reports_every_slice(eng, monkeypatch) -> None:
     eng.sync = True
     eng.enqueue([up("a", 0, "x", 1, 1), up("a", 1, "y", 2, 2), up("b", 0, "x", 1, 1)])
     eng.enqueue([up("b", 0, "z", 3, 3)])
     writes = count_writes(eng, monkeypatch)
-    res = eng.stabilize_many(["b", "a", "gone", "a"], ts(3))
+    res = eng.stabilise_many(["b", "a", "gone", "a"], ts(3))
     assert writes == [True]  # every slice of both indexes in one synced write
     assert res.missing == ["gone"]
     assert [(r.index_id, r.partition, r.state, r.items_count) for r in res.slices] == [
@@ -77,15 +77,15 @@ def test_stabilize_many_is_one_write_and_reports_every_slice(eng, monkeypatch) -
     assert all(r.applied == ts(3) and r.ack is not None for r in res.slices)
     check_index(B, eng.entries("b", ts(3)), {"x": {"k": 1}, "z": {"k": 3}})
     # Again at the same TS: acknowledged without work, no write.
-    again = eng.stabilize_many(["a", "b"], ts(3))
+    again = eng.stabilise_many(["a", "b"], ts(3))
     assert writes == [True] and all(r.ack and r.ack.already for r in again.slices)
 
 
-def test_stabilize_many_skips_loading_and_rebuilding_slices(eng) -> None:
+def test_stabilise_many_skips_loading_and_rebuilding_slices(eng) -> None:
     eng.load_chunk("a", 1, ts(2), [up("a", 1, "y", 2, 2)])
     eng.slice("b", 0).rollback_to(0, 0)  # never applied anything: stays created
     eng.enqueue([up("a", 0, "x", 1, 3), up("b", 0, "x", 1, 3)])
-    res = eng.stabilize_many(["a", "b"], ts(3))
+    res = eng.stabilise_many(["a", "b"], ts(3))
     got = {(r.index_id, r.partition): (r.state, r.ack is not None) for r in res.slices}
     assert got == {
         ("a", 0): (STATE_ACTIVE, True),
@@ -93,19 +93,19 @@ def test_stabilize_many_skips_loading_and_rebuilding_slices(eng) -> None:
         ("b", 0): (STATE_ACTIVE, True),
     }
     eng.slice("b", 0).rollback_to(0, 1)  # applied 3 > 1: needs a rebuild
-    res = eng.stabilize_many(["b"], ts(4))
+    res = eng.stabilise_many(["b"], ts(4))
     assert [(r.state, r.ack, r.applied) for r in res.slices] == [(STATE_NEEDS_REBUILD, None, ts(3))]
 
 
-def test_stabilize_many_refusal_writes_nothing(eng, monkeypatch) -> None:
+def test_stabilise_many_refusal_writes_nothing(eng, monkeypatch) -> None:
     eng.enqueue([up("b", 0, "x", 1, 5)])
-    eng.stabilize_many(["b"], ts(5, 5))
+    eng.stabilise_many(["b"], ts(5, 5))
     eng.enqueue([up("a", 0, "x", 1, 6), up("a", 1, "y", 2, 1, part=1)])
     writes = count_writes(eng, monkeypatch)
     # Forwards for a (its slices come first in the batch), backwards in partition 1 for b:
     # the whole round is refused and nothing of a is written.
     with pytest.raises(ShardexError) as err:
-        eng.stabilize_many(["a", "b"], ts(6, 4))
+        eng.stabilise_many(["a", "b"], ts(6, 4))
     assert err.value.code == ErrorCode.BAD_REQUEST and writes == []
     for p in (0, 1):
         sl = eng.slice("a", p)
@@ -131,7 +131,7 @@ def test_load_session_collapses_duplicates_and_ignores_removals(eng) -> None:
     check_index(B, eng.entries("b", t0), {f"d{i}": {"k": i} for i in range(4)})
     # Retries after the finish, even once the maintenance stream moved the slice on.
     eng.enqueue([up("b", 0, "d9", 9, 5)])
-    eng.stabilize_many(["b"], ts(5))
+    eng.stabilise_many(["b"], ts(5))
     assert eng.load_finish("b", 0, t0) == 5
     assert eng.load_chunk("b", 0, t0, rows) == 5
     assert eng.slice("b", 0).applied_ts() == ts(5)
@@ -203,7 +203,7 @@ def test_describe_slices_on_the_simulators_engine() -> None:
 def test_a_rebuild_over_old_storage_by_sst_holds_only_the_new_load(eng, monkeypatch) -> None:
     monkeypatch.setattr(bulk, "SST_THRESHOLD", 1)  # ingestion even for a few entries
     eng.enqueue([up("b", 0, f"d{i}", i, i + 1) for i in range(5)])
-    eng.stabilize_many(["b"], ts(5))
+    eng.stabilise_many(["b"], ts(5))
     assert eng.rollback_to("ks", 0, 2) == [eng.slice("b", 0)]
     t_new = ts(3, uuid=U + 1)
     rows = [up("b", 0, "d0", 10, 1), up("b", 0, "n1", 11, 3)]

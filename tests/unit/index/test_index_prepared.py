@@ -50,7 +50,7 @@ def _count_gathers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_a_whole_queue_stabilise_writes_the_prepared_lists(eng, monkeypatch) -> None:
     eng.enqueue([_up("b", 5, 1), _up("a", 1, 2)])
-    eng.stabilize("ix", ts({0: 2}))
+    eng.stabilise("ix", ts({0: 2}))
     # Two early deliveries, each decided after its reply (new docids, a key change, a
     # delete): the prepared lists cover both and are sorted when sealed.
     eng.enqueue([_up("d", 3, 3), _up("a", 9, 4)])
@@ -62,7 +62,7 @@ def test_a_whole_queue_stabilise_writes_the_prepared_lists(eng, monkeypatch) -> 
     assert prep is not None and prep.sealed
     assert prep.entry_puts == sorted(prep.entry_puts) and prep.back_keys == [b"a", b"b", b"c", b"d"]
     gathers = _count_gathers(monkeypatch)
-    eng.stabilize("ix", ts({0: 6}))
+    eng.stabilise("ix", ts({0: 6}))
     assert gathers == []  # no decision gathered on the round's path
     want = sorted([encode_entry([9], "a"), encode_entry([0], "c"), encode_entry([3], "d")])
     assert eng.entries("ix")[0] == want
@@ -78,7 +78,7 @@ def test_a_replaced_decision_falls_back_to_gathering(eng, monkeypatch) -> None:
     sl: Slice = eng.slice("ix", 0)
     assert sl._decided.prepared is None
     gathers = _count_gathers(monkeypatch)
-    eng.stabilize("ix", ts({0: 2}))
+    eng.stabilise("ix", ts({0: 2}))
     assert gathers == [1]
     assert eng.entries("ix")[0] == [encode_entry([2], "a")]
     # The commit starts a new, prepared set of decisions.
@@ -91,7 +91,7 @@ def test_an_older_redelivery_keeps_the_prepared_lists(eng) -> None:
     eng.enqueue([_up("a", 7, 1)])  # already queued: dropped, nothing replaced
     eng.decide_pending()
     assert eng.slice("ix", 0)._decided.prepared is not None
-    eng.stabilize("ix", ts({0: 2}))
+    eng.stabilise("ix", ts({0: 2}))
     assert eng.entries("ix")[0] == [encode_entry([2], "a")]
 
 
@@ -119,13 +119,13 @@ def test_a_commit_leaves_freeing_its_decisions_to_the_next_decide(eng) -> None:
     eng.decide_pending()
     sl: Slice = eng.slice("ix", 0)
     used = sl._decided
-    eng.stabilize("ix", ts({0: 2}))
+    eng.stabilise("ix", ts({0: 2}))
     assert any(r is used for r in sl._retired)
     assert sl._decided is not used and len(sl._decided) == 0
     eng.enqueue([_up("c", 3, 3)])
     eng.decide_pending()
     assert sl._retired == []
-    eng.stabilize("ix", ts({0: 3}))
+    eng.stabilise("ix", ts({0: 3}))
     assert eng.entries("ix")[0] == sorted(
         [encode_entry([1], "a"), encode_entry([2], "b"), encode_entry([3], "c")]
     )

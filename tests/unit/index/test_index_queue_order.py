@@ -80,7 +80,7 @@ def test_any_delivery_order_and_ts_sequence_gives_the_model(eng, seed: int) -> N
             upto[p] = rng.randint(upto[p], max(seen, upto[p]))
         if not pending:
             upto = dict(top)
-        eng.stabilize("ix", ts(upto))
+        eng.stabilise("ix", ts(upto))
         assert eng.entries("ix")[0] == _expected(history, upto), (seed, upto)
     assert eng.slice("ix", 0).queued() == 0
 
@@ -88,18 +88,18 @@ def test_any_delivery_order_and_ts_sequence_gives_the_model(eng, seed: int) -> N
 def test_a_partial_take_of_an_ordered_queue_leaves_the_rest(eng) -> None:
     rows = [("ix", 0, UPSERT, encode_entry([i], "a"), "a", 0, i) for i in range(1, 11)]
     eng.enqueue(rows)
-    eng.stabilize("ix", ts({0: 4}))
+    eng.stabilise("ix", ts({0: 4}))
     assert eng.entries("ix")[0] == [rows[3][3]]  # seqno 4 wins among 1..4
     assert eng.slice("ix", 0).queued() == 6
-    eng.stabilize("ix", ts({0: 10}))
+    eng.stabilise("ix", ts({0: 10}))
     assert eng.entries("ix")[0] == [rows[9][3]]
 
 
 def test_an_out_of_order_queue_still_takes_the_newest(eng) -> None:
     rows = [("ix", 0, UPSERT, encode_entry([i], "a"), "a", 0, i) for i in (5, 9, 2, 7)]
     eng.enqueue(rows)
-    eng.stabilize("ix", ts({0: 8}))  # takes 5, 2, 7: 7 wins; 9 stays queued
+    eng.stabilise("ix", ts({0: 8}))  # takes 5, 2, 7: 7 wins; 9 stays queued
     assert eng.entries("ix")[0] == [rows[3][3]]
     assert eng.slice("ix", 0).queued() == 1
-    eng.stabilize("ix", ts({0: 9}))
+    eng.stabilise("ix", ts({0: 9}))
     assert eng.entries("ix")[0] == [rows[1][3]]

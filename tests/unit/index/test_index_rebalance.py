@@ -153,14 +153,14 @@ def test_router_sends_a_moving_partition_to_source_and_target() -> None:
 
 
 def test_timekeeper_round_includes_the_target_but_publishes_on_the_topology() -> None:
-    from shardex.api.delivery import SliceAck, Stabilized
-    from shardex.manager.timekeeper import plan_stabilize, verify_acks
+    from shardex.api.delivery import SliceAck, Stabilised
+    from shardex.manager.timekeeper import plan_stabilise, verify_acks
     from shardex.meta.state import StateContext
 
     rec = IndexRecord(definition=MOVABLE, state=ACTIVE)
     topo = Topology(seq_num=1, assignment={0: "n1", 1: "n1", 2: "n2", 3: "n2"})
     state = StateContext(indexes={"m": rec}, index_topologies={"m": [topo]})
-    plan = plan_stabilize(state, "ks", ["m"], {"m": {1: "n3"}})
+    plan = plan_stabilise(state, "ks", ["m"], {"m": {1: "n3"}})
     assert plan.by_node == {"n1": ["m"], "n2": ["m"], "n3": ["m"]}
     assert plan.moving == {"n3": {"m": [1]}}
     ts = Timestamp({0: (5, 1)})
@@ -170,9 +170,9 @@ def test_timekeeper_round_includes_the_target_but_publishes_on_the_topology() ->
         return SliceAck(index_id="m", partition=p, applied=applied, items_count=1, state=state)
 
     replies = {
-        "n1": Stabilized(node="n1", incarnation="i", acks=[ack(0), ack(1)], missing=[]),
-        "n2": Stabilized(node="n2", incarnation="i", acks=[ack(2), ack(3)], missing=[]),
-        "n3": Stabilized(node="n3", incarnation="i", acks=[ack(1, STATE_LOADING)], missing=[]),
+        "n1": Stabilised(node="n1", incarnation="i", acks=[ack(0), ack(1)], missing=[]),
+        "n2": Stabilised(node="n2", incarnation="i", acks=[ack(2), ack(3)], missing=[]),
+        "n3": Stabilised(node="n3", incarnation="i", acks=[ack(1, STATE_LOADING)], missing=[]),
     }
     ready, not_ready = verify_acks(plan, replies, ts)
     assert ready == {"m": 4} and not_ready == {}  # the loading copy does not hold it back
@@ -200,9 +200,9 @@ def test_copy_protocol_on_two_engines_keeps_the_oracle(tmp_path) -> None:
         end = ks.ts()
         changes = ks.changes(prev, end)
         pipe.deliver(changes, rng=rng, redeliver=0.3)
-        pipe.stabilize(end)
+        pipe.stabilise(end)
         if stabilise_target:
-            engines["n2"].stabilize_many(["m"], end)
+            engines["n2"].stabilise_many(["m"], end)
         prev = end
         return end
 
@@ -233,8 +233,8 @@ def test_copy_protocol_on_two_engines_keeps_the_oracle(tmp_path) -> None:
     engines["n2"].load_finish("m", p, t1)
     assert target.state == STATE_ACTIVE and target.applied_ts() == t1
     assert sorted(target.entries(t1)) == sorted(engines["n1"].slice("m", p).entries(t1))
-    pipe.stabilize(mid_end)
-    engines["n2"].stabilize_many(["m"], mid_end)
+    pipe.stabilise(mid_end)
+    engines["n2"].stabilise_many(["m"], mid_end)
     prev = mid_end
     # switch: the new topology names n2; n1 drops its slice
     place["m"][p] = "n2"
@@ -253,7 +253,7 @@ def test_copy_protocol_on_two_engines_keeps_the_oracle(tmp_path) -> None:
 def test_copy_refuses_a_source_behind_the_routed_round(tmp_path) -> None:
     engine = IndexerEngine(tmp_path / "s")
     engine.create_slice(MOVABLE, 0)
-    engine.stabilize("m", Timestamp({0: (3, 1)}))
+    engine.stabilise("m", Timestamp({0: (3, 1)}))
     host = SimpleNamespace(engine=engine, name="s", inline_io=True)
     moves = SliceMoves(host, None, None)  # type: ignore[arg-type]
     msg = ReadSliceCopy(copy_id="c", index_id="m", partition=0, not_before={0: (5, 1)})

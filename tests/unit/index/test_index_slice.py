@@ -59,18 +59,18 @@ def test_applies_only_up_to_the_ts(eng) -> None:
     eng.enqueue([up(f"d{i}", i, i) for i in range(1, 11)])
     sl = eng.slice("ix", 0)
     assert sl.queued() == 10 and sl.high_watermark() == {0: 10}
-    [ack] = eng.stabilize("ix", ts(p0=5))
+    [ack] = eng.stabilise("ix", ts(p0=5))
     assert ack.applied == 5 and not ack.already
     assert keys(eng) == [(i, f"d{i}") for i in range(1, 6)]
     assert sl.queued() == 5 and sl.applied_ts() == ts(p0=5)
-    eng.stabilize("ix", ts(p0=10))
+    eng.stabilise("ix", ts(p0=10))
     check(eng, {f"d{i}": {"k": i} for i in range(1, 11)}, ts(p0=10))
     assert sl.items_count == 10 and sl.queued() == 0
 
 
 def test_partitions_apply_independently(eng) -> None:
     eng.enqueue([up("a", 1, 3, part=0), up("b", 2, 3, part=1), up("c", 3, 9, part=1)])
-    eng.stabilize("ix", ts(p0=3, p1=4))
+    eng.stabilise("ix", ts(p0=3, p1=4))
     assert keys(eng) == [(1, "a"), (2, "b")]
     assert eng.slice("ix", 0).queued() == 1  # c (p1 seqno 9) waits for a later TS
 
@@ -79,11 +79,11 @@ def test_redelivery_is_idempotent(eng) -> None:
     batch = [up("a", 1, 1), up("b", 2, 2), up("a", 5, 3), rm("b", 4)]
     assert eng.enqueue(batch).accepted == 4
     assert eng.enqueue(batch).dropped == 4  # same micro-batch again: already queued
-    eng.stabilize("ix", ts(p0=4))
+    eng.stabilise("ix", ts(p0=4))
     sl = eng.slice("ix", 0)
     before = (sl.entries(), sl.back_rows())
     assert eng.enqueue(batch).dropped == 4  # re-run after it was applied
-    [ack] = eng.stabilize("ix", ts(p0=4))
+    [ack] = eng.stabilise("ix", ts(p0=4))
     assert ack.already and ack.writes == 0
     assert (sl.entries(), sl.back_rows()) == before
     check(eng, {"a": {"k": 5}})
@@ -91,25 +91,25 @@ def test_redelivery_is_idempotent(eng) -> None:
 
 def test_back_index_update_move_delete_reinsert(eng) -> None:
     eng.enqueue([up("a", 1, 1), up("b", 2, 2)])
-    eng.stabilize("ix", ts(p0=2))
+    eng.stabilise("ix", ts(p0=2))
     eng.enqueue([up("a", 7, 3)])  # key changes: the old entry goes
-    eng.stabilize("ix", ts(p0=3))
+    eng.stabilise("ix", ts(p0=3))
     assert keys(eng) == [(2, "b"), (7, "a")]
     eng.enqueue([rm("a", 4)])
-    eng.stabilize("ix", ts(p0=4))
+    eng.stabilise("ix", ts(p0=4))
     sl = eng.slice("ix", 0)
     assert sl.back_rows()["a"] == (0, 4, b"")  # tombstone with the delete's seqno
     eng.enqueue([up("a", 1, 5)])  # re-insert after delete
-    eng.stabilize("ix", ts(p0=5))
+    eng.stabilise("ix", ts(p0=5))
     check(eng, {"a": {"k": 1}, "b": {"k": 2}})
     assert sl.items_count == 2
 
 
 def test_unchanged_key_writes_nothing_and_unknown_removal_is_a_noop(eng) -> None:
     eng.enqueue([up("a", 1, 1)])
-    eng.stabilize("ix", ts(p0=1))
+    eng.stabilise("ix", ts(p0=1))
     eng.enqueue([up("a", 1, 2), rm("zz", 3, UPSERT_DELETION), rm("yy", 4, DELETE)])
-    [ack] = eng.stabilize("ix", ts(p0=4))
+    [ack] = eng.stabilise("ix", ts(p0=4))
     assert ack.applied == 3 and ack.writes == 0
     assert eng.slice("ix", 0).stats.unchanged == 1
     assert "zz" not in eng.slice("ix", 0).back_rows()
@@ -118,13 +118,13 @@ def test_unchanged_key_writes_nothing_and_unknown_removal_is_a_noop(eng) -> None
 def test_last_version_per_docid_wins_within_a_ts(eng) -> None:
     # delivered out of order: the newest seqno decides, whatever the arrival order
     eng.enqueue([up("a", 3, 3), rm("a", 2, UPSERT_DELETION), up("a", 1, 1)])
-    eng.stabilize("ix", ts(p0=3))
+    eng.stabilise("ix", ts(p0=3))
     check(eng, {"a": {"k": 3}})
 
 
 def test_older_seqno_never_overwrites_newer(eng) -> None:
     eng.enqueue([up("a", 9, 9)])
-    eng.stabilize("ix", ts(p0=9))
+    eng.stabilise("ix", ts(p0=9))
     sl = eng.slice("ix", 0)
     batch = eng.store.batch()
     with sl.lock:  # the back-index guard itself, below the enqueue filter
@@ -134,16 +134,16 @@ def test_older_seqno_never_overwrites_newer(eng) -> None:
     assert eng.enqueue([up("a", 1, 5)]).dropped == 1  # and the enqueue filter drops it
 
 
-def test_stabilize_rules(eng) -> None:
+def test_stabilise_rules(eng) -> None:
     eng.enqueue([up("a", 1, 2, part=0), up("b", 1, 2, part=1)])
-    eng.stabilize("ix", ts(p0=2, p1=2))
-    assert eng.stabilize("ix", ts(p0=1, p1=1))[0].already  # older TS: acknowledged
+    eng.stabilise("ix", ts(p0=2, p1=2))
+    assert eng.stabilise("ix", ts(p0=1, p1=1))[0].already  # older TS: acknowledged
     with pytest.raises(ShardexError) as ei:
-        eng.stabilize("ix", ts(p0=5, p1=1))  # forwards in one, backwards in another
+        eng.stabilise("ix", ts(p0=5, p1=1))  # forwards in one, backwards in another
     assert ei.value.code == ErrorCode.BAD_REQUEST
     assert eng.enqueue([("nope", 0, UPSERT, b"x", "a", 0, 9)]).unknown == 1
     with pytest.raises(ShardexError) as ei:
-        eng.stabilize("nope", ts(p0=1))
+        eng.stabilise("nope", ts(p0=1))
     assert ei.value.code == ErrorCode.INDEX_NOT_FOUND
 
 
@@ -151,7 +151,7 @@ def test_snapshots_keep_last_k_and_old_scans_see_old_state(eng) -> None:
     # step i: d{i} in, d{i-1} out; stabilise at p0=10*i
     for i in range(1, 6):
         eng.enqueue([up(f"d{i}", i, 10 * i - 1), rm(f"d{i - 1}", 10 * i, UPSERT_DELETION)])
-        eng.stabilize("ix", ts(p0=10 * i))
+        eng.stabilise("ix", ts(p0=10 * i))
     sl = eng.slice("ix", 0)
     assert sl.snapshot_timestamps() == [ts(p0=30), ts(p0=40), ts(p0=50)]
     assert eng.latest_snapshot_ts("ix") == ts(p0=50)
@@ -163,7 +163,7 @@ def test_snapshots_keep_last_k_and_old_scans_see_old_state(eng) -> None:
     assert ei.value.code == ErrorCode.INDEX_NOT_READY
     it = eng.scan("ix", 0, snapshot_ts=ts(p0=30))
     eng.enqueue([up("d3", 100, 51)])  # the tip moves; the snapshot does not
-    eng.stabilize("ix", ts(p0=60))
+    eng.stabilise("ix", ts(p0=60))
     assert list(it) == [([3], "d3")]  # pinned at scan(): the release at p0=60 is harmless
     assert keys(eng) == [(5, "d5"), (100, "d3")]
     assert keys(eng, ts(p0=40)) == [(4, "d4")]
@@ -180,7 +180,7 @@ def test_scan_spans_limit_reverse(tmp_path) -> None:
             entry = encode_entry([a, b], f"x{a}{b}", [False, True])
             rows.append(("ix", 0, UPSERT, entry, f"x{a}{b}", 0, i + 1))
         e.enqueue(rows)
-        e.stabilize("ix", ts(p0=100))
+        e.stabilise("ix", ts(p0=100))
 
         def scan(*spans, **kw):
             return [tuple(k) for k, _ in e.scan("ix", 0, list(spans), **kw)]
@@ -214,7 +214,7 @@ def test_bulk_load_then_stream(eng, use_sst: bool) -> None:
     assert sl.snapshot_timestamps() == [ts0]
     assert eng.enqueue([up("d1", 50, 1)]).dropped == 1  # covered by T0
     eng.enqueue([up("d2", 42, 13), rm("d3", 5, part=1)])
-    eng.stabilize("ix", ts(p0=13, p1=5))
+    eng.stabilise("ix", ts(p0=13, p1=5))
     docs = {f"d{i}": {"k": i} for i in range(1, 9)} | {"b": {"k": 99}, "d2": {"k": 42}}
     del docs["d3"]
     check(eng, docs)
@@ -224,13 +224,13 @@ def test_bulk_load_then_stream(eng, use_sst: bool) -> None:
 
 def test_rollback_marks_rebuild_and_reset(eng) -> None:
     eng.enqueue([up("a", 1, 3), up("b", 2, 8)])
-    eng.stabilize("ix", ts(p0=5))
+    eng.stabilise("ix", ts(p0=5))
     assert eng.rollback_to("ks", 0, 6) == []  # applied 5 <= 6: only the queue is trimmed
     assert eng.slice("ix", 0).queued() == 0
     assert eng.rollback_to("other", 0, 0) == []
     [sl] = eng.rollback_to("ks", 0, 2)  # applied beyond the rollback point
     assert sl.state == STATE_NEEDS_REBUILD
-    for call in (lambda: eng.scan("ix", 0), lambda: eng.stabilize("ix", ts(p0=9))):
+    for call in (lambda: eng.scan("ix", 0), lambda: eng.stabilise("ix", ts(p0=9))):
         with pytest.raises(ShardexError) as ei:
             call()
         assert ei.value.code == ErrorCode.INDEX_IN_ROLLBACK
@@ -243,14 +243,14 @@ def test_rollback_marks_rebuild_and_reset(eng) -> None:
 
 def test_purge_tombstones(eng) -> None:
     eng.enqueue([up("a", 1, 1), up("b", 1, 2)])
-    eng.stabilize("ix", ts(p0=2))
+    eng.stabilise("ix", ts(p0=2))
     eng.enqueue([rm("a", 3), rm("b", 4, UPSERT_DELETION)])
-    eng.stabilize("ix", ts(p0=4))
+    eng.stabilise("ix", ts(p0=4))
     sl = eng.slice("ix", 0)
     assert eng.purge_tombstones("ix", ts(p0=3)) == 1  # only a's removal is covered
     assert set(sl.back_rows()) == {"b"}
     eng.enqueue([up("b", 2, 5)])  # re-insert over a tombstone, then purge: stays
-    eng.stabilize("ix", ts(p0=5))
+    eng.stabilise("ix", ts(p0=5))
     assert eng.purge_tombstones("ix", ts(p0=5)) == 0
     check(eng, {"b": {"k": 2}})
 
@@ -260,14 +260,14 @@ def test_reopen_keeps_state_and_snapshot(tmp_path) -> None:
     with IndexerEngine(path, sync=False) as e:
         e.create_slice(D, 0)
         e.enqueue([up("a", 1, 1), up("b", 2, 2), up("c", 3, 3)])
-        e.stabilize("ix", ts(p0=2))
+        e.stabilise("ix", ts(p0=2))
         sl = e.slice("ix", 0)
         sl.begin_load  # noqa: B018 - attribute exists (API surface)
     with IndexerEngine(path, sync=False) as e:
         sl = e.slice("ix", 0)
         assert sl.state == STATE_ACTIVE and sl.applied_ts() == ts(p0=2)
         assert sl.queued() == 0  # the queue is memory only: re-delivered from applied TS
-        assert e.stabilize("ix", ts(p0=2))[0].already
+        assert e.stabilise("ix", ts(p0=2))[0].already
         assert [d for _, d in e.scan("ix", 0, snapshot_ts=ts(p0=2))] == ["a", "b"]
         assert sl.items_count == 2
         assert e.create_slice(D, 0) is sl

@@ -115,12 +115,12 @@ def test_deciding_ahead_writes_what_deciding_at_the_stabilise_writes(pair, seed:
         if not any(upto.values()):
             continue
         for e in (ahead, plain):
-            e.stabilize("ix", ts(upto))
+            e.stabilise("ix", ts(upto))
         _same(ahead, plain, (seed, step, dict(upto)))
     top = {p: max((r[6] for r in history if r[5] == p), default=0) for p in range(PARTS)}
     for e in (ahead, plain):
         e.enqueue(history)  # whatever a drop left out
-        e.stabilize("ix", ts(top))
+        e.stabilise("ix", ts(top))
     _same(ahead, plain, (seed, "end"))
     assert ahead.slice("ix", 0).queued() == 0
 
@@ -131,7 +131,7 @@ def test_a_stabilise_of_the_whole_queue_reads_no_back_row(tmp_path, monkeypatch)
         eng.create_slice(D, 0)
         old = [("ix", 0, UPSERT, encode_entry([1], f"d{i}"), f"d{i}", 0, i + 1) for i in range(5)]
         eng.enqueue(old)
-        eng.stabilize("ix", ts({0: 5}))
+        eng.stabilise("ix", ts({0: 5}))
         new = [("ix", 0, UPSERT, encode_entry([2], f"d{i}"), f"d{i}", 0, i + 6) for i in range(5)]
         eng.enqueue(new)
         assert eng.decide_pending() == 5  # what the indexer runs after its reply: reads now
@@ -141,12 +141,12 @@ def test_a_stabilise_of_the_whole_queue_reads_no_back_row(tmp_path, monkeypatch)
         monkeypatch.setattr(
             sl._back, "get_many", lambda keys: reads.append(len(keys)) or real(keys)
         )
-        eng.stabilize("ix", ts({0: 10}))
+        eng.stabilise("ix", ts({0: 10}))
         assert reads == []
         assert eng.entries("ix")[0] == sorted(r[3] for r in new)
         # A cut inside the queue decides from storage (and decides the rest again).
         eng.enqueue([("ix", 0, UPSERT, encode_entry([3], "d0"), "d0", 0, s) for s in (11, 12)])
-        eng.stabilize("ix", ts({0: 11}))
+        eng.stabilise("ix", ts({0: 11}))
         assert reads
         assert encode_entry([3], "d0") in eng.entries("ix")[0]
     finally:
@@ -161,10 +161,10 @@ def test_a_commit_decides_the_remaining_versions_against_the_new_storage(tmp_pat
         eng.create_slice(D, 0)
         e1 = encode_entry([1], "a")
         eng.enqueue([("ix", 0, UPSERT, e1, "a", 0, 1), ("ix", 0, UPSERT, e1, "a", 0, 2)])
-        eng.stabilize("ix", ts({0: 1}))  # cut: seqno 2 stays queued
+        eng.stabilise("ix", ts({0: 1}))  # cut: seqno 2 stays queued
         sl: Slice = eng.slice("ix", 0)
         before = sl.stats.writes
-        eng.stabilize("ix", ts({0: 2}))
+        eng.stabilise("ix", ts({0: 2}))
         assert sl.stats.writes == before and sl.stats.unchanged == 1  # not a new entry
         assert sl.items_count == 1 and eng.entries("ix")[0] == [e1]
     finally:
@@ -183,7 +183,7 @@ def test_a_load_decides_the_versions_queued_meanwhile_against_the_loaded_rows(
         eng.enqueue([("ix", 0, UPSERT, e2, "a", 0, 4)])  # queued while loading: undecided
         assert sl._decided is None
         sl.bulk_load([("ix", 0, UPSERT, e1, "a", 0, 3)], ts({0: 3}))
-        eng.stabilize("ix", ts({0: 4}))
+        eng.stabilise("ix", ts({0: 4}))
         assert eng.entries("ix")[0] == [e2] and sl.items_count == 1
     finally:
         eng.close()
@@ -199,7 +199,7 @@ def test_rows_that_come_with_their_stabilise_are_decided_by_it(tmp_path) -> None
         e1, e2 = encode_entry([1], "a"), encode_entry([2], "b")
         eng.enqueue([("ix", 0, UPSERT, e1, "a", 0, 1)], ahead=False)
         assert sl._decided is None
-        eng.stabilize("ix", ts({0: 1}))
+        eng.stabilise("ix", ts({0: 1}))
         assert sl._decided is not None and len(sl._decided) == 0
         eng.enqueue([("ix", 0, UPSERT, e2, "b", 0, 2)])  # early
         assert sl._decided is not None and len(sl._decided) == 0  # not yet: after the reply
@@ -207,7 +207,7 @@ def test_rows_that_come_with_their_stabilise_are_decided_by_it(tmp_path) -> None
         eng.enqueue([("ix", 0, DELETE, b"", "a", 0, 3)], ahead=False)
         sl.decide_pending()
         assert sl._decided is not None and set(sl._decided.rows) == {"a", "b"}
-        eng.stabilize("ix", ts({0: 3}))
+        eng.stabilise("ix", ts({0: 3}))
         assert eng.entries("ix")[0] == [e2] and sl.items_count == 1
     finally:
         eng.close()

@@ -76,7 +76,7 @@ def test_random_workload_matches_oracle(tmp_path, seed: int) -> None:
             t = end if rng.random() < 0.6 else cut(rng, stable[-1] if stable else None, end)
             if stable and not all(t.seqno(p) >= stable[-1].seqno(p) for p in t):
                 t = end
-            acks = pipe.stabilize(t)
+            acks = pipe.stabilise(t)
             assert all(a.ts == t for a in acks)
             stable.append(t)
             pipe.check(t, ks.documents_at(t))
@@ -88,7 +88,7 @@ def test_random_workload_matches_oracle(tmp_path, seed: int) -> None:
         # drain: everything delivered becomes stable; re-deliver the whole history
         final = ks.ts()
         pipe.deliver(ks.changes(None, final), rng=rng, redeliver=0.5)
-        pipe.stabilize(final)
+        pipe.stabilise(final)
         pipe.check(final, ks.documents_at(final))
         # evaluation errors were counted, not raised, and the oracle agrees on which
         docs = ks.documents_at(final)
@@ -129,7 +129,7 @@ def test_initial_build_while_writes_continue(tmp_path) -> None:
             for p, node in pipe.placement[d.id].items():
                 pipe.engines[node].bulk_load(d.id, p, per_slice.get((d.id, p), []), t0)
         pipe.check(t0, docs0)
-        pipe.stabilize(t1)
+        pipe.stabilise(t1)
         pipe.check(t1, ks.documents_at(t1))
     finally:
         close(pipe)

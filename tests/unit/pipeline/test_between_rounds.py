@@ -51,7 +51,7 @@ class Indexers:
         self.rounds: list[dict[str, Any]] = []  # every stabilise: its TS, rows sent per node
         self.fail_round: int | None = None  # round number whose delivery n2 never gets
 
-    def deliver_and_stabilize(
+    def deliver_and_stabilise(
         self, client: Any, ks: str, batch_id: int, end: Timestamp, by_node: Any, plan: Any,
         moving: Any, slices: Any = None, *, drop_above: Any = None,
     ) -> tuple[DeliveryReport, dict[str, Any]]:  # fmt: skip
@@ -87,7 +87,7 @@ class Indexers:
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Indexers:
     m = Indexers()
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", m.deliver_and_stabilize)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", m.deliver_and_stabilise)
     monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     return m
 
@@ -231,7 +231,7 @@ def test_without_the_attempted_ts_the_batch_would_move_a_slice_back(model: Index
     """What the repair above guards against: the model refuses the batch's own end."""
     model.at["n1"] = {0: 5, 1: 5}
     with pytest.raises(ShardexError) as err:
-        model.deliver_and_stabilize(None, "ks", 1, ts(p0=4, p1=6), {}, {}, {})
+        model.deliver_and_stabilise(None, "ks", 1, ts(p0=4, p1=6), {}, {}, {})
     assert err.value.code is ErrorCode.BAD_REQUEST
 
 
@@ -283,7 +283,7 @@ def test_a_batch_arriving_while_a_round_runs_leaves_its_range_to_the_rounds(
     job, _ = _job(tmp_path, log)
     gate = threading.Event()
     entered = threading.Event()
-    real = model.deliver_and_stabilize
+    real = model.deliver_and_stabilise
 
     def held(*a: Any, **kw: Any) -> Any:
         if len(model.rounds) == 1:  # the first round between batches waits for the test
@@ -291,7 +291,7 @@ def test_a_batch_arriving_while_a_round_runs_leaves_its_range_to_the_rounds(
             assert gate.wait(10)
         return real(*a, **kw)
 
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", held)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", held)
     log.write(0, 2)
     log.write(1, 2)
     log.pending.extend([(0, 3), (1, 3)])

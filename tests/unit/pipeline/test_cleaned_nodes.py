@@ -52,7 +52,7 @@ class Queues:
         for r in rows:
             self.queued[node].setdefault((r[5], r[6]), BATCH)
 
-    def deliver_and_stabilize(
+    def deliver_and_stabilise(
         self, client: Any, ks: str, batch_id: int, end: Timestamp, by_node: Any, plan: Any,
         moving: Any, slices: Any = None, *, drop_above: Any = None,
     ) -> tuple[DeliveryReport, dict[str, Any]]:  # fmt: skip
@@ -77,7 +77,7 @@ class Queues:
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Queues:
     m = Queues()
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", m.deliver_and_stabilize)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", m.deliver_and_stabilise)
     monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     return m
 
@@ -165,13 +165,13 @@ def test_a_new_owner_entering_a_later_round_drops_what_it_holds_above_the_start(
     # Batch 0's round ends only once the read-ahead has read (2, 5] and stopped: the next
     # batch takes those rows and sends them in its round.
     gate = threading.Event()
-    real = batch_steps.deliver_and_stabilize
+    real = batch_steps.deliver_and_stabilise
 
     def slow(*a: Any, **kw: Any) -> Any:
         assert gate.wait(10)
         return real(*a, **kw)
 
-    batch_steps.deliver_and_stabilize = slow
+    batch_steps.deliver_and_stabilise = slow
     try:
         _offset(job, 0, ts(p0=2, p1=2))
         job.run_batch(None, 0)  # type: ignore[arg-type]
@@ -183,7 +183,7 @@ def test_a_new_owner_entering_a_later_round_drops_what_it_holds_above_the_start(
         gate.set()
         job.tail.join()
     finally:
-        batch_steps.deliver_and_stabilize = real
+        batch_steps.deliver_and_stabilise = real
     # Partition 0 switches to n3 before batch 1.
     _switch(registry, {0: "n3", 1: "n2"}, {})
     log.write(0, 1)

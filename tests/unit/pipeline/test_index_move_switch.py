@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from shardex.api.delivery import DeliverAndStabilize, Stabilized
+from shardex.api.delivery import DeliverAndStabilise, Stabilised
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.index import make_definition
@@ -16,12 +16,12 @@ from shardex.index.engine import IndexerEngine
 from shardex.index.engine_host import EngineHost
 from shardex.index.keyversion import UPSERT
 from shardex.index.oracle import check_index
-from shardex.manager.timekeeper import plan_stabilize, verify_acks
+from shardex.manager.timekeeper import plan_stabilise, verify_acks
 from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.meta.state import StateContext
 from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexView
-from shardex.pipeline.rounds.plan import round_slices, stabilize_plan
+from shardex.pipeline.rounds.plan import round_slices, stabilise_plan
 from shardex.testing.index import FakeKeyspace, LocalPipeline, random_workload
 
 DEFN = make_definition(
@@ -42,17 +42,17 @@ async def _round(
     changes: list[Any],
     end: Timestamp,
     batch_id: int,
-) -> dict[str, Stabilized]:
+) -> dict[str, Stabilised]:
     """One batch the way ``BatchSteps._attempt`` sends it: routed by ``views``, one
-    ``DeliverAndStabilize`` per node of the round's plan."""
+    ``DeliverAndStabilise`` per node of the round's plan."""
     routes = {v.id: v.route() for v in views}
     rows = [r for rows in pipe.project_and_route(changes).values() for r in rows]
     by_node = route(rows, routes).by_node
-    plan, moving = stabilize_plan(views)
+    plan, moving = stabilise_plan(views)
     slices = round_slices(views)
     out = {}
     for node in sorted(set(plan) | set(by_node)):
-        msg = DeliverAndStabilize(
+        msg = DeliverAndStabilise(
             keyspace="ks",
             batch_id=batch_id,
             rows=list(by_node.get(node, [])),
@@ -61,7 +61,7 @@ async def _round(
             moving=moving.get(node, {}),
             slices=slices.get(node, {}),
         )
-        out[node] = await deliveries[node].on_deliver_and_stabilize(msg, None)  # type: ignore[arg-type]
+        out[node] = await deliveries[node].on_deliver_and_stabilise(msg, None)  # type: ignore[arg-type]
     return out
 
 
@@ -106,7 +106,7 @@ async def test_a_switched_source_slice_is_not_stabilised_by_rounds_routed_past_i
         state = StateContext(
             indexes={"m": views[0].record}, index_topologies={"m": [views[0].topology]}
         )
-        ready, not_ready = verify_acks(plan_stabilize(state, "ks", ["m"]), replies, end)
+        ready, not_ready = verify_acks(plan_stabilise(state, "ks", ["m"]), replies, end)
         assert ready and not not_ready
         # The owners' snapshots at ``end`` hold exactly the documents as of ``end``.
         owned = {p: engines[n].slice("m", p).entries(end) for p, n in switched.items()}
@@ -129,9 +129,9 @@ def test_timekeeper_rounds_name_the_slices_of_their_topology() -> None:
     old = Topology(seq_num=1, assignment={p: "s" for p in range(4)})
     new = Topology(seq_num=2, assignment={**old.assignment, MOVED: "t"})
     routing = StateContext(indexes={"m": rec}, index_topologies={"m": [old]})
-    plan = plan_stabilize(routing, "ks", ["m"], {"m": {MOVED: "t"}})
+    plan = plan_stabilise(routing, "ks", ["m"], {"m": {MOVED: "t"}})
     assert plan.slices == {"s": {"m": [0, 1, 2, 3]}, "t": {"m": [MOVED]}}
     done = StateContext(indexes={"m": rec}, index_topologies={"m": [old, new]})
-    assert plan_stabilize(done, "ks", ["m"]).slices == {"s": {"m": [0, 1, 3]}, "t": {"m": [2]}}
+    assert plan_stabilise(done, "ks", ["m"]).slices == {"s": {"m": [0, 1, 3]}, "t": {"m": [2]}}
     # The pipeline's view while the move routes: the same slices.
     assert round_slices(_views(old.assignment, {MOVED: "t"})) == plan.slices

@@ -60,7 +60,7 @@ class Calls:
         return DeliveryReport(), {n: "reply" for n in plan}
 
     def advance(self, client: Any, keyspace: str, ts: Timestamp, ids: list[str], **kw: Any):
-        assert kw["stabilized"] == {"n1": "reply", "n2": "reply"}
+        assert kw["stabilised"] == {"n1": "reply", "n2": "reply"}
         self.log.append(("stabilise", ts))
         return StabilityAdvanced(
             keyspace=keyspace, ts=dict(ts.to_wire()), published=list(ids), items_count={}
@@ -70,7 +70,7 @@ class Calls:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     c = Calls()
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", c.deliver)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", c.deliver)
     monkeypatch.setattr(batch_steps, "advance_stability", c.advance)
 
     def read_and_project(client: Any, keyspace: str, defs: Any, start: Any, end: Any) -> list:
@@ -164,7 +164,7 @@ def test_a_retryable_failure_of_the_round_delivers_again(tmp_path: Path, calls: 
 
 
 def test_without_overlap_the_round_ends_inside_run_batch(tmp_path: Path, calls: Calls) -> None:
-    job, _ = _job(tmp_path, overlap_stabilize=False)
+    job, _ = _job(tmp_path, overlap_stabilise=False)
     _offset(job.checkpoint, 0, _ts(3, 2))
     job.run_batch(None, 0)  # type: ignore[arg-type]
     assert not job.tail.busy()

@@ -137,7 +137,7 @@ def test_batches_get_exactly_their_range_with_the_read_ahead(
         delivered.append({(r[5], r[6]) for rows in by_node.values() for r in rows})
         return DeliveryReport(), {}
 
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilize", deliver)
+    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", deliver)
     monkeypatch.setattr(batch_steps, "advance_stability", published_all)
     registry = _FixedRegistry([_view("a")], ts(p0=0, p1=0))
     job = batch_end_job(tmp_path, registry)

@@ -113,10 +113,10 @@ def cluster(
     old.create_slices()
     LocalPipeline(DEFS, engines, {d.id: {0: "n1"} for d in DEFS}).deliver(ks.changes(None, _ts(3)))
     for d in DEFS:
-        engines["n1"].stabilize(d.id, _ts(3))
+        engines["n1"].stabilise(d.id, _ts(3))
     old.deliver(ks.changes(None, _ts(7)))
-    engines["n3"].stabilize("prim", _ts(2))  # 3-7 stay queued, 5-7 above the rollback point
-    engines["n3"].stabilize("city", _ts(7))  # applied beyond the rollback point
+    engines["n3"].stabilise("prim", _ts(2))  # 3-7 stay queued, 5-7 above the rollback point
+    engines["n3"].stabilise("city", _ts(7))  # applied beyond the rollback point
 
     status = _Status(
         [

@@ -68,7 +68,7 @@ class Rig:
             self.ks.upsert(f"d{i}", {"age": self.rng.randrange(30), "name": f"n{i % 7}"})
         end = self.ks.ts()
         self.pipe.deliver(self.ks.changes(start, end))
-        self.pipe.stabilize(end)
+        self.pipe.stabilise(end)
         return end
 
     def move(self, partition: int, target: str) -> None:
@@ -80,7 +80,7 @@ class Rig:
         pipe = LocalPipeline([DEFN], {target: self.engines[target], "X": throwaway}, {"ix": copy})
         pipe.create_slices()
         pipe.deliver(self.ks.changes(None, self.ks.ts()))
-        pipe.stabilize(self.ks.ts())
+        pipe.stabilise(self.ks.ts())
         throwaway.close()
         self.migrations[source].partition_left("ix", partition, target)
         self.migrations[target].partition_arrived("ix", partition)

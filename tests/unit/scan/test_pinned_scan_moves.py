@@ -156,7 +156,7 @@ async def test_a_handed_over_slice_stays_while_leased_and_renewals_then_fail(
     try:
         await svc.reconcile()
         ts = Timestamp({0: (1, 7)})
-        svc.engine.stabilize(rec.id, ts)  # a snapshot at ts on both slices
+        svc.engine.stabilise(rec.id, ts)  # a snapshot at ts on both slices
         await serve_lease(svc, "me", _lease(rec.id, LEASE, ts, [0, 1]))
         await svc.slice_moves.on_switched(_switched(rec.id, 0.0), None)  # type: ignore[arg-type]
         for _ in range(5):  # the grace (0 s) is over; the lease keeps the slice
@@ -183,7 +183,7 @@ async def test_a_handed_over_slice_stays_while_leased_and_renewals_then_fail(
         # ... and one whose snapshot the ring let go (unleased, K newer ones) names the slice.
         await serve_lease(svc, "me", _lease(rec.id, RELEASE, None, [0]))
         for n in range(2, 3 + svc.engine.keep_snapshots):
-            svc.engine.stabilize(rec.id, Timestamp({0: (n, 7)}))
+            svc.engine.stabilise(rec.id, Timestamp({0: (n, 7)}))
         with pytest.raises(ShardexError) as err:
             await serve_lease(svc, "me", _lease(rec.id, RENEW, ts, [0]))
         assert _code(err) is ErrorCode.SNAPSHOT_TOO_OLD

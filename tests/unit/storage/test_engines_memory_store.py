@@ -38,7 +38,7 @@ def test_index_engine_on_memory_store_matches_oracle_and_survives_power_off(seed
         random_workload(ks, rng, rng.randint(5, 40))
         end = ks.ts()
         pipe.deliver(ks.changes(start, end), rng=rng, redeliver=0.3)
-        pipe.stabilize(end)
+        pipe.stabilise(end)
         pipe.check(end, ks.documents_at(end))
         start = end
     # Rows queued but never stabilised, then the machines lose power: the stabilised TS

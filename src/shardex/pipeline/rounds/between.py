@@ -5,7 +5,7 @@ received and some algorithm": a stability point need not be a Spark batch's end.
 round succeeded and was published for every index, the read-ahead thread (started at B's end E_B
 with B's views' definitions, rolling) keeps reading pieces and runs rounds through the batch's
 own ``_attempt``, one at a time, each on a thread of its own while the next piece is read: route
-by B's views, one ``DeliverAndStabilize`` per indexer with the rows read since the last round
+by B's views, one ``DeliverAndStabilise`` per indexer with the rows read since the last round
 (those not applied) and the stabilise at T' = pointwise max(their end, last stabilised TS), then
 ``AdvanceStability(T')``. A write is then covered about one piece + one round after it was
 acknowledged instead of half a Spark cycle + Spark's planning + a read + a round.
@@ -54,7 +54,7 @@ class _RoundStats(Protocol):
 
     key_versions: int
     deliver: float
-    stabilize: float
+    stabilise: float
 
 
 class _Rounds(Protocol):
@@ -297,7 +297,7 @@ class BetweenRounds:
         for samples, value in (
             (s.walls, time.perf_counter() - t),
             (s.delivers, done.deliver),
-            (s.publishes, done.stabilize),
+            (s.publishes, done.stabilise),
         ):
             samples.append(value)
             del samples[:-200]

@@ -2,10 +2,10 @@
 
 The round is the maintenance stream's exactly-once step (``docs/architecture.md``, "Index
 pipeline"): every indexer of the round's plan gets its rows in frames, one after the other,
-the last one a ``DeliverAndStabilize`` at the round's TS; every frame after the first names
+the last one a ``DeliverAndStabilise`` at the round's TS; every frame after the first names
 the incarnation that took the first (a restarted indexer lost its queue and refuses with
-STALE_DELIVERY); once every node has answered ``Stabilized``, the timekeeper gets the replies
-in ``AdvanceStability.stabilized``, checks them and publishes the TS. ``RoundSender`` and
+STALE_DELIVERY); once every node has answered ``Stabilised``, the timekeeper gets the replies
+in ``AdvanceStability.stabilised``, checks them and publishes the TS. ``RoundSender`` and
 ``advance_stability`` (``indexers.py``) do this with the client's loop and connections; this
 module holds the same decisions apart from any transport, in the shape of Dask's
 ``worker_state_machine.py``: ``RoundMachine.start`` and ``RoundMachine.handle(event)``
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 from shardex.api.delivery import (
     MAX_ROWS_PER_FRAME,
-    DeliverAndStabilize,
+    DeliverAndStabilise,
     Delivered,
     DeliverKeyVersions,
-    Stabilized,
+    Stabilised,
 )
 from shardex.api.timekeeper import AdvanceStability, StabilityAdvanced
 from shardex.core.timestamp import Timestamp
@@ -59,7 +59,7 @@ __all__ = [
 @dataclass(frozen=True)
 class NodeReplied:
     node: str
-    reply: Delivered | Stabilized
+    reply: Delivered | Stabilised
 
 
 @dataclass(frozen=True)
@@ -92,11 +92,11 @@ class SendToIndexer:
     (``NodeFailed``). A node has at most one frame out at a time."""
 
     node: str
-    message: DeliverKeyVersions | DeliverAndStabilize
+    message: DeliverKeyVersions | DeliverAndStabilise
 
     @property
-    def expect(self) -> type[Delivered] | type[Stabilized]:
-        return Stabilized if isinstance(self.message, DeliverAndStabilize) else Delivered
+    def expect(self) -> type[Delivered] | type[Stabilised]:
+        return Stabilised if isinstance(self.message, DeliverAndStabilise) else Delivered
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ Instruction = SendToIndexer | AskTimekeeper | RoundDone | RoundFailed
 
 @dataclass(frozen=True)
 class RoundSpec:
-    """What one round delivers and stabilises (the arguments of ``deliver_and_stabilize``).
+    """What one round delivers and stabilises (the arguments of ``deliver_and_stabilise``).
 
     ``by_node``: routed rows per node; ``plan``: node -> the index ids it hosts (every node
     of the plan stabilises, rows or not); ``slices``: node -> index id -> the partitions the
@@ -163,7 +163,7 @@ class RoundSpec:
 class _NodeRound:
     """One node's frames, sent one after the other."""
 
-    __slots__ = ("best_effort", "done", "frames", "incarnation", "next", "stabilized")
+    __slots__ = ("best_effort", "done", "frames", "incarnation", "next", "stabilised")
 
     def __init__(
         self, frames: list[Sequence[KeyVersion]], incarnation: str, best_effort: bool = False
@@ -171,9 +171,9 @@ class _NodeRound:
         self.frames = frames  # never empty: the last one goes with the stabilise
         self.next = 0  # index of the frame to send next
         self.incarnation = incarnation  # what the next frame names ("" = any)
-        self.stabilized: Stabilized | None = None
+        self.stabilised: Stabilised | None = None
         self.best_effort = best_effort  # a drop-only node: its failure fails nothing
-        self.done = False  # answered ``Stabilized`` (or, best effort, failed)
+        self.done = False  # answered ``Stabilised`` (or, best effort, failed)
 
 
 class RoundMachine:
@@ -237,7 +237,7 @@ class RoundMachine:
         if self.spec.drop_above is not None and node not in self._drop_sent:
             self._drop_sent.add(node)  # the node's first frame forgets its queue above
             drop = dict(self.spec.drop_above)
-        msg: DeliverKeyVersions | DeliverAndStabilize
+        msg: DeliverKeyVersions | DeliverAndStabilise
         if not last:
             msg = DeliverKeyVersions(
                 keyspace=self.spec.keyspace,
@@ -248,7 +248,7 @@ class RoundMachine:
             )
         else:
             slices = self.spec.slices
-            msg = DeliverAndStabilize(
+            msg = DeliverAndStabilise(
                 keyspace=self.spec.keyspace,
                 batch_id=self.spec.batch_id,
                 rows=rows,
@@ -261,7 +261,7 @@ class RoundMachine:
             )
         return SendToIndexer(node, msg)
 
-    def _on_reply(self, node: str, reply: Delivered | Stabilized) -> list[Instruction]:
+    def _on_reply(self, node: str, reply: Delivered | Stabilised) -> list[Instruction]:
         nr = self._nodes.get(node)
         if nr is None or self.state != "delivering":
             return []
@@ -273,8 +273,8 @@ class RoundMachine:
                 return self._maybe_advance()
             return self._fail(exc)
         nr.incarnation = reply.incarnation
-        if isinstance(reply, Stabilized):
-            nr.stabilized = reply
+        if isinstance(reply, Stabilised):
+            nr.stabilised = reply
             nr.done = True
         elif nr.next < len(nr.frames):
             return [self._next_frame(node)]
@@ -285,9 +285,9 @@ class RoundMachine:
             return []
         self.state = "advancing"
         replies = {
-            n: r.stabilized
+            n: r.stabilised
             for n, r in self._nodes.items()
-            if r.stabilized is not None and not r.best_effort
+            if r.stabilised is not None and not r.best_effort
         }
         msg = AdvanceStability(
             keyspace=self.spec.keyspace,
@@ -296,7 +296,7 @@ class RoundMachine:
             batch_id=self.spec.batch_id,
             incarnations=dict(self.report.incarnations),
             moving={i: dict(m) for i, m in self.spec.advance_moving.items()},
-            stabilized=replies,
+            stabilised=replies,
         )
         return [AskTimekeeper(msg)]
 

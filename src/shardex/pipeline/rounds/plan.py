@@ -9,7 +9,7 @@ from typing import Any
 
 from shardex.pipeline.registry import IndexView
 
-__all__ = ["plan_nodes", "round_slices", "stabilize_plan", "views_key"]
+__all__ = ["plan_nodes", "round_slices", "stabilise_plan", "views_key"]
 
 
 def views_key(views: Sequence[IndexView]) -> tuple[Any, ...]:
@@ -30,7 +30,7 @@ def views_key(views: Sequence[IndexView]) -> tuple[Any, ...]:
 
 def plan_nodes(key: tuple[Any, ...]) -> set[str]:
     """The nodes a round with views key ``key`` sends to and stabilises on: every owner of
-    a topology and every move target (``stabilize_plan``'s nodes)."""
+    a topology and every move target (``stabilise_plan``'s nodes)."""
     out: set[str] = set()
     for _id, _definition, _seq, assignment, moving in key:
         out.update(node for _p, node in assignment)
@@ -38,12 +38,12 @@ def plan_nodes(key: tuple[Any, ...]) -> set[str]:
     return out
 
 
-def stabilize_plan(
+def stabilise_plan(
     views: Sequence[IndexView],
 ) -> tuple[dict[str, list[str]], dict[str, dict[str, list[int]]]]:
     """(node -> the index ids it hosts, node -> index id -> partitions it receives as an
     index move's target) for a batch's round: the nodes the router sends rows to, by the
-    same views (the timekeeper's ``plan_stabilize``, from the driver's side)."""
+    same views (the timekeeper's ``plan_stabilise``, from the driver's side)."""
     nodes: dict[str, set[str]] = {}
     moving: dict[str, dict[str, list[int]]] = {}
     for v in views:

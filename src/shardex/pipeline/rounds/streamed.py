@@ -11,7 +11,7 @@ projects the next.
 
 ``StreamedRound.offer`` takes the batch's rows group by group, in the order the batch lists
 them, and holds the newest group back: a batch of one group (every small one) sends nothing
-early and its round is the usual single ``DeliverAndStabilize`` per indexer. A held group is
+early and its round is the usual single ``DeliverAndStabilise`` per indexer. A held group is
 sent when the next arrives: the rows not applied (``not_applied`` with the batch's applied
 TSs, as the batch filters its whole list), routed by the batch's views, queued on the nodes
 by the round's ``RoundSender`` (``indexers.py``). The rows sent are then a prefix of the

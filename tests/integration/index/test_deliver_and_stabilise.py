@@ -1,4 +1,4 @@
-"""``DeliverAndStabilize``: the maintenance stream's one round trip per indexer and batch
+"""``DeliverAndStabilise``: the maintenance stream's one round trip per indexer and batch
 (queue the rows, then stabilise, in one engine call), over real TCP with the oracle at every
 TS; re-runs change nothing; a batch whose earlier frames went to a previous incarnation is
 refused before anything is queued. Reuses the two-indexer harness of
@@ -11,10 +11,10 @@ import random
 import pytest
 
 from shardex.api.delivery import (
-    DeliverAndStabilize,
+    DeliverAndStabilise,
     Delivered,
     DeliverKeyVersions,
-    Stabilized,
+    Stabilised,
 )
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
@@ -28,13 +28,13 @@ async def _round(
     ts: Timestamp,
     earlier: dict[str, str] | None = None,
     drop: dict[int, int] | None = None,
-) -> dict[str, Stabilized]:
-    """One ``DeliverAndStabilize`` per node; ``earlier``: node -> the incarnation the
+) -> dict[str, Stabilised]:
+    """One ``DeliverAndStabilise`` per node; ``earlier``: node -> the incarnation the
     batch's earlier (or early) rows went to; ``drop``: the round's ``drop_above``."""
     p.batch += 1
     out = {}
     for node in NODES:
-        msg = DeliverAndStabilize(
+        msg = DeliverAndStabilise(
             keyspace=KS,
             batch_id=p.batch,
             rows=by_node.get(node, []),
@@ -43,7 +43,7 @@ async def _round(
             incarnation=(earlier or {}).get(node, ""),
             drop_above=drop,
         )
-        out[node] = await p.ask(node, msg, Stabilized)
+        out[node] = await p.ask(node, msg, Stabilised)
     return out
 
 
@@ -87,7 +87,7 @@ async def test_earlier_frames_of_a_restarted_indexer_are_refused(pipe: Pipe) -> 
     n1 = pipe.nodes["n1"]
     await n1.stop()
     await n1.start()
-    last = DeliverAndStabilize(
+    last = DeliverAndStabilise(
         keyspace=KS,
         batch_id=99,
         rows=rows[half:],
@@ -96,7 +96,7 @@ async def test_earlier_frames_of_a_restarted_indexer_are_refused(pipe: Pipe) -> 
         incarnation=old,
     )
     with pytest.raises(ShardexError) as err:
-        await pipe.ask("n1", last, Stabilized)
+        await pipe.ask("n1", last, Stabilised)
     assert err.value.code == ErrorCode.STALE_DELIVERY and err.value.details["expected"] == old
     listed = await pipe.list("n1")
     assert all(s.queued == 0 and s.applied == ts1.to_wire() for s in listed)  # nothing taken

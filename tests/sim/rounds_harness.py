@@ -16,7 +16,8 @@ Nodes:
   where it drops first with the job's ``CleanedNodes`` and runs a ``RoundMachine``,
   performing its instructions over a ``ConnectionPool``. Its checkpoint (the last TS every
   index was published at) is on its disk: a restarted driver resumes there and delivers the
-  range again (the indexers drop what they applied, by seqno).
+  range again (the indexers drop what they applied, by seqno). A failed round is retried
+  by the job's policy (``rounds/retry.py``).
 
 The cluster state (indexes ACTIVE, one topology each) is fixed: the coordinator is a stand-in
 that answers with it. After every round the timekeeper published, ``World.check_published``
@@ -69,6 +70,7 @@ from shardex.pipeline.rounds.machine import (
     SendToIndexer,
 )
 from shardex.pipeline.rounds.plan import round_slices, stabilize_plan, views_key
+from shardex.pipeline.rounds.retry import retry_pause, retryable
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.sim import ClusterNode, Simulation
 from shardex.storage.memory import MemoryDisk, MemoryStore
@@ -119,7 +121,6 @@ class Params:
     frame_rows: int = 10  # rows per frame: rounds of several frames, so crashes hit between
     round_gap: float = 0.05  # the driver's pause between rounds
     frame_gap: float = 0.05  # the most a node's later frame waits (``drive_round``)
-    retry_backoff: float = 0.2
     writes: int = 40  # bursts of mutations
     chaos: bool = True
     frame_crash: float = 0.15  # chance an indexer restarts before a stabilise (``before_frame``)
@@ -222,6 +223,7 @@ class World:
         cleaned = CleanedNodes()
         plan, _ = stabilize_plan(self.views)
         key = views_key(self.views)
+        attempt = 0  # failed rounds in a row
         while True:
             end = self.ks.ts()
             if checkpoint.covers(end):
@@ -245,8 +247,15 @@ class World:
             if isinstance(outcome, RoundFailed):
                 why = "stale" if outcome.stale else outcome.error.code.value
                 self.failed[why] = self.failed.get(why, 0) + 1
-                await asyncio.sleep(self.params.retry_backoff)
+                # The job's policy: what time can heal is retried with back-off (with no
+                # deadline here: the job's would fail the query, to be restarted as this
+                # driver is); anything else fails the batch, and so the scenario.
+                if not retryable(outcome.error):
+                    raise outcome.error
+                attempt += 1
+                await asyncio.sleep(retry_pause(attempt, self.rng))
                 continue
+            attempt = 0
             cleaned.round_done(key, outcome.report.incarnations, drop is not None)
             if outcome.published:
                 self.check_published(outcome.ts, outcome.published)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
-from shardex.errors import ErrorCode, ShardexError
+from shardex.errors import ShardexError
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.meta.index_definition import IndexDefinition
 from shardex.pipeline.project.gcpause import gc_paused
@@ -38,6 +37,7 @@ from shardex.pipeline.rounds.machine import RoundEnds
 from shardex.pipeline.rounds.moves import MoveRounds
 from shardex.pipeline.rounds.plan import round_slices, stabilize_plan, views_key
 from shardex.pipeline.rounds.read_ahead import ReadAhead
+from shardex.pipeline.rounds.retry import retry_pause, retryable
 from shardex.pipeline.rounds.sender import RoundSender, run_round
 from shardex.pipeline.rounds.streamed import StreamedRound
 from shardex.pipeline.source.driver_read import read_and_project
@@ -49,17 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["BatchStats", "BatchSteps", "count_changes", "min_ts"]
 
 log = logging.getLogger(__name__)
-
-# Conditions a retry can outlive: an indexer restarting, a node failing over.
-_RETRYABLE = frozenset(
-    {
-        ErrorCode.STALE_DELIVERY,
-        ErrorCode.NODE_UNAVAILABLE,
-        ErrorCode.CONNECTION_CLOSED,
-        ErrorCode.TIMEOUT,
-        ErrorCode.INDEX_NOT_FOUND,
-    }
-)
 
 
 @dataclass
@@ -256,13 +245,13 @@ class BatchSteps:
                 self._attempt(views, rows, start, end, batch_id, stats, streamed)
                 return
             except ShardexError as exc:
-                if exc.code not in _RETRYABLE or time.monotonic() > deadline:
+                if not retryable(exc) or time.monotonic() > deadline:
                     raise
                 attempt += 1
                 stats.retries = attempt
                 streamed = None  # the frames sent while projecting may be gone: all rows again
                 stats.streamed = 0
-                pause = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
+                pause = retry_pause(attempt)
                 log.warning(
                     "batch %d of %s: %s (%s); retrying in %.2f s",
                     batch_id,

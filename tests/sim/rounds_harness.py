@@ -12,10 +12,12 @@ Nodes:
   stability TS, tells the indexers with ``PublishStability``).
 * ``drv``: the pipeline driver. Per round it reads the changes after its checkpoint from the
   keyspace's log (``FakeKeyspace``, the data service's stand-in), projects and routes them
-  with the pipeline's projector and router, plans the round with ``rounds/plan.py`` and runs a
-  ``RoundMachine``, performing its instructions over a ``ConnectionPool``. Its checkpoint
-  (the last TS every index was published at) is on its disk: a restarted driver resumes
-  there and delivers the range again (the indexers drop what they applied, by seqno).
+  with the pipeline's projector and router, plans the round with ``rounds/plan.py``, decides
+  where it drops first with the job's ``CleanedNodes`` and runs a ``RoundMachine``,
+  performing its instructions over a ``ConnectionPool``. Its checkpoint (the last TS every
+  index was published at) is on its disk: a restarted driver resumes there and delivers the
+  range again (the indexers drop what they applied, by seqno). A failed round is retried
+  by the job's policy (``rounds/retry.py``).
 
 The cluster state (indexes ACTIVE, one topology each) is fixed: the coordinator is a stand-in
 that answers with it. After every round the timekeeper published, ``World.check_published``
@@ -51,6 +53,7 @@ from shardex.net import ConnectionPool, RpcServer
 from shardex.pipeline.project.projector import project
 from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexView
+from shardex.pipeline.rounds.cleaned import CleanedNodes
 from shardex.pipeline.rounds.machine import (
     Advanced,
     AdvanceFailed,
@@ -59,13 +62,15 @@ from shardex.pipeline.rounds.machine import (
     NodeFailed,
     NodeReplied,
     RoundDone,
+    RoundEnds,
     RoundEvent,
     RoundFailed,
     RoundMachine,
     RoundSpec,
     SendToIndexer,
 )
-from shardex.pipeline.rounds.plan import round_slices, stabilise_plan
+from shardex.pipeline.rounds.plan import round_slices, stabilise_plan, views_key
+from shardex.pipeline.rounds.retry import retry_pause, retryable
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.sim import ClusterNode, Simulation
 from shardex.storage.memory import MemoryDisk, MemoryStore
@@ -116,7 +121,6 @@ class Params:
     frame_rows: int = 10  # rows per frame: rounds of several frames, so crashes hit between
     round_gap: float = 0.05  # the driver's pause between rounds
     frame_gap: float = 0.05  # the most a node's later frame waits (``drive_round``)
-    retry_backoff: float = 0.2
     writes: int = 40  # bursts of mutations
     chaos: bool = True
     frame_crash: float = 0.15  # chance an indexer restarts before a stabilise (``before_frame``)
@@ -213,10 +217,13 @@ class World:
         checkpoint = Timestamp() if saved is None else Timestamp.from_wire(saved)
         pool = ConnectionPool(node.transport, SECRET, name=node.host)
         batch_id = int(node.disk.get("batch_id", 0))
-        # The first round of a (re)started driver and every retry first drop what the
-        # indexers hold queued above the round's start (``drop_above``): rows a dead driver
-        # or a failed round left there, as a new query's first round does.
-        fallback = True
+        # The nodes where a round of this process dropped what was queued above its start
+        # (``rounds/cleaned.py``, the job's rule): none in a (re)started driver, so its first
+        # round drops on every node, as a new query's first round does.
+        cleaned = CleanedNodes()
+        plan, _ = stabilise_plan(self.views)
+        key = views_key(self.views)
+        attempt = 0  # failed rounds in a row
         while True:
             end = self.ks.ts()
             if checkpoint.covers(end):
@@ -224,18 +231,32 @@ class World:
                 continue
             batch_id += 1
             node.disk["batch_id"] = batch_id
-            machine = RoundMachine(self.round_spec(batch_id, checkpoint, end, drop=fallback))
+            drop = cleaned.drop_above(checkpoint, end, plan)
+            machine = RoundMachine(
+                RoundSpec(KEYSPACE, batch_id, drop_above=drop, frame_rows=self.params.frame_rows)
+            )
             outcome = await drive_round(
-                machine, pool, self.rng, self.params.frame_gap, self.before_frame
+                machine,
+                self.round_end(checkpoint, end),
+                pool,
+                self.rng,
+                self.params.frame_gap,
+                self.before_frame,
             )
             self.rounds += 1
             if isinstance(outcome, RoundFailed):
                 why = "stale" if outcome.stale else outcome.error.code.value
                 self.failed[why] = self.failed.get(why, 0) + 1
-                fallback = True
-                await asyncio.sleep(self.params.retry_backoff)
+                # The job's policy: what time can heal is retried with back-off (with no
+                # deadline here: the job's would fail the query, to be restarted as this
+                # driver is); anything else fails the batch, and so the scenario.
+                if not retryable(outcome.error):
+                    raise outcome.error
+                attempt += 1
+                await asyncio.sleep(retry_pause(attempt, self.rng))
                 continue
-            fallback = False
+            attempt = 0
+            cleaned.round_done(key, outcome.report.incarnations, drop is not None)
             if outcome.published:
                 self.check_published(outcome.ts, outcome.published)
             if set(outcome.published) == {d.id for d in self.definitions}:
@@ -246,25 +267,18 @@ class World:
 
     # -- the round -------------------------------------------------------------------------
 
-    def round_spec(
-        self, batch_id: int, start: Timestamp, end: Timestamp, *, drop: bool = False
-    ) -> RoundSpec:
-        """The round of ``(start, end]``: projected and routed by the pipeline's code.
-        ``drop``: each node first forgets its queued versions above ``start``."""
+    def round_end(self, start: Timestamp, end: Timestamp) -> RoundEnds:
+        """The round of ``(start, end]``: projected and routed by the pipeline's code."""
         rows = project(self.definitions, self.ks.changes(start, end)).rows
         by_node = {n: v for n, v in route(rows, self.routes).by_node.items() if v}
         plan, moving = stabilise_plan(self.views)
-        return RoundSpec(
-            keyspace=KEYSPACE,
-            batch_id=batch_id,
+        return RoundEnds(
             ts=end,
-            index_ids=[d.id for d in self.definitions],
             by_node=by_node,
             plan=plan,
+            index_ids=[d.id for d in self.definitions],
             slices=round_slices(self.views),
             moving=moving,
-            drop_above={p: start.seqno(p) for p in range(self.ks.num_partitions)} if drop else None,
-            frame_rows=self.params.frame_rows,
         )
 
     # -- checks ----------------------------------------------------------------------------
@@ -370,13 +384,15 @@ class World:
 
 async def drive_round(
     machine: RoundMachine,
+    end: RoundEnds,
     pool: ConnectionPool,
     rng: random.Random | None = None,
     frame_gap: float = 0.0,
     before_frame: Callable[[SendToIndexer, bool], Awaitable[None]] | None = None,
 ) -> RoundDone | RoundFailed:
-    """Perform ``machine``'s instructions over ``pool`` and feed it the outcomes, until the
-    round is done or failed. Every send runs as its own task; replies arrive as events.
+    """End ``machine``'s round with ``end``, perform its instructions over ``pool`` and feed
+    it the outcomes, until the round is done or failed. Every send runs as its own task;
+    replies arrive as events.
     ``frame_gap``: a node's later frames wait up to that long (drawn from ``rng``), as a
     streamed round's frames wait for the next group's projection: a crash can then fall
     between two frames of one node, and the next frame reaches the restarted process.
@@ -409,7 +425,7 @@ async def drive_round(
             ev = NodeFailed(ins.node, err) if isinstance(ins, SendToIndexer) else AdvanceFailed(err)
         events.put_nowait(ev)
 
-    pending: list[Instruction] = machine.start()
+    pending: list[Instruction] = machine.handle(end)
     try:
         while True:
             for ins in pending:

@@ -63,7 +63,7 @@ class DeliverKeyVersions(Message, tag="index.DeliverKeyVersions"):
     rows: list[WireKeyVersion]
     # The indexer process the sender expects ("" = any): a round's later frames continue
     # what that process holds, so a restarted one refuses with STALE_DELIVERY before
-    # queueing anything (``pipeline/indexers.py``, ``RoundSender``).
+    # queueing anything (``pipeline/rounds/machine.py``).
     incarnation: str = ""
     # Before queueing: every local slice of ``keyspace`` forgets its queued versions of
     # these data partitions above these seqnos (``Slice.drop_queued_above``).

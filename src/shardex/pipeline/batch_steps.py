@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -26,18 +25,20 @@ from typing import TYPE_CHECKING, Any
 
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
-from shardex.errors import ErrorCode, ShardexError
+from shardex.errors import ShardexError
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.indexers import RoundSender, advance_stability, deliver_and_stabilise
 from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.rounds.between import raise_floor
 from shardex.pipeline.rounds.cleaned import CleanedNodes
+from shardex.pipeline.rounds.machine import RoundEnds
 from shardex.pipeline.rounds.moves import MoveRounds
 from shardex.pipeline.rounds.plan import round_slices, stabilise_plan, views_key
 from shardex.pipeline.rounds.read_ahead import ReadAhead
+from shardex.pipeline.rounds.retry import retry_pause, retryable
+from shardex.pipeline.rounds.sender import RoundSender, run_round
 from shardex.pipeline.rounds.streamed import StreamedRound
 from shardex.pipeline.source.driver_read import read_and_project
 from shardex.pipeline.source.projected import ProjectSpec
@@ -48,17 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["BatchStats", "BatchSteps", "count_changes", "min_ts"]
 
 log = logging.getLogger(__name__)
-
-# Conditions a retry can outlive: an indexer restarting, a node failing over.
-_RETRYABLE = frozenset(
-    {
-        ErrorCode.STALE_DELIVERY,
-        ErrorCode.NODE_UNAVAILABLE,
-        ErrorCode.CONNECTION_CLOSED,
-        ErrorCode.TIMEOUT,
-        ErrorCode.INDEX_NOT_FOUND,
-    }
-)
 
 
 @dataclass
@@ -255,13 +245,13 @@ class BatchSteps:
                 self._attempt(views, rows, start, end, batch_id, stats, streamed)
                 return
             except ShardexError as exc:
-                if exc.code not in _RETRYABLE or time.monotonic() > deadline:
+                if not retryable(exc) or time.monotonic() > deadline:
                     raise
                 attempt += 1
                 stats.retries = attempt
                 streamed = None  # the frames sent while projecting may be gone: all rows again
                 stats.streamed = 0
-                pause = min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
+                pause = retry_pause(attempt)
                 log.warning(
                     "batch %d of %s: %s (%s); retrying in %.2f s",
                     batch_id,
@@ -321,39 +311,35 @@ class BatchSteps:
             drop = self.cleaned.drop_above(start, end, plan)
             dropped = drop is not None
             how = {"drop_above": drop}
-        report, replies = deliver_and_stabilise(
+        moving = {v.id: dict(v.moving) for v in views if v.moving}  # index moves' targets
+        ends = RoundEnds(
+            ts=end,
+            by_node=routed.by_node,
+            plan=plan,
+            index_ids=sorted(routes),
+            slices=round_slices(views),
+            moving=moving_by_node,
+            advance_moving=moving,
+        )
+        done, stats.stabilise = run_round(
             self.client,
             self.keyspace,
             batch_id,
-            end,
-            routed.by_node,
-            plan,
-            moving_by_node,
-            slices=round_slices(views),
+            ends,
+            timekeeper=self.registry.timekeeper,
             **how,
         )
-        stats.deliver = time.perf_counter() - t  # deliver and stabilise on the indexers
-        t = time.perf_counter()
-        moving = {v.id: dict(v.moving) for v in views if v.moving}  # index moves' targets
-        reply = advance_stability(
-            self.client,
-            self.keyspace,
-            end,
-            sorted(routes),
-            batch_id=batch_id,
-            timekeeper=self.registry.timekeeper,
-            moving=moving,
-            stabilised=replies,
-        )
-        stats.stabilise = time.perf_counter() - t  # the timekeeper's check and publish
-        self.registry.advanced(reply.published, end)
+        # ``deliver``: route, deliver and stabilise on the indexers; ``stabilise``: the
+        # timekeeper's check and publish
+        stats.deliver = time.perf_counter() - t - stats.stabilise
+        self.registry.advanced(done.published, end)
         self.move_rounds.confirmed(moving)
         for index_id, n in stats.errors.items():
             self.errors[index_id] += n
         self.stable = end
-        self.round_published = set(routes) <= set(reply.published)
+        self.round_published = set(routes) <= set(done.published)
         self.round_key = key = views_key(views)
-        self.cleaned.round_done(key, report.incarnations, dropped)
+        self.cleaned.round_done(key, done.report.incarnations, dropped)
 
     def stream_round(
         self,

@@ -1,6 +1,8 @@
-"""``RoundSender`` (``pipeline/indexers.py``): a round's rows sent as ``DeliverKeyVersions``
-frames while the batch is still projected, then each node's ``DeliverAndStabilise``. Over real
-TCP to the two-indexer harness of ``test_index_delivery.py``, with the oracle: the round is
+"""``RoundSender`` (``pipeline/rounds/sender.py``): a round's rows sent as
+``DeliverKeyVersions`` frames while the batch is still projected, then each node's
+``DeliverAndStabilise`` and the timekeeper's check (a stand-in that publishes what it is
+asked). Over real TCP to the two-indexer harness of ``test_index_delivery.py``, with the
+oracle: the round is
 exact; its first frames carry the round's drop (rows a previous job queued above the start on
 another branch do not survive); an indexer restarted between the early frames and the
 stabilise refuses it (STALE_DELIVERY) and applies nothing, and a retry of the whole round is
@@ -15,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from shardex.api.delivery import Delivered, DeliverKeyVersions
+from shardex.api.delivery import Delivered, DeliverKeyVersions, Stabilised
+from shardex.api.timekeeper import AdvanceStability, StabilityAdvanced
 from shardex.client.loop_thread import LoopThread
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import ConnectionPool, TcpTransport
-from shardex.pipeline.indexers import RoundSender, deliver_and_stabilise
+from shardex.pipeline.rounds.machine import DeliveryReport, RoundEnds
+from shardex.pipeline.rounds.sender import RoundSender, run_round
 from shardex.testing.index import FakeKeyspace, random_workload
 from tests.integration.index.test_index_delivery import (  # noqa: F401
     KS,
@@ -42,15 +46,38 @@ class _Router:
         return self.pipe.nodes[node].address  # current: a restarted node has a new port
 
 
+class _Timekeeper:
+    """The timekeeper as the round's connection to it: publishes every index it is asked
+    for, and keeps what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[AdvanceStability] = []
+
+    async def request(self, msg: AdvanceStability, timeout: float, expect: Any) -> Any:
+        self.asked.append(msg)
+        return StabilityAdvanced(
+            keyspace=msg.keyspace, ts=msg.ts, published=list(msg.index_ids), items_count={}
+        )
+
+
 class _Client:
-    """What the pipeline's indexer calls use of a ``Client`` (its ``rpc``): the loop, ``run``
-    and the router's pool (here straight to the harness's indexers)."""
+    """What the pipeline's round uses of a ``Client`` (its ``rpc``): the loop, ``run``, the
+    router's pool (here straight to the harness's indexers) and the connection to the
+    timekeeper (a stand-in)."""
 
     def __init__(self, harness: Pipe) -> None:
         self._io = LoopThread("sender-test")
         self.loop = self._io.loop
         self.router = _Router(harness)
         self.rpc = self
+        self.timekeeper = _Timekeeper()
+
+    async def connection(self) -> _Timekeeper:
+        return self.timekeeper
+
+    def replies(self) -> dict[str, Stabilised]:
+        """The indexers' replies the last round brought the timekeeper."""
+        return dict(self.timekeeper.asked[-1].stabilised or {})
 
     def run(self, coro: Any) -> Any:
         return self._io.run(coro)
@@ -73,6 +100,10 @@ def _plan(harness: Pipe) -> dict[str, list[str]]:
     return {n: list(harness.ids) for n in NODES}
 
 
+def _end(harness: Pipe, ts: Timestamp, by_node: Mapping[str, list[Any]]) -> RoundEnds:
+    return RoundEnds(ts=ts, by_node=by_node, plan=_plan(harness), index_ids=list(harness.ids))
+
+
 def _parts(by_node: Mapping[str, list[Any]], k: int) -> list[dict[str, list[Any]]]:
     """``by_node`` cut into ``k`` consecutive pieces per node (the batch's groups)."""
     out: list[dict[str, list[Any]]] = [{} for _ in range(k)]
@@ -90,14 +121,16 @@ async def _round(
     ts: Timestamp,
     k: int,
     drop: dict[int, int] | None = None,
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[DeliveryReport, dict[str, Stabilised]]:
     """Send all pieces but the last early (from a thread, as the batch does), then finish."""
     pipe.batch += 1
     sender = RoundSender(client, KS, pipe.batch, drop_above=drop)  # type: ignore[arg-type]
     parts = _parts(by_node, k)
     for part in parts[:-1]:
         await asyncio.to_thread(sender.send, part)
-    return await asyncio.to_thread(sender.finish, ts, parts[-1], _plan(pipe))
+    done = await asyncio.to_thread(sender.finish, _end(pipe, ts, parts[-1]))
+    assert done.published == list(pipe.ids) and done.ts == ts
+    return done.report, client.replies()
 
 
 async def test_early_frames_then_the_stabilise_are_exact(pipe: Pipe, client: _Client) -> None:  # noqa: F811
@@ -172,19 +205,18 @@ async def test_an_indexer_restarted_after_early_frames_refuses_the_stabilise(
     await n1.stop()
     await n1.start()
     with pytest.raises(ShardexError) as err:
-        await asyncio.to_thread(sender.finish, ts2, last, _plan(pipe))
+        await asyncio.to_thread(sender.finish, _end(pipe, ts2, last))
     assert err.value.code == ErrorCode.STALE_DELIVERY
     listed = await pipe.list("n1")
     assert all(s.queued == 0 and s.applied == ts1.to_wire() for s in listed)  # nothing taken
     assert incarnations(pipe)["n1"] != old["n1"]
     # The batch's retry: every row again, with a new sender.
-    await asyncio.to_thread(deliver_and_stabilise, client, KS, pipe.batch, ts2, rows, _plan(pipe))
+    await asyncio.to_thread(run_round, client, KS, pipe.batch, _end(pipe, ts2, rows))  # type: ignore[arg-type]
     pipe.check(ts2, ks.documents_at(ts2))
 
 
 async def _acked(sender: RoundSender) -> None:
-    for task in list(sender._chains.values()):
-        await task
+    await asyncio.gather(*sender._tasks)  # the frames sent so far, answered
 
 
 async def test_a_round_whose_rows_all_went_early_stabilises_after_them(
@@ -201,7 +233,8 @@ async def test_a_round_whose_rows_all_went_early_stabilises_after_them(
     for part in _parts(rows, 3):
         await asyncio.to_thread(sender.send, part)
     # Nothing left for the last message: each node's stabilise still follows its frames.
-    report, replies = await asyncio.to_thread(sender.finish, ts, {}, _plan(pipe))
+    done = await asyncio.to_thread(sender.finish, _end(pipe, ts, {}))
+    report, replies = done.report, client.replies()
     assert set(replies) == set(NODES)
     assert report.accepted == sum(len(v) for v in rows.values())
     pipe.check(ts, ks.documents_at(ts))

@@ -27,11 +27,12 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.index.records import STATE_ACTIVE
 from shardex.pipeline import batch_steps
 from shardex.pipeline import registry as registry_mod
-from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.rounds.between import not_applied, on_branch, stabilise_ts
+from shardex.pipeline.rounds.machine import DeliveryReport
 from shardex.pipeline.rounds.read_ahead import ReadAhead
+from tests.unit.pipeline.round_stub import round_of
 from tests.unit.pipeline.test_index_move_idle import _view
 from tests.unit.pipeline.test_maintain_tail import _FixedRegistry
 from tests.unit.pipeline.test_read_ahead import UUID, Log, _range, published_all, ts
@@ -87,8 +88,7 @@ class Indexers:
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Indexers:
     m = Indexers()
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", m.deliver_and_stabilise)
-    monkeypatch.setattr(batch_steps, "advance_stability", published_all)
+    monkeypatch.setattr(batch_steps, "run_round", round_of(m.deliver_and_stabilise, published_all))
     return m
 
 
@@ -291,7 +291,7 @@ def test_a_batch_arriving_while_a_round_runs_leaves_its_range_to_the_rounds(
             assert gate.wait(10)
         return real(*a, **kw)
 
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", held)
+    monkeypatch.setattr(batch_steps, "run_round", round_of(held, published_all))
     log.write(0, 2)
     log.write(1, 2)
     log.pending.extend([(0, 3), (1, 3)])

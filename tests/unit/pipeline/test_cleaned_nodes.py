@@ -25,12 +25,13 @@ import pytest
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.pipeline import batch_steps
-from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
 from shardex.pipeline.registry import IndexView
 from shardex.pipeline.rounds.cleaned import CleanedNodes
+from shardex.pipeline.rounds.machine import DeliveryReport
 from shardex.pipeline.rounds.plan import plan_nodes, views_key
 from shardex.pipeline.rounds.read_ahead import ReadAhead
+from tests.unit.pipeline.round_stub import round_of
 from tests.unit.pipeline.test_index_move_idle import _Registry, _view
 from tests.unit.pipeline.test_read_ahead import Log, _range, batch_end_job, published_all, ts
 
@@ -77,8 +78,7 @@ class Queues:
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Queues:
     m = Queues()
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", m.deliver_and_stabilise)
-    monkeypatch.setattr(batch_steps, "advance_stability", published_all)
+    monkeypatch.setattr(batch_steps, "run_round", round_of(m.deliver_and_stabilise, published_all))
     return m
 
 
@@ -165,13 +165,13 @@ def test_a_new_owner_entering_a_later_round_drops_what_it_holds_above_the_start(
     # Batch 0's round ends only once the read-ahead has read (2, 5] and stopped: the next
     # batch takes those rows and sends them in its round.
     gate = threading.Event()
-    real = batch_steps.deliver_and_stabilise
+    real = batch_steps.run_round
 
     def slow(*a: Any, **kw: Any) -> Any:
         assert gate.wait(10)
         return real(*a, **kw)
 
-    batch_steps.deliver_and_stabilise = slow
+    batch_steps.run_round = slow
     try:
         _offset(job, 0, ts(p0=2, p1=2))
         job.run_batch(None, 0)  # type: ignore[arg-type]
@@ -183,7 +183,7 @@ def test_a_new_owner_entering_a_later_round_drops_what_it_holds_above_the_start(
         gate.set()
         job.tail.join()
     finally:
-        batch_steps.deliver_and_stabilise = real
+        batch_steps.run_round = real
     # Partition 0 switches to n3 before batch 1.
     _switch(registry, {0: "n3", 1: "n2"}, {})
     log.write(0, 1)

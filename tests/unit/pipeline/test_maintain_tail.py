@@ -18,10 +18,11 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.keyversion import UPSERT
 from shardex.pipeline import batch_steps
-from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
+from shardex.pipeline.rounds.machine import DeliveryReport
 from shardex.pipeline.rounds.tail import BatchTail
 from shardex.pipeline.source.plan import plan_ranges
+from tests.unit.pipeline.round_stub import round_of
 from tests.unit.pipeline.test_index_move_idle import _Registry, _view
 
 T0 = Timestamp({0: (0, 1), 1: (0, 1)})
@@ -70,8 +71,7 @@ class Calls:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     c = Calls()
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", c.deliver)
-    monkeypatch.setattr(batch_steps, "advance_stability", c.advance)
+    monkeypatch.setattr(batch_steps, "run_round", round_of(c.deliver, c.advance))
 
     def read_and_project(client: Any, keyspace: str, defs: Any, start: Any, end: Any) -> list:
         ranges = plan_ranges(keyspace, start, end)

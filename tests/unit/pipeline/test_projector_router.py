@@ -98,7 +98,7 @@ def test_delivery_report_refuses_a_restart_between_frames() -> None:
     """A node that answered one frame of a batch as one incarnation and the next as another
     lost the first frame: the batch must be delivered again (STALE_DELIVERY, retried)."""
     from shardex.api.delivery import Delivered
-    from shardex.pipeline.indexers import DeliveryReport
+    from shardex.pipeline.rounds.machine import DeliveryReport
 
     report = DeliveryReport()
     report.add(Delivered(node="n1", incarnation="a", accepted=2))

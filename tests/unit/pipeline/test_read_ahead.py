@@ -15,9 +15,10 @@ from shardex.api.timekeeper import StabilityAdvanced
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.pipeline import batch_steps
-from shardex.pipeline.indexers import DeliveryReport
 from shardex.pipeline.maintain import MaintenanceJob
+from shardex.pipeline.rounds.machine import DeliveryReport
 from shardex.pipeline.rounds.read_ahead import ReadAhead
+from tests.unit.pipeline.round_stub import round_of
 from tests.unit.pipeline.test_index_move_idle import _view
 from tests.unit.pipeline.test_maintain_tail import _FixedRegistry
 
@@ -137,8 +138,7 @@ def test_batches_get_exactly_their_range_with_the_read_ahead(
         delivered.append({(r[5], r[6]) for rows in by_node.values() for r in rows})
         return DeliveryReport(), {}
 
-    monkeypatch.setattr(batch_steps, "deliver_and_stabilise", deliver)
-    monkeypatch.setattr(batch_steps, "advance_stability", published_all)
+    monkeypatch.setattr(batch_steps, "run_round", round_of(deliver, published_all))
     registry = _FixedRegistry([_view("a")], ts(p0=0, p1=0))
     job = batch_end_job(tmp_path, registry)
     job.steps.read_and_project = log.read  # type: ignore[method-assign]

@@ -1,7 +1,10 @@
 """``RoundMachine``: a round's decisions as events in, instructions out (no I/O here; the
-simulator drives it over a network with crashes in ``tests/sim/test_rounds_sim.py``)."""
+driver runs it on the client's loop, ``rounds/sender.py``, and the simulator over a network
+with crashes, ``tests/sim/test_rounds_sim.py``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -20,9 +23,12 @@ from shardex.pipeline.rounds.machine import (
     Advanced,
     AdvanceFailed,
     AskTimekeeper,
+    Instruction,
+    MoreRows,
     NodeFailed,
     NodeReplied,
     RoundDone,
+    RoundEnds,
     RoundFailed,
     RoundMachine,
     RoundSpec,
@@ -32,74 +38,117 @@ from shardex.pipeline.rounds.machine import (
 TS = Timestamp({0: (5, 9)})
 
 
-def rows(n: int) -> list[tuple[str, int, int, bytes, str, int, int]]:
-    return [("ix", 0, UPSERT, b"k%d" % i, f"d{i}", 0, i + 1) for i in range(n)]
+def rows(n: int, first: int = 0) -> list[tuple[str, int, int, bytes, str, int, int]]:
+    return [("ix", 0, UPSERT, b"k%d" % i, f"d{i}", 0, i + 1) for i in range(first, first + n)]
 
 
-def spec(**kw: object) -> RoundSpec:
-    base: dict[str, object] = {
-        "keyspace": "ks",
-        "batch_id": 7,
+def machine(drop_above: dict[int, int] | None = None) -> RoundMachine:
+    return RoundMachine(RoundSpec("ks", 7, drop_above=drop_above, frame_rows=2))
+
+
+def ends(**kw: Any) -> RoundEnds:
+    base: dict[str, Any] = {
         "ts": TS,
-        "index_ids": ["ix"],
         "by_node": {"a": rows(5)},
         "plan": {"a": ["ix"], "b": ["ix"]},
+        "index_ids": ["ix"],
         "slices": {"a": {"ix": [0]}, "b": {"ix": [1]}},
-        "frame_rows": 2,
     }
     base.update(kw)
-    return RoundSpec(**base)  # type: ignore[arg-type]
+    return RoundEnds(**base)
 
 
-def stabilised(node: str, incarnation: str) -> Stabilised:
+def sends(instructions: list[Instruction]) -> dict[str, DeliverKeyVersions | DeliverAndStabilise]:
+    out = {i.node: i.message for i in instructions if isinstance(i, SendToIndexer)}
+    assert len(out) == len(instructions)
+    return out
+
+
+def delivered(node: str, incarnation: str, n: int = 2) -> NodeReplied:
+    return NodeReplied(node, Delivered(node=node, incarnation=incarnation, accepted=n))
+
+
+def stabilised(node: str, incarnation: str) -> NodeReplied:
     ack = SliceAck(index_id="ix", partition=0, applied=TS.to_wire(), items_count=1, state="active")
-    return Stabilised(node=node, incarnation=incarnation, acks=[ack])
+    return NodeReplied(node, Stabilised(node=node, incarnation=incarnation, acks=[ack]))
 
 
 def test_frames_go_one_after_the_other_naming_the_first_incarnation() -> None:
-    m = RoundMachine(spec(drop_above={0: 3}))
-    first = m.start()
-    by_node = {i.node: i for i in first if isinstance(i, SendToIndexer)}
-    assert set(by_node) == {"a", "b"}  # b has no rows but stabilises
-    a1 = by_node["a"].message
+    m = machine(drop_above={0: 3})
+    first = sends(m.handle(ends()))
+    assert set(first) == {"a", "b"}  # b has no rows but stabilises
+    a1 = first["a"]
     assert isinstance(a1, DeliverKeyVersions) and len(a1.rows) == 2
     assert a1.incarnation == "" and a1.drop_above == {0: 3}
-    b1 = by_node["b"].message
+    b1 = first["b"]
     assert isinstance(b1, DeliverAndStabilise) and b1.rows == [] and b1.slices == {"ix": [1]}
     assert b1.drop_above == {0: 3}  # every node's first frame forgets its queue above
-    (a2,) = m.handle(NodeReplied("a", Delivered(node="a", incarnation="A1", accepted=2)))
-    assert isinstance(a2, SendToIndexer) and isinstance(a2.message, DeliverKeyVersions)
-    assert a2.message.incarnation == "A1" and a2.message.drop_above is None
-    (a3,) = m.handle(NodeReplied("a", Delivered(node="a", incarnation="A1", accepted=2)))
-    assert isinstance(a3, SendToIndexer) and isinstance(a3.message, DeliverAndStabilise)
-    assert len(a3.message.rows) == 1 and a3.message.incarnation == "A1"
-    assert a3.message.ts == TS.to_wire() and a3.message.index_ids == ["ix"]
-    assert m.handle(NodeReplied("a", stabilised("a", "A1"))) == []  # b still out
-    (ask,) = m.handle(NodeReplied("b", stabilised("b", "B1")))
+    a2 = sends(m.handle(delivered("a", "A1")))["a"]
+    assert isinstance(a2, DeliverKeyVersions)
+    assert a2.incarnation == "A1" and a2.drop_above is None
+    a3 = sends(m.handle(delivered("a", "A1")))["a"]
+    assert isinstance(a3, DeliverAndStabilise)
+    assert len(a3.rows) == 1 and a3.incarnation == "A1"
+    assert a3.ts == TS.to_wire() and a3.index_ids == ["ix"]
+    assert m.handle(stabilised("a", "A1")) == []  # b still out
+    (ask,) = m.handle(stabilised("b", "B1"))
     assert isinstance(ask, AskTimekeeper)
-    assert ask.message.incarnations == {"a": "A1", "b": "B1"}
     assert set(ask.message.stabilised or {}) == {"a", "b"} and ask.message.batch_id == 7
+    assert ask.message.index_ids == ["ix"] and ask.message.ts == TS.to_wire()
     reply = StabilityAdvanced(keyspace="ks", ts=TS.to_wire(), published=["ix"], items_count={})
     (done,) = m.handle(Advanced(reply))
     assert isinstance(done, RoundDone) and done.published == ["ix"] and done.ts == TS
-    assert m.report.accepted == 4
+    assert m.report.accepted == 4 and m.report.incarnations == {"a": "A1", "b": "B1"}
+
+
+def test_rows_of_an_open_round_go_out_in_order_before_its_end() -> None:
+    """Rows that arrive while the round is open go to an idle node at once and queue behind
+    a node's frame that is out; the end's rows and the stabilise follow them. A node that
+    took only early rows is stabilised too, alone in its last message."""
+    m = machine(drop_above={0: 1})
+    (a1,) = m.handle(MoreRows({"a": rows(3)}))
+    assert isinstance(a1, SendToIndexer) and a1.message.drop_above == {0: 1}
+    assert isinstance(a1.message, DeliverKeyVersions) and len(a1.message.rows) == 2
+    # a's frame is out: more rows for a wait; c is idle and gets its own at once
+    later = sends(m.handle(MoreRows({"a": rows(1, first=3), "c": rows(1, first=9)})))
+    assert set(later) == {"c"} and later["c"].drop_above == {0: 1}
+    a2 = sends(m.handle(delivered("a", "A1")))["a"]
+    assert [r[6] for r in a2.rows] == [3]  # each arrival is cut into frames of its own
+    assert m.handle(delivered("c", "C1", 1)) == []  # open: c waits for more or the end
+    at_end = sends(m.handle(ends(by_node={"a": rows(1, first=4)})))
+    assert set(at_end) == {"b", "c"}  # a's frame is still out
+    assert isinstance(at_end["c"], DeliverAndStabilise) and at_end["c"].rows == []
+    assert at_end["c"].incarnation == "C1" and at_end["c"].index_ids == []
+    assert at_end["b"].drop_above == {0: 1}
+    a3 = sends(m.handle(delivered("a", "A1", 1)))["a"]
+    assert isinstance(a3, DeliverKeyVersions) and [r[6] for r in a3.rows] == [4]
+    a4 = sends(m.handle(delivered("a", "A1", 1)))["a"]
+    assert isinstance(a4, DeliverAndStabilise) and [r[6] for r in a4.rows] == [5]
+    assert a4.incarnation == "A1" and a4.drop_above is None
+    m.handle(stabilised("a", "A1"))
+    m.handle(stabilised("b", "B1"))
+    (ask,) = m.handle(stabilised("c", "C1"))
+    assert isinstance(ask, AskTimekeeper) and set(ask.message.stabilised or {}) == {"a", "b", "c"}
+    with pytest.raises(RuntimeError):
+        m.handle(MoreRows({"a": rows(1)}))  # the round ended: no more rows
+
+
+def test_a_failure_while_open_ends_the_round_before_its_end() -> None:
+    m = machine()
+    m.handle(MoreRows({"a": rows(1)}))
+    (failed,) = m.handle(NodeFailed("a", NodeUnavailable("a is down")))
+    assert isinstance(failed, RoundFailed) and not failed.stale
+    assert m.handle(MoreRows({"b": rows(1)})) == []
+    assert m.handle(ends()) == []  # nothing more goes out
 
 
 def test_a_restarted_indexer_between_frames_fails_the_round_stale() -> None:
-    m = RoundMachine(spec(plan={"a": ["ix"]}))
-    m.start()
-    m.handle(NodeReplied("a", Delivered(node="a", incarnation="A1")))
-    (failed,) = m.handle(NodeReplied("a", Delivered(node="a", incarnation="A2")))
+    m = machine()
+    m.handle(ends(plan={"a": ["ix"]}))
+    m.handle(delivered("a", "A1"))
+    (failed,) = m.handle(delivered("a", "A2"))
     assert isinstance(failed, RoundFailed) and failed.stale
-    assert m.handle(NodeReplied("a", stabilised("a", "A2"))) == []  # a late reply: nothing
-
-
-def test_early_deliveries_pin_the_incarnation() -> None:
-    m = RoundMachine(spec(by_node={}, plan={"a": ["ix"]}, early={"a": "A0"}))
-    (send,) = m.start()
-    assert isinstance(send, SendToIndexer) and send.message.incarnation == "A0"
-    (failed,) = m.handle(NodeReplied("a", stabilised("a", "A9")))
-    assert isinstance(failed, RoundFailed) and failed.stale
+    assert m.handle(stabilised("a", "A2")) == []  # a late reply: nothing
 
 
 @pytest.mark.parametrize(
@@ -110,8 +159,8 @@ def test_early_deliveries_pin_the_incarnation() -> None:
     ],
 )
 def test_a_node_failure_fails_the_round(event: NodeFailed) -> None:
-    m = RoundMachine(spec())
-    m.start()
+    m = machine()
+    m.handle(ends())
     (failed,) = m.handle(event)
     assert isinstance(failed, RoundFailed)
     assert failed.stale is (event.error.code is ErrorCode.STALE_DELIVERY)
@@ -119,36 +168,12 @@ def test_a_node_failure_fails_the_round(event: NodeFailed) -> None:
 
 
 def test_a_timekeeper_failure_publishes_nothing() -> None:
-    m = RoundMachine(spec(by_node={}, plan={"a": ["ix"]}))
-    m.start()
-    (ask,) = m.handle(NodeReplied("a", stabilised("a", "A1")))
+    m = machine()
+    m.handle(ends(by_node={}, plan={"a": ["ix"]}))
+    (ask,) = m.handle(stabilised("a", "A1"))
     assert isinstance(ask, AskTimekeeper)
     (failed,) = m.handle(AdvanceFailed(NodeUnavailable("timekeeper down")))
     assert isinstance(failed, RoundFailed) and not failed.stale
-    with pytest.raises(RuntimeError):
-        m.start()
-
-
-def test_drop_only_nodes_are_best_effort_and_left_out_of_the_check() -> None:
-    m = RoundMachine(
-        spec(by_node={}, plan={"a": ["ix"]}, drop_above={0: 2}, drop_nodes=["a", "c", "d"])
-    )
-    sends = {i.node: i.message for i in m.start() if isinstance(i, SendToIndexer)}
-    assert set(sends) == {"a", "c", "d"}
-    assert all(msg.drop_above == {0: 2} for msg in sends.values())
-    assert sends["c"].index_ids == [] and sends["c"].rows == []
-    assert m.handle(NodeFailed("c", NodeUnavailable("c is down"))) == []  # not a failure
-    m2 = RoundMachine(
-        spec(by_node={}, plan={}, drop_above={0: 2}, drop_nodes=["e"], early={"e": "E0"})
-    )
-    m2.start()
-    (ask2,) = m2.handle(NodeReplied("e", stabilised("e", "E1")))  # restarted: no matter
-    assert isinstance(ask2, AskTimekeeper) and ask2.message.stabilised == {}
-    assert m.handle(NodeReplied("d", stabilised("d", "D1"))) == []
-    (ask,) = m.handle(NodeReplied("a", stabilised("a", "A1")))
-    assert isinstance(ask, AskTimekeeper) and set(ask.message.stabilised or {}) == {"a"}
-
-
-def test_drop_nodes_without_a_drop_send_nothing() -> None:
-    m = RoundMachine(spec(by_node={}, plan={"a": ["ix"]}, drop_nodes=["c"]))
-    assert [i.node for i in m.start() if isinstance(i, SendToIndexer)] == ["a"]
+    late = StabilityAdvanced(keyspace="ks", ts=TS.to_wire(), published=["ix"], items_count={})
+    assert m.handle(Advanced(late)) == []  # a late answer publishes nothing
+    assert m.state == "failed"

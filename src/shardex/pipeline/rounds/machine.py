@@ -2,17 +2,20 @@
 
 The round is the maintenance stream's exactly-once step (``docs/architecture.md``, "Index
 pipeline"): every indexer of the round's plan gets its rows in frames, one after the other,
-the last one a ``DeliverAndStabilise`` at the round's TS; every frame after the first names
-the incarnation that took the first (a restarted indexer lost its queue and refuses with
-STALE_DELIVERY); once every node has answered ``Stabilised``, the timekeeper gets the replies
-in ``AdvanceStability.stabilised``, checks them and publishes the TS. ``RoundSender`` and
-``advance_stability`` (``indexers.py``) do this with the client's loop and connections; this
-module holds the same decisions apart from any transport, in the shape of Dask's
-``worker_state_machine.py``: ``RoundMachine.start`` and ``RoundMachine.handle(event)``
-return instructions (send this message to that node, ask the timekeeper, the round is
-done or failed) and the caller performs them and feeds the outcomes back as events. The
-simulator drives it over its network with crashes (``tests/sim/test_rounds_sim.py``), so a
-failing seed replays the round exactly.
+the last one a ``DeliverAndStabilise`` at the round's TS; a node's first frame carries the
+round's ``drop_above`` and every later one names the incarnation that took the first (a
+restarted indexer lost its queue and refuses with STALE_DELIVERY); once every node has
+answered ``Stabilised``, the timekeeper gets the replies in ``AdvanceStability.stabilised``,
+checks them and publishes the TS.
+
+The rules live here alone, in the shape of Dask's ``worker_state_machine.py``:
+``RoundMachine.handle(event)`` returns instructions (send this message to that node, ask the
+timekeeper, the round is done or failed) and its caller performs them and feeds the
+outcomes back as events. A round opens before its end is known: ``MoreRows`` queues rows
+while later ones are still read and projected (``streamed.py``), ``RoundEnds`` brings the
+last rows, the TS and the plan. The pipeline's driver runs it on the client's loop
+(``sender.py``); the simulator over its network with crashes (``tests/sim/test_rounds_sim.py``),
+so a failing seed replays the round exactly.
 
 A failed round publishes nothing and says why: ``stale`` (an indexer restarted under the
 round: deliver the whole round again) or not (a node or the timekeeper did not answer:
@@ -21,6 +24,7 @@ retry; stabilise is idempotent and re-delivered rows are dropped by seqno).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -30,21 +34,24 @@ from shardex.api.delivery import (
     Delivered,
     DeliverKeyVersions,
     Stabilised,
+    WireTs,
 )
 from shardex.api.timekeeper import AdvanceStability, StabilityAdvanced
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.keyversion import KeyVersion
-from shardex.pipeline.indexers import DeliveryReport
 
 __all__ = [
     "AdvanceFailed",
     "Advanced",
     "AskTimekeeper",
+    "DeliveryReport",
     "Instruction",
+    "MoreRows",
     "NodeFailed",
     "NodeReplied",
     "RoundDone",
+    "RoundEnds",
     "RoundEvent",
     "RoundFailed",
     "RoundMachine",
@@ -53,7 +60,60 @@ __all__ = [
 ]
 
 
+class DeliveryReport:
+    """What one round's delivery did: node -> incarnation it reached, and row counts."""
+
+    __slots__ = ("accepted", "dropped", "incarnations", "unknown")
+
+    def __init__(self) -> None:
+        self.incarnations: dict[str, str] = {}
+        self.accepted = 0
+        self.dropped = 0
+        self.unknown = 0
+
+    def add(self, reply: Delivered | Stabilised) -> None:
+        seen = self.incarnations.setdefault(reply.node, reply.incarnation)
+        if seen != reply.incarnation:
+            # The indexer restarted between two frames of this round: the first ones died
+            # with the old process, and a stabilise naming the new one would not notice.
+            raise ShardexError(
+                f"indexer {reply.node} restarted during the delivery (incarnation {seen}, "
+                f"then {reply.incarnation})",
+                code=ErrorCode.STALE_DELIVERY,
+                details={"node": reply.node, "hint": "deliver the whole batch again"},
+            )
+        self.accepted += reply.accepted
+        self.dropped += reply.dropped
+        self.unknown += reply.unknown
+
+
 # --- events (what happened) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoreRows:
+    """More of the round's rows, routed (node -> rows), while the round is still open: each
+    node's go after what it was given before."""
+
+    by_node: Mapping[str, Sequence[KeyVersion]]
+
+
+@dataclass(frozen=True)
+class RoundEnds:
+    """The round's last rows and its stabilise at ``ts`` (the arguments of
+    ``deliver_and_stabilise``). ``plan``: node -> the index ids it hosts (every node of the
+    plan stabilises, rows or not, and so does every node that took rows); ``slices``: node
+    -> index id -> the partitions the round stabilises there; ``moving``: node -> index id
+    -> partitions it receives as a move's target; ``index_ids``, ``advance_moving`` (index
+    id -> partition -> target): for the timekeeper."""
+
+    ts: Timestamp
+    by_node: Mapping[str, Sequence[KeyVersion]]
+    plan: Mapping[str, Sequence[str]]
+    index_ids: Sequence[str]
+    slices: Mapping[str, Mapping[str, list[int]]] | None = None
+    moving: Mapping[str, Mapping[str, list[int]]] = field(default_factory=dict)
+    advance_moving: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,7 +140,7 @@ class AdvanceFailed:
     error: ShardexError
 
 
-RoundEvent = NodeReplied | NodeFailed | Advanced | AdvanceFailed
+RoundEvent = MoreRows | RoundEnds | NodeReplied | NodeFailed | Advanced | AdvanceFailed
 
 
 # --- instructions (what to do) ---------------------------------------------------------------
@@ -132,48 +192,27 @@ Instruction = SendToIndexer | AskTimekeeper | RoundDone | RoundFailed
 
 @dataclass(frozen=True)
 class RoundSpec:
-    """What one round delivers and stabilises (the arguments of ``deliver_and_stabilise``).
-
-    ``by_node``: routed rows per node; ``plan``: node -> the index ids it hosts (every node
-    of the plan stabilises, rows or not); ``slices``: node -> index id -> the partitions the
-    round stabilises there; ``moving``: node -> index id -> partitions it receives as a
-    move's target; ``advance_moving``: index id -> partition -> target (for the
-    timekeeper); ``early``: node -> the incarnation that took rows delivered ahead;
-    ``drop_above``: data partition -> seqno above which each node first forgets its queue;
-    ``drop_nodes``: nodes outside the round that took early rows and get the drop too, best
-    effort (one unreachable either died, its queue with it, or is cut off: a later round
-    naming it delivers its rows then), their replies left out of the timekeeper's check.
-    """
+    """What a round knows when it opens. ``drop_above``: data partition -> seqno above
+    which each node first forgets its queue (in the engine call that queues the node's first
+    frame: ``rounds/cleaned.py``); ``frame_rows``: the most rows one frame carries."""
 
     keyspace: str
     batch_id: int
-    ts: Timestamp
-    index_ids: Sequence[str]
-    by_node: Mapping[str, Sequence[KeyVersion]]
-    plan: Mapping[str, Sequence[str]]
-    slices: Mapping[str, Mapping[str, list[int]]] | None = None
-    moving: Mapping[str, Mapping[str, list[int]]] = field(default_factory=dict)
-    advance_moving: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
-    early: Mapping[str, str] = field(default_factory=dict)
     drop_above: Mapping[int, int] | None = None
-    drop_nodes: Sequence[str] = ()
     frame_rows: int = MAX_ROWS_PER_FRAME
 
 
 class _NodeRound:
     """One node's frames, sent one after the other."""
 
-    __slots__ = ("best_effort", "done", "frames", "incarnation", "next", "stabilised")
+    __slots__ = ("busy", "dropped", "frames", "incarnation", "stabilise")
 
-    def __init__(
-        self, frames: list[Sequence[KeyVersion]], incarnation: str, best_effort: bool = False
-    ) -> None:
-        self.frames = frames  # never empty: the last one goes with the stabilise
-        self.next = 0  # index of the frame to send next
-        self.incarnation = incarnation  # what the next frame names ("" = any)
-        self.stabilised: Stabilised | None = None
-        self.best_effort = best_effort  # a drop-only node: its failure fails nothing
-        self.done = False  # answered ``Stabilised`` (or, best effort, failed)
+    def __init__(self) -> None:
+        self.frames: deque[Sequence[KeyVersion]] = deque()  # not sent yet
+        self.stabilise = False  # the round ended: the node's last frame goes with it
+        self.busy = False  # a frame is out
+        self.incarnation = ""  # what the next frame names ("" = any): the first's taker
+        self.dropped = False  # the round's drop went with the node's first frame
 
 
 class RoundMachine:
@@ -182,32 +221,16 @@ class RoundMachine:
     def __init__(self, spec: RoundSpec) -> None:
         self.spec = spec
         self.report = DeliveryReport()
-        self.state = "new"  # new -> delivering -> advancing -> done | failed
-        self._wire = dict(spec.ts.to_wire())
-        self._drop_sent: set[str] = set()
-        size = max(1, spec.frame_rows)
-        for node, incarnation in spec.early.items():
-            if incarnation:
-                # Another incarnation answering is STALE (``DeliveryReport.add``).
-                self.report.incarnations[node] = incarnation
+        self.state = "open"  # open -> delivering -> advancing -> done | failed
+        self.end: RoundEnds | None = None
+        self._size = max(1, spec.frame_rows)
         self._nodes: dict[str, _NodeRound] = {}
-        for node in sorted(set(spec.plan) | {n for n, rows in spec.by_node.items() if rows}):
-            rows = spec.by_node.get(node, ())
-            frames = [rows[i : i + size] for i in range(0, len(rows), size)] or [[]]
-            self._nodes[node] = _NodeRound(frames, spec.early.get(node, ""))
-        if spec.drop_above is not None:
-            for node in sorted(set(spec.drop_nodes) - set(self._nodes)):
-                self._nodes[node] = _NodeRound([[]], spec.early.get(node, ""), best_effort=True)
+        self._stabilised: dict[str, Stabilised] = {}
+        self._wire: WireTs = {}  # the end's TS on the wire, built once per round
 
     @property
     def nodes(self) -> list[str]:
         return list(self._nodes)
-
-    def start(self) -> list[Instruction]:
-        if self.state != "new":
-            raise RuntimeError(f"round already {self.state}")
-        self.state = "delivering"
-        return [self._next_frame(n) for n in self._nodes]
 
     def handle(self, event: RoundEvent) -> list[Instruction]:
         """The instructions that ``event`` leads to. Events after the round ended (a
@@ -216,87 +239,116 @@ class RoundMachine:
             return []
         if isinstance(event, NodeReplied):
             return self._on_reply(event.node, event.reply)
-        if isinstance(event, NodeFailed):
-            nr = self._nodes.get(event.node)
-            if nr is not None and nr.best_effort and self.state == "delivering":
-                nr.done = True
-                return self._maybe_advance()
-            return self._fail(event.error)
+        if isinstance(event, MoreRows):
+            return self._on_rows(event.by_node)
+        if isinstance(event, RoundEnds):
+            return self._on_end(event)
         if isinstance(event, Advanced):
             return self._on_advanced(event.reply)
-        return self._fail(event.error)
+        return self._fail(event.error)  # NodeFailed, AdvanceFailed
 
     # -- transitions ----------------------------------------------------------------------
 
-    def _next_frame(self, node: str) -> SendToIndexer:
-        nr = self._nodes[node]
-        rows = list(nr.frames[nr.next])
-        last = nr.next == len(nr.frames) - 1
-        nr.next += 1
+    def _queue(self, node: str, rows: Sequence[KeyVersion]) -> _NodeRound:
+        nr = self._nodes.get(node)
+        if nr is None:
+            nr = self._nodes[node] = _NodeRound()
+        size = self._size
+        nr.frames.extend(rows[i : i + size] for i in range(0, len(rows), size))
+        return nr
+
+    def _on_rows(self, by_node: Mapping[str, Sequence[KeyVersion]]) -> list[Instruction]:
+        if self.state != "open":
+            raise RuntimeError(f"rows for a round already {self.state}")
+        out: list[Instruction] = []
+        for node, rows in by_node.items():
+            nr = self._queue(node, rows)
+            if not nr.busy and nr.frames:
+                out.append(self._next_frame(node, nr))
+        return out
+
+    def _on_end(self, end: RoundEnds) -> list[Instruction]:
+        if self.state != "open":
+            raise RuntimeError(f"round already {self.state}")
+        self.state = "delivering"
+        self.end = end
+        self._wire = dict(end.ts.to_wire())
+        out: list[Instruction] = []
+        for node in sorted(set(end.plan) | set(end.by_node) | set(self._nodes)):
+            rows = end.by_node.get(node, ())
+            nr = self._queue(node, rows)
+            if not rows:
+                nr.frames.append([])  # the stabilise goes alone, after the node's frames
+            nr.stabilise = True
+            if not nr.busy:
+                out.append(self._next_frame(node, nr))
+        return out
+
+    def _next_frame(self, node: str, nr: _NodeRound) -> SendToIndexer:
+        """The node's next frame (it has one, or the round ended: then the stabilise)."""
+        rows = list(nr.frames.popleft()) if nr.frames else []
+        nr.busy = True
         drop = None
-        if self.spec.drop_above is not None and node not in self._drop_sent:
-            self._drop_sent.add(node)  # the node's first frame forgets its queue above
+        if self.spec.drop_above is not None and not nr.dropped:
+            nr.dropped = True  # the node's first frame forgets its queue above
             drop = dict(self.spec.drop_above)
-        msg: DeliverKeyVersions | DeliverAndStabilise
-        if not last:
-            msg = DeliverKeyVersions(
-                keyspace=self.spec.keyspace,
-                batch_id=self.spec.batch_id,
-                rows=rows,
-                incarnation=nr.incarnation,
-                drop_above=drop,
+        end = self.end
+        if end is None or nr.frames:
+            return SendToIndexer(
+                node,
+                DeliverKeyVersions(
+                    keyspace=self.spec.keyspace,
+                    batch_id=self.spec.batch_id,
+                    rows=rows,
+                    incarnation=nr.incarnation,
+                    drop_above=drop,
+                ),
             )
-        else:
-            slices = self.spec.slices
-            msg = DeliverAndStabilise(
+        slices = end.slices
+        return SendToIndexer(
+            node,
+            DeliverAndStabilise(
                 keyspace=self.spec.keyspace,
                 batch_id=self.spec.batch_id,
                 rows=rows,
                 ts=self._wire,
-                index_ids=list(self.spec.plan.get(node, ())),
+                index_ids=list(end.plan.get(node, ())),
                 incarnation=nr.incarnation,
-                moving=dict(self.spec.moving.get(node, {})),
+                moving=dict(end.moving.get(node, {})),
                 slices=None if slices is None else dict(slices.get(node, {})),
                 drop_above=drop,
-            )
-        return SendToIndexer(node, msg)
+            ),
+        )
 
     def _on_reply(self, node: str, reply: Delivered | Stabilised) -> list[Instruction]:
         nr = self._nodes.get(node)
-        if nr is None or self.state != "delivering":
+        if nr is None or not nr.busy:
             return []
+        nr.busy = False
         try:
             self.report.add(reply)  # a second incarnation of one node: STALE_DELIVERY
         except ShardexError as exc:
-            if nr.best_effort:
-                nr.done = True
-                return self._maybe_advance()
             return self._fail(exc)
         nr.incarnation = reply.incarnation
         if isinstance(reply, Stabilised):
-            nr.stabilised = reply
-            nr.done = True
-        elif nr.next < len(nr.frames):
-            return [self._next_frame(node)]
-        return self._maybe_advance()
+            self._stabilised[node] = reply
+            return self._maybe_advance()
+        if nr.frames or nr.stabilise:
+            return [self._next_frame(node, nr)]
+        return []  # open: the node waits for more rows or the round's end
 
     def _maybe_advance(self) -> list[Instruction]:
-        if not all(r.done for r in self._nodes.values()):
+        end = self.end
+        if end is None or len(self._stabilised) < len(self._nodes):
             return []
         self.state = "advancing"
-        replies = {
-            n: r.stabilised
-            for n, r in self._nodes.items()
-            if r.stabilised is not None and not r.best_effort
-        }
         msg = AdvanceStability(
             keyspace=self.spec.keyspace,
             ts=self._wire,
-            index_ids=list(self.spec.index_ids),
+            index_ids=list(end.index_ids),
             batch_id=self.spec.batch_id,
-            incarnations=dict(self.report.incarnations),
-            moving={i: dict(m) for i, m in self.spec.advance_moving.items()},
-            stabilised=replies,
+            moving={i: dict(m) for i, m in end.advance_moving.items()},
+            stabilised=dict(self._stabilised),
         )
         return [AskTimekeeper(msg)]
 

@@ -14,7 +14,7 @@ them, and holds the newest group back: a batch of one group (every small one) se
 early and its round is the usual single ``DeliverAndStabilise`` per indexer. A held group is
 sent when the next arrives: the rows not applied (``not_applied`` with the batch's applied
 TSs, as the batch filters its whole list), routed by the batch's views, queued on the nodes
-by the round's ``RoundSender`` (``indexers.py``). The rows sent are then a prefix of the
+by the round's ``RoundSender`` (``sender.py``). The rows sent are then a prefix of the
 batch's filtered list (the filter keeps order and decides row by row), so the round sends
 only ``rest(rows)`` with the same sender, whose frames carry the round's ``drop_above``
 first and name the incarnation that took them (a restarted indexer refuses: STALE_DELIVERY,
@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping
 
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import ERROR, KeyVersion
-from shardex.pipeline.indexers import RoundSender
 from shardex.pipeline.project.router import IndexRoute, route
 from shardex.pipeline.rounds.between import not_applied
+from shardex.pipeline.rounds.sender import RoundSender
 
 __all__ = ["StreamedRound"]
 

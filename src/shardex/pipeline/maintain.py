@@ -18,8 +18,8 @@ One micro-batch (batch id B, offsets (start, end] from Spark's offset log):
 5. the timekeeper checks the indexers' replies and publishes ``end`` as the indexes'
    stability TS once every slice acknowledged. The next batch first waits for this round,
    and a small batch's successor is read and projected meanwhile (``rounds/read_ahead.py``);
-6. with ``stabilise_ahead`` (the default; ``stabilise_per_batch`` goes back to 5 alone,
-   for comparisons): the read-ahead keeps reading in
+6. with ``stabilise_ahead`` (the default; ``stabilise_ahead=False`` goes back to 5 alone,
+   as the read-ahead tests do): the read-ahead keeps reading in
    pieces after the round, and what it read gets stability rounds of its own (the same
    ``_attempt``: the rows, the stabilise at their end, the publish), one at a time, beside
    the next piece's read, so the stability TS moves between Spark's batches
@@ -197,15 +197,6 @@ class MaintenanceJob:
         self.read_ahead.rolling = True
         self.read_ahead.piece_interval = piece_interval
         self.read_ahead.max_piece = self.max_piece
-
-    def stabilise_per_batch(self) -> None:
-        """Stabilise only at Spark's batch ends (the read-ahead read once per batch, its rows
-        taken by the next batch): the mode before rounds between batches, kept for the
-        benchmark's A/B (``docs/decisions/0074-stability-rounds-between-batches.md``).
-        Call before ``start``."""
-        self.stabilise_ahead = False
-        self.read_ahead.rolling = False
-        self.read_ahead.max_piece = 0
 
     # -- the query -----------------------------------------------------------------------------
     def start(self) -> StreamingQuery:

@@ -41,11 +41,11 @@ from shardex.cli.localcluster import spawn_pipeline
 from shardex.client import Client, connect_local
 from shardex.meta.index_state import find_index, latest_index_topology
 from shardex.net.messages import Message
-from shardex.pipeline import indexers
 from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state
 from shardex.pipeline.process import LOG_FILE, pipeline_dir, pipeline_pid
 from shardex.pipeline.rollback import current_generation
+from shardex.pipeline.rounds import sender
 from shardex.runtime.pidfile import pid_alive
 
 if TYPE_CHECKING:
@@ -183,9 +183,10 @@ class DeliveryHook:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.armed: tuple[str, Callable[[], None]] | None = None
         self.fired = threading.Event()
-        self._to_node = indexers.to_node
-        monkeypatch.setattr(indexers, "to_node", self._wrapped)
-        monkeypatch.setattr(indexers, "MAX_ROWS_PER_FRAME", self.FRAME_ROWS)
+        # The round's frames go out through ``rounds/sender.py``'s ``to_node``.
+        self._to_node = sender.to_node
+        monkeypatch.setattr(sender, "to_node", self._wrapped)
+        monkeypatch.setattr(sender, "MAX_ROWS_PER_FRAME", self.FRAME_ROWS)
 
     async def _wrapped(
         self, client: Client, node: str, msg: Message, expect: type[Any], timeout: Any = None

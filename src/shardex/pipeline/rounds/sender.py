@@ -20,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 
-from shardex.api.delivery import DeliverAndStabilise
+from shardex.api.delivery import MAX_ROWS_PER_FRAME, DeliverAndStabilise
 from shardex.api.timekeeper import AdvanceStability, StabilityAdvanced
 from shardex.client import Client
 from shardex.errors import ShardexError
@@ -61,7 +61,10 @@ class RoundSender:
         drop_above: Mapping[int, int] | None = None,
     ) -> None:
         self.client = client
-        self.machine = RoundMachine(RoundSpec(keyspace, batch_id, drop_above=drop_above))
+        # Frames cut at the module's ``MAX_ROWS_PER_FRAME``, read per round (a fault test
+        # makes frames small to open the window between a round's frames).
+        spec = RoundSpec(keyspace, batch_id, drop_above=drop_above, frame_rows=MAX_ROWS_PER_FRAME)
+        self.machine = RoundMachine(spec)
         self.timekeeper = ""  # the node to ask ("": the one the client talks to)
         self.stabilise = 0.0  # seconds the timekeeper's check and publish took
         self._loop = client.rpc.loop

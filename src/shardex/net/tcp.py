@@ -20,7 +20,7 @@ import socket
 from collections.abc import Callable
 
 from shardex.errors import ConnectionClosed, NodeUnavailable, ShardexError
-from shardex.net.framing import HEADER, announced_too_large, header, sending_too_large
+from shardex.net.framing import HEADER, announced_too_large, sending_too_large
 from shardex.net.transport import (
     DEFAULT_MAX_FRAME,
     Comm,
@@ -283,12 +283,13 @@ class TcpComm(Comm, asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         size = len(frame)
+        # ``framing.header(size)``, inlined: this runs once per frame on the loop.
         if size < _JOIN_BELOW:
             # One write call per frame: header and payload leave together (NODELAY would
             # otherwise send a 4-byte segment on its own).
-            transport.write(header(size) + frame)
+            transport.write(size.to_bytes(HEADER, "big") + frame)
         else:
-            transport.writelines((header(size), frame))
+            transport.writelines((size.to_bytes(HEADER, "big"), frame))
 
     def write_nowait(self, frame: bytes) -> bool:
         """Send ``frame`` now if that needs no wait (the peer is keeping up); False leaves it

@@ -215,7 +215,7 @@ class World:
     async def _driver_main(self, node: ClusterNode) -> None:
         saved = node.disk.get("checkpoint")
         checkpoint = Timestamp() if saved is None else Timestamp.from_wire(saved)
-        pool = ConnectionPool(node.transport, SECRET, name=node.host)
+        pool = self.driver_pool = ConnectionPool(node.transport, SECRET, name=node.host)
         batch_id = int(node.disk.get("batch_id", 0))
         # The nodes where a round of this process dropped what was queued above its start
         # (``rounds/cleaned.py``, the job's rule): none in a (re)started driver, so its first
@@ -355,7 +355,13 @@ class World:
         self.crashes.append(f"{asyncio.get_running_loop().time():.3f} {ins.node} before a frame")
         await cluster.restart(ins.node)
         await cluster[ins.node].wait_serving()
-        await asyncio.sleep(0.01)  # the reset reaches the driver: the frame goes on a new link
+        # The frame must go on a new link: wait until the driver has seen the old one reset.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REQUEST_TIMEOUT
+        while address(ins.node) in self.driver_pool.connections:
+            if loop.time() > deadline:
+                raise AssertionError(f"the driver's link to {ins.node} outlived its restart")
+            await asyncio.sleep(0.001)
 
     async def check_told(self) -> None:
         """After the last round: every indexer was told the last stability TS of each index

@@ -17,9 +17,9 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import shardex.core.expr.ops as ops
 from shardex.core.values import MISSING
 
-from . import ops
 from .analysis import is_constant, static_path
 from .ast import (
     And,

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import shardex.core.expr.ops as ops
 from shardex.core.values import MISSING
 from shardex.errors import ExpressionEvalError
 
-from . import ops
 from .ast import (
     And,
     ArrayConstruct,

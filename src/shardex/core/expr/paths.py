@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import shardex.core.expr.ops as ops
 from shardex.core.values import MISSING
-
-from . import ops
 
 CompiledExpr = Callable[..., Any]
 

@@ -30,11 +30,11 @@ aggregates COUNT(*), COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr).
 
 from __future__ import annotations
 
+import shardex.sql.syntax.comprehension  # noqa: F401 - registers the evaluators of the new nodes
 from shardex.core.expr import Expr, Field, Identifier, Index, Literal, Token, TokenKind
 from shardex.core.expr.ast import EXPRESSION_KEYWORDS
 from shardex.sql.ddl import DDL_KEYWORDS, DDLParser, DDLStatement
 
-from . import comprehension  # noqa: F401 - registers the evaluators of the new nodes
 from .ast import (
     AGGREGATES,
     Aggregate,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from shardex.cli import localcluster as lc
+import shardex.cli.localcluster as lc
 from shardex.cli.common import EXIT_FAILED, err, fail, out
 from shardex.errors import ConfigError, ShardexError
 from shardex.meta import cluster_dir as cdir

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import typer
 
+import shardex.cli.cluster as cluster
+import shardex.cli.index as index
+import shardex.cli.keyspace as keyspace
 from shardex import __version__
-from shardex.cli import cluster, index, keyspace
 from shardex.cli.load import load
 from shardex.cli.node import node
 from shardex.cli.pipeline import pipeline

@@ -23,6 +23,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
+import shardex.data.migration as migration
+import shardex.data.streams as streams
 from shardex.api.errors import BadRequest, KeyspaceExists
 from shardex.api.migration import IncomingMarker
 from shardex.api.records import (
@@ -41,7 +43,6 @@ from shardex.api.validation import (
     check_seqno,
 )
 from shardex.core.timestamp import Timestamp
-from shardex.data import migration, streams
 from shardex.data.documents import DocumentOps, GetResult, RawGetResult
 from shardex.data.handover import HandoverListener, HandoverOps, IncomingCopy
 from shardex.data.partitions import LocalPartitions

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import msgspec
 
+import shardex.data.migration as migration
 from shardex.api.errors import BadRequest, KeyspaceNotFound, not_my_partition
 from shardex.api.migration import IncomingMarker
 from shardex.api.records import (
@@ -44,7 +45,6 @@ from shardex.api.records import (
     PartitionInfo,
     SnapshotMarker,
 )
-from shardex.data import migration
 from shardex.data.partitions import INGEST_DIR, LocalPartitions
 from shardex.data.records import (
     PREFIX_CHANGE,

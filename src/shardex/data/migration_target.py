@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import shardex.data.reconcile as reconcile
 from shardex.api.migration import (
     AbortIncoming,
     ActivateIncoming,
@@ -44,7 +45,6 @@ from shardex.api.migration import (
     ReadChangesReply,
 )
 from shardex.api.records import STATE_ACTIVE, STATE_PENDING, Change, PartitionInfo
-from shardex.data import reconcile
 from shardex.data.engine import DataEngine
 from shardex.data.handover import IncomingCopy
 from shardex.errors import ErrorCode, ShardexError

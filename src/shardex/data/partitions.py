@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import shardex.data.migration as migration
 from shardex.api.errors import BadRequest, KeyspaceNotFound, not_my_partition
 from shardex.api.records import KeyspaceInfo
-from shardex.data import migration
 from shardex.data.partition import Partition
 from shardex.data.records import META_KEY, PartitionMeta, encode, new_uuid
 from shardex.data.recovery import DirtyMarks

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import shardex.data.reconcile as reconcile
 from shardex.api.data import (
     CancelStream,
     Delete,
@@ -61,7 +62,6 @@ from shardex.api.errors import (
     not_my_partition,
 )
 from shardex.api.records import STATE_ACTIVE, MutationResult
-from shardex.data import reconcile
 from shardex.data.engine import DataEngine
 from shardex.data.engine_io import EngineIO
 from shardex.data.groupcommit import GroupCommitter

@@ -31,10 +31,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import shardex.pipeline.indexers as indexers
 from shardex.api.delivery import RollbackSlices, SlicesRolledBack
 from shardex.client import Client
 from shardex.errors import ShardexError
-from shardex.pipeline import indexers
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.source.types import RollbackInfo
 

@@ -51,6 +51,14 @@ class ErrorCode(enum.StrEnum):
     # an indexer restarted between a delivery and its stabilise: the batch must be re-sent
     STALE_DELIVERY = "STALE_DELIVERY"
     PARTIAL_FAILURE = "PARTIAL_FAILURE"  # a batch where some items failed (details say which)
+    # a durable write whose level cannot hold: too few copies configured or reachable
+    DURABILITY_IMPOSSIBLE = "DURABILITY_IMPOSSIBLE"
+    # a durable write that timed out waiting for its copies: it may or may not persist
+    DURABILITY_AMBIGUOUS = "DURABILITY_AMBIGUOUS"
+    # the document has a durable write not yet acknowledged by its copies: retry shortly
+    SYNC_WRITE_IN_PROGRESS = "SYNC_WRITE_IN_PROGRESS"
+    # this node was failed over: it serves nothing until recovered and rebalanced back in
+    NODE_FAILED_OVER = "NODE_FAILED_OVER"
 
 
 class ShardexError(Exception):

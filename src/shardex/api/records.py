@@ -24,6 +24,9 @@ STATE_PENDING = "pending"  # being copied in by a migration: only ingest/apply_c
 STATE_RELEASED = "released"  # handed over: every operation answers NOT_MY_PARTITION
 
 
+STATE_REPLICA = "replica"  # a replica copy: fed by the active's changes, replica reads only
+
+
 MAX_FAILOVER_ENTRIES = 25  # as Couchbase: older branches fall off and mean "roll back to 0"
 
 

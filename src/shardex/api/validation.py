@@ -17,8 +17,36 @@ from shardex.api.errors import BadRequest, DocTooLarge
 MAX_DOCID_BYTES = 250
 DEFAULT_MAX_DOC_BYTES = 1024 * 1024
 
-Durability = Literal["persist", "memory"]
-DURABILITIES = ("persist", "memory")
+# The levels of a write's durability. ``none``: acknowledged once in the active copy's
+# RocksDB (its WAL in the OS, not fsynced: survives a crash of the process, not of the
+# machine). ``persist_active``: the active's WAL fsynced. The three Couchbase names add the
+# replicas: ``majority`` (a majority of the partition's copies, the active counted, hold the
+# write in memory), ``majority_persist_active`` (that, and the active's WAL fsynced),
+# ``persist_majority`` (a majority have fsynced it). ``persist`` and ``memory`` are the older
+# names of ``persist_active`` and ``none``, still accepted.
+Durability = Literal[
+    "none",
+    "persist_active",
+    "majority",
+    "majority_persist_active",
+    "persist_majority",
+    "persist",
+    "memory",
+]
+DURABILITY_LEVELS = (
+    "none",
+    "persist_active",
+    "majority",
+    "majority_persist_active",
+    "persist_majority",
+)
+DURABILITY_ALIASES = {"persist": "persist_active", "memory": "none"}
+DURABILITIES = DURABILITY_LEVELS + tuple(DURABILITY_ALIASES)
+# Levels a majority of the copies must acknowledge, and those where each of them must fsync.
+MAJORITY_LEVELS = frozenset(("majority", "majority_persist_active", "persist_majority"))
+SYNCED_LEVELS = frozenset(
+    ("persist_active", "majority_persist_active", "persist_majority", "persist")
+)
 
 _POSITION = re.compile(r"\(byte (\d+)\)")
 # Built once: ``msgspec.json.decode(body, type=dict)`` converts the type on every call, which
@@ -130,13 +158,28 @@ def check_cas(cas: object) -> int | None:
 
 
 def check_durability(durability: object) -> bool:
-    """True when the WAL must be fsynced before the acknowledgement."""
+    """True when the active's WAL must be fsynced before the acknowledgement."""
     if durability not in DURABILITIES:
         raise BadRequest(
-            f"durability must be one of {DURABILITIES}, got {durability!r}",
-            details={"durability": repr(durability)},
+            f"durability must be one of {DURABILITY_LEVELS}, got {durability!r}",
+            details={
+                "durability": repr(durability),
+                "hint": "persist and memory are also accepted, as persist_active and none",
+            },
         )
-    return durability == "persist"
+    return durability in SYNCED_LEVELS
+
+
+def durability_level(durability: object) -> str:
+    """The canonical name of a durability level (aliases resolved); BAD_REQUEST if unknown."""
+    check_durability(durability)
+    assert isinstance(durability, str)
+    return DURABILITY_ALIASES.get(durability, durability)
+
+
+def majority_of(copies: int) -> int:
+    """How many of a partition's ``copies`` (active + replicas) make a majority."""
+    return copies // 2 + 1
 
 
 def check_seqno(name: str, value: Any) -> int:

@@ -18,7 +18,18 @@ from shardex.errors import ErrorCode, ShardexError
 
 class Topology(msgspec.Struct, frozen=True, kw_only=True):
     seq_num: int
-    assignment: dict[int, str]  # partition -> node name
+    assignment: dict[int, str]  # partition -> node name (the active copy)
+    # partition -> the nodes holding its replica copies, in promotion order (data topologies
+    # of keyspaces with replicas; empty otherwise). Never the partition's active node.
+    replicas: dict[int, list[str]] = {}
+
+    def chain(self, partition: int) -> list[str]:
+        """The partition's copies: the active node first, then its replicas."""
+        return [self.owner(partition), *self.replicas.get(partition, ())]
+
+    def replicas_of(self, node: str) -> list[int]:
+        """The partitions ``node`` holds a replica copy of."""
+        return sorted(p for p, nodes in self.replicas.items() if node in nodes)
 
     def owner(self, partition: int) -> str:
         try:
@@ -34,6 +45,7 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         return sorted(p for p, n in self.assignment.items() if n == node)
 
     def nodes(self) -> list[str]:
+        """The nodes holding an active copy."""
         return sorted(set(self.assignment.values()))
 
     def moved_since(self, base: Topology) -> dict[int, tuple[str, str]]:
@@ -55,7 +67,11 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
                     details={"partition": p, "seq_num": self.seq_num},
                 )
             assignment[p] = node
-        return Topology(seq_num=self.seq_num + 1, assignment=assignment)
+        # A replica on the node the active moves to would be a second copy on one node.
+        replicas = {
+            p: [n for n in nodes if n != assignment[p]] for p, nodes in self.replicas.items()
+        }
+        return Topology(seq_num=self.seq_num + 1, assignment=assignment, replicas=replicas)
 
 
 def balanced_assignment(num_partitions: int, nodes: Sequence[str]) -> dict[int, str]:

@@ -47,6 +47,7 @@ class KeyspaceMeta(msgspec.Struct, frozen=True, kw_only=True):
     num_partitions: int
     uuid: str  # unique per creation, so drop + recreate is distinguishable
     created_cas: int
+    num_replicas: int = 0  # replica copies of each partition, on distinct nodes
 
 
 class StateContext(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +67,9 @@ class StateContext(msgspec.Struct, frozen=True, kw_only=True):
     indexes: dict[str, IndexRecord] = {}
     # index id -> every published index topology (index partition -> indexer node)
     index_topologies: dict[str, list[Topology]] = {}
+    # node name -> the cas of the commit that failed it over: such a node serves nothing
+    # (its copies may hold writes the cluster never acknowledged) until it is recovered
+    failed_over: dict[str, int] = {}
     epoch: int = 0  # master term that committed this state
     master: str = ""  # name of the master that committed it (diagnostics)
 

@@ -67,6 +67,8 @@ class MutationReply(Message, tag="data.MutationReply"):
 class Get(Message, tag="data.Get"):
     keyspace: str
     docid: str
+    # read whatever copy the node holds, active or replica: possibly stale (``replica="any"``)
+    replica: bool = False
 
 
 class GetReply(Message, tag="data.GetReply"):

@@ -57,6 +57,7 @@ from shardex.data.records import (
     new_uuid,
 )
 from shardex.data.recovery import DirtyMarks, current_boot_id
+from shardex.data.replica import ReplicaOps
 from shardex.errors import ShardexError
 from shardex.meta.partitioning import (
     DEFAULT_NUM_PARTITIONS,
@@ -107,6 +108,7 @@ class DataEngine:
         self._parts = self._local.parts
         self._documents = DocumentOps(self._local, max_doc_bytes=max_doc_bytes)
         self._handover = HandoverOps(self._local)
+        self.replicas = ReplicaOps(self._local)  # replica copies (``replica.py``)
         self._load()
 
     @property

@@ -47,6 +47,7 @@ from shardex.data.records import (
     PREFIX_DOC,
     ChangeRecord,
     DocRecord,
+    PartitionMeta,
     change_from_record,
     change_key,
     decode_change,
@@ -61,6 +62,7 @@ from shardex.data.records import (
 )
 from shardex.errors import StorageError
 from shardex.storage import ColumnFamily, SstWriter, Store, StoreSnapshot
+from shardex.storage.interface import BatchLike
 
 _ALLOWED_PREFIXES = (PREFIX_CHANGE[0], PREFIX_DOC[0], PREFIX_CONSUMER[0])
 
@@ -206,41 +208,54 @@ def apply_changes(
                 details={"partition": meta.partition, "state": meta.state},
             )
         batch = part.store.batch()
-        seen: dict[str, DocRecord | None] = {}
-        for ch in changes:
-            if isinstance(ch, SnapshotMarker):
-                continue
-            if ch.partition != meta.partition:
-                raise BadRequest(
-                    f"change for partition {ch.partition} sent to {meta.partition}",
-                    details={"partition": meta.partition, "change_partition": ch.partition},
-                )
-            if ch.seqno <= meta.high_seqno:
-                continue
-            if ch.seqno != meta.high_seqno + 1:
-                raise BadRequest(
-                    f"gap in catch-up: expected seqno {meta.high_seqno + 1}, got {ch.seqno}",
-                    details={"expected": meta.high_seqno + 1, "got": ch.seqno},
-                )
-            deleting = ch.op == OP_DELETE
-            body = b"" if deleting or ch.body is None else ch.body
-            cur = seen[ch.docid] if ch.docid in seen else part.read_doc(ch.docid)
-            rec = DocRecord(ch.cas, ch.seqno, deleting, body, ch.flags, ch.expiry)
-            change = ChangeRecord(
-                ch.docid, OP_DELETE if deleting else OP_UPSERT, ch.cas, body, ch.flags, ch.expiry
-            )
-            batch.put(part.cf, doc_key(ch.docid), encode(rec))
-            batch.put(part.cf, change_key(ch.seqno), encode(change))
-            live_before = cur is not None and not cur.deleted
-            meta.doc_count += (0 if deleting else 1) - (1 if live_before else 0)
-            meta.high_seqno = ch.seqno
-            meta.max_cas = max(meta.max_cas, ch.cas)
-            seen[ch.docid] = rec
+        stage_changes(part, meta, batch, changes)
         if failover_log is not None:
             meta.failover_log = _extend_log(meta.failover_log, failover_log, meta.high_seqno)
         if meta != part.meta:
             part.commit(batch, meta, sync=True)
         return meta.high_seqno
+
+
+def stage_changes(
+    part: Partition,
+    meta: PartitionMeta,
+    batch: BatchLike,
+    changes: Iterable[Change | SnapshotMarker],
+) -> None:
+    """Add ``changes`` (another copy's, in seqno order) to ``batch`` with their seqnos and CAS
+    values, advancing ``meta`` (the caller's copy, committed with the batch). Seqnos at or
+    below ``meta.high_seqno`` are skipped, a gap is refused (BAD_REQUEST, nothing staged that
+    the caller would commit: it drops the batch). Caller holds ``part.lock``."""
+    seen: dict[str, DocRecord | None] = {}
+    for ch in changes:
+        if isinstance(ch, SnapshotMarker):
+            continue
+        if ch.partition != meta.partition:
+            raise BadRequest(
+                f"change for partition {ch.partition} sent to {meta.partition}",
+                details={"partition": meta.partition, "change_partition": ch.partition},
+            )
+        if ch.seqno <= meta.high_seqno:
+            continue
+        if ch.seqno != meta.high_seqno + 1:
+            raise BadRequest(
+                f"gap in catch-up: expected seqno {meta.high_seqno + 1}, got {ch.seqno}",
+                details={"expected": meta.high_seqno + 1, "got": ch.seqno},
+            )
+        deleting = ch.op == OP_DELETE
+        body = b"" if deleting or ch.body is None else ch.body
+        cur = seen[ch.docid] if ch.docid in seen else part.read_doc(ch.docid)
+        rec = DocRecord(ch.cas, ch.seqno, deleting, body, ch.flags, ch.expiry)
+        change = ChangeRecord(
+            ch.docid, OP_DELETE if deleting else OP_UPSERT, ch.cas, body, ch.flags, ch.expiry
+        )
+        batch.put(part.cf, doc_key(ch.docid), encode(rec))
+        batch.put(part.cf, change_key(ch.seqno), encode(change))
+        live_before = cur is not None and not cur.deleted
+        meta.doc_count += (0 if deleting else 1) - (1 if live_before else 0)
+        meta.high_seqno = ch.seqno
+        meta.max_cas = max(meta.max_cas, ch.cas)
+        seen[ch.docid] = rec
 
 
 def _extend_log(

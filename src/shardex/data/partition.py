@@ -101,6 +101,9 @@ class Partition:
         self.lock = threading.Lock()
         self.frozen = False  # in memory only: a restart ends an unfinished hand-over
         self.dirty = False  # has unsynced ("memory") writes not yet covered by a WAL fsync
+        # The high seqno the last WAL fsync covered: what this copy has persisted, which a
+        # replica reports to its active (a ``persist_majority`` write waits on it).
+        self.synced_high = meta.high_seqno
         # Set by the engine (see recovery.py): called under ``lock`` before an unsynced write
         # to record a dirty mark durably, and on a synced write to add the mark's removal.
         self.before_unsynced: Callable[[Partition], None] = lambda _p: None
@@ -129,6 +132,11 @@ class Partition:
         if write and self.frozen:
             raise not_my_partition(self.keyspace, self.number, "frozen", retry_after_ms=50)
 
+    @property
+    def persisted_seqno(self) -> int:
+        """The highest seqno a machine crash cannot lose here."""
+        return self.synced_high if self.dirty else self.meta.high_seqno
+
     def read_doc(self, docid: str) -> DocRecord | None:
         raw = self.cf.get(doc_key(docid))
         return None if raw is None else decode_doc(raw)
@@ -143,6 +151,7 @@ class Partition:
         """Make ``meta`` (just written) the partition's and wake the waiters it passes."""
         if sync:
             self.dirty = False
+            self.synced_high = meta.high_seqno
         advanced = meta.high_seqno > self.meta.high_seqno
         self.meta = meta
         if advanced and self._waiters:  # publish, then look (see ``add_waiter``)

@@ -73,7 +73,9 @@ class PlacementView:
             try:
                 reply = await self._pool.request(
                     m.address,
-                    StateRequest(sections=["keyspaces", "data_topologies", "rebalance"]),
+                    StateRequest(
+                        sections=["keyspaces", "data_topologies", "rebalance", "failed_over"]
+                    ),
                     STATE_TIMEOUT,
                     expect=StateReply,
                 )

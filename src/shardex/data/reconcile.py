@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from shardex.api.errors import KeyspaceNotFound
-from shardex.api.records import STATE_PENDING, STATE_RELEASED
+from shardex.api.records import STATE_PENDING, STATE_RELEASED, STATE_REPLICA
 from shardex.core.topology import Topology
 from shardex.data.engine import DataEngine
 from shardex.errors import ErrorCode, ShardexError
@@ -116,16 +116,48 @@ def reconcile(engine: DataEngine, node: str, state: StateContext) -> None:
             for p in topo.partitions_of(node)
             if p not in held and p not in incoming and never_moved(history, p, node)
         ]
-        if fresh:
+        if fresh and node not in state.failed_over:
             open_partitions(engine, name, meta.uuid, meta.created_cas, meta.num_partitions, fresh)
         _settle_incoming(engine, node, state, name, topo, moving)
         _drop_released(engine, node, name, topo, moving)
+        if node not in state.failed_over:
+            _settle_replicas(engine, node, name, topo, moving)
     if state.cas == 0:
         return  # an empty state (a manager that knows nothing yet) proves nothing
     for local in engine.keyspaces():
         if local.name not in state.keyspaces and state.cas > local.created_cas:
             log.info("keyspace %s is gone from the cluster state: dropping it", local.name)
             engine.drop_keyspace(local.name)
+
+
+def _settle_replicas(
+    engine: DataEngine,
+    node: str,
+    keyspace: str,
+    topo: Topology,
+    moving: dict[tuple[str, int], MoveRecord],
+) -> None:
+    """Replica copies against the latest topology: an empty copy for every partition whose
+    chain names this node and that it lacks (the active feeds it from seqno 0); a replica
+    copy of a partition now active here is promoted (the failover's new branch, when the
+    master's own message did not arrive); a replica copy whose chain no longer names this
+    node is dropped."""
+    held = {info.partition: info.state for info in engine.local_partitions(keyspace)}
+    for p in topo.replicas_of(node):
+        if p not in held and (keyspace, p) not in moving:
+            engine.replicas.create_empty(keyspace, p)
+            log.info("opened an empty replica copy of %s/%d", keyspace, p)
+    for p, state in held.items():
+        if state != STATE_REPLICA:
+            continue
+        if topo.assignment.get(p) == node:
+            entry = engine.replicas.promote(keyspace, p)
+            log.info("promoted %s/%d to active (new branch %x)", keyspace, p, entry.uuid)
+        elif node not in topo.replicas.get(p, ()):
+            engine.drop_partition(keyspace, p)
+            log.info(
+                "dropped the replica copy of %s/%d: its chain no longer names %s", keyspace, p, node
+            )
 
 
 def never_moved(history: list[Topology], partition: int, node: str) -> bool:

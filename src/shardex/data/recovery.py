@@ -81,6 +81,7 @@ class DirtyMarks:
             self._store.write(batch, sync=True)
             for p in dirty:
                 p.dirty = False
+                p.synced_high = p.meta.high_seqno
         finally:
             for p in reversed(dirty):
                 p.lock.release()

@@ -62,6 +62,7 @@ from shardex.api.errors import (
     not_my_partition,
 )
 from shardex.api.records import STATE_ACTIVE, MutationResult
+from shardex.api.validation import MAJORITY_LEVELS
 from shardex.data.engine import DataEngine
 from shardex.data.engine_io import EngineIO
 from shardex.data.groupcommit import GroupCommitter
@@ -69,6 +70,7 @@ from shardex.data.migration_source import MigrationSource
 from shardex.data.migration_target import MigrationTarget
 from shardex.data.placement import PlacementView, latest_topology
 from shardex.data.range_reads import RangeReadServer
+from shardex.data.replication import Replication
 from shardex.data.streaming import StreamServer
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.meta.member_list import MemberInfo
@@ -135,6 +137,17 @@ class DataService:
         self.migration_target = MigrationTarget(
             lambda: self.engine, self.io.run, self.pool, self._placement_lock
         )
+        self.replication = Replication(
+            me=node_name,
+            engine=lambda: self.engine,
+            io=self.io,
+            pool=self.pool,
+            placement=self.placement,
+            placement_lock=self._placement_lock,
+        )
+        # Set when the cluster state says this node was failed over: it serves nothing (its
+        # copies may hold writes the cluster never acknowledged) until recovered.
+        self.failed_over = False
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -165,6 +178,7 @@ class DataService:
         }
         routes.update(self.migration_source.routes())
         routes.update(self.migration_target.routes())
+        routes.update(self.replication.routes())  # type: ignore[arg-type]
         for msg_type, handler in routes.items():
             server.route(msg_type, handler)
         # Every request_plus scan asks each data node it does not read: answered from memory
@@ -191,6 +205,7 @@ class DataService:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self.replication.stop()
         await self.migration_target.close()
         await self.migration_source.close()
         if self.streams is not None:
@@ -236,13 +251,34 @@ class DataService:
 
     # --- documents ---------------------------------------------------------------------------
 
+    def _check_serving(self) -> None:
+        if self.failed_over:
+            raise ShardexError(
+                f"node {self.name} was failed over: it serves nothing until recovered",
+                code=ErrorCode.NODE_FAILED_OVER,
+                details={
+                    "node": self.name,
+                    "hint": f"shardex recovery {self.name}, then shardex rebalance",
+                },
+            )
+
     async def _mutate(
         self, kind: str, keyspace: str, docid: str, doc: object, cas: int | None, durability: str
     ) -> MutationReply:
         if self.committer is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
+        self._check_serving()
+        level = self.replication.level(durability)
+        majority = level in MAJORITY_LEVELS
         try:
+            if majority:
+                self.replication.check_possible(
+                    keyspace, self.engine.partition_for(keyspace, docid)
+                )
             result = await self.committer.submit(keyspace, durability, (kind, docid, doc, cas))
+            self.replication.wake(keyspace)
+            if majority:
+                await self.replication.wait_durable(keyspace, result, level, docid)
         except KeyspaceNotFound as exc:
             raise self._not_here(exc, keyspace, docid) from None
         except ShardexError as exc:
@@ -266,13 +302,34 @@ class DataService:
         return await self._mutate("delete", msg.keyspace, msg.docid, None, msg.cas, msg.durability)
 
     async def _on_get(self, msg: Get, conn: Connection) -> GetReply:
+        self._check_serving()
+        if msg.replica:
+            return self._replica_get(msg)
         try:
+            if self.replication.has_pending():
+                p = self.engine.partition_for(msg.keyspace, msg.docid)
+                await self.replication.wait_readable(msg.keyspace, p, msg.docid)
             raw = self.engine.get_raw(msg.keyspace, msg.docid)
         except KeyspaceNotFound as exc:
             raise self._not_here(exc, msg.keyspace, msg.docid) from None
         except ShardexError as exc:
             raise self._enrich(exc) from None
         return GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+
+    def _replica_get(self, msg: Get) -> GetReply:
+        """A read of whatever copy is here, active or replica: possibly stale."""
+        try:
+            got = self.engine.replicas.get_raw(msg.keyspace, msg.docid)
+        except KeyspaceNotFound as exc:
+            raise self._not_here(exc, msg.keyspace, msg.docid) from None
+        except ShardexError as exc:
+            raise self._enrich(exc) from None
+        if got is None:
+            raise DocNotFound(
+                f"document {msg.docid!r} not found on {self.name}'s copy",
+                details={"docid": msg.docid, "node": self.name},
+            )
+        return GetReply(body=got[0], cas=got[1], seqno=got[2])
 
     async def _on_get_many(self, msg: GetMany, conn: Connection) -> GetManyReply:
         if len(msg.docids) > GET_MANY_MAX:
@@ -318,12 +375,22 @@ class DataService:
     async def _on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
         if self.committer is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
+        self._check_serving()
         ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]
+        level = self.replication.level(msg.durability)
+        majority = level in MAJORITY_LEVELS
         try:
+            if majority:
+                for o in msg.ops:
+                    p = self.engine.partition_for(msg.keyspace, o.docid)
+                    self.replication.check_possible(msg.keyspace, p)
             # Through group commit like single writes: concurrent batches (the bulk writers of
             # several clients, each batch split over the nodes) share one RocksDB write and
             # one fsync instead of queueing on partition locks for one fsync each.
             out: list[Any] = await self.committer.submit_many(msg.keyspace, msg.durability, ops)
+            self.replication.wake(msg.keyspace)
+            if majority:
+                out = await self._wait_many(msg.keyspace, level, msg.ops, out)
         except KeyspaceNotFound as exc:
             errs = [self._not_here(exc, msg.keyspace, o.docid) for o in msg.ops]
             if not msg.ops or any(e is exc for e in errs):
@@ -339,6 +406,23 @@ class DataService:
             else:
                 results.append(r)
         return MutateManyReply(results=results, errors=errors)
+
+    async def _wait_many(
+        self, keyspace: str, level: str, ops: list[Any], out: list[Any]
+    ) -> list[Any]:
+        """Each committed op of a batch waits for its durability; a timeout is that op's
+        DURABILITY_AMBIGUOUS, the others keep their results."""
+
+        async def one(op: Any, r: Any) -> Any:
+            if isinstance(r, ShardexError):
+                return r
+            try:
+                await self.replication.wait_durable(keyspace, r, level, op.docid)
+            except ShardexError as exc:
+                return exc
+            return r
+
+        return list(await asyncio.gather(*(one(o, r) for o, r in zip(ops, out, strict=True))))
 
     # --- high seqnos and stats: answered by any node, gathered from the owners ----------------
 
@@ -482,10 +566,16 @@ class DataService:
             await self.io.run(reconcile.drop_incarnation, self.engine, msg.keyspace, msg.uuid)
 
     async def reconcile(self) -> None:
-        """Bring local placement in line with the manager state (``reconcile.py``)."""
+        """Bring local placement in line with the manager state (``reconcile.py``), then
+        the replication it implies (``replication.py``)."""
         state = await self.placement.refresh()
+        failed = self.name in state.failed_over
+        if failed and not self.failed_over:
+            log.warning("this node was failed over (state cas %d): serving nothing", state.cas)
+        self.failed_over = failed
         async with self._placement_lock:
             await self.io.run(reconcile.reconcile, self.engine, self.name, state)
+        await self.replication.refresh(state)
 
     async def _maintenance_loop(self) -> None:
         """Periodic engine housekeeping: a WAL sync (clears the dirty marks of "memory"

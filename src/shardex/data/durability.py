@@ -1,0 +1,223 @@
+"""Durable writes on the active copy: waiting until a majority of the copies hold a write.
+
+A write at a majority level is committed on the active like any other, then waits here until
+enough copies acknowledge its seqno (``docs/decisions/0082-replicas-and-durability.md``): a
+majority is ``copies // 2 + 1`` of the configured chain (active + ``num_replicas``), the
+active counting as one (it holds the write, fsynced when the level says so), each replica
+counting once its ``ReplicaAck`` for the partition is at or past the seqno on the same
+branch (``persisted`` rather than ``high`` for ``persist_majority``).
+
+While such a write waits, its document is *pending*: a read of it on the active waits too,
+so nobody sees a value that a failover could still lose (Couchbase hides pending SyncWrites
+the same way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterable
+
+from shardex.api.records import STATE_REPLICA
+from shardex.api.replication import ReplicaAck
+from shardex.api.validation import majority_of
+from shardex.errors import ErrorCode, ShardexError
+
+DEFAULT_DURABILITY_TIMEOUT = 5.0  # seconds a durable write waits for its copies
+
+Key = tuple[str, int]  # (keyspace, partition)
+
+
+@dataclasses.dataclass(slots=True)
+class _Waiter:
+    seqno: int
+    uuid: int
+    persist: bool  # persist_majority: count fsynced copies
+    docid: str
+    future: asyncio.Future[None]
+
+
+@dataclasses.dataclass(slots=True)
+class _Chain:
+    copies: int  # configured: 1 + num_replicas
+    replicas: tuple[str, ...]  # the replica nodes the current topology names
+
+
+class DurabilityWaits:
+    """The durable writes waiting on this node's active copies, and their replicas' acks."""
+
+    def __init__(self, timeout: float = DEFAULT_DURABILITY_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._chains: dict[Key, _Chain] = {}
+        self._acks: dict[Key, dict[str, ReplicaAck]] = {}
+        self._waiters: dict[Key, list[_Waiter]] = {}
+        self._pending: dict[Key, dict[str, int]] = {}  # docid -> newest waiting seqno
+
+    # --- configuration (from the topology) ---------------------------------------------------
+
+    def set_chain(self, key: Key, copies: int, replicas: Iterable[str]) -> None:
+        chain = _Chain(copies, tuple(replicas))
+        if self._chains.get(key) != chain:
+            self._chains[key] = chain
+            acks = self._acks.get(key)
+            if acks:  # a node that left the chain counts no more
+                for node in [n for n in acks if n not in chain.replicas]:
+                    del acks[node]
+            self._settle(key)
+
+    def forget(self, key: Key, error: ShardexError) -> None:
+        """This node no longer holds the active copy: every wait on it is ambiguous."""
+        self._chains.pop(key, None)
+        self._acks.pop(key, None)
+        self._pending.pop(key, None)
+        for w in self._waiters.pop(key, []):
+            if not w.future.done():
+                w.future.set_exception(error)
+
+    def copies(self, key: Key) -> int:
+        chain = self._chains.get(key)
+        return 1 if chain is None else chain.copies
+
+    def replicas(self, key: Key) -> tuple[str, ...]:
+        chain = self._chains.get(key)
+        return () if chain is None else chain.replicas
+
+    # --- acks ----------------------------------------------------------------------------------
+
+    def record(self, key: Key, node: str, ack: ReplicaAck) -> None:
+        chain = self._chains.get(key)
+        if chain is None or node not in chain.replicas:
+            return
+        self._acks.setdefault(key, {})[node] = ack
+        if self._waiters.get(key):
+            self._settle(key)
+
+    def ack(self, key: Key, node: str) -> ReplicaAck | None:
+        acks = self._acks.get(key)
+        return None if acks is None else acks.get(node)
+
+    def needs_persist(self, key: Key, node: str) -> bool:
+        """A persist_majority write waits for ``node`` to fsync past what it has."""
+        waiters = self._waiters.get(key)
+        if not waiters:
+            return False
+        ack = self.ack(key, node)
+        persisted = -1 if ack is None else ack.persisted
+        return any(w.persist and w.seqno > persisted for w in waiters)
+
+    def _holds(self, key: Key, seqno: int, uuid: int, persist: bool) -> bool:
+        chain = self._chains.get(key)
+        copies = 1 if chain is None else chain.copies
+        have = 1  # the active
+        if have >= majority_of(copies):
+            return True
+        for ack in self._acks.get(key, {}).values():
+            held = ack.persisted if persist else ack.high
+            if ack.uuid == uuid and ack.state == STATE_REPLICA and held >= seqno:
+                have += 1
+        return have >= majority_of(copies)
+
+    def _settle(self, key: Key) -> None:
+        waiters = self._waiters.get(key)
+        if not waiters:
+            return
+        left = []
+        for w in waiters:
+            if w.future.done():
+                continue
+            if self._holds(key, w.seqno, w.uuid, w.persist):
+                w.future.set_result(None)
+                self._unpend(key, w)
+            else:
+                left.append(w)
+        self._waiters[key] = left
+
+    def _unpend(self, key: Key, w: _Waiter) -> None:
+        docs = self._pending.get(key)
+        if docs is not None and docs.get(w.docid) == w.seqno:
+            del docs[w.docid]
+
+    # --- writes and reads ---------------------------------------------------------------------
+
+    def check_possible(self, key: Key, reachable: int) -> None:
+        """DURABILITY_IMPOSSIBLE unless ``reachable`` copies (the active included) can make a
+        majority of the configured chain; nothing has been written yet."""
+        copies = self.copies(key)
+        need = majority_of(copies)
+        if reachable < need:
+            raise ShardexError(
+                f"durable write impossible on partition {key[1]} of {key[0]!r}: a majority is "
+                f"{need} of {copies} copies, {reachable} reachable",
+                code=ErrorCode.DURABILITY_IMPOSSIBLE,
+                details={
+                    "keyspace": key[0],
+                    "partition": key[1],
+                    "copies": copies,
+                    "majority": need,
+                    "reachable": reachable,
+                    "hint": "wait for the replicas to come back, fail the down node over and "
+                    "rebalance, or write with durability none / persist_active",
+                },
+            )
+
+    async def wait(
+        self, key: Key, seqno: int, uuid: int, *, persist: bool, docid: str, now: bool = False
+    ) -> None:
+        """Until a majority holds ``seqno``; DURABILITY_AMBIGUOUS after ``timeout``."""
+        if self._holds(key, seqno, uuid, persist):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        w = _Waiter(seqno, uuid, persist, docid, fut)
+        self._waiters.setdefault(key, []).append(w)
+        docs = self._pending.setdefault(key, {})
+        if docs.get(docid, -1) < seqno:
+            docs[docid] = seqno
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        except TimeoutError:
+            raise ShardexError(
+                f"durable write of {docid!r} (partition {key[1]} of {key[0]!r}, seqno {seqno}) "
+                f"was not acknowledged by a majority within {self.timeout:g} s: it is written "
+                "on the active and may or may not survive a failover",
+                code=ErrorCode.DURABILITY_AMBIGUOUS,
+                details={
+                    "keyspace": key[0],
+                    "partition": key[1],
+                    "docid": docid,
+                    "seqno": seqno,
+                    "hint": "read the document back to see whether it took effect",
+                },
+            ) from None
+        finally:
+            if not fut.done():
+                fut.cancel()
+                waiters = self._waiters.get(key)
+                if waiters is not None and w in waiters:
+                    waiters.remove(w)
+                self._unpend(key, w)
+
+    def has_pending(self) -> bool:
+        """Any durable write waiting on this node (reads check documents only then)."""
+        return any(self._pending.values())
+
+    def pending(self, key: Key, docid: str) -> bool:
+        docs = self._pending.get(key)
+        return bool(docs) and docid in docs  # type: ignore[operator]
+
+    async def wait_readable(self, key: Key, docid: str) -> None:
+        """Until no durable write of ``docid`` is pending (SYNC_WRITE_IN_PROGRESS after the
+        timeout: the caller retries)."""
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        while self.pending(key, docid):
+            futs = [w.future for w in self._waiters.get(key, []) if w.docid == docid]
+            left = deadline - asyncio.get_running_loop().time()
+            if not futs or left <= 0:
+                if not futs:
+                    self._pending.get(key, {}).pop(docid, None)
+                    return
+                raise ShardexError(
+                    f"document {docid!r} has a durable write in progress",
+                    code=ErrorCode.SYNC_WRITE_IN_PROGRESS,
+                    details={"keyspace": key[0], "partition": key[1], "docid": docid},
+                )
+            await asyncio.wait([asyncio.shield(f) for f in futs], timeout=left)

@@ -1,0 +1,258 @@
+"""``ReplicaSender``: feeds one replica node's copies of one keyspace from this active node.
+
+One sender per (keyspace, replica node), one ``ReplicaApply`` in flight, so the replica gets
+each partition's changes in order without any sequencing of its own. A round: take, for every
+partition whose chain names the replica, the change records after what the replica last
+acknowledged (read from the change log: the steady state and the catch-up after a restart are
+the same loop), send them in one message, record the acks (which is what durable writes
+wait on, ``durability.py``). It runs when a commit wakes it, and every ``PROBE_INTERVAL``
+otherwise, so a replica that was down or is being built is found again. Rounds batch by
+themselves under load: whatever was committed while one was in flight goes in the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import shardex.data.replica as replica
+from shardex.api.records import STATE_ACTIVE, STATE_REPLICA
+from shardex.api.replication import ReplicaAck, ReplicaApplied, ReplicaApply, ReplicaRun
+from shardex.data.durability import DurabilityWaits
+from shardex.data.engine import DataEngine
+from shardex.net import ConnectionPool
+
+log = logging.getLogger(__name__)
+
+PROBE_INTERVAL = 0.5  # an idle sender still checks its replica is reachable this often
+APPLY_TIMEOUT = 10.0
+RUN_ITEMS = 2_000  # changes per partition per round
+ROUND_BYTES = 4 * 1024 * 1024  # about this much per ReplicaApply
+SMALL_ROUND = 64  # changes read on the loop (cached, cheaper than a thread hop)
+RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0)
+
+RunInExecutor = Callable[..., Awaitable[Any]]
+
+
+class ReplicaSender:
+    """Feeds ``node``'s replica copies of ``keyspace`` (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        keyspace: str,
+        node: str,
+        me: str,
+        engine: Callable[[], DataEngine],
+        run: RunInExecutor,
+        pool: ConnectionPool,
+        address: Callable[[str], str],
+        waits: DurabilityWaits,
+    ) -> None:
+        self.keyspace = keyspace
+        self.node = node
+        self.me = me
+        self._engine = engine
+        self._run = run
+        self._pool = pool
+        self._address = address
+        self._waits = waits
+        self.keyspace_uuid = ""
+        self.seq_num = 0
+        self.partitions: frozenset[int] = frozenset()
+        self.healthy = True  # the last round reached the replica (or none was tried yet)
+        self.rounds = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failures = 0
+        self._warned: set[int] = set()
+
+    def update(self, partitions: frozenset[int], seq_num: int, keyspace_uuid: str) -> None:
+        if partitions != self.partitions or seq_num != self.seq_num:
+            self.partitions, self.seq_num = partitions, seq_num
+            self.keyspace_uuid = keyspace_uuid
+            self._wake.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._loop(), name=f"replica-sender {self.keyspace}->{self.node}"
+            )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def reachable(self, partition: int) -> bool:
+        """Whether this replica can acknowledge writes to ``partition`` now."""
+        if not self.healthy or partition not in self.partitions:
+            return False
+        ack = self._waits.ack((self.keyspace, partition), self.node)
+        return ack is None or ack.state == STATE_REPLICA
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            idle = False
+            try:
+                await asyncio.wait_for(self._wake.wait(), PROBE_INTERVAL)
+            except TimeoutError:
+                idle = True
+            self._wake.clear()
+            try:
+                more = await self._round(probe=idle)
+                if not self.healthy:
+                    log.info("replica %s of %s reachable again", self.node, self.keyspace)
+                self.healthy, self._failures = True, 0
+                if more:
+                    self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.healthy:
+                    log.warning("replica %s of %s unreachable: %s", self.node, self.keyspace, exc)
+                self.healthy = False
+                pause = RETRY_BACKOFF[min(self._failures, len(RETRY_BACKOFF) - 1)]
+                self._failures += 1
+                await asyncio.sleep(pause)
+
+    async def _round(self, *, probe: bool = False) -> bool:
+        """One ReplicaApply; True when some partition still has changes to send. An idle
+        ``probe`` round sends no run: it only finds out whether the replica is reachable,
+        which is what a durable write checks before it writes."""
+        if not self.partitions:
+            return False
+        engine = self._engine()
+        pending = self._pending(engine)
+        if pending is None and not probe:
+            return False
+        runs, more = (
+            ([], False)
+            if pending is None
+            else self._collect(engine)
+            if pending <= SMALL_ROUND
+            else await self._run(self._collect, engine)
+        )
+        if not runs and not probe:
+            return more
+        sync = any(self._waits.needs_persist((self.keyspace, r.partition), self.node) for r in runs)
+        msg = ReplicaApply(
+            keyspace=self.keyspace,
+            keyspace_uuid=self.keyspace_uuid,
+            source=self.me,
+            seq_num=self.seq_num,
+            runs=runs,
+            sync=sync,
+        )
+        reply = await self._pool.request(
+            self._address(self.node), msg, APPLY_TIMEOUT, expect=ReplicaApplied
+        )
+        self.rounds += 1
+        for ack in reply.acks:
+            self._absorb(ack)
+        return more or any(self._behind(engine, a.partition) for a in reply.acks)
+
+    def _absorb(self, ack: ReplicaAck) -> None:
+        key = (self.keyspace, ack.partition)
+        if (
+            ack.state not in (STATE_REPLICA, replica.ACK_BEHIND)
+            and ack.partition not in self._warned
+        ):
+            self._warned.add(ack.partition)
+            log.info(
+                "replica copy of %s/%d on %s is %s",
+                self.keyspace,
+                ack.partition,
+                self.node,
+                ack.state,
+            )
+        elif ack.state == STATE_REPLICA:
+            self._warned.discard(ack.partition)
+        self._waits.record(key, self.node, ack)
+
+    def _behind(self, engine: DataEngine, partition: int) -> bool:
+        ack = self._waits.ack((self.keyspace, partition), self.node)
+        part = engine.replicas.active_part(self.keyspace, partition)
+        return (
+            part is not None
+            and ack is not None
+            and ack.state == STATE_REPLICA
+            and ack.high < part.meta.high_seqno
+        )
+
+    def _pending(self, engine: DataEngine) -> int | None:
+        """How many changes this round would carry (roughly), or None if nothing at all:
+        every known copy is level with its active and nothing needs a probe."""
+        total = 0
+        anything = False
+        for p in self.partitions:
+            part = engine.replicas.active_part(self.keyspace, p)
+            if part is None:
+                continue
+            ack = self._waits.ack((self.keyspace, p), self.node)
+            if ack is None or ack.state != STATE_REPLICA or ack.uuid != part.meta.uuid:
+                anything = True
+                continue
+            gap = part.meta.high_seqno - ack.high
+            if gap > 0 or self._waits.needs_persist((self.keyspace, p), self.node):
+                anything = True
+                total += max(gap, 0)
+        return total if anything else None
+
+    def _collect(self, engine: DataEngine) -> tuple[list[ReplicaRun], bool]:
+        runs: list[ReplicaRun] = []
+        size = 0
+        more = False
+        for p in sorted(self.partitions):
+            part = engine.replicas.active_part(self.keyspace, p)
+            if part is None:
+                continue
+            meta = part.meta
+            ack = self._waits.ack((self.keyspace, p), self.node)
+            if ack is None or ack.state not in (STATE_REPLICA, STATE_ACTIVE):
+                # unknown, behind, absent, diverged: a probe from seqno 0 with our history;
+                # the answer says where the copy stands
+                after = 0 if ack is None or ack.state != replica.ACK_BEHIND else ack.high
+                runs.append(ReplicaRun(p, meta.uuid, after, [], list(meta.failover_log)))
+                continue
+            if ack.state == STATE_ACTIVE:
+                continue  # it was promoted: the topology will say so
+            log_needed = ack.uuid != meta.uuid
+            if ack.high >= meta.high_seqno:
+                if log_needed or self._waits.needs_persist((self.keyspace, p), self.node):
+                    flog = list(meta.failover_log) if log_needed else None
+                    runs.append(ReplicaRun(p, meta.uuid, ack.high, [], flog))
+                continue
+            if ack.high < meta.purge_seqno:
+                if p not in self._warned:
+                    self._warned.add(p)
+                    log.warning(
+                        "replica copy of %s/%d on %s is at seqno %d, below the purge seqno %d: "
+                        "it must be rebuilt by a copy",
+                        self.keyspace,
+                        p,
+                        self.node,
+                        ack.high,
+                        meta.purge_seqno,
+                    )
+                continue
+            if size >= ROUND_BYTES:
+                more = True
+                continue
+            changes = replica.read_run(part, ack.high, meta.high_seqno, RUN_ITEMS, ROUND_BYTES)
+            if not changes:
+                continue
+            if changes[-1][0] < meta.high_seqno:
+                more = True
+            size += sum(len(c[1]) + (len(c[4]) if c[4] else 0) for c in changes)
+            flog = list(meta.failover_log) if log_needed else None
+            runs.append(ReplicaRun(p, meta.uuid, ack.high, changes, flog))
+        return runs, more

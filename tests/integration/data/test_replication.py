@@ -1,0 +1,296 @@
+"""Replica copies on real TCP between three in-process data services: the active feeds its
+replicas from its change log, durable writes wait for a majority, reads never see a durable
+write before it is durable, a down replica makes majority writes impossible (not silently
+weaker), and a promoted replica continues the history on a new branch with every
+majority-acknowledged write."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from shardex.api.data import Get, GetReply, MutateMany, MutateManyReply, MutationReply, OpItem
+from shardex.api.data import Upsert as UpsertMsg
+from shardex.api.records import STATE_ACTIVE, STATE_REPLICA
+from shardex.core.topology import Topology
+from shardex.data.service import DataService
+from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.member_list import MemberInfo
+from shardex.meta.partitioning import partition_of
+from shardex.meta.state import KeyspaceMeta, StateContext
+from shardex.net import ConnectionPool, RpcServer, TcpTransport
+
+SECRET = "s" * 32
+KS = "ks"
+PARTS = 4
+NODES = ("n1", "n2", "n3")
+
+
+def chains_state(num_replicas: int, cas: int = 1) -> StateContext:
+    """Partition p: active on NODES[p % 3], replicas on the next ``num_replicas`` nodes."""
+    assignment = {p: NODES[p % 3] for p in range(PARTS)}
+    replicas = {p: [NODES[(p + k) % 3] for k in range(1, num_replicas + 1)] for p in range(PARTS)}
+    meta = KeyspaceMeta(
+        name=KS, num_partitions=PARTS, uuid="u1", created_cas=1, num_replicas=num_replicas
+    )
+    topo = Topology(seq_num=1, assignment=assignment, replicas=replicas)
+    return StateContext(cas=cas, keyspaces={KS: meta}, data_topologies={KS: [topo]})
+
+
+class Coordinator:
+    def __init__(self, state: StateContext) -> None:
+        self.state = state
+
+    def on_change(self, cb: object) -> None:
+        pass
+
+
+class Cluster:
+    def __init__(self, coord: Coordinator) -> None:
+        self.coord = coord
+        self.services: dict[str, DataService] = {}
+        self.servers: dict[str, RpcServer] = {}
+        self.addresses: dict[str, str] = {}
+        self.pool = ConnectionPool(TcpTransport(), SECRET, name="test")
+
+    def members(self) -> list[MemberInfo]:
+        return [
+            MemberInfo(member_id=n, name=n, address=a, services=("data",))
+            for n, a in self.addresses.items()
+        ]
+
+    async def publish(self, state: StateContext) -> None:
+        self.coord.state = state
+        for ds in self.services.values():
+            await ds.reconcile()
+
+    async def upsert(self, docid: str, doc: dict, durability: str) -> MutationReply:
+        p = partition_of(docid, PARTS)
+        topo = self.coord.state.data_topologies[KS][-1]
+        msg = UpsertMsg(
+            keyspace=KS, docid=docid, doc=msgspec.json.encode(doc), durability=durability
+        )
+        return await self.pool.request(
+            self.addresses[topo.assignment[p]], msg, 10.0, expect=MutationReply
+        )
+
+    async def replica_get(self, node: str, docid: str) -> dict | None:
+        try:
+            reply = await self.pool.request(
+                self.addresses[node],
+                Get(keyspace=KS, docid=docid, replica=True),
+                5.0,
+                expect=GetReply,
+            )
+        except ShardexError as exc:
+            if exc.code is ErrorCode.DOC_NOT_FOUND:
+                return None
+            raise
+        return msgspec.json.decode(reply.body)
+
+    async def stop_node(self, node: str) -> None:
+        await self.servers.pop(node).stop()
+        await self.services.pop(node).stop()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(Coordinator(chains_state(1)))
+    try:
+        for name in NODES:
+            ds = DataService(
+                data_dir=tmp_path / name,
+                node_name=name,
+                transport=TcpTransport(),
+                secret=SECRET,
+                coordinator=lambda: c.coord,
+                members=c.members,
+                reconcile_interval=3600,
+            )
+            await ds.start()
+            c.services[name] = ds
+            server = RpcServer(TcpTransport(), SECRET, name=name)
+            ds.install(server)
+            c.addresses[name] = await server.start("127.0.0.1:0")
+            c.servers[name] = server
+        for ds in c.services.values():
+            await ds.reconcile()
+        senders = [s for ds in c.services.values() for s in ds.replication.senders.values()]
+        for s in senders:
+            s.wake()
+        await _until(
+            lambda: _true_async(all(s.healthy and s.rounds > 0 for s in senders)),
+            "every sender has reached its replica",
+        )
+        yield c
+    finally:
+        await c.pool.close()
+        for server in c.servers.values():
+            await server.stop()
+        for ds in c.services.values():
+            await ds.stop()
+
+
+def docid_in(partition: int, n: int = 0) -> str:
+    found = [d for d in (f"doc-{i}" for i in range(10_000)) if partition_of(d, PARTS) == partition]
+    return found[n]
+
+
+async def test_majority_write_is_on_the_replica_when_acknowledged(cluster: Cluster) -> None:
+    for p in range(PARTS):
+        d = docid_in(p)
+        reply = await cluster.upsert(d, {"p": p}, "majority")
+        replica = NODES[(p + 1) % 3]
+        # acknowledged at majority: the replica holds it already, same seqno and branch
+        assert await cluster.replica_get(replica, d) == {"p": p}
+        info = cluster.services[replica].engine.partition_info(KS, p)
+        assert info.state == STATE_REPLICA
+        assert (info.high_seqno, info.uuid) == (reply.result.seqno, reply.result.uuid)
+
+
+async def test_persist_majority_waits_for_the_replica_fsync(cluster: Cluster) -> None:
+    d = docid_in(0)
+    reply = await cluster.upsert(d, {"v": 1}, "persist_majority")
+    part = cluster.services["n2"].engine.replicas._local.parts[(KS, 0)]
+    assert part.persisted_seqno >= reply.result.seqno
+
+
+async def test_replicas_catch_up_on_writes_at_durability_none(cluster: Cluster) -> None:
+    docs = [docid_in(1, i) for i in range(30)]
+    for i, d in enumerate(docs):
+        await cluster.upsert(d, {"i": i}, "none")
+    active = cluster.services["n2"].engine.partition_info(KS, 1)
+
+    async def level() -> bool:
+        return cluster.services["n3"].engine.partition_info(KS, 1).high_seqno == active.high_seqno
+
+    await _until(level, "the replica of partition 1 catches up")
+    assert [await cluster.replica_get("n3", d) for d in docs] == [{"i": i} for i in range(30)]
+
+
+async def test_mutate_many_at_majority(cluster: Cluster) -> None:
+    docs = [docid_in(2, i) for i in range(10)]
+    ops = [OpItem("upsert", d, msgspec.json.encode({"i": i}), None) for i, d in enumerate(docs)]
+    reply = await cluster.pool.request(
+        cluster.addresses["n3"],
+        MutateMany(keyspace=KS, ops=ops, durability="majority"),
+        10.0,
+        expect=MutateManyReply,
+    )
+    assert reply.errors == []
+    assert [await cluster.replica_get("n1", d) for d in docs] == [{"i": i} for i in range(10)]
+
+
+async def test_a_down_replica_makes_majority_writes_impossible_not_weaker(
+    cluster: Cluster,
+) -> None:
+    d = docid_in(0)  # active n1, replica n2
+    await cluster.upsert(d, {"v": 1}, "majority")
+    await cluster.stop_node("n2")
+    sender = cluster.services["n1"].replication.senders[(KS, "n2")]
+    sender.wake()
+    await _until(lambda: _false_async(sender.healthy), "the sender notices n2 is gone")
+    with pytest.raises(ShardexError) as err:
+        await cluster.upsert(d, {"v": 2}, "majority")
+    assert err.value.code is ErrorCode.DURABILITY_IMPOSSIBLE
+    assert err.value.details["reachable"] == 1 and err.value.details["majority"] == 2
+    # nothing was written: the document still has its durable value
+    assert await cluster.replica_get("n1", d) == {"v": 1}
+    await cluster.upsert(d, {"v": 3}, "persist_active")  # a level that needs no replica
+
+
+async def test_a_timed_out_durable_write_is_ambiguous_and_reads_wait(cluster: Cluster) -> None:
+    d = docid_in(0)
+    await cluster.upsert(d, {"v": 1}, "majority")
+    n1, n2 = cluster.services["n1"], cluster.services["n2"]
+    n1.replication.waits.timeout = 0.5
+    gate = threading.Event()
+    real = n2.engine.replicas.apply_runs
+
+    def stalled(*args, **kwargs):  # the replica holds its answer back (in its I/O thread)
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    n2.engine.replicas.apply_runs = stalled  # type: ignore[method-assign]
+    write = asyncio.create_task(cluster.upsert(d, {"v": 2}, "majority"))
+    await _until(lambda: _true_async(n1.replication.waits.pending((KS, 0), d)), "write pending")
+    # a read of the document on the active waits for the pending durable write
+    read = asyncio.create_task(
+        cluster.pool.request(
+            cluster.addresses["n1"], Get(keyspace=KS, docid=d), 5.0, expect=GetReply
+        )
+    )
+    with pytest.raises(ShardexError) as err:
+        await write
+    assert err.value.code is ErrorCode.DURABILITY_AMBIGUOUS
+    gate.set()
+    got = await read
+    assert msgspec.json.decode(got.body) == {"v": 2}  # it did reach the active
+
+
+async def test_promotion_keeps_every_majority_write_on_a_new_branch(cluster: Cluster) -> None:
+    docs = [docid_in(0, i) for i in range(20)]  # partition 0: active n1, replica n2
+    acked = {}
+    for i, d in enumerate(docs):
+        acked[d] = (await cluster.upsert(d, {"i": i}, "majority")).result
+    old = cluster.services["n1"].engine.partition_info(KS, 0)
+    await cluster.stop_node("n1")
+    state = cluster.coord.state
+    topo = state.data_topologies[KS][-1]
+    failed = Topology(
+        seq_num=2,
+        assignment={**topo.assignment, 0: "n2", 2: "n3"},
+        replicas={p: [n for n in r if n != "n1"] for p, r in topo.replicas.items()} | {0: []},
+    )
+    await cluster.publish(
+        msgspec.structs.replace(
+            state,
+            cas=2,
+            data_topologies={KS: [topo, failed]},
+            failed_over={"n1": 2},
+        )
+    )
+    info = cluster.services["n2"].engine.partition_info(KS, 0)
+    assert info.state == STATE_ACTIVE
+    assert info.high_seqno == old.high_seqno  # nothing majority-acknowledged was lost
+    assert info.uuid != old.uuid and info.failover_log[1].uuid == old.uuid
+    assert info.failover_log[0].seqno == old.high_seqno  # the branch point
+    for i, d in enumerate(docs):
+        got = await cluster.pool.request(
+            cluster.addresses["n2"], Get(keyspace=KS, docid=d), 5.0, expect=GetReply
+        )
+        assert msgspec.json.decode(got.body) == {"i": i}
+        assert got.seqno == acked[d].seqno
+    # the new active writes on its branch; a chain of one copy takes majority of 2: impossible
+    with pytest.raises(ShardexError) as err:
+        await cluster.upsert(docs[0], {"i": -1}, "majority")
+    assert err.value.code is ErrorCode.DURABILITY_IMPOSSIBLE
+    reply = await cluster.upsert(docs[0], {"i": -1}, "none")
+    assert reply.result.uuid == info.uuid and reply.result.seqno == old.high_seqno + 1
+
+
+async def _false_async(value: bool) -> bool:
+    return not value
+
+
+async def _true_async(value: bool) -> bool:
+    return value
+
+
+async def _until(check, what: str, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        await asyncio.sleep(0.02)

@@ -98,7 +98,8 @@ def plan_failover(
             changed = True
             rest = [n for n in chain[1:] if n != node]
             if chain[0] != node:  # only a replica here: it leaves the chain
-                replicas[p] = rest
+                if rest:
+                    replicas[p] = rest
                 continue
             best: tuple[int, int, str] | None = None  # (-high_seqno, chain position, node)
             for pos, candidate in enumerate(rest):

@@ -11,6 +11,7 @@ from rich.table import Table
 
 import shardex.cli.localcluster as lc
 from shardex.cli.common import EXIT_FAILED, err, fail, out
+from shardex.cli.failover import failed_over_nodes
 from shardex.errors import ConfigError, ShardexError
 from shardex.meta import cluster_dir as cdir
 
@@ -210,6 +211,8 @@ def status(
     procs = lc.node_procs(cluster_dir, spec)
     results = lc.probe_nodes(spec, secret, timeout=timeout)
     doc = lc.status_dict(cluster_dir, spec, procs, results)
+    if doc["up"]:  # failed-over nodes serve nothing until recovered
+        doc["failed_over"] = failed_over_nodes(cluster_dir, timeout)
     if as_json:
         # Plain print: rich would wrap long lines and break the JSON.
         print(json.dumps(doc, sort_keys=True))
@@ -247,6 +250,9 @@ def status(
             m["member_id"][:8],
         )
     out.print(vt)
+    if doc.get("failed_over"):
+        names = ", ".join(sorted(doc["failed_over"]))
+        out.print(f"[red]failed over[/] (serving nothing until `shardex recovery`): {names}")
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 import shardex.cli.cluster as cluster
+import shardex.cli.failover as failover
 import shardex.cli.index as index
 import shardex.cli.keyspace as keyspace
 from shardex import __version__
@@ -29,6 +30,8 @@ app.add_typer(index.app, name="index")
 app.command("ddl", help=index.ddl.__doc__)(index.ddl)
 app.command("load", help=load.__doc__)(load)
 app.command("rebalance", help=rebalance.__doc__)(rebalance)
+app.command("failover", help=failover.failover.__doc__)(failover.failover)
+app.command("recovery", help=failover.recovery.__doc__)(failover.recovery)
 app.command("pipeline", help=pipeline.__doc__)(pipeline)
 app.command("scan", help=scan.__doc__)(scan)
 app.command("sql", help=sql.__doc__)(sql)

@@ -35,6 +35,7 @@ from shardex.api.keyspaces import (
 from shardex.api.membership import MembersReply, MembersRequest
 from shardex.api.node import StatusReply, StatusRequest
 from shardex.client.direct_scan import DirectScans
+from shardex.client.failover import FailoverOps
 from shardex.client.indexes import IndexOps
 from shardex.client.keyspace import Keyspace
 from shardex.client.query import QueryRows, run_query
@@ -72,7 +73,7 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_REQUEST_TIMEOUT = 10.0
 
 
-class Client(RebalanceOps, IndexOps):
+class Client(RebalanceOps, IndexOps, FailoverOps):
     """A connection to a shardex cluster through one node, failing over to the others.
 
     Build it with ``connect`` or ``connect_local``. Thread-safe: calls from several threads

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shardex.errors import ConfigError
+from shardex.manager.auto_failover import DEFAULT_MAX_COUNT, DEFAULT_TIMEOUT, MIN_TIMEOUT
 from shardex.meta.node_defaults import (
     ALL_SERVICES,
     BIND_HOST,
@@ -52,6 +53,9 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "log_level",
         "heartbeat_interval",
         "failure_timeout",
+        "auto_failover",
+        "auto_failover_timeout",
+        "auto_failover_max_count",
     }
 )
 
@@ -71,6 +75,11 @@ class NodeConfig:
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
     host: str = BIND_HOST
+    # automatic failover of a data node that a majority of managers see down (the master
+    # runs it: ``manager/auto_failover.py``)
+    auto_failover: bool = True
+    auto_failover_timeout: float = DEFAULT_TIMEOUT
+    auto_failover_max_count: int = DEFAULT_MAX_COUNT
 
     @property
     def address(self) -> str:
@@ -301,6 +310,8 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
             f"use failure_timeout >= {2 * interval:g} or a shorter heartbeat_interval",
         )
 
+    auto = _auto_failover(values, timeout)
+
     return NodeConfig(
         name=name,
         data_dir=data_dir,
@@ -312,7 +323,55 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         log_level=level.upper(),
         heartbeat_interval=interval,
         failure_timeout=timeout,
+        auto_failover=auto[0],
+        auto_failover_timeout=auto[1],
+        auto_failover_max_count=auto[2],
     )
+
+
+def _as_bool(key: str, value: Any, hint: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise _err(key, value, "not a boolean", hint)
+
+
+def _auto_failover(values: dict[str, Any], failure_timeout: float) -> tuple[bool, float, int]:
+    """(auto_failover, auto_failover_timeout, auto_failover_max_count), validated."""
+    enabled = _as_bool(
+        "auto_failover",
+        values.get("auto_failover", True),
+        "true or false: fail a data node over automatically when a majority of managers "
+        "see it down",
+    )
+    key = "auto_failover_timeout"
+    hint = f"seconds a data node must be seen down before it is failed over, >= {MIN_TIMEOUT:g}"
+    seconds = _as_float(key, values.get(key, DEFAULT_TIMEOUT), hint)
+    if seconds < MIN_TIMEOUT:
+        raise _err(
+            key, seconds, f"below the minimum {MIN_TIMEOUT:g} s", f"use {key} >= {MIN_TIMEOUT:g}"
+        )
+    # The age counted is the silence since the last heartbeat; a node is only marked down
+    # after failure_timeout of it, so a shorter timeout would fail it over the moment it is
+    # marked down, with no margin for one slow heartbeat.
+    if seconds <= failure_timeout:
+        raise _err(
+            key,
+            seconds,
+            f"must exceed failure_timeout ({failure_timeout:g} s): a node is only marked down "
+            "after failure_timeout of silence, and auto-failover waits for it to stay down",
+            f"use {key} > {failure_timeout:g} or a shorter failure_timeout",
+        )
+    count_key = "auto_failover_max_count"
+    count = _as_int(
+        count_key,
+        values.get(count_key, DEFAULT_MAX_COUNT),
+        1,
+        1_000,
+        "nodes that may be failed over automatically before an operator recovers them, >= 1",
+    )
+    return enabled, seconds, count
 
 
 def log_level_number(config: NodeConfig) -> int:

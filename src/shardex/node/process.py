@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from shardex.manager.auto_failover import AutoFailoverSettings
 from shardex.meta.state import FileStateStore
 from shardex.net.loops import loop_kind, new_event_loop
 from shardex.net.tcp import TcpTransport
@@ -99,6 +100,11 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
         http_port=config.http_port,
         data_dir=config.data_dir,
         state_store=FileStateStore(config.data_dir),
+        auto_failover=AutoFailoverSettings(
+            enabled=config.auto_failover,
+            timeout=config.auto_failover_timeout,
+            max_count=config.auto_failover_max_count,
+        ),
     )
     try:
         await node.start()

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 from shardex import __version__
 from shardex.api.node import StatusReply, StatusRequest
 from shardex.api.scan_streams import OutStreams
+from shardex.manager.auto_failover import AutoFailover, AutoFailoverSettings
 from shardex.manager.coordinator import Coordinator, CoordinatorTiming
+from shardex.manager.failover import register_failover_ops
 from shardex.manager.index_ddl import IndexDDL, register_index_ddl
 from shardex.manager.keyspaces import register_keyspace_ops
 from shardex.manager.membership import Membership, MemberStore
@@ -62,6 +64,7 @@ class Node:
         state_store: StateStore | None = None,
         id_factory: Callable[[], str] | None = None,
         index_engine: Callable[[], SliceEngine] | None = None,
+        auto_failover: AutoFailoverSettings | None = None,
     ) -> None:
         self.transport = transport
         self.name = name
@@ -184,6 +187,12 @@ class Node:
             register_keyspace_ops(self.coordinator)
             self.index_ddl = register_index_ddl(self.coordinator)
             Rebalancer(self.coordinator).register()
+            register_failover_ops(self.coordinator)
+            # Off unless given (simulations and in-process tests fail nothing over by
+            # themselves); a node process passes its config's settings, on by default.
+            AutoFailover(
+                self.coordinator, auto_failover or AutoFailoverSettings(enabled=False)
+            ).register()
             self.timekeeper = Timekeeper(
                 transport=transport,
                 secret=secret,

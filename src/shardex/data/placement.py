@@ -74,7 +74,13 @@ class PlacementView:
                 reply = await self._pool.request(
                     m.address,
                     StateRequest(
-                        sections=["keyspaces", "data_topologies", "rebalance", "failed_over"]
+                        sections=[
+                            "keyspaces",
+                            "data_topologies",
+                            "rebalance",
+                            "failed_over",
+                            "recovering",
+                        ]
                     ),
                     STATE_TIMEOUT,
                     expect=StateReply,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from shardex.api.errors import KeyspaceNotFound
-from shardex.api.records import STATE_PENDING, STATE_RELEASED, STATE_REPLICA
+from shardex.api.records import STATE_ACTIVE, STATE_PENDING, STATE_RELEASED, STATE_REPLICA
 from shardex.core.topology import Topology
 from shardex.data.engine import DataEngine
 from shardex.errors import ErrorCode, ShardexError
@@ -121,7 +121,7 @@ def reconcile(engine: DataEngine, node: str, state: StateContext) -> None:
         _settle_incoming(engine, node, state, name, topo, moving)
         _drop_released(engine, node, name, topo, moving)
         if node not in state.failed_over:
-            _settle_replicas(engine, node, name, topo, moving)
+            _settle_replicas(engine, node, name, topo, moving, state.recovering.get(node))
     if state.cas == 0:
         return  # an empty state (a manager that knows nothing yet) proves nothing
     for local in engine.keyspaces():
@@ -136,6 +136,7 @@ def _settle_replicas(
     keyspace: str,
     topo: Topology,
     moving: dict[tuple[str, int], MoveRecord],
+    state_kind: str | None,
 ) -> None:
     """Replica copies against the latest topology: an empty copy for every partition whose
     chain names this node and that it lacks (the active feeds it from seqno 0); a replica
@@ -143,6 +144,7 @@ def _settle_replicas(
     master's own message did not arrive); a replica copy whose chain no longer names this
     node is dropped."""
     held = {info.partition: info.state for info in engine.local_partitions(keyspace)}
+    # a delta recovery keeps its copies until a rebalance puts this node back in the chains
     for p in topo.replicas_of(node):
         if p not in held and (keyspace, p) not in moving:
             engine.replicas.create_empty(keyspace, p)
@@ -153,11 +155,42 @@ def _settle_replicas(
         if topo.assignment.get(p) == node:
             entry = engine.replicas.promote(keyspace, p)
             log.info("promoted %s/%d to active (new branch %x)", keyspace, p, entry.uuid)
-        elif node not in topo.replicas.get(p, ()):
+        elif node not in topo.replicas.get(p, ()) and state_kind != "delta":
             engine.drop_partition(keyspace, p)
             log.info(
                 "dropped the replica copy of %s/%d: its chain no longer names %s", keyspace, p, node
             )
+
+
+def recover_copies(engine: DataEngine, node: str, state: StateContext, kind: str) -> None:
+    """This node was failed over and is recovered: its active copies of partitions now
+    active elsewhere may hold writes the cluster never acknowledged, and must never serve
+    again. ``delta``: they become replica copies (fed again by the new active once a
+    rebalance puts this node in their chain; a copy past the branch point restarts empty).
+    ``full``: they are dropped."""
+    moving = in_flight(state.rebalance)
+    for name in list(state.keyspaces):
+        topo = latest_topology_of(state, name)
+        try:
+            infos = engine.local_partitions(name)
+        except KeyspaceNotFound:
+            continue
+        for info in infos:
+            p = info.partition
+            if topo is None or topo.assignment.get(p) == node or (name, p) in moving:
+                continue
+            if kind == "delta" and info.state in (STATE_ACTIVE, STATE_REPLICA):
+                if info.state == STATE_ACTIVE:
+                    engine.replicas.demote(name, p)
+                    log.info("recovery (delta): %s/%d kept as a replica copy", name, p)
+            else:
+                engine.drop_partition(name, p)
+                log.info("recovery (%s): dropped the stale copy of %s/%d", kind, name, p)
+
+
+def latest_topology_of(state: StateContext, keyspace: str) -> Topology | None:
+    history = state.data_topologies.get(keyspace)
+    return history[-1] if history else None
 
 
 def never_moved(history: list[Topology], partition: int, node: str) -> bool:

@@ -50,6 +50,7 @@ from shardex.data.records import (
 from shardex.meta.partitioning import partition_of
 from shardex.storage.interface import BatchLike
 
+_FAILED_OVER_KEY = b"data/failed-over"  # default family: the cas that failed this node over
 PLACEHOLDER_UUID = 0  # the branch of an empty copy that has not heard from its active yet
 # Ack states besides the partition states: what the active reads from an ack.
 ACK_ABSENT = "absent"  # no copy here (yet)
@@ -81,6 +82,19 @@ class ReplicaOps:
 
     def __init__(self, local: LocalPartitions) -> None:
         self._local = local
+
+    def failed_over_mark(self) -> int | None:
+        """The cas of the failover this node learnt of and has not recovered from (kept on
+        disk: a restarted node still knows its copies are stale)."""
+        raw = self._local.store.column_family().get(_FAILED_OVER_KEY)
+        return None if raw is None else int(raw)
+
+    def set_failed_over_mark(self, cas: int | None) -> None:
+        cf = self._local.store.column_family()
+        if cas is None:
+            cf.delete(_FAILED_OVER_KEY, sync=True)
+        else:
+            cf.put(_FAILED_OVER_KEY, str(cas).encode(), sync=True)
 
     def active_part(self, keyspace: str, partition: int) -> Partition | None:
         """The partition if this node holds it as the active copy (the sender's source)."""

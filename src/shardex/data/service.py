@@ -75,6 +75,7 @@ from shardex.data.streaming import StreamServer
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.meta.member_list import MemberInfo
 from shardex.meta.partitioning import partition_of
+from shardex.meta.state import StateContext
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
@@ -569,13 +570,37 @@ class DataService:
         """Bring local placement in line with the manager state (``reconcile.py``), then
         the replication it implies (``replication.py``)."""
         state = await self.placement.refresh()
-        failed = self.name in state.failed_over
-        if failed and not self.failed_over:
-            log.warning("this node was failed over (state cas %d): serving nothing", state.cas)
-        self.failed_over = failed
+        await self._settle_failover(state)
         async with self._placement_lock:
             await self.io.run(reconcile.reconcile, self.engine, self.name, state)
         await self.replication.refresh(state)
+
+    async def _settle_failover(self, state: StateContext) -> None:
+        """Serve nothing while the state says this node is failed over (remembered on disk);
+        once a newer state says it is recovered, settle its stale copies first."""
+        engine = self.engine
+        mark = engine.replicas.failed_over_mark()
+        if self.name in state.failed_over:
+            if not self.failed_over:
+                log.warning(
+                    "this node was failed over (state cas %d): serving nothing until it is "
+                    "recovered (shardex recovery %s)",
+                    state.cas,
+                    self.name,
+                )
+            self.failed_over = True
+            if mark is None:
+                await self.io.run(
+                    engine.replicas.set_failed_over_mark, state.failed_over[self.name]
+                )
+            return
+        if mark is not None and state.cas > mark:
+            kind = state.recovering.get(self.name, "full")
+            log.warning("recovered after a failover (%s): settling stale copies", kind)
+            async with self._placement_lock:
+                await self.io.run(reconcile.recover_copies, engine, self.name, state, kind)
+            await self.io.run(engine.replicas.set_failed_over_mark, None)
+        self.failed_over = mark is not None and state.cas <= mark
 
     async def _maintenance_loop(self) -> None:
         """Periodic engine housekeeping: a WAL sync (clears the dirty marks of "memory"

@@ -345,8 +345,13 @@ async def recover(msg: Recover, ctx: Any) -> Recovered:
         )
     failed_over = {n: c for n, c in state.failed_over.items() if n != node}
     reply = Recovered(node=node, kind=msg.kind, cas=state.cas + 1)
+    # ``recovering`` tells the node which kind to apply to its stale copies; the next
+    # rebalance, which places copies on it again, clears it.
     committed = await ctx.commit(
-        msgspec.structs.replace(state, failed_over=failed_over), reply=reply
+        msgspec.structs.replace(
+            state, failed_over=failed_over, recovering={**state.recovering, node: msg.kind}
+        ),
+        reply=reply,
     )
     log.warning(
         "%s recovered (%s recovery, cas %d): a rebalance can place partitions on it again",

@@ -70,6 +70,9 @@ class StateContext(msgspec.Struct, frozen=True, kw_only=True):
     # node name -> the cas of the commit that failed it over: such a node serves nothing
     # (its copies may hold writes the cluster never acknowledged) until it is recovered
     failed_over: dict[str, int] = {}
+    # node name -> "delta" | "full": recovered after a failover and not yet rebalanced in;
+    # the node keeps (delta) or drops (full) the copies the topology no longer gives it
+    recovering: dict[str, str] = {}
     epoch: int = 0  # master term that committed this state
     master: str = ""  # name of the master that committed it (diagnostics)
 

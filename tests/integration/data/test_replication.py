@@ -294,3 +294,68 @@ async def _until(check, what: str, timeout: float = 10.0) -> None:
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting until {what}")
         await asyncio.sleep(0.02)
+
+
+async def test_a_failed_over_node_serves_nothing_until_recovered(cluster: Cluster) -> None:
+    docs = [docid_in(0, i) for i in range(5)]  # partition 0: active n1, replica n2
+    for i, d in enumerate(docs):
+        await cluster.upsert(d, {"i": i}, "majority")
+    n1_dir = cluster.services["n1"].path.parent
+    await cluster.stop_node("n1")
+    # n1 wrote more while cut off (durability none): a tail nobody else has
+    state = cluster.coord.state
+    topo = state.data_topologies[KS][-1]
+    failed = Topology(  # n1's actives (0 and 3) promoted on n2, n1 out of every chain
+        seq_num=2,
+        assignment={**topo.assignment, 0: "n2", 3: "n2"},
+        replicas={p: [n for n in r if n not in ("n1", "n2")] for p, r in topo.replicas.items()},
+    )
+    failed_state = msgspec.structs.replace(
+        state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
+    )
+    await cluster.publish(failed_state)
+    back = DataService(
+        data_dir=n1_dir,
+        node_name="n1",
+        transport=TcpTransport(),
+        secret=SECRET,
+        coordinator=lambda: cluster.coord,
+        members=cluster.members,
+        reconcile_interval=3600,
+    )
+    await back.start()
+    try:
+        await back.reconcile()
+        server = RpcServer(TcpTransport(), SECRET, name="n1-back")
+        back.install(server)
+        address = await server.start("127.0.0.1:0")
+        try:
+            # a client with the old topology still sends here: refused, not served stale
+            with pytest.raises(ShardexError) as err:
+                await cluster.pool.request(
+                    address, Get(keyspace=KS, docid=docs[0]), 5.0, expect=GetReply
+                )
+            assert err.value.code is ErrorCode.NODE_FAILED_OVER
+            msg = UpsertMsg(keyspace=KS, docid=docs[0], doc=b'{"stale": 1}', durability="none")
+            with pytest.raises(ShardexError) as err:
+                await cluster.pool.request(address, msg, 5.0, expect=MutationReply)
+            assert err.value.code is ErrorCode.NODE_FAILED_OVER
+            assert back.engine.replicas.failed_over_mark() == 2
+            # recovered (full): its stale active copies are dropped, and it serves again
+            cluster.coord.state = msgspec.structs.replace(
+                failed_state, cas=3, failed_over={}, recovering={"n1": "full"}
+            )
+            await back.reconcile()
+            assert not back.failed_over
+            assert back.engine.replicas.failed_over_mark() is None
+            # its old actives are active elsewhere, its replica copy's chain lost it: all gone
+            assert back.engine.local_partitions(KS) == []
+            with pytest.raises(ShardexError) as err:  # serving again: it holds no copy
+                await cluster.pool.request(
+                    address, Get(keyspace=KS, docid=docs[0]), 5.0, expect=GetReply
+                )
+            assert err.value.code is ErrorCode.NOT_MY_PARTITION
+        finally:
+            await server.stop()
+    finally:
+        await back.stop()

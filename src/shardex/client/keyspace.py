@@ -117,20 +117,33 @@ class Keyspace:
         msg = Delete(keyspace=self.name, docid=docid, cas=check_cas(cas), durability=durability)
         return self._mutate(docid, msg)
 
-    def get_versioned(self, docid: str) -> VersionedDocument:
-        """The document with its CAS and seqno; DOC_NOT_FOUND if absent or deleted."""
+    def get_versioned(self, docid: str, *, replica: str | None = None) -> VersionedDocument:
+        """The document with its CAS and seqno; DOC_NOT_FOUND if absent or deleted.
+        ``replica="any"``: the first answer from any copy (see ``get``)."""
         docid = check_docid(docid)
         router = self._rpc.router
-        reply = self._rpc.run(
-            router.to_owner(
+        if replica is None:
+            call = router.to_owner(
                 self.name, docid, Get(keyspace=self.name, docid=docid), GetReply, idempotent=True
             )
-        )
+        elif replica == "any":
+            msg = Get(keyspace=self.name, docid=docid, replica=True)
+            call = router.to_any_copy(self.name, docid, msg, GetReply)
+        else:
+            raise BadRequest(
+                f"replica must be None or 'any', got {replica!r}",
+                details={"replica": repr(replica)},
+            )
+        reply = self._rpc.run(call)
         return VersionedDocument(msgspec.json.decode(reply.body), reply.cas, reply.seqno)
 
-    def get(self, docid: str) -> dict[str, Any]:
-        """The document (a dict); raises ShardexError DOC_NOT_FOUND if absent or deleted."""
-        return self.get_versioned(docid).doc
+    def get(self, docid: str, *, replica: str | None = None) -> dict[str, Any]:
+        """The document (a dict); raises ShardexError DOC_NOT_FOUND if absent or deleted.
+
+        ``replica="any"`` asks every copy of the document's partition at once and returns
+        the first answer: available while the active copy's node is down, but possibly
+        stale (a replica lags its active, and may miss writes made at durability none)."""
+        return self.get_versioned(docid, replica=replica).doc
 
     def partition_of(self, docid: str) -> int:
         meta, _ = self._rpc.run(self._rpc.router.keyspace(self.name))

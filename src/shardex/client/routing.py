@@ -40,7 +40,14 @@ M = TypeVar("M", bound=Message)
 SECTIONS = ["keyspaces", "data_topologies"]  # not the dedup table: it can be large
 ROUTE_ATTEMPTS = 8  # with backoff 0.05 * 2^k capped at 1 s: about 4 s of trying
 _RETRY_UNSENT = (ErrorCode.NODE_UNAVAILABLE,)
-_RETRY_IDEMPOTENT = (ErrorCode.CONNECTION_CLOSED, ErrorCode.TIMEOUT)
+_RETRY_IDEMPOTENT = (
+    ErrorCode.CONNECTION_CLOSED,
+    ErrorCode.TIMEOUT,
+    ErrorCode.SYNC_WRITE_IN_PROGRESS,
+)
+# Refusals that change nothing and mean "ask the current owner": a stale topology, a node
+# failed over since (a replica was promoted in its place).
+_RETRY_REFRESHED = (ErrorCode.NOT_MY_PARTITION, ErrorCode.NODE_FAILED_OVER)
 
 Control = Callable[[Message, type[Any]], Awaitable[Any]]
 
@@ -195,8 +202,8 @@ class DataRouter:
             try:
                 return await conn.request(msg, self.request_timeout, expect=expect)
             except ShardexError as exc:
-                if exc.code is ErrorCode.NOT_MY_PARTITION:
-                    last = exc
+                if exc.code in _RETRY_REFRESHED:
+                    last = exc  # refused, nothing applied: a newer topology names another
                     continue
                 if exc.code is ErrorCode.KEYSPACE_NOT_FOUND and not gone:
                     # Our cached state still has it: dropped (the refresh raises), or dropped
@@ -210,6 +217,35 @@ class DataRouter:
         assert last is not None
         last.details.setdefault("attempts", ROUTE_ATTEMPTS)
         raise last
+
+
+    async def to_any_copy(self, keyspace: str, docid: str, msg: Message, expect: type[M]) -> M:
+        """``msg`` to every copy of ``docid``'s partition at once (the active and its
+        replicas); the first answer wins. For reads that prefer availability to freshness."""
+        meta, topo = await self.keyspace(keyspace)
+        partition = partition_of(docid, meta.num_partitions)
+        errors: list[ShardexError] = []
+
+        async def ask(node: str) -> M:
+            conn = await self.pool.get(await self.address(node), self.request_timeout)
+            return await conn.request(msg, self.request_timeout, expect=expect)
+
+        pending = {asyncio.ensure_future(ask(n)) for n in topo.chain(partition)}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    exc = task.exception()
+                    if exc is None:
+                        return task.result()
+                    if not isinstance(exc, ShardexError):
+                        raise exc
+                    errors.append(exc)
+        finally:
+            for task in pending:
+                task.cancel()
+        found = [e for e in errors if e.code is ErrorCode.DOC_NOT_FOUND]
+        raise (found or errors)[0]
 
 
 def _stream_lost(stream_id: int, reason: ShardexError) -> StreamEnd:

@@ -23,6 +23,7 @@ against the state's rebalance record, and drops keyspaces the state no longer ha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -92,6 +93,7 @@ PURGE_INTERVAL = 30.0  # the engine's retention rule runs this often
 FAN_OUT_TIMEOUT = 5.0
 FAN_OUT_ATTEMPTS = 4  # a partition in hand-over is missing for a moment: retry the gather
 GET_MANY_MAX = 10_000  # docids per GetMany: bounds one reply's size
+FIRST_RECONCILE_WAIT = 2.0  # seconds a restarted node's client requests wait to learn its role
 GET_MANY_ON_LOOP = 32  # up to this many cached point reads cost less than a thread hop
 
 
@@ -252,6 +254,15 @@ class DataService:
 
     # --- documents ---------------------------------------------------------------------------
 
+    async def _await_serving(self) -> None:
+        """A restarted node learns whether it was failed over meanwhile from its first
+        reconcile: client requests wait for it (bounded, so a node no manager answers
+        still serves what it holds), then pass ``_check_serving``."""
+        if not self.reconciled.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.reconciled.wait(), FIRST_RECONCILE_WAIT)
+        self._check_serving()
+
     def _check_serving(self) -> None:
         if self.failed_over:
             raise ShardexError(
@@ -268,7 +279,7 @@ class DataService:
     ) -> MutationReply:
         if self.committer is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
-        self._check_serving()
+        await self._await_serving()
         level = self.replication.level(durability)
         majority = level in MAJORITY_LEVELS
         try:
@@ -303,7 +314,7 @@ class DataService:
         return await self._mutate("delete", msg.keyspace, msg.docid, None, msg.cas, msg.durability)
 
     async def _on_get(self, msg: Get, conn: Connection) -> GetReply:
-        self._check_serving()
+        await self._await_serving()
         if msg.replica:
             return self._replica_get(msg)
         try:
@@ -333,6 +344,7 @@ class DataService:
         return GetReply(body=got[0], cas=got[1], seqno=got[2])
 
     async def _on_get_many(self, msg: GetMany, conn: Connection) -> GetManyReply:
+        await self._await_serving()
         if len(msg.docids) > GET_MANY_MAX:
             raise BadRequest(
                 f"GetMany asks for {len(msg.docids)} documents, more than {GET_MANY_MAX}",
@@ -376,7 +388,7 @@ class DataService:
     async def _on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
         if self.committer is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
-        self._check_serving()
+        await self._await_serving()
         ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]
         level = self.replication.level(msg.durability)
         majority = level in MAJORITY_LEVELS

@@ -37,6 +37,9 @@ STATE_TTL: Final = 1.0
 STATE_TIMEOUT: Final = 5.0
 SEQNO_TIMEOUT: Final = 10.0
 SEQNO_ATTEMPTS: Final = 4
+# How long a request_plus read waits for a dead owner's partitions to be failed over to a
+# replica (auto-failover: failure detection + its timeout, 3 + 5 s by default).
+SEQNO_FAILOVER_WAIT: Final = 15.0
 # A shared high-seqno round waits at most this long for the round ahead of it to be
 # answered (``shared_partial_high_seqnos``); a healthy round takes about a millisecond.
 CHAIN_WAIT: Final = 0.1
@@ -271,7 +274,11 @@ class ClusterView:
         got: Mapping[int, tuple[int, int]] = known if known is not None else {}
         state = await self.state()
         last: ShardexError | None = None
-        for attempt in range(SEQNO_ATTEMPTS):
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None  # set once we know whether a failover can help
+        attempt = 0
+        missing: list[int] = []
+        while True:
             if attempt:
                 state = await self.state(fresh=True)
             history = state.data_topologies.get(keyspace)
@@ -292,12 +299,21 @@ class ClusterView:
                 got = dict(got)  # ``known`` may be shared: asked partitions go into a copy
             assert isinstance(got, dict)
             last = await self._ask_round(keyspace, by_node, got) or last
-            if all(p in got for ps in by_node.values() for p in ps):
-                break
-            if attempt + 1 < SEQNO_ATTEMPTS:
-                await asyncio.sleep(0.05 * 2**attempt)  # a partition in hand-over
-        else:
             missing = sorted(p for ps in by_node.values() for p in ps if p not in got)
+            if not missing:
+                break
+            if deadline is None:
+                # With replicas, a dead owner's partitions get a new active by failover:
+                # wait for it (bounded; the scan's own timeout may end it sooner). Without,
+                # nothing will change soon: a few quick retries for a hand-over in flight.
+                meta = state.keyspaces.get(keyspace)
+                replicated = meta is not None and meta.num_replicas > 0
+                deadline = loop.time() + (SEQNO_FAILOVER_WAIT if replicated else 0.0)
+            attempt += 1
+            if attempt >= SEQNO_ATTEMPTS and loop.time() >= deadline:
+                break  # ``missing`` is raised below
+            await asyncio.sleep(min(0.05 * 2 ** (attempt - 1), 0.5))
+        if missing:
             raise NodeUnavailable(
                 f"no owner answered the high seqnos of partitions {missing[:20]} of {keyspace!r}",
                 details={

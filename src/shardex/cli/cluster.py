@@ -234,7 +234,7 @@ def status(
         out.print("[red]no live node: no membership view[/]")
         return
     vt = Table(title=f"membership as seen by {view['observer']} (version {view['version']})")
-    for col in ("member", "address", "state", "last heartbeat", "member id"):
+    for col in ("member", "address", "group", "state", "last heartbeat", "member id"):
         vt.add_column(col)
     for m in view["members"]:
         age = m["last_heartbeat_age"]
@@ -242,6 +242,7 @@ def status(
         vt.add_row(
             m["name"],
             m["address"],
+            m.get("group") or "-",
             f"[{colour}]{m['state']}[/]",
             "never" if age is None else f"{age:.1f}s ago",
             m["member_id"][:8],

@@ -42,6 +42,7 @@ class MemberStatus:
     state: str  # "up" | "down" | "unknown"
     last_heartbeat_age: float | None
     incarnation: int
+    group: str = ""  # server group label; "" = none
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,6 +109,7 @@ def cluster_status_from(reply: MembersReply) -> ClusterStatus:
                 state=m.state,
                 last_heartbeat_age=m.last_heartbeat_age,
                 incarnation=m.incarnation,
+                group=m.group,
             )
             for m in reply.members
         ),

@@ -32,6 +32,8 @@ DEFAULT_PORT = 7100
 MIN_SECRET_LENGTH = 16
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A server group label (a rack, a zone): replicas of a partition go to distinct groups.
+_GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 _SECRET_HINT = (
     "give the cluster secret with --secret-file FILE (or secret_file = ... in the config file); "
     "generate one with: python -c 'import secrets; print(secrets.token_hex(32))'"
@@ -52,6 +54,7 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "log_level",
         "heartbeat_interval",
         "failure_timeout",
+        "group",
     }
 )
 
@@ -71,6 +74,9 @@ class NodeConfig:
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
     host: str = BIND_HOST
+    # Server group label (rack, zone); "" = none. Replica placement spreads each partition's
+    # chain over distinct groups when nodes carry labels.
+    group: str = ""
 
     @property
     def address(self) -> str:
@@ -301,6 +307,16 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
             f"use failure_timeout >= {2 * interval:g} or a shorter heartbeat_interval",
         )
 
+    group = values.get("group", "")
+    if not isinstance(group, str) or (group and not _GROUP_RE.match(group)):
+        raise _err(
+            "group",
+            group,
+            "not a valid server group label",
+            "use 1-32 letters, digits, '.', '_' or '-', starting with a letter or digit "
+            "(or leave it out: no group)",
+        )
+
     return NodeConfig(
         name=name,
         data_dir=data_dir,
@@ -312,6 +328,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         log_level=level.upper(),
         heartbeat_interval=interval,
         failure_timeout=timeout,
+        group=group,
     )
 
 

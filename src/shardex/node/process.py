@@ -99,6 +99,7 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
         http_port=config.http_port,
         data_dir=config.data_dir,
         state_store=FileStateStore(config.data_dir),
+        group=config.group,
     )
     try:
         await node.start()

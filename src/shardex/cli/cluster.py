@@ -205,11 +205,13 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each node.")] = 2.0,
 ) -> None:
-    """Which nodes run and answer an authenticated ping, and the membership view."""
+    """Which nodes run and answer an authenticated ping, the membership view (with each
+    node's server group) and the keyspaces' replica counts."""
     spec, secret = _load(cluster_dir)
     procs = lc.node_procs(cluster_dir, spec)
     results = lc.probe_nodes(spec, secret, timeout=timeout)
     doc = lc.status_dict(cluster_dir, spec, procs, results)
+    doc["keyspaces"] = _keyspaces(cluster_dir, timeout) if doc["up"] else None
     if as_json:
         # Plain print: rich would wrap long lines and break the JSON.
         print(json.dumps(doc, sort_keys=True))
@@ -248,6 +250,42 @@ def status(
             m["member_id"][:8],
         )
     out.print(vt)
+    if doc["keyspaces"]:
+        kt = Table(title="keyspaces")
+        for col in ("keyspace", "partitions", "replicas", "shortest chain"):
+            kt.add_column(col)
+        for k in doc["keyspaces"]:
+            short = k["min_replicas"] < k["num_replicas"]
+            kt.add_row(
+                k["name"],
+                str(k["num_partitions"]),
+                str(k["num_replicas"]),
+                f"[yellow]{k['min_replicas']}[/]" if short else str(k["min_replicas"]),
+            )
+        out.print(kt)
+
+
+def _keyspaces(cluster_dir: Path, timeout: float) -> list[dict[str, Any]] | None:
+    """Per keyspace: partitions, configured replicas and the shortest chain's replicas
+    (lower after a failover until a rebalance); None if no manager answers."""
+    from shardex.client import connect_local
+
+    try:
+        with connect_local(
+            cluster_dir, name="shardex-cli", connect_timeout=timeout, request_timeout=timeout
+        ) as client:
+            rows = client.list_keyspaces()
+    except ShardexError:
+        return None
+    return [
+        {
+            "name": r.name,
+            "num_partitions": r.num_partitions,
+            "num_replicas": r.num_replicas,
+            "min_replicas": r.min_replicas,
+        }
+        for r in rows
+    ]
 
 
 @app.command()

@@ -61,6 +61,8 @@ def test_layout_and_status_json(cluster: LocalCluster) -> None:
     assert sorted(m["name"] for m in view["members"]) == ["node1", "node2", "node3"]
     assert {m["state"] for m in view["members"]} == {"up"}
     assert view["version"] == 3  # three joins, each incarnation 1
+    assert {m["group"] for m in view["members"]} == {""}  # no server groups configured
+    assert doc["keyspaces"] == []  # none created yet
 
 
 def test_start_twice_is_safe(cluster: LocalCluster) -> None:
@@ -162,6 +164,6 @@ def test_stop_stops_all(cluster: LocalCluster) -> None:
         assert "stopped" in (node_dir / "node.log").read_text()
     doc = status_json(cluster.path)
     assert doc["up"] == 0 and all(n["pid"] is None for n in doc["nodes"])
-    assert doc["membership"] is None
+    assert doc["membership"] is None and doc["keyspaces"] is None
     again = run_cli("cluster", "stop", "--dir", str(cluster.path))
     assert again.stdout.count("not running") == 3

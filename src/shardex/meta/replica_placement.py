@@ -71,14 +71,15 @@ class _Placer:
     def __init__(self, nodes: Sequence[str], groups: Mapping[str, str]) -> None:
         self.ordered = sorted(set(nodes))
         self.index = {n: i for i, n in enumerate(self.ordered)}
-        # An unlabelled node is a group of its own: with no labels at all the group rule is
-        # the distinct-node rule.
-        self.group = {n: groups.get(n) or f"\0{n}" for n in self.ordered}
-        self.num_groups = len(set(self.group.values()))
+        # Every node's label, the placed-on ones and others (a down active's group counts).
+        self.labels = dict(groups)
+        self.num_groups = len({self.group_of(n) for n in self.ordered})
         self.load: Counter[str] = Counter({n: 0 for n in self.ordered})
 
     def group_of(self, node: str) -> str:
-        return self.group.get(node) or f"\0{node}"
+        # An unlabelled node is a group of its own: with no labels at all the group rule is
+        # the distinct-node rule.
+        return self.labels.get(node) or f"\0{node}"
 
     def distinct_groups(self, chain: Sequence[str]) -> int:
         return len({self.group_of(n) for n in chain})
@@ -96,7 +97,7 @@ class _Placer:
         return min(
             candidates,
             key=lambda c: (
-                self.group[c] in used_groups,
+                self.group_of(c) in used_groups,
                 self.load[c],
                 (self.index[c] - anchor) % n,
             ),

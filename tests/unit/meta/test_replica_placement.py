@@ -219,3 +219,11 @@ def test_restore_honours_groups_and_trims_nothing_it_need_not() -> None:
     topo2 = Topology(seq_num=1, assignment=two.assignment, replicas=two.replicas)
     trimmed = restore_replicas(topo2, list(groups), 1, groups)
     assert trimmed.replicas == {p: r[:1] for p, r in two.replicas.items()}
+
+
+def test_restore_keeps_a_down_actives_group_apart() -> None:
+    # p0's active a1 is down (not failed over yet): its replica must still avoid rack a
+    groups = {"a1": "a", "a2": "a", "b1": "b"}
+    short = Topology(seq_num=3, assignment={0: "a1"}, replicas={0: []})
+    restored = restore_replicas(short, ["a2", "b1"], 1, groups)
+    assert restored.replicas == {0: ["b1"]}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from cluster_helpers import (
@@ -167,3 +169,31 @@ def test_stop_stops_all(cluster: LocalCluster) -> None:
     assert doc["membership"] is None and doc["keyspaces"] is None
     again = run_cli("cluster", "stop", "--dir", str(cluster.path))
     assert again.stdout.count("not running") == 3
+
+
+def test_groups_label_the_nodes_and_spread_the_replicas(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path / "g", 3, free_base_port(3))
+    try:
+        bad = run_cli(
+            "cluster", "start", "--dir", str(c.path), "--no-pipeline", "--groups", "a b",
+            check=False,
+        )  # fmt: skip
+        assert bad.returncode == 2 and "'group'" in bad.stderr and not c.path.exists()
+        c.start("--nodes", "3", "--base-port", str(c.base_port), "--groups", "rack1,rack2")
+        doc = status_json(c.path)
+        groups = {m["name"]: m["group"] for m in doc["membership"]["members"]}
+        assert groups == {"node1": "rack1", "node2": "rack2", "node3": "rack1"}
+        d = str(c.path)
+        out = run_cli("keyspace", "create", "ks", "--partitions", "6", "--dir", d).stdout
+        assert "1 replica(s) per partition" in out
+        listed = json.loads(run_cli("keyspace", "list", "--dir", d, "--json").stdout)
+        ks = next(k for k in listed if k["name"] == "ks")
+        for p, active in ks["assignment"].items():
+            chain = [active, *ks["replicas"][p]]
+            assert {groups[n] for n in chain} == {"rack1", "rack2"}
+        assert status_json(c.path)["keyspaces"] == [
+            {"name": "ks", "num_partitions": 6, "num_replicas": 1, "min_replicas": 1}
+        ]
+    finally:
+        run_cli("cluster", "stop", "--dir", str(c.path), "--timeout", "5", check=False)
+        kill_leftovers(c.path)

@@ -58,6 +58,14 @@ def start(
         bool,
         typer.Option("--no-pipeline", help="Do not start the index pipeline's Spark driver."),
     ] = False,
+    groups: Annotated[
+        str | None,
+        typer.Option(
+            "--groups",
+            help="New cluster: server group labels of the nodes, comma-separated, repeated "
+            "round-robin (a,b over 4 nodes: a,b,a,b); replicas go to distinct groups.",
+        ),
+    ] = None,
 ) -> None:
     """Create the cluster on first use, start every node that is not running, and wait until
     each answers and sees all members up; then start the index pipeline (Spark driver) unless
@@ -66,6 +74,15 @@ def start(
         if cdir.exists(cluster_dir):
             spec = cdir.load(cluster_dir)
             _check_same(spec, nodes, base_port)
+            if groups is not None:
+                raise ConfigError(
+                    "--groups labels the nodes of a new cluster only",
+                    details={
+                        "key": "groups",
+                        "value": groups,
+                        "hint": "set `group = ...` in a node's node.toml and restart it",
+                    },
+                )
         else:
             from shardex.node.config import load_config
 
@@ -79,6 +96,7 @@ def start(
                 "failure_timeout": failure_timeout,
             }
             cfg = load_config(None, probe_cfg)
+            labels = [] if groups is None else _group_labels(groups)
             spec = cdir.create(
                 cluster_dir,
                 nodes=3 if nodes is None else nodes,
@@ -87,6 +105,8 @@ def start(
                 heartbeat_interval=cfg.heartbeat_interval,
                 failure_timeout=cfg.failure_timeout,
             )
+            if labels:
+                _label_groups(cluster_dir, spec, labels)
             err.print(f"created cluster directory {cluster_dir} ({len(spec.nodes)} nodes)")
         secret = cdir.read_secret(cluster_dir, spec)
     except ShardexError as e:
@@ -139,6 +159,32 @@ def _start_pipeline(cluster_dir: Path) -> None:
         f"[green]pipeline driver starting[/] (pid {child.pid}); Spark takes ~20 s to come up; "
         f"log: {pipeline_dir(cluster_dir) / LOG_FILE}"
     )
+
+
+def _group_labels(groups: str) -> list[str]:
+    """The ``--groups`` labels, each checked the way a node checks its ``group``."""
+    from shardex.node.config import load_config
+
+    labels = [g.strip() for g in groups.split(",") if g.strip()]
+    if not labels:
+        raise ConfigError(
+            "--groups gives no label",
+            details={"key": "groups", "value": groups, "hint": "e.g. --groups rack1,rack2"},
+        )
+    probe = {"name": "probe", "data_dir": "probe", "secret": "x" * 32}
+    for label in labels:
+        load_config(None, {**probe, "group": label})
+    return labels
+
+
+def _label_groups(cluster_dir: Path, spec: cdir.ClusterSpec, labels: list[str]) -> None:
+    """Add ``group = ...`` to each new node's config, the labels repeated round-robin."""
+    from shardex.runtime.files import atomic_write_bytes
+
+    for i, node in enumerate(spec.nodes):
+        path = node.path(cluster_dir) / cdir.NODE_CONFIG_FILE
+        text = path.read_text(encoding="utf-8").rstrip("\n")
+        atomic_write_bytes(path, f'{text}\ngroup = "{labels[i % len(labels)]}"\n'.encode())
 
 
 def _check_same(spec: cdir.ClusterSpec, nodes: int | None, base_port: int | None) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from cluster_helpers import (
@@ -61,6 +63,8 @@ def test_layout_and_status_json(cluster: LocalCluster) -> None:
     assert sorted(m["name"] for m in view["members"]) == ["node1", "node2", "node3"]
     assert {m["state"] for m in view["members"]} == {"up"}
     assert view["version"] == 3  # three joins, each incarnation 1
+    assert {m["group"] for m in view["members"]} == {""}  # no server groups configured
+    assert doc["keyspaces"] == []  # none created yet
 
 
 def test_start_twice_is_safe(cluster: LocalCluster) -> None:
@@ -162,6 +166,34 @@ def test_stop_stops_all(cluster: LocalCluster) -> None:
         assert "stopped" in (node_dir / "node.log").read_text()
     doc = status_json(cluster.path)
     assert doc["up"] == 0 and all(n["pid"] is None for n in doc["nodes"])
-    assert doc["membership"] is None
+    assert doc["membership"] is None and doc["keyspaces"] is None
     again = run_cli("cluster", "stop", "--dir", str(cluster.path))
     assert again.stdout.count("not running") == 3
+
+
+def test_groups_label_the_nodes_and_spread_the_replicas(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path / "g", 3, free_base_port(3))
+    try:
+        bad = run_cli(
+            "cluster", "start", "--dir", str(c.path), "--no-pipeline", "--groups", "a b",
+            check=False,
+        )  # fmt: skip
+        assert bad.returncode == 2 and "'group'" in bad.stderr and not c.path.exists()
+        c.start("--nodes", "3", "--base-port", str(c.base_port), "--groups", "rack1,rack2")
+        doc = status_json(c.path)
+        groups = {m["name"]: m["group"] for m in doc["membership"]["members"]}
+        assert groups == {"node1": "rack1", "node2": "rack2", "node3": "rack1"}
+        d = str(c.path)
+        out = run_cli("keyspace", "create", "ks", "--partitions", "6", "--dir", d).stdout
+        assert "1 replica(s) per partition" in out
+        listed = json.loads(run_cli("keyspace", "list", "--dir", d, "--json").stdout)
+        ks = next(k for k in listed if k["name"] == "ks")
+        for p, active in ks["assignment"].items():
+            chain = [active, *ks["replicas"][p]]
+            assert {groups[n] for n in chain} == {"rack1", "rack2"}
+        assert status_json(c.path)["keyspaces"] == [
+            {"name": "ks", "num_partitions": 6, "num_replicas": 1, "min_replicas": 1}
+        ]
+    finally:
+        run_cli("cluster", "stop", "--dir", str(c.path), "--timeout", "5", check=False)
+        kill_leftovers(c.path)

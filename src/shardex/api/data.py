@@ -169,6 +169,8 @@ class OpenPartitions(Message, tag="data.OpenPartitions"):
     created_cas: int
     num_partitions: int
     partitions: list[int]
+    # partitions this node holds a replica copy of (empty like the actives: a new keyspace)
+    replicas: list[int] = msgspec.field(default_factory=list)
 
 
 class DropKeyspaceData(Message, tag="data.DropKeyspaceData"):

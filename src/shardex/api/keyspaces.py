@@ -24,6 +24,9 @@ class CreateKeyspace(Message, tag="manager.CreateKeyspace"):
     name: str
     num_partitions: int = DEFAULT_NUM_PARTITIONS
     request_id: str = ""
+    # replica copies of each partition, 0-3; None: 1 when two or more data nodes are up,
+    # else 0 (``meta/replica_placement.py``)
+    num_replicas: int | None = None
 
 
 class DropKeyspace(Message, tag="manager.DropKeyspace"):
@@ -38,6 +41,8 @@ class ListKeyspaces(Message, tag="manager.ListKeyspaces"):
 class KeyspaceCreated(Message, tag="manager.KeyspaceCreated"):
     meta: KeyspaceMeta
     topology: Topology
+    # what the replica placement could not honour (too few nodes or server groups)
+    warnings: list[str] = msgspec.field(default_factory=list)
 
 
 class KeyspaceDropped(Message, tag="manager.KeyspaceDropped"):

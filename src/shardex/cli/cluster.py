@@ -59,6 +59,14 @@ def start(
         bool,
         typer.Option("--no-pipeline", help="Do not start the index pipeline's Spark driver."),
     ] = False,
+    groups: Annotated[
+        str | None,
+        typer.Option(
+            "--groups",
+            help="New cluster: server group labels of the nodes, comma-separated, repeated "
+            "round-robin (a,b over 4 nodes: a,b,a,b); replicas go to distinct groups.",
+        ),
+    ] = None,
 ) -> None:
     """Create the cluster on first use, start every node that is not running, and wait until
     each answers and sees all members up; then start the index pipeline (Spark driver) unless
@@ -67,6 +75,15 @@ def start(
         if cdir.exists(cluster_dir):
             spec = cdir.load(cluster_dir)
             _check_same(spec, nodes, base_port)
+            if groups is not None:
+                raise ConfigError(
+                    "--groups labels the nodes of a new cluster only",
+                    details={
+                        "key": "groups",
+                        "value": groups,
+                        "hint": "set `group = ...` in a node's node.toml and restart it",
+                    },
+                )
         else:
             from shardex.node.config import load_config
 
@@ -80,6 +97,7 @@ def start(
                 "failure_timeout": failure_timeout,
             }
             cfg = load_config(None, probe_cfg)
+            labels = [] if groups is None else _group_labels(groups)
             spec = cdir.create(
                 cluster_dir,
                 nodes=3 if nodes is None else nodes,
@@ -88,6 +106,8 @@ def start(
                 heartbeat_interval=cfg.heartbeat_interval,
                 failure_timeout=cfg.failure_timeout,
             )
+            if labels:
+                _label_groups(cluster_dir, spec, labels)
             err.print(f"created cluster directory {cluster_dir} ({len(spec.nodes)} nodes)")
         secret = cdir.read_secret(cluster_dir, spec)
     except ShardexError as e:
@@ -140,6 +160,32 @@ def _start_pipeline(cluster_dir: Path) -> None:
         f"[green]pipeline driver starting[/] (pid {child.pid}); Spark takes ~20 s to come up; "
         f"log: {pipeline_dir(cluster_dir) / LOG_FILE}"
     )
+
+
+def _group_labels(groups: str) -> list[str]:
+    """The ``--groups`` labels, each checked the way a node checks its ``group``."""
+    from shardex.node.config import load_config
+
+    labels = [g.strip() for g in groups.split(",") if g.strip()]
+    if not labels:
+        raise ConfigError(
+            "--groups gives no label",
+            details={"key": "groups", "value": groups, "hint": "e.g. --groups rack1,rack2"},
+        )
+    probe = {"name": "probe", "data_dir": "probe", "secret": "x" * 32}
+    for label in labels:
+        load_config(None, {**probe, "group": label})
+    return labels
+
+
+def _label_groups(cluster_dir: Path, spec: cdir.ClusterSpec, labels: list[str]) -> None:
+    """Add ``group = ...`` to each new node's config, the labels repeated round-robin."""
+    from shardex.runtime.files import atomic_write_bytes
+
+    for i, node in enumerate(spec.nodes):
+        path = node.path(cluster_dir) / cdir.NODE_CONFIG_FILE
+        text = path.read_text(encoding="utf-8").rstrip("\n")
+        atomic_write_bytes(path, f'{text}\ngroup = "{labels[i % len(labels)]}"\n'.encode())
 
 
 def _check_same(spec: cdir.ClusterSpec, nodes: int | None, base_port: int | None) -> None:
@@ -206,13 +252,15 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each node.")] = 2.0,
 ) -> None:
-    """Which nodes run and answer an authenticated ping, and the membership view."""
+    """Which nodes run and answer an authenticated ping, the membership view (with each
+    node's server group) and the keyspaces' replica counts."""
     spec, secret = _load(cluster_dir)
     procs = lc.node_procs(cluster_dir, spec)
     results = lc.probe_nodes(spec, secret, timeout=timeout)
     doc = lc.status_dict(cluster_dir, spec, procs, results)
     if doc["up"]:  # failed-over nodes serve nothing until recovered
         doc["failed_over"] = failed_over_nodes(cluster_dir, timeout)
+    doc["keyspaces"] = _keyspaces(cluster_dir, timeout) if doc["up"] else None
     if as_json:
         # Plain print: rich would wrap long lines and break the JSON.
         print(json.dumps(doc, sort_keys=True))
@@ -237,7 +285,7 @@ def status(
         out.print("[red]no live node: no membership view[/]")
         return
     vt = Table(title=f"membership as seen by {view['observer']} (version {view['version']})")
-    for col in ("member", "address", "state", "last heartbeat", "member id"):
+    for col in ("member", "address", "group", "state", "last heartbeat", "member id"):
         vt.add_column(col)
     for m in view["members"]:
         age = m["last_heartbeat_age"]
@@ -245,6 +293,7 @@ def status(
         vt.add_row(
             m["name"],
             m["address"],
+            m.get("group") or "-",
             f"[{colour}]{m['state']}[/]",
             "never" if age is None else f"{age:.1f}s ago",
             m["member_id"][:8],
@@ -253,6 +302,42 @@ def status(
     if doc.get("failed_over"):
         names = ", ".join(sorted(doc["failed_over"]))
         out.print(f"[red]failed over[/] (serving nothing until `shardex recovery`): {names}")
+    if doc["keyspaces"]:
+        kt = Table(title="keyspaces")
+        for col in ("keyspace", "partitions", "replicas", "shortest chain"):
+            kt.add_column(col)
+        for k in doc["keyspaces"]:
+            short = k["min_replicas"] < k["num_replicas"]
+            kt.add_row(
+                k["name"],
+                str(k["num_partitions"]),
+                str(k["num_replicas"]),
+                f"[yellow]{k['min_replicas']}[/]" if short else str(k["min_replicas"]),
+            )
+        out.print(kt)
+
+
+def _keyspaces(cluster_dir: Path, timeout: float) -> list[dict[str, Any]] | None:
+    """Per keyspace: partitions, configured replicas and the shortest chain's replicas
+    (lower after a failover until a rebalance); None if no manager answers."""
+    from shardex.client import connect_local
+
+    try:
+        with connect_local(
+            cluster_dir, name="shardex-cli", connect_timeout=timeout, request_timeout=timeout
+        ) as client:
+            rows = client.list_keyspaces()
+    except ShardexError:
+        return None
+    return [
+        {
+            "name": r.name,
+            "num_partitions": r.num_partitions,
+            "num_replicas": r.num_replicas,
+            "min_replicas": r.min_replicas,
+        }
+        for r in rows
+    ]
 
 
 @app.command()

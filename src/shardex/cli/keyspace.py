@@ -12,8 +12,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from shardex.cli.common import fail, out
-from shardex.client import Client, KeyspaceStatsResult
+from shardex.cli.common import err, fail, out
+from shardex.client import Client, KeyspaceDescription, KeyspaceStatsResult
 from shardex.errors import ShardexError
 
 app = typer.Typer(
@@ -47,13 +47,40 @@ def create(
     partitions: Annotated[
         int, typer.Option("--partitions", "-p", help="Number of partitions (1-1024).")
     ] = 64,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            "-r",
+            help="Replica copies of each partition, on other nodes (0-3; default: 1 with two "
+            "or more data nodes, else 0).",
+        ),
+    ] = None,
 ) -> None:
-    """Create a keyspace; its partitions are placed evenly over the data nodes."""
+    """Create a keyspace; its partitions are placed evenly over the data nodes, their
+    replica copies on other nodes (and other server groups, where nodes have one)."""
     with local_client(cluster_dir) as client:
-        ks = client.create_keyspace(name, partitions)
-        nodes = sorted(set(ks.assignment.values()))
-        per = ", ".join(f"{n}: {len(ks.partitions_of(n))}" for n in nodes)
-        out.print(f"created keyspace [bold]{ks.name}[/]: {ks.num_partitions} partitions ({per})")
+        ks = client.create_keyspace(name, partitions, num_replicas=replicas)
+    out.print(describe_created(ks))
+    for warning in ks.warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+
+
+def describe_created(ks: KeyspaceDescription) -> str:
+    """One line: partitions per node, and the replicas if any."""
+    nodes = sorted(set(ks.assignment.values()))
+    per = ", ".join(f"{n}: {len(ks.partitions_of(n))}" for n in nodes)
+    line = f"created keyspace [bold]{ks.name}[/]: {ks.num_partitions} partitions ({per})"
+    if ks.num_replicas:
+        line += f", {replicas_cell(ks)} replica(s) per partition"
+    return line
+
+
+def replicas_cell(ks: KeyspaceDescription) -> str:
+    """The configured replica count, with the shortest chain's when it is lower."""
+    if ks.min_replicas < ks.num_replicas:
+        return f"{ks.num_replicas} (shortest chain: {ks.min_replicas})"
+    return str(ks.num_replicas)
 
 
 @app.command("list")
@@ -61,19 +88,24 @@ def list_(
     cluster_dir: DirOption,
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
 ) -> None:
-    """List keyspaces with their partition counts and placement."""
+    """List keyspaces with their partition and replica counts and placement."""
     with local_client(cluster_dir) as client:
         rows = client.list_keyspaces()
     if as_json:
         print(json.dumps([r.to_dict() for r in rows], sort_keys=True))
         return
     table = Table(title="keyspaces")
-    for col in ("name", "partitions", "topology", "nodes", "uuid"):
+    for col in ("name", "partitions", "replicas", "topology", "nodes", "uuid"):
         table.add_column(col)
     for r in rows:
-        nodes = sorted(set(r.assignment.values()))
+        nodes = sorted({*r.assignment.values(), *(n for ns in r.replicas.values() for n in ns)})
         table.add_row(
-            r.name, str(r.num_partitions), str(r.topology_seq), ", ".join(nodes), r.uuid[:12]
+            r.name,
+            str(r.num_partitions),
+            replicas_cell(r),
+            str(r.topology_seq),
+            ", ".join(nodes),
+            r.uuid[:12],
         )
     out.print(table)
 

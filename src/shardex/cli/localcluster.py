@@ -323,6 +323,7 @@ def _view_dict(r: ProbeResult) -> dict[str, Any]:
                 "state": m.state,
                 "last_heartbeat_age": m.last_heartbeat_age,
                 "incarnation": m.incarnation,
+                "group": m.group,
             }
             for m in v.members
         ],

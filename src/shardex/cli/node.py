@@ -59,6 +59,12 @@ def node(
         float | None,
         typer.Option("--failure-timeout", help="Seconds without heartbeat => down (default 3)."),
     ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            help="Server group label (rack, zone): a partition's replicas go to distinct groups."
+        ),
+    ] = None,
 ) -> None:
     # Imported here so `shardex --help` and other commands stay fast.
     from shardex.node.config import load_config
@@ -76,6 +82,7 @@ def node(
         "log_level": log_level,
         "heartbeat_interval": heartbeat_interval,
         "failure_timeout": failure_timeout,
+        "group": group,
     }
     if secret is not None and secret_file is not None:
         # An environment secret plus an explicit file: the explicit flag wins.

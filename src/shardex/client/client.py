@@ -63,6 +63,7 @@ from shardex.client.types import (
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConfigError, ShardexError
 from shardex.meta.partitioning import DEFAULT_NUM_PARTITIONS, check_num_partitions
+from shardex.meta.replica_placement import check_num_replicas
 from shardex.net.messages import Message
 from shardex.net.tcp import TcpTransport
 from shardex.net.transport import Transport
@@ -187,17 +188,30 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
     # -- keyspaces and documents --
 
     def create_keyspace(
-        self, name: str, num_partitions: int = DEFAULT_NUM_PARTITIONS
+        self,
+        name: str,
+        num_partitions: int = DEFAULT_NUM_PARTITIONS,
+        num_replicas: int | None = None,
     ) -> KeyspaceDescription:
-        """Create a keyspace with ``num_partitions`` partitions placed over the data nodes;
-        returns once every owner has opened its partitions. KEYSPACE_EXISTS if it exists."""
+        """Create a keyspace with ``num_partitions`` partitions placed over the data nodes,
+        each with ``num_replicas`` replica copies (0-3) on other nodes (None: 1 when two or
+        more data nodes are up, else 0); returns once every node of the chains has opened
+        its copies. KEYSPACE_EXISTS if it exists. What the placement could not honour (too
+        few nodes or server groups) is in the result's ``warnings``."""
         check_keyspace_name(name)
         check_num_partitions(num_partitions)
-        msg = CreateKeyspace(name=name, num_partitions=num_partitions, request_id=_request_id())
+        if num_replicas is not None:
+            check_num_replicas(num_replicas)
+        msg = CreateKeyspace(
+            name=name,
+            num_partitions=num_partitions,
+            num_replicas=num_replicas,
+            request_id=_request_id(),
+        )
         # Retried on another node with the same request id: the coordinator deduplicates.
         reply = self.rpc.call(msg, KeyspaceCreated, idempotent=True)
         self.rpc.run(self.rpc.router.refresh())
-        return describe(reply.meta, reply.topology)
+        return describe(reply.meta, reply.topology, reply.warnings)
 
     def list_keyspaces(self) -> list[KeyspaceDescription]:
         reply = self.rpc.call(ListKeyspaces(request_id=_request_id()), KeyspaceList)

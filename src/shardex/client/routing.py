@@ -218,7 +218,6 @@ class DataRouter:
         last.details.setdefault("attempts", ROUTE_ATTEMPTS)
         raise last
 
-
     async def to_any_copy(self, keyspace: str, docid: str, msg: Message, expect: type[M]) -> M:
         """``msg`` to every copy of ``docid``'s partition at once (the active and its
         replicas); the first answer wins. For reads that prefer availability to freshness."""

@@ -42,6 +42,7 @@ class MemberStatus:
     state: str  # "up" | "down" | "unknown"
     last_heartbeat_age: float | None
     incarnation: int
+    group: str = ""  # server group label; "" = none
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,6 +109,7 @@ def cluster_status_from(reply: MembersReply) -> ClusterStatus:
                 state=m.state,
                 last_heartbeat_age=m.last_heartbeat_age,
                 incarnation=m.incarnation,
+                group=m.group,
             )
             for m in reply.members
         ),
@@ -124,15 +126,30 @@ class KeyspaceDescription:
     created_cas: int
     topology_seq: int | None
     assignment: dict[int, str]  # partition -> node (latest topology)
+    num_replicas: int = 0  # configured replica copies per partition
+    # partition -> replica nodes in promotion order (latest topology)
+    replicas: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    # what the replica placement could not honour (create only: too few nodes or groups)
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     def partitions_of(self, node: str) -> list[int]:
         return sorted(p for p, n in self.assignment.items() if n == node)
+
+    @property
+    def min_replicas(self) -> int:
+        """The shortest chain's replica count: below ``num_replicas`` after a failover (or
+        with too few nodes) until a rebalance restores the chains."""
+        if not self.assignment:
+            return 0
+        return min(len(self.replicas.get(p, ())) for p in self.assignment)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def describe(meta: KeyspaceMeta, topology: Topology | None) -> KeyspaceDescription:
+def describe(
+    meta: KeyspaceMeta, topology: Topology | None, warnings: list[str] | None = None
+) -> KeyspaceDescription:
     return KeyspaceDescription(
         name=meta.name,
         num_partitions=meta.num_partitions,
@@ -140,6 +157,11 @@ def describe(meta: KeyspaceMeta, topology: Topology | None) -> KeyspaceDescripti
         created_cas=meta.created_cas,
         topology_seq=None if topology is None else topology.seq_num,
         assignment={} if topology is None else dict(sorted(topology.assignment.items())),
+        num_replicas=meta.num_replicas,
+        replicas={}
+        if topology is None
+        else {p: list(r) for p, r in sorted(topology.replicas.items())},
+        warnings=list(warnings or ()),
     )
 
 

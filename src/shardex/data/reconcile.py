@@ -21,6 +21,7 @@ is in flight, activated or dropped once it is over.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from shardex.api.errors import KeyspaceNotFound
 from shardex.api.records import STATE_ACTIVE, STATE_PENDING, STATE_RELEASED, STATE_REPLICA
@@ -40,9 +41,11 @@ def open_partitions(
     created_cas: int,
     num_partitions: int,
     partitions: list[int],
+    replicas: Sequence[int] = (),
 ) -> list[int]:
-    """Make ``keyspace`` (this incarnation) exist here with at least ``partitions``; returns
-    the partitions created now. Idempotent."""
+    """Make ``keyspace`` (this incarnation) exist here with at least ``partitions`` (active,
+    empty) and ``replicas`` (empty replica copies); returns the active partitions created
+    now. Idempotent."""
     try:
         old = engine.keyspace(keyspace)
     except KeyspaceNotFound:
@@ -71,6 +74,11 @@ def open_partitions(
         engine.create_partition(keyspace, p, exist_ok=True)
     if created:
         log.info("opened %d partition(s) of %s: %s", len(created), keyspace, _ranges(created))
+    copies = [p for p in replicas if p not in held]
+    for p in copies:
+        engine.replicas.create_empty(keyspace, p)
+    if copies:
+        log.info("opened %d replica copies of %s: %s", len(copies), keyspace, _ranges(copies))
     return created
 
 

@@ -572,6 +572,7 @@ class DataService:
                 msg.created_cas,
                 msg.num_partitions,
                 msg.partitions,
+                msg.replicas,
             )
 
     async def _on_drop_keyspace(self, msg: DropKeyspaceData, conn: Connection) -> None:

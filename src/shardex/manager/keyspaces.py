@@ -1,10 +1,12 @@
 """Keyspace DDL as coordinator ops: CREATE, DROP and LIST keyspaces.
 
 The coordinator runs ops one at a time on the master, so checks and commit see one state.
-Create: validate, place the partitions round-robin over the data nodes that are up
-(``balanced_assignment``), commit the keyspace meta with topology ``seq_num`` 1 as the first
-entry of its history, then ask every data node to open its partitions (``OpenPartitions``;
-idempotent, retried). Drop: commit the removal, then ask every data node to drop its data.
+Create: validate, place the partitions round-robin over the data nodes that are up and their
+replica copies on other nodes, in other server groups where there are (``chain_assignment``),
+commit the keyspace meta with topology ``seq_num`` 1 as the first entry of its history, then
+ask every node of a chain to open its partitions, actives and replicas, all empty
+(``OpenPartitions``; idempotent, retried). Drop: commit the removal, then ask every data node
+to drop its data.
 
 Failure after the commit: the state is the truth and is not rolled back. A data node that
 could not be told (down, slow) converges by itself: every data node reconciles with the state
@@ -34,10 +36,15 @@ from shardex.api.keyspaces import (
     ListKeyspaces,
     check_keyspace_name,
 )
-from shardex.core.topology import Topology, balanced_assignment
+from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.member_list import UP, MemberInfo
 from shardex.meta.partitioning import check_num_partitions
+from shardex.meta.replica_placement import (
+    chain_assignment,
+    check_num_replicas,
+    default_num_replicas,
+)
 from shardex.meta.state import KeyspaceMeta
 from shardex.net.messages import Message
 
@@ -77,6 +84,8 @@ async def _tell(ctx: Any, member: MemberInfo, msg: Message) -> str | None:
 async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
     name = check_keyspace_name(msg.name)
     num_partitions = check_num_partitions(msg.num_partitions)
+    if msg.num_replicas is not None:
+        check_num_replicas(msg.num_replicas)
     state = ctx.state
     if name in state.keyspaces:
         old = state.keyspaces[name]
@@ -85,30 +94,40 @@ async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
             details={"keyspace": name, "num_partitions": old.num_partitions, "uuid": old.uuid},
         )
     members, up = data_members(ctx)
+    # A failed-over node serves nothing until it is recovered: no copies go there.
+    up = [m for m in up if m.name not in state.failed_over]
     if not up:
         raise ShardexError(
             "no data node is up to place the keyspace on",
             code=ErrorCode.NODE_UNAVAILABLE,
             details={"keyspace": name, "data_nodes": [m.name for m in members]},
         )
-    topology = Topology(
-        seq_num=1, assignment=balanced_assignment(num_partitions, [m.name for m in up])
+    num_replicas = msg.num_replicas
+    if num_replicas is None:
+        num_replicas = default_num_replicas(len(up))
+    placement = chain_assignment(
+        num_partitions, [m.name for m in up], num_replicas, {m.name: m.group for m in up}
     )
+    topology = Topology(seq_num=1, assignment=placement.assignment, replicas=placement.replicas)
     meta = KeyspaceMeta(
         name=name,
         num_partitions=num_partitions,
         uuid=ctx.new_id(),  # seeded under the simulator, so runs replay
         created_cas=state.cas + 1,
+        num_replicas=num_replicas,
     )
     new_state = msgspec.structs.replace(
         state,
         keyspaces={**state.keyspaces, name: meta},
         data_topologies={**state.data_topologies, name: [topology]},
     )
-    reply = KeyspaceCreated(meta=meta, topology=topology)
+    reply = KeyspaceCreated(meta=meta, topology=topology, warnings=placement.warnings)
     # The reply is recorded with the effect: a retry of this request id (after a lost
     # connection) answers "created", which is what the state says, whatever the nodes did.
     committed = await ctx.commit(new_state, reply=reply)
+
+    def copies_on(node: str) -> list[int]:
+        return topology.partitions_of(node) + topology.replicas_of(node)
 
     async def open_on(m: MemberInfo) -> str | None:
         req = OpenPartitions(
@@ -117,6 +136,7 @@ async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
             created_cas=meta.created_cas,
             num_partitions=num_partitions,
             partitions=topology.partitions_of(m.name),
+            replicas=topology.replicas_of(m.name),
         )
         return await _tell(ctx, m, req)
 
@@ -124,15 +144,17 @@ async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
     failed = {
         m.name: err
         for m, err in zip(up, results, strict=True)
-        if err is not None and topology.partitions_of(m.name)
+        if err is not None and copies_on(m.name)
     }
     if failed:
         lost = sorted(p for n in failed for p in topology.partitions_of(n))
+        replicas = sorted({p for n in failed for p in topology.replicas_of(n)})
         raise ShardexError(
             f"keyspace {name!r} was created (state cas {committed.cas}, topology 1) but "
             f"{', '.join(sorted(failed))} did not open its partitions; those {len(lost)} "
-            "partition(s) are unavailable until the node is reachable again, when it opens "
-            "them by itself (data nodes reconcile with the cluster state)",
+            f"partition(s) are unavailable (and {len(replicas)} replica copies missing) until "
+            "the node is reachable again, when it opens them by itself (data nodes reconcile "
+            "with the cluster state)",
             code=ErrorCode.NODE_UNAVAILABLE,
             details={
                 "keyspace": name,
@@ -140,6 +162,7 @@ async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
                 "cas": committed.cas,
                 "failed": failed,
                 "partitions": lost,
+                "replicas": replicas,
             },
         )
     return reply

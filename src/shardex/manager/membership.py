@@ -115,10 +115,11 @@ class Membership:
         failure_timeout: float = 3.0,
         store: MemberStore | None = None,
         join_timeout: float = 2.0,
+        group: str = "",
     ) -> None:
         self._store = store or MemoryMemberStore()
         persisted = self._store.load() or []
-        me = self_entry(member_id, name, address, services, persisted)
+        me = self_entry(member_id, name, address, services, persisted, group)
         self.me = me
         self.heartbeat_interval = heartbeat_interval
         self.failure_timeout = failure_timeout
@@ -220,6 +221,7 @@ class Membership:
                     incarnation=m.incarnation,
                     state=state,
                     last_heartbeat_age=None if age is None else round(age, 3),
+                    group=m.group,
                 )
             )
         return MembersReply(

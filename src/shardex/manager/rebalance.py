@@ -23,6 +23,14 @@ state and fences the migration there: "active" -> abort (drop T's copy, move ``f
 partition never stopped serving at S), "released" -> roll forward (6), no answer -> the move
 stays ``unresolved`` (T's copy is kept) and is retried until S answers.
 
+Replica chains: a rebalance also restores every keyspace's chains to ``num_replicas``
+replicas (``restore_chains``): replicas on nodes no longer up or failed over are removed,
+chains cut short by a failover (or by an active moving onto its own replica's node) are
+filled on the up nodes by the placement rules (``meta/replica_placement.py``); one new
+topology per keyspace that changes, appended to its history. It runs after the active moves
+(their publication may shorten chains), or at once when there are none to make. The data
+nodes build the new replica copies by themselves from the topology.
+
 Master failover: the new master's recovery hook marks the interrupted rebalance over (moves
 not started: ``cancelled``; moves in flight: ``unresolved``) and resolves every in-flight move
 as above: finished if its source had released the partition, aborted otherwise. Run
@@ -61,11 +69,50 @@ from shardex.meta.rebalance_state import (
     plan_moves,
     with_move,
 )
+from shardex.meta.replica_placement import restore_replicas
 
 log = logging.getLogger(__name__)
 
 RESOLVE_INTERVAL = 2.0  # retrying unresolved moves
 MAX_PARALLEL = 8
+
+
+def _serving_data_nodes(ctx: Any) -> tuple[list[str], list[str], dict[str, str]]:
+    """(data nodes, those up and not failed over, node -> server group) as the master sees
+    them. A failed-over node serves nothing until it is recovered: it gets no copies."""
+    members, up = data_members(ctx)
+    failed = ctx.state.failed_over
+    serving = [m.name for m in up if m.name not in failed]
+    return [m.name for m in members], serving, {m.name: m.group for m in members}
+
+
+async def restore_chains(ctx: Any) -> list[str]:
+    """Bring every keyspace's chains back to its ``num_replicas`` on the serving data nodes
+    (``restore_replicas``): one commit per keyspace whose topology changes. Returns the
+    keyspaces that got a new topology."""
+    _nodes, serving, groups = _serving_data_nodes(ctx)
+    if not serving:
+        return []
+    restored: list[str] = []
+    for name in sorted(ctx.state.keyspaces):
+        state = ctx.state  # after the previous keyspace's commit
+        meta = state.keyspaces[name]
+        history = state.data_topologies.get(name)
+        if not history:
+            continue
+        latest = history[-1]
+        topology = restore_replicas(latest, serving, meta.num_replicas, groups)
+        if topology is latest:
+            continue
+        topologies = {**state.data_topologies, name: [*history, topology]}
+        await ctx.commit(msgspec.structs.replace(state, data_topologies=topologies))
+        restored.append(name)
+        log.info("keyspace %s: replica chains restored in topology %d", name, topology.seq_num)
+    back = [n for n in ctx.state.recovering if n in serving]
+    if back:  # recovered nodes are placed again: their stale copies are settled by now
+        recovering = {n: k for n, k in ctx.state.recovering.items() if n not in back}
+        await ctx.commit(msgspec.structs.replace(ctx.state, recovering=recovering))
+    return restored
 
 
 def _busy(record: RebalanceRecord | None) -> None:
@@ -106,13 +153,17 @@ class Rebalancer:
         if running is not None and running.state == RUNNING:
             return RebalanceReply(record=running, phases=dict(self.phases), attached=True)
         _busy(running)
-        members, up = data_members(ctx)
+        nodes, serving, _groups = _serving_data_nodes(ctx)
         keyspaces = {
             name: (meta.uuid, state.data_topologies[name][-1])
             for name, meta in state.keyspaces.items()
             if state.data_topologies.get(name)
         }
-        planned = plan_moves(keyspaces, [m.name for m in members], [m.name for m in up])
+        planned = plan_moves(keyspaces, nodes, serving)
+        if not planned:
+            # No active to move: the chains are restored now (else after the moves, ``_run``),
+            # before the record that carries the reply is committed.
+            await restore_chains(ctx)
         record = new_record(
             ctx.new_id(),
             "rebalance",
@@ -147,11 +198,12 @@ class Rebalancer:
                 f"partition {msg.partition} is outside 0..{meta.num_partitions - 1}",
                 details={"partition": msg.partition},
             )
-        _members, up = data_members(ctx)
-        up_names = {m.name for m in up}
+        _nodes, serving, _groups = _serving_data_nodes(ctx)
+        up_names = set(serving)
         if msg.target not in up_names or source not in up_names:
             raise ShardexError(
-                f"both {source} (owner) and {msg.target} (target) must be up data nodes",
+                f"both {source} (owner) and {msg.target} (target) must be up data nodes "
+                "(not failed over)",
                 code=ErrorCode.NODE_UNAVAILABLE,
                 details={"up": sorted(up_names)},
             )
@@ -260,6 +312,14 @@ class Rebalancer:
                 return
             if isinstance(r, BaseException):
                 log.error("rebalance %s: a migration crashed", rebalance_id, exc_info=r)
+        if todo:
+            try:  # the moves' publications may have cut chains short: restore them
+                await self._c.exclusive(epoch, restore_chains)
+            except ShardexError as exc:
+                if deposed(exc):
+                    log.warning("rebalance %s: no longer master; the next one resolves it", epoch)
+                    return
+                log.error("rebalance %s: restoring replica chains failed: %s", rebalance_id, exc)
         try:  # then the index partitions (``index_rebalance``)
             await self.index_driver.run(record, epoch)
         except ShardexError as exc:

@@ -29,9 +29,12 @@ class MemberInfo(msgspec.Struct, kw_only=True, frozen=True):
     address: str
     services: tuple[str, ...]
     incarnation: int = 1
+    # Server group label (rack, zone) from the node's config; "" = none. Defaulted so that
+    # member lists encoded before groups existed still decode.
+    group: str = ""
 
     def sort_key(self) -> tuple[Any, ...]:
-        return (self.incarnation, self.name, self.address, self.services)
+        return (self.incarnation, self.name, self.address, self.services, self.group)
 
 
 class MemberView(msgspec.Struct, kw_only=True):
@@ -44,6 +47,7 @@ class MemberView(msgspec.Struct, kw_only=True):
     incarnation: int
     state: str  # "up" | "down" | "unknown"
     last_heartbeat_age: float | None  # seconds since the observer last heard it; None: never
+    group: str = ""  # server group label; "" = none
 
 
 # --- messages -------------------------------------------------------------------------
@@ -103,13 +107,21 @@ def self_entry(
     address: str,
     services: Iterable[str],
     persisted: list[MemberInfo] | None,
+    group: str = "",
 ) -> MemberInfo:
     """This node's own entry: the persisted one if unchanged, else a bumped incarnation so
-    the new address/services win every merge."""
-    entry = MemberInfo(member_id=member_id, name=name, address=address, services=tuple(services))
+    the new address/services/group win every merge."""
+    entry = MemberInfo(
+        member_id=member_id, name=name, address=address, services=tuple(services), group=group
+    )
     for old in persisted or ():
         if old.member_id == member_id:
-            same = (old.name, old.address, old.services) == (name, address, entry.services)
+            same = (old.name, old.address, old.services, old.group) == (
+                name,
+                address,
+                entry.services,
+                group,
+            )
             inc = old.incarnation if same else old.incarnation + 1
             return msgspec.structs.replace(entry, incarnation=inc)
     return entry

@@ -33,6 +33,8 @@ DEFAULT_PORT = 7100
 MIN_SECRET_LENGTH = 16
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A server group label (a rack, a zone): replicas of a partition go to distinct groups.
+_GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 _SECRET_HINT = (
     "give the cluster secret with --secret-file FILE (or secret_file = ... in the config file); "
     "generate one with: python -c 'import secrets; print(secrets.token_hex(32))'"
@@ -56,6 +58,7 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "auto_failover",
         "auto_failover_timeout",
         "auto_failover_max_count",
+        "group",
     }
 )
 
@@ -80,6 +83,9 @@ class NodeConfig:
     auto_failover: bool = True
     auto_failover_timeout: float = DEFAULT_TIMEOUT
     auto_failover_max_count: int = DEFAULT_MAX_COUNT
+    # Server group label (rack, zone); "" = none. Replica placement spreads each partition's
+    # chain over distinct groups when nodes carry labels.
+    group: str = ""
 
     @property
     def address(self) -> str:
@@ -311,6 +317,15 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         )
 
     auto = _auto_failover(values, timeout)
+    group = values.get("group", "")
+    if not isinstance(group, str) or (group and not _GROUP_RE.match(group)):
+        raise _err(
+            "group",
+            group,
+            "not a valid server group label",
+            "use 1-32 letters, digits, '.', '_' or '-', starting with a letter or digit "
+            "(or leave it out: no group)",
+        )
 
     return NodeConfig(
         name=name,
@@ -326,6 +341,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         auto_failover=auto[0],
         auto_failover_timeout=auto[1],
         auto_failover_max_count=auto[2],
+        group=group,
     )
 
 

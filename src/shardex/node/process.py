@@ -105,6 +105,7 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
             timeout=config.auto_failover_timeout,
             max_count=config.auto_failover_max_count,
         ),
+        group=config.group,
     )
     try:
         await node.start()

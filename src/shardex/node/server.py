@@ -65,8 +65,10 @@ class Node:
         id_factory: Callable[[], str] | None = None,
         index_engine: Callable[[], SliceEngine] | None = None,
         auto_failover: AutoFailoverSettings | None = None,
+        group: str = "",
     ) -> None:
         self.transport = transport
+        self.group = group
         self.name = name
         self.member_id = member_id
         self.bind_address = address
@@ -230,6 +232,7 @@ class Node:
             heartbeat_interval=self._heartbeat_interval,
             failure_timeout=self._failure_timeout,
             store=self._store,
+            group=self.group,
         )
         self.membership.install(self.server)
         if self.coordinator is not None:

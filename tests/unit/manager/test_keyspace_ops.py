@@ -121,3 +121,83 @@ async def test_drop_keyspace_removes_its_indexes() -> None:
     )
     await drop_keyspace(DropKeyspace(name="a"), ctx)
     assert list(ctx.state.indexes) == ["ib"] and list(ctx.state.index_topologies) == ["ib"]
+
+
+def with_groups(ctx: Any, groups: dict[str, str]) -> None:
+    members = ctx.membership.members
+    ctx.membership.members = [
+        msgspec.structs.replace(m, group=groups.get(m.name, "")) for m in members
+    ]
+
+
+async def test_create_with_one_replica_places_chains_of_two_on_distinct_nodes() -> None:
+    ctx: Any = make_ctx({"n1": True, "n2": True, "n3": True})
+    reply = await create_keyspace(
+        CreateKeyspace(name="users", num_partitions=6, num_replicas=1), ctx
+    )
+    topo = reply.topology
+    assert reply.meta.num_replicas == 1 and reply.warnings == []
+    assert ctx.state.data_topologies["users"] == [topo]
+    for p in range(6):
+        chain = topo.chain(p)
+        assert len(chain) == 2 and len(set(chain)) == 2
+    opened = {n: m for n, m in ctx.pool.sent if isinstance(m, OpenPartitions)}
+    for node in ("n1", "n2", "n3"):
+        assert opened[node].partitions == topo.partitions_of(node)
+        assert opened[node].replicas == topo.replicas_of(node) != []
+
+
+async def test_default_replicas_follow_the_number_of_data_nodes_up() -> None:
+    three: Any = make_ctx({"n1": True, "n2": True, "n3": True})
+    reply = await create_keyspace(CreateKeyspace(name="k", num_partitions=4), three)
+    assert reply.meta.num_replicas == 1 and all(len(reply.topology.chain(p)) == 2 for p in range(4))
+    one: Any = make_ctx({"n1": True, "n2": False})
+    reply = await create_keyspace(CreateKeyspace(name="k", num_partitions=4), one)
+    assert reply.meta.num_replicas == 0 and reply.topology.replicas == {}
+    assert reply.warnings == []
+    opened = [m for _, m in one.pool.sent if isinstance(m, OpenPartitions)]
+    assert [m.replicas for m in opened] == [[]]
+
+
+async def test_num_replicas_is_validated_before_anything_is_committed() -> None:
+    ctx: Any = make_ctx({"n1": True, "n2": True})
+    for bad in (-1, 4, 10):
+        with pytest.raises(ShardexError) as info:
+            await create_keyspace(CreateKeyspace(name="k", num_replicas=bad), ctx)
+        assert info.value.code == ErrorCode.BAD_REQUEST
+        assert str(bad) in info.value.message and "0 to 3" in info.value.message
+    assert ctx.state.cas == 0 and ctx.pool.sent == []
+
+
+async def test_too_few_nodes_for_the_replicas_is_a_warning_in_the_reply() -> None:
+    ctx: Any = make_ctx({"n1": True, "n2": True})
+    reply = await create_keyspace(CreateKeyspace(name="k", num_partitions=4, num_replicas=3), ctx)
+    assert reply.meta.num_replicas == 3  # configured; a rebalance restores it with more nodes
+    assert all(len(reply.topology.chain(p)) == 2 for p in range(4))
+    assert len(reply.warnings) == 1 and "not enough data nodes" in reply.warnings[0]
+
+
+async def test_chains_spread_over_the_members_server_groups() -> None:
+    ctx: Any = make_ctx({"n1": True, "n2": True, "n3": True, "n4": True})
+    groups = {"n1": "a", "n2": "a", "n3": "b", "n4": "b"}
+    with_groups(ctx, groups)
+    reply = await create_keyspace(CreateKeyspace(name="k", num_partitions=8, num_replicas=1), ctx)
+    for p in range(8):
+        assert {groups[n] for n in reply.topology.chain(p)} == {"a", "b"}
+
+
+async def test_failed_over_nodes_get_no_copies() -> None:
+    ctx: Any = make_ctx({"n1": True, "n2": True, "n3": True})
+    ctx.state = msgspec.structs.replace(ctx.state, failed_over={"n3": 0})
+    reply = await create_keyspace(CreateKeyspace(name="k", num_partitions=4, num_replicas=1), ctx)
+    assert {n for p in range(4) for n in reply.topology.chain(p)} == {"n1", "n2"}
+    assert {n for n, m in ctx.pool.sent if isinstance(m, OpenPartitions)} == {"n1", "n2"}
+
+
+async def test_an_unreachable_replica_node_fails_the_create_and_names_its_copies() -> None:
+    ctx: Any = make_ctx({"n1": True, "n2": True, "n3": True}, failing=frozenset({"n3"}))
+    with pytest.raises(ShardexError) as info:
+        await create_keyspace(CreateKeyspace(name="k", num_partitions=6, num_replicas=1), ctx)
+    topo = ctx.state.data_topologies["k"][-1]
+    assert info.value.details["partitions"] == topo.partitions_of("n3")
+    assert info.value.details["replicas"] == topo.replicas_of("n3")

@@ -165,3 +165,14 @@ def test_data_dir_that_is_a_file(tmp_path: Path) -> None:
 def test_string_numbers_from_the_command_line(tmp_path: Path) -> None:
     cfg = load_config(None, base(tmp_path, port="7001", heartbeat_interval="0.1"))
     assert cfg.port == 7001 and cfg.heartbeat_interval == 0.1
+
+
+def test_group_label(tmp_path: Path) -> None:
+    assert load_config(None, base(tmp_path)).group == ""  # no group
+    assert load_config(None, base(tmp_path, group="rack-1")).group == "rack-1"
+    cfg_file = write(tmp_path / "n.toml", f'name = "n1"\ndata_dir = "d"\nsecret = "{SECRET}"\n')
+    assert load_config(cfg_file, {"group": "zone_a"}).group == "zone_a"
+    for value in ("has space", "-lead", "x" * 33, 3):
+        err = bad(tmp_path, group=value)
+        assert err.details["key"] == "group" and err.details["value"] == value
+        assert "letters" in err.details["hint"]

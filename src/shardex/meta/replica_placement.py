@@ -1,0 +1,243 @@
+"""Where a keyspace's replica copies go: chains placed at create, restored after a failover.
+
+A data partition's chain is its active node followed by its replica nodes, in promotion order
+(``Topology.chain``). The rules, in priority order:
+
+1. the copies of one partition are on distinct nodes (a second copy on the same node
+   protects nothing);
+2. they are on distinct server groups (racks, zones) when the nodes carry group labels and
+   there are at least as many groups as copies; with fewer groups they spread over as many
+   groups as there are, and the placement says so in a warning;
+3. every node holds about as many replica copies as every other (within one where the first
+   two rules allow), so that a failover spreads the promoted actives and the catch-up
+   traffic evenly.
+
+Fewer nodes than copies: as many replicas as the nodes allow, and a warning (Couchbase does
+the same: "not enough nodes to place all replicas"). The actives stay where
+``balanced_assignment`` puts them; replicas never move an active.
+
+Everything is a pure, deterministic function of its arguments: the master computes the
+placement once and commits it, and the unit tests check the rules over many cluster shapes.
+A node without a group label counts as a group of its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from shardex.core.topology import Topology, balanced_assignment
+from shardex.errors import ErrorCode, ShardexError
+
+MAX_REPLICAS = 3  # Couchbase's limit too: a chain is at most four copies
+
+# Repair passes are bounded: each one moves a replica from a most-loaded node to a
+# least-loaded one, so the spread shrinks; the bound only guards against a bug looping.
+_MAX_REPAIRS = 100_000
+
+
+class ChainPlacement(NamedTuple):
+    """The placement of a new keyspace: actives, replicas, and what could not be honoured."""
+
+    assignment: dict[int, str]  # partition -> active node
+    replicas: dict[int, list[str]]  # partition -> replica nodes, in promotion order
+    warnings: list[str]
+
+
+def check_num_replicas(value: object) -> int:
+    """0..MAX_REPLICAS; anything else is BAD_REQUEST naming the value and the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REPLICAS:
+        raise ShardexError(
+            f"num_replicas must be an integer from 0 to {MAX_REPLICAS}, got {value!r}",
+            code=ErrorCode.BAD_REQUEST,
+            details={
+                "num_replicas": repr(value),
+                "hint": f"give 0 (no replica copies) to {MAX_REPLICAS}, or leave it out for "
+                "the default (1 with two or more data nodes up, else 0)",
+            },
+        )
+    return value
+
+
+def default_num_replicas(data_nodes_up: int) -> int:
+    """One replica when there is a second node to put it on, else none."""
+    return 1 if data_nodes_up >= 2 else 0
+
+
+class _Placer:
+    """The shared state of one placement: node order, groups and replica loads."""
+
+    def __init__(self, nodes: Sequence[str], groups: Mapping[str, str]) -> None:
+        self.ordered = sorted(set(nodes))
+        self.index = {n: i for i, n in enumerate(self.ordered)}
+        # Every node's label, the placed-on ones and others (a down active's group counts).
+        self.labels = dict(groups)
+        self.num_groups = len({self.group_of(n) for n in self.ordered})
+        self.load: Counter[str] = Counter({n: 0 for n in self.ordered})
+
+    def group_of(self, node: str) -> str:
+        # An unlabelled node is a group of its own: with no labels at all the group rule is
+        # the distinct-node rule.
+        return self.labels.get(node) or f"\0{node}"
+
+    def distinct_groups(self, chain: Sequence[str]) -> int:
+        return len({self.group_of(n) for n in chain})
+
+    def pick(self, partition: int, chain: list[str]) -> str | None:
+        """The best node to add to ``chain``: a new group first, then the least replica
+        load, then the nearest after the active in name order (so that the replicas of
+        neighbouring partitions rotate over the nodes instead of piling on one)."""
+        used_groups = {self.group_of(n) for n in chain}
+        n = len(self.ordered)
+        anchor = self.index.get(chain[0], partition % n) if chain else partition % n
+        candidates = [c for c in self.ordered if c not in chain]
+        if not candidates:
+            return None
+        return min(
+            candidates,
+            key=lambda c: (
+                self.group_of(c) in used_groups,
+                self.load[c],
+                (self.index[c] - anchor) % n,
+            ),
+        )
+
+    def repair(
+        self,
+        assignment: Mapping[int, str],
+        replicas: dict[int, list[str]],
+        movable: dict[int, set[str]],
+    ) -> None:
+        """Move replicas (``movable``: partition -> the replica nodes that may move) from the
+        most to the least loaded nodes while that narrows the spread without giving up a
+        distinct group. A moved replica keeps its place in the promotion order."""
+        for _ in range(_MAX_REPAIRS):
+            if not self._repair_one(assignment, replicas, movable):
+                return
+
+    def _repair_one(
+        self,
+        assignment: Mapping[int, str],
+        replicas: dict[int, list[str]],
+        movable: dict[int, set[str]],
+    ) -> bool:
+        low = min(self.load.values(), default=0)
+        high = max(self.load.values(), default=0)
+        if high - low <= 1:
+            return False
+        receivers = [n for n in self.ordered if self.load[n] == low]
+        donors = [n for n in self.ordered if self.load[n] == high]
+        for donor in donors:
+            for p in sorted(movable):
+                if donor not in movable[p]:
+                    continue
+                chain = [assignment[p], *replicas[p]]
+                before = self.distinct_groups(chain)
+                for receiver in receivers:
+                    if receiver in chain:
+                        continue
+                    swapped = [receiver if n == donor else n for n in chain]
+                    if self.distinct_groups(swapped) < before:
+                        continue
+                    replicas[p] = swapped[1:]
+                    movable[p] = (movable[p] - {donor}) | {receiver}
+                    self.load[donor] -= 1
+                    self.load[receiver] += 1
+                    return True
+        return False
+
+
+def chain_assignment(
+    num_partitions: int,
+    nodes: Sequence[str],
+    num_replicas: int,
+    groups: Mapping[str, str],
+) -> ChainPlacement:
+    """Actives round-robin (``balanced_assignment``) and ``num_replicas`` replicas per
+    partition placed by the rules of this module. ``groups`` maps node -> group label
+    (missing or "": no group)."""
+    check_num_replicas(num_replicas)
+    assignment = balanced_assignment(num_partitions, nodes)
+    placer = _Placer(nodes, groups)
+    warnings = _shortfall_warnings(placer, num_replicas)
+    wanted = min(num_replicas, len(placer.ordered) - 1)
+    replicas: dict[int, list[str]] = {}
+    if wanted > 0:
+        for p in range(num_partitions):
+            chain = [assignment[p]]
+            for _ in range(wanted):
+                node = placer.pick(p, chain)
+                assert node is not None  # wanted < number of nodes
+                chain.append(node)
+                placer.load[node] += 1
+            replicas[p] = chain[1:]
+        placer.repair(assignment, replicas, {p: set(r) for p, r in replicas.items()})
+    return ChainPlacement(assignment, replicas, warnings)
+
+
+def restore_replicas(
+    topology: Topology,
+    nodes_up: Sequence[str],
+    num_replicas: int,
+    groups: Mapping[str, str],
+) -> Topology:
+    """The next topology (``seq_num + 1``) with every chain back to ``num_replicas``
+    replicas on the nodes of ``nodes_up`` (the up data nodes, failed-over ones excluded).
+
+    Replicas on nodes not in ``nodes_up`` are removed; the replicas that stay are kept
+    (each one is a copy that need not be rebuilt) and the missing ones are added where the
+    placement rules say, balanced among the new ones. Actives never move. ``topology``
+    itself is returned when nothing changes (no new topology to publish)."""
+    check_num_replicas(num_replicas)
+    placer = _Placer(nodes_up, groups)
+    up = set(placer.ordered)
+    kept: dict[int, list[str]] = {}
+    for p in sorted(topology.assignment):
+        active = topology.assignment[p]
+        chain = [active]
+        for n in topology.replicas.get(p, ()):
+            if n in up and n not in chain and len(chain) <= num_replicas:
+                chain.append(n)
+        kept[p] = chain[1:]
+        for n in kept[p]:
+            placer.load[n] += 1
+    added: dict[int, set[str]] = {}
+    for p in sorted(kept):
+        chain = [topology.assignment[p], *kept[p]]
+        while len(chain) - 1 < num_replicas:
+            node = placer.pick(p, chain)
+            if node is None:
+                break
+            chain.append(node)
+            placer.load[node] += 1
+            added.setdefault(p, set()).add(node)
+        kept[p] = chain[1:]
+    # Only the replicas just added may move for balance: the kept ones hold data already.
+    placer.repair(topology.assignment, kept, added)
+    replicas = {p: r for p, r in kept.items() if r}
+    if replicas == {p: r for p, r in topology.replicas.items() if r}:
+        return topology
+    return Topology(
+        seq_num=topology.seq_num + 1, assignment=dict(topology.assignment), replicas=replicas
+    )
+
+
+def _shortfall_warnings(placer: _Placer, num_replicas: int) -> list[str]:
+    """What the placement cannot honour with these nodes and groups."""
+    out: list[str] = []
+    n = len(placer.ordered)
+    copies = 1 + num_replicas
+    if num_replicas and n < copies:
+        out.append(
+            f"not enough data nodes to place all replicas: {n} node(s) up, a chain of "
+            f"{copies} copies needs {copies}; placing {n - 1} replica(s) per partition "
+            "until nodes are added and a rebalance restores the rest"
+        )
+    labelled = placer.num_groups < n
+    if num_replicas and labelled and placer.num_groups < min(copies, n):
+        out.append(
+            f"only {placer.num_groups} server group(s) for chains of {min(copies, n)} "
+            "copies: some copies of a partition share a group (distinct nodes still)"
+        )
+    return out

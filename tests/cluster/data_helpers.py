@@ -15,10 +15,12 @@ from shardex.runtime.pidfile import pid_alive
 
 
 @contextlib.contextmanager
-def running_cluster(path: Path, nodes: int = 3) -> Iterator[LocalCluster]:
+def running_cluster(
+    path: Path, nodes: int = 3, extra: tuple[str, ...] = ()
+) -> Iterator[LocalCluster]:
     c = LocalCluster(path, nodes, free_base_port(nodes))
     try:
-        c.start("--nodes", str(nodes), "--base-port", str(c.base_port))
+        c.start("--nodes", str(nodes), "--base-port", str(c.base_port), *extra)
         yield c
     finally:
         pids = [c.pid(i) for i in range(1, nodes + 1)]

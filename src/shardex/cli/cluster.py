@@ -54,6 +54,14 @@ def start(
     failure_timeout: Annotated[
         float | None, typer.Option("--failure-timeout", help="New cluster: 3 s.")
     ] = None,
+    auto_failover_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--auto-failover-timeout",
+            help="New cluster: seconds a silent data node waits before automatic failover "
+            "(default 5; at least 2, and above --failure-timeout).",
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for all nodes to be up.")] = 30.0,
     no_pipeline: Annotated[
         bool,
@@ -95,6 +103,7 @@ def start(
                 "services": services,
                 "heartbeat_interval": heartbeat_interval,
                 "failure_timeout": failure_timeout,
+                "auto_failover_timeout": auto_failover_timeout,
             }
             cfg = load_config(None, probe_cfg)
             labels = [] if groups is None else _group_labels(groups)
@@ -105,6 +114,9 @@ def start(
                 services=list(cfg.services),
                 heartbeat_interval=cfg.heartbeat_interval,
                 failure_timeout=cfg.failure_timeout,
+                auto_failover_timeout=(
+                    None if auto_failover_timeout is None else cfg.auto_failover_timeout
+                ),
             )
             if labels:
                 _label_groups(cluster_dir, spec, labels)

@@ -64,6 +64,9 @@ class ClusterSpec(msgspec.Struct, kw_only=True):
     secret_file: str = SECRET_FILE
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
+    # seconds a data node may be silent before it is failed over automatically (None: the
+    # node's default)
+    auto_failover_timeout: float | None = None
     nodes: list[NodeSpec]
 
 
@@ -128,6 +131,8 @@ def _node_toml(spec: ClusterSpec, node: NodeSpec) -> str:
         f"failure_timeout = {spec.failure_timeout!r}",
         'log_level = "INFO"',
     ]
+    if spec.auto_failover_timeout is not None:
+        lines.append(f"auto_failover_timeout = {spec.auto_failover_timeout!r}")
     return "\n".join(lines) + "\n"
 
 
@@ -139,6 +144,7 @@ def create(
     services: list[str] | None = None,
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT,
+    auto_failover_timeout: float | None = None,
 ) -> ClusterSpec:
     """Lay out a new cluster dir: secret, per-node dirs and configs, then cluster.json last
     (its presence is what marks the dir as created, so a crash midway can simply be rerun)."""
@@ -186,6 +192,7 @@ def create(
         base_port=base_port,
         heartbeat_interval=heartbeat_interval,
         failure_timeout=failure_timeout,
+        auto_failover_timeout=auto_failover_timeout,
         nodes=specs,
     )
     for node in specs:

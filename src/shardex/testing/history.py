@@ -79,7 +79,8 @@ class Operation:
         return self.status if self.status is not None else "info"
 
     def describe(self) -> str:
-        """One line for a failure message: ``#12 p3 cas(1 -> 2) ok [100, 250]``."""
+        """One line for a failure message: ``#12 p3 cas(1 -> 2) ok [100, 250]`` (an ambiguous
+        operation ends at ``inf``)."""
         if self.op == "cas":
             expected, new = self.value
             call = f"cas({_short(expected)} -> {_short(new)})"
@@ -96,7 +97,8 @@ class Operation:
         else:
             outcome = self.status
         end = "inf" if self.outcome == "info" else str(self.complete_ns)
-        return f"#{self.id} p{self.process} {call} {outcome} [{self.invoke_ns}, {end}]"
+        who = f"p{self.process}" if isinstance(self.process, int) else str(self.process)
+        return f"#{self.id} {who} {call} {outcome} [{self.invoke_ns}, {end}]"
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -275,7 +275,7 @@ class _Search:
         if self.step(i, state) >= 0:
             return "fits here, but no order of the remaining operations does after it"
         if kind == _READ:
-            return f"read {_text(self.values[self.arg[i]])}, but the value was {now}"
+            return f"returned {_text(self.values[self.arg[i]])}, but the value was {now}"
         if kind == _CAS:
             return f"expected {_text(self.values[self.arg[i]])}, but the value was {now}"
         return f"failed as a mismatch, but the value was {now}, the expected one"

@@ -20,17 +20,21 @@ What each status means here:
 
 - ``ok``: took effect between its call and its return, with the result recorded.
 - ``fail``: took no effect and is dropped, except a ``cas`` failed with ``CAS_MISMATCH``: that
-  is a check that the value was not ``expected`` at some instant of its window, and it stays
-  in the search as such (so a cas refused while the value did match is caught). A cas failed
-  for another reason carries no information and is dropped.
+  says the value was not ``expected`` at some instant of its window, and it is checked as
+  such (so a cas refused while the value did match is caught), as long as it returned
+  before the key's first ambiguous call. After that an ambiguous write can explain any
+  mismatch, and checking them would keep every ambiguous call alive to the end of the
+  history; Knossos drops every failed op. A cas failed for another reason is dropped.
 - ``info`` (or still pending): Knossos's rule. The call has no return (it completes at
   infinity), so it never forces a backtrack: it may be linearized at any point after its
   call, or never. A key's search succeeds once every ``ok`` operation is placed. Ambiguous
   reads say nothing and are dropped. An ambiguous write, cas or delete whose resulting value
-  no operation ever observes (no read returned it, no cas expected it) is dropped too when the
-  key has no mismatch checks: placing it can only make later reads harder to explain, so a
-  linearization with it gives one without it. This keeps timed-out writes nobody read from
-  multiplying the search.
+  no operation observes (no read returned it, no cas expected it) is dropped too: placing it
+  can only make later reads harder to explain, so a linearization with it gives one without
+  it. For the same reason an ambiguous call expires once every operation observing its
+  value is placed: the search stops trying it and the memo forgets whether it was placed.
+  Without these, each timed-out write would double the states the search explores for the
+  rest of the history.
 
 The result is per key: linearizable (with one linearization), not linearizable (with the
 longest linearizable prefix the search reached, the register's value after it, and the
@@ -198,6 +202,8 @@ class _Search:
         self.arg: list[int] = []  # written value, cas expected, read result
         self.arg2: list[int] = []  # cas new value
         self.definite: list[bool] = []
+        # per ambiguous op, the ops that observe the value it leaves (-1: never expires)
+        self.expiry: list[int] = []
         self.dropped = 0
         self._select(ops)
 
@@ -213,7 +219,7 @@ class _Search:
     def _select(self, ops: list[Operation]) -> None:
         kept: list[tuple[Operation, int, int, int, bool]] = []
         observed: set[int] = set()
-        has_mismatch = False
+        mismatches: list[Operation] = []
         for op in ops:
             outcome = op.outcome
             if outcome == "ok" and op.complete_ns is None:
@@ -228,8 +234,7 @@ class _Search:
                 observed.add(step[2])
             elif outcome == "fail":
                 if op.op == "cas" and op.result == CAS_MISMATCH:
-                    has_mismatch = True
-                    kept.append((op, _MISMATCH, self._intern(op.value[0]), 0, True))
+                    mismatches.append(op)
                 else:
                     self.dropped += 1
                 continue
@@ -242,8 +247,17 @@ class _Search:
                 step = (op, _CAS, self._intern(expected), self._intern(new), outcome == "ok")
                 observed.add(step[2])
             kept.append(step)
+        # a mismatch is checked only if it returned before the first ambiguous call: an open
+        # ambiguous write explains any later mismatch, and checking those would keep every
+        # ambiguous call alive in the search to the end of the history
+        first_open = min((op.invoke_ns for op, *_, ok in kept if not ok), default=None)
+        for op in mismatches:
+            if first_open is None or op.complete_ns < first_open:
+                kept.append((op, _MISMATCH, self._intern(op.value[0]), 0, True))
+            else:
+                self.dropped += 1
         for op, kind, arg, arg2, definite in kept:
-            if not definite and not has_mismatch:
+            if not definite:
                 # the value an ambiguous write leaves: if nothing ever observes it, drop it
                 after = arg2 if kind == _CAS else arg
                 if after not in observed:
@@ -254,6 +268,32 @@ class _Search:
             self.arg.append(arg)
             self.arg2.append(arg2)
             self.definite.append(definite)
+        self._expiries()
+
+    def _expiries(self) -> None:
+        """An ambiguous op expires once every op that observes its value is linearized: placing
+        it after that can only be overwritten unseen, so the search stops trying it and the
+        memo forgets whether it was placed. The argument of the drop in ``_select`` (no
+        mismatch check can follow an ambiguous call), and only when its observers are all
+        definite (an ambiguous observer may never be placed)."""
+        n = len(self.ops)
+        self.expiry = [-1] * n
+        for i in range(n):
+            if self.definite[i]:
+                continue
+            after = self.arg2[i] if self.kind[i] == _CAS else self.arg[i]
+            mask = 0
+            for j in range(n):
+                if j == i or not self._observes(j, after):
+                    continue
+                if not self.definite[j]:
+                    break
+                mask |= 1 << j
+            else:
+                self.expiry[i] = mask
+
+    def _observes(self, j: int, value: int) -> bool:
+        return self.kind[j] in (_READ, _CAS) and self.arg[j] == value
 
     def step(self, i: int, state: int) -> int:
         """The register's value after operation ``i`` from ``state``; -1 if it cannot happen."""
@@ -321,6 +361,16 @@ def _check_key(key: str, ops: list[Operation], max_steps: int, deadline: float |
             prv[nxt[node]] = node
 
     bits = [1 << i for i in range(n)]
+    expiry = search.expiry
+    expiring = [(bits[i], mask) for i, mask in enumerate(expiry) if mask >= 0]
+
+    def expired(marked: int) -> int:
+        gone = 0
+        for bit, mask in expiring:
+            if marked & mask == mask:
+                gone |= bit
+        return gone
+
     remaining = sum(search.definite)
     seen: set[tuple[int, int]] = set()
     stack: list[tuple[int, int]] = []  # (call node, value before it)
@@ -341,11 +391,16 @@ def _check_key(key: str, ops: list[Operation], max_steps: int, deadline: float |
                         reason=f"{spent} after {steps} steps, {len(seen)} states explored",
                         **base,
                     )
+            waits_for = expiry[i]
+            if waits_for >= 0 and linearized & waits_for == waits_for:
+                node = nxt[node]  # expired: nothing left can see what it would write
+                continue
             after = search.step(i, state)
             if after >= 0:
                 marked = linearized | bits[i]
-                if (marked, after) not in seen:
-                    seen.add((marked, after))
+                memo = (marked & ~expired(marked), after) if expiring else (marked, after)
+                if memo not in seen:
+                    seen.add(memo)
                     stack.append((node, state))
                     state, linearized = after, marked
                     unlink(node)

@@ -202,7 +202,7 @@ class _Search:
         self.arg: list[int] = []  # written value, cas expected, read result
         self.arg2: list[int] = []  # cas new value
         self.definite: list[bool] = []
-        # per ambiguous op, the ops that observe the value it leaves (-1: never expires)
+        # per op, the bitset of ops whose placing expires it (-1: never expires)
         self.expiry: list[int] = []
         self.dropped = 0
         self._select(ops)
@@ -218,7 +218,6 @@ class _Search:
 
     def _select(self, ops: list[Operation]) -> None:
         kept: list[tuple[Operation, int, int, int, bool]] = []
-        observed: set[int] = set()
         mismatches: list[Operation] = []
         for op in ops:
             outcome = op.outcome
@@ -231,7 +230,6 @@ class _Search:
                     self.dropped += 1
                     continue
                 step = (op, _READ, self._intern(op.result), 0, True)
-                observed.add(step[2])
             elif outcome == "fail":
                 if op.op == "cas" and op.result == CAS_MISMATCH:
                     mismatches.append(op)
@@ -245,7 +243,6 @@ class _Search:
             else:
                 expected, new = op.value
                 step = (op, _CAS, self._intern(expected), self._intern(new), outcome == "ok")
-                observed.add(step[2])
             kept.append(step)
         # a mismatch is checked only if it returned before the first ambiguous call: an open
         # ambiguous write explains any later mismatch, and checking those would keep every
@@ -256,44 +253,46 @@ class _Search:
                 kept.append((op, _MISMATCH, self._intern(op.value[0]), 0, True))
             else:
                 self.dropped += 1
-        for op, kind, arg, arg2, definite in kept:
+        self._keep(kept)
+
+    def _keep(self, kept: list[tuple[Operation, int, int, int, bool]]) -> None:
+        """Drops the ambiguous calls nothing can observe and sets when the others expire.
+
+        An ambiguous call's observers are the reads of the value it leaves and the cas that
+        expect it, among those that may be linearized after its call (ambiguous, or returned
+        after it). With none, placing it can only make later operations harder to explain (no
+        mismatch check follows it, see ``_select``), so a linearization with it gives one
+        without it: it is dropped. Once every observer is placed, the same holds for the rest
+        of the search: it expires (the search stops trying it and the memo forgets whether it
+        was placed), if its observers are all definite (an ambiguous one may never be placed).
+        """
+        readers: dict[int, list[int]] = defaultdict(list)
+        for j, (_, kind, arg, _, _) in enumerate(kept):
+            if kind in (_READ, _CAS):
+                readers[arg].append(j)
+        observers: dict[int, list[int]] = {}
+        for i, (op, kind, arg, arg2, definite) in enumerate(kept):
             if not definite:
-                # the value an ambiguous write leaves: if nothing ever observes it, drop it
-                after = arg2 if kind == _CAS else arg
-                if after not in observed:
-                    self.dropped += 1
-                    continue
+                observers[i] = [
+                    j
+                    for j in readers.get(arg2 if kind == _CAS else arg, ())
+                    if j != i and (not kept[j][4] or kept[j][0].complete_ns >= op.invoke_ns)
+                ]
+        position: dict[int, int] = {}
+        for i, (op, kind, arg, arg2, definite) in enumerate(kept):
+            if not definite and not observers[i]:
+                self.dropped += 1
+                continue
+            position[i] = len(self.ops)
             self.ops.append(op)
             self.kind.append(kind)
             self.arg.append(arg)
             self.arg2.append(arg2)
             self.definite.append(definite)
-        self._expiries()
-
-    def _expiries(self) -> None:
-        """An ambiguous op expires once every op that observes its value is linearized: placing
-        it after that can only be overwritten unseen, so the search stops trying it and the
-        memo forgets whether it was placed. The argument of the drop in ``_select`` (no
-        mismatch check can follow an ambiguous call), and only when its observers are all
-        definite (an ambiguous observer may never be placed)."""
-        n = len(self.ops)
-        self.expiry = [-1] * n
-        for i in range(n):
-            if self.definite[i]:
-                continue
-            after = self.arg2[i] if self.kind[i] == _CAS else self.arg[i]
-            mask = 0
-            for j in range(n):
-                if j == i or not self._observes(j, after):
-                    continue
-                if not self.definite[j]:
-                    break
-                mask |= 1 << j
-            else:
-                self.expiry[i] = mask
-
-    def _observes(self, j: int, value: int) -> bool:
-        return self.kind[j] in (_READ, _CAS) and self.arg[j] == value
+        self.expiry = [-1] * len(self.ops)
+        for i, seen_by in observers.items():
+            if i in position and all(kept[j][4] for j in seen_by):
+                self.expiry[position[i]] = sum(1 << position[j] for j in seen_by)
 
     def step(self, i: int, state: int) -> int:
         """The register's value after operation ``i`` from ``state``; -1 if it cannot happen."""

@@ -87,7 +87,7 @@ class KeyResult:
     key: str
     verdict: Verdict
     checked: int  # operations in the search
-    dropped: int  # fail ops, ambiguous reads and unobserved ambiguous writes
+    dropped: int  # fail ops, unchecked mismatches, ambiguous reads, unobserved ambiguous writes
     steps: int
     linearization: tuple[Operation, ...] = ()
     value_after: Any = None

@@ -113,6 +113,7 @@ class DataService:
         reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
         inline_io: bool = False,
         open_engine: Callable[[Path], DataEngine] | None = None,
+        lease: Callable[[], bool] | None = None,
     ) -> None:
         self.path = Path(data_dir) / "data"
         # How the engine opens at ``path``: RocksDB in the data directory when None; the
@@ -148,6 +149,9 @@ class DataService:
             placement=self.placement,
             placement_lock=self._placement_lock,
         )
+        # True while a majority of managers hear this node: without it, the active copies of
+        # keyspaces with replicas stop serving (the majority may be failing them over).
+        self._lease = lease
         # Set when the cluster state says this node was failed over: it serves nothing (its
         # copies may hold writes the cluster never acknowledged) until recovered.
         self.failed_over = False
@@ -254,7 +258,7 @@ class DataService:
 
     # --- documents ---------------------------------------------------------------------------
 
-    async def _await_serving(self) -> None:
+    async def _await_serving(self, keyspace: str) -> None:
         """A restarted node learns whether it was failed over meanwhile from its first
         reconcile: client requests wait for it (bounded, so a node no manager answers
         still serves what it holds), then pass ``_check_serving``."""
@@ -262,6 +266,18 @@ class DataService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.reconciled.wait(), FIRST_RECONCILE_WAIT)
         self._check_serving()
+        if self._lease is not None and not self._lease() and self._replicated(keyspace):
+            raise ShardexError(
+                f"node {self.name} cannot reach a majority of the managers: it does not serve "
+                f"{keyspace!r}, whose partitions a failover may be moving to replicas",
+                code=ErrorCode.NODE_UNAVAILABLE,
+                details={"node": self.name, "keyspace": keyspace, "reason": "no_lease"},
+            )
+
+    def _replicated(self, keyspace: str) -> bool:
+        state = self.placement.cached
+        meta = None if state is None else state.keyspaces.get(keyspace)
+        return meta is not None and meta.num_replicas > 0
 
     def _check_serving(self) -> None:
         if self.failed_over:
@@ -279,7 +295,7 @@ class DataService:
     ) -> MutationReply:
         if self.committer is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
-        await self._await_serving()
+        await self._await_serving(keyspace)
         level = self.replication.level(durability)
         majority = level in MAJORITY_LEVELS
         try:
@@ -314,9 +330,10 @@ class DataService:
         return await self._mutate("delete", msg.keyspace, msg.docid, None, msg.cas, msg.durability)
 
     async def _on_get(self, msg: Get, conn: Connection) -> GetReply:
-        await self._await_serving()
-        if msg.replica:
+        if msg.replica:  # availability over freshness: no lease needed
+            self._check_serving()
             return self._replica_get(msg)
+        await self._await_serving(msg.keyspace)
         try:
             if self.replication.has_pending():
                 p = self.engine.partition_for(msg.keyspace, msg.docid)
@@ -344,7 +361,7 @@ class DataService:
         return GetReply(body=got[0], cas=got[1], seqno=got[2])
 
     async def _on_get_many(self, msg: GetMany, conn: Connection) -> GetManyReply:
-        await self._await_serving()
+        await self._await_serving(msg.keyspace)
         if len(msg.docids) > GET_MANY_MAX:
             raise BadRequest(
                 f"GetMany asks for {len(msg.docids)} documents, more than {GET_MANY_MAX}",
@@ -388,7 +405,7 @@ class DataService:
     async def _on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
         if self.committer is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
-        await self._await_serving()
+        await self._await_serving(msg.keyspace)
         ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]
         level = self.replication.level(msg.durability)
         majority = level in MAJORITY_LEVELS

@@ -270,6 +270,26 @@ class Membership:
             # A full disk must not stop failure detection; the list is re-learnt at rejoin.
             log.exception("could not persist the member list")
 
+    def majority_heard(self, within: float) -> bool:
+        """Whether a majority of the member list's managers (this node counted when it is
+        one) were heard from in the last ``within`` seconds: the lease a data node needs to
+        keep serving copies a failover could replace (``DataService``). A node cut off from
+        the majority stops before that majority can fail it over, since auto-failover waits
+        longer than the failure timeout."""
+        managers = [m for m in self.members if "manager" in m.services]
+        if not managers:
+            return True  # no managers known yet (starting): nothing can fail us over
+        now = asyncio.get_running_loop().time()
+        heard = 0
+        for m in managers:
+            if m.member_id == self.me.member_id:
+                heard += 1
+                continue
+            last = self._last_heard.get(m.member_id)
+            if last is not None and now - last <= within:
+                heard += 1
+        return heard * 2 > len(managers)
+
     def _heard(self, member_id: str) -> None:
         self._last_heard[member_id] = asyncio.get_running_loop().time()
 

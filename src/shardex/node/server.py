@@ -108,6 +108,7 @@ class Node:
                 secret=secret,
                 coordinator=lambda: self.coordinator,
                 members=lambda: self.membership.members if self.membership else [],
+                lease=self._serving_lease,
             )
             self.data.install(self.server)
         # The index service: the indexer's slices in <data-dir>/index, or in the engine
@@ -208,6 +209,11 @@ class Node:
     def address(self) -> str:
         """The address actually bound (differs from ``bind_address`` for port 0)."""
         return self.membership.me.address if self.membership else self.bind_address
+
+    def _serving_lease(self) -> bool:
+        """The data service serves replicated copies only while a majority of managers hear
+        this node (``Membership.majority_heard``)."""
+        return self.membership is None or self.membership.majority_heard(self._failure_timeout)
 
     async def start(self) -> None:
         self._started_loop_time = asyncio.get_running_loop().time()

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from cluster_helpers import LocalCluster, wait_for
-from data_helpers import running_cluster
+from data_helpers import read_partition, running_cluster
 
 from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
@@ -155,9 +155,7 @@ def test_kill9_failover_recover_rebalance_loses_no_majority_write(cluster: Local
                 floor = writers.acks + 100
                 killed = time.monotonic()
                 kill9(cluster, victim)
-                wait_for(
-                    lambda n=name: n in admin.failed_over(), 30, what=f"{name} failed over"
-                )
+                wait_for(lambda n=name: n in admin.failed_over(), 30, what=f"{name} failed over")
                 took = time.monotonic() - killed
                 # writes go on at majority: 3 copies configured, 2 left in every chain
                 wait_for(lambda f=floor: writers.acks > f, 30, what="writes after failover")
@@ -170,3 +168,66 @@ def test_kill9_failover_recover_rebalance_loses_no_majority_write(cluster: Local
                 print(f"cycle {cycle}: {name} failed over {took:.1f}s after kill -9")
         writers.check(admin)
         assert writers.acks > 0
+
+
+def test_durability_none_loses_exactly_the_unreplicated_tail(cluster: LocalCluster) -> None:
+    """Writes at durability none are acknowledged by the active alone: those that had not
+    been sent to its replica when the active died are lost at failover, and only those (a
+    suffix of the history). The replica is paused (SIGSTOP) for well under the failure
+    timeout so the tail cannot reach it."""
+    with connect_local(cluster.path, name="tail", request_timeout=30) as admin:
+        desc = admin.create_keyspace("tail", 4, num_replicas=1)
+        p = next(q for q, n in desc.assignment.items() if n != "node1")
+        active, replica = desc.assignment[p], desc.replicas[p][0]
+        docs = [
+            d for d in (f"t{i}" for i in range(5000)) if admin.keyspace("tail").partition_of(d) == p
+        ]
+        ks = admin.keyspace("tail")
+        kept, tail = docs[:20], docs[20:40]
+        for d in kept:
+            ks.upsert(d, {"d": d}, durability="majority")  # on both copies when acknowledged
+        rpid = cluster.pid(int(replica.removeprefix("node")))
+        assert rpid is not None
+        os.kill(rpid, signal.SIGSTOP)
+        try:
+            for d in tail:
+                ks.upsert(d, {"d": d}, durability="none")  # acknowledged by the active alone
+            kill9(cluster, int(active.removeprefix("node")))
+        finally:
+            os.kill(rpid, signal.SIGCONT)
+        wait_for(lambda: active in admin.failed_over(), 30, what=f"{active} failed over")
+        lost = [d for d in tail if _absent(ks, d)]
+        assert all(ks.get(d) == {"d": d} for d in kept)
+        # The tail is what never left the active: the writes after the one ReplicaApply in
+        # flight when the replica paused (that one sits in the paused replica's socket and is
+        # applied when it resumes). In seqno order, so the lost writes are a suffix.
+        assert lost, "the paused replica cannot have acknowledged every write"
+        assert lost == tail[len(tail) - len(lost) :], f"lost writes not a suffix: {lost}"
+        print(f"durability none: {len(lost)} of {len(tail)} acknowledged writes lost")
+        # The failed-over node comes back holding the lost writes: a delta recovery keeps
+        # its copies, yet none of those writes may reappear anywhere.
+        cluster.start()
+        admin.recover(active, "delta")
+        admin.rebalance()
+        wait_for(lambda: chains_full_of(admin, "tail"), 30, what="chains restored")
+        for d in lost:
+            with pytest.raises(ShardexError) as err:
+                ks.get(d, replica="any")  # every copy answers: none has it
+            assert err.value.code is ErrorCode.DOC_NOT_FOUND
+        _markers, changes = read_partition(ks, p)
+        assert not {c.docid for c in changes} & set(lost)
+
+
+def _absent(ks, docid: str) -> bool:
+    try:
+        ks.get(docid)
+    except ShardexError as exc:
+        if exc.code is ErrorCode.DOC_NOT_FOUND:
+            return True
+        raise
+    return False
+
+
+def chains_full_of(client: Client, keyspace: str) -> bool:
+    ks = next(k for k in client.list_keyspaces() if k.name == keyspace)
+    return ks.min_replicas == ks.num_replicas

@@ -1,0 +1,100 @@
+"""The index pipeline across a failover: a node holding active copies is killed with
+``kill -9`` under a writer, automatic failover promotes its replicas on new branches (new
+partition uuids), the node restarts, is recovered and rebalanced back in; the index follows
+(the promoted partitions' history continues where the replicas were) and ends equal to the
+oracle at the keyspace's high seqnos."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from cluster_helpers import LocalCluster, wait_for
+from data_helpers import running_cluster
+from pipeline_helpers import Writer, check_oracle, mutate, running_pipeline, wait_stable
+
+from shardex.client import Client, connect_local
+from shardex.runtime.pidfile import pid_alive
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+KEYSPACE = "fo"
+NAME = "by_name"
+FAST = ("--heartbeat-interval", "0.25", "--failure-timeout", "1", "--auto-failover-timeout", "2")
+
+
+@dataclass
+class Env:
+    path: Path
+    cluster: LocalCluster
+    client: Client
+
+
+@pytest.fixture(scope="module")
+def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    root = tmp_path_factory.mktemp("failover-pipeline")
+    path = root / "cluster"
+    with running_cluster(path, nodes=3, extra=FAST) as cluster, connect_local(path) as client:
+        client.create_keyspace(KEYSPACE, num_partitions=8, num_replicas=2)
+        mutate(client, KEYSPACE, random.Random(5), 300)
+        with running_pipeline(spark, path, root / "checkpoints", poll=0.3):
+            client.create_index(
+                KEYSPACE,
+                NAME,
+                ["name", "age"],
+                where="type = 'user'",
+                partition_by=["city"],
+                num_partition=3,
+            )
+            client.wait_for_index(KEYSPACE, NAME, timeout=240)
+            yield Env(path, cluster, client)
+
+
+def chains_full(client: Client) -> bool:
+    ks = next(k for k in client.list_keyspaces() if k.name == KEYSPACE)
+    return ks.min_replicas == ks.num_replicas
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_index_follows_a_failover_and_recovery(env: Env) -> None:
+    client = env.client
+    before = {p: e.uuid for p, e in client.high_seqnos(KEYSPACE).items()}
+    victim = 3
+    owned = set(
+        next(k for k in client.list_keyspaces() if k.name == KEYSPACE).partitions_of(
+            f"node{victim}"
+        )
+    )
+    assert owned, "node3 holds no active copy to fail over"
+    with connect_local(env.path, name="writer") as wclient, Writer(wclient, KEYSPACE, 8) as w:
+        wait_for(lambda: w.done > 200, 60, what="writes before the kill")
+        pid = env.cluster.pid(victim)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 10, what="node3 gone")
+        wait_for(lambda: "node3" in client.failed_over(), 30, what="node3 failed over")
+        done = w.done
+        wait_for(lambda: w.done > done + 200, 60, what="writes after the failover")
+        env.cluster.start()
+        client.recover("node3", "delta")
+        client.rebalance()
+        wait_for(lambda: chains_full(client), 60, what="chains restored")
+        done = w.done
+        wait_for(lambda: w.done > done + 200, 60, what="writes after the rebalance")
+    after = {p: e.uuid for p, e in client.high_seqnos(KEYSPACE).items()}
+    assert {p for p in after if after[p] != before[p]} >= owned  # promoted on new branches
+    ts = wait_stable(client, KEYSPACE, [NAME], timeout=360)
+    entries = check_oracle(client, KEYSPACE, NAME, ts)
+    assert entries > 0
+    print(
+        f"\nfailover of node3 ({len(owned)} partitions promoted): {w.done} mutations, "
+        f"{entries} index entries equal to the oracle at {ts!r}"
+    )

@@ -15,10 +15,12 @@ import signal
 import threading
 import time
 
+import msgspec
 import pytest
 from cluster_helpers import LocalCluster, wait_for
 from data_helpers import read_partition, running_cluster
 
+from shardex.api.data import Get, GetReply
 from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
 from shardex.runtime.pidfile import pid_alive
@@ -231,3 +233,31 @@ def _absent(ks, docid: str) -> bool:
 def chains_full_of(client: Client, keyspace: str) -> bool:
     ks = next(k for k in client.list_keyspaces() if k.name == keyspace)
     return ks.min_replicas == ks.num_replicas
+
+
+def test_sql_dml_takes_a_durability(cluster: LocalCluster) -> None:
+    """``client.query(..., durability=)`` applies to every document a statement writes: at
+    majority, each is on a replica copy when the statement returns."""
+    with connect_local(cluster.path, name="sql", request_timeout=30) as admin:
+        desc = admin.create_keyspace("sqld", 4, num_replicas=1)
+        ks = admin.keyspace("sqld")
+        keys = [f"k{i}" for i in range(12)]
+        values = ", ".join(f'VALUES ("{k}", {{"n": {i}}})' for i, k in enumerate(keys))
+        rows = admin.query(f"UPSERT INTO sqld (KEY, VALUE) {values}", durability="majority")
+        list(rows)
+        assert rows.metrics is not None and rows.metrics.mutation_count == len(keys)
+        for i, k in enumerate(keys):
+            replica = desc.replicas[ks.partition_of(k)][0]
+            msg = Get(keyspace="sqld", docid=k, replica=True)
+            got = admin.rpc.run(admin.rpc.router.to_node(replica, msg, GetReply))
+            assert msgspec.json.decode(got.body) == {"n": i}
+        use_keys = ", ".join(f'"{k}"' for k in keys)
+        updated = admin.query(
+            f"UPDATE sqld USE KEYS [{use_keys}] SET n = n + 100", durability="persist_majority"
+        )
+        list(updated)
+        assert updated.metrics is not None and updated.metrics.mutation_count == len(keys)
+        with pytest.raises(ShardexError) as err:
+            admin.query(f"DELETE FROM sqld USE KEYS [{use_keys}]", durability="eventually")
+        assert err.value.code is ErrorCode.BAD_REQUEST
+        assert "durability" in str(err.value)

@@ -31,6 +31,7 @@ class SqlQuery(Message, tag="sql.QueryRequest"):
     max_rows_in_memory: int | None = None  # None: the node's default budget
     window: int | None = None  # credit window of the query's exchanges; None: the default
     tuning: dict[str, bool] | None = None  # execution switches (``tuning.py``); None: all on
+    durability: str = "persist"  # of the statement's writes (DML), as a document write's
 
 
 class SqlStarted(Message, tag="sql.QueryStarted"):

@@ -323,10 +323,12 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         max_rows_in_memory: int | None = None,
         window: int | None = None,
         tuning: Mapping[str, bool] | None = None,
+        durability: str = "persist",
     ) -> QueryRows:
         """Run one SQL++ statement (``shardex.client.query``): an iterator of rows (dicts)
         with ``metrics`` once exhausted. ``params``: a list for $1, $2 or a mapping for
-        $name. ``consistency``: request_plus (default), not_bounded, at_plus (with ``at``)."""
+        $name. ``consistency``: request_plus (default), not_bounded, at_plus (with ``at``).
+        ``durability``: of every document a DML statement writes (as ``Keyspace.upsert``)."""
         return run_query(
             self._scans,
             self.execute_ddl,
@@ -338,6 +340,7 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
             max_rows_in_memory=max_rows_in_memory,
             window=window,
             tuning=tuning,
+            durability=durability,
         )
 
     def query_context(self) -> QueryContext:

@@ -26,6 +26,7 @@ import msgspec
 from shardex.api.scan import AT_PLUS, CONSISTENCIES
 from shardex.api.scan_streams import InStream
 from shardex.api.sql_exec import SqlQuery, SqlStarted
+from shardex.api.validation import check_durability
 from shardex.client.scan import REPLY_MARGIN, to_wire_ts
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
@@ -190,6 +191,7 @@ def run_query(
     max_rows_in_memory: int | None = None,
     window: int | None = None,
     tuning: Mapping[str, bool] | None = None,
+    durability: str = "persist",
 ) -> QueryRows:
     """Rows go over ``scans``' loop-path session; index DDL goes to ``execute_ddl`` (the
     client's). ``window``: the credit window of every exchange of the query, bytes (None: the
@@ -211,6 +213,7 @@ def run_query(
         )
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}")
+    check_durability(durability)
     wire_params = _check_params(params)
     stmt = parsed(sql)  # SQL_SYNTAX here, before anything is sent (parsed once per text)
     if isinstance(stmt, CreateIndexStmt | BuildIndexStmt | DropIndexStmt):
@@ -229,6 +232,7 @@ def run_query(
         max_rows_in_memory=max_rows_in_memory,
         window=window,
         tuning=None if tuning is None else dict(tuning),
+        durability=durability,
     )
     started, stream = scans.rpc.run(_start(scans, msg))
     return QueryRows(scans.rpc, started, stream, None, t0)

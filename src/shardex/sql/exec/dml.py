@@ -38,6 +38,7 @@ async def write_checked(
     decide: Decide,
     *,
     parallel: int,
+    durability: str = "persist",
 ) -> list[tuple[str, Any]]:
     """Apply ``decide`` to each document's current version under its CAS; ``(docid, doc)``
     of the documents written, in ``docids`` order (for UPDATE the new document, for DELETE
@@ -47,7 +48,8 @@ async def write_checked(
 
     async def one(docid: str) -> tuple[str, Any] | None:
         async with sem:
-            return await _write_one(documents, keyspace, docid, current.get(docid), decide)
+            version = current.get(docid)
+            return await _write_one(documents, keyspace, docid, version, decide, durability)
 
     tasks = [asyncio.ensure_future(one(d)) for d in docids]
     try:
@@ -64,6 +66,7 @@ async def _write_one(
     docid: str,
     version: tuple[Any, int] | None,
     decide: Decide,
+    durability: str,
 ) -> tuple[str, Any] | None:
     for _ in range(CAS_ATTEMPTS):
         if version is None:
@@ -74,10 +77,10 @@ async def _write_one(
             return None
         try:
             if new is DELETE:
-                if await documents.delete(keyspace, docid, cas=cas) is None:
+                if await documents.delete(keyspace, docid, cas=cas, durability=durability) is None:
                     return None
                 return docid, doc
-            await documents.replace(keyspace, docid, new, cas)
+            await documents.replace(keyspace, docid, new, cas, durability=durability)
             return docid, new
         except ShardexError as exc:
             if exc.code is ErrorCode.DOC_NOT_FOUND:

@@ -188,31 +188,39 @@ class DocumentAccess:
         return [(d, doc) for d, doc in zip(docids, docs, strict=True) if doc is not None]
 
     async def upsert(
-        self, keyspace: str, docid: str, doc: Any, *, insert: bool = False
+        self,
+        keyspace: str,
+        docid: str,
+        doc: Any,
+        *,
+        insert: bool = False,
+        durability: str = "persist",
     ) -> MutationResult:
         body = msgspec.json.encode(doc)
         msg: Message = (
-            Insert(keyspace=keyspace, docid=docid, doc=body)
+            Insert(keyspace=keyspace, docid=docid, doc=body, durability=durability)
             if insert
-            else Upsert(keyspace=keyspace, docid=docid, doc=body)
+            else Upsert(keyspace=keyspace, docid=docid, doc=body, durability=durability)
         )
         return (await self._to_owner(keyspace, docid, msg, MutationReply)).result
 
-    async def replace(self, keyspace: str, docid: str, doc: Any, cas: int) -> MutationResult:
+    async def replace(
+        self, keyspace: str, docid: str, doc: Any, cas: int, *, durability: str = "persist"
+    ) -> MutationResult:
         """Overwrite the version with this CAS: CAS_MISMATCH after a concurrent write,
         DOC_NOT_FOUND after a concurrent delete."""
-        msg = Replace(keyspace=keyspace, docid=docid, doc=msgspec.json.encode(doc), cas=cas)
+        body = msgspec.json.encode(doc)
+        msg = Replace(keyspace=keyspace, docid=docid, doc=body, cas=cas, durability=durability)
         return (await self._to_owner(keyspace, docid, msg, MutationReply)).result
 
     async def delete(
-        self, keyspace: str, docid: str, cas: int | None = None
+        self, keyspace: str, docid: str, cas: int | None = None, *, durability: str = "persist"
     ) -> MutationResult | None:
         """None when the document is already gone (a concurrent delete); with ``cas``,
         CAS_MISMATCH when it changed since."""
+        msg = Delete(keyspace=keyspace, docid=docid, cas=cas, durability=durability)
         try:
-            reply = await self._to_owner(
-                keyspace, docid, Delete(keyspace=keyspace, docid=docid, cas=cas), MutationReply
-            )
+            reply = await self._to_owner(keyspace, docid, msg, MutationReply)
         except ShardexError as exc:
             if exc.code is ErrorCode.DOC_NOT_FOUND:
                 return None

@@ -35,6 +35,7 @@ from shardex.api.sql_exec import (
     SqlStarted,
     StreamReport,
 )
+from shardex.api.validation import check_durability
 from shardex.core.expr import MISSING, Literal, evaluate, walk
 from shardex.core.expr.ast import Param
 from shardex.core.expr.ops import truth
@@ -150,7 +151,7 @@ class SqlService:
             )
             return await self._respond_values(conn, msg, started, [plan.explain()])
         if isinstance(stmt, InsertStmt):
-            count, rows = await self._insert(stmt, params)
+            count, rows = await self._insert(stmt, params, msg.durability)
             kind = "upsert" if stmt.upsert else "insert"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
             return await self._respond_values(conn, msg, started, rows)
@@ -165,6 +166,7 @@ class SqlService:
         )
 
     def _check(self, msg: SqlQuery) -> None:
+        check_durability(msg.durability)
         if msg.consistency not in CONSISTENCIES:
             raise _bad(
                 f"consistency must be one of {', '.join(CONSISTENCIES)}, got {msg.consistency!r}",
@@ -337,7 +339,9 @@ class SqlService:
 
     # --- DML -----------------------------------------------------------------------------
 
-    async def _insert(self, stmt: InsertStmt, params: Any) -> tuple[int, list[Any]]:
+    async def _insert(
+        self, stmt: InsertStmt, params: Any, durability: str
+    ) -> tuple[int, list[Any]]:
         check_params(_params_of([e for kv in stmt.values for e in kv]), params)
         state = await self.scan.view.state()
         if stmt.keyspace not in state.keyspaces:
@@ -371,7 +375,9 @@ class SqlService:
             new[key] = value
         await self._apply(
             [
-                self.documents.upsert(stmt.keyspace, k, v, insert=not stmt.upsert)
+                self.documents.upsert(
+                    stmt.keyspace, k, v, insert=not stmt.upsert, durability=durability
+                )
                 for k, v in new.items()
             ]
         )
@@ -416,7 +422,9 @@ class SqlService:
                 unset_path(new, steps)
             return new
 
-        written = await write_checked(self.documents, ks, chosen, decide, parallel=MUTATE_PARALLEL)
+        written = await write_checked(
+            self.documents, ks, chosen, decide, parallel=MUTATE_PARALLEL, durability=msg.durability
+        )
         return len(written), self._returning(stmt.returning, alias, written, params)
 
     async def _apply(self, ops: list[Any]) -> None:

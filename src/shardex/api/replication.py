@@ -32,6 +32,8 @@ class ReplicaRun(msgspec.Struct, array_like=True, frozen=True):
     changes: list[ChangeTuple]
     # the active's failover log, sent when it changed since the replica last answered
     failover_log: list[FailoverEntry] | None = None
+    # the changes the copy needs are purged on the active: rebuild it from a snapshot
+    rebuild: bool = False
 
 
 class ReplicaApply(Message, tag="data.ReplicaApply"):
@@ -45,7 +47,8 @@ class ReplicaApply(Message, tag="data.ReplicaApply"):
 
 class ReplicaAck(msgspec.Struct, array_like=True, frozen=True):
     """Where one replica copy stands: ``high`` applied, ``persisted`` fsynced, on ``uuid``.
-    ``state`` is the copy's state here ("absent" when there is none yet: it is being built)."""
+    ``state`` is the copy's state here, or "absent" (none yet), "building" (from a
+    snapshot), "diverged", "behind" (see ``data/replica.py``)."""
 
     partition: int
     high: int

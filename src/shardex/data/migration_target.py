@@ -147,7 +147,9 @@ class MigrationTarget:
         try:
             copy = await self._run(engine.begin_ingest, msg.keyspace, msg.partition, opened.info)
             try:
-                await self._pull(conn, opened.session, copy, msg.rate_limit, msg.chunk_bytes)
+                await pull_chunks(
+                    conn, opened.session, copy, self._run, msg.rate_limit, msg.chunk_bytes
+                )
                 async with self._lock:
                     info = await self._run(copy.finish)
             except BaseException:
@@ -182,35 +184,6 @@ class MigrationTarget:
             copy_seconds=copy_seconds,
             catchup_rounds=rounds,
         )
-
-    async def _pull(
-        self, conn: Connection, session: int, copy: IncomingCopy, rate: int, chunk: int
-    ) -> None:
-        """Chunks until done; chunk k+1 is on the wire while chunk k is written."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-
-        def ask() -> asyncio.Task[CopyChunkReply]:
-            req = CopyChunk(session=session, max_bytes=chunk)
-            return loop.create_task(conn.request(req, PULL_TIMEOUT, expect=CopyChunkReply))
-
-        nxt = ask()
-        try:
-            while True:
-                reply = await nxt
-                if not reply.done:
-                    nxt = ask()
-                await self._run(copy.add, reply.items)
-                if rate > 0:  # throttle: never ahead of rate bytes/s on average
-                    ahead = copy.bytes / rate - (loop.time() - started)
-                    if ahead > 0:
-                        await asyncio.sleep(ahead)
-                if reply.done:
-                    return
-        finally:
-            if not nxt.done():
-                nxt.cancel()
-                await asyncio.gather(nxt, return_exceptions=True)
 
     async def _read_apply(
         self,
@@ -317,3 +290,34 @@ def _prepare(engine: DataEngine, msg: MigrateIn, marker: IncomingMarker) -> None
     if state != "absent":
         engine.drop_partition(msg.keyspace, msg.partition)
     engine.set_incoming(marker)
+
+
+async def pull_chunks(
+    conn: Connection, session: int, copy: IncomingCopy, run: RunInExecutor, rate: int, chunk: int
+) -> None:
+    """Chunks of copy session ``session`` into ``copy`` until done; chunk k+1 is on the wire
+    while chunk k is written. ``rate``: at most that many bytes/s on average (0: no limit)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    def ask() -> asyncio.Task[CopyChunkReply]:
+        req = CopyChunk(session=session, max_bytes=chunk)
+        return loop.create_task(conn.request(req, PULL_TIMEOUT, expect=CopyChunkReply))
+
+    nxt = ask()
+    try:
+        while True:
+            reply = await nxt
+            if not reply.done:
+                nxt = ask()
+            await run(copy.add, reply.items)
+            if rate > 0:  # throttle: never ahead of rate bytes/s on average
+                ahead = copy.bytes / rate - (loop.time() - started)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+            if reply.done:
+                return
+    finally:
+        if not nxt.done():
+            nxt.cancel()
+            await asyncio.gather(nxt, return_exceptions=True)

@@ -29,6 +29,7 @@ from shardex.api.records import (
     MAX_FAILOVER_ENTRIES,
     OP_DELETE,
     STATE_ACTIVE,
+    STATE_PENDING,
     STATE_REPLICA,
     Change,
     FailoverEntry,
@@ -56,6 +57,7 @@ PLACEHOLDER_UUID = 0  # the branch of an empty copy that has not heard from its 
 ACK_ABSENT = "absent"  # no copy here (yet)
 ACK_DIVERGED = "diverged"  # the copy's history is not a prefix of the active's: rebuild it
 ACK_BEHIND = "behind"  # the run started above the copy's high seqno: resend from it
+ACK_BUILDING = "building"  # being rebuilt from the active's snapshot
 
 
 def continues(uuid: int, high: int, active_log: Sequence[FailoverEntry], active_uuid: int) -> bool:
@@ -187,6 +189,16 @@ class ReplicaOps:
             meta.state = STATE_ACTIVE
             part.commit(self._local.store.batch(), meta, sync=True)
             return entry
+
+    def adopt_pending(self, keyspace: str, partition: int) -> PartitionInfo:
+        """A snapshot copy just installed (``pending``) becomes this node's replica copy."""
+        part = self._local.held(keyspace, partition)
+        with part.lock:
+            if part.meta.state == STATE_PENDING:
+                meta = part.meta.copy()
+                meta.state = STATE_REPLICA
+                part.commit(self._local.store.batch(), meta, sync=True)
+        return info_of(part.meta)
 
     def demote(self, keyspace: str, partition: int) -> PartitionInfo:
         """Make a local active copy a replica (its node is now in the partition's chain as a

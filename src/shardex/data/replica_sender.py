@@ -234,15 +234,16 @@ class ReplicaSender:
             if ack.high < meta.purge_seqno:
                 if p not in self._warned:
                     self._warned.add(p)
-                    log.warning(
+                    log.info(
                         "replica copy of %s/%d on %s is at seqno %d, below the purge seqno %d: "
-                        "it must be rebuilt by a copy",
+                        "rebuilding it from a snapshot",
                         self.keyspace,
                         p,
                         self.node,
                         ack.high,
                         meta.purge_seqno,
                     )
+                runs.append(ReplicaRun(p, meta.uuid, ack.high, [], None, rebuild=True))
                 continue
             if size >= ROUND_BYTES:
                 more = True

@@ -33,6 +33,7 @@ from shardex.data.durability import DurabilityWaits
 from shardex.data.engine import DataEngine
 from shardex.data.engine_io import EngineIO
 from shardex.data.placement import PlacementView, latest_topology
+from shardex.data.replica_build import ReplicaBuilds
 from shardex.data.replica_sender import ReplicaSender
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.state import StateContext
@@ -63,6 +64,13 @@ class Replication:
         self._placement = placement
         self._lock = placement_lock
         self.waits = DurabilityWaits()
+        self.builds = ReplicaBuilds(
+            engine=engine,
+            run=io.run,
+            pool=pool,
+            address=placement.address,
+            placement_lock=placement_lock,
+        )
         self.senders: dict[tuple[str, str], ReplicaSender] = {}
         # keyspaces with an active copy here that has replicas: writes to them wake senders
         self._fed: dict[str, list[ReplicaSender]] = {}
@@ -76,6 +84,7 @@ class Replication:
         }
 
     async def stop(self) -> None:
+        await self.builds.stop()
         senders = list(self.senders.values())
         self.senders.clear()
         self._fed.clear()
@@ -190,7 +199,13 @@ class Replication:
                 stale.append(ReplicaAck(run.partition, 0, 0, 0, ACK_STALE))
             else:
                 runs.append(run)
+        builds = [r for r in runs if r.rebuild]
+        if builds:
+            runs = [r for r in runs if not r.rebuild]
+            for r in builds:
+                self.builds.start(msg.keyspace, r.partition, msg.source)
         acks = await self._io.run(engine.replicas.apply_runs, msg.keyspace, runs, sync=msg.sync)
+        acks += [ReplicaAck(r.partition, 0, 0, 0, replica.ACK_BUILDING) for r in builds]
         diverged = [a.partition for a in acks if a.state == replica.ACK_DIVERGED]
         if diverged:
             async with self._lock:

@@ -359,3 +359,49 @@ async def test_a_failed_over_node_serves_nothing_until_recovered(cluster: Cluste
             await server.stop()
     finally:
         await back.stop()
+
+
+async def test_a_replica_behind_the_purge_is_rebuilt_from_a_snapshot(cluster: Cluster) -> None:
+    docs = [docid_in(0, i) for i in range(40)]  # partition 0: active n1, replica n2
+    for i, d in enumerate(docs[:10]):
+        await cluster.upsert(d, {"i": i}, "majority")
+    n2_dir = cluster.services["n2"].path.parent
+    await cluster.stop_node("n2")
+    n1 = cluster.services["n1"]
+    for i, d in enumerate(docs[10:], start=10):
+        await cluster.upsert(d, {"i": i}, "none")
+    n1.engine.retention_seqnos = 5
+    n1.engine.purge()  # the changes the stopped replica lacks are gone from the change log
+    active = n1.engine.partition_info(KS, 0)
+    assert active.purge_seqno > 10
+    back = DataService(
+        data_dir=n2_dir,
+        node_name="n2",
+        transport=TcpTransport(),
+        secret=SECRET,
+        coordinator=lambda: cluster.coord,
+        members=cluster.members,
+        reconcile_interval=3600,
+    )
+    await back.start()
+    server = RpcServer(TcpTransport(), SECRET, name="n2-back")
+    back.install(server)
+    cluster.addresses["n2"] = await server.start("127.0.0.1:0")
+    cluster.services["n2"], cluster.servers["n2"] = back, server
+    await back.reconcile()
+    n1.replication.senders[(KS, "n2")].wake()
+
+    async def rebuilt() -> bool:
+        info = back.engine.partition_info(KS, 0)
+        return info.state == STATE_REPLICA and info.high_seqno == active.high_seqno
+
+    await _until(rebuilt, "the replica copy is rebuilt from the active's snapshot")
+    info = back.engine.partition_info(KS, 0)
+    assert (info.uuid, info.purge_seqno) == (active.uuid, active.purge_seqno)
+    assert [await cluster.replica_get("n2", d) for d in docs] == [{"i": i} for i in range(40)]
+    # and it is fed again from there: a majority write needs it (once the active has heard)
+    await _until(
+        lambda: _true_async(n1.replication.senders[(KS, "n2")].reachable(0)), "n2 acknowledges"
+    )
+    await cluster.upsert(docs[0], {"i": -1}, "majority")
+    assert await cluster.replica_get("n2", docs[0]) == {"i": -1}

@@ -61,6 +61,7 @@ from shardex.index.keyversion import KeyVersion
 from shardex.pipeline.batch_callback import foreach_batch_id
 from shardex.pipeline.batch_range import logged_range, read_offset
 from shardex.pipeline.batch_steps import BatchStats, BatchSteps, count_changes
+from shardex.pipeline.branches import follow_branches
 from shardex.pipeline.indexers import advance_stability
 from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.registry import IndexRegistry, IndexView
@@ -287,6 +288,9 @@ class MaintenanceJob:
         start, end = self.batch_range(batch_id)
         stats = BatchStats(batch_id=batch_id, end=dict(end.to_wire()), wait_round=t0 - w0)
         self.registry.refresh()
+        # A failover's new branch: indexes on the old one follow it, or the batch fails with
+        # ROLLBACK if they applied past where it ended (``branches.py``).
+        follow_branches(self.client, self.registry, end)
         rows: list[KeyVersion] = []
         stats.changes = count_changes(start, end)
         top = end  # the TS this batch stabilises at

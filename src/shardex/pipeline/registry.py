@@ -217,6 +217,23 @@ class IndexRegistry:
                 if i in self._joined:
                     self._joined[i] = self._joined[i].merge_max(ts)
 
+    def rebase(self, partition: int, old_uuid: int, new_uuid: int, upto: int) -> None:
+        """``partition`` continues on branch ``new_uuid``, whose history equals ``old_uuid``'s
+        up to seqno ``upto`` at least (checked by the caller, ``branches.py``): applied and
+        ahead entries on the old uuid at or below it name the new one."""
+
+        def moved(ts: Timestamp) -> Timestamp:
+            entry = ts.get(partition)
+            if entry is None or entry.uuid != old_uuid or entry.seqno > upto:
+                return ts
+            wire = dict(ts.to_wire())
+            wire[partition] = (entry.seqno, new_uuid)
+            return Timestamp.from_wire(wire)
+
+        with self._lock:
+            self._joined = {i: moved(t) for i, t in self._joined.items()}
+            self._ahead = {i: moved(t) for i, t in self._ahead.items()}
+
     def forget(self, index_id: str) -> None:
         """The index must be built again (rollback, or its slices were lost)."""
         with self._lock:

@@ -4,7 +4,9 @@
 # secondary indexes through Spark, watches their stability timestamp cover an update, runs
 # request_plus scans while a writer writes (every acknowledged write visible), adds a node
 # and rebalances data and index partitions while paginated scans run (rows read == rows
-# expected), runs SQL++ queries with their EXPLAIN and an UPDATE, and stops the cluster.
+# expected), runs SQL++ queries with their EXPLAIN and an UPDATE, kills a data node under
+# majority-durable writers (automatic failover, recovery, rebalance: no acknowledged write
+# lost), and stops the cluster.
 # The Python steps are modules under src/shardex/demo/ (each runnable with python -m).
 # SHARDEX_DEMO_DOCS sets the data set size (default 50000: a few minutes on 2 cores);
 # SHARDEX_DEMO_PAGE the page size of the paginated scans (default 100).
@@ -50,10 +52,12 @@ with connect_local(sys.argv[1]) as client:
         print(f"  {m.name:8} {m.address:16} {m.state}")
 PY
 
-step "Creating keyspace users (64 partitions over the data nodes)"
+step "Creating keyspace users (64 partitions over the data nodes, 2 replica copies of each)"
 # A re-run reuses the cluster directory: start the keyspace afresh so the counts add up.
 "$SX" keyspace drop users --dir "$DIR" >/dev/null 2>&1 || true
-"$SX" keyspace create users --partitions 64 --dir "$DIR"
+# Two replicas: with three copies a majority (two) survives the loss of any node, so
+# majority-durable writes go on through the failover step below.
+"$SX" keyspace create users --partitions 64 --replicas 2 --dir "$DIR"
 
 step "Generating $DOCS users (deterministic, seed 42) as JSON Lines"
 "$PY" -m shardex.demo.datagen "$DIR/users.jsonl" --docs "$DOCS" --seed 42
@@ -153,6 +157,11 @@ U='UPDATE users SET plan = "pro", upgraded = true WHERE address.city = "Reykjavi
 echo "shardex sql: $U"
 "$SX" sql --dir "$DIR" "$U"
 echo "shardex sql: $Q"
+"$SX" sql --dir "$DIR" "$Q"
+
+step "kill -9 of a data node under majority-durable writes: automatic failover, recovery, rebalance"
+"$PY" -m shardex.demo.failover "$DIR"
+echo "shardex sql (request_plus, through the index, after the failover): $Q"
 "$SX" sql --dir "$DIR" "$Q"
 
 step "Stopping the cluster"

@@ -229,12 +229,17 @@ def _too_deep(docid: str, depth: int) -> BadRequest:
 
 
 def _check_finite(doc: dict[Any, Any], docid: str) -> None:
-    """BAD_REQUEST naming the path of the first NaN or +-Infinity in ``doc``, if any."""
-    stack: list[tuple[object, str]] = [(doc, "$")]
+    """BAD_REQUEST naming the path of the first NaN or +-Infinity in ``doc``, if any. The
+    walk builds no paths: only a document found guilty is walked again for one."""
+    stack: list[Any] = [doc]
+    pop, push = stack.pop, stack.extend
     while stack:
-        value, path = stack.pop()
-        if type(value) is float or isinstance(value, float):
-            if value != value or value in (_INF, -_INF):
+        value = pop()
+        if isinstance(value, dict):
+            push(value.values())
+        elif isinstance(value, float):
+            if value - value != 0.0:  # NaN and +-Infinity only (inf - inf is NaN)
+                path = _nonfinite_path(doc, "$")
                 raise BadRequest(
                     f"document {docid!r} has {value!r} at {path}: JSON has no NaN or Infinity",
                     details={
@@ -243,15 +248,28 @@ def _check_finite(doc: dict[Any, Any], docid: str) -> None:
                         "hint": "store null, a string, or leave the field out",
                     },
                 )
-        elif isinstance(value, dict):
-            stack.extend((v, f"{path}.{k}") for k, v in reversed(value.items()))
-        elif isinstance(value, list | tuple):
-            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(value))))
-        elif isinstance(value, set | frozenset):
-            stack.extend((v, f"{path}[]") for v in value)
+        elif isinstance(value, list | tuple | set | frozenset):
+            push(value)
 
 
-_INF = float("inf")
+def _nonfinite_path(value: Any, path: str) -> str | None:
+    """Where the first non-finite float in ``value`` is (the encoder went through it, so
+    the recursion is bounded)."""
+    if isinstance(value, float):
+        return path if value - value != 0.0 else None
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, set | frozenset):
+        items = ((f"{path}[]", v) for v in value)
+    else:
+        return None
+    for p, v in items:
+        found = _nonfinite_path(v, p)
+        if found is not None:
+            return found
+    return None
 
 
 def _check_size(body: bytes, max_bytes: int, docid: str) -> None:

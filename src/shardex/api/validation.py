@@ -60,6 +60,7 @@ _POSITION = re.compile(r"\(byte (\d+)\)")
 # client and again on the node.
 _OBJECT = msgspec.json.Decoder(dict)
 _encode_json = msgspec.json.Encoder().encode
+_encode_msgpack = msgspec.msgpack.Encoder().encode
 # A document deeper than MAX_DOC_DEPTH has more than that many '{' / '[' bytes, so it is at
 # least this long: shorter bodies (most) skip the depth check; longer ones count their
 # opening brackets in one C pass (``translate``) and only a body with more than the limit is
@@ -122,9 +123,16 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
         if len(body) >= _DEEP_MIN_BYTES:
             _check_depth(body, docid)
         # msgspec writes NaN and +-Infinity as null (JSON has neither): a body with no null
-        # has none, so only a document with a null is walked to tell the two apart.
+        # has none. One with a null is encoded again as MessagePack (C, cheaper than a walk
+        # in Python), where such a float is 0xcb then an exponent of all ones; only a hit
+        # (or a value MessagePack cannot take) is walked, for the error and its path.
         if b"null" in body:
-            _check_finite(doc, docid)
+            try:
+                packed = _encode_msgpack(doc)
+            except (TypeError, ValueError, OverflowError):
+                packed = b"\xcb\x7f"
+            if b"\xcb\x7f" in packed or b"\xcb\xff" in packed:
+                _check_finite(doc, docid)
         return body
     if isinstance(doc, str):
         try:
@@ -248,8 +256,11 @@ def _check_finite(doc: dict[Any, Any], docid: str) -> None:
                         "hint": "store null, a string, or leave the field out",
                     },
                 )
-        elif isinstance(value, list | tuple | set | frozenset):
+        elif isinstance(value, _SEQUENCES):
             push(value)
+
+
+_SEQUENCES = (list, tuple, set, frozenset)  # a tuple: isinstance of a union is slower
 
 
 def _nonfinite_path(value: Any, path: str) -> str | None:

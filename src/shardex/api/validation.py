@@ -16,6 +16,12 @@ from shardex.api.errors import BadRequest, DocTooLarge
 
 MAX_DOCID_BYTES = 250
 DEFAULT_MAX_DOC_BYTES = 1024 * 1024
+# The deepest nesting of objects and arrays a document may have (``{"a": 1}`` is 1 deep).
+# Why a limit: msgspec's decoder and encoder recurse once per level and raise RecursionError
+# near Python's recursion limit (~1000, less on a deep stack), and every reader (the client's
+# get, the projector, the SQL evaluator) recurses as well: a deeper document could be stored
+# and then not read. 128 is serde_json's default; real documents stay far below it.
+MAX_DOC_DEPTH = 128
 
 # The levels of a write's durability. ``none``: acknowledged once in the active copy's
 # RocksDB (its WAL in the OS, not fsynced: survives a crash of the process, not of the
@@ -54,6 +60,15 @@ _POSITION = re.compile(r"\(byte (\d+)\)")
 # client and again on the node.
 _OBJECT = msgspec.json.Decoder(dict)
 _encode_json = msgspec.json.Encoder().encode
+_encode_msgpack = msgspec.msgpack.Encoder().encode
+# A document deeper than MAX_DOC_DEPTH has more than that many '{' / '[' bytes, so it is at
+# least this long: shorter bodies (most) skip the depth check; longer ones count their
+# opening brackets in one C pass (``translate``) and only a body with more than the limit is
+# scanned for its real depth.
+_DEEP_MIN_BYTES = 2 * (MAX_DOC_DEPTH + 1)
+_NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
 def check_docid(docid: object) -> str:
@@ -89,9 +104,12 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
     if type(doc) is bytes and len(doc) <= max_bytes:
         try:
             _OBJECT.decode(doc)
-            return doc
-        except (msgspec.DecodeError, UnicodeDecodeError):
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             pass
+        else:
+            if len(doc) >= _DEEP_MIN_BYTES:
+                _check_depth(doc, docid)
+            return doc
     if isinstance(doc, dict):
         try:
             body = _encode_json(doc)
@@ -99,7 +117,22 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
             raise BadRequest(
                 f"document is not JSON-serialisable: {exc}", details={"docid": docid}
             ) from None
+        except RecursionError:
+            raise _too_deep(docid, _object_depth(doc)) from None
         _check_size(body, max_bytes, docid)
+        if len(body) >= _DEEP_MIN_BYTES:
+            _check_depth(body, docid)
+        # msgspec writes NaN and +-Infinity as null (JSON has neither): a body with no null
+        # has none. One with a null is encoded again as MessagePack (C, cheaper than a walk
+        # in Python), where such a float is 0xcb then an exponent of all ones; only a hit
+        # (or a value MessagePack cannot take) is walked, for the error and its path.
+        if b"null" in body:
+            try:
+                packed = _encode_msgpack(doc)
+            except (TypeError, ValueError, OverflowError):
+                packed = b"\xcb\x7f"
+            if b"\xcb\x7f" in packed or b"\xcb\xff" in packed:
+                _check_finite(doc, docid)
         return body
     if isinstance(doc, str):
         try:
@@ -121,22 +154,133 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
     _check_size(body, max_bytes, docid)
     try:
         _OBJECT.decode(body)
+    except RecursionError:
+        raise _too_deep(docid, json_depth(body)) from None
     except msgspec.ValidationError as exc:
+        if str(exc).startswith("Number out of range"):  # 1e999: a float that is Infinity
+            raise BadRequest(
+                f"document {docid!r} has a number out of range: {exc}",
+                details={"docid": docid, "hint": "JSON numbers must be finite doubles"},
+            ) from None
         raise BadRequest(
             f"document must be a JSON object: {exc}", details={"docid": docid}
         ) from None
     except msgspec.DecodeError as exc:
         m = _POSITION.search(str(exc))
-        raise BadRequest(
-            f"document is not valid JSON: {exc}",
-            details={"docid": docid, "position": int(m.group(1)) if m else None},
-        ) from None
+        position = int(m.group(1)) if m else None
+        details: dict[str, Any] = {"docid": docid, "position": position}
+        if position is not None and body[position : position + 1] in (b"N", b"I"):
+            details["hint"] = "NaN and Infinity are not JSON: store null or a string"
+        raise BadRequest(f"document is not valid JSON: {exc}", details=details) from None
     except UnicodeDecodeError as exc:  # msgspec's own error for a string that is not UTF-8
         raise BadRequest(
             f"document is not valid UTF-8: {exc.reason}",
             details={"docid": docid, "position": exc.start},
         ) from None
+    if len(body) >= _DEEP_MIN_BYTES:
+        _check_depth(body, docid)
     return body
+
+
+def _check_depth(body: bytes, docid: str) -> None:
+    """DOC_TOO_DEEP-style BAD_REQUEST if ``body`` (valid JSON) nests past MAX_DOC_DEPTH."""
+    if len(body.translate(None, _NOT_OPENERS)) > MAX_DOC_DEPTH:
+        depth = json_depth(body)
+        if depth > MAX_DOC_DEPTH:
+            raise _too_deep(docid, depth)
+
+
+def json_depth(body: bytes) -> int:
+    """The deepest nesting of objects and arrays in JSON text; brackets inside strings do
+    not count. Only run on the rare body with more opening brackets than the limit."""
+    depth = deepest = 0
+    for c in _STRING.sub(b"", body).translate(None, _NOT_BRACKETS):
+        if c == 0x5B or c == 0x7B:  # [ {
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        else:
+            depth -= 1
+    return deepest
+
+
+def _object_depth(doc: object, cap: int = 100_000) -> int:
+    """The nesting depth of a Python value (dicts, lists, tuples, sets), without recursion;
+    stops at ``cap`` (a cycle would otherwise never end)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list | tuple | set | frozenset):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth >= cap:
+            break
+        stack.extend((c, depth + 1) for c in children)
+    return deepest
+
+
+def _too_deep(docid: str, depth: int) -> BadRequest:
+    return BadRequest(
+        f"document {docid!r} is nested {depth} levels deep, the limit is {MAX_DOC_DEPTH}",
+        details={
+            "docid": docid,
+            "depth": depth,
+            "limit": MAX_DOC_DEPTH,
+            "hint": "flatten the document (objects and arrays count as levels)",
+        },
+    )
+
+
+def _check_finite(doc: dict[Any, Any], docid: str) -> None:
+    """BAD_REQUEST naming the path of the first NaN or +-Infinity in ``doc``, if any. The
+    walk builds no paths: only a document found guilty is walked again for one."""
+    stack: list[Any] = [doc]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        value = pop()
+        if isinstance(value, dict):
+            push(value.values())
+        elif isinstance(value, float):
+            if value - value != 0.0:  # NaN and +-Infinity only (inf - inf is NaN)
+                path = _nonfinite_path(doc, "$")
+                raise BadRequest(
+                    f"document {docid!r} has {value!r} at {path}: JSON has no NaN or Infinity",
+                    details={
+                        "docid": docid,
+                        "path": path,
+                        "hint": "store null, a string, or leave the field out",
+                    },
+                )
+        elif isinstance(value, _SEQUENCES):
+            push(value)
+
+
+_SEQUENCES = (list, tuple, set, frozenset)  # a tuple: isinstance of a union is slower
+
+
+def _nonfinite_path(value: Any, path: str) -> str | None:
+    """Where the first non-finite float in ``value`` is (the encoder went through it, so
+    the recursion is bounded)."""
+    if isinstance(value, float):
+        return path if value - value != 0.0 else None
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, set | frozenset):
+        items = ((f"{path}[]", v) for v in value)
+    else:
+        return None
+    for p, v in items:
+        found = _nonfinite_path(v, p)
+        if found is not None:
+            return found
+    return None
 
 
 def _check_size(body: bytes, max_bytes: int, docid: str) -> None:

@@ -29,7 +29,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.data.partition import Partition, PreparedOp, commit_many
 from shardex.data.partitions import LocalPartitions
 from shardex.data.records import PartitionMeta
-from shardex.errors import ShardexError
+from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.partitioning import partition_of
 
 BATCH_MAX_OPS = 5_000  # ops per atomic batch in *_many: bounds lock hold time and memory
@@ -179,6 +179,12 @@ class DocumentOps:
             except ShardexError as exc:
                 results[i] = exc
                 continue
+            except Exception as exc:  # a check that broke on this op's input: its error only
+                results[i] = BadRequest(
+                    f"mutation could not be checked: {type(exc).__name__}: {exc}",
+                    details={"docid": repr(docid)[:100]},
+                )
+                continue
             p = crc32(raw) % nparts  # partition_of's hash, on the bytes already encoded
             got = chunk.get(p)
             if got is None:
@@ -193,9 +199,27 @@ class DocumentOps:
                 chunks.append(chunk)
         # Every op checked before any is written (a bad op changes nothing, nor does an
         # ``ops`` iterable that fails half-way).
+        written = False
         for c in chunks:
-            if c:
+            if not c:
+                continue
+            try:
                 self._apply_chunk(keyspace, c, results, sync)
+            except Exception as exc:
+                if not written:
+                    raise  # nothing written: the caller may fail or retry the whole call
+                # Earlier chunks are committed and keep their results; this and the later
+                # ones fail per op (not attempted, so a partition's ops stay in order). Never
+                # raising once something is written keeps a retry by the caller (the group
+                # committer) from writing an op twice.
+                err = ShardexError(
+                    f"mutation failed: {type(exc).__name__}: {exc}",
+                    code=ErrorCode.STORAGE_ERROR,
+                    details={"keyspace": keyspace},
+                )
+                results[:] = [err if r is None else r for r in results]
+                break
+            written = True
         return results  # type: ignore[return-value]  # every slot filled above
 
     def _apply_chunk(

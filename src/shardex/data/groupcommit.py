@@ -128,14 +128,31 @@ class GroupCommitter:
                 _settle(entry.future, exc)
             return
         except Exception as exc:
-            err = ShardexError(
-                f"mutation failed: {type(exc).__name__}: {exc}",
-                code=ErrorCode.STORAGE_ERROR,
-                details={"keyspace": keyspace},
-            )
+            # Not a reason that fails the whole group: most likely one entry's op (a poison
+            # document the checks missed). Retry the entries one by one, so only the guilty
+            # one fails and its neighbours commit. Safe: ``mutate_many`` raises only before
+            # it has written anything (a failure after a written chunk is per op).
+            if len(group) == 1:
+                _settle(group[0].future, _storage_error(keyspace, exc))
+                return
             for entry in group:
-                _settle(entry.future, err)
+                await self._apply_one(keyspace, durability, entry)
             return
+        self._settle_group(group, results)
+
+    async def _apply_one(self, keyspace: str, durability: str, entry: _Entry) -> None:
+        """One entry of a group that failed whole, alone: its results, or its failure."""
+        try:
+            results = await self._run(self._mutate_many, keyspace, entry.ops, durability=durability)
+        except ShardexError as exc:
+            _settle(entry.future, exc)
+        except Exception as exc:
+            _settle(entry.future, _storage_error(keyspace, exc))
+        else:
+            self._settle_group([entry], results)
+
+    @staticmethod
+    def _settle_group(group: list[_Entry], results: list[Outcome]) -> None:
         start = 0
         for entry in group:
             end = start + len(entry.ops)
@@ -144,6 +161,14 @@ class GroupCommitter:
             elif not entry.future.done():
                 entry.future.set_result(results[start:end])
             start = end
+
+
+def _storage_error(keyspace: str, exc: Exception) -> ShardexError:
+    return ShardexError(
+        f"mutation failed: {type(exc).__name__}: {exc}",
+        code=ErrorCode.STORAGE_ERROR,
+        details={"keyspace": keyspace},
+    )
 
 
 def _settle(fut: asyncio.Future[Any], value: Any) -> None:

@@ -22,6 +22,7 @@ class Store:
         self.docs: dict[str, tuple[Any, int]] = {d: (v, 1) for d, v in docs.items()}
         self.before_write: Callable[[str], None] = lambda docid: None
         self.writes = 0
+        self.durabilities: list[str] = []  # of every write, in order
 
     def put(self, docid: str, doc: Any) -> None:
         cas = self.docs[docid][1] + 1 if docid in self.docs else 1
@@ -41,11 +42,17 @@ class Store:
             raise ShardexError("cas", code=ErrorCode.CAS_MISMATCH)
         self.writes += 1
 
-    async def replace(self, keyspace: str, docid: str, doc: Any, cas: int) -> None:
+    async def replace(
+        self, keyspace: str, docid: str, doc: Any, cas: int, *, durability: str = "persist"
+    ) -> None:
+        self.durabilities.append(durability)
         self._check(docid, cas)
         self.put(docid, doc)
 
-    async def delete(self, keyspace: str, docid: str, cas: int | None = None) -> object | None:
+    async def delete(
+        self, keyspace: str, docid: str, cas: int | None = None, *, durability: str = "persist"
+    ) -> object | None:
+        self.durabilities.append(durability)
         try:
             self._check(docid, cas or 0)
         except ShardexError as exc:
@@ -122,3 +129,19 @@ def test_a_document_that_never_settles_ends_in_a_clear_error() -> None:
     assert err.value.details["docid"] == "hot"
     assert err.value.details["attempts"] == CAS_ATTEMPTS
     assert store.writes == 0
+
+
+def test_the_statement_durability_reaches_every_write() -> None:
+    store = Store({"a": {"n": 1}, "b": {"n": 2}})
+    done = asyncio.run(
+        write_checked(
+            store,  # type: ignore[arg-type]
+            "ks",
+            ["a", "b"],
+            increment_below(10),
+            parallel=2,
+            durability="majority",
+        )
+    )
+    assert len(done) == 2
+    assert store.durabilities == ["majority", "majority"]

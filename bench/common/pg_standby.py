@@ -84,8 +84,7 @@ class StandbyServer(PostgresServer):
         with self.primary.connect() as conn:
             while True:
                 last = conn.execute(
-                    "SELECT state, sync_state FROM pg_stat_replication "
-                    "WHERE application_name = %s",
+                    "SELECT state, sync_state FROM pg_stat_replication WHERE application_name = %s",
                     (self.name,),
                 ).fetchone()
                 if last is not None and tuple(last) == ("streaming", "sync"):

@@ -103,6 +103,13 @@ def log(msg: str) -> None:
 # --- the client processes ----------------------------------------------------------------
 
 
+def _json_dumps(obj: Any) -> str:
+    """JSON for psycopg's ``Jsonb`` (module-level: psycopg warns about closures)."""
+    import msgspec
+
+    return msgspec.json.encode(obj).decode()
+
+
 class UpsertRunner(clients.TargetRunner):
     """In a client process: upserts (docid, doc) pairs under keys of its own (``c<k>:``).
     Setting: shardex ``(keyspace, durability)``; PostgreSQL the ``synchronous_commit``."""
@@ -115,11 +122,10 @@ class UpsertRunner(clients.TargetRunner):
         self.ks: Any = None
         self.durability = "persist_active"
         if target.kind == "postgresql":
-            import msgspec
             from psycopg.types.json import set_json_dumps
 
             # The shardex client encodes with msgspec too: client-side costs alike.
-            set_json_dumps(lambda o: msgspec.json.encode(o).decode(), self.conn)
+            set_json_dumps(_json_dumps, self.conn)
 
     def prepare(self, queries: Sequence[Any], setting: Any) -> None:
         if self.target.kind == "shardex":

@@ -152,16 +152,20 @@ def render_conf(settings: Mapping[str, str | int | float | bool]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_hba(db_user: str) -> str:
+def render_hba(db_user: str, *, replication: bool = False) -> str:
     """``pg_hba.conf``: one role, trust, TCP from 127.0.0.1 only; nothing else (no unix
-    socket, no other address, no other role)."""
+    socket, no other address, no other role). ``replication``: that role may also open
+    replication connections (``all`` does not cover them), for a standby on this machine."""
     if not db_user.replace("_", "").isalnum():
         raise ValueError(f"bad role name {db_user!r}")
-    return (
+    text = (
         "# written by bench/common/postgres.py: a private benchmark server, loopback TCP only\n"
         "# TYPE  DATABASE  USER  ADDRESS  METHOD\n"
         f"host    all       {db_user}  127.0.0.1/32  trust\n"
     )
+    if replication:
+        text += f"host    replication  {db_user}  127.0.0.1/32  trust\n"
+    return text
 
 
 def server_settings(
@@ -259,12 +263,16 @@ class PostgresServer:
         install: bool = True,
         log: Log = _stderr,
         start_timeout: float = 60.0,
+        replication: bool = False,
     ) -> None:
         """``settings``: extra postgresql.conf settings (override the base ones).
         ``base_dir``: where the temp dir goes (default: the system temp dir); put it on the
         same file system as what you compare against. ``os_user``: True = decide
-        (``postgres`` when root, else ourselves), None = ourselves, or a user name."""
+        (``postgres`` when root, else ourselves), None = ourselves, or a user name.
+        ``replication``: ``db_user`` may also connect for replication (a standby's
+        ``pg_basebackup`` and WAL stream, ``bench/common/pg_standby.py``)."""
         self.extra_settings = dict(settings or {})
+        self.replication = replication
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.db_user = db_user
         self.dbname = dbname
@@ -372,22 +380,10 @@ class PostgresServer:
                     f"OS user {self.os_user!r} cannot write {self.tmp}: a parent directory "
                     "is not searchable by it (chmod o+x, or choose another base_dir)"
                 )
-        self.log(
-            f"initdb {self.data_dir} (server {self.bindir.parent.name}, os user "
-            f"{self.os_user or 'self'})"
+        self._init_data_dir()
+        (self.data_dir / "pg_hba.conf").write_text(
+            render_hba(self.db_user, replication=self.replication)
         )
-        # --no-sync: the data dir is thrown away; it only skips initdb's final fsync of its
-        # own files and has nothing to do with the server's fsync/synchronous_commit.
-        self._run([
-            str(self.bindir / "initdb"),
-            "-D", str(self.data_dir),
-            "-U", self.db_user,
-            "--auth=trust",
-            "-E", "UTF8",
-            "--no-locale",
-            "--no-sync",
-        ])  # fmt: skip
-        (self.data_dir / "pg_hba.conf").write_text(render_hba(self.db_user))
         last: PostgresError | None = None
         for _attempt in range(3):
             self.port = free_port()
@@ -427,6 +423,25 @@ class PostgresServer:
             raise last
         self.log(f"started on 127.0.0.1:{self.port} ({self.tmp})")
         self._describe_from_server()
+
+    def _init_data_dir(self) -> None:
+        """Make the data dir (here: ``initdb``; a standby copies its primary's)."""
+        assert self.bindir is not None
+        self.log(
+            f"initdb {self.data_dir} (server {self.bindir.parent.name}, os user "
+            f"{self.os_user or 'self'})"
+        )
+        # --no-sync: the data dir is thrown away; it only skips initdb's final fsync of its
+        # own files and has nothing to do with the server's fsync/synchronous_commit.
+        self._run([
+            str(self.bindir / "initdb"),
+            "-D", str(self.data_dir),
+            "-U", self.db_user,
+            "--auth=trust",
+            "-E", "UTF8",
+            "--no-locale",
+            "--no-sync",
+        ])  # fmt: skip
 
     def _describe_from_server(self) -> None:
         with self.connect() as conn:
@@ -493,6 +508,13 @@ class PostgresServer:
             os.kill(pid, signal.SIGKILL)
             self.log(f"pg_ctl stop failed; killed postmaster {pid}")
             time.sleep(0.5)
+
+    def postmaster_pid(self) -> int | None:
+        """The running server's postmaster pid (its first line of ``postmaster.pid``)."""
+        try:
+            return int((self.data_dir / "postmaster.pid").read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError, AssertionError):
+            return None
 
     def describe(self) -> dict[str, Any]:
         """What a benchmark's JSON should state about this server."""

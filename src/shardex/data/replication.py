@@ -42,6 +42,7 @@ from shardex.net import Connection, ConnectionPool
 log = logging.getLogger(__name__)
 
 ACK_STALE = "stale_source"  # the sender is not the partition's active in a newer topology
+INLINE_APPLY = 32  # changes a replica applies on its event loop rather than in the I/O pool
 
 
 class Replication:
@@ -204,7 +205,14 @@ class Replication:
             runs = [r for r in runs if not r.rebuild]
             for r in builds:
                 self.builds.start(msg.keyspace, r.partition, msg.source)
-        acks = await self._io.run(engine.replicas.apply_runs, msg.keyspace, runs, sync=msg.sync)
+        if not msg.sync and sum(len(r.changes) for r in runs) <= INLINE_APPLY:
+            # A small unsynced batch costs less than the hop to the I/O pool (the same
+            # judgement as point reads on the loop).
+            acks = engine.replicas.apply_runs(msg.keyspace, runs, sync=False)
+        else:
+            acks = await self._io.run(
+                engine.replicas.apply_runs, msg.keyspace, runs, sync=msg.sync
+            )
         acks += [ReplicaAck(r.partition, 0, 0, 0, replica.ACK_BUILDING) for r in builds]
         diverged = [a.partition for a in acks if a.state == replica.ACK_DIVERGED]
         if diverged:

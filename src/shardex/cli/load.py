@@ -47,7 +47,11 @@ def load(
         int, typer.Option("--batch", min=1, max=50_000, help="Docs per batch.")
     ] = 1000,
     durability: Annotated[
-        str, typer.Option(help="persist (fsync before ack) or memory (survives a crash only).")
+        str,
+        typer.Option(
+            help="none | persist_active (persist) | majority | majority_persist_active | "
+            "persist_majority (see docs/operations.md: Replicas and durable writes)."
+        ),
     ] = "persist",
     show_errors: Annotated[
         int, typer.Option("--show-errors", help="Bad lines to print (all go to --errors-file).")

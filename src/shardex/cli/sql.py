@@ -298,6 +298,14 @@ def sql(
         typer.Option("--param", "-p", help="A parameter: VALUE for $1, $2...; name=VALUE."),
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Query timeout, seconds.")] = 120.0,
+    durability: Annotated[
+        str,
+        typer.Option(
+            "--durability",
+            help="Of the documents a DML statement writes: none | persist_active | majority | "
+            "majority_persist_active | persist_majority.",
+        ),
+    ] = "persist",
 ) -> None:
     """Run SQL++ statements: one (``--json`` for machine-readable rows) or a shell."""
     try:
@@ -309,7 +317,9 @@ def sql(
             interactive(Shell(client, Console(), consistency=consistency, params=params))
             return
         try:
-            rows = client.query(statement, params, consistency, timeout=timeout)
+            rows = client.query(
+                statement, params, consistency, timeout=timeout, durability=durability
+            )
             values = list(rows)
         except ShardexError as e:
             err.print(Text(format_error(e, statement), style="red"))

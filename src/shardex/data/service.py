@@ -604,6 +604,7 @@ class DataService:
         async with self._placement_lock:
             await self.io.run(reconcile.reconcile, self.engine, self.name, state)
         await self.replication.refresh(state)
+        self.reconciled.set()  # whoever ran it (the loop, a test): the node knows its role
 
     async def _settle_failover(self, state: StateContext) -> None:
         """Serve nothing while the state says this node is failed over (remembered on disk);

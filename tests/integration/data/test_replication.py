@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+import shardex.data.replication as replication
 from shardex.api.data import Get, GetReply, MutateMany, MutateManyReply, MutationReply, OpItem
 from shardex.api.data import Upsert as UpsertMsg
 from shardex.api.records import STATE_ACTIVE, STATE_REPLICA
@@ -204,7 +205,11 @@ async def test_a_down_replica_makes_majority_writes_impossible_not_weaker(
     await cluster.upsert(d, {"v": 3}, "persist_active")  # a level that needs no replica
 
 
-async def test_a_timed_out_durable_write_is_ambiguous_and_reads_wait(cluster: Cluster) -> None:
+async def test_a_timed_out_durable_write_is_ambiguous_and_reads_wait(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every apply in the I/O pool, where the stall below blocks a thread, not the loop
+    monkeypatch.setattr(replication, "INLINE_APPLY", -1)
     d = docid_in(0)
     await cluster.upsert(d, {"v": 1}, "majority")
     n1, n2 = cluster.services["n1"], cluster.services["n2"]

@@ -24,7 +24,7 @@ A node without a group label counts as a group of its own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from shardex.core.topology import Topology, balanced_assignment
@@ -221,6 +221,61 @@ def restore_replicas(
     return Topology(
         seq_num=topology.seq_num + 1, assignment=dict(topology.assignment), replicas=replicas
     )
+
+
+def widen_chains(
+    topology: Topology,
+    remaining: Sequence[str],
+    num_replicas: int,
+    groups: Mapping[str, str],
+) -> Topology:
+    """The first topology of an eject: every chain gets, *appended*, the replicas it needs on
+    the ``remaining`` nodes (the serving data nodes minus the ejected ones) to have
+    ``num_replicas`` of them, placed by the rules of this module (``restore_replicas``), while
+    the replicas on ejected nodes stay in the chain until the new ones have caught up
+    (``without_nodes`` then removes them). So a chain may be longer than ``num_replicas``
+    for a while: a majority is still counted over the configured chain (1 + num_replicas),
+    so an extra replica only adds acknowledgements. ``topology`` itself when nothing is to
+    be added."""
+    target = restore_replicas(topology, remaining, num_replicas, groups)
+    if target is topology:
+        return topology
+    replicas: dict[int, list[str]] = {}
+    for p in sorted(topology.assignment):
+        chain = [topology.assignment[p], *topology.replicas.get(p, ())]
+        added = [n for n in target.replicas.get(p, ()) if n not in chain]
+        if chain[1:] or added:
+            replicas[p] = [*chain[1:], *added]
+    if replicas == {p: r for p, r in topology.replicas.items() if r}:
+        return topology
+    return Topology(
+        seq_num=topology.seq_num + 1, assignment=dict(topology.assignment), replicas=replicas
+    )
+
+
+def without_nodes(topology: Topology, nodes: Iterable[str]) -> Topology:
+    """The next topology with the replicas on ``nodes`` removed from every chain (actives
+    untouched); ``topology`` itself when no chain names them as replicas."""
+    gone = set(nodes)
+    if not any(gone.intersection(r) for r in topology.replicas.values()):
+        return topology
+    replicas = {p: [n for n in r if n not in gone] for p, r in topology.replicas.items()}
+    return Topology(
+        seq_num=topology.seq_num + 1,
+        assignment=dict(topology.assignment),
+        replicas={p: r for p, r in replicas.items() if r},
+    )
+
+
+def added_replicas(before: Topology, after: Topology) -> dict[int, list[str]]:
+    """partition -> the replica nodes ``after`` names that ``before`` did not (the copies a
+    widened chain is waiting for)."""
+    out: dict[int, list[str]] = {}
+    for p, nodes in sorted(after.replicas.items()):
+        new = [n for n in nodes if n not in before.replicas.get(p, ())]
+        if new:
+            out[p] = new
+    return out
 
 
 def _shortfall_warnings(placer: _Placer, num_replicas: int) -> list[str]:

@@ -241,9 +241,10 @@ async def _copies(coordinator: Any, node: str, keyspace: str, parts: list[int]) 
     return list(reply.copies)
 
 
-async def await_replicas(coordinator: Any, waits: Waits, timeout: float = CATCH_UP_TIMEOUT) -> None:
+async def await_replicas(coordinator: Any, waits: Waits, timeout: float | None = None) -> None:
     """Step 2: until every new replica copy holds what its active held when the wait began.
-    Raises TIMEOUT naming the copies still behind after ``timeout``."""
+    Raises TIMEOUT naming the copies still behind after ``timeout`` (``CATCH_UP_TIMEOUT``)."""
+    timeout = CATCH_UP_TIMEOUT if timeout is None else timeout
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     # (keyspace, replica node) -> partition -> (active's high seqno, uuid)

@@ -3,16 +3,18 @@
 Why this order: ``docs/decisions/0084-graceful-eject.md``. A rebalance with ``eject`` set
 (``RebalanceRecord.eject``), in the background on the master:
 
-1. **widen** (``widen_chains``): every chain with a replica on an ejected node gets its
-   replacement replica on a remaining node *appended*, the ejected replica staying; one new
+1. **widen** (``widen_chains``): every chain gets *appended* the replicas it will need
+   after the eject on the remaining nodes: replacements of its replicas on ejected nodes,
+   and, for an active about to move onto one of its replicas' nodes, a replacement of that
+   replica (the migration drops it when it starts). Nothing leaves a chain; one new
    topology per keyspace. The data nodes build the new copies by themselves;
 2. **wait** until each new replica has caught up: its high seqno (``CopySeqnos`` at the
    replica node) reaches the active's high seqno read at the start of the wait, on the
    active's branch; bounded (``CATCH_UP_TIMEOUT``: the eject then fails, nothing removed);
 3. **narrow** (``without_nodes``): the ejected replicas leave their chains;
-4. the planned migrations move every active copy off the ejected nodes, each to a remaining
-   node outside its chain where there is one (``plan_eject_moves``), with the ordinary
-   online migration (``migration_driver.py``);
+4. the planned migrations move every active copy off the ejected nodes, each to the least
+   loaded remaining node (``plan_eject_moves``, planned at the start: step 1 needs the
+   targets), with the ordinary online migration (``migration_driver.py``);
 5. chains restored over the remaining nodes (``restore_chains`` with the ejected excluded);
 6. when every move is done and no committed topology names an ejected node, the node is
    removed from the member list (``Membership.remove``: a gossiped tombstone).
@@ -151,25 +153,10 @@ def check_eject(ctx: Any, names: Iterable[str]) -> list[str]:
     return eject
 
 
-def eject_plan_topologies(ctx: Any, eject: list[str]) -> dict[str, tuple[str, Any]]:
-    """keyspace -> (uuid, the topology the active moves will start from): the latest with its
-    chains widened then narrowed, as steps 1-3 will commit them (``plan_eject_moves``)."""
-    state = ctx.state
-    _nodes, serving, groups = serving_data_nodes(ctx)
-    remaining = [n for n in serving if n not in eject]
-    out: dict[str, tuple[str, Any]] = {}
-    for name, meta in state.keyspaces.items():
-        history = state.data_topologies.get(name)
-        if not history:
-            continue
-        wide = widen_chains(history[-1], remaining, meta.num_replicas, groups)
-        out[name] = (meta.uuid, without_nodes(wide, eject))
-    return out
-
-
-async def widen(ctx: Any, eject: list[str]) -> Waits:
-    """Step 1: one commit per keyspace whose chains get replacement replicas. Returns the
-    replicas to wait for."""
+async def widen(ctx: Any, eject: list[str], targets: Mapping[str, Mapping[int, str]]) -> Waits:
+    """Step 1: one commit per keyspace whose chains get replacement replicas (``targets``:
+    keyspace -> partition -> the planned target of its active). Returns the replicas to
+    wait for."""
     _nodes, serving, groups = serving_data_nodes(ctx)
     remaining = [n for n in serving if n not in eject]
     waits: Waits = {}
@@ -180,9 +167,10 @@ async def widen(ctx: Any, eject: list[str]) -> Waits:
         if not history:
             continue
         latest = history[-1]
-        if not any(set(eject).intersection(r) for r in latest.replicas.values()):
+        moved = targets.get(name, {})
+        if not moved and not any(set(eject).intersection(r) for r in latest.replicas.values()):
             continue  # nothing to replace (shortfalls elsewhere: the final restore)
-        wide = widen_chains(latest, remaining, meta.num_replicas, groups)
+        wide = widen_chains(latest, remaining, meta.num_replicas, groups, moved)
         if wide is latest:
             continue
         topologies = {**state.data_topologies, name: [*history, wide]}

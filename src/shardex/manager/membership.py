@@ -315,7 +315,7 @@ class Membership:
             "member list changed (from %s): version %d, %d members: %s",
             source,
             self.version,
-            len(merged),
+            len(self.members),
             ", ".join(f"{m.name}@{m.address}" for m in self.members),
         )
         self._persist()

@@ -185,10 +185,14 @@ class Rebalancer:
         moves off the ejected nodes, planned on the chains as steps 1-3 will leave them;
         no index moves (a node holding slices is refused)."""
         eject = eject_mod.check_eject(ctx, msg.eject)
+        state = ctx.state
         _nodes, serving, _groups = _serving_data_nodes(ctx)
-        remaining = [n for n in serving if n not in eject]
-        topologies = eject_mod.eject_plan_topologies(ctx, eject)
-        planned = plan_eject_moves(topologies, eject, remaining)
+        keyspaces = {
+            name: (meta.uuid, state.data_topologies[name][-1])
+            for name, meta in state.keyspaces.items()
+            if state.data_topologies.get(name)
+        }
+        planned = plan_eject_moves(keyspaces, eject, [n for n in serving if n not in eject])
         record = new_record(
             ctx.new_id(),
             "eject",
@@ -329,7 +333,7 @@ class Rebalancer:
         limit = asyncio.Semaphore(record.max_parallel)
         if record.eject:
             try:
-                await self._replace_replicas(record.eject, epoch)
+                await self._replace_replicas(record, epoch)
             except ShardexError as exc:
                 if deposed(exc):
                     log.warning("eject %s: no longer master; run it again", rebalance_id)
@@ -398,9 +402,13 @@ class Rebalancer:
 
     # --- eject (``eject.py``) -----------------------------------------------------------------
 
-    async def _replace_replicas(self, eject: list[str], epoch: int) -> None:
+    async def _replace_replicas(self, record: RebalanceRecord, epoch: int) -> None:
         """Steps 1-3 of an eject: widen the chains, wait for the new replicas, narrow."""
-        waits = await self._c.exclusive(epoch, lambda ctx: eject_mod.widen(ctx, eject))
+        eject = record.eject
+        targets: dict[str, dict[int, str]] = {}
+        for m in record.moves:
+            targets.setdefault(m.keyspace, {})[m.partition] = m.target
+        waits = await self._c.exclusive(epoch, lambda ctx: eject_mod.widen(ctx, eject, targets))
         if waits:
             await eject_mod.await_replicas(self._c, waits)
         await self._c.exclusive(epoch, lambda ctx: eject_mod.narrow(ctx, eject))

@@ -125,13 +125,11 @@ def plan_eject_moves(
     """The moves (as ``plan_moves``) that take every active copy off the ``eject`` nodes onto
     the ``remaining`` data nodes, one migration per partition, nothing else moved.
 
-    ``keyspaces`` maps name -> (uuid, topology the moves start from: the chains already
-    without the ejected replicas). A target is a remaining node *not in the partition's
-    chain* when there is one: the migration builds its full copy before the hand-over and the
-    replicas keep theirs, so the chain never gets shorter (moving onto a replica's node
-    would turn that replica into the active and leave the chain one copy short until a new
-    replica is built). Among those, the node with the fewest actives of the keyspace, then
-    name order, so that the moved partitions spread evenly."""
+    ``keyspaces`` maps name -> (uuid, latest topology). Each target is the remaining node
+    with the fewest actives of the keyspace so far (so the moved partitions spread and the
+    keyspace stays balanced), preferring, among equally loaded ones, a node outside the
+    partition's chain (a replica's node must rebuild its copy as the active: the chain is
+    widened with a replacement first, ``widen_chains``), then name order."""
     gone = set(eject)
     targets = sorted(set(remaining) - gone)
     if not targets:
@@ -152,8 +150,7 @@ def plan_eject_moves(
             if source not in gone:
                 continue
             chain = set(topo.chain(p))
-            outside = [n for n in targets if n not in chain]
-            target = min(outside or targets, key=lambda n: (load[n], n))
+            target = min(targets, key=lambda n: (load[n], n in chain, n))
             load[target] += 1
             out.append((name, uuid, p, source, target, topo.seq_num))
     return out

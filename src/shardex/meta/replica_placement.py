@@ -228,22 +228,37 @@ def widen_chains(
     remaining: Sequence[str],
     num_replicas: int,
     groups: Mapping[str, str],
+    targets: Mapping[int, str] | None = None,
 ) -> Topology:
-    """The first topology of an eject: every chain gets, *appended*, the replicas it needs on
-    the ``remaining`` nodes (the serving data nodes minus the ejected ones) to have
-    ``num_replicas`` of them, placed by the rules of this module (``restore_replicas``), while
-    the replicas on ejected nodes stay in the chain until the new ones have caught up
-    (``without_nodes`` then removes them). So a chain may be longer than ``num_replicas``
-    for a while: a majority is still counted over the configured chain (1 + num_replicas),
-    so an extra replica only adds acknowledgements. ``topology`` itself when nothing is to
-    be added."""
-    target = restore_replicas(topology, remaining, num_replicas, groups)
-    if target is topology:
-        return topology
+    """The first topology of an eject: every chain gets *appended* the replicas it will need
+    once the eject is over, on the ``remaining`` nodes (the serving data nodes minus the
+    ejected ones), placed by the rules of this module (``restore_replicas``), while every
+    copy it has stays in it until the new ones have caught up (``without_nodes`` then
+    removes the ejected replicas).
+
+    ``targets`` (partition -> node) are the planned moves of the actives off ejected nodes:
+    the chain that matters is the one after the move, where a target that held a replica is
+    the active and so no longer a replica (and the migration drops that replica copy when it
+    starts): its replacement is added here too, so that during the copy and after it the
+    partition keeps ``num_replicas`` caught-up replicas.
+
+    A chain may be longer than ``num_replicas`` for a while: a majority is still counted over
+    the configured chain (1 + num_replicas), so an extra replica only adds
+    acknowledgements. ``topology`` itself when nothing is to be added."""
+    moved = dict(targets or {})
+    after = Topology(
+        seq_num=topology.seq_num,
+        assignment={**topology.assignment, **moved},
+        replicas={
+            p: [n for n in r if n != moved.get(p, topology.assignment[p])]
+            for p, r in topology.replicas.items()
+        },
+    )
+    wanted = restore_replicas(after, remaining, num_replicas, groups)
     replicas: dict[int, list[str]] = {}
     for p in sorted(topology.assignment):
-        chain = [topology.assignment[p], *topology.replicas.get(p, ())]
-        added = [n for n in target.replicas.get(p, ()) if n not in chain]
+        chain = topology.chain(p)
+        added = [n for n in wanted.replicas.get(p, ()) if n not in chain]
         if chain[1:] or added:
             replicas[p] = [*chain[1:], *added]
     if replicas == {p: r for p, r in topology.replicas.items() if r}:

@@ -259,3 +259,19 @@ async def test_an_eject_with_a_failed_move_keeps_the_member() -> None:
     record = ctx.state.rebalance
     assert record.state == "failed" and "n3 not removed" in record.message
     assert "n3" in [m.name for m in ctx.membership.members]
+
+
+async def test_an_eject_balances_and_waits_for_the_replica_a_move_will_drop() -> None:
+    t = msgspec.structs.replace(THREE, replicas={**THREE.replicas, 5: ["n1"], 3: ["n2"]})
+    ctx = make_ctx(t)
+    c, _reply = await run_eject(ctx, ["n3"])
+    record = ctx.state.rebalance
+    assert record.state == DONE
+    assert {(m.partition, m.target) for m in record.moves} == {(2, "n2"), (5, "n1")}
+    history = ctx.state.data_topologies["ks"]
+    assert history[1].replicas[5] == ["n1", "n2"]  # n2 built before n1 turns active
+    assert ("n2", 5) in c.pool.polls and c.pool.polls[("n2", 5)] > c.pool.lag
+    latest = history[-1]
+    assert sorted(len(latest.partitions_of(n)) for n in ("n1", "n2")) == [3, 3]
+    for p in range(6):
+        assert sorted(latest.chain(p)) == ["n1", "n2"]

@@ -124,3 +124,31 @@ def test_a_removed_node_restarting_keeps_its_tombstone() -> None:
     # an entry persisted before tombstones existed decodes as a live member
     old = msgspec.msgpack.encode({"member_id": "x", "name": "x", "address": "a", "services": []})
     assert msgspec.msgpack.decode(old, type=MemberInfo).removed is False
+
+
+def test_an_active_moving_onto_its_replicas_node_gets_that_replica_replaced_first() -> None:
+    # both partitions of n3 have their replica on n1: balance sends one of them there
+    t = topo(
+        {0: "n1", 1: "n2", 2: "n3", 3: "n1", 4: "n2", 5: "n3"},
+        {0: ["n2"], 1: ["n3"], 2: ["n1"], 3: ["n2"], 4: ["n3"], 5: ["n1"]},
+    )
+    moves = plan_eject_moves({"ks": ("u", t)}, ["n3"], ["n1", "n2"])
+    targets = {p: target for _k, _u, p, _s, target, _q in moves}
+    assert targets == {2: "n2", 5: "n1"}  # 3 actives each: balanced, not all on n2
+    wide = widen_chains(t, ["n1", "n2"], 1, {}, targets)
+    # p5: n1 becomes its active (its replica copy is dropped when the copy starts): n2 is
+    # added as the replica it will have; p1, p4: n3's replicas replaced by n1
+    assert wide.replicas == {
+        0: ["n2"],
+        1: ["n3", "n1"],
+        2: ["n1"],
+        3: ["n2"],
+        4: ["n3", "n1"],
+        5: ["n1", "n2"],
+    }
+    narrowed = without_nodes(wide, ["n3"])
+    after = narrowed.with_moves(targets)
+    for p in range(6):
+        assert sorted(after.chain(p)) == ["n1", "n2"]
+    # during p5's copy (n1's replica copy dropped), n2 holds a caught-up replica
+    assert "n2" in narrowed.replicas[5]

@@ -10,6 +10,7 @@ import pytest
 from manager_cluster import FT, HB, HOSTS, SECRET, sim_node, wait_until
 
 from shardex.api.membership import MembersReply, MembersRequest
+from shardex.errors import ShardexError
 from shardex.manager.membership import Membership, list_digest, merge_members
 from shardex.meta.member_list import MemberInfo
 from shardex.net import connect
@@ -252,3 +253,44 @@ def test_merge_is_order_independent() -> None:
         results.add(list_digest(merged.values()))
         assert merged["a"] == a2  # the higher incarnation wins
     assert len(results) == 1
+
+
+@pytest.mark.parametrize("seed", sim_seeds(3))
+def test_a_removed_member_stays_removed_across_gossip_and_its_restart(seed: int) -> None:
+    """``Membership.remove`` (the end of an eject): the tombstone reaches every member and the
+    removed node itself, and neither gossip nor the removed node restarting (its persisted
+    list, its old entry) brings it back."""
+
+    async def main(sim: Simulation) -> None:
+        nodes = SimNodes(sim)
+        nodes.add("n1")
+        nodes.add("n2", seeds=["n1:7000"])
+        nodes.add("n3", seeds=["n1:7000"])
+        nodes.add("n4", seeds=["n1:7000"], services=["data"])
+        await sim.cluster.start()
+        managers = ["n1", "n2", "n3"]
+        await wait_until(lambda: len(nodes.live) == 4 and nodes.all_see(managers, "n4", "up"), 10)
+        tomb = nodes.m(sim.rng.choice(managers)).remove("n4")
+        assert tomb.removed
+
+        def settled() -> bool:
+            lists = {h: [m.name for m in nodes.m(h).members] for h in managers}
+            digests = {nodes.m(h).digest for h in [*managers, "n4"]}
+            return (
+                all(v == managers for v in lists.values())
+                and nodes.m("n4").removed
+                and len(digests) == 1
+            )
+
+        await wait_until(settled, 3 * HB + 1)
+        assert all(nodes.state(h, "n4") is None for h in managers)  # not in any view
+        await nodes.restart("n4")  # its disk keeps the tombstone: it does not come back
+        assert nodes.m("n4").removed
+        await asyncio.sleep(3 * HB)
+        assert settled() and all(nodes.state(h, "n4") is None for h in managers)
+        with pytest.raises(ShardexError) as e:
+            nodes.m("n1").remove("n4")  # not a member any more
+        assert e.value.details["node"] == "n4"
+        sim.cluster.check()
+
+    run_simulation(main, seed)

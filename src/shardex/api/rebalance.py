@@ -12,6 +12,9 @@ class StartRebalance(Message, tag="manager.StartRebalance"):
     request_id: str = ""
     max_parallel: int = 2
     rate_limit: int = 0  # bytes/s per copy, 0 = unlimited
+    # nodes to remove from the cluster: every copy they hold moves to the other data nodes
+    # first (``manager/eject.py``); empty: an ordinary rebalance
+    eject: list[str] = msgspec.field(default_factory=list)
 
 
 class MovePartition(Message, tag="manager.MovePartition"):

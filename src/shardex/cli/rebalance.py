@@ -43,8 +43,17 @@ def rebalance(
         float, typer.Option("--rate-limit", min=0, help="MB/s per copy (0: unlimited).")
     ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="The result as one JSON object.")] = False,
+    eject: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--eject",
+            help="Remove this node from the cluster (repeatable): its copies move to the "
+            "other data nodes first, then it leaves the member list; stop it afterwards.",
+        ),
+    ] = None,
 ) -> None:
-    """Balance every keyspace's partitions over the up data nodes (after add-node)."""
+    """Balance every keyspace's partitions over the up data nodes (after add-node), or
+    with --eject move everything off some nodes and remove them from the cluster."""
     failed = False
     with local_client(cluster_dir, timeout=30.0) as client:
         progress = Progress(
@@ -76,6 +85,7 @@ def rebalance(
                 result = client.rebalance(
                     max_parallel=max_parallel,
                     rate_limit=int(rate_limit * 1e6),
+                    eject=eject or [],
                     on_progress=on_progress,
                 )
             except RebalanceError as e:
@@ -95,7 +105,10 @@ def _what(m: MoveResult) -> str:
 
 def _summary(r: RebalanceResult) -> None:
     if not r.moves:
-        out.print("[green]already balanced:[/] nothing to move")
+        if r.kind == "eject":
+            out.print(f"[green]{r.message or 'ejected'}[/] (no active copy had to move)")
+        else:
+            out.print("[green]already balanced:[/] nothing to move")
         return
     table = Table(title=f"rebalance {r.id[:8]}: {r.state}")
     for col in ("partition", "from", "to", "status", "docs", "MB", "copy s", "pause ms"):
@@ -129,5 +142,7 @@ def _summary(r: RebalanceResult) -> None:
             f"median {statistics.median(pauses):.0f} ms, max {max(pauses):.0f} ms",
         )
     out.print(total)
+    if r.kind == "eject" and r.state == "done":
+        out.print(f"[green]{r.message}[/]: the ejected nodes hold nothing: stop their processes")
     if r.failed:
         err.print(f"[bold red]{len(r.failed)} move(s) did not complete[/]: {r.message}")

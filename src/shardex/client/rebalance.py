@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from shardex.api.rebalance import GetRebalance, MovePartition, RebalanceReply, StartRebalance
@@ -55,6 +55,7 @@ class RebalanceOps:
         *,
         max_parallel: int = 2,
         rate_limit: int = 0,
+        eject: Sequence[str] = (),
         on_progress: Callable[[RebalanceResult], None] | None = None,
         poll_interval: float = 0.2,
     ) -> RebalanceResult:
@@ -64,17 +65,37 @@ class RebalanceOps:
         most ``rate_limit`` bytes/s (0: unlimited). If a rebalance is already running this
         waits for it and then balances whatever it left. Raises ``RebalanceError`` (with
         ``.result``) if some move did not complete; a failed move leaves its partition
-        where it was, serving."""
-        msg = StartRebalance(
-            request_id=_request_id(), max_parallel=max_parallel, rate_limit=rate_limit
-        )
-        reply = self.rpc.call(msg, RebalanceReply)
+        where it was, serving.
+
+        ``eject`` (node names): remove those nodes from the cluster instead. Every copy
+        they hold (active or replica) moves to the other data nodes first, writes going on,
+        then they leave the member list (they may keep running, holding nothing: stop
+        them). A manager node, a node holding index slices, an unknown name or a down node
+        with active copies is refused (BAD_REQUEST / NODE_UNAVAILABLE naming it); if the
+        eject does not complete (``RebalanceError``) the nodes stay members, and running it
+        again finishes it."""
+        names = [eject] if isinstance(eject, str) else list(eject)
+        for name in names:
+            if not isinstance(name, str) or not name.strip():
+                raise ShardexError(
+                    f"eject takes node names, got {name!r}",
+                    code=ErrorCode.BAD_REQUEST,
+                    details={"eject": repr(eject), "hint": 'e.g. eject=["node3"]'},
+                )
+
+        def start() -> RebalanceReply:
+            msg = StartRebalance(
+                request_id=_request_id(),
+                max_parallel=max_parallel,
+                rate_limit=rate_limit,
+                eject=names,
+            )
+            return self.rpc.call(msg, RebalanceReply)
+
+        reply = start()
         if reply.attached:
             self._wait_rebalance(reply, on_progress, poll_interval)
-            msg = StartRebalance(
-                request_id=_request_id(), max_parallel=max_parallel, rate_limit=rate_limit
-            )
-            reply = self.rpc.call(msg, RebalanceReply)
+            reply = start()
         return self._wait_rebalance(reply, on_progress, poll_interval)
 
     def move_partition(

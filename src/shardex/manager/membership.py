@@ -8,8 +8,14 @@ Two separate things, deliberately:
   associative and idempotent: any order of joins, pushes and heartbeat exchanges converges.
   The membership ``version`` is the sum of incarnations, which every change increases and
   which is equal on nodes holding equal lists; a ``digest`` of the content detects lists that
-  differ with equal versions (two joins through two seeds at once). Nothing is ever removed
-  yet (no leave / eject: later work).
+  differ with equal versions (two joins through two seeds at once). A member is removed
+  (``remove``, by the coordinator master at the end of ``shardex rebalance --eject``) by a
+  tombstone: its entry with ``removed`` set, which outranks every other entry of that member,
+  so gossip, a stale persisted list or the member itself restarting never bring it back. The
+  tombstone stays in the gossiped list; ``members`` (what everything else reads) leaves it
+  out. A removed node accepts its tombstone and stops joining; it may run on, holding
+  nothing, until the operator stops it. A node that should come back joins anew, under a
+  new member id (a wiped data dir), and may reuse the name.
 * Liveness (up / down) is local observation, not replicated: every node heartbeats every
   member running the manager service; a manager-service node marks a member down when it has
   not heard from it for ``failure_timeout`` and up at the next heartbeat. Until the
@@ -147,7 +153,44 @@ class Membership:
 
     @property
     def members(self) -> list[MemberInfo]:
+        """The members of the cluster (tombstones left out), in name order."""
+        return [m for m in self._entries() if not m.removed]
+
+    def _entries(self) -> list[MemberInfo]:
+        """Every entry, tombstones included: what is gossiped and persisted."""
         return sorted(self._members.values(), key=lambda m: (m.name, m.member_id))
+
+    @property
+    def removed(self) -> bool:
+        """This node was removed from the cluster (it holds nothing and serves nothing)."""
+        return self.me.removed
+
+    def remove(self, name: str) -> MemberInfo:
+        """Remove member ``name`` from the cluster: its tombstone, pushed to every member and
+        to the removed one (so that it learns it). The caller (the coordinator master) has
+        made sure the member holds nothing. Returns the tombstone; BAD_REQUEST for this node
+        itself or a name that is not a member."""
+        if name == self.me.name:
+            raise ShardexError(
+                f"{name} cannot remove itself from the cluster",
+                code=ErrorCode.BAD_REQUEST,
+                details={"node": name, "hint": "remove it through another manager"},
+            )
+        entry = next((m for m in self.members if m.name == name), None)
+        if entry is None:
+            raise ShardexError(
+                f"{name!r} is not a cluster member",
+                code=ErrorCode.BAD_REQUEST,
+                details={"node": name, "members": [m.name for m in self.members]},
+            )
+        tombstone = msgspec.structs.replace(entry, removed=True, incarnation=entry.incarnation + 1)
+        self._members[entry.member_id] = tombstone
+        self._digest = None
+        self._last_heard.pop(entry.member_id, None)
+        log.warning("removed %s (%s) from the cluster", name, entry.member_id)
+        self._persist()
+        self._push_to_all(exclude=set(), also=[tombstone])
+        return tombstone
 
     @property
     def version(self) -> int:
@@ -173,7 +216,14 @@ class Membership:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._started_at = loop.time()
-        if self.seeds:
+        if self.me.removed:
+            log.error(
+                "%s was removed from the cluster (ejected): it holds nothing and serves "
+                "nothing; stop it, or wipe its data dir to join as a new node",
+                self.me.name,
+            )
+            self._joined.set()
+        elif self.seeds:
             self._tasks.append(loop.create_task(self._join_loop(), name="membership-join"))
         else:
             # Founding (or restarting without a seed): the persisted list is our cluster;
@@ -242,7 +292,15 @@ class Membership:
         before = self.digest
         merged = merge_members(self._members, incoming)
         mine = merged.get(self.me.member_id)
-        if mine != self.me:
+        if mine is not None and mine.removed and not self.me.removed:
+            # Removed by the master (ejected): accept it, never out-rank a tombstone.
+            log.error(
+                "%s was removed from the cluster (ejected): it holds nothing and serves "
+                "nothing; stop it",
+                self.me.name,
+            )
+            self.me = mine
+        elif mine != self.me:
             # Someone holds a stale or foreign entry for us: ours is authoritative, and it
             # must out-rank theirs so the correction spreads.
             assert mine is not None
@@ -257,7 +315,7 @@ class Membership:
             "member list changed (from %s): version %d, %d members: %s",
             source,
             self.version,
-            len(merged),
+            len(self.members),
             ", ".join(f"{m.name}@{m.address}" for m in self.members),
         )
         self._persist()
@@ -265,7 +323,7 @@ class Membership:
 
     def _persist(self) -> None:
         try:
-            self._store.save(self.members)
+            self._store.save(self._entries())
         except Exception:
             # A full disk must not stop failure detection; the list is re-learnt at rejoin.
             log.exception("could not persist the member list")
@@ -297,6 +355,17 @@ class Membership:
 
     async def _on_join(self, msg: JoinRequest, conn: Connection) -> JoinReply:
         joiner = msg.member
+        known = self._members.get(joiner.member_id)
+        if joiner.removed or (known is not None and known.removed):
+            raise ShardexError(
+                f"{joiner.name} ({joiner.member_id}) was removed from the cluster",
+                code=ErrorCode.BAD_REQUEST,
+                details={
+                    "name": joiner.name,
+                    "member_id": joiner.member_id,
+                    "hint": "wipe that node's data dir to join it again as a new node",
+                },
+            )
         if not self.is_manager:
             managers = [m.address for m in self.members if "manager" in m.services]
             raise ShardexError(
@@ -304,7 +373,7 @@ class Membership:
                 code=ErrorCode.BAD_REQUEST,
                 details={"managers": managers},
             )
-        for m in self._members.values():
+        for m in self.members:
             if m.name == joiner.name and m.member_id != joiner.member_id:
                 # A second identity under a known name is almost always a wiped data dir;
                 # two entries would leave a ghost "down" member forever, so refuse loudly.
@@ -328,7 +397,7 @@ class Membership:
         )
         if changed:
             self._push_to_all(exclude={joiner.member_id})
-        return JoinReply(version=self.version, digest=self.digest, members=self.members)
+        return JoinReply(version=self.version, digest=self.digest, members=self._entries())
 
     async def _on_push(self, msg: MemberListPush, conn: Connection) -> None:
         self._merge(msg.members, "push")
@@ -343,7 +412,7 @@ class Membership:
             name=self.me.name,
             version=self.version,
             digest=digest,
-            members=self.members if digest != msg.digest else None,
+            members=self._entries() if digest != msg.digest else None,
         )
 
     async def _on_members(self, msg: MembersRequest, conn: Connection) -> MembersReply:
@@ -351,10 +420,11 @@ class Membership:
 
     # -- background loops --
 
-    def _push_to_all(self, exclude: set[str]) -> None:
-        msg = MemberListPush(version=self.version, digest=self.digest, members=self.members)
+    def _push_to_all(self, exclude: set[str], also: Iterable[MemberInfo] = ()) -> None:
+        """Push the list to every member (and to ``also``: a member just removed)."""
+        msg = MemberListPush(version=self.version, digest=self.digest, members=self._entries())
         loop = asyncio.get_running_loop()
-        for m in self.members:
+        for m in [*self.members, *also]:
             if m.member_id == self.me.member_id or m.member_id in exclude:
                 continue
             task = loop.create_task(self._push_one(m, msg))
@@ -448,7 +518,7 @@ class Membership:
             name=self.me.name,
             version=self.version,
             digest=digest,
-            members=self.members if include else None,
+            members=self._entries() if include else None,
         )
         try:
             ack = await self._pool.request(target.address, msg, timeout=2 * self.heartbeat_interval)

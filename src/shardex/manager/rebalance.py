@@ -31,6 +31,11 @@ topology per keyspace that changes, appended to its history. It runs after the a
 (their publication may shorten chains), or at once when there are none to make. The data
 nodes build the new replica copies by themselves from the topology.
 
+Eject (``StartRebalance.eject``, ``shardex rebalance --eject NODE``): the moves are only
+those off the ejected nodes, and before them the chains get their replacement replicas
+(widened, caught up, then narrowed); at the end the ejected nodes leave the member list.
+Steps and refusals: ``eject.py``.
+
 Master failover: the new master's recovery hook marks the interrupted rebalance over (moves
 not started: ``cancelled``; moves in flight: ``unresolved``) and resolves every in-flight move
 as above: finished if its source had released the partition, aborted otherwise. Run
@@ -42,15 +47,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
+import shardex.manager.eject as eject_mod
 from shardex.api.errors import BadRequest, KeyspaceNotFound
 from shardex.api.rebalance import GetRebalance, MovePartition, RebalanceReply, StartRebalance
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_rebalance import IndexMoveDriver, plan_into, settle_index_moves
-from shardex.manager.keyspaces import data_members
 from shardex.manager.migration_driver import MigrationDriver, deposed
 from shardex.meta.index_rebalance_state import interrupt_index_moves
 from shardex.meta.rebalance_state import (
@@ -66,6 +72,7 @@ from shardex.meta.rebalance_state import (
     RebalanceRecord,
     finish,
     new_record,
+    plan_eject_moves,
     plan_moves,
     with_move,
 )
@@ -77,20 +84,15 @@ RESOLVE_INTERVAL = 2.0  # retrying unresolved moves
 MAX_PARALLEL = 8
 
 
-def _serving_data_nodes(ctx: Any) -> tuple[list[str], list[str], dict[str, str]]:
-    """(data nodes, those up and not failed over, node -> server group) as the master sees
-    them. A failed-over node serves nothing until it is recovered: it gets no copies."""
-    members, up = data_members(ctx)
-    failed = ctx.state.failed_over
-    serving = [m.name for m in up if m.name not in failed]
-    return [m.name for m in members], serving, {m.name: m.group for m in members}
+_serving_data_nodes = eject_mod.serving_data_nodes
 
 
-async def restore_chains(ctx: Any) -> list[str]:
+async def restore_chains(ctx: Any, exclude: Sequence[str] = ()) -> list[str]:
     """Bring every keyspace's chains back to its ``num_replicas`` on the serving data nodes
-    (``restore_replicas``): one commit per keyspace whose topology changes. Returns the
-    keyspaces that got a new topology."""
+    (``restore_replicas``), ``exclude`` (nodes being ejected) left out: one commit per
+    keyspace whose topology changes. Returns the keyspaces that got a new topology."""
     _nodes, serving, groups = _serving_data_nodes(ctx)
+    serving = [n for n in serving if n not in exclude]
     if not serving:
         return []
     restored: list[str] = []
@@ -153,6 +155,8 @@ class Rebalancer:
         if running is not None and running.state == RUNNING:
             return RebalanceReply(record=running, phases=dict(self.phases), attached=True)
         _busy(running)
+        if msg.eject:
+            return await self._start_eject(msg, ctx)
         nodes, serving, _groups = _serving_data_nodes(ctx)
         keyspaces = {
             name: (meta.uuid, state.data_topologies[name][-1])
@@ -174,6 +178,34 @@ class Rebalancer:
             rate_limit=max(0, msg.rate_limit),
         )
         record = plan_into(ctx, record)  # index partitions over the up indexers too
+        return await self._begin(ctx, record)
+
+    async def _start_eject(self, msg: StartRebalance, ctx: Any) -> RebalanceReply:
+        """A rebalance that removes ``msg.eject`` from the cluster (``eject.py``): only the
+        moves off the ejected nodes, planned on the chains as steps 1-3 will leave them;
+        no index moves (a node holding slices is refused)."""
+        eject = eject_mod.check_eject(ctx, msg.eject)
+        state = ctx.state
+        _nodes, serving, _groups = _serving_data_nodes(ctx)
+        keyspaces = {
+            name: (meta.uuid, state.data_topologies[name][-1])
+            for name, meta in state.keyspaces.items()
+            if state.data_topologies.get(name)
+        }
+        planned = plan_eject_moves(keyspaces, eject, [n for n in serving if n not in eject])
+        record = new_record(
+            ctx.new_id(),
+            "eject",
+            planned,
+            [ctx.new_id() for _ in planned],
+            time.time(),
+            max_parallel=max(1, min(msg.max_parallel, MAX_PARALLEL)),
+            rate_limit=max(0, msg.rate_limit),
+        )
+        # Always run: chains to widen and the member removal come after the (maybe no) moves.
+        record = msgspec.structs.replace(
+            record, eject=eject, state=RUNNING, finished_at=0.0, message=""
+        )
         return await self._begin(ctx, record)
 
     async def move(self, msg: MovePartition, ctx: Any) -> RebalanceReply:
@@ -299,6 +331,17 @@ class Rebalancer:
         if record is None or record.id != rebalance_id:
             return
         limit = asyncio.Semaphore(record.max_parallel)
+        if record.eject:
+            try:
+                await self._replace_replicas(record, epoch)
+            except ShardexError as exc:
+                if deposed(exc):
+                    log.warning("eject %s: no longer master; run it again", rebalance_id)
+                    return
+                log.error("eject %s: replacing replicas failed: %s", rebalance_id, exc)
+                why = f"eject stopped: {exc}"
+                await self._c.exclusive(epoch, lambda ctx: self._give_up(ctx, rebalance_id, why))
+                return
 
         async def one(move: MoveRecord) -> None:
             async with limit:
@@ -312,9 +355,11 @@ class Rebalancer:
                 return
             if isinstance(r, BaseException):
                 log.error("rebalance %s: a migration crashed", rebalance_id, exc_info=r)
-        if todo:
+        if todo or record.eject:
             try:  # the moves' publications may have cut chains short: restore them
-                await self._c.exclusive(epoch, restore_chains)
+                await self._c.exclusive(
+                    epoch, lambda ctx: restore_chains(ctx, exclude=record.eject)
+                )
             except ShardexError as exc:
                 if deposed(exc):
                     log.warning("rebalance %s: no longer master; the next one resolves it", epoch)
@@ -339,6 +384,8 @@ class Rebalancer:
                     rec = with_move(rec, m.migration_id, status=CANCELLED)
             rec = settle_index_moves(rec, "crashed")
             rec = finish(rec, time.time())
+            if rec.eject:
+                rec = self._remove_ejected(ctx, rec)
             await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
             log.info(
                 "rebalance %s %s: %d moved, %d failed, %d unresolved",
@@ -352,3 +399,44 @@ class Rebalancer:
                 self._ensure_resolver(epoch)
 
         await self._c.exclusive(epoch, done)
+
+    # --- eject (``eject.py``) -----------------------------------------------------------------
+
+    async def _replace_replicas(self, record: RebalanceRecord, epoch: int) -> None:
+        """Steps 1-3 of an eject: widen the chains, wait for the new replicas, narrow."""
+        eject = record.eject
+        targets: dict[str, dict[int, str]] = {}
+        for m in record.moves:
+            targets.setdefault(m.keyspace, {})[m.partition] = m.target
+        waits = await self._c.exclusive(epoch, lambda ctx: eject_mod.widen(ctx, eject, targets))
+        if waits:
+            await eject_mod.await_replicas(self._c, waits)
+        await self._c.exclusive(epoch, lambda ctx: eject_mod.narrow(ctx, eject))
+
+    @staticmethod
+    async def _give_up(ctx: Any, rebalance_id: str, why: str) -> None:
+        """End an eject before its moves: they are cancelled, nobody is removed."""
+        rec = ctx.state.rebalance
+        if rec is None or rec.id != rebalance_id or rec.state != RUNNING:
+            return
+        for m in rec.moves:
+            if m.status == PLANNED:
+                rec = with_move(rec, m.migration_id, status=CANCELLED)
+        rec = finish(rec, time.time(), why)
+        await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
+
+    @staticmethod
+    def _remove_ejected(ctx: Any, rec: RebalanceRecord) -> RebalanceRecord:
+        """Step 6: once every move is done, remove the ejected nodes that hold nothing."""
+        if rec.state != DONE:
+            return msgspec.structs.replace(
+                rec, message=f"{rec.message}; {', '.join(rec.eject)} not removed (run again)"
+            )
+        problems = eject_mod.remove_members(ctx, rec.eject)
+        if problems:
+            return msgspec.structs.replace(
+                rec, state=FAILED, message=f"not removed: {'; '.join(problems)}"
+            )
+        return msgspec.structs.replace(
+            rec, message=f"removed {', '.join(rec.eject)} from the cluster"
+        )

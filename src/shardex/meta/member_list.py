@@ -32,9 +32,13 @@ class MemberInfo(msgspec.Struct, kw_only=True, frozen=True):
     # Server group label (rack, zone) from the node's config; "" = none. Defaulted so that
     # member lists encoded before groups existed still decode.
     group: str = ""
+    # A tombstone: the member was removed from the cluster (``shardex rebalance --eject``).
+    # It outranks every entry of that member whatever the incarnation, so gossip (or the
+    # member itself, restarted) never brings it back; a new node joins under a new id.
+    removed: bool = False
 
     def sort_key(self) -> tuple[Any, ...]:
-        return (self.incarnation, self.name, self.address, self.services, self.group)
+        return (self.removed, self.incarnation, self.name, self.address, self.services, self.group)
 
 
 class MemberView(msgspec.Struct, kw_only=True):
@@ -70,8 +74,8 @@ def list_digest(members: Iterable[MemberInfo]) -> str:
 def merge_members(
     local: dict[str, MemberInfo], incoming: Iterable[MemberInfo]
 ) -> dict[str, MemberInfo]:
-    """Union by member id; the higher incarnation wins (ties broken on content so that every
-    node picks the same entry whatever the merge order)."""
+    """Union by member id; a tombstone wins, then the higher incarnation (ties broken on
+    content so that every node picks the same entry whatever the merge order)."""
     merged = dict(local)
     for m in incoming:
         cur = merged.get(m.member_id)
@@ -116,6 +120,8 @@ def self_entry(
     )
     for old in persisted or ():
         if old.member_id == member_id:
+            if old.removed:
+                return old  # removed from the cluster: this identity never comes back
             same = (old.name, old.address, old.services, old.group) == (
                 name,
                 address,

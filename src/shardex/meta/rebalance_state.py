@@ -73,6 +73,9 @@ class RebalanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     moves: list[MoveRecord] = msgspec.field(default_factory=list)
     # index partitions moving between indexers (``index_rebalance_state``)
     index_moves: list[IndexMoveRecord] = msgspec.field(default_factory=list)
+    # nodes this rebalance removes from the cluster (``shardex rebalance --eject``): their
+    # copies move to the other data nodes first (``manager/eject.py``)
+    eject: list[str] = msgspec.field(default_factory=list)
 
     def move(self, migration_id: str) -> MoveRecord:
         for m in self.moves:
@@ -111,6 +114,45 @@ def plan_moves(
             )
         for p, target in sorted(rebalance_moves(topo.assignment, up).items()):
             out.append((name, uuid, p, topo.assignment[p], target, topo.seq_num))
+    return out
+
+
+def plan_eject_moves(
+    keyspaces: Mapping[str, tuple[str, Topology]],
+    eject: Iterable[str],
+    remaining: Iterable[str],
+) -> list[tuple[str, str, int, str, str, int]]:
+    """The moves (as ``plan_moves``) that take every active copy off the ``eject`` nodes onto
+    the ``remaining`` data nodes, one migration per partition, nothing else moved.
+
+    ``keyspaces`` maps name -> (uuid, latest topology). Each target is the remaining node
+    with the fewest actives of the keyspace so far (so the moved partitions spread and the
+    keyspace stays balanced), preferring, among equally loaded ones, a node outside the
+    partition's chain (a replica's node must rebuild its copy as the active: the chain is
+    widened with a replacement first, ``widen_chains``), then name order."""
+    gone = set(eject)
+    targets = sorted(set(remaining) - gone)
+    if not targets:
+        raise ShardexError(
+            "no data node would remain to take the ejected nodes' partitions",
+            code=ErrorCode.BAD_REQUEST,
+            details={"eject": sorted(gone), "hint": "add a data node first"},
+        )
+    out: list[tuple[str, str, int, str, str, int]] = []
+    for name in sorted(keyspaces):
+        uuid, topo = keyspaces[name]
+        load = {n: 0 for n in targets}
+        for node in topo.assignment.values():
+            if node in load:
+                load[node] += 1
+        for p in sorted(topo.assignment):
+            source = topo.assignment[p]
+            if source not in gone:
+                continue
+            chain = set(topo.chain(p))
+            target = min(targets, key=lambda n: (load[n], n in chain, n))
+            load[target] += 1
+            out.append((name, uuid, p, source, target, topo.seq_num))
     return out
 
 

@@ -24,7 +24,7 @@ A node without a group label counts as a group of its own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from shardex.core.topology import Topology, balanced_assignment
@@ -221,6 +221,76 @@ def restore_replicas(
     return Topology(
         seq_num=topology.seq_num + 1, assignment=dict(topology.assignment), replicas=replicas
     )
+
+
+def widen_chains(
+    topology: Topology,
+    remaining: Sequence[str],
+    num_replicas: int,
+    groups: Mapping[str, str],
+    targets: Mapping[int, str] | None = None,
+) -> Topology:
+    """The first topology of an eject: every chain gets *appended* the replicas it will need
+    once the eject is over, on the ``remaining`` nodes (the serving data nodes minus the
+    ejected ones), placed by the rules of this module (``restore_replicas``), while every
+    copy it has stays in it until the new ones have caught up (``without_nodes`` then
+    removes the ejected replicas).
+
+    ``targets`` (partition -> node) are the planned moves of the actives off ejected nodes:
+    the chain that matters is the one after the move, where a target that held a replica is
+    the active and so no longer a replica (and the migration drops that replica copy when it
+    starts): its replacement is added here too, so that during the copy and after it the
+    partition keeps ``num_replicas`` caught-up replicas.
+
+    A chain may be longer than ``num_replicas`` for a while: a majority is still counted over
+    the configured chain (1 + num_replicas), so an extra replica only adds
+    acknowledgements. ``topology`` itself when nothing is to be added."""
+    moved = dict(targets or {})
+    after = Topology(
+        seq_num=topology.seq_num,
+        assignment={**topology.assignment, **moved},
+        replicas={
+            p: [n for n in r if n != moved.get(p, topology.assignment[p])]
+            for p, r in topology.replicas.items()
+        },
+    )
+    wanted = restore_replicas(after, remaining, num_replicas, groups)
+    replicas: dict[int, list[str]] = {}
+    for p in sorted(topology.assignment):
+        chain = topology.chain(p)
+        added = [n for n in wanted.replicas.get(p, ()) if n not in chain]
+        if chain[1:] or added:
+            replicas[p] = [*chain[1:], *added]
+    if replicas == {p: r for p, r in topology.replicas.items() if r}:
+        return topology
+    return Topology(
+        seq_num=topology.seq_num + 1, assignment=dict(topology.assignment), replicas=replicas
+    )
+
+
+def without_nodes(topology: Topology, nodes: Iterable[str]) -> Topology:
+    """The next topology with the replicas on ``nodes`` removed from every chain (actives
+    untouched); ``topology`` itself when no chain names them as replicas."""
+    gone = set(nodes)
+    if not any(gone.intersection(r) for r in topology.replicas.values()):
+        return topology
+    replicas = {p: [n for n in r if n not in gone] for p, r in topology.replicas.items()}
+    return Topology(
+        seq_num=topology.seq_num + 1,
+        assignment=dict(topology.assignment),
+        replicas={p: r for p, r in replicas.items() if r},
+    )
+
+
+def added_replicas(before: Topology, after: Topology) -> dict[int, list[str]]:
+    """partition -> the replica nodes ``after`` names that ``before`` did not (the copies a
+    widened chain is waiting for)."""
+    out: dict[int, list[str]] = {}
+    for p, nodes in sorted(after.replicas.items()):
+        new = [n for n in nodes if n not in before.replicas.get(p, ())]
+        if new:
+            out[p] = new
+    return out
 
 
 def _shortfall_warnings(placer: _Placer, num_replicas: int) -> list[str]:

@@ -1,0 +1,299 @@
+"""Graceful removal of nodes: ``shardex rebalance --eject NODE`` (the master's side).
+
+Why this order: ``docs/decisions/0084-graceful-eject.md``. A rebalance with ``eject`` set
+(``RebalanceRecord.eject``), in the background on the master:
+
+1. **widen** (``widen_chains``): every chain gets *appended* the replicas it will need
+   after the eject on the remaining nodes: replacements of its replicas on ejected nodes,
+   and, for an active about to move onto one of its replicas' nodes, a replacement of that
+   replica (the migration drops it when it starts). Nothing leaves a chain; one new
+   topology per keyspace. The data nodes build the new copies by themselves;
+2. **wait** until each new replica has caught up: its high seqno (``CopySeqnos`` at the
+   replica node) reaches the active's high seqno read at the start of the wait, on the
+   active's branch; bounded (``CATCH_UP_TIMEOUT``: the eject then fails, nothing removed);
+3. **narrow** (``without_nodes``): the ejected replicas leave their chains;
+4. the planned migrations move every active copy off the ejected nodes, each to the least
+   loaded remaining node (``plan_eject_moves``, planned at the start: step 1 needs the
+   targets), with the ordinary online migration (``migration_driver.py``);
+5. chains restored over the remaining nodes (``restore_chains`` with the ejected excluded);
+6. when every move is done and no committed topology names an ejected node, the node is
+   removed from the member list (``Membership.remove``: a gossiped tombstone).
+
+Refused at the start, with the reason: a node that is not a member, a manager node (the
+coordinator's voters are the manager members of the gossiped list, not a committed set, so
+removing one is not a majority-committed change), a node holding index slices (index moves
+only take slices off up indexers that stay), a down node that still holds active copies
+(fail it over first), and an eject that would leave no serving data node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from shardex.api.errors import BadRequest
+from shardex.api.records import STATE_REPLICA
+from shardex.api.replication import CopySeqno, CopySeqnos, CopySeqnosReply
+from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.keyspaces import data_members
+from shardex.manager.migration_driver import ask_member
+from shardex.meta.index_state import INIT, LIVE_STATES
+from shardex.meta.replica_placement import added_replicas, widen_chains, without_nodes
+from shardex.meta.state import StateContext
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_TIMEOUT = 600.0  # a new replica copy this long behind: the eject fails
+CATCH_UP_POLL = 0.2
+ASK_TIMEOUT = 5.0
+
+Waits = dict[str, dict[int, list[str]]]  # keyspace -> partition -> new replica nodes
+
+
+def serving_data_nodes(ctx: Any) -> tuple[list[str], list[str], dict[str, str]]:
+    """(data nodes, those up and not failed over, node -> server group) as the master sees
+    them. A failed-over node serves nothing until it is recovered: it gets no copies."""
+    members, up = data_members(ctx)
+    failed = ctx.state.failed_over
+    serving = [m.name for m in up if m.name not in failed]
+    return [m.name for m in members], serving, {m.name: m.group for m in members}
+
+
+def index_slices_on(state: StateContext, node: str) -> list[str]:
+    """``keyspace.index/partition`` of every live index slice the latest topologies place on
+    ``node``."""
+    out: list[str] = []
+    for index_id in sorted(state.indexes):
+        rec = state.indexes[index_id]
+        history = state.index_topologies.get(index_id)
+        if rec.state not in LIVE_STATES or rec.state == INIT or not history:
+            continue
+        for p in history[-1].partitions_of(node):
+            out.append(f"{rec.keyspace}.{rec.name}/{p}")
+    return out
+
+
+def holdings(state: StateContext, node: str) -> list[str]:
+    """What the committed state still places on ``node``: data copies (``ks/p`` active or
+    replica) and index slices. Empty once the node can leave."""
+    out: list[str] = []
+    for name in sorted(state.data_topologies):
+        history = state.data_topologies[name]
+        if not history or name not in state.keyspaces:
+            continue
+        latest = history[-1]
+        out += [f"{name}/{p} (active)" for p in latest.partitions_of(node)]
+        out += [f"{name}/{p} (replica)" for p in latest.replicas_of(node)]
+    return out + [f"{s} (index slice)" for s in index_slices_on(state, node)]
+
+
+def check_eject(ctx: Any, names: Iterable[str]) -> list[str]:
+    """The nodes to eject, validated (module docstring); BAD_REQUEST or NODE_UNAVAILABLE
+    naming the node and why otherwise."""
+    eject = sorted(dict.fromkeys(n.strip() for n in names))
+    state = ctx.state
+    members = {m.name: m for m in ctx.membership.members}
+    _nodes, serving, _groups = serving_data_nodes(ctx)
+    for name in eject:
+        member = members.get(name)
+        if member is None:
+            raise BadRequest(
+                f"cannot eject {name!r}: it is not a cluster member",
+                details={"node": name, "members": sorted(members)},
+            )
+        if "manager" in member.services:
+            raise BadRequest(
+                f"cannot eject {name}: it runs the manager service, and removing a manager "
+                "node is not supported (the coordinator's voters are not a committed set yet)",
+                details={
+                    "node": name,
+                    "services": list(member.services),
+                    "hint": "eject only data/index nodes without the manager service",
+                },
+            )
+        slices = index_slices_on(state, name)
+        if slices:
+            raise BadRequest(
+                f"cannot eject {name}: it holds {len(slices)} index slice(s) "
+                f"({', '.join(slices[:10])}); moving slices off an ejected indexer is not "
+                "supported",
+                details={
+                    "node": name,
+                    "slices": slices[:50],
+                    "hint": "drop or re-create those indexes on other nodes "
+                    '(WITH {"nodes": [...]}), then eject',
+                },
+            )
+        actives = [
+            f"{ks}/{p}"
+            for ks, history in sorted(state.data_topologies.items())
+            if history and ks in state.keyspaces
+            for p in history[-1].partitions_of(name)
+        ]
+        if actives and name not in serving:
+            raise ShardexError(
+                f"cannot eject {name}: it is down (or failed over) and holds "
+                f"{len(actives)} active cop(ies): they cannot be copied off it",
+                code=ErrorCode.NODE_UNAVAILABLE,
+                details={
+                    "node": name,
+                    "partitions": actives[:20],
+                    "hint": "start it again, or fail it over (shardex failover) and then eject",
+                },
+            )
+    if not [n for n in serving if n not in eject]:
+        raise BadRequest(
+            f"cannot eject {', '.join(eject)}: no serving data node would remain",
+            details={"eject": eject, "serving": serving, "hint": "add a data node first"},
+        )
+    return eject
+
+
+async def widen(ctx: Any, eject: list[str], targets: Mapping[str, Mapping[int, str]]) -> Waits:
+    """Step 1: one commit per keyspace whose chains get replacement replicas (``targets``:
+    keyspace -> partition -> the planned target of its active). Returns the replicas to
+    wait for."""
+    _nodes, serving, groups = serving_data_nodes(ctx)
+    remaining = [n for n in serving if n not in eject]
+    waits: Waits = {}
+    for name in sorted(ctx.state.keyspaces):
+        state = ctx.state
+        meta = state.keyspaces[name]
+        history = state.data_topologies.get(name)
+        if not history:
+            continue
+        latest = history[-1]
+        moved = targets.get(name, {})
+        if not moved and not any(set(eject).intersection(r) for r in latest.replicas.values()):
+            continue  # nothing to replace (shortfalls elsewhere: the final restore)
+        wide = widen_chains(latest, remaining, meta.num_replicas, groups, moved)
+        if wide is latest:
+            continue
+        topologies = {**state.data_topologies, name: [*history, wide]}
+        await ctx.commit(msgspec.structs.replace(state, data_topologies=topologies))
+        waits[name] = added_replicas(latest, wide)
+        log.info(
+            "eject %s: keyspace %s chains widened in topology %d (%d new replica copies)",
+            ", ".join(eject),
+            name,
+            wide.seq_num,
+            sum(len(v) for v in waits[name].values()),
+        )
+    return waits
+
+
+async def narrow(ctx: Any, eject: list[str]) -> None:
+    """Step 3: the ejected nodes' replicas leave every chain (one commit per keyspace)."""
+    for name in sorted(ctx.state.keyspaces):
+        state = ctx.state
+        history = state.data_topologies.get(name)
+        if not history:
+            continue
+        narrowed = without_nodes(history[-1], eject)
+        if narrowed is history[-1]:
+            continue
+        topologies = {**state.data_topologies, name: [*history, narrowed]}
+        await ctx.commit(msgspec.structs.replace(state, data_topologies=topologies))
+        log.info(
+            "eject: keyspace %s chains without %s (topology %d)", name, eject, narrowed.seq_num
+        )
+
+
+def caught_up(
+    targets: Mapping[int, tuple[int, int]], copies: Iterable[CopySeqno]
+) -> dict[int, tuple[int, int]]:
+    """The partitions of ``targets`` (partition -> (active's high seqno, its uuid)) that a
+    replica node's ``copies`` do not hold yet: a replica copy on that branch at or past that
+    seqno is caught up."""
+    have = {c.partition: c for c in copies}
+    left: dict[int, tuple[int, int]] = {}
+    for p, (high, uuid) in targets.items():
+        c = have.get(p)
+        if c is None or c.state != STATE_REPLICA or c.uuid != uuid or c.high_seqno < high:
+            left[p] = (high, uuid)
+    return left
+
+
+async def _copies(coordinator: Any, node: str, keyspace: str, parts: list[int]) -> list[CopySeqno]:
+    reply = await ask_member(
+        coordinator,
+        node,
+        CopySeqnos(keyspace=keyspace, partitions=sorted(parts)),
+        ASK_TIMEOUT,
+        CopySeqnosReply,
+    )
+    return list(reply.copies)
+
+
+async def await_replicas(coordinator: Any, waits: Waits, timeout: float | None = None) -> None:
+    """Step 2: until every new replica copy holds what its active held when the wait began.
+    Raises TIMEOUT naming the copies still behind after ``timeout`` (``CATCH_UP_TIMEOUT``)."""
+    timeout = CATCH_UP_TIMEOUT if timeout is None else timeout
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    # (keyspace, replica node) -> partition -> (active's high seqno, uuid)
+    pending: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
+    for name, parts in sorted(waits.items()):
+        topo = coordinator.state.data_topologies[name][-1]
+        by_active: dict[str, list[int]] = {}
+        for p in parts:
+            by_active.setdefault(topo.assignment[p], []).append(p)
+        for active, ps in sorted(by_active.items()):
+            marks = {}
+            while True:
+                try:
+                    marks = {
+                        c.partition: (c.high_seqno, c.uuid)
+                        for c in await _copies(coordinator, active, name, ps)
+                    }
+                    break
+                except ShardexError as exc:
+                    if loop.time() > deadline:
+                        raise
+                    log.warning("eject: %s did not report its copies: %s", active, exc)
+                    await asyncio.sleep(CATCH_UP_POLL)
+            for p in ps:
+                if p not in marks:
+                    continue  # not active there any more: a failover moved it; nothing to wait
+                for node in parts[p]:
+                    pending.setdefault((name, node), {})[p] = marks[p]
+    while pending:
+        for (name, node), targets in sorted(pending.items()):
+            try:
+                left = caught_up(targets, await _copies(coordinator, node, name, list(targets)))
+            except ShardexError as exc:
+                log.warning("eject: %s did not report its replica copies: %s", node, exc)
+                continue
+            if left:
+                pending[(name, node)] = left
+            else:
+                del pending[(name, node)]
+        if not pending:
+            return
+        if loop.time() > deadline:
+            behind = [f"{ks}/{p} on {n}" for (ks, n), t in sorted(pending.items()) for p in t]
+            raise ShardexError(
+                f"{len(behind)} new replica cop(ies) did not catch up within {timeout:g} s: "
+                f"{', '.join(behind[:10])}",
+                code=ErrorCode.TIMEOUT,
+                details={"behind": behind[:50]},
+            )
+        await asyncio.sleep(CATCH_UP_POLL)
+
+
+def remove_members(ctx: Any, eject: list[str]) -> list[str]:
+    """Step 6: remove every ejected node the committed state no longer places anything on;
+    returns what was left for the others (``node: what it holds``)."""
+    problems: list[str] = []
+    for name in eject:
+        held = holdings(ctx.state, name)
+        if held:
+            problems.append(f"{name} still holds {', '.join(held[:5])}")
+            continue
+        if any(m.name == name for m in ctx.membership.members):
+            ctx.membership.remove(name)
+    return problems

@@ -137,6 +137,28 @@ class HighSeqnosReply(Message, tag="data.HighSeqnosReply"):
     entries: dict[int, tuple[int, int]]  # partition -> (high seqno, uuid)
 
 
+class CheckHistory(Message, tag="data.CheckHistory"):
+    """Asked of a partition's owner: is each point (partition, seqno, uuid) in that
+    partition's current history (the failover log's rule, as a stream open checks it)?
+    Answered from memory. An at_plus read checks its mutation tokens so: a token of a branch
+    a failover lost fails clearly, and one of an older branch still in the history is read
+    as the same point on the current branch."""
+
+    keyspace: str
+    points: list[tuple[int, int, int]]  # (partition, seqno, uuid)
+
+
+class HistoryPoint(msgspec.Struct, array_like=True, frozen=True):
+    partition: int
+    rollback: int | None  # None: in the history; else the seqno it must roll back to
+    uuid: int  # the partition's current branch
+    high: int
+
+
+class HistoryChecked(Message, tag="data.HistoryChecked"):
+    points: list[HistoryPoint]
+
+
 class PartitionStat(msgspec.Struct, array_like=True, frozen=True):
     partition: int
     node: str

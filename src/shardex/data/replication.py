@@ -210,9 +210,7 @@ class Replication:
             # judgement as point reads on the loop).
             acks = engine.replicas.apply_runs(msg.keyspace, runs, sync=False)
         else:
-            acks = await self._io.run(
-                engine.replicas.apply_runs, msg.keyspace, runs, sync=msg.sync
-            )
+            acks = await self._io.run(engine.replicas.apply_runs, msg.keyspace, runs, sync=msg.sync)
         acks += [ReplicaAck(r.partition, 0, 0, 0, replica.ACK_BUILDING) for r in builds]
         diverged = [a.partition for a in acks if a.state == replica.ACK_DIVERGED]
         if diverged:

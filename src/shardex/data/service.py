@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import shardex.data.reconcile as reconcile
+import shardex.data.streams as streams
 from shardex.api.data import (
     CancelStream,
+    CheckHistory,
     Delete,
     DropKeyspaceData,
     Get,
@@ -40,6 +42,8 @@ from shardex.api.data import (
     GetReply,
     HighSeqnos,
     HighSeqnosReply,
+    HistoryChecked,
+    HistoryPoint,
     Insert,
     ItemError,
     KeyspaceStats,
@@ -191,6 +195,7 @@ class DataService:
         # Every request_plus scan asks each data node it does not read: answered from memory
         # in the receive callback, no task (``Router.route_inline``).
         server.router.route_inline(HighSeqnos, self._on_high_seqnos)
+        server.router.route_inline(CheckHistory, self._on_check_history)
 
     async def start(self) -> None:
         """Open the engine (in a thread: opening RocksDB with many families takes a while)
@@ -492,6 +497,22 @@ class DataService:
         if msg.partitions is not None:  # an owner's share: from memory, answered inline
             return HighSeqnosReply(entries=self.local_high_seqnos(msg.keyspace, msg.partitions))
         return self._gather_high_seqnos(msg)  # every partition: gathered, in a task
+
+    def _on_check_history(self, msg: CheckHistory, conn: Connection) -> HistoryChecked:
+        """Each point against its partition's failover log, from memory (``CheckHistory``);
+        NOT_MY_PARTITION for a partition this node does not hold active."""
+        self._check_serving()
+        out = []
+        for p, seqno, uuid in msg.points:
+            try:
+                info = self.engine.partition_info(msg.keyspace, p)
+            except ShardexError as exc:
+                raise self._enrich(exc) from None
+            if info.state != STATE_ACTIVE:
+                raise self._enrich(not_my_partition(msg.keyspace, p, info.state))
+            rollback = streams.rollback_seqno(info, seqno, uuid)
+            out.append(HistoryPoint(p, rollback, info.uuid, info.high_seqno))
+        return HistoryChecked(points=out)
 
     async def _gather_high_seqnos(self, msg: HighSeqnos) -> HighSeqnosReply:
         async def remote(address: str, parts: list[int]) -> dict[int, tuple[int, int]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from shardex.api.data import ChangeTuple
 from shardex.api.errors import BadRequest, RollbackRequired, not_my_partition
-from shardex.api.records import OP_DELETE, STATE_ACTIVE, Change, SnapshotMarker
+from shardex.api.records import OP_DELETE, STATE_ACTIVE, Change, PartitionInfo, SnapshotMarker
 from shardex.api.validation import check_seqno
 from shardex.data.partition import Partition
 from shardex.data.records import (
@@ -40,7 +40,7 @@ WireItem = SnapshotMarker | ChangeTuple
 _YIELD_EVERY = 256  # follow() gives the event loop a turn this often while draining a run
 
 
-def rollback_seqno(meta: PartitionMeta, from_seqno: int, uuid: int) -> int | None:
+def rollback_seqno(meta: PartitionMeta | PartitionInfo, from_seqno: int, uuid: int) -> int | None:
     """None if a consumer at (``uuid``, ``from_seqno``) can continue from this partition's
     history, else the seqno it must roll back to.
 

@@ -69,6 +69,7 @@ from shardex.meta.index_state import (
 from shardex.meta.member_list import MemberInfo
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
+from shardex.scan.at_plus import on_current_branches
 from shardex.scan.cluster_view import ClusterView
 from shardex.scan.merge import interleave, merge_heads, merge_ordered, pushdown_limit, window
 from shardex.scan.request_plus import SeqnoRide, Speculation
@@ -189,7 +190,10 @@ class ScanCoordinator:
                 wait_for = await self.view.high_seqnos(msg.keyspace, known=shared)
         elif msg.consistency == AT_PLUS:
             assert msg.at is not None
-            wait_for = Timestamp.from_wire(msg.at)
+            # tokens of a branch a failover replaced: read on the current one, or ROLLBACK
+            wait_for = await on_current_branches(
+                self.view, msg.keyspace, Timestamp.from_wire(msg.at)
+            )
         base = ScanSlices(
             scan_id=0,
             index_id=rec.id,

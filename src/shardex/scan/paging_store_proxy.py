@@ -51,6 +51,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_state import IndexRecord
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
+from shardex.scan.at_plus import on_current_branches
 from shardex.scan.continuation import Continuation, ContinuationCodec, scan_digest
 from shardex.scan.coordinator import OPEN_ATTEMPTS, ScanCoordinator, oldest_common
 from shardex.scan.elastic_adapters import (
@@ -292,7 +293,9 @@ class PagingService:
             wait_for = await self.view.high_seqnos(msg.keyspace)
         elif msg.consistency == AT_PLUS:
             assert msg.at is not None
-            wait_for = Timestamp.from_wire(msg.at)
+            wait_for = await on_current_branches(
+                self.view, msg.keyspace, Timestamp.from_wire(msg.at)
+            )
         if stability == STABILITY_NONE and wait_for is None:
             return None, "", topo
         wire = None if wait_for is None else dict(wait_for.to_wire())

@@ -42,6 +42,7 @@ from shardex.core.expr.ops import truth
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Connection, RpcServer
+from shardex.scan.at_plus import on_current_branches
 from shardex.scan.coordinator import ScanCoordinator, oldest_common
 from shardex.sql.exec.analyze import Budget
 from shardex.sql.exec.dml import DELETE, SKIP, write_checked
@@ -273,7 +274,9 @@ class SqlService:
             wait_for = await self.scan.view.high_seqnos(plan.keyspace)
         else:
             assert msg.at is not None
-            wait_for = Timestamp.from_wire(msg.at)
+            wait_for = await on_current_branches(
+                self.scan.view, plan.keyspace, Timestamp.from_wire(msg.at)
+            )
         wire = dict(wait_for.to_wire())
         index_id = plan.record.id
 

@@ -61,17 +61,22 @@ FAILURE_TIMEOUT = 1.0
 AUTO_FAILOVER_TIMEOUT = 2.0
 ROUTE_ATTEMPTS = 4
 REROUTE = (ErrorCode.NOT_MY_PARTITION, ErrorCode.NODE_FAILED_OVER)
+# after these the next call fetches the topology again (the owner may have been failed over)
+UNREACHABLE = (ErrorCode.TIMEOUT, ErrorCode.CONNECTION_CLOSED, ErrorCode.NODE_UNAVAILABLE)
 RETRY_REASONS = {"no_master", "not_master", "commit_failed", "deposed", None}
 
 
 @dataclass
 class Params:
-    processes: int = 2  # per client host
+    processes: int = 3  # per client host
     keys_on_victim: int = 4  # documents whose partition the victim holds active
     keys_elsewhere: int = 2
     think: float = 0.1  # the most a process waits between two calls
     lease: bool = True  # False: the negative control (a data node serves without the lease)
-    request_timeout: float = 6.0  # longer than the durability timeout: AMBIGUOUS is seen
+    request_timeout: float = 2.0
+    cut_off: float = 5.0  # virtual seconds the partition lasts after the failover
+    readers: int = 1  # per client host, processes that only read
+    heal: bool = True  # False: stop while still cut off (no heal, no recovery)
     durability: str = "majority"
 
 
@@ -100,6 +105,7 @@ class FailoverCluster(ManagerCluster):
         self.keys: list[str] = []
         self.rng = sim.fork_rng("failover-scenario")
         self._control_pools: list[ConnectionPool] = []
+        self._stale: dict[DataRouter, bool] = {}
         self.add_hosts(self._main)
 
     # -- nodes ------------------------------------------------------------------------------
@@ -250,7 +256,7 @@ class FailoverCluster(ManagerCluster):
                 tries += [(h, stale) for h in order]
             for host, m in tries:
                 try:
-                    return await control_pool.request(f"{host}:7000", m, 0.5, expect=expect)
+                    return await control_pool.request(f"{host}:7000", m, 0.3, expect=expect)
                 except ShardexError as exc:
                     last = exc
             assert last is not None
@@ -272,9 +278,9 @@ class FailoverCluster(ManagerCluster):
         try:
             await asyncio.gather(
                 *(
-                    self.process(routers[c], f"{c}/{p}")
+                    self.process(routers[c], f"{c}/{p}", reader=p >= self.params.processes)
                     for c in CLIENTS
-                    for p in range(self.params.processes)
+                    for p in range(self.params.processes + self.params.readers)
                 )
             )
         finally:
@@ -283,13 +289,13 @@ class FailoverCluster(ManagerCluster):
             for pool in self._control_pools:
                 await pool.close()
 
-    async def process(self, router: DataRouter, name: str) -> None:
+    async def process(self, router: DataRouter, name: str, reader: bool) -> None:
         rng = self.sim.fork_rng(f"process/{name}")
         seq = 0
         while not self.stop_workload.is_set():
             await asyncio.sleep(rng.uniform(0.0, self.params.think))
             key = rng.choice(self.keys)
-            kind = rng.choice(("read", "read", "write", "cas", "cas"))
+            kind = "read" if reader else rng.choice(("read", "read", "write", "cas", "cas"))
             seq += 1
             value = f"{name}#{seq}"
             if kind == "read":
@@ -305,7 +311,7 @@ class FailoverCluster(ManagerCluster):
         times out: a client beside an isolated node keeps calling it (and records each call)
         instead of spending seconds inside one. It re-routes, with a fresh topology, after the
         refusals that name another owner (NOT_MY_PARTITION, NODE_FAILED_OVER)."""
-        refresh = False
+        refresh = self._stale.pop(router, False)
         for attempt in range(ROUTE_ATTEMPTS):
             meta, topo = await router.keyspace(KEYSPACE, refresh=refresh)
             node = topo.assignment[partition_of(key, meta.num_partitions)]
@@ -313,6 +319,8 @@ class FailoverCluster(ManagerCluster):
                 conn = await router.pool.get(await router.address(node), router.request_timeout)
                 return await conn.request(msg, router.request_timeout, expect=expect)
             except ShardexError as exc:
+                if exc.code in UNREACHABLE:
+                    self._stale[router] = True  # the owner may have been failed over
                 if exc.code not in REROUTE or attempt == ROUTE_ATTEMPTS - 1:
                     raise
                 refresh = True
@@ -407,7 +415,7 @@ class Run:
     fault: str
     cut_at: float
     failed_over_at: float
-    healed_at: float
+    healed_at: float | None  # None: the run stopped while still cut off
     recovered_at: float | None
 
 
@@ -439,21 +447,23 @@ async def failover_scenario(sim: Simulation, params: Params, fault: str = "parti
         raise ValueError(f"unknown fault {fault!r}")
     await wait_until(lambda: victim in c.state(others[0]).failed_over, 30)
     failed_over_at = loop.time()
-    await asyncio.sleep(3.0)
-    if fault == "partition":
-        sim.cluster.heal()
-    else:
-        await c.restart(victim)
-    healed_at = loop.time()
-    await asyncio.sleep(3.0)
-    recovered_at = None
-    await c.recover(victim, others)
-    await wait_until(
-        lambda: victim not in c.state(others[0]).failed_over and not c.data[victim].failed_over,
-        30,
-    )
-    recovered_at = loop.time()
-    await asyncio.sleep(3.0)
+    await asyncio.sleep(params.cut_off)
+    healed_at = recovered_at = None
+    if params.heal:
+        if fault == "partition":
+            sim.cluster.heal()
+        else:
+            await c.restart(victim)
+        healed_at = loop.time()
+        await asyncio.sleep(3.0)
+        await c.recover(victim, others)
+        await wait_until(
+            lambda: victim not in c.state(others[0]).failed_over
+            and not c.data[victim].failed_over,
+            30,
+        )
+        recovered_at = loop.time()
+        await asyncio.sleep(3.0)
     c.stop_workload.set()
     await workload
     return Run(c, victim, fault, cut_at, failed_over_at, healed_at, recovered_at)

@@ -85,7 +85,6 @@ class Counts:
     """What the run did, by status (tests assert the scenario really happened)."""
 
     by_status: dict[str, int] = field(default_factory=dict)
-    minority_acked_writes: list[str] = field(default_factory=list)
 
     def add(self, status: str) -> None:
         self.by_status[status] = self.by_status.get(status, 0) + 1
@@ -222,7 +221,9 @@ class FailoverCluster(ManagerCluster):
         return self.coord(host).state
 
     async def recover(self, host: str, others: tuple[str, ...]) -> Recovered:
-        return await self.request(Recover(node=host, kind="delta", request_id="recover"), Recovered, others)
+        return await self.request(
+            Recover(node=host, kind="delta", request_id="recover"), Recovered, others
+        )
 
     def choose_keys(self, topo: Topology, victim: str) -> list[str]:
         """Docids on partitions ``victim`` holds active first, then some elsewhere."""
@@ -242,7 +243,9 @@ class FailoverCluster(ManagerCluster):
 
     def router(self, client: str) -> DataRouter:
         transport = self.sim.network.transport(client)
-        control_pool = ConnectionPool(transport, SECRET, name=f"{client}/control", connect_timeout=0.5)
+        control_pool = ConnectionPool(
+            transport, SECRET, name=f"{client}/control", connect_timeout=0.5
+        )
         home = CLIENTS[client]
         order = [home] + [h for h in HOSTS if h != home]
 
@@ -343,7 +346,9 @@ class FailoverCluster(ManagerCluster):
         return True, value, got.cas
 
     async def write(self, router: DataRouter, name: str, key: str, value: str) -> None:
-        msg = Upsert(keyspace=KEYSPACE, docid=key, doc=_body(value), durability=self.params.durability)
+        msg = Upsert(
+            keyspace=KEYSPACE, docid=key, doc=_body(value), durability=self.params.durability
+        )
         op = self.history.invoke(name, key, "write", value)
         await self._mutate(router, name, key, op, msg, conditional=False)
 
@@ -355,7 +360,9 @@ class FailoverCluster(ManagerCluster):
             return
         msg: Message
         if expected is None:
-            msg = Insert(keyspace=KEYSPACE, docid=key, doc=_body(value), durability=self.params.durability)
+            msg = Insert(
+                keyspace=KEYSPACE, docid=key, doc=_body(value), durability=self.params.durability
+            )
         else:
             msg = Replace(
                 keyspace=KEYSPACE,
@@ -403,7 +410,6 @@ def ok_writes_inside(history: History, client: str, start: float, end: float) ->
         ):
             out.append(o.describe())
     return out
-
 
 
 @dataclass
@@ -458,8 +464,7 @@ async def failover_scenario(sim: Simulation, params: Params, fault: str = "parti
         await asyncio.sleep(3.0)
         await c.recover(victim, others)
         await wait_until(
-            lambda: victim not in c.state(others[0]).failed_over
-            and not c.data[victim].failed_over,
+            lambda: victim not in c.state(others[0]).failed_over and not c.data[victim].failed_over,
             30,
         )
         recovered_at = loop.time()

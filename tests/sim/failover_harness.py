@@ -2,22 +2,24 @@
 history, and the faults that make the cluster fail a node over: a partition that isolates the
 node holding the active copies with a minority, or a power-off of that node.
 
-Nodes ``n1``..``n3``: each is ``manager_cluster.sim_node`` (membership, the replicated
-coordinator with automatic failover on, heartbeat 0.25 s, failure timeout 1 s, auto-failover
-timeout 2 s) plus the real ``DataService`` on a ``MemoryStore`` over the host's simulated disk
-(``MemoryDisk``, so a power-off loses the unsynced tail), with inline I/O, the engine's clock
-and uuids from the simulation, and the serving lease ``Membership.majority_heard`` (or none,
-for the negative control). The in-process ``Node`` builds its data service only with a data
-directory (RocksDB), so the harness builds it and hands it to the Node before start.
+Nodes ``n1``..``n3``: each a ``Node`` built as ``manager_cluster.sim_node`` builds one
+(membership, the replicated coordinator with automatic failover on, heartbeat 0.25 s, failure
+timeout 1 s, auto-failover timeout 2 s) plus the real ``DataService`` on a ``MemoryStore`` over
+the host's simulated disk (``MemoryDisk``, so a power-off loses the unsynced tail), with inline
+I/O, the engine's clock and uuids from the simulation, and the serving lease
+``Membership.majority_heard`` (or none, for the negative control). The in-process ``Node``
+builds its data service only with a data directory (RocksDB), so the harness builds it and hands
+it to the Node before start.
 
 Clients ``c1``..``c3``: one host beside each node (a partition puts it on its node's side),
-running the client's own routing (``DataRouter``: topology from the coordinator state, retry on
-NOT_MY_PARTITION / NODE_FAILED_OVER, reads retried) with a control connection that asks its
-own node first. Each client runs a few sequential processes doing reads, upserts and CAS
-(a read, then a replace with that CAS token, or an insert when the document was absent), all
-writes at durability ``majority`` with a value unique per write, recorded in a ``History`` on
-the virtual clock (``shardex.testing.outcomes`` says which errors are ``fail`` and which
-``info``).
+routing with the client's ``DataRouter`` (topology and addresses from the coordinator state,
+through a control connection that asks its own node first) but one attempt per call
+(``FailoverCluster.call``: re-routed only after NOT_MY_PARTITION / NODE_FAILED_OVER; after a
+timeout or an unreachable node the next call fetches the topology again). Each client runs a few
+sequential processes doing reads, upserts and CAS (a read, then a replace with that CAS token,
+or an insert when the document was absent), all writes at durability ``majority`` with a value
+unique per write, recorded in a ``History`` on the virtual clock (``shardex.testing.outcomes``
+says which errors are ``fail`` and which ``info``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# asyncio's reports of an exception nobody retrieved, made when the task or future is
+# garbage-collected
+_UNRETRIEVED = ("Task exception was never retrieved", "Future exception was never retrieved")
+
 # The simulated host a task belongs to; child tasks inherit it through their copied context.
 current_host: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "shardex_sim_host", default=None
@@ -196,9 +200,10 @@ class SimLoop(asyncio.BaseEventLoop):
     def default_exception_handler(self, context: dict[str, Any]) -> None:
         exc = context.get("exception")
         message = str(context.get("message", ""))
-        if message.startswith("Task exception was never retrieved") or exc is None:
+        if message.startswith(_UNRETRIEVED) or exc is None:
             # Reported at garbage collection, i.e. at a moment that is not part of the
-            # simulated history: note it, never let it change the run.
+            # simulated history (for a task or a plain future alike): note it, never let it
+            # change the run.
             self.unretrieved.append(f"{message}: {exc!r}")
             log.debug("sim: %s %r", message, exc)
             return

@@ -220,4 +220,6 @@ class DurabilityWaits:
                     code=ErrorCode.SYNC_WRITE_IN_PROGRESS,
                     details={"keyspace": key[0], "partition": key[1], "docid": docid},
                 )
-            await asyncio.wait([asyncio.shield(f) for f in futs], timeout=left)
+            # the futures themselves: ``wait`` cancels nothing, and their writers retrieve
+            # their outcomes (a shield here would leave its own exception unretrieved)
+            await asyncio.wait(futs, timeout=left)

@@ -10,6 +10,7 @@ user of it treats it as a hint and the owners' own answers as the truth.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -18,12 +19,14 @@ from shardex.api.coordinator import StateReply, StateRequest
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.meta.member_list import MemberInfo
-from shardex.meta.state import StateContext
+from shardex.meta.state import StateContext, version_of
 from shardex.net import ConnectionPool
 
 log = logging.getLogger(__name__)
 
 STATE_TIMEOUT = 2.0
+# What a data node reads of the manager state.
+PLACEMENT_SECTIONS = ("keyspaces", "data_topologies", "rebalance", "failed_over", "recovering")
 
 
 def latest_topology(state: StateContext, keyspace: str) -> Topology | None:
@@ -73,15 +76,7 @@ class PlacementView:
             try:
                 reply = await self._pool.request(
                     m.address,
-                    StateRequest(
-                        sections=[
-                            "keyspaces",
-                            "data_topologies",
-                            "rebalance",
-                            "failed_over",
-                            "recovering",
-                        ]
-                    ),
+                    StateRequest(sections=list(PLACEMENT_SECTIONS)),
                     STATE_TIMEOUT,
                     expect=StateReply,
                 )
@@ -94,6 +89,45 @@ class PlacementView:
             "no manager answered the state request",
             details={"managers": [m.name for m in managers], "errors": errors},
         )
+
+    async def quorum_state(self) -> StateContext:
+        """The newest state a majority of the managers hold (this node's own replica
+        counted when it is one): every committed state is on a majority, so this one is at
+        least as new as the last commit, which the local replica alone may not be (a node
+        back from a partition). Raises NODE_UNAVAILABLE without a majority of answers."""
+        managers = [m for m in self._members() if "manager" in m.services]
+        need = len(managers) // 2 + 1
+        states: list[StateContext] = []
+        coord = self._coordinator()
+        asks = []
+        others = []
+        for m in managers:
+            if coord is not None and m.name == self.me:
+                states.append(coord.state)
+                continue
+            req = StateRequest(sections=list(PLACEMENT_SECTIONS))
+            asks.append(self._pool.request(m.address, req, STATE_TIMEOUT, expect=StateReply))
+            others.append(m.name)
+        errors: dict[str, str] = {}
+        answers = await asyncio.gather(*asks, return_exceptions=True)
+        for name, got in zip(others, answers, strict=True):
+            if isinstance(got, StateReply):
+                states.append(got.state)
+            elif isinstance(got, ShardexError):
+                errors[name] = str(got)
+                # a connection that carried nothing back may be dead: the next try reconnects
+                await self._pool.drop(self.address(name))
+            else:
+                raise got  # type: ignore[misc]
+        if not managers or len(states) < need:
+            raise NodeUnavailable(
+                f"{len(states)} of {len(managers)} managers answered, a majority is {need}: "
+                + "; ".join(f"{n}: {e}" for n, e in sorted(errors.items())),
+                details={"managers": [m.name for m in managers], "errors": errors},
+            )
+        state = max(states, key=version_of)
+        self.remember(state)
+        return state
 
     async def state(self) -> StateContext:
         cached = self.cached

@@ -13,6 +13,7 @@ themselves under load: whatever was committed while one was in flight goes in th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +23,7 @@ from shardex.api.records import STATE_ACTIVE, STATE_REPLICA
 from shardex.api.replication import ReplicaAck, ReplicaApplied, ReplicaApply, ReplicaRun
 from shardex.data.durability import DurabilityWaits
 from shardex.data.engine import DataEngine
+from shardex.errors import ErrorCode, ShardexError
 from shardex.net import ConnectionPool
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,10 @@ class ReplicaSender:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if isinstance(exc, ShardexError) and exc.code is ErrorCode.TIMEOUT:
+                    # nothing came back on it (a partition, say): reconnect on the next try
+                    with contextlib.suppress(ShardexError):
+                        await self._pool.drop(self._address(self.node))
                 if self.healthy:
                     log.warning("replica %s of %s unreachable: %s", self.node, self.keyspace, exc)
                 self.healthy = False

@@ -71,6 +71,7 @@ from shardex.api.validation import MAJORITY_LEVELS
 from shardex.data.engine import DataEngine
 from shardex.data.engine_io import EngineIO
 from shardex.data.groupcommit import GroupCommitter
+from shardex.data.lease import ServingLease
 from shardex.data.migration_source import MigrationSource
 from shardex.data.migration_target import MigrationTarget
 from shardex.data.placement import PlacementView, latest_topology
@@ -153,9 +154,9 @@ class DataService:
             placement=self.placement,
             placement_lock=self._placement_lock,
         )
-        # True while a majority of managers hear this node: without it, the active copies of
-        # keyspaces with replicas stop serving (the majority may be failing them over).
-        self._lease = lease
+        # A majority of managers must hear this node for it to serve the copies of keyspaces
+        # with replicas (the majority may be failing them over): ``lease.py``.
+        self.lease = ServingLease(lease, self._reconcile_now.set)
         # Set when the cluster state says this node was failed over: it serves nothing (its
         # copies may hold writes the cluster never acknowledged) until recovered.
         self.failed_over = False
@@ -209,6 +210,7 @@ class DataService:
         )
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._reconcile_loop(), name="data-reconcile"))
+        self._tasks.append(loop.create_task(self.lease.watch(), name="data-lease"))
         self._tasks.append(loop.create_task(self._maintenance_loop(), name="data-maintenance"))
         log.info("data service open at %s: %s", self.path, _summary(self._engine))
 
@@ -271,7 +273,7 @@ class DataService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.reconciled.wait(), FIRST_RECONCILE_WAIT)
         self._check_serving()
-        if self._lease is not None and not self._lease() and self._replicated(keyspace):
+        if self._replicated(keyspace) and not self.lease.check():
             raise ShardexError(
                 f"node {self.name} cannot reach a majority of the managers: it does not serve "
                 f"{keyspace!r}, whose partitions a failover may be moving to replicas",
@@ -343,6 +345,8 @@ class DataService:
             if self.replication.has_pending():
                 p = self.engine.partition_for(msg.keyspace, msg.docid)
                 await self.replication.wait_readable(msg.keyspace, p, msg.docid)
+                # it waited: the node may have been failed over or lost its lease meanwhile
+                await self._await_serving(msg.keyspace)
             raw = self.engine.get_raw(msg.keyspace, msg.docid)
         except KeyspaceNotFound as exc:
             raise self._not_here(exc, msg.keyspace, msg.docid) from None
@@ -620,12 +624,17 @@ class DataService:
     async def reconcile(self) -> None:
         """Bring local placement in line with the manager state (``reconcile.py``), then
         the replication it implies (``replication.py``)."""
-        state = await self.placement.refresh()
+        fetched_at = asyncio.get_running_loop().time()
+        # Back from a lapse of the lease (a partition): the local replica of the state may
+        # predate a failover of this very node, so read what a majority of managers hold.
+        lapsed = self.lease.lapsed
+        state = await (self.placement.quorum_state() if lapsed else self.placement.refresh())
         await self._settle_failover(state)
         async with self._placement_lock:
             await self.io.run(reconcile.reconcile, self.engine, self.name, state)
         await self.replication.refresh(state)
         self.reconciled.set()  # whoever ran it (the loop, a test): the node knows its role
+        self.lease.reconciled(fetched_at)
 
     async def _settle_failover(self, state: StateContext) -> None:
         """Serve nothing while the state says this node is failed over (remembered on disk);

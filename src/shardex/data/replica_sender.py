@@ -34,6 +34,7 @@ RUN_ITEMS = 2_000  # changes per partition per round
 ROUND_BYTES = 4 * 1024 * 1024  # about this much per ReplicaApply
 SMALL_ROUND = 64  # changes read on the loop (cached, cheaper than a thread hop)
 RETRY_BACKOFF = (0.05, 0.2, 0.5, 1.0)
+ABSENT_RETRY = 0.02  # seconds before asking again about a copy not opened yet
 
 RunInExecutor = Callable[..., Awaitable[Any]]
 
@@ -93,11 +94,13 @@ class ReplicaSender:
         self._wake.set()
 
     def reachable(self, partition: int) -> bool:
-        """Whether this replica can acknowledge writes to ``partition`` now."""
+        """Whether this replica can acknowledge writes to ``partition`` soon: its node
+        answers, and its copy is a replica or about to be one (absent: being opened, as for
+        a keyspace just created); a copy being rebuilt or restarted cannot."""
         if not self.healthy or partition not in self.partitions:
             return False
         ack = self._waits.ack((self.keyspace, partition), self.node)
-        return ack is None or ack.state == STATE_REPLICA
+        return ack is None or ack.state in (STATE_REPLICA, replica.ACK_ABSENT)
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -164,6 +167,10 @@ class ReplicaSender:
         self.rounds += 1
         for ack in reply.acks:
             self._absorb(ack)
+        if any(a.state == replica.ACK_ABSENT for a in reply.acks):
+            # a copy about to be opened (a new keyspace): ask again shortly, not at the
+            # next probe, since durable writes wait for it
+            asyncio.get_running_loop().call_later(ABSENT_RETRY, self._wake.set)
         return more or any(self._behind(engine, a.partition) for a in reply.acks)
 
     def _absorb(self, ack: ReplicaAck) -> None:

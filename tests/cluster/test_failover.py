@@ -145,8 +145,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_kill9_failover_recover_rebalance_loses_no_majority_write(cluster: LocalCluster) -> None:
-    cycles = int(os.environ.get("SHARDEX_FAILOVER_CYCLES", "2"))
+    failover_cycles(cluster, int(os.environ.get("SHARDEX_FAILOVER_CYCLES", "2")))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_twenty_failover_cycles_lose_no_majority_write(cluster: LocalCluster) -> None:
+    failover_cycles(cluster, 20)
+
+
+def failover_cycles(cluster: LocalCluster, cycles: int) -> None:
+    """``cycles`` of kill -9, automatic failover, restart, delta recovery and rebalance
+    under the writers, every acknowledged write checked after each step."""
     with connect_local(cluster.path, name="admin", request_timeout=30) as admin:
+        if any(k.name == KS for k in admin.list_keyspaces()):
+            admin.drop_keyspace(KS)  # another test of the module made it
         desc = admin.create_keyspace(KS, NP, num_replicas=2)
         assert desc.num_replicas == 2 and desc.min_replicas == 2
         with Writers(cluster) as writers:

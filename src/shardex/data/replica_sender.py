@@ -107,8 +107,12 @@ class ReplicaSender:
     async def _loop(self) -> None:
         while True:
             idle = False
+            # ``asyncio.timeout``, not ``wait_for``: Python 3.11's ``wait_for`` can swallow a
+            # cancellation that lands as the event is set, and a busy sender's event is set
+            # all the time (its ``stop`` then waited forever).
             try:
-                await asyncio.wait_for(self._wake.wait(), PROBE_INTERVAL)
+                async with asyncio.timeout(PROBE_INTERVAL):
+                    await self._wake.wait()
             except TimeoutError:
                 idle = True
             self._wake.clear()
@@ -165,13 +169,20 @@ class ReplicaSender:
             self._address(self.node), msg, APPLY_TIMEOUT, expect=ReplicaApplied
         )
         self.rounds += 1
+        before = {
+            a.partition: self._waits.ack((self.keyspace, a.partition), self.node)
+            for a in reply.acks
+        }
         for ack in reply.acks:
             self._absorb(ack)
         if any(a.state == replica.ACK_ABSENT for a in reply.acks):
             # a copy about to be opened (a new keyspace): ask again shortly, not at the
             # next probe, since durable writes wait for it
             asyncio.get_running_loop().call_later(ABSENT_RETRY, self._wake.set)
-        return more or any(self._behind(engine, a.partition) for a in reply.acks)
+        # Behind and moving: go on at once. Behind without moving (a refused run): wait for
+        # the next wake or probe instead of asking the same again in a loop.
+        moved = any(_advanced(before.get(a.partition), a) for a in reply.acks)
+        return more or (moved and any(self._behind(engine, a.partition) for a in reply.acks))
 
     def _absorb(self, ack: ReplicaAck) -> None:
         key = (self.keyspace, ack.partition)
@@ -270,3 +281,8 @@ class ReplicaSender:
             flog = list(meta.failover_log) if log_needed else None
             runs.append(ReplicaRun(p, meta.uuid, ack.high, changes, flog))
         return runs, more
+
+
+def _advanced(old: ReplicaAck | None, new: ReplicaAck) -> bool:
+    """The copy moved on since the previous ack (or is heard of for the first time)."""
+    return old is None or (new.high, new.uuid, new.state) != (old.high, old.uuid, old.state)

@@ -18,6 +18,7 @@ import shardex.data.replication as replication
 from shardex.api.data import Get, GetReply, MutateMany, MutateManyReply, MutationReply, OpItem
 from shardex.api.data import Upsert as UpsertMsg
 from shardex.api.records import STATE_ACTIVE, STATE_REPLICA
+from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.data.service import DataService
 from shardex.errors import ErrorCode, ShardexError
@@ -25,6 +26,8 @@ from shardex.meta.member_list import MemberInfo
 from shardex.meta.partitioning import partition_of
 from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import ConnectionPool, RpcServer, TcpTransport
+from shardex.scan.at_plus import on_current_branches
+from shardex.scan.cluster_view import ClusterView
 
 SECRET = "s" * 32
 KS = "ks"
@@ -413,3 +416,45 @@ async def test_a_replica_behind_the_purge_is_rebuilt_from_a_snapshot(cluster: Cl
     )
     await cluster.upsert(docs[0], {"i": -1}, "majority")
     assert await cluster.replica_get("n2", docs[0]) == {"i": -1}
+
+
+async def test_at_plus_tokens_follow_a_failover_or_fail_clearly(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept = (await cluster.upsert(docid_in(0, 0), {"v": "kept"}, "majority")).result
+    n2 = cluster.services["n2"]
+    # n2 stops taking runs (it answers where it stands): the next write never reaches it
+    monkeypatch.setattr(
+        n2.engine.replicas,
+        "apply_runs",
+        lambda keyspace, runs, sync: n2.engine.replicas.acks(keyspace, [r.partition for r in runs]),
+    )
+    lost = (await cluster.upsert(docid_in(0, 1), {"v": "lost"}, "none")).result
+    assert lost.seqno == kept.seqno + 1
+    await cluster.stop_node("n1")
+    state = cluster.coord.state
+    topo = state.data_topologies[KS][-1]
+    failed = Topology(
+        seq_num=2,
+        assignment={**topo.assignment, 0: "n2", 3: "n2"},
+        replicas={p: [n for n in r if n not in ("n1", "n2")] for p, r in topo.replicas.items()},
+    )
+    await cluster.publish(
+        msgspec.structs.replace(
+            state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
+        )
+    )
+    now = cluster.services["n2"].engine.partition_info(KS, 0)
+    assert now.high_seqno == kept.seqno and now.uuid != kept.uuid
+    view = ClusterView(
+        pool=cluster.pool, coordinator=lambda: cluster.coord, members=cluster.members
+    )
+    # a token of the old branch at or below its end: the same point on the new branch
+    got = await on_current_branches(view, KS, Timestamp.from_wire({0: (kept.seqno, kept.uuid)}))
+    assert got.to_wire() == {0: (kept.seqno, now.uuid)}
+    # a token past it names a write the failover lost
+    with pytest.raises(ShardexError) as err:
+        await on_current_branches(view, KS, Timestamp.from_wire({0: (lost.seqno, lost.uuid)}))
+    assert err.value.code is ErrorCode.ROLLBACK
+    assert err.value.details["partition"] == 0
+    assert err.value.details["rollback_seqno"] == kept.seqno

@@ -47,6 +47,7 @@ class CreateIndex(Message, tag="manager.CreateIndex"):
     nodes: list[str] | None = None
     is_primary: bool = False
     request_id: str | None = None
+    num_replica: int = 0  # copies of every index partition beyond the first, on other nodes
 
 
 class IndexCreated(Message, tag="manager.IndexCreated"):

@@ -134,9 +134,10 @@ def plan_stabilise(
             plan.skipped[index_id] = f"index {rec.name!r} has no topology"
         else:
             plan.topologies[index_id] = topo
-            for p, node in sorted(topo.assignment.items()):
-                nodes.setdefault(node, set()).add(index_id)
-                plan.slices.setdefault(node, {}).setdefault(index_id, []).append(p)
+            for p in sorted(topo.assignment):
+                for node in topo.chain(p):  # the primary and every replica copy
+                    nodes.setdefault(node, set()).add(index_id)
+                    plan.slices.setdefault(node, {}).setdefault(index_id, []).append(p)
             for p, target in sorted((moving or {}).get(index_id, {}).items()):
                 nodes.setdefault(target, set()).add(index_id)
                 plan.moving.setdefault(target, {}).setdefault(index_id, []).append(p)
@@ -163,7 +164,7 @@ def verify_acks(
     for index_id, topo in plan.topologies.items():
         items = 0
         why = None
-        for p, node in sorted(topo.assignment.items()):
+        for p, node in [(q, n) for q in sorted(topo.assignment) for n in topo.chain(q)]:
             ack = acks.get((node, index_id, p))
             if ack is None:
                 gone = "has no slices of the index" if (node, index_id) in missing else "did not"
@@ -175,7 +176,8 @@ def verify_acks(
             if why is not None:
                 break
             assert ack is not None
-            items += ack.items_count
+            if node == topo.assignment[p]:
+                items += ack.items_count  # a replica copy holds the same entries
         if why is None:
             ready[index_id] = items
         else:

@@ -56,6 +56,7 @@ from shardex.api.index_ddl import (
     BuildIndex,
     CreateIndex,
     DropIndex,
+    DropIndexCopies,
     IndexBuildProgress,
     IndexCreated,
     IndexDropped,
@@ -66,6 +67,7 @@ from shardex.api.index_ddl import (
 )
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.manager.index_copies import drop_index_copies
 from shardex.manager.index_validate import validate_create
 from shardex.meta.index_state import (
     ACTIVE,
@@ -160,6 +162,7 @@ class IndexDDL:
         c.register_op(IndexBuildProgress, self.build_progress)
         c.register_op(MarkIndexActive, self.mark_active)
         c.register_op(MarkIndexError, self.mark_error)
+        c.register_op(DropIndexCopies, drop_index_copies)
         c.register_recovery(self.recover)
         c.on_change(self._on_apply)
         return self

@@ -7,9 +7,10 @@ from collections import Counter
 import pytest
 
 from shardex.api.index import AllocateSlices, DropSlices
-from shardex.api.index_ddl import CreateIndex, DropIndex
+from shardex.api.index_ddl import CreateIndex, DropIndex, DropIndexCopies
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
+from shardex.manager.index_copies import drop_index_copies, without_copies
 from shardex.manager.index_validate import place_replicas, slice_load, validate_create
 from shardex.meta.index_definition import MAX_INDEX_REPLICAS, IndexKey, check_num_replica
 from tests.unit.manager import coordinator_fakes as fakes
@@ -133,3 +134,36 @@ async def test_create_allocates_every_copy_and_drop_reaches_them() -> None:
     await run(d.drop_index, DropIndex(keyspace="ks", name="ix", request_id="d-r"), ctx)
     dropped = sorted(n for n, m in ctx.pool.sent if isinstance(m, DropSlices))
     assert dropped == UP3
+
+
+def test_without_copies_drops_replicas_and_promotes_for_a_primary() -> None:
+    topo = Topology(seq_num=4, assignment={0: "n1", 1: "n2"}, replicas={0: ["n2"], 1: ["n3"]})
+    nxt, dropped = without_copies(topo, [(0, "n1"), (1, "n3"), (1, "n9"), (7, "n1")])
+    assert dropped == [(0, "n1"), (1, "n3")]
+    assert nxt == Topology(seq_num=5, assignment={0: "n2", 1: "n2"}, replicas={})
+    same, none = without_copies(topo, [(0, "n3")])
+    assert same is topo and none == []
+    with pytest.raises(ShardexError) as err:
+        without_copies(nxt, [(0, "n2")])
+    assert err.value.code is ErrorCode.BAD_REQUEST and "last one" in err.value.message
+
+
+async def test_drop_index_copies_commits_a_new_topology_once() -> None:
+    ctx = FakeCtx()
+    d = ddl()
+    msg = create(partition_by=["META().id"], num_partition=3, num_replica=1, request_id="c-x")
+    created = await run(d.create_index, msg, ctx)
+    topo, index_id = created.topology, created.index.id
+    victim = topo.replicas[0][0]
+    lost = [(p, victim) for p in topo.copies_of(victim)]
+    commits = len(ctx.commits)
+    reply = await run(drop_index_copies, DropIndexCopies(index_id=index_id, copies=lost), ctx)
+    assert sorted(reply.dropped) == sorted(lost) and len(ctx.commits) == commits + 1
+    history = ctx.state.index_topologies[index_id]
+    assert history[-1] == reply.topology and reply.topology.seq_num == topo.seq_num + 1
+    assert victim not in reply.topology.copy_nodes()
+    again = await run(drop_index_copies, DropIndexCopies(index_id=index_id, copies=lost), ctx)
+    assert again.dropped == [] and len(ctx.commits) == commits + 1  # idempotent
+    with pytest.raises(ShardexError) as err:
+        await run(drop_index_copies, DropIndexCopies(index_id="nope", copies=lost), ctx)
+    assert err.value.code is ErrorCode.INDEX_NOT_FOUND

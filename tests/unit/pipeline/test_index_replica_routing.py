@@ -10,7 +10,7 @@ from shardex.api.delivery import SliceAck, Stabilised
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.index import BROADCAST, DELETE, UPSERT, UPSERT_DELETION, make_definition
-from shardex.manager.timekeeper import plan_stabilise, verify_acks
+from shardex.manager.timekeeper import check_acks, plan_stabilise, verify_acks
 from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.meta.state import StateContext
 from shardex.pipeline.project.projector import project
@@ -96,3 +96,23 @@ def test_timekeeper_stabilises_every_copy_and_counts_items_once() -> None:
     ts = Timestamp({0: (4, 1)})
     ready, not_ready = verify_acks(plan, {n: _reply(n, ts) for n in ("n1", "n2", "n3")}, ts)
     assert ready == {"m": 15} and not_ready == {}  # 3 partitions x 5 items, not 6 copies
+
+
+def test_an_index_is_ready_when_each_partition_has_a_copy_at_the_ts() -> None:
+    plan = plan_stabilise(_state(), "ks", ["m"])
+    ts = Timestamp({0: (4, 1)})
+    old = Timestamp({0: (3, 1)})
+    # n2 is down: partition 0 has n1, partition 1 has n3; both of n2's copies are behind.
+    check = check_acks(plan, {"n1": _reply("n1", ts), "n3": _reply("n3", ts)}, ts)
+    assert check.ready == {"m": 15} and check.not_ready == {}
+    assert sorted(check.behind["m"]) == [(0, "n2"), (1, "n2")]
+    assert "n2 did not acknowledge" in check.behind["m"][(0, "n2")]
+    # n3 answered but has not applied the TS: partition 1 still has n2, partition 2 n1.
+    replies = {n: _reply(n, ts) for n in ("n1", "n2")} | {"n3": _reply("n3", old)}
+    check = check_acks(plan, replies, ts)
+    assert check.ready == {"m": 15} and sorted(check.behind["m"]) == [(1, "n3"), (2, "n3")]
+    # n2 and n3 down: partition 1 has no copy at the TS: the index waits, nothing is behind.
+    check = check_acks(plan, {"n1": _reply("n1", ts)}, ts)
+    assert check.ready == {} and check.behind == {}
+    assert check.not_ready == {"m": "missing: n2 did not acknowledge partition 1"}
+    assert verify_acks(plan, {"n1": _reply("n1", ts)}, ts) == ({}, check.not_ready)

@@ -104,16 +104,21 @@ class Node:
 
 
 class Env:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, replicas: bool = False) -> None:
         self.defs = {d.name: d for d in workload_definitions(KS)}
         self.placement = {
             d.id: {p: NODES[p % 2] for p in range(d.num_partition)} for d in self.defs.values()
+        }
+        # With ``replicas``: a replica copy of every index partition on the other node.
+        self.replicas = {
+            i: {p: [NODES[1 - NODES.index(n)]] for p, n in a.items()} if replicas else {}
+            for i, a in self.placement.items()
         }
         self.holder = StateHolder(self._state(ACTIVE))
         self.members: list[MemberInfo] = []
         self.nodes = {n: Node(n, tmp / n, self.holder, self.members) for n in NODES}
         self.pool = ConnectionPool(TcpTransport(), SECRET, name="pipe")
-        self.routes = {d.id: IndexRoute.of(d, self.placement[d.id]) for d in self.defs.values()}
+        self.routes = {d.id: IndexRoute.of(d, self.topology(d.id)) for d in self.defs.values()}
         self.ks = FakeKeyspace(num_partitions=8)
         self.delivered: Timestamp | None = None
         self.client: Client | None = None
@@ -126,9 +131,12 @@ class Env:
                 d.id: IndexRecord(definition=d, state=state if d.name == name else ACTIVE)
                 for d in self.defs.values()
             },
-            index_topologies={
-                i: [Topology(seq_num=1, assignment=a)] for i, a in self.placement.items()
-            },
+            index_topologies={i: [self.topology(i)] for i in self.placement},
+        )
+
+    def topology(self, index_id: str) -> Topology:
+        return Topology(
+            seq_num=1, assignment=self.placement[index_id], replicas=self.replicas[index_id]
         )
 
     async def ask(self, node: str, msg: Message, expect: type[Any]) -> Any:
@@ -142,7 +150,7 @@ class Env:
             )
         for d in self.defs.values():
             for node in NODES:
-                mine = [p for p, n in self.placement[d.id].items() if n == node]
+                mine = self.topology(d.id).copies_of(node)
                 await self.ask(node, AllocateSlices(definition=d, partitions=mine), SlicesAllocated)
         self.client = await asyncio.to_thread(connect, self.nodes["n1"].address, secret=SECRET)
 

@@ -19,11 +19,15 @@ Nodes:
   range again (the indexers drop what they applied, by seqno). A failed round is retried
   by the job's policy (``rounds/retry.py``).
 
-The cluster state (indexes ACTIVE, one topology each) is fixed: the coordinator is a stand-in
-that answers with it. After every round the timekeeper published, ``World.check_published``
+The cluster state (indexes ACTIVE, one topology each, with ``Params.num_replica`` replica
+copies per index partition) changes only by ``DropIndexCopies`` (the timekeeper takes copies
+that missed a round out of the topology before publishing without them): the coordinator is
+one stand-in every node shares, which answers state requests and runs that op. The driver
+routes each round by the latest topologies (as the job's registry refreshes after a round
+some node missed). After every round the timekeeper published, ``World.check_published``
 runs the oracle on every published index at that TS: its entries over all slices (live
 engines at the snapshot, or a crashed node's disk) equal its definition over the documents
-as of the TS.
+as of the TS, and every replica copy in the topology holds exactly its primary's entries.
 """
 
 from __future__ import annotations
@@ -35,8 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from shardex.api.coordinator import StateReply
 from shardex.api.delivery import DeliverAndStabilise
+from shardex.api.index_ddl import DropIndexCopies, IndexCopiesDropped
 from shardex.api.timekeeper import StabilityAdvanced
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
@@ -44,6 +51,7 @@ from shardex.errors import NodeUnavailable, ShardexError
 from shardex.index.oracle import check_index
 from shardex.index.records import cf_names
 from shardex.index.service import IndexService
+from shardex.manager.index_copies import without_copies
 from shardex.manager.timekeeper import Timekeeper
 from shardex.meta.index_definition import IndexDefinition
 from shardex.meta.index_state import ACTIVE, IndexRecord
@@ -90,16 +98,33 @@ def address(host: str) -> str:
 
 
 class StateStandIn:
-    """The coordinator as the index service and the timekeeper see it: a fixed state."""
+    """The coordinator as the index service and the timekeeper see it: one state, changed
+    only by ``DropIndexCopies`` (applied at once, as a commit on the master would be)."""
 
     def __init__(self, state: StateContext) -> None:
         self.state = state
+        self.dropped: list[tuple[str, int, str]] = []  # (index id, partition, node), in order
+        self.ids = 0
 
     def on_change(self, callback: Any) -> None:
         return None
 
-    async def submit(self, request: Any) -> StateReply:
-        return StateReply(state=self.state)
+    def new_id(self) -> str:
+        self.ids += 1
+        return f"tk-{self.ids}"
+
+    async def submit(self, request: Any) -> StateReply | IndexCopiesDropped:
+        if not isinstance(request, DropIndexCopies):
+            return StateReply(node="coord", master="coord", is_master=True, state=self.state)
+        history = self.state.index_topologies[request.index_id]
+        nxt, dropped = without_copies(history[-1], request.copies)
+        if dropped:
+            topologies = {**self.state.index_topologies, request.index_id: [*history, nxt]}
+            self.state = msgspec.structs.replace(
+                self.state, cas=self.state.cas + 1, index_topologies=topologies
+            )
+            self.dropped.extend((request.index_id, p, n) for p, n in dropped)
+        return IndexCopiesDropped(index_id=request.index_id, topology=nxt, dropped=dropped)
 
 
 class MembersStandIn:
@@ -124,6 +149,7 @@ class Params:
     writes: int = 40  # bursts of mutations
     chaos: bool = True
     frame_crash: float = 0.15  # chance an indexer restarts before a stabilise (``before_frame``)
+    num_replica: int = 0  # replica copies of every index partition (on other indexers)
 
 
 @dataclass
@@ -144,16 +170,42 @@ class World:
     failed: dict[str, int] = field(default_factory=dict)  # why rounds failed -> count
     crashes: list[str] = field(default_factory=list)
     checkpoint: Timestamp = field(default_factory=Timestamp)  # the driver's, as last saved
+    missed_rounds: int = 0  # rounds done without some node (its copies missed them)
+    # (virtual time, TS, index ids) of every publication checked
+    publications: list[tuple[float, Timestamp, list[str]]] = field(default_factory=list)
     chaos_on: bool = False  # faults are injected (``chaos`` runs)
 
     def __post_init__(self) -> None:
+        replicas: dict[str, dict[int, list[str]]] = {}
         for d in self.definitions:
             self.placement[d.id] = {p: self.rng.choice(INDEXERS) for p in range(d.num_partition)}
-        recs = {d.id: IndexRecord(definition=d, state=ACTIVE) for d in self.definitions}
-        topos = {i: [Topology(seq_num=1, assignment=dict(a))] for i, a in self.placement.items()}
-        self.state = StateContext(epoch=1, cas=1, indexes=recs, index_topologies=topos)
+            replicas[d.id] = {
+                p: self.rng.sample([n for n in INDEXERS if n != node], self.params.num_replica)
+                for p, node in self.placement[d.id].items()
+            }
+        recs = {
+            d.id: IndexRecord(definition=d, state=ACTIVE, num_replica=self.params.num_replica)
+            for d in self.definitions
+        }
+        topos = {
+            i: [Topology(seq_num=1, assignment=dict(a), replicas=replicas[i])]
+            for i, a in self.placement.items()
+        }
+        self.coordinator = StateStandIn(
+            StateContext(epoch=1, cas=1, indexes=recs, index_topologies=topos)
+        )
+        self.refresh_views()
+
+    @property
+    def state(self) -> StateContext:
+        return self.coordinator.state
+
+    def refresh_views(self) -> None:
+        """Route by the latest topologies (the job's registry, refreshed)."""
+        state = self.state
         self.views = [
-            IndexView(record=recs[d.id], topology=topos[d.id][0]) for d in self.definitions
+            IndexView(record=state.indexes[d.id], topology=state.index_topologies[d.id][-1])
+            for d in self.definitions
         ]
         self.routes = {v.id: v.route() for v in self.views}
 
@@ -167,7 +219,7 @@ class World:
 
     async def _indexer_main(self, node: ClusterNode) -> None:
         disk: MemoryDisk = node.disk.setdefault("store", MemoryDisk())
-        coordinator = StateStandIn(self.state)
+        coordinator = self.coordinator
         svc = IndexService(
             node_name=node.host,
             transport=node.transport,
@@ -196,7 +248,7 @@ class World:
             svc.close_now()
 
     async def _timekeeper_main(self, node: ClusterNode) -> None:
-        coordinator, members = StateStandIn(self.state), MembersStandIn()
+        coordinator, members = self.coordinator, MembersStandIn()
         tk = Timekeeper(
             transport=node.transport,
             secret=SECRET,
@@ -221,14 +273,15 @@ class World:
         # (``rounds/cleaned.py``, the job's rule): none in a (re)started driver, so its first
         # round drops on every node, as a new query's first round does.
         cleaned = CleanedNodes()
-        plan, _ = stabilise_plan(self.views)
-        key = views_key(self.views)
         attempt = 0  # failed rounds in a row
         while True:
             end = self.ks.ts()
             if checkpoint.covers(end):
                 await asyncio.sleep(self.params.round_gap)
                 continue
+            self.refresh_views()
+            plan, _ = stabilise_plan(self.views)
+            key = views_key(self.views)
             batch_id += 1
             node.disk["batch_id"] = batch_id
             drop = cleaned.drop_above(checkpoint, end, plan)
@@ -256,7 +309,11 @@ class World:
                 await asyncio.sleep(retry_pause(attempt, self.rng))
                 continue
             attempt = 0
-            cleaned.round_done(key, outcome.report.incarnations, drop is not None)
+            cleaned.round_done(
+                key, outcome.report.incarnations, drop is not None, missed=outcome.report.missed
+            )
+            if outcome.report.missed:
+                self.missed_rounds += 1
             if outcome.published:
                 self.check_published(outcome.ts, outcome.published)
             if set(outcome.published) == {d.id for d in self.definitions}:
@@ -283,11 +340,15 @@ class World:
 
     # -- checks ----------------------------------------------------------------------------
 
-    def slice_entries(self, index_id: str, partition: int, ts: Timestamp) -> list[bytes]:
-        """The slice's entries at ``ts``: the live engine's snapshot (or its tip when it
-        applied exactly ``ts``: a restarted slice snapshots only once active), or a crashed
-        node's disk as a restart would find it."""
-        host = self.placement[index_id][partition]
+    def slice_entries(
+        self, index_id: str, partition: int, ts: Timestamp, host: str | None = None
+    ) -> list[bytes]:
+        """The slice's entries at ``ts`` on ``host`` (default: the partition's primary in the
+        latest topology): the live engine's snapshot (or its tip when it applied exactly
+        ``ts``: a restarted slice snapshots only once active), or a crashed node's disk as a
+        restart would find it."""
+        if host is None:
+            host = self.state.index_topologies[index_id][-1].owner(partition)
         svc = self.services.get(host)
         if svc is not None and svc.host.is_open:
             sl = svc.engine.slice(index_id, partition)
@@ -306,9 +367,16 @@ class World:
         for d in self.definitions:
             if d.id not in index_ids:
                 continue
+            topo = self.state.index_topologies[d.id][-1]
             entries = {p: self.slice_entries(d.id, p, ts) for p in range(d.num_partition)}
             check_index(d, entries, docs, context=f"stability TS {ts!r}")
+            for p in range(d.num_partition):
+                for host in topo.replicas.get(p, ()):
+                    copy = self.slice_entries(d.id, p, ts, host)
+                    assert copy == entries[p], f"{host}'s copy of {d.id}/{p} differs at {ts!r}"
         self.published.append(ts)
+        now = asyncio.get_running_loop().time()
+        self.publications.append((now, ts, sorted(index_ids)))
 
     # -- faults and load -------------------------------------------------------------------
 
@@ -371,7 +439,9 @@ class World:
         last = self.published[-1]
         for host in INDEXERS:
             told = self.services[host].delivery.published
-            hosted = {i for i, placed in self.placement.items() if host in placed.values()}
+            hosted = {
+                i for i, t in self.state.index_topologies.items() if host in t[-1].copy_nodes()
+            }
             wrong = {i: told.get(i) for i in hosted if told.get(i) != last}
             assert not wrong, f"{host} holds {wrong}, not the last stability TS {last!r}"
 

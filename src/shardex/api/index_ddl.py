@@ -23,7 +23,9 @@ __all__ = [
     "BuildIndex",
     "CreateIndex",
     "DropIndex",
+    "DropIndexCopies",
     "IndexBuildProgress",
+    "IndexCopiesDropped",
     "IndexCreated",
     "IndexDropped",
     "IndexUpdated",
@@ -47,6 +49,7 @@ class CreateIndex(Message, tag="manager.CreateIndex"):
     nodes: list[str] | None = None
     is_primary: bool = False
     request_id: str | None = None
+    num_replica: int = 0  # copies of every index partition beyond the first, on other nodes
 
 
 class IndexCreated(Message, tag="manager.IndexCreated"):
@@ -147,3 +150,21 @@ INDEX_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
 MAX_INDEX_NAME = 100
+
+
+class DropIndexCopies(Message, tag="manager.DropIndexCopies"):
+    """The timekeeper -> the master: these copies (index partition, node) missed a stability
+    round that is about to be published without them; take them out of the index topology
+    (a primary is replaced by its first remaining replica) so that no later round and no
+    scan uses them. Never drops a partition's last copy."""
+
+    index_id: str
+    copies: list[tuple[int, str]]
+    ts: dict[int, tuple[int, int]] | None = None  # the round's TS (for the log)
+    request_id: str | None = None
+
+
+class IndexCopiesDropped(Message, tag="manager.IndexCopiesDropped"):
+    index_id: str
+    topology: Topology  # the latest topology after the op
+    dropped: list[tuple[int, str]]  # the copies this op took out (already gone: not listed)

@@ -35,6 +35,9 @@ class StabilityAdvanced(Message, tag="manager.StabilityAdvanced"):
     published: list[str]  # index ids whose stability TS is now ``ts``
     items_count: dict[str, int]  # index id -> entries over all slices at ``ts``
     skipped: list[str] = msgspec.field(default_factory=list)  # not in a stabilisable state
+    # index id -> (index partition, node) of the copies that missed the round and were taken
+    # out of the index topology before ``ts`` was published without them
+    dropped_copies: dict[str, list[tuple[int, str]]] = msgspec.field(default_factory=dict)
 
 
 class StabilityRequest(Message, tag="manager.StabilityRequest"):

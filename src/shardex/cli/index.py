@@ -34,9 +34,10 @@ def _print_json(value: Any) -> None:
 def _summary(ix: dict[str, Any]) -> str:
     where = f" WHERE {ix['where']}" if ix.get("where") else ""
     nodes = ", ".join(ix["nodes"])
+    copies = f" x{1 + ix['num_replica']} copies" if ix.get("num_replica") else ""
     return (
         f"index [bold]{ix['name']}[/] on {ix['keyspace']}({', '.join(ix['keys'])}){where}: "
-        f"{ix['state']}, {ix['num_partition']} partition(s) on {nodes}"
+        f"{ix['state']}, {ix['num_partition']} partition(s){copies} on {nodes}"
     )
 
 
@@ -66,6 +67,9 @@ def create(
         list[str] | None, typer.Option("--node", help="Place on this indexer (repeat).")
     ] = None,
     primary: Annotated[bool, typer.Option("--primary", help="A primary index.")] = False,
+    num_replica: Annotated[
+        int, typer.Option("--num-replica", help="Copies of each partition on other indexers.")
+    ] = 0,
     as_json: JsonOption = False,
 ) -> None:
     """Create an index; returns once every slice is allocated on its indexer."""
@@ -80,6 +84,7 @@ def create(
             defer_build=defer_build,
             nodes=node or None,
             primary=primary,
+            num_replica=num_replica,
         )
     if as_json:
         _print_json(ix)
@@ -128,7 +133,8 @@ def list_(
         _print_json(rows)
         return
     table = Table(title=f"indexes (cas {rows[0]['cas']})" if rows else "indexes")
-    cols = ("keyspace", "name", "state", "keys", "where", "partitions", "nodes", "progress")
+    cols = ("keyspace", "name", "state", "keys", "where", "partitions", "replicas", "nodes")
+    cols = (*cols, "progress")
     for col in (*cols, "items", "stable at"):
         table.add_column(col)
     for r in rows:
@@ -140,6 +146,7 @@ def list_(
             ", ".join(r["keys"]),
             r["where"] or "",
             str(r["num_partition"]),
+            str(r.get("num_replica", 0)),
             ", ".join(r["nodes"]),
             f"{r['progress']:.0%}",
             f"{r.get('items_count', 0):,}",

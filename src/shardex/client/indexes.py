@@ -43,7 +43,12 @@ from shardex.errors import (
     RequestTimeout,
     ShardexError,
 )
-from shardex.meta.index_definition import IndexDefinition, IndexKey, validate_definition
+from shardex.meta.index_definition import (
+    IndexDefinition,
+    IndexKey,
+    check_num_replica,
+    validate_definition,
+)
 from shardex.meta.index_state import (
     ACTIVE,
     ERROR,
@@ -90,7 +95,15 @@ def describe_index(
         "error": rec.error,
         "cas": cas,
         "num_partition": d.num_partition,
-        "nodes": sorted(set(assignment.values())),
+        "num_replica": rec.num_replica,
+        # index partition -> the nodes of its replica copies (the primary is in partitions)
+        "replicas": {p: list(ns) for p, ns in sorted(topo.replicas.items())} if topo else {},
+        "nodes": sorted(
+            {
+                *assignment.values(),
+                *(n for ns in (topo.replicas.values() if topo else ()) for n in ns),
+            }
+        ),
         "partitions": assignment,
         "topology_seq": topo.seq_num if topo is not None else None,
         "keys": [k.expr + (" DESC" if k.desc else "") for k in d.keys],
@@ -152,6 +165,7 @@ class IndexOps:
                 defer_build=stmt.defer_build,
                 nodes=list(stmt.nodes) if stmt.nodes else None,
                 primary=stmt.is_primary,
+                num_replica=stmt.num_replica,
             )
         if isinstance(stmt, BuildIndexStmt):
             return self.build_index(stmt.keyspace, *stmt.names)
@@ -172,13 +186,17 @@ class IndexOps:
         nodes: Sequence[str] | None = None,
         *,
         primary: bool = False,
+        num_replica: int = 0,
     ) -> dict[str, Any]:
         """CREATE INDEX; returns once every slice is allocated, with the index in BUILDING
         (READY with ``defer_build``). ``keys``: ``"age"``, ``"age DESC"``, ``("age", True)``.
         ``partition_by``: expressions (``["META().id"]``); ``num_partition`` defaults to 8
         with it, 1 without. ``nodes`` pins the placement. ``primary``: a primary index (no
-        keys; named ``#primary`` unless ``name`` is given)."""
+        keys; named ``#primary`` unless ``name`` is given). ``num_replica`` (0..3): full
+        copies of every index partition on other indexers, kept at the same stability TS;
+        scans fail over between them."""
         check_keyspace_name(keyspace)
+        num_replica = check_num_replica(num_replica)
         parts = [_key(k) for k in keys]
         if primary:
             name = check_index_name(name or PRIMARY_NAME, primary=True)
@@ -211,6 +229,7 @@ class IndexOps:
             nodes=list(nodes) if nodes is not None else None,
             is_primary=primary,
             request_id=uuid.uuid4().hex,
+            num_replica=num_replica,
         )
         reply = self.rpc.run(self.rpc.ddl(msg, IndexCreated))
         return self._described(reply.index, reply.topology)

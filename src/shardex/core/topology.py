@@ -31,6 +31,16 @@ class Topology(msgspec.Struct, frozen=True, kw_only=True):
         """The partitions ``node`` holds a replica copy of."""
         return sorted(p for p, nodes in self.replicas.items() if node in nodes)
 
+    def copies_of(self, node: str) -> list[int]:
+        """The partitions ``node`` holds any copy of (active or replica)."""
+        return sorted({*self.partitions_of(node), *self.replicas_of(node)})
+
+    def copy_nodes(self) -> list[str]:
+        """Every node holding a copy of some partition (actives and replicas)."""
+        return sorted(
+            {*self.assignment.values(), *(n for ns in self.replicas.values() for n in ns)}
+        )
+
     def owner(self, partition: int) -> str:
         try:
             return self.assignment[partition]

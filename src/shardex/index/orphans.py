@@ -13,9 +13,10 @@ that confirms it as an orphan first hands it to ``SliceMoves.switched_in_state``
 recognises it from the index topology history and drops it after the move's own grace.)
 
 The rule (``plan_orphans``): a held slice of a settled live index (READY, BUILDING, ACTIVE or
-ERROR) is an orphan when the index's latest topology does not give the partition to this
-node *and* no in-flight move (``moving``) targets it here. Whole-index drops (DELETED,
-removed) stay with ``plan_reconcile``; INIT indexes are the DDL master's business.
+ERROR) is an orphan when the index's latest topology does not give the partition (its primary
+or a replica copy) to this node *and* no in-flight move (``moving``) targets it here.
+Whole-index drops (DELETED, removed) stay with ``plan_reconcile``; INIT indexes are the DDL
+master's business.
 
 Dropping is guarded three ways (``OrphanTracker``), because a slice can look orphaned for a
 moment while it is perfectly legitimate:
@@ -62,7 +63,8 @@ def plan_orphans(node: str, state: StateContext, held: dict[str, set[int]]) -> l
         if topo is None:
             continue
         for p in sorted(held[index_id]):
-            if topo.assignment.get(p) != node and incoming.get((index_id, p)) != node:
+            held_here = node in topo.chain(p) if p in topo.assignment else False
+            if not held_here and incoming.get((index_id, p)) != node:
                 out.append((index_id, p))
     return out
 

@@ -103,7 +103,7 @@ def plan_reconcile(node: str, state: StateContext, held: dict[str, set[int]]) ->
         if rec.state not in LIVE_STATES or rec.state == INIT:
             continue
         topo = latest_index_topology(state.index_topologies, index_id)
-        mine = topo.partitions_of(node) if topo is not None else []
+        mine = topo.copies_of(node) if topo is not None else []
         missing = [p for p in mine if p not in held.get(index_id, set())]
         if missing:
             create.append((rec.definition, missing))

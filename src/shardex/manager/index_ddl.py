@@ -12,8 +12,8 @@ the master exactly there):
     manager, held by a majority (``replication.py``). Step 3 is reported from the master's
     apply (``_on_apply``); 4-7 happen inside the commit (the sim test reaches them through
     the coordinator's own hooks);
- 8-11. ``AllocateSlices`` to each indexer of the topology in name order: 8 / 10 before a
-    request, 9 / 11 after its ACK (``_allocate``);
+ 8-11. ``AllocateSlices`` to each indexer of the topology (replica copies included) in name
+    order: 8 / 10 before a request, 9 / 11 after its ACK (``_allocate``);
  12-16. state READY, committed the same way (12 reported from the master's apply);
  17. the reply (SUCCESS) - after the load phase has started: unless ``defer_build`` the
     index moves to BUILDING in one more commit, which also records the reply.
@@ -56,6 +56,7 @@ from shardex.api.index_ddl import (
     BuildIndex,
     CreateIndex,
     DropIndex,
+    DropIndexCopies,
     IndexBuildProgress,
     IndexCreated,
     IndexDropped,
@@ -66,6 +67,7 @@ from shardex.api.index_ddl import (
 )
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.manager.index_copies import drop_index_copies
 from shardex.manager.index_validate import validate_create
 from shardex.meta.index_state import (
     ACTIVE,
@@ -160,6 +162,7 @@ class IndexDDL:
         c.register_op(IndexBuildProgress, self.build_progress)
         c.register_op(MarkIndexActive, self.mark_active)
         c.register_op(MarkIndexError, self.mark_error)
+        c.register_op(DropIndexCopies, drop_index_copies)
         c.register_recovery(self.recover)
         c.on_change(self._on_apply)
         return self
@@ -214,8 +217,9 @@ class IndexDDL:
 
     async def _allocate(self, ctx: Any, rec: IndexRecord, topo: Topology) -> dict[str, str]:
         """DDL flow steps 8-11, one indexer at a time in name order; stops at the first failure."""
-        for i, node in enumerate(topo.nodes()):
-            msg = AllocateSlices(definition=rec.definition, partitions=topo.partitions_of(node))
+        for i, node in enumerate(topo.copy_nodes()):
+            # Replica copies are slices like the primary's: same partition numbers.
+            msg = AllocateSlices(definition=rec.definition, partitions=topo.copies_of(node))
             self._step(8 if i == 0 else 10, rec.id)
             err = await self._tell(ctx, node, msg, self.node_attempts)
             if err is not None:
@@ -225,7 +229,8 @@ class IndexDDL:
 
     async def _drop_slices(self, ctx: Any, index_id: str) -> list[str]:
         """Best effort, in parallel: the nodes that did not confirm (they reconcile later)."""
-        nodes = sorted({n for t in ctx.state.index_topologies.get(index_id, []) for n in t.nodes()})
+        history = ctx.state.index_topologies.get(index_id, [])
+        nodes = sorted({n for t in history for n in t.copy_nodes()})
         msg = DropSlices(index_id=index_id)
         results = await asyncio.gather(*(self._tell(ctx, n, msg, 2) for n in nodes))
         return [n for n, err in zip(nodes, results, strict=True) if err is not None]
@@ -254,8 +259,9 @@ class IndexDDL:
             defer_build=plan.defer_build,
             nodes=plan.nodes,
             request_id=msg.request_id,
+            num_replica=plan.num_replica,
         )
-        topo = Topology(seq_num=1, assignment=plan.assignment)
+        topo = Topology(seq_num=1, assignment=plan.assignment, replicas=plan.replicas)
         new_state = msgspec.structs.replace(
             with_record(state, rec),
             index_topologies={**state.index_topologies, index_id: [topo]},

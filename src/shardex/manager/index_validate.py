@@ -11,14 +11,22 @@ with the fewest slices so far, counting the slices of every index that is not be
 (ties by name). So one index's partitions are spread evenly, and a new index leans towards
 nodes that host fewer slices. ``nodes`` pins the placement: the partitions are dealt
 round-robin over exactly those nodes, least loaded first, and every named node gets at least
-one (so more nodes than partitions is refused).
+one slice (so more nodes than slices is refused).
+
+Replicas (``num_replica``, ``place_replicas``): each index partition's replica copies go, one
+rank at a time, to the candidate that holds no copy of that partition yet and the fewest
+slices of this index, then the fewest slices of all live indexes (primaries and replicas; ties
+by name), so every pinned node gets a slice when there are enough.
+A partition's copies are thus on distinct nodes, and a node's slice count stays within one of
+the others' where that rule allows. Fewer candidates than copies is refused (a second copy on
+one node protects nothing).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardex.api.errors import BadRequest, KeyspaceNotFound
 from shardex.api.index_ddl import DEFAULT_PARTITIONED, CreateIndex, check_index_name
@@ -28,6 +36,7 @@ from shardex.meta.index_definition import (
     MAX_INDEX_PARTITIONS,
     IndexDefinition,
     IndexKey,
+    check_num_replica,
     validate_definition,
 )
 from shardex.meta.index_state import (
@@ -42,6 +51,7 @@ from shardex.meta.state import StateContext
 __all__ = [
     "CreatePlan",
     "place_partitions",
+    "place_replicas",
     "slice_load",
     "validate_create",
 ]
@@ -55,6 +65,8 @@ class CreatePlan:
     assignment: dict[int, str]  # index partition -> indexer node
     defer_build: bool
     nodes: list[str] | None
+    num_replica: int = 0
+    replicas: dict[int, list[str]] = field(default_factory=dict)  # partition -> replica nodes
 
 
 def _num_partition(msg: CreateIndex) -> int:
@@ -81,6 +93,21 @@ def _num_partition(msg: CreateIndex) -> int:
             },
         )
     return n
+
+
+def _check_replicas(num_replica: int, candidates: Sequence[str], pinned: bool) -> None:
+    if num_replica + 1 <= len(set(candidates)):
+        return
+    where = "named in nodes" if pinned else "up"
+    raise BadRequest(
+        f"num_replica {num_replica} needs {num_replica + 1} indexers for the copies of each "
+        f"partition, but only {len(set(candidates))} are {where}",
+        details={
+            "num_replica": num_replica,
+            "indexers": sorted(set(candidates)),
+            "hint": "lower num_replica, or start (or name) more indexers",
+        },
+    )
 
 
 def _check_nodes(
@@ -117,9 +144,13 @@ def _check_nodes(
             )
     if len(nodes) > n:
         raise BadRequest(
-            f"nodes names {len(nodes)} indexers but the index has {n} partition(s): every "
+            f"nodes names {len(nodes)} indexers but the index has {n} slice(s): every "
             "named node must host at least one",
-            details={"nodes": nodes, "num_partition": n, "hint": "raise num_partition"},
+            details={
+                "nodes": nodes,
+                "slices": n,
+                "hint": "raise num_partition or num_replica",
+            },
         )
     return list(nodes)
 
@@ -197,7 +228,8 @@ def validate_create(
         )
     n = _num_partition(msg)
     definition = _definition(msg, name, n)
-    nodes = _check_nodes(msg.nodes, n, indexers, up)
+    num_replica = check_num_replica(msg.num_replica)
+    nodes = _check_nodes(msg.nodes, n * (1 + num_replica), indexers, up)
     if nodes is None and not up:
         raise NodeUnavailable(
             "no indexer is up to place the index on",
@@ -208,12 +240,18 @@ def validate_create(
                 "hint": "start a node with the index service",
             },
         )
-    assignment = place_partitions(n, nodes if nodes is not None else up, slice_load(state), nodes)
+    candidates = nodes if nodes is not None else up
+    _check_replicas(num_replica, candidates, nodes is not None)
+    load = slice_load(state)
+    assignment = place_partitions(n, candidates, load, nodes)
+    replicas = place_replicas(assignment, num_replica, candidates, load)
     return CreatePlan(
         definition=definition,
         assignment=assignment,
         defer_build=msg.defer_build,
         nodes=nodes,
+        num_replica=num_replica,
+        replicas=replicas,
     )
 
 
@@ -225,6 +263,7 @@ def slice_load(state: StateContext) -> Counter[str]:
         if topo is None or rec.state == DELETED:
             continue
         load.update(topo.assignment.values())
+        load.update(n for nodes in topo.replicas.values() for n in nodes)
     return load
 
 
@@ -248,3 +287,56 @@ def place_partitions(
         assignment[p] = node
         total[node] += 1
     return assignment
+
+
+def place_replicas(
+    assignment: dict[int, str], num_replica: int, candidates: Iterable[str], load: Counter[str]
+) -> dict[int, list[str]]:
+    """Replica nodes per index partition (module docstring); {} without replicas.
+    ``load`` is not changed. Deterministic for a given state and membership view."""
+    if num_replica <= 0:
+        return {}
+    nodes = sorted(set(candidates))
+    total = Counter({n: load[n] for n in nodes})
+    total.update(assignment.values())
+    mine = Counter(assignment.values())  # this index's slices per node
+    replicas: dict[int, list[str]] = {p: [] for p in sorted(assignment)}
+    for _rank in range(num_replica):
+        for p in sorted(assignment):
+            taken = {assignment[p], *replicas[p]}
+            free = [n for n in nodes if n not in taken]
+            if not free:
+                continue  # too few nodes: refused before placement by validate_create
+            node = min(free, key=lambda n: (mine[n], total[n], n))
+            replicas[p].append(node)
+            total[node] += 1
+            mine[node] += 1
+    _even_out(assignment, replicas, nodes, mine)
+    return replicas
+
+
+def _even_out(
+    assignment: dict[int, str],
+    replicas: dict[int, list[str]],
+    nodes: list[str],
+    mine: Counter[str],
+) -> None:
+    """Move replicas from the node with the most slices of this index to the one with the
+    fewest while they differ by more than one: the greedy pass can leave the last partitions
+    only nodes already full (three partitions on three nodes, one replica each)."""
+    for _ in range(sum(len(r) for r in replicas.values())):
+        hi = max(nodes, key=lambda n: (mine[n], n))
+        lo = min(nodes, key=lambda n: (mine[n], n))
+        if mine[hi] - mine[lo] <= 1:
+            return
+        movable = [
+            p
+            for p in sorted(replicas)
+            if hi in replicas[p] and lo != assignment[p] and lo not in replicas[p]
+        ]
+        if not movable:
+            return
+        p = movable[0]
+        replicas[p] = [lo if n == hi else n for n in replicas[p]]
+        mine[hi] -= 1
+        mine[lo] += 1

@@ -17,16 +17,19 @@ timekeeper:
     publishes nothing: ``STALE_DELIVERY`` keeps its code (the caller must re-deliver the
     batch), everything else becomes NODE_UNAVAILABLE naming the node. Stabilise is
     idempotent, so the caller simply retries;
-16. checks that every partition of each index's topology acknowledged a slice in state
-    ``active`` or ``created`` whose applied TS covers ``ts`` (an index with a slice loading or
-    needing a rebuild, or missing, is ``skipped``), then publishes ``ts`` as the stability TS
-    of the others: held here in memory (monotonic per index), and the reply goes back at
-    once. Their indexers are told with ``PublishStability`` after the reply (best effort: an
-    indexer keeps it only as a hint for status; scans wait on the slices' own snapshots,
-    ``index/scan_wait.py``), through one queue per indexer node whose sender waits for each
-    answer before the next: an indexer takes any TS its held one does not cover (a new
-    history branch after a rollback), so two publishes in flight at once could land in the
-    wrong order and move it back.
+16. checks that every partition of each index's topology has a copy (its primary or a
+    replica) that acknowledged a slice in state ``active`` or ``created`` whose applied TS
+    covers ``ts`` (an index with a partition whose copies are all loading, needing a rebuild
+    or missing is ``skipped``; ``check_acks``); the copies of such a ready index that did not
+    reach ``ts`` first leave the index topology (``DropIndexCopies``, committed by the master:
+    they lack the round's rows, ``index_copies.py``); then it publishes ``ts`` as the
+    stability TS of the ready indexes: held here in memory (monotonic per index), and the
+    reply goes back at once. Their indexers are told with ``PublishStability`` after the
+    reply (best effort: an indexer keeps it only as a hint for status; scans wait on the
+    slices' own snapshots, ``index/scan_wait.py``), through one queue per indexer node whose
+    sender waits for each answer before the next: an indexer takes any TS its held one does
+    not cover (a new history branch after a rollback), so two publishes in flight at once
+    could land in the wrong order and move it back.
 
 This runs every micro-batch (a few times a second): it reads the local replica's state and
 commits nothing. Requests for one keyspace are serialised (a later batch never overtakes an
@@ -54,6 +57,7 @@ from shardex.api.delivery import (
     StabilityPublished,
     WireTs,
 )
+from shardex.api.index_ddl import DropIndexCopies
 from shardex.api.timekeeper import (
     AdvanceStability,
     StabilityAdvanced,
@@ -74,8 +78,10 @@ __all__ = [
     "MAX_QUEUED_PUBLISHES",
     "PUBLISH_TIMEOUT",
     "STABILISE_TIMEOUT",
+    "AckCheck",
     "StabilisePlan",
     "Timekeeper",
+    "check_acks",
     "plan_stabilise",
     "verify_acks",
 ]
@@ -134,9 +140,10 @@ def plan_stabilise(
             plan.skipped[index_id] = f"index {rec.name!r} has no topology"
         else:
             plan.topologies[index_id] = topo
-            for p, node in sorted(topo.assignment.items()):
-                nodes.setdefault(node, set()).add(index_id)
-                plan.slices.setdefault(node, {}).setdefault(index_id, []).append(p)
+            for p in sorted(topo.assignment):
+                for node in topo.chain(p):  # the primary and every replica copy
+                    nodes.setdefault(node, set()).add(index_id)
+                    plan.slices.setdefault(node, {}).setdefault(index_id, []).append(p)
             for p, target in sorted((moving or {}).get(index_id, {}).items()):
                 nodes.setdefault(target, set()).add(index_id)
                 plan.moving.setdefault(target, {}).setdefault(index_id, []).append(p)
@@ -147,40 +154,71 @@ def plan_stabilise(
     return plan
 
 
-def verify_acks(
-    plan: StabilisePlan, replies: dict[str, Stabilised], ts: Timestamp
-) -> tuple[dict[str, int], dict[str, str]]:
-    """(index id -> items over its slices, for the indexes every slice of which is stable at
-    ``ts``; index id -> why not, for the others)."""
+@dataclass
+class AckCheck:
+    """What a round's replies allow (``check_acks``)."""
+
+    ready: dict[str, int] = field(default_factory=dict)  # index id -> items at the TS
+    not_ready: dict[str, str] = field(default_factory=dict)  # index id -> why not
+    # index id -> (partition, node) of the copies of a ready index that did not reach the TS
+    # (with the reason): published without them, they must leave the topology first
+    behind: dict[str, dict[tuple[int, str], str]] = field(default_factory=dict)
+
+
+def check_acks(plan: StabilisePlan, replies: dict[str, Stabilised], ts: Timestamp) -> AckCheck:
+    """An index is ready at ``ts`` when every partition of its topology has a copy (the
+    primary or a replica) whose slice acknowledged ``ts`` in a stable state; its copies that
+    did not are ``behind``. Items are counted once per partition (the first stable copy:
+    every copy holds the same entries)."""
     acks: dict[tuple[str, str, int], SliceAck] = {}
     missing: set[tuple[str, str]] = set()
     for node, reply in replies.items():
         for ack in reply.acks:
             acks[(node, ack.index_id, ack.partition)] = ack
         missing.update((node, index_id) for index_id in reply.missing)
-    ready: dict[str, int] = {}
-    not_ready: dict[str, str] = {}
+    out = AckCheck()
     for index_id, topo in plan.topologies.items():
         items = 0
-        why = None
-        for p, node in sorted(topo.assignment.items()):
-            ack = acks.get((node, index_id, p))
-            if ack is None:
-                gone = "has no slices of the index" if (node, index_id) in missing else "did not"
-                why = f"missing: {node} {gone} acknowledge partition {p}"
-            elif ack.state not in STABLE_SLICE_STATES:
-                why = f"{ack.state}: partition {p} on {node} is {ack.state}"
-            elif not Timestamp.from_wire(ack.applied).covers(ts):
-                why = f"{ack.state}: partition {p} on {node} has not applied the TS"
-            if why is not None:
+        blocked = None
+        behind: dict[tuple[int, str], str] = {}
+        for p in sorted(topo.assignment):
+            good = None
+            for node in topo.chain(p):
+                ack = acks.get((node, index_id, p))
+                if ack is None:
+                    gone = (
+                        "has no slices of the index" if (node, index_id) in missing else "did not"
+                    )
+                    why = f"missing: {node} {gone} acknowledge partition {p}"
+                elif ack.state not in STABLE_SLICE_STATES:
+                    why = f"{ack.state}: partition {p} on {node} is {ack.state}"
+                elif not Timestamp.from_wire(ack.applied).covers(ts):
+                    why = f"{ack.state}: partition {p} on {node} has not applied the TS"
+                else:
+                    good = good or ack
+                    continue
+                behind[(p, node)] = why
+            if good is None:
+                # No copy of p holds the TS: the first copy's reason (the primary's).
+                blocked = next(w for (q, _n), w in behind.items() if q == p)
                 break
-            assert ack is not None
-            items += ack.items_count
-        if why is None:
-            ready[index_id] = items
-        else:
-            not_ready[index_id] = why
-    return ready, not_ready
+            items += good.items_count
+        if blocked is not None:
+            out.not_ready[index_id] = blocked
+            continue
+        out.ready[index_id] = items
+        if behind:
+            out.behind[index_id] = behind
+    return out
+
+
+def verify_acks(
+    plan: StabilisePlan, replies: dict[str, Stabilised], ts: Timestamp
+) -> tuple[dict[str, int], dict[str, str]]:
+    """(index id -> items, for the indexes stable at ``ts``; index id -> why not, for the
+    others): ``check_acks`` without the copies left behind."""
+    check = check_acks(plan, replies, ts)
+    return check.ready, check.not_ready
 
 
 class Timekeeper:
@@ -272,7 +310,9 @@ class Timekeeper:
         else:
             replies = await self._stabilise_all(msg, plan, wire)
         stabilised = loop.time()
-        ready, not_ready = verify_acks(plan, replies, ts)
+        check = check_acks(plan, replies, ts)
+        ready, not_ready = check.ready, check.not_ready
+        dropped = await self._drop_behind(msg.keyspace, check, wire)
         skipped = {**plan.skipped, **not_ready}
         self._log_skips(msg.keyspace, skipped, ready)
         if ready:
@@ -300,7 +340,43 @@ class Timekeeper:
             published=sorted(ready),
             items_count=dict(sorted(ready.items())),
             skipped=sorted(skipped),
+            dropped_copies=dropped,
         )
+
+    async def _drop_behind(
+        self, keyspace: str, check: AckCheck, wire: WireTs
+    ) -> dict[str, list[tuple[int, str]]]:
+        """Before a TS is published for an index without some of its copies, those copies
+        leave the topology (``manager/index_copies.py``): they lack the round's rows. An
+        index whose copies cannot be dropped now is not published (moved to ``not_ready``).
+        Returns index id -> the copies taken out."""
+        out: dict[str, list[tuple[int, str]]] = {}
+        coord = self._coordinator()
+        for index_id, behind in sorted(check.behind.items()):
+            msg = DropIndexCopies(
+                index_id=index_id,
+                copies=sorted(behind),
+                ts=dict(wire),
+                request_id=None if coord is None else coord.new_id(),
+            )
+            try:
+                if coord is None:
+                    raise NodeUnavailable(f"{self.name} runs no coordinator", details={})
+                reply = await coord.submit(msg)
+            except ShardexError as exc:
+                check.ready.pop(index_id, None)
+                check.not_ready[index_id] = f"copies behind: {sorted(behind)} ({exc.message})"
+                continue
+            out[index_id] = list(reply.dropped)
+            log.info(
+                "timekeeper %s: %s: %s published without %s (%s)",
+                self.name,
+                keyspace,
+                index_id,
+                sorted(behind),
+                "; ".join(sorted(set(behind.values()))),
+            )
+        return out
 
     async def _stabilise_all(
         self, msg: AdvanceStability, plan: StabilisePlan, wire: WireTs

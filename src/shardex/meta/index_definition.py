@@ -51,9 +51,11 @@ from shardex.errors import ErrorCode, ShardexError
 __all__ = [
     "DOCID_EXPR",
     "MAX_INDEX_PARTITIONS",
+    "MAX_INDEX_REPLICAS",
     "CompiledIndex",
     "IndexDefinition",
     "IndexKey",
+    "check_num_replica",
     "compile_definition",
     "hash_partition",
     "index_partition_of",
@@ -64,6 +66,8 @@ __all__ = [
 
 DOCID_EXPR = "META().id"
 MAX_INDEX_PARTITIONS = 1024
+# Copies of each index partition beyond the first (Couchbase GSI's num_replica, same range).
+MAX_INDEX_REPLICAS = 3
 _ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
 
 
@@ -262,3 +266,25 @@ def index_partition_of(defn: IndexDefinition, doc: Any, docid: str) -> int:
     meta = {"id": docid}
     values = [f(doc, meta) for f in c.partition_fns]
     return hash_partition(encode_key(values), defn.num_partition)
+
+
+def check_num_replica(value: object) -> int:
+    """``num_replica`` as given by a caller: an int in 0..MAX_INDEX_REPLICAS, else BAD_REQUEST."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 0 <= value <= MAX_INDEX_REPLICAS
+    ):
+        raise ShardexError(
+            f"num_replica must be an integer in 0..{MAX_INDEX_REPLICAS}, got {value!r}",
+            code=ErrorCode.BAD_REQUEST,
+            details={
+                "num_replica": repr(value),
+                "max": MAX_INDEX_REPLICAS,
+                "hint": "each replica is a full copy of every index partition on another "
+                "indexer: at most one fewer than the indexers",
+            },
+        )
+    return value

@@ -58,8 +58,9 @@ def plan_index_moves(
     others (slices counted over every live index), spreading each index's partitions.
 
     Only slices of ACTIVE indexes whose placement was not pinned (``WITH {"nodes": ...}``)
-    move; the others still count as load. Each move takes a slice from the most loaded node
-    to the least loaded one, so every move lowers the spread and none is wasted. Refuses
+    and that have no replica copies move; the others (replica copies too) still count as
+    load. Each move takes a slice from the most loaded node to the least loaded one, so
+    every move lowers the spread and none is wasted. Refuses
     when a node that holds slices is down: its slices cannot be copied."""
     up = sorted(set(up_nodes))
     known = set(indexer_nodes)
@@ -89,8 +90,14 @@ def plan_index_moves(
                 continue  # a node no longer a member: nothing to copy from
             load[node] += 1
             per_index[(index_id, node)] += 1
-            if rec.state == ACTIVE and rec.nodes is None:
+            # Slices of an index with replicas stay put: a move onto a node holding another
+            # copy of the partition would leave one node with two copies.
+            if rec.state == ACTIVE and rec.nodes is None and not topo.replicas:
                 movable[node].append((index_id, p))
+        for nodes in topo.replicas.values():
+            for node in nodes:
+                if node in load:
+                    load[node] += 1
     out: list[PlannedIndexMove] = []
     exhausted: set[str] = set()
     while len(up) > 1:

@@ -83,6 +83,9 @@ class IndexRecord(msgspec.Struct, frozen=True, kw_only=True):
     error: str = ""
     defer_build: bool = False
     nodes: list[str] | None = None  # WITH {"nodes": ...}: the placement was pinned
+    # WITH {"num_replica": n}: the configured copies per index partition beyond the first
+    # (the topology's ``replicas`` may hold fewer after a node loss, until a rebalance).
+    num_replica: int = 0
     request_id: str | None = None
     drop_request_id: str | None = None
     build_ts: dict[int, tuple[int, int]] | None = None

@@ -339,7 +339,19 @@ class BatchSteps:
         self.stable = end
         self.round_published = set(routes) <= set(done.published)
         self.round_key = key = views_key(views)
-        self.cleaned.round_done(key, done.report.incarnations, dropped)
+        self.cleaned.round_done(key, done.report.incarnations, dropped, missed=done.report.missed)
+        if done.report.missed:
+            # Nodes that missed the round: copies of theirs may have left the topology
+            # (``manager/index_copies.py``); the next round must route without them.
+            log.warning(
+                "batch %d of %s: %s missed the round; published %s, dropped copies %s",
+                batch_id,
+                self.keyspace,
+                ", ".join(f"{n} ({e.code})" for n, e in sorted(done.report.missed.items())),
+                done.published,
+                dict(done.dropped_copies),
+            )
+            self.registry.refresh(force=True)
 
     def stream_round(
         self,

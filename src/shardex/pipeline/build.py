@@ -3,7 +3,8 @@
 1. T0 = the keyspace's current high seqnos (at or after every batch the stream has read).
 2. Spark reads the documents as of T0 (the change source's snapshot mode, one task per data
    node) and each read task projects every building index in one pass and sends each
-   slice's Upsert key versions straight to its indexer (``LoadChunk``): the source's
+   slice's Upsert key versions straight to its indexer (``LoadChunk``; every replica copy of
+   the slice gets the same rows): the source's
    projected mode with ``load`` (``source/projected.py``), so documents never cross into the JVM.
    Only counts come back to the driver.
 3. Each indexer sorts its slice's rows (one per docid) and writes them (an SST ingested
@@ -101,7 +102,9 @@ class InitialBuild:
             tasks="owner",
         )
         opts["project"] = ProjectSpec.definitions_option([v.definition for v in views])
-        opts["load"] = LoadSpec(ts0, {v.id: v.route().owners for v in views}).to_option()
+        owners = {v.id: v.route().owners for v in views}
+        replicas = {v.id: v.route().replicas for v in views}
+        opts["load"] = LoadSpec(ts0, owners, replicas).to_option()
         stop = threading.Event()
         watcher = threading.Thread(
             target=self._watch, args=(views, ts0, total, stop), name="build-progress", daemon=True
@@ -118,7 +121,10 @@ class InitialBuild:
         result.rows = int(pc.sum(counts["rows"]).as_py() or 0)
         result.errors = int(pc.sum(counts["errors"]).as_py() or 0)
         slices = [s for v in views for s in v.slices()]
+        primary = {(v.id, p, n) for v in views for p, n in v.topology.assignment.items()}
         for done in load_finish(self.client, ts0, slices, _one_incarnation(counts)):
+            if (done.index_id, done.partition, done.node) not in primary:
+                continue  # a replica copy holds the same entries: count them once
             result.items[done.index_id] = result.items.get(done.index_id, 0) + done.items_count
         # Every slice holds a snapshot at T0: publish it, then ACTIVE, then join the stream.
         reply = advance_stability(
@@ -147,7 +153,13 @@ class InitialBuild:
         while not stop.wait(PROGRESS_INTERVAL):
             for v in views:
                 try:
-                    infos = list_slices(self.client, v.nodes, v.id)
+                    # The primaries' slices only: a replica copy loads the same rows again.
+                    infos = [
+                        s
+                        for n in v.topology.nodes()
+                        for s in list_slices(self.client, [n], v.id)
+                        if v.topology.assignment.get(s.partition) == n
+                    ]
                 except Exception as exc:  # progress is best effort
                     log.debug("progress of %s: %s", v.id, exc)
                     continue

@@ -59,14 +59,20 @@ class IndexView:
 
     @property
     def nodes(self) -> list[str]:
-        return sorted(set(self.topology.assignment.values()))
+        """Every node holding a slice of the index: primaries and replica copies."""
+        return self.topology.copy_nodes()
 
     def route(self) -> IndexRoute:
         return IndexRoute.of(self.definition, self.topology, self.moving)
 
     def slices(self) -> list[tuple[str, int, str]]:
-        """(index id, index partition, node) of every slice."""
-        return [(self.id, p, n) for p, n in sorted(self.topology.assignment.items())]
+        """(index id, index partition, node) of every slice, replica copies included."""
+        return [(self.id, p, n) for p, n in self.copies()]
+
+    def copies(self) -> list[tuple[int, str]]:
+        """(index partition, node) of every copy: each partition's primary, then its replicas."""
+        topo = self.topology
+        return [(p, n) for p in sorted(topo.assignment) for n in topo.chain(p)]
 
 
 def min_applied(infos: list[SliceInfo]) -> Timestamp:

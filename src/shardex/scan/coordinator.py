@@ -29,6 +29,14 @@
    limit applied over the combination, credit flow control on both hops. A failing slice
    ends the client's stream with its error.
 
+Index replicas: each index partition is read from one copy, the primary unless it failed
+this scan (``_placement``). An indexer that cannot be reached while the slices are opened
+(NODE_UNAVAILABLE, a closed connection, a timeout) is avoided and its partitions opened
+again on another copy, within the scan's one deadline; with no other copy the error is the
+client's. A copy in the topology holds every published TS (``index_copies.py``), so the copy
+read changes nothing in the rows. Once the rows stream, a failing node ends the scan as
+before (rows already sent cannot be taken back).
+
 The request's checks are ``scan_checks.py``; request_plus's speculative open and the
 seqnos riding in ``ScanSlices`` are ``request_plus.py``.
 """
@@ -85,6 +93,11 @@ __all__ = ["ScanCoordinator", "oldest_common"]
 log = logging.getLogger(__name__)
 
 OPEN_ATTEMPTS: Final = 3
+# Failures of an indexer node (not of its slices) that another copy of its partitions can
+# stand in for while the scan's slices are opened.
+FAILOVER: Final = frozenset(
+    {ErrorCode.NODE_UNAVAILABLE, ErrorCode.CONNECTION_CLOSED, ErrorCode.TIMEOUT}
+)
 RPC_MARGIN: Final = 10.0  # beyond the scan's own wait timeout
 BLOCK_ROWS: Final = 1000
 SLICE_CREDIT: Final = 4
@@ -216,8 +229,27 @@ class ScanCoordinator:
                 # An index partition moved: retried on the fresh topology's owners.
                 nonlocal placed
                 nodes = by_node if t is topo else _placement(msg.index, t, partitions)
-                placed = nodes if by_node else {}
-                return await self._open(msg, req, placed, deadline, ride)
+                avoid: set[str] = set()  # indexers that failed this scan: other copies
+                while True:
+                    placed = nodes if by_node else {}
+                    try:
+                        return await self._open(msg, req, placed, deadline, ride)
+                    except ShardexError as exc:
+                        node = _failed_node(exc)
+                        left = deadline - asyncio.get_running_loop().time()
+                        if node is None or node in avoid or left <= 0:
+                            raise
+                        avoid.add(node)
+                        try:
+                            nodes = _placement(msg.index, t, partitions, avoid)
+                        except ShardexError:
+                            raise exc from None  # no other copy of one of its partitions
+                        log.info(
+                            "scan of %s: indexer %s failed (%s); its partitions go to other copies",
+                            rec.id,
+                            node,
+                            exc.code,
+                        )
 
             return await on_fresh_topology(
                 rec,
@@ -392,8 +424,6 @@ class ScanCoordinator:
                 stream = self.inboxes.open()
                 sources.append(stream)
                 src = stream
-                conn = await self.pool.get(self.view.address(node))
-                stream.attach(conn)
                 seqnos_of = ride.plan.get(node) if ride is not None else None
                 req = _replace(
                     base,
@@ -404,7 +434,14 @@ class ScanCoordinator:
                     seqnos_keyspace=ride.keyspace if seqnos_of else "",
                     seqnos_of=seqnos_of or [],
                 )
-                reply = await conn.request(req, base.timeout + RPC_MARGIN, expect=SlicesOpened)
+                try:
+                    conn = await self.pool.get(self.view.address(node))
+                    stream.attach(conn)
+                    reply = await conn.request(req, base.timeout + RPC_MARGIN, expect=SlicesOpened)
+                except ShardexError as exc:
+                    if exc.code in FAILOVER:
+                        exc.details.setdefault("indexer", node)  # another copy may stand in
+                    raise
                 stream.put_head(reply.entries, reply.done)
                 if ride is not None and reply.high_seqnos:
                     ride.got.update(reply.high_seqnos)
@@ -445,19 +482,37 @@ class ScanCoordinator:
             await cancel_all(sources)
 
 
-def _placement(index: str, topo: Topology, partitions: list[int]) -> dict[str, list[int]]:
-    """Indexer node -> the index partitions it serves in ``topo``."""
+def _placement(
+    index: str,
+    topo: Topology,
+    partitions: list[int],
+    avoid: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, list[int]]:
+    """Indexer node -> the index partitions it serves in ``topo``: each partition's first
+    copy (its primary, then its replicas in order) on a node not in ``avoid``."""
     by_node: dict[str, list[int]] = {}
     for p in partitions:
-        node = topo.assignment.get(p)
-        if node is None:
+        if p not in topo.assignment:
             raise ShardexError(
                 f"index partition {p} of {index!r} has no indexer in topology {topo.seq_num}",
                 code=ErrorCode.INDEX_NOT_READY,
                 details={"index": index, "partition": p},
             )
+        node = next((n for n in topo.chain(p) if n not in avoid), None)
+        if node is None:
+            raise ShardexError(
+                f"every copy of index partition {p} of {index!r} failed this scan",
+                code=ErrorCode.NODE_UNAVAILABLE,
+                details={"index": index, "partition": p, "copies": topo.chain(p)},
+            )
         by_node.setdefault(node, []).append(p)
     return by_node
+
+
+def _failed_node(exc: ShardexError) -> str | None:
+    """The indexer whose failure ``exc`` is, when another copy may stand in for it."""
+    node = exc.details.get("indexer")
+    return node if exc.code in FAILOVER and isinstance(node, str) else None
 
 
 def _replace(msg: ScanSlices, **changes: Any) -> ScanSlices:

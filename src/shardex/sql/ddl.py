@@ -9,8 +9,9 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
     DROP INDEX keyspace.name | DROP INDEX name ON keyspace
     DROP PRIMARY INDEX [name] ON keyspace
 
-``WITH`` takes a JSON object with ``num_partition`` (int), ``defer_build`` (bool) and
-``nodes`` (list of node names). ``WHERE`` and ``PARTITION BY`` may come in either order
+``WITH`` takes a JSON object with ``num_partition`` (int), ``num_replica`` (int, 0..3: copies
+of every index partition beyond the first), ``defer_build`` (bool) and ``nodes`` (list of node
+names). ``WHERE`` and ``PARTITION BY`` may come in either order
 (N1QL puts PARTITION BY first, the issue WHERE first; both are common in the wild).
 
 ``DDLParser`` subclasses the expression ``Parser`` so key, WHERE and partition expressions are
@@ -38,7 +39,7 @@ from shardex.core.expr import (
 )
 from shardex.core.expr.ast import EXPRESSION_KEYWORDS
 from shardex.errors import ErrorCode, ExpressionSyntaxError, ShardexError
-from shardex.meta.index_definition import MAX_INDEX_PARTITIONS
+from shardex.meta.index_definition import MAX_INDEX_PARTITIONS, MAX_INDEX_REPLICAS
 
 __all__ = [
     "DDL_KEYWORDS",
@@ -57,7 +58,7 @@ DDL_KEYWORDS = frozenset(
     {"CREATE", "DROP", "BUILD", "INDEX", "PRIMARY", "ON", "WHERE", "PARTITION", "BY", "WITH"}
     | {"USING", "ASC", "DESC"}
 )
-WITH_OPTIONS = ("num_partition", "defer_build", "nodes")
+WITH_OPTIONS = ("num_partition", "num_replica", "defer_build", "nodes")
 
 
 class SqlSyntaxError(ShardexError):
@@ -78,6 +79,7 @@ class CreateIndexStmt:
     defer_build: bool = False
     nodes: tuple[str, ...] | None = None
     is_primary: bool = False
+    num_replica: int = 0
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,7 @@ class DDLParser(Parser):
             defer_build=bool(options.get("defer_build", False)),
             nodes=tuple(nodes) if nodes is not None else None,
             is_primary=primary,
+            num_replica=options.get("num_replica", 0),
         )
 
     def parse_build(self) -> BuildIndexStmt:
@@ -338,6 +341,13 @@ class DDLParser(Parser):
                 self.error(tok, f"num_partition must be an integer, got {value!r}")
             if not 1 <= value <= MAX_INDEX_PARTITIONS:
                 self.error(tok, f"num_partition must be in 1..{MAX_INDEX_PARTITIONS}, got {value}")
+        elif key == "num_replica":
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                self.error(tok, f"num_replica must be an integer, got {value!r}")
+            if not 0 <= value <= MAX_INDEX_REPLICAS:
+                self.error(tok, f"num_replica must be in 0..{MAX_INDEX_REPLICAS}, got {value}")
         elif key == "defer_build":
             if not isinstance(value, bool):
                 self.error(tok, f"defer_build must be true or false, got {value!r}")

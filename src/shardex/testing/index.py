@@ -19,6 +19,7 @@ import msgspec
 
 from shardex.core.expr import FunctionSpec, register_function
 from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
 from shardex.index.engine import IndexerEngine
 from shardex.index.oracle import check_back_index, check_index
 from shardex.index.slice import StabiliseAck
@@ -128,13 +129,24 @@ class LocalPipeline:
     engines: Mapping[str, IndexerEngine]  # node name -> engine
     placement: Mapping[str, Mapping[int, str]]  # index id -> index partition -> node
     errors: dict[str, int] = field(default_factory=dict)
+    # index id -> index partition -> the nodes of its replica copies
+    replicas: Mapping[str, Mapping[int, Sequence[str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.routes = {d.id: IndexRoute.of(d, self.placement[d.id]) for d in self.definitions}
+        self.routes = {d.id: IndexRoute.of(d, self.topology(d.id)) for d in self.definitions}
+
+    def topology(self, index_id: str) -> Topology:
+        replicas = {p: list(ns) for p, ns in self.replicas.get(index_id, {}).items()}
+        return Topology(seq_num=1, assignment=dict(self.placement[index_id]), replicas=replicas)
+
+    def copies(self, index_id: str) -> list[tuple[int, str]]:
+        """(index partition, node) of every copy, primaries first per partition."""
+        topo = self.topology(index_id)
+        return [(p, n) for p in sorted(topo.assignment) for n in topo.chain(p)]
 
     def create_slices(self) -> None:
         for d in self.definitions:
-            for p, node in self.placement[d.id].items():
+            for p, node in self.copies(d.id):
                 self.engines[node].create_slice(d, p)
 
     def project_and_route(self, changes: Iterable[ChangeRow]) -> dict[str, list[Any]]:
@@ -174,25 +186,45 @@ class LocalPipeline:
     def stabilise(self, ts: Timestamp) -> list[StabiliseAck]:
         acks: list[StabiliseAck] = []
         for d in self.definitions:
-            for node in sorted(set(self.placement[d.id].values())):
+            for node in self.topology(d.id).copy_nodes():
                 acks.extend(self.engines[node].stabilise(d.id, ts))
         return acks
 
-    def entries(self, index_id: str, ts: Timestamp | None) -> dict[int, list[bytes]]:
+    def entries(
+        self, index_id: str, ts: Timestamp | None, *, replica: int = 0
+    ) -> dict[int, list[bytes]]:
+        """Every partition's entries, read from one copy: the primary (``replica`` 0) or the
+        ``replica``-th replica copy (partitions with fewer copies are left out)."""
+        topo = self.topology(index_id)
         out: dict[int, list[bytes]] = {}
-        for node in sorted(set(self.placement[index_id].values())):
+        for node in topo.copy_nodes():
             for p, e in self.engines[node].entries(index_id, ts).items():
+                chain = topo.chain(p)
+                if replica >= len(chain) or chain[replica] != node:
+                    continue  # another copy of p, read in its turn
                 if p in out:
                     raise AssertionError(f"slice {index_id}/{p} hosted twice")
                 out[p] = e
         return out
 
+    def check_copies(self, index_id: str, ts: Timestamp | None) -> None:
+        """Every replica copy holds exactly its primary's entries at ``ts`` (or the tip)."""
+        primary = self.entries(index_id, ts)
+        most = max((len(ns) for ns in self.replicas.get(index_id, {}).values()), default=0)
+        for r in range(1, most + 1):
+            for p, e in self.entries(index_id, ts, replica=r).items():
+                if e != primary.get(p):
+                    raise AssertionError(f"replica {r} of slice {index_id}/{p} differs")
+
     def check(self, ts: Timestamp, documents: Mapping[str, Any], *, tip: bool = False) -> None:
-        """The oracle for every index at snapshot ``ts`` (or the tip), plus each slice's
-        back index against its entries (at the tip)."""
+        """The oracle for every index at snapshot ``ts`` (or the tip) read from the primary
+        copies, every replica copy equal to its primary, plus each slice's back index
+        against its entries (at the tip)."""
         for d in self.definitions:
-            check_index(d, self.entries(d.id, None if tip else ts), documents, context=repr(ts))
-            for node in set(self.placement[d.id].values()):
+            at = None if tip else ts
+            check_index(d, self.entries(d.id, at), documents, context=repr(ts))
+            self.check_copies(d.id, at)
+            for node in self.topology(d.id).copy_nodes():
                 for sl in self.engines[node].slices(d.id):
                     check_back_index(
                         sl.entries(), sl.back_rows(), desc=sl.desc, context=f"{d.id}/{sl.partition}"

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
-from shardex.client.indexes import IndexOps, _key
+from shardex.client.indexes import IndexOps, _key, describe_index
+from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.meta.index_definition import IndexKey
+from shardex.meta.index_definition import IndexKey, make_definition
+from shardex.meta.index_state import ACTIVE, IndexRecord
 
 
 class NoSend:
@@ -90,6 +93,12 @@ def test_key_specs() -> None:
         (lambda c: c.create_index("ks", "9i", ["a"]), ErrorCode.BAD_REQUEST),
         (lambda c: c.create_index("k s", "i", ["a"]), ErrorCode.BAD_REQUEST),
         (lambda c: c.create_index("ks", "i", []), ErrorCode.BAD_REQUEST),
+        (lambda c: c.create_index("ks", "i", ["a"], num_replica=4), ErrorCode.BAD_REQUEST),
+        (lambda c: c.create_index("ks", "i", ["a"], num_replica=-1), ErrorCode.BAD_REQUEST),
+        (
+            lambda c: c.execute_ddl('CREATE INDEX i ON ks(a) WITH {"num_replica": 9}'),
+            ErrorCode.SQL_SYNTAX,
+        ),
         (lambda c: c.build_index("ks"), ErrorCode.BAD_REQUEST),
         (lambda c: c.drop_index("ks"), ErrorCode.BAD_REQUEST),
     ],
@@ -100,3 +109,14 @@ def test_local_checks_fail_before_sending(call: Any, code: ErrorCode) -> None:
         call(c)
     assert err.value.code is code
     assert not c.sent
+
+
+def test_describe_index_shows_the_replicas() -> None:
+    defn = make_definition(id="1.1.x", name="x", keyspace="ks", keys=["a"])
+    rec = IndexRecord(definition=defn, state=ACTIVE, num_replica=1)
+    topo = Topology(seq_num=1, assignment={0: "n1"}, replicas={0: ["n2"]})
+    d = describe_index(rec, topo, 3)
+    assert d["num_replica"] == 1 and d["replicas"] == {0: ["n2"]}
+    assert d["nodes"] == ["n1", "n2"] and d["partitions"] == {0: "n1"}
+    plain = describe_index(msgspec.structs.replace(rec, num_replica=0), None, 3)
+    assert plain["num_replica"] == 0 and plain["replicas"] == {} and plain["nodes"] == []

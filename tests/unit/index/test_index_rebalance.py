@@ -101,6 +101,18 @@ def test_plan_moves_only_active_unpinned_indexes_and_refuses_a_down_holder() -> 
     assert err.value.details["down"] == ["n1"]
 
 
+def test_plan_keeps_replicated_indexes_in_place_but_counts_their_copies() -> None:
+    indexes = {"r": _index("r", 2), "b": _index("b", 1)}
+    topologies = {
+        "r": [Topology(seq_num=1, assignment={0: "n1", 1: "n2"}, replicas={0: ["n2"], 1: ["n1"]})],
+        "b": [Topology(seq_num=1, assignment={0: "n1"})],
+    }
+    nodes = ["n1", "n2", "n3"]
+    # n1 holds 3 slices (2 of them replicated ones), n2 2, n3 none: only b's slice may move.
+    moves = plan_index_moves(indexes, topologies, nodes, nodes)
+    assert [(m[0], m[3], m[4], m[5]) for m in moves] == [("b", 0, "n1", "n3")]
+
+
 def _move(status: str = MOVING, routing: bool = True, p: int = 1) -> IndexMoveRecord:
     (m,) = new_index_moves([("m", "by_k", "ks", p, "n1", "n2", 3)], ["mid"])
     return msgspec.structs.replace(m, status=status, routing=routing)

@@ -211,6 +211,16 @@ def test_plan_orphans_keeps_assigned_and_incoming_slices_only() -> None:
     assert plan_reconcile("me", moving, held).orphans == [("1.1.a", 1), ("1.1.a", 3)]
 
 
+def test_replica_copies_are_created_and_never_orphans() -> None:
+    rec, topo = record("1.1.r", ACTIVE, {0: "me", 1: "other", 2: "third"})
+    topo = Topology(seq_num=1, assignment=topo.assignment, replicas={1: ["me"], 2: ["other"]})
+    state = StateContext(epoch=2, cas=9, indexes={rec.id: rec}, index_topologies={rec.id: [topo]})
+    plan = plan_reconcile("me", state, {"1.1.r": {0}})
+    assert [(d.id, parts) for d, parts in plan.create] == [("1.1.r", [1])]
+    # Its primary and its replica copy stay; a copy of partition 2 here is an orphan.
+    assert plan_orphans("me", state, {"1.1.r": {0, 1, 2}}) == [("1.1.r", 2)]
+
+
 def test_orphan_tracker_waits_the_grace_and_restarts_the_clock() -> None:
     now = [100.0]
     tracker = OrphanTracker(grace=30.0, clock=lambda: now[0])

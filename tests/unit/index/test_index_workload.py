@@ -28,11 +28,19 @@ SEEDS = [int(os.environ["SHARDEX_INDEX_SEED"])] if "SHARDEX_INDEX_SEED" in os.en
 NODES = ["n1", "n2", "n3"]
 
 
-def make_pipeline(tmp_path, rng: random.Random, keep: int = 4) -> LocalPipeline:
+def make_pipeline(
+    tmp_path, rng: random.Random, keep: int = 4, num_replica: int = 0
+) -> LocalPipeline:
     defs = workload_definitions()
     engines = {n: IndexerEngine(tmp_path / n, keep_snapshots=keep, sync=False) for n in NODES}
     placement = {d.id: {p: rng.choice(NODES) for p in range(d.num_partition)} for d in defs}
-    pipe = LocalPipeline(defs, engines, placement)
+    # Replica copies of each partition on other nodes, as place_replicas would put them.
+    replicas = {
+        d.id: {p: rng.sample([n for n in NODES if n != node], num_replica) for p, node in a.items()}
+        for d in defs
+        for a in [placement[d.id]]
+    }
+    pipe = LocalPipeline(defs, engines, placement, replicas=replicas if num_replica else {})
     pipe.create_slices()
     return pipe
 
@@ -51,11 +59,13 @@ def cut(rng: random.Random, start: Timestamp | None, end: Timestamp) -> Timestam
     return Timestamp(out)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_random_workload_matches_oracle(tmp_path, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "num_replica"), [(s, 0) for s in SEEDS] + [(SEEDS[0], 2)])
+def test_random_workload_matches_oracle(tmp_path, seed: int, num_replica: int) -> None:
+    """With replicas, every copy gets the same rows and stabilise and must hold exactly its
+    primary's entries at every TS (``LocalPipeline.check``)."""
     rng = random.Random(seed)
     ks = FakeKeyspace(num_partitions=8)
-    pipe = make_pipeline(tmp_path, rng)
+    pipe = make_pipeline(tmp_path, rng, num_replica=num_replica)
     delivered: Timestamp | None = None  # what the pipeline has sent (end of last batch)
     stable: list[Timestamp] = []
     try:
@@ -85,6 +95,7 @@ def test_random_workload_matches_oracle(tmp_path, seed: int) -> None:
                 old = stable[-3]
                 for d in pipe.definitions:
                     check_index(d, pipe.entries(d.id, old), ks.documents_at(old), context="old")
+                    pipe.check_copies(d.id, old)
         # drain: everything delivered becomes stable; re-deliver the whole history
         final = ks.ts()
         pipe.deliver(ks.changes(None, final), rng=rng, redeliver=0.5)
@@ -108,7 +119,7 @@ def test_initial_build_while_writes_continue(tmp_path) -> None:
     while the stream runs; key versions <= T0 are dropped, later ones applied."""
     rng = random.Random(11)
     ks = FakeKeyspace(num_partitions=8)
-    pipe = make_pipeline(tmp_path, rng)
+    pipe = make_pipeline(tmp_path, rng, num_replica=1)
     try:
         random_workload(ks, rng, 80)
         t0 = ks.ts()
@@ -126,11 +137,35 @@ def test_initial_build_while_writes_continue(tmp_path) -> None:
             if row[2] == UPSERT:
                 per_slice.setdefault((row[0], row[1]), []).append(row)
         for d in pipe.definitions:
-            for p, node in pipe.placement[d.id].items():
+            for p, node in pipe.copies(d.id):  # every copy loads the same rows
                 pipe.engines[node].bulk_load(d.id, p, per_slice.get((d.id, p), []), t0)
         pipe.check(t0, docs0)
         pipe.stabilise(t1)
         pipe.check(t1, ks.documents_at(t1))
+    finally:
+        close(pipe)
+
+
+def test_a_copy_that_missed_a_stabilise_is_caught_by_the_check(tmp_path) -> None:
+    """The copies check is not vacuous: primaries on n1, replicas on n2, only n1 stabilised."""
+    defs = workload_definitions()
+    engines = {n: IndexerEngine(tmp_path / n, sync=False) for n in ("n1", "n2")}
+    placement = {d.id: dict.fromkeys(range(d.num_partition), "n1") for d in defs}
+    replicas = {d.id: {p: ["n2"] for p in range(d.num_partition)} for d in defs}
+    pipe = LocalPipeline(defs, engines, placement, replicas=replicas)
+    pipe.create_slices()
+    try:
+        ks = FakeKeyspace(num_partitions=8)
+        random_workload(ks, random.Random(5), 40)
+        pipe.deliver(ks.changes(None, ks.ts()))
+        for d in defs:
+            engines["n1"].stabilise(d.id, ks.ts())
+        check_index(defs[0], pipe.entries(defs[0].id, None), ks.documents_at(ks.ts()))
+        with pytest.raises(AssertionError, match="replica 1 of slice"):
+            pipe.check(ks.ts(), ks.documents_at(ks.ts()), tip=True)
+        for d in defs:
+            engines["n2"].stabilise(d.id, ks.ts())
+        pipe.check(ks.ts(), ks.documents_at(ks.ts()))
     finally:
         close(pipe)
 

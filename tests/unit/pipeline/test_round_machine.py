@@ -133,13 +133,27 @@ def test_rows_of_an_open_round_go_out_in_order_before_its_end() -> None:
         m.handle(MoreRows({"a": rows(1)}))  # the round ended: no more rows
 
 
-def test_a_failure_while_open_ends_the_round_before_its_end() -> None:
+def test_a_node_failing_while_open_missed_the_round() -> None:
     m = machine()
     m.handle(MoreRows({"a": rows(1)}))
-    (failed,) = m.handle(NodeFailed("a", NodeUnavailable("a is down")))
-    assert isinstance(failed, RoundFailed) and not failed.stale
-    assert m.handle(MoreRows({"b": rows(1)})) == []
-    assert m.handle(ends()) == []  # nothing more goes out
+    assert m.handle(NodeFailed("a", NodeUnavailable("a is down"))) == []
+    assert m.handle(MoreRows({"a": rows(1)})) == []  # nothing more goes to a
+    assert set(sends(m.handle(MoreRows({"b": rows(1)})))) == {"b"}
+    m.handle(delivered("b", "B1", 1))
+    (last,) = m.handle(ends(by_node={"a": rows(2)}))
+    assert last.node == "b" and isinstance(last.message, DeliverAndStabilise)
+    (ask,) = m.handle(stabilised("b", "B1"))
+    assert isinstance(ask, AskTimekeeper) and set(ask.message.stabilised or {}) == {"b"}
+    reply = StabilityAdvanced(
+        keyspace="ks",
+        ts=TS.to_wire(),
+        published=["ix"],
+        items_count={},
+        dropped_copies={"ix": [(0, "a")]},
+    )
+    (done,) = m.handle(Advanced(reply))
+    assert isinstance(done, RoundDone) and set(done.report.missed) == {"a"}
+    assert done.dropped_copies == {"ix": [(0, "a")]} and done.report.incarnations == {"b": "B1"}
 
 
 def test_a_restarted_indexer_between_frames_fails_the_round_stale() -> None:
@@ -151,20 +165,39 @@ def test_a_restarted_indexer_between_frames_fails_the_round_stale() -> None:
     assert m.handle(stabilised("a", "A2")) == []  # a late reply: nothing
 
 
-@pytest.mark.parametrize(
-    "event",
-    [
-        NodeFailed("b", NodeUnavailable("b is down")),
-        NodeFailed("b", ShardexError("restarted", code=ErrorCode.STALE_DELIVERY)),
-    ],
-)
-def test_a_node_failure_fails_the_round(event: NodeFailed) -> None:
+def test_a_restarted_node_fails_the_round_stale() -> None:
     m = machine()
     m.handle(ends())
-    (failed,) = m.handle(event)
-    assert isinstance(failed, RoundFailed)
-    assert failed.stale is (event.error.code is ErrorCode.STALE_DELIVERY)
+    (failed,) = m.handle(NodeFailed("b", ShardexError("restarted", code=ErrorCode.STALE_DELIVERY)))
+    assert isinstance(failed, RoundFailed) and failed.stale
     assert m.state == "failed"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NodeUnavailable("b is down"),
+        ShardexError("no answer", code=ErrorCode.TIMEOUT),
+        ShardexError("closed", code=ErrorCode.CONNECTION_CLOSED),
+    ],
+)
+def test_a_node_that_does_not_answer_missed_the_round(error: ShardexError) -> None:
+    """The others' replies go to the timekeeper, which decides what it can publish."""
+    m = machine()
+    m.handle(ends(by_node={}))
+    assert m.handle(NodeFailed("b", error)) == []
+    assert m.handle(stabilised("b", "B1")) == []  # a late reply of a node that missed it
+    (ask,) = m.handle(stabilised("a", "A1"))
+    assert isinstance(ask, AskTimekeeper) and set(ask.message.stabilised or {}) == {"a"}
+    assert m.report.missed == {"b": error}
+
+
+def test_a_round_every_node_missed_fails() -> None:
+    m = machine()
+    m.handle(ends(by_node={}))
+    assert m.handle(NodeFailed("a", NodeUnavailable("a is down"))) == []
+    (failed,) = m.handle(NodeFailed("b", NodeUnavailable("b is down")))
+    assert isinstance(failed, RoundFailed) and not failed.stale and "a is down" in str(failed.error)
 
 
 def test_a_timekeeper_failure_publishes_nothing() -> None:

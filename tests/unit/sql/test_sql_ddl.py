@@ -79,6 +79,11 @@ def test_with_variants() -> None:
     assert stmt.num_partition == 2 and stmt.nodes == ("n1",)
     stmt = parse_ddl("CREATE INDEX i ON ks(a) WITH {}")
     assert isinstance(stmt, CreateIndexStmt) and stmt.num_partition is None
+    assert stmt.num_replica == 0
+    stmt = parse_ddl('CREATE INDEX i ON ks(a) WITH {"num_replica": 2, "defer_build": true}')
+    assert isinstance(stmt, CreateIndexStmt) and stmt.num_replica == 2 and stmt.defer_build
+    stmt = parse_ddl("CREATE PRIMARY INDEX ON ks WITH {num_replica: 1.0}")
+    assert isinstance(stmt, CreateIndexStmt) and stmt.num_replica == 1
 
 
 def test_build_index() -> None:
@@ -141,6 +146,9 @@ ERRORS = [
     ('CREATE INDEX i ON ks(a) WITH {"num_partition": 1.5}', 1, 48, "1.5", "an integer"),
     ('CREATE INDEX i ON ks(a) WITH {"num_partition": x}', 1, 48, "x", "must be a constant"),
     ('CREATE INDEX i ON ks(a) WITH {"defer_build": 1}', 1, 46, "1", "true or false"),
+    ('CREATE INDEX i ON ks(a) WITH {"num_replica": 4}', 1, 46, "4", "in 0..3"),
+    ('CREATE INDEX i ON ks(a) WITH {"num_replica": -1}', 1, 46, "-", "in 0..3"),
+    ('CREATE INDEX i ON ks(a) WITH {"num_replica": true}', 1, 46, "true", "an integer"),
     ('CREATE INDEX i ON ks(a) WITH {"nodes": []}', 1, 40, "[", "non-empty list"),
     ('CREATE INDEX i ON ks(a) WITH {"nodes": [1]}', 1, 40, "[", "node names"),
     ('CREATE INDEX i ON ks(a) WITH {"nodes": ["a", "a"]}', 1, 40, "[", "a node twice"),

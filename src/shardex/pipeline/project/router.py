@@ -10,6 +10,9 @@ Destinations (``mutation-flow.md`` and the pipeline notes, "Router and moving ke
 * ``UPSERT_DELETION`` / ``DELETE`` with a known slice (unpartitioned, or partitioned by docid)
   -> that slice's owner only. With ``BROADCAST`` (-1) -> **every slice** of the index.
 * ``ERROR`` rows (inline error reports) are never routed; they are counted.
+* Every row for slice p also goes to p's replica copies (``Topology.replicas``: the same
+  index partition on other nodes) and to the target of p's move, if any: a copy receives
+  exactly the rows its primary does, so both stabilise to the same entries at one TS.
 
 Every row that leaves the router names a concrete slice (index id + index partition), so an
 indexer node enqueues each row into exactly one of its slices.
@@ -39,6 +42,16 @@ class IndexRoute:
     # index partition -> the target of its move: every row for slice p goes there too (the
     # target's catching-up copy, ``shardex.index.slice_copy``)
     also: Mapping[int, str] = field(default_factory=dict)
+    # index partition -> the nodes of its replica copies (every row for p goes there too)
+    replicas: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def extra(self) -> dict[int, tuple[str, ...]]:
+        """index partition -> every node besides its owner that receives its rows."""
+        out = {p: tuple(ns) for p, ns in self.replicas.items() if ns}
+        for p, node in self.also.items():
+            if node not in out.get(p, ()):
+                out[p] = (*out.get(p, ()), node)
+        return out
 
     @classmethod
     def of(
@@ -48,6 +61,7 @@ class IndexRoute:
         also: Mapping[int, str] | None = None,
     ) -> IndexRoute:
         assignment = topology.assignment if isinstance(topology, Topology) else topology
+        replicas = topology.replicas if isinstance(topology, Topology) else {}
         try:
             owners = tuple(assignment[p] for p in range(defn.num_partition))
         except KeyError as exc:
@@ -57,7 +71,12 @@ class IndexRoute:
                 details={"index": defn.id, "partition": exc.args[0]},
             ) from None
         return cls(
-            defn.id, defn.num_partition, owners, not partition_key_is_docid(defn), dict(also or {})
+            defn.id,
+            defn.num_partition,
+            owners,
+            not partition_key_is_docid(defn),
+            dict(also or {}),
+            {p: tuple(ns) for p, ns in replicas.items() if ns},
         )
 
 
@@ -96,6 +115,8 @@ def route(rows: Iterable[KeyVersion], routes: Mapping[str, IndexRoute]) -> Route
             lst = lists[node] = by_node[node] = []
         return lst
 
+    extras: dict[str, dict[int, tuple[str, ...]]] = {}  # per index, built once per call
+
     for row in rows:
         index_id, ip, kind, _entry, docid, part, seqno = row
         if kind == ERROR:
@@ -109,28 +130,35 @@ def route(rows: Iterable[KeyVersion], routes: Mapping[str, IndexRoute]) -> Route
                 details={"index": index_id},
             )
         owners = r.owners
-        also = r.also  # an index partition is moving: its rows go to source and target
+        # Replica copies and a moving partition's target: its rows go to every copy.
+        also = extras.get(index_id)
+        if also is None:
+            also = extras[index_id] = r.extra() if (r.also or r.replicas) else {}
         if kind == UPSERT:
             dest(owners[ip]).append(row)
             if also and ip in also:
-                dest(also[ip]).append(row)
+                for n in also[ip]:
+                    dest(n).append(row)
             if r.moving:
                 for q in range(r.num_partition):
                     if q != ip:
                         kv = (index_id, q, UPSERT_DELETION, b"", docid, part, seqno)
                         dest(owners[q]).append(kv)
                         if also and q in also:
-                            dest(also[q]).append(kv)
+                            for n in also[q]:
+                                dest(n).append(kv)
         elif ip == BROADCAST:
             for q in range(r.num_partition):
                 kv = (index_id, q, kind, b"", docid, part, seqno)
                 dest(owners[q]).append(kv)
                 if also and q in also:
-                    dest(also[q]).append(kv)
+                    for n in also[q]:
+                        dest(n).append(kv)
         else:
             dest(owners[ip]).append(row)
             if also and ip in also:
-                dest(also[ip]).append(row)
+                for n in also[ip]:
+                    dest(n).append(row)
     return res
 
 

@@ -47,14 +47,19 @@ class CleanedNodes:
         return {p: start.seqno(p) for p in set(start) | set(end)}
 
     def round_done(
-        self, key: tuple[Any, ...], incarnations: Mapping[str, str], dropped: bool
+        self,
+        key: tuple[Any, ...],
+        incarnations: Mapping[str, str],
+        dropped: bool,
+        *,
+        missed: Iterable[str] = (),
     ) -> None:
         """A round with views key ``key`` succeeded; ``incarnations``: every node that
-        answered it. A round that ``dropped`` did so on every node of its plan (a node that
-        failed fails the round)."""
+        answered it. A round that ``dropped`` did so on every node of its plan but those
+        that ``missed`` it (they did not answer: not cleaned, whatever they hold)."""
         if dropped:
             with self._lock:
-                self.nodes |= set(incarnations) | plan_nodes(key)
+                self.nodes |= (set(incarnations) | plan_nodes(key)) - set(missed)
 
     def restart(self) -> None:
         """A new query: nothing recorded is known to hold any more."""

@@ -18,8 +18,17 @@ last rows, the TS and the plan. The pipeline's driver runs it on the client's lo
 so a failing seed replays the round exactly.
 
 A failed round publishes nothing and says why: ``stale`` (an indexer restarted under the
-round: deliver the whole round again) or not (a node or the timekeeper did not answer:
-retry; stabilise is idempotent and re-delivered rows are dropped by seqno).
+round: deliver the whole round again) or not (the timekeeper did not answer, or no node
+did: retry; stabilise is idempotent and re-delivered rows are dropped by seqno).
+
+A node that does not answer (NODE_UNAVAILABLE, a timeout, a closed connection, any refusal
+but STALE_DELIVERY) no longer fails the round: its slices *missed* it. The machine stops
+sending to it, and once every other node has answered the timekeeper checks the replies it
+has: an index is published when each of its partitions has a copy that stabilised (index
+replicas), after the copies that missed it left the topology; an index with a partition
+that has no such copy is skipped, and the pipeline catches it up in a later round (its
+applied TS stays behind, ``registry.py``). So a dead indexer stops only the indexes it holds
+the last live copy of (``docs/decisions/0085-index-replicas.md``).
 """
 
 from __future__ import annotations
@@ -63,10 +72,11 @@ __all__ = [
 class DeliveryReport:
     """What one round's delivery did: node -> incarnation it reached, and row counts."""
 
-    __slots__ = ("accepted", "dropped", "incarnations", "unknown")
+    __slots__ = ("accepted", "dropped", "incarnations", "missed", "unknown")
 
     def __init__(self) -> None:
         self.incarnations: dict[str, str] = {}
+        self.missed: dict[str, ShardexError] = {}  # nodes that missed the round: why
         self.accepted = 0
         self.dropped = 0
         self.unknown = 0
@@ -174,6 +184,8 @@ class RoundDone:
     published: list[str]
     skipped: list[str]
     report: DeliveryReport
+    # index id -> copies (index partition, node) taken out of the topology: they missed it
+    dropped_copies: Mapping[str, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -205,7 +217,7 @@ class RoundSpec:
 class _NodeRound:
     """One node's frames, sent one after the other."""
 
-    __slots__ = ("busy", "dropped", "frames", "incarnation", "stabilise")
+    __slots__ = ("busy", "dropped", "failed", "frames", "incarnation", "stabilise")
 
     def __init__(self) -> None:
         self.frames: deque[Sequence[KeyVersion]] = deque()  # not sent yet
@@ -213,6 +225,7 @@ class _NodeRound:
         self.busy = False  # a frame is out
         self.incarnation = ""  # what the next frame names ("" = any): the first's taker
         self.dropped = False  # the round's drop went with the node's first frame
+        self.failed = False  # a frame failed: the node missed the round, nothing more goes
 
 
 class RoundMachine:
@@ -245,7 +258,9 @@ class RoundMachine:
             return self._on_end(event)
         if isinstance(event, Advanced):
             return self._on_advanced(event.reply)
-        return self._fail(event.error)  # NodeFailed, AdvanceFailed
+        if isinstance(event, NodeFailed):
+            return self._on_node_failed(event.node, event.error)
+        return self._fail(event.error)  # AdvanceFailed
 
     # -- transitions ----------------------------------------------------------------------
 
@@ -263,7 +278,7 @@ class RoundMachine:
         out: list[Instruction] = []
         for node, rows in by_node.items():
             nr = self._queue(node, rows)
-            if not nr.busy and nr.frames:
+            if not nr.busy and nr.frames and not nr.failed:
                 out.append(self._next_frame(node, nr))
         return out
 
@@ -280,9 +295,9 @@ class RoundMachine:
             if not rows:
                 nr.frames.append([])  # the stabilise goes alone, after the node's frames
             nr.stabilise = True
-            if not nr.busy:
+            if not nr.busy and not nr.failed:
                 out.append(self._next_frame(node, nr))
-        return out
+        return out + self._maybe_advance()
 
     def _next_frame(self, node: str, nr: _NodeRound) -> SendToIndexer:
         """The node's next frame (it has one, or the round ended: then the stabilise)."""
@@ -337,10 +352,29 @@ class RoundMachine:
             return [self._next_frame(node, nr)]
         return []  # open: the node waits for more rows or the round's end
 
+    def _on_node_failed(self, node: str, error: ShardexError) -> list[Instruction]:
+        """A frame to ``node`` failed: the node missed the round (module docstring). An
+        indexer that restarted under the round still fails it: deliver it all again."""
+        nr = self._nodes.get(node)
+        if nr is None or not nr.busy:
+            return []
+        if error.code is ErrorCode.STALE_DELIVERY:
+            return self._fail(error)
+        nr.busy = False
+        nr.failed = True
+        nr.frames.clear()
+        self.report.missed[node] = error
+        return self._maybe_advance()
+
     def _maybe_advance(self) -> list[Instruction]:
         end = self.end
-        if end is None or len(self._stabilised) < len(self._nodes):
+        if end is None or self.state != "delivering":
             return []
+        if len(self._stabilised) + len(self.report.missed) < len(self._nodes):
+            return []
+        if not self._stabilised:
+            # Nobody stabilised: nothing can be published, the round is retried as a whole.
+            return self._fail(next(iter(self.report.missed.values())))
         self.state = "advancing"
         msg = AdvanceStability(
             keyspace=self.spec.keyspace,
@@ -357,7 +391,14 @@ class RoundMachine:
             return []
         self.state = "done"
         ts = Timestamp.from_wire(reply.ts)
-        return [RoundDone(ts, list(reply.published), list(reply.skipped), self.report)]
+        done = RoundDone(
+            ts,
+            list(reply.published),
+            list(reply.skipped),
+            self.report,
+            {i: [(int(p), str(n)) for p, n in c] for i, c in reply.dropped_copies.items()},
+        )
+        return [done]
 
     def _fail(self, error: ShardexError) -> list[Instruction]:
         self.state = "failed"

@@ -14,14 +14,14 @@ __all__ = ["plan_nodes", "round_slices", "stabilise_plan", "views_key"]
 
 def views_key(views: Sequence[IndexView]) -> tuple[Any, ...]:
     """Everything a round routes and stabilises by: definitions, topologies (version and
-    assignment) and the moving slices of index moves. Two rounds with equal keys route
-    every row to the same slices and nodes."""
+    every copy: primaries and replicas) and the moving slices of index moves. Two rounds
+    with equal keys route every row to the same slices and nodes."""
     return tuple(
         (
             v.id,
             v.definition,
             v.topology.seq_num,
-            tuple(sorted(v.topology.assignment.items())),
+            tuple(v.copies()),
             tuple(sorted(v.moving.items())),
         )
         for v in views
@@ -30,10 +30,11 @@ def views_key(views: Sequence[IndexView]) -> tuple[Any, ...]:
 
 def plan_nodes(key: tuple[Any, ...]) -> set[str]:
     """The nodes a round with views key ``key`` sends to and stabilises on: every owner of
-    a topology and every move target (``stabilise_plan``'s nodes)."""
+    a topology (replica copies included) and every move target (``stabilise_plan``'s
+    nodes)."""
     out: set[str] = set()
-    for _id, _definition, _seq, assignment, moving in key:
-        out.update(node for _p, node in assignment)
+    for _id, _definition, _seq, copies, moving in key:
+        out.update(node for _p, node in copies)
         out.update(node for _p, node in moving)
     return out
 
@@ -47,7 +48,7 @@ def stabilise_plan(
     nodes: dict[str, set[str]] = {}
     moving: dict[str, dict[str, list[int]]] = {}
     for v in views:
-        for node in v.topology.assignment.values():
+        for _p, node in v.copies():
             nodes.setdefault(node, set()).add(v.id)
         for p, target in sorted(v.moving.items()):
             nodes.setdefault(target, set()).add(v.id)
@@ -63,7 +64,7 @@ def round_slices(views: Sequence[IndexView]) -> dict[str, dict[str, list[int]]]:
     only (``docs/decisions/0040-index-moves.md``)."""
     out: dict[str, dict[str, set[int]]] = {}
     for v in views:
-        for p, node in v.topology.assignment.items():
+        for p, node in v.copies():  # every copy gets the partition's rows (the router)
             out.setdefault(node, {}).setdefault(v.id, set()).add(p)
         for p, target in v.moving.items():
             out.setdefault(target, {}).setdefault(v.id, set()).add(p)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import pyarrow as pa
@@ -57,15 +57,30 @@ _DEFS = msgspec.json.Decoder(list[IndexDefinition])
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """An initial build's load: the snapshot's TS (every chunk names it) and the owner of
-    every slice (index id -> owners[index partition])."""
+    """An initial build's load: the snapshot's TS (every chunk names it), the owner of
+    every slice (index id -> owners[index partition]) and the nodes of its replica copies
+    (index id -> index partition -> nodes), which load the same rows."""
 
     ts0: Timestamp
     owners: Mapping[str, tuple[str, ...]]
+    replicas: Mapping[str, Mapping[int, tuple[str, ...]]] = field(default_factory=dict)
 
     def to_option(self) -> str:
         return json.dumps(
-            {"ts0": self.ts0.to_json(), "owners": {k: list(v) for k, v in self.owners.items()}}
+            {
+                "ts0": self.ts0.to_json(),
+                "owners": {k: list(v) for k, v in self.owners.items()},
+                "replicas": {
+                    k: {str(p): list(ns) for p, ns in v.items()} for k, v in self.replicas.items()
+                },
+            }
+        )
+
+    def copies(self, index_id: str, partition: int) -> tuple[str, ...]:
+        """Every node that loads the slice: its owner first, then its replicas."""
+        return (
+            self.owners[index_id][partition],
+            *self.replicas.get(index_id, {}).get(partition, ()),
         )
 
     @classmethod
@@ -73,7 +88,11 @@ class LoadSpec:
         try:
             data = json.loads(raw)
             owners = {str(k): tuple(str(n) for n in v) for k, v in data["owners"].items()}
-            return cls(Timestamp.from_json(data["ts0"]), owners)
+            replicas = {
+                str(k): {int(p): tuple(str(n) for n in ns) for p, ns in v.items()}
+                for k, v in data.get("replicas", {}).items()
+            }
+            return cls(Timestamp.from_json(data["ts0"]), owners, replicas)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(
                 f"option 'load' is not a load spec: {exc}",
@@ -142,6 +161,7 @@ def load_batches(
 
     projector = _projector_for(definitions)
     owners = load.owners
+    replicas = load.replicas
     for batch in batches:
         chunks: dict[tuple[str, int, str], list[KeyVersion]] = defaultdict(list)
         with gc_paused():
@@ -149,6 +169,8 @@ def load_batches(
             for row in res.rows:
                 if row[2] == UPSERT:
                     chunks[(row[0], row[1], owners[row[0]][row[1]])].append(row)
+                    for node in replicas.get(row[0], {}).get(row[1], ()):
+                        chunks[(row[0], row[1], node)].append(row)  # a replica copy
         # Each index counts the batch's documents once, on its slice 0 (build progress).
         docs = {(d.id, 0, owners[d.id][0]): batch.num_rows for d in definitions}
         seen = load_chunks(client, load.ts0, chunks, docs)

@@ -514,7 +514,9 @@ class DataService:
                 raise self._enrich(exc) from None
             if info.state != STATE_ACTIVE:
                 raise self._enrich(not_my_partition(msg.keyspace, p, info.state))
-            rollback = streams.rollback_seqno(info, seqno, uuid)
+            # A token of the current branch is in its history whatever its seqno (one above
+            # the high seqno is a write not made yet, or a bogus token: the wait says so).
+            rollback = None if uuid == info.uuid else streams.rollback_seqno(info, seqno, uuid)
             out.append(HistoryPoint(p, rollback, info.uuid, info.high_seqno))
         return HistoryChecked(points=out)
 

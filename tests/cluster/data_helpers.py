@@ -4,10 +4,12 @@ land in a chosen partition, reading a partition's whole change stream."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from cluster_helpers import LocalCluster, free_base_port, kill_leftovers, run_cli
+from cluster_helpers import LocalCluster, free_base_port, kill_leftovers, run_cli, wait_for
 
 from shardex.client import Change, Client, Keyspace, SnapshotMarker
 from shardex.meta.partitioning import partition_of
@@ -61,3 +63,28 @@ def owner_of(client: Client, keyspace: str, partition: int) -> str:
         if ks.name == keyspace:
             return ks.assignment[partition]
     raise KeyError(keyspace)
+
+
+# Fast failure detection for failover tests: a node silent for 2 s is failed over.
+FAST_FAILOVER = (
+    "--heartbeat-interval",
+    "0.25",
+    "--failure-timeout",
+    "1",
+    "--auto-failover-timeout",
+    "2",
+)
+
+
+def kill9(cluster: LocalCluster, node: int) -> None:
+    """SIGKILL node ``node`` (1-based) and wait until its process is gone."""
+    pid = cluster.pid(node)
+    assert pid is not None and pid_alive(pid)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(pid), 5, what=f"node{node} gone")
+
+
+def chains_full(client: Client, keyspace: str) -> bool:
+    """Every partition of ``keyspace`` has its configured replicas again."""
+    ks = next(k for k in client.list_keyspaces() if k.name == keyspace)
+    return ks.min_replicas == ks.num_replicas

@@ -18,12 +18,11 @@ import time
 import msgspec
 import pytest
 from cluster_helpers import LocalCluster, wait_for
-from data_helpers import read_partition, running_cluster
+from data_helpers import FAST_FAILOVER, chains_full, kill9, read_partition, running_cluster
 
 from shardex.api.data import Get, GetReply
 from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
-from shardex.runtime.pidfile import pid_alive
 
 pytestmark = pytest.mark.cluster
 
@@ -38,14 +37,7 @@ NOT_APPLIED = {
     ErrorCode.NODE_FAILED_OVER,
     ErrorCode.BAD_REQUEST,
 }
-FAST = (
-    "--heartbeat-interval",
-    "0.25",
-    "--failure-timeout",
-    "1",
-    "--auto-failover-timeout",
-    "2",
-)
+FAST = FAST_FAILOVER
 
 
 @dataclasses.dataclass
@@ -126,18 +118,6 @@ class Writers:
             return v <= h.acked or v in h.maybe or v == h.inflight
 
 
-def kill9(cluster: LocalCluster, node: int) -> None:
-    pid = cluster.pid(node)
-    assert pid is not None and pid_alive(pid)
-    os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not pid_alive(pid), 5, what=f"node{node} gone")
-
-
-def chains_full(client: Client) -> bool:
-    ks = next(k for k in client.list_keyspaces() if k.name == KS)
-    return ks.min_replicas == ks.num_replicas
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     with running_cluster(tmp_path_factory.mktemp("failover"), extra=FAST) as c:
@@ -178,7 +158,7 @@ def failover_cycles(cluster: LocalCluster, cycles: int) -> None:
                 cluster.start()  # restarts the killed node
                 admin.recover(name, "delta")
                 admin.rebalance()
-                wait_for(lambda: chains_full(admin), 30, what="chains restored")
+                wait_for(lambda: chains_full(admin, KS), 30, what="chains restored")
                 writers.check(admin)
                 print(f"cycle {cycle}: {name} failed over {took:.1f}s after kill -9")
         writers.check(admin)
@@ -224,7 +204,7 @@ def test_durability_none_loses_exactly_the_unreplicated_tail(cluster: LocalClust
         cluster.start()
         admin.recover(active, "delta")
         admin.rebalance()
-        wait_for(lambda: chains_full_of(admin, "tail"), 30, what="chains restored")
+        wait_for(lambda: chains_full(admin, "tail"), 30, what="chains restored")
         for d in lost:
             with pytest.raises(ShardexError) as err:
                 ks.get(d, replica="any")  # every copy answers: none has it
@@ -241,11 +221,6 @@ def _absent(ks, docid: str) -> bool:
             return True
         raise
     return False
-
-
-def chains_full_of(client: Client, keyspace: str) -> bool:
-    ks = next(k for k in client.list_keyspaces() if k.name == keyspace)
-    return ks.min_replicas == ks.num_replicas
 
 
 def test_sql_dml_takes_a_durability(cluster: LocalCluster) -> None:

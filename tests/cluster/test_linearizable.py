@@ -10,20 +10,17 @@ a violation prints the operations that could not be placed and dumps the history
 from __future__ import annotations
 
 import itertools
-import os
 import random
-import signal
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from cluster_helpers import LocalCluster, wait_for
-from data_helpers import running_cluster
+from data_helpers import FAST_FAILOVER, chains_full, kill9, running_cluster
 
-from shardex.client import Client, connect_local
+from shardex.client import connect_local
 from shardex.errors import ErrorCode, ShardexError
-from shardex.runtime.pidfile import pid_alive
 from shardex.testing.history import CAS_MISMATCH, History
 from shardex.testing.linearizability import check
 
@@ -32,7 +29,7 @@ pytestmark = pytest.mark.cluster
 KS = "lin"
 KEYS = [f"r{i}" for i in range(8)]
 THREADS = 5
-FAST = ("--heartbeat-interval", "0.25", "--failure-timeout", "1", "--auto-failover-timeout", "2")
+FAST = FAST_FAILOVER
 # A write refused with one of these took no effect.
 REFUSED = {
     ErrorCode.DURABILITY_IMPOSSIBLE,
@@ -136,18 +133,6 @@ class Workload:
         return True
 
 
-def kill9(cluster: LocalCluster, node: int) -> None:
-    pid = cluster.pid(node)
-    assert pid is not None and pid_alive(pid)
-    os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not pid_alive(pid), 5, what=f"node{node} gone")
-
-
-def chains_full(client: Client) -> bool:
-    ks = next(k for k in client.list_keyspaces() if k.name == KS)
-    return ks.min_replicas == ks.num_replicas
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     with running_cluster(tmp_path_factory.mktemp("linearizable"), extra=FAST) as c:
@@ -172,7 +157,7 @@ def test_registers_stay_linearizable_through_kill9_and_failover(
                 cluster.start()
                 admin.recover(name, "delta")
                 admin.rebalance()
-                wait_for(lambda: chains_full(admin), 30, what="chains restored")
+                wait_for(lambda: chains_full(admin, KS), 30, what="chains restored")
             floor = load.ops + 200
             wait_for(lambda f=floor: load.ops > f, 30, what="operations after the last cycle")
     ops = history.operations()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from cluster_helpers import LocalCluster, wait_for
-from data_helpers import running_cluster
+from data_helpers import FAST_FAILOVER, chains_full, running_cluster
 from pipeline_helpers import Writer, check_oracle, mutate, running_pipeline, wait_stable
 
 from shardex.client import Client, connect_local
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 KEYSPACE = "fo"
 NAME = "by_name"
-FAST = ("--heartbeat-interval", "0.25", "--failure-timeout", "1", "--auto-failover-timeout", "2")
+FAST = FAST_FAILOVER
 
 
 @dataclass
@@ -57,11 +57,6 @@ def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             yield Env(path, cluster, client)
 
 
-def chains_full(client: Client) -> bool:
-    ks = next(k for k in client.list_keyspaces() if k.name == KEYSPACE)
-    return ks.min_replicas == ks.num_replicas
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_index_follows_a_failover_and_recovery(env: Env) -> None:
@@ -86,7 +81,7 @@ def test_index_follows_a_failover_and_recovery(env: Env) -> None:
         env.cluster.start()
         client.recover("node3", "delta")
         client.rebalance()
-        wait_for(lambda: chains_full(client), 60, what="chains restored")
+        wait_for(lambda: chains_full(client, KEYSPACE), 60, what="chains restored")
         done = w.done
         wait_for(lambda: w.done > done + 200, 60, what="writes after the rebalance")
     after = {p: e.uuid for p, e in client.high_seqnos(KEYSPACE).items()}

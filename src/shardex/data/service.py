@@ -271,7 +271,8 @@ class DataService:
         still serves what it holds), then pass ``_check_serving``."""
         if not self.reconciled.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.reconciled.wait(), FIRST_RECONCILE_WAIT)
+                async with asyncio.timeout(FIRST_RECONCILE_WAIT):
+                    await self.reconciled.wait()
         self._check_serving()
         if self._replicated(keyspace) and not self.lease.check():
             raise ShardexError(

@@ -41,5 +41,9 @@ async def reconcile_forever(
             log.exception("%s reconcile failed", what)
             delay = interval
         wake.clear()
+        # ``asyncio.timeout``, not ``wait_for``: Python 3.11's ``wait_for`` can swallow a
+        # cancellation that lands as ``wake`` is set, and the service's stop then waits
+        # for this loop forever.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), delay)
+            async with asyncio.timeout(delay):
+                await wake.wait()

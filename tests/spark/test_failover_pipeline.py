@@ -1,4 +1,4 @@
-"""The index pipeline across a failover: a node holding active copies is killed with
+"""The index pipeline across failovers: a node holding active copies is killed with
 ``kill -9`` under a writer, automatic failover promotes its replicas on new branches (new
 partition uuids), the node restarts, is recovered and rebalanced back in; the index follows
 (the promoted partitions' history continues where the replicas were) and ends equal to the
@@ -58,28 +58,30 @@ def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_index_follows_a_failover_and_recovery(env: Env) -> None:
+@pytest.mark.timeout(1200)
+def test_index_follows_failovers_and_recoveries(env: Env) -> None:
+    """Two cycles (node3, then node2): after each, the index equals the oracle."""
+    for victim in (3, 2):
+        failover_cycle(env, victim)
+
+
+def failover_cycle(env: Env, victim: int) -> None:
     client = env.client
+    name = f"node{victim}"
     before = {p: e.uuid for p, e in client.high_seqnos(KEYSPACE).items()}
-    victim = 3
-    owned = set(
-        next(k for k in client.list_keyspaces() if k.name == KEYSPACE).partitions_of(
-            f"node{victim}"
-        )
-    )
-    assert owned, "node3 holds no active copy to fail over"
-    with connect_local(env.path, name="writer") as wclient, Writer(wclient, KEYSPACE, 8) as w:
+    owned = set(next(k for k in client.list_keyspaces() if k.name == KEYSPACE).partitions_of(name))
+    assert owned, f"{name} holds no active copy to fail over"
+    with connect_local(env.path, name="writer") as wclient, Writer(wclient, KEYSPACE, victim) as w:
         wait_for(lambda: w.done > 200, 60, what="writes before the kill")
         pid = env.cluster.pid(victim)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not pid_alive(pid), 10, what="node3 gone")
-        wait_for(lambda: "node3" in client.failed_over(), 30, what="node3 failed over")
+        wait_for(lambda: not pid_alive(pid), 10, what=f"{name} gone")
+        wait_for(lambda: name in client.failed_over(), 30, what=f"{name} failed over")
         done = w.done
         wait_for(lambda: w.done > done + 200, 60, what="writes after the failover")
         env.cluster.start()
-        client.recover("node3", "delta")
+        client.recover(name, "delta")
         client.rebalance()
         wait_for(lambda: chains_full(client, KEYSPACE), 60, what="chains restored")
         done = w.done
@@ -90,6 +92,6 @@ def test_index_follows_a_failover_and_recovery(env: Env) -> None:
     entries = check_oracle(client, KEYSPACE, NAME, ts)
     assert entries > 0
     print(
-        f"\nfailover of node3 ({len(owned)} partitions promoted): {w.done} mutations, "
+        f"\nfailover of {name} ({len(owned)} partitions promoted): {w.done} mutations, "
         f"{entries} index entries equal to the oracle at {ts!r}"
     )

@@ -252,7 +252,8 @@ class ShardexTarget:
         self.system = f"shardex {nodes} node{'s' if nodes > 1 else ''}"
         self.client: Any = connect_local(cluster_dir, name="bench-data-service")
         try:
-            self.client.create_keyspace(KEYSPACE, num_partitions=NUM_PARTITIONS)
+            # one copy, like PostgreSQL's table (bench.replication measures replicas)
+            self.client.create_keyspace(KEYSPACE, num_partitions=NUM_PARTITIONS, num_replicas=0)
         except BaseException:
             self.client.close()
             raise

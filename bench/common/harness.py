@@ -51,15 +51,17 @@ def bench_dir(
 
 @contextlib.contextmanager
 def loaded_cluster(
-    base: Path, files: Sequence[Path], n_docs: int, partitions: int
+    base: Path, files: Sequence[Path], n_docs: int, partitions: int, replicas: int = 0
 ) -> Iterator[tuple[Path, Any, float]]:
     """A 3-node cluster with ``KEYSPACE`` of ``partitions`` loaded from ``files`` (checked
-    to hold ``n_docs``): its dir, a client, and the load's seconds."""
+    to hold ``n_docs``): its dir, a client, and the load's seconds. ``replicas``: 0 by
+    default, one copy of each document as PostgreSQL keeps (and as these benchmarks always
+    measured); ``bench.replication`` measures what replicas cost."""
     from bench.common.dataset import shardex_load
     from shardex.client import connect_local
 
     with shardex_cluster(base, 3) as cdir, connect_local(cdir) as client:
-        client.create_keyspace(KEYSPACE, num_partitions=partitions)
+        client.create_keyspace(KEYSPACE, num_partitions=partitions, num_replicas=replicas)
         load_s = shardex_load(cdir, files, base)
         total = client.keyspace_stats(KEYSPACE).total_docs
         if total != n_docs:

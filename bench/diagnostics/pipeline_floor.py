@@ -391,7 +391,7 @@ def run(plan: Plan) -> tuple[list[Row], dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="shardex-floor-") as tmp:
         work = Path(tmp)
         with shardex_cluster(work, 1) as cluster_dir, connect_local(cluster_dir) as client:
-            client.create_keyspace(KEYSPACE, num_partitions=NUM_PARTITIONS)
+            client.create_keyspace(KEYSPACE, num_partitions=NUM_PARTITIONS, num_replicas=0)
             rows.extend(latest_offset_cost(cluster_dir))
             t = time.perf_counter()
             spark = build_spark_session(app_name="shardex-bench-floor")

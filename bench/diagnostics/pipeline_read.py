@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     defs = _definitions()
     base = Path(tempfile.mkdtemp(prefix="shardex-bench-read-"))
     with shardex_cluster(base, 3) as cdir, connect_local(cdir) as client:
-        client.create_keyspace(KEYSPACE, num_partitions=PARTITIONS)
+        client.create_keyspace(KEYSPACE, num_partitions=PARTITIONS, num_replicas=0)
         ks = client.keyspace(KEYSPACE)
         ks.upsert_many(updates(args.changes, args.changes, SEED))
         end = client.high_seqnos(KEYSPACE)

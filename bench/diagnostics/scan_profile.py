@@ -116,7 +116,7 @@ def setup_cluster(base: Path, docs: int, app_name: str, build: Callable[[Any, An
     files, _ = write_docs(base, docs, SEED, 3)
     cdir = base / "cluster"
     with running(cdir, new=True), connect_local(cdir) as client:
-        client.create_keyspace(KEYSPACE, num_partitions=64)
+        client.create_keyspace(KEYSPACE, num_partitions=64, num_replicas=0)
         shardex_load(cdir, files, base)
         with spark_driver(base, cdir, app_name) as driver:
             build(client, driver)

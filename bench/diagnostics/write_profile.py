@@ -297,7 +297,7 @@ def preload(v: Variant, docs: int) -> None:
 
     assert v.cluster_dir is not None
     with connect_local(v.cluster_dir, name="bench-write-profile-load") as client:
-        client.create_keyspace(KEYSPACE, num_partitions=PARTITIONS)
+        client.create_keyspace(KEYSPACE, num_partitions=PARTITIONS, num_replicas=0)
         ks = client.keyspace(KEYSPACE)
         items = [(f"user-{k:07d}", body) for k, (_, body) in enumerate(updates(docs, docs, 1))]
         ks.upsert_many(items, chunk_size=1000)

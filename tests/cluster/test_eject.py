@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +89,10 @@ def test_eject_a_data_node_under_majority_writes(tmp_path: Path) -> None:
         for th in threads:
             th.start()
         try:
-            time.sleep(0.5)
+            wait_for(lambda: len(acked) >= 50, 30, what="writers under way")
             result = admin.rebalance(eject=["node3"])
-            time.sleep(0.5)  # writes go on without node3
+            floor = len(acked) + 50
+            wait_for(lambda: len(acked) >= floor, 30, what="writes going on without node3")
         finally:
             stop.set()
             for th in threads:

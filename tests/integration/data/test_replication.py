@@ -97,6 +97,26 @@ class Cluster:
             raise
         return msgspec.json.decode(reply.body)
 
+    async def start_node(self, name: str, data_dir: Path) -> DataService:
+        """A data service on ``data_dir`` (a new node, or one restarted on its old data)
+        serving on a fresh loopback port, registered under ``name``."""
+        ds = DataService(
+            data_dir=data_dir,
+            node_name=name,
+            transport=TcpTransport(),
+            secret=SECRET,
+            coordinator=lambda: self.coord,
+            members=self.members,
+            reconcile_interval=3600,
+        )
+        await ds.start()
+        self.services[name] = ds
+        server = RpcServer(TcpTransport(), SECRET, name=name)
+        ds.install(server)
+        self.addresses[name] = await server.start("127.0.0.1:0")
+        self.servers[name] = server
+        return ds
+
     async def stop_node(self, node: str) -> None:
         await self.servers.pop(node).stop()
         await self.services.pop(node).stop()
@@ -107,21 +127,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     c = Cluster(Coordinator(chains_state(1)))
     try:
         for name in NODES:
-            ds = DataService(
-                data_dir=tmp_path / name,
-                node_name=name,
-                transport=TcpTransport(),
-                secret=SECRET,
-                coordinator=lambda: c.coord,
-                members=c.members,
-                reconcile_interval=3600,
-            )
-            await ds.start()
-            c.services[name] = ds
-            server = RpcServer(TcpTransport(), SECRET, name=name)
-            ds.install(server)
-            c.addresses[name] = await server.start("127.0.0.1:0")
-            c.servers[name] = server
+            await c.start_node(name, tmp_path / name)
         for ds in c.services.values():
             await ds.reconcile()
         senders = [s for ds in c.services.values() for s in ds.replication.senders.values()]
@@ -322,51 +328,30 @@ async def test_a_failed_over_node_serves_nothing_until_recovered(cluster: Cluste
         state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
     )
     await cluster.publish(failed_state)
-    back = DataService(
-        data_dir=n1_dir,
-        node_name="n1",
-        transport=TcpTransport(),
-        secret=SECRET,
-        coordinator=lambda: cluster.coord,
-        members=cluster.members,
-        reconcile_interval=3600,
+    back = await cluster.start_node("n1", n1_dir)  # back on its old data
+    await back.reconcile()
+    address = cluster.addresses["n1"]
+    # a client with the old topology still sends here: refused, not served stale
+    with pytest.raises(ShardexError) as err:
+        await cluster.pool.request(address, Get(keyspace=KS, docid=docs[0]), 5.0, expect=GetReply)
+    assert err.value.code is ErrorCode.NODE_FAILED_OVER
+    msg = UpsertMsg(keyspace=KS, docid=docs[0], doc=b'{"stale": 1}', durability="none")
+    with pytest.raises(ShardexError) as err:
+        await cluster.pool.request(address, msg, 5.0, expect=MutationReply)
+    assert err.value.code is ErrorCode.NODE_FAILED_OVER
+    assert back.engine.replicas.failed_over_mark() == 2
+    # recovered (full): its stale active copies are dropped, and it serves again
+    cluster.coord.state = msgspec.structs.replace(
+        failed_state, cas=3, failed_over={}, recovering={"n1": "full"}
     )
-    await back.start()
-    try:
-        await back.reconcile()
-        server = RpcServer(TcpTransport(), SECRET, name="n1-back")
-        back.install(server)
-        address = await server.start("127.0.0.1:0")
-        try:
-            # a client with the old topology still sends here: refused, not served stale
-            with pytest.raises(ShardexError) as err:
-                await cluster.pool.request(
-                    address, Get(keyspace=KS, docid=docs[0]), 5.0, expect=GetReply
-                )
-            assert err.value.code is ErrorCode.NODE_FAILED_OVER
-            msg = UpsertMsg(keyspace=KS, docid=docs[0], doc=b'{"stale": 1}', durability="none")
-            with pytest.raises(ShardexError) as err:
-                await cluster.pool.request(address, msg, 5.0, expect=MutationReply)
-            assert err.value.code is ErrorCode.NODE_FAILED_OVER
-            assert back.engine.replicas.failed_over_mark() == 2
-            # recovered (full): its stale active copies are dropped, and it serves again
-            cluster.coord.state = msgspec.structs.replace(
-                failed_state, cas=3, failed_over={}, recovering={"n1": "full"}
-            )
-            await back.reconcile()
-            assert not back.failed_over
-            assert back.engine.replicas.failed_over_mark() is None
-            # its old actives are active elsewhere, its replica copy's chain lost it: all gone
-            assert back.engine.local_partitions(KS) == []
-            with pytest.raises(ShardexError) as err:  # serving again: it holds no copy
-                await cluster.pool.request(
-                    address, Get(keyspace=KS, docid=docs[0]), 5.0, expect=GetReply
-                )
-            assert err.value.code is ErrorCode.NOT_MY_PARTITION
-        finally:
-            await server.stop()
-    finally:
-        await back.stop()
+    await back.reconcile()
+    assert not back.failed_over
+    assert back.engine.replicas.failed_over_mark() is None
+    # its old actives are active elsewhere, its replica copy's chain lost it: all gone
+    assert back.engine.local_partitions(KS) == []
+    with pytest.raises(ShardexError) as err:  # serving again: it holds no copy
+        await cluster.pool.request(address, Get(keyspace=KS, docid=docs[0]), 5.0, expect=GetReply)
+    assert err.value.code is ErrorCode.NOT_MY_PARTITION
 
 
 async def test_a_replica_behind_the_purge_is_rebuilt_from_a_snapshot(cluster: Cluster) -> None:
@@ -382,20 +367,7 @@ async def test_a_replica_behind_the_purge_is_rebuilt_from_a_snapshot(cluster: Cl
     n1.engine.purge()  # the changes the stopped replica lacks are gone from the change log
     active = n1.engine.partition_info(KS, 0)
     assert active.purge_seqno > 10
-    back = DataService(
-        data_dir=n2_dir,
-        node_name="n2",
-        transport=TcpTransport(),
-        secret=SECRET,
-        coordinator=lambda: cluster.coord,
-        members=cluster.members,
-        reconcile_interval=3600,
-    )
-    await back.start()
-    server = RpcServer(TcpTransport(), SECRET, name="n2-back")
-    back.install(server)
-    cluster.addresses["n2"] = await server.start("127.0.0.1:0")
-    cluster.services["n2"], cluster.servers["n2"] = back, server
+    back = await cluster.start_node("n2", n2_dir)  # back on its old data
     await back.reconcile()
     n1.replication.senders[(KS, "n2")].wake()
 

@@ -135,7 +135,14 @@ class DurabilityWaits:
     def _unpend(self, key: Key, w: _Waiter) -> None:
         docs = self._pending.get(key)
         if docs is not None and docs.get(w.docid) == w.seqno:
-            del docs[w.docid]
+            self._drop_pending(key, docs, w.docid)
+
+    def _drop_pending(self, key: Key, docs: dict[str, int], docid: str) -> None:
+        """Forget ``docid``'s pending write, and the partition's entry once it is empty:
+        ``has_pending`` runs on every read and must stay ``bool(dict)``."""
+        docs.pop(docid, None)
+        if not docs:
+            del self._pending[key]
 
     # --- writes and reads ---------------------------------------------------------------------
 
@@ -198,7 +205,7 @@ class DurabilityWaits:
 
     def has_pending(self) -> bool:
         """Any durable write waiting on this node (reads check documents only then)."""
-        return any(self._pending.values())
+        return bool(self._pending)  # no empty entries: see ``_drop_pending``
 
     def pending(self, key: Key, docid: str) -> bool:
         docs = self._pending.get(key)
@@ -213,7 +220,9 @@ class DurabilityWaits:
             left = deadline - asyncio.get_running_loop().time()
             if not futs or left <= 0:
                 if not futs:
-                    self._pending.get(key, {}).pop(docid, None)
+                    docs = self._pending.get(key)
+                    if docs is not None:
+                        self._drop_pending(key, docs, docid)
                     return
                 raise ShardexError(
                     f"document {docid!r} has a durable write in progress",

@@ -28,7 +28,7 @@ from shardex.api.replication import (
     ReplicaApplied,
     ReplicaApply,
 )
-from shardex.api.validation import MAJORITY_LEVELS, durability_level
+from shardex.api.validation import MAJORITY_LEVELS
 from shardex.data.durability import DurabilityWaits
 from shardex.data.engine import DataEngine
 from shardex.data.engine_io import EngineIO
@@ -144,9 +144,6 @@ class Replication:
         if senders:
             for s in senders:
                 s.wake()
-
-    def level(self, durability: str) -> str:
-        return durability_level(durability)
 
     def check_possible(self, keyspace: str, partition: int) -> None:
         """DURABILITY_IMPOSSIBLE when too few copies of the partition are reachable."""

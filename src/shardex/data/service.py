@@ -67,7 +67,7 @@ from shardex.api.errors import (
     not_my_partition,
 )
 from shardex.api.records import STATE_ACTIVE, MutationResult
-from shardex.api.validation import MAJORITY_LEVELS
+from shardex.api.validation import MAJORITY_LEVELS, durability_level
 from shardex.data.engine import DataEngine
 from shardex.data.engine_io import EngineIO
 from shardex.data.groupcommit import GroupCommitter
@@ -304,7 +304,7 @@ class DataService:
         if self.committer is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
         await self._await_serving(keyspace)
-        level = self.replication.level(durability)
+        level = durability_level(durability)
         majority = level in MAJORITY_LEVELS
         try:
             if majority:
@@ -417,7 +417,7 @@ class DataService:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
         await self._await_serving(msg.keyspace)
         ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]
-        level = self.replication.level(msg.durability)
+        level = durability_level(msg.durability)
         majority = level in MAJORITY_LEVELS
         try:
             if majority:

@@ -6,9 +6,7 @@ removed afterwards; and the CLI command line the benchmarks run.
 from __future__ import annotations
 
 import contextlib
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bench.common.postgres import no_interrupts
+from shardex.testing.ports import free_base_port, ports_free
 
 __all__ = [
     "free_base_port",
@@ -35,33 +34,6 @@ def shardex_cli() -> list[str]:
     """The ``shardex`` CLI beside this interpreter, else the module run by it."""
     exe = Path(sys.executable).with_name("shardex")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "shardex.cli.main"]
-
-
-def ports_free(ports: Sequence[int]) -> bool:
-    """Whether every port in ``ports`` can be bound on 127.0.0.1 right now."""
-    socks: list[socket.socket] = []
-    try:
-        for p in ports:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind(("127.0.0.1", p))
-        return True
-    except OSError:
-        return False
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_base_port(nodes: int, http_offset: int = 1000, seed: int | None = None) -> int:
-    """A base port P with P..P+nodes-1 and P+http_offset.. free now."""
-    rng = random.Random(seed)
-    for _ in range(200):
-        base = rng.randrange(20_000, 60_000 - http_offset - nodes)
-        wanted = [base + k for k in range(nodes)] + [base + http_offset + k for k in range(nodes)]
-        if ports_free(wanted):
-            return base
-    raise RuntimeError("found no free range of ports for the cluster")
 
 
 def _start(cmd: list[str]) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,32 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
 from shardex.runtime.pidfile import pid_alive, read_pid
+from shardex.testing.ports import free_base_port as free_base_port  # the tests' one picker
 
 CLI = [sys.executable, "-m", "shardex.cli.main"]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_base_port(nodes: int) -> int:
-    """A base port P with P..P+n-1 and their HTTP ports (P+1000..) all free right now."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 40000)
-        ports = [base + i for i in range(nodes)] + [
-            base + HTTP_PORT_OFFSET + i for i in range(nodes)
-        ]
-        if all(_port_free(p) for p in ports):
-            return base
-    raise RuntimeError("no free port range found")
 
 
 def proc_env() -> dict[str, str]:

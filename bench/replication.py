@@ -26,6 +26,10 @@ and what a replica costs a write: ``python -m bench.replication [--quick] [--par
 3. **Replica cost.** On the cluster of part 1, upserts at durability ``none`` into keyspace
    ``dur0`` (``num_replicas=0``) beside ``dur`` (1 replica): upserts/s and node CPU per
    upsert.
+4. **Replica cost on the pipeline.** ``bench.pipeline``'s load, build, drain and freshness
+   on a cluster with ``num_replicas=0`` and then one with ``num_replicas=1``: drain
+   mutations/s, ack -> stability (request_plus visibility) p50/p99, and the ratios
+   (``replication_pipeline.py``).
 
 The machine may be shared and noisy (load average in the JSON): ratios are reported, only
 the goal lines are checked, and never with an exit status.
@@ -47,6 +51,12 @@ from typing import Any
 
 from bench.common import clients
 from bench.common.runner import RESULTS_DIR, Row, percentile
+from bench.replication_pipeline import (
+    PIPELINE_QUICK,
+    PipelinePlan,
+    measure_pipeline,
+    pipeline_ratio_rows,
+)
 
 NAME = "replication"
 SEED = 20240601
@@ -90,10 +100,16 @@ class Plan:
     docs: int = 500  # documents each client cycles through (its own keys)
     failover_runs: int = 10
     failover_timeouts: list[float] = field(default_factory=lambda: [2.0, 5.0])
-    parts: list[int] = field(default_factory=lambda: [1, 2, 3])
+    pipeline: PipelinePlan = field(default_factory=PipelinePlan)
+    parts: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
 
 
-QUICK = {"seconds": 2.0, "failover_runs": 3, "failover_timeouts": [2.0]}
+QUICK = {
+    "seconds": 2.0,
+    "failover_runs": 3,
+    "failover_timeouts": [2.0],
+    "pipeline": PIPELINE_QUICK,
+}
 
 
 def log(msg: str) -> None:
@@ -489,10 +505,17 @@ def run(plan: Plan) -> dict[str, Any]:
         if 2 in plan.parts:
             for timeout in plan.failover_timeouts:
                 fo_runs += measure_failover(base, timeout, plan.failover_runs)
+        pipe_rows: list[Row] = []
+        if 4 in plan.parts:
+            pipe_rows, extra["pipeline"] = measure_pipeline(base, plan.pipeline, SEED)
     tables["durable upserts"] = rows
     tables["shardex / PostgreSQL (upserts/s; > 1: shardex faster)"] = ratio_rows(rows, plan)
     tables["replica cost at durability none (node CPU per upsert)"] = replica_cost_rows(rows, plan)
     tables["failover after kill -9"] = failover_summary(fo_runs)
+    tables["pipeline with 0 and 1 replica"] = pipe_rows
+    tables["pipeline: 1 replica / 0 (rates < 1, times > 1: the replica's cost)"] = (
+        pipeline_ratio_rows(pipe_rows)
+    )
     extra["failover_runs"] = fo_runs
     extra["failover_setup"] = {
         "cluster": "3 nodes, " + " ".join(FAST_DETECTION) + " --auto-failover-timeout T",
@@ -530,9 +553,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="2 s per measurement, 3 failover runs at 2 s only (about 3 minutes)",
+        help="2 s per measurement, 3 failover runs at 2 s only, pipeline on 20k documents "
+        "(about 8 minutes)",
     )
-    ap.add_argument("--part", type=int, action="append", choices=(1, 2, 3), help="parts to run")
+    ap.add_argument("--part", type=int, action="append", choices=(1, 2, 3, 4), help="parts to run")
     ap.add_argument("--seconds", type=float, help="seconds per measurement (default 5)")
     ap.add_argument("--runs", type=int, help="failover runs per timeout (default 10)")
     ap.add_argument("--json", type=Path, help="where to write the JSON")

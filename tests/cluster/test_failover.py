@@ -9,19 +9,24 @@ variant runs 20) sets how many kill/failover/recover/rebalance cycles run."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
-import threading
 import time
 
 import msgspec
 import pytest
 from cluster_helpers import LocalCluster, wait_for
-from data_helpers import FAST_FAILOVER, chains_full, kill9, read_partition, running_cluster
+from data_helpers import (
+    FAST_FAILOVER,
+    Writers,
+    chains_full,
+    kill9,
+    read_partition,
+    running_cluster,
+)
 
 from shardex.api.data import Get, GetReply
-from shardex.client import Client, connect_local
+from shardex.client import connect_local
 from shardex.errors import ErrorCode, ShardexError
 
 pytestmark = pytest.mark.cluster
@@ -30,92 +35,7 @@ KS = "ha"
 NP = 16
 WRITERS = 3
 KEYS_PER_WRITER = 20
-# Refusals that applied nothing: the write did not happen.
-NOT_APPLIED = {
-    ErrorCode.DURABILITY_IMPOSSIBLE,
-    ErrorCode.NOT_MY_PARTITION,
-    ErrorCode.NODE_FAILED_OVER,
-    ErrorCode.BAD_REQUEST,
-}
 FAST = FAST_FAILOVER
-
-
-@dataclasses.dataclass
-class KeyHistory:
-    acked: int = 0  # the last acknowledged counter
-    maybe: set[int] = dataclasses.field(default_factory=set)  # ambiguous, after ``acked``
-    inflight: int = 0  # the write under way (a concurrent read may see it)
-
-
-class Writers:
-    """Threads upserting their own keys at durability majority, recording every outcome."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.keys: dict[str, KeyHistory] = {}
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.acks = 0
-        self.errors: dict[str, int] = {}
-        self.clients = [
-            connect_local(cluster.path, name=f"writer{t}", request_timeout=10)
-            for t in range(WRITERS)
-        ]
-        self.threads = [threading.Thread(target=self._run, args=(t,)) for t in range(WRITERS)]
-
-    def __enter__(self) -> Writers:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
-        for c in self.clients:
-            c.close()
-
-    def _run(self, t: int) -> None:
-        ks = self.clients[t].keyspace(KS)
-        counter = 0
-        while not self.stop.is_set():
-            counter += 1
-            key = f"w{t}-{counter % KEYS_PER_WRITER}"
-            with self.lock:
-                hist = self.keys.setdefault(key, KeyHistory())
-                hist.inflight = counter
-            try:
-                ks.upsert(key, {"t": t, "v": counter}, durability="majority")
-            except ShardexError as exc:
-                with self.lock:
-                    self.errors[exc.code.value] = self.errors.get(exc.code.value, 0) + 1
-                    if exc.code not in NOT_APPLIED:
-                        hist.maybe.add(counter)
-                if exc.code in (ErrorCode.DURABILITY_IMPOSSIBLE, ErrorCode.NODE_UNAVAILABLE):
-                    time.sleep(0.05)
-                continue
-            with self.lock:
-                hist.acked = counter
-                hist.maybe = {v for v in hist.maybe if v > counter}
-                self.acks += 1
-
-    def check(self, client: Client) -> None:
-        """Every key holds its last acknowledged counter or a later ambiguous one."""
-        with self.lock:
-            snapshot = {k: h.acked for k, h in self.keys.items()}
-        ks = client.keyspace(KS)
-        lost = []
-        for key, acked in snapshot.items():
-            if acked == 0:
-                continue
-            v = ks.get(key)["v"]
-            if v < acked or (v > acked and not self._newer(key, v)):
-                lost.append((key, acked, v))
-        assert not lost, f"acknowledged writes lost (key, acked, read): {lost[:10]}"
-
-    def _newer(self, key: str, v: int) -> bool:
-        with self.lock:
-            h = self.keys[key]
-            return v <= h.acked or v in h.maybe or v == h.inflight
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +62,7 @@ def failover_cycles(cluster: LocalCluster, cycles: int) -> None:
             admin.drop_keyspace(KS)  # another test of the module made it
         desc = admin.create_keyspace(KS, NP, num_replicas=2)
         assert desc.num_replicas == 2 and desc.min_replicas == 2
-        with Writers(cluster) as writers:
+        with Writers(cluster, KS, WRITERS, KEYS_PER_WRITER) as writers:
             wait_for(lambda: writers.acks > 100, 30, what="writers under way")
             for cycle in range(cycles):
                 victim = 2 + cycle % 2  # node2, node3: node1 founded the cluster

@@ -14,8 +14,8 @@ unchanged):
 
 Both clusters share one SparkSession (its start-up is not the replica's cost); each gets a
 fresh driver and checkpoints. The first cluster's index build also warms the JVM, so the
-build's rate is listed but not compared. Ratios 1 replica / 0 replicas are reported: > 1 is slower for
-times, < 1 for rates. The replicas are fed from the actives' change streams inside the
+build's rate is listed but not compared. Ratios 1 replica / 0 replicas are reported: > 1 is
+slower for times, < 1 for rates. The replicas are fed from the actives' change streams inside the
 cluster, so they compete with the pipeline's own reads for the same cores and disk.
 """
 

@@ -13,6 +13,7 @@ from bench.common import postgres as pgh
 from bench.common.proc_cpu import process_cpu, tree_cpu
 
 from bench import replication as rep
+from bench import replication_pipeline as rpipe
 
 
 def test_every_level_has_one_postgres_counterpart_and_the_goal_is_remote_apply() -> None:
@@ -62,6 +63,32 @@ def test_replica_cost_compares_none_with_and_without_a_replica() -> None:
     assert row["1 / 0 cpu"] == 1.6
 
 
+def _pipe_row(replicas: int, drain: float, p50: float) -> dict[str, Any]:
+    return {
+        "replicas": replicas,
+        "load docs/s": 1000.0,
+        "build docs/s": 500.0 * (1 + replicas),  # the second cluster's build: a warm JVM
+        "drain mutations/s": drain,
+        "drain /s (batches)": drain * 2,
+        "fresh p50 ms": p50,
+        "fresh p99 ms": p50 * 3,
+    }
+
+
+def test_pipeline_ratios_are_one_replica_over_none_and_name_which_way_is_slower() -> None:
+    rows = [_pipe_row(0, 10_000.0, 100.0), _pipe_row(1, 8_000.0, 100.0)]
+    out = {r["metric"]: r for r in rpipe.pipeline_ratio_rows(rows)}
+    assert "build docs/s" not in out  # the first build warms the JVM: not compared
+    assert out["drain mutations/s"]["1 / 0"] == 0.8
+    assert out["drain mutations/s"]["replica"] == "slower"  # a rate: lower is slower
+    assert out["load docs/s"]["replica"] == "not slower"
+    assert out["fresh p50 ms"]["1 / 0"] == 1.0
+    rows[1]["fresh p99 ms"] = 600.0
+    worse = {r["metric"]: r for r in rpipe.pipeline_ratio_rows(rows)}["fresh p99 ms"]
+    assert worse["1 / 0"] == 2.0 and worse["replica"] == "slower"  # a time: higher is slower
+    assert rpipe.pipeline_ratio_rows(rows[:1]) == []  # one cluster only: nothing to compare
+
+
 def test_failover_summary_checks_the_worst_run_against_timeout_plus_one() -> None:
     runs = [
         {"timeout s": 2.0, "failed over s": 2.4, "first write s": w} for w in (2.5, 2.7, 2.9)
@@ -76,6 +103,7 @@ def test_failover_summary_checks_the_worst_run_against_timeout_plus_one() -> Non
 def test_quick_is_short_and_parts_can_be_picked() -> None:
     plan, path = rep.parse_args(["--quick"])
     assert plan.seconds == 2.0 and plan.failover_runs == 3 and plan.failover_timeouts == [2.0]
+    assert plan.pipeline.docs < rpipe.PipelinePlan().docs and 4 in plan.parts
     assert path.name == "replication-quick.json"
     plan, path = rep.parse_args(["--part", "2", "--runs", "5"])
     assert plan.parts == [2] and plan.failover_runs == 5 and plan.failover_timeouts == [2.0, 5.0]

@@ -1,6 +1,6 @@
 """Messages of replica copies and failover (``docs/decisions/0082-replicas-and-durability.md``).
 
-Three conversations:
+Four conversations:
 
 * active node -> replica node: ``ReplicaApply`` carries, per partition, the changes after the
   replica's last acknowledged seqno, read from the active's change log (the same seqnos, CAS
@@ -9,6 +9,9 @@ Three conversations:
   One request in flight per (keyspace, active, replica), so changes arrive in order.
 * master -> any data node: ``CopySeqnos`` lists the node's copies of a keyspace, active or
   replica, with their high seqnos: how failover picks the replica to promote.
+* replica node -> active node: ``FetchDocRecords`` reads the active's current records of
+  the documents a diverged copy changed after its branch point, to roll it back in place
+  (``data/replica_rollback.py``).
 * master -> promoted node: ``PromoteReplica`` makes a replica copy the active one, on a new
   history branch (a new failover-log entry at its high seqno). Reconcile does the same when
   the message is lost; both are idempotent.
@@ -88,3 +91,13 @@ class PromoteReplica(Message, tag="data.PromoteReplica"):
 class Promoted(Message, tag="data.Promoted"):
     high_seqno: int
     uuid: int  # the new branch's
+
+
+class FetchDocRecords(Message, tag="data.FetchDocRecords"):
+    keyspace: str
+    partition: int
+    docids: list[str]
+
+
+class DocRecords(Message, tag="data.DocRecords"):
+    records: list[bytes | None]  # the encoded document records, in ``docids`` order

@@ -174,7 +174,8 @@ def recover_copies(engine: DataEngine, node: str, state: StateContext, kind: str
     """This node was failed over and is recovered: its active copies of partitions now
     active elsewhere may hold writes the cluster never acknowledged, and must never serve
     again. ``delta``: they become replica copies (fed again by the new active once a
-    rebalance puts this node in their chain; a copy past the branch point restarts empty).
+    rebalance puts this node in their chain; a copy past the branch point is rolled back to
+    it in place, ``replica_rollback.py``).
     ``full``: they are dropped."""
     moving = in_flight(state.rebalance)
     for name in list(state.keyspaces):

@@ -11,8 +11,8 @@ storage side, synchronous and run in the I/O executor:
   active's failover log;
 * ``apply_runs`` writes the runs of one ``ReplicaApply`` in one batch (one fsync when asked),
   keeping seqnos and CAS values; a run whose history does not continue the copy's is refused
-  as ``diverged`` (the copy is rebuilt), a gap as ``behind`` (the active resends from the
-  copy's high seqno);
+  as ``diverged`` (the copy is rolled back to its branch point, ``replica_rollback.py``, or
+  started again empty), a gap as ``behind`` (the active resends from the copy's high seqno);
 * ``promote`` makes a replica copy active on a new branch: a new uuid starting at its high
   seqno, what every consumer then sees as a ROLLBACK to that point.
 """
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+import shardex.data.replica_rollback as replica_rollback
 from shardex.api.data import ChangeTuple
 from shardex.api.errors import BadRequest, not_my_partition
 from shardex.api.records import (
@@ -55,7 +56,7 @@ _FAILED_OVER_KEY = b"data/failed-over"  # default family: the cas that failed th
 PLACEHOLDER_UUID = 0  # the branch of an empty copy that has not heard from its active yet
 # Ack states besides the partition states: what the active reads from an ack.
 ACK_ABSENT = "absent"  # no copy here (yet)
-ACK_DIVERGED = "diverged"  # the copy's history is not a prefix of the active's: rebuild it
+ACK_DIVERGED = "diverged"  # the copy's history is not a prefix of the active's: roll it back
 ACK_BEHIND = "behind"  # the run started above the copy's high seqno: resend from it
 ACK_BUILDING = "building"  # being rebuilt from the active's snapshot
 
@@ -211,6 +212,50 @@ class ReplicaOps:
                 part.commit(self._local.store.batch(), meta, sync=True)
         part.fail_waiters(not_my_partition(keyspace, partition, STATE_REPLICA))
         return info_of(part.meta)
+
+    def rollback_plan(
+        self, keyspace: str, partition: int, active_log: Sequence[FailoverEntry]
+    ) -> replica_rollback.RollbackPlan | None:
+        """How to roll the replica copy back to where it meets ``active_log`` (None: start
+        it again empty, ``restart_empty``)."""
+        part = self._local.held(keyspace, partition)
+        with part.lock:
+            if part.meta.state != STATE_REPLICA:
+                return None
+            return replica_rollback.plan(part, active_log)
+
+    def rollback(
+        self,
+        keyspace: str,
+        partition: int,
+        plan: replica_rollback.RollbackPlan,
+        records: Sequence[bytes | None],
+    ) -> bool:
+        """``replica_rollback.apply`` on the replica copy (False: it moved meanwhile)."""
+        part = self._local.held(keyspace, partition)
+        if part.meta.state != STATE_REPLICA:
+            return False
+        return replica_rollback.apply(part, plan, records)
+
+    def restart_empty(self, keyspace: str, partition: int) -> None:
+        """Drop the replica copy and make it again empty (fed from seqno 0 or rebuilt)."""
+        with self._local.lock:  # an RLock: create_empty takes it again
+            part = self._local.parts.get((keyspace, partition))
+            if part is None or part.meta.state != STATE_REPLICA:
+                return
+            self._local.drop(keyspace, partition)
+            self.create_empty(keyspace, partition)
+
+    def doc_records(
+        self, keyspace: str, partition: int, docids: Sequence[str]
+    ) -> list[bytes | None]:
+        """The active copy's current records (encoded, tombstones included) of ``docids``:
+        what a diverged replica rolls back to."""
+        part = self.active_part(keyspace, partition)
+        if part is None:
+            state = self._local.held(keyspace, partition).meta.state
+            raise not_my_partition(keyspace, partition, state)
+        return part.cf.get_many([doc_key(d) for d in docids])
 
     def get_raw(self, keyspace: str, docid: str) -> tuple[bytes, int, int] | None:
         """A replica read: (body, cas, seqno) from whatever copy is here, active or replica

@@ -15,18 +15,23 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+import msgspec
+
 import shardex.data.replica as replica
 from shardex.api.errors import KeyspaceNotFound
-from shardex.api.records import STATE_ACTIVE, MutationResult
+from shardex.api.records import FailoverEntry, MutationResult
 from shardex.api.replication import (
     CopySeqno,
     CopySeqnos,
     CopySeqnosReply,
+    DocRecords,
+    FetchDocRecords,
     Promoted,
     PromoteReplica,
     ReplicaAck,
     ReplicaApplied,
     ReplicaApply,
+    ReplicaRun,
 )
 from shardex.api.validation import MAJORITY_LEVELS
 from shardex.data.durability import DurabilityWaits
@@ -43,6 +48,7 @@ log = logging.getLogger(__name__)
 
 ACK_STALE = "stale_source"  # the sender is not the partition's active in a newer topology
 INLINE_APPLY = 32  # changes a replica applies on its event loop rather than in the I/O pool
+FETCH_TIMEOUT = 30.0  # seconds for an active to read a rolled-back tail's documents
 
 
 class Replication:
@@ -82,6 +88,7 @@ class Replication:
             ReplicaApply: self.on_apply,
             CopySeqnos: self.on_copy_seqnos,
             PromoteReplica: self.on_promote,
+            FetchDocRecords: self.on_fetch_records,
         }
 
     async def stop(self) -> None:
@@ -209,11 +216,76 @@ class Replication:
         else:
             acks = await self._io.run(engine.replicas.apply_runs, msg.keyspace, runs, sync=msg.sync)
         acks += [ReplicaAck(r.partition, 0, 0, 0, replica.ACK_BUILDING) for r in builds]
-        diverged = [a.partition for a in acks if a.state == replica.ACK_DIVERGED]
-        if diverged:
-            async with self._lock:
-                await self._io.run(_restart_copies, engine, msg.keyspace, diverged, msg.source)
+        diverged = {r.partition: r for r in runs}
+        for i, ack in enumerate(acks):
+            if ack.state == replica.ACK_DIVERGED:
+                acks[i] = await self._roll_back(engine, msg, diverged[ack.partition])
         return ReplicaApplied(acks=acks + stale)
+
+    async def _roll_back(
+        self, engine: DataEngine, msg: ReplicaApply, run: ReplicaRun
+    ) -> ReplicaAck:
+        """A copy whose history left its active's: rolled back to the branch point in place,
+        else started again empty (``replica_rollback.py``); the ack says where it now is."""
+        ks, p = msg.keyspace, run.partition
+        info = engine.partition_info(ks, p)
+        flog = [msgspec.convert(e, FailoverEntry) for e in run.failover_log or ()]
+        plan = await self._io.run(engine.replicas.rollback_plan, ks, p, flog)
+        records: list[bytes | None] = []
+        if plan is not None:
+            try:  # not under the placement lock: a slow active must not stall reconcile
+                records = await self._fetch_records(msg.source, ks, p, plan.docids)
+            except ShardexError as exc:
+                # The active cannot say now: the copy stays as it is, the next run retries.
+                log.info("rollback of %s/%d: records from %s: %s", ks, p, msg.source, exc)
+                ack = engine.replicas.acks(ks, [p])[0]
+                return msgspec.structs.replace(ack, state=replica.ACK_DIVERGED)
+        async with self._lock:
+            done = plan is not None and await self._io.run(
+                engine.replicas.rollback, ks, p, plan, records
+            )
+            if plan is not None and done:
+                log.warning(
+                    "replica copy of %s/%d (seqno %d, branch %x) diverged from %s's history: "
+                    "rolled back to seqno %d (%d documents)",
+                    ks,
+                    p,
+                    info.high_seqno,
+                    info.uuid,
+                    msg.source,
+                    plan.seqno,
+                    len(plan.docids),
+                )
+            else:
+                log.warning(
+                    "replica copy of %s/%d (seqno %d, branch %x) diverged from %s's history: "
+                    "restarting it empty",
+                    ks,
+                    p,
+                    info.high_seqno,
+                    info.uuid,
+                    msg.source,
+                )
+                await self._io.run(engine.replicas.restart_empty, ks, p)
+            return engine.replicas.acks(ks, [p])[0]
+
+    async def _fetch_records(
+        self, source: str, keyspace: str, partition: int, docids: list[str]
+    ) -> list[bytes | None]:
+        if not docids:
+            return []
+        msg = FetchDocRecords(keyspace=keyspace, partition=partition, docids=docids)
+        reply = await self._pool.request(
+            self._placement.address(source), msg, FETCH_TIMEOUT, expect=DocRecords
+        )
+        return reply.records
+
+    async def on_fetch_records(self, msg: FetchDocRecords, conn: Connection) -> DocRecords:
+        engine = self._engine()
+        records = await self._io.run(
+            engine.replicas.doc_records, msg.keyspace, msg.partition, msg.docids
+        )
+        return DocRecords(records=records)
 
     async def on_copy_seqnos(self, msg: CopySeqnos, conn: Connection) -> CopySeqnosReply:
         engine = self._engine()
@@ -243,25 +315,6 @@ class Replication:
             entry.uuid,
         )
         return Promoted(high_seqno=info.high_seqno, uuid=entry.uuid)
-
-
-def _restart_copies(engine: DataEngine, keyspace: str, partitions: list[int], source: str) -> None:
-    """Replica copies whose history is not a prefix of their active's: start them again empty
-    (the active then feeds them from seqno 0, or they are rebuilt by a copy)."""
-    for p in partitions:
-        info = engine.partition_info(keyspace, p)
-        if info.state == STATE_ACTIVE:
-            continue
-        log.warning(
-            "replica copy of %s/%d (seqno %d, branch %x) diverged from %s's history: restarting it",
-            keyspace,
-            p,
-            info.high_seqno,
-            info.uuid,
-            source,
-        )
-        engine.drop_partition(keyspace, p)
-        engine.replicas.create_empty(keyspace, p)
 
 
 def _moved_away() -> ShardexError:

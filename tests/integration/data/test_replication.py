@@ -20,6 +20,7 @@ from shardex.api.data import Upsert as UpsertMsg
 from shardex.api.records import STATE_ACTIVE, STATE_REPLICA
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
+from shardex.data.replica import ReplicaOps
 from shardex.data.service import DataService
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.member_list import MemberInfo
@@ -430,3 +431,86 @@ async def test_at_plus_tokens_follow_a_failover_or_fail_clearly(
     assert err.value.code is ErrorCode.ROLLBACK
     assert err.value.details["partition"] == 0
     assert err.value.details["rollback_seqno"] == kept.seqno
+
+
+async def test_delta_recovery_rolls_a_diverged_copy_back_in_place(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    restarted: list[tuple[str, int]] = []
+    real_restart = ReplicaOps.restart_empty
+
+    def restart_empty(self: ReplicaOps, keyspace: str, partition: int) -> None:
+        restarted.append((keyspace, partition))
+        real_restart(self, keyspace, partition)
+
+    monkeypatch.setattr(ReplicaOps, "restart_empty", restart_empty)
+    docs = [docid_in(0, i) for i in range(12)]  # partition 0: active n1, replica n2
+    for i, d in enumerate(docs[:10]):
+        await cluster.upsert(d, {"i": i}, "majority")
+    common = cluster.services["n1"].engine.partition_info(KS, 0).high_seqno
+    n1_dir, n2_dir = (cluster.services[n].path.parent for n in ("n1", "n2"))
+    await cluster.stop_node("n2")
+    # n1 writes a tail n2 never receives: an update, an insert and a delete
+    await cluster.upsert(docs[0], {"i": "lost"}, "none")
+    await cluster.upsert(docs[10], {"i": "lost"}, "none")
+    msg = OpItem(kind="delete", docid=docs[1])
+    await cluster.pool.request(
+        cluster.addresses["n1"],
+        MutateMany(keyspace=KS, ops=[msg], durability="none"),
+        5.0,
+        expect=MutateManyReply,
+    )
+    assert cluster.services["n1"].engine.partition_info(KS, 0).high_seqno == common + 3
+    await cluster.stop_node("n1")
+    # n2 comes back and is promoted: n1's actives (0, 3) on n2, n1 out of every chain
+    await cluster.start_node("n2", n2_dir)
+    state = cluster.coord.state
+    topo = state.data_topologies[KS][-1]
+    failed = Topology(
+        seq_num=2,
+        assignment={**topo.assignment, 0: "n2", 3: "n2"},
+        replicas={p: [n for n in r if n not in ("n1", "n2")] for p, r in topo.replicas.items()},
+    )
+    failed_state = msgspec.structs.replace(
+        state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
+    )
+    await cluster.publish(failed_state)
+    # the new branch changes documents of both kinds: one n1 also changed, one it did not
+    await cluster.upsert(docs[0], {"i": "new"}, "none")
+    await cluster.upsert(docs[2], {"i": "new"}, "none")
+    # n1 returns on its old data, is recovered (delta) and put back in partition 0's chain
+    back = await cluster.start_node("n1", n1_dir)
+    restored = Topology(
+        seq_num=3,
+        assignment=failed.assignment,
+        replicas={**failed.replicas, 0: ["n1"]},
+    )
+    await cluster.publish(
+        msgspec.structs.replace(
+            failed_state,
+            cas=3,
+            failed_over={},
+            recovering={"n1": "delta"},
+            data_topologies={KS: [topo, failed, restored]},
+        )
+    )
+    active = cluster.services["n2"].engine.partition_info(KS, 0)
+
+    def level() -> bool:
+        mine = back.engine.partition_info(KS, 0)
+        return mine.state == STATE_REPLICA and (mine.high_seqno, mine.uuid) == (
+            active.high_seqno,
+            active.uuid,
+        )
+
+    for s in cluster.services["n2"].replication.senders.values():
+        s.wake()
+    await _until(level, "n1's copy of partition 0 is level with n2's")
+    assert restarted == []  # rolled back in place, not rebuilt
+    expect = {d: {"i": i} for i, d in enumerate(docs[:10])} | {
+        docs[0]: {"i": "new"},
+        docs[2]: {"i": "new"},
+    }
+    for d in docs:  # none of n1's lost tail is there: docs[10] absent, docs[1] back
+        assert await cluster.replica_get("n1", d) == expect.get(d), d
+    assert back.engine.partition_info(KS, 0).failover_log == active.failover_log

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import msgspec
 
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.meta.index_rebalance_record import IndexMoveRecord
+from shardex.meta.index_rebalance_record import ADD, MOVE, IndexMoveRecord
 from shardex.meta.index_state import ACTIVE, INIT, LIVE_STATES, IndexRecord
 
 __all__ = [
+    "ADD",
     "CANCELLED",
     "DONE",
     "FAILED",
+    "MOVE",
     "MOVING",
     "PLANNED",
     "IndexMoveRecord",
@@ -44,8 +47,18 @@ DONE = "done"
 FAILED = "failed"
 CANCELLED = "cancelled"
 
-# (index id, index name, keyspace, index partition, source, target, base seq)
-PlannedIndexMove = tuple[str, str, str, int, str, str, int]
+
+class PlannedIndexMove(NamedTuple):
+    """One index move or copy addition a rebalance plans (``new_index_moves`` records it)."""
+
+    index_id: str
+    index_name: str
+    keyspace: str
+    partition: int  # index partition
+    source: str
+    target: str
+    base_seq: int  # the index topology seq_num it is planned on
+    kind: str = MOVE
 
 
 def plan_index_moves(
@@ -126,27 +139,17 @@ def plan_index_moves(
         per_index[(index_id, donor)] -= 1
         per_index[(index_id, receiver)] += 1
         name, keyspace = names[index_id]
-        out.append((index_id, name, keyspace, p, donor, receiver, base[index_id]))
-    return sorted(out, key=lambda m: (m[2], m[1], m[3]))
+        out.append(PlannedIndexMove(index_id, name, keyspace, p, donor, receiver, base[index_id]))
+    return sorted(out, key=lambda m: (m.keyspace, m.index_name, m.partition))
 
 
 def new_index_moves(
-    planned: list[PlannedIndexMove], migration_ids: Iterable[str]
+    planned: Iterable[tuple[str, str, str, int, str, str, int] | PlannedIndexMove],
+    migration_ids: Iterable[str],
 ) -> list[IndexMoveRecord]:
     return [
-        IndexMoveRecord(
-            migration_id=mid,
-            index_id=index_id,
-            index_name=name,
-            keyspace=keyspace,
-            partition=p,
-            source=src,
-            target=dst,
-            base_seq=seq,
-        )
-        for (index_id, name, keyspace, p, src, dst, seq), mid in zip(
-            planned, migration_ids, strict=True
-        )
+        IndexMoveRecord(migration_id=mid, **PlannedIndexMove(*p)._asdict())
+        for p, mid in zip(planned, migration_ids, strict=True)
     ]
 
 
@@ -194,8 +197,11 @@ def interrupt_index_moves(moves: list[IndexMoveRecord], why: str) -> list[IndexM
 def publish_index_move(
     history: list[Topology], move: IndexMoveRecord
 ) -> tuple[list[Topology], Topology]:
-    """The index topology history with the move appended as ``seq_num + 1``. Refuses if the
-    partition is not on the move's source any more."""
+    """The index topology history with the move appended as ``seq_num + 1``: a ``move``
+    puts its target where its source was in the partition's chain (the primary's place or
+    a replica's), an ``add`` appends its target to the chain's replicas. Refuses
+    (STALE_TOPOLOGY) when the source holds no copy of the partition any more or the target
+    holds one already."""
     if not history:
         raise ShardexError(
             f"index {move.index_name!r} has no topology",
@@ -203,13 +209,30 @@ def publish_index_move(
             details={"index": move.index_id},
         )
     latest = history[-1]
-    owner = latest.assignment.get(move.partition)
-    if owner != move.source:
+    p = move.partition
+    chain = latest.chain(p) if p in latest.assignment else []
+    problem = ""
+    if move.source not in chain:
+        problem = f"the move's source {move.source} holds no copy of it any more"
+    elif move.target in chain:
+        problem = f"the move's target {move.target} holds a copy of it already"
+    if problem:
         raise ShardexError(
-            f"partition {move.partition} of index {move.index_name!r} is on {owner}, not on "
-            f"the move's source {move.source}",
+            f"partition {p} of index {move.index_name!r} is on {', '.join(chain) or 'no node'}: "
+            f"{problem}",
             code=ErrorCode.STALE_TOPOLOGY,
-            details={"partition": move.partition, "owner": owner, "source": move.source},
+            details={"partition": p, "chain": chain, "source": move.source, "target": move.target},
         )
-    topo = latest.with_moves({move.partition: move.target})
+    if move.kind == ADD:
+        chain = [*chain, move.target]
+    else:
+        chain = [move.target if n == move.source else n for n in chain]
+    replicas = {q: list(ns) for q, ns in latest.replicas.items() if q != p}
+    if chain[1:]:
+        replicas[p] = chain[1:]
+    topo = Topology(
+        seq_num=latest.seq_num + 1,
+        assignment={**latest.assignment, p: chain[0]},
+        replicas=replicas,
+    )
     return [*history, topo], topo

@@ -55,7 +55,7 @@ def _index(index_id: str, n: int, *, state: str = ACTIVE, pinned: bool = False) 
 
 def _load(moves, topologies) -> dict[str, int]:
     after = {i: dict(h[-1].assignment) for i, h in topologies.items()}
-    for index_id, _name, _ks, p, src, dst, _seq in moves:
+    for index_id, _name, _ks, p, src, dst, _seq, _kind in moves:
         assert after[index_id][p] == src
         after[index_id][p] = dst
     load: dict[str, int] = {}

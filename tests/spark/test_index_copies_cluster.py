@@ -111,6 +111,12 @@ def test_rebalance_rebuilds_lost_index_copies_and_eject_moves_them_off(
                 return "node4" not in _index(client)[1].copy_nodes()
 
             wait_for(copies_dropped, WAIT, 0.5, "node4's copies to leave the topology")
+
+            def node4_down() -> bool:  # else the rebalance may still pick it as a target
+                states = {m.name: m.state for m in client.cluster_status().members}
+                return states["node4"] == "down"
+
+            wait_for(node4_down, 60, 0.2, "node4 marked down")
             short = _index(client)[1]
             assert sorted(p for p in range(PARTS) if len(short.chain(p)) == 1) == lost
             result = client.rebalance()

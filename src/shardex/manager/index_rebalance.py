@@ -364,6 +364,15 @@ class IndexMoveDriver(MoveDriverBase):
         deadline = loop.time() + CATCH_UP_TIMEOUT
         last = "no answer"
         while loop.time() < deadline:
+            # The timekeeper fails a move whose target missed a published round
+            # (``index_copies.fail_late_targets``): it must not be switched in.
+            current = _find(self._c.state.rebalance, move.migration_id)
+            if current is not None and current.status != MOVING:
+                raise ShardexError(
+                    f"index move {move.migration_id} is {current.status}: {current.error}",
+                    code=ErrorCode.STALE_TOPOLOGY,
+                    details={"migration_id": move.migration_id},
+                )
             reply = await self._ask(
                 move.target, ListSlices(index_id=move.index_id), COMMAND_TIMEOUT, SliceList
             )

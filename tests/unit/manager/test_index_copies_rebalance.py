@@ -3,7 +3,8 @@ indexers: the whole ``Rebalancer`` run plans an ``add`` per missing copy, builds
 move's target (prepare, routing, copy from a surviving copy, catch-up) and commits a topology
 where the copy joins the chain as a replica, the source keeping its own and hearing nothing;
 a partition's moves run one after the other; a failed copy is aborted and the target told
-to drop it."""
+to drop it, and so is one whose target missed a stability round published meanwhile (the
+timekeeper fails its move before publishing: the target's queue lacks that round's rows)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from typing import Any
 
 import msgspec
 
+from shardex.api.delivery import SliceAck, Stabilised
 from shardex.api.index import ListSlices, SliceInfo, SliceList
+from shardex.api.index_ddl import DropIndexCopies
 from shardex.api.rebalance import StartRebalance
 from shardex.api.slice_copy import (
     AbortIncomingSlice,
@@ -25,12 +28,22 @@ from shardex.api.slice_copy import (
     SliceCopied,
     SliceMoveDone,
 )
+from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index import make_definition
+from shardex.manager.index_copies import drop_index_copies
 from shardex.manager.index_rebalance import _begin_check
 from shardex.manager.rebalance import Rebalancer
-from shardex.meta.index_rebalance_state import ADD, CANCELLED, DONE, FAILED, MOVING
+from shardex.manager.timekeeper import check_acks, plan_stabilise
+from shardex.meta.index_rebalance_state import (
+    ADD,
+    CANCELLED,
+    DONE,
+    FAILED,
+    MOVING,
+    new_index_moves,
+)
 from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.meta.rebalance_state import RebalanceRecord
 from shardex.meta.state import StateContext
@@ -50,9 +63,14 @@ class IndexerPool:
     """The indexers as the master's pool sees them: every command answered, each one
     recorded (node, message); a CopySliceIn to a node in ``failing`` fails."""
 
-    def __init__(self, failing: set[str] | None = None) -> None:
+    def __init__(
+        self,
+        failing: set[str] | None = None,
+        on_copy: Callable[[CopySliceIn], Awaitable[None]] | None = None,
+    ) -> None:
         self.sent: list[tuple[str, Message]] = []
         self.failing = failing or set()
+        self.on_copy = on_copy  # runs when a copy completes (before its reply)
         self.copying: set[tuple[str, int]] = set()
         self.overlapped = False
 
@@ -69,6 +87,8 @@ class IndexerPool:
             self.copying.discard(key)
             if node in self.failing:
                 raise ShardexError(f"{node} lost it", code=ErrorCode.NODE_UNAVAILABLE)
+            if self.on_copy is not None:
+                await self.on_copy(msg)
             return SliceCopied(node=node, ts=TS, items=3, bytes=30, seconds=0.01)
         if isinstance(msg, ListSlices):
             info = [
@@ -202,6 +222,75 @@ def test_an_addition_copies_from_any_live_copy_and_is_cancelled_once_not_needed(
 
 
 def _planned(p: int, source: str, target: str) -> list[Any]:
-    from shardex.meta.index_rebalance_state import new_index_moves
-
     return new_index_moves([("r", "by_k", "ks", p, source, target, 5, ADD)], ["mid"])
+
+
+def _acks(node: str, parts: list[int], ts: Timestamp, state: str = "active") -> Stabilised:
+    wire = dict(ts.to_wire()) if state == "active" else {}
+    acks = [
+        SliceAck(index_id="r", partition=p, applied=wire, items_count=1, state=state) for p in parts
+    ]
+    return Stabilised(node=node, incarnation="i", acks=acks, missing=[])
+
+
+def test_the_timekeeper_names_move_targets_that_did_not_answer_a_ready_round() -> None:
+    state = StateContext(indexes={"r": REC}, index_topologies={"r": [SHORT]})
+    plan = plan_stabilise(state, "ks", ["r"], {"r": {0: "n4", 2: "n3"}})
+    ts = Timestamp({0: (9, 1)})
+    copies = {"n1": _acks("n1", [0, 1], ts), "n2": _acks("n2", [1, 2], ts)}
+    # n4 did not answer; n3's copy is still loading but answered: it queued the rows.
+    check = check_acks(plan, {**copies, "n3": _acks("n3", [2], ts, "loading")}, ts)
+    assert check.ready == {"r": 3} and check.targets_behind == {"r": [(0, "n4")]}
+    check = check_acks(plan, {**copies, "n4": _acks("n4", [0], ts, "loading")}, ts)
+    assert check.targets_behind == {"r": [(2, "n3")]}
+    # Not published (partition 0's only copy did not answer): its rows come again.
+    check = check_acks(plan, {"n2": _acks("n2", [1, 2], ts)}, ts)
+    assert check.ready == {} and check.targets_behind == {}
+
+
+async def test_drop_index_copies_fails_the_moves_of_late_targets_in_one_commit() -> None:
+    ctx = make_ctx()
+    late, other = [
+        msgspec.structs.replace(m, status=MOVING, routing=True)
+        for m in new_index_moves(
+            [
+                ("r", "by_k", "ks", 0, "n1", "n4", 5, ADD),
+                ("r", "by_k", "ks", 2, "n2", "n4", 5, ADD),
+            ],
+            ["m0", "m2"],
+        )
+    ]
+    record = RebalanceRecord(id="rb", kind="rebalance", started_at=1.0, index_moves=[late, other])
+    ctx.state = msgspec.structs.replace(ctx.state, rebalance=record)
+    msg = DropIndexCopies(index_id="r", copies=[], ts={0: (9, 1)}, targets=[(0, "n4")])
+    reply = await drop_index_copies(msg, ctx)
+    assert reply.failed_moves == ["m0"] and reply.dropped == [] and len(ctx.commits) == 1
+    moves = {m.migration_id: m for m in ctx.state.rebalance.index_moves}
+    assert moves["m0"].status == FAILED and not moves["m0"].routing
+    assert "missed the stability round" in moves["m0"].error
+    assert moves["m2"].status == MOVING and moves["m2"].routing
+    assert ctx.state.index_topologies["r"] == [SHORT]
+    again = await drop_index_copies(msg, ctx)
+    assert again.failed_moves == [] and len(ctx.commits) == 1  # idempotent
+
+
+async def test_a_copy_whose_target_missed_a_round_is_aborted_not_switched_in() -> None:
+    ctx = make_ctx()
+
+    async def timekeeper_fails_it(copy: CopySliceIn) -> None:
+        if copy.partition == 0:  # a round was published while n4 did not answer
+            msg = DropIndexCopies(index_id="r", copies=[], targets=[(0, "n4")])
+            await drop_index_copies(msg, ctx)
+
+    pool = IndexerPool(on_copy=timekeeper_fails_it)
+    record = await rebalance(ctx, pool)
+    assert record.state == FAILED
+    status = {m.partition: (m.status, m.error) for m in record.index_moves}
+    assert status[2] == (DONE, "") and status[0][0] == FAILED
+    assert "missed the stability round" in status[0][1]
+    latest = ctx.state.index_topologies["r"][-1]
+    assert latest.chain(0) == ["n1"] and latest.chain(2) == ["n2", "n4"]
+    aborted = [(n, m.partition) for n, m in pool.sent if isinstance(m, AbortIncomingSlice)]
+    assert aborted == [("n4", 0)]
+    switched = [m.partition for _n, m in pool.sent if isinstance(m, IndexPartitionSwitched)]
+    assert switched == [2]

@@ -47,13 +47,15 @@ def rebalance(
         list[str] | None,
         typer.Option(
             "--eject",
-            help="Remove this node from the cluster (repeatable): its copies move to the "
-            "other data nodes first, then it leaves the member list; stop it afterwards.",
+            help="Remove this node from the cluster (repeatable): its index slices move to "
+            "other indexers and its copies to the other data nodes first, then it leaves the "
+            "member list; stop it afterwards.",
         ),
     ] = None,
 ) -> None:
-    """Balance every keyspace's partitions over the up data nodes (after add-node), or
-    with --eject move everything off some nodes and remove them from the cluster."""
+    """Balance every keyspace's partitions over the up data nodes (after add-node) and
+    rebuild lost index copies, or with --eject move everything off some nodes and remove
+    them from the cluster."""
     failed = False
     with local_client(cluster_dir, timeout=30.0) as client:
         progress = Progress(

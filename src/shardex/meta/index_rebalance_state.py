@@ -73,8 +73,10 @@ def plan_index_moves(
     Only slices of ACTIVE indexes whose placement was not pinned (``WITH {"nodes": ...}``)
     and that have no replica copies move; the others (replica copies too) still count as
     load. Each move takes a slice from the most loaded node to the least loaded one, so
-    every move lowers the spread and none is wasted. Refuses
-    when a node that holds slices is down: its slices cannot be copied."""
+    every move lowers the spread and none is wasted. Refuses when a node that holds primary
+    slices is down: its slices cannot be copied (a replicated index's copies there are about
+    to leave the topology, after which a rebalance rebuilds them elsewhere). A down node's
+    replica copies do not refuse: they are not moved, and are rebuilt once dropped."""
     up = sorted(set(up_nodes))
     known = set(indexer_nodes)
     load: Counter[str] = Counter({n: 0 for n in up})
@@ -90,11 +92,20 @@ def plan_index_moves(
         topo = history[-1]
         down = sorted({n for n in topo.assignment.values() if n not in up and n in known})
         if down:
+            # A replicated index's copies on a down node leave its topology at the next
+            # published round (``DropIndexCopies``); the rebalance then rebuilds them.
+            hint = (
+                "its copies there leave the index topology at the next published stability "
+                "round (the pipeline must be running): run the rebalance again then, or "
+                "start the node"
+                if topo.replicas or rec.num_replica
+                else "start the node, then retry"
+            )
             raise ShardexError(
                 f"cannot rebalance index {rec.name!r} of {rec.keyspace!r}: "
                 f"{', '.join(down)} hold(s) its slices and is down",
                 code=ErrorCode.NODE_UNAVAILABLE,
-                details={"index": rec.name, "down": down, "hint": "start the node, then retry"},
+                details={"index": rec.name, "down": down, "hint": hint},
             )
         base[index_id] = topo.seq_num
         names[index_id] = (rec.name, rec.keyspace)

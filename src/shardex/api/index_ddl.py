@@ -156,15 +156,21 @@ class DropIndexCopies(Message, tag="manager.DropIndexCopies"):
     """The timekeeper -> the master: these copies (index partition, node) missed a stability
     round that is about to be published without them; take them out of the index topology
     (a primary is replaced by its first remaining replica) so that no later round and no
-    scan uses them. Never drops a partition's last copy."""
+    scan uses them. Never drops a partition's last copy. ``targets``: (index partition,
+    node) of index-move targets (catching-up copies, not in the topology) that did not
+    answer the round: their moves fail."""
 
     index_id: str
     copies: list[tuple[int, str]]
     ts: dict[int, tuple[int, int]] | None = None  # the round's TS (for the log)
     request_id: str | None = None
+    targets: list[tuple[int, str]] = msgspec.field(default_factory=list)
 
 
 class IndexCopiesDropped(Message, tag="manager.IndexCopiesDropped"):
     index_id: str
     topology: Topology  # the latest topology after the op
     dropped: list[tuple[int, str]]  # the copies this op took out (already gone: not listed)
+    failed_moves: list[str] = msgspec.field(
+        default_factory=list
+    )  # migration ids of the index moves this op failed

@@ -47,13 +47,15 @@ def rebalance(
         list[str] | None,
         typer.Option(
             "--eject",
-            help="Remove this node from the cluster (repeatable): its copies move to the "
-            "other data nodes first, then it leaves the member list; stop it afterwards.",
+            help="Remove this node from the cluster (repeatable): its index slices move to "
+            "other indexers and its copies to the other data nodes first, then it leaves the "
+            "member list; stop it afterwards.",
         ),
     ] = None,
 ) -> None:
-    """Balance every keyspace's partitions over the up data nodes (after add-node), or
-    with --eject move everything off some nodes and remove them from the cluster."""
+    """Balance every keyspace's partitions over the up data nodes (after add-node) and
+    rebuild lost index copies, or with --eject move everything off some nodes and remove
+    them from the cluster."""
     failed = False
     with local_client(cluster_dir, timeout=30.0) as client:
         progress = Progress(
@@ -64,13 +66,16 @@ def rebalance(
             console=err,
             disable=as_json,
         )
-        tasks: dict[tuple[str, str, int], TaskID] = {}
+        # One index partition may have two moves (off an ejected node, a new copy): by target.
+        tasks: dict[tuple[str, str, int, str], TaskID] = {}
 
         def on_progress(r: RebalanceResult) -> None:
             for m in r.moves:
-                key = (m.keyspace, m.index, m.partition)
+                key = (m.keyspace, m.index, m.partition, m.target)
                 if key not in tasks:
                     desc = f"{_what(m)} {m.source} -> {m.target}"
+                    if m.kind == "add":
+                        desc += " (new copy)"
                     tasks[key] = progress.add_task(desc, total=4, status=m.status)
                 step = 4 if m.status not in ("planned", "moving") else _STEP.get(m.phase, 0)
                 label = m.phase if m.status == "moving" and m.phase else m.status
@@ -120,7 +125,7 @@ def _summary(r: RebalanceResult) -> None:
         table.add_row(
             _what(m),
             m.source,
-            m.target,
+            f"{m.target} (new copy)" if m.kind == "add" else m.target,
             m.status if ok else f"[red]{m.status}[/] {m.error[:50]}",
             f"{m.docs:,}" if ok else "-",
             f"{m.bytes / 1e6:.2f}" if ok else "-",

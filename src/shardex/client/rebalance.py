@@ -65,13 +65,15 @@ class RebalanceOps:
         most ``rate_limit`` bytes/s (0: unlimited). If a rebalance is already running this
         waits for it and then balances whatever it left. Raises ``RebalanceError`` (with
         ``.result``) if some move did not complete; a failed move leaves its partition
-        where it was, serving.
+        where it was, serving. It also rebuilds the index copies a lost indexer took with
+        it (``num_replica``) on the up indexers, from the copies that survived.
 
-        ``eject`` (node names): remove those nodes from the cluster instead. Every copy
-        they hold (active or replica) moves to the other data nodes first, writes going on,
-        then they leave the member list (they may keep running, holding nothing: stop
-        them). A manager node, a node holding index slices, an unknown name or a down node
-        with active copies is refused (BAD_REQUEST / NODE_UNAVAILABLE naming it); if the
+        ``eject`` (node names): remove those nodes from the cluster instead. Their index
+        slices move to other indexers first, then every copy they hold (active or replica)
+        moves to the other data nodes, writes going on, then they leave the member list
+        (they may keep running, holding nothing: stop them). A manager node, an unknown
+        name, a down node with active copies, or a node holding an index slice no other
+        indexer can take is refused (BAD_REQUEST / NODE_UNAVAILABLE naming it); if the
         eject does not complete (``RebalanceError``) the nodes stay members, and running it
         again finishes it."""
         names = [eject] if isinstance(eject, str) else list(eject)

@@ -222,6 +222,7 @@ class MoveResult:
     pause_ms: float  # writes to the partition were refused (retried) this long
     seconds: float
     index: str = ""  # an index partition's move: the index name ("": a data partition)
+    kind: str = "move"  # "add": a new copy of an index partition (the source keeps its own)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +294,7 @@ def rebalance_from(record: RebalanceRecord, phases: dict[str, str]) -> Rebalance
         moves=tuple(_move_result(m, phases, docs=m.docs, pause_ms=m.pause_ms) for m in record.moves)
         + tuple(
             # an index move never pauses writes or scans
-            _move_result(m, phases, docs=m.items, pause_ms=0.0, index=m.index_name)
+            _move_result(m, phases, docs=m.items, pause_ms=0.0, index=m.index_name, kind=m.kind)
             for m in record.index_moves
         ),
     )

@@ -58,6 +58,7 @@ from shardex.api.slice_copy import (
     SliceMoveDone,
 )
 from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.engine_host import EngineHost
 from shardex.index.keyversion import UPSERT, KeyVersion
@@ -194,7 +195,14 @@ class SliceMoves:
         engine: Any = self.host.engine
         key = (msg.definition.id, msg.partition)
 
-        def prepare() -> None:
+        def prepare(leftover: bool) -> None:
+            if leftover:
+                # The master prepares a copy only on a node its committed topology gives no
+                # copy of the partition: a slice here is a copy the topology dropped while
+                # this node was away (not yet dropped as an orphan), never one scans read.
+                engine.drop_slice(key[0], key[1])
+                log.info("slice %s/%d: a left-over copy dropped for move %s",
+                         key[0], key[1], msg.migration_id)  # fmt: skip
             sl = engine.create_slice(msg.definition, msg.partition)
             if sl.state not in (STATE_LOADING, "created"):
                 raise ShardexError(
@@ -208,11 +216,31 @@ class SliceMoves:
         async with self.host.lock:
             inc = self._incoming.get(key)
             if inc is None or inc.migration_id != msg.migration_id:
-                await self.host.run(prepare)
+                held = self._holds(key)
+                # A handed-over slice in its drop grace still serves leased paginated scans:
+                # it goes when they are done, and a later rebalance plans the move again.
+                if held and key in self._retired:
+                    raise ShardexError(
+                        f"slice {key[0]}/{key[1]} left {self.node} moments ago and is still "
+                        "read by scans",
+                        code=ErrorCode.BAD_REQUEST,
+                        details={"index": key[0], "partition": key[1], "node": self.node,
+                                 "hint": "run the rebalance again in a minute"},
+                    )  # fmt: skip
+                await self.host.run(prepare, held)
                 self._incoming[key] = _Incoming(msg.migration_id)
             self._retired.pop(key, None)
         log.info("slice %s/%d: incoming (move %s)", key[0], key[1], msg.migration_id)
         return IncomingSliceReady(node=self.node, incarnation=self.host.incarnation)
+
+    def _holds(self, key: SliceKey) -> bool:
+        """A slice of ``key`` is here in a state no copy can be loaded into."""
+        engine: Any = self.host.engine
+        try:
+            sl = engine.slice(key[0], key[1])
+        except ShardexError:
+            return False
+        return sl.state not in (STATE_LOADING, "created")
 
     def note_routed(self, moving: dict[str, list[int]], ts: Timestamp) -> None:
         """A stabilise round at ``ts`` whose batch was routed to these incoming slices too
@@ -427,11 +455,7 @@ class SliceMoves:
         for key, inc in list(self._incoming.items()):
             history = state.index_topologies.get(key[0]) or []
             # This copy's own move is done (not an older state from before it started).
-            if (
-                inc.migration_id in done
-                and history
-                and history[-1].assignment.get(key[1]) == self.node
-            ):
+            if inc.migration_id in done and history and self._in_chain(history[-1], key[1]):
                 del self._incoming[key]
                 self.scan_migrations.partition_arrived(key[0], key[1])
                 self.scan_migrations.topology_published(key[0], history[-1].seq_num)
@@ -442,9 +466,7 @@ class SliceMoves:
             if key in self._retired or key in self._incoming:
                 continue
             history = state.index_topologies.get(key[0]) or []
-            if len(history) < 2 or not any(
-                t.assignment.get(key[1]) == self.node for t in history[:-1]
-            ):
+            if len(history) < 2 or not any(self._in_chain(t, key[1]) for t in history[:-1]):
                 continue  # never served here (an aborted copy): the orphan drop's business
             owner = history[-1].assignment.get(key[1], "")
             if self._retire(key, owner, SWITCH_DROP_GRACE):
@@ -455,6 +477,10 @@ class SliceMoves:
                 )  # fmt: skip
                 out.append(key)
         return out
+
+    def _in_chain(self, topology: Topology, partition: int) -> bool:
+        """``topology`` gives a copy of ``partition`` (primary or replica) to this node."""
+        return partition in topology.assignment and self.node in topology.chain(partition)
 
     async def _drop_later(self, key: SliceKey, grace: float) -> None:
         await asyncio.sleep(max(0.0, grace))  # in-flight scans on the slice finish

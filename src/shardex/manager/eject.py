@@ -3,6 +3,11 @@
 Why this order: ``docs/decisions/0084-graceful-eject.md``. A rebalance with ``eject`` set
 (``RebalanceRecord.eject``), in the background on the master:
 
+0. **index slices** first: every copy of an index partition (primary or replica) on an
+   ejected indexer moves to another up indexer holding no copy of that partition, by the
+   index rebalance's moves (``manager/index_rebalance.py``, planned by
+   ``meta/index_copy_plan.py``). If one of them fails the eject stops here, nothing
+   removed and no data moved;
 1. **widen** (``widen_chains``): every chain gets *appended* the replicas it will need
    after the eject on the remaining nodes: replacements of its replicas on ejected nodes,
    and, for an active about to move onto one of its replicas' nodes, a replacement of that
@@ -21,9 +26,10 @@ Why this order: ``docs/decisions/0084-graceful-eject.md``. A rebalance with ``ej
 
 Refused at the start, with the reason: a node that is not a member, a manager node (the
 coordinator's voters are the manager members of the gossiped list, not a committed set, so
-removing one is not a majority-committed change), a node holding index slices (index moves
-only take slices off up indexers that stay), a down node that still holds active copies
-(fail it over first), and an eject that would leave no serving data node.
+removing one is not a majority-committed change), a node holding index slices that cannot
+move (no other up indexer without a copy of the partition, the node is down, or the index is
+not ACTIVE: ``refuse_unplaced_slices``), a down node that still holds active copies (fail it
+over first), and an eject that would leave no serving data node.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from shardex.api.replication import CopySeqno, CopySeqnos, CopySeqnosReply
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.keyspaces import data_members
 from shardex.manager.migration_driver import ask_member
+from shardex.meta.index_copy_plan import Unplaced
 from shardex.meta.index_state import INIT, LIVE_STATES
 from shardex.meta.replica_placement import added_replicas, widen_chains, without_nodes
 from shardex.meta.state import StateContext
@@ -65,14 +72,14 @@ def serving_data_nodes(ctx: Any) -> tuple[list[str], list[str], dict[str, str]]:
 
 def index_slices_on(state: StateContext, node: str) -> list[str]:
     """``keyspace.index/partition`` of every live index slice the latest topologies place on
-    ``node``."""
+    ``node``: primaries and replica copies."""
     out: list[str] = []
     for index_id in sorted(state.indexes):
         rec = state.indexes[index_id]
         history = state.index_topologies.get(index_id)
         if rec.state not in LIVE_STATES or rec.state == INIT or not history:
             continue
-        for p in history[-1].partitions_of(node):
+        for p in history[-1].copies_of(node):
             out.append(f"{rec.keyspace}.{rec.name}/{p}")
     return out
 
@@ -89,6 +96,31 @@ def holdings(state: StateContext, node: str) -> list[str]:
         out += [f"{name}/{p} (active)" for p in latest.partitions_of(node)]
         out += [f"{name}/{p} (replica)" for p in latest.replicas_of(node)]
     return out + [f"{s} (index slice)" for s in index_slices_on(state, node)]
+
+
+def slices_left(state: StateContext, eject: Iterable[str]) -> list[str]:
+    """The index slices the latest topologies still place on the ``eject`` nodes, each
+    ``keyspace.index/partition on node``: none once step 0 is done."""
+    return [f"{s} on {n}" for n in eject for s in index_slices_on(state, n)]
+
+
+def refuse_unplaced_slices(unplaced: Iterable[Unplaced]) -> None:
+    """BAD_REQUEST naming the ejected nodes and the index slices that cannot move off them
+    (``plan_index_copies``'s ``unplaced``); nothing when every slice can move."""
+    problems = list(unplaced)
+    if not problems:
+        return
+    nodes = sorted({u.node for u in problems})
+    raise BadRequest(
+        f"cannot eject {', '.join(nodes)}: {len(problems)} index slice(s) cannot move off "
+        f"({'; '.join(str(u) for u in problems[:10])})",
+        details={
+            "nodes": nodes,
+            "slices": [u.slice for u in problems][:50],
+            "hint": "start or add an indexer that holds no copy of those partitions, or "
+            "lower the index's num_replica / drop it, then eject",
+        },
+    )
 
 
 def check_eject(ctx: Any, names: Iterable[str]) -> list[str]:
@@ -113,19 +145,6 @@ def check_eject(ctx: Any, names: Iterable[str]) -> list[str]:
                     "node": name,
                     "services": list(member.services),
                     "hint": "eject only data/index nodes without the manager service",
-                },
-            )
-        slices = index_slices_on(state, name)
-        if slices:
-            raise BadRequest(
-                f"cannot eject {name}: it holds {len(slices)} index slice(s) "
-                f"({', '.join(slices[:10])}); moving slices off an ejected indexer is not "
-                "supported",
-                details={
-                    "node": name,
-                    "slices": slices[:50],
-                    "hint": "drop or re-create those indexes on other nodes "
-                    '(WITH {"nodes": [...]}), then eject',
                 },
             )
         actives = [

@@ -10,7 +10,13 @@ replaced by the partition's first remaining replica (the same promotion data fai
 The new topology (``seq_num + 1``) goes to the history like any move, so the pipeline routes
 and stabilises by it, scans never pick the dropped copy, and the indexer drops the slice as
 an orphan (``index/orphans.py``) once it is back. Restoring the copy count is the rebalance's
-job (``docs/decisions/0085-index-replicas.md``).
+job (``index_rebalance.py``, ``docs/decisions/0085-index-replicas.md``).
+
+The same holds for the target of an index move or copy addition still catching up (routed,
+named in rounds, not in the topology): if it did not answer a round about to be published,
+its queue lacks the round's rows, and once switched in it would serve a snapshot without
+them. The op fails such moves (``targets``) in the same commit, before the TS is published:
+the move's driver then aborts it (the target drops its copy) instead of switching.
 
 The op never drops a partition's last copy (refused with BAD_REQUEST naming it: the
 timekeeper asks only for indexes it publishes, each partition with an acknowledged copy) and
@@ -30,9 +36,11 @@ from shardex.api.errors import BadRequest
 from shardex.api.index_ddl import DropIndexCopies, IndexCopiesDropped
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.index_rebalance_state import FAILED, MOVING, replace_index_move
 from shardex.meta.index_state import DELETED, latest_index_topology
+from shardex.meta.rebalance_state import RebalanceRecord
 
-__all__ = ["drop_index_copies", "without_copies"]
+__all__ = ["drop_index_copies", "fail_late_targets", "without_copies"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,25 @@ def without_copies(
     return nxt, dropped
 
 
+def fail_late_targets(
+    record: RebalanceRecord | None, index_id: str, targets: Iterable[tuple[int, str]], why: str
+) -> tuple[RebalanceRecord | None, list[str]]:
+    """(``record`` with the moves in flight of ``index_id`` onto any of ``targets``
+    (partition, node) failed, their migration ids); ``record`` itself when none is."""
+    if record is None:
+        return None, []
+    late = set(targets)
+    ids = [
+        m.migration_id
+        for m in record.index_moves
+        if m.index_id == index_id and m.status == MOVING and (m.partition, m.target) in late
+    ]
+    moves = record.index_moves
+    for mid in ids:
+        moves = replace_index_move(moves, mid, status=FAILED, routing=False, error=why)
+    return (msgspec.structs.replace(record, index_moves=moves) if ids else record), ids
+
+
 async def drop_index_copies(msg: DropIndexCopies, ctx: Any) -> IndexCopiesDropped:
     """The coordinator op (module docstring)."""
     state = ctx.state
@@ -78,20 +105,30 @@ async def drop_index_copies(msg: DropIndexCopies, ctx: Any) -> IndexCopiesDroppe
             details={"index_id": msg.index_id},
         )
     nxt, dropped = without_copies(topo, [(int(p), str(n)) for p, n in msg.copies])
-    reply = IndexCopiesDropped(index_id=msg.index_id, topology=nxt, dropped=dropped)
-    if not dropped:
-        return reply
-    history = [*state.index_topologies[msg.index_id], nxt]
-    new_state = msgspec.structs.replace(
-        state, index_topologies={**state.index_topologies, msg.index_id: history}
+    why = f"its target missed the stability round at {msg.ts}: it lacks that round's rows"
+    targets = [(int(p), str(n)) for p, n in msg.targets]
+    rebalance, failed = fail_late_targets(state.rebalance, msg.index_id, targets, why)
+    reply = IndexCopiesDropped(
+        index_id=msg.index_id, topology=nxt, dropped=dropped, failed_moves=failed
     )
+    if not dropped and not failed:
+        return reply
+    new_state = msgspec.structs.replace(state, rebalance=rebalance)
+    if dropped:
+        history = [*state.index_topologies[msg.index_id], nxt]
+        new_state = msgspec.structs.replace(
+            new_state, index_topologies={**state.index_topologies, msg.index_id: history}
+        )
     log.warning(
-        "index %s (%s): copies %s missed the round at %s; dropped from the topology (%d)",
+        "index %s (%s): copies %s and move targets %s missed the round at %s; dropped from "
+        "the topology (%d), moves %s failed",
         rec.name,
         msg.index_id,
         dropped,
+        targets,
         msg.ts,
         nxt.seq_num,
+        failed,
     )
     await ctx.commit(new_state, reply=reply)
     return reply

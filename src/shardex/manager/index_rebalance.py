@@ -1,8 +1,12 @@
 """Index-partition moves, driven by the coordinator master (the index side of a rebalance).
 
-``Rebalancer.start`` plans them with the data moves (``plan_into``); ``Rebalancer._run`` runs
-them after the data moves (``IndexMoveDriver.run``). One move of index partition p from
-indexer S to indexer T (node side: ``shardex.index.slice_copy``):
+``Rebalancer.start`` plans them with the data moves (``plan_into``): moves that balance the
+indexers (``plan_index_moves``), moves off ejected indexers and *additions* that restore
+every chain to ``1 + num_replica`` copies (``meta/index_copy_plan.py``). ``Rebalancer._run``
+runs them after the data moves (before them for an eject: ``IndexMoveDriver.run``), the moves
+of one index partition one after the other (a partition is routed to one target at a time).
+One move of index partition p from indexer S to indexer T (node side:
+``shardex.index.slice_copy``):
 
 1. commit the move ``moving`` (before any node hears of it);
 2. T ``PrepareIncomingSlice``: the slice exists, catching up (queues, applies nothing);
@@ -21,6 +25,12 @@ indexer S to indexer T (node side: ``shardex.index.slice_copy``):
    switch from the committed state at its next reconciliation
    (``SliceMoves.switched_in_state``).
 
+An addition (``kind`` ADD) is the same move with two differences: in step 6 T joins p's
+chain as a replica and S keeps its copy, and in step 7 only T is told (S serves on). Its
+source is a surviving copy of p: re-chosen in step 1 if the planned one left the chain or is
+down (an earlier move of p, in an eject, may have replaced it). A move's source may be a
+replica copy: T takes its place in the chain.
+
 Failures before 6 abort: commit ``failed`` (the router stops sending to T), then tell T to
 drop its copy; S served the partition throughout. T dying mid-copy fails its RPC; S dying
 fails the copy (and the partition is unavailable as it would be without a move). A new master
@@ -33,7 +43,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -53,7 +64,10 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.index.records import STATE_ACTIVE, STATE_LOADING
 from shardex.index.slice_copy import SWITCH_DROP_GRACE
 from shardex.manager.migration_driver import MoveDriverBase, deposed
+from shardex.meta.index_copy_plan import CopyPlan, plan_index_copies, slice_load
 from shardex.meta.index_rebalance_state import (
+    ADD,
+    CANCELLED,
     DONE,
     FAILED,
     MOVING,
@@ -90,18 +104,42 @@ def indexer_members(ctx: Any) -> tuple[list[str], list[str]]:
     return [m.name for m in members], up
 
 
-def plan_into(ctx: Any, record: RebalanceRecord) -> RebalanceRecord:
-    """``record`` (a new rebalance) with the index moves that balance the indexers; a record
-    ``new_record`` finished for lack of data moves runs again when there are index moves."""
+def _groups(ctx: Any) -> dict[str, str]:
+    return {m.name: m.group for m in ctx.membership.members if "index" in m.services}
+
+
+def plan_into(
+    ctx: Any, record: RebalanceRecord, eject: Sequence[str] = ()
+) -> tuple[RebalanceRecord, CopyPlan]:
+    """``record`` (a new rebalance) with its index moves, and the copy plan they came from
+    (its ``unplaced`` copies refuse an eject, ``eject.refuse_unplaced_slices``). A plain
+    rebalance balances the indexers, then adds the missing copies; an eject (``eject``:
+    the nodes leaving) only moves their copies off (the next rebalance adds any missing). A
+    record ``new_record`` finished for lack of data moves runs again when there are index
+    moves."""
     state = ctx.state
     members, up = indexer_members(ctx)
-    planned = plan_index_moves(state.indexes, state.index_topologies, members, up)
+    planned = [] if eject else plan_index_moves(state.indexes, state.index_topologies, members, up)
+    load = slice_load(state.indexes, state.index_topologies)
+    for m in planned:  # the additions are placed by the load after the balancing moves
+        load[m.source] -= 1
+        load[m.target] += 1
+    # An eject only drains its nodes: a failed addition would keep them in the cluster.
+    copies = plan_index_copies(
+        state.indexes, state.index_topologies, up, _groups(ctx), eject, Counter(load),
+        restore=not eject,
+    )  # fmt: skip
+    for short in copies.short:
+        log.warning("rebalance: a copy of index partition %s cannot be added: %s",
+                    short.slice, short.why)  # fmt: skip
+    planned = [*planned, *copies.moves]
     if not planned:
-        return record
+        return record, copies
     moves = new_index_moves(planned, [ctx.new_id() for _ in planned])
-    return msgspec.structs.replace(
+    record = msgspec.structs.replace(
         record, index_moves=moves, state=RUNNING, finished_at=0.0, message=""
     )
+    return record, copies
 
 
 def settle_index_moves(record: RebalanceRecord, why: str) -> RebalanceRecord:
@@ -125,6 +163,46 @@ def _find(record: RebalanceRecord | None, migration_id: str) -> IndexMoveRecord 
     return None
 
 
+def _begin_check(state: Any, move: IndexMoveRecord, up: list[str]) -> tuple[str, str, str]:
+    """(the source to copy from, why the move cannot start ("" if it can), its status now)
+    against the committed ``state``. A move needs its source still in the partition's
+    chain; an addition takes any up copy of the chain (the planned one first, a copy not
+    being ejected next) and is cancelled, not needed any more, once the chain is full."""
+    source, problem = _begin_problem(state, move, up)
+    if not problem:
+        return source, "", MOVING
+    return source, problem, CANCELLED if problem.startswith(_FULL) else FAILED
+
+
+_FULL = "the partition has its copies"
+
+
+def _begin_problem(state: Any, move: IndexMoveRecord, up: list[str]) -> tuple[str, str]:
+    rec = state.indexes.get(move.index_id)
+    history = state.index_topologies.get(move.index_id) or []
+    if rec is None or rec.state != ACTIVE:
+        return move.source, "the index is not ACTIVE any more (dropped or rebuilding)"
+    topo = history[-1] if history else None
+    chain = topo.chain(move.partition) if topo and move.partition in topo.assignment else []
+    source = move.source
+    if move.kind == ADD:
+        leaving = set(state.rebalance.eject if state.rebalance else ())
+        live = sorted((n for n in chain if n in up), key=lambda n: (n != move.source, n in leaving))
+        if len(chain) >= 1 + rec.num_replica:
+            return source, f"{_FULL} already ({', '.join(chain)})"
+        if not live:
+            return source, "no copy of the partition is up to copy from"
+        source = live[0]
+    elif source not in chain:
+        return source, "the index partition is not on its source any more"
+    if move.target in chain:
+        return source, f"{move.target} holds a copy of the partition already"
+    down = [n for n in (move.target, source) if n not in up]
+    if down:
+        return source, f"{down[0]} is down"
+    return source, ""
+
+
 class IndexMoveDriver(MoveDriverBase):
     """Node calls and commits of index moves (module docstring)."""
 
@@ -142,15 +220,23 @@ class IndexMoveDriver(MoveDriverBase):
         return msgspec.structs.replace(record, index_moves=moves)
 
     async def run(self, record: RebalanceRecord, epoch: int) -> None:
-        """Every planned index move of ``record``, ``max_parallel`` at a time."""
+        """Every planned index move of ``record``, ``max_parallel`` at a time, the moves of
+        one index partition one after the other in plan order: the pipeline routes a
+        partition to one move target at a time (``routed_targets``), and a later move of it
+        (an addition after an eject's move) copies from the chain the earlier one left."""
         limit = asyncio.Semaphore(record.max_parallel)
+        by_partition: dict[tuple[str, int], list[IndexMoveRecord]] = {}
+        for m in record.index_moves:
+            if m.status == PLANNED:
+                by_partition.setdefault((m.index_id, m.partition), []).append(m)
 
-        async def one(move: IndexMoveRecord) -> None:
-            async with limit:
-                await self.migrate(move, epoch)
+        async def one(moves: list[IndexMoveRecord]) -> None:
+            for move in moves:
+                async with limit:
+                    await self.migrate(move, epoch)
 
-        todo = [m for m in record.index_moves if m.status == PLANNED]
-        results = await asyncio.gather(*(one(m) for m in todo), return_exceptions=True)
+        groups = list(by_partition.values())
+        results = await asyncio.gather(*(one(g) for g in groups), return_exceptions=True)
         for r in results:
             if isinstance(r, ShardexError) and deposed(r):
                 raise r
@@ -164,27 +250,25 @@ class IndexMoveDriver(MoveDriverBase):
 
         async def begin(ctx: Any) -> Any:
             state = ctx.state
-            rec = state.indexes.get(move.index_id)
-            history = state.index_topologies.get(move.index_id) or []
             _members, up = indexer_members(ctx)
-            problem = ""
-            if rec is None or rec.state != ACTIVE:
-                problem = "the index is not ACTIVE any more (dropped or rebuilding)"
-            elif not history or history[-1].assignment.get(move.partition) != move.source:
-                problem = "the index partition is not on its source any more"
-            elif move.target not in up or move.source not in up:
-                problem = f"{move.target if move.target not in up else move.source} is down"
-            changes: dict[str, Any] = {"status": FAILED if problem else MOVING}
+            source, problem, status = _begin_check(state, move, up)
+            changes: dict[str, Any] = {"status": status}
             if problem:
                 changes["error"] = problem
+            elif source != move.source:  # an addition copies from another surviving copy
+                changes["source"] = source
             moves = replace_index_move(state.rebalance.index_moves, mid, **changes)
             rebalance = msgspec.structs.replace(state.rebalance, index_moves=moves)
             await ctx.commit(msgspec.structs.replace(state, rebalance=rebalance))
-            return None if problem else rec.definition  # type: ignore[union-attr]
+            if problem:
+                return None
+            return state.indexes[move.index_id].definition, source
 
-        definition = await self._c.exclusive(epoch, begin)
-        if definition is None:
+        begun = await self._c.exclusive(epoch, begin)
+        if begun is None:
             return
+        definition, source = begun
+        move = msgspec.structs.replace(move, source=source, status=MOVING)
         stats: dict[str, Any] = {}
         common = {"migration_id": mid, "index_id": move.index_id, "partition": move.partition}
         try:
@@ -233,14 +317,16 @@ class IndexMoveDriver(MoveDriverBase):
         finally:
             self.phases.pop(mid, None)
         log.info(
-            "index move %s: %s/%d now on %s (index topology %d)",
+            "index %s %s: %s/%d now on %s (index topology %d)",
+            "copy" if move.kind == ADD else "move",
             mid, move.index_name, move.partition, move.target, seq,
         )  # fmt: skip
         switched = IndexPartitionSwitched(
             **common, source=move.source, target=move.target, topology_seq=seq, grace=self.grace
         )
-        # The target first, as before: it owns the partition once the source lets go.
-        for node in (move.target, move.source):
+        # The target first, as before: it owns the partition once the source lets go. An
+        # addition's source keeps its copy: it hears nothing.
+        for node in (move.target,) if move.kind == ADD else (move.target, move.source):
             await self.tell_switched(node, switched, epoch)
 
     async def tell_switched(self, node: str, msg: IndexPartitionSwitched, epoch: int) -> bool:
@@ -278,6 +364,15 @@ class IndexMoveDriver(MoveDriverBase):
         deadline = loop.time() + CATCH_UP_TIMEOUT
         last = "no answer"
         while loop.time() < deadline:
+            # The timekeeper fails a move whose target missed a published round
+            # (``index_copies.fail_late_targets``): it must not be switched in.
+            current = _find(self._c.state.rebalance, move.migration_id)
+            if current is not None and current.status != MOVING:
+                raise ShardexError(
+                    f"index move {move.migration_id} is {current.status}: {current.error}",
+                    code=ErrorCode.STALE_TOPOLOGY,
+                    details={"migration_id": move.migration_id},
+                )
             reply = await self._ask(
                 move.target, ListSlices(index_id=move.index_id), COMMAND_TIMEOUT, SliceList
             )

@@ -177,13 +177,15 @@ class Rebalancer:
             max_parallel=max(1, min(msg.max_parallel, MAX_PARALLEL)),
             rate_limit=max(0, msg.rate_limit),
         )
-        record = plan_into(ctx, record)  # index partitions over the up indexers too
+        # index partitions over the up indexers too, and the index copies lost
+        record, _copies = plan_into(ctx, record)
         return await self._begin(ctx, record)
 
     async def _start_eject(self, msg: StartRebalance, ctx: Any) -> RebalanceReply:
         """A rebalance that removes ``msg.eject`` from the cluster (``eject.py``): only the
-        moves off the ejected nodes, planned on the chains as steps 1-3 will leave them;
-        no index moves (a node holding slices is refused)."""
+        moves off the ejected nodes, planned on the chains as steps 1-3 will leave them,
+        and the index moves off the ejected indexers (refused when a slice there has
+        nowhere to go)."""
         eject = eject_mod.check_eject(ctx, msg.eject)
         state = ctx.state
         _nodes, serving, _groups = _serving_data_nodes(ctx)
@@ -202,6 +204,8 @@ class Rebalancer:
             max_parallel=max(1, min(msg.max_parallel, MAX_PARALLEL)),
             rate_limit=max(0, msg.rate_limit),
         )
+        record, copies = plan_into(ctx, record, eject)
+        eject_mod.refuse_unplaced_slices(copies.unplaced)
         # Always run: chains to widen and the member removal come after the (maybe no) moves.
         record = msgspec.structs.replace(
             record, eject=eject, state=RUNNING, finished_at=0.0, message=""
@@ -332,13 +336,22 @@ class Rebalancer:
             return
         limit = asyncio.Semaphore(record.max_parallel)
         if record.eject:
-            try:
+            try:  # the index slices first: a slice with nowhere to go stops the eject early
+                await self.index_driver.run(record, epoch)
+                left = eject_mod.slices_left(self._c.state, record.eject)
+                if left:
+                    raise ShardexError(
+                        f"index slices not moved off: {', '.join(left[:10])}",
+                        code=ErrorCode.NODE_UNAVAILABLE,
+                        details={"slices": left[:50]},
+                    )
                 await self._replace_replicas(record, epoch)
             except ShardexError as exc:
                 if deposed(exc):
                     log.warning("eject %s: no longer master; run it again", rebalance_id)
                     return
-                log.error("eject %s: replacing replicas failed: %s", rebalance_id, exc)
+                log.error("eject %s: moving index slices or replacing replicas failed: %s",
+                          rebalance_id, exc)  # fmt: skip
                 why = f"eject stopped: {exc}"
                 await self._c.exclusive(epoch, lambda ctx: self._give_up(ctx, rebalance_id, why))
                 return
@@ -365,8 +378,10 @@ class Rebalancer:
                     log.warning("rebalance %s: no longer master; the next one resolves it", epoch)
                     return
                 log.error("rebalance %s: restoring replica chains failed: %s", rebalance_id, exc)
-        try:  # then the index partitions (``index_rebalance``)
-            await self.index_driver.run(record, epoch)
+        try:  # then the index partitions (``index_rebalance``; an eject's ran first)
+            current = self._c.state.rebalance  # an eject's moves ran: not planned any more
+            if current is not None and current.id == rebalance_id:
+                await self.index_driver.run(current, epoch)
         except ShardexError as exc:
             if deposed(exc):
                 log.warning("rebalance %s: no longer master; the next one resolves it", epoch)
@@ -422,7 +437,7 @@ class Rebalancer:
         for m in rec.moves:
             if m.status == PLANNED:
                 rec = with_move(rec, m.migration_id, status=CANCELLED)
-        rec = finish(rec, time.time(), why)
+        rec = finish(settle_index_moves(rec, "the eject stopped"), time.time(), why)
         await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
 
     @staticmethod

@@ -22,7 +22,9 @@ timekeeper:
     covers ``ts`` (an index with a partition whose copies are all loading, needing a rebuild
     or missing is ``skipped``; ``check_acks``); the copies of such a ready index that did not
     reach ``ts`` first leave the index topology (``DropIndexCopies``, committed by the master:
-    they lack the round's rows, ``index_copies.py``); then it publishes ``ts`` as the
+    they lack the round's rows, ``index_copies.py``), and the index moves whose target (a
+    catching-up copy, not in the topology yet) did not answer the round fail, for the same
+    reason, in the same commit; then it publishes ``ts`` as the
     stability TS of the ready indexes: held here in memory (monotonic per index), and the
     reply goes back at once. Their indexers are told with ``PublishStability`` after the
     reply (best effort: an indexer keeps it only as a hint for status; scans wait on the
@@ -163,13 +165,18 @@ class AckCheck:
     # index id -> (partition, node) of the copies of a ready index that did not reach the TS
     # (with the reason): published without them, they must leave the topology first
     behind: dict[str, dict[tuple[int, str], str]] = field(default_factory=dict)
+    # index id -> (partition, node) of the move targets of a ready index that did not answer
+    # the round: their queues lack its rows, so their moves must fail first
+    targets_behind: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 def check_acks(plan: StabilisePlan, replies: dict[str, Stabilised], ts: Timestamp) -> AckCheck:
     """An index is ready at ``ts`` when every partition of its topology has a copy (the
     primary or a replica) whose slice acknowledged ``ts`` in a stable state; its copies that
     did not are ``behind``. Items are counted once per partition (the first stable copy:
-    every copy holds the same entries)."""
+    every copy holds the same entries). The move targets (``plan.moving``) of a ready index
+    that sent no acknowledgement of their slice (in any state: a loading copy queues) are
+    ``targets_behind``."""
     acks: dict[tuple[str, str, int], SliceAck] = {}
     missing: set[tuple[str, str]] = set()
     for node, reply in replies.items():
@@ -209,6 +216,11 @@ def check_acks(plan: StabilisePlan, replies: dict[str, Stabilised], ts: Timestam
         out.ready[index_id] = items
         if behind:
             out.behind[index_id] = behind
+    for node, by_index in sorted(plan.moving.items()):
+        for index_id, parts in sorted(by_index.items()):
+            late = [(p, node) for p in parts if (node, index_id, p) not in acks]
+            if late and index_id in out.ready:
+                out.targets_behind.setdefault(index_id, []).extend(late)
     return out
 
 
@@ -352,12 +364,15 @@ class Timekeeper:
         Returns index id -> the copies taken out."""
         out: dict[str, list[tuple[int, str]]] = {}
         coord = self._coordinator()
-        for index_id, behind in sorted(check.behind.items()):
+        for index_id in sorted({*check.behind, *check.targets_behind}):
+            behind = check.behind.get(index_id, {})
+            targets = sorted(check.targets_behind.get(index_id, []))
             msg = DropIndexCopies(
                 index_id=index_id,
                 copies=sorted(behind),
                 ts=dict(wire),
                 request_id=None if coord is None else coord.new_id(),
+                targets=targets,
             )
             try:
                 if coord is None:
@@ -365,16 +380,20 @@ class Timekeeper:
                 reply = await coord.submit(msg)
             except ShardexError as exc:
                 check.ready.pop(index_id, None)
-                check.not_ready[index_id] = f"copies behind: {sorted(behind)} ({exc.message})"
+                check.not_ready[index_id] = (
+                    f"copies behind: {sorted(behind)}, move targets behind: {targets} "
+                    f"({exc.message})"
+                )
                 continue
             out[index_id] = list(reply.dropped)
             log.info(
-                "timekeeper %s: %s: %s published without %s (%s)",
+                "timekeeper %s: %s: %s published without %s (%s); moves failed: %s",
                 self.name,
                 keyspace,
                 index_id,
                 sorted(behind),
                 "; ".join(sorted(set(behind.values()))),
+                reply.failed_moves,
             )
         return out
 

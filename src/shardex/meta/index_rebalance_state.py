@@ -12,18 +12,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import msgspec
 
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
-from shardex.meta.index_rebalance_record import IndexMoveRecord
+from shardex.meta.index_rebalance_record import ADD, MOVE, IndexMoveRecord
 from shardex.meta.index_state import ACTIVE, INIT, LIVE_STATES, IndexRecord
 
 __all__ = [
+    "ADD",
     "CANCELLED",
     "DONE",
     "FAILED",
+    "MOVE",
     "MOVING",
     "PLANNED",
     "IndexMoveRecord",
@@ -44,8 +47,18 @@ DONE = "done"
 FAILED = "failed"
 CANCELLED = "cancelled"
 
-# (index id, index name, keyspace, index partition, source, target, base seq)
-PlannedIndexMove = tuple[str, str, str, int, str, str, int]
+
+class PlannedIndexMove(NamedTuple):
+    """One index move or copy addition a rebalance plans (``new_index_moves`` records it)."""
+
+    index_id: str
+    index_name: str
+    keyspace: str
+    partition: int  # index partition
+    source: str
+    target: str
+    base_seq: int  # the index topology seq_num it is planned on
+    kind: str = MOVE
 
 
 def plan_index_moves(
@@ -60,8 +73,10 @@ def plan_index_moves(
     Only slices of ACTIVE indexes whose placement was not pinned (``WITH {"nodes": ...}``)
     and that have no replica copies move; the others (replica copies too) still count as
     load. Each move takes a slice from the most loaded node to the least loaded one, so
-    every move lowers the spread and none is wasted. Refuses
-    when a node that holds slices is down: its slices cannot be copied."""
+    every move lowers the spread and none is wasted. Refuses when a node that holds primary
+    slices is down: its slices cannot be copied (a replicated index's copies there are about
+    to leave the topology, after which a rebalance rebuilds them elsewhere). A down node's
+    replica copies do not refuse: they are not moved, and are rebuilt once dropped."""
     up = sorted(set(up_nodes))
     known = set(indexer_nodes)
     load: Counter[str] = Counter({n: 0 for n in up})
@@ -77,11 +92,20 @@ def plan_index_moves(
         topo = history[-1]
         down = sorted({n for n in topo.assignment.values() if n not in up and n in known})
         if down:
+            # A replicated index's copies on a down node leave its topology at the next
+            # published round (``DropIndexCopies``); the rebalance then rebuilds them.
+            hint = (
+                "its copies there leave the index topology at the next published stability "
+                "round (the pipeline must be running): run the rebalance again then, or "
+                "start the node"
+                if topo.replicas or rec.num_replica
+                else "start the node, then retry"
+            )
             raise ShardexError(
                 f"cannot rebalance index {rec.name!r} of {rec.keyspace!r}: "
                 f"{', '.join(down)} hold(s) its slices and is down",
                 code=ErrorCode.NODE_UNAVAILABLE,
-                details={"index": rec.name, "down": down, "hint": "start the node, then retry"},
+                details={"index": rec.name, "down": down, "hint": hint},
             )
         base[index_id] = topo.seq_num
         names[index_id] = (rec.name, rec.keyspace)
@@ -126,27 +150,17 @@ def plan_index_moves(
         per_index[(index_id, donor)] -= 1
         per_index[(index_id, receiver)] += 1
         name, keyspace = names[index_id]
-        out.append((index_id, name, keyspace, p, donor, receiver, base[index_id]))
-    return sorted(out, key=lambda m: (m[2], m[1], m[3]))
+        out.append(PlannedIndexMove(index_id, name, keyspace, p, donor, receiver, base[index_id]))
+    return sorted(out, key=lambda m: (m.keyspace, m.index_name, m.partition))
 
 
 def new_index_moves(
-    planned: list[PlannedIndexMove], migration_ids: Iterable[str]
+    planned: Iterable[tuple[str, str, str, int, str, str, int] | PlannedIndexMove],
+    migration_ids: Iterable[str],
 ) -> list[IndexMoveRecord]:
     return [
-        IndexMoveRecord(
-            migration_id=mid,
-            index_id=index_id,
-            index_name=name,
-            keyspace=keyspace,
-            partition=p,
-            source=src,
-            target=dst,
-            base_seq=seq,
-        )
-        for (index_id, name, keyspace, p, src, dst, seq), mid in zip(
-            planned, migration_ids, strict=True
-        )
+        IndexMoveRecord(migration_id=mid, **PlannedIndexMove(*p)._asdict())
+        for p, mid in zip(planned, migration_ids, strict=True)
     ]
 
 
@@ -194,8 +208,11 @@ def interrupt_index_moves(moves: list[IndexMoveRecord], why: str) -> list[IndexM
 def publish_index_move(
     history: list[Topology], move: IndexMoveRecord
 ) -> tuple[list[Topology], Topology]:
-    """The index topology history with the move appended as ``seq_num + 1``. Refuses if the
-    partition is not on the move's source any more."""
+    """The index topology history with the move appended as ``seq_num + 1``: a ``move``
+    puts its target where its source was in the partition's chain (the primary's place or
+    a replica's), an ``add`` appends its target to the chain's replicas. Refuses
+    (STALE_TOPOLOGY) when the source holds no copy of the partition any more or the target
+    holds one already."""
     if not history:
         raise ShardexError(
             f"index {move.index_name!r} has no topology",
@@ -203,13 +220,30 @@ def publish_index_move(
             details={"index": move.index_id},
         )
     latest = history[-1]
-    owner = latest.assignment.get(move.partition)
-    if owner != move.source:
+    p = move.partition
+    chain = latest.chain(p) if p in latest.assignment else []
+    problem = ""
+    if move.source not in chain:
+        problem = f"the move's source {move.source} holds no copy of it any more"
+    elif move.target in chain:
+        problem = f"the move's target {move.target} holds a copy of it already"
+    if problem:
         raise ShardexError(
-            f"partition {move.partition} of index {move.index_name!r} is on {owner}, not on "
-            f"the move's source {move.source}",
+            f"partition {p} of index {move.index_name!r} is on {', '.join(chain) or 'no node'}: "
+            f"{problem}",
             code=ErrorCode.STALE_TOPOLOGY,
-            details={"partition": move.partition, "owner": owner, "source": move.source},
+            details={"partition": p, "chain": chain, "source": move.source, "target": move.target},
         )
-    topo = latest.with_moves({move.partition: move.target})
+    if move.kind == ADD:
+        chain = [*chain, move.target]
+    else:
+        chain = [move.target if n == move.source else n for n in chain]
+    replicas = {q: list(ns) for q, ns in latest.replicas.items() if q != p}
+    if chain[1:]:
+        replicas[p] = chain[1:]
+    topo = Topology(
+        seq_num=latest.seq_num + 1,
+        assignment={**latest.assignment, p: chain[0]},
+        replicas=replicas,
+    )
     return [*history, topo], topo

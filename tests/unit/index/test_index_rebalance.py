@@ -55,7 +55,7 @@ def _index(index_id: str, n: int, *, state: str = ACTIVE, pinned: bool = False) 
 
 def _load(moves, topologies) -> dict[str, int]:
     after = {i: dict(h[-1].assignment) for i, h in topologies.items()}
-    for index_id, _name, _ks, p, src, dst, _seq in moves:
+    for index_id, _name, _ks, p, src, dst, _seq, _kind in moves:
         assert after[index_id][p] == src
         after[index_id][p] = dst
     load: dict[str, int] = {}
@@ -99,6 +99,16 @@ def test_plan_moves_only_active_unpinned_indexes_and_refuses_a_down_holder() -> 
         plan_index_moves(indexes, topologies, ["n1", "n2"], ["n2"])
     assert err.value.code is ErrorCode.NODE_UNAVAILABLE
     assert err.value.details["down"] == ["n1"]
+    # A replicated index's primary on a down node: the hint says its copy is about to leave
+    # the topology; a replica copy there refuses nothing.
+    indexes = {"r": _index("r", 2)}
+    topologies = {"r": [Topology(seq_num=1, assignment={0: "n3", 1: "n2"}, replicas={0: ["n1"]})]}
+    with pytest.raises(ShardexError) as err:
+        plan_index_moves(indexes, topologies, ["n1", "n2", "n3"], ["n1", "n2"])
+    assert err.value.details["down"] == ["n3"]
+    assert "leave the index topology at the next published" in err.value.details["hint"]
+    topologies = {"r": [Topology(seq_num=1, assignment={0: "n1", 1: "n2"}, replicas={0: ["n3"]})]}
+    assert plan_index_moves(indexes, topologies, ["n1", "n2", "n3"], ["n1", "n2"]) == []
 
 
 def test_plan_keeps_replicated_indexes_in_place_but_counts_their_copies() -> None:

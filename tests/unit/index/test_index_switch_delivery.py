@@ -18,6 +18,7 @@ from shardex.api.slice_copy import (
     PrepareIncomingSlice,
     SliceMoveDone,
 )
+from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index import slice_copy
 from shardex.manager.index_rebalance import IndexMoveDriver
@@ -190,5 +191,60 @@ async def test_a_target_that_missed_the_switch_learns_its_arrival(tmp_path: Path
         assert not moves.awaiting_switch() and scans._get(rec.id).is_open(1)
         assert scans._get(rec.id).known_topo == 2
         moves.check_serving(rec.id, 1)
+    finally:
+        await svc.stop()
+
+
+async def test_an_added_copy_arrives_as_a_replica_learnt_from_the_state(tmp_path: Path) -> None:
+    """An addition (a new index copy) commits the target as a replica of the partition: a
+    target that missed its IndexPartitionSwitched learns the arrival from that chain."""
+    rec, topo = record("1.1.a", ACTIVE, {0: "me", 1: "other"})
+    before, _ = _states(rec, topo)
+    added = msgspec.structs.replace(topo, seq_num=2, replicas={1: ["me"]})
+    after = msgspec.structs.replace(before, cas=10, index_topologies={rec.id: [topo, added]})
+    routing = with_move(before, rec.id, 1, MOVING)
+    coord = FakeCoordinator(routing, routing)
+    svc = tracked_service(tmp_path, coord, [0.0])
+    await svc.start()
+    moves = svc.slice_moves
+    try:
+        await svc.reconcile()
+        prep = PrepareIncomingSlice(migration_id="mv-1", definition=rec.definition, partition=1)
+        await moves.on_prepare(prep, None)  # type: ignore[arg-type]
+        coord.state = coord.committed = with_move(after, rec.id, 1, DONE)
+        assert (await svc.reconcile()).orphans == []
+        assert not moves.awaiting_switch() and svc.scan_migrations._get(rec.id).is_open(1)
+        moves.check_serving(rec.id, 1)
+        assert [(p, s) for _i, p, s in held_slices(svc)] == [(0, "created"), (1, "loading")]
+    finally:
+        await svc.stop()
+
+
+async def test_a_copy_the_topology_dropped_is_replaced_by_an_incoming_one(tmp_path: Path) -> None:
+    """A node back after its copy of a partition left the topology still holds that slice
+    (the orphan drop comes later): a move or addition onto it starts the copy afresh. A
+    slice handed over moments ago and still read by scans is not replaced."""
+    rec, topo = record("1.1.a", ACTIVE, {0: "me", 1: "other"})
+    state = StateContext(epoch=2, cas=9, indexes={rec.id: rec}, index_topologies={rec.id: [topo]})
+    svc = tracked_service(tmp_path, FakeCoordinator(state, state), [0.0])
+    await svc.start()
+    moves = svc.slice_moves
+    try:
+        await svc.reconcile()
+        engine = svc.engine
+        await svc.host.run(engine.create_slice, rec.definition, 1)  # the dropped copy
+        await svc.host.run(engine.stabilise, rec.id, Timestamp({0: (3, 1)}))  # both slices
+        assert engine.slice(rec.id, 1).state == engine.slice(rec.id, 0).state == "active"
+        prep = PrepareIncomingSlice(migration_id="mv-1", definition=rec.definition, partition=1)
+        await moves.on_prepare(prep, None)  # type: ignore[arg-type]
+        fresh = engine.slice(rec.id, 1)
+        assert fresh.state == "loading" and fresh.applied_ts() == Timestamp()
+        # Slice 0 was handed over and its drop grace runs: a copy back here must wait.
+        moves._retired[(rec.id, 0)] = "other"
+        again = PrepareIncomingSlice(migration_id="mv-2", definition=rec.definition, partition=0)
+        with pytest.raises(ShardexError) as err:
+            await moves.on_prepare(again, None)  # type: ignore[arg-type]
+        assert err.value.code is ErrorCode.BAD_REQUEST and "still read by scans" in str(err.value)
+        assert engine.slice(rec.id, 0).state == "active"
     finally:
         await svc.stop()

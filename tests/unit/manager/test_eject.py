@@ -19,6 +19,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.manager import eject
 from shardex.manager.rebalance import Rebalancer
 from shardex.meta.index_definition import IndexDefinition, IndexKey
+from shardex.meta.index_rebalance_state import publish_index_move, replace_index_move
 from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.meta.member_list import MemberInfo
 from shardex.meta.rebalance_state import DONE, MoveRecord, publish, with_move
@@ -87,20 +88,95 @@ async def test_a_down_node_with_actives_is_refused_one_with_none_is_not() -> Non
     assert eject.check_eject(ctx, ["n3"]) == ["n3"]
 
 
-async def test_a_node_holding_index_slices_is_refused_naming_them() -> None:
-    ctx = make_ctx()
+def with_index(ctx: fakes.FakeCtx, topology: Topology, num_replica: int = 0) -> None:
+    """``ctx``'s state with index ``ks.by_age`` (ACTIVE) placed by ``topology``."""
     defn = IndexDefinition(
         id="i1", name="by_age", keyspace="ks", keys=[IndexKey(expr="age")],
         where=None, partition_by=None, num_partition=2, is_primary=False,
     )  # fmt: skip
-    rec = IndexRecord(definition=defn, state=ACTIVE)
-    index_topo = Topology(seq_num=1, assignment={0: "n2", 1: "n3"})
+    rec = IndexRecord(definition=defn, state=ACTIVE, num_replica=num_replica)
     ctx.state = msgspec.structs.replace(
-        ctx.state, indexes={"i1": rec}, index_topologies={"i1": [index_topo]}
+        ctx.state, indexes={"i1": rec}, index_topologies={"i1": [topology]}
     )
-    e = refused(ctx, ["n3"])
-    assert e.details["slices"] == ["ks.by_age/1"] and "index slice" in str(e)
+
+
+async def test_an_index_holder_is_refused_only_when_its_slices_have_nowhere_to_go() -> None:
+    # n3 holds a replica copy of partition 1: it could go to n2, but n2 is down, and n1
+    # holds the other copy: refused, naming the node and the slice.
+    ctx = make_ctx(up={"n1": True, "n2": False, "n3": True}, services=("data", "index"))
+    ctx.state = msgspec.structs.replace(ctx.state, keyspaces={}, data_topologies={})
+    with_index(ctx, Topology(seq_num=1, assignment={0: "n2", 1: "n1"}, replicas={1: ["n3"]}), 1)
     assert eject.holdings(ctx.state, "n3")[-1] == "ks.by_age/1 (index slice)"
+    c = FakeCoordinator(ctx)
+    with pytest.raises(ShardexError) as e:
+        await Rebalancer(c).start(StartRebalance(eject=["n3"]), ctx)
+    err = e.value
+    assert err.code is ErrorCode.BAD_REQUEST and err.details["nodes"] == ["n3"]
+    assert err.details["slices"] == ["ks.by_age/1"] and "cannot move off" in err.message
+    assert "every other up indexer holds a copy" in err.message and err.details["hint"]
+    assert ctx.state.rebalance is None  # nothing started
+
+
+async def fake_index_migrate(c: FakeCoordinator, move: Any, epoch: int, seen: list[int]) -> None:
+    """An index move that succeeds; ``seen`` gets how many data topologies existed then."""
+    seen.append(len(c.state.data_topologies["ks"]))
+    state = c.state
+    history, _topo = publish_index_move(state.index_topologies[move.index_id], move)
+    moves = replace_index_move(state.rebalance.index_moves, move.migration_id, status=DONE)
+    await c.ctx.commit(
+        msgspec.structs.replace(
+            state,
+            index_topologies={**state.index_topologies, move.index_id: history},
+            rebalance=msgspec.structs.replace(state.rebalance, index_moves=moves),
+        )
+    )
+
+
+async def test_an_eject_moves_index_slices_off_first_then_the_data_then_removes() -> None:
+    ctx = make_ctx(services=("data", "index"))
+    with_index(ctx, Topology(seq_num=1, assignment={0: "n3", 1: "n1"}, replicas={1: ["n3"]}), 1)
+    c = FakeCoordinator(ctx)
+    r = Rebalancer(c)
+    r.driver.migrate = lambda m, e, rate: fake_migrate(c, m, e, rate)  # type: ignore[method-assign]
+    seen: list[int] = []
+    r.index_driver.migrate = lambda m, e: fake_index_migrate(c, m, e, seen)  # type: ignore[method-assign]
+    await r.start(StartRebalance(eject=["n3"]), ctx)
+    await asyncio.gather(*c.tasks)
+    record = ctx.state.rebalance
+    assert record.state == DONE and record.message == "removed n3 from the cluster"
+    assert {(m.partition, m.source, m.kind) for m in record.index_moves} == {
+        (0, "n3", "move"),
+        (1, "n3", "move"),
+    }
+    assert seen == [1, 1]  # both before the data side widened any chain
+    latest = ctx.state.index_topologies["i1"][-1]
+    assert "n3" not in latest.copy_nodes() and latest.chain(1) == ["n1", "n2"]
+    assert eject.holdings(ctx.state, "n3") == []
+
+
+async def test_an_eject_whose_index_move_fails_moves_no_data_and_removes_nothing() -> None:
+    ctx = make_ctx(services=("data", "index"))
+    with_index(ctx, Topology(seq_num=1, assignment={0: "n3", 1: "n1"}))
+    c = FakeCoordinator(ctx)
+    r = Rebalancer(c)
+
+    async def failing(move: Any, epoch: int) -> None:
+        moves = replace_index_move(
+            c.state.rebalance.index_moves, move.migration_id, status="failed", error="boom"
+        )
+        rec = msgspec.structs.replace(c.state.rebalance, index_moves=moves)
+        await ctx.commit(msgspec.structs.replace(c.state, rebalance=rec))
+
+    r.index_driver.migrate = failing  # type: ignore[method-assign]
+    await r.start(StartRebalance(eject=["n3"]), ctx)
+    await asyncio.gather(*c.tasks)
+    record = ctx.state.rebalance
+    assert record.state == "failed" and "index slices not moved off: ks.by_age/0 on n3" in (
+        record.message
+    )
+    assert record.moves and all(m.status == "cancelled" for m in record.moves)
+    assert len(ctx.state.data_topologies["ks"]) == 1  # no chain widened, nothing moved
+    assert "n3" in [m.name for m in ctx.membership.members]
 
 
 def test_caught_up_needs_the_replica_state_branch_and_seqno() -> None:

@@ -29,6 +29,22 @@ class CreateKeyspace(Message, tag="manager.CreateKeyspace"):
     num_replicas: int | None = None
 
 
+class SetKeyspaceReplicas(Message, tag="manager.SetKeyspaceReplicas"):
+    """Change a keyspace's replica count (0-3): its chains are widened or narrowed at once
+    on the serving data nodes, the new copies built from the actives' data."""
+
+    name: str
+    num_replicas: int
+    request_id: str = ""
+
+
+class KeyspaceReplicasSet(Message, tag="manager.KeyspaceReplicasSet"):
+    meta: KeyspaceMeta
+    topology: Topology
+    previous: int  # the replica count before
+    warnings: list[str] = msgspec.field(default_factory=list)
+
+
 class DropKeyspace(Message, tag="manager.DropKeyspace"):
     name: str
     request_id: str = ""

@@ -83,6 +83,31 @@ def replicas_cell(ks: KeyspaceDescription) -> str:
     return str(ks.num_replicas)
 
 
+@app.command("set")
+def set_(
+    name: Annotated[str, typer.Argument(help="Keyspace name.")],
+    cluster_dir: DirOption,
+    replicas: Annotated[
+        int,
+        typer.Option(
+            "--replicas",
+            "-r",
+            help="Replica copies of each partition, on other nodes (0-3).",
+        ),
+    ],
+) -> None:
+    """Change a keyspace's replica count: chains are widened or narrowed at once (no
+    active moves); new copies are built from the existing data in the background."""
+    with local_client(cluster_dir) as client:
+        ks = client.set_keyspace_replicas(name, replicas)
+    out.print(
+        f"keyspace [bold]{ks.name}[/]: {replicas_cell(ks)} replica(s) per partition, "
+        f"topology {ks.topology_seq}; new copies build in the background"
+    )
+    for warning in ks.warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+
+
 @app.command("list")
 def list_(
     cluster_dir: DirOption,

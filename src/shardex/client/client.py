@@ -29,7 +29,9 @@ from shardex.api.keyspaces import (
     KeyspaceCreated,
     KeyspaceDropped,
     KeyspaceList,
+    KeyspaceReplicasSet,
     ListKeyspaces,
+    SetKeyspaceReplicas,
     check_keyspace_name,
 )
 from shardex.api.membership import MembersReply, MembersRequest
@@ -210,6 +212,20 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         )
         # Retried on another node with the same request id: the coordinator deduplicates.
         reply = self.rpc.call(msg, KeyspaceCreated, idempotent=True)
+        self.rpc.run(self.rpc.router.refresh())
+        return describe(reply.meta, reply.topology, reply.warnings)
+
+    def set_keyspace_replicas(self, name: str, num_replicas: int) -> KeyspaceDescription:
+        """Change keyspace ``name``'s replica count (0-3). The chains are widened or
+        narrowed at once (no active moves); the new copies are built from the actives' data
+        in the background, on the serving data nodes, and majority-durable writes count
+        the new chain length from now on. What the placement could not honour is in the
+        result's ``warnings``. KEYSPACE_NOT_FOUND if there is none; BAD_REQUEST while a
+        rebalance moves its partitions."""
+        check_keyspace_name(name)
+        check_num_replicas(num_replicas)
+        msg = SetKeyspaceReplicas(name=name, num_replicas=num_replicas, request_id=_request_id())
+        reply = self.rpc.call(msg, KeyspaceReplicasSet, idempotent=True)
         self.rpc.run(self.rpc.router.refresh())
         return describe(reply.meta, reply.topology, reply.warnings)
 

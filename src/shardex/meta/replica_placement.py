@@ -293,6 +293,14 @@ def added_replicas(before: Topology, after: Topology) -> dict[int, list[str]]:
     return out
 
 
+def placement_warnings(
+    nodes: Sequence[str], groups: Mapping[str, str], num_replicas: int
+) -> list[str]:
+    """What chains of ``num_replicas`` replicas cannot honour on ``nodes`` (too few nodes
+    or server groups): the warnings of ``chain_assignment``."""
+    return _shortfall_warnings(_Placer(nodes, groups), num_replicas)
+
+
 def _shortfall_warnings(placer: _Placer, num_replicas: int) -> list[str]:
     """What the placement cannot honour with these nodes and groups."""
     out: list[str] = []

@@ -22,6 +22,7 @@ from shardex.manager.auto_failover import AutoFailover, AutoFailoverSettings
 from shardex.manager.coordinator import Coordinator, CoordinatorTiming
 from shardex.manager.failover import register_failover_ops
 from shardex.manager.index_ddl import IndexDDL, register_index_ddl
+from shardex.manager.keyspace_replicas import register_keyspace_replica_ops
 from shardex.manager.keyspaces import register_keyspace_ops
 from shardex.manager.membership import Membership, MemberStore
 from shardex.manager.rebalance import Rebalancer
@@ -188,6 +189,7 @@ class Node:
         self.timekeeper: Timekeeper | None = None
         if self.coordinator is not None:
             register_keyspace_ops(self.coordinator)
+            register_keyspace_replica_ops(self.coordinator)
             self.index_ddl = register_index_ddl(self.coordinator)
             Rebalancer(self.coordinator).register()
             register_failover_ops(self.coordinator)

@@ -8,6 +8,7 @@ applies the checked ops under its lock (``partition.py``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -26,6 +27,7 @@ from shardex.api.validation import (
     encode_document,
 )
 from shardex.core.timestamp import Timestamp
+from shardex.data.engine_io import WouldBlock
 from shardex.data.partition import Partition, PreparedOp, commit_many
 from shardex.data.partitions import LocalPartitions
 from shardex.data.records import PartitionMeta
@@ -146,6 +148,7 @@ class DocumentOps:
         ops: Iterable[tuple[str, str, object, int | None]],
         *,
         durability: Durability = "persist",
+        inline: bool = False,
     ) -> list[MutationResult | ShardexError]:
         """Batched ``(kind, docid, doc, cas)`` mutations, kind in insert/upsert/replace/delete.
         Within a partition they apply in input order.
@@ -153,7 +156,12 @@ class DocumentOps:
         Every write of the node passes here (group commit, ``GroupCommitter``), so the per-op
         checks are inlined for the usual op (a str docid that encodes within the limit, no
         CAS) and its UTF-8 bytes are encoded once, for the length check and the partition
-        hash both; any other op takes ``_prepare``, whose checks and errors are the same."""
+        hash both; any other op takes ``_prepare``, whose checks and errors are the same.
+
+        ``inline``: the caller is the event loop (group commit's small unsynced groups), so
+        nothing may wait: ``WouldBlock`` before anything is written if the call would fsync
+        (a synced level, or a partition's first unsynced write since its last fsync, whose
+        dirty mark is fsynced), take more than one batch, or wait for a partition lock."""
         sync = check_durability(durability)
         ks = self._local.keyspace(keyspace)
         nparts = ks.num_partitions
@@ -199,12 +207,14 @@ class DocumentOps:
                 chunks.append(chunk)
         # Every op checked before any is written (a bad op changes nothing, nor does an
         # ``ops`` iterable that fails half-way).
+        if inline and (sync or len(chunks) > 1):
+            raise WouldBlock("an fsync or more than one batch")
         written = False
         for c in chunks:
             if not c:
                 continue
             try:
-                self._apply_chunk(keyspace, c, results, sync)
+                self._apply_chunk(keyspace, c, results, sync, inline)
             except Exception as exc:
                 if not written:
                     raise  # nothing written: the caller may fail or retry the whole call
@@ -228,6 +238,7 @@ class DocumentOps:
         chunk: dict[int, tuple[list[int], list[PreparedOp]]],
         results: list[MutationResult | ShardexError | None],
         sync: bool,
+        inline: bool = False,
     ) -> None:
         """One atomic batch (one fsync) for a chunk spanning any number of partitions. The
         partitions' locks are taken in column-family-name order; every other lock holder takes
@@ -253,8 +264,11 @@ class DocumentOps:
             parts.append((part.cf.name, part, entry))
         parts.sort(key=_cf_name)
         locks = [t[1].lock for t in parts]
-        for lock in locks:
-            lock.acquire()
+        if inline:
+            _take_now(locks, [t[1] for t in parts])
+        else:
+            for lock in locks:
+                lock.acquire()
         try:
             batch = local.store.batch()
             staged: list[tuple[Partition, PartitionMeta]] = []
@@ -343,3 +357,20 @@ def _docid_bytes(docid: object) -> bytes | None:
     except UnicodeEncodeError:
         return None
     return raw if len(raw) <= MAX_DOCID_BYTES else None
+
+
+def _take_now(locks: list[threading.Lock], parts: list[Partition]) -> None:
+    """Every lock without waiting, and only for partitions whose next unsynced write needs
+    no dirty mark (the mark is fsynced): else none held and ``WouldBlock``."""
+    taken: list[threading.Lock] = []
+    try:
+        for lock in locks:
+            if not lock.acquire(blocking=False):
+                raise WouldBlock("a partition lock is held")
+            taken.append(lock)
+        if not all(p.dirty for p in parts):
+            raise WouldBlock("a dirty mark to fsync")
+    except WouldBlock:
+        for lock in reversed(taken):
+            lock.release()
+        raise

@@ -414,9 +414,10 @@ class DataEngine:
         ops: Iterable[tuple[str, str, object, int | None]],
         *,
         durability: Durability = "persist",
+        inline: bool = False,
     ) -> list[MutationResult | ShardexError]:
         """``DocumentOps.mutate_many``."""
-        return self._documents.mutate_many(keyspace, ops, durability=durability)
+        return self._documents.mutate_many(keyspace, ops, durability=durability, inline=inline)
 
     def get(self, keyspace: str, docid: str) -> GetResult:
         """``DocumentOps.get``."""

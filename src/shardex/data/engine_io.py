@@ -22,6 +22,12 @@ from shardex.runtime.thread_names import os_thread_namer
 T = TypeVar("T")
 
 
+class WouldBlock(Exception):
+    """An engine call made on the event loop (``inline=True``) refused before changing
+    anything, because it would wait: for an fsync, or for a lock another thread holds. The
+    caller runs it in the pool instead."""
+
+
 class EngineIO:
     """The engine calls of one data service (module docstring)."""
 

@@ -13,6 +13,7 @@ import pytest
 from shardex.api.data import MutateMany, MutateManyReply, OpItem
 from shardex.api.validation import encode_document
 from shardex.data import groupcommit
+from shardex.data.engine_io import WouldBlock
 from shardex.data.service import DataService
 from shardex.errors import ErrorCode, ShardexError
 from tests.unit.data.test_data_service import running_service, state_with
@@ -90,6 +91,50 @@ async def test_batch_to_an_unknown_keyspace_fails_whole(service: DataService) ->
         with pytest.raises(ShardexError) as info:
             await service._on_mutate_many(MutateMany(keyspace="nope", ops=ops), None)  # type: ignore[arg-type]
         assert info.value.code is ErrorCode.KEYSPACE_NOT_FOUND
+
+
+async def test_small_unsynced_groups_are_written_on_the_loop_once_the_mark_is_down(
+    service: DataService,
+) -> None:
+    committer = service.committer
+    assert committer is not None
+    pooled: list[int] = []
+    real_run = committer._run
+
+    async def counting_run(fn: Any, keyspace: str, ops: list[Any], **kw: Any) -> Any:
+        pooled.append(len(ops))
+        return await real_run(fn, keyspace, ops, **kw)
+
+    committer._run = counting_run  # type: ignore[method-assign]
+    # the partition's first unsynced write fsyncs its dirty mark: in the pool
+    first = await committer.submit("ks", "none", ("upsert", "a", b'{"i": 1}', None))
+    assert pooled == [1]
+    # the next ones need no fsync: on the loop, same results
+    second = await committer.submit("ks", "majority", ("upsert", "b", b'{"i": 2}', None))
+    third = await committer.submit("ks", "none", ("delete", "a", b"", None))
+    assert pooled == [1]
+    assert (first.seqno, second.seqno, third.seqno) == (1, 2, 3)
+    # a synced level always goes to the pool
+    await committer.submit("ks", "persist", ("upsert", "c", b"{}", None))
+    assert pooled == [1, 1]
+    assert service.engine.get("ks", "b").doc == {"i": 2}
+
+
+def test_an_inline_write_that_would_wait_writes_nothing(service: DataService) -> None:
+    engine = service.engine
+    ops = [("upsert", "x", b'{"i": 1}', None)]
+    with pytest.raises(WouldBlock):  # an fsync: the level's, or the first dirty mark's
+        engine.mutate_many("ks", ops, durability="persist", inline=True)
+    with pytest.raises(WouldBlock):
+        engine.mutate_many("ks", ops, durability="none", inline=True)
+    engine.mutate_many("ks", ops, durability="none")  # the mark is down now
+    part = engine._local.parts[("ks", 0)]
+    high = part.meta.high_seqno
+    with part.lock, pytest.raises(WouldBlock):  # another thread's lock: never waited for
+        engine.mutate_many("ks", ops, durability="none", inline=True)
+    assert part.meta.high_seqno == high
+    engine.mutate_many("ks", ops, durability="none", inline=True)
+    assert part.meta.high_seqno == high + 1
 
 
 def test_json_check_keeps_bytes_and_rejects_what_it_did() -> None:

@@ -179,9 +179,12 @@ class DurabilityWaits:
         docs = self._pending.setdefault(key, {})
         if docs.get(docid, -1) < seqno:
             docs[docid] = seqno
+        # One timer instead of ``wait_for(shield(fut))``: this runs once per durable write,
+        # and wait_for's task, shield and callbacks cost more than the write's bookkeeping.
+        timer = asyncio.get_running_loop().call_later(self.timeout, _expire, fut)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.timeout)
-        except TimeoutError:
+            await fut
+        except _Expired:
             raise ShardexError(
                 f"durable write of {docid!r} (partition {key[1]} of {key[0]!r}, seqno {seqno}) "
                 f"was not acknowledged by a majority within {self.timeout:g} s: it is written "
@@ -196,8 +199,10 @@ class DurabilityWaits:
                 },
             ) from None
         finally:
-            if not fut.done():
-                fut.cancel()
+            timer.cancel()
+            if not _held(fut):  # timed out, or the writer was cancelled: no longer waiting
+                if not fut.done():
+                    fut.cancel()
                 waiters = self._waiters.get(key)
                 if waiters is not None and w in waiters:
                     waiters.remove(w)
@@ -232,3 +237,17 @@ class DurabilityWaits:
             # the futures themselves: ``wait`` cancels nothing, and their writers retrieve
             # their outcomes (a shield here would leave its own exception unretrieved)
             await asyncio.wait(futs, timeout=left)
+
+
+class _Expired(Exception):
+    """A durable write's timer fired before a majority held it."""
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_exception(_Expired())
+
+
+def _held(fut: asyncio.Future[None]) -> bool:
+    """The wait ended because a majority holds the write."""
+    return fut.done() and not fut.cancelled() and fut.exception() is None

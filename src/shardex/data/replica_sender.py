@@ -110,11 +110,12 @@ class ReplicaSender:
             # ``asyncio.timeout``, not ``wait_for``: Python 3.11's ``wait_for`` can swallow a
             # cancellation that lands as the event is set, and a busy sender's event is set
             # all the time (its ``stop`` then waited forever).
-            try:
-                async with asyncio.timeout(PROBE_INTERVAL):
-                    await self._wake.wait()
-            except TimeoutError:
-                idle = True
+            if not self._wake.is_set():  # busy: no timer to arm and cancel per round
+                try:
+                    async with asyncio.timeout(PROBE_INTERVAL):
+                        await self._wake.wait()
+                except TimeoutError:
+                    idle = True
             self._wake.clear()
             try:
                 more = await self._round(probe=idle)

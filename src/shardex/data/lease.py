@@ -21,6 +21,10 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 0.1
+# How long one look at the managers' majority answers ``check``: every client request asks,
+# and a look sorts the member list. Far below the margin between the lease (the failure
+# timeout) and automatic failover (which waits longer), so a lapse is seen as surely.
+HELD_FOR = 0.005
 
 
 class ServingLease:
@@ -31,14 +35,19 @@ class ServingLease:
         self._on_regained = on_regained
         self.lapsed = False  # lost since the last reconcile that followed its return
         self._regained_at: float | None = None
+        self._held_until = float("-inf")  # loop time until which the last look answers
 
     def check(self) -> bool:
         if self._held is None:
+            return True
+        now = asyncio.get_running_loop().time()
+        if now < self._held_until and not self.lapsed:
             return True
         if not self._held():
             if not self.lapsed:
                 log.warning("cannot hear a majority of the managers: replicated copies not served")
             self.lapsed, self._regained_at = True, None
+            self._held_until = float("-inf")
             return False
         if self.lapsed:
             if self._regained_at is None:
@@ -46,6 +55,7 @@ class ServingLease:
                 log.info("the managers' majority is heard again: reconciling before serving")
                 self._on_regained()
             return False
+        self._held_until = now + HELD_FOR
         return True
 
     def reconciled(self, fetched_at: float) -> None:

@@ -74,3 +74,23 @@ def spans_to_ranges(spans: Iterable[Span] | None) -> list[Range]:
 def in_ranges(entry: bytes, ranges: Sequence[Range]) -> bool:
     """Whether ``entry`` falls in one of ``ranges`` (the oracle's reference for scans)."""
     return any((lo is None or entry >= lo) and (hi is None or entry < hi) for lo, hi in ranges)
+
+
+def spans_after(spans: Sequence[Span] | None, after: bytes) -> list[Span]:
+    """``spans`` (None: everything) narrowed to the entries strictly after the entry
+    ``after``: what is left of a scan that already returned every entry up to ``after``.
+
+    Entries are unique byte strings (key + docid) and scans read them in byte order, DESC
+    parts included (their encoding is inverted, not their order), so "after" is a byte
+    comparison: the entries greater than ``after`` are exactly those ``>= after + 00``. Two
+    entries with the same key differ in their docid, so a duplicate key still resumes at the
+    right document. The result is ranges as spans (inclusive low, exclusive high); an empty
+    list means nothing is left (unlike None, which ``spans_to_ranges`` reads as all)."""
+    start = after + b"\x00"
+    out: list[Span] = []
+    for lo, hi in spans_to_ranges(spans):
+        if hi is not None and hi <= start:
+            continue  # read to its end already
+        low = start if lo is None or lo < start else lo
+        out.append(Span(low=low, high=hi, low_inclusive=True, high_inclusive=False))
+    return out

@@ -131,6 +131,8 @@ class ScanCoordinator:
         # ``speculation`` counts the outcomes (hit, miss, skipped).
         self.speculative = Speculation(self.view)
         self.speculation: Counter[str] = self.speculative.counts
+        # Slice streams continued on another copy after their indexer failed mid-stream.
+        self.stream_failovers = 0
 
     def install(self, server: RpcServer) -> None:
         server.route(IndexScan, self.on_scan)
@@ -488,6 +490,7 @@ class ScanCoordinator:
             failed: str, partitions: list[int], after: bytes | None, limit: int | None
         ) -> list[tuple[str, list[int], Source]]:
             avoid.add(failed)
+            self.stream_failovers += 1
             if limit is not None and limit <= 0:
                 return []
             spans = base.spans

@@ -130,6 +130,9 @@ class Resumable:
         return self.source.ready()
 
     async def next_block(self) -> list[bytes] | None:
+        limit = self._limit
+        if limit is not None and self.sent >= limit:
+            return None  # the copies that took over each had the whole rest as their limit
         while True:
             try:
                 block = await self.source.next_block()
@@ -139,6 +142,8 @@ class Resumable:
                 await self._take_over(exc, self._reopen)
                 continue
             if block:
+                if limit is not None and self.sent + len(block) > limit:
+                    block = block[: limit - self.sent]
                 self.last = block[-1]
                 self.sent += len(block)
             return block

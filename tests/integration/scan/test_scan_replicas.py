@@ -1,7 +1,8 @@
 """Scans of indexes with replicas: each partition is read from one copy, and an indexer that
 cannot be reached while the slices are opened is replaced by another copy of its partitions
-(``scan/coordinator.py``), also once its rows stream (``scan/failover.py``). Two indexer nodes on loopback, a replica of every partition on
-the other node (``scan_env.Env(replicas=True)``)."""
+(``scan/coordinator.py``), also once its rows stream (``scan/failover.py``). Two indexer
+nodes on loopback, a replica of every partition on the other node
+(``scan_env.Env(replicas=True)``)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from shardex.scan.merge import interleave, merge_ordered
 def _entries(desc: list[bool], rng: random.Random) -> list[bytes]:
     """Entries of a two-part index with many repeated keys (several docids per key)."""
     out = set()
-    for i in range(400):
+    for _ in range(400):
         key = [rng.choice(["a", "b", "c", None, 3, 7.5]), rng.randrange(4)]
         out.add(encode_entry(key, f"d{rng.randrange(60):03}", desc))
     return sorted(out)

@@ -76,21 +76,32 @@ def in_ranges(entry: bytes, ranges: Sequence[Range]) -> bool:
     return any((lo is None or entry >= lo) and (hi is None or entry < hi) for lo, hi in ranges)
 
 
-def spans_after(spans: Sequence[Span] | None, after: bytes) -> list[Span]:
-    """``spans`` (None: everything) narrowed to the entries strictly after the entry
-    ``after``: what is left of a scan that already returned every entry up to ``after``.
+def clip_ranges(ranges: Sequence[Range], after: bytes | None) -> list[Range]:
+    """``ranges`` restricted to the entries strictly after the entry ``after`` (None:
+    unchanged): what is left of a scan that returned every entry up to ``after``.
 
-    Entries are unique byte strings (key + docid) and scans read them in byte order, DESC
-    parts included (their encoding is inverted, not their order), so "after" is a byte
-    comparison: the entries greater than ``after`` are exactly those ``>= after + 00``. Two
-    entries with the same key differ in their docid, so a duplicate key still resumes at the
-    right document. The result is ranges as spans (inclusive low, exclusive high); an empty
-    list means nothing is left (unlike None, which ``spans_to_ranges`` reads as all)."""
-    start = after + b"\x00"
-    out: list[Span] = []
-    for lo, hi in spans_to_ranges(spans):
-        if hi is not None and hi <= start:
+    Entries are unique byte strings (key + docid) read in byte order, DESC parts included
+    (their encoding is inverted, not their order), so "after" is a byte comparison: the
+    entries greater than ``after`` are exactly those ``>= after + 00``. Two entries with the
+    same key differ in their docid, so a shared key still resumes at the right document."""
+    if after is None:
+        return list(ranges)
+    floor = after + b"\x00"
+    out: list[Range] = []
+    for lo, hi in ranges:
+        if hi is not None and hi <= floor:
             continue  # read to its end already
-        low = start if lo is None or lo < start else lo
-        out.append(Span(low=low, high=hi, low_inclusive=True, high_inclusive=False))
+        out.append((floor if lo is None or lo < floor else lo, hi))
     return out
+
+
+def ranges_as_spans(ranges: Sequence[Range]) -> list[Span]:
+    """Byte ranges as spans with exactly those bounds (inclusive low, exclusive high)."""
+    return [Span(lo, hi, True, False) for lo, hi in ranges]
+
+
+def spans_after(spans: Sequence[Span] | None, after: bytes) -> list[Span]:
+    """``spans`` (None: everything) narrowed to the entries strictly after ``after``
+    (``clip_ranges``). An empty list means nothing is left (unlike None, which
+    ``spans_to_ranges`` reads as everything)."""
+    return ranges_as_spans(clip_ranges(spans_to_ranges(spans), after))

@@ -27,15 +27,21 @@
    reply goes back with the TS read, and a task streams the rows: a k-way merge on the entry
    bytes (``merge.merge_ordered``) or blocks as they come (``merge.interleave``), offset and
    limit applied over the combination, credit flow control on both hops. A failing slice
-   ends the client's stream with its error.
+   ends the client's stream with its error, unless another copy takes over (below).
 
 Index replicas: each index partition is read from one copy, the primary unless it failed
-this scan (``_placement``). An indexer that cannot be reached while the slices are opened
-(NODE_UNAVAILABLE, a closed connection, a timeout) is avoided and its partitions opened
-again on another copy, within the scan's one deadline; with no other copy the error is the
-client's. A copy in the topology holds every published TS (``index_copies.py``), so the copy
-read changes nothing in the rows. Once the rows stream, a failing node ends the scan as
-before (rows already sent cannot be taken back).
+this scan (``failover.placement``). An indexer that cannot be reached while the slices are
+opened (NODE_UNAVAILABLE, a closed connection, a timeout) is avoided and its partitions
+opened again on another copy, within the scan's one deadline; with no other copy the error
+is the client's. A copy in the topology holds every published TS (``index_copies.py``), so
+the copy read changes nothing in the rows. Once the rows stream, a scan at a TS (scan or
+query stability) fails over too (``failover.Resumable``): each indexer's stream is read in
+entry order (asked for even when the scan is unordered, when a partition has another copy),
+so the stream that fails is reopened on its partitions' other copies at the same TS with its
+spans narrowed to start strictly after the last entry read, and the new streams take its
+place in the merge: no row twice, none missing. A copy without the TS (SNAPSHOT_TOO_OLD) or
+no copy left ends the scan with the stream's own error, and so does any failure of a scan of
+the tips (another copy's tip is another state).
 
 The request's checks are ``scan_checks.py``; request_plus's speculative open and the
 seqnos riding in ``ScanSlices`` are ``request_plus.py``.

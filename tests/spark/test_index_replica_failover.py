@@ -10,9 +10,10 @@ streams continue on the dead indexer's other copies after the last entry read
 (``scan/failover.py``), the pages read its partitions there (``scan/paging_copies.py``), and
 a SQL leaf that lands on it runs again elsewhere (``sql/exec/failover.py``). The kill lands
 mid-stream by construction: each indexer holds thousands of entries of its primaries and a
-slice stream runs at most a few blocks ahead of a reader that took one row.
+slice stream runs at most a few blocks ahead of a reader that took one row, and node1 logs
+each take-over (checked at the end).
 
-Slow: a cluster, an initial build of 20k documents and rounds on a loaded 2-core box."""
+Slow: a cluster, an initial build of 60k documents and rounds on a loaded 2-core box."""
 
 from __future__ import annotations
 
@@ -39,12 +40,12 @@ if TYPE_CHECKING:
 
 KEYSPACE = "failing"
 INDEX = "by_age"
-DOCS = 20_000
+DOCS = 60_000
 PARTITIONS = 8
 
 
 def document(i: int) -> dict[str, Any]:
-    # 90 ages over 20k documents: every key is shared by hundreds of docids
+    # 90 ages over 60k documents: every key is shared by hundreds of docids
     return {"name": f"n{i % 97}", "age": (i * 7919) % 90}
 
 
@@ -132,14 +133,22 @@ def test_scans_pages_and_sql_fail_over_when_an_indexer_dies_mid_read(
                     assert paged == want
 
                     sql = f"SELECT age, name FROM {KEYSPACE} WHERE age >= 0"
-                    got_sql = [(r["age"], r["name"]) for r in c.query(sql, "at_plus", at=results)]
+                    got_sql = [
+                        (r["age"], r["name"])
+                        for r in c.query(sql, consistency="at_plus", at=results)
+                    ]
                     assert sorted(got_sql) == sorted((k[0], k[1]) for k, _ in want)
                     counts = c.query(
                         f"SELECT age, COUNT(*) AS n FROM {KEYSPACE} WHERE age >= 0 GROUP BY age",
-                        "at_plus",
+                        consistency="at_plus",
                         at=results,
                     )
                     assert {r["age"]: r["n"] for r in counts} == Counter(k[0] for k, _ in want)
+                # The reads really moved mid-way: node1 logged the streams and the pages
+                # taken over by other copies (not, say, every row buffered before the kill).
+                log = "".join(f.read_text() for f in path.rglob("node.log") if "node1" in str(f))
+                assert log.count(f"scan stream from {victim} failed") >= 2, log[-3000:]
+                assert f"shard {victim} failed" in log, log[-3000:]
             finally:
                 driver.stop()
                 thread.join(timeout=60)

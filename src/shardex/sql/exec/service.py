@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -77,6 +78,8 @@ BLOCK_BYTES: Final = 512 * 1024
 MUTATE_PARALLEL: Final = 32
 MAX_TIMEOUT: Final = 3600.0
 WAIT_MARGIN: Final = 10.0
+
+log = logging.getLogger(__name__)
 
 
 def _bad(message: str, **details: Any) -> ShardexError:
@@ -235,9 +238,11 @@ class SqlService:
                 raise exc
             avoid.add(node)
             try:
-                return planned()
+                again = planned()
             except ShardexError:
                 raise exc from None  # no other copy of one of its partitions
+            log.info("statement lost the indexer %s (%s); planned on other copies", node, exc)
+            return again
 
         while True:
             try:

@@ -74,3 +74,34 @@ def spans_to_ranges(spans: Iterable[Span] | None) -> list[Range]:
 def in_ranges(entry: bytes, ranges: Sequence[Range]) -> bool:
     """Whether ``entry`` falls in one of ``ranges`` (the oracle's reference for scans)."""
     return any((lo is None or entry >= lo) and (hi is None or entry < hi) for lo, hi in ranges)
+
+
+def clip_ranges(ranges: Sequence[Range], after: bytes | None) -> list[Range]:
+    """``ranges`` restricted to the entries strictly after the entry ``after`` (None:
+    unchanged): what is left of a scan that returned every entry up to ``after``.
+
+    Entries are unique byte strings (key + docid) read in byte order, DESC parts included
+    (their encoding is inverted, not their order), so "after" is a byte comparison: the
+    entries greater than ``after`` are exactly those ``>= after + 00``. Two entries with the
+    same key differ in their docid, so a shared key still resumes at the right document."""
+    if after is None:
+        return list(ranges)
+    floor = after + b"\x00"
+    out: list[Range] = []
+    for lo, hi in ranges:
+        if hi is not None and hi <= floor:
+            continue  # read to its end already
+        out.append((floor if lo is None or lo < floor else lo, hi))
+    return out
+
+
+def ranges_as_spans(ranges: Sequence[Range]) -> list[Span]:
+    """Byte ranges as spans with exactly those bounds (inclusive low, exclusive high)."""
+    return [Span(lo, hi, True, False) for lo, hi in ranges]
+
+
+def spans_after(spans: Sequence[Span] | None, after: bytes) -> list[Span]:
+    """``spans`` (None: everything) narrowed to the entries strictly after ``after``
+    (``clip_ranges``). An empty list means nothing is left (unlike None, which
+    ``spans_to_ranges`` reads as everything)."""
+    return ranges_as_spans(clip_ranges(spans_to_ranges(spans), after))

@@ -27,15 +27,21 @@
    reply goes back with the TS read, and a task streams the rows: a k-way merge on the entry
    bytes (``merge.merge_ordered``) or blocks as they come (``merge.interleave``), offset and
    limit applied over the combination, credit flow control on both hops. A failing slice
-   ends the client's stream with its error.
+   ends the client's stream with its error, unless another copy takes over (below).
 
 Index replicas: each index partition is read from one copy, the primary unless it failed
-this scan (``_placement``). An indexer that cannot be reached while the slices are opened
-(NODE_UNAVAILABLE, a closed connection, a timeout) is avoided and its partitions opened
-again on another copy, within the scan's one deadline; with no other copy the error is the
-client's. A copy in the topology holds every published TS (``index_copies.py``), so the copy
-read changes nothing in the rows. Once the rows stream, a failing node ends the scan as
-before (rows already sent cannot be taken back).
+this scan (``failover.placement``). An indexer that cannot be reached while the slices are
+opened (NODE_UNAVAILABLE, a closed connection, a timeout) is avoided and its partitions
+opened again on another copy, within the scan's one deadline; with no other copy the error
+is the client's. A copy in the topology holds every published TS (``index_copies.py``), so
+the copy read changes nothing in the rows. Once the rows stream, a scan at a TS (scan or
+query stability) fails over too (``failover.Resumable``): each indexer's stream is read in
+entry order (asked for even when the scan is unordered, when a partition has another copy),
+so the stream that fails is reopened on its partitions' other copies at the same TS with its
+spans narrowed to start strictly after the last entry read, and the new streams take its
+place in the merge: no row twice, none missing. A copy without the TS (SNAPSHOT_TOO_OLD) or
+no copy left ends the scan with the stream's own error, and so does any failure of a scan of
+the tips (another copy's tip is another state).
 
 The request's checks are ``scan_checks.py``; request_plus's speculative open and the
 seqnos riding in ``ScanSlices`` are ``request_plus.py``.
@@ -64,7 +70,8 @@ from shardex.api.scan import (
     packed_ts,
 )
 from shardex.api.scan_streams import Inboxes, LocalStream, OutStream, OutStreams, Source, cancel_all
-from shardex.api.spans import eliminate, encode_spans, to_wire_spans
+from shardex.api.spans import eliminate, encode_spans, from_wire_spans, to_wire_spans
+from shardex.core.spans import spans_after
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
@@ -79,6 +86,7 @@ from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
 from shardex.scan.at_plus import on_current_branches
 from shardex.scan.cluster_view import ClusterView
+from shardex.scan.failover import FAILOVER, Reopen, Resumable, failed_node, placement
 from shardex.scan.merge import interleave, merge_heads, merge_ordered, pushdown_limit, window
 from shardex.scan.request_plus import SeqnoRide, Speculation
 from shardex.scan.scan_checks import check_request, check_servable
@@ -93,11 +101,6 @@ __all__ = ["ScanCoordinator", "oldest_common"]
 log = logging.getLogger(__name__)
 
 OPEN_ATTEMPTS: Final = 3
-# Failures of an indexer node (not of its slices) that another copy of its partitions can
-# stand in for while the scan's slices are opened.
-FAILOVER: Final = frozenset(
-    {ErrorCode.NODE_UNAVAILABLE, ErrorCode.CONNECTION_CLOSED, ErrorCode.TIMEOUT}
-)
 RPC_MARGIN: Final = 10.0  # beyond the scan's own wait timeout
 BLOCK_ROWS: Final = 1000
 SLICE_CREDIT: Final = 4
@@ -134,6 +137,8 @@ class ScanCoordinator:
         # ``speculation`` counts the outcomes (hit, miss, skipped).
         self.speculative = Speculation(self.view)
         self.speculation: Counter[str] = self.speculative.counts
+        # Slice streams continued on another copy after their indexer failed mid-stream.
+        self.stream_failovers = 0
 
     def install(self, server: RpcServer) -> None:
         server.route(IndexScan, self.on_scan)
@@ -179,7 +184,7 @@ class ScanCoordinator:
         # time that is left, so no retry can make the scan outlive its own timeout.
         deadline = asyncio.get_running_loop().time() + msg.timeout
         partitions = eliminate(msg.spans, defn)
-        by_node = _placement(msg.index, topo, partitions)
+        by_node = placement(msg.index, topo, partitions)
         if msg.limit == 0:
             by_node = {}  # nothing to read; still resolved and validated above
         wait_for: Timestamp | None = None
@@ -216,32 +221,36 @@ class ScanCoordinator:
             stability=msg.stability != STABILITY_NONE,
             timeout=msg.timeout,
             limit=pushdown_limit(msg.offset, msg.limit),
-            ordered=msg.ordered,
+            # Each indexer's stream in entry order even for an unordered scan when another
+            # copy may have to continue it after its last entry (``failover.py``).
+            ordered=msg.ordered or resumable(msg, topo, partitions),
             credit=SLICE_CREDIT,
             block_rows=BLOCK_ROWS,
         )
         placed = by_node
+        placed_topo = topo
 
         async def open_with(
             req: ScanSlices, ride: SeqnoRide | None = None
         ) -> tuple[PackedTs, list[Source]]:
             async def open_on(t: Topology) -> tuple[PackedTs, list[Source]]:
                 # An index partition moved: retried on the fresh topology's owners.
-                nonlocal placed
-                nodes = by_node if t is topo else _placement(msg.index, t, partitions)
+                nonlocal placed, placed_topo
+                placed_topo = t
+                nodes = by_node if t is topo else placement(msg.index, t, partitions)
                 avoid: set[str] = set()  # indexers that failed this scan: other copies
                 while True:
                     placed = nodes if by_node else {}
                     try:
                         return await self._open(msg, req, placed, deadline, ride)
                     except ShardexError as exc:
-                        node = _failed_node(exc)
+                        node = failed_node(exc)
                         left = deadline - asyncio.get_running_loop().time()
                         if node is None or node in avoid or left <= 0:
                             raise
                         avoid.add(node)
                         try:
-                            nodes = _placement(msg.index, t, partitions, avoid)
+                            nodes = placement(msg.index, t, partitions, avoid)
                         except ShardexError:
                             raise exc from None  # no other copy of one of its partitions
                         log.info(
@@ -287,6 +296,11 @@ class ScanCoordinator:
                     await out.send(block)
 
         else:
+            if ts is not None and resumable(msg, placed_topo, partitions):
+                reopen = self._reopener(msg, base, ts, placed_topo)
+                for src in sources:
+                    if isinstance(src, Resumable):
+                        src.arm(reopen, BLOCK_ROWS)
 
             async def produce(out: OutStream) -> None:
                 await self._stream(msg, sources, out)
@@ -445,6 +459,7 @@ class ScanCoordinator:
                 stream.put_head(reply.entries, reply.done)
                 if ride is not None and reply.high_seqnos:
                     ride.got.update(reply.high_seqnos)
+                src = Resumable(node, parts, stream, base.limit)  # armed once streaming
             return node, packed_ts(reply.ts), src  # kept encoded (``scan_ts``)
 
         if len(by_node) == 1:  # one node (a single-slice scan): no task to run it in
@@ -469,6 +484,43 @@ class ScanCoordinator:
             await cancel_all(sources)
             raise
 
+    def _reopener(self, msg: IndexScan, base: ScanSlices, ts: bytes, topo: Topology) -> Reopen:
+        """What re-opens a failed indexer's partitions on other copies mid-stream
+        (``failover.Resumable``): at the scan's TS, after the last entry read, in ``topo``
+        (the one the scan opened on: its copies hold the TS), each attempt within the
+        scan's timeout. The nodes that failed are shared by every stream of the scan."""
+        pinned = Timestamp.from_packed(ts)
+        avoid: set[str] = set()
+
+        async def reopen(
+            failed: str, partitions: list[int], after: bytes | None, limit: int | None
+        ) -> list[tuple[str, list[int], Source]]:
+            avoid.add(failed)
+            self.stream_failovers += 1
+            if limit is not None and limit <= 0:
+                return []
+            spans = base.spans
+            if after is not None:
+                narrowed = spans_after(from_wire_spans(base.spans), after)
+                if not narrowed:
+                    return []  # every range read to its end
+                spans = to_wire_spans(narrowed)
+            req = _replace(base, spans=spans, limit=limit, stability=True)
+            while True:
+                by_node = placement(msg.index, topo, partitions, avoid)  # none left: raises
+                deadline = asyncio.get_running_loop().time() + msg.timeout
+                try:
+                    opened = await self._open_all(req, by_node, pinned, deadline)
+                except ShardexError as exc:
+                    node = failed_node(exc)
+                    if node is None or node in avoid:
+                        raise
+                    avoid.add(node)
+                    continue
+                return [(node, by_node[node], src) for node, _, src in opened]
+
+        return reopen
+
     def _combine(self, msg: IndexScan, sources: list[Source]) -> AsyncIterator[list[bytes]]:
         combined = merge_ordered(sources, BLOCK_ROWS) if msg.ordered else interleave(sources)
         return window(combined, msg.offset, msg.limit)
@@ -482,37 +534,11 @@ class ScanCoordinator:
             await cancel_all(sources)
 
 
-def _placement(
-    index: str,
-    topo: Topology,
-    partitions: list[int],
-    avoid: set[str] | frozenset[str] = frozenset(),
-) -> dict[str, list[int]]:
-    """Indexer node -> the index partitions it serves in ``topo``: each partition's first
-    copy (its primary, then its replicas in order) on a node not in ``avoid``."""
-    by_node: dict[str, list[int]] = {}
-    for p in partitions:
-        if p not in topo.assignment:
-            raise ShardexError(
-                f"index partition {p} of {index!r} has no indexer in topology {topo.seq_num}",
-                code=ErrorCode.INDEX_NOT_READY,
-                details={"index": index, "partition": p},
-            )
-        node = next((n for n in topo.chain(p) if n not in avoid), None)
-        if node is None:
-            raise ShardexError(
-                f"every copy of index partition {p} of {index!r} failed this scan",
-                code=ErrorCode.NODE_UNAVAILABLE,
-                details={"index": index, "partition": p, "copies": topo.chain(p)},
-            )
-        by_node.setdefault(node, []).append(p)
-    return by_node
-
-
-def _failed_node(exc: ShardexError) -> str | None:
-    """The indexer whose failure ``exc`` is, when another copy may stand in for it."""
-    node = exc.details.get("indexer")
-    return node if exc.code in FAILOVER and isinstance(node, str) else None
+def resumable(msg: IndexScan, topo: Topology, partitions: list[int]) -> bool:
+    """Whether the scan's streams may fail over mid-stream: it reads one stability TS
+    (every copy holds it; another copy's tip is another state) and some partition it reads
+    has another copy."""
+    return msg.stability != STABILITY_NONE and any(topo.replicas.get(p) for p in partitions)
 
 
 def _replace(msg: ScanSlices, **changes: Any) -> ScanSlices:

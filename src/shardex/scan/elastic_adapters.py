@@ -25,6 +25,7 @@ from shardex.scan.cluster_view import ClusterView
 from shardex.scan.elastic_adapters_data import DataScanMigrations, DataShardStore
 from shardex.scan.elastic_adapters_index import batch_view
 from shardex.scan.elastic_node import ElasticShardScanner, ShardStore
+from shardex.scan.paging_copies import check_stand_in, read_stand_in
 from shardex.scan.paging_store_spec import PagedScanSpec, decode_spec, spec_ranges
 from shardex.scan.paging_wire import ShardBatch, ShardBatchResult
 
@@ -106,6 +107,8 @@ class ElasticScanNode:
             scanner = await self._primary(msg, spec)
         else:
             scanner = await self._index(msg, spec)
+        if isinstance(scanner, ShardBatchResult):  # a stand-in batch, read already
+            return scanner
         return await scanner.scan_batch(msg)
 
     def _scanner(self, mm: Any, lookup: HistoryLookup, store: ShardStore) -> ElasticShardScanner:
@@ -140,7 +143,9 @@ class ElasticScanNode:
         store = DataShardStore(data.engine, ks, spec_ranges(spec), mm, base)
         return self._scanner(mm, lookup, store)
 
-    async def _index(self, msg: ShardBatch, spec: PagedScanSpec) -> ElasticShardScanner:
+    async def _index(
+        self, msg: ShardBatch, spec: PagedScanSpec
+    ) -> ElasticShardScanner | ShardBatchResult:
         index = self.index
         if index is None:
             raise _not_served("index", self.name, spec)
@@ -158,6 +163,8 @@ class ElasticScanNode:
         base = lookup.get(msg.base_topo)
         engine = index.engine
         wanted = [msg.vs_pid] if msg.vs_pid >= 0 else base.partitions_of(self.name)
+        if msg.stand_in:  # another shard failed: its partitions from our copies
+            wanted = check_stand_in(msg, base, self.name, spec.snapshot is not None)
         mm, store = batch_view(
             engine,
             index.scan_migrations,
@@ -173,4 +180,6 @@ class ElasticScanNode:
             store.open(msg.resume, wanted)
         else:  # a slice's lock may be held by a stabilise's fsync: not on the loop
             await asyncio.to_thread(store.open, msg.resume, wanted)
+        if msg.stand_in:
+            return read_stand_in(store, msg, wanted)
         return self._scanner(mm, lookup, store)

@@ -38,13 +38,12 @@ from typing import TYPE_CHECKING
 
 from shardex.api.errors import KeyspaceNotFound
 from shardex.api.records import STATE_ACTIVE, STATE_RELEASED
-from shardex.core.spans import Range
+from shardex.core.spans import Range, clip_ranges
 from shardex.core.topology import Topology
 from shardex.meta.rebalance_state import in_flight
 from shardex.meta.state import StateContext
 from shardex.scan.elastic_migrations import MigrationManager
 from shardex.scan.elastic_node import Entry, ShardStore
-from shardex.scan.paging_store_spec import clip_ranges
 
 if TYPE_CHECKING:
     from shardex.data.engine import DataEngine

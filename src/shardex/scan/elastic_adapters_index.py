@@ -33,12 +33,11 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from shardex.core.spans import Range
+from shardex.core.spans import Range, clip_ranges, ranges_as_spans
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.scan.elastic_migrations import MigrationManager
 from shardex.scan.elastic_node import Entry, ShardStore
-from shardex.scan.paging_store_spec import clip_ranges, ranges_as_spans
 
 __all__ = [
     "IndexScanMigrations",

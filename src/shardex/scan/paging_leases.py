@@ -47,8 +47,10 @@ __all__ = [
     "RENEW",
     "LeaseSnapshots",
     "SnapshotsLeased",
+    "copy_placement",
     "lease_on_nodes",
     "serve_lease",
+    "spare_copies",
 ]
 
 log = logging.getLogger(__name__)
@@ -144,13 +146,21 @@ async def serve_lease(index: IndexService, node: str, msg: LeaseSnapshots) -> Sn
 Ask = Callable[[str, LeaseSnapshots], Awaitable[SnapshotsLeased]]
 
 
-def placement(*topologies: Topology | None) -> dict[str, list[int]]:
-    """Node -> the index partitions any of ``topologies`` places there."""
-    out: dict[str, set[int]] = {}
-    for t in topologies:
-        for p, node in (t.assignment if t is not None else {}).items():
-            out.setdefault(node, set()).add(p)
-    return {n: sorted(ps) for n, ps in sorted(out.items())}
+def copy_placement(topo: Topology) -> dict[str, list[int]]:
+    """Node -> the index partitions it holds a copy of (primary or replica) in ``topo``."""
+    return {n: topo.copies_of(n) for n in sorted(topo.copy_nodes())}
+
+
+def spare_copies(topo: Topology, needed: dict[str, list[int]] | None = None) -> frozenset[str]:
+    """The nodes of ``topo`` a pinned page can do without (``lease_on_nodes``'s ``spare``):
+    with ``needed`` (the copies the first page read), every other node; without, the nodes
+    whose every partition has another copy (a shard whose node is gone is read from those,
+    ``paging_copies``)."""
+    if needed is not None:
+        return frozenset(topo.copy_nodes()) - set(needed)
+    return frozenset(
+        n for n in topo.copy_nodes() if all(len(topo.chain(p)) > 1 for p in topo.copies_of(n))
+    )
 
 
 async def lease_on_nodes(
@@ -160,9 +170,12 @@ async def lease_on_nodes(
     lease_id: str,
     mode: str,
     ts: WireTs | None,
+    spare: frozenset[str] = frozenset(),
 ) -> None:
     """``mode`` on every node in parallel. ``lease`` and ``renew`` raise the first failure
-    (a renewal that failed in transit is tried once more first); ``release`` only logs."""
+    (a renewal that failed in transit is tried once more first); ``release`` only logs, and
+    so do the nodes in ``spare`` (copies of a replicated index the page does not need:
+    another copy of each of their partitions stands in if they are gone)."""
 
     async def one(node: str, parts: list[int]) -> None:
         msg = LeaseSnapshots(
@@ -173,8 +186,8 @@ async def lease_on_nodes(
                 await ask(node, msg)
                 return
             except ShardexError as exc:
-                if mode == RELEASE:
-                    log.info("snapshot lease %s (release) on %s: %s", lease_id, node, exc)
+                if mode == RELEASE or node in spare:
+                    log.info("snapshot lease %s (%s) on %s: %s", lease_id, mode, node, exc)
                     return
                 if mode == LEASE or exc.code not in TRANSIENT or attempt + 1 >= RENEW_ATTEMPTS:
                     raise

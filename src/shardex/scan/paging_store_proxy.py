@@ -60,16 +60,20 @@ from shardex.scan.elastic_adapters import (
     HistoryLookup,
     has_topology,
 )
+from shardex.scan.failover import FAILOVER, failed_node
+from shardex.scan.failover import placement as failover_placement
 from shardex.scan.paging import PageCoordinator, check_page_size
+from shardex.scan.paging_copies import fails_over, read_from_copies
 from shardex.scan.paging_leases import (
     LEASE,
     RELEASE,
     RENEW,
     LeaseSnapshots,
     SnapshotsLeased,
+    copy_placement,
     lease_on_nodes,
-    placement,
     serve_lease,
+    spare_copies,
 )
 from shardex.scan.paging_store_spec import (
     PRIMARY,
@@ -78,6 +82,7 @@ from shardex.scan.paging_store_spec import (
     PageScan,
     PageScanReply,
     decode_context,
+    decode_spec,
     encode_context,
     encode_spec,
     primary_spans,
@@ -176,12 +181,27 @@ class PagingService:
     async def stop(self) -> None:
         await self.pool.close()
 
-    async def _call(self, node: str, req: ShardBatch) -> ShardBatchResult:
+    async def _call_once(self, node: str, req: ShardBatch) -> ShardBatchResult:
         if node == self.name:
             return await self.shard.on_batch(req)
         return await self.pool.request(
             self.view.address(node), req, BATCH_TIMEOUT, expect=ShardBatchResult
         )
+
+    async def _call(self, node: str, req: ShardBatch) -> ShardBatchResult:
+        """A shard's batch; if its node failed, a pinned scan's batch from the other copies
+        of its partitions (``paging_copies``)."""
+        try:
+            return await self._call_once(node, req)
+        except ShardexError as exc:
+            spec = decode_spec(req.scan)
+            if not fails_over(exc, spec):
+                raise
+            history = (await self.view.state()).index_topologies.get(spec.index_id) or []
+            base = next((t for t in history if t.seq_num == req.base_topo), None)
+            if base is None:
+                raise
+            return await read_from_copies(self._call_once, spec.index_id, base, req, exc)
 
     # --- one page --------------------------------------------------------------------------
 
@@ -209,15 +229,21 @@ class PagingService:
         if lease and base_topo >= 0:  # a later page of a pinned scan: renew its lease
             # Where the first page leased it: the base owners serve every page of a pinned
             # scan. A snapshot gone there fails this page (SNAPSHOT_TOO_OLD), rows and all.
-            nodes = _lease_nodes(history, base_topo)
+            base = _base(history, base_topo)
             renew = lease_on_nodes(
-                self._lease_call, nodes, spec.index_id, lease, RENEW, spec.snapshot
+                self._lease_call,
+                copy_placement(base),
+                spec.index_id,
+                lease,
+                RENEW,
+                spec.snapshot,
+                spare=spare_copies(base),
             )
             rows, nxt = await _with_renewal(page, renew)
         else:
             rows, nxt = await page
         if lease and nxt is None:  # the continuation ends: the indexers may let it go
-            nodes = _lease_nodes(history, ck.base_topo)
+            nodes = copy_placement(_base(history, ck.base_topo))
             await lease_on_nodes(self._lease_call, nodes, spec.index_id, lease, RELEASE, None)
         return PageScanReply(
             entries=[r.key for r in rows],
@@ -302,9 +328,14 @@ class PagingService:
 
         async def ask(node: str, parts: list[int], left: float) -> Timestamp:
             req = WaitStability(index_id=rec.id, partitions=parts, wait_for=wire, timeout=left)
-            reply = await self.pool.request(
-                self.view.address(node), req, left + RPC_MARGIN, expect=StabilityAt
-            )
+            try:
+                reply = await self.pool.request(
+                    self.view.address(node), req, left + RPC_MARGIN, expect=StabilityAt
+                )
+            except ShardexError as exc:
+                if exc.code in FAILOVER:
+                    exc.details.setdefault("indexer", node)  # another copy may stand in
+                raise
             return Timestamp.from_wire(reply.ts)
 
         lease = uuid.uuid4().hex if stability != STABILITY_NONE else ""
@@ -312,21 +343,44 @@ class PagingService:
 
         async def ask_all(t: Topology) -> dict[int, tuple[int, int]] | None:
             used[0] = t
-            by_node = placement(t)
-            left = deadline - loop.time()
-            if left <= 0:
-                raise ShardexError(
-                    f"the first page of a scan of index {rec.name!r} ran out of its "
-                    f"{msg.timeout}s before every slice reached its TS (retries after moved "
-                    "partitions included)",
-                    code=ErrorCode.SCAN_TIMEOUT,
-                    details={"index": rec.id, "timeout": msg.timeout, "hint": "retry the scan"},
-                )
-            tss = await asyncio.gather(*(ask(n, ps, left) for n, ps in by_node.items()))
+            avoid: set[str] = set()  # indexers that failed: other copies answer for them
+            while True:
+                by_node = copy_choice(rec.name, t, avoid)
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise ShardexError(
+                        f"the first page of a scan of index {rec.name!r} ran out of its "
+                        f"{msg.timeout}s before every slice reached its TS (retries after "
+                        "moved partitions included)",
+                        code=ErrorCode.SCAN_TIMEOUT,
+                        details={"index": rec.id, "timeout": msg.timeout, "hint": "retry the scan"},
+                    )
+                try:
+                    tss = await asyncio.gather(*(ask(n, ps, left) for n, ps in by_node.items()))
+                    break
+                except ShardexError as exc:
+                    node = failed_node(exc)
+                    if node is None or node in avoid or not t.replicas:
+                        raise
+                    avoid.add(node)
+                    try:
+                        copy_choice(rec.name, t, avoid)
+                    except ShardexError:
+                        raise exc from None  # no other copy of one of its partitions
             if stability == STABILITY_NONE:
                 return None  # waited until covered; the pages read the tips
             pin = dict(oldest_common(list(tss)).to_wire())
-            await lease_on_nodes(self._lease_call, by_node, rec.id, lease, LEASE, pin)
+            # Every copy keeps the snapshot: a later page whose shard fails reads another
+            # (``paging_copies``). Required where this page asked, best effort elsewhere.
+            await lease_on_nodes(
+                self._lease_call,
+                copy_placement(t),
+                rec.id,
+                lease,
+                LEASE,
+                pin,
+                spare=spare_copies(t, by_node),
+            )
             return pin
 
         # A partition moved since this node's state was read: ask the new owner.
@@ -357,8 +411,13 @@ async def _with_renewal(page: Awaitable[T], renew: Awaitable[None]) -> T:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _lease_nodes(history: list[Topology], base_topo: int) -> dict[str, list[int]]:
-    """Where a pinned scan's lease lives: the slices of its base topology (the first page
+def _base(history: list[Topology], base_topo: int) -> Topology:
+    """A pinned scan's base topology: its lease lives on the copies there (the first page
     leased it there, and every page reads there)."""
     base = next((t for t in history if t.seq_num == base_topo), None)
-    return placement(base)
+    return base if base is not None else Topology(seq_num=base_topo, assignment={})
+
+
+def copy_choice(index: str, topo: Topology, avoid: set[str]) -> dict[str, list[int]]:
+    """Node -> partitions the first page asks: each partition's first copy not avoided."""
+    return failover_placement(index, topo, sorted(topo.assignment), avoid)

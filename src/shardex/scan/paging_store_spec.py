@@ -26,7 +26,7 @@ import msgspec
 
 from shardex.api.scan import NOT_BOUNDED, UserSpan, WireSpan, WireTs
 from shardex.api.spans import from_wire_spans
-from shardex.core.spans import Range, Span, spans_to_ranges
+from shardex.core.spans import Range, spans_to_ranges
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
 
@@ -36,7 +36,6 @@ __all__ = [
     "PageScan",
     "PageScanReply",
     "PagedScanSpec",
-    "clip_ranges",
     "primary_spans",
     "spec_ranges",
 ]
@@ -184,21 +183,3 @@ def primary_spans(spans: Sequence[UserSpan]) -> list[WireSpan]:
 def spec_ranges(spec: PagedScanSpec) -> list[Range]:
     """The spec's spans as sorted, disjoint ``[lower, upper)`` byte ranges."""
     return spans_to_ranges(from_wire_spans(spec.spans))
-
-
-def clip_ranges(ranges: Sequence[Range], after: bytes | None) -> list[Range]:
-    """``ranges`` restricted to keys greater than ``after`` (None: unchanged)."""
-    if after is None:
-        return list(ranges)
-    floor = after + _AFTER
-    out: list[Range] = []
-    for lo, hi in ranges:
-        if hi is not None and hi <= floor:
-            continue
-        out.append((floor if lo is None or lo < floor else lo, hi))
-    return out
-
-
-def ranges_as_spans(ranges: Sequence[Range]) -> list[Span]:
-    """Byte ranges as slice spans with exactly those bounds (inclusive low, exclusive high)."""
-    return [Span(lo, hi, True, False) for lo, hi in ranges]

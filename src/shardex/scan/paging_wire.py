@@ -41,6 +41,9 @@ class ShardBatch(Message, tag="scan.ShardBatch"):
     resume: bytes | None
     vsm: list[VirtualScan]
     limit: int
+    # Non-empty: ``shard`` failed, and this node reads these of its partitions from its own
+    # copies instead (a pinned scan only, ``paging_copies``).
+    stand_in: list[int] = msgspec.field(default_factory=list)
 
 
 class ShardBatchResult(Message, tag="scan.ShardBatchResult"):

@@ -1,18 +1,24 @@
 """Scans of indexes with replicas: each partition is read from one copy, and an indexer that
 cannot be reached while the slices are opened is replaced by another copy of its partitions
-(``scan/coordinator.py``). Two indexer nodes on loopback, a replica of every partition on
-the other node (``scan_env.Env(replicas=True)``)."""
+(``scan/coordinator.py``), also once its rows stream (``scan/failover.py``). Two indexer
+nodes on loopback, a replica of every partition on the other node
+(``scan_env.Env(replicas=True)``)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from shardex.client import Client
+from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from tests.integration.scan_env import Env, as_rows, oracle_rows
+from shardex.scan import coordinator
+from tests.integration.scan_env import KS, Env, as_rows, oracle_rows
 
 CASES = [
     ("by_name", None),
@@ -64,3 +70,70 @@ async def test_without_replicas_a_dead_indexer_fails_the_scan(env: Env) -> None:
     with pytest.raises(ShardexError) as err:
         await env.scan("by_name", None, consistency="at_plus", at=ts)
     assert err.value.code in (ErrorCode.NODE_UNAVAILABLE, ErrorCode.CONNECTION_CLOSED)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+async def test_an_indexer_dying_mid_stream_is_continued_on_the_other_copy(
+    renv: Env, monkeypatch: pytest.MonkeyPatch, ordered: bool
+) -> None:
+    """Small blocks and one block of credit per slice stream: when the client has its first
+    row, n2 has sent at most a few hundred of its thousands of entries (by_age partition 1),
+    so stopping it lands in the middle of its stream. The coordinator (n1) continues n2's
+    partition on its copy (here: n1's own) after the last entry it read, at the same TS.
+    Ages repeat: many entries share a key and differ in their docid."""
+    monkeypatch.setattr(coordinator, "BLOCK_ROWS", 100)
+    monkeypatch.setattr(coordinator, "SLICE_CREDIT", 1)
+    ts = await many_users(renv, 9_000)
+    want = oracle_rows(renv.defs["by_age"], renv.ks.documents_at(ts), None)
+
+    def first_row() -> tuple[Iterator[dict[str, Any]], dict[str, Any]]:
+        rows = iter(
+            client_of(renv).scan(KS, "by_age", consistency="at_plus", at=ts, ordered=ordered)
+        )
+        return rows, next(rows)
+
+    rows, first = await asyncio.to_thread(first_row)
+    await renv.nodes["n2"].server.stop()
+    rest = await asyncio.to_thread(list, rows)
+    got = as_rows([first, *rest])
+    assert (got if ordered else sorted(got)) == want
+    assert len(want) == 9_000
+    assert renv.nodes["n1"].coord.stream_failovers == 1
+
+
+async def test_a_scan_of_the_tips_does_not_fail_over_mid_stream(
+    renv: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another copy's tip is another state of the index: a stability-none scan whose
+    indexer dies after rows went out ends with the error."""
+    monkeypatch.setattr(coordinator, "BLOCK_ROWS", 100)
+    monkeypatch.setattr(coordinator, "SLICE_CREDIT", 1)
+    await many_users(renv, 9_000)
+
+    def first_row() -> Iterator[dict[str, Any]]:
+        rows = iter(client_of(renv).scan(KS, "by_age", stability="none"))
+        next(rows)
+        return rows
+
+    rows = await asyncio.to_thread(first_row)
+    await renv.nodes["n2"].server.stop()
+    with pytest.raises(ShardexError) as err:
+        await asyncio.to_thread(list, rows)
+    assert err.value.code is ErrorCode.CONNECTION_CLOSED
+    assert renv.nodes["n1"].coord.stream_failovers == 0
+
+
+async def many_users(env: Env, n: int) -> Timestamp:
+    """``n`` documents in by_age (partitioned by docid over n1 and n2), 37 ages shared
+    by all of them: delivered and stabilised."""
+    for i in range(n):
+        env.ks.upsert(f"u{i:05}", {"name": f"n{i % 13}", "age": i % 37})
+    ts = env.ks.ts()
+    await env.deliver(ts)
+    await env.stabilise(ts)
+    return ts
+
+
+def client_of(env: Env) -> Client:
+    assert env.client is not None
+    return env.client

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from shardex.api.spans import encode_spans, to_user_spans, to_wire_spans
-from shardex.core.spans import Span
+from shardex.core.spans import Span, clip_ranges
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology, TopologyHistory
 from shardex.errors import ErrorCode, ShardexError
@@ -26,7 +26,6 @@ from shardex.scan.elastic_node import ElasticShardScanner
 from shardex.scan.paging import PageCoordinator
 from shardex.scan.paging_store_spec import (
     PagedScanSpec,
-    clip_ranges,
     decode_spec,
     encode_spec,
     primary_spans,

@@ -1,4 +1,4 @@
-"""The scan coordinator's choice of copy per index partition (``coordinator._placement``)."""
+"""The scan coordinator's choice of copy per index partition (``failover.placement``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.scan.coordinator import _failed_node, _placement
+from shardex.scan.failover import failed_node as _failed_node
+from shardex.scan.failover import placement as _placement
 
 TOPO = Topology(seq_num=3, assignment={0: "a", 1: "b", 2: "c"}, replicas={0: ["b"], 1: ["c"]})
 

@@ -287,10 +287,13 @@ def plan_select(
     members: dict[str, str],
     resolve_params: bool = True,
     tuning: dict[str, bool] | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> PhysicalPlan:
     """Choose the source, the index and its spans, and the leaves. ``members``: node name
     -> member id of the live members. ``resolve_params`` False (EXPLAIN without values):
-    spans are left empty when they need parameter values."""
+    spans are left empty when they need parameter values. Each index partition's leaf runs
+    on its first copy (primary, then replicas) that is a live member not in ``avoid`` (the
+    nodes that failed this query already)."""
     limit, offset = _counts(b, params, resolve_params)
     switches = check_tuning(tuning)
     ref = b.from_
@@ -363,23 +366,30 @@ def plan_select(
         )
     by_node: dict[str, list[int]] = {}
     for p in eliminate(to_user_spans(spans), defn):
-        node = topo.assignment.get(p)
-        if node is None:
+        if p not in topo.assignment:
             raise ShardexError(
                 f"index partition {p} of {defn.name!r} has no indexer",
                 code=ErrorCode.INDEX_NOT_READY,
                 details={"index": defn.name, "partition": p},
             )
+        copies = topo.chain(p)
+        node = next((n for n in copies if n in members and n not in avoid), None)
+        if node is None:
+            down = copies[0] if len(copies) == 1 else copies
+            raise ShardexError(
+                f"no live indexer holds index partition {p} of {defn.name!r} "
+                f"(its copies: {', '.join(copies)})",
+                code=ErrorCode.NODE_UNAVAILABLE,
+                details={
+                    "node": down,
+                    "index": defn.name,
+                    "partition": p,
+                    "hint": "shardex cluster status",
+                },
+            )
         by_node.setdefault(node, []).append(p)
     for node, parts in sorted(by_node.items()):
-        member = members.get(node)
-        if member is None:
-            raise ShardexError(
-                f"indexer {node!r} holding slices of {defn.name!r} is not a live member",
-                code=ErrorCode.NODE_UNAVAILABLE,
-                details={"node": node, "index": defn.name, "hint": "shardex cluster status"},
-            )
-        plan.leaves.append(Leaf(member, node, parts))
+        plan.leaves.append(Leaf(members[node], node, parts))
     return plan
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -47,6 +48,7 @@ from shardex.scan.coordinator import ScanCoordinator, oldest_common
 from shardex.sql.exec.analyze import Budget
 from shardex.sql.exec.dml import DELETE, SKIP, write_checked
 from shardex.sql.exec.documents import DocumentAccess
+from shardex.sql.exec.failover import FAILOVER, failed_leaf, failing_over
 from shardex.sql.exec.fragment_rows import finish, root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
@@ -76,6 +78,8 @@ BLOCK_BYTES: Final = 512 * 1024
 MUTATE_PARALLEL: Final = 32
 MAX_TIMEOUT: Final = 3600.0
 WAIT_MARGIN: Final = 10.0
+
+log = logging.getLogger(__name__)
 
 
 def _bad(message: str, **details: Any) -> ShardexError:
@@ -201,7 +205,23 @@ class SqlService:
         b = bind_statement(sql, dml, cached=tuning["plan_cache"])
         check_params(b.params(), params)
         state = await self.scan.view.state()
-        plan = plan_select(b, params, state=state, members=self._members(), tuning=tuning)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + msg.timeout
+        # Indexer nodes that failed this statement: its leaves go to other copies
+        # (``failover.py``), at the TS pinned once.
+        avoid: set[str] = set()
+
+        def planned() -> PhysicalPlan:
+            return plan_select(
+                b,
+                params,
+                state=state,
+                members=self._members(),
+                tuning=tuning,
+                avoid=frozenset(avoid),
+            )
+
+        plan = planned()
         if plan.source == "keys" and tuning["inline"]:
             keys = named_keys(b, params)
             if len(keys) <= INLINE_KEYS:
@@ -210,11 +230,48 @@ class SqlService:
                 # every SELECT by one (an ExchangeStats for it finds no streams).
                 plan.query_id = str(self.query.new_query_id())
                 return plan, None, self._key_lookup(plan, keys, params, msg)
-        ts = await self.pin_stability(plan, consistency or msg.consistency, msg)
-        qplan = plan.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))
-        result = await self.query.execute(qplan, params, timeout=msg.timeout, window=msg.window)
-        plan.query_id = str(result.query_id)
-        return plan, ts, _cells_closing(result)
+
+        def without_failed(exc: ShardexError) -> PhysicalPlan:
+            """The plan again without ``exc``'s lost leaf node, or ``exc`` raised."""
+            node = failed_leaf(exc, plan)
+            if node is None or node in avoid or loop.time() >= deadline:
+                raise exc
+            avoid.add(node)
+            try:
+                again = planned()
+            except ShardexError:
+                raise exc from None  # no other copy of one of its partitions
+            log.info("statement lost the indexer %s (%s); planned on other copies", node, exc)
+            return again
+
+        while True:
+            try:
+                ts = await self.pin_stability(plan, consistency or msg.consistency, msg)
+                break
+            except ShardexError as exc:
+                plan = without_failed(exc)
+
+        async def run(p: PhysicalPlan) -> AsyncIterator[list[bytes]]:
+            qplan = p.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))
+            left = max(deadline - loop.time(), 0.001)
+            result = await self.query.execute(qplan, params, timeout=left, window=msg.window)
+            p.query_id = str(result.query_id)
+            return _cells_closing(result)
+
+        async def rerun(failed: str) -> tuple[PhysicalPlan, AsyncIterator[list[bytes]]]:
+            avoid.add(failed)
+            again = planned()  # NODE_UNAVAILABLE when a partition has no copy left
+            return again, await run(again)
+
+        while True:
+            try:
+                chunks = await run(plan)
+                break
+            except ShardexError as exc:  # a participant already known down
+                plan = without_failed(exc)
+        if not plan.leaves:
+            return plan, ts, chunks
+        return plan, ts, failing_over(plan, chunks, rerun, deadline)
 
     async def _key_lookup(
         self, plan: PhysicalPlan, keys: list[str], params: Any, msg: SqlQuery
@@ -284,9 +341,17 @@ class SqlService:
             req = WaitStability(
                 index_id=index_id, partitions=parts, wait_for=wire, timeout=msg.timeout
             )
-            reply = await self.scan.pool.request(
-                self.scan.view.address(node), req, msg.timeout + WAIT_MARGIN, expect=StabilityAt
-            )
+            try:
+                reply = await self.scan.pool.request(
+                    self.scan.view.address(node),
+                    req,
+                    msg.timeout + WAIT_MARGIN,
+                    expect=StabilityAt,
+                )
+            except ShardexError as exc:
+                if exc.code in FAILOVER:
+                    exc.details.setdefault("indexer", node)  # another copy may stand in
+                raise
             return Timestamp.from_wire(reply.ts)
 
         tss = await asyncio.gather(*(ask(leaf.node, leaf.partitions) for leaf in plan.leaves))

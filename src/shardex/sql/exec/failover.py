@@ -1,0 +1,86 @@
+"""A SELECT whose index leaf lost its indexer, run again on other copies of its partitions.
+
+A leaf fragment runs on the indexer that holds its slices and reads them in-process, so
+when that node dies the fragment dies with it, and the query protocol cancels the query
+naming the member it lost (``link_lost``, ``participant_left``, ``start_failed``). With index
+replicas (decision 0085) another copy of each of its partitions holds every published TS,
+so the statement is planned again without the nodes that failed (``plan_select``'s
+``avoid``) and run again at the same pinned TS, within the statement's timeout:
+
+* while the pinned TS is being chosen (``WaitStability`` to a leaf's node fails), and
+* while the query runs, as long as no result row has left this node: the rows of an
+  aggregate, a sort at the root or a small result all wait for every leaf, so a leaf lost
+  mid-query is retried whole. Once rows went to the client the error ends the statement
+  (rows sent cannot be taken back, and a re-run's row order is not guaranteed to repeat
+  where ORDER BY has ties).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Final
+
+from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.exec.plan import PhysicalPlan
+
+__all__ = ["FAILOVER", "failed_leaf", "failing_over"]
+
+log = logging.getLogger(__name__)
+
+# The query protocol's reasons for cancelling a query because a participant went away.
+LOST: Final = frozenset({"link_lost", "participant_left", "start_failed"})
+# Failures of a request to an indexer node (not of its slices).
+FAILOVER: Final = frozenset(
+    {ErrorCode.NODE_UNAVAILABLE, ErrorCode.CONNECTION_CLOSED, ErrorCode.TIMEOUT}
+)
+
+
+def failed_leaf(exc: ShardexError, plan: PhysicalPlan) -> str | None:
+    """The node of ``plan``'s leaves whose loss ``exc`` is (None: not a lost leaf node)."""
+    if exc.code is ErrorCode.QUERY_CANCELLED and exc.details.get("reason") in LOST:
+        member = exc.details.get("member")
+        return next((leaf.node for leaf in plan.leaves if leaf.member == member), None)
+    if exc.code is ErrorCode.NODE_UNAVAILABLE and "value" in exc.details:
+        # the protocol refused to start: a participant (member id) is known down
+        member = exc.details["value"]
+        return next((leaf.node for leaf in plan.leaves if leaf.member == member), None)
+    if exc.code in FAILOVER:
+        node = exc.details.get("indexer")
+        return node if any(leaf.node == node for leaf in plan.leaves) else None
+    return None
+
+
+async def failing_over(
+    plan: PhysicalPlan,
+    chunks: AsyncIterator[list[bytes]],
+    rerun: Callable[[str], Awaitable[tuple[PhysicalPlan, AsyncIterator[list[bytes]]]]],
+    deadline: float,
+) -> AsyncIterator[list[bytes]]:
+    """``chunks`` (the result rows, encoded), run again by ``rerun(failed node)`` when a
+    leaf's node is lost before any row was handed on, until ``deadline`` (loop time).
+    ``rerun`` raises when no copy is left; the lost leaf's error is the statement's then."""
+    sent = False
+    lost: set[str] = set()
+    while True:
+        try:
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    if chunk:
+                        sent = True
+                    yield chunk
+            return
+        except ShardexError as exc:
+            node = failed_leaf(exc, plan)
+            late = asyncio.get_running_loop().time() >= deadline
+            if sent or node is None or node in lost or late:
+                raise
+            lost.add(node)
+            try:
+                plan, chunks = await rerun(node)
+            except ShardexError as again:
+                log.info("query %s lost %s; no copy took over: %s", plan.query_id, node, again)
+                raise exc from again
+            log.info("query lost the indexer %s (%s); run again on other copies", node, exc)

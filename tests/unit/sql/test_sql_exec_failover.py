@@ -1,0 +1,119 @@
+"""SQL index leaves on other copies of their partitions (``sql/exec/failover.py``): the plan
+puts each leaf on the first live copy not avoided, a lost leaf node is recognised in the
+protocol's errors, and the statement runs again only while no row has left."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from shardex.core.topology import Topology
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.meta.index_definition import make_definition
+from shardex.meta.index_state import ACTIVE, IndexRecord
+from shardex.meta.state import KeyspaceMeta, StateContext
+from shardex.sql.exec.failover import failed_leaf, failing_over
+from shardex.sql.exec.plan import PhysicalPlan, plan_select
+from shardex.sql.protocol.initiator import cancelled
+from shardex.sql.syntax import parse_statement
+from shardex.sql.syntax.bind import bind_select
+
+KS = "users"
+MEMBERS = {"n1": "m1", "n2": "m2", "n3": "m3"}
+BY_AGE = IndexRecord(
+    definition=make_definition(
+        id="id-age",
+        name="by_age",
+        keyspace=KS,
+        keys=["age"],
+        num_partition=3,
+        partition_by=["META().id"],
+    ),
+    state=ACTIVE,
+)
+# Each partition's primary on n(p+1), its replica on the next node.
+TOPO = Topology(
+    seq_num=1,
+    assignment={0: "n1", 1: "n2", 2: "n3"},
+    replicas={0: ["n2"], 1: ["n3"], 2: ["n1"]},
+)
+STATE = StateContext(
+    keyspaces={KS: KeyspaceMeta(name=KS, num_partitions=8, uuid="u", created_cas=1)},
+    indexes={BY_AGE.id: BY_AGE},
+    index_topologies={BY_AGE.id: [TOPO]},
+)
+SQL = f"SELECT age FROM {KS} WHERE age > 1"
+
+
+def _plan(members: dict[str, str] = MEMBERS, avoid: frozenset[str] = frozenset()) -> PhysicalPlan:
+    b = bind_select(parse_statement(SQL))
+    return plan_select(b, None, state=STATE, members=members, avoid=avoid)
+
+
+def _leaves(plan: PhysicalPlan) -> dict[str, list[int]]:
+    return {leaf.node: leaf.partitions for leaf in plan.leaves}
+
+
+def test_leaves_go_to_the_first_live_copy_not_avoided() -> None:
+    assert _leaves(_plan()) == {"n1": [0], "n2": [1], "n3": [2]}
+    assert _leaves(_plan(avoid=frozenset({"n2"}))) == {"n1": [0], "n3": [1, 2]}
+    down = {n: m for n, m in MEMBERS.items() if n != "n3"}  # n3 not a live member
+    assert _leaves(_plan(down)) == {"n1": [0, 2], "n2": [1]}
+    with pytest.raises(ShardexError) as err:
+        _plan(down, avoid=frozenset({"n2"}))  # partition 1: n2 avoided, n3 down
+    assert err.value.code is ErrorCode.NODE_UNAVAILABLE
+    assert err.value.details["partition"] == 1 and err.value.details["node"] == ["n2", "n3"]
+
+
+def test_the_lost_leaf_node_is_read_from_the_protocols_errors() -> None:
+    plan = _plan()
+    assert failed_leaf(cancelled("lost", "link_lost", member="m2"), plan) == "n2"
+    assert failed_leaf(cancelled("gone", "participant_left", member="m3"), plan) == "n3"
+    assert failed_leaf(NodeUnavailable("down", details={"value": "m1"}), plan) == "n1"
+    assert failed_leaf(NodeUnavailable("down", details={"indexer": "n2"}), plan) == "n2"
+    # a timeout, a member that runs no leaf, a slice's own error: not a lost leaf
+    assert failed_leaf(cancelled("slow", "timeout"), plan) is None
+    assert failed_leaf(cancelled("lost", "link_lost", member="m9"), plan) is None
+    rollback = ShardexError("rb", code=ErrorCode.INDEX_IN_ROLLBACK, details={"indexer": "n1"})
+    assert failed_leaf(rollback, plan) is None
+
+
+async def _chunks(rows: list[list[bytes]], error: ShardexError | None) -> AsyncIterator[Any]:
+    for chunk in rows:
+        yield chunk
+    if error is not None:
+        raise error
+
+
+async def test_a_leaf_lost_before_any_row_runs_the_statement_again_elsewhere() -> None:
+    plan = _plan()
+    reruns: list[str] = []
+
+    async def rerun(node: str) -> tuple[PhysicalPlan, AsyncIterator[Any]]:
+        reruns.append(node)
+        return _plan(avoid=frozenset(reruns)), _chunks([[b"a", b"b"], [b"c"]], None)
+
+    lost = cancelled("lost", "link_lost", member="m2")
+    got = [c async for c in failing_over(plan, _chunks([[]], lost), rerun, deadline=1e12)]
+    assert got == [[], [b"a", b"b"], [b"c"]] and reruns == ["n2"]
+
+
+async def test_once_rows_left_or_without_a_copy_the_error_ends_the_statement() -> None:
+    plan = _plan()
+    lost = cancelled("lost", "link_lost", member="m2")
+
+    async def rerun(node: str) -> tuple[PhysicalPlan, AsyncIterator[Any]]:
+        raise AssertionError("rows were sent: no re-run")
+
+    with pytest.raises(ShardexError) as err:
+        _ = [c async for c in failing_over(plan, _chunks([[b"a"]], lost), rerun, 1e12)]
+    assert err.value is lost
+
+    async def no_copy(node: str) -> tuple[PhysicalPlan, AsyncIterator[Any]]:
+        raise ShardexError("no copy", code=ErrorCode.NODE_UNAVAILABLE)
+
+    with pytest.raises(ShardexError) as err:
+        _ = [c async for c in failing_over(plan, _chunks([], lost), no_copy, 1e12)]
+    assert err.value is lost  # the lost leaf's error, not the re-plan's

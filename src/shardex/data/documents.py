@@ -8,7 +8,6 @@ applies the checked ops under its lock (``partition.py``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -28,7 +27,7 @@ from shardex.api.validation import (
 )
 from shardex.core.timestamp import Timestamp
 from shardex.data.engine_io import WouldBlock
-from shardex.data.partition import Partition, PreparedOp, commit_many
+from shardex.data.partition import Partition, PreparedOp, commit_many, lock_now
 from shardex.data.partitions import LocalPartitions
 from shardex.data.records import PartitionMeta
 from shardex.errors import ErrorCode, ShardexError
@@ -265,7 +264,7 @@ class DocumentOps:
         parts.sort(key=_cf_name)
         locks = [t[1].lock for t in parts]
         if inline:
-            _take_now(locks, [t[1] for t in parts])
+            lock_now([t[1] for t in parts])
         else:
             for lock in locks:
                 lock.acquire()
@@ -289,7 +288,13 @@ class DocumentOps:
                 if meta is not None:
                     staged.append((part, meta))
             if staged:
-                commit_many(local.store, batch, staged, sync=sync)
+                if inline:
+                    try:  # a write stall refused at once: nothing written, the pool waits
+                        commit_many(local.store, batch, staged, sync=False, no_stall=True)
+                    except Exception as exc:
+                        raise WouldBlock(f"the store refused an unstalled write: {exc}") from exc
+                else:
+                    commit_many(local.store, batch, staged, sync=sync)
             # Only now: a failed write raises and acknowledges nothing.
             for i, r in zip(where, outcomes, strict=True):
                 results[i] = r
@@ -357,20 +362,3 @@ def _docid_bytes(docid: object) -> bytes | None:
     except UnicodeEncodeError:
         return None
     return raw if len(raw) <= MAX_DOCID_BYTES else None
-
-
-def _take_now(locks: list[threading.Lock], parts: list[Partition]) -> None:
-    """Every lock without waiting, and only for partitions whose next unsynced write needs
-    no dirty mark (the mark is fsynced): else none held and ``WouldBlock``."""
-    taken: list[threading.Lock] = []
-    try:
-        for lock in locks:
-            if not lock.acquire(blocking=False):
-                raise WouldBlock("a partition lock is held")
-            taken.append(lock)
-        if not all(p.dirty for p in parts):
-            raise WouldBlock("a dirty mark to fsync")
-    except WouldBlock:
-        for lock in reversed(taken):
-            lock.release()
-        raise

@@ -18,7 +18,8 @@ on the event loop: the hop to an I/O thread and back costs more CPU (about 90 us
 ``engine_io.py``) than the unsynced RocksDB write of a few documents. The engine refuses
 (``WouldBlock``, nothing written) what would make the loop wait, which then goes to the
 pool as before: a partition's first unsynced write since its last fsync (its dirty mark is
-fsynced), a lock held by another thread.
+fsynced), a lock held by another thread, a RocksDB write stall (refused at once: the write
+goes with ``no_slowdown``). A replica's small unsynced apply follows the same rules.
 """
 
 from __future__ import annotations

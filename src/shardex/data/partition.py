@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -30,6 +30,7 @@ from shardex.api.records import (
     FailoverEntry,
     MutationResult,
 )
+from shardex.data.engine_io import WouldBlock
 from shardex.data.records import (
     META_KEY,
     PREFIX_CHANGE,
@@ -355,7 +356,12 @@ class Partition:
 
 
 def commit_many(
-    store: Store, batch: Batch, staged: list[tuple[Partition, PartitionMeta]], *, sync: bool
+    store: Store,
+    batch: Batch,
+    staged: list[tuple[Partition, PartitionMeta]],
+    *,
+    sync: bool,
+    no_stall: bool = False,
 ) -> None:
     """One atomic write (one fsync when ``sync``) of ``batch`` and the new meta of every
     staged partition, then publish each meta. Caller holds every staged partition's lock.
@@ -371,7 +377,7 @@ def commit_many(
                 part.before_unsynced(part)
         elif part.dirty:
             part.clear_mark_into(part, batch)
-    store.write(batch, sync=sync)
+    store.write(batch, sync=sync, no_stall=no_stall)
     for part, meta in staged:
         part._publish(meta, sync)
 
@@ -381,3 +387,21 @@ def _deliver(waiters: Iterable[_Waiter], value: int | BaseException) -> None:
         # A closed loop means nobody is listening any more.
         with contextlib.suppress(RuntimeError):
             w.loop.call_soon_threadsafe(_resolve, w.future, value)
+
+
+def lock_now(parts: Sequence[Partition]) -> None:
+    """For a write on the event loop: every partition's lock taken without waiting, and
+    only when each one's next unsynced write needs no dirty mark (the mark is fsynced, see
+    ``recovery.py``); else none is held and ``WouldBlock``. The caller releases them."""
+    taken: list[threading.Lock] = []
+    try:
+        for part in parts:
+            if not part.lock.acquire(blocking=False):
+                raise WouldBlock("a partition lock is held")
+            taken.append(part.lock)
+        if not all(p.dirty for p in parts):
+            raise WouldBlock("a dirty mark to fsync")
+    except WouldBlock:
+        for lock in reversed(taken):
+            lock.release()
+        raise

@@ -37,8 +37,9 @@ from shardex.api.records import (
     PartitionInfo,
 )
 from shardex.api.replication import ReplicaAck, ReplicaRun
+from shardex.data.engine_io import WouldBlock
 from shardex.data.migration import stage_changes
-from shardex.data.partition import Partition, commit_many
+from shardex.data.partition import Partition, commit_many, lock_now
 from shardex.data.partitions import LocalPartitions
 from shardex.data.records import (
     PartitionMeta,
@@ -130,19 +131,24 @@ class ReplicaOps:
         return out
 
     def apply_runs(
-        self, keyspace: str, runs: Sequence[ReplicaRun], *, sync: bool
+        self, keyspace: str, runs: Sequence[ReplicaRun], *, sync: bool, inline: bool = False
     ) -> list[ReplicaAck]:
         """Apply every acceptable run in one atomic batch (module docstring); one ack per run.
 
         Locks are taken in partition order: a node's replica copies are written by one
         applier per active node, and two appliers never share a partition (one active each),
-        but the order keeps that from mattering."""
+        but the order keeps that from mattering. ``inline`` (on the event loop, unsynced):
+        ``WouldBlock``, nothing written, where the apply would wait (``lock_now``, a write
+        stall)."""
         parts: list[tuple[ReplicaRun, Partition | None]] = [
             (run, self._local.parts.get((keyspace, run.partition))) for run in runs
         ]
         held = sorted({id(p): p for _r, p in parts if p is not None}.values(), key=_number)
-        for p in held:
-            p.lock.acquire()
+        if inline:
+            lock_now(held)
+        else:
+            for p in held:
+                p.lock.acquire()
         try:
             batch = self._local.store.batch()
             staged: list[tuple[Partition, PartitionMeta]] = []
@@ -156,7 +162,12 @@ class ReplicaOps:
                     staged.append((part, state))
                 else:
                     outcome[run.partition] = state
-            if staged or sync:
+            if inline and staged:
+                try:  # a write stall refused at once: nothing written, the pool waits
+                    commit_many(self._local.store, batch, staged, sync=False, no_stall=True)
+                except Exception as exc:
+                    raise WouldBlock(f"the store refused an unstalled write: {exc}") from exc
+            elif staged or sync:
                 # A staged meta equal to the old one changes nothing but costs nothing either.
                 commit_many(self._local.store, batch, staged, sync=sync)
             acks = []

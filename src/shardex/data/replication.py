@@ -12,6 +12,7 @@ partition's active), ``CopySeqnos`` and ``PromoteReplica``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -36,7 +37,7 @@ from shardex.api.replication import (
 from shardex.api.validation import MAJORITY_LEVELS
 from shardex.data.durability import DurabilityWaits
 from shardex.data.engine import DataEngine
-from shardex.data.engine_io import EngineIO
+from shardex.data.engine_io import EngineIO, WouldBlock
 from shardex.data.placement import PlacementView, latest_topology
 from shardex.data.replica_build import ReplicaBuilds
 from shardex.data.replica_sender import ReplicaSender
@@ -209,11 +210,13 @@ class Replication:
             runs = [r for r in runs if not r.rebuild]
             for r in builds:
                 self.builds.start(msg.keyspace, r.partition, msg.source)
+        acks = None
         if not msg.sync and sum(len(r.changes) for r in runs) <= INLINE_APPLY:
             # A small unsynced batch costs less than the hop to the I/O pool (the same
-            # judgement as point reads on the loop).
-            acks = engine.replicas.apply_runs(msg.keyspace, runs, sync=False)
-        else:
+            # judgement as point reads on the loop), unless it would wait there.
+            with contextlib.suppress(WouldBlock):
+                acks = engine.replicas.apply_runs(msg.keyspace, runs, sync=False, inline=True)
+        if acks is None:
             acks = await self._io.run(engine.replicas.apply_runs, msg.keyspace, runs, sync=msg.sync)
         acks += [ReplicaAck(r.partition, 0, 0, 0, replica.ACK_BUILDING) for r in builds]
         diverged = {r.partition: r for r in runs}

@@ -339,8 +339,9 @@ class MemoryStore:
     def batch(self) -> MemoryBatch:
         return MemoryBatch()
 
-    def write(self, batch: MemoryBatch, *, sync: bool = False) -> None:
-        """Apply ``batch`` atomically; ``sync=True`` makes it (and all before it) durable."""
+    def write(self, batch: MemoryBatch, *, sync: bool = False, no_stall: bool = False) -> None:
+        """Apply ``batch`` atomically; ``sync=True`` makes it (and all before it) durable.
+        ``no_stall``: accepted for the interface (a memory store never stalls)."""
         if not batch.ops:
             return
         with self._lock:

@@ -58,15 +58,17 @@ def _options(*, bloom: bool = True) -> Options:
 _CHUNK = 512
 
 
-def _write_options(sync: bool) -> WriteOptions:
+def _write_options(sync: bool, no_stall: bool = False) -> WriteOptions:
     wo = WriteOptions()
     wo.sync = sync
+    wo.no_slowdown = no_stall
     return wo
 
 
 # Built once, read by every write (rocksdict copies them into RocksDB's own per call).
 _SYNC = _write_options(True)
 _NO_SYNC = _write_options(False)
+_NO_SYNC_NO_STALL = _write_options(False, no_stall=True)
 
 
 def _scan_chunks(
@@ -413,16 +415,23 @@ class Store:
     def batch(self) -> Batch:
         return Batch()
 
-    def write(self, batch: Batch, *, sync: bool = False) -> None:
+    def write(self, batch: Batch, *, sync: bool = False, no_stall: bool = False) -> None:
         """Apply ``batch`` atomically. ``sync=True`` fsyncs the WAL before returning, so the
-        batch survives a machine crash; ``sync=False`` survives a process crash only."""
+        batch survives a machine crash; ``sync=False`` survives a process crash only.
+        ``no_stall`` (unsynced writes only): fail at once, writing nothing, where RocksDB
+        would slow the write down or stop it (a write stall): for a caller that must not
+        wait, an event loop."""
+        if sync and no_stall:
+            raise ValueError("a synced write always waits for its fsync")
         count = batch.count
         if count == 0:
             return
         self._commit.acquire_shared()
         try:
             self._check_open()
-            self._db.write(batch._wb, _SYNC if sync else _NO_SYNC)
+            self._db.write(
+                batch._wb, _SYNC if sync else _NO_SYNC_NO_STALL if no_stall else _NO_SYNC
+            )
             batch._written = count
         finally:
             self._commit.release_shared()

@@ -138,10 +138,12 @@ class DataEngine:
             self._parts[parsed] = part
         self._marks.recover({p.cf.name: p for p in self._parts.values()})
 
-    def sync(self) -> None:
+    def sync(self, *, keep_busy_marks: bool = False) -> None:
         """Fsync the WAL: every "memory" write so far becomes power-loss safe (and its
-        partition's dirty mark is cleared). Cheap to call periodically."""
-        self._marks.clear(list(self._parts.values()))
+        partition's dirty mark is cleared; ``keep_busy_marks``: not for partitions written
+        unsynced since the last sync, the periodic form, ``recovery.py``). Cheap to call
+        periodically."""
+        self._marks.clear(list(self._parts.values()), keep_busy=keep_busy_marks)
 
     @property
     def has_unsynced(self) -> bool:

@@ -105,6 +105,9 @@ class Partition:
         # The high seqno the last WAL fsync covered: what this copy has persisted, which a
         # replica reports to its active (a ``persist_majority`` write waits on it).
         self.synced_high = meta.high_seqno
+        # An unsynced write since the last periodic WAL sync: such a busy partition keeps
+        # its dirty mark across that sync (``recovery.DirtyMarks.clear``).
+        self.wrote_unsynced = False
         # Set by the engine (see recovery.py): called under ``lock`` before an unsynced write
         # to record a dirty mark durably, and on a synced write to add the mark's removal.
         self.before_unsynced: Callable[[Partition], None] = lambda _p: None
@@ -152,6 +155,7 @@ class Partition:
         """Make ``meta`` (just written) the partition's and wake the waiters it passes."""
         if sync:
             self.dirty = False
+            self.wrote_unsynced = False
             self.synced_high = meta.high_seqno
         advanced = meta.high_seqno > self.meta.high_seqno
         self.meta = meta
@@ -373,6 +377,7 @@ def commit_many(
     for part, meta in staged:
         put(META_KEY, encode(meta), part.cf.handle)
         if not sync:
+            part.wrote_unsynced = True
             if not part.dirty:  # else its dirty mark is already durable
                 part.before_unsynced(part)
         elif part.dirty:

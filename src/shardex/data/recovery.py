@@ -13,6 +13,13 @@ How it is detected, cheaply and without false losses after a mere process crash:
   ``sync=True`` (one fsync per partition per clean period, not per write).
 * Any synced write to the partition removes the mark in its own batch (the fsync covers every
   earlier write); ``DataEngine.sync()`` and a clean ``close()`` fsync and remove all marks.
+* The periodic WAL sync (``sync(keep_busy_marks=True)``, every second) fsyncs too but leaves
+  the mark of a partition written unsynced since the previous one: under steady writes the
+  mark would otherwise be removed and fsynced again every second for every partition (two
+  fsyncs per partition per second, each making a write wait). A mark kept on a partition
+  whose writes are all synced costs, after a reboot, only a new branch at its high seqno,
+  where every consumer continues without a ROLLBACK; it is removed at the first sync after
+  an idle second.
 * On open, a remaining mark means the last run ended with unsynced writes outstanding. If the
   boot id differs from the current one, the machine restarted, writes may be lost: new branch.
   If it is the same boot, only the process died and the kernel kept every WAL byte: no branch.
@@ -66,22 +73,26 @@ class DirtyMarks:
     def _clear_into(self, part: Partition, batch: Batch) -> None:
         batch.delete(self._default, _mark_key(part))
 
-    def clear(self, parts: list[Partition]) -> None:
-        """Fsync the WAL and remove the marks of ``parts``. Holds every dirty partition's lock
-        (in a fixed order; writers hold at most one) so no unsynced write slips in between the
-        fsync and the mark's removal."""
+    def clear(self, parts: list[Partition], *, keep_busy: bool = False) -> None:
+        """Fsync the WAL and remove the marks of ``parts`` (``keep_busy``: not of those written
+        unsynced since the last such call, module docstring). Holds every dirty partition's
+        lock (in a fixed order; writers hold at most one) so no unsynced write slips in
+        between the fsync and the mark's removal."""
         dirty = sorted((p for p in parts if p.dirty), key=lambda p: p.cf.name)
         for p in dirty:
             p.lock.acquire()
         try:
             batch = self._store.batch()
             batch.put(self._default, b"data/last-sync", self._boot_id.encode())
-            for p in dirty:
+            cleared = [p for p in dirty if not (keep_busy and p.wrote_unsynced)]
+            for p in cleared:
                 batch.delete(self._default, _mark_key(p))
             self._store.write(batch, sync=True)
             for p in dirty:
-                p.dirty = False
                 p.synced_high = p.meta.high_seqno
+                p.wrote_unsynced = False
+            for p in cleared:
+                p.dirty = False
         finally:
             for p in reversed(dirty):
                 p.lock.release()

@@ -675,7 +675,7 @@ class DataService:
             await asyncio.sleep(SYNC_INTERVAL)
             try:
                 if self.engine.has_unsynced:
-                    await self.io.run(self.engine.sync)
+                    await self.io.run(self.engine.sync, keep_busy_marks=True)
                 if loop.time() >= next_purge:
                     next_purge = loop.time() + PURGE_INTERVAL
                     purged = await self.io.run(self.engine.purge)

@@ -164,6 +164,32 @@ def test_branch_after_reboot_with_unsynced_writes(tmp_path):
         assert eng.get("one", "f").seqno == 6
 
 
+def test_the_periodic_sync_keeps_a_busy_partitions_mark(tmp_path):
+    """Under steady unsynced writes the periodic sync leaves the dirty mark (no mark fsync
+    per partition per second); an idle interval removes it. A kept mark costs a reboot only
+    a branch at the synced high seqno, which rolls no consumer back."""
+    eng = DataEngine(tmp_path / "db", boot_id="boot-A")
+    eng.create_keyspace("one", 1)
+    eng.create_partition("one", 0)
+    part = eng._parts[("one", 0)]
+    marks: list[int] = []
+    real = part.before_unsynced
+    part.before_unsynced = lambda p: (marks.append(1), real(p))[1]
+    eng.upsert("one", "a", {}, durability="memory")
+    eng.sync(keep_busy_marks=True)  # written since the last sync: the mark stays
+    assert part.dirty and part.persisted_seqno == 1
+    eng.upsert("one", "b", {}, durability="memory")
+    assert marks == [1]  # no second mark (and its fsync)
+    eng.sync(keep_busy_marks=True)
+    eng.sync(keep_busy_marks=True)  # an idle interval: removed
+    assert not part.dirty and part.persisted_seqno == 2
+    eng.upsert("one", "c", {}, durability="memory")
+    assert marks == [1, 1]
+    eng.sync()  # the plain form removes every mark
+    assert not part.dirty
+    eng.close()
+
+
 async def test_wait_for_seqno_and_follow_live(engine):
     uuid = engine.partition_info("one", 0).uuid
     engine.upsert("one", "a", {"v": 0})

@@ -415,6 +415,8 @@ class Rebalancer:
         # A move onto a node already in its chain (no node outside it was left) shortens the
         # chain once published; a failed move leaves a planned replica unplaced: restore.
         try:
+            if todo and not record.eject:
+                await self._steer_chains(record, epoch, after_moves=True)
             await self._c.exclusive(epoch, lambda ctx: restore_chains(ctx, exclude=record.eject))
         except ShardexError as exc:
             if deposed(exc):
@@ -460,13 +462,17 @@ class Rebalancer:
 
     # --- replica chains (the widen / wait / narrow of ``eject.py``) -----------------------------
 
-    async def _steer_chains(self, record: RebalanceRecord, epoch: int) -> None:
-        """Before the active moves: every chain gets the replicas it will end with (added,
-        waited for until caught up), and only then loses those it will not (an eject's:
-        steps 1-3 of ``eject.py``; a rebalance's: ``final_chains``)."""
-        targets = _targets(
+    async def _steer_chains(
+        self, record: RebalanceRecord, epoch: int, *, after_moves: bool = False
+    ) -> None:
+        """Every chain gets the replicas it will end with (added, waited for until caught
+        up), and only then loses those it will not (an eject's: steps 1-3 of ``eject.py``; a
+        rebalance's: ``final_chains``). Before the active moves, planned with them; a
+        rebalance's second pass (``after_moves``) places what only a move could free: a
+        replica on the node an active left."""
+        targets = {} if after_moves else _targets(
             (m.keyspace, "", m.partition, m.source, m.target, 0) for m in record.moves
-        )
+        )  # fmt: skip
         why = f"{record.kind} {record.id}"
 
         async def widen(ctx: Any) -> tuple[eject_mod.Waits, eject_mod.Chains]:

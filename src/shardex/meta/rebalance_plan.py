@@ -11,7 +11,8 @@ when it runs the plan:
    groups. A move onto a node holding a replica of the same partition costs that replica
    (the migration copies the partition again over it, and a replacement replica must be
    built first) and leaves, while its copy runs, one caught-up copy fewer; so partitions
-   and targets are paired to avoid it, keeping the counts (and so the balance) the same.
+   and targets are paired to avoid it (two moves swap targets, or another node with as
+   many actives gives one up instead), keeping the number of moves and the balance.
 2. ``plan_replicas``: the replica nodes of every chain once the moves are done. The replicas
    that can stay stay (each is a copy that need not be built); chains are filled and spread
    over distinct groups by the placement rules; then replicas move from the most to the
@@ -23,6 +24,7 @@ How the plan runs (new replicas added and caught up before any old one leaves it
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from shardex.core.topology import Topology, rebalance_moves
@@ -41,9 +43,6 @@ def plan_actives(
     if not any(topology.replicas.values()):
         return moves
     placer = Placer(nodes_up, groups)
-    by_source: dict[str, list[int]] = {}
-    for p in sorted(topology.assignment):
-        by_source.setdefault(topology.assignment[p], []).append(p)
 
     def cost(p: int, target: str) -> int:
         chain = topology.chain(p)
@@ -52,8 +51,9 @@ def plan_actives(
         same_group = {placer.group_of(n) for n in chain[1:]}
         return 1 if placer.group_of(target) in same_group else 0
 
+    up = set(placer.ordered)
     for _ in range(_MAX_PASSES):
-        if not _improve(moves, topology, by_source, cost):
+        if not _improve(moves, topology, up, cost):
             break
     return moves
 
@@ -61,10 +61,12 @@ def plan_actives(
 def _improve(
     moves: dict[int, str],
     topology: Topology,
-    by_source: Mapping[str, list[int]],
+    up: set[str],
     cost: Callable[[int, str], int],
 ) -> bool:
-    """One change that lowers the total cost of ``moves`` (in place), False when none does."""
+    """One change that lowers the total cost of ``moves`` (in place) and keeps their number
+    and the balance of the actives; False when none does."""
+    final = Counter(moves.get(p, n) for p, n in topology.assignment.items())
     for p in sorted(moves):
         target = moves[p]
         here = cost(p, target)
@@ -76,11 +78,21 @@ def _improve(
             if cost(p, moves[q]) + cost(q, target) < here + cost(q, moves[q]):
                 moves[p], moves[q] = moves[q], target
                 return True
-        for q in by_source[topology.assignment[p]]:  # the same source gives another one
-            if q not in moves and cost(q, target) < here:
-                del moves[p]
-                moves[q] = target
-                return True
+        source = topology.assignment[p]
+        if source not in up:
+            continue  # a partition of a removed node moves whatever it costs
+        for q in sorted(topology.assignment):  # another node gives one up instead
+            giver = topology.assignment[q]
+            if q in moves or giver == target or cost(q, target) >= here:
+                continue
+            after = final.copy()
+            after[source] += 1
+            after[giver] -= 1
+            if max(after[n] for n in up) - min(after[n] for n in up) > 1:
+                continue
+            del moves[p]
+            moves[q] = target
+            return True
     return False
 
 
@@ -127,7 +139,53 @@ def plan_replicas(
     _spread_groups(placer, assignment, replicas, added, avoid)
     movable = {p: set(r) for p, r in replicas.items()}
     placer.repair(assignment, replicas, movable, cheap=added, avoid=avoid)
+    _undo_detours(placer, topology, assignment, replicas)
     return {p: r for p, r in replicas.items() if r}
+
+
+def _undo_detours(
+    placer: Placer,
+    topology: Topology,
+    assignment: Mapping[int, str],
+    replicas: dict[int, list[str]],
+) -> None:
+    """A node that gets a new replica copy (of ``p``) while one it held (of ``q``) went to
+    another node ``m`` did two copies' work for nothing: ``q`` keeps its replica there and
+    ``m`` takes ``p``'s instead, when the chains allow (distinct nodes, no group given up).
+    Loads are unchanged."""
+    for _ in range(_MAX_PASSES):
+        if not _undo_one(placer, topology, assignment, replicas):
+            return
+
+
+def _undo_one(
+    placer: Placer,
+    topology: Topology,
+    assignment: Mapping[int, str],
+    replicas: dict[int, list[str]],
+) -> bool:
+    for q in sorted(replicas):
+        old_chain = topology.chain(q) if q in topology.assignment else []
+        chain_q = [assignment[q], *replicas[q]]
+        lost = [n for n in old_chain[1:] if n in placer.index and n not in chain_q]
+        new_q = [m for m in replicas[q] if m not in old_chain]
+        for n in lost:
+            for p in sorted(replicas):
+                chain_p = [assignment[p], *replicas[p]]
+                if p == q or n not in replicas[p] or n in topology.chain(p):
+                    continue  # ``n`` must have gained a copy of ``p``
+                for m in new_q:
+                    if m in chain_p:
+                        continue
+                    swapped_p = [m if x == n else x for x in chain_p]
+                    swapped_q = [n if x == m else x for x in chain_q]
+                    if placer.distinct_groups(swapped_p) < placer.distinct_groups(chain_p):
+                        continue
+                    if placer.distinct_groups(swapped_q) < placer.distinct_groups(chain_q):
+                        continue
+                    replicas[p], replicas[q] = swapped_p[1:], swapped_q[1:]
+                    return True
+    return False
 
 
 def _spread_groups(
@@ -152,11 +210,8 @@ def _spread_groups(
                 if g in seen:
                     doubled.append(n)
                 seen.add(g)
-            free = [
-                c
-                for c in placer.ordered
-                if placer.group_of(c) not in seen and c not in chain and c != avoid.get(p)
-            ]
+            free = [c for c in placer.ordered if placer.group_of(c) not in seen and c not in chain]
+            free = [c for c in free if c != avoid.get(p)] or free
             if not free:
                 break
             donor = min(doubled, key=lambda n: (n not in added[p], -chain.index(n)))

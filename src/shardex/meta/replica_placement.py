@@ -117,7 +117,8 @@ class Placer:
 
         ``cheap`` (a part of ``movable``): the replicas tried first, copies not built yet, so
         that moving them costs nothing; ``avoid``: partition -> a node that must not receive
-        its replica (a moving active's source, which drops its copy)."""
+        its replica unless nothing else narrows the spread (a moving active's source, which drops
+        its copy)."""
         for _ in range(_MAX_REPAIRS):
             if not self._repair_one(assignment, replicas, movable, cheap or {}, avoid or {}):
                 return
@@ -134,49 +135,98 @@ class Placer:
         high = max(self.load.values(), default=0)
         if high - low <= 1:
             return False
-        donors = [n for n in self.ordered if self.load[n] == high]
-        # The least loaded first; when none of them can take a replica (every chain a donor
-        # is in already names it), any node two below the top: the spread still narrows.
-        for receivers in (
-            [n for n in self.ordered if self.load[n] == low],
-            [n for n in self.ordered if low < self.load[n] <= high - 2],
-        ):
-            for tier in (cheap, movable) if cheap else (movable,):
-                if self._move_one(assignment, replicas, (movable, cheap), tier, donors,
-                                  receivers, avoid):  # fmt: skip
+        maps = (movable, cheap)
+        # Node pairs two or more apart, the widest gap first (with groups, a node may only
+        # take replicas from nodes of its own group: the overall spread can stay wide while
+        # each pair that can trade narrows); every move lowers the sum of squared loads.
+        pairs = sorted(
+            (
+                (d, r)
+                for d in self.ordered
+                for r in self.ordered
+                if self.load[d] >= self.load[r] + 2
+            ),
+            key=lambda dr: (
+                self.load[dr[1]] - self.load[dr[0]],
+                self.index[dr[0]],
+                self.index[dr[1]],
+            ),
+        )
+        tiers = [_by_node(t) for t in ((cheap, movable) if cheap else (movable,))]
+        shuns = (avoid, {}) if avoid else (avoid,)  # avoided nodes only as a last resort
+        for tier in tiers:
+            for shun in shuns:
+                for donor, receiver in pairs:
+                    p = self._fit(assignment, replicas, tier, donor, receiver, shun)
+                    if p is not None:
+                        self._move(replicas, maps, p, donor, receiver)
+                        return True
+        # Two hops: the donor's replica to a node that can hold it, and one of that node's
+        # replicas to the receiver (the middle node's load unchanged): when the groups of
+        # the donor's chains keep the receiver out of all of them.
+        for tier in tiers:
+            for donor, receiver in pairs:
+                for middle in self.ordered:
+                    if middle in (donor, receiver):
+                        continue
+                    p = self._fit(assignment, replicas, tier, donor, middle, avoid)
+                    if p is None:
+                        continue
+                    q = self._fit(assignment, replicas, tier, middle, receiver, avoid, p)
+                    if q is None:
+                        continue
+                    self._move(replicas, maps, p, donor, middle)
+                    self._move(replicas, maps, q, middle, receiver)
                     return True
         return False
 
-    def _move_one(
+    def _fit(
         self,
         assignment: Mapping[int, str],
         replicas: dict[int, list[str]],
-        maps: tuple[dict[int, set[str]], ...],
-        tier: dict[int, set[str]],
-        donors: list[str],
-        receivers: list[str],
+        held: Mapping[str, list[int]],
+        donor: str,
+        receiver: str,
         avoid: Mapping[int, str],
-    ) -> bool:
-        for donor in donors:
-            for p in sorted(tier):
-                if donor not in tier[p]:
-                    continue
-                chain = [assignment[p], *replicas[p]]
-                before = self.distinct_groups(chain)
-                for receiver in receivers:
-                    if receiver in chain or receiver == avoid.get(p):
-                        continue
-                    swapped = [receiver if n == donor else n for n in chain]
-                    if self.distinct_groups(swapped) < before:
-                        continue
-                    replicas[p] = swapped[1:]
-                    for m in maps:
-                        if donor in m.get(p, ()):
-                            m[p] = (m[p] - {donor}) | {receiver}
-                    self.load[donor] -= 1
-                    self.load[receiver] += 1
-                    return True
-        return False
+        skip: int | None = None,
+    ) -> int | None:
+        """The first partition whose replica on ``donor`` (``held``: node -> the partitions
+        whose replica there may move) may go to ``receiver``: not in its chain, not
+        avoided, no distinct group given up."""
+        for p in held.get(donor, ()):
+            if p == skip or receiver == avoid.get(p):
+                continue
+            chain = [assignment[p], *replicas[p]]
+            if receiver in chain:
+                continue
+            swapped = [receiver if n == donor else n for n in chain]
+            if self.distinct_groups(swapped) >= self.distinct_groups(chain):
+                return p
+        return None
+
+    def _move(
+        self,
+        replicas: dict[int, list[str]],
+        maps: tuple[dict[int, set[str]], ...],
+        p: int,
+        donor: str,
+        receiver: str,
+    ) -> None:
+        replicas[p] = [receiver if n == donor else n for n in replicas[p]]
+        for m in maps:
+            if donor in m.get(p, ()):
+                m[p] = (m[p] - {donor}) | {receiver}
+        self.load[donor] -= 1
+        self.load[receiver] += 1
+
+
+def _by_node(movable: Mapping[int, set[str]]) -> dict[str, list[int]]:
+    """node -> the partitions (ascending) whose replica on it ``movable`` lets move."""
+    out: dict[str, list[int]] = {}
+    for p in sorted(movable):
+        for n in movable[p]:
+            out.setdefault(n, []).append(p)
+    return out
 
 
 def chain_assignment(
@@ -311,15 +361,17 @@ def widened(topology: Topology, chains: Mapping[int, Sequence[str]]) -> Topology
 def narrowed(topology: Topology, chains: Mapping[int, Sequence[str]]) -> Topology:
     """The next topology with every replica its planned chain (``chains``, as given to
     ``widened``) does not name removed, but only from a chain that holds every planned
-    replica already (a failover meanwhile may have promoted one: that chain is left as it
-    is, for the final restore). A replica on the node its active is about to move to stays:
+    replica already (a failover meanwhile may have promoted one, or the planned replica is
+    the node the active is leaving: that chain is left as it is, for the next pass). A
+    replica on the node its active is about to move to stays:
     the migration drops it. ``topology`` itself when nothing leaves."""
     replicas: dict[int, list[str]] = {}
     for p in sorted(topology.assignment):
         have = topology.replicas.get(p, [])
         planned = chains.get(p)
-        needed = [] if planned is None else [n for n in planned[1:] if n != topology.owner(p)]
-        if planned is not None and all(n in have for n in needed):
+        # A planned replica on the active's own node (it moves away and its node keeps a
+        # copy) exists only after the move: until then the chain keeps what it has.
+        if planned is not None and all(n in have for n in planned[1:]):
             have = [n for n in have if n in planned]
         if have:
             replicas[p] = have

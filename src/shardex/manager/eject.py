@@ -50,7 +50,7 @@ from shardex.manager.keyspaces import data_members
 from shardex.manager.migration_driver import ask_member
 from shardex.meta.index_copy_plan import Unplaced
 from shardex.meta.index_state import INIT, LIVE_STATES
-from shardex.meta.replica_placement import added_replicas, eject_chains, narrowed, widened
+from shardex.meta.replica_placement import added_replicas, chains_after_moves, narrowed, widened
 from shardex.meta.state import StateContext
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ async def widen(ctx: Any, plan: ChainPlan, why: str) -> tuple[Waits, Chains]:
 
 
 def eject_plan(ctx: Any, eject: list[str], targets: Mapping[str, Mapping[int, str]]) -> ChainPlan:
-    """The chains an eject steers to (``eject_chains`` over the serving nodes minus
+    """The chains an eject steers to (``chains_after_moves`` over the serving nodes minus
     ``eject``; ``targets``: keyspace -> partition -> the planned target of its active): only
     keyspaces with a move or a replica on an ejected node (shortfalls elsewhere: the final
     restore)."""
@@ -223,7 +223,7 @@ def eject_plan(ctx: Any, eject: list[str], targets: Mapping[str, Mapping[int, st
         moved = targets.get(name, {})
         if not moved and not any(set(eject).intersection(r) for r in latest.replicas.values()):
             return None
-        return eject_chains(latest, remaining, num_replicas, groups, moved)
+        return chains_after_moves(latest, remaining, num_replicas, groups, moved)
 
     return plan
 

@@ -78,7 +78,12 @@ from shardex.meta.rebalance_state import (
     plan_moves,
     with_move,
 )
-from shardex.meta.replica_placement import narrowed, restore_replicas, widened
+from shardex.meta.replica_placement import (
+    chains_after_moves,
+    narrowed,
+    restore_replicas,
+    widened,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +141,21 @@ def _rebalance_plan(ctx: Any, targets: Mapping[str, Mapping[int, str]]) -> eject
 
     def plan(name: str, latest: Topology, num_replicas: int) -> dict[int, list[str]]:
         return final_chains(latest, targets.get(name, {}), serving, num_replicas, groups)
+
+    return plan
+
+
+def _move_plan(ctx: Any, targets: Mapping[str, Mapping[int, str]]) -> eject_mod.ChainPlan:
+    """The chains one admin move (``MovePartition``) steers: only the moved partition's, its
+    replica on the target replaced first (``chains_after_moves``)."""
+    _nodes, serving, groups = _serving_data_nodes(ctx)
+
+    def plan(name: str, latest: Topology, num_replicas: int) -> dict[int, list[str]] | None:
+        moved = targets.get(name)
+        if not moved:
+            return None
+        chains = chains_after_moves(latest, serving, num_replicas, groups, moved)
+        return {p: chains[p] for p in moved}
 
     return plan
 
@@ -415,7 +435,7 @@ class Rebalancer:
         # A move onto a node already in its chain (no node outside it was left) shortens the
         # chain once published; a failed move leaves a planned replica unplaced: restore.
         try:
-            if todo and not record.eject:
+            if todo and record.kind == "rebalance":
                 await self._steer_chains(record, epoch, after_moves=True)
             await self._c.exclusive(epoch, lambda ctx: restore_chains(ctx, exclude=record.eject))
         except ShardexError as exc:
@@ -478,6 +498,8 @@ class Rebalancer:
         async def widen(ctx: Any) -> tuple[eject_mod.Waits, eject_mod.Chains]:
             if record.eject:
                 plan = eject_mod.eject_plan(ctx, record.eject, targets)
+            elif record.kind == "move":
+                plan = _move_plan(ctx, targets)
             else:
                 plan = _rebalance_plan(ctx, targets)
             return await eject_mod.widen(ctx, plan, why)

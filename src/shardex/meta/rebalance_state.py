@@ -133,7 +133,7 @@ def plan_eject_moves(
     with the fewest actives of the keyspace so far (so the moved partitions spread and the
     keyspace stays balanced), preferring, among equally loaded ones, a node outside the
     partition's chain (a replica's node must rebuild its copy as the active: the chain is
-    widened with a replacement first, ``widen_chains``), then name order."""
+    widened with a replacement first, ``chains_after_moves``), then name order."""
     gone = set(eject)
     targets = sorted(set(remaining) - gone)
     if not targets:

@@ -299,15 +299,15 @@ def restore_replicas(
     return _next(topology, {p: r for p, r in kept.items() if r})
 
 
-def eject_chains(
+def chains_after_moves(
     topology: Topology,
     remaining: Sequence[str],
     num_replicas: int,
     groups: Mapping[str, str],
     targets: Mapping[int, str] | None = None,
 ) -> dict[int, list[str]]:
-    """partition -> the chain (active first) it will have once an eject is over: the actives
-    at ``targets`` (the planned moves off the ejected nodes), the replicas on the
+    """partition -> the chain (active first) it will have once an eject (or one admin move)
+    is over: the actives at ``targets`` (the planned moves), the replicas on the
     ``remaining`` nodes (the serving data nodes minus the ejected ones) by the rules of this
     module (``restore_replicas``: the replicas that stay, stay).
 
@@ -326,17 +326,6 @@ def eject_chains(
     )
     wanted = restore_replicas(after, remaining, num_replicas, groups)
     return {p: [a, *wanted.replicas.get(p, [])] for p, a in sorted(after.assignment.items())}
-
-
-def widen_chains(
-    topology: Topology,
-    remaining: Sequence[str],
-    num_replicas: int,
-    groups: Mapping[str, str],
-    targets: Mapping[int, str] | None = None,
-) -> Topology:
-    """The first topology of an eject: ``widened`` towards ``eject_chains``."""
-    return widened(topology, eject_chains(topology, remaining, num_replicas, groups, targets))
 
 
 def widened(topology: Topology, chains: Mapping[int, Sequence[str]]) -> Topology:

@@ -13,14 +13,25 @@ from shardex.core.topology import Topology
 from shardex.errors import ShardexError
 from shardex.meta.member_list import MemberInfo, merge_members, self_entry
 from shardex.meta.rebalance_state import plan_eject_moves
-from shardex.meta.replica_placement import added_replicas, eject_chains, narrowed, widen_chains
+from shardex.meta.replica_placement import added_replicas, chains_after_moves, narrowed, widened
+
+
+def widen_chains(
+    before: Topology,
+    remaining: list[str],
+    r: int,
+    groups: dict[str, str],
+    targets: dict[int, str] | None = None,
+) -> Topology:
+    """What an eject's step 1 makes of ``before``."""
+    return widened(before, chains_after_moves(before, remaining, r, groups, targets))
 
 
 def narrow(
     before: Topology, now: Topology, remaining: list[str], targets: dict[int, str] | None = None
 ) -> Topology:
     """What an eject's step 3 makes of ``now``: the chains planned on ``before``."""
-    return narrowed(now, eject_chains(before, remaining, 1, {}, targets))
+    return narrowed(now, chains_after_moves(before, remaining, 1, {}, targets))
 
 
 def topo(assignment: dict[int, str], replicas: dict[int, list[str]], seq: int = 1) -> Topology:

@@ -8,21 +8,27 @@ Why this order: ``docs/decisions/0084-graceful-eject.md``. A rebalance with ``ej
    index rebalance's moves (``manager/index_rebalance.py``, planned by
    ``meta/index_copy_plan.py``). If one of them fails the eject stops here, nothing
    removed and no data moved;
-1. **widen** (``widen_chains``): every chain gets *appended* the replicas it will need
-   after the eject on the remaining nodes: replacements of its replicas on ejected nodes,
-   and, for an active about to move onto one of its replicas' nodes, a replacement of that
-   replica (the migration drops it when it starts). Nothing leaves a chain; one new
-   topology per keyspace. The data nodes build the new copies by themselves;
+1. **widen** (``widen``, towards ``chains_after_moves``): every chain gets *appended* the
+   replicas it will need after the eject on the remaining nodes: replacements of its
+   replicas on ejected nodes, and, for an active about to move onto one of its replicas'
+   nodes, a replacement of that replica (the migration drops it when it starts). Nothing
+   leaves a chain; one new topology per keyspace. The data nodes build the new copies by
+   themselves;
 2. **wait** until each new replica has caught up: its high seqno (``CopySeqnos`` at the
    replica node) reaches the active's high seqno read at the start of the wait, on the
    active's branch; bounded (``CATCH_UP_TIMEOUT``: the eject then fails, nothing removed);
-3. **narrow** (``without_nodes``): the ejected replicas leave their chains;
+3. **narrow** (``narrow``): the replicas the planned chains drop (the ejected ones, and
+   any beyond the replica count) leave them;
 4. the planned migrations move every active copy off the ejected nodes, each to the least
    loaded remaining node (``plan_eject_moves``, planned at the start: step 1 needs the
    targets), with the ordinary online migration (``migration_driver.py``);
 5. chains restored over the remaining nodes (``restore_chains`` with the ejected excluded);
 6. when every move is done and no committed topology names an ejected node, the node is
    removed from the member list (``Membership.remove``: a gossiped tombstone).
+
+Steps 1-3 are shared with the rebalance (``rebalance.py``, "Replica chains"): ``widen``
+takes the planned chains from a ``ChainPlan`` (``eject_plan`` here), ``narrow`` the chains
+``widen`` returned, ``await_replicas`` the new replicas.
 
 Refused at the start, with the reason: a node that is not a member, a manager node (the
 coordinator's voters are the manager members of the gossiped list, not a committed set, so

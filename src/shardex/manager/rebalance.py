@@ -1,11 +1,13 @@
 """Online partition migration and rebalance, orchestrated by the coordinator master.
 
-``StartRebalance`` plans the fewest moves that balance every keyspace over the up data nodes
-(``rebalance_moves``), ``MovePartition`` plans one move (admin, tests); both record the plan in
-the replicated state and return at once, and a background task on the master migrates the
-partitions, a few at a time (``max_parallel``). ``GetRebalance`` reports progress. The op
-lock is held only for each commit (``Coordinator.exclusive``), so DDL keeps working during a
-rebalance, and a forwarded op never has to outlive ``op_timeout``.
+``StartRebalance`` plans the fewest active moves that balance every keyspace over the up data
+nodes, each onto a node outside its partition's chain where the counts allow
+(``plan_actives``), and the replica chains that go with them (``final_chains``);
+``MovePartition`` plans one move (admin, tests); both record the moves in the replicated
+state and return at once, and a background task on the master migrates the partitions, a
+few at a time (``max_parallel``). ``GetRebalance`` reports progress. The op lock is held only
+for each commit (``Coordinator.exclusive``), so DDL keeps working during a rebalance, and a
+forwarded op never has to outlive ``op_timeout``.
 
 One migration, source S to target T (why each step is there:
 ``docs/decisions/0030-partition-migration-protocol.md``):
@@ -23,13 +25,25 @@ state and fences the migration there: "active" -> abort (drop T's copy, move ``f
 partition never stopped serving at S), "released" -> roll forward (6), no answer -> the move
 stays ``unresolved`` (T's copy is kept) and is retried until S answers.
 
-Replica chains: a rebalance also restores every keyspace's chains to ``num_replicas``
-replicas (``restore_chains``): replicas on nodes no longer up or failed over are removed,
-chains cut short by a failover (or by an active moving onto its own replica's node) are
-filled on the up nodes by the placement rules (``meta/replica_placement.py``); one new
-topology per keyspace that changes, appended to its history. It runs after the active moves
-(their publication may shorten chains), or at once when there are none to make. The data
-nodes build the new replica copies by themselves from the topology.
+Replica chains (``docs/decisions/0086-replica-aware-rebalance.md``): a rebalance balances
+replicas as well as actives, and never runs a chain below its configured size:
+
+1. at the start, chains cut short (a failover) are filled at once (``restore_chains``: it
+   only adds copies, and removes those on nodes down or failed over); the plan is made on
+   the result;
+2. before any active moves, the chains are steered to the planned ones with the eject's
+   code (``eject.py``: ``widen``, ``await_replicas``, ``narrow``): the new replicas are
+   appended (the data nodes build them from the topology), waited for until caught up,
+   and only then do the replicas the plan drops leave. A replica on a move's target stays
+   until its migration drops it; its replacement is already caught up;
+3. the actives migrate (above);
+4. a second widen / wait / narrow, planned on the result, places what only a move frees (a
+   replica on the node an active left: only when no other node can hold it), then
+   ``restore_chains`` again.
+
+A replica that does not catch up within ``CATCH_UP_TIMEOUT`` stops the rebalance before its
+moves (cancelled; chains left widened, nothing removed). An admin move steers only its own
+partition's chain (its replica on the target replaced first).
 
 Eject (``StartRebalance.eject``, ``shardex rebalance --eject NODE``): the moves are only
 those off the ejected nodes, and before them the chains get their replacement replicas

@@ -45,6 +45,7 @@ def test_a_joined_node_gets_actives_and_replicas_under_majority_writes(tmp_path:
             floor = writers.acks + 100
             wait_for(lambda: writers.acks > floor, 60, what="majority writes after rebalance")
         assert result.state == "done", result.message
+        assert "replica cop(ies) built" in result.message, result.message
         impossible = writers.errors.get(ErrorCode.DURABILITY_IMPOSSIBLE.value, 0)
         print(
             f"\nrebalance onto node4: {len(result.moved)} active moves in "

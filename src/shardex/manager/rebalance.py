@@ -209,6 +209,7 @@ class Rebalancer:
     def __init__(self, coordinator: Any) -> None:
         self._c = coordinator
         self.phases: dict[str, str] = {}  # migration id -> live phase (this master only)
+        self.replicas_placed: dict[str, int] = {}  # rebalance id -> replica copies built
         self._resolver: asyncio.Task[None] | None = None
         self.driver = MigrationDriver(coordinator, self.phases, self._ensure_resolver)
         self.index_driver = IndexMoveDriver(coordinator, self.phases)  # index partitions
@@ -478,6 +479,10 @@ class Rebalancer:
                     rec = with_move(rec, m.migration_id, status=CANCELLED)
             rec = settle_index_moves(rec, "crashed")
             rec = finish(rec, time.time())
+            placed = self.replicas_placed.pop(rebalance_id, 0)
+            if placed and rec.state == DONE:  # what the moves list does not show
+                why = f"{placed} replica cop(ies) built, caught up before any replica left"
+                rec = msgspec.structs.replace(rec, message=why)
             if rec.eject:
                 rec = self._remove_ejected(ctx, rec)
             await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
@@ -522,6 +527,8 @@ class Rebalancer:
         if waits:
             await eject_mod.await_replicas(self._c, waits)
         await self._c.exclusive(epoch, lambda ctx: eject_mod.narrow(ctx, planned, why))
+        placed = sum(len(nodes) for parts in waits.values() for nodes in parts.values())
+        self.replicas_placed[record.id] = self.replicas_placed.get(record.id, 0) + placed
 
     @staticmethod
     async def _give_up(ctx: Any, rebalance_id: str, why: str) -> None:

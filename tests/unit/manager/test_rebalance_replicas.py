@@ -56,6 +56,7 @@ async def test_a_joined_node_gets_actives_and_replicas_and_no_chain_is_ever_shor
     ctx = make_ctx(["n1", "n2", "n3"], ["n4"])
     c = await run_rebalance(ctx)
     assert ctx.state.rebalance.state == DONE
+    assert ctx.state.rebalance.message.startswith("3 replica cop(ies) built")
     history = ctx.state.data_topologies["ks"]
     latest = history[-1]
     actives = Counter(latest.assignment.values())

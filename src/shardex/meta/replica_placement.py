@@ -352,8 +352,8 @@ def narrowed(topology: Topology, chains: Mapping[int, Sequence[str]]) -> Topolog
     ``widened``) does not name removed, but only from a chain that holds every planned
     replica already (a failover meanwhile may have promoted one, or the planned replica is
     the node the active is leaving: that chain is left as it is, for the next pass). A
-    replica on the node its active is about to move to stays:
-    the migration drops it. ``topology`` itself when nothing leaves."""
+    replica on the node its active is about to move to stays: the migration drops it.
+    ``topology`` itself when nothing leaves."""
     replicas: dict[int, list[str]] = {}
     for p in sorted(topology.assignment):
         have = topology.replicas.get(p, [])

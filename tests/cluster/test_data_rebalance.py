@@ -168,11 +168,13 @@ def test_rebalance_2_to_3_under_write_load(cluster: LocalCluster) -> None:
     assert result.state == "done" and len(result.moved) == len(expected_moves) > 0
     assert {m.partition: m.target for m in result.moved} == expected_moves
     after = history(admin, KS)
-    assert [t.seq_num for t in after] == list(range(1, len(expected_moves) + 2))
+    # one topology per move, and those that steer the replica chains (added, then trimmed)
+    assert [t.seq_num for t in after] == list(range(1, len(after) + 1))
     assert after[0] == before[0]
     counts = [len(after[-1].partitions_of(n)) for n in ("node1", "node2", "node3")]
     assert max(counts) - min(counts) <= 1, counts
-    assert sorted(m.topology_seq for m in result.moved) == [t.seq_num for t in after[1:]]
+    moved_in = [t.seq_num for t in after[1:] if t.assignment != after[t.seq_num - 2].assignment]
+    assert sorted(m.topology_seq for m in result.moved) == moved_in
     pauses = sorted(m.pause_ms for m in result.moved)
     copy_mb = sum(m.bytes for m in result.moved) / 1e6
     print(
@@ -247,7 +249,6 @@ def test_target_killed_mid_copy_leaves_partition_at_source(cluster: LocalCluster
     ks = admin.keyspace(KS)
     big = docids_in(p, NP, 600, "big")
     ks.upsert_many((d, {"pad": "b" * 4000}) for d in big)  # ~2.4 MB in partition p
-    seq_before = topo.seq_num
     # 1 MB/s: the copy takes a few seconds, long enough to kill the target in the middle.
     admin.move_partition(KS, p, "node3", rate_limit=1_000_000, wait=False)
     wait_for(
@@ -271,8 +272,9 @@ def test_target_killed_mid_copy_leaves_partition_at_source(cluster: LocalCluster
         "move over",
     )
     assert status.moves[0].status == "failed", status
-    # The partition never left node1 and serves reads and writes there.
-    assert history(admin, KS)[-1].seq_num == seq_before
+    # The partition never left node1 and serves reads and writes there (its chain may have
+    # got a replica first, when node3 held its replica: that one stays).
+    assert history(admin, KS)[-1].assignment == topo.assignment
     assert history(admin, KS)[-1].assignment[p] == "node1"
     r = ks.upsert(big[0], {"after": "kill"})
     assert r.partition == p and ks.get(big[0]) == {"after": "kill"}

@@ -112,6 +112,8 @@ def _summary(r: RebalanceResult) -> None:
     if not r.moves:
         if r.kind == "eject":
             out.print(f"[green]{r.message or 'ejected'}[/] (no active copy had to move)")
+        elif r.message:  # replica copies moved, no active had to
+            out.print(f"[green]{r.message}[/] (no active copy had to move)")
         else:
             out.print("[green]already balanced:[/] nothing to move")
         return
@@ -141,6 +143,8 @@ def _summary(r: RebalanceResult) -> None:
     total.add_row("bytes copied", f"{r.bytes / 1e6:,.2f} MB")
     total.add_row("documents copied", f"{r.docs:,}")
     total.add_row("duration", f"{r.duration:.2f} s")
+    if r.kind == "rebalance" and r.message:
+        total.add_row("replica chains", r.message)
     if pauses:
         total.add_row(
             "write pause per partition",

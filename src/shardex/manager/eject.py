@@ -8,21 +8,27 @@ Why this order: ``docs/decisions/0084-graceful-eject.md``. A rebalance with ``ej
    index rebalance's moves (``manager/index_rebalance.py``, planned by
    ``meta/index_copy_plan.py``). If one of them fails the eject stops here, nothing
    removed and no data moved;
-1. **widen** (``widen_chains``): every chain gets *appended* the replicas it will need
-   after the eject on the remaining nodes: replacements of its replicas on ejected nodes,
-   and, for an active about to move onto one of its replicas' nodes, a replacement of that
-   replica (the migration drops it when it starts). Nothing leaves a chain; one new
-   topology per keyspace. The data nodes build the new copies by themselves;
+1. **widen** (``widen``, towards ``chains_after_moves``): every chain gets *appended* the
+   replicas it will need after the eject on the remaining nodes: replacements of its
+   replicas on ejected nodes, and, for an active about to move onto one of its replicas'
+   nodes, a replacement of that replica (the migration drops it when it starts). Nothing
+   leaves a chain; one new topology per keyspace. The data nodes build the new copies by
+   themselves;
 2. **wait** until each new replica has caught up: its high seqno (``CopySeqnos`` at the
    replica node) reaches the active's high seqno read at the start of the wait, on the
    active's branch; bounded (``CATCH_UP_TIMEOUT``: the eject then fails, nothing removed);
-3. **narrow** (``without_nodes``): the ejected replicas leave their chains;
+3. **narrow** (``narrow``): the replicas the planned chains drop (the ejected ones, and
+   any beyond the replica count) leave them;
 4. the planned migrations move every active copy off the ejected nodes, each to the least
    loaded remaining node (``plan_eject_moves``, planned at the start: step 1 needs the
    targets), with the ordinary online migration (``migration_driver.py``);
 5. chains restored over the remaining nodes (``restore_chains`` with the ejected excluded);
 6. when every move is done and no committed topology names an ejected node, the node is
    removed from the member list (``Membership.remove``: a gossiped tombstone).
+
+Steps 1-3 are shared with the rebalance (``rebalance.py``, "Replica chains"): ``widen``
+takes the planned chains from a ``ChainPlan`` (``eject_plan`` here), ``narrow`` the chains
+``widen`` returned, ``await_replicas`` the new replicas.
 
 Refused at the start, with the reason: a node that is not a member, a manager node (the
 coordinator's voters are the manager members of the gossiped list, not a committed set, so
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -44,12 +50,13 @@ import msgspec
 from shardex.api.errors import BadRequest
 from shardex.api.records import STATE_REPLICA
 from shardex.api.replication import CopySeqno, CopySeqnos, CopySeqnosReply
+from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.keyspaces import data_members
 from shardex.manager.migration_driver import ask_member
 from shardex.meta.index_copy_plan import Unplaced
 from shardex.meta.index_state import INIT, LIVE_STATES
-from shardex.meta.replica_placement import added_replicas, widen_chains, without_nodes
+from shardex.meta.replica_placement import added_replicas, chains_after_moves, narrowed, widened
 from shardex.meta.state import StateContext
 
 log = logging.getLogger(__name__)
@@ -172,54 +179,75 @@ def check_eject(ctx: Any, names: Iterable[str]) -> list[str]:
     return eject
 
 
-async def widen(ctx: Any, eject: list[str], targets: Mapping[str, Mapping[int, str]]) -> Waits:
-    """Step 1: one commit per keyspace whose chains get replacement replicas (``targets``:
-    keyspace -> partition -> the planned target of its active). Returns the replicas to
-    wait for."""
-    _nodes, serving, groups = serving_data_nodes(ctx)
-    remaining = [n for n in serving if n not in eject]
+ChainPlan = Callable[[str, Topology, int], Mapping[int, list[str]] | None]
+Chains = dict[str, Mapping[int, list[str]]]  # keyspace -> partition -> planned chain
+
+
+async def widen(ctx: Any, plan: ChainPlan, why: str) -> tuple[Waits, Chains]:
+    """Step 1, shared with the rebalance: ``plan`` (keyspace, its latest topology, its
+    num_replicas) -> partition -> the chain (active first) the keyspace is steered to, or
+    None to leave the keyspace alone. One commit per keyspace whose chains get replicas
+    appended (``widened``). Returns the new replicas to wait for and the planned chains
+    (for ``narrow``)."""
     waits: Waits = {}
+    planned: Chains = {}
     for name in sorted(ctx.state.keyspaces):
         state = ctx.state
-        meta = state.keyspaces[name]
         history = state.data_topologies.get(name)
         if not history:
             continue
         latest = history[-1]
-        moved = targets.get(name, {})
-        if not moved and not any(set(eject).intersection(r) for r in latest.replicas.values()):
-            continue  # nothing to replace (shortfalls elsewhere: the final restore)
-        wide = widen_chains(latest, remaining, meta.num_replicas, groups, moved)
+        chains = plan(name, latest, state.keyspaces[name].num_replicas)
+        if chains is None:
+            continue
+        planned[name] = chains
+        wide = widened(latest, chains)
         if wide is latest:
             continue
         topologies = {**state.data_topologies, name: [*history, wide]}
         await ctx.commit(msgspec.structs.replace(state, data_topologies=topologies))
         waits[name] = added_replicas(latest, wide)
         log.info(
-            "eject %s: keyspace %s chains widened in topology %d (%d new replica copies)",
-            ", ".join(eject),
+            "%s: keyspace %s chains widened in topology %d (%d new replica copies)",
+            why,
             name,
             wide.seq_num,
             sum(len(v) for v in waits[name].values()),
         )
-    return waits
+    return waits, planned
 
 
-async def narrow(ctx: Any, eject: list[str]) -> None:
-    """Step 3: the ejected nodes' replicas leave every chain (one commit per keyspace)."""
-    for name in sorted(ctx.state.keyspaces):
+def eject_plan(ctx: Any, eject: list[str], targets: Mapping[str, Mapping[int, str]]) -> ChainPlan:
+    """The chains an eject steers to (``chains_after_moves`` over the serving nodes minus
+    ``eject``; ``targets``: keyspace -> partition -> the planned target of its active): only
+    keyspaces with a move or a replica on an ejected node (shortfalls elsewhere: the final
+    restore)."""
+    _nodes, serving, groups = serving_data_nodes(ctx)
+    remaining = [n for n in serving if n not in eject]
+
+    def plan(name: str, latest: Topology, num_replicas: int) -> Mapping[int, list[str]] | None:
+        moved = targets.get(name, {})
+        if not moved and not any(set(eject).intersection(r) for r in latest.replicas.values()):
+            return None
+        return chains_after_moves(latest, remaining, num_replicas, groups, moved)
+
+    return plan
+
+
+async def narrow(ctx: Any, planned: Chains, why: str) -> None:
+    """Step 3, shared with the rebalance: the replicas their planned chains do not name
+    leave them (``narrowed``), one commit per keyspace."""
+    for name in sorted(planned):
         state = ctx.state
         history = state.data_topologies.get(name)
         if not history:
             continue
-        narrowed = without_nodes(history[-1], eject)
-        if narrowed is history[-1]:
+        narrow_topo = narrowed(history[-1], planned[name])
+        if narrow_topo is history[-1]:
             continue
-        topologies = {**state.data_topologies, name: [*history, narrowed]}
+        topologies = {**state.data_topologies, name: [*history, narrow_topo]}
         await ctx.commit(msgspec.structs.replace(state, data_topologies=topologies))
-        log.info(
-            "eject: keyspace %s chains without %s (topology %d)", name, eject, narrowed.seq_num
-        )
+        log.info("%s: keyspace %s chains narrowed (topology %d)", why, name, narrow_topo.seq_num)
 
 
 def caught_up(
@@ -273,7 +301,7 @@ async def await_replicas(coordinator: Any, waits: Waits, timeout: float | None =
                 except ShardexError as exc:
                     if loop.time() > deadline:
                         raise
-                    log.warning("eject: %s did not report its copies: %s", active, exc)
+                    log.warning("chain wait: %s did not report its copies: %s", active, exc)
                     await asyncio.sleep(CATCH_UP_POLL)
             for p in ps:
                 if p not in marks:
@@ -285,7 +313,7 @@ async def await_replicas(coordinator: Any, waits: Waits, timeout: float | None =
             try:
                 left = caught_up(targets, await _copies(coordinator, node, name, list(targets)))
             except ShardexError as exc:
-                log.warning("eject: %s did not report its replica copies: %s", node, exc)
+                log.warning("chain wait: %s did not report its replica copies: %s", node, exc)
                 continue
             if left:
                 pending[(name, node)] = left

@@ -1,11 +1,13 @@
 """Online partition migration and rebalance, orchestrated by the coordinator master.
 
-``StartRebalance`` plans the fewest moves that balance every keyspace over the up data nodes
-(``rebalance_moves``), ``MovePartition`` plans one move (admin, tests); both record the plan in
-the replicated state and return at once, and a background task on the master migrates the
-partitions, a few at a time (``max_parallel``). ``GetRebalance`` reports progress. The op
-lock is held only for each commit (``Coordinator.exclusive``), so DDL keeps working during a
-rebalance, and a forwarded op never has to outlive ``op_timeout``.
+``StartRebalance`` plans the fewest active moves that balance every keyspace over the up data
+nodes, each onto a node outside its partition's chain where the counts allow
+(``plan_actives``), and the replica chains that go with them (``final_chains``);
+``MovePartition`` plans one move (admin, tests); both record the moves in the replicated
+state and return at once, and a background task on the master migrates the partitions, a
+few at a time (``max_parallel``). ``GetRebalance`` reports progress. The op lock is held only
+for each commit (``Coordinator.exclusive``), so DDL keeps working during a rebalance, and a
+forwarded op never has to outlive ``op_timeout``.
 
 One migration, source S to target T (why each step is there:
 ``docs/decisions/0030-partition-migration-protocol.md``):
@@ -23,13 +25,25 @@ state and fences the migration there: "active" -> abort (drop T's copy, move ``f
 partition never stopped serving at S), "released" -> roll forward (6), no answer -> the move
 stays ``unresolved`` (T's copy is kept) and is retried until S answers.
 
-Replica chains: a rebalance also restores every keyspace's chains to ``num_replicas``
-replicas (``restore_chains``): replicas on nodes no longer up or failed over are removed,
-chains cut short by a failover (or by an active moving onto its own replica's node) are
-filled on the up nodes by the placement rules (``meta/replica_placement.py``); one new
-topology per keyspace that changes, appended to its history. It runs after the active moves
-(their publication may shorten chains), or at once when there are none to make. The data
-nodes build the new replica copies by themselves from the topology.
+Replica chains (``docs/decisions/0086-replica-aware-rebalance.md``): a rebalance balances
+replicas as well as actives, and never runs a chain below its configured size:
+
+1. at the start, chains cut short (a failover) are filled at once (``restore_chains``: it
+   only adds copies, and removes those on nodes down or failed over); the plan is made on
+   the result;
+2. before any active moves, the chains are steered to the planned ones with the eject's
+   code (``eject.py``: ``widen``, ``await_replicas``, ``narrow``): the new replicas are
+   appended (the data nodes build them from the topology), waited for until caught up,
+   and only then do the replicas the plan drops leave. A replica on a move's target stays
+   until its migration drops it; its replacement is already caught up;
+3. the actives migrate (above);
+4. a second widen / wait / narrow, planned on the result, places what only a move frees (a
+   replica on the node an active left: only when no other node can hold it), then
+   ``restore_chains`` again.
+
+A replica that does not catch up within ``CATCH_UP_TIMEOUT`` stops the rebalance before its
+moves (cancelled; chains left widened, nothing removed). An admin move steers only its own
+partition's chain (its replica on the target replaced first).
 
 Eject (``StartRebalance.eject``, ``shardex rebalance --eject NODE``): the moves are only
 those off the ejected nodes, and before them the chains get their replacement replicas
@@ -47,7 +61,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -55,10 +69,12 @@ import msgspec
 import shardex.manager.eject as eject_mod
 from shardex.api.errors import BadRequest, KeyspaceNotFound
 from shardex.api.rebalance import GetRebalance, MovePartition, RebalanceReply, StartRebalance
+from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_rebalance import IndexMoveDriver, plan_into, settle_index_moves
 from shardex.manager.migration_driver import MigrationDriver, deposed
 from shardex.meta.index_rebalance_state import interrupt_index_moves
+from shardex.meta.rebalance_plan import final_chains
 from shardex.meta.rebalance_state import (
     CANCELLED,
     DONE,
@@ -76,7 +92,12 @@ from shardex.meta.rebalance_state import (
     plan_moves,
     with_move,
 )
-from shardex.meta.replica_placement import restore_replicas
+from shardex.meta.replica_placement import (
+    chains_after_moves,
+    narrowed,
+    restore_replicas,
+    widened,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +138,57 @@ async def restore_chains(ctx: Any, exclude: Sequence[str] = ()) -> list[str]:
     return restored
 
 
+def _targets(
+    planned: Iterable[tuple[str, str, int, str, str, int]],
+) -> dict[str, dict[int, str]]:
+    """keyspace -> partition -> the planned target of its active."""
+    out: dict[str, dict[int, str]] = {}
+    for keyspace, _uuid, p, _source, target, _seq in planned:
+        out.setdefault(keyspace, {})[p] = target
+    return out
+
+
+def _rebalance_plan(ctx: Any, targets: Mapping[str, Mapping[int, str]]) -> eject_mod.ChainPlan:
+    """The chains a rebalance steers to: ``final_chains`` over the serving data nodes, with
+    the planned active moves (``targets``) applied."""
+    _nodes, serving, groups = _serving_data_nodes(ctx)
+
+    def plan(name: str, latest: Topology, num_replicas: int) -> dict[int, list[str]]:
+        return final_chains(latest, targets.get(name, {}), serving, num_replicas, groups)
+
+    return plan
+
+
+def _move_plan(ctx: Any, targets: Mapping[str, Mapping[int, str]]) -> eject_mod.ChainPlan:
+    """The chains one admin move (``MovePartition``) steers: only the moved partition's, its
+    replica on the target replaced first (``chains_after_moves``)."""
+    _nodes, serving, groups = _serving_data_nodes(ctx)
+
+    def plan(name: str, latest: Topology, num_replicas: int) -> dict[int, list[str]] | None:
+        moved = targets.get(name)
+        if not moved:
+            return None
+        chains = chains_after_moves(latest, serving, num_replicas, groups, moved)
+        return {p: chains[p] for p in moved}
+
+    return plan
+
+
+def _chains_to_steer(ctx: Any, targets: Mapping[str, Mapping[int, str]]) -> list[str]:
+    """The keyspaces whose chains a rebalance changes beyond its active moves."""
+    plan = _rebalance_plan(ctx, targets)
+    out: list[str] = []
+    for name, meta in sorted(ctx.state.keyspaces.items()):
+        history = ctx.state.data_topologies.get(name)
+        if not history:
+            continue
+        latest = history[-1]
+        chains = plan(name, latest, meta.num_replicas)
+        if widened(latest, chains) is not latest or narrowed(latest, chains) is not latest:
+            out.append(name)
+    return out
+
+
 def _busy(record: RebalanceRecord | None) -> None:
     """Refuse a new plan while a move is unresolved: its partition's owner is unknown."""
     stuck = [m for m in (record.moves if record else []) if m.status in IN_FLIGHT]
@@ -137,6 +209,7 @@ class Rebalancer:
     def __init__(self, coordinator: Any) -> None:
         self._c = coordinator
         self.phases: dict[str, str] = {}  # migration id -> live phase (this master only)
+        self.replicas_placed: dict[str, int] = {}  # rebalance id -> replica copies built
         self._resolver: asyncio.Task[None] | None = None
         self.driver = MigrationDriver(coordinator, self.phases, self._ensure_resolver)
         self.index_driver = IndexMoveDriver(coordinator, self.phases)  # index partitions
@@ -157,17 +230,21 @@ class Rebalancer:
         _busy(running)
         if msg.eject:
             return await self._start_eject(msg, ctx)
-        nodes, serving, _groups = _serving_data_nodes(ctx)
+        nodes, serving, groups = _serving_data_nodes(ctx)
         keyspaces = {
             name: (meta.uuid, state.data_topologies[name][-1])
             for name, meta in state.keyspaces.items()
             if state.data_topologies.get(name)
         }
-        planned = plan_moves(keyspaces, nodes, serving)
-        if not planned:
-            # No active to move: the chains are restored now (else after the moves, ``_run``),
-            # before the record that carries the reply is committed.
-            await restore_chains(ctx)
+        planned = plan_moves(keyspaces, nodes, serving, groups)  # refusals before any commit
+        # Chains cut short (a failover) are filled now, before the record that carries the
+        # reply is committed: that only adds copies. The plan is made on the filled chains.
+        if await restore_chains(ctx):
+            state = ctx.state
+            keyspaces = {name: (uuid, state.data_topologies[name][-1]) for name, (uuid, _t)
+                         in keyspaces.items()}  # fmt: skip
+            planned = plan_moves(keyspaces, nodes, serving, groups)
+        steer = _chains_to_steer(ctx, _targets(planned))
         record = new_record(
             ctx.new_id(),
             "rebalance",
@@ -177,6 +254,8 @@ class Rebalancer:
             max_parallel=max(1, min(msg.max_parallel, MAX_PARALLEL)),
             rate_limit=max(0, msg.rate_limit),
         )
+        if steer:  # replicas to move: the record runs even with no active to move
+            record = msgspec.structs.replace(record, state=RUNNING, finished_at=0.0, message="")
         # index partitions over the up indexers too, and the index copies lost
         record, _copies = plan_into(ctx, record)
         return await self._begin(ctx, record)
@@ -335,8 +414,8 @@ class Rebalancer:
         if record is None or record.id != rebalance_id:
             return
         limit = asyncio.Semaphore(record.max_parallel)
-        if record.eject:
-            try:  # the index slices first: a slice with nowhere to go stops the eject early
+        try:
+            if record.eject:  # the index slices first: one with nowhere to go stops it early
                 await self.index_driver.run(record, epoch)
                 left = eject_mod.slices_left(self._c.state, record.eject)
                 if left:
@@ -345,16 +424,16 @@ class Rebalancer:
                         code=ErrorCode.NODE_UNAVAILABLE,
                         details={"slices": left[:50]},
                     )
-                await self._replace_replicas(record, epoch)
-            except ShardexError as exc:
-                if deposed(exc):
-                    log.warning("eject %s: no longer master; run it again", rebalance_id)
-                    return
-                log.error("eject %s: moving index slices or replacing replicas failed: %s",
-                          rebalance_id, exc)  # fmt: skip
-                why = f"eject stopped: {exc}"
-                await self._c.exclusive(epoch, lambda ctx: self._give_up(ctx, rebalance_id, why))
+            await self._steer_chains(record, epoch)
+        except ShardexError as exc:
+            if deposed(exc):
+                log.warning("%s %s: no longer master; run it again", record.kind, rebalance_id)
                 return
+            log.error("%s %s: moving index slices or replicas failed: %s",
+                      record.kind, rebalance_id, exc)  # fmt: skip
+            why = f"{record.kind} stopped: {exc}"
+            await self._c.exclusive(epoch, lambda ctx: self._give_up(ctx, rebalance_id, why))
+            return
 
         async def one(move: MoveRecord) -> None:
             async with limit:
@@ -368,16 +447,17 @@ class Rebalancer:
                 return
             if isinstance(r, BaseException):
                 log.error("rebalance %s: a migration crashed", rebalance_id, exc_info=r)
-        if todo or record.eject:
-            try:  # the moves' publications may have cut chains short: restore them
-                await self._c.exclusive(
-                    epoch, lambda ctx: restore_chains(ctx, exclude=record.eject)
-                )
-            except ShardexError as exc:
-                if deposed(exc):
-                    log.warning("rebalance %s: no longer master; the next one resolves it", epoch)
-                    return
-                log.error("rebalance %s: restoring replica chains failed: %s", rebalance_id, exc)
+        # A move onto a node already in its chain (no node outside it was left) shortens the
+        # chain once published; a failed move leaves a planned replica unplaced: restore.
+        try:
+            if todo and record.kind == "rebalance":
+                await self._steer_chains(record, epoch, after_moves=True)
+            await self._c.exclusive(epoch, lambda ctx: restore_chains(ctx, exclude=record.eject))
+        except ShardexError as exc:
+            if deposed(exc):
+                log.warning("rebalance %s: no longer master; the next one resolves it", epoch)
+                return
+            log.error("rebalance %s: restoring replica chains failed: %s", rebalance_id, exc)
         try:  # then the index partitions (``index_rebalance``; an eject's ran first)
             current = self._c.state.rebalance  # an eject's moves ran: not planned any more
             if current is not None and current.id == rebalance_id:
@@ -399,6 +479,10 @@ class Rebalancer:
                     rec = with_move(rec, m.migration_id, status=CANCELLED)
             rec = settle_index_moves(rec, "crashed")
             rec = finish(rec, time.time())
+            placed = self.replicas_placed.pop(rebalance_id, 0)
+            if placed and rec.state == DONE:  # what the moves list does not show
+                why = f"{placed} replica cop(ies) built, caught up before any replica left"
+                rec = msgspec.structs.replace(rec, message=why)
             if rec.eject:
                 rec = self._remove_ejected(ctx, rec)
             await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
@@ -415,22 +499,40 @@ class Rebalancer:
 
         await self._c.exclusive(epoch, done)
 
-    # --- eject (``eject.py``) -----------------------------------------------------------------
+    # --- replica chains (the widen / wait / narrow of ``eject.py``) -----------------------------
 
-    async def _replace_replicas(self, record: RebalanceRecord, epoch: int) -> None:
-        """Steps 1-3 of an eject: widen the chains, wait for the new replicas, narrow."""
-        eject = record.eject
-        targets: dict[str, dict[int, str]] = {}
-        for m in record.moves:
-            targets.setdefault(m.keyspace, {})[m.partition] = m.target
-        waits = await self._c.exclusive(epoch, lambda ctx: eject_mod.widen(ctx, eject, targets))
+    async def _steer_chains(
+        self, record: RebalanceRecord, epoch: int, *, after_moves: bool = False
+    ) -> None:
+        """Every chain gets the replicas it will end with (added, waited for until caught
+        up), and only then loses those it will not (an eject's: steps 1-3 of ``eject.py``; a
+        rebalance's: ``final_chains``). Before the active moves, planned with them; a
+        rebalance's second pass (``after_moves``) places what only a move could free: a
+        replica on the node an active left."""
+        targets = {} if after_moves else _targets(
+            (m.keyspace, "", m.partition, m.source, m.target, 0) for m in record.moves
+        )  # fmt: skip
+        why = f"{record.kind} {record.id}"
+
+        async def widen(ctx: Any) -> tuple[eject_mod.Waits, eject_mod.Chains]:
+            if record.eject:
+                plan = eject_mod.eject_plan(ctx, record.eject, targets)
+            elif record.kind == "move":
+                plan = _move_plan(ctx, targets)
+            else:
+                plan = _rebalance_plan(ctx, targets)
+            return await eject_mod.widen(ctx, plan, why)
+
+        waits, planned = await self._c.exclusive(epoch, widen)
         if waits:
             await eject_mod.await_replicas(self._c, waits)
-        await self._c.exclusive(epoch, lambda ctx: eject_mod.narrow(ctx, eject))
+        await self._c.exclusive(epoch, lambda ctx: eject_mod.narrow(ctx, planned, why))
+        placed = sum(len(nodes) for parts in waits.values() for nodes in parts.values())
+        self.replicas_placed[record.id] = self.replicas_placed.get(record.id, 0) + placed
 
     @staticmethod
     async def _give_up(ctx: Any, rebalance_id: str, why: str) -> None:
-        """End an eject before its moves: they are cancelled, nobody is removed."""
+        """End a rebalance before its moves: they are cancelled, nobody is removed."""
         rec = ctx.state.rebalance
         if rec is None or rec.id != rebalance_id or rec.state != RUNNING:
             return

@@ -24,9 +24,10 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
-from shardex.core.topology import Topology, rebalance_moves
+from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_rebalance_record import IndexMoveRecord
+from shardex.meta.rebalance_plan import plan_actives
 
 PLANNED = "planned"
 MOVING = "moving"
@@ -91,9 +92,12 @@ def plan_moves(
     keyspaces: Mapping[str, tuple[str, Topology]],
     data_nodes: Iterable[str],
     up_nodes: Iterable[str],
+    groups: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str, int, str, str, int]]:
     """(keyspace, keyspace uuid, partition, source, target, base seq) for every move that
-    balances each keyspace over the up data nodes (``rebalance_moves``: fewest moves).
+    balances each keyspace's actives over the up data nodes (``plan_actives``: the fewest
+    moves, each onto a node outside its partition's chain where the counts allow; ``groups``:
+    node -> server group).
 
     ``keyspaces`` maps name -> (uuid, latest topology). Refuses when a node that holds
     partitions is down: its partitions cannot be copied, and balancing the others around it
@@ -112,7 +116,7 @@ def plan_moves(
                 code=ErrorCode.NODE_UNAVAILABLE,
                 details={"keyspace": name, "down": down, "hint": "start the node, then retry"},
             )
-        for p, target in sorted(rebalance_moves(topo.assignment, up).items()):
+        for p, target in sorted(plan_actives(topo, up, groups or {}).items()):
             out.append((name, uuid, p, topo.assignment[p], target, topo.seq_num))
     return out
 
@@ -129,7 +133,7 @@ def plan_eject_moves(
     with the fewest actives of the keyspace so far (so the moved partitions spread and the
     keyspace stays balanced), preferring, among equally loaded ones, a node outside the
     partition's chain (a replica's node must rebuild its copy as the active: the chain is
-    widened with a replacement first, ``widen_chains``), then name order."""
+    widened with a replacement first, ``chains_after_moves``), then name order."""
     gone = set(eject)
     targets = sorted(set(remaining) - gone)
     if not targets:

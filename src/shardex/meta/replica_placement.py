@@ -24,7 +24,7 @@ A node without a group label counts as a group of its own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from shardex.core.topology import Topology, balanced_assignment
@@ -65,7 +65,7 @@ def default_num_replicas(data_nodes_up: int) -> int:
     return 1 if data_nodes_up >= 2 else 0
 
 
-class _Placer:
+class Placer:
     """The shared state of one placement: node order, groups and replica loads."""
 
     def __init__(self, nodes: Sequence[str], groups: Mapping[str, str]) -> None:
@@ -108,12 +108,19 @@ class _Placer:
         assignment: Mapping[int, str],
         replicas: dict[int, list[str]],
         movable: dict[int, set[str]],
+        cheap: dict[int, set[str]] | None = None,
+        avoid: Mapping[int, str] | None = None,
     ) -> None:
         """Move replicas (``movable``: partition -> the replica nodes that may move) from the
         most to the least loaded nodes while that narrows the spread without giving up a
-        distinct group. A moved replica keeps its place in the promotion order."""
+        distinct group. A moved replica keeps its place in the promotion order.
+
+        ``cheap`` (a part of ``movable``): the replicas tried first, copies not built yet, so
+        that moving them costs nothing; ``avoid``: partition -> a node that must not receive
+        its replica unless nothing else narrows the spread (a moving active's source, which drops
+        its copy)."""
         for _ in range(_MAX_REPAIRS):
-            if not self._repair_one(assignment, replicas, movable):
+            if not self._repair_one(assignment, replicas, movable, cheap or {}, avoid or {}):
                 return
 
     def _repair_one(
@@ -121,31 +128,105 @@ class _Placer:
         assignment: Mapping[int, str],
         replicas: dict[int, list[str]],
         movable: dict[int, set[str]],
+        cheap: dict[int, set[str]],
+        avoid: Mapping[int, str],
     ) -> bool:
         low = min(self.load.values(), default=0)
         high = max(self.load.values(), default=0)
         if high - low <= 1:
             return False
-        receivers = [n for n in self.ordered if self.load[n] == low]
-        donors = [n for n in self.ordered if self.load[n] == high]
-        for donor in donors:
-            for p in sorted(movable):
-                if donor not in movable[p]:
-                    continue
-                chain = [assignment[p], *replicas[p]]
-                before = self.distinct_groups(chain)
-                for receiver in receivers:
-                    if receiver in chain:
+        maps = (movable, cheap)
+        # Node pairs two or more apart, the widest gap first (with groups, a node may only
+        # take replicas from nodes of its own group: the overall spread can stay wide while
+        # each pair that can trade narrows); every move lowers the sum of squared loads.
+        pairs = sorted(
+            (
+                (d, r)
+                for d in self.ordered
+                for r in self.ordered
+                if self.load[d] >= self.load[r] + 2
+            ),
+            key=lambda dr: (
+                self.load[dr[1]] - self.load[dr[0]],
+                self.index[dr[0]],
+                self.index[dr[1]],
+            ),
+        )
+        tiers = [_by_node(t) for t in ((cheap, movable) if cheap else (movable,))]
+        shuns = (avoid, {}) if avoid else (avoid,)  # avoided nodes only as a last resort
+        for tier in tiers:
+            for shun in shuns:
+                for donor, receiver in pairs:
+                    p = self._fit(assignment, replicas, tier, donor, receiver, shun)
+                    if p is not None:
+                        self._move(replicas, maps, p, donor, receiver)
+                        return True
+        # Two hops: the donor's replica to a node that can hold it, and one of that node's
+        # replicas to the receiver (the middle node's load unchanged): when the groups of
+        # the donor's chains keep the receiver out of all of them.
+        for tier in tiers:
+            for donor, receiver in pairs:
+                for middle in self.ordered:
+                    if middle in (donor, receiver):
                         continue
-                    swapped = [receiver if n == donor else n for n in chain]
-                    if self.distinct_groups(swapped) < before:
+                    p = self._fit(assignment, replicas, tier, donor, middle, avoid)
+                    if p is None:
                         continue
-                    replicas[p] = swapped[1:]
-                    movable[p] = (movable[p] - {donor}) | {receiver}
-                    self.load[donor] -= 1
-                    self.load[receiver] += 1
+                    q = self._fit(assignment, replicas, tier, middle, receiver, avoid, p)
+                    if q is None:
+                        continue
+                    self._move(replicas, maps, p, donor, middle)
+                    self._move(replicas, maps, q, middle, receiver)
                     return True
         return False
+
+    def _fit(
+        self,
+        assignment: Mapping[int, str],
+        replicas: dict[int, list[str]],
+        held: Mapping[str, list[int]],
+        donor: str,
+        receiver: str,
+        avoid: Mapping[int, str],
+        skip: int | None = None,
+    ) -> int | None:
+        """The first partition whose replica on ``donor`` (``held``: node -> the partitions
+        whose replica there may move) may go to ``receiver``: not in its chain, not
+        avoided, no distinct group given up."""
+        for p in held.get(donor, ()):
+            if p == skip or receiver == avoid.get(p):
+                continue
+            chain = [assignment[p], *replicas[p]]
+            if receiver in chain:
+                continue
+            swapped = [receiver if n == donor else n for n in chain]
+            if self.distinct_groups(swapped) >= self.distinct_groups(chain):
+                return p
+        return None
+
+    def _move(
+        self,
+        replicas: dict[int, list[str]],
+        maps: tuple[dict[int, set[str]], ...],
+        p: int,
+        donor: str,
+        receiver: str,
+    ) -> None:
+        replicas[p] = [receiver if n == donor else n for n in replicas[p]]
+        for m in maps:
+            if donor in m.get(p, ()):
+                m[p] = (m[p] - {donor}) | {receiver}
+        self.load[donor] -= 1
+        self.load[receiver] += 1
+
+
+def _by_node(movable: Mapping[int, set[str]]) -> dict[str, list[int]]:
+    """node -> the partitions (ascending) whose replica on it ``movable`` lets move."""
+    out: dict[str, list[int]] = {}
+    for p in sorted(movable):
+        for n in movable[p]:
+            out.setdefault(n, []).append(p)
+    return out
 
 
 def chain_assignment(
@@ -159,7 +240,7 @@ def chain_assignment(
     (missing or "": no group)."""
     check_num_replicas(num_replicas)
     assignment = balanced_assignment(num_partitions, nodes)
-    placer = _Placer(nodes, groups)
+    placer = Placer(nodes, groups)
     warnings = _shortfall_warnings(placer, num_replicas)
     wanted = min(num_replicas, len(placer.ordered) - 1)
     replicas: dict[int, list[str]] = {}
@@ -190,7 +271,7 @@ def restore_replicas(
     placement rules say, balanced among the new ones. Actives never move. ``topology``
     itself is returned when nothing changes (no new topology to publish)."""
     check_num_replicas(num_replicas)
-    placer = _Placer(nodes_up, groups)
+    placer = Placer(nodes_up, groups)
     up = set(placer.ordered)
     kept: dict[int, list[str]] = {}
     for p in sorted(topology.assignment):
@@ -215,36 +296,25 @@ def restore_replicas(
         kept[p] = chain[1:]
     # Only the replicas just added may move for balance: the kept ones hold data already.
     placer.repair(topology.assignment, kept, added)
-    replicas = {p: r for p, r in kept.items() if r}
-    if replicas == {p: r for p, r in topology.replicas.items() if r}:
-        return topology
-    return Topology(
-        seq_num=topology.seq_num + 1, assignment=dict(topology.assignment), replicas=replicas
-    )
+    return _next(topology, {p: r for p, r in kept.items() if r})
 
 
-def widen_chains(
+def chains_after_moves(
     topology: Topology,
     remaining: Sequence[str],
     num_replicas: int,
     groups: Mapping[str, str],
     targets: Mapping[int, str] | None = None,
-) -> Topology:
-    """The first topology of an eject: every chain gets *appended* the replicas it will need
-    once the eject is over, on the ``remaining`` nodes (the serving data nodes minus the
-    ejected ones), placed by the rules of this module (``restore_replicas``), while every
-    copy it has stays in it until the new ones have caught up (``without_nodes`` then
-    removes the ejected replicas).
+) -> dict[int, list[str]]:
+    """partition -> the chain (active first) it will have once an eject (or one admin move)
+    is over: the actives at ``targets`` (the planned moves), the replicas on the
+    ``remaining`` nodes (the serving data nodes minus the ejected ones) by the rules of this
+    module (``restore_replicas``: the replicas that stay, stay).
 
-    ``targets`` (partition -> node) are the planned moves of the actives off ejected nodes:
-    the chain that matters is the one after the move, where a target that held a replica is
-    the active and so no longer a replica (and the migration drops that replica copy when it
-    starts): its replacement is added here too, so that during the copy and after it the
-    partition keeps ``num_replicas`` caught-up replicas.
-
-    A chain may be longer than ``num_replicas`` for a while: a majority is still counted over
-    the configured chain (1 + num_replicas), so an extra replica only adds
-    acknowledgements. ``topology`` itself when nothing is to be added."""
+    A target that held a replica is the active after its move and so no longer a replica
+    (the migration drops that replica copy when it starts): its replacement is in the
+    chain, to be built first (``widened``), so that during the copy and after it the
+    partition keeps ``num_replicas`` caught-up replicas."""
     moved = dict(targets or {})
     after = Topology(
         seq_num=topology.seq_num,
@@ -255,30 +325,54 @@ def widen_chains(
         },
     )
     wanted = restore_replicas(after, remaining, num_replicas, groups)
+    return {p: [a, *wanted.replicas.get(p, [])] for p, a in sorted(after.assignment.items())}
+
+
+def widened(topology: Topology, chains: Mapping[int, Sequence[str]]) -> Topology:
+    """The next topology with every chain *appended* the replicas of its planned chain
+    (``chains``: partition -> active then replicas, as a rebalance or an eject will leave it)
+    that it lacks, while every copy it has stays in it until the new ones have caught up
+    (``narrowed`` then removes the rest). A planned active not in the chain is left out: it
+    arrives by migration.
+
+    A chain may be longer than ``num_replicas`` for a while: a majority is still counted over
+    the configured chain (1 + num_replicas), so an extra replica only adds
+    acknowledgements. ``topology`` itself when nothing is to be added."""
     replicas: dict[int, list[str]] = {}
     for p in sorted(topology.assignment):
         chain = topology.chain(p)
-        added = [n for n in wanted.replicas.get(p, ()) if n not in chain]
+        added = [n for n in chains.get(p, ())[1:] if n not in chain]
         if chain[1:] or added:
             replicas[p] = [*chain[1:], *added]
+    return _next(topology, replicas)
+
+
+def narrowed(topology: Topology, chains: Mapping[int, Sequence[str]]) -> Topology:
+    """The next topology with every replica its planned chain (``chains``, as given to
+    ``widened``) does not name removed, but only from a chain that holds every planned
+    replica already (a failover meanwhile may have promoted one, or the planned replica is
+    the node the active is leaving: that chain is left as it is, for the next pass). A
+    replica on the node its active is about to move to stays: the migration drops it.
+    ``topology`` itself when nothing leaves."""
+    replicas: dict[int, list[str]] = {}
+    for p in sorted(topology.assignment):
+        have = topology.replicas.get(p, [])
+        planned = chains.get(p)
+        # A planned replica on the active's own node (it moves away and its node keeps a
+        # copy) exists only after the move: until then the chain keeps what it has.
+        if planned is not None and all(n in have for n in planned[1:]):
+            have = [n for n in have if n in planned]
+        if have:
+            replicas[p] = have
+    return _next(topology, replicas)
+
+
+def _next(topology: Topology, replicas: dict[int, list[str]]) -> Topology:
+    """``topology`` with ``replicas`` as topology ``seq_num + 1``; itself when unchanged."""
     if replicas == {p: r for p, r in topology.replicas.items() if r}:
         return topology
     return Topology(
         seq_num=topology.seq_num + 1, assignment=dict(topology.assignment), replicas=replicas
-    )
-
-
-def without_nodes(topology: Topology, nodes: Iterable[str]) -> Topology:
-    """The next topology with the replicas on ``nodes`` removed from every chain (actives
-    untouched); ``topology`` itself when no chain names them as replicas."""
-    gone = set(nodes)
-    if not any(gone.intersection(r) for r in topology.replicas.values()):
-        return topology
-    replicas = {p: [n for n in r if n not in gone] for p, r in topology.replicas.items()}
-    return Topology(
-        seq_num=topology.seq_num + 1,
-        assignment=dict(topology.assignment),
-        replicas={p: r for p, r in replicas.items() if r},
     )
 
 
@@ -298,10 +392,10 @@ def placement_warnings(
 ) -> list[str]:
     """What chains of ``num_replicas`` replicas cannot honour on ``nodes`` (too few nodes
     or server groups): the warnings of ``chain_assignment``."""
-    return _shortfall_warnings(_Placer(nodes, groups), num_replicas)
+    return _shortfall_warnings(Placer(nodes, groups), num_replicas)
 
 
-def _shortfall_warnings(placer: _Placer, num_replicas: int) -> list[str]:
+def _shortfall_warnings(placer: Placer, num_replicas: int) -> list[str]:
     """What the placement cannot honour with these nodes and groups."""
     out: list[str] = []
     n = len(placer.ordered)

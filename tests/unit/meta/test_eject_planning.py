@@ -13,7 +13,25 @@ from shardex.core.topology import Topology
 from shardex.errors import ShardexError
 from shardex.meta.member_list import MemberInfo, merge_members, self_entry
 from shardex.meta.rebalance_state import plan_eject_moves
-from shardex.meta.replica_placement import added_replicas, widen_chains, without_nodes
+from shardex.meta.replica_placement import added_replicas, chains_after_moves, narrowed, widened
+
+
+def widen_chains(
+    before: Topology,
+    remaining: list[str],
+    r: int,
+    groups: dict[str, str],
+    targets: dict[int, str] | None = None,
+) -> Topology:
+    """What an eject's step 1 makes of ``before``."""
+    return widened(before, chains_after_moves(before, remaining, r, groups, targets))
+
+
+def narrow(
+    before: Topology, now: Topology, remaining: list[str], targets: dict[int, str] | None = None
+) -> Topology:
+    """What an eject's step 3 makes of ``now``: the chains planned on ``before``."""
+    return narrowed(now, chains_after_moves(before, remaining, 1, {}, targets))
 
 
 def topo(assignment: dict[int, str], replicas: dict[int, list[str]], seq: int = 1) -> Topology:
@@ -42,19 +60,21 @@ def test_widening_appends_a_replacement_and_keeps_the_ejected_replica() -> None:
     assert added_replicas(THREE, wide) == {1: ["n1"], 3: ["n2"]}
     for p in wide.assignment:  # copies of a partition stay on distinct nodes
         assert len(set(wide.chain(p))) == len(wide.chain(p))
-    narrowed = without_nodes(wide, ["n3"])
-    assert narrowed.seq_num == 3
-    assert narrowed.replicas == {0: ["n2"], 1: ["n1"], 2: ["n1"], 3: ["n2"], 4: ["n1"], 5: ["n2"]}
+    narrow_t = narrow(THREE, wide, ["n1", "n2"])
+    assert narrow_t.seq_num == 3
+    assert narrow_t.replicas == {0: ["n2"], 1: ["n1"], 2: ["n1"], 3: ["n2"], 4: ["n1"], 5: ["n2"]}
     # no chain got shorter at any step: widened >= before, narrowed >= 1 + num_replicas
     for p in THREE.assignment:
         assert len(wide.chain(p)) >= len(THREE.chain(p))
-        assert len(narrowed.chain(p)) == 2
+        assert len(narrow_t.chain(p)) == 2
+    # before the new replicas are in the chains (not widened), nothing leaves them
+    assert narrow(THREE, THREE, ["n1", "n2"]) is THREE
 
 
 def test_nothing_to_replace_returns_the_same_topology() -> None:
     t = topo({0: "n1", 1: "n2"}, {0: ["n2"], 1: ["n1"]})
     assert widen_chains(t, ["n1", "n2"], 1, {}) is t
-    assert without_nodes(t, ["n3"]) is t
+    assert narrow(t, t, ["n1", "n2"]) is t
     assert added_replicas(t, t) == {}
 
 
@@ -62,7 +82,7 @@ def test_widening_with_no_node_to_spare_adds_nothing() -> None:
     # two nodes, n2 ejected: the chain can only be n1 alone afterwards
     t = topo({0: "n1", 1: "n2"}, {0: ["n2"], 1: ["n1"]})
     assert widen_chains(t, ["n1"], 1, {}) is t
-    assert without_nodes(t, ["n2"]).replicas == {1: ["n1"]}
+    assert narrow(t, t, ["n1"]).replicas == {1: ["n1"]}
 
 
 def test_widening_respects_server_groups() -> None:
@@ -73,11 +93,11 @@ def test_widening_respects_server_groups() -> None:
 
 
 def test_eject_moves_go_outside_the_chain_and_spread() -> None:
-    narrowed = without_nodes(widen_chains(THREE, ["n1", "n2"], 1, {}), ["n3"])
-    moves = plan_eject_moves({"ks": ("u", narrowed)}, ["n3"], ["n1", "n2", "n3"])
+    narrow_t = narrow(THREE, widen_chains(THREE, ["n1", "n2"], 1, {}), ["n1", "n2"])
+    moves = plan_eject_moves({"ks": ("u", narrow_t)}, ["n3"], ["n1", "n2", "n3"])
     assert moves == [("ks", "u", 2, "n3", "n2", 3), ("ks", "u", 5, "n3", "n1", 3)]
     for _ks, _u, p, _src, target, _seq in moves:
-        assert target not in narrowed.chain(p)  # the replica keeps its copy: chain full
+        assert target not in narrow_t.chain(p)  # the replica keeps its copy: chain full
 
 
 def test_eject_moves_fall_back_to_the_least_loaded_when_every_node_is_in_the_chain() -> None:
@@ -146,9 +166,10 @@ def test_an_active_moving_onto_its_replicas_node_gets_that_replica_replaced_firs
         4: ["n3", "n1"],
         5: ["n1", "n2"],
     }
-    narrowed = without_nodes(wide, ["n3"])
-    after = narrowed.with_moves(targets)
+    narrow_t = narrow(t, wide, ["n1", "n2"], targets)
+    assert narrow_t.replicas[5] == ["n1", "n2"]  # n1 stays until its move drops it
+    after = narrow_t.with_moves(targets)
     for p in range(6):
         assert sorted(after.chain(p)) == ["n1", "n2"]
     # during p5's copy (n1's replica copy dropped), n2 holds a caught-up replica
-    assert "n2" in narrowed.replicas[5]
+    assert "n2" in narrow_t.replicas[5]

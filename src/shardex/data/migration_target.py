@@ -281,6 +281,16 @@ def _prepare(engine: DataEngine, msg: MigrateIn, marker: IncomingMarker) -> None
         engine, msg.keyspace, msg.keyspace_uuid, msg.created_cas, msg.num_partitions, []
     )
     state = engine.partition_state(msg.keyspace, msg.partition)
+    if state == STATE_ACTIVE and engine.replicas.failed_over_mark() is not None:
+        # This node was failed over and has not settled its recovery yet: its active copies
+        # are stale by definition (the master moves a partition here only once the state
+        # names another active), and the copy replaces it.
+        log.info(
+            "migration of %s/%d: dropping this failed-over node's stale active copy",
+            msg.keyspace,
+            msg.partition,
+        )
+        state = "stale"
     if state == STATE_ACTIVE:
         raise ShardexError(
             f"partition {msg.partition} of {msg.keyspace!r} is already active here",

@@ -186,7 +186,12 @@ def recover_copies(engine: DataEngine, node: str, state: StateContext, kind: str
             continue
         for info in infos:
             p = info.partition
-            if topo is None or topo.assignment.get(p) == node or (name, p) in moving:
+            if topo is None or topo.assignment.get(p) == node:
+                continue
+            # A copy a migration is bringing here is the move's; a stale active copy is
+            # not, even when a rebalance already moves that partition here (it would
+            # refuse to copy over an active one).
+            if (name, p) in moving and info.state != STATE_ACTIVE:
                 continue
             if kind == "delta" and info.state in (STATE_ACTIVE, STATE_REPLICA):
                 if info.state == STATE_ACTIVE:

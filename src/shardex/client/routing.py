@@ -49,6 +49,17 @@ _RETRY_IDEMPOTENT = (
 # failed over since (a replica was promoted in its place).
 _RETRY_REFRESHED = (ErrorCode.NOT_MY_PARTITION, ErrorCode.NODE_FAILED_OVER)
 
+
+def rerouted(code: ErrorCode, *, idempotent: bool) -> bool:
+    """Whether ``to_partition`` answers an owner's error ``code`` with another attempt (a
+    refresh of the topology, then the owner it names) rather than raising it: a refusal that
+    applied nothing, or any failure of a read. The calling thread's requests
+    (``client/direct_kv.py``) hand exactly these to the loop path."""
+    if code in _RETRY_REFRESHED or code is ErrorCode.KEYSPACE_NOT_FOUND:
+        return True
+    return idempotent and code in _RETRY_IDEMPOTENT + _RETRY_UNSENT
+
+
 Control = Callable[[Message, type[Any]], Awaitable[Any]]
 
 
@@ -134,6 +145,24 @@ class DataRouter:
         """Pretend the cached topology is ``topology`` until the next refresh (tests)."""
         self._forced[keyspace] = topology
 
+    def cached_owner(self, keyspace: str, docid: str) -> tuple[int, str] | None:
+        """``docid``'s partition and its owner's address from the cached state alone, or
+        None if that needs the loop (nothing cached for ``keyspace``, an unknown address).
+        Safe from any thread: the state, the forced topologies and the addresses are read,
+        never changed, and a refresh replaces them whole."""
+        state = self._state
+        if state is None:
+            return None
+        meta = state.keyspaces.get(keyspace)
+        history = state.data_topologies.get(keyspace)
+        if meta is None or not history:
+            return None
+        topo = self._forced.get(keyspace) or history[-1]
+        partition = partition_of(docid, meta.num_partitions)
+        node = topo.assignment.get(partition)
+        address = None if node is None else self._addresses.get(node)
+        return None if address is None else (partition, address)
+
     def forget(self, keyspace: str) -> None:
         if self._state is not None and keyspace in self._state.keyspaces:
             self._state = None
@@ -161,11 +190,15 @@ class DataRouter:
         expect: type[M],
         *,
         idempotent: bool,
+        after: ShardexError | None = None,
     ) -> M:
-        """Send ``msg`` to the owner of ``docid``'s partition; re-route on NOT_MY_PARTITION."""
+        """Send ``msg`` to the owner of ``docid``'s partition; re-route on NOT_MY_PARTITION.
+        ``after``: a first attempt made elsewhere failed with this (see ``to_partition``)."""
         meta, _ = await self.keyspace(keyspace)
         partition = partition_of(docid, meta.num_partitions)
-        return await self.to_partition(keyspace, partition, msg, expect, idempotent=idempotent)
+        return await self.to_partition(
+            keyspace, partition, msg, expect, idempotent=idempotent, after=after
+        )
 
     async def to_partition(
         self,
@@ -176,10 +209,14 @@ class DataRouter:
         *,
         idempotent: bool,
         on_conn: Callable[[Connection], None] | None = None,
+        after: ShardexError | None = None,
     ) -> M:
-        last: ShardexError | None = None
-        gone = False
-        for attempt in range(ROUTE_ATTEMPTS):
+        """``msg`` to the owner of ``partition``, retried as the module says. ``after``: the
+        first attempt was made by the caller (the calling thread's socket) and failed with
+        this retryable error: carry on from the second, as if it had been this loop's."""
+        last = after
+        gone = after is not None and after.code is ErrorCode.KEYSPACE_NOT_FOUND
+        for attempt in range(0 if after is None else 1, ROUTE_ATTEMPTS):
             if attempt:
                 await asyncio.sleep(backoff(attempt - 1))
             _, topo = await self.keyspace(keyspace, refresh=attempt > 0 and last is not None)
@@ -202,18 +239,16 @@ class DataRouter:
             try:
                 return await conn.request(msg, self.request_timeout, expect=expect)
             except ShardexError as exc:
-                if exc.code in _RETRY_REFRESHED:
-                    last = exc  # refused, nothing applied: a newer topology names another
-                    continue
-                if exc.code is ErrorCode.KEYSPACE_NOT_FOUND and not gone:
+                if exc.code is ErrorCode.KEYSPACE_NOT_FOUND:
                     # Our cached state still has it: dropped (the refresh raises), or dropped
-                    # and re-created (the refresh finds the new incarnation).
-                    last, gone = exc, True
-                    continue
-                if idempotent and exc.code in _RETRY_IDEMPOTENT + _RETRY_UNSENT:
-                    last = exc
-                    continue
-                raise
+                    # and re-created (the refresh finds the new incarnation). Once.
+                    if gone:
+                        raise
+                    gone = True
+                elif not rerouted(exc.code, idempotent=idempotent):
+                    raise
+                last = exc  # refused, nothing applied (a newer topology names another), or a read
+                continue
         assert last is not None
         last.details.setdefault("attempts", ROUTE_ATTEMPTS)
         raise last

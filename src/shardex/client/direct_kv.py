@@ -61,11 +61,11 @@ class DirectKV:
         if rpc.closed:
             raise client_closed()
         router = rpc.router
-        owner = router.cached_owner(keyspace, docid)
-        if owner is None:
+        address = router.owner_address(keyspace, docid)
+        if address is None:
             return rpc.run(router.to_owner(keyspace, docid, msg, expect, idempotent=idempotent))
         try:
-            reply = self._request(owner[1], msg, expect, idempotent)
+            reply = self._request(address, msg, expect, idempotent)
         except _Unsent as unsent:  # the loop's turn, from its first attempt
             after = unsent.error
             if after is None:

@@ -12,6 +12,10 @@ Retry safety: a request is resent after a failure only when it cannot have been 
 idempotent (reads). A mutation whose connection dies mid-flight raises: the client cannot
 know whether it was applied, and resending an insert could report DOC_EXISTS for its own
 write.
+
+On TCP the sync client makes a document request's first attempt itself, from the calling
+thread (``client/direct_kv.py``, with ``owner_address``), and hands anything this module
+would retry to ``to_owner(..., after=...)``.
 """
 
 from __future__ import annotations
@@ -145,11 +149,11 @@ class DataRouter:
         """Pretend the cached topology is ``topology`` until the next refresh (tests)."""
         self._forced[keyspace] = topology
 
-    def cached_owner(self, keyspace: str, docid: str) -> tuple[int, str] | None:
-        """``docid``'s partition and its owner's address from the cached state alone, or
-        None if that needs the loop (nothing cached for ``keyspace``, an unknown address).
-        Safe from any thread: the state, the forced topologies and the addresses are read,
-        never changed, and a refresh replaces them whole."""
+    def owner_address(self, keyspace: str, docid: str) -> str | None:
+        """The address of ``docid``'s owner from the cached state alone, or None if that
+        needs the loop (nothing cached for ``keyspace``, an unknown address). Safe from any
+        thread: it only reads, one dict lookup at a time (atomic under the GIL), and a
+        refresh replaces the state and the addresses whole."""
         state = self._state
         if state is None:
             return None
@@ -157,11 +161,10 @@ class DataRouter:
         history = state.data_topologies.get(keyspace)
         if meta is None or not history:
             return None
-        topo = self._forced.get(keyspace) or history[-1]
-        partition = partition_of(docid, meta.num_partitions)
-        node = topo.assignment.get(partition)
-        address = None if node is None else self._addresses.get(node)
-        return None if address is None else (partition, address)
+        forced = self._forced.get(keyspace)
+        topo = forced if forced is not None else history[-1]
+        node = topo.assignment.get(partition_of(docid, meta.num_partitions))
+        return None if node is None else self._addresses.get(node)
 
     def forget(self, keyspace: str) -> None:
         if self._state is not None and keyspace in self._state.keyspaces:

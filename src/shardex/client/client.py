@@ -3,9 +3,10 @@
 Users call plain methods; underneath, an asyncio loop runs in a background thread owned by
 the client and every call is a coroutine submitted to it (``client/loop_thread.py``). The
 network code is therefore the same async code the nodes use, and the user never sees a loop.
-The exception is ``scan``: on TCP it runs over a blocking socket of the calling thread
-(``shardex.client.direct_scan``), since the hand-off to the loop thread and back was most of
-a scan's client CPU outside its rows.
+The exceptions are ``scan`` and single-document requests (``Keyspace.get``, ``insert``,
+``upsert``, ``replace``, ``delete``): on TCP they run over a blocking socket of the calling
+thread (``shardex.client.direct_scan``, ``shardex.client.direct_kv``), since the hand-off to
+the loop thread and back was most of their client CPU.
 
 ``Client`` is the public face; its connection side (loop thread, connection and failover,
 data router) is an ``RpcSession`` (``client/rpc_session.py``), and the modules behind its
@@ -36,6 +37,8 @@ from shardex.api.keyspaces import (
 )
 from shardex.api.membership import MembersReply, MembersRequest
 from shardex.api.node import StatusReply, StatusRequest
+from shardex.client.direct_conn import DirectConns
+from shardex.client.direct_kv import DirectKV
 from shardex.client.direct_scan import DirectScans
 from shardex.client.failover import FailoverOps
 from shardex.client.indexes import IndexOps
@@ -80,9 +83,10 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
     """A connection to a shardex cluster through one node, failing over to the others.
 
     Build it with ``connect`` or ``connect_local``. Thread-safe: calls from several threads
-    run concurrently on the client's loop; index scans run in each calling thread, over
-    sockets of its own (``client/direct_scan.py``; ``direct_scans=False``: on the loop too).
-    Use as a context manager or call ``close()``."""
+    run concurrently on the client's loop; index scans and single-document requests run in
+    each calling thread, over sockets of its own (``client/direct_scan.py``,
+    ``client/direct_kv.py``; ``direct_scans=False`` / ``direct_kv=False``: on the loop
+    too). Use as a context manager or call ``close()``."""
 
     def __init__(
         self,
@@ -94,6 +98,7 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         transport: Transport | None = None,
         direct_scans: bool = True,
+        direct_kv: bool = True,
     ) -> None:
         if not addresses:
             raise ConfigError("no node address given", details={"hint": "pass host:port"})
@@ -108,22 +113,26 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
             request_timeout=request_timeout,
             transport=transport,
         )
-        # Scans over a blocking socket in the calling thread (``client/direct_scan.py``):
-        # the default on TCP; the simulator's deterministic network keeps the loop path.
+        # Scans and single-document requests over blocking sockets of the calling thread
+        # (``client/direct_scan.py``, ``client/direct_kv.py``): the default on TCP; the
+        # simulator's deterministic network keeps the loop path.
+        tcp = type(transport) is TcpTransport
+        self._sockets = DirectConns(self.rpc) if tcp and (direct_scans or direct_kv) else None
         targets = ScanTargets()  # where scans go, for both scan paths
-        direct = direct_scans and type(transport) is TcpTransport
-        self._scans = ScanPaths(
-            self.rpc, targets, DirectScans(self.rpc, targets) if direct else None
-        )
+        sockets = self._sockets
+        direct = DirectScans(self.rpc, targets, sockets) if direct_scans and sockets else None
+        self._scans = ScanPaths(self.rpc, targets, direct)
+        self._kv = DirectKV(self.rpc, sockets) if direct_kv and sockets else None
 
     # -- lifecycle --
 
     def close(self) -> None:
         """Close the connection and stop the client's thread. Idempotent."""
-        scans = self._scans
-        # Every thread's scan sockets first (blocked readers wake), the scan pool after the
+        sockets = self._sockets
+        # Every thread's sockets first (blocked readers wake), the scan pool after the
         # router's.
-        self.rpc.close(first=scans.close_direct, on_loop=scans.close)
+        first = sockets.close if sockets is not None else None
+        self.rpc.close(first=first, on_loop=self._scans.close)
 
     def __enter__(self) -> Client:
         return self
@@ -241,7 +250,7 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
 
     def keyspace(self, name: str) -> Keyspace:
         """The document API of keyspace ``name`` (no network call until it is used)."""
-        return Keyspace(self.rpc, check_keyspace_name(name))
+        return Keyspace(self.rpc, check_keyspace_name(name), self._kv)
 
     def high_seqnos(self, keyspace: str) -> Timestamp:
         """Every partition's current (high seqno, uuid), gathered by a data node from the
@@ -391,10 +400,11 @@ def connect(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     direct_scans: bool = True,
+    direct_kv: bool = True,
 ) -> Client:
-    """Connect to a node (or the first reachable of several addresses). ``direct_scans``:
-    scans run over a socket of the calling thread (False: through the client's loop
-    thread, as every other call; for comparisons)."""
+    """Connect to a node (or the first reachable of several addresses). ``direct_scans``,
+    ``direct_kv``: scans, single-document requests run over a socket of the calling thread
+    (False: through the client's loop thread, as every other call; for comparisons)."""
     addresses = [address] if isinstance(address, str) else list(address)
     client = Client(
         addresses,
@@ -403,6 +413,7 @@ def connect(
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,
         direct_scans=direct_scans,
+        direct_kv=direct_kv,
     )
     try:
         client.rpc.connect()
@@ -419,6 +430,7 @@ def connect_local(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     direct_scans: bool = True,
+    direct_kv: bool = True,
 ) -> Client:
     """Connect to the local cluster in ``cluster_dir`` (made by ``shardex cluster start``):
     reads cluster.json and the secret, connects to the first live node, then the next."""
@@ -433,4 +445,5 @@ def connect_local(
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,
         direct_scans=direct_scans,
+        direct_kv=direct_kv,
     )

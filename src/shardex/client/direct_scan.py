@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
@@ -44,7 +43,7 @@ from shardex.api.scan import (
     ScanEnd,
 )
 from shardex.api.scan_streams import ReplyHead
-from shardex.client.direct_conn import DirectConn
+from shardex.client.direct_conn import DirectConn, DirectConns
 from shardex.client.rpc_session import client_closed
 from shardex.client.scan import (
     FAILOVER,
@@ -206,25 +205,13 @@ class DirectScanResult(ScanResult):
 
 
 class DirectScans:
-    """The client's direct scan sockets: per thread, per node, opened on first use; every
-    one also in a set that ``close`` (from any thread) shuts down."""
+    """Scans over the client's calling-thread sockets (``DirectConns``, shared with its
+    single-document requests)."""
 
-    def __init__(self, rpc: RpcSession, targets: ScanTargets) -> None:
+    def __init__(self, rpc: RpcSession, targets: ScanTargets, conns: DirectConns) -> None:
         self._rpc = rpc
         self._targets = targets
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        # Weak: a thread that ends drops its sockets (its thread-local dict goes with it).
-        self._all: weakref.WeakSet[DirectConn] = weakref.WeakSet()
-        self._closed = False
-        self.name = f"{rpc.name}/scan"  # the node sees the loop path's scan-pool name
-
-    def _conns(self) -> dict[str, DirectConn]:
-        try:
-            conns: dict[str, DirectConn] = self._local.conns
-        except AttributeError:
-            conns = self._local.conns = {}
-        return conns
+        self._sockets = conns
 
     def open(self, msg: IndexScan, covering: bool) -> ScanResult | None:
         """Start the scan on this thread's socket to the first node that answers (the
@@ -232,7 +219,7 @@ class DirectScans:
         rpc = self._rpc
         if rpc.closed:
             raise client_closed()
-        conns = self._conns()
+        conns = self._sockets.mine()
         targets = self._targets
         key = (msg.keyspace, msg.index)
         order, hint = targets.order(rpc, key)
@@ -265,7 +252,7 @@ class DirectScans:
         timeout: float,
     ) -> tuple[IndexScanStarted, DirectStream]:
         if conn is None or conn.closed:
-            return self._send(self._connect(conns, address), msg, timeout)
+            return self._send(self._sockets.connect(conns, address), msg, timeout)
         try:
             return self._send(conn, msg, timeout)
         except FAILOVER:
@@ -273,38 +260,14 @@ class DirectScans:
                 raise
         # A socket kept from an earlier scan was found dead (the node restarted, or dropped
         # it): the loop path's pool would have noticed and reconnected; so does this, once.
-        return self._send(self._connect(conns, address), msg, timeout)
-
-    def _connect(self, conns: dict[str, DirectConn], address: str) -> DirectConn:
-        rpc = self._rpc
-        transport = rpc.transport
-        conn = DirectConn.open(
-            address,
-            rpc.secret,
-            name=self.name,
-            timeout=rpc.connect_timeout,
-            max_frame=transport.max_frame,
-            nonce=transport.nonce,
-        )
-        with self._lock:
-            if self._closed:
-                conn.close()
-                raise client_closed()
-            self._all.add(conn)
-        old = conns.get(address)
-        if old is not None:
-            old.close()
-        conns[address] = conn
-        return conn
+        return self._send(self._sockets.connect(conns, address), msg, timeout)
 
     def _send(
         self, conn: DirectConn, msg: IndexScan, timeout: float
     ) -> tuple[IndexScanStarted, DirectStream]:
         """Send the scan on ``conn`` and read its reply (blocks that overtake it are kept
         for the stream)."""
-        cancels = conn.pending_cancels
-        while cancels:  # abandoned from another thread: stop them now, from the owner
-            conn.send(CancelScan(scan_id=cancels.popleft()), 0)
+        conn.send_pending_cancels()  # abandoned from another thread: stop them now
         sid = conn.new_scan_id()
         rid = conn.new_request_id()
         stream = DirectStream(self._rpc, conn, sid)
@@ -349,13 +312,3 @@ class DirectScans:
         except BaseException:
             stream.cancel()  # as the loop path: the node stops whatever it started
             raise
-
-    def close(self) -> None:
-        """Close every socket of every thread (from any thread): readers blocked on one
-        wake up with an error. Idempotent."""
-        with self._lock:
-            self._closed = True
-            conns = list(self._all)
-            self._all.clear()
-        for conn in conns:
-            conn.close()

@@ -42,6 +42,7 @@ from shardex.errors import ShardexError
 from shardex.meta.partitioning import partition_of
 
 if TYPE_CHECKING:
+    from shardex.client.direct_kv import DirectKV
     from shardex.client.rpc_session import RpcSession
 
 DEFAULT_CHUNK = 1000
@@ -57,8 +58,11 @@ class VersionedDocument(NamedTuple):
 class Keyspace:
     """Documents of one keyspace. Thread-safe; cheap to create (no network until used)."""
 
-    def __init__(self, rpc: RpcSession, name: str) -> None:
-        self._rpc = rpc  # the client's: every call here is one ``rpc.run``
+    def __init__(self, rpc: RpcSession, name: str, direct: DirectKV | None = None) -> None:
+        self._rpc = rpc  # the client's: every call here is one ``rpc.run``...
+        # ...but single-document requests, sent from the calling thread where it can
+        # (``client/direct_kv.py``; None: on the loop, as everything else).
+        self._direct = direct
         self.name = name
         self.max_doc_bytes = DEFAULT_MAX_DOC_BYTES
 
@@ -72,6 +76,9 @@ class Keyspace:
         return docid, encode_document(doc, self.max_doc_bytes, docid)
 
     def _mutate(self, docid: str, msg: Any) -> MutationResult:
+        direct = self._direct
+        if direct is not None:
+            return direct.to_owner(self.name, docid, msg, MutationReply, idempotent=False).result
         router = self._rpc.router
         reply = self._rpc.run(
             router.to_owner(self.name, docid, msg, MutationReply, idempotent=False)
@@ -122,19 +129,23 @@ class Keyspace:
         ``replica="any"``: the first answer from any copy (see ``get``)."""
         docid = check_docid(docid)
         router = self._rpc.router
+        direct = self._direct
         if replica is None:
-            call = router.to_owner(
-                self.name, docid, Get(keyspace=self.name, docid=docid), GetReply, idempotent=True
-            )
-        elif replica == "any":
+            msg = Get(keyspace=self.name, docid=docid)
+            if direct is not None:
+                reply = direct.to_owner(self.name, docid, msg, GetReply, idempotent=True)
+            else:
+                reply = self._rpc.run(
+                    router.to_owner(self.name, docid, msg, GetReply, idempotent=True)
+                )
+        elif replica == "any":  # several copies at once: the loop's fan-out
             msg = Get(keyspace=self.name, docid=docid, replica=True)
-            call = router.to_any_copy(self.name, docid, msg, GetReply)
+            reply = self._rpc.run(router.to_any_copy(self.name, docid, msg, GetReply))
         else:
             raise BadRequest(
                 f"replica must be None or 'any', got {replica!r}",
                 details={"replica": repr(replica)},
             )
-        reply = self._rpc.run(call)
         return VersionedDocument(msgspec.json.decode(reply.body), reply.cas, reply.seqno)
 
     def get(self, docid: str, *, replica: str | None = None) -> dict[str, Any]:

@@ -12,6 +12,10 @@ Retry safety: a request is resent after a failure only when it cannot have been 
 idempotent (reads). A mutation whose connection dies mid-flight raises: the client cannot
 know whether it was applied, and resending an insert could report DOC_EXISTS for its own
 write.
+
+On TCP the sync client makes a document request's first attempt itself, from the calling
+thread (``client/direct_kv.py``, with ``owner_address``), and hands anything this module
+would retry to ``to_owner(..., after=...)``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,17 @@ _RETRY_IDEMPOTENT = (
 # Refusals that change nothing and mean "ask the current owner": a stale topology, a node
 # failed over since (a replica was promoted in its place).
 _RETRY_REFRESHED = (ErrorCode.NOT_MY_PARTITION, ErrorCode.NODE_FAILED_OVER)
+
+
+def rerouted(code: ErrorCode, *, idempotent: bool) -> bool:
+    """Whether ``to_partition`` answers an owner's error ``code`` with another attempt (a
+    refresh of the topology, then the owner it names) rather than raising it: a refusal that
+    applied nothing, or any failure of a read. The calling thread's requests
+    (``client/direct_kv.py``) hand exactly these to the loop path."""
+    if code in _RETRY_REFRESHED or code is ErrorCode.KEYSPACE_NOT_FOUND:
+        return True
+    return idempotent and code in _RETRY_IDEMPOTENT + _RETRY_UNSENT
+
 
 Control = Callable[[Message, type[Any]], Awaitable[Any]]
 
@@ -134,6 +149,23 @@ class DataRouter:
         """Pretend the cached topology is ``topology`` until the next refresh (tests)."""
         self._forced[keyspace] = topology
 
+    def owner_address(self, keyspace: str, docid: str) -> str | None:
+        """The address of ``docid``'s owner from the cached state alone, or None if that
+        needs the loop (nothing cached for ``keyspace``, an unknown address). Safe from any
+        thread: it only reads, one dict lookup at a time (atomic under the GIL), and a
+        refresh replaces the state and the addresses whole."""
+        state = self._state
+        if state is None:
+            return None
+        meta = state.keyspaces.get(keyspace)
+        history = state.data_topologies.get(keyspace)
+        if meta is None or not history:
+            return None
+        forced = self._forced.get(keyspace)
+        topo = forced if forced is not None else history[-1]
+        node = topo.assignment.get(partition_of(docid, meta.num_partitions))
+        return None if node is None else self._addresses.get(node)
+
     def forget(self, keyspace: str) -> None:
         if self._state is not None and keyspace in self._state.keyspaces:
             self._state = None
@@ -161,11 +193,15 @@ class DataRouter:
         expect: type[M],
         *,
         idempotent: bool,
+        after: ShardexError | None = None,
     ) -> M:
-        """Send ``msg`` to the owner of ``docid``'s partition; re-route on NOT_MY_PARTITION."""
+        """Send ``msg`` to the owner of ``docid``'s partition; re-route on NOT_MY_PARTITION.
+        ``after``: a first attempt made elsewhere failed with this (see ``to_partition``)."""
         meta, _ = await self.keyspace(keyspace)
         partition = partition_of(docid, meta.num_partitions)
-        return await self.to_partition(keyspace, partition, msg, expect, idempotent=idempotent)
+        return await self.to_partition(
+            keyspace, partition, msg, expect, idempotent=idempotent, after=after
+        )
 
     async def to_partition(
         self,
@@ -176,10 +212,14 @@ class DataRouter:
         *,
         idempotent: bool,
         on_conn: Callable[[Connection], None] | None = None,
+        after: ShardexError | None = None,
     ) -> M:
-        last: ShardexError | None = None
-        gone = False
-        for attempt in range(ROUTE_ATTEMPTS):
+        """``msg`` to the owner of ``partition``, retried as the module says. ``after``: the
+        first attempt was made by the caller (the calling thread's socket) and failed with
+        this retryable error: carry on from the second, as if it had been this loop's."""
+        last = after
+        gone = after is not None and after.code is ErrorCode.KEYSPACE_NOT_FOUND
+        for attempt in range(0 if after is None else 1, ROUTE_ATTEMPTS):
             if attempt:
                 await asyncio.sleep(backoff(attempt - 1))
             _, topo = await self.keyspace(keyspace, refresh=attempt > 0 and last is not None)
@@ -202,18 +242,16 @@ class DataRouter:
             try:
                 return await conn.request(msg, self.request_timeout, expect=expect)
             except ShardexError as exc:
-                if exc.code in _RETRY_REFRESHED:
-                    last = exc  # refused, nothing applied: a newer topology names another
-                    continue
-                if exc.code is ErrorCode.KEYSPACE_NOT_FOUND and not gone:
+                if exc.code is ErrorCode.KEYSPACE_NOT_FOUND:
                     # Our cached state still has it: dropped (the refresh raises), or dropped
-                    # and re-created (the refresh finds the new incarnation).
-                    last, gone = exc, True
-                    continue
-                if idempotent and exc.code in _RETRY_IDEMPOTENT + _RETRY_UNSENT:
-                    last = exc
-                    continue
-                raise
+                    # and re-created (the refresh finds the new incarnation). Once.
+                    if gone:
+                        raise
+                    gone = True
+                elif not rerouted(exc.code, idempotent=idempotent):
+                    raise
+                last = exc  # refused, nothing applied (a newer topology names another), or a read
+                continue
         assert last is not None
         last.details.setdefault("attempts", ROUTE_ATTEMPTS)
         raise last

@@ -311,10 +311,6 @@ class DirectPath(Protocol):
         """The scan started on this thread's socket; None: it must take the loop path."""
         ...
 
-    def close(self) -> None:
-        """From any thread: close every thread's sockets."""
-        ...
-
 
 class ScanPaths:
     """A client's two scan paths over its ``RpcSession``: the calling thread's sockets
@@ -332,11 +328,6 @@ class ScanPaths:
         if session is None:
             session = self.session = ScanSession(self.rpc, self.targets)
         return session
-
-    def close_direct(self) -> None:
-        """From any thread: close every thread's scan sockets (blocked readers wake)."""
-        if self.direct is not None:
-            self.direct.close()
 
     async def close(self) -> None:
         """On the loop: close the loop path's pool."""

@@ -20,9 +20,15 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Final, Self
+from typing import Final, Self, TypeVar
 
-from shardex.errors import ConnectionClosed, FrameTooLarge, ProtocolError, ShardexError
+from shardex.errors import (
+    ConnectionClosed,
+    FrameTooLarge,
+    ProtocolError,
+    RequestTimeout,
+    ShardexError,
+)
 from shardex.net.auth import ClientHandshake
 from shardex.net.framing import HEADER, announced_too_large, header
 from shardex.net.messages import (
@@ -41,9 +47,12 @@ from shardex.net.transport import connect_failed, split_address
 
 __all__ = ["BlockingConn"]
 
+M = TypeVar("M", bound=Message)
+
 # One recv takes a whole 100-row reply (~5-10 KB), or several blocks. Into a buffer kept per
 # socket: ``recv(n)`` would allocate n bytes per call and then shrink them.
 _RECV: Final = 64 * 1024
+_PEEK: Final = socket.MSG_PEEK | socket.MSG_DONTWAIT
 
 
 def _timeval(seconds: float) -> bytes:
@@ -187,6 +196,73 @@ class BlockingConn:
                 self._notice = env.body  # the node says why it is about to hang up
                 continue
             return env
+
+    def reply(self, rid: int, msg: Message, timeout: float, expect: type[M]) -> M:
+        """The response to request ``rid`` (``msg``, sent on this socket), waiting up to
+        ``timeout`` seconds; the outcomes and words of the loop's ``Connection.request``:
+        the node's error, ``RequestTimeout`` (a late reply is skipped by the next call),
+        ``ConnectionClosed`` if the socket ends first, ``ProtocolError`` for a reply that is
+        not an ``expect``. One-way frames and other requests' replies are skipped."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                env = self.read(deadline)
+            except TimeoutError:
+                name = message_type_name(msg)
+                raise RequestTimeout(
+                    f"{name} to {self.peer_label} timed out after {timeout}s",
+                    details={"type": name, "peer": self.peer_label, "timeout": timeout},
+                ) from None
+            except ConnectionClosed as e:
+                raise self._lost_request(message_type_name(msg), e) from None
+            if env.id != rid or env.kind is Kind.REQUEST:
+                continue  # one-way (id 0), or the late reply of a request given up on
+            body = env.body
+            if env.kind is Kind.ERROR:
+                if isinstance(body, ErrorReply):
+                    raise ShardexError.from_wire(body.code, body.message, body.details)
+                raise ProtocolError(
+                    f"{self.peer_label} sent an error of type {message_type_name(body)}",
+                    details={"type": message_type_name(msg)},
+                )
+            if not isinstance(body, expect):
+                name = message_type_name(msg)
+                raise ProtocolError(
+                    f"{self.peer_label} answered {name} with {message_type_name(body)}, "
+                    f"expected {expect.__name__}",
+                    details={"type": name, "got": message_type_name(body)},
+                )
+            return body
+
+    def _lost_request(self, type_name: str, reason: ConnectionClosed) -> ConnectionClosed:
+        """What the loop's ``Connection`` raises for a request whose connection ended before
+        its reply (``Connection._closed_error``)."""
+        details = {"type": type_name, "peer": self.peer_label}
+        if "notice" in reason.details:
+            details["notice"] = reason.details["notice"]
+        return ConnectionClosed(
+            f"{type_name}: connection to {self.peer_label} is closed ({reason.message})",
+            details=details,
+        )
+
+    def peer_gone(self) -> bool:
+        """Whether this idle socket has ended (the node hung up: it restarted, or dropped
+        the connection), found without waiting: one non-blocking peek. A request about to
+        be sent on it could not have been applied, so the caller may open another; bytes
+        waiting (a late reply, a ping) are not an end and stay for ``read``."""
+        if self._closed_by is not None:
+            return True
+        try:
+            n = self._sock.recv_into(self._rbuf, 1, _PEEK)
+        except BlockingIOError:
+            return False  # nothing waiting: the usual case
+        except OSError as e:
+            self._lost(f"lost: {e}")
+            return True
+        if not n:
+            self._lost("closed by peer")
+            return True
+        return False
 
     def _frame(self, deadline: float) -> bytes:
         buf = self._buf

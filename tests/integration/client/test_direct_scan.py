@@ -162,7 +162,7 @@ async def test_a_scan_abandoned_half_read_then_a_new_scan_on_that_socket(env: En
         for _ in range(3000):  # past the reply's entries: blocks stream, some still unread
             next(it)
         del it  # dropped, not closed: the generator's end cancels the stream
-        sockets = dict(client._scans.direct._local.conns)  # type: ignore[union-attr]
+        sockets = dict(client._sockets._local.conns)  # type: ignore[union-attr]
         # An error half-way: the same.
         try:
             with client.scan(KS, "#primary", None, "at_plus", ts) as res2:
@@ -174,7 +174,7 @@ async def test_a_scan_abandoned_half_read_then_a_new_scan_on_that_socket(env: En
         for limit in (None, 10):
             out.append(as_rows(list(client.scan(KS, "#primary", None, "at_plus", ts, limit))))
         # Still the same sockets: the frames left behind were skipped, not fatal.
-        assert client._scans.direct._local.conns == sockets  # type: ignore[union-attr]
+        assert client._sockets._local.conns == sockets  # type: ignore[union-attr]
         return out
 
     full, first10 = await asyncio.to_thread(on_one_thread)
@@ -241,8 +241,8 @@ async def test_a_node_that_refuses_or_drops_the_scan_fails_over_like_the_loop_pa
 
 async def test_a_socket_the_node_closed_since_the_last_scan_is_replaced(env: Env) -> None:
     ts = await env.round(random.Random(23), 60)
-    assert env.client is not None and env.client._scans.direct is not None
-    client, direct = env.client, env.client._scans.direct
+    assert env.client is not None and env.client._sockets is not None
+    client, direct = env.client, env.client._sockets
     one_thread = ThreadPoolExecutor(1)  # both scans on one thread: its sockets
     loop = asyncio.get_running_loop()
 
@@ -356,9 +356,9 @@ async def test_close_from_another_thread_wakes_a_blocked_scan_and_closes_every_s
 
     t = threading.Thread(target=blocked)
     t.start()
-    await _until(lambda: len(c._scans.direct._all) >= 2)  # type: ignore[union-attr]
+    await _until(lambda: len(c._sockets._all) >= 2)  # type: ignore[union-attr]
     await asyncio.sleep(0.2)  # in its recv
-    sockets = list(c._scans.direct._all)  # type: ignore[union-attr]
+    sockets = list(c._sockets._all)  # type: ignore[union-attr]
     await asyncio.to_thread(c.close)
     await asyncio.to_thread(t.join, 10)
     assert not t.is_alive()

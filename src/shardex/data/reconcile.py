@@ -202,6 +202,25 @@ def recover_copies(engine: DataEngine, node: str, state: StateContext, kind: str
                 log.info("recovery (%s): dropped the stale copy of %s/%d", kind, name, p)
 
 
+def holds_stale_actives(engine: DataEngine, node: str, state: StateContext) -> bool:
+    """Whether this node holds an active copy the latest topology gives to another node:
+    what a node failed over while it was down, and recovered before it heard of the
+    failover, comes back with (it never wrote the failed-over mark)."""
+    for name in list(state.keyspaces):
+        topo = latest_topology_of(state, name)
+        if topo is None:
+            continue
+        try:
+            infos = engine.local_partitions(name)
+        except KeyspaceNotFound:
+            continue
+        for info in infos:
+            owner = topo.assignment.get(info.partition)
+            if info.state == STATE_ACTIVE and owner is not None and owner != node:
+                return True
+    return False
+
+
 def latest_topology_of(state: StateContext, keyspace: str) -> Topology | None:
     history = state.data_topologies.get(keyspace)
     return history[-1] if history else None

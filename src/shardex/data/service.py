@@ -658,6 +658,14 @@ class DataService:
                     engine.replicas.set_failed_over_mark, state.failed_over[self.name]
                 )
             return
+        if (
+            mark is None
+            and self.name in state.recovering
+            and await self.io.run(reconcile.holds_stale_actives, engine, self.name, state)
+        ):
+            # Failed over while it was down and recovered before it heard of it: its
+            # active copies are as stale as if it had, and are settled the same way.
+            mark = 0
         if mark is not None and state.cas > mark:
             kind = state.recovering.get(self.name, "full")
             log.warning("recovered after a failover (%s): settling stale copies", kind)

@@ -514,3 +514,38 @@ async def test_delta_recovery_rolls_a_diverged_copy_back_in_place(
     for d in docs:  # none of n1's lost tail is there: docs[10] absent, docs[1] back
         assert await cluster.replica_get("n1", d) == expect.get(d), d
     assert back.engine.partition_info(KS, 0).failover_log == active.failover_log
+
+
+async def test_a_node_recovered_before_it_heard_of_its_failover_settles_on_restart(
+    cluster: Cluster,
+) -> None:
+    docs = [docid_in(0, i) for i in range(3)]  # partition 0: active n1, replica n2
+    for i, d in enumerate(docs):
+        await cluster.upsert(d, {"i": i}, "majority")
+    n1_dir = cluster.services["n1"].path.parent
+    await cluster.stop_node("n1")  # down before the failover: it never writes the mark
+    state = cluster.coord.state
+    topo = state.data_topologies[KS][-1]
+    failed = Topology(
+        seq_num=2,
+        assignment={**topo.assignment, 0: "n2", 3: "n2"},
+        replicas={p: [n for n in r if n not in ("n1", "n2")] for p, r in topo.replicas.items()},
+    )
+    failed_state = msgspec.structs.replace(
+        state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
+    )
+    await cluster.publish(failed_state)
+    # recovered (delta) while still down: the state no longer names it failed over
+    cluster.coord.state = msgspec.structs.replace(
+        failed_state, cas=3, failed_over={}, recovering={"n1": "delta"}
+    )
+    back = await cluster.start_node("n1", n1_dir)
+    await back.reconcile()
+    # its old actives are replica copies now, not active copies serving a stale branch
+    states = {i.partition: i.state for i in back.engine.local_partitions(KS)}
+    assert states[0] == STATE_REPLICA and states[3] == STATE_REPLICA
+    assert not back.failed_over
+    msg = UpsertMsg(keyspace=KS, docid=docs[0], doc=b'{"stale": 1}', durability="none")
+    with pytest.raises(ShardexError) as err:
+        await cluster.pool.request(cluster.addresses["n1"], msg, 5.0, expect=MutationReply)
+    assert err.value.code is ErrorCode.NOT_MY_PARTITION

@@ -34,7 +34,8 @@ nodes build the new replica copies by themselves from the topology.
 Eject (``StartRebalance.eject``, ``shardex rebalance --eject NODE``): the moves are only
 those off the ejected nodes, and before them the chains get their replacement replicas
 (widened, caught up, then narrowed); at the end the ejected nodes leave the member list.
-Steps and refusals: ``eject.py``.
+Steps and refusals: ``eject.py``; a manager node also leaves the coordinator's voters in the
+final commit (``voter_changes.py``).
 
 Master failover: the new master's recovery hook marks the interrupted rebalance over (moves
 not started: ``cancelled``; moves in flight: ``unresolved``) and resolves every in-flight move
@@ -58,6 +59,7 @@ from shardex.api.rebalance import GetRebalance, MovePartition, RebalanceReply, S
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_rebalance import IndexMoveDriver, plan_into, settle_index_moves
 from shardex.manager.migration_driver import MigrationDriver, deposed
+from shardex.manager.voter_changes import retire_ejected
 from shardex.meta.index_rebalance_state import interrupt_index_moves
 from shardex.meta.rebalance_state import (
     CANCELLED,
@@ -384,9 +386,14 @@ class Rebalancer:
                     rec = with_move(rec, m.migration_id, status=CANCELLED)
             rec = settle_index_moves(rec, "crashed")
             rec = finish(rec, time.time())
+            state = ctx.state
             if rec.eject:
                 rec = self._remove_ejected(ctx, rec)
-            await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
+                if rec.state == DONE:  # an ejected manager leaves the voters in this commit
+                    state, why = retire_ejected(ctx, rec.eject)
+                    if why:
+                        rec = msgspec.structs.replace(rec, state=FAILED, message=why)
+            await ctx.commit(msgspec.structs.replace(state, rebalance=rec))
             log.info(
                 "rebalance %s %s: %d moved, %d failed, %d unresolved",
                 rebalance_id,

@@ -178,6 +178,8 @@ class ReplicationGroup:
         the minority side: with fewer than a majority up nobody here may act."""
         if self.membership is None or not self.membership.joined.is_set():
             return None  # a joining node's list holds only itself: it must not vote alone
+        if self.membership.removed:
+            return None  # ejected (it may have missed its removal from the voters)
         voters = self.voters()
         up = [m.name for m in voters if self.is_up(m)]
         if not voters or len(up) < majority(len(voters)):
@@ -280,9 +282,9 @@ class ReplicationGroup:
                 self._hint = refusal  # defer to whoever holds that term
             return False
         chosen = newest(states)
-        # The state continued from may have a voter set one change away from ours: a majority
-        # of each must have promised (with single changes the two always overlap, but a
-        # stale candidate must not resync a set it has no majority of).
+        # The state continued from may have a voter set one change away from ours. Its resync
+        # commit needs a majority of that set anyway (what makes it safe); without their
+        # promises it would only fail after ``commit_timeout``, so give up now.
         chosen_voters = self.voters(chosen)
         if self.name not in {m.name for m in chosen_voters}:
             self.step_down(

@@ -126,7 +126,15 @@ class ManagerCluster:
 
     async def start(self) -> None:
         await self.sim.cluster.start()
-        await wait_until(lambda: self.master() is not None and len(self.live) == 3, 20)
+        await wait_until(self.all_voters, 20)
+
+    def all_voters(self) -> bool:
+        """Every host live and a voter in the master's committed state (the managers that
+        joined the founder have been admitted)."""
+        master = self.master()
+        if master is None or len(self.live) != len(self.hosts):
+            return False
+        return set(self.coord(master).state.voters) == set(self.hosts)
 
     def coord(self, host: str) -> Coordinator:
         c = self.live[host].coordinator

@@ -79,7 +79,7 @@ def decide(
     max_count: int,
 ) -> Decision:
     """Which ``candidates`` (data nodes the master has seen down for ``timeout``) to fail
-    over. ``managers``: the manager members of the current list; ``views``: observer ->
+    over. ``managers``: the coordinator's voters; ``views``: observer ->
     node -> seconds that observer has seen it down (absent: not down); ``failed_over``:
     nodes failed over and not recovered. Pure."""
     voters = sorted(set(managers))
@@ -165,9 +165,10 @@ class AutoFailover:
             del self._said[node]  # back up (or failed over): say it again next time
         if not candidates:
             return
-        managers = [r.name for r in own.members if "manager" in r.services]
+        # The committed voters only: an unknown or removed manager's view never counts.
+        managers = c.voter_names
         views = {own.observer: mine}
-        others = [r for r in own.members if "manager" in r.services and r.name != own.observer]
+        others = [r for r in own.members if r.name in managers and r.name != own.observer]
         replies = await asyncio.gather(*(self._ask(r.address) for r in others))
         for reply in replies:
             if reply is not None and reply.observer in managers:

@@ -5,7 +5,9 @@ Protocol (``index-ddl-flow.md``, made to survive its failure notes; the reasonin
 voter rules
 ``replica.py``):
 
-* **Voters** are the members of the member list that run the manager service. A node acts as
+* **Voters** are the committed voter set of the state (``StateContext.voters``, changed one
+  manager at a time by a majority commit: ``meta/voter_set.py``); a manager the member list
+  knows but the set does not never counts. A node acts as
   master only while its membership view shows a *majority* of them up: for 3 managers that is
   the DDL flow's own assumption ("no automatic failover when more than one node is down"), made
   a rule, and it keeps the minority side of a partition from acting.
@@ -108,6 +110,12 @@ class OpContext:
     @property
     def pool(self) -> ConnectionPool:
         return self._c.pool
+
+    @property
+    def voter_names(self) -> list[str]:
+        """The managers that count towards a majority, as this node's state has them
+        (``StateContext.voters``; ``meta/voter_set.py``)."""
+        return sorted(self._group.voter_set())
 
     @property
     def membership(self) -> Membership:
@@ -235,6 +243,12 @@ class Coordinator:
         """The master as this node sees it; ``None`` while there is none (or it is us and
         the promotion has not finished)."""
         return self._group.master_name
+
+    @property
+    def voter_names(self) -> list[str]:
+        """The managers that count towards a majority, as this node's state has them
+        (``StateContext.voters``; ``meta/voter_set.py``)."""
+        return sorted(self._group.voter_set())
 
     @property
     def membership(self) -> Membership:

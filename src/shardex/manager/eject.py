@@ -28,14 +28,15 @@ Why this order: ``docs/decisions/0084-graceful-eject.md``. A rebalance with ``ej
 
 Steps 1-3 are shared with the rebalance (``rebalance.py``, "Replica chains"): ``widen``
 takes the planned chains from a ``ChainPlan`` (``eject_plan`` here), ``narrow`` the chains
-``widen`` returned, ``await_replicas`` the new replicas.
+``widen`` returned, ``await_replicas`` the new replicas. A manager node also leaves the
+coordinator's voters, in step 6's commit, before its tombstone (``voter_changes.py``).
 
-Refused at the start, with the reason: a node that is not a member, a manager node (the
-coordinator's voters are the manager members of the gossiped list, not a committed set, so
-removing one is not a majority-committed change), a node holding index slices that cannot
-move (no other up indexer without a copy of the partition, the node is down, or the index is
-not ACTIVE: ``refuse_unplaced_slices``), a down node that still holds active copies (fail it
-over first), and an eject that would leave no serving data node.
+Refused at the start, with the reason: a node that is not a member, more than one manager
+node, a manager whose removal would leave no voter or no majority of voters up, a node
+holding index slices that cannot move (no other up indexer without a copy of the partition,
+the node is down, or the index is not ACTIVE: ``refuse_unplaced_slices``), a down node that
+still holds active copies (fail it over first), and an eject that would leave no serving
+data node.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.keyspaces import data_members
 from shardex.manager.migration_driver import ask_member
+from shardex.manager.voter_changes import check_manager_eject
 from shardex.meta.index_copy_plan import Unplaced
 from shardex.meta.index_state import INIT, LIVE_STATES
 from shardex.meta.replica_placement import added_replicas, chains_after_moves, narrowed, widened
@@ -144,16 +146,6 @@ def check_eject(ctx: Any, names: Iterable[str]) -> list[str]:
                 f"cannot eject {name!r}: it is not a cluster member",
                 details={"node": name, "members": sorted(members)},
             )
-        if "manager" in member.services:
-            raise BadRequest(
-                f"cannot eject {name}: it runs the manager service, and removing a manager "
-                "node is not supported (the coordinator's voters are not a committed set yet)",
-                details={
-                    "node": name,
-                    "services": list(member.services),
-                    "hint": "eject only data/index nodes without the manager service",
-                },
-            )
         actives = [
             f"{ks}/{p}"
             for ks, history in sorted(state.data_topologies.items())
@@ -171,6 +163,7 @@ def check_eject(ctx: Any, names: Iterable[str]) -> list[str]:
                     "hint": "start it again, or fail it over (shardex failover) and then eject",
                 },
             )
+    check_manager_eject(ctx, eject, members)  # one manager, leaving a majority up
     if not [n for n in serving if n not in eject]:
         raise BadRequest(
             f"cannot eject {', '.join(eject)}: no serving data node would remain",
@@ -334,13 +327,16 @@ async def await_replicas(coordinator: Any, waits: Waits, timeout: float | None =
 
 def remove_members(ctx: Any, eject: list[str]) -> list[str]:
     """Step 6: remove every ejected node the committed state no longer places anything on;
-    returns what was left for the others (``node: what it holds``)."""
+    returns what was left for the others (``node: what it holds``). A manager node is not
+    removed here: it leaves the voters in the eject's final commit first
+    (``voter_changes.retire_ejected``), and the master removes it after that commit."""
     problems: list[str] = []
     for name in eject:
         held = holdings(ctx.state, name)
         if held:
             problems.append(f"{name} still holds {', '.join(held[:5])}")
             continue
-        if any(m.name == name for m in ctx.membership.members):
+        member = next((m for m in ctx.membership.members if m.name == name), None)
+        if member is not None and "manager" not in member.services:
             ctx.membership.remove(name)
     return problems

@@ -48,7 +48,8 @@ partition's chain (its replica on the target replaced first).
 Eject (``StartRebalance.eject``, ``shardex rebalance --eject NODE``): the moves are only
 those off the ejected nodes, and before them the chains get their replacement replicas
 (widened, caught up, then narrowed); at the end the ejected nodes leave the member list.
-Steps and refusals: ``eject.py``.
+Steps and refusals: ``eject.py``; a manager node also leaves the coordinator's voters in the
+final commit (``voter_changes.py``).
 
 Master failover: the new master's recovery hook marks the interrupted rebalance over (moves
 not started: ``cancelled``; moves in flight: ``unresolved``) and resolves every in-flight move
@@ -73,6 +74,7 @@ from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_rebalance import IndexMoveDriver, plan_into, settle_index_moves
 from shardex.manager.migration_driver import MigrationDriver, deposed
+from shardex.manager.voter_changes import retire_ejected
 from shardex.meta.index_rebalance_state import interrupt_index_moves
 from shardex.meta.rebalance_plan import final_chains
 from shardex.meta.rebalance_state import (
@@ -483,9 +485,14 @@ class Rebalancer:
             if placed and rec.state == DONE:  # what the moves list does not show
                 why = f"{placed} replica cop(ies) built, caught up before any replica left"
                 rec = msgspec.structs.replace(rec, message=why)
+            state = ctx.state
             if rec.eject:
                 rec = self._remove_ejected(ctx, rec)
-            await ctx.commit(msgspec.structs.replace(ctx.state, rebalance=rec))
+                if rec.state == DONE:  # an ejected manager leaves the voters in this commit
+                    state, why = retire_ejected(ctx, rec.eject)
+                    if why:
+                        rec = msgspec.structs.replace(rec, state=FAILED, message=why)
+            await ctx.commit(msgspec.structs.replace(state, rebalance=rec))
             log.info(
                 "rebalance %s %s: %d moved, %d failed, %d unresolved",
                 rebalance_id,

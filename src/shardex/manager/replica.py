@@ -7,6 +7,8 @@ directly and no ``await`` can ever split a check from the write it guards:
 
 * A promise is monotonic: ``StateGather(epoch)`` is granted only if ``epoch`` is above every
   term promised before. A granted promise is persisted before the reply leaves.
+* A candidate that is not a voter of the node's state (``StateContext.voters``) gets no
+  promise.
 * A ``StateReplicate`` from a term below the promise is refused: that master was deposed.
 * A state is taken only if its ``cas`` is above the node's own. So a node holds at most one
   state per ``cas``, two majorities always share a node, and hence no two states can both be
@@ -81,7 +83,10 @@ class Replica:
     # -- voter side --
 
     def on_gather(self, msg: StateGather) -> StateGatherReply:
-        if msg.epoch <= self.promised_epoch:
+        voters = self.state.voters
+        if msg.epoch <= self.promised_epoch or (voters and msg.candidate not in voters):
+            # Not a voter of our state (removed, or admitted later than our copy): refusing
+            # is always safe, and keeps a removed manager from deposing the master.
             return StateGatherReply(
                 ok=False, promised_epoch=self.promised_epoch, leader=self.leader
             )

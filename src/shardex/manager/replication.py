@@ -29,7 +29,9 @@ from shardex.errors import NodeUnavailable, ShardexError
 from shardex.manager.membership import Membership
 from shardex.manager.replica import Replica
 from shardex.meta.member_list import UP, MemberInfo
+from shardex.meta.rebalance_state import RUNNING
 from shardex.meta.state import StateContext, StateStore, newest, version_of
+from shardex.meta.voter_set import check_single_change, majority, with_voter
 from shardex.net import ConnectionPool
 
 log = logging.getLogger(__name__)
@@ -69,8 +71,7 @@ def unavailable(message: str, reason: str, **details: Any) -> NodeUnavailable:
     return NodeUnavailable(message, details={"reason": reason, **details})
 
 
-def majority(n: int) -> int:
-    return n // 2 + 1
+__all__ = ["CoordinatorTiming", "ReplicationGroup", "majority", "unavailable"]
 
 
 class ReplicationGroup:
@@ -113,16 +114,52 @@ class ReplicationGroup:
 
     # -- membership view --
 
-    def voters(self) -> list[MemberInfo]:
-        """Manager-service members, sorted by name (the member list is)."""
+    def voter_set(self, state: StateContext | None = None) -> dict[str, str]:
+        """The voters (name -> member id) of ``state`` (default: this node's latest):
+        its committed set (``meta/voter_set.py``). A state without one is the bootstrap (or
+        a state written before the set existed): then the manager members count, as the
+        first commit records them; except on a node that joined through a seed and holds
+        no state yet: it is not a voter until the master admits it."""
+        state = self.replica.state if state is None else state
+        if state.voters:
+            return state.voters
+        if self.membership is None or (state.cas == 0 and self.membership.seeds):
+            return {}
+        return {m.name: m.member_id for m in self.membership.members if "manager" in m.services}
+
+    def voters(self, state: StateContext | None = None) -> list[MemberInfo]:
+        """The voters of ``state`` with their member-list entries, sorted by name. A voter
+        this node's list does not hold (yet) still counts, as a member that is down."""
+        members = (
+            {} if self.membership is None else {m.member_id: m for m in self.membership.members}
+        )
+        out = []
+        for name, member_id in sorted(self.voter_set(state).items()):
+            m = members.get(member_id)
+            if m is None or m.name != name:
+                m = MemberInfo(member_id=member_id, name=name, address="", services=("manager",))
+            out.append(m)
+        return out
+
+    def learners(self) -> list[MemberInfo]:
+        """Manager members that are not voters and were never removed: they get the state
+        (catch-up pushes) and are admitted by the master once they hold it."""
         if self.membership is None:
             return []
-        return [m for m in self.membership.members if "manager" in m.services]
+        voters, retired = self.voter_set(), self.state.retired_voters
+        return [
+            m
+            for m in self.membership.members
+            if "manager" in m.services and m.name not in voters and m.member_id not in retired
+        ]
+
+    def is_voter(self) -> bool:
+        return self.name in self.voter_set()
 
     def is_up(self, member: MemberInfo) -> bool:
         if member.name == self.name:
             return True
-        if self.membership is None:
+        if self.membership is None or not member.address:
             return False
         now = asyncio.get_running_loop().time()
         return self.membership.state_of(member.member_id, now)[0] == UP
@@ -141,6 +178,8 @@ class ReplicationGroup:
         the minority side: with fewer than a majority up nobody here may act."""
         if self.membership is None or not self.membership.joined.is_set():
             return None  # a joining node's list holds only itself: it must not vote alone
+        if self.membership.removed:
+            return None  # ejected (it may have missed its removal from the voters)
         voters = self.voters()
         up = [m.name for m in voters if self.is_up(m)]
         if not voters or len(up) < majority(len(voters)):
@@ -218,7 +257,9 @@ class ReplicationGroup:
         self.my_epoch, self.serving, self._hint = epoch, False, None
         self._acked.clear()
         voters = self.voters()
-        others = [m for m in voters if m.name != self.name and self.is_up(m)]
+        # Learners too: the state to continue from may have admitted one (its promise then
+        # counts towards that state's majority, below).
+        others = [m for m in [*voters, *self.learners()] if m.name != self.name and self.is_up(m)]
         replies = await asyncio.gather(*(self._gather_from(m, epoch) for m in others))
         if self.my_epoch != epoch:
             return False  # a newer term arrived while we gathered
@@ -234,13 +275,27 @@ class ReplicationGroup:
                 self._seen_epoch = max(self._seen_epoch, reply.promised_epoch)
                 if reply.leader and (refusal is None or reply.promised_epoch > refusal[0]):
                     refusal = (reply.promised_epoch, reply.leader)
-        if len(promised) < majority(len(voters)):
+        if _count_in(promised, voters) < majority(len(voters)):
             self.step_down(f"promises from {promised} only, of {len(voters)} voters")
             if refusal is not None and refusal[1] != self.name:
                 rep.observe(*refusal)
                 self._hint = refusal  # defer to whoever holds that term
             return False
         chosen = newest(states)
+        # The state continued from may have a voter set one change away from ours. Its resync
+        # commit needs a majority of that set anyway (what makes it safe); without their
+        # promises it would only fail after ``commit_timeout``, so give up now.
+        chosen_voters = self.voters(chosen)
+        if self.name not in {m.name for m in chosen_voters}:
+            self.step_down(
+                f"not a voter of the newest state (epoch {chosen.epoch} cas {chosen.cas})"
+            )
+            return False
+        if _count_in(promised, chosen_voters) < majority(len(chosen_voters)):
+            self.step_down(
+                f"promises from {promised} only, of the newest state's {len(chosen_voters)} voters"
+            )
+            return False
         self._cas_floor = max(self._cas_floor, *(s.cas for s in states))
         log.info(
             "coordinator %s: term %d promised by %s; continuing from epoch %d cas %d of %s",
@@ -285,6 +340,11 @@ class ReplicationGroup:
         return it once a majority holds it, else step down and raise commit_failed."""
         self.check_term(epoch)
         current = self.replica.state
+        before = self.voters()
+        if not content.voters:  # the first commit (or the first since the set exists)
+            content = msgspec.structs.replace(content, voters=self.voter_set())
+        if self.serving:  # a promotion's resync continues from whatever set it found
+            check_single_change(self.voter_set(current), content.voters)
         state = msgspec.structs.replace(
             content,
             cas=max(current.cas, self._cas_floor) + 1,
@@ -293,16 +353,24 @@ class ReplicationGroup:
         )
         self.replica.apply_local(state)  # persisted before anyone hears of it
         self._applied(state)
-        others = [m for m in self.voters() if m.name != self.name]
+        # Counted: the new state's voters. Told: the old ones too, so that a removed voter
+        # learns it is one no longer (and never campaigns with its old set).
+        voters = self.voters(state)
+        counted = {m.name for m in voters}
+        others = [
+            m for m in {m.name: m for m in [*before, *voters]}.values() if m.name != self.name
+        ]
         deadline = asyncio.get_running_loop().time() + self.timing.commit_timeout
         results = await asyncio.gather(*(self._replicate_to(m, state, deadline) for m in others))
         outcome = {m.name: r for m, r in zip(others, results, strict=True)}
-        holders = [self.name] + [n for n, r in outcome.items() if r == "acked"]
+        holders = [
+            n for n in [self.name, *outcome] if n in counted and outcome.get(n, "acked") == "acked"
+        ]
         problem = None
         if self.my_epoch != epoch or "deposed" in results:
             problem = f"{self.name} was deposed"
-        elif len(holders) < majority(len(others) + 1):
-            problem = f"only {holders} of {len(others) + 1} manager nodes hold it"
+        elif len(holders) < majority(len(voters)):
+            problem = f"only {holders} of {len(voters)} voters ({sorted(counted)}) hold it"
         if problem is not None:
             self.step_down(f"commit of cas {state.cas} failed: {problem}")
             raise unavailable(
@@ -318,6 +386,10 @@ class ReplicationGroup:
             log.warning("commit of cas %d went on without %s (caught up later)", state.cas, slow)
         self.committed = state
         self._committed_cb(state)
+        if self.name not in counted:
+            # Removed from the voters by this very commit: hand over (the next master is
+            # chosen among the voters); ops after this one go to it.
+            self.step_down("no longer a voter", logging.INFO)
         return state
 
     async def _replicate_to(self, member: MemberInfo, state: StateContext, deadline: float) -> str:
@@ -370,7 +442,7 @@ class ReplicationGroup:
                     with contextlib.suppress(ShardexError):
                         await self.commit(self.state, epoch)
         state = self.state
-        for m in self.voters():
+        for m in [*self.voters(), *self.learners()]:
             if m.name == self.name or m.name in self._pushing or not self.is_up(m):
                 continue
             if self._acked.get(m.name) == version_of(state):
@@ -378,6 +450,45 @@ class ReplicationGroup:
             task = self._spawn(self._push(m, state))
             self._pushing[m.name] = task
             task.add_done_callback(lambda _t, n=m.name: self._pushing.pop(n, None))
+        await self._admit(epoch)
+
+    def _tombstone_retired(self) -> None:
+        """A removed voter still in the member list (its eject's master failed over before
+        removing it) is removed now: the master's housekeeping, idempotent."""
+        if self.membership is None:
+            return
+        for m in self.membership.members:
+            if m.member_id in self.state.retired_voters and m.name != self.name:
+                self.membership.remove(m.name)
+
+    async def _admit(self, epoch: int) -> None:
+        """Admit one learner that holds the current state to the voters (a manager that
+        joined): one commit of the current set; the next learner at a later tick. A manager
+        an eject is removing is not admitted."""
+        state = self.state
+        eject = state.rebalance
+        leaving = set(eject.eject) if eject is not None and eject.state == RUNNING else set()
+        self._tombstone_retired()
+        for m in self.learners():
+            if m.name in leaving or not self.is_up(m):
+                continue
+            if self._acked.get(m.name) != version_of(state):
+                continue  # not caught up yet: pushed above
+            async with self.op_lock:
+                if not self.serving or self.my_epoch != epoch or self.state is not state:
+                    return
+                try:
+                    await self.commit(with_voter(state, m.name, m.member_id), epoch)
+                except ShardexError as e:
+                    log.warning("coordinator %s: admitting %s failed: %s", self.name, m.name, e)
+                    return
+            log.info(
+                "coordinator %s: manager %s admitted to the voters: %s",
+                self.name,
+                m.name,
+                sorted(self.voter_set()),
+            )
+            return
 
     async def _push(self, member: MemberInfo, state: StateContext) -> None:
         try:
@@ -412,3 +523,9 @@ class ReplicationGroup:
         if took:
             self._applied(msg.state)
         return reply
+
+
+def _count_in(names: list[str], voters: list[MemberInfo]) -> int:
+    """How many of ``names`` are among ``voters``."""
+    voter_names = {m.name for m in voters}
+    return sum(1 for n in names if n in voter_names)

@@ -73,6 +73,13 @@ class StateContext(msgspec.Struct, frozen=True, kw_only=True):
     # node name -> "delta" | "full": recovered after a failover and not yet rebalanced in;
     # the node keeps (delta) or drops (full) the copies the topology no longer gives it
     recovering: dict[str, str] = {}
+    # The coordinator's voters: manager name -> member id. Only these count towards a
+    # majority (``voter_set.py``); changed one manager at a time by a majority commit of the
+    # current set. Empty only before the first commit (and in states written before it
+    # existed): the first commit fills it from the manager members.
+    voters: dict[str, str] = {}
+    # member id -> name of every manager removed from the voters: never admitted again
+    retired_voters: dict[str, str] = {}
     epoch: int = 0  # master term that committed this state
     master: str = ""  # name of the master that committed it (diagnostics)
 

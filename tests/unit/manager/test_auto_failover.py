@@ -126,6 +126,7 @@ class FakeMaster:
     """The coordinator as the loop uses it: n1 is master of term 4 and sees n3 down 9 s."""
 
     epoch = 4
+    voter_names = ("n1", "n2", "n3")
 
     def __init__(self, n2_age: float | None) -> None:
         membership = fakes.FakeMembership(

@@ -71,8 +71,13 @@ async def test_unknown_manager_and_last_node_are_refused() -> None:
     e = refused(make_ctx(), ["n9"])
     assert e.code is ErrorCode.BAD_REQUEST and e.details["node"] == "n9"
     assert e.details["members"] == ["n1", "n2", "n3"]
-    e = refused(make_ctx(services=("data", "manager")), ["n3"])
-    assert "manager" in str(e) and e.details["node"] == "n3"
+    e = refused(make_ctx(services=("data", "manager")), ["n2", "n3"])
+    assert "one manager at a time" in str(e) and e.details["managers"] == ["n2", "n3"]
+    ctx = make_ctx(services=("data", "manager"))
+    ctx.state = msgspec.structs.replace(ctx.state, voters={"n3": "n3-id"})
+    ctx.node_name = "n1"
+    e = refused(ctx, ["n3"])
+    assert "only coordinator voter" in str(e) and e.details["node"] == "n3"
     e = refused(make_ctx(), ["n1", "n2", "n3"])
     assert "no serving data node would remain" in str(e)
     assert eject.check_eject(make_ctx(), ["n3", " n3"]) == ["n3"]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardex.client.probe import ProbeResult, probe_all
+from shardex.client.probe import ProbeResult, committed_voters, probe_all
 from shardex.meta import cluster_dir as cdir
 from shardex.meta.cluster_dir import ClusterSpec, NodeSpec
 from shardex.node.state import LOG_FILE
@@ -149,6 +149,19 @@ def readiness(spec: ClusterSpec, results: list[ProbeResult]) -> dict[str, str | 
     return why
 
 
+def voters_pending(spec: ClusterSpec, secret: str) -> dict[str, str]:
+    """Manager nodes of ``spec`` not yet among the coordinator's committed voters (a manager
+    counts towards a majority only once the master admitted it, one at a time after it
+    caught up): until then, losing the master could leave the others without a majority."""
+    managers = {n.name for n in spec.nodes if "manager" in n.services}
+    if not managers:
+        return {}
+    first = next(n for n in spec.nodes if n.name in managers)
+    voters = asyncio.run(committed_voters(first.address, secret, timeout=0.5))
+    missing = managers - (voters or set())
+    return {n: "not yet a coordinator voter" for n in sorted(missing)}
+
+
 @dataclasses.dataclass
 class StartOutcome:
     started: list[str]
@@ -166,7 +179,8 @@ def start(
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> StartOutcome:
     """Start the nodes that are not running, then wait (bounded) until every node answers an
-    authenticated status and sees all members up."""
+    authenticated status and sees all members up, and every manager node is a committed
+    coordinator voter."""
     procs = node_procs(cluster_dir, spec)
     children: dict[str, subprocess.Popen[bytes]] = {}
     already = [p.spec.name for p in procs if p.running]
@@ -186,6 +200,8 @@ def start(
         results = probe_nodes(spec, secret, timeout=0.5)
         why = readiness(spec, results)
         pending = {k: v for k, v in why.items() if v is not None}
+        if not pending:
+            pending = voters_pending(spec, secret)
         progress(
             f"{len(spec.nodes) - len(pending)}/{len(spec.nodes)} nodes ready"
             + (f"; waiting for {', '.join(sorted(pending))}" if pending else "")

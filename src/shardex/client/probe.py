@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 
+from shardex.api.coordinator import StateReply, StateRequest
 from shardex.api.membership import MembersReply, MembersRequest
 from shardex.api.node import StatusReply, StatusRequest
 from shardex.errors import ShardexError
@@ -61,3 +62,23 @@ async def probe_all(
             *(probe(a, secret, timeout=timeout, transport=transport) for a in addresses)
         )
     )
+
+
+async def committed_voters(
+    address: str, secret: str, *, timeout: float = 2.0, name: str = "shardex-cli"
+) -> set[str] | None:
+    """The coordinator's committed voters as the manager at ``address`` reads them from the
+    master (None: no answer, no master yet, or nothing committed yet)."""
+    try:
+        conn = await rpc_connect(TcpTransport(), address, secret, name=name, timeout=timeout)
+    except ShardexError:
+        return None
+    try:
+        reply = await conn.request(
+            StateRequest(sections=["voters"], fresh=True), timeout, expect=StateReply
+        )
+    except ShardexError:
+        return None
+    finally:
+        await conn.close()
+    return set(reply.state.voters) or None

@@ -65,6 +65,7 @@ def test_layout_and_status_json(cluster: LocalCluster) -> None:
     assert view["version"] == 3  # three joins, each incarnation 1
     assert {m["group"] for m in view["members"]} == {""}  # no server groups configured
     assert doc["keyspaces"] == []  # none created yet
+    assert doc["voters"] == ["node1", "node2", "node3"]  # every manager, once started
 
 
 def test_start_twice_is_safe(cluster: LocalCluster) -> None:

@@ -265,13 +265,14 @@ def status(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each node.")] = 2.0,
 ) -> None:
     """Which nodes run and answer an authenticated ping, the membership view (with each
-    node's server group) and the keyspaces' replica counts."""
+    node's server group), the coordinator's voters and the keyspaces' replica counts."""
     spec, secret = _load(cluster_dir)
     procs = lc.node_procs(cluster_dir, spec)
     results = lc.probe_nodes(spec, secret, timeout=timeout)
     doc = lc.status_dict(cluster_dir, spec, procs, results)
     if doc["up"]:  # failed-over nodes serve nothing until recovered
         doc["failed_over"] = failed_over_nodes(cluster_dir, timeout)
+        doc["voters"] = lc.coordinator_voters(spec, secret, timeout)
     doc["keyspaces"] = _keyspaces(cluster_dir, timeout) if doc["up"] else None
     if as_json:
         # Plain print: rich would wrap long lines and break the JSON.
@@ -311,6 +312,12 @@ def status(
             m["member_id"][:8],
         )
     out.print(vt)
+    if doc.get("voters"):
+        voters = doc["voters"]
+        out.print(
+            f"coordinator voters: {', '.join(voters)} (a commit needs "
+            f"{len(voters) // 2 + 1} of {len(voters)})"
+        )
     if doc.get("failed_over"):
         names = ", ".join(sorted(doc["failed_over"]))
         out.print(f"[red]failed over[/] (serving nothing until `shardex recovery`): {names}")

@@ -149,6 +149,17 @@ def readiness(spec: ClusterSpec, results: list[ProbeResult]) -> dict[str, str | 
     return why
 
 
+def coordinator_voters(spec: ClusterSpec, secret: str, timeout: float) -> list[str] | None:
+    """The committed voters as the first manager node that answers reads them from the
+    master (None: none answers, or no master)."""
+    for n in spec.nodes:
+        if "manager" in n.services:
+            voters = asyncio.run(committed_voters(n.address, secret, timeout=timeout))
+            if voters is not None:
+                return sorted(voters)
+    return None
+
+
 def voters_pending(spec: ClusterSpec, secret: str) -> dict[str, str]:
     """Manager nodes of ``spec`` not yet among the coordinator's committed voters (a manager
     counts towards a majority only once the master admitted it, one at a time after it

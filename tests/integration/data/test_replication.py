@@ -152,6 +152,23 @@ def docid_in(partition: int, n: int = 0) -> str:
     return found[n]
 
 
+async def fail_over_n1(cluster: Cluster) -> StateContext:
+    """Publish n1 failed over (state cas 2): its actives (partitions 0 and 3) promoted on n2,
+    n1 out of every chain; its data topologies are [before, after]. Returns that state."""
+    state = cluster.coord.state
+    topo = state.data_topologies[KS][-1]
+    failed = Topology(
+        seq_num=2,
+        assignment={**topo.assignment, 0: "n2", 3: "n2"},
+        replicas={p: [n for n in r if n not in ("n1", "n2")] for p, r in topo.replicas.items()},
+    )
+    failed_state = msgspec.structs.replace(
+        state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
+    )
+    await cluster.publish(failed_state)
+    return failed_state
+
+
 async def test_majority_write_is_on_the_replica_when_acknowledged(cluster: Cluster) -> None:
     for p in range(PARTS):
         d = docid_in(p)
@@ -318,17 +335,7 @@ async def test_a_failed_over_node_serves_nothing_until_recovered(cluster: Cluste
     n1_dir = cluster.services["n1"].path.parent
     await cluster.stop_node("n1")
     # n1 wrote more while cut off (durability none): a tail nobody else has
-    state = cluster.coord.state
-    topo = state.data_topologies[KS][-1]
-    failed = Topology(  # n1's actives (0 and 3) promoted on n2, n1 out of every chain
-        seq_num=2,
-        assignment={**topo.assignment, 0: "n2", 3: "n2"},
-        replicas={p: [n for n in r if n not in ("n1", "n2")] for p, r in topo.replicas.items()},
-    )
-    failed_state = msgspec.structs.replace(
-        state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
-    )
-    await cluster.publish(failed_state)
+    failed_state = await fail_over_n1(cluster)
     back = await cluster.start_node("n1", n1_dir)  # back on its old data
     await back.reconcile()
     address = cluster.addresses["n1"]
@@ -405,18 +412,7 @@ async def test_at_plus_tokens_follow_a_failover_or_fail_clearly(
     lost = (await cluster.upsert(docid_in(0, 1), {"v": "lost"}, "none")).result
     assert lost.seqno == kept.seqno + 1
     await cluster.stop_node("n1")
-    state = cluster.coord.state
-    topo = state.data_topologies[KS][-1]
-    failed = Topology(
-        seq_num=2,
-        assignment={**topo.assignment, 0: "n2", 3: "n2"},
-        replicas={p: [n for n in r if n not in ("n1", "n2")] for p, r in topo.replicas.items()},
-    )
-    await cluster.publish(
-        msgspec.structs.replace(
-            state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
-        )
-    )
+    await fail_over_n1(cluster)
     now = cluster.services["n2"].engine.partition_info(KS, 0)
     assert now.high_seqno == kept.seqno and now.uuid != kept.uuid
     view = ClusterView(
@@ -464,17 +460,8 @@ async def test_delta_recovery_rolls_a_diverged_copy_back_in_place(
     await cluster.stop_node("n1")
     # n2 comes back and is promoted: n1's actives (0, 3) on n2, n1 out of every chain
     await cluster.start_node("n2", n2_dir)
-    state = cluster.coord.state
-    topo = state.data_topologies[KS][-1]
-    failed = Topology(
-        seq_num=2,
-        assignment={**topo.assignment, 0: "n2", 3: "n2"},
-        replicas={p: [n for n in r if n not in ("n1", "n2")] for p, r in topo.replicas.items()},
-    )
-    failed_state = msgspec.structs.replace(
-        state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
-    )
-    await cluster.publish(failed_state)
+    failed_state = await fail_over_n1(cluster)
+    topo, failed = failed_state.data_topologies[KS]
     # the new branch changes documents of both kinds: one n1 also changed, one it did not
     await cluster.upsert(docs[0], {"i": "new"}, "none")
     await cluster.upsert(docs[2], {"i": "new"}, "none")
@@ -524,17 +511,7 @@ async def test_a_node_recovered_before_it_heard_of_its_failover_settles_on_resta
         await cluster.upsert(d, {"i": i}, "majority")
     n1_dir = cluster.services["n1"].path.parent
     await cluster.stop_node("n1")  # down before the failover: it never writes the mark
-    state = cluster.coord.state
-    topo = state.data_topologies[KS][-1]
-    failed = Topology(
-        seq_num=2,
-        assignment={**topo.assignment, 0: "n2", 3: "n2"},
-        replicas={p: [n for n in r if n not in ("n1", "n2")] for p, r in topo.replicas.items()},
-    )
-    failed_state = msgspec.structs.replace(
-        state, cas=2, data_topologies={KS: [topo, failed]}, failed_over={"n1": 2}
-    )
-    await cluster.publish(failed_state)
+    failed_state = await fail_over_n1(cluster)
     # recovered (delta) while still down: the state no longer names it failed over
     cluster.coord.state = msgspec.structs.replace(
         failed_state, cas=3, failed_over={}, recovering={"n1": "delta"}

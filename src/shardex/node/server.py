@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from shardex import __version__
 from shardex.api.node import StatusReply, StatusRequest
+from shardex.api.privileges import authorize
 from shardex.api.scan_streams import OutStreams
 from shardex.manager.auto_failover import AutoFailover, AutoFailoverSettings
 from shardex.manager.coordinator import Coordinator, CoordinatorTiming
@@ -29,6 +30,7 @@ from shardex.manager.rebalance import Rebalancer
 from shardex.manager.timekeeper import Timekeeper
 from shardex.meta.state import MemoryStateStore, StateStore
 from shardex.net import Connection, RpcServer
+from shardex.net.credentials import UserDirectory
 from shardex.net.transport import Transport
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
@@ -67,6 +69,7 @@ class Node:
         index_engine: Callable[[], SliceEngine] | None = None,
         auto_failover: AutoFailoverSettings | None = None,
         group: str = "",
+        users: UserDirectory | None = None,
     ) -> None:
         self.transport = transport
         self.group = group
@@ -80,7 +83,9 @@ class Node:
         self._seeds = tuple(seeds)
         self._heartbeat_interval = heartbeat_interval
         self._failure_timeout = failure_timeout
-        self.server = RpcServer(transport, secret, name=name)
+        # Nodes prove the node secret; users log in against ``users`` and may send what
+        # their roles allow (``shardex.api.privileges``), checked before any handler runs.
+        self.server = RpcServer(transport, secret, name=name, users=users, authorizer=authorize)
         self.server.route(StatusRequest, self._on_status)
         self.membership: Membership | None = None
         # The manager service's replicated coordinator. Built here, before start, so other

@@ -82,7 +82,7 @@ async def test_mutual_handshake_names_and_no_secret_on_the_wire() -> None:
         server_handshake(rs, SECRET, name="node-a"),
         client_handshake(rc, SECRET, name="client-b"),
     )
-    assert (server_peer, client_peer) == ("client-b", "node-a")
+    assert (server_peer.name, server_peer.kind, client_peer) == ("client-b", "node", "node-a")
     wire = b"".join(rc.sent + rs.sent)
     assert SECRET.encode() not in wire
     kinds = [type(decode_frame(f).body) for f in rs.sent + rc.sent]
@@ -203,7 +203,7 @@ def test_empty_secret_is_a_config_error() -> None:
 
 
 def test_proofs_differ_by_role_and_by_every_input() -> None:
-    key = auth.check_secret(SECRET)
+    key = auth.NodeSecret(SECRET).key()
     ch = Challenge(server_name="s", protocol_version=1, nonce=b"a" * 32)
     base = auth._proof(key, b"client", ch, b"b" * 32, "c")
     assert base != auth._proof(key, b"server", ch, b"b" * 32, "c")

@@ -215,6 +215,12 @@ USER_MESSAGES: dict[str, Rule] = {
     "manager.MovePartition": _ddl(P.CLUSTER_MANAGE),
     "manager.Failover": _ddl(P.CLUSTER_MANAGE),
     "manager.Recover": _ddl(P.CLUSTER_MANAGE),
+    # users
+    "manager.CreateUser": _ddl(P.USERS_MANAGE),
+    "manager.DropUser": _ddl(P.USERS_MANAGE),
+    "manager.GrantRoles": _ddl(P.USERS_MANAGE),
+    "manager.RevokeRoles": _ddl(P.USERS_MANAGE),
+    "manager.ListUsers": _rule(P.USERS_MANAGE),
 }
 
 # Node-only on purpose (a user sending one gets AUTH_FAILED): coordinator replication,
@@ -251,7 +257,7 @@ INTERNAL_MESSAGES: frozenset[str] = frozenset(
     manager.KeyspaceCreated manager.KeyspaceDropped manager.KeyspaceList
     manager.KeyspaceReplicasSet manager.MarkIndexActive manager.MarkIndexError
     manager.RebalanceReply manager.Recovered manager.StabilityAdvanced
-    manager.StabilityReply
+    manager.StabilityReply manager.UserInfo manager.UserList
     scan.IndexScanStarted scan.LeaseSnapshots scan.PageScanReply scan.ScanBlock
     scan.ScanEnd scan.ScanSlices scan.ShardBatch scan.ShardBatchResult scan.SlicesOpened
     scan.SnapshotsLeased scan.StabilityAt scan.WaitStability

@@ -28,9 +28,11 @@ from shardex.manager.keyspaces import register_keyspace_ops
 from shardex.manager.membership import Membership, MemberStore
 from shardex.manager.rebalance import Rebalancer
 from shardex.manager.timekeeper import Timekeeper
+from shardex.manager.users import register_user_ops
 from shardex.meta.state import MemoryStateStore, StateStore
+from shardex.meta.users import UserRecord
 from shardex.net import Connection, RpcServer
-from shardex.net.credentials import UserDirectory
+from shardex.net.credentials import UserCredential, UserDirectory
 from shardex.net.transport import Transport
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
@@ -43,6 +45,19 @@ if TYPE_CHECKING:
     from shardex.index.service import IndexService
 
 log = logging.getLogger(__name__)
+
+
+class StateUsers:
+    """The users of this node's replica of the coordinator state, as the RPC server's
+    ``UserDirectory``: a login is checked locally, without asking the master."""
+
+    def __init__(self, coordinator: Callable[[], Coordinator | None]) -> None:
+        self._coordinator = coordinator
+
+    def lookup_user(self, name: str) -> UserCredential | None:
+        c = self._coordinator()
+        rec = c.state.users.get(name) if c is not None else None
+        return rec.credential() if rec is not None else None
 
 
 class Node:
@@ -70,6 +85,7 @@ class Node:
         auto_failover: AutoFailoverSettings | None = None,
         group: str = "",
         users: UserDirectory | None = None,
+        bootstrap_admin: UserRecord | None = None,
     ) -> None:
         self.transport = transport
         self.group = group
@@ -85,6 +101,9 @@ class Node:
         self._failure_timeout = failure_timeout
         # Nodes prove the node secret; users log in against ``users`` and may send what
         # their roles allow (``shardex.api.privileges``), checked before any handler runs.
+        # A manager node checks logins against its replica of the users (``StateUsers``).
+        if users is None and "manager" in self.services:
+            users = StateUsers(lambda: self.coordinator)
         self.server = RpcServer(transport, secret, name=name, users=users, authorizer=authorize)
         self.server.route(StatusRequest, self._on_status)
         self.membership: Membership | None = None
@@ -195,6 +214,7 @@ class Node:
         if self.coordinator is not None:
             register_keyspace_ops(self.coordinator)
             register_keyspace_replica_ops(self.coordinator)
+            register_user_ops(self.coordinator, bootstrap_admin)
             self.index_ddl = register_index_ddl(self.coordinator)
             Rebalancer(self.coordinator).register()
             register_failover_ops(self.coordinator)

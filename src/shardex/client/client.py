@@ -37,6 +37,8 @@ from shardex.api.keyspaces import (
 )
 from shardex.api.membership import MembersReply, MembersRequest
 from shardex.api.node import StatusReply, StatusRequest
+from shardex.api.users import UserInfo
+from shardex.client import users
 from shardex.client.direct_conn import DirectConns
 from shardex.client.direct_kv import DirectKV
 from shardex.client.direct_scan import DirectScans
@@ -248,6 +250,26 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         msg = DropKeyspace(name=name, request_id=_request_id())
         self.rpc.call(msg, KeyspaceDropped, idempotent=True)
         self.rpc.router.forget(name)
+
+    # -- users (``client/users.py``; needs the admin role) --
+
+    def create_user(self, name: str, password: str, roles: list[str]) -> UserInfo:
+        """Create user ``name`` with ``roles`` (``"data_reader(orders)"``; see
+        ``shardex.api.privileges``). The password stays here: only keys derived from it
+        (Argon2id, SCRAM) are sent and stored."""
+        return users.create_user(self.rpc, name, password, roles)
+
+    def drop_user(self, name: str) -> UserInfo:
+        return users.drop_user(self.rpc, name)
+
+    def grant_roles(self, name: str, roles: list[str]) -> UserInfo:
+        return users.grant_roles(self.rpc, name, roles)
+
+    def revoke_roles(self, name: str, roles: list[str]) -> UserInfo:
+        return users.revoke_roles(self.rpc, name, roles)
+
+    def list_users(self) -> list[UserInfo]:
+        return users.list_users(self.rpc)
 
     def keyspace(self, name: str) -> Keyspace:
         """The document API of keyspace ``name`` (no network call until it is used)."""

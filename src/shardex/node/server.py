@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 from shardex import __version__
 from shardex.api.node import StatusReply, StatusRequest
-from shardex.api.privileges import authorize
 from shardex.api.scan_streams import OutStreams
 from shardex.manager.auto_failover import AutoFailover, AutoFailoverSettings
 from shardex.manager.coordinator import Coordinator, CoordinatorTiming
@@ -34,6 +33,7 @@ from shardex.meta.users import UserRecord
 from shardex.net import Connection, RpcServer
 from shardex.net.credentials import UserCredential, UserDirectory
 from shardex.net.transport import Transport
+from shardex.node.audit import AUDIT_FILE, AuditLog
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.scan.paging_store_proxy import PagingService
@@ -104,7 +104,15 @@ class Node:
         # A manager node checks logins against its replica of the users (``StateUsers``).
         if users is None and "manager" in self.services:
             users = StateUsers(lambda: self.coordinator)
-        self.server = RpcServer(transport, secret, name=name, users=users, authorizer=authorize)
+        self.audit = AuditLog(Path(data_dir) / AUDIT_FILE if data_dir is not None else None)
+        self.server = RpcServer(
+            transport,
+            secret,
+            name=name,
+            users=users,
+            authorizer=self.audit.authorize,
+            on_login=self.audit.on_login,
+        )
         self.server.route(StatusRequest, self._on_status)
         self.membership: Membership | None = None
         # The manager service's replicated coordinator. Built here, before start, so other
@@ -302,6 +310,7 @@ class Node:
             await self.index.stop()
         if self.data is not None:
             await self.data.stop()
+        self.audit.close()
         log.info("node %s stopped", self.name)
 
     async def _on_status(self, msg: StatusRequest, conn: Connection) -> StatusReply:

@@ -23,15 +23,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from shardex.errors import (
-    AuthFailed,
     ConnectionClosed,
     FrameTooLarge,
     ProtocolError,
     RequestTimeout,
     ShardexError,
 )
-from shardex.net.credentials import Authorizer, Principal
+from shardex.net.credentials import Authorizer, Principal, UserDirectory
 from shardex.net.deadlines import DeadlineSweep, Pending
+from shardex.net.gate import UserGate
 from shardex.net.messages import (
     Envelope,
     ErrorReply,
@@ -81,6 +81,7 @@ class Connection:
         max_frame: int,
         principal: Principal | None = None,
         authorizer: Authorizer | None = None,
+        users: UserDirectory | None = None,
     ) -> None:
         self._comm = comm
         self.name = name
@@ -88,7 +89,11 @@ class Connection:
         # Who the peer authenticated as (None: we dialled it, and it proved the node secret).
         self.principal = principal
         # Checked before any handler runs on what a user sends; a node may send anything.
-        self._authorizer = authorizer if principal is not None and not principal.is_node else None
+        self._gate = (
+            UserGate(authorizer, users)
+            if authorizer is not None and principal is not None and not principal.is_node
+            else None
+        )
         self._router = router if router is not None else Router()
         self._max_frame = max_frame
         self._loop = asyncio.get_running_loop()
@@ -435,18 +440,10 @@ class Connection:
     def _refused(self, env: Envelope) -> bool:
         """A user's request or one-way message its principal may not send: logged with the
         peer, a request answered with the refusal, nothing else done (the connection stays)."""
-        assert self._authorizer is not None and self.principal is not None
+        assert self._gate is not None and self.principal is not None
         try:
-            self._authorizer(self.principal, env.body)
-        except Exception as exc:
-            if isinstance(exc, ShardexError):
-                e = exc
-            else:  # a broken check refuses: secure by default
-                log.exception("authorizer failed on %s", message_type_name(env.body))
-                e = AuthFailed(
-                    f"{message_type_name(env.body)} could not be authorized",
-                    details={"type": message_type_name(env.body)},
-                )
+            self.principal = self._gate.check(self.principal, env.body)
+        except ShardexError as e:
             log.warning(
                 "refused %s %s from %s (%s): %s",
                 env.kind.name.lower(),
@@ -463,7 +460,7 @@ class Connection:
     def _dispatch(self, env: Envelope) -> None:
         kind = env.kind
         if (
-            self._authorizer is not None
+            self._gate is not None
             and (kind is Kind.REQUEST or kind is Kind.ONEWAY)
             and self._refused(env)
         ):

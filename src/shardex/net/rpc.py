@@ -209,6 +209,7 @@ class RpcServer:
             max_frame=self._transport.max_frame,
             principal=principal,
             authorizer=self.authorizer,
+            users=self.users,
         )
         self._conns[conn] = None
         conn.add_close_callback(lambda c: self._conns.pop(c, None))

@@ -10,8 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shardex.api.coordinator import StateReply, StateRequest
-from shardex.api.users import CreateUser, ListUsers, UserInfo, UserList
-from shardex.errors import AuthFailed
+from shardex.api.data import Get
+from shardex.api.node import StatusRequest
+from shardex.api.users import CreateUser, DropUser, ListUsers, RevokeRoles, UserInfo, UserList
+from shardex.errors import AuthFailed, ErrorCode, ShardexError
 from shardex.meta.member_list import MemoryMemberStore
 from shardex.meta.users import new_record
 from shardex.net import TcpTransport, connect
@@ -144,3 +146,24 @@ async def test_a_replayed_login_transcript_is_refused(node: Node) -> None:
         assert refusal.body.code == "AUTH_FAILED"
     finally:
         comm2.abort()
+
+
+async def test_revoke_and_drop_apply_to_a_connection_already_open(node: Node) -> None:
+    admin = await connect(TcpTransport(), node.address, UserLogin("admin", ADMIN_PW), name="a")
+    await admin.request(CreateUser(user=new_record("bob", "bob-pw", ("data_reader(*)",), FAST)))
+    bob = await connect(TcpTransport(), node.address, UserLogin("bob", "bob-pw"), name="bob")
+    get = Get(keyspace="k", docid="d")
+    try:
+        with pytest.raises(ShardexError) as info:
+            await bob.request(get, 10)  # allowed: this node has no data service to answer
+        assert info.value.code is ErrorCode.UNKNOWN_MESSAGE
+        await admin.request(RevokeRoles(name="bob", roles=["data_reader(*)"]), 10)
+        with pytest.raises(AuthFailed, match=r"data\.read"):
+            await bob.request(get, 10)
+        await bob.request(StatusRequest(), 10)  # every user may still ask this
+        await admin.request(DropUser(name="bob"), 10)
+        with pytest.raises(AuthFailed, match="no longer exists"):
+            await bob.request(StatusRequest(), 10)
+    finally:
+        await bob.close()
+        await admin.close()

@@ -30,10 +30,11 @@ from shardex.manager.timekeeper import Timekeeper
 from shardex.manager.users import register_user_ops
 from shardex.meta.state import MemoryStateStore, StateStore
 from shardex.meta.users import UserRecord
-from shardex.net import Connection, RpcServer
-from shardex.net.credentials import UserCredential, UserDirectory
+from shardex.net import Connection, ConnectionPool, RpcServer
+from shardex.net.credentials import UserDirectory
 from shardex.net.transport import Transport
 from shardex.node.audit import AUDIT_FILE, AuditLog
+from shardex.node.users import RemoteUsers, StateUsers
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.scan.paging_store_proxy import PagingService
@@ -45,19 +46,6 @@ if TYPE_CHECKING:
     from shardex.index.service import IndexService
 
 log = logging.getLogger(__name__)
-
-
-class StateUsers:
-    """The users of this node's replica of the coordinator state, as the RPC server's
-    ``UserDirectory``: a login is checked locally, without asking the master."""
-
-    def __init__(self, coordinator: Callable[[], Coordinator | None]) -> None:
-        self._coordinator = coordinator
-
-    def lookup_user(self, name: str) -> UserCredential | None:
-        c = self._coordinator()
-        rec = c.state.users.get(name) if c is not None else None
-        return rec.credential() if rec is not None else None
 
 
 class Node:
@@ -101,9 +89,16 @@ class Node:
         self._failure_timeout = failure_timeout
         # Nodes prove the node secret; users log in against ``users`` and may send what
         # their roles allow (``shardex.api.privileges``), checked before any handler runs.
-        # A manager node checks logins against its replica of the users (``StateUsers``).
+        # Logins are checked against the committed users: a manager node's own replica, any
+        # other node's copy refreshed from the managers (``node/users.py``).
+        self._remote_users: RemoteUsers | None = None
         if users is None and "manager" in self.services:
             users = StateUsers(lambda: self.coordinator)
+        elif users is None:
+            self._remote_users = users = RemoteUsers(
+                ConnectionPool(transport, secret, name=f"{name}/users"),
+                lambda: self.membership.members if self.membership else [],
+            )
         self.audit = AuditLog(Path(data_dir) / AUDIT_FILE if data_dir is not None else None)
         self.server = RpcServer(
             transport,
@@ -282,6 +277,8 @@ class Node:
         if self.coordinator is not None:
             await self.coordinator.start(self.membership)
         await self.sql.start()
+        if self._remote_users is not None and self.data is not None:
+            self._remote_users.start()  # a real node: users known before the first login
         log.info(
             "node %s (%s) listening on %s, services %s, %s",
             self.name,
@@ -310,6 +307,8 @@ class Node:
             await self.index.stop()
         if self.data is not None:
             await self.data.stop()
+        if self._remote_users is not None:
+            await self._remote_users.stop()
         self.audit.close()
         log.info("node %s stopped", self.name)
 

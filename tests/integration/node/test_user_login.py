@@ -167,3 +167,35 @@ async def test_revoke_and_drop_apply_to_a_connection_already_open(node: Node) ->
     finally:
         await bob.close()
         await admin.close()
+
+
+async def test_a_node_without_the_manager_service_checks_logins_from_its_copy(
+    node: Node,
+) -> None:
+    other = Node(
+        transport=TcpTransport(),
+        secret=SECRET,
+        name="n2",
+        member_id="m-n2",
+        address="127.0.0.1:0",
+        services=("index",),
+        store=MemoryMemberStore(),
+        seeds=[node.address],
+        heartbeat_interval=0.1,
+        failure_timeout=0.6,
+    )
+    await other.start()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while True:  # its copy of the users arrives from the manager shortly after start
+            try:
+                await _login(other, "admin", ADMIN_PW)
+                break
+            except AuthFailed:
+                assert loop.time() < deadline, "n2 never learnt the users"
+                await asyncio.sleep(0.1)
+        with pytest.raises(AuthFailed):
+            await _login(other, "admin", "wrong")
+    finally:
+        await other.stop()

@@ -89,7 +89,7 @@ class Role:
 @functools.lru_cache(maxsize=1024)
 def parse_role(text: str) -> Role:
     """``"data_reader(orders)"`` -> ``Role``; a bad spelling is a ``ConfigError`` naming it."""
-    m = _ROLE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    m = _ROLE_RE.fullmatch(text) if isinstance(text, str) else None
     if m is None or m["name"] not in ROLES:
         raise ConfigError(f"unknown role {text!r}", details={"value": text, "hint": _ROLE_HINT})
     takes_keyspace = ROLES[m["name"]][1]

@@ -97,3 +97,23 @@ def revoke(
     with local_client(cluster_dir) as client:
         info = client.revoke_roles(name, list(roles))
     out.print(f"user [bold]{info.name}[/]: {', '.join(info.roles) or 'no roles'}")
+
+
+@app.command("admin-file")
+def admin_file(
+    path: Annotated[Path, typer.Argument(help="Where to write the admin's keys (JSON, 0600).")],
+    name: Annotated[str, typer.Option("--name", help="The admin's user name.")] = "admin",
+    password_file: Annotated[
+        Path | None,
+        typer.Option("--password-file", help="File holding the password ('-': stdin)."),
+    ] = None,
+) -> None:
+    """Write a bootstrap admin file for `shardex node --admin-file` (a cluster installed by
+    hand): the first master commits that user when the cluster has none. Only keys derived
+    from the password are written."""
+    from shardex.api.users import check_user_name
+    from shardex.meta.users import ADMIN_ROLES, new_record, write_admin_file
+
+    password = _password(password_file)
+    write_admin_file(path, new_record(check_user_name(name), password, ADMIN_ROLES))
+    out.print(f"wrote the bootstrap admin [bold]{name}[/] to {path}")

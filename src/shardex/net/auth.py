@@ -185,15 +185,17 @@ class _ServerSide:
         if not isinstance(proof, UserProof):
             raise AuthFailed("expected UserProof", details={"got": message_type_name(proof)})
         auth = _auth_message(self.challenge, hello.nonce, name, salt)
-        if cred is None:
+        # The same work for a name that is not a user (a key of its own that no proof
+        # matches): the time taken does not tell which names exist either.
+        key = cred.stored_key if cred is not None else _hmac(self.node_key, salt.salt)
+        signature = _hmac(key, auth)
+        matches = len(proof.proof) == len(signature) and hmac.compare_digest(
+            stored_key(xor(proof.proof, signature)), key
+        )
+        if cred is None or not matches:
             self._observe(name, None)
-            raise AuthFailed("unknown user", details={"user": name})
-        signature = _hmac(cred.stored_key, auth)
-        if len(proof.proof) != len(signature) or not hmac.compare_digest(
-            stored_key(xor(proof.proof, signature)), cred.stored_key
-        ):
-            self._observe(name, None)
-            raise AuthFailed("bad password proof", details={"user": name})
+            reason = "unknown user" if cred is None else "bad password proof"
+            raise AuthFailed(reason, details={"user": name})
         await _send(self.comm, AuthOk(proof=_hmac(cred.server_key, auth)))
         principal = Principal(USER, name, cred.roles)
         self._observe(name, principal)
@@ -205,10 +207,8 @@ class _ServerSide:
         else:
             # Not a user: a salt derived from the node secret and the name, the same on every
             # attempt, with default parameters, so the answer looks like a real user's.
-            salt, p = (
-                _hmac(self.node_key, b"unknown-user-salt|" + name.encode())[:SALT_BYTES],
-                (Argon2Params()),
-            )
+            salt = _hmac(self.node_key, b"unknown-user-salt|" + name.encode())[:SALT_BYTES]
+            p = Argon2Params()
         return UserSalt(
             salt=salt, time_cost=p.time_cost, memory_cost=p.memory_cost, parallelism=p.parallelism
         )
@@ -381,10 +381,11 @@ class ClientHandshake:
         return None
 
     def _user_proof(self, creds: UserLogin, challenge: Challenge, salt: UserSalt) -> UserProof:
-        if not (
+        if not (  # Argon2's own limits too: 8 KiB per lane, a salt of 8 bytes or more
             0 < salt.time_cost <= MAX_TIME_COST
-            and 8 <= salt.memory_cost <= MAX_MEMORY_COST
             and 0 < salt.parallelism <= 64
+            and 8 * salt.parallelism <= salt.memory_cost <= MAX_MEMORY_COST
+            and 8 <= len(salt.salt) <= 64
         ):
             raise ProtocolError(
                 f"{self.peer} asked for Argon2 parameters out of bounds",

@@ -18,6 +18,7 @@ from shardex.net.messages import (
     ErrorReply,
     Kind,
     Ping,
+    UserSalt,
     decode_frame,
     encode_frame,
 )
@@ -213,3 +214,21 @@ def test_proofs_differ_by_role_and_by_every_input() -> None:
     # Length prefixes: shifting bytes between adjacent fields changes the transcript.
     ch2 = Challenge(server_name="sc", protocol_version=1, nonce=b"a" * 32)
     assert auth._proof(key, b"client", ch2, b"b" * 32, "") != base
+
+
+@pytest.mark.parametrize(
+    ("time_cost", "memory_cost", "parallelism", "salt"),
+    [(10_000, 64, 1, b"s" * 16), (1, 1 << 30, 1, b"s" * 16), (1, 8, 4, b"s" * 16), (1, 64, 1, b"")],
+)
+def test_a_client_refuses_argon2_work_a_server_should_not_ask_for(
+    time_cost: int, memory_cost: int, parallelism: int, salt: bytes
+) -> None:
+    hs = auth.ClientHandshake(
+        auth.UserLogin("ann", "pw"), name="ann", peer="p", nonce_source=lambda n: b"n" * n
+    )
+    hs.answer(Challenge(server_name="s", protocol_version=1, nonce=b"a" * 32))
+    hostile = UserSalt(
+        salt=salt, time_cost=time_cost, memory_cost=memory_cost, parallelism=parallelism
+    )
+    with pytest.raises(ProtocolError, match="out of bounds"):
+        hs.next(hostile)

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+import shardex.client.users as user_ops
 from shardex.api.data import HighSeqnos, HighSeqnosReply, KeyspaceStats, KeyspaceStatsReply
 from shardex.api.keyspaces import (
     CreateKeyspace,
@@ -38,7 +39,6 @@ from shardex.api.keyspaces import (
 from shardex.api.membership import MembersReply, MembersRequest
 from shardex.api.node import StatusReply, StatusRequest
 from shardex.api.users import UserInfo
-from shardex.client import users
 from shardex.client.direct_conn import DirectConns
 from shardex.client.direct_kv import DirectKV
 from shardex.client.direct_scan import DirectScans
@@ -257,19 +257,19 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         """Create user ``name`` with ``roles`` (``"data_reader(orders)"``; see
         ``shardex.api.privileges``). The password stays here: only keys derived from it
         (Argon2id, SCRAM) are sent and stored."""
-        return users.create_user(self.rpc, name, password, roles)
+        return user_ops.create_user(self.rpc, name, password, roles)
 
     def drop_user(self, name: str) -> UserInfo:
-        return users.drop_user(self.rpc, name)
+        return user_ops.drop_user(self.rpc, name)
 
     def grant_roles(self, name: str, roles: list[str]) -> UserInfo:
-        return users.grant_roles(self.rpc, name, roles)
+        return user_ops.grant_roles(self.rpc, name, roles)
 
     def revoke_roles(self, name: str, roles: list[str]) -> UserInfo:
-        return users.revoke_roles(self.rpc, name, roles)
+        return user_ops.revoke_roles(self.rpc, name, roles)
 
     def list_users(self) -> list[UserInfo]:
-        return users.list_users(self.rpc)
+        return user_ops.list_users(self.rpc)
 
     def keyspace(self, name: str) -> Keyspace:
         """The document API of keyspace ``name`` (no network call until it is used)."""

@@ -30,16 +30,34 @@ REFRESH = 2.0
 TIMEOUT = 5.0
 
 
+class _Credentials:
+    """Each record's ``UserCredential``, made once per record: a user's connection looks its
+    user up before every message it sends (``net/gate.py``)."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[UserRecord, UserCredential]] = {}
+
+    def of(self, rec: UserRecord | None) -> UserCredential | None:
+        if rec is None:
+            return None
+        made = self._made.get(rec.name)
+        if made is not None and made[0] is rec:  # records are replaced, never changed
+            return made[1]
+        cred = rec.credential()
+        self._made[rec.name] = (rec, cred)
+        return cred
+
+
 class StateUsers:
     """The users of this manager node's replica of the coordinator state."""
 
     def __init__(self, coordinator: Callable[[], Coordinator | None]) -> None:
         self._coordinator = coordinator
+        self._creds = _Credentials()
 
     def lookup_user(self, name: str) -> UserCredential | None:
         c = self._coordinator()
-        rec = c.state.users.get(name) if c is not None else None
-        return rec.credential() if rec is not None else None
+        return self._creds.of(c.state.users.get(name) if c is not None else None)
 
 
 class RemoteUsers:
@@ -49,12 +67,12 @@ class RemoteUsers:
         self._pool = pool
         self._members = members
         self._users: dict[str, UserRecord] = {}
+        self._creds = _Credentials()
         self._task: asyncio.Task[None] | None = None
 
     def lookup_user(self, name: str) -> UserCredential | None:
         self.start()  # a node nobody logged in to yet (a simulation's) asks nobody
-        rec = self._users.get(name)
-        return rec.credential() if rec is not None else None
+        return self._creds.of(self._users.get(name))
 
     def start(self) -> None:
         if self._task is None:

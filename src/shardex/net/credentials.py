@@ -100,7 +100,7 @@ class Principal:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Argon2Params:
     """Argon2id cost parameters (memory in KiB). The default is OWASP's recommendation
-    (19 MiB, 2 passes, 1 lane): a login costs the client ~40 ms, a guess as much."""
+    (19 MiB, 2 passes, 1 lane): a login costs the client ~25 ms, a guess as much."""
 
     time_cost: int = 2
     memory_cost: int = 19456

@@ -24,6 +24,7 @@ All frames are envelopes of kind ONEWAY with id 0.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
@@ -285,6 +286,15 @@ async def _reject(comm: Comm, peer: str) -> None:
     comm.abort()
 
 
+@functools.lru_cache(maxsize=64)
+def _user_keys(password: str, salt: bytes, params: Argon2Params) -> tuple[bytes, bytes]:
+    """(ClientKey, ServerKey) for a password under a salt: derived once per process. A client
+    opens a connection per node and per calling thread (its direct sockets); Argon2 each time
+    would cost every one of them ~25 ms. The keys stay in this process, as the password does."""
+    salted = salted_password(password, salt, params)
+    return client_key(salted), server_key(salted)
+
+
 class ClientHandshake:
     """The client's side of the handshake, its steps without the I/O: the asyncio
     ``client_handshake`` and the blocking ``shardex.net.blocking.BlockingConn`` feed it the
@@ -396,10 +406,8 @@ class ClientHandshake:
                 },
             )
         params = Argon2Params(salt.time_cost, salt.memory_cost, salt.parallelism)
-        salted = salted_password(creds.password, salt.salt, params)
-        ck = client_key(salted)
+        ck, self._server_key = _user_keys(creds.password, salt.salt, params)
         self._auth = _auth_message(challenge, self._nonce_c, creds.username, salt)
-        self._server_key = server_key(salted)
         return UserProof(proof=xor(ck, _hmac(stored_key(ck), self._auth)))
 
     def failed(self, exc: BaseException, timeout: float) -> BaseException:

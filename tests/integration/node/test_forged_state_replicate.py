@@ -18,22 +18,14 @@ from shardex.client import connect as client_connect
 from shardex.errors import AuthFailed
 from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import TcpTransport, connect
-from shardex.net.credentials import Argon2Params, UserCredential, UserLogin, make_credential
+from shardex.net.credentials import UserLogin, make_credential
 from shardex.node.server import Node
 from tests.integration.manager.test_keyspace_replicas_node import Cluster
+from tests.integration.node.user_fixtures import FAST, Users
 
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = "keyspace-replicas-node-secret"  # the Cluster helper's
-FAST = Argon2Params(time_cost=1, memory_cost=64, parallelism=1)
-
-
-class Users:
-    def __init__(self, *creds: UserCredential) -> None:
-        self.creds = {c.name: c for c in creds}
-
-    def lookup_user(self, name: str) -> UserCredential | None:
-        return self.creds.get(name)
 
 
 @pytest.fixture

@@ -18,15 +18,15 @@ from shardex.meta.member_list import MemoryMemberStore
 from shardex.meta.users import new_record
 from shardex.net import TcpTransport, connect
 from shardex.net.auth import ClientHandshake, client_handshake
-from shardex.net.credentials import Argon2Params, UserLogin
+from shardex.net.credentials import UserLogin
 from shardex.net.messages import Envelope, ErrorReply, Kind, UserSalt, decode_frame, encode_frame
 from shardex.node.server import Node
 from tests.integration.net.test_net_auth import Recorder
+from tests.integration.node.user_fixtures import FAST
 
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = "user-login-node-secret-0123456789"
-FAST = Argon2Params(time_cost=1, memory_cost=64, parallelism=1)
 ADMIN_PW = "admin-pass"
 
 

@@ -15,24 +15,15 @@ import pytest
 from shardex.api.privileges import INTERNAL_MESSAGES, USER_MESSAGES, authorize
 from shardex.errors import AuthFailed
 from shardex.net import Connection, RpcServer, TcpTransport, connect
-from shardex.net.credentials import Argon2Params, UserCredential, UserLogin, make_credential
+from shardex.net.credentials import UserLogin, make_credential
 from shardex.net.messages import Message, message_type_name
 from tests.integration.node.message_samples import all_messages, sample
+from tests.integration.node.user_fixtures import FAST, Users
 
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = "user-authorization-node-secret"
-# Cheap Argon2 for tests: the cost is the client's, and not what these tests are about.
-FAST = Argon2Params(time_cost=1, memory_cost=64, parallelism=1)
 MARKER = "data.StreamCredit"  # a user-callable one-way: ordered after the ones refused
-
-
-class Users:
-    def __init__(self, *creds: UserCredential) -> None:
-        self.creds = {c.name: c for c in creds}
-
-    def lookup_user(self, name: str) -> UserCredential | None:
-        return self.creds.get(name)
 
 
 @dataclass

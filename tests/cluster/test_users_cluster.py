@@ -129,6 +129,7 @@ def test_user_commands_and_the_audit_log(cluster: LocalCluster) -> None:
 
     events = []
     for log in Path(cluster.path).glob("node*/audit.log"):
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
         events += [json.loads(line) for line in log.read_text().splitlines()]
     kinds = {(e["event"], e.get("user"), e.get("type")) for e in events}
     assert ("login", "ann", None) in kinds

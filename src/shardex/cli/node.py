@@ -65,6 +65,14 @@ def node(
             help="Server group label (rack, zone): a partition's replicas go to distinct groups."
         ),
     ] = None,
+    admin_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--admin-file",
+            help="The first admin user's keys (JSON, as `shardex cluster start` writes "
+            "admin.json): committed when the cluster has no user yet.",
+        ),
+    ] = None,
 ) -> None:
     # Imported here so `shardex --help` and other commands stay fast.
     from shardex.node.config import load_config
@@ -83,6 +91,7 @@ def node(
         "heartbeat_interval": heartbeat_interval,
         "failure_timeout": failure_timeout,
         "group": group,
+        "admin_file": str(admin_file) if admin_file is not None else None,
     }
     if secret is not None and secret_file is not None:
         # An environment secret plus an explicit file: the explicit flag wins.

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+import shardex.client.users as user_ops
 from shardex.api.data import HighSeqnos, HighSeqnosReply, KeyspaceStats, KeyspaceStatsReply
 from shardex.api.keyspaces import (
     CreateKeyspace,
@@ -37,6 +38,7 @@ from shardex.api.keyspaces import (
 )
 from shardex.api.membership import MembersReply, MembersRequest
 from shardex.api.node import StatusReply, StatusRequest
+from shardex.api.users import UserInfo
 from shardex.client.direct_conn import DirectConns
 from shardex.client.direct_kv import DirectKV
 from shardex.client.direct_scan import DirectScans
@@ -69,6 +71,7 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ConfigError, ShardexError
 from shardex.meta.partitioning import DEFAULT_NUM_PARTITIONS, check_num_partitions
 from shardex.meta.replica_placement import check_num_replicas
+from shardex.net.credentials import Credentials, NodeSecret, UserLogin
 from shardex.net.messages import Message
 from shardex.net.tcp import TcpTransport
 from shardex.net.transport import Transport
@@ -91,7 +94,7 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
     def __init__(
         self,
         addresses: Sequence[str],
-        secret: str,
+        secret: str | Credentials,
         *,
         name: str = "shardex-client",
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
@@ -248,6 +251,26 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         self.rpc.call(msg, KeyspaceDropped, idempotent=True)
         self.rpc.router.forget(name)
 
+    # -- users (``client/users.py``; needs the admin role) --
+
+    def create_user(self, name: str, password: str, roles: list[str]) -> UserInfo:
+        """Create user ``name`` with ``roles`` (``"data_reader(orders)"``; see
+        ``shardex.api.privileges``). The password stays here: only keys derived from it
+        (Argon2id, SCRAM) are sent and stored."""
+        return user_ops.create_user(self.rpc, name, password, roles)
+
+    def drop_user(self, name: str) -> UserInfo:
+        return user_ops.drop_user(self.rpc, name)
+
+    def grant_roles(self, name: str, roles: list[str]) -> UserInfo:
+        return user_ops.grant_roles(self.rpc, name, roles)
+
+    def revoke_roles(self, name: str, roles: list[str]) -> UserInfo:
+        return user_ops.revoke_roles(self.rpc, name, roles)
+
+    def list_users(self) -> list[UserInfo]:
+        return user_ops.list_users(self.rpc)
+
     def keyspace(self, name: str) -> Keyspace:
         """The document API of keyspace ``name`` (no network call until it is used)."""
         return Keyspace(self.rpc, check_keyspace_name(name), self._kv)
@@ -395,7 +418,9 @@ def _request_id() -> str:
 def connect(
     address: str | Sequence[str],
     *,
-    secret: str,
+    secret: str | None = None,
+    username: str | None = None,
+    password: str | None = None,
     name: str = "shardex-client",
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
@@ -404,11 +429,15 @@ def connect(
 ) -> Client:
     """Connect to a node (or the first reachable of several addresses). ``direct_scans``,
     ``direct_kv``: scans, single-document requests run over a socket of the calling thread
-    (False: through the client's loop thread, as every other call; for comparisons)."""
+    (False: through the client's loop thread, as every other call; for comparisons).
+
+    Credentials: ``username`` and ``password`` log in as that user (a SCRAM exchange: the
+    password never leaves this process); ``secret`` is the node secret, for nodes and the
+    cluster's own tools."""
     addresses = [address] if isinstance(address, str) else list(address)
     client = Client(
         addresses,
-        secret,
+        _credentials(secret, username, password),
         name=name,
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,
@@ -423,6 +452,22 @@ def connect(
     return client
 
 
+def _credentials(secret: str | None, username: str | None, password: str | None) -> Credentials:
+    if username is not None or password is not None:
+        if secret is not None:
+            raise ConfigError(
+                "give either username and password or the node secret, not both",
+                details={"hint": "users log in with username= and password="},
+            )
+        return UserLogin(username or "", password or "")
+    if secret is None:
+        raise ConfigError(
+            "no credentials given",
+            details={"hint": "connect(address, username='...', password='...')"},
+        )
+    return NodeSecret(secret)
+
+
 def connect_local(
     cluster_dir: str | Path,
     *,
@@ -432,15 +477,20 @@ def connect_local(
     direct_scans: bool = True,
     direct_kv: bool = True,
 ) -> Client:
-    """Connect to the local cluster in ``cluster_dir`` (made by ``shardex cluster start``):
-    reads cluster.json and the secret, connects to the first live node, then the next."""
+    """Connect to the local cluster in ``cluster_dir`` (made by ``shardex cluster start``)
+    as its ``admin`` user (the password in the directory's ``admin-password``; the node
+    secret for a directory made before users existed): reads cluster.json, connects to the
+    first live node, then the next."""
     from shardex.meta import cluster_dir as cdir
 
     path = Path(cluster_dir)
     spec = cdir.load(path)
+    password = cdir.read_admin_password(path, spec)
     return connect(
         [n.address for n in spec.nodes],
-        secret=cdir.read_secret(path, spec),
+        secret=cdir.read_secret(path, spec) if password is None else None,
+        username=None if password is None else cdir.ADMIN_USER,
+        password=password,
         name=name,
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,

@@ -35,6 +35,7 @@ from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.meta.partitioning import partition_of
 from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import Connection, ConnectionPool
+from shardex.net.credentials import Credentials
 from shardex.net.credit_stream import Inboxes, InStream
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
@@ -78,7 +79,7 @@ class DataRouter:
         self,
         *,
         transport: Transport,
-        secret: str,
+        secret: str | Credentials,
         name: str,
         control: Control,
         request_timeout: float,

@@ -29,6 +29,7 @@ from shardex.errors import (
 )
 from shardex.net import Connection
 from shardex.net import connect as rpc_connect
+from shardex.net.credentials import Credentials
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
 
@@ -62,7 +63,7 @@ class RpcSession:
     def __init__(
         self,
         addresses: Sequence[str],
-        secret: str,
+        secret: str | Credentials,
         *,
         name: str,
         connect_timeout: float,

@@ -42,6 +42,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+import msgspec
+
 from shardex.api.coordinator import (
     OpForward,
     StateGather,
@@ -484,8 +486,15 @@ class Coordinator:
             reply = await self.submit(msg)
             if not isinstance(reply, StateReply):
                 raise ShardexError(f"unexpected reply {reply!r}", code=ErrorCode.INTERNAL)
-            return reply
-        return self._state_reply(msg)
+        else:
+            reply = self._state_reply(msg)
+        principal = conn.principal
+        if principal is not None and not principal.is_node and reply.state.users:
+            # Users' keys are for nodes only: with a StoredKey and one observed login, a
+            # reader could log in as that user.
+            state = msgspec.structs.replace(reply.state, users={})
+            reply = msgspec.structs.replace(reply, state=state)
+        return reply
 
     def _state_reply(self, msg: StateRequest) -> StateReply:
         state = self.state

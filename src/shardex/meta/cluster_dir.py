@@ -3,7 +3,9 @@
 Layout of ``DIR``::
 
     cluster.json        the nodes (name, address, ports, services, data dir) and settings
-    secret              the cluster secret, mode 0600
+    secret              the cluster secret (the nodes' credential), mode 0600
+    admin-password      the password of the cluster's first user, ``admin``, mode 0600
+    admin.json          that user's SCRAM keys, the founding nodes' bootstrap admin, mode 0600
     node1/              node1's data dir: node.toml, node.json, members.json, node.pid,
     node2/ ...          node.lock, node.log, stdout.log
 
@@ -30,10 +32,13 @@ from shardex.meta.node_defaults import (
     DEFAULT_FAILURE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL,
 )
+from shardex.meta.users import ADMIN_ROLES, ADMIN_USER, new_record, write_admin_file
 from shardex.runtime.files import atomic_write_bytes, atomic_write_json
 
 CLUSTER_FILE = "cluster.json"
 SECRET_FILE = "secret"
+ADMIN_PASSWORD_FILE = "admin-password"
+ADMIN_FILE = "admin.json"
 NODE_CONFIG_FILE = "node.toml"
 STDOUT_FILE = "stdout.log"
 FORMAT = 1
@@ -62,6 +67,9 @@ class ClusterSpec(msgspec.Struct, kw_only=True):
     created_at: str
     base_port: int
     secret_file: str = SECRET_FILE
+    # None in a directory made before users existed: clients then connect with the secret
+    admin_password_file: str | None = None
+    admin_file: str | None = None
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
     # seconds a data node may be silent before it is failed over automatically (None: the
@@ -112,6 +120,33 @@ def read_secret(cluster_dir: Path, spec: ClusterSpec | None = None) -> str:
         ) from None
 
 
+def read_admin_password(cluster_dir: Path, spec: ClusterSpec | None = None) -> str | None:
+    """The admin's password, or None for a cluster dir made before users existed."""
+    spec = spec or load(cluster_dir)
+    if spec.admin_password_file is None:
+        return None
+    path = cluster_dir / spec.admin_password_file
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise ConfigError(
+            f"cannot read the admin password {path}: {e.strerror}",
+            details={"key": "admin_password_file", "value": str(path), "hint": "check the file"},
+        ) from None
+
+
+def _make_admin(cluster_dir: Path) -> None:
+    """The admin's password and its keys (the bootstrap admin), once, both 0600."""
+    password_path = cluster_dir / ADMIN_PASSWORD_FILE
+    if not password_path.exists():
+        atomic_write_bytes(password_path, (secrets.token_urlsafe(24) + "\n").encode(), mode=0o600)
+    os.chmod(password_path, 0o600)
+    admin_path = cluster_dir / ADMIN_FILE
+    if not admin_path.exists():
+        password = password_path.read_text(encoding="utf-8").strip()
+        write_admin_file(admin_path, new_record(ADMIN_USER, password, ADMIN_ROLES))
+
+
 def _node_toml(spec: ClusterSpec, node: NodeSpec) -> str:
     # Written with plain formatting (tomllib reads, does not write); every value we emit is
     # a simple string, int, float or list of strings.
@@ -131,6 +166,8 @@ def _node_toml(spec: ClusterSpec, node: NodeSpec) -> str:
         f"failure_timeout = {spec.failure_timeout!r}",
         'log_level = "INFO"',
     ]
+    if spec.admin_file is not None:
+        lines.append(f"admin_file = {q(os.path.relpath(spec.admin_file, node.data_dir))}")
     if spec.auto_failover_timeout is not None:
         lines.append(f"auto_failover_timeout = {spec.auto_failover_timeout!r}")
     return "\n".join(lines) + "\n"
@@ -169,6 +206,7 @@ def create(
     if not secret_path.exists():
         atomic_write_bytes(secret_path, (secrets.token_hex(32) + "\n").encode(), mode=0o600)
     os.chmod(secret_path, 0o600)  # in case umask or a pre-existing file said otherwise
+    _make_admin(cluster_dir)
 
     specs: list[NodeSpec] = []
     first = f"{BIND_HOST}:{base_port}"
@@ -190,6 +228,8 @@ def create(
     spec = ClusterSpec(
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         base_port=base_port,
+        admin_password_file=ADMIN_PASSWORD_FILE,
+        admin_file=ADMIN_FILE,
         heartbeat_interval=heartbeat_interval,
         failure_timeout=failure_timeout,
         auto_failover_timeout=auto_failover_timeout,

@@ -32,6 +32,7 @@ from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError, StorageError
 from shardex.meta.index_state import IndexRecord
 from shardex.meta.rebalance_state import RebalanceRecord
+from shardex.meta.users import UserRecord
 from shardex.net.messages import Envelope, Kind, Message, decode_frame, encode_frame
 
 # How many request ids the state remembers for deduplication. A client retrying a request
@@ -80,6 +81,9 @@ class StateContext(msgspec.Struct, frozen=True, kw_only=True):
     voters: dict[str, str] = {}
     # member id -> name of every manager removed from the voters: never admitted again
     retired_voters: dict[str, str] = {}
+    # user name -> name, roles and SCRAM keys (``users.py``): every node checks a login
+    # against its own copy; a user's StateRequest never sees this section
+    users: dict[str, UserRecord] = {}
     epoch: int = 0  # master term that committed this state
     master: str = ""  # name of the master that committed it (diagnostics)
 

@@ -17,6 +17,7 @@ Typical use::
 See docs/protocol.md for the bytes on the wire.
 """
 
+from shardex.net.credentials import Credentials, NodeSecret, Principal, UserLogin
 from shardex.net.messages import (
     PROTOCOL_VERSION,
     Ack,
@@ -52,18 +53,22 @@ __all__ = [
     "Comm",
     "Connection",
     "ConnectionPool",
+    "Credentials",
     "Envelope",
     "ErrorReply",
     "Handler",
     "Kind",
     "Listener",
     "Message",
+    "NodeSecret",
     "Ping",
     "Pong",
+    "Principal",
     "Router",
     "RpcServer",
     "TcpTransport",
     "Transport",
+    "UserLogin",
     "connect",
     "decode_frame",
     "encode_frame",

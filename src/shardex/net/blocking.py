@@ -30,6 +30,7 @@ from shardex.errors import (
     ShardexError,
 )
 from shardex.net.auth import ClientHandshake
+from shardex.net.credentials import Credentials
 from shardex.net.framing import HEADER, announced_too_large, header
 from shardex.net.messages import (
     Envelope,
@@ -95,7 +96,7 @@ class BlockingConn:
     def open(
         cls,
         address: str,
-        secret: str,
+        secret: str | Credentials,
         *,
         name: str,
         timeout: float,
@@ -121,8 +122,11 @@ class BlockingConn:
         conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame)
         hs.peer = conn.peer
         try:
-            conn.send(hs.answer(conn._message(deadline)), 0)
-            server_name = hs.finish(conn._message(deadline))
+            out: Message | None = hs.answer(conn._message(deadline))
+            while out is not None:
+                conn.send(out, 0)
+                out = hs.next(conn._message(deadline))
+            server_name = hs.server_name
         except (TimeoutError, ShardexError) as e:
             conn.close()
             failure = hs.failed(e, timeout)

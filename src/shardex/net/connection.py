@@ -29,7 +29,9 @@ from shardex.errors import (
     RequestTimeout,
     ShardexError,
 )
+from shardex.net.credentials import Authorizer, Principal, UserDirectory
 from shardex.net.deadlines import DeadlineSweep, Pending
+from shardex.net.gate import UserGate
 from shardex.net.messages import (
     Envelope,
     ErrorReply,
@@ -77,10 +79,21 @@ class Connection:
         peer_name: str,
         router: Router | None = None,
         max_frame: int,
+        principal: Principal | None = None,
+        authorizer: Authorizer | None = None,
+        users: UserDirectory | None = None,
     ) -> None:
         self._comm = comm
         self.name = name
         self.peer_name = peer_name
+        # Who the peer authenticated as (None: we dialled it, and it proved the node secret).
+        self.principal = principal
+        # Checked before any handler runs on what a user sends; a node may send anything.
+        self._gate = (
+            UserGate(authorizer, users)
+            if authorizer is not None and principal is not None and not principal.is_node
+            else None
+        )
         self._router = router if router is not None else Router()
         self._max_frame = max_frame
         self._loop = asyncio.get_running_loop()
@@ -424,8 +437,34 @@ class Connection:
         self._finish(reason)
         await self._notify_and_close(notice)
 
+    def _refused(self, env: Envelope) -> bool:
+        """A user's request or one-way message its principal may not send: logged with the
+        peer, a request answered with the refusal, nothing else done (the connection stays)."""
+        assert self._gate is not None and self.principal is not None
+        try:
+            self.principal = self._gate.check(self.principal, env.body)
+        except ShardexError as e:
+            log.warning(
+                "refused %s %s from %s (%s): %s",
+                env.kind.name.lower(),
+                message_type_name(env.body),
+                self.peer_label,
+                self.principal,
+                e.message,
+            )
+            if env.kind is Kind.REQUEST:
+                self._spawn(self._responder.reply_error(env.id, e))
+            return True
+        return False
+
     def _dispatch(self, env: Envelope) -> None:
         kind = env.kind
+        if (
+            self._gate is not None
+            and (kind is Kind.REQUEST or kind is Kind.ONEWAY)
+            and self._refused(env)
+        ):
+            return
         if kind is Kind.REQUEST:
             body = env.body
             responder = self._responder

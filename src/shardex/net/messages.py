@@ -131,8 +131,33 @@ class AuthResponse(Message):
     proof: bytes
 
 
+class UserHello(Message):
+    """Client -> server, instead of ``AuthResponse`` for a user: who, and its nonce."""
+
+    username: str
+    protocol_version: int
+    nonce: bytes
+
+
+class UserSalt(Message):
+    """Server -> client: the user's salt and Argon2id parameters (invented, the same every
+    time, for a name that is not a user: a login does not tell which names exist)."""
+
+    salt: bytes
+    time_cost: int
+    memory_cost: int
+    parallelism: int
+
+
+class UserProof(Message):
+    """Client -> server: ClientKey XOR HMAC(StoredKey, auth message)."""
+
+    proof: bytes
+
+
 class AuthOk(Message):
-    """Server -> client: the server's proof, so the client authenticates the server too."""
+    """Server -> client: the server's proof, so the client authenticates the server too
+    (for a user: HMAC(ServerKey, auth message))."""
 
     proof: bytes
 

@@ -13,9 +13,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any, TypeVar, overload
 
-from shardex.errors import ConnectionClosed, NodeUnavailable, ShardexError
+from shardex.errors import AuthFailed, ConnectionClosed, NodeUnavailable, ShardexError
 from shardex.net.auth import (
     DEFAULT_AUTH_TIMEOUT,
+    LoginObserver,
     check_secret,
     client_handshake,
     server_handshake,
@@ -27,6 +28,13 @@ from shardex.net.connection import (
     Handler,
     Router,
     as_router,
+)
+from shardex.net.credentials import (
+    Authorizer,
+    Credentials,
+    NodeSecret,
+    Principal,
+    UserDirectory,
 )
 from shardex.net.messages import Message
 from shardex.net.transport import Comm, Listener, Transport
@@ -54,13 +62,16 @@ __all__ = [
 async def connect(
     transport: Transport,
     address: str,
-    secret: str,
+    secret: str | Credentials,
     *,
     name: str,
     timeout: float = DEFAULT_CONNECT_TIMEOUT,
     handlers: Router | Mapping[type[Message], Handler] | None = None,
 ) -> Connection:
     """Open, authenticate (both ways) and start a connection to ``address``.
+
+    ``secret``: the node secret (a string or ``NodeSecret``: nodes and internal tools) or a
+    ``UserLogin``.
 
     ``handlers`` route requests/one-way messages the server sends back on this connection.
     Raises ``NodeUnavailable`` (cannot connect or handshake in ``timeout``), ``AuthFailed``,
@@ -92,24 +103,44 @@ async def connect(
     return conn
 
 
+def _refuse_all(principal: Principal, msg: Message) -> None:
+    """The authorizer of a server given none: users may send nothing."""
+    name = type(msg).__name__
+    raise AuthFailed(
+        f"{name} is not allowed on a user's connection",
+        details={"type": name, "user": principal.name},
+    )
+
+
 class RpcServer:
     """Accepts connections, authenticates them, routes their messages to handlers."""
 
     def __init__(
         self,
         transport: Transport,
-        secret: str,
+        secret: str | NodeSecret,
         *,
         name: str,
         auth_timeout: float = DEFAULT_AUTH_TIMEOUT,
         router: Router | None = None,
+        users: UserDirectory | None = None,
+        authorizer: Authorizer | None = None,
+        on_login: LoginObserver | None = None,
     ) -> None:
-        check_secret(secret)
+        """``secret``: the node secret peers prove. ``users``: where user logins are
+        checked (None: nodes only). ``authorizer``: what a user may send; without one a
+        user may send nothing (only nodes are trusted by default). ``on_login`` hears
+        every user login attempt (the audit log)."""
+        creds = check_secret(secret)
+        assert isinstance(creds, NodeSecret), "a server proves the node secret"
         self._transport = transport
-        self._secret = secret
+        self._secret = creds
         self.name = name
         self._auth_timeout = auth_timeout
         self.router = router if router is not None else Router()
+        self.users = users
+        self.authorizer: Authorizer = authorizer if authorizer is not None else _refuse_all
+        self.on_login = on_login
         self._listener: Listener | None = None
         # dicts, not sets: stop() closes in insertion order, which keeps simulations replayable
         self._conns: dict[Connection, None] = {}
@@ -154,12 +185,14 @@ class RpcServer:
             return
         self._handshaking[comm] = None
         try:
-            peer_name = await server_handshake(
+            principal = await server_handshake(
                 comm,
                 self._secret,
                 name=self.name,
                 timeout=self._auth_timeout,
                 nonce_source=self._transport.nonce,
+                users=self.users,
+                on_login=self.on_login,
             )
         except ShardexError:
             return  # logged and closed by the handshake
@@ -171,9 +204,12 @@ class RpcServer:
         conn = Connection(
             comm,
             name=self.name,
-            peer_name=peer_name,
+            peer_name=principal.name,
             router=self.router,
             max_frame=self._transport.max_frame,
+            principal=principal,
+            authorizer=self.authorizer,
+            users=self.users,
         )
         self._conns[conn] = None
         conn.add_close_callback(lambda c: self._conns.pop(c, None))
@@ -189,7 +225,7 @@ class ConnectionPool:
     def __init__(
         self,
         transport: Transport,
-        secret: str,
+        secret: str | Credentials,
         *,
         name: str,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,

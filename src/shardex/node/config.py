@@ -59,6 +59,7 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "auto_failover_timeout",
         "auto_failover_max_count",
         "group",
+        "admin_file",
     }
 )
 
@@ -86,6 +87,8 @@ class NodeConfig:
     # Server group label (rack, zone); "" = none. Replica placement spreads each partition's
     # chain over distinct groups when nodes carry labels.
     group: str = ""
+    # The bootstrap admin (``meta/users.py``): committed by a master whose state has no user.
+    admin_file: Path | None = None
 
     @property
     def address(self) -> str:
@@ -327,7 +330,14 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
             "(or leave it out: no group)",
         )
 
+    admin_file = (
+        _resolve_path(values["admin_file"], "admin_file", bases.get("admin_file"))
+        if values.get("admin_file")
+        else None
+    )
+
     return NodeConfig(
+        admin_file=admin_file,
         name=name,
         data_dir=data_dir,
         secret=secret,

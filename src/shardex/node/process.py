@@ -12,6 +12,7 @@ from pathlib import Path
 
 from shardex.manager.auto_failover import AutoFailoverSettings
 from shardex.meta.state import FileStateStore
+from shardex.meta.users import read_admin_file
 from shardex.net.loops import loop_kind, new_event_loop
 from shardex.net.tcp import TcpTransport
 from shardex.node.config import NodeConfig
@@ -106,6 +107,7 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
             max_count=config.auto_failover_max_count,
         ),
         group=config.group,
+        bootstrap_admin=read_admin_file(config.admin_file) if config.admin_file else None,
     )
     try:
         await node.start()

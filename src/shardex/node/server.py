@@ -27,9 +27,14 @@ from shardex.manager.keyspaces import register_keyspace_ops
 from shardex.manager.membership import Membership, MemberStore
 from shardex.manager.rebalance import Rebalancer
 from shardex.manager.timekeeper import Timekeeper
+from shardex.manager.users import register_user_ops
 from shardex.meta.state import MemoryStateStore, StateStore
-from shardex.net import Connection, RpcServer
+from shardex.meta.users import UserRecord
+from shardex.net import Connection, ConnectionPool, RpcServer
+from shardex.net.credentials import UserDirectory
 from shardex.net.transport import Transport
+from shardex.node.audit import AUDIT_FILE, AuditLog
+from shardex.node.users import RemoteUsers, StateUsers
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.scan.paging_store_proxy import PagingService
@@ -67,6 +72,8 @@ class Node:
         index_engine: Callable[[], SliceEngine] | None = None,
         auto_failover: AutoFailoverSettings | None = None,
         group: str = "",
+        users: UserDirectory | None = None,
+        bootstrap_admin: UserRecord | None = None,
     ) -> None:
         self.transport = transport
         self.group = group
@@ -80,7 +87,27 @@ class Node:
         self._seeds = tuple(seeds)
         self._heartbeat_interval = heartbeat_interval
         self._failure_timeout = failure_timeout
-        self.server = RpcServer(transport, secret, name=name)
+        # Nodes prove the node secret; users log in against ``users`` and may send what
+        # their roles allow (``shardex.api.privileges``), checked before any handler runs.
+        # Logins are checked against the committed users: a manager node's own replica, any
+        # other node's copy refreshed from the managers (``node/users.py``).
+        self._remote_users: RemoteUsers | None = None
+        if users is None and "manager" in self.services:
+            users = StateUsers(lambda: self.coordinator)
+        elif users is None:
+            self._remote_users = users = RemoteUsers(
+                ConnectionPool(transport, secret, name=f"{name}/users"),
+                lambda: self.membership.members if self.membership else [],
+            )
+        self.audit = AuditLog(Path(data_dir) / AUDIT_FILE if data_dir is not None else None)
+        self.server = RpcServer(
+            transport,
+            secret,
+            name=name,
+            users=users,
+            authorizer=self.audit.authorize,
+            on_login=self.audit.on_login,
+        )
         self.server.route(StatusRequest, self._on_status)
         self.membership: Membership | None = None
         # The manager service's replicated coordinator. Built here, before start, so other
@@ -190,6 +217,7 @@ class Node:
         if self.coordinator is not None:
             register_keyspace_ops(self.coordinator)
             register_keyspace_replica_ops(self.coordinator)
+            register_user_ops(self.coordinator, bootstrap_admin)
             self.index_ddl = register_index_ddl(self.coordinator)
             Rebalancer(self.coordinator).register()
             register_failover_ops(self.coordinator)
@@ -249,6 +277,8 @@ class Node:
         if self.coordinator is not None:
             await self.coordinator.start(self.membership)
         await self.sql.start()
+        if self._remote_users is not None and self.data is not None:
+            self._remote_users.start()  # a real node: users known before the first login
         log.info(
             "node %s (%s) listening on %s, services %s, %s",
             self.name,
@@ -277,6 +307,9 @@ class Node:
             await self.index.stop()
         if self.data is not None:
             await self.data.stop()
+        if self._remote_users is not None:
+            await self._remote_users.stop()
+        self.audit.close()
         log.info("node %s stopped", self.name)
 
     async def _on_status(self, msg: StatusRequest, conn: Connection) -> StatusReply:

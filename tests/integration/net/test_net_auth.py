@@ -18,6 +18,7 @@ from shardex.net.messages import (
     ErrorReply,
     Kind,
     Ping,
+    UserSalt,
     decode_frame,
     encode_frame,
 )
@@ -82,7 +83,7 @@ async def test_mutual_handshake_names_and_no_secret_on_the_wire() -> None:
         server_handshake(rs, SECRET, name="node-a"),
         client_handshake(rc, SECRET, name="client-b"),
     )
-    assert (server_peer, client_peer) == ("client-b", "node-a")
+    assert (server_peer.name, server_peer.kind, client_peer) == ("client-b", "node", "node-a")
     wire = b"".join(rc.sent + rs.sent)
     assert SECRET.encode() not in wire
     kinds = [type(decode_frame(f).body) for f in rs.sent + rc.sent]
@@ -203,7 +204,7 @@ def test_empty_secret_is_a_config_error() -> None:
 
 
 def test_proofs_differ_by_role_and_by_every_input() -> None:
-    key = auth.check_secret(SECRET)
+    key = auth.NodeSecret(SECRET).key()
     ch = Challenge(server_name="s", protocol_version=1, nonce=b"a" * 32)
     base = auth._proof(key, b"client", ch, b"b" * 32, "c")
     assert base != auth._proof(key, b"server", ch, b"b" * 32, "c")
@@ -213,3 +214,21 @@ def test_proofs_differ_by_role_and_by_every_input() -> None:
     # Length prefixes: shifting bytes between adjacent fields changes the transcript.
     ch2 = Challenge(server_name="sc", protocol_version=1, nonce=b"a" * 32)
     assert auth._proof(key, b"client", ch2, b"b" * 32, "") != base
+
+
+@pytest.mark.parametrize(
+    ("time_cost", "memory_cost", "parallelism", "salt"),
+    [(10_000, 64, 1, b"s" * 16), (1, 1 << 30, 1, b"s" * 16), (1, 8, 4, b"s" * 16), (1, 64, 1, b"")],
+)
+def test_a_client_refuses_argon2_work_a_server_should_not_ask_for(
+    time_cost: int, memory_cost: int, parallelism: int, salt: bytes
+) -> None:
+    hs = auth.ClientHandshake(
+        auth.UserLogin("ann", "pw"), name="ann", peer="p", nonce_source=lambda n: b"n" * n
+    )
+    hs.answer(Challenge(server_name="s", protocol_version=1, nonce=b"a" * 32))
+    hostile = UserSalt(
+        salt=salt, time_cost=time_cost, memory_cost=memory_cost, parallelism=parallelism
+    )
+    with pytest.raises(ProtocolError, match="out of bounds"):
+        hs.next(hostile)

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import msgspec
 
+from shardex.api.privileges import Privilege, require
 from shardex.api.scan import AT_PLUS, CONSISTENCIES, REQUEST_PLUS, StabilityAt, WaitStability
 from shardex.api.scan_streams import OutStream, OutStreams
 from shardex.api.sql_exec import (
@@ -42,7 +43,7 @@ from shardex.core.expr.ast import Param
 from shardex.core.expr.ops import truth
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.net import Connection, RpcServer
+from shardex.net import Connection, Principal, RpcServer
 from shardex.scan.at_plus import on_current_branches
 from shardex.scan.coordinator import ScanCoordinator, oldest_common
 from shardex.sql.exec.analyze import Budget
@@ -88,6 +89,26 @@ def _bad(message: str, **details: Any) -> ShardexError:
 
 def _params_of(exprs: list[Any]) -> set[str]:
     return {n.name for e in exprs if e is not None for n in walk(e) if isinstance(n, Param)}
+
+
+def check_statement(principal: Principal | None, stmt: object) -> None:
+    """A user's statement against its roles (``shardex.api.privileges``): SELECT and EXPLAIN
+    need query.select on their keyspace, INSERT, UPSERT, UPDATE and DELETE query.update.
+    ``None``: a connection this node dialled, a node's."""
+    if principal is None or principal.is_node:
+        return
+    if isinstance(stmt, ExplainStmt):
+        stmt = stmt.statement
+    if isinstance(stmt, SelectStmt):
+        ref = stmt.from_
+        if ref is not None and ref.name:  # FROM (expr): no keyspace is read
+            require(principal, (Privilege.QUERY_SELECT,), ref.name, "SELECT")
+    elif isinstance(stmt, InsertStmt):
+        kind = "UPSERT" if stmt.upsert else "INSERT"
+        require(principal, (Privilege.QUERY_UPDATE,), stmt.keyspace, kind)
+    elif isinstance(stmt, DeleteStmt | UpdateStmt):
+        kind = "DELETE" if isinstance(stmt, DeleteStmt) else "UPDATE"
+        require(principal, (Privilege.QUERY_UPDATE,), stmt.target.name, kind)
 
 
 class SqlService:
@@ -136,6 +157,7 @@ class SqlService:
         self._check(msg)
         tuning = check_tuning(msg.tuning)
         stmt = parsed(msg.statement, cached=tuning["plan_cache"])  # SQL_SYNTAX: line, column
+        check_statement(conn.principal, stmt)
         params = msg.params
         if isinstance(stmt, SelectStmt):
             return await self._select(msg, stmt, params, conn)

@@ -71,6 +71,7 @@ from shardex.meta.partitioning import DEFAULT_NUM_PARTITIONS, check_num_partitio
 from shardex.meta.replica_placement import check_num_replicas
 from shardex.net.messages import Message
 from shardex.net.tcp import TcpTransport
+from shardex.net.tls import TlsConfig
 from shardex.net.transport import Transport
 
 M = TypeVar("M", bound=Message)
@@ -401,17 +402,25 @@ def connect(
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     direct_scans: bool = True,
     direct_kv: bool = True,
+    tls_ca: str | Path | None = None,
+    tls: TlsConfig | None = None,
 ) -> Client:
     """Connect to a node (or the first reachable of several addresses). ``direct_scans``,
     ``direct_kv``: scans, single-document requests run over a socket of the calling thread
-    (False: through the client's loop thread, as every other call; for comparisons)."""
+    (False: through the client's loop thread, as every other call; for comparisons).
+    ``tls_ca``: the cluster CA's certificate; every connection is then TLS and each node's
+    certificate is verified against it and the address dialled. ``tls``: the whole TLS
+    setting instead (a node's certificate too, for a process that acts as a node)."""
     addresses = [address] if isinstance(address, str) else list(address)
+    if tls is None and tls_ca is not None:
+        tls = TlsConfig(ca=Path(tls_ca))
     client = Client(
         addresses,
         secret,
         name=name,
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,
+        transport=TcpTransport(tls=tls) if tls is not None else None,
         direct_scans=direct_scans,
         direct_kv=direct_kv,
     )
@@ -433,7 +442,8 @@ def connect_local(
     direct_kv: bool = True,
 ) -> Client:
     """Connect to the local cluster in ``cluster_dir`` (made by ``shardex cluster start``):
-    reads cluster.json and the secret, connects to the first live node, then the next."""
+    reads cluster.json, the secret and (a cluster with TLS) the CA's certificate, connects
+    to the first live node, then the next."""
     from shardex.meta import cluster_dir as cdir
 
     path = Path(cluster_dir)
@@ -441,6 +451,7 @@ def connect_local(
     return connect(
         [n.address for n in spec.nodes],
         secret=cdir.read_secret(path, spec),
+        tls_ca=cdir.tls_ca(path, spec),
         name=name,
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,

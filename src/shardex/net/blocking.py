@@ -48,7 +48,7 @@ from shardex.net.messages import (
     encode_frame,
     message_type_name,
 )
-from shardex.net.tls import TlsConfig, tls_failure
+from shardex.net.tls import TlsConfig, cert_refused, tls_failure
 from shardex.net.transport import connect_failed, split_address
 
 __all__ = ["BlockingConn"]
@@ -73,6 +73,7 @@ class BlockingConn:
         "__weakref__",  # a client may keep every thread's sockets in a weak set
         "_buf",
         "_closed_by",
+        "_fresh",
         "_max_frame",
         "_next_id",
         "_notice",
@@ -98,6 +99,9 @@ class BlockingConn:
         self._closed_by: str | None = None  # why it closed ("locally", "by peer", ...)
         self._notice: ErrorReply | None = None  # what the node said before hanging up
         self._tls = isinstance(sock, ssl.SSLSocket)
+        # Nothing received yet over a TLS socket that presented our certificate: a close now
+        # is the server refusing the certificate (``tls.cert_refused``).
+        self._fresh = False  # set by ``open``
 
     @classmethod
     def open(
@@ -131,6 +135,7 @@ class BlockingConn:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
         peername = sock.getpeername()
         conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame)
+        conn._fresh = tls is not None and tls.is_node
         hs.peer = conn.peer
         try:
             conn.send(hs.answer(conn._message(deadline)), 0)
@@ -360,13 +365,18 @@ class BlockingConn:
             refused = tls_failure(self.peer, e) if self._tls else None
             if self._closed_by is None:
                 self._lost(f"lost: {e}")
+            if self._fresh:
+                refused = cert_refused(self.peer)
             if isinstance(refused, AuthFailed):
                 raise refused from None  # the node refused our certificate: say why
             raise self.closed_error() from None
         if not n:
             if self._closed_by is None:
                 self._lost("closed by peer")
+            if self._fresh:
+                raise cert_refused(self.peer)
             raise self.closed_error()
+        self._fresh = False
         return n
 
     # -- ending --

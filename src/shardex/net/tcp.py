@@ -36,6 +36,7 @@ from shardex.net.tls import (
     SNIFF_TIMEOUT,
     TLS_RECORD_HANDSHAKE,
     TlsConfig,
+    cert_refused,
     peer_node_name,
     plaintext_refusal_message,
     tls_failure,
@@ -82,8 +83,15 @@ class TcpComm(Comm, asyncio.Protocol):
         self,
         max_frame: int = DEFAULT_MAX_FRAME,
         on_connected: Callable[[TcpComm], None] | None = None,
+        presents_cert: bool = False,
     ) -> None:
         self._max_frame = max_frame
+        # An outgoing TLS comm that presented our certificate, and whether any byte came in:
+        # a TLS 1.3 server checks a client's certificate after the client's handshake is
+        # done, and our loops drop its alert, so a close before its first byte is the only
+        # sign that it refused the certificate.
+        self._presents_cert = presents_cert
+        self._got_data = False
         self._on_connected = on_connected
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -132,6 +140,7 @@ class TcpComm(Comm, asyncio.Protocol):
             self._on_connected(self)
 
     def data_received(self, data: bytes) -> None:
+        self._got_data = True
         buf = self._buf
         if buf:
             buf += data
@@ -159,7 +168,16 @@ class TcpComm(Comm, asyncio.Protocol):
         elif pos < end:
             buf += memoryview(data)[pos:]
 
+    def _refused_cert(self) -> AuthFailed | None:
+        if not self._presents_cert or self._got_data or self._closing:
+            return None
+        return cert_refused(self._peer)
+
     def eof_received(self) -> bool | None:
+        refused = self._refused_cert()
+        if refused is not None:
+            self._ended(refused)
+            return None
         partial = max(len(self._buf) - HEADER, 0) if len(self._buf) >= HEADER else len(self._buf)
         self._ended(
             ConnectionClosed(
@@ -170,7 +188,10 @@ class TcpComm(Comm, asyncio.Protocol):
         return None  # let the transport close
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if exc is None:
+        refused_cert = self._refused_cert()
+        if refused_cert is not None:
+            err: ShardexError = refused_cert
+        elif exc is None:
             err = ConnectionClosed(
                 f"connection to {self._peer} closed " + ("locally" if self._closing else "by peer"),
                 details={"peer": self._peer, "partial_bytes": len(self._buf)},
@@ -573,7 +594,7 @@ class TcpTransport(Transport):
                     )
                 else:
                     _, comm = await loop.create_connection(
-                        lambda: TcpComm(self.max_frame),
+                        lambda: TcpComm(self.max_frame, presents_cert=tls.is_node),
                         host,
                         port,
                         ssl=tls.client_context(),

@@ -35,6 +35,7 @@ __all__ = [
     "SNIFF_TIMEOUT",
     "TLS_RECORD_HANDSHAKE",
     "TlsConfig",
+    "cert_refused",
     "peer_node_name",
     "plaintext_refusal_message",
     "tls_failure",
@@ -192,6 +193,20 @@ def tls_failure(address: str, exc: BaseException) -> ShardexError | None:
     return NodeUnavailable(
         f"TLS with {address} failed: {why or exc}",
         details={"address": address, "reason": why or str(exc)},
+    )
+
+
+def cert_refused(address: str) -> AuthFailed:
+    """A TLS server that closed the connection before its first byte after we presented a
+    certificate: in TLS 1.3 that is how a refused client certificate looks from here."""
+    return AuthFailed(
+        f"TLS: {address} closed the connection before its first message: it did not accept "
+        "our certificate (signed by another CA, or expired?); its log says why",
+        details={
+            "address": address,
+            "reason": "certificate refused",
+            "hint": "this node's certificate must be current and signed by the cluster CA",
+        },
     )
 
 

@@ -156,8 +156,8 @@ def run(plan: Plan) -> dict[str, Any]:
                             "op": op,
                             "cluster": mode,
                             "ops/s": round(rate),
-                            "p50 ms": round(percentile(lat, 0.5) * 1000, 3),
-                            "p99 ms": round(percentile(lat, 0.99) * 1000, 3),
+                            "p50 ms": round(percentile(lat, 50) * 1000, 3),
+                            "p99 ms": round(percentile(lat, 99) * 1000, 3),
                             "load_1m": load1(),
                         }
                     )

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 import shardex.cli.localcluster as lc
+from shardex.cli.certs import certs
 from shardex.cli.common import EXIT_FAILED, err, fail, out
 from shardex.cli.failover import failed_over_nodes
 from shardex.errors import ConfigError, ShardexError
@@ -19,6 +20,8 @@ app = typer.Typer(
     help="Run a local cluster: N node processes on 127.0.0.1, state in one directory.",
     no_args_is_help=True,
 )
+
+app.command("certs", help=certs.__doc__)(certs)
 
 DirOption = Annotated[Path, typer.Option("--dir", "-d", help="Cluster directory.", file_okay=False)]
 
@@ -75,6 +78,14 @@ def start(
             "round-robin (a,b over 4 nodes: a,b,a,b); replicas go to distinct groups.",
         ),
     ] = None,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls",
+            help="New cluster: TLS on every connection; the CA and the nodes' certificates "
+            "are made in DIR/certs, and clients of the directory use them.",
+        ),
+    ] = False,
 ) -> None:
     """Create the cluster on first use, start every node that is not running, and wait until
     each answers and sees all members up; then start the index pipeline (Spark driver) unless
@@ -83,6 +94,15 @@ def start(
         if cdir.exists(cluster_dir):
             spec = cdir.load(cluster_dir)
             _check_same(spec, nodes, base_port)
+            if tls and spec.tls_dir is None:
+                raise ConfigError(
+                    "--tls applies to a new cluster; this one was created without TLS",
+                    details={
+                        "key": "tls",
+                        "value": True,
+                        "hint": "create a new cluster directory with --tls",
+                    },
+                )
             if groups is not None:
                 raise ConfigError(
                     "--groups labels the nodes of a new cluster only",
@@ -117,10 +137,14 @@ def start(
                 auto_failover_timeout=(
                     None if auto_failover_timeout is None else cfg.auto_failover_timeout
                 ),
+                tls=tls,
             )
             if labels:
                 _label_groups(cluster_dir, spec, labels)
-            err.print(f"created cluster directory {cluster_dir} ({len(spec.nodes)} nodes)")
+            with_tls = f", TLS: certificates in {cluster_dir / cdir.CERTS_DIR}" if tls else ""
+            err.print(
+                f"created cluster directory {cluster_dir} ({len(spec.nodes)} nodes{with_tls})"
+            )
         secret = cdir.read_secret(cluster_dir, spec)
     except ShardexError as e:
         fail(e)
@@ -268,11 +292,12 @@ def status(
     node's server group), the coordinator's voters and the keyspaces' replica counts."""
     spec, secret = _load(cluster_dir)
     procs = lc.node_procs(cluster_dir, spec)
-    results = lc.probe_nodes(spec, secret, timeout=timeout)
+    tls = cdir.tls_config(cluster_dir, spec)
+    results = lc.probe_nodes(spec, secret, timeout=timeout, tls=tls)
     doc = lc.status_dict(cluster_dir, spec, procs, results)
     if doc["up"]:  # failed-over nodes serve nothing until recovered
         doc["failed_over"] = failed_over_nodes(cluster_dir, timeout)
-        doc["voters"] = lc.coordinator_voters(spec, secret, timeout)
+        doc["voters"] = lc.coordinator_voters(spec, secret, timeout, tls=tls)
     doc["keyspaces"] = _keyspaces(cluster_dir, timeout) if doc["up"] else None
     if as_json:
         # Plain print: rich would wrap long lines and break the JSON.

@@ -21,6 +21,8 @@ from typing import Any
 from shardex.client.probe import ProbeResult, committed_voters, probe_all
 from shardex.meta import cluster_dir as cdir
 from shardex.meta.cluster_dir import ClusterSpec, NodeSpec
+from shardex.net.tcp import TcpTransport
+from shardex.net.tls import TlsConfig
 from shardex.node.state import LOG_FILE
 from shardex.runtime.pidfile import is_locked, pid_alive, read_pid
 
@@ -120,8 +122,13 @@ def stop_pipeline(cluster_dir: Path, *, timeout: float, kill_wait: float = 5.0) 
     return StopOutcome("pipeline", pid, "still running" if pid_alive(pid) else "killed")
 
 
-def probe_nodes(spec: ClusterSpec, secret: str, timeout: float = 2.0) -> list[ProbeResult]:
-    return asyncio.run(probe_all([n.address for n in spec.nodes], secret, timeout=timeout))
+def probe_nodes(
+    spec: ClusterSpec, secret: str, timeout: float = 2.0, *, tls: TlsConfig | None = None
+) -> list[ProbeResult]:
+    """``tls``: the cluster's client TLS settings (``cluster_dir.tls_config``), if it has."""
+    addresses = [n.address for n in spec.nodes]
+    transport = TcpTransport(tls=tls)
+    return asyncio.run(probe_all(addresses, secret, timeout=timeout, transport=transport))
 
 
 def readiness(spec: ClusterSpec, results: list[ProbeResult]) -> dict[str, str | None]:
@@ -149,18 +156,26 @@ def readiness(spec: ClusterSpec, results: list[ProbeResult]) -> dict[str, str | 
     return why
 
 
-def coordinator_voters(spec: ClusterSpec, secret: str, timeout: float) -> list[str] | None:
+def coordinator_voters(
+    spec: ClusterSpec, secret: str, timeout: float, *, tls: TlsConfig | None = None
+) -> list[str] | None:
     """The committed voters as the first manager node that answers reads them from the
     master (None: none answers, or no master)."""
     for n in spec.nodes:
         if "manager" in n.services:
-            voters = asyncio.run(committed_voters(n.address, secret, timeout=timeout))
+            voters = asyncio.run(
+                committed_voters(
+                    n.address, secret, timeout=timeout, transport=TcpTransport(tls=tls)
+                )
+            )
             if voters is not None:
                 return sorted(voters)
     return None
 
 
-def voters_pending(spec: ClusterSpec, secret: str) -> dict[str, str]:
+def voters_pending(
+    spec: ClusterSpec, secret: str, *, tls: TlsConfig | None = None
+) -> dict[str, str]:
     """Manager nodes of ``spec`` not yet among the coordinator's committed voters (a manager
     counts towards a majority only once the master admitted it, one at a time after it
     caught up): until then, losing the master could leave the others without a majority."""
@@ -168,7 +183,9 @@ def voters_pending(spec: ClusterSpec, secret: str) -> dict[str, str]:
     if not managers:
         return {}
     first = next(n for n in spec.nodes if n.name in managers)
-    voters = asyncio.run(committed_voters(first.address, secret, timeout=0.5))
+    voters = asyncio.run(
+        committed_voters(first.address, secret, timeout=0.5, transport=TcpTransport(tls=tls))
+    )
     missing = managers - (voters or set())
     return {n: "not yet a coordinator voter" for n in sorted(missing)}
 
@@ -199,6 +216,7 @@ def start(
         if not p.running:
             children[p.spec.name] = spawn(cluster_dir, p.spec)
     deadline = time.monotonic() + timeout
+    tls = cdir.tls_config(cluster_dir, spec)
     failed: dict[str, str] = {}
     results: list[ProbeResult] = []
     while True:
@@ -208,11 +226,11 @@ def start(
             if rc is not None and name not in failed:
                 failed[name] = f"process exited with code {rc}"
         # Short probes: a child that died is noticed within a fraction of a second.
-        results = probe_nodes(spec, secret, timeout=0.5)
+        results = probe_nodes(spec, secret, timeout=0.5, tls=tls)
         why = readiness(spec, results)
         pending = {k: v for k, v in why.items() if v is not None}
         if not pending:
-            pending = voters_pending(spec, secret)
+            pending = voters_pending(spec, secret, tls=tls)
         progress(
             f"{len(spec.nodes) - len(pending)}/{len(spec.nodes)} nodes ready"
             + (f"; waiting for {', '.join(sorted(pending))}" if pending else "")

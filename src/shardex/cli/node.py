@@ -59,6 +59,30 @@ def node(
         float | None,
         typer.Option("--failure-timeout", help="Seconds without heartbeat => down (default 3)."),
     ] = None,
+    tls: Annotated[
+        str | None,
+        typer.Option(
+            help="TLS on every connection: auto (on when the node binds a non-loopback "
+            "host), on, off."
+        ),
+    ] = None,
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-dir",
+            help="Certificate directory made by `shardex cluster certs` (ca.pem, "
+            "nodes/NAME.pem, nodes/NAME.key).",
+        ),
+    ] = None,
+    tls_ca: Annotated[
+        Path | None, typer.Option("--tls-ca", help="The cluster CA's certificate (PEM).")
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option("--tls-cert", help="This node's certificate (PEM).")
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", help="This node's private key (PEM, 0600).")
+    ] = None,
     group: Annotated[
         str | None,
         typer.Option(
@@ -92,6 +116,11 @@ def node(
         "failure_timeout": failure_timeout,
         "group": group,
         "admin_file": str(admin_file) if admin_file is not None else None,
+        "tls": tls,
+        "tls_dir": str(tls_dir) if tls_dir is not None else None,
+        "tls_ca": str(tls_ca) if tls_ca is not None else None,
+        "tls_cert": str(tls_cert) if tls_cert is not None else None,
+        "tls_key": str(tls_key) if tls_key is not None else None,
     }
     if secret is not None and secret_file is not None:
         # An environment secret plus an explicit file: the explicit flag wins.

@@ -74,6 +74,7 @@ from shardex.meta.replica_placement import check_num_replicas
 from shardex.net.credentials import Credentials, NodeSecret, UserLogin
 from shardex.net.messages import Message
 from shardex.net.tcp import TcpTransport
+from shardex.net.tls import TlsConfig
 from shardex.net.transport import Transport
 
 M = TypeVar("M", bound=Message)
@@ -426,6 +427,8 @@ def connect(
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     direct_scans: bool = True,
     direct_kv: bool = True,
+    tls_ca: str | Path | None = None,
+    tls: TlsConfig | None = None,
 ) -> Client:
     """Connect to a node (or the first reachable of several addresses). ``direct_scans``,
     ``direct_kv``: scans, single-document requests run over a socket of the calling thread
@@ -433,14 +436,21 @@ def connect(
 
     Credentials: ``username`` and ``password`` log in as that user (a SCRAM exchange: the
     password never leaves this process); ``secret`` is the node secret, for nodes and the
-    cluster's own tools."""
+    cluster's own tools.
+
+    ``tls_ca``: the cluster CA's certificate; every connection is then TLS and each node's
+    certificate is verified against it and the address dialled. ``tls``: the whole TLS
+    setting instead (a node's certificate too, for a process that acts as a node)."""
     addresses = [address] if isinstance(address, str) else list(address)
+    if tls is None and tls_ca is not None:
+        tls = TlsConfig(ca=Path(tls_ca))
     client = Client(
         addresses,
         _credentials(secret, username, password),
         name=name,
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,
+        transport=TcpTransport(tls=tls) if tls is not None else None,
         direct_scans=direct_scans,
         direct_kv=direct_kv,
     )
@@ -480,7 +490,8 @@ def connect_local(
     """Connect to the local cluster in ``cluster_dir`` (made by ``shardex cluster start``)
     as its ``admin`` user (the password in the directory's ``admin-password``; the node
     secret for a directory made before users existed): reads cluster.json, connects to the
-    first live node, then the next."""
+    first live node, then the next; a cluster with TLS is verified with the directory's CA
+    certificate."""
     from shardex.meta import cluster_dir as cdir
 
     path = Path(cluster_dir)
@@ -491,6 +502,7 @@ def connect_local(
         secret=cdir.read_secret(path, spec) if password is None else None,
         username=None if password is None else cdir.ADMIN_USER,
         password=password,
+        tls_ca=cdir.tls_ca(path, spec),
         name=name,
         connect_timeout=connect_timeout,
         request_timeout=request_timeout,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from shardex.api.scan import CancelScan
 from shardex.client.rpc_session import client_closed
 from shardex.net.blocking import BlockingConn
+from shardex.net.tcp import TcpTransport
 
 if TYPE_CHECKING:
     from shardex.client.rpc_session import RpcSession
@@ -96,6 +97,8 @@ class DirectConns:
             timeout=rpc.connect_timeout,
             max_frame=transport.max_frame,
             nonce=transport.nonce,
+            # the loop's TLS settings: the same CA (and certificate, in a node's process)
+            tls=transport.tls if isinstance(transport, TcpTransport) else None,
         )
         with self._lock:
             if self._closed:

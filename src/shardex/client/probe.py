@@ -54,9 +54,13 @@ async def probe(
 
 
 async def probe_all(
-    addresses: Sequence[str], secret: str, *, timeout: float = 2.0
+    addresses: Sequence[str],
+    secret: str,
+    *,
+    timeout: float = 2.0,
+    transport: Transport | None = None,
 ) -> list[ProbeResult]:
-    transport = TcpTransport()
+    transport = transport or TcpTransport()
     return list(
         await asyncio.gather(
             *(probe(a, secret, timeout=timeout, transport=transport) for a in addresses)
@@ -65,12 +69,18 @@ async def probe_all(
 
 
 async def committed_voters(
-    address: str, secret: str, *, timeout: float = 2.0, name: str = "shardex-cli"
+    address: str,
+    secret: str,
+    *,
+    timeout: float = 2.0,
+    name: str = "shardex-cli",
+    transport: Transport | None = None,
 ) -> set[str] | None:
     """The coordinator's committed voters as the manager at ``address`` reads them from the
     master (None: no answer, no master yet, or nothing committed yet)."""
+    transport = transport or TcpTransport()
     try:
-        conn = await rpc_connect(TcpTransport(), address, secret, name=name, timeout=timeout)
+        conn = await rpc_connect(transport, address, secret, name=name, timeout=timeout)
     except ShardexError:
         return None
     try:

@@ -6,6 +6,8 @@ Layout of ``DIR``::
     secret              the cluster secret (the nodes' credential), mode 0600
     admin-password      the password of the cluster's first user, ``admin``, mode 0600
     admin.json          that user's SCRAM keys, the founding nodes' bootstrap admin, mode 0600
+    certs/              with --tls: the cluster CA and the nodes' certificates and keys
+                        (``shardex.net.certs``'s layout: ca.pem, ca.key, nodes/NAME.pem|key)
     node1/              node1's data dir: node.toml, node.json, members.json, node.pid,
     node2/ ...          node.lock, node.log, stdout.log
 
@@ -33,6 +35,8 @@ from shardex.meta.node_defaults import (
     DEFAULT_HEARTBEAT_INTERVAL,
 )
 from shardex.meta.users import ADMIN_ROLES, ADMIN_USER, new_record, write_admin_file
+from shardex.net.certs import CA_CERT, LOOPBACK, make_ca, make_node_cert
+from shardex.net.tls import TlsConfig
 from shardex.runtime.files import atomic_write_bytes, atomic_write_json
 
 CLUSTER_FILE = "cluster.json"
@@ -41,6 +45,7 @@ ADMIN_PASSWORD_FILE = "admin-password"
 ADMIN_FILE = "admin.json"
 NODE_CONFIG_FILE = "node.toml"
 STDOUT_FILE = "stdout.log"
+CERTS_DIR = "certs"
 FORMAT = 1
 DEFAULT_BASE_PORT = 7100
 # HTTP (admin API) ports are reserved at a fixed offset from each node's cluster port, so a
@@ -75,6 +80,8 @@ class ClusterSpec(msgspec.Struct, kw_only=True):
     # seconds a data node may be silent before it is failed over automatically (None: the
     # node's default)
     auto_failover_timeout: float | None = None
+    # the certificate directory, relative to the cluster dir, of a cluster run with TLS
+    tls_dir: str | None = None
     nodes: list[NodeSpec]
 
 
@@ -147,6 +154,27 @@ def _make_admin(cluster_dir: Path) -> None:
         write_admin_file(admin_path, new_record(ADMIN_USER, password, ADMIN_ROLES))
 
 
+def tls_ca(cluster_dir: Path, spec: ClusterSpec | None = None) -> Path | None:
+    """The CA certificate clients of the cluster verify its nodes with (None: no TLS)."""
+    spec = spec or load(cluster_dir)
+    if spec.tls_dir is None:
+        return None
+    return (cluster_dir / spec.tls_dir / CA_CERT).absolute()
+
+
+def tls_config(cluster_dir: Path, spec: ClusterSpec | None = None) -> TlsConfig | None:
+    """A client's TLS settings for the cluster (None: it runs without TLS)."""
+    ca = tls_ca(cluster_dir, spec)
+    return None if ca is None else TlsConfig(ca=ca)
+
+
+def _node_cert(cluster_dir: Path, spec: ClusterSpec, node: NodeSpec) -> None:
+    """Node ``node``'s certificate, for the loopback addresses and the one it listens on."""
+    assert spec.tls_dir is not None
+    host = node.address.rpartition(":")[0]
+    make_node_cert(cluster_dir / spec.tls_dir, node.name, [*LOOPBACK, host])
+
+
 def _node_toml(spec: ClusterSpec, node: NodeSpec) -> str:
     # Written with plain formatting (tomllib reads, does not write); every value we emit is
     # a simple string, int, float or list of strings.
@@ -170,6 +198,9 @@ def _node_toml(spec: ClusterSpec, node: NodeSpec) -> str:
         lines.append(f"admin_file = {q(os.path.relpath(spec.admin_file, node.data_dir))}")
     if spec.auto_failover_timeout is not None:
         lines.append(f"auto_failover_timeout = {spec.auto_failover_timeout!r}")
+    if spec.tls_dir is not None:
+        lines.append('tls = "on"')
+        lines.append(f"tls_dir = {q(os.path.relpath(spec.tls_dir, node.data_dir))}")
     return "\n".join(lines) + "\n"
 
 
@@ -182,9 +213,11 @@ def create(
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT,
     auto_failover_timeout: float | None = None,
+    tls: bool = False,
 ) -> ClusterSpec:
-    """Lay out a new cluster dir: secret, per-node dirs and configs, then cluster.json last
-    (its presence is what marks the dir as created, so a crash midway can simply be rerun)."""
+    """Lay out a new cluster dir: secret, per-node dirs and configs (``tls``: the CA and
+    every node's certificate too), then cluster.json last (its presence is what marks the
+    dir as created, so a crash midway can simply be rerun)."""
     if not 1 <= nodes <= MAX_NODES:
         raise ConfigError(
             f"--nodes {nodes} is out of range [1, {MAX_NODES}]",
@@ -233,11 +266,16 @@ def create(
         heartbeat_interval=heartbeat_interval,
         failure_timeout=failure_timeout,
         auto_failover_timeout=auto_failover_timeout,
+        tls_dir=CERTS_DIR if tls else None,
         nodes=specs,
     )
+    if tls:
+        make_ca(cluster_dir / CERTS_DIR)
     for node in specs:
         node_dir = node.path(cluster_dir)
         node_dir.mkdir(parents=True, exist_ok=True)
+        if tls:
+            _node_cert(cluster_dir, spec, node)
         atomic_write_bytes(node_dir / NODE_CONFIG_FILE, _node_toml(spec, node).encode())
     atomic_write_json(cluster_file(cluster_dir), to_dict(spec))
     return spec
@@ -294,6 +332,8 @@ def add_node(
     new = msgspec.structs.replace(spec, nodes=[*spec.nodes, node])
     node_dir = node.path(cluster_dir)
     node_dir.mkdir(parents=True, exist_ok=True)
+    if new.tls_dir is not None:
+        _node_cert(cluster_dir, new, node)
     atomic_write_bytes(node_dir / NODE_CONFIG_FILE, _node_toml(new, node).encode())
     atomic_write_json(cluster_file(cluster_dir), to_dict(new))
     return new, node

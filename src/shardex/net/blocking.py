@@ -11,18 +11,23 @@ What it never does: run handlers. A ``Ping`` request is answered, an ERROR notic
 hang-up kept for the error that follows, a one-way frame of a type this side does not know
 dropped; everything else is the caller's, one envelope at a time (``read``). ``close`` may
 come from any thread: it shuts the socket down, which wakes a reader blocked in ``recv``.
+
+With a ``TlsConfig`` the socket is an ``ssl.SSLSocket`` verified as the loop's transport
+verifies (``shardex.net.tls``); failures read the same.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import struct
 import time
 from collections.abc import Callable
 from typing import Final, Self, TypeVar
 
 from shardex.errors import (
+    AuthFailed,
     ConnectionClosed,
     FrameTooLarge,
     ProtocolError,
@@ -44,6 +49,7 @@ from shardex.net.messages import (
     encode_frame,
     message_type_name,
 )
+from shardex.net.tls import TlsConfig, cert_refused, tls_failure
 from shardex.net.transport import connect_failed, split_address
 
 __all__ = ["BlockingConn"]
@@ -68,12 +74,14 @@ class BlockingConn:
         "__weakref__",  # a client may keep every thread's sockets in a weak set
         "_buf",
         "_closed_by",
+        "_fresh",
         "_max_frame",
         "_next_id",
         "_notice",
         "_rbuf",
         "_rcvtimeo",
         "_sock",
+        "_tls",
         "address",
         "peer",
         "peer_label",
@@ -91,6 +99,10 @@ class BlockingConn:
         self._next_id = 1  # request ids, as a ``Connection`` numbers them
         self._closed_by: str | None = None  # why it closed ("locally", "by peer", ...)
         self._notice: ErrorReply | None = None  # what the node said before hanging up
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        # Nothing received yet over a TLS socket that presented our certificate: a close now
+        # is the server refusing the certificate (``tls.cert_refused``).
+        self._fresh = False  # set by ``open``
 
     @classmethod
     def open(
@@ -102,9 +114,11 @@ class BlockingConn:
         timeout: float,
         max_frame: int,
         nonce: Callable[[int], bytes],
+        tls: TlsConfig | None = None,
     ) -> Self:
-        """Connect and authenticate (both ways) within ``timeout``; the errors of
-        ``shardex.net.connect``: ``NodeUnavailable``, ``AuthFailed``, ``ProtocolError``."""
+        """Connect (over TLS with ``tls``) and authenticate (both ways) within ``timeout``;
+        the errors of ``shardex.net.connect``: ``NodeUnavailable``, ``AuthFailed``,
+        ``ProtocolError``."""
         hs = ClientHandshake(secret, name=name, peer=address, nonce_source=nonce)
         host, port = split_address(address)
         deadline = time.monotonic() + timeout
@@ -112,6 +126,8 @@ class BlockingConn:
             sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as e:  # refused, unreachable, or timed out (TimeoutError)
             raise connect_failed(address, timeout, e) from e
+        if tls is not None:
+            sock = _wrap(sock, tls, address, host, timeout)
         # Request/response on small frames: never wait for Nagle.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # Blocking from here on: deadlines are the kernel's (``_set_rcvtimeo``); a send
@@ -120,6 +136,7 @@ class BlockingConn:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
         peername = sock.getpeername()
         conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame)
+        conn._fresh = tls is not None and tls.is_node
         hs.peer = conn.peer
         try:
             out: Message | None = hs.answer(conn._message(deadline))
@@ -256,6 +273,45 @@ class BlockingConn:
         waiting (a late reply, a ping) are not an end and stay for ``read``."""
         if self._closed_by is not None:
             return True
+        if self._tls:
+            return self._tls_peer_gone()
+        return self._plain_peer_gone()
+
+    def _tls_peer_gone(self) -> bool:
+        """``peer_gone`` over TLS: the raw socket is peeked (an SSLSocket takes no flags);
+        bytes waiting are records - data, session tickets, or the peer's close_notify - so
+        they are read without blocking: data is kept for ``read``, an end is an end."""
+        sock = self._sock
+        assert isinstance(sock, ssl.SSLSocket)
+        if sock.pending():
+            return False  # decrypted data waiting
+        try:
+            n = socket.socket.recv_into(sock, self._rbuf, 1, _PEEK)
+        except BlockingIOError:
+            return False  # nothing waiting: the usual case
+        except OSError as e:
+            self._lost(f"lost: {e}")
+            return True
+        if not n:
+            self._lost("closed by peer")
+            return True
+        sock.setblocking(False)
+        try:
+            n = sock.recv_into(self._rbuf)
+        except ssl.SSLWantReadError:
+            return False  # records that carry no data (tickets), or half a record
+        except OSError as e:
+            self._lost(f"lost: {e}")
+            return True
+        finally:
+            sock.setblocking(True)
+        if not n:
+            self._lost("closed by peer")
+            return True
+        self._buf += self._rbuf[:n]
+        return False
+
+    def _plain_peer_gone(self) -> bool:
         try:
             n = self._sock.recv_into(self._rbuf, 1, _PEEK)
         except BlockingIOError:
@@ -306,16 +362,25 @@ class BlockingConn:
             self._set_rcvtimeo(left)
         try:
             n = sock.recv_into(self._rbuf)
-        except BlockingIOError:  # SO_RCVTIMEO ran out (EAGAIN on a blocking socket)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            # SO_RCVTIMEO ran out (EAGAIN on a blocking socket; over TLS, OpenSSL's word)
             raise TimeoutError from None
         except OSError as e:
+            refused = tls_failure(self.peer, e) if self._tls else None
             if self._closed_by is None:
                 self._lost(f"lost: {e}")
+            if self._fresh:
+                refused = cert_refused(self.peer)
+            if isinstance(refused, AuthFailed):
+                raise refused from None  # the node refused our certificate: say why
             raise self.closed_error() from None
         if not n:
             if self._closed_by is None:
                 self._lost("closed by peer")
+            if self._fresh:
+                raise cert_refused(self.peer)
             raise self.closed_error()
+        self._fresh = False
         return n
 
     # -- ending --
@@ -343,7 +408,9 @@ class BlockingConn:
         if self._closed_by is None:
             self._closed_by = "closed locally"
         with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+            # The plain socket's shutdown, also for an SSLSocket: its own drops its TLS
+            # state, which a reader in another thread may still be using.
+            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
 
@@ -352,3 +419,18 @@ class BlockingConn:
         # (no ResourceWarning for a socket that simply outlived its use).
         with contextlib.suppress(Exception):
             self._sock.close()
+
+
+def _wrap(
+    sock: socket.socket, tls: TlsConfig, address: str, host: str, timeout: float
+) -> ssl.SSLSocket:
+    """``sock`` after a TLS handshake with the server at ``address`` (certificate verified
+    against the cluster CA, its SANs against ``host``); closed on failure."""
+    try:
+        return tls.client_context().wrap_socket(sock, server_hostname=host)
+    except OSError as e:  # ssl.SSLError, a reset, or the handshake's timeout
+        sock.close()
+        failure = tls_failure(address, e)
+        if failure is not None:
+            raise failure from e
+        raise connect_failed(address, timeout, e) from e

@@ -8,6 +8,14 @@ is cut into whole frames at once, in its callback. A ``Connection`` takes them t
 (``set_receiver``), so a frame costs no reader-task wake-up, no ``readexactly`` coroutines and
 no extra loop iteration; several frames that arrive in one ``recv`` are handled in one go.
 ``read()`` (the handshake, the simulator-compatible path) takes them from a queue.
+
+With a ``TlsConfig`` (``shardex.net.tls``) every connection is TLS 1.3: outgoing ones through
+the loop's own TLS (``create_connection(ssl=...)``), incoming ones through a listener of our
+own (``_TlsListener``) that looks at each new connection's first byte before it upgrades: a
+TLS ClientHello is handed to the loop's TLS, anything else - a plaintext client, which sends
+nothing and waits for the server's challenge - gets one ``ErrorReply`` frame saying the port
+requires TLS, and is closed. (A listener made by ``create_server`` reads the first bytes
+itself; once read they cannot be handed to TLS.)
 """
 
 from __future__ import annotations
@@ -17,10 +25,22 @@ import collections
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 
-from shardex.errors import ConnectionClosed, NodeUnavailable, ShardexError
-from shardex.net.framing import HEADER, announced_too_large, sending_too_large
+from shardex.errors import AuthFailed, ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
+from shardex.net.framing import HEADER, announced_too_large, header, sending_too_large
+from shardex.net.messages import Envelope, ErrorReply, Kind, encode_frame
+from shardex.net.tls import (
+    REFUSAL_HINT,
+    SNIFF_TIMEOUT,
+    TLS_RECORD_HANDSHAKE,
+    TlsConfig,
+    cert_refused,
+    peer_node_name,
+    plaintext_refusal_message,
+    tls_failure,
+)
 from shardex.net.transport import (
     DEFAULT_MAX_FRAME,
     Comm,
@@ -45,6 +65,11 @@ _WRITE_HIGH_WATER = 256 * 1024
 _JOIN_BELOW = 64 * 1024
 # A graceful close that cannot flush within this bound (peer not reading) becomes an abort.
 _CLOSE_TIMEOUT = 5.0
+# A TLS handshake (both ways) must complete within this; the RPC handshake has its own bound.
+_TLS_HANDSHAKE_TIMEOUT = 5.0
+_BACKLOG = 1024
+# The buffer decrypted bytes are read into (one TLS record is at most 16 KiB).
+_TLS_READ = 64 * 1024
 
 
 def _fmt_addr(addr: object) -> str:
@@ -60,8 +85,15 @@ class TcpComm(Comm, asyncio.Protocol):
         self,
         max_frame: int = DEFAULT_MAX_FRAME,
         on_connected: Callable[[TcpComm], None] | None = None,
+        presents_cert: bool = False,
     ) -> None:
         self._max_frame = max_frame
+        # An outgoing TLS comm that presented our certificate, and whether any byte came in:
+        # a TLS 1.3 server checks a client's certificate after the client's handshake is
+        # done, and our loops drop its alert, so a close before its first byte is the only
+        # sign that it refused the certificate.
+        self._presents_cert = presents_cert
+        self._got_data = False
         self._on_connected = on_connected
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -81,6 +113,8 @@ class TcpComm(Comm, asyncio.Protocol):
         self._write_paused = False
         self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._lost: asyncio.Future[None] = self._loop.create_future()
+        self._peer_node: str | None = None
+        self._encrypted = False
 
     def __repr__(self) -> str:
         return f"<TcpComm {self._local} -> {self._peer}{' closed' if self.closed else ''}>"
@@ -99,10 +133,16 @@ class TcpComm(Comm, asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        # A TLS transport calls this once its handshake is done: the peer's certificate,
+        # if it presented one, has been verified against the cluster CA.
+        if transport.get_extra_info("sslcontext") is not None:
+            self._encrypted = True
+            self._peer_node = peer_node_name(transport.get_extra_info("peercert"))
         if self._on_connected is not None:
             self._on_connected(self)
 
     def data_received(self, data: bytes) -> None:
+        self._got_data = True
         buf = self._buf
         if buf:
             buf += data
@@ -130,7 +170,16 @@ class TcpComm(Comm, asyncio.Protocol):
         elif pos < end:
             buf += memoryview(data)[pos:]
 
+    def _refused_cert(self) -> AuthFailed | None:
+        if not self._presents_cert or self._got_data or self._closing:
+            return None
+        return cert_refused(self._peer)
+
     def eof_received(self) -> bool | None:
+        refused = self._refused_cert()
+        if refused is not None:
+            self._ended(refused)
+            return None
         partial = max(len(self._buf) - HEADER, 0) if len(self._buf) >= HEADER else len(self._buf)
         self._ended(
             ConnectionClosed(
@@ -141,14 +190,24 @@ class TcpComm(Comm, asyncio.Protocol):
         return None  # let the transport close
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if exc is None:
+        refused_cert = self._refused_cert()
+        if refused_cert is not None:
+            err: ShardexError = refused_cert
+        elif exc is None:
             err = ConnectionClosed(
                 f"connection to {self._peer} closed " + ("locally" if self._closing else "by peer"),
                 details={"peer": self._peer, "partial_bytes": len(self._buf)},
             )
         else:
-            err = ConnectionClosed(
-                f"connection to {self._peer} lost: {exc}", details={"peer": self._peer}
+            refused = tls_failure(self._peer, exc)
+            # A peer that refused our certificate says so with an alert, which ends the
+            # stream: the caller learns why, not only that it closed.
+            err = (
+                refused
+                if isinstance(refused, AuthFailed)
+                else ConnectionClosed(
+                    f"connection to {self._peer} lost: {exc}", details={"peer": self._peer}
+                )
             )
         self._ended(err)
         for w in self._drain_waiters:
@@ -187,6 +246,21 @@ class TcpComm(Comm, asyncio.Protocol):
         self._wake_reader()
 
     def _too_large(self, size: int) -> None:
+        if size >> 24 == TLS_RECORD_HANDSHAKE and not self._encrypted:
+            log.warning(
+                "peer %s started a TLS handshake on this plaintext port; closing (turn TLS "
+                "on here, or off at the peer)",
+                self._peer,
+            )
+            self._ended(
+                NodeUnavailable(
+                    f"{self._peer} speaks TLS to a plaintext port", details={"peer": self._peer}
+                )
+            )
+            self._buf.clear()
+            if self._transport is not None:
+                self._transport.abort()
+            return
         log.error(
             "peer %s announced a frame of %d bytes (max_frame %d); closing connection",
             self._peer,
@@ -240,6 +314,14 @@ class TcpComm(Comm, asyncio.Protocol):
     @property
     def local_address(self) -> str:
         return self._local
+
+    @property
+    def peer_node(self) -> str | None:
+        return self._peer_node
+
+    @property
+    def encrypted(self) -> bool:
+        return self._encrypted
 
     @property
     def peer_address(self) -> str:
@@ -333,6 +415,30 @@ class TcpComm(Comm, asyncio.Protocol):
         self._wake_reader()
 
 
+class _TlsComm(TcpComm, asyncio.BufferedProtocol):
+    """A ``TcpComm`` under the loop's TLS. As a buffered protocol it gets the decrypted bytes
+    read into a buffer of its own: as a plain one, uvloop's TLS would allocate a 256 KiB
+    ``bytes`` per read, most of a small request's TLS cost."""
+
+    def __init__(
+        self,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        on_connected: Callable[[TcpComm], None] | None = None,
+        presents_cert: bool = False,
+    ) -> None:
+        super().__init__(max_frame, on_connected, presents_cert)
+        self._rbuf = memoryview(bytearray(_TLS_READ))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._rbuf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        # ``data_received`` keeps nothing of what it is given without copying it (frames are
+        # cut into bytes, a partial one appended to the comm's buffer): the view may be
+        # reused by the next read.
+        self.data_received(self._rbuf[:nbytes])  # type: ignore[arg-type]
+
+
 class TcpListener(Listener):
     def __init__(self, server: asyncio.Server, address: str) -> None:
         self._server = server
@@ -349,11 +455,123 @@ class TcpListener(Listener):
         await self._server.wait_closed()
 
 
-class TcpTransport(Transport):
-    """Frames over TCP. ``max_frame`` bounds both what we accept and what we send."""
+class _TlsListener(Listener):
+    """Accepts connections itself, sniffs each one's first byte, upgrades TLS clients with
+    the loop's TLS and refuses plaintext ones with a frame they can read."""
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        ctx: ssl.SSLContext,
+        factory: Callable[[], TcpComm],
+        tasks: set[asyncio.Task[None]],
+    ) -> None:
+        self._sock = sock
+        self._ctx = ctx
+        self._factory = factory
+        self._tasks = tasks  # the serving tasks' set, shared with the transport's handler
+        self._loop = asyncio.get_running_loop()
+        self._address = _fmt_addr(sock.getsockname())
+        self._admitting: set[asyncio.Task[None]] = set()
+        self._accepting = self._loop.create_task(self._accept(), name=f"shardex-accept {self}")
+
+    def __repr__(self) -> str:
+        return f"<TLS listener {self._address}>"
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    async def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = await self._loop.sock_accept(self._sock)
+            except OSError as e:  # out of descriptors, a connection reset before accept...
+                if self._sock.fileno() < 0:
+                    return
+                log.warning("accept on %s failed: %s", self._address, e)
+                continue
+            task = self._loop.create_task(self._admit(sock))
+            self._admitting.add(task)
+            task.add_done_callback(self._admitting.discard)
+
+    async def _admit(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        try:
+            peer = _fmt_addr(sock.getpeername())
+            first = await self._first_byte(sock)
+        except OSError:
+            sock.close()  # gone before we looked
+            return
+        if first is None:
+            sock.close()  # connected and hung up without a byte
+            return
+        if first != TLS_RECORD_HANDSHAKE:
+            self._refuse(sock, peer)
+            return
+        try:
+            await self._loop.connect_accepted_socket(
+                self._factory, sock, ssl=self._ctx, ssl_handshake_timeout=_TLS_HANDSHAKE_TIMEOUT
+            )
+        except (OSError, TimeoutError) as e:  # ssl.SSLError is an OSError
+            failure = tls_failure(peer, e)
+            reason = failure.message if failure is not None else (str(e) or type(e).__name__)
+            # The client's certificate did not verify (wrong CA, expired), or it gave up.
+            log.warning("TLS handshake with %s failed: %s", peer, reason)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    async def _first_byte(self, sock: socket.socket) -> int | None:
+        """The first byte the peer sent (peeked: it stays for TLS to read), -1 if it sent
+        nothing within ``SNIFF_TIMEOUT``, None if it closed the connection."""
+        fd = sock.fileno()
+        ready = self._loop.create_future()
+        self._loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await asyncio.wait_for(ready, SNIFF_TIMEOUT)
+        except TimeoutError:
+            return -1
+        finally:
+            self._loop.remove_reader(fd)
+        try:
+            data = sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return -1
+        return data[0] if data else None
+
+    def _refuse(self, sock: socket.socket, peer: str) -> None:
+        log.warning("refused a plaintext connection from %s: this port requires TLS", peer)
+        notice = ErrorReply(
+            code=ErrorCode.AUTH_FAILED.value,
+            message=plaintext_refusal_message(self._address),
+            details={"address": self._address, "hint": REFUSAL_HINT},
+        )
+        frame = encode_frame(Envelope(Kind.ERROR, 0, notice))
+        with contextlib.suppress(OSError):
+            # Whatever the peer sent is read first: closing with unread bytes would reset the
+            # connection, and a reset may discard our frame before the peer reads it.
+            with contextlib.suppress(BlockingIOError):
+                sock.recv(64 * 1024)
+            sock.send(header(len(frame)) + frame)  # small: the socket buffer takes it whole
+            sock.shutdown(socket.SHUT_WR)
+        sock.close()
+
+    async def stop(self) -> None:
+        self._accepting.cancel()
+        await asyncio.gather(self._accepting, return_exceptions=True)
+        self._sock.close()
+        for task in list(self._admitting):
+            task.cancel()
+        await asyncio.gather(*self._admitting, return_exceptions=True)
+
+
+class TcpTransport(Transport):
+    """Frames over TCP. ``max_frame`` bounds both what we accept and what we send; ``tls``
+    (``shardex.net.tls.TlsConfig``): every connection, both ways, over TLS 1.3."""
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, tls: TlsConfig | None = None) -> None:
         self.max_frame = max_frame
+        self.tls = tls
 
     async def listen(self, address: str, handler: CommHandler) -> Listener:
         host, port = split_address(address)
@@ -374,10 +592,18 @@ class TcpTransport(Transport):
             running.add(task)
             task.add_done_callback(running.discard)
 
+        def factory() -> TcpComm:
+            return TcpComm(self.max_frame, on_connected)
+
+        def tls_factory() -> TcpComm:
+            return _TlsComm(self.max_frame, on_connected)
+
+        if self.tls is not None:
+            ctx = self.tls.server_context()  # a missing certificate: a ConfigError now
+            sock = await _bind(loop, host, port, address)
+            return _TlsListener(sock, ctx, tls_factory, running)
         try:
-            server = await loop.create_server(
-                lambda: TcpComm(self.max_frame, on_connected), host, port
-            )
+            server = await loop.create_server(factory, host, port)
         except OSError as e:
             raise NodeUnavailable(
                 f"cannot listen on {address}: {e}", details={"address": address}
@@ -388,12 +614,46 @@ class TcpTransport(Transport):
     async def connect(self, address: str, timeout: float) -> Comm:
         host, port = split_address(address)
         loop = asyncio.get_running_loop()
+        tls = self.tls
         try:
             async with asyncio.timeout(timeout):
-                _, comm = await loop.create_connection(lambda: TcpComm(self.max_frame), host, port)
-        except OSError as e:  # refused, unreachable, or timed out (TimeoutError)
+                if tls is None:
+                    _, comm = await loop.create_connection(
+                        lambda: TcpComm(self.max_frame), host, port
+                    )
+                else:
+                    _, comm = await loop.create_connection(
+                        lambda: _TlsComm(self.max_frame, presents_cert=tls.is_node),
+                        host,
+                        port,
+                        ssl=tls.client_context(),
+                        server_hostname=host,  # checked against the certificate's SANs
+                        ssl_handshake_timeout=timeout,
+                    )
+        except OSError as e:  # refused, unreachable, timed out (TimeoutError), TLS failed
+            failure = tls_failure(address, e) if tls is not None else None
+            if failure is not None:
+                raise failure from e
             raise connect_failed(address, timeout, e) from e
         return comm
+
+
+async def _bind(
+    loop: asyncio.AbstractEventLoop, host: str, port: int, address: str
+) -> socket.socket:
+    """A listening, non-blocking socket on ``host:port`` (its first address)."""
+    try:
+        infos = await loop.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, _, _, _, sockaddr = infos[0]
+        sock = socket.create_server(sockaddr[:2], family=family, backlog=_BACKLOG)
+    except OSError as e:
+        raise NodeUnavailable(
+            f"cannot listen on {address}: {e}", details={"address": address}
+        ) from e
+    sock.setblocking(False)
+    return sock
 
 
 __all__ = ["TcpComm", "TcpListener", "TcpTransport"]

@@ -62,6 +62,19 @@ class Comm(abc.ABC):
         """Close at once without flushing; idempotent, safe from any callback."""
 
     @property
+    def peer_node(self) -> str | None:
+        """The node name the peer proved with a certificate (TLS, verified against the
+        cluster CA, carrying the node marker: ``shardex.net.tls``), else None: no TLS, no
+        certificate, or a certificate that names no node. Authentication reads it to tell
+        nodes from users."""
+        return None
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether the bytes of this comm cross the network encrypted (TLS)."""
+        return False
+
+    @property
     @abc.abstractmethod
     def closed(self) -> bool: ...
 

@@ -10,6 +10,7 @@ around after loading: services receive the frozen dataclass.)
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 import re
@@ -26,6 +27,7 @@ from shardex.meta.node_defaults import (
     DEFAULT_FAILURE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL,
 )
+from shardex.net.tls import TlsConfig
 from shardex.net.transport import split_address
 
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -60,7 +62,17 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "auto_failover_max_count",
         "group",
         "admin_file",
+        "tls",
+        "tls_dir",
+        "tls_ca",
+        "tls_cert",
+        "tls_key",
     }
+)
+TLS_MODES: tuple[str, ...] = ("auto", "on", "off")
+_TLS_HINT = (
+    "give tls_dir = DIR (made by `shardex cluster certs`: DIR/ca.pem, DIR/nodes/NAME.pem and "
+    '.key), or tls_ca, tls_cert and tls_key; or tls = "off" to run without TLS'
 )
 
 
@@ -89,6 +101,8 @@ class NodeConfig:
     group: str = ""
     # The bootstrap admin (``meta/users.py``): committed by a master whose state has no user.
     admin_file: Path | None = None
+    # TLS on every connection (None: plaintext); "auto" turns it on for a non-loopback host
+    tls: TlsConfig | None = None
 
     @property
     def address(self) -> str:
@@ -336,6 +350,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         else None
     )
 
+    tls = _tls(values, bases, name, str(values.get("host", BIND_HOST)))
     return NodeConfig(
         admin_file=admin_file,
         name=name,
@@ -352,7 +367,56 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         auto_failover_timeout=auto[1],
         auto_failover_max_count=auto[2],
         group=group,
+        tls=tls,
     )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a DNS name: other hosts may dial it
+
+
+def _tls(
+    values: dict[str, Any], bases: dict[str, Path | None], name: str, host: str
+) -> TlsConfig | None:
+    """The node's TLS settings: ``tls`` (auto: on unless the node binds a loopback address)
+    and where its certificates are (``tls_dir``, or ``tls_ca``/``tls_cert``/``tls_key``,
+    which override the directory's files one by one)."""
+    mode = values.get("tls", "auto")
+    if isinstance(mode, bool):
+        mode = "on" if mode else "off"
+    if not isinstance(mode, str) or mode.strip().lower() not in TLS_MODES:
+        raise _err(
+            "tls",
+            mode,
+            "not a TLS mode",
+            "one of auto (on when the node binds a non-loopback host), on, off",
+        )
+    mode = mode.strip().lower()
+    if mode == "off" or (mode == "auto" and _is_loopback(host)):
+        return None
+    paths: dict[str, Path] = {}
+    if "tls_dir" in values:
+        from shardex.net.certs import node_paths
+
+        cert_dir = _resolve_path(values["tls_dir"], "tls_dir", bases.get("tls_dir"))
+        p = node_paths(cert_dir, name)
+        paths = {"tls_ca": p.ca, "tls_cert": p.cert, "tls_key": p.key}
+    for key in ("tls_ca", "tls_cert", "tls_key"):
+        if key in values:
+            paths[key] = _resolve_path(values[key], key, bases.get(key))
+    missing = [k for k in ("tls_ca", "tls_cert", "tls_key") if k not in paths]
+    if missing:
+        why = "TLS is on" if mode == "on" else f"TLS is on by default for host {host}"
+        raise _err(missing[0], None, f"missing: {why}", _TLS_HINT)
+    for key, path in paths.items():
+        if not path.is_file():
+            raise _err(key, str(path), "no such file", _TLS_HINT)
+    return TlsConfig(ca=paths["tls_ca"], cert=paths["tls_cert"], key=paths["tls_key"])
 
 
 def _as_bool(key: str, value: Any, hint: str) -> bool:

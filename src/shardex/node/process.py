@@ -57,7 +57,7 @@ def run_node(config: NodeConfig) -> int:
         identity, new = load_or_create_identity(data_dir, config.name)
         log.info(
             "starting node %s (pid %d, %s identity %s), data dir %s, heartbeat %.3gs, "
-            "failure timeout %.3gs, event loop %s",
+            "failure timeout %.3gs, event loop %s, %s",
             config.name,
             os.getpid(),
             "new" if new else "persisted",
@@ -66,6 +66,7 @@ def run_node(config: NodeConfig) -> int:
             config.heartbeat_interval,
             config.failure_timeout,
             loop_kind(),
+            f"TLS with {config.tls.cert}" if config.tls else "no TLS",
         )
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
             return runner.run(_serve(config, identity.member_id))
@@ -88,7 +89,7 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
     uninstall_dump = install_debug_dump(loop, config.data_dir)  # kill -USR1: threads, tasks
 
     node = Node(
-        transport=TcpTransport(),
+        transport=TcpTransport(tls=config.tls),
         secret=config.secret,
         name=config.name,
         member_id=member_id,

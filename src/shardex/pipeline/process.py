@@ -88,7 +88,12 @@ def run_pipeline(settings: PipelineSettings) -> int:
         conf: dict[str, Any] = {"spark.local.dir": str(home / "spark-tmp")}
         conf.update(dict(settings.spark_conf))
         spark = build_spark_session(settings.master, "shardex-pipeline", conf)
-        client = connect([n.address for n in spec.nodes], secret=secret, name="shardex-pipeline")
+        client = connect(
+            [n.address for n in spec.nodes],
+            secret=secret,
+            name="shardex-pipeline",
+            tls_ca=cdir.tls_ca(cluster_dir, spec),
+        )
         driver = PipelineDriver(
             spark,
             client,

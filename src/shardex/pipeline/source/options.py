@@ -117,6 +117,7 @@ class SourceOptions:
             secret=e.secret,
             name="shardex-spark-driver",
             request_timeout=e.request_timeout,
+            tls_ca=e.tls_ca,
         )
 
 
@@ -132,6 +133,8 @@ def _endpoint(o: Mapping[str, str], keyspace: str, timeout: float) -> Endpoint:
         spec = cdir.load(path)
         addresses = tuple(n.address for n in spec.nodes)
         secret = cdir.read_secret(path, spec)
+        ca = cdir.tls_ca(path, spec)
+        tls_ca = str(ca) if ca is not None else None
     elif o.get("addresses"):
         addresses = tuple(a.strip() for a in o["addresses"].split(",") if a.strip())
         if o.get("secret"):
@@ -142,13 +145,14 @@ def _endpoint(o: Mapping[str, str], keyspace: str, timeout: float) -> Endpoint:
             raise config_error(
                 "option 'secret' or 'secret_file' is required with 'addresses'", "secret"
             )
+        tls_ca = o.get("tls_ca") or None
     else:
         raise config_error(
             "option 'cluster_dir' or 'addresses' is required",
             "cluster_dir",
             hint="cluster_dir=/path/of/a/local/cluster or addresses=host:port,...",
         )
-    return Endpoint(addresses, secret, keyspace, timeout)
+    return Endpoint(addresses, secret, keyspace, timeout, tls_ca)
 
 
 def _choice(o: Mapping[str, str], name: str, allowed: Sequence[str]) -> str:

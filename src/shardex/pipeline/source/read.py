@@ -92,14 +92,14 @@ DEFAULT_SMALL_RANGE = 2000
 
 # --- clients ------------------------------------------------------------------------------------
 
-_clients: dict[tuple[tuple[str, ...], str, float], Client] = {}
+_clients: dict[tuple[tuple[str, ...], str, float, str | None], Client] = {}
 _clients_lock = threading.Lock()
 
 
 def client_for(endpoint: Endpoint) -> Client:
     """The process-wide client for ``endpoint`` (created on first use). It reconnects and
     refreshes its topology by itself, so it lives as long as the worker process."""
-    key = (endpoint.addresses, endpoint.secret, endpoint.request_timeout)
+    key = (endpoint.addresses, endpoint.secret, endpoint.request_timeout, endpoint.tls_ca)
     with _clients_lock:
         client = _clients.get(key)
         if client is None or client.rpc.closed:
@@ -108,6 +108,7 @@ def client_for(endpoint: Endpoint) -> Client:
                 secret=endpoint.secret,
                 name="shardex-spark-source",
                 request_timeout=endpoint.request_timeout,
+                tls_ca=endpoint.tls_ca,
             )
             _clients[key] = client
         return client

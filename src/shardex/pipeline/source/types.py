@@ -44,6 +44,7 @@ class Endpoint:
     secret: str = field(repr=False)
     keyspace: str
     request_timeout: float = 10.0
+    tls_ca: str | None = None  # the cluster CA's certificate: connect over TLS
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,231 @@
+"""The cost of TLS: ``python -m bench.tls [--quick] [--docs N] [--seconds S]``.
+
+Two local clusters side by side, alike but for TLS: 2 nodes each (real processes), one
+plaintext and one started with ``--tls`` (TLS 1.3 on every connection, client to node and
+node to node, ECDSA P-256 certificates). Each gets keyspace ``KEYSPACE`` (16 partitions, one
+replica) loaded with the demo's users (``bench.common.dataset``) and the two indexes built by
+the pipeline driver in this process, one cluster after the other.
+
+Then one client per cluster (this process, one request at a time; single-document requests
+and scans over the calling thread's socket, as users' clients run) measures, the clusters
+taking turns round by round so both see the same machine:
+
+- ``get`` of a random loaded document;
+- ``upsert`` of a loaded document (its own body again), default durability;
+- a 100-row index scan (``bench.scan``'s "limit 100" queries on ``by_city_age``).
+
+Per operation: ops/s and p50/p99 latency of each cluster (medians over rounds), and the
+ratio TLS/plain of the p50 latency and of the time per operation (plain ops/s over TLS
+ops/s). Goal line: every ratio at most 1.15. Shared machine: noisy figures, no exit status
+from the goal.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common.runner import Row, load1, log, percentile
+
+NAME = "tls"
+GOAL = 1.15
+MODES = ("plain", "tls")
+OPS = ("get", "upsert", "scan 100 rows")
+
+
+@dataclass
+class Plan:
+    docs: int = 50_000
+    seconds: float = 2.0  # per measurement
+    rounds: int = 5
+    partitions: int = 16
+    load_files: int = 2
+    seed: int = 20240601
+
+
+QUICK = {"docs": 5_000, "seconds": 1.0, "rounds": 3}
+
+
+@contextmanager
+def _cluster(base: Path, mode: str, plan: Plan, files: Sequence[Path]) -> Iterator[Path]:
+    """A loaded 2-node cluster, plaintext or with ``--tls``."""
+    from bench.common.dataset import KEYSPACE, shardex_load
+    from bench.common.local_cluster import shardex_cluster
+    from shardex.client import connect_local
+
+    extra = ["--tls"] if mode == "tls" else []
+    with shardex_cluster(base, 2, extra) as cdir:
+        with connect_local(cdir) as client:
+            client.create_keyspace(KEYSPACE, num_partitions=plan.partitions, num_replicas=1)
+        shardex_load(cdir, files, base)
+        yield cdir
+
+
+def _build(base: Path, spark: Any, cdir: Path, mode: str, docs: int) -> list[Row]:
+    from bench.common.dataset import create_indexes
+    from bench.common.driver import BatchLog, InProcessDriver, shardex_build
+    from bench.common.harness import DRIVER_POLL
+    from shardex.client import connect_local
+
+    with connect_local(cdir) as client:
+        create_indexes(client)
+        driver = InProcessDriver(spark, cdir, base / f"checkpoints-{mode}", BatchLog(), DRIVER_POLL)
+        try:
+            rows, _ = shardex_build(client, driver, docs, timeout=3600)
+        finally:
+            driver.stop()
+    return [{"cluster": mode, **r} for r in rows]
+
+
+def _ops(client: Any, docs: list[dict[str, Any]], queries: list[Any]) -> dict[str, Callable]:
+    from bench.common.dataset import KEYSPACE
+
+    ks = client.keyspace(KEYSPACE)
+    rng = random.Random(7)
+    hot = docs[:500]  # upserts cycle over these
+
+    def get() -> None:
+        ks.get(rng.choice(docs)["id"])
+
+    def upsert() -> None:
+        doc = rng.choice(hot)
+        ks.upsert(doc["id"], doc)
+
+    def scan() -> None:
+        q = rng.choice(queries)
+        rows = sum(1 for _ in client.scan(KEYSPACE, q.index, q.spans, limit=q.limit))
+        if rows != q.expected_rows:
+            raise RuntimeError(f"scan returned {rows} rows, expected {q.expected_rows}")
+
+    return {"get": get, "upsert": upsert, "scan 100 rows": scan}
+
+
+def _measure(op: Callable[[], None], seconds: float) -> tuple[float, list[float]]:
+    """Run ``op`` back to back for ``seconds``; (ops/s, sorted latencies in seconds)."""
+    for _ in range(20):  # warm: sockets open, caches hot
+        op()
+    lat: list[float] = []
+    start = time.perf_counter()
+    end = start + seconds
+    now = start
+    while now < end:
+        t = now
+        op()
+        now = time.perf_counter()
+        lat.append(now - t)
+    return len(lat) / (now - start), sorted(lat)
+
+
+def run(plan: Plan) -> dict[str, Any]:
+    from bench.common.dataset import write_docs
+    from bench.common.harness import bench_dir, spark_session
+    from bench.scan.queries import LIMIT, KeyStats, build_queries
+    from shardex.client import connect_local
+    from shardex.demo.datagen import users
+
+    with bench_dir(NAME, plan) as (base, extra), ExitStack() as stack:
+        files, _ = write_docs(base, plan.docs, plan.seed, plan.load_files)
+        docs = list(users(plan.docs, plan.seed))
+        queries = build_queries(KeyStats.of(docs))[LIMIT]
+        cdirs = {m: stack.enter_context(_cluster(base, m, plan, files)) for m in MODES}
+        builds: list[Row] = []
+        with spark_session(base, "shardex-bench-tls") as spark:
+            for mode, cdir in cdirs.items():
+                builds += _build(base, spark, cdir, mode, plan.docs)
+        log("Spark stopped; measuring")
+        ops = {}
+        for mode, cdir in cdirs.items():
+            client = stack.enter_context(connect_local(cdir, name=f"bench-tls-{mode}"))
+            ops[mode] = _ops(client, docs, queries)
+        samples: list[Row] = []
+        for r in range(plan.rounds):
+            for op in OPS:
+                # Alternate which cluster goes first: neither always gets the warmer machine.
+                for mode in MODES if r % 2 == 0 else MODES[::-1]:
+                    rate, lat = _measure(ops[mode][op], plan.seconds)
+                    samples.append(
+                        {
+                            "round": r + 1,
+                            "op": op,
+                            "cluster": mode,
+                            "ops/s": round(rate),
+                            "p50 ms": round(percentile(lat, 50) * 1000, 3),
+                            "p99 ms": round(percentile(lat, 99) * 1000, 3),
+                            "load_1m": load1(),
+                        }
+                    )
+            log(f"round {r + 1}/{plan.rounds} done")
+    medians = _medians(samples)
+    tables = {
+        "get, upsert, 100-row scan (medians over rounds)": medians,
+        "ratios TLS / plain": _ratios(medians),
+        "index builds": builds,
+        "every measurement": samples,
+    }
+    return {"tables": tables, **extra}
+
+
+def _medians(samples: Sequence[Row]) -> list[Row]:
+    out: list[Row] = []
+    for op in OPS:
+        for mode in MODES:
+            mine = [s for s in samples if s["op"] == op and s["cluster"] == mode]
+            out.append(
+                {
+                    "op": op,
+                    "cluster": mode,
+                    "ops/s": round(statistics.median(s["ops/s"] for s in mine)),
+                    "p50 ms": round(statistics.median(s["p50 ms"] for s in mine), 3),
+                    "p99 ms": round(statistics.median(s["p99 ms"] for s in mine), 3),
+                }
+            )
+    return out
+
+
+def _ratios(medians: Sequence[Row]) -> list[Row]:
+    by = {(m["op"], m["cluster"]): m for m in medians}
+    out: list[Row] = []
+    for op in OPS:
+        plain, tls = by[(op, "plain")], by[(op, "tls")]
+        p50 = round(tls["p50 ms"] / plain["p50 ms"], 3) if plain["p50 ms"] else None
+        per_op = round(plain["ops/s"] / tls["ops/s"], 3) if tls["ops/s"] else None
+        worst = max(r for r in (p50, per_op) if r is not None)
+        out.append(
+            {
+                "op": op,
+                "p50 TLS/plain": p50,
+                "time per op TLS/plain": per_op,
+                f"goal <= {GOAL}": "met" if worst <= GOAL else "MISSED",
+            }
+        )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from bench.common.harness import bench_main, parse_plan_args
+    from bench.common.runner import machine_info
+
+    plan, path = parse_plan_args(argv, NAME, __doc__ or "", Plan, QUICK)
+
+    def summary(out: dict[str, Any], elapsed: float) -> str:
+        return (
+            f"{plan.docs:,} docs, two 2-node clusters (plain, TLS) on "
+            f"{machine_info()['cpu_count']} CPUs, one client each in this process, one "
+            f"request at a time; {plan.rounds} rounds of {plan.seconds:g} s per measurement, "
+            f"the clusters taking turns (medians over rounds); load average start "
+            f"{out['load_avg_start']}, end {out['load_avg_end']}; {elapsed:.0f} s. "
+            "Shared machine: noisy figures."
+        )
+
+    return bench_main(NAME, plan, path, run, summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

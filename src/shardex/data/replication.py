@@ -146,12 +146,13 @@ class Replication:
             fed.setdefault(ks, []).append(sender)
         self._fed = fed
 
-    def wake(self, keyspace: str) -> None:
-        """A write to ``keyspace`` committed here: its senders have something to send."""
+    def wake(self, keyspace: str, partition: int) -> None:
+        """A write to ``partition`` of ``keyspace`` committed here: the senders of its
+        replicas have something to send."""
         senders = self._fed.get(keyspace)
         if senders:
             for s in senders:
-                s.wake()
+                s.wake(partition)
 
     def check_possible(self, keyspace: str, partition: int) -> None:
         """DURABILITY_IMPOSSIBLE when too few copies of the partition are reachable."""

@@ -312,7 +312,7 @@ class DataService:
                     keyspace, self.engine.partition_for(keyspace, docid)
                 )
             result = await self.committer.submit(keyspace, durability, (kind, docid, doc, cas))
-            self.replication.wake(keyspace)
+            self.replication.wake(keyspace, result.partition)
             if majority:
                 await self.replication.wait_durable(keyspace, result, level, docid)
         except KeyspaceNotFound as exc:
@@ -428,7 +428,8 @@ class DataService:
             # several clients, each batch split over the nodes) share one RocksDB write and
             # one fsync instead of queueing on partition locks for one fsync each.
             out: list[Any] = await self.committer.submit_many(msg.keyspace, msg.durability, ops)
-            self.replication.wake(msg.keyspace)
+            for p in {r.partition for r in out if isinstance(r, MutationResult)}:
+                self.replication.wake(msg.keyspace, p)
             if majority:
                 out = await self._wait_many(msg.keyspace, level, msg.ops, out)
         except KeyspaceNotFound as exc:

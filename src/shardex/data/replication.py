@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -86,7 +86,6 @@ class Replication:
 
     def routes(self) -> dict[type, Callable[..., object]]:
         return {
-            ReplicaApply: self.on_apply,
             CopySeqnos: self.on_copy_seqnos,
             PromoteReplica: self.on_promote,
             FetchDocRecords: self.on_fetch_records,
@@ -183,9 +182,18 @@ class Replication:
     async def wait_readable(self, keyspace: str, partition: int, docid: str) -> None:
         await self.waits.wait_readable((keyspace, partition), docid)
 
+    def inline_routes(self) -> dict[type, Callable[..., object]]:
+        """Handlers called in the connection's receive callback (``Router.route_inline``)."""
+        return {ReplicaApply: self.on_apply}
+
     # --- the replica's side ---------------------------------------------------------------------
 
-    async def on_apply(self, msg: ReplicaApply, conn: Connection) -> ReplicaApplied:
+    def on_apply(
+        self, msg: ReplicaApply, conn: Connection
+    ) -> ReplicaApplied | Awaitable[ReplicaApplied]:
+        """Routed inline: the usual small unsynced apply is written on the loop (below) and
+        answered without a task, one per round under load; anything that must wait (the
+        I/O pool, a rollback) returns a coroutine the connection finishes in a task."""
         engine = self._engine()
         try:
             local = engine.keyspace(msg.keyspace)
@@ -217,6 +225,22 @@ class Replication:
             # judgement as point reads on the loop), unless it would wait there.
             with contextlib.suppress(WouldBlock):
                 acks = engine.replicas.apply_runs(msg.keyspace, runs, sync=False, inline=True)
+        if acks is not None and not any(a.state == replica.ACK_DIVERGED for a in acks):
+            acks += [ReplicaAck(r.partition, 0, 0, 0, replica.ACK_BUILDING) for r in builds]
+            return ReplicaApplied(acks=acks + stale)
+        return self._apply_rest(engine, msg, runs, builds, stale, acks)
+
+    async def _apply_rest(
+        self,
+        engine: DataEngine,
+        msg: ReplicaApply,
+        runs: list[ReplicaRun],
+        builds: list[ReplicaRun],
+        stale: list[ReplicaAck],
+        acks: list[ReplicaAck] | None,
+    ) -> ReplicaApplied:
+        """``on_apply`` where it must wait: the apply in the I/O pool (unless ``acks``: done
+        on the loop already), then the rollback of each copy that diverged."""
         if acks is None:
             acks = await self._io.run(engine.replicas.apply_runs, msg.keyspace, runs, sync=msg.sync)
         acks += [ReplicaAck(r.partition, 0, 0, 0, replica.ACK_BUILDING) for r in builds]

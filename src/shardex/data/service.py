@@ -197,6 +197,8 @@ class DataService:
         # in the receive callback, no task (``Router.route_inline``).
         server.router.route_inline(HighSeqnos, self._on_high_seqnos)
         server.router.route_inline(CheckHistory, self._on_check_history)
+        for msg_type, inline in self.replication.inline_routes().items():
+            server.router.route_inline(msg_type, inline)  # type: ignore[arg-type]
 
     async def start(self) -> None:
         """Open the engine (in a thread: opening RocksDB with many families takes a while)

@@ -185,18 +185,24 @@ class Partition:
             self.notify()
 
     def _remember(self, meta: PartitionMeta, changes: list[ChangeTuple]) -> None:
-        """Add ``changes`` (just committed with ``meta``) to ``recent``. Caller holds ``lock``."""
-        uuid, kept = self._recent
-        if uuid != meta.failover_log[0].uuid or (kept and kept[-1][0] + 1 != changes[0][0]):
+        """Add ``changes`` (just committed with ``meta``) to ``recent``, dropping the oldest
+        past its bounds (the bodies' bytes: a docid is short). Caller holds ``lock``."""
+        uuid = meta.failover_log[0].uuid
+        kept_uuid, kept = self._recent
+        if kept_uuid != uuid or (kept and kept[-1][0] + 1 != changes[0][0]):
             kept = collections.deque()
-            self._recent, self._recent_bytes = (meta.failover_log[0].uuid, kept), 0
-        size = self._recent_bytes
+            self._recent, size = (uuid, kept), 0
+        else:
+            size = self._recent_bytes
         for c in changes:
             kept.append(c)
-            size += len(c[4] or b"") + len(c[1])
-        while kept and (len(kept) > RECENT_CHANGES or size > RECENT_BYTES):
-            old = kept.popleft()
-            size -= len(old[4] or b"") + len(old[1])
+            if c[4] is not None:
+                size += len(c[4])
+        if len(kept) > RECENT_CHANGES or size > RECENT_BYTES:
+            while kept and (len(kept) > RECENT_CHANGES or size > RECENT_BYTES):
+                body = kept.popleft()[4]
+                if body is not None:
+                    size -= len(body)
         self._recent_bytes = size
 
     def recent_changes(self, after: int, upper: int, uuid: int) -> list[ChangeTuple] | None:

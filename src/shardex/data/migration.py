@@ -239,13 +239,19 @@ def stage_changes(
 
 
 def stage_tuples(
-    part: Partition, meta: PartitionMeta, batch: BatchLike, changes: Sequence[ChangeTuple]
+    part: Partition,
+    meta: PartitionMeta,
+    batch: BatchLike,
+    changes: Sequence[ChangeTuple],
+    live_before: Sequence[bool] | None = None,
 ) -> None:
     """Add ``changes`` (wire tuples of another copy's change records, in seqno order) to
     ``batch`` with their seqnos and CAS values, advancing ``meta`` (the caller's copy,
     committed with the batch). Seqnos at or below ``meta.high_seqno`` are skipped, a gap is
     refused (BAD_REQUEST, ``meta`` unchanged, and the caller drops the batch). Caller holds
-    ``part.lock``.
+    ``part.lock``. ``live_before`` (one per change, from an active that knew it) says
+    whether each change's document was live before it, which is all ``doc_count`` needs:
+    without it the current document is read.
 
     A replica runs this for every change its active sends, so it is written like the
     active's ``Partition.stage``: the records encoded as tuples in their structs' field
@@ -257,7 +263,7 @@ def stage_tuples(
     put = batch.rocks_put
     handle = cf.handle
     seen: dict[str, bool] = {}  # docid -> live in the version staged here
-    for seqno, docid, op, cas, body, flags, expiry in changes:
+    for i, (seqno, docid, op, cas, body, flags, expiry) in enumerate(changes):
         if seqno <= high:
             continue
         if seqno != high + 1:
@@ -269,10 +275,10 @@ def stage_tuples(
         if deleting or body is None:
             body = b""
         key = PREFIX_DOC + docid.encode("utf-8")
-        live_before = seen.get(docid)
-        if live_before is None:
+        was_live = seen.get(docid) if live_before is None else live_before[i]
+        if was_live is None:
             raw = get(key)
-            live_before = raw is not None and not decode_doc(raw).deleted
+            was_live = raw is not None and not decode_doc(raw).deleted
         put(key, encode((cas, seqno, deleting, body, flags, expiry)), handle)
         change = PREFIX_CHANGE + seqno.to_bytes(8, "big")
         put(
@@ -280,7 +286,7 @@ def stage_tuples(
             encode((docid, OP_DELETE if deleting else OP_UPSERT, cas, body, flags, expiry)),
             handle,
         )
-        doc_count += (not deleting) - live_before
+        doc_count += (not deleting) - was_live
         high = seqno
         if cas > max_cas:
             max_cas = cas

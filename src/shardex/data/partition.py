@@ -58,6 +58,7 @@ PURGE_CHUNK = 10_000  # change records purged per batch, to bound how long the l
 # at most this many, and about this many bytes of bodies.
 RECENT_CHANGES = 32
 RECENT_BYTES = 256 * 1024
+Recent = tuple[ChangeTuple, bool]  # a change kept, and whether its document was live before
 
 
 class PreparedOp(msgspec.Struct, gc=False):
@@ -126,9 +127,9 @@ class Partition:
         # the writer appends to (under ``lock``) and readers copy whole, with the branch it
         # is on and the bytes its bodies hold; replaced, never emptied, when it breaks.
         self.keep_recent = False
-        self._recent: tuple[int, collections.deque[ChangeTuple]] = (0, collections.deque())
+        self._recent: tuple[int, collections.deque[Recent]] = (0, collections.deque())
         self._recent_bytes = 0
-        self._staged: tuple[PartitionMeta, list[ChangeTuple]] | None = None
+        self._staged: tuple[PartitionMeta, list[Recent]] | None = None
 
     def detach(self) -> None:
         """The store is closing: drop the column-family handle (it pins the database)."""
@@ -184,31 +185,34 @@ class Partition:
         if advanced and self._waiters:  # publish, then look (see ``add_waiter``)
             self.notify()
 
-    def _remember(self, meta: PartitionMeta, changes: list[ChangeTuple]) -> None:
+    def _remember(self, meta: PartitionMeta, changes: list[Recent]) -> None:
         """Add ``changes`` (just committed with ``meta``) to ``recent``, dropping the oldest
         past its bounds (the bodies' bytes: a docid is short). Caller holds ``lock``."""
         uuid = meta.failover_log[0].uuid
         kept_uuid, kept = self._recent
-        if kept_uuid != uuid or (kept and kept[-1][0] + 1 != changes[0][0]):
+        if kept_uuid != uuid or (kept and kept[-1][0][0] + 1 != changes[0][0][0]):
             kept = collections.deque()
             self._recent, size = (uuid, kept), 0
         else:
             size = self._recent_bytes
         for c in changes:
             kept.append(c)
-            if c[4] is not None:
-                size += len(c[4])
+            if c[0][4] is not None:
+                size += len(c[0][4])
         if len(kept) > RECENT_CHANGES or size > RECENT_BYTES:
             while kept and (len(kept) > RECENT_CHANGES or size > RECENT_BYTES):
-                body = kept.popleft()[4]
+                body = kept.popleft()[0][4]
                 if body is not None:
                     size -= len(body)
         self._recent_bytes = size
 
-    def recent_changes(self, after: int, upper: int, uuid: int) -> list[ChangeTuple] | None:
-        """The changes in (``after``, ``upper``] on branch ``uuid`` from memory, or None when
-        memory does not hold them all (read the change log). Any thread, without ``lock``:
-        the writer only appends, and the copy is taken in one C call under the GIL."""
+    def recent_changes(
+        self, after: int, upper: int, uuid: int
+    ) -> tuple[list[ChangeTuple], list[bool]] | None:
+        """The changes in (``after``, ``upper``] on branch ``uuid`` from memory, and for each
+        whether its document was live before it; None when memory does not hold them all
+        (read the change log). Any thread, without ``lock``: the writer only appends, and
+        the copy is taken in one C call under the GIL."""
         self.keep_recent = True
         kept_uuid, kept = self._recent
         if kept_uuid != uuid or upper <= after:
@@ -216,10 +220,11 @@ class Partition:
         items = list(kept)
         if not items:
             return None
-        first = items[0][0]
-        if first > after + 1 or items[-1][0] < upper:
+        first = items[0][0][0]
+        if first > after + 1 or items[-1][0][0] < upper:
             return None
-        return items[after + 1 - first : upper + 1 - first]
+        items = items[after + 1 - first : upper + 1 - first]
+        return [c for c, _ in items], [live for _, live in items]
 
     # mutations ----------------------------------------------------------------------------
     def apply(self, ops: list[PreparedOp], *, sync: bool) -> list[MutationResult | ShardexError]:
@@ -262,7 +267,7 @@ class Partition:
         # Docids written earlier in this call: (live, cas) of the version just staged.
         seen: dict[str, tuple[bool, int]] = {}
         results: list[MutationResult | ShardexError] = []
-        recent: list[ChangeTuple] | None = [] if self.keep_recent else None
+        recent: list[Recent] | None = [] if self.keep_recent else None
         # Keys built inline: ``doc_key(docid)``, ``change_key(high)``.
         for op in ops:
             docid = op.docid
@@ -296,7 +301,8 @@ class Partition:
             op_name = OP_UPSERT if live else OP_DELETE
             put(change, encode((docid, op_name, cas, body, 0, 0)), handle)
             if recent is not None:
-                recent.append((high, docid, op_name, cas, body if live else None, 0, 0))
+                kept = (high, docid, op_name, cas, body if live else None, 0, 0)
+                recent.append((kept, live_before))
             doc_count += live - live_before
             seen[docid] = (live, cas)
             results.append(MutationResult(number, high, uuid, cas))

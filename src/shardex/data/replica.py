@@ -313,7 +313,10 @@ def _stage_run(part: Partition, run: ReplicaRun, batch: BatchLike) -> PartitionM
         fresh[0][0] != meta.high_seqno + 1 or fresh[-1][0] - fresh[0][0] != len(fresh) - 1
     ):
         return ACK_BEHIND
-    stage_tuples(part, new, batch, fresh)
+    lives = run.live_before
+    if lives is not None:  # aligned with ``changes``, of which ``fresh`` is the tail
+        lives = lives[len(lives) - len(fresh) :] if len(lives) == len(run.changes) else None
+    stage_tuples(part, new, batch, fresh, lives)
     return new
 
 

@@ -314,8 +314,11 @@ class ReplicaSender:
                 more = True
                 continue
             # From memory what the active just wrote; the change log for a copy further behind.
-            changes = part.recent_changes(ack.high, meta.high_seqno, meta.uuid)
-            if changes is None:
+            recent = part.recent_changes(ack.high, meta.high_seqno, meta.uuid)
+            lives: list[bool] | None = None
+            if recent is not None:
+                changes, lives = recent
+            else:
                 changes = replica.read_run(part, ack.high, meta.high_seqno, RUN_ITEMS, ROUND_BYTES)
             if not changes:
                 continue
@@ -323,7 +326,7 @@ class ReplicaSender:
                 more = True
             size += sum(len(c[1]) + (len(c[4]) if c[4] else 0) for c in changes)
             flog = list(meta.failover_log) if log_needed else None
-            runs.append(ReplicaRun(p, meta.uuid, ack.high, changes, flog))
+            runs.append(ReplicaRun(p, meta.uuid, ack.high, changes, flog, live_before=lives))
         return runs, more
 
 

@@ -73,6 +73,12 @@ class GroupCommitter:
         result: MutationResult = await self._enqueue(keyspace, durability, [op], single=True)
         return result
 
+    def submit_now(
+        self, keyspace: str, durability: str, op: OpTuple
+    ) -> asyncio.Future[MutationResult]:
+        """``submit`` as a future (for a caller settling by callbacks, no task)."""
+        return self._enqueue(keyspace, durability, [op], single=True)
+
     async def submit_many(
         self, keyspace: str, durability: str, ops: list[OpTuple]
     ) -> list[Outcome]:

@@ -176,6 +176,40 @@ class Replication:
             docid=docid,
         )
 
+    def on_durable(
+        self,
+        keyspace: str,
+        result: MutationResult,
+        level: str,
+        docid: str,
+        then: Callable[[BaseException | None], None],
+    ) -> bool:
+        """``wait_durable`` for a caller settling by callbacks: False when there is nothing
+        to wait for, else True and ``then`` is called once the wait is over, with None or
+        its error (DURABILITY_AMBIGUOUS, or why the copy was forgotten)."""
+        if level not in MAJORITY_LEVELS:
+            return False
+        key = (keyspace, result.partition)
+        waits = self.waits
+        w = waits.start_wait(
+            key, result.seqno, result.uuid, persist=level == "persist_majority", docid=docid
+        )
+        if w is None:
+            return False
+
+        def done(fut: asyncio.Future[None]) -> None:
+            expired = waits.expired(w)
+            waits.end_wait(key, w)
+            if expired:
+                then(waits.ambiguous(key, w))
+            elif fut.cancelled():
+                then(asyncio.CancelledError())
+            else:
+                then(fut.exception())
+
+        w.future.add_done_callback(done)
+        return True
+
     def has_pending(self) -> bool:
         return self.waits.has_pending()
 

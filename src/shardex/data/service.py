@@ -368,11 +368,16 @@ class DataService:
             self._settle_write(out, keyspace, docid, None, written)
             return
         result = written.result()
-        self.replication.wake(keyspace, result.partition)
         reply = MutationReply(result=result)
         then = functools.partial(self._settle_write, out, keyspace, docid, reply)
-        if not self.replication.on_durable(keyspace, result, level, docid, then):
-            then(None)
+        try:
+            self.replication.wake(keyspace, result.partition)
+            if self.replication.on_durable(keyspace, result, level, docid, then):
+                return
+        except Exception as exc:  # answered as the coroutine's would be, never left hanging
+            self._settle_write(out, keyspace, docid, None, exc)
+            return
+        then(None)
 
     def _settle_write(
         self,

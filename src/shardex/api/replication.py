@@ -37,6 +37,9 @@ class ReplicaRun(msgspec.Struct, array_like=True, frozen=True):
     failover_log: list[FailoverEntry] | None = None
     # the changes the copy needs are purged on the active: rebuild it from a snapshot
     rebuild: bool = False
+    # per change, whether its document was live before it (known to the active for the
+    # changes it sends from memory): the copy then reads no document to count its own
+    live_before: list[bool] | None = None
 
 
 class ReplicaApply(Message, tag="data.ReplicaApply"):

@@ -35,6 +35,7 @@ class _Waiter:
     persist: bool  # persist_majority: count fsynced copies
     docid: str
     future: asyncio.Future[None]
+    timer: asyncio.TimerHandle | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -171,9 +172,26 @@ class DurabilityWaits:
         self, key: Key, seqno: int, uuid: int, *, persist: bool, docid: str, now: bool = False
     ) -> None:
         """Until a majority holds ``seqno``; DURABILITY_AMBIGUOUS after ``timeout``."""
-        if self._holds(key, seqno, uuid, persist):
+        w = self.start_wait(key, seqno, uuid, persist=persist, docid=docid)
+        if w is None:
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            await w.future
+        except _Expired:
+            raise self.ambiguous(key, w) from None
+        finally:
+            self.end_wait(key, w)
+
+    def start_wait(
+        self, key: Key, seqno: int, uuid: int, *, persist: bool, docid: str
+    ) -> _Waiter | None:
+        """``wait``'s first half, for a caller settling by callbacks: None when a majority
+        holds ``seqno`` already, else the waiter whose ``future`` ends the wait (``_Expired``
+        after ``timeout``); ``end_wait`` must follow once it is done, or to give up."""
+        if self._holds(key, seqno, uuid, persist):
+            return None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         w = _Waiter(seqno, uuid, persist, docid, fut)
         self._waiters.setdefault(key, []).append(w)
         docs = self._pending.setdefault(key, {})
@@ -181,32 +199,44 @@ class DurabilityWaits:
             docs[docid] = seqno
         # One timer instead of ``wait_for(shield(fut))``: this runs once per durable write,
         # and wait_for's task, shield and callbacks cost more than the write's bookkeeping.
-        timer = asyncio.get_running_loop().call_later(self.timeout, _expire, fut)
-        try:
-            await fut
-        except _Expired:
-            raise ShardexError(
-                f"durable write of {docid!r} (partition {key[1]} of {key[0]!r}, seqno {seqno}) "
-                f"was not acknowledged by a majority within {self.timeout:g} s: it is written "
-                "on the active and may or may not survive a failover",
-                code=ErrorCode.DURABILITY_AMBIGUOUS,
-                details={
-                    "keyspace": key[0],
-                    "partition": key[1],
-                    "docid": docid,
-                    "seqno": seqno,
-                    "hint": "read the document back to see whether it took effect",
-                },
-            ) from None
-        finally:
-            timer.cancel()
-            if not _held(fut):  # timed out, or the writer was cancelled: no longer waiting
-                if not fut.done():
-                    fut.cancel()
-                waiters = self._waiters.get(key)
-                if waiters is not None and w in waiters:
-                    waiters.remove(w)
-                self._unpend(key, w)
+        w.timer = loop.call_later(self.timeout, _expire, fut)
+        return w
+
+    def end_wait(self, key: Key, w: _Waiter) -> None:
+        """The wait on ``w`` is over: its timer goes, and unless a majority holds its write
+        (timed out, or its writer gave up) it is no longer waiting."""
+        if w.timer is not None:
+            w.timer.cancel()
+        fut = w.future
+        if not _held(fut):
+            if not fut.done():
+                fut.cancel()
+            waiters = self._waiters.get(key)
+            if waiters is not None and w in waiters:
+                waiters.remove(w)
+            self._unpend(key, w)
+
+    def ambiguous(self, key: Key, w: _Waiter) -> ShardexError:
+        """DURABILITY_AMBIGUOUS for ``w``'s write, which timed out."""
+        return ShardexError(
+            f"durable write of {w.docid!r} (partition {key[1]} of {key[0]!r}, seqno "
+            f"{w.seqno}) was not acknowledged by a majority within {self.timeout:g} s: it is "
+            "written on the active and may or may not survive a failover",
+            code=ErrorCode.DURABILITY_AMBIGUOUS,
+            details={
+                "keyspace": key[0],
+                "partition": key[1],
+                "docid": w.docid,
+                "seqno": w.seqno,
+                "hint": "read the document back to see whether it took effect",
+            },
+        )
+
+    @staticmethod
+    def expired(w: _Waiter) -> bool:
+        """``w``'s wait ended by its timer."""
+        fut = w.future
+        return fut.done() and not fut.cancelled() and isinstance(fut.exception(), _Expired)
 
     def has_pending(self) -> bool:
         """Any durable write waiting on this node (reads check documents only then)."""

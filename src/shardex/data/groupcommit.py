@@ -60,7 +60,10 @@ class GroupCommitter:
         self._mutate_many = mutate_many
         self._run = run
         self._queues: dict[tuple[str, str], list[_Entry]] = {}
-        self._flushers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # One flusher per queue with entries: a task, or at an unsynced level first a loop
+        # callback (``_flush_now``), which writes small groups on the loop without a task
+        # and hands the queue to a task only when something must wait.
+        self._flushers: dict[tuple[str, str], asyncio.Task[None] | asyncio.Handle] = {}
         self.flushes = 0  # counters for tests and stats
         self.ops = 0
 
@@ -69,6 +72,12 @@ class GroupCommitter:
         error. Validation errors of one op never affect the others in its group."""
         result: MutationResult = await self._enqueue(keyspace, durability, [op], single=True)
         return result
+
+    def submit_now(
+        self, keyspace: str, durability: str, op: OpTuple
+    ) -> asyncio.Future[MutationResult]:
+        """``submit`` as a future (for a caller settling by callbacks, no task)."""
+        return self._enqueue(keyspace, durability, [op], single=True)
 
     async def submit_many(
         self, keyspace: str, durability: str, ops: list[OpTuple]
@@ -87,41 +96,90 @@ class GroupCommitter:
         fut: asyncio.Future[Any] = loop.create_future()
         self._queues.setdefault(key, []).append(_Entry(ops, fut, single))
         if key not in self._flushers:
-            self._flushers[key] = loop.create_task(
-                self._flush(key), name=f"data-groupcommit {keyspace}"
+            # A task costs more than the small unsynced write it would wait for.
+            self._flushers[key] = (
+                loop.call_soon(self._flush_now, key)
+                if durability not in SYNCED_LEVELS
+                else loop.create_task(self._flush(key), name=f"data-groupcommit {keyspace}")
             )
         return fut
 
-    async def _flush(self, key: tuple[str, str]) -> None:
+    def _take(self, key: tuple[str, str]) -> tuple[list[_Entry], int] | None:
+        """The next group of ``key``'s queue (None: the queue is empty, and gone): whole
+        entries, in arrival order, up to MAX_GROUP_OPS ops (at least one)."""
+        queue = self._queues.get(key)
+        if not queue:
+            self._queues.pop(key, None)
+            return None
+        n = total = 0
+        while n < len(queue) and (n == 0 or total + len(queue[n].ops) <= MAX_GROUP_OPS):
+            total += len(queue[n].ops)
+            n += 1
+        group, rest = queue[:n], queue[n:]
+        if rest:
+            self._queues[key] = rest
+        else:
+            del self._queues[key]
+        return group, total
+
+    def _flush_now(self, key: tuple[str, str]) -> None:
+        """The flusher of an unsynced queue, as a loop callback: each small group written on
+        the loop (``_write``'s judgement); the first that must wait for the pool, or that
+        failed whole for another reason than its own (``_apply``'s retry), goes to a task
+        with the rest of the queue."""
+        keyspace, durability = key
+        loop = asyncio.get_running_loop()
+        while (taken := self._take(key)) is not None:
+            group, total = taken
+            if total <= INLINE_OPS:
+                ops = group[0].ops if len(group) == 1 else [op for e in group for op in e.ops]
+                try:
+                    results = self._mutate_many(keyspace, ops, durability=durability, inline=True)
+                except ShardexError as exc:  # the whole group: unknown keyspace, ...
+                    self._count(total)
+                    for entry in group:
+                        _settle(entry.future, exc)
+                    continue
+                except Exception:  # WouldBlock, or the retry one by one: in a task
+                    pass
+                else:
+                    self._count(total)
+                    self._settle_group(group, results)
+                    continue
+            self._flushers[key] = loop.create_task(
+                self._flush(key, (group, total)), name=f"data-groupcommit {keyspace}"
+            )
+            return
+        # Nothing can be queued meanwhile: this runs on the loop, with no await.
+        self._flushers.pop(key, None)
+
+    def _count(self, total: int) -> None:
+        self.flushes += 1
+        self.ops += total
+
+    async def _flush(
+        self, key: tuple[str, str], first: tuple[list[_Entry], int] | None = None
+    ) -> None:
         keyspace, durability = key
         try:
-            while True:
-                queue = self._queues.get(key)
-                if not queue:
-                    self._queues.pop(key, None)
-                    return
-                # Whole entries, in arrival order, up to MAX_GROUP_OPS ops (at least one).
-                n = total = 0
-                while n < len(queue) and (n == 0 or total + len(queue[n].ops) <= MAX_GROUP_OPS):
-                    total += len(queue[n].ops)
-                    n += 1
-                group, rest = queue[:n], queue[n:]
-                if rest:
-                    self._queues[key] = rest
-                else:
-                    del self._queues[key]
-                await self._apply(keyspace, durability, group, total)
+            if first is not None:
+                await self._apply(keyspace, durability, *first)
+            while (taken := self._take(key)) is not None:
+                await self._apply(keyspace, durability, *taken)
         finally:
-            # No await between the emptiness check above and this pop, so nothing can be
-            # queued without a flusher; a cancelled flusher (close) leaves its queue to close.
+            # No await between the emptiness check in ``_take`` and this pop, so nothing can
+            # be queued without a flusher; a cancelled flusher (close) leaves its queue to
+            # close.
             self._flushers.pop(key, None)
 
     async def close(self) -> None:
         """Stop flushing; ops still queued fail (their requesters are being disconnected)."""
-        tasks = list(self._flushers.values())
-        for t in tasks:
+        flushers = list(self._flushers.values())
+        for t in flushers:
             t.cancel()
+        tasks = [t for t in flushers if isinstance(t, asyncio.Task)]
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._flushers.clear()
         closed = ShardexError("data service stopping", code=ErrorCode.NODE_UNAVAILABLE)
         for queue in self._queues.values():
             for entry in queue:
@@ -129,8 +187,7 @@ class GroupCommitter:
         self._queues.clear()
 
     async def _apply(self, keyspace: str, durability: str, group: list[_Entry], total: int) -> None:
-        self.flushes += 1
-        self.ops += total
+        self._count(total)
         ops = group[0].ops if len(group) == 1 else [op for e in group for op in e.ops]
         try:
             results = await self._write(keyspace, durability, ops, total)

@@ -23,11 +23,12 @@ no re-encoding, and the byte order needed by the SST writer is the order the sou
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import msgspec
 
+from shardex.api.data import ChangeTuple
 from shardex.api.errors import BadRequest
 from shardex.api.records import (
     MAX_FAILOVER_ENTRIES,
@@ -45,7 +46,6 @@ from shardex.data.records import (
     PREFIX_CHANGE,
     PREFIX_CONSUMER,
     PREFIX_DOC,
-    ChangeRecord,
     DocRecord,
     PartitionMeta,
     change_from_record,
@@ -54,7 +54,6 @@ from shardex.data.records import (
     decode_doc,
     decode_int,
     decode_meta,
-    doc_key,
     encode,
     info_of,
     next_prefix,
@@ -223,10 +222,10 @@ def stage_changes(
     changes: Iterable[Change | SnapshotMarker],
 ) -> None:
     """Add ``changes`` (another copy's, in seqno order) to ``batch`` with their seqnos and CAS
-    values, advancing ``meta`` (the caller's copy, committed with the batch). Seqnos at or
-    below ``meta.high_seqno`` are skipped, a gap is refused (BAD_REQUEST, nothing staged that
-    the caller would commit: it drops the batch). Caller holds ``part.lock``."""
-    seen: dict[str, DocRecord | None] = {}
+    values, advancing ``meta`` (the caller's copy, committed with the batch); snapshot markers
+    are skipped, a change of another partition refused (BAD_REQUEST). ``stage_tuples`` does
+    the rest."""
+    runs: list[ChangeTuple] = []
     for ch in changes:
         if isinstance(ch, SnapshotMarker):
             continue
@@ -235,27 +234,64 @@ def stage_changes(
                 f"change for partition {ch.partition} sent to {meta.partition}",
                 details={"partition": meta.partition, "change_partition": ch.partition},
             )
-        if ch.seqno <= meta.high_seqno:
+        runs.append((ch.seqno, ch.docid, ch.op, ch.cas, ch.body, ch.flags, ch.expiry))
+    stage_tuples(part, meta, batch, runs)
+
+
+def stage_tuples(
+    part: Partition,
+    meta: PartitionMeta,
+    batch: BatchLike,
+    changes: Sequence[ChangeTuple],
+    live_before: Sequence[bool] | None = None,
+) -> None:
+    """Add ``changes`` (wire tuples of another copy's change records, in seqno order) to
+    ``batch`` with their seqnos and CAS values, advancing ``meta`` (the caller's copy,
+    committed with the batch). Seqnos at or below ``meta.high_seqno`` are skipped, a gap is
+    refused (BAD_REQUEST, ``meta`` unchanged, and the caller drops the batch). Caller holds
+    ``part.lock``. ``live_before`` (one per change, from an active that knew it) says
+    whether each change's document was live before it, which is all ``doc_count`` needs:
+    without it the current document is read.
+
+    A replica runs this for every change its active sends, so it is written like the
+    active's ``Partition.stage``: the records encoded as tuples in their structs' field
+    order (the same bytes, ``test_data_write_format.py``), rocksdict's bound get and put,
+    the meta's counters in locals."""
+    high, max_cas, doc_count = meta.high_seqno, meta.max_cas, meta.doc_count
+    cf = part.cf
+    get = cf.get_tip
+    put = batch.rocks_put
+    handle = cf.handle
+    seen: dict[str, bool] = {}  # docid -> live in the version staged here
+    for i, (seqno, docid, op, cas, body, flags, expiry) in enumerate(changes):
+        if seqno <= high:
             continue
-        if ch.seqno != meta.high_seqno + 1:
+        if seqno != high + 1:
             raise BadRequest(
-                f"gap in catch-up: expected seqno {meta.high_seqno + 1}, got {ch.seqno}",
-                details={"expected": meta.high_seqno + 1, "got": ch.seqno},
+                f"gap in catch-up: expected seqno {high + 1}, got {seqno}",
+                details={"expected": high + 1, "got": seqno},
             )
-        deleting = ch.op == OP_DELETE
-        body = b"" if deleting or ch.body is None else ch.body
-        cur = seen[ch.docid] if ch.docid in seen else part.read_doc(ch.docid)
-        rec = DocRecord(ch.cas, ch.seqno, deleting, body, ch.flags, ch.expiry)
-        change = ChangeRecord(
-            ch.docid, OP_DELETE if deleting else OP_UPSERT, ch.cas, body, ch.flags, ch.expiry
+        deleting = op == OP_DELETE
+        if deleting or body is None:
+            body = b""
+        key = PREFIX_DOC + docid.encode("utf-8")
+        was_live = seen.get(docid) if live_before is None else live_before[i]
+        if was_live is None:
+            raw = get(key)
+            was_live = raw is not None and not decode_doc(raw).deleted
+        put(key, encode((cas, seqno, deleting, body, flags, expiry)), handle)
+        change = PREFIX_CHANGE + seqno.to_bytes(8, "big")
+        put(
+            change,
+            encode((docid, OP_DELETE if deleting else OP_UPSERT, cas, body, flags, expiry)),
+            handle,
         )
-        batch.put(part.cf, doc_key(ch.docid), encode(rec))
-        batch.put(part.cf, change_key(ch.seqno), encode(change))
-        live_before = cur is not None and not cur.deleted
-        meta.doc_count += (0 if deleting else 1) - (1 if live_before else 0)
-        meta.high_seqno = ch.seqno
-        meta.max_cas = max(meta.max_cas, ch.cas)
-        seen[ch.docid] = rec
+        doc_count += (not deleting) - was_live
+        high = seqno
+        if cas > max_cas:
+            max_cas = cas
+        seen[docid] = not deleting
+    meta.high_seqno, meta.max_cas, meta.doc_count = high, max_cas, doc_count
 
 
 def _extend_log(

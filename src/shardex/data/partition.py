@@ -12,6 +12,7 @@ way round), so there is no lock-order cycle.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import msgspec
 from msgspec.structs import replace as replace_struct
 
+from shardex.api.data import ChangeTuple
 from shardex.api.errors import CasMismatch, DocExists, DocNotFound, not_my_partition
 from shardex.api.records import (
     MAX_FAILOVER_ENTRIES,
@@ -52,6 +54,11 @@ from shardex.errors import ShardexError
 from shardex.storage import Batch, ColumnFamily, Store
 
 PURGE_CHUNK = 10_000  # change records purged per batch, to bound how long the lock is held
+# The newest changes an active copy keeps in memory for its replica senders (``recent``):
+# at most this many, and about this many bytes of bodies.
+RECENT_CHANGES = 32
+RECENT_BYTES = 256 * 1024
+Recent = tuple[ChangeTuple, bool]  # a change kept, and whether its document was live before
 
 
 class PreparedOp(msgspec.Struct, gc=False):
@@ -114,6 +121,15 @@ class Partition:
         self.clear_mark_into: Callable[[Partition, Batch], None] = lambda _p, _b: None
         self._waiters: list[_Waiter] = []
         self._wlock = threading.Lock()
+        # The newest committed changes of this copy, while it is active and a replica sender
+        # reads them (``keep_recent``, set by ``recent_changes``): what the sender would
+        # otherwise read back from the change log right after they were written. A deque
+        # the writer appends to (under ``lock``) and readers copy whole, with the branch it
+        # is on and the bytes its bodies hold; replaced, never emptied, when it breaks.
+        self.keep_recent = False
+        self._recent: tuple[int, collections.deque[Recent]] = (0, collections.deque())
+        self._recent_bytes = 0
+        self._staged: tuple[PartitionMeta, list[Recent]] | None = None
 
     def detach(self) -> None:
         """The store is closing: drop the column-family handle (it pins the database)."""
@@ -158,9 +174,57 @@ class Partition:
             self.wrote_unsynced = False
             self.synced_high = meta.high_seqno
         advanced = meta.high_seqno > self.meta.high_seqno
+        staged, self._staged = self._staged, None
+        if staged is not None and staged[0] is meta:
+            self._remember(meta, staged[1])
+        elif self._recent[1]:
+            # Written by anything but ``stage`` (a replica's apply, a new branch, a state
+            # change, a purge): what is kept may no longer be this copy's newest history.
+            self._recent, self._recent_bytes = (0, collections.deque()), 0
         self.meta = meta
         if advanced and self._waiters:  # publish, then look (see ``add_waiter``)
             self.notify()
+
+    def _remember(self, meta: PartitionMeta, changes: list[Recent]) -> None:
+        """Add ``changes`` (just committed with ``meta``) to ``recent``, dropping the oldest
+        past its bounds (the bodies' bytes: a docid is short). Caller holds ``lock``."""
+        uuid = meta.failover_log[0].uuid
+        kept_uuid, kept = self._recent
+        if kept_uuid != uuid or (kept and kept[-1][0][0] + 1 != changes[0][0][0]):
+            kept = collections.deque()
+            self._recent, size = (uuid, kept), 0
+        else:
+            size = self._recent_bytes
+        for c in changes:
+            kept.append(c)
+            if c[0][4] is not None:
+                size += len(c[0][4])
+        if len(kept) > RECENT_CHANGES or size > RECENT_BYTES:
+            while kept and (len(kept) > RECENT_CHANGES or size > RECENT_BYTES):
+                body = kept.popleft()[0][4]
+                if body is not None:
+                    size -= len(body)
+        self._recent_bytes = size
+
+    def recent_changes(
+        self, after: int, upper: int, uuid: int
+    ) -> tuple[list[ChangeTuple], list[bool]] | None:
+        """The changes in (``after``, ``upper``] on branch ``uuid`` from memory, and for each
+        whether its document was live before it; None when memory does not hold them all
+        (read the change log). Any thread, without ``lock``: the writer only appends, and
+        the copy is taken in one C call under the GIL."""
+        self.keep_recent = True
+        kept_uuid, kept = self._recent
+        if kept_uuid != uuid or upper <= after:
+            return None
+        items = list(kept)
+        if not items:
+            return None
+        first = items[0][0][0]
+        if first > after + 1 or items[-1][0][0] < upper:
+            return None
+        items = items[after + 1 - first : upper + 1 - first]
+        return [c for c, _ in items], [live for _, live in items]
 
     # mutations ----------------------------------------------------------------------------
     def apply(self, ops: list[PreparedOp], *, sync: bool) -> list[MutationResult | ShardexError]:
@@ -203,6 +267,7 @@ class Partition:
         # Docids written earlier in this call: (live, cas) of the version just staged.
         seen: dict[str, tuple[bool, int]] = {}
         results: list[MutationResult | ShardexError] = []
+        recent: list[Recent] | None = [] if self.keep_recent else None
         # Keys built inline: ``doc_key(docid)``, ``change_key(high)``.
         for op in ops:
             docid = op.docid
@@ -233,7 +298,11 @@ class Partition:
             live = kind != "delete"  # a delete stores a tombstone
             put(key, encode((cas, high, not live, body, 0, 0)), handle)
             change = PREFIX_CHANGE + high.to_bytes(8, "big")
-            put(change, encode((docid, OP_UPSERT if live else OP_DELETE, cas, body, 0, 0)), handle)
+            op_name = OP_UPSERT if live else OP_DELETE
+            put(change, encode((docid, op_name, cas, body, 0, 0)), handle)
+            if recent is not None:
+                kept = (high, docid, op_name, cas, body if live else None, 0, 0)
+                recent.append((kept, live_before))
             doc_count += live - live_before
             seen[docid] = (live, cas)
             results.append(MutationResult(number, high, uuid, cas))
@@ -242,6 +311,8 @@ class Partition:
         # A new meta sharing the failover log: a meta is replaced, never mutated, and a
         # branch assigns a new log (``new_branch``), so no copy of the list is needed.
         new = replace_struct(meta, high_seqno=high, max_cas=max_cas, doc_count=doc_count)
+        # Kept for ``_publish``, which remembers them only if it is this meta that committed.
+        self._staged = None if recent is None else (new, recent)
         return new, results
 
     def _check(self, op: PreparedOp, live: bool, cur_cas: int) -> ShardexError | None:

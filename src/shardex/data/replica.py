@@ -32,13 +32,12 @@ from shardex.api.records import (
     STATE_ACTIVE,
     STATE_PENDING,
     STATE_REPLICA,
-    Change,
     FailoverEntry,
     PartitionInfo,
 )
 from shardex.api.replication import ReplicaAck, ReplicaRun
 from shardex.data.engine_io import WouldBlock
-from shardex.data.migration import stage_changes
+from shardex.data.migration import stage_tuples
 from shardex.data.partition import Partition, commit_many, lock_now
 from shardex.data.partitions import LocalPartitions
 from shardex.data.records import (
@@ -314,7 +313,10 @@ def _stage_run(part: Partition, run: ReplicaRun, batch: BatchLike) -> PartitionM
         fresh[0][0] != meta.high_seqno + 1 or fresh[-1][0] - fresh[0][0] != len(fresh) - 1
     ):
         return ACK_BEHIND
-    stage_changes(part, new, batch, [Change(run.partition, *c) for c in fresh])
+    lives = run.live_before
+    if lives is not None:  # aligned with ``changes``, of which ``fresh`` is the tail
+        lives = lives[len(lives) - len(fresh) :] if len(lives) == len(run.changes) else None
+    stage_tuples(part, new, batch, fresh, lives)
     return new
 
 

@@ -3,11 +3,20 @@
 One sender per (keyspace, replica node), one ``ReplicaApply`` in flight, so the replica gets
 each partition's changes in order without any sequencing of its own. A round: take, for every
 partition whose chain names the replica, the change records after what the replica last
-acknowledged (read from the change log: the steady state and the catch-up after a restart are
-the same loop), send them in one message, record the acks (which is what durable writes
+acknowledged (the newest from the active's memory, ``Partition.recent_changes``, anything
+older read from the change log: the steady state and the catch-up after a restart are the
+same loop), send them in one message, record the acks (which is what durable writes
 wait on, ``durability.py``). It runs when a commit wakes it, and every ``PROBE_INTERVAL``
 otherwise, so a replica that was down or is being built is found again. Rounds batch by
 themselves under load: whatever was committed while one was in flight goes in the next.
+
+A commit names its partition (``wake(partition)``), and a round looks only at the partitions
+named since the previous one and those its last answer left behind: under load a round
+carries two or three changes, and looking at each of the sender's partitions every round
+cost more than sending them. Every other reason to look - a new topology, a failed round,
+an idle probe, an oversized backlog - looks at them all (``wake()``), and so does a busy
+sender at least every ``PROBE_INTERVAL``, so a partition nothing named is never left behind
+for longer.
 """
 
 from __future__ import annotations
@@ -71,12 +80,17 @@ class ReplicaSender:
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
         self._warned: set[int] = set()
+        # What the next round looks at: the partitions named since the last one, or all of
+        # them when ``_full`` (module docstring); ``_full_at``: when all were last looked at.
+        self._dirty: set[int] = set()
+        self._full = True
+        self._full_at = 0.0
 
     def update(self, partitions: frozenset[int], seq_num: int, keyspace_uuid: str) -> None:
         if partitions != self.partitions or seq_num != self.seq_num:
             self.partitions, self.seq_num = partitions, seq_num
             self.keyspace_uuid = keyspace_uuid
-            self._wake.set()
+            self.wake()
 
     def start(self) -> None:
         if self._task is None:
@@ -90,7 +104,14 @@ class ReplicaSender:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    def wake(self) -> None:
+    def wake(self, partition: int | None = None) -> None:
+        """Something to send: a commit to ``partition``, or (None) anything anywhere."""
+        if partition is None:
+            self._full = True
+        elif partition in self.partitions:
+            self._dirty.add(partition)
+        else:
+            return  # not a partition this replica copies
         self._wake.set()
 
     def reachable(self, partition: int) -> bool:
@@ -127,6 +148,7 @@ class ReplicaSender:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                self._full = True  # what that round took is still to be sent
                 if isinstance(exc, ShardexError) and exc.code is ErrorCode.TIMEOUT:
                     # nothing came back on it (a partition, say): reconnect on the next try
                     with contextlib.suppress(ShardexError):
@@ -145,16 +167,26 @@ class ReplicaSender:
         if not self.partitions:
             return False
         engine = self._engine()
-        pending = self._pending(engine)
+        now = asyncio.get_running_loop().time()
+        if self._full or probe or now - self._full_at >= PROBE_INTERVAL:
+            self._full, self._full_at = False, now
+            self._dirty = set()
+            parts = sorted(self.partitions)
+        else:
+            parts = sorted(self._dirty & self.partitions)
+            self._dirty = set()
+        pending = self._pending(engine, parts)
         if pending is None and not probe:
             return False
         runs, more = (
             ([], False)
             if pending is None
-            else self._collect(engine)
+            else self._collect(engine, parts)
             if pending <= SMALL_ROUND
-            else await self._run(self._collect, engine)
+            else await self._run(self._collect, engine, parts)
         )
+        if more:
+            self._full = True  # a backlog left for the next round: look at everything
         if not runs and not probe:
             return more
         sync = any(self._waits.needs_persist((self.keyspace, r.partition), self.node) for r in runs)
@@ -176,6 +208,8 @@ class ReplicaSender:
         }
         for ack in reply.acks:
             self._absorb(ack)
+            if ack.state != STATE_REPLICA or self._unsettled(engine, ack.partition):
+                self._dirty.add(ack.partition)  # looked at again in the next round
         if any(a.state == replica.ACK_ABSENT for a in reply.acks):
             # a copy about to be opened (a new keyspace): ask again shortly, not at the
             # next probe, since durable writes wait for it
@@ -213,12 +247,18 @@ class ReplicaSender:
             and ack.high < part.meta.high_seqno
         )
 
-    def _pending(self, engine: DataEngine) -> int | None:
-        """How many changes this round would carry (roughly), or None if nothing at all:
-        every known copy is level with its active and nothing needs a probe."""
+    def _unsettled(self, engine: DataEngine, partition: int) -> bool:
+        """The replica's copy still lacks something of the active's: changes, or an fsync a
+        ``persist_majority`` write waits for."""
+        key = (self.keyspace, partition)
+        return self._behind(engine, partition) or self._waits.needs_persist(key, self.node)
+
+    def _pending(self, engine: DataEngine, parts: list[int]) -> int | None:
+        """How many changes a round of ``parts`` would carry (roughly), or None if nothing
+        at all: every known copy is level with its active and nothing needs a probe."""
         total = 0
         anything = False
-        for p in self.partitions:
+        for p in parts:
             part = engine.replicas.active_part(self.keyspace, p)
             if part is None:
                 continue
@@ -232,11 +272,11 @@ class ReplicaSender:
                 total += max(gap, 0)
         return total if anything else None
 
-    def _collect(self, engine: DataEngine) -> tuple[list[ReplicaRun], bool]:
+    def _collect(self, engine: DataEngine, parts: list[int]) -> tuple[list[ReplicaRun], bool]:
         runs: list[ReplicaRun] = []
         size = 0
         more = False
-        for p in sorted(self.partitions):
+        for p in parts:
             part = engine.replicas.active_part(self.keyspace, p)
             if part is None:
                 continue
@@ -273,14 +313,20 @@ class ReplicaSender:
             if size >= ROUND_BYTES:
                 more = True
                 continue
-            changes = replica.read_run(part, ack.high, meta.high_seqno, RUN_ITEMS, ROUND_BYTES)
+            # From memory what the active just wrote; the change log for a copy further behind.
+            recent = part.recent_changes(ack.high, meta.high_seqno, meta.uuid)
+            lives: list[bool] | None = None
+            if recent is not None:
+                changes, lives = recent
+            else:
+                changes = replica.read_run(part, ack.high, meta.high_seqno, RUN_ITEMS, ROUND_BYTES)
             if not changes:
                 continue
             if changes[-1][0] < meta.high_seqno:
                 more = True
             size += sum(len(c[1]) + (len(c[4]) if c[4] else 0) for c in changes)
             flog = list(meta.failover_log) if log_needed else None
-            runs.append(ReplicaRun(p, meta.uuid, ack.high, changes, flog))
+            runs.append(ReplicaRun(p, meta.uuid, ack.high, changes, flog, live_before=lives))
         return runs, more
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -86,7 +86,6 @@ class Replication:
 
     def routes(self) -> dict[type, Callable[..., object]]:
         return {
-            ReplicaApply: self.on_apply,
             CopySeqnos: self.on_copy_seqnos,
             PromoteReplica: self.on_promote,
             FetchDocRecords: self.on_fetch_records,
@@ -146,12 +145,13 @@ class Replication:
             fed.setdefault(ks, []).append(sender)
         self._fed = fed
 
-    def wake(self, keyspace: str) -> None:
-        """A write to ``keyspace`` committed here: its senders have something to send."""
+    def wake(self, keyspace: str, partition: int) -> None:
+        """A write to ``partition`` of ``keyspace`` committed here: the senders of its
+        replicas have something to send."""
         senders = self._fed.get(keyspace)
         if senders:
             for s in senders:
-                s.wake()
+                s.wake(partition)
 
     def check_possible(self, keyspace: str, partition: int) -> None:
         """DURABILITY_IMPOSSIBLE when too few copies of the partition are reachable."""
@@ -176,15 +176,58 @@ class Replication:
             docid=docid,
         )
 
+    def on_durable(
+        self,
+        keyspace: str,
+        result: MutationResult,
+        level: str,
+        docid: str,
+        then: Callable[[BaseException | None], None],
+    ) -> bool:
+        """``wait_durable`` for a caller settling by callbacks: False when there is nothing
+        to wait for, else True and ``then`` is called once the wait is over, with None or
+        its error (DURABILITY_AMBIGUOUS, or why the copy was forgotten)."""
+        if level not in MAJORITY_LEVELS:
+            return False
+        key = (keyspace, result.partition)
+        waits = self.waits
+        w = waits.start_wait(
+            key, result.seqno, result.uuid, persist=level == "persist_majority", docid=docid
+        )
+        if w is None:
+            return False
+
+        def done(fut: asyncio.Future[None]) -> None:
+            expired = waits.expired(w)
+            waits.end_wait(key, w)
+            if expired:
+                then(waits.ambiguous(key, w))
+            elif fut.cancelled():
+                then(asyncio.CancelledError())
+            else:
+                then(fut.exception())
+
+        w.future.add_done_callback(done)
+        return True
+
     def has_pending(self) -> bool:
         return self.waits.has_pending()
 
     async def wait_readable(self, keyspace: str, partition: int, docid: str) -> None:
         await self.waits.wait_readable((keyspace, partition), docid)
 
+    def inline_routes(self) -> dict[type, Callable[..., object]]:
+        """Handlers called in the connection's receive callback (``Router.route_inline``)."""
+        return {ReplicaApply: self.on_apply}
+
     # --- the replica's side ---------------------------------------------------------------------
 
-    async def on_apply(self, msg: ReplicaApply, conn: Connection) -> ReplicaApplied:
+    def on_apply(
+        self, msg: ReplicaApply, conn: Connection
+    ) -> ReplicaApplied | Awaitable[ReplicaApplied]:
+        """Routed inline: the usual small unsynced apply is written on the loop (below) and
+        answered without a task, one per round under load; anything that must wait (the
+        I/O pool, a rollback) returns a coroutine the connection finishes in a task."""
         engine = self._engine()
         try:
             local = engine.keyspace(msg.keyspace)
@@ -216,6 +259,22 @@ class Replication:
             # judgement as point reads on the loop), unless it would wait there.
             with contextlib.suppress(WouldBlock):
                 acks = engine.replicas.apply_runs(msg.keyspace, runs, sync=False, inline=True)
+        if acks is not None and not any(a.state == replica.ACK_DIVERGED for a in acks):
+            acks += [ReplicaAck(r.partition, 0, 0, 0, replica.ACK_BUILDING) for r in builds]
+            return ReplicaApplied(acks=acks + stale)
+        return self._apply_rest(engine, msg, runs, builds, stale, acks)
+
+    async def _apply_rest(
+        self,
+        engine: DataEngine,
+        msg: ReplicaApply,
+        runs: list[ReplicaRun],
+        builds: list[ReplicaRun],
+        stale: list[ReplicaAck],
+        acks: list[ReplicaAck] | None,
+    ) -> ReplicaApplied:
+        """``on_apply`` where it must wait: the apply in the I/O pool (unless ``acks``: done
+        on the loop already), then the rollback of each copy that diverged."""
         if acks is None:
             acks = await self._io.run(engine.replicas.apply_runs, msg.keyspace, runs, sync=msg.sync)
         acks += [ReplicaAck(r.partition, 0, 0, 0, replica.ACK_BUILDING) for r in builds]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -173,10 +174,6 @@ class DataService:
 
     def install(self, server: RpcServer) -> None:
         routes: dict[type[Message], Callable[[Any, Connection], Awaitable[Message | None]]] = {
-            Insert: self._on_insert,
-            Upsert: self._on_upsert,
-            Replace: self._on_replace,
-            Delete: self._on_delete,
             Get: self._on_get,
             GetMany: self._on_get_many,
             MutateMany: self._on_mutate_many,
@@ -197,6 +194,14 @@ class DataService:
         # in the receive callback, no task (``Router.route_inline``).
         server.router.route_inline(HighSeqnos, self._on_high_seqnos)
         server.router.route_inline(CheckHistory, self._on_check_history)
+        for msg_type, inline in self.replication.inline_routes().items():
+            server.router.route_inline(msg_type, inline)  # type: ignore[arg-type]
+        # Single-document writes: a future settled by callbacks (group commit's, then the
+        # durability wait's), answered without a task (``_mutate_now``).
+        server.router.route_inline(Insert, self._on_insert)
+        server.router.route_inline(Upsert, self._on_upsert)
+        server.router.route_inline(Replace, self._on_replace)
+        server.router.route_inline(Delete, self._on_delete)
 
     async def start(self) -> None:
         """Open the engine (in a thread: opening RocksDB with many families takes a while)
@@ -312,7 +317,7 @@ class DataService:
                     keyspace, self.engine.partition_for(keyspace, docid)
                 )
             result = await self.committer.submit(keyspace, durability, (kind, docid, doc, cas))
-            self.replication.wake(keyspace)
+            self.replication.wake(keyspace, result.partition)
             if majority:
                 await self.replication.wait_durable(keyspace, result, level, docid)
         except KeyspaceNotFound as exc:
@@ -321,21 +326,97 @@ class DataService:
             raise self._enrich(exc) from None
         return MutationReply(result=result)
 
-    async def _on_insert(self, msg: Insert, conn: Connection) -> MutationReply:
-        return await self._mutate("insert", msg.keyspace, msg.docid, msg.doc, None, msg.durability)
+    def _mutate_now(
+        self, kind: str, keyspace: str, docid: str, doc: object, cas: int | None, durability: str
+    ) -> Awaitable[MutationReply]:
+        """``_mutate`` without a task: in the receive callback (``Router.route_inline``), a
+        future then settled by callbacks. A node not yet reconciled, or without its lease,
+        takes ``_mutate`` (a coroutine: the connection runs it in a task), which waits or
+        says why."""
+        committer = self.committer
+        if committer is None or not self.reconciled.is_set():
+            return self._mutate(kind, keyspace, docid, doc, cas, durability)
+        self._check_serving()
+        if self._replicated(keyspace) and not self.lease.check():
+            return self._mutate(kind, keyspace, docid, doc, cas, durability)
+        level = durability_level(durability)
+        try:
+            if level in MAJORITY_LEVELS:
+                self.replication.check_possible(
+                    keyspace, self.engine.partition_for(keyspace, docid)
+                )
+            written = committer.submit_now(keyspace, durability, (kind, docid, doc, cas))
+        except KeyspaceNotFound as exc:
+            raise self._not_here(exc, keyspace, docid) from None
+        except ShardexError as exc:
+            raise self._enrich(exc) from None
+        out: asyncio.Future[MutationReply] = asyncio.get_running_loop().create_future()
+        written.add_done_callback(functools.partial(self._written, out, keyspace, docid, level))
+        return out
 
-    async def _on_upsert(self, msg: Upsert, conn: Connection) -> MutationReply:
-        return await self._mutate(
-            "upsert", msg.keyspace, msg.docid, msg.doc, msg.cas, msg.durability
-        )
+    def _written(
+        self,
+        out: asyncio.Future[MutationReply],
+        keyspace: str,
+        docid: str,
+        level: str,
+        written: asyncio.Future[MutationResult],
+    ) -> None:
+        """``_mutate_now``'s write is committed (or failed): wake the senders, then wait
+        for its durability, as ``_mutate`` does."""
+        if written.cancelled() or written.exception() is not None:
+            self._settle_write(out, keyspace, docid, None, written)
+            return
+        result = written.result()
+        reply = MutationReply(result=result)
+        then = functools.partial(self._settle_write, out, keyspace, docid, reply)
+        try:
+            self.replication.wake(keyspace, result.partition)
+            if self.replication.on_durable(keyspace, result, level, docid, then):
+                return
+        except Exception as exc:  # answered as the coroutine's would be, never left hanging
+            self._settle_write(out, keyspace, docid, None, exc)
+            return
+        then(None)
 
-    async def _on_replace(self, msg: Replace, conn: Connection) -> MutationReply:
-        return await self._mutate(
+    def _settle_write(
+        self,
+        out: asyncio.Future[MutationReply],
+        keyspace: str,
+        docid: str,
+        reply: MutationReply | None,
+        error: BaseException | asyncio.Future[Any] | None,
+    ) -> None:
+        """``out`` gets ``reply``, or ``error`` (an exception, or a failed future's) as
+        ``_mutate`` raises it."""
+        if isinstance(error, asyncio.Future):
+            error = asyncio.CancelledError() if error.cancelled() else error.exception()
+        if out.done():
+            return
+        if error is None:
+            out.set_result(reply)  # type: ignore[arg-type]  # None only with an error
+        elif isinstance(error, asyncio.CancelledError):
+            out.cancel()
+        elif isinstance(error, KeyspaceNotFound):
+            out.set_exception(self._not_here(error, keyspace, docid))
+        elif isinstance(error, ShardexError):
+            out.set_exception(self._enrich(error))
+        else:
+            out.set_exception(error)
+
+    def _on_insert(self, msg: Insert, conn: Connection) -> Awaitable[MutationReply]:
+        return self._mutate_now("insert", msg.keyspace, msg.docid, msg.doc, None, msg.durability)
+
+    def _on_upsert(self, msg: Upsert, conn: Connection) -> Awaitable[MutationReply]:
+        return self._mutate_now("upsert", msg.keyspace, msg.docid, msg.doc, msg.cas, msg.durability)
+
+    def _on_replace(self, msg: Replace, conn: Connection) -> Awaitable[MutationReply]:
+        return self._mutate_now(
             "replace", msg.keyspace, msg.docid, msg.doc, msg.cas, msg.durability
         )
 
-    async def _on_delete(self, msg: Delete, conn: Connection) -> MutationReply:
-        return await self._mutate("delete", msg.keyspace, msg.docid, None, msg.cas, msg.durability)
+    def _on_delete(self, msg: Delete, conn: Connection) -> Awaitable[MutationReply]:
+        return self._mutate_now("delete", msg.keyspace, msg.docid, None, msg.cas, msg.durability)
 
     async def _on_get(self, msg: Get, conn: Connection) -> GetReply:
         if msg.replica:  # availability over freshness: no lease needed
@@ -428,7 +509,8 @@ class DataService:
             # several clients, each batch split over the nodes) share one RocksDB write and
             # one fsync instead of queueing on partition locks for one fsync each.
             out: list[Any] = await self.committer.submit_many(msg.keyspace, msg.durability, ops)
-            self.replication.wake(msg.keyspace)
+            for p in {r.partition for r in out if isinstance(r, MutationResult)}:
+                self.replication.wake(msg.keyspace, p)
             if majority:
                 out = await self._wait_many(msg.keyspace, level, msg.ops, out)
         except KeyspaceNotFound as exc:

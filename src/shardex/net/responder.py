@@ -12,6 +12,7 @@ the error saying why.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -149,6 +150,11 @@ class Responder:
         a write that must wait - is finished in a task, as a routed request is."""
         try:
             result = handler(msg, self._conn)
+            if isinstance(result, asyncio.Future):
+                # A future settled by callbacks (a durable write): answered from its own
+                # callback, no task.
+                result.add_done_callback(functools.partial(self._answer_future, rid, msg))
+                return
             if inspect.isawaitable(result):
                 self._spawn(self._answer_awaited(rid, msg, result))
                 return
@@ -156,6 +162,25 @@ class Responder:
         except Exception as e:
             self._spawn(self.reply_error(rid, self._handler_error(msg, e)))
             return
+        self._answer_now(rid, response)
+
+    def _answer_future(self, rid: int, msg: Message, fut: asyncio.Future[Any]) -> None:
+        """An inline handler's future is done: its response (or error) goes out as
+        ``answer_inline``'s would."""
+        try:
+            response = _response(fut.result())
+        except asyncio.CancelledError:  # said as an error: nothing here to cancel
+            err = ShardexError(f"{message_type_name(msg)} was cancelled", code=ErrorCode.INTERNAL)
+            self._spawn(self.reply_error(rid, err))
+            return
+        except Exception as e:
+            self._spawn(self.reply_error(rid, self._handler_error(msg, e)))
+            return
+        self._answer_now(rid, response)
+
+    def _answer_now(self, rid: int, response: Message) -> None:
+        """``response`` written at once when the transport takes it without waiting, else
+        by a task."""
         try:
             frame = self._encode(Envelope(Kind.RESPONSE, rid, response))
             if (

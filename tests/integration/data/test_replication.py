@@ -201,6 +201,34 @@ async def test_replicas_catch_up_on_writes_at_durability_none(cluster: Cluster) 
     assert [await cluster.replica_get("n3", d) for d in docs] == [{"i": i} for i in range(30)]
 
 
+async def test_a_commit_no_wake_named_still_reaches_its_replica(cluster: Cluster) -> None:
+    """A round looks at the partitions named since the last one; a commit that named none
+    (written straight into the engine here) is found by the look at every partition that a
+    sender takes at least every probe interval, even while writes to another partition keep
+    it busy (n1 feeds n2 partitions 0 and 3)."""
+    active = cluster.services["n1"]
+    active.engine.upsert(KS, docid_in(0, 0), {"unnamed": True}, durability="none")
+    high = active.engine.partition_info(KS, 0).high_seqno
+
+    async def busy_elsewhere() -> None:  # never idle: no idle probe would look
+        i = 0
+        while True:
+            await cluster.upsert(docid_in(3, i % 5), {"i": i}, "majority")
+            i += 1
+
+    async def replicated() -> bool:
+        return cluster.services["n2"].engine.partition_info(KS, 0).high_seqno == high
+
+    writer = asyncio.ensure_future(busy_elsewhere())
+    try:
+        await _until(replicated, "the unnamed commit reaches the replica of partition 0")
+        assert not writer.done()  # it was busy all along
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+    assert await cluster.replica_get("n2", docid_in(0, 0)) == {"unnamed": True}
+
+
 async def test_mutate_many_at_majority(cluster: Cluster) -> None:
     docs = [docid_in(2, i) for i in range(10)]
     ops = [OpItem("upsert", d, msgspec.json.encode({"i": i}), None) for i, d in enumerate(docs)]

@@ -24,7 +24,7 @@ SECRET = "s" * 32
 
 class InlineEcho(Message):
     text: str
-    mode: str = "reply"  # reply | none | await | shardex | boom | big
+    mode: str = "reply"  # reply | none | await | future | shardex | boom | big
 
 
 class SlowEcho(Message):
@@ -39,6 +39,7 @@ class Inline:
         self.server = RpcServer(self.transport, SECRET, name="srv")
         self.tasks: list[asyncio.Task[object] | None] = []
         self.gate = asyncio.Event()
+        self.futures: list[asyncio.Future[Message]] = []
         self.address = ""
         self.server.router.route_inline(InlineEcho, self.on_echo)
 
@@ -53,6 +54,10 @@ class Inline:
             return None
         if msg.mode == "await":
             return self.later(msg)
+        if msg.mode == "future":  # settled later by whoever holds it, no task
+            fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+            self.futures.append(fut)
+            return fut
         if msg.mode == "shardex":
             raise ShardexError("no such thing", code=ErrorCode.KEYSPACE_NOT_FOUND, details={"k": 1})
         if msg.mode == "boom":
@@ -95,6 +100,30 @@ async def test_an_inline_handler_that_must_wait_is_finished_in_a_task(inline: In
     assert not waiting.done()
     inline.gate.set()
     assert await waiting == InlineEcho(text="a later")
+    await conn.close()
+
+
+async def test_an_inline_handlers_future_is_answered_when_it_is_settled(inline: Inline) -> None:
+    conn = await inline.client()
+    before = asyncio.all_tasks()
+    ok = asyncio.ensure_future(conn.request(InlineEcho(text="", mode="future"), 5))
+    failed = asyncio.ensure_future(conn.request(InlineEcho(text="", mode="future"), 5))
+    cancelled = asyncio.ensure_future(conn.request(InlineEcho(text="", mode="future"), 5))
+    while len(inline.futures) < 3:
+        await asyncio.sleep(0.01)
+    assert asyncio.all_tasks() - before == {ok, failed, cancelled}  # none on the server
+    assert not ok.done()
+    first, second, third = inline.futures
+    first.set_result(InlineEcho(text="settled"))
+    assert await ok == InlineEcho(text="settled")
+    second.set_exception(ShardexError("gone", code=ErrorCode.KEYSPACE_NOT_FOUND))
+    with pytest.raises(ShardexError) as info:
+        await failed
+    assert info.value.code is ErrorCode.KEYSPACE_NOT_FOUND
+    third.cancel()
+    with pytest.raises(ShardexError) as info:
+        await cancelled
+    assert info.value.code is ErrorCode.INTERNAL and "cancelled" in str(info.value)
     await conn.close()
 
 

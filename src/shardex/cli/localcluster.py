@@ -22,6 +22,7 @@ from shardex.client.probe import ProbeResult, committed_voters, probe_all
 from shardex.meta import cluster_dir as cdir
 from shardex.meta.cluster_dir import ClusterSpec, NodeSpec
 from shardex.node.state import LOG_FILE
+from shardex.runtime.files import make_private_dir
 from shardex.runtime.pidfile import is_locked, pid_alive, read_pid
 
 
@@ -55,7 +56,7 @@ def _spawn_detached(
     """Start a process detached: own session (no terminal signals from the CLI's shell), stdin
     closed, stdout+stderr appended to ``log_path``, without a client's exported secret (it
     must use the cluster's secret file)."""
-    cwd.mkdir(parents=True, exist_ok=True)
+    make_private_dir(cwd)  # a node's data dir, or the pipeline's home: owner only
     env = dict(os.environ)
     env.pop("SHARDEX_SECRET", None)
     with open(log_path, "ab") as log:

@@ -30,7 +30,7 @@ from shardex.meta.node_defaults import (
     DEFAULT_FAILURE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL,
 )
-from shardex.runtime.files import atomic_write_bytes, atomic_write_json
+from shardex.runtime.files import atomic_write_bytes, atomic_write_json, make_private_dir
 
 CLUSTER_FILE = "cluster.json"
 SECRET_FILE = "secret"
@@ -164,7 +164,7 @@ def create(
             },
         )
     services = list(services or ALL_SERVICES)
-    cluster_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(cluster_dir)  # it holds the secret and every node's data
     secret_path = cluster_dir / SECRET_FILE
     if not secret_path.exists():
         atomic_write_bytes(secret_path, (secrets.token_hex(32) + "\n").encode(), mode=0o600)
@@ -197,7 +197,7 @@ def create(
     )
     for node in specs:
         node_dir = node.path(cluster_dir)
-        node_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(node_dir)
         atomic_write_bytes(node_dir / NODE_CONFIG_FILE, _node_toml(spec, node).encode())
     atomic_write_json(cluster_file(cluster_dir), to_dict(spec))
     return spec
@@ -253,7 +253,7 @@ def add_node(
     )
     new = msgspec.structs.replace(spec, nodes=[*spec.nodes, node])
     node_dir = node.path(cluster_dir)
-    node_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(node_dir)
     atomic_write_bytes(node_dir / NODE_CONFIG_FILE, _node_toml(new, node).encode())
     atomic_write_json(cluster_file(cluster_dir), to_dict(new))
     return new, node

@@ -133,7 +133,8 @@ class Hosts:
             raise
 
     def _make_host(self, i: int) -> Host:
-        host = Host(i, f"{self._tag}n{i}", f"{self._tag}v{i}", f"{SUBNET_BASE}.{self.octet}.{10 + i}")
+        ip = f"{SUBNET_BASE}.{self.octet}.{10 + i}"
+        host = Host(i, f"{self._tag}n{i}", f"{self._tag}v{i}", ip)
         peer = f"{self._tag}p{i}"
         _ip("netns", "add", host.ns)
         _ip("link", "add", host.link, "type", "veth", "peer", "name", peer)
@@ -205,9 +206,11 @@ class Hosts:
     def delay(self, i: int, ms: float) -> None:
         """``tc netem`` delay on host ``i``'s link, both directions (each egress), so a round
         trip between two hosts costs about ``4 * ms``."""
+        netem = ["root", "netem", "delay", f"{ms}ms"]
+        in_ns = ["ip", "netns", "exec", self.host(i).ns]
         for cmd in (
-            ["tc", "qdisc", "replace", "dev", self.host(i).link, "root", "netem", "delay", f"{ms}ms"],
-            ["ip", "netns", "exec", self.host(i).ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", f"{ms}ms"],
+            ["tc", "qdisc", "replace", "dev", self.host(i).link, *netem],
+            [*in_ns, "tc", "qdisc", "replace", "dev", "eth0", *netem],
         ):
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
@@ -216,7 +219,7 @@ class Hosts:
                 raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
 
     def cut(self, i: int) -> None:
-        """Take host ``i``'s link down: it hears no one and no one hears it; its processes run on."""
+        """Take host ``i``'s link down: it hears no one, no one hears it; its processes run on."""
         _ip("link", "set", self.host(i).link, "down")
 
     def heal(self, i: int) -> None:

@@ -117,4 +117,3 @@ class NodesOnHosts:
     def logs(self) -> Iterator[str]:
         for h in self.hosts.hosts:
             yield f"--- host{h.index}\n{self.log_tail(h.index)}"
-

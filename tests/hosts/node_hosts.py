@@ -37,7 +37,8 @@ def _toml(values: Mapping[str, Any]) -> str:
 
 class NodesOnHosts:
     """Node ``i`` (1-based, named ``host<i>``) runs on host ``i``; node 1 founds the
-    cluster and node ``i > 1`` joins through node ``i - 1`` (any member's address admits a
+    cluster (bound to 0.0.0.0, advertising its host's address) and node ``i > 1`` joins
+    through node ``i - 1`` (any member's address admits a
     joiner, not only the founder's)."""
 
     def __init__(self, hosts: Hosts, root: Path, extra: Mapping[str, Any] | None = None) -> None:
@@ -66,8 +67,10 @@ class NodesOnHosts:
         values: dict[str, Any] = {
             "name": f"host{i}",
             "data_dir": str(self.data_dir(i)),
-            "host": ip,
-            "advertise": ip,
+            # Node 1 binds every interface of its host and announces the one the others
+            # dial; the rest bind that address alone (advertise defaults to it).
+            "host": "0.0.0.0" if i == 1 else ip,
+            **({"advertise": ip} if i == 1 else {}),
             "port": PORT,
             "secret_file": str(self.secret_file),
             **({"seed": [self.address(i - 1)]} if i > 1 else {}),

@@ -1,9 +1,13 @@
-"""A 3-node cluster across network namespaces: each node binds and advertises its host's
-address, joins through a non-founder, and serves clients dialling from another namespace."""
+"""A 3-node cluster across network namespaces: each node advertises its host's address (the
+founder binds 0.0.0.0), the third joins through the second (not the founder), and clients
+dial them from another namespace."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
+from netns import PREFIX, remove_leftovers, require_netns
 from node_hosts import NodesOnHosts
 
 pytestmark = pytest.mark.cluster
@@ -22,3 +26,26 @@ def test_cluster_forms_on_advertised_addresses(nodes: NodesOnHosts) -> None:
         for i in range(20):
             docs.upsert(f"d{i}", {"n": i}, durability="majority")
         assert [docs.get(f"d{i}")["n"] for i in range(20)] == list(range(20))
+
+
+def test_leftovers_of_a_dead_run_are_removed() -> None:
+    """What a crashed run left (its pid is in every name) goes at the next run's start."""
+    require_netns()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid now names no live process
+    ns, bridge = f"{PREFIX}{dead.pid}n1", f"{PREFIX}{dead.pid}b"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+    try:
+        remove_leftovers()
+        assert (
+            ns
+            not in subprocess.run(
+                ["ip", "netns", "list"], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        shown = subprocess.run(["ip", "link", "show", bridge], capture_output=True, check=False)
+        assert shown.returncode != 0  # the bridge is gone
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)

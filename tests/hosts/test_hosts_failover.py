@@ -15,7 +15,6 @@ from netns import Hosts, NetemUnavailable
 from node_hosts import NodesOnHosts
 
 from shardex.client import Client
-from shardex.client.rebalance import RebalanceError
 
 pytestmark = pytest.mark.cluster
 
@@ -60,13 +59,6 @@ def check_docs(client: Client) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    strict=True,
-    raises=RebalanceError,
-    reason="a node that ran on behind a cut link reconciles against its stale copy of the "
-    "state after the heal and promotes its old active partitions (new branches); the "
-    "rebalance's move of one of them back then fails with 'already active here'",
-)
 def test_cut_link_fails_over_and_heal_recovers(hosts: Hosts, nodes: NodesOnHosts) -> None:
     netem_or_warn(hosts)
     victim = 3  # host1 founded the cluster (the coordinator's first master)

@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cluster_helpers import LocalCluster, free_base_port, kill_leftovers, run_cli, wait_for
@@ -117,8 +117,23 @@ class Writers:
     effect). A lower one is a lost acknowledged write."""
 
     def __init__(
-        self, cluster: LocalCluster, keyspace: str, writers: int = 3, keys_per_writer: int = 20
+        self,
+        cluster: LocalCluster | None,
+        keyspace: str,
+        writers: int = 3,
+        keys_per_writer: int = 20,
+        *,
+        connect: Callable[[str], Client] | None = None,
     ) -> None:
+        """Clients of ``cluster``'s directory, or made by ``connect(name)`` (a cluster
+        without a local directory, e.g. nodes on other hosts)."""
+        if connect is None:
+            assert cluster is not None
+            path = cluster.path
+
+            def connect(name: str) -> Client:
+                return connect_local(path, name=name, request_timeout=10)
+
         self.keyspace = keyspace
         self.keys_per_writer = keys_per_writer
         self.keys: dict[str, KeyHistory] = {}
@@ -126,10 +141,7 @@ class Writers:
         self.stop = threading.Event()
         self.acks = 0
         self.errors: dict[str, int] = {}
-        self.clients = [
-            connect_local(cluster.path, name=f"writer{t}", request_timeout=10)
-            for t in range(writers)
-        ]
+        self.clients = [connect(f"writer{t}") for t in range(writers)]
         self.threads = [threading.Thread(target=self._run, args=(t,)) for t in range(writers)]
 
     def __enter__(self) -> Writers:

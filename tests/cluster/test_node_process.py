@@ -62,6 +62,7 @@ def test_sigterm_identity_and_single_instance(tmp_path: Path) -> None:
     data = tmp_path / "d"
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET + "\n")
+    secret_file.chmod(0o600)  # a node refuses a secret other users may read
     port = free_base_port(1)
     cmd = node_cmd(data, port, "--secret-file", str(secret_file))
     p = spawn(cmd, tmp_path / "out1.log")

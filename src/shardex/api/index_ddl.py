@@ -134,7 +134,7 @@ def check_index_name(name: object, *, primary: bool = False) -> str:
             f"index name must be a non-empty string, got {name!r}",
             details={"name": repr(name), "hint": "CREATE INDEX name ON keyspace(...)"},
         )
-    if len(name) > MAX_INDEX_NAME or not INDEX_NAME.match(name):
+    if len(name) > MAX_INDEX_NAME or not INDEX_NAME.fullmatch(name):
         raise BadRequest(
             f"invalid index name {name!r}",
             details={
@@ -146,7 +146,7 @@ def check_index_name(name: object, *, primary: bool = False) -> str:
     return name
 
 
-INDEX_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+INDEX_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  # fullmatch: "$" passes "x\n"
 
 
 MAX_INDEX_NAME = 100

@@ -14,7 +14,7 @@ from shardex.meta.partitioning import DEFAULT_NUM_PARTITIONS
 from shardex.meta.state import KeyspaceMeta
 from shardex.net.messages import Message
 
-KEYSPACE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+KEYSPACE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  # fullmatch: "$" passes "x\n"
 
 
 MAX_KEYSPACE_NAME = 100
@@ -81,7 +81,7 @@ def check_keyspace_name(name: object) -> str:
             f"keyspace name must be a non-empty string, got {name!r}",
             details={"keyspace": repr(name)},
         )
-    if len(name) > MAX_KEYSPACE_NAME or not KEYSPACE_NAME.match(name):
+    if len(name) > MAX_KEYSPACE_NAME or not KEYSPACE_NAME.fullmatch(name):
         raise BadRequest(
             f"invalid keyspace name {name!r}",
             details={

@@ -24,6 +24,7 @@ from shardex.meta.cluster_dir import ClusterSpec, NodeSpec
 from shardex.net.tcp import TcpTransport
 from shardex.net.tls import TlsConfig
 from shardex.node.state import LOG_FILE
+from shardex.runtime.files import make_private_dir
 from shardex.runtime.pidfile import is_locked, pid_alive, read_pid
 
 
@@ -57,7 +58,7 @@ def _spawn_detached(
     """Start a process detached: own session (no terminal signals from the CLI's shell), stdin
     closed, stdout+stderr appended to ``log_path``, without a client's exported secret (it
     must use the cluster's secret file)."""
-    cwd.mkdir(parents=True, exist_ok=True)
+    make_private_dir(cwd)  # a node's data dir, or the pipeline's home: owner only
     env = dict(os.environ)
     env.pop("SHARDEX_SECRET", None)
     with open(log_path, "ab") as log:

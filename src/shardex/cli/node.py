@@ -24,9 +24,15 @@ def node(
     data_dir: Annotated[
         Path | None, typer.Option("--data-dir", help="Data directory (created if absent).")
     ] = None,
-    port: Annotated[
-        int | None, typer.Option(help="Cluster protocol port on 127.0.0.1 (default 7100).")
+    host: Annotated[
+        str | None,
+        typer.Option(help="Interface to listen on (default 127.0.0.1; 0.0.0.0 for all)."),
     ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(help="Host other nodes and clients dial (default: --host; never 0.0.0.0)."),
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Cluster protocol port (default 7100).")] = None,
     http_port: Annotated[
         int | None, typer.Option("--http-port", help="HTTP admin port (reserved; not served yet).")
     ] = None,
@@ -105,6 +111,8 @@ def node(
     overrides = {
         "name": name,
         "data_dir": str(data_dir) if data_dir is not None else None,
+        "host": host,
+        "advertise": advertise,
         "port": port,
         "http_port": http_port,
         "services": services,

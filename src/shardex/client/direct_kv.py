@@ -79,6 +79,7 @@ class DirectKV:
             if rpc.closed:
                 raise client_closed() from None
             if not rerouted(exc.code, idempotent=idempotent):
+                router.suspect(exc)
                 raise
             # Refused (nothing applied), or a read: the loop's next attempt, refreshed.
             coro = router.to_owner(keyspace, docid, msg, expect, idempotent=idempotent, after=exc)

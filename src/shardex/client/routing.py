@@ -53,6 +53,8 @@ _RETRY_IDEMPOTENT = (
 # Refusals that change nothing and mean "ask the current owner": a stale topology, a node
 # failed over since (a replica was promoted in its place).
 _RETRY_REFRESHED = (ErrorCode.NOT_MY_PARTITION, ErrorCode.NODE_FAILED_OVER)
+# Failures of an owner after which the cached topology is refetched (``DataRouter.suspect``).
+_SUSPECT = (ErrorCode.TIMEOUT, ErrorCode.CONNECTION_CLOSED)
 
 
 def rerouted(code: ErrorCode, *, idempotent: bool) -> bool:
@@ -167,6 +169,16 @@ class DataRouter:
         node = topo.assignment.get(partition_of(docid, meta.num_partitions))
         return None if node is None else self._addresses.get(node)
 
+    def suspect(self, exc: ShardexError) -> None:
+        """After an owner's failure that may mean it is cut off (no answer in time, its
+        connection lost), drop the cached state so the next request refetches the topology.
+        A write that timed out is not resent (it may have applied), but without this every
+        later write to that partition would go to the same silent node until something else
+        refreshed: a node behind a cut link never answers NOT_MY_PARTITION once failed over.
+        Safe from any thread: one attribute store."""
+        if exc.code in _SUSPECT:
+            self._state = None
+
     def forget(self, keyspace: str) -> None:
         if self._state is not None and keyspace in self._state.keyspaces:
             self._state = None
@@ -250,6 +262,7 @@ class DataRouter:
                         raise
                     gone = True
                 elif not rerouted(exc.code, idempotent=idempotent):
+                    self.suspect(exc)
                     raise
                 last = exc  # refused, nothing applied (a newer topology names another), or a read
                 continue

@@ -55,11 +55,21 @@ class PlacementView:
     def cached(self) -> StateContext | None:
         coord = self._coordinator()
         if coord is not None:
-            return coord.state  # the local replica is always at least as new as our cache
+            return self._newer(coord.state)
         return self._state
 
+    def _newer(self, state: StateContext) -> StateContext:
+        """``state`` unless the remembered one is newer. The local replica usually leads our
+        cache, but not on a node back from a partition: ``quorum_state`` found the
+        majority's newer state (a failover of this node, say) while the local replica has
+        not caught up yet, and reconciling from that replica would undo what it saw
+        (promoting copies the failover took away)."""
+        if self._state is not None and version_of(self._state) > version_of(state):
+            return self._state
+        return state
+
     def remember(self, state: StateContext) -> None:
-        if self._state is None or state.cas >= self._state.cas:
+        if self._state is None or version_of(state) >= version_of(self._state):
             self._state = state
 
     async def refresh(self) -> StateContext:
@@ -67,7 +77,7 @@ class PlacementView:
         answers. Raises NODE_UNAVAILABLE when no manager does."""
         coord = self._coordinator()
         if coord is not None:
-            state: StateContext = coord.state
+            state: StateContext = self._newer(coord.state)
             self.remember(state)
             return state
         errors: dict[str, str] = {}

@@ -37,7 +37,7 @@ from shardex.meta.node_defaults import (
 from shardex.meta.users import ADMIN_ROLES, ADMIN_USER, new_record, write_admin_file
 from shardex.net.certs import CA_CERT, LOOPBACK, make_ca, make_node_cert
 from shardex.net.tls import TlsConfig
-from shardex.runtime.files import atomic_write_bytes, atomic_write_json
+from shardex.runtime.files import atomic_write_bytes, atomic_write_json, make_private_dir
 
 CLUSTER_FILE = "cluster.json"
 SECRET_FILE = "secret"
@@ -234,7 +234,7 @@ def create(
             },
         )
     services = list(services or ALL_SERVICES)
-    cluster_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(cluster_dir)  # it holds the secret and every node's data
     secret_path = cluster_dir / SECRET_FILE
     if not secret_path.exists():
         atomic_write_bytes(secret_path, (secrets.token_hex(32) + "\n").encode(), mode=0o600)
@@ -273,7 +273,7 @@ def create(
         make_ca(cluster_dir / CERTS_DIR)
     for node in specs:
         node_dir = node.path(cluster_dir)
-        node_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(node_dir)
         if tls:
             _node_cert(cluster_dir, spec, node)
         atomic_write_bytes(node_dir / NODE_CONFIG_FILE, _node_toml(spec, node).encode())
@@ -331,7 +331,7 @@ def add_node(
     )
     new = msgspec.structs.replace(spec, nodes=[*spec.nodes, node])
     node_dir = node.path(cluster_dir)
-    node_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(node_dir)
     if new.tls_dir is not None:
         _node_cert(cluster_dir, new, node)
     atomic_write_bytes(node_dir / NODE_CONFIG_FILE, _node_toml(new, node).encode())

@@ -68,7 +68,7 @@ DOCID_EXPR = "META().id"
 MAX_INDEX_PARTITIONS = 1024
 # Copies of each index partition beyond the first (Couchbase GSI's num_replica, same range).
 MAX_INDEX_REPLICAS = 3
-_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
+_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")  # fullmatch: "$" passes "x\n"
 
 
 class IndexKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,7 +123,7 @@ def validate_definition(defn: IndexDefinition) -> IndexDefinition:
 
     Raises ``ShardexError(BAD_REQUEST)`` or ``EXPRESSION_SYNTAX`` naming the bad part.
     """
-    if not isinstance(defn.id, str) or not _ID_RE.match(defn.id):
+    if not isinstance(defn.id, str) or not _ID_RE.fullmatch(defn.id):
         raise _bad(f"invalid index id {defn.id!r}", hint="1-100 of A-Z a-z 0-9 _ . -")
     if not defn.name or not defn.keyspace:
         raise _bad("an index needs a name and a keyspace", id=defn.id)

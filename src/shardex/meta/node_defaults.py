@@ -6,7 +6,7 @@ from __future__ import annotations
 ALL_SERVICES: tuple[str, ...] = ("data", "index", "query", "manager")
 
 
-BIND_HOST = "127.0.0.1"  # every listener binds loopback only (see docs/operations.md)
+BIND_HOST = "127.0.0.1"  # the default bind (and advertised) host; the local cluster uses it
 
 
 DEFAULT_HEARTBEAT_INTERVAL = 0.5

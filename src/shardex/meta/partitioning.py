@@ -14,7 +14,7 @@ from shardex.errors import ErrorCode, ShardexError
 DEFAULT_NUM_PARTITIONS = 64
 MAX_PARTITIONS = 1024
 
-_KEYSPACE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
+_KEYSPACE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}")  # fullmatch: "$" passes "x\n"
 _CF_PREFIX = "p/"
 
 
@@ -26,7 +26,7 @@ def partition_of(docid: str, num_partitions: int) -> int:
 def check_keyspace_name(name: object) -> str:
     """Keyspace names become part of column-family names, so they are kept to a safe alphabet
     (no ``/``, which separates the parts of a column-family name)."""
-    if not isinstance(name, str) or not _KEYSPACE_NAME.match(name):
+    if not isinstance(name, str) or not _KEYSPACE_NAME.fullmatch(name):
         raise ShardexError(
             f"invalid keyspace name {name!r}",
             code=ErrorCode.BAD_REQUEST,

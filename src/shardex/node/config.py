@@ -29,14 +29,19 @@ from shardex.meta.node_defaults import (
 )
 from shardex.net.tls import TlsConfig
 from shardex.net.transport import split_address
+from shardex.runtime.files import require_private
 
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_PORT = 7100
 MIN_SECRET_LENGTH = 16
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# Used with ``fullmatch``: ``$`` also matches before a trailing newline, so "n1\n" would pass.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # A server group label (a rack, a zone): replicas of a partition go to distinct groups.
-_GROUP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+_GROUP_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+# A host name or an IPv4/IPv6 literal, without brackets or a port.
+_HOST_RE = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "0:0:0:0:0:0:0:0"})
 _SECRET_HINT = (
     "give the cluster secret with --secret-file FILE (or secret_file = ... in the config file); "
     "generate one with: python -c 'import secrets; print(secrets.token_hex(32))'"
@@ -48,6 +53,8 @@ CONFIG_KEYS: frozenset[str] = frozenset(
     {
         "name",
         "data_dir",
+        "host",
+        "advertise",
         "port",
         "http_port",
         "services",
@@ -90,7 +97,11 @@ class NodeConfig:
     log_level: str = "INFO"
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     failure_timeout: float = DEFAULT_FAILURE_TIMEOUT
-    host: str = BIND_HOST
+    host: str = BIND_HOST  # the interface the listener binds (0.0.0.0: every interface)
+    # The host other nodes and clients dial: what this node announces in membership, and so
+    # what the topology, joins and client routing carry. Defaults to ``host``; never a
+    # wildcard (nobody can dial 0.0.0.0).
+    advertise: str = BIND_HOST
     # automatic failover of a data node that a majority of managers see down (the master
     # runs it: ``manager/auto_failover.py``)
     auto_failover: bool = True
@@ -106,7 +117,13 @@ class NodeConfig:
 
     @property
     def address(self) -> str:
+        """The bind address, ``host:port``."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def advertise_address(self) -> str:
+        """The announced address, ``advertise:port`` (port 0 is replaced once bound)."""
+        return f"{self.advertise}:{self.port}"
 
     @property
     def runs_manager(self) -> bool:
@@ -168,6 +185,7 @@ def _validate_address(key: str, value: str, hint: str) -> str:
 
 
 def _read_secret_file(key: str, path: Path) -> str:
+    require_private(path, key)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -250,7 +268,7 @@ def load_config(
 
 def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     name = values.get("name")
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise _err(
             "name",
             name,
@@ -272,6 +290,8 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         http_port = _as_int("http_port", values["http_port"], 0, 65535, port_hint)
         if http_port != 0 and http_port == port:
             raise _err("http_port", http_port, "same as port", "use a different port for HTTP")
+
+    host, advertise = _hosts(values)
 
     svc_hint = f"a comma-separated subset of {','.join(ALL_SERVICES)}"
     services = _as_str_list("services", values.get("services", list(ALL_SERVICES)), svc_hint)
@@ -335,7 +355,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
 
     auto = _auto_failover(values, timeout)
     group = values.get("group", "")
-    if not isinstance(group, str) or (group and not _GROUP_RE.match(group)):
+    if not isinstance(group, str) or (group and not _GROUP_RE.fullmatch(group)):
         raise _err(
             "group",
             group,
@@ -350,7 +370,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         else None
     )
 
-    tls = _tls(values, bases, name, str(values.get("host", BIND_HOST)))
+    tls = _tls(values, bases, name, host)
     return NodeConfig(
         admin_file=admin_file,
         name=name,
@@ -368,6 +388,8 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         auto_failover_max_count=auto[2],
         group=group,
         tls=tls,
+        host=host,
+        advertise=advertise,
     )
 
 
@@ -416,7 +438,36 @@ def _tls(
     for key, path in paths.items():
         if not path.is_file():
             raise _err(key, str(path), "no such file", _TLS_HINT)
+    require_private(paths["tls_key"], "tls_key")  # the node's private key: owner-only
     return TlsConfig(ca=paths["tls_ca"], cert=paths["tls_cert"], key=paths["tls_key"])
+
+
+def _as_host(key: str, value: Any, hint: str) -> str:
+    if not isinstance(value, str) or not _HOST_RE.fullmatch(value):
+        raise _err(key, value, "not a host name or IP address", hint)
+    return value
+
+
+def _hosts(values: dict[str, Any]) -> tuple[str, str]:
+    """(host, advertise): the bind interface and the address announced to the cluster."""
+    host = _as_host(
+        "host",
+        values.get("host", BIND_HOST),
+        "the interface to listen on: an IP address of this machine, or 0.0.0.0 for all",
+    )
+    adv_hint = (
+        "the address other nodes and clients dial to reach this node, e.g. this host's "
+        "IP on the cluster network (set advertise = ... when host is a wildcard)"
+    )
+    advertise = _as_host("advertise", values.get("advertise", host), adv_hint)
+    if advertise in _WILDCARD_HOSTS:
+        problem = (
+            "a wildcard address cannot be advertised"
+            if "advertise" in values
+            else f"host {host!r} is a wildcard, so advertise must be given"
+        )
+        raise _err("advertise", advertise, problem, adv_hint)
+    return host, advertise
 
 
 def _as_bool(key: str, value: Any, hint: str) -> bool:

@@ -19,6 +19,7 @@ from shardex.node.config import NodeConfig
 from shardex.node.debug_dump import install_debug_dump
 from shardex.node.server import Node
 from shardex.node.state import LOG_FILE, FileMemberStore, load_or_create_identity
+from shardex.runtime.files import make_private_dir, require_private
 from shardex.runtime.pidfile import InstanceLock, remove_pid, write_pid
 
 log = logging.getLogger("shardex.node")
@@ -49,7 +50,8 @@ def run_node(config: NodeConfig) -> int:
 
     Raises ``ShardexError`` (e.g. ``ConfigError``) for problems found before serving."""
     data_dir: Path = config.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(data_dir)
+    require_private(data_dir, "data_dir")
     lock = InstanceLock(data_dir)
     lock.acquire()  # before touching anything else in the dir: one process per data dir
     try:
@@ -94,6 +96,7 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
         name=config.name,
         member_id=member_id,
         address=config.address,
+        advertise=config.advertise,
         services=config.services,
         store=FileMemberStore(config.data_dir),
         seeds=config.seeds,

@@ -32,7 +32,7 @@ from shardex.meta.state import MemoryStateStore, StateStore
 from shardex.meta.users import UserRecord
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.credentials import UserDirectory
-from shardex.net.transport import Transport
+from shardex.net.transport import Transport, split_address
 from shardex.node.audit import AUDIT_FILE, AuditLog
 from shardex.node.users import RemoteUsers, StateUsers
 from shardex.scan.coordinator import ScanCoordinator
@@ -61,6 +61,7 @@ class Node:
         member_id: str,
         address: str,
         services: Iterable[str],
+        advertise: str | None = None,
         store: MemberStore,
         seeds: Iterable[str] = (),
         heartbeat_interval: float = 0.5,
@@ -80,6 +81,9 @@ class Node:
         self.name = name
         self.member_id = member_id
         self.bind_address = address
+        # The host others dial (membership, joins, topology, client routing); None: the
+        # bound host. Its port is always the bound one (port 0 is only known once bound).
+        self._advertise_host = advertise
         self.services = tuple(services)
         self.http_port = http_port
         self._secret = secret
@@ -237,7 +241,8 @@ class Node:
 
     @property
     def address(self) -> str:
-        """The address actually bound (differs from ``bind_address`` for port 0)."""
+        """The address announced to the cluster: the advertised host and the bound port
+        (differs from ``bind_address`` for port 0 or a separate advertised host)."""
         return self.membership.me.address if self.membership else self.bind_address
 
     def _serving_lease(self) -> bool:
@@ -254,6 +259,8 @@ class Node:
             await self.index.start()
         await self.server.start(self.bind_address)
         actual = self.server.address or self.bind_address
+        if self._advertise_host is not None:
+            actual = f"{self._advertise_host}:{split_address(actual)[1]}"
         # Membership needs the real address (port 0 is only resolved by binding), so its
         # routes go in right after the bind; a peer that arrives in between gets
         # UNKNOWN_MESSAGE once and retries on its next heartbeat.

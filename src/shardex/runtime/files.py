@@ -33,3 +33,31 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 def atomic_write_json(path: Path, obj: Any, mode: int = 0o644) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), mode)
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) with the leaf readable by its owner only.
+
+    An existing directory keeps its mode: ``require_private`` then says whether it will do."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def require_private(path: Path, key: str) -> None:
+    """Refuse a secret, key file or data dir that other users may read (as PostgreSQL does).
+
+    The cluster secret authenticates every node and client, and a data dir holds every
+    document: a group- or world-accessible one would hand both to any local account."""
+    from shardex.errors import ConfigError
+
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        return  # a missing path is reported by whoever reads it, with its own hint
+    if mode & 0o077:
+        wanted = 0o700 if path.is_dir() else 0o600
+        hint = f"chmod {wanted:o} {path}"
+        raise ConfigError(
+            f"config key {key!r}: {str(path)!r} has mode {mode:04o}: group or other users "
+            f"may access it; a node refuses to start until only its owner can ({hint})",
+            details={"key": key, "value": str(path), "mode": f"{mode:04o}", "hint": hint},
+        )

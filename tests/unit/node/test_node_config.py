@@ -42,7 +42,7 @@ def test_defaults(tmp_path: Path) -> None:
 
 def test_file_then_flags_override(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
-    write(tmp_path / "etc" / "s", SECRET + "\n")
+    write(tmp_path / "etc" / "s", SECRET + "\n").chmod(0o600)
     f = write(
         tmp_path / "etc" / "node.toml",
         """
@@ -176,3 +176,46 @@ def test_group_label(tmp_path: Path) -> None:
         err = bad(tmp_path, group=value)
         assert err.details["key"] == "group" and err.details["value"] == value
         assert "letters" in err.details["hint"]
+
+
+@pytest.mark.parametrize("key", ["name", "group"])
+def test_newline_suffixed_names_are_refused(tmp_path: Path, key: str) -> None:
+    # ``$`` matches before a final newline: the check must cover the whole string.
+    e = bad(tmp_path, **{key: "n1\n"})
+    assert e.details["key"] == key and e.details["value"] == "n1\n" and e.details["hint"]
+
+
+def test_host_and_advertise(tmp_path: Path) -> None:
+    cfg = load_config(None, base(tmp_path, host="10.0.0.5", tls="off"))
+    assert (cfg.host, cfg.advertise) == ("10.0.0.5", "10.0.0.5")  # advertise defaults to host
+    assert cfg.address == cfg.advertise_address == "10.0.0.5:7100"
+    cfg = load_config(
+        None, base(tmp_path, host="0.0.0.0", advertise="db1.example.net", port=7200, tls="off")
+    )
+    assert cfg.address == "0.0.0.0:7200" and cfg.advertise_address == "db1.example.net:7200"
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::"])
+def test_wildcard_cannot_be_advertised(tmp_path: Path, wildcard: str) -> None:
+    e = bad(tmp_path, host=wildcard)  # advertise defaults to host: say it must be given
+    assert e.details["key"] == "advertise" and "advertise must be given" in e.message
+    e = bad(tmp_path, host=wildcard, advertise=wildcard)
+    assert e.details["key"] == "advertise" and "wildcard" in e.message and e.details["hint"]
+
+
+@pytest.mark.parametrize("key", ["host", "advertise"])
+@pytest.mark.parametrize("value", ["", "a b", "h\n", "10.0.0.1:7100/x", 7])
+def test_bad_hosts_are_refused(tmp_path: Path, key: str, value: Any) -> None:
+    e = bad(tmp_path, **{key: value})
+    assert e.details["key"] == key and e.details["hint"]
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660])
+def test_secret_file_readable_by_others_is_refused(tmp_path: Path, mode: int) -> None:
+    secret = write(tmp_path / "secret", SECRET + "\n")
+    secret.chmod(mode)
+    e = bad(tmp_path, secret=None, secret_file=str(secret))
+    assert e.details["key"] == "secret_file" and e.details["mode"] == f"{mode:04o}"
+    assert e.details["hint"] == f"chmod 600 {secret}" and str(secret) in e.message
+    secret.chmod(0o600)
+    assert load_config(None, base(tmp_path, secret=None, secret_file=str(secret))).secret == SECRET

@@ -80,6 +80,7 @@ class BlockingConn:
         "_notice",
         "_rbuf",
         "_rcvtimeo",
+        "_send_timeout",
         "_sock",
         "_tls",
         "address",
@@ -96,6 +97,7 @@ class BlockingConn:
         self._buf = bytearray()
         self._rbuf = memoryview(bytearray(_RECV))
         self._rcvtimeo = 0.0  # SO_RCVTIMEO's setting (0: none yet)
+        self._send_timeout: float | None = None  # a TLS send's bound (see ``_recv``)
         self._next_id = 1  # request ids, as a ``Connection`` numbers them
         self._closed_by: str | None = None  # why it closed ("locally", "by peer", ...)
         self._notice: ErrorReply | None = None  # what the node said before hanging up
@@ -136,6 +138,7 @@ class BlockingConn:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
         peername = sock.getpeername()
         conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame)
+        conn._send_timeout = timeout
         conn._fresh = tls is not None and tls.is_node
         hs.peer = conn.peer
         try:
@@ -186,6 +189,8 @@ class BlockingConn:
             )
         if self._closed_by is not None:
             raise self.closed_error()
+        if self._tls:
+            self._sock.settimeout(self._send_timeout)  # SO_SNDTIMEO binds no TLS send
         try:
             # Header and payload in one call: NODELAY would send them as two segments.
             self._sock.sendall(header(len(frame)) + frame)
@@ -285,17 +290,22 @@ class BlockingConn:
         assert isinstance(sock, ssl.SSLSocket)
         if sock.pending():
             return False  # decrypted data waiting
+        # Non-blocking for the peek too: a socket left with a timeout by ``_recv`` would
+        # otherwise wait that long for a byte and call its absence an error.
+        sock.setblocking(False)
         try:
             n = socket.socket.recv_into(sock, self._rbuf, 1, _PEEK)
         except BlockingIOError:
+            sock.setblocking(True)
             return False  # nothing waiting: the usual case
         except OSError as e:
+            sock.setblocking(True)
             self._lost(f"lost: {e}")
             return True
         if not n:
+            sock.setblocking(True)
             self._lost("closed by peer")
             return True
-        sock.setblocking(False)
         try:
             n = sock.recv_into(self._rbuf)
         except ssl.SSLWantReadError:
@@ -357,13 +367,19 @@ class BlockingConn:
         if left <= 0:
             raise TimeoutError
         sock = self._sock
-        cur = self._rcvtimeo
-        if abs(left - cur) > 0.02 * cur + 0.01:  # else the last setting is close enough
-            self._set_rcvtimeo(left)
+        if self._tls:
+            # CPython's SSL read retries a blocking socket's EAGAIN forever, so SO_RCVTIMEO
+            # would never end a TLS read (a node behind a cut link would hold it for good):
+            # Python's socket timeout bounds it instead (a poll per read, TLS only).
+            sock.settimeout(left)
+        else:
+            cur = self._rcvtimeo
+            if abs(left - cur) > 0.02 * cur + 0.01:  # else the last setting is close enough
+                self._set_rcvtimeo(left)
         try:
             n = sock.recv_into(self._rbuf)
-        except (BlockingIOError, ssl.SSLWantReadError):
-            # SO_RCVTIMEO ran out (EAGAIN on a blocking socket; over TLS, OpenSSL's word)
+        except (BlockingIOError, ssl.SSLWantReadError, TimeoutError):
+            # SO_RCVTIMEO ran out (EAGAIN on a blocking socket), or a TLS socket's timeout
             raise TimeoutError from None
         except OSError as e:
             refused = tls_failure(self.peer, e) if self._tls else None

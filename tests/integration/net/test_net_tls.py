@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from shardex.errors import AuthFailed, ConnectionClosed, NodeUnavailable
+from shardex.errors import AuthFailed, ConnectionClosed, NodeUnavailable, RequestTimeout
 from shardex.net import Connection, Message, RpcServer, TcpTransport, connect
 from shardex.net.blocking import BlockingConn
 from shardex.net.certs import make_ca, make_node_cert
@@ -308,3 +308,38 @@ def test_listening_needs_a_certificate(pki: dict[str, TlsConfig], tmp_path: Path
             missing.client_context()
 
     asyncio.run(go())
+
+
+class Silent(Message, tag="test.tls.Silent"):
+    """A request the server never answers: its handler waits until the server stops."""
+
+
+async def test_blocking_tls_read_ends_at_its_deadline(pki: dict[str, TlsConfig]) -> None:
+    """A TLS read bounded by the kernel's SO_RCVTIMEO alone would never end (the SSL layer
+    retries the blocking socket's EAGAIN): a node that stops answering, e.g. behind a cut
+    link, would hold the caller for good. The deadline must end it, and the socket stays
+    usable."""
+    server, address, _ = await _server(pki["n1"])
+    stop = asyncio.Event()
+
+    async def never(msg: Silent, conn: Connection) -> Message | None:
+        await stop.wait()
+        return None
+
+    server.route(Silent, never)
+    try:
+        conn = await asyncio.to_thread(_open, address, pki["user"])
+
+        def ask_silent() -> None:
+            rid = conn.new_request_id()
+            msg = Silent()
+            conn.send(msg, rid, Kind.REQUEST)
+            conn.reply(rid, msg, 0.5, Echo)
+
+        with pytest.raises(RequestTimeout):
+            await asyncio.wait_for(asyncio.to_thread(ask_silent), 30)
+        assert await asyncio.to_thread(_blocking_echo, conn, "still") == "STILL"
+        await asyncio.to_thread(conn.close)
+    finally:
+        stop.set()
+        await server.stop()

@@ -179,7 +179,9 @@ class _ServerSide:
 
     async def _user(self, hello: UserHello) -> Principal:
         name = hello.username
-        cred = self.users.lookup_user(name) if self.users is not None else None
+        cred = None
+        if self.users is not None:
+            cred = self.users.lookup_user(name) or await self.users.lookup_missing(name)
         salt = self._salt_of(name, cred)
         await _send(self.comm, salt)
         proof = await _recv(self.comm)

@@ -124,6 +124,12 @@ class UserDirectory(Protocol):
 
     def lookup_user(self, name: str) -> UserCredential | None: ...
 
+    async def lookup_missing(self, name: str) -> UserCredential | None:
+        """A name ``lookup_user`` does not know, looked up once more where the users are
+        kept (a node's copy may lag behind a user made a moment ago, or be empty while it
+        starts); None where there is nothing further to ask."""
+        ...
+
 
 # (principal, message) -> None, or raises the refusal (``AuthFailed``) to answer with.
 Authorizer = Callable[[Principal, "Message"], None]

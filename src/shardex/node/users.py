@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REFRESH = 2.0
+# A copy that no manager has filled yet (a node that just started) asks again this soon.
+RETRY = 0.2
+MISS_REFRESH = 0.5
 TIMEOUT = 5.0
 
 
@@ -59,6 +62,9 @@ class StateUsers:
         c = self._coordinator()
         return self._creds.of(c.state.users.get(name) if c is not None else None)
 
+    async def lookup_missing(self, name: str) -> UserCredential | None:
+        return None  # the replica is where users are kept: nothing further to ask
+
 
 class RemoteUsers:
     """A non-manager node's copy of the users, refreshed from the managers."""
@@ -69,9 +75,23 @@ class RemoteUsers:
         self._users: dict[str, UserRecord] = {}
         self._creds = _Credentials()
         self._task: asyncio.Task[None] | None = None
+        self._miss: asyncio.Task[bool] | None = None
+        self._miss_at = 0.0
 
     def lookup_user(self, name: str) -> UserCredential | None:
         self.start()  # a node nobody logged in to yet (a simulation's) asks nobody
+        return self._creds.of(self._users.get(name))
+
+    async def lookup_missing(self, name: str) -> UserCredential | None:
+        """A login for a name the copy lacks refreshes it first (one refresh in flight,
+        shared by every such login, at most one per ``MISS_REFRESH``): a node that just
+        joined, or a user made a moment ago, is not refused for the copy's lag."""
+        loop = asyncio.get_running_loop()
+        if self._miss is None or (self._miss.done() and loop.time() >= self._miss_at):
+            self._miss_at = loop.time() + MISS_REFRESH
+            self._miss = loop.create_task(self.refresh(), name="users-refresh-miss")
+        with contextlib.suppress(ShardexError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._miss), TIMEOUT)
         return self._creds.of(self._users.get(name))
 
     def start(self) -> None:
@@ -104,5 +124,4 @@ class RemoteUsers:
 
     async def _loop(self) -> None:
         while True:
-            await self.refresh()
-            await asyncio.sleep(REFRESH)
+            await asyncio.sleep(REFRESH if await self.refresh() else RETRY)

@@ -61,7 +61,7 @@ class InProcessDriver:
         from shardex.client import connect_local
         from shardex.pipeline.driver import PipelineDriver
 
-        self.client = connect_local(cluster_dir, name="bench-pipeline-driver")
+        self.client = connect_local(cluster_dir, name="bench-pipeline-driver", as_node=True)
         self.driver = PipelineDriver(
             spark,
             self.client,

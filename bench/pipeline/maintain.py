@@ -63,7 +63,7 @@ def writer_main(
     chunks of 1000 when the rate is None. Saves partition, seqno and ack time per write."""
     from shardex.client import connect_local
 
-    client = connect_local(cluster_dir, name="bench-writer")
+    client = connect_local(cluster_dir, name="bench-writer", as_node=True)
     ks = client.keyspace(KEYSPACE)
     docs = list(updates(per_thread * threads, total_docs, seed))
     ks.partition_of(docs[0][0])  # the topology, before the clock starts
@@ -122,7 +122,7 @@ def poller_main(cluster_dir: str, ids: list[str], parts: int, out: str, stop: An
     from bench.pipeline.stats import stable_seqnos
     from shardex.client import connect_local
 
-    client = connect_local(cluster_dir, name="bench-poller")
+    client = connect_local(cluster_dir, name="bench-poller", as_node=True)
     times: list[float] = []
     rows: list[list[int]] = []
     nxt = time.time()

@@ -67,7 +67,7 @@ def shared_cluster(
     path = root / "cluster"
     with (
         running_cluster(path, nodes=3),
-        connect_local(path) as client,
+        connect_local(path, as_node=True) as client,
         running_pipeline(spark, path, root / "ckpt"),
     ):
         yield SharedCluster(path, client)

@@ -64,7 +64,7 @@ def running_pipeline(
     """The pipeline driver of the cluster in ``cluster_dir`` (its own client), supervising
     in a daemon thread until the block ends; ``each_job`` adjusts every maintenance job it
     makes (before its query starts)."""
-    with connect_local(cluster_dir) as driver_client:
+    with connect_local(cluster_dir, as_node=True) as driver_client:
         driver = PipelineDriver(
             spark, driver_client, {"cluster_dir": str(cluster_dir)}, checkpoints, poll=poll
         )

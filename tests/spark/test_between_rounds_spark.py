@@ -42,7 +42,7 @@ def test_oracle_under_writes_with_rounds_between_batches(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     path = tmp_path / "cluster"
-    with running_cluster(path, nodes=3), connect_local(path) as client:
+    with running_cluster(path, nodes=3), connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=8)
         mutate(client, KEYSPACE, random.Random(3), 300)
         # A moving partition key (city): a change of city is an Upsert to one slice and a
@@ -50,7 +50,7 @@ def test_oracle_under_writes_with_rounds_between_batches(
         client.create_index(
             KEYSPACE, "by_city", ["city", "age"], partition_by=["city"], num_partition=4
         )
-        with connect_local(path) as driver_client:
+        with connect_local(path, as_node=True) as driver_client:
             driver = PipelineDriver(
                 spark, driver_client, {"cluster_dir": str(path)}, tmp_path / "ckpt", poll=0.3
             )
@@ -60,7 +60,7 @@ def test_oracle_under_writes_with_rounds_between_batches(
             try:
                 client.wait_for_index(KEYSPACE, "by_city", timeout=180)
                 checked = 0
-                with Writer(connect_local(path), KEYSPACE, seed=9, pause=0.02):
+                with Writer(connect_local(path, as_node=True), KEYSPACE, seed=9, pause=0.02):
                     deadline = time.monotonic() + 60
                     job = driver.keyspaces[KEYSPACE].job
                     while checked < 3 or job.between.stats.rounds < 3:

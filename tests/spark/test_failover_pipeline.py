@@ -41,7 +41,10 @@ class Env:
 def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("failover-pipeline")
     path = root / "cluster"
-    with running_cluster(path, nodes=3, extra=FAST) as cluster, connect_local(path) as client:
+    with (
+        running_cluster(path, nodes=3, extra=FAST) as cluster,
+        connect_local(path, as_node=True) as client,
+    ):
         client.create_keyspace(KEYSPACE, num_partitions=8, num_replicas=2)
         mutate(client, KEYSPACE, random.Random(5), 300)
         with running_pipeline(spark, path, root / "checkpoints", poll=0.3):
@@ -71,7 +74,10 @@ def failover_cycle(env: Env, victim: int) -> None:
     before = {p: e.uuid for p, e in client.high_seqnos(KEYSPACE).items()}
     owned = set(next(k for k in client.list_keyspaces() if k.name == KEYSPACE).partitions_of(name))
     assert owned, f"{name} holds no active copy to fail over"
-    with connect_local(env.path, name="writer") as wclient, Writer(wclient, KEYSPACE, victim) as w:
+    with (
+        connect_local(env.path, name="writer", as_node=True) as wclient,
+        Writer(wclient, KEYSPACE, victim) as w,
+    ):
         wait_for(lambda: w.done > 200, 60, what="writes before the kill")
         pid = env.cluster.pid(victim)
         assert pid is not None

@@ -65,7 +65,7 @@ def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     path = root / "cluster"
     with (
         running_cluster(path, nodes=3, extra=FAST_FAILOVER) as cluster,
-        connect_local(path, request_timeout=30) as client,
+        connect_local(path, request_timeout=30, as_node=True) as client,
     ):
         client.create_keyspace(KEYSPACE, num_partitions=NP, num_replicas=1)
         e = Env(path, cluster, client)

@@ -83,7 +83,7 @@ def test_rebalance_rebuilds_lost_index_copies_and_eject_moves_them_off(
 ) -> None:
     path = tmp_path / "cluster"
     rng = random.Random(11)
-    with running_cluster(path, nodes=2) as cluster, connect_local(path) as client:
+    with running_cluster(path, nodes=2) as cluster, connect_local(path, as_node=True) as client:
         for _ in (3, 4):
             run_cli("cluster", "add-node", "--dir", str(path), "--services", "index")
         client.create_keyspace(KEYSPACE, num_partitions=8, num_replicas=0)

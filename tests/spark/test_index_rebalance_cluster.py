@@ -67,7 +67,7 @@ class Env:
 def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("ixreb")
     path = root / "cluster"
-    with running_cluster(path, nodes=3), connect_local(path) as client:
+    with running_cluster(path, nodes=3), connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=8)
         mutate(client, KEYSPACE, random.Random(3), 300)
         # by_age: partitioned by docid; by_city: by a key that moves between slices. Nine
@@ -157,7 +157,7 @@ class PagedScans:
                 return PagedScan(name, ordered, ts, rows, (before, self._seq(client, name)), pages)
 
     def _run(self) -> None:
-        with connect_local(self.path) as client:
+        with connect_local(self.path, as_node=True) as client:
             while not self.stop.is_set():
                 name = self.rng.choice(NAMES)
                 ordered = self.rng.random() < 0.5
@@ -227,7 +227,7 @@ class HeldScans:
 
     def _run(self) -> None:
         # A page every few seconds keeps each lease (60 s) alive through a slow rebalance.
-        with connect_local(self.path) as client:
+        with connect_local(self.path, as_node=True) as client:
             while not self.stop.wait(3.0):
                 try:
                     for s in self.scans:

@@ -55,7 +55,7 @@ def test_scans_pages_and_sql_fail_over_when_an_indexer_dies_mid_read(
     spark: SparkSession, tmp_path: Any
 ) -> None:
     path = tmp_path / "cluster"
-    with running_cluster(path, nodes=3) as cluster, connect_local(path) as client:
+    with running_cluster(path, nodes=3) as cluster, connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=PARTITIONS, num_replicas=1)
         ks = client.keyspace(KEYSPACE)
         docs = {f"d{i:06d}": document(i) for i in range(DOCS)}
@@ -66,7 +66,7 @@ def test_scans_pages_and_sql_fail_over_when_an_indexer_dies_mid_read(
             f"CREATE INDEX {INDEX} ON {KEYSPACE}(age, name) PARTITION BY HASH(META().id) "
             'WITH {"num_partition": 3, "num_replica": 1}'
         )
-        with connect_local(path, name="driver") as driver_client:
+        with connect_local(path, name="driver", as_node=True) as driver_client:
             driver = PipelineDriver(
                 spark, driver_client, {"cluster_dir": str(path)}, tmp_path / "ckpt", poll=0.3
             )

@@ -44,7 +44,7 @@ def test_a_killed_indexer_leaves_the_replicated_index_scannable_and_stable(
     spark: SparkSession, tmp_path: Any
 ) -> None:
     path = tmp_path / "cluster"
-    with running_cluster(path, nodes=3) as cluster, connect_local(path) as client:
+    with running_cluster(path, nodes=3) as cluster, connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=PARTITIONS)
         docs = {f"d{i:06d}": document(i) for i in range(DOCS)}
         client.keyspace(KEYSPACE).upsert_many(docs.items())
@@ -54,7 +54,7 @@ def test_a_killed_indexer_leaves_the_replicated_index_scannable_and_stable(
         )
         assert isinstance(ix, dict) and ix["num_replica"] == 1
         assert ix["nodes"] == ["node1", "node2", "node3"]
-        with connect_local(path, name="driver") as driver_client:
+        with connect_local(path, name="driver", as_node=True) as driver_client:
             driver = PipelineDriver(
                 spark, driver_client, {"cluster_dir": str(path)}, tmp_path / "ckpt", poll=0.3
             )

@@ -43,9 +43,9 @@ class Env:
 def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("pipeline")
     path = root / "cluster"
-    with running_cluster(path, nodes=3), connect_local(path) as client:
+    with running_cluster(path, nodes=3), connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=8)
-        with connect_local(path) as driver_client:
+        with connect_local(path, as_node=True) as driver_client:
             # Batches above 40 changes go through Spark (mapInArrow), smaller ones are read
             # on the driver: the writer's pace makes both kinds.
             driver = PipelineDriver(
@@ -111,7 +111,7 @@ def test_build_then_maintain_under_writes_with_deferred_build_and_errors(env: En
         num_partition=3,
         defer_build=True,
     )
-    with Writer(connect_local(env.path), KEYSPACE, seed=11) as writer:
+    with Writer(connect_local(env.path, as_node=True), KEYSPACE, seed=11) as writer:
         client.wait_for_index(KEYSPACE, "by_name", timeout=180)
         check_mid_stream(client, "by_name")
         # The deferred index is built while writes continue, then maintained.

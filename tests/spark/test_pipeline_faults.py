@@ -131,10 +131,10 @@ class Env:
 def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("pipeline-faults")
     path = root / "cluster"
-    with running_cluster(path, nodes=3) as cluster, connect_local(path) as client:
+    with running_cluster(path, nodes=3) as cluster, connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=8)
         mutate(client, KEYSPACE, random.Random(3), 300)
-        with connect_local(path, name="driver") as driver_client:
+        with connect_local(path, name="driver", as_node=True) as driver_client:
             driver = PipelineDriver(
                 spark, driver_client, {"cluster_dir": str(path)}, root / "checkpoints", poll=0.3
             )
@@ -246,7 +246,7 @@ def test_kill_indexer_node_mid_stream(env: Env, monkeypatch: pytest.MonkeyPatch)
 
     try:
         with (
-            connect_local(env.path, name="writer") as wclient,
+            connect_local(env.path, name="writer", as_node=True) as wclient,
             Writer(wclient, KEYSPACE, 21) as w,
         ):
             wait_progress(client, 240, "batches before the kills")
@@ -291,7 +291,10 @@ def test_partition_migration_mid_stream(env: Env) -> None:
     client = env.client
     before = {ks.name: dict(ks.assignment) for ks in client.list_keyspaces()}[KEYSPACE]
     run_cli("cluster", "add-node", "--dir", str(env.path))
-    with connect_local(env.path, name="writer") as wclient, Writer(wclient, KEYSPACE, 31) as w:
+    with (
+        connect_local(env.path, name="writer", as_node=True) as wclient,
+        Writer(wclient, KEYSPACE, 31) as w,
+    ):
         wait_progress(client, 240, "batches before the rebalance")
         result = client.rebalance()
         wait_progress(client, 180, "batches after the rebalance")
@@ -359,7 +362,7 @@ def test_kill_driver_process_mid_stream(tmp_path_factory: pytest.TempPathFactory
     checkpoints = home / "checkpoints"
     args = ["--poll", "0.3"]
     spawned: list[subprocess.Popen[bytes]] = []
-    with running_cluster(path, nodes=3), connect_local(path) as client:
+    with running_cluster(path, nodes=3), connect_local(path, as_node=True) as client:
         try:
             client.create_keyspace(KEYSPACE, num_partitions=8)
             mutate(client, KEYSPACE, random.Random(7), 300)
@@ -375,7 +378,7 @@ def test_kill_driver_process_mid_stream(tmp_path_factory: pytest.TempPathFactory
             for n in NAMES:
                 client.wait_for_index(KEYSPACE, n, timeout=240)
             with (
-                connect_local(path, name="writer") as wclient,
+                connect_local(path, name="writer", as_node=True) as wclient,
                 Writer(wclient, KEYSPACE, 41, pause=0.2) as w,
             ):
                 wait_progress(client, 300, "batches before the kill")

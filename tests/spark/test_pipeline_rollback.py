@@ -40,7 +40,7 @@ pytestmark = pytest.mark.timeout(600)
 
 class DriverThread:
     def __init__(self, spark: SparkSession, path: Path, checkpoints: Path) -> None:
-        self.client = connect_local(path)
+        self.client = connect_local(path, as_node=True)
         self.driver = PipelineDriver(
             spark, self.client, {"cluster_dir": str(path)}, checkpoints, poll=0.3
         )
@@ -56,7 +56,7 @@ class DriverThread:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Client]]:
     path = tmp_path_factory.mktemp("rollback") / "cluster"
-    with running_cluster(path, nodes=3), connect_local(path) as client:
+    with running_cluster(path, nodes=3), connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=4)
         yield path, client
 

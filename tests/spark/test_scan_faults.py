@@ -83,14 +83,14 @@ class Env:
 def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("scan-faults")
     path = root / "cluster"
-    with running_cluster(path, nodes=3) as cluster, connect_local(path) as client:
+    with running_cluster(path, nodes=3) as cluster, connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=8)
         docs = {f"d{i:06d}": document(i) for i in range(DOCS)}
         client.keyspace(KEYSPACE).upsert_many(docs.items())
         client.create_index(
             KEYSPACE, INDEX, ["age", "name"], partition_by=["META().id"], num_partition=3
         )
-        with connect_local(path, name="driver") as driver_client:
+        with connect_local(path, name="driver", as_node=True) as driver_client:
             driver = PipelineDriver(
                 spark, driver_client, {"cluster_dir": str(path)}, root / "ckpt", poll=0.3
             )

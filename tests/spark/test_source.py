@@ -48,7 +48,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     path = tmp_path_factory.mktemp("spark-source") / "cluster"
-    with running_cluster(path, nodes=3), connect_local(path) as client:
+    with running_cluster(path, nodes=3), connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=NUM_PARTITIONS)
         yield Cluster(path, client, {"cluster_dir": str(path), "keyspace": KEYSPACE})
 

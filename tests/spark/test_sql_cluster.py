@@ -242,7 +242,7 @@ def test_concurrent_updates_lose_nothing_and_recheck_where(env: Env) -> None:
 
     def worker() -> None:
         try:
-            with connect_local(env.path) as c:
+            with connect_local(env.path, as_node=True) as c:
                 for _ in range(8):
                     rows = c.query(stmt)
                     list(rows)

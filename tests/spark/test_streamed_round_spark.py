@@ -48,7 +48,7 @@ def test_a_drained_backlog_streamed_to_the_indexers_is_exact(
 ) -> None:
     path = tmp_path / "cluster"
     checkpoints = tmp_path / "ckpt"
-    with running_cluster(path, nodes=3), connect_local(path) as client:
+    with running_cluster(path, nodes=3), connect_local(path, as_node=True) as client:
         client.create_keyspace(KEYSPACE, num_partitions=8)
         mutate(client, KEYSPACE, random.Random(5), 200)
         client.create_index(

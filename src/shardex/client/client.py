@@ -486,17 +486,19 @@ def connect_local(
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     direct_scans: bool = True,
     direct_kv: bool = True,
+    as_node: bool = False,
 ) -> Client:
     """Connect to the local cluster in ``cluster_dir`` (made by ``shardex cluster start``)
     as its ``admin`` user (the password in the directory's ``admin-password``; the node
     secret for a directory made before users existed): reads cluster.json, connects to the
     first live node, then the next; a cluster with TLS is verified with the directory's CA
-    certificate."""
+    certificate. ``as_node``: authenticate with the node secret instead, as the cluster's own
+    processes do (the pipeline driver sends internal messages no user may send)."""
     from shardex.meta import cluster_dir as cdir
 
     path = Path(cluster_dir)
     spec = cdir.load(path)
-    password = cdir.read_admin_password(path, spec)
+    password = None if as_node else cdir.read_admin_password(path, spec)
     return connect(
         [n.address for n in spec.nodes],
         secret=cdir.read_secret(path, spec) if password is None else None,

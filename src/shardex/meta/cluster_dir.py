@@ -115,16 +115,20 @@ def load(cluster_dir: Path) -> ClusterSpec:
         ) from None
 
 
-def read_secret(cluster_dir: Path, spec: ClusterSpec | None = None) -> str:
-    spec = spec or load(cluster_dir)
-    path = cluster_dir / spec.secret_file
+def _read_text(path: Path, what: str, key: str) -> str:
+    """A one-line file of the cluster dir (the secret, the admin's password), stripped."""
     try:
         return path.read_text(encoding="utf-8").strip()
     except OSError as e:
         raise ConfigError(
-            f"cannot read the cluster secret {path}: {e.strerror}",
-            details={"key": "secret_file", "value": str(path), "hint": "check the file"},
+            f"cannot read the {what} {path}: {e.strerror}",
+            details={"key": key, "value": str(path), "hint": "check the file"},
         ) from None
+
+
+def read_secret(cluster_dir: Path, spec: ClusterSpec | None = None) -> str:
+    spec = spec or load(cluster_dir)
+    return _read_text(cluster_dir / spec.secret_file, "cluster secret", "secret_file")
 
 
 def read_admin_password(cluster_dir: Path, spec: ClusterSpec | None = None) -> str | None:
@@ -133,13 +137,7 @@ def read_admin_password(cluster_dir: Path, spec: ClusterSpec | None = None) -> s
     if spec.admin_password_file is None:
         return None
     path = cluster_dir / spec.admin_password_file
-    try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError as e:
-        raise ConfigError(
-            f"cannot read the admin password {path}: {e.strerror}",
-            details={"key": "admin_password_file", "value": str(path), "hint": "check the file"},
-        ) from None
+    return _read_text(path, "admin password", "admin_password_file")
 
 
 def _make_admin(cluster_dir: Path) -> None:

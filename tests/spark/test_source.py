@@ -462,5 +462,5 @@ def test_options_are_checked() -> None:
     opts = SourceOptions.parse(
         {"keyspace": "k", "addresses": "a:1, b:2", "secret": "hush-42", "tasks": "3"}
     )
-    assert opts.endpoint.addresses == ("a:1", "b:2") and opts.tasks == 3
+    assert opts.endpoint.access.addresses == ("a:1", "b:2") and opts.tasks == 3
     assert "hush-42" not in repr(opts)  # plans and logs print partitions and options

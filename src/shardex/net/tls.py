@@ -56,17 +56,24 @@ class TlsConfig:
     """TLS settings of one process: the cluster CA, and a node's certificate and key.
 
     ``cert``/``key`` None: a user's client (verifies the server, presents nothing; cannot
-    listen)."""
+    listen). The CA is a file (``ca``) or its PEM text (``ca_pem``: a process that got it
+    from elsewhere, as the pipeline's read tasks on executors of other hosts)."""
 
-    ca: Path
+    ca: Path | None = None
     cert: Path | None = None
     key: Path | None = None
+    ca_pem: str | None = dataclasses.field(default=None, repr=False)
     # Contexts are built once (they read and parse the files) and shared by every socket.
     _contexts: dict[str, ssl.SSLContext] = dataclasses.field(
         default_factory=dict, compare=False, repr=False
     )
 
     def __post_init__(self) -> None:
+        if (self.ca is None) == (self.ca_pem is None):
+            raise ConfigError(
+                "TLS needs the cluster CA's certificate, as a file or as PEM text (one of them)",
+                details={"hint": "give tls_ca (the ca.pem made by `shardex cluster certs`)"},
+            )
         if (self.cert is None) != (self.key is None):
             raise ConfigError(
                 "a TLS certificate needs its key and a key its certificate",
@@ -113,7 +120,10 @@ class TlsConfig:
     def _load(self, ctx: ssl.SSLContext) -> None:
         ctx.minimum_version = ssl.TLSVersion.TLSv1_3
         try:
-            ctx.load_verify_locations(cafile=str(self.ca))
+            if self.ca_pem is not None:
+                ctx.load_verify_locations(cadata=self.ca_pem)
+            else:
+                ctx.load_verify_locations(cafile=str(self.ca))
             if self.cert is not None and self.key is not None:
                 ctx.load_cert_chain(str(self.cert), str(self.key))
         except FileNotFoundError as e:
@@ -127,7 +137,7 @@ class TlsConfig:
             ) from None
         except (ssl.SSLError, OSError) as e:
             raise ConfigError(
-                f"cannot load the TLS files ({self.ca}, {self.cert}): {e}",
+                f"cannot load the TLS files ({self.ca or 'CA given as PEM'}, {self.cert}): {e}",
                 details={"value": str(self.cert or self.ca), "hint": "check the PEM files"},
             ) from None
 

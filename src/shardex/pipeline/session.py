@@ -3,15 +3,24 @@
 Everything here was measured on the 2-core development machine (see
 ``docs/decisions/0035-spark-session-settings.md``). The settings and why:
 
-* Loopback only: ``SPARK_LOCAL_IP`` and ``spark.driver.host``/``bindAddress`` = 127.0.0.1.
-  Nothing may listen on or resolve another interface, and without them Spark spends seconds
-  on a reverse lookup of the host name.
+* One address: ``SPARK_LOCAL_IP`` and ``spark.driver.host``/``bindAddress`` = ``local_ip``,
+  by default ``$SPARK_LOCAL_IP`` or else 127.0.0.1 (loopback unless told otherwise: nothing
+  may listen on or resolve another interface, and without them Spark spends seconds on a
+  reverse lookup of the host name). With executors on other hosts (a ``spark://`` master)
+  it is the address they dial the driver at.
 * ``PYSPARK_PYTHON`` = this interpreter behind a small wrapper (``python_worker_wrapper``),
   so workers import pyarrow and shardex from the same virtual environment (the system Python
   has neither). The wrapper drops Spark's ``pyspark.zip``/``py4j-*.zip`` from ``PYTHONPATH``
   when the installed pyspark is the same version: imports from a zip are compiled on every
   start (no ``.pyc`` cache), which made each Python worker start cost 2.7 CPU-s instead of
-  1.1 (measured); the first Spark job of a session starts several of them.
+  1.1 (measured); the first Spark job of a session starts several of them. The wrapper is a
+  file of this host, so with any other master the executors run ``$PYSPARK_PYTHON`` if set,
+  else this interpreter's path: the project's environment must sit at that path on every
+  worker host (``docs/spark-standalone.md``).
+* ``auth_secret`` (a Spark standalone cluster that authenticates): ``spark.authenticate``
+  and ``spark.network.crypto.enabled`` on; the secret reaches the JVM in a private
+  properties file removed once the session runs, never on the ``spark-submit`` command
+  line that PySpark builds from the session's settings (which ``ps`` shows every user).
 * The driver JVM gets ``-XX:+UseSerialGC -XX:TieredStopAtLevel=1``: C1 only and the serial
   collector start faster on two cores; the pipeline's JVM work is small (Arrow batches are
   made and consumed in Python).
@@ -29,11 +38,12 @@ session already runs in the process, ``getOrCreate`` returns it (with the SQL op
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +54,6 @@ LOOPBACK = "127.0.0.1"
 DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 
 DEFAULT_CONF: dict[str, str] = {
-    "spark.driver.host": LOOPBACK,
-    "spark.driver.bindAddress": LOOPBACK,
     "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -114,16 +122,38 @@ def python_worker_wrapper(python: str = sys.executable) -> str:
     return str(path)
 
 
-def spark_environment(master: str = "local[2]") -> dict[str, str]:
+def local_ip(given: str | None = None) -> str:
+    """The address Spark binds and advertises: ``given``, else ``$SPARK_LOCAL_IP``, else
+    loopback."""
+    return given or os.environ.get("SPARK_LOCAL_IP") or LOOPBACK
+
+
+def is_local_master(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
+
+
+def spark_environment(master: str = "local[2]", ip: str | None = None) -> dict[str, str]:
     """The environment variables Spark must see before its JVM starts (set by
     ``build_spark_session``; exposed for ``spark-submit`` wrappers). The worker wrapper is a
-    local file, so only ``local`` masters (workers on this host) get it."""
-    local = master == "local" or master.startswith("local[")
+    local file, so only ``local`` masters (workers on this host) get it; executors elsewhere
+    run ``$PYSPARK_PYTHON`` when it is set, else this interpreter's path."""
+    if is_local_master(master):
+        python = python_worker_wrapper()
+    else:
+        python = os.environ.get("PYSPARK_PYTHON") or sys.executable
     return {
-        "SPARK_LOCAL_IP": LOOPBACK,
-        "PYSPARK_PYTHON": python_worker_wrapper() if local else sys.executable,
+        "SPARK_LOCAL_IP": local_ip(ip),
+        "PYSPARK_PYTHON": python,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
+
+
+def auth_conf(enabled: bool = True) -> dict[str, str]:
+    """Spark's RPC authentication (a shared secret, a challenge on every connection) and
+    the AES encryption that comes with it. Master, workers and driver must agree on both:
+    ``shardex spark start-master/start-worker`` set the same pair."""
+    value = "true" if enabled else "false"
+    return {"spark.authenticate": value, "spark.network.crypto.enabled": value}
 
 
 def build_spark_session(
@@ -132,28 +162,92 @@ def build_spark_session(
     conf_overrides: Mapping[str, Any] | None = None,
     *,
     register_source: bool = True,
+    ip: str | None = None,
+    auth_secret: str | None = None,
 ) -> SparkSession:
     """Start (or return the running) SparkSession with shardex's settings.
 
     ``conf_overrides`` win over the defaults (values are stringified). With
     ``register_source`` the change-stream data source is registered as ``"shardex"``, so
-    ``spark.read.format("shardex")`` and ``spark.readStream.format("shardex")`` work."""
-    os.environ.update(spark_environment(master))
+    ``spark.read.format("shardex")`` and ``spark.readStream.format("shardex")`` work.
+    ``ip``: the driver's address (default ``local_ip()``); ``auth_secret``: Spark's RPC
+    secret (``spark.authenticate``), shared with the standalone master and workers."""
+    env = spark_environment(master, ip)
+    os.environ.update(env)
     from pyspark.sql import SparkSession
 
     conf = dict(DEFAULT_CONF)
+    conf["spark.driver.host"] = conf["spark.driver.bindAddress"] = env["SPARK_LOCAL_IP"]
+    if auth_secret is not None:
+        conf.update(auth_conf())
     for key, value in (conf_overrides or {}).items():
         conf[key] = _conf_value(value)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _secret_properties(auth_secret):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if register_source:
         from shardex.pipeline.source.datasource import ShardexChangeSource
 
         spark.dataSource.register(ShardexChangeSource)
     return spark
+
+
+@contextlib.contextmanager
+def _secret_properties(secret: str | None) -> Iterator[None]:
+    """While the session starts: ``spark.authenticate.secret`` in a properties file only
+    this user can read, handed to ``spark-submit`` through ``PYSPARK_SUBMIT_ARGS``. Spark
+    reads secrets from files only on Kubernetes, and PySpark passes every session setting
+    as a ``--conf`` argument (visible in ``ps``); the file is gone once the JVM read it."""
+    if secret is None:
+        yield
+        return
+    if "PYSPARK_SUBMIT_ARGS" in os.environ:
+        from shardex.errors import ConfigError
+
+        raise ConfigError(
+            "PYSPARK_SUBMIT_ARGS is set: the Spark secret cannot be passed beside it",
+            details={"hint": "unset PYSPARK_SUBMIT_ARGS (pass Spark settings with --conf)"},
+        )
+    with tempfile.TemporaryDirectory(prefix="shardex-spark-") as tmp:  # mode 0700
+        path = Path(tmp) / "secret.properties"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            # Java properties: a backslash escapes; the secret is printable ASCII.
+            f.write("spark.authenticate.secret=" + secret.replace("\\", "\\\\") + "\n")
+        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {path} pyspark-shell"
+        try:
+            yield
+        finally:
+            del os.environ["PYSPARK_SUBMIT_ARGS"]
+
+
+def read_secret_file(path: Path) -> str:
+    """A Spark secret from ``path`` (surrounding whitespace dropped): refused when the file
+    is missing, empty, readable by group or others, or not printable ASCII."""
+    from shardex.errors import ConfigError
+
+    try:
+        st = path.stat()
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"cannot read the Spark secret file {path}: {exc}",
+            details={"path": str(path), "hint": "a file holding one line of ASCII, mode 0600"},
+        ) from None
+    if st.st_mode & 0o077:
+        raise ConfigError(
+            f"the Spark secret file {path} is readable by others (mode {st.st_mode & 0o777:o})",
+            details={"path": str(path), "hint": f"chmod 600 {path}"},
+        )
+    if not text or not text.isprintable():
+        raise ConfigError(
+            f"the Spark secret file {path} is empty or holds unprintable characters",
+            details={"path": str(path), "hint": "e.g. openssl rand -hex 32 > FILE"},
+        )
+    return text
 
 
 def _conf_value(value: Any) -> str:

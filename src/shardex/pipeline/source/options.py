@@ -1,8 +1,11 @@
 """Options of the change source, parsed once on the driver, and the unit of a Spark task.
 
 ``SourceOptions`` and ``ChangeRangesPartition`` are pickled to Spark's planner and worker
-processes: everything a worker needs travels inside them (addresses and secret resolved from
-``cluster_dir`` on the driver; the secret never appears in a repr).
+processes: everything a worker needs travels inside them. The options are parsed where Spark
+creates the data source, on the driver's host: ``cluster_dir`` and ``secret_file`` are read
+there and become one ``NodeAccess`` value (addresses, secret), so an executor on another
+host, which has neither file, never opens a path of the driver's (the secret never appears
+in a repr).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from shardex.client import Client, connect
+from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConfigError, ShardexError
 from shardex.pipeline.source.plan import group_ranges
@@ -33,7 +36,7 @@ from shardex.pipeline.source.read import (
     client_for,
     read_ranges_for,
 )
-from shardex.pipeline.source.types import Endpoint, PartitionRange
+from shardex.pipeline.source.types import Endpoint, NodeAccess, PartitionRange
 
 MODES = ("changes", "snapshot")
 READERS = ("partitioned", "driver", "follow")
@@ -111,14 +114,7 @@ class SourceOptions:
         )
 
     def connect(self) -> Client:
-        e = self.endpoint
-        return connect(
-            list(e.addresses),
-            secret=e.secret,
-            name="shardex-spark-driver",
-            request_timeout=e.request_timeout,
-            tls_ca=e.tls_ca,
-        )
+        return self.endpoint.access.connect("shardex-spark-driver")
 
 
 def config_error(message: str, option: str, **details: Any) -> ConfigError:
@@ -133,8 +129,7 @@ def _endpoint(o: Mapping[str, str], keyspace: str, timeout: float) -> Endpoint:
         spec = cdir.load(path)
         addresses = tuple(n.address for n in spec.nodes)
         secret = cdir.read_secret(path, spec)
-        ca = cdir.tls_ca(path, spec)
-        tls_ca = str(ca) if ca is not None else None
+        tls_ca = cdir.tls_ca(path, spec)
     elif o.get("addresses"):
         addresses = tuple(a.strip() for a in o["addresses"].split(",") if a.strip())
         if o.get("secret"):
@@ -145,14 +140,38 @@ def _endpoint(o: Mapping[str, str], keyspace: str, timeout: float) -> Endpoint:
             raise config_error(
                 "option 'secret' or 'secret_file' is required with 'addresses'", "secret"
             )
-        tls_ca = o.get("tls_ca") or None
+        tls_ca = Path(o["tls_ca"]) if o.get("tls_ca") else None
     else:
         raise config_error(
             "option 'cluster_dir' or 'addresses' is required",
             "cluster_dir",
             hint="cluster_dir=/path/of/a/local/cluster or addresses=host:port,...",
         )
-    return Endpoint(addresses, secret, keyspace, timeout, tls_ca)
+    return Endpoint(NodeAccess(addresses, secret, timeout, _read_ca(tls_ca)), keyspace)
+
+
+def _read_ca(path: Path | None) -> str | None:
+    """The CA certificate's PEM text, read here on the driver: read tasks run on executors
+    that may have no such file."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise config_error(
+            f"cannot read the cluster CA certificate {path}: {exc}",
+            "tls_ca",
+            value=str(path),
+            hint="the ca.pem made by `shardex cluster certs`",
+        ) from None
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise config_error(
+            f"{path} holds no PEM certificate",
+            "tls_ca",
+            value=str(path),
+            hint="the ca.pem made by `shardex cluster certs`",
+        )
+    return text
 
 
 def _choice(o: Mapping[str, str], name: str, allowed: Sequence[str]) -> str:

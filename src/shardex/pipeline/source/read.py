@@ -44,7 +44,7 @@ from typing import Any
 import pyarrow as pa
 
 from shardex.api.records import OP_DELETE, Change, SnapshotMarker
-from shardex.client import Client, connect
+from shardex.client import Client
 from shardex.client.routing import DataRouter, backoff
 from shardex.client.streams import RemoteStream
 from shardex.errors import ErrorCode, ShardexError
@@ -60,6 +60,7 @@ from shardex.pipeline.source.types import (
     ARROW_SCHEMA,
     SCHEMA_DDL,
     Endpoint,
+    NodeAccess,
     PartitionRange,
     RollbackInfo,
     parse_rollback,
@@ -71,6 +72,7 @@ __all__ = [
     "SCHEMA_DDL",
     "Chunk",
     "Endpoint",
+    "NodeAccess",
     "PartitionRange",
     "RollbackInfo",
     "chunk_groups",
@@ -92,25 +94,20 @@ DEFAULT_SMALL_RANGE = 2000
 
 # --- clients ------------------------------------------------------------------------------------
 
-_clients: dict[tuple[tuple[str, ...], str, float, str | None], Client] = {}
+_clients: dict[NodeAccess, Client] = {}
 _clients_lock = threading.Lock()
 
 
 def client_for(endpoint: Endpoint) -> Client:
-    """The process-wide client for ``endpoint`` (created on first use). It reconnects and
-    refreshes its topology by itself, so it lives as long as the worker process."""
-    key = (endpoint.addresses, endpoint.secret, endpoint.request_timeout, endpoint.tls_ca)
+    """The process-wide client for ``endpoint``'s nodes (created on first use). It
+    reconnects and refreshes its topology by itself, so it lives as long as the worker
+    process."""
+    access = endpoint.access
     with _clients_lock:
-        client = _clients.get(key)
+        client = _clients.get(access)
         if client is None or client.rpc.closed:
-            client = connect(
-                list(endpoint.addresses),
-                secret=endpoint.secret,
-                name="shardex-spark-source",
-                request_timeout=endpoint.request_timeout,
-                tls_ca=endpoint.tls_ca,
-            )
-            _clients[key] = client
+            client = access.connect("shardex-spark-source")
+            _clients[access] = client
         return client
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from shardex.errors import ErrorCode, ShardexError
+
+if TYPE_CHECKING:
+    from shardex.client import Client
 
 SCHEMA_DDL = (
     "docid string, partition int, seqno long, uuid long, cas long, deleted boolean, body binary"
@@ -37,14 +40,41 @@ _ROLLBACK_RE = re.compile(r"\[" + _ROLLBACK_TAG + r" (\{.*?\})\]")
 
 
 @dataclass(frozen=True, slots=True)
-class Endpoint:
-    """How a worker reaches the data service: travels pickled inside every InputPartition."""
+class NodeAccess:
+    """Everything a process needs to connect to the data nodes, as one picklable value.
+
+    Resolved on the driver (from a cluster directory or the source's options) and pickled
+    into every read task: an executor on another host has no cluster directory, so this
+    holds values, never paths of the driver's files: the node secret and the cluster CA's
+    certificate (PEM text) travel inside it. The secret never appears in a repr (plans and
+    logs print partitions)."""
 
     addresses: tuple[str, ...]
     secret: str = field(repr=False)
-    keyspace: str
     request_timeout: float = 10.0
-    tls_ca: str | None = None  # the cluster CA's certificate: connect over TLS
+    # The cluster CA's certificate, PEM: connect over TLS and verify each node against it.
+    tls_ca_pem: str | None = field(default=None, repr=False)
+
+    def connect(self, name: str) -> Client:
+        from shardex.client import connect
+        from shardex.net.tls import TlsConfig
+
+        return connect(
+            list(self.addresses),
+            secret=self.secret,
+            name=name,
+            request_timeout=self.request_timeout,
+            tls=None if self.tls_ca_pem is None else TlsConfig(ca_pem=self.tls_ca_pem),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a task reads: the nodes (``access``) and the keyspace. Travels pickled inside
+    every InputPartition."""
+
+    access: NodeAccess
+    keyspace: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,22 @@ def pipeline(
         str, typer.Option(help="Micro-batch trigger interval (Spark syntax).")
     ] = "0 seconds",
     log_level: Annotated[str, typer.Option("--log-level", help="shardex log level.")] = "INFO",
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint-dir",
+            help="Spark checkpoints (default <dir>/pipeline/checkpoints); a local path.",
+            file_okay=False,
+        ),
+    ] = None,
+    driver_host: Annotated[
+        str | None,
+        typer.Option("--driver-host", help="Address executors reach the driver at."),
+    ] = None,
+    spark_secret_file: Annotated[
+        Path | None,
+        typer.Option("--spark-secret-file", help="spark.authenticate secret (mode 0600)."),
+    ] = None,
     conf: Annotated[
         list[str] | None,
         typer.Option("--conf", help="Extra Spark setting KEY=VALUE (repeatable)."),
@@ -55,6 +71,9 @@ def pipeline(
             trigger_interval=trigger,
             log_level=log_level,
             spark_conf=tuple(pairs),
+            checkpoint_dir=None if checkpoint_dir is None else checkpoint_dir.absolute(),
+            driver_host=driver_host,
+            spark_secret_file=spark_secret_file,
         )
         err.print(f"pipeline driver for {cluster_dir} (master {master}); Ctrl-C stops it")
         raise typer.Exit(run_pipeline(settings))

@@ -43,6 +43,11 @@ class PipelineSettings:
     trigger_interval: str = "0 seconds"
     log_level: str = "INFO"
     spark_conf: tuple[tuple[str, str], ...] = ()
+    # None: <cluster>/pipeline/checkpoints. Read and written by the driver only (the offset
+    # and commit logs), so a local path; on shared storage when the driver may move hosts.
+    checkpoint_dir: Path | None = None
+    driver_host: str | None = None  # the address executors dial (default $SPARK_LOCAL_IP)
+    spark_secret_file: Path | None = None  # spark.authenticate's shared secret
 
 
 def pipeline_dir(cluster_dir: Path) -> Path:
@@ -87,7 +92,18 @@ def run_pipeline(settings: PipelineSettings) -> int:
         log.info("starting the pipeline driver (pid %d), master %s", os.getpid(), settings.master)
         conf: dict[str, Any] = {"spark.local.dir": str(home / "spark-tmp")}
         conf.update(dict(settings.spark_conf))
-        spark = build_spark_session(settings.master, "shardex-pipeline", conf)
+        from shardex.pipeline.session import read_secret_file
+
+        spark_secret = None
+        if settings.spark_secret_file is not None:
+            spark_secret = read_secret_file(settings.spark_secret_file)
+        spark = build_spark_session(
+            settings.master,
+            "shardex-pipeline",
+            conf,
+            ip=settings.driver_host,
+            auth_secret=spark_secret,
+        )
         client = connect(
             [n.address for n in spec.nodes],
             secret=secret,
@@ -98,7 +114,7 @@ def run_pipeline(settings: PipelineSettings) -> int:
             spark,
             client,
             {"cluster_dir": str(cluster_dir)},
-            home / "checkpoints",
+            settings.checkpoint_dir or home / "checkpoints",
             poll=settings.poll,
             trigger_interval=settings.trigger_interval,
         )

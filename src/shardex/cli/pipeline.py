@@ -13,8 +13,29 @@ from shardex.errors import ConfigError, ShardexError
 
 def pipeline(
     cluster_dir: Annotated[
-        Path, typer.Option("--dir", "-d", help="Cluster directory.", file_okay=False)
-    ],
+        Path | None,
+        typer.Option("--dir", "-d", help="A local cluster's directory.", file_okay=False),
+    ] = None,
+    addresses: Annotated[
+        str | None,
+        typer.Option("--addresses", help="Nodes' addresses HOST:PORT,... (instead of --dir)."),
+    ] = None,
+    secret_file: Annotated[
+        Path | None,
+        typer.Option("--secret-file", help="The node secret (mode 0600), with --addresses."),
+    ] = None,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option("--tls-ca", help="The cluster CA certificate, when the nodes run TLS."),
+    ] = None,
+    home: Annotated[
+        Path | None,
+        typer.Option(
+            "--home",
+            help="The driver's directory: lock, log, checkpoints (default <dir>/pipeline).",
+            file_okay=False,
+        ),
+    ] = None,
     master: Annotated[
         str, typer.Option(help="Spark master URL (local[N], spark://..., ...).")
     ] = "local[2]",
@@ -44,13 +65,14 @@ def pipeline(
         typer.Option("--conf", help="Extra Spark setting KEY=VALUE (repeatable)."),
     ] = None,
 ) -> None:
-    """Run the index pipeline (initial builds and continuous maintenance) for a local
-    cluster until SIGTERM or Ctrl-C. Logs go to <dir>/pipeline/pipeline.log."""
+    """Run the index pipeline (initial builds and continuous maintenance) until SIGTERM or
+    Ctrl-C, for a local cluster (--dir) or for nodes on other hosts (--addresses,
+    --secret-file, --home, --tls-ca). Logs go to <home>/pipeline.log."""
     from shardex.meta import cluster_dir as cdir
     from shardex.pipeline.process import PipelineSettings, run_pipeline
 
     try:
-        if not cdir.exists(cluster_dir):
+        if cluster_dir is not None and not cdir.exists(cluster_dir):
             raise ConfigError(
                 f"{cluster_dir} is not a cluster directory",
                 details={"hint": "create one with: shardex cluster start --dir DIR"},
@@ -64,8 +86,13 @@ def pipeline(
                     details={"value": item, "hint": "e.g. --conf spark.driver.memory=2g"},
                 )
             pairs.append((key.strip(), value.strip()))
+        nodes = tuple(a.strip() for a in (addresses or "").split(",") if a.strip())
         settings = PipelineSettings(
             cluster_dir=cluster_dir,
+            addresses=tuple(_checked(a) for a in nodes),
+            secret_file=secret_file,
+            tls_ca=tls_ca,
+            home=None if home is None else home.absolute(),
             master=master,
             poll=poll,
             trigger_interval=trigger,
@@ -75,7 +102,16 @@ def pipeline(
             driver_host=driver_host,
             spark_secret_file=spark_secret_file,
         )
-        err.print(f"pipeline driver for {cluster_dir} (master {master}); Ctrl-C stops it")
+        where = cluster_dir if cluster_dir is not None else ",".join(nodes)
+        err.print(f"pipeline driver for {where} (master {master}); Ctrl-C stops it")
         raise typer.Exit(run_pipeline(settings))
     except ShardexError as e:
         fail(e)
+
+
+def _checked(address: str) -> str:
+    """``--addresses`` entries are checked here, before Spark starts for a typo."""
+    from shardex.net.transport import split_address
+
+    host, port = split_address(address)
+    return f"{host}:{port}"

@@ -1,9 +1,12 @@
 """The ``shardex pipeline`` process: files, logging, signals around ``PipelineDriver``.
 
-A cluster directory has at most one pipeline driver: it holds an exclusive flock on
-``<cluster>/pipeline/node.lock`` while it runs (the kernel drops it at ``kill -9``) and
-writes its pid once serving. Spark checkpoints live in ``<cluster>/pipeline/checkpoints``,
-the log in ``<cluster>/pipeline/pipeline.log``.
+The driver reaches the cluster one of two ways: a local cluster directory (addresses, node
+secret and CA from its files; its home is ``<cluster>/pipeline``), or, on a host of a
+multi-host installation, the nodes' addresses, a node secret file and the CA certificate,
+with a home directory of its own. A home has at most one pipeline driver: it holds an
+exclusive flock on ``<home>/node.lock`` while it runs (the kernel drops it at ``kill -9``)
+and writes its pid once serving. Spark checkpoints live in ``<home>/checkpoints`` unless
+told otherwise, the log in ``<home>/pipeline.log``.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardex.errors import ConfigError
 from shardex.meta import cluster_dir as cdir
+from shardex.runtime.files import make_private_dir, read_private_text
 from shardex.runtime.pidfile import (
     InstanceLock,
     is_locked,
@@ -37,7 +42,14 @@ log = logging.getLogger("shardex.pipeline")
 
 @dataclass(frozen=True)
 class PipelineSettings:
-    cluster_dir: Path
+    """``cluster_dir`` (a local cluster), or ``addresses`` + ``secret_file`` + ``home`` (and
+    ``tls_ca`` when the nodes run TLS)."""
+
+    cluster_dir: Path | None = None
+    addresses: tuple[str, ...] = ()
+    secret_file: Path | None = None  # the node secret: the driver acts as a cluster process
+    tls_ca: Path | None = None
+    home: Path | None = None
     master: str = "local[2]"
     poll: float = 1.0
     trigger_interval: str = "0 seconds"
@@ -48,6 +60,60 @@ class PipelineSettings:
     checkpoint_dir: Path | None = None
     driver_host: str | None = None  # the address executors dial (default $SPARK_LOCAL_IP)
     spark_secret_file: Path | None = None  # spark.authenticate's shared secret
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The cluster as the driver reaches it: resolved from the settings, checked."""
+
+    addresses: tuple[str, ...]
+    secret: str = field(repr=False)
+    tls_ca: Path | None
+    home: Path
+    source_options: dict[str, str]  # the change source's options (read on this host)
+
+
+def _target(settings: PipelineSettings) -> _Target:
+    if settings.cluster_dir is not None:
+        if settings.addresses or settings.secret_file is not None:
+            raise ConfigError(
+                "give a cluster directory or the nodes' addresses and secret file, not both",
+                details={"hint": "--dir DIR for a local cluster; --addresses for other hosts"},
+            )
+        path = settings.cluster_dir
+        spec = cdir.load(path)
+        return _Target(
+            tuple(n.address for n in spec.nodes),
+            cdir.read_secret(path, spec),
+            cdir.tls_ca(path, spec),
+            settings.home or pipeline_dir(path),
+            {"cluster_dir": str(path)},
+        )
+    missing = [
+        flag
+        for flag, value in (
+            ("--addresses", settings.addresses),
+            ("--secret-file", settings.secret_file),
+            ("--home", settings.home),
+        )
+        if not value
+    ]
+    if missing:
+        raise ConfigError(
+            f"without a cluster directory the pipeline needs {', '.join(missing)}",
+            details={
+                "missing": missing,
+                "hint": "--dir DIR for a local cluster, or --addresses HOST:PORT,... "
+                "--secret-file FILE --home DIR [--tls-ca ca.pem]",
+            },
+        )
+    assert settings.secret_file is not None and settings.home is not None
+    secret_file = settings.secret_file.absolute()
+    secret = read_private_text(secret_file, "secret_file", "node secret")
+    options = {"addresses": ",".join(settings.addresses), "secret_file": str(secret_file)}
+    if settings.tls_ca is not None:
+        options["tls_ca"] = str(settings.tls_ca.absolute())
+    return _Target(settings.addresses, secret, settings.tls_ca, settings.home, options)
 
 
 def pipeline_dir(cluster_dir: Path) -> Path:
@@ -80,11 +146,9 @@ def run_pipeline(settings: PipelineSettings) -> int:
     from shardex.pipeline.driver import PipelineDriver
     from shardex.pipeline.session import build_spark_session
 
-    cluster_dir = settings.cluster_dir
-    spec = cdir.load(cluster_dir)
-    secret = cdir.read_secret(cluster_dir, spec)
-    home = pipeline_dir(cluster_dir)
-    home.mkdir(parents=True, exist_ok=True)
+    target = _target(settings)
+    home = target.home
+    make_private_dir(home)
     lock = InstanceLock(home, what="pipeline driver")
     lock.acquire()
     try:
@@ -92,11 +156,11 @@ def run_pipeline(settings: PipelineSettings) -> int:
         log.info("starting the pipeline driver (pid %d), master %s", os.getpid(), settings.master)
         conf: dict[str, Any] = {"spark.local.dir": str(home / "spark-tmp")}
         conf.update(dict(settings.spark_conf))
-        from shardex.pipeline.session import read_secret_file
-
         spark_secret = None
         if settings.spark_secret_file is not None:
-            spark_secret = read_secret_file(settings.spark_secret_file)
+            spark_secret = read_private_text(
+                settings.spark_secret_file, "spark_secret_file", "Spark secret"
+            )
         spark = build_spark_session(
             settings.master,
             "shardex-pipeline",
@@ -105,15 +169,15 @@ def run_pipeline(settings: PipelineSettings) -> int:
             auth_secret=spark_secret,
         )
         client = connect(
-            [n.address for n in spec.nodes],
-            secret=secret,
+            list(target.addresses),
+            secret=target.secret,
             name="shardex-pipeline",
-            tls_ca=cdir.tls_ca(cluster_dir, spec),
+            tls_ca=target.tls_ca,
         )
         driver = PipelineDriver(
             spark,
             client,
-            {"cluster_dir": str(cluster_dir)},
+            target.source_options,
             settings.checkpoint_dir or home / "checkpoints",
             poll=settings.poll,
             trigger_interval=settings.trigger_interval,

@@ -224,32 +224,6 @@ def _secret_properties(secret: str | None) -> Iterator[None]:
             del os.environ["PYSPARK_SUBMIT_ARGS"]
 
 
-def read_secret_file(path: Path) -> str:
-    """A Spark secret from ``path`` (surrounding whitespace dropped): refused when the file
-    is missing, empty, readable by group or others, or not printable ASCII."""
-    from shardex.errors import ConfigError
-
-    try:
-        st = path.stat()
-        text = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"cannot read the Spark secret file {path}: {exc}",
-            details={"path": str(path), "hint": "a file holding one line of ASCII, mode 0600"},
-        ) from None
-    if st.st_mode & 0o077:
-        raise ConfigError(
-            f"the Spark secret file {path} is readable by others (mode {st.st_mode & 0o777:o})",
-            details={"path": str(path), "hint": f"chmod 600 {path}"},
-        )
-    if not text or not text.isprintable():
-        raise ConfigError(
-            f"the Spark secret file {path} is empty or holds unprintable characters",
-            details={"path": str(path), "hint": "e.g. openssl rand -hex 32 > FILE"},
-        )
-    return text
-
-
 def _conf_value(value: Any) -> str:
     """Spark reads booleans as ``true``/``false``; Python's ``str(True)`` is ``True``."""
     if isinstance(value, bool):

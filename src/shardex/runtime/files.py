@@ -61,3 +61,29 @@ def require_private(path: Path, key: str) -> None:
             f"may access it; a node refuses to start until only its owner can ({hint})",
             details={"key": key, "value": str(path), "mode": f"{mode:04o}", "hint": hint},
         )
+
+
+def read_private_text(path: Path, key: str, what: str) -> str:
+    """A one-line secret file (a node secret, Spark's shared secret), stripped: refused when
+    others may read it (``require_private``), when it cannot be read, or when it is empty."""
+    from shardex.errors import ConfigError
+
+    require_private(path, key)
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(
+            f"config key {key!r}: cannot read the {what} file {str(path)!r} ({reason})",
+            details={
+                "key": key,
+                "value": str(path),
+                "hint": f"a file holding the {what}, mode 0600",
+            },
+        ) from None
+    if not text:
+        raise ConfigError(
+            f"config key {key!r}: the {what} file {str(path)!r} is empty",
+            details={"key": key, "value": str(path), "hint": "e.g. openssl rand -hex 32 > FILE"},
+        )
+    return text

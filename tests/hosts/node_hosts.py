@@ -51,15 +51,18 @@ class NodesOnHosts:
         extra: Mapping[str, Any] | None = None,
         *,
         tls: bool = True,
+        count: int | None = None,
     ) -> None:
+        """Nodes on hosts 1..``count`` (default every host; the rest run other things)."""
         self.hosts = hosts
+        self.node_hosts = hosts.hosts[: len(hosts.hosts) if count is None else count]
         self.root = root
         self.extra = dict(FAST, **(extra or {}))
         self.secret = secrets.token_hex(32)
         make_private_dir(root)
         self.secret_file = root / "secret"
         atomic_write_bytes(self.secret_file, (self.secret + "\n").encode(), mode=0o600)
-        self.names = [f"host{h.index}" for h in hosts.hosts]
+        self.names = [f"host{h.index}" for h in self.node_hosts]
         # The first admin, committed by the founder's first master (its SCRAM keys only).
         self.admin_password = secrets.token_urlsafe(24)
         self.admin_file = root / "admin.json"
@@ -68,7 +71,7 @@ class NodesOnHosts:
         if tls:
             self.cert_dir = root / "certs"
             make_ca(self.cert_dir)
-            for h in hosts.hosts:
+            for h in self.node_hosts:
                 make_node_cert(self.cert_dir, f"host{h.index}", [h.ip])
 
     @property
@@ -80,7 +83,7 @@ class NodesOnHosts:
 
     @property
     def addresses(self) -> list[str]:
-        return [self.address(h.index) for h in self.hosts.hosts]
+        return [self.address(h.index) for h in self.node_hosts]
 
     def data_dir(self, i: int) -> Path:
         return self.root / f"host{i}"
@@ -116,7 +119,7 @@ class NodesOnHosts:
         self.hosts.spawn(i, argv, env=proc_env(), log=self.data_dir(i) / "stdout.log")
 
     def start_all(self, **extra: Any) -> None:
-        for h in self.hosts.hosts:
+        for h in self.node_hosts:
             self.start(h.index, **extra)
 
     def connect(self, name: str = "test", **kw: Any) -> Client:
@@ -152,5 +155,5 @@ class NodesOnHosts:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def logs(self) -> Iterator[str]:
-        for h in self.hosts.hosts:
+        for h in self.node_hosts:
             yield f"--- host{h.index}\n{self.log_tail(h.index)}"

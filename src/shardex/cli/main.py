@@ -8,6 +8,7 @@ import shardex.cli.cluster as cluster
 import shardex.cli.failover as failover
 import shardex.cli.index as index
 import shardex.cli.keyspace as keyspace
+import shardex.cli.spark as spark
 import shardex.cli.user as user
 from shardex import __version__
 from shardex.cli.load import load
@@ -29,6 +30,7 @@ app.add_typer(cluster.app, name="cluster")
 app.add_typer(keyspace.app, name="keyspace")
 app.add_typer(index.app, name="index")
 app.add_typer(user.app, name="user")
+app.add_typer(spark.app, name="spark")
 app.command("ddl", help=index.ddl.__doc__)(index.ddl)
 app.command("load", help=load.__doc__)(load)
 app.command("rebalance", help=rebalance.__doc__)(rebalance)

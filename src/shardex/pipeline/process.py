@@ -116,6 +116,34 @@ def _target(settings: PipelineSettings) -> _Target:
     return _Target(settings.addresses, secret, settings.tls_ca, settings.home, options)
 
 
+def _start_spark(settings: PipelineSettings, conf: dict[str, Any], secret: str | None) -> Any:
+    """The driver's SparkSession. A standalone master that is down, unreachable or refuses
+    the secret surfaces from Spark as a Java stack trace after its retries: say which."""
+    from shardex.pipeline.session import build_spark_session, is_local_master
+
+    try:
+        return build_spark_session(
+            settings.master,
+            "shardex-pipeline",
+            conf,
+            ip=settings.driver_host,
+            auth_secret=secret,
+        )
+    except Exception as exc:
+        if is_local_master(settings.master):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"cannot start the pipeline's Spark application on {settings.master}: {first}",
+            details={
+                "value": settings.master,
+                "hint": "check that the master runs at that address, that this host "
+                "(--driver-host) is reachable from the workers, and that --spark-secret-file "
+                "holds the master's secret (see the Spark master's log)",
+            },
+        ) from None
+
+
 def pipeline_dir(cluster_dir: Path) -> Path:
     return cluster_dir / PIPELINE_DIR
 
@@ -144,7 +172,6 @@ def run_pipeline(settings: PipelineSettings) -> int:
     """Run the driver in the foreground until SIGTERM/SIGINT. Returns the exit code."""
     from shardex.client import connect
     from shardex.pipeline.driver import PipelineDriver
-    from shardex.pipeline.session import build_spark_session
 
     target = _target(settings)
     home = target.home
@@ -161,19 +188,18 @@ def run_pipeline(settings: PipelineSettings) -> int:
             spark_secret = read_private_text(
                 settings.spark_secret_file, "spark_secret_file", "Spark secret"
             )
-        spark = build_spark_session(
-            settings.master,
-            "shardex-pipeline",
-            conf,
-            ip=settings.driver_host,
-            auth_secret=spark_secret,
-        )
+        # The nodes first: a wrong secret or address fails here, before a JVM starts.
         client = connect(
             list(target.addresses),
             secret=target.secret,
             name="shardex-pipeline",
             tls_ca=target.tls_ca,
         )
+        try:
+            spark = _start_spark(settings, conf, spark_secret)
+        except BaseException:
+            client.close()
+            raise
         driver = PipelineDriver(
             spark,
             client,

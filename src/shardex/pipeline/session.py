@@ -16,7 +16,7 @@ Everything here was measured on the 2-core development machine (see
   1.1 (measured); the first Spark job of a session starts several of them. The wrapper is a
   file of this host, so with any other master the executors run ``$PYSPARK_PYTHON`` if set,
   else this interpreter's path: the project's environment must sit at that path on every
-  worker host (``docs/spark-standalone.md``).
+  worker host (``docs/deploy.md``, "The index pipeline").
 * ``auth_secret`` (a Spark standalone cluster that authenticates): ``spark.authenticate``
   and ``spark.network.crypto.enabled`` on; the secret reaches the JVM in a private
   properties file removed once the session runs, never on the ``spark-submit`` command

@@ -13,7 +13,7 @@ from it); ``SPARK_LOCAL_IP`` is the address bound (``--host``, default ``$SPARK_
 loopback); with a secret, Spark's RPC authentication and encryption are on
 (``session.auth_conf``, the same pair the driver sets) and the secret travels in
 ``_SPARK_AUTH_SECRET``, the variable Spark itself uses to hand it to executors, so it never
-appears on a command line. See ``docs/spark-standalone.md``.
+appears on a command line. See ``docs/deploy.md``, "The index pipeline".
 """
 
 from __future__ import annotations
@@ -175,11 +175,15 @@ def daemon_environment(
     # for what Spark starts from the worker itself.
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.pop(AUTH_SECRET_ENV, None)
+    # The master's REST submission server takes jobs without Spark's authentication: off.
+    props = {"spark.master.rest.enabled": "false"} if spec.master_url is None else {}
     if secret is not None:
-        opts_key = "SPARK_MASTER_OPTS" if spec.master_url is None else "SPARK_WORKER_OPTS"
-        flags = " ".join(f"-D{k}={v}" for k, v in auth_conf().items())
-        env[opts_key] = f"{env.get(opts_key, '')} {flags}".strip()
+        props.update(auth_conf())
         env[AUTH_SECRET_ENV] = secret
+    if props:
+        opts_key = "SPARK_MASTER_OPTS" if spec.master_url is None else "SPARK_WORKER_OPTS"
+        flags = " ".join(f"-D{k}={v}" for k, v in props.items())
+        env[opts_key] = f"{env.get(opts_key, '')} {flags}".strip()
     return env
 
 

@@ -53,6 +53,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, TlsConfi
         "old": TlsConfig.for_node(cluster, "old"),
         "far": TlsConfig.for_node(cluster, "far"),
         "user": TlsConfig(ca=cluster / "ca.pem"),
+        "user-pem": TlsConfig(ca_pem=(cluster / "ca.pem").read_text()),
+        "other-user-pem": TlsConfig(ca_pem=(other / "ca.pem").read_text()),
         "stranger": TlsConfig.for_node(other, "stranger"),
         "other-user": TlsConfig(ca=other / "ca.pem"),
     }
@@ -100,6 +102,30 @@ async def test_mutual_tls_between_nodes_and_a_user_client(pki: dict[str, TlsConf
 def test_mutual_tls_on_uvloop(pki: dict[str, TlsConfig]) -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_mutual_and_user(pki))
+
+
+async def test_a_ca_given_as_pem_text_verifies_the_server(pki: dict[str, TlsConfig]) -> None:
+    """As the pipeline's read tasks on other hosts connect: the CA's text, no file."""
+    server, address, _ = await _server(pki["n1"])
+    try:
+        conn = await _echo(pki["user-pem"], address)
+        assert conn._comm.peer_node == "n1" and conn._comm.encrypted
+        await conn.close()
+        with pytest.raises(AuthFailed, match="cannot verify the certificate"):
+            await _echo(pki["other-user-pem"], address)
+    finally:
+        await server.stop()
+
+
+def test_the_ca_is_a_file_or_pem_text(tmp_path: Path) -> None:
+    from shardex.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="one of them"):
+        TlsConfig()
+    with pytest.raises(ConfigError, match="one of them"):
+        TlsConfig(ca=tmp_path / "ca.pem", ca_pem="-----BEGIN CERTIFICATE-----")
+    with pytest.raises(ConfigError, match="CA given as PEM"):
+        TlsConfig(ca_pem="-----BEGIN CERTIFICATE-----\nnot base64\n").client_context()
 
 
 async def test_plaintext_comm_has_no_peer_node() -> None:

@@ -7,30 +7,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from shardex.runtime.pidfile import pid_alive, read_pid
 from shardex.testing.ports import free_base_port as free_base_port  # the tests' one picker
-
-CLI = [sys.executable, "-m", "shardex.cli.main"]
-
-
-def proc_env() -> dict[str, str]:
-    """Environment for CLI and node processes started by tests.
-
-    Bytecode caching is turned back on, into a directory outside the source tree: every test
-    starts a dozen interpreters (CLI, nodes) and recompiling shardex, typer and rich from
-    source each time costs about a CPU-second per process."""
-    env = dict(os.environ)
-    env.pop("SHARDEX_SECRET", None)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "shardex-pycache"))
-    return env
+from shardex.testing.procs import CLI as CLI
+from shardex.testing.procs import proc_env as proc_env
+from shardex.testing.procs import wait_for as wait_for
 
 
 def run_cli(
@@ -52,22 +36,6 @@ def run_cli(
 def status_json(cluster_dir: Path) -> dict[str, Any]:
     proc = run_cli("cluster", "status", "--dir", str(cluster_dir), "--json")
     return json.loads(proc.stdout)  # exactly one JSON object on stdout
-
-
-def wait_for(
-    cond: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition"
-) -> tuple[Any, float]:
-    """Poll ``cond`` until truthy; returns (value, seconds waited). Fails at the deadline."""
-    start = time.monotonic()
-    deadline = start + timeout
-    last: Any = None
-    while True:
-        last = cond()
-        if last:
-            return last, time.monotonic() - start
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")
-        time.sleep(interval)
 
 
 def kill_leftovers(cluster_dir: Path) -> None:

@@ -13,8 +13,8 @@ import pytest
 # writers that check acknowledged writes) are imported as tests/cluster's own modules are.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
 
-from netns import Hosts, require_netns
-from node_hosts import NodesOnHosts
+from shardex.testing.hosts.netns import Hosts, require_netns
+from shardex.testing.hosts.nodes import NodesOnHosts
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from netns import PREFIX, remove_leftovers, require_netns
-from node_hosts import NodesOnHosts
+
+from shardex.testing.hosts.netns import PREFIX, remove_leftovers, require_netns
+from shardex.testing.hosts.nodes import NodesOnHosts
 
 pytestmark = pytest.mark.cluster
 

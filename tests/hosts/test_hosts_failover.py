@@ -11,10 +11,10 @@ import warnings
 import pytest
 from cluster_helpers import wait_for
 from data_helpers import Writers, chains_full
-from netns import Hosts, NetemUnavailable
-from node_hosts import NodesOnHosts
 
 from shardex.client import Client
+from shardex.testing.hosts.netns import Hosts, NetemUnavailable
+from shardex.testing.hosts.nodes import NodesOnHosts
 
 pytestmark = pytest.mark.cluster
 

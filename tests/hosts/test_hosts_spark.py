@@ -6,17 +6,19 @@ build two indexes and maintain them; request_plus scans and SQL are exact."""
 
 from __future__ import annotations
 
+import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from netns import Hosts, NetemUnavailable, require_netns
-from node_hosts import NodesOnHosts
-from spark_hosts import SparkOnHosts
 
 from shardex.client import Client
+from shardex.testing.hosts.netns import Hosts, NetemUnavailable, require_netns
+from shardex.testing.hosts.nodes import NodesOnHosts
+from shardex.testing.hosts.spark import SparkOnHosts
+from shardex.testing.procs import CLI, proc_env
 
 pytestmark = pytest.mark.cluster
 
@@ -129,11 +131,6 @@ def test_a_wrong_node_secret_stops_the_driver_before_spark(
     bad = tmp_path / "wrong-secret"
     bad.write_text("not-the-secret\n")
     bad.chmod(0o600)
-    import subprocess
-
-    from cluster_helpers import proc_env
-    from spark_hosts import CLI
-
     argv = ["ip", "netns", "exec", spark.hosts.host(DRIVER).ns, *CLI, "pipeline"]
     argv += ["--addresses", ",".join(nodes.addresses), "--secret-file", str(bad)]
     argv += ["--home", str(tmp_path / "home"), "--tls-ca", str(nodes.tls_ca)]

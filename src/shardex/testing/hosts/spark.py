@@ -6,16 +6,14 @@ on a host of its choosing."""
 from __future__ import annotations
 
 import secrets
-import sys
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from cluster_helpers import proc_env, wait_for
-from netns import Hosts
-
 from shardex.runtime.files import atomic_write_bytes, make_private_dir
+from shardex.testing.hosts.netns import Hosts
+from shardex.testing.procs import CLI, proc_env, wait_for
 
-CLI = [sys.executable, "-m", "shardex.cli.main"]
 MASTER_PORT = 7077
 
 
@@ -54,22 +52,32 @@ class SparkOnHosts:
             what=f"the Spark master to register the worker at {w_ip}\n{self.log_tails()}",
         )
 
-    def _spawn(self, host: int, args: Sequence[str], out: str) -> None:
-        self.hosts.spawn(host, [*CLI, *args], env=proc_env(), log=self.root / out)
+    def _spawn(self, host: int, args: Sequence[str], out: str) -> subprocess.Popen[bytes]:
+        return self.hosts.spawn(host, [*CLI, *args], env=proc_env(), log=self.root / out)
 
     def start_pipeline(
-        self, host: int, addresses: Sequence[str], node_secret: Path, tls_ca: Path | None
-    ) -> Path:
-        """The pipeline driver on ``host``, its executors on the worker; returns its home."""
-        home = self.root / "pipeline"
-        argv = ["pipeline", "--master", self.master_url, "--addresses", ",".join(addresses)]
+        self,
+        host: int,
+        addresses: Sequence[str],
+        node_secret: Path,
+        tls_ca: Path | None,
+        *,
+        master: str | None = None,
+        home: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """The pipeline driver on ``host``: its executors on the worker (``master`` None),
+        or wherever ``master`` says (``local[2]``: in the driver's process). Its lock, log
+        and checkpoints in ``home`` (default ``<root>/pipeline``)."""
+        home = home or self.root / "pipeline"
+        argv = ["pipeline", "--master", master or self.master_url]
+        argv += ["--addresses", ",".join(addresses)]
         argv += ["--secret-file", str(node_secret), "--home", str(home)]
         argv += ["--driver-host", self.hosts.host(host).ip]
-        argv += ["--spark-secret-file", str(self.secret_file)]
+        if master is None:
+            argv += ["--spark-secret-file", str(self.secret_file)]
         if tls_ca is not None:
             argv += ["--tls-ca", str(tls_ca)]
-        self._spawn(host, argv, "pipeline.out")
-        return home
+        return self._spawn(host, argv, f"{home.name}.out")
 
     def executor_logs(self) -> list[Path]:
         """The stderr of every executor the worker ran (``<work-dir>/<app>/<id>/stderr``)."""

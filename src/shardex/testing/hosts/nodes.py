@@ -11,14 +11,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from cluster_helpers import proc_env, wait_for
-from netns import Hosts
-
 from shardex.client import Client, connect
 from shardex.errors import ShardexError
 from shardex.meta.users import ADMIN_ROLES, ADMIN_USER, new_record, write_admin_file
 from shardex.net.certs import make_ca, make_node_cert
 from shardex.runtime.files import atomic_write_bytes, make_private_dir
+from shardex.testing.hosts.netns import Hosts
+from shardex.testing.procs import proc_env, wait_for
 
 PORT = 7100
 # Failure detection fast enough for a test, as tests/cluster's FAST_FAILOVER.

@@ -9,7 +9,7 @@ host's link; ``cut``/``heal`` take its link down and up.
 Every name starts with ``PREFIX`` plus the creating process's pid: ``Hosts.create`` first
 removes what a crashed run left behind (names whose pid is no longer alive), and ``destroy``
 (a fixture finalizer) kills every process in the namespaces, then removes them and the bridge.
-Needs root and ``ip``; ``require_netns`` skips the test with the reason otherwise.
+Needs root and ``ip``; ``netns_problem`` says why not, ``require_netns`` skips a test.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-import pytest
 
 from shardex.runtime.pidfile import pid_alive
 
@@ -43,18 +41,28 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def require_netns() -> None:
-    """Skip (with the reason) unless this process can make namespaces, bridges and veths."""
+def netns_problem() -> str | None:
+    """Why this process cannot make namespaces, bridges and veths, or None when it can."""
     if os.geteuid() != 0:
-        pytest.skip("multi-host tests need root (network namespaces); run them as root")
+        return "multi-host runs need root (network namespaces); run them as root"
     probe = f"{PREFIX}{os.getpid()}n99"
     try:
         made = _ip("netns", "add", probe, check=False)
     except FileNotFoundError:
-        pytest.skip("multi-host tests need the 'ip' command (iproute2)")
+        return "multi-host runs need the 'ip' command (iproute2)"
     if made.returncode != 0:
-        pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
+        return f"cannot create a network namespace: {made.stderr.strip()}"
     _ip("netns", "del", probe, check=False)
+    return None
+
+
+def require_netns() -> None:
+    """Skip the calling test (with the reason) unless namespaces can be made."""
+    problem = netns_problem()
+    if problem is not None:
+        import pytest
+
+        pytest.skip(problem)
 
 
 def remove_leftovers() -> None:

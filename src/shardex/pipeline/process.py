@@ -116,6 +116,23 @@ def _target(settings: PipelineSettings) -> _Target:
     return _Target(settings.addresses, secret, settings.tls_ca, settings.home, options)
 
 
+def check_spark_auth(settings: PipelineSettings, cluster_tls: bool) -> None:
+    """Executors elsewhere get the node secret inside every task, over Spark's RPC: with a
+    cluster that runs TLS, that RPC must be authenticated and encrypted too."""
+    from shardex.pipeline.session import is_local_master
+
+    if cluster_tls and settings.spark_secret_file is None and not is_local_master(settings.master):
+        raise ConfigError(
+            f"the cluster runs TLS but Spark's RPC to {settings.master} would not be "
+            "authenticated: read tasks carry the node credential to the executors",
+            details={
+                "value": settings.master,
+                "hint": "give --spark-secret-file (the secret the Spark master and workers "
+                "were started with: shardex spark start-master --secret-file)",
+            },
+        )
+
+
 def _start_spark(settings: PipelineSettings, conf: dict[str, Any], secret: str | None) -> Any:
     """The driver's SparkSession. A standalone master that is down, unreachable or refuses
     the secret surfaces from Spark as a Java stack trace after its retries: say which."""
@@ -174,6 +191,7 @@ def run_pipeline(settings: PipelineSettings) -> int:
     from shardex.pipeline.driver import PipelineDriver
 
     target = _target(settings)
+    check_spark_auth(settings, target.tls_ca is not None)
     home = target.home
     make_private_dir(home)
     lock = InstanceLock(home, what="pipeline driver")

@@ -11,7 +11,7 @@ import pytest
 
 from shardex.errors import ConfigError
 from shardex.net.certs import make_ca
-from shardex.pipeline.process import PipelineSettings, _target
+from shardex.pipeline.process import PipelineSettings, _target, check_spark_auth
 from shardex.pipeline.session import auth_conf, spark_environment
 from shardex.pipeline.source.options import SourceOptions
 from shardex.pipeline.standalone import (
@@ -151,3 +151,13 @@ def test_read_tasks_carry_values_not_the_drivers_paths(tmp_path: Path) -> None:
         SourceOptions.parse(
             {"keyspace": "k", "addresses": "a:1", "secret": "x", "tls_ca": str(secret)}
         )
+
+
+def test_a_tls_cluster_needs_spark_authentication_off_local_masters(tmp_path: Path) -> None:
+    remote = PipelineSettings(master="spark://10.0.0.4:7077")
+    with pytest.raises(ConfigError, match="would not be authenticated"):
+        check_spark_auth(remote, cluster_tls=True)
+    check_spark_auth(remote, cluster_tls=False)  # a plaintext cluster: the same trust as its wire
+    check_spark_auth(PipelineSettings(master="local[2]"), cluster_tls=True)
+    with_secret = PipelineSettings(master="spark://m:7077", spark_secret_file=tmp_path / "s")
+    check_spark_auth(with_secret, cluster_tls=True)

@@ -29,7 +29,7 @@ from shardex.meta.node_defaults import (
 )
 from shardex.net.tls import TlsConfig
 from shardex.net.transport import split_address
-from shardex.runtime.files import require_private
+from shardex.runtime.files import read_private_text, require_private
 
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_PORT = 7100
@@ -184,16 +184,6 @@ def _validate_address(key: str, value: str, hint: str) -> str:
     return f"{host}:{port}"
 
 
-def _read_secret_file(key: str, path: Path) -> str:
-    require_private(path, key)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        problem = f"cannot read the secret file ({exc.strerror})"
-        raise _err(key, str(path), problem, _SECRET_HINT) from None
-    return text.strip()
-
-
 def _resolve_path(value: Any, key: str, base: Path | None) -> Path:
     if not isinstance(value, str | os.PathLike) or not str(value).strip():
         raise _err(key, value, "not a path", "give a directory or file path")
@@ -312,7 +302,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
 
     if "secret_file" in values:
         secret_path = _resolve_path(values["secret_file"], "secret_file", bases.get("secret_file"))
-        secret = _read_secret_file("secret_file", secret_path)
+        secret = read_private_text(secret_path, "secret_file", "cluster secret")
         secret_key = "secret_file"
     elif "secret" in values:
         secret, secret_key = values["secret"], "secret"

@@ -47,7 +47,7 @@ _BUILT = re.compile(
 class Plan:
     docs: int = 1_000_000
     seconds: float = 0.0  # unused: builds run to completion
-    rounds: int = 1
+    rounds: int = 3
     partitions: int = 16
     seed: int = 20240601
 
@@ -112,6 +112,9 @@ def _build_once(client: Any, nodes: Any, spark: Any, mode: str, run: int, docs: 
             m = _BUILT.search((home / "pipeline.log").read_text(errors="replace"))
             time.sleep(0.2 if m is None else 0)
         job = float(m.group(4)) if m else None
+        built = int(m.group(1)) if m else None
+        if built is not None and built != docs:
+            raise RuntimeError(f"the build indexed {built:,} documents, {docs:,} were loaded")
         for name in INDEX_NAMES:
             client.drop_index(KEYSPACE, name)
     finally:
@@ -125,6 +128,7 @@ def _build_once(client: Any, nodes: Any, spark: Any, mode: str, run: int, docs: 
         "round": run + 1,
         "executors": mode,
         "docs": docs,
+        "built docs": built,
         "BUILD -> ACTIVE s": round(wall, 2),
         "build job s": job,
         "docs/s": round(docs / wall),

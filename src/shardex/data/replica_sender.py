@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import shardex.data.replica as replica
-from shardex.api.records import STATE_ACTIVE, STATE_REPLICA
+from shardex.api.records import STATE_REPLICA
 from shardex.api.replication import ReplicaAck, ReplicaApplied, ReplicaApply, ReplicaRun
 from shardex.data.durability import DurabilityWaits
 from shardex.data.engine import DataEngine
@@ -282,14 +282,15 @@ class ReplicaSender:
                 continue
             meta = part.meta
             ack = self._waits.ack((self.keyspace, p), self.node)
-            if ack is None or ack.state not in (STATE_REPLICA, STATE_ACTIVE):
+            if ack is None or ack.state != STATE_REPLICA:
                 # unknown, behind, absent, diverged: a probe from seqno 0 with our history;
-                # the answer says where the copy stands
+                # the answer says where the copy stands. Also a copy that says it is active:
+                # either it was promoted (our topology will soon drop it from this chain) or
+                # it is a node back from a failover that has not yet demoted its old copy
+                # (its recovery will), and only asking again notices the second.
                 after = 0 if ack is None or ack.state != replica.ACK_BEHIND else ack.high
                 runs.append(ReplicaRun(p, meta.uuid, after, [], list(meta.failover_log)))
                 continue
-            if ack.state == STATE_ACTIVE:
-                continue  # it was promoted: the topology will say so
             log_needed = ack.uuid != meta.uuid
             if ack.high >= meta.high_seqno:
                 if log_needed or self._waits.needs_persist((self.keyspace, p), self.node):

@@ -137,7 +137,10 @@ def _start_spark(settings: PipelineSettings, conf: dict[str, Any], secret: str |
     """The driver's SparkSession. A standalone master that is down, unreachable or refuses
     the secret surfaces from Spark as a Java stack trace after its retries: say which."""
     from shardex.pipeline.session import build_spark_session, is_local_master
+    from shardex.pipeline.standalone import probe_master
 
+    if settings.master.startswith("spark://"):
+        probe_master(settings.master)
     try:
         return build_spark_session(
             settings.master,

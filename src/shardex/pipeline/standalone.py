@@ -37,6 +37,7 @@ __all__ = [
     "daemon_command",
     "daemon_environment",
     "exec_daemon",
+    "probe_master",
     "spark_home",
 ]
 
@@ -144,6 +145,36 @@ def check_spec(spec: DaemonSpec) -> None:
             f"--memory {spec.memory!r} is not a memory size",
             details={"value": spec.memory, "hint": "e.g. 1g or 512m"},
         )
+
+
+def probe_master(url: str, timeout: float = 5.0) -> None:
+    """A TCP connection to one of the master's addresses, before Spark tries: a master that
+    is down or behind a wrong address is a clear error in seconds, not a Java stack trace
+    after Spark's minute of registration retries. (A wrong secret still takes that minute:
+    the master drops unauthenticated connections without a word.)"""
+    import socket
+
+    if not _MASTER_URL.fullmatch(url):
+        raise ConfigError(
+            f"{url!r} is not a Spark master URL",
+            details={"value": url, "hint": "spark://HOST:7077 (or local[N] for no cluster)"},
+        )
+    errors = []
+    for hostport in url.removeprefix("spark://").split(","):
+        host, _, port = hostport.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+            return
+        except OSError as exc:
+            errors.append(f"{hostport}: {exc.strerror or exc}")
+    raise ConfigError(
+        f"cannot reach the Spark master {url} ({'; '.join(errors)})",
+        details={
+            "value": url,
+            "hint": "start it (shardex spark start-master) or fix the address; "
+            "check the firewall between this host and the master",
+        },
+    )
 
 
 def daemon_command(spec: DaemonSpec, home: Path) -> list[str]:

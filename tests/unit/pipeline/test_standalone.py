@@ -21,6 +21,7 @@ from shardex.pipeline.standalone import (
     daemon_command,
     daemon_environment,
     java_major,
+    probe_master,
 )
 from shardex.runtime.files import read_private_text
 
@@ -161,3 +162,17 @@ def test_a_tls_cluster_needs_spark_authentication_off_local_masters(tmp_path: Pa
     check_spark_auth(PipelineSettings(master="local[2]"), cluster_tls=True)
     with_secret = PipelineSettings(master="spark://m:7077", spark_secret_file=tmp_path / "s")
     check_spark_auth(with_secret, cluster_tls=True)
+
+
+def test_an_unreachable_master_is_named_before_spark_starts() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot reach the Spark master .*127.0.0.1:{port}"):
+            probe_master(f"spark://127.0.0.1:{port}")
+        s.listen()
+        probe_master(f"spark://127.0.0.1:{port}")  # listening: reachable
+    with pytest.raises(ConfigError, match="not a Spark master URL"):
+        probe_master("spark://no-port")

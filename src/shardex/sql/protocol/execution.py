@@ -152,9 +152,15 @@ class QueryExecution:
             self._result.finish()
         else:
             outbox = self.outboxes[f.output]
+            # One batch held back, so the last one travels with the end of the stream. The
+            # held batch waits only for the producer's next step (fragments are a DAG: none
+            # waits on its own consumer).
+            held: pa.RecordBatch | None = None
             async for batch in produce:
-                await outbox.put(batch)
-            await outbox.finish()
+                if held is not None:
+                    await outbox.put(held)
+                held = batch
+            await outbox.finish(held)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         f = self._tasks.pop(task, None)

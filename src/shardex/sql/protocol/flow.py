@@ -126,8 +126,13 @@ class Outbox:
         for data in split_to_fit(batch, self.window // 2):
             await self._send(data, last=False)
 
-    async def finish(self) -> None:
-        await self._send(b"", last=True)
+    async def finish(self, batch: pa.RecordBatch | None = None) -> None:
+        """End the stream; ``batch`` (the producer's last one) rides on the ``last`` message
+        instead of a message of its own: a one-batch result is one message, not two."""
+        pieces = split_to_fit(batch, self.window // 2) if batch and batch.num_rows else []
+        for data in pieces[:-1]:
+            await self._send(data, last=False)
+        await self._send(pieces[-1] if pieces else b"", last=True)
         self.finished = True
 
     def on_flow_control(self, credit_limit: int) -> None:

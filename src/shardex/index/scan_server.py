@@ -354,13 +354,19 @@ class IndexScanServer:
         of raw entries at ``snapshot_ts`` (None: the tips), merged in entry order when
         ``ordered``. Errors (SNAPSHOT_TOO_OLD, rollback) are raised before the first block."""
 
-        def open_iterators() -> Iterator[bytes]:
-            slices = self._slices(index_id, partitions)
-            return _open_iterators(slices, spans, snapshot_ts, limit, ordered)
-
-        gen = await self._run(open_iterators)
-        async for block in self._blocks(gen, block_rows):
-            yield block
+        # As ``_open``: iterators opened on the loop unless a slice's lock is held elsewhere,
+        # and the first block read there too (bounded), so a point query's leaf reads its
+        # entry without a thread hand-off; later blocks are read in the scan pool.
+        slices = self._slices(index_id, partitions)
+        gen = await self._run_unlocked(
+            slices, functools.partial(_open_iterators, slices, spans, snapshot_ts, limit, ordered)
+        )
+        first, rest = take_first(gen, min(block_rows, INLINE_ROWS), INLINE_BYTES)
+        if first:
+            yield first
+        if rest is not None:
+            async for block in self._blocks(rest, block_rows):
+                yield block
 
 
 def _open_iterators(

@@ -13,11 +13,9 @@ import pytest
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.service import (
     MAX_STATEMENT_BYTES,
-    PLAN_ON_LOOP_CHARS,
     check_statement_size,
-    prepared_off_loop,
 )
-from shardex.sql.exec.statements import parsed
+from shardex.sql.exec.statements import PLAN_ON_LOOP_CHARS, parsed, prepared_off_loop
 from shardex.sql.local import LocalEngine
 
 N = 10_000

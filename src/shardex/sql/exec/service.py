@@ -18,9 +18,10 @@ rows flow (also within the first block) end the stream with that error. Nothing 
 outlives the statement: a failed statement leaves the node serving.
 
 Parsing, binding and planning cost grows with the statement's length (CPython: about a
-second per 100 KiB of IN list or OR chain): a statement of up to ``PLAN_ON_LOOP_CHARS`` is
-prepared on the loop (milliseconds: no thread hand-off on the common path), a longer one in a
-worker thread, so it never stalls the loop's heartbeats and other requests (decision 0103).
+second per 100 KiB of IN list or OR chain): a statement of up to
+``statements.PLAN_ON_LOOP_CHARS`` is prepared on the loop (milliseconds: no thread hand-off
+on the common path), a longer one in a worker thread, so it never stalls the loop's
+heartbeats and other requests; its fragments bind it likewise (decision 0103).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import msgspec
 
@@ -60,7 +61,7 @@ from shardex.sql.exec.fragment_rows import finish, root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
 from shardex.sql.exec.rows import decode_row, encode_row
-from shardex.sql.exec.statements import dml_select, parsed
+from shardex.sql.exec.statements import dml_select, parsed, prepared_off_loop
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
 from shardex.sql.local import bind_expr
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
@@ -80,7 +81,6 @@ from shardex.sql.syntax.params import check_params
 __all__ = [
     "DEFAULT_MAX_ROWS",
     "MAX_STATEMENT_BYTES",
-    "PLAN_ON_LOOP_CHARS",
     "SqlService",
     "check_statement_size",
 ]
@@ -94,11 +94,6 @@ WAIT_MARGIN: Final = 10.0
 # The longest statement text a node takes, in UTF-8 bytes: checked before parsing (a
 # megabyte of SQL already costs seconds to parse; values that large belong in parameters).
 MAX_STATEMENT_BYTES: Final = 1 << 20
-# Statements up to this many characters are parsed and planned on the loop, longer ones in a
-# worker thread (a few milliseconds at most on the loop).
-PLAN_ON_LOOP_CHARS: Final = 4096
-
-_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +115,6 @@ def check_statement_size(sql: str, limit: int) -> None:
             limit=limit,
             hint="pass large values as parameters ($name) or split the statement",
         )
-
-
-async def prepared_off_loop(sql: str, fn: Callable[[], _T]) -> _T:
-    """``fn()`` (parse, bind or plan ``sql``): on the loop for a short statement, in a worker
-    thread for a long one (``PLAN_ON_LOOP_CHARS``)."""
-    if len(sql) <= PLAN_ON_LOOP_CHARS:
-        return fn()
-    return await asyncio.to_thread(fn)
 
 
 def _params_of(exprs: list[Any]) -> set[str]:

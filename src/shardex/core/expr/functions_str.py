@@ -15,8 +15,6 @@ import re
 from functools import lru_cache
 from typing import Any
 
-import re2
-
 from shardex.core.values import MISSING
 from shardex.errors import ExpressionEvalError
 
@@ -25,21 +23,32 @@ from .functions import _fn, _int_arg
 _MAX_RESULT_CHARS = 20_000_000  # REPEAT/LPAD beyond this are NULL rather than exhaust memory
 
 _SHOWN_PATTERN_CHARS = 200  # an error quotes at most this much of a (possibly huge) pattern
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False  # a bad pattern is reported to the caller, not to stderr
 _RE2_HINT = (
     "patterns use RE2 syntax (as N1QL): no backreferences (\\1) or lookaround ((?=, (?!, "
     "(?<=, (?<!); see https://github.com/google/re2/wiki/Syntax"
 )
 
 
+@lru_cache(maxsize=1)
+def _re2() -> tuple[Any, Any]:
+    """The ``re2`` module and its options, imported on first use: the import costs ~0.1 s
+    and most processes (the CLI, clients) never match a regular expression."""
+    import re2
+
+    options = re2.Options()
+    options.log_errors = False  # a bad pattern is reported to the caller, not to stderr
+    return re2, options
+
+
 @lru_cache(maxsize=512)
 def _regex(pattern: str) -> Any:
     """The compiled RE2 program for ``pattern`` (cached: patterns are usually literals)."""
+    re2, options = _re2()
     try:
-        return re2.compile(pattern, _RE2_OPTIONS)
+        return re2.compile(pattern, options)
     except re2.error as e:
-        reason = e.args[0].decode("utf-8", "replace") if e.args else str(e)
+        raw = e.args[0] if e.args else str(e)  # RE2's message, as bytes
+        reason = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
     except UnicodeEncodeError:  # a lone surrogate: not text RE2 can take
         reason = "the pattern is not valid Unicode text"
     shown = pattern[:_SHOWN_PATTERN_CHARS] + ("..." if len(pattern) > _SHOWN_PATTERN_CHARS else "")

@@ -10,9 +10,11 @@ import threading
 
 import pytest
 
+from shardex.api.validation import MAX_DOC_DEPTH
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.service import (
     MAX_STATEMENT_BYTES,
+    check_params_depth,
     check_statement_size,
 )
 from shardex.sql.exec.statements import PLAN_ON_LOOP_CHARS, parsed, prepared_off_loop
@@ -171,3 +173,26 @@ def test_a_long_statement_prepared_off_the_loop_raises_the_same_error() -> None:
     with pytest.raises(ShardexError) as info:
         asyncio.run(prepared_off_loop(sql, lambda: parsed(sql, cached=False)))
     assert info.value.code is ErrorCode.SQL_SYNTAX and "1e999" in info.value.message
+
+
+def _nested(levels: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def test_a_parameter_nested_deeper_than_a_document_is_bad_request() -> None:
+    # Deep enough values crash comparison with RecursionError (an INTERNAL error)...
+    with pytest.raises(RecursionError):
+        LocalEngine().query("SELECT RAW $1 = $1", [_nested(900)])
+    # ... so the node refuses them up front, at the documents' depth limit.
+    check_params_depth([_nested(MAX_DOC_DEPTH), 1, "x"])
+    check_params_depth({"a": _nested(MAX_DOC_DEPTH)})
+    check_params_depth(None)
+    for params, name in (([1, _nested(MAX_DOC_DEPTH + 1)], "2"), ({"deep": _nested(900)}, "deep")):
+        with pytest.raises(ShardexError) as info:
+            check_params_depth(params)
+        e = info.value
+        assert e.code is ErrorCode.BAD_REQUEST and e.details["parameter"] == name
+        assert f"parameter ${name} is nested more than {MAX_DOC_DEPTH} levels" in e.message

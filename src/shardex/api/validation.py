@@ -118,7 +118,7 @@ def encode_document(doc: object, max_bytes: int, docid: str = "") -> bytes:
                 f"document is not JSON-serialisable: {exc}", details={"docid": docid}
             ) from None
         except RecursionError:
-            raise _too_deep(docid, value_depth(doc)) from None
+            raise _too_deep(docid, _object_depth(doc)) from None
         _check_size(body, max_bytes, docid)
         if len(body) >= _DEEP_MIN_BYTES:
             _check_depth(body, docid)
@@ -204,7 +204,7 @@ def json_depth(body: bytes) -> int:
     return deepest
 
 
-def value_depth(doc: object, cap: int = 100_000) -> int:
+def _object_depth(doc: object, cap: int = 100_000) -> int:
     """The nesting depth of a Python value (dicts, lists, tuples, sets), without recursion;
     stops at ``cap`` (a cycle would otherwise never end)."""
     deepest = 0

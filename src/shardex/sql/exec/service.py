@@ -44,7 +44,7 @@ from shardex.api.sql_exec import (
     SqlStarted,
     StreamReport,
 )
-from shardex.api.validation import MAX_DOC_DEPTH, check_durability, value_depth
+from shardex.api.validation import check_durability
 from shardex.core.expr import MISSING, Literal, evaluate, walk
 from shardex.core.expr.ast import Param
 from shardex.core.expr.ops import truth
@@ -76,13 +76,12 @@ from shardex.sql.syntax import (
     UpdateStmt,
 )
 from shardex.sql.syntax.bind import META_KEY, bind_select
-from shardex.sql.syntax.params import check_params
+from shardex.sql.syntax.params import check_params, check_params_depth
 
 __all__ = [
     "DEFAULT_MAX_ROWS",
     "MAX_STATEMENT_BYTES",
     "SqlService",
-    "check_params_depth",
     "check_statement_size",
 ]
 
@@ -116,25 +115,6 @@ def check_statement_size(sql: str, limit: int) -> None:
             limit=limit,
             hint="pass large values as parameters ($name) or split the statement",
         )
-
-
-def check_params_depth(params: Any) -> None:
-    """BAD_REQUEST for a parameter value nested deeper than a document may be: comparing,
-    sorting and encoding values recurse per level, and past a few hundred levels they hit
-    Python's recursion limit (an INTERNAL error, not the caller's clear mistake)."""
-    if params is None:
-        return
-    values = params.items() if isinstance(params, dict) else enumerate(params, start=1)
-    for name, value in values:
-        depth = value_depth(value, MAX_DOC_DEPTH + 1)
-        if depth > MAX_DOC_DEPTH:
-            raise _bad(
-                f"parameter ${name} is nested more than {MAX_DOC_DEPTH} levels deep "
-                f"(the limit for documents too)",
-                parameter=str(name),
-                limit=MAX_DOC_DEPTH,
-                hint="flatten the value, or store it in a document and read it there",
-            )
 
 
 def _params_of(exprs: list[Any]) -> set[str]:

@@ -19,6 +19,8 @@ first, then applies them).
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,12 +97,15 @@ def eval_count(expr: Expr | None, params: Params, what: str) -> int | None:
             details={"clause": what, "value": repr(v), "hint": f"write {what} 10"},
         )
     if isinstance(v, float) and not v.is_integer():
+        hint = f"write {what} {int(v)}" if math.isfinite(v) else f"write {what} 10"
         raise ShardexError(
             f"{what} must be an integer, got {v!r}",
             code=ErrorCode.BAD_REQUEST,
-            details={"clause": what, "value": v, "hint": f"write {what} {int(v)}"},
+            details={"clause": what, "value": repr(v), "hint": hint},
         )
-    return max(int(v), 0)
+    # Past 2**63 - 1 no result is that long: the same as that many (and it fits every
+    # slice and wire message a count goes through).
+    return min(max(int(v), 0), sys.maxsize)
 
 
 class LocalEngine:

@@ -8,6 +8,9 @@ Expected values marked "conformance <file>" come from Couchbase's own SQL++ test
 
 from __future__ import annotations
 
+import pytest
+
+from shardex.errors import ErrorCode, ExpressionEvalError
 from tests.unit.core.expr_eval_env import F, M, N, T, check_table, ev
 
 # -- functions --------------------------------------------------------------------------------
@@ -237,3 +240,64 @@ def test_function_results_are_exact_types():
     assert type(ev("1 + 2")) is int
     assert type(ev("6 / 3")) is int
     assert type(ev("6.0 / 3")) is float
+
+
+# REGEXP_* run on RE2 (N1QL's syntax and semantics; linear-time matching).
+REGEXP_FUNCTIONS: list[tuple[str, object]] = [
+    # conformance case_str.json
+    ('REGEXP_CONTAINS("Thisisabigsubquery", "query")', T),
+    ('REGEXP_LIKE("Thisisabigsubquery", "query%")', F),
+    ('REGEXP_LIKE("query", "query.*")', T),
+    ('REGEXP_POSITION("Thisisabigsubquery", "query")', 13),
+    ("REGEXP_POSITION1('tablet', 'ab?')", 2),
+    (
+        'REGEXP_REPLACE("Thisisaqueryisasubqandisnotisnull", "is", "IS", 4)',
+        "ThISISaqueryISasubqandISnotisnull",
+    ),
+    # positions count characters, not UTF-8 bytes
+    ('REGEXP_POSITION("日本語で日本", "で")', 3),
+    ('REGEXP_REPLACE("héllo", "[é]", "e")', "hello"),
+    ('REGEXP_REPLACE("abc", "x*", "-")', "-a-b-c-"),
+    ('REGEXP_REPLACE("abc", "b", "$1\\\\1")', "a$1\\1c"),  # replacement is literal text
+    # RE2 semantics (as N1QL's Go regexp): \d is ASCII, $ is the end of the text
+    ('REGEXP_CONTAINS("٣", "\\\\d")', F),
+    ('REGEXP_CONTAINS("a\\n", "a$")', F),
+    ('REGEXP_CONTAINS("ab", "(?P<x>a)b")', T),
+    ('REGEXP_LIKE("AB", "(?i)ab")', T),
+    # a pathological pattern for a backtracking engine: RE2 answers at once
+    ('REGEXP_CONTAINS(REPEAT("a", 30) || "!", "^(a+)+$")', F),
+    ('REGEXP_LIKE(REPEAT("a", 5000), "(a|aa)*b")', F),
+    ('REGEXP_CONTAINS(REPEAT("a", 30), "^(a+)+$")', T),
+    # not text: NULL, as for every function
+    ('REGEXP_CONTAINS(1, "a")', N),
+    ('REGEXP_CONTAINS("a", 1)', N),
+    ('REGEXP_REPLACE("a", "a", 1)', N),
+    ('REGEXP_CONTAINS("\\ud800a", "a")', N),  # a lone surrogate: not matchable text
+    ('REGEXP_CONTAINS(missing_field, "a")', M),
+]
+
+
+def test_regexp_functions():
+    check_table(REGEXP_FUNCTIONS)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        ("(a)\\\\1", "invalid escape sequence"),  # backreference
+        ("a(?=b)", "invalid perl operator"),  # lookahead
+        ("(?<!a)b", "invalid perl operator"),  # lookbehind
+        ("(", "missing )"),
+        ("a{1001}", "invalid repetition size"),
+    ],
+)
+def test_regexp_pattern_re2_cannot_compile_is_a_clear_error(pattern, reason):
+    for fn in ("REGEXP_CONTAINS", "REGEXP_LIKE", "REGEXP_POSITION", "REGEXP_REPLACE"):
+        extra = ', "x"' if fn == "REGEXP_REPLACE" else ""
+        with pytest.raises(ExpressionEvalError) as err:
+            ev(f'{fn}("abc", "{pattern}"{extra})')
+        e = err.value
+        assert e.code is ErrorCode.EXPRESSION_EVAL
+        assert reason in e.message and e.details["reason"].startswith(reason)
+        assert e.details["pattern"] == pattern.replace("\\\\", "\\")
+        assert "RE2 syntax" in e.details["hint"]

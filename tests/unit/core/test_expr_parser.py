@@ -121,6 +121,9 @@ def test_tokens_carry_kind_value_and_position():
         ("1e3", 1000.0),
         ("2.5E-3", 0.0025),
         ("7e+2", 700.0),
+        ("1e-999999", 0.0),  # rounds to zero, as a double does
+        ("1.7976931348623157e308", 1.7976931348623157e308),
+        ("9" * 308, int("9" * 308)),  # integers stay exact up to the largest double
     ],
 )
 def test_number_literals(text, value):
@@ -331,6 +334,10 @@ def test_ast_is_immutable_hashable_and_picklable():
         ("1e", 1, 1, "1e", "malformed number '1e'"),
         ("x + 12abc", 1, 5, "12abc", "malformed number '12abc'"),
         ("1.2.3", 1, 1, "1.2.3", "malformed number"),
+        ("1e999999", 1, 1, "1e999999", "number 1e999999 is too large"),
+        ("x + 1e309", 1, 5, "1e309", "number 1e309 is too large"),
+        ("2.5E+400", 1, 1, "2.5E+400", "is too large (the largest is about 1.8e308)"),
+        ("1" + "0" * 309, 1, 1, "1" + "0" * 39 + "...", "is too large"),
         ("a ^ b", 1, 3, "^", "unexpected character '^'"),
         ("a = $", 1, 5, "$", "malformed parameter"),
         ("FOO(1)", 1, 1, "FOO", "unknown function 'FOO'"),

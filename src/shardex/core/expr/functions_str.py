@@ -2,8 +2,11 @@
 repetition, title case and the 1-based / character-counting variants.
 
 Registered into the shared registry on import (see ``functions_num``). Regular expressions
-use Python's ``re`` (N1QL uses Go's RE2 syntax; the common subset is the same). A pattern
-that does not compile gives NULL, never an error: functions do not raise on data.
+run on RE2 (``google-re2``), the engine and syntax N1QL uses (Go's regexp is RE2): matching
+is linear in the text, so no pattern can backtrack for seconds holding the GIL and stall the
+node's event loop (heartbeats included). RE2 has no backreferences or lookaround; a pattern
+that does not compile is an EXPRESSION_EVAL error naming it, as in N1QL, since a bad pattern
+is the query's mistake and a silent NULL would hide it.
 """
 
 from __future__ import annotations
@@ -13,41 +16,80 @@ from functools import lru_cache
 from typing import Any
 
 from shardex.core.values import MISSING
+from shardex.errors import ExpressionEvalError
 
 from .functions import _fn, _int_arg
 
 _MAX_RESULT_CHARS = 20_000_000  # REPEAT/LPAD beyond this are NULL rather than exhaust memory
 
+_SHOWN_PATTERN_CHARS = 200  # an error quotes at most this much of a (possibly huge) pattern
+_RE2_HINT = (
+    "patterns use RE2 syntax (as N1QL): no backreferences (\\1) or lookaround ((?=, (?!, "
+    "(?<=, (?<!); see https://github.com/google/re2/wiki/Syntax"
+)
+
+
+@lru_cache(maxsize=1)
+def _re2() -> tuple[Any, Any]:
+    """The ``re2`` module and its options, imported on first use: the import costs ~0.1 s
+    and most processes (the CLI, clients) never match a regular expression."""
+    import re2
+
+    options = re2.Options()
+    options.log_errors = False  # a bad pattern is reported to the caller, not to stderr
+    return re2, options
+
 
 @lru_cache(maxsize=512)
-def _regex(pattern: str) -> re.Pattern[str] | None:
+def _regex(pattern: str) -> Any:
+    """The compiled RE2 program for ``pattern`` (cached: patterns are usually literals)."""
+    re2, options = _re2()
     try:
-        return re.compile(pattern)
-    except (re.error, RecursionError, OverflowError):
-        return None
+        return re2.compile(pattern, options)
+    except re2.error as e:
+        raw = e.args[0] if e.args else str(e)  # RE2's message, as bytes
+        reason = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    except UnicodeEncodeError:  # a lone surrogate: not text RE2 can take
+        reason = "the pattern is not valid Unicode text"
+    shown = pattern[:_SHOWN_PATTERN_CHARS] + ("..." if len(pattern) > _SHOWN_PATTERN_CHARS else "")
+    raise ExpressionEvalError(
+        f"invalid regular expression {shown!r}: {reason}",
+        details={"pattern": shown, "reason": reason, "hint": _RE2_HINT},
+    )
 
 
-def _rx(s: Any, pattern: Any) -> re.Pattern[str] | None:
+def _rx(s: Any, pattern: Any) -> Any:
     if type(s) is not str or type(pattern) is not str:
         return None
     return _regex(pattern)
 
 
+def _text_ok(s: str) -> bool:
+    """RE2 matches UTF-8: a string holding a lone surrogate cannot be matched (gives NULL)."""
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @_fn("REGEXP_CONTAINS", 2, -1, "REGEX_CONTAINS")
 def _regexp_contains(s: Any, pattern: Any) -> Any:
     rx = _rx(s, pattern)
-    return None if rx is None else rx.search(s) is not None
+    return None if rx is None or not _text_ok(s) else rx.search(s) is not None
 
 
 @_fn("REGEXP_LIKE", 2, -1, "REGEX_LIKE")
 def _regexp_like(s: Any, pattern: Any) -> Any:
     rx = _rx(s, pattern)
-    return None if rx is None else rx.fullmatch(s) is not None
+    return None if rx is None or not _text_ok(s) else rx.fullmatch(s) is not None
 
 
 def _regexp_position(s: Any, pattern: Any, base: int) -> Any:
     rx = _rx(s, pattern)
-    if rx is None:
+    if rx is None or not _text_ok(s):
         return None
     m = rx.search(s)
     return -1 if m is None else m.start() + base
@@ -66,7 +108,7 @@ def _regexp_position1(s: Any, pattern: Any) -> Any:
 @_fn("REGEXP_REPLACE", 3, 4, "REGEX_REPLACE")
 def _regexp_replace(s: Any, pattern: Any, repl: Any, n: Any = MISSING) -> Any:
     rx = _rx(s, pattern)
-    if rx is None or type(repl) is not str:
+    if rx is None or type(repl) is not str or not (_text_ok(s) and _text_ok(repl)):
         return None
     count = 0
     if n is not MISSING:

@@ -10,10 +10,16 @@ expressions).
 from __future__ import annotations
 
 import enum
+import math
+import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
 from shardex.errors import ExpressionSyntaxError
+
+# An integer literal of more digits is past the largest double (~1.8e308) whatever its digits.
+_MAX_INT_DIGITS = 309
+_SHOWN_NUMBER_CHARS = 40  # an error quotes at most this much of a (possibly huge) literal
 
 
 class TokenKind(enum.Enum):
@@ -222,9 +228,32 @@ class Lexer:
                 j += 1
             self._fail(f"malformed number {text[start:j]!r}", line, col, text[start:j])
         raw = text[start:i]
-        value: int | float = float(raw) if is_float else int(raw)
+        value = self._number_value(raw, is_float, line, col)
         self._advance(i - start)
         return Token(TokenKind.NUMBER, raw, value, line, col, start)
+
+    def _number_value(self, raw: str, is_float: bool, line: int, col: int) -> int | float:
+        """A number literal's value; one beyond the largest double is an error, not infinity
+        (JSON has no infinity: it would come back as null) nor a crash (``int()`` refuses
+        more than 4300 digits). Integers within that range stay exact; tiny ones round to 0."""
+        if not is_float and len(raw.lstrip("0")) <= _MAX_INT_DIGITS:
+            value: int | float = int(raw)
+            if value <= sys.float_info.max:
+                return value
+        elif is_float:
+            value = float(raw)
+            if math.isfinite(value):
+                return value
+        shown = raw if len(raw) <= _SHOWN_NUMBER_CHARS else f"{raw[:_SHOWN_NUMBER_CHARS]}..."
+        raise syntax_error(
+            f"number {shown} is too large (the largest is about 1.8e308) at line {line}, "
+            f"column {col}",
+            self.text,
+            line,
+            col,
+            shown,
+            hint="write a smaller number, or the value as a string",
+        )
 
     def _string(self, quote: str) -> Token:
         start, line, col = self.pos, self.line, self.col

@@ -327,13 +327,16 @@ def logical_not(a: Any) -> Any:
 # -- LIKE ------------------------------------------------------------------------------------
 
 
-def like_regex(pattern: str) -> str:
-    """Translate a LIKE pattern to a Python regex matching the whole string.
+def like_segments(pattern: str) -> list[tuple[str, int]]:
+    """Split a LIKE pattern at its ``%`` wildcards: (regex, characters matched) per segment.
 
     ``%`` is any run (including empty), ``_`` any one character. A backslash escapes ``%``,
     ``_`` or another backslash; before anything else it is an ordinary character. Every
-    other character, including regex metacharacters, matches itself.
+    other character, including regex metacharacters, matches itself. A segment's regex has
+    no quantifier or alternation (escaped characters and ``.``): matching it at a position
+    costs its length, searching for it at most text x its length.
     """
+    segments: list[tuple[str, int]] = []
     out: list[str] = []
     i, n = 0, len(pattern)
     while i < n:
@@ -342,9 +345,49 @@ def like_regex(pattern: str) -> str:
             out.append(re.escape(pattern[i + 1]))
             i += 2
             continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        if c == "%":
+            segments.append(("".join(out), len(out)))
+            out = []
+        else:
+            out.append("." if c == "_" else re.escape(c))
         i += 1
-    return "".join(out)
+    segments.append(("".join(out), len(out)))
+    return segments
+
+
+def _wildcard_matcher(pattern: str) -> Callable[[str], bool]:
+    """``s LIKE pattern`` in time bounded by text x pattern length, whatever the pattern.
+
+    One regex with a ``.*`` per ``%`` backtracks: ``'%a%a%a%a%b'`` against a long run of
+    ``a`` takes time to the power of the ``%`` count, holding the GIL (so the node's event
+    loop and heartbeats) for minutes. Segments between ``%`` have fixed lengths and any
+    placement of one leaves the most room to the next when it is the leftmost, so: the
+    first segment anchored at the start, the last at the end, each one between at its first
+    match after the one before it.
+    """
+    segs = like_segments(pattern)
+    if len(segs) == 1:
+        whole = re.compile(segs[0][0], re.DOTALL)
+        return lambda s: whole.fullmatch(s) is not None
+    first = re.compile(segs[0][0], re.DOTALL)
+    middle = [re.compile(rx, re.DOTALL) for rx, _ in segs[1:-1] if rx]
+    last, last_len = re.compile(segs[-1][0], re.DOTALL), segs[-1][1]
+
+    def match(s: str) -> bool:
+        head = first.match(s)
+        if head is None:
+            return False
+        pos, end = head.end(), len(s) - last_len
+        if end < pos or last.fullmatch(s, end) is None:
+            return False
+        for rx in middle:
+            m = rx.search(s, pos, end)
+            if m is None:
+                return False
+            pos = m.end()
+        return True
+
+    return match
 
 
 @lru_cache(maxsize=1024)
@@ -368,8 +411,7 @@ def like_matcher(pattern: str) -> Callable[[str], bool]:
     ):
         middle = body[1:-1]
         return lambda s: middle in s
-    rx = re.compile(like_regex(pattern), re.DOTALL)
-    return lambda s: rx.fullmatch(s) is not None
+    return _wildcard_matcher(pattern)
 
 
 def like(value: Any, pattern: Any) -> Any:

@@ -21,6 +21,7 @@ from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.fragment_rows import leaf_rows, root_rows
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
 from shardex.sql.exec.rows import decode_row
+from shardex.sql.exec.statements import prepared_off_loop
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.planner.choose import key_exprs
 from shardex.sql.protocol import FragmentContext, FragmentRegistry
@@ -51,7 +52,9 @@ def sql_fragments(
     async def leaf(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         a = ctx.args
         tuning = check_tuning(a.get("tuning"))
-        b = bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
+        b = await prepared_off_loop(
+            a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
+        )
         if index_scan is None:
             raise ShardexError(
                 f"member {ctx.member_id} runs no index service but got a scan fragment",
@@ -101,7 +104,9 @@ def sql_fragments(
     async def root(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         a = ctx.args
         tuning = check_tuning(a.get("tuning"))
-        b = bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
+        b = await prepared_off_loop(
+            a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
+        )
         params = ctx.parameters
         source = a["source"]
         sources: list[AsyncIterator[list[Any]]]

@@ -12,9 +12,16 @@ plan as one row. INSERT/UPSERT: by key. DELETE/UPDATE: the derived SELECT
 is written at its owner under its CAS with the WHERE re-checked on the version written
 (``dml.py``: no lost updates); the reply carries the mutation count. Errors before the
 statement runs answer the request (SQL_SYNTAX with line/column/token, KEYSPACE_NOT_FOUND,
-INDEX_NOT_FOUND with a CREATE PRIMARY INDEX hint, BAD_REQUEST for parameters); errors while
+INDEX_NOT_FOUND with a CREATE PRIMARY INDEX hint, BAD_REQUEST for parameters and for a
+statement over ``MAX_STATEMENT_BYTES``); errors while
 rows flow (also within the first block) end the stream with that error. Nothing here
 outlives the statement: a failed statement leaves the node serving.
+
+Parsing, binding and planning cost grows with the statement's length (CPython: about a
+second per 100 KiB of IN list or OR chain): a statement of up to
+``statements.PLAN_ON_LOOP_CHARS`` is prepared on the loop (milliseconds: no thread hand-off
+on the common path), a longer one in a worker thread, so it never stalls the loop's
+heartbeats and other requests; its fragments bind it likewise (decision 0103).
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from shardex.sql.exec.fragment_rows import finish, root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
 from shardex.sql.exec.rows import decode_row, encode_row
-from shardex.sql.exec.statements import dml_select, parsed
+from shardex.sql.exec.statements import dml_select, parsed, prepared_off_loop
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
 from shardex.sql.local import bind_expr
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
@@ -69,9 +76,14 @@ from shardex.sql.syntax import (
     UpdateStmt,
 )
 from shardex.sql.syntax.bind import META_KEY, bind_select
-from shardex.sql.syntax.params import check_params
+from shardex.sql.syntax.params import check_params, check_params_depth
 
-__all__ = ["DEFAULT_MAX_ROWS", "SqlService"]
+__all__ = [
+    "DEFAULT_MAX_ROWS",
+    "MAX_STATEMENT_BYTES",
+    "SqlService",
+    "check_statement_size",
+]
 
 DEFAULT_MAX_ROWS: Final = 1_000_000
 BLOCK_ROWS: Final = 500
@@ -79,12 +91,30 @@ BLOCK_BYTES: Final = 512 * 1024
 MUTATE_PARALLEL: Final = 32
 MAX_TIMEOUT: Final = 3600.0
 WAIT_MARGIN: Final = 10.0
+# The longest statement text a node takes, in UTF-8 bytes: checked before parsing (a
+# megabyte of SQL already costs seconds to parse; values that large belong in parameters).
+MAX_STATEMENT_BYTES: Final = 1 << 20
 
 log = logging.getLogger(__name__)
 
 
 def _bad(message: str, **details: Any) -> ShardexError:
     return ShardexError(message, code=ErrorCode.BAD_REQUEST, details=details)
+
+
+def check_statement_size(sql: str, limit: int) -> None:
+    """BAD_REQUEST naming the size and the limit when ``sql`` is over ``limit`` UTF-8 bytes;
+    run before the text is parsed."""
+    if len(sql) <= limit // 4:  # at most 4 bytes a character: surely within
+        return
+    size = len(sql.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise _bad(
+            f"statement is {size} bytes, over the limit of {limit} bytes",
+            size=size,
+            limit=limit,
+            hint="pass large values as parameters ($name) or split the statement",
+        )
 
 
 def _params_of(exprs: list[Any]) -> set[str]:
@@ -121,6 +151,7 @@ class SqlService:
         streams: OutStreams,
         members: Callable[[], dict[str, str]],
         max_rows: int = DEFAULT_MAX_ROWS,
+        max_statement_bytes: int = MAX_STATEMENT_BYTES,
     ) -> None:
         self.query = query
         self.scan = scan
@@ -128,6 +159,7 @@ class SqlService:
         self.streams = streams
         self._members = members  # node name -> member id of the members up now
         self.max_rows = max_rows
+        self.max_statement_bytes = max_statement_bytes
 
     def install(self, server: RpcServer) -> None:
         server.route(SqlQuery, self.on_query)
@@ -156,23 +188,28 @@ class SqlService:
         self.streams.check_new(conn, msg.stream_id)
         self._check(msg)
         tuning = check_tuning(msg.tuning)
-        stmt = parsed(msg.statement, cached=tuning["plan_cache"])  # SQL_SYNTAX: line, column
+        sql, cached = msg.statement, tuning["plan_cache"]
+        stmt = await prepared_off_loop(sql, lambda: parsed(sql, cached=cached))  # SQL_SYNTAX
         check_statement(conn.principal, stmt)
         params = msg.params
         if isinstance(stmt, SelectStmt):
             return await self._select(msg, stmt, params, conn)
         if isinstance(stmt, ExplainStmt):
-            b = bind_statement(msg.statement, False, cached=tuning["plan_cache"])
             state = await self.scan.view.state()
-            have_params = params is not None
-            plan = plan_select(
-                b,
-                params,
-                state=state,
-                members=self._members(),
-                resolve_params=have_params,
-                tuning=tuning,
-            )
+            members = self._members()
+
+            def explained() -> PhysicalPlan:
+                b = bind_statement(sql, False, cached=cached)
+                return plan_select(
+                    b,
+                    params,
+                    state=state,
+                    members=members,
+                    resolve_params=params is not None,
+                    tuning=tuning,
+                )
+
+            plan = await prepared_off_loop(sql, explained)
             started = SqlStarted(
                 stream_id=msg.stream_id, statement="explain", index=_index_of(plan)
             )
@@ -193,6 +230,7 @@ class SqlService:
         )
 
     def _check(self, msg: SqlQuery) -> None:
+        check_statement_size(msg.statement, self.max_statement_bytes)
         check_durability(msg.durability)
         if msg.consistency not in CONSISTENCIES:
             raise _bad(
@@ -205,6 +243,7 @@ class SqlService:
             raise _bad(f"timeout must be in (0, {MAX_TIMEOUT}] seconds", value=msg.timeout)
         if msg.max_rows_in_memory is not None and msg.max_rows_in_memory < 1:
             raise _bad("max_rows_in_memory must be >= 1", value=msg.max_rows_in_memory)
+        check_params_depth(msg.params)
 
     def _budget(self, msg: SqlQuery) -> int:
         return msg.max_rows_in_memory or self.max_rows
@@ -224,7 +263,9 @@ class SqlService:
         """Plan and start a SELECT; returns the plan, the TS it reads and its result rows
         (encoded, in chunks). ``stmt`` is ``sql`` parsed (for DML: the SELECT it derives)."""
         tuning = check_tuning(msg.tuning)
-        b = bind_statement(sql, dml, cached=tuning["plan_cache"])
+        b = await prepared_off_loop(
+            sql, lambda: bind_statement(sql, dml, cached=tuning["plan_cache"])
+        )
         check_params(b.params(), params)
         state = await self.scan.view.state()
         loop = asyncio.get_running_loop()
@@ -233,17 +274,19 @@ class SqlService:
         # (``failover.py``), at the TS pinned once.
         avoid: set[str] = set()
 
-        def planned() -> PhysicalPlan:
+        def planned(members: dict[str, str] | None = None) -> PhysicalPlan:
             return plan_select(
                 b,
                 params,
                 state=state,
-                members=self._members(),
+                members=self._members() if members is None else members,
                 tuning=tuning,
                 avoid=frozenset(avoid),
             )
 
-        plan = planned()
+        # The members are read here, on the loop: membership changes only there.
+        members = self._members()
+        plan = await prepared_off_loop(sql, lambda: planned(members))
         if plan.source == "keys" and tuning["inline"]:
             keys = named_keys(b, params)
             if len(keys) <= INLINE_KEYS:

@@ -3,12 +3,18 @@ on the initiator and bound again by every fragment on every member (fragments ca
 text, not the tree), and parsing plus binding costs milliseconds in Python. Statements and
 bound SELECTs are immutable, so one copy serves every query and thread. A statement that
 fails to parse or bind is not kept (the error is raised each time).
+
+Parsing and binding cost grows with the text (about a second per 100 KiB of IN list or OR
+chain): ``prepared_off_loop`` runs them on the loop for a short statement and in a worker
+thread for a long one, on the initiator and on every member its fragments run on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 from shardex.core.expr import Field, Identifier, Meta
 from shardex.sql.syntax import (
@@ -22,9 +28,22 @@ from shardex.sql.syntax import (
 from shardex.sql.syntax.bind import BoundSelect, bind_select
 from shardex.sql.syntax.parser import Statement
 
-__all__ = ["CACHE_SIZE", "bound_statement", "parsed"]
+__all__ = ["CACHE_SIZE", "PLAN_ON_LOOP_CHARS", "bound_statement", "parsed", "prepared_off_loop"]
 
 CACHE_SIZE: Final = 512
+# Statements up to this many characters are parsed, bound and planned on the loop (a few
+# milliseconds at most: no thread hand-off on the common path), longer ones in a worker thread.
+PLAN_ON_LOOP_CHARS: Final = 4096
+
+_T = TypeVar("_T")
+
+
+async def prepared_off_loop(sql: str, fn: Callable[[], _T]) -> _T:
+    """``fn()`` (parse, bind or plan ``sql``): on the loop for a short statement, in a worker
+    thread for a long one (``PLAN_ON_LOOP_CHARS``)."""
+    if len(sql) <= PLAN_ON_LOOP_CHARS:
+        return fn()
+    return await asyncio.to_thread(fn)
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)

@@ -19,7 +19,10 @@ beside (not subtracted).
 ``DIR`` (e.g. ``git archive HEAD src | tar -x -C DIR``, then ``DIR/src``), and the two take
 turns round by round (A/B interleaved, so a load spike from other work on this shared machine
 hits both); the summary rows give the median of each and the ratio current / baseline.
-``--chunk N`` keeps the bench shape's pacing but sends calls of exactly N documents: the
+``--replicas N`` and ``--durability LEVEL`` set the keyspace's replica count and every
+write's durability (e.g. ``--replicas 1 --durability majority --shape single --writers 16
+--threads 1 --rate 1000000``: 16 unpaced clients at majority, ``bench.replication``'s goal
+case). ``--chunk N`` keeps the bench shape's pacing but sends calls of exactly N documents: the
 bench's own calls grow when round trips are slow, so a faster variant makes more, smaller
 calls and its per-write client cost is not comparable (``writes/call`` shows it).
 ``--instructions`` adds user-space instructions per write from ``perf stat --per-thread``
@@ -196,14 +199,16 @@ def writer_main(spec: dict[str, Any]) -> None:
                     n = 1
                     t0 = time.perf_counter()
                     docid, body = mine[sent]
-                    ks.upsert(docid, body)
+                    ks.upsert(docid, body, durability=spec["durability"])
                 else:
                     if spec["chunk"]:  # fixed-size calls: the same work per call in A and B
                         n = min(spec["chunk"], len(mine) - sent)
                     else:
                         n = min(max(due - sent, per_tick), MAX_CHUNK, len(mine) - sent)
                     t0 = time.perf_counter()
-                    ks.upsert_many(mine[sent : sent + n], chunk_size=n)
+                    ks.upsert_many(
+                        mine[sent : sent + n], chunk_size=n, durability=spec["durability"]
+                    )
                 calls[k].append(time.perf_counter() - t0)
                 sent += n
                 done[k] = sent
@@ -227,8 +232,15 @@ def writer_main(spec: dict[str, Any]) -> None:
         for prof in profiles[1:]:
             prof.disable()  # ended threads: disabling from here only stops the bookkeeping
         time.sleep(0.2)
-        stats = pstats.Stats(profiles[0])
-        for prof in profiles[1:]:
+        # Only profiles that saw a call: pstats refuses an empty one (the loop's, when every
+        # call went from the calling thread, ``client/direct_kv.py``).
+        seen = []
+        for prof in profiles:
+            prof.create_stats()
+            if prof.stats:  # type: ignore[attr-defined]
+                seen.append(prof)
+        stats = pstats.Stats(seen[0])
+        for prof in seen[1:]:
             stats.add(prof)
         stats.dump_stats(str(Path(spec["profile_client"]) / f"client-{os.getpid()}.prof"))
     lat = sorted(x for c in calls for x in c)
@@ -290,14 +302,15 @@ def variant_cluster(v: Variant, base: Path) -> Iterator[None]:
         yield
 
 
-def preload(v: Variant, docs: int) -> None:
-    """The keyspace and ``docs`` documents (``user-<k>``), untimed, from this process."""
+def preload(v: Variant, docs: int, replicas: int = 0) -> None:
+    """The keyspace (``replicas`` replicas) and ``docs`` documents (``user-<k>``), untimed,
+    from this process."""
     from bench.common.dataset import updates
     from shardex.client import connect_local
 
     assert v.cluster_dir is not None
     with connect_local(v.cluster_dir, name="bench-write-profile-load") as client:
-        client.create_keyspace(KEYSPACE, num_partitions=PARTITIONS, num_replicas=0)
+        client.create_keyspace(KEYSPACE, num_partitions=PARTITIONS, num_replicas=replicas)
         ks = client.keyspace(KEYSPACE)
         items = [(f"user-{k:07d}", body) for k, (_, body) in enumerate(updates(docs, docs, 1))]
         ks.upsert_many(items, chunk_size=1000)
@@ -317,6 +330,7 @@ def run_round(
         "total_docs": a.preload,
         "shape": a.shape,
         "chunk": a.chunk,
+        "durability": a.durability,
         "profile_client": profile_client,
     }
     procs = []
@@ -451,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2, help="threads per writer process")
     ap.add_argument("--preload", type=int, default=20_000, help="documents written first")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--replicas", type=int, default=0, help="the keyspace's num_replicas")
+    ap.add_argument("--durability", default="persist", help="of every write (e.g. majority)")
     ap.add_argument("--baseline-src", type=Path, help="a shardex src dir to compare against")
     ap.add_argument("--profile-nodes", type=Path, help="cProfile the nodes into this dir")
     ap.add_argument(
@@ -476,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for v in variants:  # the baseline's nodes get the (unused) hook too: harmless
                 stack.enter_context(variant_cluster(v, base))
             for v in variants:
-                preload(v, a.preload)
+                preload(v, a.preload, a.replicas)
                 idle[v.name] = round(idle_rate(v), 3)
                 log(f"{v.name}: preloaded {a.preload}, idle node CPU {idle[v.name]} cores")
             for r in range(a.rounds):

@@ -170,3 +170,38 @@ def test_stream_consumer_across_owner_restart(cluster: LocalCluster) -> None:
         ErrorCode.NODE_UNAVAILABLE,
         ErrorCode.TIMEOUT,
     }, errors
+
+
+def test_a_majority_write_fails_after_its_own_durability_timeout(cluster: LocalCluster) -> None:
+    """A replica paused (SIGSTOP) well under the failure timeout: a majority write to a
+    partition it holds a replica of waits the ``durability_timeout`` the writer gave, not the
+    node's default, and is ambiguous naming it."""
+    with connect_local(cluster.path, name="dtimeout", request_timeout=30) as c:
+        desc = c.create_keyspace("dtimeout", NP, num_replicas=1)
+        p = next(q for q, n in desc.assignment.items() if desc.replicas[q] == ["node3"])
+        d = docids_in(p, NP, 1, "dt")[0]
+        ks = c.keyspace("dtimeout")
+        wait_for(lambda: _written(ks, d, 1), 30, what="a majority write with the replica up")
+        pid = cluster.pid(3)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(ShardexError) as err:
+                ks.upsert(d, {"v": 2}, durability="majority", durability_timeout=1.0)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert err.value.code is ErrorCode.DURABILITY_AMBIGUOUS, err.value
+        assert err.value.details["durability_timeout"] == 1.0
+        assert "within 1 s" in err.value.message
+        # the replica back: majority writes are acknowledged again
+        wait_for(lambda: _written(ks, d, 3), 30, what="a majority write after the pause")
+
+
+def _written(ks, docid: str, v: int) -> bool:
+    try:
+        ks.upsert(docid, {"v": v}, durability="majority")
+    except ShardexError as exc:
+        if exc.code in (ErrorCode.DURABILITY_IMPOSSIBLE, ErrorCode.DURABILITY_AMBIGUOUS):
+            return False
+        raise
+    return True

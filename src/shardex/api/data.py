@@ -7,6 +7,10 @@ untouched. Nothing on the path re-encodes a document.
 Tags carry a ``data.`` prefix because short names such as ``Upsert`` or ``Delete`` are also
 what the index pipeline calls its key versions; tags must be unique across the code base.
 
+A write's ``durability_timeout`` bounds how long a majority level waits for the copies
+(``validation.check_durability_timeout``); None, and every frame of a peer that predates
+the field, means the node's own default.
+
 Change streams: ``OpenStream`` is a request (its reply, or its ROLLBACK error, says whether the
 stream exists); the node then sends ``StreamBatch`` one-way messages on the same connection and
 finally one ``StreamEnd``. Flow control is credit based: the opener grants ``credit`` batches
@@ -35,6 +39,7 @@ class Insert(Message, tag="data.Insert"):
     docid: str
     doc: bytes  # JSON text of an object
     durability: str = "persist"
+    durability_timeout: float | None = None  # seconds; None: the node's default
 
 
 class Upsert(Message, tag="data.Upsert"):
@@ -43,6 +48,7 @@ class Upsert(Message, tag="data.Upsert"):
     doc: bytes
     cas: int | None = None
     durability: str = "persist"
+    durability_timeout: float | None = None  # seconds; None: the node's default
 
 
 class Replace(Message, tag="data.Replace"):
@@ -51,6 +57,7 @@ class Replace(Message, tag="data.Replace"):
     doc: bytes
     cas: int | None = None
     durability: str = "persist"
+    durability_timeout: float | None = None  # seconds; None: the node's default
 
 
 class Delete(Message, tag="data.Delete"):
@@ -58,6 +65,7 @@ class Delete(Message, tag="data.Delete"):
     docid: str
     cas: int | None = None
     durability: str = "persist"
+    durability_timeout: float | None = None  # seconds; None: the node's default
 
 
 class MutationReply(Message, tag="data.MutationReply"):
@@ -93,6 +101,7 @@ class MutateMany(Message, tag="data.MutateMany"):
     keyspace: str
     ops: list[OpItem]
     durability: str = "persist"
+    durability_timeout: float | None = None
 
 
 class ItemError(msgspec.Struct, array_like=True, frozen=True):

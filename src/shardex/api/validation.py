@@ -54,6 +54,13 @@ SYNCED_LEVELS = frozenset(
     ("persist_active", "majority_persist_active", "persist_majority", "persist")
 )
 
+# How long a majority write may wait for its copies when the caller names it
+# (``durability_timeout=``, seconds; None: the node's own default). Bounded: a waiting write
+# keeps its document pending (reads of it wait) and its waiter in the node's memory, so a
+# caller may not hold them for hours by mistake. 65.535 s is also the most Couchbase's
+# protocol can carry (milliseconds in 16 bits).
+MAX_DURABILITY_TIMEOUT = 65.535
+
 _POSITION = re.compile(r"\(byte (\d+)\)")
 # Built once: ``msgspec.json.decode(body, type=dict)`` converts the type on every call, which
 # measured 3x the parse itself for a 300-byte document (20 vs 7 us), on every write, on the
@@ -319,6 +326,26 @@ def durability_level(durability: object) -> str:
     check_durability(durability)
     assert isinstance(durability, str)
     return DURABILITY_ALIASES.get(durability, durability)
+
+
+def check_durability_timeout(timeout: object) -> float | None:
+    """A write's ``durability_timeout`` (seconds; None: the node's default) as a float;
+    BAD_REQUEST unless a finite number in (0, MAX_DURABILITY_TIMEOUT]."""
+    if timeout is None:
+        return None
+    ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+    if ok and 0 < timeout <= MAX_DURABILITY_TIMEOUT:  # False for NaN as well
+        return float(timeout)
+    raise BadRequest(
+        f"durability_timeout must be a number of seconds in (0, {MAX_DURABILITY_TIMEOUT:g}], "
+        f"got {timeout!r}",
+        details={
+            "durability_timeout": repr(timeout),
+            "maximum": MAX_DURABILITY_TIMEOUT,
+            "hint": "pass seconds as a float (e.g. 2.5), or None for the node's default; it "
+            "applies to the majority levels only",
+        },
+    )
 
 
 def majority_of(copies: int) -> int:

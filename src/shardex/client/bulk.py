@@ -54,10 +54,17 @@ class BulkWriteError(ShardexError):
 class BulkWriter:
     """Async side of one batched write (lives on the client's loop)."""
 
-    def __init__(self, router: DataRouter, keyspace: str, durability: str) -> None:
+    def __init__(
+        self,
+        router: DataRouter,
+        keyspace: str,
+        durability: str,
+        durability_timeout: float | None = None,
+    ) -> None:
         self._router = router
         self.keyspace = keyspace
         self.durability = durability
+        self.durability_timeout = durability_timeout  # checked by the caller
         self._queues: dict[
             str, asyncio.Queue[tuple[list[tuple[int, OpItem]], asyncio.Future[Any]]]
         ] = {}
@@ -157,7 +164,11 @@ class BulkWriter:
         # Through the client's coalescer: merged with other calls' writes to this node that
         # wait while a request is out (``coalesce.py``).
         outcomes = await self._router.writes.submit(
-            node, self.keyspace, self.durability, [op for _, op in group]
+            node,
+            self.keyspace,
+            self.durability,
+            [op for _, op in group],
+            self.durability_timeout,
         )
         return {i: r for (i, _), r in zip(group, outcomes, strict=True)}
 

@@ -6,10 +6,10 @@ hop to its I/O pool, one commit and its fsync, measured in
 whose threads write concurrently (the
 pipeline bench's paced writers: two threads per process, each sending ~25 documents every
 20 ms, split over the nodes) sent one small request per call and node. Here, per (node,
-keyspace, durability), at most one request is in flight from this client; calls arriving
-meanwhile wait and go together in the next one, whole and in arrival order. The node would
-have queued them behind its running commit anyway (its group commit), so the wait costs
-about what the extra request saved, and the node sees fewer, larger requests.
+keyspace, durability and its timeout), at most one request is in flight from this client;
+calls arriving meanwhile wait and go together in the next one, whole and in arrival order.
+The node would have queued them behind its running commit anyway (its group commit), so the
+wait costs about what the extra request saved, and the node sees fewer, larger requests.
 
 Outcomes are per op, aligned with each caller's ops; a whole-request failure (connection
 lost, node refused the batch) is given to every op of that request, with the same
@@ -31,13 +31,15 @@ if TYPE_CHECKING:
     from shardex.client.routing import DataRouter
 
 Result = MutationResult | ShardexError
-Send = Callable[[str, str, str, list[OpItem]], Awaitable[list[Result]]]
+# (node, keyspace, durability, durability timeout or None, ops) -> an outcome per op
+Send = Callable[[str, str, str, float | None, list[OpItem]], Awaitable[list[Result]]]
+Lane = tuple[str, str, str, float | None]  # the four first arguments of a ``Send``
 
 MAX_MERGED_OPS = 1000  # ops per merged request (a larger call still goes alone)
 
 
 class _Lane:
-    """Waiting calls of one (node, keyspace, durability) and whether a request is out."""
+    """Waiting calls of one ``Lane`` and whether a request is out."""
 
     __slots__ = ("busy", "waiting")
 
@@ -51,17 +53,22 @@ class WriteCoalescer:
 
     def __init__(self, send: Send) -> None:
         self._send = send
-        self._lanes: dict[tuple[str, str, str], _Lane] = {}
+        self._lanes: dict[Lane, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests = 0  # counters for tests and benchmarks
         self.calls = 0
 
     async def submit(
-        self, node: str, keyspace: str, durability: str, ops: list[OpItem]
+        self,
+        node: str,
+        keyspace: str,
+        durability: str,
+        ops: list[OpItem],
+        durability_timeout: float | None = None,
     ) -> list[Result]:
         """Write ``ops`` to ``node`` (alone or merged with other waiting calls); returns one
         outcome per op, in order."""
-        key = (node, keyspace, durability)
+        key = (node, keyspace, durability, durability_timeout)
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = _Lane()
@@ -83,8 +90,7 @@ class WriteCoalescer:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _drain(self, key: tuple[str, str, str], lane: _Lane) -> None:
-        node, keyspace, durability = key
+    async def _drain(self, key: Lane, lane: _Lane) -> None:
         group: list[tuple[list[OpItem], asyncio.Future[list[Result]]]] = []
         try:
             while lane.waiting:
@@ -98,7 +104,7 @@ class WriteCoalescer:
                 ops = group[0][0] if n == 1 else [op for o, _ in group for op in o]
                 self.requests += 1
                 try:
-                    out = await self._send(node, keyspace, durability, ops)
+                    out = await self._send(*key, ops)
                 except Exception as exc:  # every op gets an outcome, whatever went wrong
                     err = exc if isinstance(exc, ShardexError) else ShardexError(repr(exc))
                     out = [err] * len(ops)
@@ -124,7 +130,12 @@ class WriteCoalescer:
 
 
 async def send_mutate_many(
-    router: DataRouter, node: str, keyspace: str, durability: str, ops: list[OpItem]
+    router: DataRouter,
+    node: str,
+    keyspace: str,
+    durability: str,
+    durability_timeout: float | None,
+    ops: list[OpItem],
 ) -> list[Result]:
     """One ``MutateMany`` to ``node``; an outcome per op (a whole-request failure repeated)."""
     try:
@@ -132,9 +143,12 @@ async def send_mutate_many(
     except ShardexError as exc:
         exc.details.setdefault("unsent", True)
         return [exc] * len(ops)
-    msg = MutateMany(keyspace=keyspace, ops=ops, durability=durability)
+    msg = MutateMany(
+        keyspace=keyspace, ops=ops, durability=durability, durability_timeout=durability_timeout
+    )
+    timeout = router.write_timeout(durability_timeout) or router.request_timeout
     try:
-        reply = await conn.request(msg, router.request_timeout, expect=MutateManyReply)
+        reply = await conn.request(msg, timeout, expect=MutateManyReply)
     except ShardexError as exc:
         if exc.code is not ErrorCode.NOT_MY_PARTITION:  # else the whole batch was refused
             exc.details.setdefault("outcome", "unknown: the request may have been applied")

@@ -53,27 +53,36 @@ class DirectKV:
         self.sent = 0  # requests answered over a calling thread's socket (tests watch it)
 
     def to_owner(
-        self, keyspace: str, docid: str, msg: Message, expect: type[M], *, idempotent: bool
+        self,
+        keyspace: str,
+        docid: str,
+        msg: Message,
+        expect: type[M],
+        *,
+        idempotent: bool,
+        timeout: float | None = None,
     ) -> M:
         """``DataRouter.to_owner``'s answer to ``msg``, from the calling thread when the
-        cached topology allows, else (or to retry) through the loop."""
+        cached topology allows, else (or to retry) through the loop. ``timeout``: seconds
+        for each reply (None: the router's ``request_timeout``)."""
         rpc = self._rpc
         if rpc.closed:
             raise client_closed()
         router = rpc.router
         address = router.owner_address(keyspace, docid)
         if address is None:
-            return rpc.run(router.to_owner(keyspace, docid, msg, expect, idempotent=idempotent))
+            return rpc.run(
+                router.to_owner(
+                    keyspace, docid, msg, expect, idempotent=idempotent, timeout=timeout
+                )
+            )
         try:
-            reply = self._request(address, msg, expect, idempotent)
+            reply = self._request(address, msg, expect, timeout)
         except _Unsent as unsent:  # the loop's turn, from its first attempt
             after = unsent.error
-            if after is None:
-                coro = router.to_owner(keyspace, docid, msg, expect, idempotent=idempotent)
-            else:
-                coro = router.to_owner(
-                    keyspace, docid, msg, expect, idempotent=idempotent, after=after
-                )
+            coro = router.to_owner(
+                keyspace, docid, msg, expect, idempotent=idempotent, after=after, timeout=timeout
+            )
             return rpc.run(coro)
         except ShardexError as exc:
             if rpc.closed:
@@ -82,12 +91,14 @@ class DirectKV:
                 router.suspect(exc)
                 raise
             # Refused (nothing applied), or a read: the loop's next attempt, refreshed.
-            coro = router.to_owner(keyspace, docid, msg, expect, idempotent=idempotent, after=exc)
+            coro = router.to_owner(
+                keyspace, docid, msg, expect, idempotent=idempotent, after=exc, timeout=timeout
+            )
             return rpc.run(coro)
         self.sent += 1
         return reply
 
-    def _request(self, address: str, msg: Message, expect: type[M], idempotent: bool) -> M:
+    def _request(self, address: str, msg: Message, expect: type[M], timeout: float | None) -> M:
         """Send ``msg`` on this thread's socket to ``address`` and read its reply. Raises
         ``_Unsent`` when it was not sent (no connection, a socket busy with a scan)."""
         sockets = self._sockets
@@ -110,7 +121,9 @@ class DirectKV:
         except ConnectionClosed as exc:
             # ``sendall`` failed: the node has no whole frame, so nothing was applied.
             raise _Unsent(None) from exc
-        return conn.reply(rid, msg, self._rpc.router.request_timeout, expect)
+        if timeout is None:
+            timeout = self._rpc.router.request_timeout
+        return conn.reply(rid, msg, timeout, expect)
 
 
 class _Unsent(Exception):

@@ -34,6 +34,7 @@ from shardex.api.validation import (
     check_cas,
     check_docid,
     check_durability,
+    check_durability_timeout,
     encode_document,
 )
 from shardex.client.bulk import BulkWriteError, BulkWriter, Result
@@ -76,52 +77,105 @@ class Keyspace:
         return docid, encode_document(doc, self.max_doc_bytes, docid)
 
     def _mutate(self, docid: str, msg: Any) -> MutationResult:
+        timeout = self._rpc.router.write_timeout(msg.durability_timeout)
         direct = self._direct
         if direct is not None:
-            return direct.to_owner(self.name, docid, msg, MutationReply, idempotent=False).result
+            return direct.to_owner(
+                self.name, docid, msg, MutationReply, idempotent=False, timeout=timeout
+            ).result
         router = self._rpc.router
         reply = self._rpc.run(
-            router.to_owner(self.name, docid, msg, MutationReply, idempotent=False)
+            router.to_owner(self.name, docid, msg, MutationReply, idempotent=False, timeout=timeout)
         )
         return reply.result
 
-    def insert(self, docid: str, doc: object, *, durability: str = "persist") -> MutationResult:
-        """Create ``docid``; DOC_EXISTS if it exists. Returns (partition, seqno, uuid, cas)."""
+    def insert(
+        self,
+        docid: str,
+        doc: object,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
+    ) -> MutationResult:
+        """Create ``docid``; DOC_EXISTS if it exists. Returns (partition, seqno, uuid, cas).
+        ``durability_timeout``: seconds a majority level waits for the copies before
+        DURABILITY_AMBIGUOUS (None: the node's default, 5 s; at most 65.535)."""
         docid, body = self._encode(docid, doc)
         check_durability(durability)
-        msg = Insert(keyspace=self.name, docid=docid, doc=body, durability=durability)
+        msg = Insert(
+            keyspace=self.name,
+            docid=docid,
+            doc=body,
+            durability=durability,
+            durability_timeout=check_durability_timeout(durability_timeout),
+        )
         return self._mutate(docid, msg)
 
     def upsert(
-        self, docid: str, doc: object, cas: int | None = None, *, durability: str = "persist"
+        self,
+        docid: str,
+        doc: object,
+        cas: int | None = None,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> MutationResult:
-        """Create or overwrite; with ``cas`` the document must exist with that CAS."""
+        """Create or overwrite; with ``cas`` the document must exist with that CAS.
+        ``durability_timeout``: as ``insert``'s."""
         docid, body = self._encode(docid, doc)
         check_durability(durability)
         msg = Upsert(
-            keyspace=self.name, docid=docid, doc=body, cas=check_cas(cas), durability=durability
+            keyspace=self.name,
+            docid=docid,
+            doc=body,
+            cas=check_cas(cas),
+            durability=durability,
+            durability_timeout=check_durability_timeout(durability_timeout),
         )
         return self._mutate(docid, msg)
 
     def replace(
-        self, docid: str, doc: object, cas: int | None = None, *, durability: str = "persist"
+        self,
+        docid: str,
+        doc: object,
+        cas: int | None = None,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> MutationResult:
         """Overwrite an existing document: DOC_NOT_FOUND if absent, CAS_MISMATCH if ``cas``
-        is given and the document has changed since."""
+        is given and the document has changed since. ``durability_timeout``: as ``insert``'s."""
         docid, body = self._encode(docid, doc)
         check_durability(durability)
         msg = Replace(
-            keyspace=self.name, docid=docid, doc=body, cas=check_cas(cas), durability=durability
+            keyspace=self.name,
+            docid=docid,
+            doc=body,
+            cas=check_cas(cas),
+            durability=durability,
+            durability_timeout=check_durability_timeout(durability_timeout),
         )
         return self._mutate(docid, msg)
 
     def delete(
-        self, docid: str, cas: int | None = None, *, durability: str = "persist"
+        self,
+        docid: str,
+        cas: int | None = None,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> MutationResult:
-        """Delete (a tombstone with its own seqno); DOC_NOT_FOUND if absent."""
+        """Delete (a tombstone with its own seqno); DOC_NOT_FOUND if absent.
+        ``durability_timeout``: as ``insert``'s."""
         docid = check_docid(docid)
         check_durability(durability)
-        msg = Delete(keyspace=self.name, docid=docid, cas=check_cas(cas), durability=durability)
+        msg = Delete(
+            keyspace=self.name,
+            docid=docid,
+            cas=check_cas(cas),
+            durability=durability,
+            durability_timeout=check_durability_timeout(durability_timeout),
+        )
         return self._mutate(docid, msg)
 
     def get_versioned(self, docid: str, *, replica: str | None = None) -> VersionedDocument:
@@ -168,6 +222,7 @@ class Keyspace:
         *,
         chunk_size: int = DEFAULT_CHUNK,
         durability: str = "persist",
+        durability_timeout: float | None = None,
         raise_errors: bool = True,
         on_chunk: Callable[[int, list[Result]], None] | None = None,
         window: int = DEFAULT_WINDOW,
@@ -176,12 +231,14 @@ class Keyspace:
         in chunks, grouped by owner node and sent in parallel. Returns results aligned with
         the input. Items fail individually; if any failed and ``raise_errors``, raises
         ``BulkWriteError`` (code PARTIAL_FAILURE) after writing all the others.
-        ``on_chunk(first_index, results)`` reports progress as chunks complete, in order."""
+        ``on_chunk(first_index, results)`` reports progress as chunks complete, in order.
+        ``durability_timeout``: each item's, as ``insert``'s."""
         check_durability(durability)
+        timeout = check_durability_timeout(durability_timeout)
         if chunk_size < 1 or window < 1:
             raise ValueError("chunk_size and window must be positive")
         rpc = self._rpc
-        writer = BulkWriter(rpc.router, self.name, durability)
+        writer = BulkWriter(rpc.router, self.name, durability, timeout)
         if isinstance(items, list | tuple) and len(items) <= chunk_size:
             return self._upsert_one_chunk(writer, items, raise_errors, on_chunk)
         rpc.run(writer.start())

@@ -44,6 +44,7 @@ M = TypeVar("M", bound=Message)
 
 SECTIONS = ["keyspaces", "data_topologies"]  # not the dedup table: it can be large
 ROUTE_ATTEMPTS = 8  # with backoff 0.05 * 2^k capped at 1 s: about 4 s of trying
+REPLY_SLACK = 2.0  # seconds a write waits for its reply past its durability timeout
 _RETRY_UNSENT = (ErrorCode.NODE_UNAVAILABLE,)
 _RETRY_IDEMPOTENT = (
     ErrorCode.CONNECTION_CLOSED,
@@ -104,8 +105,8 @@ class DataRouter:
         self.refreshes = 0  # how often the topology was refetched (tests watch it)
         # Batched writes: one MutateMany in flight per node, later calls merged (coalesce.py).
         self.writes = WriteCoalescer(
-            lambda node, keyspace, durability, ops: send_mutate_many(
-                self, node, keyspace, durability, ops
+            lambda node, keyspace, durability, timeout, ops: send_mutate_many(
+                self, node, keyspace, durability, timeout, ops
             )
         )
 
@@ -194,6 +195,15 @@ class DataRouter:
 
     # --- requests -------------------------------------------------------------------------------
 
+    def write_timeout(self, durability_timeout: float | None) -> float | None:
+        """Seconds to wait for a write's reply: None (``request_timeout``) unless the write's
+        ``durability_timeout`` needs longer. The node answers DURABILITY_AMBIGUOUS when that
+        ends, and that answer, not this client's own TIMEOUT, is what the caller should get:
+        ``REPLY_SLACK`` more."""
+        if durability_timeout is None or durability_timeout + REPLY_SLACK <= self.request_timeout:
+            return None
+        return durability_timeout + REPLY_SLACK
+
     async def to_node(self, node: str, msg: Message, expect: type[M]) -> M:
         conn = await self.pool.get(await self.address(node), self.request_timeout)
         return await conn.request(msg, self.request_timeout, expect=expect)
@@ -207,13 +217,15 @@ class DataRouter:
         *,
         idempotent: bool,
         after: ShardexError | None = None,
+        timeout: float | None = None,
     ) -> M:
         """Send ``msg`` to the owner of ``docid``'s partition; re-route on NOT_MY_PARTITION.
-        ``after``: a first attempt made elsewhere failed with this (see ``to_partition``)."""
+        ``after``: a first attempt made elsewhere failed with this (see ``to_partition``).
+        ``timeout``: seconds for each reply (None: ``request_timeout``)."""
         meta, _ = await self.keyspace(keyspace)
         partition = partition_of(docid, meta.num_partitions)
         return await self.to_partition(
-            keyspace, partition, msg, expect, idempotent=idempotent, after=after
+            keyspace, partition, msg, expect, idempotent=idempotent, after=after, timeout=timeout
         )
 
     async def to_partition(
@@ -226,6 +238,7 @@ class DataRouter:
         idempotent: bool,
         on_conn: Callable[[Connection], None] | None = None,
         after: ShardexError | None = None,
+        timeout: float | None = None,
     ) -> M:
         """``msg`` to the owner of ``partition``, retried as the module says. ``after``: the
         first attempt was made by the caller (the calling thread's socket) and failed with
@@ -253,7 +266,9 @@ class DataRouter:
             if on_conn is not None:
                 on_conn(conn)
             try:
-                return await conn.request(msg, self.request_timeout, expect=expect)
+                return await conn.request(
+                    msg, self.request_timeout if timeout is None else timeout, expect=expect
+                )
             except ShardexError as exc:
                 if exc.code is ErrorCode.KEYSPACE_NOT_FOUND:
                     # Our cached state still has it: dropped (the refresh raises), or dropped

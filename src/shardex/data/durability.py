@@ -35,6 +35,7 @@ class _Waiter:
     persist: bool  # persist_majority: count fsynced copies
     docid: str
     future: asyncio.Future[None]
+    timeout: float  # seconds it may wait: the writer's ``durability_timeout`` or the default
     timer: asyncio.TimerHandle | None = None
 
 
@@ -169,10 +170,18 @@ class DurabilityWaits:
             )
 
     async def wait(
-        self, key: Key, seqno: int, uuid: int, *, persist: bool, docid: str, now: bool = False
+        self,
+        key: Key,
+        seqno: int,
+        uuid: int,
+        *,
+        persist: bool,
+        docid: str,
+        timeout: float | None = None,
     ) -> None:
-        """Until a majority holds ``seqno``; DURABILITY_AMBIGUOUS after ``timeout``."""
-        w = self.start_wait(key, seqno, uuid, persist=persist, docid=docid)
+        """Until a majority holds ``seqno``; DURABILITY_AMBIGUOUS after ``timeout`` (None:
+        this node's default, ``self.timeout``)."""
+        w = self.start_wait(key, seqno, uuid, persist=persist, docid=docid, timeout=timeout)
         if w is None:
             return
         try:
@@ -183,7 +192,14 @@ class DurabilityWaits:
             self.end_wait(key, w)
 
     def start_wait(
-        self, key: Key, seqno: int, uuid: int, *, persist: bool, docid: str
+        self,
+        key: Key,
+        seqno: int,
+        uuid: int,
+        *,
+        persist: bool,
+        docid: str,
+        timeout: float | None = None,
     ) -> _Waiter | None:
         """``wait``'s first half, for a caller settling by callbacks: None when a majority
         holds ``seqno`` already, else the waiter whose ``future`` ends the wait (``_Expired``
@@ -192,14 +208,14 @@ class DurabilityWaits:
             return None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        w = _Waiter(seqno, uuid, persist, docid, fut)
+        w = _Waiter(seqno, uuid, persist, docid, fut, self.timeout if timeout is None else timeout)
         self._waiters.setdefault(key, []).append(w)
         docs = self._pending.setdefault(key, {})
         if docs.get(docid, -1) < seqno:
             docs[docid] = seqno
         # One timer instead of ``wait_for(shield(fut))``: this runs once per durable write,
         # and wait_for's task, shield and callbacks cost more than the write's bookkeeping.
-        w.timer = loop.call_later(self.timeout, _expire, fut)
+        w.timer = loop.call_later(w.timeout, _expire, fut)
         return w
 
     def end_wait(self, key: Key, w: _Waiter) -> None:
@@ -220,15 +236,18 @@ class DurabilityWaits:
         """DURABILITY_AMBIGUOUS for ``w``'s write, which timed out."""
         return ShardexError(
             f"durable write of {w.docid!r} (partition {key[1]} of {key[0]!r}, seqno "
-            f"{w.seqno}) was not acknowledged by a majority within {self.timeout:g} s: it is "
-            "written on the active and may or may not survive a failover",
+            f"{w.seqno}) was not acknowledged by a majority within {w.timeout:g} s (its "
+            "durability timeout): it is written on the active and may or may not survive a "
+            "failover",
             code=ErrorCode.DURABILITY_AMBIGUOUS,
             details={
                 "keyspace": key[0],
                 "partition": key[1],
                 "docid": w.docid,
                 "seqno": w.seqno,
-                "hint": "read the document back to see whether it took effect",
+                "durability_timeout": w.timeout,
+                "hint": "read the document back to see whether it took effect; a longer "
+                "durability_timeout waits longer for slow replicas",
             },
         )
 

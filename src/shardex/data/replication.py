@@ -164,8 +164,15 @@ class Replication:
         self.waits.check_possible(key, reachable)
 
     async def wait_durable(
-        self, keyspace: str, result: MutationResult, level: str, docid: str
+        self,
+        keyspace: str,
+        result: MutationResult,
+        level: str,
+        docid: str,
+        timeout: float | None = None,
     ) -> None:
+        """Until a majority holds the write at ``level``; ``timeout``: the writer's
+        durability timeout (None: the node's default)."""
         if level not in MAJORITY_LEVELS:
             return
         await self.waits.wait(
@@ -174,6 +181,7 @@ class Replication:
             result.uuid,
             persist=level == "persist_majority",
             docid=docid,
+            timeout=timeout,
         )
 
     def on_durable(
@@ -183,6 +191,7 @@ class Replication:
         level: str,
         docid: str,
         then: Callable[[BaseException | None], None],
+        timeout: float | None = None,
     ) -> bool:
         """``wait_durable`` for a caller settling by callbacks: False when there is nothing
         to wait for, else True and ``then`` is called once the wait is over, with None or
@@ -192,7 +201,12 @@ class Replication:
         key = (keyspace, result.partition)
         waits = self.waits
         w = waits.start_wait(
-            key, result.seqno, result.uuid, persist=level == "persist_majority", docid=docid
+            key,
+            result.seqno,
+            result.uuid,
+            persist=level == "persist_majority",
+            docid=docid,
+            timeout=timeout,
         )
         if w is None:
             return False

@@ -68,7 +68,11 @@ from shardex.api.errors import (
     not_my_partition,
 )
 from shardex.api.records import STATE_ACTIVE, MutationResult
-from shardex.api.validation import MAJORITY_LEVELS, durability_level
+from shardex.api.validation import (
+    MAJORITY_LEVELS,
+    check_durability_timeout,
+    durability_level,
+)
 from shardex.data.engine import DataEngine
 from shardex.data.engine_io import EngineIO
 from shardex.data.groupcommit import GroupCommitter
@@ -304,10 +308,18 @@ class DataService:
             )
 
     async def _mutate(
-        self, kind: str, keyspace: str, docid: str, doc: object, cas: int | None, durability: str
+        self,
+        kind: str,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        cas: int | None,
+        durability: str,
+        timeout: float | None = None,
     ) -> MutationReply:
         if self.committer is None:
             raise NodeUnavailable(f"the data service of {self.name} is not running")
+        timeout = check_durability_timeout(timeout)
         await self._await_serving(keyspace)
         level = durability_level(durability)
         majority = level in MAJORITY_LEVELS
@@ -319,7 +331,7 @@ class DataService:
             result = await self.committer.submit(keyspace, durability, (kind, docid, doc, cas))
             self.replication.wake(keyspace, result.partition)
             if majority:
-                await self.replication.wait_durable(keyspace, result, level, docid)
+                await self.replication.wait_durable(keyspace, result, level, docid, timeout)
         except KeyspaceNotFound as exc:
             raise self._not_here(exc, keyspace, docid) from None
         except ShardexError as exc:
@@ -327,18 +339,27 @@ class DataService:
         return MutationReply(result=result)
 
     def _mutate_now(
-        self, kind: str, keyspace: str, docid: str, doc: object, cas: int | None, durability: str
+        self,
+        kind: str,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        cas: int | None,
+        durability: str,
+        timeout: float | None,
     ) -> Awaitable[MutationReply]:
         """``_mutate`` without a task: in the receive callback (``Router.route_inline``), a
         future then settled by callbacks. A node not yet reconciled, or without its lease,
         takes ``_mutate`` (a coroutine: the connection runs it in a task), which waits or
         says why."""
         committer = self.committer
+        if timeout is not None:  # not every client is ours: checked before anything
+            timeout = check_durability_timeout(timeout)
         if committer is None or not self.reconciled.is_set():
-            return self._mutate(kind, keyspace, docid, doc, cas, durability)
+            return self._mutate(kind, keyspace, docid, doc, cas, durability, timeout)
         self._check_serving()
         if self._replicated(keyspace) and not self.lease.check():
-            return self._mutate(kind, keyspace, docid, doc, cas, durability)
+            return self._mutate(kind, keyspace, docid, doc, cas, durability, timeout)
         level = durability_level(durability)
         try:
             if level in MAJORITY_LEVELS:
@@ -351,7 +372,9 @@ class DataService:
         except ShardexError as exc:
             raise self._enrich(exc) from None
         out: asyncio.Future[MutationReply] = asyncio.get_running_loop().create_future()
-        written.add_done_callback(functools.partial(self._written, out, keyspace, docid, level))
+        written.add_done_callback(
+            functools.partial(self._written, out, keyspace, docid, level, timeout)
+        )
         return out
 
     def _written(
@@ -360,6 +383,7 @@ class DataService:
         keyspace: str,
         docid: str,
         level: str,
+        timeout: float | None,
         written: asyncio.Future[MutationResult],
     ) -> None:
         """``_mutate_now``'s write is committed (or failed): wake the senders, then wait
@@ -372,7 +396,7 @@ class DataService:
         then = functools.partial(self._settle_write, out, keyspace, docid, reply)
         try:
             self.replication.wake(keyspace, result.partition)
-            if self.replication.on_durable(keyspace, result, level, docid, then):
+            if self.replication.on_durable(keyspace, result, level, docid, then, timeout):
                 return
         except Exception as exc:  # answered as the coroutine's would be, never left hanging
             self._settle_write(out, keyspace, docid, None, exc)
@@ -405,18 +429,48 @@ class DataService:
             out.set_exception(error)
 
     def _on_insert(self, msg: Insert, conn: Connection) -> Awaitable[MutationReply]:
-        return self._mutate_now("insert", msg.keyspace, msg.docid, msg.doc, None, msg.durability)
+        return self._mutate_now(
+            "insert",
+            msg.keyspace,
+            msg.docid,
+            msg.doc,
+            None,
+            msg.durability,
+            msg.durability_timeout,
+        )
 
     def _on_upsert(self, msg: Upsert, conn: Connection) -> Awaitable[MutationReply]:
-        return self._mutate_now("upsert", msg.keyspace, msg.docid, msg.doc, msg.cas, msg.durability)
+        return self._mutate_now(
+            "upsert",
+            msg.keyspace,
+            msg.docid,
+            msg.doc,
+            msg.cas,
+            msg.durability,
+            msg.durability_timeout,
+        )
 
     def _on_replace(self, msg: Replace, conn: Connection) -> Awaitable[MutationReply]:
         return self._mutate_now(
-            "replace", msg.keyspace, msg.docid, msg.doc, msg.cas, msg.durability
+            "replace",
+            msg.keyspace,
+            msg.docid,
+            msg.doc,
+            msg.cas,
+            msg.durability,
+            msg.durability_timeout,
         )
 
     def _on_delete(self, msg: Delete, conn: Connection) -> Awaitable[MutationReply]:
-        return self._mutate_now("delete", msg.keyspace, msg.docid, None, msg.cas, msg.durability)
+        return self._mutate_now(
+            "delete",
+            msg.keyspace,
+            msg.docid,
+            None,
+            msg.cas,
+            msg.durability,
+            msg.durability_timeout,
+        )
 
     async def _on_get(self, msg: Get, conn: Connection) -> GetReply:
         if msg.replica:  # availability over freshness: no lease needed
@@ -499,6 +553,7 @@ class DataService:
         await self._await_serving(msg.keyspace)
         ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]
         level = durability_level(msg.durability)
+        timeout = check_durability_timeout(msg.durability_timeout)
         majority = level in MAJORITY_LEVELS
         try:
             if majority:
@@ -512,7 +567,7 @@ class DataService:
             for p in {r.partition for r in out if isinstance(r, MutationResult)}:
                 self.replication.wake(msg.keyspace, p)
             if majority:
-                out = await self._wait_many(msg.keyspace, level, msg.ops, out)
+                out = await self._wait_many(msg.keyspace, level, msg.ops, out, timeout)
         except KeyspaceNotFound as exc:
             errs = [self._not_here(exc, msg.keyspace, o.docid) for o in msg.ops]
             if not msg.ops or any(e is exc for e in errs):
@@ -530,7 +585,7 @@ class DataService:
         return MutateManyReply(results=results, errors=errors)
 
     async def _wait_many(
-        self, keyspace: str, level: str, ops: list[Any], out: list[Any]
+        self, keyspace: str, level: str, ops: list[Any], out: list[Any], timeout: float | None
     ) -> list[Any]:
         """Each committed op of a batch waits for its durability; a timeout is that op's
         DURABILITY_AMBIGUOUS, the others keep their results."""
@@ -539,7 +594,7 @@ class DataService:
             if isinstance(r, ShardexError):
                 return r
             try:
-                await self.replication.wait_durable(keyspace, r, level, op.docid)
+                await self.replication.wait_durable(keyspace, r, level, op.docid, timeout)
             except ShardexError as exc:
                 return exc
             return r

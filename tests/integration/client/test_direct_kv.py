@@ -11,18 +11,21 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
+import shardex.data.replication as replication
 from shardex.api.coordinator import StateReply, StateRequest
 from shardex.api.data import Get, Upsert
 from shardex.api.membership import MembersReply, MembersRequest
-from shardex.client import Client, connect
+from shardex.client import BulkWriteError, Client, connect
 from shardex.client import routing as client_routing
 from shardex.core.topology import Topology
 from shardex.errors import ConnectionClosed, ErrorCode, RequestTimeout, ShardexError
@@ -370,6 +373,81 @@ async def test_a_stopped_owner_gives_the_loop_paths_error(
 
 
 # -- errors ---------------------------------------------------------------------------------
+
+
+async def test_each_write_carries_its_own_durability_timeout(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With partition 0's replica stalled, majority writes on either path and in batches
+    are ambiguous after the ``durability_timeout`` they were given (not the node's default),
+    even one longer than the client's request timeout; a bad value is refused unsent."""
+    cluster, _ = env
+    monkeypatch.setattr(replication, "INLINE_APPLY", -1)  # applies in the I/O pool
+    cluster.services["n1"].replication.waits.timeout = 60.0
+    client = await _client(env, request_timeout=0.5)
+    loop_client = await _client(env, direct_kv=False, request_timeout=0.5)
+    n2 = cluster.services["n2"]
+    gate = threading.Event()
+    real = n2.engine.replicas.apply_runs
+
+    def stalled(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    def calls() -> tuple[list[ShardexError], ShardexError, int]:
+        ks, ks_loop = client.keyspace(KS), loop_client.keyspace(KS)
+        d0, d1, d2 = (docid_in(0, i) for i in range(3))
+        for k in (ks, ks_loop):  # warm (topology, connections) once the replica is reached
+            _majority_write_until_possible(k, d0)
+        n2.engine.replicas.apply_runs = stalled  # type: ignore[method-assign]
+        try:
+            errs = [
+                _error(partial(ks.upsert, d0, {}, durability="majority", durability_timeout=t))
+                for t in (0.2, 1.0)
+            ]
+            errs.append(
+                _error(lambda: ks_loop.insert(d1, {}, durability="majority", durability_timeout=1))
+            )
+            bulk = _error(
+                lambda: ks.upsert_many([(d2, {})], durability="majority", durability_timeout=0.2)
+            )
+        finally:
+            gate.set()
+        kv = client._kv
+        assert kv is not None
+        sent = kv.sent
+        bad = _error(lambda: ks.delete(d0, durability="majority", durability_timeout=-1))
+        return [*errs, bad], bulk, kv.sent - sent
+
+    try:
+        (*ambiguous, bad), bulk, sent = await asyncio.to_thread(calls)
+    finally:
+        client.close()
+        loop_client.close()
+    # 1.0 s is past the 0.5 s request timeout: the client waited for the node's answer
+    assert [(e.code, e.details.get("durability_timeout")) for e in ambiguous] == [
+        (ErrorCode.DURABILITY_AMBIGUOUS, 0.2),
+        (ErrorCode.DURABILITY_AMBIGUOUS, 1.0),
+        (ErrorCode.DURABILITY_AMBIGUOUS, 1.0),
+    ]
+    assert isinstance(bulk, BulkWriteError)
+    ((_, _, item),) = bulk.failures
+    assert (item.code, item.details["durability_timeout"]) == (ErrorCode.DURABILITY_AMBIGUOUS, 0.2)
+    assert bad.code is ErrorCode.BAD_REQUEST and "-1" in bad.message and sent == 0
+
+
+def _majority_write_until_possible(ks: Any, docid: str) -> None:
+    """A majority write of ``docid``, retried while its active's sender has not reached the
+    replica yet (DURABILITY_IMPOSSIBLE: nothing written)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            ks.upsert(docid, {"v": 1}, durability="majority")
+            return
+        except ShardexError as exc:
+            if exc.code is not ErrorCode.DURABILITY_IMPOSSIBLE or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
 
 
 async def test_errors_are_the_loop_paths(env: Env) -> None:

@@ -293,6 +293,59 @@ async def test_a_timed_out_durable_write_is_ambiguous_and_reads_wait(
     assert msgspec.json.decode(got.body) == {"v": 2}  # it did reach the active
 
 
+async def test_a_write_waits_its_own_durability_timeout(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replication, "INLINE_APPLY", -1)  # applies in the pool, as above
+    d, e = docid_in(0, 0), docid_in(0, 1)
+    await cluster.upsert(d, {"v": 1}, "majority")
+    n1, n2 = cluster.services["n1"], cluster.services["n2"]
+    n1.replication.waits.timeout = 60.0  # the node's default: not what these writes wait
+    gate = threading.Event()
+    real = n2.engine.replicas.apply_runs
+
+    def stalled(*args, **kwargs):
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    n2.engine.replicas.apply_runs = stalled  # type: ignore[method-assign]
+    try:
+        one = UpsertMsg(
+            keyspace=KS, docid=d, doc=b'{"v":2}', durability="majority", durability_timeout=0.3
+        )
+        with pytest.raises(ShardexError) as err:
+            await cluster.pool.request(cluster.addresses["n1"], one, 10.0, expect=MutationReply)
+        assert err.value.code is ErrorCode.DURABILITY_AMBIGUOUS
+        assert err.value.details["durability_timeout"] == 0.3
+        many = MutateMany(
+            keyspace=KS,
+            ops=[OpItem("upsert", e, b"{}")],
+            durability="majority",
+            durability_timeout=0.3,
+        )
+        reply = await cluster.pool.request(
+            cluster.addresses["n1"], many, 10.0, expect=MutateManyReply
+        )
+        assert reply.results == [None]
+        (item,) = reply.errors
+        assert item.error.code == ErrorCode.DURABILITY_AMBIGUOUS.value
+        assert item.error.details["durability_timeout"] == 0.3
+    finally:
+        gate.set()
+    # a timeout out of bounds is refused before anything is written
+    bad = UpsertMsg(
+        keyspace=KS, docid=d, doc=b'{"v":3}', durability="majority", durability_timeout=0.0
+    )
+    with pytest.raises(ShardexError) as err:
+        await cluster.pool.request(cluster.addresses["n1"], bad, 10.0, expect=MutationReply)
+    assert err.value.code is ErrorCode.BAD_REQUEST
+    assert err.value.details["durability_timeout"] == "0.0"
+    got = await cluster.pool.request(
+        cluster.addresses["n1"], Get(keyspace=KS, docid=d), 10.0, expect=GetReply
+    )
+    assert msgspec.json.decode(got.body) == {"v": 2}
+
+
 async def test_promotion_keeps_every_majority_write_on_a_new_branch(cluster: Cluster) -> None:
     docs = [docid_in(0, i) for i in range(20)]  # partition 0: active n1, replica n2
     acked = {}

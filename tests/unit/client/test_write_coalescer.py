@@ -23,11 +23,13 @@ class FakeNode:
         self.hold.set()
         self.fail: Exception | None = None
         self.seqno = 0
+        self.timeouts: list[float | None] = []
 
     async def send(
-        self, node: str, keyspace: str, durability: str, ops: list[OpItem]
+        self, node: str, keyspace: str, durability: str, timeout: float | None, ops: list[OpItem]
     ) -> list[Result]:
         self.requests.append((node, [op.docid for op in ops]))
+        self.timeouts.append(timeout)
         await self.hold.wait()
         if self.fail is not None:
             raise self.fail
@@ -124,3 +126,19 @@ async def test_close_answers_the_request_out_and_the_waiting_calls() -> None:
     (ra,), (rb,) = await out, await waiting
     assert isinstance(ra, ShardexError) and ra.details.get("outcome", "").startswith("unknown")
     assert isinstance(rb, ShardexError) and rb.details.get("unsent") is True
+
+
+async def test_calls_with_other_durability_timeouts_are_never_merged() -> None:
+    node = FakeNode()
+    co = WriteCoalescer(node.send)
+    node.hold.clear()
+    first = asyncio.ensure_future(co.submit("n1", "ks", "majority", ops("a"), 1.0))
+    await asyncio.sleep(0)
+    same = asyncio.ensure_future(co.submit("n1", "ks", "majority", ops("b"), 1.0))
+    other = asyncio.ensure_future(co.submit("n1", "ks", "majority", ops("c"), 3.0))
+    default = asyncio.ensure_future(co.submit("n1", "ks", "majority", ops("d")))
+    await asyncio.sleep(0)
+    node.hold.set()
+    await asyncio.gather(first, same, other, default)
+    sent = {tuple(docids): t for (_, docids), t in zip(node.requests, node.timeouts, strict=True)}
+    assert sent == {("a",): 1.0, ("b",): 1.0, ("c",): 3.0, ("d",): None}

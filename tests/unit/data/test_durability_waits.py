@@ -84,3 +84,20 @@ async def test_a_chain_of_one_copy_holds_at_once() -> None:
     w.set_chain(KEY, 1, [])
     await asyncio.wait_for(w.wait(KEY, 5, UUID, persist=True, docid="d"), 1.0)
     assert not w.has_pending()
+
+
+async def test_a_write_waits_its_own_timeout_and_the_error_names_it() -> None:
+    w = waits(timeout=60.0)  # the node's default: far longer than the write's own
+    with pytest.raises(ShardexError) as err:
+        await w.wait(KEY, 5, UUID, persist=False, docid="d", timeout=0.05)
+    assert err.value.code is ErrorCode.DURABILITY_AMBIGUOUS
+    assert err.value.details["durability_timeout"] == 0.05
+    assert "within 0.05 s" in err.value.message
+    assert not w.has_pending()
+
+
+async def test_without_its_own_timeout_a_write_waits_the_nodes() -> None:
+    w = waits(timeout=0.05)
+    with pytest.raises(ShardexError) as err:
+        await w.wait(KEY, 5, UUID, persist=False, docid="d")
+    assert err.value.details["durability_timeout"] == 0.05

@@ -29,6 +29,7 @@ from shardex.meta.node_defaults import (
 )
 from shardex.net.tls import TlsConfig
 from shardex.net.transport import split_address
+from shardex.runtime.admission import DEFAULT_QUEUED, SLOTS_PER_CPU
 from shardex.runtime.files import read_private_text, require_private
 
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -74,6 +75,8 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "tls_ca",
         "tls_cert",
         "tls_key",
+        "sql_max_running",
+        "sql_max_queued",
     }
 )
 TLS_MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -114,6 +117,10 @@ class NodeConfig:
     admin_file: Path | None = None
     # TLS on every connection (None: plaintext); "auto" turns it on for a non-loopback host
     tls: TlsConfig | None = None
+    # Admission (``runtime/admission.py``): SQL statements running at once with this node as
+    # their initiator (None: ``SLOTS_PER_CPU`` per CPU) and waiting for a slot past those.
+    sql_max_running: int | None = None
+    sql_max_queued: int = DEFAULT_QUEUED
 
     @property
     def address(self) -> str:
@@ -361,7 +368,26 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     )
 
     tls = _tls(values, bases, name, host)
+    running: int | None = None
+    if "sql_max_running" in values:
+        running = _as_int(
+            "sql_max_running",
+            values["sql_max_running"],
+            1,
+            100_000,
+            f"SQL statements this node runs at once, >= 1 (default {SLOTS_PER_CPU} per CPU)",
+        )
+    queued = _as_int(
+        "sql_max_queued",
+        values.get("sql_max_queued", DEFAULT_QUEUED),
+        0,
+        1_000_000,
+        "SQL statements that may wait for a running one to finish, >= 0 "
+        f"(default {DEFAULT_QUEUED}; 0: refuse at once when all run)",
+    )
     return NodeConfig(
+        sql_max_running=running,
+        sql_max_queued=queued,
         admin_file=admin_file,
         name=name,
         data_dir=data_dir,

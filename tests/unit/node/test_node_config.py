@@ -10,6 +10,7 @@ import pytest
 from shardex.errors import ConfigError, ErrorCode
 from shardex.meta.node_defaults import ALL_SERVICES
 from shardex.node.config import load_config
+from shardex.runtime.admission import DEFAULT_QUEUED
 
 SECRET = "0123456789abcdef0123456789abcdef"
 
@@ -176,6 +177,17 @@ def test_group_label(tmp_path: Path) -> None:
         err = bad(tmp_path, group=value)
         assert err.details["key"] == "group" and err.details["value"] == value
         assert "letters" in err.details["hint"]
+
+
+def test_sql_admission_limits(tmp_path: Path) -> None:
+    cfg = load_config(None, base(tmp_path))
+    assert cfg.sql_max_running is None and cfg.sql_max_queued == DEFAULT_QUEUED  # per CPU
+    cfg = load_config(None, base(tmp_path, sql_max_running="3", sql_max_queued=0))
+    assert (cfg.sql_max_running, cfg.sql_max_queued) == (3, 0)
+    for key, value in (("sql_max_running", 0), ("sql_max_queued", -1), ("sql_max_running", "x")):
+        err = bad(tmp_path, **{key: value})
+        assert err.details["key"] == key and err.details["value"] == value
+        assert "SQL statements" in err.details["hint"]
 
 
 @pytest.mark.parametrize("key", ["name", "group"])

@@ -13,6 +13,7 @@ from shardex.index.scan_server import IndexScanServer
 from shardex.manager.membership import Membership
 from shardex.net import ConnectionPool, RpcServer
 from shardex.net.transport import Transport
+from shardex.runtime.admission import DEFAULT_QUEUED
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragments import sql_fragments
@@ -35,6 +36,8 @@ class SqlMount:
         scan: ScanCoordinator,
         index_scan: IndexScanServer | None,
         scan_streams: OutStreams,
+        max_running: int | None = None,
+        max_queued: int = DEFAULT_QUEUED,
     ) -> None:
         self.member_id = member_id
         self._membership = membership
@@ -55,6 +58,8 @@ class SqlMount:
             documents=self.documents,
             streams=scan_streams,
             members=self._members,
+            max_running=max_running,
+            max_queued=max_queued,
         )
 
     def _members(self) -> dict[str, str]:

@@ -29,7 +29,7 @@ from shardex.meta.node_defaults import (
 )
 from shardex.net.tls import TlsConfig
 from shardex.net.transport import split_address
-from shardex.runtime.admission import DEFAULT_QUEUED, SLOTS_PER_CPU
+from shardex.runtime.admission import DEFAULT_QUEUED, FRAGMENT_SLOTS_PER_CPU, SLOTS_PER_CPU
 from shardex.runtime.files import read_private_text, require_private
 
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -77,6 +77,7 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "tls_key",
         "sql_max_running",
         "sql_max_queued",
+        "sql_max_fragments",
     }
 )
 TLS_MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -121,6 +122,9 @@ class NodeConfig:
     # their initiator (None: ``SLOTS_PER_CPU`` per CPU) and waiting for a slot past those.
     sql_max_running: int | None = None
     sql_max_queued: int = DEFAULT_QUEUED
+    # Executions of other nodes' queries (their fragments) run here at once; past it a query
+    # fails with QUERY_OVERLOADED without waiting (None: ``FRAGMENT_SLOTS_PER_CPU`` per CPU).
+    sql_max_fragments: int | None = None
 
     @property
     def address(self) -> str:
@@ -385,7 +389,18 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         "SQL statements that may wait for a running one to finish, >= 0 "
         f"(default {DEFAULT_QUEUED}; 0: refuse at once when all run)",
     )
+    fragments: int | None = None
+    if "sql_max_fragments" in values:
+        fragments = _as_int(
+            "sql_max_fragments",
+            values["sql_max_fragments"],
+            1,
+            1_000_000,
+            "executions of other nodes' SQL statements this node runs at once, >= 1 "
+            f"(default {FRAGMENT_SLOTS_PER_CPU} per CPU)",
+        )
     return NodeConfig(
+        sql_max_fragments=fragments,
         sql_max_running=running,
         sql_max_queued=queued,
         admin_file=admin_file,

@@ -78,6 +78,7 @@ class Node:
         bootstrap_admin: UserRecord | None = None,
         sql_max_running: int | None = None,
         sql_max_queued: int = DEFAULT_QUEUED,
+        sql_max_fragments: int | None = None,
     ) -> None:
         self.transport = transport
         self.group = group
@@ -217,6 +218,7 @@ class Node:
             scan_streams=self.scan_streams,
             max_running=sql_max_running,
             max_queued=sql_max_queued,
+            max_fragments=sql_max_fragments,
         )
         self.sql.install(self.server)
         self.index_ddl: IndexDDL | None = None

@@ -17,23 +17,34 @@ from typing import Final
 
 from shardex.errors import ErrorCode, ShardexError
 
-__all__ = ["DEFAULT_QUEUED", "SLOTS_PER_CPU", "AdmissionGate", "Slot", "default_cap"]
+__all__ = [
+    "DEFAULT_QUEUED",
+    "FRAGMENT_SLOTS_PER_CPU",
+    "SLOTS_PER_CPU",
+    "AdmissionGate",
+    "Slot",
+    "default_cap",
+    "overloaded",
+]
 
 # Slots per CPU when no cap is configured: statements mostly wait on other nodes (scans,
 # fetches), so a few per core keep the CPUs busy without unbounded interleaving.
 SLOTS_PER_CPU: Final = 4
+# Executions of other nodes' queries per CPU when no cap is configured: every other node's
+# statements may fan out here, so four times a node's own statement slots.
+FRAGMENT_SLOTS_PER_CPU: Final = 4 * SLOTS_PER_CPU
 # Waiting places when none are configured: enough to ride out a burst of a few hundred
 # clients without refusing, few enough that a waiter's turn comes within its wait.
 DEFAULT_QUEUED: Final = 128
 
 
-def default_cap() -> int:
-    """``SLOTS_PER_CPU`` times the CPUs this process may run on."""
+def default_cap(per_cpu: int = SLOTS_PER_CPU) -> int:
+    """``per_cpu`` times the CPUs this process may run on."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on every platform
         cpus = os.cpu_count() or 1
-    return SLOTS_PER_CPU * max(cpus, 1)
+    return per_cpu * max(cpus, 1)
 
 
 class Slot:
@@ -117,17 +128,25 @@ class AdmissionGate:
 
     def _overloaded(self, why: str, wait: float) -> ShardexError:
         self.rejected += 1
-        return ShardexError(
-            f"node overloaded: {self.cap} {self.what} running and {self.queue} queued "
-            f"(the limits), {why}",
-            code=ErrorCode.QUERY_OVERLOADED,
-            details={
-                "cap": self.cap,
-                "queue": self.queue,
-                "running": self.running,
-                "queued": self.queued,
-                "wait": wait,
-                "hint": f"retry later (with backoff), or raise {self.cap_key} / "
-                f"{self.queue_key} in the node's config",
-            },
+        return overloaded(
+            f"{self.cap} {self.what} running and {self.queue} queued (the limits), {why}",
+            keys=(self.cap_key, self.queue_key),
+            cap=self.cap,
+            queue=self.queue,
+            running=self.running,
+            queued=self.queued,
+            wait=wait,
         )
+
+
+def overloaded(state: str, *, keys: tuple[str, ...], **details: object) -> ShardexError:
+    """QUERY_OVERLOADED: the node is full (``state`` says of what, with its limits);
+    ``keys`` are the config keys that raise the limits."""
+    return ShardexError(
+        f"node overloaded: {state}",
+        code=ErrorCode.QUERY_OVERLOADED,
+        details={
+            **details,
+            "hint": f"retry later (with backoff), or raise {' / '.join(keys)} in the node's config",
+        },
+    )

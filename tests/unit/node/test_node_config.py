@@ -182,9 +182,17 @@ def test_group_label(tmp_path: Path) -> None:
 def test_sql_admission_limits(tmp_path: Path) -> None:
     cfg = load_config(None, base(tmp_path))
     assert cfg.sql_max_running is None and cfg.sql_max_queued == DEFAULT_QUEUED  # per CPU
-    cfg = load_config(None, base(tmp_path, sql_max_running="3", sql_max_queued=0))
-    assert (cfg.sql_max_running, cfg.sql_max_queued) == (3, 0)
-    for key, value in (("sql_max_running", 0), ("sql_max_queued", -1), ("sql_max_running", "x")):
+    assert cfg.sql_max_fragments is None
+    cfg = load_config(
+        None, base(tmp_path, sql_max_running="3", sql_max_queued=0, sql_max_fragments=7)
+    )
+    assert (cfg.sql_max_running, cfg.sql_max_queued, cfg.sql_max_fragments) == (3, 0, 7)
+    for key, value in (
+        ("sql_max_running", 0),
+        ("sql_max_queued", -1),
+        ("sql_max_running", "x"),
+        ("sql_max_fragments", 0),
+    ):
         err = bad(tmp_path, **{key: value})
         assert err.details["key"] == key and err.details["value"] == value
         assert "SQL statements" in err.details["hint"]

@@ -35,6 +35,9 @@ from shardex.runtime.files import read_private_text, require_private
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_PORT = 7100
 MIN_SECRET_LENGTH = 16
+# Users' connections a node keeps open at once (nodes' own are never counted): a client opens
+# one per node and per calling thread, so this serves hundreds of clients.
+DEFAULT_MAX_CONNECTIONS = 1000
 
 # Used with ``fullmatch``: ``$`` also matches before a trailing newline, so "n1\n" would pass.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -78,6 +81,7 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "sql_max_running",
         "sql_max_queued",
         "sql_max_fragments",
+        "max_connections",
     }
 )
 TLS_MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -125,6 +129,8 @@ class NodeConfig:
     # Executions of other nodes' queries (their fragments) run here at once; past it a query
     # fails with QUERY_OVERLOADED without waiting (None: ``FRAGMENT_SLOTS_PER_CPU`` per CPU).
     sql_max_fragments: int | None = None
+    # Users' connections open at once; one more is told TOO_MANY_CONNECTIONS and closed.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def address(self) -> str:
@@ -399,7 +405,16 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
             "executions of other nodes' SQL statements this node runs at once, >= 1 "
             f"(default {FRAGMENT_SLOTS_PER_CPU} per CPU)",
         )
+    max_connections = _as_int(
+        "max_connections",
+        values.get("max_connections", DEFAULT_MAX_CONNECTIONS),
+        1,
+        1_000_000,
+        f"users' connections this node keeps open at once, >= 1 (default "
+        f"{DEFAULT_MAX_CONNECTIONS}; nodes' connections are not counted)",
+    )
     return NodeConfig(
+        max_connections=max_connections,
         sql_max_fragments=fragments,
         sql_max_running=running,
         sql_max_queued=queued,

@@ -79,6 +79,7 @@ class Node:
         sql_max_running: int | None = None,
         sql_max_queued: int = DEFAULT_QUEUED,
         sql_max_fragments: int | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.transport = transport
         self.group = group
@@ -115,6 +116,7 @@ class Node:
             users=users,
             authorizer=self.audit.authorize,
             on_login=self.audit.on_login,
+            max_connections=max_connections,  # users' only: nodes always get through
         )
         self.server.route(StatusRequest, self._on_status)
         self.membership: Membership | None = None

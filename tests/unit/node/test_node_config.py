@@ -9,7 +9,7 @@ import pytest
 
 from shardex.errors import ConfigError, ErrorCode
 from shardex.meta.node_defaults import ALL_SERVICES
-from shardex.node.config import load_config
+from shardex.node.config import DEFAULT_MAX_CONNECTIONS, load_config
 from shardex.runtime.admission import DEFAULT_QUEUED
 
 SECRET = "0123456789abcdef0123456789abcdef"
@@ -196,6 +196,10 @@ def test_sql_admission_limits(tmp_path: Path) -> None:
         err = bad(tmp_path, **{key: value})
         assert err.details["key"] == key and err.details["value"] == value
         assert "SQL statements" in err.details["hint"]
+    assert cfg.max_connections == DEFAULT_MAX_CONNECTIONS
+    assert load_config(None, base(tmp_path, max_connections=5)).max_connections == 5
+    err = bad(tmp_path, max_connections=0)
+    assert err.details["key"] == "max_connections" and "nodes'" in err.details["hint"]
 
 
 @pytest.mark.parametrize("key", ["name", "group"])

@@ -104,6 +104,7 @@ MAX_STATEMENT_BYTES: Final = 1 << 20
 # Admission (decision 0104): the longest a statement waits for a slot when all
 # ``sql_max_running`` run (its own timeout when shorter).
 QUEUE_WAIT: Final = 30.0
+MIN_LEFT: Final = 0.001  # what a statement admitted at the end of its timeout has to run
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,14 @@ class SqlService:
         row is sent, on every way out (done, error, cancel, a lost connection)."""
         self.streams.check_new(conn, msg.stream_id)
         self._check(msg)  # a request that cannot run never queues
-        slot = await self.admission.enter(min(msg.timeout, QUEUE_WAIT))
+        slot = self.admission.try_enter()
+        if slot is None:
+            loop = asyncio.get_running_loop()
+            queued_at = loop.time()
+            slot = await self.admission.enter(min(msg.timeout, QUEUE_WAIT))
+            # The timeout counts from arrival, so the client's wait for the reply holds.
+            left = max(msg.timeout - (loop.time() - queued_at), MIN_LEFT)
+            msg = msgspec.structs.replace(msg, timeout=left)
         try:
             return await self._statement(msg, conn, slot)
         except BaseException:

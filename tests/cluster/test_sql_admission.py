@@ -1,7 +1,8 @@
 """Admission control on a real node configured to run one SQL statement at a time with one
 waiting (``sql_max_running = 1``, ``sql_max_queued = 1`` in its node.toml): a third
 statement is refused with QUERY_OVERLOADED while the other two succeed, and no way a
-statement ends (an error, a cancel, a client gone) keeps its slot.
+statement ends (an error, a cancel, a client gone) keeps its slot; with ``max_connections``
+set, a user's connection past it is told TOO_MANY_CONNECTIONS.
 
 A statement holds its slot until its last row is sent, so a result larger than the reply's
 block plus the client's credit, not read, holds the one slot for as long as the test wants:
@@ -9,6 +10,7 @@ no sleeps, no timing."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from shardex.client import Client, connect_local
 from shardex.client.query import CREDIT, QueryRows
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta import cluster_dir as cdir
+from shardex.net import Connection, TcpTransport, connect
+from shardex.net.credentials import UserLogin
 from shardex.runtime.pidfile import pid_alive
 from shardex.sql.exec.service import BLOCK_ROWS
 
@@ -29,6 +33,7 @@ SQL = "SELECT RAW x FROM ($1) AS x"
 # The reply's block, the client's credit and as many again: the producer waits for credit.
 N = BLOCK_ROWS * (2 * CREDIT + 4)
 ROWS = list(range(N))
+MAX_CONNECTIONS = 40  # well above what the other tests' clients hold at once
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +42,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     c = LocalCluster(path, 1, free_base_port(1))
     spec = cdir.create(path, nodes=1, base_port=c.base_port)
     toml = spec.nodes[0].path(path) / cdir.NODE_CONFIG_FILE
-    toml.write_text(toml.read_text() + "sql_max_running = 1\nsql_max_queued = 1\n")
+    limits = f"sql_max_running = 1\nsql_max_queued = 1\nmax_connections = {MAX_CONNECTIONS}\n"
+    toml.write_text(toml.read_text() + limits)
     try:
         c.start()
         yield c
@@ -117,3 +123,27 @@ def test_a_client_gone_mid_statement_gives_its_slot_back(
         # The slot comes free once the node sees the connection closed: the next statement
         # may wait for that (within its queue wait), never be refused.
         assert list(client.query(SQL, [ROWS])) == ROWS
+
+
+def test_users_past_max_connections_are_told_why(cluster: LocalCluster, client: Client) -> None:
+    password = cdir.read_admin_password(cluster.path)
+    assert password is not None
+
+    async def open_until_refused() -> tuple[int, str | None]:
+        opened: list[Connection] = []
+        try:
+            for i in range(MAX_CONNECTIONS + 1):
+                login = UserLogin(cdir.ADMIN_USER, password)
+                conn = await connect(TcpTransport(), cluster.address(1), login, name=f"u{i}")
+                opened.append(conn)
+                try:
+                    await conn.ping(30)
+                except ShardexError as exc:
+                    return len(opened), exc.details.get("notice")
+            return len(opened), None
+        finally:
+            await asyncio.gather(*(c.close() for c in opened))
+
+    count, notice = asyncio.run(open_until_refused())
+    assert notice == ErrorCode.TOO_MANY_CONNECTIONS and count <= MAX_CONNECTIONS
+    assert answer(client) == [2]  # connections already open serve on

@@ -45,6 +45,10 @@ class ErrorCode(enum.StrEnum):
     QUERY_STATE = "QUERY_STATE"
     QUERY_CANCELLED = "QUERY_CANCELLED"
     QUERY_MEMORY_LIMIT = "QUERY_MEMORY_LIMIT"  # a query over its blocking-operator budget
+    # a node running and queueing as many statements (fragments) as it is configured to take
+    QUERY_OVERLOADED = "QUERY_OVERLOADED"
+    # a node with max_connections users' connections open refused one more (nodes never are)
+    TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
     SQL_SYNTAX = "SQL_SYNTAX"
     TOPOLOGY_NOT_FOUND = "TOPOLOGY_NOT_FOUND"
     STALE_TOPOLOGY = "STALE_TOPOLOGY"

@@ -105,6 +105,8 @@ _BY_CODE: dict[ErrorCode, type[Error]] = {
     ErrorCode.QUERY_STATE: OperationalError,
     ErrorCode.QUERY_CANCELLED: OperationalError,
     ErrorCode.QUERY_MEMORY_LIMIT: OperationalError,
+    ErrorCode.QUERY_OVERLOADED: OperationalError,
+    ErrorCode.TOO_MANY_CONNECTIONS: OperationalError,
     ErrorCode.TOPOLOGY_NOT_FOUND: OperationalError,
     ErrorCode.STALE_TOPOLOGY: OperationalError,
     ErrorCode.STALE_DELIVERY: OperationalError,

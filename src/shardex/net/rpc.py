@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, TypeVar, overload
 
-from shardex.errors import AuthFailed, ConnectionClosed, NodeUnavailable, ShardexError
+from shardex.errors import AuthFailed, ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
 from shardex.net.auth import (
     DEFAULT_AUTH_TIMEOUT,
     LoginObserver,
@@ -36,12 +36,14 @@ from shardex.net.credentials import (
     Principal,
     UserDirectory,
 )
-from shardex.net.messages import Message
+from shardex.net.messages import Envelope, ErrorReply, Kind, Message, encode_frame
 from shardex.net.transport import Comm, Listener, Transport
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
+# How long telling a refused peer why may delay hanging up on it.
+REFUSE_NOTICE_TIMEOUT = 1.0
 
 M = TypeVar("M", bound=Message)
 
@@ -126,11 +128,15 @@ class RpcServer:
         users: UserDirectory | None = None,
         authorizer: Authorizer | None = None,
         on_login: LoginObserver | None = None,
+        max_connections: int | None = None,
     ) -> None:
         """``secret``: the node secret peers prove. ``users``: where user logins are
         checked (None: nodes only). ``authorizer``: what a user may send; without one a
         user may send nothing (only nodes are trusted by default). ``on_login`` hears
-        every user login attempt (the audit log)."""
+        every user login attempt (the audit log). ``max_connections``: users' connections
+        open at once (None: no limit); one more is told TOO_MANY_CONNECTIONS and closed
+        once it has authenticated. Nodes' connections are never refused: the cluster's
+        own traffic (heartbeats, replication, fragments) must get through a full node."""
         creds = check_secret(secret)
         assert isinstance(creds, NodeSecret), "a server proves the node secret"
         self._transport = transport
@@ -145,6 +151,9 @@ class RpcServer:
         # dicts, not sets: stop() closes in insertion order, which keeps simulations replayable
         self._conns: dict[Connection, None] = {}
         self._handshaking: dict[Comm, None] = {}
+        self.max_connections = max_connections
+        self._user_conns: dict[Connection, None] = {}
+        self.refused_connections = 0
         self._stopping = False
 
     def route(self, msg_type: type[Message], handler: Handler | None = None) -> Any:
@@ -201,6 +210,10 @@ class RpcServer:
         if self._stopping:
             comm.abort()
             return
+        user = not principal.is_node
+        if user and self._full():
+            await self._refuse(comm, principal)
+            return
         conn = Connection(
             comm,
             name=self.name,
@@ -213,7 +226,39 @@ class RpcServer:
         )
         self._conns[conn] = None
         conn.add_close_callback(lambda c: self._conns.pop(c, None))
+        if user:
+            self._user_conns[conn] = None
+            conn.add_close_callback(lambda c: self._user_conns.pop(c, None))
         conn.start()
+
+    def _full(self) -> bool:
+        return self.max_connections is not None and len(self._user_conns) >= self.max_connections
+
+    async def _refuse(self, comm: Comm, principal: Principal) -> None:
+        """Tell a user's new connection why (an ErrorReply notice, id 0) and hang up: its
+        client fails its request with the reason rather than a bare close."""
+        self.refused_connections += 1
+        limit = self.max_connections
+        log.warning(
+            "refused a connection of user %s from %s: %d connections open (max_connections)",
+            principal.name,
+            comm.peer_address,
+            len(self._user_conns),
+        )
+        notice = ErrorReply(
+            code=ErrorCode.TOO_MANY_CONNECTIONS.value,
+            message=f"node {self.name} has {limit} user connections open, its limit "
+            "(max_connections): close idle clients, connect to another node, or raise "
+            "max_connections in the node's config",
+            details={"limit": limit, "node": self.name},
+        )
+        try:
+            async with asyncio.timeout(REFUSE_NOTICE_TIMEOUT):
+                await comm.write(encode_frame(Envelope(Kind.ERROR, 0, notice)))
+                await comm.close()
+        except (TimeoutError, ShardexError, OSError):
+            pass
+        comm.abort()
 
 
 class ConnectionPool:

@@ -29,11 +29,15 @@ from shardex.meta.node_defaults import (
 )
 from shardex.net.tls import TlsConfig
 from shardex.net.transport import split_address
+from shardex.runtime.admission import DEFAULT_QUEUED, FRAGMENT_SLOTS_PER_CPU, SLOTS_PER_CPU
 from shardex.runtime.files import read_private_text, require_private
 
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_PORT = 7100
 MIN_SECRET_LENGTH = 16
+# Users' connections a node keeps open at once (nodes' own are never counted): a client opens
+# one per node and per calling thread, so this serves hundreds of clients.
+DEFAULT_MAX_CONNECTIONS = 1000
 
 # Used with ``fullmatch``: ``$`` also matches before a trailing newline, so "n1\n" would pass.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -74,6 +78,10 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "tls_ca",
         "tls_cert",
         "tls_key",
+        "sql_max_running",
+        "sql_max_queued",
+        "sql_max_fragments",
+        "max_connections",
     }
 )
 TLS_MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -114,6 +122,15 @@ class NodeConfig:
     admin_file: Path | None = None
     # TLS on every connection (None: plaintext); "auto" turns it on for a non-loopback host
     tls: TlsConfig | None = None
+    # Admission (``runtime/admission.py``): SQL statements running at once with this node as
+    # their initiator (None: ``SLOTS_PER_CPU`` per CPU) and waiting for a slot past those.
+    sql_max_running: int | None = None
+    sql_max_queued: int = DEFAULT_QUEUED
+    # Executions of other nodes' queries (their fragments) run here at once; past it a query
+    # fails with QUERY_OVERLOADED without waiting (None: ``FRAGMENT_SLOTS_PER_CPU`` per CPU).
+    sql_max_fragments: int | None = None
+    # Users' connections open at once; one more is told TOO_MANY_CONNECTIONS and closed.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def address(self) -> str:
@@ -361,7 +378,46 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     )
 
     tls = _tls(values, bases, name, host)
+    running: int | None = None
+    if "sql_max_running" in values:
+        running = _as_int(
+            "sql_max_running",
+            values["sql_max_running"],
+            1,
+            100_000,
+            f"SQL statements this node runs at once, >= 1 (default {SLOTS_PER_CPU} per CPU)",
+        )
+    queued = _as_int(
+        "sql_max_queued",
+        values.get("sql_max_queued", DEFAULT_QUEUED),
+        0,
+        1_000_000,
+        "SQL statements that may wait for a running one to finish, >= 0 "
+        f"(default {DEFAULT_QUEUED}; 0: refuse at once when all run)",
+    )
+    fragments: int | None = None
+    if "sql_max_fragments" in values:
+        fragments = _as_int(
+            "sql_max_fragments",
+            values["sql_max_fragments"],
+            1,
+            1_000_000,
+            "executions of other nodes' SQL statements this node runs at once, >= 1 "
+            f"(default {FRAGMENT_SLOTS_PER_CPU} per CPU)",
+        )
+    max_connections = _as_int(
+        "max_connections",
+        values.get("max_connections", DEFAULT_MAX_CONNECTIONS),
+        1,
+        1_000_000,
+        f"users' connections this node keeps open at once, >= 1 (default "
+        f"{DEFAULT_MAX_CONNECTIONS}; nodes' connections are not counted)",
+    )
     return NodeConfig(
+        max_connections=max_connections,
+        sql_max_fragments=fragments,
+        sql_max_running=running,
+        sql_max_queued=queued,
         admin_file=admin_file,
         name=name,
         data_dir=data_dir,

@@ -111,6 +111,10 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
             max_count=config.auto_failover_max_count,
         ),
         group=config.group,
+        sql_max_running=config.sql_max_running,
+        sql_max_queued=config.sql_max_queued,
+        sql_max_fragments=config.sql_max_fragments,
+        max_connections=config.max_connections,
         bootstrap_admin=read_admin_file(config.admin_file) if config.admin_file else None,
     )
     try:

@@ -35,6 +35,7 @@ from shardex.net.credentials import UserDirectory
 from shardex.net.transport import Transport, split_address
 from shardex.node.audit import AUDIT_FILE, AuditLog
 from shardex.node.users import RemoteUsers, StateUsers
+from shardex.runtime.admission import DEFAULT_QUEUED
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.scan.paging_store_proxy import PagingService
@@ -75,6 +76,10 @@ class Node:
         group: str = "",
         users: UserDirectory | None = None,
         bootstrap_admin: UserRecord | None = None,
+        sql_max_running: int | None = None,
+        sql_max_queued: int = DEFAULT_QUEUED,
+        sql_max_fragments: int | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.transport = transport
         self.group = group
@@ -111,6 +116,7 @@ class Node:
             users=users,
             authorizer=self.audit.authorize,
             on_login=self.audit.on_login,
+            max_connections=max_connections,  # users' only: nodes always get through
         )
         self.server.route(StatusRequest, self._on_status)
         self.membership: Membership | None = None
@@ -212,6 +218,9 @@ class Node:
             scan=self.scan,
             index_scan=self.index_scan,
             scan_streams=self.scan_streams,
+            max_running=sql_max_running,
+            max_queued=sql_max_queued,
+            max_fragments=sql_max_fragments,
         )
         self.sql.install(self.server)
         self.index_ddl: IndexDDL | None = None

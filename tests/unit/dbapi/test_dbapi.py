@@ -188,6 +188,8 @@ def test_error_class_for_every_code() -> None:
     assert error_class(ErrorCode.EXPRESSION_EVAL) is db.DataError
     assert error_class(ErrorCode.SCAN_TIMEOUT) is db.OperationalError
     assert error_class(ErrorCode.QUERY_MEMORY_LIMIT) is db.OperationalError
+    assert error_class(ErrorCode.QUERY_OVERLOADED) is db.OperationalError
+    assert error_class(ErrorCode.TOO_MANY_CONNECTIONS) is db.OperationalError
     assert error_class(ErrorCode.NODE_UNAVAILABLE) is db.OperationalError
     assert error_class(ErrorCode.CAS_MISMATCH) is db.IntegrityError
     assert error_class(ErrorCode.INTERNAL) is db.InternalError

@@ -9,7 +9,8 @@ import pytest
 
 from shardex.errors import ConfigError, ErrorCode
 from shardex.meta.node_defaults import ALL_SERVICES
-from shardex.node.config import load_config
+from shardex.node.config import DEFAULT_MAX_CONNECTIONS, load_config
+from shardex.runtime.admission import DEFAULT_QUEUED
 
 SECRET = "0123456789abcdef0123456789abcdef"
 
@@ -176,6 +177,29 @@ def test_group_label(tmp_path: Path) -> None:
         err = bad(tmp_path, group=value)
         assert err.details["key"] == "group" and err.details["value"] == value
         assert "letters" in err.details["hint"]
+
+
+def test_sql_admission_limits(tmp_path: Path) -> None:
+    cfg = load_config(None, base(tmp_path))
+    assert cfg.sql_max_running is None and cfg.sql_max_queued == DEFAULT_QUEUED  # per CPU
+    assert cfg.sql_max_fragments is None
+    cfg = load_config(
+        None, base(tmp_path, sql_max_running="3", sql_max_queued=0, sql_max_fragments=7)
+    )
+    assert (cfg.sql_max_running, cfg.sql_max_queued, cfg.sql_max_fragments) == (3, 0, 7)
+    for key, value in (
+        ("sql_max_running", 0),
+        ("sql_max_queued", -1),
+        ("sql_max_running", "x"),
+        ("sql_max_fragments", 0),
+    ):
+        err = bad(tmp_path, **{key: value})
+        assert err.details["key"] == key and err.details["value"] == value
+        assert "SQL statements" in err.details["hint"]
+    assert cfg.max_connections == DEFAULT_MAX_CONNECTIONS
+    assert load_config(None, base(tmp_path, max_connections=5)).max_connections == 5
+    err = bad(tmp_path, max_connections=0)
+    assert err.details["key"] == "max_connections" and "nodes'" in err.details["hint"]
 
 
 @pytest.mark.parametrize("key", ["name", "group"])

@@ -13,12 +13,13 @@ from shardex.index.scan_server import IndexScanServer
 from shardex.manager.membership import Membership
 from shardex.net import ConnectionPool, RpcServer
 from shardex.net.transport import Transport
+from shardex.runtime.admission import DEFAULT_QUEUED, FRAGMENT_SLOTS_PER_CPU, default_cap
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragments import sql_fragments
 from shardex.sql.exec.service import SqlService
 from shardex.sql.exec.tuning import BoundedMeter
-from shardex.sql.protocol import MembershipDirectory, QueryService
+from shardex.sql.protocol import MembershipDirectory, ProtocolConfig, QueryService
 
 __all__ = ["SqlMount"]
 
@@ -35,6 +36,9 @@ class SqlMount:
         scan: ScanCoordinator,
         index_scan: IndexScanServer | None,
         scan_streams: OutStreams,
+        max_running: int | None = None,
+        max_queued: int = DEFAULT_QUEUED,
+        max_fragments: int | None = None,
     ) -> None:
         self.member_id = member_id
         self._membership = membership
@@ -48,6 +52,11 @@ class SqlMount:
             directory=MembershipDirectory(membership),
             fragments=sql_fragments(index_scan, self.documents),
             meter=BoundedMeter(),  # the last queries' exchanges, for ExchangeStats
+            config=ProtocolConfig(
+                max_executions=(
+                    default_cap(FRAGMENT_SLOTS_PER_CPU) if max_fragments is None else max_fragments
+                )
+            ),
         )
         self.sql = SqlService(
             query=self.query,
@@ -55,6 +64,8 @@ class SqlMount:
             documents=self.documents,
             streams=scan_streams,
             members=self._members,
+            max_running=max_running,
+            max_queued=max_queued,
         )
 
     def _members(self) -> dict[str, str]:

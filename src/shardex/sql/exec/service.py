@@ -17,6 +17,11 @@ statement over ``MAX_STATEMENT_BYTES``); errors while
 rows flow (also within the first block) end the stream with that error. Nothing here
 outlives the statement: a failed statement leaves the node serving.
 
+Admission (decision 0104): at most ``sql_max_running`` statements run at once on a node as
+their initiator and ``sql_max_queued`` more wait for a slot, first come first served, for at
+most ``QUEUE_WAIT`` (or the statement's timeout when shorter); past either, QUERY_OVERLOADED.
+A statement holds its slot until its last row is sent, however it ends.
+
 Parsing, binding and planning cost grows with the statement's length (CPython: about a
 second per 100 KiB of IN list or OR chain): a statement of up to
 ``statements.PLAN_ON_LOOP_CHARS`` is prepared on the loop (milliseconds: no thread hand-off
@@ -51,6 +56,7 @@ from shardex.core.expr.ops import truth
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import Connection, Principal, RpcServer
+from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.at_plus import on_current_branches
 from shardex.scan.coordinator import ScanCoordinator, oldest_common
 from shardex.sql.exec.analyze import Budget
@@ -81,6 +87,7 @@ from shardex.sql.syntax.params import check_params, check_params_depth
 __all__ = [
     "DEFAULT_MAX_ROWS",
     "MAX_STATEMENT_BYTES",
+    "QUEUE_WAIT",
     "SqlService",
     "check_statement_size",
 ]
@@ -94,6 +101,10 @@ WAIT_MARGIN: Final = 10.0
 # The longest statement text a node takes, in UTF-8 bytes: checked before parsing (a
 # megabyte of SQL already costs seconds to parse; values that large belong in parameters).
 MAX_STATEMENT_BYTES: Final = 1 << 20
+# Admission (decision 0104): the longest a statement waits for a slot when all
+# ``sql_max_running`` run (its own timeout when shorter).
+QUEUE_WAIT: Final = 30.0
+MIN_LEFT: Final = 0.001  # what a statement admitted at the end of its timeout has to run
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +163,8 @@ class SqlService:
         members: Callable[[], dict[str, str]],
         max_rows: int = DEFAULT_MAX_ROWS,
         max_statement_bytes: int = MAX_STATEMENT_BYTES,
+        max_running: int | None = None,
+        max_queued: int = DEFAULT_QUEUED,
     ) -> None:
         self.query = query
         self.scan = scan
@@ -160,6 +173,14 @@ class SqlService:
         self._members = members  # node name -> member id of the members up now
         self.max_rows = max_rows
         self.max_statement_bytes = max_statement_bytes
+        # Statements running at once on this node as their initiator, and waiting to.
+        self.admission = AdmissionGate(
+            "SQL statements",
+            default_cap() if max_running is None else max_running,
+            max_queued,
+            cap_key="sql_max_running",
+            queue_key="sql_max_queued",
+        )
 
     def install(self, server: RpcServer) -> None:
         server.route(SqlQuery, self.on_query)
@@ -185,15 +206,32 @@ class SqlService:
     # --- the request ---------------------------------------------------------------------
 
     async def on_query(self, msg: SqlQuery, conn: Connection) -> SqlStarted:
+        """The statement once admitted (``admission``): it holds its slot until its last
+        row is sent, on every way out (done, error, cancel, a lost connection)."""
         self.streams.check_new(conn, msg.stream_id)
-        self._check(msg)
+        self._check(msg)  # a request that cannot run never queues
+        slot = self.admission.try_enter()
+        if slot is None:
+            loop = asyncio.get_running_loop()
+            queued_at = loop.time()
+            slot = await self.admission.enter(min(msg.timeout, QUEUE_WAIT))
+            # The timeout counts from arrival, so the client's wait for the reply holds.
+            left = max(msg.timeout - (loop.time() - queued_at), MIN_LEFT)
+            msg = msgspec.structs.replace(msg, timeout=left)
+        try:
+            return await self._statement(msg, conn, slot)
+        except BaseException:
+            slot.release()
+            raise
+
+    async def _statement(self, msg: SqlQuery, conn: Connection, slot: Slot) -> SqlStarted:
         tuning = check_tuning(msg.tuning)
         sql, cached = msg.statement, tuning["plan_cache"]
         stmt = await prepared_off_loop(sql, lambda: parsed(sql, cached=cached))  # SQL_SYNTAX
         check_statement(conn.principal, stmt)
         params = msg.params
         if isinstance(stmt, SelectStmt):
-            return await self._select(msg, stmt, params, conn)
+            return await self._select(msg, stmt, params, conn, slot)
         if isinstance(stmt, ExplainStmt):
             state = await self.scan.view.state()
             members = self._members()
@@ -213,17 +251,17 @@ class SqlService:
             started = SqlStarted(
                 stream_id=msg.stream_id, statement="explain", index=_index_of(plan)
             )
-            return await self._respond_values(conn, msg, started, [plan.explain()])
+            return await self._respond_values(conn, msg, started, [plan.explain()], slot)
         if isinstance(stmt, InsertStmt):
             count, rows = await self._insert(stmt, params, msg.durability)
             kind = "upsert" if stmt.upsert else "insert"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
-            return await self._respond_values(conn, msg, started, rows)
+            return await self._respond_values(conn, msg, started, rows, slot)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
             count, rows = await self._modify(msg, stmt, params)
             kind = "delete" if isinstance(stmt, DeleteStmt) else "update"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
-            return await self._respond_values(conn, msg, started, rows)
+            return await self._respond_values(conn, msg, started, rows, slot)
         raise _bad(
             f"{type(stmt).__name__} is index DDL: run it with client.execute_ddl",
             hint="client.query sends DDL there itself",
@@ -363,7 +401,7 @@ class SqlService:
         yield [encode_row(r) for r in rows]
 
     async def _select(
-        self, msg: SqlQuery, stmt: SelectStmt, params: Any, conn: Connection
+        self, msg: SqlQuery, stmt: SelectStmt, params: Any, conn: Connection, slot: Slot
     ) -> SqlStarted:
         plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
         started = SqlStarted(
@@ -380,7 +418,7 @@ class SqlService:
                 "inline": plan.inline,
             },
         )
-        return await self._respond(conn, msg, started, chunks)
+        return await self._respond(conn, msg, started, chunks, slot)
 
     async def pin_stability(
         self, plan: PhysicalPlan, consistency: str, msg: SqlQuery
@@ -423,9 +461,10 @@ class SqlService:
         return oldest_common(list(tss))
 
     async def _respond_values(
-        self, conn: Connection, msg: SqlQuery, started: SqlStarted, values: list[Any]
+        self, conn: Connection, msg: SqlQuery, started: SqlStarted, values: list[Any], slot: Slot
     ) -> SqlStarted:
-        return await self._respond(conn, msg, started, _once([encode_row(v) for v in values]))
+        rows = _once([encode_row(v) for v in values])
+        return await self._respond(conn, msg, started, rows, slot)
 
     async def _respond(
         self,
@@ -433,11 +472,14 @@ class SqlService:
         msg: SqlQuery,
         started: SqlStarted,
         chunks: AsyncIterator[list[bytes]],
+        slot: Slot,
     ) -> SqlStarted:
         """``started`` with the first block of rows (``inline``; ``done`` when that is all:
         no stream is opened), the rest on the result stream. An error while the first
         block is read ends the stream, as it would have after the reply: the reply means
-        "the statement runs", whatever its rows turn out to be."""
+        "the statement runs", whatever its rows turn out to be. ``slot`` is released when
+        the rows end: here when they all fit the reply, else when the stream's task ends
+        (a done callback runs even for a task cancelled before it started)."""
         head: list[bytes] = []
         rest: list[bytes] = []
         error: BaseException | None = None
@@ -447,6 +489,7 @@ class SqlService:
                 while not rest:
                     chunk = await anext(chunks, None)
                     if chunk is None:
+                        slot.release()
                         return msgspec.structs.replace(started, rows=head, done=True)
                     for i, cell in enumerate(chunk):
                         if len(head) >= BLOCK_ROWS or size >= BLOCK_BYTES:
@@ -467,7 +510,9 @@ class SqlService:
                     for block in _blocks(chunk):
                         await out.send(block)
 
-        self.streams.start(conn, msg.stream_id, msg.credit, produce)
+        stream = self.streams.start(conn, msg.stream_id, msg.credit, produce)
+        assert stream.task is not None
+        stream.task.add_done_callback(lambda _: slot.release())
         return msgspec.structs.replace(started, rows=head or None)
 
     # --- DML -----------------------------------------------------------------------------

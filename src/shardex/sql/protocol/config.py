@@ -24,6 +24,9 @@ class ProtocolConfig:
     max_pending_queries: int = 1024
     result_capacity: int = 4  # root batches buffered for the caller
     connect_timeout: float = 5.0
+    # Executions of queries other members initiated, run here at once; one more fails its
+    # query with QUERY_OVERLOADED at once, never waits (decision 0105). None: no cap.
+    max_executions: int | None = None
 
     def __post_init__(self) -> None:
         if self.window < MIN_WINDOW:
@@ -38,6 +41,11 @@ class ProtocolConfig:
                     f"{name} must be positive, got {value}",
                     details={"value": value, "key": name, "hint": "seconds, > 0"},
                 )
+        if self.max_executions is not None and self.max_executions < 1:
+            raise ConfigError(
+                f"max_executions must be >= 1, got {self.max_executions}",
+                details={"value": self.max_executions, "key": "max_executions", "hint": ">= 1"},
+            )
 
 
 class MemberDirectory(Protocol):

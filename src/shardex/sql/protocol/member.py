@@ -39,6 +39,7 @@ from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.connection import Handler
 from shardex.net.messages import Message
 from shardex.net.transport import Transport
+from shardex.runtime.admission import overloaded
 from shardex.sql.protocol.config import BeforeSend, MemberDirectory, ProtocolConfig
 from shardex.sql.protocol.execution import QueryExecution
 from shardex.sql.protocol.flow import ExchangeMeter
@@ -204,6 +205,28 @@ class QueryService:
             )
             self._spawn(self._send_quietly(q.initiator, msg))
 
+    def _admit(self, q: QueryId) -> None:
+        """QUERY_OVERLOADED when ``max_executions`` executions of other members' queries run
+        here already. It never waits: a query's initiator holds its statement's slot while
+        its executions start, and a wait here for slots held by queries that wait on that
+        initiator would be a cycle (decision 0105). The initiator's own part is not counted:
+        its statement slot admitted it. Counted from the registry, so no end path of an
+        execution can leak a slot."""
+        cap = self.config.max_executions
+        reg = self.registry
+        if cap is None or q.initiator == self.member_id or len(reg.executions) < cap:
+            return
+        running = sum(1 for k in reg.executions if k.initiator != self.member_id)
+        if running >= cap:
+            reg.stats["executes_overloaded"] += 1
+            raise overloaded(
+                f"{running} query fragments running for other nodes (the limit {cap})",
+                keys=("sql_max_fragments",),
+                cap=cap,
+                running=running,
+                member=self.member_id,
+            )
+
     def _free(self, q: QueryId) -> None:
         exe = self.registry.executions.pop(q, None)
         if exe is not None:
@@ -267,6 +290,7 @@ class QueryService:
                 )
             for f in msg.plan.fragments:
                 self.fragments.get(f.kind)
+            self._admit(q)
         except ShardexError as e:
             reg.drop_pending(q)
             self.request_cancel(q, e)

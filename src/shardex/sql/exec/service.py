@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
@@ -50,38 +51,31 @@ from shardex.api.sql_exec import (
     StreamReport,
 )
 from shardex.api.validation import check_durability
-from shardex.core.expr import MISSING, Literal, evaluate, walk
-from shardex.core.expr.ast import Param
-from shardex.core.expr.ops import truth
 from shardex.core.timestamp import Timestamp
-from shardex.errors import ErrorCode, ShardexError
+from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.at_plus import on_current_branches
 from shardex.scan.coordinator import ScanCoordinator, oldest_common
 from shardex.sql.exec.analyze import Budget
-from shardex.sql.exec.dml import DELETE, SKIP, write_checked
+from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import FAILOVER, failed_leaf, failing_over
-from shardex.sql.exec.fragment_rows import finish, root_rows
+from shardex.sql.exec.fragment_rows import root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
-from shardex.sql.exec.rows import decode_row, encode_row
-from shardex.sql.exec.statements import dml_select, parsed, prepared_off_loop
+from shardex.sql.exec.rows import encode_row
+from shardex.sql.exec.statements import bad_request, parsed, prepared_off_loop
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
-from shardex.sql.local import bind_expr
-from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
 from shardex.sql.protocol import QueryService
 from shardex.sql.protocol.initiator import cancelled
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
     InsertStmt,
-    KeyspaceRef,
     SelectStmt,
     UpdateStmt,
 )
-from shardex.sql.syntax.bind import META_KEY, bind_select
 from shardex.sql.syntax.params import check_params, check_params_depth
 
 __all__ = [
@@ -95,7 +89,6 @@ __all__ = [
 DEFAULT_MAX_ROWS: Final = 1_000_000
 BLOCK_ROWS: Final = 500
 BLOCK_BYTES: Final = 512 * 1024
-MUTATE_PARALLEL: Final = 32
 MAX_TIMEOUT: Final = 3600.0
 WAIT_MARGIN: Final = 10.0
 # The longest statement text a node takes, in UTF-8 bytes: checked before parsing (a
@@ -109,10 +102,6 @@ MIN_LEFT: Final = 0.001  # what a statement admitted at the end of its timeout h
 log = logging.getLogger(__name__)
 
 
-def _bad(message: str, **details: Any) -> ShardexError:
-    return ShardexError(message, code=ErrorCode.BAD_REQUEST, details=details)
-
-
 def check_statement_size(sql: str, limit: int) -> None:
     """BAD_REQUEST naming the size and the limit when ``sql`` is over ``limit`` UTF-8 bytes;
     run before the text is parsed."""
@@ -120,16 +109,12 @@ def check_statement_size(sql: str, limit: int) -> None:
         return
     size = len(sql.encode("utf-8", "surrogatepass"))
     if size > limit:
-        raise _bad(
+        raise bad_request(
             f"statement is {size} bytes, over the limit of {limit} bytes",
             size=size,
             limit=limit,
             hint="pass large values as parameters ($name) or split the statement",
         )
-
-
-def _params_of(exprs: list[Any]) -> set[str]:
-    return {n.name for e in exprs if e is not None for n in walk(e) if isinstance(n, Param)}
 
 
 def check_statement(principal: Principal | None, stmt: object) -> None:
@@ -253,16 +238,21 @@ class SqlService:
             )
             return await self._respond_values(conn, msg, started, [plan.explain()], slot)
         if isinstance(stmt, InsertStmt):
-            count, rows = await self._insert(stmt, params, msg.durability)
+            count, rows = await insert_statement(
+                self.documents, self.scan.view, stmt, params, msg.durability, self.max_rows
+            )
             kind = "upsert" if stmt.upsert else "insert"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
             return await self._respond_values(conn, msg, started, rows, slot)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
-            count, rows = await self._modify(msg, stmt, params)
+            select = functools.partial(self.start_select, msg, msg.statement)
+            count, rows = await modify_statement(
+                self.documents, select, stmt, params, msg.durability, self.max_rows
+            )
             kind = "delete" if isinstance(stmt, DeleteStmt) else "update"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
             return await self._respond_values(conn, msg, started, rows, slot)
-        raise _bad(
+        raise bad_request(
             f"{type(stmt).__name__} is index DDL: run it with client.execute_ddl",
             hint="client.query sends DDL there itself",
         )
@@ -271,16 +261,16 @@ class SqlService:
         check_statement_size(msg.statement, self.max_statement_bytes)
         check_durability(msg.durability)
         if msg.consistency not in CONSISTENCIES:
-            raise _bad(
+            raise bad_request(
                 f"consistency must be one of {', '.join(CONSISTENCIES)}, got {msg.consistency!r}",
                 value=repr(msg.consistency),
             )
         if msg.consistency == AT_PLUS and msg.at is None:
-            raise _bad("at_plus needs a timestamp (at=...)", hint="pass the writes' results")
+            raise bad_request("at_plus needs a timestamp (at=...)", hint="pass the writes' results")
         if not 0 < msg.timeout <= MAX_TIMEOUT:
-            raise _bad(f"timeout must be in (0, {MAX_TIMEOUT}] seconds", value=msg.timeout)
+            raise bad_request(f"timeout must be in (0, {MAX_TIMEOUT}] seconds", value=msg.timeout)
         if msg.max_rows_in_memory is not None and msg.max_rows_in_memory < 1:
-            raise _bad("max_rows_in_memory must be >= 1", value=msg.max_rows_in_memory)
+            raise bad_request("max_rows_in_memory must be >= 1", value=msg.max_rows_in_memory)
         check_params_depth(msg.params)
 
     def _budget(self, msg: SqlQuery) -> int:
@@ -514,126 +504,6 @@ class SqlService:
         assert stream.task is not None
         stream.task.add_done_callback(lambda _: slot.release())
         return msgspec.structs.replace(started, rows=head or None)
-
-    # --- DML -----------------------------------------------------------------------------
-
-    async def _insert(
-        self, stmt: InsertStmt, params: Any, durability: str
-    ) -> tuple[int, list[Any]]:
-        check_params(_params_of([e for kv in stmt.values for e in kv]), params)
-        state = await self.scan.view.state()
-        if stmt.keyspace not in state.keyspaces:
-            raise ShardexError(
-                f"keyspace {stmt.keyspace!r} not found",
-                code=ErrorCode.KEYSPACE_NOT_FOUND,
-                details={"keyspace": stmt.keyspace},
-            )
-        new: dict[str, Any] = {}
-        for key_expr, value_expr in stmt.values:
-            key = evaluate(key_expr, {}, params=params)
-            value = evaluate(value_expr, {}, params=params)
-            if not isinstance(key, str) or not key:
-                raise _bad(
-                    f"document key must be a non-empty string, got {key!r}",
-                    key=repr(key),
-                    hint="INSERT INTO ks (KEY, VALUE) VALUES ('id', {...})",
-                )
-            if not isinstance(value, dict):
-                raise _bad(
-                    f"document {key!r} must be an object, got {_show(value)}",
-                    key=key,
-                    hint="VALUES ('id', {\"field\": ...})",
-                )
-            if not stmt.upsert and key in new:
-                raise ShardexError(
-                    f"document {key!r} is inserted twice by this statement",
-                    code=ErrorCode.DOC_EXISTS,
-                    details={"key": key, "hint": "use UPSERT to replace"},
-                )
-            new[key] = value
-        await self._apply(
-            [
-                self.documents.upsert(
-                    stmt.keyspace, k, v, insert=not stmt.upsert, durability=durability
-                )
-                for k, v in new.items()
-            ]
-        )
-        rows = self._returning(stmt.returning, stmt.keyspace, list(new.items()), params)
-        return len(new), rows
-
-    async def _modify(
-        self, msg: SqlQuery, stmt: DeleteStmt | UpdateStmt, params: Any
-    ) -> tuple[int, list[Any]]:
-        target = stmt.target
-        alias = target.as_name
-        exprs: list[Any] = [target.use_keys, stmt.where, stmt.limit]
-        if isinstance(stmt, UpdateStmt):
-            exprs += [e for pair in stmt.set for e in pair] + list(stmt.unset)
-        check_params(_params_of(exprs), params)
-        # Compiled first: a bad SET path fails before anything is read or changed.
-        sets = [(path_steps(p, alias), bind_expr(e, alias)) for p, e in getattr(stmt, "set", ())]
-        unsets = [path_steps(p, alias) for p in getattr(stmt, "unset", ())]
-        select = dml_select(stmt)
-        _, _, batches = await self.start_select(
-            msg, msg.statement, select, params, dml=True, consistency=REQUEST_PLUS
-        )
-        chosen: list[str] = []
-        async with contextlib.aclosing(batches):
-            async for chunk in batches:
-                chosen += [decode_row(cell)["id"] for cell in chunk]
-        ks = target.name
-        where = None if stmt.where is None else bind_expr(stmt.where, alias)
-
-        def decide(docid: str, doc: Any) -> Any:
-            """The write for this version of the document: the WHERE is evaluated again on
-            it (it may have changed since the SELECT read it)."""
-            scope = {alias: doc, META_KEY: {"id": docid}}
-            if where is not None and not truth(evaluate(where, scope, params=params)):
-                return SKIP
-            if isinstance(stmt, DeleteStmt):
-                return DELETE
-            new = updated_copy(doc)
-            for steps, e in sets:
-                set_path(new, steps, evaluate(e, scope, params=params))
-            for steps in unsets:
-                unset_path(new, steps)
-            return new
-
-        written = await write_checked(
-            self.documents, ks, chosen, decide, parallel=MUTATE_PARALLEL, durability=msg.durability
-        )
-        return len(written), self._returning(stmt.returning, alias, written, params)
-
-    async def _apply(self, ops: list[Any]) -> None:
-        """Run the mutations, ``MUTATE_PARALLEL`` at a time; the first error is raised (the
-        ones applied before it stay applied: statements are not transactions)."""
-        sem = asyncio.Semaphore(MUTATE_PARALLEL)
-
-        async def one(op: Any) -> None:
-            async with sem:
-                await op
-
-        tasks = [asyncio.ensure_future(one(op)) for op in ops]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-
-    def _returning(
-        self, terms: Any, alias: str, docs: list[tuple[str, Any]], params: Any
-    ) -> list[Any]:
-        if not terms:
-            return []
-        ref = KeyspaceRef("", alias, source=Literal(None))
-        b = bind_select(SelectStmt(terms=tuple(terms), from_=ref))
-        scopes = [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
-        return list(finish(b, scopes, params, None, 0, Budget(self.max_rows)))
-
-
-def _show(value: Any) -> str:
-    return "MISSING" if value is MISSING else repr(value)[:80]
 
 
 def _index_of(plan: PhysicalPlan) -> str | None:

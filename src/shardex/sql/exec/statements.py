@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from shardex.core.expr import Field, Identifier, Meta
+from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
@@ -28,7 +29,14 @@ from shardex.sql.syntax import (
 from shardex.sql.syntax.bind import BoundSelect, bind_select
 from shardex.sql.syntax.parser import Statement
 
-__all__ = ["CACHE_SIZE", "PLAN_ON_LOOP_CHARS", "bound_statement", "parsed", "prepared_off_loop"]
+__all__ = [
+    "CACHE_SIZE",
+    "PLAN_ON_LOOP_CHARS",
+    "bad_request",
+    "bound_statement",
+    "parsed",
+    "prepared_off_loop",
+]
 
 CACHE_SIZE: Final = 512
 # Statements up to this many characters are parsed, bound and planned on the loop (a few
@@ -36,6 +44,10 @@ CACHE_SIZE: Final = 512
 PLAN_ON_LOOP_CHARS: Final = 4096
 
 _T = TypeVar("_T")
+
+
+def bad_request(message: str, **details: Any) -> ShardexError:
+    return ShardexError(message, code=ErrorCode.BAD_REQUEST, details=details)
 
 
 async def prepared_off_loop(sql: str, fn: Callable[[], _T]) -> _T:

@@ -96,14 +96,7 @@ class BlockingConn:
         "peer_label",
     )
 
-    def __init__(
-        self,
-        sock: socket.socket,
-        address: str,
-        peer: str,
-        max_frame: int,
-        tls: _Tls | None = None,
-    ) -> None:
+    def __init__(self, sock: socket.socket, address: str, peer: str, max_frame: int) -> None:
         self._sock = sock
         self.address = address  # as configured
         self.peer = peer  # host:port as the loop path's comm names it
@@ -115,9 +108,11 @@ class BlockingConn:
         self._next_id = 1  # request ids, as a ``Connection`` numbers them
         self._closed_by: str | None = None  # why it closed ("locally", "by peer", ...)
         self._notice: ErrorReply | None = None  # what the node said before hanging up
-        # TLS in memory: records received go in ``_tls_in``, records to send come out of
-        # ``_tls_out``; None in clear.
-        self._tls, self._tls_in, self._tls_out = tls if tls is not None else (None, None, None)
+        # TLS in memory (``open`` sets them): records received go in ``_tls_in``, records to
+        # send come out of ``_tls_out``; None in clear.
+        self._tls: ssl.SSLObject | None = None
+        self._tls_in: ssl.MemoryBIO | None = None
+        self._tls_out: ssl.MemoryBIO | None = None
         # Nothing received yet over a TLS socket that presented our certificate: a close now
         # is the server refusing the certificate (``tls.cert_refused``).
         self._fresh = False  # set by ``open``
@@ -152,7 +147,9 @@ class BlockingConn:
         sock.settimeout(None)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
         peername = sock.getpeername()
-        conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame, session)
+        conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame)
+        if session is not None:
+            conn._tls, conn._tls_in, conn._tls_out = session
         conn._fresh = tls is not None and tls.is_node
         hs.peer = conn.peer
         try:

@@ -360,7 +360,7 @@ class BlockingConn:
         try:
             n = self._sock.recv_into(self._rbuf)
             if n and self._tls is not None and not self._decrypt(n):
-                raise self.closed_error()  # close_notify: ``_decrypt`` marked it lost
+                n = 0  # the peer's close_notify: the end of the stream, as below
         except BlockingIOError:
             raise TimeoutError from None  # SO_RCVTIMEO ran out (EAGAIN, blocking socket)
         except OSError as e:

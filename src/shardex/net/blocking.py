@@ -12,8 +12,15 @@ hang-up kept for the error that follows, a one-way frame of a type this side doe
 dropped; everything else is the caller's, one envelope at a time (``read``). ``close`` may
 come from any thread: it shuts the socket down, which wakes a reader blocked in ``recv``.
 
-With a ``TlsConfig`` the socket is an ``ssl.SSLSocket`` verified as the loop's transport
-verifies (``shardex.net.tls``); failures read the same.
+With a ``TlsConfig`` the connection is TLS, verified as the loop's transport verifies
+(``shardex.net.tls``); failures read the same. TLS runs in memory (an ``ssl.SSLObject``
+between two ``MemoryBIO``s) over the same plain socket, not as an ``ssl.SSLSocket``: an
+SSLSocket cannot be bounded by ``SO_RCVTIMEO`` (its read retries the blocking socket's
+EAGAIN for good), and a socket timeout makes each exchange a switch to non-blocking mode
+and back, a failed read and a poll before the read and a poll before the send, and OpenSSL
+reads each record's header and body in two calls: eight system calls per request and reply
+where plaintext makes two. In memory, TLS makes the same two (one ``send`` of the encrypted
+request, one ``recv`` of whatever records arrived) with the same kernel deadlines.
 """
 
 from __future__ import annotations
@@ -80,9 +87,10 @@ class BlockingConn:
         "_notice",
         "_rbuf",
         "_rcvtimeo",
-        "_send_timeout",
         "_sock",
         "_tls",
+        "_tls_in",
+        "_tls_out",
         "address",
         "peer",
         "peer_label",
@@ -97,11 +105,14 @@ class BlockingConn:
         self._buf = bytearray()
         self._rbuf = memoryview(bytearray(_RECV))
         self._rcvtimeo = 0.0  # SO_RCVTIMEO's setting (0: none yet)
-        self._send_timeout: float | None = None  # a TLS send's bound (see ``_recv``)
         self._next_id = 1  # request ids, as a ``Connection`` numbers them
         self._closed_by: str | None = None  # why it closed ("locally", "by peer", ...)
         self._notice: ErrorReply | None = None  # what the node said before hanging up
-        self._tls = isinstance(sock, ssl.SSLSocket)
+        # TLS in memory (``open`` sets them): records received go in ``_tls_in``, records to
+        # send come out of ``_tls_out``; None in clear.
+        self._tls: ssl.SSLObject | None = None
+        self._tls_in: ssl.MemoryBIO | None = None
+        self._tls_out: ssl.MemoryBIO | None = None
         # Nothing received yet over a TLS socket that presented our certificate: a close now
         # is the server refusing the certificate (``tls.cert_refused``).
         self._fresh = False  # set by ``open``
@@ -128,8 +139,7 @@ class BlockingConn:
             sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as e:  # refused, unreachable, or timed out (TimeoutError)
             raise connect_failed(address, timeout, e) from e
-        if tls is not None:
-            sock = _wrap(sock, tls, address, host, timeout)
+        session = _tls_handshake(sock, tls, address, host, timeout) if tls is not None else None
         # Request/response on small frames: never wait for Nagle.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # Blocking from here on: deadlines are the kernel's (``_set_rcvtimeo``); a send
@@ -138,7 +148,8 @@ class BlockingConn:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
         peername = sock.getpeername()
         conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame)
-        conn._send_timeout = timeout
+        if session is not None:
+            conn._tls, conn._tls_in, conn._tls_out = session
         conn._fresh = tls is not None and tls.is_node
         hs.peer = conn.peer
         try:
@@ -189,12 +200,15 @@ class BlockingConn:
             )
         if self._closed_by is not None:
             raise self.closed_error()
-        if self._tls:
-            self._sock.settimeout(self._send_timeout)  # SO_SNDTIMEO binds no TLS send
+        # Header and payload in one call: NODELAY would send them as two segments.
+        data = header(len(frame)) + frame
         try:
-            # Header and payload in one call: NODELAY would send them as two segments.
-            self._sock.sendall(header(len(frame)) + frame)
-        except OSError as e:
+            if self._tls is not None:
+                assert self._tls_out is not None
+                self._tls.write(data)  # into the outgoing BIO: all of it, as records
+                data = self._tls_out.read()
+            self._sock.sendall(data)
+        except OSError as e:  # ssl.SSLError is one
             self._lost(f"lost: {e}")
             raise self.closed_error() from None
 
@@ -278,50 +292,6 @@ class BlockingConn:
         waiting (a late reply, a ping) are not an end and stay for ``read``."""
         if self._closed_by is not None:
             return True
-        if self._tls:
-            return self._tls_peer_gone()
-        return self._plain_peer_gone()
-
-    def _tls_peer_gone(self) -> bool:
-        """``peer_gone`` over TLS: the raw socket is peeked (an SSLSocket takes no flags);
-        bytes waiting are records - data, session tickets, or the peer's close_notify - so
-        they are read without blocking: data is kept for ``read``, an end is an end."""
-        sock = self._sock
-        assert isinstance(sock, ssl.SSLSocket)
-        if sock.pending():
-            return False  # decrypted data waiting
-        # Non-blocking for the peek too: a socket left with a timeout by ``_recv`` would
-        # otherwise wait that long for a byte and call its absence an error.
-        sock.setblocking(False)
-        try:
-            n = socket.socket.recv_into(sock, self._rbuf, 1, _PEEK)
-        except BlockingIOError:
-            sock.setblocking(True)
-            return False  # nothing waiting: the usual case
-        except OSError as e:
-            sock.setblocking(True)
-            self._lost(f"lost: {e}")
-            return True
-        if not n:
-            sock.setblocking(True)
-            self._lost("closed by peer")
-            return True
-        try:
-            n = sock.recv_into(self._rbuf)
-        except ssl.SSLWantReadError:
-            return False  # records that carry no data (tickets), or half a record
-        except OSError as e:
-            self._lost(f"lost: {e}")
-            return True
-        finally:
-            sock.setblocking(True)
-        if not n:
-            self._lost("closed by peer")
-            return True
-        self._buf += self._rbuf[:n]
-        return False
-
-    def _plain_peer_gone(self) -> bool:
         try:
             n = self._sock.recv_into(self._rbuf, 1, _PEEK)
         except BlockingIOError:
@@ -332,7 +302,25 @@ class BlockingConn:
         if not n:
             self._lost("closed by peer")
             return True
+        if self._tls is not None:
+            return self._tls_peer_gone()
         return False
+
+    def _tls_peer_gone(self) -> bool:
+        """``peer_gone`` over TLS with bytes waiting: they are records - data, session
+        tickets, or the peer's close_notify - so they are read (they are there: no wait)
+        and decrypted: data is kept for ``read``, a close_notify is an end."""
+        try:
+            n = self._sock.recv_into(self._rbuf, 0, socket.MSG_DONTWAIT)
+            if not n:
+                self._lost("closed by peer")
+                return True
+            return not self._decrypt(n)
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            self._lost(f"lost: {e}")
+            return True
 
     def _frame(self, deadline: float) -> bytes:
         buf = self._buf
@@ -348,8 +336,7 @@ class BlockingConn:
                     frame = bytes(buf[HEADER:end])
                     del buf[:end]  # a bytearray drops its head without moving the rest
                     return frame
-            n = self._recv(deadline)
-            buf += self._rbuf[:n]
+            self._recv(deadline)
 
     def _set_rcvtimeo(self, seconds: float) -> None:
         """Bound the next ``recv`` calls by the kernel (``SO_RCVTIMEO``), not by Python's
@@ -359,30 +346,25 @@ class BlockingConn:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
         self._rcvtimeo = seconds
 
-    def _recv(self, deadline: float) -> int:
-        """Bytes received into ``_rbuf`` (at least one)."""
+    def _recv(self, deadline: float) -> None:
+        """Receive what has arrived (waiting for at least one byte) into ``_buf``: over
+        TLS, what it decrypts to, possibly nothing (a session ticket, half a record)."""
         if self._closed_by is not None:
             raise self.closed_error()
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
-        sock = self._sock
-        if self._tls:
-            # CPython's SSL read retries a blocking socket's EAGAIN forever, so SO_RCVTIMEO
-            # would never end a TLS read (a node behind a cut link would hold it for good):
-            # Python's socket timeout bounds it instead (a poll per read, TLS only).
-            sock.settimeout(left)
-        else:
-            cur = self._rcvtimeo
-            if abs(left - cur) > 0.02 * cur + 0.01:  # else the last setting is close enough
-                self._set_rcvtimeo(left)
+        cur = self._rcvtimeo
+        if abs(left - cur) > 0.02 * cur + 0.01:  # else the last setting is close enough
+            self._set_rcvtimeo(left)
         try:
-            n = sock.recv_into(self._rbuf)
-        except (BlockingIOError, ssl.SSLWantReadError, TimeoutError):
-            # SO_RCVTIMEO ran out (EAGAIN on a blocking socket), or a TLS socket's timeout
-            raise TimeoutError from None
+            n = self._sock.recv_into(self._rbuf)
+            if n and self._tls is not None and not self._decrypt(n):
+                n = 0  # the peer's close_notify: the end of the stream, as below
+        except BlockingIOError:
+            raise TimeoutError from None  # SO_RCVTIMEO ran out (EAGAIN, blocking socket)
         except OSError as e:
-            refused = tls_failure(self.peer, e) if self._tls else None
+            refused = tls_failure(self.peer, e) if self._tls is not None else None
             if self._closed_by is None:
                 self._lost(f"lost: {e}")
             if self._fresh:
@@ -397,7 +379,28 @@ class BlockingConn:
                 raise cert_refused(self.peer)
             raise self.closed_error()
         self._fresh = False
-        return n
+        if self._tls is None:
+            self._buf += self._rbuf[:n]
+
+    def _decrypt(self, n: int) -> bool:
+        """Feed the ``n`` bytes received into ``_rbuf`` to TLS and append what they
+        decrypt to ``_buf``; False if the peer closed TLS (close_notify: marked lost).
+        ``ssl.SSLError`` for a record that does not decrypt, or an alert."""
+        tls, tls_in = self._tls, self._tls_in
+        assert tls is not None and tls_in is not None
+        tls_in.write(self._rbuf[:n])
+        buf, out = self._buf, self._rbuf  # the bytes are in the BIO: the buffer is free
+        # ``pending`` first: a read that finds no whole record raises, which costs more
+        while tls_in.pending or tls.pending():
+            try:
+                got = tls.read(_RECV, out)
+            except ssl.SSLWantReadError:
+                break  # the rest of a record is still on its way
+            if not got:
+                self._lost("closed by peer")
+                return False
+            buf += out[:got]
+        return True
 
     # -- ending --
 
@@ -437,16 +440,38 @@ class BlockingConn:
             self._sock.close()
 
 
-def _wrap(
+# A TLS session in memory: the SSLObject, and its incoming and outgoing BIOs.
+_Tls = tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO]
+
+
+def _tls_handshake(
     sock: socket.socket, tls: TlsConfig, address: str, host: str, timeout: float
-) -> ssl.SSLSocket:
-    """``sock`` after a TLS handshake with the server at ``address`` (certificate verified
-    against the cluster CA, its SANs against ``host``); closed on failure."""
+) -> _Tls:
+    """A TLS handshake with the server at ``address`` over ``sock`` (its timeout bounds each
+    wait; certificate verified against the cluster CA, its SANs against ``host``); the
+    socket is closed on failure."""
+    tls_in, tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
     try:
-        return tls.client_context().wrap_socket(sock, server_hostname=host)
+        obj = tls.client_context().wrap_bio(tls_in, tls_out, server_hostname=host)
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if tls_out.pending:
+                    sock.sendall(tls_out.read())
+                data = sock.recv(_RECV)
+                if not data:
+                    raise ssl.SSLEOFError(
+                        ssl.SSL_ERROR_EOF, "EOF occurred in violation of protocol"
+                    ) from None
+                tls_in.write(data)
+        if tls_out.pending:
+            sock.sendall(tls_out.read())  # our Finished (and certificate, if any)
     except OSError as e:  # ssl.SSLError, a reset, or the handshake's timeout
         sock.close()
         failure = tls_failure(address, e)
         if failure is not None:
             raise failure from e
         raise connect_failed(address, timeout, e) from e
+    return obj, tls_in, tls_out

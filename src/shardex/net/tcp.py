@@ -78,8 +78,9 @@ def _fmt_addr(addr: object) -> str:
     return str(addr)
 
 
-class TcpComm(Comm, asyncio.Protocol):
-    """One TCP connection moving whole frames; also the connection's asyncio protocol."""
+class TcpComm(Comm, asyncio.BaseProtocol):
+    """One TCP connection moving whole frames; also the connection's asyncio protocol: a
+    plain one (``_PlainComm``) in clear, a buffered one (``_TlsComm``) under TLS."""
 
     def __init__(
         self,
@@ -415,10 +416,16 @@ class TcpComm(Comm, asyncio.Protocol):
         self._wake_reader()
 
 
+class _PlainComm(TcpComm, asyncio.Protocol):
+    """A ``TcpComm`` in clear: the loop hands it each ``recv``'s bytes (``data_received``)."""
+
+
 class _TlsComm(TcpComm, asyncio.BufferedProtocol):
     """A ``TcpComm`` under the loop's TLS. As a buffered protocol it gets the decrypted bytes
     read into a buffer of its own: as a plain one, uvloop's TLS would allocate a 256 KiB
-    ``bytes`` per read, most of a small request's TLS cost."""
+    ``bytes`` per read, most of a small request's TLS cost. It must not be an
+    ``asyncio.Protocol`` too: uvloop takes any ``asyncio.Protocol`` for a plain one, even
+    with ``get_buffer`` (hence no such base on ``TcpComm``)."""
 
     def __init__(
         self,
@@ -593,7 +600,7 @@ class TcpTransport(Transport):
             task.add_done_callback(running.discard)
 
         def factory() -> TcpComm:
-            return TcpComm(self.max_frame, on_connected)
+            return _PlainComm(self.max_frame, on_connected)
 
         def tls_factory() -> TcpComm:
             return _TlsComm(self.max_frame, on_connected)
@@ -619,7 +626,7 @@ class TcpTransport(Transport):
             async with asyncio.timeout(timeout):
                 if tls is None:
                     _, comm = await loop.create_connection(
-                        lambda: TcpComm(self.max_frame), host, port
+                        lambda: _PlainComm(self.max_frame), host, port
                     )
                 else:
                     _, comm = await loop.create_connection(

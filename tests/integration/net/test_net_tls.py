@@ -12,6 +12,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvloop
@@ -126,6 +127,40 @@ def test_the_ca_is_a_file_or_pem_text(tmp_path: Path) -> None:
         TlsConfig(ca=tmp_path / "ca.pem", ca_pem="-----BEGIN CERTIFICATE-----")
     with pytest.raises(ConfigError, match="CA given as PEM"):
         TlsConfig(ca_pem="-----BEGIN CERTIFICATE-----\nnot base64\n").client_context()
+
+
+@pytest.mark.parametrize(
+    "loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"]
+)
+def test_tls_reads_go_into_the_comms_buffer(
+    pki: dict[str, TlsConfig], loop_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both loops' TLS hand decrypted bytes to a TLS comm through ``get_buffer`` (uvloop
+    takes any ``asyncio.Protocol`` for a plain one and would allocate a 256 KiB ``bytes``
+    per read instead), on both ends of the connection."""
+    from shardex.net import tcp
+
+    buffers: list[int] = []
+    get_buffer = tcp._TlsComm.get_buffer
+
+    def counted(self: Any, sizehint: int) -> memoryview:
+        buffers.append(sizehint)
+        return get_buffer(self, sizehint)
+
+    monkeypatch.setattr(tcp._TlsComm, "get_buffer", counted)
+
+    async def go() -> None:
+        server, address, _ = await _server(pki["n1"])
+        try:
+            conn = await _echo(pki["user"], address, "x" * 50_000)
+            await conn.close()
+        finally:
+            await server.stop()
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(go())
+    # The handshake's frames and a 50 KB request and reply, through both comms' buffers.
+    assert len(buffers) >= 4
 
 
 async def test_plaintext_comm_has_no_peer_node() -> None:

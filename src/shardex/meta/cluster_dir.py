@@ -284,7 +284,11 @@ def to_dict(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def port_free(port: int, host: str = BIND_HOST) -> bool:
+    """Whether a node could listen on ``port`` now. With SO_REUSEADDR, as the node's listener
+    binds: connections of a node stopped a moment ago linger in TIME_WAIT for a minute and do
+    not stop a new listener, so they must not make the port look taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

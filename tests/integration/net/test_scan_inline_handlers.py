@@ -109,7 +109,9 @@ async def test_an_inline_handlers_future_is_answered_when_it_is_settled(inline: 
     ok = asyncio.ensure_future(conn.request(InlineEcho(text="", mode="future"), 5))
     failed = asyncio.ensure_future(conn.request(InlineEcho(text="", mode="future"), 5))
     cancelled = asyncio.ensure_future(conn.request(InlineEcho(text="", mode="future"), 5))
-    while len(inline.futures) < 3:
+    deadline = asyncio.get_running_loop().time() + 10
+    while len(inline.futures) < 3:  # the three requests reach the handler
+        assert asyncio.get_running_loop().time() < deadline, "a request never reached it"
         await asyncio.sleep(0.01)
     assert asyncio.all_tasks() - before == {ok, failed, cancelled}  # none on the server
     assert not ok.done()

@@ -5,7 +5,6 @@ state are untouched, and it takes the real master's next commit."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import TcpTransport, connect
 from shardex.net.credentials import UserLogin, make_credential
 from shardex.node.server import Node
+from shardex.testing.procs import wait_for
 from tests.integration.manager.test_keyspace_replicas_node import Cluster
 from tests.integration.node.user_fixtures import FAST, Users
 
@@ -46,13 +46,6 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster
         c.stop()
 
 
-def _wait(cond: Any, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_forged_state_replicate_from_a_user_is_refused_and_does_no_harm(
     cluster: Cluster,
 ) -> None:
@@ -61,14 +54,18 @@ def test_forged_state_replicate_from_a_user_is_refused_and_does_no_harm(
     def master() -> Node | None:
         return next((n for n in nodes if n.coordinator and n.coordinator.is_master), None)
 
-    _wait(lambda: master() is not None and len(master().coordinator.voter_names) == 3, "voters")
+    wait_for(
+        lambda: master() is not None and len(master().coordinator.voter_names) == 3,
+        60,
+        what="voters",
+    )
     with client_connect(nodes[0].address, secret=SECRET) as c:
         c.create_keyspace("before", num_partitions=4)
     boss = master()
     assert boss is not None
     replica = next(n for n in nodes if n is not boss)
     assert replica.coordinator is not None
-    _wait(lambda: "before" in replica.coordinator.state.keyspaces, "replica caught up")
+    wait_for(lambda: "before" in replica.coordinator.state.keyspaces, 60, what="replica caught up")
     promised = replica.coordinator._group.replica.promised_epoch
     before = replica.coordinator.state
 
@@ -102,6 +99,8 @@ def test_forged_state_replicate_from_a_user_is_refused_and_does_no_harm(
     # The real master's next commit reaches the replica.
     with client_connect(boss.address, secret=SECRET) as c:
         c.create_keyspace("after", num_partitions=4)
-    _wait(lambda: "after" in replica.coordinator.state.keyspaces, "replica took the commit")
+    wait_for(
+        lambda: "after" in replica.coordinator.state.keyspaces, 60, what="replica took the commit"
+    )
     assert "evil" not in replica.coordinator.state.keyspaces
     assert "before" in replica.coordinator.state.keyspaces

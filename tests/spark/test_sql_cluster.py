@@ -308,3 +308,53 @@ def test_errors_are_clear_and_the_server_keeps_serving(env: Env) -> None:
     assert e.code is ErrorCode.QUERY_MEMORY_LIMIT and e.details["limit"] == 50
     e = _error(env, f"SELECT n FROM {KS} USE INDEX (nope) WHERE age > 3")
     assert e.code is ErrorCode.INDEX_NOT_FOUND
+
+
+# Statements whose plan reads one index partition (``by_city`` is partitioned by city): one
+# leaf, on one node, whichever node the statement arrives at.
+SINGLE_LEAF = [
+    (f"SELECT META().id AS id, name, age FROM {KS} WHERE city = $1", ["rome"]),
+    (
+        f"SELECT name, score FROM {KS} WHERE city = $1 ORDER BY score DESC, META().id LIMIT 7",
+        ["paris"],
+    ),
+    (
+        f"SELECT city, COUNT(*) AS n, AVG(age) AS a, ARRAY_AGG(DISTINCT name) AS names"
+        f" FROM {KS} WHERE city = $1 GROUP BY city",
+        ["oslo"],
+    ),
+    (f"SELECT DISTINCT name FROM {KS} WHERE city = $1 AND score IS NOT NULL", ["lima"]),
+]
+
+
+@pytest.mark.timeout(600)
+def test_single_leaf_statements_run_where_their_slices_are(env: Env) -> None:
+    """Sent to each node in turn, a one-leaf statement runs in-process on the node holding
+    its slices (``details["local"]``) and elsewhere through the protocol, with the same rows
+    as the reference either way; a node that is not the leaf's names it as the route, and
+    the client's next run of the statement goes there and runs in-process."""
+    from shardex.client import connect
+    from shardex.meta import cluster_dir as cdir
+
+    spec = cdir.load(env.path)
+    password = cdir.read_admin_password(env.path, spec)
+    for sql, params in SINGLE_LEAF:
+        want = sorted(map(_canon, env.ref.query(sql, params)))
+        local_at: list[str] = []
+        routes: set[str] = set()
+        for node in spec.nodes:
+            with connect(node.address, username=cdir.ADMIN_USER, password=password) as c:
+                for run in range(2):
+                    rows = c.query(sql, params)
+                    got = sorted(map(_canon, rows))
+                    assert got == want, (sql, node.name, run)
+                    d = rows.metrics.details
+                    assert d["leaves"] == 1, (sql, d)
+                    if run == 0 and d["local"]:
+                        local_at.append(node.address)
+                    elif run == 0:
+                        routes.add(d["route"])
+                    else:  # the hint was followed: the second run is in-process
+                        assert d["local"], (sql, node.name, d)
+        assert len(local_at) == 1, (sql, local_at)
+        assert routes == set(local_at), (sql, routes, local_at)

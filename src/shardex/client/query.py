@@ -143,9 +143,12 @@ async def _start(scans: ScanPaths, msg: SqlQuery) -> tuple[SqlStarted, InStream]
     rpc = scans.rpc
     addresses = rpc.addresses
     first = rpc.current
+    order = [addresses[(first + k) % len(addresses)] for k in range(len(addresses))]
+    hint = scans.routes.get(msg.statement)
+    if hint is not None:  # the node the statement's plan read last time (``routes``)
+        order = [hint, *(a for a in order if a != hint)]
     last: ShardexError | None = None
-    for k in range(len(addresses)):
-        address = addresses[(first + k) % len(addresses)]
+    for address in order:
         stream = session.inboxes.open()
         try:
             conn = await session.pool.get(address)
@@ -157,10 +160,14 @@ async def _start(scans: ScanPaths, msg: SqlQuery) -> tuple[SqlStarted, InStream]
         except _FAILOVER as exc:
             await stream.cancel()
             last = exc
+            if address == hint:
+                scans.routes.drop(msg.statement)
             continue
         except BaseException:
             await stream.cancel()
             raise
+        if started.statement == "select":
+            scans.routes.learn(msg.statement, started.details, address)
         return started, stream
     assert last is not None
     raise last

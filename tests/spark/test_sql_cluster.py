@@ -358,3 +358,31 @@ def test_single_leaf_statements_run_where_their_slices_are(env: Env) -> None:
                         assert d["local"], (sql, node.name, d)
         assert len(local_at) == 1, (sql, local_at)
         assert routes == set(local_at), (sql, routes, local_at)
+
+
+@pytest.mark.timeout(600)
+def test_key_lookups_by_a_parameter_go_to_the_key_owner(env: Env) -> None:
+    """``WHERE META().id = $1``: the reply names the parameter as the route; the client
+    sends the next run of the statement, with any key, to that key's owner (from its cached
+    topology), which reads the document in-process. Rows stay the reference's."""
+    from shardex.client import connect
+    from shardex.meta import cluster_dir as cdir
+
+    spec = cdir.load(env.path)
+    name_of = {n.address: n.name for n in spec.nodes}
+    sql = f"SELECT META().id AS id, name, n FROM {KS} WHERE META().id = $1"
+    keys = [f"p{i:04d}" for i in range(0, N_DOCS, 37)]
+    password = cdir.read_admin_password(env.path, spec)
+    with connect(spec.nodes[0].address, username=cdir.ADMIN_USER, password=password) as c:
+        first_run = c.query(sql, [keys[0]])
+        assert list(first_run) == env.ref.query(sql, [keys[0]])
+        assert first_run.metrics.details["route_key"] == {"keyspace": KS, "param": "1"}
+        owners = set()
+        for key in keys:
+            rows = c.query(sql, [key])
+            assert list(rows) == env.ref.query(sql, [key]), key
+            owner = c.rpc.router.owner_address(KS, key)
+            assert owner is not None, key
+            assert rows.metrics.details["node"] == name_of[owner], key
+            owners.add(owner)
+        assert len(owners) > 1  # the keys span owners: each run went where its key lives

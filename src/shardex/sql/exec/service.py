@@ -51,13 +51,14 @@ from shardex.api.sql_exec import (
     StreamReport,
 )
 from shardex.api.validation import check_durability
+from shardex.core.expr import Param
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.at_plus import on_current_branches
 from shardex.scan.coordinator import ScanCoordinator, oldest_common
-from shardex.sql.exec.analyze import Budget
+from shardex.sql.exec.analyze import Budget, key_lookup
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import FAILOVER, failed_leaf, failing_over
@@ -417,16 +418,23 @@ class SqlService:
                 "query_id": plan.query_id,
                 "inline": plan.inline,
                 "local": plan.local,
+                "node": self.scan.name,  # the initiator
                 **self._route(plan),
             },
         )
         return await self._respond(conn, msg, started, chunks, slot)
 
-    def _route(self, plan: PhysicalPlan) -> dict[str, str]:
-        """The routing hint of a plan with one leaf elsewhere: ``{"route": its node's
-        address}``. A client sends the same statement there next (``client.routes``),
-        where it runs in-process (``local_leaf``). Only a hint: the plan is made again
-        wherever the statement arrives."""
+    def _route(self, plan: PhysicalPlan) -> dict[str, Any]:
+        """The routing hint of a plan (``client.routes``): with one leaf elsewhere,
+        ``{"route": its node's address}``, where the statement runs in-process
+        (``local_leaf``); for a key lookup of one key given as a parameter, ``{"route_key":
+        keyspace and parameter}``: the key's owner reads the document in-process. Only a
+        hint: the plan is made again wherever the statement arrives."""
+        if plan.inline:
+            lookup = key_lookup(plan.bound)
+            if lookup is not None and isinstance(lookup.keys, Param):
+                return {"route_key": {"keyspace": plan.keyspace, "param": lookup.keys.name}}
+            return {}
         if plan.local or len(plan.leaves) != 1 or not plan.tuning["inline"]:
             return {}
         try:

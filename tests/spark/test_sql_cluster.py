@@ -308,3 +308,81 @@ def test_errors_are_clear_and_the_server_keeps_serving(env: Env) -> None:
     assert e.code is ErrorCode.QUERY_MEMORY_LIMIT and e.details["limit"] == 50
     e = _error(env, f"SELECT n FROM {KS} USE INDEX (nope) WHERE age > 3")
     assert e.code is ErrorCode.INDEX_NOT_FOUND
+
+
+# Statements whose plan reads one index partition (``by_city`` is partitioned by city): one
+# leaf, on one node, whichever node the statement arrives at.
+SINGLE_LEAF = [
+    (f"SELECT META().id AS id, name, age FROM {KS} WHERE city = $1", ["rome"]),
+    (
+        f"SELECT name, score FROM {KS} WHERE city = $1 ORDER BY score DESC, META().id LIMIT 7",
+        ["paris"],
+    ),
+    (
+        f"SELECT city, COUNT(*) AS n, AVG(age) AS a, ARRAY_AGG(DISTINCT name) AS names"
+        f" FROM {KS} WHERE city = $1 GROUP BY city",
+        ["oslo"],
+    ),
+    (f"SELECT DISTINCT name FROM {KS} WHERE city = $1 AND score IS NOT NULL", ["lima"]),
+]
+
+
+@pytest.mark.timeout(600)
+def test_single_leaf_statements_run_where_their_slices_are(env: Env) -> None:
+    """Sent to each node in turn, a one-leaf statement runs in-process on the node holding
+    its slices (``details["local"]``) and elsewhere through the protocol, with the same rows
+    as the reference either way; a node that is not the leaf's names it as the route, and
+    the client's next run of the statement goes there and runs in-process."""
+    from shardex.client import connect
+    from shardex.meta import cluster_dir as cdir
+
+    spec = cdir.load(env.path)
+    password = cdir.read_admin_password(env.path, spec)
+    for sql, params in SINGLE_LEAF:
+        want = sorted(map(_canon, env.ref.query(sql, params)))
+        local_at: list[str] = []
+        routes: set[str] = set()
+        for node in spec.nodes:
+            with connect(node.address, username=cdir.ADMIN_USER, password=password) as c:
+                for run in range(2):
+                    rows = c.query(sql, params)
+                    got = sorted(map(_canon, rows))
+                    assert got == want, (sql, node.name, run)
+                    d = rows.metrics.details
+                    assert d["leaves"] == 1, (sql, d)
+                    if run == 0 and d["local"]:
+                        local_at.append(node.address)
+                    elif run == 0:
+                        routes.add(d["route"])
+                    else:  # the hint was followed: the second run is in-process
+                        assert d["local"], (sql, node.name, d)
+        assert len(local_at) == 1, (sql, local_at)
+        assert routes == set(local_at), (sql, routes, local_at)
+
+
+@pytest.mark.timeout(600)
+def test_key_lookups_by_a_parameter_go_to_the_key_owner(env: Env) -> None:
+    """``WHERE META().id = $1``: the reply names the parameter as the route; the client
+    sends the next run of the statement, with any key, to that key's owner (from its cached
+    topology), which reads the document in-process. Rows stay the reference's."""
+    from shardex.client import connect
+    from shardex.meta import cluster_dir as cdir
+
+    spec = cdir.load(env.path)
+    name_of = {n.address: n.name for n in spec.nodes}
+    sql = f"SELECT META().id AS id, name, n FROM {KS} WHERE META().id = $1"
+    keys = [f"p{i:04d}" for i in range(0, N_DOCS, 37)]
+    password = cdir.read_admin_password(env.path, spec)
+    with connect(spec.nodes[0].address, username=cdir.ADMIN_USER, password=password) as c:
+        first_run = c.query(sql, [keys[0]])
+        assert list(first_run) == env.ref.query(sql, [keys[0]])
+        assert first_run.metrics.details["route_key"] == {"keyspace": KS, "param": "1"}
+        owners = set()
+        for key in keys:
+            rows = c.query(sql, [key])
+            assert list(rows) == env.ref.query(sql, [key]), key
+            owner = c.rpc.router.owner_address(KS, key)
+            assert owner is not None, key
+            assert rows.metrics.details["node"] == name_of[owner], key
+            owners.add(owner)
+        assert len(owners) > 1  # the keys span owners: each run went where its key lives

@@ -16,6 +16,7 @@ mutation count (DML) and what the statement read (index, stability TS).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -143,9 +144,13 @@ async def _start(scans: ScanPaths, msg: SqlQuery) -> tuple[SqlStarted, InStream]
     rpc = scans.rpc
     addresses = rpc.addresses
     first = rpc.current
+    order = [addresses[(first + k) % len(addresses)] for k in range(len(addresses))]
+    route = scans.routes.get(msg.statement)
+    hint = None if route is None else route.target(msg.params, rpc.router.owner_address)
+    if hint is not None:  # where the statement runs with the fewest hops (``routes``)
+        order = [hint, *(a for a in order if a != hint)]
     last: ShardexError | None = None
-    for k in range(len(addresses)):
-        address = addresses[(first + k) % len(addresses)]
+    for address in order:
         stream = session.inboxes.open()
         try:
             conn = await session.pool.get(address)
@@ -157,13 +162,26 @@ async def _start(scans: ScanPaths, msg: SqlQuery) -> tuple[SqlStarted, InStream]
         except _FAILOVER as exc:
             await stream.cancel()
             last = exc
+            if address == hint:
+                scans.routes.drop(msg.statement)
             continue
         except BaseException:
             await stream.cancel()
             raise
+        if started.statement == "select":
+            learned = scans.routes.learn(msg.statement, started.details, address)
+            if learned is not None and learned.keyspace is not None and route is None:
+                # Key routing needs the keyspace's topology in the client's cache.
+                await _cache_topology(rpc, learned.keyspace)
         return started, stream
     assert last is not None
     raise last
+
+
+async def _cache_topology(rpc: RpcSession, keyspace: str) -> None:
+    # On failure: no key routing until a request of the client caches the topology.
+    with contextlib.suppress(ShardexError):
+        await rpc.router.keyspace(keyspace)
 
 
 def _check_params(params: Any) -> list[Any] | dict[str, Any] | None:

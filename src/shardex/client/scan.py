@@ -45,6 +45,7 @@ from shardex.api.scan import (
 )
 from shardex.api.scan_streams import Inboxes, InStream
 from shardex.api.spans import to_user_spans
+from shardex.client.routes import RouteHints
 from shardex.client.rows import EntryRows as _EntryRows
 from shardex.client.rows import Row
 from shardex.core.timestamp import Timestamp
@@ -322,6 +323,7 @@ class ScanPaths:
         self.targets = targets
         self.direct = direct
         self.session: ScanSession | None = None
+        self.routes = RouteHints()  # SQL statement -> the node to send it to
 
     def loop_session(self) -> ScanSession:
         session = self.session

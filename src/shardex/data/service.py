@@ -506,6 +506,10 @@ class DataService:
         return GetReply(body=got[0], cas=got[1], seqno=got[2])
 
     async def _on_get_many(self, msg: GetMany, conn: Connection) -> GetManyReply:
+        return await self.get_many_local(msg)
+
+    async def get_many_local(self, msg: GetMany) -> GetManyReply:
+        """A ``GetMany`` answered in-process: this node's own SQL fetches call it directly."""
         await self._await_serving(msg.keyspace)
         if len(msg.docids) > GET_MANY_MAX:
             raise BadRequest(

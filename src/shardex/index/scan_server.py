@@ -202,7 +202,7 @@ class IndexScanServer:
 
     def _covering_now(self, slices: list[Any], wait_for: Timestamp | None) -> Timestamp | None:
         """The slices' newest common snapshot TS if it covers ``wait_for`` and no slice lock
-        is held elsewhere (checked on the loop), else None (``_stable_ts`` waits)."""
+        is held elsewhere (checked on the loop), else None (``stable_ts`` waits)."""
 
         def check() -> Timestamp | None:
             ts = common_snapshot_ts(slices)
@@ -210,7 +210,7 @@ class IndexScanServer:
 
         return self._try_inline(slices, check)[1]
 
-    async def _stable_ts(
+    async def stable_ts(
         self, index_id: str, partitions: list[int], wait_for: Timestamp | None, timeout: float
     ) -> Timestamp:
         """Wait until the slices share a snapshot covering ``wait_for``; return its TS."""
@@ -246,7 +246,7 @@ class IndexScanServer:
 
     async def on_wait(self, msg: WaitStability, conn: Connection) -> StabilityAt:
         wait_for = None if msg.wait_for is None else Timestamp.from_wire(msg.wait_for)
-        ts = await self._stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
+        ts = await self.stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
         return StabilityAt(node=self.node, ts=dict(ts.to_wire()))
 
     async def on_scan(self, msg: ScanSlices, conn: Connection) -> SlicesOpened:
@@ -291,7 +291,7 @@ class IndexScanServer:
             # up; a wait looks them up again after it (a drop or rollback meanwhile).
             stable = self._covering_now(slices, wait_for)
             if stable is None:
-                stable = await self._stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
+                stable = await self.stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
                 slices = self._slices(msg.index_id, msg.partitions)
             read_ts = stable if msg.stability else None
         spans = from_wire_spans(msg.spans)

@@ -222,6 +222,8 @@ class Node:
             max_queued=sql_max_queued,
             max_fragments=sql_max_fragments,
         )
+        if self.data is not None:  # SQL reads this node's own documents in-process
+            self.sql.documents.local_get_many = self.data.get_many_local
         self.sql.install(self.server)
         self.index_ddl: IndexDDL | None = None
         # The timekeeper (end of each pipeline micro-batch): on every manager node, reading

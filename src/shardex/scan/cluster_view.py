@@ -167,6 +167,14 @@ class ClusterView:
             ahead.add_done_callback(lambda _: start())
         return asyncio.shield(pending.fut)
 
+    async def shared_high_seqnos(self, keyspace: str) -> Timestamp:
+        """``high_seqnos`` of every partition read after this call, through a round shared
+        with concurrent callers (``shared_partial_high_seqnos``), completed if need be: what
+        a request_plus scan or query waits for before any slice is read."""
+        owners = await self.data_owners(keyspace)
+        shared = await self.shared_partial_high_seqnos(keyspace, (), owners)
+        return await self.high_seqnos(keyspace, known=shared)
+
     def _start_pending(
         self,
         key: tuple[str, frozenset[str]],

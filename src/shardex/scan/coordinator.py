@@ -203,9 +203,8 @@ class ScanCoordinator:
                 seqnos = self.view.shared_partial_high_seqnos(
                     msg.keyspace, skip=ride.plan, owners=owners
                 )
-            else:  # needed before any ScanSlices: a shared round, completed if need be
-                shared = await self.view.shared_partial_high_seqnos(msg.keyspace, (), owners)
-                wait_for = await self.view.high_seqnos(msg.keyspace, known=shared)
+            else:  # needed before any ScanSlices
+                wait_for = await self.view.shared_high_seqnos(msg.keyspace)
         elif msg.consistency == AT_PLUS:
             assert msg.at is not None
             # tokens of a branch a failover replaced: read on the current one, or ROLLBACK

@@ -27,8 +27,6 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, Final
 
-import pyarrow as pa
-
 from shardex.sql.exec.rows import to_batches
 
 __all__ = ["run_pipeline"]
@@ -37,6 +35,9 @@ QUEUE_BATCHES: Final = 2
 INLINE_ROWS: Final = 256  # rows read on the loop at most before the thread takes over
 INLINE_TRIES: Final = 4  # runs of ``fn`` on the loop at most
 Decode = Callable[[Any], Any]
+# How output rows leave: Arrow batches for an exchange, or encoded cells in lists
+# (``rows.cell_chunks``) for a consumer in the same process.
+Pack = Callable[[Iterable[Any]], Iterator[Any]]
 
 
 class _Stopped(Exception):
@@ -125,14 +126,16 @@ async def run_pipeline(
     name: str,
     inline: bool = False,
     decode: Decode | None = None,
-) -> AsyncIterator[pa.RecordBatch]:
-    """Batches of ``fn(inputs)``'s rows over one blocking iterator per async source (each
-    yields lists of rows): on the loop when ``inline`` and the input is small, else in a
-    new thread. ``fn`` may be called more than once (inline restarts): it must make its
-    state (a ``Budget``) afresh on each call, and must not change the rows it reads unless
-    ``decode`` makes them afresh from what the sources yield (each run decodes again)."""
+    pack: Pack = to_batches,
+) -> AsyncIterator[Any]:
+    """``pack``ed chunks (Arrow batches by default) of ``fn(inputs)``'s rows over one
+    blocking iterator per async source (each yields lists of rows): on the loop when
+    ``inline`` and the input is small, else in a new thread. ``fn`` may be called more
+    than once (inline restarts): it must make its state (a ``Budget``) afresh on each call,
+    and must not change the rows it reads unless ``decode`` makes them afresh from what
+    the sources yield (each run decodes again)."""
     if not inline:
-        async for batch in _threaded(fn, sources, name=name, decode=decode):
+        async for batch in _threaded(fn, sources, name=name, decode=decode, pack=pack):
             yield batch
         return
     read: list[list[list[Any]]] = [[] for _ in sources]
@@ -158,11 +161,11 @@ async def run_pipeline(
                     read[more.index].append(chunk)
                     rows += len(chunk)
                 continue
-            for batch in to_batches(out):
+            for batch in pack(out):
                 yield batch
             return
         replays = [_replay(read[i], ended[i], s) for i, s in enumerate(sources)]
-        async for batch in _threaded(fn, replays, name=name, decode=decode):
+        async for batch in _threaded(fn, replays, name=name, decode=decode, pack=pack):
             yield batch
     finally:
         await _close_all(sources)
@@ -183,7 +186,8 @@ async def _threaded(
     *,
     name: str,
     decode: Decode | None,
-) -> AsyncIterator[pa.RecordBatch]:
+    pack: Pack,
+) -> AsyncIterator[Any]:
     loop = asyncio.get_running_loop()
     link = _Link(loop)
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(QUEUE_BATCHES)
@@ -191,7 +195,7 @@ async def _threaded(
     def work() -> None:
         try:
             inputs = [_pull(link, s, decode) for s in sources]
-            for batch in to_batches(fn(inputs)):
+            for batch in pack(fn(inputs)):
                 link.call(queue.put(("batch", batch)))
             link.call(queue.put(("end", None)))
         except _Stopped:

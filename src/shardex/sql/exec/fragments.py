@@ -15,12 +15,12 @@ from shardex.core.timestamp import Timestamp
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.analyze import Budget, key_lookup, reads_meta
-from shardex.sql.exec.bridge import run_pipeline
+from shardex.sql.exec.bridge import Pack, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.fragment_rows import leaf_rows, root_rows
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
-from shardex.sql.exec.rows import decode_row
+from shardex.sql.exec.rows import decode_row, to_batches
 from shardex.sql.exec.statements import prepared_off_loop
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.planner.choose import key_exprs
@@ -30,7 +30,7 @@ from shardex.sql.syntax.bind import META_KEY
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["lookup_rows", "named_keys", "sql_fragments"]
+__all__ = ["leaf_pipeline", "lookup_rows", "named_keys", "root_pipeline", "sql_fragments"]
 
 SCAN_BLOCK_ROWS = 500
 MIN_SCAN_BLOCK_ROWS = 16
@@ -50,98 +50,128 @@ def sql_fragments(
     index_scan: IndexScanServer | None, documents: DocumentAccess
 ) -> FragmentRegistry:
     async def leaf(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
-        a = ctx.args
-        tuning = check_tuning(a.get("tuning"))
-        b = await prepared_off_loop(
-            a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
-        )
         if index_scan is None:
             raise ShardexError(
                 f"member {ctx.member_id} runs no index service but got a scan fragment",
                 code=ErrorCode.QUERY_STATE,
                 details={"member": ctx.member_id},
             )
-        params = ctx.parameters
-        desc = list(a["desc"])
-        key_paths = [static_path(k) for k in key_exprs(tuple(a["keys"]))]
-        spans = None
-        if a["spans"]:
-            spans = [Span(lo, hi, li, hi_inc) for lo, hi, li, hi_inc in a["spans"]]
-        ts = None if a["ts"] is None else Timestamp.from_wire(a["ts"])
-        alias, keyspace, covering = b.alias, a["keyspace"], a["covering"]
-        ordered = bool(a.get("ordered"))
-        fetch = documents.get_many if tuning["get_many"] else documents.get_each
-
-        decoder = EntryDecoder(desc, key_paths)
-        meta = reads_meta(b)
-
-        async def scope_rows() -> AsyncIterator[list[Any]]:
-            blocks = index_scan.read_local(
-                a["index_id"],
-                a["partitions"],
-                spans,
-                ts,
-                ordered=ordered,
-                block_rows=scan_block_rows(a["top"]),
-            )
-            async for block in blocks:
-                if covering:
-                    yield decoder.covered_rows(block, alias, meta)
-                    continue
-                docs = await fetch(keyspace, decoder.docids(block))
-                yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
-
-        mode, top, budget = a["mode"], a["top"], a["budget"]
-        batches = run_pipeline(
-            lambda ins: leaf_rows(b, params, mode, top, Budget(budget), ins[0], presorted=ordered),
-            [scope_rows()],
-            name=f"{ctx.query_id} leaf",
-            inline=tuning["inline"],
+        batches = leaf_pipeline(
+            index_scan, documents, ctx.args, ctx.parameters, f"{ctx.query_id} leaf"
         )
         async for batch in batches:
             yield batch
 
     async def root(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
-        a = ctx.args
-        tuning = check_tuning(a.get("tuning"))
-        b = await prepared_off_loop(
-            a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
-        )
-        params = ctx.parameters
-        source = a["source"]
-        sources: list[AsyncIterator[list[Any]]]
-        decode = None
-        if source == "index":
-            # Encoded rows, decoded afresh for each inline run: the final aggregate merges
-            # into the partial states it reads, so a restarted run needs untouched ones.
-            sources = [_cells_by_batch(ctx.inputs[e]) for e in sorted(ctx.inputs)]
-            decode = decode_row
-        elif source == "keys":
-            fetch = documents.get_many if tuning["get_many"] else documents.get_each
-            sources = [lookup_rows(b, params, a["keyspace"], fetch)]
-        elif source == "expr":
-            assert b.from_ is not None and b.from_.source is not None
-            value = evaluate(b.from_.source, {}, params=params)
-            items = (
-                value if isinstance(value, list) else [] if value in (MISSING, None) else [value]
-            )
-            sources = [_once([{b.alias: item, META_KEY: {}} for item in items])]
-        else:
-            sources = [_once([{}])]
-        budget = a["budget"]
-        mode, limit, offset = a["mode"], a["limit"], a["offset"]
-        mode = "local" if source != "index" else mode
-        batches = run_pipeline(
-            lambda ins: root_rows(b, params, mode, limit, offset, Budget(budget), ins),
-            sources,
-            name=f"{ctx.query_id} root",
-            inline=tuning["inline"],
-            decode=decode,
-        )
+        inputs = [_cells_by_batch(ctx.inputs[e]) for e in sorted(ctx.inputs)]
+        batches = root_pipeline(documents, ctx.args, ctx.parameters, f"{ctx.query_id} root", inputs)
         async for batch in batches:
             yield batch
 
     return FragmentRegistry({LEAF_KIND: leaf, ROOT_KIND: root})
+
+
+async def leaf_pipeline(
+    index_scan: IndexScanServer,
+    documents: DocumentAccess,
+    a: dict[str, Any],
+    params: Any,
+    name: str,
+    pack: Pack = to_batches,
+) -> AsyncIterator[Any]:
+    """A leaf's output (``args`` ``a`` of a ``sql.leaf`` fragment) ``pack``ed: scan the local
+    slices at the TS, fetch documents unless covering, then ``leaf_rows``."""
+    tuning = check_tuning(a.get("tuning"))
+    b = await prepared_off_loop(
+        a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
+    )
+    desc = list(a["desc"])
+    key_paths = [static_path(k) for k in key_exprs(tuple(a["keys"]))]
+    spans = None
+    if a["spans"]:
+        spans = [Span(lo, hi, li, hi_inc) for lo, hi, li, hi_inc in a["spans"]]
+    ts = None if a["ts"] is None else Timestamp.from_wire(a["ts"])
+    alias, keyspace, covering = b.alias, a["keyspace"], a["covering"]
+    ordered = bool(a.get("ordered"))
+    fetch = documents.get_many if tuning["get_many"] else documents.get_each
+
+    decoder = EntryDecoder(desc, key_paths)
+    meta = reads_meta(b)
+
+    async def scope_rows() -> AsyncIterator[list[Any]]:
+        blocks = index_scan.read_local(
+            a["index_id"],
+            a["partitions"],
+            spans,
+            ts,
+            ordered=ordered,
+            block_rows=scan_block_rows(a["top"]),
+        )
+        async for block in blocks:
+            if covering:
+                yield decoder.covered_rows(block, alias, meta)
+                continue
+            docs = await fetch(keyspace, decoder.docids(block))
+            yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
+
+    mode, top, budget = a["mode"], a["top"], a["budget"]
+    batches = run_pipeline(
+        lambda ins: leaf_rows(b, params, mode, top, Budget(budget), ins[0], presorted=ordered),
+        [scope_rows()],
+        name=name,
+        inline=tuning["inline"],
+        pack=pack,
+    )
+    async for batch in batches:
+        yield batch
+
+
+async def root_pipeline(
+    documents: DocumentAccess,
+    a: dict[str, Any],
+    params: Any,
+    name: str,
+    inputs: list[AsyncIterator[list[bytes]]],
+    pack: Pack = to_batches,
+) -> AsyncIterator[Any]:
+    """The root's output (``args`` ``a`` of a ``sql.root`` fragment) ``pack``ed, from its
+    leaves' encoded rows (``inputs``, one per leaf) or its own source (keys, an expression,
+    nothing)."""
+    tuning = check_tuning(a.get("tuning"))
+    b = await prepared_off_loop(
+        a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
+    )
+    source = a["source"]
+    sources: list[AsyncIterator[list[Any]]]
+    decode = None
+    if source == "index":
+        # Encoded rows, decoded afresh for each inline run: the final aggregate merges
+        # into the partial states it reads, so a restarted run needs untouched ones.
+        sources = inputs
+        decode = decode_row
+    elif source == "keys":
+        fetch = documents.get_many if tuning["get_many"] else documents.get_each
+        sources = [lookup_rows(b, params, a["keyspace"], fetch)]
+    elif source == "expr":
+        assert b.from_ is not None and b.from_.source is not None
+        value = evaluate(b.from_.source, {}, params=params)
+        items = value if isinstance(value, list) else [] if value in (MISSING, None) else [value]
+        sources = [_once([{b.alias: item, META_KEY: {}} for item in items])]
+    else:
+        sources = [_once([{}])]
+    budget = a["budget"]
+    mode, limit, offset = a["mode"], a["limit"], a["offset"]
+    mode = "local" if source != "index" else mode
+    batches = run_pipeline(
+        lambda ins: root_rows(b, params, mode, limit, offset, Budget(budget), ins),
+        sources,
+        name=name,
+        inline=tuning["inline"],
+        decode=decode,
+        pack=pack,
+    )
+    async for batch in batches:
+        yield batch
 
 
 async def _once(rows: list[Any]) -> AsyncIterator[list[Any]]:

@@ -79,6 +79,7 @@ class PhysicalPlan:
     tuning: dict[str, bool] = field(default_factory=lambda: check_tuning(None))
     query_id: str | None = None  # once started
     inline: bool = False  # a small key lookup run on the initiator's loop (no fragment)
+    local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
 
     @property
     def top(self) -> int | None:

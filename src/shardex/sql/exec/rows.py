@@ -27,6 +27,7 @@ from shardex.sql.operators.aggregate import SumState
 __all__ = [
     "BATCH_BYTES",
     "BATCH_ROWS",
+    "cell_chunks",
     "decode_rows",
     "encode_row",
     "pack_state",
@@ -107,8 +108,9 @@ def decode_row(data: bytes) -> Any:
     return _decoder.decode(data)
 
 
-def to_batches(rows: Iterable[Any]) -> Iterator[pa.RecordBatch]:
-    """Rows as batches of at most ``BATCH_ROWS`` rows / about ``BATCH_BYTES`` bytes."""
+def cell_chunks(rows: Iterable[Any]) -> Iterator[list[bytes]]:
+    """Rows encoded, in lists of at most ``BATCH_ROWS`` cells / about ``BATCH_BYTES`` bytes:
+    what a pipeline run in-process hands on (no Arrow batch to build and take apart)."""
     cells: list[bytes] = []
     size = 0
     for row in rows:
@@ -116,9 +118,15 @@ def to_batches(rows: Iterable[Any]) -> Iterator[pa.RecordBatch]:
         cells.append(cell)
         size += len(cell)
         if len(cells) >= BATCH_ROWS or size >= BATCH_BYTES:
-            yield pa.RecordBatch.from_arrays([pa.array(cells, pa.binary())], schema=SCHEMA)
+            yield cells
             cells, size = [], 0
     if cells:
+        yield cells
+
+
+def to_batches(rows: Iterable[Any]) -> Iterator[pa.RecordBatch]:
+    """Rows as batches of at most ``BATCH_ROWS`` rows / about ``BATCH_BYTES`` bytes."""
+    for cells in cell_chunks(rows):
         yield pa.RecordBatch.from_arrays([pa.array(cells, pa.binary())], schema=SCHEMA)
 
 

@@ -51,18 +51,20 @@ from shardex.api.sql_exec import (
     StreamReport,
 )
 from shardex.api.validation import check_durability
+from shardex.core.expr import Param
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.at_plus import on_current_branches
 from shardex.scan.coordinator import ScanCoordinator, oldest_common
-from shardex.sql.exec.analyze import Budget
+from shardex.sql.exec.analyze import Budget, key_lookup
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import FAILOVER, failed_leaf, failing_over
 from shardex.sql.exec.fragment_rows import root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
+from shardex.sql.exec.local_leaf import run_local
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
 from shardex.sql.exec.rows import encode_row
 from shardex.sql.exec.statements import bad_request, parsed, prepared_off_loop
@@ -346,6 +348,11 @@ class SqlService:
 
         async def run(p: PhysicalPlan) -> AsyncIterator[list[bytes]]:
             qplan = p.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))
+            local = self.scan.local_index
+            if p.tuning["inline"] and local is not None and self._runs_here(p):
+                p.query_id = str(self.query.new_query_id())
+                p.local = True
+                return run_local(local, self.documents, qplan, params, p.query_id)
             left = max(deadline - loop.time(), 0.001)
             result = await self.query.execute(qplan, params, timeout=left, window=msg.window)
             p.query_id = str(result.query_id)
@@ -365,6 +372,10 @@ class SqlService:
         if not plan.leaves:
             return plan, ts, chunks
         return plan, ts, failing_over(plan, chunks, rerun, deadline)
+
+    def _runs_here(self, plan: PhysicalPlan) -> bool:
+        """One leaf, on this node: the plan runs in-process (``local_leaf``)."""
+        return len(plan.leaves) == 1 and plan.leaves[0].member == self.query.member_id
 
     async def _key_lookup(
         self, plan: PhysicalPlan, keys: list[str], params: Any, msg: SqlQuery
@@ -406,9 +417,30 @@ class SqlService:
                 "index_order": plan.ordered,
                 "query_id": plan.query_id,
                 "inline": plan.inline,
+                "local": plan.local,
+                "node": self.scan.name,  # the initiator
+                **self._route(plan),
             },
         )
         return await self._respond(conn, msg, started, chunks, slot)
+
+    def _route(self, plan: PhysicalPlan) -> dict[str, Any]:
+        """The routing hint of a plan (``client.routes``): with one leaf elsewhere,
+        ``{"route": its node's address}``, where the statement runs in-process
+        (``local_leaf``); for a key lookup of one key given as a parameter, ``{"route_key":
+        keyspace and parameter}``: the key's owner reads the document in-process. Only a
+        hint: the plan is made again wherever the statement arrives."""
+        if plan.inline:
+            lookup = key_lookup(plan.bound)
+            if lookup is not None and isinstance(lookup.keys, Param):
+                return {"route_key": {"keyspace": plan.keyspace, "param": lookup.keys.name}}
+            return {}
+        if plan.local or len(plan.leaves) != 1 or not plan.tuning["inline"]:
+            return {}
+        try:
+            return {"route": self.scan.view.address(plan.leaves[0].node)}
+        except ShardexError:
+            return {}
 
     async def pin_stability(
         self, plan: PhysicalPlan, consistency: str, msg: SqlQuery
@@ -421,7 +453,9 @@ class SqlService:
             return None
         assert plan.keyspace is not None and plan.record is not None
         if consistency == REQUEST_PLUS:
-            wait_for = await self.scan.view.high_seqnos(plan.keyspace)
+            # Shared with the concurrent statements and scans of this node (one HighSeqnos
+            # per data node per round trip, read after each of them arrived).
+            wait_for = await self.scan.view.shared_high_seqnos(plan.keyspace)
         else:
             assert msg.at is not None
             wait_for = await on_current_branches(
@@ -431,6 +465,9 @@ class SqlService:
         index_id = plan.record.id
 
         async def ask(node: str, parts: list[int]) -> Timestamp:
+            local = self.scan.local_index
+            if node == self.scan.name and local is not None:  # no loopback connection
+                return await local.stable_ts(index_id, parts, wait_for, msg.timeout)
             req = WaitStability(
                 index_id=index_id, partitions=parts, wait_for=wire, timeout=msg.timeout
             )

@@ -386,3 +386,21 @@ def test_key_lookups_by_a_parameter_go_to_the_key_owner(env: Env) -> None:
             assert rows.metrics.details["node"] == name_of[owner], key
             owners.add(owner)
         assert len(owners) > 1  # the keys span owners: each run went where its key lives
+
+
+@pytest.mark.timeout(600)
+def test_request_plus_in_process_sees_every_write_acknowledged_before_it(env: Env) -> None:
+    """A one-leaf statement run in-process at request_plus reads the newest snapshot while
+    the seqno round is out: right after a write the snapshot does not cover it yet and the
+    statement must wait for one that does, never answer from the older one."""
+    sql = f"SELECT META().id AS id, n FROM {KS} WHERE city = $1 AND n = $2"
+    ks = env.client.keyspace(KS)
+    list(env.client.query(sql, ["kyiv", -1]))  # learn the route: later runs are in-process
+    for i in range(8):
+        docid, n = f"spec{i}", 10_000 + i
+        ks.upsert(docid, {"city": "kyiv", "n": n, "name": "zed"})
+        rows = env.client.query(sql, ["kyiv", n])
+        assert list(rows) == [{"id": docid, "n": n}], i
+        assert rows.metrics.details["local"], rows.metrics.details
+        ks.delete(docid)
+        assert list(env.client.query(sql, ["kyiv", n])) == [], i

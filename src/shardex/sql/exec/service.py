@@ -36,7 +36,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -64,7 +64,7 @@ from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import FAILOVER, failed_leaf, failing_over
 from shardex.sql.exec.fragment_rows import root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
-from shardex.sql.exec.local_leaf import run_local
+from shardex.sql.exec.local_leaf import run_local, speculate
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
 from shardex.sql.exec.rows import encode_row
 from shardex.sql.exec.statements import bad_request, parsed, prepared_off_loop
@@ -79,6 +79,9 @@ from shardex.sql.syntax import (
     UpdateStmt,
 )
 from shardex.sql.syntax.params import check_params, check_params_depth
+
+if TYPE_CHECKING:
+    from shardex.index.scan_server import IndexScanServer
 
 __all__ = [
     "DEFAULT_MAX_ROWS",
@@ -339,9 +342,15 @@ class SqlService:
             log.info("statement lost the indexer %s (%s); planned on other copies", node, exc)
             return again
 
+        level = consistency or msg.consistency
+        local = self.scan.local_index
+        speculates = tuning["local"] and tuning["speculate"]
+        if level == REQUEST_PLUS and speculates and local and self._runs_here(plan):
+            return await self._speculate(plan, local, sql, dml, params, msg)
+
         while True:
             try:
-                ts = await self.pin_stability(plan, consistency or msg.consistency, msg)
+                ts = await self.pin_stability(plan, level, msg)
                 break
             except ShardexError as exc:
                 plan = without_failed(exc)
@@ -349,7 +358,7 @@ class SqlService:
         async def run(p: PhysicalPlan) -> AsyncIterator[list[bytes]]:
             qplan = p.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))
             local = self.scan.local_index
-            if p.tuning["inline"] and local is not None and self._runs_here(p):
+            if p.tuning["local"] and local is not None and self._runs_here(p):
                 p.query_id = str(self.query.new_query_id())
                 p.local = True
                 return run_local(local, self.documents, qplan, params, p.query_id)
@@ -372,6 +381,33 @@ class SqlService:
         if not plan.leaves:
             return plan, ts, chunks
         return plan, ts, failing_over(plan, chunks, rerun, deadline)
+
+    async def _speculate(
+        self,
+        plan: PhysicalPlan,
+        local: IndexScanServer,
+        sql: str,
+        dml: bool,
+        params: Any,
+        msg: SqlQuery,
+    ) -> tuple[PhysicalPlan, Timestamp, AsyncIterator[list[bytes]]]:
+        """A request_plus one-leaf plan on this node: read while the seqno round is out
+        (``local_leaf.speculate``)."""
+        assert plan.record is not None and plan.keyspace is not None
+        keyspace, budget = plan.keyspace, self._budget(msg)
+        plan.query_id = str(self.query.new_query_id())
+        plan.local = True
+        ts, chunks = await speculate(
+            local,
+            self.documents,
+            lambda ts: plan.query_plan(sql, dml, self.query.member_id, ts, budget),
+            lambda: self.scan.view.shared_high_seqnos(keyspace),
+            (plan.record.id, plan.leaves[0].partitions),
+            params,
+            plan.query_id,
+            msg.timeout,
+        )
+        return plan, ts, chunks
 
     def _runs_here(self, plan: PhysicalPlan) -> bool:
         """One leaf, on this node: the plan runs in-process (``local_leaf``)."""
@@ -430,12 +466,14 @@ class SqlService:
         (``local_leaf``); for a key lookup of one key given as a parameter, ``{"route_key":
         keyspace and parameter}``: the key's owner reads the document in-process. Only a
         hint: the plan is made again wherever the statement arrives."""
+        if not plan.tuning["local"]:
+            return {}
         if plan.inline:
             lookup = key_lookup(plan.bound)
             if lookup is not None and isinstance(lookup.keys, Param):
                 return {"route_key": {"keyspace": plan.keyspace, "param": lookup.keys.name}}
             return {}
-        if plan.local or len(plan.leaves) != 1 or not plan.tuning["inline"]:
+        if plan.local or len(plan.leaves) != 1:
             return {}
         try:
             return {"route": self.scan.view.address(plan.leaves[0].node)}

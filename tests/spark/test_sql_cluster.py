@@ -404,3 +404,22 @@ def test_request_plus_in_process_sees_every_write_acknowledged_before_it(env: En
         assert rows.metrics.details["local"], rows.metrics.details
         ks.delete(docid)
         assert list(env.client.query(sql, ["kyiv", n])) == [], i
+
+
+@pytest.mark.timeout(600)
+def test_request_plus_over_several_leaves_sees_every_write_acknowledged_before_it(
+    env: Env,
+) -> None:
+    """The leaves' newest snapshots are asked for with the seqnos riding in the same round:
+    right after a write they do not cover it, and the statement must wait for snapshots
+    that do (a second round), never pin the older ones."""
+    sql = f"SELECT META().id AS id, n FROM {KS} WHERE age = $1 AND name = $2"
+    ks = env.client.keyspace(KS)
+    for i in range(8):
+        docid, n = f"ride{i}", 20_000 + i
+        ks.upsert(docid, {"age": 99, "name": "ridge", "n": n})
+        rows = env.client.query(sql, [99, "ridge"])
+        assert list(rows) == [{"id": docid, "n": n}], i
+        assert rows.metrics.details["leaves"] > 1, rows.metrics.details
+        ks.delete(docid)
+        assert list(env.client.query(sql, [99, "ridge"])) == [], i

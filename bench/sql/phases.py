@@ -34,7 +34,14 @@ PG = Variant(name="-")
 CURRENT = Variant(name="current")
 BASELINE = Variant(
     name="baseline",
-    tuning={"index_order": False, "get_many": False, "plan_cache": False, "inline": False},
+    tuning={
+        "index_order": False,
+        "get_many": False,
+        "plan_cache": False,
+        "inline": False,
+        "local": False,
+        "speculate": False,
+    },
 )
 
 

@@ -386,3 +386,40 @@ def test_key_lookups_by_a_parameter_go_to_the_key_owner(env: Env) -> None:
             assert rows.metrics.details["node"] == name_of[owner], key
             owners.add(owner)
         assert len(owners) > 1  # the keys span owners: each run went where its key lives
+
+
+@pytest.mark.timeout(600)
+def test_request_plus_in_process_sees_every_write_acknowledged_before_it(env: Env) -> None:
+    """A one-leaf statement run in-process at request_plus reads the newest snapshot while
+    the seqno round is out: right after a write the snapshot does not cover it yet and the
+    statement must wait for one that does, never answer from the older one."""
+    sql = f"SELECT META().id AS id, n FROM {KS} WHERE city = $1 AND n = $2"
+    ks = env.client.keyspace(KS)
+    list(env.client.query(sql, ["kyiv", -1]))  # learn the route: later runs are in-process
+    for i in range(8):
+        docid, n = f"spec{i}", 10_000 + i
+        ks.upsert(docid, {"city": "kyiv", "n": n, "name": "zed"})
+        rows = env.client.query(sql, ["kyiv", n])
+        assert list(rows) == [{"id": docid, "n": n}], i
+        assert rows.metrics.details["local"], rows.metrics.details
+        ks.delete(docid)
+        assert list(env.client.query(sql, ["kyiv", n])) == [], i
+
+
+@pytest.mark.timeout(600)
+def test_request_plus_over_several_leaves_sees_every_write_acknowledged_before_it(
+    env: Env,
+) -> None:
+    """The leaves' newest snapshots are asked for with the seqnos riding in the same round:
+    right after a write they do not cover it, and the statement must wait for snapshots
+    that do (a second round), never pin the older ones."""
+    sql = f"SELECT META().id AS id, n FROM {KS} WHERE age = $1 AND name = $2"
+    ks = env.client.keyspace(KS)
+    for i in range(8):
+        docid, n = f"ride{i}", 20_000 + i
+        ks.upsert(docid, {"age": 99, "name": "ridge", "n": n})
+        rows = env.client.query(sql, [99, "ridge"])
+        assert list(rows) == [{"id": docid, "n": n}], i
+        assert rows.metrics.details["leaves"] > 1, rows.metrics.details
+        ks.delete(docid)
+        assert list(env.client.query(sql, [99, "ridge"])) == [], i

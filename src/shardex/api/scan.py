@@ -167,11 +167,18 @@ class WaitStability(Message, tag="scan.WaitStability"):
     partitions: list[int]
     wait_for: WireTs | None = None
     timeout: float = 30.0
+    # request_plus in one round: the data partitions of ``seqnos_keyspace`` this node owns
+    # whose high seqnos to read on arrival and return in ``StabilityAt.high_seqnos``.
+    seqnos_keyspace: str = ""
+    seqnos_of: list[int] = msgspec.field(default_factory=list)
 
 
 class StabilityAt(Message, tag="scan.StabilityAt"):
     node: str
     ts: WireTs
+    # Of ``WaitStability.seqnos_of``, those this node's data service serves, read after the
+    # request arrived (None: not read at all).
+    high_seqnos: WireTs | None = None
 
 
 class ScanSlices(Message, tag="scan.ScanSlices"):

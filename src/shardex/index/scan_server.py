@@ -245,9 +245,10 @@ class IndexScanServer:
     # --- handlers ----------------------------------------------------------------------------
 
     async def on_wait(self, msg: WaitStability, conn: Connection) -> StabilityAt:
+        seqnos = self._high_seqnos(msg.seqnos_keyspace, msg.seqnos_of)  # read on arrival
         wait_for = None if msg.wait_for is None else Timestamp.from_wire(msg.wait_for)
         ts = await self.stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
-        return StabilityAt(node=self.node, ts=dict(ts.to_wire()))
+        return StabilityAt(node=self.node, ts=dict(ts.to_wire()), high_seqnos=seqnos)
 
     async def on_scan(self, msg: ScanSlices, conn: Connection) -> SlicesOpened:
         self.streams.check_new(conn, msg.scan_id)
@@ -280,7 +281,7 @@ class IndexScanServer:
         # Read before anything else: the request arrived after the scan did at its
         # coordinator, so these cover every write acknowledged before the scan (scan-request
         # flow step 9).
-        seqnos = self._high_seqnos(msg)
+        seqnos = self._high_seqnos(msg.seqnos_keyspace, msg.seqnos_of)
         wait_for = None if msg.wait_for is None else Timestamp.from_wire(msg.wait_for)
         slices = self._slices(msg.index_id, msg.partitions)
         read_ts: Timestamp | None = None
@@ -321,13 +322,15 @@ class IndexScanServer:
         )
         return opened, rest, block_rows, read_ts
 
-    def _high_seqnos(self, msg: ScanSlices) -> dict[int, tuple[int, int]] | None:
-        """``msg.seqnos_of``'s high seqnos that this node's data service serves (None: none
-        asked, no data service here, or it failed: the coordinator asks the owners itself)."""
-        if not msg.seqnos_of or self.local_seqnos is None:
+    def _high_seqnos(
+        self, keyspace: str, partitions: list[int]
+    ) -> dict[int, tuple[int, int]] | None:
+        """The high seqnos of those of ``partitions`` this node's data service serves (None:
+        none asked, no data service here, or it failed: the asker asks the owners itself)."""
+        if not partitions or self.local_seqnos is None:
             return None
         try:
-            return self.local_seqnos(msg.seqnos_keyspace, msg.seqnos_of)
+            return self.local_seqnos(keyspace, partitions)
         except ShardexError:  # e.g. the keyspace is not open here yet
             return None
 

@@ -22,7 +22,6 @@ import msgspec
 import pytest
 
 from shardex.api.data import HighSeqnos, HighSeqnosReply
-from shardex.api.scan import ScanSlices
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.net import Connection
@@ -72,15 +71,15 @@ def serve_high_seqnos(env: Env, node: str, local: Seqnos, asked: list[str]) -> N
     env.nodes[node].server.route(HighSeqnos, on_high_seqnos)
 
 
-def spy_scan_slices(env: Env) -> list[ScanSlices]:
-    """The ``ScanSlices`` requests n2's scan server opens."""
-    seen: list[ScanSlices] = []
+def spy_scan_slices(env: Env) -> list[tuple[str, list[int]]]:
+    """The (keyspace, partitions) whose high seqnos n2's scan server reads on arrival."""
+    seen: list[tuple[str, list[int]]] = []
     server = env.nodes["n2"].scan_server
     real = server._high_seqnos
 
-    def spy(msg: ScanSlices) -> dict[int, tuple[int, int]] | None:
-        seen.append(msg)
-        return real(msg)
+    def spy(keyspace: str, partitions: list[int]) -> dict[int, tuple[int, int]] | None:
+        seen.append((keyspace, partitions))
+        return real(keyspace, partitions)
 
     server._high_seqnos = spy  # type: ignore[method-assign]
     return seen
@@ -116,7 +115,7 @@ async def test_the_indexer_nodes_high_seqnos_ride_in_their_scan_request(env: Env
     assert got_ts == ts
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(ts), None)
     assert sorted(asked) == [("n1", [0, 2, 4, 6]), ("n2", [1, 3, 5, 7])]
-    assert [(m.seqnos_keyspace, m.seqnos_of) for m in seen] == [(KS, [1, 3, 5, 7])]
+    assert seen == [(KS, [1, 3, 5, 7])]
     assert outcomes(env) == {"hit": 1}
 
 

@@ -11,13 +11,25 @@ transport differs: lists of encoded cells (``rows.cell_chunks``).
 
 A client that sends a statement to the node its plan reads (the routing hint in
 ``SqlStarted.details``) gets this path on every later execution.
+
+request_plus (``speculate``): the keyspace's high seqnos are a round trip to the other data
+nodes, and the read does not have to wait for them. The slices' newest common snapshot now is
+read at once while the round is out; when the answer comes, a snapshot that covers it is the
+one the query would have pinned anyway (any snapshot covering the seqnos read after the
+statement arrived sees every write acknowledged before it), and the rows read meanwhile stand.
+One that does not is dropped unread and the query waits for a covering one, as without
+speculation. With the pipeline keeping up, the newest snapshot covers the seqnos most of the
+time: the round and the read overlap.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from shardex.core.timestamp import Timestamp
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragments import leaf_pipeline, root_pipeline
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND
@@ -27,7 +39,7 @@ from shardex.sql.protocol import QueryPlan
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["run_local"]
+__all__ = ["run_local", "speculate"]
 
 
 def run_local(
@@ -49,3 +61,62 @@ def run_local(
     return root_pipeline(
         documents, by_kind[ROOT_KIND].args, params, f"{name} root", [leaf], cell_chunks
     )
+
+
+async def speculate(
+    index_scan: IndexScanServer,
+    documents: DocumentAccess,
+    plan_at: Callable[[Timestamp], QueryPlan],
+    seqnos: Callable[[], Any],
+    slices: tuple[str, list[int]],
+    params: Any,
+    name: str,
+    timeout: float,
+) -> tuple[Timestamp, AsyncIterator[list[bytes]]]:
+    """A request_plus run of a local one-leaf plan (``plan_at(ts)``): the TS it reads and its
+    rows. ``seqnos()``: the keyspace's high seqnos, read after the statement arrived (a
+    coroutine); ``slices``: the leaf's index id and partitions."""
+    index_id, partitions = slices
+    round_trip = asyncio.ensure_future(seqnos())
+    try:
+        newest = await index_scan.stable_ts(index_id, partitions, None, timeout)
+    except BaseException:
+        round_trip.cancel()
+        raise
+    chunks = run_local(index_scan, documents, plan_at(newest), params, name)
+    first = asyncio.ensure_future(anext(chunks, None))
+    try:
+        wait_for: Timestamp = await round_trip
+    except BaseException:
+        await _drop(first, chunks)
+        raise
+    if newest.covers(wait_for):
+        return newest, _after(first, chunks)
+    await _drop(first, chunks)
+    ts = await index_scan.stable_ts(index_id, partitions, wait_for, timeout)
+    return ts, run_local(index_scan, documents, plan_at(ts), params, name)
+
+
+async def _drop(first: asyncio.Future[Any], chunks: AsyncIterator[list[bytes]]) -> None:
+    first.cancel()
+    with contextlib.suppress(BaseException):
+        await first
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+async def _after(
+    first: asyncio.Future[list[bytes] | None], chunks: AsyncIterator[list[bytes]]
+) -> AsyncIterator[list[bytes]]:
+    """The first chunk (already being read), then the rest; closing it closes ``chunks``."""
+    try:
+        chunk = await first
+        if chunk is None:
+            return
+        yield chunk
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        await _drop(first, chunks)

@@ -2,7 +2,7 @@
 initiator of the query).
 
 SELECT: bind, check parameters, plan (``plan.plan_select``), pick the query's one stability
-TS (``pin_stability``), start the fragments through the execution protocol
+TS (``stability.py``), start the fragments through the execution protocol
 (``QueryService.execute``) and stream the root's rows to the client; a key lookup of at
 most ``plan.INLINE_KEYS`` documents runs right here on the loop instead (one ``GetMany``
 per owner, no fragment, no thread). The reply carries the first block of result rows (all
@@ -36,12 +36,12 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
 from shardex.api.privileges import Privilege, require
-from shardex.api.scan import AT_PLUS, CONSISTENCIES, REQUEST_PLUS, StabilityAt, WaitStability
+from shardex.api.scan import AT_PLUS, CONSISTENCIES, REQUEST_PLUS
 from shardex.api.scan_streams import OutStream, OutStreams
 from shardex.api.sql_exec import (
     ExchangeStats,
@@ -56,17 +56,17 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
-from shardex.scan.at_plus import on_current_branches
-from shardex.scan.coordinator import ScanCoordinator, oldest_common
+from shardex.scan.coordinator import ScanCoordinator
 from shardex.sql.exec.analyze import Budget, key_lookup
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
-from shardex.sql.exec.failover import FAILOVER, failed_leaf, failing_over
+from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.fragment_rows import root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
-from shardex.sql.exec.local_leaf import run_local
+from shardex.sql.exec.local_leaf import run_local, speculate
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
 from shardex.sql.exec.rows import encode_row
+from shardex.sql.exec.stability import StatementStability
 from shardex.sql.exec.statements import bad_request, parsed, prepared_off_loop
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
 from shardex.sql.protocol import QueryService
@@ -80,6 +80,9 @@ from shardex.sql.syntax import (
 )
 from shardex.sql.syntax.params import check_params, check_params_depth
 
+if TYPE_CHECKING:
+    from shardex.index.scan_server import IndexScanServer
+
 __all__ = [
     "DEFAULT_MAX_ROWS",
     "MAX_STATEMENT_BYTES",
@@ -92,7 +95,6 @@ DEFAULT_MAX_ROWS: Final = 1_000_000
 BLOCK_ROWS: Final = 500
 BLOCK_BYTES: Final = 512 * 1024
 MAX_TIMEOUT: Final = 3600.0
-WAIT_MARGIN: Final = 10.0
 # The longest statement text a node takes, in UTF-8 bytes: checked before parsing (a
 # megabyte of SQL already costs seconds to parse; values that large belong in parameters).
 MAX_STATEMENT_BYTES: Final = 1 << 20
@@ -156,6 +158,7 @@ class SqlService:
         self.query = query
         self.scan = scan
         self.documents = documents
+        self.stability = StatementStability(scan)
         self.streams = streams
         self._members = members  # node name -> member id of the members up now
         self.max_rows = max_rows
@@ -339,9 +342,15 @@ class SqlService:
             log.info("statement lost the indexer %s (%s); planned on other copies", node, exc)
             return again
 
+        level = consistency or msg.consistency
+        local = self.scan.local_index
+        speculates = tuning["local"] and tuning["speculate"]
+        if level == REQUEST_PLUS and speculates and local and self._runs_here(plan):
+            return await self._speculate(plan, local, sql, dml, params, msg)
+
         while True:
             try:
-                ts = await self.pin_stability(plan, consistency or msg.consistency, msg)
+                ts = await self.stability.pin(plan, level, msg.at, msg.timeout)
                 break
             except ShardexError as exc:
                 plan = without_failed(exc)
@@ -349,7 +358,7 @@ class SqlService:
         async def run(p: PhysicalPlan) -> AsyncIterator[list[bytes]]:
             qplan = p.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))
             local = self.scan.local_index
-            if p.tuning["inline"] and local is not None and self._runs_here(p):
+            if p.tuning["local"] and local is not None and self._runs_here(p):
                 p.query_id = str(self.query.new_query_id())
                 p.local = True
                 return run_local(local, self.documents, qplan, params, p.query_id)
@@ -372,6 +381,33 @@ class SqlService:
         if not plan.leaves:
             return plan, ts, chunks
         return plan, ts, failing_over(plan, chunks, rerun, deadline)
+
+    async def _speculate(
+        self,
+        plan: PhysicalPlan,
+        local: IndexScanServer,
+        sql: str,
+        dml: bool,
+        params: Any,
+        msg: SqlQuery,
+    ) -> tuple[PhysicalPlan, Timestamp, AsyncIterator[list[bytes]]]:
+        """A request_plus one-leaf plan on this node: read while the seqno round is out
+        (``local_leaf.speculate``)."""
+        assert plan.record is not None and plan.keyspace is not None
+        keyspace, budget = plan.keyspace, self._budget(msg)
+        plan.query_id = str(self.query.new_query_id())
+        plan.local = True
+        ts, chunks = await speculate(
+            local,
+            self.documents,
+            lambda ts: plan.query_plan(sql, dml, self.query.member_id, ts, budget),
+            lambda: self.scan.view.shared_high_seqnos(keyspace),
+            (plan.record.id, plan.leaves[0].partitions),
+            params,
+            plan.query_id,
+            msg.timeout,
+        )
+        return plan, ts, chunks
 
     def _runs_here(self, plan: PhysicalPlan) -> bool:
         """One leaf, on this node: the plan runs in-process (``local_leaf``)."""
@@ -430,62 +466,19 @@ class SqlService:
         (``local_leaf``); for a key lookup of one key given as a parameter, ``{"route_key":
         keyspace and parameter}``: the key's owner reads the document in-process. Only a
         hint: the plan is made again wherever the statement arrives."""
+        if not plan.tuning["local"]:
+            return {}
         if plan.inline:
             lookup = key_lookup(plan.bound)
             if lookup is not None and isinstance(lookup.keys, Param):
                 return {"route_key": {"keyspace": plan.keyspace, "param": lookup.keys.name}}
             return {}
-        if plan.local or len(plan.leaves) != 1 or not plan.tuning["inline"]:
+        if plan.local or len(plan.leaves) != 1:
             return {}
         try:
             return {"route": self.scan.view.address(plan.leaves[0].node)}
         except ShardexError:
             return {}
-
-    async def pin_stability(
-        self, plan: PhysicalPlan, consistency: str, msg: SqlQuery
-    ) -> Timestamp | None:
-        """Query stability: one TS for every scan of the query. not_bounded: the tips (None);
-        request_plus: the keyspace's high seqnos now; at_plus: the caller's vector; then each
-        leaf's node answers once its slices hold a snapshot covering that, and the oldest
-        answer (one every node has a snapshot at) is pinned for all."""
-        if not plan.leaves or consistency not in (REQUEST_PLUS, AT_PLUS):
-            return None
-        assert plan.keyspace is not None and plan.record is not None
-        if consistency == REQUEST_PLUS:
-            # Shared with the concurrent statements and scans of this node (one HighSeqnos
-            # per data node per round trip, read after each of them arrived).
-            wait_for = await self.scan.view.shared_high_seqnos(plan.keyspace)
-        else:
-            assert msg.at is not None
-            wait_for = await on_current_branches(
-                self.scan.view, plan.keyspace, Timestamp.from_wire(msg.at)
-            )
-        wire = dict(wait_for.to_wire())
-        index_id = plan.record.id
-
-        async def ask(node: str, parts: list[int]) -> Timestamp:
-            local = self.scan.local_index
-            if node == self.scan.name and local is not None:  # no loopback connection
-                return await local.stable_ts(index_id, parts, wait_for, msg.timeout)
-            req = WaitStability(
-                index_id=index_id, partitions=parts, wait_for=wire, timeout=msg.timeout
-            )
-            try:
-                reply = await self.scan.pool.request(
-                    self.scan.view.address(node),
-                    req,
-                    msg.timeout + WAIT_MARGIN,
-                    expect=StabilityAt,
-                )
-            except ShardexError as exc:
-                if exc.code in FAILOVER:
-                    exc.details.setdefault("indexer", node)  # another copy may stand in
-                raise
-            return Timestamp.from_wire(reply.ts)
-
-        tss = await asyncio.gather(*(ask(leaf.node, leaf.partitions) for leaf in plan.leaves))
-        return oldest_common(list(tss))
 
     async def _respond_values(
         self, conn: Connection, msg: SqlQuery, started: SqlStarted, values: list[Any], slot: Slot

@@ -15,6 +15,12 @@ Every switch defaults to on; turning one off never changes a result, only how it
   the loop instead of a thread of its own (``bridge.py``); the first block of result rows
   (all of them when they fit) rides in the ``SqlStarted`` reply. Off: every SELECT runs as
   fragments in threads and every row comes on the stream.
+* ``local``: a plan whose one leaf is on its initiator runs in-process (``local_leaf.py``),
+  and replies carry routing hints the client follows (the leaf's node, a key's owner).
+  Off: every plan with a leaf goes through the protocol, and no hint is given.
+* ``speculate``: such a local plan at request_plus reads the newest snapshot while the
+  high-seqno round is out, and keeps the rows when that snapshot covers the answer
+  (``local_leaf.speculate``). Off: the round first, then the read at a covering snapshot.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -33,7 +39,7 @@ from shardex.sql.protocol.flow import StreamKey
 
 __all__ = ["METER_QUERIES", "SWITCHES", "BoundedMeter", "check_tuning"]
 
-SWITCHES: Final = ("index_order", "get_many", "plan_cache", "inline")
+SWITCHES: Final = ("index_order", "get_many", "plan_cache", "inline", "local", "speculate")
 METER_QUERIES: Final = 256
 
 

@@ -456,6 +456,7 @@ def connect(
     )
     try:
         client.rpc.connect()
+        client._scans.preconnect()
     except BaseException:
         client.close()
         raise

@@ -170,9 +170,13 @@ async def _start(scans: ScanPaths, msg: SqlQuery) -> tuple[SqlStarted, InStream]
             raise
         if started.statement == "select":
             learned = scans.routes.learn(msg.statement, started.details, address)
-            if learned is not None and learned.keyspace is not None and route is None:
-                # Key routing needs the keyspace's topology in the client's cache.
-                await _cache_topology(rpc, learned.keyspace)
+            if learned is not None and route is None:
+                # The next run goes elsewhere: the connection is opened meanwhile, and key
+                # routing needs the keyspace's topology in the client's cache.
+                for target in [learned.address] if learned.address else addresses:
+                    session.pool.connect_soon(target)
+                if learned.keyspace is not None:
+                    await _cache_topology(rpc, learned.keyspace)
         return started, stream
     assert last is not None
     raise last

@@ -24,6 +24,7 @@ the indexers have released that snapshot, a scan answers SNAPSHOT_TOO_OLD.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -330,6 +331,25 @@ class ScanPaths:
         if session is None:
             session = self.session = ScanSession(self.rpc, self.targets)
         return session
+
+    def preconnect(self) -> None:
+        """Open the loop path's connection to the client's node now, at connect time, and
+        start opening those to the other nodes it knows: a query's rows and a loop-path
+        scan's blocks come on them (a statement goes where its routing hint says), and a new
+        client's first queries would otherwise each wait for a TCP and login handshake.
+        Best effort: a failure here is the first query's to report."""
+        session = self.loop_session()
+        rpc = self.rpc
+        address = rpc.addresses[rpc.current]
+
+        async def open_all() -> None:
+            for other in rpc.addresses:
+                if other != address:
+                    session.pool.connect_soon(other)
+            with contextlib.suppress(ShardexError):
+                await session.pool.get(address)
+
+        rpc.run(open_all())
 
     async def close(self) -> None:
         """On the loop: close the loop path's pool."""

@@ -293,6 +293,25 @@ class ConnectionPool:
         """Live connections by address (a snapshot)."""
         return {a: c for a, c in self._conns.items() if not c.closed}
 
+    def connect_soon(self, address: str) -> None:
+        """Start connecting to ``address`` unless connected or connecting (on the loop; no
+        wait, errors dropped: a later ``get`` reports its own): for a connection a caller
+        knows it will want shortly."""
+        if self._closed:
+            return
+        conn = self._conns.get(address)
+        if (conn is None or conn.closed) and address not in self._connecting:
+            self._start_connect(address)
+
+    def _start_connect(self, address: str) -> asyncio.Task[Connection]:
+        task = asyncio.get_running_loop().create_task(
+            self._connect(address), name=f"shardex-pool-connect {address}"
+        )
+        # Waiters may all give up; the outcome must still be retrieved to avoid warnings.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._connecting[address] = task
+        return task
+
     async def get(self, address: str, timeout: float | None = None) -> Connection:
         """The live connection to ``address``, connecting if needed.
 
@@ -306,12 +325,7 @@ class ConnectionPool:
             return conn
         task = self._connecting.get(address)
         if task is None:
-            task = asyncio.get_running_loop().create_task(
-                self._connect(address), name=f"shardex-pool-connect {address}"
-            )
-            # Waiters may all give up; the outcome must still be retrieved to avoid warnings.
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            self._connecting[address] = task
+            task = self._start_connect(address)
         wait = self._connect_timeout if timeout is None else min(timeout, self._connect_timeout)
         try:
             async with asyncio.timeout(wait):

@@ -42,6 +42,7 @@ from shardex.api.users import UserInfo
 from shardex.client.direct_conn import DirectConns
 from shardex.client.direct_kv import DirectKV
 from shardex.client.direct_scan import DirectScans
+from shardex.client.direct_sql import DirectSql
 from shardex.client.failover import FailoverOps
 from shardex.client.indexes import IndexOps
 from shardex.client.keyspace import Keyspace
@@ -125,7 +126,8 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         targets = ScanTargets()  # where scans go, for both scan paths
         sockets = self._sockets
         direct = DirectScans(self.rpc, targets, sockets) if direct_scans and sockets else None
-        self._scans = ScanPaths(self.rpc, targets, direct)
+        direct_sql = DirectSql(self.rpc, sockets) if direct_scans and sockets else None
+        self._scans = ScanPaths(self.rpc, targets, direct, direct_sql)
         self._kv = DirectKV(self.rpc, sockets) if direct_kv and sockets else None
 
     # -- lifecycle --

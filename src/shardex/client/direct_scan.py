@@ -30,7 +30,8 @@ import contextlib
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
@@ -52,15 +53,20 @@ from shardex.client.scan import (
     scan_timed_out,
 )
 from shardex.errors import ConnectionClosed, ProtocolError, RequestTimeout, ShardexError
-from shardex.net.messages import Envelope, ErrorReply, Kind, encode_frame, message_type_name
+from shardex.net.messages import (
+    Envelope,
+    ErrorReply,
+    Kind,
+    Message,
+    encode_frame,
+    message_type_name,
+)
 
 if TYPE_CHECKING:
     from shardex.client.rpc_session import RpcSession
     from shardex.client.scan import ScanTargets
 
-__all__ = ["DirectScanResult", "DirectScans", "DirectStream"]
-
-_SCAN_TYPE: Final = message_type_name(IndexScan)
+__all__ = ["DirectScanResult", "DirectScans", "DirectStream", "open_on", "open_stream"]
 
 
 class DirectStream(ReplyHead):
@@ -251,64 +257,98 @@ class DirectScans:
         msg: IndexScan,
         timeout: float,
     ) -> tuple[IndexScanStarted, DirectStream]:
-        if conn is None or conn.closed:
-            return self._send(self._sockets.connect(conns, address), msg, timeout)
-        try:
-            return self._send(conn, msg, timeout)
-        except FAILOVER:
-            if not conn.closed:
-                raise
-        # A socket kept from an earlier scan was found dead (the node restarted, or dropped
-        # it): the loop path's pool would have noticed and reconnected; so does this, once.
-        return self._send(self._sockets.connect(conns, address), msg, timeout)
+        def send(c: DirectConn) -> tuple[IndexScanStarted, DirectStream]:
+            return open_stream(
+                self._rpc,
+                c,
+                lambda sid: msgspec.structs.replace(msg, scan_id=sid),
+                IndexScanStarted,
+                lambda started: (started.entries, started.done),
+                timeout,
+            )
 
-    def _send(
-        self, conn: DirectConn, msg: IndexScan, timeout: float
-    ) -> tuple[IndexScanStarted, DirectStream]:
-        """Send the scan on ``conn`` and read its reply (blocks that overtake it are kept
-        for the stream)."""
-        conn.send_pending_cancels()  # abandoned from another thread: stop them now
-        sid = conn.new_scan_id()
-        rid = conn.new_request_id()
-        stream = DirectStream(self._rpc, conn, sid)
-        conn.send(msgspec.structs.replace(msg, scan_id=sid), rid, Kind.REQUEST)
-        conn.busy = stream
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                try:
-                    env = conn.read(deadline)
-                except TimeoutError:
-                    raise RequestTimeout(
-                        f"{_SCAN_TYPE} to {conn.peer_label} timed out after {timeout}s",
-                        details={"type": _SCAN_TYPE, "peer": conn.peer_label, "timeout": timeout},
-                    ) from None
-                body = env.body
-                if env.kind is Kind.ONEWAY:
-                    kind = type(body)
-                    if (kind is ScanBlock or kind is ScanEnd) and body.scan_id == sid:
-                        stream.early(body)
-                    continue
-                if env.id != rid or env.kind is Kind.REQUEST:
-                    continue  # the late reply of a request this socket gave up on
-                if env.kind is Kind.ERROR:
-                    if isinstance(body, ErrorReply):
-                        raise ShardexError.from_wire(body.code, body.message, body.details)
-                    raise ProtocolError(
-                        f"{conn.peer_label} sent an error of type {message_type_name(body)}",
-                        details={"type": _SCAN_TYPE},
-                    )
-                if type(body) is not IndexScanStarted:
-                    raise ProtocolError(
-                        f"{conn.peer_label} answered {_SCAN_TYPE} with "
-                        f"{message_type_name(body)}, expected IndexScanStarted",
-                        details={"type": _SCAN_TYPE, "got": message_type_name(body)},
-                    )
-                stream.put_head(body.entries, body.done)
-                return body, stream
-        except ConnectionClosed:
-            stream.release()
+        return open_on(self._sockets, conns, address, conn, send)
+
+
+R = TypeVar("R", bound=Message)
+
+
+def open_on(
+    sockets: DirectConns,
+    conns: dict[str, DirectConn],
+    address: str,
+    conn: DirectConn | None,
+    send: Callable[[DirectConn], tuple[R, DirectStream]],
+) -> tuple[R, DirectStream]:
+    """``send`` on this thread's socket to ``address`` (``conn``, opened if None or closed);
+    a kept socket found dead (the node restarted, or dropped it) is replaced once, as the
+    loop path's pool would reconnect."""
+    if conn is None or conn.closed:
+        return send(sockets.connect(conns, address))
+    try:
+        return send(conn)
+    except FAILOVER:
+        if not conn.closed:
             raise
-        except BaseException:
-            stream.cancel()  # as the loop path: the node stops whatever it started
-            raise
+    return send(sockets.connect(conns, address))
+
+
+def open_stream(
+    rpc: RpcSession,
+    conn: DirectConn,
+    with_id: Callable[[int], Message],
+    expect: type[R],
+    head: Callable[[R], tuple[list[bytes] | None, bool]],
+    timeout: float,
+) -> tuple[R, DirectStream]:
+    """Send the stream-opening request ``with_id(stream id)`` on ``conn`` and read its reply
+    of type ``expect`` (blocks that overtake it are kept for the stream); ``head`` names
+    the rows the reply carries and whether they are all."""
+    conn.send_pending_cancels()  # abandoned from another thread: stop them now
+    sid = conn.new_scan_id()
+    rid = conn.new_request_id()
+    stream = DirectStream(rpc, conn, sid)
+    msg = with_id(sid)
+    name = message_type_name(msg)
+    conn.send(msg, rid, Kind.REQUEST)
+    conn.busy = stream
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                env = conn.read(deadline)
+            except TimeoutError:
+                raise RequestTimeout(
+                    f"{name} to {conn.peer_label} timed out after {timeout}s",
+                    details={"type": name, "peer": conn.peer_label, "timeout": timeout},
+                ) from None
+            body = env.body
+            if env.kind is Kind.ONEWAY:
+                kind = type(body)
+                if (kind is ScanBlock or kind is ScanEnd) and body.scan_id == sid:
+                    stream.early(body)
+                continue
+            if env.id != rid or env.kind is Kind.REQUEST:
+                continue  # the late reply of a request this socket gave up on
+            if env.kind is Kind.ERROR:
+                if isinstance(body, ErrorReply):
+                    raise ShardexError.from_wire(body.code, body.message, body.details)
+                raise ProtocolError(
+                    f"{conn.peer_label} sent an error of type {message_type_name(body)}",
+                    details={"type": name},
+                )
+            if type(body) is not expect:
+                raise ProtocolError(
+                    f"{conn.peer_label} answered {name} with "
+                    f"{message_type_name(body)}, expected {expect.__name__}",
+                    details={"type": name, "got": message_type_name(body)},
+                )
+            rows, done = head(body)
+            stream.put_head(rows or [], done)
+            return body, stream
+    except ConnectionClosed:
+        stream.release()
+        raise
+    except BaseException:
+        stream.cancel()  # as the loop path: the node stops whatever it started
+        raise

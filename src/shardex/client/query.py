@@ -28,6 +28,8 @@ from shardex.api.scan import AT_PLUS, CONSISTENCIES
 from shardex.api.scan_streams import InStream
 from shardex.api.sql_exec import SqlQuery, SqlStarted
 from shardex.api.validation import check_durability
+from shardex.client.direct_scan import DirectStream
+from shardex.client.routes import Route
 from shardex.client.scan import REPLY_MARGIN, to_wire_ts
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
@@ -70,12 +72,14 @@ class QueryRows:
         self,
         rpc: RpcSession,
         started: SqlStarted,
-        stream: InStream | None,
+        stream: InStream | DirectStream | None,
         rows: list[Any] | None,
         t0: float,
+        block_timeout: float | None = None,
     ) -> None:
         self._rpc = rpc
         self._stream = stream
+        self._block_timeout = block_timeout  # a calling-thread stream's wait per block
         self._rows = rows
         self.started = started
         self._t0 = t0
@@ -102,7 +106,11 @@ class QueryRows:
         try:
             while True:
                 answered, block = stream.poll()  # the reply's rows: no loop round trip
-                if not answered:
+                if answered:
+                    pass
+                elif isinstance(stream, DirectStream):
+                    block = stream.read(self._block_timeout)
+                else:
                     block = self._rpc.run(stream.next_block())
                 if block is None:
                     break
@@ -129,8 +137,14 @@ class QueryRows:
 
     def close(self) -> None:
         stream = self._stream
-        if stream is not None and not stream.done and not stream.complete:
+        if stream is None or stream.done or stream.complete:
+            return
+        if not isinstance(stream, DirectStream):
             self._rpc.run(stream.cancel())
+        elif self._rpc.closed:
+            stream.release()  # the client closed the socket; the node ends the stream
+        else:
+            stream.cancel()
 
     def __enter__(self) -> QueryRows:
         return self
@@ -139,16 +153,45 @@ class QueryRows:
         self.close()
 
 
-async def _start(scans: ScanPaths, msg: SqlQuery) -> tuple[SqlStarted, InStream]:
-    session = scans.loop_session()
+def _order(scans: ScanPaths, msg: SqlQuery) -> tuple[list[str], Route | None, str | None]:
+    """The addresses to try in turn, the statement's routing hint and the address it names
+    for these parameters (``routes``): where the statement runs with the fewest hops first,
+    then the client's node and the next ones."""
     rpc = scans.rpc
     addresses = rpc.addresses
     first = rpc.current
     order = [addresses[(first + k) % len(addresses)] for k in range(len(addresses))]
     route = scans.routes.get(msg.statement)
     hint = None if route is None else route.target(msg.params, rpc.router.owner_address)
-    if hint is not None:  # where the statement runs with the fewest hops (``routes``)
+    if hint is not None:
         order = [hint, *(a for a in order if a != hint)]
+    return order, route, hint
+
+
+def _learn(
+    scans: ScanPaths,
+    msg: SqlQuery,
+    started: SqlStarted,
+    address: str,
+    hint: str | None,
+    route: Route | None,
+) -> Route | None:
+    """Keep what the reply says about where the statement should go; the route when it is
+    new (the caller prepares for it: a connection, the topology for key routing)."""
+    if started.statement != "select":
+        if hint is not None and address != hint:
+            scans.routes.drop(msg.statement)  # the hinted node did not answer
+        return None
+    learned = scans.routes.learn(msg.statement, started.details, address)
+    return learned if learned is not None and route is None else None
+
+
+async def _start(
+    scans: ScanPaths, msg: SqlQuery, order: list[str], hint: str | None, route: Route | None
+) -> tuple[SqlStarted, InStream, str]:
+    """The loop path: ``msg`` to the first address of ``order`` that answers."""
+    session = scans.loop_session()
+    rpc = scans.rpc
     last: ShardexError | None = None
     for address in order:
         stream = session.inboxes.open()
@@ -156,30 +199,30 @@ async def _start(scans: ScanPaths, msg: SqlQuery) -> tuple[SqlStarted, InStream]
             conn = await session.pool.get(address)
             stream.attach(conn)
             req = msgspec.structs.replace(msg, stream_id=stream.scan_id)
-            timeout = msg.timeout + REPLY_MARGIN + rpc.request_timeout
-            started = await conn.request(req, timeout, expect=SqlStarted)
+            started = await conn.request(req, _reply_timeout(rpc, msg), expect=SqlStarted)
             stream.put_head(started.rows, started.done)
         except _FAILOVER as exc:
             await stream.cancel()
             last = exc
-            if address == hint:
-                scans.routes.drop(msg.statement)
             continue
         except BaseException:
             await stream.cancel()
             raise
-        if started.statement == "select":
-            learned = scans.routes.learn(msg.statement, started.details, address)
-            if learned is not None and route is None:
-                # The next run goes elsewhere: the connection is opened meanwhile, and key
-                # routing needs the keyspace's topology in the client's cache.
-                for target in [learned.address] if learned.address else addresses:
-                    session.pool.connect_soon(target)
-                if learned.keyspace is not None:
-                    await _cache_topology(rpc, learned.keyspace)
-        return started, stream
+        learned = _learn(scans, msg, started, address, hint, route)
+        if learned is not None:
+            # The next run goes elsewhere: the connection is opened meanwhile, and key
+            # routing needs the keyspace's topology in the client's cache.
+            for target in [learned.address] if learned.address else rpc.addresses:
+                session.pool.connect_soon(target)
+            if learned.keyspace is not None:
+                await _cache_topology(rpc, learned.keyspace)
+        return started, stream, address
     assert last is not None
     raise last
+
+
+def _reply_timeout(rpc: RpcSession, msg: SqlQuery) -> float:
+    return msg.timeout + REPLY_MARGIN + rpc.request_timeout
 
 
 async def _cache_topology(rpc: RpcSession, keyspace: str) -> None:
@@ -256,8 +299,19 @@ def run_query(
         tuning=None if tuning is None else dict(tuning),
         durability=durability,
     )
-    started, stream = scans.rpc.run(_start(scans, msg))
-    return QueryRows(scans.rpc, started, stream, None, t0)
+    rpc = scans.rpc
+    order, route, hint = _order(scans, msg)
+    timeout = _reply_timeout(rpc, msg)
+    direct = scans.direct_sql
+    opened = None if direct is None else direct.start(msg, order, timeout)
+    if opened is None:  # the loop path (no direct path here, or its socket is busy)
+        started, stream, _ = rpc.run(_start(scans, msg, order, hint, route))
+        return QueryRows(rpc, started, stream, None, t0, timeout)
+    started, direct_stream, address = opened
+    learned = _learn(scans, msg, started, address, hint, route)
+    if learned is not None and learned.keyspace is not None:
+        rpc.run(_cache_topology(rpc, learned.keyspace))
+    return QueryRows(rpc, started, direct_stream, None, t0, timeout)
 
 
 def _plain(value: Any) -> Any:

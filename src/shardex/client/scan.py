@@ -46,6 +46,7 @@ from shardex.api.scan import (
 )
 from shardex.api.scan_streams import Inboxes, InStream
 from shardex.api.spans import to_user_spans
+from shardex.api.sql_exec import SqlQuery, SqlStarted
 from shardex.client.routes import RouteHints
 from shardex.client.rows import EntryRows as _EntryRows
 from shardex.client.rows import Row
@@ -314,15 +315,33 @@ class DirectPath(Protocol):
         ...
 
 
+class DirectSqlPath(Protocol):
+    """The calling thread's SQL path (``client/direct_sql.py``'s ``DirectSql``)."""
+
+    def start(
+        self, msg: SqlQuery, order: list[str], timeout: float
+    ) -> tuple[SqlStarted, Any, str] | None:
+        """The statement's reply, its row stream and the address that answered; None: it
+        must take the loop path."""
+        ...
+
+
 class ScanPaths:
     """A client's two scan paths over its ``RpcSession``: the calling thread's sockets
     (``direct``, None where scans stay on the loop) and the loop's ``ScanSession`` (made by
     the first scan that takes it), sharing one ``ScanTargets``."""
 
-    def __init__(self, rpc: RpcSession, targets: ScanTargets, direct: DirectPath | None) -> None:
+    def __init__(
+        self,
+        rpc: RpcSession,
+        targets: ScanTargets,
+        direct: DirectPath | None,
+        direct_sql: DirectSqlPath | None = None,
+    ) -> None:
         self.rpc = rpc
         self.targets = targets
         self.direct = direct
+        self.direct_sql = direct_sql  # SQL statements on the calling thread's sockets
         self.session: ScanSession | None = None
         self.routes = RouteHints()  # SQL statement -> the node to send it to
 

@@ -141,7 +141,19 @@ def _meta(node: Meta) -> CompiledExpr:
 
 def _param(node: Param) -> CompiledExpr:
     name = node.name
-    return lambda d, m=None, p=None: lookup_param(p, name)
+    # A filter reads its parameters once per row: the wire's own shapes (a list for $1,
+    # a dict for $name) are looked up directly, without ``lookup_param``'s ABC checks.
+    index = int(name) - 1 if name.isdigit() else -1
+
+    def f(d: Any, m: Any = None, p: Any = None) -> Any:
+        kind = type(p)
+        if kind is list and 0 <= index < len(p):
+            return p[index]
+        if kind is dict and name in p:
+            return p[name]
+        return lookup_param(p, name)
+
+    return f
 
 
 # -- constructors ------------------------------------------------------------------------------

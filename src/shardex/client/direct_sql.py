@@ -39,6 +39,13 @@ class DirectSql:
         self._rpc = rpc
         self._sockets = conns
 
+    def preconnect(self, address: str) -> None:
+        """Open the calling thread's socket to ``address`` unless it has one."""
+        conns = self._sockets.mine()
+        conn = conns.get(address)
+        if conn is None or conn.closed:
+            self._sockets.connect(conns, address)
+
     def start(
         self, msg: SqlQuery, order: list[str], timeout: float
     ) -> tuple[SqlStarted, DirectStream, str] | None:

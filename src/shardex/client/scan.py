@@ -325,6 +325,10 @@ class DirectSqlPath(Protocol):
         must take the loop path."""
         ...
 
+    def preconnect(self, address: str) -> None:
+        """Open the calling thread's socket to ``address``."""
+        ...
+
 
 class ScanPaths:
     """A client's two scan paths over its ``RpcSession``: the calling thread's sockets
@@ -352,23 +356,31 @@ class ScanPaths:
         return session
 
     def preconnect(self) -> None:
-        """Open the loop path's connection to the client's node now, at connect time, and
-        start opening those to the other nodes it knows: a query's rows and a loop-path
-        scan's blocks come on them (a statement goes where its routing hint says), and a new
-        client's first queries would otherwise each wait for a TCP and login handshake.
-        Best effort: a failure here is the first query's to report."""
+        """At connect time, open the connections the client's first statements will use -
+        the calling thread's sockets to the nodes it was given when statements take the
+        calling thread (``direct_sql``; its node first, then the others a routed statement
+        may go to), else the loop path's to its node - and start opening the loop path's to
+        the others (a stream nested in another): a new client's first queries would
+        otherwise each wait for a TCP and login handshake. Best effort: a failure here is
+        the first query's to report."""
         session = self.loop_session()
         rpc = self.rpc
         address = rpc.addresses[rpc.current]
+        direct = self.direct_sql
 
-        async def open_all() -> None:
+        async def open_loop_path() -> None:
             for other in rpc.addresses:
-                if other != address:
+                if other != address or direct is not None:
                     session.pool.connect_soon(other)
-            with contextlib.suppress(ShardexError):
-                await session.pool.get(address)
+            if direct is None:
+                with contextlib.suppress(ShardexError):
+                    await session.pool.get(address)
 
-        rpc.run(open_all())
+        rpc.run(open_loop_path())
+        if direct is not None:  # the client's node first; a routed statement may go to any
+            for other in [address, *(a for a in rpc.addresses if a != address)]:
+                with contextlib.suppress(ShardexError):
+                    direct.preconnect(other)
 
     async def close(self) -> None:
         """On the loop: close the loop path's pool."""

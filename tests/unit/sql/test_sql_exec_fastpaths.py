@@ -243,3 +243,46 @@ def test_entry_decoder_reuses_keys_and_equals_decode_entry(desc: list[bool]) -> 
     assert all(r[META_KEY] == {} for r in bare)
     same = [i for i in range(1, len(want)) if want[i][0] == want[i - 1][0]]
     assert same and all(bare[i]["u"] is bare[i - 1]["u"] for i in same)
+
+
+def test_concatenated_cells_skip_the_offset_and_stop_at_the_limit() -> None:
+    """A root in ``rows`` mode passes its leaves' cells on as they came: sources one after
+    another, ``offset`` skipped across chunk and source borders, ``limit`` passed, and a
+    source left half-read at the limit is closed."""
+    import asyncio
+
+    from shardex.sql.exec.fragments import _concatenated
+
+    closed: list[int] = []
+
+    def source(i: int, chunks: list[list[bytes]]) -> Any:
+        async def gen() -> Any:
+            try:
+                for chunk in chunks:
+                    yield chunk
+            finally:
+                closed.append(i)
+
+        return gen()
+
+    def run(offset: int, limit: int | None) -> list[bytes]:
+        closed.clear()
+        srcs = [
+            source(0, [[b"a", b"b"], [b"c"]]),
+            source(1, [[b"d", b"e"], [b"f"]]),
+            source(2, [[b"g"]]),
+        ]
+
+        async def collect() -> list[bytes]:
+            return [c async for chunk in _concatenated(srcs, offset, limit) for c in chunk]
+
+        return asyncio.run(collect())
+
+    every = [b"a", b"b", b"c", b"d", b"e", b"f", b"g"]
+    assert run(0, None) == every and closed == [0, 1, 2]
+    assert run(2, None) == every[2:]
+    assert run(3, 2) == [b"d", b"e"]
+    assert closed == [0, 1]  # source 1 stopped half-read; source 2 never started
+    assert run(1, 3) == [b"b", b"c", b"d"]
+    assert run(0, 0) == []
+    assert run(10, None) == []

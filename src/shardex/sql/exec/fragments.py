@@ -4,6 +4,8 @@ execution protocol; the row work runs in ``bridge.run_pipeline`` over ``pipeline
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,7 @@ from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.fragment_rows import leaf_rows, root_rows
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
-from shardex.sql.exec.rows import decode_row, to_batches
+from shardex.sql.exec.rows import cells_batch, decode_row, to_batches
 from shardex.sql.exec.statements import prepared_off_loop
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.planner.choose import key_exprs
@@ -133,10 +135,11 @@ async def root_pipeline(
     name: str,
     inputs: list[AsyncIterator[list[bytes]]],
     pack: Pack = to_batches,
+    pack_cells: Callable[[list[bytes]], Any] = cells_batch,
 ) -> AsyncIterator[Any]:
     """The root's output (``args`` ``a`` of a ``sql.root`` fragment) ``pack``ed, from its
     leaves' encoded rows (``inputs``, one per leaf) or its own source (keys, an expression,
-    nothing)."""
+    nothing). ``pack_cells``: ``pack`` for rows encoded already."""
     tuning = check_tuning(a.get("tuning"))
     b = await prepared_off_loop(
         a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
@@ -162,6 +165,12 @@ async def root_pipeline(
     budget = a["budget"]
     mode, limit, offset = a["mode"], a["limit"], a["offset"]
     mode = "local" if source != "index" else mode
+    if mode == "rows" and not b.distinct:
+        # The leaves' rows are the result's: passed on still encoded (no decode and
+        # encode again), in the order ``root_rows`` would give, offset and limit counted.
+        async for cells in _concatenated(sources, offset, limit):
+            yield pack_cells(cells)
+        return
     batches = run_pipeline(
         lambda ins: root_rows(b, params, mode, limit, offset, Budget(budget), ins),
         sources,
@@ -172,6 +181,32 @@ async def root_pipeline(
     )
     async for batch in batches:
         yield batch
+
+
+async def _concatenated(
+    sources: list[AsyncIterator[list[bytes]]], offset: int, limit: int | None
+) -> AsyncIterator[list[bytes]]:
+    """The sources' cells one source after another, the first ``offset`` skipped, at most
+    ``limit`` passed; every source closed at the end."""
+    skip, left = offset, limit
+    try:
+        for source in sources:
+            async for chunk in source:
+                if skip:
+                    dropped = min(skip, len(chunk))
+                    chunk, skip = chunk[dropped:], skip - dropped
+                if left is not None:
+                    chunk, left = chunk[:left], left - min(left, len(chunk))
+                if chunk:
+                    yield chunk
+                if left == 0:
+                    return
+    finally:
+        for source in sources:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(RuntimeError, asyncio.CancelledError):
+                    await aclose()
 
 
 async def _once(rows: list[Any]) -> AsyncIterator[list[Any]]:

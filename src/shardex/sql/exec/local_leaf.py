@@ -59,7 +59,7 @@ def run_local(
         index_scan, documents, by_kind[LEAF_KIND].args, params, f"{name} leaf", cell_chunks
     )
     return root_pipeline(
-        documents, by_kind[ROOT_KIND].args, params, f"{name} root", [leaf], cell_chunks
+        documents, by_kind[ROOT_KIND].args, params, f"{name} root", [leaf], cell_chunks, list
     )
 
 

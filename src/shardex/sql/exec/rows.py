@@ -28,6 +28,7 @@ __all__ = [
     "BATCH_BYTES",
     "BATCH_ROWS",
     "cell_chunks",
+    "cells_batch",
     "decode_rows",
     "encode_row",
     "pack_state",
@@ -127,7 +128,12 @@ def cell_chunks(rows: Iterable[Any]) -> Iterator[list[bytes]]:
 def to_batches(rows: Iterable[Any]) -> Iterator[pa.RecordBatch]:
     """Rows as batches of at most ``BATCH_ROWS`` rows / about ``BATCH_BYTES`` bytes."""
     for cells in cell_chunks(rows):
-        yield pa.RecordBatch.from_arrays([pa.array(cells, pa.binary())], schema=SCHEMA)
+        yield cells_batch(cells)
+
+
+def cells_batch(cells: list[bytes]) -> pa.RecordBatch:
+    """Rows encoded already, as one batch."""
+    return pa.RecordBatch.from_arrays([pa.array(cells, pa.binary())], schema=SCHEMA)
 
 
 def decode_rows(batch: pa.RecordBatch) -> list[Any]:

@@ -4,6 +4,7 @@ execution protocol; the row work runs in ``bridge.run_pipeline`` over ``pipeline
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,11 +15,12 @@ from shardex.core.spans import Span
 from shardex.core.timestamp import Timestamp
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.analyze import Budget, key_lookup, reads_meta
+from shardex.sql.exec.analyze import key_lookup, reads_meta
 from shardex.sql.exec.bridge import run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.fragment_rows import leaf_rows, root_rows
+from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
 from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import prepared_off_loop
@@ -47,8 +49,11 @@ def scan_block_rows(top: int | None) -> int:
 
 
 def sql_fragments(
-    index_scan: IndexScanServer | None, documents: DocumentAccess
+    index_scan: IndexScanServer | None, documents: DocumentAccess, memory: NodeMemory
 ) -> FragmentRegistry:
+    """``memory``: the node's SQL memory; each fragment draws on its query's account there,
+    released (spill files removed) when the fragment ends, however it ends."""
+
     async def leaf(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         a = ctx.args
         tuning = check_tuning(a.get("tuning"))
@@ -91,15 +96,19 @@ def sql_fragments(
                 docs = await fetch(keyspace, decoder.docids(block))
                 yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
-        mode, top, budget = a["mode"], a["top"], a["budget"]
-        batches = run_pipeline(
-            lambda ins: leaf_rows(b, params, mode, top, Budget(budget), ins[0], presorted=ordered),
-            [scope_rows()],
-            name=f"{ctx.query_id} leaf",
-            inline=tuning["inline"],
-        )
-        async for batch in batches:
-            yield batch
+        mode, top = a["mode"], a["top"]
+        with memory.fragment(str(ctx.query_id), a["budget"], a.get("spill", True)) as mem:
+            batches = run_pipeline(
+                lambda ins: leaf_rows(
+                    b, params, mode, top, mem.budget(), ins[0], presorted=ordered
+                ),
+                [scope_rows()],
+                name=f"{ctx.query_id} leaf",
+                inline=tuning["inline"],
+            )
+            async with contextlib.aclosing(batches):
+                async for batch in batches:
+                    yield batch
 
     async def root(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         a = ctx.args
@@ -128,18 +137,19 @@ def sql_fragments(
             sources = [_once([{b.alias: item, META_KEY: {}} for item in items])]
         else:
             sources = [_once([{}])]
-        budget = a["budget"]
         mode, limit, offset = a["mode"], a["limit"], a["offset"]
         mode = "local" if source != "index" else mode
-        batches = run_pipeline(
-            lambda ins: root_rows(b, params, mode, limit, offset, Budget(budget), ins),
-            sources,
-            name=f"{ctx.query_id} root",
-            inline=tuning["inline"],
-            decode=decode,
-        )
-        async for batch in batches:
-            yield batch
+        with memory.fragment(str(ctx.query_id), a["budget"], a.get("spill", True)) as mem:
+            batches = run_pipeline(
+                lambda ins: root_rows(b, params, mode, limit, offset, mem.budget(), ins),
+                sources,
+                name=f"{ctx.query_id} root",
+                inline=tuning["inline"],
+                decode=decode,
+            )
+            async with contextlib.aclosing(batches):
+                async for batch in batches:
+                    yield batch
 
     return FragmentRegistry({LEAF_KIND: leaf, ROOT_KIND: root})
 

@@ -199,7 +199,7 @@ class QueryMemory:
         self._lock = threading.Lock()
         self._dir = node.root / _UNSAFE.sub("_", key)
         self._made = False
-        self._files = itertools.count()
+        self.files = 0  # spill files made so far
 
     def take(self, n: int) -> bool:
         with self._lock:
@@ -227,7 +227,8 @@ class QueryMemory:
             if not self._made:
                 self._dir.mkdir(parents=True, mode=0o700, exist_ok=True)
                 self._made = True
-            return self._dir / f"{kind}-{next(self._files)}"
+            self.files += 1
+            return self._dir / f"{kind}-{self.files}"
 
     @property
     def directory(self) -> Path:
@@ -292,7 +293,12 @@ class Reservation:
         return False
 
     def shrink(self, n: int) -> None:
+        """``n`` bytes freed (or handed on downstream); whole chunks left over go back."""
         self.used = max(0, self.used - n)
+        spare = self.granted - self.used - self.chunk
+        if spare > self.chunk:
+            self.granted -= spare
+            self.budget.give(spare)
 
     def release(self) -> None:
         if self.granted:

@@ -82,6 +82,7 @@ __all__ = [
     "MAX_STATEMENT_BYTES",
     "QUEUE_WAIT",
     "SqlService",
+    "check_memory_quota",
     "check_statement_size",
 ]
 
@@ -112,6 +113,29 @@ def check_statement_size(sql: str, limit: int) -> None:
             size=size,
             limit=limit,
             hint="pass large values as parameters ($name) or split the statement",
+        )
+
+
+def check_memory_quota(quota: object, most: int) -> None:
+    """BAD_REQUEST naming the value and the limit unless ``quota`` (None: the node's
+    default) is bytes in [``MIN_QUERY_MEMORY``, ``most``]: a client may lower its budget,
+    never raise it past the node's per-query maximum (``sql_query_memory``)."""
+    if quota is None:
+        return
+    if isinstance(quota, bool) or not isinstance(quota, int) or quota < MIN_QUERY_MEMORY:
+        raise bad_request(
+            f"memory_quota must be a number of bytes >= {MIN_QUERY_MEMORY}, got {quota!r:.80}",
+            value=repr(quota)[:80],
+            limit=most,
+            hint=f"give bytes between {MIN_QUERY_MEMORY} and {most}, or leave it out",
+        )
+    if quota > most:
+        raise bad_request(
+            f"memory_quota {quota} bytes is over this node's per-query maximum of "
+            f"{most} bytes (sql_query_memory)",
+            value=quota,
+            limit=most,
+            hint=f"ask for at most {most} bytes, or raise sql_query_memory on the nodes",
         )
 
 
@@ -270,24 +294,7 @@ class SqlService:
             raise bad_request("at_plus needs a timestamp (at=...)", hint="pass the writes' results")
         if not 0 < msg.timeout <= MAX_TIMEOUT:
             raise bad_request(f"timeout must be in (0, {MAX_TIMEOUT}] seconds", value=msg.timeout)
-        quota, most = msg.memory_quota, self.memory.query_max
-        if quota is not None and (
-            isinstance(quota, bool) or not isinstance(quota, int) or quota < MIN_QUERY_MEMORY
-        ):
-            raise bad_request(
-                f"memory_quota must be a number of bytes >= {MIN_QUERY_MEMORY}, got {quota!r}",
-                value=repr(quota)[:80],
-                limit=most,
-                hint=f"give bytes between {MIN_QUERY_MEMORY} and {most}, or leave it out",
-            )
-        if quota is not None and quota > most:
-            raise bad_request(
-                f"memory_quota {quota} bytes is over this node's per-query maximum of "
-                f"{most} bytes (sql_query_memory)",
-                value=quota,
-                limit=most,
-                hint=f"ask for at most {most} bytes, or raise sql_query_memory on the nodes",
-            )
+        check_memory_quota(msg.memory_quota, self.memory.query_max)
         check_params_depth(msg.params)
 
     def _quota(self, msg: SqlQuery) -> int:

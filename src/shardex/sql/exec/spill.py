@@ -109,9 +109,9 @@ class _Sorter:
                     return
             if not self.budget.spill:
                 raise self.res.over()
-            if len(self.buf) == 1:
+            if pair_size(key, cell) > self.budget.quota:
                 raise self.res.over(why="one row is larger than the budget")
-            self.spill()
+            self.spill()  # even one row: what holds the budget may be upstream
 
     def _cut(self) -> None:
         assert self.limit is not None

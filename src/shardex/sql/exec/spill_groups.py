@@ -8,12 +8,14 @@
   time it is full); at the end every partition is aggregated on its own, recursively (a new
   hash per level) when one still does not fit, up to ``MAX_LEVEL`` levels. Partial states
   merge exactly and each group's records are read in the order they were written, so every
-  group's aggregates (ARRAY_AGG's element order included) equal the in-memory ones; only the
-  order groups come out in differs, which SQL leaves unspecified (ORDER BY orders them).
+  group's aggregates (ARRAY_AGG's element order included) equal the in-memory ones. Each
+  group carries the position of its first partial; once spilled, the groups are put back in
+  that order by an external sort on it: the in-memory order (first seen first), so an ORDER
+  BY's ties come out alike too.
 * ``distinct``: DISTINCT. Past the budget the values already sent are written as markers to
-  the partition files, the rest of the input after them; each partition then sends the first
-  row of each value it has no marker of. The same rows as in memory; those after the spill
-  come partition by partition.
+  the partition files, the rest of the input after them with its position; each partition
+  then sends the first row of each value it has no marker of, and those rows are put back in
+  input order (an external sort on the position): the in-memory result, order included.
 
 A single group whose state alone is over the budget (an ARRAY_AGG or DISTINCT aggregate of
 a huge group) cannot be split: QUERY_MEMORY_LIMIT.
@@ -22,12 +24,12 @@ a huge group) cannot be split: QUERY_MEMORY_LIMIT.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from shardex.sql.exec.memory import Budget, Reservation, value_size
 from shardex.sql.exec.rows import decode_row, encode_row, pack_state
-from shardex.sql.exec.spill import RunReader, RunWriter
+from shardex.sql.exec.spill import RunReader, RunWriter, external_sort
 from shardex.sql.operators import AggSpec, value_identity
 from shardex.sql.operators.aggregate import (
     accumulate,
@@ -38,8 +40,8 @@ from shardex.sql.operators.aggregate import (
 
 __all__ = ["FANOUT", "MAX_LEVEL", "distinct", "final_groups", "partial_groups"]
 
-FANOUT: Final = 16
-MAX_LEVEL: Final = 4  # FANOUT ** 4 partitions deep: only a single huge group gets this far
+FANOUT: Final = 16  # ``_part`` takes 4 bits of the hash per level
+MAX_LEVEL: Final = 6  # FANOUT ** 6 partitions deep: only a single huge group gets this far
 # A table entry beyond its key and states: the dict slot, the (kv, states) tuple, the list
 # of states, the identity bytes object.
 GROUP_OVERHEAD: Final = 100 + 56 + 56 + 33
@@ -49,6 +51,12 @@ SET_ENTRY: Final = 30 + 33  # a set slot at its load factor, and the bytes objec
 DICT_ENTRY: Final = 48 + 33  # a DISTINCT state's entry and its identity bytes
 
 PartialGroup = tuple[tuple[Any, ...], tuple[Any, ...]]
+
+
+def _part(ident: bytes, level: int) -> int:
+    """The partition of ``ident`` at ``level``: four other bits of its hash per level (a
+    tuple's hash of ``(level, ident)`` does not split a partition: its low bits repeat)."""
+    return (hash(ident) >> (4 * level)) & (FANOUT - 1)
 
 
 def _ident(kv: Sequence[Any]) -> bytes:
@@ -87,7 +95,8 @@ def partial_groups(
     not counted: one value per aggregate per group)."""
     res = budget.reserve("GROUP BY")
     growing = [(i, a) for i, a in enumerate(aggs) if _grows(a)]
-    table: dict[bytes, tuple[tuple[Any, ...], list[Any]]] = {}
+    # An entry: [key values, states, bytes charged for it].
+    table: dict[bytes, list[Any]] = {}
     new_group = GROUP_OVERHEAD + (STATE_SLOT + INIT_STATE) * len(aggs)
     for row in rows:
         kv = tuple(k(row) for k in keys)
@@ -95,44 +104,52 @@ def partial_groups(
         g = table.get(ident)
         size = 0
         if g is None:
-            g = table[ident] = (kv, [init_state(a) for a in aggs])
             size = new_group + len(ident) + value_size(kv)
+            g = table[ident] = [kv, [init_state(a) for a in aggs], 0]
         states = g[1]
         before = [len(states[i]) for i, _ in growing]
         for i, a in enumerate(aggs):
             states[i] = accumulate(a, states[i], row)
         for (i, a), n in zip(growing, before, strict=True):
             size += _added(a, states[i], n)
-        if size and not res.grow(size):
-            for kv_, st in table.values():
-                yield kv_, tuple(st)
-            table = {}
-            res.release()
-    for kv_, st in table.values():
-        yield kv_, tuple(st)
+        if size:
+            g[2] += size
+            if not res.grow(size):
+                yield from _handed_on(table, res)
+                table = {}
+    yield from _handed_on(table, res)
+
+
+def _handed_on(table: dict[bytes, list[Any]], res: Reservation) -> Iterator[PartialGroup]:
+    """The table's groups, each one's bytes given back as it goes downstream (where the
+    next operator charges its own copy)."""
+    for kv, states, size in table.values():
+        res.shrink(size)
+        yield kv, tuple(states)
     res.release()
 
 
 class _Table:
-    """One level of the FINAL aggregate: a table in memory, flushed to partitions."""
+    """One level of the FINAL aggregate: a table in memory, flushed to partitions. An entry
+    is ``[key values, states, position of its first partial, bytes charged for it]``."""
 
     def __init__(self, aggs: Sequence[AggSpec], budget: Budget, res: Reservation, level: int):
         self.aggs = aggs
         self.budget = budget
         self.res = res
         self.level = level
-        self.table: dict[bytes, tuple[Any, list[Any]]] = {}
+        self.table: dict[bytes, list[Any]] = {}
         self.parts: list[RunWriter] | None = None
 
-    def add(self, kv: Any, states: Sequence[Any], ident: bytes | None = None) -> None:
+    def add(self, kv: Any, states: Sequence[Any], seq: int, ident: bytes | None = None) -> None:
         if ident is None:
             ident = _ident(kv)
         g = self.table.get(ident)
         aggs = self.aggs
         if g is None:
-            self.table[ident] = (kv, list(states))
             size = GROUP_OVERHEAD + len(ident) + value_size(kv)
             size += sum(STATE_SLOT + _state_size(a, s) for a, s in zip(aggs, states, strict=True))
+            self.table[ident] = [kv, list(states), seq, size]
         else:
             merged = g[1]
             size = 0
@@ -140,6 +157,7 @@ class _Table:
                 if _grows(a):  # over-counts DISTINCT values both sides hold
                     size += _state_size(a, states[i])
                 merged[i] = merge_state(a, merged[i], states[i])
+            g[3] += size
         if not self.res.grow(size):
             self.flush()
 
@@ -155,17 +173,19 @@ class _Table:
             q = budget.query
             self.parts = [RunWriter(q.new_file(f"group{self.level}")) for _ in range(FANOUT)]
         parts, level = self.parts, self.level
-        for ident, (kv, states) in self.table.items():
-            cell = encode_row([list(kv), [pack_state(s) for s in states]])
-            parts[hash((level, ident)) % FANOUT].write(ident, cell)
+        for ident, (kv, states, seq, _) in self.table.items():
+            cell = encode_row([list(kv), [pack_state(s) for s in states], seq])
+            parts[_part(ident, level)].write(ident, cell)
         self.table = {}
         res.release()
 
-    def groups(self) -> Iterator[tuple[Any, list[Any]]]:
+    def groups(self) -> Iterator[list[Any]]:
         """Every group, merged: from memory, or partition by partition."""
         if self.parts is None:
             table, self.table = self.table, {}
-            yield from table.values()
+            for entry in table.values():
+                self.res.shrink(entry[3])  # handed on: the next operator charges its copy
+                yield entry
             self.res.release()
             return
         self.flush()
@@ -177,9 +197,13 @@ class _Table:
                 continue
             sub = _Table(self.aggs, self.budget, self.res, self.level + 1)
             for ident, cell in RunReader(w.path):
-                kv, states = decode_row(cell)
-                sub.add(kv, states, ident)
+                kv, states, seq = decode_row(cell)
+                sub.add(kv, states, seq, ident)
             yield from sub.groups()
+
+
+def _position(seq: int) -> bytes:
+    return seq.to_bytes(8, "big")
 
 
 def final_groups(
@@ -189,23 +213,35 @@ def final_groups(
     *,
     global_group: bool = False,
 ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-    """FINAL phase within ``budget`` (``aggregate.final_aggregate``'s results, the groups
-    in another order once it spills)."""
+    """FINAL phase within ``budget``: ``aggregate.final_aggregate``'s results, in its order."""
     t = _Table(aggs, budget, budget.reserve("GROUP BY"), 0)
-    for kv, states in partials:
-        t.add(kv, states)
+    for seq, (kv, states) in enumerate(partials):
+        t.add(kv, states, seq)
+    spilled = t.parts is not None
+    done = (
+        (tuple(kv), tuple(finalize_state(a, s) for a, s in zip(aggs, states, strict=True)), seq)
+        for kv, states, seq, _ in t.groups()
+    )
     empty = True
-    for kv, states in t.groups():
-        empty = False
-        yield tuple(kv), tuple(finalize_state(a, s) for a, s in zip(aggs, states, strict=True))
+    if not spilled:
+        for kv, values, _ in done:
+            empty = False
+            yield kv, values
+    else:
+        by_first = ((_position(seq), [kv, values]) for kv, values, seq in done)
+        for _, (kv, values) in external_sort(by_first, budget, operator="GROUP BY"):
+            empty = False
+            yield tuple(kv), tuple(values)
     if global_group and empty:
         yield (), tuple(finalize_state(a, init_state(a)) for a in aggs)
 
 
-# (identity, row, None), or (identity, _ENCODED, the row encoded), or (identity, _MARK, None)
-# for a value already sent. Sentinels: a row may itself be None (SELECT RAW of a NULL).
+# (identity, row, its position) read from the input; from a partition file (identity,
+# _ENCODED, the cell [position, row]) or, for a value already sent, (identity, _MARK, b"").
+# Sentinels: a row may itself be None (SELECT RAW of a NULL).
 _ENCODED, _MARK = object(), object()
-_Item = tuple[bytes, Any, bytes | None]
+_Item = tuple[bytes, Any, Any]
+Parts = list[RunWriter] | None
 
 
 def distinct(
@@ -214,35 +250,56 @@ def distinct(
     value_of: Callable[[Any], Any] | None = None,
     operator: str = "DISTINCT",
 ) -> Iterator[Any]:
-    """The first row of every distinct value (``value_of(row)``, default the row itself),
-    within ``budget``."""
+    """The first row of every distinct value (``value_of(row)``, default the row itself), in
+    input order, within ``budget``."""
     res = budget.reserve(operator)
 
     def items() -> Iterator[_Item]:
-        for row in rows:
-            yield value_identity(row if value_of is None else value_of(row)), row, None
+        for seq, row in enumerate(rows):
+            yield value_identity(row if value_of is None else value_of(row)), row, seq
 
-    yield from _distinct_pass(items(), budget, res, 0)
+    parts = yield from _distinct_pass(items(), budget, res, 0)
+    if parts is None:
+        return
+    later = ((_position(seq), row) for seq, row in _partitions(parts, budget, res, 1))
+    for _, row in external_sort(later, budget, operator=operator):
+        yield row
+
+
+def _partitions(parts: list[RunWriter], budget: Budget, res: Reservation, level: int) -> Any:
+    """``(position, row)`` of the rows the partitions send (in no particular order)."""
+    for w in parts:
+        w.close()
+    for w in parts:
+        if not w.count:
+            os.unlink(w.path)
+            continue
+        records = ((i, _ENCODED if c else _MARK, c) for i, c in RunReader(w.path))
+        deeper = yield from _distinct_pass(records, budget, res, level)
+        if deeper is not None:
+            yield from _partitions(deeper, budget, res, level + 1)
 
 
 def _distinct_pass(
     items: Iterator[_Item], budget: Budget, res: Reservation, level: int
-) -> Iterator[Any]:
+) -> Generator[Any, None, Parts]:
+    """Sends the first row of each value not seen (at level 0 the rows, deeper the decoded
+    ``[position, row]``) until the budget is spent, then writes the rest to partitions;
+    returns them (None: all sent)."""
     seen: set[bytes] = set()  # values sent or marked, and (after a spill) values written
-    parts: list[RunWriter] | None = None
-    for ident, row, cell in items:
+    parts: Parts = None
+    for ident, row, extra in items:
         if ident in seen:
             continue
         seen.add(ident)
         if row is _MARK:
             if parts is not None:
-                parts[hash((level, ident)) % FANOUT].write(ident, b"")
+                parts[_part(ident, level)].write(ident, b"")
         elif parts is None:
-            yield decode_row(cell) if row is _ENCODED else row
+            yield decode_row(extra) if row is _ENCODED else row
         else:
-            parts[hash((level, ident)) % FANOUT].write(
-                ident, cell if row is _ENCODED else encode_row(row)
-            )
+            cell = extra if row is _ENCODED else encode_row([extra, row])
+            parts[_part(ident, level)].write(ident, cell)
         if not res.grow(SET_ENTRY + len(ident)):
             if not budget.spill:
                 raise res.over()
@@ -252,18 +309,8 @@ def _distinct_pass(
                 q = budget.query
                 parts = [RunWriter(q.new_file(f"distinct{level}")) for _ in range(FANOUT)]
                 for sent in seen:
-                    parts[hash((level, sent)) % FANOUT].write(sent, b"")
+                    parts[_part(sent, level)].write(sent, b"")
             seen = set()
             res.release()
-    seen = set()
     res.release()
-    if parts is None:
-        return
-    for w in parts:
-        w.close()
-    for w in parts:
-        if not w.count:
-            os.unlink(w.path)
-            continue
-        records = ((i, _ENCODED if c else _MARK, c) for i, c in RunReader(w.path))
-        yield from _distinct_pass(records, budget, res, level + 1)
+    return parts

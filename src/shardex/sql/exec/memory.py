@@ -191,6 +191,7 @@ class QueryMemory:
 
     def __init__(self, node: NodeMemory, key: str, quota: int, spill: bool) -> None:
         self.node = node
+        self.key = key
         self.quota = quota
         self.spill = spill
         self.users = 0
@@ -245,6 +246,12 @@ class QueryMemory:
             made = self._made
         if made:
             shutil.rmtree(self._dir, ignore_errors=True)
+            log.info(
+                "query %s spilled %d files past its budget of %d bytes",
+                self.key,
+                self.files,
+                self.quota,
+            )
 
 
 class FragmentMemory:

@@ -15,6 +15,10 @@ Three shapes (``mode``), chosen by the physical planner:
 
 ``local``: the root alone over scope rows it made itself (no FROM, an expression FROM, or
 documents named by key), i.e. the whole statement in one place.
+
+The blocking steps (PARTIAL and FINAL aggregates, sorts, DISTINCT) are the budgeted forms of
+``spill.py`` and ``spill_groups.py``, built from the same operator parts: within the query's
+memory ``Budget`` they equal the in-memory operators, past it they spill (decision 0106).
 """
 
 from __future__ import annotations

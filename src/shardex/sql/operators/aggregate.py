@@ -271,3 +271,11 @@ def aggregate(
 ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
     """Single-process grouping: PARTIAL then FINAL."""
     return final_aggregate(partial_aggregate(rows, keys, aggs), aggs, global_group=global_group)
+
+
+# The per-state steps, for group tables kept elsewhere (the budgeted, spilling ones of
+# ``shardex.sql.exec.spill_groups``): one definition of what a state is and how it merges.
+init_state = _init
+accumulate = _accumulate
+merge_state = _merge
+finalize_state = _finalize

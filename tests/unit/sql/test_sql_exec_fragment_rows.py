@@ -127,3 +127,36 @@ def test_batches_are_cut_by_rows() -> None:
     batches = list(to_batches({"i": i} for i in range(1300)))
     assert [b.num_rows for b in batches] == [512, 512, 276]
     assert [r["i"] for b in batches for r in decode_rows(b)] == list(range(1300))
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        f"SELECT g, COUNT(*) AS n, SUM(v) AS s, AVG(v) AS av, MIN(v) AS lo, MAX(a) AS hi,"
+        f" COUNT(DISTINCT a) AS da FROM {KS} WHERE a IS NOT MISSING GROUP BY g",
+        f"SELECT g, ARRAY_AGG(a) AS xs, COUNT(v) AS nv FROM {KS} GROUP BY g",
+        f"SELECT COUNT(*) AS n, SUM(a) AS s FROM {KS} WHERE v IS NOT NULL",
+    ],
+)
+def test_a_leaf_groups_runs_of_one_covering_key_as_their_rows(sql: str) -> None:
+    """Consecutive scope rows carrying the same document object (a covering scan's entries
+    of one key, ``EntryDecoder``) are grouped as one run: the leaf's partial groups equal
+    those of the same rows each with a document of its own."""
+    b = bind_select(parse_statement(sql))
+    rng = random.Random(5)
+    shared: list[Any] = []
+    copied: list[Any] = []
+    no_meta: dict[str, Any] = {}
+    for key in range(40):
+        doc = {"g": rng.choice(["x", "y", None]), "a": key % 7, "v": rng.choice([1, 2.5, None])}
+        if key % 5 == 0:
+            del doc["a"]
+        for _ in range(rng.randrange(1, 6)):  # the run: entries of one key
+            shared.append({b.alias: doc, META_KEY: no_meta})
+            copied.append({b.alias: dict(doc), META_KEY: {}})
+
+    def partials(rows: list[Any]) -> list[Any]:
+        out = leaf_rows(b, None, "group", None, budget(), rows)
+        return [encode_row(r) for r in out]  # what crosses the exchange, groups in order
+
+    assert partials(shared) == partials(copied)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from shardex.core.expr import MISSING, Expr, compile_expression
+from shardex.core.expr.ops import truth
 from shardex.sql.exec.memory import Budget
 from shardex.sql.exec.rows import pack_state
 from shardex.sql.exec.spill import external_sort
@@ -45,7 +46,7 @@ from shardex.sql.operators import (
     project,
     strip_keys,
 )
-from shardex.sql.syntax.bind import BoundSelect, aggregate_name, group_key_name
+from shardex.sql.syntax.bind import META_KEY, BoundSelect, aggregate_name, group_key_name
 
 __all__ = ["MODES", "leaf_rows", "mode_of", "root_rows"]
 
@@ -113,6 +114,29 @@ def _filtered(b: BoundSelect, rows: Iterable[Any], params: Params) -> Iterable[A
     return rows
 
 
+def runs(rows: Iterable[Any], alias: str) -> Iterator[tuple[Any, int]]:
+    """``(row, n)``: each row with the number of rows in a row it stands for. A covering
+    scan gives consecutive entries of one key the same document object and, when the query
+    never reads ``META()``, the same META object (``EntryDecoder.covered_rows``): such rows
+    are equal, so a filter, a group key or an aggregate's argument is the same for all of
+    them and is evaluated once per run (a GROUP BY over an index of a few thousand keys and
+    a million entries evaluates a few thousand rows). Other rows are runs of one."""
+    it = iter(rows)
+    first = next(it, None)
+    if first is None:
+        return
+    doc, meta, n = first.get(alias), first.get(META_KEY), 1
+    for row in it:
+        if row is first or (
+            row.get(alias) is doc and row.get(META_KEY) is meta and doc is not None
+        ):
+            n += 1
+            continue
+        yield first, n
+        first, doc, meta, n = row, row.get(alias), row.get(META_KEY), 1
+    yield first, n
+
+
 def _agg_specs(b: BoundSelect, params: Params) -> list[AggSpec]:
     return [
         AggSpec(a.name, None if a.arg is None else _fn(a.arg, params), a.distinct)
@@ -154,12 +178,21 @@ def leaf_rows(
     """A leaf's output rows from its scope rows (see the module doc for each mode).
     ``presorted``: the scope rows come in ORDER BY order already (the index order satisfies
     it), so ``sort`` only tags each row with its key and stops after ``top`` rows."""
-    rows = _filtered(b, scope_rows, params)
     if mode == "group":
         keys = [_fn(k, params) for k in b.group_keys]
-        for kv, states in partial_groups(rows, keys, _agg_specs(b, params), budget):
+        specs = _agg_specs(b, params)
+        if b.lets:  # bindings make a new row per row: no runs to find
+            partials = partial_groups(_filtered(b, scope_rows, params), keys, specs, budget)
+        else:
+            kept = runs(scope_rows, b.alias)
+            if b.where is not None:
+                where = _fn(b.where, params)
+                kept = ((row, n) for row, n in kept if truth(where(row)))
+            partials = partial_groups(kept, keys, specs, budget, weighted=True)
+        for kv, states in partials:
             yield [list(kv), [pack_state(s) for s in states]]
         return
+    rows = _filtered(b, scope_rows, params)
     terms, raw = _terms(b, params)
     if mode == "sort":
         pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=_sort_key(b, params))

@@ -32,7 +32,7 @@ from shardex.sql.exec.rows import decode_row, encode_row, pack_state
 from shardex.sql.exec.spill import RunReader, RunWriter, external_sort
 from shardex.sql.operators import AggSpec, value_identity
 from shardex.sql.operators.aggregate import (
-    accumulate,
+    accumulate_n,
     finalize_state,
     init_state,
     merge_state,
@@ -75,13 +75,15 @@ def _state_size(spec: AggSpec, state: Any) -> int:
 
 
 def _added(spec: AggSpec, state: Any, before: int) -> int:
-    """Bytes a growing state took on since it had ``before`` entries (one row adds one)."""
-    if len(state) == before:
+    """Bytes a growing state took on since it had ``before`` entries (a row adds one, a run
+    of ``n`` equal rows ``n`` equal ones to an ARRAY_AGG, one to a DISTINCT state)."""
+    grown = len(state) - before
+    if grown == 0:
         return 0
     if spec.distinct:
         k, v = next(reversed(state.items()))
         return DICT_ENTRY + len(k) + value_size(v)
-    return STATE_SLOT + value_size(state[-1])
+    return grown * (STATE_SLOT + value_size(state[-1]))
 
 
 def partial_groups(
@@ -89,16 +91,20 @@ def partial_groups(
     keys: Sequence[Callable[[Any], Any]],
     aggs: Sequence[AggSpec],
     budget: Budget,
+    *,
+    weighted: bool = False,
 ) -> Iterator[PartialGroup]:
     """PARTIAL phase within ``budget``: ``(key values, states)`` per group, a group again
     after each flush. MIN/MAX are charged their first value only (a later, longer one is
-    not counted: one value per aggregate per group)."""
+    not counted: one value per aggregate per group). ``weighted``: ``rows`` are ``(row,
+    n)`` pairs, a run of ``n`` equal rows each (``fragment_rows.runs``)."""
     res = budget.reserve("GROUP BY")
     growing = [(i, a) for i, a in enumerate(aggs) if _grows(a)]
     # An entry: [key values, states, bytes charged for it].
     table: dict[bytes, list[Any]] = {}
     new_group = GROUP_OVERHEAD + (STATE_SLOT + INIT_STATE) * len(aggs)
-    for row in rows:
+    pairs: Iterable[tuple[Any, int]] = rows if weighted else ((r, 1) for r in rows)
+    for row, n in pairs:
         kv = tuple(k(row) for k in keys)
         ident = _ident(kv)
         g = table.get(ident)
@@ -109,7 +115,7 @@ def partial_groups(
         states = g[1]
         before = [len(states[i]) for i, _ in growing]
         for i, a in enumerate(aggs):
-            states[i] = accumulate(a, states[i], row)
+            states[i] = accumulate_n(a, states[i], row, n)
         for (i, a), n in zip(growing, before, strict=True):
             size += _added(a, states[i], n)
         if size:

@@ -277,5 +277,6 @@ def aggregate(
 # ``shardex.sql.exec.spill_groups``): one definition of what a state is and how it merges.
 init_state = _init
 accumulate = _accumulate
+accumulate_n = _accumulate_n
 merge_state = _merge
 finalize_state = _finalize

@@ -1,7 +1,7 @@
 """The pure parts of ``bench.sql``: query parameters that return the rows they promise
 (checked by brute force over the documents), the exact GROUP BY answer, how answers of the
-two systems are put side by side and compared, the ratio, goal and cold-path tables; and a slow smoke test
-that runs ``python -m bench.sql --quick`` end to end."""
+two systems are put side by side and compared, the ratio, goal and cold-path tables; and a
+slow smoke test that runs ``python -m bench.sql --quick`` end to end."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ of the warm p50; ``connect+first`` is shown beside it). The machine is shared: t
 load average is printed beside each figure; nothing is checked against a threshold.
 Results in ``bench/results/sql.json`` (``sql-quick.json`` with ``--quick``) unless ``--json``.
 
-Wall time: ``--quick`` (20k documents, 3 s per measurement) about 10 minutes; the default
+Wall time: ``--quick`` (20k documents, 3 s per measurement) about 4 minutes; the default
 1M-document run about 25 minutes on 2 cores (documents and PostgreSQL's load ~3 min,
 shardex's load and index build ~1 min, 45 measurements of 10 s plus warm-up, more for the
 GROUP BY at 16 clients, ~15 min; checks and cold paths ~3 min), ~6 minutes more with

@@ -28,12 +28,12 @@ from bench.common.runner import RESULTS_DIR, fs_type, load_average, machine_info
 DRIVER_POLL = 0.3  # the supervisor's poll (s); the e2e tests use the same
 # The slowest load taken for progress rather than a hang (documents/s, over 3 loaders on a
 # shared 2-core machine), and the least time any load gets.
-MIN_LOAD_RATE = 250.0
+MIN_LOAD_RATE = 1000.0
 MIN_LOAD_SECONDS = 600.0
 
 
 def load_timeout(n_docs: int) -> float:
-    """Seconds a load of ``n_docs`` may take before it counts as stuck: 1M documents, 4000 s."""
+    """Seconds a load of ``n_docs`` may take before it counts as stuck: 1M documents, 1000 s."""
     return max(MIN_LOAD_SECONDS, n_docs / MIN_LOAD_RATE)
 
 

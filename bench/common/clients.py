@@ -135,10 +135,15 @@ class Measure:
         return out
 
 
+# /proc counts CPU in 10 ms ticks: below 5 of them a window's figure is mostly rounding
+# (a few GROUP BYs' client CPU), better left out than shown as 0.
+MIN_CPU_SECONDS = 0.05
+
+
 def cpu_ms_per(cpu_seconds: float, ops: int) -> float | None:
     """CPU milliseconds per operation, to 4 significant digits (a point query's is a few
-    hundredths of a ms); None without operations."""
-    if not ops:
+    hundredths of a ms); None without operations or below ``MIN_CPU_SECONDS`` in all."""
+    if not ops or cpu_seconds < MIN_CPU_SECONDS:
         return None
     return float(f"{cpu_seconds * 1e3 / ops:.4g}")
 

@@ -37,10 +37,10 @@ of the warm p50; ``connect+first`` is shown beside it). The machine is shared: t
 load average is printed beside each figure; nothing is checked against a threshold.
 Results in ``bench/results/sql.json`` (``sql-quick.json`` with ``--quick``) unless ``--json``.
 
-Wall time: ``--quick`` (20k documents, 3 s per measurement) about 4 minutes; the default
-1M-document run about 25 minutes on 2 cores (documents and PostgreSQL's load ~3 min,
-shardex's load and index build ~1 min, 45 measurements of 10 s plus warm-up, more for the
-GROUP BY at 16 clients, ~15 min; checks and cold paths ~3 min), ~6 minutes more with
+Wall time on 2 cores: ``--quick`` (20k documents, 3 s per measurement) about 4 minutes; the
+default 1M-document run about 18 minutes (documents and PostgreSQL's load ~2 min, shardex's
+load and index build ~1.5 min, 45 measurements of 10 s plus warm-up, more for the GROUP BY
+at 16 clients, ~12 min; checks and cold paths ~2 min), ~5 minutes more with
 ``--baseline``. The load and the index build print their progress and give up past
 ``harness.load_timeout`` (1000 s for 1M documents) and ``build_timeout`` (1000 s).
 """

@@ -298,11 +298,15 @@ def test_measure_summary_rates_over_the_time_clients_ran() -> None:
 
 
 def test_measure_summary_cpu_per_query_answered() -> None:
-    m = Measure([0.001] * 400, rows=400, seconds=2.0, errors=[], server_cpu=1.3, client_cpu=0.02)
+    m = Measure([0.001] * 400, rows=400, seconds=2.0, errors=[], server_cpu=1.3, client_cpu=0.2)
     s = m.summary()
-    assert (s["server CPU ms/query"], s["client CPU ms/query"]) == (3.25, 0.05)
+    assert (s["server CPU ms/query"], s["client CPU ms/query"]) == (3.25, 0.5)
     none = Measure([], 0, 1.0, ["timeout"], server_cpu=0.5, client_cpu=0.1).summary()
     assert none["server CPU ms/query"] is None
+    # 3 ticks of client CPU over 5 GROUP BYs: below the counter's resolution, not 6 ms.
+    few = Measure([2.0] * 5, rows=80, seconds=10.0, errors=[], server_cpu=8.0, client_cpu=0.03)
+    assert few.summary()["client CPU ms/query"] is None
+    assert few.summary()["server CPU ms/query"] == 1600.0
 
 
 @pytest.mark.slow

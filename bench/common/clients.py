@@ -9,7 +9,9 @@ own ``Runner`` from a picklable factory (its connection: shardex, a client to no
 3`` so coordinators are spread; PostgreSQL, a psycopg connection with prepared statements).
 ``measure`` runs one case on the first ``n`` workers: they warm up, then all start at the
 same monotonic instant (CLOCK_MONOTONIC is system-wide on Linux) and run back-to-back queries
-until the common stop instant; every latency whose query started in the window is kept.
+until the common stop instant; every latency whose query started in the window is kept. Given
+the servers' CPU counter, it also reads the CPU the servers and the measuring client processes
+used from the start instant until the last answer is in (the warm-up left out).
 """
 
 from __future__ import annotations
@@ -31,25 +33,29 @@ START_MARGIN = 0.3  # seconds between the last worker being ready and the common
 
 @dataclass
 class Target:
-    """How a worker reaches the system: ``kind`` "shardex" (``addresses``, ``secret``) or
-    "postgresql" (``conninfo``)."""
+    """How a worker reaches the system: ``kind`` "shardex" (``addresses``, and ``username``
+    with ``password`` or else the node ``secret``) or "postgresql" (``conninfo``)."""
 
     kind: str
     addresses: list[str] = field(default_factory=list)
     secret: str = ""
     conninfo: str = ""
+    username: str = ""
+    password: str = ""
 
 
-def shardex_target(cluster_dir: Any) -> Target:
-    """The ``Target`` of a local cluster: every node's address and the cluster secret."""
+def shardex_target(cluster_dir: Any, as_user: bool = False) -> Target:
+    """The ``Target`` of a local cluster: every node's address and the cluster secret, or
+    with ``as_user`` its admin user's login (as an application connects: a SCRAM exchange,
+    every request checked against the user's rights)."""
     from shardex.meta import cluster_dir as cdir
 
     spec = cdir.load(cluster_dir)
-    return Target(
-        "shardex",
-        addresses=[n.address for n in spec.nodes],
-        secret=cdir.read_secret(cluster_dir, spec),
-    )
+    addresses = [n.address for n in spec.nodes]
+    password = cdir.read_admin_password(cluster_dir, spec) if as_user else None
+    if password is None:
+        return Target("shardex", addresses=addresses, secret=cdir.read_secret(cluster_dir, spec))
+    return Target("shardex", addresses=addresses, username=cdir.ADMIN_USER, password=password)
 
 
 class TargetRunner:
@@ -66,7 +72,13 @@ class TargetRunner:
 
             addrs = target.addresses
             rotated = addrs[k % len(addrs) :] + addrs[: k % len(addrs)]
-            self.client = connect(rotated, secret=target.secret, name=f"{self.NAME}-{k}")
+            name = f"{self.NAME}-{k}"
+            if target.username:
+                self.client = connect(
+                    rotated, username=target.username, password=target.password, name=name
+                )
+            else:
+                self.client = connect(rotated, secret=target.secret, name=name)
         else:
             import psycopg
             from psycopg.types.json import Jsonb
@@ -93,16 +105,21 @@ class Measure:
     rows: int
     seconds: float
     errors: list[str]
+    # CPU seconds over the measured window (None: not read): the servers' and the measuring
+    # client processes'.
+    server_cpu: float | None = None
+    client_cpu: float | None = None
 
     COUNT: ClassVar[str] = "queries"
     RATE: ClassVar[str] = "q/s"
     RATE_DIGITS: ClassVar[int] = 2
     PER: ClassVar[str] = "rows/query"
+    OP: ClassVar[str] = "query"  # the CPU columns' unit: "server CPU ms/<OP>"
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
         n = len(lat)
-        return {
+        out: dict[str, Any] = {
             self.COUNT: n,
             "p50 ms": round(percentile(lat, 50) * 1e3, 2) if lat else None,
             "p99 ms": round(percentile(lat, 99) * 1e3, 2) if lat else None,
@@ -111,6 +128,24 @@ class Measure:
             self.PER: round(self.rows / n, 1) if n else None,
             "errors": len(self.errors),
         }
+        if self.server_cpu is not None:
+            out[f"server CPU ms/{self.OP}"] = cpu_ms_per(self.server_cpu, n)
+        if self.client_cpu is not None:
+            out[f"client CPU ms/{self.OP}"] = cpu_ms_per(self.client_cpu, n)
+        return out
+
+
+# /proc counts CPU in 10 ms ticks: below 5 of them a window's figure is mostly rounding
+# (a few GROUP BYs' client CPU), better left out than shown as 0.
+MIN_CPU_SECONDS = 0.05
+
+
+def cpu_ms_per(cpu_seconds: float, ops: int) -> float | None:
+    """CPU milliseconds per operation, to 4 significant digits (a point query's is a few
+    hundredths of a ms); None without operations or below ``MIN_CPU_SECONDS`` in all."""
+    if not ops or cpu_seconds < MIN_CPU_SECONDS:
+        return None
+    return float(f"{cpu_seconds * 1e3 / ops:.4g}")
 
 
 class Runner(Protocol):
@@ -223,9 +258,23 @@ class ClientPool:
             raise RuntimeError(f"a client process answered {msg!r}, expected {what!r}")
         return msg
 
-    def measure(self, queries: Sequence[Any], setting: Any, clients: int, seconds: float) -> Any:
-        """``clients`` workers run ``queries`` with ``setting`` for ``seconds``."""
+    def measure(
+        self,
+        queries: Sequence[Any],
+        setting: Any,
+        clients: int,
+        seconds: float,
+        server_cpu: Callable[[], float] | None = None,
+    ) -> Any:
+        """``clients`` workers run ``queries`` with ``setting`` for ``seconds``.
+        ``server_cpu``: the servers' CPU seconds so far (``bench.common.proc_cpu``); read with
+        the clients' at the start instant and once every answer is in, so the window holds
+        the measured queries whole (a query ending after the stop instant included) and no
+        warm-up."""
+        from bench.common.proc_cpu import process_cpu
+
         used = self.conns[:clients]
+        pids = [p.pid for p in self.procs[:clients]]
         for c in used:
             c.send((list(queries), setting))
         for c in used:
@@ -235,6 +284,9 @@ class ClientPool:
         for c in used:
             c.send((start, stop))
         out = self.measure_type([], 0, seconds, [])
+        if server_cpu is not None:
+            time.sleep(max(0.0, start - time.monotonic()))
+            cpu0, client0 = server_cpu(), process_cpu(pids)
         for c in used:
             lat, rows, errors, took = self._expect(
                 c, "", timeout=seconds + self.config.result_slack
@@ -244,6 +296,9 @@ class ClientPool:
             out.errors.extend(errors)
             if self.config.stretch_seconds:
                 out.seconds = max(out.seconds, took)
+        if server_cpu is not None:
+            out.server_cpu = server_cpu() - cpu0
+            out.client_cpu = process_cpu(pids) - client0
         return out
 
     def close(self) -> None:

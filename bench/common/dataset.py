@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import random
 import subprocess
+import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,8 +179,21 @@ def copy_files(conn: Any, files: Sequence[Path]) -> None:
                     copy.write(block.replace(b"\\", b"\\\\"))
 
 
-def shardex_load(cluster_dir: Path, files: Sequence[Path], work: Path) -> float:
-    """``shardex load`` of every file, one process each, in parallel; returns seconds."""
+PROGRESS_EVERY = 15.0  # seconds between progress lines of a long load
+
+
+def shardex_load(
+    cluster_dir: Path,
+    files: Sequence[Path],
+    work: Path,
+    *,
+    timeout: float | None = None,
+    progress: Callable[[], str] | None = None,
+) -> float:
+    """``shardex load`` of every file, one process each, in parallel; returns seconds.
+    Every ``PROGRESS_EVERY`` s a line with the time so far and ``progress()`` (say, the
+    documents the cluster holds); past ``timeout`` s the loaders are killed and a
+    ``RuntimeError`` says how far they got."""
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
     t = time.perf_counter()
     try:
@@ -189,8 +203,19 @@ def shardex_load(cluster_dir: Path, files: Sequence[Path], work: Path) -> float:
             cmd += ["--id-field", "id", "--batch", "1000"]
             with out.open("wb") as fh:
                 procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT), out))
+        next_report = t + PROGRESS_EVERY
+        while any(proc.poll() is None for proc, _ in procs):
+            now = time.perf_counter()
+            if timeout is not None and now - t > timeout:
+                done = progress() if progress is not None else ""
+                raise RuntimeError(f"shardex load still running after {timeout:.0f} s ({done})")
+            if now >= next_report:
+                done = f": {progress()}" if progress is not None else ""
+                print(f"[bench] loading, {now - t:.0f} s{done}", file=sys.stderr, flush=True)
+                next_report = now + PROGRESS_EVERY
+            time.sleep(0.2)
         for proc, out in procs:
-            if proc.wait() != 0:
+            if proc.returncode != 0:
                 raise RuntimeError(f"shardex load failed:\n{out.read_text()[-2000:]}")
     finally:
         for proc, _ in procs:

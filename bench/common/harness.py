@@ -26,6 +26,15 @@ from bench.common.postgres import signals_raise
 from bench.common.runner import RESULTS_DIR, fs_type, load_average, machine_info, print_table
 
 DRIVER_POLL = 0.3  # the supervisor's poll (s); the e2e tests use the same
+# The slowest load taken for progress rather than a hang (documents/s, over 3 loaders on a
+# shared 2-core machine), and the least time any load gets.
+MIN_LOAD_RATE = 1000.0
+MIN_LOAD_SECONDS = 600.0
+
+
+def load_timeout(n_docs: int) -> float:
+    """Seconds a load of ``n_docs`` may take before it counts as stuck: 1M documents, 1000 s."""
+    return max(MIN_LOAD_SECONDS, n_docs / MIN_LOAD_RATE)
 
 
 @contextlib.contextmanager
@@ -59,10 +68,19 @@ def loaded_cluster(
     measured); ``bench.replication`` measures what replicas cost."""
     from bench.common.dataset import shardex_load
     from shardex.client import connect_local
+    from shardex.errors import ShardexError
 
     with shardex_cluster(base, 3) as cdir, connect_local(cdir) as client:
         client.create_keyspace(KEYSPACE, num_partitions=partitions, num_replicas=replicas)
-        load_s = shardex_load(cdir, files, base)
+
+        def progress() -> str:
+            try:
+                held = client.keyspace_stats(KEYSPACE).total_docs
+            except ShardexError as e:  # a busy node: the next line will say
+                return f"documents unknown ({e.code})"
+            return f"{held:,} of {n_docs:,} documents"
+
+        load_s = shardex_load(cdir, files, base, timeout=load_timeout(n_docs), progress=progress)
         total = client.keyspace_stats(KEYSPACE).total_docs
         if total != n_docs:
             raise RuntimeError(f"shardex holds {total} documents, expected {n_docs}")
@@ -103,10 +121,17 @@ def spark_driver(base: Path, cluster_dir: Path, app_name: str) -> Iterator[InPro
 
 
 def parse_plan_args(
-    argv: Sequence[str] | None, name: str, doc: str, plan_type: Any, quick: dict[str, Any]
+    argv: Sequence[str] | None,
+    name: str,
+    doc: str,
+    plan_type: Any,
+    quick: dict[str, Any],
+    more: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> tuple[Any, Path]:
     """``--quick``, ``--docs``, ``--seconds`` and ``--json`` into a ``plan_type`` (fields
-    ``docs``, ``seconds``) and the JSON path (``bench/results/NAME[-quick].json``)."""
+    ``docs``, ``seconds``) and the JSON path (``bench/results/NAME[-quick].json``).
+    ``more`` adds a benchmark's own options, each named as a plan field (``dest``): a value
+    given (not None) replaces the plan's."""
     default_plan = plan_type()
     ap = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=doc.split("\n")[0])
     ap.add_argument(
@@ -121,12 +146,18 @@ def parse_plan_args(
         help=f"seconds per measurement (default {default_plan.seconds:g})",
     )
     ap.add_argument("--json", type=Path, help="where to write the JSON")
+    common = {a.dest for a in ap._actions}
+    if more is not None:
+        more(ap)
     args = ap.parse_args(argv)
     plan = plan_type(**quick) if args.quick else default_plan
     if args.docs is not None:
         plan.docs = args.docs
     if args.seconds is not None:
         plan.seconds = args.seconds
+    for dest, value in vars(args).items():
+        if dest not in common and value is not None:
+            setattr(plan, dest, value)
     default = f"{name}-quick.json" if args.quick else f"{name}.json"
     return plan, args.json or RESULTS_DIR / default
 

@@ -4,7 +4,8 @@ the measurement grid (case x setting x clients) over a ``bench.common.clients.Cl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,15 +34,19 @@ def pg_load_docs(conn: Any, files: Sequence[Path], ddl: Iterable[str], n_docs: i
     VACUUM ANALYZE and a checkpoint; the count, checked to be ``n_docs``."""
     from bench.common.dataset import copy_files
 
+    t = time.perf_counter()
     conn.execute(
         "CREATE TABLE docs (id text GENERATED ALWAYS AS (body->>'id') STORED "
         "PRIMARY KEY, body jsonb NOT NULL)"
     )
     copy_files(conn, files)
+    log(f"postgresql: COPY of {n_docs:,} documents done after {time.perf_counter() - t:.0f} s")
     for statement in ddl:
         conn.execute(statement)
+        log(f"postgresql: {statement} done after {time.perf_counter() - t:.0f} s")
     conn.execute("VACUUM (ANALYZE) docs")
     conn.execute("CHECKPOINT")
+    log(f"postgresql: VACUUM ANALYZE and CHECKPOINT done after {time.perf_counter() - t:.0f} s")
     count = conn.execute("SELECT count(*) FROM docs").fetchone()[0]
     if count != n_docs:
         raise RuntimeError(f"postgresql holds {count} documents, expected {n_docs}")
@@ -57,22 +62,24 @@ def measure_grid(
     levels: Sequence[int],
     seconds: float,
     *,
-    column: str,
-    label: Callable[[Any], str],
+    columns: Callable[[Any], Mapping[str, Any]],
     rate: str,
+    server_cpu: Callable[[], float] | None = None,
 ) -> list[Row]:
-    """Every case with every setting at every concurrency: one row each, the setting's
-    ``label`` in ``column``; ``rate`` is the summary's per-second key (for the log)."""
+    """Every case with every setting at every concurrency: one row each, ``columns(setting)``
+    naming the setting; ``rate`` is the summary's per-second key (for the log).
+    ``server_cpu``: the servers' CPU counter, for the CPU-per-query columns."""
     rows: list[Row] = []
     for case in cases:
         for setting in settings:
             for n in levels:
                 load = load1()
-                m = pool.measure(queries[case], setting, n, seconds)
+                m = pool.measure(queries[case], setting, n, seconds, server_cpu=server_cpu)
+                named = dict(columns(setting))
                 row: Row = {
                     "system": system,
                     "case": case,
-                    column: label(setting),
+                    **named,
                     "clients": n,
                     **m.summary(),
                     "load_1m": load,
@@ -80,8 +87,10 @@ def measure_grid(
                 if m.errors:
                     row["first error"] = m.errors[0]
                 rows.append(row)
+                cpu = row.get(f"server CPU ms/{m.OP}")
                 log(
-                    f"{system} {case} {row[column]} x{n}: p50 {row['p50 ms']} ms, "
-                    f"{row[rate]} {rate} (load {load})"
+                    f"{system} {case} {' '.join(map(str, named.values()))} x{n}: "
+                    f"p50 {row['p50 ms']} ms, {row[rate]} {rate}, server CPU {cpu} ms/{m.OP} "
+                    f"(load {load})"
                 )
     return rows

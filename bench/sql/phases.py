@@ -1,19 +1,23 @@
 """The phases of ``bench.sql``, never running at the same time: PostgreSQL (server up,
-documents, twin indexes, checks, measurements, server down), then shardex (3-node cluster,
-documents, indexes built by the Spark pipeline, Spark stopped, checks against PostgreSQL's
-answers, bytes in flight per exchange, measurements)."""
+documents, twin indexes, checks, measurements, cold path, server down), then shardex (3-node
+cluster, documents, indexes built by the Spark pipeline, Spark stopped, checks against
+PostgreSQL's answers, bytes in flight per exchange, measurements, cold path).
+
+CPU per query: PostgreSQL's is the postmaster's and its children's (the clients' backends,
+the background processes); shardex's the 3 node processes'; both over the measured window
+only (``bench.common.clients.ClientPool.measure``)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.common.clients import shardex_target
 from bench.common.phases import Phase, check_rows, measure_grid, pg_load_docs
 from bench.common.runner import Row, load1, log
-from bench.sql.clients import ClientPool, Runner, Target, Variant
+from bench.sql.clients import ClientPool, Runner, Target, Variant, cold_path
 from bench.sql.queries import (
     CASES,
     GROUP,
@@ -29,9 +33,13 @@ from bench.sql.queries import (
 )
 
 CHECKS = 4  # queries of each case compared between the systems before measuring
+PROGRESS_EVERY = 30.0  # seconds between progress lines of the index build
 SMALL_WINDOW = 64 * 1024
-PG = Variant(name="-")
-CURRENT = Variant(name="current")
+COLD_TIMEOUT = 600.0  # seconds for one case's new clients, in their own process
+# PostgreSQL's default isolation: every statement sees every write committed before it.
+PG = Variant(name="-", consistency="read committed")
+CURRENT = Variant(name="current")  # request_plus: the like-for-like level, the headline
+NOT_BOUNDED = Variant(name="current", consistency="not_bounded")
 BASELINE = Variant(
     name="baseline",
     tuning={
@@ -45,6 +53,12 @@ BASELINE = Variant(
 )
 
 
+def shardex_variants(baseline: bool) -> list[Variant]:
+    """What shardex is measured at: request_plus and not_bounded with every fast path on,
+    and with ``baseline`` also request_plus with them off."""
+    return [CURRENT, NOT_BOUNDED] + ([BASELINE] if baseline else [])
+
+
 def check(system: str, q: Query, got: list[tuple[Any, ...]]) -> None:
     check_rows(system, q.case, q.params, len(got), q.expected_rows)
 
@@ -56,6 +70,7 @@ def measure(
     variants: Sequence[Variant],
     levels: Sequence[int],
     seconds: float,
+    server_cpu: Callable[[], float],
 ) -> list[Row]:
     return measure_grid(
         system,
@@ -65,10 +80,25 @@ def measure(
         variants,
         levels,
         seconds,
-        column="variant",
-        label=lambda v: v.name,
+        columns=Variant.columns,
         rate="q/s",
+        server_cpu=server_cpu,
     )
+
+
+def cold(
+    system: str, target: Target, queries: dict[str, list[Query]], variant: Variant, clients: int
+) -> list[dict[str, Any]]:
+    """Every case's cold path (``clients.cold_path``): ``clients`` new clients in a fresh
+    process per case."""
+    out: list[dict[str, Any]] = []
+    for case in CASES:
+        got = cold_path(target, queries[case], variant, clients, COLD_TIMEOUT)
+        out.append({"system": system, "case": case, "consistency": variant.consistency, **got})
+        first = sorted(got["first s"][1:] or got["first s"])
+        median_ms = first[len(first) // 2] * 1e3
+        log(f"{system} {case}: a new client's first query, median {median_ms:.1f} ms")
+    return out
 
 
 # --- PostgreSQL ------------------------------------------------------------------------------
@@ -82,8 +112,10 @@ def postgres_phase(
     expected_groups: list[tuple[Any, ...]],
     levels: Sequence[int],
     seconds: float,
+    cold_clients: int,
 ) -> Phase:
     from bench.common.postgres import PostgresServer
+    from bench.common.proc_cpu import tree_cpu
 
     out = Phase()
     with PostgresServer(base_dir=base) as server:
@@ -111,45 +143,74 @@ def postgres_phase(
         finally:
             runner.close()
         log(f"postgresql: {count} documents, twin indexes, checks passed")
+        postmaster = server.postmaster_pid()
+        if postmaster is None:
+            raise RuntimeError("postgresql: no postmaster pid to read the server's CPU from")
         with ClientPool(target, max(levels)) as pool:
-            out.rows = measure("postgresql", pool, queries, [PG], levels, seconds)
+            out.rows = measure(
+                "postgresql", pool, queries, [PG], levels, seconds, lambda: tree_cpu([postmaster])
+            )
+        out.info["cpu"] = "the postmaster and its children (backends, background processes)"
+        out.info["cold"] = cold("postgresql", target, queries, PG, cold_clients)
     return out
 
 
 # --- shardex -----------------------------------------------------------------------------------
 
 
-def create_and_build(client: Any, driver: Any, timeout: float) -> tuple[list[str], float]:
+def create_and_build(
+    client: Any, driver: Any, timeout: float, progress_every: float = PROGRESS_EVERY
+) -> tuple[list[str], float]:
     """Every index of ``SHARDEX_DDL`` deferred, then one BUILD INDEX of all; seconds until
-    all are ACTIVE."""
+    all are ACTIVE (a line of progress every ``progress_every`` s; past ``timeout`` s the
+    client's TIMEOUT error)."""
+    from shardex.errors import RequestTimeout
+
     for ddl in SHARDEX_DDL:
         client.execute_ddl(ddl)
     names = [i["name"] for i in client.list_indexes(KEYSPACE)]
     t = time.perf_counter()
     client.build_index(KEYSPACE, *names)
     for name in names:
-        client.wait_for_index(KEYSPACE, name, timeout=timeout)
+        while True:
+            left = timeout - (time.perf_counter() - t)
+            try:
+                client.wait_for_index(KEYSPACE, name, timeout=max(0.0, min(progress_every, left)))
+                break
+            except RequestTimeout as e:
+                if left <= progress_every:
+                    raise
+                d = e.details
+                log(
+                    f"index {name} {d.get('state')}, progress {d.get('progress')}, "
+                    f"{time.perf_counter() - t:.0f} s"
+                )
     seconds = time.perf_counter() - t
     log(f"indexes {', '.join(names)} ACTIVE after {seconds:.1f} s")
     return names, seconds
 
 
-def shardex_checks(client: Any, queries: dict[str, list[Query]], pg: Phase) -> dict[str, Any]:
-    """Every checked query, with each variant's switches, equals PostgreSQL's answer; the
-    EXPLAIN of each case (index, leaf steps)."""
-    for variant in (CURRENT, BASELINE):
+def shardex_checks(
+    client: Any, queries: dict[str, list[Query]], pg: Phase, variants: Sequence[Variant]
+) -> dict[str, Any]:
+    """Every checked query, with each variant's consistency and switches, equals
+    PostgreSQL's answer; the EXPLAIN of each case (index, leaf steps)."""
+    for variant in variants:
         for case in CASES:
             for k, q in enumerate(queries[case][:CHECKS]):
-                res = client.query(SX_SQL[case], list(q.params), tuning=variant.tuning)
+                res = client.query(
+                    SX_SQL[case], list(q.params), variant.consistency, tuning=variant.tuning
+                )
                 got = canonical(case, shardex_rows(case, list(res)))
                 check("shardex", q, got)
                 diff = differences(case, got, pg.answers[(case, k)])
                 if diff is not None:
                     raise RuntimeError(
-                        f"shardex ({variant.name}) and postgresql differ on {case} "
+                        f"shardex ({variant.name}, {variant.consistency}) and postgresql "
+                        f"differ on {case} "
                         f"{q.params}: {diff}"
                     )
-    log("shardex: check queries equal postgresql's answers (both variants)")
+    log("shardex: check queries equal postgresql's answers (every variant)")
     explains: dict[str, Any] = {}
     for case in CASES:
         q = queries[case][0]
@@ -223,15 +284,34 @@ def shardex_phase(
     pg: Phase,
     levels: Sequence[int],
     seconds: float,
+    baseline: bool,
+    cold_clients: int,
 ) -> Phase:
     """The cluster is loaded, the indexes are ACTIVE and Spark is stopped."""
+    from bench.common.local_cluster import node_pids
+    from bench.common.proc_cpu import process_cpu
+    from shardex.client import connect_local
     from shardex.meta import cluster_dir as cdir
 
     out = Phase()
-    out.info["explain"] = shardex_checks(client, queries, pg)
+    variants = shardex_variants(baseline)
+    out.info["explain"] = shardex_checks(client, queries, pg, variants)
     names = [n.name for n in cdir.load(cluster_dir).nodes]
     group = queries[GROUP][0]
-    out.info["exchanges"] = exchange_rows(client, names, [group, large], [SMALL_WINDOW, None])
-    with ClientPool(shardex_target(cluster_dir), max(levels)) as pool:
-        out.rows = measure("shardex", pool, queries, [CURRENT, BASELINE], levels, seconds)
+    # ExchangeStats is an internal message: asked as a node, not as the admin user.
+    with connect_local(cluster_dir, as_node=True, name="bench-sql-exchanges") as node_client:
+        out.info["exchanges"] = exchange_rows(
+            node_client, names, [group, large], [SMALL_WINDOW, None]
+        )
+    pids = list(node_pids(cluster_dir).values())
+    if len(pids) != len(names):
+        raise RuntimeError(f"shardex: {len(pids)} node pids for {len(names)} nodes")
+    target = shardex_target(cluster_dir, as_user=True)
+    with ClientPool(target, max(levels)) as pool:
+        out.rows = measure(
+            "shardex", pool, queries, variants, levels, seconds, lambda: process_cpu(pids)
+        )
+    out.info["cpu"] = "the 3 node processes"
+    out.info["clients"] = f"logged in as the cluster's {target.username or 'node secret'!r}"
+    out.info["cold"] = cold("shardex", target, queries, CURRENT, cold_clients)
     return out

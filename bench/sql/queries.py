@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.scan.queries import limit_starts, natural_ranges, ratio
+from bench.scan.queries import limit_starts, natural_ranges
 
 KEYSPACE = "people"
 RANGE_LIMIT = 20
@@ -229,62 +229,3 @@ def differences(
 
 def expected_group_rows(stats: DocStats) -> list[tuple[Any, ...]]:
     return canonical(GROUP, [(c, n, avg) for c, (n, avg) in stats.groups().items()])
-
-
-# --- ratio tables ------------------------------------------------------------------------------
-
-
-def latency_ratios(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """For every shardex row, its PostgreSQL twin (same case and clients): p50, p99 and q/s
-    ratios (> 1: shardex slower for latencies, faster for rates)."""
-    pg = {(r["case"], r["clients"]): r for r in rows if r["system"] == "postgresql"}
-    out: list[dict[str, Any]] = []
-    for r in rows:
-        if r["system"] != "shardex":
-            continue
-        p = pg.get((r["case"], r["clients"]))
-        if p is None:
-            continue
-        out.append(
-            {
-                "case": r["case"],
-                "variant": r.get("variant", ""),
-                "clients": r["clients"],
-                "p50 x": ratio(r["p50 ms"], p["p50 ms"]),
-                "p99 x": ratio(r["p99 ms"], p["p99 ms"]),
-                "q/s x": ratio(r["q/s"], p["q/s"]),
-                "load_1m": r.get("load_1m"),
-            }
-        )
-    return out
-
-
-def speedups(
-    rows: Sequence[Mapping[str, Any]], baseline: str, current: str
-) -> list[dict[str, Any]]:
-    """shardex ``current`` over ``baseline`` (the same run, the same load): p50 of the
-    baseline / p50 now, q/s now / q/s of the baseline (> 1: faster now)."""
-    base = {
-        (r["case"], r["clients"]): r
-        for r in rows
-        if r["system"] == "shardex" and r.get("variant") == baseline
-    }
-    out: list[dict[str, Any]] = []
-    for r in rows:
-        if r["system"] != "shardex" or r.get("variant") != current:
-            continue
-        b = base.get((r["case"], r["clients"]))
-        if b is None:
-            continue
-        out.append(
-            {
-                "case": r["case"],
-                "clients": r["clients"],
-                f"{baseline} p50 ms": b["p50 ms"],
-                f"{current} p50 ms": r["p50 ms"],
-                "p50 speedup": ratio(b["p50 ms"], r["p50 ms"]),
-                "q/s speedup": ratio(r["q/s"], b["q/s"]),
-                "load_1m": r.get("load_1m"),
-            }
-        )
-    return out

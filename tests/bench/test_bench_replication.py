@@ -131,6 +131,25 @@ def test_cpu_of_processes_reads_proc() -> None:
     assert process_cpu([2**22 + 7]) == 0  # no such process: counts nothing
 
 
+def test_tree_cpu_keeps_the_time_of_reaped_children() -> None:
+    """A child that burnt CPU and was waited for (a parallel query worker of the
+    postmaster) still counts: its time moved to the parent's reaped children's."""
+    import resource
+    import subprocess
+    import sys
+
+    def children() -> float:
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ru.ru_utime + ru.ru_stime
+
+    before, children0 = tree_cpu([os.getpid()]), children()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    burnt = children() - children0
+    assert burnt > 0.05  # the child did use CPU
+    # /proc counts in 10 ms ticks, rusage in microseconds: one tick of slack each way.
+    assert tree_cpu([os.getpid()]) - before >= burnt - 0.02
+
+
 @pytest.mark.slow
 def test_standby_is_synchronous_and_applies_the_primarys_commits() -> None:
     if pgh.find_binaries() is None:

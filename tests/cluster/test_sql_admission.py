@@ -25,6 +25,7 @@ from shardex.meta import cluster_dir as cdir
 from shardex.net import Connection, TcpTransport, connect
 from shardex.net.credentials import UserLogin
 from shardex.runtime.pidfile import pid_alive
+from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.exec.service import BLOCK_ROWS
 
 pytestmark = pytest.mark.cluster
@@ -103,9 +104,8 @@ def test_statements_that_fail_or_are_cancelled_give_their_slot_back(client: Clie
             list(client.query("SELEC nonsense"))
         assert info.value.code is ErrorCode.SQL_SYNTAX
         with pytest.raises(ShardexError) as info:  # fails while its rows flow
-            list(
-                client.query("SELECT RAW x FROM ($1) AS x ORDER BY x", [ROWS], max_rows_in_memory=5)
-            )
+            sql = "SELECT RAW x FROM ($1) AS x ORDER BY x"
+            list(client.query(sql, [ROWS], memory_quota=MIN_QUERY_MEMORY, spill=False))
         assert info.value.code is ErrorCode.QUERY_MEMORY_LIMIT
         with held(client) as q:  # closed unread: the stream is cancelled
             assert next(iter(q)) == 0

@@ -16,6 +16,7 @@ from data_helpers import running_cluster
 import shardex.client.query as query_module
 from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.exec.service import BLOCK_ROWS
 
 pytestmark = pytest.mark.cluster
@@ -74,7 +75,8 @@ def test_rows_and_errors_equal_the_loop_path(
     bad = "SELECT RAW x FROM ($1) AS x ORDER BY x DESC"
     for c in (client, loop_client):
         with pytest.raises(ShardexError) as info:
-            list(c.query(bad, [list(range(100))], max_rows_in_memory=10))
+            rows = c.query(bad, [list(range(2000))], memory_quota=MIN_QUERY_MEMORY, spill=False)
+            list(rows)  # 2000 sorted rows hold over the smallest quota
         assert info.value.code is ErrorCode.QUERY_MEMORY_LIMIT
     # The loop client's statements are the only ones that took the loop path.
     assert len(loop_starts) == len(cases) + 1

@@ -14,6 +14,7 @@ from data_helpers import running_cluster
 
 from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.exec.plan import INLINE_KEYS
 from shardex.sql.exec.service import BLOCK_ROWS
 
@@ -107,8 +108,9 @@ def test_a_result_past_one_block_starts_in_the_reply_and_streams_the_rest(
 
 def test_an_error_within_the_first_block_ends_the_rows_not_the_call(client: Client) -> None:
     sql = "SELECT RAW x FROM ($1) AS x ORDER BY x DESC"
-    for tuning in (None, OFF):
-        q = client.query(sql, [list(range(100))], max_rows_in_memory=10, tuning=tuning)
+    for tuning in (None, OFF):  # 2000 sorted rows hold over 64 KiB
+        quota = MIN_QUERY_MEMORY
+        q = client.query(sql, [list(range(2000))], memory_quota=quota, spill=False, tuning=tuning)
         with pytest.raises(ShardexError) as info:
             list(q)
         assert info.value.code is ErrorCode.QUERY_MEMORY_LIMIT

@@ -18,6 +18,7 @@ import pytest
 
 from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.local import LocalEngine
 
 if TYPE_CHECKING:
@@ -304,8 +305,11 @@ def test_errors_are_clear_and_the_server_keeps_serving(env: Env) -> None:
     assert e.code is ErrorCode.BAD_REQUEST and e.details["expected"] == 2
     e = _error(env, f"SELECT n FROM {KS} WHERE age > 3 LIMIT 'ten'")
     assert e.code is ErrorCode.BAD_REQUEST and "LIMIT" in e.message
-    e = _error(env, f"SELECT n FROM {KS} ORDER BY n", max_rows_in_memory=50)
-    assert e.code is ErrorCode.QUERY_MEMORY_LIMIT and e.details["limit"] == 50
+    # 400 groups at the root are over 64 KiB; without spilling, the statement fails.
+    by_id = f"SELECT META().id AS id, COUNT(*) AS c FROM {KS} GROUP BY META().id"
+    e = _error(env, by_id, memory_quota=MIN_QUERY_MEMORY, spill=False)
+    assert e.code is ErrorCode.QUERY_MEMORY_LIMIT and e.details["limit"] == MIN_QUERY_MEMORY
+    assert e.details["operator"] == "GROUP BY"
     e = _error(env, f"SELECT n FROM {KS} USE INDEX (nope) WHERE age > 3")
     assert e.code is ErrorCode.INDEX_NOT_FOUND
 

@@ -28,7 +28,10 @@ class SqlQuery(Message, tag="sql.QueryRequest"):
     at: WireTs | None = None  # at_plus: the vector to cover
     timeout: float = 60.0
     credit: int = 4  # result blocks the node may send before waiting for ScanCredit
-    max_rows_in_memory: int | None = None  # None: the node's default budget
+    # Bytes the statement's operators may hold on each node (decision 0106); None: the
+    # node's ``sql_query_memory``, which is also the most a statement may ask for.
+    memory_quota: int | None = None
+    spill: bool = True  # past the quota sorts and aggregations spill to disk; False: fail
     window: int | None = None  # credit window of the query's exchanges; None: the default
     tuning: dict[str, bool] | None = None  # execution switches (``tuning.py``); None: all on
     durability: str = "persist"  # of the statement's writes (DML), as a document write's

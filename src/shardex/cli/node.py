@@ -95,6 +95,14 @@ def node(
             help="Server group label (rack, zone): a partition's replicas go to distinct groups."
         ),
     ] = None,
+    sql_node_memory: Annotated[
+        str | None,
+        typer.Option(
+            "--sql-node-memory",
+            help="Bytes all running SQL statements may hold together on this node, e.g. "
+            "4GiB (default: a quarter of RAM).",
+        ),
+    ] = None,
     admin_file: Annotated[
         Path | None,
         typer.Option(
@@ -124,6 +132,7 @@ def node(
         "failure_timeout": failure_timeout,
         "group": group,
         "admin_file": str(admin_file) if admin_file is not None else None,
+        "sql_node_memory": sql_node_memory,
         "tls": tls,
         "tls_dir": str(tls_dir) if tls_dir is not None else None,
         "tls_ca": str(tls_ca) if tls_ca is not None else None,

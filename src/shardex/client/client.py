@@ -371,7 +371,8 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         *,
         at: Any = None,
         timeout: float = 120.0,
-        max_rows_in_memory: int | None = None,
+        memory_quota: int | None = None,
+        spill: bool = True,
         window: int | None = None,
         tuning: Mapping[str, bool] | None = None,
         durability: str = "persist",
@@ -379,7 +380,10 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         """Run one SQL++ statement (``shardex.client.query``): an iterator of rows (dicts)
         with ``metrics`` once exhausted. ``params``: a list for $1, $2 or a mapping for
         $name. ``consistency``: request_plus (default), not_bounded, at_plus (with ``at``).
-        ``durability``: of every document a DML statement writes (as ``Keyspace.upsert``)."""
+        ``durability``: of every document a DML statement writes (as ``Keyspace.upsert``).
+        ``memory_quota``: bytes the statement may hold on each node (None: the node's
+        ``sql_query_memory``, also the most it may ask for); past it sorts and aggregations
+        spill to disk, or with ``spill=False`` fail with QUERY_MEMORY_LIMIT."""
         return run_query(
             self._scans,
             self.execute_ddl,
@@ -388,7 +392,8 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
             consistency,
             at=at,
             timeout=timeout,
-            max_rows_in_memory=max_rows_in_memory,
+            memory_quota=memory_quota,
+            spill=spill,
             window=window,
             tuning=tuning,
             durability=durability,

@@ -253,7 +253,8 @@ def run_query(
     *,
     at: Any = None,
     timeout: float = DEFAULT_QUERY_TIMEOUT,
-    max_rows_in_memory: int | None = None,
+    memory_quota: int | None = None,
+    spill: bool = True,
     window: int | None = None,
     tuning: Mapping[str, bool] | None = None,
     durability: str = "persist",
@@ -279,6 +280,14 @@ def run_query(
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise _bad(f"timeout must be a positive number of seconds, got {timeout!r}")
     check_durability(durability)
+    if memory_quota is not None and (
+        isinstance(memory_quota, bool) or not isinstance(memory_quota, int) or memory_quota < 1
+    ):
+        raise _bad(
+            f"memory_quota must be a positive number of bytes, got {memory_quota!r}",
+            value=repr(memory_quota)[:80],
+            hint="e.g. memory_quota=64 * 2**20, or leave it out for the node's default",
+        )
     wire_params = _check_params(params)
     stmt = parsed(sql)  # SQL_SYNTAX here, before anything is sent (parsed once per text)
     if isinstance(stmt, CreateIndexStmt | BuildIndexStmt | DropIndexStmt):
@@ -294,7 +303,8 @@ def run_query(
         at=None if at is None else to_wire_ts(at),
         timeout=float(timeout),
         credit=CREDIT,
-        max_rows_in_memory=max_rows_in_memory,
+        memory_quota=memory_quota,
+        spill=spill,
         window=window,
         tuning=None if tuning is None else dict(tuning),
         durability=durability,

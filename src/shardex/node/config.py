@@ -31,6 +31,7 @@ from shardex.net.tls import TlsConfig
 from shardex.net.transport import split_address
 from shardex.runtime.admission import DEFAULT_QUEUED, FRAGMENT_SLOTS_PER_CPU, SLOTS_PER_CPU
 from shardex.runtime.files import read_private_text, require_private
+from shardex.sql.exec.memory import DEFAULT_QUERY_MEMORY, MIN_QUERY_MEMORY, NODE_MEMORY_SHARE
 
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_PORT = 7100
@@ -82,6 +83,9 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "sql_max_queued",
         "sql_max_fragments",
         "max_connections",
+        "sql_query_memory",
+        "sql_node_memory",
+        "sql_spill",
     }
 )
 TLS_MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -131,6 +135,12 @@ class NodeConfig:
     sql_max_fragments: int | None = None
     # Users' connections open at once; one more is told TOO_MANY_CONNECTIONS and closed.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # SQL memory (decision 0106), bytes: what one statement's operators may hold here (the
+    # default and the most a client may ask for), what all running statements may hold
+    # together (None: ``NODE_MEMORY_SHARE`` of RAM), and whether they spill past it.
+    sql_query_memory: int = DEFAULT_QUERY_MEMORY
+    sql_node_memory: int | None = None
+    sql_spill: bool = True
 
     @property
     def address(self) -> str:
@@ -413,7 +423,17 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         f"users' connections this node keeps open at once, >= 1 (default "
         f"{DEFAULT_MAX_CONNECTIONS}; nodes' connections are not counted)",
     )
+    query_memory, node_memory = _sql_memory(values)
+    spill = _as_bool(
+        "sql_spill",
+        values.get("sql_spill", True),
+        "true or false: SQL sorts and aggregations past their memory budget spill to disk "
+        "(false: the statement fails with QUERY_MEMORY_LIMIT)",
+    )
     return NodeConfig(
+        sql_query_memory=query_memory,
+        sql_node_memory=node_memory,
+        sql_spill=spill,
         max_connections=max_connections,
         sql_max_fragments=fragments,
         sql_max_running=running,
@@ -437,6 +457,48 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         host=host,
         advertise=advertise,
     )
+
+
+_SIZE_RE = re.compile(r"\s*(\d+)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _as_bytes(key: str, value: Any, lo: int, hint: str) -> int:
+    """A size: an integer of bytes, or text such as "256MiB" / "2 GiB" (binary units)."""
+    if isinstance(value, str):
+        m = _SIZE_RE.fullmatch(value)
+        if m is None:
+            raise _err(key, value, "not a size", hint)
+        value = int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()]
+    return _as_int(key, value, lo, 1 << 50, hint)
+
+
+def _sql_memory(values: dict[str, Any]) -> tuple[int, int | None]:
+    """(sql_query_memory, sql_node_memory): a statement's budget within the node's."""
+    query = _as_bytes(
+        "sql_query_memory",
+        values.get("sql_query_memory", DEFAULT_QUERY_MEMORY),
+        MIN_QUERY_MEMORY,
+        f"bytes one SQL statement may hold on this node, >= {MIN_QUERY_MEMORY} "
+        f'(default {DEFAULT_QUERY_MEMORY >> 20} MiB), e.g. "512MiB"',
+    )
+    node: int | None = None
+    if "sql_node_memory" in values:
+        node = _as_bytes(
+            "sql_node_memory",
+            values["sql_node_memory"],
+            MIN_QUERY_MEMORY,
+            "bytes all running SQL statements may hold together on this node "
+            f'(default {NODE_MEMORY_SHARE:.0%} of RAM), e.g. "4GiB"',
+        )
+        if node < query:
+            raise _err(
+                "sql_node_memory",
+                node,
+                f"less than sql_query_memory ({query})",
+                "give sql_node_memory >= sql_query_memory: one statement must fit the node",
+            )
+    return query, node
 
 
 def _is_loopback(host: str) -> bool:

@@ -114,6 +114,9 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
         sql_max_running=config.sql_max_running,
         sql_max_queued=config.sql_max_queued,
         sql_max_fragments=config.sql_max_fragments,
+        sql_query_memory=config.sql_query_memory,
+        sql_node_memory=config.sql_node_memory,
+        sql_spill=config.sql_spill,
         max_connections=config.max_connections,
         bootstrap_admin=read_admin_file(config.admin_file) if config.admin_file else None,
     )

@@ -39,6 +39,7 @@ from shardex.runtime.admission import DEFAULT_QUEUED
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.scan.paging_store_proxy import PagingService
+from shardex.sql.exec.memory import DEFAULT_QUERY_MEMORY, NodeMemory
 
 if TYPE_CHECKING:
     from shardex.data.service import DataService
@@ -80,6 +81,9 @@ class Node:
         sql_max_queued: int = DEFAULT_QUEUED,
         sql_max_fragments: int | None = None,
         max_connections: int | None = None,
+        sql_query_memory: int = DEFAULT_QUERY_MEMORY,
+        sql_node_memory: int | None = None,
+        sql_spill: bool = True,
     ) -> None:
         self.transport = transport
         self.group = group
@@ -221,6 +225,12 @@ class Node:
             max_running=sql_max_running,
             max_queued=sql_max_queued,
             max_fragments=sql_max_fragments,
+            memory=NodeMemory(
+                sql_node_memory,
+                query_max=sql_query_memory,
+                data_dir=Path(data_dir) if data_dir is not None else None,
+                spill=sql_spill,
+            ),
         )
         if self.data is not None:  # SQL reads this node's own documents in-process
             self.sql.documents.local_get_many = self.data.get_many_local

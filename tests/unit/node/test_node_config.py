@@ -11,6 +11,7 @@ from shardex.errors import ConfigError, ErrorCode
 from shardex.meta.node_defaults import ALL_SERVICES
 from shardex.node.config import DEFAULT_MAX_CONNECTIONS, load_config
 from shardex.runtime.admission import DEFAULT_QUEUED
+from shardex.sql.exec.memory import DEFAULT_QUERY_MEMORY
 
 SECRET = "0123456789abcdef0123456789abcdef"
 
@@ -200,6 +201,27 @@ def test_sql_admission_limits(tmp_path: Path) -> None:
     assert load_config(None, base(tmp_path, max_connections=5)).max_connections == 5
     err = bad(tmp_path, max_connections=0)
     assert err.details["key"] == "max_connections" and "nodes'" in err.details["hint"]
+
+
+def test_sql_memory_settings(tmp_path: Path) -> None:
+    cfg = load_config(None, base(tmp_path))
+    assert cfg.sql_query_memory == DEFAULT_QUERY_MEMORY and cfg.sql_node_memory is None
+    assert cfg.sql_spill is True
+    cfg = load_config(
+        None,
+        base(tmp_path, sql_query_memory="64MiB", sql_node_memory="2 GiB", sql_spill="false"),
+    )
+    assert (cfg.sql_query_memory, cfg.sql_node_memory) == (64 << 20, 2 << 30)
+    assert cfg.sql_spill is False
+    assert load_config(None, base(tmp_path, sql_node_memory=1 << 30)).sql_node_memory == 1 << 30
+    for key, value, words in (
+        ("sql_query_memory", "lots", "not a size"),
+        ("sql_query_memory", 1000, "out of range"),
+        ("sql_node_memory", "1MiB", "less than sql_query_memory"),
+        ("sql_spill", "maybe", "not a boolean"),
+    ):
+        err = bad(tmp_path, **{key: value})
+        assert err.details["key"] == key and words in err.message, (key, value)
 
 
 @pytest.mark.parametrize("key", ["name", "group"])

@@ -16,7 +16,7 @@ from shardex.api.query_ids import QueryId
 from shardex.core.expr import parse_expression
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.analyze import Budget, doc_order
+from shardex.sql.exec.analyze import doc_order
 from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.fragment_rows import leaf_rows, mode_of, root_rows
 from shardex.sql.exec.fragments import MIN_SCAN_BLOCK_ROWS, SCAN_BLOCK_ROWS, scan_block_rows
@@ -28,6 +28,7 @@ from shardex.sql.local import LocalEngine
 from shardex.sql.planner.choose import choose_index, covered_document
 from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.syntax.bind import META_KEY
+from tests.unit.sql.budgets import budget
 from tests.unit.sql.test_sql_exec_plan import BY_AGE, BY_CITY, KS, MEMBERS, PRIMARY, STATE
 
 RANGE_SQL = f"SELECT META().id AS id, age FROM {KS} WHERE city = $1 ORDER BY age, META().id LIMIT 5"
@@ -152,9 +153,9 @@ def test_presorted_leaves_merge_to_the_reference(sql: str) -> None:
     inputs = []
     for i in range(3):
         scope = [{b.alias: d, META_KEY: {"id": k}} for k, d in items if int(k[1:]) % 3 == i]
-        out = leaf_rows(b, None, mode_of(b), top, Budget(10), scope, presorted=True)
+        out = leaf_rows(b, None, mode_of(b), top, budget(), scope, presorted=True)
         inputs.append(iter([r for batch in to_batches(out) for r in decode_rows(batch)]))
-    got = list(root_rows(b, None, "sort", limit, offset, Budget(10), inputs))
+    got = list(root_rows(b, None, "sort", limit, offset, budget(), inputs))
     ref = LocalEngine()
     ref.create_keyspace(KS)
     ref.keyspaces[KS].update(docs)
@@ -171,7 +172,7 @@ def test_presorted_leaf_pulls_only_the_rows_it_needs() -> None:
             yield {b.alias: {"city": "rome", "age": i}, META_KEY: {"id": f"d{i}"}}
 
     # A budget of 1 row: a sort would fail at once; streaming never holds rows.
-    out = list(leaf_rows(b, None, "sort", 5, Budget(1), scope(), presorted=True))
+    out = list(leaf_rows(b, None, "sort", 5, budget(), scope(), presorted=True))
     assert [v["age"] for _, v in out] == [0, 1, 2, 3, 4]
     assert next(pulled) == 5  # the sixth document was never read
 

@@ -14,13 +14,13 @@ import pytest
 
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.analyze import Budget
 from shardex.sql.exec.fragment_rows import leaf_rows, mode_of, root_rows
 from shardex.sql.exec.rows import decode_row, decode_rows, encode_row, pack_state, to_batches
 from shardex.sql.local import LocalEngine, eval_count
 from shardex.sql.operators.aggregate import SumState
 from shardex.sql.syntax import parse_statement
 from shardex.sql.syntax.bind import META_KEY, bind_select
+from tests.unit.sql.budgets import budget
 
 KS = "t"
 
@@ -52,10 +52,10 @@ def _run(sql: str, docs: dict[str, Any], leaves: int, params: Any = None) -> lis
     for i in range(leaves):
         part = items[i::leaves]
         scope = [{b.alias: doc, META_KEY: {"id": docid}} for docid, doc in part]
-        out = leaf_rows(b, params, mode, top, Budget(10_000), scope)
+        out = leaf_rows(b, params, mode, top, budget(), scope)
         shipped = [r for batch in to_batches(out) for r in decode_rows(batch)]
         inputs.append(iter(shipped))
-    return list(root_rows(b, params, mode, limit, offset, Budget(10_000), inputs))
+    return list(root_rows(b, params, mode, limit, offset, budget(), inputs))
 
 
 QUERIES = [
@@ -96,19 +96,21 @@ def test_distributed_pipeline_equals_the_reference(sql: str, leaves: int) -> Non
 def test_unsorted_limit_is_pushed_to_the_leaves() -> None:
     b = bind_select(parse_statement(f"SELECT k FROM {KS} WHERE a > 1"))
     scope = [{KS: {"a": 5, "k": i}, META_KEY: {"id": str(i)}} for i in range(100)]
-    out = list(leaf_rows(b, None, "rows", 7, Budget(10), iter(scope)))
+    out = list(leaf_rows(b, None, "rows", 7, budget(), iter(scope)))
     assert out == [{"k": i} for i in range(7)]
 
 
-def test_blocking_operators_stop_at_the_budget() -> None:
+def test_blocking_operators_without_spilling_stop_at_the_budget() -> None:
     b = bind_select(parse_statement(f"SELECT k FROM {KS} ORDER BY k"))
-    scope = [{KS: {"k": i}, META_KEY: {"id": str(i)}} for i in range(100)]
+    scope = [{KS: {"k": i, "pad": "x" * 100}, META_KEY: {"id": str(i)}} for i in range(100)]
     with pytest.raises(ShardexError) as info:
-        list(leaf_rows(b, None, "sort", None, Budget(40), iter(scope)))
-    assert info.value.code is ErrorCode.QUERY_MEMORY_LIMIT
-    assert info.value.details["limit"] == 40 and info.value.details["operator"] == "ORDER BY"
-    # A top-N holds only its N rows: no budget needed.
-    assert len(list(leaf_rows(b, None, "sort", 5, Budget(40), iter(scope)))) == 5
+        list(leaf_rows(b, None, "sort", None, budget(4096, spill=False), iter(scope)))
+    e = info.value
+    assert e.code is ErrorCode.QUERY_MEMORY_LIMIT
+    assert e.details["limit"] == 4096 and e.details["operator"] == "ORDER BY"
+    assert e.details["value"] > 4096 and "memory_quota" in e.details["hint"]
+    # A top-N holds about its N rows only: within the same budget.
+    assert len(list(leaf_rows(b, None, "sort", 5, budget(4096, spill=False), iter(scope)))) == 5
 
 
 def test_row_codec_keeps_missing_sum_states_and_big_integers() -> None:
@@ -125,3 +127,36 @@ def test_batches_are_cut_by_rows() -> None:
     batches = list(to_batches({"i": i} for i in range(1300)))
     assert [b.num_rows for b in batches] == [512, 512, 276]
     assert [r["i"] for b in batches for r in decode_rows(b)] == list(range(1300))
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        f"SELECT g, COUNT(*) AS n, SUM(v) AS s, AVG(v) AS av, MIN(v) AS lo, MAX(a) AS hi,"
+        f" COUNT(DISTINCT a) AS da FROM {KS} WHERE a IS NOT MISSING GROUP BY g",
+        f"SELECT g, ARRAY_AGG(a) AS xs, COUNT(v) AS nv FROM {KS} GROUP BY g",
+        f"SELECT COUNT(*) AS n, SUM(a) AS s FROM {KS} WHERE v IS NOT NULL",
+    ],
+)
+def test_a_leaf_groups_runs_of_one_covering_key_as_their_rows(sql: str) -> None:
+    """Consecutive scope rows carrying the same document object (a covering scan's entries
+    of one key, ``EntryDecoder``) are grouped as one run: the leaf's partial groups equal
+    those of the same rows each with a document of its own."""
+    b = bind_select(parse_statement(sql))
+    rng = random.Random(5)
+    shared: list[Any] = []
+    copied: list[Any] = []
+    no_meta: dict[str, Any] = {}
+    for key in range(40):
+        doc = {"g": rng.choice(["x", "y", None]), "a": key % 7, "v": rng.choice([1, 2.5, None])}
+        if key % 5 == 0:
+            del doc["a"]
+        for _ in range(rng.randrange(1, 6)):  # the run: entries of one key
+            shared.append({b.alias: doc, META_KEY: no_meta})
+            copied.append({b.alias: dict(doc), META_KEY: {}})
+
+    def partials(rows: list[Any]) -> list[Any]:
+        out = leaf_rows(b, None, "group", None, budget(), rows)
+        return [encode_row(r) for r in out]  # what crosses the exchange, groups in order
+
+    assert partials(shared) == partials(copied)

@@ -22,13 +22,11 @@ from shardex.core.expr import (
     walk,
 )
 from shardex.core.expr.analysis import Path
-from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.planner.choose import OrderKey
 from shardex.sql.planner.sargable import conjuncts, reads_document
 from shardex.sql.syntax.bind import META_KEY, BoundSelect, map_children
 
 __all__ = [
-    "Budget",
     "KeyLookup",
     "doc_order",
     "doc_where",
@@ -174,27 +172,3 @@ def key_lookup(b: BoundSelect) -> KeyLookup | None:
         ):
             return KeyLookup(term.collection, "meta_id")
     return None
-
-
-class Budget:
-    """The rows a query may hold in its blocking operators (sort, group, distinct) on one
-    member: past ``limit`` the query fails with QUERY_MEMORY_LIMIT instead of exhausting
-    the node."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self, n: int, operator: str) -> None:
-        self.used += n
-        if self.used > self.limit:
-            raise ShardexError(
-                f"query holds more than {self.limit} rows in its {operator}: over its memory limit",
-                code=ErrorCode.QUERY_MEMORY_LIMIT,
-                details={
-                    "value": self.used,
-                    "limit": self.limit,
-                    "operator": operator,
-                    "hint": "add a LIMIT, a narrower WHERE, or raise max_rows_in_memory",
-                },
-            )

@@ -14,10 +14,10 @@ from shardex.core.expr import MISSING, Literal, evaluate, walk
 from shardex.core.expr.ast import Param
 from shardex.core.expr.ops import truth
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.analyze import Budget
 from shardex.sql.exec.dml import DELETE, SKIP, write_checked
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragment_rows import finish
+from shardex.sql.exec.memory import Budget
 from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import bad_request, dml_select
 from shardex.sql.local import bind_expr
@@ -56,7 +56,7 @@ async def insert_statement(
     stmt: InsertStmt,
     params: Any,
     durability: str,
-    max_rows: int,
+    budget: Budget,
 ) -> tuple[int, list[Any]]:
     """INSERT/UPSERT by key: every (key, value) evaluated and checked before anything is
     written, then the writes ``MUTATE_PARALLEL`` at a time; the mutation count and the
@@ -98,7 +98,7 @@ async def insert_statement(
             for k, v in new.items()
         ]
     )
-    rows = returning_rows(stmt.returning, stmt.keyspace, list(new.items()), params, max_rows)
+    rows = returning_rows(stmt.returning, stmt.keyspace, list(new.items()), params, budget)
     return len(new), rows
 
 
@@ -108,7 +108,7 @@ async def modify_statement(
     stmt: DeleteStmt | UpdateStmt,
     params: Any,
     durability: str,
-    max_rows: int,
+    budget: Budget,
 ) -> tuple[int, list[Any]]:
     """DELETE/UPDATE: the derived SELECT (run by ``select``, at request_plus) chooses the
     documents, then each is written at its owner under its CAS (``write_checked``)."""
@@ -147,7 +147,7 @@ async def modify_statement(
     written = await write_checked(
         documents, ks, chosen, decide, parallel=MUTATE_PARALLEL, durability=durability
     )
-    return len(written), returning_rows(stmt.returning, alias, written, params, max_rows)
+    return len(written), returning_rows(stmt.returning, alias, written, params, budget)
 
 
 async def apply_all(ops: list[Any]) -> None:
@@ -168,11 +168,11 @@ async def apply_all(ops: list[Any]) -> None:
 
 
 def returning_rows(
-    terms: Any, alias: str, docs: list[tuple[str, Any]], params: Any, max_rows: int
+    terms: Any, alias: str, docs: list[tuple[str, Any]], params: Any, budget: Budget
 ) -> list[Any]:
     if not terms:
         return []
     ref = KeyspaceRef("", alias, source=Literal(None))
     b = bind_select(SelectStmt(terms=tuple(terms), from_=ref))
     scopes = [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
-    return list(finish(b, scopes, params, None, 0, Budget(max_rows)))
+    return list(finish(b, scopes, params, None, 0, budget))

@@ -53,12 +53,20 @@ class EntryDecoder:
         return out
 
     def covered_rows(self, entries: Sequence[bytes], alias: str, meta: bool) -> list[Any]:
-        """Scope rows rebuilt from the keys (covering scans); ``META().id`` only if ``meta``."""
+        """Scope rows rebuilt from the keys (covering scans); ``META().id`` only if ``meta``.
+        Without it the entries of one key share one row object (nothing mutates a scope
+        row): a GROUP BY's leaf takes such a run as one row (``fragment_rows.runs``)."""
         out = []
+        row: dict[str, Any] | None = None
         for e in entries:
             pos = self._key_of(e)
             doc = self._doc
             if doc is None:
                 doc = self._doc = covered_document(self.key_paths, self._parts)
-            out.append({alias: doc, META_KEY: {"id": dec_str(e, pos + 1)[0]} if meta else _NO_META})
+            if meta:
+                out.append({alias: doc, META_KEY: {"id": dec_str(e, pos + 1)[0]}})
+                continue
+            if row is None or row[alias] is not doc:
+                row = {alias: doc, META_KEY: _NO_META}
+            out.append(row)
         return out

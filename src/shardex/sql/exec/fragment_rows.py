@@ -15,6 +15,10 @@ Three shapes (``mode``), chosen by the physical planner:
 
 ``local``: the root alone over scope rows it made itself (no FROM, an expression FROM, or
 documents named by key), i.e. the whole statement in one place.
+
+The blocking steps (PARTIAL and FINAL aggregates, sorts, DISTINCT) are the budgeted forms of
+``spill.py`` and ``spill_groups.py``, built from the same operator parts: within the query's
+memory ``Budget`` they equal the in-memory operators, past it they spill (decision 0106).
 """
 
 from __future__ import annotations
@@ -26,24 +30,23 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from shardex.core.expr import MISSING, Expr, compile_expression
-from shardex.sql.exec.analyze import Budget
+from shardex.core.expr.ops import truth
+from shardex.sql.exec.memory import Budget
 from shardex.sql.exec.rows import pack_state
+from shardex.sql.exec.spill import external_sort
+from shardex.sql.exec.spill_groups import distinct, final_groups, partial_groups
 from shardex.sql.operators import (
     AggSpec,
     ProjectTerm,
     SortSpec,
-    distinct,
     encode_sort_key,
     filter_rows,
-    final_aggregate,
     merge_sorted,
     offset_limit,
-    partial_aggregate,
     project,
-    sort_pairs,
     strip_keys,
 )
-from shardex.sql.syntax.bind import BoundSelect, aggregate_name, group_key_name
+from shardex.sql.syntax.bind import META_KEY, BoundSelect, aggregate_name, group_key_name
 
 __all__ = ["MODES", "leaf_rows", "mode_of", "root_rows"]
 
@@ -86,12 +89,6 @@ def _fn(expr: Expr, params: Params) -> Callable[[Any], Any]:
     return lambda row: f(row, None, params)
 
 
-def _counted(rows: Iterable[Any], budget: Budget, operator: str) -> Iterator[Any]:
-    for row in rows:
-        budget.take(1, operator)
-        yield row
-
-
 def _with_bindings(
     rows: Iterable[dict[str, Any]], bindings: tuple[tuple[str, Expr], ...], params: Params
 ) -> Iterable[dict[str, Any]]:
@@ -115,6 +112,29 @@ def _filtered(b: BoundSelect, rows: Iterable[Any], params: Params) -> Iterable[A
     if b.where is not None:
         rows = filter_rows(rows, _fn(b.where, params))
     return rows
+
+
+def runs(rows: Iterable[Any], alias: str) -> Iterator[tuple[Any, int]]:
+    """``(row, n)``: each row with the number of rows in a row it stands for. A covering
+    scan gives consecutive entries of one key the same document object and, when the query
+    never reads ``META()``, the same META object (``EntryDecoder.covered_rows``): such rows
+    are equal, so a filter, a group key or an aggregate's argument is the same for all of
+    them and is evaluated once per run (a GROUP BY over an index of a few thousand keys and
+    a million entries evaluates a few thousand rows). Other rows are runs of one."""
+    it = iter(rows)
+    first = next(it, None)
+    if first is None:
+        return
+    doc, meta, n = first.get(alias), first.get(META_KEY), 1
+    for row in it:
+        if row is first or (
+            row.get(alias) is doc and row.get(META_KEY) is meta and doc is not None
+        ):
+            n += 1
+            continue
+        yield first, n
+        first, doc, meta, n = row, row.get(alias), row.get(META_KEY), 1
+    yield first, n
 
 
 def _agg_specs(b: BoundSelect, params: Params) -> list[AggSpec]:
@@ -158,14 +178,21 @@ def leaf_rows(
     """A leaf's output rows from its scope rows (see the module doc for each mode).
     ``presorted``: the scope rows come in ORDER BY order already (the index order satisfies
     it), so ``sort`` only tags each row with its key and stops after ``top`` rows."""
-    rows = _filtered(b, scope_rows, params)
     if mode == "group":
         keys = [_fn(k, params) for k in b.group_keys]
-        partials = list(partial_aggregate(rows, keys, _agg_specs(b, params)))
-        budget.take(len(partials), "GROUP BY")
+        specs = _agg_specs(b, params)
+        if b.lets:  # bindings make a new row per row: no runs to find
+            partials = partial_groups(_filtered(b, scope_rows, params), keys, specs, budget)
+        else:
+            kept = runs(scope_rows, b.alias)
+            if b.where is not None:
+                where = _fn(b.where, params)
+                kept = ((row, n) for row, n in kept if truth(where(row)))
+            partials = partial_groups(kept, keys, specs, budget, weighted=True)
         for kv, states in partials:
             yield [list(kv), [pack_state(s) for s in states]]
         return
+    rows = _filtered(b, scope_rows, params)
     terms, raw = _terms(b, params)
     if mode == "sort":
         pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=_sort_key(b, params))
@@ -173,14 +200,12 @@ def leaf_rows(
             for key, value in itertools.islice(pairs, top):
                 yield [key, value]
             return
-        if top is None or b.distinct:
-            pairs = _counted(pairs, budget, "ORDER BY")
-        for key, value in sort_pairs(pairs, None if b.distinct else top):
+        for key, value in external_sort(pairs, budget, None if b.distinct else top):
             yield [key, value]
         return
     values: Iterable[Any] = project(rows, terms, raw=raw)
     if b.distinct:
-        values = distinct(_counted(values, budget, "DISTINCT"))
+        values = distinct(values, budget)
     yield from itertools.islice(values, top) if top is not None and not b.distinct else values
 
 
@@ -214,23 +239,23 @@ def finish(
     if not b.order:
         out: Iterable[Any] = project(rows, terms, raw=raw)
         if b.distinct:
-            out = distinct(_counted(out, budget, "DISTINCT"))
+            out = distinct(out, budget)
         return offset_limit(out, offset, limit)
     pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=_sort_key(b, params))
     if b.distinct:
-        pairs = distinct(_counted(pairs, budget, "DISTINCT"), value_of=lambda p: p[1])
+        pairs = distinct(pairs, budget, value_of=_value_of_pair)
     top = None if limit is None else offset + limit
-    if top is None:
-        pairs = _counted(pairs, budget, "ORDER BY")
-    return offset_limit(strip_keys(sort_pairs(pairs, top)), offset, limit)
+    return offset_limit(strip_keys(external_sort(pairs, budget, top)), offset, limit)
 
 
-def _grouped(b: BoundSelect, partials: Iterable[Any], params: Params) -> Iterable[Any]:
-    groups = final_aggregate(
-        ((tuple(kv), tuple(states)) for kv, states in partials),
-        _agg_specs(b, params),
-        global_group=not b.group_keys,
-    )
+def _value_of_pair(pair: Any) -> Any:
+    return pair[1]
+
+
+def _grouped(
+    b: BoundSelect, partials: Iterable[Any], params: Params, budget: Budget
+) -> Iterable[Any]:
+    groups = final_groups(partials, _agg_specs(b, params), budget, global_group=not b.group_keys)
     return _group_rows(b, groups, params)
 
 
@@ -252,18 +277,18 @@ def root_rows(
         if b.grouped:
             keys = [_fn(k, params) for k in b.group_keys]
             specs = _agg_specs(b, params)
-            partials = _counted(partial_aggregate(rows, keys, specs), budget, "GROUP BY")
-            rows = _grouped(b, partials, params)
+            partials = partial_groups(rows, keys, specs, budget)
+            rows = _grouped(b, partials, params, budget)
         return finish(b, rows, params, limit, offset, budget)
     if mode == "group":
-        partials = _counted(itertools.chain(*inputs), budget, "GROUP BY")
-        return finish(b, _grouped(b, partials, params), params, limit, offset, budget)
+        partials = itertools.chain(*inputs)
+        return finish(b, _grouped(b, partials, params, budget), params, limit, offset, budget)
     if mode == "sort":
         merged: Iterable[Any] = merge_sorted(*(((bytes(k), v) for k, v in i) for i in inputs))
         if b.distinct:
-            merged = distinct(_counted(merged, budget, "DISTINCT"), value_of=lambda p: p[1])
+            merged = distinct(merged, budget, value_of=_value_of_pair)
         return offset_limit(strip_keys(merged), offset, limit)
     values: Iterable[Any] = itertools.chain(*inputs)
     if b.distinct:
-        values = distinct(_counted(values, budget, "DISTINCT"))
+        values = distinct(values, budget)
     return offset_limit(values, offset, limit)

@@ -16,11 +16,12 @@ from shardex.core.spans import Span
 from shardex.core.timestamp import Timestamp
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.analyze import Budget, key_lookup, reads_meta
+from shardex.sql.exec.analyze import key_lookup, reads_meta
 from shardex.sql.exec.bridge import Pack, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.fragment_rows import leaf_rows, root_rows
+from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
 from shardex.sql.exec.rows import cells_batch, decode_row, to_batches
 from shardex.sql.exec.statements import prepared_off_loop
@@ -49,8 +50,11 @@ def scan_block_rows(top: int | None) -> int:
 
 
 def sql_fragments(
-    index_scan: IndexScanServer | None, documents: DocumentAccess
+    index_scan: IndexScanServer | None, documents: DocumentAccess, memory: NodeMemory
 ) -> FragmentRegistry:
+    """``memory``: the node's SQL memory; each fragment draws on its query's account there,
+    released (spill files removed) when the fragment ends, however it ends."""
+
     async def leaf(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         if index_scan is None:
             raise ShardexError(
@@ -59,16 +63,20 @@ def sql_fragments(
                 details={"member": ctx.member_id},
             )
         batches = leaf_pipeline(
-            index_scan, documents, ctx.args, ctx.parameters, f"{ctx.query_id} leaf"
+            index_scan, documents, memory, ctx.args, ctx.parameters, str(ctx.query_id)
         )
-        async for batch in batches:
-            yield batch
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                yield batch
 
     async def root(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         inputs = [_cells_by_batch(ctx.inputs[e]) for e in sorted(ctx.inputs)]
-        batches = root_pipeline(documents, ctx.args, ctx.parameters, f"{ctx.query_id} root", inputs)
-        async for batch in batches:
-            yield batch
+        batches = root_pipeline(
+            documents, memory, ctx.args, ctx.parameters, str(ctx.query_id), inputs
+        )
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                yield batch
 
     return FragmentRegistry({LEAF_KIND: leaf, ROOT_KIND: root})
 
@@ -76,13 +84,16 @@ def sql_fragments(
 async def leaf_pipeline(
     index_scan: IndexScanServer,
     documents: DocumentAccess,
+    memory: NodeMemory,
     a: dict[str, Any],
     params: Any,
-    name: str,
+    query: str,
     pack: Pack = to_batches,
 ) -> AsyncIterator[Any]:
-    """A leaf's output (``args`` ``a`` of a ``sql.leaf`` fragment) ``pack``ed: scan the local
-    slices at the TS, fetch documents unless covering, then ``leaf_rows``."""
+    """A leaf's output (``args`` ``a`` of a ``sql.leaf`` fragment of query ``query``)
+    ``pack``ed: scan the local slices at the TS, fetch documents unless covering, then
+    ``leaf_rows``, within the query's account of the node's ``memory`` (released, spill
+    files removed, however it ends)."""
     tuning = check_tuning(a.get("tuning"))
     b = await prepared_off_loop(
         a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
@@ -116,30 +127,34 @@ async def leaf_pipeline(
             docs = await fetch(keyspace, decoder.docids(block))
             yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
-    mode, top, budget = a["mode"], a["top"], a["budget"]
-    batches = run_pipeline(
-        lambda ins: leaf_rows(b, params, mode, top, Budget(budget), ins[0], presorted=ordered),
-        [scope_rows()],
-        name=name,
-        inline=tuning["inline"],
-        pack=pack,
-    )
-    async for batch in batches:
-        yield batch
+    mode, top = a["mode"], a["top"]
+    with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
+        batches = run_pipeline(
+            lambda ins: leaf_rows(b, params, mode, top, mem.budget(), ins[0], presorted=ordered),
+            [scope_rows()],
+            name=f"{query} leaf",
+            inline=tuning["inline"],
+            pack=pack,
+        )
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                yield batch
 
 
 async def root_pipeline(
     documents: DocumentAccess,
+    memory: NodeMemory,
     a: dict[str, Any],
     params: Any,
-    name: str,
+    query: str,
     inputs: list[AsyncIterator[list[bytes]]],
     pack: Pack = to_batches,
     pack_cells: Callable[[list[bytes]], Any] = cells_batch,
 ) -> AsyncIterator[Any]:
-    """The root's output (``args`` ``a`` of a ``sql.root`` fragment) ``pack``ed, from its
-    leaves' encoded rows (``inputs``, one per leaf) or its own source (keys, an expression,
-    nothing). ``pack_cells``: ``pack`` for rows encoded already."""
+    """The root's output (``args`` ``a`` of a ``sql.root`` fragment of query ``query``)
+    ``pack``ed, from its leaves' encoded rows (``inputs``, one per leaf) or its own source
+    (keys, an expression, nothing), within the query's account of the node's ``memory``.
+    ``pack_cells``: ``pack`` for rows encoded already."""
     tuning = check_tuning(a.get("tuning"))
     b = await prepared_off_loop(
         a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
@@ -162,7 +177,6 @@ async def root_pipeline(
         sources = [_once([{b.alias: item, META_KEY: {}} for item in items])]
     else:
         sources = [_once([{}])]
-    budget = a["budget"]
     mode, limit, offset = a["mode"], a["limit"], a["offset"]
     mode = "local" if source != "index" else mode
     if mode == "rows" and not b.distinct:
@@ -171,16 +185,18 @@ async def root_pipeline(
         async for cells in _concatenated(sources, offset, limit):
             yield pack_cells(cells)
         return
-    batches = run_pipeline(
-        lambda ins: root_rows(b, params, mode, limit, offset, Budget(budget), ins),
-        sources,
-        name=name,
-        inline=tuning["inline"],
-        decode=decode,
-        pack=pack,
-    )
-    async for batch in batches:
-        yield batch
+    with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
+        batches = run_pipeline(
+            lambda ins: root_rows(b, params, mode, limit, offset, mem.budget(), ins),
+            sources,
+            name=f"{query} root",
+            inline=tuning["inline"],
+            decode=decode,
+            pack=pack,
+        )
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                yield batch
 
 
 async def _concatenated(

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from shardex.core.timestamp import Timestamp
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragments import leaf_pipeline, root_pipeline
+from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND
 from shardex.sql.exec.rows import cell_chunks
 from shardex.sql.protocol import QueryPlan
@@ -45,6 +46,7 @@ __all__ = ["run_local", "speculate"]
 def run_local(
     index_scan: IndexScanServer,
     documents: DocumentAccess,
+    memory: NodeMemory,
     qplan: QueryPlan,
     params: Any,
     name: str,
@@ -56,16 +58,16 @@ def run_local(
     assert len(qplan.fragments) == 2 and by_kind.keys() == {ROOT_KIND, LEAF_KIND}
     params = params if params is not None else []
     leaf = leaf_pipeline(
-        index_scan, documents, by_kind[LEAF_KIND].args, params, f"{name} leaf", cell_chunks
+        index_scan, documents, memory, by_kind[LEAF_KIND].args, params, name, cell_chunks
     )
-    return root_pipeline(
-        documents, by_kind[ROOT_KIND].args, params, f"{name} root", [leaf], cell_chunks, list
-    )
+    root = by_kind[ROOT_KIND].args
+    return root_pipeline(documents, memory, root, params, name, [leaf], cell_chunks, list)
 
 
 async def speculate(
     index_scan: IndexScanServer,
     documents: DocumentAccess,
+    memory: NodeMemory,
     plan_at: Callable[[Timestamp], QueryPlan],
     seqnos: Callable[[], Any],
     slices: tuple[str, list[int]],
@@ -83,7 +85,7 @@ async def speculate(
     except BaseException:
         round_trip.cancel()
         raise
-    chunks = run_local(index_scan, documents, plan_at(newest), params, name)
+    chunks = run_local(index_scan, documents, memory, plan_at(newest), params, name)
     first = asyncio.ensure_future(anext(chunks, None))
     try:
         wait_for: Timestamp = await round_trip
@@ -94,7 +96,7 @@ async def speculate(
         return newest, _after(first, chunks)
     await _drop(first, chunks)
     ts = await index_scan.stable_ts(index_id, partitions, wait_for, timeout)
-    return ts, run_local(index_scan, documents, plan_at(ts), params, name)
+    return ts, run_local(index_scan, documents, memory, plan_at(ts), params, name)
 
 
 async def _drop(first: asyncio.Future[Any], chunks: AsyncIterator[list[bytes]]) -> None:

@@ -17,6 +17,7 @@ from shardex.runtime.admission import DEFAULT_QUEUED, FRAGMENT_SLOTS_PER_CPU, de
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragments import sql_fragments
+from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.service import SqlService
 from shardex.sql.exec.tuning import BoundedMeter
 from shardex.sql.protocol import MembershipDirectory, ProtocolConfig, QueryService
@@ -39,8 +40,12 @@ class SqlMount:
         max_running: int | None = None,
         max_queued: int = DEFAULT_QUEUED,
         max_fragments: int | None = None,
+        memory: NodeMemory | None = None,
     ) -> None:
         self.member_id = member_id
+        # The node's SQL memory and spill directory (decision 0106), shared by the
+        # fragments run here and the statements this node initiates.
+        self.memory = NodeMemory() if memory is None else memory
         self._membership = membership
         self.pool = ConnectionPool(transport, secret, name=f"{name}/sql-docs")
         self.documents = DocumentAccess(scan.view, self.pool)
@@ -50,7 +55,7 @@ class SqlMount:
             transport=transport,
             secret=secret,
             directory=MembershipDirectory(membership),
-            fragments=sql_fragments(index_scan, self.documents),
+            fragments=sql_fragments(index_scan, self.documents, self.memory),
             meter=BoundedMeter(),  # the last queries' exchanges, for ExchangeStats
             config=ProtocolConfig(
                 max_executions=(
@@ -66,6 +71,7 @@ class SqlMount:
             members=self._members,
             max_running=max_running,
             max_queued=max_queued,
+            memory=self.memory,
         )
 
     def _members(self) -> dict[str, str]:
@@ -90,3 +96,4 @@ class SqlMount:
     async def stop(self) -> None:
         await self.query.stop()
         await self.pool.close()
+        self.memory.close()

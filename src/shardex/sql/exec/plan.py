@@ -90,13 +90,22 @@ class PhysicalPlan:
         return self.offset + self.limit
 
     def query_plan(
-        self, sql: str, dml: bool, initiator: str, ts: Timestamp | None, budget: int
+        self,
+        sql: str,
+        dml: bool,
+        initiator: str,
+        ts: Timestamp | None,
+        budget: int,
+        spill: bool = True,
     ) -> QueryPlan:
+        """``budget``: the query's memory quota in bytes on each member; ``spill``: whether
+        its operators may spill past it (decision 0106)."""
         common = {
             "sql": sql,
             "dml": dml,
             "mode": self.mode,
             "budget": budget,
+            "spill": spill,
             "tuning": self.tuning,
         }
         fragments: list[FragmentSpec] = []

@@ -57,13 +57,14 @@ from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.coordinator import ScanCoordinator
-from shardex.sql.exec.analyze import Budget, key_lookup
+from shardex.sql.exec.analyze import key_lookup
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.fragment_rows import root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
 from shardex.sql.exec.local_leaf import run_local, speculate
+from shardex.sql.exec.memory import MIN_QUERY_MEMORY, NodeMemory
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
 from shardex.sql.exec.rows import encode_row
 from shardex.sql.exec.stability import StatementStability
@@ -84,14 +85,13 @@ if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
 __all__ = [
-    "DEFAULT_MAX_ROWS",
     "MAX_STATEMENT_BYTES",
     "QUEUE_WAIT",
     "SqlService",
+    "check_memory_quota",
     "check_statement_size",
 ]
 
-DEFAULT_MAX_ROWS: Final = 1_000_000
 BLOCK_ROWS: Final = 500
 BLOCK_BYTES: Final = 512 * 1024
 MAX_TIMEOUT: Final = 3600.0
@@ -118,6 +118,29 @@ def check_statement_size(sql: str, limit: int) -> None:
             size=size,
             limit=limit,
             hint="pass large values as parameters ($name) or split the statement",
+        )
+
+
+def check_memory_quota(quota: object, most: int) -> None:
+    """BAD_REQUEST naming the value and the limit unless ``quota`` (None: the node's
+    default) is bytes in [``MIN_QUERY_MEMORY``, ``most``]: a client may lower its budget,
+    never raise it past the node's per-query maximum (``sql_query_memory``)."""
+    if quota is None:
+        return
+    if isinstance(quota, bool) or not isinstance(quota, int) or quota < MIN_QUERY_MEMORY:
+        raise bad_request(
+            f"memory_quota must be a number of bytes >= {MIN_QUERY_MEMORY}, got {quota!r:.80}",
+            value=repr(quota)[:80],
+            limit=most,
+            hint=f"give bytes between {MIN_QUERY_MEMORY} and {most}, or leave it out",
+        )
+    if quota > most:
+        raise bad_request(
+            f"memory_quota {quota} bytes is over this node's per-query maximum of "
+            f"{most} bytes (sql_query_memory)",
+            value=quota,
+            limit=most,
+            hint=f"ask for at most {most} bytes, or raise sql_query_memory on the nodes",
         )
 
 
@@ -150,7 +173,7 @@ class SqlService:
         documents: DocumentAccess,
         streams: OutStreams,
         members: Callable[[], dict[str, str]],
-        max_rows: int = DEFAULT_MAX_ROWS,
+        memory: NodeMemory | None = None,
         max_statement_bytes: int = MAX_STATEMENT_BYTES,
         max_running: int | None = None,
         max_queued: int = DEFAULT_QUEUED,
@@ -161,7 +184,8 @@ class SqlService:
         self.stability = StatementStability(scan)
         self.streams = streams
         self._members = members  # node name -> member id of the members up now
-        self.max_rows = max_rows
+        # The node's SQL memory (decision 0106): every statement's operators draw on it.
+        self.memory = NodeMemory() if memory is None else memory
         self.max_statement_bytes = max_statement_bytes
         # Statements running at once on this node as their initiator, and waiting to.
         self.admission = AdmissionGate(
@@ -243,17 +267,19 @@ class SqlService:
             )
             return await self._respond_values(conn, msg, started, [plan.explain()], slot)
         if isinstance(stmt, InsertStmt):
-            count, rows = await insert_statement(
-                self.documents, self.scan.view, stmt, params, msg.durability, self.max_rows
-            )
+            with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
+                count, rows = await insert_statement(
+                    self.documents, self.scan.view, stmt, params, msg.durability, mem.budget()
+                )
             kind = "upsert" if stmt.upsert else "insert"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
             return await self._respond_values(conn, msg, started, rows, slot)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
             select = functools.partial(self.start_select, msg, msg.statement)
-            count, rows = await modify_statement(
-                self.documents, select, stmt, params, msg.durability, self.max_rows
-            )
+            with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
+                count, rows = await modify_statement(
+                    self.documents, select, stmt, params, msg.durability, mem.budget()
+                )
             kind = "delete" if isinstance(stmt, DeleteStmt) else "update"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
             return await self._respond_values(conn, msg, started, rows, slot)
@@ -274,12 +300,12 @@ class SqlService:
             raise bad_request("at_plus needs a timestamp (at=...)", hint="pass the writes' results")
         if not 0 < msg.timeout <= MAX_TIMEOUT:
             raise bad_request(f"timeout must be in (0, {MAX_TIMEOUT}] seconds", value=msg.timeout)
-        if msg.max_rows_in_memory is not None and msg.max_rows_in_memory < 1:
-            raise bad_request("max_rows_in_memory must be >= 1", value=msg.max_rows_in_memory)
+        check_memory_quota(msg.memory_quota, self.memory.query_max)
         check_params_depth(msg.params)
 
-    def _budget(self, msg: SqlQuery) -> int:
-        return msg.max_rows_in_memory or self.max_rows
+    def _quota(self, msg: SqlQuery) -> int:
+        """The statement's memory quota on each member, bytes (checked by ``_check``)."""
+        return self.memory.query_max if msg.memory_quota is None else msg.memory_quota
 
     # --- SELECT --------------------------------------------------------------------------
 
@@ -356,12 +382,14 @@ class SqlService:
                 plan = without_failed(exc)
 
         async def run(p: PhysicalPlan) -> AsyncIterator[list[bytes]]:
-            qplan = p.query_plan(sql, dml, self.query.member_id, ts, self._budget(msg))
+            qplan = p.query_plan(
+                sql, dml, self.query.member_id, ts, self._quota(msg), spill=msg.spill
+            )
             local = self.scan.local_index
             if p.tuning["local"] and local is not None and self._runs_here(p):
                 p.query_id = str(self.query.new_query_id())
                 p.local = True
-                return run_local(local, self.documents, qplan, params, p.query_id)
+                return run_local(local, self.documents, self.memory, qplan, params, p.query_id)
             left = max(deadline - loop.time(), 0.001)
             result = await self.query.execute(qplan, params, timeout=left, window=msg.window)
             p.query_id = str(result.query_id)
@@ -394,13 +422,15 @@ class SqlService:
         """A request_plus one-leaf plan on this node: read while the seqno round is out
         (``local_leaf.speculate``)."""
         assert plan.record is not None and plan.keyspace is not None
-        keyspace, budget = plan.keyspace, self._budget(msg)
+        keyspace, quota = plan.keyspace, self._quota(msg)
         plan.query_id = str(self.query.new_query_id())
         plan.local = True
+        member = self.query.member_id
         ts, chunks = await speculate(
             local,
             self.documents,
-            lambda ts: plan.query_plan(sql, dml, self.query.member_id, ts, budget),
+            self.memory,
+            lambda ts: plan.query_plan(sql, dml, member, ts, quota, spill=msg.spill),
             lambda: self.scan.view.shared_high_seqnos(keyspace),
             (plan.record.id, plan.leaves[0].partitions),
             params,
@@ -433,9 +463,11 @@ class SqlService:
                 hint="raise the query timeout or make the query cheaper",
             ) from None
         scopes = iter([row for chunk in chunks for row in chunk])
-        budget = Budget(self._budget(msg))
-        rows = root_rows(b, params, "local", plan.limit, plan.offset, budget, [scopes])
-        yield [encode_row(r) for r in rows]
+        with self.memory.fragment(plan.query_id, self._quota(msg), msg.spill) as mem:
+            budget = mem.budget()
+            rows = root_rows(b, params, "local", plan.limit, plan.offset, budget, [scopes])
+            cells = [encode_row(r) for r in rows]
+        yield cells
 
     async def _select(
         self, msg: SqlQuery, stmt: SelectStmt, params: Any, conn: Connection, slot: Slot

@@ -51,6 +51,15 @@ class SumState:
             self.saw_float = True
         self.count += 1
 
+    def add_n(self, v: Any, n: int) -> None:
+        """``add(v)`` ``n`` times: exact, as the sums are."""
+        if type(v) is int:
+            self.ints += v * n
+        else:
+            self.floats += Fraction(v) * n
+            self.saw_float = True
+        self.count += n
+
     def merge(self, other: SumState) -> None:
         self.ints += other.ints
         self.floats += other.floats
@@ -120,6 +129,35 @@ def _accumulate(spec: AggSpec, state: Any, row: Any) -> Any:
     if kind in ("SUM", "AVG"):
         if is_number(v):
             state.add(v)
+        return state
+    return _better(kind, state, v)
+
+
+def _accumulate_n(spec: AggSpec, state: Any, row: Any, n: int) -> Any:
+    """``_accumulate`` of ``n`` rows equal to ``row`` (a run of index entries with one key,
+    on a covering scan), in one step: each kind's state is what ``n`` single steps give."""
+    if n == 1:
+        return _accumulate(spec, state, row)
+    if spec.arg is None:  # COUNT(*)
+        return state + n
+    v = spec.arg(row)
+    if v is MISSING:
+        return state
+    if spec.distinct:
+        if v is not None:
+            state.setdefault(value_identity(v), v)
+        return state
+    kind = spec.kind
+    if kind == "ARRAY_AGG":
+        state.extend([v] * n)
+        return state
+    if v is None:
+        return state
+    if kind == "COUNT":
+        return state + n
+    if kind in ("SUM", "AVG"):
+        if is_number(v):
+            state.add_n(v, n)
         return state
     return _better(kind, state, v)
 
@@ -233,3 +271,12 @@ def aggregate(
 ) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
     """Single-process grouping: PARTIAL then FINAL."""
     return final_aggregate(partial_aggregate(rows, keys, aggs), aggs, global_group=global_group)
+
+
+# The per-state steps, for group tables kept elsewhere (the budgeted, spilling ones of
+# ``shardex.sql.exec.spill_groups``): one definition of what a state is and how it merges.
+init_state = _init
+accumulate = _accumulate
+accumulate_n = _accumulate_n
+merge_state = _merge
+finalize_state = _finalize

@@ -375,11 +375,14 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         window: int | None = None,
         tuning: Mapping[str, bool] | None = None,
         durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> QueryRows:
         """Run one SQL++ statement (``shardex.client.query``): an iterator of rows (dicts)
         with ``metrics`` once exhausted. ``params``: a list for $1, $2 or a mapping for
         $name. ``consistency``: request_plus (default), not_bounded, at_plus (with ``at``).
-        ``durability``: of every document a DML statement writes (as ``Keyspace.upsert``)."""
+        ``durability``: of every document a DML statement writes (as ``Keyspace.upsert``);
+        ``durability_timeout``: how long each of those writes waits for its copies at a
+        majority level (as ``Keyspace.upsert``'s; None: the node's default)."""
         return run_query(
             self._scans,
             self.execute_ddl,
@@ -392,6 +395,7 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
             window=window,
             tuning=tuning,
             durability=durability,
+            durability_timeout=durability_timeout,
         )
 
     def query_context(self) -> QueryContext:

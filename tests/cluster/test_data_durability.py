@@ -197,6 +197,36 @@ def test_a_majority_write_fails_after_its_own_durability_timeout(cluster: LocalC
         wait_for(lambda: _written(ks, d, 3), 30, what="a majority write after the pause")
 
 
+def test_sql_dml_waits_its_own_durability_timeout(cluster: LocalCluster) -> None:
+    """``query(..., durability_timeout=)``: each document an SQL statement writes at a
+    majority level waits that long for its copies, not the node's default; with the
+    replica paused the statement is ambiguous naming it. A bad value is refused unsent."""
+    with connect_local(cluster.path, name="sqltimeout", request_timeout=30) as c:
+        desc = c.create_keyspace("sqltimeout", NP, num_replicas=1)
+        p = next(q for q, n in desc.assignment.items() if desc.replicas[q] == ["node3"])
+        d = docids_in(p, NP, 1, "st")[0]
+        ks = c.keyspace("sqltimeout")
+        wait_for(lambda: _written(ks, d, 1), 30, what="a majority write with the replica up")
+        upsert = f'UPSERT INTO sqltimeout (KEY, VALUE) VALUES ("{d}", {{"v": 2}})'
+        # the statement's node has the state and its connections before the pause
+        list(c.query(upsert, durability="majority", durability_timeout=30))
+        pid = cluster.pid(3)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(ShardexError) as err:
+                list(c.query(upsert, durability="majority", durability_timeout=1.0))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert err.value.code is ErrorCode.DURABILITY_AMBIGUOUS, err.value
+        assert err.value.details["durability_timeout"] == 1.0
+        for bad in (0, -1.5, float("nan"), "2"):
+            with pytest.raises(ShardexError) as refused:
+                c.query(upsert, durability="majority", durability_timeout=bad)
+            assert refused.value.code is ErrorCode.BAD_REQUEST
+            assert refused.value.details["durability_timeout"] == repr(bad)
+
+
 def _written(ks, docid: str, v: int) -> bool:
     try:
         ks.upsert(docid, {"v": v}, durability="majority")

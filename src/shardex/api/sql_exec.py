@@ -35,6 +35,9 @@ class SqlQuery(Message, tag="sql.QueryRequest"):
     window: int | None = None  # credit window of the query's exchanges; None: the default
     tuning: dict[str, bool] | None = None  # execution switches (``tuning.py``); None: all on
     durability: str = "persist"  # of the statement's writes (DML), as a document write's
+    # Seconds each of those writes waits for its copies at a majority level, as a document
+    # write's (``validation.check_durability_timeout``); None: the node's default.
+    durability_timeout: float | None = None
 
 
 class SqlStarted(Message, tag="sql.QueryStarted"):

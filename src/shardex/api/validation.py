@@ -60,6 +60,9 @@ SYNCED_LEVELS = frozenset(
 # caller may not hold them for hours by mistake. 65.535 s is also the most Couchbase's
 # protocol can carry (milliseconds in 16 bits).
 MAX_DURABILITY_TIMEOUT = 65.535
+# Seconds a write's sender waits for its reply past the write's durability timeout, so it
+# hears the node's DURABILITY_AMBIGUOUS rather than its own TIMEOUT.
+DURABILITY_REPLY_SLACK = 2.0
 
 _POSITION = re.compile(r"\(byte (\d+)\)")
 # Built once: ``msgspec.json.decode(body, type=dict)`` converts the type on every call, which

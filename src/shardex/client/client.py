@@ -376,11 +376,14 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         window: int | None = None,
         tuning: Mapping[str, bool] | None = None,
         durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> QueryRows:
         """Run one SQL++ statement (``shardex.client.query``): an iterator of rows (dicts)
         with ``metrics`` once exhausted. ``params``: a list for $1, $2 or a mapping for
         $name. ``consistency``: request_plus (default), not_bounded, at_plus (with ``at``).
-        ``durability``: of every document a DML statement writes (as ``Keyspace.upsert``).
+        ``durability``: of every document a DML statement writes (as ``Keyspace.upsert``);
+        ``durability_timeout``: how long each of those writes waits for its copies at a
+        majority level (as ``Keyspace.upsert``'s; None: the node's default).
         ``memory_quota``: bytes the statement may hold on each node (None: the node's
         ``sql_query_memory``, also the most it may ask for); past it sorts and aggregations
         spill to disk, or with ``spill=False`` fail with QUERY_MEMORY_LIMIT."""
@@ -397,6 +400,7 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
             window=window,
             tuning=tuning,
             durability=durability,
+            durability_timeout=durability_timeout,
         )
 
     def query_context(self) -> QueryContext:

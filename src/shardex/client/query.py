@@ -27,7 +27,7 @@ import msgspec
 from shardex.api.scan import AT_PLUS, CONSISTENCIES
 from shardex.api.scan_streams import InStream
 from shardex.api.sql_exec import SqlQuery, SqlStarted
-from shardex.api.validation import check_durability
+from shardex.api.validation import check_durability, check_durability_timeout
 from shardex.client.direct_scan import DirectStream
 from shardex.client.routes import Route
 from shardex.client.scan import REPLY_MARGIN, to_wire_ts
@@ -258,6 +258,7 @@ def run_query(
     window: int | None = None,
     tuning: Mapping[str, bool] | None = None,
     durability: str = "persist",
+    durability_timeout: float | None = None,
 ) -> QueryRows:
     """Rows go over ``scans``' loop-path session; index DDL goes to ``execute_ddl`` (the
     client's). ``window``: the credit window of every exchange of the query, bytes (None: the
@@ -288,6 +289,7 @@ def run_query(
             value=repr(memory_quota)[:80],
             hint="e.g. memory_quota=64 * 2**20, or leave it out for the node's default",
         )
+    durability_timeout = check_durability_timeout(durability_timeout)
     wire_params = _check_params(params)
     stmt = parsed(sql)  # SQL_SYNTAX here, before anything is sent (parsed once per text)
     if isinstance(stmt, CreateIndexStmt | BuildIndexStmt | DropIndexStmt):
@@ -308,6 +310,7 @@ def run_query(
         window=window,
         tuning=None if tuning is None else dict(tuning),
         durability=durability,
+        durability_timeout=durability_timeout,
     )
     rpc = scans.rpc
     order, route, hint = _order(scans, msg)

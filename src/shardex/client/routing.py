@@ -29,6 +29,7 @@ from shardex.api.coordinator import StateReply, StateRequest
 from shardex.api.data import StreamBatch, StreamEnd
 from shardex.api.errors import WireError
 from shardex.api.membership import MembersReply, MembersRequest
+from shardex.api.validation import DURABILITY_REPLY_SLACK
 from shardex.client.coalesce import WriteCoalescer, send_mutate_many
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
@@ -44,7 +45,6 @@ M = TypeVar("M", bound=Message)
 
 SECTIONS = ["keyspaces", "data_topologies"]  # not the dedup table: it can be large
 ROUTE_ATTEMPTS = 8  # with backoff 0.05 * 2^k capped at 1 s: about 4 s of trying
-REPLY_SLACK = 2.0  # seconds a write waits for its reply past its durability timeout
 _RETRY_UNSENT = (ErrorCode.NODE_UNAVAILABLE,)
 _RETRY_IDEMPOTENT = (
     ErrorCode.CONNECTION_CLOSED,
@@ -199,10 +199,13 @@ class DataRouter:
         """Seconds to wait for a write's reply: None (``request_timeout``) unless the write's
         ``durability_timeout`` needs longer. The node answers DURABILITY_AMBIGUOUS when that
         ends, and that answer, not this client's own TIMEOUT, is what the caller should get:
-        ``REPLY_SLACK`` more."""
-        if durability_timeout is None or durability_timeout + REPLY_SLACK <= self.request_timeout:
+        ``DURABILITY_REPLY_SLACK`` more."""
+        if (
+            durability_timeout is None
+            or durability_timeout + DURABILITY_REPLY_SLACK <= self.request_timeout
+        ):
             return None
-        return durability_timeout + REPLY_SLACK
+        return durability_timeout + DURABILITY_REPLY_SLACK
 
     async def to_node(self, node: str, msg: Message, expect: type[M]) -> M:
         conn = await self.pool.get(await self.address(node), self.request_timeout)

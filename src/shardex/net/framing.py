@@ -1,6 +1,6 @@
 """The TCP byte stream's framing: a 4-byte big-endian payload length, then the payload.
 
-Shared by the event loop's ``TcpComm`` (``tcp.py``) and the blocking ``BlockingConn``
+Shared by the event loop's ``TcpComm`` (``tcp_comm.py``) and the blocking ``BlockingConn``
 (``blocking.py``), so both cut and write frames, and refuse oversized ones, alike. What a
 frame's payload is (an encoded ``Envelope``) is ``messages.py``'s business.
 """

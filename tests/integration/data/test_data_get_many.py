@@ -12,7 +12,8 @@ import pytest
 
 from shardex.api.data import GetMany, GetManyReply
 from shardex.core.topology import Topology, balanced_assignment
-from shardex.data.service import GET_MANY_MAX, DataService
+from shardex.data.reads import GET_MANY_MAX
+from shardex.data.service import DataService
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.partitioning import partition_of
 from shardex.meta.state import KeyspaceMeta, StateContext

@@ -288,7 +288,7 @@ async def test_oversized_frame_after_auth_closes_that_connection_only(
     assert any(
         raw.local_address in r.getMessage() and str(MAX_FRAME + 1) in r.getMessage()
         for r in caplog.records
-        if r.name == "shardex.net.tcp" and r.levelno == logging.ERROR
+        if r.name == "shardex.net.tcp_comm" and r.levelno == logging.ERROR
     )
     assert await good.request(RpcEcho(text="ok"), timeout=5) == RpcEcho(text="OK")
     await good.close()

@@ -63,7 +63,7 @@ async def test_frames_round_trip_in_order(echo: EchoServer) -> None:
 async def test_oversized_frame_announced_by_peer_is_refused_and_logged(
     echo: EchoServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="shardex.net.tcp")
+    caplog.set_level(logging.ERROR, logger="shardex.net.tcp_comm")
     reader, writer = await asyncio.open_connection(*echo.address.split(":"))
     writer.write((1025).to_bytes(4, "big") + b"zz")
     err = await asyncio.wait_for(echo.errors.get(), 5)

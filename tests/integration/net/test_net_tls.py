@@ -138,16 +138,16 @@ def test_tls_reads_go_into_the_comms_buffer(
     """Both loops' TLS hand decrypted bytes to a TLS comm through ``get_buffer`` (uvloop
     takes any ``asyncio.Protocol`` for a plain one and would allocate a 256 KiB ``bytes``
     per read instead), on both ends of the connection."""
-    from shardex.net import tcp
+    from shardex.net import tcp_tls
 
     buffers: list[int] = []
-    get_buffer = tcp._TlsComm.get_buffer
+    get_buffer = tcp_tls.TlsComm.get_buffer
 
     def counted(self: Any, sizehint: int) -> memoryview:
         buffers.append(sizehint)
         return get_buffer(self, sizehint)
 
-    monkeypatch.setattr(tcp._TlsComm, "get_buffer", counted)
+    monkeypatch.setattr(tcp_tls.TlsComm, "get_buffer", counted)
 
     async def go() -> None:
         server, address, _ = await _server(pki["n1"])
@@ -193,7 +193,7 @@ async def test_server_refuses_a_node_certificate_of_another_ca(
     stranger = TlsConfig(ca=pki["user"].ca, cert=pki["stranger"].cert, key=pki["stranger"].key)
     try:
         with (
-            caplog.at_level(logging.WARNING, logger="shardex.net.tcp"),
+            caplog.at_level(logging.WARNING, logger="shardex.net.tcp_tls"),
             pytest.raises(AuthFailed) as e,
         ):
             await _echo(stranger, address)
@@ -226,7 +226,7 @@ async def test_expired_client_certificate_is_refused(
     server, address, _ = await _server(pki["n1"])
     try:
         with (
-            caplog.at_level(logging.WARNING, logger="shardex.net.tcp"),
+            caplog.at_level(logging.WARNING, logger="shardex.net.tcp_tls"),
             pytest.raises(AuthFailed) as e,
         ):
             await _echo(pki["old"], address)
@@ -253,7 +253,7 @@ async def test_plaintext_client_is_refused_cleanly_and_the_server_keeps_serving(
     server, address, _ = await _server(pki["n1"])
     try:
         with (
-            caplog.at_level(logging.WARNING, logger="shardex.net.tcp"),
+            caplog.at_level(logging.WARNING, logger="shardex.net.tcp_tls"),
             pytest.raises(AuthFailed) as e,
         ):
             await _echo(None, address)

@@ -20,7 +20,8 @@ from shardex.errors import ConnectionClosed, RequestTimeout
 from shardex.net import Connection, Message, Ping, Pong
 from shardex.net.auth import client_handshake
 from shardex.net.messages import Envelope, Kind, decode_frame, encode_frame
-from shardex.net.tcp import _READ_LIMIT, TcpComm, TcpTransport
+from shardex.net.tcp import TcpComm, TcpTransport
+from shardex.net.tcp_comm import _READ_LIMIT
 from tests.integration.net import test_net_rpc as rpc  # the module pytest collects: one tag set
 from tests.integration.net import test_net_tcp as tcp
 

@@ -205,15 +205,15 @@ async def test_the_data_services_high_seqnos_are_answered_inline(tmp_path: Path)
     async with running_service(tmp_path) as (ds, coord):
         coord.state = state_with(5, ("ks", "u1", 4, 5, ["n1"]))
         await ds.reconcile()
-        await ds._mutate("upsert", "ks", "doc", b"{}", None, "persist")
+        await ds.writes.mutate("upsert", "ks", "doc", b"{}", None, "persist")
         tasks: list[asyncio.Task[object] | None] = []
-        real = ds._on_high_seqnos
+        real = ds.gather.on_high_seqnos
 
         def spy(msg: HighSeqnos, conn: Connection) -> object:
             tasks.append(asyncio.current_task())
             return real(msg, conn)
 
-        ds._on_high_seqnos = spy  # type: ignore[method-assign]
+        ds.gather.on_high_seqnos = spy  # type: ignore[method-assign]
         transport = TcpTransport()
         server = RpcServer(transport, SECRET, name="n1")
         ds.install(server)

@@ -118,12 +118,12 @@ async def test_keyspace_unknown_here_but_in_the_cluster_is_not_my_partition(serv
     ds, coord = service
     coord.state = state_with(5, ("ks", "u1", 4, 5, ["n2"]))  # nothing of it on n1
     with pytest.raises(ShardexError) as info:
-        await ds._mutate("upsert", "ks", "doc", b"{}", None, "persist")
+        await ds.writes.mutate("upsert", "ks", "doc", b"{}", None, "persist")
     err = info.value
     assert err.code == ErrorCode.NOT_MY_PARTITION
     assert err.details["owner_hint"] == "n2" and err.details["keyspace"] == "ks"
     with pytest.raises(ShardexError) as info:
-        await ds._mutate("upsert", "nope", "doc", b"{}", None, "persist")
+        await ds.writes.mutate("upsert", "nope", "doc", b"{}", None, "persist")
     assert info.value.code == ErrorCode.KEYSPACE_NOT_FOUND
 
 

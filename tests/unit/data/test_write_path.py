@@ -40,7 +40,7 @@ async def test_concurrent_batches_share_commits_in_arrival_order(service: DataSe
     msgs = [batch(f"b{k}-", 10, bad=3 if k == 5 else None) for k in range(30)]
     single = committer.submit("ks", "persist", ("upsert", "lone", b"{}", None))
     replies = await asyncio.gather(
-        *(service._on_mutate_many(m, None) for m in msgs),  # type: ignore[arg-type]
+        *(service.writes.on_mutate_many(m, None) for m in msgs),  # type: ignore[arg-type]
         single,
     )
     # Fewer commits than batches: they waited for one flush and went together.
@@ -76,9 +76,9 @@ async def test_a_batch_over_the_group_limit_goes_alone(
     committer._mutate_many = counting  # type: ignore[method-assign]
     big, small = batch("big", 12), batch("small", 2)
     a, b, c = await asyncio.gather(
-        service._on_mutate_many(big, None),  # type: ignore[arg-type]
-        service._on_mutate_many(small, None),  # type: ignore[arg-type]
-        service._on_mutate_many(batch("more", 3), None),  # type: ignore[arg-type]
+        service.writes.on_mutate_many(big, None),  # type: ignore[arg-type]
+        service.writes.on_mutate_many(small, None),  # type: ignore[arg-type]
+        service.writes.on_mutate_many(batch("more", 3), None),  # type: ignore[arg-type]
     )
     # The 12-op batch is never split; the next two fit one group of at most 5 ops.
     assert calls == [12, 5]
@@ -89,7 +89,7 @@ async def test_a_batch_over_the_group_limit_goes_alone(
 async def test_batch_to_an_unknown_keyspace_fails_whole(service: DataService) -> None:
     for ops in ([OpItem("upsert", "x", b"{}")], []):
         with pytest.raises(ShardexError) as info:
-            await service._on_mutate_many(MutateMany(keyspace="nope", ops=ops), None)  # type: ignore[arg-type]
+            await service.writes.on_mutate_many(MutateMany(keyspace="nope", ops=ops), None)  # type: ignore[arg-type]
         assert info.value.code is ErrorCode.KEYSPACE_NOT_FOUND
 
 

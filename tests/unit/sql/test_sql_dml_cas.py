@@ -22,7 +22,8 @@ class Store:
         self.docs: dict[str, tuple[Any, int]] = {d: (v, 1) for d, v in docs.items()}
         self.before_write: Callable[[str], None] = lambda docid: None
         self.writes = 0
-        self.durabilities: list[str] = []  # of every write, in order
+        # (durability, durability_timeout) of every write, in order
+        self.durabilities: list[tuple[str, float | None]] = []
 
     def put(self, docid: str, doc: Any) -> None:
         cas = self.docs[docid][1] + 1 if docid in self.docs else 1
@@ -43,16 +44,29 @@ class Store:
         self.writes += 1
 
     async def replace(
-        self, keyspace: str, docid: str, doc: Any, cas: int, *, durability: str = "persist"
+        self,
+        keyspace: str,
+        docid: str,
+        doc: Any,
+        cas: int,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> None:
-        self.durabilities.append(durability)
+        self.durabilities.append((durability, durability_timeout))
         self._check(docid, cas)
         self.put(docid, doc)
 
     async def delete(
-        self, keyspace: str, docid: str, cas: int | None = None, *, durability: str = "persist"
+        self,
+        keyspace: str,
+        docid: str,
+        cas: int | None = None,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> object | None:
-        self.durabilities.append(durability)
+        self.durabilities.append((durability, durability_timeout))
         try:
             self._check(docid, cas or 0)
         except ShardexError as exc:
@@ -141,7 +155,8 @@ def test_the_statement_durability_reaches_every_write() -> None:
             increment_below(10),
             parallel=2,
             durability="majority",
+            durability_timeout=1.5,
         )
     )
     assert len(done) == 2
-    assert store.durabilities == ["majority", "majority"]
+    assert store.durabilities == [("majority", 1.5), ("majority", 1.5)]

@@ -39,6 +39,7 @@ async def write_checked(
     *,
     parallel: int,
     durability: str = "persist",
+    durability_timeout: float | None = None,
 ) -> list[tuple[str, Any]]:
     """Apply ``decide`` to each document's current version under its CAS; ``(docid, doc)``
     of the documents written, in ``docids`` order (for UPDATE the new document, for DELETE
@@ -49,7 +50,9 @@ async def write_checked(
     async def one(docid: str) -> tuple[str, Any] | None:
         async with sem:
             version = current.get(docid)
-            return await _write_one(documents, keyspace, docid, version, decide, durability)
+            return await _write_one(
+                documents, keyspace, docid, version, decide, durability, durability_timeout
+            )
 
     tasks = [asyncio.ensure_future(one(d)) for d in docids]
     try:
@@ -67,6 +70,7 @@ async def _write_one(
     version: tuple[Any, int] | None,
     decide: Decide,
     durability: str,
+    durability_timeout: float | None,
 ) -> tuple[str, Any] | None:
     for _ in range(CAS_ATTEMPTS):
         if version is None:
@@ -77,10 +81,24 @@ async def _write_one(
             return None
         try:
             if new is DELETE:
-                if await documents.delete(keyspace, docid, cas=cas, durability=durability) is None:
+                gone = await documents.delete(
+                    keyspace,
+                    docid,
+                    cas=cas,
+                    durability=durability,
+                    durability_timeout=durability_timeout,
+                )
+                if gone is None:
                     return None
                 return docid, doc
-            await documents.replace(keyspace, docid, new, cas, durability=durability)
+            await documents.replace(
+                keyspace,
+                docid,
+                new,
+                cas,
+                durability=durability,
+                durability_timeout=durability_timeout,
+            )
             return docid, new
         except ShardexError as exc:
             if exc.code is ErrorCode.DOC_NOT_FOUND:

@@ -57,6 +57,8 @@ async def insert_statement(
     params: Any,
     durability: str,
     budget: Budget,
+    *,
+    durability_timeout: float | None = None,
 ) -> tuple[int, list[Any]]:
     """INSERT/UPSERT by key: every (key, value) evaluated and checked before anything is
     written, then the writes ``MUTATE_PARALLEL`` at a time; the mutation count and the
@@ -94,7 +96,14 @@ async def insert_statement(
         new[key] = value
     await apply_all(
         [
-            documents.upsert(stmt.keyspace, k, v, insert=not stmt.upsert, durability=durability)
+            documents.upsert(
+                stmt.keyspace,
+                k,
+                v,
+                insert=not stmt.upsert,
+                durability=durability,
+                durability_timeout=durability_timeout,
+            )
             for k, v in new.items()
         ]
     )
@@ -109,6 +118,8 @@ async def modify_statement(
     params: Any,
     durability: str,
     budget: Budget,
+    *,
+    durability_timeout: float | None = None,
 ) -> tuple[int, list[Any]]:
     """DELETE/UPDATE: the derived SELECT (run by ``select``, at request_plus) chooses the
     documents, then each is written at its owner under its CAS (``write_checked``)."""
@@ -145,7 +156,13 @@ async def modify_statement(
         return new
 
     written = await write_checked(
-        documents, ks, chosen, decide, parallel=MUTATE_PARALLEL, durability=durability
+        documents,
+        ks,
+        chosen,
+        decide,
+        parallel=MUTATE_PARALLEL,
+        durability=durability,
+        durability_timeout=durability_timeout,
     )
     return len(written), returning_rows(stmt.returning, alias, written, params, budget)
 

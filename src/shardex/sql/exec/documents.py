@@ -28,6 +28,7 @@ from shardex.api.data import (
     Upsert,
 )
 from shardex.api.records import MutationResult
+from shardex.api.validation import DURABILITY_REPLY_SLACK
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.partitioning import partition_of
 from shardex.net import ConnectionPool
@@ -89,14 +90,27 @@ class DocumentAccess:
             )
         return self.view.address(node)
 
-    async def _to_owner(self, keyspace: str, docid: str, msg: Message, expect: type[M]) -> M:
+    async def _to_owner(
+        self,
+        keyspace: str,
+        docid: str,
+        msg: Message,
+        expect: type[M],
+        durability_timeout: float | None = None,
+    ) -> M:
+        """``msg`` to the document's owner, re-routed after NOT_MY_PARTITION. A write whose
+        ``durability_timeout`` is longer than the request timeout is waited for that long
+        (and a slack), so the statement fails with the owner's DURABILITY_AMBIGUOUS."""
+        timeout = REQUEST_TIMEOUT
+        if durability_timeout is not None:
+            timeout = max(timeout, durability_timeout + DURABILITY_REPLY_SLACK)
         last: ShardexError | None = None
         for attempt in range(ROUTE_ATTEMPTS):
             if attempt:
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
             address = await self._owner(keyspace, docid, fresh=attempt > 0)
             try:
-                return await self.pool.request(address, msg, REQUEST_TIMEOUT, expect=expect)
+                return await self.pool.request(address, msg, timeout, expect=expect)
             except ShardexError as exc:
                 if exc.code is not ErrorCode.NOT_MY_PARTITION:
                     raise
@@ -216,32 +230,68 @@ class DocumentAccess:
         *,
         insert: bool = False,
         durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> MutationResult:
+        """``durability_timeout`` (checked by the caller): of a majority level's wait for the
+        copies, as ``Keyspace.upsert``'s; None: the owner's default. So for every write."""
         body = msgspec.json.encode(doc)
-        msg: Message = (
-            Insert(keyspace=keyspace, docid=docid, doc=body, durability=durability)
-            if insert
-            else Upsert(keyspace=keyspace, docid=docid, doc=body, durability=durability)
+        kind = Insert if insert else Upsert
+        msg = kind(
+            keyspace=keyspace,
+            docid=docid,
+            doc=body,
+            durability=durability,
+            durability_timeout=durability_timeout,
         )
-        return (await self._to_owner(keyspace, docid, msg, MutationReply)).result
+        return (
+            await self._to_owner(keyspace, docid, msg, MutationReply, durability_timeout)
+        ).result
 
     async def replace(
-        self, keyspace: str, docid: str, doc: Any, cas: int, *, durability: str = "persist"
+        self,
+        keyspace: str,
+        docid: str,
+        doc: Any,
+        cas: int,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> MutationResult:
         """Overwrite the version with this CAS: CAS_MISMATCH after a concurrent write,
         DOC_NOT_FOUND after a concurrent delete."""
         body = msgspec.json.encode(doc)
-        msg = Replace(keyspace=keyspace, docid=docid, doc=body, cas=cas, durability=durability)
-        return (await self._to_owner(keyspace, docid, msg, MutationReply)).result
+        msg = Replace(
+            keyspace=keyspace,
+            docid=docid,
+            doc=body,
+            cas=cas,
+            durability=durability,
+            durability_timeout=durability_timeout,
+        )
+        return (
+            await self._to_owner(keyspace, docid, msg, MutationReply, durability_timeout)
+        ).result
 
     async def delete(
-        self, keyspace: str, docid: str, cas: int | None = None, *, durability: str = "persist"
+        self,
+        keyspace: str,
+        docid: str,
+        cas: int | None = None,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
     ) -> MutationResult | None:
         """None when the document is already gone (a concurrent delete); with ``cas``,
         CAS_MISMATCH when it changed since."""
-        msg = Delete(keyspace=keyspace, docid=docid, cas=cas, durability=durability)
+        msg = Delete(
+            keyspace=keyspace,
+            docid=docid,
+            cas=cas,
+            durability=durability,
+            durability_timeout=durability_timeout,
+        )
         try:
-            reply = await self._to_owner(keyspace, docid, msg, MutationReply)
+            reply = await self._to_owner(keyspace, docid, msg, MutationReply, durability_timeout)
         except ShardexError as exc:
             if exc.code is ErrorCode.DOC_NOT_FOUND:
                 return None

@@ -50,7 +50,7 @@ from shardex.api.sql_exec import (
     SqlStarted,
     StreamReport,
 )
-from shardex.api.validation import check_durability
+from shardex.api.validation import check_durability, check_durability_timeout
 from shardex.core.expr import Param
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
@@ -269,7 +269,13 @@ class SqlService:
         if isinstance(stmt, InsertStmt):
             with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
                 count, rows = await insert_statement(
-                    self.documents, self.scan.view, stmt, params, msg.durability, mem.budget()
+                    self.documents,
+                    self.scan.view,
+                    stmt,
+                    params,
+                    msg.durability,
+                    mem.budget(),
+                    durability_timeout=msg.durability_timeout,
                 )
             kind = "upsert" if stmt.upsert else "insert"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
@@ -278,7 +284,13 @@ class SqlService:
             select = functools.partial(self.start_select, msg, msg.statement)
             with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
                 count, rows = await modify_statement(
-                    self.documents, select, stmt, params, msg.durability, mem.budget()
+                    self.documents,
+                    select,
+                    stmt,
+                    params,
+                    msg.durability,
+                    mem.budget(),
+                    durability_timeout=msg.durability_timeout,
                 )
             kind = "delete" if isinstance(stmt, DeleteStmt) else "update"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
@@ -291,6 +303,7 @@ class SqlService:
     def _check(self, msg: SqlQuery) -> None:
         check_statement_size(msg.statement, self.max_statement_bytes)
         check_durability(msg.durability)
+        check_durability_timeout(msg.durability_timeout)
         if msg.consistency not in CONSISTENCIES:
             raise bad_request(
                 f"consistency must be one of {', '.join(CONSISTENCIES)}, got {msg.consistency!r}",

@@ -1,0 +1,123 @@
+"""The data service's read path: ``Get`` and ``GetMany``.
+
+Point reads run on the event loop: a RocksDB get of a cached block costs less than the hop
+to a thread. A long ``GetMany`` goes to the engine's threads (``engine_io.py``) so it never
+holds the loop (heartbeats, other requests). A read waits for a partition still being
+handed over here (``Replication.wait_readable``); a replica read (``replica=True``) serves
+whatever copy is here, possibly stale, with no lease needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shardex.api.data import Get, GetMany, GetManyReply, GetReply, ItemError
+from shardex.api.errors import BadRequest, DocNotFound, KeyspaceNotFound, WireError
+from shardex.data.engine import DataEngine
+from shardex.data.engine_io import EngineIO
+from shardex.data.replication import Replication
+from shardex.data.serving import ServingGate
+from shardex.errors import ShardexError
+from shardex.net import Connection
+
+GET_MANY_MAX = 10_000  # docids per GetMany: bounds one reply's size
+GET_MANY_ON_LOOP = 32  # up to this many cached point reads cost less than a thread hop
+
+
+class ReadPath:
+    """Handlers of Get and GetMany (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        engine: Callable[[], DataEngine],
+        io: EngineIO,
+        replication: Replication,
+        gate: ServingGate,
+    ) -> None:
+        self._engine = engine  # a getter: the engine exists only while the service runs
+        self.io = io
+        self.replication = replication
+        self.gate = gate
+
+    async def on_get(self, msg: Get, conn: Connection) -> GetReply:
+        gate = self.gate
+        if msg.replica:  # availability over freshness: no lease needed
+            gate.check()
+            return self._replica_get(msg)
+        await gate.wait(msg.keyspace)
+        try:
+            engine = self._engine()
+            if self.replication.has_pending():
+                p = engine.partition_for(msg.keyspace, msg.docid)
+                await self.replication.wait_readable(msg.keyspace, p, msg.docid)
+                # it waited: the node may have been failed over or lost its lease meanwhile
+                await gate.wait(msg.keyspace)
+                engine = self._engine()
+            raw = engine.get_raw(msg.keyspace, msg.docid)
+        except KeyspaceNotFound as exc:
+            raise gate.not_here(exc, msg.keyspace, msg.docid) from None
+        except ShardexError as exc:
+            raise gate.enrich(exc) from None
+        return GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+
+    def _replica_get(self, msg: Get) -> GetReply:
+        """A read of whatever copy is here, active or replica: possibly stale."""
+        try:
+            got = self._engine().replicas.get_raw(msg.keyspace, msg.docid)
+        except KeyspaceNotFound as exc:
+            raise self.gate.not_here(exc, msg.keyspace, msg.docid) from None
+        except ShardexError as exc:
+            raise self.gate.enrich(exc) from None
+        if got is None:
+            raise DocNotFound(
+                f"document {msg.docid!r} not found on {self.gate.name}'s copy",
+                details={"docid": msg.docid, "node": self.gate.name},
+            )
+        return GetReply(body=got[0], cas=got[1], seqno=got[2])
+
+    async def on_get_many(self, msg: GetMany, conn: Connection) -> GetManyReply:
+        return await self.get_many_local(msg)
+
+    async def get_many_local(self, msg: GetMany) -> GetManyReply:
+        """A ``GetMany`` answered in-process: this node's own SQL fetches call it directly."""
+        await self.gate.wait(msg.keyspace)
+        if len(msg.docids) > GET_MANY_MAX:
+            raise BadRequest(
+                f"GetMany asks for {len(msg.docids)} documents, more than {GET_MANY_MAX}",
+                details={"value": len(msg.docids), "hint": f"split into <= {GET_MANY_MAX}"},
+            )
+        engine = self._engine()
+        if len(msg.docids) <= GET_MANY_ON_LOOP:
+            bodies, cas, errs = self._read_many(engine, msg.keyspace, msg.docids)
+        else:  # a long read would hold the loop (heartbeats, other requests)
+            bodies, cas, errs = await self.io.run(self._read_many, engine, msg.keyspace, msg.docids)
+        errors = [ItemError(i, WireError(*self.gate.enrich(e).to_wire())) for i, e in errs]
+        return GetManyReply(bodies=bodies, errors=errors, cas=cas if msg.with_cas else [])
+
+    def _read_many(
+        self, engine: DataEngine, keyspace: str, docids: list[str]
+    ) -> tuple[list[bytes | None], list[int], list[tuple[int, ShardexError]]]:
+        """Every docid's stored body (None when absent or deleted) and CAS (0 then) in one
+        pass over the engine; per-item errors (NOT_MY_PARTITION, a bad docid) beside them."""
+        bodies: list[bytes | None] = []
+        cas: list[int] = []
+        errors: list[tuple[int, ShardexError]] = []
+        for i, docid in enumerate(docids):
+            try:
+                raw = engine.get_raw(keyspace, docid)
+                bodies.append(raw.body)
+                cas.append(raw.cas)
+                continue
+            except DocNotFound:
+                pass
+            except KeyspaceNotFound as exc:
+                err = self.gate.not_here(exc, keyspace, docid)
+                if err is exc:
+                    raise  # the cluster has no such keyspace: the whole request fails
+                errors.append((i, err))
+            except ShardexError as exc:
+                errors.append((i, exc))
+            bodies.append(None)
+            cas.append(0)
+        return bodies, cas, errors

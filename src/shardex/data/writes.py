@@ -1,0 +1,286 @@
+"""The data service's write path: single mutations and ``MutateMany`` batches.
+
+Every write goes through group commit (``groupcommit.py``), which shares one RocksDB write
+and one fsync among concurrent writers, then wakes the partition's replica senders and, for a
+majority level, waits for the replicas (``replication.py``): a timeout there is
+DURABILITY_AMBIGUOUS, since the write is applied here and may or may not reach a majority.
+A single write is answered in the receive callback when it can (``mutate_now``), with no
+task: a future settled by group commit's and the durability wait's callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from shardex.api.data import (
+    Delete,
+    Insert,
+    ItemError,
+    MutateMany,
+    MutateManyReply,
+    MutationReply,
+    Replace,
+    Upsert,
+)
+from shardex.api.errors import KeyspaceNotFound, WireError
+from shardex.api.records import MutationResult
+from shardex.api.validation import (
+    MAJORITY_LEVELS,
+    check_durability_timeout,
+    durability_level,
+)
+from shardex.data.engine import DataEngine
+from shardex.data.groupcommit import GroupCommitter
+from shardex.data.replication import Replication
+from shardex.data.serving import ServingGate
+from shardex.errors import NodeUnavailable, ShardexError
+from shardex.net import Connection
+
+
+class WritePath:
+    """Handlers of Insert, Upsert, Replace, Delete and MutateMany (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        engine: Callable[[], DataEngine],
+        committer: Callable[[], GroupCommitter | None],
+        replication: Replication,
+        gate: ServingGate,
+    ) -> None:
+        # Getters: the engine and its committer exist only while the service runs.
+        self._engine = engine
+        self._committer = committer
+        self.replication = replication
+        self.gate = gate
+
+    def _running_committer(self) -> GroupCommitter:
+        committer = self._committer()
+        if committer is None:
+            raise NodeUnavailable(f"the data service of {self.gate.name} is not running")
+        return committer
+
+    async def mutate(
+        self,
+        kind: str,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        cas: int | None,
+        durability: str,
+        timeout: float | None = None,
+    ) -> MutationReply:
+        committer = self._running_committer()
+        timeout = check_durability_timeout(timeout)
+        await self.gate.wait(keyspace)
+        level = durability_level(durability)
+        majority = level in MAJORITY_LEVELS
+        try:
+            if majority:
+                self.replication.check_possible(
+                    keyspace, self._engine().partition_for(keyspace, docid)
+                )
+            result = await committer.submit(keyspace, durability, (kind, docid, doc, cas))
+            self.replication.wake(keyspace, result.partition)
+            if majority:
+                await self.replication.wait_durable(keyspace, result, level, docid, timeout)
+        except KeyspaceNotFound as exc:
+            raise self.gate.not_here(exc, keyspace, docid) from None
+        except ShardexError as exc:
+            raise self.gate.enrich(exc) from None
+        return MutationReply(result=result)
+
+    def mutate_now(
+        self,
+        kind: str,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        cas: int | None,
+        durability: str,
+        timeout: float | None,
+    ) -> Awaitable[MutationReply]:
+        """``mutate`` without a task: in the receive callback (``Router.route_inline``), a
+        future then settled by callbacks. A node not yet reconciled, or without its lease,
+        takes ``mutate`` (a coroutine: the connection runs it in a task), which waits or
+        says why."""
+        committer = self._committer()
+        gate = self.gate
+        if timeout is not None:  # not every client is ours: checked before anything
+            timeout = check_durability_timeout(timeout)
+        if committer is None or not gate.reconciled.is_set():
+            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout)
+        gate.check()
+        if gate.replicated(keyspace) and not gate.lease.check():
+            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout)
+        level = durability_level(durability)
+        try:
+            if level in MAJORITY_LEVELS:
+                self.replication.check_possible(
+                    keyspace, self._engine().partition_for(keyspace, docid)
+                )
+            written = committer.submit_now(keyspace, durability, (kind, docid, doc, cas))
+        except KeyspaceNotFound as exc:
+            raise gate.not_here(exc, keyspace, docid) from None
+        except ShardexError as exc:
+            raise gate.enrich(exc) from None
+        out: asyncio.Future[MutationReply] = asyncio.get_running_loop().create_future()
+        written.add_done_callback(
+            functools.partial(self._written, out, keyspace, docid, level, timeout)
+        )
+        return out
+
+    def _written(
+        self,
+        out: asyncio.Future[MutationReply],
+        keyspace: str,
+        docid: str,
+        level: str,
+        timeout: float | None,
+        written: asyncio.Future[MutationResult],
+    ) -> None:
+        """``mutate_now``'s write is committed (or failed): wake the senders, then wait
+        for its durability, as ``mutate`` does."""
+        if written.cancelled() or written.exception() is not None:
+            self._settle(out, keyspace, docid, None, written)
+            return
+        result = written.result()
+        reply = MutationReply(result=result)
+        then = functools.partial(self._settle, out, keyspace, docid, reply)
+        try:
+            self.replication.wake(keyspace, result.partition)
+            if self.replication.on_durable(keyspace, result, level, docid, then, timeout):
+                return
+        except Exception as exc:  # answered as the coroutine's would be, never left hanging
+            self._settle(out, keyspace, docid, None, exc)
+            return
+        then(None)
+
+    def _settle(
+        self,
+        out: asyncio.Future[MutationReply],
+        keyspace: str,
+        docid: str,
+        reply: MutationReply | None,
+        error: BaseException | asyncio.Future[Any] | None,
+    ) -> None:
+        """``out`` gets ``reply``, or ``error`` (an exception, or a failed future's) as
+        ``mutate`` raises it."""
+        if isinstance(error, asyncio.Future):
+            error = asyncio.CancelledError() if error.cancelled() else error.exception()
+        if out.done():
+            return
+        if error is None:
+            out.set_result(reply)  # type: ignore[arg-type]  # None only with an error
+        elif isinstance(error, asyncio.CancelledError):
+            out.cancel()
+        elif isinstance(error, KeyspaceNotFound):
+            out.set_exception(self.gate.not_here(error, keyspace, docid))
+        elif isinstance(error, ShardexError):
+            out.set_exception(self.gate.enrich(error))
+        else:
+            out.set_exception(error)
+
+    # --- routes ------------------------------------------------------------------------------
+
+    def on_insert(self, msg: Insert, conn: Connection) -> Awaitable[MutationReply]:
+        return self.mutate_now(
+            "insert",
+            msg.keyspace,
+            msg.docid,
+            msg.doc,
+            None,
+            msg.durability,
+            msg.durability_timeout,
+        )
+
+    def on_upsert(self, msg: Upsert, conn: Connection) -> Awaitable[MutationReply]:
+        return self.mutate_now(
+            "upsert",
+            msg.keyspace,
+            msg.docid,
+            msg.doc,
+            msg.cas,
+            msg.durability,
+            msg.durability_timeout,
+        )
+
+    def on_replace(self, msg: Replace, conn: Connection) -> Awaitable[MutationReply]:
+        return self.mutate_now(
+            "replace",
+            msg.keyspace,
+            msg.docid,
+            msg.doc,
+            msg.cas,
+            msg.durability,
+            msg.durability_timeout,
+        )
+
+    def on_delete(self, msg: Delete, conn: Connection) -> Awaitable[MutationReply]:
+        return self.mutate_now(
+            "delete",
+            msg.keyspace,
+            msg.docid,
+            None,
+            msg.cas,
+            msg.durability,
+            msg.durability_timeout,
+        )
+
+    async def on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
+        committer = self._running_committer()
+        gate = self.gate
+        await gate.wait(msg.keyspace)
+        ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]
+        level = durability_level(msg.durability)
+        timeout = check_durability_timeout(msg.durability_timeout)
+        majority = level in MAJORITY_LEVELS
+        try:
+            if majority:
+                engine = self._engine()
+                for o in msg.ops:
+                    p = engine.partition_for(msg.keyspace, o.docid)
+                    self.replication.check_possible(msg.keyspace, p)
+            # Through group commit like single writes: concurrent batches (the bulk writers of
+            # several clients, each batch split over the nodes) share one RocksDB write and
+            # one fsync instead of queueing on partition locks for one fsync each.
+            out: list[Any] = await committer.submit_many(msg.keyspace, msg.durability, ops)
+            for p in {r.partition for r in out if isinstance(r, MutationResult)}:
+                self.replication.wake(msg.keyspace, p)
+            if majority:
+                out = await self._wait_many(msg.keyspace, level, msg.ops, out, timeout)
+        except KeyspaceNotFound as exc:
+            errs = [gate.not_here(exc, msg.keyspace, o.docid) for o in msg.ops]
+            if not msg.ops or any(e is exc for e in errs):
+                raise exc from None
+            out = errs
+        results: list[MutationResult | None] = []
+        errors: list[ItemError] = []
+        for i, r in enumerate(out):
+            if isinstance(r, ShardexError):
+                code, message, details = gate.enrich(r).to_wire()
+                errors.append(ItemError(i, WireError(code, message, details)))
+                results.append(None)
+            else:
+                results.append(r)
+        return MutateManyReply(results=results, errors=errors)
+
+    async def _wait_many(
+        self, keyspace: str, level: str, ops: list[Any], out: list[Any], timeout: float | None
+    ) -> list[Any]:
+        """Each committed op of a batch waits for its durability; a timeout is that op's
+        DURABILITY_AMBIGUOUS, the others keep their results."""
+
+        async def one(op: Any, r: Any) -> Any:
+            if isinstance(r, ShardexError):
+                return r
+            try:
+                await self.replication.wait_durable(keyspace, r, level, op.docid, timeout)
+            except ShardexError as exc:
+                return exc
+            return r
+
+        return list(await asyncio.gather(*(one(o, r) for o, r in zip(ops, out, strict=True))))

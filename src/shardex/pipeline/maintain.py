@@ -296,6 +296,9 @@ class MaintenanceJob:
         top = end  # the TS this batch stabilises at
         if self.stabilise_ahead and not self.stopping and self._left_to_rounds(end):
             # The rounds between batches carry on past this batch's end: nothing to do.
+            # Spark's trigger saw new offsets: an idle read-ahead looks now, not after its
+            # back-off (``rounds/read_ahead.py``).
+            self.read_ahead.wake()
             stats.between = True
             stats.total = time.perf_counter() - t0
             self._record(stats)

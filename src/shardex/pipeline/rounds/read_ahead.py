@@ -111,6 +111,8 @@ class ReadAhead:
         self.on_end: Callable[[], None] | None = None  # called as the thread ends
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # Set by ``wake`` (and by a halt): an idle poll's pause ends at once.
+        self._wake = threading.Event()
         self._ahead: Ahead | None = None
         self._carried: Ahead | None = None  # rows beyond the last batch's end
         self.hits = 0  # batches that took rows from a read-ahead
@@ -136,6 +138,7 @@ class ReadAhead:
             ahead = Ahead(frozen, start, start, [])
         self._ahead = ahead
         stop = self._stop = threading.Event()
+        self._wake.clear()
 
         def run() -> None:
             try:
@@ -181,9 +184,15 @@ class ReadAhead:
                 else:
                     more = False
                     pause = min(self.max_pause, pause * 2)  # idle: poll the high seqnos less
-                    if self.piece_interval is not None:  # but not past the next piece's due
+                    if self.piece_interval is not None and n > 0:
+                        # Changes wait for a piece: not past its due.
                         wait = self.piece_interval - (time.monotonic() - last_piece)
                         pause = min(pause, max(0.01, wait))
+                    elif self.piece_interval is not None:
+                        # None: no rarer than a piece, so an idle keyspace's first write is
+                        # seen within one (polling at once when overdue, as it did, asked
+                        # every 10 ms: ~100 HighSeqnos/s per node, idle; decision 0107).
+                        pause = min(pause, self.piece_interval)
                 first = False
             # With more to read, a round in flight is not waited for (its successor starts
             # after the next piece); with nothing, ``deliver`` waits a little for it.
@@ -193,8 +202,10 @@ class ReadAhead:
             reading = self.rolling and not self._capped(ahead)
             if not reading and (deliver is None or not ahead.rows):
                 return
-            if reading and not hurry:
-                stop.wait(pause)
+            # A batch saw new offsets (``wake``): the pause ends, the poll looks now.
+            if reading and not hurry and self._wake.wait(pause):
+                self._wake.clear()
+                pause = self.pause
 
     def _capped(self, ahead: Ahead) -> bool:
         """The read-ahead holds as many changes as a batch may (no more is read)."""
@@ -238,6 +249,11 @@ class ReadAhead:
         thread = self._thread
         return thread is not None and thread.is_alive()
 
+    def wake(self) -> None:
+        """Poll the high seqnos now: Spark's trigger saw them move (a batch came), while
+        this thread, idle, may be in a pause of up to ``max_pause``."""
+        self._wake.set()
+
     def halt(self) -> None:
         """Stop the thread (waiting for what it is doing: a piece, or a stability round
         between batches) and keep what it read for ``take``."""
@@ -245,6 +261,7 @@ class ReadAhead:
 
     def _halt(self) -> None:
         self._stop.set()
+        self._wake.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()

@@ -1,0 +1,124 @@
+"""The stall watchdog of a keyspace's maintenance stream.
+
+A maintenance query can stop applying changes without failing: a batch that never returns,
+a stream whose batches leave an index out (its applied TS on a branch the stream's offsets
+are not on), a query Spark keeps "active" while nothing moves. The supervisor restarts only
+queries that ended, so such a stall lasts until someone notices the index is behind. The
+watchdog notices: it keeps, per keyspace, the applied TS of every index the stream maintains
+(``IndexRegistry.applied``, advanced by every published round) and the time it last moved.
+When none moved for ``stall_after`` seconds it asks for the keyspace's high seqnos once; if
+some index is behind them (changes are pending), that is a stall: the supervisor logs it,
+naming the keyspace, the indexes, the partitions and the lag, and restarts the query in a
+new checkpoint generation starting at the indexes' lowest applied TS (``driver.py``). If
+nothing is pending (an idle keyspace), the clock starts again: an idle keyspace costs one
+``HighSeqnos`` per ``stall_after`` seconds, not one per supervisor poll.
+
+Why a restart is safe (``docs/decisions/0108-maintenance-stall-watchdog.md``): the new
+generation starts at or below every maintained index's applied TS, and slices drop key
+versions at or below what they applied, so re-reading is never applying twice; nothing
+beyond the applied TS was published, so nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shardex.core.timestamp import Timestamp
+from shardex.pipeline.registry import IndexRegistry, IndexView
+
+__all__ = ["DEFAULT_STALL_AFTER", "Stall", "StallWatchdog"]
+
+# Seconds without any maintained index advancing, with changes pending, before the stream is
+# called stalled. A healthy stream publishes every few hundred ms under writes; a drain of a
+# large backlog publishes at least once per batch (capped at 20,000 changes). Rebuilds do
+# not count: an index being built is not maintained until it joins.
+DEFAULT_STALL_AFTER = 60.0
+
+
+@dataclass(frozen=True)
+class Stall:
+    """What the watchdog found: per index name, partition -> changes not applied."""
+
+    keyspace: str
+    seconds: float  # since the last progress
+    behind: dict[str, dict[int, int]]
+
+    @property
+    def total(self) -> int:
+        return sum(sum(parts.values()) for parts in self.behind.values())
+
+    def describe(self) -> str:
+        parts = []
+        for name, lag in sorted(self.behind.items()):
+            shown = ", ".join(f"{p}: {n}" for p, n in sorted(lag.items())[:16])
+            more = f" and {len(lag) - 16} more" if len(lag) > 16 else ""
+            parts.append(f"index {name} behind in partitions {{{shown}}}{more}")
+        return "; ".join(parts)
+
+
+class StallWatchdog:
+    """Progress of one keyspace's maintained indexes; ``check`` says when it stalled."""
+
+    def __init__(
+        self,
+        registry: IndexRegistry,
+        high_seqnos: Callable[[], Timestamp],
+        stall_after: float = DEFAULT_STALL_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry
+        self._high = high_seqnos
+        self.stall_after = stall_after
+        self._clock = clock
+        self._seen: dict[str, Timestamp] | None = None  # the applied TSs last seen
+        self._since = clock()  # when they last changed (or the clock was last reset)
+        self.stalls = 0  # stalls reported (tests, status)
+
+    def reset(self) -> None:
+        """Start the clock again (a new query: give it ``stall_after`` to show progress)."""
+        self._seen = self._progress(self.registry.maintained())
+        self._since = self._clock()
+
+    def check(self) -> Stall | None:
+        """A ``Stall`` when no maintained index advanced for ``stall_after`` seconds while
+        the keyspace's high seqnos are ahead of one of them; else None."""
+        if self.stall_after <= 0:
+            return None  # turned off
+        views = self.registry.maintained()
+        now = self._clock()
+        seen = self._progress(views)
+        if seen != self._seen:
+            self._seen, self._since = seen, now
+            return None
+        quiet = now - self._since
+        if not views or quiet < self.stall_after:
+            return None
+        behind = self._behind(views, self._high())
+        if not behind:
+            self._since = now  # idle, not stalled: look again in ``stall_after``
+            return None
+        self.stalls += 1
+        self._since = now  # one report per ``stall_after`` while it lasts
+        return Stall(self.registry.keyspace, quiet, behind)
+
+    def _progress(self, views: Sequence[IndexView]) -> dict[str, Timestamp]:
+        return {v.id: self.registry.applied(v.id) for v in views}
+
+    def _behind(self, views: Sequence[IndexView], high: Timestamp) -> dict[str, dict[int, int]]:
+        out: dict[str, dict[int, int]] = {}
+        for v in views:
+            applied = self.registry.applied(v.id)
+            lag: dict[int, int] = {}
+            for p, e in high.items():
+                a = applied.get(p)
+                if a is None:
+                    if e.seqno > 0:
+                        lag[p] = e.seqno
+                elif e.seqno > a.seqno or (e.uuid != a.uuid and e.seqno > 0 and a.seqno > 0):
+                    # Another branch counts as pending too: the stream must follow it.
+                    lag[p] = max(e.seqno - a.seqno, 0) or 1
+            if lag:
+                out[v.definition.name] = lag
+        return out

@@ -3,7 +3,7 @@
 
 One run: a 3-node local cluster, a keyspace of 16 partitions with one index, the pipeline
 driver (``PipelineDriver``) in this process on one SparkSession. For each mode (the
-change source's ``latest_offset_idle_max_ms``: ``20`` polls every 20 ms as before the idle
+change source's ``idle_offset_interval_ms``: ``20`` polls every 20 ms as before the idle
 back-off, the default backs off while nothing changes), a driver is started on the same
 checkpoints and measured:
 
@@ -120,7 +120,7 @@ def run(idle: float, writes: int, modes: list[str]) -> list[dict[str, Any]]:
                 stats = base / f"source-{n}.json"
                 options = {"cluster_dir": str(cluster), "stats_path": str(stats)}
                 if mode != "default":
-                    options["latest_offset_idle_max_ms"] = mode
+                    options["idle_offset_interval_ms"] = mode
                 driver = PipelineDriver(spark, client, options, base / "ckpt", poll=0.3)
                 thread = threading.Thread(target=driver.run, daemon=True)
                 thread.start()
@@ -143,7 +143,9 @@ def run(idle: float, writes: int, modes: list[str]) -> list[dict[str, Any]]:
                     stab, scan = [], []
                     for i in range(writes):
                         time.sleep(rng.uniform(0.2, 1.2))
-                        a, b = _wait_fresh(client, ks, f"w{n}-{i}", 20_000 + n * 1000 + i, Timestamp)
+                        a, b = _wait_fresh(
+                            client, ks, f"w{n}-{i}", 20_000 + n * 1000 + i, Timestamp
+                        )
                         stab.append(a)
                         scan.append(b)
                     rows.append(
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--modes",
         default="20,default",
-        help="latest_offset_idle_max_ms per run (default: the source's own)",
+        help="idle_offset_interval_ms per run (default: the source's own)",
     )
     args = ap.parse_args(argv)
     rows = run(args.idle, args.writes, args.modes.split(","))

@@ -13,7 +13,7 @@ new checkpoint generation starting at the indexes' lowest applied TS (``driver.p
 nothing is pending (an idle keyspace), the clock starts again: an idle keyspace costs one
 ``HighSeqnos`` per ``stall_after`` seconds, not one per supervisor poll.
 
-Why a restart is safe (``docs/decisions/0108-maintenance-stall-watchdog.md``): the new
+Why a restart is safe (``docs/decisions/0109-maintenance-stall-watchdog.md``): the new
 generation starts at or below every maintained index's applied TS, and slices drop key
 versions at or below what they applied, so re-reading is never applying twice; nothing
 beyond the applied TS was published, so nothing is skipped.

@@ -15,6 +15,8 @@ apart, at most ``max_piece`` changes, never past the batch cap), and hands what 
 ``deliver`` as it goes, which starts a round (everything read so far, the stabilise at
 its end, the publish) on a thread of its own while the next piece is read and drops the rows
 of a round published for every index (``Ahead.start`` moves to its end).
+With nothing new it looks less often (``next_pause``: at most once per piece interval), and
+a batch that Spark starts meanwhile (its trigger saw the offsets move) ``wake``s it at once.
 
 Why it is exact: a batch (S, E] needs, per partition p, the key versions of the records
 (S[p], E[p]] on the branch E[p].uuid, projected with the batch's definitions. The read-ahead
@@ -42,7 +44,7 @@ from shardex.meta.index_definition import IndexDefinition
 from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.source.plan import limit_offsets
 
-__all__ = ["Ahead", "ReadAhead", "Taken"]
+__all__ = ["Ahead", "ReadAhead", "Taken", "next_pause"]
 
 log = logging.getLogger(__name__)
 
@@ -183,16 +185,8 @@ class ReadAhead:
                     more = self.max_piece > 0 and _changes(ahead.end, latest) > 0
                 else:
                     more = False
-                    pause = min(self.max_pause, pause * 2)  # idle: poll the high seqnos less
-                    if self.piece_interval is not None and n > 0:
-                        # Changes wait for a piece: not past its due.
-                        wait = self.piece_interval - (time.monotonic() - last_piece)
-                        pause = min(pause, max(0.01, wait))
-                    elif self.piece_interval is not None:
-                        # None: no rarer than a piece, so an idle keyspace's first write is
-                        # seen within one (polling at once when overdue, as it did, asked
-                        # every 10 ms: ~100 HighSeqnos/s per node, idle; decision 0107).
-                        pause = min(pause, self.piece_interval)
+                    since = time.monotonic() - last_piece
+                    pause = next_pause(pause, self.max_pause, self.piece_interval, n, since)
                 first = False
             # With more to read, a round in flight is not waited for (its successor starts
             # after the next piece); with nothing, ``deliver`` waits a little for it.
@@ -265,6 +259,23 @@ class ReadAhead:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
+
+
+def next_pause(
+    pause: float, max_pause: float, piece_interval: float | None, held: int, since: float
+) -> float:
+    """The pause before the next look at the high seqnos after one that read nothing:
+    ``held`` changes are waiting for a piece, ``since`` seconds after the last one. Twice the
+    last pause, at most ``max_pause``; with changes waiting, not past their piece's due; with
+    none, no longer than a piece interval (an idle keyspace's first write is seen within one).
+    Polling at once when a piece was overdue with nothing waiting, as it did, asked every
+    10 ms on an idle keyspace: ~100 HighSeqnos a second per node (decision 0107)."""
+    pause = min(max_pause, pause * 2)
+    if piece_interval is None:
+        return pause
+    if held > 0:
+        return min(pause, max(0.01, piece_interval - since))
+    return min(pause, piece_interval)
 
 
 def _carry(ahead: Ahead, end: Timestamp) -> Ahead | None:

@@ -28,6 +28,7 @@ STABLE_TIMEOUT = 360.0
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_stalled_stream_is_restarted_and_catches_up(
     spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

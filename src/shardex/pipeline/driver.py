@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
+from shardex.errors import ShardexError
 from shardex.meta.index_state import ACTIVE, BUILDING
 from shardex.pipeline.batch_steps import BatchStats
 from shardex.pipeline.build import BuildResult, InitialBuild
@@ -210,7 +211,11 @@ class PipelineDriver:
         elif kp.failures and kp.query is not None and kp.query.lastProgress is not None:
             kp.failures = 0  # it runs again: the next failure starts the back-off afresh
         if kp.query is not None and kp.query.isActive:
-            stall = kp.watchdog.check()
+            try:
+                stall = kp.watchdog.check()
+            except ShardexError as exc:  # no high seqnos now (a node down): next period
+                log.info("stall check of %s: %s", kp.keyspace, exc)
+                stall = None
             if stall is not None:
                 self._restart_stalled(kp, stall)
         if kp.builder is None or not kp.builder.is_alive():

@@ -95,12 +95,13 @@ class StallWatchdog:
         quiet = now - self._since
         if not views or quiet < self.stall_after:
             return None
+        # Whatever the answer (idle, stalled, or no answer: a node down), the next look is
+        # ``stall_after`` from now: one ask and at most one report per period.
+        self._since = now
         behind = self._behind(views, self._high())
         if not behind:
-            self._since = now  # idle, not stalled: look again in ``stall_after``
             return None
         self.stalls += 1
-        self._since = now  # one report per ``stall_after`` while it lasts
         return Stall(self.registry.keyspace, quiet, behind)
 
     def _progress(self, views: Sequence[IndexView]) -> dict[str, Timestamp]:

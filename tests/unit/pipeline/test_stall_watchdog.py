@@ -123,3 +123,26 @@ def test_turned_off_and_no_index() -> None:
     clock.now += 100.0
     assert off.check() is None
     assert asks == []
+
+
+def test_a_failed_ask_is_tried_again_a_period_later() -> None:
+    from shardex.errors import ErrorCode, ShardexError
+
+    reg = _Registry(joined={"i1": _ts(p0=5)})
+    asks: list[int] = []
+    clock = _Clock()
+
+    def down() -> Timestamp:
+        asks.append(1)
+        raise ShardexError("node down", code=ErrorCode.NODE_UNAVAILABLE)
+
+    dog = StallWatchdog(reg, down, stall_after=10.0, clock=clock)  # type: ignore[arg-type]
+    dog.reset()
+    failed = 0
+    for _ in range(40):  # 20 s of supervisor polls while the ask fails
+        clock.now += 0.5
+        try:
+            dog.check()
+        except ShardexError:
+            failed += 1
+    assert failed == len(asks) == 2

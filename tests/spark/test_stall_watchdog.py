@@ -76,5 +76,5 @@ def test_a_stalled_stream_is_restarted_and_catches_up(
         assert kp.job is not stuck and id(kp.job) not in stalled
         warnings = [r.getMessage() for r in caplog.records if "applied nothing" in r.getMessage()]
         assert warnings, "no stall warning logged"
-        assert f"keyspace {KEYSPACE}" in warnings[0] and f"index {INDEX}" in warnings[0]
+        assert f"keyspace {KEYSPACE}" in warnings[0] and f"index {INDEX} behind" in warnings[0]
         check_oracle(client, KEYSPACE, INDEX, target)

@@ -212,7 +212,7 @@ class PipelineDriver:
             kp.failures = 0  # it runs again: the next failure starts the back-off afresh
         if kp.query is not None and kp.query.isActive:
             try:
-                stall = kp.watchdog.check()
+                stall = kp.watchdog.check(kp.job.position())
             except ShardexError as exc:  # no high seqnos now (a node down): next period
                 log.info("stall check of %s: %s", kp.keyspace, exc)
                 stall = None

@@ -483,6 +483,13 @@ class MaintenanceJob:
         log.info("idle stabilise round at the stream's position for moves of %s", moving)
         return sorted(moving)
 
+    def position(self) -> Timestamp | None:
+        """Where the stream stands (its last committed batch's end) while no batch or round
+        runs; None while one does (the stall watchdog's view: ``watchdog.py``)."""
+        if self._batch_lock.locked() or self._round_lock.locked() or self.tail.busy():
+            return None
+        return self._committed_position()
+
     def _committed_position(self) -> Timestamp | None:
         """The end of the checkpoint's last committed batch (where the next batch starts),
         or the stream's first start when none committed yet."""

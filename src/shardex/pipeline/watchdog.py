@@ -13,6 +13,13 @@ new checkpoint generation starting at the indexes' lowest applied TS (``driver.p
 nothing is pending (an idle keyspace), the clock starts again: an idle keyspace costs one
 ``HighSeqnos`` per ``stall_after`` seconds, not one per supervisor poll.
 
+A second, cheaper rule needs no ask at all: an index behind the stream's *own* position (the
+end of its last committed batch) while no batch or round runs will never be caught up by
+the stream, because Spark starts a batch only for new offsets. That is what an index rebuilt
+under writes meets when the writes stop before it joins (the stream read past its T0 while it
+was not maintained): it stays at T0 until the next write. ``check(position=...)`` reports it
+after ``catch_up_after`` seconds without progress.
+
 Why a restart is safe (``docs/decisions/0109-maintenance-stall-watchdog.md``): the new
 generation starts at or below every maintained index's applied TS, and slices drop key
 versions at or below what they applied, so re-reading is never applying twice; nothing
@@ -28,13 +35,16 @@ from dataclasses import dataclass
 from shardex.core.timestamp import Timestamp
 from shardex.pipeline.registry import IndexRegistry, IndexView
 
-__all__ = ["DEFAULT_STALL_AFTER", "Stall", "StallWatchdog"]
+__all__ = ["DEFAULT_CATCH_UP_AFTER", "DEFAULT_STALL_AFTER", "Stall", "StallWatchdog"]
 
 # Seconds without any maintained index advancing, with changes pending, before the stream is
 # called stalled. A healthy stream publishes every few hundred ms under writes; a drain of a
 # large backlog publishes at least once per batch (capped at 20,000 changes). Rebuilds do
 # not count: an index being built is not maintained until it joins.
 DEFAULT_STALL_AFTER = 60.0
+# Seconds an index may stay behind the idle stream's own position, without progress, before
+# the query is restarted (a healthy stream's next batch or round catches it up at once).
+DEFAULT_CATCH_UP_AFTER = 5.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,8 @@ class Stall:
     keyspace: str
     seconds: float  # since the last progress
     behind: dict[str, dict[int, int]]
+    # What they are behind: "the high seqnos", or "the stream's position" (idle stream).
+    of: str = "the high seqnos"
 
     @property
     def total(self) -> int:
@@ -54,7 +66,7 @@ class Stall:
         for name, lag in sorted(self.behind.items()):
             shown = ", ".join(f"{p}: {n}" for p, n in sorted(lag.items())[:16])
             more = f" and {len(lag) - 16} more" if len(lag) > 16 else ""
-            parts.append(f"index {name} behind in partitions {{{shown}}}{more}")
+            parts.append(f"index {name} behind {self.of} in partitions {{{shown}}}{more}")
         return "; ".join(parts)
 
 
@@ -67,10 +79,13 @@ class StallWatchdog:
         high_seqnos: Callable[[], Timestamp],
         stall_after: float = DEFAULT_STALL_AFTER,
         clock: Callable[[], float] = time.monotonic,
+        catch_up_after: float = DEFAULT_CATCH_UP_AFTER,
     ) -> None:
         self.registry = registry
         self._high = high_seqnos
         self.stall_after = stall_after
+        self.catch_up_after = catch_up_after
+        self._idle_behind: float | None = None  # since when an index is behind the position
         self._clock = clock
         self._seen: dict[str, Timestamp] | None = None  # the applied TSs last seen
         self._since = clock()  # when they last changed (or the clock was last reset)
@@ -80,18 +95,31 @@ class StallWatchdog:
         """Start the clock again (a new query: give it ``stall_after`` to show progress)."""
         self._seen = self._progress(self.registry.maintained())
         self._since = self._clock()
+        self._idle_behind = None
 
-    def check(self) -> Stall | None:
+    def check(self, position: Timestamp | None = None) -> Stall | None:
         """A ``Stall`` when no maintained index advanced for ``stall_after`` seconds while
-        the keyspace's high seqnos are ahead of one of them; else None."""
+        the keyspace's high seqnos are ahead of one of them, or for ``catch_up_after``
+        seconds while one is behind ``position`` (the idle stream's own position: None
+        while a batch or round runs); else None."""
         if self.stall_after <= 0:
             return None  # turned off
         views = self.registry.maintained()
         now = self._clock()
         seen = self._progress(views)
         if seen != self._seen:
-            self._seen, self._since = seen, now
+            self._seen, self._since, self._idle_behind = seen, now, None
             return None
+        behind = {} if position is None else self._behind(views, position, same_branch=True)
+        if not behind:
+            self._idle_behind = None
+        elif self._idle_behind is None:
+            self._idle_behind = now
+        elif now - self._idle_behind >= self.catch_up_after:
+            quiet = now - self._since
+            self._idle_behind, self._since = None, now
+            self.stalls += 1
+            return Stall(self.registry.keyspace, quiet, behind, "the stream's position")
         quiet = now - self._since
         if not views or quiet < self.stall_after:
             return None
@@ -107,13 +135,20 @@ class StallWatchdog:
     def _progress(self, views: Sequence[IndexView]) -> dict[str, Timestamp]:
         return {v.id: self.registry.applied(v.id) for v in views}
 
-    def _behind(self, views: Sequence[IndexView], high: Timestamp) -> dict[str, dict[int, int]]:
+    def _behind(
+        self, views: Sequence[IndexView], high: Timestamp, *, same_branch: bool = False
+    ) -> dict[str, dict[int, int]]:
+        """Per index, partition -> changes ``high`` is ahead of its applied TS. With
+        ``same_branch`` only partitions on the applied TS's branch count (the stream's own
+        position on another branch is the rollback handling's business)."""
         out: dict[str, dict[int, int]] = {}
         for v in views:
             applied = self.registry.applied(v.id)
             lag: dict[int, int] = {}
             for p, e in high.items():
                 a = applied.get(p)
+                if same_branch and a is not None and a.seqno > 0 and e.uuid != a.uuid:
+                    continue
                 if a is None:
                     if e.seqno > 0:
                         lag[p] = e.seqno

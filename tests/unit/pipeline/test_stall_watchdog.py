@@ -54,7 +54,7 @@ def _watchdog(reg: _Registry, high: list[Timestamp], asks: list[int]) -> tuple[A
         asks.append(1)
         return high[0]
 
-    dog = StallWatchdog(reg, high_seqnos, stall_after=10.0, clock=clock)  # type: ignore[arg-type]
+    dog = StallWatchdog(reg, high_seqnos, stall_after=10.0, clock=clock, catch_up_after=5.0)  # type: ignore[arg-type]
     dog.reset()
     return dog, clock
 
@@ -71,7 +71,7 @@ def test_pending_changes_without_progress_is_a_stall_naming_index_and_lag() -> N
     assert stall.keyspace == "ks"
     assert stall.behind == {"name_i1": {0: 17}, "name_i2": {0: 17}}
     assert stall.total == 34
-    assert "index name_i1 behind in partitions {0: 17}" in stall.describe()
+    assert "index name_i1 behind the high seqnos in partitions {0: 17}" in stall.describe()
     assert dog.stalls == 1
     # Reported once per stall_after while it lasts, not at every supervisor poll.
     clock.now += 1.0
@@ -146,3 +146,39 @@ def test_a_failed_ask_is_tried_again_a_period_later() -> None:
         except ShardexError:
             failed += 1
     assert failed == len(asks) == 2
+
+
+def test_an_index_behind_the_idle_streams_position_is_a_stall_without_asking() -> None:
+    # Rebuilt under writes that stopped before it joined: the stream read past its T0.
+    reg = _Registry(joined={"i1": _ts(p0=5, p1=9)})
+    asks: list[int] = []
+    dog, clock = _watchdog(reg, [_ts(p0=17, p1=9)], asks)
+    position = _ts(p0=17, p1=9)
+    clock.now += 0.5
+    assert dog.check(position) is None  # behind: the clock starts
+    clock.now += 3.0
+    assert dog.check(None) is None  # a batch or round runs: not idle, the clock stops
+    clock.now += 0.5
+    assert dog.check(position) is None
+    clock.now += 4.0
+    assert dog.check(position) is None  # 4 s of catch_up_after's 5
+    clock.now += 1.5
+    stall = dog.check(position)
+    assert stall is not None
+    assert stall.behind == {"name_i1": {0: 12}}
+    assert "behind the stream's position" in stall.describe()
+    assert asks == []  # the stream's own position: no HighSeqnos
+
+
+def test_progress_or_another_branch_is_no_position_stall() -> None:
+    reg = _Registry(joined={"i1": _ts(p0=5)})
+    dog, clock = _watchdog(reg, [_ts(p0=5)], [])
+    other = Timestamp.from_wire({0: (17, 8)})  # the position on another uuid
+    for _ in range(20):
+        clock.now += 0.5
+        assert dog.check(other) is None
+    position = _ts(p0=17)
+    for seqno in range(6, 16):  # a slow catch-up that advances: never a stall
+        clock.now += 1.0
+        reg.joined["i1"] = _ts(p0=seqno)
+        assert dog.check(position) is None

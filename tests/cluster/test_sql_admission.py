@@ -26,7 +26,7 @@ from shardex.net import Connection, TcpTransport, connect
 from shardex.net.credentials import UserLogin
 from shardex.runtime.pidfile import pid_alive
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY
-from shardex.sql.exec.service import BLOCK_ROWS
+from shardex.sql.exec.reply import BLOCK_ROWS
 
 pytestmark = pytest.mark.cluster
 

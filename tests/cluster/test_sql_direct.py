@@ -17,7 +17,7 @@ import shardex.client.query as query_module
 from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY
-from shardex.sql.exec.service import BLOCK_ROWS
+from shardex.sql.exec.reply import BLOCK_ROWS
 
 pytestmark = pytest.mark.cluster
 

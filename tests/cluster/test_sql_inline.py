@@ -16,7 +16,7 @@ from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.exec.plan import INLINE_KEYS
-from shardex.sql.exec.service import BLOCK_ROWS
+from shardex.sql.exec.reply import BLOCK_ROWS
 
 pytestmark = pytest.mark.cluster
 

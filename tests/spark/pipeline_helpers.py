@@ -60,13 +60,15 @@ def running_pipeline(
     *,
     poll: float = 0.2,
     each_job: Callable[[MaintenanceJob], None] | None = None,
+    stall_after: float | None = None,
 ) -> Iterator[PipelineDriver]:
     """The pipeline driver of the cluster in ``cluster_dir`` (its own client), supervising
     in a daemon thread until the block ends; ``each_job`` adjusts every maintenance job it
-    makes (before its query starts)."""
+    makes (before its query starts); ``stall_after``: the stall watchdog's period."""
     with connect_local(cluster_dir, as_node=True) as driver_client:
+        extra = {} if stall_after is None else {"stall_after": stall_after}
         driver = PipelineDriver(
-            spark, driver_client, {"cluster_dir": str(cluster_dir)}, checkpoints, poll=poll
+            spark, driver_client, {"cluster_dir": str(cluster_dir)}, checkpoints, poll=poll, **extra
         )
         if each_job is not None:
             make = driver._job

@@ -6,7 +6,9 @@ runs initial builds for indexes that need one (new, or hit by a rollback: ``buil
 builder thread, so a build never stops the maintenance of the other indexes. A query that
 dies is restarted from its Spark checkpoint (``<checkpoints>/<keyspace>-<uuid>/gen-N``) after
 a back-off; a ROLLBACK starts a new generation (``rollback.py``); a failed build is retried.
-A keyspace whose indexes are all gone has its query stopped.
+A query that runs but stops applying changes while some are pending (``watchdog.py``) is
+logged and restarted in a new generation from its indexes' applied TS. A keyspace whose
+indexes are all gone has its query stopped.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
+from shardex.errors import ShardexError
 from shardex.meta.index_state import ACTIVE, BUILDING
 from shardex.pipeline.batch_steps import BatchStats
 from shardex.pipeline.build import BuildResult, InitialBuild
@@ -29,6 +32,7 @@ from shardex.pipeline.maintain import DEFAULT_DRIVER_READ_MAX, MaintenanceJob
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.rollback import current_generation, handle_rollback, new_generation
 from shardex.pipeline.source.types import parse_rollback
+from shardex.pipeline.watchdog import DEFAULT_STALL_AFTER, Stall, StallWatchdog
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -40,6 +44,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_POLL = 1.0
 RESTART_BACKOFF = (1.0, 30.0)  # first and largest pause before restarting a failed query
+# How long a stalled query gets to stop before the watchdog gives up until its next check (a
+# batch blocked in foreachBatch holds Spark's stop; the supervisor must not hang on it).
+STALL_STOP_TIMEOUT = 30.0
 
 
 @dataclass
@@ -50,6 +57,7 @@ class KeyspacePipeline:
     uuid: str
     registry: IndexRegistry
     job: MaintenanceJob
+    watchdog: StallWatchdog
     query: StreamingQuery | None = None
     builder: threading.Thread | None = None
     failures: int = 0
@@ -57,6 +65,8 @@ class KeyspacePipeline:
     builds: list[BuildResult] = field(default_factory=list)
     build_failures: int = 0
     rollbacks: int = 0
+    stalls: int = 0  # queries the watchdog restarted
+    stopping: threading.Thread | None = None  # a stalled query being stopped
 
 
 class PipelineDriver:
@@ -74,8 +84,11 @@ class PipelineDriver:
         on_batch: Callable[[BatchStats], None] | None = None,
         driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
         overlap_stabilise: bool = True,
+        stall_after: float = DEFAULT_STALL_AFTER,
     ) -> None:
         self.spark = spark
+        # Seconds without progress, changes pending, before a query is restarted (0: never).
+        self.stall_after = stall_after
         self.driver_read_max = driver_read_max
         # False: each batch's round runs inside foreachBatch (``MaintenanceJob``)
         self.overlap_stabilise = overlap_stabilise
@@ -130,7 +143,12 @@ class PipelineDriver:
         checkpoint = current_generation(self.checkpoint_root / f"{name}-{uuid}")
         job = self._job(registry, checkpoint)
         log.info("maintaining keyspace %s (checkpoint %s)", name, checkpoint)
-        return KeyspacePipeline(keyspace=name, uuid=uuid, registry=registry, job=job)
+        watchdog = StallWatchdog(
+            registry, lambda: self.client.high_seqnos(name), stall_after=self.stall_after
+        )
+        return KeyspacePipeline(
+            keyspace=name, uuid=uuid, registry=registry, job=job, watchdog=watchdog
+        )
 
     def _job(self, registry: IndexRegistry, checkpoint: Path) -> MaintenanceJob:
         return MaintenanceJob(
@@ -172,6 +190,7 @@ class PipelineDriver:
                 handle_rollback(self.client, kp.registry, info)
                 kp.job = self._job(kp.registry, new_generation(kp.job.checkpoint.parent))
                 kp.query = kp.job.start()
+                kp.watchdog.reset()
                 # Counted once the new generation runs: observers (tests, status) that see
                 # the count see the new job too.
                 kp.rollbacks += 1
@@ -188,8 +207,17 @@ class PipelineDriver:
             kp.query = None
         if kp.query is None and time.monotonic() >= kp.restart_at:
             kp.query = kp.job.start()
+            kp.watchdog.reset()
         elif kp.failures and kp.query is not None and kp.query.lastProgress is not None:
             kp.failures = 0  # it runs again: the next failure starts the back-off afresh
+        if kp.query is not None and kp.query.isActive:
+            try:
+                stall = kp.watchdog.check(kp.job.position())
+            except ShardexError as exc:  # no high seqnos now (a node down): next period
+                log.info("stall check of %s: %s", kp.keyspace, exc)
+                stall = None
+            if stall is not None:
+                self._restart_stalled(kp, stall)
         if kp.builder is None or not kp.builder.is_alive():
             todo = kp.registry.needs_build()
             if todo:
@@ -202,6 +230,39 @@ class PipelineDriver:
             kp.job.idle_round()
         except Exception as exc:  # tried again next poll; other keyspaces go on
             log.warning("idle stabilise round of %s: %s", kp.keyspace, exc)
+
+    def _restart_stalled(self, kp: KeyspacePipeline, stall: Stall) -> None:
+        """The watchdog found the query running without applying pending changes: stop it
+        (bounded: a batch blocked in foreachBatch holds Spark's stop) and start a new
+        checkpoint generation at the maintained indexes' lowest applied TS."""
+        log.warning(
+            "maintenance of keyspace %s applied nothing for %.0f s with %d changes pending "
+            "(%s); restarting its query in a new checkpoint generation from the indexes' "
+            "applied TS",
+            stall.keyspace,
+            stall.seconds,
+            stall.total,
+            stall.describe(),
+        )
+        if kp.stopping is None or not kp.stopping.is_alive():
+            kp.stopping = threading.Thread(
+                target=self._stop_keyspace, args=(kp,), name=f"stop-{kp.keyspace}", daemon=True
+            )
+            kp.stopping.start()
+        kp.stopping.join(STALL_STOP_TIMEOUT)
+        if kp.stopping.is_alive():
+            log.warning(
+                "the stalled query of %s did not stop within %.0f s; trying again in %.0f s",
+                kp.keyspace,
+                STALL_STOP_TIMEOUT,
+                self.stall_after,
+            )
+            return
+        kp.stopping = None
+        kp.job = self._job(kp.registry, new_generation(kp.job.checkpoint.parent))
+        kp.query = kp.job.start()
+        kp.watchdog.reset()
+        kp.stalls += 1
 
     def _build(self, kp: KeyspacePipeline, views: list[Any]) -> None:
         builder = InitialBuild(self.spark, self.client, kp.registry, self.source_options)

@@ -296,6 +296,9 @@ class MaintenanceJob:
         top = end  # the TS this batch stabilises at
         if self.stabilise_ahead and not self.stopping and self._left_to_rounds(end):
             # The rounds between batches carry on past this batch's end: nothing to do.
+            # Spark's trigger saw new offsets: an idle read-ahead looks now, not after its
+            # back-off (``rounds/read_ahead.py``).
+            self.read_ahead.wake()
             stats.between = True
             stats.total = time.perf_counter() - t0
             self._record(stats)
@@ -479,6 +482,13 @@ class MaintenanceJob:
         self.steps.move_rounds.confirmed(moving)
         log.info("idle stabilise round at the stream's position for moves of %s", moving)
         return sorted(moving)
+
+    def position(self) -> Timestamp | None:
+        """Where the stream stands (its last committed batch's end) while no batch or round
+        runs; None while one does (the stall watchdog's view: ``watchdog.py``)."""
+        if self._batch_lock.locked() or self._round_lock.locked() or self.tail.busy():
+            return None
+        return self._committed_position()
 
     def _committed_position(self) -> Timestamp | None:
         """The end of the checkpoint's last committed batch (where the next batch starts),

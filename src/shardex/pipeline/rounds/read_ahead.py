@@ -15,6 +15,8 @@ apart, at most ``max_piece`` changes, never past the batch cap), and hands what 
 ``deliver`` as it goes, which starts a round (everything read so far, the stabilise at
 its end, the publish) on a thread of its own while the next piece is read and drops the rows
 of a round published for every index (``Ahead.start`` moves to its end).
+With nothing new it looks less often (``next_pause``: at most once per piece interval), and
+a batch that Spark starts meanwhile (its trigger saw the offsets move) ``wake``s it at once.
 
 Why it is exact: a batch (S, E] needs, per partition p, the key versions of the records
 (S[p], E[p]] on the branch E[p].uuid, projected with the batch's definitions. The read-ahead
@@ -42,7 +44,7 @@ from shardex.meta.index_definition import IndexDefinition
 from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.source.plan import limit_offsets
 
-__all__ = ["Ahead", "ReadAhead", "Taken"]
+__all__ = ["Ahead", "ReadAhead", "Taken", "next_pause"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,8 @@ class ReadAhead:
         self.on_end: Callable[[], None] | None = None  # called as the thread ends
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # Set by ``wake`` (and by a halt): an idle poll's pause ends at once.
+        self._wake = threading.Event()
         self._ahead: Ahead | None = None
         self._carried: Ahead | None = None  # rows beyond the last batch's end
         self.hits = 0  # batches that took rows from a read-ahead
@@ -136,6 +140,7 @@ class ReadAhead:
             ahead = Ahead(frozen, start, start, [])
         self._ahead = ahead
         stop = self._stop = threading.Event()
+        self._wake.clear()
 
         def run() -> None:
             try:
@@ -180,10 +185,8 @@ class ReadAhead:
                     more = self.max_piece > 0 and _changes(ahead.end, latest) > 0
                 else:
                     more = False
-                    pause = min(self.max_pause, pause * 2)  # idle: poll the high seqnos less
-                    if self.piece_interval is not None:  # but not past the next piece's due
-                        wait = self.piece_interval - (time.monotonic() - last_piece)
-                        pause = min(pause, max(0.01, wait))
+                    since = time.monotonic() - last_piece
+                    pause = next_pause(pause, self.max_pause, self.piece_interval, n, since)
                 first = False
             # With more to read, a round in flight is not waited for (its successor starts
             # after the next piece); with nothing, ``deliver`` waits a little for it.
@@ -193,8 +196,10 @@ class ReadAhead:
             reading = self.rolling and not self._capped(ahead)
             if not reading and (deliver is None or not ahead.rows):
                 return
-            if reading and not hurry:
-                stop.wait(pause)
+            # A batch saw new offsets (``wake``): the pause ends, the poll looks now.
+            if reading and not hurry and self._wake.wait(pause):
+                self._wake.clear()
+                pause = self.pause
 
     def _capped(self, ahead: Ahead) -> bool:
         """The read-ahead holds as many changes as a batch may (no more is read)."""
@@ -238,6 +243,11 @@ class ReadAhead:
         thread = self._thread
         return thread is not None and thread.is_alive()
 
+    def wake(self) -> None:
+        """Poll the high seqnos now: Spark's trigger saw them move (a batch came), while
+        this thread, idle, may be in a pause of up to ``max_pause``."""
+        self._wake.set()
+
     def halt(self) -> None:
         """Stop the thread (waiting for what it is doing: a piece, or a stability round
         between batches) and keep what it read for ``take``."""
@@ -245,9 +255,27 @@ class ReadAhead:
 
     def _halt(self) -> None:
         self._stop.set()
+        self._wake.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
+
+
+def next_pause(
+    pause: float, max_pause: float, piece_interval: float | None, held: int, since: float
+) -> float:
+    """The pause before the next look at the high seqnos after one that read nothing:
+    ``held`` changes are waiting for a piece, ``since`` seconds after the last one. Twice the
+    last pause, at most ``max_pause``; with changes waiting, not past their piece's due; with
+    none, no longer than a piece interval (an idle keyspace's first write is seen within one).
+    Polling at once when a piece was overdue with nothing waiting, as it did, asked every
+    10 ms on an idle keyspace: ~100 HighSeqnos a second per node (decision 0107)."""
+    pause = min(max_pause, pause * 2)
+    if piece_interval is None:
+        return pause
+    if held > 0:
+        return min(pause, max(0.01, piece_interval - since))
+    return min(pause, piece_interval)
 
 
 def _carry(ahead: Ahead, end: Timestamp) -> Ahead | None:

@@ -50,6 +50,11 @@ HIGH_SEQNOS = ("owners", "gather")
 # and to ~25/s in practice, adds at most 20 ms before an idle query notices a write, and
 # changes nothing under load (a busy query's previous ask is a whole batch old).
 DEFAULT_LATEST_OFFSET_INTERVAL_MS = 20.0
+# ... and while nothing changes the reuse grows to this (``source/idle.py``): an idle stream
+# asks each owner ~4 times a second instead of ~25-50. The maintenance job's read-ahead polls
+# every 100 ms meanwhile and notices a write first; without it, an idle stream's first write
+# waits at most this long to be noticed (docs/decisions/0107-idle-high-seqnos-backoff.md).
+DEFAULT_IDLE_OFFSET_INTERVAL_MS = 250.0
 OWNERS_MAX_AGE = 10.0  # seconds between refreshes of the topology used to group tasks
 
 
@@ -68,6 +73,7 @@ class SourceOptions:
     tasks: str | int = "owner"
     max_records_per_batch: int | None = None
     latest_offset_interval: float = DEFAULT_LATEST_OFFSET_INTERVAL_MS / 1000.0
+    idle_offset_interval: float = DEFAULT_IDLE_OFFSET_INTERVAL_MS / 1000.0
     concurrency: int = DEFAULT_CONCURRENCY
     max_items: int = DEFAULT_MAX_ITEMS
     resume_timeout: float = DEFAULT_RESUME_TIMEOUT
@@ -105,6 +111,8 @@ class SourceOptions:
             latest_offset_interval=_num(
                 o, "latest_offset_interval_ms", DEFAULT_LATEST_OFFSET_INTERVAL_MS
             )
+            / 1000.0,
+            idle_offset_interval=_num(o, "idle_offset_interval_ms", DEFAULT_IDLE_OFFSET_INTERVAL_MS)
             / 1000.0,
             concurrency=int(_num(o, "concurrency", DEFAULT_CONCURRENCY)),
             max_items=int(_num(o, "max_items", DEFAULT_MAX_ITEMS)),

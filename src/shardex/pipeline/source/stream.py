@@ -33,6 +33,7 @@ from shardex.client import Client
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.pipeline.source.follow import FollowSet
+from shardex.pipeline.source.idle import IdlePoll
 from shardex.pipeline.source.options import (
     OWNERS_MAX_AGE,
     ChangeRangesPartition,
@@ -55,6 +56,8 @@ class _OffsetSource:
         self._client: Client | None = None
         self._owner_seqnos: OwnerSeqnos | None = None
         self._latest: tuple[float, Timestamp] | None = None
+        # How long an answer is reused: the base interval, longer while nothing changes.
+        self.poll = IdlePoll(opts.latest_offset_interval, opts.idle_offset_interval)
         self.last_rpc: float | None = None  # seconds of the last high_seqnos RPC (stats)
         self._owners_at = 0.0  # when the driver's topology was last refreshed
         self._owners: dict[int, str] | None = None  # partition -> owner read then
@@ -80,11 +83,12 @@ class _OffsetSource:
         return self._client
 
     def high_seqnos(self, *, fresh: bool = False, partial: bool = False) -> Timestamp:
-        """The partitions' high seqnos (reused for ``latest_offset_interval``). ``partial``:
-        with an owner unreachable, the partitions the others answered (``seqnos.py``)."""
+        """The partitions' high seqnos (reused for ``latest_offset_interval``, up to
+        ``idle_offset_interval`` while they do not change: ``idle.py``). ``partial``: with
+        an owner unreachable, the partitions the others answered (``seqnos.py``)."""
         now = time.monotonic()
         cached = self._latest
-        if not fresh and cached is not None and now - cached[0] < self.opts.latest_offset_interval:
+        if not fresh and cached is not None and now - cached[0] < self.poll.interval:
             return cached[1]
         t0 = time.perf_counter()
         if self.opts.high_seqnos == "owners":
@@ -97,6 +101,7 @@ class _OffsetSource:
         self.stats["rpc_calls"] += 1
         self.stats["rpc_seconds"] += took
         self._latest = (now, ts)
+        self.poll.observe(ts, now)
         return ts
 
     def owners(self) -> dict[int, str]:

@@ -32,7 +32,6 @@ heartbeats and other requests; its fragments bind it likewise (decision 0103).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -42,7 +41,7 @@ import msgspec
 
 from shardex.api.privileges import Privilege, require
 from shardex.api.scan import AT_PLUS, CONSISTENCIES, REQUEST_PLUS
-from shardex.api.scan_streams import OutStream, OutStreams
+from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
     ExchangeStats,
     ExchangeStatsReply,
@@ -66,6 +65,7 @@ from shardex.sql.exec.fragments import lookup_rows, named_keys
 from shardex.sql.exec.local_leaf import run_local, speculate
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY, NodeMemory
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
+from shardex.sql.exec.reply import cells_closing, once, respond
 from shardex.sql.exec.rows import encode_row
 from shardex.sql.exec.stability import StatementStability
 from shardex.sql.exec.statements import bad_request, parsed, prepared_off_loop
@@ -92,8 +92,6 @@ __all__ = [
     "check_statement_size",
 ]
 
-BLOCK_ROWS: Final = 500
-BLOCK_BYTES: Final = 512 * 1024
 MAX_TIMEOUT: Final = 3600.0
 # The longest statement text a node takes, in UTF-8 bytes: checked before parsing (a
 # megabyte of SQL already costs seconds to parse; values that large belong in parameters).
@@ -406,7 +404,7 @@ class SqlService:
             left = max(deadline - loop.time(), 0.001)
             result = await self.query.execute(qplan, params, timeout=left, window=msg.window)
             p.query_id = str(result.query_id)
-            return _cells_closing(result)
+            return cells_closing(result)
 
         async def rerun(failed: str) -> tuple[PhysicalPlan, AsyncIterator[list[bytes]]]:
             avoid.add(failed)
@@ -528,7 +526,7 @@ class SqlService:
     async def _respond_values(
         self, conn: Connection, msg: SqlQuery, started: SqlStarted, values: list[Any], slot: Slot
     ) -> SqlStarted:
-        rows = _once([encode_row(v) for v in values])
+        rows = once([encode_row(v) for v in values])
         return await self._respond(conn, msg, started, rows, slot)
 
     async def _respond(
@@ -539,76 +537,8 @@ class SqlService:
         chunks: AsyncIterator[list[bytes]],
         slot: Slot,
     ) -> SqlStarted:
-        """``started`` with the first block of rows (``inline``; ``done`` when that is all:
-        no stream is opened), the rest on the result stream. An error while the first
-        block is read ends the stream, as it would have after the reply: the reply means
-        "the statement runs", whatever its rows turn out to be. ``slot`` is released when
-        the rows end: here when they all fit the reply, else when the stream's task ends
-        (a done callback runs even for a task cancelled before it started)."""
-        head: list[bytes] = []
-        rest: list[bytes] = []
-        error: BaseException | None = None
-        if check_tuning(msg.tuning)["inline"]:
-            size = 0
-            try:
-                while not rest:
-                    chunk = await anext(chunks, None)
-                    if chunk is None:
-                        slot.release()
-                        return msgspec.structs.replace(started, rows=head, done=True)
-                    for i, cell in enumerate(chunk):
-                        if len(head) >= BLOCK_ROWS or size >= BLOCK_BYTES:
-                            rest = chunk[i:]
-                            break
-                        head.append(cell)
-                        size += len(cell)
-            except Exception as exc:  # it ends the stream, as it would have later
-                error, head = exc, []
-
-        async def produce(out: OutStream) -> None:
-            if error is not None:
-                raise error
-            async with contextlib.aclosing(chunks):
-                for block in _blocks(rest):
-                    await out.send(block)
-                async for chunk in chunks:
-                    for block in _blocks(chunk):
-                        await out.send(block)
-
-        stream = self.streams.start(conn, msg.stream_id, msg.credit, produce)
-        assert stream.task is not None
-        stream.task.add_done_callback(lambda _: slot.release())
-        return msgspec.structs.replace(started, rows=head or None)
+        return await respond(self.streams, conn, msg, started, chunks, slot)
 
 
 def _index_of(plan: PhysicalPlan) -> str | None:
     return None if plan.record is None else plan.record.definition.name
-
-
-async def _once(cells: list[bytes]) -> AsyncIterator[list[bytes]]:
-    yield cells
-
-
-async def _cells_closing(result: Any) -> AsyncIterator[list[bytes]]:
-    """The result's rows (encoded), a batch at a time; closing early cancels the query
-    everywhere."""
-    try:
-        async for batch in result:
-            yield batch.column(0).to_pylist()
-    finally:
-        await result.aclose()
-
-
-def _blocks(cells: list[bytes]) -> list[list[bytes]]:
-    out: list[list[bytes]] = []
-    block: list[bytes] = []
-    size = 0
-    for cell in cells:
-        block.append(cell)
-        size += len(cell)
-        if len(block) >= BLOCK_ROWS or size >= BLOCK_BYTES:
-            out.append(block)
-            block, size = [], 0
-    if block:
-        out.append(block)
-    return out

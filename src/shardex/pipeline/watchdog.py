@@ -1,0 +1,160 @@
+"""The stall watchdog of a keyspace's maintenance stream.
+
+A maintenance query can stop applying changes without failing: a batch that never returns,
+a stream whose batches leave an index out (its applied TS on a branch the stream's offsets
+are not on), a query Spark keeps "active" while nothing moves. The supervisor restarts only
+queries that ended, so such a stall lasts until someone notices the index is behind. The
+watchdog notices: it keeps, per keyspace, the applied TS of every index the stream maintains
+(``IndexRegistry.applied``, advanced by every published round) and the time it last moved.
+When none moved for ``stall_after`` seconds it asks for the keyspace's high seqnos once; if
+some index is behind them (changes are pending), that is a stall: the supervisor logs it,
+naming the keyspace, the indexes, the partitions and the lag, and restarts the query in a
+new checkpoint generation starting at the indexes' lowest applied TS (``driver.py``). If
+nothing is pending (an idle keyspace), the clock starts again: an idle keyspace costs one
+``HighSeqnos`` per ``stall_after`` seconds, not one per supervisor poll.
+
+A second, cheaper rule needs no ask at all: an index behind the stream's *own* position (the
+end of its last committed batch) while no batch or round runs will never be caught up by
+the stream, because Spark starts a batch only for new offsets. That is what an index rebuilt
+under writes meets when the writes stop before it joins (the stream read past its T0 while it
+was not maintained): it stays at T0 until the next write. ``check(position=...)`` reports it
+after ``catch_up_after`` seconds without progress.
+
+Why a restart is safe (``docs/decisions/0109-maintenance-stall-watchdog.md``): the new
+generation starts at or below every maintained index's applied TS, and slices drop key
+versions at or below what they applied, so re-reading is never applying twice; nothing
+beyond the applied TS was published, so nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shardex.core.timestamp import Timestamp
+from shardex.pipeline.registry import IndexRegistry, IndexView
+
+__all__ = ["DEFAULT_CATCH_UP_AFTER", "DEFAULT_STALL_AFTER", "Stall", "StallWatchdog"]
+
+# Seconds without any maintained index advancing, with changes pending, before the stream is
+# called stalled. A healthy stream publishes every few hundred ms under writes; a drain of a
+# large backlog publishes at least once per batch (capped at 20,000 changes). Rebuilds do
+# not count: an index being built is not maintained until it joins.
+DEFAULT_STALL_AFTER = 60.0
+# Seconds an index may stay behind the idle stream's own position, without progress, before
+# the query is restarted (a healthy stream's next batch or round catches it up at once).
+DEFAULT_CATCH_UP_AFTER = 5.0
+
+
+@dataclass(frozen=True)
+class Stall:
+    """What the watchdog found: per index name, partition -> changes not applied."""
+
+    keyspace: str
+    seconds: float  # since the last progress
+    behind: dict[str, dict[int, int]]
+    # What they are behind: "the high seqnos", or "the stream's position" (idle stream).
+    of: str = "the high seqnos"
+
+    @property
+    def total(self) -> int:
+        return sum(sum(parts.values()) for parts in self.behind.values())
+
+    def describe(self) -> str:
+        parts = []
+        for name, lag in sorted(self.behind.items()):
+            shown = ", ".join(f"{p}: {n}" for p, n in sorted(lag.items())[:16])
+            more = f" and {len(lag) - 16} more" if len(lag) > 16 else ""
+            parts.append(f"index {name} behind {self.of} in partitions {{{shown}}}{more}")
+        return "; ".join(parts)
+
+
+class StallWatchdog:
+    """Progress of one keyspace's maintained indexes; ``check`` says when it stalled."""
+
+    def __init__(
+        self,
+        registry: IndexRegistry,
+        high_seqnos: Callable[[], Timestamp],
+        stall_after: float = DEFAULT_STALL_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+        catch_up_after: float = DEFAULT_CATCH_UP_AFTER,
+    ) -> None:
+        self.registry = registry
+        self._high = high_seqnos
+        self.stall_after = stall_after
+        self.catch_up_after = catch_up_after
+        self._idle_behind: float | None = None  # since when an index is behind the position
+        self._clock = clock
+        self._seen: dict[str, Timestamp] | None = None  # the applied TSs last seen
+        self._since = clock()  # when they last changed (or the clock was last reset)
+        self.stalls = 0  # stalls reported (tests, status)
+
+    def reset(self) -> None:
+        """Start the clock again (a new query: give it ``stall_after`` to show progress)."""
+        self._seen = self._progress(self.registry.maintained())
+        self._since = self._clock()
+        self._idle_behind = None
+
+    def check(self, position: Timestamp | None = None) -> Stall | None:
+        """A ``Stall`` when no maintained index advanced for ``stall_after`` seconds while
+        the keyspace's high seqnos are ahead of one of them, or for ``catch_up_after``
+        seconds while one is behind ``position`` (the idle stream's own position: None
+        while a batch or round runs); else None."""
+        if self.stall_after <= 0:
+            return None  # turned off
+        views = self.registry.maintained()
+        now = self._clock()
+        seen = self._progress(views)
+        if seen != self._seen:
+            self._seen, self._since, self._idle_behind = seen, now, None
+            return None
+        behind = {} if position is None else self._behind(views, position, same_branch=True)
+        if not behind:
+            self._idle_behind = None
+        elif self._idle_behind is None:
+            self._idle_behind = now
+        elif now - self._idle_behind >= self.catch_up_after:
+            quiet = now - self._since
+            self._idle_behind, self._since = None, now
+            self.stalls += 1
+            return Stall(self.registry.keyspace, quiet, behind, "the stream's position")
+        quiet = now - self._since
+        if not views or quiet < self.stall_after:
+            return None
+        # Whatever the answer (idle, stalled, or no answer: a node down), the next look is
+        # ``stall_after`` from now: one ask and at most one report per period.
+        self._since = now
+        behind = self._behind(views, self._high())
+        if not behind:
+            return None
+        self.stalls += 1
+        return Stall(self.registry.keyspace, quiet, behind)
+
+    def _progress(self, views: Sequence[IndexView]) -> dict[str, Timestamp]:
+        return {v.id: self.registry.applied(v.id) for v in views}
+
+    def _behind(
+        self, views: Sequence[IndexView], high: Timestamp, *, same_branch: bool = False
+    ) -> dict[str, dict[int, int]]:
+        """Per index, partition -> changes ``high`` is ahead of its applied TS. With
+        ``same_branch`` only partitions on the applied TS's branch count (the stream's own
+        position on another branch is the rollback handling's business)."""
+        out: dict[str, dict[int, int]] = {}
+        for v in views:
+            applied = self.registry.applied(v.id)
+            lag: dict[int, int] = {}
+            for p, e in high.items():
+                a = applied.get(p)
+                if same_branch and a is not None and a.seqno > 0 and e.uuid != a.uuid:
+                    continue
+                if a is None:
+                    if e.seqno > 0:
+                        lag[p] = e.seqno
+                elif e.seqno > a.seqno or (e.uuid != a.uuid and e.seqno > 0 and a.seqno > 0):
+                    # Another branch counts as pending too: the stream must follow it.
+                    lag[p] = max(e.seqno - a.seqno, 0) or 1
+            if lag:
+                out[v.definition.name] = lag
+        return out

@@ -32,7 +32,7 @@ from shardex.sql.exec.rows import decode_row, encode_row, pack_state
 from shardex.sql.exec.spill import RunReader, RunWriter, external_sort
 from shardex.sql.operators import AggSpec, value_identity
 from shardex.sql.operators.aggregate import (
-    accumulate_n,
+    accumulate,
     finalize_state,
     init_state,
     merge_state,
@@ -115,9 +115,9 @@ def partial_groups(
         states = g[1]
         before = [len(states[i]) for i, _ in growing]
         for i, a in enumerate(aggs):
-            states[i] = accumulate_n(a, states[i], row, n)
-        for (i, a), n in zip(growing, before, strict=True):
-            size += _added(a, states[i], n)
+            states[i] = accumulate(a, states[i], row, n)
+        for (i, a), had in zip(growing, before, strict=True):
+            size += _added(a, states[i], had)
         if size:
             g[2] += size
             if not res.grow(size):

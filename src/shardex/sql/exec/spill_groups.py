@@ -126,13 +126,23 @@ def partial_groups(
     yield from _handed_on(table, res)
 
 
-def _handed_on(table: dict[bytes, list[Any]], res: Reservation) -> Iterator[PartialGroup]:
-    """The table's groups, each one's bytes given back as it goes downstream (where the
-    next operator charges its own copy)."""
-    for kv, states, size in table.values():
-        res.shrink(size)
-        yield kv, tuple(states)
+def _drained(table: dict[bytes, list[Any]], res: Reservation, size_at: int) -> Iterator[Any]:
+    """The table's entries in order, the table emptied: each entry is let go as it goes
+    downstream and its bytes given back, so the next operator's copy is not held twice
+    (the list of references left is 8 bytes a group, not charged)."""
+    entries = list(table.values())
+    table.clear()
+    for i, entry in enumerate(entries):
+        entries[i] = None
+        res.shrink(entry[size_at])
+        yield entry
     res.release()
+
+
+def _handed_on(table: dict[bytes, list[Any]], res: Reservation) -> Iterator[PartialGroup]:
+    """The table's groups, going downstream."""
+    for kv, states, _ in _drained(table, res, 2):
+        yield kv, tuple(states)
 
 
 class _Table:
@@ -188,11 +198,7 @@ class _Table:
     def groups(self) -> Iterator[list[Any]]:
         """Every group, merged: from memory, or partition by partition."""
         if self.parts is None:
-            table, self.table = self.table, {}
-            for entry in table.values():
-                self.res.shrink(entry[3])  # handed on: the next operator charges its copy
-                yield entry
-            self.res.release()
+            yield from _drained(self.table, self.res, 3)
             return
         self.flush()
         for w in self.parts:

@@ -69,6 +69,10 @@ def owner_of(client: Client, keyspace: str, partition: int) -> str:
     raise KeyError(keyspace)
 
 
+# For tests that kill -9 a node and start it again expecting the same history (no failover):
+# a restart slowed by a loaded machine must not be taken for a lost node.
+NO_AUTO_FAILOVER = ("--auto-failover-timeout", "120")
+
 # Fast failure detection for failover tests: a node silent for 2 s is failed over.
 FAST_FAILOVER = (
     "--heartbeat-interval",

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from cluster_helpers import LocalCluster, wait_for
-from data_helpers import docids_in, read_partition, running_cluster
+from data_helpers import NO_AUTO_FAILOVER, docids_in, read_partition, running_cluster
 
 from shardex.client import Change, MutationResult, connect_local
 from shardex.errors import ErrorCode, ShardexError
@@ -26,7 +26,7 @@ WRITERS = 4  # threads, over two clients
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    with running_cluster(tmp_path_factory.mktemp("data-crash")) as c:
+    with running_cluster(tmp_path_factory.mktemp("data-crash"), extra=NO_AUTO_FAILOVER) as c:
         yield c
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from cluster_helpers import LocalCluster, run_cli, wait_for
-from data_helpers import docids_in, read_partition, running_cluster
+from data_helpers import NO_AUTO_FAILOVER, docids_in, read_partition, running_cluster
 
 from shardex.api.data import Upsert
 from shardex.api.migration import LocalPartitions, LocalPartitionsReply
@@ -41,7 +41,8 @@ WRITERS = 4
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    with running_cluster(tmp_path_factory.mktemp("rebalance"), nodes=2) as c:
+    path = tmp_path_factory.mktemp("rebalance")
+    with running_cluster(path, nodes=2, extra=NO_AUTO_FAILOVER) as c:
         yield c
 
 

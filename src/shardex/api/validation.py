@@ -331,6 +331,14 @@ def durability_level(durability: object) -> str:
     return DURABILITY_ALIASES.get(durability, durability)
 
 
+def write_reply_timeout(durability_timeout: float | None, request_timeout: float) -> float:
+    """Seconds a write's sender waits for its reply: ``request_timeout``, or the write's
+    ``durability_timeout`` plus ``DURABILITY_REPLY_SLACK`` when that is longer."""
+    if durability_timeout is None:
+        return request_timeout
+    return max(request_timeout, durability_timeout + DURABILITY_REPLY_SLACK)
+
+
 def check_durability_timeout(timeout: object) -> float | None:
     """A write's ``durability_timeout`` (seconds; None: the node's default) as a float;
     BAD_REQUEST unless a finite number in (0, MAX_DURABILITY_TIMEOUT]."""

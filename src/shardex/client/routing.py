@@ -29,7 +29,7 @@ from shardex.api.coordinator import StateReply, StateRequest
 from shardex.api.data import StreamBatch, StreamEnd
 from shardex.api.errors import WireError
 from shardex.api.membership import MembersReply, MembersRequest
-from shardex.api.validation import DURABILITY_REPLY_SLACK
+from shardex.api.validation import write_reply_timeout
 from shardex.client.coalesce import WriteCoalescer, send_mutate_many
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
@@ -200,12 +200,8 @@ class DataRouter:
         ``durability_timeout`` needs longer. The node answers DURABILITY_AMBIGUOUS when that
         ends, and that answer, not this client's own TIMEOUT, is what the caller should get:
         ``DURABILITY_REPLY_SLACK`` more."""
-        if (
-            durability_timeout is None
-            or durability_timeout + DURABILITY_REPLY_SLACK <= self.request_timeout
-        ):
-            return None
-        return durability_timeout + DURABILITY_REPLY_SLACK
+        timeout = write_reply_timeout(durability_timeout, self.request_timeout)
+        return None if timeout == self.request_timeout else timeout
 
     async def to_node(self, node: str, msg: Message, expect: type[M]) -> M:
         conn = await self.pool.get(await self.address(node), self.request_timeout)

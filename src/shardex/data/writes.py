@@ -187,47 +187,22 @@ class WritePath:
     # --- routes ------------------------------------------------------------------------------
 
     def on_insert(self, msg: Insert, conn: Connection) -> Awaitable[MutationReply]:
-        return self.mutate_now(
-            "insert",
-            msg.keyspace,
-            msg.docid,
-            msg.doc,
-            None,
-            msg.durability,
-            msg.durability_timeout,
-        )
+        return self._single("insert", msg, msg.doc, None)
 
     def on_upsert(self, msg: Upsert, conn: Connection) -> Awaitable[MutationReply]:
-        return self.mutate_now(
-            "upsert",
-            msg.keyspace,
-            msg.docid,
-            msg.doc,
-            msg.cas,
-            msg.durability,
-            msg.durability_timeout,
-        )
+        return self._single("upsert", msg, msg.doc, msg.cas)
 
     def on_replace(self, msg: Replace, conn: Connection) -> Awaitable[MutationReply]:
-        return self.mutate_now(
-            "replace",
-            msg.keyspace,
-            msg.docid,
-            msg.doc,
-            msg.cas,
-            msg.durability,
-            msg.durability_timeout,
-        )
+        return self._single("replace", msg, msg.doc, msg.cas)
 
     def on_delete(self, msg: Delete, conn: Connection) -> Awaitable[MutationReply]:
+        return self._single("delete", msg, None, msg.cas)
+
+    def _single(
+        self, kind: str, msg: Insert | Upsert | Replace | Delete, doc: bytes | None, cas: int | None
+    ) -> Awaitable[MutationReply]:
         return self.mutate_now(
-            "delete",
-            msg.keyspace,
-            msg.docid,
-            None,
-            msg.cas,
-            msg.durability,
-            msg.durability_timeout,
+            kind, msg.keyspace, msg.docid, doc, cas, msg.durability, msg.durability_timeout
         )
 
     async def on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:

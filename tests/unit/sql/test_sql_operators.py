@@ -215,9 +215,9 @@ def test_sum_is_exact_whatever_the_order() -> None:
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(agg_values, st.integers(1, 5)), max_size=20))
 def test_a_run_accumulates_as_its_rows_one_by_one(runs: list[tuple[Any, int]]) -> None:
-    """``accumulate_n`` (a covering scan's run of entries with one key) leaves every kind
+    """``accumulate`` of a run (a covering scan's run of entries with one key) leaves every kind
     of state as ``n`` single steps do, ARRAY_AGG's list included."""
-    from shardex.sql.operators.aggregate import _accumulate, _accumulate_n, _finalize, _init
+    from shardex.sql.operators.aggregate import _accumulate, _finalize, _init
 
     specs = [*AGGS, AggSpec("ARRAY_AGG", lambda r: r.get("v", MISSING))]
     for spec in specs:
@@ -226,5 +226,5 @@ def test_a_run_accumulates_as_its_rows_one_by_one(runs: list[tuple[Any, int]]) -
             row = _rows([(MISSING, v)])[0]
             for _ in range(n):
                 one = _accumulate(spec, one, row)
-            many = _accumulate_n(spec, many, row, n)
+            many = _accumulate(spec, many, row, n)
         assert _ident((_finalize(spec, many),)) == _ident((_finalize(spec, one),)), spec

@@ -28,7 +28,7 @@ from shardex.api.data import (
     Upsert,
 )
 from shardex.api.records import MutationResult
-from shardex.api.validation import DURABILITY_REPLY_SLACK
+from shardex.api.validation import write_reply_timeout
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.partitioning import partition_of
 from shardex.net import ConnectionPool
@@ -101,9 +101,7 @@ class DocumentAccess:
         """``msg`` to the document's owner, re-routed after NOT_MY_PARTITION. A write whose
         ``durability_timeout`` is longer than the request timeout is waited for that long
         (and a slack), so the statement fails with the owner's DURABILITY_AMBIGUOUS."""
-        timeout = REQUEST_TIMEOUT
-        if durability_timeout is not None:
-            timeout = max(timeout, durability_timeout + DURABILITY_REPLY_SLACK)
+        timeout = write_reply_timeout(durability_timeout, REQUEST_TIMEOUT)
         last: ShardexError | None = None
         for attempt in range(ROUTE_ATTEMPTS):
             if attempt:

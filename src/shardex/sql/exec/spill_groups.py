@@ -32,7 +32,7 @@ from shardex.sql.exec.rows import decode_row, encode_row, pack_state
 from shardex.sql.exec.spill import RunReader, RunWriter, external_sort
 from shardex.sql.operators import AggSpec, value_identity
 from shardex.sql.operators.aggregate import (
-    accumulate_n,
+    accumulate,
     finalize_state,
     init_state,
     merge_state,
@@ -115,9 +115,9 @@ def partial_groups(
         states = g[1]
         before = [len(states[i]) for i, _ in growing]
         for i, a in enumerate(aggs):
-            states[i] = accumulate_n(a, states[i], row, n)
-        for (i, a), n in zip(growing, before, strict=True):
-            size += _added(a, states[i], n)
+            states[i] = accumulate(a, states[i], row, n)
+        for (i, a), had in zip(growing, before, strict=True):
+            size += _added(a, states[i], had)
         if size:
             g[2] += size
             if not res.grow(size):
@@ -126,13 +126,23 @@ def partial_groups(
     yield from _handed_on(table, res)
 
 
-def _handed_on(table: dict[bytes, list[Any]], res: Reservation) -> Iterator[PartialGroup]:
-    """The table's groups, each one's bytes given back as it goes downstream (where the
-    next operator charges its own copy)."""
-    for kv, states, size in table.values():
-        res.shrink(size)
-        yield kv, tuple(states)
+def _drained(table: dict[bytes, list[Any]], res: Reservation, size_at: int) -> Iterator[Any]:
+    """The table's entries in order, the table emptied: each entry is let go as it goes
+    downstream and its bytes given back, so the next operator's copy is not held twice
+    (the list of references left is 8 bytes a group, not charged)."""
+    entries = list(table.values())
+    table.clear()
+    for i, entry in enumerate(entries):
+        entries[i] = None
+        res.shrink(entry[size_at])
+        yield entry
     res.release()
+
+
+def _handed_on(table: dict[bytes, list[Any]], res: Reservation) -> Iterator[PartialGroup]:
+    """The table's groups, going downstream."""
+    for kv, states, _ in _drained(table, res, 2):
+        yield kv, tuple(states)
 
 
 class _Table:
@@ -188,11 +198,7 @@ class _Table:
     def groups(self) -> Iterator[list[Any]]:
         """Every group, merged: from memory, or partition by partition."""
         if self.parts is None:
-            table, self.table = self.table, {}
-            for entry in table.values():
-                self.res.shrink(entry[3])  # handed on: the next operator charges its copy
-                yield entry
-            self.res.release()
+            yield from _drained(self.table, self.res, 3)
             return
         self.flush()
         for w in self.parts:

@@ -43,16 +43,8 @@ class SumState:
     count: int = 0
     saw_float: bool = False
 
-    def add(self, v: Any) -> None:
-        if type(v) is int:
-            self.ints += v
-        else:
-            self.floats += Fraction(v)
-            self.saw_float = True
-        self.count += 1
-
-    def add_n(self, v: Any, n: int) -> None:
-        """``add(v)`` ``n`` times: exact, as the sums are."""
+    def add(self, v: Any, n: int = 1) -> None:
+        """``v`` added ``n`` times: exact, as the sums are."""
         if type(v) is int:
             self.ints += v * n
         else:
@@ -108,36 +100,10 @@ def _better(kind: str, current: Any, v: Any) -> Any:
     return v if (c < 0 if kind == "MIN" else c > 0) else current
 
 
-def _accumulate(spec: AggSpec, state: Any, row: Any) -> Any:
-    if spec.arg is None:  # COUNT(*)
-        return state + 1
-    v = spec.arg(row)
-    if v is MISSING:
-        return state
-    if spec.distinct:
-        if v is not None:
-            state.setdefault(value_identity(v), v)
-        return state
-    kind = spec.kind
-    if kind == "ARRAY_AGG":
-        state.append(v)
-        return state
-    if v is None:
-        return state
-    if kind == "COUNT":
-        return state + 1
-    if kind in ("SUM", "AVG"):
-        if is_number(v):
-            state.add(v)
-        return state
-    return _better(kind, state, v)
-
-
-def _accumulate_n(spec: AggSpec, state: Any, row: Any, n: int) -> Any:
-    """``_accumulate`` of ``n`` rows equal to ``row`` (a run of index entries with one key,
-    on a covering scan), in one step: each kind's state is what ``n`` single steps give."""
-    if n == 1:
-        return _accumulate(spec, state, row)
+def _accumulate(spec: AggSpec, state: Any, row: Any, n: int = 1) -> Any:
+    """``state`` after ``n`` rows equal to ``row`` (``n`` > 1: a run of index entries with
+    one key on a covering scan, taken in one step: each kind's state is what ``n`` single
+    steps give)."""
     if spec.arg is None:  # COUNT(*)
         return state + n
     v = spec.arg(row)
@@ -149,7 +115,10 @@ def _accumulate_n(spec: AggSpec, state: Any, row: Any, n: int) -> Any:
         return state
     kind = spec.kind
     if kind == "ARRAY_AGG":
-        state.extend([v] * n)
+        if n == 1:
+            state.append(v)
+        else:
+            state.extend([v] * n)
         return state
     if v is None:
         return state
@@ -157,7 +126,7 @@ def _accumulate_n(spec: AggSpec, state: Any, row: Any, n: int) -> Any:
         return state + n
     if kind in ("SUM", "AVG"):
         if is_number(v):
-            state.add_n(v, n)
+            state.add(v, n)
         return state
     return _better(kind, state, v)
 
@@ -277,6 +246,5 @@ def aggregate(
 # ``shardex.sql.exec.spill_groups``): one definition of what a state is and how it merges.
 init_state = _init
 accumulate = _accumulate
-accumulate_n = _accumulate_n
 merge_state = _merge
 finalize_state = _finalize

@@ -4,11 +4,11 @@ stand in for storing a million rows (the run itself is by hand: ``python -m benc
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from bench import sql_memory as sm
+from shardex.testing.procs import wait_for
 
 
 def test_rss_is_read_from_proc_and_the_sampler_keeps_the_peak() -> None:
@@ -20,10 +20,7 @@ def test_rss_is_read_from_proc_and_the_sampler_keeps_the_peak() -> None:
         for i in range(0, len(held), 4096):
             held[i] = 1
         wanted = s.samples + 3  # three samples after the memory is touched
-        deadline = time.monotonic() + 60
-        while s.samples < wanted and time.monotonic() < deadline:
-            time.sleep(sm.SAMPLE_S / 4)
-        assert s.samples >= wanted, "the sampler stopped sampling"
+        wait_for(lambda: s.samples >= wanted, 60, sm.SAMPLE_S / 4, "three more RSS samples")
     assert s.peak["self"] >= before + (60 << 20)
     del held
 

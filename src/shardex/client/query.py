@@ -106,12 +106,8 @@ class QueryRows:
         try:
             while True:
                 answered, block = stream.poll()  # the reply's rows: no loop round trip
-                if answered:
-                    pass
-                elif isinstance(stream, DirectStream):
-                    block = stream.read(self._block_timeout)
-                else:
-                    block = self._rpc.run(stream.next_block())
+                if not answered:
+                    block = self._next_block(stream)
                 if block is None:
                     break
                 for cell in block:
@@ -121,6 +117,12 @@ class QueryRows:
         finally:
             self.close()
         self._done()
+
+    def _next_block(self, stream: InStream | DirectStream) -> list[bytes] | None:
+        """The next streamed block: read by this thread from its socket, or by the loop."""
+        if isinstance(stream, DirectStream):
+            return stream.read(self._block_timeout)
+        return self._rpc.run(stream.next_block())
 
     def _done(self) -> None:
         s = self.started

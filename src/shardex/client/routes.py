@@ -92,6 +92,3 @@ class RouteHints:
 
     def drop(self, statement: str) -> None:
         self._hints.pop(statement, None)
-
-    def __len__(self) -> int:
-        return len(self._hints)

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from shardex.sql.exec.rows import to_batches
 
-__all__ = ["run_pipeline"]
+__all__ = ["close_all", "run_pipeline"]
 
 QUEUE_BATCHES: Final = 2
 INLINE_ROWS: Final = 256  # rows read on the loop at most before the thread takes over
@@ -168,10 +168,10 @@ async def run_pipeline(
         async for batch in _threaded(fn, replays, name=name, decode=decode, pack=pack):
             yield batch
     finally:
-        await _close_all(sources)
+        await close_all(sources)
 
 
-async def _close_all(sources: list[AsyncIterator[list[Any]]]) -> None:
+async def close_all(sources: list[AsyncIterator[list[Any]]]) -> None:
     for s in sources:
         aclose = getattr(s, "aclose", None)
         if aclose is not None:
@@ -218,4 +218,4 @@ async def _threaded(
             yield value
     finally:
         link.stop()
-        await _close_all(sources)
+        await close_all(sources)

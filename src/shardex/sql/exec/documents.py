@@ -61,8 +61,6 @@ class DocumentAccess:
         self._own_address: str | None = None
 
     def _is_own(self, address: str) -> bool:
-        if self.local_get_many is None:
-            return False
         if self._own_address is None:
             try:
                 self._own_address = self.view.address(self.view.name)
@@ -186,8 +184,9 @@ class DocumentAccess:
         is raised."""
         msg = GetMany(keyspace=keyspace, docids=docids, with_cas=with_cas)
         try:
-            if self.local_get_many is not None and self._is_own(address):
-                reply = await self.local_get_many(msg)
+            local = self.local_get_many
+            if local is not None and self._is_own(address):
+                reply = await local(msg)
             else:
                 reply = await self.pool.request(address, msg, REQUEST_TIMEOUT, expect=GetManyReply)
         except ShardexError as exc:

@@ -4,7 +4,6 @@ execution protocol; the row work runs in ``bridge.run_pipeline`` over ``pipeline
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -16,13 +15,19 @@ from shardex.core.spans import Span
 from shardex.core.timestamp import Timestamp
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.analyze import key_lookup, reads_meta
-from shardex.sql.exec.bridge import Pack, run_pipeline
+from shardex.sql.exec.analyze import reads_meta
+from shardex.sql.exec.bridge import Pack, close_all, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.fragment_rows import leaf_rows, root_rows
 from shardex.sql.exec.memory import NodeMemory
-from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, bind_statement, lookup_keys
+from shardex.sql.exec.plan import (
+    LEAF_KIND,
+    ROOT_KIND,
+    bind_statement,
+    lookup_keys,
+    statement_facts,
+)
 from shardex.sql.exec.rows import cells_batch, decode_row, to_batches
 from shardex.sql.exec.statements import prepared_off_loop
 from shardex.sql.exec.tuning import check_tuning
@@ -218,11 +223,7 @@ async def _concatenated(
                 if left == 0:
                     return
     finally:
-        for source in sources:
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(RuntimeError, asyncio.CancelledError):
-                    await aclose()
+        await close_all(sources)
 
 
 async def _once(rows: list[Any]) -> AsyncIterator[list[Any]]:
@@ -250,6 +251,6 @@ async def lookup_rows(
 
 def named_keys(b: Any, params: Any) -> list[str]:
     """The document ids a key-lookup SELECT names, in its order."""
-    lookup = key_lookup(b)
+    lookup = statement_facts(b).key_lookup
     assert lookup is not None
     return lookup_keys(lookup.keys, params, dedupe=lookup.source == "meta_id")

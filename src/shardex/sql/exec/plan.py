@@ -32,7 +32,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_state import ACTIVE, IndexRecord, latest_index_topology
 from shardex.meta.state import StateContext
 from shardex.scan.scan_checks import check_servable
-from shardex.sql.exec.analyze import doc_order, doc_where, key_lookup, read_paths
+from shardex.sql.exec.analyze import KeyLookup, doc_order, doc_where, key_lookup, read_paths
 from shardex.sql.exec.fragment_rows import mode_of
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.tuning import check_tuning
@@ -263,7 +263,7 @@ def _counts(b: BoundSelect, params: Any, resolve_params: bool) -> tuple[int | No
 class _Facts:
     """What planning reads off a bound SELECT whatever the parameters and the cluster."""
 
-    key_lookup: bool
+    key_lookup: KeyLookup | None  # the ids it names, when it names them
     where: Any
     order: Any
     read_paths: Any
@@ -273,7 +273,7 @@ FACTS_MAX = 512
 _facts_memo: OrderedDict[int, tuple[BoundSelect, _Facts]] = OrderedDict()
 
 
-def _facts(b: BoundSelect) -> _Facts:
+def statement_facts(b: BoundSelect) -> _Facts:
     """``_Facts`` of ``b``, once per bound statement object (the statement cache hands the
     same one to every execution of a text). Keyed by identity with ``b`` kept alive, so the
     id is not reused; an LRU. Planning runs on the event loop only."""
@@ -282,7 +282,7 @@ def _facts(b: BoundSelect) -> _Facts:
         _facts_memo.move_to_end(id(b))
         return hit[1]
     order = doc_order(b) if not b.grouped and not b.order_aliases else []
-    facts = _Facts(key_lookup(b) is not None, doc_where(b), order, read_paths(b))
+    facts = _Facts(key_lookup(b), doc_where(b), order, read_paths(b))
     _facts_memo[id(b)] = (b, facts)
     if len(_facts_memo) > FACTS_MAX:
         _facts_memo.popitem(last=False)
@@ -321,8 +321,8 @@ def plan_select(
             details={"value": list(ref.use_index), "hint": "USE INDEX (name)"},
         )
     use_index = ref.use_index[0] if ref.use_index else None
-    facts = _facts(b)
-    if facts.key_lookup and use_index is None:
+    facts = statement_facts(b)
+    if facts.key_lookup is not None and use_index is None:
         return PhysicalPlan(
             b, "local", "keys", keyspace, limit=limit, offset=offset, tuning=switches
         )

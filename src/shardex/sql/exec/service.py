@@ -56,7 +56,6 @@ from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.coordinator import ScanCoordinator
-from shardex.sql.exec.analyze import key_lookup
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
@@ -64,7 +63,13 @@ from shardex.sql.exec.fragment_rows import root_rows
 from shardex.sql.exec.fragments import lookup_rows, named_keys
 from shardex.sql.exec.local_leaf import run_local, speculate
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY, NodeMemory
-from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan, bind_statement, plan_select
+from shardex.sql.exec.plan import (
+    INLINE_KEYS,
+    PhysicalPlan,
+    bind_statement,
+    plan_select,
+    statement_facts,
+)
 from shardex.sql.exec.reply import cells_closing, once, respond
 from shardex.sql.exec.rows import encode_row
 from shardex.sql.exec.stability import StatementStability
@@ -512,7 +517,7 @@ class SqlService:
         if not plan.tuning["local"]:
             return {}
         if plan.inline:
-            lookup = key_lookup(plan.bound)
+            lookup = statement_facts(plan.bound).key_lookup
             if lookup is not None and isinstance(lookup.keys, Param):
                 return {"route_key": {"keyspace": plan.keyspace, "param": lookup.keys.name}}
             return {}

@@ -36,3 +36,10 @@ def test_the_group_check_wants_one_document_per_group() -> None:
     assert sm._check_groups(iter([{"n": 1, "ages": [3]}, {"n": 1, "ages": [None]}])) == 2
     with pytest.raises(RuntimeError, match="a group of one document"):
         sm._check_groups(iter([{"n": 2, "ages": [3, 4]}]))
+
+
+def test_the_run_fails_when_one_node_went_over_its_allowance() -> None:
+    rows = [{"within": True}, {"within": True}]
+    assert sm.rss_within({"tables": {"node RSS during budgeted queries": rows}})
+    rows.append({"within": False})
+    assert not sm.rss_within({"tables": {"node RSS during budgeted queries": rows}})

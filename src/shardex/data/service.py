@@ -253,6 +253,10 @@ class DataService:
         """A ``GetMany`` answered in-process (``ReadPath``)."""
         return await self.reads.get_many_local(msg)
 
+    def get_many_now(self, msg: GetMany) -> GetManyReply | None:
+        """``get_many_local`` without waiting, or None (``ReadPath.get_many_now``)."""
+        return self.reads.get_many_now(msg)
+
     # --- placement -----------------------------------------------------------------------------
 
     async def _on_open_partitions(self, msg: OpenPartitions, conn: Connection) -> None:

@@ -38,7 +38,14 @@ from shardex.sql.syntax.bind import META_KEY
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["leaf_pipeline", "lookup_rows", "named_keys", "root_pipeline", "sql_fragments"]
+__all__ = [
+    "leaf_pipeline",
+    "lookup_rows",
+    "lookup_scopes",
+    "named_keys",
+    "root_pipeline",
+    "sql_fragments",
+]
 
 SCAN_BLOCK_ROWS = 500
 MIN_SCAN_BLOCK_ROWS = 16
@@ -246,7 +253,12 @@ async def lookup_rows(
     if keys is None:
         keys = named_keys(b, params)
     docs = dict(await fetch(keyspace, list(dict.fromkeys(keys))))
-    yield [{b.alias: docs[k], META_KEY: {"id": k}} for k in keys if k in docs]
+    yield lookup_scopes(b, docs, keys)
+
+
+def lookup_scopes(b: Any, docs: dict[str, Any], keys: list[str]) -> list[Any]:
+    """A key lookup's scope rows: ``keys`` in order (repeats kept), those found in ``docs``."""
+    return [{b.alias: docs[k], META_KEY: {"id": k}} for k in keys if k in docs]
 
 
 def named_keys(b: Any, params: Any) -> list[str]:

@@ -198,7 +198,7 @@ class QueryMemory:
         self.used = 0
         self.closed = False
         self._lock = threading.Lock()
-        self._dir = node.root / _UNSAFE.sub("_", key)
+        self._dir: Path | None = None  # made on first spill: most queries never spill
         self._made = False
         self.files = 0  # spill files made so far
 
@@ -226,13 +226,15 @@ class QueryMemory:
                     details={"hint": "nothing to do: the query's rows are no longer read"},
                 )
             if not self._made:
-                self._dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+                self.directory.mkdir(parents=True, mode=0o700, exist_ok=True)
                 self._made = True
             self.files += 1
-            return self._dir / f"{kind}-{self.files}"
+            return self.directory / f"{kind}-{self.files}"
 
     @property
     def directory(self) -> Path:
+        if self._dir is None:
+            self._dir = self.node.root / _UNSAFE.sub("_", self.key)
         return self._dir
 
     def close(self) -> None:
@@ -245,7 +247,7 @@ class QueryMemory:
             self.used = 0
             made = self._made
         if made:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            shutil.rmtree(self.directory, ignore_errors=True)
             log.info(
                 "query %s spilled %d files past its budget of %d bytes",
                 self.key,

@@ -267,9 +267,17 @@ class _Facts:
     where: Any
     order: Any
     read_paths: Any
+    # The index chosen, by the active index definitions' ids and the USE INDEX hint: the
+    # choice reads the statement's shape, never its parameter values, and weighing every
+    # index was a third of a point query's planning. Ids are never reused (a re-created
+    # index gets a new one), so a key stays true. Bounded: see ``CHOICES_MAX``.
+    choices: dict[tuple[tuple[str, ...], str | None], IndexChoice] = field(
+        default_factory=dict, compare=False
+    )
 
 
 FACTS_MAX = 512
+CHOICES_MAX = 16  # index choices kept per statement (one per set of active indexes)
 _facts_memo: OrderedDict[int, tuple[BoundSelect, _Facts]] = OrderedDict()
 
 
@@ -333,14 +341,20 @@ def plan_select(
             check_servable(hinted[0], keyspace, use_index)  # INDEX_NOT_READY names why
     active = [r for r in records if r.state == ACTIVE]
     order = facts.order
-    choice = choose_index(
-        [r.definition for r in active],
-        facts.where,
-        keyspace=keyspace,
-        read_paths=facts.read_paths,
-        order_by=order,
-        use_index=use_index,
-    )
+    known = (tuple(r.definition.id for r in active), use_index)
+    choice = facts.choices.get(known)
+    if choice is None:
+        choice = choose_index(
+            [r.definition for r in active],
+            facts.where,
+            keyspace=keyspace,
+            read_paths=facts.read_paths,
+            order_by=order,
+            use_index=use_index,
+        )
+        if len(facts.choices) >= CHOICES_MAX:
+            facts.choices.clear()  # index sets seldom change: start over
+        facts.choices[known] = choice
     record = next(r for r in active if r.definition.id == choice.definition.id)
     defn = record.definition
     spans: list[dict[str, Any]] = []

@@ -117,7 +117,7 @@ async def leaf_pipeline(
         spans = [Span(lo, hi, li, hi_inc) for lo, hi, li, hi_inc in a["spans"]]
     ts = None if a["ts"] is None else Timestamp.from_wire(a["ts"])
     alias, keyspace, covering = b.alias, a["keyspace"], a["covering"]
-    ordered = bool(a.get("ordered"))
+    ordered, decided = bool(a.get("ordered")), bool(a.get("decided"))
     fetch = documents.get_many if tuning["get_many"] else documents.get_each
 
     decoder = EntryDecoder(desc, key_paths)
@@ -142,7 +142,9 @@ async def leaf_pipeline(
     mode, top = a["mode"], a["top"]
     with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
         batches = run_pipeline(
-            lambda ins: leaf_rows(b, params, mode, top, mem.budget(), ins[0], presorted=ordered),
+            lambda ins: leaf_rows(
+                b, params, mode, top, mem.budget(), ins[0], presorted=ordered, decided=decided
+            ),
             [scope_rows()],
             name=f"{query} leaf",
             inline=tuning["inline"],

@@ -38,6 +38,7 @@ from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count
 from shardex.sql.planner.choose import IndexChoice, choose_index
+from shardex.sql.planner.exact import where_decided
 from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.protocol import FragmentSpec, QueryPlan
 from shardex.sql.syntax.bind import BoundSelect
@@ -76,6 +77,7 @@ class PhysicalPlan:
     limit: int | None = None
     offset: int = 0
     ordered: bool = False  # leaves stream in index order (it satisfies ORDER BY): no sort
+    decided: bool = False  # the spans decide WHERE (``planner.exact``): leaves skip it
     tuning: dict[str, bool] = field(default_factory=lambda: check_tuning(None))
     query_id: str | None = None  # once started
     inline: bool = False  # a small key lookup run on the initiator's loop (no fragment)
@@ -129,6 +131,7 @@ class PhysicalPlan:
                     "covering": self.choice.covering,
                     "top": self.top,
                     "ordered": self.ordered,
+                    "decided": self.decided,
                 }
                 fragments.append(
                     FragmentSpec(
@@ -160,6 +163,7 @@ class PhysicalPlan:
                 "covering": self.choice.covering,
                 "spans": self.spans,
                 "index_order": self.ordered,
+                "spans_decide_where": self.decided,
             }
         fragments = [
             {
@@ -204,7 +208,8 @@ def _leaf_does(p: PhysicalPlan) -> list[str]:
     steps = ["IndexScan" + (" (covering)" if p.choice.covering else ""), "Fetch"]
     if p.choice.covering:
         steps.pop()
-    steps.append("Filter")
+    if not p.decided:  # else the spans decide WHERE (``planner.exact``)
+        steps.append("Filter")
     if p.ordered:
         steps.append("IndexOrder")  # entries already in ORDER BY order: no local sort
     else:
@@ -366,6 +371,13 @@ def plan_select(
         except ShardexError:
             spans = []
     mode = mode_of(b)
+    decided = (
+        resolve_params
+        and choice.covering
+        and not defn.is_primary
+        and switches["exact_spans"]
+        and where_decided(facts.where, choice.keys, choice.per_key, params)
+    )
     plan = PhysicalPlan(
         b,
         mode,
@@ -377,6 +389,7 @@ def plan_select(
         limit=limit,
         offset=offset,
         ordered=bool(order) and choice.ordered and not b.distinct and switches["index_order"],
+        decided=decided,
         tuning=switches,
     )
     if not spans or limit == 0:

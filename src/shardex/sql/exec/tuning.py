@@ -21,6 +21,8 @@ Every switch defaults to on; turning one off never changes a result, only how it
 * ``speculate``: such a local plan at request_plus reads the newest snapshot while the
   high-seqno round is out, and keeps the rows when that snapshot covers the answer
   (``local_leaf.speculate``). Off: the round first, then the read at a covering snapshot.
+* ``exact_spans``: a covering scan whose spans decide the WHERE clause by themselves
+  (``planner.exact``) does not evaluate it again on each row. Off: it always does.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -39,7 +41,15 @@ from shardex.sql.protocol.flow import StreamKey
 
 __all__ = ["METER_QUERIES", "SWITCHES", "BoundedMeter", "check_tuning"]
 
-SWITCHES: Final = ("index_order", "get_many", "plan_cache", "inline", "local", "speculate")
+SWITCHES: Final = (
+    "index_order",
+    "get_many",
+    "plan_cache",
+    "inline",
+    "local",
+    "speculate",
+    "exact_spans",
+)
 METER_QUERIES: Final = 256
 
 

@@ -36,10 +36,10 @@ def _rows(where: str, desc: list[bool], params: Any) -> tuple[set, set]:
     def enc(bound: list | None) -> bytes | None:
         return None if bound is None else encode_key(bound, desc)
 
+    inclusive = {"both": (True, True), "low": (True, False), "high": (False, True)}
     ranges = spans_to_ranges(
         [
-            Span(enc(s["low"]), enc(s["high"]), s["inclusion"] in ("both", "low"),
-                 s["inclusion"] in ("both", "high"))  # fmt: skip
+            Span(enc(s["low"]), enc(s["high"]), *inclusive.get(s["inclusion"], (False, False)))
             for s in spans
         ]
     )
@@ -55,8 +55,10 @@ def _rows(where: str, desc: list[bool], params: Any) -> tuple[set, set]:
 
 
 _bound = st.sampled_from(
-    ["NULL", "MISSING", "FALSE", "TRUE", "-2", "0", "1", "1.0", "1.5", "3", '""', '"a"', '"b"']
-    + ["[]", "[1]", "{}", "$1", "$2"]
+    [
+        *("NULL", "MISSING", "FALSE", "TRUE", "-2", "0", "1", "1.0", "1.5", "3"),
+        *('""', '"a"', '"b"', "[]", "[1]", "{}", "$1", "$2"),
+    ]
 )
 _param = st.sampled_from([None, False, 1, 2.5, "a", "ab", [], [None], {"x": 1}])
 _op = st.sampled_from(["=", "<", "<=", ">", ">="])

@@ -43,6 +43,7 @@ from shardex.errors import ErrorCode, ShardexError
 __all__ = [
     "DEFAULT_QUERY_MEMORY",
     "MIN_QUERY_MEMORY",
+    "SLOT_BYTES",
     "SPILL_DIR",
     "Budget",
     "NodeMemory",
@@ -66,6 +67,7 @@ CHUNK: Final = 64 * 1024
 # CPython object sizes (sys.getsizeof on 3.11, 64-bit).
 _INT, _FLOAT, _STR, _BYTES = 28, 24, 49, 33
 _LIST, _SLOT, _TUPLE = 56, 8, 40
+SLOT_BYTES: Final = _SLOT  # a list's reference to one more value
 _DICT_SMALL, _DICT_ENTRY = 184, 48  # up to 5 keys; past that about 48 bytes a key
 
 

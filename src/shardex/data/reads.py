@@ -9,7 +9,8 @@ whatever copy is here, possibly stale, with no lease needed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from shardex.api.data import Get, GetMany, GetManyReply, GetReply, ItemError
 from shardex.api.errors import BadRequest, DocNotFound, KeyspaceNotFound, WireError
@@ -76,8 +77,13 @@ class ReadPath:
             )
         return GetReply(body=got[0], cas=got[1], seqno=got[2])
 
-    async def on_get_many(self, msg: GetMany, conn: Connection) -> GetManyReply:
-        return await self.get_many_local(msg)
+    def on_get_many(
+        self, msg: GetMany, conn: Connection
+    ) -> GetManyReply | Coroutine[Any, Any, GetManyReply]:
+        """Inline (``Router.route_inline``): the reply at once when ``get_many_now`` gives
+        one, else the waiting path's coroutine."""
+        reply = self.get_many_now(msg)
+        return self.get_many_local(msg) if reply is None else reply
 
     async def get_many_local(self, msg: GetMany) -> GetManyReply:
         """A ``GetMany`` answered in-process: this node's own SQL fetches call it directly."""

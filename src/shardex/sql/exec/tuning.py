@@ -22,7 +22,7 @@ Every switch defaults to on; turning one off never changes a result, only how it
   high-seqno round is out, and keeps the rows when that snapshot covers the answer
   (``local_leaf.speculate``). Off: the round first, then the read at a covering snapshot.
 * ``exact_spans``: a covering scan whose spans decide the WHERE clause by themselves
-  (``planner.exact``) does not evaluate it again on each row. Off: it always does.
+  (``planner.exact``, decision 0112) does not evaluate it again on each row. Off: it always does.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).

@@ -2,9 +2,10 @@
 1 MiB budget an ORDER BY on an unindexed field and a GROUP BY with 10k groups spill to disk
 on the initiator and return the very rows they return with the node's default budget; with
 spilling off the same statements fail with QUERY_MEMORY_LIMIT naming the operator (so they
-are over the budget indeed); a quota past the node's maximum is refused; an UPDATE whose
-id list is over its budget fails before any write; no spill directory is left behind. Key lookups need no index, so no Spark: the leaves' side is exercised with
-the 1M-document benchmark (``bench/sql_memory.py``)."""
+are over the budget indeed); a quota past the node's maximum is refused; an UPDATE whose id
+list is over its budget fails before any write; no spill directory is left behind. Key
+lookups need no index, so no Spark: the leaves' side is exercised with the 1M-document
+benchmark (``bench/sql_memory.py``)."""
 
 from __future__ import annotations
 

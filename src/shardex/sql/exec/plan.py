@@ -37,7 +37,7 @@ from shardex.sql.exec.fragment_rows import mode_of
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count
-from shardex.sql.planner.choose import IndexChoice, choose_index
+from shardex.sql.planner.choose import DOCID, IndexChoice, choose_index
 from shardex.sql.planner.exact import where_decided
 from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.protocol import FragmentSpec, QueryPlan
@@ -82,6 +82,17 @@ class PhysicalPlan:
     query_id: str | None = None  # once started
     inline: bool = False  # a small key lookup run on the initiator's loop (no fragment)
     local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
+
+    @property
+    def repeatable(self) -> bool:
+        """Run again at the same TS, the plan yields the same rows in the same order: they
+        come from the index alone (covering: no document fetched, which may have changed
+        since) and ORDER BY is a total order (``META().id`` among its terms; each docid is
+        one row). The caller checks the TS is pinned."""
+        b, choice = self.bound, self.choice
+        if choice is None or not choice.covering or b.grouped or b.distinct:
+            return False
+        return any(k.expr == DOCID for k in statement_facts(b).order)
 
     @property
     def top(self) -> int | None:

@@ -192,8 +192,8 @@ class SqlService:
         # The node's SQL memory (decision 0106): every statement's operators draw on it.
         self.memory = NodeMemory() if memory is None else memory
         self.max_statement_bytes = max_statement_bytes
-        # Statements running at once on this node as their initiator, and waiting to.
         self.keys = KeyLookups(documents, self.memory, query.new_query_id)
+        # Statements running at once on this node as their initiator, and waiting to.
         self.admission = AdmissionGate(
             "SQL statements",
             default_cap() if max_running is None else max_running,
@@ -465,7 +465,8 @@ class SqlService:
                 plan = without_failed(exc)
         if not plan.leaves:
             return plan, ts, chunks
-        return plan, ts, failing_over(plan, chunks, rerun, deadline)
+        repeatable = ts is not None and plan.repeatable
+        return plan, ts, failing_over(plan, chunks, rerun, deadline, repeatable=repeatable)
 
     async def _speculate(
         self,

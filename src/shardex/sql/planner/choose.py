@@ -206,13 +206,18 @@ def covered_document(key_paths: Sequence[Path | None], values: Sequence[Any]) ->
     value leaves its path out.
     """
     doc: dict = {}
-    order = sorted(range(len(key_paths)), key=lambda i: len(key_paths[i] or ()))
-    for i in order:
+    for i in _shorter_first(tuple(key_paths)):
         path, value = key_paths[i], values[i]
         if path is None or value is MISSING:
             continue
         _set_path(doc, path, value)
     return doc
+
+
+@functools.lru_cache(maxsize=256)
+def _shorter_first(key_paths: tuple[Path | None, ...]) -> tuple[int, ...]:
+    """Key part positions, shorter paths first (once per index: every covered row asks)."""
+    return tuple(sorted(range(len(key_paths)), key=lambda i: len(key_paths[i] or ())))
 
 
 def _set_path(doc: dict, path: Path, value: Any) -> None:

@@ -13,6 +13,10 @@ so the statement is planned again without the nodes that failed (``plan_select``
   mid-query is retried whole. Once rows went to the client the error ends the statement
   (rows sent cannot be taken back, and a re-run's row order is not guaranteed to repeat
   where ORDER BY has ties).
+
+A late-materialized plan (decision 0111) whose root cannot fill its limit exactly (documents
+gone or changed since the index was read) fails with ``LATE_REFILL`` before any row left;
+it runs again the same way, with the leaves fetching (``rerun(None)``), at the same TS.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.exec.late import LATE_REFILL
 from shardex.sql.exec.plan import PhysicalPlan
 
 __all__ = ["FAILOVER", "failed_leaf", "failing_over"]
@@ -56,12 +61,13 @@ def failed_leaf(exc: ShardexError, plan: PhysicalPlan) -> str | None:
 async def failing_over(
     plan: PhysicalPlan,
     chunks: AsyncIterator[list[bytes]],
-    rerun: Callable[[str], Awaitable[tuple[PhysicalPlan, AsyncIterator[list[bytes]]]]],
+    rerun: Callable[[str | None], Awaitable[tuple[PhysicalPlan, AsyncIterator[list[bytes]]]]],
     deadline: float,
 ) -> AsyncIterator[list[bytes]]:
     """``chunks`` (the result rows, encoded), run again by ``rerun(failed node)`` when a
     leaf's node is lost before any row was handed on, until ``deadline`` (loop time).
-    ``rerun`` raises when no copy is left; the lost leaf's error is the statement's then."""
+    ``rerun`` raises when no copy is left; the lost leaf's error is the statement's then.
+    ``rerun(None)``: the plan again without late materialization."""
     sent = False
     lost: set[str] = set()
     while True:
@@ -73,6 +79,9 @@ async def failing_over(
                     yield chunk
             return
         except ShardexError as exc:
+            if exc.details.get("reason") == LATE_REFILL and plan.late and not sent:
+                plan, chunks = await rerun(None)
+                continue
             node = failed_leaf(exc, plan)
             late = asyncio.get_running_loop().time() >= deadline
             if sent or node is None or node in lost or late:

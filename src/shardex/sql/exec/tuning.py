@@ -21,6 +21,10 @@ Every switch defaults to on; turning one off never changes a result, only how it
 * ``speculate``: such a local plan at request_plus reads the newest snapshot while the
   high-seqno round is out, and keeps the rows when that snapshot covers the answer
   (``local_leaf.speculate``). Off: the round first, then the read at a covering snapshot.
+* ``late``: an ORDER BY ... LIMIT over several leaves whose index covers everything but
+  the projection has its leaves rank index entries without documents and send sort keys
+  and docids; the root merges, cuts to the limit and fetches only the documents it returns
+  (``late.py``). Off: every leaf fetches the documents of its own top rows.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -39,7 +43,15 @@ from shardex.sql.protocol.flow import StreamKey
 
 __all__ = ["METER_QUERIES", "SWITCHES", "BoundedMeter", "check_tuning"]
 
-SWITCHES: Final = ("index_order", "get_many", "plan_cache", "inline", "local", "speculate")
+SWITCHES: Final = (
+    "index_order",
+    "get_many",
+    "plan_cache",
+    "inline",
+    "local",
+    "speculate",
+    "late",
+)
 METER_QUERIES: Final = 256
 
 

@@ -4,8 +4,8 @@
 
 shardex only (no PostgreSQL): a 3-node local cluster loaded and indexed as ``bench.sql``
 does, the case's checked queries answered alike with the switch on and off (at request_plus
-and not_bounded), then measured at each client count, alternating on/off ``--rounds`` times
-so drifting load hits both alike. The table gives each measurement (p50, q/s, the 3 nodes'
+and not_bounded), then measured at each client count, on and off alternating ``--rounds``
+times so drifting load hits both alike. The table gives each measurement (p50, q/s, the 3 nodes'
 CPU per query) and the on/off ratios of the medians over the rounds (< 1: the switch on is
 faster or cheaper). Results in ``bench/results/sql-ab.json`` (``sql-ab-quick.json``).
 """
@@ -119,12 +119,16 @@ def run(plan: Plan) -> dict[str, Any]:
             pids = list(node_pids(cdir).values())
             rows: list[Row] = []
             with ClientPool(shardex_target(cdir, as_user=True), max(plan.levels)) as pool:
-                for _ in range(plan.rounds):
-                    rows += measure_grid(
-                        "shardex", pool, queries, [plan.case], variants, plan.levels,
-                        plan.seconds, columns=Variant.columns, rate="q/s",
-                        server_cpu=lambda: process_cpu(pids),
-                    )  # fmt: skip
+                # On and off alternate at each client count: load drifting over the run
+                # (the machine is shared) hits both alike.
+                for n in plan.levels:
+                    for _ in range(plan.rounds):
+                        for variant in variants:
+                            rows += measure_grid(
+                                "shardex", pool, queries, [plan.case], [variant], [n],
+                                plan.seconds, columns=Variant.columns, rate="q/s",
+                                server_cpu=lambda: process_cpu(pids),
+                            )  # fmt: skip
     for r in rows:
         r["on"] = r["variant"].endswith(" on")
     return {"tables": {"measurements": rows, "on / off (medians)": ratios(rows)}, **extra}

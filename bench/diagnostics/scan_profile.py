@@ -69,12 +69,14 @@ def running(cdir: Path, new: bool, env: dict[str, str] | None = None) -> Iterato
 def node_pids(cdir: Path) -> list[int]:
     """The node processes of the cluster in ``cdir`` (their command lines name it)."""
     pids = []
-    marker = str(cdir.resolve()).encode()
+    # Either spelling: a symlinked directory is named as given on the nodes' command lines.
+    markers = {str(cdir).encode(), str(cdir.resolve()).encode()}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
-            if marker in (proc / "cmdline").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes()
+            if any(m in cmdline for m in markers):
                 pids.append(int(proc.name))
         except OSError:
             continue

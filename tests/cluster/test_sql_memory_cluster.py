@@ -2,9 +2,10 @@
 1 MiB budget an ORDER BY on an unindexed field and a GROUP BY with 10k groups spill to disk
 on the initiator and return the very rows they return with the node's default budget; with
 spilling off the same statements fail with QUERY_MEMORY_LIMIT naming the operator (so they
-are over the budget indeed); a quota past the node's maximum is refused; no spill directory
-is left behind. Key lookups need no index, so no Spark: the leaves' side is exercised with
-the 1M-document benchmark (``bench/sql_memory.py``)."""
+are over the budget indeed); a quota past the node's maximum is refused; an UPDATE whose id
+list is over its budget fails before any write; no spill directory is left behind. Key
+lookups need no index, so no Spark: the leaves' side is exercised with the 1M-document
+benchmark (``bench/sql_memory.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from data_helpers import running_cluster
 
 from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.memory import DEFAULT_QUERY_MEMORY, SPILL_DIR
+from shardex.sql.exec.memory import DEFAULT_QUERY_MEMORY, MIN_QUERY_MEMORY, SPILL_DIR
 
 pytestmark = pytest.mark.cluster
 
@@ -102,3 +103,21 @@ def test_a_quota_past_the_node_maximum_is_refused(client: Client) -> None:
     assert e.code is ErrorCode.BAD_REQUEST
     assert e.details["value"] == DEFAULT_QUERY_MEMORY + 1
     assert e.details["limit"] == DEFAULT_QUERY_MEMORY and "sql_query_memory" in e.message
+
+
+def test_update_over_its_budget_fails_before_any_write(client: Client) -> None:
+    """DELETE and UPDATE list the ids they change before the first write; the list is
+    charged to the statement's budget: past it QUERY_MEMORY_LIMIT names the statement, and
+    no document was changed."""
+    sql = f"UPDATE {KS} USE KEYS $1 SET touched = TRUE"
+    count = f"SELECT RAW COUNT(*) FROM {KS} USE KEYS $1 WHERE touched = TRUE"
+    with pytest.raises(ShardexError) as info:
+        list(client.query(sql, [KEYS], timeout=600, memory_quota=MIN_QUERY_MEMORY))
+    e = info.value
+    assert e.code is ErrorCode.QUERY_MEMORY_LIMIT, e
+    assert e.details["operator"] == "UPDATE" and e.details["limit"] == MIN_QUERY_MEMORY
+    assert list(client.query(count, [KEYS], timeout=600)) == [0]
+    done = client.query(sql, [KEYS[:500]], timeout=600, memory_quota=MIN_QUERY_MEMORY)
+    list(done)
+    assert done.metrics.mutation_count == 500
+    assert list(client.query(count, [KEYS], timeout=600)) == [500]

@@ -11,7 +11,8 @@ streams continue on the dead indexer's other copies after the last entry read
 a SQL leaf that lands on it runs again elsewhere (``sql/exec/failover.py``). The kill lands
 mid-stream by construction: each indexer holds thousands of entries of its primaries and a
 slice stream runs at most a few blocks ahead of a reader that took one row, and node1 logs
-each take-over (checked at the end).
+each take-over (checked at the end). An ordered covering SQL statement read past its first
+row resumes after the rows it sent.
 
 Slow: a cluster, an initial build of 60k documents and rounds on a loaded 2-core box."""
 
@@ -108,6 +109,19 @@ def test_scans_pages_and_sql_fail_over_when_an_indexer_dies_mid_read(
                     )
                     assert page.continuation is not None
                     paged = rows(page)
+                    # An ordered covering statement at a pinned TS, its first rows read: it
+                    # resumes on other copies after the rows it sent (``repeatable``).
+                    streamed = iter(
+                        c.query(
+                            f"SELECT age, name, META().id AS id FROM {KEYSPACE} WHERE age >= 0 "
+                            "ORDER BY age, name, META().id",
+                            consistency="at_plus",
+                            at=results,
+                            timeout=600,
+                            window=64 * 1024,  # the leaves stay a few batches ahead
+                        )
+                    )
+                    first_streamed = [next(streamed)]
 
                     pid = cluster.pid(int(victim.removeprefix("node")))
                     assert pid is not None
@@ -130,6 +144,10 @@ def test_scans_pages_and_sql_fail_over_when_an_indexer_dies_mid_read(
                     assert {r["age"]: r["n"] for r in counts} == Counter(k[0] for k, _ in want)
 
                     assert first_ordered + rows(ordered) == want
+                    got_streamed = [
+                        ((r["age"], r["name"]), r["id"]) for r in [*first_streamed, *streamed]
+                    ]
+                    assert got_streamed == [(tuple(k), d) for k, d in want]
                     got = first_unordered + rows(unordered)
                     assert sorted(got) == want and len(got) == len(want)
 
@@ -151,6 +169,7 @@ def test_scans_pages_and_sql_fail_over_when_an_indexer_dies_mid_read(
                 log = "".join(f.read_text() for f in path.rglob("node.log") if "node1" in str(f))
                 assert log.count(f"scan stream from {victim} failed") >= 2, log[-3000:]
                 assert f"shard {victim} failed" in log, log[-3000:]
+                assert "resuming after the" in log, log[-3000:]
             finally:
                 driver.stop()
                 thread.join(timeout=60)

@@ -20,6 +20,7 @@ from shardex.client import Client, connect_local
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.local import LocalEngine
+from shardex.testing.procs import wait_for
 
 if TYPE_CHECKING:
     from pipeline_helpers import SharedCluster
@@ -381,6 +382,8 @@ def test_key_lookups_by_a_parameter_go_to_the_key_owner(env: Env) -> None:
         first_run = c.query(sql, [keys[0]])
         assert list(first_run) == env.ref.query(sql, [keys[0]])
         assert first_run.metrics.details["route_key"] == {"keyspace": KS, "param": "1"}
+        # The keyspace's topology is cached in the background: until then runs go unrouted.
+        wait_for(lambda: c.rpc.router.owner_address(KS, keys[0]) is not None, 30)
         owners = set()
         for key in keys:
             rows = c.query(sql, [key])

@@ -84,6 +84,22 @@ def test_cli_json_prints_exactly_the_rows(env: Env) -> None:
 
 
 @pytest.mark.timeout(600)
+def test_cli_statement_options_reach_the_node(env: Env) -> None:
+    """``--memory-quota`` and ``--durability-timeout`` go with the statement: the node
+    takes them within its limits and names them when out of them."""
+    sql = f"SELECT d.id FROM {KS} AS d ORDER BY d.s, d.id LIMIT 3"
+    ok = _cli(env, "--json", "--memory-quota", "1MiB", sql)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == env.ref.query(sql)
+    over = _cli(env, "--json", "--memory-quota", "64GiB", sql)
+    assert over.returncode == 1 and "memory_quota" in over.stderr, over.stderr
+    bad = _cli(env, "--json", "--durability-timeout", "0", f"DELETE FROM {KS} WHERE d = -1")
+    assert bad.returncode == 1 and "durability_timeout" in bad.stderr, bad.stderr
+    garbled = _cli(env, "--json", "--memory-quota", "lots", sql)
+    assert garbled.returncode != 0 and "lots" in garbled.stderr, garbled.stderr
+
+
+@pytest.mark.timeout(600)
 def test_dbapi_through_the_cluster(env: Env) -> None:
     with db.connect(dir=env.path) as conn:
         cur = conn.cursor()

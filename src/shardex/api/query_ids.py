@@ -27,12 +27,15 @@ class QueryId(msgspec.Struct, frozen=True, array_like=True, order=True):
 
 class QueryIdFactory:
     """New query ids for one member: a process-local counter (readable in logs) plus random
-    bytes from ``nonce`` (the transport's source, seeded under simulation)."""
+    bytes drawn once per factory from ``nonce`` (the transport's source, seeded under
+    simulation)."""
 
     def __init__(self, member_id: str, nonce: Callable[[int], bytes]) -> None:
         self.member_id = member_id
-        self._nonce = nonce
+        # Drawn once: a restarted member draws a new one, so its ids never repeat an old
+        # incarnation's (a draw per query cost more than the rest of a point lookup's id).
+        self._epoch = nonce(6).hex()
         self._counter = itertools.count(1)
 
     def __call__(self) -> QueryId:
-        return QueryId(self.member_id, f"{next(self._counter)}-{self._nonce(6).hex()}")
+        return QueryId(self.member_id, f"{next(self._counter)}-{self._epoch}")

@@ -33,6 +33,7 @@ from rich.text import Text
 from shardex.cli.common import err, fail
 from shardex.cli.keyspace import DirOption, local_client
 from shardex.core.expr.lexer import tokenize
+from shardex.core.sizes import parse_size
 from shardex.dbapi.local import QueryClient
 from shardex.errors import ErrorCode, ShardexError
 
@@ -201,11 +202,14 @@ class Shell:
         *,
         consistency: str = "request_plus",
         params: list[Any] | dict[str, Any] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.client = client
         self.console = console
         self.consistency = consistency
         self.params = params
+        # The statement options of the command line (``statement_options``), each query's.
+        self.options = options or {}
         self.buffer = StatementBuffer()
 
     @property
@@ -233,7 +237,7 @@ class Shell:
 
     def run(self, statement: str) -> None:
         try:
-            result = self.client.query(statement, self.params, self.consistency)
+            result = self.client.query(statement, self.params, self.consistency, **self.options)
             rows = list(result)
         except ShardexError as e:
             self.console.print(Text(format_error(e, statement), style="red"))
@@ -241,6 +245,31 @@ class Shell:
         if rows:
             self.console.print(render_rows(rows))
         self.console.print(Text(describe_metrics(result.metrics, len(rows)), style="dim"))
+
+
+def parse_bytes(text: str) -> int:
+    """``"67108864"``, ``"64MiB"``, ``"512 KiB"``: bytes; BAD_REQUEST naming the text."""
+    size = parse_size(text)
+    if size is None:
+        raise ShardexError(
+            f"not a size in bytes: {text!r}",
+            code=ErrorCode.BAD_REQUEST,
+            details={"value": text, "hint": "bytes, or a number with KiB, MiB or GiB: 64MiB"},
+        )
+    return size
+
+
+def statement_options(
+    timeout: float, durability: str, durability_timeout: float | None, memory_quota: str | None
+) -> dict[str, Any]:
+    """The command line's options as ``Client.query`` keywords (only those given, beside
+    the timeout and durability); the node checks their values and names a bad one."""
+    out: dict[str, Any] = {"timeout": timeout, "durability": durability}
+    if durability_timeout is not None:
+        out["durability_timeout"] = durability_timeout
+    if memory_quota is not None:
+        out["memory_quota"] = parse_bytes(memory_quota)
+    return out
 
 
 def history_path() -> Path:
@@ -306,20 +335,38 @@ def sql(
             "majority_persist_active | persist_majority.",
         ),
     ] = "persist",
+    durability_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--durability-timeout",
+            help="Seconds a DML write waits for its durability level before "
+            "DURABILITY_AMBIGUOUS (default: the node's).",
+        ),
+    ] = None,
+    memory_quota: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-quota",
+            help="The statement's memory budget per node: bytes, or with KiB/MiB/GiB "
+            "(at most the nodes' sql_query_memory; default: that).",
+        ),
+    ] = None,
 ) -> None:
     """Run SQL++ statements: one (``--json`` for machine-readable rows) or a shell."""
     try:
         params = parse_params(param or [])
+        options = statement_options(timeout, durability, durability_timeout, memory_quota)
     except ShardexError as e:
         fail(e)
     with local_client(cluster_dir, timeout=timeout + 30) as client:
         if statement is None:
-            interactive(Shell(client, Console(), consistency=consistency, params=params))
+            shell = Shell(
+                client, Console(), consistency=consistency, params=params, options=options
+            )
+            interactive(shell)
             return
         try:
-            rows = client.query(
-                statement, params, consistency, timeout=timeout, durability=durability
-            )
+            rows = client.query(statement, params, consistency, **options)
             values = list(rows)
         except ShardexError as e:
             err.print(Text(format_error(e, statement), style="red"))

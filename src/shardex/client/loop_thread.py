@@ -82,6 +82,7 @@ class LoopThread:
 
     def __init__(self, name: str) -> None:
         self.loop = new_event_loop()  # uvloop where installed (``net/loops.py``)
+        self._soon: set[concurrent.futures.Future[Any]] = set()  # ``run_soon``'s, running
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -108,6 +109,17 @@ class LoopThread:
             )
         result: T = call.outcome()
         return result
+
+    def run_soon(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Start ``coro`` on the loop and return at once (its outcome is dropped: it must
+        handle its own errors). ``stop`` cancels it if it still runs then."""
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except BaseException:
+            coro.close()
+            raise
+        self._soon.add(fut)
+        fut.add_done_callback(self._soon.discard)
 
     def _cancel(self, call: _Call) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing runs

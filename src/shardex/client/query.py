@@ -325,7 +325,8 @@ def run_query(
     started, direct_stream, address = opened
     learned = _learn(scans, msg, started, address, hint, route)
     if learned is not None and learned.keyspace is not None:
-        rpc.run(_cache_topology(rpc, learned.keyspace))
+        # In the background: until it is cached, statements go where they went before.
+        rpc.run_soon(_cache_topology(rpc, learned.keyspace))
     return QueryRows(rpc, started, direct_stream, None, t0, timeout)
 
 

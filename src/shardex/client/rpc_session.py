@@ -173,6 +173,14 @@ class RpcSession:
             raise client_closed()
         return self._io.run(coro)
 
+    def run_soon(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Start ``coro`` on the loop without waiting for it (it handles its own errors):
+        work the caller's next calls may use but this one need not wait for."""
+        if self.closed:
+            coro.close()
+            return
+        self._io.run_soon(coro)
+
     async def connection(self, failed: Connection | None = None) -> Connection:
         """On the loop: the connection to the node the client talks to, or a new one if it
         is gone (or is ``failed``: then to the next address); one reconnect at a time, so

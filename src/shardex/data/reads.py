@@ -9,7 +9,8 @@ whatever copy is here, possibly stale, with no lease needed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from shardex.api.data import Get, GetMany, GetManyReply, GetReply, ItemError
 from shardex.api.errors import BadRequest, DocNotFound, KeyspaceNotFound, WireError
@@ -76,8 +77,13 @@ class ReadPath:
             )
         return GetReply(body=got[0], cas=got[1], seqno=got[2])
 
-    async def on_get_many(self, msg: GetMany, conn: Connection) -> GetManyReply:
-        return await self.get_many_local(msg)
+    def on_get_many(
+        self, msg: GetMany, conn: Connection
+    ) -> GetManyReply | Coroutine[Any, Any, GetManyReply]:
+        """Inline (``Router.route_inline``): the reply at once when ``get_many_now`` gives
+        one, else the waiting path's coroutine."""
+        reply = self.get_many_now(msg)
+        return self.get_many_local(msg) if reply is None else reply
 
     async def get_many_local(self, msg: GetMany) -> GetManyReply:
         """A ``GetMany`` answered in-process: this node's own SQL fetches call it directly."""
@@ -89,9 +95,26 @@ class ReadPath:
             )
         engine = self._engine()
         if len(msg.docids) <= GET_MANY_ON_LOOP:
-            bodies, cas, errs = self._read_many(engine, msg.keyspace, msg.docids)
+            read = self._read_many(engine, msg.keyspace, msg.docids)
         else:  # a long read would hold the loop (heartbeats, other requests)
-            bodies, cas, errs = await self.io.run(self._read_many, engine, msg.keyspace, msg.docids)
+            read = await self.io.run(self._read_many, engine, msg.keyspace, msg.docids)
+        return self._many_reply(msg, *read)
+
+    def get_many_now(self, msg: GetMany) -> GetManyReply | None:
+        """``get_many_local`` when it can answer without waiting (a short read on a node
+        that serves): a point query's fetch on its own loop turn. None: take the awaited
+        path. Raises what ``get_many_local`` would."""
+        if len(msg.docids) > GET_MANY_ON_LOOP or not self.gate.serves_now(msg.keyspace):
+            return None
+        return self._many_reply(msg, *self._read_many(self._engine(), msg.keyspace, msg.docids))
+
+    def _many_reply(
+        self,
+        msg: GetMany,
+        bodies: list[bytes | None],
+        cas: list[int],
+        errs: list[tuple[int, ShardexError]],
+    ) -> GetManyReply:
         errors = [ItemError(i, WireError(*self.gate.enrich(e).to_wire())) for i, e in errs]
         return GetManyReply(bodies=bodies, errors=errors, cas=cas if msg.with_cas else [])
 

@@ -171,7 +171,6 @@ class DataService:
     def install(self, server: RpcServer) -> None:
         routes: dict[type[Message], Callable[[Any, Connection], Awaitable[Message | None]]] = {
             Get: self.reads.on_get,
-            GetMany: self.reads.on_get_many,
             MutateMany: self.writes.on_mutate_many,
             KeyspaceStats: self.gather.on_stats,
             OpenPartitions: self._on_open_partitions,
@@ -190,6 +189,9 @@ class DataService:
         # in the receive callback, no task (``Router.route_inline``).
         server.router.route_inline(HighSeqnos, self.gather.on_high_seqnos)
         server.router.route_inline(CheckHistory, self.gather.on_check_history)
+        # Another node's SQL fetch: read in the receive callback when it is short and the
+        # node serves (``ReadPath.on_get_many``), else in a task.
+        server.router.route_inline(GetMany, self.reads.on_get_many)
         for msg_type, inline in self.replication.inline_routes().items():
             server.router.route_inline(msg_type, inline)  # type: ignore[arg-type]
         # Single-document writes: a future settled by callbacks (group commit's, then the
@@ -252,6 +254,10 @@ class DataService:
     async def get_many_local(self, msg: GetMany) -> GetManyReply:
         """A ``GetMany`` answered in-process (``ReadPath``)."""
         return await self.reads.get_many_local(msg)
+
+    def get_many_now(self, msg: GetMany) -> GetManyReply | None:
+        """``get_many_local`` without waiting, or None (``ReadPath.get_many_now``)."""
+        return self.reads.get_many_now(msg)
 
     # --- placement -----------------------------------------------------------------------------
 

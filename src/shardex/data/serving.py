@@ -72,6 +72,18 @@ class ServingGate:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(FIRST_RECONCILE_WAIT):
                     await self.reconciled.wait()
+        self.check_serving(keyspace)
+
+    def serves_now(self, keyspace: str) -> bool:
+        """``wait`` without waiting: False while the first reconcile is still to come (the
+        caller then takes the waiting path); raises as ``wait`` does."""
+        if not self.reconciled.is_set():
+            return False
+        self.check_serving(keyspace)
+        return True
+
+    def check_serving(self, keyspace: str) -> None:
+        """NODE_FAILED_OVER, or NODE_UNAVAILABLE without the lease of a replicated keyspace."""
         self.check()
         if self.replicated(keyspace) and not self.lease.check():
             raise ShardexError(

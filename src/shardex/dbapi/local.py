@@ -42,7 +42,7 @@ class QueryResultRows(Protocol):
 
 class QueryClient(Protocol):
     def query(
-        self, sql: str, params: Params = None, consistency: str = "request_plus"
+        self, sql: str, params: Params = None, consistency: str = "request_plus", **options: Any
     ) -> QueryResultRows: ...
 
 
@@ -101,8 +101,10 @@ class LocalQueryClient:
         self.engine = engine if engine is not None else LocalEngine()
 
     def query(
-        self, sql: str, params: Params = None, consistency: str = "request_plus"
+        self, sql: str, params: Params = None, consistency: str = "request_plus", **options: Any
     ) -> LocalRows:
+        """``options`` are the cluster's statement options (timeout, durability...): this
+        in-process engine has no use for them and runs the statement all the same."""
         t0 = time.monotonic()
         if consistency not in CONSISTENCIES or consistency == "at_plus":
             raise ShardexError(

@@ -135,6 +135,7 @@ class Membership:
         self._members: dict[str, MemberInfo] = merge_members({}, persisted)
         self._members[me.member_id] = me
         self._digest: str | None = None
+        self._sorted: list[MemberInfo] | None = None  # ``_entries``
         self._last_heard: dict[str, float] = {}
         self._peer_digest: dict[str, str] = {}  # member id -> digest it reported last
         self._observed: dict[str, str] = {}  # member id -> state last logged
@@ -153,12 +154,20 @@ class Membership:
 
     @property
     def members(self) -> list[MemberInfo]:
-        """The members of the cluster (tombstones left out), in name order."""
+        """The members of the cluster (tombstones left out), in name order (a new list)."""
         return [m for m in self._entries() if not m.removed]
 
     def _entries(self) -> list[MemberInfo]:
-        """Every entry, tombstones included: what is gossiped and persisted."""
-        return sorted(self._members.values(), key=lambda m: (m.name, m.member_id))
+        """Every entry, tombstones included: what is gossiped and persisted. Sorted once
+        per list change (asked for by every SQL statement and scan that routes)."""
+        if self._sorted is None:
+            self._sorted = sorted(self._members.values(), key=lambda m: (m.name, m.member_id))
+        return self._sorted
+
+    def _changed(self) -> None:
+        """``_members`` changed: what is derived from it is made again when next asked."""
+        self._digest = None
+        self._sorted = None
 
     @property
     def removed(self) -> bool:
@@ -185,7 +194,7 @@ class Membership:
             )
         tombstone = msgspec.structs.replace(entry, removed=True, incarnation=entry.incarnation + 1)
         self._members[entry.member_id] = tombstone
-        self._digest = None
+        self._changed()
         self._last_heard.pop(entry.member_id, None)
         log.warning("removed %s (%s) from the cluster", name, entry.member_id)
         self._persist()
@@ -308,7 +317,7 @@ class Membership:
                 self.me = msgspec.structs.replace(self.me, incarnation=mine.incarnation + 1)
             merged[self.me.member_id] = self.me
         self._members = merged
-        self._digest = None
+        self._changed()
         if self.digest == before:
             return False
         log.info(

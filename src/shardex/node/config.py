@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from shardex.core.sizes import parse_size
 from shardex.errors import ConfigError
 from shardex.manager.auto_failover import DEFAULT_MAX_COUNT, DEFAULT_TIMEOUT, MIN_TIMEOUT
 from shardex.meta.node_defaults import (
@@ -459,17 +460,13 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     )
 
 
-_SIZE_RE = re.compile(r"\s*(\d+)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 def _as_bytes(key: str, value: Any, lo: int, hint: str) -> int:
     """A size: an integer of bytes, or text such as "256MiB" / "2 GiB" (binary units)."""
     if isinstance(value, str):
-        m = _SIZE_RE.fullmatch(value)
-        if m is None:
+        size = parse_size(value)
+        if size is None:
             raise _err(key, value, "not a size", hint)
-        value = int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()]
+        value = size
     return _as_int(key, value, lo, 1 << 50, hint)
 
 

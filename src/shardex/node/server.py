@@ -234,6 +234,7 @@ class Node:
         )
         if self.data is not None:  # SQL reads this node's own documents in-process
             self.sql.documents.local_get_many = self.data.get_many_local
+            self.sql.documents.local_get_many_now = self.data.get_many_now
         self.sql.install(self.server)
         self.index_ddl: IndexDDL | None = None
         # The timekeeper (end of each pipeline micro-batch): on every manager node, reading

@@ -74,18 +74,29 @@ class ClusterView:
         self._next_round: dict[tuple[str, frozenset[str]], _Round] = {}
         self._in_flight: dict[tuple[str, frozenset[str]], asyncio.Future[Any]] = {}
 
-    async def state(self, *, fresh: bool = False) -> StateContext:
+    def state_now(self) -> StateContext | None:
+        """``state()`` when it needs no request: this manager's replica of the state, or
+        the copy fetched less than ``STATE_TTL`` ago; None otherwise."""
         coord = self._coordinator()
         if coord is not None:
-            if not fresh:
-                local: StateContext = coord.state
-                return local
+            local: StateContext = coord.state
+            return local
+        now = asyncio.get_running_loop().time()
+        if self._cached is not None and now - self._cached_at < STATE_TTL:
+            return self._cached
+        return None
+
+    async def state(self, *, fresh: bool = False) -> StateContext:
+        if not fresh:
+            known = self.state_now()
+            if known is not None:
+                return known
+        coord = self._coordinator()
+        if coord is not None:
             reply = await coord.submit(StateRequest(sections=SECTIONS, fresh=True))
             assert isinstance(reply, StateReply)
             return reply.state
         loop = asyncio.get_running_loop()
-        if not fresh and self._cached is not None and loop.time() - self._cached_at < STATE_TTL:
-            return self._cached
         errors: dict[str, str] = {}
         managers = [m for m in self._members() if "manager" in m.services]
         for m in managers:

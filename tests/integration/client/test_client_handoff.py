@@ -59,6 +59,35 @@ async def _div(x: int) -> float:
     return 1 / x
 
 
+def test_run_soon_returns_before_its_coroutine_ends_and_stop_cancels_it() -> None:
+    io = LoopThread("test-soon")
+    release = threading.Event()
+    done, started, cancelled = threading.Event(), threading.Event(), threading.Event()
+
+    async def later() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait)
+        done.set()
+
+    async def forever() -> None:
+        try:
+            started.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    try:
+        io.run_soon(later())  # returns while ``later`` waits for the release
+        assert not done.is_set()
+        release.set()
+        assert done.wait(10), "the coroutine never ran to its end"
+        io.run_soon(forever())
+        assert started.wait(10)
+    finally:
+        io.stop()
+    assert cancelled.is_set(), "stop left a run_soon coroutine running"
+
+
 def test_a_call_past_its_timeout_raises_request_timeout_and_is_cancelled(io: LoopThread) -> None:
     cancelled = threading.Event()
     release = asyncio.Event()

@@ -17,8 +17,10 @@ from shardex.cli.sql import (
     describe_metrics,
     format_error,
     interactive,
+    parse_bytes,
     parse_params,
     render_rows,
+    statement_options,
 )
 from shardex.dbapi.local import LocalQueryClient
 from shardex.errors import ErrorCode, ShardexError
@@ -175,3 +177,39 @@ def test_describe_metrics() -> None:
     list(rows)
     assert describe_metrics(rows.metrics, 1).startswith("1 row(s), ")
     assert describe_metrics(None, 2) == "2 row(s)"
+
+
+def test_sizes_and_statement_options() -> None:
+    assert parse_bytes("1048576") == 1 << 20
+    assert parse_bytes("64MiB") == 64 << 20
+    assert parse_bytes(" 512 kib ") == 512 << 10
+    assert parse_bytes("2GiB") == 2 << 30
+    for bad in ("", "lots", "1.5MiB", "-1", "10 XB"):
+        with pytest.raises(ShardexError) as e:
+            parse_bytes(bad)
+        assert e.value.code is ErrorCode.BAD_REQUEST and repr(bad) in str(e.value)
+    assert statement_options(5.0, "majority", None, None) == {
+        "timeout": 5.0,
+        "durability": "majority",
+    }
+    assert statement_options(5.0, "none", 2.5, "4MiB") == {
+        "timeout": 5.0,
+        "durability": "none",
+        "durability_timeout": 2.5,
+        "memory_quota": 4 << 20,
+    }
+
+
+def test_shell_passes_its_options_with_every_statement() -> None:
+    seen: list[dict] = []
+
+    class Recording(LocalQueryClient):
+        def query(self, sql, params=None, consistency="request_plus", **options):  # type: ignore[no-untyped-def]
+            seen.append(options)
+            return super().query(sql, params, consistency)
+
+    options = {"timeout": 3.0, "memory_quota": 1 << 20}
+    shell = Shell(Recording(), Console(file=io.StringIO()), options=options)
+    shell.feed("SELECT 1;")
+    shell.feed("SELECT 2;")
+    assert seen == [options, options]

@@ -117,3 +117,57 @@ async def test_once_rows_left_or_without_a_copy_the_error_ends_the_statement() -
     with pytest.raises(ShardexError) as err:
         _ = [c async for c in failing_over(plan, _chunks([], lost), no_copy, 1e12)]
     assert err.value is lost  # the lost leaf's error, not the re-plan's
+
+
+async def test_a_repeatable_statement_resumes_after_the_rows_it_sent() -> None:
+    """Rows went to the client, then a leaf was lost: a repeatable plan (the same rows in
+    the same order at the pinned TS) runs again and skips what was handed on already, even
+    across chunk boundaries and a second loss; an unrepeatable one ends with the error."""
+    plan = _plan()
+    rows = [b"r0", b"r1", b"r2", b"r3", b"r4", b"r5"]
+    runs = iter(
+        [
+            _chunks([rows[0:1], rows[1:4]], cancelled("lost", "link_lost", member="m3")),
+            _chunks([rows[0:2], rows[2:6]], None),
+        ]
+    )
+
+    async def rerun(node: str) -> tuple[PhysicalPlan, AsyncIterator[Any]]:
+        return _plan(avoid=frozenset({node})), next(runs)
+
+    first = _chunks([rows[0:2]], cancelled("lost", "link_lost", member="m2"))
+    got = [c async for c in failing_over(plan, first, rerun, 1e12, repeatable=True)]
+    assert [r for c in got for r in c] == rows  # each row once, in order
+    assert [] not in got  # chunks wholly sent before are not handed on empty
+
+
+async def test_a_resumed_run_that_comes_up_short_fails_rather_than_lose_rows() -> None:
+    async def rerun(node: str) -> tuple[PhysicalPlan, AsyncIterator[Any]]:
+        return _plan(avoid=frozenset({node})), _chunks([[b"r0"]], None)
+
+    lost = cancelled("lost", "link_lost", member="m2")
+    with pytest.raises(ShardexError) as err:
+        _ = [
+            c
+            async for c in failing_over(
+                _plan(), _chunks([[b"r0", b"r1"]], lost), rerun, 1e12, repeatable=True
+            )
+        ]
+    assert err.value.code is ErrorCode.INTERNAL and err.value.details["missing"] == 1
+
+
+@pytest.mark.parametrize(
+    ("sql", "repeatable"),
+    [
+        (f"SELECT age, META().id AS id FROM {KS} WHERE age > 1 ORDER BY age, META().id", True),
+        (f"SELECT age FROM {KS} WHERE age > 1 ORDER BY age DESC, META().id DESC", True),
+        (f"SELECT age FROM {KS} WHERE age > 1 ORDER BY age", False),  # ties: any order
+        (f"SELECT age FROM {KS} WHERE age > 1", False),  # no order at all
+        (f"SELECT name FROM {KS} WHERE age > 1 ORDER BY age, META().id", False),  # fetched
+        (f"SELECT DISTINCT age FROM {KS} WHERE age > 1 ORDER BY age, META().id", False),
+    ],
+)
+def test_which_plans_are_repeatable(sql: str, repeatable: bool) -> None:
+    b = bind_select(parse_statement(sql))
+    plan = plan_select(b, None, state=STATE, members=MEMBERS)
+    assert plan.repeatable is repeatable

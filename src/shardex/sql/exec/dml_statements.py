@@ -17,7 +17,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.dml import DELETE, SKIP, write_checked
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragment_rows import finish
-from shardex.sql.exec.memory import Budget
+from shardex.sql.exec.memory import SLOT_BYTES, Budget, value_size
 from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import bad_request, dml_select
 from shardex.sql.local import bind_expr
@@ -36,6 +36,10 @@ __all__ = [
 ]
 
 MUTATE_PARALLEL: Final = 32
+IDS_OVER_BUDGET: Final = (
+    "it lists the documents it changes before writing any: narrow the WHERE clause or add a "
+    "LIMIT and run it again for the rest"
+)
 
 # The initiator's SELECT runner, bound to the statement: (select, params, dml=, consistency=)
 # -> (plan, started, batches of encoded rows).
@@ -132,11 +136,6 @@ async def modify_statement(
     # Compiled first: a bad SET path fails before anything is read or changed.
     sets = [(path_steps(p, alias), bind_expr(e, alias)) for p, e in getattr(stmt, "set", ())]
     unsets = [path_steps(p, alias) for p in getattr(stmt, "unset", ())]
-    _, _, batches = await select(dml_select(stmt), params, dml=True, consistency=REQUEST_PLUS)
-    chosen: list[str] = []
-    async with contextlib.aclosing(batches):
-        async for chunk in batches:
-            chosen += [decode_row(cell)["id"] for cell in chunk]
     ks = target.name
     where = None if stmt.where is None else bind_expr(stmt.where, alias)
 
@@ -155,15 +154,29 @@ async def modify_statement(
             unset_path(new, steps)
         return new
 
-    written = await write_checked(
-        documents,
-        ks,
-        chosen,
-        decide,
-        parallel=MUTATE_PARALLEL,
-        durability=durability,
-        durability_timeout=durability_timeout,
-    )
+    _, _, batches = await select(dml_select(stmt), params, dml=True, consistency=REQUEST_PLUS)
+    chosen: list[str] = []
+    # Every id is listed before the first write (a write must not bring its document back
+    # into the scan that chose it): the list is charged to the statement's budget.
+    listed = budget.reserve(type(stmt).__name__.removesuffix("Stmt").upper())
+    try:
+        async with contextlib.aclosing(batches):
+            async for chunk in batches:
+                ids = [decode_row(cell)["id"] for cell in chunk]
+                if not listed.grow(sum(value_size(d) + SLOT_BYTES for d in ids)):
+                    raise listed.over(why=IDS_OVER_BUDGET)
+                chosen += ids
+        written = await write_checked(
+            documents,
+            ks,
+            chosen,
+            decide,
+            parallel=MUTATE_PARALLEL,
+            durability=durability,
+            durability_timeout=durability_timeout,
+        )
+    finally:
+        listed.release()
     return len(written), returning_rows(stmt.returning, alias, written, params, budget)
 
 

@@ -10,9 +10,13 @@ so the statement is planned again without the nodes that failed (``plan_select``
 * while the pinned TS is being chosen (``WaitStability`` to a leaf's node fails), and
 * while the query runs, as long as no result row has left this node: the rows of an
   aggregate, a sort at the root or a small result all wait for every leaf, so a leaf lost
-  mid-query is retried whole. Once rows went to the client the error ends the statement
-  (rows sent cannot be taken back, and a re-run's row order is not guaranteed to repeat
-  where ORDER BY has ties).
+  mid-query is retried whole;
+* after rows went to the client, when the plan is repeatable (``PhysicalPlan.repeatable``:
+  a covering scan at a pinned TS whose ORDER BY is a total order, ending ties with
+  ``META().id``): the re-run yields the very same rows in the same order, so the rows
+  already handed on are skipped and the statement resumes where it was. Any other plan's
+  error ends the statement then (rows sent cannot be taken back, a fetched document may have
+  changed since, and a re-run's order is not guaranteed to repeat where ORDER BY has ties).
 
 A late-materialized plan (decision 0111) whose root cannot fill its limit exactly (documents
 gone or changed since the index was read) fails with ``LATE_REFILL`` before any row left;
@@ -63,20 +67,35 @@ async def failing_over(
     chunks: AsyncIterator[list[bytes]],
     rerun: Callable[[str | None], Awaitable[tuple[PhysicalPlan, AsyncIterator[list[bytes]]]]],
     deadline: float,
+    *,
+    repeatable: bool = False,
 ) -> AsyncIterator[list[bytes]]:
     """``chunks`` (the result rows, encoded), run again by ``rerun(failed node)`` when a
-    leaf's node is lost before any row was handed on, until ``deadline`` (loop time).
-    ``rerun`` raises when no copy is left; the lost leaf's error is the statement's then.
-    ``rerun(None)``: the plan again without late materialization."""
-    sent = False
+    leaf's node is lost before any row was handed on, or at any point when ``repeatable``
+    (the re-run's first rows, those handed on already, are skipped), until ``deadline``
+    (loop time). ``rerun`` raises when no copy is left; the lost leaf's error is the
+    statement's then. ``rerun(None)``: the plan again without late materialization."""
+    sent = 0  # rows handed on
+    skip = 0  # rows of this run an earlier run handed on
     lost: set[str] = set()
     while True:
         try:
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
-                    if chunk:
-                        sent = True
+                    if skip:
+                        n = min(skip, len(chunk))
+                        chunk, skip = chunk[n:], skip - n
+                        if not chunk:
+                            continue
+                    sent += len(chunk)
                     yield chunk
+            if skip:  # cannot be with a repeatable plan: say so rather than lose rows
+                raise ShardexError(
+                    f"query {plan.query_id}: its run on other copies returned {skip} rows "
+                    "fewer than were sent before an indexer was lost",
+                    code=ErrorCode.INTERNAL,
+                    details={"missing": skip, "sent": sent},
+                )
             return
         except ShardexError as exc:
             if exc.details.get("reason") == LATE_REFILL and plan.late and not sent:
@@ -84,7 +103,7 @@ async def failing_over(
                 continue
             node = failed_leaf(exc, plan)
             late = asyncio.get_running_loop().time() >= deadline
-            if sent or node is None or node in lost or late:
+            if (sent and not repeatable) or node is None or node in lost or late:
                 raise
             lost.add(node)
             try:
@@ -92,4 +111,10 @@ async def failing_over(
             except ShardexError as again:
                 log.info("query %s lost %s; no copy took over: %s", plan.query_id, node, again)
                 raise exc from again
-            log.info("query lost the indexer %s (%s); run again on other copies", node, exc)
+            skip = sent
+            log.info(
+                "query lost the indexer %s (%s); run again on other copies%s",
+                node,
+                exc,
+                f", resuming after the {sent} rows sent" if sent else "",
+            )

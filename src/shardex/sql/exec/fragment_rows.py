@@ -120,10 +120,13 @@ def _with_bindings(
     return gen()
 
 
-def _filtered(b: BoundSelect, rows: Iterable[Any], params: Params) -> Iterable[Any]:
-    """LET, then WHERE (always re-applied: spans are only a superset of the rows)."""
+def _filtered(
+    b: BoundSelect, rows: Iterable[Any], params: Params, decided: bool = False
+) -> Iterable[Any]:
+    """LET, then WHERE (re-applied: spans are only a superset of the rows), unless
+    ``decided``: the rows are a covering scan's whose spans decide WHERE (``planner.exact``)."""
     rows = _with_bindings(rows, b.lets, params)
-    if b.where is not None:
+    if b.where is not None and not decided:
         rows = filter_rows(rows, _fn(b.where, params))
     return rows
 
@@ -188,25 +191,28 @@ def leaf_rows(
     scope_rows: Iterable[Any],
     *,
     presorted: bool = False,
+    decided: bool = False,
 ) -> Iterator[Any]:
     """A leaf's output rows from its scope rows (see the module doc for each mode).
     ``presorted``: the scope rows come in ORDER BY order already (the index order satisfies
-    it), so ``sort`` only tags each row with its key and stops after ``top`` rows."""
+    it), so ``sort`` only tags each row with its key and stops after ``top`` rows.
+    ``decided``: every scope row satisfies WHERE already (``_filtered``)."""
     if mode == "group":
         keys = [_fn(k, params) for k in b.group_keys]
         specs = _agg_specs(b, params)
         if b.lets:  # bindings make a new row per row: no runs to find
-            partials = partial_groups(_filtered(b, scope_rows, params), keys, specs, budget)
+            rows = _filtered(b, scope_rows, params, decided)
+            partials = partial_groups(rows, keys, specs, budget)
         else:
             kept = runs(scope_rows, b.alias)
-            if b.where is not None:
+            if b.where is not None and not decided:
                 where = _fn(b.where, params)
                 kept = ((row, n) for row, n in kept if truth(where(row)))
             partials = partial_groups(kept, keys, specs, budget, weighted=True)
         for kv, states in partials:
             yield [list(kv), [pack_state(s) for s in states]]
         return
-    rows = _filtered(b, scope_rows, params)
+    rows = _filtered(b, scope_rows, params, decided)
     terms, raw = _terms(b, params)
     if mode == "sort":
         pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=_sort_key(b, params))

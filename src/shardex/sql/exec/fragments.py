@@ -39,7 +39,14 @@ from shardex.sql.syntax.bind import META_KEY
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["leaf_pipeline", "lookup_rows", "named_keys", "root_pipeline", "sql_fragments"]
+__all__ = [
+    "leaf_pipeline",
+    "lookup_rows",
+    "lookup_scopes",
+    "named_keys",
+    "root_pipeline",
+    "sql_fragments",
+]
 
 SCAN_BLOCK_ROWS = 500
 MIN_SCAN_BLOCK_ROWS = 16
@@ -111,7 +118,7 @@ async def leaf_pipeline(
         spans = [Span(lo, hi, li, hi_inc) for lo, hi, li, hi_inc in a["spans"]]
     ts = None if a["ts"] is None else Timestamp.from_wire(a["ts"])
     alias, keyspace, covering = b.alias, a["keyspace"], a["covering"]
-    ordered = bool(a.get("ordered"))
+    ordered, decided = bool(a.get("ordered")), bool(a.get("decided"))
     late = bool(a.get("late"))  # rank on the entries, send sort keys and docids
     fetch = documents.get_many if tuning["get_many"] else documents.get_each
 
@@ -140,7 +147,9 @@ async def leaf_pipeline(
         def rows(ins: list[Any]) -> Any:
             if late:
                 return late_leaf_rows(b, params, top, mem.budget(), ins[0], presorted=ordered)
-            return leaf_rows(b, params, mode, top, mem.budget(), ins[0], presorted=ordered)
+            return leaf_rows(
+                b, params, mode, top, mem.budget(), ins[0], presorted=ordered, decided=decided
+            )
 
         batches = run_pipeline(
             rows,
@@ -262,7 +271,12 @@ async def lookup_rows(
     if keys is None:
         keys = named_keys(b, params)
     docs = dict(await fetch(keyspace, list(dict.fromkeys(keys))))
-    yield [{b.alias: docs[k], META_KEY: {"id": k}} for k in keys if k in docs]
+    yield lookup_scopes(b, docs, keys)
+
+
+def lookup_scopes(b: Any, docs: dict[str, Any], keys: list[str]) -> list[Any]:
+    """A key lookup's scope rows: ``keys`` in order (repeats kept), those found in ``docs``."""
+    return [{b.alias: docs[k], META_KEY: {"id": k}} for k in keys if k in docs]
 
 
 def named_keys(b: Any, params: Any) -> list[str]:

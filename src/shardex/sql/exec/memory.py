@@ -43,6 +43,7 @@ from shardex.errors import ErrorCode, ShardexError
 __all__ = [
     "DEFAULT_QUERY_MEMORY",
     "MIN_QUERY_MEMORY",
+    "SLOT_BYTES",
     "SPILL_DIR",
     "Budget",
     "NodeMemory",
@@ -66,6 +67,7 @@ CHUNK: Final = 64 * 1024
 # CPython object sizes (sys.getsizeof on 3.11, 64-bit).
 _INT, _FLOAT, _STR, _BYTES = 28, 24, 49, 33
 _LIST, _SLOT, _TUPLE = 56, 8, 40
+SLOT_BYTES: Final = _SLOT  # a list's reference to one more value
 _DICT_SMALL, _DICT_ENTRY = 184, 48  # up to 5 keys; past that about 48 bytes a key
 
 
@@ -198,7 +200,7 @@ class QueryMemory:
         self.used = 0
         self.closed = False
         self._lock = threading.Lock()
-        self._dir = node.root / _UNSAFE.sub("_", key)
+        self._dir: Path | None = None  # made on first spill: most queries never spill
         self._made = False
         self.files = 0  # spill files made so far
 
@@ -226,13 +228,15 @@ class QueryMemory:
                     details={"hint": "nothing to do: the query's rows are no longer read"},
                 )
             if not self._made:
-                self._dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+                self.directory.mkdir(parents=True, mode=0o700, exist_ok=True)
                 self._made = True
             self.files += 1
-            return self._dir / f"{kind}-{self.files}"
+            return self.directory / f"{kind}-{self.files}"
 
     @property
     def directory(self) -> Path:
+        if self._dir is None:
+            self._dir = self.node.root / _UNSAFE.sub("_", self.key)
         return self._dir
 
     def close(self) -> None:
@@ -245,7 +249,7 @@ class QueryMemory:
             self.used = 0
             made = self._made
         if made:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            shutil.rmtree(self.directory, ignore_errors=True)
             log.info(
                 "query %s spilled %d files past its budget of %d bytes",
                 self.key,

@@ -51,7 +51,8 @@ from shardex.sql.exec.fragment_rows import mode_of
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count
-from shardex.sql.planner.choose import IndexChoice, choose_index, covers
+from shardex.sql.planner.choose import DOCID, IndexChoice, choose_index, covers
+from shardex.sql.planner.exact import where_decided
 from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.protocol import FragmentSpec, QueryPlan
 from shardex.sql.syntax.bind import BoundSelect
@@ -93,11 +94,23 @@ class PhysicalPlan:
     limit: int | None = None
     offset: int = 0
     ordered: bool = False  # leaves stream in index order (it satisfies ORDER BY): no sort
+    decided: bool = False  # the spans decide WHERE (``planner.exact``): leaves skip it
     tuning: dict[str, bool] = field(default_factory=lambda: check_tuning(None))
     query_id: str | None = None  # once started
     inline: bool = False  # a small key lookup run on the initiator's loop (no fragment)
     local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
+
+    @property
+    def repeatable(self) -> bool:
+        """Run again at the same TS, the plan yields the same rows in the same order: they
+        come from the index alone (covering: no document fetched, which may have changed
+        since) and ORDER BY is a total order (``META().id`` among its terms; each docid is
+        one row). The caller checks the TS is pinned."""
+        b, choice = self.bound, self.choice
+        if choice is None or not choice.covering or b.grouped or b.distinct:
+            return False
+        return any(k.expr == DOCID for k in statement_facts(b).order)
 
     @property
     def top(self) -> int | None:
@@ -150,6 +163,7 @@ class PhysicalPlan:
                     "top": self.top,
                     "ordered": self.ordered,
                     "late": late,
+                    "decided": self.decided,
                 }
                 fragments.append(
                     FragmentSpec(
@@ -183,6 +197,7 @@ class PhysicalPlan:
                 "spans": self.spans,
                 "index_order": self.ordered,
                 "late_fetch": self.late,
+                "spans_decide_where": self.decided,
             }
         fragments = [
             {
@@ -229,7 +244,8 @@ def _leaf_does(p: PhysicalPlan) -> list[str]:
         steps = ["IndexScan (keys)"]  # ranked on the entries alone; the root fetches
     elif p.choice.covering:
         steps.pop()
-    steps.append("Filter")
+    if not p.decided:  # else the spans decide WHERE (``planner.exact``)
+        steps.append("Filter")
     if p.ordered:
         steps.append("IndexOrder")  # entries already in ORDER BY order: no local sort
     else:
@@ -297,9 +313,17 @@ class _Facts:
     order: Any
     read_paths: Any
     ranking_paths: set[Path] | None  # what leaves must cover to rank without documents
+    # The index chosen, by the active index definitions' ids and the USE INDEX hint: the
+    # choice reads the statement's shape, never its parameter values, and weighing every
+    # index was a third of a point query's planning. Ids are never reused (a re-created
+    # index gets a new one), so a key stays true. Bounded: see ``CHOICES_MAX``.
+    choices: dict[tuple[tuple[str, ...], str | None], IndexChoice] = field(
+        default_factory=dict, compare=False
+    )
 
 
 FACTS_MAX = 512
+CHOICES_MAX = 16  # index choices kept per statement (one per set of active indexes)
 _facts_memo: OrderedDict[int, tuple[BoundSelect, _Facts]] = OrderedDict()
 
 
@@ -364,14 +388,20 @@ def plan_select(
             check_servable(hinted[0], keyspace, use_index)  # INDEX_NOT_READY names why
     active = [r for r in records if r.state == ACTIVE]
     order = facts.order
-    choice = choose_index(
-        [r.definition for r in active],
-        facts.where,
-        keyspace=keyspace,
-        read_paths=facts.read_paths,
-        order_by=order,
-        use_index=use_index,
-    )
+    known = (tuple(r.definition.id for r in active), use_index)
+    choice = facts.choices.get(known)
+    if choice is None:
+        choice = choose_index(
+            [r.definition for r in active],
+            facts.where,
+            keyspace=keyspace,
+            read_paths=facts.read_paths,
+            order_by=order,
+            use_index=use_index,
+        )
+        if len(facts.choices) >= CHOICES_MAX:
+            facts.choices.clear()  # index sets seldom change: start over
+        facts.choices[known] = choice
     record = next(r for r in active if r.definition.id == choice.definition.id)
     defn = record.definition
     spans: list[dict[str, Any]] = []
@@ -383,6 +413,13 @@ def plan_select(
         except ShardexError:
             spans = []
     mode = mode_of(b)
+    decided = (
+        resolve_params
+        and choice.covering
+        and not defn.is_primary
+        and switches["exact_spans"]
+        and where_decided(facts.where, choice.keys, choice.per_key, params)
+    )
     plan = PhysicalPlan(
         b,
         mode,
@@ -394,6 +431,7 @@ def plan_select(
         limit=limit,
         offset=offset,
         ordered=bool(order) and choice.ordered and not b.distinct and switches["index_order"],
+        decided=decided,
         tuning=switches,
     )
     if not spans or limit == 0:

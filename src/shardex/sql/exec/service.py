@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -59,24 +59,26 @@ from shardex.scan.coordinator import ScanCoordinator
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
-from shardex.sql.exec.fragment_rows import root_rows
-from shardex.sql.exec.fragments import lookup_rows, named_keys
+from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.local_leaf import run_local, speculate
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY, NodeMemory
 from shardex.sql.exec.plan import (
-    INLINE_KEYS,
     PhysicalPlan,
     bind_statement,
     plan_select,
     statement_facts,
 )
-from shardex.sql.exec.reply import cells_closing, once, respond
+from shardex.sql.exec.reply import BLOCK_BYTES, BLOCK_ROWS, cells_closing, once, respond
 from shardex.sql.exec.rows import encode_row
 from shardex.sql.exec.stability import StatementStability
-from shardex.sql.exec.statements import bad_request, parsed, prepared_off_loop
+from shardex.sql.exec.statements import (
+    PLAN_ON_LOOP_CHARS,
+    bad_request,
+    parsed,
+    prepared_off_loop,
+)
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
 from shardex.sql.protocol import QueryService
-from shardex.sql.protocol.initiator import cancelled
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
@@ -190,6 +192,7 @@ class SqlService:
         # The node's SQL memory (decision 0106): every statement's operators draw on it.
         self.memory = NodeMemory() if memory is None else memory
         self.max_statement_bytes = max_statement_bytes
+        self.keys = KeyLookups(documents, self.memory, query.new_query_id)
         # Statements running at once on this node as their initiator, and waiting to.
         self.admission = AdmissionGate(
             "SQL statements",
@@ -200,7 +203,9 @@ class SqlService:
         )
 
     def install(self, server: RpcServer) -> None:
-        server.route(SqlQuery, self.on_query)
+        # Called in the receive callback: a point query by key on the node owning its
+        # documents is answered there (``_select_now``); anything else goes on in a task.
+        server.router.route_inline(SqlQuery, self.on_query)
         server.route(ExchangeStats, self.on_exchange_stats)
 
     async def on_exchange_stats(self, msg: ExchangeStats, conn: Connection) -> ExchangeStatsReply:
@@ -222,24 +227,64 @@ class SqlService:
 
     # --- the request ---------------------------------------------------------------------
 
-    async def on_query(self, msg: SqlQuery, conn: Connection) -> SqlStarted:
+    def on_query(self, msg: SqlQuery, conn: Connection) -> SqlStarted | Awaitable[SqlStarted]:
         """The statement once admitted (``admission``): it holds its slot until its last
         row is sent, on every way out (done, error, cancel, a lost connection)."""
         self.streams.check_new(conn, msg.stream_id)
         self._check(msg)  # a request that cannot run never queues
         slot = self.admission.try_enter()
         if slot is None:
-            loop = asyncio.get_running_loop()
-            queued_at = loop.time()
-            slot = await self.admission.enter(min(msg.timeout, QUEUE_WAIT))
-            # The timeout counts from arrival, so the client's wait for the reply holds.
-            left = max(msg.timeout - (loop.time() - queued_at), MIN_LEFT)
-            msg = msgspec.structs.replace(msg, timeout=left)
+            return self._queued(msg, conn)
+        try:
+            started = self._select_now(msg, conn)
+        except BaseException:
+            slot.release()
+            raise
+        if started is None:
+            return self._admitted(msg, conn, slot)
+        slot.release()
+        return started
+
+    async def _queued(self, msg: SqlQuery, conn: Connection) -> SqlStarted:
+        loop = asyncio.get_running_loop()
+        queued_at = loop.time()
+        slot = await self.admission.enter(min(msg.timeout, QUEUE_WAIT))
+        # The timeout counts from arrival, so the client's wait for the reply holds.
+        left = max(msg.timeout - (loop.time() - queued_at), MIN_LEFT)
+        return await self._admitted(msgspec.structs.replace(msg, timeout=left), conn, slot)
+
+    async def _admitted(self, msg: SqlQuery, conn: Connection, slot: Slot) -> SqlStarted:
         try:
             return await self._statement(msg, conn, slot)
         except BaseException:
             slot.release()
             raise
+
+    def _select_now(self, msg: SqlQuery, conn: Connection) -> SqlStarted | None:
+        """The whole answer of a key lookup whose documents are all this node's, made in
+        this loop turn (``KeyLookups.read_now``); None for anything else (the awaited path
+        does it from the start: every step here is repeated there or answers the same)."""
+        tuning = check_tuning(msg.tuning)
+        sql, params = msg.statement, msg.params
+        if not (tuning["inline"] and tuning["plan_cache"]) or len(sql) > PLAN_ON_LOOP_CHARS:
+            return None
+        stmt = parsed(sql)
+        if not isinstance(stmt, SelectStmt):
+            return None
+        check_statement(conn.principal, stmt)
+        b = bind_statement(sql, False)
+        check_params(b.params(), params)
+        state = self.scan.view.state_now()
+        if statement_facts(b).key_lookup is None or state is None:
+            return None
+        plan = plan_select(b, params, state=state, members=self._members(), tuning=tuning)
+        keys = self.keys.keys_of(plan, params)
+        if keys is None:
+            return None
+        cells = self.keys.read_now(plan, keys, params, self._quota(msg), msg.spill)
+        if cells is None or len(cells) > BLOCK_ROWS or sum(map(len, cells)) > BLOCK_BYTES:
+            return None
+        return msgspec.structs.replace(self._started(msg, plan, None), rows=cells, done=True)
 
     async def _statement(self, msg: SqlQuery, conn: Connection, slot: Slot) -> SqlStarted:
         tuning = check_tuning(msg.tuning)
@@ -362,14 +407,10 @@ class SqlService:
         # The members are read here, on the loop: membership changes only there.
         members = self._members()
         plan = await prepared_off_loop(sql, lambda: planned(members))
-        if plan.source == "keys" and tuning["inline"]:
-            keys = named_keys(b, params)
-            if len(keys) <= INLINE_KEYS:
-                plan.inline = True
-                # No QueryExecute, but an id all the same: the reply and the metrics name
-                # every SELECT by one (an ExchangeStats for it finds no streams).
-                plan.query_id = str(self.query.new_query_id())
-                return plan, None, self._key_lookup(plan, keys, params, msg)
+        keys = self.keys.keys_of(plan, params)
+        if keys is not None:
+            quota = self._quota(msg)
+            return plan, None, self.keys.rows(plan, keys, params, msg.timeout, quota, msg.spill)
 
         def without_failed(exc: ShardexError) -> PhysicalPlan:
             """The plan again without ``exc``'s lost leaf node, or ``exc`` raised."""
@@ -427,7 +468,8 @@ class SqlService:
                 plan = without_failed(exc)
         if not plan.leaves:
             return plan, ts, chunks
-        return plan, ts, failing_over(plan, chunks, rerun, deadline)
+        repeatable = ts is not None and plan.repeatable
+        return plan, ts, failing_over(plan, chunks, rerun, deadline, repeatable=repeatable)
 
     async def _speculate(
         self,
@@ -462,37 +504,15 @@ class SqlService:
         """One leaf, on this node: the plan runs in-process (``local_leaf``)."""
         return len(plan.leaves) == 1 and plan.leaves[0].member == self.query.member_id
 
-    async def _key_lookup(
-        self, plan: PhysicalPlan, keys: list[str], params: Any, msg: SqlQuery
-    ) -> AsyncIterator[list[bytes]]:
-        """A small key lookup on this node's loop: the documents from their owners (one
-        ``GetMany`` each), then the root's operators over them. The work after the fetch
-        is bounded by ``INLINE_KEYS`` rows; the query's timeout bounds the fetch."""
-        assert plan.keyspace is not None
-        b = plan.bound
-        fetch = self.documents.get_many if plan.tuning["get_many"] else self.documents.get_each
-        try:
-            async with asyncio.timeout(msg.timeout):
-                chunks = [c async for c in lookup_rows(b, params, plan.keyspace, fetch, keys)]
-        except TimeoutError:
-            raise cancelled(
-                f"query timed out after {msg.timeout}s",
-                "timeout",
-                timeout=msg.timeout,
-                hint="raise the query timeout or make the query cheaper",
-            ) from None
-        scopes = iter([row for chunk in chunks for row in chunk])
-        with self.memory.fragment(plan.query_id, self._quota(msg), msg.spill) as mem:
-            budget = mem.budget()
-            rows = root_rows(b, params, "local", plan.limit, plan.offset, budget, [scopes])
-            cells = [encode_row(r) for r in rows]
-        yield cells
-
     async def _select(
         self, msg: SqlQuery, stmt: SelectStmt, params: Any, conn: Connection, slot: Slot
     ) -> SqlStarted:
         plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
-        started = SqlStarted(
+        return await self._respond(conn, msg, self._started(msg, plan, ts), chunks, slot)
+
+    def _started(self, msg: SqlQuery, plan: PhysicalPlan, ts: Timestamp | None) -> SqlStarted:
+        """The reply that starts a SELECT's result (without its rows)."""
+        return SqlStarted(
             stream_id=msg.stream_id,
             statement="select",
             index=_index_of(plan),
@@ -509,7 +529,6 @@ class SqlService:
                 **self._route(plan),
             },
         )
-        return await self._respond(conn, msg, started, chunks, slot)
 
     def _route(self, plan: PhysicalPlan) -> dict[str, Any]:
         """The routing hint of a plan (``client.routes``): with one leaf elsewhere,

@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from shardex.core.expr import Field, Identifier, Meta
+from shardex.core.expr import Field, Meta
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.syntax import (
     DeleteStmt,
@@ -89,10 +89,8 @@ def bound_statement(sql: str, dml: bool, *, cached: bool = True) -> BoundSelect:
 
 
 def dml_select(stmt: DeleteStmt | UpdateStmt) -> SelectStmt:
-    """The SELECT that finds what a DELETE / UPDATE changes: each row's id and document."""
+    """The SELECT that finds what a DELETE / UPDATE changes: each row's id (the write reads
+    the document again at its owner, under its CAS: shipping it here would be wasted)."""
     alias = stmt.target.as_name
-    terms = (
-        ResultTerm(Field(Meta(alias), "id"), "id"),
-        ResultTerm(Identifier(alias), "doc"),
-    )
+    terms = (ResultTerm(Field(Meta(alias), "id"), "id"),)
     return SelectStmt(terms=terms, from_=stmt.target, where=stmt.where, limit=stmt.limit)

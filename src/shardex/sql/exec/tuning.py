@@ -21,6 +21,8 @@ Every switch defaults to on; turning one off never changes a result, only how it
 * ``speculate``: such a local plan at request_plus reads the newest snapshot while the
   high-seqno round is out, and keeps the rows when that snapshot covers the answer
   (``local_leaf.speculate``). Off: the round first, then the read at a covering snapshot.
+* ``exact_spans``: a covering scan whose spans decide the WHERE clause by themselves
+  (``planner.exact``, decision 0112) does not evaluate it again on each row. Off: it always does.
 * ``late``: an ORDER BY ... LIMIT over several leaves whose index covers everything but
   the projection has its leaves rank index entries without documents and send sort keys
   and docids; the root merges, cuts to the limit and fetches only the documents it returns
@@ -50,6 +52,7 @@ SWITCHES: Final = (
     "inline",
     "local",
     "speculate",
+    "exact_spans",
     "late",
 )
 METER_QUERIES: Final = 256

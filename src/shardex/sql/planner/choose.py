@@ -34,9 +34,9 @@ from shardex.meta.index_definition import IndexDefinition
 
 from .sargable import KeyAtom, Range, conjuncts, constrain_keys
 
-__all__ = ["IndexChoice", "OrderKey", "choose_index", "covered_document", "covers"]
+__all__ = ["DOCID", "IndexChoice", "OrderKey", "choose_index", "covered_document", "covers"]
 
-_DOCID = parse_expression("META().id")
+DOCID = parse_expression("META().id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,7 @@ def _order_satisfied(
         if term.expr in pinned:
             continue
         j = max(i, eq)
-        if j >= len(keys) and term.expr == _DOCID and not term.desc:
+        if j >= len(keys) and term.expr == DOCID and not term.desc:
             # Entries with equal keys sort by docid (``key + 0x02 + docid``), and docids
             # are unique: the order is total here, later terms order nothing.
             return True

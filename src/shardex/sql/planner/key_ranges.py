@@ -27,7 +27,7 @@ from shardex.core.keycodec import compare_values
 
 from .sargable import AnyOf, InList, KeyAtom, Prefix, Range
 
-__all__ = ["OPEN", "Interval", "atom_intervals", "key_spans", "spans_for"]
+__all__ = ["OPEN", "Interval", "atom_intervals", "exact_key_parts", "key_spans", "spans_for"]
 
 DEFAULT_MAX_SPANS = 1024
 
@@ -214,20 +214,54 @@ def key_spans(
     ``[]`` means no entry can match (e.g. ``k = 1 AND k = 2``); a single span with both
     bounds None is the whole index.
     """
+    walk = _walk(per_key, params, max_spans)
+    if walk.empty:
+        return []
+    if walk.last is None:
+        return [_span(p, None, False) for p in walk.prefixes]
+    return [_span(p, iv, desc[walk.last]) for p in walk.prefixes for iv in walk.last_ivs]
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """The spans' shape: ``prefixes`` (points of the pinned leading key parts), then the
+    key part ``last`` closing them with ``last_ivs`` (None: the rest unbounded)."""
+
+    prefixes: list[list[Any]]
+    last: int | None = None
+    last_ivs: tuple[Interval, ...] = ()
+    hulled: bool = False  # ``last_ivs`` is the hull of more intervals than ``max_spans``
+    empty: bool = False  # no entry can match
+
+
+def _walk(per_key: Sequence[Sequence[KeyAtom]], params: Any, max_spans: int) -> _Walk:
     prefixes: list[list[Any]] = [[]]
     for i, atoms in enumerate(per_key):
         if not atoms:
             break
         ivs = _key_intervals(atoms, params)
         if not ivs:
-            return []
+            return _Walk([], empty=True)
         if all(iv.is_point() for iv in ivs) and len(prefixes) * len(ivs) <= max_spans:
             prefixes = [[*p, iv.low] for p in prefixes for iv in ivs]
             continue
         if len(prefixes) * len(ivs) > max_spans:
-            ivs = [_hull(ivs)]
-        return [_span(p, iv, desc[i]) for p in prefixes for iv in ivs]
-    return [_span(p, None, False) for p in prefixes]
+            return _Walk(prefixes, i, (_hull(ivs),), hulled=True)
+        return _Walk(prefixes, i, tuple(ivs))
+    return _Walk(prefixes)
+
+
+def exact_key_parts(
+    per_key: Sequence[Sequence[KeyAtom]], params: Any = None, *, max_spans: int = DEFAULT_MAX_SPANS
+) -> int:
+    """How many leading key parts ``key_spans`` bounds exactly: an entry is in the spans
+    if and only if its values on those parts lie in their atoms' intervals (a hull past
+    ``max_spans`` is wider: its part is not counted)."""
+    walk = _walk(per_key, params, max_spans)
+    pinned = len(walk.prefixes[0]) if walk.prefixes else 0
+    if walk.last is None or walk.hulled:
+        return pinned
+    return walk.last + 1
 
 
 def _hull(ivs: Sequence[Interval]) -> Interval:

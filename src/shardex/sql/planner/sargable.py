@@ -14,10 +14,11 @@ arrays < objects``; comparisons across types follow that order, see ``core.expr.
 * A one-sided comparison also excludes NULL (``NULL < 5`` is NULL, not TRUE), so ``k < 5``
   becomes the interval ``(NULL, 5)``.
 * ``OR`` is sargable when every branch constrains the same key part: a union of intervals.
-* Everything else is left to the filter. The planner always re-applies the whole WHERE
-  clause after the scan, so spans need only be a *superset* of the rows; they never decide
-  a row on their own. That keeps this module small and makes a planner bug cost speed, not
-  correctness.
+* Everything else is left to the filter. The planner re-applies the whole WHERE clause
+  after the scan, so spans need only be a *superset* of the rows. That keeps this module
+  small and makes a planner bug cost speed, not correctness. The one exception is narrow
+  and checked per execution (``exact.where_decided``): a covering scan whose every WHERE
+  term is a comparison with a non-NULL scalar on a key part the spans bound exactly.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "KeyAtom",
     "Prefix",
     "Range",
+    "atom_for",
     "conjuncts",
     "constrain_keys",
     "reads_document",
@@ -119,7 +121,7 @@ def reads_document(expr: Expr) -> bool:
     return any(isinstance(n, Identifier | Meta) for n in walk(expr))
 
 
-def _atom_for(pred: Expr, key: Expr) -> KeyAtom | None:
+def atom_for(pred: Expr, key: Expr) -> KeyAtom | None:
     """The constraint ``pred`` puts on ``key``, or None if it puts none the index can use."""
     if isinstance(pred, BinaryOp) and pred.op in _FLIP:
         if pred.left == key and not reads_document(pred.right):
@@ -138,7 +140,7 @@ def _atom_for(pred: Expr, key: Expr) -> KeyAtom | None:
     if isinstance(pred, Like) and not pred.negated and pred.operand == key:
         return _like_prefix(pred.pattern)
     if isinstance(pred, Or):
-        atoms = [_atom_for(branch, key) for branch in pred.operands]
+        atoms = [atom_for(branch, key) for branch in pred.operands]
         if all(a is not None for a in atoms):
             return AnyOf(tuple(a for a in atoms if a is not None))
     return None
@@ -181,6 +183,6 @@ def constrain_keys(where: Expr | None, keys: Sequence[Expr]) -> list[list[KeyAto
     terms = conjuncts(where)
     out: list[list[KeyAtom]] = []
     for key in keys:
-        atoms = [a for a in (_atom_for(t, key) for t in terms) if a is not None]
+        atoms = [a for a in (atom_for(t, key) for t in terms) if a is not None]
         out.append(atoms)
     return out

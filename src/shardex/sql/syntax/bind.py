@@ -81,8 +81,16 @@ class BoundSelect:
     limit: Expr | None
     offset: Expr | None
 
-    def params(self) -> set[str]:
-        """Names of the parameters the statement uses ("1", "2", ... for positional)."""
+    def params(self) -> frozenset[str]:
+        """Names of the parameters the statement uses ("1", "2", ... for positional); found
+        once per bound statement (one serves every query of its text)."""
+        found: frozenset[str] | None = self.__dict__.get("_params")
+        if found is None:
+            found = self._find_params()
+            object.__setattr__(self, "_params", found)  # a cache, not state: frozen stays true
+        return found
+
+    def _find_params(self) -> frozenset[str]:
         s = self.stmt
         exprs: list[Expr] = [t.expr for t in s.terms if t.expr is not None]
         exprs += [e for _, e in s.let] + [e for _, e in s.letting] + list(s.group_by)
@@ -90,7 +98,7 @@ class BoundSelect:
         exprs += [e for e in (s.where, s.having, s.limit, s.offset) if e is not None]
         if s.from_ is not None:
             exprs += [e for e in (s.from_.use_keys, s.from_.source) if e is not None]
-        return {n.name for e in exprs for n in walk(e) if isinstance(n, Param)}
+        return frozenset(n.name for e in exprs for n in walk(e) if isinstance(n, Param))
 
 
 # -- generic tree rewriting -------------------------------------------------------------------

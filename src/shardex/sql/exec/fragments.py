@@ -133,6 +133,9 @@ async def leaf_pipeline(
             ts,
             ordered=ordered,
             block_rows=scan_block_rows(a["top"]),
+            # Storage reads as small as the blocks: a leaf after 20 rows no longer reads
+            # 512 entries of each slice for them.
+            chunk_rows=None if a["top"] is None else scan_block_rows(a["top"]),
         )
         async for block in blocks:
             if covering or late:

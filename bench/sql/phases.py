@@ -49,6 +49,7 @@ BASELINE = Variant(
         "inline": False,
         "local": False,
         "speculate": False,
+        "late": False,
     },
 )
 

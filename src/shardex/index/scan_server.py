@@ -352,17 +352,23 @@ class IndexScanServer:
         ordered: bool,
         limit: int | None = None,
         block_rows: int = 1000,
+        chunk_rows: int | None = None,
     ) -> AsyncIterator[list[bytes]]:
         """This node's slices of ``index_id`` read in-process (SQL leaf fragments): blocks
         of raw entries at ``snapshot_ts`` (None: the tips), merged in entry order when
-        ``ordered``. Errors (SNAPSHOT_TOO_OLD, rollback) are raised before the first block."""
+        ``ordered``; each slice reads storage ``chunk_rows`` entries at a time (None: its
+        default, 512), for a leaf that expects to stop after about that many. Errors
+        (SNAPSHOT_TOO_OLD, rollback) are raised before the first block."""
 
         # As ``_open``: iterators opened on the loop unless a slice's lock is held elsewhere,
         # and the first block read there too (bounded), so a point query's leaf reads its
         # entry without a thread hand-off; later blocks are read in the scan pool.
         slices = self._slices(index_id, partitions)
         gen = await self._run_unlocked(
-            slices, functools.partial(_open_iterators, slices, spans, snapshot_ts, limit, ordered)
+            slices,
+            functools.partial(
+                _open_iterators, slices, spans, snapshot_ts, limit, ordered, chunk_rows
+            ),
         )
         first, rest = take_first(gen, min(block_rows, INLINE_ROWS), INLINE_BYTES)
         if first:
@@ -378,10 +384,14 @@ def _open_iterators(
     read_ts: Timestamp | None,
     limit: int | None,
     ordered: bool,
+    chunk_rows: int | None = None,
 ) -> Iterator[bytes]:
     """One iterator over the slices' raw entries, merged in entry order when ``ordered``,
     cut at ``limit``. Each slice's iterators exist (its snapshot is pinned) on return."""
-    its = [s.scan(spans, snapshot_ts=read_ts, limit=limit, raw=True) for s in slices]
+    its = [
+        s.scan(spans, snapshot_ts=read_ts, limit=limit, raw=True, chunk_rows=chunk_rows)
+        for s in slices
+    ]
     if len(its) == 1:
         return its[0]  # one slice: in entry order and cut at ``limit`` already
     merged = heapq.merge(*its) if ordered else itertools.chain(*its)

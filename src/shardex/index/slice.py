@@ -414,9 +414,11 @@ class Slice:
         limit: int | None = None,
         reverse: bool = False,
         raw: bool = False,
+        chunk_rows: int | None = None,
     ) -> Iterator[Any]:
         """Entries in ``spans`` (None: all) as ``(key values, docid)`` (or raw entry bytes),
-        at the snapshot taken at ``snapshot_ts`` or at the tip (None). Errors (rollback,
+        at the snapshot taken at ``snapshot_ts`` or at the tip (None); ``chunk_rows``: read
+        from storage that many at a time (``spans.scan_ranges``). Errors (rollback,
         SNAPSHOT_TOO_OLD, not reached) are raised here, not on first iteration."""
         with self.lock:
             if self._meta.state == STATE_NEEDS_REBUILD:
@@ -428,7 +430,7 @@ class Slice:
                 snap = self._snapshots.at(snapshot_ts, self._applied)
             desc = self.desc if any(self.desc) else None
             return scan_ranges(
-                self._entries, spans_to_ranges(spans), snap, limit, reverse, raw, desc
+                self._entries, spans_to_ranges(spans), snap, limit, reverse, raw, desc, chunk_rows
             )
 
     def entries(self, snapshot_ts: Timestamp | None = None) -> list[bytes]:

@@ -25,9 +25,12 @@ def scan_ranges(
     reverse: bool,
     raw: bool,
     desc: Sequence[bool] | None,
+    chunk_rows: int | None = None,
 ) -> Iterator[Any]:
     """Walk disjoint sorted ``ranges`` of an entries family (at ``snap`` or the tip), yielding
-    raw entries or decoded ``(key values, docid)``; stops after ``limit``.
+    raw entries or decoded ``(key values, docid)``; stops after ``limit``. ``chunk_rows``:
+    entries read from storage at a time when the caller expects to stop after about that
+    many without a hard limit (a SQL leaf's LIMIT, whose filter may drop entries).
 
     The RocksDB iterators are created *here*, before the first ``next()``: a scan pins its
     snapshot when it is asked for, so releasing that snapshot later (a newer stabilise) does
@@ -35,7 +38,8 @@ def scan_ranges(
     order = list(reversed(ranges)) if reverse else list(ranges)
     # A limited scan reads no RocksDB entry past its limit (a 100-row scan read a whole
     # 512-entry chunk, ~5x the entries it returned).
-    chunk = {} if limit is None else {"chunk_size": max(1, min(limit, CHUNK_MAX))}
+    expect = limit if limit is not None else chunk_rows
+    chunk = {} if expect is None else {"chunk_size": max(1, min(expect, CHUNK_MAX))}
     iters = [cf.iterate(lo, hi, reverse=reverse, snapshot=snap, **chunk) for lo, hi in order]
     return _limited(iters, limit, raw, desc)
 

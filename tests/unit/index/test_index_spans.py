@@ -54,3 +54,29 @@ def test_ranges_match_leading_part_comparison(keys: list, spans: list) -> None:
 def test_no_spans_means_everything() -> None:
     assert spans_to_ranges(None) == [(None, None)]
     assert spans_to_ranges([]) == []
+
+
+class _Family:
+    """An entries family recording the storage chunk size each iterator asks for."""
+
+    def __init__(self, keys: list[bytes]) -> None:
+        self.keys = keys
+        self.chunks: list[int | None] = []
+
+    def iterate(self, lo, hi, *, reverse, snapshot, chunk_size=None):  # type: ignore[no-untyped-def]
+        self.chunks.append(chunk_size)
+        return iter([(k, b"") for k in self.keys])
+
+
+def test_a_chunk_hint_sizes_storage_reads_without_cutting_the_scan() -> None:
+    from shardex.index.spans import CHUNK_MAX, scan_ranges
+
+    keys = [encode_entry([i], f"d{i}", [False]) for i in range(40)]
+    everything = [(None, None)]
+    cf = _Family(keys)
+    assert list(scan_ranges(cf, everything, None, None, False, True, None, 20)) == keys
+    assert cf.chunks == [20]  # read 20 at a time, every entry still returned
+    list(scan_ranges(cf, everything, None, 5, False, True, None, 20))
+    list(scan_ranges(cf, everything, None, None, False, True, None, 10_000))
+    list(scan_ranges(cf, everything, None, None, False, True, None))
+    assert cf.chunks[1:] == [5, CHUNK_MAX, None]  # a hard limit wins; capped; the default

@@ -31,6 +31,7 @@ __all__ = [
     "doc_order",
     "doc_where",
     "key_lookup",
+    "ranking_paths",
     "read_paths",
     "reads_meta",
     "to_document_terms",
@@ -123,6 +124,27 @@ def read_paths(b: BoundSelect) -> set[Path] | None:
             if p and p[0] in let_names:
                 continue  # a LET variable, read through its definition (also listed)
             out.add(p)
+    return out
+
+
+def ranking_paths(b: BoundSelect) -> set[Path] | None:
+    """The document paths that decide which rows a non-grouped SELECT returns and in what
+    order (LET, WHERE, ORDER BY): what an index must cover for its leaves to rank rows
+    without the documents (late materialization). None when they read a whole document or
+    ``META()`` beyond ``id`` (a leaf knows only an entry's docid)."""
+    exprs: list[Expr] = [e for _, e in b.lets] + [e for e, _ in b.order]
+    if b.where is not None:
+        exprs.append(b.where)
+    let_names = {n for n, _ in b.lets}
+    out: set[Path] = set()
+    for e in exprs:
+        meta_ids = sum(1 for n in walk(e) if _is_meta_id(n))
+        if sum(1 for n in walk(e) if isinstance(n, Identifier) and n.name == META_KEY) > meta_ids:
+            return None
+        d = to_document_terms(e, b.alias)
+        if any(n == _WHOLE_DOC for n in walk(d)):
+            return None
+        out.update(p for p in referenced_paths(d) if not (p and p[0] in let_names))
     return out
 
 

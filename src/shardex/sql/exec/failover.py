@@ -17,6 +17,10 @@ so the statement is planned again without the nodes that failed (``plan_select``
   already handed on are skipped and the statement resumes where it was. Any other plan's
   error ends the statement then (rows sent cannot be taken back, a fetched document may have
   changed since, and a re-run's order is not guaranteed to repeat where ORDER BY has ties).
+
+A late-materialized plan (decision 0111) whose root cannot fill its limit exactly (documents
+gone or changed since the index was read) fails with ``LATE_REFILL`` before any row left;
+it runs again the same way, with the leaves fetching (``rerun(None)``), at the same TS.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.exec.late import LATE_REFILL
 from shardex.sql.exec.plan import PhysicalPlan
 
 __all__ = ["FAILOVER", "failed_leaf", "failing_over"]
@@ -60,7 +65,7 @@ def failed_leaf(exc: ShardexError, plan: PhysicalPlan) -> str | None:
 async def failing_over(
     plan: PhysicalPlan,
     chunks: AsyncIterator[list[bytes]],
-    rerun: Callable[[str], Awaitable[tuple[PhysicalPlan, AsyncIterator[list[bytes]]]]],
+    rerun: Callable[[str | None], Awaitable[tuple[PhysicalPlan, AsyncIterator[list[bytes]]]]],
     deadline: float,
     *,
     repeatable: bool = False,
@@ -69,7 +74,7 @@ async def failing_over(
     leaf's node is lost before any row was handed on, or at any point when ``repeatable``
     (the re-run's first rows, those handed on already, are skipped), until ``deadline``
     (loop time). ``rerun`` raises when no copy is left; the lost leaf's error is the
-    statement's then."""
+    statement's then. ``rerun(None)``: the plan again without late materialization."""
     sent = 0  # rows handed on
     skip = 0  # rows of this run an earlier run handed on
     lost: set[str] = set()
@@ -93,6 +98,9 @@ async def failing_over(
                 )
             return
         except ShardexError as exc:
+            if exc.details.get("reason") == LATE_REFILL and plan.late and not sent:
+                plan, chunks = await rerun(None)
+                continue
             node = failed_leaf(exc, plan)
             late = asyncio.get_running_loop().time() >= deadline
             if (sent and not repeatable) or node is None or node in lost or late:

@@ -13,6 +13,11 @@ Three shapes (``mode``), chosen by the physical planner:
 * ``rows``: leaves project (DISTINCT locally, limit pushed down); the root concatenates,
   then DISTINCT, OFFSET, LIMIT.
 
+``late`` (a ``sort`` whose index covers all but the projection, decision 0111): leaves rank
+the index entries' rebuilt rows and send ``[sort key, docid]`` (``late_leaf_rows``); the
+root merges them, fetches the documents of the rows it returns and checks each against
+its entry (``late_checked``), then projects (``late.py``).
+
 ``local``: the root alone over scope rows it made itself (no FROM, an expression FROM, or
 documents named by key), i.e. the whole statement in one place.
 
@@ -48,7 +53,16 @@ from shardex.sql.operators import (
 )
 from shardex.sql.syntax.bind import META_KEY, BoundSelect, aggregate_name, group_key_name
 
-__all__ = ["MODES", "leaf_rows", "mode_of", "root_rows"]
+__all__ = [
+    "MODES",
+    "LateStale",
+    "late_checked",
+    "late_leaf_rows",
+    "late_values",
+    "leaf_rows",
+    "mode_of",
+    "root_rows",
+]
 
 MODES = ("group", "sort", "rows")
 Params = Any
@@ -213,6 +227,62 @@ def leaf_rows(
     if b.distinct:
         values = distinct(values, budget)
     yield from itertools.islice(values, top) if top is not None and not b.distinct else values
+
+
+def late_leaf_rows(
+    b: BoundSelect,
+    params: Params,
+    top: int,
+    budget: Budget,
+    scope_rows: Iterable[Any],
+    *,
+    presorted: bool = False,
+) -> Iterator[Any]:
+    """``[sort key, docid]`` of a leaf's first ``top`` rows in ORDER BY order, ranked on
+    scope rows rebuilt from the index entries (the planner checked that the index covers
+    LET, WHERE and ORDER BY): the rows ``leaf_rows`` would send, keys and order alike,
+    with the docid in place of the projection. Ties keep scan order, as there."""
+    key = _sort_key(b, params)
+    pairs = ((key(row, None), row[META_KEY]["id"]) for row in _filtered(b, scope_rows, params))
+    ranked = itertools.islice(pairs, top) if presorted else external_sort(pairs, budget, top)
+    for k, docid in ranked:
+        yield [k, docid]
+
+
+class LateStale(Exception):
+    """A fetched document no longer sorts where its index entry did: its place among the
+    other leaves' rows is unknown, so the late result cannot be made exact."""
+
+
+def late_checked(
+    b: BoundSelect,
+    params: Params,
+    candidates: list[tuple[bytes, str]],
+    docs: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The scope rows of ``candidates`` (merged ``[sort key, docid]``, in order) whose
+    documents (``docs``, fetched now) still exist and still pass LET and WHERE, as a leaf
+    that fetched them would have kept them; ``LateStale`` when one's sort key moved."""
+    key = _sort_key(b, params)
+    where = None if b.where is None else _fn(b.where, params)
+    kept = []
+    for k, docid in candidates:
+        doc = docs.get(docid)
+        if doc is None:
+            continue  # deleted since the index was read: read as absent, as a leaf would
+        (row,) = _with_bindings([{b.alias: doc, META_KEY: {"id": docid}}], b.lets, params)
+        if where is not None and not truth(where(row)):
+            continue
+        if key(row, None) != k:
+            raise LateStale(docid)
+        kept.append(row)
+    return kept
+
+
+def late_values(b: BoundSelect, params: Params, rows: Iterable[Any]) -> list[Any]:
+    """The projection of rows a late root kept."""
+    terms, raw = _terms(b, params)
+    return list(project(rows, terms, raw=raw))
 
 
 # --- the root ----------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from shardex.sql.exec.analyze import reads_meta
 from shardex.sql.exec.bridge import Pack, close_all, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder
-from shardex.sql.exec.fragment_rows import leaf_rows, root_rows
+from shardex.sql.exec.fragment_rows import late_leaf_rows, leaf_rows, root_rows
+from shardex.sql.exec.late import late_root_values
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.plan import (
     LEAF_KIND,
@@ -118,6 +119,7 @@ async def leaf_pipeline(
     ts = None if a["ts"] is None else Timestamp.from_wire(a["ts"])
     alias, keyspace, covering = b.alias, a["keyspace"], a["covering"]
     ordered, decided = bool(a.get("ordered")), bool(a.get("decided"))
+    late = bool(a.get("late"))  # rank on the entries, send sort keys and docids
     fetch = documents.get_many if tuning["get_many"] else documents.get_each
 
     decoder = EntryDecoder(desc, key_paths)
@@ -131,20 +133,29 @@ async def leaf_pipeline(
             ts,
             ordered=ordered,
             block_rows=scan_block_rows(a["top"]),
+            # Storage reads as small as the blocks: a leaf after 20 rows no longer reads
+            # 512 entries of each slice for them.
+            chunk_rows=None if a["top"] is None else scan_block_rows(a["top"]),
         )
         async for block in blocks:
-            if covering:
-                yield decoder.covered_rows(block, alias, meta)
+            if covering or late:
+                yield decoder.covered_rows(block, alias, meta or late)
                 continue
             docs = await fetch(keyspace, decoder.docids(block))
             yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
     mode, top = a["mode"], a["top"]
     with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
-        batches = run_pipeline(
-            lambda ins: leaf_rows(
+
+        def rows(ins: list[Any]) -> Any:
+            if late:
+                return late_leaf_rows(b, params, top, mem.budget(), ins[0], presorted=ordered)
+            return leaf_rows(
                 b, params, mode, top, mem.budget(), ins[0], presorted=ordered, decided=decided
-            ),
+            )
+
+        batches = run_pipeline(
+            rows,
             [scope_rows()],
             name=f"{query} leaf",
             inline=tuning["inline"],
@@ -193,6 +204,14 @@ async def root_pipeline(
         sources = [_once([{}])]
     mode, limit, offset = a["mode"], a["limit"], a["offset"]
     mode = "local" if source != "index" else mode
+    if source == "index" and a.get("late") and limit:
+        fetch = documents.get_many if tuning["get_many"] else documents.get_each
+        values = await late_root_values(
+            b, params, a["keyspace"], fetch, sources, decode_row, limit, offset
+        )
+        for batch in pack(values):
+            yield batch
+        return
     if mode == "rows" and not b.distinct:
         # The leaves' rows are the result's: passed on still encoded (no decode and
         # encode again), in the order ``root_rows`` would give, offset and limit counted.

@@ -14,6 +14,12 @@ no FROM at all run as the root alone (``mode = "local"``): no index is read. A k
 of at most ``INLINE_KEYS`` documents (``inline`` switch on) does not even start the
 root fragment: the initiator fetches and evaluates on its loop (EXPLAIN says so).
 
+Late materialization (``late``, decision 0111): an ORDER BY ... LIMIT over several leaves,
+whose index covers LET, WHERE and ORDER BY but not the projection, has its leaves rank the
+entries without documents and send ``[sort key, docid]``; the root merges, cuts to the limit
+and only then fetches the documents it returns (``late.py``). Without it every leaf fetches
+the documents of its own top rows: up to leaves x limit fetches for limit results.
+
 Fragments carry the statement's text, not its tree: every member parses and binds the same
 text the same way (``bind_statement``), which keeps the plan small and the wire format free
 of expression trees. ``dml`` marks the SELECT a DELETE/UPDATE derives (``dml_select``).
@@ -27,17 +33,25 @@ from typing import Any
 
 from shardex.api.spans import eliminate, encode_spans, to_user_spans
 from shardex.core.expr import evaluate
+from shardex.core.expr.analysis import Path
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_state import ACTIVE, IndexRecord, latest_index_topology
 from shardex.meta.state import StateContext
 from shardex.scan.scan_checks import check_servable
-from shardex.sql.exec.analyze import KeyLookup, doc_order, doc_where, key_lookup, read_paths
+from shardex.sql.exec.analyze import (
+    KeyLookup,
+    doc_order,
+    doc_where,
+    key_lookup,
+    ranking_paths,
+    read_paths,
+)
 from shardex.sql.exec.fragment_rows import mode_of
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count
-from shardex.sql.planner.choose import DOCID, IndexChoice, choose_index
+from shardex.sql.planner.choose import DOCID, IndexChoice, choose_index, covers
 from shardex.sql.planner.exact import where_decided
 from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.protocol import FragmentSpec, QueryPlan
@@ -48,6 +62,9 @@ __all__ = ["Leaf", "PhysicalPlan", "bind_statement", "lookup_keys", "plan_select
 
 ROOT_KIND = "sql.root"
 INLINE_KEYS = 64  # a key lookup naming at most this many ids runs without any fragment
+# Late materialization up to this many rows (offset + limit): the root holds every leaf's
+# candidates (leaves x this many sort keys and docids) and projects on its loop.
+LATE_MAX_ROWS = 256
 LEAF_KIND = "sql.leaf"
 
 
@@ -82,6 +99,7 @@ class PhysicalPlan:
     query_id: str | None = None  # once started
     inline: bool = False  # a small key lookup run on the initiator's loop (no fragment)
     local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
+    late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
 
     @property
     def repeatable(self) -> bool:
@@ -123,6 +141,8 @@ class PhysicalPlan:
         }
         fragments: list[FragmentSpec] = []
         inputs: list[int] = []
+        # A DML's derived SELECT keeps the plain path: its rows feed writes, not a client.
+        late = self.late and not dml
         if self.choice is not None and self.record is not None:
             defn = self.record.definition
             wire_spans = [
@@ -142,6 +162,7 @@ class PhysicalPlan:
                     "covering": self.choice.covering,
                     "top": self.top,
                     "ordered": self.ordered,
+                    "late": late,
                     "decided": self.decided,
                 }
                 fragments.append(
@@ -156,6 +177,7 @@ class PhysicalPlan:
             "keyspace": self.keyspace,
             "limit": self.limit,
             "offset": self.offset,
+            "late": late,
         }
         root = FragmentSpec(
             fragment_id=0, kind=ROOT_KIND, members=[initiator], args=root_args, inputs=inputs
@@ -174,6 +196,7 @@ class PhysicalPlan:
                 "covering": self.choice.covering,
                 "spans": self.spans,
                 "index_order": self.ordered,
+                "late_fetch": self.late,
                 "spans_decide_where": self.decided,
             }
         fragments = [
@@ -217,7 +240,9 @@ class PhysicalPlan:
 def _leaf_does(p: PhysicalPlan) -> list[str]:
     assert p.choice is not None
     steps = ["IndexScan" + (" (covering)" if p.choice.covering else ""), "Fetch"]
-    if p.choice.covering:
+    if p.late:
+        steps = ["IndexScan (keys)"]  # ranked on the entries alone; the root fetches
+    elif p.choice.covering:
         steps.pop()
     if not p.decided:  # else the spans decide WHERE (``planner.exact``)
         steps.append("Filter")
@@ -231,6 +256,8 @@ def _leaf_does(p: PhysicalPlan) -> list[str]:
         )
     if p.top is not None:
         steps.append(f"Limit({p.top})")
+    if p.late:
+        steps.append("SortKeysAndIds")
     return steps
 
 
@@ -241,6 +268,8 @@ def _root_does(p: PhysicalPlan) -> list[str]:
         "rows": ["Concat"],
         "local": ["LocalScan" if p.source != "keys" else "KeyLookup", "Filter", "Project"],
     }[p.mode]
+    if p.late:
+        steps = ["MergeSort", "Fetch (GetMany per owner, top rows only)", "Filter", "Project"]
     if p.bound.distinct:
         steps.append("Distinct")
     if p.mode in ("group", "local") and p.bound.order:
@@ -283,6 +312,7 @@ class _Facts:
     where: Any
     order: Any
     read_paths: Any
+    ranking_paths: set[Path] | None  # what leaves must cover to rank without documents
     # The index chosen, by the active index definitions' ids and the USE INDEX hint: the
     # choice reads the statement's shape, never its parameter values, and weighing every
     # index was a third of a point query's planning. Ids are never reused (a re-created
@@ -306,7 +336,8 @@ def statement_facts(b: BoundSelect) -> _Facts:
         _facts_memo.move_to_end(id(b))
         return hit[1]
     order = doc_order(b) if not b.grouped and not b.order_aliases else []
-    facts = _Facts(key_lookup(b), doc_where(b), order, read_paths(b))
+    ranking = ranking_paths(b) if order else None
+    facts = _Facts(key_lookup(b), doc_where(b), order, read_paths(b), ranking)
     _facts_memo[id(b)] = (b, facts)
     if len(_facts_memo) > FACTS_MAX:
         _facts_memo.popitem(last=False)
@@ -438,7 +469,29 @@ def plan_select(
         by_node.setdefault(node, []).append(p)
     for node, parts in sorted(by_node.items()):
         plan.leaves.append(Leaf(members[node], node, parts))
+    plan.late = _late_fetch_wins(plan, facts)
     return plan
+
+
+def _late_fetch_wins(plan: PhysicalPlan, facts: _Facts) -> bool:
+    """Late materialization where it saves fetches and costs nothing else: an ORDER BY ...
+    LIMIT (small: the root holds the candidates) over several leaves, with documents to
+    fetch (not covering) and an index that covers what ranks the rows (LET, WHERE, ORDER
+    BY), so the leaves cut to the limit on the entries alone. One leaf fetches just its
+    top rows already; a covering plan fetches nothing."""
+    b, choice, top = plan.bound, plan.choice, plan.top
+    return (
+        plan.tuning["late"]
+        and plan.mode == "sort"
+        and not b.distinct
+        and top is not None
+        and 0 < top <= LATE_MAX_ROWS
+        and len(plan.leaves) > 1
+        and choice is not None
+        and not choice.covering
+        and facts.ranking_paths is not None
+        and covers(choice.key_paths, facts.ranking_paths)
+    )
 
 
 def lookup_keys(expr: Any, params: Any, *, dedupe: bool) -> list[str]:

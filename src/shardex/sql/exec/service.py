@@ -452,8 +452,11 @@ class SqlService:
             p.query_id = str(result.query_id)
             return cells_closing(result)
 
-        async def rerun(failed: str) -> tuple[PhysicalPlan, AsyncIterator[list[bytes]]]:
-            avoid.add(failed)
+        async def rerun(failed: str | None) -> tuple[PhysicalPlan, AsyncIterator[list[bytes]]]:
+            if failed is None:  # late materialization could not be exact: leaves fetch
+                tuning["late"] = False
+            else:
+                avoid.add(failed)
             again = planned()  # NODE_UNAVAILABLE when a partition has no copy left
             return again, await run(again)
 

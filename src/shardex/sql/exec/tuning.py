@@ -23,6 +23,10 @@ Every switch defaults to on; turning one off never changes a result, only how it
   (``local_leaf.speculate``). Off: the round first, then the read at a covering snapshot.
 * ``exact_spans``: a covering scan whose spans decide the WHERE clause by themselves
   (``planner.exact``, decision 0112) does not evaluate it again on each row. Off: it always does.
+* ``late``: an ORDER BY ... LIMIT over several leaves whose index covers everything but
+  the projection has its leaves rank index entries without documents and send sort keys
+  and docids; the root merges, cuts to the limit and fetches only the documents it returns
+  (``late.py``). Off: every leaf fetches the documents of its own top rows.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -49,6 +53,7 @@ SWITCHES: Final = (
     "local",
     "speculate",
     "exact_spans",
+    "late",
 )
 METER_QUERIES: Final = 256
 

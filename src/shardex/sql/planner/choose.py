@@ -34,7 +34,7 @@ from shardex.meta.index_definition import IndexDefinition
 
 from .sargable import KeyAtom, Range, conjuncts, constrain_keys
 
-__all__ = ["DOCID", "IndexChoice", "OrderKey", "choose_index", "covered_document"]
+__all__ = ["DOCID", "IndexChoice", "OrderKey", "choose_index", "covered_document", "covers"]
 
 DOCID = parse_expression("META().id")
 
@@ -85,7 +85,8 @@ def _implies(query_terms: Sequence[Expr], index_where: str | None) -> bool:
     return all(t in have for t in conjuncts(parse_expression(index_where)))
 
 
-def _covers(key_paths: Sequence[Path | None], read: Iterable[Path]) -> bool:
+def covers(key_paths: Sequence[Path | None], read: Iterable[Path]) -> bool:
+    """Whether key parts at ``key_paths`` rebuild every path in ``read``."""
     # A path through an array position cannot be rebuilt into a document: never covering.
     paths = [p for p in key_paths if p is not None and all(isinstance(s, str) for s in p)]
     return all(any(r[: len(p)] == p for p in paths) for r in read)
@@ -160,7 +161,7 @@ def choose_index(
         if not (defn.is_primary or per_key[0]) or not _implies(terms, defn.where):
             continue
         key_paths = tuple(static_path(k) for k in keys)
-        covering = read is not None and _covers(key_paths, read)
+        covering = read is not None and covers(key_paths, read)
         choice = IndexChoice(defn, keys, per_key, covering, key_paths, False)
         ordered = _order_satisfied(keys, defn, choice.equality_keys, order_by)
         choice = IndexChoice(defn, keys, per_key, covering, key_paths, ordered)

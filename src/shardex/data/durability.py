@@ -120,9 +120,17 @@ class DurabilityWaits:
         waiters = self._waiters.get(key)
         if not waiters:
             return False
-        ack = self.ack(key, node)
-        persisted = -1 if ack is None else ack.persisted
-        return any(w.persist and w.seqno > persisted for w in waiters)
+        # The ack only when a persist_majority write waits (asked per run and per ack of
+        # every round, where the waiting writes are mostly of the other levels).
+        persisted: int | None = None
+        for w in waiters:
+            if w.persist:
+                if persisted is None:
+                    ack = self.ack(key, node)
+                    persisted = -1 if ack is None else ack.persisted
+                if w.seqno > persisted:
+                    return True
+        return False
 
     def _holds(self, key: Key, seqno: int, uuid: int, persist: bool) -> bool:
         chain = self._chains.get(key)

@@ -291,11 +291,12 @@ class ReplicaSender:
                 after = 0 if ack is None or ack.state != replica.ACK_BEHIND else ack.high
                 runs.append(ReplicaRun(p, meta.uuid, after, [], list(meta.failover_log)))
                 continue
-            log_needed = ack.uuid != meta.uuid
+            uuid = meta.uuid  # a property: read once
+            log_needed = ack.uuid != uuid
             if ack.high >= meta.high_seqno:
                 if log_needed or self._waits.needs_persist((self.keyspace, p), self.node):
                     flog = list(meta.failover_log) if log_needed else None
-                    runs.append(ReplicaRun(p, meta.uuid, ack.high, [], flog))
+                    runs.append(ReplicaRun(p, uuid, ack.high, [], flog))
                 continue
             if ack.high < meta.purge_seqno:
                 if p not in self._warned:
@@ -309,13 +310,13 @@ class ReplicaSender:
                         ack.high,
                         meta.purge_seqno,
                     )
-                runs.append(ReplicaRun(p, meta.uuid, ack.high, [], None, rebuild=True))
+                runs.append(ReplicaRun(p, uuid, ack.high, [], None, rebuild=True))
                 continue
             if size >= ROUND_BYTES:
                 more = True
                 continue
             # From memory what the active just wrote; the change log for a copy further behind.
-            recent = part.recent_changes(ack.high, meta.high_seqno, meta.uuid)
+            recent = part.recent_changes(ack.high, meta.high_seqno, uuid)
             lives: list[bool] | None = None
             if recent is not None:
                 changes, lives = recent
@@ -325,9 +326,10 @@ class ReplicaSender:
                 continue
             if changes[-1][0] < meta.high_seqno:
                 more = True
-            size += sum(len(c[1]) + (len(c[4]) if c[4] else 0) for c in changes)
+            for c in changes:
+                size += len(c[1]) + (len(c[4]) if c[4] else 0)
             flog = list(meta.failover_log) if log_needed else None
-            runs.append(ReplicaRun(p, meta.uuid, ack.high, changes, flog, live_before=lives))
+            runs.append(ReplicaRun(p, uuid, ack.high, changes, flog, live_before=lives))
         return runs, more
 
 

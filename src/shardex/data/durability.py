@@ -305,12 +305,6 @@ class DurabilityWaits:
             },
         )
 
-    @staticmethod
-    def expired(w: _Waiter) -> bool:
-        """``w``'s wait ended by its timer."""
-        fut = w.future
-        return fut.done() and not fut.cancelled() and isinstance(fut.exception(), _Expired)
-
     def has_pending(self) -> bool:
         """Any durable write waiting on this node (reads check documents only then)."""
         return bool(self._pending)  # no empty entries: see ``_drop_pending``

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 
 from shardex.api.records import STATE_REPLICA
 from shardex.api.replication import ReplicaAck
@@ -25,7 +26,10 @@ from shardex.errors import ErrorCode, ShardexError
 
 DEFAULT_DURABILITY_TIMEOUT = 5.0  # seconds a durable write waits for its copies
 
+log = logging.getLogger(__name__)
+
 Key = tuple[str, int]  # (keyspace, partition)
+Then = Callable[[BaseException | None], None]
 
 
 @dataclasses.dataclass(slots=True)
@@ -37,12 +41,19 @@ class _Waiter:
     future: asyncio.Future[None]
     timeout: float  # seconds it may wait: the writer's ``durability_timeout`` or the default
     timer: asyncio.TimerHandle | None = None
+    # A caller settling by callbacks (``start_wait(then=...)``): called once, with None or
+    # the wait's error, by whatever ends the wait; ``future`` still wakes waiting readers.
+    then: Then | None = None
 
 
 @dataclasses.dataclass(slots=True)
 class _Chain:
     copies: int  # configured: 1 + num_replicas
     replicas: tuple[str, ...]  # the replica nodes the current topology names
+    majority: int = 0  # majority_of(copies), kept: every durable write and ack needs it
+
+    def __post_init__(self) -> None:
+        self.majority = majority_of(self.copies)
 
 
 class DurabilityWaits:
@@ -73,8 +84,14 @@ class DurabilityWaits:
         self._acks.pop(key, None)
         self._pending.pop(key, None)
         for w in self._waiters.pop(key, []):
-            if not w.future.done():
+            if w.future.done():
+                continue
+            if w.then is None:
                 w.future.set_exception(error)
+            else:  # the writer hears it; readers wake (their document is no longer pending)
+                _cancel_timer(w)
+                w.future.cancel()
+                _call(w.then, error)
 
     def copies(self, key: Key) -> int:
         chain = self._chains.get(key)
@@ -103,36 +120,55 @@ class DurabilityWaits:
         waiters = self._waiters.get(key)
         if not waiters:
             return False
-        ack = self.ack(key, node)
-        persisted = -1 if ack is None else ack.persisted
-        return any(w.persist and w.seqno > persisted for w in waiters)
+        # The ack only when a persist_majority write waits (asked per run and per ack of
+        # every round, where the waiting writes are mostly of the other levels).
+        persisted: int | None = None
+        for w in waiters:
+            if w.persist:
+                if persisted is None:
+                    ack = self.ack(key, node)
+                    persisted = -1 if ack is None else ack.persisted
+                if w.seqno > persisted:
+                    return True
+        return False
 
     def _holds(self, key: Key, seqno: int, uuid: int, persist: bool) -> bool:
         chain = self._chains.get(key)
-        copies = 1 if chain is None else chain.copies
+        need = 1 if chain is None else chain.majority
         have = 1  # the active
-        if have >= majority_of(copies):
+        if have >= need:
             return True
-        for ack in self._acks.get(key, {}).values():
-            held = ack.persisted if persist else ack.high
-            if ack.uuid == uuid and ack.state == STATE_REPLICA and held >= seqno:
-                have += 1
-        return have >= majority_of(copies)
+        acks = self._acks.get(key)
+        if acks:
+            for ack in acks.values():
+                held = ack.persisted if persist else ack.high
+                if ack.uuid == uuid and ack.state == STATE_REPLICA and held >= seqno:
+                    have += 1
+                    if have >= need:
+                        return True
+        return False
 
     def _settle(self, key: Key) -> None:
         waiters = self._waiters.get(key)
         if not waiters:
             return
         left = []
+        called: list[_Waiter] = []
         for w in waiters:
             if w.future.done():
                 continue
             if self._holds(key, w.seqno, w.uuid, w.persist):
                 w.future.set_result(None)
                 self._unpend(key, w)
+                if w.then is not None:
+                    called.append(w)
             else:
                 left.append(w)
         self._waiters[key] = left
+        # After the list is consistent: a writer's callback may start another wait.
+        for w in called:
+            _cancel_timer(w)
+            _call(w.then, None)
 
     def _unpend(self, key: Key, w: _Waiter) -> None:
         docs = self._pending.get(key)
@@ -151,8 +187,8 @@ class DurabilityWaits:
     def check_possible(self, key: Key, reachable: int) -> None:
         """DURABILITY_IMPOSSIBLE unless ``reachable`` copies (the active included) can make a
         majority of the configured chain; nothing has been written yet."""
-        copies = self.copies(key)
-        need = majority_of(copies)
+        chain = self._chains.get(key)
+        copies, need = (1, 1) if chain is None else (chain.copies, chain.majority)
         if reachable < need:
             raise ShardexError(
                 f"durable write impossible on partition {key[1]} of {key[0]!r}: a majority is "
@@ -200,10 +236,16 @@ class DurabilityWaits:
         persist: bool,
         docid: str,
         timeout: float | None = None,
+        then: Then | None = None,
     ) -> _Waiter | None:
-        """``wait``'s first half, for a caller settling by callbacks: None when a majority
-        holds ``seqno`` already, else the waiter whose ``future`` ends the wait (``_Expired``
-        after ``timeout``); ``end_wait`` must follow once it is done, or to give up."""
+        """``wait``'s first half: None when a majority holds ``seqno`` already, else the
+        waiter whose ``future`` ends the wait (``_Expired`` after ``timeout``); ``end_wait``
+        must follow once it is done, or to give up.
+
+        With ``then`` (a caller settling by callbacks, once per durable write): the wait
+        ends by calling ``then`` with None, DURABILITY_AMBIGUOUS after ``timeout``, or the
+        error that made the copy forgotten, and needs no ``end_wait``; no done callback and
+        no loop hop between the ack that settles the write and its writer."""
         if self._holds(key, seqno, uuid, persist):
             return None
         loop = asyncio.get_running_loop()
@@ -215,8 +257,20 @@ class DurabilityWaits:
             docs[docid] = seqno
         # One timer instead of ``wait_for(shield(fut))``: this runs once per durable write,
         # and wait_for's task, shield and callbacks cost more than the write's bookkeeping.
-        w.timer = loop.call_later(w.timeout, _expire, fut)
+        if then is None:
+            w.timer = loop.call_later(w.timeout, _expire, fut)
+        else:
+            w.then = then
+            w.timer = loop.call_later(w.timeout, self._expire_then, key, w)
         return w
+
+    def _expire_then(self, key: Key, w: _Waiter) -> None:
+        """A callback waiter's timer: no majority in time, DURABILITY_AMBIGUOUS."""
+        if w.future.done() or w.then is None:
+            return
+        w.future.cancel()  # readers waiting on the document wake and look again
+        self.end_wait(key, w)
+        _call(w.then, self.ambiguous(key, w))
 
     def end_wait(self, key: Key, w: _Waiter) -> None:
         """The wait on ``w`` is over: its timer goes, and unless a majority holds its write
@@ -251,12 +305,6 @@ class DurabilityWaits:
             },
         )
 
-    @staticmethod
-    def expired(w: _Waiter) -> bool:
-        """``w``'s wait ended by its timer."""
-        fut = w.future
-        return fut.done() and not fut.cancelled() and isinstance(fut.exception(), _Expired)
-
     def has_pending(self) -> bool:
         """Any durable write waiting on this node (reads check documents only then)."""
         return bool(self._pending)  # no empty entries: see ``_drop_pending``
@@ -290,6 +338,21 @@ class DurabilityWaits:
 
 class _Expired(Exception):
     """A durable write's timer fired before a majority held it."""
+
+
+def _cancel_timer(w: _Waiter) -> None:
+    if w.timer is not None:
+        w.timer.cancel()
+        w.timer = None
+
+
+def _call(then: Then, error: BaseException | None) -> None:
+    """A writer's callback, which answers its request: a bug there must not stop the
+    settling of the other writes."""
+    try:
+        then(error)
+    except Exception:
+        log.exception("a durable write's callback failed")
 
 
 def _expire(fut: asyncio.Future[None]) -> None:

@@ -25,6 +25,7 @@ goes with ``no_slowdown``). A replica's small unsynced apply follows the same ru
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +33,8 @@ from shardex.api.records import MutationResult
 from shardex.api.validation import SYNCED_LEVELS
 from shardex.data.engine_io import WouldBlock
 from shardex.errors import ErrorCode, ShardexError
+
+log = logging.getLogger(__name__)
 
 MAX_GROUP_OPS = 1000  # ops per flush (a larger batch goes alone): bounds lock hold time
 INLINE_OPS = 32  # a group up to this size at an unsynced level is written on the loop
@@ -41,16 +44,27 @@ RunInExecutor = Callable[..., Awaitable[Any]]
 Outcome = MutationResult | ShardexError
 
 
+Then = Callable[[Outcome | BaseException], None]
+
+
 class _Entry:
-    """One submitter's ops and the future its outcome goes to: a single op's result (or its
-    error raised), or a batch's list of per-op outcomes."""
+    """One submitter's ops and where its outcome goes: a future (a single op's result, or
+    its error raised; a batch's list of per-op outcomes), or for a single op ``then``,
+    called once with its result or error (``submit_then``)."""
 
-    __slots__ = ("future", "ops", "single")
+    __slots__ = ("future", "ops", "single", "then")
 
-    def __init__(self, ops: list[OpTuple], future: asyncio.Future[Any], single: bool) -> None:
+    def __init__(
+        self,
+        ops: list[OpTuple],
+        future: asyncio.Future[Any] | None,
+        single: bool,
+        then: Then | None = None,
+    ) -> None:
         self.ops = ops
         self.future = future
         self.single = single
+        self.then = then
 
 
 class GroupCommitter:
@@ -73,11 +87,14 @@ class GroupCommitter:
         result: MutationResult = await self._enqueue(keyspace, durability, [op], single=True)
         return result
 
-    def submit_now(
-        self, keyspace: str, durability: str, op: OpTuple
-    ) -> asyncio.Future[MutationResult]:
-        """``submit`` as a future (for a caller settling by callbacks, no task)."""
-        return self._enqueue(keyspace, durability, [op], single=True)
+    def submit_then(self, keyspace: str, durability: str, op: OpTuple, then: Then) -> None:
+        """``submit`` for a caller settling by callbacks: ``then`` is called with the op's
+        result or error as its group is settled (no future, no loop hop: a single durable
+        write goes on to its durability wait in the same callback)."""
+        key = (keyspace, durability)
+        self._queues.setdefault(key, []).append(_Entry([op], None, True, then))
+        if key not in self._flushers:
+            self._start_flusher(key, asyncio.get_running_loop())
 
     async def submit_many(
         self, keyspace: str, durability: str, ops: list[OpTuple]
@@ -96,13 +113,17 @@ class GroupCommitter:
         fut: asyncio.Future[Any] = loop.create_future()
         self._queues.setdefault(key, []).append(_Entry(ops, fut, single))
         if key not in self._flushers:
-            # A task costs more than the small unsynced write it would wait for.
-            self._flushers[key] = (
-                loop.call_soon(self._flush_now, key)
-                if durability not in SYNCED_LEVELS
-                else loop.create_task(self._flush(key), name=f"data-groupcommit {keyspace}")
-            )
+            self._start_flusher(key, loop)
         return fut
+
+    def _start_flusher(self, key: tuple[str, str], loop: asyncio.AbstractEventLoop) -> None:
+        keyspace, durability = key
+        # A task costs more than the small unsynced write it would wait for.
+        self._flushers[key] = (
+            loop.call_soon(self._flush_now, key)
+            if durability not in SYNCED_LEVELS
+            else loop.create_task(self._flush(key), name=f"data-groupcommit {keyspace}")
+        )
 
     def _take(self, key: tuple[str, str]) -> tuple[list[_Entry], int] | None:
         """The next group of ``key``'s queue (None: the queue is empty, and gone): whole
@@ -138,7 +159,7 @@ class GroupCommitter:
                 except ShardexError as exc:  # the whole group: unknown keyspace, ...
                     self._count(total)
                     for entry in group:
-                        _settle(entry.future, exc)
+                        _settle_entry(entry, exc)
                     continue
                 except Exception:  # WouldBlock, or the retry one by one: in a task
                     pass
@@ -183,7 +204,7 @@ class GroupCommitter:
         closed = ShardexError("data service stopping", code=ErrorCode.NODE_UNAVAILABLE)
         for queue in self._queues.values():
             for entry in queue:
-                _settle(entry.future, closed)
+                _settle_entry(entry, closed)
         self._queues.clear()
 
     async def _apply(self, keyspace: str, durability: str, group: list[_Entry], total: int) -> None:
@@ -193,7 +214,7 @@ class GroupCommitter:
             results = await self._write(keyspace, durability, ops, total)
         except ShardexError as exc:  # the whole group: unknown keyspace, bad durability, ...
             for entry in group:
-                _settle(entry.future, exc)
+                _settle_entry(entry, exc)
             return
         except Exception as exc:
             # Not a reason that fails the whole group: most likely one entry's op (a poison
@@ -201,7 +222,7 @@ class GroupCommitter:
             # one fails and its neighbours commit. Safe: ``mutate_many`` raises only before
             # it has written anything (a failure after a written chunk is per op).
             if len(group) == 1:
-                _settle(group[0].future, _storage_error(keyspace, exc))
+                _settle_entry(group[0], _storage_error(keyspace, exc))
                 return
             for entry in group:
                 await self._apply_one(keyspace, durability, entry)
@@ -225,9 +246,9 @@ class GroupCommitter:
         try:
             results = await self._run(self._mutate_many, keyspace, entry.ops, durability=durability)
         except ShardexError as exc:
-            _settle(entry.future, exc)
+            _settle_entry(entry, exc)
         except Exception as exc:
-            _settle(entry.future, _storage_error(keyspace, exc))
+            _settle_entry(entry, _storage_error(keyspace, exc))
         else:
             self._settle_group([entry], results)
 
@@ -237,8 +258,8 @@ class GroupCommitter:
         for entry in group:
             end = start + len(entry.ops)
             if entry.single:
-                _settle(entry.future, results[start])
-            elif not entry.future.done():
+                _settle_entry(entry, results[start])
+            elif entry.future is not None and not entry.future.done():
                 entry.future.set_result(results[start:end])
             start = end
 
@@ -249,6 +270,19 @@ def _storage_error(keyspace: str, exc: Exception) -> ShardexError:
         code=ErrorCode.STORAGE_ERROR,
         details={"keyspace": keyspace},
     )
+
+
+def _settle_entry(entry: _Entry, value: Any) -> None:
+    then = entry.then
+    if then is None:
+        if entry.future is not None:
+            _settle(entry.future, value)
+        return
+    entry.then = None  # once
+    try:
+        then(value)
+    except Exception:  # the submitter's bug: the rest of the group is still settled
+        log.exception("a group commit callback failed")
 
 
 def _settle(fut: asyncio.Future[Any], value: Any) -> None:

@@ -64,8 +64,10 @@ class PlacementView:
         majority's newer state (a failover of this node, say) while the local replica has
         not caught up yet, and reconciling from that replica would undo what it saw
         (promoting copies the failover took away)."""
-        if self._state is not None and version_of(self._state) > version_of(state):
-            return self._state
+        mine = self._state
+        # ``is``: usually the very state remembered (every write asks, via ``cached``)
+        if mine is not None and mine is not state and version_of(mine) > version_of(state):
+            return mine
         return state
 
     def remember(self, state: StateContext) -> None:

@@ -202,22 +202,27 @@ class ReplicaSender:
             self._address(self.node), msg, APPLY_TIMEOUT, expect=ReplicaApplied
         )
         self.rounds += 1
-        before = {
-            a.partition: self._waits.ack((self.keyspace, a.partition), self.node)
-            for a in reply.acks
-        }
+        # One pass over the acks (one per partition sent, each once), each looked at once:
+        # this runs for every round, and under load a round's runs are one change each.
+        waits, node, ks = self._waits, self.node, self.keyspace
+        moved = behind = absent = False
         for ack in reply.acks:
+            key = (ks, ack.partition)
+            old = waits.ack(key, node)
             self._absorb(ack)
-            if ack.state != STATE_REPLICA or self._unsettled(engine, ack.partition):
+            lags = self._lags(engine, ack.partition, waits.ack(key, node))
+            if ack.state != STATE_REPLICA or lags or waits.needs_persist(key, node):
                 self._dirty.add(ack.partition)  # looked at again in the next round
-        if any(a.state == replica.ACK_ABSENT for a in reply.acks):
+            moved = moved or _advanced(old, ack)
+            behind = behind or lags
+            absent = absent or ack.state == replica.ACK_ABSENT
+        if absent:
             # a copy about to be opened (a new keyspace): ask again shortly, not at the
             # next probe, since durable writes wait for it
             asyncio.get_running_loop().call_later(ABSENT_RETRY, self._wake.set)
         # Behind and moving: go on at once. Behind without moving (a refused run): wait for
         # the next wake or probe instead of asking the same again in a loop.
-        moved = any(_advanced(before.get(a.partition), a) for a in reply.acks)
-        return more or (moved and any(self._behind(engine, a.partition) for a in reply.acks))
+        return more or (moved and behind)
 
     def _absorb(self, ack: ReplicaAck) -> None:
         key = (self.keyspace, ack.partition)
@@ -237,8 +242,9 @@ class ReplicaSender:
             self._warned.discard(ack.partition)
         self._waits.record(key, self.node, ack)
 
-    def _behind(self, engine: DataEngine, partition: int) -> bool:
-        ack = self._waits.ack((self.keyspace, partition), self.node)
+    def _lags(self, engine: DataEngine, partition: int, ack: ReplicaAck | None) -> bool:
+        """The replica's copy, as ``ack`` (its recorded ack) says, lacks changes of the
+        active's."""
         part = engine.replicas.active_part(self.keyspace, partition)
         return (
             part is not None
@@ -246,12 +252,6 @@ class ReplicaSender:
             and ack.state == STATE_REPLICA
             and ack.high < part.meta.high_seqno
         )
-
-    def _unsettled(self, engine: DataEngine, partition: int) -> bool:
-        """The replica's copy still lacks something of the active's: changes, or an fsync a
-        ``persist_majority`` write waits for."""
-        key = (self.keyspace, partition)
-        return self._behind(engine, partition) or self._waits.needs_persist(key, self.node)
 
     def _pending(self, engine: DataEngine, parts: list[int]) -> int | None:
         """How many changes a round of ``parts`` would carry (roughly), or None if nothing
@@ -291,11 +291,12 @@ class ReplicaSender:
                 after = 0 if ack is None or ack.state != replica.ACK_BEHIND else ack.high
                 runs.append(ReplicaRun(p, meta.uuid, after, [], list(meta.failover_log)))
                 continue
-            log_needed = ack.uuid != meta.uuid
+            uuid = meta.uuid  # a property: read once
+            log_needed = ack.uuid != uuid
             if ack.high >= meta.high_seqno:
                 if log_needed or self._waits.needs_persist((self.keyspace, p), self.node):
                     flog = list(meta.failover_log) if log_needed else None
-                    runs.append(ReplicaRun(p, meta.uuid, ack.high, [], flog))
+                    runs.append(ReplicaRun(p, uuid, ack.high, [], flog))
                 continue
             if ack.high < meta.purge_seqno:
                 if p not in self._warned:
@@ -309,13 +310,13 @@ class ReplicaSender:
                         ack.high,
                         meta.purge_seqno,
                     )
-                runs.append(ReplicaRun(p, meta.uuid, ack.high, [], None, rebuild=True))
+                runs.append(ReplicaRun(p, uuid, ack.high, [], None, rebuild=True))
                 continue
             if size >= ROUND_BYTES:
                 more = True
                 continue
             # From memory what the active just wrote; the change log for a copy further behind.
-            recent = part.recent_changes(ack.high, meta.high_seqno, meta.uuid)
+            recent = part.recent_changes(ack.high, meta.high_seqno, uuid)
             lives: list[bool] | None = None
             if recent is not None:
                 changes, lives = recent
@@ -325,9 +326,10 @@ class ReplicaSender:
                 continue
             if changes[-1][0] < meta.high_seqno:
                 more = True
-            size += sum(len(c[1]) + (len(c[4]) if c[4] else 0) for c in changes)
+            for c in changes:
+                size += len(c[1]) + (len(c[4]) if c[4] else 0)
             flog = list(meta.failover_log) if log_needed else None
-            runs.append(ReplicaRun(p, meta.uuid, ack.high, changes, flog, live_before=lives))
+            runs.append(ReplicaRun(p, uuid, ack.high, changes, flog, live_before=lives))
         return runs, more
 
 

@@ -198,31 +198,16 @@ class Replication:
         its error (DURABILITY_AMBIGUOUS, or why the copy was forgotten)."""
         if level not in MAJORITY_LEVELS:
             return False
-        key = (keyspace, result.partition)
-        waits = self.waits
-        w = waits.start_wait(
-            key,
+        w = self.waits.start_wait(
+            (keyspace, result.partition),
             result.seqno,
             result.uuid,
             persist=level == "persist_majority",
             docid=docid,
             timeout=timeout,
+            then=then,
         )
-        if w is None:
-            return False
-
-        def done(fut: asyncio.Future[None]) -> None:
-            expired = waits.expired(w)
-            waits.end_wait(key, w)
-            if expired:
-                then(waits.ambiguous(key, w))
-            elif fut.cancelled():
-                then(asyncio.CancelledError())
-            else:
-                then(fut.exception())
-
-        w.future.add_done_callback(done)
-        return True
+        return w is not None
 
     def has_pending(self) -> bool:
         return self.waits.has_pending()

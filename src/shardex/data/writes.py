@@ -122,14 +122,16 @@ class WritePath:
                 self.replication.check_possible(
                     keyspace, self._engine().partition_for(keyspace, docid)
                 )
-            written = committer.submit_now(keyspace, durability, (kind, docid, doc, cas))
         except KeyspaceNotFound as exc:
             raise gate.not_here(exc, keyspace, docid) from None
         except ShardexError as exc:
             raise gate.enrich(exc) from None
         out: asyncio.Future[MutationReply] = asyncio.get_running_loop().create_future()
-        written.add_done_callback(
-            functools.partial(self._written, out, keyspace, docid, level, timeout)
+        committer.submit_then(
+            keyspace,
+            durability,
+            (kind, docid, doc, cas),
+            functools.partial(self._written, out, keyspace, docid, level, timeout),
         )
         return out
 
@@ -140,14 +142,15 @@ class WritePath:
         docid: str,
         level: str,
         timeout: float | None,
-        written: asyncio.Future[MutationResult],
+        written: MutationResult | BaseException,
     ) -> None:
         """``mutate_now``'s write is committed (or failed): wake the senders, then wait
-        for its durability, as ``mutate`` does."""
-        if written.cancelled() or written.exception() is not None:
+        for its durability, as ``mutate`` does. Called by group commit as it settles the
+        write's group; the durability wait calls back ``_settle`` the same way."""
+        if isinstance(written, BaseException):
             self._settle(out, keyspace, docid, None, written)
             return
-        result = written.result()
+        result = written
         reply = MutationReply(result=result)
         then = functools.partial(self._settle, out, keyspace, docid, reply)
         try:
@@ -165,12 +168,9 @@ class WritePath:
         keyspace: str,
         docid: str,
         reply: MutationReply | None,
-        error: BaseException | asyncio.Future[Any] | None,
+        error: BaseException | None,
     ) -> None:
-        """``out`` gets ``reply``, or ``error`` (an exception, or a failed future's) as
-        ``mutate`` raises it."""
-        if isinstance(error, asyncio.Future):
-            error = asyncio.CancelledError() if error.cancelled() else error.exception()
+        """``out`` gets ``reply``, or ``error`` as ``mutate`` raises it."""
         if out.done():
             return
         if error is None:

@@ -328,32 +328,44 @@ class _SharedExclusiveLock:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # Taken as the plain lock (a C context manager; the Condition's is Python code, and
+        # every write takes this twice), and notified only when some thread waits.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._shared = 0
         self._exclusive = False
+        self._waiting = 0
+
+    def _wait(self) -> None:
+        self._waiting += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._waiting -= 1
 
     def acquire_shared(self) -> None:
-        with self._cond:
+        with self._lock:
             while self._exclusive:
-                self._cond.wait()
+                self._wait()
             self._shared += 1
 
     def release_shared(self) -> None:
-        with self._cond:
+        with self._lock:
             self._shared -= 1
-            if self._shared == 0:
+            if self._shared == 0 and self._waiting:
                 self._cond.notify_all()
 
     def acquire_exclusive(self) -> None:
-        with self._cond:
+        with self._lock:
             while self._exclusive or self._shared:
-                self._cond.wait()
+                self._wait()
             self._exclusive = True
 
     def release_exclusive(self) -> None:
-        with self._cond:
+        with self._lock:
             self._exclusive = False
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
 
 class Store:

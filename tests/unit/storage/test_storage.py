@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from shardex.errors import ErrorCode, StorageError
-from shardex.storage import SstWriter, Store
+from shardex.storage import SstWriter, Store, rocks
 
 
 def test_column_families_persist_across_reopen(tmp_path):
@@ -182,3 +184,39 @@ def test_snapshot_never_sees_half_of_concurrent_batches(tmp_path):
             stop.set()
             for t in threads:
                 t.join()
+
+
+def test_the_commit_lock_makes_snapshots_and_writes_wait_for_each_other():
+    """Writes share the lock, a snapshot takes it alone: each side is woken when the other
+    lets go (the lock notifies only when someone waits)."""
+    lock = rocks._SharedExclusiveLock()
+    lock.acquire_shared()
+    lock.acquire_shared()  # two writes in flight
+    snapshot_in = threading.Event()
+
+    def take_snapshot() -> None:
+        lock.acquire_exclusive()
+        snapshot_in.set()
+
+    t = threading.Thread(target=take_snapshot)
+    t.start()
+    lock.release_shared()
+    assert not snapshot_in.wait(0.05)  # one write still in flight
+    lock.release_shared()
+    assert snapshot_in.wait(10)
+    t.join(10)
+    write_in = threading.Event()
+
+    def write() -> None:
+        lock.acquire_shared()
+        write_in.set()
+        lock.release_shared()
+
+    w = threading.Thread(target=write)
+    w.start()
+    assert not write_in.wait(0.05)  # the snapshot holds it
+    lock.release_exclusive()
+    assert write_in.wait(10)
+    w.join(10)
+    lock.acquire_exclusive()  # nothing left holding it
+    lock.release_exclusive()

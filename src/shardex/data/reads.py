@@ -94,6 +94,13 @@ class ReadPath:
                 details={"value": len(msg.docids), "hint": f"split into <= {GET_MANY_MAX}"},
             )
         engine = self._engine()
+        waiting = self._pending_among(engine, msg.keyspace, msg.docids)
+        if waiting:  # as ``on_get``: a document's pending durable write is waited for
+            for partition, docid in waiting:
+                await self.replication.wait_readable(msg.keyspace, partition, docid)
+            # it waited: the node may have been failed over or lost its lease meanwhile
+            await self.gate.wait(msg.keyspace)
+            engine = self._engine()
         if len(msg.docids) <= GET_MANY_ON_LOOP:
             read = self._read_many(engine, msg.keyspace, msg.docids)
         else:  # a long read would hold the loop (heartbeats, other requests)
@@ -106,7 +113,28 @@ class ReadPath:
         path. Raises what ``get_many_local`` would."""
         if len(msg.docids) > GET_MANY_ON_LOOP or not self.gate.serves_now(msg.keyspace):
             return None
-        return self._many_reply(msg, *self._read_many(self._engine(), msg.keyspace, msg.docids))
+        engine = self._engine()
+        if self._pending_among(engine, msg.keyspace, msg.docids):
+            return None  # a durable write to wait for first
+        return self._many_reply(msg, *self._read_many(engine, msg.keyspace, msg.docids))
+
+    def _pending_among(
+        self, engine: DataEngine, keyspace: str, docids: list[str]
+    ) -> list[tuple[int, str]]:
+        """(partition, docid) of those of ``docids`` whose durable write waits on this node
+        (none to look for, the common case, when no durable write waits at all)."""
+        replication = self.replication
+        if not replication.has_pending():
+            return []
+        out = []
+        for docid in docids:
+            try:
+                partition = engine.partition_for(keyspace, docid)
+            except ShardexError:
+                continue  # the read reports it, per item
+            if replication.pending(keyspace, partition, docid):
+                out.append((partition, docid))
+        return out
 
     def _many_reply(
         self,

@@ -212,6 +212,10 @@ class Replication:
     def has_pending(self) -> bool:
         return self.waits.has_pending()
 
+    def pending(self, keyspace: str, partition: int, docid: str) -> bool:
+        """A durable write of ``docid`` waits on this node (its readers wait for it)."""
+        return self.waits.pending((keyspace, partition), docid)
+
     async def wait_readable(self, keyspace: str, partition: int, docid: str) -> None:
         await self.waits.wait_readable((keyspace, partition), docid)
 

@@ -15,7 +15,15 @@ import msgspec
 import pytest
 
 import shardex.data.replication as replication
-from shardex.api.data import Get, GetReply, MutateMany, MutateManyReply, MutationReply, OpItem
+from shardex.api.data import (
+    Get,
+    GetMany,
+    GetReply,
+    MutateMany,
+    MutateManyReply,
+    MutationReply,
+    OpItem,
+)
 from shardex.api.data import Upsert as UpsertMsg
 from shardex.api.records import STATE_ACTIVE, STATE_REPLICA
 from shardex.core.timestamp import Timestamp
@@ -291,6 +299,43 @@ async def test_a_timed_out_durable_write_is_ambiguous_and_reads_wait(
     gate.set()
     got = await read
     assert msgspec.json.decode(got.body) == {"v": 2}  # it did reach the active
+
+
+async def test_a_get_many_waits_for_a_pending_durable_write_as_a_get_does(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQL's fetches (``GetMany``, in-process or from another node) never read a document
+    while its durable write waits: the read ends only once the write is no longer pending."""
+    monkeypatch.setattr(replication, "INLINE_APPLY", -1)  # applies in the pool, as above
+    d, other = docid_in(0, 0), docid_in(0, 1)
+    await cluster.upsert(d, {"v": 1}, "majority")
+    await cluster.upsert(other, {"v": 1}, "majority")
+    n1, n2 = cluster.services["n1"], cluster.services["n2"]
+    n1.replication.waits.timeout = 0.5
+    gate = threading.Event()
+    real = n2.engine.replicas.apply_runs
+
+    def stalled(*args, **kwargs):
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    n2.engine.replicas.apply_runs = stalled  # type: ignore[method-assign]
+    write = asyncio.create_task(cluster.upsert(d, {"v": 2}, "majority"))
+    await _until(lambda: _true_async(n1.replication.waits.pending((KS, 0), d)), "write pending")
+    msg = GetMany(keyspace=KS, docids=[other, d])
+    assert n1.reads.get_many_now(msg) is None  # not answered at once: there is a wait
+    pending_when_read: list[bool] = []
+    read = asyncio.create_task(n1.reads.get_many_local(msg))
+    read.add_done_callback(
+        lambda _: pending_when_read.append(n1.replication.waits.pending((KS, 0), d))
+    )
+    with pytest.raises(ShardexError) as err:
+        await write
+    assert err.value.code is ErrorCode.DURABILITY_AMBIGUOUS
+    gate.set()
+    got = await read
+    assert pending_when_read == [False]
+    assert [msgspec.json.decode(b) for b in got.bodies if b is not None] == [{"v": 1}, {"v": 2}]
 
 
 async def test_a_write_waits_its_own_durability_timeout(

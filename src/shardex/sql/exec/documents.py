@@ -126,8 +126,7 @@ class DocumentAccess:
 
     async def get_many(self, keyspace: str, docids: Sequence[str]) -> list[tuple[str, Any]]:
         """``(docid, document)`` for the docids that exist, in the given order."""
-        found = await self._fetch(keyspace, docids, with_cas=False)
-        return [(d, _json_decode.decode(found[d][0])) for d in docids if d in found]
+        return _decoded(await self._fetch(keyspace, docids, with_cas=False), docids)
 
     def get_many_now(self, keyspace: str, docids: Sequence[str]) -> list[tuple[str, Any]] | None:
         """``get_many`` within this loop turn when every docid is this node's own and its
@@ -146,8 +145,7 @@ class DocumentAccess:
             return None
         if reply is None or reply.errors:
             return None
-        found = {d: b for d, b in zip(unique, reply.bodies, strict=True) if b is not None}
-        return [(d, _json_decode.decode(found[d])) for d in docids if d in found]
+        return _decoded(_found(unique, reply, with_cas=False), docids)
 
     async def get_many_cas(
         self, keyspace: str, docids: Sequence[str]
@@ -218,10 +216,7 @@ class DocumentAccess:
             if exc.code is not ErrorCode.NOT_MY_PARTITION:
                 raise
             return {}, docids, exc
-        cas = reply.cas if with_cas else [0] * len(docids)
-        got = {
-            d: (b, c) for d, b, c in zip(docids, reply.bodies, cas, strict=True) if b is not None
-        }
+        got = _found(docids, reply, with_cas)
         moved: list[str] = []
         error: ShardexError | None = None
         for item in reply.errors:
@@ -319,3 +314,14 @@ class DocumentAccess:
                 return None
             raise
         return reply.result
+
+
+def _found(docids: list[str], reply: GetManyReply, with_cas: bool) -> dict[str, tuple[bytes, int]]:
+    """docid -> (stored body, CAS or 0) of a ``GetMany``'s documents that exist."""
+    cas = reply.cas if with_cas else [0] * len(docids)
+    return {d: (b, c) for d, b, c in zip(docids, reply.bodies, cas, strict=True) if b is not None}
+
+
+def _decoded(found: dict[str, tuple[bytes, int]], docids: Sequence[str]) -> list[tuple[str, Any]]:
+    """``(docid, document)`` for the docids found, in ``docids``' order (repeats kept)."""
+    return [(d, _json_decode.decode(found[d][0])) for d in docids if d in found]

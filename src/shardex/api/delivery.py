@@ -30,6 +30,8 @@ __all__ = [
     "DeliverAndStabilise",
     "DeliverKeyVersions",
     "Delivered",
+    "LoadBegin",
+    "LoadBegun",
     "LoadChunk",
     "LoadChunkAck",
     "LoadFinish",
@@ -148,6 +150,25 @@ class PublishStability(Message, tag="index.PublishStability"):
 
 class StabilityPublished(Message, tag="index.StabilityPublished"):
     node: str
+
+
+class LoadBegin(Message, tag="index.LoadBegin"):
+    """The build's driver starts an attempt at ``ts0`` on one slice copy, before any chunk:
+    the slice opens its load session at ``ts0`` from whatever state it is in. Only this
+    message restarts an ``active`` slice (one that finished an earlier attempt whose other
+    slices did not, or whose node missed a rollback while down); not when its applied TS
+    covers ``ts0`` (a begin of an older attempt: BAD_REQUEST). Idempotent."""
+
+    index_id: str
+    partition: int
+    ts0: WireTs
+
+
+class LoadBegun(Message, tag="index.LoadBegun"):
+    node: str
+    index_id: str
+    partition: int
+    state: str  # the slice's state before the begin
 
 
 class LoadChunk(Message, tag="index.LoadChunk"):

@@ -245,8 +245,9 @@ INTERNAL_MESSAGES: frozenset[str] = frozenset(
     data.ResolveOutgoing data.StreamBatch data.StreamEnd data.StreamOpened
     index.AbortIncomingSlice index.AllocateSlices index.CopySliceIn
     index.DeliverAndStabilise index.DeliverKeyVersions index.Delivered index.DropSlices
-    index.IncomingSliceReady index.IndexPartitionSwitched index.LoadChunk
-    index.LoadChunkAck index.LoadFinish index.LoadFinished index.PrepareIncomingSlice
+    index.IncomingSliceReady index.IndexPartitionSwitched index.LoadBegin
+    index.LoadBegun index.LoadChunk index.LoadChunkAck index.LoadFinish index.LoadFinished
+    index.PrepareIncomingSlice
     index.PublishStability index.ReadSlice index.ReadSliceCopy index.RollbackSlices
     index.SliceCopied index.SliceCopyChunk index.SliceEntries index.SliceList
     index.SliceMoveDone index.SlicesAllocated index.SlicesDropped index.SlicesRolledBack

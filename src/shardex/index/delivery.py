@@ -27,10 +27,10 @@ the other handlers.
 * ``PublishStability``: the stability TS per index, held in memory (a restart forgets it
   until the next publish). Monotonic: a TS the held one covers is ignored; any other TS
   replaces it (newer, or on a new history branch after a rollback).
-* ``LoadChunk`` / ``LoadFinish`` -> ``IndexerEngine.load_chunk`` / ``load_finish`` (load
-  sessions live in the engine, in memory). A ``LoadFinish`` naming another incarnation than
-  this one is refused with ``STALE_DELIVERY``: the chunks it counts on died with the process
-  that held them.
+* ``LoadBegin`` / ``LoadChunk`` / ``LoadFinish`` -> ``IndexerEngine.load_begin`` /
+  ``load_chunk`` / ``load_finish`` (load sessions live in the engine, in memory). A
+  ``LoadFinish`` naming another incarnation than this one is refused with
+  ``STALE_DELIVERY``: the chunks it counts on died with the process that held them.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ from shardex.api.delivery import (
     DeliverAndStabilise,
     Delivered,
     DeliverKeyVersions,
+    LoadBegin,
+    LoadBegun,
     LoadChunk,
     LoadChunkAck,
     LoadFinish,
@@ -109,6 +111,7 @@ class IndexDelivery:
         server.route(StabiliseSlices, self.on_stabilise)
         server.route(DeliverAndStabilise, self.on_deliver_and_stabilise)
         server.route(PublishStability, self.on_publish)
+        server.route(LoadBegin, self.on_load_begin)
         server.route(LoadChunk, self.on_load_chunk)
         server.route(LoadFinish, self.on_load_finish)
         server.route(ReadSlice, self.on_read)
@@ -291,6 +294,14 @@ class IndexDelivery:
         return StabilityPublished(node=self.node)
 
     # --- initial builds ----------------------------------------------------------------------
+
+    async def on_load_begin(self, msg: LoadBegin, conn: Connection) -> LoadBegun:
+        engine = self._engine()
+        ts0 = Timestamp.from_wire(msg.ts0)
+        state = await self.host.run(lambda: engine.load_begin(msg.index_id, msg.partition, ts0))
+        return LoadBegun(
+            node=self.node, index_id=msg.index_id, partition=msg.partition, state=state
+        )
 
     async def on_load_chunk(self, msg: LoadChunk, conn: Connection) -> LoadChunkAck:
         engine = self._engine()

@@ -20,6 +20,7 @@ The node's index service (wire layer, later) is a thin shell over this class:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections import defaultdict
@@ -48,6 +49,8 @@ from shardex.index.slice import DEFAULT_KEEP_SNAPSHOTS, Slice, StabiliseAck
 from shardex.meta.index_definition import IndexDefinition, validate_definition
 from shardex.storage import Store
 from shardex.storage.interface import OpenStore
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "STABILISABLE",
@@ -363,6 +366,23 @@ class IndexerEngine:
             session.chunks += 1
             return len(session.held)
 
+    def load_begin(self, index_id: str, partition: int, ts0: Timestamp) -> str:
+        """The build's driver starts an attempt at ``ts0``: the slice's load session at
+        ``ts0`` is opened now, whatever the slice holds. Unlike a chunk's (which a worker of
+        an abandoned attempt may still send), the driver's begin also restarts an ``active``
+        slice, unless its applied TS covers ``ts0`` (a begin of an older attempt, or the
+        attempt at ``ts0`` finished here): that slice finished an earlier attempt whose other
+        slices did not, or it holds a history that is gone (its node was down when a rollback
+        was handled). Returns the state the slice was in."""
+        sl = self.slice(index_id, partition)
+        with self._load_lock, sl.lock:
+            before, applied = sl.state, sl.applied_ts()
+            self._open(sl, ts0, begin=True)
+            if before == STATE_ACTIVE and sl.state != STATE_ACTIVE:
+                log.info("slice %s/%d active at %r restarts for a build at %r", index_id,
+                         partition, applied, ts0)  # fmt: skip
+            return before
+
     def load_finish(self, index_id: str, partition: int, ts0: Timestamp) -> int:
         """Write the session's rows (``bulk_load``: sorted, SST when large), record ``ts0``
         as applied; the slice becomes active and the session is dropped. Returns the
@@ -379,14 +399,15 @@ class IndexerEngine:
             self._loaded[key] = ts0
             return sl.items_count
 
-    def _open(self, sl: Slice, ts0: Timestamp) -> LoadSession | None:
+    def _open(self, sl: Slice, ts0: Timestamp, *, begin: bool = False) -> LoadSession | None:
         """The load session at ``ts0`` of a slice (locked by the caller); None when the
         load at ``ts0`` already finished (the slice is active, its last load or its applied
         TS at ``ts0``). Opening one puts the slice in ``loading`` (durably). A load at
         another T0 than the held session's restarts (the slice is emptied, the old rows
         dropped), unless the held T0 covers the new one (a stale request of an abandoned
-        build: refused). A ``needs_rebuild`` slice restarts too. An ``active`` slice, or a
-        session whose slice was rolled back meanwhile, refuses."""
+        build: refused). A ``needs_rebuild`` slice restarts too. An ``active`` slice
+        refuses, but for the driver's ``begin`` at a T0 its applied TS does not cover; a
+        session whose slice was rolled back meanwhile refuses."""
         key = (sl.index_id, sl.partition)
         session = self._loads.get(key)
         if session is not None and session.ts0 == ts0:
@@ -405,7 +426,7 @@ class IndexerEngine:
             return session
         if session is None and self._finished_at(sl, ts0):
             return None
-        self._check_restart(sl, session, ts0)
+        self._check_restart(sl, session, ts0, begin=begin)
         sl.begin_load(ts0, restart=True)
         self._loaded.pop(key, None)
         session = self._loads[key] = LoadSession(ts0)
@@ -417,7 +438,9 @@ class IndexerEngine:
         return self._loaded.get((sl.index_id, sl.partition)) == ts0 or sl.applied_ts() == ts0
 
     @staticmethod
-    def _check_restart(sl: Slice, session: LoadSession | None, ts0: Timestamp) -> None:
+    def _check_restart(
+        sl: Slice, session: LoadSession | None, ts0: Timestamp, *, begin: bool
+    ) -> None:
         name = f"{sl.index_id}/{sl.partition}"
         if session is not None and session.ts0.covers(ts0):
             raise ShardexError(
@@ -432,7 +455,7 @@ class IndexerEngine:
                     "hint": "a stale request of an abandoned build: drop it",
                 },
             )
-        if sl.state == STATE_ACTIVE:
+        if sl.state == STATE_ACTIVE and not (begin and not sl.applied_ts().covers(ts0)):
             raise ShardexError(
                 f"slice {name} is active at {sl.applied_ts()!r}: it cannot load at {ts0!r}",
                 code=ErrorCode.BAD_REQUEST,
@@ -442,8 +465,9 @@ class IndexerEngine:
                     "state": sl.state,
                     "applied": sl.applied_ts().to_json(),
                     "ts0": ts0.to_json(),
-                    "hint": "an initial build needs a created slice (or one that needs a "
-                    "rebuild); a slice the maintenance stream already stabilised is built",
+                    "hint": "a load chunk needs a created slice (or one loading or needing "
+                    "a rebuild); only the build's LoadBegin restarts an active slice, and not "
+                    "for a T0 its applied TS covers (a straggler of an older build)",
                 },
             )
 

@@ -325,12 +325,13 @@ class Slice:
     def begin_load(self, ts0: Timestamp, *, restart: bool = False) -> None:
         """Enter ``loading`` at T0 (durably): from now on key versions with seqno <= T0[p]
         are dropped at enqueue, later ones queue up until the load is done. Idempotent for
-        the same T0. ``restart``: a slice ``loading`` (at another T0) or ``needs_rebuild``
-        is emptied first (a restarted build); queued versions above T0 are kept."""
+        the same T0. ``restart``: a slice ``loading`` (at another T0), ``needs_rebuild`` or
+        ``active`` (the engine checked T0 is past it) is emptied first (a restarted build);
+        queued versions above T0 are kept."""
         with self.lock:
             if self.state == STATE_LOADING and self._meta.load_ts == dict(ts0.to_wire()):
                 return
-            torn = self.state in (STATE_LOADING, STATE_NEEDS_REBUILD)
+            torn = self.state in (STATE_LOADING, STATE_NEEDS_REBUILD, STATE_ACTIVE)
             if self.state != STATE_CREATED and not (restart and torn):
                 raise ShardexError(
                     f"slice {self._name()} is {self.state}: a load needs an empty slice",
@@ -343,7 +344,7 @@ class Slice:
                 state=STATE_LOADING,
                 load_ts=dict(ts0.to_wire()),
             )
-            if torn:  # storage of a torn load or of a rolled-back history: start empty
+            if torn:  # storage of a torn or older load, or of a lost history: start empty
                 self._empty(meta)
             else:
                 self._write_meta(meta)

@@ -1,24 +1,27 @@
 """The initial build of new indexes (the load phase of index DDL): a Spark batch job.
 
 1. T0 = the keyspace's current high seqnos (at or after every batch the stream has read).
-2. Spark reads the documents as of T0 (the change source's snapshot mode, one task per data
+2. Every copy of every slice opens its load at T0 (``LoadBegin``, from the driver).
+3. Spark reads the documents as of T0 (the change source's snapshot mode, one task per data
    node) and each read task projects every building index in one pass and sends each
    slice's Upsert key versions straight to its indexer (``LoadChunk``; every replica copy of
    the slice gets the same rows): the source's
    projected mode with ``load`` (``source/projected.py``), so documents never cross into the JVM.
    Only counts come back to the driver.
-3. Each indexer sorts its slice's rows (one per docid) and writes them (an SST ingested
+4. Each indexer sorts its slice's rows (one per docid) and writes them (an SST ingested
    when the slice is big), records T0 as the slice's applied TS and snapshots it
    (``LoadFinish``).
-4. The timekeeper publishes T0 as the index's first stability TS, the coordinator moves the
+5. The timekeeper publishes T0 as the index's first stability TS, the coordinator moves the
    index to ACTIVE (``MarkIndexActive``) and the index joins the maintenance stream, which
    catches it up from T0 (``maintain.py``). Other indexes are maintained throughout.
 
-A build that fails (or a driver that dies mid-build) leaves slices ``loading``; the next
-build of the index starts over with a new T0 (a new T0 replaces a load session; a restarted
-indexer turns a torn load into ``needs_rebuild``). Progress: the workers count snapshot
-documents into the chunks (``docs``); a thread sums them from the indexers every second and
-reports ``IndexBuildProgress`` (documents done / documents in the keyspace at T0).
+A build that fails (or a driver that dies mid-build) leaves slices ``loading``, or
+``active`` at the failed attempt's T0 where their load finished before another failed; the
+next build of the index starts over with a new T0 (its ``LoadBegin`` replaces a load session
+or restarts such a slice; a restarted indexer turns a torn load into ``needs_rebuild``).
+Progress: the workers count snapshot documents into the chunks (``docs``); a thread sums them
+from the indexers every second and reports ``IndexBuildProgress`` (documents done /
+documents in the keyspace at T0).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from shardex.api.index_ddl import IndexBuildProgress, IndexUpdated, MarkIndexAct
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.indexers import advance_stability, list_slices, load_finish
+from shardex.pipeline.indexers import advance_stability, list_slices, load_begin, load_finish
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.source.projected import COUNTS_ARROW, COUNTS_SCHEMA, LoadSpec, ProjectSpec
 
@@ -105,6 +108,14 @@ class InitialBuild:
         owners = {v.id: v.route().owners for v in views}
         replicas = {v.id: v.route().replicas for v in views}
         opts["load"] = LoadSpec(ts0, owners, replicas).to_option()
+        slices = [s for v in views for s in v.slices()]
+        # Every copy opens its load at T0 first, by the driver's word: a slice an earlier
+        # attempt finished (another copy's node was down) or one left on a lost branch by a
+        # rollback its node missed restarts; a straggler chunk of an older attempt cannot.
+        restarted = [(b.index_id, b.partition, b.node) for b in load_begin(self.client, ts0, slices)
+                     if b.state == "active"]  # fmt: skip
+        if restarted:
+            log.info("build at T0=%r restarts active slices %s", ts0, restarted)
         stop = threading.Event()
         watcher = threading.Thread(
             target=self._watch, args=(views, ts0, total, stop), name="build-progress", daemon=True
@@ -120,7 +131,6 @@ class InitialBuild:
         result.docs = int(pc.sum(counts["docs"]).as_py() or 0)
         result.rows = int(pc.sum(counts["rows"]).as_py() or 0)
         result.errors = int(pc.sum(counts["errors"]).as_py() or 0)
-        slices = [s for v in views for s in v.slices()]
         primary = {(v.id, p, n) for v in views for p, n in v.topology.assignment.items()}
         for done in load_finish(self.client, ts0, slices, _one_incarnation(counts)):
             if (done.index_id, done.partition, done.node) not in primary:

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from shardex.api.coordinator import StateReply, StateRequest
 from shardex.api.delivery import (
     MAX_ROWS_PER_FRAME,
+    LoadBegin,
+    LoadBegun,
     LoadChunk,
     LoadChunkAck,
     LoadFinish,
@@ -35,6 +37,7 @@ __all__ = [
     "advance_stability",
     "index_state",
     "list_slices",
+    "load_begin",
     "load_chunks",
     "load_finish",
     "to_node",
@@ -143,6 +146,24 @@ def load_chunks(
 
     client.rpc.run(go())
     return seen
+
+
+def load_begin(
+    client: Client, ts0: Timestamp, slices: Sequence[tuple[str, int, str]]
+) -> list[LoadBegun]:
+    """Open every listed (index, slice, node) load at ``ts0``, in parallel, before any chunk
+    (``LoadBegin``: it also restarts slices an earlier attempt finished)."""
+    wire = dict(ts0.to_wire())
+
+    async def go() -> list[LoadBegun]:
+        return await asyncio.gather(
+            *(
+                to_node(client, node, LoadBegin(index_id=i, partition=p, ts0=wire), LoadBegun)
+                for i, p, node in slices
+            )
+        )
+
+    return client.rpc.run(go())
 
 
 def load_finish(

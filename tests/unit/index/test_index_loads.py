@@ -211,3 +211,38 @@ def test_a_rebuild_over_old_storage_by_sst_holds_only_the_new_load(eng, monkeypa
     assert eng.load_finish("b", 0, t_new) == 2
     check_index(B, eng.entries("b", t_new), {"d0": {"k": 10}, "n1": {"k": 11}})
     assert set(eng.slice("b", 0).back_rows()) == {"d0", "n1"}
+
+
+def test_the_drivers_begin_restarts_an_active_slice_a_chunk_cannot(eng) -> None:
+    """A build attempt that finished this slice and failed on another is retried at a newer
+    T0; a slice whose node missed a rollback holds a lost branch. The driver's begin reloads
+    both; a chunk (a worker of an abandoned attempt may still send one) never restarts an
+    active slice, and a begin its applied TS covers is an older attempt's."""
+    eng.load_chunk("b", 0, ts(2), [up("b", 0, "first", 1, 1)])
+    assert eng.load_finish("b", 0, ts(2)) == 1
+    with pytest.raises(ShardexError) as err:
+        eng.load_chunk("b", 0, ts(4), [])
+    assert err.value.code == ErrorCode.BAD_REQUEST and "LoadBegin" in err.value.details["hint"]
+    for older in (ts(1), ts(2)):
+        if older == ts(2):  # the attempt at the applied TS finished: nothing to do
+            assert eng.load_begin("b", 0, older) == STATE_ACTIVE
+        else:
+            with pytest.raises(ShardexError) as err:
+                eng.load_begin("b", 0, older)
+            assert err.value.code == ErrorCode.BAD_REQUEST
+        assert eng.slice("b", 0).state == STATE_ACTIVE
+    assert eng.load_begin("b", 0, ts(4)) == STATE_ACTIVE
+    assert eng.slice("b", 0).state != STATE_ACTIVE
+    assert eng.load_begin("b", 0, ts(4)) != STATE_ACTIVE  # idempotent
+    with pytest.raises(ShardexError) as err:  # a straggler of the finished attempt
+        eng.load_chunk("b", 0, ts(2), [])
+    assert err.value.code == ErrorCode.BAD_REQUEST
+    assert eng.load_chunk("b", 0, ts(4), [up("b", 0, "second", 2, 3)]) == 1
+    assert eng.load_finish("b", 0, ts(4)) == 1
+    check_index(B, eng.entries("b", ts(4)), {"second": {"k": 2}})
+    # Active on a branch that is gone (another uuid): the begin on the new one reloads.
+    branch = ts(3, uuid=U + 1)
+    assert eng.load_begin("b", 0, branch) == STATE_ACTIVE
+    assert eng.load_chunk("b", 0, branch, [up("b", 0, "kept", 7, 3)]) == 1
+    assert eng.load_finish("b", 0, branch) == 1
+    check_index(B, eng.entries("b", branch), {"kept": {"k": 7}})

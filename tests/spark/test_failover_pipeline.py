@@ -6,6 +6,7 @@ oracle at the keyspace's high seqnos."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from cluster_helpers import LocalCluster, wait_for
-from data_helpers import FAST_FAILOVER, chains_full, running_cluster
+from data_helpers import FAST_FAILOVER, Writers, chains_full, running_cluster
 from pipeline_helpers import Writer, check_oracle, mutate, running_pipeline, wait_stable
 
 from shardex.client import Client, connect_local
@@ -71,22 +72,28 @@ def test_index_follows_failovers_and_recoveries(env: Env) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(5400)
 def test_index_equals_the_oracle_after_each_of_twenty_failover_cycles(env: Env) -> None:
-    """Twenty cycles alternating between node3 and node2, each ending with the index equal to
-    the oracle: a rebuild after a rollback reaches a slice left on an abandoned branch by a
-    node that was down while the rollback was handled."""
+    """Twenty cycles alternating between node3 and node2 under the random writer and three
+    writers at durability majority: after each, the index equals the oracle and every key of
+    the majority writers holds its last acknowledged value or a later ambiguous one. (Builds
+    retried after a rollback restart the copies an earlier attempt finished.)"""
     for cycle in range(20):
-        failover_cycle(env, 3 if cycle % 2 == 0 else 2)
+        failover_cycle(env, 3 if cycle % 2 == 0 else 2, majority_writers=True)
 
 
-def failover_cycle(env: Env, victim: int) -> None:
+def failover_cycle(env: Env, victim: int, *, majority_writers: bool = False) -> None:
+    """Kill -9 ``victim`` under the random writer (and, with ``majority_writers``, three
+    writers at durability majority, checked once they stop), wait for its failover, restart,
+    recover and rebalance it; then the index must equal the oracle at a stable TS."""
     client = env.client
     name = f"node{victim}"
     before = {p: e.uuid for p, e in client.high_seqnos(KEYSPACE).items()}
     owned = set(next(k for k in client.list_keyspaces() if k.name == KEYSPACE).partitions_of(name))
     assert owned, f"{name} holds no active copy to fail over"
+    majority = Writers(env.cluster, KEYSPACE, writers=3) if majority_writers else None
     with (
         connect_local(env.path, name="writer", as_node=True) as wclient,
         Writer(wclient, KEYSPACE, victim) as w,
+        majority or contextlib.nullcontext(),
     ):
         wait_for(lambda: w.done > 200, 60, what="writes before the kill")
         pid = env.cluster.pid(victim)
@@ -102,6 +109,9 @@ def failover_cycle(env: Env, victim: int) -> None:
         wait_for(lambda: chains_full(client, KEYSPACE), 60, what="chains restored")
         done = w.done
         wait_for(lambda: w.done > done + 200, 60, what="writes after the rebalance")
+    if majority is not None:
+        assert majority.acks > 0
+        majority.check(client)  # every acknowledged majority write survived the cycle
     after = {p: e.uuid for p, e in client.high_seqnos(KEYSPACE).items()}
     assert {p for p in after if after[p] != before[p]} >= owned  # promoted on new branches
     ts = wait_stable(client, KEYSPACE, [NAME], timeout=360)

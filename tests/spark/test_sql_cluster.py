@@ -396,6 +396,32 @@ def test_key_lookups_by_a_parameter_go_to_the_key_owner(env: Env) -> None:
 
 
 @pytest.mark.timeout(600)
+def test_a_new_clients_first_key_lookup_goes_to_the_key_owner(env: Env) -> None:
+    """A new client fetches the cluster's partition map at connect (in the background), and
+    a key lookup's route is known from its text: the first run of a statement it never sent
+    goes to the key's owner, without a reply to learn from."""
+    from shardex.client import connect
+    from shardex.meta import cluster_dir as cdir
+
+    spec = cdir.load(env.path)
+    name_of = {n.address: n.name for n in spec.nodes}
+    keys = [f"p{i:04d}" for i in range(5, N_DOCS, 41)][:8]
+    password = cdir.read_admin_password(env.path, spec)
+    with connect(spec.nodes[0].address, username=cdir.ADMIN_USER, password=password) as c:
+        wait_for(lambda: c.rpc.router.owner_address(KS, keys[0]) is not None, 30)
+        served = set()
+        for i, key in enumerate(keys):
+            # A new text each time: every run is that statement's first.
+            sql = f"SELECT META().id AS id, n FROM {KS} WHERE META().id = $1 AND {i} = {i}"
+            rows = c.query(sql, [key])
+            assert list(rows) == env.ref.query(sql, [key]), key
+            owner = c.rpc.router.owner_address(KS, key)
+            assert owner is not None and rows.metrics.details["node"] == name_of[owner], key
+            served.add(owner)
+        assert len(served) > 1  # not all on the client's own node
+
+
+@pytest.mark.timeout(600)
 def test_request_plus_in_process_sees_every_write_acknowledged_before_it(env: Env) -> None:
     """A one-leaf statement run in-process at request_plus reads the newest snapshot while
     the seqno round is out: right after a write the snapshot does not cover it yet and the

@@ -17,6 +17,7 @@ mutation count (DML) and what the statement read (index, stability TS).
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,8 +35,10 @@ from shardex.client.scan import REPLY_MARGIN, to_wire_ts
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable, ShardexError
 from shardex.sql.ddl import BuildIndexStmt, CreateIndexStmt, DropIndexStmt
+from shardex.sql.exec.analyze import key_lookup, key_route
 from shardex.sql.exec.rows import decode_row
-from shardex.sql.exec.statements import parsed
+from shardex.sql.exec.statements import bound_statement, parsed
+from shardex.sql.syntax.ast import SelectStmt
 
 if TYPE_CHECKING:
     from shardex.client.rpc_session import RpcSession
@@ -155,19 +158,42 @@ class QueryRows:
         self.close()
 
 
+@functools.lru_cache(maxsize=256)
+def _text_route(sql: str) -> Route | None:
+    """The route of a SELECT known from its text alone: a key lookup of one parameter key
+    goes to the key's owner (``key_route``, the rule a node's reply applies)."""
+    try:
+        b = bound_statement(sql, False)
+    except ShardexError:  # the node reports it
+        return None
+    route = key_route(b, key_lookup(b))
+    return None if route is None else Route(keyspace=route[0], param=route[1])
+
+
 def _order(scans: ScanPaths, msg: SqlQuery) -> tuple[list[str], Route | None, str | None]:
     """The addresses to try in turn, the statement's routing hint and the address it names
-    for these parameters (``routes``): where the statement runs with the fewest hops first,
-    then the client's node and the next ones."""
+    for these parameters (``routes``; for a key lookup the client has no reply to learn
+    from yet, its text's route): where the statement runs with the fewest hops first, then
+    the client's node and the next ones."""
     rpc = scans.rpc
     addresses = rpc.addresses
     first = rpc.current
     order = [addresses[(first + k) % len(addresses)] for k in range(len(addresses))]
     route = scans.routes.get(msg.statement)
-    hint = None if route is None else route.target(msg.params, rpc.router.owner_address)
+    guide = route if route is not None or not _may_route(msg) else _text_route(msg.statement)
+    hint = None if guide is None else guide.target(msg.params, rpc.router.owner_address)
     if hint is not None:
         order = [hint, *(a for a in order if a != hint)]
     return order, route, hint
+
+
+def _may_route(msg: SqlQuery) -> bool:
+    """A SELECT whose tuning leaves routing on (a node answers a key lookup in-process
+    only with the ``local`` and ``inline`` switches on)."""
+    tuning = msg.tuning or {}
+    if tuning.get("local") is False or tuning.get("inline") is False:
+        return False
+    return isinstance(parsed(msg.statement), SelectStmt)
 
 
 def _learn(

@@ -10,6 +10,9 @@ would run with fewer hops:
   read in-process (the client finds the owner in its cached topology, as its
   single-document requests do).
 
+A key lookup's ``route_key`` also follows from the text alone (``sql.exec.analyze.key_route``,
+the nodes' own rule): ``client.query`` uses it for a statement it has no hint for yet.
+
 Hints are per statement text (parameters change the rows, not where the slices are) and
 only hints: a node that is gone or no longer holds the slices still plans and answers the
 statement, and its reply replaces or drops the hint.

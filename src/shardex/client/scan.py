@@ -377,6 +377,12 @@ class ScanPaths:
                     await session.pool.get(address)
 
         rpc.run(open_loop_path())
+        if direct is not None:
+            # A key-routed statement's later runs go straight to the key's owner once the
+            # client holds the cluster's partition map: fetch it now, in the background,
+            # rather than after the first reply names the route (measured: a new client's
+            # first three point queries went to its node and on to the owner meanwhile).
+            rpc.run_soon(_prefetch_state(rpc))
         if direct is not None:  # the client's node first; a routed statement may go to any
             for other in [address, *(a for a in rpc.addresses if a != address)]:
                 with contextlib.suppress(ShardexError):
@@ -386,6 +392,12 @@ class ScanPaths:
         """On the loop: close the loop path's pool."""
         if self.session is not None:
             await self.session.close()
+
+
+async def _prefetch_state(rpc: RpcSession) -> None:
+    # Best effort: on failure, the first routed statement's reply fetches it again.
+    with contextlib.suppress(ShardexError):
+        await rpc.router.state()
 
 
 class BlockSource(Protocol):

@@ -16,7 +16,7 @@ from shardex.api.query_ids import QueryId
 from shardex.core.expr import parse_expression
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.analyze import doc_order
+from shardex.sql.exec.analyze import doc_order, key_lookup, key_route
 from shardex.sql.exec.entries import EntryDecoder
 from shardex.sql.exec.fragment_rows import leaf_rows, mode_of, root_rows
 from shardex.sql.exec.fragments import MIN_SCAN_BLOCK_ROWS, SCAN_BLOCK_ROWS, scan_block_rows
@@ -287,3 +287,23 @@ def test_concatenated_cells_skip_the_offset_and_stop_at_the_limit() -> None:
     assert run(1, 3) == [b"b", b"c", b"d"]
     assert run(0, 0) == []
     assert run(10, None) == []
+
+
+@pytest.mark.parametrize(
+    ("sql", "route"),
+    [
+        (f"SELECT name FROM {KS} WHERE META().id = $1", (KS, "1")),
+        (f"SELECT name FROM {KS} WHERE age > 3 AND $k = META().id", (KS, "k")),
+        (f"SELECT * FROM {KS} USE KEYS $ids", (KS, "ids")),
+        (f"SELECT name FROM {KS} WHERE META().id = 'a'", None),  # no parameter to route by
+        (f"SELECT name FROM {KS} WHERE META().id IN [$1, $2]", None),  # two keys
+        (f"SELECT name FROM {KS} USE INDEX (by_age) WHERE META().id = $1", None),
+        (f"SELECT name FROM {KS} WHERE age = $1", None),
+        ("SELECT $1 AS one", None),
+    ],
+)
+def test_key_route_names_the_parameter_a_key_lookup_reads(sql: str, route: Any) -> None:
+    """The rule both a node's reply and a client's first sight of a text apply: a key
+    lookup of one parameter key goes to the key's owner."""
+    b = bound_statement(sql, False)
+    assert key_route(b, key_lookup(b)) == route

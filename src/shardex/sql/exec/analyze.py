@@ -18,6 +18,7 @@ from shardex.core.expr import (
     Identifier,
     In,
     Meta,
+    Param,
     referenced_paths,
     walk,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "doc_order",
     "doc_where",
     "key_lookup",
+    "key_route",
     "ranking_paths",
     "read_paths",
     "reads_meta",
@@ -162,6 +164,17 @@ class KeyLookup:
 
     keys: Expr
     source: str  # "use_keys" | "meta_id"
+
+
+def key_route(b: BoundSelect, lookup: KeyLookup | None) -> tuple[str, str] | None:
+    """(keyspace, parameter name) when ``b`` (whose ``key_lookup`` is ``lookup``) reads the
+    documents of one key given as a parameter, ``WHERE META().id = $1`` or ``USE KEYS $k``:
+    the key's owner answers it in-process, so that is where a client should send it."""
+    ref = b.from_
+    if ref is None or ref.source is not None or ref.use_index or lookup is None:
+        return None
+    keys = lookup.keys
+    return (ref.name, keys.name) if isinstance(keys, Param) else None
 
 
 def _is_meta_id(e: Expr) -> bool:

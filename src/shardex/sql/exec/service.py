@@ -50,12 +50,12 @@ from shardex.api.sql_exec import (
     StreamReport,
 )
 from shardex.api.validation import check_durability, check_durability_timeout
-from shardex.core.expr import Param
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.coordinator import ScanCoordinator
+from shardex.sql.exec.analyze import key_route
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
@@ -545,9 +545,9 @@ class SqlService:
         if not plan.tuning["local"]:
             return {}
         if plan.inline:
-            lookup = statement_facts(plan.bound).key_lookup
-            if lookup is not None and isinstance(lookup.keys, Param):
-                return {"route_key": {"keyspace": plan.keyspace, "param": lookup.keys.name}}
+            route = key_route(plan.bound, statement_facts(plan.bound).key_lookup)
+            if route is not None:
+                return {"route_key": {"keyspace": route[0], "param": route[1]}}
             return {}
         if plan.local or len(plan.leaves) != 1:
             return {}

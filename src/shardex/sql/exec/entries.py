@@ -14,13 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shardex.core.expr.analysis import Path
+from shardex.core.expr.analysis import Path, static_path
 from shardex.core.keycodec import decode_entry_key
 from shardex.core.keycodec_values import TAG_DOCID, dec_str
+from shardex.core.values import MISSING
 from shardex.sql.planner.choose import covered_document
-from shardex.sql.syntax.bind import META_KEY
+from shardex.sql.syntax.bind import META_KEY, BoundSelect
 
-__all__ = ["EntryDecoder"]
+__all__ = ["DOCID_PICK", "EntryDecoder", "key_projection"]
+
+DOCID_PICK = -1  # a projection term that reads META().id
 
 _NO_META: dict[str, Any] = {}
 
@@ -70,3 +73,47 @@ class EntryDecoder:
                 row = {alias: doc, META_KEY: _NO_META}
             out.append(row)
         return out
+
+    def projected(self, entries: Sequence[bytes], picks: Sequence[tuple[str, int]]) -> list[Any]:
+        """Result values straight from the keys (``key_projection``'s ``picks``): what
+        ``covered_rows`` and the projection would make, without the scope rows."""
+        out = []
+        meta = any(i == DOCID_PICK for _, i in picks)
+        for e in entries:
+            pos = self._key_of(e)
+            parts = self._parts
+            docid = dec_str(e, pos + 1)[0] if meta else None
+            value: dict[str, Any] = {}
+            for name, i in picks:
+                v = docid if i == DOCID_PICK else parts[i]
+                if v is not MISSING:
+                    value[name] = v
+            out.append(value)
+        return out
+
+
+def key_projection(
+    b: BoundSelect, key_paths: Sequence[Path | None]
+) -> list[tuple[str, int]] | None:
+    """(name, key part or ``DOCID_PICK``) per result term when every term reads exactly one
+    key part or ``META().id`` of a covering scan, so a leaf can make its result values from
+    the keys; else None. Key paths where one is a prefix of another (``a`` and ``a.b``), or
+    with array steps, rebuild documents that are not the parts: those keep the scope rows."""
+    if b.raw or b.distinct or b.lets:
+        return None
+    paths = [p for p in key_paths if p is not None]
+    for p in paths:
+        if any(not isinstance(step, str) for step in p):
+            return None
+        if any(q != p and q[: len(p)] == p for q in paths):
+            return None
+    picks: list[tuple[str, int]] = []
+    for t in b.terms:
+        path = None if t.star or t.expr is None or t.name is None else static_path(t.expr)
+        if path == (META_KEY, "id"):
+            picks.append((t.name, DOCID_PICK))  # type: ignore[arg-type]
+            continue
+        if path is None or path[0] != b.alias or path[1:] not in paths:
+            return None
+        picks.append((t.name, list(key_paths).index(path[1:])))  # type: ignore[arg-type]
+    return picks

@@ -5,6 +5,7 @@ execution protocol; the row work runs in ``bridge.run_pipeline`` over ``pipeline
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.analyze import reads_meta
 from shardex.sql.exec.bridge import Pack, close_all, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
-from shardex.sql.exec.entries import EntryDecoder
+from shardex.sql.exec.entries import EntryDecoder, key_projection
 from shardex.sql.exec.fragment_rows import late_leaf_rows, leaf_rows, root_rows
 from shardex.sql.exec.late import late_root_values
 from shardex.sql.exec.memory import NodeMemory
@@ -124,6 +125,12 @@ async def leaf_pipeline(
 
     decoder = EntryDecoder(desc, key_paths)
     meta = reads_meta(b)
+    mode, top = a["mode"], a["top"]
+    # A covering scan whose spans decide WHERE and whose terms each read one key part or
+    # the docid: result values straight from the keys, no scope row or projection per row.
+    picks = None
+    if covering and decided and mode == "rows" and not late and tuning["key_projection"]:
+        picks = key_projection(b, key_paths)
 
     async def scope_rows() -> AsyncIterator[list[Any]]:
         blocks = index_scan.read_local(
@@ -138,16 +145,20 @@ async def leaf_pipeline(
             chunk_rows=None if a["top"] is None else scan_block_rows(a["top"]),
         )
         async for block in blocks:
+            if picks is not None:
+                yield decoder.projected(block, picks)
+                continue
             if covering or late:
                 yield decoder.covered_rows(block, alias, meta or late)
                 continue
             docs = await fetch(keyspace, decoder.docids(block))
             yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
-    mode, top = a["mode"], a["top"]
     with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
 
         def rows(ins: list[Any]) -> Any:
+            if picks is not None:
+                return ins[0] if top is None else itertools.islice(ins[0], top)
             if late:
                 return late_leaf_rows(b, params, top, mem.budget(), ins[0], presorted=ordered)
             return leaf_rows(

@@ -27,6 +27,10 @@ Every switch defaults to on; turning one off never changes a result, only how it
   the projection has its leaves rank index entries without documents and send sort keys
   and docids; the root merges, cuts to the limit and fetches only the documents it returns
   (``late.py``). Off: every leaf fetches the documents of its own top rows.
+* ``key_projection``: a covering scan whose spans decide WHERE and whose every result term
+  reads one key part or ``META().id`` makes its leaves' result values straight from the
+  decoded keys (``entries.key_projection``). Off: each entry becomes a scope row (its
+  rebuilt document) and the projection is evaluated on it.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -54,6 +58,7 @@ SWITCHES: Final = (
     "speculate",
     "exact_spans",
     "late",
+    "key_projection",
 )
 METER_QUERIES: Final = 256
 

@@ -458,6 +458,32 @@ def test_request_plus_over_several_leaves_sees_every_write_acknowledged_before_i
         assert list(env.client.query(sql, [99, "ridge"])) == [], i
 
 
+@pytest.mark.timeout(600)
+def test_request_plus_reads_at_the_last_pinned_ts_only_when_it_covers_the_writes(
+    env: Env,
+) -> None:
+    """A request_plus statement over several leaves runs at the TS its index was pinned at
+    last while the seqno round is out (``details["guessed"]``). Right after a write that TS
+    does not cover the seqnos: the run is dropped and the statement pins anew, its rows
+    holding the write."""
+    sql = f"SELECT META().id AS id, n FROM {KS} WHERE age = $1 AND name = $2"
+    c, ks = env.client, env.client.keyspace(KS)
+
+    def guessed() -> bool:
+        rows = c.query(sql, [98, "guess"])
+        assert list(rows) == []
+        return bool(rows.metrics.details["guessed"])
+
+    for i in range(5):
+        wait_for(guessed, 30, what="a run at the last pinned TS")
+        docid, n = f"guess{i}", 30_000 + i
+        ks.upsert(docid, {"age": 98, "name": "guess", "n": n})
+        rows = c.query(sql, [98, "guess"])
+        assert list(rows) == [{"id": docid, "n": n}], i
+        assert rows.metrics.details["leaves"] > 1 and not rows.metrics.details["guessed"]
+        ks.delete(docid)
+
+
 LATE = f"SELECT META().id AS id, city, n, age FROM {KS} WHERE age >= $1"
 
 

@@ -40,7 +40,7 @@ from shardex.sql.protocol import QueryPlan
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["run_local", "speculate"]
+__all__ = ["after_first", "drop_unread", "run_local", "speculate"]
 
 
 def run_local(
@@ -90,16 +90,17 @@ async def speculate(
     try:
         wait_for: Timestamp = await round_trip
     except BaseException:
-        await _drop(first, chunks)
+        await drop_unread(first, chunks)
         raise
     if newest.covers(wait_for):
-        return newest, _after(first, chunks)
-    await _drop(first, chunks)
+        return newest, after_first(first, chunks)
+    await drop_unread(first, chunks)
     ts = await index_scan.stable_ts(index_id, partitions, wait_for, timeout)
     return ts, run_local(index_scan, documents, memory, plan_at(ts), params, name)
 
 
-async def _drop(first: asyncio.Future[Any], chunks: AsyncIterator[list[bytes]]) -> None:
+async def drop_unread(first: asyncio.Future[Any], chunks: AsyncIterator[list[bytes]]) -> None:
+    """Stop a run whose rows are not wanted: its first chunk's read and the run itself."""
     first.cancel()
     with contextlib.suppress(BaseException):
         await first
@@ -109,7 +110,7 @@ async def _drop(first: asyncio.Future[Any], chunks: AsyncIterator[list[bytes]]) 
             await aclose()
 
 
-async def _after(
+async def after_first(
     first: asyncio.Future[list[bytes] | None], chunks: AsyncIterator[list[bytes]]
 ) -> AsyncIterator[list[bytes]]:
     """The first chunk (already being read), then the rest; closing it closes ``chunks``."""
@@ -121,4 +122,4 @@ async def _after(
         async for chunk in chunks:
             yield chunk
     finally:
-        await _drop(first, chunks)
+        await drop_unread(first, chunks)

@@ -100,6 +100,7 @@ class PhysicalPlan:
     inline: bool = False  # a small key lookup run on the initiator's loop (no fragment)
     local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
+    guessed: Timestamp | None = None  # request_plus read at the TS pinned last (``pin_guess``)
 
     @property
     def repeatable(self) -> bool:

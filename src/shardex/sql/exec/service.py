@@ -62,6 +62,7 @@ from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.local_leaf import run_local, speculate
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY, NodeMemory
+from shardex.sql.exec.pin_guess import PinGuesses
 from shardex.sql.exec.plan import (
     PhysicalPlan,
     bind_statement,
@@ -187,6 +188,7 @@ class SqlService:
         self.scan = scan
         self.documents = documents
         self.stability = StatementStability(scan)
+        self.guesses = PinGuesses()  # request_plus's last pinned TS per index (``pin_guess``)
         self.streams = streams
         self._members = members  # node name -> member id of the members up now
         # The node's SQL memory (decision 0106): every statement's operators draw on it.
@@ -437,14 +439,7 @@ class SqlService:
         if level == REQUEST_PLUS and speculates and local and self._runs_here(plan):
             return await self._speculate(plan, local, sql, dml, params, msg)
 
-        while True:
-            try:
-                ts = await self.stability.pin(plan, level, msg.at, msg.timeout)
-                break
-            except ShardexError as exc:
-                plan = without_failed(exc)
-
-        async def run(p: PhysicalPlan) -> AsyncIterator[list[bytes]]:
+        async def run(p: PhysicalPlan, ts: Timestamp | None) -> AsyncIterator[list[bytes]]:
             qplan = p.query_plan(
                 sql, dml, self.query.member_id, ts, self._quota(msg), spill=msg.spill
             )
@@ -464,14 +459,29 @@ class SqlService:
             else:
                 avoid.add(failed)
             again = planned()  # NODE_UNAVAILABLE when a partition has no copy left
-            return again, await run(again)
+            return again, await run(again, ts)
 
-        while True:
-            try:
-                chunks = await run(plan)
-                break
-            except ShardexError as exc:  # a participant already known down
-                plan = without_failed(exc)
+        ts: Timestamp | None = None
+        chunks = await self.guesses.try_run(
+            plan, level, tuning, self.scan.view.shared_high_seqnos, lambda at: run(plan, at)
+        )
+        if chunks is not None:
+            ts = plan.guessed
+        else:
+            while True:
+                try:
+                    ts = await self.stability.pin(plan, level, msg.at, msg.timeout)
+                    break
+                except ShardexError as exc:
+                    plan = without_failed(exc)
+            while True:
+                try:
+                    chunks = await run(plan, ts)
+                    break
+                except ShardexError as exc:  # a participant already known down
+                    plan = without_failed(exc)
+            if ts is not None and plan.record is not None and level == REQUEST_PLUS:
+                self.guesses.pinned(plan.record.id, ts)
         if not plan.leaves:
             return plan, ts, chunks
         repeatable = ts is not None and plan.repeatable
@@ -531,6 +541,7 @@ class SqlService:
                 "query_id": plan.query_id,
                 "inline": plan.inline,
                 "local": plan.local,
+                "guessed": plan.guessed is not None,
                 "node": self.scan.name,  # the initiator
                 **self._route(plan),
             },

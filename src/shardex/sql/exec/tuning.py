@@ -27,6 +27,9 @@ Every switch defaults to on; turning one off never changes a result, only how it
   the projection has its leaves rank index entries without documents and send sort keys
   and docids; the root merges, cuts to the limit and fetches only the documents it returns
   (``late.py``). Off: every leaf fetches the documents of its own top rows.
+* ``pin_guess``: a request_plus statement with leaves elsewhere runs at the TS its index was
+  pinned at last on this node while the high-seqno round is out, and keeps the rows when
+  that TS covers the round's answer (``pin_guess.py``). Off: it pins first, then runs.
 * ``key_projection``: a covering scan whose spans decide WHERE and whose every result term
   reads one key part or ``META().id`` makes its leaves' result values straight from the
   decoded keys (``entries.key_projection``). Off: each entry becomes a scope row (its
@@ -59,6 +62,7 @@ SWITCHES: Final = (
     "exact_spans",
     "late",
     "key_projection",
+    "pin_guess",
 )
 METER_QUERIES: Final = 256
 

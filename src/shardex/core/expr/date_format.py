@@ -1,4 +1,5 @@
-"""Date string formats of the date functions: reading a format, parsing and printing dates.
+"""Date string formats of the date functions: reading a format and parsing dates with it
+(printing is ``date_print``).
 
 N1QL accepts four conventions for a format string, one per string:
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, tzinfo
 from typing import Final
 
@@ -48,7 +49,7 @@ class Comp:
     """One component of a layout. ``kind``: Y year, y two-digit year, C century, m month,
     B/b month name/abbreviation, d day, A/a weekday name/abbreviation, j day of year, H hour
     0-23, I hour 1-12, p AM/PM, M minute, S second, F fraction, z zone, f ordinal suffix,
-    and output-only ones (``_OUTPUT_ONLY``)."""
+    and output-only ones (``date_print``: q w u U W V G, epoch times s # @)."""
 
     kind: str
     width: int = 2
@@ -65,7 +66,6 @@ Token = str | Comp
 class Layout:
     tokens: tuple[Token, ...]
     go: bool = False  # Go's rule: seconds may be followed by a fraction the layout lacks
-    comps: frozenset[str] = field(default_factory=frozenset)
 
 
 def _layout(tokens: list[Token], go: bool = False) -> Layout | None:
@@ -75,8 +75,8 @@ def _layout(tokens: list[Token], go: bool = False) -> Layout | None:
             merged[-1] += t
         else:
             merged.append(t)
-    kinds = frozenset(t.kind for t in merged if isinstance(t, Comp))
-    return Layout(tuple(merged), go, kinds) if kinds else None
+    has_component = any(isinstance(t, Comp) for t in merged)
+    return Layout(tuple(merged), go) if has_component else None
 
 
 # -- ISO-8601 date strings (no format given) ----------------------------------------------------
@@ -384,6 +384,8 @@ class _Fail(Exception):
 _NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_+\-/]*")
 _OFFSET: Final = re.compile(r"[+-]\d{2}(?::?\d{2}(?::?\d{2})?)?")
 _SUFFIX: Final = re.compile(r"st|nd|rd|th", re.IGNORECASE)
+_FRACTION: Final = re.compile(r"[.,]\d+")
+_INTEGER: Final = re.compile(r"-?\d+")
 
 
 def _number(text: str, i: int, width: int, kind: str) -> tuple[int, int]:
@@ -445,7 +447,7 @@ def _parse(text: str, layout: Layout) -> Moment | None:
             v, i = _number(text, i, tok.width if kind != "Y" else 4, kind)
             got[kind] = v
             if kind == "S" and layout.go and _next_not_fraction(tokens, n):
-                m = re.compile(r"[.,]\d+").match(text, i)
+                m = _FRACTION.match(text, i)
                 if m is not None:
                     got["F"] = int(m.group()[1:10].ljust(9, "0"))
                     i = m.end()
@@ -485,7 +487,7 @@ def _parse(text: str, layout: Layout) -> Moment | None:
                 raise _Fail
             i = m.end()
         elif kind == "s":
-            m = re.compile(r"-?\d+").match(text, i)
+            m = _INTEGER.match(text, i)
             if m is None:
                 raise _Fail
             got["s"] = int(m.group())

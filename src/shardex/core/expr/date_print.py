@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, timezone
-from typing import Final
 
 from .date_calendar import NS_PER_S, Moment, probe_datetime
 from .date_format import DEFAULT_LAYOUT, MONTHS, WEEKDAYS, Comp, Layout
@@ -117,9 +116,6 @@ def _ordinal(day: int) -> str:
     if day % 100 in (11, 12, 13):
         return "th"
     return {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
-
-
-_OUTPUT_ONLY: Final = "sqwuUWVG#@"
 
 
 def _output_only(k: str, m: Moment, tok: Comp) -> str:

@@ -1,6 +1,7 @@
 """Conformance runner: Couchbase's own SQL++ test cases run against shardex.
 
     python -m shardex.testing.sql_conformance [--dir DIR] [--json out.json] [--cluster CLUSTER_DIR]
+        [--all | --folder NAME ...]
 
 Reads the case folders (``../shared/conformance/couchbase-filestore`` by default, or
 ``$SHARDEX_CONFORMANCE_DIR``; format in that folder's README), loads each folder's
@@ -357,8 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--all", action="store_true", help="every folder, not only those of implemented features"
     )
+    ap.add_argument(
+        "--folder", action="append", help="only this folder (repeat for more), covered or not"
+    )
     args = ap.parse_args(argv)
-    folders = None if args.all else COVERED_FOLDERS
+    folders = tuple(args.folder) if args.folder else None if args.all else COVERED_FOLDERS
     if not args.dir.is_dir():
         print(f"conformance folder not found: {args.dir}", file=sys.stderr)
         return 2

@@ -84,3 +84,9 @@ def test_error_cases_compare_by_substring() -> None:
         engine, "x", 0, {"statements": "SELECT NO_SUCH(1)", "results": []}
     )
     assert unknown.outcome == "unsupported" and "NO_SUCH" in unknown.reason
+
+
+def test_the_command_runs_the_folders_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert conformance.main(["--dir", str(ROOT), "--folder", "case_functions"]) == 0
+    out = capsys.readouterr().out
+    assert "case_functions/case_case.json" in out and "date_functions" not in out

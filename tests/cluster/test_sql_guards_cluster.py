@@ -106,3 +106,19 @@ def test_a_long_statement_is_planned_off_the_loop_with_the_same_result(client: C
     explain = f"EXPLAIN SELECT RAW META().id FROM {KS} WHERE META().id IN [{listed}]"
     (plan,) = client.query(explain)
     assert plan["distributed"]["source"] == "keys"  # planned in the worker thread as ever
+
+
+def test_now_is_one_time_per_statement_and_params_keep_their_checks(client: Client) -> None:
+    # The receiving node stamps the statement time into the params: the key lookups on every
+    # owner and the FROM expression see one value, and $1 still reads the caller's list.
+    sql = (
+        f"SELECT META().id AS id, NOW_MILLIS() AS n, NOW_STR() AS s, $1 AS p FROM {KS} "
+        "USE KEYS ['bomb', 'fine']"
+    )
+    for _ in range(3):
+        rows = list(client.query(sql, ["x"], timeout=60))
+        assert sorted(r["id"] for r in rows) == ["bomb", "fine"]
+        assert len({(r["n"], r["s"]) for r in rows}) == 1 and {r["p"] for r in rows} == {"x"}
+    with pytest.raises(ShardexError) as info:
+        list(client.query(sql, ["x", "y"], timeout=60))
+    assert info.value.code is ErrorCode.BAD_REQUEST and "count mismatch" in info.value.message

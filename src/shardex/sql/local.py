@@ -35,6 +35,7 @@ from shardex.core.expr import (
     truth,
     walk,
 )
+from shardex.core.expr.functions_date import mentions_statement_time, with_statement_time
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.ddl import BuildIndexStmt, CreateIndexStmt, DropIndexStmt
 from shardex.sql.operators import (
@@ -148,6 +149,8 @@ class LocalEngine:
 
     def execute(self, sql: str | Statement, params: Params = None) -> QueryResult:
         stmt = parse_statement(sql) if isinstance(sql, str) else sql
+        if not isinstance(sql, str) or mentions_statement_time(sql):
+            params = with_statement_time(params)  # NOW_*: one time for the statement
         if isinstance(stmt, SelectStmt):
             bound = bind_select(stmt)
             check_params(bound.params(), params)

@@ -18,8 +18,8 @@ from shardex.testing import sql_conformance as conformance
 
 ROOT = Path(os.environ.get("SHARDEX_CONFORMANCE_DIR", conformance.DEFAULT_DIR))
 HEAVY = {"any_functions", "comp_functions"}
-FULL_PASS_FLOOR = 273  # of 284; the other 11 are unsupported with a stated reason
-LIGHT_PASS_FLOOR = 248
+FULL_PASS_FLOOR = 434  # of 457; the other 23 are unsupported with a stated reason
+LIGHT_PASS_FLOOR = 409
 
 pytestmark = pytest.mark.skipif(not ROOT.is_dir(), reason=f"no conformance cases at {ROOT}")
 
@@ -60,7 +60,7 @@ def test_light_folders_pass() -> None:
 @pytest.mark.slow
 def test_every_folder_passes() -> None:
     outcomes = conformance.run_all(ROOT)
-    assert len(outcomes) == 284
+    assert len(outcomes) == 457
     _check(outcomes, FULL_PASS_FLOOR)
 
 
@@ -84,3 +84,9 @@ def test_error_cases_compare_by_substring() -> None:
         engine, "x", 0, {"statements": "SELECT NO_SUCH(1)", "results": []}
     )
     assert unknown.outcome == "unsupported" and "NO_SUCH" in unknown.reason
+
+
+def test_the_command_runs_the_folders_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert conformance.main(["--dir", str(ROOT), "--folder", "case_functions"]) == 0
+    out = capsys.readouterr().out
+    assert "case_functions/case_case.json" in out and "date_functions" not in out

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from shardex.core.expr.functions_date import with_statement_time
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.fragment_rows import leaf_rows, mode_of, root_rows
@@ -71,6 +72,10 @@ QUERIES = [
     f"SELECT DISTINCT RAW a FROM {KS} ORDER BY a",
     f"SELECT k FROM {KS} ORDER BY k LIMIT 0",
     f"SELECT g, a, COUNT(*) AS c FROM {KS} GROUP BY g, a ORDER BY c DESC, g, a LIMIT 5",
+    f"SELECT g, MEDIAN(v) AS md, MEDIAN(DISTINCT a) AS mda, COUNTN(v) AS n, "
+    f"COUNTN(DISTINCT v) AS dn, VARIANCE(v) AS va, VAR_POP(v) AS vp, VARIANCE_SAMP(a) AS vs, "
+    f"STDDEV(v) AS sd, STDDEV_POP(DISTINCT v) AS sdp, STDDEV_SAMP(k) AS sds FROM {KS} GROUP BY g",
+    f"SELECT MEDIAN(k) AS md, VARIANCE_POP(v) AS vp, STDDEV(DISTINCT a) AS sd FROM {KS}",
 ]
 
 
@@ -91,6 +96,16 @@ def test_distributed_pipeline_equals_the_reference(sql: str, leaves: int) -> Non
         assert got == want
     else:
         assert sorted(map(_canon, got)) == sorted(map(_canon, want))
+
+
+def test_every_leaf_reads_the_one_statement_time_of_the_params() -> None:
+    # The receiving node stamps the params; they reach every leaf and the root unchanged.
+    params = with_statement_time(None, 1463284740000 * 10**6)
+    rows = _run(f"SELECT k, NOW_MILLIS() AS n, NOW_UTC() AS s FROM {KS}", _docs(), 3, params)
+    assert len(rows) == 300
+    assert {(r["n"], r["s"]) for r in rows} == {(1463284740000, "2016-05-15T03:59:00Z")}
+    grouped = _run(f"SELECT g, MAX(NOW_MILLIS()) AS n FROM {KS} GROUP BY g", _docs(), 3, params)
+    assert {r["n"] for r in grouped} == {1463284740000}
 
 
 def test_unsorted_limit_is_pushed_to_the_leaves() -> None:

@@ -92,6 +92,8 @@ ORDERED = [
     "GROUP BY g ORDER BY g",
     f"SELECT u, COUNT(DISTINCT a) AS n FROM {KS} GROUP BY u HAVING COUNT(*) > 1 "
     "ORDER BY n DESC, u LIMIT 300",
+    f"SELECT u, MEDIAN(v) AS md, VARIANCE(v) AS va, STDDEV_POP(k) AS sd, COUNTN(v) AS n, "
+    f"MEDIAN(DISTINCT a) AS mda FROM {KS} GROUP BY u ORDER BY u",
 ]
 UNORDERED = [
     f"SELECT DISTINCT u FROM {KS}",
@@ -146,6 +148,8 @@ def test_grouping_partitions_recursively_and_equals_the_in_memory_aggregate(
         AggSpec("ARRAY_AGG", lambda r: r["v"]),
         AggSpec("SUM", lambda r: r["v"] / 4),
         AggSpec("COUNT", lambda r: r["v"], distinct=True),
+        AggSpec("MEDIAN", lambda r: r["v"]),
+        AggSpec("VARIANCE", lambda r: r["v"] / 3),
     ]
     want = list(aggregate(rows, keys, specs))
     b = budget(16 * 1024, data_dir=tmp_path)
@@ -165,6 +169,21 @@ def test_one_group_larger_than_the_budget_fails_naming_the_operator(tmp_path: Pa
     assert e.code is ErrorCode.QUERY_MEMORY_LIMIT and e.details["operator"] == "GROUP BY"
     assert e.details["limit"] == 16 * 1024 and e.details["value"] > 16 * 1024
     assert "one group" in e.message and "hint" in e.details
+
+
+@pytest.mark.parametrize("spill", [True, False])
+def test_one_median_larger_than_the_budget_fails_as_array_agg_does(
+    spill: bool, tmp_path: Path
+) -> None:
+    rows = [{"v": i / 7} for i in range(4000)]  # MEDIAN's state holds every number
+    specs = [AggSpec("MEDIAN", lambda r: r["v"])]
+    b = budget(16 * 1024, spill=spill, data_dir=tmp_path)
+    with pytest.raises(ShardexError) as info:
+        list(final_groups(partial_groups(rows, [], specs, b), specs, b, global_group=True))
+    assert info.value.code is ErrorCode.QUERY_MEMORY_LIMIT
+    assert info.value.details["operator"] == "GROUP BY"
+    if spill:
+        assert "MEDIAN" in info.value.message
 
 
 def test_distinct_keeps_the_first_row_of_each_value_through_recursion(tmp_path: Path) -> None:

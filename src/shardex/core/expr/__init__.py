@@ -19,7 +19,13 @@ for MISSING.
 
 from shardex.core.values import MISSING
 
-from . import functions_cond, functions_num, functions_str  # noqa: F401 - register on import
+from . import (  # noqa: F401 - register on import
+    functions_cond,
+    functions_date,
+    functions_num,
+    functions_str,
+    functions_uuid,
+)
 from .analysis import is_constant, is_deterministic, referenced_paths, static_path
 from .ast import (
     And,

@@ -404,6 +404,8 @@ def _call(node: FunctionCall) -> CompiledExpr:
     spec = _resolve(node.name)
     impl = spec.impl
     args = tuple(_compile(a) for a in node.args)
+    if spec.with_params:
+        return lambda d, m=None, p=None: call_function(spec, [a(d, m, p) for a in args], p)
     if spec.propagate and len(args) == 1:
         (a0,) = args
 

@@ -221,7 +221,7 @@ def _case(node: Case, env: Env) -> Any:
 
 def _call(node: FunctionCall, env: Env) -> Any:
     spec = resolve_function(node.name)
-    return call_function(spec, [_eval(a, env) for a in node.args])
+    return call_function(spec, [_eval(a, env) for a in node.args], env.params)
 
 
 _DISPATCH: dict[type, Callable[[Any, Env], Any]] = {

@@ -46,6 +46,9 @@ class FunctionSpec:
     impl: Callable[..., Any]
     propagate: bool = True
     deterministic: bool = True
+    # The implementation's first argument is the statement's params (NOW_*: the statement
+    # time travels with them, ``functions_date.statement_time``).
+    with_params: bool = False
 
     def arity_text(self) -> str:
         if self.max_args == self.min_args:
@@ -488,7 +491,7 @@ def _least(*args: Any) -> Any:
     return best
 
 
-def call_function(spec: FunctionSpec, args: list[Any] | tuple[Any, ...]) -> Any:
+def call_function(spec: FunctionSpec, args: list[Any] | tuple[Any, ...], params: Any = None) -> Any:
     """Apply ``spec`` with N1QL MISSING/NULL propagation (the interpreter's path)."""
     if spec.propagate:
         saw_null = False
@@ -499,4 +502,4 @@ def call_function(spec: FunctionSpec, args: list[Any] | tuple[Any, ...]) -> Any:
                 saw_null = True
         if saw_null:
             return None
-    return spec.impl(*args)
+    return spec.impl(params, *args) if spec.with_params else spec.impl(*args)

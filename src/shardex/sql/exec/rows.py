@@ -9,7 +9,8 @@ unit). Extension types:
 
 * 1: MISSING (never a JSON value; group keys and MIN/MAX states can be MISSING);
 * 2: ``SumState`` of SUM/AVG (exact int sum, float sum as numerator/denominator text, count);
-* 3: an integer beyond 64 bits (JSON allows any; msgpack does not), as decimal text.
+* 3: an integer beyond 64 bits (JSON allows any; msgpack does not), as decimal text;
+* 4: ``SquaresState`` of VARIANCE/STDDEV (count, then the exact sums as decimal text).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import msgspec
 import pyarrow as pa
 
 from shardex.core.values import MISSING
-from shardex.sql.operators.aggregate import SumState
+from shardex.sql.operators.aggregate import SquaresState, SumState
 
 __all__ = [
     "BATCH_BYTES",
@@ -40,7 +41,7 @@ BATCH_ROWS: Final = 512
 BATCH_BYTES: Final = 256 * 1024  # a batch is cut here even below BATCH_ROWS
 SCHEMA: Final = pa.schema([pa.field("r", pa.binary())])
 
-_EXT_MISSING, _EXT_SUM, _EXT_BIGINT = 1, 2, 3
+_EXT_MISSING, _EXT_SUM, _EXT_BIGINT, _EXT_SQUARES = 1, 2, 3, 4
 
 
 def pack_state(state: Any) -> Any:
@@ -50,6 +51,11 @@ def pack_state(state: Any) -> Any:
         f = state.floats
         body = [str(state.ints), str(f.numerator), str(f.denominator), state.count]
         return msgspec.msgpack.Ext(_EXT_SUM, _plain.encode([*body, state.saw_float]))
+    if isinstance(state, SquaresState):
+        fs, sq = state.floats, state.float_squares
+        exact = (state.ints, state.int_squares, fs.numerator, fs.denominator)
+        parts = [*map(str, exact), str(sq.numerator), str(sq.denominator)]
+        return msgspec.msgpack.Ext(_EXT_SQUARES, _plain.encode([state.count, *parts]))
     return state
 
 
@@ -69,6 +75,10 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == _EXT_SUM:
         ints, num, den, count, saw_float = _plain_dec.decode(data)
         return SumState(int(ints), Fraction(int(num), int(den)), count, saw_float)
+    if code == _EXT_SQUARES:
+        count, ints, int_sq, num, den, sq_num, sq_den = _plain_dec.decode(data)
+        floats, squares = Fraction(int(num), int(den)), Fraction(int(sq_num), int(sq_den))
+        return SquaresState(count, int(ints), int(int_sq), floats, squares)
     if code == _EXT_BIGINT:
         return int(bytes(data).decode())
     raise msgspec.DecodeError(f"unknown row extension {code}")

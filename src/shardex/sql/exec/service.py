@@ -50,6 +50,7 @@ from shardex.api.sql_exec import (
     StreamReport,
 )
 from shardex.api.validation import check_durability, check_durability_timeout
+from shardex.core.expr.functions_date import mentions_statement_time, with_statement_time
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
@@ -234,6 +235,8 @@ class SqlService:
         row is sent, on every way out (done, error, cancel, a lost connection)."""
         self.streams.check_new(conn, msg.stream_id)
         self._check(msg)  # a request that cannot run never queues
+        if mentions_statement_time(msg.statement):  # NOW_*: one time for every fragment
+            msg = msgspec.structs.replace(msg, params=with_statement_time(msg.params))
         slot = self.admission.try_enter()
         if slot is None:
             return self._queued(msg, conn)

@@ -17,8 +17,8 @@
   then sends the first row of each value it has no marker of, and those rows are put back in
   input order (an external sort on the position): the in-memory result, order included.
 
-A single group whose state alone is over the budget (an ARRAY_AGG or DISTINCT aggregate of
-a huge group) cannot be split: QUERY_MEMORY_LIMIT.
+A single group whose state alone is over the budget (an ARRAY_AGG, MEDIAN or DISTINCT
+aggregate of a huge group) cannot be split: QUERY_MEMORY_LIMIT.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _ident(kv: Sequence[Any]) -> bytes:
 
 def _grows(spec: AggSpec) -> bool:
     """States that grow with their input (the others are fixed-size)."""
-    return spec.distinct or spec.kind == "ARRAY_AGG"
+    return spec.distinct or spec.kind in ("ARRAY_AGG", "MEDIAN")
 
 
 def _state_size(spec: AggSpec, state: Any) -> int:
@@ -182,7 +182,9 @@ class _Table:
         if not budget.spill:
             raise res.over()
         if len(self.table) == 1 and res.used > budget.quota:
-            raise res.over(why="one group's aggregate state (ARRAY_AGG, DISTINCT) is larger")
+            raise res.over(
+                why="one group's aggregate state (ARRAY_AGG, MEDIAN, DISTINCT) is larger"
+            )
         if self.level >= MAX_LEVEL:
             raise res.over(why=f"a partition is still larger after {MAX_LEVEL} levels")
         if self.parts is None:

@@ -11,11 +11,22 @@ State per aggregate (``AggSpec.kind``):
   sum divided by the count, rounded once. Non-numbers are ignored; no numbers gives NULL.
 - MIN(x) / MAX(x): the least / greatest non-MISSING, non-NULL value by SQL++ collation.
 - ARRAY_AGG(x): the list of non-MISSING values (order unspecified, as in SQL++).
+- COUNTN(x): an int, the count of number values.
+- MEDIAN(x): the list of number values (it grows with the group: budgeted and spilled like
+  ARRAY_AGG's); FINAL sorts it: the middle value, or the mean of the two middle ones.
+- VARIANCE / STDDEV and their _SAMP and _POP forms: ``SquaresState`` = count, the sum and
+  the sum of squares of the numbers, held exactly (ints, and ``Fraction`` for floats, as
+  SUM's): M2 = sum of squares - sum * sum / count is computed exactly once at FINAL and
+  rounded once, so merged partials give the same bits whatever the split (the property a
+  float (count, mean, M2) merge only approximates) and nothing cancels catastrophically.
+  One number gives 0 for VARIANCE, STDDEV and the _POP forms, NULL for the _SAMP forms
+  (N1QL); no number gives NULL.
 - any DISTINCT form: ``{identity: value}`` of the distinct values, reduced at FINAL.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -26,7 +37,18 @@ from shardex.core.expr.ops import collate, is_number
 
 from .basic import RowFn, value_identity
 
-KINDS = ("COUNT", "SUM", "AVG", "MIN", "MAX", "ARRAY_AGG")
+# Variance kinds: (population, NULL for one value, square root).
+_SPREAD: dict[str, tuple[bool, bool, bool]] = {
+    "VARIANCE": (False, False, False),
+    "VAR_SAMP": (False, True, False),
+    "VARIANCE_SAMP": (False, True, False),
+    "VAR_POP": (True, False, False),
+    "VARIANCE_POP": (True, False, False),
+    "STDDEV": (False, False, True),
+    "STDDEV_SAMP": (False, True, True),
+    "STDDEV_POP": (True, False, True),
+}
+KINDS = ("COUNT", "COUNTN", "SUM", "AVG", "MIN", "MAX", "ARRAY_AGG", "MEDIAN", *_SPREAD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +96,61 @@ class SumState:
         return _finite(q)
 
 
+@dataclass(slots=True)
+class SquaresState:
+    """Count, sum and sum of squares of numbers, exact (see the module doc)."""
+
+    count: int = 0
+    ints: int = 0
+    int_squares: int = 0
+    floats: Fraction = field(default_factory=Fraction)
+    float_squares: Fraction = field(default_factory=Fraction)
+
+    def add(self, v: Any, n: int = 1) -> None:
+        if type(v) is int:
+            self.ints += v * n
+            self.int_squares += v * v * n
+        else:
+            f = Fraction(v)
+            self.floats += f * n
+            self.float_squares += f * f * n
+        self.count += n
+
+    def merge(self, other: SquaresState) -> None:
+        self.count += other.count
+        self.ints += other.ints
+        self.int_squares += other.int_squares
+        self.floats += other.floats
+        self.float_squares += other.float_squares
+
+    def spread(self, kind: str) -> Any:
+        population, null_for_one, root = _SPREAD[kind]
+        n = self.count
+        if n == 0 or (n == 1 and null_for_one):
+            return None
+        if n == 1:
+            return 0.0
+        total = self.ints + self.floats
+        m2 = self.int_squares + self.float_squares - total * total / n
+        var = _finite(m2 / (n if population else n - 1))
+        if var is None:
+            return None
+        return math.sqrt(var) if root else var
+
+
+def _median(values: list[Any]) -> Any:
+    if not values:
+        return None
+    values.sort()
+    mid = len(values) // 2
+    if len(values) % 2:
+        return values[mid]
+    a, b = values[mid - 1], values[mid]
+    if type(a) is int and type(b) is int and (a + b) % 2 == 0:
+        return (a + b) // 2
+    return _finite(Fraction(a) / 2 + Fraction(b) / 2)
+
+
 def _finite(q: Fraction) -> Any:
     try:
         return float(q)
@@ -84,12 +161,14 @@ def _finite(q: Fraction) -> Any:
 def _init(spec: AggSpec) -> Any:
     if spec.distinct:
         return {}
-    if spec.kind == "COUNT":
+    if spec.kind in ("COUNT", "COUNTN"):
         return 0
     if spec.kind in ("SUM", "AVG"):
         return SumState()
-    if spec.kind == "ARRAY_AGG":
+    if spec.kind in ("ARRAY_AGG", "MEDIAN"):
         return []
+    if spec.kind in _SPREAD:
+        return SquaresState()
     return MISSING  # MIN / MAX: nothing seen yet
 
 
@@ -124,9 +203,16 @@ def _accumulate(spec: AggSpec, state: Any, row: Any, n: int = 1) -> Any:
         return state
     if kind == "COUNT":
         return state + n
-    if kind in ("SUM", "AVG"):
+    if kind in ("SUM", "AVG") or kind in _SPREAD:
         if is_number(v):
             state.add(v, n)
+        return state
+    if not is_number(v) and kind in ("COUNTN", "MEDIAN"):
+        return state
+    if kind == "COUNTN":
+        return state + n
+    if kind == "MEDIAN":
+        state.extend([v] * n)
         return state
     return _better(kind, state, v)
 
@@ -137,12 +223,12 @@ def _merge(spec: AggSpec, a: Any, b: Any) -> Any:
             a.setdefault(k, v)
         return a
     kind = spec.kind
-    if kind == "COUNT":
+    if kind in ("COUNT", "COUNTN"):
         return a + b
-    if kind in ("SUM", "AVG"):
+    if kind in ("SUM", "AVG") or kind in _SPREAD:
         a.merge(b)
         return a
-    if kind == "ARRAY_AGG":
+    if kind in ("ARRAY_AGG", "MEDIAN"):
         a.extend(b)
         return a
     return a if b is MISSING else _better(kind, a, b)
@@ -162,12 +248,16 @@ def _finalize(spec: AggSpec, state: Any) -> Any:
             s = _accumulate(plain, s, v)
         return _finalize(plain, s)
     kind = spec.kind
-    if kind == "COUNT":
+    if kind in ("COUNT", "COUNTN"):
         return state
     if kind == "SUM":
         return state.total()
     if kind == "AVG":
         return state.average()
+    if kind == "MEDIAN":
+        return _median(state)
+    if kind in _SPREAD:
+        return state.spread(kind)
     if kind == "ARRAY_AGG":
         return state if state else None
     return None if state is MISSING else state

@@ -72,7 +72,11 @@ class ArrayComprehension(Expr):
         return f"{word} {self.mapping.to_text()} FOR {binds}{when} END"
 
 
-AGGREGATES = frozenset({"COUNT", "SUM", "AVG", "MIN", "MAX", "ARRAY_AGG"})
+AGGREGATES = frozenset(
+    {"COUNT", "COUNTN", "SUM", "AVG", "MIN", "MAX", "ARRAY_AGG", "MEDIAN"}
+    | {"STDDEV", "STDDEV_POP", "STDDEV_SAMP", "VARIANCE", "VAR_POP", "VAR_SAMP"}
+    | {"VARIANCE_POP", "VARIANCE_SAMP"}
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -231,10 +231,6 @@ def bind_select(stmt: SelectStmt) -> BoundSelect:
         + [e for _, e in stmt.letting]
     )
     grouped = bool(stmt.group_by) or uses_aggregates
-    if grouped and ref is None:
-        raise SqlSemanticError(
-            "GROUP BY and aggregates need a FROM clause", details={"hint": "add FROM keyspace"}
-        )
 
     order_exprs = [o.expr for o in stmt.order_by]
     order_bound = frozenset(explicit)

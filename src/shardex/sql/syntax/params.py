@@ -9,6 +9,7 @@ from itertools import chain
 from typing import Any
 
 from shardex.api.validation import MAX_DOC_DEPTH
+from shardex.core.expr.functions_date import without_statement_time
 from shardex.errors import ErrorCode, ShardexError
 
 _CONTAINERS = (list, dict)
@@ -19,6 +20,7 @@ def _fail(message: str, **details: Any) -> ShardexError:
 
 
 def check_params(used: set[str], params: Sequence[Any] | Mapping[str, Any] | None) -> None:
+    params = without_statement_time(params)  # as the caller gave them
     positional = sorted(int(n) for n in used if n.isdigit())
     named = sorted(n for n in used if not n.isdigit())
     if params is None:

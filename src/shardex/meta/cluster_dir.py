@@ -33,6 +33,7 @@ from shardex.meta.node_defaults import (
     BIND_HOST,
     DEFAULT_FAILURE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL,
+    HTTP_PORT_OFFSET,
 )
 from shardex.meta.users import ADMIN_ROLES, ADMIN_USER, new_record, write_admin_file
 from shardex.net.certs import CA_CERT, LOOPBACK, make_ca, make_node_cert
@@ -48,9 +49,6 @@ STDOUT_FILE = "stdout.log"
 CERTS_DIR = "certs"
 FORMAT = 1
 DEFAULT_BASE_PORT = 7100
-# HTTP (admin API) ports are reserved at a fixed offset from each node's cluster port, so a
-# node's ports derive from its own port and adding nodes later never renumbers anyone.
-HTTP_PORT_OFFSET = 1000
 MAX_NODES = 64
 
 

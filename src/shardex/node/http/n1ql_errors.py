@@ -18,20 +18,25 @@ __all__ = [
     "E_AUTH",
     "E_BAD_VALUE",
     "E_CANCELLED",
+    "E_HTTP_REQUEST",
     "E_INTERNAL",
+    "E_METHOD",
     "E_MISSING",
     "E_MULTIPLE",
     "E_NOT_IMPLEMENTED",
     "E_READONLY",
     "E_TIMEOUT",
     "E_TYPE",
+    "E_UNAVAILABLE",
     "E_UNKNOWN_PARAMETER",
     "E_UNKNOWN_VALUE",
     "N1qlError",
+    "of_http_status",
     "of_shardex",
 ]
 
 E_READONLY: Final = 1000
+E_METHOD: Final = 1010
 E_NOT_IMPLEMENTED: Final = 1020
 E_UNKNOWN_VALUE: Final = 1030
 E_BAD_VALUE: Final = 1040
@@ -40,6 +45,7 @@ E_MULTIPLE: Final = 1060
 E_UNKNOWN_PARAMETER: Final = 1065
 E_TYPE: Final = 1070
 E_TIMEOUT: Final = 1080
+E_HTTP_REQUEST: Final = 1130  # the HTTP request itself: size caps, unknown path, framing
 E_UNAVAILABLE: Final = 1182
 E_SYNTAX: Final = 3000
 E_PLAN: Final = 4000
@@ -118,3 +124,12 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     return str(value)
+
+
+def of_http_status(status: int) -> int:
+    """The code of an error the HTTP layer answers by itself (405, 413, 431, 503, ...)."""
+    if status == 405:
+        return E_METHOD
+    if status == 503:
+        return E_UNAVAILABLE
+    return E_HTTP_REQUEST

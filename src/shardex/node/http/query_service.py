@@ -141,12 +141,15 @@ class QueryHttpService:
                         env.statement(started.statement, started.mutation_count)
                         async for cells in chunks:
                             await env.rows(cells)
+                            if active.cancelled:  # a cancel some await below swallowed
+                                raise _Stopped
                 finally:
                     slot.release()
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, _Stopped) as e:
             if not active.cancelled:
                 raise  # the node stops, or the connection went away
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            if isinstance(e, asyncio.CancelledError):
+                active.task.uncancel()
             why = "Request cancelled: stopped by a DELETE of its request ID"
             errors.append(N1qlError(E_CANCELLED, why, 200, "stopped"))
         except TimeoutError:
@@ -192,6 +195,10 @@ class QueryHttpService:
             found.cancelled = True
             found.task.cancel()
         await resp.send(200, json.dumps({"requestID": request_id, "state": "stopping"}).encode())
+
+
+class _Stopped(Exception):
+    """The request was cancelled (``ActiveRequest.cancelled``)."""
 
 
 def _check_readonly(statement: str) -> None:

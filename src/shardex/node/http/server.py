@@ -20,7 +20,7 @@ from shardex.errors import ConfigError
 from shardex.net.credentials import Principal, UserDirectory
 from shardex.net.tls import TlsConfig
 from shardex.node.http.basic_auth import REALM, BasicAuth, LoginObserver
-from shardex.node.http.n1ql_errors import N1qlError
+from shardex.node.http.n1ql_errors import N1qlError, of_http_status
 from shardex.node.http.query_service import Authorizer, QueryHttpService
 from shardex.node.http.wire import HttpError, Limits, Request, Response, read_request
 from shardex.sql.exec.service import SqlService
@@ -175,7 +175,7 @@ class HttpServer:
 async def _error(
     resp: Response, status: int, message: str, headers: dict[str, str] | None = None
 ) -> None:
-    body = {"errors": [{"code": status, "msg": message}], "status": "fatal"}
+    body = {"errors": [{"code": of_http_status(status), "msg": message}], "status": "fatal"}
     await resp.send(status, json.dumps(body).encode(), headers=headers)
 
 

@@ -194,7 +194,10 @@ class Response:
         await self._drain()
 
     async def _drain(self) -> None:
+        # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel (a DELETE of the
+        # request) that arrives as the drain completes.
         try:
-            await asyncio.wait_for(self._writer.drain(), self._limits.write)
+            async with asyncio.timeout(self._limits.write):
+                await self._writer.drain()
         except TimeoutError:
             raise ConnectionError(f"the client read nothing for {self._limits.write:g} s") from None

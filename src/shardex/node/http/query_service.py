@@ -62,13 +62,16 @@ class ActiveRequest:
     task: asyncio.Task[Any]
     envelope: Envelope | None = None
     cancelled: bool = False
+    # running; then while the envelope's end is written: success, or the end's status
+    # (timeout, stopped, fatal, errors)
+    state: str = "running"
 
     def describe(self, now: float) -> dict[str, Any]:
         out: dict[str, Any] = {
             "requestID": self.request_id,
             "requestTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.request_time)),
             "elapsedTime": go_duration(now - self.started),
-            "state": "stopping" if self.cancelled else "running",
+            "state": "stopping" if self.cancelled and self.state == "running" else self.state,
             "statement": self.statement,
             "users": self.user,
             "resultCount": self.envelope.result_count if self.envelope else 0,
@@ -164,6 +167,7 @@ class QueryHttpService:
         except Exception as e:
             log.exception("query service request %s failed", active.request_id)
             errors.append(N1qlError(E_INTERNAL, f"internal error: {type(e).__name__}", 500))
+        active.state = errors[0].status if errors else "success"
         now = time.perf_counter()
         await env.finish(errors, now - active.started, None if t_exec is None else now - t_exec)
 

@@ -10,18 +10,20 @@ index: ``tests/spark/test_query_service_index.py``)."""
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import LocalCluster, run_cli, wait_for
+from cluster_helpers import LocalCluster, free_base_port, kill_leftovers, run_cli, wait_for
 from data_helpers import running_cluster
 from n1ql_http import Answer, basic, call, form, http_port, open_stream, post_json
 
 from shardex.client import Client, connect, connect_local
 from shardex.errors import ShardexError
+from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
 
 pytestmark = pytest.mark.cluster
 
@@ -271,3 +273,26 @@ def test_a_tls_cluster_serves_https_with_the_node_certificate(tmp_path: Path) ->
         assert _ok(a) == [{"one": 1}]
         with pytest.raises(OSError):  # plain HTTP gets no answer from a TLS port
             call(f"http://127.0.0.1:{port}/query/service", data=b"statement=SELECT+1", headers=auth)
+
+
+def test_cluster_start_gives_a_node_whose_http_port_is_taken_a_free_one(tmp_path: Path) -> None:
+    base = free_base_port(1)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", base + HTTP_PORT_OFFSET))  # node1's HTTP port, someone else's
+    blocker.listen()
+    path = tmp_path / "c"
+    try:
+        proc = run_cli(
+            "cluster", "start", "--no-pipeline", "--dir", str(path), "--nodes", "1",
+            "--base-port", str(base),
+        )  # fmt: skip
+        port = http_port(path)
+        assert port != base + HTTP_PORT_OFFSET and f"it serves on {port}" in proc.stderr
+        assert f"http_port = {port}" in (path / "node1" / "node.toml").read_text()
+        auth = basic("admin", (path / "admin-password").read_text().strip())
+        url = f"http://127.0.0.1:{port}/query/service"
+        assert _ok(form(url, auth, statement="SELECT 1 AS one")) == [{"one": 1}]
+    finally:
+        blocker.close()
+        run_cli("cluster", "stop", "--dir", str(path), "--timeout", "5", check=False)
+        kill_leftovers(path)

@@ -199,6 +199,7 @@ async def _close(writer: asyncio.StreamWriter) -> None:
     """Close after what was written is sent; abort a client that does not take it."""
     try:
         writer.close()
-        await asyncio.wait_for(writer.wait_closed(), LINGER)
+        async with asyncio.timeout(LINGER):
+            await writer.wait_closed()
     except BaseException:
         writer.transport.abort()

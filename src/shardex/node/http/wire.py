@@ -76,14 +76,18 @@ class Request:
 async def read_request(reader: asyncio.StreamReader, limits: Limits) -> Request | None:
     """The next request on the connection; None when the client closed it (or stayed idle
     past ``limits.idle``) between requests."""
+    # asyncio.timeout, not wait_for, here and below: 3.11's wait_for can lose a cancel that
+    # arrives as the read completes, and the node's stop cancels these reads.
     try:
-        first = await asyncio.wait_for(reader.readuntil(b"\n"), limits.idle)
+        async with asyncio.timeout(limits.idle):
+            first = await reader.readuntil(b"\n")
     except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
         return None
     except asyncio.LimitOverrunError:
         raise HttpError(431, "request line too long", close=True) from None
     try:
-        return await asyncio.wait_for(_rest(reader, first, limits), limits.read)
+        async with asyncio.timeout(limits.read):
+            return await _rest(reader, first, limits)
     except TimeoutError:
         raise HttpError(408, f"request not received within {limits.read:g} s", close=True) from None
     except asyncio.IncompleteReadError:
@@ -194,8 +198,7 @@ class Response:
         await self._drain()
 
     async def _drain(self) -> None:
-        # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel (a DELETE of the
-        # request) that arrives as the drain completes.
+        # asyncio.timeout (see read_request): a DELETE of the request cancels this wait.
         try:
             async with asyncio.timeout(self._limits.write):
                 await self._writer.drain()

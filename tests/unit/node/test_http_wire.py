@@ -1,16 +1,19 @@
 """HTTP/1.1 framing of the node's HTTP services: a request read under its caps (431, 413,
-411, 408, 505), responses whole or chunked, and a write that a client never takes failing
-within the write timeout instead of waiting."""
+411, 408, 505), responses whole or chunked, a write that a client never takes failing
+within the write timeout instead of waiting, and the N1QL envelope around the rows."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 
-from shardex.node.http.envelope import go_duration
+from shardex.node.http.envelope import Envelope, go_duration
+from shardex.node.http.n1ql_errors import N1qlError
 from shardex.node.http.wire import HttpError, Limits, Response, read_request
+from shardex.sql.exec.rows import encode_row
 
 
 def reader_of(data: bytes, eof: bool = True, limit: int = 16 * 1024) -> asyncio.StreamReader:
@@ -107,25 +110,60 @@ async def test_whole_and_chunked_responses() -> None:
     assert b"Allow: GET" in head
     w = FakeWriter()
     resp = Response(w, Limits(), keep_alive=False)
-    await resp.start(200)
+    await resp.start(200, b"head")
     assert resp.started and resp.status == 200
     await resp.chunk(b"hello")
     await resp.chunk(b"")  # nothing: no empty chunk, which would end the body
     await resp.end(b"!" * 17)
     _, body = bytes(w.data).split(b"\r\n\r\n", 1)
-    assert body == b"5\r\nhello\r\n11\r\n" + b"!" * 17 + b"\r\n0\r\n\r\n"
+    assert body == b"4\r\nhead\r\n5\r\nhello\r\n11\r\n" + b"!" * 17 + b"\r\n0\r\n\r\n"
     assert b"Transfer-Encoding: chunked" in w.data and b"Connection: close" in w.data
 
 
 async def test_a_client_that_reads_nothing_fails_the_write_in_time() -> None:
     w: Any = FakeWriter(stuck=True)
     resp = Response(w, Limits(write=0.05), keep_alive=True)
-    await resp.start(200)
     with pytest.raises(ConnectionError, match="read nothing"):
-        await resp.chunk(b"rows")
+        await resp.start(200, b"rows")
 
 
 def test_go_durations() -> None:
     assert go_duration(1.5) == "1.5s"
     assert go_duration(0.0123) == "12.3ms"
     assert go_duration(0.0000421) == "42.1µs"
+
+
+async def test_the_envelope_holds_one_block_back() -> None:
+    w: Any = FakeWriter()
+    env = Envelope(Response(w, Limits(), keep_alive=True), "rid", "ctx")
+    env.statement("select", 0)
+    await env.rows([encode_row({"a": 1}), encode_row({"a": 2})])
+    assert not w.data  # one block: the whole answer goes out at the end, with its length
+    await env.finish([], 0.002, 0.001)
+    head, body = bytes(w.data).split(b"\r\n\r\n", 1)
+    assert b"Content-Length: %d" % len(body) in head
+    doc = json.loads(body)
+    assert doc["results"] == [{"a": 1}, {"a": 2}] and doc["clientContextID"] == "ctx"
+    assert doc["metrics"]["resultCount"] == 2 and doc["metrics"]["resultSize"] == 14
+    w = FakeWriter()
+    env = Envelope(Response(w, Limits(), keep_alive=True), "rid", None)
+    env.statement("update", 3)
+    for i in range(3):
+        await env.rows([encode_row(i)])
+        assert bool(w.data) is (i > 0)  # the head went out with the second block
+    await env.finish([N1qlError(1080, "Timeout 1s exceeded", 504, "timeout")], 1.0, None)
+    raw = bytes(w.data)
+    assert raw.startswith(b"HTTP/1.1 200 OK") and b"Transfer-Encoding: chunked" in raw
+    doc = json.loads(_unchunk(raw.split(b"\r\n\r\n", 1)[1]))
+    assert doc["results"] == [0, 1, 2] and doc["status"] == "timeout"
+    assert doc["metrics"]["mutationCount"] == 3 and "signature" not in doc
+
+
+def _unchunk(body: bytes) -> bytes:
+    out = b""
+    while True:
+        size, _, rest = body.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out
+        out, body = out + rest[:n], rest[n + 2 :]

@@ -3,10 +3,12 @@
     {"requestID": ..., "clientContextID": ..., "signature": ..., "results": [ row, ... ],
      "errors": [...], "status": ..., "metrics": {...}}
 
-The HTTP head goes out with the first block of rows (or with the whole answer when there is
-none): until then an error still gets its own HTTP status, afterwards it ends the envelope
-(``errors``, ``status``) of a 200 response. Each block of rows is one chunk of the response,
-JSON-encoded from the statement's msgpack cells, and is written before the next is read.
+One block of rows is held back: a result of one block (every point query) is answered with
+a ``Content-Length`` in one write, and the HTTP head goes out with the first block only once
+a second one comes. Until then an error still gets its own HTTP status; afterwards it ends
+the envelope (``errors``, ``status``) of a 200 response. Each block of rows is one chunk of
+the response, JSON-encoded from the statement's msgpack cells, and is written before the
+next is read: at most two blocks are held.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Envelope:
         self.mutation_count: int | None = None  # set for DML
         self._sig: dict[str, str] | None = None
         self._opened = False  # the results array is open on the wire
+        self._held: bytes | None = None  # the first block, until a second one comes
 
     def statement(self, kind: str, mutation_count: int) -> None:
         """What the statement turned out to be, from its start reply."""
@@ -89,12 +92,14 @@ class Envelope:
         self.result_count += len(parts)
         self.result_size += sum(map(len, parts))
         body = b",\n".join(parts)
-        if not self._opened:
-            self._opened = True
-            await self._resp.start(200)
-            await self._resp.chunk(self._prefix() + b"\n" + body)
-        else:
+        if self._opened:
             await self._resp.chunk(b",\n" + body)
+        elif self._held is None:
+            self._held = body
+        else:
+            self._opened = True
+            first, self._held = self._held, None
+            await self._resp.start(200, self._prefix() + b"\n" + first + b",\n" + body)
 
     async def finish(
         self, errors: list[N1qlError], elapsed: float, execution: float | None
@@ -102,8 +107,8 @@ class Envelope:
         """The envelope's end: its errors, status and metrics; the whole answer (with the
         HTTP status of the first error) when no row went out."""
         status = errors[0].status if errors else "success"
-        if errors and status == "fatal" and self._opened:
-            status = "errors"  # some rows went out before the statement failed
+        if errors and status == "fatal" and (self._opened or self._held is not None):
+            status = "errors"  # the statement failed after some rows
         tail: dict[str, Any] = {}
         if errors:
             tail["errors"] = [e.entry() for e in errors]
@@ -122,7 +127,8 @@ class Envelope:
         if self._opened:
             await self._resp.end(("\n],\n" + rest + "\n").encode())
             return
-        body = self._prefix() + b"\n],\n" + rest.encode() + b"\n"
+        rows = b"" if self._held is None else b"\n" + self._held
+        body = self._prefix() + rows + b"\n],\n" + rest.encode() + b"\n"
         http = errors[0].http if errors else 200
         extra = {"WWW-Authenticate": 'Basic realm="shardex"'} if http == 401 else None
         await self._resp.send(http, body, headers=extra)

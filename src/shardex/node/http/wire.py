@@ -182,19 +182,22 @@ class Response:
     async def start(
         self,
         status: int,
+        first: bytes,
         content_type: str = "application/json",
         headers: dict[str, str] | None = None,
     ) -> None:
-        self._writer.write(self._head(status, content_type, headers or {}, None))
+        """The head of a chunked response and its first chunk, in one write."""
+        head = self._head(status, content_type, headers or {}, None)
+        self._writer.write(head + _chunk(first))
+        await self._drain()
 
     async def chunk(self, data: bytes) -> None:
         if data:
-            self._writer.write(b"%x\r\n%b\r\n" % (len(data), data))
+            self._writer.write(_chunk(data))
             await self._drain()
 
     async def end(self, data: bytes = b"") -> None:
-        last = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
-        self._writer.write(last + b"0\r\n\r\n")
+        self._writer.write(_chunk(data) + b"0\r\n\r\n")
         await self._drain()
 
     async def _drain(self) -> None:
@@ -204,3 +207,8 @@ class Response:
                 await self._writer.drain()
         except TimeoutError:
             raise ConnectionError(f"the client read nothing for {self._limits.write:g} s") from None
+
+
+def _chunk(data: bytes) -> bytes:
+    """``data`` framed as one chunk; nothing for no data (an empty chunk ends the body)."""
+    return b"%x\r\n%b\r\n" % (len(data), data) if data else b""

@@ -17,6 +17,10 @@ statement over ``MAX_STATEMENT_BYTES``); errors while
 rows flow (also within the first block) end the stream with that error. Nothing here
 outlives the statement: a failed statement leaves the node serving.
 
+The node's HTTP query service runs statements through ``open_statement``: the same checks,
+admission and statement logic (``_run``), the rows handed back as an iterator instead of
+being streamed on a connection (decision 0116).
+
 Admission (decision 0104): at most ``sql_max_running`` statements run at once on a node as
 their initiator and ``sql_max_queued`` more wait for a slot, first come first served, for at
 most ``QUEUE_WAIT`` (or the statement's timeout when shorter); past either, QUERY_OVERLOADED.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,9 @@ def test_writes_report_mutations_and_are_read_back(env: Env) -> None:
     assert env.admin.keyspace(KS).get("w1") == {"name": "w", "age": 7}
     # a read-only request refuses a write (1000), and a GET is read-only
     a = form(env.url, env.auth, statement=f"DELETE FROM {KS} USE KEYS 'w1'", readonly="true")
+    assert (a.status, a.codes) == (400, [1000])
+    query = urllib.parse.urlencode({"statement": f"DELETE FROM {KS} USE KEYS 'w1'"})
+    a = call(f"{env.url}?{query}", headers=env.auth)
     assert (a.status, a.codes) == (400, [1000])
     assert env.admin.keyspace(KS).get("w1")["name"] == "w"
 

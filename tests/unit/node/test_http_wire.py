@@ -167,3 +167,15 @@ def _unchunk(body: bytes) -> bytes:
         if n == 0:
             return out
         out, body = out + rest[:n], rest[n + 2 :]
+
+
+async def test_a_client_that_expects_100_continue_is_told_to_send_its_body() -> None:
+    w: Any = FakeWriter()
+    raw = b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nok"
+    req = await read_request(reader_of(raw), Limits(), w)
+    assert req is not None and req.body == b"ok"
+    assert bytes(w.data) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    w = FakeWriter()
+    with pytest.raises(HttpError):  # over the cap: refused, never invited
+        await read_request(reader_of(raw, eof=False), Limits(body=1), w)
+    assert not w.data

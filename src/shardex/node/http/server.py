@@ -123,7 +123,7 @@ class HttpServer:
     ) -> None:
         while True:
             try:
-                req = await read_request(reader, self.limits)
+                req = await read_request(reader, self.limits, writer)
             except HttpError as e:
                 await _error(Response(writer, self.limits, keep_alive=False), e.status, e.message)
                 await _linger(reader, writer, self.limits)

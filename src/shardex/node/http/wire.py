@@ -73,9 +73,12 @@ class Request:
         return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-async def read_request(reader: asyncio.StreamReader, limits: Limits) -> Request | None:
+async def read_request(
+    reader: asyncio.StreamReader, limits: Limits, writer: asyncio.StreamWriter | None = None
+) -> Request | None:
     """The next request on the connection; None when the client closed it (or stayed idle
-    past ``limits.idle``) between requests."""
+    past ``limits.idle``) between requests. ``writer``: where "100 Continue" goes to a client
+    that waits for it before its body (curl does, for a body over 1 KiB, for a second)."""
     # asyncio.timeout, not wait_for, here and below: 3.11's wait_for can lose a cancel that
     # arrives as the read completes, and the node's stop cancels these reads.
     try:
@@ -87,14 +90,19 @@ async def read_request(reader: asyncio.StreamReader, limits: Limits) -> Request 
         raise HttpError(431, "request line too long", close=True) from None
     try:
         async with asyncio.timeout(limits.read):
-            return await _rest(reader, first, limits)
+            return await _rest(reader, first, limits, writer)
     except TimeoutError:
         raise HttpError(408, f"request not received within {limits.read:g} s", close=True) from None
     except asyncio.IncompleteReadError:
         raise HttpError(400, "connection closed mid-request", close=True) from None
 
 
-async def _rest(reader: asyncio.StreamReader, first: bytes, limits: Limits) -> Request:
+async def _rest(
+    reader: asyncio.StreamReader,
+    first: bytes,
+    limits: Limits,
+    writer: asyncio.StreamWriter | None,
+) -> Request:
     size = len(first)
     parts = first.decode("latin-1").strip().split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -130,6 +138,8 @@ async def _rest(reader: asyncio.StreamReader, first: bytes, limits: Limits) -> R
         raise HttpError(
             413, f"request body of {length} bytes is over the limit of {limits.body}", close=True
         )
+    if length and writer is not None and headers.get("expect", "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     body = await reader.readexactly(length) if length else b""
     url = urllib.parse.urlsplit(target)
     connection = headers.get("connection", "").lower()

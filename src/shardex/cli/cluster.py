@@ -149,15 +149,20 @@ def start(
     except ShardexError as e:
         fail(e)
 
-    with err.status("starting nodes...", spinner="dots") as spinner:
-        outcome = lc.start(
-            cluster_dir,
-            spec,
-            secret,
-            timeout=timeout,
-            progress=lambda msg: spinner.update(msg),
-        )
+    try:
+        with err.status("starting nodes...", spinner="dots") as spinner:
+            outcome = lc.start(
+                cluster_dir,
+                spec,
+                secret,
+                timeout=timeout,
+                progress=lambda msg: spinner.update(msg),
+            )
+    except ShardexError as e:  # no free HTTP port for a node
+        fail(e)
 
+    for name, (old, new) in sorted(outcome.http_moved.items()):
+        err.print(f"{name}: HTTP port {old} is taken by another process; it serves on {new}")
     table = Table(title=f"cluster {cluster_dir}")
     for col in ("node", "address", "pid", "state", "action"):
         table.add_column(col)

@@ -197,6 +197,8 @@ class StartOutcome:
     already_running: list[str]
     failed: dict[str, str]  # node -> reason (empty on success)
     results: list[ProbeResult]
+    # node -> (old, new) HTTP port: the old one was taken by another process
+    http_moved: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def start(
@@ -213,6 +215,12 @@ def start(
     procs = node_procs(cluster_dir, spec)
     children: dict[str, subprocess.Popen[bytes]] = {}
     already = [p.spec.name for p in procs if p.running]
+    # A node's HTTP port taken by another process: the node gets a free one instead.
+    spec, moved = cdir.reassign_http_ports(
+        cluster_dir, spec, [p.spec.name for p in procs if not p.running]
+    )
+    if moved:
+        procs = node_procs(cluster_dir, spec)
     for p in procs:
         if not p.running:
             children[p.spec.name] = spawn(cluster_dir, p.spec)
@@ -242,7 +250,7 @@ def start(
             failed.update({k: v for k, v in pending.items() if v is not None})
             break
         time.sleep(0.2)
-    return StartOutcome(sorted(children), already, failed, results)
+    return StartOutcome(sorted(children), already, failed, results, moved)
 
 
 @dataclasses.dataclass

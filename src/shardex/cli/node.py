@@ -34,7 +34,11 @@ def node(
     ] = None,
     port: Annotated[int | None, typer.Option(help="Cluster protocol port (default 7100).")] = None,
     http_port: Annotated[
-        int | None, typer.Option("--http-port", help="HTTP admin port (reserved; not served yet).")
+        str | None,
+        typer.Option(
+            "--http-port",
+            help="N1QL query service port (default: port + 1000; 0: a free one; off: none).",
+        ),
     ] = None,
     services: Annotated[
         str | None,

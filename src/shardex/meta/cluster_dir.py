@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import secrets
 import socket
 from pathlib import Path
@@ -33,6 +34,7 @@ from shardex.meta.node_defaults import (
     BIND_HOST,
     DEFAULT_FAILURE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL,
+    HTTP_PORT_OFFSET,
 )
 from shardex.meta.users import ADMIN_ROLES, ADMIN_USER, new_record, write_admin_file
 from shardex.net.certs import CA_CERT, LOOPBACK, make_ca, make_node_cert
@@ -48,10 +50,8 @@ STDOUT_FILE = "stdout.log"
 CERTS_DIR = "certs"
 FORMAT = 1
 DEFAULT_BASE_PORT = 7100
-# HTTP (admin API) ports are reserved at a fixed offset from each node's cluster port, so a
-# node's ports derive from its own port and adding nodes later never renumbers anyone.
-HTTP_PORT_OFFSET = 1000
 MAX_NODES = 64
+_HTTP_PORT_LINE = re.compile(r"^http_port\s*=.*$", re.MULTILINE)
 
 
 class NodeSpec(msgspec.Struct, kw_only=True):
@@ -294,6 +294,49 @@ def port_free(port: int, host: str = BIND_HOST) -> bool:
         except OSError:
             return False
     return True
+
+
+def reassign_http_ports(
+    cluster_dir: Path, spec: ClusterSpec, names: list[str]
+) -> tuple[ClusterSpec, dict[str, tuple[int, int]]]:
+    """Each of the nodes ``names`` (about to start) with a free HTTP port: one whose port is
+    taken by another process gets the next free port above every port of the cluster, in
+    its node.toml and in cluster.json (what ``cluster status`` and clients read). Returns
+    the spec and the moves, node -> (old port, new port)."""
+    moved: dict[str, tuple[int, int]] = {}
+    used = {p for n in spec.nodes for p in (n.port, n.http_port)}
+    nodes = list(spec.nodes)
+    for i, node in enumerate(nodes):
+        if node.name not in names or port_free(node.http_port):
+            continue
+        candidate = max(used) + 1
+        while candidate <= 65535 and not port_free(candidate):
+            candidate += 1
+        if candidate > 65535:
+            raise ConfigError(
+                f"{node.name}'s HTTP port {node.http_port} is taken and no port above is free",
+                details={
+                    "key": "http_port",
+                    "value": node.http_port,
+                    "hint": "free the port (another process listens on it) and retry",
+                },
+            )
+        moved[node.name] = (node.http_port, candidate)
+        used.add(candidate)
+        nodes[i] = msgspec.structs.replace(node, http_port=candidate)
+    if not moved:
+        return spec, moved
+    new = msgspec.structs.replace(spec, nodes=nodes)
+    for node in nodes:
+        if node.name in moved:
+            # Only its http_port line changes: an operator's edits (a group label) stay.
+            path = node.path(cluster_dir) / NODE_CONFIG_FILE
+            text = path.read_text(encoding="utf-8")
+            line = f"http_port = {node.http_port}"
+            text, n = _HTTP_PORT_LINE.subn(line, text)
+            atomic_write_bytes(path, (text if n else text + line + "\n").encode())
+    atomic_write_json(cluster_file(cluster_dir), to_dict(new))
+    return new, moved
 
 
 def add_node(

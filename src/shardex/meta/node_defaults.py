@@ -13,3 +13,8 @@ DEFAULT_HEARTBEAT_INTERVAL = 0.5
 
 
 DEFAULT_FAILURE_TIMEOUT = 3.0
+
+
+# A node's HTTP port (the query service) is its cluster port plus this, unless configured:
+# its ports derive from its own port, and adding nodes later never renumbers anyone.
+HTTP_PORT_OFFSET = 1000

@@ -27,6 +27,7 @@ from shardex.meta.node_defaults import (
     BIND_HOST,
     DEFAULT_FAILURE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL,
+    HTTP_PORT_OFFSET,
 )
 from shardex.net.tls import TlsConfig
 from shardex.net.transport import split_address
@@ -104,7 +105,9 @@ class NodeConfig:
     data_dir: Path
     secret: str = dataclasses.field(repr=False)  # never printed in logs or tracebacks
     port: int = DEFAULT_PORT
-    http_port: int | None = None  # reserved for the HTTP admin API (not served yet)
+    # The HTTP query service's port (``node/http``): by default ``port`` + HTTP_PORT_OFFSET
+    # (0 with port 0: a free one); "off" (None) serves no HTTP.
+    http_port: int | None = DEFAULT_PORT + HTTP_PORT_OFFSET
     services: tuple[str, ...] = ALL_SERVICES
     seeds: tuple[str, ...] = ()  # empty: this node founds the cluster
     log_level: str = "INFO"
@@ -303,11 +306,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     port_hint = "a TCP port 1-65535 (0 picks a free one)"
     port = _as_int("port", values.get("port", DEFAULT_PORT), 0, 65535, port_hint)
 
-    http_port: int | None = None
-    if "http_port" in values:
-        http_port = _as_int("http_port", values["http_port"], 0, 65535, port_hint)
-        if http_port != 0 and http_port == port:
-            raise _err("http_port", http_port, "same as port", "use a different port for HTTP")
+    http_port = _http_port(values, port)
 
     host, advertise = _hosts(values)
 
@@ -458,6 +457,25 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         host=host,
         advertise=advertise,
     )
+
+
+def _http_port(values: dict[str, Any], port: int) -> int | None:
+    """The query service's port: given, "off", or ``port`` + ``HTTP_PORT_OFFSET`` (0, a free
+    one, when ``port`` is 0 or the sum is past 65535)."""
+    hint = (
+        f"a TCP port 1-65535 (0 picks a free one; default port + {HTTP_PORT_OFFSET}), or "
+        '"off" to serve no HTTP'
+    )
+    if "http_port" not in values:
+        derived = port + HTTP_PORT_OFFSET
+        return derived if port and derived <= 65535 else 0
+    value = values["http_port"]
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return None
+    http_port = _as_int("http_port", value, 0, 65535, hint)
+    if http_port != 0 and http_port == port:
+        raise _err("http_port", http_port, "same as port", "use a different port for HTTP")
+    return http_port
 
 
 def _as_bytes(key: str, value: Any, lo: int, hint: str) -> int:

@@ -119,6 +119,7 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
         sql_spill=config.sql_spill,
         max_connections=config.max_connections,
         bootstrap_admin=read_admin_file(config.admin_file) if config.admin_file else None,
+        tls=config.tls,
     )
     try:
         await node.start()
@@ -129,7 +130,14 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
     # The pid file says "serving": written only once the listener is bound and the services
     # are up, so a waiter that sees it can connect at once (the flock says "running").
     write_pid(config.data_dir)
-    log.info("node %s ready on %s", config.name, node.address)
+    log.info(
+        "node %s ready on %s, query service on %s://%s:%s",
+        config.name,
+        node.address,
+        "https" if config.tls else "http",
+        config.host,
+        node.http_port,
+    )
     await stop.wait()
     try:
         await asyncio.wait_for(node.stop(), STOP_TIMEOUT)

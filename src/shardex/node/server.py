@@ -32,6 +32,7 @@ from shardex.meta.state import MemoryStateStore, StateStore
 from shardex.meta.users import UserRecord
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.credentials import UserDirectory
+from shardex.net.tls import TlsConfig
 from shardex.net.transport import Transport, split_address
 from shardex.node.audit import AUDIT_FILE, AuditLog
 from shardex.node.users import RemoteUsers, StateUsers
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from shardex.index.engine_host import SliceEngine
     from shardex.index.scan_server import IndexScanServer
     from shardex.index.service import IndexService
+    from shardex.node.http.server import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,7 @@ class Node:
         sql_query_memory: int = DEFAULT_QUERY_MEMORY,
         sql_node_memory: int | None = None,
         sql_spill: bool = True,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.transport = transport
         self.group = group
@@ -94,7 +97,11 @@ class Node:
         # bound host. Its port is always the bound one (port 0 is only known once bound).
         self._advertise_host = advertise
         self.services = tuple(services)
+        # The HTTP services' port (None: none served; 0: a free one, known once bound) and
+        # their TLS (the node's certificate: HTTPS when the node runs TLS).
         self.http_port = http_port
+        self._tls = tls
+        self.http: HttpServer | None = None
         self._secret = secret
         self._store = store
         self._seeds = tuple(seeds)
@@ -112,6 +119,7 @@ class Node:
                 ConnectionPool(transport, secret, name=f"{name}/users"),
                 lambda: self.membership.members if self.membership else [],
             )
+        self._users = users
         self.audit = AuditLog(Path(data_dir) / AUDIT_FILE if data_dir is not None else None)
         self.server = RpcServer(
             transport,
@@ -308,6 +316,8 @@ class Node:
         await self.sql.start()
         if self._remote_users is not None and self.data is not None:
             self._remote_users.start()  # a real node: users known before the first login
+        if self.http_port is not None:
+            await self._start_http(self.http_port)
         log.info(
             "node %s (%s) listening on %s, services %s, %s",
             self.name,
@@ -317,7 +327,25 @@ class Node:
             f"joining through {', '.join(self._seeds)}" if self._seeds else "founding/resuming",
         )
 
+    async def _start_http(self, port: int) -> None:
+        """The N1QL query service on the node's own host (the RPC listener's)."""
+        from shardex.node.http.server import HttpServer
+
+        self.http = HttpServer(
+            sql=self.sql.sql,
+            users=self._users,
+            authorize=self.audit.authorize,
+            node_name=self.name,
+            tls=self._tls,
+            on_login=self.audit.on_login,
+            max_connections=self.server.max_connections or 1000,
+        )
+        await self.http.start(split_address(self.bind_address)[0], port)
+        self.http_port = self.http.port
+
     async def stop(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
         if self.timekeeper is not None:
             await self.timekeeper.stop()
         if self.coordinator is not None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from shardex.errors import ConfigError, ErrorCode
-from shardex.meta.node_defaults import ALL_SERVICES
+from shardex.meta.node_defaults import ALL_SERVICES, HTTP_PORT_OFFSET
 from shardex.node.config import DEFAULT_MAX_CONNECTIONS, load_config
 from shardex.runtime.admission import DEFAULT_QUEUED
 from shardex.sql.exec.memory import DEFAULT_QUERY_MEMORY
@@ -35,11 +35,21 @@ def bad(tmp_path: Path, **kw: Any) -> ConfigError:
 def test_defaults(tmp_path: Path) -> None:
     cfg = load_config(None, base(tmp_path))
     assert cfg.name == "n1" and cfg.data_dir == (tmp_path / "d").absolute()
-    assert cfg.port == 7100 and cfg.address == "127.0.0.1:7100" and cfg.http_port is None
+    assert cfg.port == 7100 and cfg.address == "127.0.0.1:7100"
+    assert cfg.http_port == 7100 + HTTP_PORT_OFFSET  # the query service's, derived
     assert cfg.services == ALL_SERVICES and cfg.runs_manager
     assert cfg.seeds == () and cfg.log_level == "INFO"
     assert cfg.heartbeat_interval == 0.5 and cfg.failure_timeout == 3.0
     assert SECRET not in repr(cfg)  # never in logs or tracebacks
+
+
+def test_the_http_port_derives_from_the_port_unless_given(tmp_path: Path) -> None:
+    assert load_config(None, base(tmp_path, port=7300)).http_port == 7300 + HTTP_PORT_OFFSET
+    assert load_config(None, base(tmp_path, port=0)).http_port == 0  # a free one, as port's
+    assert load_config(None, base(tmp_path, port=65000)).http_port == 0  # past 65535
+    assert load_config(None, base(tmp_path, http_port="9000")).http_port == 9000
+    assert load_config(None, base(tmp_path, http_port="off")).http_port is None
+    assert "'http_port'" in str(bad(tmp_path, http_port="none"))
 
 
 def test_file_then_flags_override(tmp_path: Path) -> None:
@@ -118,6 +128,7 @@ def test_secret_problems(tmp_path: Path) -> None:
         ("port", "abc", "not an integer"),
         ("port", True, "not an integer"),
         ("http_port", 7100, "same as port"),
+        ("http_port", 70000, "out of range"),
         ("services", "data,cache", "unknown service"),
         ("services", [], "no service"),
         ("services", 3, "not a string or a list"),

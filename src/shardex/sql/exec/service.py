@@ -17,6 +17,10 @@ statement over ``MAX_STATEMENT_BYTES``); errors while
 rows flow (also within the first block) end the stream with that error. Nothing here
 outlives the statement: a failed statement leaves the node serving.
 
+The node's HTTP query service runs statements through ``open_statement``: the same checks,
+admission and statement logic (``_run``), the rows handed back as an iterator instead of
+being streamed on a connection (decision 0116).
+
 Admission (decision 0104): at most ``sql_max_running`` statements run at once on a node as
 their initiator and ``sql_max_queued`` more wait for a slot, first come first served, for at
 most ``QUEUE_WAIT`` (or the statement's timeout when shorter); past either, QUERY_OVERLOADED.
@@ -251,12 +255,35 @@ class SqlService:
         return started
 
     async def _queued(self, msg: SqlQuery, conn: Connection) -> SqlStarted:
+        msg, slot = await self._wait_for_slot(msg)
+        return await self._admitted(msg, conn, slot)
+
+    async def _wait_for_slot(self, msg: SqlQuery) -> tuple[SqlQuery, Slot]:
+        """A slot once one is free, and ``msg`` with what is left of its timeout."""
         loop = asyncio.get_running_loop()
         queued_at = loop.time()
         slot = await self.admission.enter(min(msg.timeout, QUEUE_WAIT))
         # The timeout counts from arrival, so the client's wait for the reply holds.
         left = max(msg.timeout - (loop.time() - queued_at), MIN_LEFT)
-        return await self._admitted(msgspec.structs.replace(msg, timeout=left), conn, slot)
+        return msgspec.structs.replace(msg, timeout=left), slot
+
+    async def open_statement(
+        self, msg: SqlQuery, principal: Principal | None
+    ) -> tuple[SqlStarted, AsyncIterator[list[bytes]], Slot]:
+        """A statement run in-process for ``principal`` (the node's HTTP query service):
+        the checks, admission and statement logic of ``on_query``, its rows handed back as
+        an iterator instead of a stream on a connection. The caller closes the rows and
+        releases the slot once they end, however they end."""
+        self._check(msg)
+        slot = self.admission.try_enter()
+        if slot is None:
+            msg, slot = await self._wait_for_slot(msg)
+        try:
+            started, chunks = await self._run(msg, principal)
+        except BaseException:
+            slot.release()
+            raise
+        return started, chunks, slot
 
     async def _admitted(self, msg: SqlQuery, conn: Connection, slot: Slot) -> SqlStarted:
         try:
@@ -298,13 +325,21 @@ class SqlService:
         return msgspec.structs.replace(self._started(msg, plan, None), rows=cells, done=True)
 
     async def _statement(self, msg: SqlQuery, conn: Connection, slot: Slot) -> SqlStarted:
+        started, chunks = await self._run(msg, conn.principal)
+        return await respond(self.streams, conn, msg, started, chunks, slot)
+
+    async def _run(
+        self, msg: SqlQuery, principal: Principal | None
+    ) -> tuple[SqlStarted, AsyncIterator[list[bytes]]]:
+        """The statement started: its first reply (without rows) and its rows."""
         tuning = check_tuning(msg.tuning)
         sql, cached = msg.statement, tuning["plan_cache"]
         stmt = await prepared_off_loop(sql, lambda: parsed(sql, cached=cached))  # SQL_SYNTAX
-        check_statement(conn.principal, stmt)
+        check_statement(principal, stmt)
         params = msg.params
         if isinstance(stmt, SelectStmt):
-            return await self._select(msg, stmt, params, conn, slot)
+            plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
+            return self._started(msg, plan, ts), chunks
         if isinstance(stmt, ExplainStmt):
             state = await self.scan.view.state()
             members = self._members()
@@ -324,7 +359,7 @@ class SqlService:
             started = SqlStarted(
                 stream_id=msg.stream_id, statement="explain", index=_index_of(plan)
             )
-            return await self._respond_values(conn, msg, started, [plan.explain()], slot)
+            return started, _values([plan.explain()])
         if isinstance(stmt, InsertStmt):
             with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
                 count, rows = await insert_statement(
@@ -338,7 +373,7 @@ class SqlService:
                 )
             kind = "upsert" if stmt.upsert else "insert"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
-            return await self._respond_values(conn, msg, started, rows, slot)
+            return started, _values(rows)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
             select = functools.partial(self.start_select, msg, msg.statement)
             with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
@@ -353,7 +388,7 @@ class SqlService:
                 )
             kind = "delete" if isinstance(stmt, DeleteStmt) else "update"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
-            return await self._respond_values(conn, msg, started, rows, slot)
+            return started, _values(rows)
         raise bad_request(
             f"{type(stmt).__name__} is index DDL: run it with client.execute_ddl",
             hint="client.query sends DDL there itself",
@@ -523,12 +558,6 @@ class SqlService:
         """One leaf, on this node: the plan runs in-process (``local_leaf``)."""
         return len(plan.leaves) == 1 and plan.leaves[0].member == self.query.member_id
 
-    async def _select(
-        self, msg: SqlQuery, stmt: SelectStmt, params: Any, conn: Connection, slot: Slot
-    ) -> SqlStarted:
-        plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
-        return await self._respond(conn, msg, self._started(msg, plan, ts), chunks, slot)
-
     def _started(self, msg: SqlQuery, plan: PhysicalPlan, ts: Timestamp | None) -> SqlStarted:
         """The reply that starts a SELECT's result (without its rows)."""
         return SqlStarted(
@@ -570,21 +599,10 @@ class SqlService:
         except ShardexError:
             return {}
 
-    async def _respond_values(
-        self, conn: Connection, msg: SqlQuery, started: SqlStarted, values: list[Any], slot: Slot
-    ) -> SqlStarted:
-        rows = once([encode_row(v) for v in values])
-        return await self._respond(conn, msg, started, rows, slot)
 
-    async def _respond(
-        self,
-        conn: Connection,
-        msg: SqlQuery,
-        started: SqlStarted,
-        chunks: AsyncIterator[list[bytes]],
-        slot: Slot,
-    ) -> SqlStarted:
-        return await respond(self.streams, conn, msg, started, chunks, slot)
+def _values(values: list[Any]) -> AsyncIterator[list[bytes]]:
+    """Rows made here (EXPLAIN's plan, DML's RETURNING), encoded as one chunk."""
+    return once([encode_row(v) for v in values])
 
 
 def _index_of(plan: PhysicalPlan) -> str | None:

@@ -1,0 +1,216 @@
+"""The N1QL query service over HTTP: ``POST /query/service`` (GET too: read-only), and the
+requests running now, ``GET /admin/active_requests``, ``DELETE .../<requestID>`` to stop one.
+
+A statement runs in-process through the node's own ``SqlService.open_statement`` (the RPC
+path's checks, admission, privileges and statement logic; nothing is duplicated here): the
+user's principal from basic auth is authorized for the statement message as an RPC user's
+would be (``authorize``: the node's audit log and privilege table), then the statement's
+privileges are checked by the service itself. Its rows are written as they come, a block at
+a time (``envelope.py``), so a result is never held whole. The request's ``timeout`` bounds
+all of it (1080); a DELETE of its request ID cancels it wherever it is (queued, planning or
+streaming: closing its rows cancels the query on every node), and a client that stops
+reading fails the write within ``Limits.write`` and stops the statement the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from shardex.api.privileges import Privilege, holds
+from shardex.api.sql_exec import SqlQuery
+from shardex.errors import ShardexError
+from shardex.net.credentials import Principal
+from shardex.net.messages import Message
+from shardex.node.http.envelope import Envelope, go_duration
+from shardex.node.http.n1ql_errors import (
+    E_CANCELLED,
+    E_INTERNAL,
+    E_READONLY,
+    E_TIMEOUT,
+    N1qlError,
+    of_shardex,
+)
+from shardex.node.http.n1ql_request import QueryRequest, query_request
+from shardex.node.http.wire import Request, Response
+from shardex.sql.exec.service import MAX_TIMEOUT, SqlService
+from shardex.sql.exec.statements import parsed
+from shardex.sql.syntax import ExplainStmt, SelectStmt
+
+__all__ = ["ActiveRequest", "QueryHttpService"]
+
+log = logging.getLogger(__name__)
+
+Authorizer = Callable[[Principal, Message], None]
+
+
+@dataclasses.dataclass
+class ActiveRequest:
+    request_id: str
+    statement: str
+    user: str
+    client_context_id: str | None
+    request_time: float  # wall clock, for operators
+    started: float  # time.perf_counter()
+    task: asyncio.Task[Any]
+    envelope: Envelope | None = None
+    cancelled: bool = False
+    # running; then while the envelope's end is written: success, or the end's status
+    # (timeout, stopped, fatal, errors)
+    state: str = "running"
+
+    def describe(self, now: float) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "requestID": self.request_id,
+            "requestTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.request_time)),
+            "elapsedTime": go_duration(now - self.started),
+            "state": "stopping" if self.cancelled and self.state == "running" else self.state,
+            "statement": self.statement,
+            "users": self.user,
+            "resultCount": self.envelope.result_count if self.envelope else 0,
+        }
+        if self.client_context_id is not None:
+            out["clientContextID"] = self.client_context_id
+        return out
+
+
+class QueryHttpService:
+    def __init__(self, sql: SqlService, authorize: Authorizer, node_name: str) -> None:
+        self._sql = sql
+        self._authorize = authorize
+        self._node = node_name
+        self.active: dict[str, ActiveRequest] = {}
+
+    # --- POST /query/service ------------------------------------------------------------
+
+    async def query(self, req: Request, resp: Response, principal: Principal) -> None:
+        t0 = time.perf_counter()  # metrics: the loop's clock counts whole milliseconds
+        request_id = str(uuid.uuid4())
+        try:
+            q = query_request(req)
+        except N1qlError as e:
+            await Envelope(resp, request_id, None).finish([e], time.perf_counter() - t0, None)
+            return
+        if req.method == "GET":
+            q.readonly = True  # as Couchbase: a GET never writes
+        task = asyncio.current_task()
+        assert task is not None
+        active = ActiveRequest(
+            request_id, q.statement, principal.name, q.client_context_id, time.time(), t0, task
+        )
+        self.active[request_id] = active
+        try:
+            await self._run(q, active, resp, principal)
+        finally:
+            del self.active[request_id]
+
+    async def _run(
+        self, q: QueryRequest, active: ActiveRequest, resp: Response, principal: Principal
+    ) -> None:
+        env = active.envelope = Envelope(
+            resp,
+            active.request_id,
+            q.client_context_id,
+            metrics=q.metrics,
+            signature=q.signature,
+        )
+        timeout = min(q.timeout or MAX_TIMEOUT, MAX_TIMEOUT)
+        msg = SqlQuery(
+            stream_id=0,
+            statement=q.statement,
+            params=q.params,
+            consistency=q.consistency,
+            at=q.scan_vector,
+            timeout=timeout,
+        )
+        errors: list[N1qlError] = []
+        t_exec: float | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                self._authorize(principal, msg)
+                if q.readonly:
+                    _check_readonly(q.statement)
+                t_exec = time.perf_counter()
+                started, chunks, slot = await self._sql.open_statement(msg, principal)
+                try:
+                    async with contextlib.aclosing(chunks):
+                        env.statement(started.statement, started.mutation_count)
+                        async for cells in chunks:
+                            await env.rows(cells)
+                            if active.cancelled:  # a cancel some await below swallowed
+                                raise _Stopped
+                finally:
+                    slot.release()
+        except (asyncio.CancelledError, _Stopped) as e:
+            if not active.cancelled:
+                raise  # the node stops, or the connection went away
+            if isinstance(e, asyncio.CancelledError):
+                active.task.uncancel()
+            why = "Request cancelled: stopped by a DELETE of its request ID"
+            errors.append(N1qlError(E_CANCELLED, why, 200, "stopped"))
+        except TimeoutError:
+            shown = q.timeout_text or f"{timeout:g}s"
+            errors.append(N1qlError(E_TIMEOUT, f"Timeout {shown} exceeded", 504, "timeout"))
+        except N1qlError as e:
+            errors.append(e)
+        except ShardexError as e:
+            errors.append(of_shardex(e))
+        except ConnectionError:
+            raise  # the client is gone: nobody to answer
+        except Exception as e:
+            log.exception("query service request %s failed", active.request_id)
+            errors.append(N1qlError(E_INTERNAL, f"internal error: {type(e).__name__}", 500))
+        active.state = errors[0].status if errors else "success"
+        now = time.perf_counter()
+        await env.finish(errors, now - active.started, None if t_exec is None else now - t_exec)
+
+    # --- /admin/active_requests -----------------------------------------------------------
+
+    def _visible(self, principal: Principal) -> list[ActiveRequest]:
+        """A user sees its own requests; one with cluster.manage sees everyone's."""
+        if holds(principal.roles, Privilege.CLUSTER_MANAGE, None):
+            return list(self.active.values())
+        return [a for a in self.active.values() if a.user == principal.name]
+
+    async def list_active(self, resp: Response, principal: Principal) -> None:
+        now = time.perf_counter()
+        body = [a.describe(now) for a in self._visible(principal)]
+        await resp.send(200, json.dumps(body, ensure_ascii=False).encode())
+
+    async def cancel(self, request_id: str, resp: Response, principal: Principal) -> None:
+        found = next((a for a in self._visible(principal) if a.request_id == request_id), None)
+        if found is None:
+            err = N1qlError(
+                E_CANCELLED,
+                f"no running request {request_id[:80]!r} of yours on this node",
+                404,
+                reason={"hint": "GET /admin/active_requests lists them"},
+            )
+            await resp.send(404, json.dumps({"errors": [err.entry()]}).encode())
+            return
+        if not found.cancelled:
+            found.cancelled = True
+            found.task.cancel()
+        await resp.send(200, json.dumps({"requestID": request_id, "state": "stopping"}).encode())
+
+
+class _Stopped(Exception):
+    """The request was cancelled (``ActiveRequest.cancelled``)."""
+
+
+def _check_readonly(statement: str) -> None:
+    """1000 for a statement that writes in a read-only request."""
+    stmt = parsed(statement)
+    if not isinstance(stmt, SelectStmt | ExplainStmt):
+        raise N1qlError(
+            E_READONLY,
+            "The server or request is read-only and cannot accept this write statement.",
+            400,
+        )

@@ -1,0 +1,205 @@
+"""The node's HTTP listener (``http_port``): HTTP/1.1 on the node's event loop, HTTPS with
+the node's certificate when the node runs TLS, basic auth on every request, and the routes
+of its services (today the N1QL query service, ``query_service.py``).
+
+It binds the node's own host only (the RPC listener's), serves at most ``max_connections``
+connections at once (one more is answered 503 and closed) and stops every request in flight
+when the node stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from typing import Final
+
+from shardex.errors import ConfigError
+from shardex.net.credentials import Principal, UserDirectory
+from shardex.net.tls import TlsConfig
+from shardex.node.http.basic_auth import REALM, BasicAuth, LoginObserver
+from shardex.node.http.n1ql_errors import N1qlError, of_http_status
+from shardex.node.http.query_service import Authorizer, QueryHttpService
+from shardex.node.http.wire import HttpError, Limits, Request, Response, read_request
+from shardex.sql.exec.service import SqlService
+
+__all__ = ["HttpServer"]
+
+log = logging.getLogger(__name__)
+
+QUERY_PATH: Final = "/query/service"
+ACTIVE_PATH: Final = "/admin/active_requests"
+# The socket's send buffer above which a write waits for the client (backpressure): a
+# block of rows is written, then the next read only once the client took most of it.
+HIGH_WATER: Final = 256 * 1024
+LINGER: Final = 2.0  # seconds a closing connection waits for the client
+
+
+class HttpServer:
+    def __init__(
+        self,
+        *,
+        sql: SqlService,
+        users: UserDirectory | None,
+        authorize: Authorizer,
+        node_name: str,
+        tls: TlsConfig | None = None,
+        on_login: LoginObserver | None = None,
+        max_connections: int = 1000,
+        limits: Limits | None = None,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.query = QueryHttpService(sql, authorize, node_name)
+        self._auth = BasicAuth(users, on_login)
+        self._tls = tls
+        self._max_connections = max_connections
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        ssl = self._tls.server_context() if self._tls is not None else None
+        try:
+            self._server = await asyncio.start_server(
+                self._serve, host, port, ssl=ssl, limit=self.limits.header, reuse_address=True
+            )
+        except OSError as e:
+            raise ConfigError(
+                f"cannot listen for HTTP on {host}:{port}: {e.strerror or e}",
+                details={
+                    "key": "http_port",
+                    "value": port,
+                    "hint": "free the port or set another http_port (0 picks a free one)",
+                },
+            ) from None
+        sock = self._server.sockets[0]
+        self.port = int(sock.getsockname()[1])
+        log.info("HTTP%s query service on %s:%d", "S" if ssl else "", host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        tasks = list(self._connections)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            transport = writer.transport
+            transport.set_write_buffer_limits(high=HIGH_WATER)
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer = writer.get_extra_info("peername")
+            peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+            if len(self._connections) > self._max_connections:
+                resp = Response(writer, self.limits, keep_alive=False)
+                await _error(resp, 503, "too many HTTP connections to this node; retry later")
+                return
+            await self._requests(reader, writer, peer_text)
+        except (ConnectionError, asyncio.IncompleteReadError, OSError):
+            pass  # the client went away
+        except asyncio.CancelledError:
+            pass  # the node stops
+        except Exception:
+            log.exception("HTTP connection failed")
+        finally:
+            self._connections.discard(task)
+            await _close(writer)
+
+    async def _requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
+        while True:
+            try:
+                req = await read_request(reader, self.limits, writer)
+            except HttpError as e:
+                await _error(Response(writer, self.limits, keep_alive=False), e.status, e.message)
+                await _linger(reader, writer, self.limits)
+                return
+            if req is None:
+                return
+            resp = Response(writer, self.limits, keep_alive=req.keep_alive)
+            await self._route(req, resp, peer)
+            if not resp.keep_alive:
+                with contextlib.suppress(Exception):
+                    await writer.drain()
+                return
+
+    async def _route(self, req: Request, resp: Response, peer: str) -> None:
+        path = req.path.rstrip("/") or "/"
+        if path == QUERY_PATH:
+            allowed = ("GET", "POST")
+        elif path == ACTIVE_PATH:
+            allowed = ("GET",)
+        elif path.startswith(ACTIVE_PATH + "/"):
+            allowed = ("DELETE",)
+        else:
+            await _error(resp, 404, f"no such endpoint {path[:80]!r}")
+            return
+        if req.method not in allowed:
+            await _error(
+                resp, 405, f"{req.method} is not served on {path}", {"Allow": ", ".join(allowed)}
+            )
+            return
+        try:
+            principal: Principal = await self._auth.principal(
+                req.headers.get("authorization"), peer
+            )
+        except N1qlError as e:
+            await resp.send(
+                e.http,
+                json.dumps({"errors": [e.entry()], "status": "fatal"}).encode(),
+                headers={"WWW-Authenticate": REALM},
+            )
+            return
+        if path == QUERY_PATH:
+            await self.query.query(req, resp, principal)
+        elif path == ACTIVE_PATH:
+            await self.query.list_active(resp, principal)
+        else:
+            await self.query.cancel(path[len(ACTIVE_PATH) + 1 :], resp, principal)
+
+
+async def _error(
+    resp: Response, status: int, message: str, headers: dict[str, str] | None = None
+) -> None:
+    body = {"errors": [{"code": of_http_status(status), "msg": message}], "status": "fatal"}
+    await resp.send(status, json.dumps(body).encode(), headers=headers)
+
+
+async def _linger(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: Limits
+) -> None:
+    """After refusing a request whose body was not read (413, 431, ...): stop sending, then
+    read and drop what the client still sends for a moment, so closing does not reset the
+    connection before the client has read the refusal."""
+    with contextlib.suppress(Exception):
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(LINGER):
+            left = 2 * limits.body
+            while left > 0 and (data := await reader.read(64 * 1024)):
+                left -= len(data)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close after what was written is sent; abort a client that does not take it."""
+    try:
+        writer.close()
+        async with asyncio.timeout(LINGER):
+            await writer.wait_closed()
+    except BaseException:
+        writer.transport.abort()

@@ -1,0 +1,224 @@
+"""HTTP/1.1 on asyncio streams: one request read under size caps and deadlines, one response
+written whole or in chunks (``Transfer-Encoding: chunked``) with backpressure.
+
+Only what the node's HTTP services need: requests with a ``Content-Length`` body (a chunked
+request body is refused with 411), persistent connections, responses of a known length or
+chunked. Every limit answers with its own status before the connection is closed: 413 for a
+body over ``Limits.body``, 431 for headers over ``Limits.header``, 408 for a client too slow
+to send its request. A write waits for the socket's buffer to drain below the transport's
+high-water mark for at most ``Limits.write`` seconds (a slow or dead client never holds a
+statement's rows or the event loop: the request fails and its statement is stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import urllib.parse
+from typing import Final
+
+__all__ = ["HttpError", "Limits", "Request", "Response", "read_request"]
+
+REASONS: Final = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    409: "Conflict",
+    411: "Length Required",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+    505: "HTTP Version Not Supported",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    header: int = 16 * 1024  # request line and headers together, bytes
+    body: int = 4 * 1024 * 1024  # a statement is at most 1 MiB; its arguments get the rest
+    read: float = 30.0  # seconds to receive a whole request once its first byte arrived
+    idle: float = 60.0  # seconds a persistent connection may wait for its next request
+    write: float = 30.0  # seconds one write may wait for the client to read
+
+
+class HttpError(Exception):
+    """A request that cannot be served: answered with ``status`` and ``message``, then the
+    connection is closed when ``close`` (what is left of the request was not read)."""
+
+    def __init__(self, status: int, message: str, *, close: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.close = close
+
+
+@dataclasses.dataclass
+class Request:
+    method: str
+    path: str
+    query: list[tuple[str, str]]  # the target's query string, in order, duplicates kept
+    headers: dict[str, str]  # lower-case names; a repeated header's values joined by ", "
+    body: bytes
+    keep_alive: bool
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+async def read_request(
+    reader: asyncio.StreamReader, limits: Limits, writer: asyncio.StreamWriter | None = None
+) -> Request | None:
+    """The next request on the connection; None when the client closed it (or stayed idle
+    past ``limits.idle``) between requests. ``writer``: where "100 Continue" goes to a client
+    that waits for it before its body (curl does, for a body over 1 KiB, for a second)."""
+    # asyncio.timeout, not wait_for, here and below: 3.11's wait_for can lose a cancel that
+    # arrives as the read completes, and the node's stop cancels these reads.
+    try:
+        async with asyncio.timeout(limits.idle):
+            first = await reader.readuntil(b"\n")
+    except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+        return None
+    except asyncio.LimitOverrunError:
+        raise HttpError(431, "request line too long", close=True) from None
+    try:
+        async with asyncio.timeout(limits.read):
+            return await _rest(reader, first, limits, writer)
+    except TimeoutError:
+        raise HttpError(408, f"request not received within {limits.read:g} s", close=True) from None
+    except asyncio.IncompleteReadError:
+        raise HttpError(400, "connection closed mid-request", close=True) from None
+
+
+async def _rest(
+    reader: asyncio.StreamReader,
+    first: bytes,
+    limits: Limits,
+    writer: asyncio.StreamWriter | None,
+) -> Request:
+    size = len(first)
+    parts = first.decode("latin-1").strip().split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        if len(parts) == 3 and parts[2].startswith("HTTP/"):
+            raise HttpError(505, f"{parts[2]} is not served: use HTTP/1.1", close=True)
+        raise HttpError(400, "malformed request line", close=True)
+    method, target, version = parts
+    headers: dict[str, str] = {}
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError:
+            raise HttpError(431, "header line too long", close=True) from None
+        size += len(line)
+        if size > limits.header:
+            raise HttpError(431, f"request headers over {limits.header} bytes", close=True)
+        text = line.decode("latin-1").rstrip("\r\n")
+        if not text:
+            break
+        name, sep, value = text.partition(":")
+        if not sep or not name or name != name.strip():
+            raise HttpError(400, f"malformed header line {text[:80]!r}", close=True)
+        key = name.lower()
+        value = value.strip()
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raise HttpError(411, "send the body with a Content-Length", close=True)
+    length_text = headers.get("content-length", "0")
+    if not length_text.isdigit():
+        raise HttpError(400, f"bad Content-Length {length_text[:40]!r}", close=True)
+    length = int(length_text)
+    if length > limits.body:
+        raise HttpError(
+            413, f"request body of {length} bytes is over the limit of {limits.body}", close=True
+        )
+    if length and writer is not None and headers.get("expect", "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    body = await reader.readexactly(length) if length else b""
+    url = urllib.parse.urlsplit(target)
+    connection = headers.get("connection", "").lower()
+    keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+    return Request(
+        method=method.upper(),
+        path=urllib.parse.unquote(url.path),
+        query=urllib.parse.parse_qsl(url.query, keep_blank_values=True),
+        headers=headers,
+        body=body,
+        keep_alive=keep,
+    )
+
+
+class Response:
+    """One response on ``writer``: ``send`` a whole body, or ``start`` then ``chunk`` ... and
+    ``end`` a chunked one. Each write waits for the client within ``limits.write``."""
+
+    def __init__(self, writer: asyncio.StreamWriter, limits: Limits, keep_alive: bool) -> None:
+        self._writer = writer
+        self._limits = limits
+        self.keep_alive = keep_alive
+        self.started = False  # the head is out: the status can no longer change
+        self.status = 0
+
+    def _head(
+        self, status: int, content_type: str, extra: dict[str, str], length: int | None
+    ) -> bytes:
+        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}"]
+        lines.append(f"Content-Type: {content_type}")
+        if length is None:
+            lines.append("Transfer-Encoding: chunked")
+        else:
+            lines.append(f"Content-Length: {length}")
+        lines.append("Connection: keep-alive" if self.keep_alive else "Connection: close")
+        lines.extend(f"{k}: {v}" for k, v in extra.items())
+        self.started, self.status = True, status
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    async def send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._writer.write(self._head(status, content_type, headers or {}, len(body)) + body)
+        await self._drain()
+
+    async def start(
+        self,
+        status: int,
+        first: bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """The head of a chunked response and its first chunk, in one write."""
+        head = self._head(status, content_type, headers or {}, None)
+        self._writer.write(head + _chunk(first))
+        await self._drain()
+
+    async def chunk(self, data: bytes) -> None:
+        if data:
+            self._writer.write(_chunk(data))
+            await self._drain()
+
+    async def end(self, data: bytes = b"") -> None:
+        self._writer.write(_chunk(data) + b"0\r\n\r\n")
+        await self._drain()
+
+    async def _drain(self) -> None:
+        # asyncio.timeout (see read_request): a DELETE of the request cancels this wait.
+        try:
+            async with asyncio.timeout(self._limits.write):
+                await self._writer.drain()
+        except TimeoutError:
+            raise ConnectionError(f"the client read nothing for {self._limits.write:g} s") from None
+
+
+def _chunk(data: bytes) -> bytes:
+    """``data`` framed as one chunk; nothing for no data (an empty chunk ends the body)."""
+    return b"%x\r\n%b\r\n" % (len(data), data) if data else b""

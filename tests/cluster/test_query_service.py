@@ -1,0 +1,302 @@
+"""The N1QL query service over HTTP on a real 3-node cluster, driven the way Couchbase's
+documentation drives it with curl: a form body (``-d statement=...``), a JSON body with
+positional ``args`` and ``$name`` parameters, basic auth with the cluster's users; its
+errors (bad JSON, unknown parameter, SQL syntax, privileges, size caps) with their HTTP
+statuses and N1QL codes; a long statement stopped mid-stream by its timeout and by a DELETE
+of its request ID while its client reads nothing, the node answering others meanwhile.
+Key lookups and FROM expressions need no index, so no Spark here (request_plus through an
+index: ``tests/spark/test_query_service_index.py``)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_helpers import LocalCluster, free_base_port, kill_leftovers, run_cli, wait_for
+from data_helpers import running_cluster
+from n1ql_http import Answer, basic, call, form, http_port, open_stream, post_json
+
+from shardex.client import Client, connect, connect_local
+from shardex.errors import ShardexError
+from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
+
+pytestmark = pytest.mark.cluster
+
+KS = "people"
+DOCS = {f"p{i:03}": {"name": f"n{i}", "age": i % 50} for i in range(120)}
+PW = "reader-password-1"
+# A result far larger than the socket buffers between the node and a client that reads
+# nothing: the node's writes wait, so the statement is still running when the test acts.
+LONG = {
+    "statement": "SELECT x, $2 AS pad FROM ($1) AS x",
+    "args": [list(range(30_000)), "p" * 2000],
+}
+
+
+class Env:
+    def __init__(self, cluster: LocalCluster, admin: Client) -> None:
+        self.cluster = cluster
+        self.admin = admin
+        path = Path(cluster.path)
+        self.port = http_port(path, 2)  # any node serves every statement
+        self.url = f"http://127.0.0.1:{self.port}/query/service"
+        self.active = f"http://127.0.0.1:{self.port}/admin/active_requests"
+        self.auth = basic("admin", (path / "admin-password").read_text().strip())
+        self.reader = basic("reader", PW)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with (
+        running_cluster(tmp_path_factory.mktemp("query-service")) as c,
+        connect_local(Path(c.path)) as admin,
+    ):
+        admin.create_keyspace(KS, 8)
+        admin.create_keyspace("other", 2)
+        admin.keyspace(KS).upsert_many(DOCS.items())
+        pw_file = Path(c.path) / "reader.pw"
+        pw_file.write_text(PW + "\n")
+        d = ("--dir", str(c.path))
+        run_cli(
+            "user",
+            "create",
+            "reader",
+            "query_select(other)",
+            *d,
+            "--password-file",
+            str(pw_file),
+        )
+        yield Env(c, admin)
+
+
+def _ok(a: Answer) -> list[Any]:
+    assert a.status == 200 and a.body["status"] == "success", a.body
+    m = a.body["metrics"]
+    assert m["resultCount"] == len(a.body["results"])
+    assert m["elapsedTime"] and m["executionTime"]
+    return a.body["results"]
+
+
+def test_curl_form_and_json_bodies_answer_couchbases_envelope(env: Env) -> None:
+    # curl -u admin:PW http://node:port/query/service -d 'statement=SELECT ...'
+    a = form(env.url, env.auth, statement=f"SELECT name, age FROM {KS} USE KEYS ['p001', 'p002']")
+    assert _ok(a) == [{"name": "n1", "age": 1}, {"name": "n2", "age": 2}]
+    assert a.body["signature"] == {"*": "*"} and len(a.body["requestID"]) == 36
+    rows_rpc = list(env.admin.query(f"SELECT name, age FROM {KS} USE KEYS ['p001', 'p002']"))
+    assert a.body["results"] == rows_rpc
+    assert a.body["metrics"]["resultSize"] == sum(
+        len(json.dumps(r, separators=(",", ":"))) for r in rows_rpc
+    )
+    # JSON body: positional args, then named parameters, and the client's context ID back
+    a = post_json(
+        env.url,
+        env.auth,
+        {
+            "statement": f"SELECT RAW name FROM {KS} USE KEYS $1",
+            "args": [["p003", "p004"]],
+            "client_context_id": "ctx-1",
+            "scan_consistency": "request_plus",
+            "timeout": "10s",
+        },
+    )
+    assert _ok(a) == ["n3", "n4"] and a.body["clientContextID"] == "ctx-1"
+    a = post_json(
+        env.url,
+        env.auth,
+        {
+            "statement": f"SELECT RAW age FROM {KS} USE KEYS $k WHERE age > $min",
+            "$k": ["p010", "p049", "p051"],
+            "$min": 9,
+        },
+    )
+    assert _ok(a) == [10, 49]
+    # a form's args and $name values are JSON text; a GET carries them in the URL
+    a = form(env.url, env.auth, statement="SELECT $x AS x, $y AS y", **{"$x": '"s"', "$y": "[1]"})
+    assert _ok(a) == [{"x": "s", "y": [1]}]
+    a = call(env.url + "?statement=SELECT%201%20AS%20one", headers=env.auth)
+    assert _ok(a) == [{"one": 1}]
+
+
+def test_writes_report_mutations_and_are_read_back(env: Env) -> None:
+    a = form(
+        env.url,
+        env.auth,
+        statement=f"INSERT INTO {KS} (KEY, VALUE) VALUES ('w1', {{'name': 'w'}}) RETURNING name",
+    )
+    assert _ok(a) == [{"name": "w"}] and a.body["metrics"]["mutationCount"] == 1
+    a = form(env.url, env.auth, statement=f"UPDATE {KS} USE KEYS 'w1' SET age = 7")
+    assert _ok(a) == [] and a.body["metrics"]["mutationCount"] == 1
+    a = form(env.url, env.auth, statement=f"SELECT name, age FROM {KS} USE KEYS 'w1'")
+    assert _ok(a) == [{"name": "w", "age": 7}]
+    assert env.admin.keyspace(KS).get("w1") == {"name": "w", "age": 7}
+    # a read-only request refuses a write (1000), and a GET is read-only
+    a = form(env.url, env.auth, statement=f"DELETE FROM {KS} USE KEYS 'w1'", readonly="true")
+    assert (a.status, a.codes) == (400, [1000])
+    query = urllib.parse.urlencode({"statement": f"DELETE FROM {KS} USE KEYS 'w1'"})
+    a = call(f"{env.url}?{query}", headers=env.auth)
+    assert (a.status, a.codes) == (400, [1000])
+    assert env.admin.keyspace(KS).get("w1")["name"] == "w"
+
+
+@pytest.mark.parametrize(
+    ("params", "status", "code"),
+    [
+        ({}, 400, 1050),  # no statement
+        ({"statement": "SELECT 1", "bogus": "1"}, 400, 1065),  # unknown parameter
+        ({"statement": "SELECT 1", "args": "[1"}, 400, 1040),  # args not JSON text
+        ({"statement": "SELECT 1", "timeout": "soon"}, 400, 1040),
+        ({"statement": "SELECT 1", "scan_consistency": "statement_plus"}, 400, 1030),
+        ({"statement": "SELECT 1", "scan_consistency": "at_plus"}, 400, 1050),  # no vector
+        ({"statement": "SLECT name FROM people"}, 400, 3000),  # syntax
+        ({"statement": "SELECT name FROM nowhere USE KEYS 'a'"}, 404, 12003),
+        ({"statement": "SELECT $1 AS a"}, 400, 1040),  # a parameter not given
+    ],
+)
+def test_request_errors_have_their_status_and_code(
+    env: Env, params: dict[str, str], status: int, code: int
+) -> None:
+    a = form(env.url, env.auth, **params)
+    assert (a.status, a.codes, a.body["status"]) == (status, [code], "fatal"), a.body
+    assert a.body["metrics"]["errorCount"] == 1 and a.body["results"] == []
+
+
+def test_http_level_errors(env: Env) -> None:
+    bad_json = call(
+        env.url,
+        data=b'{"statement": "SELECT 1",',
+        headers={**env.auth, "Content-Type": "application/json"},
+    )
+    assert (bad_json.status, bad_json.codes) == (400, [1040])
+    assert "JSON" in bad_json.body["errors"][0]["msg"]
+    big = call(env.url, data=b"statement=" + b"a" * (5 << 20), headers=env.auth)
+    assert (big.status, big.codes) == (413, [1130])
+    assert "over the limit" in big.body["errors"][0]["msg"]
+    tall = call(env.url, data=b"statement=SELECT+1", headers={**env.auth, "X-Pad": "a" * 20_000})
+    assert (tall.status, tall.codes) == (431, [1130])
+    put = call(env.url, data=b"", headers=env.auth, method="PUT")
+    assert (put.status, put.codes, put.headers["Allow"]) == (405, [1010], "GET, POST")
+    nowhere = call(env.url.replace("/query/service", "/nowhere"), headers=env.auth)
+    assert nowhere.status == 404
+
+
+def test_logins_and_privileges_are_the_rpc_paths(env: Env) -> None:
+    sql = f"SELECT name FROM {KS} USE KEYS 'p001'"
+    for auth in ({}, basic("admin", "wrong-password"), basic("nobody", "x")):
+        a = form(env.url, auth, statement=sql)
+        assert (a.status, a.codes) == (401, [10000])
+        assert a.headers["WWW-Authenticate"].startswith("Basic")
+    # query_select on another keyspace only: the RPC path's refusal, word for word
+    a = form(env.url, env.reader, statement=sql)
+    assert (a.status, a.codes) == (403, [13014])
+    addresses = [f"127.0.0.1:{env.cluster.base_port + i}" for i in range(3)]
+    with connect(addresses, username="reader", password=PW) as c, pytest.raises(ShardexError) as e:
+        list(c.query(sql))
+    assert a.body["errors"][0]["msg"] == e.value.message
+    assert _ok(form(env.url, env.reader, statement="SELECT name FROM other USE KEYS 'x'")) == []
+
+
+def _request_id(head: bytes) -> str:
+    """The envelope's first line: ``{"requestID": ..., ..., "signature": {...},``."""
+    first = head.split(b"\n", 1)[0].rstrip(b",")
+    return str(json.loads(first + b"}")["requestID"])
+
+
+def _state(env: Env, request_id: str) -> str | None:
+    listed = call(env.active, headers=env.auth).body
+    assert isinstance(listed, list)
+    return next((r["state"] for r in listed if r["requestID"] == request_id), None)
+
+
+def test_a_delete_stops_a_statement_mid_stream(env: Env) -> None:
+    conn, resp = open_stream(env.port, env.auth, {**LONG, "client_context_id": "long"})
+    try:
+        assert resp.status == 200 and resp.getheader("Transfer-Encoding") == "chunked"
+        head = resp.read1(65536)  # the first rows arrived; nothing more is read for now
+        rid = _request_id(head)
+        listed = call(env.active, headers=env.auth).body
+        mine = [r for r in listed if r["requestID"] == rid]
+        assert mine and mine[0]["clientContextID"] == "long" and mine[0]["state"] == "running"
+        # the stalled stream holds no one else up
+        assert _ok(
+            form(env.url, env.auth, statement=f"SELECT RAW age FROM {KS} USE KEYS 'p042'")
+        ) == [42]
+        # another user neither sees nor stops it
+        assert call(env.active, headers=env.reader).body == []
+        denied = call(f"{env.active}/{rid}", headers=env.reader, method="DELETE")
+        assert denied.status == 404
+        stopped = call(f"{env.active}/{rid}", headers=env.auth, method="DELETE")
+        assert stopped.status == 200
+        body = json.loads(head + resp.read())
+    finally:
+        conn.close()
+    assert body["status"] == "stopped" and [e["code"] for e in body["errors"]] == [1181]
+    assert body["metrics"]["resultCount"] == len(body["results"]) < len(LONG["args"][0])
+    wait_for(lambda: _state(env, rid) is None, 30, what="the stopped request to end")
+
+
+def test_a_timeout_stops_a_statement_mid_stream(env: Env) -> None:
+    conn, resp = open_stream(env.port, env.auth, {**LONG, "timeout": "1s"})
+    try:
+        head = resp.read1(65536)
+        rid = _request_id(head)
+        wait_for(lambda: _state(env, rid) == "timeout", 30, what="the request's timeout")
+        body = json.loads(head + resp.read())
+    finally:
+        conn.close()
+    assert body["status"] == "timeout"
+    assert body["errors"] == [{"code": 1080, "msg": "Timeout 1s exceeded"}]
+    assert body["metrics"]["resultCount"] == len(body["results"]) < len(LONG["args"][0])
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_statement(env: Env) -> None:
+    conn, resp = open_stream(env.port, env.auth, LONG)
+    rid = _request_id(resp.read1(65536))
+    conn.close()  # gone without reading the rest
+    wait_for(lambda: _state(env, rid) is None, 60, what="the abandoned request to end")
+    assert _ok(form(env.url, env.auth, statement="SELECT 1 AS one")) == [{"one": 1}]
+
+
+def test_a_tls_cluster_serves_https_with_the_node_certificate(tmp_path: Path) -> None:
+    with running_cluster(tmp_path / "c", nodes=1, extra=("--tls",)) as c:
+        path = Path(c.path)
+        port = http_port(path)
+        auth = basic("admin", (path / "admin-password").read_text().strip())
+        ctx = ssl.create_default_context(cafile=str(path / "certs" / "ca.pem"))
+        a = call(
+            f"https://127.0.0.1:{port}/query/service",
+            data=b"statement=SELECT+1+AS+one",
+            headers=auth,
+            context=ctx,
+        )
+        assert _ok(a) == [{"one": 1}]
+        with pytest.raises(OSError):  # plain HTTP gets no answer from a TLS port
+            call(f"http://127.0.0.1:{port}/query/service", data=b"statement=SELECT+1", headers=auth)
+
+
+def test_cluster_start_gives_a_node_whose_http_port_is_taken_a_free_one(tmp_path: Path) -> None:
+    base = free_base_port(1)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", base + HTTP_PORT_OFFSET))  # node1's HTTP port, someone else's
+    blocker.listen()
+    path = tmp_path / "c"
+    try:
+        proc = run_cli(
+            "cluster", "start", "--no-pipeline", "--dir", str(path), "--nodes", "1",
+            "--base-port", str(base),
+        )  # fmt: skip
+        port = http_port(path)
+        assert port != base + HTTP_PORT_OFFSET and f"it serves on {port}" in proc.stderr
+        assert f"http_port = {port}" in (path / "node1" / "node.toml").read_text()
+        auth = basic("admin", (path / "admin-password").read_text().strip())
+        url = f"http://127.0.0.1:{port}/query/service"
+        assert _ok(form(url, auth, statement="SELECT 1 AS one")) == [{"one": 1}]
+    finally:
+        blocker.close()
+        run_cli("cluster", "stop", "--dir", str(path), "--timeout", "5", check=False)
+        kill_leftovers(path)

@@ -18,8 +18,9 @@ from shardex.testing import sql_conformance as conformance
 
 ROOT = Path(os.environ.get("SHARDEX_CONFORMANCE_DIR", conformance.DEFAULT_DIR))
 HEAVY = {"any_functions", "comp_functions"}
-FULL_PASS_FLOOR = 273  # of 284; the other 11 are unsupported with a stated reason
-LIGHT_PASS_FLOOR = 248
+FULL_CASES = 382
+FULL_PASS_FLOOR = 368  # the other 14 are unsupported with a stated reason
+LIGHT_PASS_FLOOR = 343
 
 pytestmark = pytest.mark.skipif(not ROOT.is_dir(), reason=f"no conformance cases at {ROOT}")
 
@@ -60,7 +61,7 @@ def test_light_folders_pass() -> None:
 @pytest.mark.slow
 def test_every_folder_passes() -> None:
     outcomes = conformance.run_all(ROOT)
-    assert len(outcomes) == 284
+    assert len(outcomes) == FULL_CASES
     _check(outcomes, FULL_PASS_FLOOR)
 
 
@@ -84,3 +85,17 @@ def test_error_cases_compare_by_substring() -> None:
         engine, "x", 0, {"statements": "SELECT NO_SUCH(1)", "results": []}
     )
     assert unknown.outcome == "unsupported" and "NO_SUCH" in unknown.reason
+
+
+def test_render_tallies_each_folder() -> None:
+    outcomes = [
+        conformance.CaseOutcome("a_functions/case_1.json", 0, "SELECT 1", "passed"),
+        conformance.CaseOutcome("a_functions/case_2.json", 0, "SELECT 2", "failed", "boom"),
+        conformance.CaseOutcome("b_functions/case_1.json", 0, "SELECT 3", "unsupported", "x"),
+    ]
+    lines: list[str] = []
+    conformance.render(outcomes, lines.append)
+    rows = {line.split()[0]: line.split()[1:4] for line in lines if line.strip()}
+    assert rows["a_functions"] == ["1", "1", "0"]
+    assert rows["b_functions"] == ["0", "0", "1"]
+    assert rows["a_functions/case_2.json"] == ["0", "1", "0"]

@@ -19,7 +19,12 @@ for MISSING.
 
 from shardex.core.values import MISSING
 
-from . import functions_cond, functions_num, functions_str  # noqa: F401 - register on import
+from . import (  # noqa: F401 - register on import
+    functions_array,
+    functions_cond,
+    functions_num,
+    functions_str,
+)
 from .analysis import is_constant, is_deterministic, referenced_paths, static_path
 from .ast import (
     And,
@@ -42,6 +47,7 @@ from .ast import (
     ObjectConstruct,
     Or,
     Param,
+    Slice,
     format_identifier,
     walk,
 )
@@ -79,6 +85,7 @@ __all__ = [
     "Or",
     "Param",
     "Parser",
+    "Slice",
     "Token",
     "TokenKind",
     "collate",

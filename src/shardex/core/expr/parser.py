@@ -46,6 +46,7 @@ from .ast import (
     ObjectConstruct,
     Or,
     Param,
+    Slice,
     depth,
 )
 from .functions import FUNCTIONS, FunctionSpec
@@ -301,6 +302,11 @@ class Parser:
             elif self.at_op("["):
                 self.advance()
                 index = self.parse_expression()
+                if self.accept(":"):  # a slice: base[start:end] or base[start:]
+                    end = None if self.at_op("]") else self.parse_expression()
+                    self.expect("]")
+                    base = Slice(base, index, end)
+                    continue
                 self.expect("]")
                 base = Index(base, index)
             else:

@@ -23,6 +23,7 @@ from . import (  # noqa: F401 - register on import
     functions_array,
     functions_cond,
     functions_num,
+    functions_obj,
     functions_str,
 )
 from .analysis import is_constant, is_deterministic, referenced_paths, static_path

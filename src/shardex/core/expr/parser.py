@@ -301,6 +301,11 @@ class Parser:
                     self.error(tok, expected="a field name after '.'")
             elif self.at_op("["):
                 self.advance()
+                if self.at_op("*") and self.at_op("]", 1):  # a[*] is ARRAY_STAR(a)
+                    self.advance()
+                    self.advance()
+                    base = FunctionCall("ARRAY_STAR", (base,))
+                    continue
                 index = self.parse_expression()
                 if self.accept(":"):  # a slice: base[start:end] or base[start:]
                     end = None if self.at_op("]") else self.parse_expression()

@@ -61,6 +61,15 @@ def test_projection_forms(eng: LocalEngine) -> None:
     assert eng.query("SELECT v FROM users USE KEYS ['u1'] LET v = age * 2") == [{"v": 82}]
 
 
+def test_self_is_the_from_item(eng: LocalEngine) -> None:
+    # SELF (a keyword, as N1QL) is the FROM item; a field named self must be back-quoted.
+    eng.keyspaces["users"]["u5"] = {"name": "Ed", "self": 7}
+    rows = eng.query("SELECT SELF AS s, `self` AS f FROM users u USE KEYS 'u5'")
+    assert rows == [{"s": {"name": "Ed", "self": 7}, "f": 7}]
+    assert eng.query("SELECT RAW name FROM users WHERE self.age = 41") == ["Ann"]
+    assert eng.query("SELECT RAW OBJECT_LENGTH(self) FROM users USE KEYS 'u2'") == [4]
+
+
 def test_group_by_having_letting(eng: LocalEngine) -> None:
     rows = eng.query(
         "SELECT city, COUNT(*) AS n, AVG(age) AS avg_age, MIN(name) AS lo, "

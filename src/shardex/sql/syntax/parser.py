@@ -37,6 +37,7 @@ from shardex.sql.ddl import DDL_KEYWORDS, DDLParser, DDLStatement
 
 from .ast import (
     AGGREGATES,
+    SELF_NAME,
     Aggregate,
     ArrayComprehension,
     Binding,
@@ -387,6 +388,9 @@ class SqlParser(DDLParser):
             return self.parse_collection_predicate()
         if word in ("ARRAY", "FIRST") and not self.at_op("(", 1):
             return self.parse_array_comprehension()
+        if word == "SELF" and tok.kind is TokenKind.IDENT and not self.at_op("(", 1):
+            self.advance()
+            return Identifier(SELF_NAME)
         return super().parse_primary()
 
     def postfix_ends(self) -> bool:

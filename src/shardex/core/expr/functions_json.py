@@ -1,0 +1,197 @@
+"""JSON and token functions: ENCODE_JSON / DECODE_JSON, ENCODED_SIZE, POLY_LENGTH, TOKENS and
+CONTAINS_TOKEN (with its LIKE and regular-expression forms).
+
+Registered into the shared registry on import (see ``functions_num``). The JSON text is
+N1QL's: compact, object names sorted, integral numbers without a fraction (``1.0`` encodes as
+``1``), non-ASCII characters as themselves, so ENCODED_SIZE counts what a client receives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from shardex.core.values import MISSING
+
+from .functions import _fn
+from .functions_array import _key
+from .functions_str import _regex
+from .ops import RANK_ARRAY, RANK_OBJECT, like_matcher, type_rank
+
+# Integral floats below this print as integers (as N1QL, whose numbers are float64: past
+# 2**53 the digits are not exact anyway and keep the exponent form).
+_EXACT_FLOAT = 2.0**53
+
+
+def _plain(v: Any) -> Any:
+    """``v`` with integral floats as ints, for printing."""
+    t = type(v)
+    if t is float:
+        return int(v) if v.is_integer() and abs(v) < _EXACT_FLOAT else v
+    if t is list or type_rank(v) == RANK_ARRAY:
+        return [_plain(x) for x in v]
+    if t is dict or type_rank(v) == RANK_OBJECT:
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def encode_json(v: Any) -> str:
+    return json.dumps(
+        _plain(v), separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
+    )
+
+
+@_fn("ENCODE_JSON", 1, -1, "JSON_ENCODE")
+def _encode(v: Any) -> Any:
+    return encode_json(v)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN / Infinity: Python accepts them, JSON not
+
+
+@_fn("DECODE_JSON", 1, -1, "JSON_DECODE")
+def _decode(text: Any) -> Any:
+    """The value a JSON text denotes; NULL for anything else (an empty string included)."""
+    if type(text) is not str:
+        return None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+
+
+@_fn("ENCODED_SIZE", 1, propagate=False)
+def _encoded_size(v: Any) -> Any:
+    """Bytes of the value's JSON text; MISSING is 0 (the function never gives NULL)."""
+    if v is MISSING:
+        return 0
+    return len(encode_json(v).encode("utf-8", "surrogatepass"))
+
+
+@_fn("POLY_LENGTH", 1)
+def _poly_length(v: Any) -> Any:
+    """Characters of a string, elements of an array, fields of an object; else NULL."""
+    if type(v) is str or type_rank(v) in (RANK_ARRAY, RANK_OBJECT):
+        return len(v)
+    return None
+
+
+# -- tokens ----------------------------------------------------------------------------------
+
+_TRAILING_PUNCTUATION = ".,;:!?\"'()[]{}<>"
+
+
+def _words(s: str) -> Iterator[str]:
+    """Runs of letters and digits (any script)."""
+    start = -1
+    for i, c in enumerate(s):
+        if c.isalnum():
+            if start < 0:
+                start = i
+        elif start >= 0:
+            yield s[start:i]
+            start = -1
+    if start >= 0:
+        yield s[start:]
+
+
+class _TokenOptions:
+    __slots__ = ("case", "names", "specials", "split", "trim")
+
+    def __init__(self, opts: dict[str, Any]) -> None:
+        def flag(name: str, default: bool) -> bool:
+            v = opts.get(name, default)
+            return v if type(v) is bool else default
+
+        self.names = flag("names", True)
+        self.specials = flag("specials", False)
+        self.split = flag("split", True)
+        self.trim = flag("trim", True)
+        case = opts.get("case")
+        self.case: Callable[[str], str] | None = (
+            str.lower if case == "lower" else str.upper if case == "upper" else None
+        )
+
+
+def _string_tokens(s: str, o: _TokenOptions) -> Iterator[str]:
+    if o.case is not None:
+        s = o.case(s)
+    if not o.split:
+        yield s.strip() if o.trim else s
+        return
+    yield from _words(s)
+    if o.specials:  # also whole chunks such as e-mail addresses and URLs
+        for chunk in s.split():
+            chunk = chunk.strip(_TRAILING_PUNCTUATION)
+            if chunk:
+                yield chunk
+
+
+def _tokens(v: Any, o: _TokenOptions) -> Iterator[Any]:
+    if type(v) is str:
+        yield from _string_tokens(v, o)
+    elif type(v) is list or type_rank(v) == RANK_ARRAY:
+        for x in v:
+            yield from _tokens(x, o)
+    elif type(v) is dict or type_rank(v) == RANK_OBJECT:
+        for k, x in v.items():
+            if o.names:
+                yield from _string_tokens(k, o)
+            yield from _tokens(x, o)
+    else:
+        yield v  # NULL, booleans and numbers are tokens of their own
+
+
+def _token_options(options: Any) -> _TokenOptions | None:
+    if options is MISSING:
+        return _TokenOptions({})
+    if type(options) is dict or type_rank(options) == RANK_OBJECT:
+        return _TokenOptions(options)
+    return None
+
+
+@_fn("TOKENS", 1, 2, propagate=False)
+def _tokens_fn(v: Any, options: Any = MISSING) -> Any:
+    """The distinct tokens of any value (order unspecified): the words of its strings and,
+    unless ``names`` is false, of its field names, and its other scalars (NULL included)."""
+    if v is MISSING:
+        return MISSING
+    o = _token_options(options)
+    if o is None:
+        return None
+    seen: dict[bytes, Any] = {}
+    for t in _tokens(v, o):
+        seen.setdefault(_key(t), t)  # SQL++ identity: 1 and 1.0 are one token, TRUE is not 1
+    return list(seen.values())
+
+
+def _contains_token(test: Callable[[str], Callable[[Any], bool]]) -> Callable[..., Any]:
+    def impl(v: Any, token: Any, options: Any = MISSING) -> Any:
+        o = _token_options(options)
+        if type(token) is not str or o is None:
+            return None
+        matches = test(token)
+        return any(matches(t) for t in _tokens(v, o))
+
+    return impl
+
+
+def _equal_to(token: str) -> Callable[[Any], bool]:
+    return lambda t: t == token
+
+
+def _like(pattern: str) -> Callable[[Any], bool]:
+    match = like_matcher(pattern)
+    return lambda t: type(t) is str and match(t)
+
+
+def _search(pattern: str) -> Callable[[Any], bool]:
+    rx = _regex(pattern)
+    return lambda t: type(t) is str and rx.fullmatch(t) is not None
+
+
+_fn("CONTAINS_TOKEN", 2, 3, "HAS_TOKEN")(_contains_token(_equal_to))
+_fn("CONTAINS_TOKEN_LIKE", 2, 3)(_contains_token(_like))
+_fn("CONTAINS_TOKEN_REGEXP", 2, 3)(_contains_token(_search))

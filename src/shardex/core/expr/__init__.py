@@ -21,6 +21,7 @@ from shardex.core.values import MISSING
 
 from . import (  # noqa: F401 - register on import
     functions_array,
+    functions_bits,
     functions_cond,
     functions_json,
     functions_num,

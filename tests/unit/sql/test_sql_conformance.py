@@ -18,9 +18,9 @@ from shardex.testing import sql_conformance as conformance
 
 ROOT = Path(os.environ.get("SHARDEX_CONFORMANCE_DIR", conformance.DEFAULT_DIR))
 HEAVY = {"any_functions", "comp_functions"}
-FULL_CASES = 471
-FULL_PASS_FLOOR = 454  # the other 17 are unsupported with a stated reason
-LIGHT_PASS_FLOOR = 429
+FULL_CASES = 498
+FULL_PASS_FLOOR = 481  # the other 17 are unsupported with a stated reason
+LIGHT_PASS_FLOOR = 456
 
 pytestmark = pytest.mark.skipif(not ROOT.is_dir(), reason=f"no conformance cases at {ROOT}")
 

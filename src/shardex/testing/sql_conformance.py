@@ -102,12 +102,6 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str], ...] = (
         "MISSING inside an array constructor becomes NULL in shardex (N1QL keeps it until output)",
     ),
     (
-        r"(?i)\bFROM\s*[\[{]",
-        "FROM over a constant object or array (FROM {...} AS t) is outside shardex's FROM "
-        "clause, which reads keyspaces; the functions these cases call are checked on the same "
-        "constants in tests/unit/core",
-    ),
-    (
         r"(?i)array_binary_search\(\[missing",
         "MISSING inside an array constructor becomes NULL in shardex (N1QL keeps it until output)",
     ),

@@ -1,8 +1,7 @@
 """Object functions and the ``a[*]`` operator, with both engines (``expr_eval_env.py``).
 
-The OBJECT_PAIRS_NESTED rows marked "conformance" are Couchbase's case_obj.json cases 5-7,
-which select from a constant (``FROM {...} t``, outside shardex's FROM clause): the same
-constant is passed straight to the function here.
+The OBJECT_PAIRS_NESTED rows marked "conformance" are Couchbase's case_obj.json cases 5-7
+(which select ``FROM {...} t``), with the constant passed straight to the function.
 """
 
 from __future__ import annotations

@@ -70,6 +70,12 @@ def test_self_is_the_from_item(eng: LocalEngine) -> None:
     assert eng.query("SELECT RAW OBJECT_LENGTH(self) FROM users USE KEYS 'u2'") == [4]
 
 
+def test_from_a_constant_object_is_one_row(eng: LocalEngine) -> None:
+    assert eng.query("SELECT t.a, OBJECT_NAMES(t) AS n FROM {'a': 1, 'b': 2} t") == [
+        {"a": 1, "n": ["a", "b"]}
+    ]
+
+
 def test_group_by_having_letting(eng: LocalEngine) -> None:
     rows = eng.query(
         "SELECT city, COUNT(*) AS n, AVG(age) AS avg_age, MIN(name) AS lo, "

@@ -296,7 +296,7 @@ class SqlParser(DDLParser):
         self.error(tok, expected="an alias")
 
     def parse_from(self) -> KeyspaceRef:
-        if self.at_op("(") or self.at_op("["):
+        if self.at_op("(") or self.at_op("[") or self.at_op("{"):
             source = self.parse_expr()
             alias = self.parse_optional_alias()
             if alias is None:

@@ -28,6 +28,7 @@ from . import (  # noqa: F401 - register on import
     functions_misc,
     functions_num,
     functions_obj,
+    functions_pattern,
     functions_str,
 )
 from .analysis import is_constant, is_deterministic, referenced_paths, static_path

@@ -143,6 +143,27 @@ OBJECT_FUNCTIONS: list[tuple[str, object]] = [
     ("OBJECT_FIELD(address, 'nope')", N),
     ("OBJECT_FIELD(address, 'geo..lat')", N),
     ("OBJECT_FIELD(address, 3)", N),
+    # PAIRS: the documented examples
+    ("PAIRS('N1QL')", N),
+    ("PAIRS(4)", N),
+    ("PAIRS([1, 2, 3])", []),
+    ("PAIRS({'name': 3})", [["name", 3]]),
+    (
+        "PAIRS({'name': [1, 2, 3]})",
+        [["name", [1, 2, 3]], ["name", 1], ["name", 2], ["name", 3]],
+    ),
+    (
+        "PAIRS({'r': [{'b': 1}, {'c': 2}], 'a': {'x': 0}})",
+        [
+            ["a", {"x": 0}],
+            ["x", 0],
+            ["r", [{"b": 1}, {"c": 2}]],
+            ["r", {"b": 1}],
+            ["r", {"c": 2}],
+            ["b", 1],
+            ["c", 2],
+        ],
+    ),
 ]
 
 

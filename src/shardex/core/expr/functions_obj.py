@@ -117,6 +117,27 @@ def _unwrap(obj: Any) -> Any:
     return None
 
 
+def _field_pairs(v: Any, out: list[list[Any]]) -> list[list[Any]]:
+    """PAIRS' walk: each field as [name, value], an array field's elements as [name,
+    element] too, then the fields nested below (in objects and in array elements)."""
+    if _is_object(v):
+        for k, x in _items(v):
+            out.append([k, x])
+            if _is_array(x):
+                out.extend([k, e] for e in x)
+            _field_pairs(x, out)
+    elif _is_array(v):
+        for e in v:
+            _field_pairs(e, out)
+    return out
+
+
+@_fn("PAIRS", 1)
+def _all_pairs(v: Any) -> Any:
+    """[name, value] of every field at any depth (an array of scalars has none: [])."""
+    return _field_pairs(v, []) if _is_object(v) or _is_array(v) else None
+
+
 @_fn("OBJECT_CONCAT", 2, None)
 def _concat(*objects: Any) -> Any:
     """Later objects' values win for a name several objects have."""

@@ -135,6 +135,7 @@ def test_slice_text_round_trips(text: str) -> None:
         "ARRAY_REPEAT([1, 2], 1e12)",
         f"ARRAY_RANGE(0, {MAX_GENERATED_ELEMENTS + 1})",
         "ARRAY_RANGE(0, 1, 1e-9)",
+        "ARRAY_RANGE(-1e308, 1e308, 1e-308)",
     ],
 )
 def test_generated_arrays_past_the_limit_are_refused(text: str) -> None:

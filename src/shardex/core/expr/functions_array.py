@@ -223,10 +223,11 @@ def _range(start: Any, end: Any, step: Any = MISSING) -> Any:
         step = 1
     if not (is_number(start) and is_number(end) and is_number(step)) or step == 0:
         return None
-    count = math.ceil((end - start) / step)
-    if count <= 0:
+    span = (end - start) / step  # may be inf for extreme floats: refused below, not NULL
+    if span <= 0:
         return []
-    _check_size("ARRAY_RANGE", count)
+    _check_size("ARRAY_RANGE", span)
+    count = math.ceil(span)
     if type(start) is int and type(step) is int:
         return list(range(start, start + count * step, step))
     # Multiplying rather than adding keeps rounding errors from accumulating.

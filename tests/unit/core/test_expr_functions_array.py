@@ -31,6 +31,17 @@ ARRAY_FUNCTIONS: list[tuple[str, object]] = [
     ("ARRAY_REPLACE([1, 2, 1, 1], 1, 0, 2)", [0, 2, 0, 1]),
     ("ARRAY_REPLACE([1, 2, 1], 1, 0)", [0, 2, 0]),
     ("ARRAY_REPLACE([1, 2, 1], 1, 0, 0.5)", N),
+    # Looking for a value uses "=": NULL, and anything holding NULL, equals nothing.
+    ("ARRAY_REMOVE([1, [1, NULL], NULL], [1, NULL])", [1, [1, N], N]),
+    ("ARRAY_CONTAINS([[1, NULL]], [1, NULL])", F),
+    ("ARRAY_POSITION([[1, NULL]], [1, NULL])", -1),
+    ("ARRAY_PUT([[NULL]], [NULL])", [[N], [N]]),
+    ("ARRAY_EXCEPT([1, [NULL]], [[NULL]])", [1, [N]]),
+    ("ARRAY_REPLACE([1, 2, NULL, 4], NULL, 99)", N),
+    ("ARRAY_REPLACE_EQUIVALENT([1, 2, NULL, 4], NULL, 99)", [1, 2, 99, 4]),
+    ("ARRAY_REPLACE_EQUIVALENT([[NULL], [NULL]], [NULL], 0, 1)", [0, [N]]),
+    ("ARRAY_REPLACE_EQUIVALENT(nope, NULL, 0)", M),
+    ("ARRAY_REPLACE_EQUIVALENT('x', NULL, 0)", N),
     ("ARRAY_REVERSE([])", []),
     ("ARRAY_REVERSE({'a': 1})", N),
     # Collation: NULL < FALSE < TRUE < numbers < strings < arrays < objects.
@@ -77,6 +88,8 @@ ARRAY_FUNCTIONS: list[tuple[str, object]] = [
     ("ARRAY_SUM([])", 0),
     ("ARRAY_SUM(['x'])", 0),
     ("ARRAY_AVG([1, 2, 'x'])", 1.5),
+    ("ARRAY_AVG([0, 1, 1, 2, 3, 5])", 2),  # exact: an integer, as AVG
+    ("ARRAY_AVG([1.5, 2.5])", 2.0),
     ("ARRAY_AVG(['x'])", N),
     ("ARRAY_STAR([{'a': 1, 'b': 2}, {'a': 3}, 7])", {"a": [1, 3, N], "b": [2, N, N]}),
     ("ARRAY_STAR(orderlines).productId", ["coffee01", "tea111"]),

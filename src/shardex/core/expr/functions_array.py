@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from fractions import Fraction
 from functools import cmp_to_key
 from typing import Any
 
@@ -35,8 +36,31 @@ def _is_array(v: Any) -> bool:
 
 
 def _key(v: Any) -> bytes:
-    """Identity under SQL++ equality (1 == 1.0), for distinct values and set operations."""
+    """Identity of a value (1 and 1.0 are one value, NULL is one value): distinct values and
+    the set operations (UNION, INTERSECT, SYMDIFF) group by it."""
     return encode_value(v)
+
+
+def _eq_key(v: Any) -> bytes | None:
+    """The key under which values compare equal with ``=``, or None for a value that equals
+    nothing (NULL, or an array or object holding one: ``[1, null] = [1, null]`` is NULL).
+    Functions that look for a value (CONTAINS, POSITION, REMOVE, REPLACE, PUT, EXCEPT) match
+    by it, as N1QL, so ``ARRAY_REMOVE(a, [1, null])`` removes nothing."""
+    return None if _holds_null(v) else encode_value(v)
+
+
+def _holds_null(v: Any) -> bool:
+    if v is None:
+        return True
+    if type(v) is list or type_rank(v) == RANK_ARRAY:
+        return any(_holds_null(x) for x in v)
+    if type(v) is dict or type_rank(v) == RANK_OBJECT:
+        return any(_holds_null(x) for x in v.values())
+    return False
+
+
+def _eq_keys(values: Iterable[Any]) -> set[bytes]:
+    return {k for k in map(_eq_key, values) if k is not None}
 
 
 def _sorted(values: Iterable[Any]) -> list[Any]:
@@ -102,11 +126,12 @@ def _put(arr: Any, *values: Any) -> Any:
     if not _is_array(arr):
         return None
     out = list(arr)
-    seen = {_key(v) for v in out}
+    seen = _eq_keys(out)
     for v in values:
-        k = _key(v)
-        if k not in seen:
-            seen.add(k)
+        k = _eq_key(v)
+        if k is None or k not in seen:
+            if k is not None:
+                seen.add(k)
             out.append(v)
     return out
 
@@ -130,25 +155,43 @@ def _concat(*arrays: Any) -> Any:
 def _remove(arr: Any, *values: Any) -> Any:
     if not _is_array(arr):
         return None
-    drop = {_key(v) for v in values}
-    return [v for v in arr if _key(v) not in drop]
+    drop = _eq_keys(values)
+    return [v for v in arr if _eq_key(v) not in drop]
+
+
+def _replaced(arr: list[Any], new: Any, limit: Any, is_old: Callable[[Any], bool]) -> Any:
+    """``arr`` with its first ``limit`` (all when MISSING) elements ``is_old`` accepts
+    replaced by ``new``; NULL for a limit that is not an integer."""
+    n = len(arr) if limit is MISSING else _int_arg(limit)
+    if n is None:
+        return None
+    out = []
+    for v in arr:
+        if n > 0 and is_old(v):
+            out.append(new)
+            n -= 1
+        else:
+            out.append(v)
+    return out
 
 
 @_fn("ARRAY_REPLACE", 3, 4)
 def _replace(arr: Any, old: Any, new: Any, limit: Any = MISSING) -> Any:
     if not _is_array(arr):
         return None
-    n = len(arr) if limit is MISSING else _int_arg(limit)
-    if n is None:
+    target = _eq_key(old)
+    return _replaced(arr, new, limit, lambda v: target is not None and _eq_key(v) == target)
+
+
+@_fn("ARRAY_REPLACE_EQUIVALENT", 3, 4, propagate=False)
+def _replace_equivalent(arr: Any, old: Any, new: Any, limit: Any = MISSING) -> Any:
+    """ARRAY_REPLACE matching by identity instead of ``=``: NULL replaces NULL."""
+    if arr is MISSING or old is MISSING or new is MISSING:
+        return MISSING
+    if not _is_array(arr) or limit is None:
         return None
-    target, out = _key(old), []
-    for v in arr:
-        if n > 0 and _key(v) == target:
-            out.append(new)
-            n -= 1
-        else:
-            out.append(v)
-    return out
+    target = _key(old)
+    return _replaced(arr, new, limit, lambda v: _key(v) == target)
 
 
 @_fn("ARRAY_REVERSE", 1)
@@ -252,16 +295,16 @@ def _count(arr: Any) -> Any:
 def _contains(arr: Any, value: Any) -> Any:
     if not _is_array(arr):
         return None
-    k = _key(value)
-    return any(_key(v) == k for v in arr)
+    k = _eq_key(value)
+    return k is not None and any(_eq_key(v) == k for v in arr)
 
 
 def _membership(all_of: bool) -> Callable[[Any, Any], Any]:
     def check(arr: Any, values: Any) -> Any:
         if not (_is_array(arr) and _is_array(values)):
             return None
-        have = {_key(v) for v in arr}
-        found = (_key(v) in have for v in values)
+        have = _eq_keys(arr)
+        found = (_eq_key(v) in have for v in values)
         return all(found) if all_of else any(found)
 
     return check
@@ -275,8 +318,10 @@ _fn("ARRAY_CONTAINS_ANY", 2)(_membership(all_of=False))
 def _array_position(arr: Any, value: Any) -> Any:
     if not _is_array(arr):
         return None
-    k = _key(value)
-    return next((i for i, v in enumerate(arr) if _key(v) == k), -1)
+    k = _eq_key(value)
+    if k is None:
+        return -1
+    return next((i for i, v in enumerate(arr) if _eq_key(v) == k), -1)
 
 
 @_fn("ARRAY_BINARY_SEARCH", 2, propagate=False)
@@ -334,7 +379,12 @@ def _avg(arr: Any) -> Any:
     if not _is_array(arr):
         return None
     nums = _numbers(arr)
-    return sum(nums) / len(nums) if nums else None
+    if not nums:
+        return None
+    if all(type(x) is int for x in nums):
+        q = Fraction(sum(nums), len(nums))  # exact, as AVG: the mean of [0, 1, 1, 2, 3, 5] is 2
+        return int(q) if q.denominator == 1 else float(q)
+    return sum(nums) / len(nums)
 
 
 @_fn("ARRAY_STAR", 1)
@@ -374,8 +424,8 @@ def _except(arr: Any, drop: Any) -> Any:
     """Elements of the first array that the second does not hold."""
     if not (_is_array(arr) and _is_array(drop)):
         return None
-    dropped = {_key(v) for v in drop}
-    return [v for v in arr if _key(v) not in dropped]
+    dropped = _eq_keys(drop)
+    return [v for v in arr if _eq_key(v) not in dropped]
 
 
 def _symdiff(keep: Callable[[int], bool]) -> Callable[..., Any]:

@@ -17,7 +17,7 @@ from typing import Any
 from shardex.core.values import MISSING
 
 from .functions import _fn, _int_arg
-from .functions_array import _key
+from .functions_array import _eq_key
 from .functions_str import _regex
 from .ops import RANK_ARRAY, RANK_OBJECT, type_name, type_rank
 
@@ -205,8 +205,8 @@ def _replace(obj: Any, old: Any, new: Any) -> Any:
     """Every top-level value equal to ``old`` (SQL++ equality) replaced by ``new``."""
     if not _is_object(obj):
         return None
-    target = _key(old)
-    return {k: (new if _key(v) == target else v) for k, v in obj.items()}
+    target = _eq_key(old)
+    return {k: (new if target is not None and _eq_key(v) == target else v) for k, v in obj.items()}
 
 
 # -- nested fields: paths --------------------------------------------------------------------

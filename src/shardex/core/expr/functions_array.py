@@ -18,7 +18,6 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from fractions import Fraction
-from functools import cmp_to_key
 from typing import Any
 
 from shardex.core.keycodec_values import encode_value
@@ -64,7 +63,7 @@ def _eq_keys(values: Iterable[Any]) -> set[bytes]:
 
 
 def _sorted(values: Iterable[Any]) -> list[Any]:
-    return sorted(values, key=cmp_to_key(collate))
+    return sorted(values, key=_key)  # the key codec's bytes sort in collation order
 
 
 def _distinct(values: Iterable[Any]) -> list[Any]:
@@ -85,7 +84,7 @@ def _check_size(function: str, n: int | float) -> None:
             f"{MAX_GENERATED_ELEMENTS}",
             details={
                 "function": function,
-                "elements": n,
+                "elements": int(n) if math.isfinite(n) else str(n),
                 "limit": MAX_GENERATED_ELEMENTS,
                 "hint": "build the array in smaller pieces or filter the input first",
             },

@@ -68,6 +68,11 @@ def test_self_is_the_from_item(eng: LocalEngine) -> None:
     assert rows == [{"s": {"name": "Ed", "self": 7}, "f": 7}]
     assert eng.query("SELECT RAW name FROM users WHERE self.age = 41") == ["Ann"]
     assert eng.query("SELECT RAW OBJECT_LENGTH(self) FROM users USE KEYS 'u2'") == [4]
+    assert eng.query("SELECT self FROM users USE KEYS 'u2'") == [{"$1": DOCS["u2"]}]
+    with pytest.raises(ShardexError, match="SELF is the whole document"):
+        eng.execute("UPDATE users SET self.x = 1")
+    eng.execute("UPDATE users USE KEYS 'u2' SET `self` = 1")
+    assert eng.keyspaces["users"]["u2"]["self"] == 1
 
 
 def test_from_a_constant_object_is_one_row(eng: LocalEngine) -> None:

@@ -180,8 +180,9 @@ def has_aggregate(expr: Expr) -> bool:
 
 
 def implied_name(expr: Expr) -> str | None:
-    """The result name a term gets without AS: the last field of a path, else None."""
-    if isinstance(expr, Identifier | Field):
+    """The result name a term gets without AS: the last field of a path, else None (SELF
+    names no field: it is numbered like any other expression)."""
+    if isinstance(expr, Identifier | Field) and expr.name != SELF_NAME:
         return expr.name
     return None
 

@@ -377,6 +377,13 @@ class SqlParser(DDLParser):
             node = node.base
         if not isinstance(node, Identifier):
             self.error(tok, f"{expr.to_text()} is not a document path", expected="a field path")
+        if node.name == SELF_NAME:
+            self.error(
+                tok,
+                "SELF is the whole document, not a field: SET/UNSET need a field path "
+                "(a field named self is written `self`)",
+                expected="a field path",
+            )
         return expr
 
     # -- expression extensions ---------------------------------------------------------------

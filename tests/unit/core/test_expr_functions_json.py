@@ -8,6 +8,11 @@ from tests.unit.core.expr_eval_env import F, M, N, T, check_table, ev
 JSON_FUNCTIONS: list[tuple[str, object]] = [
     ("ENCODE_JSON({'b': 1.0, 'a': [TRUE, NULL, 'é']})", '{"a":[true,null,"é"],"b":1}'),
     ("ENCODE_JSON(2.5)", "2.5"),
+    # Go's number text: fixed notation from 1e-6 up to 1e21, exponent form outside.
+    (
+        "ENCODE_JSON([1.5e-7, 1e-6, 1e20, 1e21, 9007199254740993.0, -2.5e-300])",
+        "[1.5e-7,0.000001,100000000000000000000,1e+21,9007199254740992,-2.5e-300]",
+    ),
     ("JSON_ENCODE('a\"b')", '"a\\"b"'),
     ("ENCODE_JSON(nope)", M),
     ("ENCODE_JSON(NULL)", N),

@@ -2,14 +2,16 @@
 CONTAINS_TOKEN (with its LIKE and regular-expression forms).
 
 Registered into the shared registry on import (see ``functions_num``). The JSON text is
-N1QL's: compact, object names sorted, integral numbers without a fraction (``1.0`` encodes as
-``1``), non-ASCII characters as themselves, so ENCODED_SIZE counts what a client receives.
+N1QL's: compact, object names sorted, numbers as Go writes them (``1.0`` encodes as ``1``,
+``1.5e-7`` as ``1.5e-7``), non-ASCII characters as themselves, so ENCODED_SIZE counts what
+N1QL counts and a hash of a value is the same here as there.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 from shardex.core.values import MISSING
@@ -20,26 +22,65 @@ from .functions_str import _regex
 from .ops import RANK_ARRAY, RANK_OBJECT, like_matcher, type_rank
 
 # Integral floats below this print as integers (as N1QL, whose numbers are float64: past
-# 2**53 the digits are not exact anyway and keep the exponent form).
+# 2**53 the digits are not exact anyway).
 _EXACT_FLOAT = 2.0**53
 
 
-def _plain(v: Any) -> Any:
-    """``v`` with integral floats as ints, for printing."""
+def _float_text(x: float) -> str:
+    """A float as Go's encoding/json writes it (N1QL's text): the shortest digits that read
+    back as ``x``, in fixed notation unless below 1e-6 or from 1e21 on, where it is
+    ``d.ddde-7`` / ``d.ddde+21`` (no leading zero in a negative exponent)."""
+    if x.is_integer() and abs(x) < _EXACT_FLOAT:
+        return str(int(x))
+    d = Decimal(repr(x))
+    if 1e-6 <= abs(x) < 1e21:
+        text = format(d, "f")  # an integral float past 2**53 reads "...0.0" in repr
+        return text[:-2] if text.endswith(".0") else text
+    sign, digits, exp = d.as_tuple()
+    mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+    e = int(exp) + len(digits) - 1
+    exponent = f"-{-e}" if e < 0 else f"+{e:02d}"
+    return ("-" if sign else "") + mantissa + "e" + exponent
+
+
+def _write(v: Any, out: list[str]) -> None:
     t = type(v)
-    if t is float:
-        return int(v) if v.is_integer() and abs(v) < _EXACT_FLOAT else v
-    if t is list or type_rank(v) == RANK_ARRAY:
-        return [_plain(x) for x in v]
-    if t is dict or type_rank(v) == RANK_OBJECT:
-        return {k: _plain(x) for k, x in v.items()}
-    return v
+    if t is str:
+        out.append(json.dumps(v, ensure_ascii=False))
+    elif v is None:
+        out.append("null")
+    elif t is bool:
+        out.append("true" if v else "false")
+    elif t is int:
+        out.append(str(v))
+    elif t is float:
+        out.append(_float_text(v))
+    elif t is list or type_rank(v) == RANK_ARRAY:
+        out.append("[")
+        for i, x in enumerate(v):
+            if i:
+                out.append(",")
+            _write(x, out)
+        out.append("]")
+    elif t is dict or type_rank(v) == RANK_OBJECT:
+        out.append("{")
+        for i, k in enumerate(sorted(v)):
+            if i:
+                out.append(",")
+            out.append(json.dumps(k, ensure_ascii=False))
+            out.append(":")
+            _write(v[k], out)
+        out.append("}")
+    else:  # a number of another type (an int-like enum): its plain value
+        _write(int(v) if isinstance(v, int) else float(v), out)
 
 
 def encode_json(v: Any) -> str:
-    return json.dumps(
-        _plain(v), separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False
-    )
+    """The value's JSON text as N1QL writes it: compact, names sorted, Go's number format,
+    non-ASCII characters as themselves."""
+    out: list[str] = []
+    _write(v, out)
+    return "".join(out)
 
 
 @_fn("ENCODE_JSON", 1, -1, "JSON_ENCODE")

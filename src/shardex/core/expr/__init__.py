@@ -30,6 +30,7 @@ from . import (  # noqa: F401 - register on import
     functions_obj,
     functions_pattern,
     functions_str,
+    functions_uuid,
 )
 from .analysis import is_constant, is_deterministic, referenced_paths, static_path
 from .ast import (

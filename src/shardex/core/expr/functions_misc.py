@@ -1,5 +1,5 @@
-"""Miscellaneous utility functions: BASE64 encoding and decoding, UUID, LEN, VERSION and
-DS_VERSION.
+"""Miscellaneous utility functions: BASE64 encoding and decoding, LEN, VERSION and
+DS_VERSION (UUID is in ``functions_uuid``).
 
 Registered into the shared registry on import (see ``functions_num``). BASE64 encodes a
 value's JSON text, as N1QL (``BASE64("a")`` encodes ``"a"`` with its quotes, and NULL
@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import uuid
 from typing import Any
 
 from shardex import __version__
@@ -59,16 +58,10 @@ def _len(v: Any) -> Any:
     return None
 
 
-def _uuid() -> str:
-    return str(uuid.uuid4())
-
-
 def _version() -> str:
     return __version__
 
 
-# Not deterministic: a UUID differs per call, and a version differs across upgrades, so
-# none of them may define an index key.
-register_function(FunctionSpec("UUID", 0, 0, _uuid, deterministic=False))
+# Not deterministic: a version differs across upgrades, so it may not define an index key.
 register_function(FunctionSpec("VERSION", 0, 0, _version, deterministic=False))
 register_function(FunctionSpec("DS_VERSION", 0, 0, _version, deterministic=False))

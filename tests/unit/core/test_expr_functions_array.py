@@ -146,6 +146,8 @@ def test_slice_text_round_trips(text: str) -> None:
     [
         f"ARRAY_REPEAT('x', {MAX_GENERATED_ELEMENTS + 1})",
         "ARRAY_REPEAT([1, 2], 1e12)",
+        # Copies of one big value: nothing is copied, but every reader walks each copy.
+        "ARRAY_REPEAT(ARRAY_REPEAT(0, 1000), 1000)",
         f"ARRAY_RANGE(0, {MAX_GENERATED_ELEMENTS + 1})",
         "ARRAY_RANGE(0, 1, 1e-9)",
         "ARRAY_RANGE(-1e308, 1e308, 1e-308)",
@@ -161,4 +163,5 @@ def test_generated_arrays_past_the_limit_are_refused(text: str) -> None:
 
 def test_generated_arrays_at_the_limit_are_built() -> None:
     assert len(ev(f"ARRAY_REPEAT(1, {MAX_GENERATED_ELEMENTS})")) == MAX_GENERATED_ELEMENTS  # type: ignore[arg-type]
+    assert len(ev("ARRAY_REPEAT(ARRAY_REPEAT(0, 999), 1000)")) == 1000  # type: ignore[arg-type]
     assert ev(f"ARRAY_RANGE(0, {MAX_GENERATED_ELEMENTS})")[-1] == MAX_GENERATED_ELEMENTS - 1  # type: ignore[index]

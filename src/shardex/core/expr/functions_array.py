@@ -80,8 +80,8 @@ def _distinct(values: Iterable[Any]) -> list[Any]:
 def _check_size(function: str, n: int | float) -> None:
     if n > MAX_GENERATED_ELEMENTS:
         raise ExpressionEvalError(
-            f"{function} would build an array of {n:.0f} elements, more than the limit of "
-            f"{MAX_GENERATED_ELEMENTS}",
+            f"{function} would build an array of {n:.0f} values (nested values counted), "
+            f"more than the limit of {MAX_GENERATED_ELEMENTS}",
             details={
                 "function": function,
                 "elements": int(n) if math.isfinite(n) else str(n),
@@ -250,12 +250,28 @@ def _swap(arr: Any, a: Any, b: Any) -> Any:
     return out
 
 
+def _weight(v: Any, cap: int) -> int:
+    """The number of values in ``v`` (itself and everything nested), counted up to ``cap``."""
+    seen, stack = 0, [v]
+    while stack and seen <= cap:
+        x = stack.pop()
+        seen += 1
+        if type(x) is list or type_rank(x) == RANK_ARRAY:
+            stack.extend(x)
+        elif type(x) is dict or type_rank(x) == RANK_OBJECT:
+            stack.extend(x.values())
+    return seen
+
+
 @_fn("ARRAY_REPEAT", 2)
 def _repeat(value: Any, count: Any) -> Any:
+    """The copies share one value, but whatever reads the result (the client's JSON, a sort
+    key, ENCODE_JSON) walks every copy: the limit counts the values inside each copy too."""
     n = _int_arg(count)
     if n is None or n < 0:
         return None
-    _check_size("ARRAY_REPEAT", n)
+    if n:
+        _check_size("ARRAY_REPEAT", n * _weight(value, MAX_GENERATED_ELEMENTS // n + 1))
     return [value] * n
 
 

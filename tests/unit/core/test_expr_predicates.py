@@ -21,6 +21,7 @@ from shardex.core.expr import (
     evaluate,
     parse_expression,
 )
+from shardex.errors import ShardexError
 from tests.unit.core.expr_eval_env import F, M, N, T, check, check_table, same
 
 # -- LIKE -------------------------------------------------------------------------------------
@@ -91,6 +92,34 @@ def test_like(value, pattern, expected):
     lit = parse_expression(f"x LIKE {Literal(pattern).to_text()}")
     assert compile_expression(lit)({"x": value}) is expected
     assert evaluate(lit, {"x": value}) is expected
+
+
+@pytest.mark.parametrize(
+    ("value", "pattern", "escape", "expected"),
+    [
+        ("10% off", "10!%%", "!", T),
+        ("100 off", "10!%%", "!", F),
+        ("_x", "#_x", "#", T),
+        ("ax", "#_x", "#", F),
+        ("a!b", "a!!b", "!", T),  # the escape character escapes itself
+        ("a\\bc", "a\\b%", "#", T),  # a backslash is literal when it is not the escape
+        ("a%", "a\\%", "\\", T),  # the default escape, spelled out
+        ("ab", "a\\%", "\\", F),
+    ],
+)
+def test_like_escape(value: str, pattern: str, escape: str, expected: bool) -> None:
+    text = f"x LIKE {Literal(pattern).to_text()} ESCAPE {Literal(escape).to_text()}"
+    check(text, expected, doc={"x": value})
+    expr = parse_expression(text)
+    assert parse_expression(expr.to_text()) == expr  # rewritten to backslash escapes
+
+
+@pytest.mark.parametrize(
+    "text", ["x LIKE 'a' ESCAPE 'ab'", "x LIKE y ESCAPE '!'", "x LIKE 'a' ESCAPE ''"]
+)
+def test_like_escape_errors(text: str) -> None:
+    with pytest.raises(ShardexError, match="ESCAPE"):
+        parse_expression(text)
 
 
 def _like_oracle(pattern: str) -> re.Pattern[str]:

@@ -61,6 +61,26 @@ def test_projection_forms(eng: LocalEngine) -> None:
     assert eng.query("SELECT v FROM users USE KEYS ['u1'] LET v = age * 2") == [{"v": 82}]
 
 
+def test_self_is_the_from_item(eng: LocalEngine) -> None:
+    # SELF (a keyword, as N1QL) is the FROM item; a field named self must be back-quoted.
+    eng.keyspaces["users"]["u5"] = {"name": "Ed", "self": 7}
+    rows = eng.query("SELECT SELF AS s, `self` AS f FROM users u USE KEYS 'u5'")
+    assert rows == [{"s": {"name": "Ed", "self": 7}, "f": 7}]
+    assert eng.query("SELECT RAW name FROM users WHERE self.age = 41") == ["Ann"]
+    assert eng.query("SELECT RAW OBJECT_LENGTH(self) FROM users USE KEYS 'u2'") == [4]
+    assert eng.query("SELECT self FROM users USE KEYS 'u2'") == [{"$1": DOCS["u2"]}]
+    with pytest.raises(ShardexError, match="SELF is the whole document"):
+        eng.execute("UPDATE users SET self.x = 1")
+    eng.execute("UPDATE users USE KEYS 'u2' SET `self` = 1")
+    assert eng.keyspaces["users"]["u2"]["self"] == 1
+
+
+def test_from_a_constant_object_is_one_row(eng: LocalEngine) -> None:
+    assert eng.query("SELECT t.a, OBJECT_NAMES(t) AS n FROM {'a': 1, 'b': 2} t") == [
+        {"a": 1, "n": ["a", "b"]}
+    ]
+
+
 def test_group_by_having_letting(eng: LocalEngine) -> None:
     rows = eng.query(
         "SELECT city, COUNT(*) AS n, AVG(age) AS avg_age, MIN(name) AS lo, "

@@ -20,9 +20,16 @@ for MISSING.
 from shardex.core.values import MISSING
 
 from . import (  # noqa: F401 - register on import
+    functions_array,
+    functions_bits,
     functions_cond,
+    functions_crypto,
     functions_date,
+    functions_json,
+    functions_misc,
     functions_num,
+    functions_obj,
+    functions_pattern,
     functions_str,
     functions_uuid,
 )
@@ -48,6 +55,7 @@ from .ast import (
     ObjectConstruct,
     Or,
     Param,
+    Slice,
     format_identifier,
     walk,
 )
@@ -85,6 +93,7 @@ __all__ = [
     "Or",
     "Param",
     "Parser",
+    "Slice",
     "Token",
     "TokenKind",
     "collate",

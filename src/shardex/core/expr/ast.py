@@ -247,6 +247,24 @@ class Index(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class Slice(Expr):
+    """``base[start:end]`` / ``base[start:]``: the elements from ``start`` up to (not
+    including) ``end``; negative positions count from the end, out of range is NULL."""
+
+    base: Expr
+    start: Expr
+    end: Expr | None = None
+    precedence: ClassVar[int] = PREC_POSTFIX
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.base, self.start) if self.end is None else (self.base, self.start, self.end)
+
+    def to_text(self) -> str:
+        end = "" if self.end is None else self.end.to_text()
+        return f"{_wrap(self.base, PREC_POSTFIX)}[{self.start.to_text()}:{end}]"
+
+
+@dataclass(frozen=True, slots=True)
 class Meta(Expr):
     """``META()`` or ``META(alias)``: the document's metadata object (id, cas, ...)."""
 

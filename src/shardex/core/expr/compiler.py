@@ -41,10 +41,12 @@ from .ast import (
     ObjectConstruct,
     Or,
     Param,
+    Slice,
 )
 from .evaluator import Env, evaluate, evaluate_in, is_check, lookup_param, meta_value
 from .evaluator import resolve_function as _resolve
 from .functions import call_function
+from .functions_array import slice_array
 from .paths import compile_path
 
 CompiledExpr = Callable[..., Any]  # (doc, meta=None, params=None) -> value
@@ -132,6 +134,14 @@ def _field(node: Field) -> CompiledExpr:
 def _index(node: Index) -> CompiledExpr:
     base, index, get_element = _compile(node.base), _compile(node.index), ops.get_element
     return lambda d, m=None, p=None: get_element(base(d, m, p), index(d, m, p))
+
+
+def _slice(node: Slice) -> CompiledExpr:
+    base, start = _compile(node.base), _compile(node.start)
+    if node.end is None:
+        return lambda d, m=None, p=None: slice_array(base(d, m, p), start(d, m, p), to_end=True)
+    end = _compile(node.end)
+    return lambda d, m=None, p=None: slice_array(base(d, m, p), start(d, m, p), end(d, m, p))
 
 
 def _meta(node: Meta) -> CompiledExpr:
@@ -440,6 +450,7 @@ _COMPILERS: dict[type, _Compiler] = {
     ObjectConstruct: _object,
     Field: _field,
     Index: _index,
+    Slice: _slice,
     Meta: _meta,
     Param: _param,
     Neg: _neg,

@@ -35,8 +35,10 @@ from .ast import (
     ObjectConstruct,
     Or,
     Param,
+    Slice,
 )
 from .functions import FUNCTIONS, FunctionSpec, call_function
+from .functions_array import slice_array
 
 
 class Env:
@@ -125,6 +127,13 @@ def _field(node: Field, env: Env) -> Any:
 
 def _index(node: Index, env: Env) -> Any:
     return ops.get_element(_eval(node.base, env), _eval(node.index, env))
+
+
+def _slice(node: Slice, env: Env) -> Any:
+    base, start = _eval(node.base, env), _eval(node.start, env)
+    if node.end is None:
+        return slice_array(base, start, to_end=True)
+    return slice_array(base, start, _eval(node.end, env))
 
 
 def _meta(node: Meta, env: Env) -> Any:
@@ -231,6 +240,7 @@ _DISPATCH: dict[type, Callable[[Any, Env], Any]] = {
     Identifier: _identifier,
     Field: _field,
     Index: _index,
+    Slice: _slice,
     Meta: _meta,
     Param: _param,
     Neg: _neg,

@@ -46,12 +46,31 @@ from .ast import (
     ObjectConstruct,
     Or,
     Param,
+    Slice,
     depth,
 )
 from .functions import FUNCTIONS, FunctionSpec
 from .lexer import Token, TokenKind, syntax_error, tokenize
 
 T = TypeVar("T")
+
+
+def like_with_backslash(pattern: str, escape: str) -> str:
+    """A LIKE pattern whose escape character is ``escape`` written with backslash escapes:
+    ``escape`` before a character makes it literal, a backslash is itself literal."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == escape and i + 1 < n:
+            nxt = pattern[i + 1]
+            out.append("\\" + nxt if nxt in "%_\\" else nxt)
+            i += 2
+            continue
+        out.append("\\\\" if c == "\\" else c)
+        i += 1
+    return "".join(out)
+
 
 # Operators written more than one way; the AST keeps one spelling.
 _OP_ALIASES = {"==": "=", "<>": "!="}
@@ -300,7 +319,17 @@ class Parser:
                     self.error(tok, expected="a field name after '.'")
             elif self.at_op("["):
                 self.advance()
+                if self.at_op("*") and self.at_op("]", 1):  # a[*] is ARRAY_STAR(a)
+                    self.advance()
+                    self.advance()
+                    base = FunctionCall("ARRAY_STAR", (base,))
+                    continue
                 index = self.parse_expression()
+                if self.accept(":"):  # a slice: base[start:end] or base[start:]
+                    end = None if self.at_op("]") else self.parse_expression()
+                    self.expect("]")
+                    base = Slice(base, index, end)
+                    continue
                 self.expect("]")
                 base = Index(base, index)
             else:
@@ -328,6 +357,24 @@ class Parser:
                     break
             self.expect("}", "',' or '}'")
         return ObjectConstruct(tuple(pairs))
+
+    def parse_like_escape(self, pattern: Expr) -> Expr:
+        """``LIKE pattern ESCAPE 'c'``: the pattern rewritten to the backslash escapes LIKE
+        reads (so index range planning and both evaluators see one form)."""
+        self.advance()
+        tok = self.advance()
+        escape = str(tok.value)
+        if len(escape) != 1:
+            self.error(tok, f"ESCAPE takes one character, not {tok.describe()}")
+        if escape == "\\":
+            return pattern
+        if not (isinstance(pattern, Literal) and type(pattern.value) is str):
+            self.error(
+                tok,
+                "ESCAPE with a character other than a backslash needs a constant pattern",
+                expected="a string literal pattern, or the default escape \\",
+            )
+        return Literal(like_with_backslash(pattern.value, escape))
 
     def parse_meta(self) -> Expr:
         self.expect("(")
@@ -409,7 +456,10 @@ class Parser:
             return BinaryOp(op, left, self.parse_expression(prec + 1))
         word = tok.upper
         if word == "LIKE":
-            return Like(left, self.parse_expression(PREC_LIKE + 1), negated)
+            pattern = self.parse_expression(PREC_LIKE + 1)
+            if self.at_keyword("ESCAPE") and self.peek(1).kind is TokenKind.STRING:
+                pattern = self.parse_like_escape(pattern)
+            return Like(left, pattern, negated)
         if word == "BETWEEN":
             low = self.parse_expression(PREC_BETWEEN + 1)
             self.expect_keyword("AND")

@@ -10,7 +10,8 @@ State per aggregate (``AggSpec.kind``):
   SUM is the int, or the correctly rounded float when a float took part; AVG is the exact
   sum divided by the count, rounded once. Non-numbers are ignored; no numbers gives NULL.
 - MIN(x) / MAX(x): the least / greatest non-MISSING, non-NULL value by SQL++ collation.
-- ARRAY_AGG(x): the list of non-MISSING values (order unspecified, as in SQL++).
+- ARRAY_AGG(x): the list of non-MISSING values, returned in collation order as N1QL does
+  (so the result is the same whichever way the rows were split and merged).
 - COUNTN(x): an int, the count of number values.
 - MEDIAN(x): the list of number values (it grows with the group: budgeted and spilled like
   ARRAY_AGG's); FINAL sorts it: the middle value, or the mean of the two middle ones.
@@ -259,7 +260,7 @@ def _finalize(spec: AggSpec, state: Any) -> Any:
     if kind in _SPREAD:
         return state.spread(kind)
     if kind == "ARRAY_AGG":
-        return state if state else None
+        return sorted(state, key=_CollateKey) if state else None
     return None if state is MISSING else state
 
 

@@ -72,6 +72,11 @@ class ArrayComprehension(Expr):
         return f"{word} {self.mapping.to_text()} FOR {binds}{when} END"
 
 
+# The keyword SELF (the FROM item itself, as N1QL) is parsed as this identifier, which name
+# binding replaces by the FROM alias. It starts with NUL: no user identifier collides.
+SELF_NAME = "\x00self"
+
+
 AGGREGATES = frozenset(
     {"COUNT", "COUNTN", "SUM", "AVG", "MIN", "MAX", "ARRAY_AGG", "MEDIAN"}
     | {"STDDEV", "STDDEV_POP", "STDDEV_SAMP", "VARIANCE", "VAR_POP", "VAR_SAMP"}

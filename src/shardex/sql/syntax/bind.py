@@ -25,6 +25,7 @@ from shardex.core.expr import Expr, Field, Identifier, Meta, Param, walk
 from shardex.errors import ErrorCode, ShardexError
 
 from .ast import (
+    SELF_NAME,
     Aggregate,
     ArrayComprehension,
     Binding,
@@ -141,6 +142,8 @@ def resolve(expr: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
 
 def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
     if isinstance(node, Identifier):
+        if node.name == SELF_NAME and alias is not None:
+            return Identifier(alias)
         if node.name in bound or alias is None:
             return node
         return Field(Identifier(alias), node.name)
@@ -177,8 +180,9 @@ def has_aggregate(expr: Expr) -> bool:
 
 
 def implied_name(expr: Expr) -> str | None:
-    """The result name a term gets without AS: the last field of a path, else None."""
-    if isinstance(expr, Identifier | Field):
+    """The result name a term gets without AS: the last field of a path, else None (SELF
+    names no field: it is numbered like any other expression)."""
+    if isinstance(expr, Identifier | Field) and expr.name != SELF_NAME:
         return expr.name
     return None
 

@@ -37,6 +37,7 @@ from shardex.sql.ddl import DDL_KEYWORDS, DDLParser, DDLStatement
 
 from .ast import (
     AGGREGATES,
+    SELF_NAME,
     Aggregate,
     ArrayComprehension,
     Binding,
@@ -295,7 +296,7 @@ class SqlParser(DDLParser):
         self.error(tok, expected="an alias")
 
     def parse_from(self) -> KeyspaceRef:
-        if self.at_op("(") or self.at_op("["):
+        if self.at_op("(") or self.at_op("[") or self.at_op("{"):
             source = self.parse_expr()
             alias = self.parse_optional_alias()
             if alias is None:
@@ -376,6 +377,13 @@ class SqlParser(DDLParser):
             node = node.base
         if not isinstance(node, Identifier):
             self.error(tok, f"{expr.to_text()} is not a document path", expected="a field path")
+        if node.name == SELF_NAME:
+            self.error(
+                tok,
+                "SELF is the whole document, not a field: SET/UNSET need a field path "
+                "(a field named self is written `self`)",
+                expected="a field path",
+            )
         return expr
 
     # -- expression extensions ---------------------------------------------------------------
@@ -387,6 +395,9 @@ class SqlParser(DDLParser):
             return self.parse_collection_predicate()
         if word in ("ARRAY", "FIRST") and not self.at_op("(", 1):
             return self.parse_array_comprehension()
+        if word == "SELF" and tok.kind is TokenKind.IDENT and not self.at_op("(", 1):
+            self.advance()
+            return Identifier(SELF_NAME)
         return super().parse_primary()
 
     def postfix_ends(self) -> bool:

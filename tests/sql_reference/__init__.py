@@ -9,10 +9,11 @@ Translation rules (SQL++ -> DuckDB), where the two languages differ:
 * Outputs: a projected MISSING is an absent field in SQL++ and NULL in DuckDB; rows are
   compared with absent fields read as NULL. ``SELECT RAW x`` drops rows whose value is
   MISSING, so the DuckDB query also filters on the presence of ``x``.
-* ``IS NULL`` is ``x IS NULL AND x__p``; ``IS MISSING`` is ``NOT x__p``; ``IS NOT MISSING``
-  is ``x__p``; ``IS VALUED`` is ``IS NOT NULL``; ``IN [..]`` is ``IN (..)``. WHERE keeps a
-  row only when its condition is TRUE in both, and MISSING and NULL are both "not true"
-  under AND/OR/NOT, so filters need no other rule.
+* ``IS NULL`` / ``IS NOT NULL`` of a MISSING value is MISSING, not FALSE (``NOT`` keeps it
+  MISSING): ``CASE WHEN x__p THEN x IS [NOT] NULL END``; ``IS MISSING`` is ``NOT x__p``;
+  ``IS NOT MISSING`` is ``x__p``; ``IS VALUED`` is ``IS NOT NULL``; ``IN [..]`` is
+  ``IN (..)``. WHERE keeps a row only when its condition is TRUE in both; a MISSING
+  operand is NULL on the DuckDB side, which AND/OR/NOT treat as SQL++ treats MISSING.
 * ORDER BY: SQL++ puts NULL and MISSING first ascending and last descending (DuckDB's
   default is NULLS LAST), with MISSING before NULL ascending; each key becomes ``x {dir}
   NULLS {pos}, x__p {dir}``. Every ordered query ends with ``id`` so the order is total.

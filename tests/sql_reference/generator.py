@@ -152,8 +152,12 @@ class QueryGen:
             # MISSING IS [NOT] NULL is MISSING; the other tests are TRUE or FALSE.
             test, dk, present = r.choice(
                 [
-                    ("IS NULL", f"({x.dk} IS NULL AND {x.present})", x.present),
-                    ("IS NOT NULL", f"({x.dk} IS NOT NULL)", x.present),
+                    ("IS NULL", f"(CASE WHEN {x.present} THEN {x.dk} IS NULL END)", x.present),
+                    (
+                        "IS NOT NULL",
+                        f"(CASE WHEN {x.present} THEN {x.dk} IS NOT NULL END)",
+                        x.present,
+                    ),
                     ("IS MISSING", f"(NOT {x.present})", None),
                     ("IS NOT MISSING", f"({x.present})", None),
                     ("IS VALUED", f"({x.dk} IS NOT NULL)", None),

@@ -10,8 +10,14 @@ server's CPU (``/proc/<pid>/task/*/schedstat``, nanoseconds), latency p50 and p9
 
 Configurations: ``ping`` (the ``Ping`` every connection answers) and ``rpc`` (a routed
 request with a 100-byte reply), each sent ``sync`` (one ``LoopThread.run`` hand-off per
-request, the SDK's path) or ``async`` (sequential awaits on the loop thread, a node's path),
+request), ``async`` (sequential awaits on the loop thread, a node's path) or ``blocking``
+(a ``BlockingConn`` in the calling thread, the path of the SDK's gets, writes and scans),
 from 1 client and from 4 concurrent client processes.
+
+``--tls on`` runs every connection over TLS 1.3 (certificates made by ``net/certs.py`` in a
+temporary directory; the server verifies nothing of the client, as for a user's client).
+``--tls ab`` compares TLS with plaintext on the same code: side A plaintext, side B TLS
+(no ``--before-src``): read the B/A ratios as the cost of TLS.
 
 ``--before-src DIR`` (a copy of ``src/`` before a change) runs side A's server and clients
 on that code and side B's on this tree, the two taking turns round by round (ABBA), so a
@@ -26,10 +32,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,8 +47,9 @@ from bench.common.runner import load_average, percentile
 
 SECRET = "net-bench-secret"
 RESULTS = Path(__file__).parent / "results" / "net_roundtrip.json"
-MODES = ("sync", "async")
+MODES = ("sync", "async", "blocking")
 MSGS = ("ping", "rpc")
+TLS_CHOICES = ("off", "on", "ab")
 
 
 def _messages() -> tuple[type, type]:
@@ -61,7 +70,19 @@ def _messages() -> tuple[type, type]:
 # --- server process ------------------------------------------------------------------------
 
 
-def serve() -> None:
+def _tls(cert_dir: str | None, node: bool) -> Any:
+    """The ``TlsConfig`` of a process of the bench (None in clear): the server's is a node's,
+    a client's has the CA only."""
+    if not cert_dir:
+        return None
+    from shardex.net.tls import TlsConfig
+
+    if node:
+        return TlsConfig.for_node(Path(cert_dir), "server")
+    return TlsConfig(ca=TlsConfig.for_node(Path(cert_dir), "server").ca)
+
+
+def serve(cert_dir: str | None) -> None:
     from shardex.net import RpcServer, TcpTransport
     from shardex.net.loops import new_event_loop
 
@@ -69,7 +90,8 @@ def serve() -> None:
     value = b"v" * 100
 
     async def main() -> None:
-        server = RpcServer(TcpTransport(), SECRET, name="net-bench-server")
+        transport = TcpTransport(tls=_tls(cert_dir, node=True))
+        server = RpcServer(transport, SECRET, name="net-bench-server")
 
         async def on_get(msg: Any, conn: Any) -> Any:
             return value_cls(key=msg.key, value=value)
@@ -87,15 +109,38 @@ def serve() -> None:
 # --- client process ------------------------------------------------------------------------
 
 
-def client(address: str) -> None:
+def client(address: str, cert_dir: str | None) -> None:
     """Reads ``run N MODE MSG`` lines; answers each with one JSON line (latencies, CPU)."""
     from shardex.client.loop_thread import LoopThread
-    from shardex.net import ConnectionPool, Ping, TcpTransport
+    from shardex.net import ConnectionPool, Kind, Ping, Pong, TcpTransport
+    from shardex.net.blocking import BlockingConn
 
-    get_cls, _ = _messages()
+    get_cls, value_cls = _messages()
+    tls = _tls(cert_dir, node=False)
     io = LoopThread("net-bench-client")
-    pool = io.run(_make_pool(ConnectionPool, TcpTransport))
+    pool = io.run(_make_pool(ConnectionPool, lambda: TcpTransport(tls=tls)))
     msgs = {"ping": Ping(), "rpc": get_cls(key="k")}
+    replies = {"ping": Pong, "rpc": value_cls}
+    transport = TcpTransport(tls=tls)
+    conn = BlockingConn.open(
+        address,
+        SECRET,
+        name="net-bench-client",
+        timeout=10.0,
+        max_frame=transport.max_frame,
+        nonce=transport.nonce,
+        tls=tls,
+    )
+
+    def blocking(n: int, msg: Any, expect: type) -> list[float]:
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            rid = conn.new_request_id()
+            conn.send(msg, rid, Kind.REQUEST)
+            conn.reply(rid, msg, 10.0, expect)
+            out.append(time.perf_counter() - t)
+        return out
 
     async def many(n: int, msg: Any) -> list[float]:
         out = []
@@ -112,6 +157,8 @@ def client(address: str) -> None:
         cpu0 = time.process_time()
         if mode == "async":
             lat = io.run(many(n, msg))
+        elif mode == "blocking":
+            lat = blocking(n, msg, replies[name])
         else:
             lat = []
             for _ in range(n):
@@ -120,12 +167,13 @@ def client(address: str) -> None:
                 lat.append(time.perf_counter() - t)
         cpu = time.process_time() - cpu0
         print(json.dumps({"lat": lat, "cpu": cpu}), flush=True)
+    conn.close()
     io.run(pool.close())
     io.stop()
 
 
-async def _make_pool(pool_cls: Any, transport_cls: Any) -> Any:
-    return pool_cls(transport_cls(), SECRET, name="net-bench-client")
+async def _make_pool(pool_cls: Any, transport: Any) -> Any:
+    return pool_cls(transport(), SECRET, name="net-bench-client")
 
 
 # --- orchestration -------------------------------------------------------------------------
@@ -143,7 +191,7 @@ def _cpu_ns(pid: int) -> int:
 class Side:
     """One code version: a server process and its client processes."""
 
-    def __init__(self, name: str, src: Path | None, clients: int) -> None:
+    def __init__(self, name: str, src: Path | None, clients: int, cert_dir: Path | None) -> None:
         self.name = name
         env = dict(os.environ)
         if src is not None:
@@ -151,6 +199,8 @@ class Side:
                 p for p in (str(src.resolve()), env.get("PYTHONPATH", "")) if p
             )
         cmd = [sys.executable, "-m", "bench.diagnostics.net_roundtrip"]
+        if cert_dir is not None:
+            cmd += ["--cert-dir", str(cert_dir)]
         self.server = subprocess.Popen(
             [*cmd, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
@@ -263,6 +313,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("command", nargs="?", default="bench", choices=["bench", "serve", "client"])
     ap.add_argument("--address", help=argparse.SUPPRESS)
+    ap.add_argument("--cert-dir", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--tls",
+        choices=TLS_CHOICES,
+        default="off",
+        help="on: every connection over TLS; ab: side A plaintext, side B TLS, same code",
+    )
     ap.add_argument("--before-src", type=Path, help="side A's code: a copy of src/")
     ap.add_argument("--requests", type=int, default=1000, help="per client per round")
     ap.add_argument("--rounds", type=int, default=6)
@@ -276,11 +333,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.argv = argv
     if args.command == "serve":
-        serve()
+        serve(args.cert_dir)
         return 0
     if args.command == "client":
-        client(args.address)
+        client(args.address, args.cert_dir)
         return 0
+    if args.tls == "ab" and args.before_src is not None:
+        ap.error("--tls ab compares TLS with plaintext on this tree: no --before-src with it")
     return bench(args)
 
 
@@ -288,10 +347,18 @@ def bench(args: argparse.Namespace) -> int:
     modes, msgs = args.mode or list(MODES), args.msg or list(MSGS)
     client_counts = sorted(set(args.clients or [1, 4]))
     configs = [(m, g, c) for c in client_counts for m in modes for g in msgs]
-    names = ["A", "B"] if args.before_src else ["B"]
+    names = ["A", "B"] if args.before_src or args.tls == "ab" else ["B"]
     srcs = {"A": args.before_src, "B": None}
     load0 = load_average()
-    sides = {s: Side(s, srcs[s], max(client_counts)) for s in names}
+    certs = Path(tempfile.mkdtemp(prefix="net_roundtrip-certs-"))
+    if args.tls != "off":
+        from shardex.net.certs import make_cluster_certs
+
+        make_cluster_certs(certs, {"server": ["127.0.0.1"]})
+    tls_of = {
+        s: certs if args.tls == "on" or (args.tls == "ab" and s == "B") else None for s in names
+    }
+    sides = {s: Side(s, srcs[s], max(client_counts), tls_of[s]) for s in names}
     results: list[dict[str, Any]] = []
     try:
         for s in sides.values():  # warm-up: connections, decoders, caches
@@ -333,9 +400,11 @@ def bench(args: argparse.Namespace) -> int:
     finally:
         for s in sides.values():
             s.stop()
+        shutil.rmtree(certs, ignore_errors=True)
     doc = {
         "bench": "net_roundtrip",
         "command": " ".join(["python -m bench.diagnostics.net_roundtrip", *args.argv]),
+        "sides": {s: ("TLS" if tls_of[s] else "plain") for s in names},
         "load_before": load0,
         "load_after": load_average(),
         "rows": results,

@@ -56,7 +56,7 @@ from shardex.net.messages import (
     encode_frame,
     message_type_name,
 )
-from shardex.net.tls import TlsConfig, cert_refused, tls_failure
+from shardex.net.tls import TlsConfig, cert_refused, records, tls_failure
 from shardex.net.transport import connect_failed, split_address
 
 __all__ = ["BlockingConn"]
@@ -149,7 +149,8 @@ class BlockingConn:
         peername = sock.getpeername()
         conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame)
         if session is not None:
-            conn._tls, conn._tls_in, conn._tls_out = session
+            obj, conn._tls_in, conn._tls_out = session
+            conn._tls = records(obj)
         conn._fresh = tls is not None and tls.is_node
         hs.peer = conn.peer
         try:
@@ -390,8 +391,10 @@ class BlockingConn:
         assert tls is not None and tls_in is not None
         tls_in.write(self._rbuf[:n])
         buf, out = self._buf, self._rbuf  # the bytes are in the BIO: the buffer is free
-        # ``pending`` first: a read that finds no whole record raises, which costs more
-        while tls_in.pending or tls.pending():
+        # ``out`` holds a whole record, so nothing decrypted waits in the TLS object: a
+        # read is due only while bytes wait in ``tls_in`` (checked first: a read that
+        # finds no whole record raises, which costs more)
+        while tls_in.pending:
             try:
                 got = tls.read(_RECV, out)
             except ssl.SSLWantReadError:

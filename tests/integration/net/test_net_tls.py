@@ -132,22 +132,23 @@ def test_the_ca_is_a_file_or_pem_text(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"]
 )
-def test_tls_reads_go_into_the_comms_buffer(
+def test_tls_reads_go_into_the_comms_buffers(
     pki: dict[str, TlsConfig], loop_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both loops' TLS hand decrypted bytes to a TLS comm through ``get_buffer`` (uvloop
-    takes any ``asyncio.Protocol`` for a plain one and would allocate a 256 KiB ``bytes``
-    per read instead), on both ends of the connection."""
+    """On both loops, both ends read through ``get_buffer``: the client's comm gets the
+    bytes its loop's TLS decrypted (uvloop takes any ``asyncio.Protocol`` for a plain one
+    and would allocate a 256 KiB ``bytes`` per read instead), the server's comm the records
+    it decrypts itself."""
     from shardex.net import tcp_tls
 
-    buffers: list[int] = []
-    get_buffer = tcp_tls.TlsComm.get_buffer
+    buffers: dict[str, list[int]] = {"TlsComm": [], "TlsServerComm": []}
+    for cls in (tcp_tls.TlsComm, tcp_tls.TlsServerComm):
 
-    def counted(self: Any, sizehint: int) -> memoryview:
-        buffers.append(sizehint)
-        return get_buffer(self, sizehint)
+        def counted(self: Any, sizehint: int, _get: Any = cls.get_buffer) -> memoryview:
+            buffers[type(self).__name__].append(sizehint)
+            return _get(self, sizehint)
 
-    monkeypatch.setattr(tcp_tls.TlsComm, "get_buffer", counted)
+        monkeypatch.setattr(cls, "get_buffer", counted)
 
     async def go() -> None:
         server, address, _ = await _server(pki["n1"])
@@ -160,7 +161,8 @@ def test_tls_reads_go_into_the_comms_buffer(
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(go())
     # The handshake's frames and a 50 KB request and reply, through both comms' buffers.
-    assert len(buffers) >= 4
+    assert len(buffers["TlsComm"]) >= 2
+    assert len(buffers["TlsServerComm"]) >= 2
 
 
 async def test_plaintext_comm_has_no_peer_node() -> None:

@@ -52,6 +52,8 @@ _BACKLOG = 1024
 _TLS_READ = 64 * 1024
 # Frames this small are encrypted with their header, as one record (``TcpComm._send``).
 _JOIN_BELOW = 64 * 1024
+# The most a TLS record's payload holds (TLS 1.3: 2^14 bytes).
+_TLS_RECORD = 16 * 1024
 
 
 class TlsComm(TcpComm, asyncio.BufferedProtocol):
@@ -80,11 +82,13 @@ class TlsComm(TcpComm, asyncio.BufferedProtocol):
         self.data_received(self._rbuf[:nbytes])  # type: ignore[arg-type]
 
 
-class TlsServerComm(TcpComm, asyncio.BufferedProtocol):
+class TlsServerComm(TcpComm, asyncio.Protocol):
     """An accepted connection's ``TcpComm`` with TLS run here, in memory, over the loop's
-    plain transport: the records received are read into ``_raw`` and fed to the TLS
-    object, what they decrypt to is cut into frames; a frame sent is encrypted (header
-    and body as one record) and its records go out in one transport write.
+    plain transport: the records received (``data_received``: a node's requests are small,
+    and the loop's ``bytes`` of each read cost less than a ``get_buffer`` call and a view)
+    are fed to the TLS object, what each record decrypts to is cut into frames; a frame
+    sent is encrypted (header and body as one record) and its records go out in one
+    transport write.
 
     The handshake runs as the client's records arrive; ``handshake`` gets its outcome,
     and the comm is connected (``on_connected``) only once it succeeded."""
@@ -99,40 +103,36 @@ class TlsServerComm(TcpComm, asyncio.BufferedProtocol):
         super().__init__(max_frame, on_connected)
         self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._tls = ctx.wrap_bio(self._tls_in, self._tls_out, server_side=True)
-        self._raw = memoryview(bytearray(_TLS_READ))  # records, as received
-        self._plain = memoryview(bytearray(_TLS_READ))  # what one record decrypts to
         self._handshake: asyncio.Future[None] | None = handshake  # None once done
         self._records = self._tls  # ``tls.records`` of it once the handshake is done
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._attach(transport)  # connected when the handshake is done
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._raw
-
-    def buffer_updated(self, nbytes: int) -> None:
+    def data_received(self, data: bytes) -> None:
         tls_in = self._tls_in
-        tls_in.write(self._raw[:nbytes])
+        tls_in.write(data)
         if self._handshake is not None and not self._shake():
             return
-        # What the records decrypt to goes to ``data_received`` record by record (it
-        # copies what it keeps: ``_plain`` is reused). ``_plain`` holds a whole record, so
-        # nothing decrypted waits in the TLS object: a read is due only while bytes wait
-        # in ``tls_in`` (a read that finds no whole record raises, which costs more).
-        tls, plain = self._records, self._plain
+        # Record by record: a read returns one record's bytes (``bytes`` of their size:
+        # cheaper than a view of a buffer of ours, which the frame cutter would slice as
+        # views again). Nothing decrypted is left in the TLS object after a read of a
+        # whole record's size, so a read is due only while bytes wait in ``tls_in`` (a
+        # read that finds no whole record raises, which costs more).
+        tls = self._records
         while True:
             try:
-                got = tls.read(_TLS_READ, plain)
+                plain = tls.read(_TLS_RECORD)
             except ssl.SSLWantReadError:
                 break  # the rest of a record is still on its way
             except ssl.SSLError as e:  # a record that does not decrypt, an alert
                 self._broken(e)
                 return
-            if not got:  # the client's close_notify: the end of the stream
+            if not plain:  # the client's close_notify: the end of the stream
                 if self.eof_received() is None and self._transport is not None:
                     self._transport.close()
                 return
-            self.data_received(plain[:got])  # type: ignore[arg-type]
+            TcpComm.data_received(self, plain)
             if not tls_in.pending or self._end is not None or self._closing:
                 break
         if self._tls_out.pending:  # a key update's answer
@@ -162,12 +162,15 @@ class TlsServerComm(TcpComm, asyncio.BufferedProtocol):
         return True
 
     def _broken(self, exc: ssl.SSLError) -> None:
+        """The session failed (a record that does not decrypt, an alert): the stream ends
+        as a lost connection does on the loop's TLS."""
         self._ended(
             ConnectionClosed(
                 f"connection to {self._peer} lost: {exc}", details={"peer": self._peer}
             )
         )
-        self.abort()
+        if self._transport is not None:
+            self._transport.abort()
 
     def _flush(self) -> None:
         if self._tls_out.pending and self._transport is not None:

@@ -14,6 +14,11 @@ request), ``async`` (sequential awaits on the loop thread, a node's path) or ``b
 (a ``BlockingConn`` in the calling thread, the path of the SDK's gets, writes and scans),
 from 1 client and from 4 concurrent client processes.
 
+``--callgrind`` counts instructions instead (valgrind's callgrind: the same count on every
+run, for machines without hardware counters, where CPU time moves with other work): per
+configuration, one client's ``--requests`` requests, with the server and that client
+instrumented only while they run; no timings.
+
 ``--tls on`` runs every connection over TLS 1.3 (certificates made by ``net/certs.py`` in a
 temporary directory; the server verifies nothing of the client, as for a user's client).
 ``--tls ab`` compares TLS with plaintext on the same code: side A plaintext, side B TLS
@@ -191,7 +196,15 @@ def _cpu_ns(pid: int) -> int:
 class Side:
     """One code version: a server process and its client processes."""
 
-    def __init__(self, name: str, src: Path | None, clients: int, cert_dir: Path | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        src: Path | None,
+        clients: int,
+        cert_dir: Path | None,
+        wrap: Sequence[str] = (),
+    ) -> None:
+        """``wrap``: a command the server and the first client run under (valgrind)."""
         self.name = name
         env = dict(os.environ)
         if src is not None:
@@ -202,7 +215,11 @@ class Side:
         if cert_dir is not None:
             cmd += ["--cert-dir", str(cert_dir)]
         self.server = subprocess.Popen(
-            [*cmd, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            [*wrap, *cmd, "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         assert self.server.stdout is not None
         self.address = self.server.stdout.readline().strip()
@@ -210,13 +227,13 @@ class Side:
             raise RuntimeError(f"side {name}: the server did not start")
         self.clients = [
             subprocess.Popen(
-                [*cmd, "client", "--address", self.address],
+                [*(wrap if i == 0 else ()), *cmd, "client", "--address", self.address],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
                 env=env,
             )
-            for _ in range(clients)
+            for i in range(clients)
         ]
         for c in self.clients:
             assert c.stdout is not None
@@ -307,6 +324,47 @@ def traced(side: Side, n: int, mode: str, msg: str, tool: str, tmp: Path) -> dic
     return out
 
 
+def _callgrind_wrap(out: Path) -> list[str]:
+    """Run under callgrind, instrumenting nothing until ``callgrind_control -i on``."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--callgrind needs valgrind (and callgrind_control) on the PATH")
+    return [
+        "valgrind",
+        "-q",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={out}/cg.%p",
+    ]
+
+
+def _callgrind_total(out: Path, pid: int) -> int:
+    """Instructions ``pid`` ran while instrumented: the totals of its dumps."""
+    total = 0
+    for path in out.glob(f"cg.{pid}*"):
+        for line in path.read_text().splitlines():
+            if line.startswith("totals:"):
+                total += int(line.split()[1])
+    return total
+
+
+def counted(side: Side, n: int, mode: str, msg: str, out: Path) -> dict[str, float]:
+    """Instructions per request of the server and of the first client, over ``n`` requests
+    of that client (a side made with ``_callgrind_wrap``)."""
+    pids = {"server": side.server.pid, "client": side.clients[0].pid}
+
+    def control(*flags: str) -> None:
+        for pid in pids.values():
+            subprocess.run(["callgrind_control", *flags, str(pid)], check=True, capture_output=True)
+
+    control("--zero")  # what earlier runs counted
+    control("-i", "on")
+    side.run(n, mode, msg, 1)
+    control("-i", "off")
+    before = {k: _callgrind_total(out, pid) for k, pid in pids.items()}
+    control("--dump")
+    return {k: (_callgrind_total(out, pid) - before[k]) / n for k, pid in pids.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench.diagnostics.net_roundtrip", description=__doc__
@@ -328,6 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, action="append", help="default: 1 and 4")
     ap.add_argument("--perf", action="store_true", help="instructions per request (perf stat)")
     ap.add_argument("--strace", action="store_true", help="syscalls per request (strace -c)")
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="instructions per request (valgrind's callgrind), no timings",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
@@ -358,6 +421,8 @@ def bench(args: argparse.Namespace) -> int:
     tls_of = {
         s: certs if args.tls == "on" or (args.tls == "ab" and s == "B") else None for s in names
     }
+    if args.callgrind:
+        return _count(args, modes, msgs, names, srcs, tls_of, certs, load0)
     sides = {s: Side(s, srcs[s], max(client_counts), tls_of[s]) for s in names}
     results: list[dict[str, Any]] = []
     try:
@@ -412,6 +477,53 @@ def bench(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"load {load0} -> {doc['load_after']}; written to {args.out}")
+    return 0
+
+
+def _count(
+    args: argparse.Namespace,
+    modes: Sequence[str],
+    msgs: Sequence[str],
+    names: Sequence[str],
+    srcs: dict[str, Path | None],
+    tls_of: dict[str, Path | None],
+    certs: Path,
+    load0: Any,
+) -> int:
+    """``--callgrind``: instructions per request, per configuration and side."""
+    out = Path(tempfile.mkdtemp(prefix="net_roundtrip-callgrind-"))
+    sides = {s: Side(s, srcs[s], 1, tls_of[s], _callgrind_wrap(out)) for s in names}
+    results: list[dict[str, Any]] = []
+    try:
+        for mode in modes:
+            for msg in msgs:
+                row: dict[str, Any] = {"mode": mode, "msg": msg, "clients": 1}
+                for s in names:
+                    sides[s].run(200, mode, msg, 1)  # warm-up, not instrumented
+                    row[s] = {"instructions": counted(sides[s], args.requests, mode, msg, out)}
+                    i = row[s]["instructions"]
+                    print(
+                        f"{mode:8} {msg:4} {s}: instructions per request: server "
+                        f"{i['server']:,.0f}, client {i['client']:,.0f}",
+                        flush=True,
+                    )
+                results.append(row)
+    finally:
+        for side in sides.values():
+            side.stop()
+        shutil.rmtree(certs, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+    doc = {
+        "bench": "net_roundtrip",
+        "command": " ".join(["python -m bench.diagnostics.net_roundtrip", *args.argv]),
+        "sides": {s: ("TLS" if tls_of[s] else "plain") for s in names},
+        "load_before": load0,
+        "load_after": load_average(),
+        "rows": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"written to {args.out}")
     return 0
 
 

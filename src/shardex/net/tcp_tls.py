@@ -13,10 +13,10 @@ are ``tls.py``'s.
 ``TlsServerComm`` runs TLS itself, in memory (an ``ssl.SSLObject`` between two
 ``MemoryBIO``s, as the blocking client does), over the loop's plain TCP transport, not
 through the loop's TLS transport: a node answers most requests on these connections, and
-the loop's TLS layer costs about twice the encryption itself per request and reply (per
-read it tries a second decryption that fails with an exception, and a write passes a
-backlog, flow-control and state checks before it reaches OpenSSL); see
-docs/decisions/0114-tls-in-memory-on-the-server-side.md.
+the loop's TLS layer adds half again to OpenSSL's own work per request and reply (after
+each record it tries another read, which fails with an exception raised through
+``ssl.SSLObject``; a write passes a backlog, flow-control and state checks before it
+reaches OpenSSL); see docs/decisions/0114-tls-in-memory-on-the-server-side.md.
 """
 
 from __future__ import annotations

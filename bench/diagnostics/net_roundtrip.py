@@ -10,8 +10,19 @@ server's CPU (``/proc/<pid>/task/*/schedstat``, nanoseconds), latency p50 and p9
 
 Configurations: ``ping`` (the ``Ping`` every connection answers) and ``rpc`` (a routed
 request with a 100-byte reply), each sent ``sync`` (one ``LoopThread.run`` hand-off per
-request, the SDK's path) or ``async`` (sequential awaits on the loop thread, a node's path),
+request), ``async`` (sequential awaits on the loop thread, a node's path) or ``blocking``
+(a ``BlockingConn`` in the calling thread, the path of the SDK's gets, writes and scans),
 from 1 client and from 4 concurrent client processes.
+
+``--callgrind`` counts instructions instead (valgrind's callgrind: the same count on every
+run, for machines without hardware counters, where CPU time moves with other work): per
+configuration, one client's ``--requests`` requests, with the server and that client
+instrumented only while they run; no timings.
+
+``--tls on`` runs every connection over TLS 1.3 (certificates made by ``net/certs.py`` in a
+temporary directory; the server verifies nothing of the client, as for a user's client).
+``--tls ab`` compares TLS with plaintext on the same code: side A plaintext, side B TLS
+(no ``--before-src``): read the B/A ratios as the cost of TLS.
 
 ``--before-src DIR`` (a copy of ``src/`` before a change) runs side A's server and clients
 on that code and side B's on this tree, the two taking turns round by round (ABBA), so a
@@ -26,10 +37,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,8 +52,9 @@ from bench.common.runner import load_average, percentile
 
 SECRET = "net-bench-secret"
 RESULTS = Path(__file__).parent / "results" / "net_roundtrip.json"
-MODES = ("sync", "async")
+MODES = ("sync", "async", "blocking")
 MSGS = ("ping", "rpc")
+TLS_CHOICES = ("off", "on", "ab")
 
 
 def _messages() -> tuple[type, type]:
@@ -61,7 +75,19 @@ def _messages() -> tuple[type, type]:
 # --- server process ------------------------------------------------------------------------
 
 
-def serve() -> None:
+def _tls(cert_dir: str | None, node: bool) -> Any:
+    """The ``TlsConfig`` of a process of the bench (None in clear): the server's is a node's,
+    a client's has the CA only."""
+    if not cert_dir:
+        return None
+    from shardex.net.tls import TlsConfig
+
+    if node:
+        return TlsConfig.for_node(Path(cert_dir), "server")
+    return TlsConfig(ca=TlsConfig.for_node(Path(cert_dir), "server").ca)
+
+
+def serve(cert_dir: str | None) -> None:
     from shardex.net import RpcServer, TcpTransport
     from shardex.net.loops import new_event_loop
 
@@ -69,7 +95,8 @@ def serve() -> None:
     value = b"v" * 100
 
     async def main() -> None:
-        server = RpcServer(TcpTransport(), SECRET, name="net-bench-server")
+        transport = TcpTransport(tls=_tls(cert_dir, node=True))
+        server = RpcServer(transport, SECRET, name="net-bench-server")
 
         async def on_get(msg: Any, conn: Any) -> Any:
             return value_cls(key=msg.key, value=value)
@@ -87,15 +114,38 @@ def serve() -> None:
 # --- client process ------------------------------------------------------------------------
 
 
-def client(address: str) -> None:
+def client(address: str, cert_dir: str | None) -> None:
     """Reads ``run N MODE MSG`` lines; answers each with one JSON line (latencies, CPU)."""
     from shardex.client.loop_thread import LoopThread
-    from shardex.net import ConnectionPool, Ping, TcpTransport
+    from shardex.net import ConnectionPool, Kind, Ping, Pong, TcpTransport
+    from shardex.net.blocking import BlockingConn
 
-    get_cls, _ = _messages()
+    get_cls, value_cls = _messages()
+    tls = _tls(cert_dir, node=False)
     io = LoopThread("net-bench-client")
-    pool = io.run(_make_pool(ConnectionPool, TcpTransport))
+    pool = io.run(_make_pool(ConnectionPool, lambda: TcpTransport(tls=tls)))
     msgs = {"ping": Ping(), "rpc": get_cls(key="k")}
+    replies = {"ping": Pong, "rpc": value_cls}
+    transport = TcpTransport(tls=tls)
+    conn = BlockingConn.open(
+        address,
+        SECRET,
+        name="net-bench-client",
+        timeout=10.0,
+        max_frame=transport.max_frame,
+        nonce=transport.nonce,
+        tls=tls,
+    )
+
+    def blocking(n: int, msg: Any, expect: type) -> list[float]:
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            rid = conn.new_request_id()
+            conn.send(msg, rid, Kind.REQUEST)
+            conn.reply(rid, msg, 10.0, expect)
+            out.append(time.perf_counter() - t)
+        return out
 
     async def many(n: int, msg: Any) -> list[float]:
         out = []
@@ -112,6 +162,8 @@ def client(address: str) -> None:
         cpu0 = time.process_time()
         if mode == "async":
             lat = io.run(many(n, msg))
+        elif mode == "blocking":
+            lat = blocking(n, msg, replies[name])
         else:
             lat = []
             for _ in range(n):
@@ -120,12 +172,13 @@ def client(address: str) -> None:
                 lat.append(time.perf_counter() - t)
         cpu = time.process_time() - cpu0
         print(json.dumps({"lat": lat, "cpu": cpu}), flush=True)
+    conn.close()
     io.run(pool.close())
     io.stop()
 
 
-async def _make_pool(pool_cls: Any, transport_cls: Any) -> Any:
-    return pool_cls(transport_cls(), SECRET, name="net-bench-client")
+async def _make_pool(pool_cls: Any, transport: Any) -> Any:
+    return pool_cls(transport(), SECRET, name="net-bench-client")
 
 
 # --- orchestration -------------------------------------------------------------------------
@@ -143,7 +196,15 @@ def _cpu_ns(pid: int) -> int:
 class Side:
     """One code version: a server process and its client processes."""
 
-    def __init__(self, name: str, src: Path | None, clients: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        src: Path | None,
+        clients: int,
+        cert_dir: Path | None,
+        wrap: Sequence[str] = (),
+    ) -> None:
+        """``wrap``: a command the server and the first client run under (valgrind)."""
         self.name = name
         env = dict(os.environ)
         if src is not None:
@@ -151,8 +212,14 @@ class Side:
                 p for p in (str(src.resolve()), env.get("PYTHONPATH", "")) if p
             )
         cmd = [sys.executable, "-m", "bench.diagnostics.net_roundtrip"]
+        if cert_dir is not None:
+            cmd += ["--cert-dir", str(cert_dir)]
         self.server = subprocess.Popen(
-            [*cmd, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            [*wrap, *cmd, "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         assert self.server.stdout is not None
         self.address = self.server.stdout.readline().strip()
@@ -160,13 +227,13 @@ class Side:
             raise RuntimeError(f"side {name}: the server did not start")
         self.clients = [
             subprocess.Popen(
-                [*cmd, "client", "--address", self.address],
+                [*(wrap if i == 0 else ()), *cmd, "client", "--address", self.address],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
                 env=env,
             )
-            for _ in range(clients)
+            for i in range(clients)
         ]
         for c in self.clients:
             assert c.stdout is not None
@@ -257,12 +324,60 @@ def traced(side: Side, n: int, mode: str, msg: str, tool: str, tmp: Path) -> dic
     return out
 
 
+def _callgrind_wrap(out: Path) -> list[str]:
+    """Run under callgrind, instrumenting nothing until ``callgrind_control -i on``."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--callgrind needs valgrind (and callgrind_control) on the PATH")
+    return [
+        "valgrind",
+        "-q",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={out}/cg.%p",
+    ]
+
+
+def _callgrind_total(out: Path, pid: int) -> int:
+    """Instructions ``pid`` ran while instrumented: the totals of its dumps."""
+    total = 0
+    for path in out.glob(f"cg.{pid}*"):
+        for line in path.read_text().splitlines():
+            if line.startswith("totals:"):
+                total += int(line.split()[1])
+    return total
+
+
+def counted(side: Side, n: int, mode: str, msg: str, out: Path) -> dict[str, float]:
+    """Instructions per request of the server and of the first client, over ``n`` requests
+    of that client (a side made with ``_callgrind_wrap``)."""
+    pids = {"server": side.server.pid, "client": side.clients[0].pid}
+
+    def control(*flags: str) -> None:
+        for pid in pids.values():
+            subprocess.run(["callgrind_control", *flags, str(pid)], check=True, capture_output=True)
+
+    control("--zero")  # what earlier runs counted
+    control("-i", "on")
+    side.run(n, mode, msg, 1)
+    control("-i", "off")
+    before = {k: _callgrind_total(out, pid) for k, pid in pids.items()}
+    control("--dump")
+    return {k: (_callgrind_total(out, pid) - before[k]) / n for k, pid in pids.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench.diagnostics.net_roundtrip", description=__doc__
     )
     ap.add_argument("command", nargs="?", default="bench", choices=["bench", "serve", "client"])
     ap.add_argument("--address", help=argparse.SUPPRESS)
+    ap.add_argument("--cert-dir", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--tls",
+        choices=TLS_CHOICES,
+        default="off",
+        help="on: every connection over TLS; ab: side A plaintext, side B TLS, same code",
+    )
     ap.add_argument("--before-src", type=Path, help="side A's code: a copy of src/")
     ap.add_argument("--requests", type=int, default=1000, help="per client per round")
     ap.add_argument("--rounds", type=int, default=6)
@@ -271,16 +386,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, action="append", help="default: 1 and 4")
     ap.add_argument("--perf", action="store_true", help="instructions per request (perf stat)")
     ap.add_argument("--strace", action="store_true", help="syscalls per request (strace -c)")
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="instructions per request (valgrind's callgrind), no timings",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     args.argv = argv
     if args.command == "serve":
-        serve()
+        serve(args.cert_dir)
         return 0
     if args.command == "client":
-        client(args.address)
+        client(args.address, args.cert_dir)
         return 0
+    if args.tls == "ab" and args.before_src is not None:
+        ap.error("--tls ab compares TLS with plaintext on this tree: no --before-src with it")
     return bench(args)
 
 
@@ -288,10 +410,20 @@ def bench(args: argparse.Namespace) -> int:
     modes, msgs = args.mode or list(MODES), args.msg or list(MSGS)
     client_counts = sorted(set(args.clients or [1, 4]))
     configs = [(m, g, c) for c in client_counts for m in modes for g in msgs]
-    names = ["A", "B"] if args.before_src else ["B"]
+    names = ["A", "B"] if args.before_src or args.tls == "ab" else ["B"]
     srcs = {"A": args.before_src, "B": None}
     load0 = load_average()
-    sides = {s: Side(s, srcs[s], max(client_counts)) for s in names}
+    certs = Path(tempfile.mkdtemp(prefix="net_roundtrip-certs-"))
+    if args.tls != "off":
+        from shardex.net.certs import make_cluster_certs
+
+        make_cluster_certs(certs, {"server": ["127.0.0.1"]})
+    tls_of = {
+        s: certs if args.tls == "on" or (args.tls == "ab" and s == "B") else None for s in names
+    }
+    if args.callgrind:
+        return _count(args, modes, msgs, names, srcs, tls_of, certs, load0)
+    sides = {s: Side(s, srcs[s], max(client_counts), tls_of[s]) for s in names}
     results: list[dict[str, Any]] = []
     try:
         for s in sides.values():  # warm-up: connections, decoders, caches
@@ -333,9 +465,11 @@ def bench(args: argparse.Namespace) -> int:
     finally:
         for s in sides.values():
             s.stop()
+        shutil.rmtree(certs, ignore_errors=True)
     doc = {
         "bench": "net_roundtrip",
         "command": " ".join(["python -m bench.diagnostics.net_roundtrip", *args.argv]),
+        "sides": {s: ("TLS" if tls_of[s] else "plain") for s in names},
         "load_before": load0,
         "load_after": load_average(),
         "rows": results,
@@ -343,6 +477,53 @@ def bench(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"load {load0} -> {doc['load_after']}; written to {args.out}")
+    return 0
+
+
+def _count(
+    args: argparse.Namespace,
+    modes: Sequence[str],
+    msgs: Sequence[str],
+    names: Sequence[str],
+    srcs: dict[str, Path | None],
+    tls_of: dict[str, Path | None],
+    certs: Path,
+    load0: Any,
+) -> int:
+    """``--callgrind``: instructions per request, per configuration and side."""
+    out = Path(tempfile.mkdtemp(prefix="net_roundtrip-callgrind-"))
+    sides = {s: Side(s, srcs[s], 1, tls_of[s], _callgrind_wrap(out)) for s in names}
+    results: list[dict[str, Any]] = []
+    try:
+        for mode in modes:
+            for msg in msgs:
+                row: dict[str, Any] = {"mode": mode, "msg": msg, "clients": 1}
+                for s in names:
+                    sides[s].run(200, mode, msg, 1)  # warm-up, not instrumented
+                    row[s] = {"instructions": counted(sides[s], args.requests, mode, msg, out)}
+                    i = row[s]["instructions"]
+                    print(
+                        f"{mode:8} {msg:4} {s}: instructions per request: server "
+                        f"{i['server']:,.0f}, client {i['client']:,.0f}",
+                        flush=True,
+                    )
+                results.append(row)
+    finally:
+        for side in sides.values():
+            side.stop()
+        shutil.rmtree(certs, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+    doc = {
+        "bench": "net_roundtrip",
+        "command": " ".join(["python -m bench.diagnostics.net_roundtrip", *args.argv]),
+        "sides": {s: ("TLS" if tls_of[s] else "plain") for s in names},
+        "load_before": load0,
+        "load_after": load_average(),
+        "rows": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"written to {args.out}")
     return 0
 
 

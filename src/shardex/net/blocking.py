@@ -56,7 +56,7 @@ from shardex.net.messages import (
     encode_frame,
     message_type_name,
 )
-from shardex.net.tls import TlsConfig, cert_refused, tls_failure
+from shardex.net.tls import TlsConfig, cert_refused, records, tls_failure
 from shardex.net.transport import connect_failed, split_address
 
 __all__ = ["BlockingConn"]
@@ -67,6 +67,8 @@ M = TypeVar("M", bound=Message)
 # socket: ``recv(n)`` would allocate n bytes per call and then shrink them.
 _RECV: Final = 64 * 1024
 _PEEK: Final = socket.MSG_PEEK | socket.MSG_DONTWAIT
+# The most a TLS record's payload holds (TLS 1.3: 2^14 bytes).
+_TLS_RECORD: Final = 16 * 1024
 
 
 def _timeval(seconds: float) -> bytes:
@@ -149,7 +151,8 @@ class BlockingConn:
         peername = sock.getpeername()
         conn = cls(sock, address, f"{peername[0]}:{peername[1]}", max_frame)
         if session is not None:
-            conn._tls, conn._tls_in, conn._tls_out = session
+            obj, conn._tls_in, conn._tls_out = session
+            conn._tls = records(obj)
         conn._fresh = tls is not None and tls.is_node
         hs.peer = conn.peer
         try:
@@ -389,17 +392,20 @@ class BlockingConn:
         tls, tls_in = self._tls, self._tls_in
         assert tls is not None and tls_in is not None
         tls_in.write(self._rbuf[:n])
-        buf, out = self._buf, self._rbuf  # the bytes are in the BIO: the buffer is free
-        # ``pending`` first: a read that finds no whole record raises, which costs more
-        while tls_in.pending or tls.pending():
+        buf = self._buf
+        # A read returns one record's bytes (``bytes`` of their size: cheaper than a view
+        # of a buffer of ours). Nothing decrypted is left in the TLS object after a read
+        # of a whole record's size, so a read is due only while bytes wait in ``tls_in``
+        # (checked first: a read that finds no whole record raises, which costs more).
+        while tls_in.pending:
             try:
-                got = tls.read(_RECV, out)
+                plain = tls.read(_TLS_RECORD)
             except ssl.SSLWantReadError:
                 break  # the rest of a record is still on its way
-            if not got:
+            if not plain:
                 self._lost("closed by peer")
                 return False
-            buf += out[:got]
+            buf += plain
         return True
 
     # -- ending --

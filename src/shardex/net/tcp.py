@@ -7,7 +7,7 @@ this layer; encoding, authentication and request matching live in ``shardex.net.
 asyncio protocol that cuts frames in the loop's callback. With a ``TlsConfig``
 (``shardex.net.tls``) every connection is TLS 1.3: outgoing ones through the loop's own TLS,
 incoming ones through a listener that refuses plaintext clients with a frame they can read
-(``tcp_tls.py``).
+and runs TLS in memory for the others (``tcp_tls.py``).
 """
 
 from __future__ import annotations
@@ -78,13 +78,10 @@ class TcpTransport(Transport):
         def factory() -> TcpComm:
             return PlainComm(self.max_frame, on_connected)
 
-        def tls_factory() -> TcpComm:
-            return TlsComm(self.max_frame, on_connected)
-
         if self.tls is not None:
             ctx = self.tls.server_context()  # a missing certificate: a ConfigError now
             sock = await bind_socket(loop, host, port, address)
-            return TlsListener(sock, ctx, tls_factory, running)
+            return TlsListener(sock, ctx, self.max_frame, on_connected, running)
         try:
             server = await loop.create_server(factory, host, port)
         except OSError as e:

@@ -92,6 +92,16 @@ class TcpComm(Comm, asyncio.BaseProtocol):
     # --- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._attach(transport)
+        # A loop's TLS transport calls this once its handshake is done: the peer's
+        # certificate, if it presented one, has been verified against the cluster CA.
+        if transport.get_extra_info("sslcontext") is not None:
+            self._connected(peer_node_name(transport.get_extra_info("peercert")))
+        else:
+            self._connected(None, encrypted=False)
+
+    def _attach(self, transport: asyncio.BaseTransport) -> None:
+        """Take ``transport`` as this comm's byte stream (not yet ``_connected``)."""
         # uvloop's transports are not asyncio.Transport subclasses; both have its methods.
         self._transport = transport  # type: ignore[assignment]
         self._local = fmt_addr(transport.get_extra_info("sockname"))
@@ -103,11 +113,12 @@ class TcpComm(Comm, asyncio.BaseProtocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
-        # A TLS transport calls this once its handshake is done: the peer's certificate,
-        # if it presented one, has been verified against the cluster CA.
-        if transport.get_extra_info("sslcontext") is not None:
-            self._encrypted = True
-            self._peer_node = peer_node_name(transport.get_extra_info("peercert"))
+
+    def _connected(self, peer_node: str | None, encrypted: bool = True) -> None:
+        """The stream carries frames from now on (over TLS: its handshake is done, and
+        ``peer_node`` is what the peer's verified certificate names)."""
+        self._encrypted = encrypted
+        self._peer_node = peer_node
         if self._on_connected is not None:
             self._on_connected(self)
 

@@ -1,13 +1,22 @@
-"""The TCP transport under TLS: the comm the loop's TLS reads into, and the listener that
+"""The TCP transport under TLS: the comms that carry frames over TLS, and the listener that
 tells TLS clients from plaintext ones.
 
 Outgoing connections go through the loop's own TLS (``create_connection(ssl=...)``, in
-``tcp.py``); incoming ones through a listener of our own (``TlsListener``) that looks at each
-new connection's first byte before it upgrades: a TLS ClientHello is handed to the loop's
-TLS, anything else - a plaintext client, which sends nothing and waits for the server's
-challenge - gets one ``ErrorReply`` frame saying the port requires TLS, and is closed. (A
-listener made by ``create_server`` reads the first bytes itself; once read they cannot be
-handed to TLS.) The contexts, certificates and failure messages are ``tls.py``'s.
+``tcp.py``) into a ``TlsComm``. Incoming ones go through a listener of our own
+(``TlsListener``) that looks at each new connection's first byte: a TLS ClientHello is
+handed to a ``TlsServerComm``, anything else - a plaintext client, which sends nothing and
+waits for the server's challenge - gets one ``ErrorReply`` frame saying the port requires
+TLS, and is closed. (A listener made by ``create_server`` reads the first bytes itself;
+once read they cannot be handed to TLS.) The contexts, certificates and failure messages
+are ``tls.py``'s.
+
+``TlsServerComm`` runs TLS itself, in memory (an ``ssl.SSLObject`` between two
+``MemoryBIO``s, as the blocking client does), over the loop's plain TCP transport, not
+through the loop's TLS transport: a node answers most requests on these connections, and
+the loop's TLS layer adds half again to OpenSSL's own work per request and reply (after
+each record it tries another read, which fails with an exception raised through
+``ssl.SSLObject``; a write passes a backlog, flow-control and state checks before it
+reaches OpenSSL); see docs/decisions/0114-tls-in-memory-on-the-server-side.md.
 """
 
 from __future__ import annotations
@@ -19,15 +28,17 @@ import socket
 import ssl
 from collections.abc import Callable
 
-from shardex.errors import ErrorCode, NodeUnavailable
-from shardex.net.framing import header
+from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable
+from shardex.net.framing import HEADER, header
 from shardex.net.messages import Envelope, ErrorReply, Kind, encode_frame
 from shardex.net.tcp_comm import TcpComm, fmt_addr
 from shardex.net.tls import (
     REFUSAL_HINT,
     SNIFF_TIMEOUT,
     TLS_RECORD_HANDSHAKE,
+    peer_node_name,
     plaintext_refusal_message,
+    records,
     tls_failure,
 )
 from shardex.net.transport import DEFAULT_MAX_FRAME, Listener
@@ -39,6 +50,10 @@ _TLS_HANDSHAKE_TIMEOUT = 5.0
 _BACKLOG = 1024
 # The buffer decrypted bytes are read into (one TLS record is at most 16 KiB).
 _TLS_READ = 64 * 1024
+# Frames this small are encrypted with their header, as one record (``TcpComm._send``).
+_JOIN_BELOW = 64 * 1024
+# The most a TLS record's payload holds (TLS 1.3: 2^14 bytes).
+_TLS_RECORD = 16 * 1024
 
 
 class TlsComm(TcpComm, asyncio.BufferedProtocol):
@@ -67,20 +82,157 @@ class TlsComm(TcpComm, asyncio.BufferedProtocol):
         self.data_received(self._rbuf[:nbytes])  # type: ignore[arg-type]
 
 
+class TlsServerComm(TcpComm, asyncio.Protocol):
+    """An accepted connection's ``TcpComm`` with TLS run here, in memory, over the loop's
+    plain transport: the records received (``data_received``: a node's requests are small,
+    and the loop's ``bytes`` of each read cost less than a ``get_buffer`` call and a view)
+    are fed to the TLS object, what each record decrypts to is cut into frames; a frame
+    sent is encrypted (header and body as one record) and its records go out in one
+    transport write.
+
+    The handshake runs as the client's records arrive; ``handshake`` gets its outcome,
+    and the comm is connected (``on_connected``) only once it succeeded."""
+
+    def __init__(
+        self,
+        max_frame: int,
+        on_connected: Callable[[TcpComm], None],
+        ctx: ssl.SSLContext,
+        handshake: asyncio.Future[None],
+    ) -> None:
+        super().__init__(max_frame, on_connected)
+        self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = ctx.wrap_bio(self._tls_in, self._tls_out, server_side=True)
+        self._handshake: asyncio.Future[None] | None = handshake  # None once done
+        self._records = self._tls  # ``tls.records`` of it once the handshake is done
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._attach(transport)  # connected when the handshake is done
+
+    def data_received(self, data: bytes) -> None:
+        tls_in = self._tls_in
+        tls_in.write(data)
+        if self._handshake is not None and not self._shake():
+            return
+        # Record by record: a read returns one record's bytes (``bytes`` of their size:
+        # cheaper than a view of a buffer of ours, which the frame cutter would slice as
+        # views again). Nothing decrypted is left in the TLS object after a read of a
+        # whole record's size, so a read is due only while bytes wait in ``tls_in`` (a
+        # read that finds no whole record raises, which costs more).
+        tls = self._records
+        while True:
+            try:
+                plain = tls.read(_TLS_RECORD)
+            except ssl.SSLWantReadError:
+                break  # the rest of a record is still on its way
+            except ssl.SSLError as e:  # a record that does not decrypt, an alert
+                self._broken(e)
+                return
+            if not plain:  # the client's close_notify: the end of the stream
+                if self.eof_received() is None and self._transport is not None:
+                    self._transport.close()
+                return
+            TcpComm.data_received(self, plain)
+            if not tls_in.pending or self._end is not None or self._closing:
+                break
+        if self._tls_out.pending:  # a key update's answer
+            self._flush()
+
+    def _shake(self) -> bool:
+        """Take the handshake as far as the records received allow; True once done."""
+        handshake = self._handshake
+        assert handshake is not None
+        try:
+            self._tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._flush()
+            return False
+        except ssl.SSLError as e:  # a client certificate that does not verify, not TLS...
+            self._flush()  # our alert, if any
+            self._handshake = None
+            if not handshake.done():
+                handshake.set_exception(e)
+            return False
+        self._flush()
+        self._handshake = None
+        self._records = records(self._tls)
+        self._connected(peer_node_name(self._tls.getpeercert()))
+        if not handshake.done():
+            handshake.set_result(None)
+        return True
+
+    def _broken(self, exc: ssl.SSLError) -> None:
+        """The session failed (a record that does not decrypt, an alert): the stream ends
+        as a lost connection does on the loop's TLS."""
+        self._ended(
+            ConnectionClosed(
+                f"connection to {self._peer} lost: {exc}", details={"peer": self._peer}
+            )
+        )
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _flush(self) -> None:
+        if self._tls_out.pending and self._transport is not None:
+            self._transport.write(self._tls_out.read())
+
+    def _send(self, frame: bytes) -> None:
+        size = len(frame)
+        tls = self._records
+        try:
+            if size < _JOIN_BELOW:
+                tls.write(size.to_bytes(HEADER, "big") + frame)
+            else:  # no copy of a large body
+                tls.write(size.to_bytes(HEADER, "big"))
+                tls.write(frame)
+        except ssl.SSLError as e:
+            self._broken(e)
+            raise ConnectionClosed(
+                f"connection to {self._peer} lost: {e}", details={"peer": self._peer}
+            ) from None
+        transport = self._transport
+        assert transport is not None
+        transport.write(self._tls_out.read())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        handshake, self._handshake = self._handshake, None
+        if handshake is not None and not handshake.done():
+            handshake.set_exception(exc or ConnectionResetError("closed during the TLS handshake"))
+        super().connection_lost(exc)
+
+    async def close(self) -> None:
+        transport = self._transport
+        if (
+            not self.closed
+            and self._handshake is None
+            and transport is not None
+            and not transport.is_closing()
+        ):
+            # A close_notify first, as the loop's TLS sends one: the peer tells our close
+            # from a connection cut in transit.
+            with contextlib.suppress(ssl.SSLError):
+                self._tls.unwrap()  # writes it, then wants the peer's: SSLWantReadError
+            self._flush()
+        await super().close()
+
+
 class TlsListener(Listener):
-    """Accepts connections itself, sniffs each one's first byte, upgrades TLS clients with
-    the loop's TLS and refuses plaintext ones with a frame they can read."""
+    """Accepts connections itself, sniffs each one's first byte, serves TLS clients with a
+    ``TlsServerComm`` (handed to ``on_connected`` once its handshake is done) and refuses
+    plaintext ones with a frame they can read."""
 
     def __init__(
         self,
         sock: socket.socket,
         ctx: ssl.SSLContext,
-        factory: Callable[[], TcpComm],
+        max_frame: int,
+        on_connected: Callable[[TcpComm], None],
         tasks: set[asyncio.Task[None]],
     ) -> None:
         self._sock = sock
         self._ctx = ctx
-        self._factory = factory
+        self._max_frame = max_frame
+        self._on_connected = on_connected
         self._tasks = tasks  # the serving tasks' set, shared with the transport's handler
         self._loop = asyncio.get_running_loop()
         self._address = fmt_addr(sock.getsockname())
@@ -121,17 +273,24 @@ class TlsListener(Listener):
         if first != TLS_RECORD_HANDSHAKE:
             self._refuse(sock, peer)
             return
+        handshake: asyncio.Future[None] = self._loop.create_future()
+        transport: asyncio.BaseTransport | None = None
         try:
-            await self._loop.connect_accepted_socket(
-                self._factory, sock, ssl=self._ctx, ssl_handshake_timeout=_TLS_HANDSHAKE_TIMEOUT
+            transport, _ = await self._loop.connect_accepted_socket(
+                lambda: TlsServerComm(self._max_frame, self._on_connected, self._ctx, handshake),
+                sock,
             )
+            await asyncio.wait_for(handshake, _TLS_HANDSHAKE_TIMEOUT)
         except (OSError, TimeoutError) as e:  # ssl.SSLError is an OSError
             failure = tls_failure(peer, e)
             reason = failure.message if failure is not None else (str(e) or type(e).__name__)
             # The client's certificate did not verify (wrong CA, expired), or it gave up.
             log.warning("TLS handshake with %s failed: %s", peer, reason)
-            with contextlib.suppress(OSError):
-                sock.close()
+            if transport is not None:
+                transport.close()  # after our alert, if the handshake wrote one
+            else:
+                with contextlib.suppress(OSError):
+                    sock.close()
 
     async def _first_byte(self, sock: socket.socket) -> int | None:
         """The first byte the peer sent (peeked: it stays for TLS to read), -1 if it sent

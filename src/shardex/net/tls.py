@@ -38,6 +38,7 @@ __all__ = [
     "cert_refused",
     "peer_node_name",
     "plaintext_refusal_message",
+    "records",
     "tls_failure",
 ]
 
@@ -140,6 +141,14 @@ class TlsConfig:
                 f"cannot load the TLS files ({self.ca or 'CA given as PEM'}, {self.cert}): {e}",
                 details={"value": str(self.cert or self.ca), "hint": "check the PEM files"},
             ) from None
+
+
+def records(obj: ssl.SSLObject) -> ssl.SSLObject:
+    """What moves the records of an in-memory TLS session ``obj`` once its handshake is
+    done: the C object under ``ssl.SSLObject`` (the same ``read(n, buffer)``, ``write``
+    and ``pending``), without the Python method in front of each call - two of them per
+    frame each way, on every request and reply. ``obj`` itself where that is absent."""
+    return getattr(obj, "_sslobj", obj)
 
 
 def peer_node_name(peercert: dict[str, Any] | None) -> str | None:

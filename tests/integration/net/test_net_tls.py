@@ -132,12 +132,13 @@ def test_the_ca_is_a_file_or_pem_text(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"]
 )
-def test_tls_reads_go_into_the_comms_buffer(
+def test_tls_reads_go_into_the_client_comms_buffer(
     pki: dict[str, TlsConfig], loop_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both loops' TLS hand decrypted bytes to a TLS comm through ``get_buffer`` (uvloop
-    takes any ``asyncio.Protocol`` for a plain one and would allocate a 256 KiB ``bytes``
-    per read instead), on both ends of the connection."""
+    """Both loops' TLS hand decrypted bytes to a client's TLS comm through ``get_buffer``
+    (uvloop takes any ``asyncio.Protocol`` for a plain one and would allocate a 256 KiB
+    ``bytes`` per read instead). The server's comm decrypts in memory itself
+    (``tests/unit/net/test_tls_server_comm.py``)."""
     from shardex.net import tcp_tls
 
     buffers: list[int] = []
@@ -159,8 +160,8 @@ def test_tls_reads_go_into_the_comms_buffer(
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(go())
-    # The handshake's frames and a 50 KB request and reply, through both comms' buffers.
-    assert len(buffers) >= 4
+    # The handshake's frames and a 50 KB reply, through the client comm's buffer.
+    assert len(buffers) >= 3
 
 
 async def test_plaintext_comm_has_no_peer_node() -> None:
@@ -266,6 +267,32 @@ async def test_plaintext_client_is_refused_cleanly_and_the_server_keeps_serving(
         reply = await asyncio.wait_for(reader.read(), 10)
         assert b"requires TLS" in reply
         writer.close()
+        await (await _echo(pki["n2"], address)).close()
+    finally:
+        await server.stop()
+
+
+async def test_a_client_silent_in_the_tls_handshake_is_dropped(
+    pki: dict[str, TlsConfig], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that starts a TLS handshake and stops sending is cut off once the
+    handshake's time is up, and the server keeps serving."""
+    from shardex.net import tcp_tls
+
+    monkeypatch.setattr(tcp_tls, "_TLS_HANDSHAKE_TIMEOUT", 0.3)
+    server, address, comms = await _server(pki["n1"])
+    try:
+        with caplog.at_level(logging.WARNING, logger="shardex.net.tcp_tls"):
+            reader, writer = await asyncio.open_connection(*address.rsplit(":", 1))
+            writer.write(bytes([0x16, 0x03, 0x01]))  # the start of a ClientHello, no more
+            # The server hangs up (EOF), however long that takes on a loaded machine.
+            assert await asyncio.wait_for(reader.read(), 20) == b""
+            writer.close()
+        assert any(
+            "TLS handshake with" in r.getMessage() and "TimeoutError" in r.getMessage()
+            for r in caplog.records
+        )
+        assert comms == []  # never handed to the RPC layer
         await (await _echo(pki["n2"], address)).close()
     finally:
         await server.stop()

@@ -123,6 +123,15 @@ def test_curl_form_and_json_bodies_answer_couchbases_envelope(env: Env) -> None:
     assert _ok(a) == [{"one": 1}]
 
 
+def test_now_is_one_time_per_statement_over_http(env: Env) -> None:
+    # The node stamps the statement time into the params as for the RPC path: every row,
+    # wherever it is read, sees one NOW_MILLIS (unstamped, each call reads the clock).
+    keys = ", ".join(f"'p{i:03d}'" for i in range(1, 21))
+    a = form(env.url, env.auth, statement=f"SELECT NOW_MILLIS() AS n FROM {KS} USE KEYS [{keys}]")
+    rows = _ok(a)
+    assert len(rows) == 20 and len({r["n"] for r in rows}) == 1, rows
+
+
 def test_writes_report_mutations_and_are_read_back(env: Env) -> None:
     a = form(
         env.url,

@@ -238,14 +238,12 @@ class SqlService:
         """The statement once admitted (``admission``): it holds its slot until its last
         row is sent, on every way out (done, error, cancel, a lost connection)."""
         self.streams.check_new(conn, msg.stream_id)
-        self._check(msg)  # a request that cannot run never queues
-        if mentions_statement_time(msg.statement):  # NOW_*: one time for every fragment
-            msg = msgspec.structs.replace(msg, params=with_statement_time(msg.params))
+        msg = self._accepted(msg)
         slot = self.admission.try_enter()
         if slot is None:
             return self._queued(msg, conn)
         try:
-            started = self._select_now(msg, conn)
+            started = self._select_now(msg, conn.principal)
         except BaseException:
             slot.release()
             raise
@@ -253,6 +251,14 @@ class SqlService:
             return self._admitted(msg, conn, slot)
         slot.release()
         return started
+
+    def _accepted(self, msg: SqlQuery) -> SqlQuery:
+        """``msg`` checked (a request that cannot run never queues) and, when it names
+        ``NOW_*``, its params stamped with the statement time (one for every fragment)."""
+        self._check(msg)
+        if mentions_statement_time(msg.statement):
+            msg = msgspec.structs.replace(msg, params=with_statement_time(msg.params))
+        return msg
 
     async def _queued(self, msg: SqlQuery, conn: Connection) -> SqlStarted:
         msg, slot = await self._wait_for_slot(msg)
@@ -274,11 +280,15 @@ class SqlService:
         the checks, admission and statement logic of ``on_query``, its rows handed back as
         an iterator instead of a stream on a connection. The caller closes the rows and
         releases the slot once they end, however they end."""
-        self._check(msg)
+        msg = self._accepted(msg)
         slot = self.admission.try_enter()
         if slot is None:
             msg, slot = await self._wait_for_slot(msg)
         try:
+            now = self._select_now(msg, principal)
+            if now is not None:  # answered in this turn: its rows are the reply's
+                rows, now = now.rows, msgspec.structs.replace(now, rows=[], done=False)
+                return now, once(rows), slot
             started, chunks = await self._run(msg, principal)
         except BaseException:
             slot.release()
@@ -292,7 +302,7 @@ class SqlService:
             slot.release()
             raise
 
-    def _select_now(self, msg: SqlQuery, conn: Connection) -> SqlStarted | None:
+    def _select_now(self, msg: SqlQuery, principal: Principal | None) -> SqlStarted | None:
         """The whole answer of a key lookup whose documents are all this node's, made in
         this loop turn (``KeyLookups.read_now``); None for anything else (the awaited path
         does it from the start: every step here is repeated there or answers the same)."""
@@ -313,7 +323,7 @@ class SqlService:
         state = self.scan.view.state_now()
         if statement_facts(b).key_lookup is None or state is None:
             return None
-        check_statement(conn.principal, stmt)
+        check_statement(principal, stmt)
         check_params(b.params(), params)
         plan = plan_select(b, params, state=state, members=self._members(), tuning=tuning)
         keys = self.keys.keys_of(plan, params)

@@ -182,9 +182,14 @@ class ClusterView:
         """``high_seqnos`` of every partition read after this call, through a round shared
         with concurrent callers (``shared_partial_high_seqnos``), completed if need be: what
         a request_plus scan or query waits for before any slice is read."""
+        return Timestamp.from_wire(await self.shared_high_seqnos_wire(keyspace))
+
+    async def shared_high_seqnos_wire(self, keyspace: str) -> Mapping[int, tuple[int, int]]:
+        """``shared_high_seqnos`` as its wire dict, not checked into a ``Timestamp``
+        (``high_seqnos_wire``); it may be shared: do not modify it."""
         owners = await self.data_owners(keyspace)
         shared = await self.shared_partial_high_seqnos(keyspace, (), owners)
-        return await self.high_seqnos(keyspace, known=shared)
+        return await self.high_seqnos_wire(keyspace, known=shared)
 
     def _start_pending(
         self,

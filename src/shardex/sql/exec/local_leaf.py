@@ -26,41 +26,55 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardex.core.timestamp import Timestamp
 from shardex.sql.exec.documents import DocumentAccess
-from shardex.sql.exec.fragments import leaf_pipeline, root_pipeline
+from shardex.sql.exec.fragments import concatenated, root_pipeline, run_leaf
 from shardex.sql.exec.memory import NodeMemory
-from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND
+from shardex.sql.exec.plan import PhysicalPlan
 from shardex.sql.exec.rows import cell_chunks
-from shardex.sql.protocol import QueryPlan
 
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["run_local", "speculate"]
+__all__ = ["LocalRun", "run_local", "speculate"]
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """A plan run in-process and what its fragments would carry besides: the statement's
+    text, whether it is a DML's derived SELECT, the memory quota and whether it may spill."""
+
+    plan: PhysicalPlan
+    sql: str
+    dml: bool
+    budget: int
+    spill: bool
 
 
 def run_local(
     index_scan: IndexScanServer,
     documents: DocumentAccess,
     memory: NodeMemory,
-    qplan: QueryPlan,
+    local: LocalRun,
+    ts: Timestamp | None,
     params: Any,
     name: str,
 ) -> AsyncIterator[list[bytes]]:
-    """The result rows (encoded, in chunks) of ``qplan``, a root and one leaf, both here.
-    Closing the iterator early closes the leaf's too (the root's pipeline closes its
-    sources)."""
-    by_kind = {f.kind: f for f in qplan.fragments}
-    assert len(qplan.fragments) == 2 and by_kind.keys() == {ROOT_KIND, LEAF_KIND}
-    params = params if params is not None else []
-    leaf = leaf_pipeline(
-        index_scan, documents, memory, by_kind[LEAF_KIND].args, params, name, cell_chunks
-    )
-    root = by_kind[ROOT_KIND].args
+    """The result rows (encoded, in chunks) of ``local.plan`` (a root and one leaf, both
+    here) at ``ts``. Closing the iterator early closes the leaf's too (the root's pipeline
+    closes its sources)."""
+    plan, params = local.plan, params if params is not None else []
+    assert len(plan.leaves) == 1
+    spec = plan.leaf_spec(plan.leaves[0], local.dml, ts, local.budget, local.spill)
+    leaf = run_leaf(index_scan, documents, memory, spec, params, name, cell_chunks)
+    if plan.mode == "rows" and not plan.bound.distinct and not spec.late:
+        # The root would pass the leaf's encoded rows on as they are: no root pipeline.
+        return concatenated([leaf], plan.offset, plan.limit)
+    root = plan.root_args(local.sql, local.dml, local.budget, local.spill)
     return root_pipeline(documents, memory, root, params, name, [leaf], cell_chunks, list)
 
 
@@ -68,35 +82,41 @@ async def speculate(
     index_scan: IndexScanServer,
     documents: DocumentAccess,
     memory: NodeMemory,
-    plan_at: Callable[[Timestamp], QueryPlan],
-    seqnos: Callable[[], Any],
-    slices: tuple[str, list[int]],
+    local: LocalRun,
+    seqnos: Callable[[], Awaitable[Mapping[int, tuple[int, int]]]],
     params: Any,
     name: str,
     timeout: float,
 ) -> tuple[Timestamp, AsyncIterator[list[bytes]]]:
-    """A request_plus run of a local one-leaf plan (``plan_at(ts)``): the TS it reads and its
-    rows. ``seqnos()``: the keyspace's high seqnos, read after the statement arrived (a
-    coroutine); ``slices``: the leaf's index id and partitions."""
-    index_id, partitions = slices
+    """A request_plus run of ``local``: the TS it reads and its rows. ``seqnos()``: the
+    keyspace's high seqnos as a wire dict, read after the statement arrived
+    (``ClusterView.shared_high_seqnos_wire``)."""
+    plan = local.plan
+    assert plan.record is not None
+    index_id, partitions = plan.record.id, plan.leaves[0].partitions
     round_trip = asyncio.ensure_future(seqnos())
     try:
         newest = await index_scan.stable_ts(index_id, partitions, None, timeout)
     except BaseException:
         round_trip.cancel()
         raise
-    chunks = run_local(index_scan, documents, memory, plan_at(newest), params, name)
+    chunks = run_local(index_scan, documents, memory, local, newest, params, name)
     first = asyncio.ensure_future(anext(chunks, None))
     try:
-        wait_for: Timestamp = await round_trip
+        high = await round_trip
     except BaseException:
         await _drop(first, chunks)
         raise
+    # An index that caught up holds exactly the high seqnos: one C-level comparison of
+    # the entries, no ``Timestamp`` built (``scan_ts.covers_seqnos``).
+    if newest.to_wire().items() >= high.items():
+        return newest, _after(first, chunks)
+    wait_for = Timestamp.from_wire(high)
     if newest.covers(wait_for):
         return newest, _after(first, chunks)
     await _drop(first, chunks)
     ts = await index_scan.stable_ts(index_id, partitions, wait_for, timeout)
-    return ts, run_local(index_scan, documents, memory, plan_at(ts), params, name)
+    return ts, run_local(index_scan, documents, memory, local, ts, params, name)
 
 
 async def _drop(first: asyncio.Future[Any], chunks: AsyncIterator[list[bytes]]) -> None:

@@ -48,6 +48,7 @@ from shardex.sql.exec.analyze import (
     read_paths,
 )
 from shardex.sql.exec.fragment_rows import mode_of
+from shardex.sql.exec.leaf_spec import LeafSpec
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count
@@ -120,6 +121,28 @@ class PhysicalPlan:
             return None
         return self.offset + self.limit
 
+    def _common(self, sql: str, dml: bool, budget: int, spill: bool) -> dict[str, Any]:
+        return {
+            "sql": sql,
+            "dml": dml,
+            "mode": self.mode,
+            "budget": budget,
+            "spill": spill,
+            "tuning": self.tuning,
+        }
+
+    def root_args(self, sql: str, dml: bool, budget: int, spill: bool = True) -> dict[str, Any]:
+        """The ``sql.root`` fragment's arguments."""
+        return {
+            **self._common(sql, dml, budget, spill),
+            "source": self.source,
+            "keyspace": self.keyspace,
+            "limit": self.limit,
+            "offset": self.offset,
+            # A DML's derived SELECT keeps the plain path: its rows feed writes, not a client.
+            "late": self.late and not dml,
+        }
+
     def query_plan(
         self,
         sql: str,
@@ -131,17 +154,9 @@ class PhysicalPlan:
     ) -> QueryPlan:
         """``budget``: the query's memory quota in bytes on each member; ``spill``: whether
         its operators may spill past it (decision 0106)."""
-        common = {
-            "sql": sql,
-            "dml": dml,
-            "mode": self.mode,
-            "budget": budget,
-            "spill": spill,
-            "tuning": self.tuning,
-        }
+        common = self._common(sql, dml, budget, spill)
         fragments: list[FragmentSpec] = []
         inputs: list[int] = []
-        # A DML's derived SELECT keeps the plain path: its rows feed writes, not a client.
         late = self.late and not dml
         if self.choice is not None and self.record is not None:
             defn = self.record.definition
@@ -171,18 +186,41 @@ class PhysicalPlan:
                     )
                 )
                 inputs.append(i)
-        root_args = {
-            **common,
-            "source": self.source,
-            "keyspace": self.keyspace,
-            "limit": self.limit,
-            "offset": self.offset,
-            "late": late,
-        }
         root = FragmentSpec(
-            fragment_id=0, kind=ROOT_KIND, members=[initiator], args=root_args, inputs=inputs
+            fragment_id=0,
+            kind=ROOT_KIND,
+            members=[initiator],
+            args=self.root_args(sql, dml, budget, spill),
+            inputs=inputs,
         )
         return QueryPlan(fragments=[root, *fragments])
+
+    def leaf_spec(
+        self, leaf: Leaf, dml: bool, ts: Timestamp | None, budget: int, spill: bool = True
+    ) -> LeafSpec:
+        """What ``leaf`` runs, as ``query_plan``'s leaf fragment would carry it, but as
+        objects: for a leaf run in-process (``local_leaf``), nothing encoded or decoded."""
+        assert self.choice is not None and self.record is not None and self.keyspace
+        defn = self.record.definition
+        return LeafSpec(
+            b=self.bound,
+            keyspace=self.keyspace,
+            index_id=defn.id,
+            partitions=leaf.partitions,
+            spans=encode_spans(to_user_spans(self.spans), defn) or None,
+            ts=ts,
+            desc=list(defn.desc),
+            key_paths=list(self.choice.key_paths),
+            covering=self.choice.covering,
+            ordered=self.ordered,
+            decided=self.decided,
+            late=self.late and not dml,
+            mode=self.mode,
+            top=self.top,
+            budget=budget,
+            spill=spill,
+            tuning=self.tuning,
+        )
 
     def explain(self) -> dict[str, Any]:
         out = explain_select(self.bound)

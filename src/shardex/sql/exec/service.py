@@ -60,7 +60,7 @@ from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.key_lookup import KeyLookups
-from shardex.sql.exec.local_leaf import run_local, speculate
+from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY, NodeMemory
 from shardex.sql.exec.plan import (
     PhysicalPlan,
@@ -445,14 +445,15 @@ class SqlService:
                 plan = without_failed(exc)
 
         async def run(p: PhysicalPlan) -> AsyncIterator[list[bytes]]:
-            qplan = p.query_plan(
-                sql, dml, self.query.member_id, ts, self._quota(msg), spill=msg.spill
-            )
             local = self.scan.local_index
             if p.tuning["local"] and local is not None and self._runs_here(p):
                 p.query_id = str(self.query.new_query_id())
                 p.local = True
-                return run_local(local, self.documents, self.memory, qplan, params, p.query_id)
+                here = LocalRun(p, sql, dml, self._quota(msg), msg.spill)
+                return run_local(local, self.documents, self.memory, here, ts, params, p.query_id)
+            qplan = p.query_plan(
+                sql, dml, self.query.member_id, ts, self._quota(msg), spill=msg.spill
+            )
             left = max(deadline - loop.time(), 0.001)
             result = await self.query.execute(qplan, params, timeout=left, window=msg.window)
             p.query_id = str(result.query_id)
@@ -489,17 +490,15 @@ class SqlService:
         """A request_plus one-leaf plan on this node: read while the seqno round is out
         (``local_leaf.speculate``)."""
         assert plan.record is not None and plan.keyspace is not None
-        keyspace, quota = plan.keyspace, self._quota(msg)
+        keyspace = plan.keyspace
         plan.query_id = str(self.query.new_query_id())
         plan.local = True
-        member = self.query.member_id
         ts, chunks = await speculate(
             local,
             self.documents,
             self.memory,
-            lambda ts: plan.query_plan(sql, dml, member, ts, quota, spill=msg.spill),
-            lambda: self.scan.view.shared_high_seqnos(keyspace),
-            (plan.record.id, plan.leaves[0].partitions),
+            LocalRun(plan, sql, dml, self._quota(msg), msg.spill),
+            lambda: self.scan.view.shared_high_seqnos_wire(keyspace),
             params,
             plan.query_id,
             msg.timeout,

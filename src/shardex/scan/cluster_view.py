@@ -178,6 +178,20 @@ class ClusterView:
             ahead.add_done_callback(lambda _: start())
         return asyncio.shield(pending.fut)
 
+    def shared_high_seqnos_now(
+        self, keyspace: str
+    ) -> asyncio.Future[dict[int, tuple[int, int]]] | None:
+        """The round of ``shared_high_seqnos_wire`` joined or started in the call (no task,
+        no coroutine: its requests leave before this returns) when the state is at hand;
+        None when it is not (``shared_high_seqnos_wire`` then). Its answer may be partial:
+        complete it with ``high_seqnos_wire(known=...)``."""
+        state = self.state_now()
+        history = None if state is None else state.data_topologies.get(keyspace)
+        if state is None or keyspace not in state.keyspaces or not history:
+            return None
+        owners = self._owners_of(keyspace, history[-1])
+        return self.shared_partial_high_seqnos(keyspace, (), owners)
+
     async def shared_high_seqnos(self, keyspace: str) -> Timestamp:
         """``high_seqnos`` of every partition read after this call, through a round shared
         with concurrent callers (``shared_partial_high_seqnos``), completed if need be: what

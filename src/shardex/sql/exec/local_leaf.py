@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,27 +83,26 @@ async def speculate(
     documents: DocumentAccess,
     memory: NodeMemory,
     local: LocalRun,
-    seqnos: Callable[[], Awaitable[Mapping[int, tuple[int, int]]]],
+    seqnos: Awaitable[Mapping[int, tuple[int, int]]],
     params: Any,
     name: str,
     timeout: float,
 ) -> tuple[Timestamp, AsyncIterator[list[bytes]]]:
-    """A request_plus run of ``local``: the TS it reads and its rows. ``seqnos()``: the
-    keyspace's high seqnos as a wire dict, read after the statement arrived
-    (``ClusterView.shared_high_seqnos_wire``)."""
+    """A request_plus run of ``local``: the TS it reads and its rows. ``seqnos``: the
+    keyspace's high seqnos as a wire dict, read after the statement arrived, already asked
+    (``ClusterView.shared_high_seqnos_now``)."""
     plan = local.plan
     assert plan.record is not None
     index_id, partitions = plan.record.id, plan.leaves[0].partitions
-    round_trip = asyncio.ensure_future(seqnos())
     try:
         newest = await index_scan.stable_ts(index_id, partitions, None, timeout)
     except BaseException:
-        round_trip.cancel()
+        _close(seqnos)
         raise
     chunks = run_local(index_scan, documents, memory, local, newest, params, name)
     first = asyncio.ensure_future(anext(chunks, None))
     try:
-        high = await round_trip
+        high = await seqnos
     except BaseException:
         await _drop(first, chunks)
         raise
@@ -117,6 +116,15 @@ async def speculate(
     await _drop(first, chunks)
     ts = await index_scan.stable_ts(index_id, partitions, wait_for, timeout)
     return ts, run_local(index_scan, documents, memory, local, ts, params, name)
+
+
+def _close(aw: Awaitable[Any]) -> None:
+    """An awaitable never awaited, let go: a coroutine closed (no "never awaited"
+    warning), a future cancelled (a shared round goes on for its other statements)."""
+    if asyncio.isfuture(aw):
+        aw.cancel()
+    elif asyncio.iscoroutine(aw):
+        aw.close()
 
 
 async def _drop(first: asyncio.Future[Any], chunks: AsyncIterator[list[bytes]]) -> None:

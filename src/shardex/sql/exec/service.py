@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -498,12 +498,25 @@ class SqlService:
             self.documents,
             self.memory,
             LocalRun(plan, sql, dml, self._quota(msg), msg.spill),
-            lambda: self.scan.view.shared_high_seqnos_wire(keyspace),
+            self._seqnos(keyspace),
             params,
             plan.query_id,
             msg.timeout,
         )
         return plan, ts, chunks
+
+    def _seqnos(self, keyspace: str) -> Awaitable[Mapping[int, tuple[int, int]]]:
+        """The keyspace's high seqnos as a wire dict, read after this call: the shared
+        round is started (or joined) here, in the call, when the state is at hand."""
+        view = self.scan.view
+        started = view.shared_high_seqnos_now(keyspace)
+        if started is None:
+            return view.shared_high_seqnos_wire(keyspace)
+
+        async def completed() -> Mapping[int, tuple[int, int]]:
+            return await view.high_seqnos_wire(keyspace, known=await started)
+
+        return completed()
 
     def _runs_here(self, plan: PhysicalPlan) -> bool:
         """One leaf, on this node: the plan runs in-process (``local_leaf``)."""

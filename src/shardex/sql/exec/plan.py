@@ -31,7 +31,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardex.api.spans import eliminate, encode_spans, to_user_spans
+from shardex.api.spans import (
+    DecodedSpan,
+    decode_user_span,
+    eliminate_decoded,
+    encode_decoded,
+    plain_spans,
+    to_user_spans,
+)
 from shardex.core.expr import evaluate
 from shardex.core.expr.analysis import Path
 from shardex.core.timestamp import Timestamp
@@ -102,6 +109,23 @@ class PhysicalPlan:
     local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
 
+    def decoded_spans(self) -> list[DecodedSpan]:
+        """The spans' bounds as key parts, once per plan (partition elimination and the
+        leaves' encoded spans both read them): straight from ``spans`` when their values
+        are plain (``plain_spans``), else through the caller's checked form, as a scan's."""
+        found: list[DecodedSpan] | None = self.__dict__.get("_decoded")
+        if found is None:
+            assert self.record is not None
+            n_keys = len(self.record.definition.keys)
+            found = plain_spans(self.spans, n_keys)
+            if found is None:
+                found = [
+                    (*decode_user_span(span, i, n_keys), span.inclusion)
+                    for i, span in enumerate(to_user_spans(self.spans))
+                ]
+            self.__dict__["_decoded"] = found
+        return found
+
     @property
     def repeatable(self) -> bool:
         """Run again at the same TS, the plan yields the same rows in the same order: they
@@ -162,7 +186,7 @@ class PhysicalPlan:
             defn = self.record.definition
             wire_spans = [
                 [s.low, s.high, s.low_inclusive, s.high_inclusive]
-                for s in encode_spans(to_user_spans(self.spans), defn) or []
+                for s in encode_decoded(self.decoded_spans(), defn) or []
             ]
             for i, leaf in enumerate(self.leaves, start=1):
                 args = {
@@ -207,7 +231,7 @@ class PhysicalPlan:
             keyspace=self.keyspace,
             index_id=defn.id,
             partitions=leaf.partitions,
-            spans=encode_spans(to_user_spans(self.spans), defn) or None,
+            spans=encode_decoded(self.decoded_spans(), defn) or None,
             ts=ts,
             desc=list(defn.desc),
             key_paths=list(self.choice.key_paths),
@@ -482,7 +506,7 @@ def plan_select(
             details={"keyspace": keyspace, "index": defn.name},
         )
     by_node: dict[str, list[int]] = {}
-    for p in eliminate(to_user_spans(spans), defn):
+    for p in eliminate_decoded(plan.decoded_spans(), defn):
         if p not in topo.assignment:
             raise ShardexError(
                 f"index partition {p} of {defn.name!r} has no indexer",

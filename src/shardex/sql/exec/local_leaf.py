@@ -4,10 +4,13 @@ The execution protocol exists to move rows between members; when the one leaf of
 (one indexer node holds every slice the query reads) is this node, the protocol's work is
 all overhead: a ``QueryExecute`` to itself, the execution's registry entries, Arrow batches
 built and taken apart, credit flow between an outbox and an inbox in the same process. Here
-the same two pipelines run chained instead: the leaf's (``fragments.leaf_pipeline``: scan at
+the same two pipelines run chained instead: the leaf's (``fragments.run_leaf``: scan at
 the pinned TS, fetch, filter, partial work) feeds the root's (``root_pipeline``) its encoded
 rows, exactly as an exchange would, so every result and error is the protocol's. Only the
-transport differs: lists of encoded cells (``rows.cell_chunks``).
+transport differs: lists of encoded cells (``rows.cell_chunks``), the leaf's arguments taken
+from the plan as objects (``PhysicalPlan.leaf_spec``: nothing encoded into a fragment's dict
+and decoded back), and a rows plan's root, which would pass the leaf's encoded rows on as they
+are, is just that (``fragments.concatenated``).
 
 A client that sends a statement to the node its plan reads (the routing hint in
 ``SqlStarted.details``) gets this path on every later execution.
@@ -19,7 +22,9 @@ one the query would have pinned anyway (any snapshot covering the seqnos read af
 statement arrived sees every write acknowledged before it), and the rows read meanwhile stand.
 One that does not is dropped unread and the query waits for a covering one, as without
 speculation. With the pipeline keeping up, the newest snapshot covers the seqnos most of the
-time: the round and the read overlap.
+time: the round and the read overlap. The round is started by the caller, in the call
+(``ClusterView.shared_high_seqnos_now``), and its coverage is checked on the seqnos' wire dict:
+an index that caught up holds exactly the high seqnos, one C-level comparison.
 """
 
 from __future__ import annotations

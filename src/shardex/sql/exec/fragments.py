@@ -167,6 +167,8 @@ async def run_leaf(
             name=f"{query} leaf",
             inline=tuning["inline"],
             pack=pack,
+            # Without a row limit the leaf's operators read every scope row.
+            reads_all=top is None,
         )
         async with contextlib.aclosing(batches):
             async for batch in batches:

@@ -77,7 +77,10 @@ def run_local(
     spec = plan.leaf_spec(plan.leaves[0], local.dml, ts, local.budget, local.spill)
     leaf = run_leaf(index_scan, documents, memory, spec, params, name, cell_chunks)
     if plan.mode == "rows" and not plan.bound.distinct and not spec.late:
-        # The root would pass the leaf's encoded rows on as they are: no root pipeline.
+        # The root would pass the leaf's encoded rows on as they are: no root pipeline
+        # (and with no OFFSET or LIMIT to count, not even that).
+        if not plan.offset and plan.limit is None:
+            return leaf
         return concatenated([leaf], plan.offset, plan.limit)
     root = plan.root_args(local.sql, local.dml, local.budget, local.spill)
     return root_pipeline(documents, memory, root, params, name, [leaf], cell_chunks, list)

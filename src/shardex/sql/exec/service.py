@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from shardex.api.privileges import Privilege, require
-from shardex.api.scan import AT_PLUS, CONSISTENCIES, REQUEST_PLUS
+from shardex.api.scan import AT_PLUS, CONSISTENCIES, NO_TS, REQUEST_PLUS
 from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
     ExchangeStats,
@@ -534,7 +534,7 @@ class SqlService:
             stream_id=msg.stream_id,
             statement="select",
             index=_index_of(plan),
-            ts=None if ts is None else dict(ts.to_wire()),
+            ts=NO_TS if ts is None else msgspec.Raw(ts.packed()),
             details={
                 "mode": plan.mode,
                 "source": plan.source,

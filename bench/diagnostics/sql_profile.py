@@ -10,7 +10,9 @@ A development tool beside ``bench.sql`` (which needs PostgreSQL and a Spark buil
   print per case: p50/p90, the CPU time per query of the three node processes and of the
   client (less sensitive to a loaded machine than wall time). ``--profile-nodes OUT`` adds a
   cProfile of every node per case (``bench/diagnostics/node_profile.py``; read them
-  with ``pstats``).
+  with ``pstats``). ``--clients N``: N clients (one thread each, one connection each) run
+  ``--queries`` queries each at once, and queries/s is printed too (the client CPU is then
+  this process's, all of them).
 
 The cluster is always stopped before the command returns.
 """
@@ -19,10 +21,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from bench.common.dataset import SEED
 from bench.common.runner import percentile
@@ -39,46 +44,67 @@ def setup(base: Path, docs: int) -> None:
     )
 
 
-def measure(base: Path, n: int, cases: Sequence[str], nodes_out: Path | None) -> None:
+def measure(
+    base: Path, n: int, cases: Sequence[str], nodes_out: Path | None, clients: int = 1
+) -> None:
     with contextlib.ExitStack() as stack:
         if nodes_out is not None:  # before the nodes start: they inherit the hook
             stack.enter_context(node_profiling(nodes_out))
-        _measure(base, n, cases, nodes_out)
+        _measure(base, n, cases, nodes_out, clients)
 
 
-def _measure(base: Path, n: int, cases: Sequence[str], nodes_out: Path | None) -> None:
+def _measure(
+    base: Path, n: int, cases: Sequence[str], nodes_out: Path | None, n_clients: int
+) -> None:
     from shardex.client import connect_local
     from shardex.demo.datagen import users
 
     docs = int((base / "docs.txt").read_text())
     queries = build_queries(DocStats.of(users(docs, SEED)))
-    with running(base / "cluster", new=False), connect_local(base / "cluster") as client:
+    with running(base / "cluster", new=False), contextlib.ExitStack() as stack:
+        clients = [stack.enter_context(connect_local(base / "cluster")) for _ in range(n_clients)]
         pids = node_pids(base / "cluster")
         for case in cases:
             qs = queries[case]
-            for q in qs[:10]:  # warm: connections, statement caches
-                list(client.query(SX_SQL[case], list(q.params)))
-            if nodes_out is not None:
-                start_profiles(pids)
-            lat: list[float] = []
-            before = cpu_seconds(pids)
-            for i in range(n):
-                q = qs[i % len(qs)]
-                t = time.perf_counter()
-                rows = list(client.query(SX_SQL[case], list(q.params)))
-                lat.append(time.perf_counter() - t)
-                if len(rows) != q.expected_rows:
-                    raise RuntimeError(f"{case}: {len(rows)} rows, not {q.expected_rows}")
-            after = cpu_seconds(pids)
+
+            def run(i: int, count: int, qs: Sequence[Any] = qs, case: str = case) -> list[float]:
+                """``count`` queries on client ``i`` (each client starts elsewhere in the
+                list): their latencies."""
+                lat = []
+                for k in range(count):
+                    q = qs[(i * 7 + k) % len(qs)]
+                    t = time.perf_counter()
+                    rows = list(clients[i].query(SX_SQL[case], list(q.params)))
+                    lat.append(time.perf_counter() - t)
+                    if len(rows) != q.expected_rows:
+                        raise RuntimeError(f"{case}: {len(rows)} rows, not {q.expected_rows}")
+                return lat
+
+            with ThreadPoolExecutor(n_clients) as pool:
+                # Warm: connections, statement caches (a lone client on this thread).
+                if n_clients == 1:
+                    run(0, 10)
+                else:
+                    list(pool.map(run, range(n_clients), [10] * n_clients))
+                if nodes_out is not None:
+                    start_profiles(pids)
+                before = cpu_seconds(pids)
+                t0 = time.perf_counter()
+                if n_clients == 1:  # on this thread, as a lone client runs
+                    lat = sorted(run(0, n))
+                else:
+                    lat = sorted(itertools.chain(*pool.map(run, range(n_clients), [n] * n_clients)))
+                elapsed = time.perf_counter() - t0
+                after = cpu_seconds(pids)
             if nodes_out is not None:
                 for f in stop_profiles(pids, nodes_out):
                     f.rename(f.with_name(f"{case.replace(' ', '_')}-{f.name}"))
-            lat.sort()
-            nodes_cpu, client_cpu = ((a - b) / n for a, b in zip(after, before, strict=True))
+            nodes_cpu, client_cpu = ((a - b) / len(lat) for a, b in zip(after, before, strict=True))
+            rate = f"  clients {n_clients} q/s {len(lat) / elapsed:7.0f}" if n_clients > 1 else ""
             print(
                 f"{case:20} p50 {percentile(lat, 50) * 1e3:7.2f} ms  "
                 f"p90 {percentile(lat, 90) * 1e3:7.2f} ms  cpu/query nodes "
-                f"{nodes_cpu * 1e3:6.2f} client {client_cpu * 1e3:5.2f} ms",
+                f"{nodes_cpu * 1e3:6.2f} client {client_cpu * 1e3:5.2f} ms{rate}",
                 flush=True,
             )
 
@@ -93,11 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--case", action="append", choices=CASES, help="default: every case")
     ap.add_argument("--profile-nodes", type=Path, help="write node cProfiles here")
+    ap.add_argument("--clients", type=int, default=1, help="clients at once (default 1)")
     args = ap.parse_args(argv)
     if args.command == "setup":
         setup(args.dir, args.docs)
     else:
-        measure(args.dir, args.queries, args.case or CASES, args.profile_nodes)
+        measure(args.dir, args.queries, args.case or CASES, args.profile_nodes, args.clients)
     return 0
 
 

@@ -28,9 +28,13 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_definition import IndexDefinition, hash_partition
 
 __all__ = [
+    "DecodedSpan",
     "eliminate",
+    "eliminate_decoded",
+    "encode_decoded",
     "encode_spans",
     "from_wire_spans",
+    "plain_spans",
     "to_user_spans",
     "to_wire_spans",
 ]
@@ -161,17 +165,56 @@ def encode_spans(spans: Sequence[UserSpan], defn: IndexDefinition) -> list[Span]
     """Encoded spans for ``defn`` (None: the whole index). Empty bounds are open ends."""
     if not spans:
         return None
+    n_keys = len(defn.keys)
+    return encode_decoded(
+        [(*decode_user_span(span, i, n_keys), span.inclusion) for i, span in enumerate(spans)],
+        defn,
+    )
+
+
+# A span with its bounds' key parts decoded (None: open) and its inclusion.
+DecodedSpan = tuple[list[Any] | None, list[Any] | None, str]
+
+
+def encode_decoded(spans: Sequence[DecodedSpan], defn: IndexDefinition) -> list[Span] | None:
+    """``encode_spans`` of spans decoded already (``decode_user_span``, ``plain_spans``)."""
+    if not spans:
+        return None
     desc = defn.desc
-    out: list[Span] = []
-    for i, span in enumerate(spans):
-        low, high = decode_user_span(span, i, len(defn.keys))
+    return [
+        Span(
+            low=encode_key(low, desc) if low else None,
+            high=encode_key(high, desc) if high else None,
+            low_inclusive=inclusion in ("both", "low"),
+            high_inclusive=inclusion in ("both", "high"),
+        )
+        for low, high, inclusion in spans
+    ]
+
+
+def plain_spans(spans: Sequence[Mapping[str, Any]], n_keys: int) -> list[DecodedSpan] | None:
+    """Spans in the caller's form (the SQL planner's, checked already) decoded as
+    ``decode_user_span(to_user_spans(spans))`` would give them, without the JSON text in
+    between, when that text could change nothing: every bound a list of at most ``n_keys``
+    parts, each None, a bool, an int or a string (JSON carries those exactly), and a known
+    inclusion. None otherwise: take the checked way (floats, nested values, an error)."""
+    out: list[DecodedSpan] = []
+    for span in spans:
+        low, high = span.get("low"), span.get("high")
+        inclusion = span.get("inclusion", "both")
+        if inclusion not in INCLUSIONS:
+            return None
+        for bound in (low, high):
+            if bound is None:
+                continue
+            if type(bound) is not list or len(bound) > n_keys:
+                return None
+            for part in bound:
+                t = type(part)
+                if t is not str and t is not int and t is not bool and part is not None:
+                    return None
         out.append(
-            Span(
-                low=encode_key(low, desc) if low else None,
-                high=encode_key(high, desc) if high else None,
-                low_inclusive=span.inclusion in ("both", "low"),
-                high_inclusive=span.inclusion in ("both", "high"),
-            )
+            (None if low is None else list(low), None if high is None else list(high), inclusion)
         )
     return out
 
@@ -208,14 +251,22 @@ def eliminate(spans: Sequence[UserSpan], defn: IndexDefinition) -> list[int]:
     has exactly those values: self-delimiting encodings make the prefix shared), so only the
     slice ``hash(values)`` (the router's and projector's hash, ``hash_partition``) can hold
     its entries. Every span must fix them for the scan to skip a slice."""
+    n_keys = len(defn.keys)
+    return eliminate_decoded(
+        [(*decode_user_span(span, i, n_keys), span.inclusion) for i, span in enumerate(spans)],
+        defn,
+    )
+
+
+def eliminate_decoded(spans: Sequence[DecodedSpan], defn: IndexDefinition) -> list[int]:
+    """``eliminate`` of spans decoded already (``decode_user_span``, ``plain_spans``)."""
     every = list(range(defn.num_partition))
     positions = _partition_positions(defn)
     if positions is None or not spans or defn.num_partition == 1:
         return every
     need = max(positions) + 1
     chosen: set[int] = set()
-    for i, span in enumerate(spans):
-        low, high = decode_user_span(span, i, len(defn.keys))
+    for low, high, _ in spans:
         if low is None or high is None or len(low) < need or len(high) < need:
             return every
         if encode_key(low[:need]) != encode_key(high[:need]):

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from shardex.api.scan import WireTs
+from shardex.api.scan import NO_TS, WireTs
 from shardex.net.messages import Message
 
 __all__ = ["ExchangeStats", "ExchangeStatsReply", "SqlQuery", "SqlStarted", "StreamReport"]
@@ -45,7 +45,12 @@ class SqlStarted(Message, tag="sql.QueryStarted"):
     statement: str  # select | explain | insert | upsert | delete | update
     mutation_count: int = 0
     index: str | None = None  # the index a SELECT reads (None: no index)
-    ts: WireTs | None = None  # the stability TS every scan of the query read
+    # The stability TS every scan of the query read: the encoded ``WireTs | None`` (msgpack
+    # nil: None), as ``IndexScanStarted.ts``. A request_plus TS names every data partition
+    # (64 entries: most of the reply's bytes and of its decoding) and most callers never
+    # look at it; the node sends its snapshot's bytes as they are (``Timestamp.packed``).
+    # The bytes on the wire are those of the plain field.
+    ts: msgspec.Raw = NO_TS
     details: dict[str, Any] = msgspec.field(default_factory=dict)
     # The first block of result rows, carried by the reply itself (no credit spent), and
     # ``done`` when that is every row: no ``ScanBlock``/``ScanEnd`` follow.

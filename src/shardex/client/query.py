@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from shardex.api.scan import AT_PLUS, CONSISTENCIES
+from shardex.api.scan import AT_PLUS, CONSISTENCIES, packed_ts
 from shardex.api.scan_streams import InStream
 from shardex.api.sql_exec import SqlQuery, SqlStarted
 from shardex.api.validation import check_durability, check_durability_timeout
@@ -63,8 +63,15 @@ class QueryMetrics:
     mutation_count: int = 0
     statement: str = ""
     index: str | None = None
-    ts: Timestamp | None = None
+    # The stability TS the query read, as its reply carried it (None: none), decoded only
+    # when ``ts`` is asked for: it names every data partition, and most callers never look.
+    packed_ts: bytes | None = field(default=None, repr=False)
     details: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def ts(self) -> Timestamp | None:
+        """The stability TS every scan of the query read (None: it read none)."""
+        return None if self.packed_ts is None else Timestamp.from_packed(self.packed_ts)
 
 
 class QueryRows:
@@ -136,7 +143,7 @@ class QueryRows:
             mutation_count=s.mutation_count,
             statement=s.statement,
             index=s.index,
-            ts=None if s.ts is None else Timestamp.from_wire(s.ts),
+            packed_ts=packed_ts(s.ts),
             details=dict(s.details),
         )
 

@@ -178,13 +178,32 @@ class ClusterView:
             ahead.add_done_callback(lambda _: start())
         return asyncio.shield(pending.fut)
 
+    def shared_high_seqnos_now(
+        self, keyspace: str
+    ) -> asyncio.Future[dict[int, tuple[int, int]]] | None:
+        """The round of ``shared_high_seqnos_wire`` joined or started in the call (no task,
+        no coroutine: its requests leave before this returns) when the state is at hand;
+        None when it is not (``shared_high_seqnos_wire`` then). Its answer may be partial:
+        complete it with ``high_seqnos_wire(known=...)``."""
+        state = self.state_now()
+        history = None if state is None else state.data_topologies.get(keyspace)
+        if state is None or keyspace not in state.keyspaces or not history:
+            return None
+        owners = self._owners_of(keyspace, history[-1])
+        return self.shared_partial_high_seqnos(keyspace, (), owners)
+
     async def shared_high_seqnos(self, keyspace: str) -> Timestamp:
         """``high_seqnos`` of every partition read after this call, through a round shared
         with concurrent callers (``shared_partial_high_seqnos``), completed if need be: what
         a request_plus scan or query waits for before any slice is read."""
+        return Timestamp.from_wire(await self.shared_high_seqnos_wire(keyspace))
+
+    async def shared_high_seqnos_wire(self, keyspace: str) -> Mapping[int, tuple[int, int]]:
+        """``shared_high_seqnos`` as its wire dict, not checked into a ``Timestamp``
+        (``high_seqnos_wire``); it may be shared: do not modify it."""
         owners = await self.data_owners(keyspace)
         shared = await self.shared_partial_high_seqnos(keyspace, (), owners)
-        return await self.high_seqnos(keyspace, known=shared)
+        return await self.high_seqnos_wire(keyspace, known=shared)
 
     def _start_pending(
         self,

@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from shardex.api.spans import eliminate, encode_spans, to_user_spans
+from shardex.api.spans import (
+    decode_user_span,
+    eliminate,
+    eliminate_decoded,
+    encode_decoded,
+    encode_spans,
+    plain_spans,
+    to_user_spans,
+)
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.core.spans import in_ranges, spans_to_ranges
 from shardex.errors import ErrorCode, ShardexError
@@ -123,3 +131,47 @@ def test_elimination_needs_every_span_to_fix_the_partition_key() -> None:
         id="i5", name="o", keyspace="ks", keys=["age"], partition_by=["city"], num_partition=4
     )
     assert eliminate(to_user_spans([{"low": [1], "high": [1]}]), other) == [0, 1, 2, 3]
+
+
+PLAIN_PARTS = [None, True, False, 0, -7, 2**70, "", "ann", 'é\u2028"\\x', "\ud800"]
+
+
+def _checked(spans, defn):  # type: ignore[no-untyped-def]
+    """The spans decoded the checked way (through the JSON text of the wire form)."""
+    n = len(defn.keys)
+    return [(*decode_user_span(s, i, n), s.inclusion) for i, s in enumerate(to_user_spans(spans))]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plain_spans_decode_as_the_checked_form_does(seed: int) -> None:
+    """Without the JSON text, spans of plain parts decode, encode and eliminate exactly as
+    through it (the planner's spans take this way): the same parts, the same types."""
+    rng = random.Random(seed)
+    for defn in (AGE_NAME, AGE_DESC, BY_CITY, BY_ID):
+        n = len(defn.keys)
+        spans = []
+        for _ in range(rng.randint(1, 4)):
+            low = [rng.choice(PLAIN_PARTS) for _ in range(rng.randint(0, n))]
+            high = rng.choice([low, [rng.choice(PLAIN_PARTS) for _ in range(rng.randint(0, n))]])
+            spans.append(
+                {
+                    "low": rng.choice([low, None]),
+                    "high": rng.choice([high, None]),
+                    "inclusion": rng.choice(["both", "low", "high", "neither"]),
+                }
+            )
+        plain = plain_spans(spans, n)
+        checked = _checked(spans, defn)
+        assert plain == checked
+        assert [tuple(map(type, b or [])) for p in plain for b in p[:2]] == [
+            tuple(map(type, b or [])) for c in checked for b in c[:2]
+        ]
+        assert encode_decoded(plain, defn) == encode_spans(to_user_spans(spans), defn)
+        assert eliminate_decoded(plain, defn) == eliminate(to_user_spans(spans), defn)
+
+
+@pytest.mark.parametrize("bound", [[1.5], [float("nan")], [[1]], [{"a": 1}], (1,), ["a", "b", "c"]])
+def test_spans_with_other_parts_take_the_checked_way(bound) -> None:  # type: ignore[no-untyped-def]
+    """A float (JSON may write it another way, NaN is refused), a nested value, a tuple or
+    more parts than keys: ``plain_spans`` declines, so the checked form decides."""
+    assert plain_spans([{"low": bound, "high": None, "inclusion": "both"}], 2) is None

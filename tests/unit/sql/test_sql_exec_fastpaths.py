@@ -246,13 +246,13 @@ def test_entry_decoder_reuses_keys_and_equals_decode_entry(desc: list[bool]) -> 
     assert same and all(bare[i]["u"] is bare[i - 1]["u"] for i in same)
 
 
-def test_concatenated_cells_skip_the_offset_and_stop_at_the_limit() -> None:
+def testconcatenated_cells_skip_the_offset_and_stop_at_the_limit() -> None:
     """A root in ``rows`` mode passes its leaves' cells on as they came: sources one after
     another, ``offset`` skipped across chunk and source borders, ``limit`` passed, and a
     source left half-read at the limit is closed."""
     import asyncio
 
-    from shardex.sql.exec.fragments import _concatenated
+    from shardex.sql.exec.fragments import concatenated
 
     closed: list[int] = []
 
@@ -275,7 +275,7 @@ def test_concatenated_cells_skip_the_offset_and_stop_at_the_limit() -> None:
         ]
 
         async def collect() -> list[bytes]:
-            return [c async for chunk in _concatenated(srcs, offset, limit) for c in chunk]
+            return [c async for chunk in concatenated(srcs, offset, limit) for c in chunk]
 
         return asyncio.run(collect())
 

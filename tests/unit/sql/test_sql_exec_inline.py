@@ -81,6 +81,28 @@ def test_a_small_input_runs_on_the_loop_thread() -> None:
     assert seen == [threading.main_thread()] * 2
 
 
+def test_an_operator_reading_every_row_runs_once_over_the_whole_input() -> None:
+    """``reads_all``: the sources are read to their end first, so ``fn`` runs once (not once
+    to find the first chunk's end and again when the source says it ended), on the loop,
+    with the rows it gives without it; many small chunks stay on the loop too."""
+    for chunks in ([[1, 2, 3]], [[i] for i in range(2 * bridge.INLINE_TRIES)]):
+        for reads_all in (True, False):
+            seen: list[threading.Thread] = []
+
+            def fn(inputs: list[Iterator[int]], seen: list[threading.Thread] = seen) -> Any:
+                seen.append(threading.current_thread())
+                return [x * 2 for x in inputs[0]]
+
+            async def run(src: Source, reads_all: bool = reads_all) -> list[Any]:
+                gen = run_pipeline(fn, [src.gen()], name="t", inline=True, reads_all=reads_all)
+                return [r async for batch in gen for r in decode_rows(batch)]
+
+            rows = [x * 2 for chunk in chunks for x in chunk]
+            assert asyncio.run(run(Source(chunks))) == rows
+            if reads_all:
+                assert seen == [threading.main_thread()]
+
+
 def test_a_satisfied_limit_reads_no_further_chunk() -> None:
     src = Source([[1, 2, 3, 4], [5, 6, 7, 8]])
     out = asyncio.run(collect(lambda ins: itertools.islice(ins[0], 3), [src], inline=True))

@@ -127,13 +127,18 @@ async def run_pipeline(
     inline: bool = False,
     decode: Decode | None = None,
     pack: Pack = to_batches,
+    reads_all: bool = False,
 ) -> AsyncIterator[Any]:
     """``pack``ed chunks (Arrow batches by default) of ``fn(inputs)``'s rows over one
     blocking iterator per async source (each yields lists of rows): on the loop when
     ``inline`` and the input is small, else in a new thread. ``fn`` may be called more
     than once (inline restarts): it must make its state (a ``Budget``) afresh on each call,
     and must not change the rows it reads unless ``decode`` makes them afresh from what
-    the sources yield (each run decodes again)."""
+    the sources yield (each run decodes again). ``reads_all``: ``fn`` reads every input
+    row whatever it finds (no limit to stop it early), so an inline run reads the sources
+    to their end (up to ``INLINE_ROWS``) before calling it: one run, not one per chunk
+    read (a point query's leaf ran twice, the second time only to learn its one chunk was
+    the last)."""
     if not inline:
         async for batch in _threaded(fn, sources, name=name, decode=decode, pack=pack):
             yield batch
@@ -148,6 +153,12 @@ async def run_pipeline(
             if chunk is not None:
                 read[i].append(chunk)
                 rows += len(chunk)
+            while reads_all and not ended[i] and rows <= INLINE_ROWS:
+                chunk = await _next_chunk(s)
+                ended[i] = chunk is None
+                if chunk is not None:
+                    read[i].append(chunk)
+                    rows += len(chunk)
         for _ in range(INLINE_TRIES):
             if rows > INLINE_ROWS:
                 break

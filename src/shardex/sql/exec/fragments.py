@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from shardex.core.expr import evaluate, static_path
-from shardex.core.spans import Span
-from shardex.core.timestamp import Timestamp
+from shardex.core.expr import evaluate
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.analyze import reads_meta
@@ -22,6 +20,7 @@ from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder, key_projection
 from shardex.sql.exec.fragment_rows import late_leaf_rows, leaf_rows, root_rows
 from shardex.sql.exec.late import late_root_values
+from shardex.sql.exec.leaf_spec import LeafSpec, leaf_spec
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.plan import (
     LEAF_KIND,
@@ -33,7 +32,6 @@ from shardex.sql.exec.plan import (
 from shardex.sql.exec.rows import cells_batch, decode_row, to_batches
 from shardex.sql.exec.statements import prepared_off_loop
 from shardex.sql.exec.tuning import check_tuning
-from shardex.sql.planner.choose import key_exprs
 from shardex.sql.protocol import FragmentContext, FragmentRegistry
 from shardex.sql.syntax.bind import META_KEY
 
@@ -41,11 +39,13 @@ if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
 __all__ = [
+    "concatenated",
     "leaf_pipeline",
     "lookup_rows",
     "lookup_scopes",
     "named_keys",
     "root_pipeline",
+    "run_leaf",
     "sql_fragments",
 ]
 
@@ -105,44 +105,50 @@ async def leaf_pipeline(
     pack: Pack = to_batches,
 ) -> AsyncIterator[Any]:
     """A leaf's output (``args`` ``a`` of a ``sql.leaf`` fragment of query ``query``)
-    ``pack``ed: scan the local slices at the TS, fetch documents unless covering, then
-    ``leaf_rows``, within the query's account of the node's ``memory`` (released, spill
-    files removed, however it ends)."""
-    tuning = check_tuning(a.get("tuning"))
-    b = await prepared_off_loop(
-        a["sql"], lambda: bind_statement(a["sql"], a["dml"], cached=tuning["plan_cache"])
-    )
-    desc = list(a["desc"])
-    key_paths = [static_path(k) for k in key_exprs(tuple(a["keys"]))]
-    spans = None
-    if a["spans"]:
-        spans = [Span(lo, hi, li, hi_inc) for lo, hi, li, hi_inc in a["spans"]]
-    ts = None if a["ts"] is None else Timestamp.from_wire(a["ts"])
-    alias, keyspace, covering = b.alias, a["keyspace"], a["covering"]
-    ordered, decided = bool(a.get("ordered")), bool(a.get("decided"))
-    late = bool(a.get("late"))  # rank on the entries, send sort keys and docids
-    fetch = documents.get_many if tuning["get_many"] else documents.get_each
+    ``pack``ed: ``run_leaf`` of the arguments decoded."""
+    spec = await leaf_spec(a)
+    batches = run_leaf(index_scan, documents, memory, spec, params, query, pack)
+    async with contextlib.aclosing(batches):
+        async for batch in batches:
+            yield batch
 
-    decoder = EntryDecoder(desc, key_paths)
-    meta = reads_meta(b)
-    mode, top = a["mode"], a["top"]
+
+async def run_leaf(
+    index_scan: IndexScanServer,
+    documents: DocumentAccess,
+    memory: NodeMemory,
+    spec: LeafSpec,
+    params: Any,
+    query: str,
+    pack: Pack = to_batches,
+) -> AsyncIterator[Any]:
+    """The leaf ``spec`` of query ``query``, its output ``pack``ed: scan the local slices at
+    the TS, fetch documents unless covering, then ``leaf_rows``, within the query's account
+    of the node's ``memory`` (released, spill files removed, however it ends)."""
+    b, tuning = spec.b, spec.tuning
+    alias, keyspace, covering, late = b.alias, spec.keyspace, spec.covering, spec.late
+    fetch = documents.get_many if tuning["get_many"] else documents.get_each
+    decoder = EntryDecoder(spec.desc, spec.key_paths)
+    meta = (covering or late) and reads_meta(b)
+    top = spec.top
+    mode, ordered, decided = spec.mode, spec.ordered, spec.decided
     # A covering scan whose spans decide WHERE and whose terms each read one key part or
     # the docid: result values straight from the keys, no scope row or projection per row.
     picks = None
     if covering and decided and mode == "rows" and not late and tuning["key_projection"]:
-        picks = key_projection(b, key_paths)
+        picks = key_projection(b, spec.key_paths)
 
     async def scope_rows() -> AsyncIterator[list[Any]]:
         blocks = index_scan.read_local(
-            a["index_id"],
-            a["partitions"],
-            spans,
-            ts,
-            ordered=ordered,
-            block_rows=scan_block_rows(a["top"]),
+            spec.index_id,
+            spec.partitions,
+            spec.spans,
+            spec.ts,
+            ordered=spec.ordered,
+            block_rows=scan_block_rows(top),
             # Storage reads as small as the blocks: a leaf after 20 rows no longer reads
             # 512 entries of each slice for them.
-            chunk_rows=None if a["top"] is None else scan_block_rows(a["top"]),
+            chunk_rows=None if top is None else scan_block_rows(top),
         )
         async for block in blocks:
             if picks is not None:
@@ -154,12 +160,13 @@ async def leaf_pipeline(
             docs = await fetch(keyspace, decoder.docids(block))
             yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
-    with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
+    with memory.fragment(query, spec.budget, spec.spill) as mem:
 
         def rows(ins: list[Any]) -> Any:
             if picks is not None:
                 return ins[0] if top is None else itertools.islice(ins[0], top)
             if late:
+                assert top is not None
                 return late_leaf_rows(b, params, top, mem.budget(), ins[0], presorted=ordered)
             return leaf_rows(
                 b, params, mode, top, mem.budget(), ins[0], presorted=ordered, decided=decided
@@ -171,6 +178,8 @@ async def leaf_pipeline(
             name=f"{query} leaf",
             inline=tuning["inline"],
             pack=pack,
+            # Without a row limit the leaf's operators read every scope row.
+            reads_all=top is None,
         )
         async with contextlib.aclosing(batches):
             async for batch in batches:
@@ -226,7 +235,7 @@ async def root_pipeline(
     if mode == "rows" and not b.distinct:
         # The leaves' rows are the result's: passed on still encoded (no decode and
         # encode again), in the order ``root_rows`` would give, offset and limit counted.
-        async for cells in _concatenated(sources, offset, limit):
+        async for cells in concatenated(sources, offset, limit):
             yield pack_cells(cells)
         return
     with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
@@ -243,7 +252,7 @@ async def root_pipeline(
                 yield batch
 
 
-async def _concatenated(
+async def concatenated(
     sources: list[AsyncIterator[list[bytes]]], offset: int, limit: int | None
 ) -> AsyncIterator[list[bytes]]:
     """The sources' cells one source after another, the first ``offset`` skipped, at most

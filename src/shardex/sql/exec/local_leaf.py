@@ -4,10 +4,13 @@ The execution protocol exists to move rows between members; when the one leaf of
 (one indexer node holds every slice the query reads) is this node, the protocol's work is
 all overhead: a ``QueryExecute`` to itself, the execution's registry entries, Arrow batches
 built and taken apart, credit flow between an outbox and an inbox in the same process. Here
-the same two pipelines run chained instead: the leaf's (``fragments.leaf_pipeline``: scan at
+the same two pipelines run chained instead: the leaf's (``fragments.run_leaf``: scan at
 the pinned TS, fetch, filter, partial work) feeds the root's (``root_pipeline``) its encoded
 rows, exactly as an exchange would, so every result and error is the protocol's. Only the
-transport differs: lists of encoded cells (``rows.cell_chunks``).
+transport differs: lists of encoded cells (``rows.cell_chunks``), the leaf's arguments taken
+from the plan as objects (``PhysicalPlan.leaf_spec``: nothing encoded into a fragment's dict
+and decoded back), and a rows plan's root, which would pass the leaf's encoded rows on as they
+are, is just that (``fragments.concatenated``).
 
 A client that sends a statement to the node its plan reads (the routing hint in
 ``SqlStarted.details``) gets this path on every later execution.
@@ -19,48 +22,67 @@ one the query would have pinned anyway (any snapshot covering the seqnos read af
 statement arrived sees every write acknowledged before it), and the rows read meanwhile stand.
 One that does not is dropped unread and the query waits for a covering one, as without
 speculation. With the pipeline keeping up, the newest snapshot covers the seqnos most of the
-time: the round and the read overlap.
+time: the round and the read overlap. The round is started by the caller, in the call
+(``ClusterView.shared_high_seqnos_now``), and its coverage is checked on the seqnos' wire dict:
+an index that caught up holds exactly the high seqnos, one C-level comparison.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from shardex.core.timestamp import Timestamp
 from shardex.sql.exec.documents import DocumentAccess
-from shardex.sql.exec.fragments import leaf_pipeline, root_pipeline
+from shardex.sql.exec.fragments import concatenated, root_pipeline, run_leaf
 from shardex.sql.exec.memory import NodeMemory
-from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND
+from shardex.sql.exec.plan import PhysicalPlan
 from shardex.sql.exec.rows import cell_chunks
-from shardex.sql.protocol import QueryPlan
 
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["after_first", "drop_unread", "run_local", "speculate"]
+__all__ = ["LocalRun", "after_first", "drop_unread", "run_local", "speculate"]
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """A plan run in-process and what its fragments would carry besides: the statement's
+    text, whether it is a DML's derived SELECT, the memory quota and whether it may spill."""
+
+    plan: PhysicalPlan
+    sql: str
+    dml: bool
+    budget: int
+    spill: bool
 
 
 def run_local(
     index_scan: IndexScanServer,
     documents: DocumentAccess,
     memory: NodeMemory,
-    qplan: QueryPlan,
+    local: LocalRun,
+    ts: Timestamp | None,
     params: Any,
     name: str,
 ) -> AsyncIterator[list[bytes]]:
-    """The result rows (encoded, in chunks) of ``qplan``, a root and one leaf, both here.
-    Closing the iterator early closes the leaf's too (the root's pipeline closes its
-    sources)."""
-    by_kind = {f.kind: f for f in qplan.fragments}
-    assert len(qplan.fragments) == 2 and by_kind.keys() == {ROOT_KIND, LEAF_KIND}
-    params = params if params is not None else []
-    leaf = leaf_pipeline(
-        index_scan, documents, memory, by_kind[LEAF_KIND].args, params, name, cell_chunks
-    )
-    root = by_kind[ROOT_KIND].args
+    """The result rows (encoded, in chunks) of ``local.plan`` (a root and one leaf, both
+    here) at ``ts``. Closing the iterator early closes the leaf's too (the root's pipeline
+    closes its sources)."""
+    plan, params = local.plan, params if params is not None else []
+    assert len(plan.leaves) == 1
+    spec = plan.leaf_spec(plan.leaves[0], local.dml, ts, local.budget, local.spill)
+    leaf = run_leaf(index_scan, documents, memory, spec, params, name, cell_chunks)
+    if plan.mode == "rows" and not plan.bound.distinct and not spec.late:
+        # The root would pass the leaf's encoded rows on as they are: no root pipeline
+        # (and with no OFFSET or LIMIT to count, not even that).
+        if not plan.offset and plan.limit is None:
+            return leaf
+        return concatenated([leaf], plan.offset, plan.limit)
+    root = plan.root_args(local.sql, local.dml, local.budget, local.spill)
     return root_pipeline(documents, memory, root, params, name, [leaf], cell_chunks, list)
 
 
@@ -68,35 +90,49 @@ async def speculate(
     index_scan: IndexScanServer,
     documents: DocumentAccess,
     memory: NodeMemory,
-    plan_at: Callable[[Timestamp], QueryPlan],
-    seqnos: Callable[[], Any],
-    slices: tuple[str, list[int]],
+    local: LocalRun,
+    seqnos: Awaitable[Mapping[int, tuple[int, int]]],
     params: Any,
     name: str,
     timeout: float,
 ) -> tuple[Timestamp, AsyncIterator[list[bytes]]]:
-    """A request_plus run of a local one-leaf plan (``plan_at(ts)``): the TS it reads and its
-    rows. ``seqnos()``: the keyspace's high seqnos, read after the statement arrived (a
-    coroutine); ``slices``: the leaf's index id and partitions."""
-    index_id, partitions = slices
-    round_trip = asyncio.ensure_future(seqnos())
+    """A request_plus run of ``local``: the TS it reads and its rows. ``seqnos``: the
+    keyspace's high seqnos as a wire dict, read after the statement arrived, already asked
+    (``ClusterView.shared_high_seqnos_now``)."""
+    plan = local.plan
+    assert plan.record is not None
+    index_id, partitions = plan.record.id, plan.leaves[0].partitions
     try:
         newest = await index_scan.stable_ts(index_id, partitions, None, timeout)
     except BaseException:
-        round_trip.cancel()
+        _close(seqnos)
         raise
-    chunks = run_local(index_scan, documents, memory, plan_at(newest), params, name)
+    chunks = run_local(index_scan, documents, memory, local, newest, params, name)
     first = asyncio.ensure_future(anext(chunks, None))
     try:
-        wait_for: Timestamp = await round_trip
+        high = await seqnos
     except BaseException:
         await drop_unread(first, chunks)
         raise
+    # An index that caught up holds exactly the high seqnos: one C-level comparison of
+    # the entries, no ``Timestamp`` built (``scan_ts.covers_seqnos``).
+    if newest.to_wire().items() >= high.items():
+        return newest, after_first(first, chunks)
+    wait_for = Timestamp.from_wire(high)
     if newest.covers(wait_for):
         return newest, after_first(first, chunks)
     await drop_unread(first, chunks)
     ts = await index_scan.stable_ts(index_id, partitions, wait_for, timeout)
-    return ts, run_local(index_scan, documents, memory, plan_at(ts), params, name)
+    return ts, run_local(index_scan, documents, memory, local, ts, params, name)
+
+
+def _close(aw: Awaitable[Any]) -> None:
+    """An awaitable never awaited, let go: a coroutine closed (no "never awaited"
+    warning), a future cancelled (a shared round goes on for its other statements)."""
+    if asyncio.isfuture(aw):
+        aw.cancel()
+    elif asyncio.iscoroutine(aw):
+        aw.close()
 
 
 async def drop_unread(first: asyncio.Future[Any], chunks: AsyncIterator[list[bytes]]) -> None:

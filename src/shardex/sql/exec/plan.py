@@ -31,7 +31,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardex.api.spans import eliminate, encode_spans, to_user_spans
+from shardex.api.spans import (
+    DecodedSpan,
+    decode_user_span,
+    eliminate_decoded,
+    encode_decoded,
+    plain_spans,
+    to_user_spans,
+)
 from shardex.core.expr import evaluate
 from shardex.core.expr.analysis import Path
 from shardex.core.timestamp import Timestamp
@@ -48,6 +55,7 @@ from shardex.sql.exec.analyze import (
     read_paths,
 )
 from shardex.sql.exec.fragment_rows import mode_of
+from shardex.sql.exec.leaf_spec import LeafSpec
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count
@@ -102,6 +110,23 @@ class PhysicalPlan:
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
     guessed: Timestamp | None = None  # request_plus read at the TS pinned last (``pin_guess``)
 
+    def decoded_spans(self) -> list[DecodedSpan]:
+        """The spans' bounds as key parts, once per plan (partition elimination and the
+        leaves' encoded spans both read them): straight from ``spans`` when their values
+        are plain (``plain_spans``), else through the caller's checked form, as a scan's."""
+        found: list[DecodedSpan] | None = self.__dict__.get("_decoded")
+        if found is None:
+            assert self.record is not None
+            n_keys = len(self.record.definition.keys)
+            found = plain_spans(self.spans, n_keys)
+            if found is None:
+                found = [
+                    (*decode_user_span(span, i, n_keys), span.inclusion)
+                    for i, span in enumerate(to_user_spans(self.spans))
+                ]
+            self.__dict__["_decoded"] = found
+        return found
+
     @property
     def repeatable(self) -> bool:
         """Run again at the same TS, the plan yields the same rows in the same order: they
@@ -121,6 +146,28 @@ class PhysicalPlan:
             return None
         return self.offset + self.limit
 
+    def _common(self, sql: str, dml: bool, budget: int, spill: bool) -> dict[str, Any]:
+        return {
+            "sql": sql,
+            "dml": dml,
+            "mode": self.mode,
+            "budget": budget,
+            "spill": spill,
+            "tuning": self.tuning,
+        }
+
+    def root_args(self, sql: str, dml: bool, budget: int, spill: bool = True) -> dict[str, Any]:
+        """The ``sql.root`` fragment's arguments."""
+        return {
+            **self._common(sql, dml, budget, spill),
+            "source": self.source,
+            "keyspace": self.keyspace,
+            "limit": self.limit,
+            "offset": self.offset,
+            # A DML's derived SELECT keeps the plain path: its rows feed writes, not a client.
+            "late": self.late and not dml,
+        }
+
     def query_plan(
         self,
         sql: str,
@@ -132,23 +179,15 @@ class PhysicalPlan:
     ) -> QueryPlan:
         """``budget``: the query's memory quota in bytes on each member; ``spill``: whether
         its operators may spill past it (decision 0106)."""
-        common = {
-            "sql": sql,
-            "dml": dml,
-            "mode": self.mode,
-            "budget": budget,
-            "spill": spill,
-            "tuning": self.tuning,
-        }
+        common = self._common(sql, dml, budget, spill)
         fragments: list[FragmentSpec] = []
         inputs: list[int] = []
-        # A DML's derived SELECT keeps the plain path: its rows feed writes, not a client.
         late = self.late and not dml
         if self.choice is not None and self.record is not None:
             defn = self.record.definition
             wire_spans = [
                 [s.low, s.high, s.low_inclusive, s.high_inclusive]
-                for s in encode_spans(to_user_spans(self.spans), defn) or []
+                for s in encode_decoded(self.decoded_spans(), defn) or []
             ]
             for i, leaf in enumerate(self.leaves, start=1):
                 args = {
@@ -172,18 +211,41 @@ class PhysicalPlan:
                     )
                 )
                 inputs.append(i)
-        root_args = {
-            **common,
-            "source": self.source,
-            "keyspace": self.keyspace,
-            "limit": self.limit,
-            "offset": self.offset,
-            "late": late,
-        }
         root = FragmentSpec(
-            fragment_id=0, kind=ROOT_KIND, members=[initiator], args=root_args, inputs=inputs
+            fragment_id=0,
+            kind=ROOT_KIND,
+            members=[initiator],
+            args=self.root_args(sql, dml, budget, spill),
+            inputs=inputs,
         )
         return QueryPlan(fragments=[root, *fragments])
+
+    def leaf_spec(
+        self, leaf: Leaf, dml: bool, ts: Timestamp | None, budget: int, spill: bool = True
+    ) -> LeafSpec:
+        """What ``leaf`` runs, as ``query_plan``'s leaf fragment would carry it, but as
+        objects: for a leaf run in-process (``local_leaf``), nothing encoded or decoded."""
+        assert self.choice is not None and self.record is not None and self.keyspace
+        defn = self.record.definition
+        return LeafSpec(
+            b=self.bound,
+            keyspace=self.keyspace,
+            index_id=defn.id,
+            partitions=leaf.partitions,
+            spans=encode_decoded(self.decoded_spans(), defn) or None,
+            ts=ts,
+            desc=list(defn.desc),
+            key_paths=list(self.choice.key_paths),
+            covering=self.choice.covering,
+            ordered=self.ordered,
+            decided=self.decided,
+            late=self.late and not dml,
+            mode=self.mode,
+            top=self.top,
+            budget=budget,
+            spill=spill,
+            tuning=self.tuning,
+        )
 
     def explain(self) -> dict[str, Any]:
         out = explain_select(self.bound)
@@ -445,7 +507,7 @@ def plan_select(
             details={"keyspace": keyspace, "index": defn.name},
         )
     by_node: dict[str, list[int]] = {}
-    for p in eliminate(to_user_spans(spans), defn):
+    for p in eliminate_decoded(plan.decoded_spans(), defn):
         if p not in topo.assignment:
             raise ShardexError(
                 f"index partition {p} of {defn.name!r} has no indexer",

@@ -38,13 +38,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
 from shardex.api.privileges import Privilege, require
-from shardex.api.scan import AT_PLUS, CONSISTENCIES, REQUEST_PLUS
+from shardex.api.scan import AT_PLUS, CONSISTENCIES, NO_TS, REQUEST_PLUS
 from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
     ExchangeStats,
@@ -65,7 +65,7 @@ from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.key_lookup import KeyLookups
-from shardex.sql.exec.local_leaf import run_local, speculate
+from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY, NodeMemory
 from shardex.sql.exec.pin_guess import PinGuesses
 from shardex.sql.exec.plan import (
@@ -488,14 +488,15 @@ class SqlService:
             return await self._speculate(plan, local, sql, dml, params, msg)
 
         async def run(p: PhysicalPlan, ts: Timestamp | None) -> AsyncIterator[list[bytes]]:
-            qplan = p.query_plan(
-                sql, dml, self.query.member_id, ts, self._quota(msg), spill=msg.spill
-            )
             local = self.scan.local_index
             if p.tuning["local"] and local is not None and self._runs_here(p):
                 p.query_id = str(self.query.new_query_id())
                 p.local = True
-                return run_local(local, self.documents, self.memory, qplan, params, p.query_id)
+                here = LocalRun(p, sql, dml, self._quota(msg), msg.spill)
+                return run_local(local, self.documents, self.memory, here, ts, params, p.query_id)
+            qplan = p.query_plan(
+                sql, dml, self.query.member_id, ts, self._quota(msg), spill=msg.spill
+            )
             left = max(deadline - loop.time(), 0.001)
             result = await self.query.execute(qplan, params, timeout=left, window=msg.window)
             p.query_id = str(result.query_id)
@@ -547,22 +548,33 @@ class SqlService:
         """A request_plus one-leaf plan on this node: read while the seqno round is out
         (``local_leaf.speculate``)."""
         assert plan.record is not None and plan.keyspace is not None
-        keyspace, quota = plan.keyspace, self._quota(msg)
+        keyspace = plan.keyspace
         plan.query_id = str(self.query.new_query_id())
         plan.local = True
-        member = self.query.member_id
         ts, chunks = await speculate(
             local,
             self.documents,
             self.memory,
-            lambda ts: plan.query_plan(sql, dml, member, ts, quota, spill=msg.spill),
-            lambda: self.scan.view.shared_high_seqnos(keyspace),
-            (plan.record.id, plan.leaves[0].partitions),
+            LocalRun(plan, sql, dml, self._quota(msg), msg.spill),
+            self._seqnos(keyspace),
             params,
             plan.query_id,
             msg.timeout,
         )
         return plan, ts, chunks
+
+    def _seqnos(self, keyspace: str) -> Awaitable[Mapping[int, tuple[int, int]]]:
+        """The keyspace's high seqnos as a wire dict, read after this call: the shared
+        round is started (or joined) here, in the call, when the state is at hand."""
+        view = self.scan.view
+        started = view.shared_high_seqnos_now(keyspace)
+        if started is None:
+            return view.shared_high_seqnos_wire(keyspace)
+
+        async def completed() -> Mapping[int, tuple[int, int]]:
+            return await view.high_seqnos_wire(keyspace, known=await started)
+
+        return completed()
 
     def _runs_here(self, plan: PhysicalPlan) -> bool:
         """One leaf, on this node: the plan runs in-process (``local_leaf``)."""
@@ -574,7 +586,7 @@ class SqlService:
             stream_id=msg.stream_id,
             statement="select",
             index=_index_of(plan),
-            ts=None if ts is None else dict(ts.to_wire()),
+            ts=NO_TS if ts is None else msgspec.Raw(ts.packed()),
             details={
                 "mode": plan.mode,
                 "source": plan.source,

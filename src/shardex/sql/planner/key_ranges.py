@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardex.core.expr import MISSING, Expr, evaluate
+from shardex.core.expr import MISSING, Expr, Literal, Param, evaluate
 from shardex.core.keycodec import compare_values
 
 from .sargable import AnyOf, InList, KeyAtom, Prefix, Range
@@ -97,6 +97,8 @@ def _touches(a: Interval, b: Interval) -> bool:
 
 def normalise(intervals: Sequence[Interval]) -> list[Interval]:
     """Sorted, disjoint, non-empty intervals covering the same values."""
+    if len(intervals) == 1:  # a point query's one interval: nothing to sort or merge
+        return [] if _empty(intervals[0]) else [intervals[0]]
     ivs = sorted((iv for iv in intervals if not _empty(iv)), key=_LowKey)
     out: list[Interval] = []
     for iv in ivs:
@@ -139,7 +141,10 @@ def atom_intervals(atom: KeyAtom, params: Any = None) -> list[Interval]:
     """The values ``atom`` allows, as normalised intervals."""
     if isinstance(atom, Range):
         low = OPEN if atom.low is None else _value(atom.low, params)
-        high = OPEN if atom.high is None else _value(atom.high, params)
+        if atom.high is atom.low and isinstance(atom.low, Param | Literal):
+            high = low  # ``k = $1``: one parameter, read once (a function could differ)
+        else:
+            high = OPEN if atom.high is None else _value(atom.high, params)
         if low is MISSING or high is MISSING:
             return []
         if low is OPEN and atom.above_null:

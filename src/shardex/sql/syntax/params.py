@@ -25,7 +25,9 @@ def check_params(used: set[str], params: Sequence[Any] | Mapping[str, Any] | Non
     named = sorted(n for n in used if not n.isdigit())
     if params is None:
         params = ()
-    if isinstance(params, Mapping):
+    # A list (what the wire decodes) is a sequence: the ABC checks below cost more than
+    # the rest of a point query's check.
+    if type(params) is not list and isinstance(params, Mapping):
         missing = [n for n in named if n not in params and f"${n}" not in params] + [
             f"${p}" for p in positional if str(p) not in params and p not in params
         ]
@@ -37,7 +39,7 @@ def check_params(used: set[str], params: Sequence[Any] | Mapping[str, Any] | Non
                 hint="pass params={'name': value} (or a list for $1, $2, ...)",
             )
         return
-    if isinstance(params, str) or not isinstance(params, Sequence):
+    if type(params) is not list and (isinstance(params, str) or not isinstance(params, Sequence)):
         raise _fail(
             f"params must be a list or a mapping, not {type(params).__name__}",
             hint="pass params=[...] for $1, $2 or {'name': ...} for $name",
@@ -84,7 +86,8 @@ def check_params_depth(params: Sequence[Any] | Mapping[str, Any] | None) -> None
     a few hundred levels they hit Python's recursion limit (INTERNAL, not a clear error)."""
     if params is None:
         return
-    values = params.items() if isinstance(params, Mapping) else enumerate(params, start=1)
+    mapping = type(params) is not list and isinstance(params, Mapping)
+    values = params.items() if mapping else enumerate(params, start=1)
     for name, value in values:
         if _deeper_than(value, MAX_DOC_DEPTH):
             raise _fail(

@@ -14,7 +14,7 @@ from data_helpers import running_cluster
 
 from shardex.client import Client, connect, connect_local
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.service import MAX_STATEMENT_BYTES
+from shardex.sql.exec.statement_checks import MAX_STATEMENT_BYTES
 from shardex.sql.exec.statements import PLAN_ON_LOOP_CHARS
 
 pytestmark = pytest.mark.cluster

@@ -23,9 +23,9 @@ from shardex.sql.exec.bridge import run_pipeline
 from shardex.sql.exec.fragment_rows import leaf_rows, mode_of, root_rows
 from shardex.sql.exec.memory import SPILL_DIR, Budget, NodeMemory, QueryMemory, value_size
 from shardex.sql.exec.rows import decode_rows, to_batches
-from shardex.sql.exec.service import check_memory_quota
 from shardex.sql.exec.spill import FAN_IN, external_sort
 from shardex.sql.exec.spill_groups import FANOUT, distinct, final_groups, partial_groups
+from shardex.sql.exec.statement_checks import check_memory_quota
 from shardex.sql.local import eval_count
 from shardex.sql.operators import AggSpec, sort_pairs
 from shardex.sql.operators.aggregate import aggregate

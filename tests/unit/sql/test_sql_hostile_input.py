@@ -12,7 +12,7 @@ import pytest
 
 from shardex.api.validation import MAX_DOC_DEPTH
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.service import MAX_STATEMENT_BYTES, check_statement_size
+from shardex.sql.exec.statement_checks import MAX_STATEMENT_BYTES, check_statement_size
 from shardex.sql.exec.statements import PLAN_ON_LOOP_CHARS, parsed, prepared_off_loop
 from shardex.sql.local import LocalEngine
 from shardex.sql.syntax.params import check_params_depth

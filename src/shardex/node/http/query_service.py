@@ -40,7 +40,8 @@ from shardex.node.http.n1ql_errors import (
 )
 from shardex.node.http.n1ql_request import QueryRequest, query_request
 from shardex.node.http.wire import Request, Response
-from shardex.sql.exec.service import MAX_TIMEOUT, SqlService
+from shardex.sql.exec.service import SqlService
+from shardex.sql.exec.statement_checks import MAX_TIMEOUT
 from shardex.sql.exec.statements import parsed
 from shardex.sql.syntax import ExplainStmt, SelectStmt
 

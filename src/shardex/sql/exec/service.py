@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from shardex.api.privileges import Privilege, require
 from shardex.api.scan import AT_PLUS, CONSISTENCIES, NO_TS, REQUEST_PLUS
 from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
@@ -66,7 +65,7 @@ from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
-from shardex.sql.exec.memory import MIN_QUERY_MEMORY, NodeMemory
+from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.pin_guess import PinGuesses
 from shardex.sql.exec.plan import (
     PhysicalPlan,
@@ -77,6 +76,13 @@ from shardex.sql.exec.plan import (
 from shardex.sql.exec.reply import BLOCK_BYTES, BLOCK_ROWS, cells_closing, once, respond
 from shardex.sql.exec.rows import encode_row
 from shardex.sql.exec.stability import StatementStability
+from shardex.sql.exec.statement_checks import (
+    MAX_STATEMENT_BYTES,
+    MAX_TIMEOUT,
+    check_memory_quota,
+    check_statement,
+    check_statement_size,
+)
 from shardex.sql.exec.statements import (
     PLAN_ON_LOOP_CHARS,
     bad_request,
@@ -97,82 +103,14 @@ from shardex.sql.syntax.params import check_params, check_params_depth
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = [
-    "MAX_STATEMENT_BYTES",
-    "QUEUE_WAIT",
-    "SqlService",
-    "check_memory_quota",
-    "check_statement_size",
-]
+__all__ = ["QUEUE_WAIT", "SqlService"]
 
-MAX_TIMEOUT: Final = 3600.0
-# The longest statement text a node takes, in UTF-8 bytes: checked before parsing (a
-# megabyte of SQL already costs seconds to parse; values that large belong in parameters).
-MAX_STATEMENT_BYTES: Final = 1 << 20
 # Admission (decision 0104): the longest a statement waits for a slot when all
 # ``sql_max_running`` run (its own timeout when shorter).
 QUEUE_WAIT: Final = 30.0
 MIN_LEFT: Final = 0.001  # what a statement admitted at the end of its timeout has to run
 
 log = logging.getLogger(__name__)
-
-
-def check_statement_size(sql: str, limit: int) -> None:
-    """BAD_REQUEST naming the size and the limit when ``sql`` is over ``limit`` UTF-8 bytes;
-    run before the text is parsed."""
-    if len(sql) <= limit // 4:  # at most 4 bytes a character: surely within
-        return
-    size = len(sql.encode("utf-8", "surrogatepass"))
-    if size > limit:
-        raise bad_request(
-            f"statement is {size} bytes, over the limit of {limit} bytes",
-            size=size,
-            limit=limit,
-            hint="pass large values as parameters ($name) or split the statement",
-        )
-
-
-def check_memory_quota(quota: object, most: int) -> None:
-    """BAD_REQUEST naming the value and the limit unless ``quota`` (None: the node's
-    default) is bytes in [``MIN_QUERY_MEMORY``, ``most``]: a client may lower its budget,
-    never raise it past the node's per-query maximum (``sql_query_memory``)."""
-    if quota is None:
-        return
-    if isinstance(quota, bool) or not isinstance(quota, int) or quota < MIN_QUERY_MEMORY:
-        raise bad_request(
-            f"memory_quota must be a number of bytes >= {MIN_QUERY_MEMORY}, got {quota!r:.80}",
-            value=repr(quota)[:80],
-            limit=most,
-            hint=f"give bytes between {MIN_QUERY_MEMORY} and {most}, or leave it out",
-        )
-    if quota > most:
-        raise bad_request(
-            f"memory_quota {quota} bytes is over this node's per-query maximum of "
-            f"{most} bytes (sql_query_memory)",
-            value=quota,
-            limit=most,
-            hint=f"ask for at most {most} bytes, or raise sql_query_memory on the nodes",
-        )
-
-
-def check_statement(principal: Principal | None, stmt: object) -> None:
-    """A user's statement against its roles (``shardex.api.privileges``): SELECT and EXPLAIN
-    need query.select on their keyspace, INSERT, UPSERT, UPDATE and DELETE query.update.
-    ``None``: a connection this node dialled, a node's."""
-    if principal is None or principal.is_node:
-        return
-    if isinstance(stmt, ExplainStmt):
-        stmt = stmt.statement
-    if isinstance(stmt, SelectStmt):
-        ref = stmt.from_
-        if ref is not None and ref.name:  # FROM (expr): no keyspace is read
-            require(principal, (Privilege.QUERY_SELECT,), ref.name, "SELECT")
-    elif isinstance(stmt, InsertStmt):
-        kind = "UPSERT" if stmt.upsert else "INSERT"
-        require(principal, (Privilege.QUERY_UPDATE,), stmt.keyspace, kind)
-    elif isinstance(stmt, DeleteStmt | UpdateStmt):
-        kind = "DELETE" if isinstance(stmt, DeleteStmt) else "UPDATE"
-        require(principal, (Privilege.QUERY_UPDATE,), stmt.target.name, kind)
 
 
 class SqlService:

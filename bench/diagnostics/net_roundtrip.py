@@ -466,17 +466,7 @@ def bench(args: argparse.Namespace) -> int:
         for s in sides.values():
             s.stop()
         shutil.rmtree(certs, ignore_errors=True)
-    doc = {
-        "bench": "net_roundtrip",
-        "command": " ".join(["python -m bench.diagnostics.net_roundtrip", *args.argv]),
-        "sides": {s: ("TLS" if tls_of[s] else "plain") for s in names},
-        "load_before": load0,
-        "load_after": load_average(),
-        "rows": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"load {load0} -> {doc['load_after']}; written to {args.out}")
+    _write(args, names, tls_of, load0, results)
     return 0
 
 
@@ -513,6 +503,18 @@ def _count(
             side.stop()
         shutil.rmtree(certs, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
+    _write(args, names, tls_of, load0, results)
+    return 0
+
+
+def _write(
+    args: argparse.Namespace,
+    names: Sequence[str],
+    tls_of: dict[str, Path | None],
+    load0: Any,
+    results: list[dict[str, Any]],
+) -> None:
+    """The run's JSON (command, sides, load before and after, rows) to ``args.out``."""
     doc = {
         "bench": "net_roundtrip",
         "command": " ".join(["python -m bench.diagnostics.net_roundtrip", *args.argv]),
@@ -523,8 +525,7 @@ def _count(
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"written to {args.out}")
-    return 0
+    print(f"load {load0} -> {doc['load_after']}; written to {args.out}")
 
 
 def _print_row(row: dict[str, Any], names: Sequence[str]) -> None:

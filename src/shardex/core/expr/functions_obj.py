@@ -265,14 +265,22 @@ def _matcher(opts: dict[str, Any]) -> Callable[[str], bool] | None:
     return lambda s: rx.search(s) is not None
 
 
-@_fn("OBJECT_PATHS", 1, 2)
-def _paths(obj: Any, options: Any = MISSING) -> Any:
+def _picking(obj: Any, options: Any) -> tuple[dict[str, Any], Callable[[str], bool]] | None:
+    """An object's options and its path matcher; None (the function's NULL) for a
+    non-object, bad options or a bad pattern."""
     opts = _options(options)
     if not _is_object(obj) or opts is None:
         return None
     match = _matcher(opts)
-    if match is None:
+    return None if match is None else (opts, match)
+
+
+@_fn("OBJECT_PATHS", 1, 2)
+def _paths(obj: Any, options: Any = MISSING) -> Any:
+    picked = _picking(obj, options)
+    if picked is None:
         return None
+    opts, match = picked
     composites = _flag(opts, "composites", True)
     subscripts = _flag(opts, "arraysubscript", True)
     on_field = opts.get("patternspace") == "field"
@@ -287,12 +295,10 @@ def _paths(obj: Any, options: Any = MISSING) -> Any:
 
 @_fn("OBJECT_PAIRS_NESTED", 1, 2)
 def _pairs_nested(obj: Any, options: Any = MISSING) -> Any:
-    opts = _options(options)
-    if not _is_object(obj) or opts is None:
+    picked = _picking(obj, options)
+    if picked is None:
         return None
-    match = _matcher(opts)
-    if match is None:
-        return None
+    opts, match = picked
     composites = _flag(opts, "composites", False)
     types = _flag(opts, "types", False)
     out = [

@@ -209,7 +209,7 @@ async def root_pipeline(
     elif source == "expr":
         assert b.from_ is not None and b.from_.source is not None
         value = evaluate(b.from_.source, {}, params=params)
-        items = value if isinstance(value, list) else [] if value in (MISSING, None) else [value]
+        items = value if isinstance(value, list) else [] if value is MISSING else [value]
         sources = [_once([{b.alias: item, META_KEY: {}} for item in items])]
     else:
         sources = [_once([{}])]

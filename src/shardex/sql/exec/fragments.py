@@ -32,10 +32,12 @@ from shardex.sql.exec.plan import (
 )
 from shardex.sql.exec.rows import cells_batch, decode_row, to_batches
 from shardex.sql.exec.statements import prepared_off_loop
+from shardex.sql.exec.subqueries import expression_runner
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.planner.choose import key_exprs
 from shardex.sql.protocol import FragmentContext, FragmentRegistry
 from shardex.sql.syntax.bind import META_KEY
+from shardex.sql.syntax.subquery import running_subqueries
 
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
@@ -208,7 +210,8 @@ async def root_pipeline(
         sources = [lookup_rows(b, params, a["keyspace"], fetch)]
     elif source == "expr":
         assert b.from_ is not None and b.from_.source is not None
-        value = evaluate(b.from_.source, {}, params=params)
+        with running_subqueries(expression_runner):  # FROM (SELECT ...): evaluated once
+            value = evaluate(b.from_.source, {}, params=params)
         items = value if isinstance(value, list) else [] if value is MISSING else [value]
         sources = [_once([{b.alias: item, META_KEY: {}} for item in items])]
     else:

@@ -14,6 +14,7 @@ import pytest
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.analyze import doc_where, read_paths
 from shardex.sql.exec.fragment_rows import leaf_rows
+from shardex.sql.exec.plan import lookup_keys
 from shardex.sql.exec.subqueries import refuse_keyspace_subqueries
 from shardex.sql.local import LocalEngine
 from shardex.sql.syntax import parse_statement
@@ -107,3 +108,10 @@ def test_a_subquery_result_is_charged_to_the_query_budget() -> None:
     # Within the budget the same row passes.
     small = [{"d": {"big": [1, 2]}, META_KEY: {"id": "1"}}]
     assert list(leaf_rows(b, None, "rows", None, budget(64 * 1024), iter(small))) == [{"v": [1, 2]}]
+
+
+def test_use_keys_from_an_expression_subquery() -> None:
+    b = bind_select(
+        parse_statement(f"SELECT RAW k FROM {KS} USE KEYS (SELECT RAW 'd' || x FROM ['1', '2'] x)")
+    )
+    assert lookup_keys(b.from_.use_keys, None, dedupe=False) == ["d1", "d2"]  # type: ignore[union-attr]

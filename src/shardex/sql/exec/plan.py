@@ -49,7 +49,7 @@ from shardex.sql.exec.analyze import (
 )
 from shardex.sql.exec.fragment_rows import mode_of
 from shardex.sql.exec.statements import bound_statement
-from shardex.sql.exec.subqueries import refuse_keyspace_subqueries
+from shardex.sql.exec.subqueries import expression_runner, refuse_keyspace_subqueries
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count
 from shardex.sql.planner.choose import DOCID, IndexChoice, choose_index, covers
@@ -58,6 +58,7 @@ from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.protocol import FragmentSpec, QueryPlan
 from shardex.sql.syntax.bind import BoundSelect
 from shardex.sql.syntax.explain import explain_select
+from shardex.sql.syntax.subquery import running_subqueries
 
 __all__ = ["Leaf", "PhysicalPlan", "bind_statement", "lookup_keys", "plan_select"]
 
@@ -505,7 +506,8 @@ def _late_fetch_wins(plan: PhysicalPlan, facts: _Facts) -> bool:
 def lookup_keys(expr: Any, params: Any, *, dedupe: bool) -> list[str]:
     """The document ids a key lookup names (non-strings are ignored, as SQL++ does). USE
     KEYS keeps repeats (as the reference engine does); ``META().id IN [...]`` cannot."""
-    keys = evaluate(expr, {}, params=params)
+    with running_subqueries(expression_runner):  # USE KEYS (SELECT RAW ... FROM [...])
+        keys = evaluate(expr, {}, params=params)
     if isinstance(keys, str):
         keys = [keys]
     if not isinstance(keys, list):

@@ -10,7 +10,8 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
 
     SELECT [DISTINCT|ALL] [RAW|VALUE|ELEMENT] term {, term}
       [FROM keyspace [[AS] alias] [USE INDEX (name {, name})] [USE KEYS expr]
-            | FROM (expr) [AS] alias]
+            | FROM (expr) [AS] alias | FROM var.path [[AS] alias]]
+      {[LEFT [OUTER] | INNER] UNNEST expr [[AS] alias]}
       [LET name = expr {, ...}] [WHERE expr]
       [GROUP BY expr {, expr} [LETTING name = expr {, ...}]] [HAVING expr]
       [ORDER BY expr [ASC|DESC] [NULLS FIRST|LAST] {, ...}] [LIMIT expr] [OFFSET expr]
@@ -24,8 +25,9 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
       [UNSET path {, ...}] [WHERE expr] [LIMIT expr] [RETURNING terms]
 
 Expressions add to the expression language: ``ANY|SOME|EVERY|ANY AND EVERY v IN coll
-SATISFIES cond END``, ``ARRAY|FIRST expr FOR v IN coll [WHEN cond] END`` and the
-aggregates COUNT(*), COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr).
+SATISFIES cond END``, ``ARRAY|FIRST expr FOR v IN coll [WHEN cond] END``, subquery
+expressions ``(SELECT ...)`` and ``EXISTS expr``, and the aggregates COUNT(*),
+COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr) and the statistical ones.
 """
 
 from __future__ import annotations

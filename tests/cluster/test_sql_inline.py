@@ -152,6 +152,13 @@ def test_unnest_and_subqueries_over_named_documents(client: Client) -> None:
     for sql in sqls:
         rows, _ = both(client, sql, [keys])
         assert rows == ref.query(sql, [keys]) and rows
+    # A USE KEYS subquery reads its documents from their owners (off the loop: no inline).
+    sql = (
+        f"SELECT p.name, (SELECT RAW q.name FROM {KS} q USE KEYS [me]) AS same "
+        f"FROM {KS} p USE KEYS $1 LET me = META(p).id ORDER BY p.name"
+    )
+    rows = list(client.query(sql, [keys]))
+    assert rows == ref.query(sql, [keys]) and all(r["same"] == [r["name"]] for r in rows)
     with pytest.raises(ShardexError) as e:
         list(client.query(f"SELECT RAW (SELECT RAW COUNT(*) FROM {KS})[0]"))
     assert e.value.code == ErrorCode.BAD_REQUEST and KS in e.value.message

@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
+from shardex.api.privileges import AuthFailed, Principal
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.analyze import doc_where, read_paths
 from shardex.sql.exec.fragment_rows import leaf_rows
 from shardex.sql.exec.plan import lookup_keys
+from shardex.sql.exec.service import check_statement
 from shardex.sql.exec.subqueries import refuse_keyspace_subqueries
 from shardex.sql.local import LocalEngine
 from shardex.sql.syntax import parse_statement
@@ -115,3 +117,43 @@ def test_use_keys_from_an_expression_subquery() -> None:
         parse_statement(f"SELECT RAW k FROM {KS} USE KEYS (SELECT RAW 'd' || x FROM ['1', '2'] x)")
     )
     assert lookup_keys(b.from_.use_keys, None, dedupe=False) == ["d1", "d2"]  # type: ignore[union-attr]
+
+
+def test_a_subquery_needs_select_on_the_keyspace_it_reads() -> None:
+    bob = Principal("user", "bob", ("query_select(t)", "query_update(t)"))
+    check_statement(bob, parse_statement(f"SELECT (SELECT RAW x FROM d.items x) FROM {KS} d"))
+    for sql in [
+        f"SELECT k FROM {KS} WHERE k IN (SELECT RAW s.k FROM secret s USE KEYS 'a')",
+        f"DELETE FROM {KS} WHERE EXISTS (SELECT 1 FROM secret USE KEYS 'a')",
+        "EXPLAIN SELECT (SELECT RAW (SELECT 1 FROM secret) FROM [1] q)",
+    ]:
+        with pytest.raises(AuthFailed) as e:
+            check_statement(bob, parse_statement(sql))
+        assert e.value.details["keyspace"] == "secret"
+
+
+def test_use_keys_subqueries_read_documents_through_fetch() -> None:
+    sql = (
+        f"SELECT d.k, (SELECT RAW f.k FROM {KS} f USE KEYS d.friends) AS fk FROM {KS} d "
+        "ORDER BY d.k"
+    )
+    b = bind_select(parse_statement(sql))
+    refuse_keyspace_subqueries(b)  # USE KEYS: accepted
+    store = {f"d{i}": {"k": i} for i in range(3)}
+    asked: list[list[str]] = []
+
+    def fetch(keyspace: str, ids: list[str]) -> list[tuple[str, Any]]:
+        assert keyspace == KS
+        asked.append(ids)
+        return [(i, store[i]) for i in ids if i in store]
+
+    scope = [
+        {"d": {"k": 0, "friends": ["d2", "d1", "d2", "nope"]}, META_KEY: {"id": "d0"}},
+        {"d": {"k": 1, "friends": "d0"}, META_KEY: {"id": "d1"}},
+    ]
+    out = list(leaf_rows(b, None, "sort", None, budget(), iter(scope), fetch=fetch))
+    assert [v for _, v in out] == [{"k": 0, "fk": [2, 1, 2]}, {"k": 1, "fk": [0]}]
+    assert asked == [["d2", "d1", "d2", "nope"], ["d0"]]
+    # Without a way to read documents the subquery is refused, not silently empty.
+    with pytest.raises(ShardexError, match="whole keyspace"):
+        list(leaf_rows(b, None, "sort", None, budget(), iter(scope)))

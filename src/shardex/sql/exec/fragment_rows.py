@@ -40,7 +40,7 @@ from shardex.sql.exec.memory import Budget
 from shardex.sql.exec.rows import pack_state
 from shardex.sql.exec.spill import external_sort
 from shardex.sql.exec.spill_groups import distinct, final_groups, partial_groups
-from shardex.sql.exec.subqueries import with_subqueries
+from shardex.sql.exec.subqueries import Fetch, with_subqueries
 from shardex.sql.local import unnest_specs
 from shardex.sql.operators import (
     AggSpec,
@@ -198,12 +198,14 @@ def leaf_rows(
     *,
     presorted: bool = False,
     decided: bool = False,
+    fetch: Fetch | None = None,
 ) -> Iterator[Any]:
-    """``_leaf_rows``, its subqueries run with results charged to ``budget``."""
+    """``_leaf_rows``, its subqueries run with results charged to ``budget`` (USE KEYS
+    subqueries reading their documents with ``fetch``)."""
     rows = _leaf_rows(
         b, params, mode, top, budget, scope_rows, presorted=presorted, decided=decided
     )
-    return with_subqueries(b, rows, budget)
+    return with_subqueries(b, rows, budget, fetch)
 
 
 def _leaf_rows(
@@ -367,13 +369,14 @@ def root_rows(
     offset: int,
     budget: Budget,
     inputs: list[Iterator[Any]],
+    fetch: Fetch | None = None,
 ) -> Iterator[Any]:
     """The result values from the leaves' outputs (``inputs``, one per leaf), or from the
-    scope rows of the only input in ``local`` mode."""
+    scope rows of the only input in ``local`` mode; ``fetch`` as for ``leaf_rows``."""
     if limit == 0:
         return iter(())
     rows = _root_rows(b, params, mode, limit, offset, budget, inputs)
-    return with_subqueries(b, rows, budget)
+    return with_subqueries(b, rows, budget, fetch)
 
 
 def _root_rows(

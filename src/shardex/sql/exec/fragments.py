@@ -4,6 +4,7 @@ execution protocol; the row work runs in ``bridge.run_pipeline`` over ``pipeline
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,7 +33,7 @@ from shardex.sql.exec.plan import (
 )
 from shardex.sql.exec.rows import cells_batch, decode_row, to_batches
 from shardex.sql.exec.statements import prepared_off_loop
-from shardex.sql.exec.subqueries import expression_runner
+from shardex.sql.exec.subqueries import blocking_fetch, expression_runner, reads_documents
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.planner.choose import key_exprs
 from shardex.sql.protocol import FragmentContext, FragmentRegistry
@@ -156,6 +157,7 @@ async def leaf_pipeline(
             docs = await fetch(keyspace, decoder.docids(block))
             yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
+    sub_fetch = blocking_fetch(documents, asyncio.get_running_loop())
     with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
 
         def rows(ins: list[Any]) -> Any:
@@ -164,14 +166,23 @@ async def leaf_pipeline(
             if late:
                 return late_leaf_rows(b, params, top, mem.budget(), ins[0], presorted=ordered)
             return leaf_rows(
-                b, params, mode, top, mem.budget(), ins[0], presorted=ordered, decided=decided
+                b,
+                params,
+                mode,
+                top,
+                mem.budget(),
+                ins[0],
+                presorted=ordered,
+                decided=decided,
+                fetch=sub_fetch,
             )
 
         batches = run_pipeline(
             rows,
             [scope_rows()],
             name=f"{query} leaf",
-            inline=tuning["inline"],
+            # USE KEYS subqueries wait for document reads: never on the loop (decision 0120).
+            inline=tuning["inline"] and not reads_documents(b),
             pack=pack,
         )
         async with contextlib.aclosing(batches):
@@ -232,12 +243,13 @@ async def root_pipeline(
         async for cells in _concatenated(sources, offset, limit):
             yield pack_cells(cells)
         return
+    sub_fetch = blocking_fetch(documents, asyncio.get_running_loop())
     with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
         batches = run_pipeline(
-            lambda ins: root_rows(b, params, mode, limit, offset, mem.budget(), ins),
+            lambda ins: root_rows(b, params, mode, limit, offset, mem.budget(), ins, sub_fetch),
             sources,
             name=f"{query} root",
-            inline=tuning["inline"],
+            inline=tuning["inline"] and not reads_documents(b),
             decode=decode,
             pack=pack,
         )

@@ -83,6 +83,7 @@ from shardex.sql.exec.statements import (
     parsed,
     prepared_off_loop,
 )
+from shardex.sql.exec.subqueries import subquery_keyspaces
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
 from shardex.sql.protocol import QueryService
 from shardex.sql.syntax import (
@@ -161,6 +162,8 @@ def check_statement(principal: Principal | None, stmt: object) -> None:
     ``None``: a connection this node dialled, a node's."""
     if principal is None or principal.is_node:
         return
+    for keyspace in sorted(subquery_keyspaces(stmt)):  # a subquery reads as a SELECT does
+        require(principal, (Privilege.QUERY_SELECT,), keyspace, "SELECT")
     if isinstance(stmt, ExplainStmt):
         stmt = stmt.statement
     if isinstance(stmt, SelectStmt):

@@ -227,8 +227,11 @@ def bind_subquery(node: Subquery, outer: frozenset[str]) -> BoundSubquery:
     own = set(inner.aliases) | {n for n, _ in inner.lets}
     refs: set[str] = set()
     keyspaces: set[str] = set()
+    scans: set[str] = set()
     if inner.from_ is not None and inner.from_.source is None:
         keyspaces.add(inner.from_.name)
+        if inner.from_.use_keys is None:
+            scans.add(inner.from_.name)
     for e in inner.expressions():
         for n in walk(e):
             if isinstance(n, Identifier) and n.name in outer and n.name not in own:
@@ -236,7 +239,8 @@ def bind_subquery(node: Subquery, outer: frozenset[str]) -> BoundSubquery:
             elif isinstance(n, BoundSubquery):
                 refs |= n.refs & outer - own
                 keyspaces |= n.keyspaces
-    return BoundSubquery(inner, node.text, frozenset(refs), frozenset(keyspaces))
+                scans |= n.scans
+    return BoundSubquery(inner, node.text, frozenset(refs), frozenset(keyspaces), frozenset(scans))
 
 
 def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | None:

@@ -37,12 +37,14 @@ _runner: ContextVar[SubqueryRunner | None] = ContextVar("shardex_subquery_runner
 class BoundSubquery(Expr):
     """A bound ``(SELECT ...)``. ``refs``: the enclosing query's names it reads (empty: not
     correlated, its value is the same for every outer row). ``keyspaces``: the keyspaces it
-    (or a subquery inside it) reads documents of."""
+    (or a subquery inside it) reads documents of; ``scans``: those read without USE KEYS
+    (a whole keyspace, which needs an index scan)."""
 
     bound: Any = field(compare=False)  # BoundSelect (bind.py imports this module)
     text: str
     refs: frozenset[str] = frozenset()
     keyspaces: frozenset[str] = frozenset()
+    scans: frozenset[str] = frozenset()
     precedence: ClassVar[int] = PREC_ATOM
 
     def children(self) -> tuple[Expr, ...]:

@@ -127,8 +127,15 @@ def _run(sub: BoundSelect, outer: dict[str, Any], params: Any, fetch: Fetch | No
     if ref is None or ref.source is not None:
         refuse_keyspace_subqueries(sub)
         return list(_EXPRESSIONS.run_select(sub, params, outer))
-    if ref.use_keys is None or fetch is None:
+    if ref.use_keys is None:
         raise _refused(ref.name, ref.name)
+    if fetch is None:
+        raise ShardexError(
+            f"a subquery reading {ref.name!r} with USE KEYS cannot run here (no document "
+            "access: a FROM (SELECT ...), USE KEYS (SELECT ...) or RETURNING)",
+            code=ErrorCode.BAD_REQUEST,
+            details={"keyspace": ref.name, "hint": "move the subquery to WHERE, LET or SELECT"},
+        )
     keys = evaluate(ref.use_keys, outer, params=params)
     keys = [keys] if isinstance(keys, str) else keys if isinstance(keys, list) else []
     docs = fetch(ref.name, [k for k in keys if isinstance(k, str)])

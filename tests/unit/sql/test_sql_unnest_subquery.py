@@ -180,3 +180,14 @@ def test_explain_shows_unnest_and_subqueries(eng: LocalEngine) -> None:
     (sub,) = plan["subqueries"]
     assert sub["correlated"] == ["u"] and sub["keyspaces"] == []
     assert sub["plan"][0]["operator"] == "ExpressionScan"
+
+
+def test_meta_of_an_enclosing_alias_inside_subqueries(eng: LocalEngine) -> None:
+    sql = (
+        "SELECT (SELECT RAW META(u).id || ':' || META().id FROM users v USE KEYS META(u).id) "
+        "AS s, (SELECT RAW (SELECT RAW META(u).id FROM [2] y)[0] FROM [1] x) AS nested "
+        "FROM users u WHERE u.age > 35"
+    )
+    assert eng.query(sql) == [{"s": ["u1:u1"], "nested": ["u1"]}]
+    with pytest.raises(ShardexError, match="META\\(zz\\)"):
+        eng.query("SELECT (SELECT RAW META(zz).id FROM [1] x) FROM users u")

@@ -107,6 +107,14 @@ class Exists(Expr):
 # binding replaces by the FROM alias. It starts with NUL: no user identifier collides.
 SELF_NAME = "\x00self"
 
+# The scope row's META() of the FROM term (bind.py), and where a subquery's rows keep the
+# META() of an enclosing query's alias (``META(o)`` inside a subquery over ``o``'s row).
+META_KEY = "\x00meta"
+
+
+def outer_meta_name(alias: str) -> str:
+    return f"{META_KEY}.{alias}"
+
 
 AGGREGATES = frozenset(
     {"COUNT", "COUNTN", "SUM", "AVG", "MIN", "MAX", "ARRAY_AGG", "MEDIAN"}

@@ -25,6 +25,7 @@ from shardex.core.expr import Expr, Field, Identifier, Meta, Param, walk
 from shardex.errors import ErrorCode, ShardexError
 
 from .ast import (
+    META_KEY,
     SELF_NAME,
     Aggregate,
     ArrayComprehension,
@@ -34,11 +35,12 @@ from .ast import (
     OrderTerm,
     SelectStmt,
     Subquery,
+    outer_meta_name,
 )
 from .subquery import BoundSubquery
 
 # Internal scope names start with NUL: no user identifier (even back-ticked) collides.
-META_KEY = "\x00meta"
+# META_KEY (ast.py) is the FROM term's META().
 
 
 def group_key_name(i: int) -> str:
@@ -180,6 +182,12 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
             return node
         return Field(Identifier(alias), node.name)
     if isinstance(node, Meta):
+        if (
+            node.keyspace is not None
+            and node.keyspace != alias
+            and outer_meta_name(node.keyspace) in bound
+        ):
+            return Identifier(outer_meta_name(node.keyspace))  # an enclosing alias's META()
         if node.keyspace is not None and node.keyspace != alias:
             raise SqlSemanticError(
                 f"META({node.keyspace}) names no keyspace alias of this query",
@@ -187,7 +195,7 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
             )
         return Identifier(META_KEY)
     if isinstance(node, Subquery):
-        return bind_subquery(node, bound | ({alias} if alias else set()))
+        return bind_subquery(node, bound, alias)
     if isinstance(node, CollectionPredicate | ArrayComprehension):
         # Each binding's source sees the variables bound before it; the body sees them all.
         inner = bound
@@ -221,8 +229,11 @@ def implied_name(expr: Expr) -> str | None:
     return None
 
 
-def bind_subquery(node: Subquery, outer: frozenset[str]) -> BoundSubquery:
-    """``node`` bound with the enclosing query's names ``outer`` visible."""
+def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> BoundSubquery:
+    """``node`` bound with the enclosing query's names ``outer`` (and its FROM ``alias``,
+    whose META() it may read) visible."""
+    if alias is not None:
+        outer = outer | {alias, outer_meta_name(alias)}
     inner = bind_select(node.select, outer=outer - {META_KEY})
     own = set(inner.aliases) | {n for n, _ in inner.lets}
     refs: set[str] = set()
@@ -240,7 +251,9 @@ def bind_subquery(node: Subquery, outer: frozenset[str]) -> BoundSubquery:
                 refs |= n.refs & outer - own
                 keyspaces |= n.keyspaces
                 scans |= n.scans
-    return BoundSubquery(inner, node.text, frozenset(refs), frozenset(keyspaces), frozenset(scans))
+    return BoundSubquery(
+        inner, node.text, frozenset(refs), frozenset(keyspaces), frozenset(scans), alias
+    )
 
 
 def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | None:

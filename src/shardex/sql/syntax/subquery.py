@@ -23,7 +23,7 @@ from shardex.core.expr.evaluator import Env, evaluate_in
 from shardex.core.expr.ops import RANK_ARRAY, type_rank
 from shardex.errors import ErrorCode, ShardexError
 
-from .ast import Exists
+from .ast import META_KEY, Exists, outer_meta_name
 
 _MARK = Identifier("\x00subquery")
 
@@ -45,6 +45,7 @@ class BoundSubquery(Expr):
     refs: frozenset[str] = frozenset()
     keyspaces: frozenset[str] = frozenset()
     scans: frozenset[str] = frozenset()
+    alias: str | None = None  # the enclosing FROM alias: its META() is passed on
     precedence: ClassVar[int] = PREC_ATOM
 
     def children(self) -> tuple[Expr, ...]:
@@ -80,6 +81,9 @@ def _subquery(node: BoundSubquery, env: Env) -> Any:
             details={"subquery": node.text, "hint": "use subqueries inside a statement"},
         )
     outer = env.doc if isinstance(env.doc, dict) else {}
+    if node.alias is not None and META_KEY in outer:
+        # The subquery's own rows replace META_KEY: the enclosing alias's stays readable.
+        outer = {**outer, outer_meta_name(node.alias): outer[META_KEY]}
     return run(node.bound, outer, env.params)
 
 

@@ -106,6 +106,11 @@ def test_uncorrelated_subquery_over_a_keyspace(eng: LocalEngine) -> None:
     # expression term), not the keyspace: here each outer document alone.
     sql = "SELECT RAW (SELECT RAW MAX(age) FROM users)[0] FROM users ORDER BY name"
     assert eng.query(sql) == [41, 30, 30, None]
+    # With USE KEYS the name is the keyspace.
+    sql = "SELECT RAW (SELECT RAW v.name FROM users v USE KEYS 'u2')[0] FROM users ORDER BY name"
+    assert eng.query(sql) == ["Bo"] * 4
+    sql = "SELECT RAW (SELECT RAW name FROM users USE KEYS 'u2')[0] FROM users ORDER BY name"
+    assert eng.query(sql) == ["Bo"] * 4
     assert eng.query("SELECT RAW (SELECT RAW COUNT(*) FROM users)[0]") == [4]
     # A parameter inside the subquery is the statement's.
     sql = (

@@ -258,15 +258,12 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
 
 def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | None:
     """``FROM name`` where ``name`` is an enclosing query's variable is an expression term
-    over that variable (N1QL: a subquery's FROM over its outer row)."""
+    over that variable (N1QL: a subquery's FROM over its outer row), unless USE KEYS or USE
+    INDEX say it is a keyspace (``FROM users USE KEYS ...`` inside ``FROM users``)."""
     if ref is None or ref.source is not None or ref.name not in outer:
         return ref
     if ref.use_keys is not None or ref.use_index:
-        raise SqlSemanticError(
-            f"{ref.name!r} is a variable of the enclosing query, not a keyspace: USE KEYS "
-            "and USE INDEX do not apply",
-            details={"name": ref.name, "hint": "drop USE KEYS / USE INDEX"},
-        )
+        return ref
     return KeyspaceRef("", ref.as_name, source=Identifier(ref.name))
 
 

@@ -116,7 +116,7 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str], ...] = (
     ),
     (
         r"(?i)USE KEYS \['(s|se|c)?123[56]', '(s|se|c)?123[56]'\]",
-        "reads the documents the MERGE case before it inserts (MERGE: see above)",
+        "reads or deletes the documents the MERGE case before it inserts (MERGE: see above)",
     ),
     (
         r"(?i)\(WITH p1 AS",

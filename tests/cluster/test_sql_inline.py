@@ -17,6 +17,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.exec.plan import INLINE_KEYS
 from shardex.sql.exec.reply import BLOCK_ROWS
+from shardex.sql.local import LocalEngine
 
 pytestmark = pytest.mark.cluster
 
@@ -132,3 +133,32 @@ def test_dml_rows_and_counts_are_unchanged(client: Client) -> None:
     assert list(q) == [{"id": "p002", "age": 99}] and q.started.mutation_count == 1
     assert q.started.done
     assert list(client.query(f"SELECT RAW age FROM {KS} USE KEYS 'p002'")) == [99]
+
+
+def test_unnest_and_subqueries_over_named_documents(client: Client) -> None:
+    # Every member binds the statement text itself: UNNEST and a correlated subquery reach
+    # the initiator's root (key lookups, inline or as a fragment) and give the reference's
+    # rows; a subquery over a keyspace is refused before anything runs.
+    ref = LocalEngine()
+    ref.create_keyspace(KS)
+    ref.keyspaces[KS].update(DOCS)
+    keys = [f"p{i:03}" for i in range(0, 12)]
+    sqls = [
+        f"SELECT p.name, t FROM {KS} p USE KEYS $1 UNNEST p.tags t WHERE t > 0 ORDER BY p.name",
+        f"SELECT RAW p.name FROM {KS} p USE KEYS $1 LEFT UNNEST p.none x ORDER BY p.name",
+        f"SELECT p.name, (SELECT RAW t * 10 FROM p.tags AS t) AS ts FROM {KS} p USE KEYS $1 "
+        f"WHERE EXISTS (SELECT 1 FROM p.tags t WHERE t = 2) ORDER BY p.name",
+    ]
+    for sql in sqls:
+        rows, _ = both(client, sql, [keys])
+        assert rows == ref.query(sql, [keys]) and rows
+    # A USE KEYS subquery reads its documents from their owners (off the loop: no inline).
+    sql = (
+        f"SELECT p.name, (SELECT RAW q.name FROM {KS} q USE KEYS [me]) AS same "
+        f"FROM {KS} p USE KEYS $1 LET me = META(p).id ORDER BY p.name"
+    )
+    rows = list(client.query(sql, [keys]))
+    assert rows == ref.query(sql, [keys]) and all(r["same"] == [r["name"]] for r in rows)
+    with pytest.raises(ShardexError) as e:
+        list(client.query(f"SELECT RAW (SELECT RAW COUNT(*) FROM {KS})[0]"))
+    assert e.value.code == ErrorCode.BAD_REQUEST and KS in e.value.message

@@ -42,6 +42,7 @@ from shardex.sql.operators import (
     AggSpec,
     ProjectTerm,
     SortSpec,
+    UnnestSpec,
     aggregate,
     distinct,
     encode_sort_key,
@@ -50,6 +51,7 @@ from shardex.sql.operators import (
     project,
     sort_pairs,
     strip_keys,
+    unnest,
 )
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
 from shardex.sql.syntax import (
@@ -72,6 +74,7 @@ from shardex.sql.syntax.bind import (
 )
 from shardex.sql.syntax.explain import explain_select
 from shardex.sql.syntax.params import check_params
+from shardex.sql.syntax.subquery import running_subqueries
 
 Params = Sequence[Any] | Mapping[str, Any] | None
 
@@ -148,6 +151,14 @@ class LocalEngine:
         return self.execute(sql, params).rows
 
     def execute(self, sql: str | Statement, params: Params = None) -> QueryResult:
+        with running_subqueries(self.run_subquery):
+            return self._execute(sql, params)
+
+    def run_subquery(self, b: BoundSelect, outer: dict[str, Any], params: Params) -> list[Any]:
+        """A subquery's result values for one outer row (``subquery.SubqueryRunner``)."""
+        return list(self.run_select(b, params, outer))
+
+    def _execute(self, sql: str | Statement, params: Params) -> QueryResult:
         stmt = parse_statement(sql) if isinstance(sql, str) else sql
         if not isinstance(sql, str) or mentions_statement_time(sql):
             params = with_statement_time(params)  # NOW_*: one time for the statement
@@ -299,54 +310,72 @@ class LocalEngine:
 
     # -- SELECT ---------------------------------------------------------------------------------
 
-    def scope_rows(self, b: BoundSelect, params: Params) -> Iterator[dict[str, Any]]:
-        """The document-scope rows of FROM (before LET and WHERE)."""
+    def scope_rows(
+        self, b: BoundSelect, params: Params, outer: dict[str, Any] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """The document-scope rows of FROM and its UNNESTs (before LET and WHERE); a
+        subquery's rows start from its ``outer`` row (the enclosing query's names)."""
+        rows = self._from_rows(b, params, outer or {})
+        if not b.unnests:
+            return rows
+        return unnest(rows, unnest_specs(b, params))
+
+    def _from_rows(
+        self, b: BoundSelect, params: Params, outer: dict[str, Any]
+    ) -> Iterator[dict[str, Any]]:
         ref = b.from_
         if ref is None:
-            yield {}
+            yield dict(outer)
             return
         alias = b.alias
         if ref.source is not None:
-            value = evaluate(ref.source, {}, params=params)
-            items = (
-                value if isinstance(value, list) else [] if value in (MISSING, None) else [value]
-            )
+            value = evaluate(ref.source, outer, params=params)
+            # N1QL: an array gives a row per element, MISSING none, anything else (NULL
+            # too) one row.
+            items = value if isinstance(value, list) else [] if value is MISSING else [value]
             for item in items:
-                yield {alias: item, META_KEY: {}}
+                yield {**outer, alias: item, META_KEY: {}}
             return
         docs = self.keyspace(ref.name)
         self._check_from(b)
-        for docid, doc in self.docs(docs, ref.use_keys, params):
-            yield {alias: doc, META_KEY: {"id": docid}}
+        for docid, doc in self.docs(docs, ref.use_keys, params, outer):
+            yield {**outer, alias: doc, META_KEY: {"id": docid}}
 
     @staticmethod
     def docs(
-        docs: dict[str, Any], use_keys: Expr | None, params: Params
+        docs: dict[str, Any],
+        use_keys: Expr | None,
+        params: Params,
+        outer: dict[str, Any] | None = None,
     ) -> Iterable[tuple[str, Any]]:
         if use_keys is None:
             return list(docs.items())  # a snapshot: DML may change the keyspace while we run
-        keys = evaluate(use_keys, {}, params=params)
+        keys = evaluate(use_keys, outer or {}, params=params)
         if isinstance(keys, str):
             keys = [keys]
         if not isinstance(keys, list):
             return []
         return [(k, docs[k]) for k in keys if isinstance(k, str) and k in docs]
 
-    def run_select(self, b: BoundSelect, params: Params) -> Iterator[Any]:
-        rows: Iterable[Any] = self.scope_rows(b, params)
+    def run_select(
+        self, b: BoundSelect, params: Params, outer: dict[str, Any] | None = None
+    ) -> Iterator[Any]:
+        rows: Iterable[Any] = self.scope_rows(b, params, outer)
         rows = _with_bindings(rows, b.lets, params)
         if b.where is not None:
             where = _compile(b.where)
             rows = filter_rows(rows, lambda r: where(r, None, params))
         if b.grouped:
-            rows = self._group(b, rows, params)
+            rows = self._group(b, rows, params, outer or {})
         limit = eval_count(b.limit, params, "LIMIT")
         offset = eval_count(b.offset, params, "OFFSET") or 0
         if limit == 0:
             return iter(())
         return _finish(b, rows, params, limit, offset)
 
-    def _group(self, b: BoundSelect, rows: Iterable[Any], params: Params) -> Iterator[Any]:
+    def _group(
+        self, b: BoundSelect, rows: Iterable[Any], params: Params, outer: dict[str, Any]
+    ) -> Iterator[Any]:
         keys = [_row_fn(k, params) for k in b.group_keys]
         aggs = [
             AggSpec(a.name, None if a.arg is None else _row_fn(a.arg, params), a.distinct)
@@ -355,6 +384,7 @@ class LocalEngine:
         groups = aggregate(rows, keys, aggs, global_group=not b.group_keys)
         out: Iterable[Any] = (
             {
+                **outer,  # a subquery's groups still see the enclosing row
                 **{group_key_name(i): v for i, v in enumerate(kv)},
                 **{aggregate_name(j): v for j, v in enumerate(av)},
             }
@@ -369,6 +399,11 @@ class LocalEngine:
 
 def bind_expr(expr: Expr, alias: str) -> Expr:
     return resolve(expr, alias, frozenset({alias, META_KEY}))
+
+
+def unnest_specs(b: BoundSelect, params: Params) -> list[UnnestSpec]:
+    """The UNNEST steps of ``b`` as operator specs (shared with the fragments)."""
+    return [UnnestSpec(alias, _row_fn(e, params), outer) for alias, e, outer in b.unnests]
 
 
 def _params_of(exprs: Iterable[Expr]) -> set[str]:

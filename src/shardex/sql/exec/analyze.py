@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardex.core.expr import (
+    And,
     BinaryOp,
     Expr,
     Field,
@@ -84,14 +85,31 @@ def to_document_terms(expr: Expr, alias: str | None) -> Expr:
 
 
 def doc_where(b: BoundSelect) -> Expr | None:
+    """WHERE over the bare document, for index choice and spans. With UNNEST only the
+    conjuncts that read no UNNEST alias: the others are about elements, not documents
+    (``line.count > 2`` is no document field ``line``)."""
     if b.where is None:
         return None
-    return to_document_terms(inline_lets(b.where, b.lets), b.alias)
+    where = inline_lets(b.where, b.lets)
+    if b.unnests:
+        elements = {a for a, _, _ in b.unnests}
+        kept = [
+            t
+            for t in conjuncts(where)
+            if not any(isinstance(n, Identifier) and n.name in elements for n in walk(t))
+        ]
+        if not kept:
+            return None
+        where = kept[0] if len(kept) == 1 else And(tuple(kept))
+    return to_document_terms(where, b.alias)
 
 
 def doc_order(b: BoundSelect) -> list[OrderKey]:
     """ORDER BY in document terms, for "does the index order satisfy it" (grouped queries
-    and projection aliases never do: the caller passes [] then)."""
+    and projection aliases never do: the caller passes [] then; nor does UNNEST's order of
+    elements within a document)."""
+    if b.unnests:
+        return []
     out = []
     for e, o in b.order:
         out.append(
@@ -115,7 +133,10 @@ def _doc_exprs(b: BoundSelect) -> list[Expr]:
 
 
 def read_paths(b: BoundSelect) -> set[Path] | None:
-    """The document paths the query reads; None when it needs whole documents."""
+    """The document paths the query reads; None when it needs whole documents (as with
+    UNNEST: an element alias's paths are no document's)."""
+    if b.unnests:
+        return None
     let_names = {n for n, _ in b.lets}
     out: set[Path] = set()
     for e in _doc_exprs(b):
@@ -133,7 +154,10 @@ def ranking_paths(b: BoundSelect) -> set[Path] | None:
     """The document paths that decide which rows a non-grouped SELECT returns and in what
     order (LET, WHERE, ORDER BY): what an index must cover for its leaves to rank rows
     without the documents (late materialization). None when they read a whole document or
-    ``META()`` beyond ``id`` (a leaf knows only an entry's docid)."""
+    ``META()`` beyond ``id`` (a leaf knows only an entry's docid), or with UNNEST (a
+    document is several rows)."""
+    if b.unnests:
+        return None
     exprs: list[Expr] = [e for _, e in b.lets] + [e for e, _ in b.order]
     if b.where is not None:
         exprs.append(b.where)

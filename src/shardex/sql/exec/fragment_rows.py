@@ -40,6 +40,8 @@ from shardex.sql.exec.memory import Budget
 from shardex.sql.exec.rows import pack_state
 from shardex.sql.exec.spill import external_sort
 from shardex.sql.exec.spill_groups import distinct, final_groups, partial_groups
+from shardex.sql.exec.subqueries import Fetch, with_subqueries
+from shardex.sql.local import unnest_specs
 from shardex.sql.operators import (
     AggSpec,
     ProjectTerm,
@@ -50,6 +52,7 @@ from shardex.sql.operators import (
     offset_limit,
     project,
     strip_keys,
+    unnest,
 )
 from shardex.sql.syntax.bind import META_KEY, BoundSelect, aggregate_name, group_key_name
 
@@ -123,8 +126,11 @@ def _with_bindings(
 def _filtered(
     b: BoundSelect, rows: Iterable[Any], params: Params, decided: bool = False
 ) -> Iterable[Any]:
-    """LET, then WHERE (re-applied: spans are only a superset of the rows), unless
-    ``decided``: the rows are a covering scan's whose spans decide WHERE (``planner.exact``)."""
+    """UNNEST (each leaf unnests the documents it read), LET, then WHERE (re-applied:
+    spans are only a superset of the rows), unless ``decided``: the rows are a covering
+    scan's whose spans decide WHERE (``planner.exact``)."""
+    if b.unnests:
+        rows = unnest(rows, unnest_specs(b, params))
     rows = _with_bindings(rows, b.lets, params)
     if b.where is not None and not decided:
         rows = filter_rows(rows, _fn(b.where, params))
@@ -192,6 +198,26 @@ def leaf_rows(
     *,
     presorted: bool = False,
     decided: bool = False,
+    fetch: Fetch | None = None,
+) -> Iterator[Any]:
+    """``_leaf_rows``, its subqueries run with results charged to ``budget`` (USE KEYS
+    subqueries reading their documents with ``fetch``)."""
+    rows = _leaf_rows(
+        b, params, mode, top, budget, scope_rows, presorted=presorted, decided=decided
+    )
+    return with_subqueries(b, rows, budget, fetch)
+
+
+def _leaf_rows(
+    b: BoundSelect,
+    params: Params,
+    mode: str,
+    top: int | None,
+    budget: Budget,
+    scope_rows: Iterable[Any],
+    *,
+    presorted: bool = False,
+    decided: bool = False,
 ) -> Iterator[Any]:
     """A leaf's output rows from its scope rows (see the module doc for each mode).
     ``presorted``: the scope rows come in ORDER BY order already (the index order satisfies
@@ -200,7 +226,7 @@ def leaf_rows(
     if mode == "group":
         keys = [_fn(k, params) for k in b.group_keys]
         specs = _agg_specs(b, params)
-        if b.lets:  # bindings make a new row per row: no runs to find
+        if b.lets or b.unnests:  # new rows per row: no runs to find
             rows = _filtered(b, scope_rows, params, decided)
             partials = partial_groups(rows, keys, specs, budget)
         else:
@@ -343,11 +369,25 @@ def root_rows(
     offset: int,
     budget: Budget,
     inputs: list[Iterator[Any]],
+    fetch: Fetch | None = None,
 ) -> Iterator[Any]:
     """The result values from the leaves' outputs (``inputs``, one per leaf), or from the
-    scope rows of the only input in ``local`` mode."""
+    scope rows of the only input in ``local`` mode; ``fetch`` as for ``leaf_rows``."""
     if limit == 0:
         return iter(())
+    rows = _root_rows(b, params, mode, limit, offset, budget, inputs)
+    return with_subqueries(b, rows, budget, fetch)
+
+
+def _root_rows(
+    b: BoundSelect,
+    params: Params,
+    mode: str,
+    limit: int | None,
+    offset: int,
+    budget: Budget,
+    inputs: list[Iterator[Any]],
+) -> Iterator[Any]:
     if mode == "local":
         rows = _filtered(b, inputs[0], params)
         if b.grouped:

@@ -4,6 +4,7 @@ execution protocol; the row work runs in ``bridge.run_pipeline`` over ``pipeline
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,9 +32,11 @@ from shardex.sql.exec.plan import (
 )
 from shardex.sql.exec.rows import cells_batch, decode_row, to_batches
 from shardex.sql.exec.statements import prepared_off_loop
+from shardex.sql.exec.subqueries import blocking_fetch, expression_runner, reads_documents
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.protocol import FragmentContext, FragmentRegistry
 from shardex.sql.syntax.bind import META_KEY
+from shardex.sql.syntax.subquery import running_subqueries
 
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
@@ -160,6 +163,7 @@ async def run_leaf(
             docs = await fetch(keyspace, decoder.docids(block))
             yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
+    sub_fetch = blocking_fetch(documents, asyncio.get_running_loop())
     with memory.fragment(query, spec.budget, spec.spill) as mem:
 
         def rows(ins: list[Any]) -> Any:
@@ -169,14 +173,23 @@ async def run_leaf(
                 assert top is not None
                 return late_leaf_rows(b, params, top, mem.budget(), ins[0], presorted=ordered)
             return leaf_rows(
-                b, params, mode, top, mem.budget(), ins[0], presorted=ordered, decided=decided
+                b,
+                params,
+                mode,
+                top,
+                mem.budget(),
+                ins[0],
+                presorted=ordered,
+                decided=decided,
+                fetch=sub_fetch,
             )
 
         batches = run_pipeline(
             rows,
             [scope_rows()],
             name=f"{query} leaf",
-            inline=tuning["inline"],
+            # USE KEYS subqueries wait for document reads: never on the loop (decision 0120).
+            inline=tuning["inline"] and not reads_documents(b),
             pack=pack,
             # Without a row limit the leaf's operators read every scope row.
             reads_all=top is None,
@@ -217,8 +230,9 @@ async def root_pipeline(
         sources = [lookup_rows(b, params, a["keyspace"], fetch)]
     elif source == "expr":
         assert b.from_ is not None and b.from_.source is not None
-        value = evaluate(b.from_.source, {}, params=params)
-        items = value if isinstance(value, list) else [] if value in (MISSING, None) else [value]
+        with running_subqueries(expression_runner):  # FROM (SELECT ...): evaluated once
+            value = evaluate(b.from_.source, {}, params=params)
+        items = value if isinstance(value, list) else [] if value is MISSING else [value]
         sources = [_once([{b.alias: item, META_KEY: {}} for item in items])]
     else:
         sources = [_once([{}])]
@@ -238,12 +252,13 @@ async def root_pipeline(
         async for cells in concatenated(sources, offset, limit):
             yield pack_cells(cells)
         return
+    sub_fetch = blocking_fetch(documents, asyncio.get_running_loop())
     with memory.fragment(query, a["budget"], a.get("spill", True)) as mem:
         batches = run_pipeline(
-            lambda ins: root_rows(b, params, mode, limit, offset, mem.budget(), ins),
+            lambda ins: root_rows(b, params, mode, limit, offset, mem.budget(), ins, sub_fetch),
             sources,
             name=f"{query} root",
-            inline=tuning["inline"],
+            inline=tuning["inline"] and not reads_documents(b),
             decode=decode,
             pack=pack,
         )

@@ -17,6 +17,7 @@ from shardex.sql.exec.fragments import lookup_rows, lookup_scopes, named_keys
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.plan import INLINE_KEYS, PhysicalPlan
 from shardex.sql.exec.rows import encode_row
+from shardex.sql.exec.subqueries import reads_documents
 from shardex.sql.protocol.initiator import cancelled
 
 __all__ = ["KeyLookups"]
@@ -33,8 +34,8 @@ class KeyLookups:
     def keys_of(self, plan: PhysicalPlan, params: Any) -> list[str] | None:
         """The ids ``plan`` reads when it runs as a key lookup here (it is then marked
         ``inline`` and given its query id), else None."""
-        if plan.source != "keys" or not plan.tuning["inline"]:
-            return None
+        if plan.source != "keys" or not plan.tuning["inline"] or reads_documents(plan.bound):
+            return None  # (a USE KEYS subquery waits for reads: not on the loop)
         keys = named_keys(plan.bound, params)
         if len(keys) > INLINE_KEYS:
             return None

@@ -57,6 +57,7 @@ from shardex.sql.exec.analyze import (
 from shardex.sql.exec.fragment_rows import mode_of
 from shardex.sql.exec.leaf_spec import LeafSpec
 from shardex.sql.exec.statements import bound_statement
+from shardex.sql.exec.subqueries import expression_runner, refuse_keyspace_subqueries
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local import eval_count
 from shardex.sql.planner.choose import DOCID, IndexChoice, choose_index, covers
@@ -65,6 +66,7 @@ from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.protocol import FragmentSpec, QueryPlan
 from shardex.sql.syntax.bind import BoundSelect
 from shardex.sql.syntax.explain import explain_select
+from shardex.sql.syntax.subquery import running_subqueries
 
 __all__ = ["Leaf", "PhysicalPlan", "bind_statement", "lookup_keys", "plan_select"]
 
@@ -307,6 +309,8 @@ def _leaf_does(p: PhysicalPlan) -> list[str]:
         steps = ["IndexScan (keys)"]  # ranked on the entries alone; the root fetches
     elif p.choice.covering:
         steps.pop()
+    if p.bound.unnests:
+        steps.append("Unnest")  # per document: each leaf unnests what it read
     if not p.decided:  # else the spans decide WHERE (``planner.exact``)
         steps.append("Filter")
     if p.ordered:
@@ -331,6 +335,8 @@ def _root_does(p: PhysicalPlan) -> list[str]:
         "rows": ["Concat"],
         "local": ["LocalScan" if p.source != "keys" else "KeyLookup", "Filter", "Project"],
     }[p.mode]
+    if p.mode == "local" and p.bound.unnests:
+        steps.insert(1, "Unnest")
     if p.late:
         steps = ["MergeSort", "Fetch (GetMany per owner, top rows only)", "Filter", "Project"]
     if p.bound.distinct:
@@ -422,6 +428,7 @@ def plan_select(
     spans are left empty when they need parameter values. Each index partition's leaf runs
     on its first copy (primary, then replicas) that is a live member not in ``avoid`` (the
     nodes that failed this query already)."""
+    refuse_keyspace_subqueries(b)  # decision 0120
     limit, offset = _counts(b, params, resolve_params)
     switches = check_tuning(tuning)
     ref = b.from_
@@ -478,6 +485,7 @@ def plan_select(
     mode = mode_of(b)
     decided = (
         resolve_params
+        and not b.unnests  # WHERE reads elements too: spans decide no such conjunct
         and choice.covering
         and not defn.is_primary
         and switches["exact_spans"]
@@ -560,7 +568,8 @@ def _late_fetch_wins(plan: PhysicalPlan, facts: _Facts) -> bool:
 def lookup_keys(expr: Any, params: Any, *, dedupe: bool) -> list[str]:
     """The document ids a key lookup names (non-strings are ignored, as SQL++ does). USE
     KEYS keeps repeats (as the reference engine does); ``META().id IN [...]`` cannot."""
-    keys = evaluate(expr, {}, params=params)
+    with running_subqueries(expression_runner):  # USE KEYS (SELECT RAW ... FROM [...])
+        keys = evaluate(expr, {}, params=params)
     if isinstance(keys, str):
         keys = [keys]
     if not isinstance(keys, list):

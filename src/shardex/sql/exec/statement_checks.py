@@ -10,6 +10,7 @@ from shardex.api.privileges import Privilege, require
 from shardex.net import Principal
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.exec.statements import bad_request
+from shardex.sql.exec.subqueries import subquery_keyspaces
 from shardex.sql.syntax import DeleteStmt, ExplainStmt, InsertStmt, SelectStmt, UpdateStmt
 
 __all__ = [
@@ -70,6 +71,8 @@ def check_statement(principal: Principal | None, stmt: object) -> None:
     ``None``: a connection this node dialled, a node's."""
     if principal is None or principal.is_node:
         return
+    for keyspace in sorted(subquery_keyspaces(stmt)):  # a subquery reads as a SELECT does
+        require(principal, (Privilege.QUERY_SELECT,), keyspace, "SELECT")
     if isinstance(stmt, ExplainStmt):
         stmt = stmt.statement
     if isinstance(stmt, SelectStmt):

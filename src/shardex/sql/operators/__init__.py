@@ -14,11 +14,13 @@ from .basic import (
     value_identity,
 )
 from .sort import SortSpec, encode_sort_key, merge_sorted, sort_pairs
+from .unnest import UnnestSpec, unnest
 
 __all__ = [
     "AggSpec",
     "ProjectTerm",
     "SortSpec",
+    "UnnestSpec",
     "aggregate",
     "distinct",
     "encode_sort_key",
@@ -32,5 +34,6 @@ __all__ = [
     "scan",
     "sort_pairs",
     "strip_keys",
+    "unnest",
     "value_identity",
 ]

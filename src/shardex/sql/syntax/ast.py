@@ -72,9 +72,48 @@ class ArrayComprehension(Expr):
         return f"{word} {self.mapping.to_text()} FOR {binds}{when} END"
 
 
+@dataclass(frozen=True, slots=True)
+class Subquery(Expr):
+    """``(SELECT ...)`` used as an expression: the array of the subquery's result values.
+    ``text`` is the subquery's source text (for EXPLAIN and messages); name binding
+    replaces the node by a ``BoundSubquery`` (``subquery.py``)."""
+
+    select: SelectStmt
+    text: str
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def to_text(self) -> str:
+        return f"({self.text})"
+
+
+@dataclass(frozen=True, slots=True)
+class Exists(Expr):
+    """``EXISTS expr``: TRUE when ``expr`` is a non-empty array (a subquery had a row)."""
+
+    operand: Expr
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.operand,)
+
+    def to_text(self) -> str:
+        return f"EXISTS {self.operand.to_text()}"
+
+
 # The keyword SELF (the FROM item itself, as N1QL) is parsed as this identifier, which name
 # binding replaces by the FROM alias. It starts with NUL: no user identifier collides.
 SELF_NAME = "\x00self"
+
+# The scope row's META() of the FROM term (bind.py), and where a subquery's rows keep the
+# META() of an enclosing query's alias (``META(o)`` inside a subquery over ``o``'s row).
+META_KEY = "\x00meta"
+
+
+def outer_meta_name(alias: str) -> str:
+    return f"{META_KEY}.{alias}"
 
 
 AGGREGATES = frozenset(
@@ -147,6 +186,17 @@ class KeyspaceRef:
 
 
 @dataclass(frozen=True)
+class UnnestTerm:
+    """``[LEFT [OUTER] | INNER] UNNEST expr [AS] alias``: one row per element of ``expr``
+    (an array) beside the row it was read from; ``outer`` (LEFT) keeps a row whose value
+    is no array or an empty one, with ``alias`` MISSING."""
+
+    expr: Expr
+    alias: str
+    outer: bool = False
+
+
+@dataclass(frozen=True)
 class SelectStmt:
     terms: tuple[ResultTerm, ...]
     raw: bool = False  # SELECT RAW / VALUE / ELEMENT: one term, rows are its values
@@ -160,6 +210,7 @@ class SelectStmt:
     order_by: tuple[OrderTerm, ...] = ()
     limit: Expr | None = None
     offset: Expr | None = None
+    unnests: tuple[UnnestTerm, ...] = ()  # after FROM, in order: each sees those before it
 
 
 @dataclass(frozen=True)

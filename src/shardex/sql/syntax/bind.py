@@ -25,6 +25,7 @@ from shardex.core.expr import Expr, Field, Identifier, Meta, Param, walk
 from shardex.errors import ErrorCode, ShardexError
 
 from .ast import (
+    META_KEY,
     SELF_NAME,
     Aggregate,
     ArrayComprehension,
@@ -33,10 +34,13 @@ from .ast import (
     KeyspaceRef,
     OrderTerm,
     SelectStmt,
+    Subquery,
+    outer_meta_name,
 )
+from .subquery import BoundSubquery
 
 # Internal scope names start with NUL: no user identifier (even back-ticked) collides.
-META_KEY = "\x00meta"
+# META_KEY (ast.py) is the FROM term's META().
 
 
 def group_key_name(i: int) -> str:
@@ -81,6 +85,15 @@ class BoundSelect:
     order_aliases: tuple[str, ...]  # projection aliases ORDER BY reads
     limit: Expr | None
     offset: Expr | None
+    # UNNEST terms, bound over the document scope: (alias, array expression, LEFT).
+    unnests: tuple[tuple[str, Expr, bool], ...] = ()
+    outer: frozenset[str] = frozenset()  # an enclosing query's names (a subquery's)
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """The names the FROM clause binds in the document scope: its term, then UNNESTs."""
+        first = () if self.alias is None else (self.alias,)
+        return first + tuple(a for a, _, _ in self.unnests)
 
     def params(self) -> frozenset[str]:
         """Names of the parameters the statement uses ("1", "2", ... for positional); found
@@ -99,7 +112,28 @@ class BoundSelect:
         exprs += [e for e in (s.where, s.having, s.limit, s.offset) if e is not None]
         if s.from_ is not None:
             exprs += [e for e in (s.from_.use_keys, s.from_.source) if e is not None]
-        return frozenset(n.name for e in exprs for n in walk(e) if isinstance(n, Param))
+        exprs += [u.expr for u in s.unnests]
+        found = {n.name for e in exprs for n in walk(e) if isinstance(n, Param)}
+        for sub in subqueries_of(self):
+            found |= sub.bound.params()
+        return frozenset(found)
+
+    def expressions(self) -> list[Expr]:
+        """Every bound expression of the statement (not those inside its subqueries)."""
+        out: list[Expr] = [e for _, e in self.lets] + [e for _, e, _ in self.unnests]
+        out += [e for e in (self.where, self.having) if e is not None]
+        out += list(self.group_keys) + [a.arg for a in self.aggregates if a.arg is not None]
+        out += [e for _, e in self.letting] + [t.expr for t in self.terms]
+        out += [e for e, _ in self.order]
+        ref = self.from_
+        if ref is not None:
+            out += [e for e in (ref.use_keys, ref.source) if e is not None]
+        return out
+
+
+def subqueries_of(b: BoundSelect) -> list[BoundSubquery]:
+    """The subqueries directly in ``b``'s expressions (not those nested inside them)."""
+    return [n for e in b.expressions() for n in walk(e) if isinstance(n, BoundSubquery)]
 
 
 # -- generic tree rewriting -------------------------------------------------------------------
@@ -148,12 +182,20 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
             return node
         return Field(Identifier(alias), node.name)
     if isinstance(node, Meta):
+        if (
+            node.keyspace is not None
+            and node.keyspace != alias
+            and outer_meta_name(node.keyspace) in bound
+        ):
+            return Identifier(outer_meta_name(node.keyspace))  # an enclosing alias's META()
         if node.keyspace is not None and node.keyspace != alias:
             raise SqlSemanticError(
                 f"META({node.keyspace}) names no keyspace alias of this query",
                 details={"alias": node.keyspace, "hint": f"use META({alias or ''})"},
             )
         return Identifier(META_KEY)
+    if isinstance(node, Subquery):
+        return bind_subquery(node, bound, alias)
     if isinstance(node, CollectionPredicate | ArrayComprehension):
         # Each binding's source sees the variables bound before it; the body sees them all.
         inner = bound
@@ -187,10 +229,68 @@ def implied_name(expr: Expr) -> str | None:
     return None
 
 
-def bind_select(stmt: SelectStmt) -> BoundSelect:
-    ref = stmt.from_
+def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> BoundSubquery:
+    """``node`` bound with the enclosing query's names ``outer`` (and its FROM ``alias``,
+    whose META() it may read) visible."""
+    if alias is not None:
+        outer = outer | {alias, outer_meta_name(alias)}
+    inner = bind_select(node.select, outer=outer - {META_KEY})
+    own = set(inner.aliases) | {n for n, _ in inner.lets}
+    refs: set[str] = set()
+    keyspaces: set[str] = set()
+    scans: set[str] = set()
+    if inner.from_ is not None and inner.from_.source is None:
+        keyspaces.add(inner.from_.name)
+        if inner.from_.use_keys is None:
+            scans.add(inner.from_.name)
+    for e in inner.expressions():
+        for n in walk(e):
+            if isinstance(n, Identifier) and n.name in outer and n.name not in own:
+                refs.add(n.name)
+            elif isinstance(n, BoundSubquery):
+                refs |= n.refs & outer - own
+                keyspaces |= n.keyspaces
+                scans |= n.scans
+    return BoundSubquery(
+        inner, node.text, frozenset(refs), frozenset(keyspaces), frozenset(scans), alias
+    )
+
+
+def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | None:
+    """``FROM name`` where ``name`` is an enclosing query's variable is an expression term
+    over that variable (N1QL: a subquery's FROM over its outer row), unless USE KEYS or USE
+    INDEX say it is a keyspace (``FROM users USE KEYS ...`` inside ``FROM users``)."""
+    if ref is None or ref.source is not None or ref.name not in outer:
+        return ref
+    if ref.use_keys is not None or ref.use_index:
+        return ref
+    return KeyspaceRef("", ref.as_name, source=Identifier(ref.name))
+
+
+def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> BoundSelect:
+    """Bind ``stmt``; ``outer``: names of enclosing queries it may read (a subquery's)."""
+    ref = _bind_from(stmt.from_, outer)
     alias = ref.as_name if ref is not None else None
-    doc_bound = frozenset({alias, META_KEY} if alias else {META_KEY})
+    if ref is not None and ref.source is not None:
+        ref = KeyspaceRef("", alias, source=resolve(ref.source, None, outer | {META_KEY}))
+    if ref is not None and ref.use_keys is not None:
+        ref = KeyspaceRef(
+            ref.name,
+            ref.alias,
+            use_index=ref.use_index,
+            use_keys=resolve(ref.use_keys, None, outer | {META_KEY}),
+        )
+    doc_bound = outer | frozenset({alias, META_KEY} if alias else {META_KEY})
+    unnests: list[tuple[str, Expr, bool]] = []
+    for u in stmt.unnests:
+        if u.alias in doc_bound:
+            raise SqlSemanticError(
+                f"UNNEST alias {u.alias!r} is already bound",
+                details={"alias": u.alias, "hint": "give the UNNEST another alias with AS"},
+            )
+        _no_aggregate(u.expr, "UNNEST")
+        unnests.append((u.alias, resolve(u.expr, alias, doc_bound), u.outer))
+        doc_bound = doc_bound | {u.alias}
 
     lets: list[tuple[str, Expr]] = []
     for name, e in stmt.let:
@@ -241,7 +341,7 @@ def bind_select(stmt: SelectStmt) -> BoundSelect:
     grouping: _Grouping | None = None
     terms: list[BoundTerm] = []
     if grouped:
-        grouping = _Grouping(stmt, alias, doc_bound)
+        grouping = _Grouping(stmt, alias, doc_bound, outer)
         for term, name in zip(stmt.terms, names, strict=True):
             if term.expr is None:
                 raise SqlSemanticError(
@@ -256,8 +356,9 @@ def bind_select(stmt: SelectStmt) -> BoundSelect:
     else:
         for term, name in zip(stmt.terms, names, strict=True):
             if term.expr is None:
-                if alias is not None:
-                    terms.append(BoundTerm(alias, Identifier(alias)))
+                for name in (alias, *(u.alias for u in stmt.unnests)):
+                    if name is not None:
+                        terms.append(BoundTerm(name, Identifier(name)))
                 continue
             terms.append(BoundTerm(name, resolve(term.expr, alias, doc_bound), term.star))
         order = tuple(
@@ -282,6 +383,8 @@ def bind_select(stmt: SelectStmt) -> BoundSelect:
         order_aliases=_aliases_used(order, order_bound),
         limit=stmt.limit,
         offset=stmt.offset,
+        unnests=tuple(unnests),
+        outer=outer,
     )
 
 
@@ -304,9 +407,16 @@ def _no_aggregate(expr: Expr, clause: str) -> None:
 class _Grouping:
     """Rewrites grouped-query expressions to read the group scope."""
 
-    def __init__(self, stmt: SelectStmt, alias: str | None, doc_bound: frozenset[str]) -> None:
+    def __init__(
+        self,
+        stmt: SelectStmt,
+        alias: str | None,
+        doc_bound: frozenset[str],
+        outer: frozenset[str],
+    ) -> None:
         self.alias = alias
         self.doc_bound = doc_bound
+        self.outer = outer  # an enclosing query's names: constant within a group
         keys = []
         for e in stmt.group_by:
             _no_aggregate(e, "GROUP BY")
@@ -323,7 +433,7 @@ class _Grouping:
 
     def bind(self, expr: Expr, clause: str, extra: frozenset[str] = frozenset()) -> Expr:
         # Names bound in the group scope (LETTING vars, ORDER BY's projection aliases) stay.
-        keep = self.group_bound | extra
+        keep = self.group_bound | extra | self.outer
         resolved = resolve(expr, self.alias, self.doc_bound | keep)
         out = self._substitute(resolved)
         for n in walk(out):
@@ -334,6 +444,13 @@ class _Grouping:
                 raise SqlSemanticError(
                     f"{expr.to_text()} in {clause} is neither a GROUP BY key nor an aggregate",
                     details={"expression": expr.to_text(), "hint": "group by it or aggregate it"},
+                )
+            if isinstance(n, BoundSubquery) and n.refs - keep:
+                raise SqlSemanticError(
+                    f"{expr.to_text()} in {clause} is a subquery correlated on "
+                    f"{', '.join(sorted(n.refs - keep))}: it must depend only on group keys "
+                    "or aggregates",
+                    details={"expression": expr.to_text(), "hint": "move it to LET or WHERE"},
                 )
             if isinstance(n, Identifier) and n.name == META_KEY:
                 raise SqlSemanticError(

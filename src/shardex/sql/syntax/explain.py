@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .bind import BoundSelect
+from .bind import BoundSelect, subqueries_of
 
 
 def _text(e: Any) -> str:
@@ -27,6 +27,8 @@ def explain_select(b: BoundSelect) -> dict[str, Any]:
         if ref.use_keys is not None:
             scan["use_keys"] = _text(ref.use_keys)
         ops.append(scan)
+    for alias, e, outer in b.unnests:
+        ops.append({"operator": "Unnest", "expr": _text(e), "as": alias, "outer": outer})
     if b.lets:
         ops.append({"operator": "Let", "bindings": {n: _text(e) for n, e in b.lets}})
     if b.where is not None:
@@ -66,4 +68,17 @@ def explain_select(b: BoundSelect) -> dict[str, Any]:
         ops.append({"operator": "Offset", "expr": _text(b.offset)})
     if b.limit is not None:
         ops.append({"operator": "Limit", "expr": _text(b.limit)})
-    return {"plan": ops, "statement": "SELECT"}
+    out: dict[str, Any] = {"plan": ops, "statement": "SELECT"}
+    subs = subqueries_of(b)
+    if subs:
+        # Each subquery expression's own plan; correlated ones run once per outer row.
+        out["subqueries"] = [
+            {
+                "subquery": s.text,
+                "correlated": sorted(s.refs),
+                "keyspaces": sorted(s.keyspaces),
+                **explain_select(s.bound),
+            }
+            for s in subs
+        ]
+    return out

@@ -10,7 +10,8 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
 
     SELECT [DISTINCT|ALL] [RAW|VALUE|ELEMENT] term {, term}
       [FROM keyspace [[AS] alias] [USE INDEX (name {, name})] [USE KEYS expr]
-            | FROM (expr) [AS] alias]
+            | FROM (expr) [AS] alias | FROM var.path [[AS] alias]]
+      {[LEFT [OUTER] | INNER] UNNEST expr [[AS] alias]}
       [LET name = expr {, ...}] [WHERE expr]
       [GROUP BY expr {, expr} [LETTING name = expr {, ...}]] [HAVING expr]
       [ORDER BY expr [ASC|DESC] [NULLS FIRST|LAST] {, ...}] [LIMIT expr] [OFFSET expr]
@@ -24,8 +25,9 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
       [UNSET path {, ...}] [WHERE expr] [LIMIT expr] [RETURNING terms]
 
 Expressions add to the expression language: ``ANY|SOME|EVERY|ANY AND EVERY v IN coll
-SATISFIES cond END``, ``ARRAY|FIRST expr FOR v IN coll [WHEN cond] END`` and the
-aggregates COUNT(*), COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr).
+SATISFIES cond END``, ``ARRAY|FIRST expr FOR v IN coll [WHEN cond] END``, subquery
+expressions ``(SELECT ...)`` and ``EXISTS expr``, and the aggregates COUNT(*),
+COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr) and the statistical ones.
 """
 
 from __future__ import annotations
@@ -43,12 +45,15 @@ from .ast import (
     Binding,
     CollectionPredicate,
     DeleteStmt,
+    Exists,
     ExplainStmt,
     InsertStmt,
     KeyspaceRef,
     OrderTerm,
     ResultTerm,
     SelectStmt,
+    Subquery,
+    UnnestTerm,
     UpdateStmt,
 )
 
@@ -156,6 +161,7 @@ class SqlParser(DDLParser):
         else:
             terms = self.parse_terms()
         from_ = self.parse_from() if self.accept_keyword("FROM") else None
+        unnests = self.parse_unnests() if from_ is not None else ()
         let = self.parse_bindings() if self.accept_keyword("LET") else ()
         where = self.parse_expr() if self.accept_keyword("WHERE") else None
         group_by: tuple[Expr, ...] = ()
@@ -189,7 +195,26 @@ class SqlParser(DDLParser):
             order_by=order_by,
             limit=limit,
             offset=offset,
+            unnests=unnests,
         )
+
+    def parse_unnests(self) -> tuple[UnnestTerm, ...]:
+        """``{[LEFT [OUTER] | INNER] UNNEST expr [[AS] alias]}`` after the FROM term."""
+        out: list[UnnestTerm] = []
+        while True:
+            outer = False
+            if self.at_unnest_prefix():
+                outer = self.advance().upper == "LEFT"
+                if outer:
+                    self.accept_keyword("OUTER")
+            if not self.accept_keyword("UNNEST"):
+                return tuple(out)
+            tok = self.peek()
+            expr = self.parse_expr()
+            alias = self.parse_optional_alias() or implied_alias(expr)
+            if alias is None:
+                self.error(tok, f"UNNEST {expr.to_text()} needs an alias", expected="AS")
+            out.append(UnnestTerm(expr, alias, outer))
 
     def parse_insert(self) -> InsertStmt:
         upsert = self.advance().upper == "UPSERT"
@@ -273,11 +298,23 @@ class SqlParser(DDLParser):
         if self.accept_keyword("AS"):
             return self.parse_alias()
         tok = self.peek()
+        if self.at_unnest_prefix():
+            return None
         if tok.kind is TokenKind.QIDENT or (
             tok.kind is TokenKind.IDENT and tok.upper not in _CLAUSE_WORDS
         ):
             return self.parse_alias()
         return None
+
+    def at_unnest_prefix(self) -> bool:
+        """At ``LEFT [OUTER] UNNEST`` / ``INNER UNNEST`` (LEFT and INNER are not reserved:
+        they stay usable as names elsewhere)."""
+        if self.peek().kind is not TokenKind.IDENT:
+            return False
+        word, nxt = self.peek().upper, self.peek(1).upper
+        return (word == "LEFT" and nxt in ("OUTER", "UNNEST")) or (
+            word == "INNER" and nxt == "UNNEST"
+        )
 
     def parse_alias(self) -> str:
         tok = self.peek()
@@ -296,9 +333,14 @@ class SqlParser(DDLParser):
         self.error(tok, expected="an alias")
 
     def parse_from(self) -> KeyspaceRef:
-        if self.at_op("(") or self.at_op("[") or self.at_op("{"):
+        # An expression term: a literal or parenthesised value, or a path into a variable
+        # (``FROM o.lines`` in a subquery over its outer row's ``o``).
+        path_start = self.peek().kind in (TokenKind.IDENT, TokenKind.QIDENT) and (
+            self.at_op(".", 1) or self.at_op("[", 1)
+        )
+        if self.at_op("(") or self.at_op("[") or self.at_op("{") or path_start:
             source = self.parse_expr()
-            alias = self.parse_optional_alias()
+            alias = self.parse_optional_alias() or implied_alias(source)
             if alias is None:
                 self.error(self.peek(), "an expression in FROM needs an alias", expected="AS")
             return KeyspaceRef("", alias, source=source)
@@ -395,10 +437,27 @@ class SqlParser(DDLParser):
             return self.parse_collection_predicate()
         if word in ("ARRAY", "FIRST") and not self.at_op("(", 1):
             return self.parse_array_comprehension()
+        if tok.text == "(" and tok.kind is TokenKind.OP and self.at_keyword("SELECT", 1):
+            return self.parse_subquery()
+        if word == "EXISTS" and tok.kind is TokenKind.IDENT:
+            self.advance()
+            return Exists(self.parse_postfix(self.parse_primary()))
         if word == "SELF" and tok.kind is TokenKind.IDENT and not self.at_op("(", 1):
             self.advance()
             return Identifier(SELF_NAME)
         return super().parse_primary()
+
+    def parse_in_rhs(self) -> Expr:
+        if self.at_op("(") and self.at_keyword("SELECT", 1):
+            return self.parse_postfix(self.parse_subquery())
+        return super().parse_in_rhs()
+
+    def parse_subquery(self) -> Expr:
+        start = self.advance()
+        select = self.parse_select()
+        end = self.expect(")", "')' after the subquery")
+        text = self.text[start.offset + 1 : end.offset].strip() if self.text else "SELECT ..."
+        return Subquery(select, text)
 
     def postfix_ends(self) -> bool:
         # ".*" is left to the projection-term parser.
@@ -455,6 +514,15 @@ class SqlParser(DDLParser):
         arg = self.parse_expression()
         self.expect(")", f"')' ({upper} takes one argument)")
         return Aggregate(upper, arg, distinct)
+
+
+def implied_alias(expr: Expr) -> str | None:
+    """The alias a FROM or UNNEST term gets without AS: its path's last field name."""
+    if isinstance(expr, Field):
+        return expr.name
+    if isinstance(expr, Identifier) and expr.name != SELF_NAME:
+        return expr.name
+    return None
 
 
 def parse_statement(text: str) -> Statement:

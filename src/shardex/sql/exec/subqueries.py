@@ -1,0 +1,239 @@
+"""Subquery expressions in the distributed plan (decision 0120).
+
+A subquery whose FROM is an expression (the outer row's array, ``FROM o.lines AS l``, a
+literal, a LET variable) or that has no FROM reads no document: it runs wherever its row is
+evaluated, in a leaf for WHERE and the projection, at the root for LETTING, HAVING and a
+grouped projection, with the same operators ``LocalEngine`` runs. A subquery over a
+keyspace with USE KEYS (N1QL's form for a correlated one) reads its documents through the
+fragment's ``DocumentAccess``, the reads the leaves' fetches make, from the thread the row
+pipeline runs on (``blocking_fetch``). A subquery over a whole keyspace (no USE KEYS) would
+need an index scan per row; the planner refuses it (``refuse_keyspace_subqueries``) with a
+clear error, and the reference engine runs it.
+
+Each result a subquery materialises is charged to the query's memory budget while it is
+held (until the next one replaces it): a subquery over a huge array fails with
+QUERY_MEMORY_LIMIT, as any operator past the budget, instead of growing unseen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from shardex.core.expr import evaluate, walk
+from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.exec.memory import Budget, value_size
+from shardex.sql.local import LocalEngine
+from shardex.sql.syntax import (
+    DeleteStmt,
+    ExplainStmt,
+    InsertStmt,
+    ResultTerm,
+    SelectStmt,
+    UpdateStmt,
+)
+from shardex.sql.syntax.ast import Subquery
+from shardex.sql.syntax.bind import BoundSelect, bind_select, subqueries_of
+from shardex.sql.syntax.subquery import BoundSubquery, SubqueryRunner, running_subqueries
+
+if TYPE_CHECKING:
+    from shardex.sql.exec.documents import DocumentAccess
+
+__all__ = [
+    "Fetch",
+    "blocking_fetch",
+    "budgeted_runner",
+    "expression_runner",
+    "reads_documents",
+    "refuse_keyspace_subqueries",
+    "subquery_keyspaces",
+    "with_subqueries",
+]
+
+# (keyspace, docids) -> (docid, document) of those that exist; synchronous.
+Fetch = Callable[[str, list[str]], list[tuple[str, Any]]]
+FETCH_TIMEOUT = 30.0  # seconds one subquery's document read may take
+
+# Runs subqueries over expressions: it holds no keyspace.
+_EXPRESSIONS = LocalEngine()
+
+
+def _all_subqueries(b: BoundSelect) -> list[BoundSubquery]:
+    """``b``'s subqueries, found once per bound statement (the statement cache hands the
+    same one to every execution)."""
+    cached: list[BoundSubquery] | None = b.__dict__.get("_subqueries")
+    if cached is None:
+        cached = subqueries_of(b)
+        object.__setattr__(b, "_subqueries", cached)  # a cache, not state: frozen stays true
+    return cached
+
+
+def reads_documents(b: BoundSelect) -> bool:
+    """Whether a subquery of ``b`` reads documents (USE KEYS): its rows pipeline must run
+    off the event loop, where ``blocking_fetch`` can wait for the loop's reads."""
+    return any(sub.keyspaces for sub in _all_subqueries(b))
+
+
+def refuse_keyspace_subqueries(b: BoundSelect) -> None:
+    """A clear error when a subquery of ``b`` reads a whole keyspace (see the module doc)."""
+    for sub in _all_subqueries(b):
+        if sub.scans:
+            raise _refused(sorted(sub.scans)[0], sub.text)
+
+
+def _refused(keyspace: str, text: str) -> ShardexError:
+    return ShardexError(
+        f"a subquery over the whole keyspace {keyspace!r} cannot run inside a distributed "
+        f"query: ({text})",
+        code=ErrorCode.BAD_REQUEST,
+        details={
+            "subquery": text,
+            "keyspace": keyspace,
+            "hint": "name its documents with USE KEYS, make it read the outer row (FROM "
+            "alias.path AS x), or run it as its own query and pass its result as a parameter",
+        },
+    )
+
+
+def blocking_fetch(documents: DocumentAccess, loop: asyncio.AbstractEventLoop) -> Fetch:
+    """A ``Fetch`` for a row pipeline on a worker thread: the read runs on ``loop`` and the
+    thread waits for it. On the loop itself only this node's own documents can be read
+    (``get_many_now``): waiting there would stop the loop that does the read."""
+
+    def fetch(keyspace: str, docids: list[str]) -> list[tuple[str, Any]]:
+        unique = list(dict.fromkeys(docids))
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            now = documents.get_many_now(keyspace, unique)
+            if now is not None:
+                return now
+            raise ShardexError(
+                "a subquery's USE KEYS documents cannot be read on the event loop",
+                code=ErrorCode.QUERY_STATE,
+                details={"keyspace": keyspace, "hint": "run the query with inline off"},
+            )
+        future = asyncio.run_coroutine_threadsafe(documents.get_many(keyspace, unique), loop)
+        return future.result(FETCH_TIMEOUT)
+
+    return fetch
+
+
+def _run(sub: BoundSelect, outer: dict[str, Any], params: Any, fetch: Fetch | None) -> list:
+    ref = sub.from_
+    if ref is None or ref.source is not None:
+        refuse_keyspace_subqueries(sub)
+        return list(_EXPRESSIONS.run_select(sub, params, outer))
+    if ref.use_keys is None:
+        raise _refused(ref.name, ref.name)
+    if fetch is None:
+        raise ShardexError(
+            f"a subquery reading {ref.name!r} with USE KEYS cannot run here (no document "
+            "access: a FROM (SELECT ...), USE KEYS (SELECT ...) or RETURNING)",
+            code=ErrorCode.BAD_REQUEST,
+            details={"keyspace": ref.name, "hint": "move the subquery to WHERE, LET or SELECT"},
+        )
+    keys = evaluate(ref.use_keys, outer, params=params)
+    keys = [keys] if isinstance(keys, str) else keys if isinstance(keys, list) else []
+    docs = fetch(ref.name, [k for k in keys if isinstance(k, str)])
+    # The documents read, as a keyspace of their own: the engine picks them in USE KEYS
+    # order (repeats kept) as it does over a whole keyspace.
+    engine = LocalEngine()
+    engine.create_keyspace(ref.name)
+    engine.keyspaces[ref.name].update(docs)
+    return list(engine.run_select(sub, params, outer))
+
+
+def expression_runner(sub: BoundSelect, outer: dict[str, Any], params: Any) -> list[Any]:
+    """Runs a subquery that reads no document, without charging a budget (a FROM (SELECT
+    ...) or USE KEYS (SELECT ...) evaluated once, whole, as any such expression)."""
+    return _run(sub, outer, params, None)
+
+
+def budgeted_runner(budget: Budget, fetch: Fetch | None = None) -> SubqueryRunner:
+    """Runs subqueries (reading USE KEYS documents with ``fetch``), each result charged to
+    ``budget`` while it is held."""
+    res = budget.reserve("subquery")
+    held = 0
+
+    def run(sub: BoundSelect, outer: dict[str, Any], params: Any) -> list[Any]:
+        nonlocal held
+        values = _run(sub, outer, params, fetch)
+        size = value_size(values)
+        res.shrink(held)
+        held = 0
+        if not res.grow(size):
+            res.shrink(size)
+            raise res.over(size, "a subquery's result is held whole")
+        held = size
+        return values
+
+    return run
+
+
+def with_subqueries(
+    b: BoundSelect, rows: Iterable[Any], budget: Budget, fetch: Fetch | None = None
+) -> Iterator[Any]:
+    """``rows`` (a lazy operator chain over ``b``) pulled with ``b``'s subqueries running on
+    a budgeted runner. The runner is installed around each pull, not around the chain: the
+    chain may be resumed on another thread (``bridge.run_pipeline``)."""
+    if not _all_subqueries(b):
+        return iter(rows)
+    return _pulled(iter(rows), budgeted_runner(budget, fetch))
+
+
+def _pulled(it: Iterator[Any], runner: SubqueryRunner) -> Iterator[Any]:
+    end = object()
+    while True:
+        with running_subqueries(runner):
+            row = next(it, end)
+        if row is end:
+            return
+        yield row
+
+
+def subquery_keyspaces(stmt: object) -> set[str]:
+    """The keyspaces the subqueries of a parsed statement read (for privilege checks: a
+    subquery reads documents as its statement does). Binding decides which FROM names are
+    keyspaces and which the enclosing query's variables; only a statement that has a
+    subquery is bound here."""
+    select = _as_select(stmt)
+    if select is None or not any(isinstance(n, Subquery) for n in _parsed_nodes(select)):
+        return set()
+    found: set[str] = set()
+    for sub in subqueries_of(bind_select(select)):
+        found |= sub.keyspaces
+    return found
+
+
+def _as_select(stmt: object) -> SelectStmt | None:
+    """The SELECT whose expressions hold a statement's subqueries."""
+    if isinstance(stmt, ExplainStmt):
+        stmt = stmt.statement
+    if isinstance(stmt, SelectStmt):
+        return stmt
+    if isinstance(stmt, InsertStmt):
+        terms = tuple(ResultTerm(e) for kv in stmt.values for e in kv)
+        return SelectStmt(terms=terms)
+    if isinstance(stmt, DeleteStmt | UpdateStmt):
+        exprs = [e for e in (stmt.target.use_keys, stmt.limit) if e is not None]
+        if isinstance(stmt, UpdateStmt):
+            exprs += [e for _, e in stmt.set]
+        exprs += [t.expr for t in stmt.returning if t.expr is not None]
+        terms = tuple(ResultTerm(e, f"t{i}") for i, e in enumerate(exprs))
+        return SelectStmt(terms=terms, from_=stmt.target, where=stmt.where)
+    return None
+
+
+def _parsed_nodes(s: SelectStmt) -> Iterator[Any]:
+    exprs = [t.expr for t in s.terms if t.expr is not None]
+    exprs += [e for _, e in s.let] + [e for _, e in s.letting] + list(s.group_by)
+    exprs += [o.expr for o in s.order_by] + [u.expr for u in s.unnests]
+    exprs += [e for e in (s.where, s.having, s.limit, s.offset) if e is not None]
+    if s.from_ is not None:
+        exprs += [e for e in (s.from_.use_keys, s.from_.source) if e is not None]
+    for e in exprs:
+        yield from walk(e)

@@ -9,6 +9,7 @@ whatever copy is here, possibly stale, with no lease needed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -20,6 +21,7 @@ from shardex.data.replication import Replication
 from shardex.data.serving import ServingGate
 from shardex.errors import ShardexError
 from shardex.net import Connection
+from shardex.runtime.latency import Latencies
 
 GET_MANY_MAX = 10_000  # docids per GetMany: bounds one reply's size
 GET_MANY_ON_LOOP = 32  # up to this many cached point reads cost less than a thread hop
@@ -40,27 +42,40 @@ class ReadPath:
         self.io = io
         self.replication = replication
         self.gate = gate
+        # "get" -> latency of Get requests (failures too, counted in ``failed``), read by
+        # the node's metrics endpoint; observed on the loop thread only
+        self.latencies: Latencies[str] = Latencies()
+        self.failed: dict[str, int] = {}
 
     async def on_get(self, msg: Get, conn: Connection) -> GetReply:
+        t0 = time.perf_counter()  # timed to its answer, failures too (``failed``)
         gate = self.gate
-        if msg.replica:  # availability over freshness: no lease needed
-            gate.check()
-            return self._replica_get(msg)
-        await gate.wait(msg.keyspace)
         try:
-            engine = self._engine()
-            if self.replication.has_pending():
-                p = engine.partition_for(msg.keyspace, msg.docid)
-                await self.replication.wait_readable(msg.keyspace, p, msg.docid)
-                # it waited: the node may have been failed over or lost its lease meanwhile
+            if msg.replica:  # availability over freshness: no lease needed
+                gate.check()
+                reply = self._replica_get(msg)
+            else:
                 await gate.wait(msg.keyspace)
-                engine = self._engine()
-            raw = engine.get_raw(msg.keyspace, msg.docid)
-        except KeyspaceNotFound as exc:
-            raise gate.not_here(exc, msg.keyspace, msg.docid) from None
-        except ShardexError as exc:
-            raise gate.enrich(exc) from None
-        return GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+                try:
+                    engine = self._engine()
+                    if self.replication.has_pending():
+                        p = engine.partition_for(msg.keyspace, msg.docid)
+                        await self.replication.wait_readable(msg.keyspace, p, msg.docid)
+                        # it waited: the node may have been failed over or lost its lease
+                        await gate.wait(msg.keyspace)
+                        engine = self._engine()
+                    raw = engine.get_raw(msg.keyspace, msg.docid)
+                except KeyspaceNotFound as exc:
+                    raise gate.not_here(exc, msg.keyspace, msg.docid) from None
+                except ShardexError as exc:
+                    raise gate.enrich(exc) from None
+                reply = GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+        except BaseException:
+            self.latencies.observe("get", time.perf_counter() - t0)
+            self.failed["get"] = self.failed.get("get", 0) + 1
+            raise
+        self.latencies.observe("get", time.perf_counter() - t0)
+        return reply
 
     def _replica_get(self, msg: Get) -> GetReply:
         """A read of whatever copy is here, active or replica: possibly stale."""

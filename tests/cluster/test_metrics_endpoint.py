@@ -1,0 +1,138 @@
+"""``GET /metrics`` on a real 3-node cluster: each node's Prometheus text parses, needs
+cluster.manage, and its series move by exactly the work done (upserts, gets, SQL statements
+over HTTP, a scan), summed over the nodes where the client spreads the work by owner.
+No index is built (no Spark): the scan is of an index that does not exist, which the scan
+coordinator still times under its consistency."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_helpers import LocalCluster, run_cli
+from data_helpers import running_cluster
+from n1ql_http import basic, http_port, post_json
+from prometheus_client.parser import text_string_to_metric_families
+
+from shardex.client import Client, connect_local
+from shardex.errors import ShardexError
+
+pytestmark = pytest.mark.cluster
+
+KS = "metered"
+N_DOCS = 40
+N_NONE = 10  # of them written with durability none
+PW = "monitor-password-1"
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+class Env:
+    def __init__(self, cluster: LocalCluster, admin: Client) -> None:
+        self.cluster = cluster
+        self.admin = admin
+        path = Path(cluster.path)
+        self.ports = [http_port(path, i) for i in (1, 2, 3)]
+        self.auth = basic("admin", (path / "admin-password").read_text().strip())
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with (
+        running_cluster(tmp_path_factory.mktemp("metrics")) as c,
+        connect_local(Path(c.path)) as admin,
+    ):
+        admin.create_keyspace(KS, 8)
+        pw_file = Path(c.path) / "monitor.pw"
+        pw_file.write_text(PW + "\n")
+        d = ("--dir", str(c.path))
+        run_cli(
+            "user", "create", "reader", f"data_reader({KS})", *d, "--password-file", str(pw_file)
+        )
+        yield Env(c, admin)
+
+
+def scrape(port: int, auth: dict[str, str]) -> Samples:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=auth)
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = resp.read().decode()
+    out: Samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def scrape_all(env: Env) -> list[Samples]:
+    return [scrape(p, env.auth) for p in env.ports]
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def total(nodes: list[Samples], name: str, **labels: str) -> float:
+    return sum(value(s, name, **labels) for s in nodes)
+
+
+def test_metrics_need_cluster_manage(env: Env) -> None:
+    for auth, status in ((basic("reader", PW), 403), ({}, 401)):
+        req = urllib.request.Request(f"http://127.0.0.1:{env.ports[0]}/metrics", headers=auth)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        assert e.value.code == status
+
+
+def test_series_move_with_the_work_done(env: Env) -> None:
+    ks = env.admin.keyspace(KS)
+    before = scrape_all(env)
+    for i in range(N_DOCS):  # the client's default durability is persist (persist_active)
+        ks.upsert(f"d{i}", {"n": i}, durability="none" if i < N_NONE else "persist")
+    for i in range(N_DOCS // 2):
+        assert ks.get(f"d{i}") == {"n": i}
+    with pytest.raises(ShardexError):
+        ks.get("no-such-doc")
+    url = f"http://127.0.0.1:{env.ports[1]}/query/service"
+    ok = post_json(url, env.auth, {"statement": "SELECT 1 AS one"})
+    assert ok.status == 200, ok.body
+    bad = post_json(url, env.auth, {"statement": "SELEC nothing"})
+    assert bad.status == 400, bad.body
+    with pytest.raises(ShardexError):
+        env.admin.scan(KS, "no_such_index", consistency="request_plus")
+    after = scrape_all(env)
+
+    def moved(name: str, node: int | None = None, **labels: str) -> float:
+        if node is not None:
+            return value(after[node], name, **labels) - value(before[node], name, **labels)
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    # KV: every upsert and get counted once, on its owner; the missing document's get too
+    assert moved("shardex_kv_ops_total", op="upsert") == N_DOCS
+    assert moved("shardex_kv_op_duration_seconds_count", op="upsert") == N_DOCS
+    assert moved("shardex_kv_op_duration_seconds_bucket", op="upsert", le="+Inf") == N_DOCS
+    assert moved("shardex_kv_op_duration_seconds_sum", op="upsert") > 0
+    assert moved("shardex_kv_write_duration_seconds_count", durability="none") == N_NONE
+    persisted = moved("shardex_kv_write_duration_seconds_count", durability="persist_active")
+    assert persisted == N_DOCS - N_NONE
+    assert moved("shardex_kv_ops_total", op="get") == N_DOCS // 2 + 1
+    assert moved("shardex_kv_op_errors_total", op="get") == 1
+    assert moved("shardex_kv_op_errors_total", op="upsert") == 0
+    assert total(after, "shardex_keyspace_documents", keyspace=KS) == N_DOCS
+    assert total(after, "shardex_keyspace_partitions", keyspace=KS) == 8
+    # SQL over HTTP on node 2: one success, one error, on that node only
+    assert moved("shardex_sql_statements_total", 1, outcome="success") == 1
+    assert moved("shardex_sql_statements_total", 1, outcome="error") == 1
+    assert moved("shardex_sql_statement_duration_seconds_count", 1, outcome="success") == 1
+    assert moved("shardex_sql_statements_total", outcome="success") == 1
+    # the scan, timed under its consistency on the node that coordinated it
+    assert moved("shardex_scan_open_duration_seconds_count", consistency="request_plus") == 1
+    for node in after:
+        assert value(node, "shardex_rpc_connections", peer="node") >= 1
+        assert value(node, "shardex_http_connections") >= 1
+        assert value(node, "process_resident_memory_bytes") > 0
+        assert value(node, "process_cpu_seconds_total") > 0
+        assert value(node, "shardex_event_loop_lag_seconds_count", loop="node") >= 1
+        assert value(node, "shardex_sql_statements_running") == 0

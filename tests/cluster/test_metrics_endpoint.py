@@ -25,6 +25,7 @@ pytestmark = pytest.mark.cluster
 KS = "metered"
 N_DOCS = 40
 N_NONE = 10  # of them written with durability none
+N_MANY = 30  # written in batches (MutateMany)
 PW = "monitor-password-1"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -91,6 +92,7 @@ def test_series_move_with_the_work_done(env: Env) -> None:
     before = scrape_all(env)
     for i in range(N_DOCS):  # the client's default durability is persist (persist_active)
         ks.upsert(f"d{i}", {"n": i}, durability="none" if i < N_NONE else "persist")
+    ks.upsert_many([(f"m{i}", {"n": i}) for i in range(N_MANY)])  # batches per owner
     for i in range(N_DOCS // 2):
         assert ks.get(f"d{i}") == {"n": i}
     with pytest.raises(ShardexError):
@@ -116,11 +118,14 @@ def test_series_move_with_the_work_done(env: Env) -> None:
     assert moved("shardex_kv_op_duration_seconds_sum", op="upsert") > 0
     assert moved("shardex_kv_write_duration_seconds_count", durability="none") == N_NONE
     persisted = moved("shardex_kv_write_duration_seconds_count", durability="persist_active")
-    assert persisted == N_DOCS - N_NONE
+    batches = moved("shardex_kv_ops_total", op="mutate_many")
+    assert persisted == N_DOCS - N_NONE + batches  # the batches at the client's default too
     assert moved("shardex_kv_ops_total", op="get") == N_DOCS // 2 + 1
     assert moved("shardex_kv_op_errors_total", op="get") == 1
     assert moved("shardex_kv_op_errors_total", op="upsert") == 0
-    assert total(after, "shardex_keyspace_documents", keyspace=KS) == N_DOCS
+    assert moved("shardex_kv_ops_total", op="mutate_many") >= 1  # one batch per owner at least
+    assert moved("shardex_kv_op_errors_total", op="mutate_many") == 0
+    assert total(after, "shardex_keyspace_documents", keyspace=KS) == N_DOCS + N_MANY
     assert total(after, "shardex_keyspace_partitions", keyspace=KS) == 8
     # SQL over HTTP on node 2: one success, one error, on that node only
     assert moved("shardex_sql_statements_total", 1, outcome="success") == 1

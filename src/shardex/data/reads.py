@@ -42,8 +42,8 @@ class ReadPath:
         self.io = io
         self.replication = replication
         self.gate = gate
-        # "get" -> latency of Get requests (failures too, counted in ``failed``), read by
-        # the node's metrics endpoint; observed on the loop thread only
+        # "get" / "get_many" -> latency of Get / GetMany requests (failures too, counted in
+        # ``failed``), read by the node's metrics endpoint; observed on the loop thread only
         self.latencies: Latencies[str] = Latencies()
         self.failed: dict[str, int] = {}
 
@@ -97,8 +97,30 @@ class ReadPath:
     ) -> GetManyReply | Coroutine[Any, Any, GetManyReply]:
         """Inline (``Router.route_inline``): the reply at once when ``get_many_now`` gives
         one, else the waiting path's coroutine."""
-        reply = self.get_many_now(msg)
-        return self.get_many_local(msg) if reply is None else reply
+        t0 = time.perf_counter()
+        try:
+            reply = self.get_many_now(msg)
+        except BaseException:
+            self._observe_get_many(t0, True)
+            raise
+        if reply is None:
+            return self._get_many_timed(msg, t0)
+        self._observe_get_many(t0, False)
+        return reply
+
+    async def _get_many_timed(self, msg: GetMany, t0: float) -> GetManyReply:
+        failed = True
+        try:
+            reply = await self.get_many_local(msg)
+            failed = False
+            return reply
+        finally:
+            self._observe_get_many(t0, failed)
+
+    def _observe_get_many(self, t0: float, failed: bool) -> None:
+        self.latencies.observe("get_many", time.perf_counter() - t0)
+        if failed:
+            self.failed["get_many"] = self.failed.get("get_many", 0) + 1
 
     async def get_many_local(self, msg: GetMany) -> GetManyReply:
         """A ``GetMany`` answered in-process: this node's own SQL fetches call it directly."""

@@ -253,6 +253,18 @@ class WritePath:
         )
 
     async def on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
+        """A batch, timed as one ``mutate_many`` to its answer (its items' own errors are
+        in the reply; ``failed`` counts a batch that failed whole)."""
+        t0 = time.perf_counter()
+        failed = True
+        try:
+            reply = await self._mutate_many(msg)
+            failed = False
+            return reply
+        finally:
+            self._observe("mutate_many", _level_label(msg.durability), t0, failed)
+
+    async def _mutate_many(self, msg: MutateMany) -> MutateManyReply:
         committer = self._running_committer()
         gate = self.gate
         await gate.wait(msg.keyspace)

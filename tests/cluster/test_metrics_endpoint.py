@@ -130,6 +130,8 @@ def test_series_move_with_the_work_done(env: Env) -> None:
     assert moved("shardex_kv_op_errors_total", op="mutate_many") == 0
     assert total(after, "shardex_keyspace_documents", keyspace=KS) == N_DOCS + N_MANY
     assert total(after, "shardex_keyspace_partitions", keyspace=KS) == 8
+    stored = total(after, "shardex_keyspace_disk_bytes", keyspace=KS)
+    assert stored + total(after, "shardex_keyspace_memtable_bytes", keyspace=KS) > 0
     # SQL over HTTP on node 2: one success, one error, on that node (the RPC ones may be too)
     assert moved("shardex_sql_statements_total", 1, outcome="success") == 1
     assert moved("shardex_sql_statements_total", 1, outcome="error") == 1

@@ -187,18 +187,36 @@ class NodeCollector(Collector):
             "The keyspace's partitions this node holds active",
             labels=["keyspace"],
         )
+        disk = GaugeMetricFamily(
+            "shardex_keyspace_disk_bytes",
+            "Bytes of the live SST files of the keyspace's partitions this node holds active "
+            "(documents, change log and meta, compressed; not what is still in memtables)",
+            labels=["keyspace"],
+        )
+        memtables = GaugeMetricFamily(
+            "shardex_keyspace_memtable_bytes",
+            "Bytes the memtables of the keyspace's partitions this node holds active take",
+            labels=["keyspace"],
+        )
         for ks in engine.keyspaces():
-            n_docs = n_parts = 0
+            n_docs = n_parts = n_disk = n_mem = 0
             for p in engine.partitions(ks.name):
                 with contextlib.suppress(ShardexError):  # dropped meanwhile
                     info = engine.partition_info(ks.name, p)
                     if info.state == STATE_ACTIVE:
                         n_docs += info.doc_count
                         n_parts += 1
+                        on_disk, in_memory = engine.partition_storage_bytes(ks.name, p)
+                        n_disk += on_disk
+                        n_mem += in_memory
             docs.add_metric([ks.name], n_docs)
             parts.add_metric([ks.name], n_parts)
+            disk.add_metric([ks.name], n_disk)
+            memtables.add_metric([ks.name], n_mem)
         yield docs
         yield parts
+        yield disk
+        yield memtables
 
     # --- indexer --------------------------------------------------------------------------
 

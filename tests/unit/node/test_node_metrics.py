@@ -41,6 +41,9 @@ class Engine:
     def partition_info(self, keyspace: str, p: int) -> Info:
         return self.parts[keyspace][p][0]
 
+    def partition_storage_bytes(self, keyspace: str, p: int) -> tuple[int, int]:
+        return 1000 * (p + 1), 10 * (p + 1)
+
     def partition_seqnos(self, keyspace: str, ps: list[int]) -> dict[int, tuple[int, int]]:
         return {p: (self.parts[keyspace][p][1], 7) for p in ps}
 
@@ -133,6 +136,8 @@ def test_the_collector_reads_every_service() -> None:
     # documents of active partitions only (partition 2 is a replica here)
     assert got[("shardex_keyspace_documents", (("keyspace", "users"),))] == 15
     assert got[("shardex_keyspace_partitions", (("keyspace", "users"),))] == 2
+    assert got[("shardex_keyspace_disk_bytes", (("keyspace", "users"),))] == 1000 + 2000
+    assert got[("shardex_keyspace_memtable_bytes", (("keyspace", "users"),))] == 10 + 20
     assert got[("shardex_keyspace_documents", (("keyspace", "empty"),))] == 0
     ix = (("index", "by_city"), ("keyspace", "users"))
     assert got[("shardex_index_items", ix)] == 10

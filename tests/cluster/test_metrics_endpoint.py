@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import LocalCluster, run_cli
-from data_helpers import running_cluster
+from cluster_helpers import LocalCluster, run_cli, wait_for
+from data_helpers import docids_in, running_cluster
 from n1ql_http import basic, http_port, post_json
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -146,3 +146,36 @@ def test_series_move_with_the_work_done(env: Env) -> None:
         assert value(node, "process_cpu_seconds_total") > 0
         assert value(node, "shardex_event_loop_lag_seconds_count", loop="node") >= 1
         assert value(node, "shardex_sql_statements_running") == 0
+
+
+def test_a_change_stream_that_is_not_read_falls_behind_by_the_writes_after_it(env: Env) -> None:
+    ks_name = "streamed"
+    env.admin.create_keyspace(ks_name, 4)
+    ks = env.admin.keyspace(ks_name)
+    first, later = docids_in(2, 4, 3, "s"), docids_in(2, 4, 5, "t")
+    ks.upsert_many([(d, {"d": d}) for d in first])
+    # one batch of credit: the node sends the first run, then waits for the client
+    with ks.stream(2, follow=True, credit=1):
+
+        def series(name: str) -> float | None:
+            nodes = scrape_all(env)
+            if total(nodes, "shardex_change_streams_open", keyspace=ks_name) != 1:
+                return None
+            return total(nodes, name, keyspace=ks_name)
+
+        wait_for(
+            lambda: series("shardex_change_stream_lag_seqnos") == 0,
+            60,
+            what="the stream's first run sent",
+        )
+        ks.upsert_many([(d, {"d": d}) for d in later])
+        wait_for(
+            lambda: series("shardex_change_stream_lag_seqnos") == len(later),
+            60,
+            what="the stream behind by the later writes",
+        )
+    wait_for(
+        lambda: total(scrape_all(env), "shardex_change_streams_open", keyspace=ks_name) == 0,
+        60,
+        what="the stream closed",
+    )

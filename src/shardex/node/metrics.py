@@ -217,6 +217,36 @@ class NodeCollector(Collector):
         yield parts
         yield disk
         yield memtables
+        yield from self._change_streams(engine)
+
+    def _change_streams(self, engine: DataEngine) -> Iterator[Metric]:
+        streams = self._node.data.streams if self._node.data is not None else None
+        if streams is None:
+            return
+        n_open = GaugeMetricFamily(
+            "shardex_change_streams_open",
+            "Change streams (OpenStream) this node is sending",
+            labels=["keyspace"],
+        )
+        lag = GaugeMetricFamily(
+            "shardex_change_stream_lag_seqnos",
+            "Seqnos between what the node's change streams sent and their partitions' high "
+            "seqnos, summed",
+            labels=["keyspace"],
+        )
+        by_ks: dict[str, list[int]] = {}
+        for keyspace, partition, sent in streams.positions():
+            t = by_ks.setdefault(keyspace, [0, 0])
+            t[0] += 1
+            with contextlib.suppress(ShardexError):  # the keyspace was dropped meanwhile
+                entry = engine.partition_seqnos(keyspace, [partition]).get(partition)
+                if entry is not None:  # not active here any more: its stream is ending
+                    t[1] += max(0, entry[0] - sent)
+        for keyspace, (n, behind) in sorted(by_ks.items()):
+            n_open.add_metric([keyspace], n)
+            lag.add_metric([keyspace], behind)
+        yield n_open
+        yield lag
 
     # --- indexer --------------------------------------------------------------------------
 

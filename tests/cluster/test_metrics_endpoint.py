@@ -146,6 +146,8 @@ def test_series_move_with_the_work_done(env: Env) -> None:
         assert value(node, "process_cpu_seconds_total") > 0
         assert value(node, "shardex_event_loop_lag_seconds_count", loop="node") >= 1
         assert value(node, "shardex_sql_statements_running") == 0
+        assert ("shardex_rebalance_running", ()) in node  # every node here is a manager
+        assert value(node, "shardex_rebalance_running") == 0
 
 
 def test_a_change_stream_that_is_not_read_falls_behind_by_the_writes_after_it(env: Env) -> None:

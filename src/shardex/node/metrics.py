@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from shardex.api.records import STATE_ACTIVE
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
+from shardex.meta.rebalance_state import RUNNING as REBALANCE_RUNNING
 from shardex.runtime.latency import Histogram, Latencies
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ class NodeCollector(Collector):
         yield from self._scans()
         yield from self._sql()
         yield from self._connections()
+        yield from self._rebalance()
         yield histogram(
             "shardex_event_loop_lag_seconds",
             f"How late the node's {LAG_INTERVAL:g} s event-loop timer fired",
@@ -335,6 +337,34 @@ class NodeCollector(Collector):
         yield GaugeMetricFamily(
             "shardex_sql_statements_queued", "SQL statements waiting for admission", gate.queued
         )
+
+    def _rebalance(self) -> Iterator[Metric]:
+        """The current or last rebalance as this manager's replica of the state has it
+        (manager nodes only: another node's copy of the state may be old)."""
+        coordinator = self._node.coordinator
+        if coordinator is None:
+            return
+        record = coordinator.state.rebalance
+        yield GaugeMetricFamily(
+            "shardex_rebalance_running",
+            "1 while a rebalance or partition move runs, else 0",
+            1 if record is not None and record.state == REBALANCE_RUNNING else 0,
+        )
+        moves = GaugeMetricFamily(
+            "shardex_rebalance_moves",
+            "Moves of the current or last rebalance, by what moves (data partition, index "
+            "partition) and status",
+            labels=["kind", "status"],
+        )
+        if record is not None:
+            tally: dict[tuple[str, str], int] = {}
+            for kind, status in [("data", m.status) for m in record.moves] + [
+                ("index", m.status) for m in record.index_moves
+            ]:
+                tally[(kind, status)] = tally.get((kind, status), 0) + 1
+            for (kind, status), n in sorted(tally.items()):
+                moves.add_metric([kind, status], n)
+        yield moves
 
     def _connections(self) -> Iterator[Metric]:
         conns = GaugeMetricFamily(

@@ -71,6 +71,7 @@ class Node:
     sql: Any = None
     server: Any = None
     http: Any = None
+    coordinator: Any = None
 
 
 def _node() -> Node:
@@ -90,6 +91,8 @@ def _node() -> Node:
         engine=engine,
         writes=SimpleNamespace(latencies=writes, failed={"delete": 1}),
         reads=SimpleNamespace(latencies=reads, failed={}),
+        # two streams of users' partition 0 (high seqno 50) sent up to 40 and 50
+        streams=SimpleNamespace(positions=lambda: [("users", 0, 40), ("users", 0, 50)]),
     )
     by_city = SimpleNamespace(id="ix1", keyspace="users", name="by_city")
     index = SimpleNamespace(
@@ -139,6 +142,8 @@ def test_the_collector_reads_every_service() -> None:
     assert got[("shardex_keyspace_disk_bytes", (("keyspace", "users"),))] == 1000 + 2000
     assert got[("shardex_keyspace_memtable_bytes", (("keyspace", "users"),))] == 10 + 20
     assert got[("shardex_keyspace_documents", (("keyspace", "empty"),))] == 0
+    assert got[("shardex_change_streams_open", (("keyspace", "users"),))] == 2
+    assert got[("shardex_change_stream_lag_seqnos", (("keyspace", "users"),))] == 10
     ix = (("index", "by_city"), ("keyspace", "users"))
     assert got[("shardex_index_items", ix)] == 10
     assert got[("shardex_index_pending_mutations", ix)] == 3
@@ -153,6 +158,27 @@ def test_the_collector_reads_every_service() -> None:
     assert got[("shardex_rpc_connections", (("peer", "node"),))] == 2
     assert got[("shardex_rpc_connections", (("peer", "user"),))] == 1
     assert ("shardex_event_loop_lag_seconds_count", (("loop", "node"),)) in got
+    # not a manager node: no rebalance series
+    assert not any(name.startswith("shardex_rebalance_") for name, _ in got)
+
+
+def test_a_manager_reports_its_state_s_rebalance_moves() -> None:
+    node = _node()
+    moves = [SimpleNamespace(status=s) for s in ("done", "done", "moving", "planned")]
+    record = SimpleNamespace(
+        state="running", moves=moves, index_moves=[SimpleNamespace(status="done")]
+    )
+    node.coordinator = SimpleNamespace(state=SimpleNamespace(rebalance=record))
+    got = _scrape(node)
+    assert got[("shardex_rebalance_running", ())] == 1
+    assert got[("shardex_rebalance_moves", (("kind", "data"), ("status", "done")))] == 2
+    assert got[("shardex_rebalance_moves", (("kind", "data"), ("status", "moving")))] == 1
+    assert got[("shardex_rebalance_moves", (("kind", "data"), ("status", "planned")))] == 1
+    assert got[("shardex_rebalance_moves", (("kind", "index"), ("status", "done")))] == 1
+    node.coordinator = SimpleNamespace(state=SimpleNamespace(rebalance=None))
+    got = _scrape(node)
+    assert got[("shardex_rebalance_running", ())] == 0
+    assert not any(name == "shardex_rebalance_moves" for name, _ in got)
 
 
 def test_a_node_without_data_or_index_service_has_no_such_series() -> None:

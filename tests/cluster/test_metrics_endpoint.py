@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from cluster_helpers import LocalCluster, run_cli, wait_for
 from data_helpers import docids_in, running_cluster
+from metrics_http import Samples, scrape, total, value
 from n1ql_http import basic, http_port, post_json
-from prometheus_client.parser import text_string_to_metric_families
 
 from shardex.client import Client, connect_local
 from shardex.errors import ShardexError
@@ -27,7 +27,6 @@ N_DOCS = 40
 N_NONE = 10  # of them written with durability none
 N_MANY = 30  # written in batches (MutateMany)
 PW = "monitor-password-1"
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 class Env:
@@ -55,28 +54,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         yield Env(c, admin)
 
 
-def scrape(port: int, auth: dict[str, str]) -> Samples:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=auth)
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = resp.read().decode()
-    out: Samples = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
 def scrape_all(env: Env) -> list[Samples]:
     return [scrape(p, env.auth) for p in env.ports]
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def total(nodes: list[Samples], name: str, **labels: str) -> float:
-    return sum(value(s, name, **labels) for s in nodes)
 
 
 def test_metrics_need_cluster_manage(env: Env) -> None:

@@ -33,10 +33,10 @@ log = logging.getLogger(__name__)
 
 QUERY_PATH: Final = "/query/service"
 METRICS_PATH: Final = "/metrics"
+METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text
 ACTIVE_PATH: Final = "/admin/active_requests"
 # The socket's send buffer above which a write waits for the client (backpressure): a
 # block of rows is written, then the next read only once the client took most of it.
-METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text
 HIGH_WATER: Final = 256 * 1024
 LINGER: Final = 2.0  # seconds a closing connection waits for the client
 

@@ -4,6 +4,7 @@ client's stream (``OutStreams``, the scans' own)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
@@ -37,8 +38,17 @@ async def respond(
     "the statement runs", whatever its rows turn out to be. ``slot`` is released when
     the rows end: here when they all fit the reply, else when the stream's task ends
     (a done callback runs even for a task cancelled before it started). ``on_end`` is
-    called once when the rows end, with the error that ended them (None: all sent)."""
-    end = on_end if on_end is not None else _ignore
+    called once when the rows end, with the error that ended them (None: all sent; a
+    cancel when the task was cancelled before it started)."""
+    ended = False
+
+    def end(error: BaseException | None) -> None:
+        nonlocal ended
+        if not ended:
+            ended = True
+            if on_end is not None:
+                on_end(error)
+
     head: list[bytes] = []
     rest: list[bytes] = []
     error: BaseException | None = None
@@ -77,7 +87,12 @@ async def respond(
 
     stream = streams.start(conn, msg.stream_id, msg.credit, produce)
     assert stream.task is not None
-    stream.task.add_done_callback(lambda _: slot.release())
+
+    def done(_: asyncio.Task[None]) -> None:
+        slot.release()
+        end(asyncio.CancelledError())  # a no-op unless cancelled before ``produce`` ran
+
+    stream.task.add_done_callback(done)
     return msgspec.structs.replace(started, rows=head or None)
 
 
@@ -93,10 +108,6 @@ async def cells_closing(result: Any) -> AsyncIterator[list[bytes]]:
             yield batch.column(0).to_pylist()
     finally:
         await result.aclose()
-
-
-def _ignore(error: BaseException | None) -> None:
-    pass
 
 
 def _blocks(cells: list[bytes]) -> list[list[bytes]]:

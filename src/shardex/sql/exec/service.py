@@ -202,9 +202,9 @@ class SqlService:
         self.memory = NodeMemory() if memory is None else memory
         self.max_statement_bytes = max_statement_bytes
         self.keys = KeyLookups(documents, self.memory, query.new_query_id)
-        # Statements running at once on this node as their initiator, and waiting to.
         # How the statements initiated here ended, and their latency (the node's metrics).
         self.stats = StatementStats()
+        # Statements running at once on this node as their initiator, and waiting to.
         self.admission = AdmissionGate(
             "SQL statements",
             default_cap() if max_running is None else max_running,

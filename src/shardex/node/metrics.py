@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Final
 
@@ -39,8 +38,6 @@ if TYPE_CHECKING:
     from shardex.node.server import Node
 
 __all__ = ["LoopLag", "NodeCollector", "NodeMetrics", "stability_lag"]
-
-log = logging.getLogger(__name__)
 
 LAG_INTERVAL: Final = 0.5  # seconds between the loop-lag timer's ticks
 # Lateness of a 0.5 s timer: a healthy loop is late by well under a millisecond.
@@ -74,13 +71,14 @@ class LoopLag:
 
 
 def histogram(
-    name: str, doc: str, label: str, rows: Iterable[tuple[str, Histogram]]
+    name: str, doc: str, label: str | None, rows: Iterable[tuple[str, Histogram]]
 ) -> HistogramMetricFamily:
-    """A Prometheus histogram family of ``rows`` (label value, histogram)."""
-    fam = HistogramMetricFamily(name, doc, labels=[label])
+    """A Prometheus histogram family of ``rows`` (label value, histogram); ``label`` None:
+    one unlabelled histogram (its row's value is not used)."""
+    fam = HistogramMetricFamily(name, doc, labels=[] if label is None else [label])
     for value, h in rows:
         buckets = [(_le(b), float(n)) for b, n in h.cumulative()]
-        fam.add_metric([value], buckets, sum_value=h.total)
+        fam.add_metric([] if label is None else [value], buckets, sum_value=h.total)
     return fam
 
 
@@ -125,8 +123,8 @@ class NodeCollector(Collector):
         yield histogram(
             "shardex_event_loop_lag_seconds",
             f"How late the node's {LAG_INTERVAL:g} s event-loop timer fired",
-            "loop",
-            [("node", self._lag.lateness)],
+            None,
+            [("", self._lag.lateness)],
         )
 
     # --- data service ---------------------------------------------------------------------

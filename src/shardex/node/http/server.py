@@ -201,7 +201,13 @@ class HttpServer:
             )
             await resp.send(403, json.dumps({"errors": [err.entry()], "status": "fatal"}).encode())
             return
-        await resp.send(200, self._metrics(), content_type=METRICS_CONTENT_TYPE)
+        try:
+            body = self._metrics()
+        except Exception:  # a service changed under the scrape: the next one reads again
+            log.exception("metrics scrape failed")
+            await _error(resp, 500, "the metrics could not be read; scrape again")
+            return
+        await resp.send(200, body, content_type=METRICS_CONTENT_TYPE)
 
 
 async def _error(

@@ -81,6 +81,8 @@ def test_series_move_with_the_work_done(env: Env) -> None:
     assert ok.status == 200, ok.body
     bad = post_json(url, env.auth, {"statement": "SELEC nothing"})
     assert bad.status == 400, bad.body
+    unknown = post_json(url, env.auth, {"statement": "SELECT 1", "no_such_parameter": 1})
+    assert unknown.status == 400 and unknown.codes == [1065], unknown.body
     # over RPC: a key lookup (answered in its loop turn on the owner), a streamed statement
     assert list(env.admin.query(f"SELECT RAW n FROM {KS} USE KEYS $1", ["d1"])) == [1]
     assert len(list(env.admin.query("SELECT x FROM ($1) AS x", [list(range(3000))]))) == 3000
@@ -111,9 +113,9 @@ def test_series_move_with_the_work_done(env: Env) -> None:
     assert total(after, "shardex_keyspace_partitions", keyspace=KS) == 8
     stored = total(after, "shardex_keyspace_disk_bytes", keyspace=KS)
     assert stored + total(after, "shardex_keyspace_memtable_bytes", keyspace=KS) > 0
-    # SQL over HTTP on node 2: one success, one error, on that node (the RPC ones may be too)
+    # SQL over HTTP on node 2: one success, two errors, on that node (the RPC ones may be too)
     assert moved("shardex_sql_statements_total", 1, outcome="success") == 1
-    assert moved("shardex_sql_statements_total", 1, outcome="error") == 1
+    assert moved("shardex_sql_statements_total", 1, outcome="error") == 2
     assert moved("shardex_sql_statement_duration_seconds_count", 1, outcome="success") == 1
     assert moved("shardex_sql_statements_total", outcome="success") == 3  # and the RPC two
     # the scan, timed under its consistency on the node that coordinated it

@@ -98,6 +98,7 @@ class QueryHttpService:
         try:
             q = query_request(req)
         except N1qlError as e:
+            self._sql.stats.end_as(t0, "error")  # refused, as the RPC path's bad requests
             await Envelope(resp, request_id, None).finish([e], time.perf_counter() - t0, None)
             return
         if req.method == "GET":

@@ -269,6 +269,16 @@ class DataEngine:
         part = self._local.held(keyspace, partition)
         return info_of(part.meta, frozen=part.frozen)
 
+    def partition_storage_bytes(self, keyspace: str, partition: int) -> tuple[int, int]:
+        """(SST file bytes, memtable bytes) of the partition's column family (its documents,
+        change log and meta): RocksDB's counts, read from memory; (0, 0) once detached."""
+        part = self._local.held(keyspace, partition)
+        try:
+            cf = part.cf
+        except AttributeError:  # the store is closing (``Partition.detach``)
+            return 0, 0
+        return cf.storage_bytes()
+
     def new_branch(self, keyspace: str, partition: int) -> FailoverEntry:
         """Start a new history branch (new uuid at the current high seqno): for restores and
         failovers, when consumers may hold history this copy does not have."""

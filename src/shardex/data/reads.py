@@ -9,6 +9,7 @@ whatever copy is here, possibly stale, with no lease needed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -20,6 +21,7 @@ from shardex.data.replication import Replication
 from shardex.data.serving import ServingGate
 from shardex.errors import ShardexError
 from shardex.net import Connection
+from shardex.runtime.latency import Latencies
 
 GET_MANY_MAX = 10_000  # docids per GetMany: bounds one reply's size
 GET_MANY_ON_LOOP = 32  # up to this many cached point reads cost less than a thread hop
@@ -40,27 +42,40 @@ class ReadPath:
         self.io = io
         self.replication = replication
         self.gate = gate
+        # "get" / "get_many" -> latency of Get / GetMany requests (failures too, counted in
+        # ``failed``), read by the node's metrics endpoint; observed on the loop thread only
+        self.latencies: Latencies[str] = Latencies()
+        self.failed: dict[str, int] = {}
 
     async def on_get(self, msg: Get, conn: Connection) -> GetReply:
+        t0 = time.perf_counter()  # timed to its answer, failures too (``failed``)
         gate = self.gate
-        if msg.replica:  # availability over freshness: no lease needed
-            gate.check()
-            return self._replica_get(msg)
-        await gate.wait(msg.keyspace)
         try:
-            engine = self._engine()
-            if self.replication.has_pending():
-                p = engine.partition_for(msg.keyspace, msg.docid)
-                await self.replication.wait_readable(msg.keyspace, p, msg.docid)
-                # it waited: the node may have been failed over or lost its lease meanwhile
+            if msg.replica:  # availability over freshness: no lease needed
+                gate.check()
+                reply = self._replica_get(msg)
+            else:
                 await gate.wait(msg.keyspace)
-                engine = self._engine()
-            raw = engine.get_raw(msg.keyspace, msg.docid)
-        except KeyspaceNotFound as exc:
-            raise gate.not_here(exc, msg.keyspace, msg.docid) from None
-        except ShardexError as exc:
-            raise gate.enrich(exc) from None
-        return GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+                try:
+                    engine = self._engine()
+                    if self.replication.has_pending():
+                        p = engine.partition_for(msg.keyspace, msg.docid)
+                        await self.replication.wait_readable(msg.keyspace, p, msg.docid)
+                        # it waited: the node may have been failed over or lost its lease
+                        await gate.wait(msg.keyspace)
+                        engine = self._engine()
+                    raw = engine.get_raw(msg.keyspace, msg.docid)
+                except KeyspaceNotFound as exc:
+                    raise gate.not_here(exc, msg.keyspace, msg.docid) from None
+                except ShardexError as exc:
+                    raise gate.enrich(exc) from None
+                reply = GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+        except BaseException:
+            self.latencies.observe("get", time.perf_counter() - t0)
+            self.failed["get"] = self.failed.get("get", 0) + 1
+            raise
+        self.latencies.observe("get", time.perf_counter() - t0)
+        return reply
 
     def _replica_get(self, msg: Get) -> GetReply:
         """A read of whatever copy is here, active or replica: possibly stale."""
@@ -82,8 +97,30 @@ class ReadPath:
     ) -> GetManyReply | Coroutine[Any, Any, GetManyReply]:
         """Inline (``Router.route_inline``): the reply at once when ``get_many_now`` gives
         one, else the waiting path's coroutine."""
-        reply = self.get_many_now(msg)
-        return self.get_many_local(msg) if reply is None else reply
+        t0 = time.perf_counter()
+        try:
+            reply = self.get_many_now(msg)
+        except BaseException:
+            self._observe_get_many(t0, True)
+            raise
+        if reply is None:
+            return self._get_many_timed(msg, t0)
+        self._observe_get_many(t0, False)
+        return reply
+
+    async def _get_many_timed(self, msg: GetMany, t0: float) -> GetManyReply:
+        failed = True
+        try:
+            reply = await self.get_many_local(msg)
+            failed = False
+            return reply
+        finally:
+            self._observe_get_many(t0, failed)
+
+    def _observe_get_many(self, t0: float, failed: bool) -> None:
+        self.latencies.observe("get_many", time.perf_counter() - t0)
+        if failed:
+            self.failed["get_many"] = self.failed.get("get_many", 0) + 1
 
     async def get_many_local(self, msg: GetMany) -> GetManyReply:
         """A ``GetMany`` answered in-process: this node's own SQL fetches call it directly."""

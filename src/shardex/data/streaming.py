@@ -51,6 +51,7 @@ class _Stream(OutStream):
     def __init__(self, msg: OpenStream, conn: Connection) -> None:
         super().__init__(conn, msg.stream_id, msg.credit, MAX_CREDIT)
         self.msg = msg
+        self.sent = msg.from_seqno  # the seqno sent up to (the node's metrics: its lag)
 
 
 def _stream_end(stream: _Stream, error: ShardexError | None) -> StreamEnd:
@@ -119,10 +120,15 @@ class StreamServer:
         self._streams: OutStreams[_Stream] = OutStreams(
             end=_stream_end, duplicate=_duplicate, enrich=enrich
         )
+        self._running: dict[_Stream, None] = {}  # streams whose task runs, for ``positions``
 
     @property
     def open_streams(self) -> int:
         return self._streams.open_streams
+
+    def positions(self) -> list[tuple[str, int, int]]:
+        """(keyspace, partition, seqno sent up to) of each stream running now."""
+        return [(s.msg.keyspace, s.msg.partition, s.sent) for s in list(self._running)]
 
     async def on_open(self, msg: OpenStream, conn: Connection) -> StreamOpened:
         self._streams.check_new(conn, msg.stream_id)
@@ -136,11 +142,14 @@ class StreamServer:
             raise self._enrich(exc) from None
 
         async def produce(stream: _Stream) -> None:
+            self._running[stream] = None
             try:
                 await self._pump(stream, run, first)
             except asyncio.CancelledError:
                 close_quietly(run)
                 raise
+            finally:
+                self._running.pop(stream, None)
 
         try:
             self._streams.start_stream(
@@ -187,9 +196,11 @@ class StreamServer:
                         if batch.marker is not None:
                             uuid, run_end = batch.marker[2], batch.marker[1]
                         await stream.send_message(batch)
+                        if batch.changes:
+                            stream.sent = batch.changes[-1][0]
             finally:
                 close_quietly(run)
-            pos = max(pos, run_end)
+            pos = stream.sent = max(pos, run_end)
             if msg.end_seqno is not None and pos >= msg.end_seqno:
                 return
             if not msg.follow:

@@ -6,12 +6,16 @@ majority level, waits for the replicas (``replication.py``): a timeout there is
 DURABILITY_AMBIGUOUS, since the write is applied here and may or may not reach a majority.
 A single write is answered in the receive callback when it can (``mutate_now``), with no
 task: a future settled by group commit's and the durability wait's callbacks.
+
+Each single write is timed from its arrival to its answer (``latencies``, keyed by kind and
+durability level; failures counted in ``failed``), read by the node's metrics endpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +32,7 @@ from shardex.api.data import (
 from shardex.api.errors import KeyspaceNotFound, WireError
 from shardex.api.records import MutationResult
 from shardex.api.validation import (
+    DURABILITY_LEVELS,
     MAJORITY_LEVELS,
     check_durability_timeout,
     durability_level,
@@ -38,6 +43,7 @@ from shardex.data.replication import Replication
 from shardex.data.serving import ServingGate
 from shardex.errors import NodeUnavailable, ShardexError
 from shardex.net import Connection
+from shardex.runtime.latency import Latencies
 
 
 class WritePath:
@@ -56,6 +62,14 @@ class WritePath:
         self._committer = committer
         self.replication = replication
         self.gate = gate
+        # (kind, durability level) -> latency of single writes, on the loop thread only
+        self.latencies: Latencies[tuple[str, str]] = Latencies()
+        self.failed: dict[str, int] = {}  # kind -> single writes answered with an error
+
+    def _observe(self, kind: str, level: str, t0: float, failed: bool) -> None:
+        self.latencies.observe((kind, level), time.perf_counter() - t0)
+        if failed:
+            self.failed[kind] = self.failed.get(kind, 0) + 1
 
     def _running_committer(self) -> GroupCommitter:
         committer = self._committer()
@@ -72,6 +86,28 @@ class WritePath:
         cas: int | None,
         durability: str,
         timeout: float | None = None,
+        t0: float | None = None,
+    ) -> MutationReply:
+        """``t0``: the write's arrival (``perf_counter``), to time it; None: not timed."""
+        if t0 is None:
+            return await self._mutate(kind, keyspace, docid, doc, cas, durability, timeout)
+        failed = True
+        try:
+            reply = await self._mutate(kind, keyspace, docid, doc, cas, durability, timeout)
+            failed = False
+            return reply
+        finally:
+            self._observe(kind, _level_label(durability), t0, failed)
+
+    async def _mutate(
+        self,
+        kind: str,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        cas: int | None,
+        durability: str,
+        timeout: float | None,
     ) -> MutationReply:
         committer = self._running_committer()
         timeout = check_durability_timeout(timeout)
@@ -102,6 +138,7 @@ class WritePath:
         cas: int | None,
         durability: str,
         timeout: float | None,
+        t0: float,
     ) -> Awaitable[MutationReply]:
         """``mutate`` without a task: in the receive callback (``Router.route_inline``), a
         future then settled by callbacks. A node not yet reconciled, or without its lease,
@@ -112,10 +149,14 @@ class WritePath:
         if timeout is not None:  # not every client is ours: checked before anything
             timeout = check_durability_timeout(timeout)
         if committer is None or not gate.reconciled.is_set():
-            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout)
-        gate.check()
+            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout, t0)
+        try:
+            gate.check()
+        except ShardexError:
+            self._observe(kind, _level_label(durability), t0, True)
+            raise
         if gate.replicated(keyspace) and not gate.lease.check():
-            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout)
+            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout, t0)
         level = durability_level(durability)
         try:
             if level in MAJORITY_LEVELS:
@@ -123,24 +164,26 @@ class WritePath:
                     keyspace, self._engine().partition_for(keyspace, docid)
                 )
         except KeyspaceNotFound as exc:
+            self._observe(kind, level, t0, True)
             raise gate.not_here(exc, keyspace, docid) from None
         except ShardexError as exc:
+            self._observe(kind, level, t0, True)
             raise gate.enrich(exc) from None
         out: asyncio.Future[MutationReply] = asyncio.get_running_loop().create_future()
         committer.submit_then(
             keyspace,
             durability,
             (kind, docid, doc, cas),
-            functools.partial(self._written, out, keyspace, docid, level, timeout),
+            functools.partial(self._written, out, (kind, level, t0), keyspace, docid, timeout),
         )
         return out
 
     def _written(
         self,
         out: asyncio.Future[MutationReply],
+        timed: tuple[str, str, float],
         keyspace: str,
         docid: str,
-        level: str,
         timeout: float | None,
         written: MutationResult | BaseException,
     ) -> None:
@@ -148,31 +191,34 @@ class WritePath:
         for its durability, as ``mutate`` does. Called by group commit as it settles the
         write's group; the durability wait calls back ``_settle`` the same way."""
         if isinstance(written, BaseException):
-            self._settle(out, keyspace, docid, None, written)
+            self._settle(out, timed, keyspace, docid, None, written)
             return
         result = written
         reply = MutationReply(result=result)
-        then = functools.partial(self._settle, out, keyspace, docid, reply)
+        then = functools.partial(self._settle, out, timed, keyspace, docid, reply)
         try:
             self.replication.wake(keyspace, result.partition)
-            if self.replication.on_durable(keyspace, result, level, docid, then, timeout):
+            if self.replication.on_durable(keyspace, result, timed[1], docid, then, timeout):
                 return
         except Exception as exc:  # answered as the coroutine's would be, never left hanging
-            self._settle(out, keyspace, docid, None, exc)
+            self._settle(out, timed, keyspace, docid, None, exc)
             return
         then(None)
 
     def _settle(
         self,
         out: asyncio.Future[MutationReply],
+        timed: tuple[str, str, float],
         keyspace: str,
         docid: str,
         reply: MutationReply | None,
         error: BaseException | None,
     ) -> None:
-        """``out`` gets ``reply``, or ``error`` as ``mutate`` raises it."""
+        """``out`` gets ``reply``, or ``error`` as ``mutate`` raises it; the write is timed
+        (``timed``: its kind, durability level and arrival)."""
         if out.done():
             return
+        self._observe(*timed, error is not None)
         if error is None:
             out.set_result(reply)  # type: ignore[arg-type]  # None only with an error
         elif isinstance(error, asyncio.CancelledError):
@@ -201,11 +247,24 @@ class WritePath:
     def _single(
         self, kind: str, msg: Insert | Upsert | Replace | Delete, doc: bytes | None, cas: int | None
     ) -> Awaitable[MutationReply]:
+        t0 = time.perf_counter()
         return self.mutate_now(
-            kind, msg.keyspace, msg.docid, doc, cas, msg.durability, msg.durability_timeout
+            kind, msg.keyspace, msg.docid, doc, cas, msg.durability, msg.durability_timeout, t0
         )
 
     async def on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
+        """A batch, timed as one ``mutate_many`` to its answer (its items' own errors are
+        in the reply; ``failed`` counts a batch that failed whole)."""
+        t0 = time.perf_counter()
+        failed = True
+        try:
+            reply = await self._mutate_many(msg)
+            failed = False
+            return reply
+        finally:
+            self._observe("mutate_many", _level_label(msg.durability), t0, failed)
+
+    async def _mutate_many(self, msg: MutateMany) -> MutateManyReply:
         committer = self._running_committer()
         gate = self.gate
         await gate.wait(msg.keyspace)
@@ -259,3 +318,14 @@ class WritePath:
             return r
 
         return list(await asyncio.gather(*(one(o, r) for o, r in zip(ops, out, strict=True))))
+
+
+def _level_label(durability: str) -> str:
+    """The durability level a write is timed under: its canonical name, "invalid" for a
+    value that is none (a metric's labels stay a small fixed set)."""
+    if durability in DURABILITY_LEVELS:
+        return durability
+    try:
+        return durability_level(durability)
+    except ShardexError:
+        return "invalid"

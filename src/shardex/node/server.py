@@ -35,6 +35,7 @@ from shardex.net.credentials import UserDirectory
 from shardex.net.tls import TlsConfig
 from shardex.net.transport import Transport, split_address
 from shardex.node.audit import AUDIT_FILE, AuditLog
+from shardex.node.metrics import NodeMetrics
 from shardex.node.users import RemoteUsers, StateUsers
 from shardex.runtime.admission import DEFAULT_QUEUED
 from shardex.scan.coordinator import ScanCoordinator
@@ -146,6 +147,8 @@ class Node:
             )
         self._started_loop_time = 0.0
         self._started_wall = 0.0
+        # Prometheus metrics (``GET /metrics`` on the HTTP port): read at scrape time.
+        self.metrics = NodeMetrics(self)
         # The data service needs a directory (RocksDB); without one (simulations) it is off.
         self.data: DataService | None = None
         if "data" in self.services and data_dir is not None:
@@ -331,6 +334,9 @@ class Node:
         """The N1QL query service on the node's own host (the RPC listener's)."""
         from shardex.node.http.server import HttpServer
 
+        # The loop-lag timer only where the metrics are served: a simulated node (no
+        # HTTP) gets no extra timer in its virtual time.
+        self.metrics.start()
         self.http = HttpServer(
             sql=self.sql.sql,
             users=self._users,
@@ -339,6 +345,7 @@ class Node:
             tls=self._tls,
             on_login=self.audit.on_login,
             max_connections=self.server.max_connections or 1000,
+            metrics=self.metrics.exposition,
         )
         await self.http.start(split_address(self.bind_address)[0], port)
         self.http_port = self.http.port
@@ -366,6 +373,7 @@ class Node:
             await self.data.stop()
         if self._remote_users is not None:
             await self._remote_users.stop()
+        await self.metrics.stop()
         self.audit.close()
         log.info("node %s stopped", self.name)
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -60,6 +61,7 @@ import msgspec
 
 from shardex.api.scan import (
     AT_PLUS,
+    CONSISTENCIES,
     NO_TS,
     REQUEST_PLUS,
     STABILITY_NONE,
@@ -84,6 +86,7 @@ from shardex.meta.index_state import (
 from shardex.meta.member_list import MemberInfo
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.transport import Transport
+from shardex.runtime.latency import Latencies
 from shardex.scan.at_plus import on_current_branches
 from shardex.scan.cluster_view import ClusterView
 from shardex.scan.failover import FAILOVER, Reopen, Resumable, failed_node, placement
@@ -139,6 +142,9 @@ class ScanCoordinator:
         self.speculation: Counter[str] = self.speculative.counts
         # Slice streams continued on another copy after their indexer failed mid-stream.
         self.stream_failovers = 0
+        # consistency -> time from an IndexScan's arrival to its first reply (resolve, the
+        # consistency's wait, the first block), failures too; read by the node's metrics.
+        self.latencies: Latencies[str] = Latencies()
 
     def install(self, server: RpcServer) -> None:
         server.route(IndexScan, self.on_scan)
@@ -175,6 +181,14 @@ class ScanCoordinator:
     # --- the request -----------------------------------------------------------------------------
 
     async def on_scan(self, msg: IndexScan, conn: Connection) -> IndexScanStarted:
+        t0 = time.perf_counter()
+        try:
+            return await self._scan(msg, conn)
+        finally:
+            c = msg.consistency
+            self.latencies.observe(c if c in CONSISTENCIES else "invalid", time.perf_counter() - t0)
+
+    async def _scan(self, msg: IndexScan, conn: Connection) -> IndexScanStarted:
         self.streams.check_new(conn, msg.scan_id)
         check_request(msg)
         rec, topo = await self.resolve(msg.keyspace, msg.index)

@@ -81,6 +81,8 @@ class ColumnFamilyLike(Protocol):
 
     def ingest(self, sst_paths: Iterable[str | os.PathLike[str]], *, move: bool = True) -> None: ...
 
+    def storage_bytes(self) -> tuple[int, int]: ...
+
 
 class BatchLike(Protocol):
     """An atomic group of puts and deletes over any column families of one store."""

@@ -212,6 +212,11 @@ class MemoryColumnFamily:
         with self._store._lock:
             return iter(self._family().range(lower, upper, reverse))
 
+    def storage_bytes(self) -> tuple[int, int]:
+        """(0: no files, the keys' and values' bytes held)."""
+        with self._store._lock:
+            return 0, sum(len(k) + len(v) for k, v in self._family().data.items())
+
     def ingest(self, sst_paths: Iterable[str | os.PathLike[str]], *, move: bool = True) -> None:
         raise StorageError(
             "the memory store takes no SST files",

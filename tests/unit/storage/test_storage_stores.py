@@ -250,3 +250,16 @@ def test_power_off_keeps_a_prefix_of_whole_batches() -> None:
 def test_memory_store_refuses_sst_ingestion() -> None:
     with pytest.raises(StorageError):
         MemoryStore().column_family("cf").ingest(["/nowhere.sst"])
+
+
+def test_storage_bytes_grow_with_what_a_column_family_holds(store: KeyValueStore) -> None:
+    cf = store.column_family("sized")
+    other = store.column_family("other")
+    before = sum(cf.storage_bytes())
+    batch = store.batch()
+    for i in range(200):
+        batch.put(cf, b"k%04d" % i, b"v" * 500)
+    store.write(batch)
+    store.flush()
+    assert sum(cf.storage_bytes()) > before
+    assert sum(other.storage_bytes()) < sum(cf.storage_bytes())  # per column family

@@ -50,6 +50,8 @@ __all__ = ["ActiveRequest", "QueryHttpService"]
 log = logging.getLogger(__name__)
 
 Authorizer = Callable[[Principal, Message], None]
+# A request's end status -> the SQL service's statement outcome (``StatementStats``).
+_OUTCOMES = {"success": "success", "timeout": "timeout", "stopped": "cancelled"}
 
 
 @dataclasses.dataclass
@@ -97,6 +99,7 @@ class QueryHttpService:
         try:
             q = query_request(req)
         except N1qlError as e:
+            self._sql.stats.end_as(t0, "error")  # refused, as the RPC path's bad requests
             await Envelope(resp, request_id, None).finish([e], time.perf_counter() - t0, None)
             return
         if req.method == "GET":
@@ -169,6 +172,7 @@ class QueryHttpService:
             log.exception("query service request %s failed", active.request_id)
             errors.append(N1qlError(E_INTERNAL, f"internal error: {type(e).__name__}", 500))
         active.state = errors[0].status if errors else "success"
+        self._sql.stats.end_as(active.started, _OUTCOMES.get(active.state, "error"))
         now = time.perf_counter()
         await env.finish(errors, now - active.started, None if t_exec is None else now - t_exec)
 

@@ -14,13 +14,15 @@ import contextlib
 import json
 import logging
 import socket
+from collections.abc import Callable
 from typing import Final
 
+from shardex.api.privileges import Privilege, holds
 from shardex.errors import ConfigError
 from shardex.net.credentials import Principal, UserDirectory
 from shardex.net.tls import TlsConfig
 from shardex.node.http.basic_auth import REALM, BasicAuth, LoginObserver
-from shardex.node.http.n1ql_errors import N1qlError, of_http_status
+from shardex.node.http.n1ql_errors import E_PRIVILEGE, N1qlError, of_http_status
 from shardex.node.http.query_service import Authorizer, QueryHttpService
 from shardex.node.http.wire import HttpError, Limits, Request, Response, read_request
 from shardex.sql.exec.service import SqlService
@@ -30,6 +32,8 @@ __all__ = ["HttpServer"]
 log = logging.getLogger(__name__)
 
 QUERY_PATH: Final = "/query/service"
+METRICS_PATH: Final = "/metrics"
+METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text
 ACTIVE_PATH: Final = "/admin/active_requests"
 # The socket's send buffer above which a write waits for the client (backpressure): a
 # block of rows is written, then the next read only once the client took most of it.
@@ -49,15 +53,22 @@ class HttpServer:
         on_login: LoginObserver | None = None,
         max_connections: int = 1000,
         limits: Limits | None = None,
+        metrics: Callable[[], bytes] | None = None,
     ) -> None:
         self.limits = limits or Limits()
         self.query = QueryHttpService(sql, authorize, node_name)
         self._auth = BasicAuth(users, on_login)
         self._tls = tls
+        # The node's Prometheus exposition (``node/metrics.py``); None: /metrics is 404.
+        self._metrics = metrics
         self._max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port: int | None = None
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
 
     async def start(self, host: str, port: int) -> None:
         ssl = self._tls.server_context() if self._tls is not None else None
@@ -145,6 +156,8 @@ class HttpServer:
             allowed = ("GET",)
         elif path.startswith(ACTIVE_PATH + "/"):
             allowed = ("DELETE",)
+        elif path == METRICS_PATH and self._metrics is not None:
+            allowed = ("GET",)
         else:
             await _error(resp, 404, f"no such endpoint {path[:80]!r}")
             return
@@ -166,10 +179,35 @@ class HttpServer:
             return
         if path == QUERY_PATH:
             await self.query.query(req, resp, principal)
+        elif path == METRICS_PATH:
+            await self._scrape(resp, principal)
         elif path == ACTIVE_PATH:
             await self.query.list_active(resp, principal)
         else:
             await self.query.cancel(path[len(ACTIVE_PATH) + 1 :], resp, principal)
+
+    async def _scrape(self, resp: Response, principal: Principal) -> None:
+        """The node's metrics in Prometheus' text format, to a user with cluster.manage:
+        they name every keyspace and index and their sizes, which a user without rights
+        on a keyspace may not read (its stats are data.read), and cluster.read is every
+        user's."""
+        assert self._metrics is not None
+        if not holds(principal.roles, Privilege.CLUSTER_MANAGE, None):
+            err = N1qlError(
+                E_PRIVILEGE,
+                f"user {principal.name!r} may not read the metrics: it needs cluster.manage",
+                403,
+                reason={"hint": "grant a role with it: shardex user grant NAME cluster_admin"},
+            )
+            await resp.send(403, json.dumps({"errors": [err.entry()], "status": "fatal"}).encode())
+            return
+        try:
+            body = self._metrics()
+        except Exception:  # a service changed under the scrape: the next one reads again
+            log.exception("metrics scrape failed")
+            await _error(resp, 500, "the metrics could not be read; scrape again")
+            return
+        await resp.send(200, body, content_type=METRICS_CONTENT_TYPE)
 
 
 async def _error(

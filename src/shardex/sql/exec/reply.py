@@ -4,8 +4,9 @@ client's stream (``OutStreams``, the scans' own)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import msgspec
@@ -29,13 +30,25 @@ async def respond(
     started: SqlStarted,
     chunks: AsyncIterator[list[bytes]],
     slot: Slot,
+    on_end: Callable[[BaseException | None], None] | None = None,
 ) -> SqlStarted:
     """``started`` with the first block of rows (``inline``; ``done`` when that is all:
     no stream is opened), the rest on the result stream. An error while the first
     block is read ends the stream, as it would have after the reply: the reply means
     "the statement runs", whatever its rows turn out to be. ``slot`` is released when
     the rows end: here when they all fit the reply, else when the stream's task ends
-    (a done callback runs even for a task cancelled before it started)."""
+    (a done callback runs even for a task cancelled before it started). ``on_end`` is
+    called once when the rows end, with the error that ended them (None: all sent; a
+    cancel when the task was cancelled before it started)."""
+    ended = False
+
+    def end(error: BaseException | None) -> None:
+        nonlocal ended
+        if not ended:
+            ended = True
+            if on_end is not None:
+                on_end(error)
+
     head: list[bytes] = []
     rest: list[bytes] = []
     error: BaseException | None = None
@@ -46,6 +59,7 @@ async def respond(
                 chunk = await anext(chunks, None)
                 if chunk is None:
                     slot.release()
+                    end(None)
                     return msgspec.structs.replace(started, rows=head, done=True)
                 for i, cell in enumerate(chunk):
                     if len(head) >= BLOCK_ROWS or size >= BLOCK_BYTES:
@@ -57,18 +71,28 @@ async def respond(
             error, head = exc, []
 
     async def produce(out: OutStream) -> None:
-        if error is not None:
-            raise error
-        async with contextlib.aclosing(chunks):
-            for block in _blocks(rest):
-                await out.send(block)
-            async for chunk in chunks:
-                for block in _blocks(chunk):
+        try:
+            if error is not None:
+                raise error
+            async with contextlib.aclosing(chunks):
+                for block in _blocks(rest):
                     await out.send(block)
+                async for chunk in chunks:
+                    for block in _blocks(chunk):
+                        await out.send(block)
+        except BaseException as exc:
+            end(exc)
+            raise
+        end(None)
 
     stream = streams.start(conn, msg.stream_id, msg.credit, produce)
     assert stream.task is not None
-    stream.task.add_done_callback(lambda _: slot.release())
+
+    def done(_: asyncio.Task[None]) -> None:
+        slot.release()
+        end(asyncio.CancelledError())  # a no-op unless cancelled before ``produce`` ran
+
+    stream.task.add_done_callback(done)
     return msgspec.structs.replace(started, rows=head or None)
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -83,6 +84,7 @@ from shardex.sql.exec.statement_checks import (
     check_statement,
     check_statement_size,
 )
+from shardex.sql.exec.statement_stats import StatementStats
 from shardex.sql.exec.statements import (
     PLAN_ON_LOOP_CHARS,
     bad_request,
@@ -138,6 +140,8 @@ class SqlService:
         self.memory = NodeMemory() if memory is None else memory
         self.max_statement_bytes = max_statement_bytes
         self.keys = KeyLookups(documents, self.memory, query.new_query_id)
+        # How the statements initiated here ended, and their latency (the node's metrics).
+        self.stats = StatementStats()
         # Statements running at once on this node as their initiator, and waiting to.
         self.admission = AdmissionGate(
             "SQL statements",
@@ -150,7 +154,7 @@ class SqlService:
     def install(self, server: RpcServer) -> None:
         # Called in the receive callback: a point query by key on the node owning its
         # documents is answered there (``_select_now``); anything else goes on in a task.
-        server.router.route_inline(SqlQuery, self.on_query)
+        server.router.route_inline(SqlQuery, self._on_query_observed)
         server.route(ExchangeStats, self.on_exchange_stats)
 
     async def on_exchange_stats(self, msg: ExchangeStats, conn: Connection) -> ExchangeStatsReply:
@@ -171,6 +175,21 @@ class SqlService:
         return ExchangeStatsReply(member=self.query.member_id, streams=streams)
 
     # --- the request ---------------------------------------------------------------------
+
+    def _on_query_observed(
+        self, msg: SqlQuery, conn: Connection
+    ) -> SqlStarted | Awaitable[SqlStarted]:
+        """``on_query``, its statement observed when it ends in this call: answered in the
+        loop turn, or refused (``StatementStats``); an admitted one observes itself."""
+        t0 = time.perf_counter()
+        try:
+            out = self.on_query(msg, conn)
+        except BaseException as exc:
+            self.stats.end(t0, exc)
+            raise
+        if isinstance(out, SqlStarted):
+            self.stats.end(t0)
+        return out
 
     def on_query(self, msg: SqlQuery, conn: Connection) -> SqlStarted | Awaitable[SqlStarted]:
         """The statement once admitted (``admission``): it holds its slot until its last
@@ -199,7 +218,12 @@ class SqlService:
         return msg
 
     async def _queued(self, msg: SqlQuery, conn: Connection) -> SqlStarted:
-        msg, slot = await self._wait_for_slot(msg)
+        t0 = time.perf_counter()
+        try:
+            msg, slot = await self._wait_for_slot(msg)
+        except BaseException as exc:
+            self.stats.end(t0, exc)  # refused, or gave up waiting
+            raise
         return await self._admitted(msg, conn, slot)
 
     async def _wait_for_slot(self, msg: SqlQuery) -> tuple[SqlQuery, Slot]:
@@ -234,10 +258,12 @@ class SqlService:
         return started, chunks, slot
 
     async def _admitted(self, msg: SqlQuery, conn: Connection, slot: Slot) -> SqlStarted:
+        t0 = time.perf_counter()
         try:
-            return await self._statement(msg, conn, slot)
-        except BaseException:
+            return await self._statement(msg, conn, slot, t0)
+        except BaseException as exc:
             slot.release()
+            self.stats.end(t0, exc)
             raise
 
     def _select_now(self, msg: SqlQuery, principal: Principal | None) -> SqlStarted | None:
@@ -272,9 +298,12 @@ class SqlService:
             return None
         return msgspec.structs.replace(self._started(msg, plan, None), rows=cells, done=True)
 
-    async def _statement(self, msg: SqlQuery, conn: Connection, slot: Slot) -> SqlStarted:
+    async def _statement(
+        self, msg: SqlQuery, conn: Connection, slot: Slot, t0: float
+    ) -> SqlStarted:
         started, chunks = await self._run(msg, conn.principal)
-        return await respond(self.streams, conn, msg, started, chunks, slot)
+        on_end = functools.partial(self.stats.end, t0)
+        return await respond(self.streams, conn, msg, started, chunks, slot, on_end)
 
     async def _run(
         self, msg: SqlQuery, principal: Principal | None

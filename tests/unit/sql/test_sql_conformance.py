@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from shardex.errors import ErrorCode, ShardexError
 from shardex.testing import sql_conformance as conformance
 
 ROOT = Path(os.environ.get("SHARDEX_CONFORMANCE_DIR", conformance.DEFAULT_DIR))
 HEAVY = {"any_functions", "comp_functions"}
-FULL_CASES = 707
-FULL_PASS_FLOOR = 681  # the other 26 are unsupported with a stated reason
-LIGHT_PASS_FLOOR = 656
+FULL_CASES = 718
+FULL_PASS_FLOOR = 692  # the other 26 are unsupported with a stated reason
+LIGHT_PASS_FLOOR = 667
 
 pytestmark = pytest.mark.skipif(not ROOT.is_dir(), reason=f"no conformance cases at {ROOT}")
 
@@ -105,3 +106,54 @@ def test_render_tallies_each_folder() -> None:
     assert rows["a_functions"] == ["1", "1", "0"]
     assert rows["b_functions"] == ["0", "0", "1"]
     assert rows["a_functions/case_2.json"] == ["0", "1", "0"]
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "matches"),
+    [
+        ({"errorCode": 3000}, ShardexError("x", code=ErrorCode.SQL_SYNTAX), True),
+        ({"errorCode": 3000}, ShardexError("x", code=ErrorCode.BAD_REQUEST), False),
+        (
+            {"error": "Duplicate result alias 'id' (near line 1, column 19)."},
+            ShardexError(
+                "duplicate result name 'id' in the projection", code=ErrorCode.BAD_REQUEST
+            ),
+            True,
+        ),
+        (
+            {"error": "Duplicate result alias 'id' (near line 1, column 19)."},
+            ShardexError(
+                "duplicate result name 'name' in the projection", code=ErrorCode.BAD_REQUEST
+            ),
+            False,
+        ),
+        (
+            {"error": "Number of arguments to function META must be between 0 and 1 (near ...)"},
+            ShardexError(
+                "unexpected '1'; expected ')' (META takes at most a keyspace alias)",
+                code=ErrorCode.SQL_SYNTAX,
+            ),
+            True,
+        ),
+        (
+            {"error": "Invalid function array_vg (resolving to dimestore:array_vg)"},
+            ShardexError("unknown function 'array_vg' at line 1", code=ErrorCode.SQL_SYNTAX),
+            True,
+        ),
+        (
+            {"error": "syntax error - line 1, column 20, near 'SELECT x', at: AS"},
+            ShardexError("unexpected 'AS' at line 1, column 20", code=ErrorCode.SQL_SYNTAX),
+            True,
+        ),
+        (
+            {"error": "syntax error - line 1, column 20, near 'SELECT x', at: AS"},
+            ShardexError("division by zero", code=ErrorCode.EXPRESSION_EVAL),
+            False,
+        ),
+    ],
+)
+def test_an_expected_error_matches_the_same_refusal(
+    case: dict, error: ShardexError, matches: bool
+) -> None:
+    # The peer's wording and columns are its own: the same refusal, not the same text.
+    assert conformance.error_matches(case, error) is matches

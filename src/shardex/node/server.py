@@ -332,6 +332,7 @@ class Node:
 
     async def _start_http(self, port: int) -> None:
         """The N1QL query service on the node's own host (the RPC listener's)."""
+        from shardex.node.http.cluster_rest import ClusterRest
         from shardex.node.http.server import HttpServer
 
         # The loop-lag timer only where the metrics are served: a simulated node (no
@@ -346,6 +347,11 @@ class Node:
             on_login=self.audit.on_login,
             max_connections=self.server.max_connections or 1000,
             metrics=self.metrics.exposition,
+            rest=ClusterRest(
+                members=lambda: self.membership.view() if self.membership else None,
+                state=self.scan.view.state,
+                authorize=self.audit.authorize,
+            ),
         )
         await self.http.start(split_address(self.bind_address)[0], port)
         self.http_port = self.http.port

@@ -1,15 +1,17 @@
 """The operators' cluster REST (``GET /api/...``) on a real 3-node cluster: every listing
 agrees with what the Python client reports, from any node, and the errors answer
-``{"errors": [...]}`` with the status that fits (401, 404, 405). The index is created
+``{"errors": [...]}`` with the status that fits (400, 401, 403, 404, 405, 409); a
+keyspace created and dropped over HTTP is what the client lists. The index is created
 deferred, so no Spark is needed."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import LocalCluster, wait_for
+from cluster_helpers import LocalCluster, run_cli, wait_for
 from data_helpers import running_cluster
 from n1ql_http import Answer, basic, call, http_port
 
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.cluster
 
 KS = "restful"
 PARTS = 8
+PW = "reader-password-1"
 
 
 class Env:
@@ -42,6 +45,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     ):
         admin.create_keyspace(KS, PARTS, num_replicas=1)
         admin.create_index(KS, "by_n", ["n"], defer_build=True)
+        pw_file = Path(c.path) / "reader.pw"
+        pw_file.write_text(PW + "\n")
+        d = ("--dir", str(c.path))
+        run_cli(
+            "user", "create", "reader", f"data_reader({KS})", *d, "--password-file", str(pw_file)
+        )
         yield Env(c, admin)
 
 
@@ -120,3 +129,45 @@ def test_errors(env: Env) -> None:
     assert post.status == 405
     assert post.headers["Allow"] == "GET"
     assert env.get("/api/nothing_here").status == 404
+
+
+def test_create_and_drop_a_keyspace(env: Env) -> None:
+    body = json.dumps({"name": "made_by_http", "partitions": 4, "replicas": 1}).encode()
+    made = env.get("/api/keyspaces", node=2, data=body, method="POST")
+    assert made.status == 201, made.body
+    assert (made.body["num_partitions"], made.body["num_replicas"]) == (4, 1)
+    (desc,) = [d for d in env.admin.list_keyspaces() if d.name == "made_by_http"]
+    parts = {int(p): v["active"] for p, v in made.body["partitions"].items()}
+    assert parts == desc.assignment
+    again = env.get("/api/keyspaces", data=body, method="POST")
+    assert again.status == 409
+    assert again.body["errors"][0]["code"] == "keyspace_exists"
+    dropped = env.get("/api/keyspaces/made_by_http", node=1, method="DELETE")
+    assert dropped.status == 200, dropped.body
+    assert "made_by_http" not in [d.name for d in env.admin.list_keyspaces()]
+    assert env.get("/api/keyspaces/made_by_http", method="DELETE").status == 404
+
+
+def test_bad_create_requests(env: Env) -> None:
+    for raw, code in (
+        (b"{not json", "bad_json"),
+        (b'["a list"]', "bad_request"),
+        (b'{"name": "x", "colour": "red"}', "bad_request"),
+        (b'{"name": "bad name!"}', "bad_request"),
+        (b'{"name": "x", "partitions": -3}', "bad_request"),
+        (b'{"name": "x", "replicas": 9}', "bad_request"),
+    ):
+        answer = env.get("/api/keyspaces", data=raw, method="POST")
+        assert (answer.status, answer.body["errors"][0]["code"]) == (400, code), raw
+    assert "x" not in [d.name for d in env.admin.list_keyspaces()]
+
+
+def test_a_reader_may_list_but_not_create_or_drop(env: Env) -> None:
+    reader = basic("reader", PW)
+    assert env.get("/api/keyspaces", headers=reader).status == 200
+    body = json.dumps({"name": "not_allowed"}).encode()
+    made = env.get("/api/keyspaces", headers=reader, data=body, method="POST")
+    assert made.status == 403
+    assert "keyspace.manage" in made.body["errors"][0]["msg"]
+    assert env.get(f"/api/keyspaces/{KS}", headers=reader, method="DELETE").status == 403
+    assert KS in [d.name for d in env.admin.list_keyspaces()]

@@ -1,5 +1,6 @@
-"""Read-only cluster REST for operators under ``/api/``: nodes, keyspaces (with their
-partition maps), indexes and the rebalance, as JSON.
+"""Cluster REST for operators under ``/api/``: nodes, keyspaces (with their partition
+maps), indexes and the rebalance as JSON; keyspace create (``POST /api/keyspaces``) and
+drop (``DELETE /api/keyspaces/NAME``).
 
 Every listing is built by the same functions the Python client turns its RPC replies
 with (``cluster_status_from``, ``describe``, ``describe_index``, ``rebalance_from``), fed
@@ -10,29 +11,42 @@ leaves the node but the state fetch a non-manager makes anyway for its scans.
 
 Each route is authorised as the RPC request it stands for (``MembersRequest``,
 ``ListKeyspaces``, ``StateRequest``, ``GetRebalance``: every user's, ``cluster.read``), so
-the privilege table in ``shardex.api.privileges`` stays the one place that decides.
+the privilege table in ``shardex.api.privileges`` stays the one place that decides. The
+actions build the very messages the client sends (``CreateKeyspace``, ``DropKeyspace``,
+checked by the same ``check_*`` functions) and submit them to the coordinator the node's
+RPC listener would hand them to (``submit``: the node's own, else a manager's), with a
+fresh request id each: a retried HTTP request is a new request.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 from urllib.parse import unquote
 
 from shardex.api.coordinator import StateRequest
-from shardex.api.keyspaces import ListKeyspaces
+from shardex.api.keyspaces import (
+    CreateKeyspace,
+    DropKeyspace,
+    KeyspaceCreated,
+    ListKeyspaces,
+    check_keyspace_name,
+)
 from shardex.api.membership import MembersReply, MembersRequest
 from shardex.api.rebalance import GetRebalance
 from shardex.client.indexes import describe_index
 from shardex.client.types import cluster_status_from, describe, rebalance_from
-from shardex.errors import ShardexError
+from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_state import latest_index_topology
+from shardex.meta.partitioning import DEFAULT_NUM_PARTITIONS, check_num_partitions
+from shardex.meta.replica_placement import check_num_replicas
 from shardex.meta.state import StateContext
 from shardex.net.credentials import Principal
 from shardex.net.messages import Message
-from shardex.node.http.wire import Response
+from shardex.node.http.wire import Request, Response
 
 __all__ = ["API_PREFIX", "ClusterRest", "RestError"]
 
@@ -43,6 +57,16 @@ INDEXES: Final = "/api/indexes"
 REBALANCE: Final = "/api/rebalance"
 
 Authorizer = Callable[[Principal, Message], None]
+Submit = Callable[[Message], Awaitable[Message]]
+# The HTTP status of a coordinator's refusal (anything else is 500).
+_STATUS: Final = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.AUTH_FAILED: 403,
+    ErrorCode.KEYSPACE_NOT_FOUND: 404,
+    ErrorCode.KEYSPACE_EXISTS: 409,
+    ErrorCode.NODE_UNAVAILABLE: 503,
+    ErrorCode.TIMEOUT: 504,
+}
 
 
 class RestError(Exception):
@@ -63,27 +87,81 @@ class ClusterRest:
         members: Callable[[], MembersReply | None],
         state: Callable[[], Awaitable[StateContext]],
         authorize: Authorizer,
+        submit: Submit,
     ) -> None:
         self._members = members
         self._state = state
         self._authorize = authorize
+        self._submit = submit
 
     @staticmethod
     def allowed(path: str) -> tuple[str, ...] | None:
         """The methods served on ``path`` (None: no such endpoint)."""
-        if path in (NODES, KEYSPACES, INDEXES, REBALANCE):
+        if path == KEYSPACES:
+            return ("GET", "POST")
+        if path in (NODES, INDEXES, REBALANCE):
             return ("GET",)
         if path.startswith(KEYSPACES + "/") and "/" not in path[len(KEYSPACES) + 1 :]:
-            return ("GET",)
+            return ("GET", "DELETE")
         return None
 
-    async def handle(self, path: str, resp: Response, principal: Principal) -> None:
+    async def handle(self, req: Request, path: str, resp: Response, principal: Principal) -> None:
         try:
-            body = await self._answer(path, principal)
+            if req.method == "POST":
+                status, body = 201, await self.create_keyspace(req.body, principal)
+            elif req.method == "DELETE":
+                status = 200
+                body = await self.drop_keyspace(unquote(path[len(KEYSPACES) + 1 :]), principal)
+            else:
+                status, body = 200, await self._answer(path, principal)
         except RestError as e:
             await resp.send(e.status, e.body())
             return
-        await resp.send(200, json.dumps(body, default=_plain).encode())
+        await resp.send(status, json.dumps(body, default=_plain).encode())
+
+    async def create_keyspace(self, raw: bytes, principal: Principal) -> dict[str, Any]:
+        """``{"name": ..., "partitions": N, "replicas": R}`` (partitions and replicas
+        optional, as with ``Client.create_keyspace``) -> the keyspace with its map."""
+        try:
+            body = json.loads(raw or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RestError(400, "bad_json", f"the body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise RestError(400, "bad_request", 'the body must be an object: {"name": ...}')
+        unknown = sorted(set(body) - {"name", "partitions", "replicas"})
+        if unknown:
+            msg = f"unknown field(s) {unknown}; known: name, partitions, replicas"
+            raise RestError(400, "bad_request", msg)
+        try:
+            name = check_keyspace_name(body.get("name"))
+            parts = body.get("partitions", DEFAULT_NUM_PARTITIONS)
+            check_num_partitions(parts)
+            replicas = body.get("replicas")
+            if replicas is not None:
+                check_num_replicas(replicas)
+        except ShardexError as e:
+            raise RestError(400, "bad_request", str(e)) from None
+        msg = CreateKeyspace(
+            name=name, num_partitions=parts, num_replicas=replicas, request_id=uuid.uuid4().hex
+        )
+        self._check(principal, msg)
+        reply = await self._run(msg)
+        assert isinstance(reply, KeyspaceCreated)
+        d = dataclasses.asdict(describe(reply.meta, reply.topology, reply.warnings))
+        return _with_map(d)
+
+    async def drop_keyspace(self, name: str, principal: Principal) -> dict[str, Any]:
+        msg = DropKeyspace(name=name, request_id=uuid.uuid4().hex)
+        self._check(principal, msg)
+        await self._run(msg)
+        return {"dropped": name}
+
+    async def _run(self, msg: Message) -> Message:
+        try:
+            return await self._submit(msg)
+        except ShardexError as e:
+            status = _STATUS.get(e.code, 500)
+            raise RestError(status, e.code.value.lower(), str(e)) from None
 
     async def _answer(self, path: str, principal: Principal) -> Any:
         if path == NODES:
@@ -162,11 +240,7 @@ class ClusterRest:
         if name not in state.keyspaces:
             msg = f"no keyspace {name!r}; GET /api/keyspaces lists them"
             raise RestError(404, "not_found", msg)
-        d = _keyspace(state, name)
-        d["partitions"] = {
-            p: {"active": node, "replicas": d["replicas"].get(p, [])}
-            for p, node in d["assignment"].items()
-        }
+        d = _with_map(_keyspace(state, name))
         del d["warnings"]
         return d
 
@@ -195,6 +269,15 @@ class ClusterRest:
 def _keyspace(state: StateContext, name: str) -> dict[str, Any]:
     history = state.data_topologies.get(name)
     return dataclasses.asdict(describe(state.keyspaces[name], history[-1] if history else None))
+
+
+def _with_map(d: dict[str, Any]) -> dict[str, Any]:
+    """A described keyspace with its partition map: partition -> active and replicas."""
+    d["partitions"] = {
+        p: {"active": node, "replicas": d["replicas"].get(p, [])}
+        for p, node in d["assignment"].items()
+    }
+    return d
 
 
 def _plain(value: Any) -> Any:

@@ -194,7 +194,7 @@ class HttpServer:
             await self._scrape(resp, principal)
         elif path.startswith(API_PREFIX + "/"):
             assert self._rest is not None
-            await self._rest.handle(path, resp, principal)
+            await self._rest.handle(req, path, resp, principal)
         elif path == ACTIVE_PATH:
             await self.query.list_active(resp, principal)
         else:

@@ -121,6 +121,7 @@ def test_rebalance_matches_the_client(env: Env) -> None:
 def test_errors(env: Env) -> None:
     unknown = env.get("/api/keyspaces/no_such_keyspace")
     assert unknown.status == 404
+    assert unknown.body["errors"][0]["code"] == "keyspace_not_found"
     assert unknown.body["errors"][0]["msg"].startswith("no keyspace 'no_such_keyspace'")
     assert env.get("/api/nodes", headers={}).status == 401
     wrong = env.get("/api/nodes", headers=basic("admin", "not-the-password"))

@@ -239,7 +239,7 @@ class ClusterRest:
         state = await self._read_state()
         if name not in state.keyspaces:
             msg = f"no keyspace {name!r}; GET /api/keyspaces lists them"
-            raise RestError(404, "not_found", msg)
+            raise RestError(404, "keyspace_not_found", msg)
         d = _with_map(_keyspace(state, name))
         del d["warnings"]
         return d

@@ -1,4 +1,6 @@
-"""The operators' cluster REST (``GET /api/...``) on a real 3-node cluster: every listing
+"""The operators' cluster REST (``/api/...``) on a real 3-node cluster and a data-only
+fourth node (no coordinator: it reads the state from a manager and sends the actions to
+one): every listing
 agrees with what the Python client reports, from any node, and the errors answer
 ``{"errors": [...]}`` with the status that fits (400, 401, 403, 404, 405, 409); a
 keyspace created and dropped over HTTP is what the client lists. The index is created
@@ -29,7 +31,9 @@ class Env:
         self.cluster = cluster
         self.admin = admin
         path = Path(cluster.path)
-        self.ports = [http_port(path, i) for i in (1, 2, 3)]
+        # node4 runs only the data service: it reads the state from a manager and sends
+        # the keyspace actions to one
+        self.ports = [http_port(path, i) for i in (1, 2, 3, 4)]
         self.auth = basic("admin", (path / "admin-password").read_text().strip())
 
     def get(self, path: str, node: int = 0, **kw: object) -> Answer:
@@ -43,11 +47,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         running_cluster(tmp_path_factory.mktemp("rest")) as c,
         connect_local(Path(c.path)) as admin,
     ):
+        d = ("--dir", str(c.path))
+        run_cli("cluster", "add-node", *d, "--services", "data", timeout=120)
         admin.create_keyspace(KS, PARTS, num_replicas=1)
         admin.create_index(KS, "by_n", ["n"], defer_build=True)
         pw_file = Path(c.path) / "reader.pw"
         pw_file.write_text(PW + "\n")
-        d = ("--dir", str(c.path))
         run_cli(
             "user", "create", "reader", f"data_reader({KS})", *d, "--password-file", str(pw_file)
         )
@@ -69,19 +74,20 @@ def test_nodes_match_the_cluster_status(env: Env) -> None:
         for n in answer.body["nodes"]
     }
     assert got == want
-    assert len(got) == 3
+    assert len(got) == 4
+    assert got["node4"][1] == ["data"]
     assert not any(n["failed_over"] for n in answer.body["nodes"])
 
 
 def test_keyspaces_and_partition_map_match_the_client(env: Env) -> None:
     (desc,) = [d for d in env.admin.list_keyspaces() if d.name == KS]
-    for node in range(3):
+    for node in range(4):
         listed = env.get("/api/keyspaces", node=node)
         assert listed.status == 200
         (row,) = [k for k in listed.body["keyspaces"] if k["name"] == KS]
         assert (row["num_partitions"], row["num_replicas"]) == (PARTS, 1)
         assert row["nodes"] == sorted(set(desc.assignment.values()))
-    one = env.get(f"/api/keyspaces/{KS}", node=2)
+    one = env.get(f"/api/keyspaces/{KS}", node=3)
     assert one.status == 200
     assert one.body["uuid"] == desc.uuid
     parts = {int(p): v for p, v in one.body["partitions"].items()}
@@ -95,7 +101,7 @@ def test_indexes_match_the_client(env: Env) -> None:
         (i["keyspace"], i["name"]): (i["state"], i["num_replica"], i["id"])
         for i in env.admin.list_indexes(stats=False)
     }
-    answer = env.get("/api/indexes")
+    answer = env.get("/api/indexes", node=3)
     assert answer.status == 200
     got = {
         (i["keyspace"], i["name"]): (i["state"], i["num_replica"], i["id"])
@@ -134,13 +140,13 @@ def test_errors(env: Env) -> None:
 
 def test_create_and_drop_a_keyspace(env: Env) -> None:
     body = json.dumps({"name": "made_by_http", "partitions": 4, "replicas": 1}).encode()
-    made = env.get("/api/keyspaces", node=2, data=body, method="POST")
+    made = env.get("/api/keyspaces", node=3, data=body, method="POST")
     assert made.status == 201, made.body
     assert (made.body["num_partitions"], made.body["num_replicas"]) == (4, 1)
     (desc,) = [d for d in env.admin.list_keyspaces() if d.name == "made_by_http"]
     parts = {int(p): v["active"] for p, v in made.body["partitions"].items()}
     assert parts == desc.assignment
-    again = env.get("/api/keyspaces", data=body, method="POST")
+    again = env.get("/api/keyspaces", node=3, data=body, method="POST")
     assert again.status == 409
     assert again.body["errors"][0]["code"] == "keyspace_exists"
     dropped = env.get("/api/keyspaces/made_by_http", node=1, method="DELETE")

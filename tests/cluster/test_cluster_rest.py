@@ -1,10 +1,9 @@
 """The operators' cluster REST (``/api/...``) on a real 3-node cluster and a data-only
 fourth node (no coordinator: it reads the state from a manager and sends the actions to
-one): every listing
-agrees with what the Python client reports, from any node, and the errors answer
-``{"errors": [...]}`` with the status that fits (400, 401, 403, 404, 405, 409); a
-keyspace created and dropped over HTTP is what the client lists. The index is created
-deferred, so no Spark is needed."""
+one): every listing agrees with what the Python client reports, from any node, and the
+errors answer ``{"errors": [...]}`` with the status that fits (400, 401, 403, 404, 405,
+409); a keyspace created and dropped over HTTP is what the client lists. The index is
+created deferred, so no Spark is needed."""
 
 from __future__ import annotations
 

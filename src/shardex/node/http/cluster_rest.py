@@ -6,8 +6,9 @@ Every listing is built by the same functions the Python client turns its RPC rep
 with (``cluster_status_from``, ``describe``, ``describe_index``, ``rebalance_from``), fed
 from what the node already holds: its membership view and the coordinator state its scan
 coordinator reads (``ClusterView.state``: a manager's own replica, else a copy fetched from
-a manager at most a second old). So a listing here and the client's agree, and no request
-leaves the node but the state fetch a non-manager makes anyway for its scans.
+a manager at most a second old). What that copy leaves out (the rebalance with its moves'
+live phases, failed-over nodes) is asked of the coordinator (``submit``) as the client
+asks it. So a listing here and the client's agree.
 
 Each route is authorised as the RPC request it stands for (``MembersRequest``,
 ``ListKeyspaces``, ``StateRequest``, ``GetRebalance``: every user's, ``cluster.read``), so
@@ -27,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 from urllib.parse import unquote
 
-from shardex.api.coordinator import StateRequest
+from shardex.api.coordinator import StateReply, StateRequest
 from shardex.api.keyspaces import (
     CreateKeyspace,
     DropKeyspace,
@@ -36,7 +37,7 @@ from shardex.api.keyspaces import (
     check_keyspace_name,
 )
 from shardex.api.membership import MembersReply, MembersRequest
-from shardex.api.rebalance import GetRebalance
+from shardex.api.rebalance import GetRebalance, RebalanceReply
 from shardex.client.indexes import describe_index
 from shardex.client.types import cluster_status_from, describe, rebalance_from
 from shardex.errors import ErrorCode, ShardexError
@@ -199,7 +200,10 @@ class ClusterRest:
         if view is None:
             raise RestError(503, "unavailable", "this node has not started its membership")
         status = cluster_status_from(view)
-        state = await self._read_state()
+        # Not in the sections ``ClusterView`` caches: asked of the coordinator.
+        reply = await self._run(StateRequest(sections=["failed_over", "recovering"]))
+        assert isinstance(reply, StateReply)
+        state = reply.state
         nodes = [
             {
                 "name": m.name,
@@ -255,12 +259,14 @@ class ClusterRest:
         return sorted(out, key=lambda d: (d["keyspace"], d["name"]))
 
     async def rebalance(self) -> dict[str, Any]:
-        """The running or last rebalance (``Client.rebalance_status``) with its progress:
-        the share of its moves that ended."""
-        state = await self._read_state()
-        if state.rebalance is None:
+        """The running or last rebalance (``Client.rebalance_status``: the same
+        ``GetRebalance``, answered by the master with its moves' live phases) with its
+        progress: the share of its moves that ended."""
+        reply = await self._run(GetRebalance())
+        assert isinstance(reply, RebalanceReply)
+        if reply.record is None:
             return {"rebalance": None}
-        result = rebalance_from(state.rebalance, {})
+        result = rebalance_from(reply.record, reply.phases)
         ended = sum(1 for m in result.moves if m.status not in ("planned", "moving"))
         progress = ended / len(result.moves) if result.moves else 1.0
         return {"rebalance": {**dataclasses.asdict(result), "progress": progress}}

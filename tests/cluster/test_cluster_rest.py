@@ -76,6 +76,8 @@ def test_nodes_match_the_cluster_status(env: Env) -> None:
     assert len(got) == 4
     assert got["node4"][1] == ["data"]
     assert not any(n["failed_over"] for n in answer.body["nodes"])
+    from_data_node = env.get("/api/nodes", node=3).body["nodes"]
+    assert {n["name"]: n["address"] for n in from_data_node} == {k: v[0] for k, v in want.items()}
 
 
 def test_keyspaces_and_partition_map_match_the_client(env: Env) -> None:

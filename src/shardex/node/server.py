@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from shardex import __version__
 from shardex.api.node import StatusReply, StatusRequest
 from shardex.api.scan_streams import OutStreams
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.manager.auto_failover import AutoFailover, AutoFailoverSettings
 from shardex.manager.coordinator import Coordinator, CoordinatorTiming
 from shardex.manager.failover import register_failover_ops
@@ -32,6 +33,7 @@ from shardex.meta.state import MemoryStateStore, StateStore
 from shardex.meta.users import UserRecord
 from shardex.net import Connection, ConnectionPool, RpcServer
 from shardex.net.credentials import UserDirectory
+from shardex.net.messages import Message
 from shardex.net.tls import TlsConfig
 from shardex.net.transport import Transport, split_address
 from shardex.node.audit import AUDIT_FILE, AuditLog
@@ -51,6 +53,10 @@ if TYPE_CHECKING:
     from shardex.node.http.server import HttpServer
 
 log = logging.getLogger(__name__)
+
+# How long a keyspace create or drop sent over HTTP from a node without a coordinator waits
+# for the manager's answer (a create returns once every chain's copies are open).
+REST_OP_TIMEOUT = 120.0
 
 
 class Node:
@@ -332,6 +338,7 @@ class Node:
 
     async def _start_http(self, port: int) -> None:
         """The N1QL query service on the node's own host (the RPC listener's)."""
+        from shardex.node.http.cluster_rest import ClusterRest
         from shardex.node.http.server import HttpServer
 
         # The loop-lag timer only where the metrics are served: a simulated node (no
@@ -346,9 +353,32 @@ class Node:
             on_login=self.audit.on_login,
             max_connections=self.server.max_connections or 1000,
             metrics=self.metrics.exposition,
+            rest=ClusterRest(
+                members=lambda: self.membership.view() if self.membership else None,
+                state=self.scan.view.state,
+                authorize=self.audit.authorize,
+                submit=self._submit_op,
+            ),
         )
         await self.http.start(split_address(self.bind_address)[0], port)
         self.http_port = self.http.port
+
+    async def _submit_op(self, msg: Message) -> Message:
+        """A coordinator op sent over HTTP: to this node's coordinator (which runs it on the
+        master wherever it is), else to the managers in turn as the client's RPC does."""
+        if self.coordinator is not None:
+            return await self.coordinator.submit(msg)
+        members = self.membership.members if self.membership is not None else []
+        managers = [m for m in members if "manager" in m.services]
+        failure: ShardexError | None = None
+        for m in managers:
+            try:
+                return await self.scan.view.pool.request(m.address, msg, REST_OP_TIMEOUT)
+            except ShardexError as e:
+                if e.code not in (ErrorCode.NODE_UNAVAILABLE, ErrorCode.CONNECTION_CLOSED):
+                    raise
+                failure = e
+        raise failure or NodeUnavailable("no manager is known to this node", details={})
 
     async def stop(self) -> None:
         if self.http is not None:

@@ -1,6 +1,7 @@
 """The node's HTTP listener (``http_port``): HTTP/1.1 on the node's event loop, HTTPS with
 the node's certificate when the node runs TLS, basic auth on every request, and the routes
-of its services (today the N1QL query service, ``query_service.py``).
+of its services (the N1QL query service, ``query_service.py``; the metrics; the
+operators' cluster REST, ``cluster_rest.py``).
 
 It binds the node's own host only (the RPC listener's), serves at most ``max_connections``
 connections at once (one more is answered 503 and closed) and stops every request in flight
@@ -22,6 +23,7 @@ from shardex.errors import ConfigError
 from shardex.net.credentials import Principal, UserDirectory
 from shardex.net.tls import TlsConfig
 from shardex.node.http.basic_auth import REALM, BasicAuth, LoginObserver
+from shardex.node.http.cluster_rest import API_PREFIX, ClusterRest
 from shardex.node.http.n1ql_errors import E_PRIVILEGE, N1qlError, of_http_status
 from shardex.node.http.query_service import Authorizer, QueryHttpService
 from shardex.node.http.wire import HttpError, Limits, Request, Response, read_request
@@ -54,6 +56,7 @@ class HttpServer:
         max_connections: int = 1000,
         limits: Limits | None = None,
         metrics: Callable[[], bytes] | None = None,
+        rest: ClusterRest | None = None,
     ) -> None:
         self.limits = limits or Limits()
         self.query = QueryHttpService(sql, authorize, node_name)
@@ -61,6 +64,8 @@ class HttpServer:
         self._tls = tls
         # The node's Prometheus exposition (``node/metrics.py``); None: /metrics is 404.
         self._metrics = metrics
+        # The operators' cluster REST under /api/ (``cluster_rest.py``); None: 404.
+        self._rest = rest
         self._max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -158,6 +163,12 @@ class HttpServer:
             allowed = ("DELETE",)
         elif path == METRICS_PATH and self._metrics is not None:
             allowed = ("GET",)
+        elif (
+            self._rest is not None
+            and path.startswith(API_PREFIX + "/")
+            and (rest_methods := self._rest.allowed(path)) is not None
+        ):
+            allowed = rest_methods
         else:
             await _error(resp, 404, f"no such endpoint {path[:80]!r}")
             return
@@ -181,6 +192,9 @@ class HttpServer:
             await self.query.query(req, resp, principal)
         elif path == METRICS_PATH:
             await self._scrape(resp, principal)
+        elif path.startswith(API_PREFIX + "/"):
+            assert self._rest is not None
+            await self._rest.handle(req, path, resp, principal)
         elif path == ACTIVE_PATH:
             await self.query.list_active(resp, principal)
         else:

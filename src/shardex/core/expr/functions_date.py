@@ -17,6 +17,7 @@ with_params``); ``CLOCK_*`` read the clock of the process evaluating them. Witho
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -78,8 +79,10 @@ def without_statement_time(params: Any) -> Any:
 _MENTIONS_NOW: Final = re.compile(r"(?i)\bnow_")
 
 
+@functools.lru_cache(maxsize=1024)
 def mentions_statement_time(sql: str) -> bool:
-    """Whether a statement's text may call ``NOW_*`` (the others need no stamp)."""
+    """Whether a statement's text may call ``NOW_*`` (the others need no stamp); kept per
+    text, as every execution of a statement asks."""
     return _MENTIONS_NOW.search(sql) is not None
 
 

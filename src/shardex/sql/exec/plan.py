@@ -39,7 +39,7 @@ from shardex.api.spans import (
     plain_spans,
     to_user_spans,
 )
-from shardex.core.expr import evaluate
+from shardex.core.expr import Param, evaluate
 from shardex.core.expr.analysis import Path
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
@@ -568,8 +568,11 @@ def _late_fetch_wins(plan: PhysicalPlan, facts: _Facts) -> bool:
 def lookup_keys(expr: Any, params: Any, *, dedupe: bool) -> list[str]:
     """The document ids a key lookup names (non-strings are ignored, as SQL++ does). USE
     KEYS keeps repeats (as the reference engine does); ``META().id IN [...]`` cannot."""
-    with running_subqueries(expression_runner):  # USE KEYS (SELECT RAW ... FROM [...])
+    if isinstance(expr, Param):  # the common ``META().id = $1``: no subquery inside
         keys = evaluate(expr, {}, params=params)
+    else:
+        with running_subqueries(expression_runner):  # USE KEYS (SELECT RAW ... FROM [...])
+            keys = evaluate(expr, {}, params=params)
     if isinstance(keys, str):
         keys = [keys]
     if not isinstance(keys, list):

@@ -195,18 +195,36 @@ def _pulled(it: Iterator[Any], runner: SubqueryRunner) -> Iterator[Any]:
         yield row
 
 
-def subquery_keyspaces(stmt: object) -> set[str]:
+# Parsed statements are kept per text (``statements.parsed``): the privilege check of every
+# execution asks the same object, and walking its tree was a seventh of a point query's work.
+# Keyed by identity with the statement kept alive, so an id is not reused; cleared when full.
+_KEYSPACES_MAX = 512
+_keyspaces_memo: dict[int, tuple[object, frozenset[str]]] = {}
+
+
+def subquery_keyspaces(stmt: object) -> frozenset[str]:
     """The keyspaces the subqueries of a parsed statement read (for privilege checks: a
     subquery reads documents as its statement does). Binding decides which FROM names are
     keyspaces and which the enclosing query's variables; only a statement that has a
     subquery is bound here."""
+    hit = _keyspaces_memo.get(id(stmt))
+    if hit is not None and hit[0] is stmt:
+        return hit[1]
+    found = _subquery_keyspaces(stmt)
+    if len(_keyspaces_memo) >= _KEYSPACES_MAX:
+        _keyspaces_memo.clear()
+    _keyspaces_memo[id(stmt)] = (stmt, found)
+    return found
+
+
+def _subquery_keyspaces(stmt: object) -> frozenset[str]:
     select = _as_select(stmt)
     if select is None or not any(isinstance(n, Subquery) for n in _parsed_nodes(select)):
-        return set()
+        return frozenset()
     found: set[str] = set()
     for sub in subqueries_of(bind_select(select)):
         found |= sub.keyspaces
-    return found
+    return frozenset(found)
 
 
 def _as_select(stmt: object) -> SelectStmt | None:

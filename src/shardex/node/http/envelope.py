@@ -31,6 +31,8 @@ SELECT_SIGNATURE: Final = {"*": "*"}
 def _enc_hook(obj: Any) -> Any:
     if obj is MISSING:  # never a JSON value; only inside a composite could it slip through
         return None
+    # msgspec's protocol for a type the hook does not handle: the encoder turns it into an
+    # EncodeError naming the type (rows hold only JSON values and MISSING: a guard, not a path)
     raise NotImplementedError(f"cannot write {type(obj).__name__} as JSON")
 
 

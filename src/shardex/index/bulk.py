@@ -17,7 +17,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
-from shardex.index.keyversion import UPSERT, KeyVersion
+from shardex.index.keyversion import UPSERT, KeyVersion, unpack_entries
 from shardex.index.records import pack_back_head
 from shardex.storage import ColumnFamily, SstWriter, Store
 
@@ -69,10 +69,15 @@ def write_sorted(
     load: SortedLoad,
     *,
     use_sst: bool | None = None,
-) -> str:
+    packed: bool = False,
+) -> tuple[str, int]:
     """Write a sorted load into two (empty) families; returns the method used
-    (``"sst"`` or ``"batch"``). ``use_sst=None`` chooses by ``SST_THRESHOLD``."""
+    (``"sst"`` or ``"batch"``) and the number of entries written. ``use_sst=None`` chooses by
+    ``SST_THRESHOLD``. ``packed``: an array index's load, each entry value a document's
+    packed entries (unpacked here)."""
     entries, back_keys, back_values = load
+    if packed:
+        entries = sorted([e for p in entries for e in unpack_entries(p)])
     if use_sst is None:
         use_sst = len(entries) >= SST_THRESHOLD
     if not use_sst:
@@ -80,7 +85,7 @@ def write_sorted(
         batch.put_many(entries_cf, entries)
         batch.put_many(back_cf, back_keys, back_values)
         store.write(batch, sync=True)
-        return "batch"
+        return "batch", len(entries)
     tmp = Path(store.path) / "ingest"
     tmp.mkdir(exist_ok=True)
     fd, epath = tempfile.mkstemp(dir=tmp, suffix=".sst")
@@ -102,4 +107,4 @@ def write_sorted(
         for p in (epath, bpath):
             if os.path.exists(p):
                 os.unlink(p)
-    return "sst"
+    return "sst", len(entries)

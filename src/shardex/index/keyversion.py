@@ -13,6 +13,12 @@ and ``zip(*rows)`` turns rows into Arrow columns):
   ``DELETE`` (the document was deleted), or ``ERROR`` (only in Arrow output with inline error
   reports: ``entry`` holds the UTF-8 message; never routed).
 * ``partition``/``seqno``: the data partition and the mutation's seqno: the idempotence key.
+
+For an index with an array key (one entry per element, ``shardex.meta.array_key``) the
+``entry`` of an ``UPSERT`` is the document's whole set of entries packed by
+:func:`pack_entries` (sorted, distinct, each behind its 2-byte length): a document's
+entries then move, replace each other and roll back together like one entry, and the slice
+unpacks them only where it writes its entries family.
 """
 
 from __future__ import annotations
@@ -29,11 +35,14 @@ __all__ = [
     "KEY_VERSION_SCHEMA",
     "KIND_NAMES",
     "MAX_ENTRY_BYTES",
+    "MAX_PACKED_BYTES",
     "UPSERT",
     "UPSERT_DELETION",
     "KeyVersion",
     "from_arrow",
+    "pack_entries",
     "to_arrow",
+    "unpack_entries",
 ]
 
 UPSERT: Final = 0
@@ -52,6 +61,27 @@ BROADCAST: Final = -1
 MAX_ENTRY_BYTES: Final = 4608
 
 KeyVersion = tuple[str, int, int, bytes, str, int, int]
+# The packed entries of one document in an array index (many elements): past this it is an
+# evaluation error, like one entry over ``MAX_ENTRY_BYTES``.
+MAX_PACKED_BYTES: Final = 1 << 20
+
+
+def pack_entries(entries: list[bytes]) -> bytes:
+    """One document's entries of an array index as one value (sorted, distinct): equal
+    sets pack to equal bytes, so an unchanged document is recognised as unchanged."""
+    return b"".join(len(e).to_bytes(2, "big") + e for e in sorted(set(entries)))
+
+
+def unpack_entries(packed: bytes) -> list[bytes]:
+    """The entries :func:`pack_entries` packed, in ascending order."""
+    out = []
+    i, n = 0, len(packed)
+    while i < n:
+        size = int.from_bytes(packed[i : i + 2], "big")
+        out.append(packed[i + 2 : i + 2 + size])
+        i += 2 + size
+    return out
+
 
 KEY_VERSION_SCHEMA: Final = pa.schema(
     [

@@ -105,6 +105,8 @@ class Slice:
         self.index_id = meta.definition.id
         self.partition = meta.partition
         self.desc = tuple(k.desc for k in meta.definition.keys)
+        # An array index: each back row and key version holds a document's entries packed.
+        self.packed = meta.definition.array_pos >= 0
         e, b, m = cf_names(self.index_id, self.partition)
         self._entries = store.column_family(e)
         self._back = store.column_family(b)
@@ -256,7 +258,7 @@ class Slice:
             self.decide_pending()  # rows queued since the last call (or with this stabilise)
             taken, n_taken = self._queue.take_all()
             writes, delta, unchanged, stale = self._decided.write(
-                batch, self._entries, self._back, self._meta_cf
+                batch, self._entries, self._back, self._meta_cf, packed=self.packed
             )
         else:
             taken, n_taken, latest = self._queue.take(ts)
@@ -288,7 +290,7 @@ class Slice:
         raws = self._back.get_many(keys)
         prepared = Prepared()
         prepared.decide_sorted(list(map(latest.__getitem__, docids)), keys, raws)
-        return prepared.write(batch, self._entries, self._back, self._meta_cf)
+        return prepared.write(batch, self._entries, self._back, self._meta_cf, packed=self.packed)
 
     def commit(self, pending: _Pending) -> None:
         """After the batch is durable: drop the taken key versions, publish the applied TS,
@@ -365,13 +367,15 @@ class Slice:
         turns into ``needs_rebuild``: a torn load is never mistaken for a complete one."""
         with self.lock:
             self.begin_load(ts0)
-            method = write_sorted(self.store, self._entries, self._back, load, use_sst=use_sst)
+            method, count = write_sorted(
+                self.store, self._entries, self._back, load, use_sst=use_sst, packed=self.packed
+            )
             meta = SliceMeta(
                 definition=self.definition,
                 partition=self.partition,
                 state=STATE_ACTIVE,
                 applied=dict(ts0.to_wire()),
-                count=len(load.entries),
+                count=count,
             )
             self._write_meta(meta, sync=True)
             self._applied = ts0

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
-from shardex.index.keyversion import UPSERT, KeyVersion
+from shardex.index.keyversion import UPSERT, KeyVersion, unpack_entries
 from shardex.index.records import pack_back_head, tombstone_log_key
 from shardex.storage import Batch, ColumnFamily
 
@@ -242,22 +242,34 @@ class Prepared:
         self.sealed = True
 
     def write(
-        self, batch: Batch, entries: ColumnFamily, back: ColumnFamily, meta: ColumnFamily
+        self,
+        batch: Batch,
+        entries: ColumnFamily,
+        back: ColumnFamily,
+        meta: ColumnFamily,
+        *,
+        packed: bool = False,
     ) -> tuple[int, int, int, int]:
         """Add the operations to ``batch``; returns (writes, change in live entries,
-        unchanged, stale)."""
+        unchanged, stale). ``packed``: an array index's slice, whose entry values hold each
+        document's entries packed (``keyversion.pack_entries``): unpacked here, the one
+        place they reach the entries family. An element kept by an update is deleted and
+        put back in the same batch (deletes go first), so it stays."""
         self.seal()
-        batch.delete_many(entries, self.entry_deletes)
-        batch.put_many(entries, self.entry_puts)
+        deletes, puts = self.entry_deletes, self.entry_puts
+        delta = self.live_delta
+        if packed:
+            # Counted in entries, not documents: every delete removes a held entry and every
+            # put adds one (an element kept is both).
+            deletes = sorted([e for p in deletes for e in unpack_entries(p)])
+            puts = sorted([e for p in puts for e in unpack_entries(p)])
+            delta = len(puts) - len(deletes)
+        batch.delete_many(entries, deletes)
+        batch.put_many(entries, puts)
         batch.put_many(back, self.back_keys, self.back_values)
         batch.put_many(meta, self.tombstone_puts)
-        writes = (
-            len(self.entry_deletes)
-            + len(self.entry_puts)
-            + len(self.back_keys)
-            + len(self.tombstone_puts)
-        )
-        return writes, self.live_delta, self.unchanged, self.stale
+        writes = len(deletes) + len(puts) + len(self.back_keys) + len(self.tombstone_puts)
+        return writes, delta, self.unchanged, self.stale
 
 
 def write(
@@ -266,12 +278,14 @@ def write(
     entries: ColumnFamily,
     back: ColumnFamily,
     meta: ColumnFamily,
+    *,
+    packed: bool = False,
 ) -> tuple[int, int, int, int]:
     """Add the decisions (one per docid) to ``batch``, each family's keys sorted
     (``Prepared``). Returns (writes, change in live entries, unchanged, stale)."""
     prepared = Prepared()
     prepared.extend(outcomes)
-    return prepared.write(batch, entries, back, meta)
+    return prepared.write(batch, entries, back, meta, packed=packed)
 
 
 class Decided:
@@ -347,11 +361,17 @@ class Decided:
             self.prepared.seal()
 
     def write(
-        self, batch: Batch, entries: ColumnFamily, back: ColumnFamily, meta: ColumnFamily
+        self,
+        batch: Batch,
+        entries: ColumnFamily,
+        back: ColumnFamily,
+        meta: ColumnFamily,
+        *,
+        packed: bool = False,
     ) -> tuple[int, int, int, int]:
         """Add every decision to ``batch`` (the stabilise of the whole queue): the prepared
         operations, else gathered from the decisions. Returns (writes, change in live
         entries, unchanged, stale)."""
         if self.prepared is not None:
-            return self.prepared.write(batch, entries, back, meta)
-        return write(self.outcomes.values(), batch, entries, back, meta)
+            return self.prepared.write(batch, entries, back, meta, packed=packed)
+        return write(self.outcomes.values(), batch, entries, back, meta, packed=packed)

@@ -21,6 +21,9 @@ Rules chosen here (also in ``docs/decisions/0025-index-definitions-projector-rou
   evaluate a definition over plain documents, and a CAS would make every write a key change.
 * Expressions must be deterministic and may not use query parameters (``$x``): they are
   evaluated by the pipeline, once, with no caller around to supply values.
+* At most one key is an array key (``DISTINCT ARRAY v.x FOR v IN arr END``, see
+  :mod:`shardex.meta.array_key`): the document then has one entry per element. Its compiled
+  key function returns the list of element values (``CompiledIndex.array_pos`` says which).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from shardex.core.expr import (
 )
 from shardex.core.keycodec import encode_key
 from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.array_key import array_key_of, compile_elements
 
 __all__ = [
     "DOCID_EXPR",
@@ -98,6 +102,14 @@ class IndexDefinition(msgspec.Struct, frozen=True, kw_only=True):
     def desc(self) -> list[bool]:
         return [k.desc for k in self.keys]
 
+    @property
+    def array_pos(self) -> int:
+        """Position of the array key (one entry per element), or -1 when there is none."""
+        for i, k in enumerate(self.keys):
+            if array_key_of(k.expr) is not None:
+                return i
+        return -1
+
 
 def _bad(message: str, **details: Any) -> ShardexError:
     return ShardexError(message, code=ErrorCode.BAD_REQUEST, details=details)
@@ -106,7 +118,9 @@ def _bad(message: str, **details: Any) -> ShardexError:
 def _canonical(text: str, what: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise _bad(f"{what} must be a non-empty expression", value=repr(text))
-    expr = parse_expression(text)  # EXPRESSION_SYNTAX with line/column on error
+    expr: Expr | None = array_key_of(text) if what == "key" else None
+    if expr is None:
+        expr = parse_expression(text)  # EXPRESSION_SYNTAX with line/column on error
     for node in walk(expr):
         if isinstance(node, Param):
             raise _bad(
@@ -138,6 +152,13 @@ def validate_definition(defn: IndexDefinition) -> IndexDefinition:
     if not keys:
         raise _bad("an index needs at least one key expression", id=defn.id)
     keys = [IndexKey(expr=_canonical(k.expr, "key"), desc=bool(k.desc)) for k in keys]
+    arrays = [k.expr for k in keys if array_key_of(k.expr) is not None]
+    if len(arrays) > 1:
+        raise _bad(
+            "an index has at most one array key",
+            keys=arrays,
+            hint="index the other array in an index of its own",
+        )
     if where is not None:
         where = _canonical(where, "WHERE clause")
     n = defn.num_partition
@@ -222,12 +243,18 @@ class CompiledIndex:
     partition_fns: tuple[CompiledExpr, ...]
     docid_partitioned: bool
     moving: bool  # the partition key can change on update: Upsert/UpsertDeletion broadcast
+    array_pos: int = -1  # the array key's position: its key_fn returns the element values
 
     def partition_of_docid(self, docid: str) -> int:
         """Slice of a document when the partition key is the docid (or there is none)."""
         if not self.partition_fns:
             return 0
         return hash_partition(encode_key([docid]), self.defn.num_partition)
+
+
+def _key_fn(text: str) -> CompiledExpr:
+    array = array_key_of(text)
+    return compile_expression(text) if array is None else compile_elements(array)  # type: ignore[return-value]
 
 
 _cache: dict[str, CompiledIndex] = {}
@@ -244,11 +271,12 @@ def compile_definition(defn: IndexDefinition) -> CompiledIndex:
     compiled = CompiledIndex(
         defn=defn,
         where_fn=compile_expression(defn.where) if defn.where is not None else None,
-        key_fns=tuple(compile_expression(k.expr) for k in defn.keys),
+        key_fns=tuple(_key_fn(k.expr) for k in defn.keys),
         desc=tuple(k.desc for k in defn.keys),
         partition_fns=tuple(compile_expression(t) for t in defn.partition_by or ()),
         docid_partitioned=docid_part and defn.partition_by is not None,
         moving=not docid_part,
+        array_pos=defn.array_pos,
     )
     with _cache_lock:
         _cache[defn.id] = compiled

@@ -2,12 +2,15 @@
 
 Grammar (keywords case-insensitive, ``;`` optional at the end)::
 
-    CREATE INDEX name ON keyspace ( expr [ASC|DESC] {, expr [ASC|DESC]} )
+    CREATE INDEX name ON keyspace ( key [ASC|DESC] {, key [ASC|DESC]} )
         [WHERE expr] [PARTITION BY HASH ( expr {, expr} )] [USING GSI] [WITH {...}]
     CREATE PRIMARY INDEX [name] ON keyspace [PARTITION BY HASH (...)] [USING GSI] [WITH {...}]
     BUILD INDEX ON keyspace ( name {, name} )
     DROP INDEX keyspace.name | DROP INDEX name ON keyspace
     DROP PRIMARY INDEX [name] ON keyspace
+
+A ``key`` is an expression or one array key, ``DISTINCT|ALL ARRAY expr FOR v IN expr [WHEN
+expr] END`` (or ``DISTINCT|ALL expr``: its elements as they are; ``shardex.meta.array_key``).
 
 ``WITH`` takes a JSON object with ``num_partition`` (int), ``num_replica`` (int, 0..3: copies
 of every index partition beyond the first), ``defer_build`` (bool) and ``nodes`` (list of node
@@ -39,6 +42,7 @@ from shardex.core.expr import (
 )
 from shardex.core.expr.ast import EXPRESSION_KEYWORDS
 from shardex.errors import ErrorCode, ExpressionSyntaxError, ShardexError
+from shardex.meta.array_key import parse_array_key
 from shardex.meta.index_definition import MAX_INDEX_PARTITIONS, MAX_INDEX_REPLICAS
 
 __all__ = [
@@ -284,7 +288,7 @@ class DDLParser(Parser):
         self.expect("(", "'(' and the index key expressions")
         keys: list[tuple[str, bool]] = []
         while True:
-            expr = self.parse_expr()
+            expr = self.parse_key()
             desc = False
             if self.accept_keyword("DESC"):
                 desc = True
@@ -295,6 +299,12 @@ class DDLParser(Parser):
                 break
         self.expect(")", "ASC, DESC, ',' or ')'")
         return keys
+
+    def parse_key(self) -> Expr:
+        """One index key: an expression, or an array key at ``DISTINCT``/``ALL``."""
+        if self.at_keyword("DISTINCT") or self.at_keyword("ALL"):
+            return parse_array_key(self)
+        return self.parse_expr()
 
     def parse_partition_by(self) -> tuple[str, ...]:
         self.expect_keyword("BY")
@@ -377,7 +387,7 @@ def parse_index_key(text: str) -> tuple[str, bool]:
     """One index key as the client API takes it: ``"age"``, ``"age DESC"``, ``"LOWER(n) ASC"``
     -> (canonical expression text, descending)."""
     p = DDLParser.for_text(text)
-    expr = p.parse_expr()
+    expr = p.parse_key()
     desc = p.accept_keyword("DESC") is not None
     if not desc:
         p.accept_keyword("ASC")

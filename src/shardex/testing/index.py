@@ -227,13 +227,19 @@ class LocalPipeline:
             for node in self.topology(d.id).copy_nodes():
                 for sl in self.engines[node].slices(d.id):
                     check_back_index(
-                        sl.entries(), sl.back_rows(), desc=sl.desc, context=f"{d.id}/{sl.partition}"
+                        sl.entries(),
+                        sl.back_rows(),
+                        desc=sl.desc,
+                        packed=sl.packed,
+                        context=f"{d.id}/{sl.partition}",
                     )
 
 
 def workload_definitions(keyspace: str = "ks") -> list[IndexDefinition]:
-    """Four indexes covering the routing cases: a moving partition key with WHERE, docid
-    partitioning with evaluation errors, unpartitioned with DESC, and a primary index."""
+    """Six indexes covering the routing cases: a moving partition key with WHERE, docid
+    partitioning with evaluation errors, unpartitioned with DESC, a primary index, and two
+    array indexes (a leading array key partitioned by docid; a DESC array key after a plain
+    key with a moving partition key, so whole sets of entries move between slices)."""
     return [
         make_definition(
             id="w_name",
@@ -256,13 +262,31 @@ def workload_definitions(keyspace: str = "ks") -> list[IndexDefinition]:
             id="w_city", name="by_city", keyspace=keyspace, keys=["city", ("score", True)]
         ),
         make_definition(id="w_primary", name="#primary", keyspace=keyspace, is_primary=True),
+        make_definition(
+            id="w_tags",
+            name="by_tag",
+            keyspace=keyspace,
+            keys=["DISTINCT ARRAY t.k FOR t IN tags WHEN t.k != 'skip' END", "name"],
+            partition_by=["META().id"],
+            num_partition=2,
+        ),
+        make_definition(
+            id="w_city_tags",
+            name="by_city_tag",
+            keyspace=keyspace,
+            keys=["type", ("ALL ARRAY t.k FOR t IN tags END", True)],
+            partition_by=["city"],
+            num_partition=2,
+        ),
     ]
 
 
 def random_workload(ks: FakeKeyspace, rng: random.Random, n: int, *, pool: int = 60) -> None:
     """``n`` random mutations over ``pool`` docids: inserts, updates that change the indexed
     key and the partition key (city), deletes, re-inserts, documents that leave the WHERE
-    filter, lose their leading key, or fail evaluation ("boom")."""
+    filter, lose their leading key, or fail evaluation ("boom"); ``tags`` arrays (for the
+    array indexes) that gain, lose and repeat elements, go empty, go missing or stop being
+    arrays."""
     for _ in range(n):
         docid = f"doc{rng.randrange(pool)}"
         if docid in ks.docs and rng.random() < 0.2:
@@ -280,4 +304,10 @@ def random_workload(ks: FakeKeyspace, rng: random.Random, n: int, *, pool: int =
             doc["city"] = rng.choice(["paris", "rome", "oslo", "lima", "kyiv"])
         if rng.random() < 0.8:
             doc["score"] = rng.choice([0.5, 1, 2.25, -3, None])
+        r = rng.random()
+        if r < 0.75:
+            keys = ["a", "b", "c", "skip", 1, None]
+            doc["tags"] = [{"k": rng.choice(keys)} for _ in range(rng.randrange(4))]
+        elif r < 0.85:
+            doc["tags"] = rng.choice(["a", {"k": "a"}, 3])  # not an array: no elements
         ks.upsert(docid, doc)

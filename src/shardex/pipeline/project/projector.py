@@ -24,6 +24,10 @@ Rules (the SQL++/N1QL rules; stated again in
 * "Not indexed" always emits an ``UPSERT_DELETION`` so an entry from an older version of the
   document goes away; the back index turns it into nothing when there is none.
 * A delete emits ``DELETE`` for every index.
+* Array key (``DISTINCT ARRAY v.x FOR v IN arr END``): one entry per element value, all of a
+  document's entries packed into the one ``UPSERT`` (``keyversion.pack_entries``); no
+  elements with the array key leading: not indexed; no elements elsewhere: one entry with
+  MISSING in the array part (``shardex.meta.array_key``).
 * Slice of a key version: the hash of the partition key for ``UPSERT``; for
   ``UPSERT_DELETION`` and ``DELETE`` the owner when the partition key is the docid (or the
   index is unpartitioned), else ``BROADCAST`` (-1): the old value is unknown (the change
@@ -51,9 +55,11 @@ from shardex.index.keyversion import (
     DELETE,
     ERROR,
     MAX_ENTRY_BYTES,
+    MAX_PACKED_BYTES,
     UPSERT,
     UPSERT_DELETION,
     KeyVersion,
+    pack_entries,
     to_arrow,
 )
 from shardex.meta.index_definition import (
@@ -147,6 +153,7 @@ class _Plan:
     num_partition: int
     docid_partitioned: bool
     moving: bool
+    array_pos: int = -1  # the array key's position in key_slots (-1: none)
 
 
 class Projector:
@@ -193,12 +200,16 @@ class Projector:
                     num_partition=d.num_partition,
                     docid_partitioned=c.docid_partitioned,
                     moving=c.moving,
+                    array_pos=c.array_pos,
                 )
             )
         self._plans = tuple(plans)
         self._fns = tuple(fns)
         wheres = frozenset(pl.where_slot for pl in self._plans if pl.where_slot >= 0)
-        self._fast = build_fast_path(self._plans, list(texts), wheres) if fast else None
+        arrays = any(pl.array_pos >= 0 for pl in self._plans)
+        self._fast = (
+            build_fast_path(self._plans, list(texts), wheres) if fast and not arrays else None
+        )
 
     @property
     def fast(self) -> bool:
@@ -285,32 +296,34 @@ class Projector:
                             dest = _owner(pl, docid, memo)
                             append((pl.index_id, dest, UPSERT_DELETION, b"", docid, part, seqno))
                             continue
-                    s = pl.key_slots[0][0]
-                    v = vals[s]
-                    if v is _UNSET:
-                        v = vals[s] = fns[s](doc, meta)
-                    if v is MISSING:  # leading key MISSING: not indexed
-                        dest = _owner(pl, docid, memo)
-                        append((pl.index_id, dest, UPSERT_DELETION, b"", docid, part, seqno))
-                        continue
-                    parts = []
-                    for s, desc in pl.key_slots:
-                        e = enc[s]
-                        if e is None:
-                            v = vals[s]
-                            if v is _UNSET:
-                                v = vals[s] = fns[s](doc, meta)
-                            e = enc[s] = encode_value(v)
-                        parts.append(e.translate(INVERT) if desc else e)
                     if not suffix:
                         suffix = _B_DOCID + str_body(docid)
-                    parts.append(suffix)
-                    entry = b"".join(parts)
-                    if len(entry) > MAX_ENTRY_BYTES:
-                        raise KeyTooLarge(
-                            f"index entry of {len(entry)} bytes exceeds the "
-                            f"{MAX_ENTRY_BYTES}-byte limit"
-                        )
+                    if pl.array_pos >= 0:
+                        entry = _packed_entries(pl, vals, enc, fns, doc, meta, suffix)
+                        if not entry:  # no elements under a leading array key
+                            dest = _owner(pl, docid, memo)
+                            append((pl.index_id, dest, UPSERT_DELETION, b"", docid, part, seqno))
+                            continue
+                    else:
+                        s = pl.key_slots[0][0]
+                        v = vals[s]
+                        if v is _UNSET:
+                            v = vals[s] = fns[s](doc, meta)
+                        if v is MISSING:  # leading key MISSING: not indexed
+                            dest = _owner(pl, docid, memo)
+                            append((pl.index_id, dest, UPSERT_DELETION, b"", docid, part, seqno))
+                            continue
+                        parts = []
+                        for s, desc in pl.key_slots:
+                            e = enc[s]
+                            if e is None:
+                                v = vals[s]
+                                if v is _UNSET:
+                                    v = vals[s] = fns[s](doc, meta)
+                                e = enc[s] = encode_value(v)
+                            parts.append(e.translate(INVERT) if desc else e)
+                        parts.append(suffix)
+                        entry = _checked(b"".join(parts))
                     if pl.moving:
                         pparts = []
                         for s in pl.part_slots:
@@ -330,6 +343,61 @@ class Projector:
                     dest = _owner(pl, docid, memo)
                     append((pl.index_id, dest, UPSERT_DELETION, b"", docid, part, seqno))
         return n
+
+
+def _checked(entry: bytes) -> bytes:
+    if len(entry) > MAX_ENTRY_BYTES:
+        raise KeyTooLarge(
+            f"index entry of {len(entry)} bytes exceeds the {MAX_ENTRY_BYTES}-byte limit"
+        )
+    return entry
+
+
+def _packed_entries(
+    pl: _Plan,
+    vals: list[Any],
+    enc: list[Any],
+    fns: Sequence[Callable[..., Any]],
+    doc: Any,
+    meta: Any,
+    suffix: bytes,
+) -> bytes:
+    """The packed entries of a document in an index with an array key: one per distinct
+    element value; b"" when there is none under a leading array key (not indexed). The
+    other key parts are encoded once and shared by every entry."""
+    head: list[bytes] = []
+    tail: list[bytes] = []
+    elements: list[Any] = []
+    desc_array = False
+    for i, (s, desc) in enumerate(pl.key_slots):
+        v = vals[s]
+        if v is _UNSET:
+            v = vals[s] = fns[s](doc, meta)
+        if i == pl.array_pos:
+            elements, desc_array = v, desc
+            continue
+        if i == 0 and v is MISSING:  # leading key MISSING: not indexed
+            return b""
+        e = enc[s]
+        if e is None:
+            e = enc[s] = encode_value(v)
+        (head if i < pl.array_pos else tail).append(e.translate(INVERT) if desc else e)
+    if not elements:
+        if pl.array_pos == 0:
+            return b""
+        elements = [MISSING]
+    before, after = b"".join(head), b"".join(tail) + suffix
+    entries = []
+    for v in elements:
+        e = encode_value(v)
+        entries.append(_checked(before + (e.translate(INVERT) if desc_array else e) + after))
+    packed = pack_entries(entries)
+    if len(packed) > MAX_PACKED_BYTES:
+        raise KeyTooLarge(
+            f"the document's {len(entries)} array index entries take {len(packed)} bytes, "
+            f"over the {MAX_PACKED_BYTES}-byte limit"
+        )
+    return packed
 
 
 def _owner(pl: _Plan, docid: str, memo: dict[int, int]) -> int:

@@ -35,6 +35,8 @@ INDEXES = [
     ' WITH {"num_partition": 4}',
     f"CREATE INDEX by_city ON {KS}(city, score DESC) PARTITION BY HASH(city)"
     ' WITH {"num_partition": 3}',
+    f"CREATE INDEX by_tag ON {KS}(DISTINCT ARRAY t FOR t IN tags END, name)"
+    ' PARTITION BY HASH(META().id) WITH {"num_partition": 2}',
 ]
 
 
@@ -117,7 +119,7 @@ def env(shared_cluster: SharedCluster) -> Iterator[Env]:
         for ddl in INDEXES:
             list(client.query(ddl))
             ref.execute(ddl)
-        for name in ("#primary", "by_age", "by_city"):
+        for name in ("#primary", "by_age", "by_city", "by_tag"):
             client.wait_for_index(KS, name, timeout=240)
         yield Env(shared_cluster.path, client, ref)
 
@@ -161,6 +163,31 @@ def test_covering_and_non_covering_and_use_index(env: Env) -> None:
     rows = c.query(f"SELECT n FROM {KS} USE INDEX (`#primary`) WHERE age = 30")
     list(rows)
     assert rows.metrics is not None and rows.metrics.index == "#primary"
+
+
+@pytest.mark.timeout(600)
+def test_an_array_index_serves_any_and_follows_elements_that_come_and_go(env: Env) -> None:
+    c = env.client
+    any_b = f"SELECT n, tags FROM {KS} WHERE ANY t IN tags SATISFIES t = 'b' END"
+    plan = first(c.query("EXPLAIN " + any_b))
+    assert plan["distributed"]["index"]["name"] == "by_tag"
+    assert plan["distributed"]["index"]["covering"] is False
+    env.check(any_b)
+    # Another variable name, a list, a second conjunct on the next key part.
+    env.check(
+        f"SELECT n FROM {KS} WHERE ANY x IN tags SATISFIES x IN ['a', 'd'] END AND name = 'ann'"
+    )
+    # A range two elements of one document fall in: the document comes once.
+    env.check(f"SELECT n FROM {KS} WHERE ANY t IN tags SATISFIES t >= 'a' END ORDER BY n")
+    env.check(f"SELECT COUNT(*) AS c FROM {KS} WHERE ANY t IN tags SATISFIES t > 'a' END")
+    # Elements added, replaced and emptied: the index follows at request_plus.
+    env.both(f"UPDATE {KS} SET tags = ['z', 'b', 'z'] WHERE n < 30")
+    env.both(f"UPDATE {KS} SET tags = [] WHERE n >= 30 AND n < 60")
+    env.both(f"UPDATE {KS} UNSET tags WHERE n >= 60 AND n < 70")
+    for tag in ("z", "b", "a"):
+        env.check(f"SELECT n FROM {KS} WHERE ANY t IN tags SATISFIES t = '{tag}' END ORDER BY n")
+    zs = list(c.query(f"SELECT RAW n FROM {KS} WHERE ANY t IN tags SATISFIES t = 'z' END"))
+    assert sorted(zs) == list(range(30))
 
 
 @pytest.mark.timeout(600)

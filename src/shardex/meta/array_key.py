@@ -4,7 +4,7 @@ An array key gives a document one index entry per element of an array instead of
 in all: the key part takes each value of ``mapping`` over the elements of ``source`` in turn
 (the other key parts are the same in every entry). ``DISTINCT arr`` is short for
 ``DISTINCT ARRAY v FOR v IN arr END``. The rules (also in
-``docs/decisions/0123-array-indexes.md``):
+``docs/decisions/0127-array-indexes.md``):
 
 * Elements: ``source`` evaluated on the document; a value that is not an array has no
   elements. ``WHEN`` keeps the elements it is true for; a ``mapping`` that is MISSING for an

@@ -98,3 +98,38 @@ def test_covered_document_rebuilds_what_the_query_reads() -> None:
     assert doc == {"address": {"city": "Oslo", "zip": "1"}}
     assert evaluate("address.zip || address.city", doc) == "1Oslo"
     assert evaluate("age", doc) is MISSING
+
+
+def test_an_array_index_serves_any_over_its_array_and_never_covers() -> None:
+    from shardex.sql.syntax.parser import SqlParser
+
+    def sql_where(text: str):
+        return SqlParser.for_text(text).parse_expr()
+
+    by_sku = _idx("by_sku", "DISTINCT ARRAY i.sku FOR i IN items END", "age")
+    paid = _idx("paid_sku", "DISTINCT ARRAY i.sku FOR i IN items WHEN i.paid END")
+    idx = [PRIMARY, by_sku, paid]
+
+    def choose(where: str, read=None):
+        return choose_index(idx, sql_where(where), keyspace="users", read_paths=read)
+
+    got = choose("ANY x IN items SATISFIES x.sku = 'a' END AND age > 3")
+    assert got.definition.name == "by_sku" and got.sargable_keys == 2
+    assert not got.covering  # its entries are per element, not per document
+    assert not choose("age > 3", read=[("age",)]).covering
+    # EVERY is true of an empty array, which has no entry: not sargable.
+    assert choose("EVERY x IN items SATISFIES x.sku = 'a' END").definition.name == "#primary"
+    # Another array, or WITHIN: not this index.
+    assert choose("ANY x IN lines SATISFIES x.sku = 'a' END").definition.name == "#primary"
+    # The WHEN of an index must be among the ANY's conjuncts.
+    got = choose("ANY x IN items SATISFIES x.paid AND x.sku = 'a' END")
+    assert got.definition.name in ("paid_sku", "by_sku")
+    assert (
+        choose_index(
+            [PRIMARY, paid],
+            sql_where("ANY x IN items SATISFIES x.sku = 'a' END"),
+            keyspace="users",
+            read_paths=None,
+        ).definition.name
+        == "#primary"
+    )

@@ -142,6 +142,7 @@ async def run_leaf(
         picks = key_projection(b, spec.key_paths)
 
     async def scope_rows() -> AsyncIterator[list[Any]]:
+        seen: set[str] | None = set() if spec.once else None
         blocks = index_scan.read_local(
             spec.index_id,
             spec.partitions,
@@ -160,7 +161,11 @@ async def run_leaf(
             if covering or late:
                 yield decoder.covered_rows(block, alias, meta or late)
                 continue
-            docs = await fetch(keyspace, decoder.docids(block))
+            docids = decoder.docids(block)
+            if seen is not None:  # an array index: each document once, at its first entry
+                docids = [d for d in dict.fromkeys(docids) if d not in seen]
+                seen.update(docids)
+            docs = await fetch(keyspace, docids)
             yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
     sub_fetch = blocking_fetch(documents, asyncio.get_running_loop())

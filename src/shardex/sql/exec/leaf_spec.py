@@ -16,6 +16,7 @@ from shardex.core.expr import static_path
 from shardex.core.expr.analysis import Path
 from shardex.core.spans import Span
 from shardex.core.timestamp import Timestamp
+from shardex.meta.array_key import is_array_key_text
 from shardex.sql.exec.statements import bound_statement, prepared_off_loop
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.planner.choose import key_exprs
@@ -34,6 +35,7 @@ class LeafSpec:
     ts: Timestamp | None  # the snapshot read (None: the tips)
     desc: list[bool]
     key_paths: list[Path | None]  # each key part's document path (covering rows)
+    once: bool  # an array index: a document's entries repeat its docid, fetch it once
     covering: bool
     ordered: bool  # entries stream in ORDER BY order: no local sort
     decided: bool  # the spans decide WHERE (``planner.exact``): no filter
@@ -68,6 +70,7 @@ async def leaf_spec(a: dict[str, Any]) -> LeafSpec:
         ts=None if a["ts"] is None else Timestamp.from_wire(a["ts"]),
         desc=list(a["desc"]),
         key_paths=key_paths_of(a["keys"]),
+        once=any(is_array_key_text(k) for k in a["keys"]),
         covering=a["covering"],
         ordered=bool(a.get("ordered")),
         decided=bool(a.get("decided")),

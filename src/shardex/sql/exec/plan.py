@@ -238,6 +238,7 @@ class PhysicalPlan:
             ts=ts,
             desc=list(defn.desc),
             key_paths=list(self.choice.key_paths),
+            once=defn.array_pos >= 0,
             covering=self.choice.covering,
             ordered=self.ordered,
             decided=self.decided,
@@ -560,6 +561,7 @@ def _late_fetch_wins(plan: PhysicalPlan, facts: _Facts) -> bool:
         and len(plan.leaves) > 1
         and choice is not None
         and not choice.covering
+        and choice.definition.array_pos < 0  # entries per element would rank one row twice
         and facts.ranking_paths is not None
         and covers(choice.key_paths, facts.ranking_paths)
     )

@@ -30,6 +30,7 @@ from typing import Any
 from shardex.core.expr import MISSING, Expr, parse_expression, static_path
 from shardex.core.expr.analysis import Path
 from shardex.errors import ErrorCode, ShardexError
+from shardex.meta.array_key import array_key_of
 from shardex.meta.index_definition import IndexDefinition
 
 from .sargable import KeyAtom, Range, conjuncts, constrain_keys
@@ -127,7 +128,7 @@ def _order_satisfied(
 def key_exprs(texts: tuple[str, ...]) -> tuple[Expr, ...]:
     """An index's key expressions parsed, once per text (a query plans against every index
     of its keyspace, and parsing dominated a point query's planning). Trees are immutable."""
-    return tuple(parse_expression(t) for t in texts)
+    return tuple(array_key_of(t) or parse_expression(t) for t in texts)
 
 
 def choose_index(
@@ -161,7 +162,8 @@ def choose_index(
         if not (defn.is_primary or per_key[0]) or not _implies(terms, defn.where):
             continue
         key_paths = tuple(static_path(k) for k in keys)
-        covering = read is not None and covers(key_paths, read)
+        # An array index holds a document once per element: its entries are no rows.
+        covering = read is not None and covers(key_paths, read) and defn.array_pos < 0
         choice = IndexChoice(defn, keys, per_key, covering, key_paths, False)
         ordered = _order_satisfied(keys, defn, choice.equality_keys, order_by)
         choice = IndexChoice(defn, keys, per_key, covering, key_paths, ordered)

@@ -14,6 +14,11 @@ arrays < objects``; comparisons across types follow that order, see ``core.expr.
 * A one-sided comparison also excludes NULL (``NULL < 5`` is NULL, not TRUE), so ``k < 5``
   becomes the interval ``(NULL, 5)``.
 * ``OR`` is sargable when every branch constrains the same key part: a union of intervals.
+* An array key (``DISTINCT ARRAY v.x FOR v IN arr END``) is constrained by ``ANY [AND EVERY]
+  w IN arr SATISFIES cond END`` over the same array: each conjunct of ``cond`` that
+  constrains the element expression (``w.x = 5``, with ``w`` read as ``v``) constrains the key
+  part, since a document that satisfies the ANY has an element, hence an entry, in the span.
+  An index with a ``WHEN`` needs ``cond`` to state it as one of its conjuncts.
 * Everything else is left to the filter. The planner re-applies the whole WHERE clause
   after the scan, so spans need only be a *superset* of the rows. That keeps this module
   small and makes a planner bug cost speed, not correctness. The one exception is narrow
@@ -39,6 +44,9 @@ from shardex.core.expr import (
     walk,
 )
 from shardex.core.expr.ast import Identifier, Meta
+from shardex.meta.array_key import ArrayIndexKey
+from shardex.sql.syntax.ast import CollectionPredicate
+from shardex.sql.syntax.bind import map_children
 
 __all__ = [
     "AnyOf",
@@ -183,6 +191,40 @@ def constrain_keys(where: Expr | None, keys: Sequence[Expr]) -> list[list[KeyAto
     terms = conjuncts(where)
     out: list[list[KeyAtom]] = []
     for key in keys:
+        if isinstance(key, ArrayIndexKey):
+            out.append([a for t in terms for a in array_atoms(t, key)])
+            continue
         atoms = [a for a in (atom_for(t, key) for t in terms) if a is not None]
         out.append(atoms)
     return out
+
+
+def array_atoms(pred: Expr, key: ArrayIndexKey) -> list[KeyAtom]:
+    """The constraints an ``ANY ... SATISFIES ... END`` over the key's array puts on an
+    array key part (module doc); none for anything else."""
+    if (
+        not isinstance(pred, CollectionPredicate)
+        or pred.quantifier not in ("ANY", "ANY AND EVERY")
+        or len(pred.bindings) != 1
+    ):
+        return []
+    binding = pred.bindings[0]
+    if binding.within or binding.source != key.source:
+        return []
+    cond = _renamed(pred.satisfies, binding.var, key.var)
+    terms = conjuncts(cond)
+    if key.when is not None and key.when not in terms:
+        return []
+    return [a for a in (atom_for(t, key.mapping) for t in terms) if a is not None]
+
+
+def _renamed(expr: Expr, old: str, new: str) -> Expr:
+    if old == new:
+        return expr
+
+    def f(node: Expr) -> Expr:
+        if isinstance(node, Identifier) and node.name == old:
+            return Identifier(new)
+        return map_children(node, f)
+
+    return f(expr)

@@ -180,6 +180,11 @@ def test_an_array_index_serves_any_and_follows_elements_that_come_and_go(env: En
     # A range two elements of one document fall in: the document comes once.
     env.check(f"SELECT n FROM {KS} WHERE ANY t IN tags SATISFIES t >= 'a' END ORDER BY n")
     env.check(f"SELECT COUNT(*) AS c FROM {KS} WHERE ANY t IN tags SATISFIES t > 'a' END")
+    # An inner UNNEST's condition on its elements reaches the array index too.
+    unnest = f"SELECT p.n, t FROM {KS} AS p UNNEST p.tags AS t WHERE t IN ['b', 'c'] AND p.n > 9"
+    plan = first(c.query("EXPLAIN " + unnest))
+    assert plan["distributed"]["index"]["name"] == "by_tag"
+    env.check(unnest)
     # Elements added, replaced and emptied: the index follows at request_plus.
     env.both(f"UPDATE {KS} SET tags = ['z', 'b', 'z'] WHERE n < 30")
     env.both(f"UPDATE {KS} SET tags = [] WHERE n >= 30 AND n < 60")

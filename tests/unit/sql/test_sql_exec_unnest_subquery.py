@@ -82,8 +82,19 @@ def test_unnest_conjuncts_are_no_document_predicates() -> None:
         parse_statement(f"SELECT 1 FROM {KS} d UNNEST d.items i WHERE i.n > 1 AND d.k = 3")
     )
     where = doc_where(b)
-    assert where is not None and where.to_text() == "k = 3"
+    # The element condition becomes what it implies of the document (for array indexes).
+    assert where is not None
+    assert where.to_text() == "ANY i IN items SATISFIES i.n > 1 END AND k = 3"
     assert read_paths(b) is None  # whole documents: an index cannot cover element paths
+    # LEFT UNNEST keeps documents without elements, and a term over two UNNESTs is about
+    # pairs: neither implies anything of the document.
+    b = bind_select(
+        parse_statement(
+            f"SELECT 1 FROM {KS} d LEFT UNNEST d.items i UNNEST d.tags t "
+            "WHERE i.n > 1 AND i.n = t AND d.k = 3"
+        )
+    )
+    assert doc_where(b).to_text() == "k = 3"
 
 
 def test_a_subquery_over_a_keyspace_is_refused_clearly() -> None:

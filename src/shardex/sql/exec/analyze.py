@@ -26,6 +26,7 @@ from shardex.core.expr import (
 from shardex.core.expr.analysis import Path
 from shardex.sql.planner.choose import OrderKey
 from shardex.sql.planner.sargable import conjuncts, reads_document
+from shardex.sql.syntax.ast import Binding, CollectionPredicate
 from shardex.sql.syntax.bind import META_KEY, BoundSelect, map_children
 
 __all__ = [
@@ -85,23 +86,44 @@ def to_document_terms(expr: Expr, alias: str | None) -> Expr:
 
 
 def doc_where(b: BoundSelect) -> Expr | None:
-    """WHERE over the bare document, for index choice and spans. With UNNEST only the
-    conjuncts that read no UNNEST alias: the others are about elements, not documents
-    (``line.count > 2`` is no document field ``line``)."""
+    """WHERE over the bare document, for index choice and spans. With UNNEST, a conjunct
+    that reads no UNNEST alias is kept; one about the elements of one inner UNNEST of a
+    document array (``UNNEST o.lines AS line ... line.sku = 'x'``) becomes what it implies
+    of the document, ``ANY line IN lines SATISFIES line.sku = 'x' END`` (every row of an
+    inner UNNEST is an element of that array), which an array index can serve; the others
+    are about elements, not documents (``line.count > 2`` is no document field ``line``),
+    and are left out."""
     if b.where is None:
         return None
     where = inline_lets(b.where, b.lets)
     if b.unnests:
         elements = {a for a, _, _ in b.unnests}
-        kept = [
-            t
-            for t in conjuncts(where)
-            if not any(isinstance(n, Identifier) and n.name in elements for n in walk(t))
-        ]
+        kept = []
+        for t in conjuncts(where):
+            read = {n.name for n in walk(t) if isinstance(n, Identifier)} & elements
+            if not read:
+                kept.append(t)
+            elif (implied := _implied_any(t, read, b, elements)) is not None:
+                kept.append(implied)
         if not kept:
             return None
         where = kept[0] if len(kept) == 1 else And(tuple(kept))
     return to_document_terms(where, b.alias)
+
+
+def _implied_any(term: Expr, read: set[str], b: BoundSelect, elements: set[str]) -> Expr | None:
+    """``ANY u IN source SATISFIES term END`` when ``term`` reads one inner UNNEST alias
+    ``u`` whose source is a document array (it reads no other UNNEST alias), else None."""
+    if len(read) != 1:
+        return None
+    (name,) = read
+    for alias, source, outer in b.unnests:
+        if alias != name:
+            continue
+        if outer or any(isinstance(n, Identifier) and n.name in elements for n in walk(source)):
+            return None
+        return CollectionPredicate("ANY", (Binding(alias, source),), term)
+    return None
 
 
 def doc_order(b: BoundSelect) -> list[OrderKey]:

@@ -249,4 +249,8 @@ def random_doc(rng: random.Random, _n: int) -> dict[str, Any]:
         doc["city"] = rng.choice(["paris", "rome", "oslo", "lima", "kyiv"])
     if rng.random() < 0.8:
         doc["score"] = rng.choice([0.5, 1, 2.25, -3, None, 10**30])
+    if rng.random() < 0.7:  # elements come, go and repeat (array indexes)
+        doc["tags"] = [
+            {"k": rng.choice("abcde"), "n": rng.randrange(3)} for _ in range(rng.randrange(4))
+        ]
     return doc

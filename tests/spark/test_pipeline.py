@@ -111,21 +111,33 @@ def test_build_then_maintain_under_writes_with_deferred_build_and_errors(env: En
         num_partition=3,
         defer_build=True,
     )
+    # An array index: one entry per element, built and maintained like the others.
+    client.create_index(
+        KEYSPACE,
+        "by_tag",
+        ["DISTINCT ARRAY t.k FOR t IN tags WHEN t.n > 0 END", "age"],
+        partition_by=["META().id"],
+        num_partition=2,
+    )
     with Writer(connect_local(env.path, as_node=True), KEYSPACE, seed=11) as writer:
         client.wait_for_index(KEYSPACE, "by_name", timeout=180)
         check_mid_stream(client, "by_name")
+        client.wait_for_index(KEYSPACE, "by_tag", timeout=180)
+        check_mid_stream(client, "by_tag")
         # The deferred index is built while writes continue, then maintained.
         client.build_index(KEYSPACE, "by_age")
         client.wait_for_index(KEYSPACE, "by_age", timeout=180)
         check_mid_stream(client, "by_age")
         assert writer.done > 0
-    ts = wait_stable(client, KEYSPACE, ["by_name", "by_age"])
+    ts = wait_stable(client, KEYSPACE, ["by_name", "by_age", "by_tag"])
     n_name = check_oracle(client, KEYSPACE, "by_name", ts)
     n_age = check_oracle(client, KEYSPACE, "by_age", ts)
-    assert n_name > 0 and n_age > 0
+    n_tag = check_oracle(client, KEYSPACE, "by_tag", ts)
+    assert n_name > 0 and n_age > 0 and n_tag > 0
     items = {i["name"]: i for i in client.list_indexes(KEYSPACE)}
     assert items["by_name"]["items_count"] == n_name
     assert items["by_age"]["items_count"] == n_age
+    assert items["by_tag"]["items_count"] == n_tag
     assert items["by_age"]["progress"] == 1.0
     # Too-long names were counted as evaluation errors, not indexed, and did not stop it.
     kp = env.driver.keyspaces[KEYSPACE]

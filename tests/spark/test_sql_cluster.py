@@ -264,6 +264,54 @@ def test_dml_then_request_plus_reads_see_it(env: Env) -> None:
 
 
 @pytest.mark.timeout(600)
+def test_merge_updates_deletes_and_inserts_by_key_from_each_kind_of_source(env: Env) -> None:
+    # A keyspace source with USE KEYS: matched documents updated, the others inserted.
+    m = env.both(
+        f"MERGE INTO {KS} t USING {KS} s USE KEYS ['p0001', 'p0002'] "
+        "ON KEY 'm-' || META(s).id WHEN MATCHED THEN UPDATE SET t.hits = t.hits + 1 "
+        "WHEN NOT MATCHED THEN INSERT {s.name, 'hits': 1, 'n': -2}"
+    )
+    assert m.mutation_count == 2
+    m = env.both(
+        f"MERGE INTO {KS} t USING {KS} s USE KEYS ['p0001', 'p0003'] "
+        "ON KEY 'm-' || META(s).id WHEN MATCHED THEN UPDATE SET t.hits = t.hits + 1 "
+        "WHEN NOT MATCHED THEN INSERT {s.name, 'hits': 1, 'n': -3}"
+    )
+    assert m.mutation_count == 2
+    env.check(f"SELECT META().id AS id, name, hits FROM {KS} WHERE n < -1")
+    # A SELECT source (a distributed query of its own) and DELETE with its WHERE.
+    m = env.both(
+        f"MERGE INTO {KS} t USING (SELECT 'm-' || META().id AS k FROM {KS} WHERE n < 5) s "
+        "ON KEY s.k WHEN MATCHED THEN DELETE WHERE t.hits = 2"
+    )
+    assert m.mutation_count == 1
+    # An expression source, RETURNING.
+    rows = env.client.query(
+        f"MERGE INTO {KS} t USING [{{'k': 'm-p0003'}}, {{'k': 'm-new'}}] s ON KEY s.k "
+        "WHEN MATCHED THEN UPDATE SET t.hits = 10 WHEN NOT MATCHED THEN INSERT {'n': -4} "
+        "RETURNING META(t).id AS id, t.hits"
+    )
+    assert sorted(map(_canon, rows)) == sorted(
+        map(_canon, [{"id": "m-p0003", "hits": 10}, {"id": "m-new"}])
+    )
+    env.ref.execute(
+        f"MERGE INTO {KS} t USING [{{'k': 'm-p0003'}}, {{'k': 'm-new'}}] s ON KEY s.k "
+        "WHEN MATCHED THEN UPDATE SET t.hits = 10 WHEN NOT MATCHED THEN INSERT {'n': -4}"
+    )
+    env.check(f"SELECT META().id AS id, hits FROM {KS} WHERE n < -1")
+    # One document named twice: refused before anything is written.
+    with pytest.raises(ShardexError) as err:
+        list(
+            env.client.query(
+                f"MERGE INTO {KS} t USING [1, 2] s ON KEY 'm-twice' "
+                "WHEN NOT MATCHED THEN INSERT {'n': -9}"
+            )
+        )
+    assert err.value.code is ErrorCode.BAD_REQUEST and "more than once" in err.value.message
+    env.check(f"SELECT META().id AS id FROM {KS} WHERE n = -9")
+
+
+@pytest.mark.timeout(600)
 def test_concurrent_updates_lose_nothing_and_recheck_where(env: Env) -> None:
     """Four clients run ``SET n = n + 1 WHERE n < 20`` on one document 8 times each: every
     write carries the CAS of the version its WHERE was checked on, so none is lost (the count

@@ -42,7 +42,7 @@ class SqlQuery(Message, tag="sql.QueryRequest"):
 
 class SqlStarted(Message, tag="sql.QueryStarted"):
     stream_id: int
-    statement: str  # select | explain | insert | upsert | delete | update
+    statement: str  # select | explain | insert | upsert | delete | update | merge
     mutation_count: int = 0
     index: str | None = None  # the index a SELECT reads (None: no index)
     # The stability TS every scan of the query read: the encoded ``WireTs | None`` (msgpack

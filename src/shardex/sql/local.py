@@ -53,6 +53,7 @@ from shardex.sql.operators import (
     strip_keys,
     unnest,
 )
+from shardex.sql.operators.merge import DELETED, MergeRules, SourceRow
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
 from shardex.sql.syntax import (
     DeleteStmt,
@@ -73,6 +74,7 @@ from shardex.sql.syntax.bind import (
     resolve,
 )
 from shardex.sql.syntax.explain import explain_select
+from shardex.sql.syntax.merge import MergeStmt
 from shardex.sql.syntax.params import check_params
 from shardex.sql.syntax.subquery import running_subqueries
 
@@ -174,6 +176,8 @@ class LocalEngine:
             return self._insert(stmt, params)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
             return self._modify(stmt, params)
+        if isinstance(stmt, MergeStmt):
+            return self._merge(stmt, params)
         return self._ddl(stmt)
 
     def _ddl(self, stmt: Any) -> QueryResult:
@@ -297,6 +301,47 @@ class LocalEngine:
         docs.update(updated)
         rows = self._returning(stmt.returning, alias, updated, params)
         return QueryResult(rows, len(updated))
+
+    def _merge(self, stmt: MergeStmt, params: Params) -> QueryResult:
+        """MERGE (``operators/merge.py``): every outcome decided before anything changes."""
+        rules = MergeRules(stmt, params)
+        check_params(_params_of(rules.exprs()), params)
+        target = self.keyspace(stmt.keyspace)
+        rows = self._merge_source(stmt, params)
+        limit = eval_count(stmt.limit, params, "LIMIT")
+        keyed = rules.keyed(rows if limit is None else rows[:limit])
+        merged: list[tuple[str, Any]] = []
+        gone: list[str] = []
+        for key, row in keyed.items():
+            if key in target:
+                outcome = rules.matched(key, target[key], row)
+                if outcome is None:
+                    continue
+                if outcome[0] == DELETED:
+                    gone.append(key)
+                merged.append((key, outcome[1]))
+            else:
+                value = rules.inserted(key, row)
+                if value is not None:
+                    merged.append((key, value))
+        target.update((k, v) for k, v in merged if k not in gone)
+        for key in gone:
+            del target[key]
+        rows_out = self._returning(stmt.returning, stmt.alias, merged, params)
+        return QueryResult(rows_out, len(merged))
+
+    def _merge_source(self, stmt: MergeStmt, params: Params) -> list[SourceRow]:
+        src = stmt.source
+        if isinstance(src, KeyspaceRef):
+            docs = self.docs(self.keyspace(src.name), src.use_keys, params)
+            return [(doc, {"id": docid}) for docid, doc in docs]
+        if isinstance(src, SelectStmt):
+            bound = bind_select(src)
+            check_params(bound.params(), params)
+            return [(v, {}) for v in self.run_select(bound, params)]
+        value = evaluate(src, {}, params=params)
+        items = value if isinstance(value, list) else [] if value is MISSING else [value]
+        return [(v, {}) for v in items]
 
     def _returning(
         self, terms: Any, alias: str, docs: Iterable[tuple[str, Any]], params: Params

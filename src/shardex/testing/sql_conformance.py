@@ -111,15 +111,6 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str], ...] = (
         "NULL past RANGE_LIMIT dates (a function never removes a row)",
     ),
     (
-        r"(?i)^\s*MERGE\b",
-        "MERGE is a DML statement (with INSERT/UPSERT ... SELECT), not part of the query "
-        "language these cases check: shardex's grammar has no MERGE",
-    ),
-    (
-        r"(?i)USE KEYS \['(s|se|c)?123[56]', '(s|se|c)?123[56]'\]",
-        "reads or deletes the documents the MERGE case before it inserts (MERGE: see above)",
-    ),
-    (
         r"(?i)\(WITH p1 AS",
         "WITH (common table expressions) is a statement prefix shardex's grammar does not "
         "have; subqueries in FROM without it are covered by the cases above",
@@ -317,6 +308,9 @@ def load_folder(folder: Path, cluster: ClusterEngine | None = None) -> Engine:
     return engine
 
 
+_DML = r"(?i)^\s*(MERGE|INSERT|UPSERT|UPDATE|DELETE)\b"
+
+
 def run_case(engine: Engine, file: str, index: int, case: dict[str, Any]) -> CaseOutcome:
     statement = case["statements"]
     out = CaseOutcome(file, index, statement, "passed")
@@ -359,6 +353,8 @@ def run_case(engine: Engine, file: str, index: int, case: dict[str, Any]) -> Cas
         except ShardexError as e:
             out.outcome, out.reason = "failed", f"matchStatements failed: {e}"
             return out
+    if expected is None and re.match(_DML, statement):
+        return out  # ran without error; the peer checks its effect with the cases after it
     if expected is None:
         out.outcome, out.reason = "unsupported", "the case has no expected results"
         return out

@@ -347,12 +347,19 @@ class Parser:
             while True:
                 key_tok = self.peek()
                 key = self.parse_expression()
+                value: Expr | None = None
+                if not self.at_op(":") and isinstance(key, Identifier | Field):
+                    # N1QL's implicit name: ``{o.id, total}`` is ``{"id": o.id, "total":
+                    # total}``, the last step of the path names the field.
+                    key, value = Literal(key.name), key
                 if isinstance(key, Literal) and isinstance(key.value, str):
                     if key.value in seen:
-                        self.error(key_tok, f"duplicate object key {key_tok.describe()}")
+                        self.error(key_tok, f"duplicate object key {key.value!r}")
                     seen.add(key.value)
-                self.expect(":", "':' after an object key")
-                pairs.append((key, self.parse_expression()))
+                if value is None:
+                    self.expect(":", "':' after an object key")
+                    value = self.parse_expression()
+                pairs.append((key, value))
                 if not self.accept(","):
                     break
             self.expect("}", "',' or '}'")

@@ -67,6 +67,7 @@ from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
 from shardex.sql.exec.memory import NodeMemory
+from shardex.sql.exec.merge_statement import merge_statement
 from shardex.sql.exec.pin_guess import PinGuesses
 from shardex.sql.exec.plan import (
     PhysicalPlan,
@@ -100,6 +101,7 @@ from shardex.sql.syntax import (
     SelectStmt,
     UpdateStmt,
 )
+from shardex.sql.syntax.merge import MergeStmt
 from shardex.sql.syntax.params import check_params, check_params_depth
 
 if TYPE_CHECKING:
@@ -365,6 +367,20 @@ class SqlService:
                 )
             kind = "delete" if isinstance(stmt, DeleteStmt) else "update"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
+            return started, _values(rows)
+        if isinstance(stmt, MergeStmt):
+            select = functools.partial(self.start_select, msg, msg.statement)
+            with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
+                count, rows = await merge_statement(
+                    self.documents,
+                    select,
+                    stmt,
+                    params,
+                    msg.durability,
+                    mem.budget(),
+                    durability_timeout=msg.durability_timeout,
+                )
+            started = SqlStarted(stream_id=msg.stream_id, statement="merge", mutation_count=count)
             return started, _values(rows)
         raise bad_request(
             f"{type(stmt).__name__} is index DDL: run it with client.execute_ddl",

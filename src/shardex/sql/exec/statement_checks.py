@@ -9,9 +9,10 @@ from typing import Final
 from shardex.api.privileges import Privilege, require
 from shardex.net import Principal
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY
-from shardex.sql.exec.statements import bad_request
+from shardex.sql.exec.statements import bad_request, merge_select
 from shardex.sql.exec.subqueries import subquery_keyspaces
 from shardex.sql.syntax import DeleteStmt, ExplainStmt, InsertStmt, SelectStmt, UpdateStmt
+from shardex.sql.syntax.merge import MergeStmt
 
 __all__ = [
     "MAX_STATEMENT_BYTES",
@@ -85,3 +86,8 @@ def check_statement(principal: Principal | None, stmt: object) -> None:
     elif isinstance(stmt, DeleteStmt | UpdateStmt):
         kind = "DELETE" if isinstance(stmt, DeleteStmt) else "UPDATE"
         require(principal, (Privilege.QUERY_UPDATE,), stmt.target.name, kind)
+    elif isinstance(stmt, MergeStmt):
+        require(principal, (Privilege.QUERY_UPDATE,), stmt.keyspace, "MERGE")
+        source = merge_select(stmt)  # the source is read as a SELECT reads it
+        if source is not None:
+            check_statement(principal, source)

@@ -16,17 +16,19 @@ import functools
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from shardex.core.expr import Field, Meta
+from shardex.core.expr import Field, Identifier, Meta
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
+    KeyspaceRef,
     ResultTerm,
     SelectStmt,
     UpdateStmt,
     parse_statement,
 )
 from shardex.sql.syntax.bind import BoundSelect, bind_select
+from shardex.sql.syntax.merge import MergeStmt
 from shardex.sql.syntax.parser import Statement
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "PLAN_ON_LOOP_CHARS",
     "bad_request",
     "bound_statement",
+    "merge_select",
     "parsed",
     "prepared_off_loop",
 ]
@@ -71,7 +74,11 @@ def parsed(sql: str, *, cached: bool = True) -> Statement:
 def _bind(stmt: Statement, dml: bool) -> BoundSelect:
     if isinstance(stmt, ExplainStmt):
         stmt = stmt.statement
-    if dml:
+    if dml and isinstance(stmt, MergeStmt):
+        source = merge_select(stmt)
+        assert source is not None, "an expression source is evaluated on the initiator"
+        stmt = source
+    elif dml:
         assert isinstance(stmt, DeleteStmt | UpdateStmt)
         stmt = dml_select(stmt)
     assert isinstance(stmt, SelectStmt)
@@ -94,3 +101,20 @@ def dml_select(stmt: DeleteStmt | UpdateStmt) -> SelectStmt:
     alias = stmt.target.as_name
     terms = (ResultTerm(Field(Meta(alias), "id"), "id"),)
     return SelectStmt(terms=terms, from_=stmt.target, where=stmt.where, limit=stmt.limit)
+
+
+def merge_select(stmt: MergeStmt) -> SelectStmt | None:
+    """The SELECT that reads MERGE's source rows (the leaves derive it from the statement
+    text, like DELETE's): a keyspace's documents with their ids, or the source SELECT
+    itself; None for an expression source (evaluated on the initiator)."""
+    src = stmt.source
+    if isinstance(src, KeyspaceRef):
+        alias = src.as_name
+        terms = (
+            ResultTerm(Identifier(alias), "v"),
+            ResultTerm(Field(Meta(alias), "id"), "id"),
+        )
+        return SelectStmt(terms=terms, from_=src)
+    if isinstance(src, SelectStmt):
+        return src
+    return None

@@ -56,6 +56,7 @@ from .ast import (
     UnnestTerm,
     UpdateStmt,
 )
+from .merge import MergeStmt, parse_merge
 
 SQL_KEYWORDS = frozenset(
     {
@@ -106,9 +107,11 @@ SQL_KEYWORDS = frozenset(
     }
 )
 
-Statement = SelectStmt | ExplainStmt | InsertStmt | DeleteStmt | UpdateStmt | DDLStatement
+Statement = (
+    SelectStmt | ExplainStmt | InsertStmt | DeleteStmt | UpdateStmt | MergeStmt | DDLStatement
+)
 
-_STATEMENT_WORDS = "SELECT, EXPLAIN, INSERT, UPSERT, UPDATE, DELETE, CREATE, BUILD or DROP"
+_STATEMENT_WORDS = "SELECT, EXPLAIN, INSERT, UPSERT, UPDATE, DELETE, MERGE, CREATE, BUILD or DROP"
 # Words that end a projection term / FROM clause when no AS precedes an alias.
 _CLAUSE_WORDS = SQL_KEYWORDS | DDL_KEYWORDS | EXPRESSION_KEYWORDS
 
@@ -136,6 +139,8 @@ class SqlParser(DDLParser):
             stmt = self.parse_delete()
         elif word == "UPDATE":
             stmt = self.parse_update()
+        elif word == "MERGE":
+            stmt = parse_merge(self)
         else:
             self.error(
                 tok,
@@ -254,6 +259,23 @@ class SqlParser(DDLParser):
     def parse_update(self) -> UpdateStmt:
         self.expect_keyword("UPDATE")
         target = self.parse_target()
+        sets, unsets = self.parse_set_unset()
+        where = self.parse_expr() if self.accept_keyword("WHERE") else None
+        limit = self.parse_expr() if self.accept_keyword("LIMIT") else None
+        return UpdateStmt(
+            target,
+            set=sets,
+            unset=unsets,
+            where=where,
+            limit=limit,
+            returning=self.parse_returning(),
+        )
+
+    # -- clauses ----------------------------------------------------------------------------
+
+    def parse_set_unset(self) -> tuple[tuple[tuple[Expr, Expr], ...], tuple[Expr, ...]]:
+        """``[SET path = expr {, ...}] [UNSET path {, ...}]``, at least one of them (UPDATE
+        and MERGE's WHEN MATCHED THEN UPDATE)."""
         sets: list[tuple[Expr, Expr]] = []
         unsets: list[Expr] = []
 
@@ -268,18 +290,7 @@ class SqlParser(DDLParser):
             unsets = self.comma_list(self.parse_path)
         if not sets and not unsets:
             self.error(self.peek(), expected="SET or UNSET")
-        where = self.parse_expr() if self.accept_keyword("WHERE") else None
-        limit = self.parse_expr() if self.accept_keyword("LIMIT") else None
-        return UpdateStmt(
-            target,
-            set=tuple(sets),
-            unset=tuple(unsets),
-            where=where,
-            limit=limit,
-            returning=self.parse_returning(),
-        )
-
-    # -- clauses ----------------------------------------------------------------------------
+        return tuple(sets), tuple(unsets)
 
     def parse_terms(self) -> tuple[ResultTerm, ...]:
         return tuple(self.comma_list(self.parse_term))

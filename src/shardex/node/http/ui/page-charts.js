@@ -27,6 +27,10 @@ async function sample() {
     text = await api.request("GET", "/metrics", undefined, { text: true });
   } catch (e) {
     problem = e.status === 403 ? "Charts need a user with cluster.manage (GET /metrics)." : e.message;
+    if (e.status === 403 && stopSampling) {
+      stopSampling(); // not this user's to read: opening the charts page asks again
+      stopSampling = null;
+    }
     return;
   }
   problem = "";

@@ -53,11 +53,17 @@ def env(chrome: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         path = Path(c.path)
         password = (path / "admin-password").read_text().strip()
         console = Console(chrome, f"http://127.0.0.1:{http_port(path, 1)}")
+        console.login("admin", password)  # each test starts logged in (the tab keeps it)
+        console.wait(lambda: console.find("#top").is_displayed(), "the console after login")
         yield Env(path, admin, console, password)
 
 
 def test_login_and_the_cluster_map(env: Env) -> None:
     ui = env.console
+    ui.open()
+    ui.wait(lambda: ui.find("#logout").is_displayed(), "the logout button")
+    ui.find("#logout").click()
+    ui.wait(lambda: "Logged out" in ui.find("#login-error").text, "the login form again")
     ui.login("admin", "not-the-password")
     ui.wait(lambda: "wrong password" in ui.find("#login-error").text, "the refused login")
     assert ui.find("#login").is_displayed() and not ui.find("#top").is_displayed()
@@ -226,3 +232,30 @@ def test_charts_follow_the_work(env: Env) -> None:
     ]
     ui.shot("charts")
     assert ui.errors() == []
+
+
+def test_fail_a_node_over_and_recover_it(env: Env) -> None:
+    ui = env.console
+    ui.open("cluster")
+    card = "#node-node3"
+    ui.wait(lambda: ui.find(f"{card} .card-head").text == "node3 up", "node3 up")
+    ui.find(f"{card} button.danger").click()
+    ui.driver.switch_to.alert.accept()  # "Fail node3 over? ..."
+    ui.wait(lambda: "failed over" in ui.find(f"{card} .card-head").text, "node3 failed over")
+    assert env.admin.failed_over().keys() == {"node3"}
+    # its active partitions went to their replicas: node3 holds none active
+    ui.wait(lambda: ui.find(f"{card} .n-active").text == "0", "no active partition on node3")
+    ui.shot("cluster-failed-over")
+    ui.find(f"{card} .actions button").click()  # Recover (delta)
+    ui.wait(lambda: "recovering (delta)" in ui.find(f"{card} .card-head").text, "recovering")
+    assert env.admin.failed_over() == {}
+    # it holds nothing until a rebalance places partitions on it again
+    ui.find("#rebalance-start").click()
+    ui.wait(lambda: ui.find(f"{card} .card-head").text == "node3 up", "node3 up again", 120)
+    ui.wait(lambda: ui.find("#rebalance .badge").text == "done", "the rebalance done", 120)
+    assert ui.find("#rebalance .bar").get_attribute("title") == "100%"
+    (desc,) = [d for d in env.admin.list_keyspaces() if d.name == KS]
+    active = sum(1 for n in desc.assignment.values() if n == "node3")
+    assert active > 0
+    ui.wait(lambda: ui.find(f"{card} .n-active").text == str(active), "node3's partitions")
+    ui.shot("cluster-rebalanced")

@@ -5,8 +5,9 @@
 env:
 	@bash scripts/bootstrap.sh
 
+# make demo KEEP=1: the cluster stays up at the end (its console URL is printed)
 demo: env
-	@bash scripts/demo.sh
+	@bash scripts/demo.sh $(if $(KEEP),--keep)
 
 test: env
 	@.venv/bin/ruff check src tests bench

@@ -3,6 +3,9 @@
 # environment already matches pyproject.toml and requirements.lock).
 #   - checks for Java 17 (Spark needs it) and installs openjdk-17-jre-headless through apt
 #     where it is missing;
+#   - checks for Chromium and its WebDriver (the console's browser tests, tests/browser) and
+#     installs chromium and chromium-driver through apt where they are missing (a machine
+#     where that fails still builds: those tests then skip and say why);
 #   - creates .venv with Python 3.11 and installs the pinned dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,19 +18,35 @@ java_major() {
   java -version 2>&1 | awk -F'"' '/version/ {split($2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'
 }
 
+# apt_install WHAT PACKAGE...: installs the Debian packages, as root or through sudo.
+# Returns non-zero (after saying why) when it cannot; the caller decides whether that is fatal.
+apt_install() {
+  local what=$1; shift
+  if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+    say "$what is missing and this user cannot install packages. Install it with: apt-get install $*"
+    return 1
+  fi
+  local SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  command -v apt-get >/dev/null 2>&1 || { say "$what is missing and apt-get is not available: install $* by hand"; return 1; }
+  $SUDO apt-get update -qq || { say "apt-get update failed: install $* by hand"; return 1; }
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null \
+    || { say "apt-get install $* failed; install $what by hand"; return 1; }
+}
+
 major=$(java_major)
 if [ "${major:-0}" -lt 17 ]; then
   say "Java 17 not found (found: ${major:-none}); installing openjdk-17-jre-headless"
-  if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
-    die "Java 17 is missing and this user cannot install packages. Install it with: apt-get install openjdk-17-jre-headless"
-  fi
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  command -v apt-get >/dev/null 2>&1 || die "Java 17 is missing and apt-get is not available: install a Java 17 runtime and re-run"
-  $SUDO apt-get update -qq || die "apt-get update failed: cannot install Java 17; install openjdk-17-jre-headless by hand"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null \
-    || die "apt-get install openjdk-17-jre-headless failed; install a Java 17 runtime by hand"
+  apt_install "Java 17" openjdk-17-jre-headless || die "a Java 17 runtime is required (Spark)"
   major=$(java_major)
   [ "${major:-0}" -ge 17 ] || die "Java 17 still not on PATH after installing it"
+fi
+
+# Debian's names; other distributions' chromium-browser/chromedriver are found too.
+if ! { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; } \
+   || ! command -v chromedriver >/dev/null 2>&1; then
+  say "Chromium or its driver not found; installing chromium and chromium-driver (browser tests)"
+  apt_install "Chromium" chromium chromium-driver \
+    || say "the browser tests (tests/browser) will skip until chromium and chromium-driver are installed"
 fi
 
 PY=${PYTHON:-}

@@ -6,12 +6,22 @@
 # and rebalances data and index partitions while paginated scans run (rows read == rows
 # expected), runs SQL++ queries with their EXPLAIN and an UPDATE, kills a data node under
 # majority-durable writers (automatic failover, recovery, rebalance: no acknowledged write
-# lost), and stops the cluster.
+# lost), prints the web console's URL, the metrics URLs and a curl example against the
+# N1QL query service (run once to show its answer), and stops the cluster.
 # The Python steps are modules under src/shardex/demo/ (each runnable with python -m).
 # SHARDEX_DEMO_DOCS sets the data set size (default 50000: a few minutes on 2 cores);
 # SHARDEX_DEMO_PAGE the page size of the paginated scans (default 100).
+# --keep (make demo KEEP=1, or SHARDEX_DEMO_KEEP=1): leave the cluster running at the end,
+# to look at it in the console; stop it with: .venv/bin/shardex cluster stop --dir demo-cluster
 set -euo pipefail
 cd "$(dirname "$0")/.."
+KEEP=${SHARDEX_DEMO_KEEP:-}
+for arg in "$@"; do
+    case "$arg" in
+        --keep) KEEP=1 ;;
+        *) echo "usage: scripts/demo.sh [--keep]" >&2; exit 2 ;;
+    esac
+done
 export SPARK_LOCAL_IP=127.0.0.1
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 DIR=${SHARDEX_DEMO_DIR:-demo-cluster}
@@ -164,6 +174,15 @@ step "kill -9 of a data node under majority-durable writes: automatic failover, 
 echo "shardex sql (request_plus, through the index, after the failover): $Q"
 "$SX" sql --dir "$DIR" "$Q"
 
-step "Stopping the cluster"
+step "The cluster over HTTP: web console, Prometheus metrics, N1QL query service"
+"$PY" -m shardex.demo.http_endpoints "$DIR"
+
+if [ -n "$KEEP" ]; then
+    trap - EXIT
+    step "The cluster keeps running (--keep)"
+    echo "stop it with: $SX cluster stop --dir $DIR"
+    exit 0
+fi
+step "Stopping the cluster (make demo KEEP=1 leaves it running)"
 "$SX" cluster stop --dir "$DIR"
 trap - EXIT

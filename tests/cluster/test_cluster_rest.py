@@ -183,3 +183,98 @@ def test_a_reader_may_list_but_not_create_or_drop(env: Env) -> None:
     assert "keyspace.manage" in made.body["errors"][0]["msg"]
     assert env.get(f"/api/keyspaces/{KS}", headers=reader, method="DELETE").status == 403
     assert KS in [d.name for d in env.admin.list_keyspaces()]
+
+
+def test_index_create_build_and_drop(env: Env) -> None:
+    # created deferred from its fields on the data-only node (it sends the DDL to a manager)
+    fields = {"keyspace": KS, "name": "by_m", "keys": ["m", "n DESC"], "defer_build": True}
+    made = env.get("/api/indexes", node=3, data=json.dumps(fields).encode(), method="POST")
+    assert made.status == 201, made.body
+    assert (made.body["name"], made.body["state"], made.body["keys"]) == (
+        "by_m",
+        "READY",
+        ["m", "n DESC"],
+    )
+    (listed,) = [i for i in env.admin.list_indexes(KS) if i["name"] == "by_m"]
+    one = env.get(f"/api/indexes/{KS}/by_m")
+    assert one.status == 200
+    assert (one.body["id"], one.body["state"]) == (listed["id"], "READY")
+    assert one.body["progress"] == 0.0 and one.body["stability_lag"] is None
+    again = env.get("/api/indexes", data=json.dumps(fields).encode(), method="POST")
+    assert (again.status, again.body["errors"][0]["code"]) == (409, "index_exists")
+    # BUILD: READY -> BUILDING (the pipeline, not running here, would take it to ACTIVE)
+    built = env.get(f"/api/indexes/{KS}/by_m/build", node=1, method="POST")
+    assert built.status == 202, built.body
+    assert (built.body["state"], built.body["started"]) == ("BUILDING", True)
+    assert env.admin.wait_for_index(KS, "by_m", "BUILDING", timeout=30)["state"] == "BUILDING"
+    # a statement works too, and DROP by name; the primary index by its name #primary
+    stmt = {"statement": f"CREATE PRIMARY INDEX ON {KS} WITH {{'defer_build': true}}"}
+    primary = env.get("/api/indexes", data=json.dumps(stmt).encode(), method="POST")
+    assert (primary.status, primary.body["name"]) == (201, "#primary"), primary.body
+    assert env.get(f"/api/indexes/{KS}/%23primary", method="DELETE").status == 200
+    dropped = env.get(f"/api/indexes/{KS}/by_m", node=2, method="DELETE")
+    assert (dropped.status, dropped.body["dropped"]) == (200, "by_m"), dropped.body
+    names = [i["name"] for i in env.admin.list_indexes(KS)]
+    assert "by_m" not in names and "#primary" not in names
+    gone = env.get(f"/api/indexes/{KS}/by_m")
+    assert (gone.status, gone.body["errors"][0]["code"]) == (404, "index_not_found")
+    assert env.get(f"/api/indexes/{KS}/by_m", method="DELETE").status == 404
+
+
+def test_bad_index_requests(env: Env) -> None:
+    for raw, code in (
+        (b"{not json", "bad_json"),
+        (b'{"keyspace": "restful", "name": "x", "colour": 1}', "bad_request"),
+        (b'{"keyspace": "restful", "name": "x", "keys": "n"}', "bad_request"),
+        (b'{"keyspace": "restful", "name": "bad name!", "keys": ["n"]}', "bad_request"),
+        (b'{"statement": "CREATE INDEX x ON restful(n"}', "sql_syntax"),
+        (b'{"statement": "DROP INDEX restful.by_n"}', "bad_request"),
+        (b'{"keyspace": "no_such_ks", "name": "x", "keys": ["n"]}', "keyspace_not_found"),
+    ):
+        answer = env.get("/api/indexes", data=raw, method="POST")
+        want = 404 if code == "keyspace_not_found" else 400
+        assert (answer.status, answer.body["errors"][0]["code"]) == (want, code), raw
+    assert "x" not in [i["name"] for i in env.admin.list_indexes(KS)]
+    build = env.get(f"/api/indexes/{KS}/no_such_index/build", method="POST")
+    assert build.status == 404, build.body
+    get = env.get(f"/api/indexes/{KS}/by_n/build")
+    assert (get.status, get.headers["Allow"]) == (405, "POST")
+    reader = basic("reader", PW)
+    body = json.dumps({"keyspace": KS, "name": "not_allowed", "keys": ["n"]}).encode()
+    assert env.get("/api/indexes", headers=reader, data=body, method="POST").status == 403
+    assert env.get(f"/api/indexes/{KS}/by_n", headers=reader, method="DELETE").status == 403
+    assert env.get(f"/api/indexes/{KS}/by_n", headers=reader).status == 200
+
+
+def test_rebalance_failover_and_recover(env: Env) -> None:
+    bad = env.get("/api/rebalance", data=b'{"max_parallel": 0}', method="POST")
+    assert (bad.status, bad.body["errors"][0]["code"]) == (400, "bad_request")
+    started = env.get("/api/rebalance", node=1, data=b"{}", method="POST")
+    assert started.status == 202, started.body
+    rid = started.body["rebalance"]["id"]
+
+    def over() -> dict | None:
+        got = env.get("/api/rebalance", node=3).body["rebalance"]
+        return got if got["id"] == rid and got["state"] != "running" else None
+
+    done, _ = wait_for(over, timeout=120, what="the rebalance started over HTTP to end")
+    assert (done["state"], done["progress"]) == ("done", 1.0), done
+    # node4 holds partitions now; failing it over promotes their replicas
+    (desc,) = [d for d in env.admin.list_keyspaces() if d.name == KS]
+    holds = [p for p, n in desc.assignment.items() if n == "node4"]
+    failed = env.get("/api/nodes/node4/failover", node=0, data=b"{}", method="POST")
+    assert failed.status == 200, failed.body
+    assert failed.body["failed_over"] == "node4"
+    promoted = {int(p) for p in failed.body["promoted"].get(KS, {})}
+    assert promoted == set(holds) and failed.body["lost"] == {}
+    assert env.admin.failed_over().keys() == {"node4"}
+    nodes = {n["name"]: n for n in env.get("/api/nodes").body["nodes"]}
+    assert nodes["node4"]["failed_over"] and not nodes["node1"]["failed_over"]
+    kind = env.get("/api/nodes/node4/recover", data=b'{"kind": "sideways"}', method="POST")
+    assert (kind.status, kind.body["errors"][0]["code"]) == (400, "bad_request")
+    back = env.get("/api/nodes/node4/recover", data=b'{"kind": "delta"}', method="POST")
+    assert (back.status, back.body["recovered"], back.body["kind"]) == (200, "node4", "delta")
+    assert env.admin.failed_over() == {}
+    reader = basic("reader", PW)
+    assert env.get("/api/rebalance", headers=reader, method="POST").status == 403
+    assert env.get("/api/nodes/node4/failover", headers=reader, method="POST").status == 403

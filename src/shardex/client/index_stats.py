@@ -24,7 +24,15 @@ from shardex.core.topology import Topology
 from shardex.errors import ShardexError
 from shardex.meta.index_state import INIT, LIVE_STATES, IndexRecord
 
-__all__ = ["STATS_TIMEOUT", "IndexStats", "gather_slices", "has_slices", "index_stats", "seqnos"]
+__all__ = [
+    "STATS_TIMEOUT",
+    "IndexStats",
+    "gather_slices",
+    "has_slices",
+    "index_stats",
+    "seqnos",
+    "wanted_slices",
+]
 
 STATS_TIMEOUT: Final = 2.0  # a status read: a silent indexer must not hold it up
 
@@ -40,6 +48,17 @@ class _Router(Protocol):
 def has_slices(rec: IndexRecord) -> bool:
     """Whether the indexers hold the index's slices (INIT: maybe not yet; DELETED: going)."""
     return rec.state in LIVE_STATES and rec.state != INIT
+
+
+def wanted_slices(listed: Iterable[tuple[IndexRecord, Topology | None]]) -> dict[str, set[str]]:
+    """Indexer node -> the ids of the listed indexes whose slices it holds (what
+    ``gather_slices`` asks for)."""
+    wanted: dict[str, set[str]] = {}
+    for rec, topo in listed:
+        if topo is not None and has_slices(rec):
+            for node in topo.assignment.values():
+                wanted.setdefault(node, set()).add(rec.id)
+    return wanted
 
 
 async def gather_slices(

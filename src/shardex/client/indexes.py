@@ -33,7 +33,14 @@ from shardex.api.index_ddl import (
 )
 from shardex.api.keyspaces import check_keyspace_name
 from shardex.api.timekeeper import StabilityReply, StabilityRequest
-from shardex.client.index_stats import IndexStats, gather_slices, has_slices, index_stats, seqnos
+from shardex.client.index_stats import (
+    IndexStats,
+    gather_slices,
+    has_slices,
+    index_stats,
+    seqnos,
+    wanted_slices,
+)
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import (
@@ -69,7 +76,7 @@ from shardex.sql.ddl import (
 if TYPE_CHECKING:
     from shardex.client.rpc_session import RpcSession
 
-__all__ = ["IndexOps", "describe_index"]
+__all__ = ["IndexOps", "create_index_args", "create_index_message", "describe_index"]
 
 KeySpec = str | tuple[str, bool] | IndexKey
 
@@ -119,6 +126,78 @@ def describe_index(
     }
 
 
+def create_index_args(stmt: CreateIndexStmt) -> dict[str, Any]:
+    """A parsed CREATE [PRIMARY] INDEX as the keyword arguments of ``create_index`` (and
+    ``create_index_message``)."""
+    return {
+        "keyspace": stmt.keyspace,
+        "name": stmt.name,
+        "keys": list(stmt.keys),
+        "where": stmt.where,
+        "partition_by": list(stmt.partition_by) if stmt.partition_by else None,
+        "num_partition": stmt.num_partition,
+        "defer_build": stmt.defer_build,
+        "nodes": list(stmt.nodes) if stmt.nodes else None,
+        "primary": stmt.is_primary,
+        "num_replica": stmt.num_replica,
+    }
+
+
+def create_index_message(
+    keyspace: str,
+    name: str | None,
+    keys: Sequence[KeySpec] = (),
+    where: str | None = None,
+    partition_by: Sequence[str] | None = None,
+    num_partition: int | None = None,
+    defer_build: bool = False,
+    nodes: Sequence[str] | None = None,
+    *,
+    primary: bool = False,
+    num_replica: int = 0,
+) -> CreateIndex:
+    """The ``CreateIndex`` of ``IndexOps.create_index``'s arguments (its docstring says what
+    they mean), checked first (names, expressions, partition counts: BAD_REQUEST or
+    SQL_SYNTAX without a round trip), with a fresh request id. The node's HTTP API builds
+    its CREATE with it too."""
+    check_keyspace_name(keyspace)
+    num_replica = check_num_replica(num_replica)
+    parts = [_key(k) for k in keys]
+    if primary:
+        name = check_index_name(name or PRIMARY_NAME, primary=True)
+    else:
+        name = check_index_name(name)
+        if num_partition is None:
+            n = 1 if partition_by is None else DEFAULT_PARTITIONED
+        else:
+            n = num_partition
+        # Expressions and partition counts, checked here to fail without a round trip.
+        validate_definition(
+            IndexDefinition(
+                id="pending",
+                name=name,
+                keyspace=keyspace,
+                keys=parts,
+                where=where,
+                partition_by=list(partition_by) if partition_by is not None else None,
+                num_partition=n,
+            )
+        )
+    return CreateIndex(
+        keyspace=keyspace,
+        name=name,
+        keys=parts,
+        where=where,
+        partition_by=list(partition_by) if partition_by is not None else None,
+        num_partition=num_partition,
+        defer_build=defer_build,
+        nodes=list(nodes) if nodes is not None else None,
+        is_primary=primary,
+        request_id=uuid.uuid4().hex,
+        num_replica=num_replica,
+    )
+
+
 def _ts(wire: dict[int, tuple[int, int]] | None) -> dict[int, list[int]] | None:
     return None if wire is None else {p: [s, u] for p, (s, u) in sorted(wire.items())}
 
@@ -155,18 +234,7 @@ class IndexOps:
         line, column and token) before anything is sent."""
         stmt = parse_ddl(statement)
         if isinstance(stmt, CreateIndexStmt):
-            return self.create_index(
-                stmt.keyspace,
-                stmt.name,
-                list(stmt.keys),
-                where=stmt.where,
-                partition_by=list(stmt.partition_by) if stmt.partition_by else None,
-                num_partition=stmt.num_partition,
-                defer_build=stmt.defer_build,
-                nodes=list(stmt.nodes) if stmt.nodes else None,
-                primary=stmt.is_primary,
-                num_replica=stmt.num_replica,
-            )
+            return self.create_index(**create_index_args(stmt))
         if isinstance(stmt, BuildIndexStmt):
             return self.build_index(stmt.keyspace, *stmt.names)
         assert isinstance(stmt, DropIndexStmt)
@@ -195,40 +263,16 @@ class IndexOps:
         keys; named ``#primary`` unless ``name`` is given). ``num_replica`` (0..3): full
         copies of every index partition on other indexers, kept at the same stability TS;
         scans fail over between them."""
-        check_keyspace_name(keyspace)
-        num_replica = check_num_replica(num_replica)
-        parts = [_key(k) for k in keys]
-        if primary:
-            name = check_index_name(name or PRIMARY_NAME, primary=True)
-        else:
-            name = check_index_name(name)
-            if num_partition is None:
-                n = 1 if partition_by is None else DEFAULT_PARTITIONED
-            else:
-                n = num_partition
-            # Expressions and partition counts, checked here to fail without a round trip.
-            validate_definition(
-                IndexDefinition(
-                    id="pending",
-                    name=name,
-                    keyspace=keyspace,
-                    keys=parts,
-                    where=where,
-                    partition_by=list(partition_by) if partition_by is not None else None,
-                    num_partition=n,
-                )
-            )
-        msg = CreateIndex(
-            keyspace=keyspace,
-            name=name,
-            keys=parts,
-            where=where,
-            partition_by=list(partition_by) if partition_by is not None else None,
-            num_partition=num_partition,
-            defer_build=defer_build,
-            nodes=list(nodes) if nodes is not None else None,
-            is_primary=primary,
-            request_id=uuid.uuid4().hex,
+        msg = create_index_message(
+            keyspace,
+            name,
+            keys,
+            where,
+            partition_by,
+            num_partition,
+            defer_build,
+            nodes,
+            primary=primary,
             num_replica=num_replica,
         )
         reply = self.rpc.run(self.rpc.ddl(msg, IndexCreated))
@@ -282,12 +326,7 @@ class IndexOps:
             for rec in state.indexes.values()
             if keyspace is None or rec.keyspace == keyspace
         ]
-        wanted: dict[str, set[str]] = {}
-        if stats:
-            for rec, topo in listed:
-                if topo is not None and has_slices(rec):
-                    for node in topo.assignment.values():
-                        wanted.setdefault(node, set()).add(rec.id)
+        wanted = wanted_slices(listed) if stats else {}
         slices = await gather_slices(self.rpc.router, wanted) if wanted else {}
         out = [
             describe_index(

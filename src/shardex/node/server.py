@@ -338,7 +338,7 @@ class Node:
 
     async def _start_http(self, port: int) -> None:
         """The N1QL query service on the node's own host (the RPC listener's)."""
-        from shardex.node.http.cluster_rest import ClusterRest
+        from shardex.node.http.cluster_rest import ClusterRest, slices_through
         from shardex.node.http.server import HttpServer
 
         # The loop-lag timer only where the metrics are served: a simulated node (no
@@ -358,6 +358,8 @@ class Node:
                 state=self.scan.view.state,
                 authorize=self.audit.authorize,
                 submit=self._submit_op,
+                slices=slices_through(self.scan.view.pool, self.scan.view.address),
+                high_seqnos=self.scan.view.high_seqnos_wire,
             ),
         )
         await self.http.start(split_address(self.bind_address)[0], port)

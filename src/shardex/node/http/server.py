@@ -1,7 +1,8 @@
 """The node's HTTP listener (``http_port``): HTTP/1.1 on the node's event loop, HTTPS with
 the node's certificate when the node runs TLS, basic auth on every request, and the routes
 of its services (the N1QL query service, ``query_service.py``; the metrics; the
-operators' cluster REST, ``cluster_rest.py``).
+operators' cluster REST, ``cluster_rest.py``; the web console's files under ``/ui``,
+``static.py``, the one route served without a login).
 
 It binds the node's own host only (the RPC listener's), serves at most ``max_connections``
 connections at once (one more is answered 503 and closed) and stops every request in flight
@@ -26,6 +27,7 @@ from shardex.node.http.basic_auth import REALM, BasicAuth, LoginObserver
 from shardex.node.http.cluster_rest import API_PREFIX, ClusterRest
 from shardex.node.http.n1ql_errors import E_PRIVILEGE, N1qlError, of_http_status
 from shardex.node.http.query_service import Authorizer, QueryHttpService
+from shardex.node.http.static import UI_PREFIX, StaticFiles
 from shardex.node.http.wire import HttpError, Limits, Request, Response, read_request
 from shardex.sql.exec.service import SqlService
 
@@ -37,6 +39,7 @@ QUERY_PATH: Final = "/query/service"
 METRICS_PATH: Final = "/metrics"
 METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text
 ACTIVE_PATH: Final = "/admin/active_requests"
+CONSOLE_REQUEST: Final = "shardex-console"  # the console's X-Requested-With
 # The socket's send buffer above which a write waits for the client (backpressure): a
 # block of rows is written, then the next read only once the client took most of it.
 HIGH_WATER: Final = 256 * 1024
@@ -66,6 +69,7 @@ class HttpServer:
         self._metrics = metrics
         # The operators' cluster REST under /api/ (``cluster_rest.py``); None: 404.
         self._rest = rest
+        self._ui = StaticFiles()
         self._max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -155,6 +159,9 @@ class HttpServer:
 
     async def _route(self, req: Request, resp: Response, peer: str) -> None:
         path = req.path.rstrip("/") or "/"
+        if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
+            await self._static(req, resp)
+            return
         if path == QUERY_PATH:
             allowed = ("GET", "POST")
         elif path == ACTIVE_PATH:
@@ -182,10 +189,13 @@ class HttpServer:
                 req.headers.get("authorization"), peer
             )
         except N1qlError as e:
+            # The console's own requests say so: no challenge, or the browser would show its
+            # login dialog over the console's login page.
+            console = req.headers.get("x-requested-with") == CONSOLE_REQUEST
             await resp.send(
                 e.http,
                 json.dumps({"errors": [e.entry()], "status": "fatal"}).encode(),
-                headers={"WWW-Authenticate": REALM},
+                headers={} if console else {"WWW-Authenticate": REALM},
             )
             return
         if path == QUERY_PATH:
@@ -199,6 +209,18 @@ class HttpServer:
             await self.query.list_active(resp, principal)
         else:
             await self.query.cancel(path[len(ACTIVE_PATH) + 1 :], resp, principal)
+
+    async def _static(self, req: Request, resp: Response) -> None:
+        if req.method != "GET":
+            await _error(resp, 405, f"{req.method} is not served on {UI_PREFIX}", {"Allow": "GET"})
+            return
+        found = self._ui.get(req.path)
+        if found is None:
+            await _error(resp, 404, f"no such console file {req.path[:80]!r}")
+            return
+        body, content_type = found
+        # no-cache: a browser asks again (and gets the files of the node it talks to)
+        await resp.send(200, body, content_type=content_type, headers={"Cache-Control": "no-cache"})
 
     async def _scrape(self, resp: Response, principal: Principal) -> None:
         """The node's metrics in Prometheus' text format, to a user with cluster.manage:

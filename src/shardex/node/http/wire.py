@@ -21,6 +21,8 @@ __all__ = ["HttpError", "Limits", "Request", "Response", "read_request"]
 
 REASONS: Final = {
     200: "OK",
+    201: "Created",
+    202: "Accepted",
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",

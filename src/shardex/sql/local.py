@@ -54,7 +54,7 @@ from shardex.sql.operators import (
     unnest,
 )
 from shardex.sql.operators.merge import DELETED, MergeRules, SourceRow
-from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
+from shardex.sql.operators.mutate import apply_edits, compile_edits
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
@@ -287,17 +287,11 @@ class LocalEngine:
             rows = self._returning(stmt.returning, alias, chosen, params)
             return QueryResult(rows, len(chosen))
         # UPDATE: compute every new document first, then apply them all.
-        sets = [(path_steps(p, alias), _compile(bind_expr(e, alias))) for p, e in stmt.set]
-        unsets = [path_steps(p, alias) for p in stmt.unset]
+        edits = compile_edits(stmt.set, stmt.unset, alias, lambda e: bind_expr(e, alias))
         updated: list[tuple[str, Any]] = []
         for docid, doc in chosen:
             scope = {alias: doc, META_KEY: {"id": docid}}
-            new = updated_copy(doc)
-            for steps, f in sets:
-                set_path(new, steps, f(scope, None, params))
-            for steps in unsets:
-                unset_path(new, steps)
-            updated.append((docid, new))
+            updated.append((docid, apply_edits(edits, doc, scope, params)))
         docs.update(updated)
         rows = self._returning(stmt.returning, alias, updated, params)
         return QueryResult(rows, len(updated))

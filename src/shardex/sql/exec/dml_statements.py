@@ -21,7 +21,7 @@ from shardex.sql.exec.memory import SLOT_BYTES, Budget, value_size
 from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import bad_request, dml_select
 from shardex.sql.local import bind_expr
-from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
+from shardex.sql.operators.mutate import apply_edits, compile_edits
 from shardex.sql.syntax import DeleteStmt, InsertStmt, KeyspaceRef, SelectStmt, UpdateStmt
 from shardex.sql.syntax.bind import META_KEY, bind_select
 from shardex.sql.syntax.params import check_params
@@ -134,8 +134,9 @@ async def modify_statement(
         exprs += [e for pair in stmt.set for e in pair] + list(stmt.unset)
     check_params(params_of(exprs), params)
     # Compiled first: a bad SET path fails before anything is read or changed.
-    sets = [(path_steps(p, alias), bind_expr(e, alias)) for p, e in getattr(stmt, "set", ())]
-    unsets = [path_steps(p, alias) for p in getattr(stmt, "unset", ())]
+    edits = compile_edits(
+        getattr(stmt, "set", ()), getattr(stmt, "unset", ()), alias, lambda e: bind_expr(e, alias)
+    )
     ks = target.name
     where = None if stmt.where is None else bind_expr(stmt.where, alias)
 
@@ -147,12 +148,7 @@ async def modify_statement(
             return SKIP
         if isinstance(stmt, DeleteStmt):
             return DELETE
-        new = updated_copy(doc)
-        for steps, e in sets:
-            set_path(new, steps, evaluate(e, scope, params=params))
-        for steps in unsets:
-            unset_path(new, steps)
-        return new
+        return apply_edits(edits, doc, scope, params)
 
     _, _, batches = await select(dml_select(stmt), params, dml=True, consistency=REQUEST_PLUS)
     chosen: list[str] = []

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from shardex.core.expr import MISSING, Expr, evaluate, truth
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
+from shardex.sql.operators.mutate import apply_edits, compile_edits
 from shardex.sql.syntax.bind import META_KEY, resolve
 from shardex.sql.syntax.merge import MergeStmt
 
@@ -48,8 +48,7 @@ class MergeRules:
         self.on_key = on_source(stmt.on_key)
         u, d, i = stmt.update, stmt.delete, stmt.insert
         self.update_where = on_target(u.where) if u else None
-        self.sets = [(path_steps(p, target), on_target(e)) for p, e in u.set] if u else []
-        self.unsets = [path_steps(p, target) for p in u.unset] if u else []
+        self.edits = compile_edits(u.set, u.unset, target, on_target) if u else None  # type: ignore[arg-type]
         self.delete_where = on_target(d.where) if d else None
         self.insert_value = on_source(i.value) if i else None
         self.insert_where = on_source(i.where) if i else None
@@ -87,13 +86,8 @@ class MergeRules:
     def matched(self, key: str, doc: Any, row: SourceRow) -> tuple[str, Any] | None:
         """``(UPDATED, new document)``, ``(DELETED, doc)`` or None (left alone)."""
         scope = {self.stmt.alias: doc, self.stmt.source_alias: row[0], META_KEY: {"id": key}}
-        if self.stmt.update is not None and self._holds(self.update_where, scope):
-            new = updated_copy(doc)
-            for steps, e in self.sets:
-                set_path(new, steps, evaluate(e, scope, params=self.params))
-            for steps in self.unsets:
-                unset_path(new, steps)
-            return UPDATED, new
+        if self.edits is not None and self._holds(self.update_where, scope):
+            return UPDATED, apply_edits(self.edits, doc, scope, self.params)
         if self.stmt.delete is not None and self._holds(self.delete_where, scope):
             return DELETED, doc
         return None

@@ -38,6 +38,7 @@ from .ast import (
     outer_meta_name,
 )
 from .subquery import BoundSubquery
+from .update_for import ForSet
 
 # Internal scope names start with NUL: no user identifier (even back-ticked) collides.
 # META_KEY (ast.py) is the FROM term's META().
@@ -196,6 +197,14 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
         return Identifier(META_KEY)
     if isinstance(node, Subquery):
         return bind_subquery(node, bound, alias)
+    if isinstance(node, ForSet):
+        inner = bound | {node.var}
+        return ForSet(
+            resolve(node.value, alias, inner),
+            node.var,
+            resolve(node.source, alias, bound),
+            None if node.when is None else resolve(node.when, alias, inner),
+        )
     if isinstance(node, CollectionPredicate | ArrayComprehension):
         # Each binding's source sees the variables bound before it; the body sees them all.
         inner = bound

@@ -57,6 +57,7 @@ from .ast import (
     UpdateStmt,
 )
 from .merge import MergeStmt, parse_merge
+from .update_for import ForSet
 
 SQL_KEYWORDS = frozenset(
     {
@@ -273,6 +274,27 @@ class SqlParser(DDLParser):
 
     # -- clauses ----------------------------------------------------------------------------
 
+    def parse_for_set(self, path: Expr, value: Expr) -> ForSet:
+        """The rest of ``SET path = value FOR v IN array [WHEN cond] END``."""
+        tok = self.peek()
+        var = self.parse_alias()
+        if self.at_keyword("WITHIN"):
+            self.error(self.peek(), f"SET ... FOR {var} WITHIN is not supported", expected="IN")
+        self.expect_keyword("IN")
+        source = self.parse_expr()
+        when = self.parse_expr() if self.accept_keyword("WHEN") else None
+        self.expect_keyword("END")
+        root = path
+        while isinstance(root, Field | Index):
+            root = root.base
+        if not (isinstance(root, Identifier) and root.name == var):
+            self.error(
+                tok,
+                f"the path {path.to_text()} of SET ... FOR {var} must start with {var}",
+                expected=f"{var}.field = value FOR {var} IN ...",
+            )
+        return ForSet(value, var, source, when)
+
     def parse_set_unset(self) -> tuple[tuple[tuple[Expr, Expr], ...], tuple[Expr, ...]]:
         """``[SET path = expr {, ...}] [UNSET path {, ...}]``, at least one of them (UPDATE
         and MERGE's WHEN MATCHED THEN UPDATE)."""
@@ -282,7 +304,10 @@ class SqlParser(DDLParser):
         def assignment() -> tuple[Expr, Expr]:
             path = self.parse_path()
             self.expect("=", "'=' and the new value")
-            return path, self.parse_expr()
+            value = self.parse_expr()
+            if self.accept_keyword("FOR"):
+                value = self.parse_for_set(path, value)
+            return path, value
 
         if self.accept_keyword("SET"):
             sets = self.comma_list(assignment)

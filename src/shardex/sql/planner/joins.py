@@ -5,8 +5,9 @@
   only the inner alias, the other none of it; an index join ``ON KEY b.f FOR a`` is
   ``b.f = META(a).id``):
   - ``index_nl``, a nested loop probing an index of the inner keyspace whose leading key is
-    ``inner_expr`` (in document terms): the default when one exists (``USE NL`` without
-    one: ``nl``);
+    ``inner_expr`` (in document terms), or reading the inner documents by key when
+    ``inner_expr`` is ``META(b).id``: the default when possible (``USE NL`` without an
+    index: ``nl``);
   - else ``hash``: a table built on the inner side (``USE HASH(BUILD)``, the default) or
     on the left rows (``USE HASH(PROBE)``, the inner keyspace probing).
 * No equi-join conjunct: ``nl``, every inner document tried per row (a hash hint then
@@ -40,7 +41,7 @@ class JoinPlan:
     method: str  # keys | index_nl | hash | nl
     outer_keys: tuple[Expr, ...] = ()  # the equi-join key over the left row ...
     inner_keys: tuple[Expr, ...] = ()  # ... and over the inner document (the probed first)
-    index: str | None = None  # index_nl: the inner index probed
+    index: str | None = None  # index_nl: the inner index probed (None: by document key)
     build: str = "inner"  # hash: the side the table holds (inner | outer)
     note: str | None = None  # a hint not followed, and why
 
@@ -62,8 +63,8 @@ class JoinPlan:
                 [o.to_text(), i.to_text()]
                 for o, i in zip(self.outer_keys, self.inner_keys, strict=True)
             ]
-        if self.index is not None:
-            out["index"] = self.index
+        if self.method == "index_nl":
+            out["index"] = self.index if self.index is not None else "(document keys)"
         if self.method == "hash":
             out["build"] = self.build
         if self.note:
@@ -118,6 +119,9 @@ def to_inner_document(expr: Expr, alias: str, meta_name: str) -> Expr | None:
     return None if whole else out
 
 
+_DOCID = parse_expression("META().id")
+
+
 @functools.lru_cache(maxsize=1024)
 def _key_expr(text: str) -> Expr:
     return parse_expression(text)
@@ -143,6 +147,10 @@ def plan_join(j: BoundJoin, indexes: Sequence[tuple[str, str]] = ()) -> JoinPlan
             doc = to_inner_document(inner_e, j.alias, j.meta_name)
             if doc is None:
                 continue
+            if doc == _DOCID:  # the inner documents' own ids: read by key, no index
+                first = [pairs[n], *pairs[:n], *pairs[n + 1 :]]
+                outer, inner = zip(*first, strict=True)
+                return JoinPlan(j, "index_nl", tuple(outer), tuple(inner))
             for name, key_text in indexes:
                 try:
                     if _key_expr(key_text) != doc:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardex.core.expr import BinaryOp, Expr, Field, Identifier, Meta, parse_expression, walk
-from shardex.sql.syntax.ast import HASH_BUILD, HASH_PROBE, USE_NL
+from shardex.sql.syntax.ast import HASH_BUILD, HASH_PROBE, META_KEY, USE_NL
 from shardex.sql.syntax.bind import map_children
 from shardex.sql.syntax.join_syntax import BoundJoin
 
@@ -55,13 +55,12 @@ class JoinPlan:
             "method": self.method,
         }
         if j.on_keys is not None:
-            out["on_keys"] = j.on_keys.to_text()
+            out["on_keys"] = shown(j.on_keys)
         if j.on is not None:
-            out["on"] = j.on.to_text()
+            out["on"] = shown(j.on)
         if self.inner_keys:
             out["join_keys"] = [
-                [o.to_text(), i.to_text()]
-                for o, i in zip(self.outer_keys, self.inner_keys, strict=True)
+                [shown(o), shown(i)] for o, i in zip(self.outer_keys, self.inner_keys, strict=True)
             ]
         if self.method == "index_nl":
             out["index"] = self.index if self.index is not None else "(document keys)"
@@ -70,6 +69,18 @@ class JoinPlan:
         if self.note:
             out["note"] = self.note
         return out
+
+
+def shown(expr: Expr) -> str:
+    """A bound expression as text, its scope row's META() names written as META(alias)."""
+
+    def f(node: Expr) -> Expr:
+        if isinstance(node, Identifier) and node.name.startswith(META_KEY):
+            alias = node.name[len(META_KEY) + 1 :]
+            return Meta(alias or None)
+        return map_children(node, f)
+
+    return f(expr).to_text()
 
 
 def _names(expr: Expr) -> set[str]:

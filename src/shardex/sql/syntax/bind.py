@@ -249,10 +249,9 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
         keyspaces.add(inner.from_.name)
         if inner.from_.use_keys is None:
             scans.add(inner.from_.name)
-    for j in inner.joins:  # a lookup join reads by key; any other join scans its keyspace
+    for j in inner.joins:  # the distributed plan runs no join inside a subquery (0123)
         keyspaces.add(j.keyspace)
-        if j.form != "keys":
-            scans.add(j.keyspace)
+        scans.add(j.keyspace)
     for e in inner.expressions():
         for n in walk(e):
             if isinstance(n, Identifier) and n.name in outer and n.name not in own:

@@ -202,3 +202,13 @@ def test_the_join_comparison_catches_a_wrong_join() -> None:
 
     assert qs and any(compare(as_inner, con, q) is not None for q in qs)
     con.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [21, 22, 23])
+def test_joins_match_duckdb_more_seeds(seed: int) -> None:
+    c, con = _join_client(seed % 2 == 1)
+    qs = join_queries(seed, 400)
+    mismatches = [m for q in qs if (m := compare(lambda s: c.query(s), con, q)) is not None]
+    con.close()
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))

@@ -166,12 +166,12 @@ def index_join(
     the documents whose key is among the batch's key values, matched as ``hash_join``."""
     assert spec.outer_key is not None and spec.inner_key is not None
     for chunk in _batches(rows, batch):
-        values: dict[bytes, Any] = {}
+        values: dict[bytes, Any] = {}  # the probed (first) key's distinct values
         for row in chunk:
             vs = spec.outer_key(row)
-            k = key_bytes(vs)
-            if k is not None:
-                values.setdefault(k, vs[0])
+            first = key_bytes(vs[:1])
+            if first is not None and key_bytes(vs) is not None:
+                values.setdefault(first, vs[0])
         table = _table(probe(list(values.values())), spec.inner_key) if values else {}
         for row in chunk:
             k = key_bytes(spec.outer_key(row))

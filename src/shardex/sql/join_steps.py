@@ -39,6 +39,10 @@ class InnerSides(Protocol):
         """(docid, document) of the inner documents whose probed key (the plan's first
         inner key, through its index) is among ``values``."""
 
+    def held(self, rows: Iterable[Row]) -> Iterable[Row]:
+        """``rows`` as a join holds them whole (a table of the left rows: USE HASH(PROBE),
+        RIGHT JOIN), each charged to the runner's memory, if it keeps an account."""
+
 
 def join_spec(
     plan: JoinPlan, params: Any, compile_fn: Callable[[Expr], Any] = compile_expression
@@ -108,11 +112,12 @@ def _join(
     if plan.method == "keys":
         return lookup_join(rows, spec, lambda ids: sides.fetch(k, keyspace, ids))
     if plan.join.kind == "right":
-        return right_join(rows, spec, pieces(sides.scan(k)))
+        return right_join(sides.held(rows), spec, pieces(sides.scan(k)))
     if plan.method == "index_nl":
         return index_join(rows, spec, lambda values: list(pieces(sides.probe(k, values))))
     if plan.method == "hash":
-        return hash_join(rows, spec, _lazy(lambda: pieces(sides.scan(k))))
+        left = rows if spec.build_inner else sides.held(rows)
+        return hash_join(left, spec, _lazy(lambda: pieces(sides.scan(k))))
     return _nl(rows, spec, lambda: list(pieces(sides.scan(k))))
 
 

@@ -442,6 +442,9 @@ class _LocalSides:
     def scan(self, k: int) -> list[tuple[str, Any]]:
         return list(self.engine.keyspace(self.plans[k].join.keyspace).items())
 
+    def held(self, rows: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+        return rows  # no memory account here
+
     def probe(self, k: int, values: list[Any]) -> list[tuple[str, Any]]:
         table = self.tables.get(k)
         if table is None:

@@ -143,10 +143,8 @@ def join_sides(b: BoundSelect, state: StateContext) -> JoinSides:
                 use_index=(p.index,) if p.index else (),
                 extra=f"{key} IN ${PROBE_PARAM}",
             )
-        else:
-            sides.gathered[k] = side_statement(
-                j.keyspace, j.alias, j.meta_name, where, use_index=j.use_index
-            )
+        else:  # USE INDEX names the index to probe (N1QL): a gathered side chooses its own
+            sides.gathered[k] = side_statement(j.keyspace, j.alias, j.meta_name, where)
     return sides
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from shardex.core.expr import MISSING, evaluate
@@ -59,10 +59,18 @@ class _ClusterSides:
     def scan(self, k: int) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
         for docid, doc in self._gathered.pop(k):
-            if not self._held.grow(ROW_OVERHEAD + len(docid) + value_size(doc)):
-                raise self._held.over(why="a join's inner side is held whole")
+            self._charge(ROW_OVERHEAD + len(docid) + value_size(doc))
             out.append((docid, doc))
         return out
+
+    def held(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for row in rows:
+            self._charge(ROW_OVERHEAD + value_size(row))
+            yield row
+
+    def _charge(self, n: int) -> None:
+        if not self._held.grow(n):
+            raise self._held.over(why="a join's table is held whole")
 
     def probe(self, k: int, values: list[Any]) -> list[tuple[str, Any]]:
         return [(docid, doc) for docid, doc in self._probe(k, values)]

@@ -293,3 +293,24 @@ def test_each_joined_keyspace_needs_select() -> None:
         with pytest.raises(AuthFailed) as e:
             check_statement(bob, parse_statement(sql))
         assert e.value.details["keyspace"] == "secret"
+
+
+def test_a_bare_field_name_is_ambiguous_with_a_join(eng: LocalEngine) -> None:
+    """As N1QL: with JOIN or NEST a field must name its keyspace alias."""
+    for sql in (
+        "SELECT amt FROM o JOIN c ON KEYS o.cid",
+        "SELECT o.amt FROM o JOIN c ON KEYS cid",
+        "SELECT o.amt FROM o JOIN c ON c.tier = tier",
+        "SELECT o.amt FROM o NEST c ON KEYS o.items WHERE name = 'Bob'",
+    ):
+        with pytest.raises(ShardexError) as e:
+            eng.query(sql)
+        assert e.value.code is ErrorCode.BAD_REQUEST and "ambiguous" in e.value.message, sql
+        assert e.value.details["field"] in ("amt", "cid", "tier", "name")
+    # Names the statement binds stay usable: LET, projection aliases, comprehension
+    # variables, and a subquery's own FROM alias.
+    rows = eng.query(
+        "SELECT o.amt AS a, (SELECT RAW x FROM o.items AS x) AS its FROM o JOIN c ON KEYS o.cid "
+        "LET t = c.tier WHERE t >= 1 AND ANY i IN o.items SATISFIES i = 'c2' END ORDER BY a"
+    )
+    assert rows == [{"a": 5, "its": ["c2", "c3", "c2"]}]

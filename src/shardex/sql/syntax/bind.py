@@ -38,7 +38,7 @@ from .ast import (
     Subquery,
     outer_meta_name,
 )
-from .join_syntax import BoundJoin
+from .join_syntax import BoundJoin, check_qualified
 from .subquery import BoundSubquery
 
 # Internal scope names start with NUL: no user identifier (even back-ticked) collides.
@@ -291,6 +291,8 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
         )
     doc_bound = outer | frozenset({alias, META_KEY} if alias else {META_KEY})
     unnests, joins, doc_bound = _bind_from_terms(stmt, ref, alias, doc_bound)
+    if stmt.joins:
+        check_qualified(stmt, doc_bound)
 
     lets: list[tuple[str, Expr]] = []
     for name, e in stmt.let:

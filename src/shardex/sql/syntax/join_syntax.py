@@ -18,9 +18,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardex.core.expr import Expr, Token
+from shardex.core.expr import Expr, Identifier, Token, walk
+from shardex.errors import ErrorCode, ShardexError
 
-from .ast import HASH_BUILD, HASH_PROBE, USE_NL, JoinTerm, KeyspaceRef
+from .ast import (
+    HASH_BUILD,
+    HASH_PROBE,
+    SELF_NAME,
+    USE_NL,
+    ArrayComprehension,
+    CollectionPredicate,
+    JoinTerm,
+    KeyspaceRef,
+    SelectStmt,
+)
 
 if TYPE_CHECKING:
     from .parser import SqlParser
@@ -145,3 +156,32 @@ class BoundJoin:
 
     def expressions(self) -> list[Expr]:
         return [e for e in (self.on_keys, self.on) if e is not None]
+
+
+def check_qualified(stmt: SelectStmt, bound: frozenset[str]) -> None:
+    """With a JOIN or NEST a bare field name could be any keyspace's: as N1QL does, it is
+    an error (BAD_REQUEST naming it) unless it names something the statement binds
+    (``bound``: the FROM clause's aliases and an enclosing query's names; LET and LETTING
+    variables, projection aliases and comprehension variables are added here). Subqueries
+    bind their own names."""
+    exprs = [t.expr for t in stmt.terms if t.expr is not None]
+    exprs += [e for _, e in stmt.let] + [e for _, e in stmt.letting] + list(stmt.group_by)
+    exprs += [o.expr for o in stmt.order_by] + [u.expr for u in stmt.unnests]
+    exprs += [e for e in (stmt.where, stmt.having) if e is not None]
+    exprs += [e for j in stmt.joins for e in (j.on_keys, j.on_key, j.on) if e is not None]
+    names = set(bound) | {n for n, _ in stmt.let} | {n for n, _ in stmt.letting}
+    names |= {t.alias for t in stmt.terms if t.alias is not None} | {SELF_NAME}
+    nodes = [n for e in exprs for n in walk(e)]
+    for n in nodes:
+        if isinstance(n, CollectionPredicate | ArrayComprehension):
+            names |= {b.var for b in n.bindings}
+    aliases = [a for a in bound if not a.startswith("\x00")]
+    for n in nodes:
+        if isinstance(n, Identifier) and n.name not in names:
+            qualified = ", ".join(f"{a}.{n.name}" for a in sorted(aliases)[:3])
+            raise ShardexError(
+                f"ambiguous reference to field {n.name!r}: with JOIN or NEST, name its "
+                f"keyspace alias ({qualified})",
+                code=ErrorCode.BAD_REQUEST,
+                details={"field": n.name, "hint": f"write {qualified.split(', ')[0]}"},
+            )

@@ -133,3 +133,8 @@ def test_join_errors_are_clear(client: Client) -> None:
     with pytest.raises(ShardexError) as e:
         list(client.query("SELECT * FROM orders o JOIN customers c"))
     assert e.value.code is ErrorCode.SQL_SYNTAX
+    # A gathered side needs an index of its keyspace like any SELECT: none is built here.
+    with pytest.raises(ShardexError) as e:
+        sql = "SELECT * FROM orders o USE KEYS 'o01' JOIN customers c ON c.grp = o.grp"
+        list(client.query(sql))
+    assert e.value.code is ErrorCode.INDEX_NOT_FOUND and e.value.details["keyspace"] == "customers"

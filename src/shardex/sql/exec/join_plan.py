@@ -179,27 +179,16 @@ def probe_params(params: Any, values: list[Any]) -> Any:
     return {**(side_params(params) or {}), PROBE_PARAM: values}
 
 
-def plan_sides(
-    plan: Any,
-    state: StateContext,
-    plan_one: Callable[[str, bool], Any],
-    no_keyspace: Callable[[str], Exception],
-) -> None:
-    """Fill a join statement's ``PhysicalPlan`` (``plan``): its ``join`` (``join_sides``)
-    and, for EXPLAIN, each side statement planned by ``plan_one(sql, resolve_params)`` (a
-    probe's key values are known only per batch). Every keyspace must exist."""
+def plan_sides(plan: Any, state: StateContext, no_keyspace: Callable[[str], Exception]) -> None:
+    """Fill a join statement's ``PhysicalPlan`` (``plan``): its ``join`` (``join_sides``),
+    after checking that every keyspace exists."""
     b = plan.bound
     ref = b.from_
     from_keyspace = ref.name if ref is not None and ref.source is None else None
     for name in [from_keyspace, *(j.keyspace for j in b.joins)]:
         if name is not None and name not in state.keyspaces:
             raise no_keyspace(name)
-    sides = join_sides(b, state)
-    plan.join, plan.keyspace = sides, from_keyspace
-    probes = set(sides.probes.values())
-    for sql in [sides.from_sql, *sides.gathered.values(), *probes]:
-        if sql is not None:
-            plan.side_plans[sql] = plan_one(sql, sql not in probes)
+    plan.join, plan.keyspace = join_sides(b, state), from_keyspace
 
 
 def explain_join(plan: Any, sides: JoinSides) -> dict[str, Any]:
@@ -209,10 +198,12 @@ def explain_join(plan: Any, sides: JoinSides) -> dict[str, Any]:
     b = plan.bound
     out = explain_select(b, [p.explain() for p in sides.plans])
 
+    probes = set(sides.probes.values())
+
     def side(word: str, alias: str | None, sql: str) -> dict[str, Any]:
         found: dict[str, Any] = {"side": word, "as": alias, "statement": sql}
-        planned = plan.side_plans.get(sql)
-        if planned is not None:
+        if plan.side_planner is not None:  # a probe's key values are known per batch only
+            planned = plan.side_planner(sql, sql not in probes)
             found["plan"] = planned.explain()["distributed"]
         return found
 

@@ -28,6 +28,7 @@ of expression trees. ``dml`` marks the SELECT a DELETE/UPDATE derives (``dml_sel
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,9 +114,10 @@ class PhysicalPlan:
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
     guessed: Timestamp | None = None  # request_plus read at the TS pinned last (``pin_guess``)
     # A join statement (``mode`` "join"): its side statements and join methods, run at the
-    # initiator (``join_run``), and the side statements' own plans (for EXPLAIN).
+    # initiator (``join_run``), and how EXPLAIN plans a side statement (each runs as a
+    # SELECT of its own, planned when it starts).
     join: JoinSides | None = None
-    side_plans: dict[str, PhysicalPlan] = field(default_factory=dict)
+    side_planner: Callable[[str, bool], PhysicalPlan] | None = None
 
     def decoded_spans(self) -> list[DecodedSpan]:
         """The spans' bounds as key parts, once per plan (partition elimination and the
@@ -564,7 +566,7 @@ def _plan_join(
     tuning: dict[str, bool] | None,
     avoid: frozenset[str],
 ) -> None:
-    """``plan.join`` and its side statements' own plans (``join_plan.plan_sides``)."""
+    """``plan.join`` (``join_plan.plan_sides``), and its side statements' planner."""
 
     def plan_one(sql: str, resolve: bool) -> PhysicalPlan:
         b = bind_statement(sql, False, cached=plan.tuning["plan_cache"])
@@ -578,7 +580,8 @@ def _plan_join(
             avoid=avoid,
         )
 
-    plan_sides(plan, state, plan_one, _no_keyspace)
+    plan_sides(plan, state, _no_keyspace)
+    plan.side_planner = plan_one
 
 
 def _late_fetch_wins(plan: PhysicalPlan, facts: _Facts) -> bool:

@@ -362,6 +362,40 @@ def test_explain_shows_index_spans_fragments_and_exchanges(env: Env) -> None:
     assert "Limit(3)" in dist["fragments"][1]["does"]
 
 
+@pytest.mark.timeout(600)
+def test_joins_probe_indexes_and_gather_sides(env: Env) -> None:
+    """JOIN and NEST at the initiator over side statements (decision 0123), on real
+    indexes: an index nested loop probes ``by_age`` per batch of rows, a hash join gathers
+    its side through an index scan, a lookup join reads by key; all equal the reference."""
+    probe = (
+        f"SELECT META(p).id AS p, META(q).id AS q FROM {KS} p JOIN {KS} q "
+        "ON q.age = p.age + 1 AND q.city = 'oslo' WHERE p.n < 80 ORDER BY p, q"
+    )
+    assert env.check(probe)
+    (plan,) = env.client.query("EXPLAIN " + probe)
+    join = next(op for op in plan["plan"] if op["operator"] == "JOIN")
+    assert (join["method"], join["index"]) == ("index_nl", "by_age")
+    probed = plan["distributed"]["inputs"][1]
+    assert probed["plan"]["index"]["name"] == "by_age"
+    env.check(
+        f"SELECT p.city, COUNT(*) AS n FROM {KS} p JOIN {KS} q USE HASH(BUILD) "
+        "ON q.city = p.city AND q.n < 30 WHERE p.age > 60 GROUP BY p.city"
+    )
+    env.check(
+        f"SELECT META(p).id AS p, ARRAY_LENGTH(q) AS n FROM {KS} p LEFT NEST {KS} q "
+        "ON q.name = p.name AND q.age < 25 WHERE p.city = 'lima'"
+    )
+    env.check(
+        f"SELECT META(p).id AS p, META(q).id AS q FROM {KS} p RIGHT JOIN {KS} q "
+        "ON q.age = p.age AND p.city = 'rome' WHERE q.n < 40"
+    )
+    env.check(
+        f"SELECT META(p).id AS p, q.name FROM {KS} p USE KEYS $1 LEFT JOIN {KS} q "
+        "ON KEYS 'p' || SUBSTR(META(p).id, 1) WHERE p.n < 400",
+        [[f"p{i:04d}" for i in range(0, 400, 7)]],
+    )
+
+
 def _error(env: Env, sql: str, params: Any = None, **kw: Any) -> ShardexError:
     with pytest.raises(ShardexError) as info:
         list(env.client.query(sql, params, **kw))

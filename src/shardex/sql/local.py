@@ -38,6 +38,7 @@ from shardex.core.expr import (
 from shardex.core.expr.functions_date import mentions_statement_time, with_statement_time
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.ddl import BuildIndexStmt, CreateIndexStmt, DropIndexStmt
+from shardex.sql.join_steps import joined_rows
 from shardex.sql.operators import (
     AggSpec,
     ProjectTerm,
@@ -53,8 +54,10 @@ from shardex.sql.operators import (
     strip_keys,
     unnest,
 )
+from shardex.sql.operators.join import key_bytes
 from shardex.sql.operators.merge import DELETED, MergeRules, SourceRow
 from shardex.sql.operators.mutate import apply_edits, compile_edits
+from shardex.sql.planner.joins import JoinPlan, plan_join
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
@@ -171,7 +174,8 @@ class LocalEngine:
         if isinstance(stmt, ExplainStmt):
             bound = bind_select(stmt.statement)
             self._check_from(bound)
-            return QueryResult([explain_select(bound)])
+            joins = [p.explain() for p in self.join_plans(bound)] if bound.joins else None
+            return QueryResult([explain_select(bound, joins)])
         if isinstance(stmt, InsertStmt):
             return self._insert(stmt, params)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
@@ -216,6 +220,11 @@ class LocalEngine:
         )
 
     def _check_from(self, b: BoundSelect) -> None:
+        for j in b.joins:
+            self.keyspace(j.keyspace)
+            for name in j.use_index:
+                if name not in self.indexes.get(j.keyspace, {}):
+                    raise self._no_index(j.keyspace, name)
         ref = b.from_
         if ref is None or ref.source is not None:
             return
@@ -223,6 +232,20 @@ class LocalEngine:
         for name in ref.use_index:
             if name not in self.indexes.get(ref.name, {}):
                 raise self._no_index(ref.name, name)
+
+    def join_plans(self, b: BoundSelect) -> list[JoinPlan]:
+        """How each JOIN / NEST of ``b`` runs here (``planner.joins``): an index of the
+        inner keyspace is one this engine was told of (``CREATE INDEX``)."""
+        plans = []
+        for j in b.joins:
+            defs = self.indexes.get(j.keyspace, {})
+            usable = [
+                (name, d.keys[0][0])
+                for name, d in defs.items()
+                if d.keys and not d.is_primary and (not j.use_index or name in j.use_index)
+            ]
+            plans.append(plan_join(j, usable))
+        return plans
 
     # -- DML ----------------------------------------------------------------------------------
 
@@ -355,6 +378,11 @@ class LocalEngine:
         """The document-scope rows of FROM and its UNNESTs (before LET and WHERE); a
         subquery's rows start from its ``outer`` row (the enclosing query's names)."""
         rows = self._from_rows(b, params, outer or {})
+        if b.joins:
+            self._check_from(b)
+            plans = self.join_plans(b)
+            sides = _LocalSides(self, plans)
+            return joined_rows(b, rows, plans, sides, params, unnest_specs(b, params))
         if not b.unnests:
             return rows
         return unnest(rows, unnest_specs(b, params))
@@ -434,6 +462,45 @@ class LocalEngine:
             having = _compile(b.having)
             out = filter_rows(out, lambda r: having(r, None, params))
         return iter(out)
+
+
+class _LocalSides:
+    """The inner keyspaces of a statement's joins, in memory. An index probe reads a
+    table of the keyspace on the probed key, made once per statement and join: what an
+    index on that key holds (a document whose key is MISSING or NULL has no entry)."""
+
+    def __init__(self, engine: LocalEngine, plans: list[JoinPlan]) -> None:
+        self.engine = engine
+        self.plans = plans
+        self.tables: dict[int, dict[bytes, list[tuple[str, Any]]]] = {}
+
+    def fetch(self, k: int, keyspace: str, ids: list[str]) -> dict[str, Any]:
+        docs = self.engine.keyspace(keyspace)
+        return {i: docs[i] for i in ids if i in docs}
+
+    def scan(self, k: int) -> list[tuple[str, Any]]:
+        return list(self.engine.keyspace(self.plans[k].join.keyspace).items())
+
+    def held(self, rows: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+        return rows  # no memory account here
+
+    def probe(self, k: int, values: list[Any]) -> list[tuple[str, Any]]:
+        table = self.tables.get(k)
+        if table is None:
+            plan = self.plans[k]
+            j = plan.join
+            key = compile_expression(plan.inner_keys[0])
+            table = {}
+            for docid, doc in self.scan(k):
+                kb = key_bytes([key({j.alias: doc, j.meta_name: {"id": docid}}, None, None)])
+                if kb is not None:
+                    table.setdefault(kb, []).append((docid, doc))
+            self.tables[k] = table
+        out: list[tuple[str, Any]] = []
+        for v in values:
+            kb = key_bytes([v])
+            out += table.get(kb, []) if kb is not None else []
+        return out
 
 
 def bind_expr(expr: Expr, alias: str) -> Expr:

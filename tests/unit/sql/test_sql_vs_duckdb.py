@@ -13,6 +13,14 @@ import pytest
 from shardex.dbapi.local import LocalQueryClient
 from tests.sql_reference.compare import compare, duck_connection, queries, run_suite
 from tests.sql_reference.documents import make_documents
+from tests.sql_reference.join_queries import (
+    INDEXES,
+    LEFT,
+    RIGHT,
+    join_connection,
+    join_queries,
+    make_join_documents,
+)
 
 N_DOCS = 200
 N_QUERIES = 250
@@ -128,4 +136,79 @@ def test_local_engine_matches_duckdb_more_seeds(seed: int) -> None:
         query_seed=seed * 100,
         n_queries=600,
     )
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
+
+
+# -- joins ------------------------------------------------------------------------------------
+
+N_JOIN_QUERIES = 200
+JOIN_FEATURES = {
+    "JOIN": (r" JOIN ", 100),
+    "LEFT JOIN": (r"LEFT (OUTER )?JOIN", 25),
+    "RIGHT JOIN": (r"RIGHT JOIN", 10),
+    "ON KEYS": (r"ON KEYS", 20),
+    "ON KEY FOR": (r"ON KEY l\.k FOR", 10),
+    "NEST": (r" NEST ", 20),
+    "LEFT NEST": (r"LEFT NEST", 8),
+    "USE HASH": (r"USE HASH", 10),
+    "USE NL": (r"USE NL", 5),
+    "chained": (r"JOIN .* JOIN ", 5),
+    "GROUP BY": (r"GROUP BY", 10),
+    "ORDER BY": (r"ORDER BY", 40),
+}
+
+
+def _join_client(indexes: bool) -> tuple[LocalQueryClient, Any]:
+    left, right = make_join_documents(1, 150, 120)
+    c = LocalQueryClient()
+    for name, docs in ((LEFT, left), (RIGHT, right)):
+        c.engine.create_keyspace(name)
+        c.engine.keyspaces[name].update(docs)
+    if indexes:
+        for ddl in INDEXES:
+            c.engine.execute(ddl)
+    return c, join_connection(left, right)
+
+
+def test_generated_join_queries_cover_the_forms() -> None:
+    qs = join_queries(5, N_JOIN_QUERIES)
+    counts = Counter(
+        name for q in qs for name, (pat, _) in JOIN_FEATURES.items() if re.search(pat, q.sqlpp)
+    )
+    short = {n: counts[n] for n, (_, least) in JOIN_FEATURES.items() if counts[n] < least}
+    assert not short, f"too few queries use {short}"
+
+
+@pytest.mark.parametrize("indexes", [False, True], ids=["scans", "indexes"])
+def test_joins_match_duckdb(indexes: bool) -> None:
+    """Half the queries each way: without indexes (hash and nested-loop joins) and with
+    indexes on the join keys (index nested loops), every result equal to DuckDB's."""
+    c, con = _join_client(indexes)
+    qs = join_queries(5 if indexes else 6, N_JOIN_QUERIES // 2)
+    mismatches = [m for q in qs if (m := compare(lambda s: c.query(s), con, q)) is not None]
+    nonempty = sum(1 for q in qs if c.query(q.sqlpp))
+    con.close()
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
+    assert nonempty >= len(qs) * 0.7  # agreement on empty results would mean little
+
+
+def test_the_join_comparison_catches_a_wrong_join() -> None:
+    """A LEFT JOIN run as an INNER one, or a NEST losing its empty arrays, is caught."""
+    c, con = _join_client(False)
+    qs = [q for q in join_queries(6, 60) if "LEFT JOIN" in q.sqlpp or "LEFT NEST" in q.sqlpp]
+
+    def as_inner(sql: str) -> Any:
+        return c.query(sql.replace("LEFT JOIN", "JOIN").replace("LEFT NEST", "NEST"))
+
+    assert qs and any(compare(as_inner, con, q) is not None for q in qs)
+    con.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [21, 22, 23])
+def test_joins_match_duckdb_more_seeds(seed: int) -> None:
+    c, con = _join_client(seed % 2 == 1)
+    qs = join_queries(seed, 400)
+    mismatches = [m for q in qs if (m := compare(lambda s: c.query(s), con, q)) is not None]
+    con.close()
     assert not mismatches, "\n\n".join(map(str, mismatches[:10]))

@@ -234,7 +234,7 @@ def _is_meta_id(e: Expr) -> bool:
 
 def key_lookup(b: BoundSelect) -> KeyLookup | None:
     ref = b.from_
-    if ref is None or ref.source is not None:
+    if ref is None or ref.source is not None or b.joins:  # a join runs as its own plan
         return None
     if ref.use_keys is not None:
         return KeyLookup(ref.use_keys, "use_keys")

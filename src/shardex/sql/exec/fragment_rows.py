@@ -129,7 +129,7 @@ def _filtered(
     """UNNEST (each leaf unnests the documents it read), LET, then WHERE (re-applied:
     spans are only a superset of the rows), unless ``decided``: the rows are a covering
     scan's whose spans decide WHERE (``planner.exact``)."""
-    if b.unnests:
+    if b.unnests and not b.joins:  # a join statement's rows are unnested already
         rows = unnest(rows, unnest_specs(b, params))
     rows = _with_bindings(rows, b.lets, params)
     if b.where is not None and not decided:

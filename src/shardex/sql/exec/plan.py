@@ -28,6 +28,7 @@ of expression trees. ``dml`` marks the SELECT a DELETE/UPDATE derives (``dml_sel
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,7 @@ from shardex.sql.exec.analyze import (
     read_paths,
 )
 from shardex.sql.exec.fragment_rows import mode_of
+from shardex.sql.exec.join_plan import JoinSides, explain_join, plan_sides
 from shardex.sql.exec.leaf_spec import LeafSpec
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.subqueries import expression_runner, refuse_keyspace_subqueries
@@ -111,6 +113,11 @@ class PhysicalPlan:
     local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
     guessed: Timestamp | None = None  # request_plus read at the TS pinned last (``pin_guess``)
+    # A join statement (``mode`` "join"): its side statements and join methods, run at the
+    # initiator (``join_run``), and how EXPLAIN plans a side statement (each runs as a
+    # SELECT of its own, planned when it starts).
+    join: JoinSides | None = None
+    side_planner: Callable[[str, bool], PhysicalPlan] | None = None
 
     def decoded_spans(self) -> list[DecodedSpan]:
         """The spans' bounds as key parts, once per plan (partition elimination and the
@@ -251,6 +258,8 @@ class PhysicalPlan:
         )
 
     def explain(self) -> dict[str, Any]:
+        if self.join is not None:
+            return explain_join(self, self.join)
         out = explain_select(self.bound)
         dist: dict[str, Any] = {"mode": self.mode, "source": self.source}
         if self.choice is not None and self.record is not None:
@@ -432,6 +441,10 @@ def plan_select(
     refuse_keyspace_subqueries(b)  # decision 0120
     limit, offset = _counts(b, params, resolve_params)
     switches = check_tuning(tuning)
+    if b.joins:
+        plan = PhysicalPlan(b, "join", "join", limit=limit, offset=offset, tuning=switches)
+        _plan_join(plan, params, state, members, resolve_params, tuning, avoid)
+        return plan
     ref = b.from_
     if ref is None:
         return PhysicalPlan(b, "local", "none", limit=limit, offset=offset, tuning=switches)
@@ -543,6 +556,33 @@ def plan_select(
         plan.leaves.append(Leaf(members[node], node, parts))
     plan.late = _late_fetch_wins(plan, facts)
     return plan
+
+
+def _plan_join(
+    plan: PhysicalPlan,
+    params: Any,
+    state: StateContext,
+    members: dict[str, str],
+    resolve_params: bool,
+    tuning: dict[str, bool] | None,
+    avoid: frozenset[str],
+) -> None:
+    """``plan.join`` (``join_plan.plan_sides``), and its side statements' planner."""
+
+    def plan_one(sql: str, resolve: bool) -> PhysicalPlan:
+        b = bind_statement(sql, False, cached=plan.tuning["plan_cache"])
+        return plan_select(
+            b,
+            params,
+            state=state,
+            members=members,
+            resolve_params=resolve and resolve_params,
+            tuning=tuning,
+            avoid=avoid,
+        )
+
+    plan_sides(plan, state, _no_keyspace)
+    plan.side_planner = plan_one
 
 
 def _late_fetch_wins(plan: PhysicalPlan, facts: _Facts) -> bool:

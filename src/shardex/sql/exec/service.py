@@ -64,6 +64,7 @@ from shardex.sql.exec.analyze import key_route
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
+from shardex.sql.exec.join_run import run_join
 from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
 from shardex.sql.exec.memory import NodeMemory
@@ -446,6 +447,8 @@ class SqlService:
         # The members are read here, on the loop: membership changes only there.
         members = self._members()
         plan = await prepared_off_loop(sql, lambda: planned(members))
+        if plan.join is not None:  # runs here over its side statements (decision 0123)
+            return plan, None, self._join(msg, plan, params)
         keys = self.keys.keys_of(plan, params)
         if keys is not None:
             quota = self._quota(msg)
@@ -518,6 +521,18 @@ class SqlService:
             return plan, ts, chunks
         repeatable = ts is not None and plan.repeatable
         return plan, ts, failing_over(plan, chunks, rerun, deadline, repeatable=repeatable)
+
+    def _join(self, msg: SqlQuery, plan: PhysicalPlan, params: Any) -> AsyncIterator[list[bytes]]:
+        """A join statement's rows, joined here over side statements started as SELECTs."""
+        plan.query_id = str(self.query.new_query_id())
+
+        async def start(sql: str, side_params: Any) -> AsyncIterator[list[bytes]]:
+            stmt = parsed(sql)
+            assert isinstance(stmt, SelectStmt)
+            return (await self.start_select(msg, sql, stmt, side_params))[2]
+
+        quota, spill, timeout = self._quota(msg), msg.spill, msg.timeout
+        return run_join(plan, params, start, self.documents, self.memory, quota, spill, timeout)
 
     async def _speculate(
         self,

@@ -80,6 +80,8 @@ def check_statement(principal: Principal | None, stmt: object) -> None:
         ref = stmt.from_
         if ref is not None and ref.name:  # FROM (expr): no keyspace is read
             require(principal, (Privilege.QUERY_SELECT,), ref.name, "SELECT")
+        for j in stmt.joins:  # a joined keyspace is read as FROM's is
+            require(principal, (Privilege.QUERY_SELECT,), j.target.name, "SELECT")
     elif isinstance(stmt, InsertStmt):
         kind = "UPSERT" if stmt.upsert else "INSERT"
         require(principal, (Privilege.QUERY_UPDATE,), stmt.keyspace, kind)

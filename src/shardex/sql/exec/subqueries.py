@@ -250,6 +250,7 @@ def _parsed_nodes(s: SelectStmt) -> Iterator[Any]:
     exprs = [t.expr for t in s.terms if t.expr is not None]
     exprs += [e for _, e in s.let] + [e for _, e in s.letting] + list(s.group_by)
     exprs += [o.expr for o in s.order_by] + [u.expr for u in s.unnests]
+    exprs += [e for j in s.joins for e in (j.on_keys, j.on_key, j.on) if e is not None]
     exprs += [e for e in (s.where, s.having, s.limit, s.offset) if e is not None]
     if s.from_ is not None:
         exprs += [e for e in (s.from_.use_keys, s.from_.source) if e is not None]

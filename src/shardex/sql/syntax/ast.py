@@ -211,6 +211,7 @@ class SelectStmt:
     limit: Expr | None = None
     offset: Expr | None = None
     unnests: tuple[UnnestTerm, ...] = ()  # after FROM, in order: each sees those before it
+    joins: tuple[JoinTerm, ...] = ()  # JOIN / NEST terms, each placed among the UNNESTs
 
 
 @dataclass(frozen=True)
@@ -247,3 +248,41 @@ class UpdateStmt:
 
 
 DmlStatement = InsertStmt | DeleteStmt | UpdateStmt
+
+
+# -- joins ------------------------------------------------------------------------------------
+
+JOIN_KINDS = ("inner", "left", "right")
+HASH_BUILD, HASH_PROBE, USE_NL = "hash_build", "hash_probe", "nl"
+
+
+@dataclass(frozen=True)
+class JoinTerm:
+    """``[INNER | LEFT [OUTER] | RIGHT [OUTER]] JOIN | NEST keyspace [AS] alias ...`` after
+    the FROM term, in one of three forms: a lookup join ``ON KEYS expr`` (``on_keys``: the
+    inner documents' ids, evaluated over the row so far), an index join ``ON KEY
+    alias.path FOR outer`` (``on_key`` and ``for_alias``: the inner documents whose path
+    holds the outer document's id) or an ANSI join ``ON cond``. A NEST binds ``alias`` to
+    the array of the matching inner documents instead of one row per match. ``hint``: the
+    inner keyspace's ``USE HASH(BUILD|PROBE)`` or ``USE NL``. ``position``: how many UNNEST
+    terms precede it (the FROM clause's terms keep their order)."""
+
+    kind: str  # JOIN_KINDS
+    nest: bool
+    target: KeyspaceRef
+    on_keys: Expr | None = None
+    on_key: Expr | None = None
+    for_alias: str | None = None
+    on: Expr | None = None
+    hint: str | None = None
+    position: int = 0
+
+    @property
+    def alias(self) -> str:
+        return self.target.as_name
+
+    @property
+    def word(self) -> str:
+        """The clause as written (for EXPLAIN and messages): ``LEFT JOIN``, ``NEST``, ..."""
+        prefix = "" if self.kind == "inner" else f"{self.kind.upper()} "
+        return prefix + ("NEST" if self.nest else "JOIN")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shardex.core.expr import Expr, Field, Identifier, Meta, Param, walk
+from shardex.core.expr import BinaryOp, Expr, Field, Identifier, Meta, Param, walk
 from shardex.errors import ErrorCode, ShardexError
 
 from .ast import (
@@ -31,12 +31,14 @@ from .ast import (
     ArrayComprehension,
     Binding,
     CollectionPredicate,
+    JoinTerm,
     KeyspaceRef,
     OrderTerm,
     SelectStmt,
     Subquery,
     outer_meta_name,
 )
+from .join_syntax import BoundJoin, check_qualified
 from .subquery import BoundSubquery
 from .update_for import ForSet
 
@@ -89,12 +91,14 @@ class BoundSelect:
     # UNNEST terms, bound over the document scope: (alias, array expression, LEFT).
     unnests: tuple[tuple[str, Expr, bool], ...] = ()
     outer: frozenset[str] = frozenset()  # an enclosing query's names (a subquery's)
+    joins: tuple[BoundJoin, ...] = ()  # JOIN / NEST terms, each after ``position`` UNNESTs
 
     @property
     def aliases(self) -> tuple[str, ...]:
-        """The names the FROM clause binds in the document scope: its term, then UNNESTs."""
-        first = () if self.alias is None else (self.alias,)
-        return first + tuple(a for a, _, _ in self.unnests)
+        """The names the FROM clause binds in the document scope: its term, then its JOIN,
+        NEST and UNNEST terms in the order written."""
+        first = [] if self.alias is None else [self.alias]
+        return tuple(first + _ordered_aliases(list(self.unnests), list(self.joins)))
 
     def params(self) -> frozenset[str]:
         """Names of the parameters the statement uses ("1", "2", ... for positional); found
@@ -114,6 +118,7 @@ class BoundSelect:
         if s.from_ is not None:
             exprs += [e for e in (s.from_.use_keys, s.from_.source) if e is not None]
         exprs += [u.expr for u in s.unnests]
+        exprs += [e for j in s.joins for e in (j.on_keys, j.on_key, j.on) if e is not None]
         found = {n.name for e in exprs for n in walk(e) if isinstance(n, Param)}
         for sub in subqueries_of(self):
             found |= sub.bound.params()
@@ -122,6 +127,7 @@ class BoundSelect:
     def expressions(self) -> list[Expr]:
         """Every bound expression of the statement (not those inside its subqueries)."""
         out: list[Expr] = [e for _, e in self.lets] + [e for _, e, _ in self.unnests]
+        out += [e for j in self.joins for e in j.expressions()]
         out += [e for e in (self.where, self.having) if e is not None]
         out += list(self.group_keys) + [a.arg for a in self.aggregates if a.arg is not None]
         out += [e for _, e in self.letting] + [t.expr for t in self.terms]
@@ -252,6 +258,9 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
         keyspaces.add(inner.from_.name)
         if inner.from_.use_keys is None:
             scans.add(inner.from_.name)
+    for j in inner.joins:  # the distributed plan runs no join inside a subquery (0123)
+        keyspaces.add(j.keyspace)
+        scans.add(j.keyspace)
     for e in inner.expressions():
         for n in walk(e):
             if isinstance(n, Identifier) and n.name in outer and n.name not in own:
@@ -290,16 +299,9 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
             use_keys=resolve(ref.use_keys, None, outer | {META_KEY}),
         )
     doc_bound = outer | frozenset({alias, META_KEY} if alias else {META_KEY})
-    unnests: list[tuple[str, Expr, bool]] = []
-    for u in stmt.unnests:
-        if u.alias in doc_bound:
-            raise SqlSemanticError(
-                f"UNNEST alias {u.alias!r} is already bound",
-                details={"alias": u.alias, "hint": "give the UNNEST another alias with AS"},
-            )
-        _no_aggregate(u.expr, "UNNEST")
-        unnests.append((u.alias, resolve(u.expr, alias, doc_bound), u.outer))
-        doc_bound = doc_bound | {u.alias}
+    unnests, joins, doc_bound = _bind_from_terms(stmt, ref, alias, doc_bound)
+    if stmt.joins:
+        check_qualified(stmt, doc_bound)
 
     lets: list[tuple[str, Expr]] = []
     for name, e in stmt.let:
@@ -365,7 +367,8 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
     else:
         for term, name in zip(stmt.terms, names, strict=True):
             if term.expr is None:
-                for name in (alias, *(u.alias for u in stmt.unnests)):
+                # The FROM clause's names in the order written.
+                for name in (alias, *_ordered_aliases(unnests, joins)):
                     if name is not None:
                         terms.append(BoundTerm(name, Identifier(name)))
                 continue
@@ -394,7 +397,100 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
         offset=stmt.offset,
         unnests=tuple(unnests),
         outer=outer,
+        joins=tuple(joins),
     )
+
+
+def _ordered_aliases(unnests: list[tuple[str, Expr, bool]], joins: list[BoundJoin]) -> list[str]:
+    out: list[str] = []
+    for i in range(len(unnests) + 1):
+        out += [j.alias for j in joins if j.position == i]
+        if i < len(unnests):
+            out.append(unnests[i][0])
+    return out
+
+
+def _bind_from_terms(
+    stmt: SelectStmt, ref: KeyspaceRef | None, alias: str | None, doc_bound: frozenset[str]
+) -> tuple[list[tuple[str, Expr, bool]], list[BoundJoin], frozenset[str]]:
+    """The UNNEST and JOIN / NEST terms bound in the order written, each seeing the names
+    bound before it; returns them and the names bound after the last."""
+    unnests: list[tuple[str, Expr, bool]] = []
+    joins: list[BoundJoin] = []
+    from_aliases = [] if alias is None else [alias]
+    for i in range(len(stmt.unnests) + 1):
+        for j in (j for j in stmt.joins if j.position == i):
+            bound = _bind_join(j, ref, alias, doc_bound, from_aliases)
+            joins.append(bound)
+            from_aliases.append(j.alias)
+            doc_bound = doc_bound | {j.alias, bound.meta_name}
+        if i == len(stmt.unnests):
+            break
+        u = stmt.unnests[i]
+        if u.alias in doc_bound:
+            raise SqlSemanticError(
+                f"UNNEST alias {u.alias!r} is already bound",
+                details={"alias": u.alias, "hint": "give the UNNEST another alias with AS"},
+            )
+        _no_aggregate(u.expr, "UNNEST")
+        unnests.append((u.alias, resolve(u.expr, alias, doc_bound), u.outer))
+        doc_bound = doc_bound | {u.alias}
+    return unnests, joins, doc_bound
+
+
+def _bind_join(
+    j: JoinTerm,
+    ref: KeyspaceRef | None,
+    alias: str | None,
+    doc_bound: frozenset[str],
+    from_aliases: list[str],
+) -> BoundJoin:
+    a = j.alias
+    if a in doc_bound:
+        raise SqlSemanticError(
+            f"{j.word} alias {a!r} is already bound",
+            details={"alias": a, "hint": f"give {j.target.name} another alias with AS"},
+        )
+    if j.kind == "right" and (ref is None or ref.source is not None):
+        raise SqlSemanticError(
+            "RIGHT JOIN needs a keyspace in FROM, not an expression",
+            details={"hint": "put the expression on the right of a LEFT JOIN"},
+        )
+    meta = outer_meta_name(a)
+    inner = doc_bound | {a, meta}
+    common = {
+        "kind": j.kind,
+        "nest": j.nest,
+        "keyspace": j.target.name,
+        "alias": a,
+        "meta_name": meta,
+        "hint": j.hint,
+        "use_index": j.target.use_index,
+        "position": j.position,
+    }
+    for e in (j.on_keys, j.on_key, j.on):
+        if e is not None:
+            _no_aggregate(e, j.word)
+    if j.on_keys is not None:
+        return BoundJoin(form="keys", on_keys=resolve(j.on_keys, alias, doc_bound), **common)
+    if j.on_key is not None:
+        if j.for_alias not in from_aliases:
+            raise SqlSemanticError(
+                f"ON KEY ... FOR {j.for_alias}: {j.for_alias!r} is no keyspace alias before "
+                f"{j.word} {j.target.name}",
+                details={"alias": j.for_alias, "known": list(from_aliases)},
+            )
+        key = resolve(j.on_key, alias, inner)
+        if not any(isinstance(n, Identifier) and n.name == a for n in walk(key)):
+            raise SqlSemanticError(
+                f"ON KEY {j.on_key.to_text()} must read the {j.word} keyspace's alias {a!r}",
+                details={"expression": j.on_key.to_text(), "hint": f"ON KEY {a}.field FOR ..."},
+            )
+        outer_meta = META_KEY if j.for_alias == alias else outer_meta_name(str(j.for_alias))
+        on = BinaryOp("=", key, Field(Identifier(outer_meta), "id"))
+        return BoundJoin(form="index", on=on, **common)
+    assert j.on is not None
+    return BoundJoin(form="ansi", on=resolve(j.on, alias, inner), **common)
 
 
 def _aliases_used(order: tuple[tuple[Expr, OrderTerm], ...], aliases: frozenset[str]) -> tuple:

@@ -13,7 +13,28 @@ def _text(e: Any) -> str:
     return e.to_text().replace("\x00", "#")
 
 
-def explain_select(b: BoundSelect) -> dict[str, Any]:
+def _join_op(j: Any, planned: dict[str, Any] | None) -> dict[str, Any]:
+    if planned is not None:
+        return {k: _text_value(v) for k, v in planned.items()}
+    op: dict[str, Any] = {"operator": j.word, "keyspace": j.keyspace, "as": j.alias}
+    op["form"] = j.form
+    for name in ("on_keys", "on"):
+        e = getattr(j, name)
+        if e is not None:
+            op[name] = _text(e)
+    return op
+
+
+def _text_value(v: Any) -> Any:
+    if isinstance(v, str):
+        return v.replace("\x00", "#")
+    if isinstance(v, list):
+        return [_text_value(x) for x in v]
+    return v
+
+
+def explain_select(b: BoundSelect, joins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``joins``: each JOIN / NEST term's plan (its method), as the runner planned it."""
     ops: list[dict[str, Any]] = []
     ref = b.from_
     if ref is None:
@@ -27,8 +48,13 @@ def explain_select(b: BoundSelect) -> dict[str, Any]:
         if ref.use_keys is not None:
             scan["use_keys"] = _text(ref.use_keys)
         ops.append(scan)
-    for alias, e, outer in b.unnests:
-        ops.append({"operator": "Unnest", "expr": _text(e), "as": alias, "outer": outer})
+    for i in range(len(b.unnests) + 1):
+        for k, j in enumerate(b.joins):
+            if j.position == i:
+                ops.append(_join_op(j, None if joins is None else joins[k]))
+        if i < len(b.unnests):
+            alias, e, outer = b.unnests[i]
+            ops.append({"operator": "Unnest", "expr": _text(e), "as": alias, "outer": outer})
     if b.lets:
         ops.append({"operator": "Let", "bindings": {n: _text(e) for n, e in b.lets}})
     if b.where is not None:

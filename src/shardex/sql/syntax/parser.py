@@ -11,11 +11,14 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
     SELECT [DISTINCT|ALL] [RAW|VALUE|ELEMENT] term {, term}
       [FROM keyspace [[AS] alias] [USE INDEX (name {, name})] [USE KEYS expr]
             | FROM (expr) [AS] alias | FROM var.path [[AS] alias]]
-      {[LEFT [OUTER] | INNER] UNNEST expr [[AS] alias]}
+      {[LEFT [OUTER] | INNER] UNNEST expr [[AS] alias] | join}
       [LET name = expr {, ...}] [WHERE expr]
       [GROUP BY expr {, expr} [LETTING name = expr {, ...}]] [HAVING expr]
       [ORDER BY expr [ASC|DESC] [NULLS FIRST|LAST] {, ...}] [LIMIT expr] [OFFSET expr]
     term: * | expr.* | expr [[AS] alias]
+    join: [INNER | LEFT [OUTER] | RIGHT [OUTER]] JOIN|NEST keyspace [[AS] alias]
+          [USE INDEX (name) | USE HASH(BUILD|PROBE) | USE NL]
+          ON KEYS expr | ON KEY alias.path FOR alias | ON cond   (see ``join_syntax``)
     EXPLAIN select
     INSERT|UPSERT INTO keyspace [(KEY, VALUE)] VALUES (k, v) {, [VALUES] (k, v)}
       [RETURNING terms]
@@ -36,6 +39,7 @@ import shardex.sql.syntax.comprehension  # noqa: F401 - registers the evaluators
 from shardex.core.expr import Expr, Field, Identifier, Index, Literal, Token, TokenKind
 from shardex.core.expr.ast import EXPRESSION_KEYWORDS
 from shardex.sql.ddl import DDL_KEYWORDS, DDLParser, DDLStatement
+from shardex.sql.syntax.join_syntax import parse_join_term
 
 from .ast import (
     AGGREGATES,
@@ -48,6 +52,7 @@ from .ast import (
     Exists,
     ExplainStmt,
     InsertStmt,
+    JoinTerm,
     KeyspaceRef,
     OrderTerm,
     ResultTerm,
@@ -167,7 +172,7 @@ class SqlParser(DDLParser):
         else:
             terms = self.parse_terms()
         from_ = self.parse_from() if self.accept_keyword("FROM") else None
-        unnests = self.parse_unnests() if from_ is not None else ()
+        unnests, joins = self.parse_from_terms() if from_ is not None else ((), ())
         let = self.parse_bindings() if self.accept_keyword("LET") else ()
         where = self.parse_expr() if self.accept_keyword("WHERE") else None
         group_by: tuple[Expr, ...] = ()
@@ -202,25 +207,39 @@ class SqlParser(DDLParser):
             limit=limit,
             offset=offset,
             unnests=unnests,
+            joins=joins,
         )
 
-    def parse_unnests(self) -> tuple[UnnestTerm, ...]:
-        """``{[LEFT [OUTER] | INNER] UNNEST expr [[AS] alias]}`` after the FROM term."""
-        out: list[UnnestTerm] = []
+    def parse_from_terms(self) -> tuple[tuple[UnnestTerm, ...], tuple[JoinTerm, ...]]:
+        """The terms after the FROM term, in order: ``{[LEFT [OUTER] | INNER] UNNEST expr
+        [[AS] alias]}`` and JOIN / NEST terms (``join_syntax``), each join placed after the
+        UNNESTs before it."""
+        unnests: list[UnnestTerm] = []
+        joins: list[JoinTerm] = []
         while True:
-            outer = False
-            if self.at_unnest_prefix():
-                outer = self.advance().upper == "LEFT"
-                if outer:
+            kind = "inner"
+            start = self.peek()
+            prefixed = self.at_unnest_prefix()
+            if prefixed:
+                kind = self.advance().upper.lower()
+                if kind != "inner":
                     self.accept_keyword("OUTER")
+            if self.at_keyword("JOIN") or self.at_keyword("NEST"):
+                first = not unnests and not joins
+                joins.append(parse_join_term(self, kind, start, len(unnests), first))
+                continue
             if not self.accept_keyword("UNNEST"):
-                return tuple(out)
+                if prefixed:
+                    self.error(self.peek(), expected="JOIN, NEST or UNNEST")
+                return tuple(unnests), tuple(joins)
+            if kind == "right":
+                self.error(start, "RIGHT applies to a JOIN, not to UNNEST", expected="LEFT")
             tok = self.peek()
             expr = self.parse_expr()
             alias = self.parse_optional_alias() or implied_alias(expr)
             if alias is None:
                 self.error(tok, f"UNNEST {expr.to_text()} needs an alias", expected="AS")
-            out.append(UnnestTerm(expr, alias, outer))
+            unnests.append(UnnestTerm(expr, alias, kind == "left"))
 
     def parse_insert(self) -> InsertStmt:
         upsert = self.advance().upper == "UPSERT"
@@ -343,13 +362,14 @@ class SqlParser(DDLParser):
         return None
 
     def at_unnest_prefix(self) -> bool:
-        """At ``LEFT [OUTER] UNNEST`` / ``INNER UNNEST`` (LEFT and INNER are not reserved:
-        they stay usable as names elsewhere)."""
+        """At ``LEFT [OUTER]``, ``RIGHT [OUTER]`` or ``INNER`` before UNNEST, JOIN or NEST
+        (LEFT, RIGHT and INNER are not reserved: they stay usable as names elsewhere)."""
         if self.peek().kind is not TokenKind.IDENT:
             return False
         word, nxt = self.peek().upper, self.peek(1).upper
-        return (word == "LEFT" and nxt in ("OUTER", "UNNEST")) or (
-            word == "INNER" and nxt == "UNNEST"
+        terms = ("UNNEST", "JOIN", "NEST")
+        return (word in ("LEFT", "RIGHT") and nxt in ("OUTER", *terms)) or (
+            word == "INNER" and nxt in terms
         )
 
     def parse_alias(self) -> str:

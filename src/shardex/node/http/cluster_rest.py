@@ -65,8 +65,13 @@ from shardex.meta.replica_placement import check_num_replicas
 from shardex.meta.state import StateContext
 from shardex.net.credentials import Principal
 from shardex.net.messages import Message
-from shardex.node.http import cluster_actions as actions
-from shardex.node.http.cluster_actions import RestError
+from shardex.node.http.cluster_actions import RestError, json_object
+from shardex.node.http.cluster_actions import build_index as build_index_message
+from shardex.node.http.cluster_actions import create_index as create_index_message
+from shardex.node.http.cluster_actions import drop_index as drop_index_message
+from shardex.node.http.cluster_actions import failover as failover_message
+from shardex.node.http.cluster_actions import recover as recover_message
+from shardex.node.http.cluster_actions import start_rebalance as rebalance_message
 from shardex.node.http.wire import Request, Response
 from shardex.node.metrics import stability_lag
 
@@ -195,7 +200,7 @@ class ClusterRest:
     async def create_keyspace(self, raw: bytes, principal: Principal) -> dict[str, Any]:
         """``{"name": ..., "partitions": N, "replicas": R}`` (partitions and replicas
         optional, as with ``Client.create_keyspace``) -> the keyspace with its map."""
-        body = actions.json_object(raw, ("name", "partitions", "replicas"))
+        body = json_object(raw, ("name", "partitions", "replicas"))
         try:
             name = check_keyspace_name(body.get("name"))
             parts = body.get("partitions", DEFAULT_NUM_PARTITIONS)
@@ -222,7 +227,7 @@ class ClusterRest:
 
     async def create_index(self, raw: bytes, principal: Principal) -> dict[str, Any]:
         """CREATE INDEX: returns with the index BUILDING (READY when deferred), as listed."""
-        msg = actions.create_index(raw)
+        msg = create_index_message(raw)
         self._check(principal, msg)
         reply = await self._run(msg)
         assert isinstance(reply, IndexCreated)
@@ -231,7 +236,7 @@ class ClusterRest:
     async def build_index(self, keyspace: str, name: str, principal: Principal) -> dict[str, Any]:
         """BUILD INDEX of one deferred (READY) or failed (ERROR) index: it is BUILDING when
         this answers; GET /api/indexes/KEYSPACE/NAME follows its progress to ACTIVE."""
-        msg = actions.build_index(keyspace, name)
+        msg = build_index_message(keyspace, name)
         self._check(principal, msg)
         reply = await self._run(msg)
         assert isinstance(reply, IndexesBuilding)
@@ -239,7 +244,7 @@ class ClusterRest:
         return {**describe_index(rec, None, None), "started": name in reply.started}
 
     async def drop_index(self, keyspace: str, name: str, principal: Principal) -> dict[str, Any]:
-        msg = actions.drop_index(keyspace, name)
+        msg = drop_index_message(keyspace, name)
         self._check(principal, msg)
         reply = await self._run(msg)
         assert isinstance(reply, IndexDropped)
@@ -253,7 +258,7 @@ class ClusterRest:
     async def start_rebalance(self, raw: bytes, principal: Principal) -> dict[str, Any]:
         """Starts a rebalance (or attaches to the running one: ``attached``) and answers at
         once with its plan; GET /api/rebalance follows its progress."""
-        msg = actions.start_rebalance(raw)
+        msg = rebalance_message(raw)
         self._check(principal, msg)
         reply = await self._run(msg)
         assert isinstance(reply, RebalanceReply)
@@ -264,7 +269,7 @@ class ClusterRest:
     ) -> dict[str, Any]:
         """``failover``: the node's active partitions move to their best replicas (``promoted``,
         ``lost``); ``recover``: a failed-over node is taken back (delta or full)."""
-        msg = actions.failover(node, raw) if action == "failover" else actions.recover(node, raw)
+        msg = failover_message(node, raw) if action == "failover" else recover_message(node, raw)
         self._check(principal, msg)
         reply = await self._run(msg)
         if isinstance(reply, FailedOver):

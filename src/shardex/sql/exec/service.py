@@ -354,34 +354,22 @@ class SqlService:
             kind = "upsert" if stmt.upsert else "insert"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
             return started, _values(rows)
-        if isinstance(stmt, DeleteStmt | UpdateStmt):
+        if isinstance(stmt, DeleteStmt | UpdateStmt | MergeStmt):
+            # Each chooses what it changes by a SELECT the leaves derive from the text.
             select = functools.partial(self.start_select, msg, msg.statement)
+            run = merge_statement if isinstance(stmt, MergeStmt) else modify_statement
             with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
-                count, rows = await modify_statement(
+                count, rows = await run(
                     self.documents,
                     select,
-                    stmt,
+                    stmt,  # type: ignore[arg-type]
                     params,
                     msg.durability,
                     mem.budget(),
                     durability_timeout=msg.durability_timeout,
                 )
-            kind = "delete" if isinstance(stmt, DeleteStmt) else "update"
+            kind = type(stmt).__name__.removesuffix("Stmt").lower()
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
-            return started, _values(rows)
-        if isinstance(stmt, MergeStmt):
-            select = functools.partial(self.start_select, msg, msg.statement)
-            with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
-                count, rows = await merge_statement(
-                    self.documents,
-                    select,
-                    stmt,
-                    params,
-                    msg.durability,
-                    mem.budget(),
-                    durability_timeout=msg.durability_timeout,
-                )
-            started = SqlStarted(stream_id=msg.stream_id, statement="merge", mutation_count=count)
             return started, _values(rows)
         raise bad_request(
             f"{type(stmt).__name__} is index DDL: run it with client.execute_ddl",

@@ -25,6 +25,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_state import find_index
 from shardex.pipeline.driver import PipelineDriver
 from shardex.pipeline.indexers import index_state
+from shardex.pipeline.metrics import PipelineMetrics
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -55,6 +56,7 @@ def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 root / "checkpoints",
                 poll=0.3,
                 driver_read_max=40,
+                metrics=PipelineMetrics(),
             )
             thread = threading.Thread(target=driver.run, name="pipeline-driver", daemon=True)
             thread.start()
@@ -145,3 +147,13 @@ def test_build_then_maintain_under_writes_with_deferred_build_and_errors(env: En
     build_errors = sum(b.errors for b in kp.builds)
     assert build_errors + kp.job.steps.errors[by_name] > 0
     assert any(b.changes for b in kp.job.last)
+    # The driver's /metrics counted the same builds and batches.
+    metrics = env.driver.metrics
+    assert metrics is not None
+    value = metrics.registry.get_sample_value
+    labels = {"keyspace": KEYSPACE}
+    assert value("shardex_pipeline_builds_total", {**labels, "outcome": "done"}) == len(kp.builds)
+    assert value("shardex_pipeline_batches_total", labels) >= len(kp.job.last) > 0
+    assert value("shardex_pipeline_batch_changes_total", labels) >= sum(
+        b.changes for b in kp.job.last
+    )

@@ -64,6 +64,19 @@ def pipeline(
         list[str] | None,
         typer.Option("--conf", help="Extra Spark setting KEY=VALUE (repeatable)."),
     ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address the driver's /metrics binds.")
+    ] = "127.0.0.1",
+    metrics_port: Annotated[
+        int,
+        typer.Option(
+            "--metrics-port",
+            help="Port of the driver's /metrics (0: any free port, see <home>/metrics.url; "
+            "-1: none).",
+            min=-1,
+            max=65535,
+        ),
+    ] = 0,
 ) -> None:
     """Run the index pipeline (initial builds and continuous maintenance) until SIGTERM or
     Ctrl-C, for a local cluster (--dir) or for nodes on other hosts (--addresses,
@@ -101,6 +114,8 @@ def pipeline(
             checkpoint_dir=None if checkpoint_dir is None else checkpoint_dir.absolute(),
             driver_host=driver_host,
             spark_secret_file=spark_secret_file,
+            metrics_host=metrics_host,
+            metrics_port=None if metrics_port < 0 else metrics_port,
         )
         where = cluster_dir if cluster_dir is not None else ",".join(nodes)
         err.print(f"pipeline driver for {where} (master {master}); Ctrl-C stops it")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from shardex.meta import cluster_dir as cdir
+from shardex.pipeline.process import pipeline_metrics_url
 
 __all__ = ["endpoints", "main"]
 
@@ -51,6 +52,7 @@ def endpoints(cluster: Path, statement: str) -> dict[str, Any]:
     return {
         "console": f"{urls[0]}/ui/",
         "metrics": [f"{u}/metrics" for u in urls],
+        "pipeline_metrics": pipeline_metrics_url(cluster),
         "query": f"{urls[0]}/query/service",
         "password_file": str(password_file),
         "ca": str(ca) if ca is not None else None,
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     for url in where["metrics"][1:]:
         print(f"               {url}")
     print("               scrape with the admin user or a cluster_admin)")
+    if where["pipeline_metrics"]:
+        print(f"Pipeline:      {where['pipeline_metrics']}   (its batches and builds, no login)")
     print(f"Query service: {where['curl']}")
     answer = _run(where, args.statement)
     print(f"  -> status {answer['status']}, {answer['metrics']['resultCount']} rows:")

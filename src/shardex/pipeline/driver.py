@@ -13,6 +13,7 @@ indexes are all gone has its query stopped.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from shardex.pipeline.batch_steps import BatchStats
 from shardex.pipeline.build import BuildResult, InitialBuild
 from shardex.pipeline.indexers import index_state
 from shardex.pipeline.maintain import DEFAULT_DRIVER_READ_MAX, MaintenanceJob
+from shardex.pipeline.metrics import PipelineMetrics
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.rollback import current_generation, handle_rollback, new_generation
 from shardex.pipeline.source.types import parse_rollback
@@ -85,8 +87,10 @@ class PipelineDriver:
         driver_read_max: int = DEFAULT_DRIVER_READ_MAX,
         overlap_stabilise: bool = True,
         stall_after: float = DEFAULT_STALL_AFTER,
+        metrics: PipelineMetrics | None = None,
     ) -> None:
         self.spark = spark
+        self.metrics = metrics  # batches and builds counted for /metrics (``metrics.py``)
         # Seconds without progress, changes pending, before a query is restarted (0: never).
         self.stall_after = stall_after
         self.driver_read_max = driver_read_max
@@ -159,10 +163,16 @@ class PipelineDriver:
             checkpoint,
             starting=self._starting(registry, registry.keyspace),
             trigger_interval=self.trigger_interval,
-            on_batch=self.on_batch,
+            on_batch=functools.partial(self._batch_done, registry.keyspace),
             driver_read_max=self.driver_read_max,
             overlap_stabilise=self.overlap_stabilise,
         )
+
+    def _batch_done(self, keyspace: str, stats: BatchStats) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_batch(keyspace, stats)
+        if self.on_batch is not None:
+            self.on_batch(stats)
 
     def _starting(self, registry: IndexRegistry, keyspace: str) -> Timestamp:
         """Where a new checkpoint starts: the lowest applied TS of the joined indexes, else
@@ -267,10 +277,15 @@ class PipelineDriver:
     def _build(self, kp: KeyspacePipeline, views: list[Any]) -> None:
         builder = InitialBuild(self.spark, self.client, kp.registry, self.source_options)
         try:
-            kp.builds.append(builder.run(views))
+            result = builder.run(views)
+            kp.builds.append(result)
             kp.build_failures = 0
+            if self.metrics is not None:
+                self.metrics.observe_build(kp.keyspace, result)
         except Exception as exc:
             kp.build_failures += 1
+            if self.metrics is not None:
+                self.metrics.build_failed(kp.keyspace)
             log.warning(
                 "initial build of %s failed (attempt %d): %s",
                 [v.id for v in views],

@@ -31,11 +31,19 @@ from shardex.runtime.pidfile import (
     write_pid,
 )
 
-__all__ = ["PIPELINE_DIR", "PipelineSettings", "pipeline_dir", "pipeline_pid", "run_pipeline"]
+__all__ = [
+    "PIPELINE_DIR",
+    "PipelineSettings",
+    "pipeline_dir",
+    "pipeline_metrics_url",
+    "pipeline_pid",
+    "run_pipeline",
+]
 
 PIPELINE_DIR = "pipeline"
 LOG_FILE = "pipeline.log"
 STDOUT_FILE = "stdout.log"
+METRICS_URL_FILE = "metrics.url"  # where the running driver serves /metrics
 
 log = logging.getLogger("shardex.pipeline")
 
@@ -60,6 +68,10 @@ class PipelineSettings:
     checkpoint_dir: Path | None = None
     driver_host: str | None = None  # the address executors dial (default $SPARK_LOCAL_IP)
     spark_secret_file: Path | None = None  # spark.authenticate's shared secret
+    # The driver's own /metrics (``pipeline/metrics.py``); port 0: any free port, the URL
+    # written to <home>/metrics.url either way; None: not served.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,17 @@ def pipeline_dir(cluster_dir: Path) -> Path:
     return cluster_dir / PIPELINE_DIR
 
 
+def pipeline_metrics_url(cluster_dir: Path) -> str | None:
+    """The URL of the running driver's /metrics for this local cluster, or None."""
+    if pipeline_pid(cluster_dir) is None:
+        return None
+    path = pipeline_dir(cluster_dir) / METRICS_URL_FILE
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def pipeline_pid(cluster_dir: Path) -> int | None:
     """The pid of the running driver of this cluster, or None."""
     d = pipeline_dir(cluster_dir)
@@ -192,6 +215,7 @@ def run_pipeline(settings: PipelineSettings) -> int:
     """Run the driver in the foreground until SIGTERM/SIGINT. Returns the exit code."""
     from shardex.client import connect
     from shardex.pipeline.driver import PipelineDriver
+    from shardex.pipeline.metrics import PipelineMetrics
 
     target = _target(settings)
     check_spark_auth(settings, target.tls_ca is not None)
@@ -221,6 +245,13 @@ def run_pipeline(settings: PipelineSettings) -> int:
         except BaseException:
             client.close()
             raise
+        metrics = PipelineMetrics()
+        url_file = home / METRICS_URL_FILE
+        url_file.unlink(missing_ok=True)
+        if settings.metrics_port is not None:
+            host, port = metrics.serve(settings.metrics_host, settings.metrics_port)
+            url_file.write_text(f"http://{host}:{port}/metrics\n")
+            log.info("pipeline metrics at http://%s:%d/metrics", host, port)
         driver = PipelineDriver(
             spark,
             client,
@@ -228,6 +259,7 @@ def run_pipeline(settings: PipelineSettings) -> int:
             settings.checkpoint_dir or home / "checkpoints",
             poll=settings.poll,
             trigger_interval=settings.trigger_interval,
+            metrics=metrics,
         )
 
         def on_signal(signum: int, _frame: Any) -> None:

@@ -19,9 +19,10 @@ first, then applies them).
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ from shardex.sql.operators import (
     unnest,
 )
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
+from shardex.sql.operators.setops import combine
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
@@ -64,6 +66,7 @@ from shardex.sql.syntax import (
     UpdateStmt,
     parse_statement,
 )
+from shardex.sql.syntax.ast import SetOpStmt
 from shardex.sql.syntax.bind import (
     META_KEY,
     BoundSelect,
@@ -72,8 +75,9 @@ from shardex.sql.syntax.bind import (
     group_key_name,
     resolve,
 )
-from shardex.sql.syntax.explain import explain_select
+from shardex.sql.syntax.explain import explain_query
 from shardex.sql.syntax.params import check_params
+from shardex.sql.syntax.setops import BoundQuery, BoundSetOp, bind_query, result_scope
 from shardex.sql.syntax.subquery import running_subqueries
 
 Params = Sequence[Any] | Mapping[str, Any] | None
@@ -166,10 +170,16 @@ class LocalEngine:
             bound = bind_select(stmt)
             check_params(bound.params(), params)
             return QueryResult(list(self.run_select(bound, params)))
+        if isinstance(stmt, SetOpStmt):
+            query = bind_query(stmt)
+            check_params(query.params(), params)
+            return QueryResult(list(self.run_query(query, params)))
         if isinstance(stmt, ExplainStmt):
-            bound = bind_select(stmt.statement)
-            self._check_from(bound)
-            return QueryResult([explain_select(bound)])
+            query = bind_query(stmt.statement)
+            selects = query.selects() if isinstance(query, BoundSetOp) else [query]
+            for one in selects:
+                self._check_from(one)
+            return QueryResult([explain_query(query)])
         if isinstance(stmt, InsertStmt):
             return self._insert(stmt, params)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
@@ -373,6 +383,25 @@ class LocalEngine:
             return iter(())
         return _finish(b, rows, params, limit, offset)
 
+    def run_query(self, q: BoundQuery, params: Params) -> Iterator[Any]:
+        """The result values of a SELECT or a set operation."""
+        if isinstance(q, BoundSelect):
+            return self.run_select(q, params)
+        return self.run_set_op(q, params)
+
+    def run_set_op(self, q: BoundSetOp, params: Params) -> Iterator[Any]:
+        limit = eval_count(q.limit, params, "LIMIT")
+        offset = eval_count(q.offset, params, "OFFSET") or 0
+        if limit == 0:
+            return iter(())
+        branches = [functools.partial(self.run_query, b, params) for b in q.branches]
+        values = combine(q.ops, branches)
+        key = set_op_sort_key(q, params)
+        if key is not None:
+            top = None if limit is None else offset + limit
+            values = strip_keys(sort_pairs(((key(v), v) for v in values), top))
+        return offset_limit(values, offset, limit)
+
     def _group(
         self, b: BoundSelect, rows: Iterable[Any], params: Params, outer: dict[str, Any]
     ) -> Iterator[Any]:
@@ -395,6 +424,20 @@ class LocalEngine:
             having = _compile(b.having)
             out = filter_rows(out, lambda r: having(r, None, params))
         return iter(out)
+
+
+def set_op_sort_key(q: BoundSetOp, params: Params) -> Callable[[Any], bytes] | None:
+    """The sort key of a result value under a set operation's ORDER BY (None: unordered)."""
+    if not q.order:
+        return None
+    specs = [SortSpec(o.desc, o.nulls_first) for _, o in q.order]
+    fns = [_compile(e) for e, _ in q.order]
+
+    def key(value: Any) -> bytes:
+        row = result_scope(value)
+        return encode_sort_key([f(row, None, params) for f in fns], specs)
+
+    return key
 
 
 def bind_expr(expr: Expr, alias: str) -> Expr:

@@ -76,6 +76,7 @@ from shardex.sql.exec.plan import (
 )
 from shardex.sql.exec.reply import BLOCK_BYTES, BLOCK_ROWS, cells_closing, once, respond
 from shardex.sql.exec.rows import encode_row
+from shardex.sql.exec.setops import set_op_statement
 from shardex.sql.exec.stability import StatementStability
 from shardex.sql.exec.statement_checks import (
     MAX_STATEMENT_BYTES,
@@ -100,6 +101,7 @@ from shardex.sql.syntax import (
     SelectStmt,
     UpdateStmt,
 )
+from shardex.sql.syntax.ast import SetOpStmt
 from shardex.sql.syntax.params import check_params, check_params_depth
 
 if TYPE_CHECKING:
@@ -317,6 +319,9 @@ class SqlService:
         if isinstance(stmt, SelectStmt):
             plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
             return self._started(msg, plan, ts), chunks
+        if isinstance(stmt, SetOpStmt) or isinstance(getattr(stmt, "statement", 0), SetOpStmt):
+            quota, members = self._quota(msg), self._members()
+            return await set_op_statement(self, msg, stmt, params, quota, members)  # type: ignore[arg-type]
         if isinstance(stmt, ExplainStmt):
             state = await self.scan.view.state()
             members = self._members()
@@ -402,6 +407,7 @@ class SqlService:
         *,
         dml: bool = False,
         consistency: str | None = None,
+        params_checked: bool = False,
     ) -> tuple[PhysicalPlan, Timestamp | None, AsyncIterator[list[bytes]]]:
         """Plan and start a SELECT; returns the plan, the TS it reads and its result rows
         (encoded, in chunks). ``stmt`` is ``sql`` parsed (for DML: the SELECT it derives)."""
@@ -409,7 +415,8 @@ class SqlService:
         b = await prepared_off_loop(
             sql, lambda: bind_statement(sql, dml, cached=tuning["plan_cache"])
         )
-        check_params(b.params(), params)
+        if not params_checked:  # a set operation's branch: checked against the whole
+            check_params(b.params(), params)
         state = await self.scan.view.state()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + msg.timeout

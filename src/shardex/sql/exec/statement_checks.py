@@ -12,6 +12,7 @@ from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.exec.statements import bad_request
 from shardex.sql.exec.subqueries import subquery_keyspaces
 from shardex.sql.syntax import DeleteStmt, ExplainStmt, InsertStmt, SelectStmt, UpdateStmt
+from shardex.sql.syntax.ast import SetOpStmt
 
 __all__ = [
     "MAX_STATEMENT_BYTES",
@@ -75,6 +76,10 @@ def check_statement(principal: Principal | None, stmt: object) -> None:
         require(principal, (Privilege.QUERY_SELECT,), keyspace, "SELECT")
     if isinstance(stmt, ExplainStmt):
         stmt = stmt.statement
+    if isinstance(stmt, SetOpStmt):  # each branch reads as the SELECT it is
+        for branch in stmt.branches:
+            check_statement(principal, branch)
+        return
     if isinstance(stmt, SelectStmt):
         ref = stmt.from_
         if ref is not None and ref.name:  # FROM (expr): no keyspace is read

@@ -215,7 +215,7 @@ class SelectStmt:
 
 @dataclass(frozen=True)
 class ExplainStmt:
-    statement: SelectStmt
+    statement: SelectStmt | SetOpStmt
 
 
 @dataclass(frozen=True)
@@ -247,3 +247,28 @@ class UpdateStmt:
 
 
 DmlStatement = InsertStmt | DeleteStmt | UpdateStmt
+
+
+# -- set operations ------------------------------------------------------------------------
+
+SET_OPERATORS = ("UNION", "INTERSECT", "EXCEPT")
+
+
+@dataclass(frozen=True)
+class SetOpStmt:
+    """``branch {UNION | INTERSECT | EXCEPT [ALL] branch} [ORDER BY ...] [LIMIT] [OFFSET]``.
+
+    N1QL's set operators share one precedence and combine left to right: ``ops[i]`` (the
+    operator and whether ALL was written) joins the result so far with ``branches[i + 1]``.
+    A branch is a SELECT without ORDER BY / LIMIT / OFFSET, or a parenthesised query (which
+    may have them). ORDER BY, LIMIT and OFFSET here apply to the whole result; ORDER BY reads
+    the result values (``ORDER BY name`` is their field ``name``). ``texts`` are the branches'
+    source texts (a parenthesised one without its parentheses): the distributed plan runs each
+    as a query of its own."""
+
+    branches: tuple[SelectStmt | SetOpStmt, ...]
+    ops: tuple[tuple[str, bool], ...]
+    texts: tuple[str, ...]
+    order_by: tuple[OrderTerm, ...] = ()
+    limit: Expr | None = None
+    offset: Expr | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .bind import BoundSelect, subqueries_of
+from .setops import BoundQuery
 
 
 def _text(e: Any) -> str:
@@ -82,3 +83,34 @@ def explain_select(b: BoundSelect) -> dict[str, Any]:
             for s in subs
         ]
     return out
+
+
+def explain_query(q: BoundQuery) -> dict[str, Any]:
+    """EXPLAIN of a SELECT or a set operation (its branches' plans, then what combines
+    them: the operators left to right, ORDER BY, OFFSET and LIMIT over the whole)."""
+    if isinstance(q, BoundSelect):
+        return explain_select(q)
+    ops: list[dict[str, Any]] = [
+        # N1QL's operator names: Union, UnionAll, Intersect, IntersectAll, Except, ExceptAll.
+        {"operator": op.title() + ("All" if all_ else ""), "branch": i + 1}
+        for i, (op, all_) in enumerate(q.ops)
+    ]
+    if q.order:
+        ops.append(
+            {
+                "operator": "Order" if q.limit is None else "TopN",
+                "terms": [
+                    {"expr": _text(e), "desc": o.desc, "nulls_first": o.effective_nulls_first}
+                    for e, o in q.order
+                ],
+            }
+        )
+    if q.offset is not None:
+        ops.append({"operator": "Offset", "expr": _text(q.offset)})
+    if q.limit is not None:
+        ops.append({"operator": "Limit", "expr": _text(q.limit)})
+    return {
+        "statement": "SELECT",
+        "branches": [explain_query(b) for b in q.branches],
+        "plan": ops,
+    }

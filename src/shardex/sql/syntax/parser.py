@@ -32,6 +32,8 @@ COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr) and the statistical ones.
 
 from __future__ import annotations
 
+import dataclasses
+
 import shardex.sql.syntax.comprehension  # noqa: F401 - registers the evaluators of the new nodes
 from shardex.core.expr import Expr, Field, Identifier, Index, Literal, Token, TokenKind
 from shardex.core.expr.ast import EXPRESSION_KEYWORDS
@@ -40,6 +42,7 @@ from shardex.sql.ddl import DDL_KEYWORDS, DDLParser, DDLStatement
 from .ast import (
     AGGREGATES,
     SELF_NAME,
+    SET_OPERATORS,
     Aggregate,
     ArrayComprehension,
     Binding,
@@ -52,6 +55,7 @@ from .ast import (
     OrderTerm,
     ResultTerm,
     SelectStmt,
+    SetOpStmt,
     Subquery,
     UnnestTerm,
     UpdateStmt,
@@ -106,7 +110,9 @@ SQL_KEYWORDS = frozenset(
     }
 )
 
-Statement = SelectStmt | ExplainStmt | InsertStmt | DeleteStmt | UpdateStmt | DDLStatement
+Statement = (
+    SelectStmt | SetOpStmt | ExplainStmt | InsertStmt | DeleteStmt | UpdateStmt | DDLStatement
+)
 
 _STATEMENT_WORDS = "SELECT, EXPLAIN, INSERT, UPSERT, UPDATE, DELETE, CREATE, BUILD or DROP"
 # Words that end a projection term / FROM clause when no AS precedes an alias.
@@ -124,12 +130,12 @@ class SqlParser(DDLParser):
         if word in ("CREATE", "BUILD", "DROP"):
             return super().parse_statement()
         stmt: Statement
-        if word == "SELECT":
-            stmt = self.parse_select()
+        if word == "SELECT" or self.at_query_in_parens():
+            stmt = self.parse_query()
         elif self.accept_keyword("EXPLAIN"):
-            if not self.at_keyword("SELECT"):
+            if not (self.at_keyword("SELECT") or self.at_query_in_parens()):
                 self.error(self.peek(), expected="SELECT after EXPLAIN")
-            stmt = ExplainStmt(self.parse_select())
+            stmt = ExplainStmt(self.parse_query())
         elif word in ("INSERT", "UPSERT"):
             stmt = self.parse_insert()
         elif word == "DELETE":
@@ -147,7 +153,9 @@ class SqlParser(DDLParser):
             self.error(self.peek(), expected="the end of the statement")
         return stmt
 
-    def parse_select(self) -> SelectStmt:
+    def parse_select(self, *, tail: bool = True) -> SelectStmt:
+        """One SELECT; ``tail`` False leaves its ORDER BY / LIMIT / OFFSET to the caller (a
+        set operation's branch, whose trailing clauses belong to the whole)."""
         self.expect_keyword("SELECT")
         distinct = self.accept_keyword("DISTINCT") is not None
         if not distinct:
@@ -175,13 +183,7 @@ class SqlParser(DDLParser):
         having = self.parse_expr() if self.accept_keyword("HAVING") else None
         if having is not None and not group_by and from_ is None:
             self.error(having_tok, "HAVING needs a FROM clause")
-        order_by = self.parse_order_by() if self.at_keyword("ORDER") else ()
-        limit = offset = None
-        for _ in range(2):  # LIMIT and OFFSET, in either order, each at most once
-            if limit is None and self.accept_keyword("LIMIT"):
-                limit = self.parse_expr()
-            elif offset is None and self.accept_keyword("OFFSET"):
-                offset = self.parse_expr()
+        order_by, limit, offset = self.parse_query_tail() if tail else ((), None, None)
         return SelectStmt(
             terms=terms,
             raw=raw,
@@ -427,6 +429,76 @@ class SqlParser(DDLParser):
                 expected="a field path",
             )
         return expr
+
+    # -- set operations ----------------------------------------------------------------------
+
+    def parse_query(self) -> SelectStmt | SetOpStmt:
+        """A SELECT or a set operation of SELECTs (``SetOpStmt``), with its trailing ORDER
+        BY / LIMIT / OFFSET."""
+        branches: list[SelectStmt | SetOpStmt] = []
+        texts: list[str] = []
+        ops: list[tuple[str, bool]] = []
+        while True:
+            start = self.peek()
+            if self.at_query_in_parens():
+                self.advance()
+                branch: SelectStmt | SetOpStmt = self.parse_query()
+                end = self.expect(")", "')' after the parenthesised query")
+                texts.append(self.source_between(start.offset + 1, end.offset))
+            else:
+                branch = self.parse_select(tail=False)
+                texts.append(self.source_between(start.offset, self.peek().offset))
+            branches.append(branch)
+            op = self.peek()
+            if op.kind is not TokenKind.IDENT or op.upper not in SET_OPERATORS:
+                break
+            self.advance()
+            ops.append((op.upper, self.accept_keyword("ALL") is not None))
+            if not (self.at_keyword("SELECT") or self.at_query_in_parens()):
+                self.error(
+                    self.peek(), expected=f"SELECT or a parenthesised query after {op.upper}"
+                )
+        order_by, limit, offset = self.parse_query_tail()
+        after = self.peek()
+        if (order_by or limit or offset) and after.upper in SET_OPERATORS:
+            self.error(
+                after,
+                f"ORDER BY, LIMIT and OFFSET end a set operation: {after.upper} cannot follow them",
+                expected="parentheses around a branch that has them: "
+                f"(SELECT ... ORDER BY ... LIMIT n) {after.upper} SELECT ...",
+            )
+        if len(branches) == 1 and isinstance(branches[0], SelectStmt):
+            one = branches[0]
+            if not (order_by or limit or offset):
+                return one
+            if not (one.order_by or one.limit or one.offset):  # SELECT ... ORDER BY ...
+                return dataclasses.replace(one, order_by=order_by, limit=limit, offset=offset)
+        if len(branches) == 1 and not (order_by or limit or offset):
+            return branches[0]  # (query): the parentheses change nothing
+        return SetOpStmt(tuple(branches), tuple(ops), tuple(texts), order_by, limit, offset)
+
+    def at_query_in_parens(self) -> bool:
+        """At ``(SELECT`` (or ``((SELECT``, ...): a parenthesised query as a statement or a
+        set operation's branch."""
+        i = 0
+        while self.at_op("(", i):
+            i += 1
+        return i > 0 and self.at_keyword("SELECT", i)
+
+    def parse_query_tail(self) -> tuple[tuple[OrderTerm, ...], Expr | None, Expr | None]:
+        """``[ORDER BY ...] [LIMIT expr] [OFFSET expr]`` (LIMIT and OFFSET in either order,
+        each at most once)."""
+        order_by = self.parse_order_by() if self.at_keyword("ORDER") else ()
+        limit = offset = None
+        for _ in range(2):
+            if limit is None and self.accept_keyword("LIMIT"):
+                limit = self.parse_expr()
+            elif offset is None and self.accept_keyword("OFFSET"):
+                offset = self.parse_expr()
+        return order_by, limit, offset
+
+    def source_between(self, start: int, end: int) -> str:
+        return self.text[start:end].strip() if self.text else ""
 
     # -- expression extensions ---------------------------------------------------------------
 

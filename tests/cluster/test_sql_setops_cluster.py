@@ -1,8 +1,10 @@
-"""Set operations on a real 3-node cluster: each SELECT branch runs as a query of its own
+"""Set operations and WITH on a real 3-node cluster: each SELECT branch runs as a query of its own
 (key lookups small enough to run inline and large enough to need fragments, FROM
 expressions) and the initiator combines them; results equal ``LocalEngine``'s, EXPLAIN shows
 the branches' plans, and the initiator's operators are held to the statement's memory
-budget. Key lookups and FROM expressions need no index, so no Spark."""
+budget; a WITH term runs once, before the query, its value read by the query's fragments as
+a parameter (also a key lookup's keys). Key lookups and FROM expressions need no index, so
+no Spark."""
 
 from __future__ import annotations
 
@@ -106,3 +108,46 @@ def test_the_initiators_operators_keep_to_the_memory_budget(client: Client) -> N
     assert err.value.code is ErrorCode.QUERY_MEMORY_LIMIT
     assert err.value.details["operator"] == "INTERSECT/EXCEPT"
     assert list(client.query(sql)) == list(range(100))  # the default budget holds it
+
+
+WITH_QUERIES: list[tuple[str, list[Any] | None]] = [
+    # A term used twice, in FROM and in an expression, over a key lookup run in fragments.
+    (
+        f"WITH picked AS (SELECT RAW META().id FROM {KS} USE KEYS $1 WHERE g = 3), "
+        f"n AS (ARRAY_LENGTH(picked)) SELECT t.n AS num, n AS total FROM {KS} AS t "
+        "USE KEYS picked ORDER BY t.n",
+        [MANY],
+    ),
+    (
+        f"WITH gs AS (SELECT DISTINCT RAW g FROM {KS} USE KEYS $1) "
+        "SELECT RAW v FROM gs AS v ORDER BY v",
+        [FEW],
+    ),
+    (
+        f"WITH few AS (SELECT RAW n FROM {KS} USE KEYS $1) SELECT RAW n FROM {KS} USE KEYS $2 "
+        "WHERE n IN few UNION SELECT RAW f + 1000 FROM few AS f ORDER BY SELF LIMIT 20",
+        [FEW, MANY],
+    ),
+    (
+        f"WITH c AS (SELECT g, COUNT(*) AS k FROM {KS} USE KEYS $1 GROUP BY g) "
+        f"SELECT x.g, x.k, (SELECT RAW MAX(y.k) FROM c AS y)[0] AS most FROM c AS x ORDER BY x.g",
+        [MANY],
+    ),
+]
+
+
+def test_with_equals_the_reference(client: Client, reference: LocalEngine) -> None:
+    for sql, params in WITH_QUERIES:
+        want = reference.query(sql, params)
+        assert want, sql
+        rows = client.query(sql, params)
+        assert list(rows) == want, sql
+
+
+def test_a_with_value_is_held_within_the_memory_budget(client: Client) -> None:
+    sql = "WITH big AS (ARRAY_RANGE(0, 20000)) SELECT RAW ARRAY_LENGTH(big)"
+    with pytest.raises(ShardexError) as err:
+        list(client.query(sql, memory_quota=MIN_QUERY_MEMORY, spill=False))
+    assert err.value.code is ErrorCode.QUERY_MEMORY_LIMIT
+    assert err.value.details["operator"] == "WITH"
+    assert list(client.query(sql)) == [20000]

@@ -66,7 +66,7 @@ from shardex.sql.syntax import (
     UpdateStmt,
     parse_statement,
 )
-from shardex.sql.syntax.ast import SetOpStmt
+from shardex.sql.syntax.ast import SetOpStmt, WithStmt
 from shardex.sql.syntax.bind import (
     META_KEY,
     BoundSelect,
@@ -75,7 +75,8 @@ from shardex.sql.syntax.bind import (
     group_key_name,
     resolve,
 )
-from shardex.sql.syntax.explain import explain_query
+from shardex.sql.syntax.ctes import BoundWith, bind_with, values_in
+from shardex.sql.syntax.explain import explain_query, explain_with
 from shardex.sql.syntax.params import check_params
 from shardex.sql.syntax.setops import BoundQuery, BoundSetOp, bind_query, result_scope
 from shardex.sql.syntax.subquery import running_subqueries
@@ -174,6 +175,15 @@ class LocalEngine:
             query = bind_query(stmt)
             check_params(query.params(), params)
             return QueryResult(list(self.run_query(query, params)))
+        if isinstance(stmt, WithStmt):
+            w = bind_with(stmt)
+            check_params(w.params(), params)
+            return QueryResult(list(self.run_query(w.body, self.with_values(w, params))))
+        if isinstance(stmt, ExplainStmt) and isinstance(stmt.statement, WithStmt):
+            w = bind_with(stmt.statement)
+            for one in w.selects():
+                self._check_from(one)
+            return QueryResult([explain_with(w)])
         if isinstance(stmt, ExplainStmt):
             query = bind_query(stmt.statement)
             selects = query.selects() if isinstance(query, BoundSetOp) else [query]
@@ -382,6 +392,18 @@ class LocalEngine:
         if limit == 0:
             return iter(())
         return _finish(b, rows, params, limit, offset)
+
+    def with_values(self, w: BoundWith, params: Params) -> dict[str, Any]:
+        """``params`` with the value of every WITH term, each evaluated once, in order."""
+        values: dict[str, Any] = {}
+        for t in w.terms:
+            seen = values_in(params, values)
+            if t.query is not None:
+                values[t.param] = list(self.run_query(t.query, seen))
+            else:
+                assert t.expr is not None
+                values[t.param] = evaluate(t.expr, {}, params=seen)
+        return values_in(params, values)
 
     def run_query(self, q: BoundQuery, params: Params) -> Iterator[Any]:
         """The result values of a SELECT or a set operation."""

@@ -61,6 +61,7 @@ from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.sql.exec.analyze import key_route
+from shardex.sql.exec.compound import compound_statement, is_compound
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
@@ -76,7 +77,6 @@ from shardex.sql.exec.plan import (
 )
 from shardex.sql.exec.reply import BLOCK_BYTES, BLOCK_ROWS, cells_closing, once, respond
 from shardex.sql.exec.rows import encode_row
-from shardex.sql.exec.setops import set_op_statement
 from shardex.sql.exec.stability import StatementStability
 from shardex.sql.exec.statement_checks import (
     MAX_STATEMENT_BYTES,
@@ -101,7 +101,6 @@ from shardex.sql.syntax import (
     SelectStmt,
     UpdateStmt,
 )
-from shardex.sql.syntax.ast import SetOpStmt
 from shardex.sql.syntax.params import check_params, check_params_depth
 
 if TYPE_CHECKING:
@@ -319,9 +318,9 @@ class SqlService:
         if isinstance(stmt, SelectStmt):
             plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
             return self._started(msg, plan, ts), chunks
-        if isinstance(stmt, SetOpStmt) or isinstance(getattr(stmt, "statement", 0), SetOpStmt):
+        if is_compound(stmt):  # a set operation or WITH (or its EXPLAIN)
             quota, members = self._quota(msg), self._members()
-            return await set_op_statement(self, msg, stmt, params, quota, members)  # type: ignore[arg-type]
+            return await compound_statement(self, msg, stmt, params, quota, members)  # type: ignore[arg-type]
         if isinstance(stmt, ExplainStmt):
             state = await self.scan.view.state()
             members = self._members()

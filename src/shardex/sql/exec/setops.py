@@ -18,32 +18,24 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from shardex.api.sql_exec import SqlQuery, SqlStarted
 from shardex.sql.exec.bridge import close_all, run_pipeline
 from shardex.sql.exec.memory import Budget, NodeMemory
-from shardex.sql.exec.plan import bind_statement, plan_select
-from shardex.sql.exec.reply import once
-from shardex.sql.exec.rows import cell_chunks, decode_row, encode_row
+from shardex.sql.exec.rows import cell_chunks, decode_row
 from shardex.sql.exec.spill import external_sort
 from shardex.sql.exec.spill_groups import SET_ENTRY
 from shardex.sql.exec.spill_groups import distinct as spilling_distinct
 from shardex.sql.local import eval_count, set_op_sort_key
 from shardex.sql.operators import offset_limit, strip_keys
 from shardex.sql.operators.setops import combine
-from shardex.sql.syntax import ExplainStmt, SelectStmt
+from shardex.sql.syntax import SelectStmt
 from shardex.sql.syntax.ast import SetOpStmt
 from shardex.sql.syntax.explain import explain_query
-from shardex.sql.syntax.params import check_params
 from shardex.sql.syntax.setops import BoundSetOp, bind_set_op
-
-if TYPE_CHECKING:
-    from shardex.sql.exec.service import SqlService
 
 __all__ = [
     "explain_set_op",
-    "set_op_statement",
     "set_op_texts",
     "set_op_values",
     "start_set_op",
@@ -51,41 +43,6 @@ __all__ = [
 
 # Starts one SELECT branch from its text: its result rows, encoded, in chunks.
 StartBranch = Callable[[str, SelectStmt], Awaitable[AsyncIterator[list[bytes]]]]
-
-
-async def set_op_statement(
-    svc: SqlService,
-    msg: SqlQuery,
-    stmt: SetOpStmt | ExplainStmt,
-    params: Any,
-    quota: int,
-    members: dict[str, str],
-) -> tuple[SqlStarted, AsyncIterator[list[bytes]]]:
-    """A set operation (or its EXPLAIN) received by ``svc``'s node: the reply that starts
-    it and its rows. ``quota``: the statement's memory quota; ``members``: the live ones."""
-    if isinstance(stmt, ExplainStmt):
-        assert isinstance(stmt.statement, SetOpStmt)
-        state = await svc.scan.view.state()
-        plans = [
-            plan_select(
-                bind_statement(text, False),
-                params,
-                state=state,
-                members=members,
-                resolve_params=params is not None,
-                tuning=msg.tuning,
-            ).explain()
-            for text in set_op_texts(stmt.statement)
-        ]
-        started = SqlStarted(stream_id=msg.stream_id, statement="explain")
-        return started, once([encode_row(explain_set_op(stmt.statement, plans))])
-
-    async def branch(text: str, select: SelectStmt) -> AsyncIterator[list[bytes]]:
-        return (await svc.start_select(msg, text, select, params, params_checked=True))[2]
-
-    chunks = await start_set_op(stmt, params, branch, svc.memory, quota, msg.spill)
-    details = {"mode": "set_operation", "node": svc.scan.name}
-    return SqlStarted(stream_id=msg.stream_id, statement="select", details=details), chunks
 
 
 async def start_set_op(
@@ -96,9 +53,9 @@ async def start_set_op(
     quota: int,
     spill: bool,
 ) -> AsyncIterator[list[bytes]]:
-    """Start every branch (each its own gather) and return the set operation's rows."""
+    """Start every branch (each its own gather) and return the set operation's rows. The
+    caller has checked ``params`` (they may hold a WITH clause's values besides)."""
     q = bind_set_op(stmt)
-    check_params(q.params(), params)
     sources: list[AsyncIterator[list[bytes]]] = []
     try:
         for branch, text in zip(stmt.branches, stmt.texts, strict=True):

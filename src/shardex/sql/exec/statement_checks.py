@@ -11,8 +11,15 @@ from shardex.net import Principal
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.exec.statements import bad_request
 from shardex.sql.exec.subqueries import subquery_keyspaces
-from shardex.sql.syntax import DeleteStmt, ExplainStmt, InsertStmt, SelectStmt, UpdateStmt
-from shardex.sql.syntax.ast import SetOpStmt
+from shardex.sql.syntax import (
+    DeleteStmt,
+    ExplainStmt,
+    InsertStmt,
+    SelectStmt,
+    UpdateStmt,
+    cte_names,
+)
+from shardex.sql.syntax.ast import ResultTerm, SetOpStmt, WithStmt
 
 __all__ = [
     "MAX_STATEMENT_BYTES",
@@ -80,9 +87,19 @@ def check_statement(principal: Principal | None, stmt: object) -> None:
         for branch in stmt.branches:
             check_statement(principal, branch)
         return
+    if isinstance(stmt, WithStmt):  # each term and the query, the WITH names no keyspaces
+        names: list[str] = []
+        for term in stmt.terms:
+            with cte_names.visible(names):
+                check_statement(principal, term.query or SelectStmt(terms=(ResultTerm(term.expr),)))
+            names.append(term.name)
+        with cte_names.visible(names):
+            check_statement(principal, stmt.body)
+        return
     if isinstance(stmt, SelectStmt):
         ref = stmt.from_
-        if ref is not None and ref.name:  # FROM (expr): no keyspace is read
+        # FROM (expr) or FROM a WITH name: no keyspace is read
+        if ref is not None and ref.name and cte_names.reference(ref.name) is None:
             require(principal, (Privilege.QUERY_SELECT,), ref.name, "SELECT")
     elif isinstance(stmt, InsertStmt):
         kind = "UPSERT" if stmt.upsert else "INSERT"

@@ -26,7 +26,9 @@ from shardex.sql.syntax import (
     UpdateStmt,
     parse_statement,
 )
+from shardex.sql.syntax.ast import WithStmt
 from shardex.sql.syntax.bind import BoundSelect, bind_select
+from shardex.sql.syntax.ctes import bind_with
 from shardex.sql.syntax.parser import Statement
 
 __all__ = [
@@ -71,6 +73,10 @@ def parsed(sql: str, *, cached: bool = True) -> Statement:
 def _bind(stmt: Statement, dml: bool) -> BoundSelect:
     if isinstance(stmt, ExplainStmt):
         stmt = stmt.statement
+    if isinstance(stmt, WithStmt):  # a SELECT sent with its WITH clause (``compound.py``)
+        body = bind_with(stmt).body
+        assert isinstance(body, BoundSelect), "a set operation's branches run one by one"
+        return body
     if dml:
         assert isinstance(stmt, DeleteStmt | UpdateStmt)
         stmt = dml_select(stmt)

@@ -215,7 +215,7 @@ class SelectStmt:
 
 @dataclass(frozen=True)
 class ExplainStmt:
-    statement: SelectStmt | SetOpStmt
+    statement: SelectStmt | SetOpStmt | WithStmt
 
 
 @dataclass(frozen=True)
@@ -272,3 +272,53 @@ class SetOpStmt:
     order_by: tuple[OrderTerm, ...] = ()
     limit: Expr | None = None
     offset: Expr | None = None
+
+
+# -- WITH (common table expressions) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WithTerm:
+    """``name AS (query | expr)``: ``query`` a SELECT or set operation whose result values
+    (an array) the name stands for, else ``expr``. ``text``: the term as written (the
+    distributed plan rebuilds a statement's WITH clause from them)."""
+
+    name: str
+    text: str
+    expr: Expr | None = None
+    query: SelectStmt | SetOpStmt | None = None
+    inner: str = ""  # the query or expression as written, without the parentheses
+
+
+@dataclass(frozen=True)
+class WithStmt:
+    """``WITH term {, term} query``: each term is evaluated once per statement, in order
+    (a term sees those before it), and its name is a variable of the query (in FROM too:
+    ``FROM name`` ranges over its elements). ``body_text``: the query as written."""
+
+    terms: tuple[WithTerm, ...]
+    body: SelectStmt | SetOpStmt
+    body_text: str
+
+    def header(self, upto: int | None = None) -> str:
+        """``WITH`` and the first ``upto`` terms (all by default) as written, to put before
+        a query that reads them."""
+        terms = self.terms if upto is None else self.terms[:upto]
+        return f"WITH {', '.join(t.text for t in terms)} " if terms else ""
+
+
+@dataclass(frozen=True, slots=True)
+class WithSubquery(Expr):
+    """``(WITH name AS (...) {, ...} SELECT ...)`` used as an expression: binding inlines each
+    term where the SELECT names it (``bind.bind_with_subquery``) and makes the whole a
+    ``BoundSubquery``."""
+
+    stmt: WithStmt
+    text: str
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def to_text(self) -> str:
+        return f"({self.text})"

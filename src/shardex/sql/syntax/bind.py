@@ -24,6 +24,7 @@ from typing import Any
 from shardex.core.expr import Expr, Field, Identifier, Meta, Param, walk
 from shardex.errors import ErrorCode, ShardexError
 
+from . import cte_names
 from .ast import (
     META_KEY,
     SELF_NAME,
@@ -35,6 +36,7 @@ from .ast import (
     OrderTerm,
     SelectStmt,
     Subquery,
+    WithSubquery,
     outer_meta_name,
 )
 from .subquery import BoundSubquery
@@ -178,7 +180,12 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
     if isinstance(node, Identifier):
         if node.name == SELF_NAME and alias is not None:
             return Identifier(alias)
-        if node.name in bound or alias is None:
+        if node.name in bound:
+            return node
+        cte = cte_names.reference(node.name)  # a WITH name the query does not shadow
+        if cte is not None:
+            return cte
+        if alias is None:
             return node
         return Field(Identifier(alias), node.name)
     if isinstance(node, Meta):
@@ -196,6 +203,8 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
         return Identifier(META_KEY)
     if isinstance(node, Subquery):
         return bind_subquery(node, bound, alias)
+    if isinstance(node, WithSubquery):
+        return bind_with_subquery(node, bound, alias)
     if isinstance(node, CollectionPredicate | ArrayComprehension):
         # Each binding's source sees the variables bound before it; the body sees them all.
         inner = bound
@@ -256,10 +265,38 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
     )
 
 
+def bind_with_subquery(node: WithSubquery, outer: frozenset[str], alias: str | None) -> Expr:
+    """``(WITH ... SELECT ...)`` as an expression: each term bound with those before it
+    inlined, then the SELECT with all of them (``cte_names.inlined``)."""
+    terms: dict[str, Expr] = {}
+    for t in node.stmt.terms:
+        with cte_names.inlined(terms):
+            if t.query is not None:
+                terms[t.name] = bind_subquery(_only_select(t.query, t.inner), outer, alias)
+            else:
+                assert t.expr is not None
+                terms[t.name] = resolve(t.expr, None, outer)
+    with cte_names.inlined(terms):
+        return bind_subquery(_only_select(node.stmt.body, node.text), outer, alias)
+
+
+def _only_select(query: Any, text: str) -> Subquery:
+    if not isinstance(query, SelectStmt):
+        raise SqlSemanticError(
+            f"a set operation inside a subquery is not supported: ({text})",
+            details={"subquery": text, "hint": "run it as the statement, or in a WITH term"},
+        )
+    return Subquery(query, text)
+
+
 def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | None:
     """``FROM name`` where ``name`` is an enclosing query's variable is an expression term
     over that variable (N1QL: a subquery's FROM over its outer row), unless USE KEYS or USE
     INDEX say it is a keyspace (``FROM users USE KEYS ...`` inside ``FROM users``)."""
+    if ref is not None and ref.source is None and ref.name not in outer:
+        cte = cte_names.reference(ref.name)  # FROM a WITH name: over its elements
+        if cte is not None and ref.use_keys is None and not ref.use_index:
+            return KeyspaceRef("", ref.as_name, source=cte)
     if ref is None or ref.source is not None or ref.name not in outer:
         return ref
     if ref.use_keys is not None or ref.use_index:

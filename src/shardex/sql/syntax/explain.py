@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .bind import BoundSelect, subqueries_of
+from .ctes import BoundWith
 from .setops import BoundQuery
 
 
@@ -114,3 +115,16 @@ def explain_query(q: BoundQuery) -> dict[str, Any]:
         "branches": [explain_query(b) for b in q.branches],
         "plan": ops,
     }
+
+
+def explain_with(w: BoundWith) -> dict[str, Any]:
+    """EXPLAIN of a WITH statement: its query's plan and each term's (evaluated once, first)."""
+    out = explain_query(w.body)
+    out["with"] = [
+        {
+            "name": t.name,
+            **(explain_query(t.query) if t.query is not None else {"expr": _text(t.expr)}),
+        }
+        for t in w.terms
+    ]
+    return out

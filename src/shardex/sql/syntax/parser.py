@@ -59,6 +59,9 @@ from .ast import (
     Subquery,
     UnnestTerm,
     UpdateStmt,
+    WithStmt,
+    WithSubquery,
+    WithTerm,
 )
 
 SQL_KEYWORDS = frozenset(
@@ -111,7 +114,14 @@ SQL_KEYWORDS = frozenset(
 )
 
 Statement = (
-    SelectStmt | SetOpStmt | ExplainStmt | InsertStmt | DeleteStmt | UpdateStmt | DDLStatement
+    SelectStmt
+    | SetOpStmt
+    | WithStmt
+    | ExplainStmt
+    | InsertStmt
+    | DeleteStmt
+    | UpdateStmt
+    | DDLStatement
 )
 
 _STATEMENT_WORDS = "SELECT, EXPLAIN, INSERT, UPSERT, UPDATE, DELETE, CREATE, BUILD or DROP"
@@ -132,10 +142,15 @@ class SqlParser(DDLParser):
         stmt: Statement
         if word == "SELECT" or self.at_query_in_parens():
             stmt = self.parse_query()
+        elif word == "WITH" and tok.kind is TokenKind.IDENT:
+            stmt = self.parse_with()
         elif self.accept_keyword("EXPLAIN"):
-            if not (self.at_keyword("SELECT") or self.at_query_in_parens()):
-                self.error(self.peek(), expected="SELECT after EXPLAIN")
-            stmt = ExplainStmt(self.parse_query())
+            if self.peek().upper == "WITH":
+                stmt = ExplainStmt(self.parse_with())
+            else:
+                if not (self.at_keyword("SELECT") or self.at_query_in_parens()):
+                    self.error(self.peek(), expected="SELECT after EXPLAIN")
+                stmt = ExplainStmt(self.parse_query())
         elif word in ("INSERT", "UPSERT"):
             stmt = self.parse_insert()
         elif word == "DELETE":
@@ -500,6 +515,54 @@ class SqlParser(DDLParser):
     def source_between(self, start: int, end: int) -> str:
         return self.text[start:end].strip() if self.text else ""
 
+    # -- WITH ------------------------------------------------------------------------------
+
+    def parse_with(self) -> WithStmt:
+        """``WITH name AS (query | expr) {, ...} query``."""
+        self.advance()  # WITH (not reserved: it stays usable as a name elsewhere)
+        if self.peek().upper == "RECURSIVE":
+            self.error(self.peek(), "WITH RECURSIVE is not supported", expected="a name")
+        terms: list[WithTerm] = []
+        while True:
+            start = self.peek()
+            name = self.parse_alias()
+            if any(t.name == name for t in terms):
+                self.error(start, f"WITH names {name!r} twice", expected="another name")
+            self.expect_keyword("AS")
+            opened = self.expect("(", f"'(' and the query or expression {name} stands for")
+            if self.at_keyword("SELECT") or self.at_query_in_parens():
+                query: SelectStmt | SetOpStmt | None = self.parse_query()
+                expr = None
+            else:
+                query, expr = None, self.parse_expr()
+            end = self.expect(")", f"')' after the definition of {name}")
+            text = self.source_between(start.offset, end.offset + 1)
+            inner = self.source_between(opened.offset + 1, end.offset)
+            terms.append(WithTerm(name, text, expr, query, inner))
+            if not self.accept(","):
+                break
+        start = self.peek()
+        if not (self.at_keyword("SELECT") or self.at_query_in_parens()):
+            self.error(start, expected="',' and another WITH term, or the SELECT that uses them")
+        body = self.parse_query()
+        body_text = self.source_between(start.offset, self.peek().offset)
+        return WithStmt(tuple(terms), body, body_text)
+
+    def at_with_subquery(self) -> bool:
+        """At ``(WITH name AS``: a WITH statement in parentheses, as an expression."""
+        return (
+            self.at_op("(")
+            and self.peek(1).upper == "WITH"
+            and self.peek(2).kind in (TokenKind.IDENT, TokenKind.QIDENT)
+            and self.peek(3).upper == "AS"
+        )
+
+    def parse_with_subquery(self) -> Expr:
+        start = self.advance()
+        stmt = self.parse_with()
+        end = self.expect(")", "')' after the subquery")
+        return WithSubquery(stmt, self.source_between(start.offset + 1, end.offset))
+
     # -- expression extensions ---------------------------------------------------------------
 
     def parse_primary(self) -> Expr:
@@ -511,6 +574,8 @@ class SqlParser(DDLParser):
             return self.parse_array_comprehension()
         if tok.text == "(" and tok.kind is TokenKind.OP and self.at_keyword("SELECT", 1):
             return self.parse_subquery()
+        if self.at_with_subquery():
+            return self.parse_with_subquery()
         if word == "EXISTS" and tok.kind is TokenKind.IDENT:
             self.advance()
             return Exists(self.parse_postfix(self.parse_primary()))

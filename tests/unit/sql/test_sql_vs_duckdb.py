@@ -12,6 +12,7 @@ import pytest
 
 from shardex.dbapi.local import LocalQueryClient
 from tests.sql_reference.compare import compare, duck_connection, queries, run_suite
+from tests.sql_reference.ctes import with_generators, with_query
 from tests.sql_reference.documents import make_documents
 from tests.sql_reference.generator import QueryGen
 from tests.sql_reference.setops import set_op_query
@@ -143,6 +144,21 @@ def test_set_operations_match_duckdb(client: LocalQueryClient) -> None:
     assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
     # Most results have rows, so agreement means something.
     assert sum(1 for q in qs if list(client.query(q.sqlpp))) >= N_SET_OPS * 0.6
+    con.close()
+
+
+N_WITH = 120
+
+
+def test_with_statements_match_duckdb(client: LocalQueryClient) -> None:
+    con = duck_connection(make_documents(1, N_DOCS))
+    gen, over = with_generators(11, "docs", "docs")
+    qs = [with_query(gen, over) for _ in range(N_WITH)]
+    assert sum(bool(re.search(r"\b(UNION|INTERSECT|EXCEPT)\b", q.sqlpp)) for q in qs) >= 25
+    assert sum("GROUP BY" in q.sqlpp for q in qs) >= 10
+    mismatches = [m for q in qs if (m := compare(lambda s: client.query(s), con, q)) is not None]
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
+    assert sum(1 for q in qs if list(client.query(q.sqlpp))) >= N_WITH * 0.6
     con.close()
 
 

@@ -322,3 +322,95 @@ class WithSubquery(Expr):
 
     def to_text(self) -> str:
         return f"({self.text})"
+
+
+# -- window functions --------------------------------------------------------------------------
+
+# Functions that exist only with OVER; the aggregates (AGGREGATES) take OVER too.
+WINDOW_FUNCTIONS: dict[str, tuple[int, int]] = {  # name -> (least, most) arguments
+    "ROW_NUMBER": (0, 0),
+    "RANK": (0, 0),
+    "DENSE_RANK": (0, 0),
+    "PERCENT_RANK": (0, 0),
+    "CUME_DIST": (0, 0),
+    "NTILE": (1, 1),
+    "LAG": (1, 3),
+    "LEAD": (1, 3),
+    "FIRST_VALUE": (1, 1),
+    "LAST_VALUE": (1, 1),
+    "NTH_VALUE": (2, 2),
+}
+# Of those, the ones a frame clause does not apply to (they read the partition's order).
+FRAMELESS = frozenset(
+    {"ROW_NUMBER", "RANK", "DENSE_RANK", "PERCENT_RANK", "CUME_DIST", "NTILE", "LAG", "LEAD"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameBound:
+    """``UNBOUNDED PRECEDING`` / ``n PRECEDING`` / ``CURRENT ROW`` / ``n FOLLOWING`` /
+    ``UNBOUNDED FOLLOWING``: ``kind`` one of those words, ``offset`` the ``n``."""
+
+    kind: str  # "UNBOUNDED PRECEDING", "PRECEDING", "CURRENT ROW", "FOLLOWING", ...
+    offset: Expr | None = None
+
+    def to_text(self) -> str:
+        return self.kind if self.offset is None else f"{self.offset.to_text()} {self.kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """``ROWS | RANGE | GROUPS BETWEEN start AND end [EXCLUDE ...]``."""
+
+    unit: str
+    start: FrameBound
+    end: FrameBound
+    exclude: str | None = None  # "CURRENT ROW", "GROUP", "TIES" (None: NO OTHERS)
+
+    def to_text(self) -> str:
+        ex = "" if self.exclude is None else f" EXCLUDE {self.exclude}"
+        return f"{self.unit} BETWEEN {self.start.to_text()} AND {self.end.to_text()}{ex}"
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCall(Expr):
+    """``fn(args) [FROM FIRST|LAST] [RESPECT|IGNORE NULLS] OVER ([PARTITION BY ...]
+    [ORDER BY ...] [frame])``: a window function, or an aggregate over a window. Only in the
+    projection and ORDER BY: the binder evaluates it over the rows after WHERE (or the groups
+    after HAVING) and replaces it by a reference to its value (``window.py``)."""
+
+    name: str
+    args: tuple[Expr, ...]
+    partition: tuple[Expr, ...] = ()
+    order: tuple[OrderTerm, ...] = ()
+    frame: Frame | None = None
+    distinct: bool = False
+    star: bool = False  # COUNT(*)
+    ignore_nulls: bool = False
+    from_last: bool = False
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        out = [*self.args, *self.partition, *(o.expr for o in self.order)]
+        if self.frame is not None:
+            out += [b.offset for b in (self.frame.start, self.frame.end) if b.offset]
+        return tuple(out)
+
+    def to_text(self) -> str:
+        inner = "*" if self.star else ", ".join(a.to_text() for a in self.args)
+        head = f"{self.name}({'DISTINCT ' if self.distinct else ''}{inner})"
+        if self.from_last:
+            head += " FROM LAST"
+        if self.ignore_nulls:
+            head += " IGNORE NULLS"
+        over: list[str] = []
+        if self.partition:
+            over.append("PARTITION BY " + ", ".join(p.to_text() for p in self.partition))
+        if self.order:
+            over.append(
+                "ORDER BY "
+                + ", ".join(o.expr.to_text() + (" DESC" if o.desc else "") for o in self.order)
+            )
+        if self.frame is not None:
+            over.append(self.frame.to_text())
+        return f"{head} OVER ({' '.join(over)})"

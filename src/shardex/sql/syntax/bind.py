@@ -36,10 +36,12 @@ from .ast import (
     OrderTerm,
     SelectStmt,
     Subquery,
+    WindowCall,
     WithSubquery,
     outer_meta_name,
 )
 from .subquery import BoundSubquery
+from .windows import BoundWindow, window_name
 
 # Internal scope names start with NUL: no user identifier (even back-ticked) collides.
 # META_KEY (ast.py) is the FROM term's META().
@@ -90,6 +92,8 @@ class BoundSelect:
     # UNNEST terms, bound over the document scope: (alias, array expression, LEFT).
     unnests: tuple[tuple[str, Expr, bool], ...] = ()
     outer: frozenset[str] = frozenset()  # an enclosing query's names (a subquery's)
+    # Window functions of the projection and ORDER BY, evaluated before the projection.
+    windows: tuple[BoundWindow, ...] = ()
 
     @property
     def aliases(self) -> tuple[str, ...]:
@@ -126,7 +130,7 @@ class BoundSelect:
         out += [e for e in (self.where, self.having) if e is not None]
         out += list(self.group_keys) + [a.arg for a in self.aggregates if a.arg is not None]
         out += [e for _, e in self.letting] + [t.expr for t in self.terms]
-        out += [e for e, _ in self.order]
+        out += [e for e, _ in self.order] + [e for w in self.windows for e in w.expressions()]
         ref = self.from_
         if ref is not None:
             out += [e for e in (ref.use_keys, ref.source) if e is not None]
@@ -306,6 +310,8 @@ def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | 
 
 def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> BoundSelect:
     """Bind ``stmt``; ``outer``: names of enclosing queries it may read (a subquery's)."""
+    stmt, calls = _extract_windows(stmt)
+    window_names = frozenset(window_name(i) for i in range(len(calls)))
     ref = _bind_from(stmt.from_, outer)
     alias = ref.as_name if ref is not None else None
     if ref is not None and ref.source is not None:
@@ -370,6 +376,7 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
         + [o.expr for o in stmt.order_by]
         + ([stmt.having] if stmt.having is not None else [])
         + [e for _, e in stmt.letting]
+        + [e for c in calls for e in c.children()]
     )
     grouped = bool(stmt.group_by) or uses_aggregates
 
@@ -385,11 +392,14 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
                     "SELECT * cannot be used with GROUP BY or aggregates",
                     details={"hint": "list the group keys and aggregates"},
                 )
-            terms.append(BoundTerm(name, grouping.bind(term.expr, "the projection"), term.star))
+            projected = grouping.bind(term.expr, "the projection", extra=window_names)
+            terms.append(BoundTerm(name, projected, term.star))
         order = tuple(
-            (grouping.bind(e, "ORDER BY", extra=order_bound), o)
+            (grouping.bind(e, "ORDER BY", extra=order_bound | window_names), o)
             for e, o in zip(order_exprs, stmt.order_by, strict=True)
         )
+        g = grouping
+        windows = _bind_windows(calls, lambda e: g.bind(e, "a window function"))
     else:
         for term, name in zip(stmt.terms, names, strict=True):
             if term.expr is None:
@@ -397,11 +407,13 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
                     if name is not None:
                         terms.append(BoundTerm(name, Identifier(name)))
                 continue
-            terms.append(BoundTerm(name, resolve(term.expr, alias, doc_bound), term.star))
+            projected = resolve(term.expr, alias, doc_bound | window_names)
+            terms.append(BoundTerm(name, projected, term.star))
         order = tuple(
-            (resolve(e, alias, doc_bound | order_bound), o)
+            (resolve(e, alias, doc_bound | order_bound | window_names), o)
             for e, o in zip(order_exprs, stmt.order_by, strict=True)
         )
+        windows = _bind_windows(calls, lambda e: resolve(e, alias, doc_bound))
     return BoundSelect(
         stmt=stmt,
         from_=ref,
@@ -422,7 +434,73 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
         offset=stmt.offset,
         unnests=tuple(unnests),
         outer=outer,
+        windows=windows,
     )
+
+
+def _extract_windows(stmt: SelectStmt) -> tuple[SelectStmt, list[WindowCall]]:
+    """``stmt`` with each window call of its projection and ORDER BY replaced by a reference
+    to ``window_name(i)`` (one per distinct call), and the calls; refused anywhere else."""
+    clauses = [("LET", e) for _, e in stmt.let] + [("GROUP BY", e) for e in stmt.group_by]
+    clauses += [("LETTING", e) for _, e in stmt.letting] + [
+        ("UNNEST", u.expr) for u in stmt.unnests
+    ]
+    clauses += [(c, e) for c, e in (("WHERE", stmt.where), ("HAVING", stmt.having)) if e]
+    for clause, e in clauses:
+        for n in walk(e):
+            if isinstance(n, WindowCall):
+                raise SqlSemanticError(
+                    f"window function {n.to_text()} is not allowed in {clause}",
+                    details={
+                        "expression": n.to_text(),
+                        "hint": "use it in the projection or "
+                        "ORDER BY (a subquery or WITH can filter on it)",
+                    },
+                )
+    calls: list[WindowCall] = []
+
+    def sub(node: Expr) -> Expr:
+        if isinstance(node, WindowCall):
+            for part in node.children():
+                if any(isinstance(n, WindowCall) for n in walk(part)):
+                    raise SqlSemanticError(
+                        f"window functions cannot be nested: {node.to_text()}",
+                        details={"expression": node.to_text()},
+                    )
+            if node not in calls:
+                calls.append(node)
+            return Identifier(window_name(calls.index(node)))
+        return map_children(node, sub)
+
+    terms = tuple(
+        t if t.expr is None else dataclasses.replace(t, expr=sub(t.expr)) for t in stmt.terms
+    )
+    order_by = tuple(dataclasses.replace(o, expr=sub(o.expr)) for o in stmt.order_by)
+    if not calls:
+        return stmt, []
+    return dataclasses.replace(stmt, terms=terms, order_by=order_by), calls
+
+
+def _bind_windows(calls: list[WindowCall], bind: Callable[[Expr], Expr]) -> tuple[BoundWindow, ...]:
+    """Each call's arguments, PARTITION BY and ORDER BY bound over the rows it reads."""
+    out = []
+    for i, c in enumerate(calls):
+        out.append(
+            BoundWindow(
+                window_name(i),
+                c.name,
+                tuple(bind(a) for a in c.args),
+                tuple(bind(p) for p in c.partition),
+                tuple((bind(o.expr), o) for o in c.order),
+                c.frame,
+                distinct=c.distinct,
+                star=c.star,
+                ignore_nulls=c.ignore_nulls,
+                from_last=c.from_last,
+                call=c,
+            )
+        )
+    return tuple(out)
 
 
 def _aliases_used(order: tuple[tuple[Expr, OrderTerm], ...], aliases: frozenset[str]) -> tuple:

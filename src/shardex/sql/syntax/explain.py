@@ -48,6 +48,8 @@ def explain_select(b: BoundSelect) -> dict[str, Any]:
             ops.append({"operator": "Letting", "bindings": {n: _text(e) for n, e in b.letting}})
         if b.having is not None:
             ops.append({"operator": "Filter", "condition": _text(b.having)})
+    if b.windows:  # after grouping, before the projection
+        ops.append({"operator": "Window", "functions": [_text(w.call) for w in b.windows]})
     proj: dict[str, Any] = {"operator": "Project", "raw": b.raw}
     proj["terms"] = [
         {"name": t.name, "expr": _text(t.expr), **({"star": True} if t.star else {})}

@@ -41,8 +41,10 @@ from shardex.sql.ddl import DDL_KEYWORDS, DDLParser, DDLStatement
 
 from .ast import (
     AGGREGATES,
+    FRAMELESS,
     SELF_NAME,
     SET_OPERATORS,
+    WINDOW_FUNCTIONS,
     Aggregate,
     ArrayComprehension,
     Binding,
@@ -50,6 +52,8 @@ from .ast import (
     DeleteStmt,
     Exists,
     ExplainStmt,
+    Frame,
+    FrameBound,
     InsertStmt,
     KeyspaceRef,
     OrderTerm,
@@ -59,6 +63,7 @@ from .ast import (
     Subquery,
     UnnestTerm,
     UpdateStmt,
+    WindowCall,
     WithStmt,
     WithSubquery,
     WithTerm,
@@ -563,6 +568,137 @@ class SqlParser(DDLParser):
         end = self.expect(")", "')' after the subquery")
         return WithSubquery(stmt, self.source_between(start.offset + 1, end.offset))
 
+    # -- window functions --------------------------------------------------------------------
+
+    def parse_window_function(self, name_tok: Token, upper: str) -> Expr:
+        """``fn(args) [FROM FIRST|LAST] [RESPECT|IGNORE NULLS] OVER (...)``."""
+        least, most = WINDOW_FUNCTIONS[upper]
+        self.expect("(")
+        args = self.expression_list(")")
+        if not least <= len(args) <= most:
+            takes = f"{least}" if least == most else f"{least} to {most}"
+            self.error(
+                name_tok, f"window function {upper} takes {takes} arguments, got {len(args)}"
+            )
+        from_last = False
+        if (
+            upper == "NTH_VALUE"
+            and self.at_keyword("FROM")
+            and self.peek(1).upper
+            in (
+                "FIRST",
+                "LAST",
+            )
+        ):
+            self.advance()
+            from_last = self.advance().upper == "LAST"
+        ignore_nulls = self.parse_null_treatment(upper)
+        if not self.at_keyword("OVER"):
+            self.error(self.peek(), f"window function {upper} needs OVER (...)", expected="OVER")
+        return self.parse_over(
+            WindowCall(upper, tuple(args), ignore_nulls=ignore_nulls, from_last=from_last)
+        )
+
+    def parse_null_treatment(self, upper: str) -> bool:
+        if self.peek().upper in ("RESPECT", "IGNORE") and self.at_keyword("NULLS", 1):
+            tok = self.advance()
+            self.advance()
+            if upper not in ("LAG", "LEAD", "FIRST_VALUE", "LAST_VALUE", "NTH_VALUE"):
+                self.error(tok, f"{upper} takes no {tok.upper} NULLS")
+            return tok.upper == "IGNORE"
+        return False
+
+    def parse_over_aggregate(self, agg: Aggregate) -> Expr:
+        """An aggregate, or with OVER after it an aggregate over a window."""
+        if not self.at_keyword("OVER"):
+            return agg
+        args = () if agg.arg is None else (agg.arg,)
+        return self.parse_over(
+            WindowCall(agg.name, args, distinct=agg.distinct, star=agg.arg is None)
+        )
+
+    def parse_over(self, call: WindowCall) -> WindowCall:
+        self.expect_keyword("OVER")
+        if not self.at_op("("):
+            self.error(
+                self.peek(),
+                "named windows (WINDOW clause) are not supported: write the window in OVER (...)",
+                expected="'(' and the window",
+            )
+        self.advance()
+        partition: tuple[Expr, ...] = ()
+        if self.accept_keyword("PARTITION"):
+            self.expect_keyword("BY")
+            partition = tuple(self.parse_expr_list())
+        order = self.parse_order_by() if self.at_keyword("ORDER") else ()
+        frame = None
+        if self.peek().upper in _FRAME_UNITS:
+            frame = self.parse_frame(bool(order))
+            if call.name in FRAMELESS:
+                self.error(self.tokens[self.pos - 1], f"{call.name} takes no window frame")
+        self.expect(")", "')' after the window")
+        return dataclasses.replace(call, partition=partition, order=order, frame=frame)
+
+    def parse_frame(self, ordered: bool) -> Frame:
+        unit_tok = self.advance()
+        unit = unit_tok.upper
+        if unit in ("RANGE", "GROUPS") and not ordered:
+            self.error(unit_tok, f"a {unit} frame needs ORDER BY in the window")
+        if self.accept_keyword("BETWEEN"):
+            start = self.parse_frame_bound()
+            self.expect_keyword("AND")
+            end = self.parse_frame_bound()
+        else:
+            start, end = self.parse_frame_bound(), FrameBound("CURRENT ROW")
+        order = ["UNBOUNDED PRECEDING", "PRECEDING", "CURRENT ROW", "FOLLOWING"]
+        order.append("UNBOUNDED FOLLOWING")
+        if (
+            start.kind == "UNBOUNDED FOLLOWING"
+            or end.kind == "UNBOUNDED PRECEDING"
+            or order.index(start.kind) > order.index(end.kind)
+        ):
+            self.error(
+                unit_tok,
+                f"window frame from {start.to_text()} to {end.to_text()} is empty",
+                expected="a start that comes before the end",
+            )
+        exclude = None
+        if self.accept_keyword("EXCLUDE"):
+            tok = self.peek()
+            if tok.upper == "CURRENT" and self.at_keyword("ROW", 1):
+                self.advance()
+                self.advance()
+                exclude = "CURRENT ROW"
+            elif tok.upper in ("GROUP", "TIES"):
+                self.advance()
+                exclude = tok.upper
+            elif tok.upper == "NO" and self.at_keyword("OTHERS", 1):
+                self.advance()
+                self.advance()
+            else:
+                self.error(tok, expected="CURRENT ROW, GROUP, TIES or NO OTHERS after EXCLUDE")
+        return Frame(unit, start, end, exclude)
+
+    def parse_frame_bound(self) -> FrameBound:
+        tok = self.peek()
+        if tok.upper == "UNBOUNDED":
+            self.advance()
+            side = self.peek()
+            if side.upper not in ("PRECEDING", "FOLLOWING"):
+                self.error(side, expected="PRECEDING or FOLLOWING after UNBOUNDED")
+            self.advance()
+            return FrameBound(f"UNBOUNDED {side.upper}")
+        if tok.upper == "CURRENT" and self.at_keyword("ROW", 1):
+            self.advance()
+            self.advance()
+            return FrameBound("CURRENT ROW")
+        offset = self.parse_expression()
+        side = self.peek()
+        if side.upper not in ("PRECEDING", "FOLLOWING"):
+            self.error(side, expected="PRECEDING or FOLLOWING after the frame offset")
+        self.advance()
+        return FrameBound(side.upper, offset)
+
     # -- expression extensions ---------------------------------------------------------------
 
     def parse_primary(self) -> Expr:
@@ -637,6 +773,8 @@ class SqlParser(DDLParser):
 
     def parse_call(self, name_tok: Token, name: str) -> Expr:
         upper = name.upper()
+        if upper in WINDOW_FUNCTIONS:
+            return self.parse_window_function(name_tok, upper)
         if upper not in AGGREGATES:
             return super().parse_call(name_tok, name)
         self.expect("(")
@@ -644,13 +782,16 @@ class SqlParser(DDLParser):
             if upper != "COUNT":
                 self.error(self.tokens[self.pos - 1], f"{upper}(*) is not allowed; only COUNT(*)")
             self.expect(")", "')' after COUNT(*")
-            return Aggregate("COUNT", None)
+            return self.parse_over_aggregate(Aggregate("COUNT", None))
         distinct = self.accept_keyword("DISTINCT") is not None
         if not distinct:
             self.accept_keyword("ALL")
         arg = self.parse_expression()
         self.expect(")", f"')' ({upper} takes one argument)")
-        return Aggregate(upper, arg, distinct)
+        return self.parse_over_aggregate(Aggregate(upper, arg, distinct))
+
+
+_FRAME_UNITS = ("ROWS", "RANGE", "GROUPS")
 
 
 def implied_alias(expr: Expr) -> str | None:

@@ -16,6 +16,7 @@ from tests.sql_reference.ctes import with_generators, with_query
 from tests.sql_reference.documents import make_documents
 from tests.sql_reference.generator import QueryGen
 from tests.sql_reference.setops import set_op_query
+from tests.sql_reference.windows import window_query
 
 N_DOCS = 200
 N_QUERIES = 250
@@ -159,6 +160,43 @@ def test_with_statements_match_duckdb(client: LocalQueryClient) -> None:
     mismatches = [m for q in qs if (m := compare(lambda s: client.query(s), con, q)) is not None]
     assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
     assert sum(1 for q in qs if list(client.query(q.sqlpp))) >= N_WITH * 0.6
+    con.close()
+
+
+N_WINDOWS = 150
+WINDOW_FEATURES = {
+    name: (pat, least)
+    for name, pat, least in [
+        ("ROW_NUMBER", r"ROW_NUMBER\(", 5),
+        ("RANK", r"\bRANK\(", 3),
+        ("DENSE_RANK", r"DENSE_RANK\(", 5),
+        ("PERCENT_RANK", r"PERCENT_RANK\(", 5),
+        ("CUME_DIST", r"CUME_DIST\(", 5),
+        ("NTILE", r"NTILE\(", 5),
+        ("LAG/LEAD", r"\b(LAG|LEAD)\(", 10),
+        ("FIRST/LAST/NTH_VALUE", r"(FIRST|LAST|NTH)_VALUE\(", 10),
+        ("aggregate", r"\b(SUM|AVG|MIN|MAX|COUNT)\(", 30),
+        ("PARTITION BY", r"PARTITION BY", 40),
+        ("ROWS frame", r"ROWS BETWEEN", 10),
+        ("GROUPS frame", r"GROUPS BETWEEN", 10),
+        ("RANGE frame", r"RANGE BETWEEN", 5),
+        ("EXCLUDE", r"EXCLUDE", 5),
+        ("IGNORE NULLS", r"IGNORE NULLS", 5),
+    ]
+}
+
+
+def test_window_functions_match_duckdb(client: LocalQueryClient) -> None:
+    con = duck_connection(make_documents(1, N_DOCS))
+    gen = QueryGen(13, "docs", "docs")
+    qs = [window_query(gen) for _ in range(N_WINDOWS)]
+    counts = Counter(
+        name for q in qs for name, (pat, _) in WINDOW_FEATURES.items() if re.search(pat, q.sqlpp)
+    )
+    short = {n: counts[n] for n, (_, least) in WINDOW_FEATURES.items() if counts[n] < least}
+    assert not short, f"too few queries use {short}"
+    mismatches = [m for q in qs if (m := compare(lambda s: client.query(s), con, q)) is not None]
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
     con.close()
 
 

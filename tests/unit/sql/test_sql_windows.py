@@ -135,6 +135,8 @@ def test_ranking_functions(eng: LocalEngine) -> None:
     assert _col(eng, "NTILE(3) OVER (ORDER BY k)") == [1, 1, 1, 2, 2, 2, 3, 3]
     assert _col(eng, "NTILE(20) OVER (ORDER BY k)") == [1, 2, 3, 4, 5, 6, 7, 8]
     assert _col(eng, "RANK() OVER ()") == [1] * 8  # no ORDER BY: every row a peer
+    # MISSING (k 8) and NULL (k 9) are partitions of their own, as GROUP BY's groups.
+    assert _col(eng, "COUNT(*) OVER (PARTITION BY v)", "TRUE") == [1, 2, 1, 2, 1, 1, 1, 1, 1, 1]
     # Per partition (g: a for even k, b for odd).
     assert _col(eng, "ROW_NUMBER() OVER (PARTITION BY g ORDER BY v DESC)") == [
         3,

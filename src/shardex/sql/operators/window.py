@@ -98,7 +98,9 @@ def _partitions(rows: list[Row], spec: WindowSpec) -> Iterator[list[Row]]:
     else:
         by: dict[bytes, list[Row]] = {}
         for row in rows:
-            key = value_identity([f(row) for f in spec.partition])
+            # Each value's own encoding (self-delimiting; MISSING has one, unlike inside
+            # an array), as GROUP BY keys its groups.
+            key = b"".join(value_identity(f(row)) for f in spec.partition)
             by.setdefault(key, []).append(row)
         parts = by.values()
     for part in parts:

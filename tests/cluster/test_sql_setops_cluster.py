@@ -1,10 +1,10 @@
-"""Set operations and WITH on a real 3-node cluster: each SELECT branch runs as a query of its own
-(key lookups small enough to run inline and large enough to need fragments, FROM
-expressions) and the initiator combines them; results equal ``LocalEngine``'s, EXPLAIN shows
-the branches' plans, and the initiator's operators are held to the statement's memory
-budget; a WITH term runs once, before the query, its value read by the query's fragments as
-a parameter (also a key lookup's keys). Key lookups and FROM expressions need no index, so
-no Spark."""
+"""Set operations, WITH and window functions on a real 3-node cluster: each SELECT branch
+runs as a query of its own (key lookups small enough to run inline and large enough to need
+fragments, FROM expressions) and the initiator combines them; results equal
+``LocalEngine``'s, EXPLAIN shows the branches' plans, and the initiator's operators are held
+to the statement's memory budget; a WITH term runs once, before the query, its value read by
+the query's fragments as a parameter (also a key lookup's keys); window functions run where
+the rows meet. Key lookups and FROM expressions need no index, so no Spark."""
 
 from __future__ import annotations
 
@@ -151,3 +151,25 @@ def test_a_with_value_is_held_within_the_memory_budget(client: Client) -> None:
     assert err.value.code is ErrorCode.QUERY_MEMORY_LIMIT
     assert err.value.details["operator"] == "WITH"
     assert list(client.query(sql)) == [20000]
+
+
+WINDOW_QUERIES: list[tuple[str, list[Any] | None]] = [
+    (
+        f"SELECT n, g, ROW_NUMBER() OVER (PARTITION BY g ORDER BY n DESC) AS rn, "
+        f"SUM(n) OVER (PARTITION BY g ORDER BY n ROWS 2 PRECEDING) AS s, "
+        f"LAG(c) OVER (ORDER BY n) AS before FROM {KS} USE KEYS $1 ORDER BY n",
+        [MANY],
+    ),
+    (
+        f"SELECT c, COUNT(*) AS k, RANK() OVER (ORDER BY COUNT(*) DESC) AS r, "
+        f"CUME_DIST() OVER (ORDER BY c) AS cd FROM {KS} USE KEYS $1 GROUP BY c ORDER BY c",
+        [MANY],
+    ),
+]
+
+
+def test_window_functions_equal_the_reference(client: Client, reference: LocalEngine) -> None:
+    for sql, params in WINDOW_QUERIES:
+        want = reference.query(sql, params)
+        assert want, sql
+        assert list(client.query(sql, params)) == want, sql

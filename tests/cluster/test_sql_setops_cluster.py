@@ -173,3 +173,42 @@ def test_window_functions_equal_the_reference(client: Client, reference: LocalEn
         want = reference.query(sql, params)
         assert want, sql
         assert list(client.query(sql, params)) == want, sql
+
+
+def test_prepare_and_execute_on_the_node(client: Client, reference: LocalEngine) -> None:
+    sql = f"SELECT RAW n FROM {KS} USE KEYS $1 WHERE g = $2 ORDER BY n"
+    [row] = list(client.query(f"PREPARE picked FROM {sql}"))
+    assert row == {"name": "picked", "text": sql}
+    want = reference.query(sql, [MANY, 3])
+    assert want and list(client.query("EXECUTE picked", [MANY, 3])) == want
+    using = list(client.query(f"EXECUTE picked USING [{FEW!r}, 0]".replace("'", '"')))
+    assert using == reference.query(sql, [FEW, 0])
+    with pytest.raises(ShardexError) as err:
+        list(client.query("EXECUTE unknown_name"))
+    assert err.value.code is ErrorCode.BAD_REQUEST
+
+
+def test_insert_and_upsert_select_write_the_querys_rows(client: Client) -> None:
+    client.create_keyspace("copies", 8)
+    sql = (
+        "INSERT INTO copies (KEY 'c_' || id, VALUE {'n': n, 'g': g}) "
+        f"SELECT META().id AS id, n, g FROM {KS} USE KEYS $1 WHERE g = 2"
+    )
+    rows = client.query(sql, [MANY])
+    assert list(rows) == []
+    expected = {
+        f"c_{k}": {"n": d["n"], "g": 2} for k, d in DOCS.items() if k in MANY and d["g"] == 2
+    }
+    assert rows.metrics.mutation_count == len(expected) > 0
+    got = client.query("SELECT RAW [META().id, c] FROM copies AS c USE KEYS $1", [list(expected)])
+    assert {k: v for k, v in got} == expected
+    with pytest.raises(ShardexError) as err:  # the same keys again: nothing written
+        list(client.query(sql, [MANY]))
+    assert err.value.code is ErrorCode.DOC_EXISTS
+    up = client.query(
+        "UPSERT INTO copies (KEY 'g_' || TOSTRING(g)) "
+        f"SELECT g, COUNT(*) AS k FROM {KS} USE KEYS $1 GROUP BY g",
+        [MANY],
+    )
+    list(up)
+    assert up.metrics.mutation_count == 7

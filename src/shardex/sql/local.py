@@ -19,6 +19,7 @@ first, then applies them).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
@@ -58,6 +59,7 @@ from shardex.sql.operators import (
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
 from shardex.sql.operators.setops import combine
 from shardex.sql.operators.window import FrameSpec, WindowSpec, window
+from shardex.sql.prepared import PreparedStatements
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
@@ -68,7 +70,7 @@ from shardex.sql.syntax import (
     UpdateStmt,
     parse_statement,
 )
-from shardex.sql.syntax.ast import SetOpStmt, WithStmt
+from shardex.sql.syntax.ast import ExecuteStmt, PrepareStmt, SetOpStmt, WithStmt
 from shardex.sql.syntax.bind import (
     META_KEY,
     BoundSelect,
@@ -80,7 +82,13 @@ from shardex.sql.syntax.bind import (
 from shardex.sql.syntax.ctes import BoundWith, bind_with, values_in
 from shardex.sql.syntax.explain import explain_query, explain_with
 from shardex.sql.syntax.params import check_params
-from shardex.sql.syntax.setops import BoundQuery, BoundSetOp, bind_query, result_scope
+from shardex.sql.syntax.setops import (
+    RESULT_NAME,
+    BoundQuery,
+    BoundSetOp,
+    bind_query,
+    result_scope,
+)
 from shardex.sql.syntax.subquery import running_subqueries
 
 Params = Sequence[Any] | Mapping[str, Any] | None
@@ -123,6 +131,7 @@ class LocalEngine:
     def __init__(self) -> None:
         self.keyspaces: dict[str, dict[str, Any]] = {}
         self.indexes: dict[str, dict[str, CreateIndexStmt]] = {}
+        self.prepared = PreparedStatements()
 
     # -- keyspaces ----------------------------------------------------------------------------
 
@@ -173,6 +182,13 @@ class LocalEngine:
             bound = bind_select(stmt)
             check_params(bound.params(), params)
             return QueryResult(list(self.run_select(bound, params)))
+        if isinstance(stmt, PrepareStmt):
+            if isinstance(stmt.statement, SelectStmt | SetOpStmt):
+                bind_query(stmt.statement)  # a query that cannot bind is not kept
+            return QueryResult([self.prepared.prepare(stmt)])
+        if isinstance(stmt, ExecuteStmt):
+            text, values = self.prepared.execution(stmt, params)
+            return self._execute(text, values)
         if isinstance(stmt, SetOpStmt):
             query = bind_query(stmt)
             check_params(query.params(), params)
@@ -193,6 +209,8 @@ class LocalEngine:
                 self._check_from(one)
             return QueryResult([explain_query(query)])
         if isinstance(stmt, InsertStmt):
+            if stmt.select is not None:
+                return self._insert_select(stmt, params)
             return self._insert(stmt, params)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
             return self._modify(stmt, params)
@@ -244,8 +262,21 @@ class LocalEngine:
 
     # -- DML ----------------------------------------------------------------------------------
 
-    def _insert(self, stmt: InsertStmt, params: Params) -> QueryResult:
-        check_params(_params_of([e for kv in stmt.values for e in kv]), params)
+    def _insert_select(self, stmt: InsertStmt, params: Params) -> QueryResult:
+        """INSERT/UPSERT ... SELECT: the query's rows, then a key and value of each."""
+        assert stmt.select is not None
+        if isinstance(stmt.select, WithStmt):
+            w = bind_with(stmt.select)
+            used, run = w.params(), lambda: self.run_query(w.body, self.with_values(w, params))
+        else:
+            q = bind_query(stmt.select)
+            used, run = q.params(), lambda: self.run_query(q, params)
+        check_params(used | _params_of([e for e in (stmt.key, stmt.value) if e]), params)
+        return self._insert(inserted_values(stmt, list(run()), params), params, checked=True)
+
+    def _insert(self, stmt: InsertStmt, params: Params, *, checked: bool = False) -> QueryResult:
+        if not checked:
+            check_params(_params_of([e for kv in stmt.values for e in kv]), params)
         docs = self.keyspace(stmt.keyspace)
         new: dict[str, Any] = {}
         for key_expr, value_expr in stmt.values:
@@ -450,6 +481,22 @@ class LocalEngine:
             having = _compile(b.having)
             out = filter_rows(out, lambda r: having(r, None, params))
         return iter(out)
+
+
+def inserted_values(stmt: InsertStmt, rows: Iterable[Any], params: Params) -> InsertStmt:
+    """INSERT/UPSERT ... SELECT as the VALUES statement it amounts to: each row's key and
+    value (a bare name in KEY / VALUE is a field of the row, SELF the row; without VALUE the
+    value is the row), evaluated now, so the writes are checked like any VALUES'."""
+    key = _row_fn(resolve(stmt.key, RESULT_NAME, frozenset()), params) if stmt.key else None
+    value = None if stmt.value is None else resolve(stmt.value, RESULT_NAME, frozenset())
+    value_fn = None if value is None else _row_fn(value, params)
+    pairs = []
+    for row in rows:
+        scope = result_scope(row)
+        k = key(scope) if key is not None else MISSING
+        v = row if value_fn is None else value_fn(scope)
+        pairs.append((Literal(k), Literal(v)))
+    return dataclasses.replace(stmt, values=tuple(pairs), select=None)
 
 
 def window_specs(b: BoundSelect, params: Params) -> list[WindowSpec]:

@@ -15,30 +15,35 @@ text (behind the WITH clause it reads, if any): every member binds that text alo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from shardex.api.sql_exec import SqlQuery, SqlStarted
-from shardex.core.expr import evaluate
+from shardex.core.expr import Param, evaluate, walk
 from shardex.sql.exec.bridge import close_all
 from shardex.sql.exec.memory import Budget, value_size
 from shardex.sql.exec.plan import bind_statement, plan_select
 from shardex.sql.exec.reply import once
 from shardex.sql.exec.rows import decode_row, encode_row
 from shardex.sql.exec.setops import explain_set_op, set_op_texts, start_set_op
+from shardex.sql.exec.statement_checks import check_statement
 from shardex.sql.exec.subqueries import expression_runner
+from shardex.sql.local import inserted_values
 from shardex.sql.syntax import ExplainStmt, SelectStmt, cte_names
-from shardex.sql.syntax.ast import SetOpStmt, WithStmt
+from shardex.sql.syntax.ast import ExecuteStmt, InsertStmt, PrepareStmt, SetOpStmt, WithStmt
 from shardex.sql.syntax.ctes import bind_with, values_in
 from shardex.sql.syntax.explain import explain_with
 from shardex.sql.syntax.params import check_params
-from shardex.sql.syntax.setops import bind_set_op
+from shardex.sql.syntax.setops import bind_query, bind_set_op
 from shardex.sql.syntax.subquery import running_subqueries
 
 if TYPE_CHECKING:
+    from shardex.net import Principal
     from shardex.sql.exec.service import SqlService
 
-__all__ = ["compound_statement", "is_compound"]
+__all__ = ["compound_statement", "inserted_statement", "is_compound", "prepared_statement"]
 
 Query = SelectStmt | SetOpStmt | WithStmt
 
@@ -48,6 +53,26 @@ def is_compound(stmt: object) -> bool:
     if isinstance(stmt, ExplainStmt):
         stmt = stmt.statement
     return isinstance(stmt, SetOpStmt | WithStmt)
+
+
+async def prepared_statement(
+    svc: SqlService,
+    msg: SqlQuery,
+    stmt: PrepareStmt | ExecuteStmt,
+    principal: Principal | None,
+    run: Callable[[SqlQuery], Awaitable[tuple[SqlStarted, AsyncIterator[list[bytes]]]]],
+    accepted: Callable[[SqlQuery], SqlQuery],
+) -> tuple[SqlStarted, AsyncIterator[list[bytes]]]:
+    """PREPARE: the statement's text kept under its name on ``svc``'s node (its privileges
+    checked now, and again at each EXECUTE); EXECUTE: that text ``run`` as if it had been
+    sent (``accepted``: checked and stamped), the USING values its parameters."""
+    if isinstance(stmt, ExecuteStmt):
+        text, values = svc.prepared.execution(stmt, msg.params)
+        inner = msgspec.structs.replace(msg, statement=text, params=values)
+        return await run(accepted(inner))
+    check_statement(principal, stmt.statement)
+    row = svc.prepared.prepare(stmt)
+    return SqlStarted(stream_id=msg.stream_id, statement="prepare"), once([encode_row(row)])
 
 
 async def compound_statement(
@@ -79,15 +104,36 @@ async def compound_statement(
     return started, run.closing(chunks)
 
 
+async def inserted_statement(
+    svc: SqlService, msg: SqlQuery, stmt: InsertStmt, params: Any, quota: int
+) -> InsertStmt:
+    """INSERT/UPSERT ... SELECT as the VALUES statement it amounts to: its query run (as
+    any query, its rows gathered here and charged to the budget while held), then each
+    row's key and value (``local.inserted_values``). Checks all the statement's parameters."""
+    query = stmt.select
+    assert query is not None
+    whole = bind_with(query) if isinstance(query, WithStmt) else bind_query(query)
+    keyed = [e for e in (stmt.key, stmt.value) if e is not None]
+    used = {n.name for e in keyed for n in walk(e) if isinstance(n, Param)}
+    check_params(set(whole.params()) | used, params)
+    run = _Run(svc, msg, quota, "INSERT ... SELECT")
+    try:
+        chunks = await run.start(stmt.select_text, query, params, "", [])
+        rows = [run.held_value(decode_row(c)) async for c in _cells(chunks)]
+        return inserted_values(stmt, rows, params)
+    finally:
+        run.close()
+
+
 class _Run:
     """One compound statement's queries, started here, and the memory its WITH values hold."""
 
-    def __init__(self, svc: SqlService, msg: SqlQuery, quota: int) -> None:
+    def __init__(self, svc: SqlService, msg: SqlQuery, quota: int, holds: str = "WITH") -> None:
         self.svc, self.msg = svc, msg
         self._stack = contextlib.ExitStack()
         memory = self._stack.enter_context(svc.memory.fragment(None, quota, msg.spill))
         self.budget: Budget = memory.budget()
-        self.held = self.budget.reserve("WITH")
+        self.held = self.budget.reserve(holds)
 
     def close(self) -> None:
         self._stack.close()
@@ -127,9 +173,9 @@ class _Run:
                 rows = await self.start(
                     term.inner, term.query, seen, prefix + stmt.header(i), before
                 )
-                values[param] = self._held([decode_row(c) async for c in _cells(rows)])
+                values[param] = self.held_value([decode_row(c) async for c in _cells(rows)])
             else:
-                values[param] = self._held(self._evaluate(stmt, i, seen))
+                values[param] = self.held_value(self._evaluate(stmt, i, seen))
         body_names = [*names, *(t.name for t in stmt.terms)]
         return await self.start(
             stmt.body_text, stmt.body, values_in(params, values), prefix + stmt.header(), body_names
@@ -143,11 +189,10 @@ class _Run:
         with running_subqueries(expression_runner):
             return evaluate(term.expr, {}, params=params)
 
-    def _held(self, value: Any) -> Any:
+    def held_value(self, value: Any) -> Any:
         """``value`` charged to the statement's budget for as long as it runs."""
-        size = value_size(value)
-        if not self.held.grow(size):
-            raise self.held.over(why="a WITH value is held while the statement runs")
+        if not self.held.grow(value_size(value)):
+            raise self.held.over(why="the values are held while the statement runs")
         return value
 
 

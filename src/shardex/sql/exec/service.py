@@ -60,8 +60,8 @@ from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.coordinator import ScanCoordinator
+from shardex.sql.exec import compound  # set operations, WITH, PREPARE/EXECUTE, INSERT SELECT
 from shardex.sql.exec.analyze import key_route
-from shardex.sql.exec.compound import compound_statement, is_compound
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
@@ -93,6 +93,7 @@ from shardex.sql.exec.statements import (
     prepared_off_loop,
 )
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
+from shardex.sql.prepared import PreparedStatements
 from shardex.sql.protocol import QueryService
 from shardex.sql.syntax import (
     DeleteStmt,
@@ -101,6 +102,7 @@ from shardex.sql.syntax import (
     SelectStmt,
     UpdateStmt,
 )
+from shardex.sql.syntax.ast import ExecuteStmt, PrepareStmt
 from shardex.sql.syntax.params import check_params, check_params_depth
 
 if TYPE_CHECKING:
@@ -141,6 +143,7 @@ class SqlService:
         self.memory = NodeMemory() if memory is None else memory
         self.max_statement_bytes = max_statement_bytes
         self.keys = KeyLookups(documents, self.memory, query.new_query_id)
+        self.prepared = PreparedStatements()  # PREPARE / EXECUTE names, this node's
         # How the statements initiated here ended, and their latency (the node's metrics).
         self.stats = StatementStats()
         # Statements running at once on this node as their initiator, and waiting to.
@@ -318,9 +321,14 @@ class SqlService:
         if isinstance(stmt, SelectStmt):
             plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
             return self._started(msg, plan, ts), chunks
-        if is_compound(stmt):  # a set operation or WITH (or its EXPLAIN)
+        if isinstance(stmt, PrepareStmt | ExecuteStmt):  # EXECUTE's text runs as if sent
+            run = functools.partial(self._run, principal=principal)
+            return await compound.prepared_statement(
+                self, msg, stmt, principal, run, self._accepted
+            )
+        if compound.is_compound(stmt):  # a set operation or WITH (or its EXPLAIN)
             quota, members = self._quota(msg), self._members()
-            return await compound_statement(self, msg, stmt, params, quota, members)  # type: ignore[arg-type]
+            return await compound.compound_statement(self, msg, stmt, params, quota, members)  # type: ignore[arg-type]
         if isinstance(stmt, ExplainStmt):
             state = await self.scan.view.state()
             members = self._members()
@@ -342,6 +350,9 @@ class SqlService:
             )
             return started, _values([plan.explain()])
         if isinstance(stmt, InsertStmt):
+            checked = stmt.select is not None  # its query's rows, gathered: VALUES to write
+            if checked:
+                stmt = await compound.inserted_statement(self, msg, stmt, params, self._quota(msg))
             with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
                 count, rows = await insert_statement(
                     self.documents,
@@ -351,6 +362,7 @@ class SqlService:
                     msg.durability,
                     mem.budget(),
                     durability_timeout=msg.durability_timeout,
+                    checked=checked,
                 )
             kind = "upsert" if stmt.upsert else "insert"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)

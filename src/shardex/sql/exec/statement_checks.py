@@ -104,6 +104,8 @@ def check_statement(principal: Principal | None, stmt: object) -> None:
     elif isinstance(stmt, InsertStmt):
         kind = "UPSERT" if stmt.upsert else "INSERT"
         require(principal, (Privilege.QUERY_UPDATE,), stmt.keyspace, kind)
+        if stmt.select is not None:  # INSERT ... SELECT reads as its query does
+            check_statement(principal, stmt.select)
     elif isinstance(stmt, DeleteStmt | UpdateStmt):
         kind = "DELETE" if isinstance(stmt, DeleteStmt) else "UPDATE"
         require(principal, (Privilege.QUERY_UPDATE,), stmt.target.name, kind)

@@ -220,12 +220,20 @@ class ExplainStmt:
 
 @dataclass(frozen=True)
 class InsertStmt:
-    """``INSERT|UPSERT INTO ks (KEY, VALUE) VALUES (k, v), ...``."""
+    """``INSERT|UPSERT INTO ks (KEY, VALUE) VALUES (k, v), ...`` or ``... (KEY k [, VALUE v])
+    SELECT ...``."""
 
     keyspace: str
     values: tuple[tuple[Expr, Expr], ...]
     upsert: bool = False
     returning: tuple[ResultTerm, ...] = ()
+    # ``INSERT|UPSERT INTO ks (KEY k [, VALUE v]) query``: the query's result values are the
+    # rows ``key`` and ``value`` read (a bare name is a field of the value, SELF the value);
+    # without VALUE the value is the row. ``select_text``: the query as written.
+    select: SelectStmt | SetOpStmt | WithStmt | None = None
+    key: Expr | None = None
+    value: Expr | None = None
+    select_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -414,3 +422,26 @@ class WindowCall(Expr):
         if self.frame is not None:
             over.append(self.frame.to_text())
         return f"{head} OVER ({' '.join(over)})"
+
+
+# -- PREPARE / EXECUTE -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrepareStmt:
+    """``PREPARE [FORCE] [name FROM | AS] statement``: ``statement`` kept under ``name``
+    (generated when absent) for EXECUTE; ``text`` is the statement as written."""
+
+    name: str
+    statement: object  # a query or DML statement (parser.Statement)
+    text: str
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class ExecuteStmt:
+    """``EXECUTE name [USING [values] | {name: value, ...}]``: the statement prepared under
+    ``name``, run with the USING values as its parameters (else the request's)."""
+
+    name: str
+    using: Expr | None = None

@@ -33,6 +33,7 @@ COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr) and the statistical ones.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import shardex.sql.syntax.comprehension  # noqa: F401 - registers the evaluators of the new nodes
 from shardex.core.expr import Expr, Field, Identifier, Index, Literal, Token, TokenKind
@@ -50,6 +51,7 @@ from .ast import (
     Binding,
     CollectionPredicate,
     DeleteStmt,
+    ExecuteStmt,
     Exists,
     ExplainStmt,
     Frame,
@@ -57,6 +59,7 @@ from .ast import (
     InsertStmt,
     KeyspaceRef,
     OrderTerm,
+    PrepareStmt,
     ResultTerm,
     SelectStmt,
     SetOpStmt,
@@ -119,7 +122,9 @@ SQL_KEYWORDS = frozenset(
 )
 
 Statement = (
-    SelectStmt
+    PrepareStmt
+    | ExecuteStmt
+    | SelectStmt
     | SetOpStmt
     | WithStmt
     | ExplainStmt
@@ -129,7 +134,9 @@ Statement = (
     | DDLStatement
 )
 
-_STATEMENT_WORDS = "SELECT, EXPLAIN, INSERT, UPSERT, UPDATE, DELETE, CREATE, BUILD or DROP"
+_STATEMENT_WORDS = (
+    "SELECT, WITH, EXPLAIN, INSERT, UPSERT, UPDATE, DELETE, PREPARE, EXECUTE, CREATE, BUILD or DROP"
+)
 # Words that end a projection term / FROM clause when no AS precedes an alias.
 _CLAUSE_WORDS = SQL_KEYWORDS | DDL_KEYWORDS | EXPRESSION_KEYWORDS
 
@@ -144,6 +151,22 @@ class SqlParser(DDLParser):
         word = tok.upper
         if word in ("CREATE", "BUILD", "DROP"):
             return super().parse_statement()
+        stmt: Statement
+        if word == "PREPARE" and tok.kind is TokenKind.IDENT:
+            stmt = self.parse_prepare()
+        elif word == "EXECUTE" and tok.kind is TokenKind.IDENT:
+            stmt = self.parse_execute()
+        else:
+            stmt = self.parse_dml_or_query()
+        self.accept(";")
+        if not self.at_end():
+            self.error(self.peek(), expected="the end of the statement")
+        return stmt
+
+    def parse_dml_or_query(self) -> Statement:
+        """A query (SELECT, set operation, WITH, EXPLAIN) or a DML statement."""
+        tok = self.peek()
+        word = tok.upper
         stmt: Statement
         if word == "SELECT" or self.at_query_in_parens():
             stmt = self.parse_query()
@@ -168,9 +191,6 @@ class SqlParser(DDLParser):
                 "not a statement" if tok.kind is not TokenKind.EOF else "empty statement",
                 expected=_STATEMENT_WORDS,
             )
-        self.accept(";")
-        if not self.at_end():
-            self.error(self.peek(), expected="the end of the statement")
         return stmt
 
     def parse_select(self, *, tail: bool = True) -> SelectStmt:
@@ -246,6 +266,8 @@ class SqlParser(DDLParser):
             self.parse_alias()
         if self.accept("("):
             self.expect_keyword("KEY")
+            if not self.at_op(","):
+                return self.parse_insert_select(keyspace, upsert)
             self.expect(",", "',' VALUE")
             self.expect_keyword("VALUE")
             self.expect(")", "')' after (KEY, VALUE")
@@ -256,6 +278,31 @@ class SqlParser(DDLParser):
             values.append(self.parse_key_value())
         returning = self.parse_returning()
         return InsertStmt(keyspace, tuple(values), upsert=upsert, returning=returning)
+
+    def parse_insert_select(self, keyspace: str, upsert: bool) -> InsertStmt:
+        """``... (KEY key_expr [, VALUE value_expr]) query [RETURNING ...]``."""
+        key = self.parse_expr()
+        value = self.parse_expr() if self.accept(",") and self.expect_keyword("VALUE") else None
+        self.expect(")", "')' after the KEY and VALUE expressions")
+        start = self.peek()
+        if start.upper == "WITH" and start.kind is TokenKind.IDENT:
+            select: SelectStmt | SetOpStmt | WithStmt = self.parse_with()
+        elif self.at_keyword("SELECT") or self.at_query_in_parens():
+            select = self.parse_query()
+        else:
+            self.error(start, expected="the SELECT whose results are inserted")
+        text = self.source_between(start.offset, self.peek().offset)  # up to any RETURNING
+        returning = self.parse_returning()
+        return InsertStmt(
+            keyspace,
+            (),
+            upsert=upsert,
+            returning=returning,
+            select=select,
+            key=key,
+            value=value,
+            select_text=text,
+        )
 
     def parse_key_value(self) -> tuple[Expr, Expr]:
         self.expect("(", "'(' and a key, value pair")
@@ -519,6 +566,42 @@ class SqlParser(DDLParser):
 
     def source_between(self, start: int, end: int) -> str:
         return self.text[start:end].strip() if self.text else ""
+
+    # -- PREPARE / EXECUTE -----------------------------------------------------------------
+
+    def parse_prepare(self) -> PrepareStmt:
+        """``PREPARE [FORCE] [name (FROM | AS)] statement``."""
+        self.advance()
+        force = False
+        if self.at_keyword("FORCE") and self.peek(1).kind is not TokenKind.OP:
+            self.advance()
+            force = True
+        name = ""
+        if self.peek(1).upper in ("FROM", "AS"):
+            name = self.parse_prepared_name()
+            self.advance()
+        start = self.peek()
+        if start.upper in ("PREPARE", "EXECUTE", "CREATE", "BUILD", "DROP"):
+            self.error(start, f"{start.upper} cannot be prepared", expected="a query or DML")
+        inner = self.parse_dml_or_query()
+        text = self.source_between(start.offset, self.peek().offset)
+        return PrepareStmt(name or f"p{uuid.uuid4().hex}", inner, text, force)
+
+    def parse_execute(self) -> ExecuteStmt:
+        """``EXECUTE name [USING expr]``."""
+        self.advance()
+        name = self.parse_prepared_name()
+        using = self.parse_expr() if self.accept_keyword("USING") else None
+        return ExecuteStmt(name, using)
+
+    def parse_prepared_name(self) -> str:
+        tok = self.peek()
+        if tok.kind is TokenKind.STRING and isinstance(tok.value, str) and tok.value:
+            self.advance()
+            return tok.value
+        if tok.kind not in (TokenKind.IDENT, TokenKind.QIDENT):
+            self.error(tok, expected="the name of a prepared statement")
+        return self.parse_alias()
 
     # -- WITH ------------------------------------------------------------------------------
 

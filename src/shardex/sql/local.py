@@ -170,9 +170,9 @@ class LocalEngine:
         with running_subqueries(self.run_subquery):
             return self._execute(sql, params)
 
-    def run_subquery(self, b: BoundSelect, outer: dict[str, Any], params: Params) -> list[Any]:
+    def run_subquery(self, b: BoundQuery, outer: dict[str, Any], params: Params) -> list[Any]:
         """A subquery's result values for one outer row (``subquery.SubqueryRunner``)."""
-        return list(self.run_select(b, params, outer))
+        return list(self.run_query(b, params, outer))
 
     def _execute(self, sql: str | Statement, params: Params) -> QueryResult:
         stmt = parse_statement(sql) if isinstance(sql, str) else sql
@@ -440,24 +440,13 @@ class LocalEngine:
                 values[t.param] = evaluate(t.expr, {}, params=seen)
         return values_in(params, values)
 
-    def run_query(self, q: BoundQuery, params: Params) -> Iterator[Any]:
-        """The result values of a SELECT or a set operation."""
+    def run_query(
+        self, q: BoundQuery, params: Params, outer: dict[str, Any] | None = None
+    ) -> Iterator[Any]:
+        """The result values of a SELECT or a set operation (a subquery's: over ``outer``)."""
         if isinstance(q, BoundSelect):
-            return self.run_select(q, params)
-        return self.run_set_op(q, params)
-
-    def run_set_op(self, q: BoundSetOp, params: Params) -> Iterator[Any]:
-        limit = eval_count(q.limit, params, "LIMIT")
-        offset = eval_count(q.offset, params, "OFFSET") or 0
-        if limit == 0:
-            return iter(())
-        branches = [functools.partial(self.run_query, b, params) for b in q.branches]
-        values = combine(q.ops, branches)
-        key = set_op_sort_key(q, params)
-        if key is not None:
-            top = None if limit is None else offset + limit
-            values = strip_keys(sort_pairs(((key(v), v) for v in values), top))
-        return offset_limit(values, offset, limit)
+            return self.run_select(q, params, outer)
+        return set_op_rows(q, params, lambda b: self.run_query(b, params, outer))
 
     def _group(
         self, b: BoundSelect, rows: Iterable[Any], params: Params, outer: dict[str, Any]
@@ -544,6 +533,23 @@ def _frame_offset(expr: Expr | None, unit: str, params: Params) -> Any:
             details={"value": repr(v), "hint": f"{unit} BETWEEN 2 PRECEDING AND CURRENT ROW"},
         )
     return int(v) if whole else v
+
+
+def set_op_rows(
+    q: BoundSetOp, params: Params, run_branch: Callable[[BoundQuery], Iterable[Any]]
+) -> Iterator[Any]:
+    """``q``'s result values in memory, each branch's from ``run_branch`` (the reference, and
+    a set operation in a subquery expression wherever that runs)."""
+    limit = eval_count(q.limit, params, "LIMIT")
+    offset = eval_count(q.offset, params, "OFFSET") or 0
+    if limit == 0:
+        return iter(())
+    values = combine(q.ops, [functools.partial(run_branch, b) for b in q.branches])
+    key = set_op_sort_key(q, params)
+    if key is not None:
+        top = None if limit is None else offset + limit
+        values = strip_keys(sort_pairs(((key(v), v) for v in values), top))
+    return offset_limit(values, offset, limit)
 
 
 def set_op_sort_key(q: BoundSetOp, params: Params) -> Callable[[Any], bytes] | None:

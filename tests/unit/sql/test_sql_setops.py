@@ -17,12 +17,15 @@ from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.rows import decode_row, encode_row
 from shardex.sql.exec.service import check_statement
 from shardex.sql.exec.setops import set_op_texts, set_op_values, start_set_op
+from shardex.sql.exec.subqueries import refuse_keyspace_subqueries
 from shardex.sql.local import LocalEngine
 from shardex.sql.syntax import SelectStmt, parse_statement
 from shardex.sql.syntax.ast import SetOpStmt
 from shardex.sql.syntax.bind import bind_select
 from shardex.sql.syntax.setops import bind_set_op
 from tests.unit.sql.budgets import budget
+from tests.unit.sql.test_sql_exec_fragment_rows import _canon, _run
+from tests.unit.sql.test_sql_exec_unnest_subquery import _docs
 
 
 @pytest.fixture
@@ -242,3 +245,57 @@ def test_a_set_operation_needs_select_on_every_branch() -> None:
         with pytest.raises(AuthFailed) as e:
             check_statement(ann, parse_statement(sql))
         assert e.value.details["keyspace"] == "y"
+
+
+# -- set operations in subquery expressions -------------------------------------------------------
+
+
+def test_set_operations_in_subquery_expressions(eng: LocalEngine) -> None:
+    assert eng.query("SELECT RAW a FROM x WHERE a IN (SELECT RAW 2 UNION SELECT RAW 7)") == [2, 2]
+    sql = "SELECT RAW t FROM (SELECT RAW b FROM y UNION ALL SELECT RAW 9) AS t ORDER BY t"
+    assert eng.query(sql) == [None, 2, 3, 9]
+    correlated = (
+        "SELECT d.k, (SELECT RAW v FROM d.l AS v EXCEPT SELECT RAW 2 ORDER BY SELF DESC) AS r "
+        "FROM [{'k': 1, 'l': [1, 2, 3]}, {'k': 2, 'l': [2]}] AS d ORDER BY d.k"
+    )
+    assert eng.query(correlated) == [{"k": 1, "r": [3, 1]}, {"k": 2, "r": []}]
+    [plan] = eng.query("EXPLAIN SELECT (SELECT RAW 1 INTERSECT SELECT RAW 1) AS s")
+    assert plan["subqueries"][0]["plan"] == [{"operator": "Intersect", "branch": 1}]
+
+
+UNNEST_KS = "t"
+SUBQUERY_SETOPS = [
+    f"SELECT d.k, (SELECT RAW i.p FROM d.items AS i UNION SELECT RAW 'z') AS ps FROM {UNNEST_KS} d",
+    f"SELECT RAW d.k FROM {UNNEST_KS} d WHERE 'a' IN (SELECT RAW i.p FROM d.items AS i "
+    f"INTERSECT SELECT RAW 'a') ORDER BY d.k",
+    f"SELECT d.k, ARRAY_LENGTH((SELECT RAW i.n FROM d.items AS i EXCEPT ALL SELECT RAW 0)) AS n "
+    f"FROM {UNNEST_KS} d ORDER BY d.k",
+]
+
+
+@pytest.mark.parametrize("sql", SUBQUERY_SETOPS)
+@pytest.mark.parametrize("leaves", [1, 4])
+def test_subquery_set_operations_in_the_distributed_pipelines(sql: str, leaves: int) -> None:
+    docs = _docs()
+    ref = LocalEngine()
+    ref.create_keyspace(UNNEST_KS)
+    ref.keyspaces[UNNEST_KS].update(docs)
+    want = ref.query(sql)
+    assert want
+    got = _run(sql, docs, leaves)
+    if "ORDER BY d.k" in sql:
+        assert got == want
+    else:
+        assert sorted(map(_canon, got)) == sorted(map(_canon, want))
+
+
+def test_a_subquery_set_operation_over_a_keyspace_is_refused_and_checked() -> None:
+    sql = "SELECT a FROM x WHERE a IN (SELECT RAW 1 UNION SELECT RAW b FROM y)"
+    with pytest.raises(ShardexError) as err:
+        refuse_keyspace_subqueries(bind_select(parse_statement(sql)))  # type: ignore[arg-type]
+    assert err.value.details["keyspace"] == "y"
+    ann = Principal("user", "ann", ("query_select(x)",))
+    for sub in [sql, "SELECT (WITH t AS (1) SELECT RAW b FROM y USE KEYS 'k') AS s"]:
+        with pytest.raises(AuthFailed) as denied:
+            check_statement(ann, parse_statement(sub))
+        assert denied.value.details["keyspace"] == "y"

@@ -112,6 +112,11 @@ SELF_NAME = "\x00self"
 META_KEY = "\x00meta"
 
 
+# The scope name of a set operation's result value: its ORDER BY reads it, and INSERT ...
+# SELECT's KEY and VALUE (``setops.py``).
+RESULT_NAME = "\x00result"
+
+
 def outer_meta_name(alias: str) -> str:
     return f"{META_KEY}.{alias}"
 
@@ -445,3 +450,19 @@ class ExecuteStmt:
 
     name: str
     using: Expr | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SetOpSubquery(Expr):
+    """``(SELECT ... UNION | INTERSECT | EXCEPT [ALL] SELECT ...)`` used as an expression:
+    binding makes each SELECT branch a ``BoundSubquery`` (``subquery.BoundSetOpSubquery``)."""
+
+    stmt: SetOpStmt
+    text: str
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def to_text(self) -> str:
+        return f"({self.text})"

@@ -27,6 +27,7 @@ from shardex.errors import ErrorCode, ShardexError
 from . import cte_names
 from .ast import (
     META_KEY,
+    RESULT_NAME,
     SELF_NAME,
     Aggregate,
     ArrayComprehension,
@@ -35,11 +36,14 @@ from .ast import (
     KeyspaceRef,
     OrderTerm,
     SelectStmt,
+    SetOpStmt,
+    SetOpSubquery,
     Subquery,
     WindowCall,
     WithSubquery,
     outer_meta_name,
 )
+from .bound_setop import BoundSetOp
 from .subquery import BoundSubquery
 from .windows import BoundWindow, window_name
 
@@ -209,6 +213,8 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
         return bind_subquery(node, bound, alias)
     if isinstance(node, WithSubquery):
         return bind_with_subquery(node, bound, alias)
+    if isinstance(node, SetOpSubquery):
+        return bind_set_op_subquery(node, bound, alias)
     if isinstance(node, CollectionPredicate | ArrayComprehension):
         # Each binding's source sees the variables bound before it; the body sees them all.
         inner = bound
@@ -271,26 +277,65 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
 
 def bind_with_subquery(node: WithSubquery, outer: frozenset[str], alias: str | None) -> Expr:
     """``(WITH ... SELECT ...)`` as an expression: each term bound with those before it
-    inlined, then the SELECT with all of them (``cte_names.inlined``)."""
+    inlined, then the query with all of them (``cte_names.inlined``)."""
     terms: dict[str, Expr] = {}
     for t in node.stmt.terms:
         with cte_names.inlined(terms):
             if t.query is not None:
-                terms[t.name] = bind_subquery(_only_select(t.query, t.inner), outer, alias)
+                terms[t.name] = _bind_query_subquery(t.query, t.inner, outer, alias)
             else:
                 assert t.expr is not None
                 terms[t.name] = resolve(t.expr, None, outer)
     with cte_names.inlined(terms):
-        return bind_subquery(_only_select(node.stmt.body, node.text), outer, alias)
+        return _bind_query_subquery(node.stmt.body, node.stmt.body_text, outer, alias)
 
 
-def _only_select(query: Any, text: str) -> Subquery:
-    if not isinstance(query, SelectStmt):
-        raise SqlSemanticError(
-            f"a set operation inside a subquery is not supported: ({text})",
-            details={"subquery": text, "hint": "run it as the statement, or in a WITH term"},
-        )
-    return Subquery(query, text)
+def _bind_query_subquery(
+    query: SelectStmt | SetOpStmt, text: str, outer: frozenset[str], alias: str | None
+) -> BoundSubquery:
+    if isinstance(query, SetOpStmt):
+        return bind_set_op_subquery(SetOpSubquery(query, text), outer, alias)
+    return bind_subquery(Subquery(query, text), outer, alias)
+
+
+def bind_set_op_subquery(
+    node: SetOpSubquery, outer: frozenset[str], alias: str | None
+) -> BoundSubquery:
+    """``(SELECT ... UNION SELECT ...)`` as an expression: a ``BoundSubquery`` whose statement
+    is the ``BoundSetOp`` of its branches, each bound as a subquery of its own (what the
+    whole reads is what they read)."""
+    stmt = node.stmt
+    subs = [
+        _bind_query_subquery(b, t, outer, alias)
+        for b, t in zip(stmt.branches, stmt.texts, strict=True)
+    ]
+    bound = BoundSetOp(
+        stmt, tuple(s.bound for s in subs), stmt.ops, set_op_order(stmt), stmt.limit, stmt.offset
+    )
+    return BoundSubquery(
+        bound,
+        node.text,
+        frozenset().union(*(s.refs for s in subs)),
+        frozenset().union(*(s.keyspaces for s in subs)),
+        frozenset().union(*(s.scans for s in subs)),
+        alias,
+    )
+
+
+def set_op_order(stmt: SetOpStmt) -> tuple[tuple[Expr, OrderTerm], ...]:
+    """A set operation's ORDER BY, bound over its result value (``RESULT_NAME``): a bare
+    name is a field of it, SELF the value."""
+    order = []
+    for term in stmt.order_by:
+        for n in walk(term.expr):
+            if isinstance(n, Aggregate):
+                raise SqlSemanticError(
+                    f"aggregate {n.to_text()} is not allowed in the ORDER BY of a set "
+                    "operation (it orders the result values)",
+                    details={"aggregate": n.to_text(), "hint": "aggregate inside a branch"},
+                )
+        order.append((resolve(term.expr, RESULT_NAME, frozenset()), term))
+    return tuple(order)
 
 
 def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | None:

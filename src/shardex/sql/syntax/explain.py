@@ -81,7 +81,7 @@ def explain_select(b: BoundSelect) -> dict[str, Any]:
                 "subquery": s.text,
                 "correlated": sorted(s.refs),
                 "keyspaces": sorted(s.keyspaces),
-                **explain_select(s.bound),
+                **explain_query(s.bound),
             }
             for s in subs
         ]

@@ -63,6 +63,7 @@ from .ast import (
     ResultTerm,
     SelectStmt,
     SetOpStmt,
+    SetOpSubquery,
     Subquery,
     UnnestTerm,
     UpdateStmt,
@@ -810,9 +811,11 @@ class SqlParser(DDLParser):
 
     def parse_subquery(self) -> Expr:
         start = self.advance()
-        select = self.parse_select()
+        select = self.parse_query()
         end = self.expect(")", "')' after the subquery")
         text = self.text[start.offset + 1 : end.offset].strip() if self.text else "SELECT ..."
+        if isinstance(select, SetOpStmt):
+            return SetOpSubquery(select, text)
         return Subquery(select, text)
 
     def postfix_ends(self) -> bool:

@@ -206,6 +206,10 @@ def test_aggregates_over_frames(eng: LocalEngine) -> None:
     assert _col(eng, excl + "EXCLUDE GROUP)")[1] == 29
     assert _col(eng, excl + "EXCLUDE TIES)")[1] == 30
     assert _col(eng, "AVG(v) OVER (PARTITION BY g)") == [3.5, 4.25] * 4
+    assert _col(eng, "RATIO_TO_REPORT(v) OVER (PARTITION BY g)") == [
+        v / (14 if i % 2 == 0 else 17) for i, v in enumerate(V)
+    ]
+    assert _col(eng, "RATIO_TO_REPORT(v - v) OVER ()") == [None] * 8  # a sum of 0
     assert _col(eng, "COUNT(DISTINCT v) OVER ()") == [7] * 8
     assert _col(eng, "MAX(v) OVER (PARTITION BY g ORDER BY k)") == [3, 1, 4, 1, 5, 9, 5, 9]
 

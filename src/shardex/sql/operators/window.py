@@ -8,8 +8,10 @@ collation, DESC, NULLS FIRST|LAST). Rows with equal keys are peers. Then per row
 * ROW_NUMBER: its position (from 1); RANK: 1 + the rows before its peers; DENSE_RANK: its
   peer group's number; PERCENT_RANK: (RANK - 1) / (rows - 1), 0 for one row; CUME_DIST: the
   rows up to its last peer / rows; NTILE(n): its bucket of n as equal as can be (the first
-  rows % n buckets one larger); LAG / LEAD(expr, offset 1, default NULL): ``expr`` of the row
-  ``offset`` before / after it (IGNORE NULLS: counting only rows where it is valued).
+  rows % n buckets one larger); LAG / LEAD(expr, offset 1, default NULL): ``expr`` of the
+  row ``offset`` before / after it (IGNORE NULLS: counting only rows where it is valued).
+* RATIO_TO_REPORT(expr): expr over the SUM of expr in the frame (NULL unless both are
+  numbers and the sum is not 0).
 * FIRST_VALUE, LAST_VALUE, NTH_VALUE(expr, n) [FROM LAST] and the aggregates: over the
   row's frame. ``ROWS``: positions; ``RANGE``: ORDER BY values (an offset needs one numeric
   ORDER BY term; rows whose value is no number frame their peers), ``CURRENT ROW`` its
@@ -24,6 +26,7 @@ The rows keep their input order; the output is each row with the values set (a n
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +45,7 @@ _PRECEDING, _CURRENT, _FOLLOWING = "PRECEDING", "CURRENT ROW", "FOLLOWING"
 _UNBOUNDED_PRECEDING, _UNBOUNDED_FOLLOWING = "UNBOUNDED PRECEDING", "UNBOUNDED FOLLOWING"
 # Aggregates whose running state can be finalised at every row without changing it.
 _RUNNING = frozenset({"COUNT", "COUNTN", "SUM", "AVG", "MIN", "MAX"})
+_RATIO_SUM = "\x00ratio"  # RATIO_TO_REPORT's frame sum, set then taken off each row
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +232,8 @@ def _evaluate(spec: WindowSpec, rows: list[Row]) -> None:
         _lag_lead(spec, rows)
     elif fn in ("FIRST_VALUE", "LAST_VALUE", "NTH_VALUE"):
         _nth(spec, p)
+    elif fn == "RATIO_TO_REPORT":
+        _ratio(spec, p)
     else:
         _aggregate(spec, p)
 
@@ -302,6 +308,16 @@ def _nth(spec: WindowSpec, p: _Partition) -> None:
             r[spec.name] = None
             continue
         r[spec.name] = values[frame[-nth] if from_last else frame[nth - 1]]
+
+
+def _ratio(spec: WindowSpec, p: _Partition) -> None:
+    """The row's value over the SUM of the frame's (NULL for a value that is no number or
+    a sum of 0)."""
+    total = dataclasses.replace(spec, function="SUM", name=_RATIO_SUM)
+    _aggregate(total, p)
+    for r in p.rows:
+        v, s = spec.args[0](r), r.pop(_RATIO_SUM)
+        r[spec.name] = v / s if is_number(v) and is_number(s) and s != 0 else None
 
 
 def _aggregate(spec: WindowSpec, p: _Partition) -> None:

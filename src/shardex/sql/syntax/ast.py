@@ -352,6 +352,7 @@ WINDOW_FUNCTIONS: dict[str, tuple[int, int]] = {  # name -> (least, most) argume
     "FIRST_VALUE": (1, 1),
     "LAST_VALUE": (1, 1),
     "NTH_VALUE": (2, 2),
+    "RATIO_TO_REPORT": (1, 1),
 }
 # Of those, the ones a frame clause does not apply to (they read the partition's order).
 FRAMELESS = frozenset(

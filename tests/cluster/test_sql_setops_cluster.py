@@ -144,6 +144,14 @@ def test_with_equals_the_reference(client: Client, reference: LocalEngine) -> No
         assert list(rows) == want, sql
 
 
+def test_explain_with_shows_its_terms_and_the_querys_plan(client: Client) -> None:
+    sql = f"EXPLAIN WITH ids AS (SELECT RAW META().id FROM {KS} USE KEYS $1) SELECT 1"
+    [plan] = list(client.query(sql, [FEW]))
+    assert plan["with"][0]["name"] == "ids"
+    assert plan["distributed_with"]["terms"] == ["ids"]
+    assert plan["distributed"]["source"] == "none"
+
+
 def test_a_with_value_is_held_within_the_memory_budget(client: Client) -> None:
     sql = "WITH big AS (ARRAY_RANGE(0, 20000)) SELECT RAW ARRAY_LENGTH(big)"
     with pytest.raises(ShardexError) as err:

@@ -183,8 +183,10 @@ class LocalEngine:
             check_params(bound.params(), params)
             return QueryResult(list(self.run_select(bound, params)))
         if isinstance(stmt, PrepareStmt):
-            if isinstance(stmt.statement, SelectStmt | SetOpStmt):
-                bind_query(stmt.statement)  # a query that cannot bind is not kept
+            if isinstance(stmt.statement, WithStmt):  # a query that cannot bind is not kept
+                bind_with(stmt.statement)
+            elif isinstance(stmt.statement, SelectStmt | SetOpStmt):
+                bind_query(stmt.statement)
             return QueryResult([self.prepared.prepare(stmt)])
         if isinstance(stmt, ExecuteStmt):
             text, values = self.prepared.execution(stmt, params)

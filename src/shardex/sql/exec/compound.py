@@ -71,6 +71,11 @@ async def prepared_statement(
         inner = msgspec.structs.replace(msg, statement=text, params=values)
         return await run(accepted(inner))
     check_statement(principal, stmt.statement)
+    inner = stmt.statement
+    if isinstance(inner, WithStmt):  # a query that cannot bind is not kept
+        bind_with(inner)
+    elif isinstance(inner, SelectStmt | SetOpStmt):
+        bind_query(inner)
     row = svc.prepared.prepare(stmt)
     return SqlStarted(stream_id=msg.stream_id, statement="prepare"), once([encode_row(row)])
 

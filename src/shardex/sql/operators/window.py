@@ -91,12 +91,13 @@ def window(
             hold(row)
         out.append(dict(row))
     for spec in specs:
-        for part in _partitions(out, spec):
-            _evaluate(spec, part)
+        for keys, part in _partitions(out, spec):
+            _evaluate(spec, part, keys)
     return iter(out)
 
 
-def _partitions(rows: list[Row], spec: WindowSpec) -> Iterator[list[Row]]:
+def _partitions(rows: list[Row], spec: WindowSpec) -> Iterator[tuple[list[bytes], list[Row]]]:
+    """Each partition's rows in ORDER BY order, with their sort keys."""
     if not spec.partition:
         parts: Iterable[list[Row]] = [rows]
     else:
@@ -111,19 +112,18 @@ def _partitions(rows: list[Row], spec: WindowSpec) -> Iterator[list[Row]]:
         if spec.order:
             keyed = [(encode_sort_key([f(r) for f in spec.order], spec.sort), r) for r in part]
             keyed.sort(key=lambda kr: kr[0])  # stable: ties keep their input order
-            yield [r for _, r in keyed]
+            yield [k for k, _ in keyed], [r for _, r in keyed]
         else:
-            yield part
+            yield [b""] * len(part), part
 
 
 class _Partition:
     """One sorted partition: its rows, their peer groups and (for RANGE offsets) the
     numeric ORDER BY values."""
 
-    def __init__(self, spec: WindowSpec, rows: list[Row]) -> None:
+    def __init__(self, spec: WindowSpec, rows: list[Row], keys: list[bytes]) -> None:
         self.rows = rows
         self.n = len(rows)
-        keys = [encode_sort_key([f(r) for f in spec.order], spec.sort) for r in rows]
         self.group_of: list[int] = []  # peer group index of each row
         self.group_start: list[int] = []  # first row of each peer group
         for i, k in enumerate(keys):
@@ -208,10 +208,10 @@ class _Partition:
         return first + bisect.bisect_right(keyed, t)
 
 
-def _evaluate(spec: WindowSpec, rows: list[Row]) -> None:
+def _evaluate(spec: WindowSpec, rows: list[Row], keys: list[bytes]) -> None:
     if not rows:
         return
-    p = _Partition(spec, rows)
+    p = _Partition(spec, rows, keys)
     fn, name, n = spec.function, spec.name, p.n
     if fn == "ROW_NUMBER":
         for i, r in enumerate(rows):

@@ -32,19 +32,16 @@ COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr) and the statistical ones.
 
 from __future__ import annotations
 
-import dataclasses
-import uuid
-
 import shardex.sql.syntax.comprehension  # noqa: F401 - registers the evaluators of the new nodes
 from shardex.core.expr import Expr, Field, Identifier, Index, Literal, Token, TokenKind
 from shardex.core.expr.ast import EXPRESSION_KEYWORDS
 from shardex.sql.ddl import DDL_KEYWORDS, DDLParser, DDLStatement
 
+from . import parse_queries as queries
+from . import parse_windows as windows
 from .ast import (
     AGGREGATES,
-    FRAMELESS,
     SELF_NAME,
-    SET_OPERATORS,
     WINDOW_FUNCTIONS,
     Aggregate,
     ArrayComprehension,
@@ -54,8 +51,6 @@ from .ast import (
     ExecuteStmt,
     Exists,
     ExplainStmt,
-    Frame,
-    FrameBound,
     InsertStmt,
     KeyspaceRef,
     OrderTerm,
@@ -67,10 +62,7 @@ from .ast import (
     Subquery,
     UnnestTerm,
     UpdateStmt,
-    WindowCall,
     WithStmt,
-    WithSubquery,
-    WithTerm,
 )
 
 SQL_KEYWORDS = frozenset(
@@ -154,9 +146,9 @@ class SqlParser(DDLParser):
             return super().parse_statement()
         stmt: Statement
         if word == "PREPARE" and tok.kind is TokenKind.IDENT:
-            stmt = self.parse_prepare()
+            stmt = queries.parse_prepare(self)
         elif word == "EXECUTE" and tok.kind is TokenKind.IDENT:
-            stmt = self.parse_execute()
+            stmt = queries.parse_execute(self)
         else:
             stmt = self.parse_dml_or_query()
         self.accept(";")
@@ -169,17 +161,17 @@ class SqlParser(DDLParser):
         tok = self.peek()
         word = tok.upper
         stmt: Statement
-        if word == "SELECT" or self.at_query_in_parens():
-            stmt = self.parse_query()
+        if word == "SELECT" or queries.at_query_in_parens(self):
+            stmt = queries.parse_query(self)
         elif word == "WITH" and tok.kind is TokenKind.IDENT:
-            stmt = self.parse_with()
+            stmt = queries.parse_with(self)
         elif self.accept_keyword("EXPLAIN"):
             if self.peek().upper == "WITH":
-                stmt = ExplainStmt(self.parse_with())
+                stmt = ExplainStmt(queries.parse_with(self))
             else:
-                if not (self.at_keyword("SELECT") or self.at_query_in_parens()):
+                if not (self.at_keyword("SELECT") or queries.at_query_in_parens(self)):
                     self.error(self.peek(), expected="SELECT after EXPLAIN")
-                stmt = ExplainStmt(self.parse_query())
+                stmt = ExplainStmt(queries.parse_query(self))
         elif word in ("INSERT", "UPSERT"):
             stmt = self.parse_insert()
         elif word == "DELETE":
@@ -224,7 +216,7 @@ class SqlParser(DDLParser):
         having = self.parse_expr() if self.accept_keyword("HAVING") else None
         if having is not None and not group_by and from_ is None:
             self.error(having_tok, "HAVING needs a FROM clause")
-        order_by, limit, offset = self.parse_query_tail() if tail else ((), None, None)
+        order_by, limit, offset = queries.parse_query_tail(self) if tail else ((), None, None)
         return SelectStmt(
             terms=terms,
             raw=raw,
@@ -268,7 +260,7 @@ class SqlParser(DDLParser):
         if self.accept("("):
             self.expect_keyword("KEY")
             if not self.at_op(","):
-                return self.parse_insert_select(keyspace, upsert)
+                return queries.parse_insert_select(self, keyspace, upsert)
             self.expect(",", "',' VALUE")
             self.expect_keyword("VALUE")
             self.expect(")", "')' after (KEY, VALUE")
@@ -279,31 +271,6 @@ class SqlParser(DDLParser):
             values.append(self.parse_key_value())
         returning = self.parse_returning()
         return InsertStmt(keyspace, tuple(values), upsert=upsert, returning=returning)
-
-    def parse_insert_select(self, keyspace: str, upsert: bool) -> InsertStmt:
-        """``... (KEY key_expr [, VALUE value_expr]) query [RETURNING ...]``."""
-        key = self.parse_expr()
-        value = self.parse_expr() if self.accept(",") and self.expect_keyword("VALUE") else None
-        self.expect(")", "')' after the KEY and VALUE expressions")
-        start = self.peek()
-        if start.upper == "WITH" and start.kind is TokenKind.IDENT:
-            select: SelectStmt | SetOpStmt | WithStmt = self.parse_with()
-        elif self.at_keyword("SELECT") or self.at_query_in_parens():
-            select = self.parse_query()
-        else:
-            self.error(start, expected="the SELECT whose results are inserted")
-        text = self.source_between(start.offset, self.peek().offset)  # up to any RETURNING
-        returning = self.parse_returning()
-        return InsertStmt(
-            keyspace,
-            (),
-            upsert=upsert,
-            returning=returning,
-            select=select,
-            key=key,
-            value=value,
-            select_text=text,
-        )
 
     def parse_key_value(self) -> tuple[Expr, Expr]:
         self.expect("(", "'(' and a key, value pair")
@@ -498,291 +465,6 @@ class SqlParser(DDLParser):
             )
         return expr
 
-    # -- set operations ----------------------------------------------------------------------
-
-    def parse_query(self) -> SelectStmt | SetOpStmt:
-        """A SELECT or a set operation of SELECTs (``SetOpStmt``), with its trailing ORDER
-        BY / LIMIT / OFFSET."""
-        branches: list[SelectStmt | SetOpStmt] = []
-        texts: list[str] = []
-        ops: list[tuple[str, bool]] = []
-        while True:
-            start = self.peek()
-            if self.at_query_in_parens():
-                self.advance()
-                branch: SelectStmt | SetOpStmt = self.parse_query()
-                end = self.expect(")", "')' after the parenthesised query")
-                texts.append(self.source_between(start.offset + 1, end.offset))
-            else:
-                branch = self.parse_select(tail=False)
-                texts.append(self.source_between(start.offset, self.peek().offset))
-            branches.append(branch)
-            op = self.peek()
-            if op.kind is not TokenKind.IDENT or op.upper not in SET_OPERATORS:
-                break
-            self.advance()
-            ops.append((op.upper, self.accept_keyword("ALL") is not None))
-            if not (self.at_keyword("SELECT") or self.at_query_in_parens()):
-                self.error(
-                    self.peek(), expected=f"SELECT or a parenthesised query after {op.upper}"
-                )
-        order_by, limit, offset = self.parse_query_tail()
-        after = self.peek()
-        if (order_by or limit or offset) and after.upper in SET_OPERATORS:
-            self.error(
-                after,
-                f"ORDER BY, LIMIT and OFFSET end a set operation: {after.upper} cannot follow them",
-                expected="parentheses around a branch that has them: "
-                f"(SELECT ... ORDER BY ... LIMIT n) {after.upper} SELECT ...",
-            )
-        if len(branches) == 1 and isinstance(branches[0], SelectStmt):
-            one = branches[0]
-            if not (order_by or limit or offset):
-                return one
-            if not (one.order_by or one.limit or one.offset):  # SELECT ... ORDER BY ...
-                return dataclasses.replace(one, order_by=order_by, limit=limit, offset=offset)
-        if len(branches) == 1 and not (order_by or limit or offset):
-            return branches[0]  # (query): the parentheses change nothing
-        return SetOpStmt(tuple(branches), tuple(ops), tuple(texts), order_by, limit, offset)
-
-    def at_query_in_parens(self) -> bool:
-        """At ``(SELECT`` (or ``((SELECT``, ...): a parenthesised query as a statement or a
-        set operation's branch."""
-        i = 0
-        while self.at_op("(", i):
-            i += 1
-        return i > 0 and self.at_keyword("SELECT", i)
-
-    def parse_query_tail(self) -> tuple[tuple[OrderTerm, ...], Expr | None, Expr | None]:
-        """``[ORDER BY ...] [LIMIT expr] [OFFSET expr]`` (LIMIT and OFFSET in either order,
-        each at most once)."""
-        order_by = self.parse_order_by() if self.at_keyword("ORDER") else ()
-        limit = offset = None
-        for _ in range(2):
-            if limit is None and self.accept_keyword("LIMIT"):
-                limit = self.parse_expr()
-            elif offset is None and self.accept_keyword("OFFSET"):
-                offset = self.parse_expr()
-        return order_by, limit, offset
-
-    def source_between(self, start: int, end: int) -> str:
-        return self.text[start:end].strip() if self.text else ""
-
-    # -- PREPARE / EXECUTE -----------------------------------------------------------------
-
-    def parse_prepare(self) -> PrepareStmt:
-        """``PREPARE [FORCE] [name (FROM | AS)] statement``."""
-        self.advance()
-        force = False
-        if self.at_keyword("FORCE") and self.peek(1).kind is not TokenKind.OP:
-            self.advance()
-            force = True
-        name = ""
-        if self.peek(1).upper in ("FROM", "AS"):
-            name = self.parse_prepared_name()
-            self.advance()
-        start = self.peek()
-        if start.upper in ("PREPARE", "EXECUTE", "CREATE", "BUILD", "DROP"):
-            self.error(start, f"{start.upper} cannot be prepared", expected="a query or DML")
-        inner = self.parse_dml_or_query()
-        text = self.source_between(start.offset, self.peek().offset)
-        return PrepareStmt(name or f"p{uuid.uuid4().hex}", inner, text, force)
-
-    def parse_execute(self) -> ExecuteStmt:
-        """``EXECUTE name [USING expr]``."""
-        self.advance()
-        name = self.parse_prepared_name()
-        using = self.parse_expr() if self.accept_keyword("USING") else None
-        return ExecuteStmt(name, using)
-
-    def parse_prepared_name(self) -> str:
-        tok = self.peek()
-        if tok.kind is TokenKind.STRING and isinstance(tok.value, str) and tok.value:
-            self.advance()
-            return tok.value
-        if tok.kind not in (TokenKind.IDENT, TokenKind.QIDENT):
-            self.error(tok, expected="the name of a prepared statement")
-        return self.parse_alias()
-
-    # -- WITH ------------------------------------------------------------------------------
-
-    def parse_with(self) -> WithStmt:
-        """``WITH name AS (query | expr) {, ...} query``."""
-        self.advance()  # WITH (not reserved: it stays usable as a name elsewhere)
-        if self.peek().upper == "RECURSIVE":
-            self.error(self.peek(), "WITH RECURSIVE is not supported", expected="a name")
-        terms: list[WithTerm] = []
-        while True:
-            start = self.peek()
-            name = self.parse_alias()
-            if any(t.name == name for t in terms):
-                self.error(start, f"WITH names {name!r} twice", expected="another name")
-            self.expect_keyword("AS")
-            opened = self.expect("(", f"'(' and the query or expression {name} stands for")
-            if self.at_keyword("SELECT") or self.at_query_in_parens():
-                query: SelectStmt | SetOpStmt | None = self.parse_query()
-                expr = None
-            else:
-                query, expr = None, self.parse_expr()
-            end = self.expect(")", f"')' after the definition of {name}")
-            text = self.source_between(start.offset, end.offset + 1)
-            inner = self.source_between(opened.offset + 1, end.offset)
-            terms.append(WithTerm(name, text, expr, query, inner))
-            if not self.accept(","):
-                break
-        start = self.peek()
-        if not (self.at_keyword("SELECT") or self.at_query_in_parens()):
-            self.error(start, expected="',' and another WITH term, or the SELECT that uses them")
-        body = self.parse_query()
-        body_text = self.source_between(start.offset, self.peek().offset)
-        return WithStmt(tuple(terms), body, body_text)
-
-    def at_with_subquery(self) -> bool:
-        """At ``(WITH name AS``: a WITH statement in parentheses, as an expression."""
-        return (
-            self.at_op("(")
-            and self.peek(1).upper == "WITH"
-            and self.peek(2).kind in (TokenKind.IDENT, TokenKind.QIDENT)
-            and self.peek(3).upper == "AS"
-        )
-
-    def parse_with_subquery(self) -> Expr:
-        start = self.advance()
-        stmt = self.parse_with()
-        end = self.expect(")", "')' after the subquery")
-        return WithSubquery(stmt, self.source_between(start.offset + 1, end.offset))
-
-    # -- window functions --------------------------------------------------------------------
-
-    def parse_window_function(self, name_tok: Token, upper: str) -> Expr:
-        """``fn(args) [FROM FIRST|LAST] [RESPECT|IGNORE NULLS] OVER (...)``."""
-        least, most = WINDOW_FUNCTIONS[upper]
-        self.expect("(")
-        args = self.expression_list(")")
-        if not least <= len(args) <= most:
-            takes = f"{least}" if least == most else f"{least} to {most}"
-            self.error(
-                name_tok, f"window function {upper} takes {takes} arguments, got {len(args)}"
-            )
-        from_last = False
-        if (
-            upper == "NTH_VALUE"
-            and self.at_keyword("FROM")
-            and self.peek(1).upper
-            in (
-                "FIRST",
-                "LAST",
-            )
-        ):
-            self.advance()
-            from_last = self.advance().upper == "LAST"
-        ignore_nulls = self.parse_null_treatment(upper)
-        if not self.at_keyword("OVER"):
-            self.error(self.peek(), f"window function {upper} needs OVER (...)", expected="OVER")
-        return self.parse_over(
-            WindowCall(upper, tuple(args), ignore_nulls=ignore_nulls, from_last=from_last)
-        )
-
-    def parse_null_treatment(self, upper: str) -> bool:
-        if self.peek().upper in ("RESPECT", "IGNORE") and self.at_keyword("NULLS", 1):
-            tok = self.advance()
-            self.advance()
-            if upper not in ("LAG", "LEAD", "FIRST_VALUE", "LAST_VALUE", "NTH_VALUE"):
-                self.error(tok, f"{upper} takes no {tok.upper} NULLS")
-            return tok.upper == "IGNORE"
-        return False
-
-    def parse_over_aggregate(self, agg: Aggregate) -> Expr:
-        """An aggregate, or with OVER after it an aggregate over a window."""
-        if not self.at_keyword("OVER"):
-            return agg
-        args = () if agg.arg is None else (agg.arg,)
-        return self.parse_over(
-            WindowCall(agg.name, args, distinct=agg.distinct, star=agg.arg is None)
-        )
-
-    def parse_over(self, call: WindowCall) -> WindowCall:
-        self.expect_keyword("OVER")
-        if not self.at_op("("):
-            self.error(
-                self.peek(),
-                "named windows (WINDOW clause) are not supported: write the window in OVER (...)",
-                expected="'(' and the window",
-            )
-        self.advance()
-        partition: tuple[Expr, ...] = ()
-        if self.accept_keyword("PARTITION"):
-            self.expect_keyword("BY")
-            partition = tuple(self.parse_expr_list())
-        order = self.parse_order_by() if self.at_keyword("ORDER") else ()
-        frame = None
-        if self.peek().upper in _FRAME_UNITS:
-            frame = self.parse_frame(bool(order))
-            if call.name in FRAMELESS:
-                self.error(self.tokens[self.pos - 1], f"{call.name} takes no window frame")
-        self.expect(")", "')' after the window")
-        return dataclasses.replace(call, partition=partition, order=order, frame=frame)
-
-    def parse_frame(self, ordered: bool) -> Frame:
-        unit_tok = self.advance()
-        unit = unit_tok.upper
-        if unit in ("RANGE", "GROUPS") and not ordered:
-            self.error(unit_tok, f"a {unit} frame needs ORDER BY in the window")
-        if self.accept_keyword("BETWEEN"):
-            start = self.parse_frame_bound()
-            self.expect_keyword("AND")
-            end = self.parse_frame_bound()
-        else:
-            start, end = self.parse_frame_bound(), FrameBound("CURRENT ROW")
-        order = ["UNBOUNDED PRECEDING", "PRECEDING", "CURRENT ROW", "FOLLOWING"]
-        order.append("UNBOUNDED FOLLOWING")
-        if (
-            start.kind == "UNBOUNDED FOLLOWING"
-            or end.kind == "UNBOUNDED PRECEDING"
-            or order.index(start.kind) > order.index(end.kind)
-        ):
-            self.error(
-                unit_tok,
-                f"window frame from {start.to_text()} to {end.to_text()} is empty",
-                expected="a start that comes before the end",
-            )
-        exclude = None
-        if self.accept_keyword("EXCLUDE"):
-            tok = self.peek()
-            if tok.upper == "CURRENT" and self.at_keyword("ROW", 1):
-                self.advance()
-                self.advance()
-                exclude = "CURRENT ROW"
-            elif tok.upper in ("GROUP", "TIES"):
-                self.advance()
-                exclude = tok.upper
-            elif tok.upper == "NO" and self.at_keyword("OTHERS", 1):
-                self.advance()
-                self.advance()
-            else:
-                self.error(tok, expected="CURRENT ROW, GROUP, TIES or NO OTHERS after EXCLUDE")
-        return Frame(unit, start, end, exclude)
-
-    def parse_frame_bound(self) -> FrameBound:
-        tok = self.peek()
-        if tok.upper == "UNBOUNDED":
-            self.advance()
-            side = self.peek()
-            if side.upper not in ("PRECEDING", "FOLLOWING"):
-                self.error(side, expected="PRECEDING or FOLLOWING after UNBOUNDED")
-            self.advance()
-            return FrameBound(f"UNBOUNDED {side.upper}")
-        if tok.upper == "CURRENT" and self.at_keyword("ROW", 1):
-            self.advance()
-            self.advance()
-            return FrameBound("CURRENT ROW")
-        offset = self.parse_expression()
-        side = self.peek()
-        if side.upper not in ("PRECEDING", "FOLLOWING"):
-            self.error(side, expected="PRECEDING or FOLLOWING after the frame offset")
-        self.advance()
-        return FrameBound(side.upper, offset)
-
     # -- expression extensions ---------------------------------------------------------------
 
     def parse_primary(self) -> Expr:
@@ -794,8 +476,8 @@ class SqlParser(DDLParser):
             return self.parse_array_comprehension()
         if tok.text == "(" and tok.kind is TokenKind.OP and self.at_keyword("SELECT", 1):
             return self.parse_subquery()
-        if self.at_with_subquery():
-            return self.parse_with_subquery()
+        if queries.at_with_subquery(self):
+            return queries.parse_with_subquery(self)
         if word == "EXISTS" and tok.kind is TokenKind.IDENT:
             self.advance()
             return Exists(self.parse_postfix(self.parse_primary()))
@@ -811,7 +493,7 @@ class SqlParser(DDLParser):
 
     def parse_subquery(self) -> Expr:
         start = self.advance()
-        select = self.parse_query()
+        select = queries.parse_query(self)
         end = self.expect(")", "')' after the subquery")
         text = self.text[start.offset + 1 : end.offset].strip() if self.text else "SELECT ..."
         if isinstance(select, SetOpStmt):
@@ -860,7 +542,7 @@ class SqlParser(DDLParser):
     def parse_call(self, name_tok: Token, name: str) -> Expr:
         upper = name.upper()
         if upper in WINDOW_FUNCTIONS:
-            return self.parse_window_function(name_tok, upper)
+            return windows.parse_window_function(self, name_tok, upper)
         if upper not in AGGREGATES:
             return super().parse_call(name_tok, name)
         self.expect("(")
@@ -868,16 +550,13 @@ class SqlParser(DDLParser):
             if upper != "COUNT":
                 self.error(self.tokens[self.pos - 1], f"{upper}(*) is not allowed; only COUNT(*)")
             self.expect(")", "')' after COUNT(*")
-            return self.parse_over_aggregate(Aggregate("COUNT", None))
+            return windows.parse_over_aggregate(self, Aggregate("COUNT", None))
         distinct = self.accept_keyword("DISTINCT") is not None
         if not distinct:
             self.accept_keyword("ALL")
         arg = self.parse_expression()
         self.expect(")", f"')' ({upper} takes one argument)")
-        return self.parse_over_aggregate(Aggregate(upper, arg, distinct))
-
-
-_FRAME_UNITS = ("ROWS", "RANGE", "GROUPS")
+        return windows.parse_over_aggregate(self, Aggregate(upper, arg, distinct))
 
 
 def implied_alias(expr: Expr) -> str | None:

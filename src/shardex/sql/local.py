@@ -38,7 +38,6 @@ from shardex.core.expr import (
     walk,
 )
 from shardex.core.expr.functions_date import mentions_statement_time, with_statement_time
-from shardex.core.expr.ops import is_number
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.ddl import BuildIndexStmt, CreateIndexStmt, DropIndexStmt
 from shardex.sql.operators import (
@@ -58,7 +57,7 @@ from shardex.sql.operators import (
 )
 from shardex.sql.operators.mutate import path_steps, set_path, unset_path, updated_copy
 from shardex.sql.operators.setops import combine
-from shardex.sql.operators.window import FrameSpec, WindowSpec, window
+from shardex.sql.operators.window import window, window_specs
 from shardex.sql.prepared import PreparedStatements
 from shardex.sql.syntax import (
     DeleteStmt,
@@ -488,53 +487,6 @@ def inserted_values(stmt: InsertStmt, rows: Iterable[Any], params: Params) -> In
         v = row if value_fn is None else value_fn(scope)
         pairs.append((Literal(k), Literal(v)))
     return dataclasses.replace(stmt, values=tuple(pairs), select=None)
-
-
-def window_specs(b: BoundSelect, params: Params) -> list[WindowSpec]:
-    """The window functions of ``b`` as operator specs (shared with the fragments); frame
-    offsets evaluated once (constants or parameters: non-negative numbers)."""
-    out = []
-    for w in b.windows:
-        frame = None
-        if w.frame is not None:
-            f = w.frame
-            frame = FrameSpec(
-                f.unit,
-                (f.start.kind, _frame_offset(f.start.offset, f.unit, params)),
-                (f.end.kind, _frame_offset(f.end.offset, f.unit, params)),
-                f.exclude,
-            )
-        out.append(
-            WindowSpec(
-                w.name,
-                w.function,
-                tuple(_row_fn(a, params) for a in w.args),
-                tuple(_row_fn(p, params) for p in w.partition),
-                tuple(_row_fn(e, params) for e, _ in w.order),
-                tuple(SortSpec(o.desc, o.nulls_first) for _, o in w.order),
-                frame,
-                w.distinct,
-                w.star,
-                w.ignore_nulls,
-                w.from_last,
-            )
-        )
-    return out
-
-
-def _frame_offset(expr: Expr | None, unit: str, params: Params) -> Any:
-    if expr is None:
-        return None
-    v = evaluate(expr, {}, params=params)
-    whole = unit != "RANGE"  # ROWS and GROUPS count rows and groups
-    if isinstance(v, bool) or not is_number(v) or v < 0 or (whole and v != int(v)):
-        kind = "a whole number" if whole else "a number"
-        raise ShardexError(
-            f"a {unit} frame offset must be {kind} >= 0, got {v!r}",
-            code=ErrorCode.BAD_REQUEST,
-            details={"value": repr(v), "hint": f"{unit} BETWEEN 2 PRECEDING AND CURRENT ROW"},
-        )
-    return int(v) if whole else v
 
 
 def set_op_rows(

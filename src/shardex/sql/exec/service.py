@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+import shardex.sql.exec.compound as compound  # set operations, WITH, PREPARE, INSERT SELECT
 from shardex.api.scan import AT_PLUS, CONSISTENCIES, NO_TS, REQUEST_PLUS
 from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
@@ -60,7 +61,6 @@ from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.coordinator import ScanCoordinator
-from shardex.sql.exec import compound  # set operations, WITH, PREPARE/EXECUTE, INSERT SELECT
 from shardex.sql.exec.analyze import key_route
 from shardex.sql.exec.dml_statements import insert_statement, modify_statement
 from shardex.sql.exec.documents import DocumentAccess

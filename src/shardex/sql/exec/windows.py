@@ -14,8 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from shardex.sql.exec.memory import Budget, value_size
-from shardex.sql.local import window_specs
-from shardex.sql.operators.window import window
+from shardex.sql.operators.window import window, window_specs
 from shardex.sql.syntax.bind import BoundSelect
 
 __all__ = ["windowed"]

@@ -29,16 +29,20 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shardex.core.expr import MISSING
+from shardex.core.expr import MISSING, Expr, compile_expression, evaluate
 from shardex.core.expr.ops import is_number
+from shardex.errors import ErrorCode, ShardexError
 
 from .aggregate import AggSpec, accumulate, finalize_state, init_state
 from .basic import RowFn, value_identity
 from .sort import SortSpec, encode_sort_key
 
-__all__ = ["FrameSpec", "WindowSpec", "window"]
+if TYPE_CHECKING:
+    from shardex.sql.syntax.bind import BoundSelect
+
+__all__ = ["FrameSpec", "WindowSpec", "window", "window_specs"]
 
 Row = dict[str, Any]
 _PRECEDING, _CURRENT, _FOLLOWING = "PRECEDING", "CURRENT ROW", "FOLLOWING"
@@ -356,3 +360,58 @@ def _over(agg: AggSpec, rows: Iterable[Row]) -> Any:
     for r in rows:
         state = accumulate(agg, state, r)
     return finalize_state(agg, state)
+
+
+# -- specs from a bound statement -------------------------------------------------------
+
+
+def window_specs(b: BoundSelect, params: Any) -> list[WindowSpec]:
+    """The window functions of ``b`` as operator specs (shared with the fragments); frame
+    offsets evaluated once (constants or parameters: non-negative numbers)."""
+    out = []
+    for w in b.windows:
+        frame = None
+        if w.frame is not None:
+            f = w.frame
+            frame = FrameSpec(
+                f.unit,
+                (f.start.kind, _frame_offset(f.start.offset, f.unit, params)),
+                (f.end.kind, _frame_offset(f.end.offset, f.unit, params)),
+                f.exclude,
+            )
+        out.append(
+            WindowSpec(
+                w.name,
+                w.function,
+                tuple(_row_fn(a, params) for a in w.args),
+                tuple(_row_fn(p, params) for p in w.partition),
+                tuple(_row_fn(e, params) for e, _ in w.order),
+                tuple(SortSpec(o.desc, o.nulls_first) for _, o in w.order),
+                frame,
+                w.distinct,
+                w.star,
+                w.ignore_nulls,
+                w.from_last,
+            )
+        )
+    return out
+
+
+def _frame_offset(expr: Expr | None, unit: str, params: Any) -> Any:
+    if expr is None:
+        return None
+    v = evaluate(expr, {}, params=params)
+    whole = unit != "RANGE"  # ROWS and GROUPS count rows and groups
+    if isinstance(v, bool) or not is_number(v) or v < 0 or (whole and v != int(v)):
+        kind = "a whole number" if whole else "a number"
+        raise ShardexError(
+            f"a {unit} frame offset must be {kind} >= 0, got {v!r}",
+            code=ErrorCode.BAD_REQUEST,
+            details={"value": repr(v), "hint": f"{unit} BETWEEN 2 PRECEDING AND CURRENT ROW"},
+        )
+    return int(v) if whole else v
+
+
+def _row_fn(expr: Expr, params: Any) -> RowFn:
+    f = compile_expression(expr)
+    return lambda row: f(row, None, params)

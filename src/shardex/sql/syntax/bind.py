@@ -16,15 +16,10 @@ every reference outside aggregates must be (part of) a GROUP BY key, else it is 
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from shardex.core.expr import Expr, Field, Identifier, Meta, Param, walk
-from shardex.errors import ErrorCode, ShardexError
 
-from . import cte_names
 from .ast import (
     META_KEY,
     RESULT_NAME,
@@ -39,13 +34,14 @@ from .ast import (
     SetOpStmt,
     SetOpSubquery,
     Subquery,
-    WindowCall,
     WithSubquery,
     outer_meta_name,
 )
+from .binding_base import SqlSemanticError, map_children
 from .bound_setop import BoundSetOp
+from .cte_names import inlined, reference
 from .subquery import BoundSubquery
-from .windows import BoundWindow, window_name
+from .windows import BoundWindow, bind_windows, extract_windows, window_name
 
 # Internal scope names start with NUL: no user identifier (even back-ticked) collides.
 # META_KEY (ast.py) is the FROM term's META().
@@ -57,12 +53,6 @@ def group_key_name(i: int) -> str:
 
 def aggregate_name(i: int) -> str:
     return f"\x00agg{i}"
-
-
-class SqlSemanticError(ShardexError):
-    """A statement that parses but cannot run (bad grouping, unknown alias, ...)."""
-
-    default_code = ErrorCode.BAD_REQUEST
 
 
 @dataclass(frozen=True)
@@ -146,35 +136,6 @@ def subqueries_of(b: BoundSelect) -> list[BoundSubquery]:
     return [n for e in b.expressions() for n in walk(e) if isinstance(n, BoundSubquery)]
 
 
-# -- generic tree rewriting -------------------------------------------------------------------
-
-
-def map_children(node: Expr, f: Callable[[Expr], Expr]) -> Expr:
-    """``node`` with ``f`` applied to every direct child expression (a new node only when
-    something changed)."""
-    if not dataclasses.is_dataclass(node):
-        return node
-    changes: dict[str, Any] = {}
-    for fld in dataclasses.fields(node):
-        old = getattr(node, fld.name)
-        new = _map_value(old, f)
-        if new is not old:
-            changes[fld.name] = new
-    return dataclasses.replace(node, **changes) if changes else node
-
-
-def _map_value(v: Any, f: Callable[[Expr], Expr]) -> Any:
-    if isinstance(v, Expr):
-        return f(v)
-    if isinstance(v, Binding):
-        src = f(v.source)
-        return v if src is v.source else Binding(v.var, src, v.within)
-    if isinstance(v, tuple):
-        new = tuple(_map_value(x, f) for x in v)
-        return v if all(a is b for a, b in zip(new, v, strict=True)) else new
-    return v
-
-
 def resolve(expr: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
     """Bind identifiers (see the module doc) and META() to the document scope."""
 
@@ -190,7 +151,7 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
             return Identifier(alias)
         if node.name in bound:
             return node
-        cte = cte_names.reference(node.name)  # a WITH name the query does not shadow
+        cte = reference(node.name)  # a WITH name the query does not shadow
         if cte is not None:
             return cte
         if alias is None:
@@ -280,13 +241,13 @@ def bind_with_subquery(node: WithSubquery, outer: frozenset[str], alias: str | N
     inlined, then the query with all of them (``cte_names.inlined``)."""
     terms: dict[str, Expr] = {}
     for t in node.stmt.terms:
-        with cte_names.inlined(terms):
+        with inlined(terms):
             if t.query is not None:
                 terms[t.name] = _bind_query_subquery(t.query, t.inner, outer, alias)
             else:
                 assert t.expr is not None
                 terms[t.name] = resolve(t.expr, None, outer)
-    with cte_names.inlined(terms):
+    with inlined(terms):
         return _bind_query_subquery(node.stmt.body, node.stmt.body_text, outer, alias)
 
 
@@ -343,7 +304,7 @@ def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | 
     over that variable (N1QL: a subquery's FROM over its outer row), unless USE KEYS or USE
     INDEX say it is a keyspace (``FROM users USE KEYS ...`` inside ``FROM users``)."""
     if ref is not None and ref.source is None and ref.name not in outer:
-        cte = cte_names.reference(ref.name)  # FROM a WITH name: over its elements
+        cte = reference(ref.name)  # FROM a WITH name: over its elements
         if cte is not None and ref.use_keys is None and not ref.use_index:
             return KeyspaceRef("", ref.as_name, source=cte)
     if ref is None or ref.source is not None or ref.name not in outer:
@@ -355,7 +316,7 @@ def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | 
 
 def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> BoundSelect:
     """Bind ``stmt``; ``outer``: names of enclosing queries it may read (a subquery's)."""
-    stmt, calls = _extract_windows(stmt)
+    stmt, calls = extract_windows(stmt)
     window_names = frozenset(window_name(i) for i in range(len(calls)))
     ref = _bind_from(stmt.from_, outer)
     alias = ref.as_name if ref is not None else None
@@ -444,7 +405,7 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
             for e, o in zip(order_exprs, stmt.order_by, strict=True)
         )
         g = grouping
-        windows = _bind_windows(calls, lambda e: g.bind(e, "a window function"))
+        windows = bind_windows(calls, lambda e: g.bind(e, "a window function"))
     else:
         for term, name in zip(stmt.terms, names, strict=True):
             if term.expr is None:
@@ -458,7 +419,7 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
             (resolve(e, alias, doc_bound | order_bound | window_names), o)
             for e, o in zip(order_exprs, stmt.order_by, strict=True)
         )
-        windows = _bind_windows(calls, lambda e: resolve(e, alias, doc_bound))
+        windows = bind_windows(calls, lambda e: resolve(e, alias, doc_bound))
     return BoundSelect(
         stmt=stmt,
         from_=ref,
@@ -481,71 +442,6 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
         outer=outer,
         windows=windows,
     )
-
-
-def _extract_windows(stmt: SelectStmt) -> tuple[SelectStmt, list[WindowCall]]:
-    """``stmt`` with each window call of its projection and ORDER BY replaced by a reference
-    to ``window_name(i)`` (one per distinct call), and the calls; refused anywhere else."""
-    clauses = [("LET", e) for _, e in stmt.let] + [("GROUP BY", e) for e in stmt.group_by]
-    clauses += [("LETTING", e) for _, e in stmt.letting] + [
-        ("UNNEST", u.expr) for u in stmt.unnests
-    ]
-    clauses += [(c, e) for c, e in (("WHERE", stmt.where), ("HAVING", stmt.having)) if e]
-    for clause, e in clauses:
-        for n in walk(e):
-            if isinstance(n, WindowCall):
-                raise SqlSemanticError(
-                    f"window function {n.to_text()} is not allowed in {clause}",
-                    details={
-                        "expression": n.to_text(),
-                        "hint": "use it in the projection or "
-                        "ORDER BY (a subquery or WITH can filter on it)",
-                    },
-                )
-    calls: list[WindowCall] = []
-
-    def sub(node: Expr) -> Expr:
-        if isinstance(node, WindowCall):
-            for part in node.children():
-                if any(isinstance(n, WindowCall) for n in walk(part)):
-                    raise SqlSemanticError(
-                        f"window functions cannot be nested: {node.to_text()}",
-                        details={"expression": node.to_text()},
-                    )
-            if node not in calls:
-                calls.append(node)
-            return Identifier(window_name(calls.index(node)))
-        return map_children(node, sub)
-
-    terms = tuple(
-        t if t.expr is None else dataclasses.replace(t, expr=sub(t.expr)) for t in stmt.terms
-    )
-    order_by = tuple(dataclasses.replace(o, expr=sub(o.expr)) for o in stmt.order_by)
-    if not calls:
-        return stmt, []
-    return dataclasses.replace(stmt, terms=terms, order_by=order_by), calls
-
-
-def _bind_windows(calls: list[WindowCall], bind: Callable[[Expr], Expr]) -> tuple[BoundWindow, ...]:
-    """Each call's arguments, PARTITION BY and ORDER BY bound over the rows it reads."""
-    out = []
-    for i, c in enumerate(calls):
-        out.append(
-            BoundWindow(
-                window_name(i),
-                c.name,
-                tuple(bind(a) for a in c.args),
-                tuple(bind(p) for p in c.partition),
-                tuple((bind(o.expr), o) for o in c.order),
-                c.frame,
-                distinct=c.distinct,
-                star=c.star,
-                ignore_nulls=c.ignore_nulls,
-                from_last=c.from_last,
-                call=c,
-            )
-        )
-    return tuple(out)
 
 
 def _aliases_used(order: tuple[tuple[Expr, OrderTerm], ...], aliases: frozenset[str]) -> tuple:

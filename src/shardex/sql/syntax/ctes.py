@@ -15,9 +15,9 @@ from typing import Any
 
 from shardex.core.expr import Expr, Param, walk
 
-from . import cte_names
 from .ast import Aggregate, SelectStmt, SetOpStmt, WithStmt
 from .bind import BoundSelect, SqlSemanticError, resolve
+from .cte_names import cte_param, is_cte_param, visible
 from .setops import BoundQuery, BoundSetOp, bind_query
 
 __all__ = ["BoundWith", "BoundWithTerm", "bind_with", "user_params", "values_in"]
@@ -61,19 +61,17 @@ def _params(e: Expr) -> set[str]:
 
 
 def user_params(names: frozenset[str] | set[str]) -> frozenset[str]:
-    return frozenset(n for n in names if not cte_names.is_cte_param(n))
+    return frozenset(n for n in names if not is_cte_param(n))
 
 
 def bind_with(stmt: WithStmt) -> BoundWith:
     terms: list[BoundWithTerm] = []
     names: list[str] = []
     for t in stmt.terms:
-        with cte_names.visible(names):
+        with visible(names):
             if t.query is not None:
                 terms.append(
-                    BoundWithTerm(
-                        t.name, cte_names.cte_param(t.name), None, bind_query(t.query), t.query
-                    )
+                    BoundWithTerm(t.name, cte_param(t.name), None, bind_query(t.query), t.query)
                 )
             else:
                 assert t.expr is not None
@@ -84,9 +82,9 @@ def bind_with(stmt: WithStmt) -> BoundWith:
                             details={"aggregate": n.to_text(), "hint": "use a SELECT"},
                         )
                 expr = resolve(t.expr, None, frozenset())
-                terms.append(BoundWithTerm(t.name, cte_names.cte_param(t.name), expr, None, None))
+                terms.append(BoundWithTerm(t.name, cte_param(t.name), expr, None, None))
         names.append(t.name)
-    with cte_names.visible(names):
+    with visible(names):
         body = bind_query(stmt.body)
     return BoundWith(stmt, tuple(terms), body)
 

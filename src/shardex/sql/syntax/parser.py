@@ -37,8 +37,6 @@ from shardex.core.expr import Expr, Field, Identifier, Index, Literal, Token, To
 from shardex.core.expr.ast import EXPRESSION_KEYWORDS
 from shardex.sql.ddl import DDL_KEYWORDS, DDLParser, DDLStatement
 
-from . import parse_queries as queries
-from . import parse_windows as windows
 from .ast import (
     AGGREGATES,
     SELF_NAME,
@@ -64,6 +62,18 @@ from .ast import (
     UpdateStmt,
     WithStmt,
 )
+from .parse_queries import (
+    at_query_in_parens,
+    at_with_subquery,
+    parse_execute,
+    parse_insert_select,
+    parse_prepare,
+    parse_query,
+    parse_query_tail,
+    parse_with,
+    parse_with_subquery,
+)
+from .parse_windows import parse_over_aggregate, parse_window_function
 
 SQL_KEYWORDS = frozenset(
     {
@@ -146,9 +156,9 @@ class SqlParser(DDLParser):
             return super().parse_statement()
         stmt: Statement
         if word == "PREPARE" and tok.kind is TokenKind.IDENT:
-            stmt = queries.parse_prepare(self)
+            stmt = parse_prepare(self)
         elif word == "EXECUTE" and tok.kind is TokenKind.IDENT:
-            stmt = queries.parse_execute(self)
+            stmt = parse_execute(self)
         else:
             stmt = self.parse_dml_or_query()
         self.accept(";")
@@ -161,17 +171,17 @@ class SqlParser(DDLParser):
         tok = self.peek()
         word = tok.upper
         stmt: Statement
-        if word == "SELECT" or queries.at_query_in_parens(self):
-            stmt = queries.parse_query(self)
+        if word == "SELECT" or at_query_in_parens(self):
+            stmt = parse_query(self)
         elif word == "WITH" and tok.kind is TokenKind.IDENT:
-            stmt = queries.parse_with(self)
+            stmt = parse_with(self)
         elif self.accept_keyword("EXPLAIN"):
             if self.peek().upper == "WITH":
-                stmt = ExplainStmt(queries.parse_with(self))
+                stmt = ExplainStmt(parse_with(self))
             else:
-                if not (self.at_keyword("SELECT") or queries.at_query_in_parens(self)):
+                if not (self.at_keyword("SELECT") or at_query_in_parens(self)):
                     self.error(self.peek(), expected="SELECT after EXPLAIN")
-                stmt = ExplainStmt(queries.parse_query(self))
+                stmt = ExplainStmt(parse_query(self))
         elif word in ("INSERT", "UPSERT"):
             stmt = self.parse_insert()
         elif word == "DELETE":
@@ -216,7 +226,7 @@ class SqlParser(DDLParser):
         having = self.parse_expr() if self.accept_keyword("HAVING") else None
         if having is not None and not group_by and from_ is None:
             self.error(having_tok, "HAVING needs a FROM clause")
-        order_by, limit, offset = queries.parse_query_tail(self) if tail else ((), None, None)
+        order_by, limit, offset = parse_query_tail(self) if tail else ((), None, None)
         return SelectStmt(
             terms=terms,
             raw=raw,
@@ -260,7 +270,7 @@ class SqlParser(DDLParser):
         if self.accept("("):
             self.expect_keyword("KEY")
             if not self.at_op(","):
-                return queries.parse_insert_select(self, keyspace, upsert)
+                return parse_insert_select(self, keyspace, upsert)
             self.expect(",", "',' VALUE")
             self.expect_keyword("VALUE")
             self.expect(")", "')' after (KEY, VALUE")
@@ -476,8 +486,8 @@ class SqlParser(DDLParser):
             return self.parse_array_comprehension()
         if tok.text == "(" and tok.kind is TokenKind.OP and self.at_keyword("SELECT", 1):
             return self.parse_subquery()
-        if queries.at_with_subquery(self):
-            return queries.parse_with_subquery(self)
+        if at_with_subquery(self):
+            return parse_with_subquery(self)
         if word == "EXISTS" and tok.kind is TokenKind.IDENT:
             self.advance()
             return Exists(self.parse_postfix(self.parse_primary()))
@@ -493,7 +503,7 @@ class SqlParser(DDLParser):
 
     def parse_subquery(self) -> Expr:
         start = self.advance()
-        select = queries.parse_query(self)
+        select = parse_query(self)
         end = self.expect(")", "')' after the subquery")
         text = self.text[start.offset + 1 : end.offset].strip() if self.text else "SELECT ..."
         if isinstance(select, SetOpStmt):
@@ -542,7 +552,7 @@ class SqlParser(DDLParser):
     def parse_call(self, name_tok: Token, name: str) -> Expr:
         upper = name.upper()
         if upper in WINDOW_FUNCTIONS:
-            return windows.parse_window_function(self, name_tok, upper)
+            return parse_window_function(self, name_tok, upper)
         if upper not in AGGREGATES:
             return super().parse_call(name_tok, name)
         self.expect("(")
@@ -550,13 +560,13 @@ class SqlParser(DDLParser):
             if upper != "COUNT":
                 self.error(self.tokens[self.pos - 1], f"{upper}(*) is not allowed; only COUNT(*)")
             self.expect(")", "')' after COUNT(*")
-            return windows.parse_over_aggregate(self, Aggregate("COUNT", None))
+            return parse_over_aggregate(self, Aggregate("COUNT", None))
         distinct = self.accept_keyword("DISTINCT") is not None
         if not distinct:
             self.accept_keyword("ALL")
         arg = self.parse_expression()
         self.expect(")", f"')' ({upper} takes one argument)")
-        return windows.parse_over_aggregate(self, Aggregate(upper, arg, distinct))
+        return parse_over_aggregate(self, Aggregate(upper, arg, distinct))
 
 
 def implied_alias(expr: Expr) -> str | None:

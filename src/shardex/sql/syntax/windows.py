@@ -7,13 +7,16 @@ reference to ``window_name(i)`` in its place and binds its parts; the window ope
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardex.core.expr import Expr
+from shardex.core.expr import Expr, Identifier, walk
 
-from .ast import Frame, OrderTerm, WindowCall
+from .ast import Frame, OrderTerm, SelectStmt, WindowCall
+from .binding_base import SqlSemanticError, map_children
 
-__all__ = ["BoundWindow", "window_name"]
+__all__ = ["BoundWindow", "bind_windows", "extract_windows", "window_name"]
 
 
 def window_name(i: int) -> str:
@@ -40,3 +43,68 @@ class BoundWindow:
         if self.frame is not None:
             out += [b.offset for b in (self.frame.start, self.frame.end) if b.offset]
         return out
+
+
+def extract_windows(stmt: SelectStmt) -> tuple[SelectStmt, list[WindowCall]]:
+    """``stmt`` with each window call of its projection and ORDER BY replaced by a reference
+    to ``window_name(i)`` (one per distinct call), and the calls; refused anywhere else."""
+    clauses = [("LET", e) for _, e in stmt.let] + [("GROUP BY", e) for e in stmt.group_by]
+    clauses += [("LETTING", e) for _, e in stmt.letting] + [
+        ("UNNEST", u.expr) for u in stmt.unnests
+    ]
+    clauses += [(c, e) for c, e in (("WHERE", stmt.where), ("HAVING", stmt.having)) if e]
+    for clause, e in clauses:
+        for n in walk(e):
+            if isinstance(n, WindowCall):
+                raise SqlSemanticError(
+                    f"window function {n.to_text()} is not allowed in {clause}",
+                    details={
+                        "expression": n.to_text(),
+                        "hint": "use it in the projection or "
+                        "ORDER BY (a subquery or WITH can filter on it)",
+                    },
+                )
+    calls: list[WindowCall] = []
+
+    def sub(node: Expr) -> Expr:
+        if isinstance(node, WindowCall):
+            for part in node.children():
+                if any(isinstance(n, WindowCall) for n in walk(part)):
+                    raise SqlSemanticError(
+                        f"window functions cannot be nested: {node.to_text()}",
+                        details={"expression": node.to_text()},
+                    )
+            if node not in calls:
+                calls.append(node)
+            return Identifier(window_name(calls.index(node)))
+        return map_children(node, sub)
+
+    terms = tuple(
+        t if t.expr is None else dataclasses.replace(t, expr=sub(t.expr)) for t in stmt.terms
+    )
+    order_by = tuple(dataclasses.replace(o, expr=sub(o.expr)) for o in stmt.order_by)
+    if not calls:
+        return stmt, []
+    return dataclasses.replace(stmt, terms=terms, order_by=order_by), calls
+
+
+def bind_windows(calls: list[WindowCall], bind: Callable[[Expr], Expr]) -> tuple[BoundWindow, ...]:
+    """Each call's arguments, PARTITION BY and ORDER BY bound over the rows it reads."""
+    out = []
+    for i, c in enumerate(calls):
+        out.append(
+            BoundWindow(
+                window_name(i),
+                c.name,
+                tuple(bind(a) for a in c.args),
+                tuple(bind(p) for p in c.partition),
+                tuple((bind(o.expr), o) for o in c.order),
+                c.frame,
+                distinct=c.distinct,
+                star=c.star,
+                ignore_nulls=c.ignore_nulls,
+                from_last=c.from_last,
+                call=c,
+            )
+        )
+    return tuple(out)

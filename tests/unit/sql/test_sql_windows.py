@@ -75,7 +75,8 @@ def test_over_clause_parts() -> None:
             "empty",
         ),
         ("SELECT SUM(v) OVER (ORDER BY v ROWS UNBOUNDED FOLLOWING) FROM x", "empty"),
-        ("SELECT SUM(v) OVER w FROM x", "named windows"),
+        ("SELECT SUM(v) OVER 5 FROM x", "or a window's name"),
+        ("SELECT 1 FROM x WINDOW w AS (ORDER BY v), w AS (ORDER BY k)", "WINDOW names 'w' twice"),
         ("SELECT SUM(v) OVER (ORDER BY v ROWS 1) FROM x", "PRECEDING or FOLLOWING"),
         ("SELECT SUM(v) OVER (ORDER BY v ROWS 1 PRECEDING EXCLUDE ALL) FROM x", "EXCLUDE"),
         ("SELECT ROW_NUMBER() OVER (ORDER BY v FROM x", "')' after the window"),
@@ -243,6 +244,42 @@ def test_frame_offsets_come_from_parameters_and_are_checked(eng: LocalEngine) ->
     for bad in (-1, 1.5, "2"):
         with pytest.raises(ShardexError, match="frame offset must be a whole number >= 0"):
             eng.query(sql, {"n": bad})
+    # A positional parameter the window alone reads counts as the statement's.
+    positional = sql.replace("$n", "$1")
+    assert [r["w"] for r in eng.query(positional, [2])][:3] == [3, 4, 8]
+
+
+def test_named_windows(eng: LocalEngine) -> None:
+    sql = (
+        "SELECT k, ROW_NUMBER() OVER w AS rn, SUM(v) OVER (w ROWS 1 PRECEDING) AS s, "
+        "RANK() OVER (byg ORDER BY v) AS r FROM x WHERE v IS VALUED "
+        "WINDOW w AS (byg ORDER BY k), byg AS (PARTITION BY g) ORDER BY k"
+    )
+    inline = (
+        "SELECT k, ROW_NUMBER() OVER (PARTITION BY g ORDER BY k) AS rn, "
+        "SUM(v) OVER (PARTITION BY g ORDER BY k ROWS 1 PRECEDING) AS s, "
+        "RANK() OVER (PARTITION BY g ORDER BY v) AS r FROM x WHERE v IS VALUED ORDER BY k"
+    )
+    assert eng.query(sql) == eng.query(inline)
+    assert [r["rn"] for r in eng.query(sql)] == [1, 1, 2, 2, 3, 3, 4, 4]
+    # WINDOW stays usable as a name.
+    assert eng.query("SELECT window.w FROM [{'w': 1}] AS window") == [{"w": 1}]
+
+
+@pytest.mark.parametrize(
+    ("sql", "says"),
+    [
+        ("SELECT RANK() OVER nope FROM x", "window 'nope' is not defined"),
+        ("SELECT RANK() OVER (w ORDER BY k) FROM x WINDOW w AS (ORDER BY v)", "ORDER BY already"),
+        ("SELECT RANK() OVER (w PARTITION BY g) FROM x WINDOW w AS ()", "takes its PARTITION BY"),
+        ("SELECT RANK() OVER a FROM x WINDOW a AS (b), b AS (a)", "defined through itself"),
+        ("SELECT SUM(v) OVER (w RANGE 1 PRECEDING) FROM x WINDOW w AS ()", "needs ORDER BY"),
+    ],
+)
+def test_named_windows_that_cannot_be(eng: LocalEngine, sql: str, says: str) -> None:
+    with pytest.raises(ShardexError, match=says) as err:
+        eng.query(sql)
+    assert err.value.code is ErrorCode.BAD_REQUEST
 
 
 def test_explain_shows_the_window_operator(eng: LocalEngine) -> None:

@@ -216,6 +216,8 @@ class SelectStmt:
     limit: Expr | None = None
     offset: Expr | None = None
     unnests: tuple[UnnestTerm, ...] = ()  # after FROM, in order: each sees those before it
+    # WINDOW name AS (...), ...: windows OVER name / OVER (name ...) take as they are written.
+    windows: tuple[tuple[str, WindowCall], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -402,6 +404,7 @@ class WindowCall(Expr):
     star: bool = False  # COUNT(*)
     ignore_nulls: bool = False
     from_last: bool = False
+    ref: str | None = None  # OVER name / OVER (name ...): a window of the WINDOW clause
     precedence: ClassVar[int] = PREC_ATOM
 
     def children(self) -> tuple[Expr, ...]:
@@ -417,7 +420,7 @@ class WindowCall(Expr):
             head += " FROM LAST"
         if self.ignore_nulls:
             head += " IGNORE NULLS"
-        over: list[str] = []
+        over: list[str] = [] if self.ref is None else [self.ref]
         if self.partition:
             over.append("PARTITION BY " + ", ".join(p.to_text() for p in self.partition))
         if self.order:

@@ -112,7 +112,7 @@ class BoundSelect:
         exprs += [e for e in (s.where, s.having, s.limit, s.offset) if e is not None]
         if s.from_ is not None:
             exprs += [e for e in (s.from_.use_keys, s.from_.source) if e is not None]
-        exprs += [u.expr for u in s.unnests]
+        exprs += [u.expr for u in s.unnests] + [e for w in self.windows for e in w.expressions()]
         found = {n.name for e in exprs for n in walk(e) if isinstance(n, Param)}
         for sub in subqueries_of(self):
             found |= sub.bound.params()

@@ -7,14 +7,19 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from shardex.core.expr import Expr, Token
+from shardex.core.expr import Expr, Token, TokenKind
 
 from .ast import FRAMELESS, WINDOW_FUNCTIONS, Aggregate, Frame, FrameBound, WindowCall
 
 if TYPE_CHECKING:
     from .parser import SqlParser
 
-__all__ = ["parse_over_aggregate", "parse_window_function"]
+__all__ = [
+    "at_window_clause",
+    "parse_over_aggregate",
+    "parse_window_clause",
+    "parse_window_function",
+]
 
 _FRAME_UNITS = ("ROWS", "RANGE", "GROUPS")
 
@@ -58,14 +63,19 @@ def parse_over_aggregate(p: SqlParser, agg: Aggregate) -> Expr:
 
 
 def parse_over(p: SqlParser, call: WindowCall) -> WindowCall:
+    """``OVER name`` or ``OVER ([name] [PARTITION BY ...] [ORDER BY ...] [frame])``."""
     p.expect_keyword("OVER")
     if not p.at_op("("):
-        p.error(
-            p.peek(),
-            "named windows (WINDOW clause) are not supported: write the window in OVER (...)",
-            expected="'(' and the window",
-        )
-    p.advance()
+        return dataclasses.replace(call, ref=_window_name(p))
+    return parse_window(p, call)
+
+
+def parse_window(p: SqlParser, call: WindowCall) -> WindowCall:
+    """``([name] [PARTITION BY ...] [ORDER BY ...] [frame])`` into ``call``."""
+    p.expect("(", "'(' and the window")
+    ref = None
+    if p.peek().upper not in ("PARTITION", "ORDER", *_FRAME_UNITS) and not p.at_op(")"):
+        ref = _window_name(p)
     partition: tuple[Expr, ...] = ()
     if p.accept_keyword("PARTITION"):
         p.expect_keyword("BY")
@@ -73,11 +83,39 @@ def parse_over(p: SqlParser, call: WindowCall) -> WindowCall:
     order = p.parse_order_by() if p.at_keyword("ORDER") else ()
     frame = None
     if p.peek().upper in _FRAME_UNITS:
-        frame = parse_frame(p, bool(order))
+        frame = parse_frame(p, bool(order) or ref is not None)  # a named one may order it
         if call.name in FRAMELESS:
             p.error(p.tokens[p.pos - 1], f"{call.name} takes no window frame")
     p.expect(")", "')' after the window")
-    return dataclasses.replace(call, partition=partition, order=order, frame=frame)
+    return dataclasses.replace(call, partition=partition, order=order, frame=frame, ref=ref)
+
+
+def at_window_clause(p: SqlParser) -> bool:
+    """At ``WINDOW name AS (`` (WINDOW is not reserved: it stays usable as a name)."""
+    return p.at_keyword("WINDOW") and p.at_keyword("AS", 2) and p.at_op("(", 3)
+
+
+def parse_window_clause(p: SqlParser) -> tuple[tuple[str, WindowCall], ...]:
+    """``WINDOW name AS (window) {, name AS (window)}``: each a ``WindowCall`` without a
+    function (``name`` empty), holding the window."""
+    p.advance()
+    out: list[tuple[str, WindowCall]] = []
+    while True:
+        tok = p.peek()
+        name = _window_name(p)
+        if any(n == name for n, _ in out):
+            p.error(tok, f"WINDOW names {name!r} twice", expected="another name")
+        p.expect_keyword("AS")
+        out.append((name, parse_window(p, WindowCall("", ()))))
+        if not p.accept(","):
+            return tuple(out)
+
+
+def _window_name(p: SqlParser) -> str:
+    tok = p.peek()
+    if tok.kind not in (TokenKind.IDENT, TokenKind.QIDENT):
+        p.error(tok, expected="'(' and the window, or a window's name")
+    return p.parse_alias()
 
 
 def parse_frame(p: SqlParser, ordered: bool) -> Frame:

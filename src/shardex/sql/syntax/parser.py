@@ -1,5 +1,6 @@
-"""The SQL++ statement parser: one entry point, ``parse_statement``, for SELECT, EXPLAIN,
-INSERT/UPSERT, DELETE, UPDATE and the index DDL.
+"""The SQL++ statement parser: one entry point, ``parse_statement``, for SELECT (and set
+operations and WITH), EXPLAIN, INSERT/UPSERT, DELETE, UPDATE, PREPARE/EXECUTE and the index
+DDL.
 
 ``SqlParser`` extends ``DDLParser`` (itself the expression ``Parser``), so statements,
 DDL and expressions share one tokenizer, one set of token helpers and one error shape:
@@ -14,11 +15,17 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
       {[LEFT [OUTER] | INNER] UNNEST expr [[AS] alias]}
       [LET name = expr {, ...}] [WHERE expr]
       [GROUP BY expr {, expr} [LETTING name = expr {, ...}]] [HAVING expr]
+      [WINDOW name AS (window) {, ...}]
       [ORDER BY expr [ASC|DESC] [NULLS FIRST|LAST] {, ...}] [LIMIT expr] [OFFSET expr]
     term: * | expr.* | expr [[AS] alias]
-    EXPLAIN select
+    query: select | query {UNION|INTERSECT|EXCEPT} [ALL] (select | (query))
+      [ORDER BY ...] [LIMIT expr] [OFFSET expr]        (parse_queries.py)
+    WITH name AS (query | expr) {, ...} query
+    EXPLAIN query | EXPLAIN WITH ...
     INSERT|UPSERT INTO keyspace [(KEY, VALUE)] VALUES (k, v) {, [VALUES] (k, v)}
       [RETURNING terms]
+    INSERT|UPSERT INTO keyspace (KEY expr [, VALUE expr]) query [RETURNING terms]
+    PREPARE [FORCE] [name FROM|AS] statement    EXECUTE name [USING expr]
     DELETE FROM keyspace [[AS] alias] [USE KEYS expr] [WHERE expr] [LIMIT expr]
       [RETURNING terms]
     UPDATE keyspace [[AS] alias] [USE KEYS expr] [SET path = expr {, ...}]
@@ -26,8 +33,9 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
 
 Expressions add to the expression language: ``ANY|SOME|EVERY|ANY AND EVERY v IN coll
 SATISFIES cond END``, ``ARRAY|FIRST expr FOR v IN coll [WHEN cond] END``, subquery
-expressions ``(SELECT ...)`` and ``EXISTS expr``, and the aggregates COUNT(*),
-COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr) and the statistical ones.
+expressions ``(query)`` / ``(WITH ...)`` and ``EXISTS expr``, the aggregates COUNT(*),
+COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr) and the statistical ones, and window
+functions ``fn(...) OVER (...)`` / ``OVER name`` (``parse_windows.py``).
 """
 
 from __future__ import annotations
@@ -73,7 +81,12 @@ from .parse_queries import (
     parse_with,
     parse_with_subquery,
 )
-from .parse_windows import parse_over_aggregate, parse_window_function
+from .parse_windows import (
+    at_window_clause,
+    parse_over_aggregate,
+    parse_window_clause,
+    parse_window_function,
+)
 
 SQL_KEYWORDS = frozenset(
     {
@@ -226,6 +239,7 @@ class SqlParser(DDLParser):
         having = self.parse_expr() if self.accept_keyword("HAVING") else None
         if having is not None and not group_by and from_ is None:
             self.error(having_tok, "HAVING needs a FROM clause")
+        windows = parse_window_clause(self) if at_window_clause(self) else ()
         order_by, limit, offset = parse_query_tail(self) if tail else ((), None, None)
         return SelectStmt(
             terms=terms,
@@ -241,6 +255,7 @@ class SqlParser(DDLParser):
             limit=limit,
             offset=offset,
             unnests=unnests,
+            windows=windows,
         )
 
     def parse_unnests(self) -> tuple[UnnestTerm, ...]:
@@ -345,7 +360,7 @@ class SqlParser(DDLParser):
         if self.accept_keyword("AS"):
             return self.parse_alias()
         tok = self.peek()
-        if self.at_unnest_prefix():
+        if self.at_unnest_prefix() or at_window_clause(self):
             return None
         if tok.kind is TokenKind.QIDENT or (
             tok.kind is TokenKind.IDENT and tok.upper not in _CLAUSE_WORDS

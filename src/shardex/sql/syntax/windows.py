@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from shardex.core.expr import Expr, Identifier, walk
 
-from .ast import Frame, OrderTerm, SelectStmt, WindowCall
+from .ast import FRAMELESS, Frame, OrderTerm, SelectStmt, WindowCall
 from .binding_base import SqlSemanticError, map_children
 
 __all__ = ["BoundWindow", "bind_windows", "extract_windows", "window_name"]
@@ -65,9 +65,11 @@ def extract_windows(stmt: SelectStmt) -> tuple[SelectStmt, list[WindowCall]]:
                     },
                 )
     calls: list[WindowCall] = []
+    defs = dict(stmt.windows)
 
     def sub(node: Expr) -> Expr:
         if isinstance(node, WindowCall):
+            node = _named(node, defs, ())
             for part in node.children():
                 if any(isinstance(n, WindowCall) for n in walk(part)):
                     raise SqlSemanticError(
@@ -86,6 +88,47 @@ def extract_windows(stmt: SelectStmt) -> tuple[SelectStmt, list[WindowCall]]:
     if not calls:
         return stmt, []
     return dataclasses.replace(stmt, terms=terms, order_by=order_by), calls
+
+
+def _named(call: WindowCall, defs: dict[str, WindowCall], seen: tuple[str, ...]) -> WindowCall:
+    """``call`` with the window it names (WINDOW clause) taken in: its PARTITION BY, its
+    ORDER BY unless ``call`` has one (not both), and its frame unless ``call`` has one."""
+    name = call.ref
+    if name is None:
+        return call
+    if name in seen:
+        raise SqlSemanticError(
+            f"window {name!r} is defined through itself",
+            details={"window": name, "hint": "a window may name only another one"},
+        )
+    base = defs.get(name)
+    if base is None:
+        raise SqlSemanticError(
+            f"window {name!r} is not defined",
+            details={"window": name, "hint": f"add WINDOW {name} AS (...) before ORDER BY"},
+        )
+    base = _named(base, defs, (*seen, name))
+    if call.partition:
+        raise SqlSemanticError(
+            f"OVER ({name} PARTITION BY ...): a window that names {name!r} takes its "
+            "PARTITION BY from it",
+            details={"window": name, "hint": f"put PARTITION BY in WINDOW {name} AS (...)"},
+        )
+    if call.order and base.order:
+        raise SqlSemanticError(
+            f"window {name!r} has an ORDER BY already",
+            details={"window": name, "hint": f"order in WINDOW {name} AS (...) or here"},
+        )
+    order = call.order or base.order
+    frame = call.frame if call.frame is not None else base.frame
+    if call.name in FRAMELESS:
+        frame = None  # they read the partition's order, whatever frame the window has
+    if frame is not None and frame.unit in ("RANGE", "GROUPS") and not order:
+        raise SqlSemanticError(
+            f"a {frame.unit} frame needs ORDER BY in the window ({call.to_text()})",
+            details={"window": name, "hint": "order the window"},
+        )
+    return dataclasses.replace(call, partition=base.partition, order=order, frame=frame, ref=None)
 
 
 def bind_windows(calls: list[WindowCall], bind: Callable[[Expr], Expr]) -> tuple[BoundWindow, ...]:

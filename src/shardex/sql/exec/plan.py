@@ -317,9 +317,12 @@ def _leaf_does(p: PhysicalPlan) -> list[str]:
         steps.append("IndexOrder")  # entries already in ORDER BY order: no local sort
     else:
         steps.append(
-            {"group": "PartialAggregate", "sort": "LocalSort", "rows": "Project"}.get(
-                p.mode, p.mode
-            )
+            {
+                "group": "PartialAggregate",
+                "sort": "LocalSort",
+                "rows": "Project",
+                "window": "ScopeRows",  # every row after WHERE: the root windows them
+            }.get(p.mode, p.mode)
         )
     if p.top is not None:
         steps.append(f"Limit({p.top})")

@@ -18,6 +18,8 @@ from shardex.sql.syntax.ast import WindowCall
 from shardex.sql.syntax.bind import META_KEY, bind_select
 from tests.unit.sql.budgets import budget
 from tests.unit.sql.test_sql_exec_fragment_rows import KS, _canon, _docs, _run
+from tests.unit.sql.test_sql_exec_plan import KS as USERS
+from tests.unit.sql.test_sql_exec_plan import _plan
 
 # k: 0..7, g alternating a/b, v: 3 1 4 1 5 9 2 6 (two 1s: peers)
 V = [3, 1, 4, 1, 5, 9, 2, 6]
@@ -335,3 +337,21 @@ def test_a_windows_rows_are_held_within_the_budget() -> None:
     assert err.value.code is ErrorCode.QUERY_MEMORY_LIMIT
     assert err.value.details["operator"] == "WINDOW"
     assert len(list(root_rows(b, None, "window", None, 0, budget(), [iter(rows)]))) == 3000
+
+
+def test_the_physical_plan_of_a_window_query() -> None:
+    p = _plan(
+        f"SELECT age, RANK() OVER (PARTITION BY city ORDER BY age) AS r FROM {USERS} "
+        "WHERE age > 3 ORDER BY age LIMIT 5"
+    )
+    # Every row after WHERE goes to the root: no limit pushed down, no index order.
+    assert p.mode == "window" and p.top is None and not p.ordered and not p.late
+    assert p.leaves and p.choice is not None
+    explained = p.explain()["distributed"]["fragments"]
+    assert "ScopeRows" in explained[1]["does"] and "Limit(5)" not in explained[1]["does"]
+    assert explained[0]["does"][:3] == ["Concat", "Window", "Project"]
+    grouped = _plan(f"SELECT city, RANK() OVER (ORDER BY COUNT(*)) AS r FROM {USERS} GROUP BY city")
+    assert (
+        grouped.mode == "group"
+        and "Window" in grouped.explain()["distributed"]["fragments"][0]["does"]
+    )

@@ -16,8 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from tests.sql_reference.compare import run_suite
+from tests.sql_reference.compare import compare, duck_connection, run_suite
+from tests.sql_reference.ctes import with_generators, with_query
 from tests.sql_reference.documents import make_documents
+from tests.sql_reference.generator import QueryGen
+from tests.sql_reference.setops import set_op_query
+from tests.sql_reference.windows import window_query
 
 import shardex.dbapi as db
 from shardex.client import Client
@@ -131,6 +135,22 @@ def test_duckdb_suite_through_the_cluster(env: Env) -> None:
         lambda sql: env.client.query(sql), keyspace=KS, n_docs=N_DOCS, n_queries=300
     )
     assert len(qs) == 300
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_set_operations_with_and_windows_through_the_cluster(env: Env) -> None:
+    """The random set operations (each branch its own query over the primary index), WITH
+    statements (a term's value read by the leaves as a parameter) and window functions
+    (leaves send scope rows, the root windows) through ``c.query``, against DuckDB."""
+    con = duck_connection(make_documents(1, N_DOCS))
+    gen, over = with_generators(11, KS, "docs")
+    setops, windows = QueryGen(7, KS, "docs"), QueryGen(13, KS, "docs")
+    qs = [set_op_query(setops) for _ in range(60)] + [with_query(gen, over) for _ in range(40)]
+    qs += [window_query(windows) for _ in range(60)]
+    mismatches = [m for q in qs if (m := compare(env.client.query, con, q)) is not None]
+    con.close()
     assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
 
 

@@ -55,6 +55,7 @@ from shardex.dbapi.local import QueryClient, QueryResultRows
 from shardex.dbapi.params import qmarks_to_dollars, to_sqlpp
 from shardex.errors import ShardexError
 from shardex.sql.syntax import DeleteStmt, InsertStmt, SelectStmt, UpdateStmt, parse_statement
+from shardex.sql.syntax.ast import SetOpStmt, WithStmt
 from shardex.sql.syntax.bind import bind_select
 
 __all__ = [
@@ -293,8 +294,9 @@ class Cursor:
             stmt = parse_statement(sql)
             rows = client.query(sql, params, self.connection.consistency)
             self._rows, self._it = rows, iter(rows)
-            if isinstance(stmt, SelectStmt):
-                self._describe_select(stmt)
+            select = _first_select(stmt)
+            if select is not None:  # a query: its rows stream, named by its first SELECT
+                self._describe_select(select)
             else:  # DML, DDL, EXPLAIN: run to completion, so rowcount is known now
                 self._pending = list(self._it)
                 self._it = None
@@ -472,3 +474,13 @@ class Cursor:
 
 
 _END: Final = object()
+
+
+def _first_select(stmt: object) -> SelectStmt | None:
+    """The SELECT a query's columns are named by: itself, a set operation's first branch
+    (as SQL names a union's columns), a WITH statement's query's."""
+    if isinstance(stmt, WithStmt):
+        stmt = stmt.body
+    while isinstance(stmt, SetOpStmt):
+        stmt = stmt.branches[0]
+    return stmt if isinstance(stmt, SelectStmt) else None

@@ -19,9 +19,11 @@ first, then applies them).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +59,10 @@ from shardex.sql.operators import (
 from shardex.sql.operators.join import key_bytes
 from shardex.sql.operators.merge import DELETED, MergeRules, SourceRow
 from shardex.sql.operators.mutate import apply_edits, compile_edits
+from shardex.sql.operators.setops import combine
+from shardex.sql.operators.window import window, window_specs
 from shardex.sql.planner.joins import JoinPlan, plan_join
+from shardex.sql.prepared import PreparedStatements
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
@@ -68,6 +73,7 @@ from shardex.sql.syntax import (
     UpdateStmt,
     parse_statement,
 )
+from shardex.sql.syntax.ast import ExecuteStmt, PrepareStmt, SetOpStmt, WithStmt
 from shardex.sql.syntax.bind import (
     META_KEY,
     BoundSelect,
@@ -76,9 +82,17 @@ from shardex.sql.syntax.bind import (
     group_key_name,
     resolve,
 )
-from shardex.sql.syntax.explain import explain_select
+from shardex.sql.syntax.ctes import BoundWith, bind_with, values_in
+from shardex.sql.syntax.explain import explain_query, explain_select, explain_with
 from shardex.sql.syntax.merge import MergeStmt
 from shardex.sql.syntax.params import check_params
+from shardex.sql.syntax.setops import (
+    RESULT_NAME,
+    BoundQuery,
+    BoundSetOp,
+    bind_query,
+    result_scope,
+)
 from shardex.sql.syntax.subquery import running_subqueries
 
 Params = Sequence[Any] | Mapping[str, Any] | None
@@ -121,6 +135,7 @@ class LocalEngine:
     def __init__(self) -> None:
         self.keyspaces: dict[str, dict[str, Any]] = {}
         self.indexes: dict[str, dict[str, CreateIndexStmt]] = {}
+        self.prepared = PreparedStatements()
 
     # -- keyspaces ----------------------------------------------------------------------------
 
@@ -159,9 +174,9 @@ class LocalEngine:
         with running_subqueries(self.run_subquery):
             return self._execute(sql, params)
 
-    def run_subquery(self, b: BoundSelect, outer: dict[str, Any], params: Params) -> list[Any]:
+    def run_subquery(self, b: BoundQuery, outer: dict[str, Any], params: Params) -> list[Any]:
         """A subquery's result values for one outer row (``subquery.SubqueryRunner``)."""
-        return list(self.run_select(b, params, outer))
+        return list(self.run_query(b, params, outer))
 
     def _execute(self, sql: str | Statement, params: Params) -> QueryResult:
         stmt = parse_statement(sql) if isinstance(sql, str) else sql
@@ -171,12 +186,40 @@ class LocalEngine:
             bound = bind_select(stmt)
             check_params(bound.params(), params)
             return QueryResult(list(self.run_select(bound, params)))
+        if isinstance(stmt, PrepareStmt):
+            if isinstance(stmt.statement, WithStmt):  # a query that cannot bind is not kept
+                bind_with(stmt.statement)
+            elif isinstance(stmt.statement, SelectStmt | SetOpStmt):
+                bind_query(stmt.statement)
+            return QueryResult([self.prepared.prepare(stmt)])
+        if isinstance(stmt, ExecuteStmt):
+            text, values = self.prepared.execution(stmt, params)
+            return self._execute(text, values)
+        if isinstance(stmt, SetOpStmt):
+            query = bind_query(stmt)
+            check_params(query.params(), params)
+            return QueryResult(list(self.run_query(query, params)))
+        if isinstance(stmt, WithStmt):
+            w = bind_with(stmt)
+            check_params(w.params(), params)
+            return QueryResult(list(self.run_query(w.body, self.with_values(w, params))))
+        if isinstance(stmt, ExplainStmt) and isinstance(stmt.statement, WithStmt):
+            w = bind_with(stmt.statement)
+            for one in w.selects():
+                self._check_from(one)
+            return QueryResult([explain_with(w)])
         if isinstance(stmt, ExplainStmt):
-            bound = bind_select(stmt.statement)
-            self._check_from(bound)
-            joins = [p.explain() for p in self.join_plans(bound)] if bound.joins else None
-            return QueryResult([explain_select(bound, joins)])
+            query = bind_query(stmt.statement)
+            selects = query.selects() if isinstance(query, BoundSetOp) else [query]
+            for one in selects:
+                self._check_from(one)
+            if isinstance(query, BoundSelect):
+                joins = [p.explain() for p in self.join_plans(query)] if query.joins else None
+                return QueryResult([explain_select(query, joins)])
+            return QueryResult([explain_query(query)])
         if isinstance(stmt, InsertStmt):
+            if stmt.select is not None:
+                return self._insert_select(stmt, params)
             return self._insert(stmt, params)
         if isinstance(stmt, DeleteStmt | UpdateStmt):
             return self._modify(stmt, params)
@@ -249,8 +292,21 @@ class LocalEngine:
 
     # -- DML ----------------------------------------------------------------------------------
 
-    def _insert(self, stmt: InsertStmt, params: Params) -> QueryResult:
-        check_params(_params_of([e for kv in stmt.values for e in kv]), params)
+    def _insert_select(self, stmt: InsertStmt, params: Params) -> QueryResult:
+        """INSERT/UPSERT ... SELECT: the query's rows, then a key and value of each."""
+        assert stmt.select is not None
+        if isinstance(stmt.select, WithStmt):
+            w = bind_with(stmt.select)
+            used, run = w.params(), lambda: self.run_query(w.body, self.with_values(w, params))
+        else:
+            q = bind_query(stmt.select)
+            used, run = q.params(), lambda: self.run_query(q, params)
+        check_params(used | _params_of([e for e in (stmt.key, stmt.value) if e]), params)
+        return self._insert(inserted_values(stmt, list(run()), params), params, checked=True)
+
+    def _insert(self, stmt: InsertStmt, params: Params, *, checked: bool = False) -> QueryResult:
+        if not checked:
+            check_params(_params_of([e for kv in stmt.values for e in kv]), params)
         docs = self.keyspace(stmt.keyspace)
         new: dict[str, Any] = {}
         for key_expr, value_expr in stmt.values:
@@ -434,11 +490,33 @@ class LocalEngine:
             rows = filter_rows(rows, lambda r: where(r, None, params))
         if b.grouped:
             rows = self._group(b, rows, params, outer or {})
+        if b.windows:
+            rows = window(rows, window_specs(b, params))
         limit = eval_count(b.limit, params, "LIMIT")
         offset = eval_count(b.offset, params, "OFFSET") or 0
         if limit == 0:
             return iter(())
         return _finish(b, rows, params, limit, offset)
+
+    def with_values(self, w: BoundWith, params: Params) -> dict[str, Any]:
+        """``params`` with the value of every WITH term, each evaluated once, in order."""
+        values: dict[str, Any] = {}
+        for t in w.terms:
+            seen = values_in(params, values)
+            if t.query is not None:
+                values[t.param] = list(self.run_query(t.query, seen))
+            else:
+                assert t.expr is not None
+                values[t.param] = evaluate(t.expr, {}, params=seen)
+        return values_in(params, values)
+
+    def run_query(
+        self, q: BoundQuery, params: Params, outer: dict[str, Any] | None = None
+    ) -> Iterator[Any]:
+        """The result values of a SELECT or a set operation (a subquery's: over ``outer``)."""
+        if isinstance(q, BoundSelect):
+            return self.run_select(q, params, outer)
+        return set_op_rows(q, params, lambda b: self.run_query(b, params, outer))
 
     def _group(
         self, b: BoundSelect, rows: Iterable[Any], params: Params, outer: dict[str, Any]
@@ -501,6 +579,53 @@ class _LocalSides:
             kb = key_bytes([v])
             out += table.get(kb, []) if kb is not None else []
         return out
+
+
+def inserted_values(stmt: InsertStmt, rows: Iterable[Any], params: Params) -> InsertStmt:
+    """INSERT/UPSERT ... SELECT as the VALUES statement it amounts to: each row's key and
+    value (a bare name in KEY / VALUE is a field of the row, SELF the row; without VALUE the
+    value is the row), evaluated now, so the writes are checked like any VALUES'."""
+    key = _row_fn(resolve(stmt.key, RESULT_NAME, frozenset()), params) if stmt.key else None
+    value = None if stmt.value is None else resolve(stmt.value, RESULT_NAME, frozenset())
+    value_fn = None if value is None else _row_fn(value, params)
+    pairs = []
+    for row in rows:
+        scope = result_scope(row)
+        k = key(scope) if key is not None else MISSING
+        v = row if value_fn is None else value_fn(scope)
+        pairs.append((Literal(k), Literal(v)))
+    return dataclasses.replace(stmt, values=tuple(pairs), select=None)
+
+
+def set_op_rows(
+    q: BoundSetOp, params: Params, run_branch: Callable[[BoundQuery], Iterable[Any]]
+) -> Iterator[Any]:
+    """``q``'s result values in memory, each branch's from ``run_branch`` (the reference, and
+    a set operation in a subquery expression wherever that runs)."""
+    limit = eval_count(q.limit, params, "LIMIT")
+    offset = eval_count(q.offset, params, "OFFSET") or 0
+    if limit == 0:
+        return iter(())
+    values = combine(q.ops, [functools.partial(run_branch, b) for b in q.branches])
+    key = set_op_sort_key(q, params)
+    if key is not None:
+        top = None if limit is None else offset + limit
+        values = strip_keys(sort_pairs(((key(v), v) for v in values), top))
+    return offset_limit(values, offset, limit)
+
+
+def set_op_sort_key(q: BoundSetOp, params: Params) -> Callable[[Any], bytes] | None:
+    """The sort key of a result value under a set operation's ORDER BY (None: unordered)."""
+    if not q.order:
+        return None
+    specs = [SortSpec(o.desc, o.nulls_first) for _, o in q.order]
+    fns = [_compile(e) for e, _ in q.order]
+
+    def key(value: Any) -> bytes:
+        row = result_scope(value)
+        return encode_sort_key([f(row, None, params) for f in fns], specs)
+
+    return key
 
 
 def bind_expr(expr: Expr, alias: str) -> Expr:

@@ -111,11 +111,6 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str], ...] = (
         "NULL past RANGE_LIMIT dates (a function never removes a row)",
     ),
     (
-        r"(?i)\(WITH p1 AS",
-        "WITH (common table expressions) is a statement prefix shardex's grammar does not "
-        "have; subqueries in FROM without it are covered by the cases above",
-    ),
-    (
         r"(?i)GROUP by id LETTING total = \(SELECT",
         "shardex rejects the correlated subquery in LETTING too, with its own message "
         "(N1QL's error text quotes its own rendering of the expression and its position)",

@@ -225,3 +225,17 @@ def test_connect_dir_errors_are_dbapi_errors(tmp_path: Any) -> None:
     with pytest.raises(db.Error) as info:
         db.connect(dir=tmp_path / "no-cluster")
     assert info.value.code is not None
+
+
+def test_set_operations_and_with_stream_and_are_described(conn: db.Connection) -> None:
+    cur = conn.cursor()
+    cur.execute(
+        "SELECT name, age FROM users WHERE age > ? UNION ALL SELECT name, age FROM users "
+        "WHERE age IS NULL ORDER BY name",
+        [20],
+    )
+    assert [d[0] for d in cur.description] == ["name", "age"]
+    assert cur.rowcount == -1
+    assert cur.fetchall() == [("ann", 41), ("cy", None), ("dee", 30)]
+    cur.execute("WITH old AS (SELECT RAW age FROM users WHERE age > 35) SELECT RAW a FROM old AS a")
+    assert cur.description[0][0] == "a" and cur.fetchall() == [(41,)]

@@ -12,7 +12,9 @@ import pytest
 
 from shardex.dbapi.local import LocalQueryClient
 from tests.sql_reference.compare import compare, duck_connection, queries, run_suite
+from tests.sql_reference.ctes import with_generators, with_query
 from tests.sql_reference.documents import make_documents
+from tests.sql_reference.generator import QueryGen
 from tests.sql_reference.join_queries import (
     INDEXES,
     LEFT,
@@ -21,6 +23,8 @@ from tests.sql_reference.join_queries import (
     join_queries,
     make_join_documents,
 )
+from tests.sql_reference.setops import set_op_query
+from tests.sql_reference.windows import window_query
 
 N_DOCS = 200
 N_QUERIES = 250
@@ -119,6 +123,107 @@ def test_the_comparison_catches_wrong_answers(client: LocalQueryClient) -> None:
     assert any(d is not None for d in diffs)
     # Reading MISSING as NULL is the rule, so an engine doing that agrees.
     assert compare(null_for_missing, con, unordered) is None
+    con.close()
+
+
+N_SET_OPS = 200
+SET_OP_FEATURES = {
+    "UNION": (r"UNION SELECT", 15),
+    "UNION ALL": (r"UNION ALL", 15),
+    "INTERSECT": (r"INTERSECT SELECT", 15),
+    "INTERSECT ALL": (r"INTERSECT ALL", 15),
+    "EXCEPT": (r"EXCEPT SELECT", 15),
+    "EXCEPT ALL": (r"EXCEPT ALL", 15),
+    "chained": (r"(UNION|INTERSECT|EXCEPT).*(UNION|INTERSECT|EXCEPT)", 20),
+    "LIMIT": (r"\bLIMIT\b", 30),
+}
+
+
+def test_set_operations_match_duckdb(client: LocalQueryClient) -> None:
+    con = duck_connection(make_documents(1, N_DOCS))
+    gen = QueryGen(7, "docs", "docs")
+    qs = [set_op_query(gen) for _ in range(N_SET_OPS)]
+    counts = Counter(
+        name for q in qs for name, (pat, _) in SET_OP_FEATURES.items() if re.search(pat, q.sqlpp)
+    )
+    short = {n: counts[n] for n, (_, least) in SET_OP_FEATURES.items() if counts[n] < least}
+    assert not short, f"too few queries use {short}"
+    assert sum(q.ordered for q in qs) >= 60
+    mismatches = [m for q in qs if (m := compare(lambda s: client.query(s), con, q)) is not None]
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
+    # Most results have rows, so agreement means something.
+    assert sum(1 for q in qs if list(client.query(q.sqlpp))) >= N_SET_OPS * 0.6
+    con.close()
+
+
+N_WITH = 120
+
+
+def test_with_statements_match_duckdb(client: LocalQueryClient) -> None:
+    con = duck_connection(make_documents(1, N_DOCS))
+    gen, over = with_generators(11, "docs", "docs")
+    qs = [with_query(gen, over) for _ in range(N_WITH)]
+    assert sum(bool(re.search(r"\b(UNION|INTERSECT|EXCEPT)\b", q.sqlpp)) for q in qs) >= 25
+    assert sum("GROUP BY" in q.sqlpp for q in qs) >= 10
+    mismatches = [m for q in qs if (m := compare(lambda s: client.query(s), con, q)) is not None]
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
+    assert sum(1 for q in qs if list(client.query(q.sqlpp))) >= N_WITH * 0.6
+    con.close()
+
+
+N_WINDOWS = 150
+WINDOW_FEATURES = {
+    name: (pat, least)
+    for name, pat, least in [
+        ("ROW_NUMBER", r"ROW_NUMBER\(", 5),
+        ("RANK", r"\bRANK\(", 3),
+        ("DENSE_RANK", r"DENSE_RANK\(", 5),
+        ("PERCENT_RANK", r"PERCENT_RANK\(", 5),
+        ("CUME_DIST", r"CUME_DIST\(", 5),
+        ("NTILE", r"NTILE\(", 5),
+        ("LAG/LEAD", r"\b(LAG|LEAD)\(", 10),
+        ("FIRST/LAST/NTH_VALUE", r"(FIRST|LAST|NTH)_VALUE\(", 10),
+        ("aggregate", r"\b(SUM|AVG|MIN|MAX|COUNT)\(", 30),
+        ("PARTITION BY", r"PARTITION BY", 40),
+        ("ROWS frame", r"ROWS BETWEEN", 10),
+        ("GROUPS frame", r"GROUPS BETWEEN", 10),
+        ("RANGE frame", r"RANGE BETWEEN", 5),
+        ("EXCLUDE", r"EXCLUDE", 5),
+        ("IGNORE NULLS", r"IGNORE NULLS", 5),
+    ]
+}
+
+
+def test_window_functions_match_duckdb(client: LocalQueryClient) -> None:
+    con = duck_connection(make_documents(1, N_DOCS))
+    gen = QueryGen(13, "docs", "docs")
+    qs = [window_query(gen) for _ in range(N_WINDOWS)]
+    counts = Counter(
+        name for q in qs for name, (pat, _) in WINDOW_FEATURES.items() if re.search(pat, q.sqlpp)
+    )
+    short = {n: counts[n] for n, (_, least) in WINDOW_FEATURES.items() if counts[n] < least}
+    assert not short, f"too few queries use {short}"
+    mismatches = [m for q in qs if (m := compare(lambda s: client.query(s), con, q)) is not None]
+    assert not mismatches, "\n\n".join(map(str, mismatches[:10]))
+    con.close()
+
+
+def test_the_set_op_comparison_catches_wrong_semantics(
+    client: LocalQueryClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQL's bag rule for EXCEPT ALL (or a UNION keeping duplicates) is found out."""
+    import shardex.sql.operators.setops as setops
+
+    con = duck_connection(make_documents(1, N_DOCS))
+    gen = QueryGen(7, "docs", "docs")
+    qs = [set_op_query(gen) for _ in range(80)]
+    right = setops.set_operation
+
+    def keeps_duplicates(op: str, all_: bool, left: Any, other: Any, **kw: Any) -> Any:
+        return right(op, True, left, other, **kw)
+
+    monkeypatch.setattr(setops, "set_operation", keeps_duplicates)
+    assert any(compare(lambda s: client.query(s), con, q) is not None for q in qs)
     con.close()
 
 

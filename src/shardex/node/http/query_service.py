@@ -44,6 +44,7 @@ from shardex.sql.exec.service import SqlService
 from shardex.sql.exec.statement_checks import MAX_TIMEOUT
 from shardex.sql.exec.statements import parsed
 from shardex.sql.syntax import ExplainStmt, SelectStmt
+from shardex.sql.syntax.ast import SetOpStmt, WithStmt
 
 __all__ = ["ActiveRequest", "QueryHttpService"]
 
@@ -213,7 +214,7 @@ class _Stopped(Exception):
 def _check_readonly(statement: str) -> None:
     """1000 for a statement that writes in a read-only request."""
     stmt = parsed(statement)
-    if not isinstance(stmt, SelectStmt | ExplainStmt):
+    if not isinstance(stmt, SelectStmt | SetOpStmt | WithStmt | ExplainStmt):
         raise N1qlError(
             E_READONLY,
             "The server or request is read-only and cannot accept this write statement.",

@@ -151,6 +151,7 @@ def _doc_exprs(b: BoundSelect) -> list[Expr]:
     else:
         exprs += [t.expr for t in b.terms]
         exprs += [e for e, _ in b.order]
+        exprs += [e for w in b.windows for e in w.expressions()]  # over the document scope
     return exprs
 
 

@@ -63,11 +63,13 @@ async def insert_statement(
     budget: Budget,
     *,
     durability_timeout: float | None = None,
+    checked: bool = False,
 ) -> tuple[int, list[Any]]:
     """INSERT/UPSERT by key: every (key, value) evaluated and checked before anything is
     written, then the writes ``MUTATE_PARALLEL`` at a time; the mutation count and the
-    RETURNING rows."""
-    check_params(params_of([e for kv in stmt.values for e in kv]), params)
+    RETURNING rows. ``checked``: the caller checked ``params`` (INSERT ... SELECT's)."""
+    if not checked:
+        check_params(params_of([e for kv in stmt.values for e in kv]), params)
     state = await view.state()
     if stmt.keyspace not in state.keyspaces:
         raise ShardexError(

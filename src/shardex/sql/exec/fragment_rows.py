@@ -11,7 +11,10 @@ Three shapes (``mode``), chosen by the physical planner:
   in scan order and stop at the limit; the root k-way merges the sorted streams, then
   DISTINCT, OFFSET, LIMIT;
 * ``rows``: leaves project (DISTINCT locally, limit pushed down); the root concatenates,
-  then DISTINCT, OFFSET, LIMIT.
+  then DISTINCT, OFFSET, LIMIT;
+* ``window`` (window functions, no GROUP BY): leaves send their scope rows after WHERE; the
+  root computes the windows over all of them (``windows.py``), then projects, DISTINCT,
+  ORDER BY, OFFSET, LIMIT. A grouped query's windows run at the root after HAVING.
 
 ``late`` (a ``sort`` whose index covers all but the projection, decision 0111): leaves rank
 the index entries' rebuilt rows and send ``[sort key, docid]`` (``late_leaf_rows``); the
@@ -41,6 +44,7 @@ from shardex.sql.exec.rows import pack_state
 from shardex.sql.exec.spill import external_sort
 from shardex.sql.exec.spill_groups import distinct, final_groups, partial_groups
 from shardex.sql.exec.subqueries import Fetch, with_subqueries
+from shardex.sql.exec.windows import windowed
 from shardex.sql.local import unnest_specs
 from shardex.sql.operators import (
     AggSpec,
@@ -67,13 +71,15 @@ __all__ = [
     "root_rows",
 ]
 
-MODES = ("group", "sort", "rows")
+MODES = ("group", "sort", "rows", "window")
 Params = Any
 
 
 def mode_of(b: BoundSelect) -> str:
     if b.grouped:
         return "group"
+    if b.windows:
+        return "window"
     return "sort" if b.order else "rows"
 
 
@@ -239,6 +245,9 @@ def _leaf_rows(
             yield [list(kv), [pack_state(s) for s in states]]
         return
     rows = _filtered(b, scope_rows, params, decided)
+    if mode == "window":  # the root needs every row of a partition: the scope rows go
+        yield from rows
+        return
     terms, raw = _terms(b, params)
     if mode == "sort":
         pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=_sort_key(b, params))
@@ -358,7 +367,7 @@ def _grouped(
     b: BoundSelect, partials: Iterable[Any], params: Params, budget: Budget
 ) -> Iterable[Any]:
     groups = final_groups(partials, _agg_specs(b, params), budget, global_group=not b.group_keys)
-    return _group_rows(b, groups, params)
+    return windowed(b, _group_rows(b, groups, params), params, budget)
 
 
 def root_rows(
@@ -395,6 +404,11 @@ def _root_rows(
             specs = _agg_specs(b, params)
             partials = partial_groups(rows, keys, specs, budget)
             rows = _grouped(b, partials, params, budget)
+        else:
+            rows = windowed(b, rows, params, budget)
+        return finish(b, rows, params, limit, offset, budget)
+    if mode == "window":
+        rows = windowed(b, itertools.chain(*inputs), params, budget)
         return finish(b, rows, params, limit, offset, budget)
     if mode == "group":
         partials = itertools.chain(*inputs)

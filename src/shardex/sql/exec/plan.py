@@ -143,7 +143,7 @@ class PhysicalPlan:
         since) and ORDER BY is a total order (``META().id`` among its terms; each docid is
         one row). The caller checks the TS is pinned."""
         b, choice = self.bound, self.choice
-        if choice is None or not choice.covering or b.grouped or b.distinct:
+        if choice is None or not choice.covering or b.grouped or b.distinct or b.windows:
             return False
         return any(k.expr == DOCID for k in statement_facts(b).order)
 
@@ -151,8 +151,8 @@ class PhysicalPlan:
     def top(self) -> int | None:
         """Rows a leaf needs at most (limit pushdown), None when it must send all."""
         b = self.bound
-        if self.limit is None or b.grouped or b.distinct:
-            return None
+        if self.limit is None or b.grouped or b.distinct or b.windows:
+            return None  # a window reads every row of its partition
         return self.offset + self.limit
 
     def _common(self, sql: str, dml: bool, budget: int, spill: bool) -> dict[str, Any]:
@@ -327,9 +327,12 @@ def _leaf_does(p: PhysicalPlan) -> list[str]:
         steps.append("IndexOrder")  # entries already in ORDER BY order: no local sort
     else:
         steps.append(
-            {"group": "PartialAggregate", "sort": "LocalSort", "rows": "Project"}.get(
-                p.mode, p.mode
-            )
+            {
+                "group": "PartialAggregate",
+                "sort": "LocalSort",
+                "rows": "Project",
+                "window": "ScopeRows",  # every row after WHERE: the root windows them
+            }.get(p.mode, p.mode)
         )
     if p.top is not None:
         steps.append(f"Limit({p.top})")
@@ -343,10 +346,13 @@ def _root_does(p: PhysicalPlan) -> list[str]:
         "group": ["FinalAggregate", "Project"],
         "sort": ["MergeSort"],
         "rows": ["Concat"],
+        "window": ["Concat", "Window", "Project"],
         "local": ["LocalScan" if p.source != "keys" else "KeyLookup", "Filter", "Project"],
     }[p.mode]
     if p.mode == "local" and p.bound.unnests:
         steps.insert(1, "Unnest")
+    if p.mode in ("group", "local") and p.bound.windows:
+        steps.insert(len(steps) - 1, "Window")
     if p.late:
         steps = ["MergeSort", "Fetch (GetMany per owner, top rows only)", "Filter", "Project"]
     if p.bound.distinct:
@@ -515,7 +521,11 @@ def plan_select(
         spans,
         limit=limit,
         offset=offset,
-        ordered=bool(order) and choice.ordered and not b.distinct and switches["index_order"],
+        ordered=bool(order)
+        and mode == "sort"  # the only mode whose leaves rank rows
+        and choice.ordered
+        and not b.distinct
+        and switches["index_order"],
         decided=decided,
         tuning=switches,
     )

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+import shardex.sql.exec.compound as compound  # set operations, WITH, PREPARE, INSERT SELECT
 from shardex.api.scan import AT_PLUS, CONSISTENCIES, NO_TS, REQUEST_PLUS
 from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
@@ -94,6 +95,7 @@ from shardex.sql.exec.statements import (
     prepared_off_loop,
 )
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
+from shardex.sql.prepared import PreparedStatements
 from shardex.sql.protocol import QueryService
 from shardex.sql.syntax import (
     DeleteStmt,
@@ -102,6 +104,7 @@ from shardex.sql.syntax import (
     SelectStmt,
     UpdateStmt,
 )
+from shardex.sql.syntax.ast import ExecuteStmt, PrepareStmt
 from shardex.sql.syntax.merge import MergeStmt
 from shardex.sql.syntax.params import check_params, check_params_depth
 
@@ -143,6 +146,7 @@ class SqlService:
         self.memory = NodeMemory() if memory is None else memory
         self.max_statement_bytes = max_statement_bytes
         self.keys = KeyLookups(documents, self.memory, query.new_query_id)
+        self.prepared = PreparedStatements()  # PREPARE / EXECUTE names, this node's
         # How the statements initiated here ended, and their latency (the node's metrics).
         self.stats = StatementStats()
         # Statements running at once on this node as their initiator, and waiting to.
@@ -320,6 +324,14 @@ class SqlService:
         if isinstance(stmt, SelectStmt):
             plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
             return self._started(msg, plan, ts), chunks
+        if isinstance(stmt, PrepareStmt | ExecuteStmt):  # EXECUTE's text runs as if sent
+            run = functools.partial(self._run, principal=principal)
+            return await compound.prepared_statement(
+                self, msg, stmt, principal, run, self._accepted
+            )
+        if compound.is_compound(stmt):  # a set operation or WITH (or its EXPLAIN)
+            quota, members = self._quota(msg), self._members()
+            return await compound.compound_statement(self, msg, stmt, params, quota, members)  # type: ignore[arg-type]
         if isinstance(stmt, ExplainStmt):
             state = await self.scan.view.state()
             members = self._members()
@@ -341,6 +353,9 @@ class SqlService:
             )
             return started, _values([plan.explain()])
         if isinstance(stmt, InsertStmt):
+            checked = stmt.select is not None  # its query's rows, gathered: VALUES to write
+            if checked:
+                stmt = await compound.inserted_statement(self, msg, stmt, params, self._quota(msg))
             with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
                 count, rows = await insert_statement(
                     self.documents,
@@ -350,6 +365,7 @@ class SqlService:
                     msg.durability,
                     mem.budget(),
                     durability_timeout=msg.durability_timeout,
+                    checked=checked,
                 )
             kind = "upsert" if stmt.upsert else "insert"
             started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
@@ -407,6 +423,7 @@ class SqlService:
         *,
         dml: bool = False,
         consistency: str | None = None,
+        params_checked: bool = False,
     ) -> tuple[PhysicalPlan, Timestamp | None, AsyncIterator[list[bytes]]]:
         """Plan and start a SELECT; returns the plan, the TS it reads and its result rows
         (encoded, in chunks). ``stmt`` is ``sql`` parsed (for DML: the SELECT it derives)."""
@@ -414,7 +431,8 @@ class SqlService:
         b = await prepared_off_loop(
             sql, lambda: bind_statement(sql, dml, cached=tuning["plan_cache"])
         )
-        check_params(b.params(), params)
+        if not params_checked:  # a set operation's branch: checked against the whole
+            check_params(b.params(), params)
         state = await self.scan.view.state()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + msg.timeout

@@ -11,7 +11,15 @@ from shardex.net import Principal
 from shardex.sql.exec.memory import MIN_QUERY_MEMORY
 from shardex.sql.exec.statements import bad_request, merge_select
 from shardex.sql.exec.subqueries import subquery_keyspaces
-from shardex.sql.syntax import DeleteStmt, ExplainStmt, InsertStmt, SelectStmt, UpdateStmt
+from shardex.sql.syntax import (
+    DeleteStmt,
+    ExplainStmt,
+    InsertStmt,
+    SelectStmt,
+    UpdateStmt,
+    cte_names,
+)
+from shardex.sql.syntax.ast import ResultTerm, SetOpStmt, WithStmt
 from shardex.sql.syntax.merge import MergeStmt
 
 __all__ = [
@@ -76,15 +84,31 @@ def check_statement(principal: Principal | None, stmt: object) -> None:
         require(principal, (Privilege.QUERY_SELECT,), keyspace, "SELECT")
     if isinstance(stmt, ExplainStmt):
         stmt = stmt.statement
+    if isinstance(stmt, SetOpStmt):  # each branch reads as the SELECT it is
+        for branch in stmt.branches:
+            check_statement(principal, branch)
+        return
+    if isinstance(stmt, WithStmt):  # each term and the query, the WITH names no keyspaces
+        names: list[str] = []
+        for term in stmt.terms:
+            with cte_names.visible(names):
+                check_statement(principal, term.query or SelectStmt(terms=(ResultTerm(term.expr),)))
+            names.append(term.name)
+        with cte_names.visible(names):
+            check_statement(principal, stmt.body)
+        return
     if isinstance(stmt, SelectStmt):
         ref = stmt.from_
-        if ref is not None and ref.name:  # FROM (expr): no keyspace is read
+        # FROM (expr) or FROM a WITH name: no keyspace is read
+        if ref is not None and ref.name and cte_names.reference(ref.name) is None:
             require(principal, (Privilege.QUERY_SELECT,), ref.name, "SELECT")
         for j in stmt.joins:  # a joined keyspace is read as FROM's is
             require(principal, (Privilege.QUERY_SELECT,), j.target.name, "SELECT")
     elif isinstance(stmt, InsertStmt):
         kind = "UPSERT" if stmt.upsert else "INSERT"
         require(principal, (Privilege.QUERY_UPDATE,), stmt.keyspace, kind)
+        if stmt.select is not None:  # INSERT ... SELECT reads as its query does
+            check_statement(principal, stmt.select)
     elif isinstance(stmt, DeleteStmt | UpdateStmt):
         kind = "DELETE" if isinstance(stmt, DeleteStmt) else "UPDATE"
         require(principal, (Privilege.QUERY_UPDATE,), stmt.target.name, kind)

@@ -27,7 +27,9 @@ from shardex.sql.syntax import (
     UpdateStmt,
     parse_statement,
 )
+from shardex.sql.syntax.ast import WithStmt
 from shardex.sql.syntax.bind import BoundSelect, bind_select
+from shardex.sql.syntax.ctes import bind_with
 from shardex.sql.syntax.merge import MergeStmt
 from shardex.sql.syntax.parser import Statement
 
@@ -74,6 +76,10 @@ def parsed(sql: str, *, cached: bool = True) -> Statement:
 def _bind(stmt: Statement, dml: bool) -> BoundSelect:
     if isinstance(stmt, ExplainStmt):
         stmt = stmt.statement
+    if isinstance(stmt, WithStmt):  # a SELECT sent with its WITH clause (``compound.py``)
+        body = bind_with(stmt).body
+        assert isinstance(body, BoundSelect), "a set operation's branches run one by one"
+        return body
     if dml and isinstance(stmt, MergeStmt):
         source = merge_select(stmt)
         assert source is not None, "an expression source is evaluated on the initiator"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from shardex.core.expr import evaluate, walk
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.memory import Budget, value_size
-from shardex.sql.local import LocalEngine
+from shardex.sql.local import LocalEngine, set_op_rows
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
@@ -33,8 +33,9 @@ from shardex.sql.syntax import (
     SelectStmt,
     UpdateStmt,
 )
-from shardex.sql.syntax.ast import Subquery
+from shardex.sql.syntax.ast import SetOpSubquery, Subquery, WithSubquery
 from shardex.sql.syntax.bind import BoundSelect, bind_select, subqueries_of
+from shardex.sql.syntax.setops import BoundQuery, BoundSetOp
 from shardex.sql.syntax.subquery import BoundSubquery, SubqueryRunner, running_subqueries
 
 if TYPE_CHECKING:
@@ -122,7 +123,9 @@ def blocking_fetch(documents: DocumentAccess, loop: asyncio.AbstractEventLoop) -
     return fetch
 
 
-def _run(sub: BoundSelect, outer: dict[str, Any], params: Any, fetch: Fetch | None) -> list:
+def _run(sub: BoundQuery, outer: dict[str, Any], params: Any, fetch: Fetch | None) -> list:
+    if isinstance(sub, BoundSetOp):  # each branch as the subquery it is
+        return list(set_op_rows(sub, params, lambda b: _run(b, outer, params, fetch)))
     ref = sub.from_
     if ref is None or ref.source is not None:
         refuse_keyspace_subqueries(sub)
@@ -147,7 +150,7 @@ def _run(sub: BoundSelect, outer: dict[str, Any], params: Any, fetch: Fetch | No
     return list(engine.run_select(sub, params, outer))
 
 
-def expression_runner(sub: BoundSelect, outer: dict[str, Any], params: Any) -> list[Any]:
+def expression_runner(sub: BoundQuery, outer: dict[str, Any], params: Any) -> list[Any]:
     """Runs a subquery that reads no document, without charging a budget (a FROM (SELECT
     ...) or USE KEYS (SELECT ...) evaluated once, whole, as any such expression)."""
     return _run(sub, outer, params, None)
@@ -159,7 +162,7 @@ def budgeted_runner(budget: Budget, fetch: Fetch | None = None) -> SubqueryRunne
     res = budget.reserve("subquery")
     held = 0
 
-    def run(sub: BoundSelect, outer: dict[str, Any], params: Any) -> list[Any]:
+    def run(sub: BoundQuery, outer: dict[str, Any], params: Any) -> list[Any]:
         nonlocal held
         values = _run(sub, outer, params, fetch)
         size = value_size(values)
@@ -219,7 +222,8 @@ def subquery_keyspaces(stmt: object) -> frozenset[str]:
 
 def _subquery_keyspaces(stmt: object) -> frozenset[str]:
     select = _as_select(stmt)
-    if select is None or not any(isinstance(n, Subquery) for n in _parsed_nodes(select)):
+    subquery = Subquery | WithSubquery | SetOpSubquery
+    if select is None or not any(isinstance(n, subquery) for n in _parsed_nodes(select)):
         return frozenset()
     found: set[str] = set()
     for sub in subqueries_of(bind_select(select)):

@@ -112,6 +112,11 @@ SELF_NAME = "\x00self"
 META_KEY = "\x00meta"
 
 
+# The scope name of a set operation's result value: its ORDER BY reads it, and INSERT ...
+# SELECT's KEY and VALUE (``setops.py``).
+RESULT_NAME = "\x00result"
+
+
 def outer_meta_name(alias: str) -> str:
     return f"{META_KEY}.{alias}"
 
@@ -212,21 +217,31 @@ class SelectStmt:
     offset: Expr | None = None
     unnests: tuple[UnnestTerm, ...] = ()  # after FROM, in order: each sees those before it
     joins: tuple[JoinTerm, ...] = ()  # JOIN / NEST terms, each placed among the UNNESTs
+    # WINDOW name AS (...), ...: windows OVER name / OVER (name ...) take as they are written.
+    windows: tuple[tuple[str, WindowCall], ...] = ()
 
 
 @dataclass(frozen=True)
 class ExplainStmt:
-    statement: SelectStmt
+    statement: SelectStmt | SetOpStmt | WithStmt
 
 
 @dataclass(frozen=True)
 class InsertStmt:
-    """``INSERT|UPSERT INTO ks (KEY, VALUE) VALUES (k, v), ...``."""
+    """``INSERT|UPSERT INTO ks (KEY, VALUE) VALUES (k, v), ...`` or ``... (KEY k [, VALUE v])
+    SELECT ...``."""
 
     keyspace: str
     values: tuple[tuple[Expr, Expr], ...]
     upsert: bool = False
     returning: tuple[ResultTerm, ...] = ()
+    # ``INSERT|UPSERT INTO ks (KEY k [, VALUE v]) query``: the query's result values are the
+    # rows ``key`` and ``value`` read (a bare name is a field of the value, SELF the value);
+    # without VALUE the value is the row. ``select_text``: the query as written.
+    select: SelectStmt | SetOpStmt | WithStmt | None = None
+    key: Expr | None = None
+    value: Expr | None = None
+    select_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -286,3 +301,211 @@ class JoinTerm:
         """The clause as written (for EXPLAIN and messages): ``LEFT JOIN``, ``NEST``, ..."""
         prefix = "" if self.kind == "inner" else f"{self.kind.upper()} "
         return prefix + ("NEST" if self.nest else "JOIN")
+
+
+# -- set operations ------------------------------------------------------------------------
+
+SET_OPERATORS = ("UNION", "INTERSECT", "EXCEPT")
+
+
+@dataclass(frozen=True)
+class SetOpStmt:
+    """``branch {UNION | INTERSECT | EXCEPT [ALL] branch} [ORDER BY ...] [LIMIT] [OFFSET]``.
+
+    N1QL's set operators share one precedence and combine left to right: ``ops[i]`` (the
+    operator and whether ALL was written) joins the result so far with ``branches[i + 1]``.
+    A branch is a SELECT without ORDER BY / LIMIT / OFFSET, or a parenthesised query (which
+    may have them). ORDER BY, LIMIT and OFFSET here apply to the whole result; ORDER BY reads
+    the result values (``ORDER BY name`` is their field ``name``). ``texts`` are the branches'
+    source texts (a parenthesised one without its parentheses): the distributed plan runs each
+    as a query of its own."""
+
+    branches: tuple[SelectStmt | SetOpStmt, ...]
+    ops: tuple[tuple[str, bool], ...]
+    texts: tuple[str, ...]
+    order_by: tuple[OrderTerm, ...] = ()
+    limit: Expr | None = None
+    offset: Expr | None = None
+
+
+# -- WITH (common table expressions) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WithTerm:
+    """``name AS (query | expr)``: ``query`` a SELECT or set operation whose result values
+    (an array) the name stands for, else ``expr``. ``text``: the term as written (the
+    distributed plan rebuilds a statement's WITH clause from them)."""
+
+    name: str
+    text: str
+    expr: Expr | None = None
+    query: SelectStmt | SetOpStmt | None = None
+    inner: str = ""  # the query or expression as written, without the parentheses
+
+
+@dataclass(frozen=True)
+class WithStmt:
+    """``WITH term {, term} query``: each term is evaluated once per statement, in order
+    (a term sees those before it), and its name is a variable of the query (in FROM too:
+    ``FROM name`` ranges over its elements). ``body_text``: the query as written."""
+
+    terms: tuple[WithTerm, ...]
+    body: SelectStmt | SetOpStmt
+    body_text: str
+
+    def header(self, upto: int | None = None) -> str:
+        """``WITH`` and the first ``upto`` terms (all by default) as written, to put before
+        a query that reads them."""
+        terms = self.terms if upto is None else self.terms[:upto]
+        return f"WITH {', '.join(t.text for t in terms)} " if terms else ""
+
+
+@dataclass(frozen=True, slots=True)
+class WithSubquery(Expr):
+    """``(WITH name AS (...) {, ...} SELECT ...)`` used as an expression: binding inlines each
+    term where the SELECT names it (``bind.bind_with_subquery``) and makes the whole a
+    ``BoundSubquery``."""
+
+    stmt: WithStmt
+    text: str
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def to_text(self) -> str:
+        return f"({self.text})"
+
+
+# -- window functions --------------------------------------------------------------------------
+
+# Functions that exist only with OVER; the aggregates (AGGREGATES) take OVER too.
+WINDOW_FUNCTIONS: dict[str, tuple[int, int]] = {  # name -> (least, most) arguments
+    "ROW_NUMBER": (0, 0),
+    "RANK": (0, 0),
+    "DENSE_RANK": (0, 0),
+    "PERCENT_RANK": (0, 0),
+    "CUME_DIST": (0, 0),
+    "NTILE": (1, 1),
+    "LAG": (1, 3),
+    "LEAD": (1, 3),
+    "FIRST_VALUE": (1, 1),
+    "LAST_VALUE": (1, 1),
+    "NTH_VALUE": (2, 2),
+    "RATIO_TO_REPORT": (1, 1),
+}
+# Of those, the ones a frame clause does not apply to (they read the partition's order).
+FRAMELESS = frozenset(
+    {"ROW_NUMBER", "RANK", "DENSE_RANK", "PERCENT_RANK", "CUME_DIST", "NTILE", "LAG", "LEAD"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameBound:
+    """``UNBOUNDED PRECEDING`` / ``n PRECEDING`` / ``CURRENT ROW`` / ``n FOLLOWING`` /
+    ``UNBOUNDED FOLLOWING``: ``kind`` one of those words, ``offset`` the ``n``."""
+
+    kind: str  # "UNBOUNDED PRECEDING", "PRECEDING", "CURRENT ROW", "FOLLOWING", ...
+    offset: Expr | None = None
+
+    def to_text(self) -> str:
+        return self.kind if self.offset is None else f"{self.offset.to_text()} {self.kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """``ROWS | RANGE | GROUPS BETWEEN start AND end [EXCLUDE ...]``."""
+
+    unit: str
+    start: FrameBound
+    end: FrameBound
+    exclude: str | None = None  # "CURRENT ROW", "GROUP", "TIES" (None: NO OTHERS)
+
+    def to_text(self) -> str:
+        ex = "" if self.exclude is None else f" EXCLUDE {self.exclude}"
+        return f"{self.unit} BETWEEN {self.start.to_text()} AND {self.end.to_text()}{ex}"
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCall(Expr):
+    """``fn(args) [FROM FIRST|LAST] [RESPECT|IGNORE NULLS] OVER ([PARTITION BY ...]
+    [ORDER BY ...] [frame])``: a window function, or an aggregate over a window. Only in the
+    projection and ORDER BY: the binder evaluates it over the rows after WHERE (or the groups
+    after HAVING) and replaces it by a reference to its value (``window.py``)."""
+
+    name: str
+    args: tuple[Expr, ...]
+    partition: tuple[Expr, ...] = ()
+    order: tuple[OrderTerm, ...] = ()
+    frame: Frame | None = None
+    distinct: bool = False
+    star: bool = False  # COUNT(*)
+    ignore_nulls: bool = False
+    from_last: bool = False
+    ref: str | None = None  # OVER name / OVER (name ...): a window of the WINDOW clause
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        out = [*self.args, *self.partition, *(o.expr for o in self.order)]
+        if self.frame is not None:
+            out += [b.offset for b in (self.frame.start, self.frame.end) if b.offset]
+        return tuple(out)
+
+    def to_text(self) -> str:
+        inner = "*" if self.star else ", ".join(a.to_text() for a in self.args)
+        head = f"{self.name}({'DISTINCT ' if self.distinct else ''}{inner})"
+        if self.from_last:
+            head += " FROM LAST"
+        if self.ignore_nulls:
+            head += " IGNORE NULLS"
+        over: list[str] = [] if self.ref is None else [self.ref]
+        if self.partition:
+            over.append("PARTITION BY " + ", ".join(p.to_text() for p in self.partition))
+        if self.order:
+            over.append(
+                "ORDER BY "
+                + ", ".join(o.expr.to_text() + (" DESC" if o.desc else "") for o in self.order)
+            )
+        if self.frame is not None:
+            over.append(self.frame.to_text())
+        return f"{head} OVER ({' '.join(over)})"
+
+
+# -- PREPARE / EXECUTE -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrepareStmt:
+    """``PREPARE [FORCE] [name FROM | AS] statement``: ``statement`` kept under ``name``
+    (generated when absent) for EXECUTE; ``text`` is the statement as written."""
+
+    name: str
+    statement: object  # a query or DML statement (parser.Statement)
+    text: str
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class ExecuteStmt:
+    """``EXECUTE name [USING [values] | {name: value, ...}]``: the statement prepared under
+    ``name``, run with the USING values as its parameters (else the request's)."""
+
+    name: str
+    using: Expr | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SetOpSubquery(Expr):
+    """``(SELECT ... UNION | INTERSECT | EXCEPT [ALL] SELECT ...)`` used as an expression:
+    binding makes each SELECT branch a ``BoundSubquery`` (``subquery.BoundSetOpSubquery``)."""
+
+    stmt: SetOpStmt
+    text: str
+    precedence: ClassVar[int] = PREC_ATOM
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def to_text(self) -> str:
+        return f"({self.text})"

@@ -16,16 +16,13 @@ every reference outside aggregates must be (part of) a GROUP BY key, else it is 
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from shardex.core.expr import BinaryOp, Expr, Field, Identifier, Meta, Param, walk
-from shardex.errors import ErrorCode, ShardexError
 
 from .ast import (
     META_KEY,
+    RESULT_NAME,
     SELF_NAME,
     Aggregate,
     ArrayComprehension,
@@ -35,12 +32,19 @@ from .ast import (
     KeyspaceRef,
     OrderTerm,
     SelectStmt,
+    SetOpStmt,
+    SetOpSubquery,
     Subquery,
+    WithSubquery,
     outer_meta_name,
 )
+from .binding_base import SqlSemanticError, map_children
+from .bound_setop import BoundSetOp
+from .cte_names import inlined, reference
 from .join_syntax import BoundJoin, check_qualified
 from .subquery import BoundSubquery
 from .update_for import ForSet
+from .windows import BoundWindow, bind_windows, extract_windows, window_name
 
 # Internal scope names start with NUL: no user identifier (even back-ticked) collides.
 # META_KEY (ast.py) is the FROM term's META().
@@ -52,12 +56,6 @@ def group_key_name(i: int) -> str:
 
 def aggregate_name(i: int) -> str:
     return f"\x00agg{i}"
-
-
-class SqlSemanticError(ShardexError):
-    """A statement that parses but cannot run (bad grouping, unknown alias, ...)."""
-
-    default_code = ErrorCode.BAD_REQUEST
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,8 @@ class BoundSelect:
     unnests: tuple[tuple[str, Expr, bool], ...] = ()
     outer: frozenset[str] = frozenset()  # an enclosing query's names (a subquery's)
     joins: tuple[BoundJoin, ...] = ()  # JOIN / NEST terms, each after ``position`` UNNESTs
+    # Window functions of the projection and ORDER BY, evaluated before the projection.
+    windows: tuple[BoundWindow, ...] = ()
 
     @property
     def aliases(self) -> tuple[str, ...]:
@@ -117,7 +117,7 @@ class BoundSelect:
         exprs += [e for e in (s.where, s.having, s.limit, s.offset) if e is not None]
         if s.from_ is not None:
             exprs += [e for e in (s.from_.use_keys, s.from_.source) if e is not None]
-        exprs += [u.expr for u in s.unnests]
+        exprs += [u.expr for u in s.unnests] + [e for w in self.windows for e in w.expressions()]
         exprs += [e for j in s.joins for e in (j.on_keys, j.on_key, j.on) if e is not None]
         found = {n.name for e in exprs for n in walk(e) if isinstance(n, Param)}
         for sub in subqueries_of(self):
@@ -131,7 +131,7 @@ class BoundSelect:
         out += [e for e in (self.where, self.having) if e is not None]
         out += list(self.group_keys) + [a.arg for a in self.aggregates if a.arg is not None]
         out += [e for _, e in self.letting] + [t.expr for t in self.terms]
-        out += [e for e, _ in self.order]
+        out += [e for e, _ in self.order] + [e for w in self.windows for e in w.expressions()]
         ref = self.from_
         if ref is not None:
             out += [e for e in (ref.use_keys, ref.source) if e is not None]
@@ -141,35 +141,6 @@ class BoundSelect:
 def subqueries_of(b: BoundSelect) -> list[BoundSubquery]:
     """The subqueries directly in ``b``'s expressions (not those nested inside them)."""
     return [n for e in b.expressions() for n in walk(e) if isinstance(n, BoundSubquery)]
-
-
-# -- generic tree rewriting -------------------------------------------------------------------
-
-
-def map_children(node: Expr, f: Callable[[Expr], Expr]) -> Expr:
-    """``node`` with ``f`` applied to every direct child expression (a new node only when
-    something changed)."""
-    if not dataclasses.is_dataclass(node):
-        return node
-    changes: dict[str, Any] = {}
-    for fld in dataclasses.fields(node):
-        old = getattr(node, fld.name)
-        new = _map_value(old, f)
-        if new is not old:
-            changes[fld.name] = new
-    return dataclasses.replace(node, **changes) if changes else node
-
-
-def _map_value(v: Any, f: Callable[[Expr], Expr]) -> Any:
-    if isinstance(v, Expr):
-        return f(v)
-    if isinstance(v, Binding):
-        src = f(v.source)
-        return v if src is v.source else Binding(v.var, src, v.within)
-    if isinstance(v, tuple):
-        new = tuple(_map_value(x, f) for x in v)
-        return v if all(a is b for a, b in zip(new, v, strict=True)) else new
-    return v
 
 
 def resolve(expr: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
@@ -185,7 +156,12 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
     if isinstance(node, Identifier):
         if node.name == SELF_NAME and alias is not None:
             return Identifier(alias)
-        if node.name in bound or alias is None:
+        if node.name in bound:
+            return node
+        cte = reference(node.name)  # a WITH name the query does not shadow
+        if cte is not None:
+            return cte
+        if alias is None:
             return node
         return Field(Identifier(alias), node.name)
     if isinstance(node, Meta):
@@ -211,6 +187,10 @@ def _resolve_node(node: Expr, alias: str | None, bound: frozenset[str]) -> Expr:
             resolve(node.source, alias, bound),
             None if node.when is None else resolve(node.when, alias, inner),
         )
+    if isinstance(node, WithSubquery):
+        return bind_with_subquery(node, bound, alias)
+    if isinstance(node, SetOpSubquery):
+        return bind_set_op_subquery(node, bound, alias)
     if isinstance(node, CollectionPredicate | ArrayComprehension):
         # Each binding's source sees the variables bound before it; the body sees them all.
         inner = bound
@@ -274,10 +254,77 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
     )
 
 
+def bind_with_subquery(node: WithSubquery, outer: frozenset[str], alias: str | None) -> Expr:
+    """``(WITH ... SELECT ...)`` as an expression: each term bound with those before it
+    inlined, then the query with all of them (``cte_names.inlined``)."""
+    terms: dict[str, Expr] = {}
+    for t in node.stmt.terms:
+        with inlined(terms):
+            if t.query is not None:
+                terms[t.name] = _bind_query_subquery(t.query, t.inner, outer, alias)
+            else:
+                assert t.expr is not None
+                terms[t.name] = resolve(t.expr, None, outer)
+    with inlined(terms):
+        return _bind_query_subquery(node.stmt.body, node.stmt.body_text, outer, alias)
+
+
+def _bind_query_subquery(
+    query: SelectStmt | SetOpStmt, text: str, outer: frozenset[str], alias: str | None
+) -> BoundSubquery:
+    if isinstance(query, SetOpStmt):
+        return bind_set_op_subquery(SetOpSubquery(query, text), outer, alias)
+    return bind_subquery(Subquery(query, text), outer, alias)
+
+
+def bind_set_op_subquery(
+    node: SetOpSubquery, outer: frozenset[str], alias: str | None
+) -> BoundSubquery:
+    """``(SELECT ... UNION SELECT ...)`` as an expression: a ``BoundSubquery`` whose statement
+    is the ``BoundSetOp`` of its branches, each bound as a subquery of its own (what the
+    whole reads is what they read)."""
+    stmt = node.stmt
+    subs = [
+        _bind_query_subquery(b, t, outer, alias)
+        for b, t in zip(stmt.branches, stmt.texts, strict=True)
+    ]
+    bound = BoundSetOp(
+        stmt, tuple(s.bound for s in subs), stmt.ops, set_op_order(stmt), stmt.limit, stmt.offset
+    )
+    return BoundSubquery(
+        bound,
+        node.text,
+        frozenset().union(*(s.refs for s in subs)),
+        frozenset().union(*(s.keyspaces for s in subs)),
+        frozenset().union(*(s.scans for s in subs)),
+        alias,
+    )
+
+
+def set_op_order(stmt: SetOpStmt) -> tuple[tuple[Expr, OrderTerm], ...]:
+    """A set operation's ORDER BY, bound over its result value (``RESULT_NAME``): a bare
+    name is a field of it, SELF the value."""
+    order = []
+    for term in stmt.order_by:
+        for n in walk(term.expr):
+            if isinstance(n, Aggregate):
+                raise SqlSemanticError(
+                    f"aggregate {n.to_text()} is not allowed in the ORDER BY of a set "
+                    "operation (it orders the result values)",
+                    details={"aggregate": n.to_text(), "hint": "aggregate inside a branch"},
+                )
+        order.append((resolve(term.expr, RESULT_NAME, frozenset()), term))
+    return tuple(order)
+
+
 def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | None:
     """``FROM name`` where ``name`` is an enclosing query's variable is an expression term
     over that variable (N1QL: a subquery's FROM over its outer row), unless USE KEYS or USE
     INDEX say it is a keyspace (``FROM users USE KEYS ...`` inside ``FROM users``)."""
+    if ref is not None and ref.source is None and ref.name not in outer:
+        cte = reference(ref.name)  # FROM a WITH name: over its elements
+        if cte is not None and ref.use_keys is None and not ref.use_index:
+            return KeyspaceRef("", ref.as_name, source=cte)
     if ref is None or ref.source is not None or ref.name not in outer:
         return ref
     if ref.use_keys is not None or ref.use_index:
@@ -287,6 +334,8 @@ def _bind_from(ref: KeyspaceRef | None, outer: frozenset[str]) -> KeyspaceRef | 
 
 def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> BoundSelect:
     """Bind ``stmt``; ``outer``: names of enclosing queries it may read (a subquery's)."""
+    stmt, calls = extract_windows(stmt)
+    window_names = frozenset(window_name(i) for i in range(len(calls)))
     ref = _bind_from(stmt.from_, outer)
     alias = ref.as_name if ref is not None else None
     if ref is not None and ref.source is not None:
@@ -344,6 +393,7 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
         + [o.expr for o in stmt.order_by]
         + ([stmt.having] if stmt.having is not None else [])
         + [e for _, e in stmt.letting]
+        + [e for c in calls for e in c.children()]
     )
     grouped = bool(stmt.group_by) or uses_aggregates
 
@@ -359,11 +409,14 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
                     "SELECT * cannot be used with GROUP BY or aggregates",
                     details={"hint": "list the group keys and aggregates"},
                 )
-            terms.append(BoundTerm(name, grouping.bind(term.expr, "the projection"), term.star))
+            projected = grouping.bind(term.expr, "the projection", extra=window_names)
+            terms.append(BoundTerm(name, projected, term.star))
         order = tuple(
-            (grouping.bind(e, "ORDER BY", extra=order_bound), o)
+            (grouping.bind(e, "ORDER BY", extra=order_bound | window_names), o)
             for e, o in zip(order_exprs, stmt.order_by, strict=True)
         )
+        g = grouping
+        windows = bind_windows(calls, lambda e: g.bind(e, "a window function"))
     else:
         for term, name in zip(stmt.terms, names, strict=True):
             if term.expr is None:
@@ -372,11 +425,13 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
                     if name is not None:
                         terms.append(BoundTerm(name, Identifier(name)))
                 continue
-            terms.append(BoundTerm(name, resolve(term.expr, alias, doc_bound), term.star))
+            projected = resolve(term.expr, alias, doc_bound | window_names)
+            terms.append(BoundTerm(name, projected, term.star))
         order = tuple(
-            (resolve(e, alias, doc_bound | order_bound), o)
+            (resolve(e, alias, doc_bound | order_bound | window_names), o)
             for e, o in zip(order_exprs, stmt.order_by, strict=True)
         )
+        windows = bind_windows(calls, lambda e: resolve(e, alias, doc_bound))
     return BoundSelect(
         stmt=stmt,
         from_=ref,
@@ -398,6 +453,7 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
         unnests=tuple(unnests),
         outer=outer,
         joins=tuple(joins),
+        windows=windows,
     )
 
 

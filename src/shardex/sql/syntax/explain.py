@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from .bind import BoundSelect, subqueries_of
+from .ctes import BoundWith
+from .setops import BoundQuery
 
 
 def _text(e: Any) -> str:
@@ -72,6 +74,8 @@ def explain_select(b: BoundSelect, joins: list[dict[str, Any]] | None = None) ->
             ops.append({"operator": "Letting", "bindings": {n: _text(e) for n, e in b.letting}})
         if b.having is not None:
             ops.append({"operator": "Filter", "condition": _text(b.having)})
+    if b.windows:  # after grouping, before the projection
+        ops.append({"operator": "Window", "functions": [_text(w.call) for w in b.windows]})
     proj: dict[str, Any] = {"operator": "Project", "raw": b.raw}
     proj["terms"] = [
         {"name": t.name, "expr": _text(t.expr), **({"star": True} if t.star else {})}
@@ -103,8 +107,52 @@ def explain_select(b: BoundSelect, joins: list[dict[str, Any]] | None = None) ->
                 "subquery": s.text,
                 "correlated": sorted(s.refs),
                 "keyspaces": sorted(s.keyspaces),
-                **explain_select(s.bound),
+                **explain_query(s.bound),
             }
             for s in subs
         ]
+    return out
+
+
+def explain_query(q: BoundQuery) -> dict[str, Any]:
+    """EXPLAIN of a SELECT or a set operation (its branches' plans, then what combines
+    them: the operators left to right, ORDER BY, OFFSET and LIMIT over the whole)."""
+    if isinstance(q, BoundSelect):
+        return explain_select(q)
+    ops: list[dict[str, Any]] = [
+        # N1QL's operator names: Union, UnionAll, Intersect, IntersectAll, Except, ExceptAll.
+        {"operator": op.title() + ("All" if all_ else ""), "branch": i + 1}
+        for i, (op, all_) in enumerate(q.ops)
+    ]
+    if q.order:
+        ops.append(
+            {
+                "operator": "Order" if q.limit is None else "TopN",
+                "terms": [
+                    {"expr": _text(e), "desc": o.desc, "nulls_first": o.effective_nulls_first}
+                    for e, o in q.order
+                ],
+            }
+        )
+    if q.offset is not None:
+        ops.append({"operator": "Offset", "expr": _text(q.offset)})
+    if q.limit is not None:
+        ops.append({"operator": "Limit", "expr": _text(q.limit)})
+    return {
+        "statement": "SELECT",
+        "branches": [explain_query(b) for b in q.branches],
+        "plan": ops,
+    }
+
+
+def explain_with(w: BoundWith) -> dict[str, Any]:
+    """EXPLAIN of a WITH statement: its query's plan and each term's (evaluated once, first)."""
+    out = explain_query(w.body)
+    out["with"] = [
+        {
+            "name": t.name,
+            **(explain_query(t.query) if t.query is not None else {"expr": _text(t.expr)}),
+        }
+        for t in w.terms
+    ]
     return out

@@ -1,5 +1,6 @@
-"""The SQL++ statement parser: one entry point, ``parse_statement``, for SELECT, EXPLAIN,
-INSERT/UPSERT, DELETE, UPDATE and the index DDL.
+"""The SQL++ statement parser: one entry point, ``parse_statement``, for SELECT (and set
+operations and WITH), EXPLAIN, INSERT/UPSERT, DELETE, UPDATE, PREPARE/EXECUTE and the index
+DDL.
 
 ``SqlParser`` extends ``DDLParser`` (itself the expression ``Parser``), so statements,
 DDL and expressions share one tokenizer, one set of token helpers and one error shape:
@@ -14,14 +15,21 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
       {[LEFT [OUTER] | INNER] UNNEST expr [[AS] alias] | join}
       [LET name = expr {, ...}] [WHERE expr]
       [GROUP BY expr {, expr} [LETTING name = expr {, ...}]] [HAVING expr]
+      [WINDOW name AS (window) {, ...}]
       [ORDER BY expr [ASC|DESC] [NULLS FIRST|LAST] {, ...}] [LIMIT expr] [OFFSET expr]
     term: * | expr.* | expr [[AS] alias]
     join: [INNER | LEFT [OUTER] | RIGHT [OUTER]] JOIN|NEST keyspace [[AS] alias]
           [USE INDEX (name) | USE HASH(BUILD|PROBE) | USE NL]
           ON KEYS expr | ON KEY alias.path FOR alias | ON cond   (see ``join_syntax``)
     EXPLAIN select
+    query: select | query {UNION|INTERSECT|EXCEPT} [ALL] (select | (query))
+      [ORDER BY ...] [LIMIT expr] [OFFSET expr]        (parse_queries.py)
+    WITH name AS (query | expr) {, ...} query
+    EXPLAIN query | EXPLAIN WITH ...
     INSERT|UPSERT INTO keyspace [(KEY, VALUE)] VALUES (k, v) {, [VALUES] (k, v)}
       [RETURNING terms]
+    INSERT|UPSERT INTO keyspace (KEY expr [, VALUE expr]) query [RETURNING terms]
+    PREPARE [FORCE] [name FROM|AS] statement    EXECUTE name [USING expr]
     DELETE FROM keyspace [[AS] alias] [USE KEYS expr] [WHERE expr] [LIMIT expr]
       [RETURNING terms]
     UPDATE keyspace [[AS] alias] [USE KEYS expr] [SET path = expr {, ...}]
@@ -29,8 +37,9 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
 
 Expressions add to the expression language: ``ANY|SOME|EVERY|ANY AND EVERY v IN coll
 SATISFIES cond END``, ``ARRAY|FIRST expr FOR v IN coll [WHEN cond] END``, subquery
-expressions ``(SELECT ...)`` and ``EXISTS expr``, and the aggregates COUNT(*),
-COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr) and the statistical ones.
+expressions ``(query)`` / ``(WITH ...)`` and ``EXISTS expr``, the aggregates COUNT(*),
+COUNT/SUM/AVG/MIN/MAX/ARRAY_AGG([DISTINCT] expr) and the statistical ones, and window
+functions ``fn(...) OVER (...)`` / ``OVER name`` (``parse_windows.py``).
 """
 
 from __future__ import annotations
@@ -44,24 +53,47 @@ from shardex.sql.syntax.join_syntax import parse_join_term
 from .ast import (
     AGGREGATES,
     SELF_NAME,
+    WINDOW_FUNCTIONS,
     Aggregate,
     ArrayComprehension,
     Binding,
     CollectionPredicate,
     DeleteStmt,
+    ExecuteStmt,
     Exists,
     ExplainStmt,
     InsertStmt,
     JoinTerm,
     KeyspaceRef,
     OrderTerm,
+    PrepareStmt,
     ResultTerm,
     SelectStmt,
+    SetOpStmt,
+    SetOpSubquery,
     Subquery,
     UnnestTerm,
     UpdateStmt,
+    WithStmt,
 )
 from .merge import MergeStmt, parse_merge
+from .parse_queries import (
+    at_query_in_parens,
+    at_with_subquery,
+    parse_execute,
+    parse_insert_select,
+    parse_prepare,
+    parse_query,
+    parse_query_tail,
+    parse_with,
+    parse_with_subquery,
+)
+from .parse_windows import (
+    at_window_clause,
+    parse_over_aggregate,
+    parse_window_clause,
+    parse_window_function,
+)
 from .update_for import ForSet
 
 SQL_KEYWORDS = frozenset(
@@ -114,10 +146,22 @@ SQL_KEYWORDS = frozenset(
 )
 
 Statement = (
-    SelectStmt | ExplainStmt | InsertStmt | DeleteStmt | UpdateStmt | MergeStmt | DDLStatement
+    PrepareStmt
+    | ExecuteStmt
+    | SelectStmt
+    | SetOpStmt
+    | WithStmt
+    | ExplainStmt
+    | InsertStmt
+    | DeleteStmt
+    | UpdateStmt
+    | MergeStmt
+    | DDLStatement
 )
-
-_STATEMENT_WORDS = "SELECT, EXPLAIN, INSERT, UPSERT, UPDATE, DELETE, MERGE, CREATE, BUILD or DROP"
+_STATEMENT_WORDS = (
+    "SELECT, WITH, EXPLAIN, INSERT, UPSERT, UPDATE, DELETE, MERGE, PREPARE, EXECUTE, CREATE, "
+    "BUILD or DROP"
+)
 # Words that end a projection term / FROM clause when no AS precedes an alias.
 _CLAUSE_WORDS = SQL_KEYWORDS | DDL_KEYWORDS | EXPRESSION_KEYWORDS
 
@@ -133,12 +177,33 @@ class SqlParser(DDLParser):
         if word in ("CREATE", "BUILD", "DROP"):
             return super().parse_statement()
         stmt: Statement
-        if word == "SELECT":
-            stmt = self.parse_select()
+        if word == "PREPARE" and tok.kind is TokenKind.IDENT:
+            stmt = parse_prepare(self)
+        elif word == "EXECUTE" and tok.kind is TokenKind.IDENT:
+            stmt = parse_execute(self)
+        else:
+            stmt = self.parse_dml_or_query()
+        self.accept(";")
+        if not self.at_end():
+            self.error(self.peek(), expected="the end of the statement")
+        return stmt
+
+    def parse_dml_or_query(self) -> Statement:
+        """A query (SELECT, set operation, WITH, EXPLAIN) or a DML statement."""
+        tok = self.peek()
+        word = tok.upper
+        stmt: Statement
+        if word == "SELECT" or at_query_in_parens(self):
+            stmt = parse_query(self)
+        elif word == "WITH" and tok.kind is TokenKind.IDENT:
+            stmt = parse_with(self)
         elif self.accept_keyword("EXPLAIN"):
-            if not self.at_keyword("SELECT"):
-                self.error(self.peek(), expected="SELECT after EXPLAIN")
-            stmt = ExplainStmt(self.parse_select())
+            if self.peek().upper == "WITH":
+                stmt = ExplainStmt(parse_with(self))
+            else:
+                if not (self.at_keyword("SELECT") or at_query_in_parens(self)):
+                    self.error(self.peek(), expected="SELECT after EXPLAIN")
+                stmt = ExplainStmt(parse_query(self))
         elif word in ("INSERT", "UPSERT"):
             stmt = self.parse_insert()
         elif word == "DELETE":
@@ -153,12 +218,11 @@ class SqlParser(DDLParser):
                 "not a statement" if tok.kind is not TokenKind.EOF else "empty statement",
                 expected=_STATEMENT_WORDS,
             )
-        self.accept(";")
-        if not self.at_end():
-            self.error(self.peek(), expected="the end of the statement")
         return stmt
 
-    def parse_select(self) -> SelectStmt:
+    def parse_select(self, *, tail: bool = True) -> SelectStmt:
+        """One SELECT; ``tail`` False leaves its ORDER BY / LIMIT / OFFSET to the caller (a
+        set operation's branch, whose trailing clauses belong to the whole)."""
         self.expect_keyword("SELECT")
         distinct = self.accept_keyword("DISTINCT") is not None
         if not distinct:
@@ -186,13 +250,8 @@ class SqlParser(DDLParser):
         having = self.parse_expr() if self.accept_keyword("HAVING") else None
         if having is not None and not group_by and from_ is None:
             self.error(having_tok, "HAVING needs a FROM clause")
-        order_by = self.parse_order_by() if self.at_keyword("ORDER") else ()
-        limit = offset = None
-        for _ in range(2):  # LIMIT and OFFSET, in either order, each at most once
-            if limit is None and self.accept_keyword("LIMIT"):
-                limit = self.parse_expr()
-            elif offset is None and self.accept_keyword("OFFSET"):
-                offset = self.parse_expr()
+        windows = parse_window_clause(self) if at_window_clause(self) else ()
+        order_by, limit, offset = parse_query_tail(self) if tail else ((), None, None)
         return SelectStmt(
             terms=terms,
             raw=raw,
@@ -208,6 +267,7 @@ class SqlParser(DDLParser):
             offset=offset,
             unnests=unnests,
             joins=joins,
+            windows=windows,
         )
 
     def parse_from_terms(self) -> tuple[tuple[UnnestTerm, ...], tuple[JoinTerm, ...]]:
@@ -249,6 +309,8 @@ class SqlParser(DDLParser):
             self.parse_alias()
         if self.accept("("):
             self.expect_keyword("KEY")
+            if not self.at_op(","):
+                return parse_insert_select(self, keyspace, upsert)
             self.expect(",", "',' VALUE")
             self.expect_keyword("VALUE")
             self.expect(")", "')' after (KEY, VALUE")
@@ -353,7 +415,7 @@ class SqlParser(DDLParser):
         if self.accept_keyword("AS"):
             return self.parse_alias()
         tok = self.peek()
-        if self.at_unnest_prefix():
+        if self.at_unnest_prefix() or at_window_clause(self):
             return None
         if tok.kind is TokenKind.QIDENT or (
             tok.kind is TokenKind.IDENT and tok.upper not in _CLAUSE_WORDS
@@ -495,6 +557,8 @@ class SqlParser(DDLParser):
             return self.parse_array_comprehension()
         if tok.text == "(" and tok.kind is TokenKind.OP and self.at_keyword("SELECT", 1):
             return self.parse_subquery()
+        if at_with_subquery(self):
+            return parse_with_subquery(self)
         if word == "EXISTS" and tok.kind is TokenKind.IDENT:
             self.advance()
             return Exists(self.parse_postfix(self.parse_primary()))
@@ -510,9 +574,11 @@ class SqlParser(DDLParser):
 
     def parse_subquery(self) -> Expr:
         start = self.advance()
-        select = self.parse_select()
+        select = parse_query(self)
         end = self.expect(")", "')' after the subquery")
         text = self.text[start.offset + 1 : end.offset].strip() if self.text else "SELECT ..."
+        if isinstance(select, SetOpStmt):
+            return SetOpSubquery(select, text)
         return Subquery(select, text)
 
     def postfix_ends(self) -> bool:
@@ -556,6 +622,8 @@ class SqlParser(DDLParser):
 
     def parse_call(self, name_tok: Token, name: str) -> Expr:
         upper = name.upper()
+        if upper in WINDOW_FUNCTIONS:
+            return parse_window_function(self, name_tok, upper)
         if upper not in AGGREGATES:
             return super().parse_call(name_tok, name)
         self.expect("(")
@@ -563,13 +631,13 @@ class SqlParser(DDLParser):
             if upper != "COUNT":
                 self.error(self.tokens[self.pos - 1], f"{upper}(*) is not allowed; only COUNT(*)")
             self.expect(")", "')' after COUNT(*")
-            return Aggregate("COUNT", None)
+            return parse_over_aggregate(self, Aggregate("COUNT", None))
         distinct = self.accept_keyword("DISTINCT") is not None
         if not distinct:
             self.accept_keyword("ALL")
         arg = self.parse_expression()
         self.expect(")", f"')' ({upper} takes one argument)")
-        return Aggregate(upper, arg, distinct)
+        return parse_over_aggregate(self, Aggregate(upper, arg, distinct))
 
 
 def implied_alias(expr: Expr) -> str | None:

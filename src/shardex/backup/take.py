@@ -56,6 +56,7 @@ from shardex.runtime.files import atomic_write_bytes
 
 PLAN = "plan.json"
 GROUP = 16  # partitions read per round of an incremental (their changes are held at once)
+MAX_RETAKES = 3  # a partition's T0 entry taken again after a branch change, at most
 
 
 class Plan(msgspec.Struct, kw_only=True, frozen=True):
@@ -306,7 +307,7 @@ def _read_incrementals(
             t = by_part[p]
             t.note = (
                 f"partition {p} of {ks!r} cannot continue from seqno {t.from_seqno} (uuid "
-                f"{t.from_uuid}): its history no longer reaches back there; full copy"
+                f"{t.from_uuid}) of the last backup ({exc.message}): full copy"
             )
             ev.note(t.note)
             t.kind, t.from_seqno, t.from_uuid = FULL, 0, 0
@@ -323,6 +324,7 @@ def _read_fulls(client: Client, run: _KeyspaceRun, todo: list[_Todo], ev: Backup
     """Read ``todo``'s documents as of their T0 seqnos and write their files, each as its
     read completes."""
     ks = run.entry.name
+    retries: dict[int, int] = {}
     while todo:
         by_part = {t.partition: t for t in todo}
         ranges = [PartitionRange(t.partition, 0, 0, t.seqno, t.uuid) for t in todo]
@@ -333,9 +335,23 @@ def _read_fulls(client: Client, run: _KeyspaceRun, todo: list[_Todo], ev: Backup
                     _finish(run, t, chunk.changes, ev)
         except ShardexError as exc:
             p = exc.details.get("partition")
-            if exc.code is not ErrorCode.SNAPSHOT_TOO_OLD or p not in by_part:
+            if p not in by_part:
                 raise
-            _backfill(client, run, by_part.pop(p), ev)
+            if exc.code is ErrorCode.SNAPSHOT_TOO_OLD:
+                _backfill(client, run, by_part.pop(p), ev)
+            elif exc.code is ErrorCode.ROLLBACK and retries.get(p, 0) < MAX_RETAKES:
+                # A failover moved the partition to another branch after T0 was taken, and
+                # the history T0 names may be lost: take the partition's entry again.
+                retries[p] = retries.get(p, 0) + 1
+                t = by_part[p]
+                cur = client.high_seqnos(ks)[p]
+                ev.note(
+                    f"partition {p} of {ks!r} changed branch while the backup read it "
+                    f"({exc.message}): reading it again at seqno {cur.seqno} (uuid {cur.uuid})"
+                )
+                t.seqno, t.uuid = cur.seqno, cur.uuid
+            else:
+                raise
             todo = list(by_part.values())
             continue
         for t in by_part.values():  # empty partitions (seqno 0): no read, an empty file

@@ -27,7 +27,6 @@ from shardex.errors import ShardexError
 pytestmark = pytest.mark.cluster
 
 KS = "users"
-SOURCE_PARTS = 8
 TARGET_PARTS = 5
 INDEXES = [
     {"name": "by_city", "keys": ["city"], "where": 'type = "user"'},
@@ -137,13 +136,32 @@ def crash_after(n: int) -> Iterator[None]:
     raise Crash
 
 
-def backup_and_restore(tmp_path: Path, docs: int) -> None:
+def crash_at(fraction: float) -> RestoreEvents:
+    """Restore events that raise once ``fraction`` of the rows were written."""
+    seen = limit = 0.0
+
+    def start(_ks: str, total: int) -> None:
+        nonlocal limit
+        limit = total * fraction
+
+    def advance(n: int) -> None:
+        nonlocal seen
+        seen += n
+        if seen > limit:
+            raise Crash
+
+    return RestoreEvents(start=start, advance=advance)
+
+
+def backup_and_restore(tmp_path: Path, docs: int, source_parts: int) -> None:
+    """``source_parts`` keeps each partition's log under the data nodes' retention (100,000
+    seqnos), so the oracle can read the source's history up to the last vector."""
     repo = tmp_path / "repo"
     with (
         running_cluster(tmp_path / "source", nodes=2) as source,
         connect_local(source.path) as client,
     ):
-        client.create_keyspace(KS, SOURCE_PARTS)
+        client.create_keyspace(KS, source_parts)
         client.keyspace(KS).upsert_many((f"d{i}", doc(random.Random(i), 0)) for i in range(docs))
         for ix in INDEXES:
             spec = dict(ix)
@@ -184,15 +202,15 @@ def backup_and_restore(tmp_path: Path, docs: int) -> None:
         running_cluster(tmp_path / "target", nodes=2) as target,
         connect_local(target.path) as client,
     ):
-        # The first restore dies a few batches in; the CLI's continues it.
-        hook = crash_after(10)
+        # The first restore dies 40% of the way; the CLI's continues it.
         with pytest.raises(Crash):
             restore_backup(
                 client,
                 repo,
                 num_partitions=TARGET_PARTS,
                 batch=200,
-                events=RestoreEvents(advance=lambda _n: next(hook)),
+                group=2,
+                events=crash_at(0.4),
             )
         assert list((repo / "restores").glob("*.json"))  # what the crashed one finished
         proc = run_cli(
@@ -210,9 +228,9 @@ def backup_and_restore(tmp_path: Path, docs: int) -> None:
 
 
 def test_backup_under_writes_and_restore_into_another_shape(tmp_path: Path) -> None:
-    backup_and_restore(tmp_path, docs=3000)
+    backup_and_restore(tmp_path, docs=3000, source_parts=8)
 
 
 @pytest.mark.slow
 def test_backup_and_restore_of_a_million_documents(tmp_path: Path) -> None:
-    backup_and_restore(tmp_path, docs=1_000_000)
+    backup_and_restore(tmp_path, docs=1_000_000, source_parts=32)

@@ -8,7 +8,7 @@ of a document the target lacks is nothing to do). The keyspace is created when m
 (with the backup's partition count unless told otherwise), and once every partition is in,
 the index definitions are created (BUILDING: the index pipeline builds them when it runs).
 
-Resumable: after each source partition the restore records it in
+Resumable: after each round of source partitions the restore records them in
 ``restores/BACKUP--KS--TO.json`` of the repository, with the target keyspace's identity; a
 restore started again after a crash skips what it finished (writes are idempotent, so the
 partition cut by the crash is simply written again). The record is removed at the end.
@@ -34,6 +34,7 @@ from shardex.pipeline.source.types import PartitionRange
 from shardex.runtime.files import atomic_write_bytes
 
 DELETE_CHUNK = 1000
+GROUP = 16  # source partitions merged and written per round (and recorded done together)
 
 
 @dataclass(slots=True)
@@ -74,9 +75,11 @@ def restore_backup(
     batch: int = 1000,
     durability: str = "persist",
     events: RestoreEvents | None = None,
+    group: int = GROUP,
 ) -> list[RestoreResult]:
     """Restore ``keyspace`` (None: every keyspace of the backup) as of backup ``backup``
-    (None: the newest) into the cluster, as ``to_keyspace`` (default: the same name)."""
+    (None: the newest) into the cluster, as ``to_keyspace`` (default: the same name).
+    ``group``: source partitions written per round, the unit a resumed restore skips."""
     ev = events or RestoreEvents()
     repo = Repo.open(repo_path)
     with repo.locked():
@@ -100,6 +103,7 @@ def restore_backup(
                 num_partitions,
                 batch,
                 durability,
+                group,
                 ev,
             )
             for ks in names
@@ -130,6 +134,7 @@ def _restore_keyspace(
     num_partitions: int | None,
     batch: int,
     durability: str,
+    group: int,
     ev: RestoreEvents,
 ) -> RestoreResult:
     chain, entry = keyspace_chain(repo, backups, target, ks)
@@ -146,11 +151,18 @@ def _restore_keyspace(
     todo = [p for p in range(entry.num_partitions) if p not in set(done.partitions)]
     links = {p: partition_chain(repo, chain, ks, p) for p in todo}
     ev.start(ks, sum(link.entry.rows for p in todo for link in links[p]))
-    for p in todo:
-        state = merge_partition(repo, links[p])
-        ev.advance(sum(link.entry.rows for link in links[p]) - len(state.live))
-        _write_partition(client, to, state, batch, durability, ev, result)
-        done.partitions.append(p)
+    # A group of source partitions per round: one upsert_many keeps its pipeline of
+    # batches full (a partition alone is often a single batch), and memory stays bounded.
+    for i in range(0, len(todo), group):
+        parts = todo[i : i + group]
+        merged = PartitionState({}, set(), 0, 0)
+        for p in parts:
+            state = merge_partition(repo, links[p])
+            ev.advance(sum(link.entry.rows for link in links[p]) - len(state.live))
+            merged.live.update(state.live)  # a docid lives in one source partition
+            merged.deleted |= state.deleted
+        _write_partitions(client, to, merged, batch, durability, ev, result)
+        done.partitions.extend(parts)
         state_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(state_path, msgspec.json.encode(done))
     _create_indexes(client, to, entry.indexes, result, ev)
@@ -168,7 +180,7 @@ def _load_done(path: Path, target_uuid: str) -> _Done:
     return done
 
 
-def _write_partition(
+def _write_partitions(
     client: Client,
     to: str,
     state: PartitionState,

@@ -55,7 +55,7 @@ from shardex.pipeline.source.types import PartitionRange
 from shardex.runtime.files import atomic_write_bytes
 
 PLAN = "plan.json"
-GROUP = 16  # partitions read per round of an incremental (their changes are held at once)
+GROUP = 16  # partitions read per round (an incremental's changes are held at once)
 MAX_RETAKES = 3  # a partition's T0 entry taken again after a branch change, at most
 
 
@@ -280,7 +280,9 @@ def _copy_keyspace(
     incs = [t for t in todo if t.kind == INCREMENTAL]
     for i in range(0, len(incs), GROUP):
         fulls.extend(_read_incrementals(client, run, incs[i : i + GROUP], ev))
-    _read_fulls(client, run, fulls, ev)
+    # In groups too: a refusal restarts its group's reads, so a group bounds the restarts.
+    for i in range(0, len(fulls), GROUP):
+        _read_fulls(client, run, fulls[i : i + GROUP], ev)
 
 
 def _read_incrementals(

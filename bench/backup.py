@@ -150,8 +150,8 @@ def summary(out: dict[str, Any], elapsed: float) -> str:
     return "; ".join(parts) + f" ({elapsed:.0f} s in all)"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    plan, path = parse_plan_args(
+def parse(argv: Sequence[str] | None) -> tuple[Plan, Path]:
+    return parse_plan_args(
         argv,
         NAME,
         __doc__ or "",
@@ -159,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         QUICK,
         lambda ap: ap.add_argument("--partitions", dest="partitions", type=int),
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    plan, path = parse(argv)
     return bench_main(NAME, plan, path, run, summary)
 
 

@@ -283,7 +283,7 @@ class Repo:
     def next_name(self, stamp: str) -> str:
         """The next backup's name: sequence number, then the UTC time (``stamp``)."""
         backups = self.backups()
-        seq = int(_NAME_RE.match(backups[-1].name).group(1)) + 1 if backups else 1  # type: ignore[union-attr]
+        seq = int(backups[-1].name.split("-", 1)[0]) + 1 if backups else 1
         return f"{seq:04d}-{stamp}"
 
     def backup_dir(self, name: str) -> Path:

@@ -119,7 +119,7 @@ def create_backup(
         names = _keyspaces(client, keyspaces)
         parent = backups[-1].name if backups else None
         plan, tmp = _resume_or_plan(repo, parent, names, started, ev)
-        runs = {ks: _prepare(client, repo, backups, tmp, ks, ev) for ks in names}
+        runs = {ks: _prepare(client, tmp, ks, ev) for ks in names}
         ev.start(sum(r.entry.num_partitions for r in runs.values()))
         for ks, run in runs.items():
             for p, e in run.done.items():
@@ -171,7 +171,10 @@ def _resume_or_plan(
         if plan is not None and plan.parent == parent and plan.keyspaces == names:
             ev.note(f"continuing backup {plan.name} left unfinished (its finished partitions kept)")
             return plan, d
-        ev.note(f"removing unfinished backup {d.name}: the repository moved on since")
+        ev.note(
+            f"removing unfinished backup {d.name}: it was of other keyspaces, or a newer "
+            "backup was finished since"
+        )
         shutil.rmtree(d)
     plan = Plan(
         name=repo.next_name(started.strftime("%Y%m%dT%H%M%SZ")),
@@ -192,9 +195,7 @@ def _read_plan(d: Path) -> Plan | None:
         return None  # a crash before the plan was written: nothing to keep
 
 
-def _prepare(
-    client: Client, repo: Repo, backups: list[Manifest], tmp: Path, ks: str, ev: BackupEvents
-) -> _KeyspaceRun:
+def _prepare(client: Client, tmp: Path, ks: str, ev: BackupEvents) -> _KeyspaceRun:
     """The keyspace's definitions, and the partitions a resumed backup already holds."""
     desc = next(k for k in client.list_keyspaces() if k.name == ks)
     indexes = [

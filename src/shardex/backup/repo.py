@@ -19,6 +19,7 @@ directory: a directory under ``backups/`` is complete or absent.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import os
@@ -300,6 +301,7 @@ class Repo:
     def publish(self, tmp: Path, manifest: Manifest) -> Path:
         """Write the manifest into ``tmp`` and rename it into ``backups/``: the backup
         exists whole from this rename on."""
+        sync_filesystem(tmp)  # every partition file and entry, before the manifest names them
         atomic_write_bytes(tmp / MANIFEST, msgspec.json.format(msgspec.json.encode(manifest)))
         final = self.backup_dir(manifest.name)
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -339,15 +341,46 @@ def to_table(changes: Sequence[Change]) -> pa.Table:
 
 
 def write_partition(path: Path, changes: Sequence[Change]) -> tuple[int, str]:
-    """Write one partition file (fsynced); returns its (bytes, sha256)."""
+    """Write one partition file; returns its (bytes, sha256). Not fsynced: ``publish``
+    flushes the whole backup once (``sync_filesystem``), and a resumed backup checks the
+    files it keeps against their entries (``intact``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(to_table(changes), tmp, compression="zstd")
     data = tmp.read_bytes()
-    with tmp.open("rb+") as fh:
-        os.fsync(fh.fileno())
     os.replace(tmp, path)
     return len(data), hashlib.sha256(data).hexdigest()
+
+
+def write_replace(path: Path, data: bytes) -> None:
+    """A small file replaced whole by a rename (not fsynced, as ``write_partition``)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def intact(backup_dir: Path, entry: PartitionEntry) -> bool:
+    """Whether the entry's file is there with its recorded size and hash (a machine that
+    lost power may have kept an entry but not all of its file)."""
+    try:
+        data = (backup_dir / entry.file).read_bytes()
+    except OSError:
+        return False
+    return len(data) == entry.bytes and hashlib.sha256(data).hexdigest() == entry.sha256
+
+
+def sync_filesystem(path: Path) -> None:
+    """Flush every written file of ``path``'s file system to disk in one call (Linux
+    ``syncfs``; ``sync`` elsewhere). A backup's dozens of files cost one flush instead of
+    one fsync each (three per partition took 80% of a small incremental's time)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syncfs = getattr(libc, "syncfs", None)
+        if syncfs is None or syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
 
 
 def read_partition(backup_dir: Path, entry: PartitionEntry) -> pa.Table:

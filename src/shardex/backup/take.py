@@ -29,6 +29,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -44,7 +45,9 @@ from shardex.backup.repo import (
     Manifest,
     PartitionEntry,
     Repo,
+    intact,
     write_partition,
+    write_replace,
 )
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
@@ -53,6 +56,8 @@ from shardex.meta.index_state import DELETED, INIT, READY
 from shardex.pipeline.source.read import chunk_groups
 from shardex.pipeline.source.types import PartitionRange
 from shardex.runtime.files import atomic_write_bytes
+
+T = TypeVar("T")
 
 PLAN = "plan.json"
 GROUP = 16  # partitions read per round (an incremental's changes are held at once)
@@ -167,7 +172,7 @@ def _resume_or_plan(
     """The backup a crash left under ``tmp/`` when it continues the same parent with the same
     keyspaces; else a new one (leftovers that no longer fit are removed)."""
     for d in repo.pending():
-        plan = _read_plan(d)
+        plan = _read(d / PLAN, Plan)
         if plan is not None and plan.parent == parent and plan.keyspaces == names:
             ev.note(f"continuing backup {plan.name} left unfinished (its finished partitions kept)")
             return plan, d
@@ -188,11 +193,13 @@ def _resume_or_plan(
     return plan, tmp
 
 
-def _read_plan(d: Path) -> Plan | None:
+def _read(path: Path, kind: type[T]) -> T | None:
+    """A file the backup under way wrote, or None when it is missing or torn (a crash
+    before or while it was written): what it stood for is done again."""
     try:
-        return msgspec.json.decode((d / PLAN).read_bytes(), type=Plan)
+        return msgspec.json.decode(path.read_bytes(), type=kind)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None  # a crash before the plan was written: nothing to keep
+        return None
 
 
 def _prepare(client: Client, tmp: Path, ks: str, ev: BackupEvents) -> _KeyspaceRun:
@@ -222,12 +229,12 @@ def _prepare(client: Client, tmp: Path, ks: str, ev: BackupEvents) -> _KeyspaceR
     )
     run = _KeyspaceRun(entry, tmp / ks)
     ks_file = run.dir / "keyspace.json"
-    if ks_file.exists():
-        old = msgspec.json.decode(ks_file.read_bytes(), type=KeyspaceEntry)
+    old = _read(ks_file, KeyspaceEntry)
+    if old is not None:
         if old.uuid == entry.uuid:
             for f in sorted(run.dir.glob("p*.json")):
-                e = msgspec.json.decode(f.read_bytes(), type=PartitionEntry)
-                if (run.dir.parent / e.file).is_file():
+                e = _read(f, PartitionEntry)
+                if e is not None and intact(run.dir.parent, e):
                     run.done[int(f.stem[1:])] = e
         else:
             ev.note(f"keyspace {ks!r} was re-created since the backup began: copying it anew")
@@ -399,6 +406,6 @@ def _finish(run: _KeyspaceRun, t: _Todo, rows: Sequence[Change], ev: BackupEvent
         sha256=sha,
         note=t.note,
     )
-    atomic_write_bytes(run.dir / f"p{t.partition:04d}.json", msgspec.json.encode(entry))
+    write_replace(run.dir / f"p{t.partition:04d}.json", msgspec.json.encode(entry))
     run.done[t.partition] = entry
     ev.partition(t.keyspace, t.partition, len(rows))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from shardex.backup.repo import (
     KeyspaceEntry,
     Manifest,
     PartitionEntry,
+    Repo,
     read_partition,
 )
 from shardex.core.timestamp import Timestamp
@@ -51,6 +53,7 @@ class Cluster:
         self.uuid = {0: 1, 1: 1, 2: 1}
         self.fail: dict[tuple[int, bool], ShardexError] = {}
         self.after_t0: list[Change] = []  # written just after the backup takes T0
+        self.read: list[int] = []  # partitions read, in order
 
     def high_seqnos(self, _ks: str) -> Timestamp:
         t0 = Timestamp({p: (log[-1].seqno, self.uuid[p]) for p, log in self.log.items()})
@@ -67,12 +70,19 @@ class Cluster:
             if err is not None:
                 raise err
         for r in ranges:
+            self.read.append(r.partition)
             if r.end_seqno <= r.start_seqno:
                 continue
             rows = [c for c in self.log[r.partition] if r.start_seqno < c.seqno <= r.end_seqno]
             if snapshot:
                 rows = [c for c in latest_versions(rows) if c.op != "delete"]
             yield [Chunk(r.partition, r.end_uuid, rows)]
+
+    def list_keyspaces(self) -> list[Any]:
+        return [SimpleNamespace(name="ks", num_partitions=3, num_replicas=0, uuid="k")]
+
+    def list_indexes(self, _ks: str, *, stats: bool) -> list[dict[str, Any]]:
+        return []
 
     def keyspace(self, _name: str) -> Any:
         cluster = self
@@ -197,3 +207,38 @@ def test_a_branch_change_mid_read_takes_the_partitions_entry_again(
     assert (done[0].seqno, done[0].uuid) == (4, 9)
     assert any("changed branch" in n for n in notes)
     assert docids(tmp_path, done[0]) == [("b", False), ("c", False)]
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_backup_cut_by_a_crash_continues_keeping_its_intact_partitions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = Cluster()
+    monkeypatch.setattr(take, "chunk_groups", c.chunk_groups)
+    finished: list[int] = []
+
+    def crash_at_second(_ks: str, p: int, _rows: int) -> None:
+        finished.append(p)
+        if len(finished) == 2:
+            raise Crash
+
+    repo_path = tmp_path / "repo"
+    with pytest.raises(Crash):
+        take.create_backup(c, repo_path, events=take.BackupEvents(partition=crash_at_second))  # type: ignore[arg-type]
+    (pending,) = Repo.open(repo_path).pending()
+    assert finished == [0, 1]
+    torn = pending / "ks" / "p0000.parquet"  # a power loss kept its entry but not all of it
+    torn.write_bytes(torn.read_bytes()[:20])
+    c.read.clear()
+    notes: list[str] = []
+    m = take.create_backup(c, repo_path, events=take.BackupEvents(note=notes.append))  # type: ignore[arg-type]
+    assert m.name == pending.name
+    assert any("continuing backup" in n for n in notes)
+    assert sorted(c.read) == [0, 2]  # partition 1 was kept
+    repo = Repo.open(repo_path)
+    assert [b.name for b in repo.backups()] == [m.name] and not repo.pending()
+    for e in m.keyspaces["ks"].partitions.values():
+        read_partition(repo.backup_dir(m.name), e)  # every file whole and as recorded

@@ -18,8 +18,9 @@ import pytest
 from cluster_helpers import run_cli, wait_for
 from data_helpers import read_partition, running_cluster
 
-from shardex.backup.repo import FULL, INCREMENTAL, Manifest, Repo
+from shardex.backup.repo import FULL, INCREMENTAL, Repo
 from shardex.backup.restore import RestoreEvents, restore_backup
+from shardex.backup.snapshot import backfill
 from shardex.backup.take import BackupEvents, create_backup
 from shardex.client import Client, SnapshotMarker, connect_local
 from shardex.errors import ShardexError
@@ -87,12 +88,12 @@ def doc(rng: random.Random, n: int) -> dict[str, Any]:
     }
 
 
-def documents_at(client: Client, manifest: Manifest) -> dict[str, Any]:
-    """The source's documents at the backup's vector, from each partition's change log read
-    with the client's own stream (not the backup's reader)."""
+def documents_at(client: Client, vector: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    """The source's documents at ``vector``, from each partition's change log read with the
+    client's own stream (not the backup's reader)."""
     out: dict[str, Any] = {}
     ks = client.keyspace(KS)
-    for p, (seqno, uuid) in manifest.keyspaces[KS].vector.items():
+    for p, (seqno, uuid) in vector.items():
         latest: dict[str, bytes | None] = {}
         with ks.stream(p, 0, None, seqno) as stream:
             for item in stream:
@@ -193,7 +194,13 @@ def backup_and_restore(tmp_path: Path, docs: int, source_parts: int) -> None:
         for before, after in itertools.pairwise(vectors):
             assert all(after[p][0] >= before[p][0] for p in before)
             assert sum(s for s, _ in after.values()) > sum(s for s, _ in before.values())
-        expected = documents_at(client, backups[-1])
+        expected = documents_at(client, backups[-1].keyspaces[KS].vector)
+        # The backfill read a purged partition falls back to: its current documents.
+        snap = backfill(client, KS, 3)
+        high = client.high_seqnos(KS)[3]
+        assert (snap.seqno, snap.uuid) == (high.seqno, high.uuid)
+        now = documents_at(client, {3: (high.seqno, high.uuid)})
+        assert {c.docid: json.loads(c.body or b"") for c in snap.docs} == now
         source_defs = definitions(client, KS)
         listing = run_cli("backup", "list", "--repo", str(repo), "--json").stdout
         assert [m["name"] for m in json.loads(listing)] == [m.name for m in backups]

@@ -26,11 +26,10 @@ import msgspec
 from shardex.api.data import OpItem
 from shardex.backup.merge import PartitionState, chain_of, merge_partition, partition_chain
 from shardex.backup.repo import IndexEntry, KeyspaceEntry, Manifest, Repo, repo_error
+from shardex.backup.snapshot import read_snapshots
 from shardex.client import Client
 from shardex.client.bulk import BulkWriter
 from shardex.errors import ErrorCode, ShardexError
-from shardex.pipeline.source.read import chunk_groups
-from shardex.pipeline.source.types import PartitionRange
 from shardex.runtime.files import atomic_write_bytes
 
 DELETE_CHUNK = 1000
@@ -301,15 +300,13 @@ def _digest(body: bytes) -> bytes:
 
 def cluster_digests(client: Client, keyspace: str) -> dict[str, bytes]:
     """docid -> digest of its body, for every document of ``keyspace`` as of its current
-    high seqnos (read as the backup reads, without blocking writers)."""
+    high seqnos (read as a full backup reads, without blocking writers)."""
     ts = client.high_seqnos(keyspace)
-    ranges = [PartitionRange(p, 0, 0, e.seqno, e.uuid) for p, e in ts.items()]
     out: dict[str, bytes] = {}
-    for group in chunk_groups(client, keyspace, ranges, 1, snapshot=True):
-        for chunk in group:
-            for c in chunk.changes:
-                assert c.body is not None  # snapshot reads drop tombstones
-                out[c.docid] = _digest(c.body)
+    for snap in read_snapshots(client, keyspace, {p: (e.seqno, e.uuid) for p, e in ts.items()}):
+        for c in snap.docs:
+            assert c.body is not None  # snapshots hold live documents only
+            out[c.docid] = _digest(c.body)
     return out
 
 

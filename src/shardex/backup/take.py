@@ -8,10 +8,11 @@ up to exactly its T0 seqno through the pipeline's change readers (``iter_chunks`
 change log, which writes after T0 only extend. So the backup holds each partition as of its
 T0 entry, and T0 is what the manifest records.
 
-* A full copy reads (0, T0] in snapshot mode: each docid's last version, tombstones dropped.
-  When the log below T0 is purged (SNAPSHOT_TOO_OLD), the partition is read by a backfill
-  stream instead: its current documents at the stream's own snapshot, whose seqno and uuid
-  are then the partition's entry of the vector.
+* A full copy reads (0, T0] in snapshot mode (``snapshot.read_snapshots``): each docid's
+  last version, tombstones dropped. When the log below T0 is purged, the partition is read
+  by a backfill stream instead, and when a failover moved it to another branch meanwhile, at
+  its new high seqno: the seqno and uuid it was read at are the partition's entry of the
+  vector.
 * An incremental reads (last backup's seqno, T0] on the last backup's uuid: every change,
   each docid's newest version kept, deletions as tombstones. A partition whose uuid changed
   since the last backup (a failover), or whose log no longer reaches back (ROLLBACK), is
@@ -19,7 +20,8 @@ T0 entry, and T0 is what the manifest records.
   was dropped and re-created.
 * Crash safety: the backup is written under ``tmp/NAME/`` and renamed into ``backups/`` with
   its manifest at the end. Each finished partition leaves its entry beside its file, so a
-  ``create`` after a crash continues the same backup, keeping the partitions already done.
+  ``create`` after a crash continues the same backup, keeping the partitions already done
+  whose files still match their entries.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import TypeVar
 
 import msgspec
 
-from shardex.api.records import OP_DELETE, Change, SnapshotMarker
+from shardex.api.records import OP_DELETE, Change
 from shardex.backup.merge import chain_of, latest_versions
 from shardex.backup.repo import (
     FORMAT,
@@ -49,6 +51,7 @@ from shardex.backup.repo import (
     write_partition,
     write_replace,
 )
+from shardex.backup.snapshot import GROUP, read_snapshots
 from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
@@ -60,8 +63,6 @@ from shardex.runtime.files import atomic_write_bytes
 T = TypeVar("T")
 
 PLAN = "plan.json"
-GROUP = 16  # partitions read per round (an incremental's changes are held at once)
-MAX_RETAKES = 3  # a partition's T0 entry taken again after a branch change, at most
 
 
 class Plan(msgspec.Struct, kw_only=True, frozen=True):
@@ -288,9 +289,7 @@ def _copy_keyspace(
     incs = [t for t in todo if t.kind == INCREMENTAL]
     for i in range(0, len(incs), GROUP):
         fulls.extend(_read_incrementals(client, run, incs[i : i + GROUP], ev))
-    # In groups too: a refusal restarts its group's reads, so a group bounds the restarts.
-    for i in range(0, len(fulls), GROUP):
-        _read_fulls(client, run, fulls[i : i + GROUP], ev)
+    _read_fulls(client, run, fulls, ev)
 
 
 def _read_incrementals(
@@ -331,62 +330,14 @@ def _read_incrementals(
 
 
 def _read_fulls(client: Client, run: _KeyspaceRun, todo: list[_Todo], ev: BackupEvents) -> None:
-    """Read ``todo``'s documents as of their T0 seqnos and write their files, each as its
-    read completes."""
-    ks = run.entry.name
-    retries: dict[int, int] = {}
-    while todo:
-        by_part = {t.partition: t for t in todo}
-        ranges = [PartitionRange(t.partition, 0, 0, t.seqno, t.uuid) for t in todo]
-        try:
-            for group in chunk_groups(client, ks, ranges, 1, snapshot=True):
-                for chunk in group:
-                    t = by_part.pop(chunk.partition)
-                    _finish(run, t, chunk.changes, ev)
-        except ShardexError as exc:
-            p = exc.details.get("partition")
-            if p not in by_part:
-                raise
-            if exc.code is ErrorCode.SNAPSHOT_TOO_OLD:
-                _backfill(client, run, by_part.pop(p), ev)
-            elif exc.code is ErrorCode.ROLLBACK and retries.get(p, 0) < MAX_RETAKES:
-                # A failover moved the partition to another branch after T0 was taken, and
-                # the history T0 names may be lost: take the partition's entry again.
-                retries[p] = retries.get(p, 0) + 1
-                t = by_part[p]
-                cur = client.high_seqnos(ks)[p]
-                ev.note(
-                    f"partition {p} of {ks!r} changed branch while the backup read it "
-                    f"({exc.message}): reading it again at seqno {cur.seqno} (uuid {cur.uuid})"
-                )
-                t.seqno, t.uuid = cur.seqno, cur.uuid
-            else:
-                raise
-            todo = list(by_part.values())
-            continue
-        for t in by_part.values():  # empty partitions (seqno 0): no read, an empty file
-            _finish(run, t, [], ev)
-        todo = []
-
-
-def _backfill(client: Client, run: _KeyspaceRun, t: _Todo, ev: BackupEvents) -> None:
-    """A partition whose log below T0 is purged: its current documents, read by one backfill
-    stream at the stream's snapshot, whose (seqno, uuid) becomes the partition's entry."""
-    changes: list[Change] = []
-    seqno, uuid = 0, t.uuid
-    with client.keyspace(run.entry.name).stream(t.partition, 0) as stream:
-        for item in stream:
-            if isinstance(item, SnapshotMarker):
-                seqno, uuid = max(seqno, item.end), item.uuid
-            else:
-                changes.append(item)
-    live = [c for c in latest_versions(changes) if c.op != OP_DELETE]
-    ev.note(
-        f"partition {t.partition} of {run.entry.name!r}: its change log below the backup's "
-        f"seqno is purged; copied its documents as of seqno {seqno} instead"
-    )
-    t.seqno, t.uuid = seqno, uuid
-    _finish(run, t, live, ev)
+    """Read ``todo``'s documents as of their T0 entries (or the later ones the reader
+    falls back to) and write their files, each as its read completes."""
+    by_part = {t.partition: t for t in todo}
+    wanted = {t.partition: (t.seqno, t.uuid) for t in todo}
+    for snap in read_snapshots(client, run.entry.name, wanted, ev.note):
+        t = by_part[snap.partition]
+        t.seqno, t.uuid = snap.seqno, snap.uuid
+        _finish(run, t, snap.docs, ev)
 
 
 def _finish(run: _KeyspaceRun, t: _Todo, rows: Sequence[Change], ev: BackupEvents) -> None:

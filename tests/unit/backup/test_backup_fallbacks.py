@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import shardex.backup.snapshot as snapshot
 import shardex.backup.take as take
 from shardex.api.records import Change, SnapshotMarker
 from shardex.backup.merge import latest_versions
@@ -134,7 +135,8 @@ def base_manifest(cluster: Cluster, upto: int) -> Manifest:
 def run_backup(
     tmp_path: Path, cluster: Cluster, base: Manifest | None, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[dict[int, PartitionEntry], list[str]]:
-    monkeypatch.setattr(take, "chunk_groups", cluster.chunk_groups)
+    for module in (take, snapshot):  # incrementals, full copies
+        monkeypatch.setattr(module, "chunk_groups", cluster.chunk_groups)
     entry = KeyspaceEntry(
         name="ks", num_partitions=3, num_replicas=0, uuid="k", indexes=[], partitions={}
     )
@@ -217,7 +219,8 @@ def test_a_backup_cut_by_a_crash_continues_keeping_its_intact_partitions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c = Cluster()
-    monkeypatch.setattr(take, "chunk_groups", c.chunk_groups)
+    for module in (take, snapshot):
+        monkeypatch.setattr(module, "chunk_groups", c.chunk_groups)
     finished: list[int] = []
 
     def crash_at_second(_ks: str, p: int, _rows: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+import shardex.cli.backup as backup
 import shardex.cli.cluster as cluster
 import shardex.cli.failover as failover
 import shardex.cli.index as index
@@ -31,6 +32,7 @@ app.add_typer(keyspace.app, name="keyspace")
 app.add_typer(index.app, name="index")
 app.add_typer(user.app, name="user")
 app.add_typer(spark.app, name="spark")
+app.add_typer(backup.app, name="backup")
 app.command("ddl", help=index.ddl.__doc__)(index.ddl)
 app.command("load", help=load.__doc__)(load)
 app.command("rebalance", help=rebalance.__doc__)(rebalance)

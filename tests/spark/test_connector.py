@@ -106,9 +106,13 @@ def test_append_then_overwrite_read_back_equal(env: Env) -> None:
     assert as_model(env.reader().schema(SCHEMA).load().collect()) == model
 
     # overwrite: the keyspace holds exactly what was written
+    before = env.client.high_seqnos(KEYSPACE)
     kept = people(10, start=100)
     env.write(kept, "overwrite")
     assert as_model(env.reader().schema(SCHEMA).load().collect()) == strip_id(kept)
+    # a read at a recorded vector is the keyspace as it was then
+    then = env.reader(snapshot_ts=offsets_json(before)).schema(SCHEMA).load()
+    assert as_model(then.collect()) == model
 
 
 @pytest.mark.timeout(600)

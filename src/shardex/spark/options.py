@@ -102,6 +102,7 @@ class ConnectorOptions:
             raise bad_option(
                 "unknown durability level", "durability", durability, hint=", ".join(DURABILITIES)
             )
+        sample_size = _positive(o, "sample_size", DEFAULT_SAMPLE_SIZE)
         source = {"keyspace": keyspace, **_where(o)}
         source.update({k: o[k] for k in _PASSED if k in o})
         source.update(
@@ -120,7 +121,7 @@ class ConnectorOptions:
             source=parsed,
             consistency=consistency,
             index=o.get("index") or None,
-            sample_size=_positive(o, "sample_size", DEFAULT_SAMPLE_SIZE),
+            sample_size=sample_size,
             key=o.get("key") or "_id",
             durability=durability_level(durability),
         )

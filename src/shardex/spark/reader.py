@@ -26,7 +26,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
+from shardex.api.data import Get, GetMany, GetManyReply, GetReply
 from shardex.api.records import OP_DELETE
+from shardex.client import Client
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.partitioning import partition_of
@@ -173,17 +175,39 @@ class DocumentReader(DataSourceReader):
 
 
 def _fetched_rows(converter: Converter, part: FetchPartition) -> Iterator[dict]:
-    ks = client_for(part.endpoint).keyspace(part.endpoint.keyspace)
-    for docid in part.docids:
-        try:
-            doc = ks.get(docid)
-        except ShardexError as exc:
-            if exc.code is ErrorCode.DOC_NOT_FOUND:
+    """The partition's documents by ``GetMany`` to its owner (one request per chunk; the
+    docids are all of one partition), rechecked against the pushed filters. A docid the
+    reply could not answer (its partition moved meanwhile) is read alone, re-routed."""
+    client = client_for(part.endpoint)
+    keyspace = part.endpoint.keyspace
+    router = client.rpc.router
+    for i in range(0, len(part.docids), FETCH_CHUNK):
+        chunk = part.docids[i : i + FETCH_CHUNK]
+        msg = GetMany(keyspace=keyspace, docids=chunk)
+        ask = router.to_owner(keyspace, chunk[0], msg, GetManyReply, idempotent=True)
+        reply = client.rpc.run(ask)
+        failed = {e.index for e in reply.errors}
+        for j, (docid, body) in enumerate(zip(chunk, reply.bodies, strict=True)):
+            if j in failed:
+                body = _get_alone(client, keyspace, docid)
+            if body is None:
                 continue  # deleted since the scan
-            raise
-        row = converter.row(docid, doc)
-        if matches(row, part.pushed):
-            yield row
+            row = converter.row(docid, body)
+            if matches(row, part.pushed):
+                yield row
+
+
+def _get_alone(client: Client, keyspace: str, docid: str) -> bytes | None:
+    try:
+        return client.rpc.run(
+            client.rpc.router.to_owner(
+                keyspace, docid, Get(keyspace=keyspace, docid=docid), GetReply, idempotent=True
+            )
+        ).body
+    except ShardexError as exc:
+        if exc.code is ErrorCode.DOC_NOT_FOUND:
+            return None
+        raise
 
 
 class DocumentStreamReader(ShardexStreamReader):

@@ -68,8 +68,10 @@ class Env:
         opts = {"cluster": str(self.cluster.path), "keyspace": KEYSPACE, **options}
         return self.spark.read.format("shardex").options(**opts)
 
-    def write(self, rows: list[dict[str, Any]], mode: str, **options: str) -> None:
-        df = self.spark.createDataFrame(rows, SCHEMA)
+    def write(
+        self, rows: list[dict[str, Any]], mode: str, schema: str = SCHEMA, **options: str
+    ) -> None:
+        df = self.spark.createDataFrame(rows, schema)
         opts = {"cluster": str(self.cluster.path), "keyspace": KEYSPACE, **options}
         df.write.format("shardex").options(**opts).mode(mode).save()
 
@@ -103,6 +105,12 @@ def test_append_then_overwrite_read_back_equal(env: Env) -> None:
     changed = [{**d, "age": 99} for d in docs[:5]] + people(5, start=40)
     env.write(changed, "append", durability="majority")
     model = {**strip_id(docs), **strip_id(changed)}
+    assert as_model(env.reader().schema(SCHEMA).load().collect()) == model
+
+    # a row flagged _deleted deletes its document (an absent one is no error)
+    gone = [{"_id": "p0007", "_deleted": True}, {"_id": "nobody", "_deleted": True}]
+    env.write(gone, "append", schema="_id string, _deleted boolean")
+    del model["p0007"]
     assert as_model(env.reader().schema(SCHEMA).load().collect()) == model
 
     # overwrite: the keyspace holds exactly what was written

@@ -16,16 +16,19 @@ out (a read shows a missing field as null anyway); nested rows become objects.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from shardex.api.data import OpItem
 from shardex.api.records import OP_DELETE
+from shardex.api.validation import DEFAULT_MAX_DOC_BYTES as MAX_DOC
+from shardex.api.validation import check_docid, encode_document
+from shardex.client import Client
+from shardex.client.bulk import BulkWriter
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.pipeline.source.plan import plan_ranges
@@ -33,7 +36,7 @@ from shardex.pipeline.source.read import chunk_groups, client_for
 from shardex.spark.options import ConnectorOptions, bad_option
 from shardex.spark.schema import DELETED, ID
 
-CHUNK = 1000  # rows per upsert_many
+CHUNK = 1000  # rows per MutateMany round
 
 _GONE = (ErrorCode.DOC_NOT_FOUND, ErrorCode.CAS_MISMATCH)
 
@@ -65,17 +68,9 @@ class DocumentWriter(DataSourceWriter):
 
     def write(self, iterator: Iterator[Row]) -> Written:
         opts = self.opts
-        ks = client_for(opts.source.endpoint).keyspace(opts.keyspace)
+        client = client_for(opts.source.endpoint)
         upserted = deleted = 0
-        chunk: list[tuple[str, dict[str, Any]]] = []
-
-        def flush() -> None:
-            nonlocal upserted
-            if chunk:
-                ks.upsert_many(chunk, durability=opts.durability)
-                upserted += len(chunk)
-                chunk.clear()
-
+        ops: list[OpItem] = []  # in row order: one document's rows apply in that order
         for row in iterator:
             doc = row.asDict(recursive=True)
             docid = doc.pop(opts.key) if opts.key == ID else doc.get(opts.key)
@@ -86,15 +81,18 @@ class DocumentWriter(DataSourceWriter):
                     opts.key,
                     hint="every row needs a non-empty string key (filter or fill nulls first)",
                 )
+            docid = check_docid(docid)
             if doc.pop(DELETED, None):
-                with contextlib.suppress(ShardexError):  # absent already: nothing to do
-                    ks.delete(docid, durability=opts.durability)
+                ops.append(OpItem("delete", docid))
                 deleted += 1
-                continue
-            chunk.append((docid, {k: v for k, v in doc.items() if v is not None and k != ID}))
-            if len(chunk) >= CHUNK:
-                flush()
-        flush()
+            else:
+                body = {k: v for k, v in doc.items() if v is not None and k != ID}
+                ops.append(OpItem("upsert", docid, encode_document(body, MAX_DOC, docid)))
+                upserted += 1
+            if len(ops) >= CHUNK:
+                apply_ops(client, opts, ops)
+                ops = []
+        apply_ops(client, opts, ops)
         return Written(upserted, deleted)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -107,18 +105,32 @@ def delete_unwritten(opts: ConnectorOptions, before: Timestamp) -> int:
     """Delete every document live at ``before`` that nobody wrote since (its CAS still the
     one it had then); returns how many were deleted."""
     client = client_for(opts.source.endpoint)
-    ks = client.keyspace(opts.keyspace)
     ranges = plan_ranges(opts.keyspace, Timestamp(), before)
     n = 0
     for group in chunk_groups(client, opts.keyspace, ranges, CHUNK, snapshot=True):
-        for chunk in group:
-            for c in chunk.changes:
-                if c.op == OP_DELETE:
-                    continue
-                try:
-                    ks.delete(c.docid, c.cas, durability=opts.durability)
-                    n += 1
-                except ShardexError as exc:
-                    if exc.code not in _GONE:  # rewritten or deleted since: keep / nothing
-                        raise
+        live = [
+            OpItem("delete", c.docid, b"", c.cas)
+            for chunk in group
+            for c in chunk.changes
+            if c.op != OP_DELETE
+        ]
+        n += apply_ops(client, opts, live)
+    return n
+
+
+def apply_ops(client: Client, opts: ConnectorOptions, ops: list[OpItem]) -> int:
+    """``ops`` in one ``MutateMany`` per owner node (a partition's in order), at the
+    write's durability. A deletion of a document already gone, or rewritten since the CAS
+    it names, is no error; any other failure is raised. Returns how many applied."""
+    if not ops:
+        return 0
+    writer = BulkWriter(client.rpc.router, opts.keyspace, opts.durability)
+    results = client.rpc.run(writer.write_only_chunk(list(enumerate(ops))))
+    n = 0
+    for i, result in sorted(results.items()):
+        if not isinstance(result, ShardexError):
+            n += 1
+        elif ops[i].kind != "delete" or result.code not in _GONE:
+            result.details.setdefault("docid", ops[i].docid)
+            raise result
     return n

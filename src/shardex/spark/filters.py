@@ -77,9 +77,6 @@ class IndexPlan:
     spans: list[dict[str, Any]]
     pushed: tuple[Filter, ...]
 
-    def describe(self) -> str:
-        return f"index {self.index}, spans {json.dumps(self.spans)}"
-
 
 def column_type(schema: StructType, column: tuple[str, ...]) -> DataType | None:
     t: DataType = schema

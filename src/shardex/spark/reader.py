@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
@@ -238,21 +237,36 @@ class DocumentStreamReader(ShardexStreamReader):
 
 def sample_schema(opts: ConnectorOptions) -> StructType:
     """The schema of the keyspace's most recent documents: up to ``sample_size`` of them,
-    the last changes of every partition (``infer_schema``)."""
+    the last changes of every partition (``infer_schema``). A partition whose log was purged
+    past that point is read from its start instead, up to the sample's size."""
     with opts.connect() as client:
         high = client.high_seqnos(opts.keyspace)
         per = max(1, math.ceil(opts.sample_size / max(1, len(high))))
-        ranges = [
-            PartitionRange(
-                p, max(0, e.seqno - per), e.uuid if e.seqno > per else 0, e.seqno, e.uuid
-            )
+        # (high - per, high] of each partition; a start above 0 is on the current branch
+        recent = [
+            PartitionRange(p, start, e.uuid if start else 0, e.seqno, e.uuid)
             for p, e in high.items()
             if e.seqno > 0
+            for start in [max(0, e.seqno - per)]
         ]
-        latest: dict[str, Any] = {}
-        for group in chunk_groups(client, opts.keyspace, ranges, BLOCK_ROWS):
-            for chunk in group:
-                for c in chunk.changes:
-                    latest[c.docid] = None if c.op == OP_DELETE else c.body
-    docs = [decode(b) for b in latest.values() if b is not None][: opts.sample_size]
+        try:
+            bodies = _sample(client, opts, recent)
+        except ShardexError as exc:
+            if exc.code is not ErrorCode.ROLLBACK:  # below the purge seqno
+                raise
+            whole = [PartitionRange(r.partition, 0, 0, r.end_seqno, r.end_uuid) for r in recent]
+            bodies = _sample(client, opts, whole)
+    docs = [decode(b) for b in bodies]
     return infer_schema(d for d in docs if isinstance(d, dict))
+
+
+def _sample(client: Client, opts: ConnectorOptions, ranges: list[PartitionRange]) -> list[bytes]:
+    """The latest body of each live document in ``ranges``, at most ``sample_size``."""
+    latest: dict[str, bytes | None] = {}
+    for group in chunk_groups(client, opts.keyspace, ranges, BLOCK_ROWS):
+        for chunk in group:
+            for c in chunk.changes:
+                latest[c.docid] = None if c.op == OP_DELETE else c.body
+        if len(latest) >= 2 * opts.sample_size:
+            break  # closing the reads early cancels them
+    return [b for b in latest.values() if b is not None][: opts.sample_size]

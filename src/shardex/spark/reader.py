@@ -99,6 +99,7 @@ class DocumentReader(DataSourceReader):
     """Batch reads (see the module doc). Pickled to the tasks: holds no client."""
 
     def __init__(self, opts: ConnectorOptions, schema: StructType) -> None:
+        Converter(schema)  # a column type no document can fill fails the planning, not a task
         self.opts = opts
         self.schema = schema
         self.plan: IndexPlan | None = None
@@ -220,6 +221,7 @@ class DocumentStreamReader(ShardexStreamReader):
                 "schema",
                 hint=f"add `{DELETED} boolean` to the schema given with .schema(...)",
             )
+        Converter(schema)  # a column type no document can fill fails here, not in a task
         # A micro-batch is small: one task per owner node, as the index pipeline reads.
         super().__init__(with_options(opts.source, mode="changes", tasks="owner"))
         self.schema = schema

@@ -19,6 +19,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
+    DateType,
     DoubleType,
     LongType,
     StringType,
@@ -161,3 +162,9 @@ def test_bad_options_name_the_option_and_value(tmp_path: Path) -> None:
             ConnectorOptions.parse(options)
         assert info.value.code is ErrorCode.CONFIG_ERROR
         assert option in str(info.value) and value in str(info.value), str(info.value)
+
+
+def test_a_column_type_documents_cannot_fill_is_refused_naming_it() -> None:
+    schema = StructType([StructField("_id", StringType()), StructField("born", DateType())])
+    with pytest.raises(ShardexError, match="'born' has type date"):
+        Converter(schema)

@@ -64,8 +64,11 @@ from bench.common.harness import (
 from bench.common.runner import log, machine_info
 from bench.sql.queries import (
     CASES,
+    GROUP,
+    PG_DDL,
     DocStats,
     build_queries,
+    differences,
     expected_group_rows,
     large_range_query,
 )
@@ -125,6 +128,7 @@ def more_args(ap: argparse.ArgumentParser) -> None:
 
 def run(plan: Plan) -> dict[str, Any]:
     from bench.common.dataset import write_docs
+    from bench.common.phases import pg_load_docs
     from bench.sql.phases import create_and_build, postgres_phase, shardex_phase
     from shardex.demo.datagen import users
 
@@ -142,9 +146,12 @@ def run(plan: Plan) -> dict[str, Any]:
             for c, qs in queries.items()
         }
         pg = postgres_phase(
-            base, files, plan.docs, queries, expected_group_rows(stats), plan.levels,
-            plan.seconds, plan.cold_clients,
+            base, lambda conn: pg_load_docs(conn, files, PG_DDL, plan.docs), queries,
+            plan.levels, plan.seconds, plan.cold_clients,
         )  # fmt: skip
+        diff = differences(GROUP, pg.answers[(GROUP, 0)], expected_group_rows(stats))
+        if diff is not None:
+            raise RuntimeError(f"postgresql GROUP BY differs from the documents: {diff}")
         extra["postgresql"] = pg.info
         with loaded_cluster(base, files, plan.docs, plan.partitions) as (cdir, client, load_s):
             with spark_driver(base, cdir, "shardex-bench-sql") as driver:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ class Mix:
     runner: type[Runner] = Runner
     canonical: Callable[[str, Sequence[Sequence[Any]]], list[tuple[Any, ...]]] = canonical
     differences: Callable[[str, Sequence[Any], Sequence[Any]], str | None] = differences
-    columns: Mapping[str, tuple[str, ...]] = COLUMNS
+    columns: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: COLUMNS)
 
 
 SQL_MIX = Mix()

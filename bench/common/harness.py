@@ -182,6 +182,14 @@ def parse_plan_args(
     return plan, args.json or RESULTS_DIR / default
 
 
+def run_summary(out: dict[str, Any], elapsed: float) -> str:
+    """The end of a benchmark's summary line: the load it ran under and its wall time."""
+    return (
+        f"load average start {out['load_avg_start']}, end {out['load_avg_end']}; "
+        f"{elapsed:.0f} s. Shared machine: noisy figures."
+    )
+
+
 def bench_main(
     name: str,
     plan: Any,

@@ -39,13 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common.dataset import SEED
-from bench.common.harness import (
-    bench_dir,
-    bench_main,
-    loaded_cluster,
-    parse_plan_args,
-    spark_driver,
-)
+from bench.common.harness import bench_dir, bench_main, parse_plan_args, run_summary
 from bench.common.phases import Phase
 from bench.common.runner import Row, log, machine_info
 from bench.http.clients import CLIENT, HTTP, WireVariant
@@ -137,7 +131,7 @@ def shardex_phase(
 def run(plan: Plan) -> dict[str, Any]:
     from bench.common.dataset import write_docs
     from bench.common.phases import pg_load_docs
-    from bench.sql.phases import create_and_build, postgres_phase
+    from bench.sql.phases import indexed_cluster, postgres_phase
     from bench.sql.queries import PG_DDL
     from shardex.demo.datagen import users
 
@@ -153,11 +147,10 @@ def run(plan: Plan) -> dict[str, Any]:
             plan.levels, plan.seconds, 0, HTTP_MIX,
         )  # fmt: skip
         extra["postgresql"] = pg.info
-        with loaded_cluster(base, files, plan.docs, plan.partitions) as (cdir, client, load_s):
-            with spark_driver(base, cdir, "shardex-bench-http") as driver:
-                names, build_s = create_and_build(client, driver, timeout=build_timeout(plan.docs))
-            extra["shardex"] = {"load_seconds": load_s, "indexes": names, "build_s": build_s}
-            log("Spark stopped; querying")
+        timeout = build_timeout(plan.docs)
+        app = "shardex-bench-http"
+        with indexed_cluster(base, files, plan.docs, plan.partitions, app, timeout) as built:
+            cdir, _, extra["shardex"] = built
             rows = pg.rows + shardex_phase(cdir, queries, pg, plan.levels, plan.seconds)
     return {"tables": {"query mix over HTTP, the Python client and PostgreSQL": rows,
                        **ratio_tables(rows)}, **extra}  # fmt: skip
@@ -169,13 +162,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     plan, path = parse_args(argv)
-
-    def summary(out: dict[str, Any], elapsed: float) -> str:
-        return (
-            f"{plan.docs:,} docs, 3 nodes on {machine_info()['cpu_count']} CPUs, clients are "
-            f"processes with one keep-alive HTTP connection each; load average start "
-            f"{out['load_avg_start']}, end {out['load_avg_end']}; {elapsed:.0f} s. "
-            "Shared machine: noisy figures."
-        )
-
-    return bench_main("http", plan, path, run, summary)
+    what = (
+        f"{plan.docs:,} docs, 3 nodes on {machine_info()['cpu_count']} CPUs, clients are "
+        "processes with one keep-alive HTTP connection each"
+    )
+    return bench_main("http", plan, path, run, lambda o, t: f"{what}; {run_summary(o, t)}")

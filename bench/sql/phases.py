@@ -9,8 +9,9 @@ only (``bench.common.clients.ClientPool.measure``)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,22 @@ def create_and_build(
     names = [name if len(keyspaces) == 1 else f"{ks}.{name}" for ks, name in indexes]
     log(f"indexes {', '.join(names)} ACTIVE after {seconds:.1f} s")
     return names, seconds
+
+
+@contextlib.contextmanager
+def indexed_cluster(
+    base: Path, files: Sequence[Path], n_docs: int, partitions: int, app: str, timeout: float
+) -> Iterator[tuple[Path, Any, dict[str, Any]]]:
+    """``bench.sql``'s cluster: 3 nodes, the documents loaded, ``SHARDEX_DDL`` built by the
+    Spark pipeline (``app``; stopped before this yields: nothing writes meanwhile). Its dir,
+    a client, and what to report (load and build seconds, the indexes)."""
+    from bench.common.harness import loaded_cluster, spark_driver
+
+    with loaded_cluster(base, files, n_docs, partitions) as (cdir, client, load_s):
+        with spark_driver(base, cdir, app) as driver:
+            names, build_s = create_and_build(client, driver, timeout=timeout)
+        log("Spark stopped; querying")
+        yield cdir, client, {"load_seconds": load_s, "indexes": names, "build_s": build_s}
 
 
 def shardex_checks(

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common.dataset import SEED
-from bench.common.harness import bench_dir, bench_main, parse_plan_args, spark_driver
+from bench.common.harness import bench_dir, bench_main, parse_plan_args, run_summary, spark_driver
 from bench.common.runner import log, machine_info
 from bench.sql.run import build_timeout, client_levels
 from bench.sql.tables import goal_summary, latency_ratios
@@ -143,13 +143,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     plan, path = parse_args(argv)
-
-    def summary(out: dict[str, Any], elapsed: float) -> str:
-        return (
-            f"{plan.docs:,} orders, {plan.customers:,} customers, 3 nodes on "
-            f"{machine_info()['cpu_count']} CPUs, clients are processes, shardex at "
-            f"request_plus; load average start {out['load_avg_start']}, end "
-            f"{out['load_avg_end']}; {elapsed:.0f} s. Shared machine: noisy figures."
-        )
-
-    return bench_main("sql_breadth", plan, path, run, summary)
+    what = (
+        f"{plan.docs:,} orders, {plan.customers:,} customers, 3 nodes on "
+        f"{machine_info()['cpu_count']} CPUs, clients are processes, shardex at request_plus"
+    )
+    return bench_main("sql_breadth", plan, path, run, lambda o, t: f"{what}; {run_summary(o, t)}")

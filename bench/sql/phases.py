@@ -325,7 +325,7 @@ def exchange_rows(
                 rows.append(
                     {
                         "case": q.case,
-                        "window KiB": None if window is None else round(window / 1024, 1),
+                        "window KiB": "default" if window is None else round(window / 1024, 1),
                         "rows": n,
                         "streams": 0,
                         "note": "no exchange stream reported for the query",

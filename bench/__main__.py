@@ -15,7 +15,10 @@ import time
 from collections.abc import Sequence
 
 # The cheap ones first, so a broken environment shows before the Spark builds run.
-AREAS = ("wire", "data_service", "replication", "tls", "backup", "scan", "sql", "pipeline")
+AREAS = (
+    "wire", "data_service", "replication", "tls", "backup", "scan", "sql", "sql_breadth",
+    "http", "pipeline",
+)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,35 +139,40 @@ def updates(n: int, total_docs: int, seed: int) -> Iterator[tuple[str, bytes]]:
         yield doc["id"], enc.encode(doc)
 
 
-def write_docs(work: Path, n: int, seed: int, parts: int) -> tuple[list[Path], int]:
-    """``n`` demo users as JSON Lines in ``parts`` files (chunks of 5000 round-robin)."""
-    from shardex.demo.datagen import users
-
-    paths = [work / f"docs-{k}.jsonl" for k in range(parts)]
+def write_jsonl(paths: Sequence[Path], docs: Iterable[Doc]) -> int:
+    """``docs`` as JSON Lines into ``paths`` (chunks of 5000 round-robin); the bytes written."""
     enc = msgspec.json.Encoder()
     size = 0
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(p.open("wb")) for p in paths]
         buf: list[bytes] = []
         k = 0
-        for doc in users(n, seed):
+        for doc in docs:
             buf.append(enc.encode(doc))
             if len(buf) == 5000:
                 chunk = b"\n".join(buf) + b"\n"
-                files[k % parts].write(chunk)
+                files[k % len(files)].write(chunk)
                 size += len(chunk)
                 k += 1
                 buf.clear()
         if buf:
             chunk = b"\n".join(buf) + b"\n"
-            files[k % parts].write(chunk)
+            files[k % len(files)].write(chunk)
             size += len(chunk)
-    return paths, size
+    return size
 
 
-def copy_files(conn: Any, files: Sequence[Path]) -> None:
+def write_docs(work: Path, n: int, seed: int, parts: int) -> tuple[list[Path], int]:
+    """``n`` demo users as JSON Lines in ``parts`` files (chunks of 5000 round-robin)."""
+    from shardex.demo.datagen import users
+
+    paths = [work / f"docs-{k}.jsonl" for k in range(parts)]
+    return paths, write_jsonl(paths, users(n, seed))
+
+
+def copy_files(conn: Any, files: Sequence[Path], table: str = "docs") -> None:
     # COPY text format: a JSON line has no raw tab or newline; only backslashes need escaping.
-    with conn.cursor() as cur, cur.copy("COPY docs (body) FROM STDIN") as copy:
+    with conn.cursor() as cur, cur.copy(f"COPY {table} (body) FROM STDIN") as copy:
         for path in files:
             with path.open("rb") as fh:
                 while block := fh.read(1 << 22):
@@ -189,8 +194,10 @@ def shardex_load(
     *,
     timeout: float | None = None,
     progress: Callable[[], str] | None = None,
+    keyspace: str = KEYSPACE,
 ) -> float:
-    """``shardex load`` of every file, one process each, in parallel; returns seconds.
+    """``shardex load`` of every file into ``keyspace``, one process each, in parallel;
+    returns seconds.
     Every ``PROGRESS_EVERY`` s a line with the time so far and ``progress()`` (say, the
     documents the cluster holds); past ``timeout`` s the loaders are killed and a
     ``RuntimeError`` says how far they got."""
@@ -198,8 +205,8 @@ def shardex_load(
     t = time.perf_counter()
     try:
         for k, path in enumerate(files):
-            out = work / f"load-{k}.log"
-            cmd = [*shardex_cli(), "load", KEYSPACE, str(path), "--dir", str(cluster_dir)]
+            out = work / f"load-{keyspace}-{k}.log"
+            cmd = [*shardex_cli(), "load", keyspace, str(path), "--dir", str(cluster_dir)]
             cmd += ["--id-field", "id", "--batch", "1000"]
             with out.open("wb") as fh:
                 procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT), out))

@@ -58,6 +58,40 @@ def bench_dir(
     extra["load_avg_end"] = load_average()
 
 
+def load_keyspace(
+    client: Any,
+    cluster_dir: Path,
+    base: Path,
+    keyspace: str,
+    files: Sequence[Path],
+    n_docs: int,
+    partitions: int,
+    replicas: int = 0,
+) -> float:
+    """``keyspace`` of ``partitions`` created and loaded from ``files`` (``shardex load``,
+    progress lines, checked to hold ``n_docs``); the load's seconds."""
+    from bench.common.dataset import shardex_load
+    from shardex.errors import ShardexError
+
+    client.create_keyspace(keyspace, num_partitions=partitions, num_replicas=replicas)
+
+    def progress() -> str:
+        try:
+            held = client.keyspace_stats(keyspace).total_docs
+        except ShardexError as e:  # a busy node: the next line will say
+            return f"documents unknown ({e.code})"
+        return f"{held:,} of {n_docs:,} {keyspace} documents"
+
+    load_s = shardex_load(
+        cluster_dir, files, base, timeout=load_timeout(n_docs), progress=progress,
+        keyspace=keyspace,
+    )  # fmt: skip
+    total = client.keyspace_stats(keyspace).total_docs
+    if total != n_docs:
+        raise RuntimeError(f"shardex holds {total} {keyspace} documents, expected {n_docs}")
+    return load_s
+
+
 @contextlib.contextmanager
 def loaded_cluster(
     base: Path, files: Sequence[Path], n_docs: int, partitions: int, replicas: int = 0
@@ -66,24 +100,10 @@ def loaded_cluster(
     to hold ``n_docs``): its dir, a client, and the load's seconds. ``replicas``: 0 by
     default, one copy of each document as PostgreSQL keeps (and as these benchmarks always
     measured); ``bench.replication`` measures what replicas cost."""
-    from bench.common.dataset import shardex_load
     from shardex.client import connect_local
-    from shardex.errors import ShardexError
 
     with shardex_cluster(base, 3) as cdir, connect_local(cdir) as client:
-        client.create_keyspace(KEYSPACE, num_partitions=partitions, num_replicas=replicas)
-
-        def progress() -> str:
-            try:
-                held = client.keyspace_stats(KEYSPACE).total_docs
-            except ShardexError as e:  # a busy node: the next line will say
-                return f"documents unknown ({e.code})"
-            return f"{held:,} of {n_docs:,} documents"
-
-        load_s = shardex_load(cdir, files, base, timeout=load_timeout(n_docs), progress=progress)
-        total = client.keyspace_stats(KEYSPACE).total_docs
-        if total != n_docs:
-            raise RuntimeError(f"shardex holds {total} documents, expected {n_docs}")
+        load_s = load_keyspace(client, cdir, base, KEYSPACE, files, n_docs, partitions, replicas)
         yield cdir, client, load_s
 
 
@@ -160,6 +180,14 @@ def parse_plan_args(
             setattr(plan, dest, value)
     default = f"{name}-quick.json" if args.quick else f"{name}.json"
     return plan, args.json or RESULTS_DIR / default
+
+
+def run_summary(out: dict[str, Any], elapsed: float) -> str:
+    """The end of a benchmark's summary line: the load it ran under and its wall time."""
+    return (
+        f"load average start {out['load_avg_start']}, end {out['load_avg_end']}; "
+        f"{elapsed:.0f} s. Shared machine: noisy figures."
+    )
 
 
 def bench_main(

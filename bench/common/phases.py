@@ -29,27 +29,29 @@ def check_rows(system: str, case: str, params: Any, got: int, expected: int) -> 
         raise RuntimeError(f"{system}: {case} {params} returned {got} rows, expected {expected}")
 
 
-def pg_load_docs(conn: Any, files: Sequence[Path], ddl: Iterable[str], n_docs: int) -> int:
-    """``docs(id, body jsonb)`` from the JSONL ``files``, then ``ddl`` (the twin indexes),
+def pg_load_docs(
+    conn: Any, files: Sequence[Path], ddl: Iterable[str], n_docs: int, table: str = "docs"
+) -> int:
+    """``table(id, body jsonb)`` from the JSONL ``files``, then ``ddl`` (the twin indexes),
     VACUUM ANALYZE and a checkpoint; the count, checked to be ``n_docs``."""
     from bench.common.dataset import copy_files
 
     t = time.perf_counter()
     conn.execute(
-        "CREATE TABLE docs (id text GENERATED ALWAYS AS (body->>'id') STORED "
+        f"CREATE TABLE {table} (id text GENERATED ALWAYS AS (body->>'id') STORED "
         "PRIMARY KEY, body jsonb NOT NULL)"
     )
-    copy_files(conn, files)
-    log(f"postgresql: COPY of {n_docs:,} documents done after {time.perf_counter() - t:.0f} s")
+    copy_files(conn, files, table)
+    log(f"postgresql: COPY of {n_docs:,} {table} done after {time.perf_counter() - t:.0f} s")
     for statement in ddl:
         conn.execute(statement)
         log(f"postgresql: {statement} done after {time.perf_counter() - t:.0f} s")
-    conn.execute("VACUUM (ANALYZE) docs")
+    conn.execute(f"VACUUM (ANALYZE) {table}")
     conn.execute("CHECKPOINT")
     log(f"postgresql: VACUUM ANALYZE and CHECKPOINT done after {time.perf_counter() - t:.0f} s")
-    count = conn.execute("SELECT count(*) FROM docs").fetchone()[0]
+    count = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
     if count != n_docs:
-        raise RuntimeError(f"postgresql holds {count} documents, expected {n_docs}")
+        raise RuntimeError(f"postgresql holds {count} {table}, expected {n_docs}")
     return int(count)
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.common import clients
 from bench.common.clients import Target
@@ -58,27 +58,32 @@ class Measure(clients.Measure):
 
 
 class Runner(clients.TargetRunner):
-    """Runs one query of a case and returns its rows (also used in-process for checks)."""
+    """Runs one query of a case and returns its rows (also used in-process for checks).
+    The statements are the class's (``SX``, ``PG``, ``JSONB``): another benchmark's mix is
+    a subclass naming its own."""
 
     NAME = "bench-sql"
+    SX: ClassVar[Mapping[str, str]] = SX_SQL
+    PG: ClassVar[Mapping[str, str]] = PG_SQL
+    JSONB: ClassVar[Mapping[str, tuple[bool, ...]]] = PG_JSONB
 
     def rows(self, q: Query, variant: Variant) -> list[Any]:
         if self.target.kind == "shardex":
             res = self.client.query(
-                SX_SQL[q.case],
+                self.SX[q.case],
                 list(q.params),
                 variant.consistency,
                 timeout=QUERY_TIMEOUT,
                 tuning=variant.tuning,
             )
             return list(res)
-        return self.conn.execute(PG_SQL[q.case], self.pg_params(q), prepare=True).fetchall()
+        return self.conn.execute(self.PG[q.case], self.pg_params(q), prepare=True).fetchall()
 
     def pg_params(self, q: Query) -> tuple[Any, ...]:
         """The query's parameters for psycopg: the jsonb ones wrapped (``PG_JSONB``)."""
         return tuple(
             self.jsonb(p) if jsonb else p
-            for p, jsonb in zip(q.params, PG_JSONB[q.case], strict=True)
+            for p, jsonb in zip(q.params, self.JSONB[q.case], strict=True)
         )
 
     def count(self, q: Query, variant: Variant) -> int:
@@ -86,11 +91,12 @@ class Runner(clients.TargetRunner):
 
 
 class ClientPool(clients.ClientPool):
-    """``size`` SQL client processes for one system; ``measure(queries, variant, clients,
-    seconds)``; ``close`` (or ``with``) ends them."""
+    """``size`` SQL client processes for one system, each with a ``runner`` (``Runner`` or a
+    subclass); ``measure(queries, variant, clients, seconds)``; ``close`` (or ``with``) ends
+    them."""
 
-    def __init__(self, target: Target, size: int) -> None:
-        super().__init__(partial(Runner, target), size, Measure, POOL_CONFIG)
+    def __init__(self, target: Target, size: int, runner: type[Runner] = Runner) -> None:
+        super().__init__(partial(runner, target), size, Measure, POOL_CONFIG)
 
 
 # --- the cold path -----------------------------------------------------------------------------

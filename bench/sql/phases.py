@@ -9,21 +9,22 @@ only (``bench.common.clients.ClientPool.measure``)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.common.clients import shardex_target
-from bench.common.phases import Phase, check_rows, measure_grid, pg_load_docs
+from bench.common.phases import Phase, check_rows, measure_grid
 from bench.common.runner import Row, load1, log
 from bench.sql.clients import ClientPool, Runner, Target, Variant, cold_path
 from bench.sql.queries import (
     CASES,
+    COLUMNS,
     GROUP,
     KEYSPACE,
-    PG_DDL,
-    PG_SQL,
     SHARDEX_DDL,
     SX_SQL,
     Query,
@@ -60,8 +61,48 @@ def shardex_variants(baseline: bool) -> list[Variant]:
     return [CURRENT, NOT_BOUNDED] + ([BASELINE] if baseline else [])
 
 
+@dataclass(frozen=True)
+class Mix:
+    """A query mix as the phases run it: its cases in order, the runner holding its
+    statements, how an answer becomes comparable (``canonical``) and is compared
+    (``differences``: None when equal), and each case's result columns."""
+
+    cases: Sequence[str] = CASES
+    runner: type[Runner] = Runner
+    canonical: Callable[[str, Sequence[Sequence[Any]]], list[tuple[Any, ...]]] = canonical
+    differences: Callable[[str, Sequence[Any], Sequence[Any]], str | None] = differences
+    columns: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: COLUMNS)
+
+
+SQL_MIX = Mix()
+
+
 def check(system: str, q: Query, got: list[tuple[Any, ...]]) -> None:
     check_rows(system, q.case, q.params, len(got), q.expected_rows)
+
+
+def check_answers(
+    system: str,
+    rows_of: Callable[[Query, Variant], list[Any]],
+    mix: Mix,
+    queries: Mapping[str, list[Query]],
+    answers: Mapping[tuple[str, int], Any],
+    variants: Sequence[Variant],
+) -> None:
+    """Every checked query of every case (``rows_of``: its result dicts), at each variant,
+    returns its rows and equals the reference ``answers`` (PostgreSQL's), or a
+    ``RuntimeError`` saying what differs."""
+    for variant in variants:
+        for case in mix.cases:
+            for k, q in enumerate(queries[case][:CHECKS]):
+                got = mix.canonical(case, shardex_rows(case, rows_of(q, variant), mix.columns))
+                check(system, q, got)
+                diff = mix.differences(case, got, answers[(case, k)])
+                if diff is not None:
+                    raise RuntimeError(
+                        f"{system} ({variant.name}, {variant.consistency}) and postgresql "
+                        f"differ on {case} {q.params}: {diff}"
+                    )
 
 
 def measure(
@@ -72,16 +113,17 @@ def measure(
     levels: Sequence[int],
     seconds: float,
     server_cpu: Callable[[], float],
+    cases: Sequence[str] = CASES,
 ) -> list[Row]:
     return measure_grid(
         system,
         pool,
         queries,
-        CASES,
+        cases,
         variants,
         levels,
         seconds,
-        columns=Variant.columns,
+        columns=lambda v: v.columns(),  # a subclass may name more (a wire)
         rate="q/s",
         server_cpu=server_cpu,
     )
@@ -107,14 +149,17 @@ def cold(
 
 def postgres_phase(
     base: Path,
-    files: Sequence[Path],
-    n_docs: int,
+    load: Callable[[Any], int],
     queries: dict[str, list[Query]],
-    expected_groups: list[tuple[Any, ...]],
     levels: Sequence[int],
     seconds: float,
     cold_clients: int,
+    mix: Mix = SQL_MIX,
 ) -> Phase:
+    """A PostgreSQL server up; ``load(conn)`` (tables, twin indexes, ANALYZE: the row
+    count); every case's first queries answered (``answers``, the reference) with their
+    row counts checked, each case's EXPLAIN; the measurements; with ``cold_clients`` the
+    cold path; the server down."""
     from bench.common.postgres import PostgresServer
     from bench.common.proc_cpu import tree_cpu
 
@@ -122,37 +167,36 @@ def postgres_phase(
     with PostgresServer(base_dir=base) as server:
         out.info["server"] = server.describe()
         with server.connect() as conn:
-            count = pg_load_docs(conn, files, PG_DDL, n_docs)
+            count = load(conn)
         target = Target("postgresql", conninfo=server.conninfo())
-        runner = Runner(target)
+        runner = mix.runner(target)
         try:
             plans: dict[str, list[str]] = {}
-            for case in CASES:
+            for case in mix.cases:
                 for k, q in enumerate(queries[case][:CHECKS]):
-                    got = canonical(case, runner.rows(q, PG))
+                    got = mix.canonical(case, runner.rows(q, PG))
                     check("postgresql", q, got)
                     out.answers[(case, k)] = got
                 q = queries[case][0]
                 explain = runner.conn.execute(
-                    "EXPLAIN " + PG_SQL[case], runner.pg_params(q)
+                    "EXPLAIN " + runner.PG[case], runner.pg_params(q)
                 ).fetchall()
                 plans[case] = [r[0] for r in explain]
-            diff = differences(GROUP, out.answers[(GROUP, 0)], expected_groups)
-            if diff is not None:
-                raise RuntimeError(f"postgresql GROUP BY differs from the documents: {diff}")
             out.info["plans"] = plans
         finally:
             runner.close()
-        log(f"postgresql: {count} documents, twin indexes, checks passed")
+        log(f"postgresql: {count} rows, twin indexes, checks passed")
         postmaster = server.postmaster_pid()
         if postmaster is None:
             raise RuntimeError("postgresql: no postmaster pid to read the server's CPU from")
-        with ClientPool(target, max(levels)) as pool:
+        with ClientPool(target, max(levels), mix.runner) as pool:
             out.rows = measure(
-                "postgresql", pool, queries, [PG], levels, seconds, lambda: tree_cpu([postmaster])
-            )
+                "postgresql", pool, queries, [PG], levels, seconds,
+                lambda: tree_cpu([postmaster]), mix.cases,
+            )  # fmt: skip
         out.info["cpu"] = "the postmaster and its children (backends, background processes)"
-        out.info["cold"] = cold("postgresql", target, queries, PG, cold_clients)
+        if cold_clients:
+            out.info["cold"] = cold("postgresql", target, queries, PG, cold_clients)
     return out
 
 
@@ -160,23 +204,29 @@ def postgres_phase(
 
 
 def create_and_build(
-    client: Any, driver: Any, timeout: float, progress_every: float = PROGRESS_EVERY
+    client: Any,
+    driver: Any,
+    timeout: float,
+    progress_every: float = PROGRESS_EVERY,
+    ddl: Sequence[str] = SHARDEX_DDL,
+    keyspaces: Sequence[str] = (KEYSPACE,),
 ) -> tuple[list[str], float]:
-    """Every index of ``SHARDEX_DDL`` deferred, then one BUILD INDEX of all; seconds until
-    all are ACTIVE (a line of progress every ``progress_every`` s; past ``timeout`` s the
-    client's TIMEOUT error)."""
+    """Every index of ``ddl`` deferred, then one BUILD INDEX of all per keyspace; seconds
+    until all are ACTIVE (a line of progress every ``progress_every`` s; past ``timeout`` s
+    the client's TIMEOUT error). The names are ``keyspace.index`` with several keyspaces."""
     from shardex.errors import RequestTimeout
 
-    for ddl in SHARDEX_DDL:
-        client.execute_ddl(ddl)
-    names = [i["name"] for i in client.list_indexes(KEYSPACE)]
+    for statement in ddl:
+        client.execute_ddl(statement)
+    indexes = [(ks, i["name"]) for ks in keyspaces for i in client.list_indexes(ks)]
     t = time.perf_counter()
-    client.build_index(KEYSPACE, *names)
-    for name in names:
+    for ks in keyspaces:
+        client.build_index(ks, *[name for k, name in indexes if k == ks])
+    for ks, name in indexes:
         while True:
             left = timeout - (time.perf_counter() - t)
             try:
-                client.wait_for_index(KEYSPACE, name, timeout=max(0.0, min(progress_every, left)))
+                client.wait_for_index(ks, name, timeout=max(0.0, min(progress_every, left)))
                 break
             except RequestTimeout as e:
                 if left <= progress_every:
@@ -187,8 +237,25 @@ def create_and_build(
                     f"{time.perf_counter() - t:.0f} s"
                 )
     seconds = time.perf_counter() - t
+    names = [name if len(keyspaces) == 1 else f"{ks}.{name}" for ks, name in indexes]
     log(f"indexes {', '.join(names)} ACTIVE after {seconds:.1f} s")
     return names, seconds
+
+
+@contextlib.contextmanager
+def indexed_cluster(
+    base: Path, files: Sequence[Path], n_docs: int, partitions: int, app: str, timeout: float
+) -> Iterator[tuple[Path, Any, dict[str, Any]]]:
+    """``bench.sql``'s cluster: 3 nodes, the documents loaded, ``SHARDEX_DDL`` built by the
+    Spark pipeline (``app``; stopped before this yields: nothing writes meanwhile). Its dir,
+    a client, and what to report (load and build seconds, the indexes)."""
+    from bench.common.harness import loaded_cluster, spark_driver
+
+    with loaded_cluster(base, files, n_docs, partitions) as (cdir, client, load_s):
+        with spark_driver(base, cdir, app) as driver:
+            names, build_s = create_and_build(client, driver, timeout=timeout)
+        log("Spark stopped; querying")
+        yield cdir, client, {"load_seconds": load_s, "indexes": names, "build_s": build_s}
 
 
 def shardex_checks(
@@ -196,21 +263,14 @@ def shardex_checks(
 ) -> dict[str, Any]:
     """Every checked query, with each variant's consistency and switches, equals
     PostgreSQL's answer; the EXPLAIN of each case (index, leaf steps)."""
-    for variant in variants:
-        for case in CASES:
-            for k, q in enumerate(queries[case][:CHECKS]):
-                res = client.query(
-                    SX_SQL[case], list(q.params), variant.consistency, tuning=variant.tuning
-                )
-                got = canonical(case, shardex_rows(case, list(res)))
-                check("shardex", q, got)
-                diff = differences(case, got, pg.answers[(case, k)])
-                if diff is not None:
-                    raise RuntimeError(
-                        f"shardex ({variant.name}, {variant.consistency}) and postgresql "
-                        f"differ on {case} "
-                        f"{q.params}: {diff}"
-                    )
+
+    def rows_of(q: Query, variant: Variant) -> list[Any]:
+        res = client.query(
+            SX_SQL[q.case], list(q.params), variant.consistency, tuning=variant.tuning
+        )
+        return list(res)
+
+    check_answers("shardex", rows_of, SQL_MIX, queries, pg.answers, variants)
     log("shardex: check queries equal postgresql's answers (every variant)")
     explains: dict[str, Any] = {}
     for case in CASES:
@@ -231,11 +291,17 @@ def shardex_checks(
 
 
 def exchange_rows(
-    client: Any, node_names: Sequence[str], cases: Sequence[Query], windows: Sequence[int | None]
+    client: Any,
+    node_names: Sequence[str],
+    cases: Sequence[Query],
+    windows: Sequence[int | None],
+    sql: Mapping[str, str] = SX_SQL,
 ) -> list[Row]:
     """Each query once per credit window; every node's ExchangeMeter for the query: per
     stream (leaf -> root) the bytes sent and the most the sender could have had in flight
-    (``max_sender_bound`` >= sent - consumed at every instant), against the window."""
+    (``max_sender_bound`` >= sent - consumed at every instant), against the window. A
+    query no node reports a stream for (its leaves ran beside the initiator, say) gets a
+    row saying so, with 0 streams and no ratio."""
     from shardex.api.sql_exec import ExchangeStats, ExchangeStatsReply
 
     rows: list[Row] = []
@@ -243,7 +309,7 @@ def exchange_rows(
         for window in windows:
             load = load1()
             t = time.perf_counter()
-            res = client.query(SX_SQL[q.case], list(q.params), window=window, timeout=600)
+            res = client.query(sql[q.case], list(q.params), window=window, timeout=600)
             n = sum(1 for _ in res)
             seconds = time.perf_counter() - t
             if n != q.expected_rows:
@@ -256,7 +322,19 @@ def exchange_rows(
                 )
                 streams += [s for s in reply.streams if s.sent]  # the senders' side
             if not streams:
-                raise RuntimeError(f"no exchange stats for {q.case} (query {qid})")
+                rows.append(
+                    {
+                        "case": q.case,
+                        "window KiB": "default" if window is None else round(window / 1024, 1),
+                        "rows": n,
+                        "streams": 0,
+                        "note": "no exchange stream reported for the query",
+                        "seconds": round(seconds, 2),
+                        "load_1m": load,
+                    }
+                )
+                log(f"exchanges {q.case} window {window}: no stream reported (query {qid})")
+                continue
             w = streams[0].window
             worst = max(s.max_sender_bound for s in streams)
             rows.append(

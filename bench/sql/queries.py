@@ -193,9 +193,13 @@ def large_range_query(stats: DocStats) -> Query:
 # --- answers ---------------------------------------------------------------------------------
 
 
-def shardex_rows(case: str, rows: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+def shardex_rows(
+    case: str,
+    rows: Sequence[Mapping[str, Any]],
+    columns: Mapping[str, tuple[str, ...]] = COLUMNS,
+) -> list[tuple[Any, ...]]:
     """shardex result dicts as tuples in the case's column order (a MISSING field: None)."""
-    cols = COLUMNS[case]
+    cols = columns[case]
     return [tuple(r.get(c) for c in cols) for r in rows]
 
 

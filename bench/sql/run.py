@@ -54,18 +54,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.common.dataset import SEED
-from bench.common.harness import (
-    bench_dir,
-    bench_main,
-    loaded_cluster,
-    parse_plan_args,
-    spark_driver,
-)
-from bench.common.runner import log, machine_info
+from bench.common.harness import bench_dir, bench_main, parse_plan_args
+from bench.common.runner import machine_info
 from bench.sql.queries import (
     CASES,
+    GROUP,
+    PG_DDL,
     DocStats,
     build_queries,
+    differences,
     expected_group_rows,
     large_range_query,
 )
@@ -125,7 +122,8 @@ def more_args(ap: argparse.ArgumentParser) -> None:
 
 def run(plan: Plan) -> dict[str, Any]:
     from bench.common.dataset import write_docs
-    from bench.sql.phases import create_and_build, postgres_phase, shardex_phase
+    from bench.common.phases import pg_load_docs
+    from bench.sql.phases import indexed_cluster, postgres_phase, shardex_phase
     from shardex.demo.datagen import users
 
     with bench_dir("sql", plan) as (base, extra):
@@ -142,15 +140,17 @@ def run(plan: Plan) -> dict[str, Any]:
             for c, qs in queries.items()
         }
         pg = postgres_phase(
-            base, files, plan.docs, queries, expected_group_rows(stats), plan.levels,
-            plan.seconds, plan.cold_clients,
+            base, lambda conn: pg_load_docs(conn, files, PG_DDL, plan.docs), queries,
+            plan.levels, plan.seconds, plan.cold_clients,
         )  # fmt: skip
+        diff = differences(GROUP, pg.answers[(GROUP, 0)], expected_group_rows(stats))
+        if diff is not None:
+            raise RuntimeError(f"postgresql GROUP BY differs from the documents: {diff}")
         extra["postgresql"] = pg.info
-        with loaded_cluster(base, files, plan.docs, plan.partitions) as (cdir, client, load_s):
-            with spark_driver(base, cdir, "shardex-bench-sql") as driver:
-                names, build_s = create_and_build(client, driver, timeout=build_timeout(plan.docs))
-            extra["shardex"] = {"load_seconds": load_s, "indexes": names, "build_s": build_s}
-            log("Spark stopped; querying")
+        timeout = build_timeout(plan.docs)
+        app = "shardex-bench-sql"
+        with indexed_cluster(base, files, plan.docs, plan.partitions, app, timeout) as built:
+            cdir, client, extra["shardex"] = built
             sx = shardex_phase(
                 client, cdir, queries, large, pg, plan.levels, plan.seconds, plan.baseline,
                 plan.cold_clients,

@@ -23,8 +23,6 @@ P50_GOAL = 1.5  # shardex p50 / PostgreSQL p50, at most
 QPS_GOAL = 0.67  # shardex q/s / PostgreSQL q/s, at least
 COLD_GOAL = 3.0  # first query of a new client / warm p50, at most
 MET, NOT_MET = "met", "not met"
-P50_MARK = f"p50 <= {P50_GOAL:g}x"
-QPS_MARK = f"q/s >= {QPS_GOAL:g}x"
 COLD_MARK = f"1st <= {COLD_GOAL:g}x warm"
 
 SERVER_CPU = "server CPU ms/query"
@@ -45,16 +43,40 @@ def _raw(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
-def latency_ratios(rows: Sequence[Mapping[str, Any]]) -> list[Row]:
-    """For every shardex row, its PostgreSQL twin (same case and clients): p50, p99, q/s and
-    CPU-per-query ratios (> 1: shardex slower or costlier, except q/s: faster), and whether
-    p50 and q/s meet the goal (judged on the unrounded ratios)."""
-    pg = {(r["case"], r["clients"]): r for r in rows if r["system"] == "postgresql"}
+def p50_mark(goal: float) -> str:
+    """The column marking a p50 ratio against ``goal`` (at most)."""
+    return f"p50 <= {goal:g}x"
+
+
+def qps_mark(goal: float) -> str:
+    """The column marking a q/s ratio against ``goal`` (at least)."""
+    return f"q/s >= {goal:g}x"
+
+
+P50_MARK = p50_mark(P50_GOAL)
+QPS_MARK = qps_mark(QPS_GOAL)
+
+
+def latency_ratios(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    system: str = "shardex",
+    base: str = "postgresql",
+    match: Sequence[str] = ("case", "clients"),
+    p50_goal: float = P50_GOAL,
+    qps_goal: float = QPS_GOAL,
+) -> list[Row]:
+    """For every ``system`` row, its ``base`` twin (the same values of ``match``): p50, p99,
+    q/s and CPU-per-query ratios (> 1: ``system`` slower or costlier, except q/s: faster),
+    and whether p50 and q/s meet the goals (judged on the unrounded ratios). By default
+    shardex against PostgreSQL per case and client count."""
+    twins = {tuple(r.get(k) for k in match): r for r in rows if r["system"] == base}
+    p50_col, qps_col = p50_mark(p50_goal), qps_mark(qps_goal)
     out: list[Row] = []
     for r in rows:
-        if r["system"] != "shardex":
+        if r["system"] != system:
             continue
-        p = pg.get((r["case"], r["clients"]))
+        p = twins.get(tuple(r.get(k) for k in match))
         if p is None:
             continue
         out.append(
@@ -68,18 +90,21 @@ def latency_ratios(rows: Sequence[Mapping[str, Any]]) -> list[Row]:
                 "q/s x": ratio(r["q/s"], p["q/s"]),
                 "server CPU/query x": ratio(r.get(SERVER_CPU), p.get(SERVER_CPU)),
                 "client CPU/query x": ratio(r.get(CLIENT_CPU), p.get(CLIENT_CPU)),
-                P50_MARK: mark(_raw(r["p50 ms"], p["p50 ms"]), P50_GOAL, at_most=True),
-                QPS_MARK: mark(_raw(r["q/s"], p["q/s"]), QPS_GOAL, at_most=False),
+                p50_col: mark(_raw(r["p50 ms"], p["p50 ms"]), p50_goal, at_most=True),
+                qps_col: mark(_raw(r["q/s"], p["q/s"]), qps_goal, at_most=False),
                 "load_1m": r.get("load_1m"),
             }
         )
     return out
 
 
-def goal_summary(ratios: Sequence[Mapping[str, Any]]) -> list[Row]:
+def goal_summary(
+    ratios: Sequence[Mapping[str, Any]], p50_goal: float = P50_GOAL, qps_goal: float = QPS_GOAL
+) -> list[Row]:
     """Per consistency, variant and client count (in the order measured: request_plus
     first): how many cases meet the p50 goal, the q/s goal and both, out of the cases
-    measured."""
+    measured (``latency_ratios`` with the same goals)."""
+    p50_col, qps_col = p50_mark(p50_goal), qps_mark(qps_goal)
     groups: dict[tuple[str, str, int], list[Mapping[str, Any]]] = {}
     for r in ratios:
         groups.setdefault((r["consistency"], r["variant"], r["clients"]), []).append(r)
@@ -91,9 +116,9 @@ def goal_summary(ratios: Sequence[Mapping[str, Any]]) -> list[Row]:
                 "variant": variant,
                 "clients": clients,
                 "cases": len(rs),
-                f"{P50_MARK} met": sum(1 for r in rs if r[P50_MARK] == MET),
-                f"{QPS_MARK} met": sum(1 for r in rs if r[QPS_MARK] == MET),
-                "both met": sum(1 for r in rs if r[P50_MARK] == MET and r[QPS_MARK] == MET),
+                f"{p50_col} met": sum(1 for r in rs if r[p50_col] == MET),
+                f"{qps_col} met": sum(1 for r in rs if r[qps_col] == MET),
+                "both met": sum(1 for r in rs if r[p50_col] == MET and r[qps_col] == MET),
             }
         )
     return out

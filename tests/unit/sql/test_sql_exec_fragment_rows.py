@@ -18,7 +18,8 @@ from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.fragment_rows import leaf_rows, mode_of, root_rows
 from shardex.sql.exec.rows import decode_row, decode_rows, encode_row, pack_state, to_batches
-from shardex.sql.local import LocalEngine, eval_count
+from shardex.sql.local import LocalEngine
+from shardex.sql.local_rows import eval_count
 from shardex.sql.operators.aggregate import SumState
 from shardex.sql.syntax import parse_statement
 from shardex.sql.syntax.bind import META_KEY, bind_select

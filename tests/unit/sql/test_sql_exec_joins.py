@@ -22,7 +22,8 @@ from shardex.sql.exec.join_run import run_join
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.plan import PhysicalPlan
 from shardex.sql.exec.rows import decode_row, encode_row
-from shardex.sql.local import LocalEngine, eval_count
+from shardex.sql.local import LocalEngine
+from shardex.sql.local_rows import eval_count
 from shardex.sql.syntax import parse_statement
 from shardex.sql.syntax.bind import bind_select
 from tests.sql_reference.join_queries import (

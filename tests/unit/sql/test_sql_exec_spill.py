@@ -26,7 +26,7 @@ from shardex.sql.exec.rows import decode_rows, to_batches
 from shardex.sql.exec.spill import FAN_IN, external_sort
 from shardex.sql.exec.spill_groups import FANOUT, distinct, final_groups, partial_groups
 from shardex.sql.exec.statement_checks import check_memory_quota
-from shardex.sql.local import eval_count
+from shardex.sql.local_rows import eval_count
 from shardex.sql.operators import AggSpec, sort_pairs
 from shardex.sql.operators.aggregate import aggregate
 from shardex.sql.syntax import parse_statement

@@ -30,7 +30,7 @@ from shardex.sql.exec.rows import decode_row, encode_row
 from shardex.sql.exec.setops import explain_set_op, set_op_texts, start_set_op
 from shardex.sql.exec.statement_checks import check_statement
 from shardex.sql.exec.subqueries import expression_runner
-from shardex.sql.local import inserted_values
+from shardex.sql.local_rows import inserted_values
 from shardex.sql.syntax import ExplainStmt, SelectStmt, cte_names
 from shardex.sql.syntax.ast import ExecuteStmt, InsertStmt, PrepareStmt, SetOpStmt, WithStmt
 from shardex.sql.syntax.ctes import bind_with, values_in

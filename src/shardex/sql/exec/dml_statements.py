@@ -10,8 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from shardex.api.scan import REQUEST_PLUS
-from shardex.core.expr import MISSING, Literal, evaluate, walk
-from shardex.core.expr.ast import Param
+from shardex.core.expr import MISSING, Literal, evaluate
 from shardex.core.expr.ops import truth
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.dml import DELETE, SKIP, write_checked
@@ -20,7 +19,7 @@ from shardex.sql.exec.fragment_rows import finish
 from shardex.sql.exec.memory import SLOT_BYTES, Budget, value_size
 from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import bad_request, dml_select
-from shardex.sql.local import bind_expr
+from shardex.sql.local_rows import bind_expr, params_of
 from shardex.sql.operators.mutate import apply_edits, compile_edits
 from shardex.sql.syntax import DeleteStmt, InsertStmt, KeyspaceRef, SelectStmt, UpdateStmt
 from shardex.sql.syntax.bind import META_KEY, bind_select
@@ -31,7 +30,6 @@ __all__ = [
     "apply_all",
     "insert_statement",
     "modify_statement",
-    "params_of",
     "returning_rows",
 ]
 
@@ -44,10 +42,6 @@ IDS_OVER_BUDGET: Final = (
 # The initiator's SELECT runner, bound to the statement: (select, params, dml=, consistency=)
 # -> (plan, started, batches of encoded rows).
 Select = Callable[..., Awaitable[tuple[Any, Any, AsyncIterator[list[bytes]]]]]
-
-
-def params_of(exprs: list[Any]) -> set[str]:
-    return {n.name for e in exprs if e is not None for n in walk(e) if isinstance(n, Param)}
 
 
 def show(value: Any) -> str:

@@ -45,7 +45,7 @@ from shardex.sql.exec.spill import external_sort
 from shardex.sql.exec.spill_groups import distinct, final_groups, partial_groups
 from shardex.sql.exec.subqueries import Fetch, with_subqueries
 from shardex.sql.exec.windows import windowed
-from shardex.sql.local import unnest_specs
+from shardex.sql.local_rows import unnest_specs
 from shardex.sql.operators import (
     AggSpec,
     ProjectTerm,

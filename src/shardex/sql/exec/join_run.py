@@ -27,7 +27,7 @@ from shardex.sql.exec.memory import Budget, NodeMemory, value_size
 from shardex.sql.exec.rows import cell_chunks, decode_row, encode_row
 from shardex.sql.exec.subqueries import FETCH_TIMEOUT, Fetch, blocking_fetch, expression_runner
 from shardex.sql.join_steps import joined_rows
-from shardex.sql.local import unnest_specs
+from shardex.sql.local_rows import unnest_specs
 from shardex.sql.syntax.bind import META_KEY, BoundSelect
 from shardex.sql.syntax.subquery import running_subqueries
 

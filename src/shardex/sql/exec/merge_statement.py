@@ -17,7 +17,6 @@ from shardex.sql.exec.dml_statements import (
     MUTATE_PARALLEL,
     Select,
     apply_all,
-    params_of,
     returning_rows,
     show,
 )
@@ -25,7 +24,7 @@ from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.memory import SLOT_BYTES, Budget, value_size
 from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import bad_request, merge_select
-from shardex.sql.local import eval_count
+from shardex.sql.local_rows import eval_count, params_of
 from shardex.sql.operators.merge import DELETED, MergeRules, SourceRow
 from shardex.sql.syntax import KeyspaceRef
 from shardex.sql.syntax.merge import MergeStmt

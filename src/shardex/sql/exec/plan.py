@@ -61,7 +61,7 @@ from shardex.sql.exec.leaf_spec import LeafSpec
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.subqueries import expression_runner, refuse_keyspace_subqueries
 from shardex.sql.exec.tuning import check_tuning
-from shardex.sql.local import eval_count
+from shardex.sql.local_rows import eval_count
 from shardex.sql.planner.choose import DOCID, IndexChoice, choose_index, covers
 from shardex.sql.planner.exact import where_decided
 from shardex.sql.planner.key_ranges import key_spans

@@ -26,7 +26,7 @@ from shardex.sql.exec.rows import cell_chunks, decode_row
 from shardex.sql.exec.spill import external_sort
 from shardex.sql.exec.spill_groups import SET_ENTRY
 from shardex.sql.exec.spill_groups import distinct as spilling_distinct
-from shardex.sql.local import eval_count, set_op_sort_key
+from shardex.sql.local_rows import eval_count, set_op_sort_key
 from shardex.sql.operators import offset_limit, strip_keys
 from shardex.sql.operators.setops import combine
 from shardex.sql.syntax import SelectStmt

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from shardex.core.expr import evaluate, walk
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.memory import Budget, value_size
-from shardex.sql.local import LocalEngine, set_op_rows
+from shardex.sql.local import LocalEngine
+from shardex.sql.local_rows import set_op_rows
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,

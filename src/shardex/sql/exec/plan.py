@@ -56,8 +56,13 @@ from shardex.sql.exec.analyze import (
     read_paths,
 )
 from shardex.sql.exec.fragment_rows import mode_of
-from shardex.sql.exec.join_plan import JoinSides, explain_join, plan_sides
+from shardex.sql.exec.join_plan import JoinSides, plan_sides
 from shardex.sql.exec.leaf_spec import LeafSpec
+from shardex.sql.exec.plan_explain import explain_plan
+from shardex.sql.exec.plan_kinds import INLINE_KEYS as INLINE_KEYS
+from shardex.sql.exec.plan_kinds import LATE_MAX_ROWS as LATE_MAX_ROWS
+from shardex.sql.exec.plan_kinds import LEAF_KIND as LEAF_KIND
+from shardex.sql.exec.plan_kinds import ROOT_KIND as ROOT_KIND
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.exec.subqueries import expression_runner, refuse_keyspace_subqueries
 from shardex.sql.exec.tuning import check_tuning
@@ -67,17 +72,9 @@ from shardex.sql.planner.exact import where_decided
 from shardex.sql.planner.key_ranges import key_spans
 from shardex.sql.protocol import FragmentSpec, QueryPlan
 from shardex.sql.syntax.bind import BoundSelect
-from shardex.sql.syntax.explain import explain_select
 from shardex.sql.syntax.subquery import running_subqueries
 
 __all__ = ["Leaf", "PhysicalPlan", "bind_statement", "lookup_keys", "plan_select"]
-
-ROOT_KIND = "sql.root"
-INLINE_KEYS = 64  # a key lookup naming at most this many ids runs without any fragment
-# Late materialization up to this many rows (offset + limit): the root holds every leaf's
-# candidates (leaves x this many sort keys and docids) and projects on its loop.
-LATE_MAX_ROWS = 256
-LEAF_KIND = "sql.leaf"
 
 
 def bind_statement(sql: str, dml: bool, *, cached: bool = True) -> BoundSelect:
@@ -258,112 +255,7 @@ class PhysicalPlan:
         )
 
     def explain(self) -> dict[str, Any]:
-        if self.join is not None:
-            return explain_join(self, self.join)
-        out = explain_select(self.bound)
-        dist: dict[str, Any] = {"mode": self.mode, "source": self.source}
-        if self.choice is not None and self.record is not None:
-            defn = self.record.definition
-            dist["index"] = {
-                "name": defn.name,
-                "keys": [k.expr for k in defn.keys],
-                "primary": defn.is_primary,
-                "covering": self.choice.covering,
-                "spans": self.spans,
-                "index_order": self.ordered,
-                "late_fetch": self.late,
-                "spans_decide_where": self.decided,
-            }
-        fragments = [
-            {
-                "fragment": 0,
-                "kind": ROOT_KIND,
-                "on": "initiator",
-                "does": _root_does(self),
-                "inputs": list(range(1, len(self.leaves) + 1)),
-            }
-        ]
-        for i, leaf in enumerate(self.leaves, start=1):
-            fragments.append(
-                {
-                    "fragment": i,
-                    "kind": LEAF_KIND,
-                    "on": leaf.node,
-                    "partitions": leaf.partitions,
-                    "does": _leaf_does(self),
-                    "output": i,
-                }
-            )
-        dist["fragments"] = fragments
-        if self.source == "keys" and self.tuning["inline"]:
-            # Decided per execution (the number of keys may come from a parameter).
-            dist["fast_path"] = {
-                "kind": "InlineKeyLookup",
-                "on": "initiator",
-                "max_keys": INLINE_KEYS,
-                "does": ["GetMany per owner", *_root_does(self)[1:]],
-                "otherwise": "fragment 0",
-            }
-        dist["exchanges"] = [
-            {"edge": i, "from": leaf.node, "to": "initiator", "kind": "unicast"}
-            for i, leaf in enumerate(self.leaves, start=1)
-        ]
-        out["distributed"] = dist
-        return out
-
-
-def _leaf_does(p: PhysicalPlan) -> list[str]:
-    assert p.choice is not None
-    steps = ["IndexScan" + (" (covering)" if p.choice.covering else ""), "Fetch"]
-    if p.late:
-        steps = ["IndexScan (keys)"]  # ranked on the entries alone; the root fetches
-    elif p.choice.covering:
-        steps.pop()
-    if p.bound.unnests:
-        steps.append("Unnest")  # per document: each leaf unnests what it read
-    if not p.decided:  # else the spans decide WHERE (``planner.exact``)
-        steps.append("Filter")
-    if p.ordered:
-        steps.append("IndexOrder")  # entries already in ORDER BY order: no local sort
-    else:
-        steps.append(
-            {
-                "group": "PartialAggregate",
-                "sort": "LocalSort",
-                "rows": "Project",
-                "window": "ScopeRows",  # every row after WHERE: the root windows them
-            }.get(p.mode, p.mode)
-        )
-    if p.top is not None:
-        steps.append(f"Limit({p.top})")
-    if p.late:
-        steps.append("SortKeysAndIds")
-    return steps
-
-
-def _root_does(p: PhysicalPlan) -> list[str]:
-    steps = {
-        "group": ["FinalAggregate", "Project"],
-        "sort": ["MergeSort"],
-        "rows": ["Concat"],
-        "window": ["Concat", "Window", "Project"],
-        "local": ["LocalScan" if p.source != "keys" else "KeyLookup", "Filter", "Project"],
-    }[p.mode]
-    if p.mode == "local" and p.bound.unnests:
-        steps.insert(1, "Unnest")
-    if p.mode in ("group", "local") and p.bound.windows:
-        steps.insert(len(steps) - 1, "Window")
-    if p.late:
-        steps = ["MergeSort", "Fetch (GetMany per owner, top rows only)", "Filter", "Project"]
-    if p.bound.distinct:
-        steps.append("Distinct")
-    if p.mode in ("group", "local") and p.bound.order:
-        steps.append("Order")
-    if p.offset:
-        steps.append(f"Offset({p.offset})")
-    if p.limit is not None:
-        steps.append(f"Limit({p.limit})")
-    return steps
+        return explain_plan(self)
 
 
 def _no_keyspace(keyspace: str) -> ShardexError:

@@ -62,14 +62,13 @@ from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.sql.exec.analyze import key_route
-from shardex.sql.exec.dml_statements import insert_statement, modify_statement
+from shardex.sql.exec.dml_run import dml_statement, values_chunk
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.join_run import run_join
 from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
 from shardex.sql.exec.memory import NodeMemory
-from shardex.sql.exec.merge_statement import merge_statement
 from shardex.sql.exec.pin_guess import PinGuesses
 from shardex.sql.exec.plan import (
     PhysicalPlan,
@@ -78,7 +77,6 @@ from shardex.sql.exec.plan import (
     statement_facts,
 )
 from shardex.sql.exec.reply import BLOCK_BYTES, BLOCK_ROWS, cells_closing, once, respond
-from shardex.sql.exec.rows import encode_row
 from shardex.sql.exec.stability import StatementStability
 from shardex.sql.exec.statement_checks import (
     MAX_STATEMENT_BYTES,
@@ -300,7 +298,7 @@ class SqlService:
         keys = self.keys.keys_of(plan, params)
         if keys is None:
             return None
-        cells = self.keys.read_now(plan, keys, params, self._quota(msg), msg.spill)
+        cells = self.keys.read_now(plan, keys, params, self.quota(msg), msg.spill)
         if cells is None or len(cells) > BLOCK_ROWS or sum(map(len, cells)) > BLOCK_BYTES:
             return None
         return msgspec.structs.replace(self._started(msg, plan, None), rows=cells, done=True)
@@ -330,7 +328,7 @@ class SqlService:
                 self, msg, stmt, principal, run, self._accepted
             )
         if compound.is_compound(stmt):  # a set operation or WITH (or its EXPLAIN)
-            quota, members = self._quota(msg), self._members()
+            quota, members = self.quota(msg), self._members()
             return await compound.compound_statement(self, msg, stmt, params, quota, members)  # type: ignore[arg-type]
         if isinstance(stmt, ExplainStmt):
             state = await self.scan.view.state()
@@ -351,42 +349,9 @@ class SqlService:
             started = SqlStarted(
                 stream_id=msg.stream_id, statement="explain", index=_index_of(plan)
             )
-            return started, _values([plan.explain()])
-        if isinstance(stmt, InsertStmt):
-            checked = stmt.select is not None  # its query's rows, gathered: VALUES to write
-            if checked:
-                stmt = await compound.inserted_statement(self, msg, stmt, params, self._quota(msg))
-            with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
-                count, rows = await insert_statement(
-                    self.documents,
-                    self.scan.view,
-                    stmt,
-                    params,
-                    msg.durability,
-                    mem.budget(),
-                    durability_timeout=msg.durability_timeout,
-                    checked=checked,
-                )
-            kind = "upsert" if stmt.upsert else "insert"
-            started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
-            return started, _values(rows)
-        if isinstance(stmt, DeleteStmt | UpdateStmt | MergeStmt):
-            # Each chooses what it changes by a SELECT the leaves derive from the text.
-            select = functools.partial(self.start_select, msg, msg.statement)
-            run = merge_statement if isinstance(stmt, MergeStmt) else modify_statement
-            with self.memory.fragment(None, self._quota(msg), msg.spill) as mem:
-                count, rows = await run(
-                    self.documents,
-                    select,
-                    stmt,  # type: ignore[arg-type]
-                    params,
-                    msg.durability,
-                    mem.budget(),
-                    durability_timeout=msg.durability_timeout,
-                )
-            kind = type(stmt).__name__.removesuffix("Stmt").lower()
-            started = SqlStarted(stream_id=msg.stream_id, statement=kind, mutation_count=count)
-            return started, _values(rows)
+            return started, values_chunk([plan.explain()])
+        if isinstance(stmt, InsertStmt | DeleteStmt | UpdateStmt | MergeStmt):
+            return await dml_statement(self, msg, stmt, params)
         raise bad_request(
             f"{type(stmt).__name__} is index DDL: run it with client.execute_ddl",
             hint="client.query sends DDL there itself",
@@ -408,7 +373,7 @@ class SqlService:
         check_memory_quota(msg.memory_quota, self.memory.query_max)
         check_params_depth(msg.params)
 
-    def _quota(self, msg: SqlQuery) -> int:
+    def quota(self, msg: SqlQuery) -> int:
         """The statement's memory quota on each member, bytes (checked by ``_check``)."""
         return self.memory.query_max if msg.memory_quota is None else msg.memory_quota
 
@@ -457,7 +422,7 @@ class SqlService:
             return plan, None, self._join(msg, plan, params)
         keys = self.keys.keys_of(plan, params)
         if keys is not None:
-            quota = self._quota(msg)
+            quota = self.quota(msg)
             return plan, None, self.keys.rows(plan, keys, params, msg.timeout, quota, msg.spill)
 
         def without_failed(exc: ShardexError) -> PhysicalPlan:
@@ -484,10 +449,10 @@ class SqlService:
             if p.tuning["local"] and local is not None and self._runs_here(p):
                 p.query_id = str(self.query.new_query_id())
                 p.local = True
-                here = LocalRun(p, sql, dml, self._quota(msg), msg.spill)
+                here = LocalRun(p, sql, dml, self.quota(msg), msg.spill)
                 return run_local(local, self.documents, self.memory, here, ts, params, p.query_id)
             qplan = p.query_plan(
-                sql, dml, self.query.member_id, ts, self._quota(msg), spill=msg.spill
+                sql, dml, self.query.member_id, ts, self.quota(msg), spill=msg.spill
             )
             left = max(deadline - loop.time(), 0.001)
             result = await self.query.execute(qplan, params, timeout=left, window=msg.window)
@@ -537,7 +502,7 @@ class SqlService:
             assert isinstance(stmt, SelectStmt)
             return (await self.start_select(msg, sql, stmt, side_params))[2]
 
-        quota, spill, timeout = self._quota(msg), msg.spill, msg.timeout
+        quota, spill, timeout = self.quota(msg), msg.spill, msg.timeout
         return run_join(plan, params, start, self.documents, self.memory, quota, spill, timeout)
 
     async def _speculate(
@@ -559,7 +524,7 @@ class SqlService:
             local,
             self.documents,
             self.memory,
-            LocalRun(plan, sql, dml, self._quota(msg), msg.spill),
+            LocalRun(plan, sql, dml, self.quota(msg), msg.spill),
             self._seqnos(keyspace),
             params,
             plan.query_id,
@@ -624,11 +589,6 @@ class SqlService:
             return {"route": self.scan.view.address(plan.leaves[0].node)}
         except ShardexError:
             return {}
-
-
-def _values(values: list[Any]) -> AsyncIterator[list[bytes]]:
-    """Rows made here (EXPLAIN's plan, DML's RETURNING), encoded as one chunk."""
-    return once([encode_row(v) for v in values])
 
 
 def _index_of(plan: PhysicalPlan) -> str | None:

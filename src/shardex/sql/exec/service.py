@@ -40,12 +40,13 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
 import shardex.sql.exec.compound as compound  # set operations, WITH, PREPARE, INSERT SELECT
-from shardex.api.scan import AT_PLUS, CONSISTENCIES, NO_TS, REQUEST_PLUS
+from shardex.api.scan import AT_PLUS, CONSISTENCIES, REQUEST_PLUS
 from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
     ExchangeStats,
@@ -61,7 +62,6 @@ from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.coordinator import ScanCoordinator
-from shardex.sql.exec.analyze import key_route
 from shardex.sql.exec.dml_run import dml_statement, values_chunk
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import failed_leaf, failing_over
@@ -78,6 +78,7 @@ from shardex.sql.exec.plan import (
 )
 from shardex.sql.exec.reply import BLOCK_BYTES, BLOCK_ROWS, cells_closing, once, respond
 from shardex.sql.exec.stability import StatementStability
+from shardex.sql.exec.started import index_name, started_reply
 from shardex.sql.exec.statement_checks import (
     MAX_STATEMENT_BYTES,
     MAX_TIMEOUT,
@@ -117,6 +118,14 @@ QUEUE_WAIT: Final = 30.0
 MIN_LEFT: Final = 0.001  # what a statement admitted at the end of its timeout has to run
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPlan:
+    """A key lookup checked and planned in the loop turn it arrived in, with its keys."""
+
+    plan: PhysicalPlan
+    keys: list[str]
 
 
 class SqlService:
@@ -209,8 +218,8 @@ class SqlService:
         except BaseException:
             slot.release()
             raise
-        if started is None:
-            return self._admitted(msg, conn, slot)
+        if not isinstance(started, SqlStarted):
+            return self._admitted(msg, conn, slot, started)
         slot.release()
         return started
 
@@ -253,28 +262,34 @@ class SqlService:
             msg, slot = await self._wait_for_slot(msg)
         try:
             now = self._select_now(msg, principal)
-            if now is not None:  # answered in this turn: its rows are the reply's
+            if isinstance(now, SqlStarted):  # answered in this turn: its rows are the reply's
                 rows, now = now.rows, msgspec.structs.replace(now, rows=[], done=False)
                 return now, once(rows), slot
-            started, chunks = await self._run(msg, principal)
+            started, chunks = await self._run(msg, principal, now)
         except BaseException:
             slot.release()
             raise
         return started, chunks, slot
 
-    async def _admitted(self, msg: SqlQuery, conn: Connection, slot: Slot) -> SqlStarted:
+    async def _admitted(
+        self, msg: SqlQuery, conn: Connection, slot: Slot, lookup: KeyPlan | None = None
+    ) -> SqlStarted:
         t0 = time.perf_counter()
         try:
-            return await self._statement(msg, conn, slot, t0)
+            return await self._statement(msg, conn, slot, t0, lookup)
         except BaseException as exc:
             slot.release()
             self.stats.end(t0, exc)
             raise
 
-    def _select_now(self, msg: SqlQuery, principal: Principal | None) -> SqlStarted | None:
+    def _select_now(
+        self, msg: SqlQuery, principal: Principal | None
+    ) -> SqlStarted | KeyPlan | None:
         """The whole answer of a key lookup whose documents are all this node's, made in
-        this loop turn (``KeyLookups.read_now``); None for anything else (the awaited path
-        does it from the start: every step here is repeated there or answers the same)."""
+        this loop turn (``KeyLookups.read_now``); for a key lookup whose documents are not
+        all here, its checked plan and keys (``KeyPlan``: the awaited path reads them from
+        their owners without planning again); None for anything else (the awaited path does
+        it from the start: every step here is repeated there or answers the same)."""
         tuning = check_tuning(msg.tuning)
         sql, params = msg.statement, msg.params
         if not (tuning["inline"] and tuning["plan_cache"]) or len(sql) > PLAN_ON_LOOP_CHARS:
@@ -300,20 +315,26 @@ class SqlService:
             return None
         cells = self.keys.read_now(plan, keys, params, self.quota(msg), msg.spill)
         if cells is None or len(cells) > BLOCK_ROWS or sum(map(len, cells)) > BLOCK_BYTES:
-            return None
+            return KeyPlan(plan, keys)
         return msgspec.structs.replace(self._started(msg, plan, None), rows=cells, done=True)
 
     async def _statement(
-        self, msg: SqlQuery, conn: Connection, slot: Slot, t0: float
+        self, msg: SqlQuery, conn: Connection, slot: Slot, t0: float, lookup: KeyPlan | None
     ) -> SqlStarted:
-        started, chunks = await self._run(msg, conn.principal)
+        started, chunks = await self._run(msg, conn.principal, lookup)
         on_end = functools.partial(self.stats.end, t0)
         return await respond(self.streams, conn, msg, started, chunks, slot, on_end)
 
     async def _run(
-        self, msg: SqlQuery, principal: Principal | None
+        self, msg: SqlQuery, principal: Principal | None, lookup: KeyPlan | None = None
     ) -> tuple[SqlStarted, AsyncIterator[list[bytes]]]:
-        """The statement started: its first reply (without rows) and its rows."""
+        """The statement started: its first reply (without rows) and its rows. ``lookup``:
+        the key lookup ``_select_now`` checked and planned, whose documents are elsewhere."""
+        if lookup is not None:
+            rows = self.keys.rows(
+                lookup.plan, lookup.keys, msg.params, msg.timeout, self.quota(msg), msg.spill
+            )
+            return self._started(msg, lookup.plan, None), rows
         tuning = check_tuning(msg.tuning)
         sql, cached = msg.statement, tuning["plan_cache"]
         stmt = await prepared_off_loop(sql, lambda: parsed(sql, cached=cached))  # SQL_SYNTAX
@@ -347,7 +368,7 @@ class SqlService:
 
             plan = await prepared_off_loop(sql, explained)
             started = SqlStarted(
-                stream_id=msg.stream_id, statement="explain", index=_index_of(plan)
+                stream_id=msg.stream_id, statement="explain", index=index_name(plan)
             )
             return started, values_chunk([plan.explain()])
         if isinstance(stmt, InsertStmt | DeleteStmt | UpdateStmt | MergeStmt):
@@ -551,45 +572,4 @@ class SqlService:
 
     def _started(self, msg: SqlQuery, plan: PhysicalPlan, ts: Timestamp | None) -> SqlStarted:
         """The reply that starts a SELECT's result (without its rows)."""
-        return SqlStarted(
-            stream_id=msg.stream_id,
-            statement="select",
-            index=_index_of(plan),
-            ts=NO_TS if ts is None else msgspec.Raw(ts.packed()),
-            details={
-                "mode": plan.mode,
-                "source": plan.source,
-                "leaves": len(plan.leaves),
-                "index_order": plan.ordered,
-                "query_id": plan.query_id,
-                "inline": plan.inline,
-                "local": plan.local,
-                "guessed": plan.guessed is not None,
-                "node": self.scan.name,  # the initiator
-                **self._route(plan),
-            },
-        )
-
-    def _route(self, plan: PhysicalPlan) -> dict[str, Any]:
-        """The routing hint of a plan (``client.routes``): with one leaf elsewhere,
-        ``{"route": its node's address}``, where the statement runs in-process
-        (``local_leaf``); for a key lookup of one key given as a parameter, ``{"route_key":
-        keyspace and parameter}``: the key's owner reads the document in-process. Only a
-        hint: the plan is made again wherever the statement arrives."""
-        if not plan.tuning["local"]:
-            return {}
-        if plan.inline:
-            route = key_route(plan.bound, statement_facts(plan.bound).key_lookup)
-            if route is not None:
-                return {"route_key": {"keyspace": route[0], "param": route[1]}}
-            return {}
-        if plan.local or len(plan.leaves) != 1:
-            return {}
-        try:
-            return {"route": self.scan.view.address(plan.leaves[0].node)}
-        except ShardexError:
-            return {}
-
-
-def _index_of(plan: PhysicalPlan) -> str | None:
-    return None if plan.record is None else plan.record.definition.name
+        return started_reply(msg, plan, ts, self.scan.name, self.scan.view.address)

@@ -69,7 +69,7 @@ class ReadPath:
                     raise gate.not_here(exc, msg.keyspace, msg.docid) from None
                 except ShardexError as exc:
                     raise gate.enrich(exc) from None
-                reply = GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+                reply = GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno, expiry=raw.expiry)
         except BaseException:
             self.latencies.observe("get", time.perf_counter() - t0)
             self.failed["get"] = self.failed.get("get", 0) + 1

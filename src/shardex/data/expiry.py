@@ -18,10 +18,11 @@ from __future__ import annotations
 from shardex.api.records import MutationResult
 from shardex.data.partition import Partition, PreparedOp
 from shardex.data.records import PREFIX_DOC, decode_doc, next_prefix
+from shardex.meta.node_defaults import DEFAULT_EXPIRY_PAGER_BATCH
 
 # How many document records one walk may read: each costs a decode, so a pager tick stays
 # a few milliseconds of a thread however large the partition.
-DEFAULT_WALK_LIMIT = 10_000
+DEFAULT_WALK_LIMIT = DEFAULT_EXPIRY_PAGER_BATCH
 
 
 def find_expired(

@@ -35,10 +35,11 @@ from shardex.data.expiry import DEFAULT_WALK_LIMIT
 from shardex.data.replication import Replication
 from shardex.data.serving import ServingGate
 from shardex.errors import ShardexError
+from shardex.meta.node_defaults import DEFAULT_EXPIRY_PAGER_INTERVAL
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PAGER_INTERVAL = 10.0  # seconds between walk ticks
+DEFAULT_PAGER_INTERVAL = DEFAULT_EXPIRY_PAGER_INTERVAL  # seconds between walk ticks
 ACCESSED_MAX = 10_000  # expired documents reads reported, kept until deleted (the rest wait)
 
 Key = tuple[str, int]

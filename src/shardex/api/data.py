@@ -153,12 +153,15 @@ class GetMany(Message, tag="data.GetMany"):
     keyspace: str
     docids: list[str]
     with_cas: bool = False  # also answer each document's CAS (DML's optimistic writes)
+    with_expiry: bool = False  # also answer each document's expiry (SQL's META().expiration)
 
 
 class GetManyReply(Message, tag="data.GetManyReply"):
     bodies: list[bytes | None]  # aligned with the docids; None: absent, deleted, or an error
     errors: list[ItemError] = msgspec.field(default_factory=list)
     cas: list[int] = msgspec.field(default_factory=list)  # with ``with_cas``: aligned, 0 = absent
+    # with ``with_expiry``: aligned, absolute epoch seconds (0: none, or absent)
+    expiries: list[int] = msgspec.field(default_factory=list)
 
 
 # --- seqnos and stats ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Document expiry in the data engine, on a virtual clock: what a write stores, what reads
 hide, the keyspace's max_ttl, touch, and the pager's deletions (marked expirations in the
-change log, with new seqnos)."""
+change log, with new seqnos) down to an index built by the pipeline's own parts."""
 
 from __future__ import annotations
 
@@ -17,10 +17,15 @@ from shardex.api.expiry import (
     wire_expiry,
 )
 from shardex.api.records import OP_DELETE, OP_UPSERT, Change
+from shardex.core.timestamp import Timestamp
 from shardex.data.engine import DataEngine
 from shardex.data.records import DocRecord, decode_doc
 from shardex.errors import ErrorCode, ShardexError
+from shardex.index import IndexerEngine
+from shardex.meta.index_definition import make_definition
 from shardex.meta.partitioning import partition_of
+from shardex.storage.memory import MemoryDisk, MemoryStore
+from shardex.testing.index import LocalPipeline
 
 T0 = 1_800_000_000  # epoch seconds the virtual clock starts at
 
@@ -218,3 +223,51 @@ def test_bad_expiry_changes_nothing(engine):
         (res,) = engine.mutate_many("ks", [("upsert", "a", {}, None, bad)])
         assert isinstance(res, ShardexError) and res.code == ErrorCode.BAD_REQUEST
     _not_found(engine, "a")
+
+
+def test_expirations_reach_an_index_as_deletions(tmp_path, clock):
+    """The data engine's change stream (expirations included) through the pipeline's own
+    projector, router and indexer engines (``LocalPipeline``): the index ends equal to the
+    oracle over the documents still live, the expired ones gone from it."""
+    eng = _engine(tmp_path / "db", clock)
+    defs = [
+        make_definition(
+            id="i_v",
+            name="by_v",
+            keyspace="ks",
+            keys=["v"],
+            partition_by=["META().id"],
+            num_partition=2,
+        ),
+        make_definition(id="i_p", name="#primary", keyspace="ks", is_primary=True),
+    ]
+    disk = MemoryDisk()
+    indexer = IndexerEngine(tmp_path / "ix", open_store=lambda _p: MemoryStore(disk))
+    placement = {d.id: dict.fromkeys(range(d.num_partition), "n1") for d in defs}
+    pipe = LocalPipeline(defs, {"n1": indexer}, placement)
+    pipe.create_slices()
+    try:
+        for i in range(30):
+            eng.upsert("ks", f"d{i}", {"v": i % 7}, expiry=10 if i % 3 == 0 else 0)
+        clock.now = T0 + 11
+        for p in range(2):
+            found, _, _ = eng.find_expired("ks", p, None, 1000)
+            assert eng.expire("ks", p, found) == len(found)
+        rows, highs = [], {}
+        for p in range(2):
+            info = eng.partition_info("ks", p)
+            highs[p] = (info.high_seqno, info.uuid)
+            for c in eng.stream("ks", p, 0, info.uuid):
+                if isinstance(c, Change):
+                    rows.append((c.docid, p, c.seqno, c.op, c.body))
+        expirations = [r for r in rows if r[3] == OP_DELETE]
+        assert len(expirations) == 10
+        ts = Timestamp(highs)
+        pipe.deliver(rows)
+        pipe.stabilise(ts)
+        live = {f"d{i}": {"v": i % 7} for i in range(30) if i % 3}
+        pipe.check(ts, live)  # the oracle: exactly the live documents' entries
+        assert sum(len(e) for e in pipe.entries("i_p", ts).values()) == len(live)
+    finally:
+        indexer.close()
+        eng.close()

@@ -18,12 +18,15 @@ from shardex.api.expiry import (
 )
 from shardex.api.records import OP_DELETE, OP_UPSERT, Change
 from shardex.core.timestamp import Timestamp
+from shardex.core.topology import Topology
 from shardex.data.engine import DataEngine
+from shardex.data.reconcile import reconcile
 from shardex.data.records import DocRecord, decode_doc
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index import IndexerEngine
 from shardex.meta.index_definition import make_definition
 from shardex.meta.partitioning import partition_of
+from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.storage.memory import MemoryDisk, MemoryStore
 from shardex.testing.index import LocalPipeline
 
@@ -270,4 +273,30 @@ def test_expirations_reach_an_index_as_deletions(tmp_path, clock):
         assert sum(len(e) for e in pipe.entries("i_p", ts).values()) == len(live)
     finally:
         indexer.close()
+        eng.close()
+
+
+def test_reconcile_brings_the_keyspace_max_ttl_to_the_local_catalog(tmp_path, clock):
+    """A node learns the keyspace's max_ttl from the cluster state (created with it, or
+    changed later), kept across a restart of the engine."""
+    meta = KeyspaceMeta(name="ks", num_partitions=2, uuid="u1", created_cas=1, max_ttl=60)
+    topo = Topology(seq_num=1, assignment={0: "n1", 1: "n1"})
+
+    def state(m: KeyspaceMeta) -> StateContext:
+        return StateContext(cas=2, epoch=1, keyspaces={"ks": m}, data_topologies={"ks": [topo]})
+
+    eng = DataEngine(tmp_path / "db", clock_ns=clock.ns)
+    reconcile(eng, "n1", state(meta))
+    assert eng.keyspace("ks").max_ttl == 60
+    eng.upsert("ks", "a", {})
+    assert eng.get_raw("ks", "a").expiry == T0 + 60
+    reconcile(eng, "n1", state(msgspec.structs.replace(meta, max_ttl=5)))
+    eng.close()
+    eng = DataEngine(tmp_path / "db", clock_ns=clock.ns)
+    try:
+        assert eng.keyspace("ks").max_ttl == 5
+        eng.upsert("ks", "b", {})
+        assert eng.get_raw("ks", "b").expiry == T0 + 5
+        assert eng.get("ks", "a").doc == {}  # nothing else changed
+    finally:
         eng.close()

@@ -15,7 +15,7 @@ import datetime
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 # duration, an absolute time, or None (``api/expiry.py``).
 Expiry = int | float | datetime.timedelta | datetime.datetime | None
 
+R = TypeVar("R", MutationReply, GetReply)
+
 DEFAULT_CHUNK = 1000
 DEFAULT_WINDOW = 4  # chunks in flight per upsert_many
 
@@ -86,17 +88,19 @@ class Keyspace:
         return docid, encode_document(doc, self.max_doc_bytes, docid)
 
     def _mutate(self, docid: str, msg: Any) -> MutationResult:
+        return self._write(docid, msg, MutationReply).result
+
+    def _write(self, docid: str, msg: Any, expect: type[R]) -> R:
+        """A write to the document's owner (never resent once its outcome is unknown),
+        waited for as long as its durability timeout needs."""
         timeout = self._rpc.router.write_timeout(msg.durability_timeout)
         direct = self._direct
         if direct is not None:
-            return direct.to_owner(
-                self.name, docid, msg, MutationReply, idempotent=False, timeout=timeout
-            ).result
+            return direct.to_owner(self.name, docid, msg, expect, idempotent=False, timeout=timeout)
         router = self._rpc.router
-        reply = self._rpc.run(
-            router.to_owner(self.name, docid, msg, MutationReply, idempotent=False, timeout=timeout)
+        return self._rpc.run(
+            router.to_owner(self.name, docid, msg, expect, idempotent=False, timeout=timeout)
         )
-        return reply.result
 
     def insert(
         self,
@@ -240,17 +244,7 @@ class Keyspace:
             durability=durability,
             durability_timeout=check_durability_timeout(durability_timeout),
         )
-        timeout = self._rpc.router.write_timeout(msg.durability_timeout)
-        direct = self._direct
-        if direct is not None:
-            reply = direct.to_owner(
-                self.name, docid, msg, GetReply, idempotent=False, timeout=timeout
-            )
-        else:
-            router = self._rpc.router
-            reply = self._rpc.run(
-                router.to_owner(self.name, docid, msg, GetReply, idempotent=False, timeout=timeout)
-            )
+        reply = self._write(docid, msg, GetReply)
         return VersionedDocument(msgspec.json.decode(reply.body), reply.cas, reply.seqno)
 
     def expiry_of(self, docid: str) -> int:

@@ -12,6 +12,7 @@ tombstones. A failing seed replays with ``SHARDEX_SIM_SEED=N``."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,14 @@ from shardex.meta.partitioning import partition_of
 from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import RpcServer
 from shardex.net.messages import Message
-from shardex.sim import ClusterNode, FaultConfig, Simulation, run_simulation, sim_seeds
+from shardex.sim import (
+    ClusterNode,
+    FaultConfig,
+    Simulation,
+    assert_deterministic,
+    run_simulation,
+    sim_seeds,
+)
 from shardex.storage.memory import MemoryDisk, MemoryStore
 
 SECRET = "sim-expiry-secret"
@@ -274,7 +282,7 @@ class World:
         return out
 
 
-def run(seed: int, pager_interval: float) -> World:
+def scenario(pager_interval: float) -> Callable[[Simulation], Awaitable[World]]:
     async def main(sim: Simulation) -> World:
         world = World(sim, pager_interval)
         for host in NODES:
@@ -285,7 +293,15 @@ def run(seed: int, pager_interval: float) -> World:
         sim.cluster.check()
         return world
 
-    return run_simulation(main, seed, FaultConfig())
+    return main
+
+
+def run(seed: int, pager_interval: float) -> World:
+    return run_simulation(scenario(pager_interval), seed, FaultConfig())
+
+
+def test_a_run_replays_exactly() -> None:
+    assert_deterministic(scenario(1.0), 3, FaultConfig)
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,14 @@ class ExpiryPager:
         # where the walk continues: the partition, and the last document key read in it
         self._position: Key | None = None
         self._after: bytes | None = None
-        self.expired = 0  # documents deleted by expiry here since start (metrics, tests)
+        # documents deleted by expiry here since start, by how they were found ("access":
+        # reported by a read, "walk"): the node's metrics
+        self.expired_by = {"access": 0, "walk": 0}
+
+    @property
+    def expired(self) -> int:
+        """Documents deleted by expiry here since start."""
+        return sum(self.expired_by.values())
 
     def on_expired(self, keyspace: str, partition: int, docid: str, cas: int) -> None:
         """A read found ``docid`` expired (any thread): delete it soon."""
@@ -112,7 +119,7 @@ class ExpiryPager:
             groups.setdefault((ks, p), []).append((docid, cas))
         n = 0
         for (ks, p), items in groups.items():
-            n += await self._expire(ks, p, items)
+            n += await self._expire(ks, p, items, "access")
         return n
 
     async def tick(self) -> int:
@@ -144,7 +151,7 @@ class ExpiryPager:
                 found, after, seen = [], None, 0
             budget -= max(seen, 1)
             if found:
-                deleted += await self._expire(ks, p, found)
+                deleted += await self._expire(ks, p, found, "walk")
             if after is not None:  # the budget ran out inside this partition
                 self._position, self._after = (ks, p), after
                 return deleted
@@ -158,7 +165,9 @@ class ExpiryPager:
         except ShardexError:
             return False
 
-    async def _expire(self, keyspace: str, partition: int, items: list[tuple[str, int]]) -> int:
+    async def _expire(
+        self, keyspace: str, partition: int, items: list[tuple[str, int]], how: str
+    ) -> int:
         if not self._serves(keyspace):
             return 0
         try:
@@ -168,5 +177,5 @@ class ExpiryPager:
             return 0
         if n:
             self.replication.wake(keyspace, partition)
-            self.expired += n
+            self.expired_by[how] += n
         return n

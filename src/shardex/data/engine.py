@@ -474,7 +474,7 @@ class DataEngine:
         self._documents.on_expired = hook
 
     def active_partitions(self) -> list[tuple[str, int]]:
-        """(keyspace, partition) of every active copy here that takes writes now."""
+        """(keyspace, partition) of every active copy here, sorted."""
         return sorted(k for k, p in list(self._parts.items()) if p.meta.state == STATE_ACTIVE)
 
     def find_expired(

@@ -188,18 +188,19 @@ class DataEngine:
         exist_ok: bool = False,
         uuid: str = "",
         created_cas: int = 0,
-        max_ttl: int = 0,
+        max_ttl: int | None = None,
     ) -> KeyspaceInfo:
         """Record a keyspace locally (no partitions yet: the node is told which it owns).
         ``exist_ok`` makes it idempotent when the partition count and ``uuid`` match (and
-        takes the ``max_ttl`` given, the cluster's value)."""
+        takes the ``max_ttl`` given, the cluster's value; None keeps the one recorded, 0
+        for a new keyspace: a migration's target does not know it)."""
         check_keyspace_name(name)
         check_num_partitions(num_partitions)
         with self._lock:
             old = self._keyspaces.get(name)
             if old is not None:
                 if exist_ok and old.num_partitions == num_partitions and old.uuid == uuid:
-                    if old.max_ttl != max_ttl:
+                    if max_ttl is not None and old.max_ttl != max_ttl:
                         old = msgspec.structs.replace(old, max_ttl=max_ttl)
                         self._store.column_family().put(
                             _KS_PREFIX + name.encode(), encode(old), sync=True
@@ -214,7 +215,7 @@ class DataEngine:
                         "uuid": old.uuid,
                     },
                 )
-            ks = KeyspaceInfo(name, num_partitions, uuid, created_cas, max_ttl)
+            ks = KeyspaceInfo(name, num_partitions, uuid, created_cas, max_ttl or 0)
             self._store.column_family().put(_KS_PREFIX + name.encode(), encode(ks), sync=True)
             self._keyspaces[name] = ks
             return ks

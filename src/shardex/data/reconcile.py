@@ -42,11 +42,12 @@ def open_partitions(
     num_partitions: int,
     partitions: list[int],
     replicas: Sequence[int] = (),
-    max_ttl: int = 0,
+    max_ttl: int | None = None,
 ) -> list[int]:
-    """Make ``keyspace`` (this incarnation, with ``max_ttl``) exist here with at least
-    ``partitions`` (active, empty) and ``replicas`` (empty replica copies); returns the
-    active partitions created now. Idempotent."""
+    """Make ``keyspace`` (this incarnation, with ``max_ttl``: None when the caller does not
+    know it, which keeps the recorded one) exist here with at least ``partitions`` (active,
+    empty) and ``replicas`` (empty replica copies); returns the active partitions created
+    now. Idempotent."""
     try:
         old = engine.keyspace(keyspace)
     except KeyspaceNotFound:

@@ -20,7 +20,7 @@ from shardex.api.records import OP_DELETE, OP_UPSERT, Change
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.data.engine import DataEngine
-from shardex.data.reconcile import reconcile
+from shardex.data.reconcile import open_partitions, reconcile
 from shardex.data.records import DocRecord, decode_doc
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index import IndexerEngine
@@ -290,6 +290,9 @@ def test_reconcile_brings_the_keyspace_max_ttl_to_the_local_catalog(tmp_path, cl
     assert eng.keyspace("ks").max_ttl == 60
     eng.upsert("ks", "a", {})
     assert eng.get_raw("ks", "a").expiry == T0 + 60
+    # a migration's target opens the keyspace without knowing max_ttl: the recorded one stays
+    open_partitions(eng, "ks", "u1", 1, 2, [])
+    assert eng.keyspace("ks").max_ttl == 60
     reconcile(eng, "n1", state(msgspec.structs.replace(meta, max_ttl=5)))
     eng.close()
     eng = DataEngine(tmp_path / "db", clock_ns=clock.ns)

@@ -8,6 +8,7 @@ marked ``FLAG_EXPIRED``, with its own seqno) and reaches the replica copy; the k
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,6 +139,16 @@ def test_max_ttl_gives_and_caps_expiries(client: Client) -> None:
     assert ks.expiry_of("shorter") <= after + 61
     got = ks.get_and_touch("shorter", 120)
     assert got.doc == {} and before + 120 <= ks.expiry_of("shorter") <= time.time() + 121
+    # every write takes an expiry: insert, replace, upsert_many (a datetime: absolute)
+    ks.insert("ins", {}, expiry=30)
+    ks.replace("ins", {"r": 1}, expiry=dt.timedelta(seconds=90))
+    assert before + 90 <= ks.expiry_of("ins") <= time.time() + 91
+    when = dt.datetime.fromtimestamp(int(before) + 600, dt.UTC)
+    ks.upsert_many([("m1", {}), ("m2", {})], expiry=when)
+    assert ks.expiry_of("m1") == ks.expiry_of("m2") == int(before) + 600
+    with pytest.raises(ShardexError) as err:
+        ks.upsert("bad", {}, expiry=-5)  # refused by the client, naming the value
+    assert err.value.code is ErrorCode.BAD_REQUEST and "-5" in err.value.message
     with pytest.raises(ShardexError) as err:
         client.create_keyspace("bad_ttl", NP, max_ttl=-1)
     assert err.value.code is ErrorCode.BAD_REQUEST and "max_ttl" in err.value.message

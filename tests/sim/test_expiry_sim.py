@@ -83,6 +83,7 @@ class Outcome:
     pager_expired: dict[str, int] = field(default_factory=dict)
     readable_just_before: set[str] = field(default_factory=set)
     touched_readable: bool = False
+    replica_expiry: int = 0
 
 
 class World:
@@ -206,6 +207,9 @@ class World:
             out.expiries[d] = (await self.get(router, d)).expiry
             out.readable_before.add(d)
         await self.wait_until(start + 3)
+        # the replica holds the same absolute expiry (its sender runs every 0.5 s at most)
+        msg = Get(keyspace=KEYSPACE, docid=SHORT[0], replica=True)
+        out.replica_expiry = (await router.to_node("d2", msg, GetReply)).expiry
         msg = Touch(keyspace=KEYSPACE, docid=TOUCHED, expiry=20)
         await router.to_owner(KEYSPACE, TOUCHED, msg, MutationReply, idempotent=False)
         got = GetAndTouch(keyspace=KEYSPACE, docid=TOUCHED, expiry=20)
@@ -319,6 +323,7 @@ def test_documents_expire_on_the_virtual_clock(seed: int, pager_interval: float)
     assert all(out.expiries[d] - 60 - written in (0, 1) for d in (*PLAIN, LONG)), out.expiries
     assert out.expiries["touched-again"] - 20 - written in (3, 4), out.expiries
     assert out.touched_body == b'{"v": 1}'
+    assert out.replica_expiry == out.expiries[SHORT[0]]
     assert out.readable_just_before == set(SHORT)
     assert out.touched_readable
     assert out.unreadable_after == set(SHORT)

@@ -90,7 +90,7 @@ class ReadPath:
                 f"document {msg.docid!r} not found on {self.gate.name}'s copy",
                 details={"docid": msg.docid, "node": self.gate.name},
             )
-        return GetReply(body=got[0], cas=got[1], seqno=got[2])
+        return GetReply(body=got[0], cas=got[1], seqno=got[2], expiry=got[3])
 
     def on_get_many(
         self, msg: GetMany, conn: Connection

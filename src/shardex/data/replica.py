@@ -267,8 +267,8 @@ class ReplicaOps:
             raise not_my_partition(keyspace, partition, state)
         return part.cf.get_many([doc_key(d) for d in docids])
 
-    def get_raw(self, keyspace: str, docid: str) -> tuple[bytes, int, int] | None:
-        """A replica read: (body, cas, seqno) from whatever copy is here, active or replica
+    def get_raw(self, keyspace: str, docid: str) -> tuple[bytes, int, int, int] | None:
+        """A replica read: (body, cas, seqno, expiry) from whatever copy is here, active or replica
         (None: absent, deleted or expired at this node's clock). Possibly stale: a replica
         lags its active."""
         ks = self._local.keyspace(keyspace)
@@ -282,7 +282,7 @@ class ReplicaOps:
         rec = decode_doc(raw)
         if rec.deleted or (rec.expiry and rec.expiry * 1_000_000_000 <= self._local.clock_ns()):
             return None
-        return rec.body, rec.cas, rec.seqno
+        return rec.body, rec.cas, rec.seqno, rec.expiry
 
 
 def _number(part: Partition) -> int:

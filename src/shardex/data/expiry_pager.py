@@ -40,7 +40,9 @@ from shardex.meta.node_defaults import DEFAULT_EXPIRY_PAGER_INTERVAL
 log = logging.getLogger(__name__)
 
 DEFAULT_PAGER_INTERVAL = DEFAULT_EXPIRY_PAGER_INTERVAL  # seconds between walk ticks
-ACCESSED_MAX = 10_000  # expired documents reads reported, kept until deleted (the rest wait)
+# Expired documents reads reported and not yet deleted, at most (past it the oldest reports
+# are dropped: the walk finds those documents in its turn).
+ACCESSED_MAX = 10_000
 
 Key = tuple[str, int]
 

@@ -156,9 +156,8 @@ class DocumentOps:
         sync = check_durability(durability)
         ks = self._local.keyspace(keyspace)
         op = self._prepare(kind, docid, doc, cas)
-        if (expiry or ks.max_ttl) and kind != "delete":
-            now_s = self._local.clock_ns() / 1e9
-            op.expiry = resolve_expiry(check_wire_expiry(expiry), now_s, ks.max_ttl)
+        if expiry or ks.max_ttl:
+            _set_expiry(op, expiry, ks.max_ttl, self._local.clock_ns() / 1e9)
         part = self._local.held(keyspace, partition_of(op.docid, ks.num_partitions))
         result = part.apply([op], sync=sync)[0]
         if isinstance(result, ShardexError):
@@ -207,7 +206,7 @@ class DocumentOps:
         ks = self._local.keyspace(keyspace)
         nparts = ks.num_partitions
         max_ttl = ks.max_ttl
-        now_s = 0.0 if not max_ttl else self._local.clock_ns() / 1e9
+        now_s = 0.0  # the node's clock, read at the first op with an expiry
         max_bytes = self.max_doc_bytes
         results: list[MutationResult | ShardexError | None] = []
         # The chunk being filled: per partition, its ops and their places in ``results``, in
@@ -232,10 +231,9 @@ class DocumentOps:
                 else:
                     body = b"" if kind == "delete" else encode_document(doc, max_bytes, docid)
                     op = PreparedOp(kind, docid, body, None)
-                if (expiry or max_ttl) and kind != "delete":
-                    if not now_s:
-                        now_s = self._local.clock_ns() / 1e9
-                    op.expiry = resolve_expiry(check_wire_expiry(expiry), now_s, max_ttl)
+                if expiry or max_ttl:
+                    now_s = now_s or self._local.clock_ns() / 1e9  # once per call
+                    _set_expiry(op, expiry, max_ttl, now_s)
             except ShardexError as exc:
                 results[i] = exc
                 continue
@@ -406,6 +404,13 @@ class DocumentOps:
                 if meta.state == STATE_ACTIVE:
                     entries[p] = (meta.high_seqno, meta.failover_log[0].uuid)
         return entries
+
+
+def _set_expiry(op: PreparedOp, expiry: object, max_ttl: int, now_s: float) -> None:
+    """``op``'s expiry to store, from the write's wire ``expiry`` and the keyspace's
+    ``max_ttl`` at ``now_s`` (a delete stores none)."""
+    if op.kind != "delete":
+        op.expiry = resolve_expiry(check_wire_expiry(expiry), now_s, max_ttl)
 
 
 def _ignore_expired(keyspace: str, partition: int, docid: str, cas: int) -> None:

@@ -23,6 +23,10 @@ def test_meta_expiration_is_never_covered() -> None:
         p = _plan(sql)
         assert reads_meta_field(p.bound, "expiration"), sql
         assert p.choice is not None and not p.choice.covering and not p.late, sql
+    # an ORDER BY ... LIMIT otherwise fetched late by the root: the leaves fetch instead
+    late = f"SELECT name{{}} FROM {KS} WHERE age > 3 ORDER BY age LIMIT 3"
+    assert _plan(late.format("")).late
+    assert not _plan(late.format(", META().expiration AS e")).late
     p = _plan(f"SELECT META().id AS id FROM {KS} WHERE city = 'rome'")
     assert not reads_meta_field(p.bound, "expiration")
     assert p.choice is not None and p.choice.covering  # META().id alone: still covered

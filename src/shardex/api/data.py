@@ -40,6 +40,9 @@ class Insert(Message, tag="data.Insert"):
     doc: bytes  # JSON text of an object
     durability: str = "persist"
     durability_timeout: float | None = None  # seconds; None: the node's default
+    # 0: none (the keyspace's max_ttl, if any); up to 30 days: seconds from the write;
+    # above: absolute epoch seconds (``api/expiry.py``). As on every write below.
+    expiry: int = 0
 
 
 class Upsert(Message, tag="data.Upsert"):
@@ -49,6 +52,7 @@ class Upsert(Message, tag="data.Upsert"):
     cas: int | None = None
     durability: str = "persist"
     durability_timeout: float | None = None  # seconds; None: the node's default
+    expiry: int = 0
 
 
 class Replace(Message, tag="data.Replace"):
@@ -58,6 +62,7 @@ class Replace(Message, tag="data.Replace"):
     cas: int | None = None
     durability: str = "persist"
     durability_timeout: float | None = None  # seconds; None: the node's default
+    expiry: int = 0
 
 
 class Delete(Message, tag="data.Delete"):
@@ -66,6 +71,29 @@ class Delete(Message, tag="data.Delete"):
     cas: int | None = None
     durability: str = "persist"
     durability_timeout: float | None = None  # seconds; None: the node's default
+
+
+class Touch(Message, tag="data.Touch"):
+    """Set an existing document's expiry (``expiry`` as a write's), its body unchanged: a
+    new version (seqno, CAS), answered with a ``MutationReply``; DOC_NOT_FOUND when absent
+    or expired."""
+
+    keyspace: str
+    docid: str
+    expiry: int
+    cas: int | None = None
+    durability: str = "persist"
+    durability_timeout: float | None = None
+
+
+class GetAndTouch(Message, tag="data.GetAndTouch"):
+    """A ``Touch``, then the document as it is after it: answered with a ``GetReply``."""
+
+    keyspace: str
+    docid: str
+    expiry: int
+    durability: str = "persist"
+    durability_timeout: float | None = None
 
 
 class MutationReply(Message, tag="data.MutationReply"):
@@ -83,15 +111,18 @@ class GetReply(Message, tag="data.GetReply"):
     body: bytes  # the stored JSON text
     cas: int
     seqno: int
+    expiry: int = 0  # absolute epoch seconds, 0 for never
 
 
 class OpItem(msgspec.Struct, array_like=True, frozen=True):
-    """One mutation of a ``MutateMany``: kind is insert / upsert / replace / delete."""
+    """One mutation of a ``MutateMany``: kind is insert / upsert / replace / delete /
+    touch (no doc); ``expiry`` as a single write's."""
 
     kind: str
     docid: str
     doc: bytes = b""
     cas: int | None = None
+    expiry: int = 0
 
 
 class MutateMany(Message, tag="data.MutateMany"):
@@ -122,12 +153,15 @@ class GetMany(Message, tag="data.GetMany"):
     keyspace: str
     docids: list[str]
     with_cas: bool = False  # also answer each document's CAS (DML's optimistic writes)
+    with_expiry: bool = False  # also answer each document's expiry (SQL's META().expiration)
 
 
 class GetManyReply(Message, tag="data.GetManyReply"):
     bodies: list[bytes | None]  # aligned with the docids; None: absent, deleted, or an error
     errors: list[ItemError] = msgspec.field(default_factory=list)
     cas: list[int] = msgspec.field(default_factory=list)  # with ``with_cas``: aligned, 0 = absent
+    # with ``with_expiry``: aligned, absolute epoch seconds (0: none, or absent)
+    expiries: list[int] = msgspec.field(default_factory=list)
 
 
 # --- seqnos and stats ------------------------------------------------------------------------
@@ -202,6 +236,7 @@ class OpenPartitions(Message, tag="data.OpenPartitions"):
     partitions: list[int]
     # partitions this node holds a replica copy of (empty like the actives: a new keyspace)
     replicas: list[int] = msgspec.field(default_factory=list)
+    max_ttl: int = 0  # the keyspace's (``KeyspaceMeta.max_ttl``)
 
 
 class DropKeyspaceData(Message, tag="data.DropKeyspaceData"):

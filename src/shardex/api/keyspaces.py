@@ -27,6 +27,8 @@ class CreateKeyspace(Message, tag="manager.CreateKeyspace"):
     # replica copies of each partition, 0-3; None: 1 when two or more data nodes are up,
     # else 0 (``meta/replica_placement.py``)
     num_replicas: int | None = None
+    # seconds, 0-2**31-1: the documents' default and largest expiry (0: none; api/expiry.py)
+    max_ttl: int = 0
 
 
 class SetKeyspaceReplicas(Message, tag="manager.SetKeyspaceReplicas"):

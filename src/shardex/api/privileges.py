@@ -198,6 +198,8 @@ USER_MESSAGES: dict[str, Rule] = {
     "data.Replace": _rule(P.DATA_WRITE, on=_ks),
     "data.Delete": _rule(P.DATA_WRITE, on=_ks),
     "data.MutateMany": _rule(P.DATA_WRITE, on=_ks),
+    "data.Touch": _rule(P.DATA_WRITE, on=_ks),
+    "data.GetAndTouch": _rule(P.DATA_WRITE, on=_ks),
     # scans and SQL (a statement's keyspaces and kind are checked where it is parsed)
     "scan.IndexScan": _rule(P.QUERY_SELECT, on=_ks),
     "scan.PageScan": _rule(P.QUERY_SELECT, on=_ks),

@@ -104,3 +104,4 @@ class KeyspaceInfo(msgspec.Struct, frozen=True):
     num_partitions: int
     uuid: str = ""
     created_cas: int = 0
+    max_ttl: int = 0  # seconds: the keyspace's default and largest document expiry (0: none)

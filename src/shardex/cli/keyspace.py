@@ -56,11 +56,19 @@ def create(
             "or more data nodes, else 0).",
         ),
     ] = None,
+    max_ttl: Annotated[
+        int,
+        typer.Option(
+            "--max-ttl",
+            help="Seconds: the expiry of a document written without one, and the longest "
+            "any may ask (0: none).",
+        ),
+    ] = 0,
 ) -> None:
     """Create a keyspace; its partitions are placed evenly over the data nodes, their
     replica copies on other nodes (and other server groups, where nodes have one)."""
     with local_client(cluster_dir) as client:
-        ks = client.create_keyspace(name, partitions, num_replicas=replicas)
+        ks = client.create_keyspace(name, partitions, num_replicas=replicas, max_ttl=max_ttl)
     out.print(describe_created(ks))
     for warning in ks.warnings:
         err.print(f"[yellow]warning:[/] {warning}")
@@ -73,6 +81,8 @@ def describe_created(ks: KeyspaceDescription) -> str:
     line = f"created keyspace [bold]{ks.name}[/]: {ks.num_partitions} partitions ({per})"
     if ks.num_replicas:
         line += f", {replicas_cell(ks)} replica(s) per partition"
+    if ks.max_ttl:
+        line += f", max_ttl {ks.max_ttl} s"
     return line
 
 

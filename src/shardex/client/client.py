@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import shardex.client.users as user_ops
 from shardex.api.data import HighSeqnos, HighSeqnosReply, KeyspaceStats, KeyspaceStatsReply
+from shardex.api.expiry import check_max_ttl
 from shardex.api.keyspaces import (
     CreateKeyspace,
     DropKeyspace,
@@ -209,12 +210,15 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
         name: str,
         num_partitions: int = DEFAULT_NUM_PARTITIONS,
         num_replicas: int | None = None,
+        *,
+        max_ttl: int = 0,
     ) -> KeyspaceDescription:
         """Create a keyspace with ``num_partitions`` partitions placed over the data nodes,
         each with ``num_replicas`` replica copies (0-3) on other nodes (None: 1 when two or
         more data nodes are up, else 0); returns once every node of the chains has opened
         its copies. KEYSPACE_EXISTS if it exists. What the placement could not honour (too
-        few nodes or server groups) is in the result's ``warnings``."""
+        few nodes or server groups) is in the result's ``warnings``. ``max_ttl``: seconds,
+        the expiry of a document written without one and the most any may ask (0: none)."""
         check_keyspace_name(name)
         check_num_partitions(num_partitions)
         if num_replicas is not None:
@@ -224,6 +228,7 @@ class Client(RebalanceOps, IndexOps, FailoverOps):
             num_partitions=num_partitions,
             num_replicas=num_replicas,
             request_id=_request_id(),
+            max_ttl=check_max_ttl(max_ttl),
         )
         # Retried on another node with the same request id: the coordinator deduplicates.
         reply = self.rpc.call(msg, KeyspaceCreated, idempotent=True)

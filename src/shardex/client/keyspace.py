@@ -11,23 +11,28 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import datetime
 import itertools
+import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
 
 from shardex.api.data import (
     Delete,
     Get,
+    GetAndTouch,
     GetReply,
     Insert,
     MutationReply,
     OpItem,
     Replace,
+    Touch,
     Upsert,
 )
 from shardex.api.errors import BadRequest
+from shardex.api.expiry import wire_expiry
 from shardex.api.records import MutationResult
 from shardex.api.validation import (
     DEFAULT_MAX_DOC_BYTES,
@@ -45,6 +50,12 @@ from shardex.meta.partitioning import partition_of
 if TYPE_CHECKING:
     from shardex.client.direct_kv import DirectKV
     from shardex.client.rpc_session import RpcSession
+
+# A write's ``expiry=``: seconds (relative up to 30 days, else absolute epoch seconds), a
+# duration, an absolute time, or None (``api/expiry.py``).
+Expiry = int | float | datetime.timedelta | datetime.datetime | None
+
+R = TypeVar("R", MutationReply, GetReply)
 
 DEFAULT_CHUNK = 1000
 DEFAULT_WINDOW = 4  # chunks in flight per upsert_many
@@ -77,17 +88,19 @@ class Keyspace:
         return docid, encode_document(doc, self.max_doc_bytes, docid)
 
     def _mutate(self, docid: str, msg: Any) -> MutationResult:
+        return self._write(docid, msg, MutationReply).result
+
+    def _write(self, docid: str, msg: Any, expect: type[R]) -> R:
+        """A write to the document's owner (never resent once its outcome is unknown),
+        waited for as long as its durability timeout needs."""
         timeout = self._rpc.router.write_timeout(msg.durability_timeout)
         direct = self._direct
         if direct is not None:
-            return direct.to_owner(
-                self.name, docid, msg, MutationReply, idempotent=False, timeout=timeout
-            ).result
+            return direct.to_owner(self.name, docid, msg, expect, idempotent=False, timeout=timeout)
         router = self._rpc.router
-        reply = self._rpc.run(
-            router.to_owner(self.name, docid, msg, MutationReply, idempotent=False, timeout=timeout)
+        return self._rpc.run(
+            router.to_owner(self.name, docid, msg, expect, idempotent=False, timeout=timeout)
         )
-        return reply.result
 
     def insert(
         self,
@@ -96,10 +109,15 @@ class Keyspace:
         *,
         durability: str = "persist",
         durability_timeout: float | None = None,
+        expiry: Expiry = None,
     ) -> MutationResult:
         """Create ``docid``; DOC_EXISTS if it exists. Returns (partition, seqno, uuid, cas).
         ``durability_timeout``: seconds a majority level waits for the copies before
-        DURABILITY_AMBIGUOUS (None: the node's default, 5 s; at most 65.535)."""
+        DURABILITY_AMBIGUOUS (None: the node's default, 5 s; at most 65.535).
+        ``expiry``: when the document expires: seconds from now (up to 30 days; a larger
+        int is absolute epoch seconds, as Couchbase's), a ``timedelta``, or a ``datetime``;
+        None: never, or the keyspace's ``max_ttl`` (which also caps a longer one). A write
+        without ``expiry`` clears the document's earlier one, as every write below."""
         docid, body = self._encode(docid, doc)
         check_durability(durability)
         msg = Insert(
@@ -108,6 +126,7 @@ class Keyspace:
             doc=body,
             durability=durability,
             durability_timeout=check_durability_timeout(durability_timeout),
+            expiry=wire_expiry(expiry, time.time()),
         )
         return self._mutate(docid, msg)
 
@@ -119,9 +138,10 @@ class Keyspace:
         *,
         durability: str = "persist",
         durability_timeout: float | None = None,
+        expiry: Expiry = None,
     ) -> MutationResult:
         """Create or overwrite; with ``cas`` the document must exist with that CAS.
-        ``durability_timeout``: as ``insert``'s."""
+        ``durability_timeout``, ``expiry``: as ``insert``'s."""
         docid, body = self._encode(docid, doc)
         check_durability(durability)
         msg = Upsert(
@@ -131,6 +151,7 @@ class Keyspace:
             cas=check_cas(cas),
             durability=durability,
             durability_timeout=check_durability_timeout(durability_timeout),
+            expiry=wire_expiry(expiry, time.time()),
         )
         return self._mutate(docid, msg)
 
@@ -142,9 +163,11 @@ class Keyspace:
         *,
         durability: str = "persist",
         durability_timeout: float | None = None,
+        expiry: Expiry = None,
     ) -> MutationResult:
         """Overwrite an existing document: DOC_NOT_FOUND if absent, CAS_MISMATCH if ``cas``
-        is given and the document has changed since. ``durability_timeout``: as ``insert``'s."""
+        is given and the document has changed since. ``durability_timeout``, ``expiry``:
+        as ``insert``'s."""
         docid, body = self._encode(docid, doc)
         check_durability(durability)
         msg = Replace(
@@ -154,6 +177,7 @@ class Keyspace:
             cas=check_cas(cas),
             durability=durability,
             durability_timeout=check_durability_timeout(durability_timeout),
+            expiry=wire_expiry(expiry, time.time()),
         )
         return self._mutate(docid, msg)
 
@@ -178,10 +202,64 @@ class Keyspace:
         )
         return self._mutate(docid, msg)
 
+    def touch(
+        self,
+        docid: str,
+        expiry: Expiry,
+        cas: int | None = None,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
+    ) -> MutationResult:
+        """Set the document's expiry (as ``insert``'s; None: never, or the keyspace's
+        ``max_ttl``), its body unchanged: a new version with its own seqno and CAS.
+        DOC_NOT_FOUND if absent or already expired; CAS_MISMATCH as ``replace``."""
+        docid = check_docid(docid)
+        check_durability(durability)
+        msg = Touch(
+            keyspace=self.name,
+            docid=docid,
+            expiry=wire_expiry(expiry, time.time()),
+            cas=check_cas(cas),
+            durability=durability,
+            durability_timeout=check_durability_timeout(durability_timeout),
+        )
+        return self._mutate(docid, msg)
+
+    def get_and_touch(
+        self,
+        docid: str,
+        expiry: Expiry,
+        *,
+        durability: str = "persist",
+        durability_timeout: float | None = None,
+    ) -> VersionedDocument:
+        """``touch``, then the document as it is after it, with its CAS and seqno."""
+        docid = check_docid(docid)
+        check_durability(durability)
+        msg = GetAndTouch(
+            keyspace=self.name,
+            docid=docid,
+            expiry=wire_expiry(expiry, time.time()),
+            durability=durability,
+            durability_timeout=check_durability_timeout(durability_timeout),
+        )
+        reply = self._write(docid, msg, GetReply)
+        return VersionedDocument(msgspec.json.decode(reply.body), reply.cas, reply.seqno)
+
+    def expiry_of(self, docid: str) -> int:
+        """The document's expiry as stored: absolute epoch seconds, 0 for never;
+        DOC_NOT_FOUND if absent, deleted or expired."""
+        return self._get_reply(check_docid(docid), None).expiry
+
     def get_versioned(self, docid: str, *, replica: str | None = None) -> VersionedDocument:
         """The document with its CAS and seqno; DOC_NOT_FOUND if absent or deleted.
         ``replica="any"``: the first answer from any copy (see ``get``)."""
         docid = check_docid(docid)
+        reply = self._get_reply(docid, replica)
+        return VersionedDocument(msgspec.json.decode(reply.body), reply.cas, reply.seqno)
+
+    def _get_reply(self, docid: str, replica: str | None) -> GetReply:
         router = self._rpc.router
         direct = self._direct
         if replica is None:
@@ -200,7 +278,7 @@ class Keyspace:
                 f"replica must be None or 'any', got {replica!r}",
                 details={"replica": repr(replica)},
             )
-        return VersionedDocument(msgspec.json.decode(reply.body), reply.cas, reply.seqno)
+        return reply
 
     def get(self, docid: str, *, replica: str | None = None) -> dict[str, Any]:
         """The document (a dict); raises ShardexError DOC_NOT_FOUND if absent or deleted.
@@ -226,21 +304,23 @@ class Keyspace:
         raise_errors: bool = True,
         on_chunk: Callable[[int, list[Result]], None] | None = None,
         window: int = DEFAULT_WINDOW,
+        expiry: Expiry = None,
     ) -> list[Result]:
         """Upsert ``(docid, doc)`` pairs (``doc`` a dict, or JSON text/bytes of an object)
         in chunks, grouped by owner node and sent in parallel. Returns results aligned with
         the input. Items fail individually; if any failed and ``raise_errors``, raises
         ``BulkWriteError`` (code PARTIAL_FAILURE) after writing all the others.
         ``on_chunk(first_index, results)`` reports progress as chunks complete, in order.
-        ``durability_timeout``: each item's, as ``insert``'s."""
+        ``durability_timeout``, ``expiry``: each item's, as ``insert``'s."""
         check_durability(durability)
         timeout = check_durability_timeout(durability_timeout)
+        wire = wire_expiry(expiry, time.time())
         if chunk_size < 1 or window < 1:
             raise ValueError("chunk_size and window must be positive")
         rpc = self._rpc
         writer = BulkWriter(rpc.router, self.name, durability, timeout)
         if isinstance(items, list | tuple) and len(items) <= chunk_size:
-            return self._upsert_one_chunk(writer, items, raise_errors, on_chunk)
+            return self._upsert_one_chunk(writer, items, raise_errors, on_chunk, wire)
         rpc.run(writer.start())
         results: list[Result | None] = []
         docids: list[str] = []
@@ -260,7 +340,7 @@ class Keyspace:
             it = iter(items)
             while chunk := list(itertools.islice(it, chunk_size)):
                 start = len(results)
-                local, ops = self._encode_chunk(chunk, start, docids)
+                local, ops = self._encode_chunk(chunk, start, docids, wire)
                 results.extend([None] * len(chunk))
                 fut = asyncio.run_coroutine_threadsafe(writer.write_chunk(ops), rpc.loop)
                 inflight.append((start, len(chunk), local, fut))
@@ -278,7 +358,7 @@ class Keyspace:
         return out
 
     def _encode_chunk(
-        self, chunk: list[Any] | tuple[Any, ...], start: int, docids: list[str]
+        self, chunk: list[Any] | tuple[Any, ...], start: int, docids: list[str], expiry: int
     ) -> tuple[dict[int, Result], list[tuple[int, OpItem]]]:
         """Validate and encode ``chunk`` (items ``start``...): the items that failed with
         their errors, and the ``(index, OpItem)`` pairs to send."""
@@ -289,7 +369,7 @@ class Keyspace:
             try:
                 docid, doc = _pair(item)
                 d, body = self._encode(docid, doc)
-                ops.append((i, OpItem("upsert", d, body)))
+                ops.append((i, OpItem("upsert", d, body, None, expiry)))
             except ShardexError as exc:
                 local[i] = exc
             docids.append(docid if isinstance(docid, str) else repr(docid)[:60])
@@ -301,11 +381,12 @@ class Keyspace:
         items: list[Any] | tuple[Any, ...],
         raise_errors: bool,
         on_chunk: Callable[[int, list[Result]], None] | None,
+        expiry: int,
     ) -> list[Result]:
         """``upsert_many`` of an input that fits one chunk: one hop to the client's loop
         (``BulkWriter.write_only_chunk``) instead of start + write + close."""
         docids: list[str] = []
-        local, ops = self._encode_chunk(items, 0, docids)
+        local, ops = self._encode_chunk(items, 0, docids, expiry)
         # Even with nothing valid to send: an unknown keyspace raises, as with many chunks.
         remote = self._rpc.run(writer.write_only_chunk(ops))
         out = [local[i] if i in local else remote[i] for i in range(len(items))]

@@ -131,6 +131,7 @@ class KeyspaceDescription:
     replicas: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     # what the replica placement could not honour (create only: too few nodes or groups)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    max_ttl: int = 0  # seconds: documents' default and largest expiry (0: none)
 
     def partitions_of(self, node: str) -> list[int]:
         return sorted(p for p, n in self.assignment.items() if n == node)
@@ -158,6 +159,7 @@ def describe(
         topology_seq=None if topology is None else topology.seq_num,
         assignment={} if topology is None else dict(sorted(topology.assignment.items())),
         num_replicas=meta.num_replicas,
+        max_ttl=meta.max_ttl,
         replicas={}
         if topology is None
         else {p: list(r) for p, r in sorted(topology.replicas.items())},

@@ -8,7 +8,7 @@ applies the checked ops under its lock (``partition.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any, NamedTuple
 from zlib import crc32
@@ -16,6 +16,7 @@ from zlib import crc32
 import msgspec
 
 from shardex.api.errors import BadRequest, DocNotFound
+from shardex.api.expiry import check_wire_expiry, resolve_expiry
 from shardex.api.records import STATE_ACTIVE, MutationResult
 from shardex.api.validation import (
     MAX_DOCID_BYTES,
@@ -35,7 +36,10 @@ from shardex.meta.partitioning import partition_of
 
 BATCH_MAX_OPS = 5_000  # ops per atomic batch in *_many: bounds lock hold time and memory
 BATCH_MAX_BYTES = 8 * 1024 * 1024
-_KINDS = frozenset(("insert", "upsert", "replace", "delete"))
+_KINDS = frozenset(("insert", "upsert", "replace", "delete", "touch"))
+# Called with (keyspace, partition, docid, cas) when a read finds a document expired: the
+# service's expiry pager deletes it soon (a read never writes).
+OnExpired = Callable[[str, int, str, int], None]
 
 
 class GetResult(NamedTuple):
@@ -48,6 +52,7 @@ class RawGetResult(NamedTuple):
     body: bytes  # the stored JSON text, for callers that forward it without decoding
     cas: int
     seqno: int
+    expiry: int = 0  # absolute epoch seconds, 0 for never
 
 
 class DocumentOps:
@@ -63,12 +68,20 @@ class DocumentOps:
     def __init__(self, local: LocalPartitions, *, max_doc_bytes: int) -> None:
         self._local = local
         self.max_doc_bytes = max_doc_bytes
+        self.on_expired: OnExpired = _ignore_expired
 
     def insert(
-        self, keyspace: str, docid: str, doc: object, *, durability: Durability = "persist"
+        self,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        *,
+        durability: Durability = "persist",
+        expiry: int = 0,
     ) -> MutationResult:
-        """Create ``docid``; DOC_EXISTS if it exists (a tombstone does not count)."""
-        return self._mutate("insert", keyspace, docid, doc, None, durability)
+        """Create ``docid``; DOC_EXISTS if it exists (a tombstone or an expired document
+        does not count). ``expiry``: wire form (``api/expiry.py``), as every write's."""
+        return self._mutate("insert", keyspace, docid, doc, None, durability, expiry)
 
     def upsert(
         self,
@@ -78,9 +91,10 @@ class DocumentOps:
         *,
         cas: int | None = None,
         durability: Durability = "persist",
+        expiry: int = 0,
     ) -> MutationResult:
         """Create or overwrite. With ``cas`` it behaves as ``replace`` (must exist, match)."""
-        return self._mutate("upsert", keyspace, docid, doc, cas, durability)
+        return self._mutate("upsert", keyspace, docid, doc, cas, durability, expiry)
 
     def replace(
         self,
@@ -90,10 +104,11 @@ class DocumentOps:
         *,
         cas: int | None = None,
         durability: Durability = "persist",
+        expiry: int = 0,
     ) -> MutationResult:
         """Overwrite an existing document; DOC_NOT_FOUND if absent, CAS_MISMATCH if ``cas``
         is given and differs from the document's."""
-        return self._mutate("replace", keyspace, docid, doc, cas, durability)
+        return self._mutate("replace", keyspace, docid, doc, cas, durability, expiry)
 
     def delete(
         self,
@@ -106,20 +121,43 @@ class DocumentOps:
         """Replace the document by a tombstone (kept, with its seqno, until purged)."""
         return self._mutate("delete", keyspace, docid, None, cas, durability)
 
+    def touch(
+        self,
+        keyspace: str,
+        docid: str,
+        expiry: int,
+        *,
+        cas: int | None = None,
+        durability: Durability = "persist",
+    ) -> MutationResult:
+        """Set an existing document's expiry (wire form, ``api/expiry.py``) without changing
+        its body: a new version (seqno, CAS); DOC_NOT_FOUND if absent or expired."""
+        return self._mutate("touch", keyspace, docid, None, cas, durability, expiry)
+
     def _prepare(self, kind: str, docid: object, doc: object, cas: object) -> PreparedOp:
         docid = check_docid(docid)
         cas = check_cas(cas)
         if kind == "insert" and cas is not None:
             raise BadRequest("insert takes no cas", details={"docid": docid})
-        body = b"" if kind == "delete" else encode_document(doc, self.max_doc_bytes, docid)
+        bodiless = kind == "delete" or kind == "touch"
+        body = b"" if bodiless else encode_document(doc, self.max_doc_bytes, docid)
         return PreparedOp(kind, docid, body, cas)
 
     def _mutate(
-        self, kind: str, keyspace: str, docid: object, doc: object, cas: object, durability: str
+        self,
+        kind: str,
+        keyspace: str,
+        docid: object,
+        doc: object,
+        cas: object,
+        durability: str,
+        expiry: int = 0,
     ) -> MutationResult:
         sync = check_durability(durability)
         ks = self._local.keyspace(keyspace)
         op = self._prepare(kind, docid, doc, cas)
+        if expiry or ks.max_ttl:
+            _set_expiry(op, expiry, ks.max_ttl, self._local.clock_ns() / 1e9)
         part = self._local.held(keyspace, partition_of(op.docid, ks.num_partitions))
         result = part.apply([op], sync=sync)[0]
         if isinstance(result, ShardexError):
@@ -144,13 +182,16 @@ class DocumentOps:
     def mutate_many(
         self,
         keyspace: str,
-        ops: Iterable[tuple[str, str, object, int | None]],
+        ops: Iterable[tuple[Any, ...]],
         *,
         durability: Durability = "persist",
         inline: bool = False,
     ) -> list[MutationResult | ShardexError]:
-        """Batched ``(kind, docid, doc, cas)`` mutations, kind in insert/upsert/replace/delete.
-        Within a partition they apply in input order.
+        """Batched ``(kind, docid, doc, cas)`` or ``(kind, docid, doc, cas, expiry)``
+        mutations, kind in insert/upsert/replace/delete/touch (a touch has no doc). Within a
+        partition they apply in input order. ``expiry`` is the wire form (``api/expiry.py``),
+        resolved here against the node's clock and the keyspace's ``max_ttl``; a write
+        without one gets the keyspace's default (none, or ``max_ttl``).
 
         Every write of the node passes here (group commit, ``GroupCommitter``), so the per-op
         checks are inlined for the usual op (a str docid that encodes within the limit, no
@@ -164,6 +205,8 @@ class DocumentOps:
         sync = check_durability(durability)
         ks = self._local.keyspace(keyspace)
         nparts = ks.num_partitions
+        max_ttl = ks.max_ttl
+        now_s = 0.0  # the node's clock, read at the first op with an expiry
         max_bytes = self.max_doc_bytes
         results: list[MutationResult | ShardexError | None] = []
         # The chunk being filled: per partition, its ops and their places in ``results``, in
@@ -171,18 +214,26 @@ class DocumentOps:
         chunk: dict[int, tuple[list[int], list[PreparedOp]]] = {}
         chunks = [chunk]
         n = size = 0
-        for i, (kind, docid, doc, cas) in enumerate(ops):
+        for i, item in enumerate(ops):
             results.append(None)
+            if len(item) == 4:
+                kind, docid, doc, cas = item
+                expiry = 0
+            else:
+                kind, docid, doc, cas, expiry = item
             try:
                 if kind not in _KINDS:
                     raise BadRequest(f"unknown mutation {kind!r}", details={"kind": repr(kind)})
                 raw = _docid_bytes(docid) if cas is None else None
-                if raw is None:
+                if raw is None or kind == "touch":
                     op = self._prepare(kind, docid, doc, cas)
                     raw = op.docid.encode("utf-8")
                 else:
                     body = b"" if kind == "delete" else encode_document(doc, max_bytes, docid)
                     op = PreparedOp(kind, docid, body, None)
+                if expiry or max_ttl:
+                    now_s = now_s or self._local.clock_ns() / 1e9  # once per call
+                    _set_expiry(op, expiry, max_ttl, now_s)
             except ShardexError as exc:
                 results[i] = exc
                 continue
@@ -308,15 +359,21 @@ class DocumentOps:
         return GetResult(msgspec.json.decode(raw.body), raw.cas, raw.seqno)
 
     def get_raw(self, keyspace: str, docid: str) -> RawGetResult:
+        """The stored version; DOC_NOT_FOUND when absent, deleted or expired (an expired
+        one is handed to ``on_expired``, which deletes it: a read never writes)."""
         docid = check_docid(docid)
         ks = self._local.keyspace(keyspace)
         p = partition_of(docid, ks.num_partitions)
         rec = self._local.serving(keyspace, p).read_doc(docid)
+        expiry = 0 if rec is None or rec.deleted else rec.expiry
+        if expiry and expiry * 1_000_000_000 <= self._local.clock_ns():
+            self.on_expired(keyspace, p, docid, rec.cas)  # type: ignore[union-attr]
+            rec = None
         if rec is None or rec.deleted:
             raise DocNotFound(
                 f"document {docid!r} not found", details={"docid": docid, "partition": p}
             )
-        return RawGetResult(rec.body, rec.cas, rec.seqno)
+        return RawGetResult(rec.body, rec.cas, rec.seqno, rec.expiry)
 
     def high_seqnos(self, keyspace: str) -> Timestamp:
         """(high seqno, uuid) of every partition of ``keyspace`` this node serves."""
@@ -347,6 +404,18 @@ class DocumentOps:
                 if meta.state == STATE_ACTIVE:
                     entries[p] = (meta.high_seqno, meta.failover_log[0].uuid)
         return entries
+
+
+def _set_expiry(op: PreparedOp, expiry: object, max_ttl: int, now_s: float) -> None:
+    """``op``'s expiry to store, from the write's wire ``expiry`` and the keyspace's
+    ``max_ttl`` at ``now_s`` (a delete stores none)."""
+    if op.kind != "delete":
+        op.expiry = resolve_expiry(check_wire_expiry(expiry), now_s, max_ttl)
+
+
+def _ignore_expired(keyspace: str, partition: int, docid: str, cas: int) -> None:
+    """``on_expired`` of an engine outside a data service: nothing deletes on access (the
+    document is still never returned)."""
 
 
 _cf_name = itemgetter(0)  # the lock order of ``_apply_chunk``'s partitions

@@ -22,7 +22,11 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+import msgspec
+
+import shardex.data.expiry as expiry_ops
 import shardex.data.migration as migration
 import shardex.data.streams as streams
 from shardex.api.errors import BadRequest, KeyspaceExists
@@ -43,7 +47,7 @@ from shardex.api.validation import (
     check_seqno,
 )
 from shardex.core.timestamp import Timestamp
-from shardex.data.documents import DocumentOps, GetResult, RawGetResult
+from shardex.data.documents import DocumentOps, GetResult, OnExpired, RawGetResult
 from shardex.data.handover import HandoverListener, HandoverOps, IncomingCopy
 from shardex.data.partitions import LocalPartitions
 from shardex.data.records import (
@@ -184,15 +188,24 @@ class DataEngine:
         exist_ok: bool = False,
         uuid: str = "",
         created_cas: int = 0,
+        max_ttl: int | None = None,
     ) -> KeyspaceInfo:
         """Record a keyspace locally (no partitions yet: the node is told which it owns).
-        ``exist_ok`` makes it idempotent when the partition count and ``uuid`` match."""
+        ``exist_ok`` makes it idempotent when the partition count and ``uuid`` match (and
+        takes the ``max_ttl`` given, the cluster's value; None keeps the one recorded, 0
+        for a new keyspace: a migration's target does not know it)."""
         check_keyspace_name(name)
         check_num_partitions(num_partitions)
         with self._lock:
             old = self._keyspaces.get(name)
             if old is not None:
                 if exist_ok and old.num_partitions == num_partitions and old.uuid == uuid:
+                    if max_ttl is not None and old.max_ttl != max_ttl:
+                        old = msgspec.structs.replace(old, max_ttl=max_ttl)
+                        self._store.column_family().put(
+                            _KS_PREFIX + name.encode(), encode(old), sync=True
+                        )
+                        self._keyspaces[name] = old
                     return old
                 raise KeyspaceExists(
                     f"keyspace {name!r} already exists with {old.num_partitions} partitions",
@@ -202,7 +215,7 @@ class DataEngine:
                         "uuid": old.uuid,
                     },
                 )
-            ks = KeyspaceInfo(name, num_partitions, uuid, created_cas)
+            ks = KeyspaceInfo(name, num_partitions, uuid, created_cas, max_ttl or 0)
             self._store.column_family().put(_KS_PREFIX + name.encode(), encode(ks), sync=True)
             self._keyspaces[name] = ks
             return ks
@@ -370,10 +383,16 @@ class DataEngine:
 
     # documents (``documents.DocumentOps``) ------------------------------------------------
     def insert(
-        self, keyspace: str, docid: str, doc: object, *, durability: Durability = "persist"
+        self,
+        keyspace: str,
+        docid: str,
+        doc: object,
+        *,
+        durability: Durability = "persist",
+        expiry: int = 0,
     ) -> MutationResult:
         """``DocumentOps.insert``."""
-        return self._documents.insert(keyspace, docid, doc, durability=durability)
+        return self._documents.insert(keyspace, docid, doc, durability=durability, expiry=expiry)
 
     def upsert(
         self,
@@ -383,9 +402,12 @@ class DataEngine:
         *,
         cas: int | None = None,
         durability: Durability = "persist",
+        expiry: int = 0,
     ) -> MutationResult:
         """``DocumentOps.upsert``."""
-        return self._documents.upsert(keyspace, docid, doc, cas=cas, durability=durability)
+        return self._documents.upsert(
+            keyspace, docid, doc, cas=cas, durability=durability, expiry=expiry
+        )
 
     def replace(
         self,
@@ -395,9 +417,12 @@ class DataEngine:
         *,
         cas: int | None = None,
         durability: Durability = "persist",
+        expiry: int = 0,
     ) -> MutationResult:
         """``DocumentOps.replace``."""
-        return self._documents.replace(keyspace, docid, doc, cas=cas, durability=durability)
+        return self._documents.replace(
+            keyspace, docid, doc, cas=cas, durability=durability, expiry=expiry
+        )
 
     def delete(
         self,
@@ -423,13 +448,46 @@ class DataEngine:
     def mutate_many(
         self,
         keyspace: str,
-        ops: Iterable[tuple[str, str, object, int | None]],
+        ops: Iterable[tuple[Any, ...]],
         *,
         durability: Durability = "persist",
         inline: bool = False,
     ) -> list[MutationResult | ShardexError]:
         """``DocumentOps.mutate_many``."""
         return self._documents.mutate_many(keyspace, ops, durability=durability, inline=inline)
+
+    def touch(
+        self,
+        keyspace: str,
+        docid: str,
+        expiry: int,
+        *,
+        cas: int | None = None,
+        durability: Durability = "persist",
+    ) -> MutationResult:
+        """``DocumentOps.touch``."""
+        return self._documents.touch(keyspace, docid, expiry, cas=cas, durability=durability)
+
+    # expiry (``expiry.py``; the service's pager calls these on active copies) -------------
+    def set_on_expired(self, hook: OnExpired) -> None:
+        """``hook(keyspace, partition, docid, cas)`` is told of each expired document a read
+        finds (the pager deletes it)."""
+        self._documents.on_expired = hook
+
+    def active_partitions(self) -> list[tuple[str, int]]:
+        """(keyspace, partition) of every active copy here, sorted."""
+        return sorted(k for k, p in list(self._parts.items()) if p.meta.state == STATE_ACTIVE)
+
+    def find_expired(
+        self, keyspace: str, partition: int, after: bytes | None, limit: int
+    ) -> tuple[list[tuple[str, int]], bytes | None, int]:
+        """``expiry.find_expired`` on an active copy, at the engine's clock."""
+        part = self._local.serving(keyspace, partition)
+        return expiry_ops.find_expired(part, after, limit, self._clock_ns())
+
+    def expire(self, keyspace: str, partition: int, items: list[tuple[str, int]]) -> int:
+        """``expiry.expire`` (synced) on an active copy; NOT_MY_PARTITION once it is not."""
+        return expiry_ops.expire(self._local.held(keyspace, partition), items, sync=True)
 
     def get(self, keyspace: str, docid: str) -> GetResult:
         """``DocumentOps.get``."""

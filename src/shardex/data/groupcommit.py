@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 MAX_GROUP_OPS = 1000  # ops per flush (a larger batch goes alone): bounds lock hold time
 INLINE_OPS = 32  # a group up to this size at an unsynced level is written on the loop
 
-OpTuple = tuple[str, str, object, int | None]  # (kind, docid, doc, cas)
+# (kind, docid, doc, cas) or (kind, docid, doc, cas, expiry): ``DocumentOps.mutate_many``'s
+OpTuple = tuple[str, str, object, int | None] | tuple[str, str, object, int | None, int]
 RunInExecutor = Callable[..., Awaitable[Any]]
 Outcome = MutationResult | ShardexError
 

@@ -24,6 +24,7 @@ from msgspec.structs import replace as replace_struct
 
 from shardex.api.data import ChangeTuple
 from shardex.api.errors import CasMismatch, DocExists, DocNotFound, not_my_partition
+from shardex.api.expiry import FLAG_EXPIRED
 from shardex.api.records import (
     MAX_FAILOVER_ENTRIES,
     OP_DELETE,
@@ -62,13 +63,17 @@ Recent = tuple[ChangeTuple, bool]  # a change kept, and whether its document was
 
 
 class PreparedOp(msgspec.Struct, gc=False):
-    """A validated mutation: ``kind`` is insert / upsert / replace / delete. A Struct, not a
-    dataclass: built once per write, and a Struct's constructor runs no Python."""
+    """A validated mutation: ``kind`` is insert / upsert / replace / delete / touch (the
+    current body again, with a new ``expiry``) / expire (the expiry pager's deletion of an
+    expired document whose CAS is still ``cas``). ``expiry``: the resolved absolute expiry
+    to store (epoch seconds, 0 for never). A Struct, not a dataclass: built once per write,
+    and a Struct's constructor runs no Python."""
 
     kind: str
     docid: str
     body: bytes
     cas: int | None
+    expiry: int = 0
 
 
 @dataclass(slots=True)
@@ -264,8 +269,9 @@ class Partition:
         put = batch.rocks_put
         handle = cf.handle
         time_ns = self.clock_ns
-        # Docids written earlier in this call: (live, cas) of the version just staged.
-        seen: dict[str, tuple[bool, int]] = {}
+        # Docids written earlier in this call: (live, cas, body, expiry) of the version just
+        # staged.
+        seen: dict[str, tuple[bool, int, bytes, int]] = {}
         results: list[MutationResult | ShardexError] = []
         recent: list[Recent] | None = [] if self.keep_recent else None
         # Keys built inline: ``doc_key(docid)``, ``change_key(high)``.
@@ -274,17 +280,23 @@ class Partition:
             key = PREFIX_DOC + docid.encode("utf-8")
             got = seen.get(docid)
             if got is not None:
-                live_before, cur_cas = got
+                live_before, cur_cas, cur_body, cur_expiry = got
             else:
                 raw = get(key)
                 if raw is None:
-                    live_before, cur_cas = False, 0
+                    live_before, cur_cas, cur_body, cur_expiry = False, 0, b"", 0
                 else:
                     cur = decode_doc(raw)
                     live_before, cur_cas = not cur.deleted, cur.cas
+                    cur_body, cur_expiry = cur.body, cur.expiry
             kind = op.kind
+            # An expired document not yet deleted is stored live (``doc_count``) but absent
+            # to every check: an insert creates it anew, a replace or touch finds nothing.
+            visible = live_before
+            if cur_expiry and live_before and cur_expiry * 1_000_000_000 <= time_ns():
+                visible = False
             if kind != "upsert" or op.cas is not None:
-                err = self._check(op, live_before, cur_cas)
+                err = self._check(op, visible, cur_cas, live_before and cur_expiry)
                 if err is not None:
                     results.append(err)
                     continue
@@ -295,16 +307,22 @@ class Partition:
                 cas = now
             max_cas = cas
             body = op.body
-            live = kind != "delete"  # a delete stores a tombstone
-            put(key, encode((cas, high, not live, body, 0, 0)), handle)
+            expiry = op.expiry
+            flags = 0
+            if kind == "touch":
+                body = cur_body
+            elif kind == "expire":
+                flags = FLAG_EXPIRED
+            live = kind != "delete" and kind != "expire"  # a delete stores a tombstone
+            put(key, encode((cas, high, not live, body, flags, expiry)), handle)
             change = PREFIX_CHANGE + high.to_bytes(8, "big")
             op_name = OP_UPSERT if live else OP_DELETE
-            put(change, encode((docid, op_name, cas, body, 0, 0)), handle)
+            put(change, encode((docid, op_name, cas, body, flags, expiry)), handle)
             if recent is not None:
-                kept = (high, docid, op_name, cas, body if live else None, 0, 0)
+                kept = (high, docid, op_name, cas, body if live else None, flags, expiry)
                 recent.append((kept, live_before))
             doc_count += live - live_before
-            seen[docid] = (live, cas)
+            seen[docid] = (live, cas, body, expiry)
             results.append(MutationResult(number, high, uuid, cas))
         if high == start:
             return None, results
@@ -315,9 +333,17 @@ class Partition:
         self._staged = None if recent is None else (new, recent)
         return new, results
 
-    def _check(self, op: PreparedOp, live: bool, cur_cas: int) -> ShardexError | None:
-        """The op's error against the current version (``live``, with CAS ``cur_cas``)."""
+    def _check(self, op: PreparedOp, live: bool, cur_cas: int, expiry: int) -> ShardexError | None:
+        """The op's error against the current version (``live``: stored and not expired,
+        with CAS ``cur_cas``; ``expiry``: the stored version's, 0 when it has none or is a
+        tombstone)."""
         where = {"docid": op.docid, "partition": self.number}
+        if op.kind == "expire":
+            # Only the version the pager saw expired: a write since then (a new CAS) or an
+            # expiry extended by a touch keeps the document.
+            if live or not expiry or op.cas != cur_cas:
+                return DocNotFound(f"document {op.docid!r} is not expired", details=where)
+            return None
         if op.kind == "insert":
             if live:
                 return DocExists(f"document {op.docid!r} already exists", details=where)

@@ -69,7 +69,7 @@ class ReadPath:
                     raise gate.not_here(exc, msg.keyspace, msg.docid) from None
                 except ShardexError as exc:
                     raise gate.enrich(exc) from None
-                reply = GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno)
+                reply = GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno, expiry=raw.expiry)
         except BaseException:
             self.latencies.observe("get", time.perf_counter() - t0)
             self.failed["get"] = self.failed.get("get", 0) + 1
@@ -90,7 +90,7 @@ class ReadPath:
                 f"document {msg.docid!r} not found on {self.gate.name}'s copy",
                 details={"docid": msg.docid, "node": self.gate.name},
             )
-        return GetReply(body=got[0], cas=got[1], seqno=got[2])
+        return GetReply(body=got[0], cas=got[1], seqno=got[2], expiry=got[3])
 
     def on_get_many(
         self, msg: GetMany, conn: Connection
@@ -179,23 +179,32 @@ class ReadPath:
         bodies: list[bytes | None],
         cas: list[int],
         errs: list[tuple[int, ShardexError]],
+        expiries: list[int],
     ) -> GetManyReply:
         errors = [ItemError(i, WireError(*self.gate.enrich(e).to_wire())) for i, e in errs]
-        return GetManyReply(bodies=bodies, errors=errors, cas=cas if msg.with_cas else [])
+        return GetManyReply(
+            bodies=bodies,
+            errors=errors,
+            cas=cas if msg.with_cas else [],
+            expiries=expiries if msg.with_expiry else [],
+        )
 
     def _read_many(
         self, engine: DataEngine, keyspace: str, docids: list[str]
-    ) -> tuple[list[bytes | None], list[int], list[tuple[int, ShardexError]]]:
-        """Every docid's stored body (None when absent or deleted) and CAS (0 then) in one
-        pass over the engine; per-item errors (NOT_MY_PARTITION, a bad docid) beside them."""
+    ) -> tuple[list[bytes | None], list[int], list[tuple[int, ShardexError]], list[int]]:
+        """Every docid's stored body (None when absent, deleted or expired), CAS and expiry
+        (0 then) in one pass over the engine; per-item errors (NOT_MY_PARTITION, a bad
+        docid) beside them."""
         bodies: list[bytes | None] = []
         cas: list[int] = []
+        expiries: list[int] = []
         errors: list[tuple[int, ShardexError]] = []
         for i, docid in enumerate(docids):
             try:
                 raw = engine.get_raw(keyspace, docid)
                 bodies.append(raw.body)
                 cas.append(raw.cas)
+                expiries.append(raw.expiry)
                 continue
             except DocNotFound:
                 pass
@@ -208,4 +217,5 @@ class ReadPath:
                 errors.append((i, exc))
             bodies.append(None)
             cas.append(0)
-        return bodies, cas, errors
+            expiries.append(0)
+        return bodies, cas, errors, expiries

@@ -42,8 +42,10 @@ def open_partitions(
     num_partitions: int,
     partitions: list[int],
     replicas: Sequence[int] = (),
+    max_ttl: int | None = None,
 ) -> list[int]:
-    """Make ``keyspace`` (this incarnation) exist here with at least ``partitions`` (active,
+    """Make ``keyspace`` (this incarnation, with ``max_ttl``: None when the caller does not
+    know it, which keeps the recorded one) exist here with at least ``partitions`` (active,
     empty) and ``replicas`` (empty replica copies); returns the active partitions created
     now. Idempotent."""
     try:
@@ -66,7 +68,12 @@ def open_partitions(
         )
         engine.drop_keyspace(keyspace)
     engine.create_keyspace(
-        keyspace, num_partitions, exist_ok=True, uuid=uuid, created_cas=created_cas
+        keyspace,
+        num_partitions,
+        exist_ok=True,
+        uuid=uuid,
+        created_cas=created_cas,
+        max_ttl=max_ttl,
     )
     held = set(engine.partitions(keyspace))
     created = [p for p in partitions if p not in held]
@@ -115,8 +122,11 @@ def reconcile(engine: DataEngine, node: str, state: StateContext) -> None:
             continue  # the state we read predates our keyspace: a stale replica
         if topo is None or (same and topo.seq_num < engine.topology_floor(name)):
             continue  # a state older than a topology we already acted on
-        if not same:  # make this incarnation exist here (replacing an older one)
-            open_partitions(engine, name, meta.uuid, meta.created_cas, meta.num_partitions, [])
+        if not same or local.max_ttl != meta.max_ttl:  # type: ignore[union-attr]
+            # make this incarnation exist here (replacing an older one), with its max_ttl
+            open_partitions(
+                engine, name, meta.uuid, meta.created_cas, meta.num_partitions, [], (), meta.max_ttl
+            )
         held = set(engine.partitions(name))
         incoming = {p for ks, p in engine.incoming() if ks == name}
         fresh = [
@@ -125,7 +135,16 @@ def reconcile(engine: DataEngine, node: str, state: StateContext) -> None:
             if p not in held and p not in incoming and never_moved(history, p, node)
         ]
         if fresh and node not in state.failed_over:
-            open_partitions(engine, name, meta.uuid, meta.created_cas, meta.num_partitions, fresh)
+            open_partitions(
+                engine,
+                name,
+                meta.uuid,
+                meta.created_cas,
+                meta.num_partitions,
+                fresh,
+                (),
+                meta.max_ttl,
+            )
         _settle_incoming(engine, node, state, name, topo, moving)
         _drop_released(engine, node, name, topo, moving)
         if node not in state.failed_over:

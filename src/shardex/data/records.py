@@ -72,18 +72,23 @@ def new_uuid() -> int:
 
 class DocRecord(msgspec.Struct, array_like=True, frozen=True):
     """A document's current version. ``deleted`` marks a tombstone (body empty) kept with its
-    seqno until purged, so a deletion is visible to streams backfilled from documents."""
+    seqno until purged, so a deletion is visible to streams backfilled from documents.
+    ``expiry``: absolute epoch seconds after which the document is expired, 0 for never
+    (``api/expiry.py``); ``flags`` carries ``FLAG_EXPIRED`` on a tombstone made by expiry.
+    Both trail with defaults, so records written before them decode unchanged."""
 
     cas: int
     seqno: int
     deleted: bool
     body: bytes
     flags: int = 0
-    expiry: int = 0  # placeholder: no expiry is enforced yet
+    expiry: int = 0
 
 
 class ChangeRecord(msgspec.Struct, array_like=True, frozen=True):
-    """One mutation in the change log; a delete carries an empty body (tombstone)."""
+    """One mutation in the change log; a delete carries an empty body (tombstone). An
+    expiration is a delete with ``FLAG_EXPIRED`` in ``flags``; an upsert carries the
+    document's ``expiry`` (absolute epoch seconds, 0 for never), so copies keep it."""
 
     docid: str
     op: str

@@ -267,9 +267,10 @@ class ReplicaOps:
             raise not_my_partition(keyspace, partition, state)
         return part.cf.get_many([doc_key(d) for d in docids])
 
-    def get_raw(self, keyspace: str, docid: str) -> tuple[bytes, int, int] | None:
-        """A replica read: (body, cas, seqno) from whatever copy is here, active or replica
-        (None: absent or deleted). Possibly stale: a replica lags its active."""
+    def get_raw(self, keyspace: str, docid: str) -> tuple[bytes, int, int, int] | None:
+        """A replica read: (body, cas, seqno, expiry) from whatever copy is here, active or replica
+        (None: absent, deleted or expired at this node's clock). Possibly stale: a replica
+        lags its active."""
         ks = self._local.keyspace(keyspace)
         p = partition_of(docid, ks.num_partitions)
         part = self._local.held(keyspace, p)
@@ -279,7 +280,9 @@ class ReplicaOps:
         if raw is None:
             return None
         rec = decode_doc(raw)
-        return None if rec.deleted else (rec.body, rec.cas, rec.seqno)
+        if rec.deleted or (rec.expiry and rec.expiry * 1_000_000_000 <= self._local.clock_ns()):
+            return None
+        return rec.body, rec.cas, rec.seqno, rec.expiry
 
 
 def _number(part: Partition) -> int:

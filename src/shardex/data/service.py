@@ -10,10 +10,10 @@ dedicated thread pool (``io_threads``) and the event loop keeps serving heartbea
 streams meanwhile; with ``inline_io`` on the loop itself, as the simulator needs
 (``engine_io.py``). This module holds the service's lifecycle, its routes and placement; the
 handlers live beside it, one job each: writes through group commit (``writes.py``), point and
-batch reads (``reads.py``), high seqnos, history checks and stats gathered from the owners
-(``gather.py``), replication (``replication.py``), migration (``migration_source.py``,
-``migration_target.py``), change streams (``streaming.py``) and range reads
-(``range_reads.py``).
+batch reads (``reads.py``), deleting expired documents (``expiry_pager.py``), high seqnos,
+history checks and stats gathered from the owners (``gather.py``), replication
+(``replication.py``), migration (``migration_source.py``, ``migration_target.py``), change
+streams (``streaming.py``) and range reads (``range_reads.py``).
 
 Placement: the manager tells the owners to open a new keyspace's partitions
 (``OpenPartitions``) and to drop a dropped one's (``DropKeyspaceData``). Because a node may be
@@ -38,6 +38,7 @@ from shardex.api.data import (
     Delete,
     DropKeyspaceData,
     Get,
+    GetAndTouch,
     GetMany,
     GetManyReply,
     HighSeqnos,
@@ -49,10 +50,13 @@ from shardex.api.data import (
     ReadRanges,
     Replace,
     StreamCredit,
+    Touch,
     Upsert,
 )
 from shardex.data.engine import DataEngine
 from shardex.data.engine_io import EngineIO
+from shardex.data.expiry import DEFAULT_WALK_LIMIT
+from shardex.data.expiry_pager import DEFAULT_PAGER_INTERVAL, ExpiryPager
 from shardex.data.gather import OwnerGather
 from shardex.data.groupcommit import GroupCommitter
 from shardex.data.lease import ServingLease
@@ -98,6 +102,8 @@ class DataService:
         inline_io: bool = False,
         open_engine: Callable[[Path], DataEngine] | None = None,
         lease: Callable[[], bool] | None = None,
+        expiry_pager_interval: float = DEFAULT_PAGER_INTERVAL,
+        expiry_pager_batch: int = DEFAULT_WALK_LIMIT,
     ) -> None:
         self.path = Path(data_dir) / "data"
         # How the engine opens at ``path``: RocksDB in the data directory when None; the
@@ -151,6 +157,15 @@ class DataService:
         self.gather = OwnerGather(
             engine=lambda: self.engine, placement=self.placement, pool=self.pool, gate=self.gate
         )
+        # Deletes expired documents: those reads report, and a bounded walk per interval.
+        self.expiry = ExpiryPager(
+            engine=lambda: self.engine,
+            io=self.io,
+            replication=self.replication,
+            gate=self.gate,
+            interval=expiry_pager_interval,
+            walk_limit=expiry_pager_batch,
+        )
 
     @property
     def failed_over(self) -> bool:
@@ -171,6 +186,7 @@ class DataService:
     def install(self, server: RpcServer) -> None:
         routes: dict[type[Message], Callable[[Any, Connection], Awaitable[Message | None]]] = {
             Get: self.reads.on_get,
+            GetAndTouch: self.writes.on_get_and_touch,
             MutateMany: self.writes.on_mutate_many,
             KeyspaceStats: self.gather.on_stats,
             OpenPartitions: self._on_open_partitions,
@@ -200,12 +216,14 @@ class DataService:
         server.router.route_inline(Upsert, self.writes.on_upsert)
         server.router.route_inline(Replace, self.writes.on_replace)
         server.router.route_inline(Delete, self.writes.on_delete)
+        server.router.route_inline(Touch, self.writes.on_touch)
 
     async def start(self) -> None:
         """Open the engine (in a thread: opening RocksDB with many families takes a while)
         and start reconciling; call before the node accepts requests."""
         self.io.start()
         self._engine = await self.io.run(self._open)
+        self._engine.set_on_expired(self.expiry.on_expired)
         self.committer = GroupCommitter(self._engine.mutate_many, self.io.run_direct)
         self.streams = StreamServer(self._engine, self.io.run, self.gate.enrich)
         self.range_reads = RangeReadServer(
@@ -215,6 +233,7 @@ class DataService:
         self._tasks.append(loop.create_task(self._reconcile_loop(), name="data-reconcile"))
         self._tasks.append(loop.create_task(self.lease.watch(), name="data-lease"))
         self._tasks.append(loop.create_task(self._maintenance_loop(), name="data-maintenance"))
+        self._tasks.append(loop.create_task(self.expiry.run(), name="data-expiry-pager"))
         log.info("data service open at %s: %s", self.path, _summary(self._engine))
 
     async def stop(self) -> None:
@@ -272,6 +291,7 @@ class DataService:
                 msg.num_partitions,
                 msg.partitions,
                 msg.replicas,
+                msg.max_ttl,
             )
 
     async def _on_drop_keyspace(self, msg: DropKeyspaceData, conn: Connection) -> None:

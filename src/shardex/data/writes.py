@@ -21,12 +21,15 @@ from typing import Any
 
 from shardex.api.data import (
     Delete,
+    GetAndTouch,
+    GetReply,
     Insert,
     ItemError,
     MutateMany,
     MutateManyReply,
     MutationReply,
     Replace,
+    Touch,
     Upsert,
 )
 from shardex.api.errors import KeyspaceNotFound, WireError
@@ -38,7 +41,7 @@ from shardex.api.validation import (
     durability_level,
 )
 from shardex.data.engine import DataEngine
-from shardex.data.groupcommit import GroupCommitter
+from shardex.data.groupcommit import GroupCommitter, OpTuple
 from shardex.data.replication import Replication
 from shardex.data.serving import ServingGate
 from shardex.errors import NodeUnavailable, ShardexError
@@ -87,28 +90,25 @@ class WritePath:
         durability: str,
         timeout: float | None = None,
         t0: float | None = None,
+        expiry: int = 0,
     ) -> MutationReply:
-        """``t0``: the write's arrival (``perf_counter``), to time it; None: not timed."""
+        """``t0``: the write's arrival (``perf_counter``), to time it; None: not timed.
+        ``expiry``: the write's, in wire form (``api/expiry.py``)."""
+        op = (kind, docid, doc, cas, expiry)
         if t0 is None:
-            return await self._mutate(kind, keyspace, docid, doc, cas, durability, timeout)
+            return await self._mutate(keyspace, op, durability, timeout)
         failed = True
         try:
-            reply = await self._mutate(kind, keyspace, docid, doc, cas, durability, timeout)
+            reply = await self._mutate(keyspace, op, durability, timeout)
             failed = False
             return reply
         finally:
             self._observe(kind, _level_label(durability), t0, failed)
 
     async def _mutate(
-        self,
-        kind: str,
-        keyspace: str,
-        docid: str,
-        doc: object,
-        cas: int | None,
-        durability: str,
-        timeout: float | None,
+        self, keyspace: str, op: OpTuple, durability: str, timeout: float | None
     ) -> MutationReply:
+        docid = op[1]
         committer = self._running_committer()
         timeout = check_durability_timeout(timeout)
         await self.gate.wait(keyspace)
@@ -119,7 +119,7 @@ class WritePath:
                 self.replication.check_possible(
                     keyspace, self._engine().partition_for(keyspace, docid)
                 )
-            result = await committer.submit(keyspace, durability, (kind, docid, doc, cas))
+            result = await committer.submit(keyspace, durability, op)
             self.replication.wake(keyspace, result.partition)
             if majority:
                 await self.replication.wait_durable(keyspace, result, level, docid, timeout)
@@ -139,6 +139,7 @@ class WritePath:
         durability: str,
         timeout: float | None,
         t0: float,
+        expiry: int = 0,
     ) -> Awaitable[MutationReply]:
         """``mutate`` without a task: in the receive callback (``Router.route_inline``), a
         future then settled by callbacks. A node not yet reconciled, or without its lease,
@@ -149,14 +150,14 @@ class WritePath:
         if timeout is not None:  # not every client is ours: checked before anything
             timeout = check_durability_timeout(timeout)
         if committer is None or not gate.reconciled.is_set():
-            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout, t0)
+            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout, t0, expiry)
         try:
             gate.check()
         except ShardexError:
             self._observe(kind, _level_label(durability), t0, True)
             raise
         if gate.replicated(keyspace) and not gate.lease.check():
-            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout, t0)
+            return self.mutate(kind, keyspace, docid, doc, cas, durability, timeout, t0, expiry)
         level = durability_level(durability)
         try:
             if level in MAJORITY_LEVELS:
@@ -173,7 +174,7 @@ class WritePath:
         committer.submit_then(
             keyspace,
             durability,
-            (kind, docid, doc, cas),
+            (kind, docid, doc, cas, expiry),
             functools.partial(self._written, out, (kind, level, t0), keyspace, docid, timeout),
         )
         return out
@@ -233,23 +234,59 @@ class WritePath:
     # --- routes ------------------------------------------------------------------------------
 
     def on_insert(self, msg: Insert, conn: Connection) -> Awaitable[MutationReply]:
-        return self._single("insert", msg, msg.doc, None)
+        return self._single("insert", msg, msg.doc, None, msg.expiry)
 
     def on_upsert(self, msg: Upsert, conn: Connection) -> Awaitable[MutationReply]:
-        return self._single("upsert", msg, msg.doc, msg.cas)
+        return self._single("upsert", msg, msg.doc, msg.cas, msg.expiry)
 
     def on_replace(self, msg: Replace, conn: Connection) -> Awaitable[MutationReply]:
-        return self._single("replace", msg, msg.doc, msg.cas)
+        return self._single("replace", msg, msg.doc, msg.cas, msg.expiry)
 
     def on_delete(self, msg: Delete, conn: Connection) -> Awaitable[MutationReply]:
-        return self._single("delete", msg, None, msg.cas)
+        return self._single("delete", msg, None, msg.cas, 0)
+
+    def on_touch(self, msg: Touch, conn: Connection) -> Awaitable[MutationReply]:
+        return self._single("touch", msg, None, msg.cas, msg.expiry)
+
+    async def on_get_and_touch(self, msg: GetAndTouch, conn: Connection) -> GetReply:
+        """A touch, then the document read after it (a write between the two shows)."""
+        t0 = time.perf_counter()
+        await self.mutate(
+            "touch",
+            msg.keyspace,
+            msg.docid,
+            None,
+            None,
+            msg.durability,
+            msg.durability_timeout,
+            t0,
+            msg.expiry,
+        )
+        try:
+            raw = self._engine().get_raw(msg.keyspace, msg.docid)
+        except ShardexError as exc:
+            raise self.gate.enrich(exc) from None
+        return GetReply(body=raw.body, cas=raw.cas, seqno=raw.seqno, expiry=raw.expiry)
 
     def _single(
-        self, kind: str, msg: Insert | Upsert | Replace | Delete, doc: bytes | None, cas: int | None
+        self,
+        kind: str,
+        msg: Insert | Upsert | Replace | Delete | Touch,
+        doc: bytes | None,
+        cas: int | None,
+        expiry: int,
     ) -> Awaitable[MutationReply]:
         t0 = time.perf_counter()
         return self.mutate_now(
-            kind, msg.keyspace, msg.docid, doc, cas, msg.durability, msg.durability_timeout, t0
+            kind,
+            msg.keyspace,
+            msg.docid,
+            doc,
+            cas,
+            msg.durability,
+            msg.durability_timeout,
+            t0,
+            expiry,
         )
 
     async def on_mutate_many(self, msg: MutateMany, conn: Connection) -> MutateManyReply:
@@ -268,7 +305,7 @@ class WritePath:
         committer = self._running_committer()
         gate = self.gate
         await gate.wait(msg.keyspace)
-        ops = [(o.kind, o.docid, o.doc, o.cas) for o in msg.ops]
+        ops = [(o.kind, o.docid, o.doc, o.cas, o.expiry) for o in msg.ops]
         level = durability_level(msg.durability)
         timeout = check_durability_timeout(msg.durability_timeout)
         majority = level in MAJORITY_LEVELS

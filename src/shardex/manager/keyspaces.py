@@ -27,6 +27,7 @@ import msgspec
 
 from shardex.api.data import DropKeyspaceData, OpenPartitions
 from shardex.api.errors import KeyspaceExists, KeyspaceNotFound
+from shardex.api.expiry import check_max_ttl
 from shardex.api.keyspaces import (
     CreateKeyspace,
     DropKeyspace,
@@ -86,6 +87,7 @@ async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
     num_partitions = check_num_partitions(msg.num_partitions)
     if msg.num_replicas is not None:
         check_num_replicas(msg.num_replicas)
+    max_ttl = check_max_ttl(msg.max_ttl)
     state = ctx.state
     if name in state.keyspaces:
         old = state.keyspaces[name]
@@ -115,6 +117,7 @@ async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
         uuid=ctx.new_id(),  # seeded under the simulator, so runs replay
         created_cas=state.cas + 1,
         num_replicas=num_replicas,
+        max_ttl=max_ttl,
     )
     new_state = msgspec.structs.replace(
         state,
@@ -137,6 +140,7 @@ async def create_keyspace(msg: CreateKeyspace, ctx: Any) -> KeyspaceCreated:
             num_partitions=num_partitions,
             partitions=topology.partitions_of(m.name),
             replicas=topology.replicas_of(m.name),
+            max_ttl=max_ttl,
         )
         return await _tell(ctx, m, req)
 

@@ -49,6 +49,8 @@ class KeyspaceMeta(msgspec.Struct, frozen=True, kw_only=True):
     uuid: str  # unique per creation, so drop + recreate is distinguishable
     created_cas: int
     num_replicas: int = 0  # replica copies of each partition, on distinct nodes
+    # seconds: a write without expiry gets this one, a longer one is cut to it (0: none)
+    max_ttl: int = 0
 
 
 class StateContext(msgspec.Struct, frozen=True, kw_only=True):

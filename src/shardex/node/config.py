@@ -25,6 +25,8 @@ from shardex.manager.auto_failover import DEFAULT_MAX_COUNT, DEFAULT_TIMEOUT, MI
 from shardex.meta.node_defaults import (
     ALL_SERVICES,
     BIND_HOST,
+    DEFAULT_EXPIRY_PAGER_BATCH,
+    DEFAULT_EXPIRY_PAGER_INTERVAL,
     DEFAULT_FAILURE_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL,
     HTTP_PORT_OFFSET,
@@ -88,6 +90,8 @@ CONFIG_KEYS: frozenset[str] = frozenset(
         "sql_query_memory",
         "sql_node_memory",
         "sql_spill",
+        "expiry_pager_interval",
+        "expiry_pager_batch",
     }
 )
 TLS_MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -145,6 +149,10 @@ class NodeConfig:
     sql_query_memory: int = DEFAULT_QUERY_MEMORY
     sql_node_memory: int | None = None
     sql_spill: bool = True
+    # The expiry pager (``data/expiry_pager.py``): seconds between its walk's ticks, and the
+    # document records one tick reads at most.
+    expiry_pager_interval: float = DEFAULT_EXPIRY_PAGER_INTERVAL
+    expiry_pager_batch: int = DEFAULT_EXPIRY_PAGER_BATCH
 
     @property
     def address(self) -> str:
@@ -430,7 +438,22 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         "true or false: SQL sorts and aggregations past their memory budget spill to disk "
         "(false: the statement fails with QUERY_MEMORY_LIMIT)",
     )
+    pager_interval = _as_float(
+        "expiry_pager_interval",
+        values.get("expiry_pager_interval", DEFAULT_EXPIRY_PAGER_INTERVAL),
+        f"seconds between the expiry pager's walks (default {DEFAULT_EXPIRY_PAGER_INTERVAL:g})",
+    )
+    pager_batch = _as_int(
+        "expiry_pager_batch",
+        values.get("expiry_pager_batch", DEFAULT_EXPIRY_PAGER_BATCH),
+        1,
+        10_000_000,
+        "document records one expiry pager walk reads at most "
+        f"(default {DEFAULT_EXPIRY_PAGER_BATCH})",
+    )
     return NodeConfig(
+        expiry_pager_interval=pager_interval,
+        expiry_pager_batch=pager_batch,
         sql_query_memory=query_memory,
         sql_node_memory=node_memory,
         sql_spill=spill,

@@ -155,6 +155,12 @@ class NodeCollector(Collector):
             "op",
             ops,
         )
+        yield counts(
+            "shardex_expired_documents",
+            "Documents this node's expiry pager deleted (expirations), by how they were found",
+            "how",
+            sorted((how, float(n)) for how, n in data.expiry.expired_by.items()),
+        )
         yield histogram(
             "shardex_kv_write_duration_seconds",
             "Single-document write latency from arrival to answer (durable at its level), "

@@ -117,6 +117,7 @@ async def _serve(config: NodeConfig, member_id: str) -> int:
         sql_query_memory=config.sql_query_memory,
         sql_node_memory=config.sql_node_memory,
         sql_spill=config.sql_spill,
+        expiry_pager=(config.expiry_pager_interval, config.expiry_pager_batch),
         max_connections=config.max_connections,
         bootstrap_admin=read_admin_file(config.admin_file) if config.admin_file else None,
         tls=config.tls,

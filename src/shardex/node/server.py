@@ -29,6 +29,7 @@ from shardex.manager.membership import Membership, MemberStore
 from shardex.manager.rebalance import Rebalancer
 from shardex.manager.timekeeper import Timekeeper
 from shardex.manager.users import register_user_ops
+from shardex.meta.node_defaults import DEFAULT_EXPIRY_PAGER_BATCH, DEFAULT_EXPIRY_PAGER_INTERVAL
 from shardex.meta.state import MemoryStateStore, StateStore
 from shardex.meta.users import UserRecord
 from shardex.net import Connection, ConnectionPool, RpcServer
@@ -94,6 +95,10 @@ class Node:
         sql_node_memory: int | None = None,
         sql_spill: bool = True,
         tls: TlsConfig | None = None,
+        expiry_pager: tuple[float, int] = (
+            DEFAULT_EXPIRY_PAGER_INTERVAL,
+            DEFAULT_EXPIRY_PAGER_BATCH,
+        ),
     ) -> None:
         self.transport = transport
         self.group = group
@@ -168,6 +173,8 @@ class Node:
                 coordinator=lambda: self.coordinator,
                 members=lambda: self.membership.members if self.membership else [],
                 lease=self._serving_lease,
+                expiry_pager_interval=expiry_pager[0],
+                expiry_pager_batch=expiry_pager[1],
             )
             self.data.install(self.server)
         # The index service: the indexer's slices in <data-dir>/index, or in the engine

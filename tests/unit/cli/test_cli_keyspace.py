@@ -3,6 +3,8 @@ when a failover left it lower."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from shardex.cli.keyspace import describe_created, replicas_cell
 from shardex.client import KeyspaceDescription
 
@@ -30,3 +32,6 @@ def test_created_line_names_nodes_and_replicas() -> None:
     line = describe_created(desc(1, {0: ["n2"], 1: ["n1"]}))
     assert "2 partitions (n1: 1, n2: 1), 1 replica(s) per partition" in line
     assert "replica" not in describe_created(desc(0, {}))
+    assert "max_ttl" not in line
+    capped = dataclasses.replace(desc(0, {}), max_ttl=3600)
+    assert describe_created(capped).endswith(", max_ttl 3600 s")

@@ -48,7 +48,7 @@ def test_a_replica_apply_on_the_loop_never_waits(engine: DataEngine) -> None:
     assert part.meta.high_seqno == 2
     (ack,) = ops.apply_runs("ks", [run(2, 2)], sync=False, inline=True)
     assert (ack.state, ack.high, ack.uuid) == (STATE_REPLICA, 4, UUID)
-    assert ops.get_raw("ks", "d4") == (b'{"s": 4}', 1004, 4)
+    assert ops.get_raw("ks", "d4") == (b'{"s": 4}', 1004, 4, 0)  # body, cas, seqno, expiry
 
 
 def test_no_stall_writes_and_refuses_only_with_a_sync(tmp_path: Path) -> None:

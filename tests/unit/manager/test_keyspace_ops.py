@@ -76,6 +76,19 @@ async def test_create_with_an_unreachable_owner_fails_and_says_the_keyspace_exis
     assert len(tries) == 3  # retried before giving up
 
 
+async def test_max_ttl_is_checked_committed_and_sent_to_the_owners() -> None:
+    ctx: Any = make_ctx({"n1": True, "n2": True})
+    for bad in (-1, 2**31, True):
+        with pytest.raises(ShardexError) as info:
+            await create_keyspace(CreateKeyspace(name="s", num_partitions=2, max_ttl=bad), ctx)
+        assert info.value.code == ErrorCode.BAD_REQUEST and "max_ttl" in info.value.message
+    assert ctx.state.cas == 0
+    reply = await create_keyspace(CreateKeyspace(name="s", num_partitions=2, max_ttl=60), ctx)
+    assert reply.meta.max_ttl == 60 and ctx.state.keyspaces["s"].max_ttl == 60
+    opened = [m for _, m in ctx.pool.sent if isinstance(m, OpenPartitions)]
+    assert opened and all(m.max_ttl == 60 for m in opened)
+
+
 async def test_drop_and_list() -> None:
     ctx: Any = make_ctx({"n1": True, "n2": True}, failing=frozenset({"n2"}))
     ctx.pool.failing.clear()

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from shardex.errors import ConfigError, ErrorCode
-from shardex.meta.node_defaults import ALL_SERVICES, HTTP_PORT_OFFSET
+from shardex.meta.node_defaults import (
+    ALL_SERVICES,
+    DEFAULT_EXPIRY_PAGER_BATCH,
+    DEFAULT_EXPIRY_PAGER_INTERVAL,
+    HTTP_PORT_OFFSET,
+)
 from shardex.node.config import DEFAULT_MAX_CONNECTIONS, load_config
 from shardex.runtime.admission import DEFAULT_QUEUED
 from shardex.sql.exec.memory import DEFAULT_QUERY_MEMORY
@@ -233,6 +238,17 @@ def test_sql_memory_settings(tmp_path: Path) -> None:
     ):
         err = bad(tmp_path, **{key: value})
         assert err.details["key"] == key and words in err.message, (key, value)
+
+
+def test_expiry_pager_settings(tmp_path: Path) -> None:
+    cfg = load_config(None, base(tmp_path))
+    assert cfg.expiry_pager_interval == DEFAULT_EXPIRY_PAGER_INTERVAL
+    assert cfg.expiry_pager_batch == DEFAULT_EXPIRY_PAGER_BATCH
+    cfg = load_config(None, base(tmp_path, expiry_pager_interval="0.5", expiry_pager_batch=100))
+    assert (cfg.expiry_pager_interval, cfg.expiry_pager_batch) == (0.5, 100)
+    for key, value in (("expiry_pager_interval", 0), ("expiry_pager_batch", 0)):
+        err = bad(tmp_path, **{key: value})
+        assert err.details["key"] == key and "expiry pager" in err.details["hint"]
 
 
 @pytest.mark.parametrize("key", ["name", "group"])

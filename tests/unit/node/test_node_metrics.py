@@ -95,6 +95,7 @@ def _node() -> Node:
         reads=SimpleNamespace(latencies=reads, failed={}),
         # two streams of users' partition 0 (high seqno 50) sent up to 40 and 50
         streams=SimpleNamespace(positions=lambda: [("users", 0, 40), ("users", 0, 50)]),
+        expiry=SimpleNamespace(expired_by={"access": 2, "walk": 5}),
     )
     by_city = SimpleNamespace(id="ix1", keyspace="users", name="by_city")
     index = SimpleNamespace(
@@ -133,6 +134,8 @@ def test_the_collector_reads_every_service() -> None:
     assert got[("shardex_kv_ops_total", (("op", "upsert"),))] == 2
     assert got[("shardex_kv_ops_total", (("op", "get"),))] == 1
     assert got[("shardex_kv_op_errors_total", (("op", "delete"),))] == 1
+    assert got[("shardex_expired_documents_total", (("how", "access"),))] == 2
+    assert got[("shardex_expired_documents_total", (("how", "walk"),))] == 5
     # the 30 us upsert is in the 50 us bucket, the 2 ms one only further up
     assert got[("shardex_kv_op_duration_seconds_bucket", (("le", "5e-05"), ("op", "upsert")))] == 1
     assert got[("shardex_kv_op_duration_seconds_bucket", (("le", "+Inf"), ("op", "upsert")))] == 2

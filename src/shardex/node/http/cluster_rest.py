@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 from shardex.api.coordinator import StateReply, StateRequest
+from shardex.api.expiry import check_max_ttl
 from shardex.api.failover import FailedOver, Recovered
 from shardex.api.index import SliceInfo
 from shardex.api.index_ddl import IndexCreated, IndexDropped, IndexesBuilding
@@ -198,9 +199,9 @@ class ClusterRest:
         return 200, await self.node_action(seg[1], seg[2], req.body, principal)
 
     async def create_keyspace(self, raw: bytes, principal: Principal) -> dict[str, Any]:
-        """``{"name": ..., "partitions": N, "replicas": R}`` (partitions and replicas
-        optional, as with ``Client.create_keyspace``) -> the keyspace with its map."""
-        body = json_object(raw, ("name", "partitions", "replicas"))
+        """``{"name": ..., "partitions": N, "replicas": R, "max_ttl": S}`` (all but the
+        name optional, as with ``Client.create_keyspace``) -> the keyspace with its map."""
+        body = json_object(raw, ("name", "partitions", "replicas", "max_ttl"))
         try:
             name = check_keyspace_name(body.get("name"))
             parts = body.get("partitions", DEFAULT_NUM_PARTITIONS)
@@ -208,10 +209,15 @@ class ClusterRest:
             replicas = body.get("replicas")
             if replicas is not None:
                 check_num_replicas(replicas)
+            max_ttl = check_max_ttl(body.get("max_ttl", 0))
         except ShardexError as e:
             raise RestError(400, "bad_request", str(e)) from None
         msg = CreateKeyspace(
-            name=name, num_partitions=parts, num_replicas=replicas, request_id=uuid.uuid4().hex
+            name=name,
+            num_partitions=parts,
+            num_replicas=replicas,
+            request_id=uuid.uuid4().hex,
+            max_ttl=max_ttl,
         )
         self._check(principal, msg)
         reply = await self._run(msg)

@@ -38,6 +38,7 @@ __all__ = [
     "ranking_paths",
     "read_paths",
     "reads_meta",
+    "reads_meta_field",
     "to_document_terms",
 ]
 
@@ -157,8 +158,9 @@ def _doc_exprs(b: BoundSelect) -> list[Expr]:
 
 def read_paths(b: BoundSelect) -> set[Path] | None:
     """The document paths the query reads; None when it needs whole documents (as with
-    UNNEST: an element alias's paths are no document's)."""
-    if b.unnests:
+    UNNEST: an element alias's paths are no document's), or ``META().expiration``, which
+    only the fetched document brings (no index covers it)."""
+    if b.unnests or reads_meta_field(b, "expiration"):
         return None
     let_names = {n for n, _ in b.lets}
     out: set[Path] = set()
@@ -195,6 +197,19 @@ def ranking_paths(b: BoundSelect) -> set[Path] | None:
             return None
         out.update(p for p in referenced_paths(d) if not (p and p[0] in let_names))
     return out
+
+
+def reads_meta_field(b: BoundSelect, name: str) -> bool:
+    """Whether the query reads ``META().<name>``: a field the fetched documents must bring
+    beside their id (``expiration``: each one's expiry, from its owner)."""
+    return any(
+        isinstance(n, Field)
+        and n.name == name
+        and isinstance(n.base, Identifier)
+        and n.base.name == META_KEY
+        for e in _doc_exprs(b)
+        for n in walk(e)
+    )
 
 
 def reads_meta(b: BoundSelect) -> bool:

@@ -145,14 +145,26 @@ class DocumentAccess:
             return None
         if reply is None or reply.errors:
             return None
-        return _decoded(_found(unique, reply, with_cas=False), docids)
+        return _decoded(_found(unique, reply, False, False), docids)
 
     async def get_many_cas(
         self, keyspace: str, docids: Sequence[str]
     ) -> dict[str, tuple[Any, int]]:
         """docid -> (document, CAS) for the docids that exist (DML's optimistic writes)."""
         found = await self._fetch(keyspace, docids, with_cas=True)
-        return {d: (_json_decode.decode(body), cas) for d, (body, cas) in found.items()}
+        return {d: (_json_decode.decode(body), cas) for d, (body, cas, _) in found.items()}
+
+    async def get_many_meta(
+        self, keyspace: str, docids: Sequence[str]
+    ) -> list[tuple[str, Any, dict[str, Any]]]:
+        """``(docid, document, META())`` for the docids that exist, in the given order, the
+        META() with ``id`` and ``expiration`` (absolute epoch seconds, 0 for none)."""
+        found = await self._fetch(keyspace, docids, with_cas=False, with_expiry=True)
+        return [
+            (d, _json_decode.decode(found[d][0]), {"id": d, "expiration": found[d][2]})
+            for d in docids
+            if d in found
+        ]
 
     async def get_cas(self, keyspace: str, docid: str) -> tuple[Any, int] | None:
         """(document, CAS), or None when it does not exist."""
@@ -167,10 +179,11 @@ class DocumentAccess:
         return _json_decode.decode(reply.body), reply.cas
 
     async def _fetch(
-        self, keyspace: str, docids: Sequence[str], *, with_cas: bool
-    ) -> dict[str, tuple[bytes, int]]:
-        """docid -> (stored body, CAS or 0) of the docids that exist, from their owners."""
-        found: dict[str, tuple[bytes, int]] = {}
+        self, keyspace: str, docids: Sequence[str], *, with_cas: bool, with_expiry: bool = False
+    ) -> dict[str, tuple[bytes, int, int]]:
+        """docid -> (stored body, CAS or 0, expiry or 0) of the docids that exist, from
+        their owners."""
+        found: dict[str, tuple[bytes, int, int]] = {}
         todo = list(dict.fromkeys(docids))
         last: ShardexError | None = None
         for attempt in range(ROUTE_ATTEMPTS):
@@ -187,7 +200,10 @@ class DocumentAccess:
                 for i in range(0, len(chunk), GET_MANY_CHUNK)
             ]
             replies = await asyncio.gather(
-                *(self._get_many_at(address, keyspace, ids, with_cas) for address, ids in requests)
+                *(
+                    self._get_many_at(address, keyspace, ids, with_cas, with_expiry)
+                    for address, ids in requests
+                )
             )
             todo = []
             for got, moved, error in replies:
@@ -200,12 +216,12 @@ class DocumentAccess:
         return found
 
     async def _get_many_at(
-        self, address: str, keyspace: str, docids: list[str], with_cas: bool
-    ) -> tuple[dict[str, tuple[bytes, int]], list[str], ShardexError | None]:
+        self, address: str, keyspace: str, docids: list[str], with_cas: bool, with_expiry: bool
+    ) -> tuple[dict[str, tuple[bytes, int, int]], list[str], ShardexError | None]:
         """One GetMany: the bodies found (with their CAS when asked), the docids to re-route
         (their partition moved) and the NOT_MY_PARTITION error that says so; any other error
         is raised."""
-        msg = GetMany(keyspace=keyspace, docids=docids, with_cas=with_cas)
+        msg = GetMany(keyspace=keyspace, docids=docids, with_cas=with_cas, with_expiry=with_expiry)
         try:
             local = self.local_get_many
             if local is not None and self._is_own(address):
@@ -216,7 +232,7 @@ class DocumentAccess:
             if exc.code is not ErrorCode.NOT_MY_PARTITION:
                 raise
             return {}, docids, exc
-        got = _found(docids, reply, with_cas)
+        got = _found(docids, reply, with_cas, with_expiry)
         moved: list[str] = []
         error: ShardexError | None = None
         for item in reply.errors:
@@ -316,12 +332,23 @@ class DocumentAccess:
         return reply.result
 
 
-def _found(docids: list[str], reply: GetManyReply, with_cas: bool) -> dict[str, tuple[bytes, int]]:
-    """docid -> (stored body, CAS or 0) of a ``GetMany``'s documents that exist."""
-    cas = reply.cas if with_cas else [0] * len(docids)
-    return {d: (b, c) for d, b, c in zip(docids, reply.bodies, cas, strict=True) if b is not None}
+def _found(
+    docids: list[str], reply: GetManyReply, with_cas: bool, with_expiry: bool
+) -> dict[str, tuple[bytes, int, int]]:
+    """docid -> (stored body, CAS or 0, expiry or 0) of a ``GetMany``'s documents that
+    exist."""
+    zeros = [0] * len(docids)
+    cas = reply.cas if with_cas else zeros
+    expiries = reply.expiries if with_expiry else zeros
+    return {
+        d: (b, c, e)
+        for d, b, c, e in zip(docids, reply.bodies, cas, expiries, strict=True)
+        if b is not None
+    }
 
 
-def _decoded(found: dict[str, tuple[bytes, int]], docids: Sequence[str]) -> list[tuple[str, Any]]:
+def _decoded(
+    found: dict[str, tuple[bytes, int, int]], docids: Sequence[str]
+) -> list[tuple[str, Any]]:
     """``(docid, document)`` for the docids found, in ``docids``' order (repeats kept)."""
     return [(d, _json_decode.decode(found[d][0])) for d in docids if d in found]

@@ -15,7 +15,7 @@ import pyarrow as pa
 from shardex.core.expr import evaluate
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.analyze import reads_meta
+from shardex.sql.exec.analyze import reads_meta, reads_meta_field
 from shardex.sql.exec.bridge import Pack, close_all, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder, key_projection
@@ -51,6 +51,9 @@ __all__ = [
     "run_leaf",
     "sql_fragments",
 ]
+
+# ``DocumentAccess.get_many_meta``: (docid, document, META()) of the docids that exist
+MetaFetch = Callable[[str, list[str]], Awaitable[list[tuple[str, Any, dict[str, Any]]]]]
 
 SCAN_BLOCK_ROWS = 500
 MIN_SCAN_BLOCK_ROWS = 16
@@ -133,6 +136,7 @@ async def run_leaf(
     fetch = documents.get_many if tuning["get_many"] else documents.get_each
     decoder = EntryDecoder(spec.desc, spec.key_paths)
     meta = (covering or late) and reads_meta(b)
+    expiration = reads_meta_field(b, "expiration")
     top = spec.top
     mode, ordered, decided = spec.mode, spec.ordered, spec.decided
     # A covering scan whose spans decide WHERE and whose terms each read one key part or
@@ -165,6 +169,10 @@ async def run_leaf(
             if seen is not None:  # an array index: each document once, at its first entry
                 docids = [d for d in dict.fromkeys(docids) if d not in seen]
                 seen.update(docids)
+            if expiration:  # META().expiration: each document's expiry from its owner
+                metas = await documents.get_many_meta(keyspace, docids)
+                yield [{alias: doc, META_KEY: m} for _, doc, m in metas]
+                continue
             docs = await fetch(keyspace, docids)
             yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
@@ -232,7 +240,7 @@ async def root_pipeline(
         decode = decode_row
     elif source == "keys":
         fetch = documents.get_many if tuning["get_many"] else documents.get_each
-        sources = [lookup_rows(b, params, a["keyspace"], fetch)]
+        sources = [lookup_rows(b, params, a["keyspace"], fetch, meta=documents.get_many_meta)]
     elif source == "expr":
         assert b.from_ is not None and b.from_.source is not None
         with running_subqueries(expression_runner):  # FROM (SELECT ...): evaluated once
@@ -309,16 +317,30 @@ async def lookup_rows(
     keyspace: str,
     fetch: Callable[[str, list[str]], Awaitable[list[tuple[str, Any]]]],
     keys: list[str] | None = None,
+    meta: MetaFetch | None = None,
 ) -> AsyncIterator[list[Any]]:
-    """The scope rows of a key lookup (``keys``: the ids it names, when known already)."""
+    """The scope rows of a key lookup (``keys``: the ids it names, when known already).
+    ``meta``: the fetch of documents with their META() (``DocumentAccess.get_many_meta``),
+    used when the query reads ``META().expiration``."""
     if keys is None:
         keys = named_keys(b, params)
-    docs = dict(await fetch(keyspace, list(dict.fromkeys(keys))))
+    unique = list(dict.fromkeys(keys))
+    if meta is not None and reads_meta_field(b, "expiration"):
+        found = await meta(keyspace, unique)
+        docs = {d: doc for d, doc, _ in found}
+        yield lookup_scopes(b, docs, keys, {d: m for d, _, m in found})
+        return
+    docs = dict(await fetch(keyspace, unique))
     yield lookup_scopes(b, docs, keys)
 
 
-def lookup_scopes(b: Any, docs: dict[str, Any], keys: list[str]) -> list[Any]:
-    """A key lookup's scope rows: ``keys`` in order (repeats kept), those found in ``docs``."""
+def lookup_scopes(
+    b: Any, docs: dict[str, Any], keys: list[str], metas: dict[str, Any] | None = None
+) -> list[Any]:
+    """A key lookup's scope rows: ``keys`` in order (repeats kept), those found in ``docs``;
+    their META() from ``metas`` when given, else just the id."""
+    if metas is not None:
+        return [{b.alias: docs[k], META_KEY: metas[k]} for k in keys if k in docs]
     return [{b.alias: docs[k], META_KEY: {"id": k}} for k in keys if k in docs]
 
 

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from shardex.sql.exec.analyze import reads_meta_field
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragment_rows import root_rows
 from shardex.sql.exec.fragments import lookup_rows, lookup_scopes, named_keys
@@ -51,8 +52,8 @@ class KeyLookups:
         """The result rows (encoded) when every document is this node's and readable now;
         None: ``rows`` does it."""
         assert plan.keyspace is not None
-        if not plan.tuning["get_many"]:
-            return None
+        if not plan.tuning["get_many"] or _reads_expiration(plan):
+            return None  # META().expiration: ``rows`` fetches it with the documents
         docs = self.documents.get_many_now(plan.keyspace, keys)
         if docs is None:
             return None
@@ -75,7 +76,12 @@ class KeyLookups:
         fetch = docs.get_many if plan.tuning["get_many"] else docs.get_each
         try:
             async with asyncio.timeout(timeout):
-                chunks = [c async for c in lookup_rows(b, params, plan.keyspace, fetch, keys)]
+                chunks = [
+                    c
+                    async for c in lookup_rows(
+                        b, params, plan.keyspace, fetch, keys, meta=docs.get_many_meta
+                    )
+                ]
         except TimeoutError:
             raise cancelled(
                 f"query timed out after {timeout}s",
@@ -94,3 +100,12 @@ class KeyLookups:
             budget = mem.budget()
             rows = root_rows(b, params, "local", plan.limit, plan.offset, budget, [iter(scopes)])
             return [encode_row(r) for r in rows]
+
+
+def _reads_expiration(plan: PhysicalPlan) -> bool:
+    """Whether ``plan`` reads ``META().expiration``, once per plan (a point query's plan
+    is reused: this runs on every one)."""
+    found: bool | None = plan.__dict__.get("_reads_expiration")
+    if found is None:
+        found = plan.__dict__["_reads_expiration"] = reads_meta_field(plan.bound, "expiration")
+    return found

@@ -12,14 +12,12 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-import os
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardex.core.sizes import parse_size
 from shardex.errors import ConfigError
 from shardex.manager.auto_failover import DEFAULT_MAX_COUNT, DEFAULT_TIMEOUT, MIN_TIMEOUT
 from shardex.meta.node_defaults import (
@@ -32,7 +30,17 @@ from shardex.meta.node_defaults import (
     HTTP_PORT_OFFSET,
 )
 from shardex.net.tls import TlsConfig
-from shardex.net.transport import split_address
+from shardex.node.config_values import (
+    as_bool,
+    as_bytes,
+    as_float,
+    as_host,
+    as_int,
+    as_str_list,
+    config_error,
+    resolve_path,
+    validate_address,
+)
 from shardex.runtime.admission import DEFAULT_QUEUED, FRAGMENT_SLOTS_PER_CPU, SLOTS_PER_CPU
 from shardex.runtime.files import read_private_text, require_private
 from shardex.sql.exec.memory import DEFAULT_QUERY_MEMORY, MIN_QUERY_MEMORY, NODE_MEMORY_SHARE
@@ -49,7 +57,6 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # A server group label (a rack, a zone): replicas of a partition go to distinct groups.
 _GROUP_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 # A host name or an IPv4/IPv6 literal, without brackets or a port.
-_HOST_RE = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "0:0:0:0:0:0:0:0"})
 _SECRET_HINT = (
     "give the cluster secret with --secret-file FILE (or secret_file = ... in the config file); "
@@ -169,70 +176,6 @@ class NodeConfig:
         return "manager" in self.services
 
 
-def _err(key: str, value: Any, problem: str, hint: str) -> ConfigError:
-    shown = "<hidden>" if key == "secret" else repr(value)
-    return ConfigError(
-        f"config key {key!r}: {problem} (got {shown}); {hint}",
-        details={"key": key, "value": None if key == "secret" else value, "hint": hint},
-    )
-
-
-def _as_int(key: str, value: Any, lo: int, hi: int, hint: str) -> int:
-    # bool is an int subclass: ``port = true`` must not quietly become port 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value.strip())
-        else:
-            raise _err(key, value, "not an integer", hint)
-    if not lo <= value <= hi:
-        raise _err(key, value, f"out of range [{lo}, {hi}]", hint)
-    return value
-
-
-def _as_float(key: str, value: Any, hint: str) -> float:
-    if isinstance(value, bool):
-        raise _err(key, value, "not a number", hint)
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise _err(key, value, "not a number", hint) from None
-    if not isinstance(value, int | float):
-        raise _err(key, value, "not a number", hint)
-    if not value > 0 or value != value or value == float("inf"):
-        raise _err(key, value, "must be a positive finite number of seconds", hint)
-    return float(value)
-
-
-def _as_str_list(key: str, value: Any, hint: str) -> list[str]:
-    """A TOML list of strings, or one comma-separated string (the command line form)."""
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-        return [v.strip() for v in value if v.strip()]
-    raise _err(key, value, "not a string or a list of strings", hint)
-
-
-def _validate_address(key: str, value: str, hint: str) -> str:
-    try:
-        host, port = split_address(value)
-    except ConfigError:
-        raise _err(key, value, "not a host:port address", hint) from None
-    if port == 0:
-        raise _err(key, value, "port 0 cannot be a seed", hint)
-    return f"{host}:{port}"
-
-
-def _resolve_path(value: Any, key: str, base: Path | None) -> Path:
-    if not isinstance(value, str | os.PathLike) or not str(value).strip():
-        raise _err(key, value, "not a path", "give a directory or file path")
-    path = Path(value).expanduser()
-    # Paths in a config file are relative to that file, so a cluster directory can be moved.
-    if not path.is_absolute() and base is not None:
-        path = base / path
-    return path.absolute()
-
-
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a config file; syntax errors become ``ConfigError`` with the file and position."""
     try:
@@ -274,14 +217,14 @@ def load_config(
     for layer, source in ((file_values, "config file"), (flag_values, "command line")):
         unknown = sorted(set(layer) - CONFIG_KEYS)
         if unknown:
-            raise _err(
+            raise config_error(
                 unknown[0],
                 layer[unknown[0]],
                 f"unknown key in the {source}",
                 f"valid keys: {', '.join(sorted(CONFIG_KEYS))}",
             )
         if "secret" in layer and "secret_file" in layer:
-            raise _err(
+            raise config_error(
                 "secret", None, f"both secret and secret_file given in the {source}", _SECRET_HINT
             )
 
@@ -298,7 +241,7 @@ def load_config(
 def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     name = values.get("name")
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise _err(
+        raise config_error(
             "name",
             name,
             "missing or not a valid node name",
@@ -306,43 +249,45 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         )
 
     if "data_dir" not in values:
-        raise _err("data_dir", None, "missing", "give --data-dir DIR (created if absent)")
-    data_dir = _resolve_path(values["data_dir"], "data_dir", bases.get("data_dir"))
+        raise config_error("data_dir", None, "missing", "give --data-dir DIR (created if absent)")
+    data_dir = resolve_path(values["data_dir"], "data_dir", bases.get("data_dir"))
     if data_dir.exists() and not data_dir.is_dir():
-        raise _err("data_dir", str(data_dir), "exists and is not a directory", "pick a directory")
+        raise config_error(
+            "data_dir", str(data_dir), "exists and is not a directory", "pick a directory"
+        )
 
     port_hint = "a TCP port 1-65535 (0 picks a free one)"
-    port = _as_int("port", values.get("port", DEFAULT_PORT), 0, 65535, port_hint)
+    port = as_int("port", values.get("port", DEFAULT_PORT), 0, 65535, port_hint)
 
     http_port = _http_port(values, port)
 
     host, advertise = _hosts(values)
 
     svc_hint = f"a comma-separated subset of {','.join(ALL_SERVICES)}"
-    services = _as_str_list("services", values.get("services", list(ALL_SERVICES)), svc_hint)
+    services = as_str_list("services", values.get("services", list(ALL_SERVICES)), svc_hint)
     services = [s.lower() for s in services]
     bad = [s for s in services if s not in ALL_SERVICES]
     if bad:
-        raise _err("services", bad[0], "unknown service", svc_hint)
+        raise config_error("services", bad[0], "unknown service", svc_hint)
     if not services:
-        raise _err("services", values.get("services"), "no service given", svc_hint)
+        raise config_error("services", values.get("services"), "no service given", svc_hint)
     # Canonical order, no duplicates: two configs naming the same set compare equal.
     service_tuple = tuple(s for s in ALL_SERVICES if s in services)
 
     seed_hint = "host:port of a running node to join through, e.g. 127.0.0.1:7100"
     seeds = tuple(
-        _validate_address("seed", s, seed_hint)
-        for s in _as_str_list("seed", values.get("seed", []), seed_hint)
+        validate_address("seed", s, seed_hint)
+        for s in as_str_list("seed", values.get("seed", []), seed_hint)
     )
 
     if "secret_file" in values:
-        secret_path = _resolve_path(values["secret_file"], "secret_file", bases.get("secret_file"))
+        secret_path = resolve_path(values["secret_file"], "secret_file", bases.get("secret_file"))
         secret = read_private_text(secret_path, "secret_file", "cluster secret")
         secret_key = "secret_file"
     elif "secret" in values:
         secret, secret_key = values["secret"], "secret"
         if not isinstance(secret, str):
-            raise _err("secret", secret, "not a string", _SECRET_HINT)
+            raise config_error("secret", secret, "not a string", _SECRET_HINT)
         secret = secret.strip()
     else:
         raise ConfigError(
@@ -359,19 +304,19 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     level = values.get("log_level", "INFO")
     level_hint = f"one of {', '.join(LOG_LEVELS)}"
     if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
-        raise _err("log_level", level, "unknown log level", level_hint)
+        raise config_error("log_level", level, "unknown log level", level_hint)
 
     hb_hint = "seconds between heartbeats, e.g. 0.5"
-    interval = _as_float(
+    interval = as_float(
         "heartbeat_interval", values.get("heartbeat_interval", DEFAULT_HEARTBEAT_INTERVAL), hb_hint
     )
     ft_hint = "seconds of silence before a member is marked down, e.g. 3"
-    timeout = _as_float(
+    timeout = as_float(
         "failure_timeout", values.get("failure_timeout", DEFAULT_FAILURE_TIMEOUT), ft_hint
     )
     # With fewer than two heartbeat periods in the window, one late packet flaps a member.
     if timeout < 2 * interval:
-        raise _err(
+        raise config_error(
             "failure_timeout",
             timeout,
             f"must be at least twice heartbeat_interval ({interval})",
@@ -381,7 +326,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     auto = _auto_failover(values, timeout)
     group = values.get("group", "")
     if not isinstance(group, str) or (group and not _GROUP_RE.fullmatch(group)):
-        raise _err(
+        raise config_error(
             "group",
             group,
             "not a valid server group label",
@@ -390,7 +335,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         )
 
     admin_file = (
-        _resolve_path(values["admin_file"], "admin_file", bases.get("admin_file"))
+        resolve_path(values["admin_file"], "admin_file", bases.get("admin_file"))
         if values.get("admin_file")
         else None
     )
@@ -398,14 +343,14 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     tls = _tls(values, bases, name, host)
     running: int | None = None
     if "sql_max_running" in values:
-        running = _as_int(
+        running = as_int(
             "sql_max_running",
             values["sql_max_running"],
             1,
             100_000,
             f"SQL statements this node runs at once, >= 1 (default {SLOTS_PER_CPU} per CPU)",
         )
-    queued = _as_int(
+    queued = as_int(
         "sql_max_queued",
         values.get("sql_max_queued", DEFAULT_QUEUED),
         0,
@@ -415,7 +360,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
     )
     fragments: int | None = None
     if "sql_max_fragments" in values:
-        fragments = _as_int(
+        fragments = as_int(
             "sql_max_fragments",
             values["sql_max_fragments"],
             1,
@@ -423,7 +368,7 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
             "executions of other nodes' SQL statements this node runs at once, >= 1 "
             f"(default {FRAGMENT_SLOTS_PER_CPU} per CPU)",
         )
-    max_connections = _as_int(
+    max_connections = as_int(
         "max_connections",
         values.get("max_connections", DEFAULT_MAX_CONNECTIONS),
         1,
@@ -432,18 +377,18 @@ def _build(values: dict[str, Any], bases: dict[str, Path | None]) -> NodeConfig:
         f"{DEFAULT_MAX_CONNECTIONS}; nodes' connections are not counted)",
     )
     query_memory, node_memory = _sql_memory(values)
-    spill = _as_bool(
+    spill = as_bool(
         "sql_spill",
         values.get("sql_spill", True),
         "true or false: SQL sorts and aggregations past their memory budget spill to disk "
         "(false: the statement fails with QUERY_MEMORY_LIMIT)",
     )
-    pager_interval = _as_float(
+    pager_interval = as_float(
         "expiry_pager_interval",
         values.get("expiry_pager_interval", DEFAULT_EXPIRY_PAGER_INTERVAL),
         f"seconds between the expiry pager's walks (default {DEFAULT_EXPIRY_PAGER_INTERVAL:g})",
     )
-    pager_batch = _as_int(
+    pager_batch = as_int(
         "expiry_pager_batch",
         values.get("expiry_pager_batch", DEFAULT_EXPIRY_PAGER_BATCH),
         1,
@@ -495,25 +440,15 @@ def _http_port(values: dict[str, Any], port: int) -> int | None:
     value = values["http_port"]
     if isinstance(value, str) and value.strip().lower() == "off":
         return None
-    http_port = _as_int("http_port", value, 0, 65535, hint)
+    http_port = as_int("http_port", value, 0, 65535, hint)
     if http_port != 0 and http_port == port:
-        raise _err("http_port", http_port, "same as port", "use a different port for HTTP")
+        raise config_error("http_port", http_port, "same as port", "use a different port for HTTP")
     return http_port
-
-
-def _as_bytes(key: str, value: Any, lo: int, hint: str) -> int:
-    """A size: an integer of bytes, or text such as "256MiB" / "2 GiB" (binary units)."""
-    if isinstance(value, str):
-        size = parse_size(value)
-        if size is None:
-            raise _err(key, value, "not a size", hint)
-        value = size
-    return _as_int(key, value, lo, 1 << 50, hint)
 
 
 def _sql_memory(values: dict[str, Any]) -> tuple[int, int | None]:
     """(sql_query_memory, sql_node_memory): a statement's budget within the node's."""
-    query = _as_bytes(
+    query = as_bytes(
         "sql_query_memory",
         values.get("sql_query_memory", DEFAULT_QUERY_MEMORY),
         MIN_QUERY_MEMORY,
@@ -522,7 +457,7 @@ def _sql_memory(values: dict[str, Any]) -> tuple[int, int | None]:
     )
     node: int | None = None
     if "sql_node_memory" in values:
-        node = _as_bytes(
+        node = as_bytes(
             "sql_node_memory",
             values["sql_node_memory"],
             MIN_QUERY_MEMORY,
@@ -530,7 +465,7 @@ def _sql_memory(values: dict[str, Any]) -> tuple[int, int | None]:
             f'(default {NODE_MEMORY_SHARE:.0%} of RAM), e.g. "4GiB"',
         )
         if node < query:
-            raise _err(
+            raise config_error(
                 "sql_node_memory",
                 node,
                 f"less than sql_query_memory ({query})",
@@ -558,7 +493,7 @@ def _tls(
     if isinstance(mode, bool):
         mode = "on" if mode else "off"
     if not isinstance(mode, str) or mode.strip().lower() not in TLS_MODES:
-        raise _err(
+        raise config_error(
             "tls",
             mode,
             "not a TLS mode",
@@ -571,32 +506,26 @@ def _tls(
     if "tls_dir" in values:
         from shardex.net.certs import node_paths
 
-        cert_dir = _resolve_path(values["tls_dir"], "tls_dir", bases.get("tls_dir"))
+        cert_dir = resolve_path(values["tls_dir"], "tls_dir", bases.get("tls_dir"))
         p = node_paths(cert_dir, name)
         paths = {"tls_ca": p.ca, "tls_cert": p.cert, "tls_key": p.key}
     for key in ("tls_ca", "tls_cert", "tls_key"):
         if key in values:
-            paths[key] = _resolve_path(values[key], key, bases.get(key))
+            paths[key] = resolve_path(values[key], key, bases.get(key))
     missing = [k for k in ("tls_ca", "tls_cert", "tls_key") if k not in paths]
     if missing:
         why = "TLS is on" if mode == "on" else f"TLS is on by default for host {host}"
-        raise _err(missing[0], None, f"missing: {why}", _TLS_HINT)
+        raise config_error(missing[0], None, f"missing: {why}", _TLS_HINT)
     for key, path in paths.items():
         if not path.is_file():
-            raise _err(key, str(path), "no such file", _TLS_HINT)
+            raise config_error(key, str(path), "no such file", _TLS_HINT)
     require_private(paths["tls_key"], "tls_key")  # the node's private key: owner-only
     return TlsConfig(ca=paths["tls_ca"], cert=paths["tls_cert"], key=paths["tls_key"])
 
 
-def _as_host(key: str, value: Any, hint: str) -> str:
-    if not isinstance(value, str) or not _HOST_RE.fullmatch(value):
-        raise _err(key, value, "not a host name or IP address", hint)
-    return value
-
-
 def _hosts(values: dict[str, Any]) -> tuple[str, str]:
     """(host, advertise): the bind interface and the address announced to the cluster."""
-    host = _as_host(
+    host = as_host(
         "host",
         values.get("host", BIND_HOST),
         "the interface to listen on: an IP address of this machine, or 0.0.0.0 for all",
@@ -605,28 +534,20 @@ def _hosts(values: dict[str, Any]) -> tuple[str, str]:
         "the address other nodes and clients dial to reach this node, e.g. this host's "
         "IP on the cluster network (set advertise = ... when host is a wildcard)"
     )
-    advertise = _as_host("advertise", values.get("advertise", host), adv_hint)
+    advertise = as_host("advertise", values.get("advertise", host), adv_hint)
     if advertise in _WILDCARD_HOSTS:
         problem = (
             "a wildcard address cannot be advertised"
             if "advertise" in values
             else f"host {host!r} is a wildcard, so advertise must be given"
         )
-        raise _err("advertise", advertise, problem, adv_hint)
+        raise config_error("advertise", advertise, problem, adv_hint)
     return host, advertise
-
-
-def _as_bool(key: str, value: Any, hint: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-        return value.strip().lower() in ("true", "1")
-    raise _err(key, value, "not a boolean", hint)
 
 
 def _auto_failover(values: dict[str, Any], failure_timeout: float) -> tuple[bool, float, int]:
     """(auto_failover, auto_failover_timeout, auto_failover_max_count), validated."""
-    enabled = _as_bool(
+    enabled = as_bool(
         "auto_failover",
         values.get("auto_failover", True),
         "true or false: fail a data node over automatically when a majority of managers "
@@ -634,16 +555,16 @@ def _auto_failover(values: dict[str, Any], failure_timeout: float) -> tuple[bool
     )
     key = "auto_failover_timeout"
     hint = f"seconds a data node must be seen down before it is failed over, >= {MIN_TIMEOUT:g}"
-    seconds = _as_float(key, values.get(key, DEFAULT_TIMEOUT), hint)
+    seconds = as_float(key, values.get(key, DEFAULT_TIMEOUT), hint)
     if seconds < MIN_TIMEOUT:
-        raise _err(
+        raise config_error(
             key, seconds, f"below the minimum {MIN_TIMEOUT:g} s", f"use {key} >= {MIN_TIMEOUT:g}"
         )
     # The age counted is the silence since the last heartbeat; a node is only marked down
     # after failure_timeout of it, so a shorter timeout would fail it over the moment it is
     # marked down, with no margin for one slow heartbeat.
     if seconds <= failure_timeout:
-        raise _err(
+        raise config_error(
             key,
             seconds,
             f"must exceed failure_timeout ({failure_timeout:g} s): a node is only marked down "
@@ -651,7 +572,7 @@ def _auto_failover(values: dict[str, Any], failure_timeout: float) -> tuple[bool
             f"use {key} > {failure_timeout:g} or a shorter failure_timeout",
         )
     count_key = "auto_failover_max_count"
-    count = _as_int(
+    count = as_int(
         count_key,
         values.get(count_key, DEFAULT_MAX_COUNT),
         1,

@@ -75,7 +75,14 @@ from shardex.sql.protocol import FragmentSpec, QueryPlan
 from shardex.sql.syntax.bind import BoundSelect
 from shardex.sql.syntax.subquery import running_subqueries
 
-__all__ = ["Leaf", "PhysicalPlan", "bind_statement", "lookup_keys", "plan_select"]
+__all__ = [
+    "Leaf",
+    "PhysicalPlan",
+    "bind_statement",
+    "lookup_keys",
+    "no_keyspace",
+    "plan_select",
+]
 
 
 def bind_statement(sql: str, dml: bool, *, cached: bool = True) -> BoundSelect:
@@ -259,7 +266,7 @@ class PhysicalPlan:
         return explain_plan(self)
 
 
-def _no_keyspace(keyspace: str) -> ShardexError:
+def no_keyspace(keyspace: str) -> ShardexError:
     return ShardexError(
         f"keyspace {keyspace!r} not found",
         code=ErrorCode.KEYSPACE_NOT_FOUND,
@@ -351,7 +358,7 @@ def plan_select(
         return PhysicalPlan(b, "local", "expr", limit=limit, offset=offset, tuning=switches)
     keyspace = ref.name
     if keyspace not in state.keyspaces:
-        raise _no_keyspace(keyspace)
+        raise no_keyspace(keyspace)
     if len(ref.use_index) > 1:
         raise ShardexError(
             "USE INDEX names one index here",
@@ -484,7 +491,7 @@ def _plan_join(
             avoid=avoid,
         )
 
-    plan_sides(plan, state, _no_keyspace)
+    plan_sides(plan, state, no_keyspace)
     plan.side_planner = plan_one
 
 

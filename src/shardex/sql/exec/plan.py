@@ -54,7 +54,7 @@ from shardex.sql.exec.analyze import (
     key_lookup,
     ranking_paths,
     read_paths,
-    reads_meta_field,
+    reads_fetched_meta,
 )
 from shardex.sql.exec.fragment_rows import mode_of
 from shardex.sql.exec.join_plan import JoinSides, plan_sides
@@ -514,7 +514,7 @@ def _late_fetch_wins(plan: PhysicalPlan, facts: _Facts) -> bool:
         and choice.definition.array_pos < 0  # entries per element would rank one row twice
         and facts.ranking_paths is not None
         and covers(choice.key_paths, facts.ranking_paths)
-        and not reads_meta_field(b, "expiration")  # the root's fetch brings no expiry
+        and not reads_fetched_meta(b)  # the root's fetch brings no CAS or expiry
     )
 
 

@@ -68,6 +68,13 @@ def test_explain_dml_plans_its_query_and_writes_nothing(client: Client) -> None:
     )
     assert upsert["query"]["distributed"]["source"] == "keys"
     assert upsert["plan"][0]["operator"] == "SendUpsert"
+    setop = _explain(
+        client,
+        f"EXPLAIN INSERT INTO {KS} (KEY k) SELECT 'x' AS k UNION SELECT META().id || 'y' AS k "
+        f"FROM {KS} USE KEYS $1",
+        [KEYS],
+    )
+    assert [b["distributed"]["source"] for b in setop["query"]["branches"]] == ["none", "keys"]
     merge = _explain(
         client,
         f"EXPLAIN MERGE INTO {KS} AS t USING {KS} AS s USE KEYS $1 ON KEY META(s).id "

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from shardex.api.privileges import AuthFailed, Principal
 from shardex.errors import ErrorCode, ShardexError
+from shardex.sql.exec.statement_checks import check_statement
 from shardex.sql.local import LocalEngine
 from shardex.sql.syntax import DeleteStmt, ExplainStmt, InsertStmt, UpdateStmt, parse_statement
 from shardex.sql.syntax.ast import ExecuteStmt
@@ -137,3 +139,17 @@ def test_explain_names_a_missing_keyspace(eng: LocalEngine) -> None:
             eng.execute(sql)
         assert err.value.code is ErrorCode.KEYSPACE_NOT_FOUND, sql
         assert err.value.details["keyspace"] == "nope"
+
+
+def test_explain_needs_the_privileges_of_what_it_explains() -> None:
+    reader = Principal("user", "r", ("query_select(u)",))
+    writer = Principal("user", "w", ("query_update(u)",))
+    for sql in (
+        "EXPLAIN DELETE FROM u",
+        "EXPLAIN UPDATE u SET y = 1",
+        "EXPLAIN UPSERT INTO u VALUES ('k', {})",
+    ):
+        with pytest.raises(AuthFailed):
+            check_statement(reader, parse_statement(sql))
+        check_statement(writer, parse_statement(sql))
+    check_statement(reader, parse_statement("EXPLAIN SELECT * FROM u"))

@@ -72,7 +72,9 @@ from shardex.sql.syntax.bind import (
     group_key_name,
 )
 from shardex.sql.syntax.ctes import BoundWith, bind_with, values_in
+from shardex.sql.syntax.dml_selects import dml_select, merge_select
 from shardex.sql.syntax.explain import explain_query, explain_select, explain_with
+from shardex.sql.syntax.explain_dml import explain_dml
 from shardex.sql.syntax.merge import MergeStmt
 from shardex.sql.syntax.params import check_params
 from shardex.sql.syntax.setops import (
@@ -156,20 +158,12 @@ class LocalEngine:
             w = bind_with(stmt)
             check_params(w.params(), params)
             return QueryResult(list(self.run_query(w.body, self.with_values(w, params))))
-        if isinstance(stmt, ExplainStmt) and isinstance(stmt.statement, WithStmt):
-            w = bind_with(stmt.statement)
-            for one in w.selects():
-                self._check_from(one)
-            return QueryResult([explain_with(w)])
         if isinstance(stmt, ExplainStmt):
-            query = bind_query(stmt.statement)
-            selects = query.selects() if isinstance(query, BoundSetOp) else [query]
-            for one in selects:
-                self._check_from(one)
-            if isinstance(query, BoundSelect):
-                joins = [p.explain() for p in self.join_plans(query)] if query.joins else None
-                return QueryResult([explain_select(query, joins)])
-            return QueryResult([explain_query(query)])
+            if isinstance(stmt.statement, ExecuteStmt):  # the prepared statement's plan
+                text, values = self.prepared.execution(stmt.statement, params)
+                explained = isinstance(parse_statement(text), ExplainStmt)
+                return self._execute(text if explained else f"EXPLAIN {text}", values)
+            return QueryResult([self.explain(stmt.statement)])
         if isinstance(stmt, InsertStmt):
             if stmt.select is not None:
                 return self.dml.insert_select(stmt, params)
@@ -179,6 +173,33 @@ class LocalEngine:
         if isinstance(stmt, MergeStmt):
             return self.dml.merge(stmt, params)
         return self._ddl(stmt)
+
+    def explain(self, stmt: object) -> dict[str, Any]:
+        """EXPLAIN of a query or DML statement (``syntax/explain_dml.py``): nothing runs."""
+        if isinstance(stmt, WithStmt):
+            w = bind_with(stmt)
+            for one in w.selects():
+                self._check_from(one)
+            return explain_with(w)
+        if isinstance(stmt, SelectStmt | SetOpStmt):
+            query = bind_query(stmt)
+            selects = query.selects() if isinstance(query, BoundSetOp) else [query]
+            for one in selects:
+                self._check_from(one)
+            if isinstance(query, BoundSelect):
+                joins = [p.explain() for p in self.join_plans(query)] if query.joins else None
+                return explain_select(query, joins)
+            return explain_query(query)
+        assert isinstance(stmt, InsertStmt | DeleteStmt | UpdateStmt | MergeStmt), stmt
+        if isinstance(stmt, InsertStmt):
+            self.keyspace(stmt.keyspace)
+            source = stmt.select
+        elif isinstance(stmt, MergeStmt):
+            self.keyspace(stmt.keyspace)
+            source = merge_select(stmt)
+        else:
+            source = dml_select(stmt)
+        return explain_dml(stmt, None if source is None else self.explain(source), cas=False)
 
     def _ddl(self, stmt: Any) -> QueryResult:
         indexes = self.indexes.setdefault(stmt.keyspace, {})

@@ -83,7 +83,7 @@ def test_nested_set_operation_in_parentheses() -> None:
         ("SELECT 1 INTERSECT ALL 2", "SELECT or a parenthesised query after INTERSECT"),
         ("(SELECT 1 UNION SELECT 2", "')' after the parenthesised query"),
         ("SELECT 1 UNION ALL ALL SELECT 2", "after UNION"),
-        ("EXPLAIN (1)", "SELECT after EXPLAIN"),
+        ("EXPLAIN (1)", "MERGE or EXECUTE after EXPLAIN"),
     ],
 )
 def test_malformed_set_operations_are_syntax_errors(sql: str, says: str) -> None:

@@ -54,7 +54,8 @@ def test_terms_texts_and_query() -> None:
     body = parse_statement("WITH a AS (1) SELECT a UNION SELECT 2 ORDER BY SELF")
     assert isinstance(body, WithStmt) and isinstance(body.body, SetOpStmt)
     explained = parse_statement("EXPLAIN WITH a AS (1) SELECT a")
-    assert isinstance(explained, ExplainStmt) and is_compound(explained)
+    assert isinstance(explained, ExplainStmt) and is_compound(explained.statement)
+    assert not is_compound(explained)  # an EXPLAIN is planned, not run (explain_statement)
 
 
 @pytest.mark.parametrize(

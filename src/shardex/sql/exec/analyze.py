@@ -10,6 +10,7 @@ here, so a LET never looks like a document field) or comprehension variables.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from shardex.core.expr import (
     And,
@@ -30,6 +31,7 @@ from shardex.sql.syntax.ast import Binding, CollectionPredicate
 from shardex.sql.syntax.bind import META_KEY, BoundSelect, map_children
 
 __all__ = [
+    "FETCHED_META",
     "KeyLookup",
     "doc_order",
     "doc_where",
@@ -37,10 +39,15 @@ __all__ = [
     "key_route",
     "ranking_paths",
     "read_paths",
+    "reads_fetched_meta",
     "reads_meta",
     "reads_meta_field",
     "to_document_terms",
 ]
+
+# META() fields only a document's fetch brings (its owner's CAS and expiry): a query that
+# reads one fetches every document with them, never covered and never late-materialised.
+FETCHED_META: Final = ("cas", "expiration")
 
 _WHOLE_DOC = Identifier("\x00document")  # never an index key: marks "reads everything"
 
@@ -158,9 +165,9 @@ def _doc_exprs(b: BoundSelect) -> list[Expr]:
 
 def read_paths(b: BoundSelect) -> set[Path] | None:
     """The document paths the query reads; None when it needs whole documents (as with
-    UNNEST: an element alias's paths are no document's), or ``META().expiration``, which
-    only the fetched document brings (no index covers it)."""
-    if b.unnests or reads_meta_field(b, "expiration"):
+    UNNEST: an element alias's paths are no document's), or ``META().cas`` /
+    ``META().expiration``, which only the fetched document brings (no index covers them)."""
+    if b.unnests or reads_fetched_meta(b):
         return None
     let_names = {n for n, _ in b.lets}
     out: set[Path] = set()
@@ -199,12 +206,17 @@ def ranking_paths(b: BoundSelect) -> set[Path] | None:
     return out
 
 
-def reads_meta_field(b: BoundSelect, name: str) -> bool:
-    """Whether the query reads ``META().<name>``: a field the fetched documents must bring
-    beside their id (``expiration``: each one's expiry, from its owner)."""
+def reads_fetched_meta(b: BoundSelect) -> bool:
+    """Whether the query reads a ``META()`` field that only a document's fetch brings
+    (``FETCHED_META``: its CAS and expiry, from its owner; no index entry holds them)."""
+    return reads_meta_field(b, *FETCHED_META)
+
+
+def reads_meta_field(b: BoundSelect, *names: str) -> bool:
+    """Whether the query reads ``META().<name>`` for any of ``names``."""
     return any(
         isinstance(n, Field)
-        and n.name == name
+        and n.name in names
         and isinstance(n.base, Identifier)
         and n.base.name == META_KEY
         for e in _doc_exprs(b)

@@ -29,6 +29,7 @@ from shardex.sql.exec.reply import once
 from shardex.sql.exec.rows import decode_row, encode_row
 from shardex.sql.exec.setops import explain_set_op, set_op_texts, start_set_op
 from shardex.sql.exec.statement_checks import check_statement
+from shardex.sql.exec.statements import parsed
 from shardex.sql.exec.subqueries import expression_runner
 from shardex.sql.local_rows import inserted_values
 from shardex.sql.syntax import ExplainStmt, SelectStmt, cte_names
@@ -43,29 +44,41 @@ if TYPE_CHECKING:
     from shardex.net import Principal
     from shardex.sql.exec.service import SqlService
 
-__all__ = ["compound_statement", "inserted_statement", "is_compound", "prepared_statement"]
+__all__ = [
+    "compound_statement",
+    "explain_compound",
+    "inserted_statement",
+    "is_compound",
+    "prepared_statement",
+]
 
 Query = SelectStmt | SetOpStmt | WithStmt
 
 
 def is_compound(stmt: object) -> bool:
-    """A set operation or WITH statement, or its EXPLAIN."""
-    if isinstance(stmt, ExplainStmt):
-        stmt = stmt.statement
+    """A set operation or WITH statement (its EXPLAIN: ``explain_statement``)."""
     return isinstance(stmt, SetOpStmt | WithStmt)
 
 
 async def prepared_statement(
     svc: SqlService,
     msg: SqlQuery,
-    stmt: PrepareStmt | ExecuteStmt,
+    stmt: PrepareStmt | ExecuteStmt | ExplainStmt,
     principal: Principal | None,
     run: Callable[[SqlQuery], Awaitable[tuple[SqlStarted, AsyncIterator[list[bytes]]]]],
     accepted: Callable[[SqlQuery], SqlQuery],
 ) -> tuple[SqlStarted, AsyncIterator[list[bytes]]]:
     """PREPARE: the statement's text kept under its name on ``svc``'s node (its privileges
     checked now, and again at each EXECUTE); EXECUTE: that text ``run`` as if it had been
-    sent (``accepted``: checked and stamped), the USING values its parameters."""
+    sent (``accepted``: checked and stamped), the USING values its parameters; EXPLAIN
+    EXECUTE: that text's EXPLAIN, run the same way."""
+    if isinstance(stmt, ExplainStmt):
+        assert isinstance(stmt.statement, ExecuteStmt)
+        text, values = svc.prepared.execution(stmt.statement, msg.params)
+        if not isinstance(parsed(text), ExplainStmt):
+            text = f"EXPLAIN {text}"
+        inner = msgspec.structs.replace(msg, statement=text, params=values)
+        return await run(accepted(inner))
     if isinstance(stmt, ExecuteStmt):
         text, values = svc.prepared.execution(stmt, msg.params)
         inner = msgspec.structs.replace(msg, statement=text, params=values)
@@ -83,17 +96,12 @@ async def prepared_statement(
 async def compound_statement(
     svc: SqlService,
     msg: SqlQuery,
-    stmt: SetOpStmt | WithStmt | ExplainStmt,
+    stmt: SetOpStmt | WithStmt,
     params: Any,
     quota: int,
-    members: dict[str, str],
 ) -> tuple[SqlStarted, AsyncIterator[list[bytes]]]:
     """The reply that starts ``stmt`` on ``svc``'s node and its rows. ``quota``: the
-    statement's memory quota; ``members``: the live ones."""
-    if isinstance(stmt, ExplainStmt):
-        assert isinstance(stmt.statement, SetOpStmt | WithStmt)
-        plan = await _explain(svc, msg, stmt.statement, params, members)
-        return SqlStarted(stream_id=msg.stream_id, statement="explain"), once([encode_row(plan)])
+    statement's memory quota."""
     whole = bind_with(stmt) if isinstance(stmt, WithStmt) else bind_set_op(stmt)
     check_params(whole.params(), params)
     run = _Run(svc, msg, quota)
@@ -210,7 +218,7 @@ async def _cells(chunks: AsyncIterator[list[bytes]]) -> AsyncIterator[bytes]:
         await close_all([chunks])
 
 
-async def _explain(
+async def explain_compound(
     svc: SqlService, msg: SqlQuery, stmt: SetOpStmt | WithStmt, params: Any, members: dict
 ) -> dict[str, Any]:
     """EXPLAIN: each SELECT's distributed plan (a WITH's values are not known yet: spans that

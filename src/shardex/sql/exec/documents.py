@@ -158,12 +158,14 @@ class DocumentAccess:
         self, keyspace: str, docids: Sequence[str]
     ) -> list[tuple[str, Any, dict[str, Any]]]:
         """``(docid, document, META())`` for the docids that exist, in the given order, the
-        META() with ``id`` and ``expiration`` (absolute epoch seconds, 0 for none)."""
-        found = await self._fetch(keyspace, docids, with_cas=False, with_expiry=True)
+        META() with ``id``, ``cas`` (the version read) and ``expiration`` (absolute epoch
+        seconds, 0 for none)."""
+        found = await self._fetch(keyspace, docids, with_cas=True, with_expiry=True)
         return [
-            (d, _json_decode.decode(found[d][0]), {"id": d, "expiration": found[d][2]})
+            (d, _json_decode.decode(body), {"id": d, "cas": cas, "expiration": expiry})
             for d in docids
             if d in found
+            for body, cas, expiry in (found[d],)
         ]
 
     async def get_cas(self, keyspace: str, docid: str) -> tuple[Any, int] | None:

@@ -15,7 +15,7 @@ import pyarrow as pa
 from shardex.core.expr import evaluate
 from shardex.core.values import MISSING
 from shardex.errors import ErrorCode, ShardexError
-from shardex.sql.exec.analyze import reads_meta, reads_meta_field
+from shardex.sql.exec.analyze import reads_fetched_meta, reads_meta
 from shardex.sql.exec.bridge import Pack, close_all, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder, key_projection
@@ -136,7 +136,7 @@ async def run_leaf(
     fetch = documents.get_many if tuning["get_many"] else documents.get_each
     decoder = EntryDecoder(spec.desc, spec.key_paths)
     meta = (covering or late) and reads_meta(b)
-    expiration = reads_meta_field(b, "expiration")
+    fetched_meta = reads_fetched_meta(b)
     top = spec.top
     mode, ordered, decided = spec.mode, spec.ordered, spec.decided
     # A covering scan whose spans decide WHERE and whose terms each read one key part or
@@ -169,7 +169,7 @@ async def run_leaf(
             if seen is not None:  # an array index: each document once, at its first entry
                 docids = [d for d in dict.fromkeys(docids) if d not in seen]
                 seen.update(docids)
-            if expiration:  # META().expiration: each document's expiry from its owner
+            if fetched_meta:  # META().cas / expiration: each document's from its owner
                 metas = await documents.get_many_meta(keyspace, docids)
                 yield [{alias: doc, META_KEY: m} for _, doc, m in metas]
                 continue
@@ -321,11 +321,11 @@ async def lookup_rows(
 ) -> AsyncIterator[list[Any]]:
     """The scope rows of a key lookup (``keys``: the ids it names, when known already).
     ``meta``: the fetch of documents with their META() (``DocumentAccess.get_many_meta``),
-    used when the query reads ``META().expiration``."""
+    used when the query reads ``META().cas`` or ``META().expiration``."""
     if keys is None:
         keys = named_keys(b, params)
     unique = list(dict.fromkeys(keys))
-    if meta is not None and reads_meta_field(b, "expiration"):
+    if meta is not None and reads_fetched_meta(b):
         found = await meta(keyspace, unique)
         docs = {d: doc for d, doc, _ in found}
         yield lookup_scopes(b, docs, keys, {d: m for d, _, m in found})

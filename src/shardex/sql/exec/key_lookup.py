@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from shardex.sql.exec.analyze import reads_meta_field
+from shardex.sql.exec.analyze import reads_fetched_meta
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragment_rows import root_rows
 from shardex.sql.exec.fragments import lookup_rows, lookup_scopes, named_keys
@@ -52,8 +52,8 @@ class KeyLookups:
         """The result rows (encoded) when every document is this node's and readable now;
         None: ``rows`` does it."""
         assert plan.keyspace is not None
-        if not plan.tuning["get_many"] or _reads_expiration(plan):
-            return None  # META().expiration: ``rows`` fetches it with the documents
+        if not plan.tuning["get_many"] or _reads_fetched_meta(plan):
+            return None  # META().cas / expiration: ``rows`` fetches them with the documents
         docs = self.documents.get_many_now(plan.keyspace, keys)
         if docs is None:
             return None
@@ -102,10 +102,10 @@ class KeyLookups:
             return [encode_row(r) for r in rows]
 
 
-def _reads_expiration(plan: PhysicalPlan) -> bool:
-    """Whether ``plan`` reads ``META().expiration``, once per plan (a point query's plan
-    is reused: this runs on every one)."""
-    found: bool | None = plan.__dict__.get("_reads_expiration")
+def _reads_fetched_meta(plan: PhysicalPlan) -> bool:
+    """Whether ``plan`` reads ``META().cas`` or ``META().expiration``, once per plan (a
+    point query's plan is reused: this runs on every one)."""
+    found: bool | None = plan.__dict__.get("_reads_fetched_meta")
     if found is None:
-        found = plan.__dict__["_reads_expiration"] = reads_meta_field(plan.bound, "expiration")
+        found = plan.__dict__["_reads_fetched_meta"] = reads_fetched_meta(plan.bound)
     return found

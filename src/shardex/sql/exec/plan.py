@@ -54,7 +54,7 @@ from shardex.sql.exec.analyze import (
     key_lookup,
     ranking_paths,
     read_paths,
-    reads_meta_field,
+    reads_fetched_meta,
 )
 from shardex.sql.exec.fragment_rows import mode_of
 from shardex.sql.exec.join_plan import JoinSides, plan_sides
@@ -75,7 +75,14 @@ from shardex.sql.protocol import FragmentSpec, QueryPlan
 from shardex.sql.syntax.bind import BoundSelect
 from shardex.sql.syntax.subquery import running_subqueries
 
-__all__ = ["Leaf", "PhysicalPlan", "bind_statement", "lookup_keys", "plan_select"]
+__all__ = [
+    "Leaf",
+    "PhysicalPlan",
+    "bind_statement",
+    "lookup_keys",
+    "no_keyspace",
+    "plan_select",
+]
 
 
 def bind_statement(sql: str, dml: bool, *, cached: bool = True) -> BoundSelect:
@@ -259,7 +266,7 @@ class PhysicalPlan:
         return explain_plan(self)
 
 
-def _no_keyspace(keyspace: str) -> ShardexError:
+def no_keyspace(keyspace: str) -> ShardexError:
     return ShardexError(
         f"keyspace {keyspace!r} not found",
         code=ErrorCode.KEYSPACE_NOT_FOUND,
@@ -351,7 +358,7 @@ def plan_select(
         return PhysicalPlan(b, "local", "expr", limit=limit, offset=offset, tuning=switches)
     keyspace = ref.name
     if keyspace not in state.keyspaces:
-        raise _no_keyspace(keyspace)
+        raise no_keyspace(keyspace)
     if len(ref.use_index) > 1:
         raise ShardexError(
             "USE INDEX names one index here",
@@ -484,7 +491,7 @@ def _plan_join(
             avoid=avoid,
         )
 
-    plan_sides(plan, state, _no_keyspace)
+    plan_sides(plan, state, no_keyspace)
     plan.side_planner = plan_one
 
 
@@ -507,7 +514,7 @@ def _late_fetch_wins(plan: PhysicalPlan, facts: _Facts) -> bool:
         and choice.definition.array_pos < 0  # entries per element would rank one row twice
         and facts.ranking_paths is not None
         and covers(choice.key_paths, facts.ranking_paths)
-        and not reads_meta_field(b, "expiration")  # the root's fetch brings no expiry
+        and not reads_fetched_meta(b)  # the root's fetch brings no CAS or expiry
     )
 
 

@@ -62,8 +62,9 @@ from shardex.errors import ShardexError
 from shardex.net import Connection, Principal, RpcServer
 from shardex.runtime.admission import DEFAULT_QUEUED, AdmissionGate, Slot, default_cap
 from shardex.scan.coordinator import ScanCoordinator
-from shardex.sql.exec.dml_run import dml_statement, values_chunk
+from shardex.sql.exec.dml_run import dml_statement
 from shardex.sql.exec.documents import DocumentAccess
+from shardex.sql.exec.explain_statement import explain_statement
 from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.join_run import run_join
 from shardex.sql.exec.key_lookup import KeyLookups
@@ -78,7 +79,7 @@ from shardex.sql.exec.plan import (
 )
 from shardex.sql.exec.reply import BLOCK_BYTES, BLOCK_ROWS, cells_closing, once, respond
 from shardex.sql.exec.stability import StatementStability
-from shardex.sql.exec.started import index_name, started_reply
+from shardex.sql.exec.started import started_reply
 from shardex.sql.exec.statement_checks import (
     MAX_STATEMENT_BYTES,
     MAX_TIMEOUT,
@@ -343,34 +344,15 @@ class SqlService:
         if isinstance(stmt, SelectStmt):
             plan, ts, chunks = await self.start_select(msg, msg.statement, stmt, params)
             return self._started(msg, plan, ts), chunks
-        if isinstance(stmt, PrepareStmt | ExecuteStmt):  # EXECUTE's text runs as if sent
-            run = functools.partial(self._run, principal=principal)
+        if isinstance(stmt, PrepareStmt | ExecuteStmt) or _explains_execute(stmt):
+            run = functools.partial(self._run, principal=principal)  # EXECUTE: as if sent
             return await compound.prepared_statement(
                 self, msg, stmt, principal, run, self._accepted
             )
-        if compound.is_compound(stmt):  # a set operation or WITH (or its EXPLAIN)
-            quota, members = self.quota(msg), self._members()
-            return await compound.compound_statement(self, msg, stmt, params, quota, members)  # type: ignore[arg-type]
-        if isinstance(stmt, ExplainStmt):
-            state = await self.scan.view.state()
-            members = self._members()
-
-            def explained() -> PhysicalPlan:
-                b = bind_statement(sql, False, cached=cached)
-                return plan_select(
-                    b,
-                    params,
-                    state=state,
-                    members=members,
-                    resolve_params=params is not None,
-                    tuning=tuning,
-                )
-
-            plan = await prepared_off_loop(sql, explained)
-            started = SqlStarted(
-                stream_id=msg.stream_id, statement="explain", index=index_name(plan)
-            )
-            return started, values_chunk([plan.explain()])
+        if isinstance(stmt, ExplainStmt):  # any other statement's plan; nothing runs
+            return await explain_statement(self, msg, stmt, params, self._members())
+        if compound.is_compound(stmt):  # a set operation or WITH
+            return await compound.compound_statement(self, msg, stmt, params, self.quota(msg))  # type: ignore[arg-type]
         if isinstance(stmt, InsertStmt | DeleteStmt | UpdateStmt | MergeStmt):
             return await dml_statement(self, msg, stmt, params)
         raise bad_request(
@@ -573,3 +555,8 @@ class SqlService:
     def _started(self, msg: SqlQuery, plan: PhysicalPlan, ts: Timestamp | None) -> SqlStarted:
         """The reply that starts a SELECT's result (without its rows)."""
         return started_reply(msg, plan, ts, self.scan.name, self.scan.view.address)
+
+
+def _explains_execute(stmt: object) -> bool:
+    """EXPLAIN EXECUTE: the prepared text's EXPLAIN, run as EXECUTE runs its text."""
+    return isinstance(stmt, ExplainStmt) and isinstance(stmt.statement, ExecuteStmt)

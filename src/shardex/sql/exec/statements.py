@@ -16,13 +16,10 @@ import functools
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from shardex.core.expr import Field, Identifier, Meta
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.syntax import (
     DeleteStmt,
     ExplainStmt,
-    KeyspaceRef,
-    ResultTerm,
     SelectStmt,
     UpdateStmt,
     parse_statement,
@@ -30,6 +27,7 @@ from shardex.sql.syntax import (
 from shardex.sql.syntax.ast import WithStmt
 from shardex.sql.syntax.bind import BoundSelect, bind_select
 from shardex.sql.syntax.ctes import bind_with
+from shardex.sql.syntax.dml_selects import dml_select, merge_select
 from shardex.sql.syntax.merge import MergeStmt
 from shardex.sql.syntax.parser import Statement
 
@@ -38,6 +36,7 @@ __all__ = [
     "PLAN_ON_LOOP_CHARS",
     "bad_request",
     "bound_statement",
+    "dml_select",
     "merge_select",
     "parsed",
     "prepared_off_loop",
@@ -99,28 +98,3 @@ def _bound(sql: str, dml: bool) -> BoundSelect:
 def bound_statement(sql: str, dml: bool, *, cached: bool = True) -> BoundSelect:
     """The bound SELECT of ``sql`` (the one a DML statement derives when ``dml``)."""
     return _bound(sql, dml) if cached else _bind(parse_statement(sql), dml)
-
-
-def dml_select(stmt: DeleteStmt | UpdateStmt) -> SelectStmt:
-    """The SELECT that finds what a DELETE / UPDATE changes: each row's id (the write reads
-    the document again at its owner, under its CAS: shipping it here would be wasted)."""
-    alias = stmt.target.as_name
-    terms = (ResultTerm(Field(Meta(alias), "id"), "id"),)
-    return SelectStmt(terms=terms, from_=stmt.target, where=stmt.where, limit=stmt.limit)
-
-
-def merge_select(stmt: MergeStmt) -> SelectStmt | None:
-    """The SELECT that reads MERGE's source rows (the leaves derive it from the statement
-    text, like DELETE's): a keyspace's documents with their ids, or the source SELECT
-    itself; None for an expression source (evaluated on the initiator)."""
-    src = stmt.source
-    if isinstance(src, KeyspaceRef):
-        alias = src.as_name
-        terms = (
-            ResultTerm(Identifier(alias), "v"),
-            ResultTerm(Field(Meta(alias), "id"), "id"),
-        )
-        return SelectStmt(terms=terms, from_=src)
-    if isinstance(src, SelectStmt):
-        return src
-    return None

@@ -223,7 +223,12 @@ class SelectStmt:
 
 @dataclass(frozen=True)
 class ExplainStmt:
-    statement: SelectStmt | SetOpStmt | WithStmt
+    """``EXPLAIN statement``: the plan of a query, of a DML statement (the query it runs,
+    then its write steps) or of EXECUTE (the prepared statement's), never running it."""
+
+    # SelectStmt | SetOpStmt | WithStmt | InsertStmt | DeleteStmt | UpdateStmt | MergeStmt
+    # | ExecuteStmt (MergeStmt lives in merge.py, which imports this module)
+    statement: object
 
 
 @dataclass(frozen=True)

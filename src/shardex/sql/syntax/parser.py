@@ -25,7 +25,7 @@ Grammar (keywords case-insensitive, ``;`` optional at the end)::
     query: select | query {UNION|INTERSECT|EXCEPT} [ALL] (select | (query))
       [ORDER BY ...] [LIMIT expr] [OFFSET expr]        (parse_queries.py)
     WITH name AS (query | expr) {, ...} query
-    EXPLAIN query | EXPLAIN WITH ...
+    EXPLAIN query | EXPLAIN WITH ... | EXPLAIN dml | EXPLAIN EXECUTE ...
     INSERT|UPSERT INTO keyspace [(KEY, VALUE)] VALUES (k, v) {, [VALUES] (k, v)}
       [RETURNING terms]
     INSERT|UPSERT INTO keyspace (KEY expr [, VALUE expr]) query [RETURNING terms]
@@ -145,12 +145,7 @@ class SqlParser(ClauseParser):
         elif word == "WITH" and tok.kind is TokenKind.IDENT:
             stmt = parse_with(self)
         elif self.accept_keyword("EXPLAIN"):
-            if self.peek().upper == "WITH":
-                stmt = ExplainStmt(parse_with(self))
-            else:
-                if not (self.at_keyword("SELECT") or at_query_in_parens(self)):
-                    self.error(self.peek(), expected="SELECT after EXPLAIN")
-                stmt = ExplainStmt(parse_query(self))
+            stmt = self.parse_explained()
         elif word in ("INSERT", "UPSERT"):
             stmt = self.parse_insert()
         elif word == "DELETE":
@@ -166,6 +161,21 @@ class SqlParser(ClauseParser):
                 expected=_STATEMENT_WORDS,
             )
         return stmt
+
+    def parse_explained(self) -> ExplainStmt:
+        """What follows EXPLAIN: a query, a DML statement or EXECUTE."""
+        tok = self.peek()
+        word = tok.upper if tok.kind is TokenKind.IDENT else ""
+        if word == "EXECUTE":
+            return ExplainStmt(parse_execute(self))
+        if word in ("WITH", "SELECT", "INSERT", "UPSERT", "DELETE", "UPDATE", "MERGE"):
+            return ExplainStmt(self.parse_dml_or_query())
+        if at_query_in_parens(self):
+            return ExplainStmt(parse_query(self))
+        self.error(
+            tok,
+            expected="SELECT, WITH, INSERT, UPSERT, DELETE, UPDATE, MERGE or EXECUTE after EXPLAIN",
+        )
 
     def parse_select(self, *, tail: bool = True) -> SelectStmt:
         """One SELECT; ``tail`` False leaves its ORDER BY / LIMIT / OFFSET to the caller (a
@@ -403,7 +413,7 @@ def parse_statement(text: str) -> Statement:
 def parse_select(text: str) -> SelectStmt:
     stmt = parse_statement(text)
     if isinstance(stmt, ExplainStmt):
-        return stmt.statement
+        stmt = stmt.statement  # type: ignore[assignment]
     if not isinstance(stmt, SelectStmt):
         raise TypeError(f"not a SELECT: {text!r}")
     return stmt

@@ -168,30 +168,7 @@ class World:
 
     async def _control(self, msg: Message, expect: type[Any]) -> Any:
         """The client's control connection, answered with the fixed state and members."""
-        if expect is StateReply:
-            return StateReply(node="manager", master="manager", is_master=True, state=self.state)
-        views = [
-            MemberView(
-                member_id=m.member_id,
-                name=m.name,
-                address=m.address,
-                services=m.services,
-                incarnation=1,
-                state=UP,
-                last_heartbeat_age=0.0,
-            )
-            for m in self.members
-        ]
-        return MembersReply(
-            observer=CLIENT,
-            observer_id=f"id-{CLIENT}",
-            observer_is_manager=False,
-            version=1,
-            digest="",
-            heartbeat_interval=1.0,
-            failure_timeout=5.0,
-            members=views,
-        )
+        return fixed_control_reply(self.state, self.members, expect)
 
     async def _client_main(self, node: ClusterNode) -> None:
         router = DataRouter(
@@ -356,3 +333,32 @@ async def _read_stream(router: DataRouter, partition: int, seqno: int, uuid: int
             await stream.cancel()
             await asyncio.sleep(0.1)
     raise AssertionError("unreachable")
+
+
+def fixed_control_reply(state: Any, members: Any, expect: type[Any]) -> Any:
+    """A client's control connection in a simulation whose cluster never changes: the state
+    and every member up, as a manager would answer them."""
+    if expect is StateReply:
+        return StateReply(node="manager", master="manager", is_master=True, state=state)
+    views = [
+        MemberView(
+            member_id=m.member_id,
+            name=m.name,
+            address=m.address,
+            services=m.services,
+            incarnation=1,
+            state=UP,
+            last_heartbeat_age=0.0,
+        )
+        for m in members
+    ]
+    return MembersReply(
+        observer=CLIENT,
+        observer_id=f"id-{CLIENT}",
+        observer_is_manager=False,
+        version=1,
+        digest="",
+        heartbeat_interval=1.0,
+        failure_timeout=5.0,
+        members=views,
+    )

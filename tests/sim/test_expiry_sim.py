@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from data_harness import StateStandIn, address
+from data_harness import StateStandIn, address, fixed_control_reply
 
-from shardex.api.coordinator import StateReply
 from shardex.api.data import (
     Get,
     GetAndTouch,
@@ -30,7 +29,6 @@ from shardex.api.data import (
     Upsert,
 )
 from shardex.api.expiry import FLAG_EXPIRED
-from shardex.api.membership import MembersReply
 from shardex.api.records import OP_DELETE, Change
 from shardex.client.routing import DataRouter
 from shardex.client.streams import RemoteStream
@@ -39,7 +37,7 @@ from shardex.data.engine import DataEngine
 from shardex.data.records import decode_doc, doc_key
 from shardex.data.service import DataService
 from shardex.errors import ErrorCode, ShardexError
-from shardex.meta.member_list import UP, MemberInfo, MemberView
+from shardex.meta.member_list import MemberInfo
 from shardex.meta.partitioning import partition_of
 from shardex.meta.state import KeyspaceMeta, StateContext
 from shardex.net import RpcServer
@@ -148,30 +146,7 @@ class World:
         await loop.create_future()
 
     async def control(self, msg: Message, expect: type[Any]) -> Any:
-        if expect is StateReply:
-            return StateReply(node="manager", master="manager", is_master=True, state=self.state)
-        views = [
-            MemberView(
-                member_id=m.member_id,
-                name=m.name,
-                address=m.address,
-                services=m.services,
-                incarnation=1,
-                state=UP,
-                last_heartbeat_age=0.0,
-            )
-            for m in self.members
-        ]
-        return MembersReply(
-            observer=CLIENT,
-            observer_id=f"id-{CLIENT}",
-            observer_is_manager=False,
-            version=1,
-            digest="",
-            heartbeat_interval=1.0,
-            failure_timeout=5.0,
-            members=views,
-        )
+        return fixed_control_reply(self.state, self.members, expect)
 
     async def client_main(self, node: ClusterNode) -> None:
         router = DataRouter(

@@ -29,6 +29,7 @@ from shardex.sql.operators import (
 from shardex.sql.operators.setops import combine
 from shardex.sql.syntax import InsertStmt
 from shardex.sql.syntax.bind import META_KEY, BoundSelect, resolve
+from shardex.sql.syntax.bound_select import sort_scope
 from shardex.sql.syntax.setops import RESULT_NAME, BoundQuery, BoundSetOp, result_scope
 
 Params = Sequence[Any] | Mapping[str, Any] | None
@@ -166,8 +167,7 @@ def finish_rows(
     aliases = b.order_aliases
 
     def sort_key(row: dict[str, Any], value: Any) -> bytes:
-        if aliases:
-            row = {**row, **{a: value.get(a, MISSING) for a in aliases}}
+        row = sort_scope(row, value, aliases)
         return encode_sort_key([f(row, None, params) for f in order_fns], specs)
 
     pairs: Iterable[Any] = project(rows, terms, raw=raw, sort_key=sort_key)

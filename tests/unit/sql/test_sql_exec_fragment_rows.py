@@ -196,3 +196,24 @@ def test_a_leaf_groups_runs_of_one_covering_key_as_their_rows(sql: str) -> None:
         return [encode_row(r) for r in out]  # what crosses the exchange, groups in order
 
     assert partials(shared) == partials(copied)
+
+
+@pytest.mark.parametrize("leaves", [1, 3])
+def test_a_projection_alias_named_like_the_from_alias_shadows_no_document_field(
+    leaves: int,
+) -> None:
+    """``ORDER BY k`` is the document's ``k`` (``d.k``) even when the projection has an alias
+    ``d`` too; a bare ``d`` in ORDER BY is that alias (projection aliases come first)."""
+    docs = _docs()
+    ref = LocalEngine()
+    ref.create_keyspace(KS)
+    ref.keyspaces[KS].update(docs)
+    by_k = f"SELECT k, v AS d FROM {KS} AS d ORDER BY k DESC"
+    want = ref.query(by_k)
+    assert [r["k"] for r in want] == sorted((d["k"] for d in docs.values()), reverse=True)
+    assert _run(by_k, docs, leaves) == want
+    by_alias = f"SELECT k, a AS d FROM {KS} AS d WHERE a IS NOT MISSING ORDER BY d, k"
+    want = ref.query(by_alias)
+    keys = [(r["d"], r["k"]) for r in want]
+    assert keys == sorted(keys)
+    assert _run(by_alias, docs, leaves) == want

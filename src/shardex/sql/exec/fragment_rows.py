@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
-from shardex.core.expr import MISSING, Expr, compile_expression
+from shardex.core.expr import Expr, compile_expression
 from shardex.core.expr.ops import truth
 from shardex.sql.exec.memory import Budget
 from shardex.sql.exec.rows import pack_state
@@ -59,6 +59,7 @@ from shardex.sql.operators import (
     unnest,
 )
 from shardex.sql.syntax.bind import META_KEY, BoundSelect, aggregate_name, group_key_name
+from shardex.sql.syntax.bound_select import sort_scope
 
 __all__ = [
     "MODES",
@@ -184,8 +185,7 @@ def _sort_key(b: BoundSelect, params: Params) -> Callable[[Any, Any], bytes]:
     aliases = b.order_aliases
 
     def key(row: Any, value: Any) -> bytes:
-        if aliases:
-            row = {**row, **{a: value.get(a, MISSING) for a in aliases}}
+        row = sort_scope(row, value, aliases)
         return encode_sort_key([f(row, None, params) for f in fns], specs)
 
     return key

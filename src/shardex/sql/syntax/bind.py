@@ -41,7 +41,7 @@ from .bound_select import BoundSelect as BoundSelect
 from .bound_select import BoundTerm as BoundTerm
 from .bound_select import aggregate_name as aggregate_name
 from .bound_select import group_key_name as group_key_name
-from .bound_select import ordered_aliases
+from .bound_select import order_alias_name, ordered_aliases
 from .bound_select import subqueries_of as subqueries_of
 from .bound_setop import BoundSetOp
 from .cte_names import inlined, reference
@@ -305,8 +305,9 @@ def bind_select(stmt: SelectStmt, *, outer: frozenset[str] = frozenset()) -> Bou
     )
     grouped = bool(stmt.group_by) or uses_aggregates
 
-    order_exprs = [o.expr for o in stmt.order_by]
-    order_bound = frozenset(explicit)
+    # ORDER BY reads projection aliases by names of their own (``order_alias_name``).
+    order_exprs = [_order_aliased(o.expr, frozenset(explicit)) for o in stmt.order_by]
+    order_bound = frozenset(order_alias_name(a) for a in explicit)
     grouping: _Grouping | None = None
     terms: list[BoundTerm] = []
     if grouped:
@@ -448,9 +449,25 @@ def _bind_join(
     return BoundJoin(form="ansi", on=resolve(j.on, alias, inner), **common)
 
 
-def _aliases_used(order: tuple[tuple[Expr, OrderTerm], ...], aliases: frozenset[str]) -> tuple:
+def _order_aliased(expr: Expr, aliases: frozenset[str]) -> Expr:
+    """``expr`` with each bare name of a projection alias renamed to its ORDER BY name."""
+
+    def f(node: Expr) -> Expr:
+        if isinstance(node, Identifier) and node.name in aliases:
+            return Identifier(order_alias_name(node.name))
+        return map_children(node, f)
+
+    return f(expr) if aliases else expr
+
+
+def _aliases_used(order: tuple[tuple[Expr, OrderTerm], ...], names: frozenset[str]) -> tuple:
+    """The projection aliases ORDER BY reads (``names``: their ORDER BY names)."""
+    prefix = len(order_alias_name(""))
     used = {
-        n.name for e, _ in order for n in walk(e) if isinstance(n, Identifier) and n.name in aliases
+        n.name[prefix:]
+        for e, _ in order
+        for n in walk(e)
+        if isinstance(n, Identifier) and n.name in names
     }
     return tuple(sorted(used))
 

@@ -4,8 +4,9 @@ scope rows, the scope names of its group keys and aggregates, and its subqueries
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from shardex.core.expr import Expr, Param, walk
+from shardex.core.expr import MISSING, Expr, Param, walk
 
 from .ast import Aggregate, KeyspaceRef, OrderTerm, SelectStmt
 from .join_syntax import BoundJoin
@@ -17,7 +18,9 @@ __all__ = [
     "BoundTerm",
     "aggregate_name",
     "group_key_name",
+    "order_alias_name",
     "ordered_aliases",
+    "sort_scope",
     "subqueries_of",
 ]
 
@@ -31,6 +34,21 @@ def group_key_name(i: int) -> str:
 
 def aggregate_name(i: int) -> str:
     return f"\x00agg{i}"
+
+
+def order_alias_name(alias: str) -> str:
+    """The sort scope's name of projection alias ``alias`` in ORDER BY: never a document
+    scope name, so an alias named like the FROM alias (``SELECT a AS t FROM t ORDER BY k``,
+    ``k`` being ``t.k``) shadows nothing."""
+    return f"\x00ord.{alias}"
+
+
+def sort_scope(row: dict[str, Any], value: Any, aliases: tuple[str, ...]) -> dict[str, Any]:
+    """The row ORDER BY is evaluated on: the document scope ``row`` plus the projection
+    aliases it reads (``BoundSelect.order_aliases``) taken from the projected ``value``."""
+    if not aliases:
+        return row
+    return {**row, **{order_alias_name(a): value.get(a, MISSING) for a in aliases}}
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,19 @@ async def test_a_request_with_its_body_and_query() -> None:
     assert first.headers["x-a"] == "1, 2"
     second = await read_request(r, Limits())
     assert second is not None and second.method == "GET" and not second.keep_alive
+    assert second.path == "/admin/active_requests" and second.query == []
     assert await read_request(r, Limits()) is None  # the client closed between requests
+
+
+async def test_targets_as_urlsplit_reads_them() -> None:
+    for target, path, query in [
+        ("/a/b", "/a/b", []),
+        ("/a%20b?x=%31#f", "/a b", [("x", "1")]),
+        ("//host/p", "/p", []),
+        ("http://host/p?q", "/p", [("q", "")]),
+    ]:
+        req = await read_request(reader_of(f"GET {target} HTTP/1.1\r\n\r\n".encode()), Limits())
+        assert req is not None and (req.path, req.query) == (path, query), target
 
 
 async def test_http_1_0_keeps_alive_only_when_asked() -> None:

@@ -142,13 +142,18 @@ async def _rest(
     if length and writer is not None and headers.get("expect", "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     body = await reader.readexactly(length) if length else b""
-    url = urllib.parse.urlsplit(target)
     connection = headers.get("connection", "").lower()
     keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+    if target[:1] == "/" and target[:2] != "//" and not any(c in target for c in "?%#"):
+        path, query = target, []  # a plain path (/query/service): nothing to split or decode
+    else:
+        url = urllib.parse.urlsplit(target)
+        path = urllib.parse.unquote(url.path)
+        query = urllib.parse.parse_qsl(url.query, keep_blank_values=True)
     return Request(
         method=method.upper(),
-        path=urllib.parse.unquote(url.path),
-        query=urllib.parse.parse_qsl(url.query, keep_blank_values=True),
+        path=path,
+        query=query,
         headers=headers,
         body=body,
         keep_alive=keep,

@@ -69,6 +69,15 @@ async def test_a_login_matches_the_users_record_and_is_remembered_for_it(
     assert derived == ["ann", "ann"]
     await refusal(auth, header("ann", "pw-2"))
     assert seen[-1] == ("ann", False)
+    # a changed password refuses the remembered old one at once
+    await auth.principal(header("ann", "pw-1"), "peer")
+    users.creds["ann"] = cred("ann", "pw-2", "admin")
+    await refusal(auth, header("ann", "pw-1"))
+    assert (await auth.principal(header("ann", "pw-2"), "peer")).name == "ann"
+    # so does dropping the user
+    await auth.principal(header("ann", "pw-2"), "peer")
+    del users.creds["ann"]
+    await refusal(auth, header("ann", "pw-2"))
 
 
 async def test_what_is_refused() -> None:

@@ -60,7 +60,19 @@ async def test_a_request_with_its_body_and_query() -> None:
     assert first.headers["x-a"] == "1, 2"
     second = await read_request(r, Limits())
     assert second is not None and second.method == "GET" and not second.keep_alive
+    assert second.path == "/admin/active_requests" and second.query == []
     assert await read_request(r, Limits()) is None  # the client closed between requests
+
+
+async def test_targets_as_urlsplit_reads_them() -> None:
+    for target, path, query in [
+        ("/a/b", "/a/b", []),
+        ("/a%20b?x=%31#f", "/a b", [("x", "1")]),
+        ("//host/p", "/p", []),
+        ("http://host/p?q", "/p", [("q", "")]),
+    ]:
+        req = await read_request(reader_of(f"GET {target} HTTP/1.1\r\n\r\n".encode()), Limits())
+        assert req is not None and (req.path, req.query) == (path, query), target
 
 
 async def test_http_1_0_keeps_alive_only_when_asked() -> None:
@@ -90,6 +102,26 @@ async def test_each_cap_has_its_status() -> None:
     assert (await refused(cut)).status == 400
 
 
+async def test_line_ends_bare_lf_and_crlf() -> None:
+    """The head in few reads keeps every line end the line-at-a-time reading took."""
+    cases = {
+        b"GET /a HTTP/1.1\r\n\r\n": {},
+        b"GET /a HTTP/1.1\n\n": {},
+        b"GET /a HTTP/1.1\nX: 1\nY: 2\n\n": {"x": "1", "y": "2"},
+        b"GET /a HTTP/1.1\r\nX: 1\nY: 2\r\n\r\n": {"x": "1", "y": "2"},
+        b"GET /a HTTP/1.1\r\nX: 1\n\r\n": {"x": "1"},
+    }
+    for raw, headers in cases.items():
+        r = reader_of(raw + b"GET /b HTTP/1.1\r\n\r\n")
+        req = await read_request(r, Limits())
+        assert req is not None and (req.path, req.headers) == ("/a", headers), raw
+        after = await read_request(r, Limits())  # nothing of the next request was taken
+        assert after is not None and after.path == "/b", raw
+    assert (await refused(b"GET / HTTP/1.1\r\n\rX: 1\r\n\r\n")).status == 400
+    mixed = b"GET / HTTP/1.1\r\nX: 1\n\nbody\r\n\r\n"
+    assert (await refused(mixed)).status == 400  # its end cannot be told from the body
+
+
 async def test_a_line_past_the_stream_limit_is_431() -> None:
     with pytest.raises(HttpError) as e:
         await read_request(reader_of(b"GET /" + b"a" * 400 + b" HTTP/1.1\r\n", limit=64), Limits())
@@ -97,6 +129,10 @@ async def test_a_line_past_the_stream_limit_is_431() -> None:
 
 
 async def test_a_client_too_slow_to_send_its_request_gets_408() -> None:
+    # idle between requests: the connection just ends; once a request began: 408
+    assert await read_request(reader_of(b"", eof=False), Limits(idle=0.05)) is None
+    e = await refused(b"GET / HTTP/1.1\r\nX: 1\r\n", Limits(read=0.05, idle=60), False)
+    assert (e.status, e.close) == (408, True)
     e = await refused(b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", Limits(read=0.05), False)
     assert (e.status, e.close) == (408, True)
 
@@ -179,3 +215,32 @@ async def test_a_client_that_expects_100_continue_is_told_to_send_its_body() -> 
     with pytest.raises(HttpError):  # over the cap: refused, never invited
         await read_request(reader_of(raw, eof=False), Limits(body=1), w)
     assert not w.data
+
+
+async def test_the_envelope_text_of_a_success_is_json_dumps_text() -> None:
+    """A success's envelope is written by hand; its text stays what json.dumps writes."""
+    for ctx, metrics, kind in [
+        (None, True, "select"),
+        ("c", True, "update"),
+        (None, False, "select"),
+    ]:
+        w: Any = FakeWriter()
+        env = Envelope(Response(w, Limits(), keep_alive=True), "rid", ctx, metrics=metrics)
+        env.statement(kind, 2)
+        await env.rows([encode_row({"a": 1})])
+        await env.finish([], 0.002, 0.001)
+        body = bytes(w.data).split(b"\r\n\r\n", 1)[1].decode()
+        head: dict[str, Any] = {"requestID": "rid"}
+        if ctx is not None:
+            head["clientContextID"] = ctx
+        if kind == "select":
+            head["signature"] = {"*": "*"}
+        tail: dict[str, Any] = {"status": "success"}
+        if metrics:
+            m: dict[str, Any] = {"elapsedTime": "2ms", "executionTime": "1ms"}
+            m |= {"resultCount": 1, "resultSize": 7}
+            if kind == "update":
+                m["mutationCount"] = 2
+            tail["metrics"] = m
+        want = json.dumps(head)[:-1] + ',\n"results": [\n{"a":1}\n],\n' + json.dumps(tail)[1:]
+        assert body == want + "\n"

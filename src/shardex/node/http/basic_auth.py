@@ -3,10 +3,12 @@
 
 The RPC login proves the password without sending it; basic auth sends it, so the node
 derives the key itself (``password_matches``: one Argon2id, ~25 ms of CPU, in a worker
-thread). A password that matched is remembered for its user record (keyed by an HMAC of the
-password under a key of this process, never the password): curl-style clients log in on
-every request, and the record is replaced when the password, roles or user change, which
-ends what was remembered. An unknown user costs the same derivation as a wrong password.
+thread). A header that matched is remembered with its user record (keyed by a keyed BLAKE2b
+of the whole ``Authorization`` value under a key of this process, never the password): curl-
+style clients log in on every request, and a remembered header is taken only while the
+directory still holds that very record, which it replaces when the password, roles or user
+change and drops with the user: the next request after any of them is checked afresh. An
+unknown user costs the same derivation as a wrong password.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import base64
 import binascii
 import collections
 import hashlib
-import hmac
 import secrets
 from collections.abc import Callable
 from typing import Final
@@ -33,7 +34,7 @@ from shardex.node.http.n1ql_errors import E_AUTH, N1qlError
 
 __all__ = ["BasicAuth"]
 
-REMEMBERED: Final = 1024  # (user, password) pairs that matched, most recent kept
+REMEMBERED: Final = 1024  # Authorization headers that matched, most recent kept
 REALM: Final = 'Basic realm="shardex"'
 LoginObserver = Callable[[str, str, Principal | None], None]
 
@@ -43,7 +44,8 @@ class BasicAuth:
         self._users = users
         self._on_login = on_login
         self._key = secrets.token_bytes(32)  # this process's: what is remembered stays here
-        self._matched: collections.OrderedDict[tuple[str, bytes], UserCredential] = (
+        # the header's tag -> the user's name, its record then and the principal of it
+        self._matched: collections.OrderedDict[bytes, tuple[str, UserCredential, Principal]] = (
             collections.OrderedDict()
         )
         # An unknown user's derivation: a fixed fake record, so its cost is a real one's.
@@ -54,25 +56,29 @@ class BasicAuth:
     async def principal(self, authorization: str | None, peer: str) -> Principal:
         """The user the ``Authorization`` header names, with its roles now; 10000 with HTTP
         401 (and a ``WWW-Authenticate`` challenge) when it is missing or does not match."""
+        raw = (authorization or "").encode("utf-8", "surrogatepass")
+        tag = hashlib.blake2b(raw, key=self._key).digest()
+        hit = self._matched.get(tag)
+        if hit is not None:
+            # the record the login was checked against, still the user's: same password
+            if self._users is not None and self._users.lookup_user(hit[0]) is hit[1]:
+                self._matched.move_to_end(tag)
+                return hit[2]
+            del self._matched[tag]
         name, password = _credentials(authorization)
         cred = None
         if self._users is not None:
             cred = self._users.lookup_user(name) or await self._users.lookup_missing(name)
-        tag = hmac.new(self._key, password.encode("utf-8", "surrogatepass"), hashlib.sha256)
-        key = (name, tag.digest())
-        if cred is not None and self._matched.get(key) is cred:
-            self._matched.move_to_end(key)
-            return Principal(USER, name, cred.roles)
         loop = asyncio.get_running_loop()
         check = cred if cred is not None else self._decoy
         ok = await loop.run_in_executor(None, password_matches, check, password)
         if cred is None or not ok:
             self._observe(peer, name, None)
             raise _refused("unknown user or wrong password")
-        self._matched[key] = cred
+        principal = Principal(USER, name, cred.roles)
+        self._matched[tag] = (name, cred, principal)
         if len(self._matched) > REMEMBERED:
             self._matched.popitem(last=False)
-        principal = Principal(USER, name, cred.roles)
         self._observe(peer, name, principal)
         return principal
 

@@ -82,18 +82,24 @@ async def read_request(
     past ``limits.idle``) between requests. ``writer``: where "100 Continue" goes to a client
     that waits for it before its body (curl does, for a body over 1 KiB, for a second)."""
     # asyncio.timeout, not wait_for, here and below: 3.11's wait_for can lose a cancel that
-    # arrives as the read completes, and the node's stop cancels these reads.
+    # arrives as the read completes, and the node's stop cancels these reads. One deadline,
+    # moved from the idle wait to the request's once its first line is in (arming a
+    # deadline costs about as much as reading a small request's head).
+    reading = False
     try:
-        async with asyncio.timeout(limits.idle):
-            first = await reader.readuntil(b"\n")
-    except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
-        return None
-    except asyncio.LimitOverrunError:
-        raise HttpError(431, "request line too long", close=True) from None
-    try:
-        async with asyncio.timeout(limits.read):
+        async with asyncio.timeout(limits.idle) as deadline:
+            try:
+                first = await reader.readuntil(b"\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return None
+            except asyncio.LimitOverrunError:
+                raise HttpError(431, "request line too long", close=True) from None
+            reading = True
+            deadline.reschedule(asyncio.get_running_loop().time() + limits.read)
             return await _rest(reader, first, limits, writer)
     except TimeoutError:
+        if not reading:
+            return None
         raise HttpError(408, f"request not received within {limits.read:g} s", close=True) from None
     except asyncio.IncompleteReadError:
         raise HttpError(400, "connection closed mid-request", close=True) from None
@@ -105,25 +111,18 @@ async def _rest(
     limits: Limits,
     writer: asyncio.StreamWriter | None,
 ) -> Request:
-    size = len(first)
     parts = first.decode("latin-1").strip().split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         if len(parts) == 3 and parts[2].startswith("HTTP/"):
             raise HttpError(505, f"{parts[2]} is not served: use HTTP/1.1", close=True)
         raise HttpError(400, "malformed request line", close=True)
     method, target, version = parts
+    if first.endswith(b"\r\n"):
+        lines = await _head_whole(reader, len(first), limits)
+    else:
+        lines = await _head_by_line(reader, len(first), limits)
     headers: dict[str, str] = {}
-    while True:
-        try:
-            line = await reader.readuntil(b"\n")
-        except asyncio.LimitOverrunError:
-            raise HttpError(431, "header line too long", close=True) from None
-        size += len(line)
-        if size > limits.header:
-            raise HttpError(431, f"request headers over {limits.header} bytes", close=True)
-        text = line.decode("latin-1").rstrip("\r\n")
-        if not text:
-            break
+    for text in lines:
         name, sep, value = text.partition(":")
         if not sep or not name or name != name.strip():
             raise HttpError(400, f"malformed header line {text[:80]!r}", close=True)
@@ -143,17 +142,69 @@ async def _rest(
     if length and writer is not None and headers.get("expect", "").lower() == "100-continue":
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     body = await reader.readexactly(length) if length else b""
-    url = urllib.parse.urlsplit(target)
     connection = headers.get("connection", "").lower()
     keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+    if target[:1] == "/" and target[:2] != "//" and not any(c in target for c in "?%#"):
+        path, query = target, []  # a plain path (/query/service): nothing to split or decode
+    else:
+        url = urllib.parse.urlsplit(target)
+        path = urllib.parse.unquote(url.path)
+        query = urllib.parse.parse_qsl(url.query, keep_blank_values=True)
     return Request(
         method=method.upper(),
-        path=urllib.parse.unquote(url.path),
-        query=urllib.parse.parse_qsl(url.query, keep_blank_values=True),
+        path=path,
+        query=query,
         headers=headers,
         body=body,
         keep_alive=keep,
     )
+
+
+async def _head_whole(reader: asyncio.StreamReader, size: int, limits: Limits) -> list[str]:
+    """The header lines of a client that ended its request line with CRLF, in two reads
+    (one line at a time costs a read per header, the most of a small request's parsing):
+    its first byte, which starts the head's end when there are no headers, then up to the
+    head's end, a CRLF after a line's LF. A header line ended by a bare LF is taken; a head
+    ended by a bare LF after a CRLF request line is 400 (its end cannot be told from the
+    body's bytes), or 408 when no CRLF follows."""
+    lead = await reader.readexactly(1)
+    if lead == b"\n":
+        return []
+    if lead == b"\r":  # "\r\n" ends the head; anything else is a malformed header line
+        return await _head_by_line(reader, size, limits, lead)
+    try:
+        rest = await reader.readuntil(b"\n\r\n")
+    except asyncio.LimitOverrunError:
+        raise HttpError(431, f"request headers over {limits.header} bytes", close=True) from None
+    if size + 1 + len(rest) > limits.header:
+        raise HttpError(431, f"request headers over {limits.header} bytes", close=True)
+    lines = [line.rstrip("\r") for line in (lead + rest).decode("latin-1").split("\n")]
+    # the last two: the empty line that ends the head and what follows its LF (nothing)
+    out = lines[:-2]
+    if not all(out):
+        raise HttpError(400, "a head ended by a bare LF after a CRLF request line", close=True)
+    return out
+
+
+async def _head_by_line(
+    reader: asyncio.StreamReader, size: int, limits: Limits, lead: bytes = b""
+) -> list[str]:
+    """The header lines of a client that ends its lines with a bare LF, one read each;
+    ``lead``: the first line's bytes already read."""
+    out = []
+    while True:
+        try:
+            line = lead + await reader.readuntil(b"\n")
+            lead = b""
+        except asyncio.LimitOverrunError:
+            raise HttpError(431, "header line too long", close=True) from None
+        size += len(line)
+        if size > limits.header:
+            raise HttpError(431, f"request headers over {limits.header} bytes", close=True)
+        text = line.decode("latin-1").rstrip("\r\n")
+        if not text:
+            return out
+        out.append(text)
 
 
 class Response:
@@ -162,6 +213,8 @@ class Response:
 
     def __init__(self, writer: asyncio.StreamWriter, limits: Limits, keep_alive: bool) -> None:
         self._writer = writer
+        # None for a writer without one (a test's): every drain then waits under the timeout
+        self._transport: asyncio.WriteTransport | None = getattr(writer, "transport", None)
         self._limits = limits
         self.keep_alive = keep_alive
         self.started = False  # the head is out: the status can no longer change
@@ -213,6 +266,11 @@ class Response:
         await self._drain()
 
     async def _drain(self) -> None:
+        if self._transport is not None and not self._transport.get_write_buffer_size():
+            # all of it went to the socket: the drain cannot wait (it only reports a lost
+            # connection), so no deadline is armed for it
+            await self._writer.drain()
+            return
         # asyncio.timeout (see read_request): a DELETE of the request cancels this wait.
         try:
             async with asyncio.timeout(self._limits.write):

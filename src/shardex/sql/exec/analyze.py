@@ -208,8 +208,14 @@ def ranking_paths(b: BoundSelect) -> set[Path] | None:
 
 def reads_fetched_meta(b: BoundSelect) -> bool:
     """Whether the query reads a ``META()`` field that only a document's fetch brings
-    (``FETCHED_META``: its CAS and expiry, from its owner; no index entry holds them)."""
-    return reads_meta_field(b, *FETCHED_META)
+    (``FETCHED_META``: its CAS and expiry, from its owner; no index entry holds them).
+    Kept on the bound statement (one serves every execution of its text: a point query
+    asks on each)."""
+    found: bool | None = b.__dict__.get("_reads_fetched_meta")
+    if found is None:
+        found = reads_meta_field(b, *FETCHED_META)
+        object.__setattr__(b, "_reads_fetched_meta", found)  # a cache: frozen stays true
+    return found
 
 
 def reads_meta_field(b: BoundSelect, *names: str) -> bool:

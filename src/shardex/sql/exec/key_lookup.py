@@ -52,7 +52,7 @@ class KeyLookups:
         """The result rows (encoded) when every document is this node's and readable now;
         None: ``rows`` does it."""
         assert plan.keyspace is not None
-        if not plan.tuning["get_many"] or _reads_fetched_meta(plan):
+        if not plan.tuning["get_many"] or reads_fetched_meta(plan.bound):
             return None  # META().cas / expiration: ``rows`` fetches them with the documents
         docs = self.documents.get_many_now(plan.keyspace, keys)
         if docs is None:
@@ -100,12 +100,3 @@ class KeyLookups:
             budget = mem.budget()
             rows = root_rows(b, params, "local", plan.limit, plan.offset, budget, [iter(scopes)])
             return [encode_row(r) for r in rows]
-
-
-def _reads_fetched_meta(plan: PhysicalPlan) -> bool:
-    """Whether ``plan`` reads ``META().cas`` or ``META().expiration``, once per plan (a
-    point query's plan is reused: this runs on every one)."""
-    found: bool | None = plan.__dict__.get("_reads_fetched_meta")
-    if found is None:
-        found = plan.__dict__["_reads_fetched_meta"] = reads_fetched_meta(plan.bound)
-    return found

@@ -10,6 +10,7 @@ import itertools
 import json
 import random
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,3 +242,34 @@ def test_backup_under_writes_and_restore_into_another_shape(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_backup_and_restore_of_a_million_documents(tmp_path: Path) -> None:
     backup_and_restore(tmp_path, docs=1_000_000, source_parts=32)
+
+
+def test_a_restore_keeps_each_documents_expiry_and_leaves_out_what_expired(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    with (
+        running_cluster(tmp_path / "c", nodes=2) as cluster,
+        connect_local(cluster.path) as client,
+    ):
+        client.create_keyspace("ttl", 4)
+        ks = client.keyspace("ttl")
+        ks.upsert("forever", {"n": 1})
+        ks.upsert("hour", {"n": 2}, expiry=3600)
+        ks.upsert("soon", {"n": 3}, expiry=8)
+        hour, soon = ks.expiry_of("hour"), ks.expiry_of("soon")
+        assert hour > soon > 0
+        create_backup(client, repo, keyspaces=["ttl"])
+        wait_for(lambda: time.time() > soon + 1, 30, what="the short expiry to pass")
+        (result,) = restore_backup(client, repo, keyspace="ttl", to_keyspace="ttl2")
+        assert (result.documents, result.expired) == (2, 1)
+        back = client.keyspace("ttl2")
+        assert back.expiry_of("hour") == hour  # the absolute time, not a new hour
+        assert back.expiry_of("forever") == 0
+        with pytest.raises(ShardexError):
+            back.get("soon")
+        proc = run_cli(
+            "backup", "restore", "--dir", str(cluster.path), "--repo", str(repo),
+            "--keyspace", "ttl", "--to-keyspace", "ttl3", "--verify",
+        )  # fmt: skip
+        assert "2 documents equal the backup's" in proc.stdout

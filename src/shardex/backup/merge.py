@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardex.api.records import Change
 from shardex.backup.repo import (
@@ -100,30 +100,38 @@ def partition_chain(
 
 @dataclass(slots=True)
 class PartitionState:
-    """A partition's documents at the end of its chain: docid -> JSON body, and the docids
-    deleted since its full copy."""
+    """A partition's documents at the end of its chain: docid -> JSON body, the docids
+    deleted since its full copy, and the live documents' expiries (absolute epoch seconds;
+    only those that have one)."""
 
     live: dict[str, bytes]
     deleted: set[str]
     seqno: int
     uuid: int
+    expiries: dict[str, int] = field(default_factory=dict)
 
 
 def merge_partition(repo: Repo, links: Sequence[Link]) -> PartitionState:
     """Apply the chain's files in order: each row replaces the docid's earlier one."""
     live: dict[str, bytes] = {}
     deleted: set[str] = set()
+    expiries: dict[str, int] = {}
     for link in links:
         table = read_partition(repo.backup_dir(link.backup), link.entry)
         docids = table.column("docid").to_pylist()
         dels = table.column("deleted").to_pylist()
         bodies = table.column("body").to_pylist()
-        for docid, dead, body in zip(docids, dels, bodies, strict=True):
+        expiry = table.column("expiry").to_pylist()
+        for docid, dead, body, exp in zip(docids, dels, bodies, expiry, strict=True):
             if dead:
                 live.pop(docid, None)
                 deleted.add(docid)
             else:
                 live[docid] = body
                 deleted.discard(docid)
+            if exp and not dead:
+                expiries[docid] = exp
+            else:
+                expiries.pop(docid, None)
     last = links[-1].entry
-    return PartitionState(live, deleted, last.seqno, last.uuid)
+    return PartitionState(live, deleted, last.seqno, last.uuid, expiries)

@@ -17,6 +17,7 @@ partition cut by the crash is simply written again). The record is removed at th
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ class RestoreResult:
     keyspace: str
     to_keyspace: str
     documents: int = 0  # upserted
+    expired: int = 0  # live in the backup but past their expiry now: not restored
     deletions: int = 0  # deletions applied (documents the target lacked count too)
     created_keyspace: bool = False
     indexes_created: list[str] = field(default_factory=list)
@@ -160,6 +162,7 @@ def _restore_keyspace(
             ev.advance(sum(link.entry.rows for link in links[p]) - len(state.live))
             merged.live.update(state.live)  # a docid lives in one source partition
             merged.deleted |= state.deleted
+            merged.expiries.update(state.expiries)
         _write_partitions(client, to, merged, batch, durability, ev, result)
         done.partitions.extend(parts)
         state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +192,20 @@ def _write_partitions(
     result: RestoreResult,
 ) -> None:
     failed: list[tuple[str, ShardexError]] = []
-    docids = list(state.live)
+    # A document keeps its absolute expiry (past 30 days after the epoch: never taken for
+    # a relative one); one already past it is not written back.
+    now = time.time()
+    items: list[tuple[str, bytes] | tuple[str, bytes, int]] = []
+    for docid, body in state.live.items():
+        exp = state.expiries.get(docid, 0)
+        if not exp:
+            items.append((docid, body))
+        elif exp > now:
+            items.append((docid, body, exp))
+        else:
+            result.expired += 1
+    ev.advance(len(state.live) - len(items))
+    docids = [item[0] for item in items]
 
     def on_chunk(start: int, results: list[object]) -> None:
         for i, r in enumerate(results, start):
@@ -198,7 +214,7 @@ def _write_partitions(
         ev.advance(len(results))
 
     client.keyspace(to).upsert_many(
-        state.live.items(),
+        items,
         chunk_size=batch,
         durability=durability,
         raise_errors=False,
@@ -327,10 +343,13 @@ def verify(
     report = VerifyReport(keyspace, to)
     have = cluster_digests(client, to)
     ks = client.keyspace(to)
+    now = time.time()
     for p in range(entry.num_partitions):
         state = merge_partition(repo, partition_chain(repo, chain, keyspace, p))
         for docid, body in state.live.items():
             got = have.pop(docid, None)
+            if 0 < state.expiries.get(docid, 0) <= now:
+                continue  # expired since the backup: gone from the cluster, as it should be
             if got is None:
                 report.missing.append(docid)
             elif got == _digest(body) or _same_json(ks.get(docid), body):

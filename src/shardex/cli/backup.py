@@ -217,8 +217,9 @@ def restore(
 
 def _restored(results: list[RestoreResult]) -> None:
     table = Table(title="restored")
-    for col in ("keyspace", "into", "backup", "documents", "deletions", "indexes"):
-        table.add_column(col, justify="right" if col in ("documents", "deletions") else "left")
+    counts = ("documents", "expired", "deletions")
+    for col in ("keyspace", "into", "backup", *counts, "indexes"):
+        table.add_column(col, justify="right" if col in counts else "left")
     for r in results:
         indexes = ", ".join(r.indexes_created) or "-"
         if r.indexes_existing:
@@ -228,6 +229,7 @@ def _restored(results: list[RestoreResult]) -> None:
             r.to_keyspace + (" (created)" if r.created_keyspace else ""),
             r.backup,
             f"{r.documents:,}",
+            f"{r.expired:,}",
             f"{r.deletions:,}",
             indexes,
         )

@@ -311,7 +311,8 @@ class Keyspace:
         the input. Items fail individually; if any failed and ``raise_errors``, raises
         ``BulkWriteError`` (code PARTIAL_FAILURE) after writing all the others.
         ``on_chunk(first_index, results)`` reports progress as chunks complete, in order.
-        ``durability_timeout``, ``expiry``: each item's, as ``insert``'s."""
+        ``durability_timeout``, ``expiry``: each item's, as ``insert``'s; an item given as a
+        ``(docid, doc, expiry)`` triple has its own expiry instead."""
         check_durability(durability)
         timeout = check_durability_timeout(durability_timeout)
         wire = wire_expiry(expiry, time.time())
@@ -367,9 +368,10 @@ class Keyspace:
         for i, item in enumerate(chunk, start):
             docid: object = None
             try:
-                docid, doc = _pair(item)
+                docid, doc, own = _pair(item)
                 d, body = self._encode(docid, doc)
-                ops.append((i, OpItem("upsert", d, body, None, expiry)))
+                wire = expiry if own is _NO_EXPIRY else wire_expiry(own, time.time())
+                ops.append((i, OpItem("upsert", d, body, None, wire)))
             except ShardexError as exc:
                 local[i] = exc
             docids.append(docid if isinstance(docid, str) else repr(docid)[:60])
@@ -418,10 +420,17 @@ class Keyspace:
         return ChangeStream(remote, rpc.run, opened, from_seqno)
 
 
-def _pair(item: object) -> tuple[Any, Any]:
+_NO_EXPIRY: Any = object()  # an item without its own expiry: the call's applies
+
+
+def _pair(item: object) -> tuple[Any, Any, Any]:
+    """(docid, doc, the item's own expiry or ``_NO_EXPIRY``)."""
     if isinstance(item, tuple | list) and len(item) == 2:
-        return item[0], item[1]
+        return item[0], item[1], _NO_EXPIRY
+    if isinstance(item, tuple | list) and len(item) == 3:
+        return item[0], item[1], item[2]
     raise BadRequest(
-        f"upsert_many wants (docid, doc) pairs, got {type(item).__name__}",
+        f"upsert_many wants (docid, doc) pairs or (docid, doc, expiry) triples, "
+        f"got {type(item).__name__}",
         details={"item": repr(item)[:100]},
     )

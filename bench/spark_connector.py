@@ -192,6 +192,19 @@ def readers(spark: Any, cdir: Path, server: PostgresServer, plan: Plan) -> dict[
     }
 
 
+def pg_plans(server: PostgresServer, preds: Sequence[str]) -> list[str]:
+    """PostgreSQL's plan of each JDBC partition's query (as Spark words it), one line each:
+    whether a range is read by the primary key or by scanning the whole table."""
+    with server.connect() as conn:
+        return [
+            " / ".join(
+                str(r[0]).strip()
+                for r in conn.execute(f"EXPLAIN SELECT id, body FROM {PG_QUERY} WHERE {p}")
+            )
+            for p in preds
+        ]
+
+
 def measure(
     read: str, make: Callable[[], Any], fields: Sequence[str], round_no: int, n_docs: int
 ) -> Row:
@@ -236,6 +249,7 @@ def run(plan: Plan) -> dict[str, Any]:
                             "query": PG_QUERY,
                             "split": "predicates: contiguous primary key ranges",
                             "predicates": make["predicates"],
+                            "plans": pg_plans(server, make["predicates"]),
                             "fetchsize": plan.fetch_size,
                             "driver": str(jar.resolve()),
                         },

@@ -26,7 +26,14 @@ count every document; the sum, a checksum of the values, is shown per read and e
 the two systems returned the same values. Per read: the median and best seconds over the
 rounds, documents/s and MB/s (of the documents' JSON Lines bytes, the same for both systems)
 at the median, the ratio of its documents/s to PostgreSQL's, and the median 1-minute load
-average of its rounds. Shared machine: noisy figures.
+average of its rounds. PostgreSQL's plan of each partition's query (through the primary key's
+index: an index scan at a few thousand documents, a bitmap heap scan at 1M) is in the JSON.
+Results in ``bench/results/spark_connector.json`` (``spark_connector-quick.json`` with
+``--quick``) unless ``--json``.
+
+Wall time on 2 cores under load: ``--quick`` about 2 minutes; 1M documents 7-9 minutes
+(COPY and VACUUM ~1 min, ``shardex load`` ~30 s, 12 reads of 16-60 s). Shared machine: noisy
+figures.
 """
 
 from __future__ import annotations

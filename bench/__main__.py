@@ -17,7 +17,7 @@ from collections.abc import Sequence
 # The cheap ones first, so a broken environment shows before the Spark builds run.
 AREAS = (
     "wire", "data_service", "replication", "tls", "backup", "scan", "sql", "sql_breadth",
-    "http", "pipeline",
+    "http", "pipeline", "spark_connector",
 )  # fmt: skip
 
 

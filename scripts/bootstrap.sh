@@ -6,6 +6,10 @@
 #   - checks for Chromium and its WebDriver (the console's browser tests, tests/browser) and
 #     installs chromium and chromium-driver through apt where they are missing (a machine
 #     where that fails still builds: those tests then skip and say why);
+#   - checks for PostgreSQL's JDBC driver (/usr/share/java/postgresql.jar: the Spark
+#     connector benchmark reads PostgreSQL through Spark's JDBC source) and installs
+#     libpostgresql-jdbc-java through apt where it is missing (without it only that
+#     benchmark refuses to run);
 #   - creates .venv with Python 3.11 and installs the pinned dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +51,13 @@ if ! { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/
   say "Chromium or its driver not found; installing chromium and chromium-driver (browser tests)"
   apt_install "Chromium" chromium chromium-driver \
     || say "the browser tests (tests/browser) will skip until chromium and chromium-driver are installed"
+fi
+
+# Debian's path; bench/spark_connector.py looks for the driver there.
+if [ ! -f /usr/share/java/postgresql.jar ]; then
+  say "PostgreSQL's JDBC driver not found; installing libpostgresql-jdbc-java (bench.spark_connector)"
+  apt_install "PostgreSQL's JDBC driver" libpostgresql-jdbc-java \
+    || say "bench.spark_connector will refuse to run until libpostgresql-jdbc-java is installed"
 fi
 
 PY=${PYTHON:-}

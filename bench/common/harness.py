@@ -14,7 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -108,8 +108,11 @@ def loaded_cluster(
 
 
 @contextlib.contextmanager
-def spark_session(base: Path, app_name: str) -> Iterator[Any]:
-    """A SparkSession with its warehouse and scratch dirs under ``base``; stopped at the end."""
+def spark_session(
+    base: Path, app_name: str, conf: Mapping[str, Any] | None = None
+) -> Iterator[Any]:
+    """A SparkSession with its warehouse and scratch dirs under ``base`` and ``conf`` (say,
+    ``spark.jars``) over the project's settings; stopped at the end."""
     from shardex.pipeline.session import build_spark_session
 
     spark = build_spark_session(
@@ -117,6 +120,7 @@ def spark_session(base: Path, app_name: str) -> Iterator[Any]:
         conf_overrides={
             "spark.sql.warehouse.dir": str(base / "spark-warehouse"),
             "spark.local.dir": str(base / "spark-tmp"),
+            **(conf or {}),
         },
     )
     try:

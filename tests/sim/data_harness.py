@@ -126,31 +126,13 @@ class World:
     # -- a data node ---------------------------------------------------------------------
 
     async def _data_main(self, node: ClusterNode) -> None:
-        disk: MemoryDisk = node.disk.setdefault("store", MemoryDisk())
-        boot_id = f"{node.host}/boot{node.disk.get('boot', 0)}"
-        uuids = self.sim.fork_rng(f"uuids/{node.host}/{node.incarnation}")
         loop = asyncio.get_running_loop()
-
-        def open_engine(path: Path) -> DataEngine:
-            return DataEngine(
-                path,
-                open_store=lambda _path: MemoryStore(disk),
-                boot_id=boot_id,
-                clock_ns=lambda: int(loop.time() * 1e9),
-                uuids=lambda: uuids.getrandbits(63) or 1,
-            )
-
-        coordinator = StateStandIn(self.state)
-        svc = DataService(
-            data_dir=Path(node.host),
-            node_name=node.host,
-            transport=node.transport,
-            secret=SECRET,
-            coordinator=lambda: coordinator,
-            members=lambda: self.members,
-            reconcile_interval=0.5,
-            inline_io=True,
-            open_engine=open_engine,
+        svc = sim_data_service(
+            node,
+            self.state,
+            lambda: self.members,
+            boot_id=f"{node.host}/boot{node.disk.get('boot', 0)}",
+            uuids=self.sim.fork_rng(f"uuids/{node.host}/{node.incarnation}"),
         )
         server = RpcServer(node.transport, SECRET, name=node.host)
         svc.install(server)
@@ -361,4 +343,45 @@ def fixed_control_reply(state: Any, members: Any, expect: type[Any]) -> Any:
         heartbeat_interval=1.0,
         failure_timeout=5.0,
         members=views,
+    )
+
+
+def sim_data_service(
+    node: ClusterNode,
+    state: Any,
+    members: Any,
+    *,
+    boot_id: str,
+    uuids: Any,
+    clock_offset: float = 0.0,
+    secret: str = SECRET,
+    **options: Any,
+) -> DataService:
+    """A simulated node's data service over its in-memory disk, its clock the loop's
+    (virtual) time plus ``clock_offset`` seconds, the coordinator a stand-in of ``state``;
+    ``options`` go to ``DataService``."""
+    disk: MemoryDisk = node.disk.setdefault("store", MemoryDisk())
+    loop = asyncio.get_running_loop()
+
+    def open_engine(path: Path) -> DataEngine:
+        return DataEngine(
+            path,
+            open_store=lambda _path: MemoryStore(disk),
+            boot_id=boot_id,
+            clock_ns=lambda: int((clock_offset + loop.time()) * 1e9),
+            uuids=lambda: uuids.getrandbits(63) or 1,
+        )
+
+    coordinator = StateStandIn(state)
+    return DataService(
+        data_dir=Path(node.host),
+        node_name=node.host,
+        transport=node.transport,
+        secret=secret,
+        coordinator=lambda: coordinator,
+        members=members,
+        reconcile_interval=0.5,
+        inline_io=True,
+        open_engine=open_engine,
+        **options,
     )

@@ -14,11 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from data_harness import StateStandIn, address, fixed_control_reply
+from data_harness import address, fixed_control_reply, sim_data_service
 
 from shardex.api.data import (
     Get,
@@ -33,7 +32,6 @@ from shardex.api.records import OP_DELETE, Change
 from shardex.client.routing import DataRouter
 from shardex.client.streams import RemoteStream
 from shardex.core.topology import Topology
-from shardex.data.engine import DataEngine
 from shardex.data.records import decode_doc, doc_key
 from shardex.data.service import DataService
 from shardex.errors import ErrorCode, ShardexError
@@ -50,7 +48,6 @@ from shardex.sim import (
     run_simulation,
     sim_seeds,
 )
-from shardex.storage.memory import MemoryDisk, MemoryStore
 
 SECRET = "sim-expiry-secret"
 KEYSPACE = "ks"
@@ -112,30 +109,15 @@ class World:
         self.outcome = Outcome()
 
     async def data_main(self, node: ClusterNode) -> None:
-        disk: MemoryDisk = node.disk.setdefault("store", MemoryDisk())
-        uuids = self.sim.fork_rng(f"uuids/{node.host}")
         loop = asyncio.get_running_loop()
-
-        def open_engine(path: Path) -> DataEngine:
-            return DataEngine(
-                path,
-                open_store=lambda _path: MemoryStore(disk),
-                boot_id=f"{node.host}/boot",
-                clock_ns=lambda: int((T0 + loop.time()) * 1e9),
-                uuids=lambda: uuids.getrandbits(63) or 1,
-            )
-
-        coordinator = StateStandIn(self.state)
-        svc = DataService(
-            data_dir=Path(node.host),
-            node_name=node.host,
-            transport=node.transport,
+        svc = sim_data_service(
+            node,
+            self.state,
+            lambda: self.members,
+            boot_id=f"{node.host}/boot",
+            uuids=self.sim.fork_rng(f"uuids/{node.host}"),
+            clock_offset=T0,
             secret=SECRET,
-            coordinator=lambda: coordinator,
-            members=lambda: self.members,
-            reconcile_interval=0.5,
-            inline_io=True,
-            open_engine=open_engine,
             expiry_pager_interval=self.pager_interval,
         )
         server = RpcServer(node.transport, SECRET, name=node.host)

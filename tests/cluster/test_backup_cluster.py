@@ -259,10 +259,21 @@ def test_a_restore_keeps_each_documents_expiry_and_leaves_out_what_expired(
         ks.upsert("soon", {"n": 3}, expiry=8)
         hour, soon = ks.expiry_of("hour"), ks.expiry_of("soon")
         assert hour > soon > 0
-        create_backup(client, repo, keyspaces=["ttl"])
+        # The progress the CLI's bars show: every partition, then every row, accounted for.
+        totals: list[int] = []
+        done: list[int] = []
+        backup_events = BackupEvents(
+            start=totals.append, partition=lambda _ks, _p, rows: done.append(1)
+        )
+        create_backup(client, repo, keyspaces=["ttl"], events=backup_events)
+        assert totals == [4] and len(done) == 4
         wait_for(lambda: time.time() > soon + 1, 30, what="the short expiry to pass")
-        (result,) = restore_backup(client, repo, keyspace="ttl", to_keyspace="ttl2")
+        rows: list[int] = []
+        advanced: list[int] = []
+        events = RestoreEvents(start=lambda _ks, n: rows.append(n), advance=advanced.append)
+        (result,) = restore_backup(client, repo, keyspace="ttl", to_keyspace="ttl2", events=events)
         assert (result.documents, result.expired) == (2, 1)
+        assert rows == [3] and sum(advanced) == 3  # the expired one counted too
         back = client.keyspace("ttl2")
         assert back.expiry_of("hour") == hour  # the absolute time, not a new hour
         assert back.expiry_of("forever") == 0

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardex import __version__
-from shardex.api.node import StatusReply, StatusRequest
+from shardex.api.node import MetricsSample, MetricsSampleRequest, StatusReply, StatusRequest
 from shardex.api.scan_streams import OutStreams
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.manager.auto_failover import AutoFailover, AutoFailoverSettings
@@ -143,6 +143,7 @@ class Node:
             max_connections=max_connections,  # users' only: nodes always get through
         )
         self.server.route(StatusRequest, self._on_status)
+        self.server.route(MetricsSampleRequest, self._on_metrics_sample)
         self.membership: Membership | None = None
         # The manager service's replicated coordinator. Built here, before start, so other
         # services can register their ops on it; routed and started with membership.
@@ -345,6 +346,7 @@ class Node:
 
     async def _start_http(self, port: int) -> None:
         """The N1QL query service on the node's own host (the RPC listener's)."""
+        from shardex.node.http.cluster_charts import ClusterCharts
         from shardex.node.http.cluster_rest import ClusterRest, slices_through
         from shardex.node.http.server import HttpServer
 
@@ -360,6 +362,7 @@ class Node:
             on_login=self.audit.on_login,
             max_connections=self.server.max_connections or 1000,
             metrics=self.metrics.exposition,
+            charts=ClusterCharts(self.metrics.sample, self._peers, self.scan.view.pool.request),
             rest=ClusterRest(
                 members=lambda: self.membership.view() if self.membership else None,
                 state=self.scan.view.state,
@@ -371,6 +374,16 @@ class Node:
         )
         await self.http.start(split_address(self.bind_address)[0], port)
         self.http_port = self.http.port
+
+    def _peers(self) -> list[tuple[str, str]]:
+        """The other members (name, RPC address), for the console's cluster-wide charts."""
+        members = self.membership.members if self.membership is not None else []
+        return [(m.name, m.address) for m in members if m.member_id != self.member_id]
+
+    async def _on_metrics_sample(
+        self, msg: MetricsSampleRequest, conn: Connection
+    ) -> MetricsSample:
+        return self.metrics.sample()
 
     async def _submit_op(self, msg: Message) -> Message:
         """A coordinator op sent over HTTP: to this node's coordinator (which runs it on the

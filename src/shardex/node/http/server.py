@@ -24,6 +24,7 @@ from shardex.errors import ConfigError
 from shardex.net.credentials import Principal, UserDirectory
 from shardex.net.tls import TlsConfig
 from shardex.node.http.basic_auth import REALM, BasicAuth, LoginObserver
+from shardex.node.http.cluster_charts import ClusterCharts
 from shardex.node.http.cluster_rest import API_PREFIX, ClusterRest
 from shardex.node.http.n1ql_errors import E_PRIVILEGE, N1qlError, of_http_status
 from shardex.node.http.query_service import Authorizer, QueryHttpService
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 QUERY_PATH: Final = "/query/service"
 METRICS_PATH: Final = "/metrics"
+CHARTS_PATH: Final = "/api/charts"  # the console's charts of every node
 METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text
 ACTIVE_PATH: Final = "/admin/active_requests"
 CONSOLE_REQUEST: Final = "shardex-console"  # the console's X-Requested-With
@@ -60,6 +62,7 @@ class HttpServer:
         limits: Limits | None = None,
         metrics: Callable[[], bytes] | None = None,
         rest: ClusterRest | None = None,
+        charts: ClusterCharts | None = None,
     ) -> None:
         self.limits = limits or Limits()
         self.query = QueryHttpService(sql, authorize, node_name)
@@ -69,6 +72,8 @@ class HttpServer:
         self._metrics = metrics
         # The operators' cluster REST under /api/ (``cluster_rest.py``); None: 404.
         self._rest = rest
+        # The cluster's samples for the console's charts (``cluster_charts.py``); None: 404.
+        self._charts = charts
         self._ui = StaticFiles()
         self._max_connections = max_connections
         self._server: asyncio.Server | None = None
@@ -168,7 +173,9 @@ class HttpServer:
             allowed = ("GET",)
         elif path.startswith(ACTIVE_PATH + "/"):
             allowed = ("DELETE",)
-        elif path == METRICS_PATH and self._metrics is not None:
+        elif (path == METRICS_PATH and self._metrics is not None) or (
+            path == CHARTS_PATH and self._charts is not None
+        ):
             allowed = ("GET",)
         elif (
             self._rest is not None
@@ -202,6 +209,8 @@ class HttpServer:
             await self.query.query(req, resp, principal)
         elif path == METRICS_PATH:
             await self._scrape(resp, principal)
+        elif path == CHARTS_PATH:
+            await self._cluster_charts(resp, principal)
         elif path.startswith(API_PREFIX + "/"):
             assert self._rest is not None
             await self._rest.handle(req, path, resp, principal)
@@ -222,20 +231,32 @@ class HttpServer:
         # no-cache: a browser asks again (and gets the files of the node it talks to)
         await resp.send(200, body, content_type=content_type, headers={"Cache-Control": "no-cache"})
 
+    async def _may_read_metrics(self, resp: Response, principal: Principal) -> bool:
+        """Metrics go to a user with cluster.manage: they name every keyspace and index and
+        their sizes, which a user without rights on a keyspace may not read (its stats are
+        data.read), and cluster.read is every user's. Answers 403 otherwise."""
+        if holds(principal.roles, Privilege.CLUSTER_MANAGE, None):
+            return True
+        err = N1qlError(
+            E_PRIVILEGE,
+            f"user {principal.name!r} may not read the metrics: it needs cluster.manage",
+            403,
+            reason={"hint": "grant a role with it: shardex user grant NAME cluster_admin"},
+        )
+        await resp.send(403, json.dumps({"errors": [err.entry()], "status": "fatal"}).encode())
+        return False
+
+    async def _cluster_charts(self, resp: Response, principal: Principal) -> None:
+        """Every node's chart numbers over the last minutes (``cluster_charts.py``)."""
+        assert self._charts is not None
+        if await self._may_read_metrics(resp, principal):
+            body = await self._charts.charts()
+            await resp.send(200, json.dumps(body).encode())
+
     async def _scrape(self, resp: Response, principal: Principal) -> None:
-        """The node's metrics in Prometheus' text format, to a user with cluster.manage:
-        they name every keyspace and index and their sizes, which a user without rights
-        on a keyspace may not read (its stats are data.read), and cluster.read is every
-        user's."""
+        """The node's metrics in Prometheus' text format, to a user with cluster.manage."""
         assert self._metrics is not None
-        if not holds(principal.roles, Privilege.CLUSTER_MANAGE, None):
-            err = N1qlError(
-                E_PRIVILEGE,
-                f"user {principal.name!r} may not read the metrics: it needs cluster.manage",
-                403,
-                reason={"hint": "grant a role with it: shardex user grant NAME cluster_admin"},
-            )
-            await resp.send(403, json.dumps({"errors": [err.entry()], "status": "fatal"}).encode())
+        if not await self._may_read_metrics(resp, principal):
             return
         try:
             body = self._metrics()

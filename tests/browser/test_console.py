@@ -71,7 +71,20 @@ def test_login_and_the_cluster_map(env: Env) -> None:
     assert [e.split(" - ")[1] for e in ui.errors()] == [
         "Failed to load resource: the server responded with a status of 401 (Unauthorized)"
     ]
+    assert ui.driver.get_cookies() == []  # the logout made the browser drop it
     ui.login("admin", env.password)
+    ui.wait(lambda: ui.find("#top").is_displayed(), "the console after login")
+    # the session is an HttpOnly, SameSite=Strict cookie the page cannot read; the tab keeps
+    # no password, and a reload stays logged in
+    (cookie,) = ui.driver.get_cookies()
+    assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"]) == (
+        "shardex_session",
+        True,
+        "Strict",
+    )
+    assert ui.driver.execute_script("return document.cookie + sessionStorage.length") == "0"
+    ui.open()
+    ui.wait(lambda: ui.find("#who").text == "admin", "the user after a reload")
     cards = ui.wait(lambda: len(ui.all(".card.node")) == 3 and ui.all(".card.node"), "3 nodes")
     assert sorted(c.get_attribute("data-node") for c in cards) == ["node1", "node2", "node3"]
     status = env.admin.cluster_status()

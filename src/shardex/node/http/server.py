@@ -26,8 +26,16 @@ from shardex.net.tls import TlsConfig
 from shardex.node.http.basic_auth import REALM, BasicAuth, LoginObserver
 from shardex.node.http.cluster_charts import ClusterCharts
 from shardex.node.http.cluster_rest import API_PREFIX, ClusterRest
-from shardex.node.http.n1ql_errors import E_PRIVILEGE, N1qlError, of_http_status
+from shardex.node.http.n1ql_errors import E_AUTH, E_PRIVILEGE, N1qlError, of_http_status
 from shardex.node.http.query_service import Authorizer, QueryHttpService
+from shardex.node.http.session_login import (
+    CONSOLE_REQUEST,
+    SESSION_METHODS,
+    SESSION_PATH,
+    SessionLogin,
+    console_only,
+)
+from shardex.node.http.sessions import Sessions
 from shardex.node.http.static import UI_PREFIX, StaticFiles
 from shardex.node.http.wire import HttpError, Limits, Request, Response, read_request
 from shardex.sql.exec.service import SqlService
@@ -41,7 +49,6 @@ METRICS_PATH: Final = "/metrics"
 CHARTS_PATH: Final = "/api/charts"  # the console's charts of every node
 METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text
 ACTIVE_PATH: Final = "/admin/active_requests"
-CONSOLE_REQUEST: Final = "shardex-console"  # the console's X-Requested-With
 # The socket's send buffer above which a write waits for the client (backpressure): a
 # block of rows is written, then the next read only once the client took most of it.
 HIGH_WATER: Final = 256 * 1024
@@ -68,6 +75,9 @@ class HttpServer:
         self.query = QueryHttpService(sql, authorize, node_name)
         self._auth = BasicAuth(users, on_login)
         self._tls = tls
+        self._scheme = "https" if tls is not None else "http"
+        # The console's login sessions (cookie), on this node only.
+        self.login = SessionLogin(self._auth, Sessions(users, secure=tls is not None), self._scheme)
         # The node's Prometheus exposition (``node/metrics.py``); None: /metrics is 404.
         self._metrics = metrics
         # The operators' cluster REST under /api/ (``cluster_rest.py``); None: 404.
@@ -167,7 +177,9 @@ class HttpServer:
         if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
             await self._static(req, resp)
             return
-        if path == QUERY_PATH:
+        if path == SESSION_PATH:
+            allowed = SESSION_METHODS
+        elif path == QUERY_PATH:
             allowed = ("GET", "POST")
         elif path == ACTIVE_PATH:
             allowed = ("GET",)
@@ -192,9 +204,10 @@ class HttpServer:
             )
             return
         try:
-            principal: Principal = await self._auth.principal(
-                req.headers.get("authorization"), peer
-            )
+            if path == SESSION_PATH:
+                await self.login.handle(req, resp, peer)
+                return
+            principal = await self._principal(req, peer)
         except N1qlError as e:
             # The console's own requests say so: no challenge, or the browser would show its
             # login dialog over the console's login page.
@@ -202,7 +215,7 @@ class HttpServer:
             await resp.send(
                 e.http,
                 json.dumps({"errors": [e.entry()], "status": "fatal"}).encode(),
-                headers={} if console else {"WWW-Authenticate": REALM},
+                headers={} if console or e.http != 401 else {"WWW-Authenticate": REALM},
             )
             return
         if path == QUERY_PATH:
@@ -218,6 +231,25 @@ class HttpServer:
             await self.query.list_active(resp, principal)
         else:
             await self.query.cancel(path[len(ACTIVE_PATH) + 1 :], resp, principal)
+
+    async def _principal(self, req: Request, peer: str) -> Principal:
+        """The request's user: its basic credentials, else the console's session cookie
+        (only on the console's own requests: ``console_only``); 401 without either."""
+        authorization = req.headers.get("authorization")
+        cookies = req.headers.get("cookie")
+        if authorization is None and self.login.sessions.names_one(cookies):
+            console_only(req, self._scheme)
+            principal = self.login.sessions.principal(cookies)
+            if principal is None:
+                raise N1qlError(
+                    E_AUTH,
+                    "Authentication failed: the console session ended (expired, logged "
+                    "out, or the user or its password changed)",
+                    401,
+                    reason={"shardex_code": "AUTH_FAILED", "hint": "log in again"},
+                )
+            return principal
+        return await self._auth.principal(authorization, peer)
 
     async def _static(self, req: Request, resp: Response) -> None:
         if req.method != "GET":

@@ -1,7 +1,8 @@
 """The N1QL query service over HTTP against the Python client and PostgreSQL: ``python -m
 bench.http``.
 
-``python -m bench.http [--quick] [--docs N] [--seconds S] [--clients 1,4,16] [--json PATH]``.
+``python -m bench.http [--quick] [--docs N] [--seconds S] [--clients 1,4,16] [--ab]
+[--json PATH]``.
 
 The data, indexes and statements are ``bench.sql``'s (the demo's users, ``#primary``,
 ``by_email``, ``by_city_age`` and their PostgreSQL twins), four of its cases: ``point key``,
@@ -11,20 +12,29 @@ systems one after the other:
 1. PostgreSQL (``bench.sql``'s phase): the reference answers, then each case measured over
    psycopg with prepared statements.
 2. shardex: a 3-node local cluster, the documents loaded, the indexes built by the Spark
-   pipeline (stopped before measuring). Every checked query over both wires must equal
-   PostgreSQL's answer. Then per case and client count, back to back so both see the same
+   pipeline (stopped before measuring). Every checked query over every wire must equal
+   PostgreSQL's answer. Then per case and client count, back to back so they see the same
    load: the Python client (``c.query``) and the query service (``POST /query/service``, a
-   JSON body, basic auth as the cluster's admin user, one keep-alive connection per client
-   process, the whole response read and parsed), each at request_plus (like PostgreSQL's
-   read committed) and not_bounded (the query service's default).
+   JSON body, basic auth as the cluster's admin user, the whole response read and parsed),
+   each at request_plus (like PostgreSQL's read committed) and not_bounded (the query
+   service's default).
 
-Each client is an OS process (``bench.common.clients``); worker ``k`` talks to node ``k mod
-3`` on both wires. Tables: every measurement; HTTP / Python client per case, consistency
-and client count (the goal: p50 at most ``HTTP_P50_GOAL`` x for point queries, so the wire
-costs little where it weighs most); HTTP / PostgreSQL and Python client / PostgreSQL
-against ``bench.sql``'s goal. The machine is shared: the load average stands beside each
-figure; nothing is checked against a threshold. Results in ``bench/results/http.json``
-(``http-quick.json`` with ``--quick``) unless ``--json``.
+The HTTP client is what a tuned application would hold (``lean.py``): keep-alive
+connections over raw sockets, the request's bytes built once per statement, and the
+service's routing hints followed with a cluster map (a key lookup goes to the HTTP port of
+its key's owner, as a Couchbase SDK sends key operations), exactly as the Python client
+follows the same hints over its RPC. ``--ab`` adds the generic client as a third wire
+(``shardex http plain``: the standard library's ``http.client`` and ``json`` on one
+connection to the worker's node, hints ignored), measured in the same turns, with its own
+ratio tables.
+
+Each client is an OS process (``bench.common.clients``); worker ``k`` starts on node ``k
+mod 3`` on every wire. Tables: every measurement; HTTP / Python client per case,
+consistency and client count (the goal: p50 at most ``HTTP_P50_GOAL`` x for point queries,
+so the wire costs little where it weighs most); HTTP / PostgreSQL and Python client /
+PostgreSQL against ``bench.sql``'s goal. The machine is shared: the load average stands
+beside each figure; nothing is checked against a threshold. Results in
+``bench/results/http.json`` (``http-quick.json`` with ``--quick``) unless ``--json``.
 
 Wall time on 2 cores: ``--quick`` (20k documents, 3 s per measurement, 1 and 4 clients)
 about 5 minutes; the default 1M-document run at 1, 4 and 16 clients about 25 minutes.
@@ -42,7 +52,7 @@ from bench.common.dataset import SEED
 from bench.common.harness import bench_dir, bench_main, parse_plan_args, run_summary
 from bench.common.phases import Phase
 from bench.common.runner import Row, log, machine_info
-from bench.http.clients import CLIENT, HTTP, WireVariant
+from bench.http.clients import CLIENT, HTTP, HTTP_PLAIN, WireVariant
 from bench.sql.phases import Mix
 from bench.sql.queries import COVERING, POINT_EMAIL, POINT_KEY, RANGE, DocStats, build_queries
 from bench.sql.run import build_timeout, client_levels
@@ -56,6 +66,10 @@ HTTP_QPS_GOAL = 0.77  # its q/s twin: 1 / 1.3
 CONSISTENCIES = ("request_plus", "not_bounded")
 # Per consistency the client then HTTP, so each pair is measured back to back.
 VARIANTS = [WireVariant(consistency=c, wire=w) for c in CONSISTENCIES for w in (CLIENT, HTTP)]
+# --ab: the generic HTTP client too, in the same turns
+AB_VARIANTS = [
+    WireVariant(consistency=c, wire=w) for c in CONSISTENCIES for w in (CLIENT, HTTP, HTTP_PLAIN)
+]
 
 
 @dataclass
@@ -66,6 +80,7 @@ class Plan:
     partitions: int = 64
     load_files: int = 3
     seed: int = SEED
+    ab: bool = False  # the generic HTTP client measured as a third wire
 
 
 QUICK = {"docs": 20_000, "seconds": 3.0, "levels": (1, 4)}
@@ -74,6 +89,12 @@ QUICK = {"docs": 20_000, "seconds": 3.0, "levels": (1, 4)}
 def more_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--clients", dest="levels", type=client_levels, help="client counts (default 1,4,16)"
+    )
+    ap.add_argument(
+        "--ab",
+        action="store_true",
+        default=None,
+        help="also measure the generic HTTP client (http.client, no routing hints)",
     )
 
 
@@ -89,12 +110,26 @@ def ratio_tables(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Row]]:
         qps_goal=HTTP_QPS_GOAL,
     )
     points = [r for r in wire if r["case"] in POINT_CASES]
-    return {
+    tables = {
         "ratios HTTP / Python client": wire,
         "point cases meeting the HTTP goal": goal_summary(points, HTTP_P50_GOAL, HTTP_QPS_GOAL),
         "ratios HTTP / PostgreSQL": latency_ratios(rows, system=HTTP),
         "ratios Python client / PostgreSQL": latency_ratios(rows, system=CLIENT),
     }
+    if any(r.get("system") == HTTP_PLAIN for r in rows):  # --ab
+        plain = latency_ratios(
+            rows,
+            system=HTTP_PLAIN,
+            base=CLIENT,
+            match=("case", "clients", "consistency"),
+            p50_goal=HTTP_P50_GOAL,
+            qps_goal=HTTP_QPS_GOAL,
+        )
+        tables["ratios HTTP plain / Python client"] = plain
+        tables["ratios HTTP / HTTP plain"] = latency_ratios(
+            rows, system=HTTP, base=HTTP_PLAIN, match=("case", "clients", "consistency")
+        )
+    return tables
 
 
 def shardex_phase(
@@ -103,6 +138,7 @@ def shardex_phase(
     pg: Phase,
     levels: Sequence[int],
     seconds: float,
+    variants: Sequence[WireVariant] = VARIANTS,
 ) -> list[Row]:
     """Both wires' answers checked against PostgreSQL's, then every case measured over
     both (the indexes ACTIVE, Spark stopped)."""
@@ -115,16 +151,16 @@ def shardex_phase(
     target = http_target(cluster_dir)
     runner = WireRunner(target)
     try:
-        for wire in (CLIENT, HTTP):
-            variants = [v for v in VARIANTS if v.wire == wire]
-            check_answers(wire, runner.rows, HTTP_MIX, queries, pg.answers, variants)
+        for wire in dict.fromkeys(v.wire for v in variants):
+            on_wire = [v for v in variants if v.wire == wire]
+            check_answers(wire, runner.rows, HTTP_MIX, queries, pg.answers, on_wire)
     finally:
         runner.close()
-    log("shardex: both wires' check queries equal postgresql's answers")
+    log("shardex: every wire's check queries equal postgresql's answers")
     pids = list(node_pids(cluster_dir).values())
     with ClientPool(target, max(levels), WireRunner) as pool:
         return measure(
-            CLIENT, pool, queries, VARIANTS, levels, seconds, lambda: process_cpu(pids), CASES
+            CLIENT, pool, queries, variants, levels, seconds, lambda: process_cpu(pids), CASES
         )
 
 
@@ -151,7 +187,8 @@ def run(plan: Plan) -> dict[str, Any]:
         app = "shardex-bench-http"
         with indexed_cluster(base, files, plan.docs, plan.partitions, app, timeout) as built:
             cdir, _, extra["shardex"] = built
-            rows = pg.rows + shardex_phase(cdir, queries, pg, plan.levels, plan.seconds)
+            variants = AB_VARIANTS if plan.ab else VARIANTS
+            rows = pg.rows + shardex_phase(cdir, queries, pg, plan.levels, plan.seconds, variants)
     return {"tables": {"query mix over HTTP, the Python client and PostgreSQL": rows,
                        **ratio_tables(rows)}, **extra}  # fmt: skip
 

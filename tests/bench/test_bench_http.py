@@ -20,6 +20,7 @@ from bench.common.phases import measure_grid
 from bench.http.clients import (
     CLIENT,
     HTTP,
+    HTTP_PLAIN,
     HttpTarget,
     WireRunner,
     WireVariant,
@@ -168,8 +169,9 @@ def service() -> Iterator[http.server.ThreadingHTTPServer]:
     server.server_close()
 
 
+@pytest.mark.parametrize("wire", [HTTP, HTTP_PLAIN])
 def test_http_runner_keeps_one_connection_and_reopens_a_closed_one(
-    service: http.server.ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch
+    service: http.server.ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch, wire: str
 ) -> None:
     # The Python client's half needs a cluster: only the HTTP half is built here.
     monkeypatch.setattr("bench.sql.clients.clients.TargetRunner.__init__", lambda *a: None)
@@ -179,7 +181,7 @@ def test_http_runner_keeps_one_connection_and_reopens_a_closed_one(
     runner = WireRunner(target)
     Service.peers.clear()
     q = Query(POINT_KEY, ("k",), 1)
-    http_rp = WireVariant(wire=HTTP)
+    http_rp = WireVariant(wire=wire)
     for _ in range(3):
         assert runner.rows(q, http_rp) == [{"s": runner.SX[POINT_KEY]}]
     assert len(Service.peers) == 1  # one keep-alive connection

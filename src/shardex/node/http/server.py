@@ -70,9 +70,11 @@ class HttpServer:
         metrics: Callable[[], bytes] | None = None,
         rest: ClusterRest | None = None,
         charts: ClusterCharts | None = None,
+        address: Callable[[], str] = lambda: "",
     ) -> None:
         self.limits = limits or Limits()
-        self.query = QueryHttpService(sql, authorize, node_name)
+        # address: the node's RPC address, named by the routing hints (``route_headers.py``)
+        self.query = QueryHttpService(sql, authorize, node_name, address)
         self._auth = BasicAuth(users, on_login)
         self._tls = tls
         self._scheme = "https" if tls is not None else "http"

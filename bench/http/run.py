@@ -98,17 +98,24 @@ def more_args(ap: argparse.ArgumentParser) -> None:
     )
 
 
-def ratio_tables(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Row]]:
-    """HTTP / Python client (same case, clients and consistency) against the HTTP goal,
-    with how many point cases meet it; HTTP and the Python client / PostgreSQL."""
-    wire = latency_ratios(
+def _against_client(rows: Sequence[Mapping[str, Any]], system: str) -> list[Row]:
+    """``system`` / the Python client (same case, clients and consistency) against the
+    HTTP goal."""
+    return latency_ratios(
         rows,
-        system=HTTP,
+        system=system,
         base=CLIENT,
         match=("case", "clients", "consistency"),
         p50_goal=HTTP_P50_GOAL,
         qps_goal=HTTP_QPS_GOAL,
     )
+
+
+def ratio_tables(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Row]]:
+    """HTTP / Python client against the HTTP goal, with how many point cases meet it; HTTP
+    and the Python client / PostgreSQL; with ``--ab``'s rows, the generic HTTP client's
+    ratios too."""
+    wire = _against_client(rows, HTTP)
     points = [r for r in wire if r["case"] in POINT_CASES]
     tables = {
         "ratios HTTP / Python client": wire,
@@ -116,16 +123,8 @@ def ratio_tables(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Row]]:
         "ratios HTTP / PostgreSQL": latency_ratios(rows, system=HTTP),
         "ratios Python client / PostgreSQL": latency_ratios(rows, system=CLIENT),
     }
-    if any(r.get("system") == HTTP_PLAIN for r in rows):  # --ab
-        plain = latency_ratios(
-            rows,
-            system=HTTP_PLAIN,
-            base=CLIENT,
-            match=("case", "clients", "consistency"),
-            p50_goal=HTTP_P50_GOAL,
-            qps_goal=HTTP_QPS_GOAL,
-        )
-        tables["ratios HTTP plain / Python client"] = plain
+    if any(r.get("system") == HTTP_PLAIN for r in rows):
+        tables["ratios HTTP plain / Python client"] = _against_client(rows, HTTP_PLAIN)
         tables["ratios HTTP / HTTP plain"] = latency_ratios(
             rows, system=HTTP, base=HTTP_PLAIN, match=("case", "clients", "consistency")
         )

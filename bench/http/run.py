@@ -29,7 +29,9 @@ connection to the worker's node, hints ignored), measured in the same turns, wit
 ratio tables.
 
 Each client is an OS process (``bench.common.clients``); worker ``k`` starts on node ``k
-mod 3`` on every wire. Tables: every measurement; HTTP / Python client per case,
+mod 3`` on every wire. The shardex grid runs ``--rounds`` times (3) in turns of a third of
+``--seconds``, so every wire sees the machine's load swings alike; each row is the rounds'
+median. Tables: every measurement; HTTP / Python client per case,
 consistency and client count (the goal: p50 at most ``HTTP_P50_GOAL`` x for point queries,
 so the wire costs little where it weighs most); HTTP / PostgreSQL and Python client /
 PostgreSQL against ``bench.sql``'s goal. The machine is shared: the load average stands
@@ -43,6 +45,7 @@ about 5 minutes; the default 1M-document run at 1, 4 and 16 clients about 25 min
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,8 +84,10 @@ class Plan:
     load_files: int = 3
     seed: int = SEED
     ab: bool = False  # the generic HTTP client measured as a third wire
+    rounds: int = 3  # each shardex measurement split in turns over the whole grid
 
 
+COUNTS = ("queries", "errors")  # summed over the rounds; every other figure: their median
 QUICK = {"docs": 20_000, "seconds": 3.0, "levels": (1, 4)}
 
 
@@ -96,6 +101,38 @@ def more_args(ap: argparse.ArgumentParser) -> None:
         default=None,
         help="also measure the generic HTTP client (http.client, no routing hints)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        help="turns each shardex measurement is split in, the whole grid per turn (default 3)",
+    )
+
+
+def merge_rounds(rounds: Sequence[Sequence[Row]]) -> list[Row]:
+    """Each measurement's rows of every round as one: the counts summed, every other figure
+    (latencies, rates, CPU per query, load) the rounds' median; ``rounds`` says how many."""
+    out: list[Row] = []
+    for same in zip(*rounds, strict=True):
+        named = {
+            tuple(r.get(k) for k in ("system", "case", "consistency", "clients")) for r in same
+        }
+        if len(named) != 1:
+            raise RuntimeError(f"rounds measured different grids: {sorted(map(str, named))}")
+        first = dict(same[0])
+        for key in dict.fromkeys(k for r in same for k in r):
+            values = [r.get(key) for r in same]
+            if key in COUNTS:
+                first[key] = sum(v or 0 for v in values)
+            elif key != "clients" and any(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in values
+            ):
+                numbers = [v for v in values if v is not None]
+                first[key] = round(statistics.median(numbers), 4)
+            elif first.get(key) is None:
+                first[key] = next((v for v in values if v is not None), None)
+        first["rounds"] = len(same)
+        out.append(first)
+    return out
 
 
 def _against_client(rows: Sequence[Mapping[str, Any]], system: str) -> list[Row]:
@@ -138,9 +175,11 @@ def shardex_phase(
     levels: Sequence[int],
     seconds: float,
     variants: Sequence[WireVariant] = VARIANTS,
+    rounds: int = 1,
 ) -> list[Row]:
-    """Both wires' answers checked against PostgreSQL's, then every case measured over
-    both (the indexes ACTIVE, Spark stopped)."""
+    """Every wire's answers checked against PostgreSQL's, then every case measured over
+    each (the indexes ACTIVE, Spark stopped), the grid ``rounds`` times in turns of
+    ``seconds / rounds`` (``merge_rounds``)."""
     from bench.common.local_cluster import node_pids
     from bench.common.proc_cpu import process_cpu
     from bench.http.clients import WireRunner, http_target
@@ -158,9 +197,14 @@ def shardex_phase(
     log("shardex: every wire's check queries equal postgresql's answers")
     pids = list(node_pids(cluster_dir).values())
     with ClientPool(target, max(levels), WireRunner) as pool:
-        return measure(
-            CLIENT, pool, queries, variants, levels, seconds, lambda: process_cpu(pids), CASES
-        )
+        turns = [
+            measure(
+                CLIENT, pool, queries, variants, levels, seconds / rounds,
+                lambda: process_cpu(pids), CASES,
+            )
+            for _ in range(rounds)
+        ]  # fmt: skip
+    return merge_rounds(turns)
 
 
 def run(plan: Plan) -> dict[str, Any]:

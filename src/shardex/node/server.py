@@ -385,8 +385,9 @@ class Node:
 
     async def _http_ports(self, members: list[tuple[str, str]]) -> dict[str, int]:
         """member id -> HTTP port of each (member id, RPC address): this node's own, the
-        others' from their status (asked at once, 2 s bound, remembered per member id and
-        address: a restarted node at the same address keeps its configured port)."""
+        others' from their status (asked at once, 2 s bound), remembered per member id and
+        address: a node's HTTP port is its config's, which a restart keeps (one that
+        restarts on another port is listed at the old one until this node restarts)."""
         out: dict[str, int] = {}
         ask: list[tuple[str, str]] = []
         for member_id, address in members:

@@ -231,7 +231,9 @@ def run(plan: Plan) -> dict[str, Any]:
         with indexed_cluster(base, files, plan.docs, plan.partitions, app, timeout) as built:
             cdir, _, extra["shardex"] = built
             variants = AB_VARIANTS if plan.ab else VARIANTS
-            rows = pg.rows + shardex_phase(cdir, queries, pg, plan.levels, plan.seconds, variants)
+            rows = pg.rows + shardex_phase(
+                cdir, queries, pg, plan.levels, plan.seconds, variants, plan.rounds
+            )
     return {"tables": {"query mix over HTTP, the Python client and PostgreSQL": rows,
                        **ratio_tables(rows)}, **extra}  # fmt: skip
 

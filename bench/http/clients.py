@@ -1,8 +1,11 @@
-"""The two wires of ``bench.http`` in one client process: the Python client (``c.query``,
-``bench.sql``'s runner) and the N1QL query service (``POST /query/service``) over one
-persistent HTTP/1.1 connection, as an application with a keep-alive pool holds it. A worker
-``k`` talks to node ``k mod 3`` on both wires, so a case measured over one wire and then the
-other runs on the same initiators.
+"""The wires of ``bench.http`` in one client process: the Python client (``c.query``,
+``bench.sql``'s runner) and the N1QL query service (``POST /query/service``) through
+``lean.py``'s keep-alive client (a raw socket per node, request bytes built once per
+statement, the routing hints followed with a cluster map, as a tuned application's client
+would); with ``--ab`` also through the standard library's ``http.client`` on one
+connection to the worker's node, hints ignored (``HTTP_PLAIN``: the generic client). A
+worker ``k`` starts on node ``k mod 3`` on every wire; the Python client and the lean HTTP
+client then follow their hints, the plain one stays.
 
 The request is Couchbase's JSON form (``statement``, positional ``args``,
 ``scan_consistency``, ``timeout``) with basic auth; the whole response is read and parsed,
@@ -18,10 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.http.lean import LeanClient
 from bench.sql.clients import QUERY_TIMEOUT, Runner, Target, Variant
 from bench.sql.queries import Query
 
-CLIENT, HTTP = "shardex", "shardex http"  # the measurement rows' system per wire
+# the measurement rows' system per wire
+CLIENT, HTTP, HTTP_PLAIN = "shardex", "shardex http", "shardex http plain"
 # A connection the server closed while idle is reopened and the request sent again once,
 # as keep-alive pools do; anything else is the query's error.
 STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
@@ -98,21 +103,30 @@ class WireRunner(Runner):
         super().__init__(target, k)
         host, port = target.http_addresses[k % len(target.http_addresses)].rsplit(":", 1)
         self.http = http.client.HTTPConnection(host, int(port), timeout=QUERY_TIMEOUT)
-        self.headers = {
-            "Authorization": basic_auth(target.username, target.password),
-            "Content-Type": "application/json",
-        }
-        self.reopened = 0
+        auth = basic_auth(target.username, target.password)
+        self.headers = {"Authorization": auth, "Content-Type": "application/json"}
+        self.lean = LeanClient(target.http_addresses, k, auth, QUERY_TIMEOUT)
+        self.plain_reopened = 0
+
+    @property
+    def reopened(self) -> int:
+        """Idle connections the server had closed, opened again (both HTTP clients)."""
+        return self.plain_reopened + self.lean.reopened
 
     def rows(self, q: Query, variant: Variant) -> list[Any]:
-        if getattr(variant, "wire", CLIENT) != HTTP:
+        wire = getattr(variant, "wire", CLIENT)
+        if wire == HTTP:
+            return self.lean.query(
+                self.SX[q.case], q.params, variant.consistency, f"{QUERY_TIMEOUT:g}s"
+            )
+        if wire != HTTP_PLAIN:
             return super().rows(q, variant)
         body = request_body(self.SX[q.case], q.params, variant.consistency)
         try:
             return self._post(body)
         except STALE:
             self.http.close()
-            self.reopened += 1
+            self.plain_reopened += 1
             return self._post(body)
 
     def _post(self, body: bytes) -> list[Any]:
@@ -122,4 +136,5 @@ class WireRunner(Runner):
 
     def close(self) -> None:
         self.http.close()
+        self.lean.close()
         super().close()

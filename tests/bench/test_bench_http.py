@@ -20,6 +20,7 @@ from bench.common.phases import measure_grid
 from bench.http.clients import (
     CLIENT,
     HTTP,
+    HTTP_PLAIN,
     HttpTarget,
     WireRunner,
     WireVariant,
@@ -32,6 +33,7 @@ from bench.http.run import (
     HTTP_P50_GOAL,
     HTTP_QPS_GOAL,
     VARIANTS,
+    merge_rounds,
     parse_args,
     ratio_tables,
 )
@@ -126,6 +128,26 @@ def test_http_is_compared_with_the_client_at_the_same_consistency() -> None:
     assert [r["p50 x"] for r in tables["ratios Python client / PostgreSQL"]] == [10.0, 5.0]
 
 
+def test_rounds_merge_into_medians_and_sums() -> None:
+    rounds = [
+        [{**row(CLIENT, POINT_KEY, "request_plus", p50, qps), "queries": n, "errors": e,
+          "client CPU ms/query": cpu}]
+        for p50, qps, n, e, cpu in ((1.0, 900.0, 90, 0, None), (5.0, 300.0, 30, 1, 0.2),
+                                    (2.0, 500.0, 50, 0, 0.4))
+    ]  # fmt: skip
+    (merged,) = merge_rounds(rounds)
+    assert (merged["p50 ms"], merged["q/s"], merged["queries"], merged["errors"]) == (
+        2.0,
+        500.0,
+        170,
+        1,
+    )
+    assert (merged["client CPU ms/query"], merged["clients"], merged["rounds"]) == (0.3, 1, 3)
+    other = [[row(HTTP, POINT_KEY, "request_plus", 1.0, 1.0)]]
+    with pytest.raises(RuntimeError, match="different grids"):
+        merge_rounds([rounds[0], *other])
+
+
 def test_quick_plan_is_the_issues() -> None:
     plan, path = parse_args(["--quick"])
     assert (plan.docs, plan.levels, path.name) == (20_000, (1, 4), "http-quick.json")
@@ -168,8 +190,9 @@ def service() -> Iterator[http.server.ThreadingHTTPServer]:
     server.server_close()
 
 
+@pytest.mark.parametrize("wire", [HTTP, HTTP_PLAIN])
 def test_http_runner_keeps_one_connection_and_reopens_a_closed_one(
-    service: http.server.ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch
+    service: http.server.ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch, wire: str
 ) -> None:
     # The Python client's half needs a cluster: only the HTTP half is built here.
     monkeypatch.setattr("bench.sql.clients.clients.TargetRunner.__init__", lambda *a: None)
@@ -179,7 +202,7 @@ def test_http_runner_keeps_one_connection_and_reopens_a_closed_one(
     runner = WireRunner(target)
     Service.peers.clear()
     q = Query(POINT_KEY, ("k",), 1)
-    http_rp = WireVariant(wire=HTTP)
+    http_rp = WireVariant(wire=wire)
     for _ in range(3):
         assert runner.rows(q, http_rp) == [{"s": runner.SX[POINT_KEY]}]
     assert len(Service.peers) == 1  # one keep-alive connection

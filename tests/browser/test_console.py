@@ -71,7 +71,20 @@ def test_login_and_the_cluster_map(env: Env) -> None:
     assert [e.split(" - ")[1] for e in ui.errors()] == [
         "Failed to load resource: the server responded with a status of 401 (Unauthorized)"
     ]
+    assert ui.driver.get_cookies() == []  # the logout made the browser drop it
     ui.login("admin", env.password)
+    ui.wait(lambda: ui.find("#top").is_displayed(), "the console after login")
+    # the session is an HttpOnly, SameSite=Strict cookie the page cannot read; the tab keeps
+    # no password, and a reload stays logged in
+    (cookie,) = ui.driver.get_cookies()
+    assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"]) == (
+        "shardex_session",
+        True,
+        "Strict",
+    )
+    assert ui.driver.execute_script("return document.cookie + sessionStorage.length") == "0"
+    ui.open()
+    ui.wait(lambda: ui.find("#who").text == "admin", "the user after a reload")
     cards = ui.wait(lambda: len(ui.all(".card.node")) == 3 and ui.all(".card.node"), "3 nodes")
     assert sorted(c.get_attribute("data-node") for c in cards) == ["node1", "node2", "node3"]
     status = env.admin.cluster_status()
@@ -213,23 +226,41 @@ def test_cancel_a_long_query(env: Env) -> None:
     assert not ui.find("#query-cancel").is_enabled()
 
 
-def test_charts_follow_the_work(env: Env) -> None:
+def test_charts_show_every_node(env: Env) -> None:
     ui = env.console
     ui.open("charts")
     people = env.admin.keyspace(KS)
+    nodes = ["node1", "node2", "node3"]
 
-    def ops_seen() -> bool:
-        for i in range(DOCS):  # every node owns some of them: the console's node counts
+    def busiest() -> dict[str, float]:
+        """The KV chart's lines: series -> the largest value it shows."""
+        return {
+            t.get_attribute("data-series"): float(t.get_attribute("data-max"))
+            for t in ui.all("#chart-kv_ops svg text.legend")
+        }
+
+    def every_node_busy() -> bool:
+        for i in range(DOCS):  # every node owns some of them: each node's line rises
             people.get(f"p{i:02}")
-        return float(ui.find("#chart-ops svg").get_attribute("data-max")) > 0
+        lines = busiest()
+        return list(lines) == [*nodes, "total"] and all(lines[n] > 0 for n in nodes)
 
-    ui.wait(ops_seen, "KV operations in the ops/s chart")
+    ui.wait(every_node_busy, "KV operations of all 3 nodes in the ops/s chart")
+    lines = busiest()
+    assert lines["total"] >= max(lines[n] for n in nodes)
+    assert ui.find("#charts-nodes").text.endswith("node1, node2, node3")
     titles = [f.text.split("\n")[0] for f in ui.all(".chart-box figcaption")]
     assert [t.split(" (")[0] for t in titles] == [
-        "Operations per second",
+        "KV operations per second",
+        "SQL statements per second",
         "Index freshness",
         "Scan latency",
     ]
+    for chart in ("sql_statements", "scan_latency_ms"):  # a line per node that did some
+        assert set(ui.all(f"#chart-{chart} svg")) and all(
+            t.get_attribute("data-series") in [*nodes, "total"]
+            for t in ui.all(f"#chart-{chart} svg text.legend")
+        )
     ui.shot("charts")
     assert ui.errors() == []
 

@@ -6,16 +6,18 @@ coordinator still times under its consistency."""
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster_helpers import LocalCluster, run_cli, wait_for
 from data_helpers import docids_in, running_cluster
 from metrics_http import Samples, scrape, total, value
-from n1ql_http import basic, http_port, post_json
+from n1ql_http import basic, call, http_port, post_json
 
 from shardex.client import Client, connect_local
 from shardex.errors import ShardexError
@@ -162,3 +164,49 @@ def test_a_change_stream_that_is_not_read_falls_behind_by_the_writes_after_it(en
         60,
         what="the stream closed",
     )
+
+
+def test_cluster_charts_gather_every_node(env: Env) -> None:
+    """``GET /api/charts`` on one node: every node's numbers, each equal to what that node's
+    own ``/metrics`` says (no work runs between), and the KV rates of all three nodes, whose
+    total is the work done on every owner."""
+
+    def charts(port: int) -> dict[str, Any]:
+        answer = call(f"http://127.0.0.1:{port}/api/charts", headers=env.auth)
+        assert answer.status == 200, answer.body
+        return answer.body
+
+    def kv_of(samples: Samples) -> float:
+        return sum(v for (name, _), v in samples.items() if name == "shardex_kv_ops_total")
+
+    first = charts(env.ports[0])
+    scraped = scrape_all(env)
+    assert first["nodes"] == ["node1", "node2", "node3"] and first["unreachable"] == []
+    assert [first["samples"][f"node{i}"]["kv_ops"] for i in (1, 2, 3)] == [
+        kv_of(s) for s in scraped
+    ]
+    ks = env.admin.keyspace(KS)
+    keys = [f"c{i}" for i in range(60)]  # on every node's partitions
+    ks.upsert_many([(k, {"k": k}) for k in keys])
+    for k in keys:
+        ks.get(k)
+    time.sleep(2.0)  # the next sample is taken once the last is this old
+    second = charts(env.ports[0])
+    scraped_after = scrape_all(env)
+    grown = [kv_of(a) - kv_of(b) for a, b in zip(scraped_after, scraped, strict=True)]
+    assert all(n > 0 for n in grown), grown  # the work reached every node
+    assert [second["samples"][f"node{i}"]["kv_ops"] for i in (1, 2, 3)] == [
+        kv_of(s) for s in scraped_after
+    ]
+    # one point per node between the two snapshots: each node's own operations over the
+    # one interval, so the rates stand as the work each node answered; the total their sum
+    kv = second["charts"]["kv_ops"]
+    assert list(kv) == ["node1", "node2", "node3", "total"]
+    assert all(len(line) == 1 for line in kv.values()), kv
+    rates = [kv[f"node{i}"][0][1] for i in (1, 2, 3)]
+    assert kv["total"][0][1] == pytest.approx(sum(rates))
+    assert [r / sum(rates) for r in rates] == pytest.approx([g / sum(grown) for g in grown])
+    # the other nodes' consoles answer with the same nodes; a reader may not read them
+    assert charts(env.ports[2])["nodes"] == ["node1", "node2", "node3"]
+    refused = call(f"http://127.0.0.1:{env.ports[1]}/api/charts", headers=basic("reader", PW))
+    assert refused.status == 403

@@ -25,6 +25,7 @@ from n1ql_http import Answer, basic, call, form, http_port, open_stream, post_js
 from shardex.client import Client, connect, connect_local
 from shardex.errors import ShardexError
 from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
+from shardex.meta.partitioning import partition_of
 
 pytestmark = pytest.mark.cluster
 
@@ -151,6 +152,34 @@ def test_writes_report_mutations_and_are_read_back(env: Env) -> None:
     a = call(f"{env.url}?{query}", headers=env.auth)
     assert (a.status, a.codes) == (400, [1000])
     assert env.admin.keyspace(KS).get("w1")["name"] == "w"
+
+
+def test_key_lookups_carry_the_routing_hint_to_their_owner(env: Env) -> None:
+    """A key lookup's answer names its keyspace and key parameter, and the REST lists every
+    node's HTTP address beside its partition map, so a client with a cluster map finds the
+    key's owner (which answers it too); other statements carry no key hint."""
+    st = f"SELECT name FROM {KS} USE KEYS $1"
+    a = post_json(env.url, env.auth, {"statement": st, "args": ["p007"]})
+    assert _ok(a) == [{"name": "n7"}]
+    assert (a.headers["X-Shardex-Route-Keyspace"], a.headers["X-Shardex-Route-Param"]) == (
+        KS,
+        "1",
+    )
+    base = f"http://127.0.0.1:{env.port}"
+    nodes = call(f"{base}/api/nodes", headers=env.auth).body["nodes"]
+    path = Path(env.cluster.path)
+    assert {n["name"]: n["http_address"] for n in nodes} == {
+        f"node{i}": f"127.0.0.1:{http_port(path, i)}" for i in (1, 2, 3)
+    }
+    ks = call(f"{base}/api/keyspaces/{KS}", headers=env.auth).body
+    owner = ks["partitions"][str(partition_of("p007", ks["num_partitions"]))]["active"]
+    (there,) = [n for n in nodes if n["name"] == owner]
+    url = f"http://{there['http_address']}/query/service"
+    b = post_json(url, env.auth, {"statement": st, "args": ["p007"]})
+    assert _ok(b) == [{"name": "n7"}] and b.headers["X-Shardex-Route-Param"] == "1"
+    c = post_json(env.url, env.auth, {"statement": "SELECT 1 AS one"})
+    assert _ok(c) == [{"one": 1}]
+    assert not {h for h in c.headers if h.lower().startswith("x-shardex-route")}
 
 
 @pytest.mark.parametrize(

@@ -231,9 +231,9 @@ USER_MESSAGES: dict[str, Rule] = {
 INTERNAL_MESSAGES: frozenset[str] = frozenset(
     """
     Ack AuthOk AuthResponse Challenge ErrorReply Heartbeat HeartbeatAck JoinReply
-    JoinRequest MemberListPush MembersReply OpForward Pong StateGather StateGatherReply
-    StateReplicate StateReplicateReply StateReply StatusReply UserHello UserProof
-    UserSalt
+    JoinRequest MemberListPush MembersReply MetricsSample MetricsSampleRequest OpForward
+    Pong StateGather StateGatherReply StateReplicate StateReplicateReply StateReply
+    StatusReply UserHello UserProof UserSalt
     data.AbortIncoming data.ActivateIncoming data.CatchUp data.CatchUpReply
     data.CheckHistory data.CopyChunk data.CopyChunkReply data.CopyClose data.CopyOpen
     data.CopyOpened data.CopySeqnos data.CopySeqnosReply data.DocRecords

@@ -27,6 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from shardex.api.node import MetricsSample
 from shardex.api.records import STATE_ACTIVE
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ShardexError
@@ -111,6 +112,13 @@ class NodeCollector(Collector):
     def __init__(self, node: Node, loop_lag: LoopLag) -> None:
         self._node = node
         self._lag = loop_lag
+
+    def charted(self) -> Iterator[Metric]:
+        """The families the console's charts read (``NodeMetrics.sample``)."""
+        yield from self._kv()
+        yield from self._indexes()
+        yield from self._scans()
+        yield from self._sql()
 
     def collect(self) -> Iterator[Metric]:
         yield from self._kv()
@@ -400,7 +408,9 @@ class NodeMetrics:
     def __init__(self, node: Node) -> None:
         self.loop_lag = LoopLag()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(NodeCollector(node, self.loop_lag))
+        self._node = node
+        self._collector = NodeCollector(node, self.loop_lag)
+        self.registry.register(self._collector)
         ProcessCollector(registry=self.registry)
 
     def start(self) -> None:
@@ -412,3 +422,29 @@ class NodeMetrics:
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format."""
         return generate_latest(self.registry)
+
+    def sample(self) -> MetricsSample:
+        """This node's numbers for the console's charts, read from the collector's own
+        families (the same values a scrape of ``/metrics`` shows at this moment)."""
+        kv = sql = scan_sum = scan_count = 0.0
+        freshness: dict[str, float] = {}
+        for fam in self._collector.charted():
+            for s in fam.samples:
+                if s.name == "shardex_kv_ops_total":
+                    kv += s.value
+                elif s.name == "shardex_sql_statements_total":
+                    sql += s.value
+                elif s.name == "shardex_scan_open_duration_seconds_sum":
+                    scan_sum += s.value
+                elif s.name == "shardex_scan_open_duration_seconds_count":
+                    scan_count += s.value
+                elif s.name == "shardex_index_stability_lag_seqnos":
+                    freshness[f"{s.labels['keyspace']}.{s.labels['index']}"] = s.value
+        return MetricsSample(
+            node=self._node.name,
+            kv_ops=kv,
+            sql_statements=sql,
+            scan_seconds=scan_sum,
+            scans=scan_count,
+            freshness=freshness,
+        )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardex import __version__
-from shardex.api.node import StatusReply, StatusRequest
+from shardex.api.node import MetricsSample, MetricsSampleRequest, StatusReply, StatusRequest
 from shardex.api.scan_streams import OutStreams
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.manager.auto_failover import AutoFailover, AutoFailoverSettings
@@ -114,6 +114,7 @@ class Node:
         self.http_port = http_port
         self._tls = tls
         self.http: HttpServer | None = None
+        self._peer_http: dict[tuple[str, str], int] = {}  # (member id, address) -> HTTP port
         self._secret = secret
         self._store = store
         self._seeds = tuple(seeds)
@@ -143,6 +144,7 @@ class Node:
             max_connections=max_connections,  # users' only: nodes always get through
         )
         self.server.route(StatusRequest, self._on_status)
+        self.server.route(MetricsSampleRequest, self._on_metrics_sample)
         self.membership: Membership | None = None
         # The manager service's replicated coordinator. Built here, before start, so other
         # services can register their ops on it; routed and started with membership.
@@ -345,6 +347,7 @@ class Node:
 
     async def _start_http(self, port: int) -> None:
         """The N1QL query service on the node's own host (the RPC listener's)."""
+        from shardex.node.http.cluster_charts import ClusterCharts
         from shardex.node.http.cluster_rest import ClusterRest, slices_through
         from shardex.node.http.server import HttpServer
 
@@ -360,6 +363,8 @@ class Node:
             on_login=self.audit.on_login,
             max_connections=self.server.max_connections or 1000,
             metrics=self.metrics.exposition,
+            charts=ClusterCharts(self.metrics.sample, self._peers, self.scan.view.pool.request),
+            address=lambda: self.address,
             rest=ClusterRest(
                 members=lambda: self.membership.view() if self.membership else None,
                 state=self.scan.view.state,
@@ -367,10 +372,48 @@ class Node:
                 submit=self._submit_op,
                 slices=slices_through(self.scan.view.pool, self.scan.view.address),
                 high_seqnos=self.scan.view.high_seqnos_wire,
+                http_ports=self._http_ports,
             ),
         )
         await self.http.start(split_address(self.bind_address)[0], port)
         self.http_port = self.http.port
+
+    def _peers(self) -> list[tuple[str, str]]:
+        """The other members (name, RPC address), for the console's cluster-wide charts."""
+        members = self.membership.members if self.membership is not None else []
+        return [(m.name, m.address) for m in members if m.member_id != self.member_id]
+
+    async def _http_ports(self, members: list[tuple[str, str]]) -> dict[str, int]:
+        """member id -> HTTP port of each (member id, RPC address): this node's own, the
+        others' from their status (asked at once, 2 s bound), remembered per member id and
+        address: a node's HTTP port is its config's, which a restart keeps (one that
+        restarts on another port is listed at the old one until this node restarts)."""
+        out: dict[str, int] = {}
+        ask: list[tuple[str, str]] = []
+        for member_id, address in members:
+            if member_id == self.member_id:
+                if self.http_port:
+                    out[member_id] = self.http_port
+            elif (port := self._peer_http.get((member_id, address))) is not None:
+                out[member_id] = port
+            else:
+                ask.append((member_id, address))
+
+        async def status(address: str) -> StatusReply:
+            return await self.scan.view.pool.request(
+                address, StatusRequest(), 2.0, expect=StatusReply
+            )
+
+        replies = await asyncio.gather(*(status(a) for _, a in ask), return_exceptions=True)
+        for (member_id, address), reply in zip(ask, replies, strict=True):
+            if isinstance(reply, StatusReply) and reply.http_port:
+                out[member_id] = self._peer_http[(member_id, address)] = reply.http_port
+        return out
+
+    async def _on_metrics_sample(
+        self, msg: MetricsSampleRequest, conn: Connection
+    ) -> MetricsSample:
+        return self.metrics.sample()
 
     async def _submit_op(self, msg: Message) -> Message:
         """A coordinator op sent over HTTP: to this node's coordinator (which runs it on the

@@ -66,8 +66,18 @@ class BasicAuth:
                 return hit[2]
             del self._matched[tag]
         name, password = _credentials(authorization)
+        cred, principal = await self.check(name, password, peer)
+        self._matched[tag] = (name, cred, principal)
+        if len(self._matched) > REMEMBERED:
+            self._matched.popitem(last=False)
+        return principal
+
+    async def check(self, name: str, password: str, peer: str) -> tuple[UserCredential, Principal]:
+        """The user's record and principal when ``password`` is its password (audited
+        either way); 10000 with HTTP 401 otherwise. The console's login (``sessions.py``)
+        checks its form's fields here too."""
         cred = None
-        if self._users is not None:
+        if self._users is not None and name:
             cred = self._users.lookup_user(name) or await self._users.lookup_missing(name)
         loop = asyncio.get_running_loop()
         check = cred if cred is not None else self._decoy
@@ -76,11 +86,8 @@ class BasicAuth:
             self._observe(peer, name, None)
             raise _refused("unknown user or wrong password")
         principal = Principal(USER, name, cred.roles)
-        self._matched[tag] = (name, cred, principal)
-        if len(self._matched) > REMEMBERED:
-            self._matched.popitem(last=False)
         self._observe(peer, name, principal)
-        return principal
+        return cred, principal
 
     def _observe(self, peer: str, name: str, principal: Principal | None) -> None:
         if self._on_login is not None:

@@ -66,6 +66,7 @@ from shardex.meta.replica_placement import check_num_replicas
 from shardex.meta.state import StateContext
 from shardex.net.credentials import Principal
 from shardex.net.messages import Message
+from shardex.net.transport import split_address
 from shardex.node.http.cluster_actions import RestError, json_object
 from shardex.node.http.cluster_actions import build_index as build_index_message
 from shardex.node.http.cluster_actions import create_index as create_index_message
@@ -90,6 +91,7 @@ Submit = Callable[[Message], Awaitable[Message]]
 # index ids wanted per indexer node -> node -> its slices of them (``gather_slices``)
 Slices = Callable[[Mapping[str, Iterable[str]]], Awaitable[dict[str, list[SliceInfo]]]]
 HighSeqnos = Callable[[str], Awaitable[Mapping[int, tuple[int, int]]]]
+HttpPorts = Callable[[list[tuple[str, str]]], Awaitable[dict[str, int]]]
 # The HTTP status of a coordinator's refusal (anything else is 500).
 _STATUS: Final = {
     ErrorCode.BAD_REQUEST: 400,
@@ -137,8 +139,11 @@ class ClusterRest:
         submit: Submit,
         slices: Slices | None = None,
         high_seqnos: HighSeqnos | None = None,
+        http_ports: HttpPorts | None = None,
     ) -> None:
         self._members = members
+        # (member id, RPC address) pairs -> their HTTP ports; None: not listed
+        self._http_ports = http_ports
         self._state = state
         self._authorize = authorize
         self._submit = submit
@@ -337,11 +342,20 @@ class ClusterRest:
         reply = await self._run(StateRequest(sections=["failed_over", "recovering"]))
         assert isinstance(reply, StateReply)
         state = reply.state
+        ports: dict[str, int] = {}
+        if self._http_ports is not None:
+            ports = await self._http_ports([(m.member_id, m.address) for m in status.members])
         nodes = [
             {
                 "name": m.name,
                 "member_id": m.member_id,
                 "address": m.address,
+                # where its HTTP services listen (None: it did not say in time)
+                "http_address": (
+                    f"{split_address(m.address)[0]}:{ports[m.member_id]}"
+                    if m.member_id in ports
+                    else None
+                ),
                 "services": list(m.services),
                 "state": m.state,
                 "server_group": m.group,

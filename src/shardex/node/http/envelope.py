@@ -69,6 +69,7 @@ class Envelope:
         self._sig: dict[str, str] | None = None
         self._opened = False  # the results array is open on the wire
         self._held: bytes | None = None  # the first block, until a second one comes
+        self.headers: dict[str, str] = {}  # extra response headers (the routing hint)
 
     def statement(self, kind: str, mutation_count: int) -> None:
         """What the statement turned out to be, from its start reply."""
@@ -105,7 +106,9 @@ class Envelope:
         else:
             self._opened = True
             first, self._held = self._held, None
-            await self._resp.start(200, self._prefix() + b"\n" + first + b",\n" + body)
+            await self._resp.start(
+                200, self._prefix() + b"\n" + first + b",\n" + body, headers=self.headers
+            )
 
     async def finish(
         self, errors: list[N1qlError], elapsed: float, execution: float | None
@@ -136,7 +139,7 @@ class Envelope:
         rows = b"" if self._held is None else b"\n" + self._held
         body = self._prefix() + rows + b"\n],\n" + rest.encode() + b"\n"
         http = errors[0].http if errors else 200
-        extra = {"WWW-Authenticate": 'Basic realm="shardex"'} if http == 401 else None
+        extra = {"WWW-Authenticate": 'Basic realm="shardex"'} if http == 401 else self.headers
         await self._resp.send(http, body, headers=extra)
 
     def _tail(

@@ -39,6 +39,7 @@ from shardex.node.http.n1ql_errors import (
     of_shardex,
 )
 from shardex.node.http.n1ql_request import QueryRequest, query_request
+from shardex.node.http.route_headers import route_headers
 from shardex.node.http.wire import Request, Response
 from shardex.sql.exec.service import SqlService
 from shardex.sql.exec.statement_checks import MAX_TIMEOUT
@@ -86,10 +87,17 @@ class ActiveRequest:
 
 
 class QueryHttpService:
-    def __init__(self, sql: SqlService, authorize: Authorizer, node_name: str) -> None:
+    def __init__(
+        self,
+        sql: SqlService,
+        authorize: Authorizer,
+        node_name: str,
+        address: Callable[[], str] = lambda: "",
+    ) -> None:
         self._sql = sql
         self._authorize = authorize
         self._node = node_name
+        self._address = address  # this node's RPC address, for the routing hint
         self.active: dict[str, ActiveRequest] = {}
 
     # --- POST /query/service ------------------------------------------------------------
@@ -147,6 +155,7 @@ class QueryHttpService:
                 try:
                     async with contextlib.aclosing(chunks):
                         env.statement(started.statement, started.mutation_count)
+                        env.headers = route_headers(started.details, self._address())
                         async for cells in chunks:
                             await env.rows(cells)
                             if active.cancelled:  # a cancel some await below swallowed

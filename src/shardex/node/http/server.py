@@ -24,9 +24,18 @@ from shardex.errors import ConfigError
 from shardex.net.credentials import Principal, UserDirectory
 from shardex.net.tls import TlsConfig
 from shardex.node.http.basic_auth import REALM, BasicAuth, LoginObserver
+from shardex.node.http.cluster_charts import ClusterCharts
 from shardex.node.http.cluster_rest import API_PREFIX, ClusterRest
-from shardex.node.http.n1ql_errors import E_PRIVILEGE, N1qlError, of_http_status
+from shardex.node.http.n1ql_errors import E_AUTH, E_PRIVILEGE, N1qlError, of_http_status
 from shardex.node.http.query_service import Authorizer, QueryHttpService
+from shardex.node.http.session_login import (
+    CONSOLE_REQUEST,
+    SESSION_METHODS,
+    SESSION_PATH,
+    SessionLogin,
+    console_only,
+)
+from shardex.node.http.sessions import Sessions
 from shardex.node.http.static import UI_PREFIX, StaticFiles
 from shardex.node.http.wire import HttpError, Limits, Request, Response, read_request
 from shardex.sql.exec.service import SqlService
@@ -37,9 +46,9 @@ log = logging.getLogger(__name__)
 
 QUERY_PATH: Final = "/query/service"
 METRICS_PATH: Final = "/metrics"
+CHARTS_PATH: Final = "/api/charts"  # the console's charts of every node
 METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text
 ACTIVE_PATH: Final = "/admin/active_requests"
-CONSOLE_REQUEST: Final = "shardex-console"  # the console's X-Requested-With
 # The socket's send buffer above which a write waits for the client (backpressure): a
 # block of rows is written, then the next read only once the client took most of it.
 HIGH_WATER: Final = 256 * 1024
@@ -60,15 +69,23 @@ class HttpServer:
         limits: Limits | None = None,
         metrics: Callable[[], bytes] | None = None,
         rest: ClusterRest | None = None,
+        charts: ClusterCharts | None = None,
+        address: Callable[[], str] = lambda: "",
     ) -> None:
         self.limits = limits or Limits()
-        self.query = QueryHttpService(sql, authorize, node_name)
+        # address: the node's RPC address, named by the routing hints (``route_headers.py``)
+        self.query = QueryHttpService(sql, authorize, node_name, address)
         self._auth = BasicAuth(users, on_login)
         self._tls = tls
+        self._scheme = "https" if tls is not None else "http"
+        # The console's login sessions (cookie), on this node only.
+        self.login = SessionLogin(self._auth, Sessions(users, secure=tls is not None), self._scheme)
         # The node's Prometheus exposition (``node/metrics.py``); None: /metrics is 404.
         self._metrics = metrics
         # The operators' cluster REST under /api/ (``cluster_rest.py``); None: 404.
         self._rest = rest
+        # The cluster's samples for the console's charts (``cluster_charts.py``); None: 404.
+        self._charts = charts
         self._ui = StaticFiles()
         self._max_connections = max_connections
         self._server: asyncio.Server | None = None
@@ -162,13 +179,17 @@ class HttpServer:
         if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
             await self._static(req, resp)
             return
-        if path == QUERY_PATH:
+        if path == SESSION_PATH:
+            allowed = SESSION_METHODS
+        elif path == QUERY_PATH:
             allowed = ("GET", "POST")
         elif path == ACTIVE_PATH:
             allowed = ("GET",)
         elif path.startswith(ACTIVE_PATH + "/"):
             allowed = ("DELETE",)
-        elif path == METRICS_PATH and self._metrics is not None:
+        elif (path == METRICS_PATH and self._metrics is not None) or (
+            path == CHARTS_PATH and self._charts is not None
+        ):
             allowed = ("GET",)
         elif (
             self._rest is not None
@@ -185,9 +206,10 @@ class HttpServer:
             )
             return
         try:
-            principal: Principal = await self._auth.principal(
-                req.headers.get("authorization"), peer
-            )
+            if path == SESSION_PATH:
+                await self.login.handle(req, resp, peer)
+                return
+            principal = await self._principal(req, peer)
         except N1qlError as e:
             # The console's own requests say so: no challenge, or the browser would show its
             # login dialog over the console's login page.
@@ -195,13 +217,15 @@ class HttpServer:
             await resp.send(
                 e.http,
                 json.dumps({"errors": [e.entry()], "status": "fatal"}).encode(),
-                headers={} if console else {"WWW-Authenticate": REALM},
+                headers={} if console or e.http != 401 else {"WWW-Authenticate": REALM},
             )
             return
         if path == QUERY_PATH:
             await self.query.query(req, resp, principal)
         elif path == METRICS_PATH:
             await self._scrape(resp, principal)
+        elif path == CHARTS_PATH:
+            await self._cluster_charts(resp, principal)
         elif path.startswith(API_PREFIX + "/"):
             assert self._rest is not None
             await self._rest.handle(req, path, resp, principal)
@@ -209,6 +233,25 @@ class HttpServer:
             await self.query.list_active(resp, principal)
         else:
             await self.query.cancel(path[len(ACTIVE_PATH) + 1 :], resp, principal)
+
+    async def _principal(self, req: Request, peer: str) -> Principal:
+        """The request's user: its basic credentials, else the console's session cookie
+        (only on the console's own requests: ``console_only``); 401 without either."""
+        authorization = req.headers.get("authorization")
+        cookies = req.headers.get("cookie")
+        if authorization is None and self.login.sessions.names_one(cookies):
+            console_only(req, self._scheme)
+            principal = self.login.sessions.principal(cookies)
+            if principal is None:
+                raise N1qlError(
+                    E_AUTH,
+                    "Authentication failed: the console session ended (expired, logged "
+                    "out, or the user or its password changed)",
+                    401,
+                    reason={"shardex_code": "AUTH_FAILED", "hint": "log in again"},
+                )
+            return principal
+        return await self._auth.principal(authorization, peer)
 
     async def _static(self, req: Request, resp: Response) -> None:
         if req.method != "GET":
@@ -222,20 +265,32 @@ class HttpServer:
         # no-cache: a browser asks again (and gets the files of the node it talks to)
         await resp.send(200, body, content_type=content_type, headers={"Cache-Control": "no-cache"})
 
+    async def _may_read_metrics(self, resp: Response, principal: Principal) -> bool:
+        """Metrics go to a user with cluster.manage: they name every keyspace and index and
+        their sizes, which a user without rights on a keyspace may not read (its stats are
+        data.read), and cluster.read is every user's. Answers 403 otherwise."""
+        if holds(principal.roles, Privilege.CLUSTER_MANAGE, None):
+            return True
+        err = N1qlError(
+            E_PRIVILEGE,
+            f"user {principal.name!r} may not read the metrics: it needs cluster.manage",
+            403,
+            reason={"hint": "grant a role with it: shardex user grant NAME cluster_admin"},
+        )
+        await resp.send(403, json.dumps({"errors": [err.entry()], "status": "fatal"}).encode())
+        return False
+
+    async def _cluster_charts(self, resp: Response, principal: Principal) -> None:
+        """Every node's chart numbers over the last minutes (``cluster_charts.py``)."""
+        assert self._charts is not None
+        if await self._may_read_metrics(resp, principal):
+            body = await self._charts.charts()
+            await resp.send(200, json.dumps(body).encode())
+
     async def _scrape(self, resp: Response, principal: Principal) -> None:
-        """The node's metrics in Prometheus' text format, to a user with cluster.manage:
-        they name every keyspace and index and their sizes, which a user without rights
-        on a keyspace may not read (its stats are data.read), and cluster.read is every
-        user's."""
+        """The node's metrics in Prometheus' text format, to a user with cluster.manage."""
         assert self._metrics is not None
-        if not holds(principal.roles, Privilege.CLUSTER_MANAGE, None):
-            err = N1qlError(
-                E_PRIVILEGE,
-                f"user {principal.name!r} may not read the metrics: it needs cluster.manage",
-                403,
-                reason={"hint": "grant a role with it: shardex user grant NAME cluster_admin"},
-            )
-            await resp.send(403, json.dumps({"errors": [err.entry()], "status": "fatal"}).encode())
+        if not await self._may_read_metrics(resp, principal):
             return
         try:
             body = self._metrics()

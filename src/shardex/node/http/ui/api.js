@@ -1,11 +1,12 @@
-// The node's HTTP API as the console calls it: every request carries the user's HTTP basic
-// credentials (kept in sessionStorage: gone when the tab closes) and says it is the
-// console's (X-Requested-With), so a refused login answers 401 without a challenge and the
-// browser shows no dialog of its own.
+// The node's HTTP API as the console calls it. Logging in (POST /api/session) sets the
+// node's session cookie (HttpOnly: this script never sees it; SameSite=Strict), which the
+// browser sends with every request to this node; the page keeps only the user's name.
+// Every request says it is the console's (X-Requested-With): the node takes the cookie
+// only on such requests (no other site can add the header), and a refused one is answered
+// 401 without a challenge, so the browser shows no login dialog of its own.
 
-const KEY = "shardex.console.auth";
-const USER = "shardex.console.user";
 const listeners = [];
+let current = null; // the logged-in user's name, null when logged out
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -16,43 +17,54 @@ export class ApiError extends Error {
   }
 }
 
-function basic(user, password) {
-  const bytes = new TextEncoder().encode(`${user}:${password}`);
-  let text = "";
-  for (const b of bytes) text += String.fromCharCode(b);
-  return btoa(text);
-}
-
 export function loggedIn() {
-  return sessionStorage.getItem(KEY) !== null;
+  return current !== null;
 }
 
 export function user() {
-  return sessionStorage.getItem(USER) || "";
+  return current || "";
 }
 
-// Checks the credentials against the node (GET /api/nodes: every user may read it) and
-// keeps them when they work; throws ApiError otherwise.
+// Whether this browser still has a session on the node (a reload keeps the cookie).
+export async function resume() {
+  const resp = await fetch("/api/session", { headers: headers() });
+  const data = await body(resp);
+  current = resp.ok && data && data.user ? data.user : null;
+}
+
+// Logs in on the node (the cookie comes with the answer); throws ApiError when refused.
 export async function login(name, password) {
-  const token = basic(name, password);
-  const resp = await fetch("/api/nodes", { headers: headers(token) });
-  if (!resp.ok) throw new ApiError(resp.status, await body(resp));
-  sessionStorage.setItem(KEY, token);
-  sessionStorage.setItem(USER, name);
+  const resp = await fetch("/api/session", {
+    method: "POST",
+    headers: { ...headers(), "Content-Type": "application/json" },
+    body: JSON.stringify({ user: name, password }),
+  });
+  const data = await body(resp);
+  if (!resp.ok) throw new ApiError(resp.status, data);
+  current = data.user;
 }
 
-export function logout() {
-  sessionStorage.removeItem(KEY);
-  sessionStorage.removeItem(USER);
-  for (const f of listeners) f();
+// Ends the session on the node (it forgets it, the browser drops the cookie), then here.
+export async function logout() {
+  try {
+    await fetch("/api/session", { method: "DELETE", headers: headers() });
+  } finally {
+    ended("Logged out.");
+  }
 }
 
+function ended(why) {
+  current = null;
+  for (const f of listeners) f(why);
+}
+
+// f(why): the console is logged out, `why` says how.
 export function onLogout(f) {
   listeners.push(f);
 }
 
-function headers(token) {
-  return { "Authorization": `Basic ${token}`, "X-Requested-With": "shardex-console" };
+function headers() {
+  return { "X-Requested-With": "shardex-console" };
 }
 
 async function body(resp) {
@@ -66,7 +78,7 @@ async function body(resp) {
 
 // One request; JSON in and out. `raw`: the Response itself (the caller reads the body).
 export async function request(method, path, payload, { raw = false, text = false } = {}) {
-  const h = headers(sessionStorage.getItem(KEY) || "");
+  const h = headers();
   const init = { method, headers: h };
   if (payload !== undefined) {
     h["Content-Type"] = "application/json";
@@ -74,7 +86,8 @@ export async function request(method, path, payload, { raw = false, text = false
   }
   const resp = await fetch(path, init);
   if (resp.status === 401) {
-    logout();
+    // the session ended on the node (expired, the password changed, the user dropped)
+    ended("The session ended: log in again.");
     throw new ApiError(401, await body(resp));
   }
   if (raw) return resp;

@@ -59,6 +59,6 @@ $("login-form").addEventListener("submit", async (ev) => {
 });
 
 $("logout").addEventListener("click", () => api.logout());
-api.onLogout(() => showLogin("Logged out."));
+api.onLogout((why) => showLogin(why));
 window.addEventListener("hashchange", route);
-route();
+api.resume().catch(() => {}).finally(route); // a reload keeps the node's session

@@ -43,6 +43,8 @@ export function lineChart(series, { span = 300000, width = 560, height = 180, un
     }
     const label = el("text", { x: width - pad.r - 4, y: pad.t + 12 + i * 13, "text-anchor": "end", fill: colour, class: "legend" });
     const last = pts.length ? pts[pts.length - 1][1] : null;
+    label.dataset.series = n; // the series' name and largest value shown (the browser tests read them)
+    label.dataset.max = String(pts.reduce((m, [, v]) => Math.max(m, v), 0));
     label.textContent = `${n}${last === null ? "" : `: ${last >= 100 ? last.toFixed(0) : last.toPrecision(3)}${unit}`}`;
     svg.append(label);
   });

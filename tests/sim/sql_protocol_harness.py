@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from sql_protocol_checkers import check_flow_control, check_state_freed
 
 from shardex.errors import ErrorCode, ShardexError
@@ -130,13 +131,20 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             if me in args.get("fail_on", []) and k == args.get("fail_after", 0):
                 raise ShardexError(f"emit failed on {me}", code=ErrorCode.EXPRESSION_EVAL)
             count = min(step, n - start)
-            yield pa.record_batch(
+            batch = pa.record_batch(
                 {
                     "src": pa.array([me] * count, pa.string()),
                     "i": pa.array(range(base + start, base + start + count), pa.int64()),
                     "pad": pa.array([pad] * count, pa.string()),
                 }
             )
+            if ctx.partitions == 1:
+                yield batch
+                continue
+            # A hash exchange: row i goes to the reader member at position i % partitions.
+            parts = pa.array([i % ctx.partitions for i in batch.column("i").to_pylist()])
+            for p in range(ctx.partitions):
+                yield p, batch.filter(pc.equal(parts, p))
 
     async def collect(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         delay = ctx.args.get("delay", 0.0)
@@ -158,6 +166,22 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             acc += sum(batch.column("i").to_pylist())
         yield pa.RecordBatch.from_pylist([{"count": count, "total": acc}])
 
+    async def tag(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        """Its input with the member that read each row (``at``)."""
+        async for batch in ctx.input():
+            yield batch.append_column("at", pa.array([ctx.member_id] * batch.num_rows))
+
+    async def semi_join(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        """Two inputs: every ``i`` of the ``build`` edge, held, then the ``probe`` edge's
+        rows whose ``i`` is among them, tagged with the member that joined them."""
+        build: set[int] = set()
+        async for batch in ctx.inputs[ctx.args["build"]]:
+            build.update(batch.column("i").to_pylist())
+        async for batch in ctx.inputs[ctx.args["probe"]]:
+            keep = pa.array([i in build for i in batch.column("i").to_pylist()])
+            found = batch.filter(keep)
+            yield found.append_column("at", pa.array([ctx.member_id] * found.num_rows))
+
     async def take(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         left = ctx.args["limit"]
         async for batch in ctx.input():
@@ -173,6 +197,8 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             "keep_multiples": keep_multiples,
             "sum": total,
             "take": take,
+            "tag": tag,
+            "semi_join": semi_join,
         }
     )
 
@@ -208,6 +234,58 @@ def chain_plan(root: str, middle: str, leaves: list[str], *, mod: int, **emit: A
                 args={"mod": mod},
             ),
             FragmentSpec(fragment_id=2, kind="emit", members=leaves, output=2, args=emit),
+        ]
+    )
+
+
+def partition_plan(root: str, readers: list[str], leaves: list[str], **emit: Any) -> QueryPlan:
+    """``emit`` on the leaves -> hash exchange (row i to reader i % len(readers)) -> ``tag``
+    on every reader -> gather -> ``collect`` on the initiator."""
+    return QueryPlan(
+        fragments=[
+            FragmentSpec(fragment_id=0, kind="collect", members=[root], inputs=[1]),
+            FragmentSpec(fragment_id=1, kind="tag", members=readers, inputs=[2], output=1),
+            FragmentSpec(
+                fragment_id=2, kind="emit", members=leaves, output=2, exchange="hash", args=emit
+            ),
+        ]
+    )
+
+
+def join_plan(
+    root: str,
+    joiners: list[str],
+    build: list[str],
+    probe: list[str],
+    *,
+    build_rows: int,
+    **emit: Any,
+) -> QueryPlan:
+    """A fragment with two inputs on several members: ``emit`` on ``build`` broadcast to
+    every joiner (edge 3), ``emit`` on ``probe`` hash-partitioned among them (edge 2),
+    ``semi_join`` on the joiners -> gather -> ``collect`` on the initiator."""
+    return QueryPlan(
+        fragments=[
+            FragmentSpec(fragment_id=0, kind="collect", members=[root], inputs=[1]),
+            FragmentSpec(
+                fragment_id=1,
+                kind="semi_join",
+                members=joiners,
+                inputs=[2, 3],
+                output=1,
+                args={"build": 3, "probe": 2},
+            ),
+            FragmentSpec(
+                fragment_id=2, kind="emit", members=probe, output=2, exchange="hash", args=emit
+            ),
+            FragmentSpec(
+                fragment_id=3,
+                kind="emit",
+                members=build,
+                output=3,
+                exchange="broadcast",
+                args={**emit, "rows": build_rows},
+            ),
         ]
     )
 

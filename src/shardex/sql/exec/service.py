@@ -185,7 +185,7 @@ class SqlService:
                 max_sender_bound=st.max_sender_bound,
                 stalls=st.stalls,
             )
-            for (_, edge, sender), st in found
+            for (_, edge, sender, _), st in found
         ]
         return ExchangeStatsReply(member=self.query.member_id, streams=streams)
 

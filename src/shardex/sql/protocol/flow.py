@@ -1,10 +1,11 @@
 """Exchanges with credit-based flow control: the sender's ``Outbox``, the receiver's ``Inbox``
 and the ``ExchangeMeter`` that measures bytes in flight.
 
-A stream is ``(query, edge, sender member)``. Credits are bytes of Arrow IPC payload. The
-receiver grants a cumulative ``credit_limit`` = bytes its consumer has taken + ``window``, so
-whatever is in flight, ``sent - consumed <= window`` on every stream: that is the invariant
-the simulation checks (``ExchangeMeter.max_in_flight``).
+A stream is ``(query, edge, sender member, receiver member)``: a gather edge has one
+stream per sender, a broadcast or hash edge one per sender and reading member. Credits are
+bytes of Arrow IPC payload. The receiver grants a cumulative ``credit_limit`` = bytes its
+consumer has taken + ``window``, so whatever is in flight, ``sent - consumed <= window`` on
+every stream: that is the invariant the simulation checks (``ExchangeMeter.max_in_flight``).
 
 Grants go out each time the consumer has taken half a window since the last grant. The
 sender cuts batches into pieces of at most half a window, which makes that rule deadlock-free:
@@ -35,7 +36,7 @@ from shardex.sql.protocol.batches import decode_batch, split_to_fit
 
 __all__ = ["MIN_WINDOW", "ExchangeMeter", "Inbox", "Outbox", "StreamKey", "StreamStats"]
 
-StreamKey = tuple[QueryId, int, str]  # (query, edge, sender member)
+StreamKey = tuple[QueryId, int, str, str]  # (query, edge, sender member, receiver member)
 
 # An Arrow IPC stream of one small row is a few hundred bytes; half the window must hold one.
 MIN_WINDOW = 4096
@@ -79,11 +80,17 @@ class ExchangeMeter:
 
 
 def _violation(message: str, key: StreamKey, **details: object) -> ShardexError:
-    q, edge, sender = key
+    q, edge, sender, receiver = key
     return ShardexError(
         message,
         code=ErrorCode.PROTOCOL_ERROR,
-        details={"query_id": str(q), "edge": edge, "sender": sender, **details},
+        details={
+            "query_id": str(q),
+            "edge": edge,
+            "sender": sender,
+            "receiver": receiver,
+            **details,
+        },
     )
 
 
@@ -102,7 +109,7 @@ class Outbox:
         send: Callable[[str, Message], Awaitable[None]],
         meter: ExchangeMeter,
     ) -> None:
-        self.key: StreamKey = (query_id, edge_id, sender)
+        self.key: StreamKey = (query_id, edge_id, sender, receiver)
         self.receiver = receiver
         self.window = window
         self._send_fn = send
@@ -146,7 +153,7 @@ class Outbox:
         credit = self.credit
         if not credit.take(size):
             await credit.spend(size, self._stalled)
-        q, edge, sender = self.key
+        q, edge, sender, _ = self.key
         msg = QueryBatch(
             query_id=q,
             edge_id=edge,
@@ -176,15 +183,17 @@ class _InStream:
 
 
 class Inbox:
-    """The receiving end of one edge on its reader's member: the streams of every sender,
-    merged in arrival order. ``on_batch`` is called by the message handler (never blocks);
-    the consuming fragment iterates ``batches()``; grants go out through ``grant``."""
+    """The receiving end of one edge on one member of its reader (``receiver``): the streams
+    of every sender, merged in arrival order. ``on_batch`` is called by the message handler
+    (never blocks); the consuming fragment iterates ``batches()``; grants go out through
+    ``grant``."""
 
     def __init__(
         self,
         *,
         query_id: QueryId,
         edge_id: int,
+        receiver: str,
         senders: tuple[str, ...],
         window: int,
         grant: Callable[[str, int], None],
@@ -192,6 +201,7 @@ class Inbox:
     ) -> None:
         self.query_id = query_id
         self.edge_id = edge_id
+        self.receiver = receiver
         self.window = window
         self._grant = grant
         self._meter = meter
@@ -207,7 +217,7 @@ class Inbox:
     def on_batch(self, msg: QueryBatch) -> None:
         """Take one batch; raises ``PROTOCOL_ERROR`` for a batch the stream cannot carry
         (unknown sender, a gap or repeat in ``seq``, after ``last``, over the credits)."""
-        key = (self.query_id, self.edge_id, msg.sender)
+        key = (self.query_id, self.edge_id, msg.sender, self.receiver)
         st = self._streams.get(msg.sender)
         if st is None:
             raise _violation(f"batch from {msg.sender}, not a sender of edge {self.edge_id}", key)
@@ -251,7 +261,8 @@ class Inbox:
     def _consumed(self, sender: str, size: int) -> None:
         st = self._streams[sender]
         granted = st.credit.consume(size)
-        self._meter.on_consumed((self.query_id, self.edge_id, sender), self.window, size)
+        key = (self.query_id, self.edge_id, sender, self.receiver)
+        self._meter.on_consumed(key, self.window, size)
         # After the last batch nothing more comes: the new limit is nobody's business.
         if granted and not st.last:
             self._grant(sender, st.credit.limit)

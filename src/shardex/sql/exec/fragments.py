@@ -20,6 +20,7 @@ from shardex.sql.exec.bridge import Pack, close_all, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder, key_projection
 from shardex.sql.exec.fragment_rows import late_leaf_rows, leaf_rows, root_rows
+from shardex.sql.exec.join_exchange import JOIN_KIND, join_fragment, leaf_args, leaf_pack
 from shardex.sql.exec.late import late_root_values
 from shardex.sql.exec.leaf_spec import LeafSpec, leaf_spec
 from shardex.sql.exec.memory import NodeMemory
@@ -82,9 +83,18 @@ def sql_fragments(
                 code=ErrorCode.QUERY_STATE,
                 details={"member": ctx.member_id},
             )
+        # A side of a join between fragments: its rows partitioned among the join's members.
+        args = leaf_args(ctx.args, ctx.member_id)
+        pack = await leaf_pack(ctx, to_batches)
         batches = leaf_pipeline(
-            index_scan, documents, memory, ctx.args, ctx.parameters, str(ctx.query_id)
+            index_scan, documents, memory, args, ctx.parameters, str(ctx.query_id), pack
         )
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                yield batch
+
+    async def join(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        batches = join_fragment(ctx, documents, memory)
         async with contextlib.aclosing(batches):
             async for batch in batches:
                 yield batch
@@ -98,7 +108,7 @@ def sql_fragments(
             async for batch in batches:
                 yield batch
 
-    return FragmentRegistry({LEAF_KIND: leaf, ROOT_KIND: root})
+    return FragmentRegistry({LEAF_KIND: leaf, ROOT_KIND: root, JOIN_KIND: join})
 
 
 async def leaf_pipeline(

@@ -31,14 +31,14 @@ from shardex.sql.local_rows import unnest_specs
 from shardex.sql.syntax.bind import META_KEY, BoundSelect
 from shardex.sql.syntax.subquery import running_subqueries
 
-__all__ = ["run_join"]
+__all__ = ["ClusterSides", "run_join"]
 
 # A side statement started: its encoded result rows, in chunks.
 Start = Callable[[str, Any], Awaitable[AsyncIterator[list[bytes]]]]
 ROW_OVERHEAD = 64  # bytes charged per held inner row beyond its values' estimate
 
 
-class _ClusterSides:
+class ClusterSides:
     """``join_steps.InnerSides`` over the cluster, for the pipeline thread."""
 
     def __init__(
@@ -139,7 +139,7 @@ async def run_join(
         def rows(ins: list[Iterator[Any]]) -> Any:
             bud = mem.budget()
             gathered = {k: ins[i + 1] for i, k in enumerate(order)}
-            inner = _ClusterSides(fetch, gathered, probe, bud)
+            inner = ClusterSides(fetch, gathered, probe, bud)
             if keyed:
                 scope = ({alias: v[1], META_KEY: {"id": v[0]}} for v in ins[0])
             else:

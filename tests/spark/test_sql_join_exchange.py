@@ -110,3 +110,32 @@ def test_explain_and_the_exchanges_of_a_join_between_fragments(env: Env) -> None
     # Both sides' leaves on several nodes, each sending to every join fragment.
     assert edges[2] >= 4 and edges[3] >= 4 and edges[1] >= 2, edges
     assert all(s.max_sender_bound <= SMALL_WINDOW for s in streams), streams
+
+
+@pytest.mark.timeout(600)
+def test_meta_cas_and_expiration_of_joined_keyspaces(env: Env) -> None:
+    """``META(r).cas`` / ``.expiration`` in a join are the documents' own, as a read by key
+    gives them, between fragments, at the initiator and through a lookup join."""
+    direct = {
+        row["id"]: row
+        for row in env.client.query(
+            f"SELECT META(r).id AS id, META(r).cas AS cas, META(r).expiration AS e "
+            f"FROM {RIGHT} AS r USE KEYS $1",
+            [sorted(env.right)],
+        )
+    }
+    meta = "META(r).id AS r, META(r).cas AS cas, META(r).expiration AS e"
+    for sql, tuning in (
+        (f"SELECT {meta} FROM {LEFT} AS l JOIN {RIGHT} AS r ON l.b = r.b WHERE l.a < 5", None),
+        (
+            f"SELECT {meta} FROM {LEFT} AS l JOIN {RIGHT} AS r ON l.b = r.b WHERE l.a < 5",
+            {"join_exchange": False},
+        ),
+        (f"SELECT {meta} FROM {LEFT} AS l JOIN {RIGHT} AS r ON KEYS l.k", None),
+    ):
+        rows = list(env.client.query(sql, tuning=tuning))
+        assert rows, sql
+        for row in rows:
+            want = direct[row["r"]]
+            assert row["cas"] == want["cas"] and row["cas"] > 0, (sql, row, want)
+            assert row["e"] == want["e"], (sql, row, want)

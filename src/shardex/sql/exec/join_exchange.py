@@ -38,7 +38,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.bridge import Pack, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragment_rows import compiled, leaf_rows, mode_of
-from shardex.sql.exec.join_plan import HASH, JoinSides, exchange_join, side_params
+from shardex.sql.exec.join_plan import HASH, JoinSides, exchange_join, side_meta, side_params
 from shardex.sql.exec.join_run import ClusterSides
 from shardex.sql.exec.memory import Budget, NodeMemory
 from shardex.sql.exec.plan import LEAF_KIND, ROOT_KIND, PhysicalPlan, bind_statement
@@ -86,10 +86,10 @@ def _side_key(b: BoundSelect, side: str, params: Any) -> tuple[Callable[[Any], A
     if side == FROM_SIDE:
         outer = spec.outer_key
         assert outer is not None and alias is not None
-        return (lambda v: outer({alias: v[1], META_KEY: {"id": v[0]}})), spec.kind == "left"
+        return (lambda v: outer({alias: v[1], META_KEY: side_meta(v)})), spec.kind == "left"
     inner = spec.inner_key
     assert inner is not None
-    return (lambda v: inner(piece(spec, v[0], v[1]))), False
+    return (lambda v: inner(piece(spec, v[0], v[1], side_meta(v)))), False
 
 
 def partition_pack(b: BoundSelect, side: str, params: Any, partitions: int) -> Pack:
@@ -200,7 +200,7 @@ def fragment_rows(
     alias = b.alias
     assert alias is not None
     inner = ClusterSides(fetch, {0: iter(inner_rows)}, _no_probe, budget)
-    scope = ({alias: v[1], META_KEY: {"id": v[0]}} for v in from_rows)
+    scope = ({alias: v[1], META_KEY: side_meta(v)} for v in from_rows)
     joined = joined_rows(b, scope, plans, inner, params, unnest_specs(b, params), compiled)
     return leaf_rows(b, params, a["mode"], a["top"], budget, joined, fetch=fetch)
 

@@ -29,13 +29,21 @@ from typing import Any
 from shardex.core.expr import And, Expr, Identifier, Meta, format_identifier
 from shardex.meta.index_state import ACTIVE
 from shardex.meta.state import StateContext
+from shardex.sql.exec.analyze import FETCHED_META, reads_meta_field
 from shardex.sql.planner.joins import JoinPlan, plan_join, reads_only, shown
 from shardex.sql.planner.sargable import conjuncts
 from shardex.sql.syntax.ast import META_KEY
 from shardex.sql.syntax.bind import BoundSelect, map_children
 from shardex.sql.syntax.explain import explain_select
 
-__all__ = ["JoinSides", "exchange_join", "join_sides", "probe_params", "side_params"]
+__all__ = [
+    "JoinSides",
+    "exchange_join",
+    "join_sides",
+    "probe_params",
+    "side_meta",
+    "side_params",
+]
 
 # The parameter a probe statement reads its batch of join key values from.
 PROBE_PARAM = "shardex_join_keys"
@@ -54,6 +62,9 @@ class JoinSides:
     explained: dict[str, Any] = field(default_factory=dict)  # side name -> its plan
     exchange: str | None = None  # "hash": may join between fragments (``exchange_join``)
     ran: str | None = None  # once started: "hash" when it joined between fragments
+    # joins whose statement reads META(alias).cas / .expiration: their documents' owners
+    # give them (a lookup join's fetch asks for them, side statements carry them)
+    fetched_meta: set[int] = field(default_factory=set)
 
     def reads(self, k: int) -> str:
         """How join ``k`` reads its inner keyspace (EXPLAIN)."""
@@ -112,9 +123,13 @@ def side_statement(
     use_index: tuple[str, ...] = (),
     use_keys: str | None = None,
     extra: str | None = None,
+    meta: bool = False,
 ) -> str:
+    """``meta``: the rows also carry ``META(alias).cas`` and ``.expiration`` (``side_meta``
+    reads them), which the side's leaves then fetch from the documents' owners."""
     a = format_identifier(alias)
-    sql = f"SELECT RAW [META({a}).id, {a}] FROM {format_identifier(keyspace)} AS {a}"
+    fetched = f", META({a}).cas, META({a}).expiration" if meta else ""
+    sql = f"SELECT RAW [META({a}).id, {a}{fetched}] FROM {format_identifier(keyspace)} AS {a}"
     if use_index:
         sql += f" USE INDEX ({', '.join(format_identifier(n) for n in use_index)})"
     if use_keys is not None:
@@ -142,10 +157,19 @@ def join_sides(b: BoundSelect, state: StateContext) -> JoinSides:
         if ref.use_keys is not None:
             use_keys = _text(ref.use_keys, {})
         from_sql = side_statement(
-            ref.name, b.alias, META_KEY, where, use_index=ref.use_index, use_keys=use_keys
+            ref.name,
+            b.alias,
+            META_KEY,
+            where,
+            use_index=ref.use_index,
+            use_keys=use_keys,
+            meta=reads_meta_field(b, *FETCHED_META),
         )
     sides = JoinSides(plans, from_sql)
     for k, (j, p) in enumerate(zip(b.joins, plans, strict=True)):
+        meta = reads_meta_field(b, *FETCHED_META, meta=j.meta_name)
+        if meta:
+            sides.fetched_meta.add(k)
         if p.method == "keys":
             continue
         names = frozenset({j.alias, j.meta_name})
@@ -161,9 +185,10 @@ def join_sides(b: BoundSelect, state: StateContext) -> JoinSides:
                 where,
                 use_index=(p.index,) if p.index else (),
                 extra=f"{key} IN ${PROBE_PARAM}",
+                meta=meta,
             )
         else:  # USE INDEX names the index to probe (N1QL): a gathered side chooses its own
-            sides.gathered[k] = side_statement(j.keyspace, j.alias, j.meta_name, where)
+            sides.gathered[k] = side_statement(j.keyspace, j.alias, j.meta_name, where, meta=meta)
     sides.exchange = exchange_join(plans, from_sql)
     return sides
 
@@ -182,6 +207,14 @@ def _usable_indexes(
             continue
         out.append((d.name, d.keys[0].expr))
     return sorted(out)
+
+
+def side_meta(row: list[Any]) -> dict[str, Any]:
+    """The META() of a side statement's row ``[docid, document, (cas, expiration)]``: the
+    fetched fields when the statement asked for them (``side_statement(meta=True)``)."""
+    if len(row) > 2:
+        return {"id": row[0], "cas": row[2], "expiration": row[3]}
+    return {"id": row[0]}
 
 
 def side_params(params: Any) -> Any:

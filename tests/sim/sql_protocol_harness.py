@@ -21,7 +21,7 @@ from sql_protocol_checkers import check_flow_control, check_state_freed
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
 from shardex.net.rpc import RpcServer
-from shardex.sim import ClusterNode, Simulation
+from shardex.sim import ClusterNode, Simulation, run_simulation
 from shardex.sql.protocol import (
     ExchangeMeter,
     FragmentContext,
@@ -378,6 +378,17 @@ class Harness:
         check_state_freed(self.services, tombstones=True)
         await self.sim.cluster.stop_all()
         self.sim.cluster.check()
+
+
+def run_scenario(scenario: Callable[[Harness], Any], seed: int) -> None:
+    """One scenario on a fresh simulation of seed ``seed``, ended by ``Harness.finish``."""
+
+    async def main(sim: Simulation) -> None:
+        h = Harness(sim)
+        await scenario(h)
+        await h.finish()
+
+    run_simulation(main, seed)
 
 
 async def drain(result: QueryResult) -> list[dict[str, Any]]:

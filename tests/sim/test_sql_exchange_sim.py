@@ -16,22 +16,17 @@ from sql_protocol_harness import (
     join_plan,
     message,
     partition_plan,
+    run_scenario,
 )
 
 from shardex.errors import ErrorCode
-from shardex.sim import Simulation, run_simulation, sim_seeds
+from shardex.sim import sim_seeds
 from shardex.sql.protocol import QueryExecute
 
 SEEDS = sim_seeds(3)
 
 
-def run(scenario, seed: int) -> None:  # type: ignore[no-untyped-def]
-    async def main(sim: Simulation) -> None:
-        h = Harness(sim)
-        await scenario(h)
-        await h.finish()
-
-    run_simulation(main, seed)
+run = run_scenario
 
 
 @pytest.mark.parametrize("seed", SEEDS)

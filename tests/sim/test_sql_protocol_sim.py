@@ -22,6 +22,7 @@ from sql_protocol_harness import (
     expected_gather,
     gather_plan,
     message,
+    run_scenario,
 )
 
 from shardex.errors import ErrorCode, ShardexError
@@ -31,13 +32,7 @@ from shardex.sql.protocol import QueryBatch, QueryCancel, QueryExecute
 SEEDS = sim_seeds(3)
 
 
-def run(scenario, seed: int) -> None:  # type: ignore[no-untyped-def]
-    async def main(sim: Simulation) -> None:
-        h = Harness(sim)
-        await scenario(h)
-        await h.finish()
-
-    run_simulation(main, seed)
+run = run_scenario
 
 
 def cancels(h: Harness) -> int:

@@ -21,40 +21,25 @@ from shardex.sql.exec.join_exchange import (
     partition_pack,
     side_texts,
 )
-from shardex.sql.exec.join_plan import exchange_join, join_sides, side_params
+from shardex.sql.exec.join_plan import exchange_join, side_params
 from shardex.sql.exec.plan import PhysicalPlan
 from shardex.sql.exec.rows import decode_row, encode_row
 from shardex.sql.local import LocalEngine
-from shardex.sql.local_rows import eval_count
 from shardex.sql.planner.joins import plan_join
 from shardex.sql.syntax import parse_statement
 from shardex.sql.syntax.bind import bind_select
-from tests.sql_reference.join_queries import LEFT, RIGHT, join_queries, make_join_documents
+from tests.sql_reference.join_queries import LEFT, RIGHT, join_queries
 from tests.unit.sql.budgets import budget
-from tests.unit.sql.test_sql_exec_joins import _state
+from tests.unit.sql.test_sql_exec_joins import _state, join_engine, statement_plan
 
 
 @pytest.fixture(scope="module")
 def engine() -> LocalEngine:
-    left, right = make_join_documents(3, 160, 110)
-    e = LocalEngine()
-    for name, docs in ((LEFT, left), (RIGHT, right)):
-        e.create_keyspace(name)
-        e.keyspaces[name].update(docs)
-    return e
+    return join_engine(3, 160, 110)
 
 
 def _plan(sql: str, params: Any = None) -> PhysicalPlan:
-    b = bind_select(parse_statement(sql))  # type: ignore[arg-type]
-    plan = PhysicalPlan(
-        b,
-        "join",
-        "join",
-        limit=eval_count(b.limit, params, "LIMIT"),
-        offset=eval_count(b.offset, params, "OFFSET") or 0,
-    )
-    plan.join = join_sides(b, _state())
-    return plan
+    return statement_plan(sql, _state(), params)
 
 
 def exchanged(engine: LocalEngine, sql: str, partitions: int, params: Any = None) -> list[Any]:

@@ -181,3 +181,27 @@ def test_the_query_plan_hashes_both_sides_into_join_fragments_on_the_leaf_nodes(
     assert from_leaves.members == ["m2", "m3"] and from_leaves.output == 2
     assert from_leaves.args["partitions_by_member"] == {"m2": [0, 1], "m3": [2]}
     assert inner_leaves.args["partition"] == {"sql": "the statement", "side": "inner"}
+
+
+def test_explain_says_where_the_join_runs() -> None:
+    from types import SimpleNamespace
+
+    from shardex.sql.exec.join_plan import explain_join
+    from shardex.sql.exec.tuning import check_tuning
+
+    def planner(source: str) -> Any:
+        side = SimpleNamespace(
+            source=source, leaves=[object()], explain=lambda: {"distributed": {"source": source}}
+        )
+        return lambda sql, resolve: side
+
+    sql = f"SELECT l.a FROM {LEFT} l LEFT JOIN {RIGHT} r ON r.b = l.b + 1"
+    plan = _plan(sql)
+    plan.side_planner = planner("index")
+    where = explain_join(plan, plan.join)["distributed"]["join"]  # type: ignore[arg-type]
+    assert where["exchange"] == "hash" and where["partition_by"] == ["l.b + 1", "r.b"]
+    plan.side_planner = planner("keys")  # a side read by key: the initiator joins
+    assert explain_join(plan, plan.join)["distributed"]["join"]["on"] == "initiator"  # type: ignore[arg-type]
+    plan.side_planner = planner("index")
+    plan.tuning = check_tuning({"join_exchange": False})
+    assert explain_join(plan, plan.join)["distributed"]["join"]["on"] == "initiator"  # type: ignore[arg-type]

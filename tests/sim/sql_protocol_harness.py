@@ -182,6 +182,20 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             found = batch.filter(keep)
             yield found.append_column("at", pa.array([ctx.member_id] * found.num_rows))
 
+    async def runs(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        """Its one input edge read sender by sender (``by_sender``), all senders at once,
+        a batch from each in turn: each row tagged with the run it came in (``run``)."""
+        assert ctx.by_sender is not None
+        (edge,) = ctx.inputs
+        its = list(enumerate(ctx.by_sender(edge)))
+        while its:
+            for run, it in list(its):
+                batch = await anext(it, None)
+                if batch is None:
+                    its.remove((run, it))
+                else:
+                    yield batch.append_column("run", pa.array([run] * batch.num_rows))
+
     async def take(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         left = ctx.args["limit"]
         async for batch in ctx.input():
@@ -199,6 +213,7 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             "take": take,
             "tag": tag,
             "semi_join": semi_join,
+            "runs": runs,
         }
     )
 

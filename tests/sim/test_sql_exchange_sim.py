@@ -12,7 +12,9 @@ from sql_protocol_harness import (
     Harness,
     drain,
     drain_error,
+    emitted_rows,
     expected_gather,
+    gather_plan,
     join_plan,
     message,
     partition_plan,
@@ -107,5 +109,27 @@ def test_a_batch_to_a_partition_before_its_execute_is_held(seed: int) -> None:
         check_rows(got, expected_gather(["m2"], **emit))
         assert m4.stats["batches_held"] > 0
         assert h.interceptor.rules[0].hits == 1
+
+    run(scenario, seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_reader_takes_each_sender_alone(seed: int) -> None:
+    """A gather from a fragment on three members, read sender by sender: each run holds one
+    sender's rows in its order (what a merge of sorted runs needs), however the batches of
+    the senders interleave on arrival."""
+    emit = {"rows": 200, "batch_rows": 15, "pad": 20}
+    senders = ["m2", "m3", "m4"]
+
+    async def scenario(h: Harness) -> None:
+        await h.start("m1", "m2", "m3", "m4")
+        plan = gather_plan("m1", senders, root_kind="runs", **emit)
+        got = await drain(await h.services["m1"].execute(plan))
+        for run, member in enumerate(senders):
+            mine = [r["i"] for r in got if r["run"] == run]
+            assert mine == [r["i"] for r in emitted_rows(member, run, emit)]
+        for row in got:
+            row.pop("run")
+        check_rows(got, expected_gather(senders, **emit))
 
     run(scenario, seed)

@@ -82,8 +82,9 @@ def test_which_joins_run_between_fragments() -> None:
     on = "ON l.b = r.b"
     assert method(f"SELECT * FROM {LEFT} l JOIN {RIGHT} r {on}") == "hash"
     assert method(f"SELECT * FROM {LEFT} l LEFT JOIN {RIGHT} r USE HASH(PROBE) {on}") == "hash"
+    assert method(f"SELECT * FROM {LEFT} l RIGHT JOIN {RIGHT} r {on}") == "hash"
     for sql in (
-        f"SELECT * FROM {LEFT} l RIGHT JOIN {RIGHT} r {on}",
+        f"SELECT * FROM {LEFT} l RIGHT JOIN {RIGHT} r ON l.b < r.b",  # no key: a nested loop
         f"SELECT * FROM {LEFT} l NEST {RIGHT} r {on}",
         f"SELECT * FROM {LEFT} l JOIN {RIGHT} r ON KEYS l.k",
         f"SELECT * FROM {LEFT} l JOIN {RIGHT} r ON META(r).id = l.k",  # by key: index_nl
@@ -114,8 +115,9 @@ def test_the_exchange_join_equals_the_local_engine(engine: LocalEngine, partitio
 
 
 def test_keys_of_any_spelling_meet_and_unkeyed_left_rows_come_out(engine: LocalEngine) -> None:
-    """1 and 1.0 are equal keys (one partition); a LEFT JOIN's rows whose key is NULL or
-    MISSING are kept (unmatched), an inner side's are dropped at the leaf."""
+    """1 and 1.0 are equal keys (one partition); the kept side's rows whose key is NULL or
+    MISSING come out unmatched (a LEFT JOIN's left rows, a RIGHT JOIN's inner documents),
+    the other side's are dropped at the leaf."""
     e = LocalEngine()
     e.create_keyspace("a")
     e.create_keyspace("c")
@@ -125,6 +127,7 @@ def test_keys_of_any_spelling_meet_and_unkeyed_left_rows_come_out(engine: LocalE
     for sql in (
         "SELECT META(a).id AS a, META(c).id AS c FROM a JOIN c ON c.k = a.k",
         "SELECT META(a).id AS a, META(c).id AS c FROM a LEFT JOIN c ON c.k = a.k",
+        "SELECT META(a).id AS a, META(c).id AS c FROM a RIGHT JOIN c ON c.k = a.k",
     ):
         want = sorted(map(repr, e.query(sql)))
         assert len(want) >= 4
@@ -176,6 +179,7 @@ def test_the_query_plan_hashes_both_sides_into_join_fragments_on_the_leaf_nodes(
     )
     root, join, from_leaves, inner_leaves = qplan.fragments
     assert root.members == ["m1"] and root.args["mode"] == "sort"
+    assert root.args["by_sender"]  # the join fragments' sorted runs merge, one input each
     assert join.members == ["m2", "m3", "m4"] and join.inputs == [2, 3]
     assert from_leaves.exchange == inner_leaves.exchange == "hash"
     assert from_leaves.members == ["m2", "m3"] and from_leaves.output == 2

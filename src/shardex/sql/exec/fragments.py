@@ -101,6 +101,10 @@ def sql_fragments(
 
     async def root(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         inputs = [_cells_by_batch(ctx.inputs[e]) for e in sorted(ctx.inputs)]
+        if ctx.args.get("by_sender") and ctx.by_sender is not None:
+            # Several fragment instances on one edge (the join fragments): an input each,
+            # as separate leaves' edges are, so their sorted runs merge.
+            inputs = [_cells_by_batch(b) for e in sorted(ctx.inputs) for b in ctx.by_sender(e)]
         batches = root_pipeline(
             documents, memory, ctx.args, ctx.parameters, str(ctx.query_id), inputs
         )

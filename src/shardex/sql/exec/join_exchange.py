@@ -1,25 +1,27 @@
 """A join run between fragments over hash-partitioned exchanges (decision 0135).
 
-For a statement whose one join is an ANSI INNER or LEFT JOIN by hash (``planner.joins``
-chose ``hash``: an equi-join key, no index nested loop) placed before any UNNEST, over a
-FROM keyspace, when both side statements read through index leaves:
+For a statement whose one join is an ANSI INNER, LEFT or RIGHT JOIN by hash
+(``planner.joins`` chose ``hash``: an equi-join key, no index nested loop) placed before any
+UNNEST, over a FROM keyspace, when both side statements read through index leaves:
 
 * each side statement's leaves (the same ``sql.leaf`` fragments an ordinary SELECT of that
   side runs, at that side's pinned TS) send every row ``[docid, document]`` to one *join
   fragment*, chosen by a hash of its equi-join key's values (``key_bytes``: the key ``=``
   compares, so equal keys meet on one member whatever their types' spelling), over a hash
   exchange; a row whose key is NULL or MISSING matches nothing: an inner side's is
-  dropped, a LEFT JOIN's left row goes to a member chosen by its docid, to come out alone;
+  dropped, a LEFT JOIN's left row (a RIGHT JOIN's inner document) goes to a member chosen
+  by its docid, to come out alone;
 * the join fragments, one on each node that runs a leaf of either side, hold their part
-  of the build side and stream the other through the operators ``LocalEngine`` runs
+  of the build side (a RIGHT JOIN's: the left rows) and stream the other through the
+  operators ``LocalEngine`` runs
   (``join_steps.joined_rows``, then UNNEST), and then do what a leaf does for the statement
   (LET, WHERE, the projection, a partial aggregate or a sort: ``leaf_rows``), so only the
   joined rows' results reach the initiator;
 * the initiator's root is the ordinary ``sql.root`` of the statement's mode (merge the
   partial aggregates, the sorted runs, OFFSET and LIMIT).
 
-Everything else (RIGHT JOIN, NEST, lookup and index joins, several joins, a FROM by key or
-expression) keeps the initiator path of decision 0123 (``join_run``).
+Everything else (NEST, lookup and index joins, index nested loops, several joins, a FROM by
+key or expression) keeps the initiator path of decision 0123 (``join_run``).
 """
 
 from __future__ import annotations
@@ -78,8 +80,9 @@ def partition_of(key: bytes, partitions: int) -> int:
 
 def _side_key(b: BoundSelect, side: str, params: Any) -> tuple[Callable[[Any], Any], bool]:
     """The function from a side statement's row ``[docid, document]`` to its join key's
-    values, and whether a row whose key is NULL or MISSING is still sent (a LEFT JOIN's
-    left rows come out unmatched; anything else without a key matches nothing)."""
+    values, and whether a row whose key is NULL or MISSING is still sent (the kept side's
+    rows come out unmatched: a LEFT JOIN's left rows, a RIGHT JOIN's inner documents;
+    anything else without a key matches nothing)."""
     plan = plan_join(b.joins[0])
     spec = join_spec(plan, params, compiled)
     alias = b.alias
@@ -89,7 +92,7 @@ def _side_key(b: BoundSelect, side: str, params: Any) -> tuple[Callable[[Any], A
         return (lambda v: outer({alias: v[1], META_KEY: side_meta(v)})), spec.kind == "left"
     inner = spec.inner_key
     assert inner is not None
-    return (lambda v: inner(piece(spec, v[0], v[1], side_meta(v)))), False
+    return (lambda v: inner(piece(spec, v[0], v[1], side_meta(v)))), spec.kind == "right"
 
 
 def partition_pack(b: BoundSelect, side: str, params: Any, partitions: int) -> Pack:
@@ -160,7 +163,7 @@ async def join_fragment(
     plans = [plan_join(j) for j in b.joins]  # as the initiator planned: no index probed
     if exchange_join(plans, "") != HASH:
         raise ShardexError(
-            "a join fragment got a statement whose join is not an INNER or LEFT hash join",
+            "a join fragment got a statement whose join is not one hash join",
             code=ErrorCode.INTERNAL,
             details={"value": sql[:200], "hint": "the initiator plans it as decision 0123"},
         )
@@ -233,6 +236,7 @@ def exchange_query_plan(
         "limit": plan.limit,
         "offset": plan.offset,
         "late": False,
+        "by_sender": True,  # each join fragment's output is an input of its own
     }
     fragments = [
         FragmentSpec(

@@ -78,14 +78,15 @@ class JoinSides:
 
 def exchange_join(plans: list[JoinPlan], from_sql: str | None) -> str | None:
     """``hash`` when the statement's join may run between fragments over hash exchanges
-    (decision 0135, ``join_exchange``): one ANSI INNER or LEFT JOIN, by hash, before any
-    UNNEST, over a FROM keyspace; else None, the initiator joins (decision 0123). Its
+    (decision 0135, ``join_exchange``): one ANSI INNER, LEFT or RIGHT JOIN by hash (an
+    equi-join key), before any UNNEST, over a FROM keyspace; else None, the initiator joins
+    (decision 0123). Its
     sides must also read through index leaves, which their plans say when they run."""
     if from_sql is None or len(plans) != 1:
         return None
     p = plans[0]
     j = p.join
-    if p.method != "hash" or j.form != "ansi" or j.nest or j.kind not in ("inner", "left"):
+    if p.method != "hash" or j.form != "ansi" or j.nest:
         return None
     if j.position != 0:  # after an UNNEST its key may read the element: not a leaf's
         return None

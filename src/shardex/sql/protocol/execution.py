@@ -151,6 +151,9 @@ class QueryExecution:
             parameters=self.msg.parameters,
             inputs=inputs,
             partitions=len(outboxes) if f.exchange == HASH else 1,
+            by_sender=lambda e: [
+                self.inboxes[e].batches_from(s) for s in self.layout.edges[e].senders
+            ],
         )
         produce = self._registry.get(f.kind)(ctx)
         if f.output is None:

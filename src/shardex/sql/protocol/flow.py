@@ -173,13 +173,15 @@ class Outbox:
 class _InStream:
     """One sender's stream into an ``Inbox``: its order, what arrived, and its credit."""
 
-    __slots__ = ("credit", "last", "next_seq", "received")
+    __slots__ = ("credit", "last", "next_seq", "queue", "received")
 
     def __init__(self, window: int) -> None:
         self.next_seq = 0
         self.received = 0
         self.last = False
         self.credit = ReceiveWindow(window, every=window // 2)
+        # Batches not consumed yet: (arrival number on the inbox, bytes, batch).
+        self.queue: deque[tuple[int, int, pa.RecordBatch]] = deque()
 
 
 class Inbox:
@@ -206,7 +208,7 @@ class Inbox:
         self._grant = grant
         self._meter = meter
         self._streams = {s: _InStream(window) for s in senders}
-        self._queue: deque[tuple[str, int, pa.RecordBatch]] = deque()
+        self._arrivals = 0
         self._ready = asyncio.Event()
 
     @property
@@ -243,20 +245,43 @@ class Inbox:
         st.received += size
         st.last = msg.last
         if batch is not None:
-            self._queue.append((msg.sender, size, batch))
+            st.queue.append((self._arrivals, size, batch))
+            self._arrivals += 1
         self._ready.set()
 
     async def batches(self) -> AsyncIterator[pa.RecordBatch]:
+        """Every sender's batches, merged in arrival order."""
         while True:
-            if self._queue:
-                sender, size, batch = self._queue.popleft()
-                self._consumed(sender, size)
-                yield batch
+            heads = [(st.queue[0][0], s) for s, st in self._streams.items() if st.queue]
+            if heads:
+                yield self._take(min(heads)[1])
             elif self.complete:
                 return
             else:
-                self._ready.clear()
-                await self._ready.wait()
+                await self._wait()
+
+    async def batches_from(self, sender: str) -> AsyncIterator[pa.RecordBatch]:
+        """One sender's batches, in its order (a reader that merges sorted runs takes each
+        sender's alone; the others' wait, within their windows, until it reads them)."""
+        st = self._streams[sender]
+        while True:
+            if st.queue:
+                yield self._take(sender)
+            elif st.last:
+                return
+            else:
+                await self._wait()
+
+    async def _wait(self) -> None:
+        # Every waiter wakes on any arrival and looks at its own queue again: no arrival
+        # is missed, whichever consumer clears the event.
+        self._ready.clear()
+        await self._ready.wait()
+
+    def _take(self, sender: str) -> pa.RecordBatch:
+        _, size, batch = self._streams[sender].queue.popleft()
+        self._consumed(sender, size)
+        return batch
 
     def _consumed(self, sender: str, size: int) -> None:
         st = self._streams[sender]

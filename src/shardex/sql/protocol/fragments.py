@@ -36,6 +36,9 @@ class FragmentContext:
     # The members a hash exchange's output is partitioned among (1 for any other output):
     # such a fragment yields ``(partition, batch)`` with 0 <= partition < partitions.
     partitions: int = 1
+    # Each sender's batches of an input edge alone, one iterator per sender in the writing
+    # fragment's member order (``inputs`` merges them): for a reader merging sorted runs.
+    by_sender: Callable[[int], list[AsyncIterator[pa.RecordBatch]]] | None = None
 
     @property
     def args(self) -> dict[str, Any]:

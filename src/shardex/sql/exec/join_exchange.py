@@ -13,12 +13,12 @@ UNNEST, over a FROM keyspace, when both side statements read through index leave
   by its docid, to come out alone;
 * the join fragments, one on each node that runs a leaf of either side, hold their part
   of the build side (a RIGHT JOIN's: the left rows) and stream the other through the
-  operators ``LocalEngine`` runs
-  (``join_steps.joined_rows``, then UNNEST), and then do what a leaf does for the statement
-  (LET, WHERE, the projection, a partial aggregate or a sort: ``leaf_rows``), so only the
-  joined rows' results reach the initiator;
+  operators ``LocalEngine`` runs (``join_steps.joined_rows``, then UNNEST), and then do
+  what a leaf does for the statement (LET, WHERE, the projection, a partial aggregate or a
+  sort: ``leaf_rows``), so only the joined rows' results reach the initiator;
 * the initiator's root is the ordinary ``sql.root`` of the statement's mode (merge the
-  partial aggregates, the sorted runs, OFFSET and LIMIT).
+  partial aggregates, the sorted runs, OFFSET and LIMIT), each join fragment's stream an
+  input of its own (``by_sender``).
 
 Everything else (NEST, lookup and index joins, index nested loops, several joins, a FROM by
 key or expression) keeps the initiator path of decision 0123 (``join_run``).

@@ -209,3 +209,22 @@ def test_explain_says_where_the_join_runs() -> None:
     plan.side_planner = planner("index")
     plan.tuning = check_tuning({"join_exchange": False})
     assert explain_join(plan, plan.join)["distributed"]["join"]["on"] == "initiator"  # type: ignore[arg-type]
+
+
+def test_equal_join_keys_hash_alike() -> None:
+    from shardex.core.values import MISSING
+    from shardex.sql.exec.join_exchange import hash_key
+
+    for a, b in (
+        ([1], [1.0]),
+        ([2**60], [float(2**60)]),
+        (["x"], ["x"]),
+        ([[1, "a"]], [[1.0, "a"]]),
+        ([{"k": 2}], [{"k": 2.0}]),
+        ([1, "a"], [1.0, "a"]),
+        ([-0.0], [0]),
+    ):
+        assert hash_key(a) == hash_key(b) is not None, (a, b)
+    assert hash_key([1.5]) != hash_key([1]) and hash_key([True]) != hash_key([1])
+    assert hash_key([None]) is None and hash_key([MISSING]) is None
+    assert hash_key([1, None]) is None

@@ -228,3 +228,19 @@ def test_equal_join_keys_hash_alike() -> None:
     assert hash_key([1.5]) != hash_key([1]) and hash_key([True]) != hash_key([1])
     assert hash_key([None]) is None and hash_key([MISSING]) is None
     assert hash_key([1, None]) is None
+
+
+def test_a_join_fragments_build_side_is_charged_to_the_query_budget(engine: LocalEngine) -> None:
+    from shardex.errors import ErrorCode, ShardexError
+
+    plan = _plan(f"SELECT COUNT(*) AS n FROM {LEFT} AS l JOIN {RIGHT} AS r ON l.b = r.b")
+    b, sides = plan.bound, plan.join
+    assert sides is not None
+    from_rows, inner_rows = (engine.query(t) for t in side_texts(sides))
+    plans = [plan_join(j) for j in b.joins]
+    args = {"mode": mode_of(b), "top": None}
+    rows = fragment_rows(b, plans, from_rows, inner_rows, None, args, budget(), None)  # type: ignore[arg-type]
+    assert list(rows)
+    with pytest.raises(ShardexError) as e:
+        list(fragment_rows(b, plans, from_rows, inner_rows, None, args, budget(20_000), None))  # type: ignore[arg-type]
+    assert e.value.code is ErrorCode.QUERY_MEMORY_LIMIT and e.value.details["operator"] == "join"

@@ -180,6 +180,14 @@ def test_the_query_plan_hashes_both_sides_into_join_fragments_on_the_leaf_nodes(
     root, join, from_leaves, inner_leaves = qplan.fragments
     assert root.members == ["m1"] and root.args["mode"] == "sort"
     assert root.args["by_sender"]  # the join fragments' sorted runs merge, one input each
+    streamed = _plan(f"SELECT l.a FROM {LEFT} l JOIN {RIGHT} r ON l.b = r.b")
+    qplan = exchange_query_plan(
+        streamed, "s", [(sides[0], side({"m2": [0]}), None), (sides[1], side({"m3": [0]}), None)],
+        "m1", 1 << 20, True,
+    )  # fmt: skip
+    # Streamed rows are taken as they come from any join fragment: reading one fragment's
+    # stream alone would leave the others' senders, and the leaves they share, waiting.
+    assert qplan.fragments[0].args["mode"] == "rows" and not qplan.fragments[0].args["by_sender"]
     assert join.members == ["m2", "m3", "m4"] and join.inputs == [2, 3]
     assert from_leaves.exchange == inner_leaves.exchange == "hash"
     assert from_leaves.members == ["m2", "m3"] and from_leaves.output == 2

@@ -17,8 +17,8 @@ UNNEST, over a FROM keyspace, when both side statements read through index leave
   what a leaf does for the statement (LET, WHERE, the projection, a partial aggregate or a
   sort: ``leaf_rows``), so only the joined rows' results reach the initiator;
 * the initiator's root is the ordinary ``sql.root`` of the statement's mode (merge the
-  partial aggregates, the sorted runs, OFFSET and LIMIT), each join fragment's stream an
-  input of its own (``by_sender``).
+  partial aggregates, the sorted runs, OFFSET and LIMIT), with ORDER BY each join
+  fragment's sorted run an input of its own (``by_sender``).
 
 Everything else (NEST, lookup and index joins, index nested loops, several joins, a FROM by
 key or expression) keeps the initiator path of decision 0123 (``join_run``).
@@ -255,7 +255,11 @@ def exchange_query_plan(
         "limit": plan.limit,
         "offset": plan.offset,
         "late": False,
-        "by_sender": True,  # each join fragment's output is an input of its own
+        # Sorted runs merge only one run per input: each join fragment's stream alone. Only
+        # then: a fragment sorts all its rows before its first, so none waits on the root
+        # while it reads another's; streamed rows (rows, window) the root takes as they
+        # come, or a fragment the root is not reading would stall the leaves it shares.
+        "by_sender": mode == "sort",
     }
     fragments = [
         FragmentSpec(

@@ -111,6 +111,18 @@ def test_explain_and_the_exchanges_of_a_join_between_fragments(env: Env) -> None
     assert edges[2] >= 4 and edges[3] >= 4 and edges[1] >= 2, edges
     assert all(s.max_sender_bound <= SMALL_WINDOW for s in streams), streams
 
+    # Streamed rows (no ORDER BY, no aggregate) far beyond the small window on every edge:
+    # the root takes them as they come from any join fragment, and all arrive.
+    con = join_connection(env.left, env.right)
+    ((want,),) = con.execute(
+        f"SELECT COUNT(*) FROM {LEFT} l JOIN {RIGHT} r ON l.b = r.b"
+    ).fetchall()
+    con.close()
+    streamed = f"SELECT l.id AS lid, r.s AS s FROM {LEFT} AS l JOIN {RIGHT} AS r ON l.b = r.b"
+    res = env.client.query(streamed, window=SMALL_WINDOW, timeout=60)
+    assert sum(1 for _ in res) == want > 1000
+    assert res.metrics is not None and res.metrics.details["join"] == "hash"
+
 
 @pytest.mark.timeout(600)
 def test_meta_cas_and_expiration_of_joined_keyspaces(env: Env) -> None:

@@ -1,9 +1,12 @@
 """shardex's phase of ``bench.sql_breadth`` (PostgreSQL's is ``bench.sql``'s, over this mix):
 each case tried once and, when it runs, its checked queries compared with PostgreSQL's
-answers; the bytes in flight per exchange of the array cases and of the hash join's inputs;
-then every case that ran and agreed, measured. A case shardex cannot run is reported with
-its reason and left out (``SQL_SYNTAX``: not supported by this build), never measured; a
-case that disagrees with PostgreSQL is reported with the first difference and left out."""
+answers; the bytes in flight per exchange of the array cases, of the hash join (between
+fragments: leaves -> join fragments -> root) and of its inputs run alone; then every case
+that ran and agreed, measured; then the hash join A/B: at the initiator (decision 0123)
+and between fragments (0135), alternating, ``AB_ROUNDS`` rounds. A case shardex cannot run
+is reported with its reason and left out (``SQL_SYNTAX``: not supported by this build),
+never measured; a case that disagrees with PostgreSQL is reported with the first difference
+and left out."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from bench.sql_breadth.queries import (
     ANY,
     CASES,
     COLUMNS,
+    HASH_JOIN,
     PG_SQL,
     SIDE_SQL,
     SX_SQL,
@@ -31,6 +35,9 @@ from bench.sql_breadth.queries import (
 )
 
 CHECKED = "checked equal"
+# The hash join with its join at the initiator over side statements: the A/B's other arm.
+AT_INITIATOR = Variant(name="join at initiator", tuning={"join_exchange": False})
+AB_ROUNDS = 3
 UNSUPPORTED = "not supported by this build"
 
 
@@ -119,7 +126,7 @@ def shardex_phase(
     out.info["status"] = status
     out.info["explain"] = explain(client, queries, ok)
     names = [n.name for n in cdir.load(cluster_dir).nodes]
-    streamed = [queries[c][0] for c in (UNNEST, ANY, WINDOW) if c in ok] + list(sides)
+    streamed = [queries[c][0] for c in (UNNEST, ANY, WINDOW, HASH_JOIN) if c in ok] + list(sides)
     # ExchangeStats is an internal message: asked as a node, not as the admin user.
     with connect_local(cluster_dir, as_node=True, name="bench-breadth-exchanges") as node:
         out.info["exchanges"] = exchange_rows(
@@ -128,8 +135,39 @@ def shardex_phase(
     pids = list(node_pids(cluster_dir).values())
     target = shardex_target(cluster_dir, as_user=True)
     with ClientPool(target, max(levels), BreadthRunner) as pool:
-        out.rows = measure(
-            "shardex", pool, queries, [CURRENT], levels, seconds, lambda: process_cpu(pids), ok
+        cpu = lambda: process_cpu(pids)  # noqa: E731
+        out.rows = measure("shardex", pool, queries, [CURRENT], levels, seconds, cpu, ok)
+        if HASH_JOIN in ok:
+            arms = [AT_INITIATOR, CURRENT] * AB_ROUNDS
+            out.info["join_ab"] = measure(
+                "shardex", pool, queries, arms, [1], seconds, cpu, [HASH_JOIN]
+            )
+    return out
+
+
+def ab_summary(rows: Sequence[Row]) -> list[Row]:
+    """Per arm of the hash join A/B: the median over its rounds of p50 and of the servers'
+    CPU per query, and each as a ratio to the initiator arm's."""
+    from statistics import median
+
+    def med(arm: str, key: str) -> float | None:
+        vals = [r[key] for r in rows if r.get("variant") == arm and r.get(key) is not None]
+        return median(vals) if vals else None
+
+    base_p50 = med(AT_INITIATOR.name, "p50 ms")
+    base_cpu = med(AT_INITIATOR.name, "server CPU ms/query")
+    out: list[Row] = []
+    for arm in (AT_INITIATOR.name, CURRENT.name):
+        p50, cpu = med(arm, "p50 ms"), med(arm, "server CPU ms/query")
+        out.append(
+            {
+                "arm": arm,
+                "rounds": sum(1 for r in rows if r.get("variant") == arm),
+                "median p50 ms": p50,
+                "p50 / initiator": round(p50 / base_p50, 3) if p50 and base_p50 else None,
+                "median server CPU ms/query": cpu,
+                "CPU / initiator": round(cpu / base_cpu, 3) if cpu and base_cpu else None,
+            }
         )
     return out
 

@@ -19,9 +19,11 @@ window function over a partition). One run, the systems one after the other:
    measured; a case shardex refuses as SQL_SYNTAX is listed as not supported by this build,
    one that fails or differs with its reason, and neither is measured. Then the bytes in
    flight per exchange (``bench.sql``'s measurement, a 64 KiB and the default 1 MiB credit
-   window) of the array cases, the window case and the hash join's two inputs run as
-   statements of their own (a join's inputs are ordinary SELECTs started by its initiator,
-   each with its own query id); then the cases at request_plus.
+   window) of the array cases, the window case, the hash join (leaves -> join fragments ->
+   root, decision 0135) and its two inputs run as statements of their own; then the cases
+   at request_plus; then the hash join A/B: its join at the initiator over side statements
+   (tuning ``join_exchange`` off, decision 0123) and between fragments, alternating, three
+   rounds at one client, with the medians and their ratios.
 
 Each case runs at 1 and 4 concurrent clients (``--clients``), one OS process each. Tables:
 every measurement; shardex / PostgreSQL per case and client count against the goal (p50
@@ -92,7 +94,7 @@ def run(plan: Plan) -> dict[str, Any]:
     from bench.common.local_cluster import shardex_cluster
     from bench.sql.phases import create_and_build, postgres_phase
     from bench.sql_breadth.data import generate
-    from bench.sql_breadth.phases import MIX, shardex_phase, skipped_rows
+    from bench.sql_breadth.phases import MIX, ab_summary, shardex_phase, skipped_rows
     from bench.sql_breadth.queries import SHARDEX_DDL, build_queries, side_queries
     from shardex.client import connect_local
 
@@ -134,6 +136,9 @@ def run(plan: Plan) -> dict[str, Any]:
         "cases on shardex": [{"case": c, "status": s} for c, s in sx.info["status"].items()],
         "bytes in flight per exchange vs the credit window": sx.info["exchanges"],
     }
+    if "join_ab" in sx.info:
+        tables["hash join A/B: at the initiator vs between fragments"] = sx.info["join_ab"]
+        tables["hash join A/B, medians"] = ab_summary(sx.info["join_ab"])
     return {"tables": tables, **extra}
 
 

@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 from bench.sql.queries import differences, shardex_rows
 from bench.sql_breadth.data import CUSTOMERS_PER_REGION, Stats, generate, make_orders
-from bench.sql_breadth.phases import CHECKED, UNSUPPORTED, case_status, skipped_rows
+from bench.sql_breadth.phases import (
+    AT_INITIATOR,
+    CHECKED,
+    UNSUPPORTED,
+    ab_summary,
+    case_status,
+    skipped_rows,
+)
 from bench.sql_breadth.queries import (
     ANY,
     CASES,
@@ -170,3 +177,22 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     exchanges = tables["bytes in flight per exchange vs the credit window"]
     streamed = [r for r in exchanges if r["streams"]]
     assert streamed and all(0 < r["max in flight / window"] <= 1 for r in streamed)
+
+
+def test_the_hash_join_ab_summary_takes_medians_per_arm() -> None:
+    def row(arm: str, p50: float, cpu: float | None) -> dict:
+        return {"variant": arm, "p50 ms": p50, "server CPU ms/query": cpu}
+
+    rows = [
+        row(AT_INITIATOR.name, 30.0, 50.0),
+        row("current", 12.0, 40.0),
+        row(AT_INITIATOR.name, 10.0, 60.0),
+        row("current", 6.0, None),  # a window below the CPU counter's resolution
+        row(AT_INITIATOR.name, 20.0, 55.0),
+        row("current", 9.0, 44.0),
+    ]
+    initiator, fragments = ab_summary(rows)
+    assert initiator["arm"] == AT_INITIATOR.name and initiator["rounds"] == 3
+    assert (initiator["median p50 ms"], initiator["median server CPU ms/query"]) == (20.0, 55.0)
+    assert (fragments["median p50 ms"], fragments["p50 / initiator"]) == (9.0, 0.45)
+    assert (fragments["median server CPU ms/query"], fragments["CPU / initiator"]) == (42.0, 0.764)

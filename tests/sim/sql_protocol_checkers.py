@@ -17,8 +17,8 @@ def check_flow_control(meter: ExchangeMeter) -> None:
     """Bytes in flight per stream never exceeded its credit window, the sender never sent
     past its credits, and nothing was consumed that was not sent."""
     for key, st in meter.streams.items():
-        q, edge, sender = key
-        where = f"stream {q} edge {edge} from {sender}"
+        q, edge, sender, receiver = key
+        where = f"stream {q} edge {edge} from {sender} to {receiver}"
         if st.max_in_flight > st.window:
             raise AssertionError(
                 f"{where}: {st.max_in_flight} bytes in flight, over the window of {st.window}"

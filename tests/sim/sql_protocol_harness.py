@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from sql_protocol_checkers import check_flow_control, check_state_freed
 
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
 from shardex.net.rpc import RpcServer
-from shardex.sim import ClusterNode, Simulation
+from shardex.sim import ClusterNode, Simulation, run_simulation
 from shardex.sql.protocol import (
     ExchangeMeter,
     FragmentContext,
@@ -130,13 +131,20 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             if me in args.get("fail_on", []) and k == args.get("fail_after", 0):
                 raise ShardexError(f"emit failed on {me}", code=ErrorCode.EXPRESSION_EVAL)
             count = min(step, n - start)
-            yield pa.record_batch(
+            batch = pa.record_batch(
                 {
                     "src": pa.array([me] * count, pa.string()),
                     "i": pa.array(range(base + start, base + start + count), pa.int64()),
                     "pad": pa.array([pad] * count, pa.string()),
                 }
             )
+            if ctx.partitions == 1:
+                yield batch
+                continue
+            # A hash exchange: row i goes to the reader member at position i % partitions.
+            parts = pa.array([i % ctx.partitions for i in batch.column("i").to_pylist()])
+            for p in range(ctx.partitions):
+                yield p, batch.filter(pc.equal(parts, p))
 
     async def collect(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         delay = ctx.args.get("delay", 0.0)
@@ -158,6 +166,36 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             acc += sum(batch.column("i").to_pylist())
         yield pa.RecordBatch.from_pylist([{"count": count, "total": acc}])
 
+    async def tag(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        """Its input with the member that read each row (``at``)."""
+        async for batch in ctx.input():
+            yield batch.append_column("at", pa.array([ctx.member_id] * batch.num_rows))
+
+    async def semi_join(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        """Two inputs: every ``i`` of the ``build`` edge, held, then the ``probe`` edge's
+        rows whose ``i`` is among them, tagged with the member that joined them."""
+        build: set[int] = set()
+        async for batch in ctx.inputs[ctx.args["build"]]:
+            build.update(batch.column("i").to_pylist())
+        async for batch in ctx.inputs[ctx.args["probe"]]:
+            keep = pa.array([i in build for i in batch.column("i").to_pylist()])
+            found = batch.filter(keep)
+            yield found.append_column("at", pa.array([ctx.member_id] * found.num_rows))
+
+    async def runs(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        """Its one input edge read sender by sender (``by_sender``), all senders at once,
+        a batch from each in turn: each row tagged with the run it came in (``run``)."""
+        assert ctx.by_sender is not None
+        (edge,) = ctx.inputs
+        its = list(enumerate(ctx.by_sender(edge)))
+        while its:
+            for run, it in list(its):
+                batch = await anext(it, None)
+                if batch is None:
+                    its.remove((run, it))
+                else:
+                    yield batch.append_column("run", pa.array([run] * batch.num_rows))
+
     async def take(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         left = ctx.args["limit"]
         async for batch in ctx.input():
@@ -173,6 +211,9 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             "keep_multiples": keep_multiples,
             "sum": total,
             "take": take,
+            "tag": tag,
+            "semi_join": semi_join,
+            "runs": runs,
         }
     )
 
@@ -208,6 +249,58 @@ def chain_plan(root: str, middle: str, leaves: list[str], *, mod: int, **emit: A
                 args={"mod": mod},
             ),
             FragmentSpec(fragment_id=2, kind="emit", members=leaves, output=2, args=emit),
+        ]
+    )
+
+
+def partition_plan(root: str, readers: list[str], leaves: list[str], **emit: Any) -> QueryPlan:
+    """``emit`` on the leaves -> hash exchange (row i to reader i % len(readers)) -> ``tag``
+    on every reader -> gather -> ``collect`` on the initiator."""
+    return QueryPlan(
+        fragments=[
+            FragmentSpec(fragment_id=0, kind="collect", members=[root], inputs=[1]),
+            FragmentSpec(fragment_id=1, kind="tag", members=readers, inputs=[2], output=1),
+            FragmentSpec(
+                fragment_id=2, kind="emit", members=leaves, output=2, exchange="hash", args=emit
+            ),
+        ]
+    )
+
+
+def join_plan(
+    root: str,
+    joiners: list[str],
+    build: list[str],
+    probe: list[str],
+    *,
+    build_rows: int,
+    **emit: Any,
+) -> QueryPlan:
+    """A fragment with two inputs on several members: ``emit`` on ``build`` broadcast to
+    every joiner (edge 3), ``emit`` on ``probe`` hash-partitioned among them (edge 2),
+    ``semi_join`` on the joiners -> gather -> ``collect`` on the initiator."""
+    return QueryPlan(
+        fragments=[
+            FragmentSpec(fragment_id=0, kind="collect", members=[root], inputs=[1]),
+            FragmentSpec(
+                fragment_id=1,
+                kind="semi_join",
+                members=joiners,
+                inputs=[2, 3],
+                output=1,
+                args={"build": 3, "probe": 2},
+            ),
+            FragmentSpec(
+                fragment_id=2, kind="emit", members=probe, output=2, exchange="hash", args=emit
+            ),
+            FragmentSpec(
+                fragment_id=3,
+                kind="emit",
+                members=build,
+                output=3,
+                exchange="broadcast",
+                args={**emit, "rows": build_rows},
+            ),
         ]
     )
 
@@ -300,6 +393,17 @@ class Harness:
         check_state_freed(self.services, tombstones=True)
         await self.sim.cluster.stop_all()
         self.sim.cluster.check()
+
+
+def run_scenario(scenario: Callable[[Harness], Any], seed: int) -> None:
+    """One scenario on a fresh simulation of seed ``seed``, ended by ``Harness.finish``."""
+
+    async def main(sim: Simulation) -> None:
+        h = Harness(sim)
+        await scenario(h)
+        await h.finish()
+
+    run_simulation(main, seed)
 
 
 async def drain(result: QueryResult) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from sql_protocol_harness import (
     expected_gather,
     gather_plan,
     message,
+    run_scenario,
 )
 
 from shardex.errors import ErrorCode, ShardexError
@@ -31,13 +32,7 @@ from shardex.sql.protocol import QueryBatch, QueryCancel, QueryExecute
 SEEDS = sim_seeds(3)
 
 
-def run(scenario, seed: int) -> None:  # type: ignore[no-untyped-def]
-    async def main(sim: Simulation) -> None:
-        h = Harness(sim)
-        await scenario(h)
-        await h.finish()
-
-    run_simulation(main, seed)
+run = run_scenario
 
 
 def cancels(h: Harness) -> int:
@@ -91,7 +86,9 @@ def test_batches_before_execute_are_held_then_consumed(seed: int) -> None:
         held = h.interceptor.hold(message(QueryExecute, "m1", "m2"))
         result = await h.services["m1"].execute(chain_plan("m1", "m2", ["m3"], mod=1, **emit))
         m2 = h.services["m2"].registry
-        await h.until(lambda: m2.pending and h.meter.streams[(result.query_id, 2, "m3")].stalls)
+        await h.until(
+            lambda: m2.pending and h.meter.streams[(result.query_id, 2, "m3", "m2")].stalls
+        )
         assert 0 < m2.pending_bytes <= h.config.window  # the sender is blocked on credits
         assert m2.stats["executions_started"] == 0
         held.release.set()
@@ -200,7 +197,7 @@ def test_participant_leave_cancels_with_a_clear_error(seed: int, power_off: bool
         await h.start("m1", "m2", "m3", "m4")
         plan = chain_plan("m1", "m2", ["m3", "m4"], mod=1, rows=2000, batch_rows=20)
         result = await h.services["m1"].execute(plan)
-        await h.until(lambda: h.meter.streams.get((result.query_id, 2, "m3")) is not None)
+        await h.until(lambda: h.meter.streams.get((result.query_id, 2, "m3", "m2")) is not None)
         await h.crash("m3", power_off=power_off)
         await asyncio.sleep(3.0)  # the failure detector's timeout (virtual time)
         h.directory.down["m3"] = True

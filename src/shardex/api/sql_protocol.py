@@ -38,7 +38,14 @@ class FragmentSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One fragment of a plan: what to run (``kind`` names a factory in every member's
     ``FragmentRegistry``; ``args`` are its arguments), where (one instance per member in
     ``members``), what it reads (edge ids in ``inputs``) and where its rows go (``output``:
-    an edge id, or None for the root fragment whose rows go to the caller)."""
+    an edge id, or None for the root fragment whose rows go to the caller).
+
+    ``exchange`` says how the output edge reaches the members of the fragment that reads
+    it: ``gather`` (that fragment runs on one member, which gets every row), ``broadcast``
+    (every batch to each of its members) or ``hash`` (each batch to one of its members: the
+    fragment yields ``(partition, batch)`` pairs, ``partition`` the member's position in the
+    reader's ``members``, chosen by a hash of the rows' key that every sender computes
+    alike)."""
 
     fragment_id: int
     kind: str
@@ -46,11 +53,13 @@ class FragmentSpec(msgspec.Struct, frozen=True, kw_only=True):
     args: dict[str, Any] = {}
     inputs: list[int] = []
     output: int | None = None
+    exchange: str = "gather"
 
 
 class QueryPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Fragments split at exchanges. Each edge (exchange) goes from every instance of one
-    fragment to the single instance of another (a unicast gather)."""
+    fragment to the instances of another: to its single instance (a unicast gather), or to
+    each of its instances (broadcast, or hash-partitioned by the sender)."""
 
     fragments: list[FragmentSpec]
 
@@ -67,7 +76,8 @@ class QueryExecute(Message, tag="sql.QueryExecute"):
 
 
 class QueryBatch(Message, tag="sql.QueryBatch"):
-    """Sender -> receiver: rows of one stream, ``(query, edge, sender)``, as Arrow IPC bytes.
+    """Sender -> receiver: rows of one stream, ``(query, edge, sender)`` into the receiving
+    member, as Arrow IPC bytes.
     ``seq`` numbers the stream's batches from 0 (a gap means a lost batch); the last batch
     of a stream has ``last`` set and may carry no rows (``data`` empty)."""
 

@@ -23,20 +23,21 @@ from shardex.sql.planner.joins import JoinPlan
 from shardex.sql.syntax.bind import BoundSelect
 
 Row = dict[str, Any]
-Docs = Iterable[tuple[str, Any]]
+# (docid, document) or (docid, document, META()): the inner documents a join reads
+Docs = Iterable[tuple[Any, ...]]
 
 
 class InnerSides(Protocol):
     """How a statement's runner reads the inner keyspace of join ``k`` (``b.joins[k]``)."""
 
-    def fetch(self, k: int, keyspace: str, ids: list[str]) -> dict[str, Any]:
-        """The documents of ``ids`` that exist (ON KEYS)."""
+    def fetch(self, k: int, keyspace: str, ids: list[str]) -> dict[str, tuple[Any, Row]]:
+        """``id -> (document, META())`` of the ``ids`` that exist (ON KEYS)."""
 
     def scan(self, k: int) -> Docs:
-        """(docid, document) of every inner document the join may match."""
+        """(docid, document[, META()]) of every inner document the join may match."""
 
     def probe(self, k: int, values: list[Any]) -> Docs:
-        """(docid, document) of the inner documents whose probed key (the plan's first
+        """(docid, document[, META()]) of the inner documents whose probed key (the plan's first
         inner key, through its index) is among ``values``."""
 
     def held(self, rows: Iterable[Row]) -> Iterable[Row]:
@@ -107,7 +108,7 @@ def _join(
     keyspace = plan.join.keyspace
 
     def pieces(docs: Docs) -> Iterator[Row]:
-        return (piece(spec, docid, doc) for docid, doc in docs)
+        return (piece(spec, *d) for d in docs)
 
     if plan.method == "keys":
         return lookup_join(rows, spec, lambda ids: sides.fetch(k, keyspace, ids))

@@ -390,9 +390,9 @@ class _LocalSides:
         self.plans = plans
         self.tables: dict[int, dict[bytes, list[tuple[str, Any]]]] = {}
 
-    def fetch(self, k: int, keyspace: str, ids: list[str]) -> dict[str, Any]:
+    def fetch(self, k: int, keyspace: str, ids: list[str]) -> dict[str, tuple[Any, Any]]:
         docs = self.engine.keyspace(keyspace)
-        return {i: docs[i] for i in ids if i in docs}
+        return {i: (docs[i], {"id": i}) for i in ids if i in docs}
 
     def scan(self, k: int) -> list[tuple[str, Any]]:
         return list(self.engine.keyspace(self.plans[k].join.keyspace).items())

@@ -41,13 +41,34 @@ class Directory:
 async def emit(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
     base = ctx.instance * ROWS
     for start in range(0, ROWS, 100):
-        yield pa.record_batch(
+        batch = pa.record_batch(
             {
                 "i": pa.array(range(base + start, base + start + 100), pa.int64()),
                 "src": pa.array([ctx.member_id] * 100, pa.string()),
             }
         )
+        if ctx.partitions == 1:
+            yield batch
+        else:  # a hash exchange: row i to the reader at position i % partitions
+            for p in range(ctx.partitions):
+                yield (
+                    p,
+                    batch.filter(
+                        pa.array([i % ctx.partitions == p for i in batch["i"].to_pylist()])
+                    ),
+                )
         await asyncio.sleep(0)
+
+
+async def semi_join(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+    """Edge 3 (broadcast) held whole, then edge 2's (hashed) rows whose i it holds, each
+    tagged with the member that joined it."""
+    build: set[int] = set()
+    async for batch in ctx.inputs[3]:
+        build.update(batch["i"].to_pylist())
+    async for batch in ctx.inputs[2]:
+        found = batch.filter(pa.array([i in build for i in batch["i"].to_pylist()]))
+        yield found.append_column("at", pa.array([ctx.member_id] * found.num_rows))
 
 
 async def collect(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
@@ -91,10 +112,28 @@ def plan(root_kind: str, leaf_kind: str = "emit") -> QueryPlan:
     )
 
 
+def exchange_plan() -> QueryPlan:
+    """emit on m2, m3 hashed to semi_join on m2, m3; emit on m3 broadcast to them."""
+    return QueryPlan(
+        fragments=[
+            FragmentSpec(fragment_id=0, kind="collect", members=["m1"], inputs=[1]),
+            FragmentSpec(fragment_id=1, kind="semi", members=["m2", "m3"], inputs=[2, 3], output=1),
+            FragmentSpec(
+                fragment_id=2, kind="emit", members=["m2", "m3"], output=2, exchange="hash"
+            ),
+            FragmentSpec(
+                fragment_id=3, kind="emit", members=["m3"], output=3, exchange="broadcast"
+            ),
+        ]
+    )
+
+
 @pytest.mark.timeout(60)
 async def test_two_fragment_queries_over_tcp_with_a_small_window() -> None:
     directory, meter = Directory(), ExchangeMeter()
-    fragments = FragmentRegistry({"emit": emit, "collect": collect, "sum": total, "boom": boom})
+    fragments = FragmentRegistry(
+        {"emit": emit, "collect": collect, "sum": total, "boom": boom, "semi": semi_join}
+    )
     config = ProtocolConfig(window=WINDOW, timeout=20.0, check_interval=0.2)
     servers: list[RpcServer] = []
     services: dict[str, QueryService] = {}
@@ -129,13 +168,19 @@ async def test_two_fragment_queries_over_tcp_with_a_small_window() -> None:
             await (await m1.execute(plan("collect", "boom"))).all_rows()
         assert err.value.code is ErrorCode.EXPRESSION_EVAL
 
+        # Between fragments off the initiator: the broadcast side (emit on m3, its first
+        # instance: i < ROWS) reaches both joiners, each probe row only its partition's.
+        rows = await (await m1.execute(exchange_plan())).all_rows()
+        assert sorted(r["i"] for r in rows) == list(range(ROWS))
+        assert all(r["at"] == ("m2", "m3")[r["i"] % 2] for r in rows)
+
         # Every stream stayed within the window, and the window really bit.
         assert meter.streams
         for st in meter.streams.values():
             assert st.max_in_flight <= WINDOW and st.max_sender_bound <= WINDOW
         assert any(st.stalls for st in meter.streams.values())
         await state_freed(services.values())
-        assert services["m2"].sent["QueryBatch"] > 0 and m1.sent["QueryExecute"] == 6
+        assert services["m2"].sent["QueryBatch"] > 0 and m1.sent["QueryExecute"] == 8
     finally:
         for svc in services.values():
             await svc.stop()

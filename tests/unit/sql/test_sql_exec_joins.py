@@ -131,11 +131,8 @@ class _Docs:
         return None
 
 
-def _distributed(
-    engine: LocalEngine, sql: str, state: Any, params: Any = None, budget: int = 64 * MiB
-) -> tuple[list[Any], list[str]]:
-    """The statement's rows through ``join_sides`` and ``run_join``, and the side
-    statements it started."""
+def statement_plan(sql: str, state: Any, params: Any = None) -> PhysicalPlan:
+    """A join statement's plan as ``plan_select`` makes it: LIMIT, OFFSET and its sides."""
     b = bind_select(parse_statement(sql))  # type: ignore[arg-type]
     plan = PhysicalPlan(
         b,
@@ -145,6 +142,25 @@ def _distributed(
         offset=eval_count(b.offset, params, "OFFSET") or 0,
     )
     plan.join = join_sides(b, state)
+    return plan
+
+
+def join_engine(seed: int, n_left: int, n_right: int) -> LocalEngine:
+    """``LocalEngine`` over ``make_join_documents``' two keyspaces."""
+    left, right = make_join_documents(seed, n_left, n_right)
+    e = LocalEngine()
+    for name, docs in ((LEFT, left), (RIGHT, right)):
+        e.create_keyspace(name)
+        e.keyspaces[name].update(docs)
+    return e
+
+
+def _distributed(
+    engine: LocalEngine, sql: str, state: Any, params: Any = None, budget: int = 64 * MiB
+) -> tuple[list[Any], list[str]]:
+    """The statement's rows through ``join_sides`` and ``run_join``, and the side
+    statements it started."""
+    plan = statement_plan(sql, state, params)
     plan.query_id = "q1"
     started: list[str] = []
 
@@ -170,11 +186,7 @@ def _distributed(
 
 @pytest.fixture(scope="module")
 def engine() -> LocalEngine:
-    left, right = make_join_documents(1, 150, 120)
-    e = LocalEngine()
-    for name, docs in ((LEFT, left), (RIGHT, right)):
-        e.create_keyspace(name)
-        e.keyspaces[name].update(docs)
+    e = join_engine(1, 150, 120)
     for ddl in INDEXES:  # what a probe statement's USE INDEX names (the results are the same)
         e.execute(ddl)
     return e

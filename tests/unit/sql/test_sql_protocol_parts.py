@@ -28,9 +28,16 @@ from shardex.sql.protocol.plan_layout import layout_plan
 Q = QueryId("m1", "1-abc")
 
 
-def frag(fid: int, members: list[str], inputs=(), output=None, kind="k") -> FragmentSpec:  # type: ignore[no-untyped-def]
+def frag(
+    fid: int, members: list[str], inputs=(), output=None, kind="k", exchange="gather"
+) -> FragmentSpec:  # type: ignore[no-untyped-def]
     return FragmentSpec(
-        fragment_id=fid, kind=kind, members=members, inputs=list(inputs), output=output
+        fragment_id=fid,
+        kind=kind,
+        members=members,
+        inputs=list(inputs),
+        output=output,
+        exchange=exchange,
     )
 
 
@@ -55,7 +62,23 @@ def test_a_good_plan_lays_out_its_edges() -> None:
     assert layout.root.fragment_id == 0
 
 
+def test_broadcast_and_hash_edges_reach_every_member_of_their_reader() -> None:
+    plan = QueryPlan(
+        fragments=[
+            frag(0, ["m1"], inputs=[1]),
+            frag(1, ["m2", "m3"], inputs=[2, 3], output=1),
+            frag(2, ["m2", "m3"], output=2, exchange="hash"),
+            frag(3, ["m3"], output=3, exchange="broadcast"),
+        ]
+    )
+    layout = layout_plan(plan, "m1")
+    assert layout.edges[2].receivers == ("m2", "m3") and layout.edges[2].exchange == "hash"
+    assert layout.edges[3].senders == ("m3",) and layout.edges[3].exchange == "broadcast"
+    assert layout.edges[1].receivers == ("m1",)
+
+
 BAD_PLANS = {
+    "unknown exchange": [frag(0, ["m1"], inputs=[1]), frag(1, ["m2"], output=1, exchange="x")],
     "no fragments": [],
     "two roots": [frag(0, ["m1"]), frag(1, ["m1"])],
     "root elsewhere": [frag(0, ["m2"], inputs=[1]), frag(1, ["m3"], output=1)],
@@ -143,6 +166,7 @@ def make_inbox(grants: list[tuple[str, int]], window: int = MIN_WINDOW) -> Inbox
     return Inbox(
         query_id=Q,
         edge_id=1,
+        receiver="m1",
         senders=("m2", "m3"),
         window=window,
         grant=lambda s, limit: grants.append((s, limit)),

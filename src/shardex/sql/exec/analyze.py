@@ -151,6 +151,7 @@ def doc_order(b: BoundSelect) -> list[OrderKey]:
 def _doc_exprs(b: BoundSelect) -> list[Expr]:
     """Every expression evaluated over the document scope."""
     exprs: list[Expr] = [e for _, e in b.lets]
+    exprs += [e for j in b.joins for e in j.expressions()]  # ON: over the joined scope row
     if b.where is not None:
         exprs.append(b.where)
     if b.grouped:
@@ -218,13 +219,14 @@ def reads_fetched_meta(b: BoundSelect) -> bool:
     return found
 
 
-def reads_meta_field(b: BoundSelect, *names: str) -> bool:
-    """Whether the query reads ``META().<name>`` for any of ``names``."""
+def reads_meta_field(b: BoundSelect, *names: str, meta: str = META_KEY) -> bool:
+    """Whether the query reads ``META().<name>`` for any of ``names``; ``meta``: the scope
+    row's name of the META() asked about (a joined alias's is its ``meta_name``)."""
     return any(
         isinstance(n, Field)
         and n.name in names
         and isinstance(n.base, Identifier)
-        and n.base.name == META_KEY
+        and n.base.name == meta
         for e in _doc_exprs(b)
         for n in walk(e)
     )

@@ -232,7 +232,9 @@ def _leaf_rows(
     if mode == "group":
         keys = [_fn(k, params) for k in b.group_keys]
         specs = _agg_specs(b, params)
-        if b.lets or b.unnests:  # new rows per row: no runs to find
+        # New rows per row (LET, UNNEST, a join's matches share the left row's document
+        # and META objects): no runs to find.
+        if b.lets or b.unnests or b.joins:
             rows = _filtered(b, scope_rows, params, decided)
             partials = partial_groups(rows, keys, specs, budget)
         else:

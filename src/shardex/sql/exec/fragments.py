@@ -20,6 +20,7 @@ from shardex.sql.exec.bridge import Pack, close_all, run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.entries import EntryDecoder, key_projection
 from shardex.sql.exec.fragment_rows import late_leaf_rows, leaf_rows, root_rows
+from shardex.sql.exec.join_exchange import JOIN_KIND, join_fragment, leaf_args, leaf_pack
 from shardex.sql.exec.late import late_root_values
 from shardex.sql.exec.leaf_spec import LeafSpec, leaf_spec
 from shardex.sql.exec.memory import NodeMemory
@@ -82,15 +83,28 @@ def sql_fragments(
                 code=ErrorCode.QUERY_STATE,
                 details={"member": ctx.member_id},
             )
+        # A side of a join between fragments: its rows partitioned among the join's members.
+        args = leaf_args(ctx.args, ctx.member_id)
+        pack = await leaf_pack(ctx, to_batches)
         batches = leaf_pipeline(
-            index_scan, documents, memory, ctx.args, ctx.parameters, str(ctx.query_id)
+            index_scan, documents, memory, args, ctx.parameters, str(ctx.query_id), pack
         )
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                yield batch
+
+    async def join(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        batches = join_fragment(ctx, documents, memory)
         async with contextlib.aclosing(batches):
             async for batch in batches:
                 yield batch
 
     async def root(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         inputs = [_cells_by_batch(ctx.inputs[e]) for e in sorted(ctx.inputs)]
+        if ctx.args.get("by_sender") and ctx.by_sender is not None:
+            # Several fragment instances on one edge (the join fragments): an input each,
+            # as separate leaves' edges are, so their sorted runs merge.
+            inputs = [_cells_by_batch(b) for e in sorted(ctx.inputs) for b in ctx.by_sender(e)]
         batches = root_pipeline(
             documents, memory, ctx.args, ctx.parameters, str(ctx.query_id), inputs
         )
@@ -98,7 +112,7 @@ def sql_fragments(
             async for batch in batches:
                 yield batch
 
-    return FragmentRegistry({LEAF_KIND: leaf, ROOT_KIND: root})
+    return FragmentRegistry({LEAF_KIND: leaf, ROOT_KIND: root, JOIN_KIND: join})
 
 
 async def leaf_pipeline(

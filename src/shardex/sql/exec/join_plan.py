@@ -29,16 +29,25 @@ from typing import Any
 from shardex.core.expr import And, Expr, Identifier, Meta, format_identifier
 from shardex.meta.index_state import ACTIVE
 from shardex.meta.state import StateContext
-from shardex.sql.planner.joins import JoinPlan, plan_join, reads_only
+from shardex.sql.exec.analyze import FETCHED_META, reads_meta_field
+from shardex.sql.planner.joins import JoinPlan, plan_join, reads_only, shown
 from shardex.sql.planner.sargable import conjuncts
 from shardex.sql.syntax.ast import META_KEY
 from shardex.sql.syntax.bind import BoundSelect, map_children
 from shardex.sql.syntax.explain import explain_select
 
-__all__ = ["JoinSides", "join_sides", "probe_params", "side_params"]
+__all__ = [
+    "JoinSides",
+    "exchange_join",
+    "join_sides",
+    "probe_params",
+    "side_meta",
+    "side_params",
+]
 
 # The parameter a probe statement reads its batch of join key values from.
 PROBE_PARAM = "shardex_join_keys"
+HASH = "hash"  # a join between fragments over hash exchanges (``join_exchange``)
 
 
 @dataclass
@@ -51,6 +60,11 @@ class JoinSides:
     gathered: dict[int, str] = field(default_factory=dict)  # join -> its side statement
     probes: dict[int, str] = field(default_factory=dict)  # join -> its probe statement
     explained: dict[str, Any] = field(default_factory=dict)  # side name -> its plan
+    exchange: str | None = None  # "hash": may join between fragments (``exchange_join``)
+    ran: str | None = None  # once started: "hash" when it joined between fragments
+    # joins whose statement reads META(alias).cas / .expiration: their documents' owners
+    # give them (a lookup join's fetch asks for them, side statements carry them)
+    fetched_meta: set[int] = field(default_factory=set)
 
     def reads(self, k: int) -> str:
         """How join ``k`` reads its inner keyspace (EXPLAIN)."""
@@ -60,6 +74,23 @@ class JoinSides:
         if method == "index_nl":
             return f"probe statement per batch of rows (IN ${PROBE_PARAM})"
         return "side statement gathered at the initiator"
+
+
+def exchange_join(plans: list[JoinPlan], from_sql: str | None) -> str | None:
+    """``hash`` when the statement's join may run between fragments over hash exchanges
+    (decision 0135, ``join_exchange``): one ANSI INNER, LEFT or RIGHT JOIN by hash (an
+    equi-join key), before any UNNEST, over a FROM keyspace; else None, the initiator joins
+    (decision 0123). Its
+    sides must also read through index leaves, which their plans say when they run."""
+    if from_sql is None or len(plans) != 1:
+        return None
+    p = plans[0]
+    j = p.join
+    if p.method != "hash" or j.form != "ansi" or j.nest:
+        return None
+    if j.position != 0:  # after an UNNEST its key may read the element: not a leaf's
+        return None
+    return HASH
 
 
 def _text(expr: Expr, metas: Mapping[str, str]) -> str:
@@ -93,9 +124,13 @@ def side_statement(
     use_index: tuple[str, ...] = (),
     use_keys: str | None = None,
     extra: str | None = None,
+    meta: bool = False,
 ) -> str:
+    """``meta``: the rows also carry ``META(alias).cas`` and ``.expiration`` (``side_meta``
+    reads them), which the side's leaves then fetch from the documents' owners."""
     a = format_identifier(alias)
-    sql = f"SELECT RAW [META({a}).id, {a}] FROM {format_identifier(keyspace)} AS {a}"
+    fetched = f", META({a}).cas, META({a}).expiration" if meta else ""
+    sql = f"SELECT RAW [META({a}).id, {a}{fetched}] FROM {format_identifier(keyspace)} AS {a}"
     if use_index:
         sql += f" USE INDEX ({', '.join(format_identifier(n) for n in use_index)})"
     if use_keys is not None:
@@ -123,10 +158,19 @@ def join_sides(b: BoundSelect, state: StateContext) -> JoinSides:
         if ref.use_keys is not None:
             use_keys = _text(ref.use_keys, {})
         from_sql = side_statement(
-            ref.name, b.alias, META_KEY, where, use_index=ref.use_index, use_keys=use_keys
+            ref.name,
+            b.alias,
+            META_KEY,
+            where,
+            use_index=ref.use_index,
+            use_keys=use_keys,
+            meta=reads_meta_field(b, *FETCHED_META),
         )
     sides = JoinSides(plans, from_sql)
     for k, (j, p) in enumerate(zip(b.joins, plans, strict=True)):
+        meta = reads_meta_field(b, *FETCHED_META, meta=j.meta_name)
+        if meta:
+            sides.fetched_meta.add(k)
         if p.method == "keys":
             continue
         names = frozenset({j.alias, j.meta_name})
@@ -142,9 +186,11 @@ def join_sides(b: BoundSelect, state: StateContext) -> JoinSides:
                 where,
                 use_index=(p.index,) if p.index else (),
                 extra=f"{key} IN ${PROBE_PARAM}",
+                meta=meta,
             )
         else:  # USE INDEX names the index to probe (N1QL): a gathered side chooses its own
-            sides.gathered[k] = side_statement(j.keyspace, j.alias, j.meta_name, where)
+            sides.gathered[k] = side_statement(j.keyspace, j.alias, j.meta_name, where, meta=meta)
+    sides.exchange = exchange_join(plans, from_sql)
     return sides
 
 
@@ -162,6 +208,14 @@ def _usable_indexes(
             continue
         out.append((d.name, d.keys[0].expr))
     return sorted(out)
+
+
+def side_meta(row: list[Any]) -> dict[str, Any]:
+    """The META() of a side statement's row ``[docid, document, (cas, expiration)]``: the
+    fetched fields when the statement asked for them (``side_statement(meta=True)``)."""
+    if len(row) > 2:
+        return {"id": row[0], "cas": row[2], "expiration": row[3]}
+    return {"id": row[0]}
 
 
 def side_params(params: Any) -> Any:
@@ -199,12 +253,13 @@ def explain_join(plan: Any, sides: JoinSides) -> dict[str, Any]:
     out = explain_select(b, [p.explain() for p in sides.plans])
 
     probes = set(sides.probes.values())
+    planned: dict[str, Any] = {}
 
     def side(word: str, alias: str | None, sql: str) -> dict[str, Any]:
         found: dict[str, Any] = {"side": word, "as": alias, "statement": sql}
         if plan.side_planner is not None:  # a probe's key values are known per batch only
-            planned = plan.side_planner(sql, sql not in probes)
-            found["plan"] = planned.explain()["distributed"]
+            planned[sql] = plan.side_planner(sql, sql not in probes)
+            found["plan"] = planned[sql].explain()["distributed"]
         return found
 
     inputs: list[dict[str, Any]] = []
@@ -224,10 +279,18 @@ def explain_join(plan: Any, sides: JoinSides) -> dict[str, Any]:
     if b.unnests:
         steps.append("Unnest")
     steps += ["Aggregate", "Project"] if b.grouped else ["Filter", "Project"]
-    out["distributed"] = {
-        "mode": "join",
-        "source": "join",
-        "join": {"on": "initiator", "does": steps},
-        "inputs": inputs,
-    }
+    where: dict[str, Any] = {"on": "initiator", "does": steps}
+    leaves = [p for p in planned.values() if p.source == "index" and p.leaves]
+    if sides.exchange is not None and plan.tuning["join_exchange"] and len(leaves) == 2:
+        p = sides.plans[0]
+        where = {
+            "on": "join fragments, one on each node with a leaf of either side",
+            "exchange": sides.exchange,
+            "partition_by": [shown(e) for e in p.outer_keys + p.inner_keys],
+            "does": steps,
+            "root": "merges the join fragments' rows",
+        }
+        for entry in inputs:
+            entry["reads"] = "leaves hash-partition the side's rows to the join fragments"
+    out["distributed"] = {"mode": "join", "source": "join", "join": where, "inputs": inputs}
     return out

@@ -22,7 +22,7 @@ from shardex.core.expr import MISSING, evaluate
 from shardex.sql.exec.bridge import run_pipeline
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragment_rows import compiled, root_rows
-from shardex.sql.exec.join_plan import JoinSides, probe_params, side_params
+from shardex.sql.exec.join_plan import JoinSides, probe_params, side_meta, side_params
 from shardex.sql.exec.memory import Budget, NodeMemory, value_size
 from shardex.sql.exec.rows import cell_chunks, decode_row, encode_row
 from shardex.sql.exec.subqueries import FETCH_TIMEOUT, Fetch, blocking_fetch, expression_runner
@@ -31,15 +31,19 @@ from shardex.sql.local_rows import unnest_specs
 from shardex.sql.syntax.bind import META_KEY, BoundSelect
 from shardex.sql.syntax.subquery import running_subqueries
 
-__all__ = ["run_join"]
+__all__ = ["ClusterSides", "blocking_meta_fetch", "run_join"]
 
+# (keyspace, ids) -> (docid, document, META()) of those that exist, META() fetched whole
+MetaFetch = Callable[[str, list[str]], list[tuple[str, Any, dict[str, Any]]]]
 # A side statement started: its encoded result rows, in chunks.
 Start = Callable[[str, Any], Awaitable[AsyncIterator[list[bytes]]]]
 ROW_OVERHEAD = 64  # bytes charged per held inner row beyond its values' estimate
 
 
-class _ClusterSides:
-    """``join_steps.InnerSides`` over the cluster, for the pipeline thread."""
+class ClusterSides:
+    """``join_steps.InnerSides`` over the cluster, for the pipeline thread. ``fetch_meta``:
+    a lookup join's fetch of documents with their META() (for the joins in ``metas``, whose
+    statement reads ``META(alias).cas`` or ``.expiration``)."""
 
     def __init__(
         self,
@@ -47,20 +51,26 @@ class _ClusterSides:
         gathered: dict[int, Iterator[Any]],
         probe: Callable[[int, list[Any]], list[Any]],
         budget: Budget,
+        fetch_meta: MetaFetch | None = None,
+        metas: frozenset[int] = frozenset(),
     ) -> None:
         self._fetch = fetch
+        self._fetch_meta = fetch_meta
+        self._metas = metas
         self._gathered = gathered
         self._probe = probe
         self._held = budget.reserve("join")
 
-    def fetch(self, k: int, keyspace: str, ids: list[str]) -> dict[str, Any]:
-        return dict(self._fetch(keyspace, ids))
+    def fetch(self, k: int, keyspace: str, ids: list[str]) -> dict[str, tuple[Any, Any]]:
+        if k in self._metas and self._fetch_meta is not None:
+            return {d: (doc, meta) for d, doc, meta in self._fetch_meta(keyspace, ids)}
+        return {d: (doc, {"id": d}) for d, doc in self._fetch(keyspace, ids)}
 
-    def scan(self, k: int) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        for docid, doc in self._gathered.pop(k):
-            self._charge(ROW_OVERHEAD + len(docid) + value_size(doc))
-            out.append((docid, doc))
+    def scan(self, k: int) -> list[tuple[str, Any, Any]]:
+        out: list[tuple[str, Any, Any]] = []
+        for row in self._gathered.pop(k):
+            self._charge(ROW_OVERHEAD + len(row[0]) + value_size(row[1]))
+            out.append((row[0], row[1], side_meta(row)))
         return out
 
     def held(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -72,8 +82,18 @@ class _ClusterSides:
         if not self._held.grow(n):
             raise self._held.over(why="a join's table is held whole")
 
-    def probe(self, k: int, values: list[Any]) -> list[tuple[str, Any]]:
-        return [(docid, doc) for docid, doc in self._probe(k, values)]
+    def probe(self, k: int, values: list[Any]) -> list[tuple[str, Any, Any]]:
+        return [(row[0], row[1], side_meta(row)) for row in self._probe(k, values)]
+
+
+def blocking_meta_fetch(documents: DocumentAccess, loop: asyncio.AbstractEventLoop) -> MetaFetch:
+    """``DocumentAccess.get_many_meta`` for the pipeline thread (it waits; the loop reads)."""
+
+    def fetch(keyspace: str, ids: list[str]) -> list[tuple[str, Any, dict[str, Any]]]:
+        read = documents.get_many_meta(keyspace, list(dict.fromkeys(ids)))
+        return asyncio.run_coroutine_threadsafe(read, loop).result(FETCH_TIMEOUT)
+
+    return fetch
 
 
 async def _once(cells: list[bytes]) -> AsyncIterator[list[bytes]]:
@@ -120,6 +140,7 @@ async def run_join(
                 await s.aclose()  # type: ignore[attr-defined]
         raise
     fetch = blocking_fetch(documents, loop)
+    meta_fetch = blocking_meta_fetch(documents, loop)
 
     def probe(k: int, values: list[Any]) -> list[Any]:
         async def run() -> list[Any]:
@@ -139,9 +160,11 @@ async def run_join(
         def rows(ins: list[Iterator[Any]]) -> Any:
             bud = mem.budget()
             gathered = {k: ins[i + 1] for i, k in enumerate(order)}
-            inner = _ClusterSides(fetch, gathered, probe, bud)
+            inner = ClusterSides(
+                fetch, gathered, probe, bud, meta_fetch, frozenset(sides.fetched_meta)
+            )
             if keyed:
-                scope = ({alias: v[1], META_KEY: {"id": v[0]}} for v in ins[0])
+                scope = ({alias: v[1], META_KEY: side_meta(v)} for v in ins[0])
             else:
                 scope = ({alias: v, META_KEY: {}} for v in ins[0])
             joined = joined_rows(

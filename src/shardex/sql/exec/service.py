@@ -66,6 +66,7 @@ from shardex.sql.exec.dml_run import dml_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.explain_statement import explain_statement
 from shardex.sql.exec.failover import failed_leaf, failing_over
+from shardex.sql.exec.join_exchange import start_exchange_join
 from shardex.sql.exec.join_run import run_join
 from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
@@ -185,7 +186,7 @@ class SqlService:
                 max_sender_bound=st.max_sender_bound,
                 stalls=st.stalls,
             )
-            for (_, edge, sender), st in found
+            for (_, edge, sender, _), st in found
         ]
         return ExchangeStatsReply(member=self.query.member_id, streams=streams)
 
@@ -421,8 +422,8 @@ class SqlService:
         # The members are read here, on the loop: membership changes only there.
         members = self._members()
         plan = await prepared_off_loop(sql, lambda: planned(members))
-        if plan.join is not None:  # runs here over its side statements (decision 0123)
-            return plan, None, self._join(msg, plan, params)
+        if plan.join is not None:  # between fragments (0135) or here over side statements (0123)
+            return plan, None, await self._join(msg, sql, plan, params)
         keys = self.keys.keys_of(plan, params)
         if keys is not None:
             quota = self.quota(msg)
@@ -496,8 +497,29 @@ class SqlService:
         repeatable = ts is not None and plan.repeatable
         return plan, ts, failing_over(plan, chunks, rerun, deadline, repeatable=repeatable)
 
-    def _join(self, msg: SqlQuery, plan: PhysicalPlan, params: Any) -> AsyncIterator[list[bytes]]:
-        """A join statement's rows, joined here over side statements started as SELECTs."""
+    async def _join(
+        self, msg: SqlQuery, sql: str, plan: PhysicalPlan, params: Any
+    ) -> AsyncIterator[list[bytes]]:
+        """A join statement's rows: joined between fragments over hash exchanges when its
+        join and sides allow (``join_exchange``), else here over side statements."""
+        assert plan.join is not None
+        quota, spill, timeout = self.quota(msg), msg.spill, msg.timeout
+        if plan.join.exchange is not None and plan.tuning["join_exchange"]:
+            chunks = await start_exchange_join(
+                plan,
+                sql,
+                params,
+                plan_side=functools.partial(self._plan_side, plan.tuning),
+                pin=lambda p: self.stability.pin(p, msg.consistency, msg.at, timeout),
+                execute=lambda qplan, named: self.query.execute(
+                    qplan, named, timeout=timeout, window=msg.window
+                ),
+                initiator=self.query.member_id,
+                budget=quota,
+                spill=spill,
+            )
+            if chunks is not None:
+                return chunks
         plan.query_id = str(self.query.new_query_id())
 
         async def start(sql: str, side_params: Any) -> AsyncIterator[list[bytes]]:
@@ -505,8 +527,15 @@ class SqlService:
             assert isinstance(stmt, SelectStmt)
             return (await self.start_select(msg, sql, stmt, side_params))[2]
 
-        quota, spill, timeout = self.quota(msg), msg.spill, msg.timeout
         return run_join(plan, params, start, self.documents, self.memory, quota, spill, timeout)
+
+    async def _plan_side(self, tuning: dict[str, bool], sql: str, params: Any) -> PhysicalPlan:
+        """A join's side statement planned as a SELECT of its own."""
+        b = await prepared_off_loop(
+            sql, lambda: bind_statement(sql, False, cached=tuning["plan_cache"])
+        )
+        state, members = await self.scan.view.state(), self._members()
+        return plan_select(b, params, state=state, members=members, tuning=tuning)
 
     async def _speculate(
         self,

@@ -45,6 +45,8 @@ def started_reply(
             "local": plan.local,
             "guessed": plan.guessed is not None,
             "node": node,
+            # A join statement: joined between fragments ("hash") or at the initiator.
+            **({"join": plan.join.ran or "initiator"} if plan.join is not None else {}),
             **route_hint(plan, address),
         },
     )

@@ -34,6 +34,9 @@ Every switch defaults to on; turning one off never changes a result, only how it
   reads one key part or ``META().id`` makes its leaves' result values straight from the
   decoded keys (``entries.key_projection``). Off: each entry becomes a scope row (its
   rebuilt document) and the projection is evaluated on it.
+* ``join_exchange``: an INNER or LEFT hash join whose sides both read through index leaves
+  runs in join fragments fed by hash exchanges from the leaves (``join_exchange.py``,
+  decision 0135). Off: the initiator joins over side statements (decision 0123).
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -63,6 +66,7 @@ SWITCHES: Final = (
     "late",
     "key_projection",
     "pin_guess",
+    "join_exchange",
 )
 METER_QUERIES: Final = 256
 

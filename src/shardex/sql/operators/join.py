@@ -30,8 +30,8 @@ from .sort import SortSpec, encode_sort_key
 
 Row = dict[str, Any]
 Fn = Callable[[Row], Any]
-# ids -> {id: document} of those that exist (a lookup join's fetch)
-Fetch = Callable[[list[str]], dict[str, Any]]
+# ids -> {id: (document, META())} of those that exist (a lookup join's fetch)
+Fetch = Callable[[list[str]], dict[str, tuple[Any, dict[str, Any]]]]
 # join key values -> the inner pieces whose key is among them (an index probe)
 Probe = Callable[[list[Any]], list[Row]]
 
@@ -52,8 +52,10 @@ class JoinSpec:
     build_inner: bool = True  # hash: the table holds the inner side (USE HASH(PROBE): not)
 
 
-def piece(spec: JoinSpec, docid: str, doc: Any) -> Row:
-    return {spec.alias: doc, spec.meta_name: {"id": docid}}
+def piece(spec: JoinSpec, docid: str, doc: Any, meta: dict[str, Any] | None = None) -> Row:
+    """An inner document as the joined row reads it; ``meta``: its META() when the reader
+    fetched more than the id (``cas``, ``expiration``)."""
+    return {spec.alias: doc, spec.meta_name: {"id": docid} if meta is None else meta}
 
 
 def key_bytes(values: list[Any]) -> bytes | None:
@@ -114,7 +116,7 @@ def lookup_join(
         wanted = list(dict.fromkeys(k for ks in named for k in ks))
         docs = fetch(wanted) if wanted else {}
         for row, ks in zip(chunk, named, strict=True):
-            matches = [piece(spec, k, docs[k]) for k in ks if k in docs]
+            matches = [piece(spec, k, *docs[k]) for k in ks if k in docs]
             yield from _emit(row, matches, spec)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -20,7 +21,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.net.messages import Message
 from shardex.sql.protocol.flow import ExchangeMeter, Inbox, Outbox
 from shardex.sql.protocol.fragments import FragmentContext, FragmentRegistry
-from shardex.sql.protocol.plan_layout import PlanLayout
+from shardex.sql.protocol.plan_layout import BROADCAST, HASH, PlanLayout
 from shardex.sql.protocol.results import ResultChannel
 
 __all__ = ["QueryExecution"]
@@ -65,12 +66,14 @@ class QueryExecution:
         self._on_done = on_done
         self.local = [f for f in msg.plan.fragments if member in f.members]
         self.inboxes: dict[int, Inbox] = {}
-        self.outboxes: dict[int, Outbox] = {}
+        # Per output edge, one outbox per member of the reader, in its ``members`` order.
+        self.outboxes: dict[int, list[Outbox]] = {}
         for f in self.local:
             for e in f.inputs:
                 self.inboxes[e] = Inbox(
                     query_id=self.query_id,
                     edge_id=e,
+                    receiver=member,
                     senders=layout.edges[e].senders,
                     window=msg.window,
                     grant=lambda sender, limit, e=e: grant(
@@ -82,15 +85,18 @@ class QueryExecution:
                     meter=meter,
                 )
             if f.output is not None:
-                self.outboxes[f.output] = Outbox(
-                    query_id=self.query_id,
-                    edge_id=f.output,
-                    sender=member,
-                    receiver=layout.edges[f.output].receiver,
-                    window=msg.window,
-                    send=send,
-                    meter=meter,
-                )
+                self.outboxes[f.output] = [
+                    Outbox(
+                        query_id=self.query_id,
+                        edge_id=f.output,
+                        sender=member,
+                        receiver=receiver,
+                        window=msg.window,
+                        send=send,
+                        meter=meter,
+                    )
+                    for receiver in layout.edges[f.output].receivers
+                ]
         self._tasks: dict[asyncio.Task[None], FragmentSpec] = {}
         self.finished = False
         # The root fragment finished before everything feeding it did (a LIMIT): the
@@ -122,9 +128,9 @@ class QueryExecution:
         inbox.on_batch(msg)
 
     def on_flow_control(self, msg: QueryFlowControl) -> None:
-        outbox = self.outboxes.get(msg.edge_id)
-        if outbox is not None:
-            outbox.on_flow_control(msg.credit_limit)
+        for outbox in self.outboxes.get(msg.edge_id, ()):
+            if outbox.receiver == msg.receiver:
+                outbox.on_flow_control(msg.credit_limit)
 
     def stop(self) -> None:
         """Cancel every local fragment (no callback follows)."""
@@ -136,6 +142,7 @@ class QueryExecution:
         inputs: dict[int, AsyncIterator[pa.RecordBatch]] = {
             e: self.inboxes[e].batches() for e in f.inputs
         }
+        outboxes = self.outboxes.get(f.output, []) if f.output is not None else []
         ctx = FragmentContext(
             query_id=self.query_id,
             member_id=self.member,
@@ -143,24 +150,19 @@ class QueryExecution:
             participants=self.participants,
             parameters=self.msg.parameters,
             inputs=inputs,
+            partitions=len(outboxes) if f.exchange == HASH else 1,
+            by_sender=lambda e: [
+                self.inboxes[e].batches_from(s) for s in self.layout.edges[e].senders
+            ],
         )
         produce = self._registry.get(f.kind)(ctx)
         if f.output is None:
             assert self._result is not None, "the root fragment runs on the initiator"
             async for batch in produce:
-                await self._result.put(batch)
+                await self._result.put(batch)  # type: ignore[arg-type]
             self._result.finish()
         else:
-            outbox = self.outboxes[f.output]
-            # One batch held back, so the last one travels with the end of the stream. The
-            # held batch waits only for the producer's next step (fragments are a DAG: none
-            # waits on its own consumer).
-            held: pa.RecordBatch | None = None
-            async for batch in produce:
-                if held is not None:
-                    await outbox.put(held)
-                held = batch
-            await outbox.finish(held)
+            await _send_all(produce, outboxes, f)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         f = self._tasks.pop(task, None)
@@ -179,3 +181,36 @@ class QueryExecution:
         elif not self._tasks:
             self.finished = True
             self._on_done(self, None)
+
+
+async def _send_all(produce: AsyncIterator[Any], outboxes: list[Outbox], f: FragmentSpec) -> None:
+    """A fragment's output into its edge's streams: every batch to the one receiver of a
+    gather or to each receiver of a broadcast; a hash fragment's ``(partition, batch)`` to
+    the receiver it names. Per stream one batch is held back, so the last one travels with
+    the end of the stream. A held batch waits only for the producer's next step (fragments
+    are a DAG: none waits on its own consumer); a broadcast waits for the slowest reader."""
+    held: list[pa.RecordBatch | None] = [None] * len(outboxes)
+
+    async def put(i: int, batch: pa.RecordBatch) -> None:
+        before = held[i]
+        if before is not None:
+            await outboxes[i].put(before)
+        held[i] = batch
+
+    async for item in produce:
+        if f.exchange == HASH:
+            part, batch = item
+            if not (isinstance(part, int) and 0 <= part < len(outboxes)):
+                raise ShardexError(
+                    f"fragment {f.kind} sent rows to partition {part!r} of {len(outboxes)}",
+                    code=ErrorCode.INTERNAL,
+                    details={"value": repr(part), "hint": "0 <= partition < ctx.partitions"},
+                )
+            await put(part, batch)
+        elif f.exchange == BROADCAST:
+            for i in range(len(outboxes)):
+                await put(i, item)
+        else:
+            await put(0, item)
+    for outbox, last in zip(outboxes, held, strict=True):
+        await outbox.finish(last)

@@ -1,10 +1,11 @@
 """Exchanges with credit-based flow control: the sender's ``Outbox``, the receiver's ``Inbox``
 and the ``ExchangeMeter`` that measures bytes in flight.
 
-A stream is ``(query, edge, sender member)``. Credits are bytes of Arrow IPC payload. The
-receiver grants a cumulative ``credit_limit`` = bytes its consumer has taken + ``window``, so
-whatever is in flight, ``sent - consumed <= window`` on every stream: that is the invariant
-the simulation checks (``ExchangeMeter.max_in_flight``).
+A stream is ``(query, edge, sender member, receiver member)``: a gather edge has one
+stream per sender, a broadcast or hash edge one per sender and reading member. Credits are
+bytes of Arrow IPC payload. The receiver grants a cumulative ``credit_limit`` = bytes its
+consumer has taken + ``window``, so whatever is in flight, ``sent - consumed <= window`` on
+every stream: that is the invariant the simulation checks (``ExchangeMeter.max_in_flight``).
 
 Grants go out each time the consumer has taken half a window since the last grant. The
 sender cuts batches into pieces of at most half a window, which makes that rule deadlock-free:
@@ -35,7 +36,7 @@ from shardex.sql.protocol.batches import decode_batch, split_to_fit
 
 __all__ = ["MIN_WINDOW", "ExchangeMeter", "Inbox", "Outbox", "StreamKey", "StreamStats"]
 
-StreamKey = tuple[QueryId, int, str]  # (query, edge, sender member)
+StreamKey = tuple[QueryId, int, str, str]  # (query, edge, sender member, receiver member)
 
 # An Arrow IPC stream of one small row is a few hundred bytes; half the window must hold one.
 MIN_WINDOW = 4096
@@ -79,11 +80,17 @@ class ExchangeMeter:
 
 
 def _violation(message: str, key: StreamKey, **details: object) -> ShardexError:
-    q, edge, sender = key
+    q, edge, sender, receiver = key
     return ShardexError(
         message,
         code=ErrorCode.PROTOCOL_ERROR,
-        details={"query_id": str(q), "edge": edge, "sender": sender, **details},
+        details={
+            "query_id": str(q),
+            "edge": edge,
+            "sender": sender,
+            "receiver": receiver,
+            **details,
+        },
     )
 
 
@@ -102,7 +109,7 @@ class Outbox:
         send: Callable[[str, Message], Awaitable[None]],
         meter: ExchangeMeter,
     ) -> None:
-        self.key: StreamKey = (query_id, edge_id, sender)
+        self.key: StreamKey = (query_id, edge_id, sender, receiver)
         self.receiver = receiver
         self.window = window
         self._send_fn = send
@@ -146,7 +153,7 @@ class Outbox:
         credit = self.credit
         if not credit.take(size):
             await credit.spend(size, self._stalled)
-        q, edge, sender = self.key
+        q, edge, sender, _ = self.key
         msg = QueryBatch(
             query_id=q,
             edge_id=edge,
@@ -166,25 +173,29 @@ class Outbox:
 class _InStream:
     """One sender's stream into an ``Inbox``: its order, what arrived, and its credit."""
 
-    __slots__ = ("credit", "last", "next_seq", "received")
+    __slots__ = ("credit", "last", "next_seq", "queue", "received")
 
     def __init__(self, window: int) -> None:
         self.next_seq = 0
         self.received = 0
         self.last = False
         self.credit = ReceiveWindow(window, every=window // 2)
+        # Batches not consumed yet: (arrival number on the inbox, bytes, batch).
+        self.queue: deque[tuple[int, int, pa.RecordBatch]] = deque()
 
 
 class Inbox:
-    """The receiving end of one edge on its reader's member: the streams of every sender,
-    merged in arrival order. ``on_batch`` is called by the message handler (never blocks);
-    the consuming fragment iterates ``batches()``; grants go out through ``grant``."""
+    """The receiving end of one edge on one member of its reader (``receiver``): the streams
+    of every sender, merged in arrival order. ``on_batch`` is called by the message handler
+    (never blocks); the consuming fragment iterates ``batches()``; grants go out through
+    ``grant``."""
 
     def __init__(
         self,
         *,
         query_id: QueryId,
         edge_id: int,
+        receiver: str,
         senders: tuple[str, ...],
         window: int,
         grant: Callable[[str, int], None],
@@ -192,11 +203,12 @@ class Inbox:
     ) -> None:
         self.query_id = query_id
         self.edge_id = edge_id
+        self.receiver = receiver
         self.window = window
         self._grant = grant
         self._meter = meter
         self._streams = {s: _InStream(window) for s in senders}
-        self._queue: deque[tuple[str, int, pa.RecordBatch]] = deque()
+        self._arrivals = 0
         self._ready = asyncio.Event()
 
     @property
@@ -207,7 +219,7 @@ class Inbox:
     def on_batch(self, msg: QueryBatch) -> None:
         """Take one batch; raises ``PROTOCOL_ERROR`` for a batch the stream cannot carry
         (unknown sender, a gap or repeat in ``seq``, after ``last``, over the credits)."""
-        key = (self.query_id, self.edge_id, msg.sender)
+        key = (self.query_id, self.edge_id, msg.sender, self.receiver)
         st = self._streams.get(msg.sender)
         if st is None:
             raise _violation(f"batch from {msg.sender}, not a sender of edge {self.edge_id}", key)
@@ -233,25 +245,49 @@ class Inbox:
         st.received += size
         st.last = msg.last
         if batch is not None:
-            self._queue.append((msg.sender, size, batch))
+            st.queue.append((self._arrivals, size, batch))
+            self._arrivals += 1
         self._ready.set()
 
     async def batches(self) -> AsyncIterator[pa.RecordBatch]:
+        """Every sender's batches, merged in arrival order."""
         while True:
-            if self._queue:
-                sender, size, batch = self._queue.popleft()
-                self._consumed(sender, size)
-                yield batch
+            heads = [(st.queue[0][0], s) for s, st in self._streams.items() if st.queue]
+            if heads:
+                yield self._take(min(heads)[1])
             elif self.complete:
                 return
             else:
-                self._ready.clear()
-                await self._ready.wait()
+                await self._wait()
+
+    async def batches_from(self, sender: str) -> AsyncIterator[pa.RecordBatch]:
+        """One sender's batches, in its order (a reader that merges sorted runs takes each
+        sender's alone; the others' wait, within their windows, until it reads them)."""
+        st = self._streams[sender]
+        while True:
+            if st.queue:
+                yield self._take(sender)
+            elif st.last:
+                return
+            else:
+                await self._wait()
+
+    async def _wait(self) -> None:
+        # Every waiter wakes on any arrival and looks at its own queue again: no arrival
+        # is missed, whichever consumer clears the event.
+        self._ready.clear()
+        await self._ready.wait()
+
+    def _take(self, sender: str) -> pa.RecordBatch:
+        _, size, batch = self._streams[sender].queue.popleft()
+        self._consumed(sender, size)
+        return batch
 
     def _consumed(self, sender: str, size: int) -> None:
         st = self._streams[sender]
         granted = st.credit.consume(size)
-        self._meter.on_consumed((self.query_id, self.edge_id, sender), self.window, size)
+        key = (self.query_id, self.edge_id, sender, self.receiver)
+        self._meter.on_consumed(key, self.window, size)
         # After the last batch nothing more comes: the new limit is nobody's business.
         if granted and not st.last:
             self._grant(sender, st.credit.limit)

@@ -3,8 +3,11 @@
 The protocol does not know what a fragment computes. A fragment is
 ``fn(ctx) -> AsyncIterator[pyarrow.RecordBatch]``: it reads its inputs (one async iterator
 of batches per inbound edge, all senders merged) and yields its output batches, which go to
-its outbound edge or, for the root fragment, to the caller. ``FragmentSpec.kind`` names the
-factory; the SQL operators register theirs, tests register small ones (emit, filter, sum).
+its outbound edge (each of the reader's members, for a broadcast) or, for the root
+fragment, to the caller; a fragment whose output is a hash exchange yields
+``(partition, batch)`` pairs instead (``FragmentContext.partitions``).
+``FragmentSpec.kind`` names the factory; the SQL operators register theirs, tests register
+small ones (emit, filter, sum).
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ class FragmentContext:
     participants: tuple[str, ...]
     parameters: list[Any] | dict[str, Any]
     inputs: dict[int, AsyncIterator[pa.RecordBatch]]
+    # The members a hash exchange's output is partitioned among (1 for any other output):
+    # such a fragment yields ``(partition, batch)`` with 0 <= partition < partitions.
+    partitions: int = 1
+    # Each sender's batches of an input edge alone, one iterator per sender in the writing
+    # fragment's member order (``inputs`` merges them): for a reader merging sorted runs.
+    by_sender: Callable[[int], list[AsyncIterator[pa.RecordBatch]]] | None = None
 
     @property
     def args(self) -> dict[str, Any]:
@@ -51,7 +60,8 @@ class FragmentContext:
         return next(iter(self.inputs.values()))
 
 
-Fragment = Callable[[FragmentContext], AsyncIterator[pa.RecordBatch]]
+# Batches, or (partition, batch) pairs for a hash exchange's sender.
+Fragment = Callable[[FragmentContext], AsyncIterator[Any]]
 
 
 class FragmentRegistry:

@@ -7,18 +7,29 @@ from dataclasses import dataclass
 from shardex.api.sql_protocol import FragmentSpec, QueryPlan
 from shardex.errors import ErrorCode, ShardexError
 
-__all__ = ["Edge", "PlanLayout", "layout_plan"]
+__all__ = ["EXCHANGES", "Edge", "PlanLayout", "layout_plan"]
+
+# How an edge's rows reach the reading fragment's members (``FragmentSpec.exchange``).
+GATHER, BROADCAST, HASH = "gather", "broadcast", "hash"
+EXCHANGES = (GATHER, BROADCAST, HASH)
 
 
 @dataclass(frozen=True)
 class Edge:
-    """One exchange: every member of ``senders`` streams to ``receiver``."""
+    """One exchange: every member of ``senders`` streams to each of ``receivers`` (one
+    stream per sender and receiver), as ``exchange`` says."""
 
     edge_id: int
     sender_fragment: int
     receiver_fragment: int
     senders: tuple[str, ...]
-    receiver: str
+    receivers: tuple[str, ...]
+    exchange: str = GATHER
+
+    @property
+    def receiver(self) -> str:
+        """A gather's one receiver."""
+        return self.receivers[0]
 
 
 @dataclass(frozen=True)
@@ -40,8 +51,10 @@ def layout_plan(plan: QueryPlan, initiator: str) -> PlanLayout:
     """Check the plan's shape (raises ``BAD_REQUEST`` naming the fault) and derive its edges.
 
     Rules: fragment ids unique; exactly one root (``output`` None) running only on the
-    initiator; each edge written by exactly one fragment and read by exactly one fragment that
-    runs on exactly one member; every fragment reaches the root (no cycles, no orphans).
+    initiator; each edge written by exactly one fragment and read by exactly one fragment,
+    which runs on exactly one member when the edge is a gather (a broadcast or hash edge
+    reaches every member of its reader); every fragment reaches the root (no cycles, no
+    orphans).
     """
     if not plan.fragments:
         raise _bad("no fragments", [], "a plan needs at least the root fragment")
@@ -54,6 +67,12 @@ def layout_plan(plan: QueryPlan, initiator: str) -> PlanLayout:
                 f"fragment {f.fragment_id} has members {f.members}",
                 f.members,
                 "list each member that runs the fragment once",
+            )
+        if f.exchange not in EXCHANGES:
+            raise _bad(
+                f"fragment {f.fragment_id} has exchange {f.exchange!r}",
+                f.exchange,
+                f"one of {', '.join(EXCHANGES)}",
             )
         by_id[f.fragment_id] = f
     roots = [f for f in plan.fragments if f.output is None]
@@ -87,13 +106,16 @@ def layout_plan(plan: QueryPlan, initiator: str) -> PlanLayout:
     edges: dict[int, Edge] = {}
     for e, w in sorted(writers.items()):
         r = readers[e]
-        if len(r.members) != 1:
+        if w.exchange == GATHER and len(r.members) != 1:
             raise _bad(
                 f"edge {e} goes to fragment {r.fragment_id} on {r.members}",
                 r.members,
-                "an exchange gathers into one member: give the reader exactly one member",
+                "a gather goes into one member: give the reader exactly one member, "
+                "or make the edge a broadcast or hash exchange",
             )
-        edges[e] = Edge(e, w.fragment_id, r.fragment_id, tuple(w.members), r.members[0])
+        edges[e] = Edge(
+            e, w.fragment_id, r.fragment_id, tuple(w.members), tuple(r.members), w.exchange
+        )
     for f in plan.fragments:  # every fragment must reach the root
         seen: list[int] = []
         cur = f

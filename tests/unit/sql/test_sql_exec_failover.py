@@ -14,7 +14,7 @@ from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.meta.index_definition import make_definition
 from shardex.meta.index_state import ACTIVE, IndexRecord
 from shardex.meta.state import KeyspaceMeta, StateContext
-from shardex.sql.exec.failover import failed_leaf, failing_over
+from shardex.sql.exec.failover import failed_leaf, failing_over, or_else_when_lost
 from shardex.sql.exec.plan import PhysicalPlan, plan_select
 from shardex.sql.protocol.initiator import cancelled
 from shardex.sql.syntax import parse_statement
@@ -171,3 +171,34 @@ def test_which_plans_are_repeatable(sql: str, repeatable: bool) -> None:
     b = bind_select(parse_statement(sql))
     plan = plan_select(b, None, state=STATE, members=MEMBERS)
     assert plan.repeatable is repeatable
+
+
+async def test_a_plan_without_failover_runs_the_other_way_when_a_node_is_lost_first() -> None:
+    """A join between fragments (no copy holds a join fragment's state) falls back to a plan
+    whose parts fail over, but only while no row has left and only for a lost node."""
+    fallbacks: list[int] = []
+
+    async def fallback() -> AsyncIterator[Any]:
+        fallbacks.append(1)
+        return _chunks([[b"x"], [b"y"]], None)
+
+    lost = cancelled("lost", "participant_left", member="m2")
+    got = [c async for c in or_else_when_lost(_chunks([[]], lost), fallback, "join")]
+    assert got == [[], [b"x"], [b"y"]] and fallbacks == [1]
+
+    down = ShardexError("cannot connect", code=ErrorCode.NODE_UNAVAILABLE)
+    got = [c async for c in or_else_when_lost(_chunks([], down), fallback, "join")]
+    assert got == [[b"x"], [b"y"]] and fallbacks == [1, 1]
+
+    with pytest.raises(ShardexError) as err:  # a row left: the loss is the statement's error
+        _ = [c async for c in or_else_when_lost(_chunks([[b"a"]], lost), fallback, "join")]
+    assert err.value is lost and fallbacks == [1, 1]
+
+    for other in (
+        ShardexError("bad", code=ErrorCode.EXPRESSION_EVAL),
+        ShardexError("too slow", code=ErrorCode.TIMEOUT),
+        cancelled("by the user", "cancelled"),
+    ):
+        with pytest.raises(ShardexError) as err:
+            _ = [c async for c in or_else_when_lost(_chunks([], other), fallback, "join")]
+        assert err.value is other and fallbacks == [1, 1]

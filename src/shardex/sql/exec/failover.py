@@ -35,7 +35,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.late import LATE_REFILL
 from shardex.sql.exec.plan import PhysicalPlan
 
-__all__ = ["FAILOVER", "failed_leaf", "failing_over"]
+__all__ = ["FAILOVER", "failed_leaf", "failing_over", "lost_participant", "or_else_when_lost"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,40 @@ LOST: Final = frozenset({"link_lost", "participant_left", "start_failed"})
 FAILOVER: Final = frozenset(
     {ErrorCode.NODE_UNAVAILABLE, ErrorCode.CONNECTION_CLOSED, ErrorCode.TIMEOUT}
 )
+
+
+def lost_participant(exc: ShardexError) -> bool:
+    """Whether ``exc`` is the loss of a node taking part in a query, whichever its role (a
+    statement timeout is not: running again would outlive it)."""
+    if exc.code is ErrorCode.QUERY_CANCELLED:
+        return exc.details.get("reason") in LOST
+    return exc.code in (ErrorCode.NODE_UNAVAILABLE, ErrorCode.CONNECTION_CLOSED)
+
+
+async def or_else_when_lost(
+    chunks: AsyncIterator[list[bytes]],
+    fallback: Callable[[], Awaitable[AsyncIterator[list[bytes]]]],
+    what: str,
+) -> AsyncIterator[list[bytes]]:
+    """``chunks``, or ``fallback()``'s rows when a node taking part is lost before any row
+    was handed on. For plans whose fragments have no failover of their own (a join between
+    fragments: its join fragments hold state no other copy has), the fallback is a plan whose
+    parts do fail over; once rows have left, the loss is the statement's error."""
+    sent = False
+    try:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                sent = sent or bool(chunk)
+                yield chunk
+        return
+    except ShardexError as exc:
+        if sent or not lost_participant(exc):
+            raise
+        log.info("%s lost a node before any row was sent (%s); running it the other way", what, exc)
+    rest = await fallback()
+    async with contextlib.aclosing(rest):
+        async for chunk in rest:
+            yield chunk
 
 
 def failed_leaf(exc: ShardexError, plan: PhysicalPlan) -> str | None:

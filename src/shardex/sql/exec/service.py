@@ -65,7 +65,12 @@ from shardex.scan.coordinator import ScanCoordinator
 from shardex.sql.exec.dml_run import dml_statement
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.explain_statement import explain_statement
-from shardex.sql.exec.failover import failed_leaf, failing_over
+from shardex.sql.exec.failover import (
+    failed_leaf,
+    failing_over,
+    lost_participant,
+    or_else_when_lost,
+)
 from shardex.sql.exec.join_exchange import start_exchange_join
 from shardex.sql.exec.join_run import run_join
 from shardex.sql.exec.key_lookup import KeyLookups
@@ -504,30 +509,43 @@ class SqlService:
         join and sides allow (``join_exchange``), else here over side statements."""
         assert plan.join is not None
         quota, spill, timeout = self.quota(msg), msg.spill, msg.timeout
+
+        async def at_initiator() -> AsyncIterator[list[bytes]]:
+            assert plan.join is not None
+            plan.join.ran = None
+            plan.query_id = str(self.query.new_query_id())
+
+            async def start(sql: str, side_params: Any) -> AsyncIterator[list[bytes]]:
+                stmt = parsed(sql)
+                assert isinstance(stmt, SelectStmt)
+                return (await self.start_select(msg, sql, stmt, side_params))[2]
+
+            return run_join(plan, params, start, self.documents, self.memory, quota, spill, timeout)
+
         if plan.join.exchange is not None and plan.tuning["join_exchange"]:
-            chunks = await start_exchange_join(
-                plan,
-                sql,
-                params,
-                plan_side=functools.partial(self._plan_side, plan.tuning),
-                pin=lambda p: self.stability.pin(p, msg.consistency, msg.at, timeout),
-                execute=lambda qplan, named: self.query.execute(
-                    qplan, named, timeout=timeout, window=msg.window
-                ),
-                initiator=self.query.member_id,
-                budget=quota,
-                spill=spill,
-            )
+            try:
+                chunks = await start_exchange_join(
+                    plan,
+                    sql,
+                    params,
+                    plan_side=functools.partial(self._plan_side, plan.tuning),
+                    pin=lambda p: self.stability.pin(p, msg.consistency, msg.at, timeout),
+                    execute=lambda qplan, named: self.query.execute(
+                        qplan, named, timeout=timeout, window=msg.window
+                    ),
+                    initiator=self.query.member_id,
+                    budget=quota,
+                    spill=spill,
+                )
+            except ShardexError as exc:
+                if not lost_participant(exc):
+                    raise
+                chunks = None  # a node was lost while it started: the side statements fail over
             if chunks is not None:
-                return chunks
-        plan.query_id = str(self.query.new_query_id())
-
-        async def start(sql: str, side_params: Any) -> AsyncIterator[list[bytes]]:
-            stmt = parsed(sql)
-            assert isinstance(stmt, SelectStmt)
-            return (await self.start_select(msg, sql, stmt, side_params))[2]
-
-        return run_join(plan, params, start, self.documents, self.memory, quota, spill, timeout)
+                # Join fragments hold state no other copy has: a node lost before any row
+                # left runs the statement at the initiator, whose side statements fail over.
+                return or_else_when_lost(chunks, at_initiator, f"join {plan.query_id}")
+        return await at_initiator()
 
     async def _plan_side(self, tuning: dict[str, bool], sql: str, params: Any) -> PhysicalPlan:
         """A join's side statement planned as a SELECT of its own."""

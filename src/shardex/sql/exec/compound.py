@@ -23,6 +23,7 @@ import msgspec
 from shardex.api.sql_exec import SqlQuery, SqlStarted
 from shardex.core.expr import Param, evaluate, walk
 from shardex.sql.exec.bridge import close_all
+from shardex.sql.exec.join_plan import side_params
 from shardex.sql.exec.memory import Budget, value_size
 from shardex.sql.exec.plan import bind_statement, plan_select
 from shardex.sql.exec.reply import once
@@ -31,6 +32,7 @@ from shardex.sql.exec.setops import explain_set_op, set_op_texts, start_set_op
 from shardex.sql.exec.statement_checks import check_statement
 from shardex.sql.exec.statements import parsed
 from shardex.sql.exec.subqueries import expression_runner
+from shardex.sql.exec.subquery_inputs import Input
 from shardex.sql.local_rows import inserted_values
 from shardex.sql.syntax import ExplainStmt, SelectStmt, cte_names
 from shardex.sql.syntax.ast import ExecuteStmt, InsertStmt, PrepareStmt, SetOpStmt, WithStmt
@@ -50,7 +52,12 @@ __all__ = [
     "inserted_statement",
     "is_compound",
     "prepared_statement",
+    "query_values",
+    "with_subquery_inputs",
 ]
+
+# Starts the statement with these parameters: its plan, TS and rows (``start_select``'s).
+StartWith = Callable[[Any], Awaitable[tuple[Any, Any, AsyncIterator[list[bytes]]]]]
 
 Query = SelectStmt | SetOpStmt | WithStmt
 
@@ -136,6 +143,83 @@ async def inserted_statement(
         return inserted_values(stmt, rows, params)
     finally:
         run.close()
+
+
+async def query_values(
+    svc: SqlService, msg: SqlQuery, text: str, params: Any, sql: str, quota: int
+) -> list[Any]:
+    """The result values of the query ``text`` (a SELECT or a set operation), run as any
+    query and gathered here, behind the WITH clause of the statement ``sql`` it is part of
+    (whose values are in ``params``). Its own operators' memory is given back once it ends:
+    the caller holds (and charges) the values."""
+    prefix, names = _with_clause(sql)
+    stmt = parsed(text)
+    assert isinstance(stmt, SelectStmt | SetOpStmt), "a subquery's text is a query"
+    run = _Run(svc, msg, quota, "subquery")
+    try:
+        chunks = await run.start(text, stmt, params, prefix, names)
+        return [decode_row(c) async for c in _cells(chunks)]
+    finally:
+        run.close()
+
+
+async def with_subquery_inputs(
+    svc: SqlService,
+    msg: SqlQuery,
+    sql: str,
+    inputs: list[Input],
+    params: Any,
+    start: StartWith,
+) -> tuple[Any, Any, AsyncIterator[list[bytes]]]:
+    """The statement ``sql`` started by ``start`` with its subqueries' inputs read first
+    (``subquery_inputs.py``), each as a query of its own at the statement's consistency,
+    and added to ``params``; the values are charged to the statement's budget here until
+    its rows end."""
+    quota = svc.quota(msg)
+    stack = contextlib.ExitStack()
+    try:
+        memory = stack.enter_context(svc.memory.fragment(None, quota, msg.spill))
+        held = memory.budget().reserve("subquery inputs")
+        values: dict[str, Any] = {}
+        for one in inputs:
+            if one.gathers:
+                side = parsed(one.text)
+                assert isinstance(side, SelectStmt)
+                _, _, chunks = await svc.start_select(
+                    msg, one.text, side, side_params(params), params_checked=True
+                )
+                value = [decode_row(c) async for c in _cells(chunks)]
+            else:
+                value = await query_values(svc, msg, one.text, params, sql, quota)
+            if not held.grow(value_size(value)):
+                raise held.over(why="a subquery's input is held while the statement runs")
+            values[one.param] = value
+        plan, ts, rows = await start(values_in(params, values))
+    except BaseException:
+        stack.close()
+        raise
+    return plan, ts, _closing(rows, stack)
+
+
+async def _closing(
+    chunks: AsyncIterator[list[bytes]], stack: contextlib.ExitStack
+) -> AsyncIterator[list[bytes]]:
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        await close_all([chunks])
+        stack.close()
+
+
+def _with_clause(sql: str) -> tuple[str, list[str]]:
+    """The WITH clause a statement's text starts with, and the names it binds."""
+    stmt = parsed(sql)
+    if isinstance(stmt, ExplainStmt):
+        stmt = stmt.statement
+    if not isinstance(stmt, WithStmt) or not sql.endswith(stmt.body_text):
+        return "", []
+    return sql[: len(sql) - len(stmt.body_text)], [t.name for t in stmt.terms]
 
 
 class _Run:

@@ -44,7 +44,7 @@ from .bound_select import group_key_name as group_key_name
 from .bound_select import order_alias_name, ordered_aliases
 from .bound_select import subqueries_of as subqueries_of
 from .bound_setop import BoundSetOp
-from .cte_names import inlined, reference
+from .cte_names import inlined, inlining, reference
 from .join_syntax import BoundJoin, check_qualified
 from .subquery import BoundSubquery
 from .update_for import ForSet
@@ -146,7 +146,7 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
         keyspaces.add(inner.from_.name)
         if inner.from_.use_keys is None:
             scans.add(inner.from_.name)
-    for j in inner.joins:  # the distributed plan runs no join inside a subquery (0123)
+    for j in inner.joins:  # read whole, as a keyspace FROM is (``exec/subquery_inputs``)
         keyspaces.add(j.keyspace)
         scans.add(j.keyspace)
     for e in inner.expressions():
@@ -157,8 +157,9 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
                 refs |= n.refs & outer - own
                 keyspaces |= n.keyspaces
                 scans |= n.scans
+    standalone = not inlining()
     return BoundSubquery(
-        inner, node.text, frozenset(refs), frozenset(keyspaces), frozenset(scans), alias
+        inner, node.text, frozenset(refs), frozenset(keyspaces), frozenset(scans), alias, standalone
     )
 
 
@@ -206,6 +207,7 @@ def bind_set_op_subquery(
         frozenset().union(*(s.keyspaces for s in subs)),
         frozenset().union(*(s.scans for s in subs)),
         alias,
+        all(s.standalone for s in subs) and not inlining(),
     )
 
 

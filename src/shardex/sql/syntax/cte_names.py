@@ -17,7 +17,7 @@ from contextvars import ContextVar
 
 from shardex.core.expr import Expr, Param
 
-__all__ = ["cte_param", "inlined", "is_cte_param", "reference", "visible"]
+__all__ = ["cte_param", "inlined", "inlining", "is_cte_param", "reference", "visible"]
 
 _PREFIX = "\x00with."
 _VISIBLE: ContextVar[dict[str, Expr]] = ContextVar("cte_names", default={})  # noqa: B039
@@ -34,6 +34,12 @@ def is_cte_param(name: str) -> bool:
 def reference(name: str) -> Expr | None:
     """The parameter a free ``name`` reads, when a WITH clause being bound names it."""
     return _VISIBLE.get().get(name)
+
+
+def inlining() -> bool:
+    """Whether a WITH of a subquery expression is being bound: its names are inlined, so a
+    query text read here does not stand on its own (``BoundSubquery.standalone``)."""
+    return any(not isinstance(e, Param) for e in _VISIBLE.get().values())
 
 
 def visible(names: Iterable[str]) -> contextlib.AbstractContextManager[None]:

@@ -148,13 +148,13 @@ async def inserted_statement(
 async def query_values(
     svc: SqlService, msg: SqlQuery, text: str, params: Any, sql: str, quota: int
 ) -> list[Any]:
-    """The result values of the query ``text`` (a SELECT or a set operation), run as any
+    """The result values of the query ``text`` (a SELECT, set operation or WITH), run as any
     query and gathered here, behind the WITH clause of the statement ``sql`` it is part of
     (whose values are in ``params``). Its own operators' memory is given back once it ends:
     the caller holds (and charges) the values."""
     prefix, names = _with_clause(sql)
     stmt = parsed(text)
-    assert isinstance(stmt, SelectStmt | SetOpStmt), "a subquery's text is a query"
+    assert isinstance(stmt, SelectStmt | SetOpStmt | WithStmt), "a subquery's text is a query"
     run = _Run(svc, msg, quota, "subquery")
     try:
         chunks = await run.start(text, stmt, params, prefix, names)

@@ -38,6 +38,7 @@ from shardex.sql.syntax import (
 )
 from shardex.sql.syntax.ast import SetOpSubquery, Subquery, WithSubquery
 from shardex.sql.syntax.bind import BoundSelect, bind_select, subqueries_of
+from shardex.sql.syntax.ctes import BoundWith, valued_terms
 from shardex.sql.syntax.setops import BoundQuery, BoundSetOp
 from shardex.sql.syntax.subquery import BoundSubquery, SubqueryRunner, running_subqueries
 
@@ -104,9 +105,14 @@ def blocking_fetch(documents: DocumentAccess, loop: asyncio.AbstractEventLoop) -
     return fetch
 
 
-def _run(sub: BoundQuery, outer: dict[str, Any], params: Any, fetch: Fetch | None) -> list:
+def _run(
+    sub: BoundQuery | BoundWith, outer: dict[str, Any], params: Any, fetch: Fetch | None
+) -> list:
     if isinstance(sub, BoundSetOp):  # each branch as the subquery it is
         return list(set_op_rows(sub, params, lambda b: _run(b, outer, params, fetch)))
+    if isinstance(sub, BoundWith):  # its terms valued once for this evaluation
+        valued = valued_terms(sub, params, lambda t, seen: _run(t, outer, seen, fetch), outer)
+        return _run(sub.body, outer, valued, fetch)
     ref = sub.from_
     keyed = ref is not None and ref.source is None and ref.use_keys is not None
     if not keyed and not sub.joins and (ref is None or ref.source is not None):
@@ -136,7 +142,7 @@ def _run(sub: BoundQuery, outer: dict[str, Any], params: Any, fetch: Fetch | Non
     return list(engine.run_select(without_hints(sub), params, outer))
 
 
-def expression_runner(sub: BoundQuery, outer: dict[str, Any], params: Any) -> list[Any]:
+def expression_runner(sub: BoundQuery | BoundWith, outer: dict[str, Any], params: Any) -> list[Any]:
     """Runs a subquery that reads no document, without charging a budget (a FROM (SELECT
     ...) or USE KEYS (SELECT ...) evaluated once, whole, as any such expression)."""
     return _run(sub, outer, params, None)
@@ -148,7 +154,7 @@ def budgeted_runner(budget: Budget, fetch: Fetch | None = None) -> SubqueryRunne
     res = budget.reserve("subquery")
     held = 0
 
-    def run(sub: BoundQuery, outer: dict[str, Any], params: Any) -> list[Any]:
+    def run(sub: BoundQuery | BoundWith, outer: dict[str, Any], params: Any) -> list[Any]:
         nonlocal held
         values = _run(sub, outer, params, fetch)
         size = value_size(values)

@@ -35,6 +35,7 @@ from shardex.sql.planner.joins import reads_only
 from shardex.sql.planner.sargable import conjuncts
 from shardex.sql.syntax.ast import META_KEY
 from shardex.sql.syntax.bind import BoundSelect, subqueries_of
+from shardex.sql.syntax.bound_with import BoundWith
 from shardex.sql.syntax.setops import BoundQuery, BoundSetOp
 from shardex.sql.syntax.subquery import BoundSubquery, subquery_param
 
@@ -93,11 +94,20 @@ def _collect(subs: list[BoundSubquery], found: dict[str, Input]) -> None:
                 param = gather_param(text)
                 found.setdefault(param, Input(param, text, gathers=True))
             _collect(subqueries_of(select), found)
+        if isinstance(sub.bound, BoundWith):
+            exprs = [t.expr for t in sub.bound.terms if t.expr is not None]
+            _collect([n for e in exprs for n in walk(e) if isinstance(n, BoundSubquery)], found)
 
 
-def selects_of(q: BoundQuery) -> Iterator[BoundSelect]:
-    """The SELECTs of a query: itself, or a set operation's branches."""
-    if isinstance(q, BoundSetOp):
+def selects_of(q: BoundQuery | BoundWith) -> Iterator[BoundSelect]:
+    """The SELECTs of a query: itself, a set operation's branches, a WITH's terms and its
+    query."""
+    if isinstance(q, BoundWith):
+        for t in q.terms:
+            if t.query is not None:
+                yield from selects_of(t.query)
+        yield from selects_of(q.body)
+    elif isinstance(q, BoundSetOp):
         for branch in q.branches:
             yield from selects_of(branch)
     else:

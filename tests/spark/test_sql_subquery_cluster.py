@@ -117,6 +117,43 @@ QUERIES: list[tuple[str, Any]] = [
 ]
 
 
+def _spill_dirs(path: Path) -> list[Path]:
+    return [d for d in path.rglob(SPILL_DIR) if d.is_dir() and any(d.iterdir())]
+
+
+@pytest.mark.timeout(600)
+def test_intersect_except_and_windows_spill_at_the_initiator(env: Env) -> None:
+    tiny = {"memory_quota": MIN_QUERY_MEMORY}
+    cases = [
+        "SELECT RAW v FROM (ARRAY_RANGE(0, 3000)) AS v INTERSECT ALL "
+        "SELECT RAW v * 2 FROM (ARRAY_RANGE(0, 20000)) AS v",
+        "SELECT RAW {'v': v, 'pad': REPEAT('p', 20)} FROM (ARRAY_RANGE(0, 4000)) AS v EXCEPT "
+        "SELECT RAW {'v': v * 3, 'pad': REPEAT('p', 20)} FROM (ARRAY_RANGE(0, 9000)) AS v",
+        f"SELECT o.n, ROW_NUMBER() OVER (PARTITION BY o.cid ORDER BY o.qty) AS r, "
+        f"SUM(o.qty) OVER (PARTITION BY o.n % 7 ORDER BY o.n) AS s FROM {ORDERS} o",
+    ]
+    for sql in cases:
+        want = list(env.client.query(sql))
+        assert want
+        assert list(env.client.query(sql, **tiny)) == want, sql
+        with pytest.raises(ShardexError) as err:
+            list(env.client.query(sql, spill=False, **tiny))
+        assert err.value.code is ErrorCode.QUERY_MEMORY_LIMIT
+    assert _spill_dirs(env.path) == []  # every query's spill directory was removed
+
+
+@pytest.mark.timeout(600)
+def test_a_subquery_input_past_the_budget_is_a_clear_error(env: Env) -> None:
+    sql = (
+        f"SELECT o.n, (SELECT RAW c FROM {CUSTOMERS} c WHERE c.id = o.cid) AS c "
+        f"FROM {ORDERS} o WHERE o.n < 5"
+    )
+    with pytest.raises(ShardexError) as err:
+        list(env.client.query(sql, memory_quota=MIN_QUERY_MEMORY, spill=False))
+    assert err.value.code is ErrorCode.QUERY_MEMORY_LIMIT
+    assert err.value.details["operator"] == "subquery inputs"
+
+
 @pytest.mark.timeout(600)
 def test_subqueries_over_keyspaces_and_joins_equal_the_reference(env: Env) -> None:
     for sql, params in QUERIES:
@@ -154,39 +191,3 @@ def test_dml_with_a_keyspace_subquery_and_request_plus_inputs(env: Env) -> None:
             )
         )
         assert got == [i + 1]
-
-
-def test_a_subquery_input_past_the_budget_is_a_clear_error(env: Env) -> None:
-    sql = (
-        f"SELECT o.n, (SELECT RAW c FROM {CUSTOMERS} c WHERE c.id = o.cid) AS c "
-        f"FROM {ORDERS} o WHERE o.n < 5"
-    )
-    with pytest.raises(ShardexError) as err:
-        list(env.client.query(sql, memory_quota=MIN_QUERY_MEMORY, spill=False))
-    assert err.value.code is ErrorCode.QUERY_MEMORY_LIMIT
-    assert err.value.details["operator"] == "subquery inputs"
-
-
-def _spill_dirs(path: Path) -> list[Path]:
-    return [d for d in path.rglob(SPILL_DIR) if d.is_dir() and any(d.iterdir())]
-
-
-@pytest.mark.timeout(600)
-def test_intersect_except_and_windows_spill_at_the_initiator(env: Env) -> None:
-    tiny = {"memory_quota": MIN_QUERY_MEMORY}
-    cases = [
-        "SELECT RAW v FROM (ARRAY_RANGE(0, 3000)) AS v INTERSECT ALL "
-        "SELECT RAW v * 2 FROM (ARRAY_RANGE(0, 20000)) AS v",
-        "SELECT RAW {'v': v, 'pad': REPEAT('p', 20)} FROM (ARRAY_RANGE(0, 4000)) AS v EXCEPT "
-        "SELECT RAW {'v': v * 3, 'pad': REPEAT('p', 20)} FROM (ARRAY_RANGE(0, 9000)) AS v",
-        f"SELECT o.n, ROW_NUMBER() OVER (PARTITION BY o.cid ORDER BY o.qty) AS r, "
-        f"SUM(o.qty) OVER (PARTITION BY o.n % 7 ORDER BY o.n) AS s FROM {ORDERS} o",
-    ]
-    for sql in cases:
-        want = list(env.client.query(sql))
-        assert want
-        assert list(env.client.query(sql, **tiny)) == want, sql
-        with pytest.raises(ShardexError) as err:
-            list(env.client.query(sql, spill=False, **tiny))
-        assert err.value.code is ErrorCode.QUERY_MEMORY_LIMIT
-    assert _spill_dirs(env.path) == []  # every query's spill directory was removed

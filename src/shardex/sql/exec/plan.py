@@ -115,6 +115,8 @@ class PhysicalPlan:
     tuning: dict[str, bool] = field(default_factory=lambda: check_tuning(None))
     query_id: str | None = None  # once started
     inline: bool = False  # a small key lookup run on the initiator's loop (no fragment)
+    # The parameters it runs with, once started: its subqueries' inputs added (0139).
+    params: Any = None
     local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
     guessed: Timestamp | None = None  # request_plus read at the TS pinned last (``pin_guess``)

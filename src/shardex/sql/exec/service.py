@@ -447,6 +447,7 @@ class SqlService:
         # The members are read here, on the loop: membership changes only there.
         members = self._members()
         plan = await prepared_off_loop(sql, lambda: planned(members))
+        plan.params = params
         if plan.join is not None:  # runs here over its side statements (decision 0123)
             return plan, None, self._join(msg, plan, params)
         keys = self.keys.keys_of(plan, params)

@@ -52,7 +52,6 @@ __all__ = [
     "inserted_statement",
     "is_compound",
     "prepared_statement",
-    "query_values",
     "with_subquery_inputs",
 ]
 
@@ -145,24 +144,6 @@ async def inserted_statement(
         run.close()
 
 
-async def query_values(
-    svc: SqlService, msg: SqlQuery, text: str, params: Any, sql: str, quota: int
-) -> list[Any]:
-    """The result values of the query ``text`` (a SELECT, set operation or WITH), run as any
-    query and gathered here, behind the WITH clause of the statement ``sql`` it is part of
-    (whose values are in ``params``). Its own operators' memory is given back once it ends:
-    the caller holds (and charges) the values."""
-    prefix, names = _with_clause(sql)
-    stmt = parsed(text)
-    assert isinstance(stmt, SelectStmt | SetOpStmt | WithStmt), "a subquery's text is a query"
-    run = _Run(svc, msg, quota, "subquery")
-    try:
-        chunks = await run.start(text, stmt, params, prefix, names)
-        return [decode_row(c) async for c in _cells(chunks)]
-    finally:
-        run.close()
-
-
 async def with_subquery_inputs(
     svc: SqlService,
     msg: SqlQuery,
@@ -172,44 +153,26 @@ async def with_subquery_inputs(
     start: StartWith,
 ) -> tuple[Any, Any, AsyncIterator[list[bytes]]]:
     """The statement ``sql`` started by ``start`` with its subqueries' inputs read first
-    (``subquery_inputs.py``), each as a query of its own at the statement's consistency,
-    and added to ``params``; the values are charged to the statement's budget here until
-    its rows end."""
-    quota = svc.quota(msg)
-    stack = contextlib.ExitStack()
+    (``subquery_inputs.py``), each as a query of its own at the statement's consistency
+    (``msg``'s), and added to ``params``; the values are charged to the statement's budget
+    here until its rows end."""
+    run = _Run(svc, msg, svc.quota(msg), "subquery inputs")
+    prefix, names = _with_clause(sql)
     try:
-        memory = stack.enter_context(svc.memory.fragment(None, quota, msg.spill))
-        held = memory.budget().reserve("subquery inputs")
         values: dict[str, Any] = {}
         for one in inputs:
-            if one.gathers:
-                side = parsed(one.text)
-                assert isinstance(side, SelectStmt)
-                _, _, chunks = await svc.start_select(
-                    msg, one.text, side, side_params(params), params_checked=True
-                )
-                value = [decode_row(c) async for c in _cells(chunks)]
-            else:
-                value = await query_values(svc, msg, one.text, params, sql, quota)
-            if not held.grow(value_size(value)):
-                raise held.over(why="a subquery's input is held while the statement runs")
-            values[one.param] = value
+            stmt = parsed(one.text)
+            assert isinstance(stmt, SelectStmt | SetOpStmt | WithStmt), "an input is a query"
+            if one.gathers:  # a side statement: the statement's parameters, named
+                chunks = await run.start(one.text, stmt, side_params(params), "", [])
+            else:  # a subquery's text, behind the statement's WITH clause
+                chunks = await run.start(one.text, stmt, params, prefix, names)
+            values[one.param] = run.held_value([decode_row(c) async for c in _cells(chunks)])
         plan, ts, rows = await start(values_in(params, values))
     except BaseException:
-        stack.close()
+        run.close()
         raise
-    return plan, ts, _closing(rows, stack)
-
-
-async def _closing(
-    chunks: AsyncIterator[list[bytes]], stack: contextlib.ExitStack
-) -> AsyncIterator[list[bytes]]:
-    try:
-        async for chunk in chunks:
-            yield chunk
-    finally:
-        await close_all([chunks])
-        stack.close()
+    return plan, ts, run.closing(rows)
 
 
 def _with_clause(sql: str) -> tuple[str, list[str]]:

@@ -22,6 +22,8 @@ from shardex.sql.syntax import parse_statement
 from shardex.sql.syntax.bind import META_KEY, bind_select
 from shardex.sql.syntax.ctes import values_in
 from tests.unit.sql.budgets import budget
+from tests.unit.sql.test_sql_exec_plan import KS as USERS
+from tests.unit.sql.test_sql_exec_plan import _plan
 
 
 def _engine() -> LocalEngine:
@@ -168,3 +170,17 @@ def test_a_subquery_without_its_inputs_fails_clearly() -> None:
     assert e.value.details["keyspace"] == "customers"
     assert "SELECT RAW [META(c).id, c]" in e.value.details["subquery"]
     assert "hint" in e.value.details
+
+
+def test_explain_lists_the_inputs_read_first() -> None:
+    sub = f"SELECT RAW u.age FROM {USERS} u WHERE u.city = 'rome'"
+    plan = _plan(
+        f"SELECT v.name, (SELECT RAW w.name FROM {USERS} w WHERE w.age = v.age) AS same "
+        f"FROM {USERS} v WHERE v.age IN ({sub})"
+    ).explain()
+    inputs = plan["distributed"]["subquery_inputs"]
+    assert [(i["reads"], i["statement"]) for i in inputs] == [
+        ("its value", sub),  # WHERE's subquery is found before the projection's
+        ("documents (side statement)", f"SELECT RAW [META(w).id, w] FROM {USERS} AS w"),
+    ]
+    assert "subquery_inputs" not in _plan(f"SELECT name FROM {USERS}").explain()["distributed"]

@@ -168,6 +168,11 @@ def test_subqueries_over_keyspaces_and_joins_equal_the_reference(env: Env) -> No
         f"WITH lim AS (3) SELECT o.n FROM {ORDERS} o WHERE o.qty > lim AND o.cid IN "
         f"(SELECT RAW c.id FROM {CUSTOMERS} c WHERE c.vip AND c.id > lim) ORDER BY o.n"
     )
+    # A WITH expression term reading a keyspace through its subquery.
+    env.check(
+        f"WITH top AS ((SELECT RAW MAX(c.id) FROM {CUSTOMERS} c WHERE c.vip)[0]) "
+        f"SELECT RAW o.n FROM {ORDERS} o WHERE o.cid >= top - 5 ORDER BY o.n"
+    )
 
 
 @pytest.mark.timeout(600)

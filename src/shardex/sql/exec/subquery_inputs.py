@@ -17,8 +17,9 @@ failover), and the values travel in the statement's parameters, as WITH values d
   only narrow what is read), under ``gather_param(text)``. Subqueries nested in it are
   inputs of their own, by the same rule.
 
-A fragment that finds an input missing (a path that did not read the inputs first) fails
-with a clear BAD_REQUEST rather than reading nothing.
+A WITH expression term's subqueries are read the same way before it is evaluated
+(``compound._Run.read_inputs``). A fragment that finds an input missing (a path that did
+not read the inputs first) fails with a clear BAD_REQUEST rather than reading nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "Input",
     "gather_param",
     "gathered",
+    "inputs_in",
     "inputs_of",
     "missing_input",
     "selects_of",
@@ -79,6 +81,13 @@ def inputs_of(b: BoundSelect) -> list[Input]:
         cached = list(found.values())
         object.__setattr__(b, "_subquery_inputs", cached)  # a cache, not state
     return cached
+
+
+def inputs_in(exprs: list[Expr]) -> list[Input]:
+    """What the subqueries of ``exprs`` (a WITH expression term's) need read first."""
+    found: dict[str, Input] = {}
+    _collect([n for e in exprs for n in walk(e) if isinstance(n, BoundSubquery)], found)
+    return list(found.values())
 
 
 def _collect(subs: list[BoundSubquery], found: dict[str, Input]) -> None:
@@ -197,8 +206,8 @@ def missing_input(keyspace: str, text: str) -> ShardexError:
         details={
             "keyspace": keyspace,
             "subquery": text,
-            "hint": "run it as a query sent to a node (not as a WITH expression term or in a "
-            "statement evaluated without the cluster), or pass its result as a parameter",
+            "hint": "run it in a statement sent to a node (its inputs are read there "
+            "first), or pass its result as a parameter",
         },
     )
 

@@ -170,7 +170,7 @@ def test_subqueries_over_keyspaces_and_joins_equal_the_reference(env: Env) -> No
     )
     # A WITH expression term reading a keyspace through its subquery.
     env.check(
-        f"WITH top AS ((SELECT RAW MAX(c.id) FROM {CUSTOMERS} c WHERE c.vip)[0]) "
+        f"WITH top AS (ARRAY_MAX((SELECT RAW c.id FROM {CUSTOMERS} c WHERE c.vip))) "
         f"SELECT RAW o.n FROM {ORDERS} o WHERE o.cid >= top - 5 ORDER BY o.n"
     )
 

@@ -71,7 +71,7 @@ from shardex.sql.syntax.bind import (
     bind_select,
     group_key_name,
 )
-from shardex.sql.syntax.ctes import BoundWith, bind_with, values_in
+from shardex.sql.syntax.ctes import BoundWith, bind_with, valued_terms
 from shardex.sql.syntax.dml_selects import dml_select, merge_select
 from shardex.sql.syntax.explain import explain_query, explain_select, explain_with
 from shardex.sql.syntax.explain_dml import explain_dml
@@ -338,22 +338,20 @@ class LocalEngine:
 
     def with_values(self, w: BoundWith, params: Params) -> dict[str, Any]:
         """``params`` with the value of every WITH term, each evaluated once, in order."""
-        values: dict[str, Any] = {}
-        for t in w.terms:
-            seen = values_in(params, values)
-            if t.query is not None:
-                values[t.param] = list(self.run_query(t.query, seen))
-            else:
-                assert t.expr is not None
-                values[t.param] = evaluate(t.expr, {}, params=seen)
-        return values_in(params, values)
+        return valued_terms(w, params, lambda q, seen: list(self.run_query(q, seen)))
 
     def run_query(
-        self, q: BoundQuery, params: Params, outer: dict[str, Any] | None = None
+        self, q: BoundQuery | BoundWith, params: Params, outer: dict[str, Any] | None = None
     ) -> Iterator[Any]:
-        """The result values of a SELECT or a set operation (a subquery's: over ``outer``)."""
+        """The result values of a SELECT, a set operation or (a subquery's) WITH, over
+        ``outer`` for a subquery: a WITH's terms valued once, then its query."""
         if isinstance(q, BoundSelect):
             return self.run_select(q, params, outer)
+        if isinstance(q, BoundWith):
+            valued = valued_terms(
+                q, params, lambda t, seen: list(self.run_query(t, seen, outer)), outer
+            )
+            return self.run_query(q.body, valued, outer)
         return set_op_rows(q, params, lambda b: self.run_query(b, params, outer))
 
     def _group(

@@ -35,6 +35,8 @@ from tests.unit.sql.budgets import budget
 
 KS = "t"
 TINY = 8 * 1024  # a few dozen rows: every blocking operator below spills, many times
+# A window holds one partition once spilled: up to a few dozen rows of about 1.3 KB here.
+WINDOW_TINY = 48 * 1024
 N_DOCS = 3000
 
 
@@ -95,6 +97,22 @@ ORDERED = [
     f"SELECT u, MEDIAN(v) AS md, VARIANCE(v) AS va, STDDEV_POP(k) AS sd, COUNTN(v) AS n, "
     f"MEDIAN(DISTINCT a) AS mda FROM {KS} GROUP BY u ORDER BY u",
 ]
+# Windows: partitions of a few rows each (one partition is held at a time once spilled),
+# ties among peers (ROW_NUMBER over them follows the input order), several functions with
+# different partitions (one sorted pass each), frames, and windows over groups.
+WINDOWED = [
+    f"SELECT k, ROW_NUMBER() OVER (PARTITION BY k % 500 ORDER BY g) AS rn, "
+    f"SUM(k) OVER (PARTITION BY u) AS s FROM {KS}",
+    f"SELECT k, RANK() OVER (PARTITION BY u, a ORDER BY s DESC) AS r, "
+    f"LAG(k) OVER (PARTITION BY u ORDER BY k) AS p, CUME_DIST() OVER (PARTITION BY u "
+    f"ORDER BY v NULLS LAST) AS cd FROM {KS} ORDER BY k",
+    f"SELECT k, AVG(v) OVER (PARTITION BY k % 300 ORDER BY k ROWS BETWEEN 1 PRECEDING AND "
+    f"1 FOLLOWING) AS m, NTILE(3) OVER (PARTITION BY k % 300 ORDER BY s) AS nt, "
+    f"FIRST_VALUE(s) OVER (PARTITION BY g, k % 400 ORDER BY a) AS f FROM {KS} WHERE k > 7",
+    f"SELECT u, COUNT(*) AS n, DENSE_RANK() OVER (PARTITION BY u % 100 ORDER BY COUNT(*) "
+    f"DESC) AS d FROM {KS} GROUP BY u",
+    f"SELECT DISTINCT RAW ROW_NUMBER() OVER (PARTITION BY u ORDER BY k) FROM {KS}",
+]
 UNORDERED = [
     f"SELECT DISTINCT u FROM {KS}",
     f"SELECT DISTINCT RAW a FROM {KS}",  # NULL-less but MISSING: SELECT RAW drops MISSING
@@ -109,11 +127,12 @@ UNORDERED = [
 FEW_GROUPS = {ORDERED[7], UNORDERED[1], UNORDERED[4]}
 
 
-@pytest.mark.parametrize("sql", ORDERED + UNORDERED)
+@pytest.mark.parametrize("sql", ORDERED + WINDOWED + UNORDERED)
 def test_a_tiny_budget_spills_and_returns_what_memory_returns(sql: str, tmp_path: Path) -> None:
     docs = _docs()
     want, _ = _run(sql, docs, budget)
-    got, accounts = _run(sql, docs, lambda: budget(TINY, data_dir=tmp_path))
+    quota = WINDOW_TINY if sql in WINDOWED else TINY
+    got, accounts = _run(sql, docs, lambda: budget(quota, data_dir=tmp_path))
     assert want, sql  # a query with no rows would prove nothing
     # The same list, also where SQL leaves the order open: groups and DISTINCT values come
     # out first seen first, spilled or not.
@@ -205,6 +224,7 @@ def test_without_spilling_each_operator_fails_naming_itself() -> None:
         (f"SELECT k FROM {KS} ORDER BY s", "ORDER BY"),
         (f"SELECT DISTINCT k FROM {KS}", "DISTINCT"),
         (f"SELECT u, COUNT(*) AS n FROM {KS} GROUP BY u", "GROUP BY"),
+        (f"SELECT k, RANK() OVER (PARTITION BY u ORDER BY k) AS r FROM {KS}", "WINDOW"),
     ]
     for sql, operator in cases:
         with pytest.raises(ShardexError) as info:
@@ -213,6 +233,25 @@ def test_without_spilling_each_operator_fails_naming_itself() -> None:
         assert e.code is ErrorCode.QUERY_MEMORY_LIMIT, sql
         assert e.details["operator"] == operator and e.details["limit"] == TINY
         assert "spilling is off" in e.message and "spill" in e.details["hint"]
+
+
+def test_one_window_partition_larger_than_the_budget_fails_naming_the_window() -> None:
+    sql = f"SELECT k, SUM(k) OVER (PARTITION BY g) AS s FROM {KS}"  # ~500 rows a partition
+    with pytest.raises(ShardexError) as info:
+        _run(sql, _docs(), lambda: budget(WINDOW_TINY), leaves=1)
+    e = info.value
+    assert e.code is ErrorCode.QUERY_MEMORY_LIMIT and e.details["operator"] == "WINDOW"
+    assert "one window partition" in e.message and e.details["limit"] == WINDOW_TINY
+
+
+def test_a_spilled_window_leaves_no_directory(tmp_path: Path) -> None:
+    sql = f"SELECT k, ROW_NUMBER() OVER (PARTITION BY u ORDER BY s) AS r FROM {KS}"
+    node = NodeMemory(1 << 30, query_max=WINDOW_TINY, data_dir=tmp_path)
+    with node.fragment("q/window") as f:
+        got, [account] = _run(sql, _docs(), f.budget, leaves=1)[0], [f.query]
+        assert account.files > 0 and len(_query_dirs(tmp_path)) == 1
+    assert _query_dirs(tmp_path) == [] and node.running() == 0 and node.used == 0
+    assert got == _run(sql, _docs(), budget, leaves=1)[0]
 
 
 def _spilling_rows(node: NodeMemory, fail_at: int | None = None) -> Iterator[Any]:

@@ -17,7 +17,7 @@ from shardex.sql.exec.analyze import doc_where, read_paths
 from shardex.sql.exec.fragment_rows import leaf_rows
 from shardex.sql.exec.plan import lookup_keys
 from shardex.sql.exec.service import check_statement
-from shardex.sql.exec.subqueries import refuse_keyspace_subqueries
+from shardex.sql.exec.subquery_inputs import inputs_of
 from shardex.sql.local import LocalEngine
 from shardex.sql.syntax import parse_statement
 from shardex.sql.syntax.bind import META_KEY, bind_select
@@ -97,17 +97,16 @@ def test_unnest_conjuncts_are_no_document_predicates() -> None:
     assert doc_where(b).to_text() == "k = 3"
 
 
-def test_a_subquery_over_a_keyspace_is_refused_clearly() -> None:
+def test_a_subquery_over_a_keyspace_is_an_input_read_first() -> None:
     b = bind_select(
         parse_statement(f"SELECT k FROM {KS} WHERE k IN (SELECT RAW k FROM other WHERE k > 1)")
     )
-    with pytest.raises(ShardexError) as e:
-        refuse_keyspace_subqueries(b)
-    assert e.value.code == ErrorCode.BAD_REQUEST and "'other'" in e.value.message
-    assert "parameter" in e.value.details["hint"]
-    # Over the outer row it is accepted.
-    refuse_keyspace_subqueries(
-        bind_select(parse_statement(f"SELECT (SELECT RAW x FROM d.items x) FROM {KS} d"))
+    [one] = inputs_of(b)
+    assert not one.gathers and one.text == "SELECT RAW k FROM other WHERE k > 1"
+    # Over the outer row it reads nothing first.
+    assert (
+        inputs_of(bind_select(parse_statement(f"SELECT (SELECT RAW x FROM d.items x) FROM {KS} d")))
+        == []
     )
 
 
@@ -149,7 +148,7 @@ def test_use_keys_subqueries_read_documents_through_fetch() -> None:
         "ORDER BY d.k"
     )
     b = bind_select(parse_statement(sql))
-    refuse_keyspace_subqueries(b)  # USE KEYS: accepted
+    assert inputs_of(b) == []  # USE KEYS: fetched where it runs
     store = {f"d{i}": {"k": i} for i in range(3)}
     asked: list[list[str]] = []
 

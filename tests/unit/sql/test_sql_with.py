@@ -13,13 +13,15 @@ from shardex.api.privileges import AuthFailed, Principal
 from shardex.core.expr import Param, walk
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.compound import is_compound
+from shardex.sql.exec.fragment_rows import root_rows
 from shardex.sql.exec.service import check_statement
 from shardex.sql.exec.statements import bound_statement
 from shardex.sql.local import LocalEngine
 from shardex.sql.syntax import ExplainStmt, SelectStmt, parse_statement
 from shardex.sql.syntax.ast import SetOpStmt, WithStmt
-from shardex.sql.syntax.bind import BoundSelect
+from shardex.sql.syntax.bind import META_KEY, BoundSelect, bind_select
 from shardex.sql.syntax.cte_names import cte_param
+from tests.unit.sql.budgets import budget
 
 
 @pytest.fixture
@@ -159,6 +161,31 @@ def test_with_inside_a_subquery_expression(eng: LocalEngine) -> None:
     assert eng.query(sql) == [10, 30]
     union = "SELECT RAW (WITH a AS (1) SELECT RAW a UNION SELECT RAW 2 ORDER BY SELF)"
     assert eng.query(union) == [[1, 2]]
+
+
+# A term read twice: equal in one evaluation when it is valued once per evaluation of its
+# subquery; valued again for the next row (UUID() differs at every call).
+ONCE_PER_EVALUATION = [
+    "SELECT RAW (WITH u AS (UUID()) SELECT RAW [u, u, x])[0] FROM [1, 2, 3] AS x",
+    "SELECT RAW (WITH u AS (SELECT RAW UUID() || TOSTRING(x)), w AS (u[0]) "
+    "SELECT RAW [u[0], w, x] FROM [1] AS y)[0] FROM [1, 2, 3] AS x",
+]
+
+
+def _valued_once_per_evaluation(rows: list[Any]) -> None:
+    assert [r[2] for r in rows] == [1, 2, 3]
+    assert all(r[0] == r[1] for r in rows)  # one value per evaluation
+    assert len({r[0] for r in rows}) == 3  # a value of its own for each
+
+
+@pytest.mark.parametrize("sql", ONCE_PER_EVALUATION)
+def test_a_subquery_with_term_is_valued_once_per_evaluation(eng: LocalEngine, sql: str) -> None:
+    _valued_once_per_evaluation(eng.query(sql))
+    # The distributed pipelines (a leaf evaluates the projection) do the same.
+    b = bind_select(parse_statement(sql))  # type: ignore[arg-type]
+    scope = [{"x": x, META_KEY: {}} for x in (1, 2, 3)]
+    rows = list(root_rows(b, None, "local", None, 0, budget(), [iter(scope)]))
+    _valued_once_per_evaluation(rows)
 
 
 def test_explain_shows_the_terms(eng: LocalEngine) -> None:

@@ -23,6 +23,7 @@ import msgspec
 from shardex.api.sql_exec import SqlQuery, SqlStarted
 from shardex.core.expr import Param, evaluate, walk
 from shardex.sql.exec.bridge import close_all
+from shardex.sql.exec.join_plan import side_params
 from shardex.sql.exec.memory import Budget, value_size
 from shardex.sql.exec.plan import bind_statement, plan_select
 from shardex.sql.exec.reply import once
@@ -31,6 +32,7 @@ from shardex.sql.exec.setops import explain_set_op, set_op_texts, start_set_op
 from shardex.sql.exec.statement_checks import check_statement
 from shardex.sql.exec.statements import parsed
 from shardex.sql.exec.subqueries import expression_runner
+from shardex.sql.exec.subquery_inputs import Input, inputs_in
 from shardex.sql.local_rows import inserted_values
 from shardex.sql.syntax import ExplainStmt, SelectStmt, cte_names
 from shardex.sql.syntax.ast import ExecuteStmt, InsertStmt, PrepareStmt, SetOpStmt, WithStmt
@@ -50,7 +52,11 @@ __all__ = [
     "inserted_statement",
     "is_compound",
     "prepared_statement",
+    "with_subquery_inputs",
 ]
+
+# Starts the statement with these parameters: its plan, TS and rows (``start_select``'s).
+StartWith = Callable[[Any], Awaitable[tuple[Any, Any, AsyncIterator[list[bytes]]]]]
 
 Query = SelectStmt | SetOpStmt | WithStmt
 
@@ -138,6 +144,39 @@ async def inserted_statement(
         run.close()
 
 
+async def with_subquery_inputs(
+    svc: SqlService,
+    msg: SqlQuery,
+    sql: str,
+    inputs: list[Input],
+    params: Any,
+    start: StartWith,
+) -> tuple[Any, Any, AsyncIterator[list[bytes]]]:
+    """The statement ``sql`` started by ``start`` with its subqueries' inputs read first
+    (``subquery_inputs.py``), each as a query of its own at the statement's consistency
+    (``msg``'s), and added to ``params``; the values are charged to the statement's budget
+    here until its rows end."""
+    run = _Run(svc, msg, svc.quota(msg), "subquery inputs")
+    prefix, names = _with_clause(sql)
+    try:
+        values = await run.read_inputs(inputs, params, prefix, names)
+        plan, ts, rows = await start(values_in(params, values))
+    except BaseException:
+        run.close()
+        raise
+    return plan, ts, run.closing(rows)
+
+
+def _with_clause(sql: str) -> tuple[str, list[str]]:
+    """The WITH clause a statement's text starts with, and the names it binds."""
+    stmt = parsed(sql)
+    if isinstance(stmt, ExplainStmt):
+        stmt = stmt.statement
+    if not isinstance(stmt, WithStmt) or not sql.endswith(stmt.body_text):
+        return "", []
+    return sql[: len(sql) - len(stmt.body_text)], [t.name for t in stmt.terms]
+
+
 class _Run:
     """One compound statement's queries, started here, and the memory its WITH values hold."""
 
@@ -188,19 +227,36 @@ class _Run:
                 )
                 values[param] = self.held_value([decode_row(c) async for c in _cells(rows)])
             else:
-                values[param] = self.held_value(self._evaluate(stmt, i, seen))
+                expr = bind_with(stmt).terms[i].expr
+                assert expr is not None
+                inputs = inputs_in([expr])
+                if inputs:  # its subqueries over keyspaces, read first as the query's are
+                    before = [*names, *(t.name for t in stmt.terms[:i])]
+                    read = await self.read_inputs(inputs, seen, prefix + stmt.header(i), before)
+                    seen = values_in(seen, read)
+                with running_subqueries(expression_runner):
+                    values[param] = self.held_value(evaluate(expr, {}, params=seen))
         body_names = [*names, *(t.name for t in stmt.terms)]
         return await self.start(
             stmt.body_text, stmt.body, values_in(params, values), prefix + stmt.header(), body_names
         )
 
-    @staticmethod
-    def _evaluate(stmt: WithStmt, i: int, params: Any) -> Any:
-        term = bind_with(stmt).terms[i]
-        assert term.expr is not None
-        # Subqueries in it may read no document (the distributed plan refuses others).
-        with running_subqueries(expression_runner):
-            return evaluate(term.expr, {}, params=params)
+    async def read_inputs(
+        self, inputs: list[Input], params: Any, prefix: str, names: list[str]
+    ) -> dict[str, Any]:
+        """The values of subquery inputs (``subquery_inputs.py``), each read as a query of
+        its own and held: a side statement with the parameters named, a subquery's text
+        behind the WITH clause ``prefix`` (whose ``names`` it may read)."""
+        values: dict[str, Any] = {}
+        for one in inputs:
+            stmt = parsed(one.text)
+            assert isinstance(stmt, SelectStmt | SetOpStmt | WithStmt), "an input is a query"
+            if one.gathers:
+                chunks = await self.start(one.text, stmt, side_params(params), "", [])
+            else:
+                chunks = await self.start(one.text, stmt, params, prefix, names)
+            values[one.param] = self.held_value([decode_row(c) async for c in _cells(chunks)])
+        return values
 
     def held_value(self, value: Any) -> Any:
         """``value`` charged to the statement's budget for as long as it runs."""

@@ -19,11 +19,13 @@ from shardex.sql.exec.fragment_rows import finish
 from shardex.sql.exec.memory import SLOT_BYTES, Budget, value_size
 from shardex.sql.exec.rows import decode_row
 from shardex.sql.exec.statements import bad_request, dml_select
+from shardex.sql.exec.subqueries import expression_runner
 from shardex.sql.local_rows import bind_expr, params_of
 from shardex.sql.operators.mutate import apply_edits, compile_edits
 from shardex.sql.syntax import DeleteStmt, InsertStmt, KeyspaceRef, SelectStmt, UpdateStmt
 from shardex.sql.syntax.bind import META_KEY, bind_select
 from shardex.sql.syntax.params import check_params
+from shardex.sql.syntax.subquery import running_subqueries
 
 __all__ = [
     "MUTATE_PARALLEL",
@@ -138,15 +140,19 @@ async def modify_statement(
 
     def decide(docid: str, doc: Any) -> Any:
         """The write for this version of the document: the WHERE is evaluated again on
-        it (it may have changed since the SELECT read it)."""
+        it (it may have changed since the SELECT read it), with the inputs its subqueries
+        read for the SELECT (``subquery_inputs``)."""
         scope = {alias: doc, META_KEY: {"id": docid}}
-        if where is not None and not truth(evaluate(where, scope, params=params)):
-            return SKIP
+        if where is not None:
+            with running_subqueries(expression_runner):
+                if not truth(evaluate(where, scope, params=with_inputs)):
+                    return SKIP
         if isinstance(stmt, DeleteStmt):
             return DELETE
         return apply_edits(edits, doc, scope, params)
 
-    _, _, batches = await select(dml_select(stmt), params, dml=True, consistency=REQUEST_PLUS)
+    plan, _, batches = await select(dml_select(stmt), params, dml=True, consistency=REQUEST_PLUS)
+    with_inputs = params if plan.params is None else plan.params
     chosen: list[str] = []
     # Every id is listed before the first write (a write must not bring its document back
     # into the scan that chose it): the list is charged to the statement's budget.

@@ -282,12 +282,19 @@ class Reservation:
     """The bytes one operator holds. ``grow`` after building (the bytes are in memory
     already): False means "over the budget": spill and ``release``, or raise ``over``."""
 
-    __slots__ = ("budget", "chunk", "granted", "operator", "spill", "used")
+    __slots__ = ("budget", "chunk", "fixed", "granted", "operator", "spill", "used")
 
-    def __init__(self, budget: Budget, operator: str, spill: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        budget: Budget,
+        operator: str,
+        spill: Callable[[], None] | None,
+        fixed: bool = False,
+    ) -> None:
         self.budget = budget
         self.operator = operator
         self.spill = spill  # how another operator of the run may make this one spill
+        self.fixed = fixed  # what it holds cannot be written out: others make room first
         self.used = 0
         self.granted = 0
         self.chunk = min(CHUNK, max(4096, budget.quota // 16))
@@ -329,11 +336,15 @@ class Budget:
         self.spill = query.spill
         self._held: list[Reservation] = []
 
-    def reserve(self, operator: str, spill: Callable[[], None] | None = None) -> Reservation:
+    def reserve(
+        self, operator: str, spill: Callable[[], None] | None = None, *, fixed: bool = False
+    ) -> Reservation:
         """A reservation for ``operator`` (named in errors); ``spill``: a way to make it
         write out what it holds when another operator of this run needs the bytes (only
-        for operators suspended in a consistent state whenever another runs: sorts)."""
-        r = Reservation(self, operator, spill)
+        for operators suspended in a consistent state whenever another runs: sorts).
+        ``fixed``: what it holds can go nowhere (one window partition): every sort of the
+        run spills before it is refused, whatever they hold."""
+        r = Reservation(self, operator, spill, fixed)
         self._held.append(r)
         return r
 
@@ -345,7 +356,9 @@ class Budget:
         # Before the asking operator spills, a sort further down the chain that holds more
         # spills instead: writing a sorted run is cheaper than re-partitioning a table.
         for r in sorted(self._held, key=lambda r: -r.used):
-            if r is asking or r.spill is None or r.used <= asking.used:
+            if r is asking or r.spill is None or not r.used:
+                continue
+            if r.used <= asking.used and not asking.fixed:
                 continue
             r.spill()
             if self.query.take(n):

@@ -65,7 +65,7 @@ from shardex.sql.exec.plan_kinds import LATE_MAX_ROWS as LATE_MAX_ROWS
 from shardex.sql.exec.plan_kinds import LEAF_KIND as LEAF_KIND
 from shardex.sql.exec.plan_kinds import ROOT_KIND as ROOT_KIND
 from shardex.sql.exec.statements import bound_statement
-from shardex.sql.exec.subqueries import expression_runner, refuse_keyspace_subqueries
+from shardex.sql.exec.subqueries import expression_runner
 from shardex.sql.exec.tuning import check_tuning
 from shardex.sql.local_rows import eval_count
 from shardex.sql.planner.choose import DOCID, IndexChoice, choose_index, covers
@@ -115,6 +115,8 @@ class PhysicalPlan:
     tuning: dict[str, bool] = field(default_factory=lambda: check_tuning(None))
     query_id: str | None = None  # once started
     inline: bool = False  # a small key lookup run on the initiator's loop (no fragment)
+    # The parameters it runs with, once started: its subqueries' inputs added (0139).
+    params: Any = None
     local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
     guessed: Timestamp | None = None  # request_plus read at the TS pinned last (``pin_guess``)
@@ -344,7 +346,6 @@ def plan_select(
     spans are left empty when they need parameter values. Each index partition's leaf runs
     on its first copy (primary, then replicas) that is a live member not in ``avoid`` (the
     nodes that failed this query already)."""
-    refuse_keyspace_subqueries(b)  # decision 0120
     limit, offset = _counts(b, params, resolve_params)
     switches = check_tuning(tuning)
     if b.joins:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardex.sql.exec.join_plan import explain_join
 from shardex.sql.exec.plan_kinds import INLINE_KEYS, LEAF_KIND, ROOT_KIND
+from shardex.sql.exec.subquery_inputs import inputs_of
 from shardex.sql.syntax.explain import explain_select
 
 if TYPE_CHECKING:
@@ -18,9 +19,23 @@ __all__ = ["explain_plan"]
 
 def explain_plan(self: PhysicalPlan) -> dict[str, Any]:
     """EXPLAIN of a planned SELECT: the bound statement's operators, the index and its
-    spans, the fragments, their steps and their exchanges."""
-    if self.join is not None:
-        return explain_join(self, self.join)
+    spans, the fragments, their steps and their exchanges; the queries its subqueries'
+    inputs are read by first (``subquery_inputs``)."""
+    out = explain_join(self, self.join) if self.join is not None else _explain_scan(self)
+    inputs = inputs_of(self.bound)
+    if inputs:
+        out.setdefault("distributed", {})["subquery_inputs"] = [
+            {
+                "reads": "documents (side statement)" if one.gathers else "its value",
+                "statement": one.text,
+                "on": "initiator, before the statement, at its consistency",
+            }
+            for one in inputs
+        ]
+    return out
+
+
+def _explain_scan(self: PhysicalPlan) -> dict[str, Any]:
     out = explain_select(self.bound)
     dist: dict[str, Any] = {"mode": self.mode, "source": self.source}
     if self.choice is not None and self.record is not None:

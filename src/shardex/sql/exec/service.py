@@ -100,6 +100,7 @@ from shardex.sql.exec.statements import (
     parsed,
     prepared_off_loop,
 )
+from shardex.sql.exec.subquery_inputs import inputs_of
 from shardex.sql.exec.tuning import BoundedMeter, check_tuning
 from shardex.sql.prepared import PreparedStatements
 from shardex.sql.protocol import QueryService
@@ -111,6 +112,7 @@ from shardex.sql.syntax import (
     UpdateStmt,
 )
 from shardex.sql.syntax.ast import ExecuteStmt, PrepareStmt
+from shardex.sql.syntax.bind import BoundSelect
 from shardex.sql.syntax.merge import MergeStmt
 from shardex.sql.syntax.params import check_params, check_params_depth
 
@@ -312,7 +314,7 @@ class SqlService:
         except ShardexError:
             return None
         state = self.scan.view.state_now()
-        if statement_facts(b).key_lookup is None or state is None:
+        if statement_facts(b).key_lookup is None or state is None or inputs_of(b):
             return None
         check_statement(principal, stmt)
         check_params(b.params(), params)
@@ -407,6 +409,30 @@ class SqlService:
         )
         if not params_checked:  # a set operation's branch: checked against the whole
             check_params(b.params(), params)
+        inputs = inputs_of(b)
+        if inputs:  # subqueries over keyspaces: read first (decision 0139)
+
+            def start(with_inputs: Any) -> Awaitable[tuple[Any, Any, Any]]:
+                return self._start_bound(msg, sql, b, with_inputs, dml, consistency)
+
+            # They read at the statement's consistency (a DML's SELECT: request_plus).
+            level = msg
+            if consistency is not None:
+                level = msgspec.structs.replace(msg, consistency=consistency)
+            return await compound.with_subquery_inputs(self, level, sql, inputs, params, start)
+        return await self._start_bound(msg, sql, b, params, dml, consistency)
+
+    async def _start_bound(
+        self,
+        msg: SqlQuery,
+        sql: str,
+        b: BoundSelect,
+        params: Any,
+        dml: bool,
+        consistency: str | None,
+    ) -> tuple[PhysicalPlan, Timestamp | None, AsyncIterator[list[bytes]]]:
+        """``start_select`` once ``sql`` is bound (``b``) and its parameters are complete."""
+        tuning = check_tuning(msg.tuning)
         state = await self.scan.view.state()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + msg.timeout
@@ -427,6 +453,7 @@ class SqlService:
         # The members are read here, on the loop: membership changes only there.
         members = self._members()
         plan = await prepared_off_loop(sql, lambda: planned(members))
+        plan.params = params
         if plan.join is not None:  # between fragments (0135) or here over side statements (0123)
             return plan, None, await self._join(msg, sql, plan, params)
         keys = self.keys.keys_of(plan, params)

@@ -8,10 +8,10 @@ failover), and its rows are gathered to the initiator, where the set operators
 
 Memory: the operators charge the statement's budget on this node the way a root fragment's
 do: UNION's and the ALL-less forms' DISTINCT is the spilling one (``spill_groups.distinct``),
-ORDER BY the external sort (``spill.external_sort``, top-N with a LIMIT), and the set of the
-right side's values that INTERSECT / EXCEPT test against is charged per value (it cannot
-spill: past the budget QUERY_MEMORY_LIMIT names it). Each branch's own operators charge
-that branch's query, as any SELECT's do.
+ORDER BY the external sort (``spill.external_sort``, top-N with a LIMIT), and INTERSECT /
+EXCEPT test against the right side's values partitioned to disk past the budget
+(``spill_sets.py``); with spilling off, QUERY_MEMORY_LIMIT names the operator. Each
+branch's own operators charge that branch's query, as any SELECT's do.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from shardex.sql.exec.bridge import close_all, run_pipeline
 from shardex.sql.exec.memory import Budget, NodeMemory
 from shardex.sql.exec.rows import cell_chunks, decode_row
 from shardex.sql.exec.spill import external_sort
-from shardex.sql.exec.spill_groups import SET_ENTRY
 from shardex.sql.exec.spill_groups import distinct as spilling_distinct
+from shardex.sql.exec.spill_sets import spilling_membership
 from shardex.sql.local_rows import eval_count, set_op_sort_key
 from shardex.sql.operators import offset_limit, strip_keys
 from shardex.sql.operators.setops import combine
@@ -98,17 +98,11 @@ def set_op_values(
     offset = eval_count(q.offset, params, "OFFSET") or 0
     if limit == 0:
         return iter(())
-    held = budget.reserve("INTERSECT/EXCEPT")
-
-    def remember(ident: bytes) -> None:
-        if not held.grow(SET_ENTRY + len(ident)):
-            raise held.over(why="the right side's values are held in memory to test against")
-
     values = combine(
         q.ops,
         [functools.partial(iter, it) for it in inputs],
         dedupe=lambda rows: spilling_distinct(rows, budget, operator="UNION/DISTINCT"),
-        remember=remember,
+        members=lambda left, right, keep: spilling_membership(left, right, keep, budget),
     )
     key = set_op_sort_key(q, params)
     if key is not None:

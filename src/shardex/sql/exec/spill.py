@@ -135,8 +135,14 @@ class _Sorter:
         self.res.spill = None  # from here on it hands out what it holds: nothing to write
         if not self.runs:
             self.buf.sort(key=_key)
-            out = self.buf if self.limit is None else self.buf[: self.limit]
-            for key, cell in out:
+            if self.limit is not None:
+                self._cut()
+            out, self.buf = self.buf, []
+            # Each pair let go as it is handed on: what the consumer builds from the rows
+            # (a window's partition, a table) is not charged on top of them.
+            for i, (key, cell) in enumerate(out):
+                out[i] = None  # type: ignore[call-overload]
+                self.res.shrink(pair_size(key, cell))
                 yield key, decode_row(cell)
             self.res.release()
             return

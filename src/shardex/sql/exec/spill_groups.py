@@ -38,9 +38,18 @@ from shardex.sql.operators.aggregate import (
     merge_state,
 )
 
-__all__ = ["FANOUT", "MAX_LEVEL", "distinct", "final_groups", "partial_groups"]
+__all__ = [
+    "FANOUT",
+    "MAX_LEVEL",
+    "SET_ENTRY",
+    "distinct",
+    "final_groups",
+    "part_of",
+    "partial_groups",
+    "position_key",
+]
 
-FANOUT: Final = 16  # ``_part`` takes 4 bits of the hash per level
+FANOUT: Final = 16  # ``part_of`` takes 4 bits of the hash per level
 MAX_LEVEL: Final = 6  # FANOUT ** 6 partitions deep: only a single huge group gets this far
 # A table entry beyond its key and states: the dict slot, the (kv, states) tuple, the list
 # of states, the identity bytes object.
@@ -53,7 +62,7 @@ DICT_ENTRY: Final = 48 + 33  # a DISTINCT state's entry and its identity bytes
 PartialGroup = tuple[tuple[Any, ...], tuple[Any, ...]]
 
 
-def _part(ident: bytes, level: int) -> int:
+def part_of(ident: bytes, level: int) -> int:
     """The partition of ``ident`` at ``level``: four other bits of its hash per level (a
     tuple's hash of ``(level, ident)`` does not split a partition: its low bits repeat)."""
     return (hash(ident) >> (4 * level)) & (FANOUT - 1)
@@ -193,7 +202,7 @@ class _Table:
         parts, level = self.parts, self.level
         for ident, (kv, states, seq, _) in self.table.items():
             cell = encode_row([list(kv), [pack_state(s) for s in states], seq])
-            parts[_part(ident, level)].write(ident, cell)
+            parts[part_of(ident, level)].write(ident, cell)
         self.table = {}
         res.release()
 
@@ -216,7 +225,7 @@ class _Table:
             yield from sub.groups()
 
 
-def _position(seq: int) -> bytes:
+def position_key(seq: int) -> bytes:
     return seq.to_bytes(8, "big")
 
 
@@ -242,7 +251,7 @@ def final_groups(
             empty = False
             yield kv, values
     else:
-        by_first = ((_position(seq), [kv, values]) for kv, values, seq in done)
+        by_first = ((position_key(seq), [kv, values]) for kv, values, seq in done)
         for _, (kv, values) in external_sort(by_first, budget, operator="GROUP BY"):
             empty = False
             yield tuple(kv), tuple(values)
@@ -275,7 +284,7 @@ def distinct(
     parts = yield from _distinct_pass(items(), budget, res, 0)
     if parts is None:
         return
-    later = ((_position(seq), row) for seq, row in _partitions(parts, budget, res, 1))
+    later = ((position_key(seq), row) for seq, row in _partitions(parts, budget, res, 1))
     for _, row in external_sort(later, budget, operator=operator):
         yield row
 
@@ -308,12 +317,12 @@ def _distinct_pass(
         seen.add(ident)
         if row is _MARK:
             if parts is not None:
-                parts[_part(ident, level)].write(ident, b"")
+                parts[part_of(ident, level)].write(ident, b"")
         elif parts is None:
             yield decode_row(extra) if row is _ENCODED else row
         else:
             cell = extra if row is _ENCODED else encode_row([extra, row])
-            parts[_part(ident, level)].write(ident, cell)
+            parts[part_of(ident, level)].write(ident, cell)
         if not res.grow(SET_ENTRY + len(ident)):
             if not budget.spill:
                 raise res.over()
@@ -323,7 +332,7 @@ def _distinct_pass(
                 q = budget.query
                 parts = [RunWriter(q.new_file(f"distinct{level}")) for _ in range(FANOUT)]
                 for sent in seen:
-                    parts[_part(sent, level)].write(sent, b"")
+                    parts[part_of(sent, level)].write(sent, b"")
             seen = set()
             res.release()
     res.release()

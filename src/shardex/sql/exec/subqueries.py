@@ -6,9 +6,10 @@ evaluated, in a leaf for WHERE and the projection, at the root for LETTING, HAVI
 grouped projection, with the same operators ``LocalEngine`` runs. A subquery over a
 keyspace with USE KEYS (N1QL's form for a correlated one) reads its documents through the
 fragment's ``DocumentAccess``, the reads the leaves' fetches make, from the thread the row
-pipeline runs on (``blocking_fetch``). A subquery over a whole keyspace (no USE KEYS) would
-need an index scan per row; the planner refuses it (``refuse_keyspace_subqueries``) with a
-clear error, and the reference engine runs it.
+pipeline runs on (``blocking_fetch``). A subquery over a whole keyspace (no USE KEYS) or
+with a join reads what the initiator read for it before the statement
+(``subquery_inputs.py``): its value, when it is uncorrelated, else the documents of the
+keyspaces it reads, over which it runs with the reference engine's operators.
 
 Each result a subquery materialises is charged to the query's memory budget while it is
 held (until the next one replaces it): a subquery over a huge array fails with
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from shardex.core.expr import evaluate, walk
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.memory import Budget, value_size
+from shardex.sql.exec.subquery_inputs import gathered, without_hints
 from shardex.sql.local import LocalEngine
 from shardex.sql.local_rows import set_op_rows
 from shardex.sql.syntax import (
@@ -36,6 +38,7 @@ from shardex.sql.syntax import (
 )
 from shardex.sql.syntax.ast import SetOpSubquery, Subquery, WithSubquery
 from shardex.sql.syntax.bind import BoundSelect, bind_select, subqueries_of
+from shardex.sql.syntax.ctes import BoundWith, valued_terms
 from shardex.sql.syntax.setops import BoundQuery, BoundSetOp
 from shardex.sql.syntax.subquery import BoundSubquery, SubqueryRunner, running_subqueries
 
@@ -48,7 +51,6 @@ __all__ = [
     "budgeted_runner",
     "expression_runner",
     "reads_documents",
-    "refuse_keyspace_subqueries",
     "subquery_keyspaces",
     "with_subqueries",
 ]
@@ -77,27 +79,6 @@ def reads_documents(b: BoundSelect) -> bool:
     return any(sub.keyspaces for sub in _all_subqueries(b))
 
 
-def refuse_keyspace_subqueries(b: BoundSelect) -> None:
-    """A clear error when a subquery of ``b`` reads a whole keyspace (see the module doc)."""
-    for sub in _all_subqueries(b):
-        if sub.scans:
-            raise _refused(sorted(sub.scans)[0], sub.text)
-
-
-def _refused(keyspace: str, text: str) -> ShardexError:
-    return ShardexError(
-        f"a subquery over the whole keyspace {keyspace!r} cannot run inside a distributed "
-        f"query: ({text})",
-        code=ErrorCode.BAD_REQUEST,
-        details={
-            "subquery": text,
-            "keyspace": keyspace,
-            "hint": "name its documents with USE KEYS, make it read the outer row (FROM "
-            "alias.path AS x), or run it as its own query and pass its result as a parameter",
-        },
-    )
-
-
 def blocking_fetch(documents: DocumentAccess, loop: asyncio.AbstractEventLoop) -> Fetch:
     """A ``Fetch`` for a row pipeline on a worker thread: the read runs on ``loop`` and the
     thread waits for it. On the loop itself only this node's own documents can be read
@@ -124,15 +105,26 @@ def blocking_fetch(documents: DocumentAccess, loop: asyncio.AbstractEventLoop) -
     return fetch
 
 
-def _run(sub: BoundQuery, outer: dict[str, Any], params: Any, fetch: Fetch | None) -> list:
+def _run(
+    sub: BoundQuery | BoundWith, outer: dict[str, Any], params: Any, fetch: Fetch | None
+) -> list:
     if isinstance(sub, BoundSetOp):  # each branch as the subquery it is
         return list(set_op_rows(sub, params, lambda b: _run(b, outer, params, fetch)))
+    if isinstance(sub, BoundWith):  # its terms valued once for this evaluation
+        valued = valued_terms(sub, params, lambda t, seen: _run(t, outer, seen, fetch), outer)
+        return _run(sub.body, outer, valued, fetch)
     ref = sub.from_
-    if ref is None or ref.source is not None:
-        refuse_keyspace_subqueries(sub)
+    keyed = ref is not None and ref.source is None and ref.use_keys is not None
+    if not keyed and not sub.joins and (ref is None or ref.source is not None):
         return list(_EXPRESSIONS.run_select(sub, params, outer))
-    if ref.use_keys is None:
-        raise _refused(ref.name, ref.name)
+    # The documents the initiator read for it (its FROM without USE KEYS, its joins).
+    engine = LocalEngine()
+    for keyspace, docs in gathered(sub, params).items():
+        engine.create_keyspace(keyspace, exist_ok=True)
+        engine.keyspaces[keyspace] = docs
+    if not keyed:
+        return list(engine.run_select(without_hints(sub), params, outer))
+    assert ref is not None and ref.use_keys is not None
     if fetch is None:
         raise ShardexError(
             f"a subquery reading {ref.name!r} with USE KEYS cannot run here (no document "
@@ -145,13 +137,12 @@ def _run(sub: BoundQuery, outer: dict[str, Any], params: Any, fetch: Fetch | Non
     docs = fetch(ref.name, [k for k in keys if isinstance(k, str)])
     # The documents read, as a keyspace of their own: the engine picks them in USE KEYS
     # order (repeats kept) as it does over a whole keyspace.
-    engine = LocalEngine()
-    engine.create_keyspace(ref.name)
-    engine.keyspaces[ref.name].update(docs)
-    return list(engine.run_select(sub, params, outer))
+    engine.create_keyspace(ref.name, exist_ok=True)
+    engine.keyspaces[ref.name] = {**engine.keyspaces[ref.name], **dict(docs)}
+    return list(engine.run_select(without_hints(sub), params, outer))
 
 
-def expression_runner(sub: BoundQuery, outer: dict[str, Any], params: Any) -> list[Any]:
+def expression_runner(sub: BoundQuery | BoundWith, outer: dict[str, Any], params: Any) -> list[Any]:
     """Runs a subquery that reads no document, without charging a budget (a FROM (SELECT
     ...) or USE KEYS (SELECT ...) evaluated once, whole, as any such expression)."""
     return _run(sub, outer, params, None)
@@ -163,7 +154,7 @@ def budgeted_runner(budget: Budget, fetch: Fetch | None = None) -> SubqueryRunne
     res = budget.reserve("subquery")
     held = 0
 
-    def run(sub: BoundQuery, outer: dict[str, Any], params: Any) -> list[Any]:
+    def run(sub: BoundQuery | BoundWith, outer: dict[str, Any], params: Any) -> list[Any]:
         nonlocal held
         values = _run(sub, outer, params, fetch)
         size = value_size(values)

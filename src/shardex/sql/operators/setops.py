@@ -12,9 +12,9 @@ which differ from SQL's bag rules for INTERSECT ALL and EXCEPT ALL:
 * without ALL: the same, then without duplicates.
 
 Several operators combine left to right with one precedence (``combine``). The right side
-of INTERSECT / EXCEPT is read whole first (a set of identities, ``remember`` told of each
-new one so a caller can charge its memory budget); the left side streams. ``dedupe`` is the
-DISTINCT to use (a budgeted, spilling one in the distributed plan).
+of INTERSECT / EXCEPT is read whole first (a set of identities); the left side streams.
+``dedupe`` is the DISTINCT to use and ``members`` the INTERSECT / EXCEPT test (budgeted,
+spilling ones in the distributed plan: ``exec/spill_sets.py``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,12 @@ from typing import Any
 
 from .basic import distinct, value_identity
 
-__all__ = ["combine", "set_operation"]
+__all__ = ["Members", "combine", "membership", "set_operation"]
 
 Dedupe = Callable[[Iterable[Any]], Iterator[Any]]
+# (left, right, keep_members) -> the left rows whose value the right side has (keep_members)
+# or lacks, in left order.
+Members = Callable[[Iterable[Any], Iterable[Any], bool], Iterator[Any]]
 
 
 def set_operation(
@@ -36,36 +39,28 @@ def set_operation(
     left: Iterable[Any],
     right: Iterable[Any],
     *,
-    dedupe: Dedupe = distinct,
-    remember: Callable[[bytes], None] | None = None,
+    dedupe: Dedupe | None = None,
+    members: Members | None = None,
 ) -> Iterator[Any]:
     """``left op [ALL] right`` (``op``: UNION, INTERSECT or EXCEPT)."""
+    dedupe = distinct if dedupe is None else dedupe
+    members = membership if members is None else members
     if op == "UNION":
         both = itertools.chain(left, right)
         return iter(both) if all_ else dedupe(both)
     if op not in ("INTERSECT", "EXCEPT"):
         raise ValueError(f"not a set operator: {op!r}")
-    out = _membership(left, right, op == "INTERSECT", remember)
+    out = members(left, right, op == "INTERSECT")
     return out if all_ else dedupe(out)
 
 
-def _membership(
-    left: Iterable[Any],
-    right: Iterable[Any],
-    keep_members: bool,
-    remember: Callable[[bytes], None] | None,
-) -> Iterator[Any]:
-    members: set[bytes] = set()
-    for value in right:
-        ident = value_identity(value)
-        if ident not in members:
-            members.add(ident)
-            if remember is not None:
-                remember(ident)
-    if keep_members and not members:
+def membership(left: Iterable[Any], right: Iterable[Any], keep_members: bool) -> Iterator[Any]:
+    """The left rows whose value ``right`` has (``keep_members``) or lacks, in left order."""
+    found = {value_identity(value) for value in right}
+    if keep_members and not found:
         return  # N1QL's INTERSECT reads no left row when the right side is empty
     for value in left:
-        if (value_identity(value) in members) is keep_members:
+        if (value_identity(value) in found) is keep_members:
             yield value
 
 
@@ -73,8 +68,8 @@ def combine(
     ops: Sequence[tuple[str, bool]],
     branches: Sequence[Callable[[], Iterable[Any]]],
     *,
-    dedupe: Dedupe = distinct,
-    remember: Callable[[bytes], None] | None = None,
+    dedupe: Dedupe | None = None,
+    members: Members | None = None,
 ) -> Iterator[Any]:
     """The branches' values joined by ``ops`` left to right (``ops[i]`` between the result
     so far and branch ``i + 1``). Each branch is a callable run when its values are first
@@ -83,7 +78,7 @@ def combine(
         raise ValueError(f"{len(branches)} branches for {len(ops)} set operators")
     out: Iterable[Any] = _lazy(branches[0])
     for (op, all_), branch in zip(ops, branches[1:], strict=True):
-        out = set_operation(op, all_, out, _lazy(branch), dedupe=dedupe, remember=remember)
+        out = set_operation(op, all_, out, _lazy(branch), dedupe=dedupe, members=members)
     return iter(out)
 
 

@@ -20,14 +20,15 @@ collation, DESC, NULLS FIRST|LAST). Rows with equal keys are peers. Then per row
   take the row, its peers, or its other peers out. An empty frame gives NULL (COUNT: 0).
 
 The rows keep their input order; the output is each row with the values set (a new dict).
-``hold(row)`` is told of each row read, so a caller can charge its memory budget.
+The pieces (``partition_key``, ``order_key``, ``evaluate_partition``) serve a caller that
+holds one partition at a time (the spilling window of the distributed plan).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,16 @@ from .sort import SortSpec, encode_sort_key
 if TYPE_CHECKING:
     from shardex.sql.syntax.bind import BoundSelect
 
-__all__ = ["FrameSpec", "WindowSpec", "window", "window_specs"]
+__all__ = [
+    "FrameSpec",
+    "WindowSpec",
+    "evaluate_partition",
+    "order_key",
+    "partition_key",
+    "window",
+    "window_specs",
+    "windowed_in_place",
+]
 
 Row = dict[str, Any]
 _PRECEDING, _CURRENT, _FOLLOWING = "PRECEDING", "CURRENT ROW", "FOLLOWING"
@@ -85,19 +95,31 @@ class WindowSpec:
         return DEFAULT_ORDERED if self.order else WHOLE
 
 
-def window(
-    rows: Iterable[Row], specs: Sequence[WindowSpec], hold: Callable[[Row], None] | None = None
-) -> Iterator[Row]:
+def window(rows: Iterable[Row], specs: Sequence[WindowSpec]) -> Iterator[Row]:
     """``rows`` (in their order), each a new dict with every window's value set."""
-    out: list[Row] = []
-    for row in rows:
-        if hold is not None:
-            hold(row)
-        out.append(dict(row))
+    return iter(windowed_in_place([dict(row) for row in rows], specs))
+
+
+def windowed_in_place(rows: list[Row], specs: Sequence[WindowSpec]) -> list[Row]:
+    """``rows`` (dicts of the caller's own) with every window's value set in them."""
     for spec in specs:
-        for keys, part in _partitions(out, spec):
-            _evaluate(spec, part, keys)
-    return iter(out)
+        for keys, part in _partitions(rows, spec):
+            evaluate_partition(spec, part, keys)
+    return rows
+
+
+def partition_key(spec: WindowSpec, row: Row) -> bytes:
+    """The identity of ``row``'s partition: each PARTITION BY value's own encoding
+    (self-delimiting; MISSING has one, unlike inside an array), as GROUP BY keys its groups.
+    The concatenation is prefix-free: sorting by it keeps a partition's rows together."""
+    return b"".join(value_identity(f(row)) for f in spec.partition)
+
+
+def order_key(spec: WindowSpec, row: Row) -> bytes:
+    """``row``'s ORDER BY key within its partition (b"" without ORDER BY: all peers)."""
+    if not spec.order:
+        return b""
+    return encode_sort_key([f(row) for f in spec.order], spec.sort)
 
 
 def _partitions(rows: list[Row], spec: WindowSpec) -> Iterator[tuple[list[bytes], list[Row]]]:
@@ -107,14 +129,11 @@ def _partitions(rows: list[Row], spec: WindowSpec) -> Iterator[tuple[list[bytes]
     else:
         by: dict[bytes, list[Row]] = {}
         for row in rows:
-            # Each value's own encoding (self-delimiting; MISSING has one, unlike inside
-            # an array), as GROUP BY keys its groups.
-            key = b"".join(value_identity(f(row)) for f in spec.partition)
-            by.setdefault(key, []).append(row)
+            by.setdefault(partition_key(spec, row), []).append(row)
         parts = by.values()
     for part in parts:
         if spec.order:
-            keyed = [(encode_sort_key([f(r) for f in spec.order], spec.sort), r) for r in part]
+            keyed = [(order_key(spec, r), r) for r in part]
             keyed.sort(key=lambda kr: kr[0])  # stable: ties keep their input order
             yield [k for k, _ in keyed], [r for _, r in keyed]
         else:
@@ -212,7 +231,9 @@ class _Partition:
         return first + bisect.bisect_right(keyed, t)
 
 
-def _evaluate(spec: WindowSpec, rows: list[Row], keys: list[bytes]) -> None:
+def evaluate_partition(spec: WindowSpec, rows: list[Row], keys: list[bytes]) -> None:
+    """Sets ``spec``'s value in each row of one partition, ``rows`` in ORDER BY order with
+    their ORDER BY keys ``keys``."""
     if not rows:
         return
     p = _Partition(spec, rows, keys)

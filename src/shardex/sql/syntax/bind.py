@@ -16,6 +16,8 @@ every reference outside aggregates must be (part of) a GROUP BY key, else it is 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from shardex.core.expr import BinaryOp, Expr, Field, Identifier, Meta, walk
 
 from .ast import (
@@ -44,7 +46,8 @@ from .bound_select import group_key_name as group_key_name
 from .bound_select import order_alias_name, ordered_aliases
 from .bound_select import subqueries_of as subqueries_of
 from .bound_setop import BoundSetOp
-from .cte_names import inlined, reference
+from .bound_with import BoundWith, BoundWithTerm
+from .cte_names import cte_param, inlining, reference, subquery_scope, visible
 from .join_syntax import BoundJoin, check_qualified
 from .subquery import BoundSubquery
 from .update_for import ForSet
@@ -146,7 +149,7 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
         keyspaces.add(inner.from_.name)
         if inner.from_.use_keys is None:
             scans.add(inner.from_.name)
-    for j in inner.joins:  # the distributed plan runs no join inside a subquery (0123)
+    for j in inner.joins:  # read whole, as a keyspace FROM is (``exec/subquery_inputs``)
         keyspaces.add(j.keyspace)
         scans.add(j.keyspace)
     for e in inner.expressions():
@@ -157,24 +160,61 @@ def bind_subquery(node: Subquery, outer: frozenset[str], alias: str | None) -> B
                 refs |= n.refs & outer - own
                 keyspaces |= n.keyspaces
                 scans |= n.scans
+    standalone = not inlining()
     return BoundSubquery(
-        inner, node.text, frozenset(refs), frozenset(keyspaces), frozenset(scans), alias
+        inner, node.text, frozenset(refs), frozenset(keyspaces), frozenset(scans), alias, standalone
     )
 
 
 def bind_with_subquery(node: WithSubquery, outer: frozenset[str], alias: str | None) -> Expr:
-    """``(WITH ... SELECT ...)`` as an expression: each term bound with those before it
-    inlined, then the query with all of them (``cte_names.inlined``)."""
-    terms: dict[str, Expr] = {}
-    for t in node.stmt.terms:
-        with inlined(terms):
-            if t.query is not None:
-                terms[t.name] = _bind_query_subquery(t.query, t.inner, outer, alias)
-            else:
-                assert t.expr is not None
-                terms[t.name] = resolve(t.expr, None, outer)
-    with inlined(terms):
-        return _bind_query_subquery(node.stmt.body, node.stmt.body_text, outer, alias)
+    """``(WITH ... SELECT ...)`` as an expression: a ``BoundSubquery`` whose statement is the
+    ``BoundWith`` of its terms (each bound with those before it visible, read as parameters
+    as a statement's WITH names are) and its query. Each evaluation values every term once,
+    then runs the query (``subquery.py``'s runners); what the whole reads is what its parts
+    read."""
+    terms: list[BoundWithTerm] = []
+    refs: set[str] = set()
+    keyspaces: set[str] = set()
+    scans: set[str] = set()
+    names: list[str] = []
+
+    def reads(parts: Iterable[Expr]) -> None:
+        nonlocal refs, keyspaces, scans
+        for e in parts:
+            for n in walk(e):
+                if isinstance(n, Identifier) and n.name in outer:
+                    refs.add(n.name)
+                elif isinstance(n, BoundSubquery):
+                    refs |= n.refs
+                    keyspaces |= n.keyspaces
+                    scans |= n.scans
+
+    with subquery_scope():
+        for t in node.stmt.terms:
+            with visible(names):
+                if t.query is not None:
+                    sub = _bind_query_subquery(t.query, t.inner, outer, alias)
+                    reads([sub])
+                    terms.append(BoundWithTerm(t.name, cte_param(t.name), None, sub.bound, t.query))
+                else:
+                    assert t.expr is not None
+                    expr = resolve(t.expr, None, outer)
+                    reads([expr])
+                    terms.append(BoundWithTerm(t.name, cte_param(t.name), expr, None, None))
+            names.append(t.name)
+        with visible(names):
+            body = _bind_query_subquery(node.stmt.body, node.stmt.body_text, outer, alias)
+    reads([body])
+    bound = BoundWith(node.stmt, tuple(terms), body.bound)
+    return BoundSubquery(
+        bound,
+        node.text,
+        frozenset(refs),
+        frozenset(keyspaces),
+        frozenset(scans),
+        alias,
+        not inlining(),
+    )
 
 
 def _bind_query_subquery(
@@ -206,6 +246,7 @@ def bind_set_op_subquery(
         frozenset().union(*(s.keyspaces for s in subs)),
         frozenset().union(*(s.scans for s in subs)),
         alias,
+        all(s.standalone for s in subs) and not inlining(),
     )
 
 

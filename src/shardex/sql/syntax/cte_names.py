@@ -5,8 +5,9 @@ statement's parameters (under ``cte_param(name)``: no user parameter has that na
 every engine and every fragment reads it the way it reads ``$name``. Binding turns a free
 reference to the name into that parameter (``reference``): a name the query binds itself
 (a FROM alias, LET, UNNEST or comprehension variable) shadows it, as scopes do. A WITH
-inside a subquery expression has no statement to be valued once for: its terms are inlined
-where they are read (``inlined``), as any subquery there is evaluated.
+inside a subquery expression binds the same way (``subquery_scope``); its terms are valued
+once per evaluation of that subquery, before its query, and a query text inside it does not
+stand on its own (it may read them).
 """
 
 from __future__ import annotations
@@ -17,10 +18,18 @@ from contextvars import ContextVar
 
 from shardex.core.expr import Expr, Param
 
-__all__ = ["cte_param", "inlined", "is_cte_param", "reference", "visible"]
+__all__ = [
+    "cte_param",
+    "inlining",
+    "is_cte_param",
+    "reference",
+    "subquery_scope",
+    "visible",
+]
 
 _PREFIX = "\x00with."
 _VISIBLE: ContextVar[dict[str, Expr]] = ContextVar("cte_names", default={})  # noqa: B039
+_IN_SUBQUERY_WITH: ContextVar[bool] = ContextVar("cte_names_in_subquery", default=False)
 
 
 def cte_param(name: str) -> str:
@@ -36,15 +45,29 @@ def reference(name: str) -> Expr | None:
     return _VISIBLE.get().get(name)
 
 
-def visible(names: Iterable[str]) -> contextlib.AbstractContextManager[None]:
-    """Binding within: ``names`` are WITH names (added to any already visible)."""
-    return inlined({n: Param(cte_param(n)) for n in names})
+def inlining() -> bool:
+    """Whether a WITH of a subquery expression is being bound: a query text read here may
+    name its terms, so it does not stand on its own (``BoundSubquery.standalone``)."""
+    return _IN_SUBQUERY_WITH.get()
 
 
 @contextlib.contextmanager
-def inlined(exprs: Mapping[str, Expr]) -> Iterator[None]:
-    """Binding within: each name of ``exprs`` (a WITH inside a subquery) stands for its
-    bound expression, evaluated where the name is read."""
+def subquery_scope() -> Iterator[None]:
+    """Binding within: the terms and query of a subquery expression's WITH."""
+    token = _IN_SUBQUERY_WITH.set(True)
+    try:
+        yield
+    finally:
+        _IN_SUBQUERY_WITH.reset(token)
+
+
+def visible(names: Iterable[str]) -> contextlib.AbstractContextManager[None]:
+    """Binding within: ``names`` are WITH names (added to any already visible)."""
+    return _visible({n: Param(cte_param(n)) for n in names})
+
+
+@contextlib.contextmanager
+def _visible(exprs: Mapping[str, Expr]) -> Iterator[None]:
     token = _VISIBLE.set({**_VISIBLE.get(), **exprs})
     try:
         yield

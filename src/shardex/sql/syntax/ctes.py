@@ -9,59 +9,25 @@ once per statement, before the query, and handed to it as a parameter (``values_
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from shardex.core.expr import Expr, Param, walk
+from shardex.core.expr import evaluate, walk
 
-from .ast import Aggregate, SelectStmt, SetOpStmt, WithStmt
-from .bind import BoundSelect, SqlSemanticError, resolve
-from .cte_names import cte_param, is_cte_param, visible
-from .setops import BoundQuery, BoundSetOp, bind_query
+from .ast import Aggregate, WithStmt
+from .bind import SqlSemanticError, resolve
+from .bound_with import BoundWith, BoundWithTerm, user_params
+from .cte_names import cte_param, visible
+from .setops import BoundQuery, bind_query
 
-__all__ = ["BoundWith", "BoundWithTerm", "bind_with", "user_params", "values_in"]
-
-
-@dataclass(frozen=True)
-class BoundWithTerm:
-    name: str
-    param: str  # the parameter its value travels as (``cte_names.cte_param``)
-    expr: Expr | None  # an expression term, bound
-    query: BoundQuery | None  # a query term, bound
-    stmt: SelectStmt | SetOpStmt | None  # the query term as parsed
-
-
-@dataclass(frozen=True)
-class BoundWith:
-    stmt: WithStmt
-    terms: tuple[BoundWithTerm, ...]
-    body: BoundQuery
-
-    def selects(self) -> list[BoundSelect]:
-        """Every SELECT of the terms and the query."""
-        out: list[BoundSelect] = []
-        for q in [*(t.query for t in self.terms if t.query is not None), self.body]:
-            out += q.selects() if isinstance(q, BoundSetOp) else [q]
-        return out
-
-    def params(self) -> frozenset[str]:
-        """The user's parameters the terms and the query use (not the WITH names')."""
-        found = set(self.body.params())
-        for t in self.terms:
-            if t.query is not None:
-                found |= t.query.params()
-            elif t.expr is not None:
-                found |= _params(t.expr)
-        return user_params(found)
-
-
-def _params(e: Expr) -> set[str]:
-    return {n.name for n in walk(e) if isinstance(n, Param)}
-
-
-def user_params(names: frozenset[str] | set[str]) -> frozenset[str]:
-    return frozenset(n for n in names if not is_cte_param(n))
+__all__ = [
+    "BoundWith",
+    "BoundWithTerm",
+    "bind_with",
+    "user_params",
+    "valued_terms",
+    "values_in",
+]
 
 
 def bind_with(stmt: WithStmt) -> BoundWith:
@@ -98,3 +64,23 @@ def values_in(params: Any, values: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(params, Sequence) and not isinstance(params, str):
         out = {str(i): v for i, v in enumerate(params, 1)}
     return {**out, **values}
+
+
+def valued_terms(
+    w: BoundWith,
+    params: Any,
+    run: Callable[[BoundQuery, Any], list[Any]],
+    outer: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``params`` with the value of every term of ``w``, each evaluated once, in order (a
+    term sees those before it): a query term's by ``run(query, params)``, an expression
+    term's over ``outer`` (a subquery's enclosing row; none for a statement's WITH)."""
+    values: dict[str, Any] = {}
+    for t in w.terms:
+        seen = values_in(params, values)
+        if t.query is not None:
+            values[t.param] = run(t.query, seen)
+        else:
+            assert t.expr is not None
+            values[t.param] = evaluate(t.expr, outer or {}, params=seen)
+    return values_in(params, values)

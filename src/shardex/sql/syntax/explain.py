@@ -114,11 +114,14 @@ def explain_select(b: BoundSelect, joins: list[dict[str, Any]] | None = None) ->
     return out
 
 
-def explain_query(q: BoundQuery) -> dict[str, Any]:
+def explain_query(q: BoundQuery | BoundWith) -> dict[str, Any]:
     """EXPLAIN of a SELECT or a set operation (its branches' plans, then what combines
-    them: the operators left to right, ORDER BY, OFFSET and LIMIT over the whole)."""
+    them: the operators left to right, ORDER BY, OFFSET and LIMIT over the whole), or of a
+    subquery's WITH."""
     if isinstance(q, BoundSelect):
         return explain_select(q)
+    if isinstance(q, BoundWith):
+        return explain_with(q)
     ops: list[dict[str, Any]] = [
         # N1QL's operator names: Union, UnionAll, Intersect, IntersectAll, Except, ExceptAll.
         {"operator": op.title() + ("All" if all_ else ""), "branch": i + 1}

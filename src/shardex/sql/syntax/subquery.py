@@ -7,6 +7,10 @@ with the enclosing query's names visible (``outer``), so a correlated reference 
 reads the outer row. Evaluating one needs an engine that can read keyspaces: whoever runs a
 statement installs a ``SubqueryRunner`` with ``running_subqueries`` (the local engine, a
 fragment); a subquery runs with the current row as its outer row.
+
+An uncorrelated subquery may be valued once before its statement runs (the distributed plan
+runs one over a keyspace as a query of its own): its value then travels in the statement's
+parameters under ``subquery_param(text)`` and is read from there instead of running again.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from shardex.errors import ErrorCode, ShardexError
 from .ast import META_KEY, Exists, outer_meta_name
 
 _MARK = Identifier("\x00subquery")
+_NOT_VALUED = object()
 
 # (bound inner statement, outer row, params) -> the subquery's result values.
 SubqueryRunner = Callable[[Any, dict[str, Any], Any], list[Any]]
@@ -46,6 +51,9 @@ class BoundSubquery(Expr):
     keyspaces: frozenset[str] = frozenset()
     scans: frozenset[str] = frozenset()
     alias: str | None = None  # the enclosing FROM alias: its META() is passed on
+    # Its text means what it was bound to on its own (no inlined WITH name of an enclosing
+    # subquery in it): with no ``refs`` it can be run once as a query of its own.
+    standalone: bool = True
     precedence: ClassVar[int] = PREC_ATOM
 
     def children(self) -> tuple[Expr, ...]:
@@ -56,6 +64,20 @@ class BoundSubquery(Expr):
 
     def to_text(self) -> str:
         return f"({self.text})"
+
+    @property
+    def valued_once(self) -> bool:
+        """Whether its value is the same for the whole statement and its text can be run on
+        its own: what may be valued before the statement (``subquery_param``)."""
+        return self.standalone and not self.refs
+
+
+_VALUE_PREFIX = "\x00subquery."
+
+
+def subquery_param(text: str) -> str:
+    """The parameter an uncorrelated subquery's value travels under, valued once."""
+    return _VALUE_PREFIX + text
 
 
 @contextlib.contextmanager
@@ -80,11 +102,16 @@ def _subquery(node: BoundSubquery, env: Env) -> Any:
             code=ErrorCode.BAD_REQUEST,
             details={"subquery": node.text, "hint": "use subqueries inside a statement"},
         )
+    params = env.params
+    if node.valued_once and isinstance(params, dict):
+        valued = params.get(subquery_param(node.text), _NOT_VALUED)
+        if valued is not _NOT_VALUED:
+            return valued
     outer = env.doc if isinstance(env.doc, dict) else {}
     if node.alias is not None and META_KEY in outer:
         # The subquery's own rows replace META_KEY: the enclosing alias's stays readable.
         outer = {**outer, outer_meta_name(node.alias): outer[META_KEY]}
-    return run(node.bound, outer, env.params)
+    return run(node.bound, outer, params)
 
 
 def _exists(node: Exists, env: Env) -> Any:

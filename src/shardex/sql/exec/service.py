@@ -68,11 +68,8 @@ from shardex.sql.exec.explain_statement import explain_statement
 from shardex.sql.exec.failover import (
     failed_leaf,
     failing_over,
-    lost_participant,
-    or_else_when_lost,
 )
-from shardex.sql.exec.join_exchange import start_exchange_join
-from shardex.sql.exec.join_run import run_join
+from shardex.sql.exec.join_start import start_join
 from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
 from shardex.sql.exec.memory import NodeMemory
@@ -455,7 +452,7 @@ class SqlService:
         plan = await prepared_off_loop(sql, lambda: planned(members))
         plan.params = params
         if plan.join is not None:  # between fragments (0135) or here over side statements (0123)
-            return plan, None, await self._join(msg, sql, plan, params)
+            return plan, None, await start_join(self, msg, sql, plan, params, self._members)
         keys = self.keys.keys_of(plan, params)
         if keys is not None:
             quota = self.quota(msg)
@@ -528,59 +525,6 @@ class SqlService:
             return plan, ts, chunks
         repeatable = ts is not None and plan.repeatable
         return plan, ts, failing_over(plan, chunks, rerun, deadline, repeatable=repeatable)
-
-    async def _join(
-        self, msg: SqlQuery, sql: str, plan: PhysicalPlan, params: Any
-    ) -> AsyncIterator[list[bytes]]:
-        """A join statement's rows: joined between fragments over hash exchanges when its
-        join and sides allow (``join_exchange``), else here over side statements."""
-        assert plan.join is not None
-        quota, spill, timeout = self.quota(msg), msg.spill, msg.timeout
-
-        async def at_initiator() -> AsyncIterator[list[bytes]]:
-            assert plan.join is not None
-            plan.join.ran = None
-            plan.query_id = str(self.query.new_query_id())
-
-            async def start(sql: str, side_params: Any) -> AsyncIterator[list[bytes]]:
-                stmt = parsed(sql)
-                assert isinstance(stmt, SelectStmt)
-                return (await self.start_select(msg, sql, stmt, side_params))[2]
-
-            return run_join(plan, params, start, self.documents, self.memory, quota, spill, timeout)
-
-        if plan.join.exchange is not None and plan.tuning["join_exchange"]:
-            try:
-                chunks = await start_exchange_join(
-                    plan,
-                    sql,
-                    params,
-                    plan_side=functools.partial(self._plan_side, plan.tuning),
-                    pin=lambda p: self.stability.pin(p, msg.consistency, msg.at, timeout),
-                    execute=lambda qplan, named: self.query.execute(
-                        qplan, named, timeout=timeout, window=msg.window
-                    ),
-                    initiator=self.query.member_id,
-                    budget=quota,
-                    spill=spill,
-                )
-            except ShardexError as exc:
-                if not lost_participant(exc):
-                    raise
-                chunks = None  # a node was lost while it started: the side statements fail over
-            if chunks is not None:
-                # Join fragments hold state no other copy has: a node lost before any row
-                # left runs the statement at the initiator, whose side statements fail over.
-                return or_else_when_lost(chunks, at_initiator, f"join {plan.query_id}")
-        return await at_initiator()
-
-    async def _plan_side(self, tuning: dict[str, bool], sql: str, params: Any) -> PhysicalPlan:
-        """A join's side statement planned as a SELECT of its own."""
-        b = await prepared_off_loop(
-            sql, lambda: bind_statement(sql, False, cached=tuning["plan_cache"])
-        )
-        state, members = await self.scan.view.state(), self._members()
-        return plan_select(b, params, state=state, members=members, tuning=tuning)
 
     async def _speculate(
         self,

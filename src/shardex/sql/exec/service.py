@@ -51,6 +51,8 @@ from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
     ExchangeStats,
     ExchangeStatsReply,
+    LeafRequest,
+    LeafRows,
     SqlQuery,
     SqlStarted,
     StreamReport,
@@ -68,6 +70,7 @@ from shardex.sql.exec.explain_statement import explain_statement
 from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.join_run import run_join
 from shardex.sql.exec.key_lookup import KeyLookups
+from shardex.sql.exec.leaf_calls import LeafCalls, answer_leaf
 from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.pin_guess import PinGuesses
@@ -154,6 +157,8 @@ class SqlService:
         self.memory = NodeMemory() if memory is None else memory
         self.max_statement_bytes = max_statement_bytes
         self.keys = KeyLookups(documents, self.memory, query.new_query_id)
+        # Small results: leaves asked by request and reply, not streamed (``leaf_calls``).
+        self.calls = LeafCalls(query, documents.pool, scan.view.address, documents, self.memory)
         self.prepared = PreparedStatements()  # PREPARE / EXECUTE names, this node's
         # How the statements initiated here ended, and their latency (the node's metrics).
         self.stats = StatementStats()
@@ -171,6 +176,13 @@ class SqlService:
         # documents is answered there (``_select_now``); anything else goes on in a task.
         server.router.route_inline(SqlQuery, self._on_query_observed)
         server.route(ExchangeStats, self.on_exchange_stats)
+        server.route(LeafRequest, self.on_leaf_request)
+
+    async def on_leaf_request(self, msg: LeafRequest, conn: Connection) -> LeafRows:
+        """One leaf of another node's statement, its rows in the reply (``leaf_calls``)."""
+        with self.query.leaf_call(msg.query_id):
+            local, member = self.scan.local_index, self.query.member_id
+            return await answer_leaf(local, self.documents, self.memory, msg, member)
 
     async def on_exchange_stats(self, msg: ExchangeStats, conn: Connection) -> ExchangeStatsReply:
         meter = self.query.meter
@@ -454,6 +466,17 @@ class SqlService:
                 p.local = True
                 here = LocalRun(p, sql, dml, self.quota(msg), msg.spill)
                 return run_local(local, self.documents, self.memory, here, ts, params, p.query_id)
+            if self.calls.wanted(p, sql, dml):  # a small result: leaves by request and reply
+                q = self.query.new_query_id()
+                p.query_id = str(q)
+                left = max(deadline - loop.time(), 0.001)
+                here = LocalRun(p, sql, dml, self.quota(msg), msg.spill)
+                stream = functools.partial(streamed, p, ts)
+                return self.calls.rows(local, here, q, ts, params, left, stream)
+            return await streamed(p, ts)
+
+        async def streamed(p: PhysicalPlan, ts: Timestamp | None) -> AsyncIterator[list[bytes]]:
+            """``p`` run through the execution protocol."""
             qplan = p.query_plan(
                 sql, dml, self.query.member_id, ts, self.quota(msg), spill=msg.spill
             )

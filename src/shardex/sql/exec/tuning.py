@@ -34,6 +34,9 @@ Every switch defaults to on; turning one off never changes a result, only how it
   reads one key part or ``META().id`` makes its leaves' result values straight from the
   decoded keys (``entries.key_projection``). Off: each entry becomes a scope row (its
   rebuilt document) and the projection is evaluated on it.
+* ``leaf_calls``: a statement with leaves on other nodes whose result is small (a LIMIT, or
+  rows that fit one reply) asks each leaf by one request and gets its rows in the reply,
+  then runs its root here (``leaf_calls.py``). Off: its leaves stream through the protocol.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -63,6 +66,7 @@ SWITCHES: Final = (
     "late",
     "key_projection",
     "pin_guess",
+    "leaf_calls",
 )
 METER_QUERIES: Final = 256
 

@@ -1,0 +1,272 @@
+"""Leaf calls: the leaves of a statement with a small result asked by request and reply.
+
+The execution protocol is built for results of any size: each leaf's node gets a
+``QueryExecute``, sets up an execution with its outbox, builds Arrow batches and streams them
+under credit to the initiator's inbox, which grants credit back; the initiator runs a root
+fragment as a task of its own over those streams. A covering query returning 100 rows, or an
+ORDER BY ... LIMIT 20 whose leaves send 20 rows each, pays all of that per leaf for a
+few kilobytes: on a 3-node cluster most of such a statement's node CPU was that bookkeeping,
+not its rows.
+
+Here each leaf on another node gets one ``LeafRequest`` (the leaf fragment's very arguments)
+and answers its encoded rows in the reply (``LeafRows``); a leaf on this node runs
+in-process (``PhysicalPlan.leaf_spec``). Every leaf runs at once; when all have answered the
+root runs here over their rows as ``local_leaf`` runs it over one leaf's
+(``root_of_leaves``), so results and errors are the protocol's. No row is handed on before
+every leaf answered, so:
+
+* a leaf whose rows come to more than ``CALL_MAX_BYTES`` encoded stops there and answers
+  ``complete=False``; the statement then runs through the protocol at the same TS (the
+  rows read so far are dropped), and its text is not sent by calls again for
+  ``LARGE_BACKOFF`` seconds (a statement that has many rows once usually has them again).
+  The work wasted is bounded by what a leaf reads to produce ``CALL_MAX_BYTES``;
+* a lost leaf node fails the call with the node named (``indexer``), and
+  ``failover.failing_over`` runs the statement again on other copies, as for a stream.
+
+Which statements: the index plans (not a DML's derived SELECT) whose leaves send their rows
+as they make them or are cut short: a known ``offset + limit`` of at most
+``CALL_MAX_ROWS`` (a LIMIT), or rows mode without DISTINCT (a leaf that outgrows the
+bound learns it early). A GROUP BY, a window, a sort without LIMIT read everything before
+their first row: a large one would be read twice, so they keep the protocol. Tuning switch
+``leaf_calls``.
+
+On the leaf's node a call is admitted as an execution of another node's query is
+(``QueryService.leaf_call``: QUERY_OVERLOADED past ``sql_max_fragments``), runs within the
+statement's memory quota (``run_leaf``) and for at most the statement's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from shardex.api.query_ids import QueryId
+from shardex.api.sql_exec import LeafRequest, LeafRows
+from shardex.core.timestamp import Timestamp
+from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.net import ConnectionPool
+from shardex.sql.exec.documents import DocumentAccess
+from shardex.sql.exec.failover import FAILOVER
+from shardex.sql.exec.fragments import leaf_pipeline, run_leaf
+from shardex.sql.exec.local_leaf import LocalRun, root_of_leaves
+from shardex.sql.exec.memory import NodeMemory
+from shardex.sql.exec.plan import PhysicalPlan
+from shardex.sql.exec.rows import cell_chunks
+from shardex.sql.protocol import QueryService
+
+if TYPE_CHECKING:
+    from shardex.index.scan_server import IndexScanServer
+
+__all__ = ["CALL_MAX_BYTES", "CALL_MAX_ROWS", "LARGE_BACKOFF", "LeafCalls", "answer_leaf"]
+
+CALL_MAX_BYTES: Final = 256 * 1024  # a leaf's encoded rows in one reply, at most
+CALL_MAX_ROWS: Final = 1024  # a LIMIT (offset + limit) small enough to call the leaves
+LARGE_BACKOFF: Final = 10.0  # seconds a text that outgrew a reply keeps the protocol
+TEXTS_MAX: Final = 1024  # texts remembered as large
+REPLY_SLACK: Final = 1.0  # seconds the caller waits past the leaf's own timeout
+
+Stream = Callable[[], Awaitable[AsyncIterator[list[bytes]]]]
+
+
+class _Large(Exception):
+    """A leaf's rows came to more than the bound: the statement streams instead."""
+
+
+async def answer_leaf(
+    index_scan: IndexScanServer | None,
+    documents: DocumentAccess,
+    memory: NodeMemory,
+    msg: LeafRequest,
+    member: str,
+) -> LeafRows:
+    """A ``LeafRequest`` answered on the leaf's node (``member``): the leaf's rows, or
+    ``complete=False`` as soon as they pass ``msg.max_bytes``."""
+    if index_scan is None:
+        raise ShardexError(
+            f"member {member} runs no index service but got a leaf call",
+            code=ErrorCode.QUERY_STATE,
+            details={"member": member},
+        )
+    chunks = leaf_pipeline(
+        index_scan, documents, memory, msg.args, msg.params, str(msg.query_id), cell_chunks
+    )
+    try:
+        async with asyncio.timeout(msg.timeout):
+            return await _collected(chunks, msg.max_bytes)
+    except TimeoutError:
+        raise ShardexError(
+            f"query {msg.query_id} timed out after {msg.timeout}s",
+            code=ErrorCode.QUERY_CANCELLED,
+            details={"reason": "timeout", "timeout": msg.timeout, "query_id": str(msg.query_id)},
+        ) from None
+
+
+async def _collected(chunks: AsyncIterator[list[bytes]], max_bytes: int) -> LeafRows:
+    rows: list[bytes] = []
+    size = 0
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            rows += chunk
+            size += sum(map(len, chunk))
+            if size > max_bytes:
+                return LeafRows(rows=[], complete=False)
+    return LeafRows(rows=rows, complete=True)
+
+
+class LeafCalls:
+    """The initiator's side: which statements call their leaves, and the calls."""
+
+    def __init__(
+        self,
+        query: QueryService,
+        pool: ConnectionPool,
+        address: Callable[[str], str],
+        documents: DocumentAccess,
+        memory: NodeMemory,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.query = query
+        self.pool = pool
+        self._address = address  # node name -> its address
+        self.documents = documents
+        self.memory = memory
+        self._clock = clock
+        self._large: OrderedDict[str, float] = OrderedDict()  # text -> streamed until
+
+    def wanted(self, plan: PhysicalPlan, sql: str, dml: bool) -> bool:
+        """Whether ``plan`` calls its leaves (see the module's docstring)."""
+        if not plan.tuning["leaf_calls"] or dml or plan.source != "index" or not plan.leaves:
+            return False
+        top = plan.top
+        if top is not None and top <= CALL_MAX_ROWS:
+            return True
+        if plan.mode != "rows" or plan.bound.distinct:
+            return False
+        until = self._large.get(sql)
+        if until is None:
+            return True
+        if self._clock() < until:
+            return False
+        del self._large[sql]
+        return True
+
+    def _outgrew(self, sql: str) -> None:
+        self._large[sql] = self._clock() + LARGE_BACKOFF
+        self._large.move_to_end(sql)
+        if len(self._large) > TEXTS_MAX:
+            self._large.popitem(last=False)
+
+    async def rows(
+        self,
+        index_scan: IndexScanServer | None,
+        local: LocalRun,
+        q: QueryId,
+        ts: Timestamp | None,
+        params: Any,
+        timeout: float,
+        stream: Stream,
+    ) -> AsyncIterator[list[bytes]]:
+        """The result rows of ``local.plan`` (query ``q``) at ``ts``, its leaves called;
+        ``stream()``: the statement through the protocol, when a leaf's rows outgrow a
+        reply."""
+        try:
+            replies = await self._leaves(index_scan, local, q, ts, params, timeout)
+        except _Large:
+            self._outgrew(local.sql)
+            chunks = await stream()
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
+            return
+        sources = [_once(rows) for rows in replies]
+        out = root_of_leaves(self.documents, self.memory, local, sources, params, str(q))
+        async with contextlib.aclosing(out):
+            async for chunk in out:
+                yield chunk
+
+    async def _leaves(
+        self,
+        index_scan: IndexScanServer | None,
+        local: LocalRun,
+        q: QueryId,
+        ts: Timestamp | None,
+        params: Any,
+        timeout: float,
+    ) -> list[list[bytes]]:
+        """Every leaf's rows, in the plan's order; ``_Large`` when one outgrew the bound."""
+        plan = local.plan
+        here = self.query.member_id
+        remote = [leaf for leaf in plan.leaves if leaf.member != here]
+        qplan = None
+        if remote:
+            qplan = plan.query_plan(local.sql, local.dml, here, ts, local.budget, spill=local.spill)
+        calls: list[Awaitable[list[bytes]]] = []
+        for i, leaf in enumerate(plan.leaves, start=1):
+            if leaf.member == here and index_scan is not None:
+                spec = plan.leaf_spec(leaf, local.dml, ts, local.budget, local.spill)
+                chunks = run_leaf(
+                    index_scan, self.documents, self.memory, spec, params, str(q), cell_chunks
+                )
+                calls.append(_rows_within(_collected(chunks, CALL_MAX_BYTES)))
+                continue
+            assert qplan is not None
+            args = qplan.fragments[i].args
+            calls.append(self._call(leaf.member, leaf.node, q, args, params, timeout))
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _call(
+        self,
+        member: str,
+        node: str,
+        q: QueryId,
+        args: dict[str, Any],
+        params: Any,
+        timeout: float,
+    ) -> list[bytes]:
+        """One leaf on another node: its rows. A node known down or lost fails naming it
+        (``indexer``), so the statement fails over as a lost stream does."""
+        if self.query.directory.is_down(member):
+            raise NodeUnavailable(
+                f"participant {member} is down; the query was not started",
+                details={"value": member, "hint": "plan over live members"},
+            )
+        msg = LeafRequest(
+            query_id=q, args=args, params=params, timeout=timeout, max_bytes=CALL_MAX_BYTES
+        )
+        try:
+            address = self._address(node)
+            reply = await self.pool.request(address, msg, timeout + REPLY_SLACK, expect=LeafRows)
+        except ShardexError as exc:
+            if exc.code not in FAILOVER:
+                raise
+            details = {k: v for k, v in exc.details.items() if k != "value"}
+            raise ShardexError(
+                f"leaf on {node}: {exc.message}",
+                code=exc.code,
+                details={**details, "indexer": node, "member": member},
+            ) from exc
+        if not reply.complete:
+            raise _Large
+        return reply.rows
+
+
+async def _rows_within(collected: Awaitable[LeafRows]) -> list[bytes]:
+    reply = await collected
+    if not reply.complete:
+        raise _Large
+    return reply.rows
+
+
+async def _once(rows: list[bytes]) -> AsyncIterator[list[bytes]]:
+    if rows:
+        yield rows

@@ -468,7 +468,7 @@ class SqlService:
                 return run_local(local, self.documents, self.memory, here, ts, params, p.query_id)
             if self.calls.wanted(p, sql, dml):  # a small result: leaves by request and reply
                 q = self.query.new_query_id()
-                p.query_id = str(q)
+                p.query_id, p.called = str(q), True
                 left = max(deadline - loop.time(), 0.001)
                 here = LocalRun(p, sql, dml, self.quota(msg), msg.spill)
                 stream = functools.partial(streamed, p, ts)

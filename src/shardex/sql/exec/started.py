@@ -44,6 +44,7 @@ def started_reply(
             "inline": plan.inline,
             "local": plan.local,
             "guessed": plan.guessed is not None,
+            "calls": plan.called,
             "node": node,
             **route_hint(plan, address),
         },

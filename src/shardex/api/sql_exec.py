@@ -102,6 +102,10 @@ class LeafRequest(Message, tag="sql.LeafRequest"):
     params: list[Any] | dict[str, Any] | None
     timeout: float  # seconds the leaf may run
     max_bytes: int
+    # request_plus at a guessed TS: the data partitions of ``seqnos_keyspace`` this node
+    # owns whose high seqnos to read on arrival and answer in ``LeafRows.high_seqnos``.
+    seqnos_keyspace: str = ""
+    seqnos_of: list[int] = msgspec.field(default_factory=list)
 
 
 class LeafRows(Message, tag="sql.LeafRows"):
@@ -110,3 +114,6 @@ class LeafRows(Message, tag="sql.LeafRows"):
 
     rows: list[bytes]
     complete: bool
+    # Of ``LeafRequest.seqnos_of``, those this node's data service serves, read when the
+    # request arrived (None: not asked or not read).
+    high_seqnos: WireTs | None = None

@@ -4,6 +4,7 @@ a reply, and a lost leaf node named so the statement fails over."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from shardex.sql.exec.leaf_calls import (
     CALL_MAX_ROWS,
     LARGE_BACKOFF,
     LeafCalls,
+    SeqnoRide,
     answer_leaf,
 )
 from shardex.sql.exec.local_leaf import LocalRun
@@ -66,6 +68,35 @@ class _Pool:
         return reply
 
 
+class _View:
+    """What ``LeafCalls`` reads of the ``ClusterView``: addresses (the node names here), the
+    data owners and the high-seqno rounds, recorded."""
+
+    def __init__(self, owners: dict[str, list[int]] | None = None) -> None:
+        self.owners = owners or {}
+        self.skipped: list[str] = []
+        self.known: list[dict[int, tuple[int, int]]] = []
+
+    def address(self, node: str) -> str:
+        return node
+
+    async def data_owners(self, keyspace: str) -> dict[str, list[int]]:
+        return self.owners
+
+    def shared_partial_high_seqnos(
+        self, keyspace: str, skip: Any, owners: dict[str, list[int]]
+    ) -> asyncio.Future[dict[int, tuple[int, int]]]:
+        self.skipped = sorted(skip)
+        fut = asyncio.get_running_loop().create_future()
+        asked = [p for n, ps in owners.items() if n not in self.skipped for p in ps]
+        fut.set_result({p: (7, 1) for p in asked})
+        return fut
+
+    async def high_seqnos(self, keyspace: str, *, known: Any) -> Any:
+        self.known.append(dict(known))
+        return known
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -74,11 +105,13 @@ class _Clock:
         return self.now
 
 
-def _calls(pool: _Pool, query: _Query | None = None, clock: _Clock | None = None) -> LeafCalls:
+def _calls(
+    pool: _Pool, query: _Query | None = None, clock: _Clock | None = None, view: Any = None
+) -> LeafCalls:
     return LeafCalls(
         query or _Query(),  # type: ignore[arg-type]
         pool,  # type: ignore[arg-type]
-        lambda node: node,
+        view or _View(),
         None,  # type: ignore[arg-type]  # a rows plan's root reads no document
         NodeMemory(),
         clock or _Clock(),
@@ -189,6 +222,14 @@ async def test_a_leaf_node_known_down_is_not_asked() -> None:
     assert down.node not in [a for a, _ in pool.asked]
 
 
+class _IndexScan:
+    """A leaf node's index service, as far as a call reads it before the leaf: the high
+    seqnos it serves."""
+
+    def high_seqnos_here(self, keyspace: str, partitions: list[int]) -> Any:
+        return {p: (3, 1) for p in partitions} if partitions else None
+
+
 async def test_a_leaf_call_stops_reading_once_past_the_bound(monkeypatch: Any) -> None:
     import shardex.sql.exec.leaf_calls as leaf_calls
 
@@ -205,12 +246,21 @@ async def test_a_leaf_call_stops_reading_once_past_the_bound(monkeypatch: Any) -
 
     monkeypatch.setattr(leaf_calls, "leaf_pipeline", pipeline)
     msg = LeafRequest(query_id=QueryId("m1", "q"), args={}, params=[], timeout=5, max_bytes=250)
-    reply = await answer_leaf(object(), None, NodeMemory(), msg, "m2")  # type: ignore[arg-type]
+    reply = await answer_leaf(_IndexScan(), None, NodeMemory(), msg, "m2")  # type: ignore[arg-type]
     assert reply == LeafRows(rows=[], complete=False)
     assert read == [0, 1, 2] and closed == [True]
-    big = LeafRequest(query_id=QueryId("m1", "q"), args={}, params=[], timeout=5, max_bytes=10**6)
-    reply = await answer_leaf(object(), None, NodeMemory(), big, "m2")  # type: ignore[arg-type]
+    big = LeafRequest(
+        query_id=QueryId("m1", "q"),
+        args={},
+        params=[],
+        timeout=5,
+        max_bytes=10**6,
+        seqnos_keyspace=KS,
+        seqnos_of=[4],
+    )
+    reply = await answer_leaf(_IndexScan(), None, NodeMemory(), big, "m2")  # type: ignore[arg-type]
     assert reply.complete and len(reply.rows) == 100
+    assert reply.high_seqnos == {4: (3, 1)}  # read on arrival, answered with the rows
 
 
 async def test_a_node_without_an_index_service_refuses_a_leaf_call() -> None:
@@ -218,3 +268,48 @@ async def test_a_node_without_an_index_service_refuses_a_leaf_call() -> None:
     with pytest.raises(ShardexError) as info:
         await answer_leaf(None, None, NodeMemory(), msg, "m2")  # type: ignore[arg-type]
     assert info.value.code is ErrorCode.QUERY_STATE and "m2" in info.value.message
+
+
+class _SeqnoPool(_Pool):
+    """Each leaf node answers the high seqnos it was asked for, as (seqno 5, uuid 1)."""
+
+    async def request(self, address: str, msg: Any, timeout: float, *, expect: Any) -> Any:
+        reply = await super().request(address, msg, timeout, expect=expect)
+        if isinstance(reply, LeafRows) and msg.seqnos_of:
+            assert msg.seqnos_keyspace == KS
+            high = {p: (5, 1) for p in msg.seqnos_of}
+            return LeafRows(rows=reply.rows, complete=reply.complete, high_seqnos=high)
+        return reply
+
+
+async def test_the_high_seqnos_ride_in_the_calls_and_the_round_asks_only_the_others() -> None:
+    plan = _plan(ROWS)
+    nodes = sorted(leaf.node for leaf in plan.leaves)
+    owners = {nodes[0]: [0, 1], nodes[1]: [2, 3], nodes[2]: [4, 5], "n9": [6, 7]}
+    view = _View(owners)
+    pool = _SeqnoPool({n: _rows(n, 1) for n in nodes})
+    calls = _calls(pool, view=view)
+    ride = SeqnoRide(view, KS)  # type: ignore[arg-type]
+    local = LocalRun(plan, ROWS, False, 1 << 20, True)
+    rows = calls.rows(None, local, QueryId("m9", "q"), None, [], 5.0, _never, ride)
+    waited = asyncio.ensure_future(ride.wait_for())
+    assert len(await _collect(rows)) == 3
+    # Each leaf node read its own partitions; the round asked the node without a leaf.
+    assert {a: m.seqnos_of for a, m in pool.asked} == {n: owners[n] for n in nodes}
+    assert view.skipped == nodes
+    assert await waited == {**{p: (5, 1) for p in range(6)}, 6: (7, 1), 7: (7, 1)}
+
+
+async def test_a_ride_whose_calls_fail_leaves_every_owner_to_the_round() -> None:
+    plan = _plan(ROWS)
+    nodes = sorted(leaf.node for leaf in plan.leaves)
+    view = _View({n: [i] for i, n in enumerate(nodes)})
+    replies: dict[str, LeafRows | ShardexError] = {n: _rows(n, 1) for n in nodes}
+    replies[nodes[0]] = ShardexError("bad", code=ErrorCode.BAD_REQUEST)
+    calls = _calls(_SeqnoPool(replies), view=view)
+    ride = SeqnoRide(view, KS)  # type: ignore[arg-type]
+    local = LocalRun(plan, ROWS, False, 1 << 20, True)
+    waited = asyncio.ensure_future(ride.wait_for())
+    with pytest.raises(ShardexError):
+        await _collect(calls.rows(None, local, QueryId("m9", "q"), None, [], 5.0, _never, ride))
+    assert await waited == {} and view.known == [{}]  # nothing known: every owner asked

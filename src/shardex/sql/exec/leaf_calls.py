@@ -45,10 +45,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from shardex.api.query_ids import QueryId
+from shardex.api.scan import WireTs
 from shardex.api.sql_exec import LeafRequest, LeafRows
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.net import ConnectionPool
+from shardex.scan.cluster_view import ClusterView
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import FAILOVER
 from shardex.sql.exec.fragments import leaf_pipeline, run_leaf
@@ -61,7 +63,14 @@ from shardex.sql.protocol import QueryService
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["CALL_MAX_BYTES", "CALL_MAX_ROWS", "LARGE_BACKOFF", "LeafCalls", "answer_leaf"]
+__all__ = [
+    "CALL_MAX_BYTES",
+    "CALL_MAX_ROWS",
+    "LARGE_BACKOFF",
+    "LeafCalls",
+    "SeqnoRide",
+    "answer_leaf",
+]
 
 CALL_MAX_BYTES: Final = 256 * 1024  # a leaf's encoded rows in one reply, at most
 CALL_MAX_ROWS: Final = 1024  # a LIMIT (offset + limit) small enough to call the leaves
@@ -91,12 +100,15 @@ async def answer_leaf(
             code=ErrorCode.QUERY_STATE,
             details={"member": member},
         )
+    seqnos = index_scan.high_seqnos_here(msg.seqnos_keyspace, msg.seqnos_of)  # on arrival
     chunks = leaf_pipeline(
         index_scan, documents, memory, msg.args, msg.params, str(msg.query_id), cell_chunks
     )
     try:
         async with asyncio.timeout(msg.timeout):
-            return await _collected(chunks, msg.max_bytes)
+            reply = await _collected(chunks, msg.max_bytes)
+            reply.high_seqnos = seqnos
+            return reply
     except TimeoutError:
         raise ShardexError(
             f"query {msg.query_id} timed out after {msg.timeout}s",
@@ -124,14 +136,14 @@ class LeafCalls:
         self,
         query: QueryService,
         pool: ConnectionPool,
-        address: Callable[[str], str],
+        view: ClusterView,
         documents: DocumentAccess,
         memory: NodeMemory,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.query = query
         self.pool = pool
-        self._address = address  # node name -> its address
+        self.view = view
         self.documents = documents
         self.memory = memory
         self._clock = clock
@@ -169,12 +181,13 @@ class LeafCalls:
         params: Any,
         timeout: float,
         stream: Stream,
+        ride: SeqnoRide | None = None,
     ) -> AsyncIterator[list[bytes]]:
         """The result rows of ``local.plan`` (query ``q``) at ``ts``, its leaves called;
         ``stream()``: the statement through the protocol, when a leaf's rows outgrow a
-        reply."""
+        reply. ``ride``: the high seqnos to gather with the calls (``SeqnoRide``)."""
         try:
-            replies = await self._leaves(index_scan, local, q, ts, params, timeout)
+            replies = await self._leaves(index_scan, local, q, ts, params, timeout, ride)
         except _Large:
             self._outgrew(local.sql)
             chunks = await stream()
@@ -196,15 +209,42 @@ class LeafCalls:
         ts: Timestamp | None,
         params: Any,
         timeout: float,
+        ride: SeqnoRide | None = None,
     ) -> list[list[bytes]]:
-        """Every leaf's rows, in the plan's order; ``_Large`` when one outgrew the bound."""
+        """Every leaf's rows, in the plan's order; ``_Large`` when one outgrew the bound.
+        ``ride`` gets the high seqnos gathered, whatever happens (none: it asks them all)."""
+        try:
+            return await self._called(index_scan, local, q, ts, params, timeout, ride)
+        finally:
+            if ride is not None:
+                ride.answered({})  # not answered by the calls: the round asks every owner
+
+    async def _called(
+        self,
+        index_scan: IndexScanServer | None,
+        local: LocalRun,
+        q: QueryId,
+        ts: Timestamp | None,
+        params: Any,
+        timeout: float,
+        ride: SeqnoRide | None,
+    ) -> list[list[bytes]]:
         plan = local.plan
         here = self.query.member_id
         remote = [leaf for leaf in plan.leaves if leaf.member != here]
         qplan = None
         if remote:
             qplan = plan.query_plan(local.sql, local.dml, here, ts, local.budget, spill=local.spill)
-        calls: list[Awaitable[list[bytes]]] = []
+        # The leaf nodes read their own data partitions' high seqnos on arrival; the round
+        # asks the other owners meanwhile (this node's own in-process).
+        of: dict[str, list[int]] = {}
+        others = None
+        if ride is not None:
+            owners = await self.view.data_owners(ride.keyspace)
+            nodes = {leaf.node for leaf in remote}
+            of = {n: ps for n, ps in owners.items() if n in nodes}
+            others = self.view.shared_partial_high_seqnos(ride.keyspace, of.keys(), owners)
+        calls: list[Awaitable[tuple[list[bytes], WireTs | None]]] = []
         for i, leaf in enumerate(plan.leaves, start=1):
             if leaf.member == here and index_scan is not None:
                 spec = plan.leaf_spec(leaf, local.dml, ts, local.budget, local.spill)
@@ -215,14 +255,26 @@ class LeafCalls:
                 continue
             assert qplan is not None
             args = qplan.fragments[i].args
-            calls.append(self._call(leaf.member, leaf.node, q, args, params, timeout))
+            seqnos = (ride.keyspace, of.get(leaf.node, [])) if ride is not None else ("", [])
+            calls.append(self._call(leaf.member, leaf.node, q, args, params, timeout, seqnos))
         tasks = [asyncio.ensure_future(c) for c in calls]
         try:
-            return list(await asyncio.gather(*tasks))
+            replies = await asyncio.gather(*tasks)
+        except BaseException:
+            if others is not None:
+                others.cancel()  # a shared round goes on for its other statements
+            raise
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        if ride is not None and others is not None:
+            known = dict(await others)
+            for _, high in replies:
+                if high:
+                    known.update(high)
+            ride.answered(known)
+        return [rows for rows, _ in replies]
 
     async def _call(
         self,
@@ -232,8 +284,10 @@ class LeafCalls:
         args: dict[str, Any],
         params: Any,
         timeout: float,
-    ) -> list[bytes]:
-        """One leaf on another node: its rows. A node known down or lost fails naming it
+        seqnos: tuple[str, list[int]] = ("", []),
+    ) -> tuple[list[bytes], WireTs | None]:
+        """One leaf on another node: its rows, and the high seqnos of ``seqnos`` (keyspace,
+        partitions) it read on arrival. A node known down or lost fails naming it
         (``indexer``), so the statement fails over as a lost stream does."""
         if self.query.directory.is_down(member):
             raise NodeUnavailable(
@@ -241,10 +295,16 @@ class LeafCalls:
                 details={"value": member, "hint": "plan over live members"},
             )
         msg = LeafRequest(
-            query_id=q, args=args, params=params, timeout=timeout, max_bytes=CALL_MAX_BYTES
+            query_id=q,
+            args=args,
+            params=params,
+            timeout=timeout,
+            max_bytes=CALL_MAX_BYTES,
+            seqnos_keyspace=seqnos[0] if seqnos[1] else "",
+            seqnos_of=seqnos[1],
         )
         try:
-            address = self._address(node)
+            address = self.view.address(node)
             reply = await self.pool.request(address, msg, timeout + REPLY_SLACK, expect=LeafRows)
         except ShardexError as exc:
             if exc.code not in FAILOVER:
@@ -257,14 +317,38 @@ class LeafCalls:
             ) from exc
         if not reply.complete:
             raise _Large
-        return reply.rows
+        return reply.rows, reply.high_seqnos
 
 
-async def _rows_within(collected: Awaitable[LeafRows]) -> list[bytes]:
+async def _rows_within(collected: Awaitable[LeafRows]) -> tuple[list[bytes], None]:
     reply = await collected
     if not reply.complete:
         raise _Large
-    return reply.rows
+    return reply.rows, None
+
+
+class SeqnoRide:
+    """A request_plus statement run at a guessed TS (``pin_guess``) by leaf calls: the
+    keyspace's high seqnos, read after the statement arrived, gathered with the calls. Each
+    leaf node reads those of the data partitions it owns when its call arrives and answers
+    them with its rows; the node's shared round asks only the other owners (and reads this
+    node's in-process); ``wait_for`` completes the rest as ``high_seqnos(known=...)``. So the
+    leaf nodes get no ``HighSeqnos`` of their own. If the calls end otherwise (an error, rows
+    too large), nothing is known and ``wait_for`` asks every owner, as the plain round."""
+
+    def __init__(self, view: ClusterView, keyspace: str) -> None:
+        self.view = view
+        self.keyspace = keyspace
+        self._known: asyncio.Future[WireTs] = asyncio.get_running_loop().create_future()
+
+    def answered(self, known: WireTs) -> None:
+        """The seqnos gathered (once; later calls are ignored)."""
+        if not self._known.done():
+            self._known.set_result(known)
+
+    async def wait_for(self) -> Timestamp:
+        """Every partition's high seqno, read after the statement arrived."""
+        return await self.view.high_seqnos(self.keyspace, known=await self._known)
 
 
 async def _once(rows: list[bytes]) -> AsyncIterator[list[bytes]]:

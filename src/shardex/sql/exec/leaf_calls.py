@@ -186,9 +186,15 @@ class LeafCalls:
         """The result rows of ``local.plan`` (query ``q``) at ``ts``, its leaves called;
         ``stream()``: the statement through the protocol, when a leaf's rows outgrow a
         reply. ``ride``: the high seqnos to gather with the calls (``SeqnoRide``)."""
+        replies = None
         try:
             replies = await self._leaves(index_scan, local, q, ts, params, timeout, ride)
         except _Large:
+            pass
+        finally:
+            if ride is not None:
+                ride.answered({})  # not answered by the calls: the round asks every owner
+        if replies is None:  # a leaf's rows outgrew a reply
             self._outgrew(local.sql)
             chunks = await stream()
             async with contextlib.aclosing(chunks):
@@ -212,23 +218,7 @@ class LeafCalls:
         ride: SeqnoRide | None = None,
     ) -> list[list[bytes]]:
         """Every leaf's rows, in the plan's order; ``_Large`` when one outgrew the bound.
-        ``ride`` gets the high seqnos gathered, whatever happens (none: it asks them all)."""
-        try:
-            return await self._called(index_scan, local, q, ts, params, timeout, ride)
-        finally:
-            if ride is not None:
-                ride.answered({})  # not answered by the calls: the round asks every owner
-
-    async def _called(
-        self,
-        index_scan: IndexScanServer | None,
-        local: LocalRun,
-        q: QueryId,
-        ts: Timestamp | None,
-        params: Any,
-        timeout: float,
-        ride: SeqnoRide | None,
-    ) -> list[list[bytes]]:
+        ``ride`` is answered the high seqnos gathered when every leaf answered."""
         plan = local.plan
         here = self.query.member_id
         remote = [leaf for leaf in plan.leaves if leaf.member != here]

@@ -97,6 +97,14 @@ class _View:
         return known
 
 
+class _Scan:
+    """What ``LeafCalls`` reads of the ``ScanCoordinator``: its view."""
+
+    def __init__(self, view: _View) -> None:
+        self.view = view
+        self.local_index = None
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -111,7 +119,7 @@ def _calls(
     return LeafCalls(
         query or _Query(),  # type: ignore[arg-type]
         pool,  # type: ignore[arg-type]
-        view or _View(),
+        _Scan(view or _View()),  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]  # a rows plan's root reads no document
         NodeMemory(),
         clock or _Clock(),

@@ -49,8 +49,9 @@ from shardex.api.scan import WireTs
 from shardex.api.sql_exec import LeafRequest, LeafRows
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
-from shardex.net import ConnectionPool
+from shardex.net import Connection, ConnectionPool
 from shardex.scan.cluster_view import ClusterView
+from shardex.scan.coordinator import ScanCoordinator
 from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import FAILOVER
 from shardex.sql.exec.fragments import leaf_pipeline, run_leaf
@@ -136,18 +137,25 @@ class LeafCalls:
         self,
         query: QueryService,
         pool: ConnectionPool,
-        view: ClusterView,
+        scan: ScanCoordinator,
         documents: DocumentAccess,
         memory: NodeMemory,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.query = query
         self.pool = pool
-        self.view = view
+        self.scan = scan  # its view, and this node's index service (when it runs one)
+        self.view = scan.view
         self.documents = documents
         self.memory = memory
         self._clock = clock
         self._large: OrderedDict[str, float] = OrderedDict()  # text -> streamed until
+
+    async def on_leaf_request(self, msg: LeafRequest, conn: Connection) -> LeafRows:
+        """One leaf of another node's statement, its rows in the reply."""
+        with self.query.leaf_call(msg.query_id):
+            local, member = self.scan.local_index, self.query.member_id
+            return await answer_leaf(local, self.documents, self.memory, msg, member)
 
     def wanted(self, plan: PhysicalPlan, sql: str, dml: bool) -> bool:
         """Whether ``plan`` calls its leaves (see the module's docstring)."""

@@ -52,7 +52,6 @@ from shardex.api.sql_exec import (
     ExchangeStats,
     ExchangeStatsReply,
     LeafRequest,
-    LeafRows,
     SqlQuery,
     SqlStarted,
     StreamReport,
@@ -70,7 +69,7 @@ from shardex.sql.exec.explain_statement import explain_statement
 from shardex.sql.exec.failover import failed_leaf, failing_over
 from shardex.sql.exec.join_run import run_join
 from shardex.sql.exec.key_lookup import KeyLookups
-from shardex.sql.exec.leaf_calls import LeafCalls, SeqnoRide, answer_leaf
+from shardex.sql.exec.leaf_calls import LeafCalls, SeqnoRide
 from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.pin_guess import PinGuesses
@@ -158,7 +157,7 @@ class SqlService:
         self.max_statement_bytes = max_statement_bytes
         self.keys = KeyLookups(documents, self.memory, query.new_query_id)
         # Small results: leaves asked by request and reply, not streamed (``leaf_calls``).
-        self.calls = LeafCalls(query, documents.pool, scan.view, documents, self.memory)
+        self.calls = LeafCalls(query, documents.pool, scan, documents, self.memory)
         self.prepared = PreparedStatements()  # PREPARE / EXECUTE names, this node's
         # How the statements initiated here ended, and their latency (the node's metrics).
         self.stats = StatementStats()
@@ -176,13 +175,7 @@ class SqlService:
         # documents is answered there (``_select_now``); anything else goes on in a task.
         server.router.route_inline(SqlQuery, self._on_query_observed)
         server.route(ExchangeStats, self.on_exchange_stats)
-        server.route(LeafRequest, self.on_leaf_request)
-
-    async def on_leaf_request(self, msg: LeafRequest, conn: Connection) -> LeafRows:
-        """One leaf of another node's statement, its rows in the reply (``leaf_calls``)."""
-        with self.query.leaf_call(msg.query_id):
-            local, member = self.scan.local_index, self.query.member_id
-            return await answer_leaf(local, self.documents, self.memory, msg, member)
+        server.route(LeafRequest, self.calls.on_leaf_request)
 
     async def on_exchange_stats(self, msg: ExchangeStats, conn: Connection) -> ExchangeStatsReply:
         meter = self.query.meter

@@ -265,8 +265,8 @@ INTERNAL_MESSAGES: frozenset[str] = frozenset(
     scan.ScanEnd scan.ScanSlices scan.ShardBatch scan.ShardBatchResult scan.SlicesOpened
     scan.SnapshotsLeased scan.StabilityAt scan.WaitStability
     sql.ExchangeStats sql.ExchangeStatsReply sql.QueryBatch sql.QueryCancel
-    sql.QueryCheck sql.QueryCheckResponse sql.QueryExecute sql.QueryFlowControl
-    sql.QueryStarted
+    sql.LeafRequest sql.LeafRows sql.QueryCheck sql.QueryCheckResponse
+    sql.QueryExecute sql.QueryFlowControl sql.QueryStarted
     """.split()  # noqa: SIM905 (one word per tag reads better than a list literal)
 )
 

@@ -6,7 +6,10 @@ result rows follow on the same connection as the scan streams' one-way
 ``ScanEnd``, with the same block-credit flow control (``shardex.api.scan_streams``).
 
 ``ExchangeStats`` asks one node what its ``ExchangeMeter`` saw of one query's exchanges
-(the benchmark of bytes in flight against the credit window)."""
+(the benchmark of bytes in flight against the credit window).
+
+``LeafRequest`` (node to node) runs one leaf of a statement whose result is small and
+answers its rows in the reply ``LeafRows`` (``shardex.sql.exec.leaf_calls``)."""
 
 from __future__ import annotations
 
@@ -14,10 +17,19 @@ from typing import Any
 
 import msgspec
 
+from shardex.api.query_ids import QueryId
 from shardex.api.scan import NO_TS, WireTs
 from shardex.net.messages import Message
 
-__all__ = ["ExchangeStats", "ExchangeStatsReply", "SqlQuery", "SqlStarted", "StreamReport"]
+__all__ = [
+    "ExchangeStats",
+    "ExchangeStatsReply",
+    "LeafRequest",
+    "LeafRows",
+    "SqlQuery",
+    "SqlStarted",
+    "StreamReport",
+]
 
 
 class SqlQuery(Message, tag="sql.QueryRequest"):
@@ -78,3 +90,30 @@ class StreamReport(msgspec.Struct, array_like=True, frozen=True):
 class ExchangeStatsReply(Message, tag="sql.ExchangeStatsReply"):
     member: str
     streams: list[StreamReport]
+
+
+class LeafRequest(Message, tag="sql.LeafRequest"):
+    """Initiator -> a leaf's node: run the leaf (a ``sql.leaf`` fragment's arguments, the
+    same dict ``PhysicalPlan.query_plan`` makes) and answer its rows, at most ``max_bytes``
+    of them encoded."""
+
+    query_id: QueryId
+    args: dict[str, Any]
+    params: list[Any] | dict[str, Any] | None
+    timeout: float  # seconds the leaf may run
+    max_bytes: int
+    # request_plus at a guessed TS: the data partitions of ``seqnos_keyspace`` this node
+    # owns whose high seqnos to read on arrival and answer in ``LeafRows.high_seqnos``.
+    seqnos_keyspace: str = ""
+    seqnos_of: list[int] = msgspec.field(default_factory=list)
+
+
+class LeafRows(Message, tag="sql.LeafRows"):
+    """The leaf's rows, encoded (``shardex.sql.exec.rows``); ``complete`` False: they came
+    to more than ``max_bytes`` and none are sent (the initiator streams the leaf instead)."""
+
+    rows: list[bytes]
+    complete: bool
+    # Of ``LeafRequest.seqnos_of``, those this node's data service serves, read when the
+    # request arrived (None: not asked or not read).
+    high_seqnos: WireTs | None = None

@@ -245,7 +245,7 @@ class IndexScanServer:
     # --- handlers ----------------------------------------------------------------------------
 
     async def on_wait(self, msg: WaitStability, conn: Connection) -> StabilityAt:
-        seqnos = self._high_seqnos(msg.seqnos_keyspace, msg.seqnos_of)  # read on arrival
+        seqnos = self.high_seqnos_here(msg.seqnos_keyspace, msg.seqnos_of)  # read on arrival
         wait_for = None if msg.wait_for is None else Timestamp.from_wire(msg.wait_for)
         ts = await self.stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
         return StabilityAt(node=self.node, ts=dict(ts.to_wire()), high_seqnos=seqnos)
@@ -281,7 +281,7 @@ class IndexScanServer:
         # Read before anything else: the request arrived after the scan did at its
         # coordinator, so these cover every write acknowledged before the scan (scan-request
         # flow step 9).
-        seqnos = self._high_seqnos(msg.seqnos_keyspace, msg.seqnos_of)
+        seqnos = self.high_seqnos_here(msg.seqnos_keyspace, msg.seqnos_of)
         wait_for = None if msg.wait_for is None else Timestamp.from_wire(msg.wait_for)
         slices = self._slices(msg.index_id, msg.partitions)
         read_ts: Timestamp | None = None
@@ -322,7 +322,7 @@ class IndexScanServer:
         )
         return opened, rest, block_rows, read_ts
 
-    def _high_seqnos(
+    def high_seqnos_here(
         self, keyspace: str, partitions: list[int]
     ) -> dict[int, tuple[int, int]] | None:
         """The high seqnos of those of ``partitions`` this node's data service serves (None:

@@ -1,7 +1,7 @@
 """The member's cap on executions of other members' queries (``max_executions``), over real
 TCP: one execution past the cap fails its query with QUERY_OVERLOADED at once (no wait, so
 no cycle with the initiators' statement slots), the member's own queries are not counted,
-and an execution's end frees its place."""
+an execution's end frees its place, and leaves run by request and reply count too."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pyarrow as pa
 import pytest
 
+from shardex.api.query_ids import QueryId
 from shardex.errors import ErrorCode, ShardexError
 from shardex.net import RpcServer, TcpTransport
 from shardex.sql.protocol import (
@@ -88,6 +89,18 @@ async def test_an_execution_past_the_cap_fails_its_query_at_once() -> None:
         assert await rows == [{"i": 1}]
         await state_freed(services.values())
         # The ended execution gave its place back.
+        assert await (await m1.execute(plan("m1", "m2", "quick"))).all_rows() == [{"i": 2}]
+        # A leaf run by request and reply (``leaf_calls``) takes a place as well.
+        with m2.leaf_call(QueryId("m1", "call")):
+            with pytest.raises(ShardexError) as info:
+                await (await m1.execute(plan("m1", "m2", "quick"))).all_rows()
+            assert info.value.code is ErrorCode.QUERY_OVERLOADED
+            with pytest.raises(ShardexError) as info, m2.leaf_call(QueryId("m1", "again")):
+                pass
+            assert info.value.code is ErrorCode.QUERY_OVERLOADED
+            with m2.leaf_call(QueryId("m2", "own")):  # m2's own queries are not counted
+                pass
+        assert m2.calls == 0
         assert await (await m1.execute(plan("m1", "m2", "quick"))).all_rows() == [{"i": 2}]
     finally:
         release.set()

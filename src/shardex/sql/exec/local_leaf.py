@@ -45,7 +45,7 @@ from shardex.sql.exec.rows import cell_chunks
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
 
-__all__ = ["LocalRun", "after_first", "drop_unread", "run_local", "speculate"]
+__all__ = ["LocalRun", "after_first", "drop_unread", "root_of_leaves", "run_local", "speculate"]
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,29 @@ def run_local(
     assert len(plan.leaves) == 1
     spec = plan.leaf_spec(plan.leaves[0], local.dml, ts, local.budget, local.spill)
     leaf = run_leaf(index_scan, documents, memory, spec, params, name, cell_chunks)
-    if plan.mode == "rows" and not plan.bound.distinct and not spec.late:
-        # The root would pass the leaf's encoded rows on as they are: no root pipeline
-        # (and with no OFFSET or LIMIT to count, not even that).
-        if not plan.offset and plan.limit is None:
-            return leaf
-        return concatenated([leaf], plan.offset, plan.limit)
+    return root_of_leaves(documents, memory, local, [leaf], params, name)
+
+
+def root_of_leaves(
+    documents: DocumentAccess,
+    memory: NodeMemory,
+    local: LocalRun,
+    leaves: list[AsyncIterator[list[bytes]]],
+    params: Any,
+    name: str,
+) -> AsyncIterator[list[bytes]]:
+    """The result rows of ``local.plan`` from its leaves' encoded rows (one source per
+    leaf, in the plan's order), its root run here as the protocol's ``sql.root`` would."""
+    plan = local.plan
+    late = plan.late and not local.dml
+    if plan.mode == "rows" and not plan.bound.distinct and not late:
+        # The root would pass the leaves' encoded rows on as they are: no root pipeline
+        # (and with one leaf and no OFFSET or LIMIT to count, not even that).
+        if len(leaves) == 1 and not plan.offset and plan.limit is None:
+            return leaves[0]
+        return concatenated(leaves, plan.offset, plan.limit)
     root = plan.root_args(local.sql, local.dml, local.budget, local.spill)
-    return root_pipeline(documents, memory, root, params, name, [leaf], cell_chunks, list)
+    return root_pipeline(documents, memory, root, params, name, leaves, cell_chunks, list)
 
 
 async def speculate(

@@ -120,6 +120,7 @@ class PhysicalPlan:
     local: bool = False  # the one leaf and the root ran in-process here (``local_leaf``)
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
     guessed: Timestamp | None = None  # request_plus read at the TS pinned last (``pin_guess``)
+    called: bool = False  # leaves asked by request and reply (``leaf_calls``), not streamed
     # A join statement (``mode`` "join"): its side statements and join methods, run at the
     # initiator (``join_run``), and how EXPLAIN plans a side statement (each runs as a
     # SELECT of its own, planned when it starts).

@@ -51,6 +51,7 @@ from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
     ExchangeStats,
     ExchangeStatsReply,
+    LeafRequest,
     SqlQuery,
     SqlStarted,
     StreamReport,
@@ -71,6 +72,7 @@ from shardex.sql.exec.failover import (
 )
 from shardex.sql.exec.join_start import start_join
 from shardex.sql.exec.key_lookup import KeyLookups
+from shardex.sql.exec.leaf_calls import LeafCalls, SeqnoRide
 from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.pin_guess import PinGuesses
@@ -159,6 +161,8 @@ class SqlService:
         self.memory = NodeMemory() if memory is None else memory
         self.max_statement_bytes = max_statement_bytes
         self.keys = KeyLookups(documents, self.memory, query.new_query_id)
+        # Small results: leaves asked by request and reply, not streamed (``leaf_calls``).
+        self.calls = LeafCalls(query, documents.pool, scan, documents, self.memory)
         self.prepared = PreparedStatements()  # PREPARE / EXECUTE names, this node's
         # How the statements initiated here ended, and their latency (the node's metrics).
         self.stats = StatementStats()
@@ -176,6 +180,7 @@ class SqlService:
         # documents is answered there (``_select_now``); anything else goes on in a task.
         server.router.route_inline(SqlQuery, self._on_query_observed)
         server.route(ExchangeStats, self.on_exchange_stats)
+        server.route(LeafRequest, self.calls.on_leaf_request)
 
     async def on_exchange_stats(self, msg: ExchangeStats, conn: Connection) -> ExchangeStatsReply:
         meter = self.query.meter
@@ -477,13 +482,33 @@ class SqlService:
         if level == REQUEST_PLUS and speculates and local and self._runs_here(plan):
             return await self._speculate(plan, local, sql, dml, params, msg)
 
-        async def run(p: PhysicalPlan, ts: Timestamp | None) -> AsyncIterator[list[bytes]]:
+        def runs_local(p: PhysicalPlan) -> bool:
+            return p.tuning["local"] and self.scan.local_index is not None and self._runs_here(p)
+
+        async def run(
+            p: PhysicalPlan, ts: Timestamp | None, ride: SeqnoRide | None = None
+        ) -> AsyncIterator[list[bytes]]:
             local = self.scan.local_index
-            if p.tuning["local"] and local is not None and self._runs_here(p):
+            if local is not None and runs_local(p):
                 p.query_id = str(self.query.new_query_id())
                 p.local = True
                 here = LocalRun(p, sql, dml, self.quota(msg), msg.spill)
-                return run_local(local, self.documents, self.memory, here, ts, params, p.query_id)
+                chunks = run_local(local, self.documents, self.memory, here, ts, params, p.query_id)
+            elif self.calls.wanted(p, sql, dml):  # a small result: leaves by request and reply
+                q = self.query.new_query_id()
+                p.query_id, p.called = str(q), True
+                left = max(deadline - loop.time(), 0.001)
+                here = LocalRun(p, sql, dml, self.quota(msg), msg.spill)
+                stream = functools.partial(streamed, p, ts)
+                return self.calls.rows(local, here, q, ts, params, left, stream, ride)
+            else:
+                chunks = await streamed(p, ts)
+            if ride is not None:
+                ride.answered({})  # no calls: the round asks every owner
+            return chunks
+
+        async def streamed(p: PhysicalPlan, ts: Timestamp | None) -> AsyncIterator[list[bytes]]:
+            """``p`` run through the execution protocol."""
             qplan = p.query_plan(
                 sql, dml, self.query.member_id, ts, self.quota(msg), spill=msg.spill
             )
@@ -501,8 +526,18 @@ class SqlService:
             return again, await run(again, ts)
 
         ts: Timestamp | None = None
+        rides: list[SeqnoRide] = []
+
+        def guess_seqnos(keyspace: str) -> Awaitable[Timestamp]:
+            """What a run at the guessed TS must cover: the high seqnos gathered with its
+            leaf calls when it makes them (``SeqnoRide``), else the node's shared round."""
+            if runs_local(plan) or not self.calls.wanted(plan, sql, dml):
+                return self.scan.view.shared_high_seqnos(keyspace)
+            rides.append(SeqnoRide(self.scan.view, keyspace))
+            return rides[0].wait_for()
+
         chunks = await self.guesses.try_run(
-            plan, level, tuning, self.scan.view.shared_high_seqnos, lambda at: run(plan, at)
+            plan, level, tuning, guess_seqnos, lambda at: run(plan, at, *rides)
         )
         if chunks is not None:
             ts = plan.guessed

@@ -44,6 +44,7 @@ def started_reply(
             "inline": plan.inline,
             "local": plan.local,
             "guessed": plan.guessed is not None,
+            "calls": plan.called,
             "node": node,
             # A join statement: joined between fragments ("hash") or at the initiator.
             **({"join": plan.join.ran or "initiator"} if plan.join is not None else {}),

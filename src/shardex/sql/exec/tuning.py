@@ -37,6 +37,9 @@ Every switch defaults to on; turning one off never changes a result, only how it
 * ``join_exchange``: an INNER or LEFT hash join whose sides both read through index leaves
   runs in join fragments fed by hash exchanges from the leaves (``join_exchange.py``,
   decision 0135). Off: the initiator joins over side statements (decision 0123).
+* ``leaf_calls``: a statement with leaves on other nodes whose result is small (a LIMIT, or
+  rows that fit one reply) asks each leaf by one request and gets its rows in the reply,
+  then runs its root here (``leaf_calls.py``). Off: its leaves stream through the protocol.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -67,6 +70,7 @@ SWITCHES: Final = (
     "key_projection",
     "pin_guess",
     "join_exchange",
+    "leaf_calls",
 )
 METER_QUERIES: Final = 256
 

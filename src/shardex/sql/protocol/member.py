@@ -19,9 +19,10 @@ Life of a query (the protocol's specification, sections 3-4):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from shardex.api.query_ids import QueryId, QueryIdFactory
@@ -100,6 +101,7 @@ class QueryService:
         self._tasks: dict[asyncio.Task[Any], None] = {}
         self._maintenance: asyncio.Task[None] | None = None
         self._stopping = False
+        self.calls = 0  # leaves run here by request and reply for other members' queries
         self.initiator = Initiator(
             member_id=member_id,
             config=self.config,
@@ -214,9 +216,9 @@ class QueryService:
         execution can leak a slot."""
         cap = self.config.max_executions
         reg = self.registry
-        if cap is None or q.initiator == self.member_id or len(reg.executions) < cap:
+        if cap is None or q.initiator == self.member_id or len(reg.executions) + self.calls < cap:
             return
-        running = sum(1 for k in reg.executions if k.initiator != self.member_id)
+        running = sum(1 for k in reg.executions if k.initiator != self.member_id) + self.calls
         if running >= cap:
             reg.stats["executes_overloaded"] += 1
             raise overloaded(
@@ -226,6 +228,18 @@ class QueryService:
                 running=running,
                 member=self.member_id,
             )
+
+    @contextlib.contextmanager
+    def leaf_call(self, q: QueryId) -> Iterator[None]:
+        """A leaf of ``q`` run here by request and reply (``sql.exec.leaf_calls``), not as an
+        execution: admitted as one (``_admit``: QUERY_OVERLOADED past ``max_executions``)
+        and counted with them while it runs."""
+        self._admit(q)
+        self.calls += 1
+        try:
+            yield
+        finally:
+            self.calls -= 1
 
     def _free(self, q: QueryId) -> None:
         exe = self.registry.executions.pop(q, None)

@@ -54,7 +54,6 @@ from shardex.api.sql_exec import (
     LeafRequest,
     SqlQuery,
     SqlStarted,
-    StreamReport,
 )
 from shardex.api.validation import check_durability, check_durability_timeout
 from shardex.core.expr.functions_date import mentions_statement_time, with_statement_time
@@ -184,19 +183,7 @@ class SqlService:
 
     async def on_exchange_stats(self, msg: ExchangeStats, conn: Connection) -> ExchangeStatsReply:
         meter = self.query.meter
-        found = meter.of_query(msg.query_id) if isinstance(meter, BoundedMeter) else []
-        streams = [
-            StreamReport(
-                edge=edge,
-                sender=sender,
-                window=st.window,
-                sent=st.sent,
-                consumed=st.consumed,
-                max_sender_bound=st.max_sender_bound,
-                stalls=st.stalls,
-            )
-            for (_, edge, sender, _), st in found
-        ]
+        streams = meter.report(msg.query_id) if isinstance(meter, BoundedMeter) else []
         return ExchangeStatsReply(member=self.query.member_id, streams=streams)
 
     # --- the request ---------------------------------------------------------------------

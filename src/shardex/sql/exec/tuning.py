@@ -52,6 +52,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from shardex.api.query_ids import QueryId
+from shardex.api.sql_exec import StreamReport
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.protocol import ExchangeMeter, StreamStats
 from shardex.sql.protocol.flow import StreamKey
@@ -123,3 +124,18 @@ class BoundedMeter(ExchangeMeter):
             if str(q) == query_id:
                 return [(k, self.streams[k]) for k in keys if k in self.streams]
         return []
+
+    def report(self, query_id: str) -> list[StreamReport]:
+        """What each stream of that query carried, for an ``ExchangeStats`` request."""
+        return [
+            StreamReport(
+                edge=edge,
+                sender=sender,
+                window=st.window,
+                sent=st.sent,
+                consumed=st.consumed,
+                max_sender_bound=st.max_sender_bound,
+                stalls=st.stalls,
+            )
+            for (_, edge, sender, _), st in self.of_query(query_id)
+        ]

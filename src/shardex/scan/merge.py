@@ -112,8 +112,11 @@ def merge_heads(heads: list[list[bytes]], ordered: bool) -> list[bytes]:
     return rows
 
 
-async def interleave(sources: Sequence[BlockSource]) -> AsyncIterator[list[bytes]]:
-    """Blocks from all sources as they arrive, one fetch in flight per source."""
+async def interleave(
+    sources: Sequence[BlockSource], block_rows: int | None = None
+) -> AsyncIterator[list[bytes]]:
+    """Blocks from all sources as they arrive, one fetch in flight per source; a block of
+    more than ``block_rows`` entries (None: no bound) is passed on in pieces of that many."""
     pending: dict[asyncio.Task[list[bytes] | None], int] = {}
 
     def fetch(i: int) -> None:
@@ -131,8 +134,12 @@ async def interleave(sources: Sequence[BlockSource]) -> AsyncIterator[list[bytes
                 if block is None:
                     continue
                 fetch(i)
-                if block:
-                    yield block
+                if block_rows is None or len(block) <= block_rows:
+                    if block:
+                        yield block
+                    continue
+                for k in range(0, len(block), block_rows):
+                    yield block[k : k + block_rows]
     finally:
         for task in pending:
             task.cancel()

@@ -108,9 +108,11 @@ RPC_MARGIN: Final = 10.0  # beyond the scan's own wait timeout
 BLOCK_ROWS: Final = 1000  # entries per block to the client
 # Entries per block from the indexers: each block costs a fixed part on both ends (a read
 # in the indexer's scan pool, a frame, a credit, the stream's wake-ups) that a large scan
-# paid per 1,000 entries; blocks to the client stay at ``BLOCK_ROWS``.
+# paid per 1,000 entries; blocks to the client stay at ``BLOCK_ROWS``. Two blocks of credit
+# per indexer stream cost no more CPU per row than four and keep at most 8,000 entries
+# in flight (decisions/0137).
 SLICE_BLOCK_ROWS: Final = 4000
-SLICE_CREDIT: Final = 4
+SLICE_CREDIT: Final = 2
 
 # A stability TS as the coordinator holds it: encoded (``Timestamp.packed``, canonical, so
 # equal bytes are equal TSs), None for the tips (``scan_ts``).

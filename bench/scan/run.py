@@ -140,9 +140,12 @@ def run(plan: Plan) -> dict[str, Any]:
 
 def large_ratios(rows: Sequence[Row]) -> list[Row]:
     """Each shardex large scan's rows/s over PostgreSQL's index-order scan and over raw
-    RocksDB iteration of the same index's slices, and its CPU per row (servers + client)."""
+    RocksDB iteration of the same index's slices, its CPU per row (servers + client) and
+    raw iteration's CPU per row over it."""
     pg = next((r["rows/s"] for r in rows if r["system"] == "postgresql"), None)
-    raw = {r["case"].split(",")[0]: r["rows/s"] for r in rows if r["system"] == "rocksdb raw"}
+    raws = [r for r in rows if r["system"] == "rocksdb raw"]
+    raw = {r["case"].split(",")[0]: r["rows/s"] for r in raws}
+    raw_cpu = {r["case"].split(",")[0]: r.get("cpu us/row client") for r in raws}
     out: list[Row] = []
     for r in rows:
         if r["system"] != "shardex":
@@ -155,6 +158,10 @@ def large_ratios(rows: Sequence[Row]) -> list[Row]:
                 "/ postgresql": ratio(r["rows/s"], pg) if head == "full by_city_age" else None,
                 "/ raw rocksdb": ratio(r["rows/s"], raw.get(head)),
                 "cpu us/row": _cpu_per_row(r),
+                # Raw iteration's CPU per row over the scan's: the same ratio as rows/s on an
+                # idle machine with the scan alone on one core, steadier on a loaded one (the
+                # raw scan is short, so its rows/s moves with the scheduler).
+                "cpu: raw rocksdb /": ratio(raw_cpu.get(head), _cpu_per_row(r)),
                 "load_1m": r["load_1m"],
             }
         )

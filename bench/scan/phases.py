@@ -6,6 +6,7 @@ checks (PostgreSQL's answers to the check queries)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -59,7 +60,9 @@ def postgres_setup(
         out.info["session_settings"] = {c: list(PG_SETTINGS[c]) for c in CASES}
         conn.execute("RESET ALL")
         log(f"postgresql: {count} documents, twin indexes built, checks passed")
-        out.rows.extend(large_scan_pg(conn, n_docs))
+        pid = server.postmaster_pid()
+        postmaster = CpuPerRow({} if pid is None else {"postgresql": pid}, tree=True)
+        out.rows.extend(large_scan_pg(conn, n_docs, postmaster))
     return out
 
 
@@ -70,7 +73,7 @@ LARGE_PG_SQL = (
 )
 
 
-def large_scan_pg(conn: Any, n_docs: int) -> list[Row]:
+def large_scan_pg(conn: Any, n_docs: int, cpu: CpuPerRow) -> list[Row]:
     """Every entry of the by_city_age twin in index order, through an index scan (seq scans
     and bitmap scans off: the like-for-like of a full index scan), fetched over psycopg."""
     conn.execute("SET enable_seqscan = off")
@@ -78,6 +81,7 @@ def large_scan_pg(conn: Any, n_docs: int) -> list[Row]:
     rows: list[Row] = []
     for attempt in ("warm", "measured"):
         load = load1()
+        cpu0 = cpu.sample()
         t = time.perf_counter()
         got = conn.execute(LARGE_PG_SQL).fetchall()
         seconds = time.perf_counter() - t
@@ -86,6 +90,7 @@ def large_scan_pg(conn: Any, n_docs: int) -> list[Row]:
         if attempt == "measured":
             rows.append(
                 large_row("postgresql", "full by_city_age, index order", n_docs, seconds, load)
+                | cpu.columns(cpu0, n_docs)
                 | {"detail": plan[0][:60]}
             )
     conn.execute("RESET enable_seqscan")
@@ -140,6 +145,41 @@ def _timed(fn: Callable[[], int]) -> tuple[int, float, float | None]:
     return n, time.perf_counter() - t, load
 
 
+def _own_cpu() -> float:
+    """This process's CPU seconds so far (user + system, every thread)."""
+    t = os.times()
+    return t.user + t.system
+
+
+class CpuPerRow:
+    """CPU per row of a large scan, per process: ``sample()`` before and ``columns(before,
+    n)`` after it. ``servers``: name -> pid of the server processes (a shardex node, or a
+    PostgreSQL postmaster with its backends: ``tree``); the client is this process."""
+
+    def __init__(self, servers: dict[str, int], *, tree: bool = False) -> None:
+        self.servers = servers
+        self.tree = tree
+
+    def sample(self) -> dict[str, float]:
+        from bench.common.proc_cpu import process_cpu, tree_cpu
+
+        read = tree_cpu if self.tree else process_cpu
+        return {name: read([pid]) for name, pid in self.servers.items()} | {"": _own_cpu()}
+
+    def columns(self, before: dict[str, float], n: int) -> Row:
+        """``cpu us/row server`` (all the servers), ``... client``, and each server's own
+        (``cpu us/row by process``); 10 ms ticks, so read them over scans of a second or
+        more."""
+        after = self.sample()
+        per = {k: round((after[k] - before[k]) * 1e6 / n, 3) for k in before}
+        client = per.pop("")
+        return {
+            "cpu us/row server": round(sum(per.values()), 3),
+            "cpu us/row client": client,
+            "cpu us/row by process": per,
+        }
+
+
 def large_scans_shardex(client: Any, cluster_dir: Path, expected: dict[str, int]) -> list[Row]:
     """Full scans of both indexes through the client (rows decoded, or raw entry blocks),
     ordered (k-way merge) and unordered, against raw RocksDB iteration of the same slices."""
@@ -155,6 +195,9 @@ def large_scans_shardex(client: Any, cluster_dir: Path, expected: dict[str, int]
 
         return run
 
+    from bench.common.local_cluster import node_pids
+
+    cpu = CpuPerRow(node_pids(cluster_dir))
     out: list[Row] = []
     for index, n_expected in expected.items():
         cases = [
@@ -164,17 +207,19 @@ def large_scans_shardex(client: Any, cluster_dir: Path, expected: dict[str, int]
         ]
         rows_of(index, True)()  # warm: connections, the page cache, the slices' blocks
         for case, fn in cases:
+            cpu0 = cpu.sample()
             n, seconds, load = _timed(fn)
             if n != n_expected:
                 raise RuntimeError(f"shardex {case}: {n} rows, expected {n_expected}")
-            out.append(large_row("shardex", case, n, seconds, load))
+            out.append(large_row("shardex", case, n, seconds, load) | cpu.columns(cpu0, n))
         locations = slice_locations(client, cluster_dir, KEYSPACE, index)
         raw_iterate(locations)  # warm
         load = load1()
-        n, seconds = raw_iterate(locations)
+        n, seconds, cpu_seconds = raw_iterate(locations)
         if n != n_expected:
             raise RuntimeError(f"raw RocksDB {index}: {n} keys, expected {n_expected}")
         row = large_row("rocksdb raw", f"full {index}, keys", n, seconds, load)
+        row["cpu us/row client"] = round(cpu_seconds * 1e6 / n, 3)
         out.append(row | {"detail": f"{len(locations)} slices, read-only open, 1 thread"})
         log(f"large scans of {index} done")
     return out

@@ -36,9 +36,10 @@ def slice_locations(client: Any, cluster_dir: Path, keyspace: str, index: str) -
     return [(dirs[node], cf_names(rec.id, p)[0]) for p, node in sorted(topo.assignment.items())]
 
 
-def raw_iterate(locations: list[Any]) -> tuple[int, float]:
+def raw_iterate(locations: list[Any]) -> tuple[int, float, float]:
     """Open each node's index RocksDB read-only and count every key of the listed entry
-    families; returns (keys, seconds of iteration, opening excluded)."""
+    families; returns (keys, seconds of iteration, CPU seconds of iteration; opening
+    excluded)."""
     from rocksdict import AccessType, Options, Rdict
 
     by_db: dict[Path, list[str]] = {}
@@ -59,12 +60,12 @@ def raw_iterate(locations: list[Any]) -> tuple[int, float]:
             dbs.append(db)
             cfs.extend(db.get_column_family(n) for n in names)
         n = 0
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         for cf in cfs:
             for _ in cf.keys():  # noqa: SIM118 (an Rdict: keys() is its key iterator)
                 n += 1
-        seconds = time.perf_counter() - t
+        seconds, cpu = time.perf_counter() - t, time.thread_time() - cpu
     finally:
         for db in dbs:
             db.close()
-    return n, seconds
+    return n, seconds, cpu

@@ -14,7 +14,9 @@ turns (``rounds.py``, ``interleaved.py``):
    would only add its idle polling to the machine (request_plus still fetches the high
    seqnos and waits for stability to cover them; it just never has to wait long).
    Check queries, full scans (rows decoded, raw entries; ordered and unordered) and raw
-   RocksDB iteration of the same slice files.
+   RocksDB iteration of the same slice files, each with its CPU per row: every node
+   process's and the client's (this process), from /proc; PostgreSQL's large scan with its
+   server's (postmaster and backends) and its client's.
 3. The 100-row queries, interleaved: in each of R rounds (``--rounds``, default 3) every
    case x clients slot measures PostgreSQL (over psycopg, prepared statements, per-case
    session settings for its best plan, ``queries.PG_SETTINGS``) and shardex at
@@ -138,9 +140,12 @@ def run(plan: Plan) -> dict[str, Any]:
 
 def large_ratios(rows: Sequence[Row]) -> list[Row]:
     """Each shardex large scan's rows/s over PostgreSQL's index-order scan and over raw
-    RocksDB iteration of the same index's slices."""
+    RocksDB iteration of the same index's slices, its CPU per row (servers + client) and
+    raw iteration's CPU per row over it."""
     pg = next((r["rows/s"] for r in rows if r["system"] == "postgresql"), None)
-    raw = {r["case"].split(",")[0]: r["rows/s"] for r in rows if r["system"] == "rocksdb raw"}
+    raws = [r for r in rows if r["system"] == "rocksdb raw"]
+    raw = {r["case"].split(",")[0]: r["rows/s"] for r in raws}
+    raw_cpu = {r["case"].split(",")[0]: r.get("cpu us/row client") for r in raws}
     out: list[Row] = []
     for r in rows:
         if r["system"] != "shardex":
@@ -152,10 +157,21 @@ def large_ratios(rows: Sequence[Row]) -> list[Row]:
                 "rows/s": r["rows/s"],
                 "/ postgresql": ratio(r["rows/s"], pg) if head == "full by_city_age" else None,
                 "/ raw rocksdb": ratio(r["rows/s"], raw.get(head)),
+                "cpu us/row": _cpu_per_row(r),
+                # Raw iteration's CPU per row over the scan's: the same ratio as rows/s on an
+                # idle machine with the scan alone on one core, steadier on a loaded one (the
+                # raw scan is short, so its rows/s moves with the scheduler).
+                "cpu: raw rocksdb /": ratio(raw_cpu.get(head), _cpu_per_row(r)),
                 "load_1m": r["load_1m"],
             }
         )
     return out
+
+
+def _cpu_per_row(row: Row) -> float | None:
+    """Servers' and client's CPU per row of a large scan (None when not measured)."""
+    server, client = row.get("cpu us/row server"), row.get("cpu us/row client")
+    return None if server is None or client is None else round(server + client, 3)
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:

@@ -134,16 +134,19 @@ def test_ratio_tables_pair_shardex_with_its_postgres_twin() -> None:
     assert out[0]["gap x"] == 1.5 and out[0]["consistency"] == "request_plus"
     large = [
         {"system": "postgresql", "case": "full by_city_age, index order", "rows/s": 100_000},
-        {"system": "rocksdb raw", "case": "full by_city_age, keys", "rows/s": 1_000_000},
+        {"system": "rocksdb raw", "case": "full by_city_age, keys", "rows/s": 1_000_000,
+         "cpu us/row client": 0.25},
         {"system": "rocksdb raw", "case": "full by_email, keys", "rows/s": 500_000},
         {"system": "shardex", "case": "full by_city_age, ordered, rows", "rows/s": 50_000,
-         "load_1m": 1.0},
+         "load_1m": 1.0, "cpu us/row server": 0.75, "cpu us/row client": 0.5},
         {"system": "shardex", "case": "full by_email, ordered, rows", "rows/s": 50_000,
          "load_1m": 1.0},
     ]  # fmt: skip
     lr = large_ratios(large)
     assert lr[0]["/ postgresql"] == 0.5 and lr[0]["/ raw rocksdb"] == 0.05
+    assert lr[0]["cpu us/row"] == 1.25 and lr[0]["cpu: raw rocksdb /"] == 0.2
     assert lr[1]["/ postgresql"] is None and lr[1]["/ raw rocksdb"] == 0.1
+    assert lr[1]["cpu us/row"] is None and lr[1]["cpu: raw rocksdb /"] is None
     assert ratio(None, 1.0) is None and ratio(1.0, 0) is None
 
 
@@ -177,3 +180,8 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     assert all(r["peer cpu %"] is not None for r in every)
     systems = {r["system"] for r in doc["tables"]["large scans"]}
     assert systems == {"postgresql", "shardex", "rocksdb raw"}
+    # CPU per row of every large scan: each node's and the client's for shardex
+    for r in doc["tables"]["large scans"]:
+        assert r["cpu us/row client"] >= 0, r
+        if r["system"] == "shardex":
+            assert len(r["cpu us/row by process"]) == 3 and r["cpu us/row server"] > 0, r

@@ -11,8 +11,9 @@ connection breaks). After each kill the node is restarted and a full scan must a
 the oracle (the slices came back from RocksDB intact).
 
 The index holds ``DOCS`` entries over 3 slices, one per node. Credit flow control bounds
-what is in flight beyond a slice (4 blocks of 1000 entries per hop), so with ~8000 entries
-per slice the killed node still has unsent entries when the client has read its first rows:
+what is in flight beyond a slice (the first 1,000 entries, then 2 blocks of 4,000 from an
+indexer, 4 blocks of 1,000 to the client), so with ~16,000 entries per slice the killed
+node still has unsent entries when the client has read its first rows:
 the kill lands in the middle of the scan, not after it. The setup (cluster, documents, the
 initial build on a loaded 2-core box) takes over a minute, so the tests are marked slow.
 """
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 KEYSPACE = "scanfaults"
 INDEX = "by_age"
-DOCS = 24_000
+DOCS = 48_000
 READ_BEFORE_KILL = 50  # rows the client reads before the kill (the scan is open and streaming)
 PAUSE_EVERY = 500  # rows between the client's pauses: a slow reader
 PAUSE = 0.005

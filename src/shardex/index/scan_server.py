@@ -17,7 +17,8 @@ node's data service serves: they are read first, on arrival, and returned in the
 
 Iterators are created before the reply (a scan pins its snapshots when it is asked for, so
 a later stabilise releasing them cannot fail it): the local slices merged in entry order
-(``heapq.merge``) for ordered scans, one after the other otherwise, cut at ``limit``. The
+for ordered scans, one after the other otherwise, cut at ``limit``, a storage chunk at a
+time (``scan_blocks``). The
 reply carries the first block (at most ``INLINE_ROWS``), read on the event loop, and says
 ``done`` when that is all: a small scan costs one request and one reply, no stream and no
 thread hand-off. Anything after it streams in blocks with credit flow control
@@ -34,12 +35,9 @@ answer of all nodes).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import concurrent.futures
 import functools
-import heapq
-import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -57,14 +55,14 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, ShardexError
 from shardex.index.engine_host import EngineHost
 from shardex.index.records import STATE_CREATED, STATE_LOADING, STATE_NEEDS_REBUILD
+from shardex.index.scan_blocks import EntryBlocks, open_entries
 from shardex.index.scan_wait import StabilityWatch, common_snapshot_ts, scan_timeout
 from shardex.net import Connection, RpcServer
 
-__all__ = ["MAX_BLOCK_BYTES", "IndexScanServer", "take_block"]
+__all__ = ["IndexScanServer"]
 
 T = TypeVar("T")
 
-MAX_BLOCK_BYTES: Final = 1024 * 1024  # a block is cut here even below block_rows
 MAX_BLOCK_ROWS: Final = 10_000
 MAX_WAIT: Final = 600.0
 SCAN_THREADS: Final = 2
@@ -73,37 +71,6 @@ SCAN_THREADS: Final = 2
 # hand-off and no stream at all (measured: each hand-off cost 1-3 ms under load).
 INLINE_ROWS: Final = 1000
 INLINE_BYTES: Final = 256 * 1024
-
-
-def take_block(gen: Iterator[bytes], n: int, max_bytes: int = MAX_BLOCK_BYTES) -> list[bytes]:
-    """Up to ``n`` entries of ``gen`` (fewer once ``max_bytes`` are collected)."""
-    out: list[bytes] = []
-    size = 0
-    for entry in itertools.islice(gen, n):
-        out.append(entry)
-        size += len(entry)
-        if size >= max_bytes:
-            break
-    return out
-
-
-def take_first(
-    gen: Iterator[bytes], n: int, max_bytes: int
-) -> tuple[list[bytes], Iterator[bytes] | None]:
-    """The first block of ``gen`` and what is left of it (None: ``gen`` is exhausted, known
-    by reading one entry ahead, which the returned iterator gives back first)."""
-    # ``take_block``'s block, taken in C: up to ``n`` entries, then cut after the entry
-    # that reaches ``max_bytes`` (the entries past the cut go back in front of ``gen``).
-    block = list(itertools.islice(gen, n))
-    sizes = list(itertools.accumulate(map(len, block)))
-    cut = bisect.bisect_left(sizes, max_bytes) + 1
-    if cut < len(block):
-        return block[:cut], itertools.chain(block[cut:], gen)
-    if len(block) < n and (not sizes or sizes[-1] < max_bytes):
-        return block, None
-    for ahead in gen:
-        return block, itertools.chain((ahead,), gen)
-    return block, None
 
 
 class IndexScanServer:
@@ -254,7 +221,7 @@ class IndexScanServer:
         self.streams.check_new(conn, msg.scan_id)
         opened, rest, block_rows, _ = await self._open(msg)
         if rest is not None:
-            left: Iterator[bytes] = rest
+            left: EntryBlocks = rest
 
             async def produce(stream: OutStream) -> None:
                 async for block in self._blocks(left, block_rows):
@@ -275,7 +242,7 @@ class IndexScanServer:
 
     async def _open(
         self, msg: ScanSlices, *, wire_ts: bool = True
-    ) -> tuple[SlicesOpened, Iterator[bytes] | None, int, Timestamp | None]:
+    ) -> tuple[SlicesOpened, EntryBlocks | None, int, Timestamp | None]:
         """Wait, pick the snapshot, open the slices and read the first block: (the reply,
         the entries after it or None at the end, the block size, the TS read)."""
         # Read before anything else: the request arrived after the scan did at its
@@ -304,11 +271,12 @@ class IndexScanServer:
         # SNAPSHOT_TOO_OLD etc. answer the request. Opening only creates iterators; the first
         # block is read on the loop too (bounded), and a scan that ends within it is answered
         # by the reply alone: no stream, no thread hand-off.
-        gen = await self._run_unlocked(
-            slices, functools.partial(_open_iterators, slices, spans, read_ts, limit, msg.ordered)
+        entries = await self._run_unlocked(
+            slices, functools.partial(open_entries, slices, spans, read_ts, limit, msg.ordered)
         )
         block_rows = max(1, min(msg.block_rows, MAX_BLOCK_ROWS))
-        first, rest = take_first(gen, min(block_rows, INLINE_ROWS), INLINE_BYTES)
+        first = entries.take(min(block_rows, INLINE_ROWS), INLINE_BYTES)
+        rest = None if entries.exhausted() else entries
         # The snapshot's TS as its cached encoding (``Timestamp.packed``): the ring holds
         # one object per snapshot, so it is encoded once per stabilise, not per scan.
         wire = NO_TS if read_ts is None or not wire_ts else msgspec.Raw(read_ts.packed())
@@ -334,10 +302,10 @@ class IndexScanServer:
         except ShardexError:  # e.g. the keyspace is not open here yet
             return None
 
-    async def _blocks(self, gen: Iterator[bytes], block_rows: int) -> AsyncIterator[list[bytes]]:
-        """Blocks of ``gen``, each read in the scan pool (a block may take milliseconds)."""
+    async def _blocks(self, entries: EntryBlocks, block_rows: int) -> AsyncIterator[list[bytes]]:
+        """Blocks of ``entries``, each read in the scan pool (a block may take milliseconds)."""
         while True:
-            block = await self._run(take_block, gen, block_rows)
+            block = await self._run(entries.take, block_rows)
             if not block:
                 return
             yield block
@@ -364,38 +332,16 @@ class IndexScanServer:
         # and the first block read there too (bounded), so a point query's leaf reads its
         # entry without a thread hand-off; later blocks are read in the scan pool.
         slices = self._slices(index_id, partitions)
-        gen = await self._run_unlocked(
+        entries = await self._run_unlocked(
             slices,
-            functools.partial(
-                _open_iterators, slices, spans, snapshot_ts, limit, ordered, chunk_rows
-            ),
+            functools.partial(open_entries, slices, spans, snapshot_ts, limit, ordered, chunk_rows),
         )
-        first, rest = take_first(gen, min(block_rows, INLINE_ROWS), INLINE_BYTES)
+        first = entries.take(min(block_rows, INLINE_ROWS), INLINE_BYTES)
         if first:
             yield first
-        if rest is not None:
-            async for block in self._blocks(rest, block_rows):
+        if not entries.exhausted():
+            async for block in self._blocks(entries, block_rows):
                 yield block
-
-
-def _open_iterators(
-    slices: list[Any],
-    spans: list[Any] | None,
-    read_ts: Timestamp | None,
-    limit: int | None,
-    ordered: bool,
-    chunk_rows: int | None = None,
-) -> Iterator[bytes]:
-    """One iterator over the slices' raw entries, merged in entry order when ``ordered``,
-    cut at ``limit``. Each slice's iterators exist (its snapshot is pinned) on return."""
-    its = [
-        s.scan(spans, snapshot_ts=read_ts, limit=limit, raw=True, chunk_rows=chunk_rows)
-        for s in slices
-    ]
-    if len(its) == 1:
-        return its[0]  # one slice: in entry order and cut at ``limit`` already
-    merged = heapq.merge(*its) if ordered else itertools.chain(*its)
-    return itertools.islice(merged, limit) if limit is not None else merged
 
 
 def _check_state(s: Any, node: str) -> None:

@@ -50,8 +50,8 @@ from shardex.index.records import (
 from shardex.index.slice_decisions import Decided, Prepared
 from shardex.index.slice_queue import Queued, SliceQueue, Taken
 from shardex.index.snapshots import SnapshotRing
-from shardex.index.spans import scan_ranges
-from shardex.storage import Batch, Store
+from shardex.index.spans import scan_chunks, scan_ranges
+from shardex.storage import Batch, Store, StoreSnapshot
 
 __all__ = ["DEFAULT_KEEP_SNAPSHOTS", "Slice", "SliceStats", "StabiliseAck"]
 
@@ -426,17 +426,37 @@ class Slice:
         from storage that many at a time (``spans.scan_ranges``). Errors (rollback,
         SNAPSHOT_TOO_OLD, not reached) are raised here, not on first iteration."""
         with self.lock:
-            if self._meta.state == STATE_NEEDS_REBUILD:
-                raise _err(ErrorCode.INDEX_IN_ROLLBACK, f"slice {self._name()} is rolling back")
-            if self._meta.state == STATE_LOADING:
-                raise _err(ErrorCode.INDEX_NOT_READY, f"slice {self._name()} is loading")
-            snap = None
-            if snapshot_ts is not None:
-                snap = self._snapshots.at(snapshot_ts, self._applied)
+            snap = self._scan_snapshot(snapshot_ts)
             desc = self.desc if any(self.desc) else None
             return scan_ranges(
                 self._entries, spans_to_ranges(spans), snap, limit, reverse, raw, desc, chunk_rows
             )
+
+    def scan_chunks(
+        self,
+        spans: Iterable[Span] | None = None,
+        *,
+        snapshot_ts: Timestamp | None = None,
+        limit: int | None = None,
+        chunk_rows: int | None = None,
+    ) -> Iterator[list[bytes]]:
+        """``scan(raw=True)``'s entries in the lists storage reads them in (``spans.scan_chunks``):
+        what the scan service merges and sends a block at a time."""
+        with self.lock:
+            snap = self._scan_snapshot(snapshot_ts)
+            ranges = spans_to_ranges(spans)
+            return scan_chunks(self._entries, ranges, snap, limit, False, chunk_rows)
+
+    def _scan_snapshot(self, snapshot_ts: Timestamp | None) -> StoreSnapshot | None:
+        """The snapshot a scan at ``snapshot_ts`` reads (None: the tip), or the error that
+        refuses it (rollback, loading, SNAPSHOT_TOO_OLD, not reached). Under the lock."""
+        if self._meta.state == STATE_NEEDS_REBUILD:
+            raise _err(ErrorCode.INDEX_IN_ROLLBACK, f"slice {self._name()} is rolling back")
+        if self._meta.state == STATE_LOADING:
+            raise _err(ErrorCode.INDEX_NOT_READY, f"slice {self._name()} is loading")
+        if snapshot_ts is None:
+            return None
+        return self._snapshots.at(snapshot_ts, self._applied)
 
     def entries(self, snapshot_ts: Timestamp | None = None) -> list[bytes]:
         """Every entry (raw bytes) at a snapshot or the tip: what the oracle checks."""

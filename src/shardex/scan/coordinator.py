@@ -105,8 +105,14 @@ log = logging.getLogger(__name__)
 
 OPEN_ATTEMPTS: Final = 3
 RPC_MARGIN: Final = 10.0  # beyond the scan's own wait timeout
-BLOCK_ROWS: Final = 1000
-SLICE_CREDIT: Final = 4
+BLOCK_ROWS: Final = 1000  # entries per block to the client
+# Entries per block from the indexers: each block costs a fixed part on both ends (a read
+# in the indexer's scan pool, a frame, a credit, the stream's wake-ups) that a large scan
+# paid per 1,000 entries; blocks to the client stay at ``BLOCK_ROWS``. Two blocks of credit
+# per indexer stream cost no more CPU per row than four and keep at most 8,000 entries
+# in flight (decisions/0137).
+SLICE_BLOCK_ROWS: Final = 4000
+SLICE_CREDIT: Final = 2
 
 # A stability TS as the coordinator holds it: encoded (``Timestamp.packed``, canonical, so
 # equal bytes are equal TSs), None for the tips (``scan_ts``).
@@ -238,7 +244,7 @@ class ScanCoordinator:
             # copy may have to continue it after its last entry (``failover.py``).
             ordered=msg.ordered or resumable(msg, topo, partitions),
             credit=SLICE_CREDIT,
-            block_rows=BLOCK_ROWS,
+            block_rows=SLICE_BLOCK_ROWS,
         )
         placed = by_node
         placed_topo = topo
@@ -535,7 +541,9 @@ class ScanCoordinator:
         return reopen
 
     def _combine(self, msg: IndexScan, sources: list[Source]) -> AsyncIterator[list[bytes]]:
-        combined = merge_ordered(sources, BLOCK_ROWS) if msg.ordered else interleave(sources)
+        combined = (
+            merge_ordered(sources, BLOCK_ROWS) if msg.ordered else interleave(sources, BLOCK_ROWS)
+        )
         return window(combined, msg.offset, msg.limit)
 
     async def _stream(self, msg: IndexScan, sources: list[Source], out: OutStream) -> None:

@@ -5,7 +5,8 @@ entries | None`` (None at its end), so the same code merges indexer streams at t
 coordinator and fake sources in the unit tests.
 
 * ``merge_ordered``: a k-way merge on the raw entry bytes (entries sort by (key, docid), see
-  ``shardex.core.keycodec``), holding at most one block per source. Each source must itself
+  ``shardex.core.keycodec``), holding at most one block per source, a block at a time
+  (``shardex.core.sorted_runs``). Each source must itself
   be in entry order (a slice is; an indexer merges its local slices before sending).
 * ``merge_heads``: the same order for sources whose entries are all at hand (a small scan's
   replies), in one sort;
@@ -19,9 +20,10 @@ coordinator and fake sources in the unit tests.
 from __future__ import annotations
 
 import asyncio
-import heapq
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
+
+from shardex.core.sorted_runs import merge_through
 
 __all__ = [
     "BlockSource",
@@ -52,44 +54,48 @@ def pushdown_limit(offset: int, limit: int | None) -> int | None:
 async def merge_ordered(
     sources: Sequence[BlockSource], block_rows: int = 1000
 ) -> AsyncIterator[list[bytes]]:
-    """Blocks of the sources' entries in byte order. A non-empty partial block is emitted
-    before waiting on a source (not when its next block is already at hand), so rows flow
-    while slow slices are still reading and small scans come out as one block."""
-    blocks: list[list[bytes]] = [[] for _ in sources]
-    pos = [0] * len(sources)
-    heap: list[tuple[bytes, int]] = []
+    """Blocks of at most ``block_rows`` of the sources' entries in byte order, merged a
+    block at a time (``core.sorted_runs.merge_through``). A non-empty partial block is
+    emitted before waiting on a source (not when its next block is already at hand), so
+    rows flow while slow slices are still reading and small scans come out as one block."""
 
-    async def refill(i: int) -> None:
-        """Load source ``i``'s next non-empty block and push its head (nothing at its end)."""
+    async def refill(source: BlockSource) -> list[bytes] | None:
+        """The source's next non-empty block (None at its end)."""
         while True:
-            block = await sources[i].next_block()
-            if block is None:
-                return
-            if block:
-                blocks[i], pos[i] = block, 0
-                heapq.heappush(heap, (block[0], i))
-                return
+            block = await source.next_block()
+            if block is None or block:
+                return block
 
     # The first blocks of all sources are fetched concurrently: the slowest slice's start
     # latency is paid once, not once per slice.
-    await asyncio.gather(*(refill(i) for i in range(len(sources))))
+    firsts = await asyncio.gather(*(refill(s) for s in sources))
+    live = [(s, b) for s, b in zip(sources, firsts, strict=True) if b is not None]
+    srcs = [s for s, _ in live]
+    blocks = [b for _, b in live]
+    pos = [0] * len(blocks)
     out: list[bytes] = []
-    while heap:
-        entry, i = heapq.heappop(heap)
-        out.append(entry)
-        p = pos[i] + 1
-        if p < len(blocks[i]):
-            pos[i] = p
-            heapq.heappush(heap, (blocks[i][p], i))
+    while blocks:
+        if len(blocks) == 1:
+            out += blocks[0][pos[0] :]
+            pos[0] = len(blocks[0])
         else:
-            blocks[i] = []
-            if out and _would_wait(sources[i]):  # hand over what is merged so far
+            out += merge_through(blocks, pos)
+        if len(out) >= block_rows:
+            full = len(out) - len(out) % block_rows
+            for k in range(0, full, block_rows):
+                yield out[k : k + block_rows]
+            out = out[full:]
+        for i in reversed(range(len(blocks))):
+            if pos[i] < len(blocks[i]):
+                continue
+            if out and _would_wait(srcs[i]):  # hand over what is merged so far
                 yield out
                 out = []
-            await refill(i)
-        if len(out) >= block_rows:
-            yield out
-            out = []
+            block = await refill(srcs[i])
+            if block is None:
+                del srcs[i], blocks[i], pos[i]
+            else:
+                blocks[i], pos[i] = block, 0
     if out:
         yield out
 
@@ -106,8 +112,11 @@ def merge_heads(heads: list[list[bytes]], ordered: bool) -> list[bytes]:
     return rows
 
 
-async def interleave(sources: Sequence[BlockSource]) -> AsyncIterator[list[bytes]]:
-    """Blocks from all sources as they arrive, one fetch in flight per source."""
+async def interleave(
+    sources: Sequence[BlockSource], block_rows: int | None = None
+) -> AsyncIterator[list[bytes]]:
+    """Blocks from all sources as they arrive, one fetch in flight per source; a block of
+    more than ``block_rows`` entries (None: no bound) is passed on in pieces of that many."""
     pending: dict[asyncio.Task[list[bytes] | None], int] = {}
 
     def fetch(i: int) -> None:
@@ -125,8 +134,12 @@ async def interleave(sources: Sequence[BlockSource]) -> AsyncIterator[list[bytes
                 if block is None:
                     continue
                 fetch(i)
-                if block:
-                    yield block
+                if block_rows is None or len(block) <= block_rows:
+                    if block:
+                        yield block
+                    continue
+                for k in range(0, len(block), block_rows):
+                    yield block[k : k + block_rows]
     finally:
         for task in pending:
             task.cancel()

@@ -10,7 +10,7 @@ The contract both stores keep (``tests/unit/storage/test_storage_stores.py`` run
 against both):
 
 * keys and values are ``bytes``; a column family iterates in unsigned byte order, bounded
-  ``[lower, upper)`` and either way;
+  ``[lower, upper)`` and either way, as pairs or as lists of keys (``iterate_keys``);
 * a ``Batch`` spans column families and is applied atomically by ``write``; ``sync=True``
   makes it (and every write before it) survive a machine crash, ``sync=False`` only a
   process crash;
@@ -49,6 +49,16 @@ class SnapshotLike(Protocol):
         chunk_size: int = ...,
     ) -> Iterator[tuple[bytes, bytes]]: ...
 
+    def iterate_keys(
+        self,
+        cf_name: str,
+        lower: bytes | None = None,
+        upper: bytes | None = None,
+        *,
+        reverse: bool = False,
+        chunk_size: int = ...,
+    ) -> Iterator[list[bytes]]: ...
+
     def release(self) -> None: ...
 
 
@@ -78,6 +88,18 @@ class ColumnFamilyLike(Protocol):
         snapshot: SnapshotLike | None = None,
         chunk_size: int = ...,
     ) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def iterate_keys(
+        self,
+        lower: bytes | None = None,
+        upper: bytes | None = None,
+        *,
+        reverse: bool = False,
+        snapshot: SnapshotLike | None = None,
+        chunk_size: int = ...,
+    ) -> Iterator[list[bytes]]:
+        """The keys ``iterate`` walks, in lists of at most ``chunk_size``."""
+        ...
 
     def ingest(self, sst_paths: Iterable[str | os.PathLike[str]], *, move: bool = True) -> None: ...
 

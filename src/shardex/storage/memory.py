@@ -74,13 +74,23 @@ class _Family:
     ) -> list[tuple[bytes, bytes]]:
         """The pairs in ``[lower, upper)``, copied now: a reader sees this state however
         the family changes while it iterates (as a RocksDB iterator's implicit snapshot)."""
+        data = self.data
+        return [(k, data[k]) for k in self.range_keys(lower, upper, reverse)]
+
+    def range_keys(self, lower: bytes | None, upper: bytes | None, reverse: bool) -> list[bytes]:
+        """The keys in ``[lower, upper)``, copied now (as ``range``)."""
         lo = 0 if lower is None else bisect.bisect_left(self.keys, lower)
         hi = len(self.keys) if upper is None else bisect.bisect_left(self.keys, upper)
         keys = self.keys[lo:hi]
         if reverse:
             keys.reverse()
-        data = self.data
-        return [(k, data[k]) for k in keys]
+        return keys
+
+
+def _chunks(keys: list[bytes], size: int) -> Iterator[list[bytes]]:
+    """``keys`` in lists of ``size`` (``rocks._key_chunks``'s shape)."""
+    size = max(1, size)
+    return (keys[i : i + size] for i in range(0, len(keys), size))
 
 
 def _apply(families: dict[str, _Family], ops: Iterable[_Op]) -> None:
@@ -160,6 +170,17 @@ class MemorySnapshot:
     ) -> Iterator[tuple[bytes, bytes]]:
         return iter(self._part(cf_name).range(lower, upper, reverse))
 
+    def iterate_keys(
+        self,
+        cf_name: str,
+        lower: bytes | None = None,
+        upper: bytes | None = None,
+        *,
+        reverse: bool = False,
+        chunk_size: int = _CHUNK,
+    ) -> Iterator[list[bytes]]:
+        return _chunks(self._part(cf_name).range_keys(lower, upper, reverse), chunk_size)
+
     def release(self) -> None:
         self._parts.clear()
 
@@ -211,6 +232,22 @@ class MemoryColumnFamily:
             return snapshot.iterate(self.name, lower, upper, reverse=reverse)
         with self._store._lock:
             return iter(self._family().range(lower, upper, reverse))
+
+    def iterate_keys(
+        self,
+        lower: bytes | None = None,
+        upper: bytes | None = None,
+        *,
+        reverse: bool = False,
+        snapshot: MemorySnapshot | None = None,
+        chunk_size: int = _CHUNK,
+    ) -> Iterator[list[bytes]]:
+        if snapshot is not None:
+            return snapshot.iterate_keys(
+                self.name, lower, upper, reverse=reverse, chunk_size=chunk_size
+            )
+        with self._store._lock:
+            return _chunks(self._family().range_keys(lower, upper, reverse), chunk_size)
 
     def storage_bytes(self) -> tuple[int, int]:
         """(0: no files, the keys' and values' bytes held)."""

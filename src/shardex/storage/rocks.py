@@ -16,9 +16,12 @@ Keys and values are ``bytes`` throughout; encoding is the caller's (the key code
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 
 from rocksdict import (
@@ -129,6 +132,75 @@ def _scan_chunks(
         last = chunk[-1][0]
 
 
+def _key_chunks(
+    it: RdictIter,
+    lock: threading.Lock | None,
+    lower: bytes | None,
+    upper: bytes | None,
+    reverse: bool,
+    chunk_size: int = _CHUNK,
+) -> Iterator[list[bytes]]:
+    """The keys of ``[lower, upper)`` (or reversed) in lists of ``chunk_size`` (the last
+    shorter; none when empty): ``_scan_chunks``'s walk, re-seeking and locking per chunk
+    alike, for a caller that needs no values (an index's entries are all key).
+
+    A chunk is read by C iterators only: ``zip`` calls the step (``next``/``prev``) and then
+    ``key`` for each entry, and ``takewhile`` stops at the first key that is None (the end:
+    rocksdict's ``key`` of an exhausted iterator) or out of bounds, before the next step is
+    pulled (a step on an exhausted rocksdict iterator crashes the process). That is two
+    rocksdict calls per entry and no bytecode, against four calls, a tuple and the loop's
+    bytecode in ``_scan_chunks``.
+    """
+    size = max(1, chunk_size)
+    step = it.prev if reverse else it.next
+    key = it.key
+    # Whether a key is still inside the range on the far side of the walk.
+    inside = (
+        (None if lower is None else partial(operator.le, lower))
+        if reverse
+        else (None if upper is None else partial(operator.gt, upper))
+    )
+    no_args = itertools.repeat(())
+    last: bytes | None = None
+    while True:
+        with lock if lock is not None else _NO_LOCK:
+            if last is not None:
+                if reverse:
+                    it.seek_for_prev(last)
+                else:
+                    it.seek(last)
+                if key() == last:  # None (exhausted) never equals a key
+                    step()
+            elif reverse:
+                if upper is not None:
+                    it.seek_for_prev(upper)
+                    # seek_for_prev lands on upper itself when present; upper is exclusive.
+                    if key() == upper:
+                        step()
+                else:
+                    it.seek_to_last()
+            elif lower is not None:
+                it.seek(lower)
+            else:
+                it.seek_to_first()
+            first = key()
+            if first is None or (inside is not None and not inside(first)):
+                return
+            # (None, key) per entry: the step, then the key it lands on (both never end).
+            steps, keys_at = itertools.starmap(step, no_args), itertools.starmap(key, no_args)
+            pairs = zip(steps, keys_at, strict=True)
+            keys = map(operator.itemgetter(1), pairs)
+            keys = itertools.takewhile(partial(operator.is_not, None), keys)
+            if inside is not None:
+                keys = itertools.takewhile(inside, keys)
+            chunk = [first]
+            chunk += itertools.islice(keys, size - 1)
+        yield chunk
+        if len(chunk) < size:
+            return
+        last = chunk[-1]
+
+
 class _NoLock:
     def __enter__(self) -> None:
         return None
@@ -194,6 +266,22 @@ class ColumnFamily:
         # a scan without an explicit snapshot sees one consistent state.
         it = self._rdict.iter(ReadOptions())
         return _scan_chunks(it, None, lower, upper, reverse, chunk_size)
+
+    def iterate_keys(
+        self,
+        lower: bytes | None = None,
+        upper: bytes | None = None,
+        *,
+        reverse: bool = False,
+        snapshot: StoreSnapshot | None = None,
+        chunk_size: int = _CHUNK,
+    ) -> Iterator[list[bytes]]:
+        """The keys of ``iterate`` in lists of ``chunk_size`` (see ``_key_chunks``)."""
+        if snapshot is not None:
+            return snapshot.iterate_keys(
+                self.name, lower, upper, reverse=reverse, chunk_size=chunk_size
+            )
+        return _key_chunks(self._rdict.iter(ReadOptions()), None, lower, upper, reverse, chunk_size)
 
     def storage_bytes(self) -> tuple[int, int]:
         """(bytes of the live SST files, bytes the memtables hold): RocksDB's own counts,
@@ -324,6 +412,18 @@ class StoreSnapshot:
     ) -> Iterator[tuple[bytes, bytes]]:
         _, it = self._part(cf_name)
         return _scan_chunks(it, self._locks[cf_name], lower, upper, reverse, chunk_size)
+
+    def iterate_keys(
+        self,
+        cf_name: str,
+        lower: bytes | None = None,
+        upper: bytes | None = None,
+        *,
+        reverse: bool = False,
+        chunk_size: int = _CHUNK,
+    ) -> Iterator[list[bytes]]:
+        _, it = self._part(cf_name)
+        return _key_chunks(it, self._locks[cf_name], lower, upper, reverse, chunk_size)
 
     def release(self) -> None:
         """Drop the pinned iterators and snapshots so RocksDB can reclaim old versions."""

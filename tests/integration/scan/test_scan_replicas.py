@@ -82,6 +82,7 @@ async def test_an_indexer_dying_mid_stream_is_continued_on_the_other_copy(
     partition on its copy (here: n1's own) after the last entry it read, at the same TS.
     Ages repeat: many entries share a key and differ in their docid."""
     monkeypatch.setattr(coordinator, "BLOCK_ROWS", 100)
+    monkeypatch.setattr(coordinator, "SLICE_BLOCK_ROWS", 100)
     monkeypatch.setattr(coordinator, "SLICE_CREDIT", 1)
     ts = await many_users(renv, 9_000)
     want = oracle_rows(renv.defs["by_age"], renv.ks.documents_at(ts), None)
@@ -107,6 +108,7 @@ async def test_a_scan_of_the_tips_does_not_fail_over_mid_stream(
     """Another copy's tip is another state of the index: a stability-none scan whose
     indexer dies after rows went out ends with the error."""
     monkeypatch.setattr(coordinator, "BLOCK_ROWS", 100)
+    monkeypatch.setattr(coordinator, "SLICE_BLOCK_ROWS", 100)
     monkeypatch.setattr(coordinator, "SLICE_CREDIT", 1)
     await many_users(renv, 9_000)
 

@@ -133,6 +133,7 @@ async def test_a_failed_high_seqno_fetch_fails_the_scan_and_closes_its_reads(
     # streams stall until read or cancelled.
     monkeypatch.setattr(scan_server, "INLINE_ROWS", 5)
     monkeypatch.setattr(coordinator, "BLOCK_ROWS", 5)
+    monkeypatch.setattr(coordinator, "SLICE_BLOCK_ROWS", 5)
     monkeypatch.setattr(coordinator, "SLICE_CREDIT", 1)
     started: list[int] = []
     real = OutStreams.start

@@ -225,3 +225,30 @@ def test_a_pages_rows_equal_the_codecs(block: tuple[list[bool], list[bytes]], rn
     assert all(same(r["key"], k) for r, (k, _) in zip(got, want, strict=True))
     primary = PageScanReply(entries=[b"a", "\u00e9".encode()], continuation=None, primary=True)
     assert _page_rows(primary) == [{"docid": "a", "key": ["a"]}, {"docid": "é", "key": ["é"]}]
+
+
+def test_a_large_blocks_rows_are_built_with_the_collector_paused() -> None:
+    """Building a large block's rows sets off no collection (each would walk and promote
+    every row built so far); the collector runs again afterwards, as it was."""
+    import gc
+
+    from shardex.client.rows import GC_PAUSE_ROWS
+
+    block = sorted(encode_entry(["city", i // 10], f"d{i:06}") for i in range(20 * GC_PAUSE_ROWS))
+    started: list[int] = []
+    rows: list[Any] = []
+
+    def probe(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and not rows:  # before ``of`` returned
+            started.append(info["generation"])
+
+    assert gc.isenabled()
+    gc.callbacks.append(probe)
+    try:
+        rows = _EntryRows([False, False], True).of(block)
+    finally:
+        gc.callbacks.remove(probe)
+    assert len(rows) == len(block) and rows[-1] == {"docid": "d006999", "key": ["city", 699]}
+    # One young collection at most: the one the collector owes when it resumes.
+    assert started in ([], [0])
+    assert gc.isenabled()

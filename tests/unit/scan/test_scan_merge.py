@@ -107,6 +107,11 @@ def test_interleave_delivers_every_block_once(seed: int) -> None:
     sources = [Source(p, rng.randrange(1, 5)) for p in parts]
     blocks = asyncio.run(collect(interleave(sources)))
     assert sorted(e for b in blocks for e in b) == every
+    # Bounded: larger blocks pass in pieces, every entry still once.
+    sources = [Source(p, rng.randrange(1, 9)) for p in parts]
+    blocks = asyncio.run(collect(interleave(sources, 3)))
+    assert sorted(e for b in blocks for e in b) == every
+    assert all(0 < len(b) <= 3 for b in blocks)
 
 
 def test_a_failing_source_fails_the_merge_and_the_interleave() -> None:

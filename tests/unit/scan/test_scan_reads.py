@@ -1,10 +1,10 @@
 """The scan read path's cheap forms against their plain references (CPU per scan):
 
 * ``DocumentOps.partition_seqnos``: what ``high_seqnos`` says, for the partitions asked;
-* ``scan_server.take_first``: the first block ``take_block`` would take (cut by rows or
-  bytes) and every entry after it, none lost or repeated;
-* ``spans._limited`` on raw entries: every key in order, cut at the limit, nothing read
-  past it;
+* ``scan_blocks.EntryBlocks``: over any chunking, the blocks a per-entry cut by rows and
+  bytes takes, none lost or repeated, and ``exhausted`` exactly when nothing is left;
+* ``sorted_runs.limit_chunks`` / ``spans.scan_ranges``: every key in order, cut at the
+  limit, no chunk pulled past it;
 * ``scan_wait.common_snapshot_ts`` with its shortcut for slices whose newest TSs agree;
 * ``Timestamp.packed``: canonical (equal TSs, equal bytes: the scan coordinator compares
   its slices' TSs as bytes), the bytes of the plain wire field; ``scan_ts.oldest_packed``
@@ -25,13 +25,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardex.api.scan import NO_TS, SlicesOpened, packed_ts, ts_of
-from shardex.core.keycodec import decode_entry, encode_entry
+from shardex.core.keycodec import encode_entry
+from shardex.core.sorted_runs import limit_chunks
 from shardex.core.timestamp import Timestamp
 from shardex.data.engine import DataEngine
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.scan_server import take_block, take_first
+from shardex.index.scan_blocks import EntryBlocks
 from shardex.index.scan_wait import common_snapshot_ts
-from shardex.index.spans import _limited
 from shardex.meta.partitioning import partition_of
 from shardex.net.messages import Envelope, Kind, decode_frame, encode_frame
 from shardex.scan.scan_ts import covers_seqnos, oldest_packed
@@ -55,66 +55,69 @@ def test_partition_seqnos_are_high_seqnos_of_the_partitions_asked(tmp_path: Path
         assert err.value.code is ErrorCode.KEYSPACE_NOT_FOUND
 
 
-def _reference(entries: list[bytes], n: int, max_bytes: int) -> tuple[list[bytes], list[bytes]]:
-    gen = iter(entries)
-    block = take_block(gen, n, max_bytes)
-    return block, list(gen)
+def _take_block(entries: Iterator[bytes], n: int, max_bytes: int) -> list[bytes]:
+    """The reference cut: up to ``n`` entries, stopping after the one that brings the
+    block's size to ``max_bytes``."""
+    out: list[bytes] = []
+    size = 0
+    for entry in itertools.islice(entries, n):
+        out.append(entry)
+        size += len(entry)
+        if size >= max_bytes:
+            break
+    return out
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 40), max_size=30),
-    n=st.integers(1, 12),
-    max_bytes=st.integers(1, 120),
+    cuts=st.lists(st.integers(0, 30), max_size=8),
+    takes=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 120)), min_size=1, max_size=8),
 )
-def test_take_first_is_take_blocks_first_block_and_keeps_the_rest(
-    sizes: list[int], n: int, max_bytes: int
+def test_entry_blocks_take_what_a_per_entry_cut_takes(
+    sizes: list[int], cuts: list[int], takes: list[tuple[int, int]]
 ) -> None:
     entries = [bytes([i % 251]) * s for i, s in enumerate(sizes)]
-    block, rest = take_first(iter(entries), n, max_bytes)
-    want_block, want_rest = _reference(entries, n, max_bytes)
-    assert block == want_block
-    assert (list(rest) if rest is not None else []) == want_rest
-    if not want_rest:  # the reply says "done" exactly when nothing is left
-        assert rest is None or list(rest) == []
-    if rest is None:
-        assert want_rest == []
-
-
-def _counted(pairs: list[tuple[bytes, bytes]], read: list[int]) -> Iterator[tuple[bytes, bytes]]:
-    for pair in pairs:
-        read.append(1)
-        yield pair
+    bounds = sorted({0, len(entries), *(min(c, len(entries)) for c in cuts)})
+    chunks = [entries[a:b] for a, b in itertools.pairwise(bounds)]  # empty lists too
+    frozen = [list(c) for c in chunks]
+    blocks = EntryBlocks(iter(chunks))
+    ref = iter(entries)
+    taken = 0
+    for k, (n, max_bytes) in enumerate(takes):
+        if k % 2:  # a peek says whether anything is left and changes nothing after it
+            assert blocks.exhausted() == (taken == len(entries))
+        block = blocks.take(n, max_bytes)
+        assert block == _take_block(ref, n, max_bytes)
+        taken += len(block)
+    assert blocks.take(len(entries) + 1, 10**9) == list(ref)
+    assert blocks.exhausted() and blocks.take(5) == []
+    assert chunks == frozen  # the storage lists handed in are not changed
 
 
 @pytest.mark.parametrize("limit", [None, -1, 0, 1, 3, 5, 9])
-def test_raw_limited_yields_keys_in_order_and_reads_nothing_past_the_limit(
+def test_limited_chunks_yield_keys_in_order_and_pull_nothing_past_the_limit(
     limit: int | None,
 ) -> None:
     runs = [
-        [(encode_entry([i], f"a{i}"), b"") for i in range(3)],
+        [encode_entry([i], f"a{i}") for i in range(3)],
         [],
-        [(encode_entry([10 + i], f"b{i}"), b"") for i in range(4)],
+        [encode_entry([10 + i], f"b{i}") for i in range(4)],
     ]
-    read: list[int] = []
-    got = list(_limited([_counted(r, read) for r in runs], limit, True, None))
-    keys = [k for r in runs for k, _ in r]
+    keys = [k for r in runs for k in r]
     want = keys if limit is None else keys[: max(limit, 0)]
-    assert got == want
-    assert len(read) == len(want)
-    # The decoded form agrees on which entries it yields.
-    read2: list[int] = []
-    decoded = list(_limited([_counted(r, read2) for r in runs], limit, False, None))
-    assert decoded == [decode_entry(k) for k in want]
+    pulled: list[int] = []
 
+    def counted() -> Iterator[list[bytes]]:
+        for r in runs:
+            pulled.append(len(r))
+            yield r
 
-def test_take_first_on_an_exactly_full_block_looks_one_entry_ahead() -> None:
-    gen = iter([b"x"] * 4)
-    block, rest = take_first(gen, 4, 100)
-    assert block == [b"x"] * 4 and rest is None
-    gen2 = itertools.chain([b"x"] * 5)
-    block2, rest2 = take_first(gen2, 4, 100)
-    assert block2 == [b"x"] * 4 and rest2 is not None and list(rest2) == [b"x"]
+    chunks = counted() if limit is None else limit_chunks(counted(), limit)
+    assert [k for c in chunks for k in c] == want
+    # Chunks pulled: none for no entry, else up to the one that reached the limit.
+    reach = {None: 3, -1: 0, 0: 0, 1: 1, 3: 1, 5: 3, 9: 3}[limit]
+    assert len(pulled) == reach
 
 
 class _Ring:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -137,6 +138,17 @@ def test_snapshot_scans_span_chunks_and_interleave(tmp_path):
         for a, b in zip(fwd, rev, strict=True):
             got_fwd.append(int.from_bytes(a[0], "big"))
             got_rev.append(int.from_bytes(b[0], "big"))
+        assert got_fwd == list(range(10, 1990))
+        assert got_rev == list(range(1989, 9, -1))
+        # the key chunks of ``iterate_keys`` share the pinned iterator the same way
+        lo, hi = (10).to_bytes(4, "big"), (1990).to_bytes(4, "big")
+        fwd_keys = cf.iterate_keys(lo, hi, snapshot=snap, chunk_size=100)
+        rev_keys = cf.iterate_keys(lo, hi, snapshot=snap, reverse=True, chunk_size=77)
+        pairs = itertools.zip_longest(fwd_keys, rev_keys, fillvalue=[])
+        got_fwd, got_rev = [], []
+        for a, b in pairs:
+            got_fwd += [int.from_bytes(k, "big") for k in a]
+            got_rev += [int.from_bytes(k, "big") for k in b]
         assert got_fwd == list(range(10, 1990))
         assert got_rev == list(range(1989, 9, -1))
         assert cf.get((5).to_bytes(4, "big"), snapshot=snap) == b"old"

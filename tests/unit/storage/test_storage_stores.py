@@ -64,6 +64,39 @@ def test_iterates_in_unsigned_byte_order_bounded_both_ways(store: KeyValueStore)
     assert dict(cf.iterate(b"ab", b"b\x00")) == {b"ab": b"vab", b"b": b"vb"}
 
 
+def test_iterate_keys_walks_iterate_in_chunks(store: KeyValueStore) -> None:
+    """Every bound pair (absent keys too), both directions, chunk sizes 1 to past the end:
+    the chunks hold exactly ``iterate``'s keys, in order, each full but the last."""
+    _fill(store, "cf", KEYS)
+    cf = store.column_family("cf")
+    bounds = [None, b"", b"\x00", b"a\x00", b"aa", b"b", b"\xff", b"\xff\xff", b"\xff\xff\xff"]
+    for lower in bounds:
+        for upper in bounds:
+            for reverse in (False, True):
+                want = [k for k, _ in cf.iterate(lower, upper, reverse=reverse)]
+                for size in (1, 2, 3, len(KEYS), 100):
+                    chunks = list(cf.iterate_keys(lower, upper, reverse=reverse, chunk_size=size))
+                    assert [k for c in chunks for k in c] == want, (lower, upper, reverse, size)
+                    assert all(len(c) == size for c in chunks[:-1])
+                    assert all(0 < len(c) <= size for c in chunks)
+
+
+def test_iterate_keys_at_a_snapshot_and_at_creation(store: KeyValueStore) -> None:
+    _fill(store, "cf", [b"a", b"b", b"c"])
+    cf = store.column_family("cf")
+    snap = store.snapshot(["cf"])
+    tip = cf.iterate_keys(chunk_size=1)
+    cf.put(b"bb", b"new")
+    cf.delete(b"c")
+    assert list(cf.iterate_keys(snapshot=snap)) == [[b"a", b"b", b"c"]]
+    assert list(snap.iterate_keys("cf", b"b", reverse=True)) == [[b"c", b"b"]]
+    assert list(tip) == [[b"a"], [b"b"], [b"c"]]  # the state when it was asked for
+    assert list(cf.iterate_keys()) == [[b"a", b"b", b"bb"]]
+    snap.release()
+    with pytest.raises(StorageError):
+        list(snap.iterate_keys("cf"))
+
+
 def test_point_reads_puts_deletes(store: KeyValueStore) -> None:
     cf = store.column_family("cf")
     cf.put(b"k1", b"one")

@@ -1,48 +1,6 @@
-"""Pausing Python's cyclic garbage collector around a micro-batch's hot loop.
+"""The projector's name for ``shardex.core.gcpause.gc_paused`` (the scan client pauses the
+collector the same way around building a block's rows)."""
 
-Projecting and routing a batch creates a few tuples per change (key versions, Arrow column
-lists) and frees almost none until the batch ends, so the collector's allocation counter
-fires over and over and every young collection walks objects that are all still alive; in
-the Spark driver, whose heap also holds py4j and pyspark state, the older generations are
-large too. Measured on the development machine (one process, the same 9,600 changes read,
-projected and routed, alternating): 1.80 s with the collector on and 0.90 s with it paused
-(load 15, so the ratio is the figure, not the times). Nothing leaks: the batch's size is
-capped (``max_records_per_batch``) and collection resumes, with one young collection, at
-the end of the batch.
-
-Reference-counted, so overlapping batches of two keyspaces' queries (each ``foreachBatch``
-runs in its own thread) pause it once and resume it when the last one ends.
-"""
-
-from __future__ import annotations
-
-import gc
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from shardex.core.gcpause import gc_paused
 
 __all__ = ["gc_paused"]
-
-_lock = threading.Lock()
-_holders = 0
-_was_enabled = False
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Run the body with the cyclic collector disabled (unless another holder already
-    paused it); the last holder to leave restores the state found by the first."""
-    global _holders, _was_enabled
-    with _lock:
-        if _holders == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _holders += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _holders -= 1
-            if _holders == 0 and _was_enabled:
-                gc.enable()
-                gc.collect(0)

@@ -4,8 +4,8 @@ Why: a maintenance batch's rows mostly reach an indexer ahead of their round (th
 deliver-ahead), yet the round paid for them all: per docid a back-index read, the decision
 against it, then the write batch. The round is on the stream's critical path (the next batch
 waits for it), the early delivery is not. So each slice keeps, per docid with queued
-versions, the back row read from storage and the decision for the newest queued version
-(``Decided``), kept up to date as versions are queued (by the indexer right after it
+versions, the decision for its newest queued version against the back row read from
+storage (``Decided``), kept up to date as versions are queued (by the indexer right after it
 acknowledged an early delivery, ``Slice.decide_pending``, else by the stabilise), and the
 write batch's sorted operations for them (``Prepared``, built and sorted there too); a
 stabilise that takes the whole queue only hands those lists to its write batch. A newer
@@ -340,13 +340,13 @@ class Decided:
             known.update(newest)
         else:
             self.rows = newest
-        fresh = sorted(newest.values(), key=_DOCID)
-        keys = list(map(str.encode, map(_DOCID, fresh)))
+        docids = sorted(newest)
+        keys = list(map(str.encode, docids))
+        fresh = list(map(newest.__getitem__, docids))
         raws = back.get_many(keys)
         if self.prepared is not None:
             self.prepared.decide_sorted(fresh, keys, raws)
         else:
-            docids = list(map(_DOCID, fresh))
             self.raws.update(zip(docids, raws, strict=True))
             self.outcomes.update(zip(docids, map(decide, fresh, keys, raws), strict=True))
 

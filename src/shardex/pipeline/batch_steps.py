@@ -28,7 +28,6 @@ from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ShardexError
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.rounds.between import raise_floor
@@ -42,6 +41,7 @@ from shardex.pipeline.rounds.sender import RoundSender, run_round
 from shardex.pipeline.rounds.streamed import StreamedRound
 from shardex.pipeline.source.driver_read import read_and_project
 from shardex.pipeline.source.projected import ProjectSpec
+from shardex.runtime.gcpause import gc_paused
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

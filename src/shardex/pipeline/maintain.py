@@ -63,7 +63,6 @@ from shardex.pipeline.batch_range import logged_range, read_offset
 from shardex.pipeline.batch_steps import BatchStats, BatchSteps, count_changes
 from shardex.pipeline.branches import follow_branches
 from shardex.pipeline.indexers import advance_stability
-from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.rounds.between import (
     BetweenRounds,
@@ -77,6 +76,7 @@ from shardex.pipeline.rounds.read_ahead import ReadAhead
 from shardex.pipeline.rounds.streamed import StreamedRound
 from shardex.pipeline.rounds.tail import BatchTail
 from shardex.pipeline.source.driver_read import PROJECT_ROWS
+from shardex.runtime.gcpause import gc_paused
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.index.keyversion import KeyVersion
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.source.plan import limit_offsets
+from shardex.runtime.gcpause import gc_paused
 
 __all__ = ["Ahead", "ReadAhead", "Taken", "next_pause"]
 

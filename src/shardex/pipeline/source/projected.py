@@ -28,8 +28,8 @@ from shardex.core.timestamp import Timestamp
 from shardex.errors import ConfigError
 from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.project.projector import _columns_of, _projector_for, project_arrow
+from shardex.runtime.gcpause import gc_paused
 
 __all__ = [
     "COUNTS_ARROW",

@@ -15,9 +15,9 @@ the end of the batch.
 A large frame (a delivery of key versions to an indexer, a piece of a change stream) decodes
 into one list of thousands of tuples or structs: every young collection the decode sets off
 walks that list whole while it is young, so the decode's cost grew with the square of the
-frame. Measured with ``python -m bench.diagnostics.indexer_round`` (a frame of ~13k key
-versions per node, collector on): 0.9 us per key version decoded, 0.26-0.3 with the decode
-paused.
+frame. Measured with ``python -m bench.diagnostics.indexer_round`` (frames of ~13k key
+versions): 0.9 us per key version decoded with the collector on, 0.5 with the decode paused
+(the closing young collection included); ``docs/decisions/0136-pipeline-cpu-per-mutation.md``.
 
 Reference-counted, so overlapping holders (batches of two keyspaces' queries, each
 ``foreachBatch`` in its own thread; a frame decoded on another thread meanwhile) pause it

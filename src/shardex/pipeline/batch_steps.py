@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardex.client import Client
+from shardex.core.gcpause import gc_paused
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.errors import ShardexError
 from shardex.index.keyversion import ERROR, KeyVersion, from_arrow
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.project.router import route
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.rounds.between import raise_floor

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardex.client import Client
+from shardex.core.gcpause import gc_paused
 from shardex.core.timestamp import Timestamp
 from shardex.index.keyversion import KeyVersion
 from shardex.pipeline.batch_callback import foreach_batch_id
@@ -63,7 +64,6 @@ from shardex.pipeline.batch_range import logged_range, read_offset
 from shardex.pipeline.batch_steps import BatchStats, BatchSteps, count_changes
 from shardex.pipeline.branches import follow_branches
 from shardex.pipeline.indexers import advance_stability
-from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.registry import IndexRegistry, IndexView
 from shardex.pipeline.rounds.between import (
     BetweenRounds,

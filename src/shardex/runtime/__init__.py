@@ -1,2 +1,2 @@
 """Process-level utilities every service uses: thread names, reconcile loops, atomic file
-writes. Nothing here knows a service."""
+writes, pausing the cyclic collector. Nothing here knows a service."""

@@ -156,3 +156,43 @@ def test_documented_example_bytes() -> None:
     assert framed(Envelope(Kind.RESPONSE, 2, Ack())) == (
         "00 00 00 0e 93 01 02 81 a5 40 74 79 70 65 a3 41 63 6b"
     )
+
+
+def test_a_large_frame_decodes_with_the_collector_paused_and_the_state_restored() -> None:
+    """Decoding a frame of thousands of rows sets off no collection (each one would walk the
+    young list whole) but the one young collection at the end; a small frame decodes as
+    before; a caller that paused the collector finds it still paused."""
+    import gc
+
+    from shardex.api.delivery import DeliverKeyVersions
+    from shardex.core.gcpause import gc_paused
+    from shardex.net.messages import GC_PAUSE_BYTES, Envelope, Kind, decode_frame, encode_frame
+
+    rows = [("ix", i % 4, 0, b"e" * 40, f"doc{i}", i % 64, i + 1) for i in range(20_000)]
+    frame = encode_frame(Envelope(Kind.REQUEST, 1, DeliverKeyVersions("ks", 1, rows)))
+    assert len(frame) >= GC_PAUSE_BYTES
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    assert gc.isenabled()
+    gc.callbacks.append(seen)
+    try:
+        got = decode_frame(frame).body
+        # The pause's closing young collection (and at most what another thread of the test
+        # process sets off after it); unpaused, the decode alone sets off dozens.
+        assert 1 <= len(collections) <= 3
+        assert gc.isenabled()
+        assert got.rows[-1] == rows[-1] and len(got.rows) == len(rows)
+        collections.clear()
+        with gc_paused():
+            decode_frame(frame)
+            assert not gc.isenabled()  # the outer holder still holds it
+        assert gc.isenabled()
+        small = encode_frame(Envelope(Kind.REQUEST, 2, DeliverKeyVersions("ks", 1, rows[:10])))
+        assert len(small) < GC_PAUSE_BYTES
+        assert decode_frame(small).body.rows == rows[:10]
+    finally:
+        gc.callbacks.remove(seen)

@@ -108,3 +108,59 @@ def test_delivery_report_refuses_a_restart_between_frames() -> None:
     with pytest.raises(ShardexError) as info:
         report.add(Delivered(node="n1", incarnation="c"))
     assert info.value.code is ErrorCode.STALE_DELIVERY
+
+
+def _expected(rows, routes):
+    """The destinations by the rules in the router's docstring, one row at a time."""
+    out: dict[str, list] = {}
+    for row in rows:
+        index_id, ip, kind, _e, docid, part, seqno = row
+        if kind == ERROR:
+            continue
+        r = routes[index_id]
+        sent = []
+        if kind == UPSERT:
+            sent.append((ip, row))
+            if r.moving:
+                sent += [
+                    (q, (index_id, q, UPSERT_DELETION, b"", docid, part, seqno))
+                    for q in range(r.num_partition)
+                    if q != ip
+                ]
+        elif ip == BROADCAST:
+            sent += [
+                (q, (index_id, q, kind, b"", docid, part, seqno)) for q in range(r.num_partition)
+            ]
+        else:
+            sent.append((ip, row))
+        for q, kv in sent:
+            for node in (r.owners[q], *r.extra().get(q, ())):
+                out.setdefault(node, []).append(kv)
+    return out
+
+
+def test_rows_reach_their_nodes_in_input_order_and_only_nodes_with_rows_are_listed() -> None:
+    """Indexes whose rows each go to one node (by docid, unpartitioned) and indexes with
+    moving keys, replicas or broadcasts, interleaved in one batch: every node's list is
+    exactly the rule's destinations in input order, and a node no row goes to is absent."""
+    owners = ROUTES["d"].owners
+    routes = {**ROUTES, "r": IndexRoute("r", 4, owners, False, {}, {1: ("n4",)})}  # replicas
+    rows = []
+    for i in range(40):
+        ip = (i * 7) % 3  # slice 3 of "d" (n1) and "r" never used, slice 2 only by some
+        rows.append(("d", ip, UPSERT, b"e%d" % i, f"x{i}", i % 5, i + 1))
+        rows.append(("p", 0, DELETE if i % 4 == 0 else UPSERT, b"", f"x{i}", i % 5, i + 1))
+        if i % 3 == 0:
+            rows.append(("m", BROADCAST, DELETE, b"", f"x{i}", i % 5, i + 1))
+        if i % 5 == 0:
+            rows.append(("m", i % 4, UPSERT, b"k", f"x{i}", i % 5, i + 1))
+            rows.append(("r", 1, UPSERT, b"k", f"x{i}", i % 5, i + 1))
+        if i % 11 == 0:
+            rows.append(("d", BROADCAST, ERROR, b"boom", f"x{i}", i % 5, i + 1))
+    res = route(rows, routes)
+    assert res.by_node == _expected(rows, routes)
+    assert res.errors == {"d": 4}
+    only_d = [r for r in rows if r[0] == "d" and r[2] != ERROR and r[1] != 2]
+    res = route(only_d, routes)
+    assert list(res.by_node) == ["n1", "n2"]  # n3 owns slice 2 only: no row, not listed
+    assert res.by_node == _expected(only_d, routes)

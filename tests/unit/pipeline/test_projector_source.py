@@ -168,7 +168,7 @@ def test_maintenance_streams_are_capped_unless_lifted() -> None:
 def test_gc_pause_nests_and_restores_the_state_it_found() -> None:
     import gc
 
-    from shardex.pipeline.project.gcpause import gc_paused
+    from shardex.core.gcpause import gc_paused
 
     assert gc.isenabled()
     with gc_paused():

@@ -1,2 +1,3 @@
 """The pipeline's cores: projecting changes into key versions and routing them to indexer
-nodes. Pure functions, no Spark, no network (``gcpause`` keeps their hot loops cheap)."""
+nodes. Pure functions, no Spark, no network (``shardex.core.gcpause`` keeps their hot loops
+cheap)."""

@@ -203,7 +203,10 @@ class FastPath:
         values = [self._values(p, recs, docids) for p in self.programs]
         encoded: list[list[bytes] | None] = [None] * len(values)
         # The docid's string body serves the entry suffix and the owner hash of removals.
-        bodies_of_ids = [_str_body(d) for d in docids]
+        bodies_of_ids = [
+            d.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + STR_TERM
+            for d in docids
+        ]  # ``keycodec_values.str_body`` of each, inlined: a call per docid cost as much
         suffixes = [_B_DOCID + b for b in bodies_of_ids]
         owners: dict[int, list[int]] = {}
         per_index: list[list[KeyVersion]] = []
@@ -324,11 +327,6 @@ def _truth_column(prog: _Path | _Compare, vals: list[Any]) -> list[bool]:
         return [type(v) is str and v == c for v in vals]
     cmp = COMPARATORS[op]
     return [truth(cmp(v, c)) for v in vals]
-
-
-def _str_body(s: str) -> bytes:
-    # keycodec_values.str_body, inlined into the comprehensions below by hand.
-    return s.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + STR_TERM
 
 
 def _encode_column(vals: list[Any], fallback: bytearray) -> list[bytes]:

@@ -20,7 +20,7 @@ indexer node enqueues each row into exactly one of its slices.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from shardex.core.topology import Topology
@@ -29,6 +29,8 @@ from shardex.index.keyversion import BROADCAST, ERROR, UPSERT, UPSERT_DELETION, 
 from shardex.meta.index_definition import IndexDefinition, partition_key_is_docid
 
 __all__ = ["IndexRoute", "RouteResult", "frames", "route", "routes_for"]
+
+_UNSET: object = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +118,32 @@ def route(rows: Iterable[KeyVersion], routes: Mapping[str, IndexRoute]) -> Route
         return lst
 
     extras: dict[str, dict[int, tuple[str, ...]]] = {}  # per index, built once per call
+    # Per index whose rows go to one node each (no copies, no move target, entries never
+    # move between slices): slice -> the append of its owner's list (bound at the slice's
+    # first row, so ``by_node`` still lists only nodes with rows, in first-row order). Such
+    # an index's row with a known slice (the common case: an Upsert, or a removal of an
+    # index partitioned by docid or not at all) is routed with one call; every other row
+    # takes the general loop below.
+    direct: dict[str, list[Callable[[KeyVersion], None] | None] | None] = {}
 
     for row in rows:
-        index_id, ip, kind, _entry, docid, part, seqno = row
+        index_id, ip, kind = row[0], row[1], row[2]
+        if ip >= 0 and kind != ERROR:
+            appends = direct.get(index_id, _UNSET)
+            if appends is _UNSET:
+                r = routes.get(index_id)
+                appends = direct[index_id] = (
+                    [None] * r.num_partition
+                    if r is not None and not r.moving and not r.also and not r.replicas
+                    else None
+                )
+            if appends is not None:
+                add = appends[ip]  # type: ignore[index]
+                if add is None:
+                    add = appends[ip] = dest(routes[index_id].owners[ip]).append  # type: ignore[index]
+                add(row)
+                continue
+        _, _, _, _entry, docid, part, seqno = row
         if kind == ERROR:
             res.errors[index_id] = res.errors.get(index_id, 0) + 1
             continue

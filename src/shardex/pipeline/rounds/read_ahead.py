@@ -38,10 +38,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from shardex.core.gcpause import gc_paused
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.index.keyversion import KeyVersion
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.source.plan import limit_offsets
 
 __all__ = ["Ahead", "ReadAhead", "Taken", "next_pause"]

@@ -24,11 +24,11 @@ import msgspec
 import pyarrow as pa
 
 from shardex.client import Client
+from shardex.core.gcpause import gc_paused
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ConfigError
 from shardex.index.keyversion import UPSERT, KeyVersion
 from shardex.meta.index_definition import IndexDefinition
-from shardex.pipeline.project.gcpause import gc_paused
 from shardex.pipeline.project.projector import _columns_of, _projector_for, project_arrow
 
 __all__ = [

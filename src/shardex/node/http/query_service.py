@@ -22,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from shardex.api.privileges import Privilege, holds
 from shardex.api.sql_exec import SqlQuery
@@ -40,7 +40,7 @@ from shardex.node.http.n1ql_errors import (
 )
 from shardex.node.http.n1ql_request import QueryRequest, query_request
 from shardex.node.http.route_headers import route_headers
-from shardex.node.http.wire import Request, Response
+from shardex.node.http.wire import Request, Response, response_head
 from shardex.sql.exec.service import SqlService
 from shardex.sql.exec.statement_checks import MAX_TIMEOUT
 from shardex.sql.exec.statements import parsed
@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 Authorizer = Callable[[Principal, Message], None]
 # A request's end status -> the SQL service's statement outcome (``StatementStats``).
 _OUTCOMES = {"success": "success", "timeout": "timeout", "stopped": "cancelled"}
+JSON: Final = "application/json"
 
 
 @dataclasses.dataclass
@@ -134,15 +135,8 @@ class QueryHttpService:
             metrics=q.metrics,
             signature=q.signature,
         )
-        timeout = min(q.timeout or MAX_TIMEOUT, MAX_TIMEOUT)
-        msg = SqlQuery(
-            stream_id=0,
-            statement=q.statement,
-            params=q.params,
-            consistency=q.consistency,
-            at=q.scan_vector,
-            timeout=timeout,
-        )
+        msg = _message(q)
+        timeout = msg.timeout
         errors: list[N1qlError] = []
         t_exec: float | None = None
         try:
@@ -186,6 +180,37 @@ class QueryHttpService:
         now = time.perf_counter()
         await env.finish(errors, now - active.started, None if t_exec is None else now - t_exec)
 
+    def answer_now(self, req: Request, principal: Principal) -> bytes | None:
+        """The whole response to ``req``, a POST, when its statement is answered in this
+        loop turn (``SqlService.answer_now``: a key lookup whose documents are all on this
+        node), made in the connection's receive callback: the same checks and envelope as
+        ``query``, without its task, deadlines and request bookkeeping (nothing could list
+        or cancel the request before it ends). None for every other request, and for one
+        that fails anywhere: ``query`` serves it from the start and answers its error."""
+        t0 = time.perf_counter()
+        try:
+            q = query_request(req)
+            msg = _message(q)
+            self._authorize(principal, msg)
+            if q.readonly:
+                _check_readonly(q.statement)
+        except (N1qlError, ShardexError):
+            return None
+        t_exec = time.perf_counter()
+        started = self._sql.answer_now(msg, principal)
+        if started is None:
+            return None
+        env = Envelope(
+            None, str(uuid.uuid4()), q.client_context_id, metrics=q.metrics, signature=q.signature
+        )
+        env.statement(started.statement, started.mutation_count)
+        env.headers = route_headers(started.details, self._address())
+        env.hold(started.rows)
+        self._sql.stats.end_as(t0, "success")
+        now = time.perf_counter()
+        http, body, extra = env.whole([], now - t0, now - t_exec)
+        return response_head(http, JSON, extra, len(body), req.keep_alive) + body
+
     # --- /admin/active_requests -----------------------------------------------------------
 
     def _visible(self, principal: Principal) -> list[ActiveRequest]:
@@ -214,6 +239,18 @@ class QueryHttpService:
             found.cancelled = True
             found.task.cancel()
         await resp.send(200, json.dumps({"requestID": request_id, "state": "stopping"}).encode())
+
+
+def _message(q: QueryRequest) -> SqlQuery:
+    """The SQL service's message for a request (its timeout capped as the service's)."""
+    return SqlQuery(
+        stream_id=0,
+        statement=q.statement,
+        params=q.params,
+        consistency=q.consistency,
+        at=q.scan_vector,
+        timeout=min(q.timeout or MAX_TIMEOUT, MAX_TIMEOUT),
+    )
 
 
 class _Stopped(Exception):

@@ -100,12 +100,15 @@ class QueryHttpService:
         self._node = node_name
         self._address = address  # this node's RPC address, for the routing hint
         self.active: dict[str, ActiveRequest] = {}
+        # requests served, by where: in the receive callback (``answer_now``) or the task
+        self.served = {"receive": 0, "task": 0}
 
     # --- POST /query/service ------------------------------------------------------------
 
     async def query(self, req: Request, resp: Response, principal: Principal) -> None:
         t0 = time.perf_counter()  # metrics: the loop's clock counts whole milliseconds
         request_id = str(uuid.uuid4())
+        self.served["task"] += 1
         try:
             q = query_request(req)
         except N1qlError as e:
@@ -207,6 +210,7 @@ class QueryHttpService:
         env.headers = route_headers(started.details, self._address())
         env.hold(started.rows)
         self._sql.stats.end_as(t0, "success")
+        self.served["receive"] += 1
         now = time.perf_counter()
         http, body, extra = env.whole([], now - t0, now - t_exec)
         return response_head(http, JSON, extra, len(body), req.keep_alive) + body

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 __all__ = ["QuickProtocol"]
 
@@ -47,8 +48,8 @@ class QuickProtocol(asyncio.StreamReaderProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        assert isinstance(transport, asyncio.WriteTransport)
-        self._quick_transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; both have its methods
+        self._quick_transport = cast(asyncio.WriteTransport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._quick_transport = None

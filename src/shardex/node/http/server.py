@@ -173,7 +173,7 @@ class HttpServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
     ) -> None:
         quick = writer.transport.get_protocol()
-        assert isinstance(quick, QuickProtocol)
+        assert isinstance(quick, QuickProtocol), quick
         while True:
             quick.between = True
             try:

@@ -13,6 +13,7 @@ import json
 import re
 import socket
 import ssl
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -311,10 +312,14 @@ def test_a_keep_alive_connection_serves_everything_else_as_before(env: Env) -> N
         )
         for k in mine[:2]:
             assert json.loads(conn.response()[1])["results"] == [DOCS[k]["name"]]
-        # another node's key, then a local one before the first is answered: in order
-        for k in (theirs, mine[1]):
-            conn.send(post_bytes(env.port, env.auth, {"statement": st, "args": [k]}))
-        for k in (theirs, mine[1]):
+        # A local key lookup sent while the task still runs the one before (a long text:
+        # parsed in a worker thread for a second or more, the loop free meanwhile): the
+        # task's too, answered in order.
+        slow = f"{st} WHERE name NOT IN [{', '.join(repr(f'x{i}') for i in range(20_000))}]"
+        conn.send(post_bytes(env.port, env.auth, {"statement": slow, "args": [mine[0]]}))
+        time.sleep(0.2)  # sent after the first is in the task's hands (sooner: in one read)
+        conn.send(post_bytes(env.port, env.auth, {"statement": st, "args": [mine[1]]}))
+        for k in mine[:2]:
             assert json.loads(conn.response()[1])["results"] == [DOCS[k]["name"]]
         # every one of them the task's (the refused login never reached the query service)
         assert _served(env) == (before[0], before[1] + 12)

@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from shardex.api.privileges import Privilege, holds
 from shardex.api.sql_exec import SqlQuery
+from shardex.client.routes import RouteHints
 from shardex.errors import ShardexError
 from shardex.net.credentials import Principal
 from shardex.net.messages import Message
@@ -102,6 +103,10 @@ class QueryHttpService:
         self.active: dict[str, ActiveRequest] = {}
         # requests served, by where: in the receive callback (``answer_now``) or the task
         self.served = {"receive": 0, "task": 0}
+        # The statement texts the task answered as key lookups by a parameter (their routing
+        # hints): only those are tried in the receive callback, and only with a key this
+        # node owns; any other text would be checked and planned there for nothing.
+        self._key_lookups = RouteHints()
 
     # --- POST /query/service ------------------------------------------------------------
 
@@ -153,6 +158,7 @@ class QueryHttpService:
                     async with contextlib.aclosing(chunks):
                         env.statement(started.statement, started.mutation_count)
                         env.headers = route_headers(started.details, self._address())
+                        self._key_lookups.learn(q.statement, started.details, "")
                         async for cells in chunks:
                             await env.rows(cells)
                             if active.cancelled:  # a cancel some await below swallowed
@@ -188,11 +194,25 @@ class QueryHttpService:
         loop turn (``SqlService.answer_now``: a key lookup whose documents are all on this
         node), made in the connection's receive callback: the same checks and envelope as
         ``query``, without its task, deadlines and request bookkeeping (nothing could list
-        or cancel the request before it ends). None for every other request, and for one
-        that fails anywhere: ``query`` serves it from the start and answers its error."""
+        or cancel the request before it ends). Tried only for a text ``query`` answered as
+        a key lookup by a parameter, with a key this node owns. None for every other
+        request, and for one that fails anywhere: ``query`` serves it from the start and
+        answers its error."""
         t0 = time.perf_counter()
         try:
             q = query_request(req)
+        except N1qlError:
+            return None
+        route = self._key_lookups.get(q.statement)
+        if route is None or route.keyspace is None:
+            return None
+        keys = route.key(q.params)  # USE KEYS $1 may name a list of them
+        keys = [keys] if isinstance(keys, str) else keys
+        if not (isinstance(keys, list) and keys and all(isinstance(k, str) for k in keys)):
+            return None
+        if not self._sql.documents.owns_now(route.keyspace, keys):
+            return None
+        try:
             msg = _message(q)
             self._authorize(principal, msg)
             if q.readonly:

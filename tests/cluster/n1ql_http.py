@@ -8,6 +8,7 @@ import base64
 import dataclasses
 import http.client
 import json
+import socket
 import ssl
 import urllib.error
 import urllib.parse
@@ -76,3 +77,54 @@ def open_stream(
         "POST", "/query/service", body=body, headers={**auth, "Content-Type": "application/json"}
     )
     return conn, conn.getresponse()
+
+
+def post_bytes(
+    port: int, auth: dict[str, str], params: dict[str, Any], close: bool = False
+) -> bytes:
+    """A whole JSON request as a tuned client writes it: one buffer, ``Content-Length``."""
+    body = json.dumps(params).encode()
+    head = (
+        f"POST /query/service HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: {auth['Authorization']}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n" + ("Connection: close\r\n" if close else "") + "\r\n"
+    )
+    return head.encode() + body
+
+
+class KeepAlive:
+    """One persistent connection to a node's HTTP port, written whole requests as raw bytes
+    and read ``Content-Length`` responses: (head lines, body)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = b""
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def send(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def response(self) -> tuple[list[str], bytes]:
+        while b"\r\n\r\n" not in self._buf:
+            self._more()
+        head, self._buf = self._buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        (length,) = [int(x.split(":")[1]) for x in lines if x.lower().startswith("content-length")]
+        while len(self._buf) < length:
+            self._more()
+        body, self._buf = self._buf[:length], self._buf[length:]
+        return lines, body
+
+    def post(self, auth: dict[str, str], params: dict[str, Any]) -> tuple[list[str], bytes]:
+        self.send(post_bytes(self.port, auth, params))
+        return self.response()
+
+    def _more(self) -> None:
+        data = self._sock.recv(65536)
+        if not data:
+            raise ConnectionError("the node closed the connection")
+        self._buf += data

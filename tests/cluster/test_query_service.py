@@ -10,8 +10,10 @@ index: ``tests/spark/test_query_service_index.py``)."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,18 @@ from typing import Any
 import pytest
 from cluster_helpers import LocalCluster, free_base_port, kill_leftovers, run_cli, wait_for
 from data_helpers import running_cluster
-from n1ql_http import Answer, basic, call, form, http_port, open_stream, post_json
+from metrics_http import scrape, value
+from n1ql_http import (
+    Answer,
+    KeepAlive,
+    basic,
+    call,
+    form,
+    http_port,
+    open_stream,
+    post_bytes,
+    post_json,
+)
 
 from shardex.client import Client, connect, connect_local
 from shardex.errors import ShardexError
@@ -180,6 +193,142 @@ def test_key_lookups_carry_the_routing_hint_to_their_owner(env: Env) -> None:
     c = post_json(env.url, env.auth, {"statement": "SELECT 1 AS one"})
     assert _ok(c) == [{"one": 1}]
     assert not {h for h in c.headers if h.lower().startswith("x-shardex-route")}
+
+
+def _keys_of(env: Env, node: str, candidates: list[str]) -> list[str]:
+    """The ``candidates`` whose partition ``node`` holds active (the keyspace's map)."""
+    ks = call(f"http://127.0.0.1:{env.port}/api/keyspaces/{KS}", headers=env.auth).body
+    n, parts = ks["num_partitions"], ks["partitions"]
+    return [k for k in candidates if parts[str(partition_of(k, n))]["active"] == node]
+
+
+def _served(env: Env) -> tuple[float, float]:
+    """The node's query requests served in its receive callback and in a task."""
+    s = scrape(env.port, env.auth)
+    name = "shardex_http_query_requests_total"
+    return value(s, name, served="receive"), value(s, name, served="task")
+
+
+def _masked(lines: list[str], body: bytes) -> tuple[list[str], bytes]:
+    """A response without what differs between two answers of one request: its ID, its
+    timings (and so its length) and the Connection header."""
+    body, ids = re.subn(rb'"requestID": "[0-9a-f-]{36}"', b'"requestID": "ID"', body)
+    assert ids == 1, body
+    body = re.sub(rb'"(elapsedTime|executionTime)": "[^"]+"', rb'"\1": "T"', body)
+    return [x for x in lines if not x.startswith(("Connection: ", "Content-Length: "))], body
+
+
+def _slow(env: Env, params: dict[str, Any]) -> tuple[list[str], bytes]:
+    """``params`` answered by the connection's task: a request that closes its connection
+    is never answered in the receive callback."""
+    conn = KeepAlive(env.port)
+    try:
+        conn.send(post_bytes(env.port, env.auth, params, close=True))
+        return conn.response()
+    finally:
+        conn.close()
+
+
+def test_a_local_key_lookup_answered_on_receive_is_the_tasks_answer(env: Env) -> None:
+    """On a keep-alive connection of a user logged in before, a key lookup of the node's own
+    documents is answered in the receive callback once the task answered its text as a key
+    lookup by a parameter: the same bytes as the task's answer but for its request ID and
+    timings (status, headers with the routing hint, signature, results, context ID,
+    metrics)."""
+    mine = _keys_of(env, "node2", sorted(DOCS))
+    absent = _keys_of(env, "node2", [f"absent{i}" for i in range(40)])[0]
+    st = f"SELECT name, age FROM {KS} USE KEYS $1"
+    cases: list[dict[str, Any]] = [
+        {"statement": st, "args": [mine[0]]},
+        {
+            "statement": f"SELECT RAW name FROM {KS} WHERE META().id = $k",
+            "$k": mine[1],
+            "client_context_id": "ctx-quick",
+            "scan_consistency": "request_plus",
+            "readonly": True,
+        },
+        {"statement": f"SELECT * FROM {KS} USE KEYS $1", "args": [mine[:3]], "signature": False},
+        {"statement": st, "args": [absent], "metrics": False},
+        {"statement": f"SELECT META().id AS id, age FROM {KS} USE KEYS $ids", "$ids": [mine[2]]},
+    ]
+    conn = KeepAlive(env.port)
+    try:
+        conn.post(env.auth, cases[0])  # the login (a first one is checked in the task)
+        for params in cases:
+            before = _served(env)
+            slow = _slow(env, params)  # a text's first answer: the task's, learnt from
+            assert _served(env) == (before[0], before[1] + 1), params
+            quick = conn.post(env.auth, params)
+            assert _served(env) == (before[0] + 1, before[1] + 1), params
+            assert quick[0][0] == "HTTP/1.1 200 OK", quick
+            assert _masked(*quick) == _masked(*slow)
+    finally:
+        conn.close()
+    assert json.loads(quick[1])["results"] == [{"id": mine[2], "age": DOCS[mine[2]]["age"]}]
+
+
+def test_a_keep_alive_connection_serves_everything_else_as_before(env: Env) -> None:
+    """On the connection where local key lookups are answered on receive, every other
+    request is the task's: other nodes' keys, bad requests, privileges, logins, pipelined
+    requests; each answered as before and in order."""
+    theirs = _keys_of(env, "node1", sorted(DOCS))[0]
+    mine = _keys_of(env, "node2", sorted(DOCS))
+    st = f"SELECT RAW name FROM {KS} USE KEYS $1"
+    conn = KeepAlive(env.port)
+    try:
+        before = _served(env)
+        lines, body = conn.post(env.auth, {"statement": st, "args": [theirs]})
+        assert json.loads(body)["results"] == [DOCS[theirs]["name"]]
+        for params, status, code in (
+            ({"statement": st}, 400, 1040),  # its parameter not given
+            ({"statement": st, "args": [mine[0]], "bogus": 1}, 400, 1065),
+            ({"statement": st, "args": [mine[0]], "scan_consistency": "at_plus"}, 400, 1050),
+            ({"statement": f"SELECT RAW nme FRM {KS} USE KEYS $1", "args": ["a"]}, 400, 3000),
+        ):
+            lines, body = conn.post(env.auth, params)
+            assert (lines[0].split(" ")[1], json.loads(body)["errors"][0]["code"]) == (
+                str(status),
+                code,
+            ), body
+        whole = post_bytes(env.port, env.auth, {"statement": "SELECT 1"})
+        conn.send(whole[:-1] + b",")  # the body's last brace a comma: not JSON
+        lines, body = conn.response()
+        assert (lines[0], json.loads(body)["errors"][0]["code"]) == (
+            "HTTP/1.1 400 Bad Request",
+            1040,
+        )
+        for _ in range(2):  # a login, then a remembered one: refused by the same privilege check
+            lines, body = conn.post(env.reader, {"statement": st, "args": [mine[0]]})
+            assert (lines[0], json.loads(body)["errors"][0]["code"]) == (
+                "HTTP/1.1 403 Forbidden",
+                13014,
+            )
+        lines, body = conn.post(basic("admin", "wrong"), {"statement": st, "args": [mine[0]]})
+        assert lines[0] == "HTTP/1.1 401 Unauthorized"
+        # two requests in one write: both read by the task, answered in order
+        conn.send(
+            b"".join(
+                post_bytes(env.port, env.auth, {"statement": st, "args": [k]}) for k in mine[:2]
+            )
+        )
+        for k in mine[:2]:
+            assert json.loads(conn.response()[1])["results"] == [DOCS[k]["name"]]
+        # A local key lookup sent while the task still runs the one before (a long text:
+        # parsed in a worker thread for a second or more, the loop free meanwhile): the
+        # task's too, answered in order.
+        slow = f"{st} WHERE name NOT IN [{', '.join(repr(f'x{i}') for i in range(20_000))}]"
+        conn.send(post_bytes(env.port, env.auth, {"statement": slow, "args": [mine[0]]}))
+        time.sleep(0.2)  # sent after the first is in the task's hands (sooner: in one read)
+        conn.send(post_bytes(env.port, env.auth, {"statement": st, "args": [mine[1]]}))
+        for k in mine[:2]:
+            assert json.loads(conn.response()[1])["results"] == [DOCS[k]["name"]]
+        # every one of them the task's (the refused login never reached the query service)
+        assert _served(env) == (before[0], before[1] + 12)
+        lines, body = conn.post(env.auth, {"statement": st, "args": [mine[2]]})
+        assert json.loads(body)["results"] == [DOCS[mine[2]]["name"]]
+        assert _served(env) == (before[0] + 1, before[1] + 12)
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize(

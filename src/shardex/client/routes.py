@@ -43,9 +43,13 @@ class Route:
         """The address to send the statement with ``params`` to (None: no better one)."""
         if self.address is not None:
             return self.address
-        assert self.keyspace is not None and self.param is not None
-        key = _param(params, self.param)
+        assert self.keyspace is not None
+        key = self.key(params)
         return owner_of(self.keyspace, key) if isinstance(key, str) else None
+
+    def key(self, params: Any) -> Any:
+        """The value of the key parameter in ``params`` (None: not given, or no key route)."""
+        return None if self.param is None else _param(params, self.param)
 
 
 def _param(params: Any, name: str) -> Any:

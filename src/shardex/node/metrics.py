@@ -400,6 +400,13 @@ class NodeCollector(Collector):
                 "HTTP connections open to this node",
                 http.open_connections,
             )
+            yield counts(
+                "shardex_http_query_requests",
+                "N1QL query service requests by where they were served: in the connection's "
+                "receive callback (a key lookup of this node's documents) or its task",
+                "served",
+                http.query.served.items(),
+            )
 
 
 class NodeMetrics:

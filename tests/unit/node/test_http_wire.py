@@ -12,7 +12,7 @@ import pytest
 
 from shardex.node.http.envelope import Envelope, go_duration
 from shardex.node.http.n1ql_errors import N1qlError
-from shardex.node.http.wire import HttpError, Limits, Response, read_request
+from shardex.node.http.wire import HttpError, Limits, Response, read_request, whole_request
 from shardex.sql.exec.rows import encode_row
 
 
@@ -135,6 +135,45 @@ async def test_a_client_too_slow_to_send_its_request_gets_408() -> None:
     assert (e.status, e.close) == (408, True)
     e = await refused(b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", Limits(read=0.05), False)
     assert (e.status, e.close) == (408, True)
+
+
+async def test_the_idle_wait_counts_from_the_last_request_answered_on_receive() -> None:
+    # Requests answered in the receive callback keep the connection busy: the reader's idle
+    # wait goes on while they come, and ends once none came for the idle time.
+    loop = asyncio.get_running_loop()
+    r = reader_of(b"", eof=False)
+    loop.call_later(0.3, r.feed_data, b"GET /metrics HTTP/1.1\r\n\r\n")
+    req = await read_request(r, Limits(idle=0.05), answered=loop.time)
+    assert req is not None and req.path == "/metrics"
+    long_ago = await read_request(
+        reader_of(b"", eof=False), Limits(idle=0.05), answered=lambda: loop.time() - 1
+    )
+    assert long_ago is None
+
+
+def test_a_whole_request_is_read_only_when_it_is_exactly_one_plain_request() -> None:
+    head = b"POST /query/service HTTP/1.1\r\nHost: n\r\nContent-Length: 4\r\n"
+    one = head + b"\r\nbody"
+    req = whole_request(one, Limits())
+    assert req is not None and (req.method, req.path, req.body, req.keep_alive) == (
+        "POST",
+        "/query/service",
+        b"body",
+        True,
+    )
+    assert req.headers == {"host": "n", "content-length": "4"}
+    for other in (
+        one[:-1],  # a part of one
+        one + one,  # two
+        one + b"G",  # the next one's first byte
+        head + b"Expect: 100-continue\r\n\r\nbody",
+        head + b"Transfer-Encoding: chunked\r\n\r\nbody",
+        head + b" bad: header\r\n\r\nbody",
+        head.replace(b"\r\nHost", b"\nHost") + b"\r\nbody",  # a bare LF
+        b"POST /query/service HTTP/2\r\nContent-Length: 4\r\n\r\nbody",
+    ):
+        assert whole_request(other, Limits()) is None, other
+    assert whole_request(one, Limits(body=3)) is None  # over the body cap: read_request's 413
 
 
 async def test_whole_and_chunked_responses() -> None:

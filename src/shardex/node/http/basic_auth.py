@@ -56,21 +56,36 @@ class BasicAuth:
     async def principal(self, authorization: str | None, peer: str) -> Principal:
         """The user the ``Authorization`` header names, with its roles now; 10000 with HTTP
         401 (and a ``WWW-Authenticate`` challenge) when it is missing or does not match."""
-        raw = (authorization or "").encode("utf-8", "surrogatepass")
-        tag = hashlib.blake2b(raw, key=self._key).digest()
-        hit = self._matched.get(tag)
-        if hit is not None:
-            # the record the login was checked against, still the user's: same password
-            if self._users is not None and self._users.lookup_user(hit[0]) is hit[1]:
-                self._matched.move_to_end(tag)
-                return hit[2]
-            del self._matched[tag]
+        tag = self._tag(authorization)
+        known = self._remembered(tag)
+        if known is not None:
+            return known
         name, password = _credentials(authorization)
         cred, principal = await self.check(name, password, peer)
         self._matched[tag] = (name, cred, principal)
         if len(self._matched) > REMEMBERED:
             self._matched.popitem(last=False)
         return principal
+
+    def remembered(self, authorization: str) -> Principal | None:
+        """The principal of a header that matched before and still does (its user's record
+        unchanged), without waiting; None when it has to be checked (``principal``)."""
+        return self._remembered(self._tag(authorization))
+
+    def _tag(self, authorization: str | None) -> bytes:
+        raw = (authorization or "").encode("utf-8", "surrogatepass")
+        return hashlib.blake2b(raw, key=self._key).digest()
+
+    def _remembered(self, tag: bytes) -> Principal | None:
+        hit = self._matched.get(tag)
+        if hit is None:
+            return None
+        # the record the login was checked against, still the user's: same password
+        if self._users is not None and self._users.lookup_user(hit[0]) is hit[1]:
+            self._matched.move_to_end(tag)
+            return hit[2]
+        del self._matched[tag]
+        return None
 
     async def check(self, name: str, password: str, peer: str) -> tuple[UserCredential, Principal]:
         """The user's record and principal when ``password`` is its password (audited

@@ -51,7 +51,7 @@ def go_duration(seconds: float) -> str:
 class Envelope:
     def __init__(
         self,
-        resp: Response,
+        resp: Response | None,
         request_id: str,
         client_context_id: str | None,
         *,
@@ -70,6 +70,11 @@ class Envelope:
         self._opened = False  # the results array is open on the wire
         self._held: bytes | None = None  # the first block, until a second one comes
         self.headers: dict[str, str] = {}  # extra response headers (the routing hint)
+
+    def _wire(self) -> Response:
+        """The response written to; None for an answer made whole (``whole``)."""
+        assert self._resp is not None, "an envelope without a response is only made whole"
+        return self._resp
 
     def statement(self, kind: str, mutation_count: int) -> None:
         """What the statement turned out to be, from its start reply."""
@@ -91,22 +96,33 @@ class Envelope:
         text = json.dumps(head, ensure_ascii=False)
         return (text[:-1] + ',\n"results": [').encode()
 
+    def _encoded(self, cells: list[bytes]) -> bytes:
+        """One block of rows as the results array's JSON text, counted."""
+        parts = [_json.encode(decode_row(c)) for c in cells]
+        self.result_count += len(parts)
+        self.result_size += sum(map(len, parts))
+        return b",\n".join(parts)
+
+    def hold(self, cells: list[bytes]) -> None:
+        """The first block of rows (held for the answer); nothing for no rows."""
+        assert not self._opened and self._held is None
+        if cells:
+            self._held = self._encoded(cells)
+
     async def rows(self, cells: list[bytes]) -> None:
         """One block of rows, written before the next block is read."""
         if not cells:
             return
-        parts = [_json.encode(decode_row(c)) for c in cells]
-        self.result_count += len(parts)
-        self.result_size += sum(map(len, parts))
-        body = b",\n".join(parts)
+        if not self._opened and self._held is None:
+            self.hold(cells)
+            return
+        body = self._encoded(cells)
         if self._opened:
-            await self._resp.chunk(b",\n" + body)
-        elif self._held is None:
-            self._held = body
+            await self._wire().chunk(b",\n" + body)
         else:
             self._opened = True
             first, self._held = self._held, None
-            await self._resp.start(
+            await self._wire().start(
                 200, self._prefix() + b"\n" + first + b",\n" + body, headers=self.headers
             )
 
@@ -115,10 +131,31 @@ class Envelope:
     ) -> None:
         """The envelope's end: its errors, status and metrics; the whole answer (with the
         HTTP status of the first error) when no row went out."""
-        status = errors[0].status if errors else "success"
-        if errors and status == "fatal" and (self._opened or self._held is not None):
-            status = "errors"  # the statement failed after some rows
+        if self._opened:
+            rest = self._end(errors, elapsed, execution)
+            await self._wire().end(("\n],\n" + rest + "\n").encode())
+            return
+        http, body, extra = self.whole(errors, elapsed, execution)
+        await self._wire().send(http, body, headers=extra)
+
+    def whole(
+        self, errors: list[N1qlError], elapsed: float, execution: float | None
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """The answer when no row went out yet: HTTP status (the first error's), body and
+        extra headers."""
+        rows = b"" if self._held is None else b"\n" + self._held
+        rest = self._end(errors, elapsed, execution)
+        body = self._prefix() + rows + b"\n],\n" + rest.encode() + b"\n"
+        http = errors[0].http if errors else 200
+        extra = {"WWW-Authenticate": 'Basic realm="shardex"'} if http == 401 else self.headers
+        return http, body, extra
+
+    def _end(self, errors: list[N1qlError], elapsed: float, execution: float | None) -> str:
+        """The envelope's end after its results: errors, status and metrics."""
         if errors:
+            status = errors[0].status
+            if status == "fatal" and (self._opened or self._held is not None):
+                status = "errors"  # the statement failed after some rows
             rest = self._tail(errors, status, elapsed, execution)
         else:  # the text json.dumps writes, without its cost on every point query
             rest = '"status": "success"'
@@ -133,14 +170,7 @@ class Envelope:
                     rest += f', "mutationCount": {self.mutation_count}'
                 rest += "}"
             rest += "}"
-        if self._opened:
-            await self._resp.end(("\n],\n" + rest + "\n").encode())
-            return
-        rows = b"" if self._held is None else b"\n" + self._held
-        body = self._prefix() + rows + b"\n],\n" + rest.encode() + b"\n"
-        http = errors[0].http if errors else 200
-        extra = {"WWW-Authenticate": 'Basic realm="shardex"'} if http == 401 else self.headers
-        await self._resp.send(http, body, headers=extra)
+        return rest
 
     def _tail(
         self, errors: list[N1qlError], status: str, elapsed: float, execution: float | None

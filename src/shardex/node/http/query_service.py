@@ -22,10 +22,11 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from shardex.api.privileges import Privilege, holds
 from shardex.api.sql_exec import SqlQuery
+from shardex.client.routes import RouteHints
 from shardex.errors import ShardexError
 from shardex.net.credentials import Principal
 from shardex.net.messages import Message
@@ -40,7 +41,7 @@ from shardex.node.http.n1ql_errors import (
 )
 from shardex.node.http.n1ql_request import QueryRequest, query_request
 from shardex.node.http.route_headers import route_headers
-from shardex.node.http.wire import Request, Response
+from shardex.node.http.wire import Request, Response, response_head
 from shardex.sql.exec.service import SqlService
 from shardex.sql.exec.statement_checks import MAX_TIMEOUT
 from shardex.sql.exec.statements import parsed
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 Authorizer = Callable[[Principal, Message], None]
 # A request's end status -> the SQL service's statement outcome (``StatementStats``).
 _OUTCOMES = {"success": "success", "timeout": "timeout", "stopped": "cancelled"}
+JSON: Final = "application/json"
 
 
 @dataclasses.dataclass
@@ -99,12 +101,19 @@ class QueryHttpService:
         self._node = node_name
         self._address = address  # this node's RPC address, for the routing hint
         self.active: dict[str, ActiveRequest] = {}
+        # requests served, by where: in the receive callback (``answer_now``) or the task
+        self.served = {"receive": 0, "task": 0}
+        # The statement texts the task answered as key lookups by a parameter (their routing
+        # hints): only those are tried in the receive callback, and only with a key this
+        # node owns; any other text would be checked and planned there for nothing.
+        self._key_lookups = RouteHints()
 
     # --- POST /query/service ------------------------------------------------------------
 
     async def query(self, req: Request, resp: Response, principal: Principal) -> None:
         t0 = time.perf_counter()  # metrics: the loop's clock counts whole milliseconds
         request_id = str(uuid.uuid4())
+        self.served["task"] += 1
         try:
             q = query_request(req)
         except N1qlError as e:
@@ -134,15 +143,8 @@ class QueryHttpService:
             metrics=q.metrics,
             signature=q.signature,
         )
-        timeout = min(q.timeout or MAX_TIMEOUT, MAX_TIMEOUT)
-        msg = SqlQuery(
-            stream_id=0,
-            statement=q.statement,
-            params=q.params,
-            consistency=q.consistency,
-            at=q.scan_vector,
-            timeout=timeout,
-        )
+        msg = _message(q)
+        timeout = msg.timeout
         errors: list[N1qlError] = []
         t_exec: float | None = None
         try:
@@ -156,6 +158,7 @@ class QueryHttpService:
                     async with contextlib.aclosing(chunks):
                         env.statement(started.statement, started.mutation_count)
                         env.headers = route_headers(started.details, self._address())
+                        self._key_lookups.learn(q.statement, started.details, "")
                         async for cells in chunks:
                             await env.rows(cells)
                             if active.cancelled:  # a cancel some await below swallowed
@@ -186,6 +189,52 @@ class QueryHttpService:
         now = time.perf_counter()
         await env.finish(errors, now - active.started, None if t_exec is None else now - t_exec)
 
+    def answer_now(self, req: Request, principal: Principal) -> bytes | None:
+        """The whole response to ``req``, a POST, when its statement is answered in this
+        loop turn (``SqlService.answer_now``: a key lookup whose documents are all on this
+        node), made in the connection's receive callback: the same checks and envelope as
+        ``query``, without its task, deadlines and request bookkeeping (nothing could list
+        or cancel the request before it ends). Tried only for a text ``query`` answered as
+        a key lookup by a parameter, with a key this node owns. None for every other
+        request, and for one that fails anywhere: ``query`` serves it from the start and
+        answers its error."""
+        t0 = time.perf_counter()
+        try:
+            q = query_request(req)
+        except N1qlError:
+            return None
+        route = self._key_lookups.get(q.statement)
+        if route is None or route.keyspace is None:
+            return None
+        keys = route.key(q.params)  # USE KEYS $1 may name a list of them
+        keys = [keys] if isinstance(keys, str) else keys
+        if not (isinstance(keys, list) and keys and all(isinstance(k, str) for k in keys)):
+            return None
+        if not self._sql.documents.owns_now(route.keyspace, keys):
+            return None
+        try:
+            msg = _message(q)
+            self._authorize(principal, msg)
+            if q.readonly:
+                _check_readonly(q.statement)
+        except (N1qlError, ShardexError):
+            return None
+        t_exec = time.perf_counter()
+        started = self._sql.answer_now(msg, principal)
+        if started is None:
+            return None
+        env = Envelope(
+            None, str(uuid.uuid4()), q.client_context_id, metrics=q.metrics, signature=q.signature
+        )
+        env.statement(started.statement, started.mutation_count)
+        env.headers = route_headers(started.details, self._address())
+        env.hold(started.rows)
+        self._sql.stats.end_as(t0, "success")
+        self.served["receive"] += 1
+        now = time.perf_counter()
+        http, body, extra = env.whole([], now - t0, now - t_exec)
+        return response_head(http, JSON, extra, len(body), req.keep_alive) + body
+
     # --- /admin/active_requests -----------------------------------------------------------
 
     def _visible(self, principal: Principal) -> list[ActiveRequest]:
@@ -214,6 +263,18 @@ class QueryHttpService:
             found.cancelled = True
             found.task.cancel()
         await resp.send(200, json.dumps({"requestID": request_id, "state": "stopping"}).encode())
+
+
+def _message(q: QueryRequest) -> SqlQuery:
+    """The SQL service's message for a request (its timeout capped as the service's)."""
+    return SqlQuery(
+        stream_id=0,
+        statement=q.statement,
+        params=q.params,
+        consistency=q.consistency,
+        at=q.scan_vector,
+        timeout=min(q.timeout or MAX_TIMEOUT, MAX_TIMEOUT),
+    )
 
 
 class _Stopped(Exception):

@@ -28,6 +28,7 @@ from shardex.node.http.cluster_charts import ClusterCharts
 from shardex.node.http.cluster_rest import API_PREFIX, ClusterRest
 from shardex.node.http.n1ql_errors import E_AUTH, E_PRIVILEGE, N1qlError, of_http_status
 from shardex.node.http.query_service import Authorizer, QueryHttpService
+from shardex.node.http.quick import QuickProtocol
 from shardex.node.http.session_login import (
     CONSOLE_REQUEST,
     SESSION_METHODS,
@@ -37,7 +38,14 @@ from shardex.node.http.session_login import (
 )
 from shardex.node.http.sessions import Sessions
 from shardex.node.http.static import UI_PREFIX, StaticFiles
-from shardex.node.http.wire import HttpError, Limits, Request, Response, read_request
+from shardex.node.http.wire import (
+    HttpError,
+    Limits,
+    Request,
+    Response,
+    read_request,
+    whole_request,
+)
 from shardex.sql.exec.service import SqlService
 
 __all__ = ["HttpServer"]
@@ -98,9 +106,15 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> None:
         ssl = self._tls.server_context() if self._tls is not None else None
+        loop = asyncio.get_running_loop()
+
+        def connection() -> QuickProtocol:
+            reader = asyncio.StreamReader(limit=self.limits.header, loop=loop)
+            return QuickProtocol(reader, self._serve, self._answer_now)
+
         try:
-            self._server = await asyncio.start_server(
-                self._serve, host, port, ssl=ssl, limit=self.limits.header, reuse_address=True
+            self._server = await loop.create_server(
+                connection, host, port, ssl=ssl, reuse_address=True
             )
         except OSError as e:
             raise ConfigError(
@@ -158,9 +172,12 @@ class HttpServer:
     async def _requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
     ) -> None:
+        quick = writer.transport.get_protocol()
+        assert isinstance(quick, QuickProtocol), quick
         while True:
+            quick.between = True
             try:
-                req = await read_request(reader, self.limits, writer)
+                req = await read_request(reader, self.limits, writer, quick.last_answered)
             except HttpError as e:
                 await _error(Response(writer, self.limits, keep_alive=False), e.status, e.message)
                 await _linger(reader, writer, self.limits)
@@ -173,6 +190,19 @@ class HttpServer:
                 with contextlib.suppress(Exception):
                     await writer.drain()
                 return
+
+    def _answer_now(self, data: bytes) -> bytes | None:
+        """The whole response to ``data`` when it is one whole ``POST /query/service`` of a
+        remembered basic-auth user whose statement is answered in this loop turn
+        (``QueryHttpService.answer_now``); None: the connection's task serves it."""
+        req = whole_request(data, self.limits)
+        if req is None or req.method != "POST" or req.path != QUERY_PATH or not req.keep_alive:
+            return None
+        authorization = req.headers.get("authorization")
+        principal = None if authorization is None else self._auth.remembered(authorization)
+        if principal is None:  # a first login or a console session: checked in the task
+            return None
+        return self.query.answer_now(req, principal)
 
     async def _route(self, req: Request, resp: Response, peer: str) -> None:
         path = req.path.rstrip("/") or "/"

@@ -15,9 +15,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import urllib.parse
+from collections.abc import Callable
 from typing import Final
 
-__all__ = ["HttpError", "Limits", "Request", "Response", "read_request"]
+__all__ = [
+    "HttpError",
+    "Limits",
+    "Request",
+    "Response",
+    "read_request",
+    "response_head",
+    "whole_request",
+]
 
 REASONS: Final = {
     200: "OK",
@@ -76,33 +85,46 @@ class Request:
 
 
 async def read_request(
-    reader: asyncio.StreamReader, limits: Limits, writer: asyncio.StreamWriter | None = None
+    reader: asyncio.StreamReader,
+    limits: Limits,
+    writer: asyncio.StreamWriter | None = None,
+    answered: Callable[[], float] | None = None,
 ) -> Request | None:
     """The next request on the connection; None when the client closed it (or stayed idle
     past ``limits.idle``) between requests. ``writer``: where "100 Continue" goes to a client
-    that waits for it before its body (curl does, for a body over 1 KiB, for a second)."""
+    that waits for it before its body (curl does, for a body over 1 KiB, for a second).
+    ``answered``: the loop time of the last request answered without this reader (in the
+    connection's receive callback): the idle wait counts from it."""
     # asyncio.timeout, not wait_for, here and below: 3.11's wait_for can lose a cancel that
     # arrives as the read completes, and the node's stop cancels these reads. One deadline,
     # moved from the idle wait to the request's once its first line is in (arming a
     # deadline costs about as much as reading a small request's head).
-    reading = False
-    try:
-        async with asyncio.timeout(limits.idle) as deadline:
-            try:
-                first = await reader.readuntil(b"\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
+    loop = asyncio.get_running_loop()
+    idle = limits.idle
+    while True:
+        reading = False
+        try:
+            async with asyncio.timeout(idle) as deadline:
+                try:
+                    first = await reader.readuntil(b"\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return None
+                except asyncio.LimitOverrunError:
+                    raise HttpError(431, "request line too long", close=True) from None
+                reading = True
+                deadline.reschedule(loop.time() + limits.read)
+                return await _rest(reader, first, limits, writer)
+        except TimeoutError:
+            if reading:
+                raise HttpError(
+                    408, f"request not received within {limits.read:g} s", close=True
+                ) from None
+            # requests answered meanwhile in the receive callback kept the connection busy
+            idle = limits.idle - (loop.time() - answered()) if answered is not None else 0.0
+            if idle <= 0:
                 return None
-            except asyncio.LimitOverrunError:
-                raise HttpError(431, "request line too long", close=True) from None
-            reading = True
-            deadline.reschedule(asyncio.get_running_loop().time() + limits.read)
-            return await _rest(reader, first, limits, writer)
-    except TimeoutError:
-        if not reading:
-            return None
-        raise HttpError(408, f"request not received within {limits.read:g} s", close=True) from None
-    except asyncio.IncompleteReadError:
-        raise HttpError(400, "connection closed mid-request", close=True) from None
+        except asyncio.IncompleteReadError:
+            raise HttpError(400, "connection closed mid-request", close=True) from None
 
 
 async def _rest(
@@ -121,6 +143,38 @@ async def _rest(
         lines = await _head_whole(reader, len(first), limits)
     else:
         lines = await _head_by_line(reader, len(first), limits)
+    headers = _headers(lines)
+    length = _body_length(headers, limits)
+    if length and writer is not None and headers.get("expect", "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    body = await reader.readexactly(length) if length else b""
+    return _request(method, target, version, headers, body)
+
+
+def whole_request(data: bytes, limits: Limits) -> Request | None:
+    """``data`` as a request when it is exactly one whole, well-formed request with CRLF
+    line ends, a ``Content-Length`` body (or none) and no ``Expect``; None for anything else
+    (a part of one, more than one, a malformed one: ``read_request`` then reads it and
+    answers its errors). For a connection's receive callback: no reader, no await."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0 or len(data) - end - 4 > limits.body or end + 4 > limits.header:
+        return None
+    lines = data[:end].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or any("\n" in t for t in lines):
+        return None
+    try:
+        headers = _headers(lines[1:])
+        length = _body_length(headers, limits)
+    except HttpError:
+        return None
+    if end + 4 + length != len(data) or "expect" in headers:
+        return None
+    return _request(parts[0], parts[1], parts[2], headers, data[end + 4 :])
+
+
+def _headers(lines: list[str]) -> dict[str, str]:
+    """The header lines as a dict (lower-case names, a repeated header's values joined)."""
     headers: dict[str, str] = {}
     for text in lines:
         name, sep, value = text.partition(":")
@@ -129,6 +183,11 @@ async def _rest(
         key = name.lower()
         value = value.strip()
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    return headers
+
+
+def _body_length(headers: dict[str, str], limits: Limits) -> int:
+    """The body's length the headers give, checked against ``limits.body``."""
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise HttpError(411, "send the body with a Content-Length", close=True)
     length_text = headers.get("content-length", "0")
@@ -139,9 +198,12 @@ async def _rest(
         raise HttpError(
             413, f"request body of {length} bytes is over the limit of {limits.body}", close=True
         )
-    if length and writer is not None and headers.get("expect", "").lower() == "100-continue":
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    body = await reader.readexactly(length) if length else b""
+    return length
+
+
+def _request(
+    method: str, target: str, version: str, headers: dict[str, str], body: bytes
+) -> Request:
     connection = headers.get("connection", "").lower()
     keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
     if target[:1] == "/" and target[:2] != "//" and not any(c in target for c in "?%#"):
@@ -223,16 +285,8 @@ class Response:
     def _head(
         self, status: int, content_type: str, extra: dict[str, str], length: int | None
     ) -> bytes:
-        lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}"]
-        lines.append(f"Content-Type: {content_type}")
-        if length is None:
-            lines.append("Transfer-Encoding: chunked")
-        else:
-            lines.append(f"Content-Length: {length}")
-        lines.append("Connection: keep-alive" if self.keep_alive else "Connection: close")
-        lines.extend(f"{k}: {v}" for k, v in extra.items())
         self.started, self.status = True, status
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return response_head(status, content_type, extra, length, self.keep_alive)
 
     async def send(
         self,
@@ -277,6 +331,21 @@ class Response:
                 await self._writer.drain()
         except TimeoutError:
             raise ConnectionError(f"the client read nothing for {self._limits.write:g} s") from None
+
+
+def response_head(
+    status: int, content_type: str, extra: dict[str, str], length: int | None, keep_alive: bool
+) -> bytes:
+    """A response's head: ``length`` None for a chunked body."""
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}"]
+    lines.append(f"Content-Type: {content_type}")
+    if length is None:
+        lines.append("Transfer-Encoding: chunked")
+    else:
+        lines.append(f"Content-Length: {length}")
+    lines.append("Connection: keep-alive" if keep_alive else "Connection: close")
+    lines.extend(f"{k}: {v}" for k, v in extra.items())
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 def _chunk(data: bytes) -> bytes:

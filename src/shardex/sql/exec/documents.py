@@ -128,18 +128,29 @@ class DocumentAccess:
         """``(docid, document)`` for the docids that exist, in the given order."""
         return _decoded(await self._fetch(keyspace, docids, with_cas=False), docids)
 
+    def owns_now(self, keyspace: str, docids: Sequence[str]) -> bool:
+        """Every docid is this node's own by the cluster state at hand (no wait); False
+        when one is not, or when the state or the keyspace is not known here."""
+        state = self.view.state_now()
+        if state is None:
+            return False
+        try:
+            return all(self._is_own(self._owner_in(state, keyspace, d)) for d in docids)
+        except ShardexError:
+            return False
+
     def get_many_now(self, keyspace: str, docids: Sequence[str]) -> list[tuple[str, Any]] | None:
         """``get_many`` within this loop turn when every docid is this node's own and its
         data service answers without waiting: a point query's fetch with no task and no
         message. None when not (or on any error): ``get_many`` then does it, re-routing
         and raising as it always does."""
-        now, state = self.local_get_many_now, self.view.state_now()
-        if now is None or state is None:
+        now = self.local_get_many_now
+        if now is None:
             return None
         unique = list(dict.fromkeys(docids))
+        if not self.owns_now(keyspace, unique):
+            return None
         try:
-            if not all(self._is_own(self._owner_in(state, keyspace, d)) for d in unique):
-                return None
             reply = now(GetMany(keyspace=keyspace, docids=unique, with_cas=False))
         except ShardexError:
             return None

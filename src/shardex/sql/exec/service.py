@@ -269,6 +269,27 @@ class SqlService:
             raise
         return started, chunks, slot
 
+    def answer_now(self, msg: SqlQuery, principal: Principal | None) -> SqlStarted | None:
+        """The whole answer (rows in the reply) of a statement ``open_statement`` would
+        answer in this loop turn, a key lookup whose documents are all here, made without
+        waiting (the HTTP service's receive callback); None for any other statement and for
+        one that fails or finds no free slot (``open_statement`` then runs it, errors and
+        all). The caller observes its end (``stats``)."""
+        try:
+            msg = self._accepted(msg)
+        except ShardexError:
+            return None
+        slot = self.admission.try_enter()
+        if slot is None:
+            return None
+        try:
+            now = self._select_now(msg, principal)
+        except ShardexError:
+            return None
+        finally:
+            slot.release()
+        return now if isinstance(now, SqlStarted) else None
+
     async def _admitted(
         self, msg: SqlQuery, conn: Connection, slot: Slot, lookup: KeyPlan | None = None
     ) -> SqlStarted:

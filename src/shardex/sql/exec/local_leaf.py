@@ -44,8 +44,30 @@ from shardex.sql.exec.rows import cell_chunks
 
 if TYPE_CHECKING:
     from shardex.index.scan_server import IndexScanServer
+    from shardex.scan.cluster_view import ClusterView
 
-__all__ = ["LocalRun", "after_first", "drop_unread", "root_of_leaves", "run_local", "speculate"]
+__all__ = [
+    "LocalRun",
+    "after_first",
+    "drop_unread",
+    "high_seqnos_after",
+    "root_of_leaves",
+    "run_local",
+    "speculate",
+]
+
+
+def high_seqnos_after(view: ClusterView, keyspace: str) -> Awaitable[Mapping[int, tuple[int, int]]]:
+    """The keyspace's high seqnos as a wire dict, read after this call: the shared round is
+    started (or joined) here, in the call, when the state is at hand."""
+    started = view.shared_high_seqnos_now(keyspace)
+    if started is None:
+        return view.shared_high_seqnos_wire(keyspace)
+
+    async def completed() -> Mapping[int, tuple[int, int]]:
+        return await view.high_seqnos_wire(keyspace, known=await started)
+
+    return completed()
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -72,7 +72,7 @@ from shardex.sql.exec.failover import (
 from shardex.sql.exec.join_start import start_join
 from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.leaf_calls import LeafCalls, SeqnoRide
-from shardex.sql.exec.local_leaf import LocalRun, run_local, speculate
+from shardex.sql.exec.local_leaf import LocalRun, high_seqnos_after, run_local, speculate
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.pin_guess import PinGuesses
 from shardex.sql.exec.plan import (
@@ -581,33 +581,14 @@ class SqlService:
         """A request_plus one-leaf plan on this node: read while the seqno round is out
         (``local_leaf.speculate``)."""
         assert plan.record is not None and plan.keyspace is not None
-        keyspace = plan.keyspace
         plan.query_id = str(self.query.new_query_id())
         plan.local = True
+        here = LocalRun(plan, sql, dml, self.quota(msg), msg.spill)
+        seqnos = high_seqnos_after(self.scan.view, plan.keyspace)
         ts, chunks = await speculate(
-            local,
-            self.documents,
-            self.memory,
-            LocalRun(plan, sql, dml, self.quota(msg), msg.spill),
-            self._seqnos(keyspace),
-            params,
-            plan.query_id,
-            msg.timeout,
+            local, self.documents, self.memory, here, seqnos, params, plan.query_id, msg.timeout
         )
         return plan, ts, chunks
-
-    def _seqnos(self, keyspace: str) -> Awaitable[Mapping[int, tuple[int, int]]]:
-        """The keyspace's high seqnos as a wire dict, read after this call: the shared
-        round is started (or joined) here, in the call, when the state is at hand."""
-        view = self.scan.view
-        started = view.shared_high_seqnos_now(keyspace)
-        if started is None:
-            return view.shared_high_seqnos_wire(keyspace)
-
-        async def completed() -> Mapping[int, tuple[int, int]]:
-            return await view.high_seqnos_wire(keyspace, known=await started)
-
-        return completed()
 
     def _runs_here(self, plan: PhysicalPlan) -> bool:
         """One leaf, on this node: the plan runs in-process (``local_leaf``)."""

@@ -83,14 +83,17 @@ def joined_rows(
     params: Any,
     unnest_specs: Sequence[UnnestSpec],
     compile_fn: Callable[[Expr], Any] = compile_expression,
+    *,
+    outer: Row | None = None,
 ) -> Iterator[Row]:
     """``rows`` (the FROM term's scope rows) through every JOIN / NEST (``plans``, one per
-    ``b.joins``) and UNNEST term in the order written."""
+    ``b.joins``) and UNNEST term in the order written; ``outer``: a subquery's enclosing
+    names, which a RIGHT JOIN's unmatched inner document keeps (the left side's do not)."""
     out: Iterable[Row] = rows
     for i in range(len(unnest_specs) + 1):
         for k, plan in enumerate(plans):
             if plan.join.position == i:
-                out = _join(out, k, plan, sides, params, compile_fn)
+                out = _join(out, k, plan, sides, params, compile_fn, outer)
         if i < len(unnest_specs):
             out = unnest(out, [unnest_specs[i]])
     return iter(out)
@@ -103,6 +106,7 @@ def _join(
     sides: InnerSides,
     params: Any,
     compile_fn: Callable[[Expr], Any],
+    outer: Row | None,
 ) -> Iterator[Row]:
     spec = join_spec(plan, params, compile_fn)
     keyspace = plan.join.keyspace
@@ -113,7 +117,7 @@ def _join(
     if plan.method == "keys":
         return lookup_join(rows, spec, lambda ids: sides.fetch(k, keyspace, ids))
     if plan.join.kind == "right":
-        return right_join(sides.held(rows), spec, pieces(sides.scan(k)))
+        return right_join(sides.held(rows), spec, pieces(sides.scan(k)), outer)
     if plan.method == "index_nl":
         return index_join(rows, spec, lambda values: list(pieces(sides.probe(k, values))))
     if plan.method == "hash":

@@ -276,7 +276,8 @@ class LocalEngine:
             self._check_from(b)
             plans = self.join_plans(b)
             sides = _LocalSides(self, plans)
-            return joined_rows(b, rows, plans, sides, params, unnest_specs(b, params))
+            specs = unnest_specs(b, params)
+            return joined_rows(b, rows, plans, sides, params, specs, outer=outer or None)
         if not b.unnests:
             return rows
         return unnest(rows, unnest_specs(b, params))

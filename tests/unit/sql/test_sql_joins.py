@@ -263,6 +263,22 @@ def test_index_and_ansi_joins(eng: LocalEngine) -> None:
     assert star == [{"o": {"cid": "c2", "amt": 7}, "c": {"name": "Bob", "tier": 2}}]
 
 
+def test_a_right_joins_unmatched_document_keeps_a_subquerys_outer_names(
+    eng: LocalEngine,
+) -> None:
+    """In a correlated subquery, a RIGHT JOIN's inner document without a match loses only
+    the left side's names: the enclosing row's stay readable (o3 matches no customer)."""
+    rows = eng.query(
+        "SELECT META(x).id AS id, (SELECT RAW META(o).id FROM c RIGHT JOIN o "
+        "ON o.cid = META(c).id WHERE o.amt = x.amt) AS hit FROM o AS x ORDER BY META(x).id"
+    )
+    assert rows == [
+        {"id": "o1", "hit": ["o1"]},
+        {"id": "o2", "hit": ["o2"]},
+        {"id": "o3", "hit": ["o3"]},
+    ]
+
+
 def test_an_index_on_the_join_key_is_probed_and_gives_the_same_rows(eng: LocalEngine) -> None:
     sql = "SELECT META(o).id AS o, c.name FROM o JOIN c ON c.tier = o.amt - 4"
     before = eng.query(sql)

@@ -188,9 +188,12 @@ def nl_join(rows: Iterable[Row], spec: JoinSpec, inner: Sequence[Row]) -> Iterat
         yield from _emit(row, _matching(row, inner, spec.on), spec)
 
 
-def right_join(left: Iterable[Row], spec: JoinSpec, inner: Iterable[Row]) -> Iterator[Row]:
+def right_join(
+    left: Iterable[Row], spec: JoinSpec, inner: Iterable[Row], outer: Row | None = None
+) -> Iterator[Row]:
     """RIGHT JOIN: every inner document once per matching left row, or alone (the left
-    side's names MISSING) when none matches; in inner order."""
+    side's names MISSING) when none matches; in inner order. ``outer``: the names of a
+    subquery's enclosing row, which an unmatched document keeps (only the left's are gone)."""
     rows = list(left)
     table = None
     if spec.outer_key is not None and spec.inner_key is not None:
@@ -203,6 +206,6 @@ def right_join(left: Iterable[Row], spec: JoinSpec, inner: Iterable[Row]) -> Ite
             candidates = table.get(k, ()) if k is not None else ()
         found = [r for r in candidates if spec.on is None or truth(spec.on({**r, **p}))]
         if not found:
-            yield p
+            yield {**outer, **p} if outer else p
         for r in found:
             yield {**r, **p}

@@ -75,13 +75,13 @@ def spy_scan_slices(env: Env) -> list[tuple[str, list[int]]]:
     """The (keyspace, partitions) whose high seqnos n2's scan server reads on arrival."""
     seen: list[tuple[str, list[int]]] = []
     server = env.nodes["n2"].scan_server
-    real = server._high_seqnos
+    real = server.high_seqnos_here
 
     def spy(keyspace: str, partitions: list[int]) -> dict[int, tuple[int, int]] | None:
         seen.append((keyspace, partitions))
         return real(keyspace, partitions)
 
-    server._high_seqnos = spy  # type: ignore[method-assign]
+    server.high_seqnos_here = spy  # type: ignore[method-assign]
     return seen
 
 

@@ -6,7 +6,6 @@ coordinator still times under its consistency."""
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -190,8 +189,12 @@ def test_cluster_charts_gather_every_node(env: Env) -> None:
     ks.upsert_many([(k, {"k": k}) for k in keys])
     for k in keys:
         ks.get(k)
-    time.sleep(2.0)  # the next sample is taken once the last is this old
-    second = charts(env.ports[0])
+    # the node samples at most every 2 s: the next answer with a point per node has the work
+    second, _ = wait_for(
+        lambda: (c := charts(env.ports[0]))["charts"]["kv_ops"].get("node1") and c,
+        30,
+        what="a chart point after the work",
+    )
     scraped_after = scrape_all(env)
     grown = [kv_of(a) - kv_of(b) for a, b in zip(scraped_after, scraped, strict=True)]
     assert all(n > 0 for n in grown), grown  # the work reached every node

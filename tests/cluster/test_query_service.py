@@ -13,7 +13,6 @@ import json
 import re
 import socket
 import ssl
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -318,7 +317,8 @@ def test_a_keep_alive_connection_serves_everything_else_as_before(env: Env) -> N
         # task's too, answered in order.
         slow = f"{st} WHERE name NOT IN [{', '.join(repr(f'x{i}') for i in range(20_000))}]"
         conn.send(post_bytes(env.port, env.auth, {"statement": slow, "args": [mine[0]]}))
-        time.sleep(0.2)  # sent after the first is in the task's hands (sooner: in one read)
+        # the next one sent once the task has taken the first (its count moves as it starts)
+        wait_for(lambda: _served(env)[1] == before[1] + 11, 30, what="the slow request taken")
         conn.send(post_bytes(env.port, env.auth, {"statement": st, "args": [mine[1]]}))
         for k in mine[:2]:
             assert json.loads(conn.response()[1])["results"] == [DOCS[k]["name"]]

@@ -83,6 +83,23 @@ def test_malformed_with_is_a_syntax_error(sql: str, says: str) -> None:
 # -- semantics ---------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("sql", "rows"),
+    [
+        ("WITH a AS ((SELECT RAW total FROM orders ORDER BY total DESC)[0]) SELECT RAW a", [50]),
+        ("WITH a AS ((SELECT RAW 1)[0] + 1) SELECT RAW a", [2]),
+        ("WITH a AS ((SELECT RAW 1) UNION (SELECT RAW 2)) SELECT RAW ARRAY_LENGTH(a)", [2]),
+        ("WITH a AS ((SELECT RAW 3)) SELECT RAW a[0]", [3]),
+    ],
+)
+def test_a_term_that_starts_with_a_query_in_parentheses(
+    eng: LocalEngine, sql: str, rows: list[Any]
+) -> None:
+    """What follows the parenthesised query tells an expression (``(SELECT ...)[0]``) from the
+    term's whole query or a set operation's first branch."""
+    assert eng.query(sql) == rows
+
+
 def test_a_term_in_from_and_in_expressions(eng: LocalEngine) -> None:
     sql = (
         "WITH vips AS (SELECT RAW META().id FROM people WHERE vip), "

@@ -119,6 +119,32 @@ def at_query_in_parens(p: SqlParser) -> bool:
     return i > 0 and p.at_keyword("SELECT", i)
 
 
+_QUERY_GOES_ON = frozenset({"UNION", "INTERSECT", "EXCEPT", "ORDER", "LIMIT", "OFFSET"})
+
+
+def _query_in_parens_is_term(p: SqlParser) -> bool:
+    """At ``(SELECT ...)`` that is a WITH term's whole query (or a set operation's first
+    branch), not the start of an expression such as ``(SELECT ...)[0]`` or ``(SELECT ...) +
+    1``: what follows its closing parenthesis decides, read ahead over the tokens."""
+    if not at_query_in_parens(p):
+        return False
+    depth, i = 0, 0
+    while True:
+        tok = p.peek(i)
+        if tok.kind is TokenKind.EOF:
+            return True  # unbalanced: the query's parser reports where
+        if tok.kind is TokenKind.OP and tok.text == "(":
+            depth += 1
+        elif tok.kind is TokenKind.OP and tok.text == ")":
+            depth -= 1
+            if depth == 0:
+                after = p.peek(i + 1)
+                return (after.kind is TokenKind.OP and after.text == ")") or (
+                    after.upper in _QUERY_GOES_ON
+                )
+        i += 1
+
+
 def parse_query_tail(p: SqlParser) -> tuple[tuple[OrderTerm, ...], Expr | None, Expr | None]:
     """``[ORDER BY ...] [LIMIT expr] [OFFSET expr]`` (LIMIT and OFFSET in either order,
     each at most once)."""
@@ -186,7 +212,7 @@ def parse_with(p: SqlParser) -> WithStmt:
             p.error(start, f"WITH names {name!r} twice", expected="another name")
         p.expect_keyword("AS")
         opened = p.expect("(", f"'(' and the query or expression {name} stands for")
-        if p.at_keyword("SELECT") or at_query_in_parens(p):
+        if p.at_keyword("SELECT") or _query_in_parens_is_term(p):
             query: SelectStmt | SetOpStmt | None = parse_query(p)
             expr = None
         else:

@@ -14,7 +14,8 @@ waits can run on the loop.
 Parts: the catalog and the partition map (``partitions.LocalPartitions``) are shared by the
 document operations (``documents.DocumentOps``) and the hand-over operations
 (``handover.HandoverOps``); the engine builds them over one store, keeps lifecycle, catalog,
-streams and retention itself and exposes the parts' operations as its own.
+streams and retention itself and exposes the parts' operations as its own (the hand-over
+ones through ``engine_handover.HandoverFacade``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ from typing import Any
 import msgspec
 
 import shardex.data.expiry as expiry_ops
-import shardex.data.migration as migration
 import shardex.data.streams as streams
 from shardex.api.errors import BadRequest, KeyspaceExists
-from shardex.api.migration import IncomingMarker
 from shardex.api.records import (
     STATE_ACTIVE,
     Change,
@@ -48,7 +47,8 @@ from shardex.api.validation import (
 )
 from shardex.core.timestamp import Timestamp
 from shardex.data.documents import DocumentOps, GetResult, OnExpired, RawGetResult
-from shardex.data.handover import HandoverListener, HandoverOps, IncomingCopy
+from shardex.data.engine_handover import HandoverFacade
+from shardex.data.handover import HandoverOps
 from shardex.data.partitions import LocalPartitions
 from shardex.data.records import (
     META_KEY,
@@ -77,7 +77,7 @@ DEFAULT_RETENTION_SEQNOS = 100_000
 _KS_PREFIX = b"data/ks/"
 
 
-class DataEngine:
+class DataEngine(HandoverFacade):
     """The local storage engine of the data service (see module docstring)."""
 
     def __init__(
@@ -506,105 +506,3 @@ class DataEngine:
     ) -> dict[int, tuple[int, int]]:
         """``DocumentOps.partition_seqnos``."""
         return self._documents.partition_seqnos(keyspace, partitions)
-
-    # hand-over (``handover.HandoverOps``) ---------------------------------------------------
-    def snapshot_partition(self, keyspace: str, partition: int) -> migration.PartitionSnapshot:
-        """``HandoverOps.snapshot_partition``."""
-        return self._handover.snapshot_partition(keyspace, partition)
-
-    def freeze_partition(self, keyspace: str, partition: int) -> PartitionInfo:
-        """``HandoverOps.freeze_partition``."""
-        return self._handover.freeze_partition(keyspace, partition)
-
-    def unfreeze_partition(self, keyspace: str, partition: int) -> None:
-        """``HandoverOps.unfreeze_partition``."""
-        self._handover.unfreeze_partition(keyspace, partition)
-
-    def release_partition(self, keyspace: str, partition: int) -> PartitionInfo:
-        """``HandoverOps.release_partition``."""
-        return self._handover.release_partition(keyspace, partition)
-
-    def release_if_high(self, keyspace: str, partition: int, high_seqno: int) -> PartitionInfo:
-        """``HandoverOps.release_if_high``."""
-        return self._handover.release_if_high(keyspace, partition, high_seqno)
-
-    def activate_partition(self, keyspace: str, partition: int) -> PartitionInfo:
-        """``HandoverOps.activate_partition``."""
-        return self._handover.activate_partition(keyspace, partition)
-
-    def ingest_partition(
-        self,
-        keyspace: str,
-        partition: int,
-        info: PartitionInfo,
-        items: Iterable[tuple[bytes, bytes]],
-        *,
-        activate: bool = False,
-    ) -> PartitionInfo:
-        """``HandoverOps.ingest_partition``."""
-        return self._handover.ingest_partition(keyspace, partition, info, items, activate=activate)
-
-    def begin_ingest(self, keyspace: str, partition: int, info: PartitionInfo) -> IncomingCopy:
-        """``HandoverOps.begin_ingest``."""
-        return self._handover.begin_ingest(keyspace, partition, info)
-
-    def install_copy(self, info: PartitionInfo, sst: Path | None) -> PartitionInfo:
-        """``HandoverOps.install_copy``."""
-        return self._handover.install_copy(info, sst)
-
-    def apply_changes(
-        self,
-        keyspace: str,
-        partition: int,
-        changes: Iterable[Change | SnapshotMarker],
-        *,
-        failover_log: list[FailoverEntry] | None = None,
-    ) -> int:
-        """``HandoverOps.apply_changes``."""
-        return self._handover.apply_changes(keyspace, partition, changes, failover_log=failover_log)
-
-    def local_partitions(self, keyspace: str) -> list[PartitionInfo]:
-        """``HandoverOps.local_partitions``."""
-        return self._handover.local_partitions(keyspace)
-
-    def partition_state(self, keyspace: str, partition: int) -> str:
-        """``HandoverOps.partition_state``."""
-        return self._handover.partition_state(keyspace, partition)
-
-    def add_handover_listener(self, fn: HandoverListener) -> None:
-        """``HandoverOps.add_handover_listener``."""
-        self._handover.add_handover_listener(fn)
-
-    def iter_docids(
-        self, keyspace: str, partition: int, start: bytes = b"", stop: bytes | None = None
-    ) -> Iterator[str]:
-        """``HandoverOps.iter_docids``."""
-        return self._handover.iter_docids(keyspace, partition, start, stop)
-
-    def set_incoming(self, marker: IncomingMarker) -> None:
-        """``HandoverOps.set_incoming``."""
-        self._handover.set_incoming(marker)
-
-    def clear_incoming(self, keyspace: str, partition: int) -> None:
-        """``HandoverOps.clear_incoming``."""
-        self._handover.clear_incoming(keyspace, partition)
-
-    def incoming(self) -> dict[tuple[str, int], IncomingMarker]:
-        """``HandoverOps.incoming``."""
-        return self._handover.incoming()
-
-    def topology_floor(self, keyspace: str) -> int:
-        """``HandoverOps.topology_floor``."""
-        return self._handover.topology_floor(keyspace)
-
-    def raise_topology_floor(self, keyspace: str, seq_num: int) -> None:
-        """``HandoverOps.raise_topology_floor``."""
-        self._handover.raise_topology_floor(keyspace, seq_num)
-
-    def migration_fence(self) -> int:
-        """``HandoverOps.migration_fence``."""
-        return self._handover.migration_fence()
-
-    def check_fence(self, epoch: int) -> None:
-        """``HandoverOps.check_fence``."""
-        self._handover.check_fence(epoch)

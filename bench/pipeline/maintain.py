@@ -319,20 +319,25 @@ def drain(
     if kp is not None and kp.job.stabilise_ahead:
         # A new job: every round between its batches belongs to this drain.
         stats.append(between_row("2 drain (rounds between batches)", kp.job, BetweenStats()))
-        reads = kp.job.read_ahead.piece_reads
-        if reads:
-            stats.append(
-                {
-                    "part": "2 drain (read-ahead pieces)",
-                    "pieces": len(reads),
-                    "changes/piece p50": statistics.median(n for n, _ in reads),
-                    "read ms p50": round(statistics.median(s for _, s in reads) * 1e3, 1),
-                    "read us/change": round(
-                        sum(s for _, s in reads) / max(1, sum(n for n, _ in reads)) * 1e6, 1
-                    ),
-                }
-            )
+        pieces = pieces_row("2 drain (read-ahead pieces)", kp.job.read_ahead.piece_reads)
+        if pieces is not None:
+            stats.append(pieces)
     return rows, stats, driver
+
+
+def pieces_row(part: str, reads: list[tuple[int, float]]) -> Row | None:
+    """The read-ahead's last pieces (changes, seconds): how many, their size and read time."""
+    if not reads:
+        return None
+    return {
+        "part": part,
+        "pieces": len(reads),
+        "changes/piece p50": statistics.median(n for n, _ in reads),
+        "read ms p50": round(statistics.median(s for _, s in reads) * 1e3, 1),
+        "read us/change": round(
+            sum(s for _, s in reads) / max(1, sum(n for n, _ in reads)) * 1e6, 1
+        ),
+    }
 
 
 # --- part 3: freshness -----------------------------------------------------------------------
@@ -346,6 +351,7 @@ def freshness(
     load = load1()
     kp = driver.keyspace()
     between = None if kp is None else copy.deepcopy(kp.job.between.stats)
+    pieces_before = 0 if kp is None else kp.job.read_ahead.pieces
     try:
         t0 = time.time()
         acks = write_updates(
@@ -395,6 +401,14 @@ def freshness(
     out = [batch_row("3 freshness", recs), progress_row("3 freshness (Spark)", prog)]
     if kp is not None and between is not None and kp.job.stabilise_ahead:
         out.append(between_row("3 freshness (rounds between batches)", kp.job, between))
+        # the pieces read during this part (the list keeps the last 200)
+        fresh = kp.job.read_ahead.pieces - pieces_before
+        pieces = pieces_row(
+            "3 freshness (read-ahead pieces)",
+            kp.job.read_ahead.piece_reads[-fresh:] if fresh > 0 else [],
+        )
+        if pieces is not None:
+            out.append(pieces)
     return rows, out
 
 

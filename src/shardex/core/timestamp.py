@@ -185,6 +185,32 @@ class Timestamp(Mapping[int, SeqnoEntry]):
                 out[p] = theirs
         return Timestamp._of(out)
 
+    def seqno_moves(self, target: Timestamp) -> tuple[bool, list[int]]:
+        """(whether ``target`` is past ``self`` in some partition, the partitions where it is
+        below ``self``), by seqno alone, over the partitions ``target`` names (absent from
+        ``self``: seqno 0). A slice's stabilise asks this of every round's TS against its
+        applied one: one pass over the wire tuples, no entry objects (64 partitions, twice
+        per slice per round, were ~60 us through ``__getitem__`` and ``seqno``)."""
+        mine = self._wire
+        theirs = target._wire
+        if mine == theirs:
+            return False, []
+        ahead = False
+        back: list[int] = []
+        for p, (seqno, _) in theirs.items():
+            m = mine.get(p)
+            have = 0 if m is None else m[0]
+            if seqno > have:
+                ahead = True
+            elif seqno < have:
+                back.append(p)
+        return ahead, back
+
+    def updated(self, other: Timestamp) -> Timestamp:
+        """``self`` with every partition ``other`` names replaced by ``other``'s entry
+        (seqno and uuid; the partitions ``other`` does not name kept as they are)."""
+        return Timestamp._of({**self._wire, **other._wire}, checked=True)
+
     def behind(self, target: Timestamp) -> dict[int, int]:
         """How many seqnos ``self`` lacks to cover ``target``, per partition (only those
         behind; a partition on another branch counts its whole target seqno)."""

@@ -90,6 +90,7 @@ class _Pending:
     ack: StabiliseAck
     meta: SliceMeta | None = None  # None: nothing to commit
     taken: Taken = field(default_factory=list)
+    applied: Timestamp | None = None  # ``meta.applied`` as a TS (with ``meta``)
 
 
 def _err(code: ErrorCode, msg: str, **details: Any) -> ShardexError:
@@ -241,8 +242,7 @@ class Slice:
         if state == STATE_LOADING:
             raise _err(ErrorCode.INDEX_NOT_READY, f"slice {self._name()} is still loading")
         applied = self._applied
-        ahead = [p for p in ts if ts[p].seqno > applied.seqno(p)]
-        behind = [p for p in ts if ts[p].seqno < applied.seqno(p)]
+        ahead, behind = applied.seqno_moves(ts)
         if not ahead:
             # Reached before: acknowledged without work (a re-run micro-batch, a re-sent TS).
             return _Pending(StabiliseAck(self.index_id, self.partition, ts, 0, 0, True))
@@ -265,19 +265,17 @@ class Slice:
             writes, delta, unchanged, stale = self._apply(latest, batch)
         self.stats.unchanged += unchanged
         self.stats.stale += stale
-        wire = dict(applied.to_wire())
-        for p, e in ts.items():
-            wire[p] = (e.seqno, e.uuid)
+        reached = applied.updated(ts)
         meta = SliceMeta(
             definition=self.definition,
             partition=self.partition,
             state=STATE_ACTIVE,
-            applied=wire,
+            applied=reached.to_wire(),
             count=self._meta.count + delta,
         )
         batch.put(self._meta_cf, META_KEY, encode_meta(meta))
         ack = StabiliseAck(self.index_id, self.partition, ts, n_taken, writes, False)
-        return _Pending(ack, meta, taken)
+        return _Pending(ack, meta, taken, reached)
 
     def _apply(self, latest: dict[str, Queued], batch: Batch) -> tuple[int, int, int, int]:
         """Decide each docid's final state against the back index (``slice_decisions.decide``) and
@@ -296,10 +294,10 @@ class Slice:
         """After the batch is durable: drop the taken key versions, publish the applied TS,
         snapshot. Called under ``self.lock``."""
         ack = pending.ack
-        if pending.meta is not None:
+        if pending.meta is not None and pending.applied is not None:  # set together
             retired: list[object] = [self._decided, *self._queue.remove(pending.taken)]
             self._meta = pending.meta
-            self._applied = Timestamp.from_wire(pending.meta.applied)
+            self._applied = pending.applied
             self._reset_decided()  # decided against the storage before this commit
             self._retired = retired  # the previous commit's are freed here
             self.stats.applied += ack.applied

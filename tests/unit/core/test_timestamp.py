@@ -109,3 +109,29 @@ def test_to_wire_is_a_copy() -> None:
     t = Timestamp({0: (1, 1)})
     t.to_wire()[0] = (9, 9)
     assert t.seqno(0) == 1
+
+
+@given(timestamps, timestamps)
+def test_seqno_moves_and_updated_follow_the_partitions_of_the_target(a, b):
+    # A slice at ``a`` asked to stabilise at ``b``: forward where b's seqno is above a's
+    # (absent: 0), refused where it is below; the applied TS it reaches is a with b's
+    # entries (uuid too) over every partition b names.
+    forward = any(e.seqno > a.seqno(p) for p, e in b.items())
+    back = [p for p, e in b.items() if e.seqno < a.seqno(p)]
+    assert a.seqno_moves(b) == (forward, back)
+    reached = a.updated(b)
+    assert list(reached) == sorted(set(a) | set(b))
+    for p in set(a) | set(b):
+        assert reached[p] == (b[p] if p in b else a[p])
+
+
+def test_seqno_moves_by_seqno_alone_and_updated_takes_the_new_branch():
+    a = Timestamp({0: (5, 1), 2: (3, 1)})
+    assert a.seqno_moves(a) == (False, [])
+    assert a.seqno_moves(Timestamp({0: (5, 2), 1: (0, 1)})) == (False, [])  # uuid: not a move
+    assert a.seqno_moves(Timestamp({0: (4, 1), 1: (1, 1), 2: (3, 1)})) == (True, [0])
+    assert a.updated(Timestamp({0: (5, 2), 1: (1, 1)})).to_wire() == {
+        0: (5, 2),
+        1: (1, 1),
+        2: (3, 1),
+    }

@@ -48,17 +48,38 @@ SIM_CONFIG = ProtocolConfig(
 
 
 class SimDirectory:
-    """Addresses of the members and the failure detector's verdicts, set by the test."""
+    """Addresses of the members and the failure detector's verdicts, set by the test:
+    ``down`` as every member sees it, ``suspected`` (observer, member) as one member alone
+    sees it (a wrong suspicion: the member is up)."""
 
     def __init__(self) -> None:
         self.addresses: dict[str, str] = {}
         self.down: dict[str, bool] = {}
+        self.suspected: set[tuple[str, str]] = set()
 
     def address_of(self, member_id: str) -> str | None:
         return self.addresses.get(member_id)
 
     def is_down(self, member_id: str) -> bool:
         return self.down.get(member_id, False)
+
+    def seen_by(self, observer: str) -> ObserverDirectory:
+        return ObserverDirectory(self, observer)
+
+
+@dataclass
+class ObserverDirectory:
+    """One member's view of ``SimDirectory``: its own suspicions on top of the common one."""
+
+    directory: SimDirectory
+    observer: str
+
+    def address_of(self, member_id: str) -> str | None:
+        return self.directory.address_of(member_id)
+
+    def is_down(self, member_id: str) -> bool:
+        suspected = (self.observer, member_id) in self.directory.suspected
+        return suspected or self.directory.is_down(member_id)
 
 
 @dataclass
@@ -117,7 +138,8 @@ def emitted_rows(member: str, instance: int, args: dict[str, Any]) -> list[dict[
 
 def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
     """Test fragments. ``emit``: ``rows`` rows per instance in batches of ``batch_rows``; it
-    may wait for a gate first, fail on some members after some batches, or hang."""
+    may wait for a gate first, fail (or end cancelled) on some members after some batches,
+    or hang."""
 
     async def emit(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         args, me = ctx.args, ctx.member_id
@@ -130,6 +152,8 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
         for k, start in enumerate(range(0, n, step)):
             if me in args.get("fail_on", []) and k == args.get("fail_after", 0):
                 raise ShardexError(f"emit failed on {me}", code=ErrorCode.EXPRESSION_EVAL)
+            if me in args.get("cancel_on", []) and k == args.get("fail_after", 0):
+                raise asyncio.CancelledError  # a stray cancel from something it awaited
             count = min(step, n - start)
             batch = pa.record_batch(
                 {
@@ -335,7 +359,7 @@ class Harness:
                 member_id=host,
                 transport=node.transport,
                 secret=SECRET,
-                directory=self.directory,
+                directory=self.directory.seen_by(host),
                 fragments=self.fragments,
                 config=self.config,
                 meter=self.meter,

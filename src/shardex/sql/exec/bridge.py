@@ -27,6 +27,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, Final
 
+from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.rows import to_batches
 
 __all__ = ["close_all", "run_pipeline"]
@@ -63,7 +64,16 @@ class _Link:
         try:
             return fut.result()
         except concurrent.futures.CancelledError:
-            raise _Stopped from None
+            if self.stopped:
+                raise _Stopped from None
+            # Not ``stop``: the wait ended cancelled on its own (a CancelledError from a
+            # source). Unwinding quietly would leave the consumer waiting for an end that
+            # never comes; it is the pipeline's error instead.
+            raise ShardexError(
+                "a source of the row pipeline was cancelled while the pipeline ran",
+                code=ErrorCode.INTERNAL,
+                details={"reason": "source_cancelled", "hint": "a bug: see the node's log"},
+            ) from None
         finally:
             with self.lock:
                 self.pending.discard(fut)

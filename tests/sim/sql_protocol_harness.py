@@ -162,11 +162,13 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
                     "pad": pa.array([pad] * count, pa.string()),
                 }
             )
-            if ctx.partitions == 1:
+            if ctx.fragment.exchange != "hash":
                 yield batch
                 continue
-            # A hash exchange: row i goes to the reader member at position i % partitions.
-            parts = pa.array([i % ctx.partitions for i in batch.column("i").to_pylist()])
+            # A hash exchange: row i goes to the reader member at position i % partitions,
+            # or i % ``parts`` (fewer: the other readers get no row, only the stream's end).
+            mod = args.get("parts") or ctx.partitions
+            parts = pa.array([i % mod for i in batch.column("i").to_pylist()])
             for p in range(ctx.partitions):
                 yield p, batch.filter(pc.equal(parts, p))
 
@@ -197,14 +199,33 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
 
     async def semi_join(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         """Two inputs: every ``i`` of the ``build`` edge, held, then the ``probe`` edge's
-        rows whose ``i`` is among them, tagged with the member that joined them."""
+        rows whose ``i`` is among them, tagged with the member that joined them. ``limit``:
+        stop after that many rows, the probe edge left unread (a LIMIT's top without ORDER
+        BY); ``sorted``: every row read, then the first ``limit`` by ``i`` (a sort's top)."""
+        a = ctx.args
+        limit, in_order = a.get("limit"), a.get("sorted", False)
         build: set[int] = set()
-        async for batch in ctx.inputs[ctx.args["build"]]:
+        async for batch in ctx.inputs[a["build"]]:
             build.update(batch.column("i").to_pylist())
-        async for batch in ctx.inputs[ctx.args["probe"]]:
+        found: list[pa.RecordBatch] = []
+        sent = 0
+        async for batch in ctx.inputs[a["probe"]]:
             keep = pa.array([i in build for i in batch.column("i").to_pylist()])
-            found = batch.filter(keep)
-            yield found.append_column("at", pa.array([ctx.member_id] * found.num_rows))
+            out = batch.filter(keep)
+            out = out.append_column("at", pa.array([ctx.member_id] * out.num_rows, pa.string()))
+            if in_order:
+                found.append(out)
+                continue
+            if limit is not None:
+                out = out.slice(0, limit - sent)
+            sent += out.num_rows
+            yield out
+            if limit is not None and sent >= limit:
+                return
+        if in_order and found:
+            table = pa.Table.from_batches(found).sort_by("i").slice(0, limit)
+            for out in table.to_batches(max_chunksize=a.get("out_rows", 50)):
+                yield out
 
     async def runs(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         """Its one input edge read sender by sender (``by_sender``), all senders at once,
@@ -219,6 +240,31 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
                     its.remove((run, it))
                 else:
                     yield batch.append_column("run", pa.array([run] * batch.num_rows))
+
+    async def merge(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        """Sorted runs, one per sender of its one edge (``by_sender``), merged by ``i``, at
+        most ``limit`` rows (an ORDER BY ... LIMIT's root): the first batch of every run is
+        read in turn before any row leaves."""
+        assert ctx.by_sender is not None
+        (edge,) = ctx.inputs
+        runs = ctx.by_sender(edge)
+        limit = ctx.args.get("limit")
+        heads: list[list[dict[str, Any]]] = []
+        for it in runs:
+            batch = await anext(it, None)
+            heads.append([] if batch is None else batch.to_pylist())
+        sent = 0
+        while limit is None or sent < limit:
+            live = [k for k, rows in enumerate(heads) if rows]
+            if not live:
+                return
+            k = min(live, key=lambda k: heads[k][0]["i"])
+            row = heads[k].pop(0)
+            if not heads[k]:
+                batch = await anext(runs[k], None)
+                heads[k] = [] if batch is None else batch.to_pylist()
+            sent += 1
+            yield pa.RecordBatch.from_pylist([row])
 
     async def take(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         left = ctx.args["limit"]
@@ -238,6 +284,7 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             "tag": tag,
             "semi_join": semi_join,
             "runs": runs,
+            "merge": merge,
         }
     )
 
@@ -298,21 +345,32 @@ def join_plan(
     probe: list[str],
     *,
     build_rows: int,
+    build_exchange: str = "broadcast",
+    root_kind: str = "collect",
+    root_args: dict[str, Any] | None = None,
+    join_args: dict[str, Any] | None = None,
     **emit: Any,
 ) -> QueryPlan:
-    """A fragment with two inputs on several members: ``emit`` on ``build`` broadcast to
-    every joiner (edge 3), ``emit`` on ``probe`` hash-partitioned among them (edge 2),
-    ``semi_join`` on the joiners -> gather -> ``collect`` on the initiator."""
+    """A fragment with two inputs on several members: ``emit`` on ``build`` broadcast (or
+    ``build_exchange="hash"``: partitioned as the probe side is) to every joiner (edge 3),
+    ``emit`` on ``probe`` hash-partitioned among them (edge 2), ``semi_join`` on the joiners
+    (``join_args``) -> gather -> ``root_kind`` on the initiator."""
     return QueryPlan(
         fragments=[
-            FragmentSpec(fragment_id=0, kind="collect", members=[root], inputs=[1]),
+            FragmentSpec(
+                fragment_id=0,
+                kind=root_kind,
+                members=[root],
+                inputs=[1],
+                args=root_args or {},
+            ),
             FragmentSpec(
                 fragment_id=1,
                 kind="semi_join",
                 members=joiners,
                 inputs=[2, 3],
                 output=1,
-                args={"build": 3, "probe": 2},
+                args={"build": 3, "probe": 2, **(join_args or {})},
             ),
             FragmentSpec(
                 fragment_id=2, kind="emit", members=probe, output=2, exchange="hash", args=emit
@@ -322,7 +380,7 @@ def join_plan(
                 kind="emit",
                 members=build,
                 output=3,
-                exchange="broadcast",
+                exchange=build_exchange,
                 args={**emit, "rows": build_rows},
             ),
         ]

@@ -51,6 +51,7 @@ from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
     ExchangeStats,
     ExchangeStatsReply,
+    LeafCancel,
     LeafRequest,
     SqlQuery,
     SqlStarted,
@@ -180,6 +181,7 @@ class SqlService:
         server.router.route_inline(SqlQuery, self._on_query_observed)
         server.route(ExchangeStats, self.on_exchange_stats)
         server.route(LeafRequest, self.calls.on_leaf_request)
+        server.route(LeafCancel, self.calls.on_leaf_cancel)
 
     async def on_exchange_stats(self, msg: ExchangeStats, conn: Connection) -> ExchangeStatsReply:
         meter = self.query.meter

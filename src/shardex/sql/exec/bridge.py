@@ -5,7 +5,9 @@ holds the node's event loop (heartbeats, other queries' batches) for its whole d
 The thread pulls each source's next chunk through ``run_coroutine_threadsafe`` and hands
 each output batch back the same way into a queue of ``QUEUE_BATCHES``, so a slow consumer
 stops the thread (backpressure). Closing the consumer early (a LIMIT satisfied, a cancel)
-cancels whatever the thread waits on, and the thread ends with ``_Stopped``.
+cancels whatever the thread waits on, and the thread ends with ``_Stopped``; a wait that
+ends cancelled without that stop is the pipeline's error, never a quiet end the consumer
+would wait on for ever.
 
 ``inline``: most queries a user waits on are tiny (a point lookup reads one row), and for
 them the thread costs more than the work: its start and one loop round trip per chunk.

@@ -24,9 +24,9 @@ from collections import Counter
 from typing import Any
 
 from sql_protocol_checkers import check_cancel_messages, check_rows
-from sql_protocol_harness import SIM_CONFIG, Harness, emitted_rows, join_plan
+from sql_protocol_harness import SIM_CONFIG, Harness, drain_disturbed, emitted_rows, join_plan
 
-from shardex.errors import ErrorCode, ShardexError
+from shardex.errors import ErrorCode
 from shardex.sim import FaultConfig, Simulation, run_simulation
 
 ACTIONS = ("none", "none", "none", "close", "fail", "hang", "stray", "suspect")
@@ -116,15 +116,7 @@ async def scenario(sim: Simulation) -> dict[str, Any]:
         elif action == "suspect":
             h.directory.suspected.add((rng.choice(others), "m1"))
 
-    disturbance = asyncio.get_running_loop().create_task(disturb())
-    rows: list[dict[str, Any]] = []
-    error: ShardexError | None = None
-    try:
-        async for row in result.rows():
-            rows.append(row)
-    except ShardexError as e:
-        error = e
-    await disturbance
+    rows, error = await drain_disturbed(result, disturb)
     h.directory.suspected.clear()
     if error is None:
         _check_result(rows, expected(build, probe, build_args, probe_args), shape, limit)

@@ -10,7 +10,7 @@ member, which is how the scenarios force the specification's message orders.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -486,6 +486,34 @@ def run_scenario(scenario: Callable[[Harness], Any], seed: int) -> None:
         await h.finish()
 
     run_simulation(main, seed)
+
+
+async def drain_disturbed(
+    result: QueryResult, disturb: Callable[[], Any]
+) -> tuple[list[dict[str, Any]], ShardexError | None]:
+    """The rows of ``result`` read while ``disturb()`` runs beside them, and the query's
+    error (None: it ended well); returns once both are done."""
+    disturbance = asyncio.get_running_loop().create_task(disturb())
+    rows: list[dict[str, Any]] = []
+    error: ShardexError | None = None
+    try:
+        async for row in result.rows():
+            rows.append(row)
+    except ShardexError as e:
+        error = e
+    await disturbance
+    return rows, error
+
+
+def each_seed(run: Callable[[int], dict[str, Any]], seeds: list[int]) -> Iterator[dict[str, Any]]:
+    """``run(seed)``'s outcome for each seed; a failure names its seed (to replay it)."""
+    for seed in seeds:
+        try:
+            out = run(seed)
+        except BaseException as e:
+            e.add_note(f"SHARDEX_SIM_SEED={seed}")
+            raise
+        yield out
 
 
 async def drain(result: QueryResult) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from sql_protocol_harness import (
     Harness,
     drain,
     drain_error,
+    each_seed,
     emitted_rows,
     expected_gather,
     gather_plan,
@@ -143,12 +144,7 @@ def test_random_join_shaped_queries_end_with_their_rows_or_a_clear_error() -> No
     and partitions, early-stopping joiners, sorted runs merged sender by sender, windows
     near the minimum) with one disturbance each; replay a seed with SHARDEX_SIM_SEED=N."""
     outcomes: Counter[str] = Counter()
-    for seed in sim_seeds(150):
-        try:
-            out = run_random(seed)
-        except BaseException as e:
-            e.add_note(f"SHARDEX_SIM_SEED={seed}")
-            raise
+    for out in each_seed(run_random, sim_seeds(150)):
         outcomes[f"{out['action']}:{out['error']}"] += 1
         outcomes[out["shape"]] += 1
     if len(outcomes) > 2:  # not pinned to one seed: each disturbance really hit some query

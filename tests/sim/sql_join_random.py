@@ -68,7 +68,7 @@ async def scenario(sim: Simulation) -> dict[str, Any]:
     await h.start(*members)
     build, probe, joiners = _side(rng, members), _side(rng, members), _side(rng, members)
     emit = {
-        "rows": rng.choice([0, rng.randrange(1, 400)]),
+        "rows": rng.choice([0, *(rng.randrange(1, 400) for _ in range(3))]),
         "batch_rows": rng.randrange(1, 60),
         "pad": rng.randrange(0, 120),
         "parts": rng.choice([None, None, rng.randrange(1, len(joiners) + 1)]),
@@ -85,7 +85,7 @@ async def scenario(sim: Simulation) -> dict[str, Any]:
         joiners,
         build,
         probe,
-        build_rows=rng.choice([0, rng.randrange(1, 400)]),
+        build_rows=rng.choice([0, *(rng.randrange(1, 400) for _ in range(3))]),
         build_exchange="hash",
         root_kind=root_kind,
         root_args=root_args,
@@ -102,9 +102,11 @@ async def scenario(sim: Simulation) -> dict[str, Any]:
         side_args.update(hang_on=[victim])
     elif action == "stray":
         side_args.update(cancel_on=[victim], fail_after=rng.randrange(0, 3))
-    others = [m for m in members if m != "m1"]
+    others = sorted(set(build + probe + joiners) - {"m1"})  # participants but the initiator
     if action == "suspect" and not others:
         action = "none"
+    if action == "suspect":  # the build side waits until the suspicion was acted on
+        build_args["gate"] = "suspected"
     window = rng.choice([4096, 5000, 8192, 32768])
     timeout = HANG_TIMEOUT if action == "hang" else SIM_CONFIG.timeout
     result = await h.services["m1"].execute(plan, timeout=timeout, window=window)
@@ -115,6 +117,8 @@ async def scenario(sim: Simulation) -> dict[str, Any]:
             await result.aclose()
         elif action == "suspect":
             h.directory.suspected.add((rng.choice(others), "m1"))
+            await asyncio.sleep(2 * SIM_CONFIG.check_interval)  # the member's watch ran
+            h.gate("suspected").set()
 
     rows, error = await drain_disturbed(result, disturb)
     h.directory.suspected.clear()
@@ -127,8 +131,14 @@ async def scenario(sim: Simulation) -> dict[str, Any]:
         reason = EXPECTED_REASONS.get(action)
         assert reason is None or error.details.get("reason") == reason, (action, error)
     check_cancel_messages(h.every_service, participants=len(set(build + probe + joiners + ["m1"])))
+    stalled = any(st.stalls for st in h.meter.streams.values())  # a sender waited on credit
     await h.finish()
-    return {"action": action, "error": None if error is None else error.code.value, "shape": shape}
+    return {
+        "action": action,
+        "error": None if error is None else error.code.value,
+        "shape": shape,
+        "stalled": stalled,
+    }
 
 
 def _check_result(

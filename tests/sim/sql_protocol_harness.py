@@ -248,7 +248,7 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
         assert ctx.by_sender is not None
         (edge,) = ctx.inputs
         runs = ctx.by_sender(edge)
-        limit = ctx.args.get("limit")
+        limit, delay = ctx.args.get("limit"), ctx.args.get("delay", 0.0)
         heads: list[list[dict[str, Any]]] = []
         for it in runs:
             batch = await anext(it, None)
@@ -264,11 +264,15 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
                 batch = await anext(runs[k], None)
                 heads[k] = [] if batch is None else batch.to_pylist()
             sent += 1
+            if delay:
+                await asyncio.sleep(delay)
             yield pa.RecordBatch.from_pylist([row])
 
     async def take(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
-        left = ctx.args["limit"]
+        left, delay = ctx.args["limit"], ctx.args.get("delay", 0.0)
         async for batch in ctx.input():
+            if delay:
+                await asyncio.sleep(delay)
             yield batch.slice(0, left)
             left -= min(left, batch.num_rows)
             if left == 0:

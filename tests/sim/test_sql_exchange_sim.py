@@ -147,9 +147,13 @@ def test_random_join_shaped_queries_end_with_their_rows_or_a_clear_error() -> No
     for out in each_seed(run_random, sim_seeds(150)):
         outcomes[f"{out['action']}:{out['error']}"] += 1
         outcomes[out["shape"]] += 1
+        outcomes[f"{out['shape']} stalled"] += out["stalled"]
     if len(outcomes) > 2:  # not pinned to one seed: each disturbance really hit some query
         for kind in ("close:", "fail:", "hang:", "stray:", "suspect:", "rows", "sorted", "all"):
             assert any(k.startswith(kind) and "None" not in k for k in outcomes), (kind, outcomes)
+        # Senders really waited on credit, with every shape (early stops included).
+        for shape in ("rows", "sorted", "all"):
+            assert outcomes[f"{shape} stalled"] > 0, outcomes
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, Final
@@ -33,6 +34,8 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.rows import to_batches
 
 __all__ = ["close_all", "run_pipeline"]
+
+log = logging.getLogger(__name__)
 
 QUEUE_BATCHES: Final = 2
 INLINE_ROWS: Final = 256  # rows read on the loop at most before the thread takes over
@@ -71,6 +74,7 @@ class _Link:
             # Not ``stop``: the wait ended cancelled on its own (a CancelledError from a
             # source). Unwinding quietly would leave the consumer waiting for an end that
             # never comes; it is the pipeline's error instead.
+            log.error("a source of the row pipeline ended cancelled without a stop")
             raise ShardexError(
                 "a source of the row pipeline was cancelled while the pipeline ran",
                 code=ErrorCode.INTERNAL,

@@ -43,6 +43,7 @@ def as_query_error(exc: BaseException, fragment: FragmentSpec, member: str) -> S
 
 
 def stray_cancel(fragment: FragmentSpec, member: str) -> ShardexError:
+    log.error("fragment %s on %s ended cancelled without a stop", fragment.kind, member)
     return ShardexError(
         f"fragment {fragment.kind} on {member} was cancelled while its query ran",
         code=ErrorCode.INTERNAL,

@@ -10,7 +10,7 @@ member, which is how the scenarios force the specification's message orders.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,17 +48,38 @@ SIM_CONFIG = ProtocolConfig(
 
 
 class SimDirectory:
-    """Addresses of the members and the failure detector's verdicts, set by the test."""
+    """Addresses of the members and the failure detector's verdicts, set by the test:
+    ``down`` as every member sees it, ``suspected`` (observer, member) as one member alone
+    sees it (a wrong suspicion: the member is up)."""
 
     def __init__(self) -> None:
         self.addresses: dict[str, str] = {}
         self.down: dict[str, bool] = {}
+        self.suspected: set[tuple[str, str]] = set()
 
     def address_of(self, member_id: str) -> str | None:
         return self.addresses.get(member_id)
 
     def is_down(self, member_id: str) -> bool:
         return self.down.get(member_id, False)
+
+    def seen_by(self, observer: str) -> ObserverDirectory:
+        return ObserverDirectory(self, observer)
+
+
+@dataclass
+class ObserverDirectory:
+    """One member's view of ``SimDirectory``: its own suspicions on top of the common one."""
+
+    directory: SimDirectory
+    observer: str
+
+    def address_of(self, member_id: str) -> str | None:
+        return self.directory.address_of(member_id)
+
+    def is_down(self, member_id: str) -> bool:
+        suspected = (self.observer, member_id) in self.directory.suspected
+        return suspected or self.directory.is_down(member_id)
 
 
 @dataclass
@@ -117,7 +138,8 @@ def emitted_rows(member: str, instance: int, args: dict[str, Any]) -> list[dict[
 
 def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
     """Test fragments. ``emit``: ``rows`` rows per instance in batches of ``batch_rows``; it
-    may wait for a gate first, fail on some members after some batches, or hang."""
+    may wait for a gate first, fail (or end cancelled) on some members after some batches,
+    or hang."""
 
     async def emit(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         args, me = ctx.args, ctx.member_id
@@ -130,6 +152,8 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
         for k, start in enumerate(range(0, n, step)):
             if me in args.get("fail_on", []) and k == args.get("fail_after", 0):
                 raise ShardexError(f"emit failed on {me}", code=ErrorCode.EXPRESSION_EVAL)
+            if me in args.get("cancel_on", []) and k == args.get("fail_after", 0):
+                raise asyncio.CancelledError  # a stray cancel from something it awaited
             count = min(step, n - start)
             batch = pa.record_batch(
                 {
@@ -138,11 +162,13 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
                     "pad": pa.array([pad] * count, pa.string()),
                 }
             )
-            if ctx.partitions == 1:
+            if ctx.fragment.exchange != "hash":
                 yield batch
                 continue
-            # A hash exchange: row i goes to the reader member at position i % partitions.
-            parts = pa.array([i % ctx.partitions for i in batch.column("i").to_pylist()])
+            # A hash exchange: row i goes to the reader member at position i % partitions,
+            # or i % ``parts`` (fewer: the other readers get no row, only the stream's end).
+            mod = args.get("parts") or ctx.partitions
+            parts = pa.array([i % mod for i in batch.column("i").to_pylist()])
             for p in range(ctx.partitions):
                 yield p, batch.filter(pc.equal(parts, p))
 
@@ -173,14 +199,33 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
 
     async def semi_join(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         """Two inputs: every ``i`` of the ``build`` edge, held, then the ``probe`` edge's
-        rows whose ``i`` is among them, tagged with the member that joined them."""
+        rows whose ``i`` is among them, tagged with the member that joined them. ``limit``:
+        stop after that many rows, the probe edge left unread (a LIMIT's top without ORDER
+        BY); ``sorted``: every row read, then the first ``limit`` by ``i`` (a sort's top)."""
+        a = ctx.args
+        limit, in_order = a.get("limit"), a.get("sorted", False)
         build: set[int] = set()
-        async for batch in ctx.inputs[ctx.args["build"]]:
+        async for batch in ctx.inputs[a["build"]]:
             build.update(batch.column("i").to_pylist())
-        async for batch in ctx.inputs[ctx.args["probe"]]:
+        found: list[pa.RecordBatch] = []
+        sent = 0
+        async for batch in ctx.inputs[a["probe"]]:
             keep = pa.array([i in build for i in batch.column("i").to_pylist()])
-            found = batch.filter(keep)
-            yield found.append_column("at", pa.array([ctx.member_id] * found.num_rows))
+            out = batch.filter(keep)
+            out = out.append_column("at", pa.array([ctx.member_id] * out.num_rows, pa.string()))
+            if in_order:
+                found.append(out)
+                continue
+            if limit is not None:
+                out = out.slice(0, limit - sent)
+            sent += out.num_rows
+            yield out
+            if limit is not None and sent >= limit:
+                return
+        if in_order and found:
+            table = pa.Table.from_batches(found).sort_by("i").slice(0, limit)
+            for out in table.to_batches(max_chunksize=a.get("out_rows", 50)):
+                yield out
 
     async def runs(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
         """Its one input edge read sender by sender (``by_sender``), all senders at once,
@@ -196,9 +241,38 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
                 else:
                     yield batch.append_column("run", pa.array([run] * batch.num_rows))
 
+    async def merge(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
+        """Sorted runs, one per sender of its one edge (``by_sender``), merged by ``i``, at
+        most ``limit`` rows (an ORDER BY ... LIMIT's root): the first batch of every run is
+        read in turn before any row leaves."""
+        assert ctx.by_sender is not None
+        (edge,) = ctx.inputs
+        runs = ctx.by_sender(edge)
+        limit, delay = ctx.args.get("limit"), ctx.args.get("delay", 0.0)
+        heads: list[list[dict[str, Any]]] = []
+        for it in runs:
+            batch = await anext(it, None)
+            heads.append([] if batch is None else batch.to_pylist())
+        sent = 0
+        while limit is None or sent < limit:
+            live = [k for k, rows in enumerate(heads) if rows]
+            if not live:
+                return
+            k = min(live, key=lambda k: heads[k][0]["i"])
+            row = heads[k].pop(0)
+            if not heads[k]:
+                batch = await anext(runs[k], None)
+                heads[k] = [] if batch is None else batch.to_pylist()
+            sent += 1
+            if delay:
+                await asyncio.sleep(delay)
+            yield pa.RecordBatch.from_pylist([row])
+
     async def take(ctx: FragmentContext) -> AsyncIterator[pa.RecordBatch]:
-        left = ctx.args["limit"]
+        left, delay = ctx.args["limit"], ctx.args.get("delay", 0.0)
         async for batch in ctx.input():
+            if delay:
+                await asyncio.sleep(delay)
             yield batch.slice(0, left)
             left -= min(left, batch.num_rows)
             if left == 0:
@@ -214,6 +288,7 @@ def build_fragments(gates: dict[str, asyncio.Event]) -> FragmentRegistry:
             "tag": tag,
             "semi_join": semi_join,
             "runs": runs,
+            "merge": merge,
         }
     )
 
@@ -274,21 +349,32 @@ def join_plan(
     probe: list[str],
     *,
     build_rows: int,
+    build_exchange: str = "broadcast",
+    root_kind: str = "collect",
+    root_args: dict[str, Any] | None = None,
+    join_args: dict[str, Any] | None = None,
     **emit: Any,
 ) -> QueryPlan:
-    """A fragment with two inputs on several members: ``emit`` on ``build`` broadcast to
-    every joiner (edge 3), ``emit`` on ``probe`` hash-partitioned among them (edge 2),
-    ``semi_join`` on the joiners -> gather -> ``collect`` on the initiator."""
+    """A fragment with two inputs on several members: ``emit`` on ``build`` broadcast (or
+    ``build_exchange="hash"``: partitioned as the probe side is) to every joiner (edge 3),
+    ``emit`` on ``probe`` hash-partitioned among them (edge 2), ``semi_join`` on the joiners
+    (``join_args``) -> gather -> ``root_kind`` on the initiator."""
     return QueryPlan(
         fragments=[
-            FragmentSpec(fragment_id=0, kind="collect", members=[root], inputs=[1]),
+            FragmentSpec(
+                fragment_id=0,
+                kind=root_kind,
+                members=[root],
+                inputs=[1],
+                args=root_args or {},
+            ),
             FragmentSpec(
                 fragment_id=1,
                 kind="semi_join",
                 members=joiners,
                 inputs=[2, 3],
                 output=1,
-                args={"build": 3, "probe": 2},
+                args={"build": 3, "probe": 2, **(join_args or {})},
             ),
             FragmentSpec(
                 fragment_id=2, kind="emit", members=probe, output=2, exchange="hash", args=emit
@@ -298,7 +384,7 @@ def join_plan(
                 kind="emit",
                 members=build,
                 output=3,
-                exchange="broadcast",
+                exchange=build_exchange,
                 args={**emit, "rows": build_rows},
             ),
         ]
@@ -335,7 +421,7 @@ class Harness:
                 member_id=host,
                 transport=node.transport,
                 secret=SECRET,
-                directory=self.directory,
+                directory=self.directory.seen_by(host),
                 fragments=self.fragments,
                 config=self.config,
                 meter=self.meter,
@@ -404,6 +490,34 @@ def run_scenario(scenario: Callable[[Harness], Any], seed: int) -> None:
         await h.finish()
 
     run_simulation(main, seed)
+
+
+async def drain_disturbed(
+    result: QueryResult, disturb: Callable[[], Any]
+) -> tuple[list[dict[str, Any]], ShardexError | None]:
+    """The rows of ``result`` read while ``disturb()`` runs beside them, and the query's
+    error (None: it ended well); returns once both are done."""
+    disturbance = asyncio.get_running_loop().create_task(disturb())
+    rows: list[dict[str, Any]] = []
+    error: ShardexError | None = None
+    try:
+        async for row in result.rows():
+            rows.append(row)
+    except ShardexError as e:
+        error = e
+    await disturbance
+    return rows, error
+
+
+def each_seed(run: Callable[[int], dict[str, Any]], seeds: list[int]) -> Iterator[dict[str, Any]]:
+    """``run(seed)``'s outcome for each seed; a failure names its seed (to replay it)."""
+    for seed in seeds:
+        try:
+            out = run(seed)
+        except BaseException as e:
+            e.add_note(f"SHARDEX_SIM_SEED={seed}")
+            raise
+        yield out
 
 
 async def drain(result: QueryResult) -> list[dict[str, Any]]:

@@ -14,9 +14,16 @@ import random
 from typing import Any
 
 from sql_protocol_checkers import check_cancel_messages, check_rows
-from sql_protocol_harness import SIM_CONFIG, Harness, chain_plan, expected_gather, gather_plan
+from sql_protocol_harness import (
+    SIM_CONFIG,
+    Harness,
+    chain_plan,
+    drain_disturbed,
+    expected_gather,
+    gather_plan,
+)
 
-from shardex.errors import ErrorCode, ShardexError
+from shardex.errors import ErrorCode
 from shardex.sim import FaultConfig, Simulation, run_simulation
 from shardex.sql.protocol import QueryPlan
 
@@ -88,15 +95,7 @@ async def scenario(sim: Simulation) -> dict[str, Any]:
         elif action == "close":
             await result.aclose()
 
-    disturbance = asyncio.get_running_loop().create_task(disturb())
-    rows: list[dict[str, Any]] = []
-    error: ShardexError | None = None
-    try:
-        async for row in result.rows():
-            rows.append(row)
-    except ShardexError as e:
-        error = e
-    await disturbance
+    rows, error = await drain_disturbed(result, disturb)
     sim.config.drop_rate = 0.0
     if error is None:
         # Finished before any disturbance hit (or nothing hit): every row, exactly once.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from sql_protocol_harness import each_seed
 from sql_protocol_random import run_random, scenario
 
 from shardex.sim import assert_deterministic, many_seeds, sim_seeds
@@ -14,12 +15,7 @@ from shardex.sim import assert_deterministic, many_seeds, sim_seeds
 
 def test_random_seeds() -> None:
     outcomes: Counter[str] = Counter()
-    for seed in sim_seeds(200):
-        try:
-            out = run_random(seed)
-        except BaseException as e:
-            e.add_note(f"SHARDEX_SIM_SEED={seed}")
-            raise
+    for out in each_seed(run_random, sim_seeds(200)):
         outcomes[out["action"] if out["error"] is None else f"{out['action']}:{out['error']}"] += 1
     if len(outcomes) > 1:  # not pinned to one seed: every kind of disturbance really happened
         for kind in ("none", "fail:", "kill:", "silent:", "hang:", "initiator:"):

@@ -265,7 +265,7 @@ INTERNAL_MESSAGES: frozenset[str] = frozenset(
     scan.ScanEnd scan.ScanSlices scan.ShardBatch scan.ShardBatchResult scan.SlicesOpened
     scan.SnapshotsLeased scan.StabilityAt scan.WaitStability
     sql.ExchangeStats sql.ExchangeStatsReply sql.QueryBatch sql.QueryCancel
-    sql.LeafRequest sql.LeafRows sql.QueryCheck sql.QueryCheckResponse
+    sql.LeafCancel sql.LeafRequest sql.LeafRows sql.QueryCheck sql.QueryCheckResponse
     sql.QueryExecute sql.QueryFlowControl sql.QueryStarted
     """.split()  # noqa: SIM905 (one word per tag reads better than a list literal)
 )

@@ -9,7 +9,8 @@ result rows follow on the same connection as the scan streams' one-way
 (the benchmark of bytes in flight against the credit window).
 
 ``LeafRequest`` (node to node) runs one leaf of a statement whose result is small and
-answers its rows in the reply ``LeafRows`` (``shardex.sql.exec.leaf_calls``)."""
+answers its rows in the reply ``LeafRows`` (``shardex.sql.exec.leaf_calls``); ``LeafCancel``
+stops such a leaf whose statement no longer waits for it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from shardex.net.messages import Message
 __all__ = [
     "ExchangeStats",
     "ExchangeStatsReply",
+    "LeafCancel",
     "LeafRequest",
     "LeafRows",
     "SqlQuery",
@@ -106,6 +108,14 @@ class LeafRequest(Message, tag="sql.LeafRequest"):
     # owns whose high seqnos to read on arrival and answer in ``LeafRows.high_seqnos``.
     seqnos_keyspace: str = ""
     seqnos_of: list[int] = msgspec.field(default_factory=list)
+
+
+class LeafCancel(Message, tag="sql.LeafCancel"):
+    """Initiator -> a leaf's node, one-way: the initiator gave up on its ``LeafRequest`` of
+    ``query_id`` (its client went away, another leaf failed or outgrew its reply): stop the
+    leaf's work. Sent on the request's connection, after it."""
+
+    query_id: QueryId
 
 
 class LeafRows(Message, tag="sql.LeafRows"):

@@ -185,3 +185,23 @@ def test_a_restarted_run_gets_untouched_rows_through_decode() -> None:
         return out_inline, out_thread
 
     assert asyncio.run(run()) == ([6], [6])
+
+
+def test_a_source_ending_cancelled_fails_the_pipeline_in_the_thread() -> None:
+    """A source whose read ends in a CancelledError that no consumer asked for (the
+    consumer still waits): the thread reports it as the pipeline's error instead of
+    unwinding as if stopped, which would leave the consumer waiting for ever."""
+
+    async def source() -> AsyncIterator[list[Any]]:
+        yield [1, 2]
+        raise asyncio.CancelledError
+
+    async def main() -> None:
+        out = run_pipeline(lambda ins: list(ins[0]), [source()], name="t", inline=False)
+        # The bound only catches the defect (a wait for ever); the run takes milliseconds.
+        with pytest.raises(ShardexError) as info:
+            await asyncio.wait_for(anext(out), 30)
+        assert info.value.code is ErrorCode.INTERNAL
+        assert info.value.details["reason"] == "source_cancelled"
+
+    asyncio.run(main())

@@ -252,3 +252,79 @@ def test_a_join_fragments_build_side_is_charged_to_the_query_budget(engine: Loca
     with pytest.raises(ShardexError) as e:
         list(fragment_rows(b, plans, from_rows, inner_rows, None, args, budget(20_000), None))  # type: ignore[arg-type]
     assert e.value.code is ErrorCode.QUERY_MEMORY_LIMIT and e.value.details["operator"] == "join"
+
+
+async def test_every_step_of_a_join_gets_what_is_left_of_the_statements_timeout(
+    monkeypatch: Any,
+) -> None:
+    """The sides' pins, the query between fragments and, when a node is lost, the run at the
+    initiator share the statement's one timeout: each step gets what the earlier ones left
+    (before, each got the whole timeout: a stuck join could run several timeouts long)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import shardex.sql.exec.join_start as join_start
+    from shardex.api.query_ids import QueryId
+    from shardex.api.sql_exec import SqlQuery
+    from shardex.errors import ErrorCode, ShardexError
+    from shardex.sql.exec.memory import NodeMemory
+
+    sql = f"SELECT l.a FROM {LEFT} l JOIN {RIGHT} r ON l.b = r.b"
+    plan = _plan(sql)
+    step = 0.05  # each pin takes this long (a real wait: loop time only grows)
+    timeout = 10.0
+    got: dict[str, list[float]] = {"pin": [], "execute": [], "side": []}
+
+    def side_plan(*_: Any, **__: Any) -> Any:
+        from shardex.api.sql_protocol import FragmentSpec
+
+        leaf = FragmentSpec(
+            fragment_id=1, kind="sql.leaf", members=["m2"], args={"partitions": [0]}, output=1
+        )
+        return SimpleNamespace(
+            source="index",
+            leaves=[SimpleNamespace(member="m2")],
+            query_plan=lambda *_: SimpleNamespace(fragments=[None, leaf]),
+        )
+
+    async def pin(p: Any, consistency: str, at: Any, left: float) -> None:
+        got["pin"].append(left)
+        await asyncio.sleep(step)
+
+    async def execute(qplan: Any, named: Any, *, timeout: float, window: Any) -> Any:
+        got["execute"].append(timeout)
+        raise ShardexError(
+            "lost", code=ErrorCode.QUERY_CANCELLED, details={"reason": "link_lost"}
+        )  # a node lost while it starts: the join runs at the initiator
+
+    async def start_select(msg: SqlQuery, *_: Any) -> Any:
+        got["side"].append(msg.timeout)
+
+        async def none() -> Any:
+            return
+            yield
+
+        return None, None, none()
+
+    async def state() -> None:
+        return None
+
+    monkeypatch.setattr(join_start, "plan_select", side_plan)
+    svc = SimpleNamespace(
+        quota=lambda msg: 1 << 20,
+        query=SimpleNamespace(
+            member_id="m1", new_query_id=lambda: QueryId("m1", "q"), execute=execute
+        ),
+        stability=SimpleNamespace(pin=pin),
+        scan=SimpleNamespace(view=SimpleNamespace(state=state)),
+        start_select=start_select,
+        documents=None,
+        memory=NodeMemory(),
+    )
+    msg = SqlQuery(stream_id=1, statement=sql, timeout=timeout)
+    chunks = await join_start.start_join(svc, msg, sql, plan, None, dict)  # type: ignore[arg-type]
+    assert [c async for c in chunks] == []
+    (first, second), (execute_left,) = got["pin"], got["execute"]
+    assert first <= timeout and second <= timeout - step
+    assert execute_left <= timeout - 2 * step
+    assert len(got["side"]) == 2 and all(t <= timeout - 2 * step for t in got["side"])

@@ -5,13 +5,14 @@ a reply, and a lost leaf node named so the statement fails over."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from shardex.api.query_ids import QueryId
-from shardex.api.sql_exec import LeafRequest, LeafRows
+from shardex.api.sql_exec import LeafCancel, LeafRequest, LeafRows
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.failover import failed_leaf
 from shardex.sql.exec.leaf_calls import (
@@ -23,7 +24,7 @@ from shardex.sql.exec.leaf_calls import (
     answer_leaf,
 )
 from shardex.sql.exec.local_leaf import LocalRun
-from shardex.sql.exec.memory import NodeMemory
+from shardex.sql.exec.memory import MIN_QUERY_MEMORY, NodeMemory, value_size
 from shardex.sql.exec.plan import PhysicalPlan, bind_statement, plan_select
 from shardex.sql.exec.rows import decode_row, encode_row
 from tests.unit.sql.test_sql_exec_plan import KS, MEMBERS, STATE
@@ -59,6 +60,10 @@ class _Pool:
     def __init__(self, replies: dict[str, LeafRows | ShardexError]) -> None:
         self.replies = replies
         self.asked: list[tuple[str, LeafRequest]] = []
+        self.sent: list[tuple[str, Any]] = []  # one-way messages (LeafCancel)
+
+    async def send(self, address: str, msg: Any) -> None:
+        self.sent.append((address, msg))
 
     async def request(self, address: str, msg: Any, timeout: float, *, expect: Any) -> Any:
         self.asked.append((address, msg))
@@ -321,3 +326,144 @@ async def test_a_ride_whose_calls_fail_leaves_every_owner_to_the_round() -> None
     with pytest.raises(ShardexError):
         await _collect(calls.rows(None, local, QueryId("m9", "q"), None, [], 5.0, _never, ride))
     assert await waited == {} and view.known == [{}]  # nothing known: every owner asked
+
+
+class _LeafQuery(_Query):
+    """The leaf node's ``QueryService`` as a call uses it: admission of the call."""
+
+    @contextlib.contextmanager
+    def leaf_call(self, q: QueryId) -> Iterator[None]:
+        yield
+
+
+class _ToLeafNode(_Pool):
+    """The initiator's pool wired to a leaf node in-process: each request runs there in a
+    task of its own (as the node's responder runs it: the caller giving up does not stop
+    it), one-way messages go to its handler."""
+
+    def __init__(self, leaf: LeafCalls, replies: dict[str, LeafRows | ShardexError]) -> None:
+        super().__init__(replies)
+        self.leaf = leaf
+        self.leaf_tasks: list[asyncio.Task[Any]] = []
+
+    async def request(self, address: str, msg: Any, timeout: float, *, expect: Any) -> Any:
+        if address in self.replies:
+            return await super().request(address, msg, timeout, expect=expect)
+        task = asyncio.ensure_future(self.leaf.on_leaf_request(msg, None))  # type: ignore[arg-type]
+        self.leaf_tasks.append(task)
+        return await asyncio.shield(task)
+
+    async def send(self, address: str, msg: Any) -> None:
+        await super().send(address, msg)
+        await self.leaf.on_leaf_cancel(msg, None)  # type: ignore[arg-type]
+
+
+def _leaf_node() -> LeafCalls:
+    scan = _Scan(_View())
+    scan.local_index = _IndexScan()  # type: ignore[assignment]
+    return LeafCalls(
+        _LeafQuery("m2"),  # type: ignore[arg-type]
+        _Pool({}),  # type: ignore[arg-type]
+        scan,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        NodeMemory(),
+    )
+
+
+def _counting_leaf(monkeypatch: Any, blocks: int) -> tuple[list[int], list[bool]]:
+    """The leaf's pipeline replaced by one that reads ``blocks`` small blocks, yielding to
+    the loop between them; returns the blocks read and whether it was closed."""
+    import shardex.sql.exec.leaf_calls as leaf_calls
+
+    read: list[int] = []
+    closed: list[bool] = []
+
+    async def pipeline(*args: Any) -> AsyncIterator[list[bytes]]:
+        try:
+            for i in range(blocks):
+                read.append(i)
+                await asyncio.sleep(0)
+                yield [b"x" * 10]
+        finally:
+            closed.append(True)
+
+    monkeypatch.setattr(leaf_calls, "leaf_pipeline", pipeline)
+    return read, closed
+
+
+async def test_an_abandoned_call_stops_the_leaf_on_its_node(monkeypatch: Any) -> None:
+    """Another leaf fails: the initiator gives up the calls still out and tells their nodes;
+    the leaf there stops reading (counted blocks), instead of running to its end."""
+    blocks = 5000
+    read, closed = _counting_leaf(monkeypatch, blocks)
+    plan = _plan(ROWS)
+    slow, failing = plan.leaves[0].node, plan.leaves[1].node
+    replies: dict[str, LeafRows | ShardexError] = {
+        failing: ShardexError("bad leaf", code=ErrorCode.BAD_REQUEST),
+        plan.leaves[2].node: _rows(plan.leaves[2].node, 1),
+    }
+    leaf = _leaf_node()
+    pool = _ToLeafNode(leaf, replies)
+    calls = _calls(pool)
+    local = LocalRun(plan, ROWS, False, 1 << 20, True)
+    q = QueryId("m9", "q")
+    with pytest.raises(ShardexError) as info:
+        await _collect(calls.rows(None, local, q, None, [], 5.0, _never))
+    assert info.value.code is ErrorCode.BAD_REQUEST
+    (task,) = pool.leaf_tasks
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and closed == [True]
+    assert len(read) < blocks, "the leaf ran to its end"
+    assert [(a, type(m).__name__, m.query_id) for a, m in pool.sent] == [(slow, "LeafCancel", q)]
+    assert leaf.calls_cancelled == 1
+
+
+async def test_a_cancel_that_overtakes_its_call_refuses_the_call(monkeypatch: Any) -> None:
+    read, _ = _counting_leaf(monkeypatch, 10)
+    leaf = _leaf_node()
+    q = QueryId("m1", "q")
+    await leaf.on_leaf_cancel(LeafCancel(query_id=q), None)  # type: ignore[arg-type]
+    msg = LeafRequest(query_id=q, args={}, params=[], timeout=5, max_bytes=10**6)
+    with pytest.raises(ShardexError) as info:
+        await leaf.on_leaf_request(msg, None)  # type: ignore[arg-type]
+    assert info.value.code is ErrorCode.QUERY_CANCELLED and read == []
+
+
+def _wide_rows(node: str, n: int, size: int) -> LeafRows:
+    rows = [encode_row({"id": f"{node}-{i}", "pad": "x" * size}) for i in range(n)]
+    return LeafRows(rows=rows, complete=True)
+
+
+async def test_the_replies_are_charged_to_the_statements_memory() -> None:
+    """The rows the calls brought are held in the statement's account here until the root
+    has read them; replies past its quota hand the statement to the stream."""
+    plan = _plan(ROWS)
+    replies = {leaf.node: _wide_rows(leaf.node, 20, 2000) for leaf in plan.leaves}
+    held = sum(value_size(r.rows) for r in replies.values())
+    memory = NodeMemory()
+    calls = LeafCalls(
+        _Query(),  # type: ignore[arg-type]
+        _Pool(dict(replies)),  # type: ignore[arg-type]
+        _Scan(_View()),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        memory,
+    )
+    local = LocalRun(plan, ROWS, False, 1 << 20, True)
+    rows = calls.rows(None, local, QueryId("m9", "q1"), None, [], 5.0, _never)
+    first = await anext(rows)
+    assert first and memory.used >= held  # charged while the root reads them
+    rest = [c async for c in rows]
+    assert sum(map(len, [first, *rest])) == 60 and memory.used == 0 and memory.running() == 0
+
+    streamed = [encode_row({"id": "streamed"})]
+
+    async def stream() -> AsyncIterator[list[bytes]]:
+        async def chunks() -> AsyncIterator[list[bytes]]:
+            yield streamed
+
+        return chunks()
+
+    assert held > MIN_QUERY_MEMORY
+    small = LocalRun(plan, ROWS, False, MIN_QUERY_MEMORY, True)
+    got = await _collect(calls.rows(None, small, QueryId("m9", "q2"), None, [], 5.0, stream))
+    assert got == [{"id": "streamed"}] and memory.used == 0

@@ -5,7 +5,9 @@ holds the node's event loop (heartbeats, other queries' batches) for its whole d
 The thread pulls each source's next chunk through ``run_coroutine_threadsafe`` and hands
 each output batch back the same way into a queue of ``QUEUE_BATCHES``, so a slow consumer
 stops the thread (backpressure). Closing the consumer early (a LIMIT satisfied, a cancel)
-cancels whatever the thread waits on, and the thread ends with ``_Stopped``.
+cancels whatever the thread waits on, and the thread ends with ``_Stopped``; a wait that
+ends cancelled without that stop is the pipeline's error, never a quiet end the consumer
+would wait on for ever.
 
 ``inline``: most queries a user waits on are tiny (a point lookup reads one row), and for
 them the thread costs more than the work: its start and one loop round trip per chunk.
@@ -23,13 +25,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from typing import Any, Final
 
+from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.rows import to_batches
 
 __all__ = ["close_all", "run_pipeline"]
+
+log = logging.getLogger(__name__)
 
 QUEUE_BATCHES: Final = 2
 INLINE_ROWS: Final = 256  # rows read on the loop at most before the thread takes over
@@ -63,7 +69,17 @@ class _Link:
         try:
             return fut.result()
         except concurrent.futures.CancelledError:
-            raise _Stopped from None
+            if self.stopped:
+                raise _Stopped from None
+            # Not ``stop``: the wait ended cancelled on its own (a CancelledError from a
+            # source). Unwinding quietly would leave the consumer waiting for an end that
+            # never comes; it is the pipeline's error instead.
+            log.error("a source of the row pipeline ended cancelled without a stop")
+            raise ShardexError(
+                "a source of the row pipeline was cancelled while the pipeline ran",
+                code=ErrorCode.INTERNAL,
+                details={"reason": "source_cancelled", "hint": "a bug: see the node's log"},
+            ) from None
         finally:
             with self.lock:
                 self.pending.discard(fut)

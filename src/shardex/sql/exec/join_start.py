@@ -8,9 +8,12 @@ initiator, whose side statements fail over as any SELECT does.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from shardex.api.sql_exec import SqlQuery
 from shardex.errors import ShardexError
@@ -18,6 +21,7 @@ from shardex.sql.exec.failover import lost_participant, or_else_when_lost
 from shardex.sql.exec.join_exchange import start_exchange_join
 from shardex.sql.exec.join_run import run_join
 from shardex.sql.exec.plan import PhysicalPlan, bind_statement, plan_select
+from shardex.sql.exec.statement_checks import time_left
 from shardex.sql.exec.statements import parsed, prepared_off_loop
 from shardex.sql.syntax import SelectStmt
 
@@ -38,7 +42,15 @@ async def start_join(
     """The rows of the join statement ``plan`` (text ``sql``); ``members`` gives the node
     name -> member id of the members up now."""
     assert plan.join is not None
-    quota, spill, timeout = svc.quota(msg), msg.spill, msg.timeout
+    quota, spill = svc.quota(msg), msg.spill
+    # One deadline for the whole statement: each step (the sides' pins, the query between
+    # fragments, the fallback at the initiator and its side statements) gets what the
+    # earlier ones left of the timeout, so a stuck statement ends at its timeout.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + msg.timeout
+
+    def left() -> float:
+        return time_left(deadline, loop.time())
 
     async def at_initiator() -> AsyncIterator[list[bytes]]:
         assert plan.join is not None
@@ -48,9 +60,10 @@ async def start_join(
         async def start(sql: str, side_params: Any) -> AsyncIterator[list[bytes]]:
             stmt = parsed(sql)
             assert isinstance(stmt, SelectStmt)
-            return (await svc.start_select(msg, sql, stmt, side_params))[2]
+            now = msgspec.structs.replace(msg, timeout=left())
+            return (await svc.start_select(now, sql, stmt, side_params))[2]
 
-        return run_join(plan, params, start, svc.documents, svc.memory, quota, spill, timeout)
+        return run_join(plan, params, start, svc.documents, svc.memory, quota, spill, left())
 
     async def plan_side(tuning: dict[str, bool], sql: str, params: Any) -> PhysicalPlan:
         """A side statement planned as a SELECT of its own."""
@@ -68,9 +81,9 @@ async def start_join(
             sql,
             params,
             plan_side=functools.partial(plan_side, plan.tuning),
-            pin=lambda p: svc.stability.pin(p, msg.consistency, msg.at, timeout),
+            pin=lambda p: svc.stability.pin(p, msg.consistency, msg.at, left()),
             execute=lambda qplan, named: svc.query.execute(
-                qplan, named, timeout=timeout, window=msg.window
+                qplan, named, timeout=left(), window=msg.window
             ),
             initiator=svc.query.member_id,
             budget=quota,

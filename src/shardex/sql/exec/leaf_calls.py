@@ -32,7 +32,16 @@ their first row: a large one would be read twice, so they keep the protocol. Tun
 
 On the leaf's node a call is admitted as an execution of another node's query is
 (``QueryService.leaf_call``: QUERY_OVERLOADED past ``sql_max_fragments``), runs within the
-statement's memory quota (``run_leaf``) and for at most the statement's timeout.
+statement's memory quota (``run_leaf``) and for at most the statement's timeout. A call the
+initiator gives up on (its client gone, another leaf's error, another leaf's rows too large)
+is stopped there: the initiator sends ``LeafCancel`` to each node whose call had not
+answered, on the request's connection, and the node cancels the leaf's task (a cancel that
+overtakes its request refuses that request when it comes).
+
+At the initiator the replies' rows are held until the root has read them: they are charged
+to the statement's memory account on this node from their arrival (operator ``leaf_rows``),
+the account the root draws on too. Replies past the statement's quota are dropped and the
+statement streams through the protocol, as for a reply too large.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from shardex.api.query_ids import QueryId
 from shardex.api.scan import WireTs
-from shardex.api.sql_exec import LeafRequest, LeafRows
+from shardex.api.sql_exec import LeafCancel, LeafRequest, LeafRows
 from shardex.core.timestamp import Timestamp
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
 from shardex.net import Connection, ConnectionPool
@@ -56,7 +65,7 @@ from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.failover import FAILOVER
 from shardex.sql.exec.fragments import leaf_pipeline, run_leaf
 from shardex.sql.exec.local_leaf import LocalRun, root_of_leaves
-from shardex.sql.exec.memory import NodeMemory
+from shardex.sql.exec.memory import NodeMemory, Reservation, value_size
 from shardex.sql.exec.plan import PhysicalPlan
 from shardex.sql.exec.rows import cell_chunks
 from shardex.sql.protocol import QueryService
@@ -78,12 +87,14 @@ CALL_MAX_ROWS: Final = 1024  # a LIMIT (offset + limit) small enough to call the
 LARGE_BACKOFF: Final = 10.0  # seconds a text that outgrew a reply keeps the protocol
 TEXTS_MAX: Final = 1024  # texts remembered as large
 REPLY_SLACK: Final = 1.0  # seconds the caller waits past the leaf's own timeout
+CANCELLED_MAX: Final = 1024  # cancelled query ids a leaf node remembers (a late request)
 
 Stream = Callable[[], Awaitable[AsyncIterator[list[bytes]]]]
 
 
 class _Large(Exception):
-    """A leaf's rows came to more than the bound: the statement streams instead."""
+    """A leaf's rows came to more than the bound, or the replies to more than the
+    statement's memory quota here: the statement streams instead."""
 
 
 async def answer_leaf(
@@ -150,12 +161,44 @@ class LeafCalls:
         self.memory = memory
         self._clock = clock
         self._large: OrderedDict[str, float] = OrderedDict()  # text -> streamed until
+        # The leaf's node: calls running here by query, and queries whose calls were
+        # cancelled (a request that comes after its cancel is refused).
+        self._running: dict[QueryId, set[asyncio.Task[Any]]] = {}
+        self._cancelled: OrderedDict[QueryId, None] = OrderedDict()
+        self.calls_cancelled = 0  # calls stopped here by their initiator's LeafCancel
+        # The initiator: LeafCancel sends under way (held: a task nobody refers to may go).
+        self._sends: set[asyncio.Task[None]] = set()
 
     async def on_leaf_request(self, msg: LeafRequest, conn: Connection) -> LeafRows:
-        """One leaf of another node's statement, its rows in the reply."""
-        with self.query.leaf_call(msg.query_id):
-            local, member = self.scan.local_index, self.query.member_id
-            return await answer_leaf(local, self.documents, self.memory, msg, member)
+        """One leaf of another node's statement, its rows in the reply; stopped by a
+        ``LeafCancel`` of its query."""
+        q = msg.query_id
+        if q in self._cancelled:
+            raise _abandoned(q)
+        task = asyncio.current_task()
+        assert task is not None
+        running = self._running.setdefault(q, set())
+        running.add(task)
+        try:
+            with self.query.leaf_call(q):
+                local, member = self.scan.local_index, self.query.member_id
+                return await answer_leaf(local, self.documents, self.memory, msg, member)
+        finally:
+            running.discard(task)
+            if not running:
+                self._running.pop(q, None)
+
+    async def on_leaf_cancel(self, msg: LeafCancel, conn: Connection) -> None:
+        """The initiator gave up on its call of ``msg.query_id``: stop the leaf's work (its
+        reply is not awaited; the cancelled task sends none)."""
+        q = msg.query_id
+        self._cancelled[q] = None
+        self._cancelled.move_to_end(q)
+        if len(self._cancelled) > CANCELLED_MAX:
+            self._cancelled.popitem(last=False)
+        for task in self._running.get(q, ()):
+            task.cancel()
+            self.calls_cancelled += 1
 
     def wanted(self, plan: PhysicalPlan, sql: str, dml: bool) -> bool:
         """Whether ``plan`` calls its leaves (see the module's docstring)."""
@@ -195,24 +238,29 @@ class LeafCalls:
         ``stream()``: the statement through the protocol, when a leaf's rows outgrow a
         reply. ``ride``: the high seqnos to gather with the calls (``SeqnoRide``)."""
         replies = None
-        try:
-            replies = await self._leaves(index_scan, local, q, ts, params, timeout, ride)
-        except _Large:
-            pass
-        finally:
-            if ride is not None:
-                ride.answered({})  # not answered by the calls: the round asks every owner
-        if replies is None:  # a leaf's rows outgrew a reply
-            self._outgrew(local.sql)
-            chunks = await stream()
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    yield chunk
-            return
-        sources = [_once(rows) for rows in replies]
-        out = root_of_leaves(self.documents, self.memory, local, sources, params, str(q))
-        async with contextlib.aclosing(out):
-            async for chunk in out:
+        # The statement's account here: the replies are charged from their arrival until
+        # the root (which draws on the same account) has read them.
+        with self.memory.fragment(str(q), local.budget, local.spill) as mem:
+            held = mem.budget().reserve("leaf_rows", fixed=True)
+            try:
+                replies = await self._leaves(index_scan, local, q, ts, params, timeout, ride, held)
+            except _Large:
+                held.release()
+            finally:
+                if ride is not None:
+                    ride.answered({})  # not answered by the calls: the round asks every owner
+            if replies is not None:
+                sources = [_once(rows) for rows in replies]
+                out = root_of_leaves(self.documents, self.memory, local, sources, params, str(q))
+                async with contextlib.aclosing(out):
+                    async for chunk in out:
+                        yield chunk
+                return
+        # A leaf's rows outgrew a reply (or the replies the quota): through the protocol.
+        self._outgrew(local.sql)
+        chunks = await stream()
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
                 yield chunk
 
     async def _leaves(
@@ -223,10 +271,13 @@ class LeafCalls:
         ts: Timestamp | None,
         params: Any,
         timeout: float,
-        ride: SeqnoRide | None = None,
+        ride: SeqnoRide | None,
+        held: Reservation,
     ) -> list[list[bytes]]:
-        """Every leaf's rows, in the plan's order; ``_Large`` when one outgrew the bound.
-        ``ride`` is answered the high seqnos gathered when every leaf answered."""
+        """Every leaf's rows, in the plan's order, charged to ``held`` as they arrive;
+        ``_Large`` when one outgrew the bound or they outgrow the quota. ``ride`` is
+        answered the high seqnos gathered when every leaf answered. The calls still out
+        when it ends otherwise are cancelled on their nodes (``LeafCancel``)."""
         plan = local.plan
         here = self.query.member_id
         remote = [leaf for leaf in plan.leaves if leaf.member != here]
@@ -243,18 +294,22 @@ class LeafCalls:
             of = {n: ps for n, ps in owners.items() if n in nodes}
             others = self.view.shared_partial_high_seqnos(ride.keyspace, of.keys(), owners)
         calls: list[Awaitable[tuple[list[bytes], WireTs | None]]] = []
+        remote_nodes: list[str | None] = []  # per call: the node it asks (None: here)
         for i, leaf in enumerate(plan.leaves, start=1):
             if leaf.member == here and index_scan is not None:
                 spec = plan.leaf_spec(leaf, local.dml, ts, local.budget, local.spill)
                 chunks = run_leaf(
                     index_scan, self.documents, self.memory, spec, params, str(q), cell_chunks
                 )
-                calls.append(_rows_within(_collected(chunks, CALL_MAX_BYTES)))
+                calls.append(_charged(held, _rows_within(_collected(chunks, CALL_MAX_BYTES))))
+                remote_nodes.append(None)
                 continue
             assert qplan is not None
             args = qplan.fragments[i].args
             seqnos = (ride.keyspace, of.get(leaf.node, [])) if ride is not None else ("", [])
-            calls.append(self._call(leaf.member, leaf.node, q, args, params, timeout, seqnos))
+            call = self._call(leaf.member, leaf.node, q, args, params, timeout, seqnos)
+            calls.append(_charged(held, call))
+            remote_nodes.append(leaf.node)
         tasks = [asyncio.ensure_future(c) for c in calls]
         try:
             replies = await asyncio.gather(*tasks)
@@ -263,7 +318,9 @@ class LeafCalls:
                 others.cancel()  # a shared round goes on for its other statements
             raise
         finally:
-            for t in tasks:
+            for t, node in zip(tasks, remote_nodes, strict=True):
+                if not t.done() and node is not None:
+                    self._cancel_call(node, q)
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         if ride is not None and others is not None:
@@ -316,6 +373,37 @@ class LeafCalls:
         if not reply.complete:
             raise _Large
         return reply.rows, reply.high_seqnos
+
+    def _cancel_call(self, node: str, q: QueryId) -> None:
+        """Tell ``node`` to stop its leaf of ``q`` (one-way, in a task: the caller may be
+        unwinding a cancel; a node gone or unreachable needs no telling)."""
+
+        async def send() -> None:
+            with contextlib.suppress(ShardexError):
+                await self.pool.send(self.view.address(node), LeafCancel(query_id=q))
+
+        task = asyncio.get_running_loop().create_task(send(), name=f"leaf cancel {q} {node}")
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+
+def _abandoned(q: QueryId) -> ShardexError:
+    return ShardexError(
+        f"query {q} gave up its leaf call before it arrived",
+        code=ErrorCode.QUERY_CANCELLED,
+        details={"reason": "closed", "query_id": str(q)},
+    )
+
+
+async def _charged(
+    held: Reservation, call: Awaitable[tuple[list[bytes], WireTs | None]]
+) -> tuple[list[bytes], WireTs | None]:
+    """A call's reply, its rows charged to ``held`` (the statement's account here) as it
+    arrives; ``_Large`` past the quota (the statement streams, spilling as it needs)."""
+    rows, high = await call
+    if not held.grow(value_size(rows)):
+        raise _Large
+    return rows, high
 
 
 async def _rows_within(collected: Awaitable[LeafRows]) -> tuple[list[bytes], None]:

@@ -51,6 +51,7 @@ from shardex.api.scan_streams import OutStreams
 from shardex.api.sql_exec import (
     ExchangeStats,
     ExchangeStatsReply,
+    LeafCancel,
     LeafRequest,
     SqlQuery,
     SqlStarted,
@@ -90,6 +91,7 @@ from shardex.sql.exec.statement_checks import (
     check_memory_quota,
     check_statement,
     check_statement_size,
+    time_left,
 )
 from shardex.sql.exec.statement_stats import StatementStats
 from shardex.sql.exec.statements import (
@@ -122,7 +124,6 @@ __all__ = ["QUEUE_WAIT", "SqlService"]
 # Admission (decision 0104): the longest a statement waits for a slot when all
 # ``sql_max_running`` run (its own timeout when shorter).
 QUEUE_WAIT: Final = 30.0
-MIN_LEFT: Final = 0.001  # what a statement admitted at the end of its timeout has to run
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,7 @@ class SqlService:
         server.router.route_inline(SqlQuery, self._on_query_observed)
         server.route(ExchangeStats, self.on_exchange_stats)
         server.route(LeafRequest, self.calls.on_leaf_request)
+        server.route(LeafCancel, self.calls.on_leaf_cancel)
 
     async def on_exchange_stats(self, msg: ExchangeStats, conn: Connection) -> ExchangeStatsReply:
         meter = self.query.meter
@@ -244,7 +246,7 @@ class SqlService:
         queued_at = loop.time()
         slot = await self.admission.enter(min(msg.timeout, QUEUE_WAIT))
         # The timeout counts from arrival, so the client's wait for the reply holds.
-        left = max(msg.timeout - (loop.time() - queued_at), MIN_LEFT)
+        left = time_left(queued_at + msg.timeout, loop.time())
         return msgspec.structs.replace(msg, timeout=left), slot
 
     async def open_statement(
@@ -505,7 +507,7 @@ class SqlService:
             elif self.calls.wanted(p, sql, dml):  # a small result: leaves by request and reply
                 q = self.query.new_query_id()
                 p.query_id, p.called = str(q), True
-                left = max(deadline - loop.time(), 0.001)
+                left = time_left(deadline, loop.time())
                 here = LocalRun(p, sql, dml, self.quota(msg), msg.spill)
                 stream = functools.partial(streamed, p, ts)
                 return self.calls.rows(local, here, q, ts, params, left, stream, ride)
@@ -520,7 +522,7 @@ class SqlService:
             qplan = p.query_plan(
                 sql, dml, self.query.member_id, ts, self.quota(msg), spill=msg.spill
             )
-            left = max(deadline - loop.time(), 0.001)
+            left = time_left(deadline, loop.time())
             result = await self.query.execute(qplan, params, timeout=left, window=msg.window)
             p.query_id = str(result.query_id)
             return cells_closing(result)

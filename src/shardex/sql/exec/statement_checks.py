@@ -25,15 +25,25 @@ from shardex.sql.syntax.merge import MergeStmt
 __all__ = [
     "MAX_STATEMENT_BYTES",
     "MAX_TIMEOUT",
+    "MIN_LEFT",
     "check_memory_quota",
     "check_statement",
     "check_statement_size",
+    "time_left",
 ]
 
 MAX_TIMEOUT: Final = 3600.0
+MIN_LEFT: Final = 0.001  # what a step started at the end of its statement's timeout gets
 # The longest statement text a node takes, in UTF-8 bytes: checked before parsing (a
 # megabyte of SQL already costs seconds to parse; values that large belong in parameters).
 MAX_STATEMENT_BYTES: Final = 1 << 20
+
+
+def time_left(deadline: float, now: float) -> float:
+    """Seconds of a statement's timeout left at ``now`` (both loop times), at least
+    ``MIN_LEFT``: every step of a statement (a pin, a query, a fallback) gets what its
+    earlier steps left, and one started at the deadline times out with its own error."""
+    return max(deadline - now, MIN_LEFT)
 
 
 def check_statement_size(sql: str, limit: int) -> None:

@@ -42,6 +42,15 @@ def as_query_error(exc: BaseException, fragment: FragmentSpec, member: str) -> S
     )
 
 
+def stray_cancel(fragment: FragmentSpec, member: str) -> ShardexError:
+    log.error("fragment %s on %s ended cancelled without a stop", fragment.kind, member)
+    return ShardexError(
+        f"fragment {fragment.kind} on {member} was cancelled while its query ran",
+        code=ErrorCode.INTERNAL,
+        details={"reason": "fragment_cancelled", "hint": "a bug: see the member's log"},
+    )
+
+
 class QueryExecution:
     def __init__(
         self,
@@ -166,9 +175,13 @@ class QueryExecution:
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         f = self._tasks.pop(task, None)
-        if self.finished or f is None or task.cancelled():
+        if self.finished or f is None:
             return
-        exc = task.exception()
+        # Only ``stop`` cancels a fragment, and it sets ``finished`` first: a fragment that
+        # ends cancelled otherwise (a CancelledError from something it awaited) sent no end
+        # of its stream, so its readers would wait for the query's timeout. It fails the
+        # query instead.
+        exc = stray_cancel(f, self.member) if task.cancelled() else task.exception()
         if exc is not None:
             self.finished = True
             self.stop()

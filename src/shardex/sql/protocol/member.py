@@ -13,7 +13,9 @@ Life of a query (the protocol's specification, sections 3-4):
   member sends at most one cancel per query, so a query costs at most 2N cancel messages.
 * Cleanup: tombstones drop late messages; every ``check_interval`` a member asks each
   initiator about the queries it holds state for and frees those the initiator no longer
-  runs; a member whose initiator is down frees that state without a message.
+  runs; a member whose initiator the failure detector holds down frees that state and
+  still sends its one cancel there (a wrong suspicion must not leave the initiator
+  waiting for its timeout).
 """
 
 from __future__ import annotations
@@ -197,15 +199,18 @@ class QueryService:
         if self.registry.is_tombstoned(q):
             return  # this member already cancelled or finished it: one cancel per member
         self._free(q)
-        if not self.directory.is_down(q.initiator):
-            msg = QueryCancel(
-                query_id=q,
-                cancel_initiator=self.member_id,
-                code=error.code.value,
-                message=error.message,
-                details=wire_details(error.details),
-            )
-            self._spawn(self._send_quietly(q.initiator, msg))
+        # Sent even when the failure detector holds the initiator down: a suspicion may be
+        # false (a starved process misses heartbeats), and an initiator that never hears
+        # would wait for this member's streams until the query's timeout. To one that
+        # really is down the send fails, quietly.
+        msg = QueryCancel(
+            query_id=q,
+            cancel_initiator=self.member_id,
+            code=error.code.value,
+            message=error.message,
+            details=wire_details(error.details),
+        )
+        self._spawn(self._send_quietly(q.initiator, msg))
 
     def _admit(self, q: QueryId) -> None:
         """QUERY_OVERLOADED when ``max_executions`` executions of other members' queries run
@@ -466,8 +471,7 @@ class QueryService:
             if q.initiator == self.member_id:
                 continue
             if down(q.initiator):
-                self._free(q)  # as specified: cancel locally, without messages
-                reg.stats["freed_initiator_down"] += 1
+                self._initiator_down(q)
                 continue
             gone = [p for p in exe.participants if p != self.member_id and down(p)]
             if gone:
@@ -476,8 +480,24 @@ class QueryService:
                 )
         for q in list(reg.pending):
             if down(q.initiator):
-                self._free(q)
-                reg.stats["freed_initiator_down"] += 1
+                self._initiator_down(q)
+
+    def _initiator_down(self, q: QueryId) -> None:
+        """Free ``q`` here: the failure detector holds its initiator down. The specification
+        frees without a message; this member still sends its one cancel (``request_cancel``)
+        so that an initiator suspected wrongly fails the query at once with this error
+        rather than waiting for its timeout on streams that will never end."""
+        self.registry.stats["freed_initiator_down"] += 1
+        self.request_cancel(
+            q,
+            cancelled(
+                f"{self.member_id} dropped its part of query {q}: the failure detector here "
+                f"holds the initiator {q.initiator} down",
+                "initiator_suspected",
+                member=self.member_id,
+                hint="missed heartbeats (an overloaded node?); run the statement again",
+            ),
+        )
 
     async def _check(self) -> None:
         held = self.registry.held_for_others()

@@ -44,6 +44,7 @@ from shardex.sql.exec.rows import pack_state
 from shardex.sql.exec.spill import external_sort
 from shardex.sql.exec.spill_groups import distinct, final_groups, partial_groups
 from shardex.sql.exec.subqueries import Fetch, with_subqueries
+from shardex.sql.exec.subquery_keys import KeyedReads, batched_keys, keyed_subqueries
 from shardex.sql.exec.windows import windowed
 from shardex.sql.local_rows import unnest_specs
 from shardex.sql.operators import (
@@ -60,6 +61,7 @@ from shardex.sql.operators import (
 )
 from shardex.sql.syntax.bind import META_KEY, BoundSelect, aggregate_name, group_key_name
 from shardex.sql.syntax.bound_select import sort_scope
+from shardex.sql.syntax.subquery import BoundSubquery
 
 __all__ = [
     "MODES",
@@ -131,17 +133,57 @@ def _with_bindings(
 
 
 def _filtered(
-    b: BoundSelect, rows: Iterable[Any], params: Params, decided: bool = False
+    b: BoundSelect,
+    rows: Iterable[Any],
+    params: Params,
+    decided: bool = False,
+    reads: KeyedReads | None = None,
 ) -> Iterable[Any]:
     """UNNEST (each leaf unnests the documents it read), LET, then WHERE (re-applied:
     spans are only a superset of the rows), unless ``decided``: the rows are a covering
-    scan's whose spans decide WHERE (``planner.exact``)."""
+    scan's whose spans decide WHERE (``planner.exact``). With ``reads``, the USE KEYS
+    documents of the subqueries evaluated on these rows are read a batch of rows at a
+    time (``subquery_keys``): before LET when LET or WHERE runs one, else after WHERE (no
+    read for a row WHERE drops)."""
     if b.unnests and not b.joins:  # a join statement's rows are unnested already
         rows = unnest(rows, unnest_specs(b, params))
+    subs, early = _keyed_stage(b)
+    batched = reads is not None and bool(subs)
+    if batched and early:
+        assert reads is not None
+        rows = batched_keys(rows, subs, params, reads)
     rows = _with_bindings(rows, b.lets, params)
     if b.where is not None and not decided:
         rows = filter_rows(rows, _fn(b.where, params))
+    if batched and not early:
+        assert reads is not None
+        rows = batched_keys(rows, subs, params, reads)
     return rows
+
+
+def _keyed_stage(b: BoundSelect) -> tuple[list[BoundSubquery], bool]:
+    """The USE KEYS subqueries evaluated on ``_filtered``'s rows (LET, WHERE, and the
+    projection and ORDER BY, or the group keys and aggregates, when they follow on the
+    same rows: not a window query's, whose projection runs after its windows), and whether
+    LET or WHERE runs one. Once per bound statement."""
+    cached: tuple[list[BoundSubquery], bool] | None = b.__dict__.get("_keyed_stage")
+    if cached is None:
+        early_exprs = [e for _, e in b.lets] + ([b.where] if b.where is not None else [])
+        late_exprs: list[Expr] = []
+        if b.grouped:
+            late_exprs += list(b.group_keys) + [a.arg for a in b.aggregates if a.arg is not None]
+        elif not b.windows:
+            late_exprs += [t.expr for t in b.terms if t.expr is not None]
+            late_exprs += [e for e, _ in b.order]
+        early = bool(keyed_subqueries(early_exprs))
+        cached = (keyed_subqueries(early_exprs + late_exprs), early)
+        object.__setattr__(b, "_keyed_stage", cached)  # a cache, not state
+    return cached
+
+
+def _keyed_reads(b: BoundSelect, fetch: Fetch | None) -> KeyedReads | None:
+    """A batch-reading ``Fetch`` over ``fetch`` when ``b`` has USE KEYS subqueries."""
+    return KeyedReads(fetch) if fetch is not None and _keyed_stage(b)[0] else None
 
 
 def runs(rows: Iterable[Any], alias: str) -> Iterator[tuple[Any, int]]:
@@ -208,10 +250,12 @@ def leaf_rows(
 ) -> Iterator[Any]:
     """``_leaf_rows``, its subqueries run with results charged to ``budget`` (USE KEYS
     subqueries reading their documents with ``fetch``)."""
+    reads = _keyed_reads(b, fetch)
     rows = _leaf_rows(
-        b, params, mode, top, budget, scope_rows, presorted=presorted, decided=decided
-    )
-    return with_subqueries(b, rows, budget, fetch)
+        b, params, mode, top, budget, scope_rows, presorted=presorted, decided=decided,
+        reads=reads,
+    )  # fmt: skip
+    return with_subqueries(b, rows, budget, fetch if reads is None else reads)
 
 
 def _leaf_rows(
@@ -224,6 +268,7 @@ def _leaf_rows(
     *,
     presorted: bool = False,
     decided: bool = False,
+    reads: KeyedReads | None = None,
 ) -> Iterator[Any]:
     """A leaf's output rows from its scope rows (see the module doc for each mode).
     ``presorted``: the scope rows come in ORDER BY order already (the index order satisfies
@@ -235,7 +280,7 @@ def _leaf_rows(
         # New rows per row (LET, UNNEST, a join's matches share the left row's document
         # and META objects): no runs to find.
         if b.lets or b.unnests or b.joins:
-            rows = _filtered(b, scope_rows, params, decided)
+            rows = _filtered(b, scope_rows, params, decided, reads)
             partials = partial_groups(rows, keys, specs, budget)
         else:
             kept = runs(scope_rows, b.alias)
@@ -246,7 +291,7 @@ def _leaf_rows(
         for kv, states in partials:
             yield [list(kv), [pack_state(s) for s in states]]
         return
-    rows = _filtered(b, scope_rows, params, decided)
+    rows = _filtered(b, scope_rows, params, decided, reads)
     if mode == "window":  # the root needs every row of a partition: the scope rows go
         yield from rows
         return
@@ -386,8 +431,9 @@ def root_rows(
     scope rows of the only input in ``local`` mode; ``fetch`` as for ``leaf_rows``."""
     if limit == 0:
         return iter(())
-    rows = _root_rows(b, params, mode, limit, offset, budget, inputs)
-    return with_subqueries(b, rows, budget, fetch)
+    reads = _keyed_reads(b, fetch) if mode == "local" else None
+    rows = _root_rows(b, params, mode, limit, offset, budget, inputs, reads)
+    return with_subqueries(b, rows, budget, fetch if reads is None else reads)
 
 
 def _root_rows(
@@ -398,9 +444,10 @@ def _root_rows(
     offset: int,
     budget: Budget,
     inputs: list[Iterator[Any]],
+    reads: KeyedReads | None = None,
 ) -> Iterator[Any]:
     if mode == "local":
-        rows = _filtered(b, inputs[0], params)
+        rows = _filtered(b, inputs[0], params, reads=reads)
         if b.grouped:
             keys = [_fn(k, params) for k in b.group_keys]
             specs = _agg_specs(b, params)

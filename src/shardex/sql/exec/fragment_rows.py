@@ -32,12 +32,10 @@ memory ``Budget`` they equal the in-memory operators, past it they spill (decisi
 from __future__ import annotations
 
 import itertools
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Final
+from typing import Any
 
-from shardex.core.expr import Expr, compile_expression
+from shardex.core.expr import Expr
 from shardex.core.expr.ops import truth
 from shardex.sql.exec.memory import Budget
 from shardex.sql.exec.rows import pack_state
@@ -46,7 +44,7 @@ from shardex.sql.exec.spill_groups import distinct, final_groups, partial_groups
 from shardex.sql.exec.subqueries import Fetch, with_subqueries
 from shardex.sql.exec.subquery_keys import KeyedReads, batched_keys, keyed_subqueries
 from shardex.sql.exec.windows import windowed
-from shardex.sql.local_rows import unnest_specs
+from shardex.sql.local_rows import compile_expr, unnest_specs
 from shardex.sql.operators import (
     AggSpec,
     ProjectTerm,
@@ -86,28 +84,9 @@ def mode_of(b: BoundSelect) -> str:
     return "sort" if b.order else "rows"
 
 
-COMPILED_MAX: Final = 4096
-_compiled_lock = threading.Lock()
-_compiled_fns: OrderedDict[int, tuple[Expr, Any]] = OrderedDict()
-
-
-def compiled(expr: Expr) -> Any:
-    """``compile_expression(expr)``, once per expression object: a cached bound statement
-    (``statements.py``) brings the same trees to every execution, and compiling them was
-    most of a point query's operator time. Keyed by identity, the tree kept alive beside
-    its function so the id cannot be reused; an LRU bounds it; any thread may call it."""
-    key = id(expr)
-    with _compiled_lock:
-        hit = _compiled_fns.get(key)
-        if hit is not None:
-            _compiled_fns.move_to_end(key)
-            return hit[1]
-    fn = compile_expression(expr)
-    with _compiled_lock:
-        _compiled_fns[key] = (expr, fn)
-        if len(_compiled_fns) > COMPILED_MAX:
-            _compiled_fns.popitem(last=False)
-    return fn
+# Compiled once per expression object (a cached bound statement brings the same trees to
+# every execution): the reference engine's cache, shared.
+compiled = compile_expr
 
 
 def _fn(expr: Expr, params: Params) -> Callable[[Any], Any]:

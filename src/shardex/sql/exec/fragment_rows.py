@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from shardex.core.expr import Expr
 from shardex.core.expr.ops import truth
+from shardex.sql.exec.analyze import read_paths
+from shardex.sql.exec.doc_paths import pruner
 from shardex.sql.exec.memory import Budget
 from shardex.sql.exec.rows import pack_state
 from shardex.sql.exec.spill import external_sort
@@ -160,6 +162,21 @@ def _keyed_stage(b: BoundSelect) -> tuple[list[BoundSubquery], bool]:
     return cached
 
 
+def _window_pruner(b: BoundSelect) -> Callable[[Any], Any] | None:
+    """What a window query's leaf keeps of each document it sends (``doc_paths``): the
+    paths the statement reads, or None (all of it) when it reads whole documents or has
+    joins (their aliases are other documents). Once per bound statement."""
+    cached = b.__dict__.get("_window_pruner", _UNSET)
+    if cached is _UNSET:
+        paths = None if b.joins or b.alias is None else read_paths(b)
+        cached = None if paths is None else pruner(paths)
+        object.__setattr__(b, "_window_pruner", cached)  # a cache, not state
+    return cached  # type: ignore[no-any-return]
+
+
+_UNSET: Final = object()
+
+
 def _keyed_reads(b: BoundSelect, fetch: Fetch | None) -> KeyedReads | None:
     """A batch-reading ``Fetch`` over ``fetch`` when ``b`` has USE KEYS subqueries."""
     return KeyedReads(fetch) if fetch is not None and _keyed_stage(b)[0] else None
@@ -272,7 +289,16 @@ def _leaf_rows(
         return
     rows = _filtered(b, scope_rows, params, decided, reads)
     if mode == "window":  # the root needs every row of a partition: the scope rows go
-        yield from rows
+        cut = _window_pruner(b)
+        if cut is None:
+            yield from rows
+            return
+        alias = b.alias
+        for row in rows:
+            doc = row.get(alias)
+            if doc is not None:
+                row = {**row, alias: cut(doc)}
+            yield row
         return
     terms, raw = _terms(b, params)
     if mode == "sort":

@@ -27,6 +27,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.memory import Budget, value_size
 from shardex.sql.exec.subquery_inputs import gathered, without_hints
 from shardex.sql.exec.subquery_keys import Fetch, use_keys_of
+from shardex.sql.exec.subquery_lookup import narrowed
 from shardex.sql.local import LocalEngine
 from shardex.sql.local_rows import set_op_rows
 from shardex.sql.syntax import (
@@ -120,7 +121,8 @@ def _run(
     engine = LocalEngine()
     for keyspace, docs in gathered(sub, params).items():
         engine.create_keyspace(keyspace, exist_ok=True)
-        engine.keyspaces[keyspace] = docs
+        # Its FROM's documents, looked up by an equality with the outer row when it has one.
+        engine.keyspaces[keyspace] = docs if keyed else narrowed(sub, docs, outer, params)
     if not keyed:
         return list(engine.run_select(without_hints(sub), params, outer))
     assert ref is not None and ref.use_keys is not None

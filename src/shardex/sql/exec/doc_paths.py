@@ -17,7 +17,7 @@ from typing import Any
 
 from shardex.core.expr.analysis import Path
 
-__all__ = ["Trie", "pruned", "pruner"]
+__all__ = ["Trie", "pruned", "pruner", "trie_of"]
 
 # field -> the paths below it that are read; an empty trie: the whole value is read.
 Trie = dict[str, "Trie"]
@@ -26,6 +26,15 @@ Trie = dict[str, "Trie"]
 def pruner(paths: Iterable[Path]) -> Callable[[Any], Any] | None:
     """A function keeping of a document the fields on ``paths``; None when a path reads
     the whole document (the empty path)."""
+    trie = trie_of(paths)
+    if trie is None:
+        return None
+    return lambda doc: pruned(doc, trie)
+
+
+def trie_of(paths: Iterable[Path]) -> Trie | None:
+    """``paths`` as a trie of the fields kept (an array element's path keeps its array
+    whole); None when a path is empty (the whole document)."""
     trie: Trie = {}
     for p in paths:
         if not p:
@@ -43,7 +52,7 @@ def pruner(paths: Iterable[Path]) -> Callable[[Any], Any] | None:
                 child.clear()  # this value is read whole: what was below it too
                 break
             node = child
-    return lambda doc: pruned(doc, trie)
+    return trie
 
 
 def pruned(value: Any, trie: Trie) -> Any:

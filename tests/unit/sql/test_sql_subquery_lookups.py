@@ -234,3 +234,31 @@ def test_which_equalities_are_lookup_keys() -> None:
     assert key("SELECT 1 FROM docs d WHERE d.k = o.k OR d.v = 1") is None
     assert key("SELECT 1 FROM docs d JOIN docs e ON e.id = d.id WHERE d.k = o.k") is None
     assert key("SELECT 1 FROM docs d USE KEYS o.ids WHERE d.k = o.k") is None
+
+
+def test_a_use_keys_expression_that_fails_on_a_row_the_subquery_skips_is_no_error() -> None:
+    # Read ahead for every row, the USE KEYS expression fails on those WHERE's first
+    # conjunct drops before the subquery runs: as without the batch, no error.
+    orders = _orders(40)
+    scope = _customers(20, 2, 40)
+    sql = (
+        "SELECT RAW META(c).id FROM customers c WHERE META(c).id = 'c3' AND "
+        "(SELECT RAW COUNT(*) FROM orders o USE KEYS CASE WHEN META(c).id = 'c3' "
+        "THEN c.order_ids ELSE REGEXP_CONTAINS('a', '[') END)[0] > 0"
+    )
+    store = _Store(orders)
+    assert _leaf(sql, scope, store) == _reference(sql, scope, orders) == ["c3"]
+    assert store.asked == [scope[3]["c"]["order_ids"]]
+
+
+def test_an_outer_key_that_fails_is_evaluated_only_where_where_is() -> None:
+    # No document passes the subquery's own conjunct: WHERE never runs, so its failing
+    # outer side is no error, with or without the table.
+    eng = _engine()
+    sql = (
+        "SELECT o.id, (SELECT RAW d.id FROM docs d WHERE d.v > 100 AND "
+        "d.k = REGEXP_CONTAINS(TOSTRING(o.id), '[')) AS ids FROM outs o ORDER BY o.id"
+    )
+    want = eng.query(sql)
+    assert want == [{"id": j, "ids": []} for j in range(12)]
+    assert _distributed(eng, sql, _with_inputs(eng, sql, None)) == want

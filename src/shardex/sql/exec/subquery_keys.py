@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from shardex.core.expr import Expr, evaluate, walk
+from shardex.errors import ShardexError
 from shardex.sql.syntax.bind import BoundSelect
 from shardex.sql.syntax.subquery import BoundSubquery, outer_row
 
@@ -127,7 +128,10 @@ def batched_keys(
         for row in it:
             batch.append(row)
             for sub, keyspace, use_keys in wants:
-                found = use_keys_of(use_keys, outer_row(sub, row), params)
+                try:
+                    found = use_keys_of(use_keys, outer_row(sub, row), params)
+                except ShardexError:
+                    continue  # raised again if the subquery runs on this row
                 keys.setdefault(keyspace, {}).update(dict.fromkeys(found))
                 n_keys += len(found)
             if len(batch) >= batch_rows or n_keys >= BATCH_KEYS:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from shardex.core.expr import Expr, Identifier, walk
+from shardex.errors import ShardexError
 from shardex.sql.local_rows import compile_expr
 from shardex.sql.operators.join import key_bytes
 from shardex.sql.planner.joins import equi_keys
@@ -76,7 +77,10 @@ def narrowed(
     if key is None:
         return docs
     outer_expr, inner_expr = key
-    kb = key_bytes([compile_expr(outer_expr)(outer, None, params)])
+    try:
+        kb = key_bytes([compile_expr(outer_expr)(outer, None, params)])
+    except ShardexError:
+        return docs  # WHERE over every document says whether it is an error here
     if kb is None:
         return {}
     return _table(sub, docs, inner_expr, params).get(kb, {})

@@ -12,9 +12,10 @@ Three shapes (``mode``), chosen by the physical planner:
   DISTINCT, OFFSET, LIMIT;
 * ``rows``: leaves project (DISTINCT locally, limit pushed down); the root concatenates,
   then DISTINCT, OFFSET, LIMIT;
-* ``window`` (window functions, no GROUP BY): leaves send their scope rows after WHERE; the
-  root computes the windows over all of them (``windows.py``), then projects, DISTINCT,
-  ORDER BY, OFFSET, LIMIT. A grouped query's windows run at the root after HAVING.
+* ``window`` (window functions, no GROUP BY): leaves send their scope rows after WHERE,
+  each document cut to the paths the statement reads (``doc_paths``); the root computes
+  the windows over all of them (``windows.py``), then projects, DISTINCT, ORDER BY,
+  OFFSET, LIMIT. A grouped query's windows run at the root after HAVING.
 
 ``late`` (a ``sort`` whose index covers all but the projection, decision 0111): leaves rank
 the index entries' rebuilt rows and send ``[sort key, docid]`` (``late_leaf_rows``); the

@@ -9,9 +9,11 @@ import dataclasses
 import functools
 import math
 import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from shardex.core.expr import MISSING, Expr, Literal, Param, compile_expression, evaluate, walk
 from shardex.errors import ErrorCode, ShardexError
@@ -41,8 +43,29 @@ class QueryResult:
     mutation_count: int = 0
 
 
+COMPILED_MAX: Final = 4096
+_compiled_lock = threading.Lock()
+_compiled_fns: OrderedDict[int, tuple[Expr, Any]] = OrderedDict()
+
+
 def compile_expr(expr: Expr) -> Any:
-    return compile_expression(expr)
+    """``compile_expression(expr)``, once per expression object: a cached bound statement
+    (``statements.py``) brings the same trees to every execution, and a correlated
+    subquery's to every evaluation; compiling them was most of a point query's operator
+    time. Keyed by identity, the tree kept alive beside its function so the id cannot be
+    reused; an LRU bounds it; any thread may call it."""
+    key = id(expr)
+    with _compiled_lock:
+        hit = _compiled_fns.get(key)
+        if hit is not None:
+            _compiled_fns.move_to_end(key)
+            return hit[1]
+    fn = compile_expression(expr)
+    with _compiled_lock:
+        _compiled_fns[key] = (expr, fn)
+        if len(_compiled_fns) > COMPILED_MAX:
+            _compiled_fns.popitem(last=False)
+    return fn
 
 
 def eval_count(expr: Expr | None, params: Params, what: str) -> int | None:

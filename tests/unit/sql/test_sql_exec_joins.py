@@ -109,6 +109,45 @@ def test_side_statements_bind_and_keep_meta_and_hints() -> None:
     )
 
 
+def test_side_statements_carry_only_the_fields_the_statement_reads() -> None:
+    def docs(sql: str) -> list[str]:
+        s = _sides(sql)
+        assert s.from_sql is not None
+        sides = [s.from_sql, *s.gathered.values()]
+        for text in sides:
+            bind_select(parse_statement(text))  # type: ignore[arg-type]
+        return [t.split(" FROM ")[0].removeprefix("SELECT RAW ") for t in sides]
+
+    # The fields read anywhere (projection, ON, WHERE, ORDER BY), nested ones nested; an
+    # array element read keeps its array; META() is no field.
+    assert docs(
+        "SELECT o.a.b AS x, c.l[0].y AS y FROM o JOIN c ON c.k = o.k "
+        "WHERE META(o).id > 'a' AND o.a.z = 1 ORDER BY c.s"
+    ) == [
+        '[META(o).id, {"a": {"b": o.a.b, "z": o.a.z}, "k": o.k}]',
+        '[META(c).id, {"k": c.k, "l": c.l, "s": c.s}]',
+    ]
+    # Read whole: a field read whole keeps what is below it; the alias alone, a subquery
+    # over it, a dynamic field or UNNEST (its element paths) keep the whole document.
+    assert (
+        docs("SELECT o.a, o.a.b FROM o JOIN c ON c.k = o.k")[0]
+        == '[META(o).id, {"a": o.a, "k": o.k}]'
+    )
+    assert docs("SELECT o, c.v FROM o JOIN c ON c.k = o.k")[0] == "[META(o).id, o]"
+    assert docs("SELECT * FROM o JOIN c ON c.k = o.k") == ["[META(o).id, o]", "[META(c).id, c]"]
+    assert (
+        docs("SELECT (SELECT RAW 1 FROM c.l x) AS s FROM o JOIN c ON c.k = o.k")[1]
+        == "[META(c).id, c]"
+    )
+    assert docs("SELECT c[o.f] AS v FROM o JOIN c ON c.k = o.k")[1] == "[META(c).id, c]"
+    assert docs("SELECT u FROM o JOIN c ON c.k = o.k UNNEST o.l u") == [
+        "[META(o).id, o]",
+        "[META(c).id, c]",
+    ]
+    # NEST: the alias is the array of matches; reading it whole keeps the documents whole.
+    assert docs("SELECT n FROM o NEST c n ON n.k = o.k")[1] == "[META(n).id, n]"
+
+
 def test_side_parameters_are_named() -> None:
     assert side_params([10, "x"]) == {"1": 10, "2": "x"}
     assert side_params({"a": 1}) == {"a": 1} and side_params(None) is None

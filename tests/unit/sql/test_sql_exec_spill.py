@@ -381,3 +381,51 @@ def test_value_size_is_close_to_what_decoded_values_allocate() -> None:
     estimate = sum(value_size(v) for v in held) + sys.getsizeof(held)
     # Over-counts the keys msgspec shares between documents; never off by more than 2x.
     assert allocated / 2 < estimate < allocated * 2
+
+
+def test_a_sort_handing_out_from_memory_writes_the_rest_when_another_needs_it(
+    tmp_path: Path,
+) -> None:
+    """A sort that fit in memory hands its pairs out one by one; while its consumer holds
+    rows that can go nowhere (a window partition: a ``fixed`` reservation), the pairs not
+    handed out yet are written as a run and read back, in the same stable order."""
+    b = budget(64 * 1024, data_dir=tmp_path)
+    rng = random.Random(4)
+    # About 53 KiB of sorted pairs: the sort fits the budget alone, not beside the rows.
+    pairs = [(bytes([rng.randrange(8)]), {"i": i, "pad": "p" * 40}) for i in range(300)]
+    held = b.reserve("WINDOW", fixed=True)
+    got = []
+    for key, value in external_sort(iter(pairs), b):
+        got.append((key, value))
+        if len(got) <= 110:  # the consumer keeps its first rows: about 44 KiB
+            assert held.grow(value_size(value))
+    assert got == sorted(pairs, key=lambda p: p[0])  # stable: ties in input order
+    assert b.query.files == 1  # the rest, written once
+    assert not list((tmp_path / SPILL_DIR).rglob("run-*"))  # and removed once read back
+
+
+WINDOW_SQL = (
+    "SELECT o.n, ROW_NUMBER() OVER (PARTITION BY o.cid ORDER BY o.qty) AS r, "
+    "SUM(o.qty) OVER (PARTITION BY o.n % 7 ORDER BY o.n) AS s FROM orders o"
+)
+
+
+@pytest.mark.parametrize("n", [240, 300, 400])
+def test_two_windows_spill_within_a_tiny_budget(n: int, tmp_path: Path) -> None:
+    """Two windows' passes over rows that fit in a sort but not beside a partition: the
+    sort that fit writes out what it still holds instead of failing the partition."""
+    rng = random.Random(5)
+    docs = {
+        f"o{i:04d}": {"n": i, "cid": rng.randrange(70), "qty": rng.randrange(6)} for i in range(n)
+    }
+    b = bind_select(parse_statement(WINDOW_SQL))  # type: ignore[arg-type]
+    scope = [{"o": d, META_KEY: {"id": k}} for k, d in docs.items()]
+    shipped = [
+        r
+        for batch in to_batches(leaf_rows(b, None, "window", None, budget(), scope))
+        for r in decode_rows(batch)
+    ]
+    small = budget(64 * 1024, data_dir=tmp_path)
+    got = list(root_rows(b, None, "window", None, 0, small, [iter(shipped)]))
+    want = list(root_rows(b, None, "window", None, 0, budget(), [iter(shipped)]))
+    assert got == want and len(got) == n

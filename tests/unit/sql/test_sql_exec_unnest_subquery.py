@@ -163,7 +163,8 @@ def test_use_keys_subqueries_read_documents_through_fetch() -> None:
     ]
     out = list(leaf_rows(b, None, "sort", None, budget(), iter(scope), fetch=fetch))
     assert [v for _, v in out] == [{"k": 0, "fk": [2, 1, 2]}, {"k": 1, "fk": [0]}]
-    assert asked == [["d2", "d1", "d2", "nope"], ["d0"]]
+    # One read for both rows' keys, each key once (decision 0142).
+    assert asked == [["d2", "d1", "nope", "d0"]]
     # Without a way to read documents the subquery is refused, not silently empty.
     with pytest.raises(ShardexError, match="cannot run here"):
         list(leaf_rows(b, None, "sort", None, budget(), iter(scope)))

@@ -355,3 +355,50 @@ def test_the_physical_plan_of_a_window_query() -> None:
         grouped.mode == "group"
         and "Window" in grouped.explain()["distributed"]["fragments"][0]["does"]
     )
+
+
+def test_window_mode_leaves_send_only_the_paths_the_statement_reads() -> None:
+    doc = {"k": 1, "g": {"x": 1, "y": [1, 2], "z": 3}, "pad": "p" * 50, "arr": [{"q": 1}, 5]}
+    scope = [{KS: doc, META_KEY: {"id": "d1"}}]
+
+    def sent(select: str) -> Any:
+        b = bind_select(parse_statement(f"SELECT {select} FROM {KS}"))  # type: ignore[arg-type]
+        assert mode_of(b) == "window"
+        (row,) = leaf_rows(b, None, "window", None, budget(), scope)
+        assert row[META_KEY] == {"id": "d1"}
+        return row[KS]
+
+    over = "ROW_NUMBER() OVER (PARTITION BY g.x ORDER BY k)"
+    assert sent(f"k, {over} AS r") == {"k": 1, "g": {"x": 1}}
+    # A field missing from the document stays missing; an element read keeps its array.
+    assert sent(f"k, nope.a AS n, arr[0].q AS q, {over} AS r") == {
+        "k": 1,
+        "g": {"x": 1},
+        "arr": [{"q": 1}, 5],
+    }
+    # A value read whole keeps everything below it; reading the document keeps all of it.
+    assert sent(f"g AS whole, g.y[1] AS y, {over} AS r") == {"k": 1, "g": doc["g"]}
+    assert sent(f"OBJECT_LENGTH(self) AS n, {over} AS r") == doc
+    assert sent(f"{KS} AS d, {over} AS r") == doc
+
+
+NESTED = [
+    f"SELECT k, ROW_NUMBER() OVER (PARTITION BY n.g ORDER BY n.v, k) AS rn, n.v AS v FROM {KS}",
+    f"SELECT k, SUM(n.a) OVER (PARTITION BY n.g) AS s, OBJECT_LENGTH(n) AS w FROM {KS}",
+    f"SELECT k, RANK() OVER (ORDER BY n.v) AS r, n.missing AS m FROM {KS} WHERE n.a > 2",
+]
+
+
+@pytest.mark.parametrize("sql", NESTED)
+def test_windows_over_cut_documents_equal_the_reference(sql: str) -> None:
+    docs = {
+        d: {"k": doc["k"], "n": {f: doc[f] for f in ("g", "v", "a") if f in doc}, "pad": [1] * 9}
+        for d, doc in _docs().items()
+    }
+    ref = LocalEngine()
+    ref.create_keyspace(KS)
+    ref.keyspaces[KS].update(docs)
+    want = ref.query(sql)
+    assert want
+    got = _run(sql, docs, 3)
+    assert sorted(map(_canon, got)) == sorted(map(_canon, want))

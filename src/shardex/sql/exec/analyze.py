@@ -183,6 +183,25 @@ def read_paths(b: BoundSelect) -> set[Path] | None:
     return out
 
 
+def alias_paths(b: BoundSelect, alias: str) -> set[Path] | None:
+    """The paths of ``alias``'s document (the FROM's or a joined one) the statement reads
+    over its scope rows; None when one reads the document whole (the alias alone, a
+    subquery reading it, a dynamic field), or with UNNEST (an element alias's paths are
+    no document's)."""
+    if b.unnests:
+        return None
+    out: set[Path] = set()
+    for e in _doc_exprs(b):
+        # Paths start at a scope name: the alias's are its document's (a subquery that
+        # reads the alias reports it alone: the whole document).
+        for p in referenced_paths(e):
+            if p and p[0] == alias:
+                if len(p) == 1:
+                    return None
+                out.add(p[1:])
+    return out
+
+
 def ranking_paths(b: BoundSelect) -> set[Path] | None:
     """The document paths that decide which rows a non-grouped SELECT returns and in what
     order (LET, WHERE, ORDER BY): what an index must cover for its leaves to rank rows

@@ -93,6 +93,24 @@ class DocumentAccess:
             )
         return self.view.address(node)
 
+    def _by_owner(self, state: Any, keyspace: str, docids: list[str]) -> dict[str, list[str]]:
+        """``docids`` grouped by their owners' addresses in ``state``: one owner lookup per
+        partition, not per document (a batch of a few hundred reads a few dozen)."""
+        groups: dict[str, list[str]] = {}
+        meta = state.keyspaces.get(keyspace)
+        # No such keyspace: one partition, whose lookup raises the error naming it.
+        n = 1 if meta is None else meta.num_partitions
+        owners: dict[int, list[str]] = {}
+        for d in docids:
+            partition = partition_of(d, n)
+            group = owners.get(partition)
+            if group is None:
+                group = owners[partition] = groups.setdefault(
+                    self._owner_in(state, keyspace, d), []
+                )
+            group.append(d)
+        return groups
+
     async def _to_owner(
         self,
         keyspace: str,
@@ -204,9 +222,7 @@ class DocumentAccess:
                 break
             if attempt:
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
-            groups: dict[str, list[str]] = {}
-            for d in todo:
-                groups.setdefault(await self._owner(keyspace, d, fresh=attempt > 0), []).append(d)
+            groups = self._by_owner(await self.view.state(fresh=attempt > 0), keyspace, todo)
             requests = [
                 (address, chunk[i : i + GET_MANY_CHUNK])
                 for address, chunk in groups.items()

@@ -12,9 +12,10 @@ Three shapes (``mode``), chosen by the physical planner:
   DISTINCT, OFFSET, LIMIT;
 * ``rows``: leaves project (DISTINCT locally, limit pushed down); the root concatenates,
   then DISTINCT, OFFSET, LIMIT;
-* ``window`` (window functions, no GROUP BY): leaves send their scope rows after WHERE; the
-  root computes the windows over all of them (``windows.py``), then projects, DISTINCT,
-  ORDER BY, OFFSET, LIMIT. A grouped query's windows run at the root after HAVING.
+* ``window`` (window functions, no GROUP BY): leaves send their scope rows after WHERE,
+  each document cut to the paths the statement reads (``doc_paths``); the root computes
+  the windows over all of them (``windows.py``), then projects, DISTINCT, ORDER BY,
+  OFFSET, LIMIT. A grouped query's windows run at the root after HAVING.
 
 ``late`` (a ``sort`` whose index covers all but the projection, decision 0111): leaves rank
 the index entries' rebuilt rows and send ``[sort key, docid]`` (``late_leaf_rows``); the
@@ -32,20 +33,21 @@ memory ``Budget`` they equal the in-memory operators, past it they spill (decisi
 from __future__ import annotations
 
 import itertools
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
-from shardex.core.expr import Expr, compile_expression
+from shardex.core.expr import Expr
 from shardex.core.expr.ops import truth
+from shardex.sql.exec.analyze import read_paths
+from shardex.sql.exec.doc_paths import pruner
 from shardex.sql.exec.memory import Budget
 from shardex.sql.exec.rows import pack_state
 from shardex.sql.exec.spill import external_sort
 from shardex.sql.exec.spill_groups import distinct, final_groups, partial_groups
 from shardex.sql.exec.subqueries import Fetch, with_subqueries
+from shardex.sql.exec.subquery_keys import KeyedReads, batched_keys, keyed_subqueries
 from shardex.sql.exec.windows import windowed
-from shardex.sql.local_rows import unnest_specs
+from shardex.sql.local_rows import compile_expr, unnest_specs
 from shardex.sql.operators import (
     AggSpec,
     ProjectTerm,
@@ -60,6 +62,7 @@ from shardex.sql.operators import (
 )
 from shardex.sql.syntax.bind import META_KEY, BoundSelect, aggregate_name, group_key_name
 from shardex.sql.syntax.bound_select import sort_scope
+from shardex.sql.syntax.subquery import BoundSubquery
 
 __all__ = [
     "MODES",
@@ -84,28 +87,9 @@ def mode_of(b: BoundSelect) -> str:
     return "sort" if b.order else "rows"
 
 
-COMPILED_MAX: Final = 4096
-_compiled_lock = threading.Lock()
-_compiled_fns: OrderedDict[int, tuple[Expr, Any]] = OrderedDict()
-
-
-def compiled(expr: Expr) -> Any:
-    """``compile_expression(expr)``, once per expression object: a cached bound statement
-    (``statements.py``) brings the same trees to every execution, and compiling them was
-    most of a point query's operator time. Keyed by identity, the tree kept alive beside
-    its function so the id cannot be reused; an LRU bounds it; any thread may call it."""
-    key = id(expr)
-    with _compiled_lock:
-        hit = _compiled_fns.get(key)
-        if hit is not None:
-            _compiled_fns.move_to_end(key)
-            return hit[1]
-    fn = compile_expression(expr)
-    with _compiled_lock:
-        _compiled_fns[key] = (expr, fn)
-        if len(_compiled_fns) > COMPILED_MAX:
-            _compiled_fns.popitem(last=False)
-    return fn
+# Compiled once per expression object (a cached bound statement brings the same trees to
+# every execution): the reference engine's cache, shared.
+compiled = compile_expr
 
 
 def _fn(expr: Expr, params: Params) -> Callable[[Any], Any]:
@@ -131,17 +115,72 @@ def _with_bindings(
 
 
 def _filtered(
-    b: BoundSelect, rows: Iterable[Any], params: Params, decided: bool = False
+    b: BoundSelect,
+    rows: Iterable[Any],
+    params: Params,
+    decided: bool = False,
+    reads: KeyedReads | None = None,
 ) -> Iterable[Any]:
     """UNNEST (each leaf unnests the documents it read), LET, then WHERE (re-applied:
     spans are only a superset of the rows), unless ``decided``: the rows are a covering
-    scan's whose spans decide WHERE (``planner.exact``)."""
+    scan's whose spans decide WHERE (``planner.exact``). With ``reads``, the USE KEYS
+    documents of the subqueries evaluated on these rows are read a batch of rows at a
+    time (``subquery_keys``): before LET when LET or WHERE runs one, else after WHERE (no
+    read for a row WHERE drops)."""
     if b.unnests and not b.joins:  # a join statement's rows are unnested already
         rows = unnest(rows, unnest_specs(b, params))
+    subs, early = _keyed_stage(b)
+    batched = reads is not None and bool(subs)
+    if batched and early:
+        assert reads is not None
+        rows = batched_keys(rows, subs, params, reads)
     rows = _with_bindings(rows, b.lets, params)
     if b.where is not None and not decided:
         rows = filter_rows(rows, _fn(b.where, params))
+    if batched and not early:
+        assert reads is not None
+        rows = batched_keys(rows, subs, params, reads)
     return rows
+
+
+def _keyed_stage(b: BoundSelect) -> tuple[list[BoundSubquery], bool]:
+    """The USE KEYS subqueries evaluated on ``_filtered``'s rows (LET, WHERE, and the
+    projection and ORDER BY, or the group keys and aggregates, when they follow on the
+    same rows: not a window query's, whose projection runs after its windows), and whether
+    LET or WHERE runs one. Once per bound statement."""
+    cached: tuple[list[BoundSubquery], bool] | None = b.__dict__.get("_keyed_stage")
+    if cached is None:
+        early_exprs = [e for _, e in b.lets] + ([b.where] if b.where is not None else [])
+        late_exprs: list[Expr] = []
+        if b.grouped:
+            late_exprs += list(b.group_keys) + [a.arg for a in b.aggregates if a.arg is not None]
+        elif not b.windows:
+            late_exprs += [t.expr for t in b.terms if t.expr is not None]
+            late_exprs += [e for e, _ in b.order]
+        early = bool(keyed_subqueries(early_exprs))
+        cached = (keyed_subqueries(early_exprs + late_exprs), early)
+        object.__setattr__(b, "_keyed_stage", cached)  # a cache, not state
+    return cached
+
+
+def _window_pruner(b: BoundSelect) -> Callable[[Any], Any] | None:
+    """What a window query's leaf keeps of each document it sends (``doc_paths``): the
+    paths the statement reads, or None (all of it) when it reads whole documents or has
+    joins (their aliases are other documents). Once per bound statement."""
+    cached = b.__dict__.get("_window_pruner", _UNSET)
+    if cached is _UNSET:
+        paths = None if b.joins or b.alias is None else read_paths(b)
+        cached = None if paths is None else pruner(paths)
+        object.__setattr__(b, "_window_pruner", cached)  # a cache, not state
+    return cached  # type: ignore[no-any-return]
+
+
+_UNSET: Final = object()
+
+
+def _keyed_reads(b: BoundSelect, fetch: Fetch | None) -> KeyedReads | None:
+    """A batch-reading ``Fetch`` over ``fetch`` when ``b`` has USE KEYS subqueries."""
+    return KeyedReads(fetch) if fetch is not None and _keyed_stage(b)[0] else None
 
 
 def runs(rows: Iterable[Any], alias: str) -> Iterator[tuple[Any, int]]:
@@ -208,10 +247,12 @@ def leaf_rows(
 ) -> Iterator[Any]:
     """``_leaf_rows``, its subqueries run with results charged to ``budget`` (USE KEYS
     subqueries reading their documents with ``fetch``)."""
+    reads = _keyed_reads(b, fetch)
     rows = _leaf_rows(
-        b, params, mode, top, budget, scope_rows, presorted=presorted, decided=decided
-    )
-    return with_subqueries(b, rows, budget, fetch)
+        b, params, mode, top, budget, scope_rows, presorted=presorted, decided=decided,
+        reads=reads,
+    )  # fmt: skip
+    return with_subqueries(b, rows, budget, fetch if reads is None else reads)
 
 
 def _leaf_rows(
@@ -224,6 +265,7 @@ def _leaf_rows(
     *,
     presorted: bool = False,
     decided: bool = False,
+    reads: KeyedReads | None = None,
 ) -> Iterator[Any]:
     """A leaf's output rows from its scope rows (see the module doc for each mode).
     ``presorted``: the scope rows come in ORDER BY order already (the index order satisfies
@@ -235,7 +277,7 @@ def _leaf_rows(
         # New rows per row (LET, UNNEST, a join's matches share the left row's document
         # and META objects): no runs to find.
         if b.lets or b.unnests or b.joins:
-            rows = _filtered(b, scope_rows, params, decided)
+            rows = _filtered(b, scope_rows, params, decided, reads)
             partials = partial_groups(rows, keys, specs, budget)
         else:
             kept = runs(scope_rows, b.alias)
@@ -246,9 +288,18 @@ def _leaf_rows(
         for kv, states in partials:
             yield [list(kv), [pack_state(s) for s in states]]
         return
-    rows = _filtered(b, scope_rows, params, decided)
+    rows = _filtered(b, scope_rows, params, decided, reads)
     if mode == "window":  # the root needs every row of a partition: the scope rows go
-        yield from rows
+        cut = _window_pruner(b)
+        if cut is None:
+            yield from rows
+            return
+        alias = b.alias
+        for row in rows:
+            doc = row.get(alias)
+            if doc is not None:
+                row = {**row, alias: cut(doc)}
+            yield row
         return
     terms, raw = _terms(b, params)
     if mode == "sort":
@@ -386,8 +437,9 @@ def root_rows(
     scope rows of the only input in ``local`` mode; ``fetch`` as for ``leaf_rows``."""
     if limit == 0:
         return iter(())
-    rows = _root_rows(b, params, mode, limit, offset, budget, inputs)
-    return with_subqueries(b, rows, budget, fetch)
+    reads = _keyed_reads(b, fetch) if mode == "local" else None
+    rows = _root_rows(b, params, mode, limit, offset, budget, inputs, reads)
+    return with_subqueries(b, rows, budget, fetch if reads is None else reads)
 
 
 def _root_rows(
@@ -398,9 +450,10 @@ def _root_rows(
     offset: int,
     budget: Budget,
     inputs: list[Iterator[Any]],
+    reads: KeyedReads | None = None,
 ) -> Iterator[Any]:
     if mode == "local":
-        rows = _filtered(b, inputs[0], params)
+        rows = _filtered(b, inputs[0], params, reads=reads)
         if b.grouped:
             keys = [_fn(k, params) for k in b.group_keys]
             specs = _agg_specs(b, params)

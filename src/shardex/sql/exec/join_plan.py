@@ -26,10 +26,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardex.core.expr import And, Expr, Identifier, Meta, format_identifier
+from shardex.core.expr import (
+    And,
+    Expr,
+    Field,
+    Identifier,
+    Literal,
+    Meta,
+    ObjectConstruct,
+    format_identifier,
+)
 from shardex.meta.index_state import ACTIVE
 from shardex.meta.state import StateContext
-from shardex.sql.exec.analyze import FETCHED_META, reads_meta_field
+from shardex.sql.exec.analyze import FETCHED_META, alias_paths, reads_meta_field
+from shardex.sql.exec.doc_paths import Trie, trie_of
 from shardex.sql.planner.joins import JoinPlan, plan_join, reads_only, shown
 from shardex.sql.planner.sargable import conjuncts
 from shardex.sql.syntax.ast import META_KEY
@@ -125,12 +135,15 @@ def side_statement(
     use_keys: str | None = None,
     extra: str | None = None,
     meta: bool = False,
+    value: str | None = None,
 ) -> str:
     """``meta``: the rows also carry ``META(alias).cas`` and ``.expiration`` (``side_meta``
-    reads them), which the side's leaves then fetch from the documents' owners."""
+    reads them), which the side's leaves then fetch from the documents' owners. ``value``:
+    what a row carries of the document (``cut_document``), else all of it."""
     a = format_identifier(alias)
     fetched = f", META({a}).cas, META({a}).expiration" if meta else ""
-    sql = f"SELECT RAW [META({a}).id, {a}{fetched}] FROM {format_identifier(keyspace)} AS {a}"
+    doc = a if value is None else value
+    sql = f"SELECT RAW [META({a}).id, {doc}{fetched}] FROM {format_identifier(keyspace)} AS {a}"
     if use_index:
         sql += f" USE INDEX ({', '.join(format_identifier(n) for n in use_index)})"
     if use_keys is not None:
@@ -141,6 +154,27 @@ def side_statement(
     if terms:
         sql += " WHERE " + " AND ".join(f"({t})" for t in terms)
     return sql
+
+
+def cut_document(b: BoundSelect, alias: str) -> str | None:
+    """The object a side statement's row carries of ``alias``'s document: the fields on
+    the paths the join statement reads of it (``analyze.alias_paths``, ``doc_paths``), as
+    an object constructor, whose MISSING fields are left out as the document lacks them;
+    None (the whole document) when the statement reads it whole."""
+    paths = alias_paths(b, alias)
+    # In a fixed order: the text is the side statement's, cached and shown by EXPLAIN.
+    trie = None if paths is None else trie_of(sorted(paths, key=lambda p: [str(s) for s in p]))
+    if trie is None:
+        return None
+    return _constructed(Identifier(alias), trie).to_text()
+
+
+def _constructed(base: Expr, trie: Trie) -> Expr:
+    items = []
+    for name, below in trie.items():
+        value: Expr = Field(base, name)
+        items.append((Literal(name), _constructed(value, below) if below else value))
+    return ObjectConstruct(tuple(items))
 
 
 def join_sides(b: BoundSelect, state: StateContext) -> JoinSides:
@@ -165,6 +199,7 @@ def join_sides(b: BoundSelect, state: StateContext) -> JoinSides:
             use_index=ref.use_index,
             use_keys=use_keys,
             meta=reads_meta_field(b, *FETCHED_META),
+            value=cut_document(b, b.alias),
         )
     sides = JoinSides(plans, from_sql)
     for k, (j, p) in enumerate(zip(b.joins, plans, strict=True)):
@@ -187,9 +222,12 @@ def join_sides(b: BoundSelect, state: StateContext) -> JoinSides:
                 use_index=(p.index,) if p.index else (),
                 extra=f"{key} IN ${PROBE_PARAM}",
                 meta=meta,
+                value=cut_document(b, j.alias),
             )
         else:  # USE INDEX names the index to probe (N1QL): a gathered side chooses its own
-            sides.gathered[k] = side_statement(j.keyspace, j.alias, j.meta_name, where, meta=meta)
+            sides.gathered[k] = side_statement(
+                j.keyspace, j.alias, j.meta_name, where, meta=meta, value=cut_document(b, j.alias)
+            )
     sides.exchange = exchange_join(plans, from_sql)
     return sides
 

@@ -132,20 +132,10 @@ class _Sorter:
         self.res.release()
 
     def result(self) -> Iterator[tuple[bytes, Any]]:
-        self.res.spill = None  # from here on it hands out what it holds: nothing to write
         if not self.runs:
-            self.buf.sort(key=_key)
-            if self.limit is not None:
-                self._cut()
-            out, self.buf = self.buf, []
-            # Each pair let go as it is handed on: what the consumer builds from the rows
-            # (a window's partition, a table) is not charged on top of them.
-            for i, (key, cell) in enumerate(out):
-                out[i] = None  # type: ignore[call-overload]
-                self.res.shrink(pair_size(key, cell))
-                yield key, decode_row(cell)
-            self.res.release()
+            yield from self._from_memory()
             return
+        self.res.spill = None  # from here on it hands out what it holds: nothing to write
         self.spill()  # the rest too: the merge then holds only its read buffers
         runs = self.runs
         query = self.budget.query
@@ -155,6 +145,39 @@ class _Sorter:
             runs = [merged, *runs[FAN_IN:]]
         for key, cell in self._merged(runs):
             yield key, decode_row(cell)
+
+    def _from_memory(self) -> Iterator[tuple[bytes, Any]]:
+        """The buffer sorted, handed out from memory, each pair let go as it goes: what
+        the consumer builds from the rows (a window's partition, a table) is not charged
+        on top of them. The consumer may hold rows that can go nowhere (a window
+        partition) while this still holds the pairs not handed out: another operator's
+        ``grow`` may then make it write those (sorted already) as a run, read back after."""
+        self.buf.sort(key=_key)
+        if self.limit is not None:
+            self._cut()
+        out, self.buf = self.buf, []
+        handed = 0
+        rest: Path | None = None
+
+        def spill_rest() -> None:
+            nonlocal rest
+            if handed < len(out):
+                rest = _write_run(self.budget.query, out[handed:])
+                del out[handed:]
+            self.res.release()
+
+        self.res.spill = spill_rest
+        while handed < len(out):
+            key, cell = out[handed]
+            out[handed] = None  # type: ignore[call-overload]
+            handed += 1
+            self.res.shrink(pair_size(key, cell))
+            yield key, decode_row(cell)
+        self.res.spill = None
+        self.res.release()
+        if rest is not None:
+            for key, cell in RunReader(rest):
+                yield key, decode_row(cell)
 
     def _merged(self, runs: list[Path]) -> Iterator[tuple[bytes, bytes]]:
         # heapq.merge breaks ties by input position: an earlier run's pair comes first.

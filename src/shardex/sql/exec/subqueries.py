@@ -19,13 +19,15 @@ QUERY_MEMORY_LIMIT, as any operator past the budget, instead of growing unseen.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from shardex.core.expr import evaluate, walk
+from shardex.core.expr import walk
 from shardex.errors import ErrorCode, ShardexError
 from shardex.sql.exec.memory import Budget, value_size
 from shardex.sql.exec.subquery_inputs import gathered, without_hints
+from shardex.sql.exec.subquery_keys import Fetch, use_keys_of
+from shardex.sql.exec.subquery_lookup import narrowed
 from shardex.sql.local import LocalEngine
 from shardex.sql.local_rows import set_op_rows
 from shardex.sql.syntax import (
@@ -55,8 +57,6 @@ __all__ = [
     "with_subqueries",
 ]
 
-# (keyspace, docids) -> (docid, document) of those that exist; synchronous.
-Fetch = Callable[[str, list[str]], list[tuple[str, Any]]]
 FETCH_TIMEOUT = 30.0  # seconds one subquery's document read may take
 
 # Runs subqueries over expressions: it holds no keyspace.
@@ -121,7 +121,8 @@ def _run(
     engine = LocalEngine()
     for keyspace, docs in gathered(sub, params).items():
         engine.create_keyspace(keyspace, exist_ok=True)
-        engine.keyspaces[keyspace] = docs
+        # Its FROM's documents, looked up by an equality with the outer row when it has one.
+        engine.keyspaces[keyspace] = docs if keyed else narrowed(sub, docs, outer, params)
     if not keyed:
         return list(engine.run_select(without_hints(sub), params, outer))
     assert ref is not None and ref.use_keys is not None
@@ -132,9 +133,7 @@ def _run(
             code=ErrorCode.BAD_REQUEST,
             details={"keyspace": ref.name, "hint": "move the subquery to WHERE, LET or SELECT"},
         )
-    keys = evaluate(ref.use_keys, outer, params=params)
-    keys = [keys] if isinstance(keys, str) else keys if isinstance(keys, list) else []
-    docs = fetch(ref.name, [k for k in keys if isinstance(k, str)])
+    docs = fetch(ref.name, use_keys_of(ref.use_keys, outer, params))
     # The documents read, as a keyspace of their own: the engine picks them in USE KEYS
     # order (repeats kept) as it does over a whole keyspace.
     engine.create_keyspace(ref.name, exist_ok=True)

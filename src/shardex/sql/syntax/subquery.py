@@ -107,11 +107,16 @@ def _subquery(node: BoundSubquery, env: Env) -> Any:
         valued = params.get(subquery_param(node.text), _NOT_VALUED)
         if valued is not _NOT_VALUED:
             return valued
-    outer = env.doc if isinstance(env.doc, dict) else {}
+    return run(node.bound, outer_row(node, env.doc), params)
+
+
+def outer_row(node: BoundSubquery, row: Any) -> dict[str, Any]:
+    """The outer row ``node`` runs with when evaluated on ``row``."""
+    outer = row if isinstance(row, dict) else {}
     if node.alias is not None and META_KEY in outer:
         # The subquery's own rows replace META_KEY: the enclosing alias's stays readable.
         outer = {**outer, outer_meta_name(node.alias): outer[META_KEY]}
-    return run(node.bound, outer, params)
+    return outer
 
 
 def _exists(node: Exists, env: Env) -> Any:

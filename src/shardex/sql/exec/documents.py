@@ -204,20 +204,26 @@ class DocumentAccess:
                 break
             if attempt:
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+            # The state once per attempt: each docid's owner is a lookup in it.
+            state = await self.view.state(fresh=attempt > 0)
             groups: dict[str, list[str]] = {}
             for d in todo:
-                groups.setdefault(await self._owner(keyspace, d, fresh=attempt > 0), []).append(d)
+                groups.setdefault(self._owner_in(state, keyspace, d), []).append(d)
             requests = [
                 (address, chunk[i : i + GET_MANY_CHUNK])
                 for address, chunk in groups.items()
                 for i in range(0, len(chunk), GET_MANY_CHUNK)
             ]
-            replies = await asyncio.gather(
-                *(
-                    self._get_many_at(address, keyspace, ids, with_cas, with_expiry)
-                    for address, ids in requests
+            if len(requests) == 1:  # a point query's one owner: awaited here, no task
+                address, ids = requests[0]
+                replies = [await self._get_many_at(address, keyspace, ids, with_cas, with_expiry)]
+            else:
+                replies = await asyncio.gather(
+                    *(
+                        self._get_many_at(address, keyspace, ids, with_cas, with_expiry)
+                        for address, ids in requests
+                    )
                 )
-            )
             todo = []
             for got, moved, error in replies:
                 found.update(got)

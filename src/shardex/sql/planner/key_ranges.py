@@ -174,11 +174,13 @@ def atom_intervals(atom: KeyAtom, params: Any = None) -> list[Interval]:
 
 
 def _key_intervals(atoms: Sequence[KeyAtom], params: Any) -> list[Interval]:
-    ivs = [Interval(OPEN, True, OPEN, True)]
-    for atom in atoms:
-        ivs = intersect(ivs, atom_intervals(atom, params))
+    # The first atom's intervals as they are (normalised already): intersecting them
+    # with the whole line, as the loop would, only copies them.
+    ivs = atom_intervals(atoms[0], params)
+    for atom in atoms[1:]:
         if not ivs:
             break
+        ivs = intersect(ivs, atom_intervals(atom, params))
     return ivs
 
 

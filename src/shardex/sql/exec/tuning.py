@@ -40,6 +40,9 @@ Every switch defaults to on; turning one off never changes a result, only how it
 * ``leaf_calls``: a statement with leaves on other nodes whose result is small (a LIMIT, or
   rows that fit one reply) asks each leaf by one request and gets its rows in the reply,
   then runs its root here (``leaf_calls.py``). Off: its leaves stream through the protocol.
+* ``point_read``: a request_plus plan run in-process whose index read ends within a few
+  entries, with documents to fetch and a root that passes its rows on, runs its index read,
+  fetch and operators as plain calls (``point_read.py``). Off: it runs its leaf pipeline.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -72,6 +75,7 @@ SWITCHES: Final = (
     "pin_guess",
     "join_exchange",
     "leaf_calls",
+    "point_read",
 )
 METER_QUERIES: Final = 256
 _ALL_ON: Final = dict.fromkeys(SWITCHES, True)

@@ -53,6 +53,7 @@ __all__ = [
     "after_first",
     "drop_unread",
     "high_seqnos_after",
+    "local_rows",
     "root_of_leaves",
     "run_local",
     "speculate",
@@ -158,10 +159,7 @@ async def speculate(
             if wait_for is None:
                 return newest, read
             ts = await index_scan.stable_ts(index_id, partitions, wait_for, timeout)
-            again = await _point(index_scan, documents, memory, local, ts, params)
-            if again is not None:
-                return ts, again
-            return ts, run_local(index_scan, documents, memory, local, ts, params, name)
+            return ts, await local_rows(index_scan, documents, memory, local, ts, params, name)
     chunks = run_local(index_scan, documents, memory, local, newest, params, name)
     first = asyncio.ensure_future(anext(chunks, None))
     try:
@@ -177,12 +175,30 @@ async def speculate(
     return ts, run_local(index_scan, documents, memory, local, ts, params, name)
 
 
+async def local_rows(
+    index_scan: IndexScanServer,
+    documents: DocumentAccess,
+    memory: NodeMemory,
+    local: LocalRun,
+    ts: Timestamp | None,
+    params: Any,
+    name: str,
+) -> AsyncIterator[list[bytes]]:
+    """``run_local``'s rows, by a point read when ``local.plan`` is one (``point_read``) and
+    its entries are few, else by its leaf."""
+    if point_shaped(local.plan, local.dml):
+        read = await _point(index_scan, documents, memory, local, ts, params)
+        if read is not None:
+            return read
+    return run_local(index_scan, documents, memory, local, ts, params, name)
+
+
 async def _point(
     index_scan: IndexScanServer,
     documents: DocumentAccess,
     memory: NodeMemory,
     local: LocalRun,
-    ts: Timestamp,
+    ts: Timestamp | None,
     params: Any,
 ) -> AsyncIterator[list[bytes]] | None:
     """``local``'s rows by ``point_rows`` at ``ts`` (``plan.point`` says so), or the error

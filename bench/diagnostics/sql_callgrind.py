@@ -7,7 +7,10 @@ the cluster of ``sql_profile setup DIR``: the cluster starts (no pipeline), one 
 the case once to learn the node that runs it (``details["node"]``: the route a client
 follows), that node is stopped and started again under ``valgrind --tool=callgrind
 --instr-atstart=no`` with its own config, and is counted (``callgrind_control -i on``) only
-over ``--queries`` queries of the case at request_plus, after a warm-up. Only that node is
+over ``--queries`` queries of the case at request_plus, after a warm-up. It suits a case
+whose replies route the client to one node (the point queries: the index's node, the key's
+owner); a case that runs wherever the client connects may land elsewhere once that node
+restarts, which is reported as such. Only that node is
 counted (the other nodes' share of a point query is their ``HighSeqnos`` and ``GetMany``
 answers). The node's code is the one on ``PYTHONPATH`` (a copy of ``src/`` first for the
 code before a change). The cluster is stopped before the command returns.
@@ -63,11 +66,18 @@ def per_query(base: Path, case: str, n: int) -> float:
                 deadline = time.monotonic() + 600  # a node under valgrind starts slowly
                 while True:
                     try:
-                        if run(client, 0) == name:
-                            break
+                        ran_at = run(client, 0)
                     except Exception:
                         if time.monotonic() > deadline:
                             raise
+                    else:
+                        if ran_at == name:
+                            break
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(
+                                f"{case} runs on {ran_at}, not on {name} under valgrind: "
+                                "only a case whose replies route it to one node can be counted"
+                            )
                     time.sleep(1)
                 for k in range(WARM):
                     run(client, k)

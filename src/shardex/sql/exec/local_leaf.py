@@ -12,6 +12,10 @@ from the plan as objects (``PhysicalPlan.leaf_spec``: nothing encoded into a fra
 and decoded back), and a rows plan's root, which would pass the leaf's encoded rows on as they
 are, is just that (``fragments.concatenated``).
 
+A plan whose index read finds a few entries to fetch skips even that: ``point_read`` reads,
+fetches and projects them as plain calls (``local_rows``, and at request_plus in
+``speculate``), falling back to the leaf when the entries are more.
+
 A client that sends a statement to the node its plan reads (the routing hint in
 ``SqlStarted.details``) gets this path on every later execution.
 

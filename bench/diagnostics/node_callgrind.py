@@ -15,6 +15,7 @@ plaintext cluster, then a TLS one: read the TLS/plain ratio. The node's code is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ KEYSPACE = "cg"
 DOCS = 2000
 
 
-def _stop(pid_file: Path) -> None:
+def stop_node(pid_file: Path) -> None:
     pid = int(pid_file.read_text())
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 60
@@ -66,21 +68,9 @@ def count(base: Path, tls: bool, gets: int) -> float:
         node = cdir / "node1"
         config = (node / "node.toml").read_text()
         port = next(ln.split("=")[1].strip() for ln in config.splitlines() if ln.startswith("port"))
-        _stop(node / "node.pid")
+        stop_node(node / "node.pid")
         out = Path(tempfile.mkdtemp(prefix="node-callgrind-"))
-        env = dict(os.environ)
-        env.pop("SHARDEX_SECRET", None)
-        cmd = ["valgrind", "-q", "--tool=callgrind", "--instr-atstart=no"]
-        cmd += [f"--callgrind-out-file={out}/cg.%p", sys.executable, "-m", "shardex.cli.node"]
-        vg = subprocess.Popen(
-            [*cmd, "--config", str(node / "node.toml")],
-            cwd=node,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        vg = start_under_callgrind(node, out)
         try:
             with connect_local(cdir, name="node-callgrind") as client:
                 ks = client.keyspace(KEYSPACE)
@@ -97,25 +87,53 @@ def count(base: Path, tls: bool, gets: int) -> float:
                         time.sleep(1)
                 for i in range(300):  # warm, not counted
                     ks.get(mine[i % len(mine)])
-                control = ["callgrind_control"]
-                subprocess.run([*control, "-i", "on", str(vg.pid)], check=True, capture_output=True)
-                for i in range(gets):
-                    ks.get(mine[i % len(mine)])
-                subprocess.run(
-                    [*control, "-i", "off", str(vg.pid)], check=True, capture_output=True
-                )
-                subprocess.run([*control, "--dump", str(vg.pid)], check=True, capture_output=True)
+                with counting(vg.pid):
+                    for i in range(gets):
+                        ks.get(mine[i % len(mine)])
         finally:
             os.killpg(vg.pid, signal.SIGTERM)
             vg.wait(120)
-        total = sum(
-            int(line.split()[1])
-            for path in out.glob("cg.*")
-            for line in path.read_text().splitlines()
-            if line.startswith("totals:")
-        )
-        shutil.rmtree(out, ignore_errors=True)
-        return total / gets
+        return counted(out) / gets
+
+
+def start_under_callgrind(node: Path, out: Path) -> subprocess.Popen[bytes]:
+    """The node of directory ``node`` (stopped) started again under callgrind with its own
+    config, counting nothing until ``counting``; its counts go to files in ``out``."""
+    env = dict(os.environ)
+    env.pop("SHARDEX_SECRET", None)
+    cmd = ["valgrind", "-q", "--tool=callgrind", "--instr-atstart=no"]
+    cmd += [f"--callgrind-out-file={out}/cg.%p", sys.executable, "-m", "shardex.cli.node"]
+    return subprocess.Popen(
+        [*cmd, "--config", str(node / "node.toml")],
+        cwd=node,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+@contextlib.contextmanager
+def counting(pid: int) -> Iterator[None]:
+    """Callgrind counts the process ``pid`` while the block runs, dumped at its end."""
+    control = ["callgrind_control"]
+    subprocess.run([*control, "-i", "on", str(pid)], check=True, capture_output=True)
+    yield
+    subprocess.run([*control, "-i", "off", str(pid)], check=True, capture_output=True)
+    subprocess.run([*control, "--dump", str(pid)], check=True, capture_output=True)
+
+
+def counted(out: Path) -> int:
+    """Instructions counted in the callgrind files of ``out`` (removed)."""
+    total = sum(
+        int(line.split()[1])
+        for path in out.glob("cg.*")
+        for line in path.read_text().splitlines()
+        if line.startswith("totals:")
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -556,6 +556,29 @@ def test_request_plus_in_process_sees_every_write_acknowledged_before_it(env: En
 
 
 @pytest.mark.timeout(600)
+def test_request_plus_point_read_sees_every_write_acknowledged_before_it(env: Env) -> None:
+    """A statement whose index span finds a few entries on the node it runs on reads them,
+    fetches and projects as plain calls (``details["point"]``, no leaf pipeline); right
+    after a write its newest snapshot does not cover it, and it must read again at one that
+    does, never answer from the older one. Switched off, the leaf answers the same."""
+    sql = f"SELECT META().id AS id, n FROM {KS} WHERE city = $1 AND score = $2"
+    ks = env.client.keyspace(KS)
+    list(env.client.query(sql, ["kyiv", -1]))  # learn the route: later runs are in-process
+    for i in range(6):
+        docid, score = f"point{i}", 5_000 + i
+        ks.upsert(docid, {"city": "kyiv", "score": score, "n": i, "name": "zed"})
+        rows = env.client.query(sql, ["kyiv", score])
+        assert list(rows) == [{"id": docid, "n": i}], i
+        assert rows.metrics.details["local"] and rows.metrics.details["point"], i
+        off = env.client.query(sql, ["kyiv", score], tuning={"point_read": False})
+        assert list(off) == [{"id": docid, "n": i}], i
+        assert off.metrics.details["local"] and not off.metrics.details["point"], i
+        ks.delete(docid)
+        rows = env.client.query(sql, ["kyiv", score])
+        assert list(rows) == [] and rows.metrics.details["point"], i
+
+
+@pytest.mark.timeout(600)
 def test_request_plus_over_several_leaves_sees_every_write_acknowledged_before_it(
     env: Env,
 ) -> None:

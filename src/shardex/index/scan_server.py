@@ -343,6 +343,31 @@ class IndexScanServer:
             async for block in self._blocks(entries, block_rows):
                 yield block
 
+    def read_local_now(
+        self,
+        index_id: str,
+        partitions: list[int],
+        spans: list[Any] | None,
+        snapshot_ts: Timestamp | None,
+        most: int,
+    ) -> list[bytes] | None:
+        """Every raw entry ``read_local`` would yield (unordered), read in this call on the
+        loop, when there are at most ``most`` (a point query's few) and no slice lock is
+        held elsewhere; None otherwise, ``read_local`` then reads them. The storage read
+        stops after ``most + 1`` entries. Errors as ``read_local``'s."""
+        slices = self._slices(index_id, partitions)
+        limit = most + 1
+        opened, entries = self._try_inline(
+            slices,
+            functools.partial(open_entries, slices, spans, snapshot_ts, limit, False, limit),
+        )
+        if not opened or entries is None:
+            return None
+        block = entries.take(limit, INLINE_BYTES)
+        if len(block) > most or not entries.exhausted():
+            return None
+        return block
+
 
 def _check_state(s: Any, node: str) -> None:
     state = getattr(s, "state", "")

@@ -24,6 +24,7 @@ import pytest
 from shardex.api.delivery import Stabilised, StabiliseSlices
 from shardex.api.scan import ScanSlices
 from shardex.api.scan_streams import OutStreams
+from shardex.api.spans import encode_spans, to_user_spans
 from shardex.client import connect
 from shardex.client.scan import _EntryRows
 from shardex.core.keycodec import decode_entry, encode_entry
@@ -194,6 +195,42 @@ async def test_a_held_slice_lock_sends_the_read_to_the_pool_not_the_loop(env: En
         await asyncio.to_thread(holder.join)
     got = await scan  # ... and the scan completes once the lock is free
     assert as_rows(got) == oracle_rows(env.defs["by_city"], env.ks.documents_at(ts), None)
+
+
+async def test_a_point_read_takes_few_entries_on_the_loop_and_leaves_more_to_read_local(
+    env: Env,
+) -> None:
+    """``read_local_now`` (a SQL point read's index read): the very entries ``read_local``
+    yields when they are at most ``most``; None past that, and None while a slice lock is
+    held elsewhere (the read must not block the loop)."""
+    ts = await env.round(random.Random(15), 300)
+    server = env.nodes["n1"].scan_server
+    defn = env.defs["by_city"]
+    parts = sorted(p for p, n in env.placement[defn.id].items() if n == "n1")
+    for spans in (None, [{"low": ["lima"], "high": ["lima"]}]):
+        enc = encode_spans(to_user_spans(spans), defn) if spans else None
+        blocks = server.read_local(defn.id, parts, enc, ts, ordered=False)
+        want = [e async for block in blocks for e in block]
+        assert len(want) > 1, spans
+        assert server.read_local_now(defn.id, parts, enc, ts, len(want)) == want
+        assert server.read_local_now(defn.id, parts, enc, ts, len(want) + 5) == want
+        assert server.read_local_now(defn.id, parts, enc, ts, len(want) - 1) is None
+    held = server.host.engine.slice(defn.id, parts[0])
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with held.lock:
+            locked.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        await asyncio.to_thread(locked.wait, 10)
+        assert server.read_local_now(defn.id, parts, None, ts, 10_000) is None
+    finally:
+        release.set()
+        await asyncio.to_thread(holder.join)
 
 
 def test_rows_decode_each_distinct_key_once_and_own_their_key_lists() -> None:

@@ -228,12 +228,16 @@ class DocumentAccess:
                 for address, chunk in groups.items()
                 for i in range(0, len(chunk), GET_MANY_CHUNK)
             ]
-            replies = await asyncio.gather(
-                *(
-                    self._get_many_at(address, keyspace, ids, with_cas, with_expiry)
-                    for address, ids in requests
+            if len(requests) == 1:  # a point query's one owner: awaited here, no task
+                address, ids = requests[0]
+                replies = [await self._get_many_at(address, keyspace, ids, with_cas, with_expiry)]
+            else:
+                replies = await asyncio.gather(
+                    *(
+                        self._get_many_at(address, keyspace, ids, with_cas, with_expiry)
+                        for address, ids in requests
+                    )
                 )
-            )
             todo = []
             for got, moved, error in replies:
                 found.update(got)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "concatenated",
+    "fetched_scopes",
     "leaf_pipeline",
     "lookup_rows",
     "lookup_scopes",
@@ -187,8 +188,7 @@ async def run_leaf(
                 metas = await documents.get_many_meta(keyspace, docids)
                 yield [{alias: doc, META_KEY: m} for _, doc, m in metas]
                 continue
-            docs = await fetch(keyspace, docids)
-            yield [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
+            yield fetched_scopes(alias, await fetch(keyspace, docids))
 
     sub_fetch = blocking_fetch(documents, asyncio.get_running_loop())
     with memory.fragment(query, spec.budget, spec.spill) as mem:
@@ -224,6 +224,11 @@ async def run_leaf(
         async with contextlib.aclosing(batches):
             async for batch in batches:
                 yield batch
+
+
+def fetched_scopes(alias: str, docs: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """A leaf's scope rows of the documents it fetched (``(docid, document)``)."""
+    return [{alias: doc, META_KEY: {"id": docid}} for docid, doc in docs]
 
 
 async def root_pipeline(

@@ -12,6 +12,10 @@ from the plan as objects (``PhysicalPlan.leaf_spec``: nothing encoded into a fra
 and decoded back), and a rows plan's root, which would pass the leaf's encoded rows on as they
 are, is just that (``fragments.concatenated``).
 
+A plan whose index read finds a few entries to fetch skips even that: ``point_read`` reads,
+fetches and projects them as plain calls (``local_rows``, and at request_plus in
+``speculate``), falling back to the leaf when the entries are more.
+
 A client that sends a statement to the node its plan reads (the routing hint in
 ``SqlStarted.details``) gets this path on every later execution.
 
@@ -40,6 +44,8 @@ from shardex.sql.exec.documents import DocumentAccess
 from shardex.sql.exec.fragments import concatenated, root_pipeline, run_leaf
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.plan import PhysicalPlan
+from shardex.sql.exec.point_read import point_rows, point_shaped
+from shardex.sql.exec.reply import once
 from shardex.sql.exec.rows import cell_chunks
 
 if TYPE_CHECKING:
@@ -51,6 +57,7 @@ __all__ = [
     "after_first",
     "drop_unread",
     "high_seqnos_after",
+    "local_rows",
     "root_of_leaves",
     "run_local",
     "speculate",
@@ -144,6 +151,19 @@ async def speculate(
     except BaseException:
         _close(seqnos)
         raise
+    if point_shaped(plan, local.dml):
+        # Read in this task while the round is out: no task, no generators.
+        try:
+            read = await _point(index_scan, documents, memory, local, newest, params)
+        except BaseException:
+            _close(seqnos)
+            raise
+        if read is not None:
+            wait_for = _not_covered(newest, await seqnos)
+            if wait_for is None:
+                return newest, read
+            ts = await index_scan.stable_ts(index_id, partitions, wait_for, timeout)
+            return ts, await local_rows(index_scan, documents, memory, local, ts, params, name)
     chunks = run_local(index_scan, documents, memory, local, newest, params, name)
     first = asyncio.ensure_future(anext(chunks, None))
     try:
@@ -151,16 +171,72 @@ async def speculate(
     except BaseException:
         await drop_unread(first, chunks)
         raise
-    # An index that caught up holds exactly the high seqnos: one C-level comparison of
-    # the entries, no ``Timestamp`` built (``scan_ts.covers_seqnos``).
-    if newest.to_wire().items() >= high.items():
-        return newest, after_first(first, chunks)
-    wait_for = Timestamp.from_wire(high)
-    if newest.covers(wait_for):
+    wait_for = _not_covered(newest, high)
+    if wait_for is None:
         return newest, after_first(first, chunks)
     await drop_unread(first, chunks)
     ts = await index_scan.stable_ts(index_id, partitions, wait_for, timeout)
     return ts, run_local(index_scan, documents, memory, local, ts, params, name)
+
+
+async def local_rows(
+    index_scan: IndexScanServer,
+    documents: DocumentAccess,
+    memory: NodeMemory,
+    local: LocalRun,
+    ts: Timestamp | None,
+    params: Any,
+    name: str,
+) -> AsyncIterator[list[bytes]]:
+    """``run_local``'s rows, by a point read when ``local.plan`` is one (``point_read``) and
+    its entries are few, else by its leaf."""
+    if point_shaped(local.plan, local.dml):
+        read = await _point(index_scan, documents, memory, local, ts, params)
+        if read is not None:
+            return read
+    return run_local(index_scan, documents, memory, local, ts, params, name)
+
+
+async def _point(
+    index_scan: IndexScanServer,
+    documents: DocumentAccess,
+    memory: NodeMemory,
+    local: LocalRun,
+    ts: Timestamp | None,
+    params: Any,
+) -> AsyncIterator[list[bytes]] | None:
+    """``local``'s rows by ``point_rows`` at ``ts`` (``plan.point`` says so), or the error
+    that ends them after the reply, as a leaf's first chunk's error would; None when its
+    leaf must run instead."""
+    plan = local.plan
+    plan.point = False
+    try:
+        cells = await point_rows(
+            index_scan, documents, memory, plan, ts, params, local.budget, local.spill
+        )
+    except Exception as exc:
+        return _raising(exc)
+    if cells is None:
+        return None
+    plan.point = True
+    return once(cells)
+
+
+def _not_covered(newest: Timestamp, high: Mapping[int, tuple[int, int]]) -> Timestamp | None:
+    """None when the snapshot at ``newest`` covers the high seqnos ``high`` (a wire dict),
+    else what a covering snapshot must cover."""
+    # An index that caught up holds exactly the high seqnos: one C-level comparison of
+    # the entries, no ``Timestamp`` built (``scan_ts.covers_seqnos``).
+    if newest.to_wire().items() >= high.items():
+        return None
+    wait_for = Timestamp.from_wire(high)
+    return None if newest.covers(wait_for) else wait_for
+
+
+async def _raising(exc: Exception) -> AsyncIterator[list[bytes]]:
+    """Rows that end in ``exc`` at once: a first chunk's error, after the reply."""
+    raise exc
+    yield []  # an async generator
 
 
 def _close(aw: Awaitable[Any]) -> None:

@@ -121,6 +121,7 @@ class PhysicalPlan:
     late: bool = False  # leaves send sort keys and docids; the root fetches (decision 0111)
     guessed: Timestamp | None = None  # request_plus read at the TS pinned last (``pin_guess``)
     called: bool = False  # leaves asked by request and reply (``leaf_calls``), not streamed
+    point: bool = False  # its one local leaf read as plain calls (``point_read``)
     # A join statement (``mode`` "join"): its side statements and join methods, run at the
     # initiator (``join_run``), and how EXPLAIN plans a side statement (each runs as a
     # SELECT of its own, planned when it starts).

@@ -73,7 +73,7 @@ from shardex.sql.exec.failover import (
 from shardex.sql.exec.join_start import start_join
 from shardex.sql.exec.key_lookup import KeyLookups
 from shardex.sql.exec.leaf_calls import LeafCalls, SeqnoRide
-from shardex.sql.exec.local_leaf import LocalRun, high_seqnos_after, run_local, speculate
+from shardex.sql.exec.local_leaf import LocalRun, high_seqnos_after, local_rows, speculate
 from shardex.sql.exec.memory import NodeMemory
 from shardex.sql.exec.pin_guess import PinGuesses
 from shardex.sql.exec.plan import (
@@ -503,7 +503,8 @@ class SqlService:
                 p.query_id = str(self.query.new_query_id())
                 p.local = True
                 here = LocalRun(p, sql, dml, self.quota(msg), msg.spill)
-                chunks = run_local(local, self.documents, self.memory, here, ts, params, p.query_id)
+                docs, memory = self.documents, self.memory
+                chunks = await local_rows(local, docs, memory, here, ts, params, p.query_id)
             elif self.calls.wanted(p, sql, dml):  # a small result: leaves by request and reply
                 q = self.query.new_query_id()
                 p.query_id, p.called = str(q), True

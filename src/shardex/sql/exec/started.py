@@ -45,6 +45,7 @@ def started_reply(
             "local": plan.local,
             "guessed": plan.guessed is not None,
             "calls": plan.called,
+            "point": plan.point,
             "node": node,
             # A join statement: joined between fragments ("hash") or at the initiator.
             **({"join": plan.join.ran or "initiator"} if plan.join is not None else {}),

@@ -40,6 +40,9 @@ Every switch defaults to on; turning one off never changes a result, only how it
 * ``leaf_calls``: a statement with leaves on other nodes whose result is small (a LIMIT, or
   rows that fit one reply) asks each leaf by one request and gets its rows in the reply,
   then runs its root here (``leaf_calls.py``). Off: its leaves stream through the protocol.
+* ``point_read``: a request_plus plan run in-process whose index read ends within a few
+  entries, with documents to fetch and a root that passes its rows on, runs its index read,
+  fetch and operators as plain calls (``point_read.py``). Off: it runs its leaf pipeline.
 
 Also here: ``BoundedMeter``, the node's ``ExchangeMeter`` that keeps the streams of the last
 ``METER_QUERIES`` queries only (a real node runs queries forever).
@@ -72,15 +75,25 @@ SWITCHES: Final = (
     "pin_guess",
     "join_exchange",
     "leaf_calls",
+    "point_read",
 )
 METER_QUERIES: Final = 256
+_ALL_ON: Final = dict.fromkeys(SWITCHES, True)
 
 
 def check_tuning(tuning: Mapping[str, bool] | None) -> dict[str, bool]:
     """Every switch with its value (unnamed ones on); BAD_REQUEST for an unknown name or a
-    value that is not a boolean."""
-    out = dict.fromkeys(SWITCHES, True)
-    for name, value in (tuning or {}).items():
+    value that is not a boolean. A new dict each call: callers may change theirs."""
+    if not tuning:  # what nearly every statement carries: no check to make
+        return dict(_ALL_ON)
+    if (
+        type(tuning) is dict
+        and tuning.keys() == _ALL_ON.keys()
+        and {*map(type, tuning.values())} == {bool}
+    ):  # checked already (a plan's switches planned again): C-level checks, no loop
+        return dict(tuning)
+    out = dict(_ALL_ON)
+    for name, value in tuning.items():
         if name not in out:
             raise ShardexError(
                 f"unknown tuning switch {name!r}",

@@ -40,6 +40,10 @@ class _Open:
 
 
 OPEN: Any = _Open()
+# Values equal to themselves under ``compare_values`` whatever they hold (a float may be
+# NaN; arrays and objects may hold one): an interval with one such object at both ends is
+# a point without comparing.
+_SELF_EQUAL: Any = frozenset({str, int, bool, type(None)})
 _ABOVE_NULL = "above-null"  # an interval end just above NULL (exclusive NULL)
 
 
@@ -51,6 +55,8 @@ class Interval:
     high_inclusive: bool
 
     def is_point(self) -> bool:
+        if self.low is self.high and type(self.low) in _SELF_EQUAL:  # ``k = $1``: no compare
+            return self.low_inclusive and self.high_inclusive
         return (
             self.low is not OPEN
             and self.high is not OPEN
@@ -83,6 +89,8 @@ def _cmp_high(a: Interval, b: Interval) -> int:
 def _empty(iv: Interval) -> bool:
     if iv.low is OPEN or iv.high is OPEN:
         return False
+    if iv.low is iv.high and type(iv.low) in _SELF_EQUAL:  # one value at both ends
+        return not (iv.low_inclusive and iv.high_inclusive)
     c = compare_values(iv.low, iv.high)
     return c > 0 or (c == 0 and not (iv.low_inclusive and iv.high_inclusive))
 
@@ -174,11 +182,13 @@ def atom_intervals(atom: KeyAtom, params: Any = None) -> list[Interval]:
 
 
 def _key_intervals(atoms: Sequence[KeyAtom], params: Any) -> list[Interval]:
-    ivs = [Interval(OPEN, True, OPEN, True)]
-    for atom in atoms:
-        ivs = intersect(ivs, atom_intervals(atom, params))
+    # The first atom's intervals as they are (normalised already): intersecting them
+    # with the whole line, as the loop would, only copies them.
+    ivs = atom_intervals(atoms[0], params)
+    for atom in atoms[1:]:
         if not ivs:
             break
+        ivs = intersect(ivs, atom_intervals(atom, params))
     return ivs
 
 

@@ -100,6 +100,8 @@ class HttpServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port: int | None = None
+        # requests by where they were read: whole in the receive callback, or by the reader
+        self.read = {"receive": 0, "reader": 0}
 
     @property
     def open_connections(self) -> int:
@@ -191,6 +193,7 @@ class HttpServer:
                     return
                 if req is None:
                     return
+                self.read["reader"] += 1
                 taken = None
             resp = Response(writer, self.limits, keep_alive=req.keep_alive)
             await self._route(req, resp, peer, taken)
@@ -209,6 +212,7 @@ class HttpServer:
         if req is None:
             return None
         t0 = time.perf_counter()
+        self.read["receive"] += 1
         if req.method != "POST" or req.path != QUERY_PATH:
             return Received(req, t0)
         authorization = req.headers.get("authorization")

@@ -40,7 +40,7 @@ from shardex.node.http.n1ql_errors import (
     of_shardex,
 )
 from shardex.node.http.n1ql_request import QueryRequest, query_request
-from shardex.node.http.route_headers import route_headers
+from shardex.node.http.route_headers import headers_of, route_headers
 from shardex.node.http.wire import Request, Response, response_head
 from shardex.sql.exec.service import SqlService
 from shardex.sql.exec.statement_checks import MAX_TIMEOUT
@@ -179,8 +179,11 @@ class QueryHttpService:
                 try:
                     async with contextlib.aclosing(chunks):
                         env.statement(started.statement, started.mutation_count)
-                        env.headers = route_headers(started.details, self._address())
-                        self._key_lookups.learn(q.statement, started.details, "")
+                        # the hint's headers; a key lookup's text is then tried on receive
+                        route = self._key_lookups.learn(
+                            q.statement, started.details, self._address()
+                        )
+                        env.headers = headers_of(route)
                         async for cells in chunks:
                             await env.rows(cells)
                             if active.cancelled:  # a cancel some await below swallowed

@@ -327,10 +327,12 @@ class Response:
         await self._drain()
 
     async def _drain(self) -> None:
-        if self._transport is not None and not self._transport.get_write_buffer_size():
+        t = self._transport
+        if t is not None and not t.get_write_buffer_size():
             # all of it went to the socket: the drain cannot wait (it only reports a lost
-            # connection), so no deadline is armed for it
-            await self._writer.drain()
+            # connection, whose transport is closing), so no deadline is armed for it
+            if t.is_closing():
+                await self._writer.drain()
             return
         # asyncio.timeout (see read_request): a DELETE of the request cancels this wait.
         try:

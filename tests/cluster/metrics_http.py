@@ -14,7 +14,11 @@ def scrape(port: int, auth: dict[str, str]) -> Samples:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=auth)
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = resp.read().decode()
+        return samples(resp.read().decode())
+
+
+def samples(text: str) -> Samples:
+    """The samples of a ``/metrics`` text."""
     out: Samples = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:

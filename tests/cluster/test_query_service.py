@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from cluster_helpers import LocalCluster, free_base_port, kill_leftovers, run_cli, wait_for
 from data_helpers import running_cluster
-from metrics_http import scrape, value
+from metrics_http import samples, scrape, value
 from n1ql_http import (
     Answer,
     KeepAlive,
@@ -327,6 +327,74 @@ def test_a_keep_alive_connection_serves_everything_else_as_before(env: Env) -> N
         lines, body = conn.post(env.auth, {"statement": st, "args": [mine[2]]})
         assert json.loads(body)["results"] == [DOCS[mine[2]]["name"]]
         assert _served(env) == (before[0] + 1, before[1] + 12)
+    finally:
+        conn.close()
+
+
+def _read(conn: KeepAlive, env: Env) -> tuple[float, float]:
+    """The node's HTTP requests read whole in the receive callback and by the reader,
+    scraped on ``conn`` (the scrape is one of the first: it counts itself)."""
+    conn.send(
+        f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{env.port}\r\n"
+        f"Authorization: {env.auth['Authorization']}\r\n\r\n".encode()
+    )
+    s = samples(conn.response()[1].decode())
+    name = "shardex_http_requests_read_total"
+    return value(s, name, by="receive"), value(s, name, by="reader")
+
+
+def _bare_lf(request: bytes) -> bytes:
+    """``request`` with its head's lines ended by a bare LF: read by the stream reader."""
+    head, body = request.split(b"\r\n\r\n", 1)
+    return head.replace(b"\r\n", b"\n") + b"\n\n" + body
+
+
+def test_a_request_parsed_on_receive_is_answered_as_one_read_by_the_reader(env: Env) -> None:
+    """A whole request taken in the receive callback and handed to the connection's task
+    parsed (its parameters and remembered user) is answered as the same request read by the
+    stream reader: statements that are not key lookups, another node's key, each kind of
+    error, a login and a remembered one refused a privilege, an active-requests listing."""
+    theirs = _keys_of(env, "node1", sorted(DOCS))[0]
+    rows = [{"a": 2, "b": "x"}, {"a": 1, "b": "y"}]
+    cases: list[tuple[dict[str, str], dict[str, Any]]] = [
+        (env.auth, {"statement": "SELECT x.a, $2 AS c FROM ($1) AS x ORDER BY x.a",
+                    "args": [rows, "z"], "client_context_id": "ctx-hand"}),
+        (env.auth, {"statement": "SELECT RAW x FROM ($xs) AS x", "$xs": [3, 1], "metrics": False,
+                    "signature": False, "timeout": "10s", "scan_consistency": "request_plus"}),
+        (env.auth, {"statement": f"SELECT name FROM {KS} USE KEYS $1", "args": [theirs]}),
+        (env.auth, {"statement": "SELECT 1", "bogus": 1}),
+        (env.auth, {"statement": "SELEC 1"}),
+        (env.auth, {"statement": "SELECT $1 AS a"}),
+        (env.auth, {"statement": f"UPSERT INTO {KS} (KEY, VALUE) VALUES ('r', {{}})",
+                    "readonly": True}),
+        (env.reader, {"statement": f"SELECT name FROM {KS} USE KEYS $1", "args": [theirs]}),
+        (env.reader, {"statement": f"SELECT name FROM {KS} USE KEYS $1", "args": [theirs]}),
+    ]  # fmt: skip
+    conn = KeepAlive(env.port)
+    try:
+        # a connection's first request can come before its task waits for one: the reader's
+        conn.post(env.auth, {"statement": "SELECT 1"})
+        for auth, params in cases:
+            before = _read(conn, env)
+            quick = conn.post(auth, params)
+            slow_request = _bare_lf(post_bytes(env.port, auth, params))
+            conn.send(slow_request)
+            slow = conn.response()
+            # this request (and the scrape) read whole on receive, the bare-LF one by the reader
+            assert _read(conn, env) == (before[0] + 2, before[1] + 1), params
+            assert quick[0][0] == slow[0][0], (params, quick, slow)
+            assert _masked(*quick) == _masked(*slow), params
+        listing = post_bytes(env.port, env.auth, {}).replace(
+            b"POST /query/service", b"GET /admin/active_requests"
+        )
+        conn.send(listing)
+        quick = conn.response()
+        conn.send(_bare_lf(listing))
+        slow = conn.response()
+        assert quick[1] == slow[1] == b"[]"
+        assert [x for x in quick[0] if not x.startswith("Connection")] == [
+            x for x in slow[0] if not x.startswith("Connection")
+        ]
     finally:
         conn.close()
 

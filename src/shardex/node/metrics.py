@@ -407,6 +407,13 @@ class NodeCollector(Collector):
                 "served",
                 http.query.served.items(),
             )
+            yield counts(
+                "shardex_http_requests_read",
+                "HTTP requests by where they were read: whole in the connection's receive "
+                "callback (parsed once) or by its stream reader (in parts, pipelined)",
+                "by",
+                http.read.items(),
+            )
 
 
 class NodeMetrics:

@@ -4,6 +4,7 @@ the URL, a form body or a JSON body, with each mistake's N1QL code."""
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -119,3 +120,38 @@ def test_bad_durations_name_the_value(text: str) -> None:
 def test_a_zero_timeout_means_the_longest() -> None:
     q = query_request(as_json({"statement": "s", "timeout": "0s"}))
     assert q.timeout == 0.0 and q.timeout_text == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        b'["a", 1, -0.0, 1.5e-400, 12345678901234567890123, {"b": [null, true]}]',
+        b"[1e400, NaN, -Infinity]",  # json's own extensions: msgspec declines them
+        b'["\\ud800"]',  # a lone surrogate
+        b'["\\u00e9\\u2028", 0.1, 1E2]',
+    ],
+)
+def test_a_json_body_decodes_to_json_loads_values(args: bytes) -> None:
+    body = b'{"statement": "SELECT $1", "args": ' + args + b"}"
+    q = query_request(req(body, "application/json"))
+    assert repr(q.params) == repr(json.loads(body)["args"])
+    # the same values from a form's args (JSON text)
+    assert repr(query_request(req(b"statement=s&args=" + quote(args))).params) == repr(q.params)
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"statement": "SELECT 1",}', b'{"statement": "SELECT 1"', b"\xff", b"[1, 2"]
+)
+def test_a_bad_json_body_names_json_loads_error(body: bytes) -> None:
+    with pytest.raises(N1qlError) as e:
+        query_request(req(body, "application/json"))
+    try:
+        json.loads(body)
+    except (ValueError, UnicodeDecodeError) as expected:
+        assert e.value.msg == f"Error processing JSON request body: {expected}"
+    else:
+        raise AssertionError(f"{body!r} is JSON")
+
+
+def quote(data: bytes) -> bytes:
+    return urllib.parse.quote_from_bytes(data).encode()

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 import pytest
 
 from shardex.node.http.envelope import Envelope, go_duration
 from shardex.node.http.n1ql_errors import N1qlError
+from shardex.node.http.query_service import request_uuid
 from shardex.node.http.wire import HttpError, Limits, Response, read_request, whole_request
 from shardex.sql.exec.rows import encode_row
 
@@ -283,3 +285,11 @@ async def test_the_envelope_text_of_a_success_is_json_dumps_text() -> None:
             tail["metrics"] = m
         want = json.dumps(head)[:-1] + ',\n"results": [\n{"a":1}\n],\n' + json.dumps(tail)[1:]
         assert body == want + "\n"
+
+
+def test_request_ids_are_random_uuids_as_uuid4_writes_them() -> None:
+    ids = {request_uuid() for _ in range(1000)}
+    assert len(ids) == 1000
+    for text in ids:
+        u = uuid.UUID(text)
+        assert (str(u), u.version, u.variant) == (text, 4, uuid.RFC_4122)

@@ -19,8 +19,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -40,7 +40,7 @@ from shardex.node.http.n1ql_errors import (
     of_shardex,
 )
 from shardex.node.http.n1ql_request import QueryRequest, query_request
-from shardex.node.http.route_headers import route_headers
+from shardex.node.http.route_headers import headers_of, route_headers
 from shardex.node.http.wire import Request, Response, response_head
 from shardex.sql.exec.service import SqlService
 from shardex.sql.exec.statement_checks import MAX_TIMEOUT
@@ -48,7 +48,7 @@ from shardex.sql.exec.statements import parsed
 from shardex.sql.syntax import ExplainStmt, SelectStmt
 from shardex.sql.syntax.ast import SetOpStmt, WithStmt
 
-__all__ = ["ActiveRequest", "QueryHttpService"]
+__all__ = ["ActiveRequest", "QueryHttpService", "Received"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,16 @@ Authorizer = Callable[[Principal, Message], None]
 # A request's end status -> the SQL service's statement outcome (``StatementStats``).
 _OUTCOMES = {"success": "success", "timeout": "timeout", "stopped": "cancelled"}
 JSON: Final = "application/json"
+
+
+@dataclasses.dataclass(slots=True)
+class Received:
+    """A request parsed whole in the connection's receive callback, for its task."""
+
+    req: Request
+    t0: float  # time.perf_counter() when it was taken
+    principal: Principal | None = None  # its user, when basic auth remembered its header
+    query: QueryRequest | N1qlError | None = None  # a query's parameters, parsed
 
 
 @dataclasses.dataclass
@@ -110,15 +120,27 @@ class QueryHttpService:
 
     # --- POST /query/service ------------------------------------------------------------
 
-    async def query(self, req: Request, resp: Response, principal: Principal) -> None:
-        t0 = time.perf_counter()  # metrics: the loop's clock counts whole milliseconds
-        request_id = str(uuid.uuid4())
-        self.served["task"] += 1
+    def parameters(self, req: Request) -> QueryRequest | N1qlError:
+        """The query request's parameters (``query_request``), or the error they are."""
         try:
-            q = query_request(req)
+            return query_request(req)
         except N1qlError as e:
+            return e
+
+    async def query(
+        self, req: Request, resp: Response, principal: Principal, taken: Received | None = None
+    ) -> None:
+        """``taken``: the request as the receive callback parsed it (from when it was taken,
+        with its parameters); else it is parsed here."""
+        if taken is not None and taken.query is not None:
+            t0, q = taken.t0, taken.query  # metrics: the loop's clock counts whole milliseconds
+        else:
+            t0, q = time.perf_counter(), self.parameters(req)
+        request_id = request_uuid()
+        self.served["task"] += 1
+        if isinstance(q, N1qlError):
             self._sql.stats.end_as(t0, "error")  # refused, as the RPC path's bad requests
-            await Envelope(resp, request_id, None).finish([e], time.perf_counter() - t0, None)
+            await Envelope(resp, request_id, None).finish([q], time.perf_counter() - t0, None)
             return
         if req.method == "GET":
             q.readonly = True  # as Couchbase: a GET never writes
@@ -157,8 +179,11 @@ class QueryHttpService:
                 try:
                     async with contextlib.aclosing(chunks):
                         env.statement(started.statement, started.mutation_count)
-                        env.headers = route_headers(started.details, self._address())
-                        self._key_lookups.learn(q.statement, started.details, "")
+                        # the hint's headers; a key lookup's text is then tried on receive
+                        route = self._key_lookups.learn(
+                            q.statement, started.details, self._address()
+                        )
+                        env.headers = headers_of(route)
                         async for cells in chunks:
                             await env.rows(cells)
                             if active.cancelled:  # a cancel some await below swallowed
@@ -189,20 +214,17 @@ class QueryHttpService:
         now = time.perf_counter()
         await env.finish(errors, now - active.started, None if t_exec is None else now - t_exec)
 
-    def answer_now(self, req: Request, principal: Principal) -> bytes | None:
-        """The whole response to ``req``, a POST, when its statement is answered in this
-        loop turn (``SqlService.answer_now``: a key lookup whose documents are all on this
-        node), made in the connection's receive callback: the same checks and envelope as
-        ``query``, without its task, deadlines and request bookkeeping (nothing could list
-        or cancel the request before it ends). Tried only for a text ``query`` answered as
-        a key lookup by a parameter, with a key this node owns. None for every other
-        request, and for one that fails anywhere: ``query`` serves it from the start and
-        answers its error."""
-        t0 = time.perf_counter()
-        try:
-            q = query_request(req)
-        except N1qlError:
-            return None
+    def answer_now(
+        self, req: Request, q: QueryRequest, principal: Principal, t0: float
+    ) -> bytes | None:
+        """The whole response to ``req``, a POST whose parameters are ``q`` (taken at
+        ``t0``), when its statement is answered in this loop turn (``SqlService.answer_now``:
+        a key lookup whose documents are all on this node), made in the connection's receive
+        callback: the same checks and envelope as ``query``, without its task, deadlines and
+        request bookkeeping (nothing could list or cancel the request before it ends). Tried
+        only for a text ``query`` answered as a key lookup by a parameter, with a key this
+        node owns. None for every other request, and for one that fails anywhere: ``query``
+        serves it from the start (with ``q``) and answers its error."""
         route = self._key_lookups.get(q.statement)
         if route is None or route.keyspace is None:
             return None
@@ -224,7 +246,7 @@ class QueryHttpService:
         if started is None:
             return None
         env = Envelope(
-            None, str(uuid.uuid4()), q.client_context_id, metrics=q.metrics, signature=q.signature
+            None, request_uuid(), q.client_context_id, metrics=q.metrics, signature=q.signature
         )
         env.statement(started.statement, started.mutation_count)
         env.headers = route_headers(started.details, self._address())
@@ -263,6 +285,16 @@ class QueryHttpService:
             found.cancelled = True
             found.task.cancel()
         await resp.send(200, json.dumps({"requestID": request_id, "state": "stopping"}).encode())
+
+
+def request_uuid() -> str:
+    """A request ID: a random (version 4) UUID's text, as ``str(uuid.uuid4())`` writes it,
+    without building a ``UUID`` object."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40  # version 4
+    b[8] = (b[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _message(q: QueryRequest) -> SqlQuery:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from shardex.client.routes import route_of
+from shardex.client.routes import Route, route_of
 
-__all__ = ["ROUTE_KEYSPACE", "ROUTE_NODE", "ROUTE_PARAM", "route_headers"]
+__all__ = ["ROUTE_KEYSPACE", "ROUTE_NODE", "ROUTE_PARAM", "headers_of", "route_headers"]
 
 ROUTE_KEYSPACE: Final = "X-Shardex-Route-Keyspace"
 ROUTE_PARAM: Final = "X-Shardex-Route-Param"
@@ -30,7 +30,11 @@ ROUTE_NODE: Final = "X-Shardex-Route-Node"
 def route_headers(details: dict[str, Any], here: str) -> dict[str, str]:
     """The headers of a statement whose start reply said ``details``; ``here``: this node's
     RPC address (a statement that ran in-process here is best sent here again)."""
-    route = route_of(details, here)
+    return headers_of(route_of(details, here))
+
+
+def headers_of(route: Route | None) -> dict[str, str]:
+    """The headers of a statement's hint (``route_of``'s)."""
     if route is None:
         return {}
     if route.address is not None:

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import socket
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -27,8 +28,8 @@ from shardex.node.http.basic_auth import REALM, BasicAuth, LoginObserver
 from shardex.node.http.cluster_charts import ClusterCharts
 from shardex.node.http.cluster_rest import API_PREFIX, ClusterRest
 from shardex.node.http.n1ql_errors import E_AUTH, E_PRIVILEGE, N1qlError, of_http_status
-from shardex.node.http.query_service import Authorizer, QueryHttpService
-from shardex.node.http.quick import QuickProtocol
+from shardex.node.http.query_service import Authorizer, QueryHttpService, Received
+from shardex.node.http.quick import IDLE, QuickProtocol
 from shardex.node.http.session_login import (
     CONSOLE_REQUEST,
     SESSION_METHODS,
@@ -99,6 +100,8 @@ class HttpServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port: int | None = None
+        # requests by where they were read: whole in the receive callback, or by the reader
+        self.read = {"receive": 0, "reader": 0}
 
     @property
     def open_connections(self) -> int:
@@ -108,9 +111,9 @@ class HttpServer:
         ssl = self._tls.server_context() if self._tls is not None else None
         loop = asyncio.get_running_loop()
 
-        def connection() -> QuickProtocol:
+        def connection() -> QuickProtocol[Received]:
             reader = asyncio.StreamReader(limit=self.limits.header, loop=loop)
-            return QuickProtocol(reader, self._serve, self._answer_now)
+            return QuickProtocol(reader, self._serve, self._received)
 
         try:
             self._server = await loop.create_server(
@@ -175,36 +178,59 @@ class HttpServer:
         quick = writer.transport.get_protocol()
         assert isinstance(quick, QuickProtocol), quick
         while True:
-            quick.between = True
-            try:
-                req = await read_request(reader, self.limits, writer, quick.last_answered)
-            except HttpError as e:
-                await _error(Response(writer, self.limits, keep_alive=False), e.status, e.message)
-                await _linger(reader, writer, self.limits)
+            taken = await quick.next_request(self.limits.idle)
+            if taken is IDLE:
                 return
-            if req is None:
-                return
+            if isinstance(taken, Received):
+                req = taken.req
+            else:
+                try:
+                    req = await read_request(reader, self.limits, writer, quick.last_answered)
+                except HttpError as e:
+                    resp = Response(writer, self.limits, keep_alive=False)
+                    await _error(resp, e.status, e.message)
+                    await _linger(reader, writer, self.limits)
+                    return
+                if req is None:
+                    return
+                self.read["reader"] += 1
+                taken = None
             resp = Response(writer, self.limits, keep_alive=req.keep_alive)
-            await self._route(req, resp, peer)
+            await self._route(req, resp, peer, taken)
             if not resp.keep_alive:
                 with contextlib.suppress(Exception):
                     await writer.drain()
                 return
 
-    def _answer_now(self, data: bytes) -> bytes | None:
-        """The whole response to ``data`` when it is one whole ``POST /query/service`` of a
-        remembered basic-auth user whose statement is answered in this loop turn
-        (``QueryHttpService.answer_now``); None: the connection's task serves it."""
+    def _received(self, data: bytes) -> bytes | Received | None:
+        """``data`` taken in the connection's receive callback when it is one whole request:
+        the whole response of a ``POST /query/service`` of a remembered basic-auth user whose
+        statement is answered in this loop turn (``QueryHttpService.answer_now``), else the
+        request parsed for the connection's task (with that user and the query's
+        parameters, parsed once); None: the task reads it (``read_request``)."""
         req = whole_request(data, self.limits)
-        if req is None or req.method != "POST" or req.path != QUERY_PATH or not req.keep_alive:
+        if req is None:
             return None
+        t0 = time.perf_counter()
+        self.read["receive"] += 1
+        if req.method != "POST" or req.path != QUERY_PATH:
+            return Received(req, t0)
         authorization = req.headers.get("authorization")
         principal = None if authorization is None else self._auth.remembered(authorization)
         if principal is None:  # a first login or a console session: checked in the task
-            return None
-        return self.query.answer_now(req, principal)
+            return Received(req, t0)
+        q = self.query.parameters(req)
+        if req.keep_alive and not isinstance(q, N1qlError):
+            out = self.query.answer_now(req, q, principal, t0)
+            if out is not None:
+                return out
+        return Received(req, t0, principal, q)
 
-    async def _route(self, req: Request, resp: Response, peer: str) -> None:
+    async def _route(
+        self, req: Request, resp: Response, peer: str, taken: Received | None = None
+    ) -> None:
+        """``taken``: the request as the receive callback parsed it (its user when
+        remembered, its query's parameters)."""
         path = req.path.rstrip("/") or "/"
         if path == UI_PREFIX or path.startswith(UI_PREFIX + "/"):
             await self._static(req, resp)
@@ -239,7 +265,10 @@ class HttpServer:
             if path == SESSION_PATH:
                 await self.login.handle(req, resp, peer)
                 return
-            principal = await self._principal(req, peer)
+            if taken is not None and taken.principal is not None:
+                principal = taken.principal  # basic auth's remembered answer, as ``_principal``'s
+            else:
+                principal = await self._principal(req, peer)
         except N1qlError as e:
             # The console's own requests say so: no challenge, or the browser would show its
             # login dialog over the console's login page.
@@ -251,7 +280,7 @@ class HttpServer:
             )
             return
         if path == QUERY_PATH:
-            await self.query.query(req, resp, principal)
+            await self.query.query(req, resp, principal, taken)
         elif path == METRICS_PATH:
             await self._scrape(resp, principal)
         elif path == CHARTS_PATH:

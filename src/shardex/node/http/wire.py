@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import urllib.parse
 from collections.abc import Callable
 from typing import Final
@@ -57,6 +58,10 @@ class Limits:
     read: float = 30.0  # seconds to receive a whole request once its first byte arrived
     idle: float = 60.0  # seconds a persistent connection may wait for its next request
     write: float = 30.0  # seconds one write may wait for the client to read
+
+
+# A target without a query, an escape or a fragment: its path as it is.
+_PLAIN_PATH: Final = re.compile(r"[^?%#]*")
 
 
 class HttpError(Exception):
@@ -159,9 +164,11 @@ def whole_request(data: bytes, limits: Limits) -> Request | None:
     end = data.find(b"\r\n\r\n")
     if end < 0 or len(data) - end - 4 > limits.body or end + 4 > limits.header:
         return None
-    lines = data[:end].decode("latin-1").split("\r\n")
+    head = data[:end].decode("latin-1")
+    lines = head.split("\r\n")
     parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or any("\n" in t for t in lines):
+    # a bare LF anywhere: each LF of the head is a CRLF's
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or head.count("\n") >= len(lines):
         return None
     try:
         headers = _headers(lines[1:])
@@ -206,7 +213,7 @@ def _request(
 ) -> Request:
     connection = headers.get("connection", "").lower()
     keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-    if target[:1] == "/" and target[:2] != "//" and not any(c in target for c in "?%#"):
+    if target[:1] == "/" and target[:2] != "//" and _PLAIN_PATH.fullmatch(target):
         path, query = target, []  # a plain path (/query/service): nothing to split or decode
     else:
         url = urllib.parse.urlsplit(target)
@@ -320,10 +327,12 @@ class Response:
         await self._drain()
 
     async def _drain(self) -> None:
-        if self._transport is not None and not self._transport.get_write_buffer_size():
+        t = self._transport
+        if t is not None and not t.get_write_buffer_size():
             # all of it went to the socket: the drain cannot wait (it only reports a lost
-            # connection), so no deadline is armed for it
-            await self._writer.drain()
+            # connection, whose transport is closing), so no deadline is armed for it
+            if t.is_closing():
+                await self._writer.drain()
             return
         # asyncio.timeout (see read_request): a DELETE of the request cancels this wait.
         try:

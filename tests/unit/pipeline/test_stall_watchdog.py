@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardex.core.timestamp import Timestamp
-from shardex.pipeline.watchdog import StallWatchdog
+from shardex.pipeline.watchdog import StallWatchdog, stream_text
 
 
 @dataclass
@@ -72,6 +72,7 @@ def test_pending_changes_without_progress_is_a_stall_naming_index_and_lag() -> N
     assert stall.behind == {"name_i1": {0: 17}, "name_i2": {0: 17}}
     assert stall.total == 34
     assert "index name_i1 behind the high seqnos in partitions {0: 17}" in stall.describe()
+    assert "[applied -> target: 0: 5@7 -> 22@7]" in stall.describe()
     assert dog.stalls == 1
     # Reported once per stall_after while it lasts, not at every supervisor poll.
     clock.now += 1.0
@@ -111,6 +112,11 @@ def test_other_branch_counts_as_pending() -> None:
     clock.now += 11.0
     stall = dog.check()
     assert stall is not None and stall.behind == {"name_i1": {0: 1}}
+    # The report tells a new branch from one pending change, and what the stream saw.
+    assert "[applied -> target: 0: 5@7 -> 5@8 (new branch)]" in stall.describe()
+    stream = stream_text(stall, "the stream's last committed end", Timestamp.from_wire({0: (5, 7)}))
+    assert stream == "the stream's last committed end {0: 5@7}"
+    assert stream_text(stall, "its source's last latest offset", None).endswith(": unknown")
 
 
 def test_turned_off_and_no_index() -> None:

@@ -14,7 +14,6 @@ indexes are all gone has its query stopped.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 import time
@@ -35,7 +34,13 @@ from shardex.pipeline.metrics import PipelineMetrics
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.rollback import current_generation, handle_rollback, new_generation
 from shardex.pipeline.source.types import parse_rollback
-from shardex.pipeline.watchdog import DEFAULT_STALL_AFTER, Stall, StallWatchdog, stream_text
+from shardex.pipeline.watchdog import (
+    DEFAULT_STALL_AFTER,
+    Stall,
+    StallWatchdog,
+    source_latest,
+    stream_text,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -255,7 +260,7 @@ class PipelineDriver:
             stall.total,
             stall.describe(),
             stream_text(stall, "the stream's last committed end", kp.job.committed_position()),
-            stream_text(stall, "its source's last latest offset", _source_latest(kp.query)),
+            stream_text(stall, "its source's last latest offset", source_latest(kp.query)),
         )
         if kp.stopping is None or not kp.stopping.is_alive():
             kp.stopping = threading.Thread(
@@ -312,18 +317,3 @@ class PipelineDriver:
         for kp in self.keyspaces.values():
             if kp.builder is not None:
                 kp.builder.join(timeout=5)
-
-
-def _source_latest(query: StreamingQuery | None) -> Timestamp | None:
-    """The latest offset the stream's source last reported to Spark (its last progress),
-    None when unknown: a source that never saw a change shows it here."""
-    try:
-        progress = None if query is None else query.lastProgress
-        sources = [] if progress is None else progress.get("sources") or []
-        latest = sources[0].get("latestOffset") if sources else None
-        if isinstance(latest, str):
-            latest = json.loads(latest)
-        return None if not isinstance(latest, dict) else Timestamp.from_json(latest)
-    except Exception as exc:  # a diagnostic only: never fails the supervisor
-        log.debug("the source's latest offset: %s", exc)
-        return None

@@ -28,9 +28,12 @@ beyond the applied TS was published, so nothing is skipped.
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.pipeline.registry import IndexRegistry, IndexView
@@ -41,8 +44,11 @@ __all__ = [
     "Stall",
     "StallWatchdog",
     "entry_text",
+    "source_latest",
     "stream_text",
 ]
+
+log = logging.getLogger(__name__)
 
 # Seconds without any maintained index advancing, with changes pending, before the stream is
 # called stalled. A healthy stream publishes every few hundred ms under writes; a drain of a
@@ -96,6 +102,22 @@ def stream_text(stall: Stall, label: str, ts: Timestamp | None) -> str:
         return f"{label}: unknown"
     shown = ", ".join(f"{p}: {entry_text(ts.get(p))}" for p in parts[:16])
     return f"{label} {{{shown}}}"
+
+
+def source_latest(query: Any) -> Timestamp | None:
+    """The latest offset a streaming query's (first) source last reported to Spark, from its
+    last progress (Spark reports one for idle triggers too); None when unknown. A source
+    that never saw a change shows it here."""
+    try:
+        progress = None if query is None else query.lastProgress
+        sources = [] if progress is None else progress.get("sources") or []
+        latest = sources[0].get("latestOffset") if sources else None
+        if isinstance(latest, str):
+            latest = json.loads(latest)
+        return Timestamp.from_json(latest) if isinstance(latest, dict) else None
+    except Exception as exc:  # a diagnostic only: never fails the supervisor
+        log.debug("the source's latest offset: %s", exc)
+        return None
 
 
 def entry_text(e: SeqnoEntry | None) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardex.core.timestamp import Timestamp
-from shardex.pipeline.watchdog import StallWatchdog, stream_text
+from shardex.pipeline.watchdog import StallWatchdog, source_latest, stream_text
 
 
 @dataclass
@@ -188,3 +188,20 @@ def test_progress_or_another_branch_is_no_position_stall() -> None:
         clock.now += 1.0
         reg.joined["i1"] = _ts(p0=seqno)
         assert dog.check(position) is None
+
+
+@dataclass
+class _Query:
+    lastProgress: Any  # Spark's name
+
+
+def test_the_sources_latest_offset_from_the_last_progress() -> None:
+    """Spark's progress holds the offset as JSON text; anything else is "unknown"."""
+    progress = {"sources": [{"latestOffset": '{"0": [5, 7], "3": [2, 8]}'}]}
+    assert source_latest(_Query(progress)) == Timestamp.from_wire({0: (5, 7), 3: (2, 8)})
+    parsed = {"sources": [{"latestOffset": {"0": [5, 7]}}]}
+    assert source_latest(_Query(parsed)) == Timestamp.from_wire({0: (5, 7)})
+    assert source_latest(_Query(None)) is None
+    assert source_latest(_Query({"sources": []})) is None
+    assert source_latest(_Query({"sources": [{"latestOffset": "not json"}]})) is None
+    assert source_latest(None) is None

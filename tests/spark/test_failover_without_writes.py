@@ -41,7 +41,9 @@ def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     ):
         client.create_keyspace(KEYSPACE, num_partitions=8, num_replicas=1)
         client.keyspace(KEYSPACE).upsert_many((f"d{i}", {"n": i}) for i in range(DOCS))
-        with running_pipeline(spark, path, root / "checkpoints", poll=0.3):
+        # The stall watchdog off: its restart (a new client, a fresh topology) would hide a
+        # stream that does not see the new branch by itself within the scan's wait.
+        with running_pipeline(spark, path, root / "checkpoints", poll=0.3, stall_after=0):
             client.create_index(KEYSPACE, NAME, ["n"], partition_by=["META().id"], num_partition=3)
             client.wait_for_index(KEYSPACE, NAME, timeout=240)
             yield Env(path, client)

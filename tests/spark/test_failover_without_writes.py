@@ -49,6 +49,7 @@ def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             yield Env(path, client)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_request_plus_after_a_failover_without_writes(env: Env) -> None:
     c = env.client

@@ -52,6 +52,9 @@ def env(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_request_plus_after_a_failover_without_writes(env: Env) -> None:
+    """node3 is failed over while it runs (as a starved node that missed its heartbeats
+    is): its copies still say active on the old branch. The stream must see the promoted
+    copies' new uuids and the slices take them, with no change to apply."""
     c = env.client
     got = [r["docid"] for r in c.scan(KEYSPACE, NAME, consistency="request_plus", timeout=WAIT)]
     assert sorted(got) == sorted(f"d{i}" for i in range(DOCS))

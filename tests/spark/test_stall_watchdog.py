@@ -76,6 +76,11 @@ def test_a_stalled_stream_is_restarted_and_catches_up(
         warnings = [r.getMessage() for r in caplog.records if "applied nothing" in r.getMessage()]
         assert warnings, "no stall warning logged"
         assert f"keyspace {KEYSPACE}" in warnings[0] and f"index {INDEX} behind" in warnings[0]
+        # What each lagging partition's applied and target entries are, and what the stream
+        # and its source last saw there.
+        assert "[applied -> target: " in warnings[0]
+        assert "the stream's last committed end" in warnings[0]
+        assert "its source's last latest offset" in warnings[0]
         check_oracle(client, KEYSPACE, INDEX, target)
 
 

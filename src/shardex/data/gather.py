@@ -62,7 +62,13 @@ class OwnerGather:
     def local_high_seqnos(self, keyspace: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
         """(high seqno, uuid) of those of ``partitions`` this node serves, from memory (the
         partitions' metadata): a request_plus scan asks it of every owner, and its own
-        node's scan coordinator calls it in-process."""
+        node's scan coordinator calls it in-process. A node failed over serves none: its
+        copies still say active at the old branch's uuid, and an asker with a topology from
+        before the failover (the pipeline's stream asks owners directly) would take that
+        answer as current and never look for the promoted copies; answering none of them
+        makes it refresh and ask the gathered RPC (``pipeline/source/seqnos.py``)."""
+        if self.gate.failed_over:
+            return {}
         try:
             return self._engine().partition_seqnos(keyspace, partitions)
         except KeyspaceNotFound:

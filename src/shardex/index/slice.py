@@ -243,6 +243,12 @@ class Slice:
             raise _err(ErrorCode.INDEX_NOT_READY, f"slice {self._name()} is still loading")
         applied = self._applied
         ahead, behind = applied.seqno_moves(ts)
+        if not ahead and not behind and applied.diverged_from(ts):
+            # The same seqnos on a new branch (a failover with no write since: the pipeline
+            # checked the old point is in the new branch's history, ``pipeline/branches.py``):
+            # nothing to apply, but the applied TS and a snapshot must name the new uuids, or
+            # no scan at them (request_plus) and no publish of them ever sees this slice there.
+            ahead = True
         if not ahead:
             # Reached before: acknowledged without work (a re-run micro-batch, a re-sent TS).
             return _Pending(StabiliseAck(self.index_id, self.partition, ts, 0, 0, True))

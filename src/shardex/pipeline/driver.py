@@ -34,7 +34,13 @@ from shardex.pipeline.metrics import PipelineMetrics
 from shardex.pipeline.registry import IndexRegistry
 from shardex.pipeline.rollback import current_generation, handle_rollback, new_generation
 from shardex.pipeline.source.types import parse_rollback
-from shardex.pipeline.watchdog import DEFAULT_STALL_AFTER, Stall, StallWatchdog
+from shardex.pipeline.watchdog import (
+    DEFAULT_STALL_AFTER,
+    Stall,
+    StallWatchdog,
+    source_latest,
+    stream_text,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -247,12 +253,14 @@ class PipelineDriver:
         checkpoint generation at the maintained indexes' lowest applied TS."""
         log.warning(
             "maintenance of keyspace %s applied nothing for %.0f s with %d changes pending "
-            "(%s); restarting its query in a new checkpoint generation from the indexes' "
-            "applied TS",
+            "(%s; %s; %s); restarting its query in a new checkpoint generation from the "
+            "indexes' applied TS",
             stall.keyspace,
             stall.seconds,
             stall.total,
             stall.describe(),
+            stream_text(stall, "the stream's last committed end", kp.job.committed_position()),
+            stream_text(stall, "its source's last latest offset", source_latest(kp.query)),
         )
         if kp.stopping is None or not kp.stopping.is_alive():
             kp.stopping = threading.Thread(

@@ -461,7 +461,7 @@ class MaintenanceJob:
             self.steps.move_rounds.pending([], Timestamp({}), self.registry.applied)
             return []
         stable = self.steps.stable
-        position = stable if stable is not None else self._committed_position()
+        position = stable if stable is not None else self.committed_position()
         if position is None:
             return []
         # Only indexes whose slices applied ``position`` (a batch Spark committed while its
@@ -488,9 +488,9 @@ class MaintenanceJob:
         runs; None while one does (the stall watchdog's view: ``watchdog.py``)."""
         if self._batch_lock.locked() or self._round_lock.locked() or self.tail.busy():
             return None
-        return self._committed_position()
+        return self.committed_position()
 
-    def _committed_position(self) -> Timestamp | None:
+    def committed_position(self) -> Timestamp | None:
         """The end of the checkpoint's last committed batch (where the next batch starts),
         or the stream's first start when none committed yet."""
         commits = self.checkpoint / "commits"

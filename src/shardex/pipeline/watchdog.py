@@ -28,14 +28,27 @@ beyond the applied TS was published, so nothing is skipped.
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from shardex.core.timestamp import Timestamp
+from shardex.core.timestamp import SeqnoEntry, Timestamp
 from shardex.pipeline.registry import IndexRegistry, IndexView
 
-__all__ = ["DEFAULT_CATCH_UP_AFTER", "DEFAULT_STALL_AFTER", "Stall", "StallWatchdog"]
+__all__ = [
+    "DEFAULT_CATCH_UP_AFTER",
+    "DEFAULT_STALL_AFTER",
+    "Stall",
+    "StallWatchdog",
+    "entry_text",
+    "source_latest",
+    "stream_text",
+]
+
+log = logging.getLogger(__name__)
 
 # Seconds without any maintained index advancing, with changes pending, before the stream is
 # called stalled. A healthy stream publishes every few hundred ms under writes; a drain of a
@@ -56,6 +69,9 @@ class Stall:
     behind: dict[str, dict[int, int]]
     # What they are behind: "the high seqnos", or "the stream's position" (idle stream).
     of: str = "the high seqnos"
+    # Per index name, lagging partition -> (its applied entry, the target's entry): a lag of
+    # one can be one change or the same seqno on a new branch (a failover's promotion).
+    points: dict[str, dict[int, tuple[SeqnoEntry | None, SeqnoEntry]]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -66,8 +82,52 @@ class Stall:
         for name, lag in sorted(self.behind.items()):
             shown = ", ".join(f"{p}: {n}" for p, n in sorted(lag.items())[:16])
             more = f" and {len(lag) - 16} more" if len(lag) > 16 else ""
-            parts.append(f"index {name} behind {self.of} in partitions {{{shown}}}{more}")
+            text = f"index {name} behind {self.of} in partitions {{{shown}}}{more}"
+            points = self.points.get(name)
+            if points:
+                shown = ", ".join(
+                    f"{p}: {_point(a, t)}" for p, (a, t) in sorted(points.items())[:16]
+                )
+                text += f" [applied -> target: {shown}]"
+            parts.append(text)
         return "; ".join(parts)
+
+
+def stream_text(stall: Stall, label: str, ts: Timestamp | None) -> str:
+    """``label`` and ``ts``'s entries in the stall's lagging partitions (what the stream last
+    committed, what its source last answered): whether the source never saw the change or the
+    stream saw it and did not apply it."""
+    parts = sorted({p for lag in stall.behind.values() for p in lag})
+    if ts is None:
+        return f"{label}: unknown"
+    shown = ", ".join(f"{p}: {entry_text(ts.get(p))}" for p in parts[:16])
+    return f"{label} {{{shown}}}"
+
+
+def source_latest(query: Any) -> Timestamp | None:
+    """The latest offset a streaming query's (first) source last reported to Spark, from its
+    last progress (Spark reports one for idle triggers too); None when unknown. A source
+    that never saw a change shows it here."""
+    try:
+        progress = None if query is None else query.lastProgress
+        sources = [] if progress is None else progress.get("sources") or []
+        latest = sources[0].get("latestOffset") if sources else None
+        if isinstance(latest, str):
+            latest = json.loads(latest)
+        return Timestamp.from_json(latest) if isinstance(latest, dict) else None
+    except Exception as exc:  # a diagnostic only: never fails the supervisor
+        log.debug("the source's latest offset: %s", exc)
+        return None
+
+
+def entry_text(e: SeqnoEntry | None) -> str:
+    """``seqno@uuid`` in hex (``Timestamp``'s repr), "-" for a partition never seen."""
+    return "-" if e is None else f"{e.seqno}@{e.uuid:x}"
+
+
+def _point(applied: SeqnoEntry | None, target: SeqnoEntry) -> str:
+    branch = applied is not None and applied.uuid != target.uuid and applied.seqno > 0
+    return f"{entry_text(applied)} -> {entry_text(target)}" + (" (new branch)" if branch else "")
 
 
 class StallWatchdog:
@@ -119,18 +179,34 @@ class StallWatchdog:
             quiet = now - self._since
             self._idle_behind, self._since = None, now
             self.stalls += 1
-            return Stall(self.registry.keyspace, quiet, behind, "the stream's position")
+            points = self._points(views, behind, position)
+            return Stall(self.registry.keyspace, quiet, behind, "the stream's position", points)
         quiet = now - self._since
         if not views or quiet < self.stall_after:
             return None
         # Whatever the answer (idle, stalled, or no answer: a node down), the next look is
         # ``stall_after`` from now: one ask and at most one report per period.
         self._since = now
-        behind = self._behind(views, self._high())
+        high = self._high()
+        behind = self._behind(views, high)
         if not behind:
             return None
         self.stalls += 1
-        return Stall(self.registry.keyspace, quiet, behind)
+        return Stall(
+            self.registry.keyspace, quiet, behind, points=self._points(views, behind, high)
+        )
+
+    def _points(
+        self, views: Sequence[IndexView], behind: dict[str, dict[int, int]], target: Timestamp
+    ) -> dict[str, dict[int, tuple[SeqnoEntry | None, SeqnoEntry]]]:
+        """Per lagging index, partition -> (applied entry, ``target``'s entry)."""
+        out: dict[str, dict[int, tuple[SeqnoEntry | None, SeqnoEntry]]] = {}
+        for v in views:
+            lag = behind.get(v.definition.name)
+            if lag:
+                applied = self.registry.applied(v.id)
+                out[v.definition.name] = {p: (applied.get(p), target[p]) for p in lag}
+        return out
 
     def _progress(self, views: Sequence[IndexView]) -> dict[str, Timestamp]:
         return {v.id: self.registry.applied(v.id) for v in views}

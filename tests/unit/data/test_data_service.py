@@ -8,9 +8,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from shardex.api.data import StreamBatch
+from shardex.api.data import HighSeqnos, HighSeqnosReply, StreamBatch
 from shardex.api.records import Change, SnapshotMarker
 from shardex.core.topology import Topology, balanced_assignment
 from shardex.data.service import DataService
@@ -125,6 +126,28 @@ async def test_keyspace_unknown_here_but_in_the_cluster_is_not_my_partition(serv
     with pytest.raises(ShardexError) as info:
         await ds.writes.mutate("upsert", "nope", "doc", b"{}", None, "persist")
     assert info.value.code == ErrorCode.KEYSPACE_NOT_FOUND
+
+
+async def test_a_failed_over_node_answers_no_high_seqnos_for_its_old_partitions(
+    service,
+) -> None:
+    """Its copies still say active, at the old branch's uuid; an asker with a topology from
+    before the failover must hear "not here" (and look again), not that stale uuid."""
+    ds, coord = service
+    coord.state = state_with(5, ("ks", "u1", 4, 5, ["n1"]))
+    await ds.reconcile()
+    ds.engine.upsert("ks", "d", {"a": 1})
+    share = HighSeqnos(keyspace="ks", partitions=[0, 1, 2, 3])
+    before = ds.gather.on_high_seqnos(share, None)
+    assert isinstance(before, HighSeqnosReply) and sorted(before.entries) == [0, 1, 2, 3]
+    coord.state = msgspec.structs.replace(
+        state_with(6, ("ks", "u1", 4, 5, ["n1"])), failed_over={"n1": 6}
+    )
+    await ds.reconcile()
+    assert ds.failed_over
+    after = ds.gather.on_high_seqnos(share, None)
+    assert isinstance(after, HighSeqnosReply) and after.entries == {}
+    assert ds.local_high_seqnos("ks", [0, 1, 2, 3]) == {}
 
 
 async def test_group_commit_coalesces_concurrent_writes(service) -> None:

@@ -147,6 +147,22 @@ def test_stabilise_rules(eng) -> None:
     assert ei.value.code == ErrorCode.INDEX_NOT_FOUND
 
 
+def test_same_seqnos_on_a_new_branch_move_the_applied_ts_and_snapshot(eng) -> None:
+    """A failover with no write since: the round's TS names the promoted partition's new
+    uuid at the seqno already applied. The slice takes it (nothing to apply), so a scan at
+    the new TS finds a snapshot and the timekeeper sees the TS applied."""
+    eng.enqueue([up("a", 1, 2, part=0), up("b", 2, 3, part=1)])
+    eng.stabilise("ix", ts(p0=2, p1=3))
+    branched = Timestamp({0: (2, 0xBEEF), 1: (3, U)})
+    [ack] = eng.stabilise("ix", branched)
+    sl = eng.slice("ix", 0)
+    assert not ack.already and ack.applied == 0
+    assert sl.applied_ts() == branched
+    assert sl.snapshot_timestamps()[-1] == branched
+    assert keys(eng, branched) == [(1, "a"), (2, "b")]
+    assert eng.stabilise("ix", branched)[0].already  # a re-sent TS: no work
+
+
 def test_snapshots_keep_last_k_and_old_scans_see_old_state(eng) -> None:
     # step i: d{i} in, d{i-1} out; stabilise at p0=10*i
     for i in range(1, 6):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardex.core.timestamp import Timestamp
-from shardex.pipeline.watchdog import StallWatchdog
+from shardex.pipeline.watchdog import StallWatchdog, source_latest, stream_text
 
 
 @dataclass
@@ -72,6 +72,7 @@ def test_pending_changes_without_progress_is_a_stall_naming_index_and_lag() -> N
     assert stall.behind == {"name_i1": {0: 17}, "name_i2": {0: 17}}
     assert stall.total == 34
     assert "index name_i1 behind the high seqnos in partitions {0: 17}" in stall.describe()
+    assert "[applied -> target: 0: 5@7 -> 22@7]" in stall.describe()
     assert dog.stalls == 1
     # Reported once per stall_after while it lasts, not at every supervisor poll.
     clock.now += 1.0
@@ -111,6 +112,11 @@ def test_other_branch_counts_as_pending() -> None:
     clock.now += 11.0
     stall = dog.check()
     assert stall is not None and stall.behind == {"name_i1": {0: 1}}
+    # The report tells a new branch from one pending change, and what the stream saw.
+    assert "[applied -> target: 0: 5@7 -> 5@8 (new branch)]" in stall.describe()
+    stream = stream_text(stall, "the stream's last committed end", Timestamp.from_wire({0: (5, 7)}))
+    assert stream == "the stream's last committed end {0: 5@7}"
+    assert stream_text(stall, "its source's last latest offset", None).endswith(": unknown")
 
 
 def test_turned_off_and_no_index() -> None:
@@ -182,3 +188,20 @@ def test_progress_or_another_branch_is_no_position_stall() -> None:
         clock.now += 1.0
         reg.joined["i1"] = _ts(p0=seqno)
         assert dog.check(position) is None
+
+
+@dataclass
+class _Query:
+    lastProgress: Any  # Spark's name
+
+
+def test_the_sources_latest_offset_from_the_last_progress() -> None:
+    """Spark's progress holds the offset as JSON text; anything else is "unknown"."""
+    progress = {"sources": [{"latestOffset": '{"0": [5, 7], "3": [2, 8]}'}]}
+    assert source_latest(_Query(progress)) == Timestamp.from_wire({0: (5, 7), 3: (2, 8)})
+    parsed = {"sources": [{"latestOffset": {"0": [5, 7]}}]}
+    assert source_latest(_Query(parsed)) == Timestamp.from_wire({0: (5, 7)})
+    assert source_latest(_Query(None)) is None
+    assert source_latest(_Query({"sources": []})) is None
+    assert source_latest(_Query({"sources": [{"latestOffset": "not json"}]})) is None
+    assert source_latest(None) is None

@@ -126,9 +126,9 @@ def plan_index_copies(
     ``up_nodes`` (module docstring). ``groups``: node -> server group ("" or missing: a
     group of its own). ``load``: load per node (``slice_weight`` units) to start from
     (default ``slice_load``; a caller that planned other moves first passes the load after
-    them). A missing copy whose partition
-    has no up copy to build it from, or no free node, is ``short``; a copy on an ejected node
-    with no other node to take it (or that cannot be copied now) is ``unplaced``."""
+    them). A missing copy whose partition has no up copy to build it from, or no free node,
+    is ``short``; a copy on an ejected node with no other node to take it (or that cannot be
+    copied now) is ``unplaced``."""
     ejected = set(eject)
     up = set(up_nodes)
     start = slice_load(indexes, topologies) if load is None else load

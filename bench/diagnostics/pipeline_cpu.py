@@ -18,8 +18,10 @@ moment every index covered the backlog (the writers are outside it), per mutatio
 
 Prints CPU seconds per second of the window (cores) and microseconds of CPU per
 acknowledged mutation for each, the machine's total CPU from ``/proc/stat`` beside them (the
-rest is other work on a shared machine), and writes JSON (``bench/results/
-pipeline-cpu.json`` unless ``--json``) with the per-thread detail.
+rest is other work on a shared machine), and the indexers' ``index-io`` threads node by node
+(how evenly the index load is placed; ``-- --rebalance`` rebalances the indexers first), and
+writes JSON (``bench/results/pipeline-cpu.json`` unless ``--json``) with the per-thread
+detail.
 """
 
 from __future__ import annotations

@@ -18,8 +18,10 @@ moment every index covered the backlog (the writers are outside it), per mutatio
 
 Prints CPU seconds per second of the window (cores) and microseconds of CPU per
 acknowledged mutation for each, the machine's total CPU from ``/proc/stat`` beside them (the
-rest is other work on a shared machine), and writes JSON (``bench/results/
-pipeline-cpu.json`` unless ``--json``) with the per-thread detail.
+rest is other work on a shared machine), and the indexers' ``index-io`` threads node by node
+(how evenly the index load is placed; ``-- --rebalance`` rebalances the indexers first), and
+writes JSON (``bench/results/pipeline-cpu.json`` unless ``--json``) with the per-thread
+detail.
 """
 
 from __future__ import annotations
@@ -332,7 +334,17 @@ def budget(
     ]
     for rows in detail.values():
         rows.sort(key=lambda r: -r["cpu_s"])
+    # The indexers' I/O threads node by node: how evenly the index load is placed.
+    index_io: dict[str, float] = defaultdict(float)
+    for rows in detail.values():
+        for r in rows:
+            if r["pid"] in roles.nodes and r["group"].startswith("index-io"):
+                index_io[roles.nodes[r["pid"]]] += r["cpu_s"]
     info = {
+        "index_io_us_per_mutation": {
+            n: round(cpu / mutations * 1e6, 1) if mutations else float("nan")
+            for n, cpu in sorted(index_io.items())
+        },
         "window_s": secs,
         "mutations": mutations,
         "machine_cpu_s": machine,
@@ -468,6 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             tag = "" if len(capture.results) == 1 else f" #{i + 1}"
             out["tables"][f"CPU by process{tag} ({info['window_s']:.1f} s window)"] = procs
             out["tables"][f"CPU by thread group{tag}"] = threads
+            out["tables"][f"index-io per node{tag}"] = [
+                {"node": n, "us / mutation": us}
+                for n, us in info["index_io_us_per_mutation"].items()
+            ]
             out.setdefault("cpu", []).append(info)
         return out
 

@@ -18,6 +18,10 @@ user documents (``shardex.demo.datagen``), two indexes (``bench.common.dataset.I
 4. the floor of a micro-batch: single isolated writes, ack -> stability p50 and the
    batch's BatchStats.total (``maintain.py``).
 
+``--rebalance`` runs ``shardex rebalance`` after the build, before parts 2-4 (the indexers
+balanced by index load; the JSON's ``index_placement`` has the slices per node before and
+after, and the moves).
+
 "gap x" is how far from the target, > 1 short of it: measured / target for times and
 latencies, target / measured for rates. PostgreSQL runs first (and is stopped) so the two
 never share the machine. Everything is stopped and removed at the end, also on errors and
@@ -59,6 +63,7 @@ class Plan:
     load_files: int = 3  # ``shardex load`` processes
     seed: int = SEED
     parts: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
+    rebalance: bool = False  # rebalance the indexers after the build
 
 
 QUICK = {"docs": 50_000, "mutations": 20_000, "fresh_seconds": 10.0, "floor_writes": 10}
@@ -149,6 +154,9 @@ def run(plan: Plan) -> dict[str, Any]:
                     tables["1 build summary"] = build_summary(
                         build_rows, result, extra["build_items"], pg_items
                     )
+                    if plan.rebalance:
+                        extra["index_placement"] = rebalance_indexes(client)
+                    extra.setdefault("index_placement", {})["used"] = index_placement(client)
                     ctx.ids = index_ids(client)
                     stats: list[Row] = []
                     if 2 in plan.parts:
@@ -173,6 +181,27 @@ def run(plan: Plan) -> dict[str, Any]:
                     if driver is not None:
                         driver.stop()
     return {"tables": tables, **extra}
+
+
+def index_placement(client: Any) -> dict[str, dict[str, int]]:
+    """index name -> node -> slices (primaries) of the bench's indexes."""
+    out: dict[str, dict[str, int]] = {}
+    for i in client.list_indexes(KEYSPACE, fresh=True):
+        nodes: dict[str, int] = {}
+        for node in i["partitions"].values():
+            nodes[node] = nodes.get(node, 0) + 1
+        out[i["name"]] = dict(sorted(nodes.items()))
+    return out
+
+
+def rebalance_indexes(client: Any) -> dict[str, Any]:
+    """``client.rebalance()`` with the placement before it and its index moves."""
+    before = index_placement(client)
+    t = time.perf_counter()
+    result = client.rebalance()
+    moves = [f"{m.index}/{m.partition} {m.source} -> {m.target}" for m in result.moves if m.index]
+    log(f"rebalance: {len(moves)} index move(s) in {time.perf_counter() - t:.1f} s")
+    return {"before": before, "moves": moves, "seconds": round(time.perf_counter() - t, 1)}
 
 
 def build_summary(
@@ -232,6 +261,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
     ap.add_argument("--partitions", type=int, help="keyspace partitions (64)")
     ap.add_argument("--part", type=int, action="append", choices=[1, 2, 3, 4],
                     help="parts to run (repeatable; the build always runs)")  # fmt: skip
+    ap.add_argument("--rebalance", action="store_true",
+                    help="rebalance the indexers after the build, before parts 2-4")  # fmt: skip
     ap.add_argument("--json", type=Path, help="where to write the JSON")
     args = ap.parse_args(argv)
     plan = Plan(**QUICK) if args.quick else Plan()
@@ -246,6 +277,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Plan, Path]:
             setattr(plan, attr, getattr(args, name))
     if args.part:
         plan.parts = sorted(set(args.part))
+    plan.rebalance = args.rebalance
     default = "pipeline-quick.json" if args.quick else "pipeline.json"
     return plan, args.json or RESULTS_DIR / default
 

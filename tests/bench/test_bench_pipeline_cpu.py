@@ -99,6 +99,9 @@ def test_a_busy_thread_is_measured_and_attributed() -> None:
     assert 0.2 <= by[("nodes (3)", "index-io")] <= 0.5
     assert procs[0]["component"] == "nodes (3)"
     assert info["mutations"] == 1000
+    # the same CPU, per node: 0.2-0.5 s over 1,000 mutations
+    assert set(info["index_io_us_per_mutation"]) == {"node1"}
+    assert 200 <= info["index_io_us_per_mutation"]["node1"] <= 500
 
 
 def test_node_threads_are_grouped_by_name() -> None:

@@ -81,6 +81,7 @@ from shardex.meta.index_rebalance_state import (
 from shardex.meta.index_state import ACTIVE
 from shardex.meta.member_list import UP
 from shardex.meta.rebalance_state import RUNNING, RebalanceRecord
+from shardex.meta.slice_weight import slice_weights
 
 __all__ = ["IndexMoveDriver", "indexer_members", "plan_into", "settle_index_moves"]
 
@@ -121,9 +122,10 @@ def plan_into(
     members, up = indexer_members(ctx)
     planned = [] if eject else plan_index_moves(state.indexes, state.index_topologies, members, up)
     load = slice_load(state.indexes, state.index_topologies)
+    weights = slice_weights(state.indexes)
     for m in planned:  # the additions are placed by the load after the balancing moves
-        load[m.source] -= 1
-        load[m.target] += 1
+        load[m.source] -= weights[m.index_id]
+        load[m.target] += weights[m.index_id]
     # An eject only drains its nodes: a failed addition would keep them in the cluster.
     copies = plan_index_copies(
         state.indexes, state.index_topologies, up, _groups(ctx), eject, Counter(load),

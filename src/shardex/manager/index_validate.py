@@ -6,20 +6,22 @@ BAD_REQUEST for partition counts and nodes, NODE_UNAVAILABLE when no indexer is 
 with ``details`` naming the bad part and, where there is one, a ``hint``. It runs on the
 master under the op lock, so the checks and the INIT commit see one state.
 
-Placement (``place_partitions``): index partitions go to the up indexers, each to the node
-with the fewest slices so far, counting the slices of every index that is not being dropped
-(ties by name). So one index's partitions are spread evenly, and a new index leans towards
-nodes that host fewer slices. ``nodes`` pins the placement: the partitions are dealt
-round-robin over exactly those nodes, least loaded first, and every named node gets at least
-one slice (so more nodes than slices is refused).
+Placement (``place_partitions``): index partitions go to the up indexers by load, not by
+slice count (``meta/slice_weight.py``): every copy of a slice weighs its index's load divided
+by its partition count, and each partition goes to the node with the least load so far over
+every index that is not being dropped, then the fewest slices of this index, then the name.
+An unpartitioned index thus goes to the least loaded node, and a partitioned one fills the
+nodes that carry less, spreading over them as they even out. ``nodes`` pins the placement:
+the partitions are dealt round-robin over exactly those nodes, least loaded first, and every
+named node gets at least one slice (so more nodes than slices is refused).
 
 Replicas (``num_replica``, ``place_replicas``): each index partition's replica copies go, one
 rank at a time, to the candidate that holds no copy of that partition yet and the fewest
-slices of this index, then the fewest slices of all live indexes (primaries and replicas; ties
-by name), so every pinned node gets a slice when there are enough.
-A partition's copies are thus on distinct nodes, and a node's slice count stays within one of
-the others' where that rule allows. Fewer candidates than copies is refused (a second copy on
-one node protects nothing).
+slices of this index, then the least load over all live indexes (primaries and replicas;
+ties by name), so every pinned node gets a slice when there are enough.
+A partition's copies are thus on distinct nodes, and a node's count of this index's slices
+stays within one of the others' where that rule allows. Fewer candidates than copies is
+refused (a second copy on one node protects nothing).
 """
 
 from __future__ import annotations
@@ -40,12 +42,11 @@ from shardex.meta.index_definition import (
     validate_definition,
 )
 from shardex.meta.index_state import (
-    DELETED,
     PRIMARY_NAME,
     find_index,
     find_primary,
-    latest_index_topology,
 )
+from shardex.meta.slice_weight import copies_load, expected_weight, slice_weight
 from shardex.meta.state import StateContext
 
 __all__ = [
@@ -243,8 +244,9 @@ def validate_create(
     candidates = nodes if nodes is not None else up
     _check_replicas(num_replica, candidates, nodes is not None)
     load = slice_load(state)
-    assignment = place_partitions(n, candidates, load, nodes)
-    replicas = place_replicas(assignment, num_replica, candidates, load)
+    weight = slice_weight(expected_weight(definition), n)
+    assignment = place_partitions(n, candidates, load, nodes, weight=weight)
+    replicas = place_replicas(assignment, num_replica, candidates, load, weight=weight)
     return CreatePlan(
         definition=definition,
         assignment=assignment,
@@ -256,15 +258,9 @@ def validate_create(
 
 
 def slice_load(state: StateContext) -> Counter[str]:
-    """Slices per node over every index that is not being dropped (latest topologies)."""
-    load: Counter[str] = Counter()
-    for index_id, rec in state.indexes.items():
-        topo = latest_index_topology(state.index_topologies, index_id)
-        if topo is None or rec.state == DELETED:
-            continue
-        load.update(topo.assignment.values())
-        load.update(n for nodes in topo.replicas.values() for n in nodes)
-    return load
+    """Load per node (``slice_weight`` units) over every copy of every index that is not
+    being dropped (latest topologies)."""
+    return copies_load(state.indexes, state.index_topologies, lambda _rec: True)
 
 
 def place_partitions(
@@ -272,8 +268,11 @@ def place_partitions(
     candidates: Iterable[str],
     load: Counter[str],
     pinned: Sequence[str] | None = None,
+    *,
+    weight: int,
 ) -> dict[int, str]:
-    """See the module docstring. Deterministic for a given state and membership view."""
+    """See the module docstring: ``load`` per node and ``weight`` per slice of the new index
+    in the same units. Deterministic for a given state and membership view."""
     nodes = sorted(set(candidates))
     if not nodes:
         raise ShardexError("no nodes to place the index on", code=ErrorCode.BAD_REQUEST)
@@ -281,16 +280,23 @@ def place_partitions(
         order = sorted(nodes, key=lambda n: (load[n], n))
         return {p: order[p % len(order)] for p in range(num_partition)}
     total = Counter({n: load[n] for n in nodes})
+    mine: Counter[str] = Counter()  # this index's slices per node
     assignment: dict[int, str] = {}
     for p in range(num_partition):
-        node = min(nodes, key=lambda n: (total[n], n))
+        node = min(nodes, key=lambda n: (total[n], mine[n], n))
         assignment[p] = node
-        total[node] += 1
+        total[node] += weight
+        mine[node] += 1
     return assignment
 
 
 def place_replicas(
-    assignment: dict[int, str], num_replica: int, candidates: Iterable[str], load: Counter[str]
+    assignment: dict[int, str],
+    num_replica: int,
+    candidates: Iterable[str],
+    load: Counter[str],
+    *,
+    weight: int,
 ) -> dict[int, list[str]]:
     """Replica nodes per index partition (module docstring); {} without replicas.
     ``load`` is not changed. Deterministic for a given state and membership view."""
@@ -298,8 +304,9 @@ def place_replicas(
         return {}
     nodes = sorted(set(candidates))
     total = Counter({n: load[n] for n in nodes})
-    total.update(assignment.values())
     mine = Counter(assignment.values())  # this index's slices per node
+    for node, k in mine.items():
+        total[node] += weight * k
     replicas: dict[int, list[str]] = {p: [] for p in sorted(assignment)}
     for _rank in range(num_replica):
         for p in sorted(assignment):
@@ -309,7 +316,7 @@ def place_replicas(
                 continue  # too few nodes: refused before placement by validate_create
             node = min(free, key=lambda n: (mine[n], total[n], n))
             replicas[p].append(node)
-            total[node] += 1
+            total[node] += weight
             mine[node] += 1
     _even_out(assignment, replicas, nodes, mine)
     return replicas

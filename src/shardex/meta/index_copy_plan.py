@@ -12,7 +12,8 @@ state.
 Where a new copy goes: an up indexer that holds no copy of the partition and is not being
 ejected; among those the nodes the index was pinned to (``WITH {"nodes": ...}``) first, then
 a server group the chain does not use yet, then the fewest slices of this index, then the
-fewest slices overall, then the name (the rules ``place_replicas`` follows at CREATE INDEX,
+least load over all live indexes (``slice_weight``: each copy weighs its index's load over its
+partition count), then the name (the rules ``place_replicas`` follows at CREATE INDEX,
 with groups as the data chains use them, ``replica_placement``). The loads count every copy
 already planned, so the copies spread.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from shardex.core.topology import Topology
 from shardex.meta.index_rebalance_state import ADD, MOVE, PlannedIndexMove
 from shardex.meta.index_state import ACTIVE, INIT, LIVE_STATES, IndexRecord
+from shardex.meta.slice_weight import copies_load, slice_weights
 
 __all__ = ["CopyPlan", "Unplaced", "plan_index_copies", "slice_load"]
 
@@ -52,20 +54,16 @@ class CopyPlan:
     short: list[Unplaced] = field(default_factory=list)
 
 
-def _live(rec: IndexRecord, history: list[Topology] | None) -> bool:
-    return bool(history) and rec.state in LIVE_STATES and rec.state != INIT
+def _live(rec: IndexRecord) -> bool:
+    return rec.state in LIVE_STATES and rec.state != INIT
 
 
 def slice_load(
     indexes: Mapping[str, IndexRecord], topologies: Mapping[str, list[Topology]]
 ) -> Counter[str]:
-    """Slices per node over every live index, replica copies included."""
-    load: Counter[str] = Counter()
-    for index_id, rec in indexes.items():
-        history = topologies.get(index_id)
-        if history and _live(rec, history):
-            load.update(n for p in history[-1].assignment for n in history[-1].chain(p))
-    return load
+    """Load per node (``slice_weight`` units) over every live index, replica copies
+    included."""
+    return copies_load(indexes, topologies, _live)
 
 
 class _Placer:
@@ -77,13 +75,15 @@ class _Placer:
         self.total = load
         self.mine: Counter[str] = Counter()  # slices of the index being planned, per node
         self.pinned: set[str] = set()
+        self.weight = 1  # one copy of a slice of the index being planned
 
     def group(self, node: str) -> str:
         return self.labels.get(node) or f"\0{node}"  # unlabelled: a group of its own
 
-    def begin_index(self, rec: IndexRecord, topo: Topology) -> None:
+    def begin_index(self, rec: IndexRecord, topo: Topology, weight: int) -> None:
         self.mine = Counter(n for p in topo.assignment for n in topo.chain(p))
         self.pinned = set(rec.nodes or ())
+        self.weight = weight
 
     def pick(self, chain: list[str], leaving: str = "") -> str | None:
         """The best node for a new copy of the partition whose copies are ``chain`` (of which
@@ -105,10 +105,10 @@ class _Placer:
 
     def placed(self, source: str, target: str, kind: str) -> None:
         self.mine[target] += 1
-        self.total[target] += 1
+        self.total[target] += self.weight
         if kind == MOVE:
             self.mine[source] -= 1
-            self.total[source] -= 1
+            self.total[source] -= self.weight
 
 
 def plan_index_copies(
@@ -123,23 +123,25 @@ def plan_index_copies(
 ) -> CopyPlan:
     """The moves off the ``eject`` nodes and (``restore``) the additions that bring every
     chain of an ACTIVE index back to ``1 + num_replica`` copies, over the up indexers
-    ``up_nodes`` (module docstring). ``groups``: node -> server group ("" or missing: a group of its
-    own). ``load``: slices per node to start from (default ``slice_load``; a caller that
-    planned other moves first passes the load after them). A missing copy whose partition
-    has no up copy to build it from, or no free node, is ``short``; a copy on an ejected node
-    with no other node to take it (or that cannot be copied now) is ``unplaced``."""
+    ``up_nodes`` (module docstring). ``groups``: node -> server group ("" or missing: a
+    group of its own). ``load``: load per node (``slice_weight`` units) to start from
+    (default ``slice_load``; a caller that planned other moves first passes the load after
+    them). A missing copy whose partition has no up copy to build it from, or no free node,
+    is ``short``; a copy on an ejected node with no other node to take it (or that cannot be
+    copied now) is ``unplaced``."""
     ejected = set(eject)
     up = set(up_nodes)
     start = slice_load(indexes, topologies) if load is None else load
     placer = _Placer(sorted(up - ejected), groups or {}, Counter(start))
+    weights = slice_weights(indexes)
     plan = CopyPlan()
     for index_id in sorted(indexes):
         rec = indexes[index_id]
         history = topologies.get(index_id)
-        if not history or not _live(rec, history):
+        if not history or not _live(rec):
             continue
         topo = history[-1]
-        placer.begin_index(rec, topo)
+        placer.begin_index(rec, topo, weights[index_id])
 
         def planned(p: int, source: str, target: str, kind: str, rec: IndexRecord = rec,
                     topo: Topology = topo) -> None:  # fmt: skip

@@ -20,6 +20,7 @@ from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, ShardexError
 from shardex.meta.index_rebalance_record import ADD, MOVE, IndexMoveRecord
 from shardex.meta.index_state import ACTIVE, INIT, LIVE_STATES, IndexRecord
+from shardex.meta.slice_weight import slice_weights
 
 __all__ = [
     "ADD",
@@ -67,18 +68,23 @@ def plan_index_moves(
     indexer_nodes: Iterable[str],
     up_nodes: Iterable[str],
 ) -> list[PlannedIndexMove]:
-    """The fewest index-partition moves that leave every up indexer within one slice of the
-    others (slices counted over every live index), spreading each index's partitions.
+    """Index-partition moves that balance the up indexers by load (``slice_weight``: each
+    copy of a slice weighs its index's load over its partition count), few of them, and
+    spreading each index's partitions.
 
     Only slices of ACTIVE indexes whose placement was not pinned (``WITH {"nodes": ...}``)
     and that have no replica copies move; the others (replica copies too) still count as
-    load. Each move takes a slice from the most loaded node to the least loaded one, so
-    every move lowers the spread and none is wasted. Refuses when a node that holds primary
-    slices is down: its slices cannot be copied (a replicated index's copies there are about
-    to leave the topology, after which a rebalance rebuilds them elsewhere). A down node's
-    replica copies do not refuse: they are not moved, and are rebuilt once dropped."""
+    load. Each move takes a slice from the most loaded node to the least loaded one, only
+    one lighter than the gap between them (so every move lowers the spread and none is
+    wasted), and of those the one closest to half the gap (the fewest moves), then the one
+    whose index gains the most spread. With slices of one weight this leaves every node
+    within one slice of the others. Refuses when a node that holds primary slices is down:
+    its slices cannot be copied (a replicated index's copies there are about to leave the
+    topology, after which a rebalance rebuilds them elsewhere). A down node's replica copies
+    do not refuse: they are not moved, and are rebuilt once dropped."""
     up = sorted(set(up_nodes))
     known = set(indexer_nodes)
+    weights = slice_weights(indexes)
     load: Counter[str] = Counter({n: 0 for n in up})
     per_index: Counter[tuple[str, str]] = Counter()  # (index id, node) -> slices
     movable: dict[str, list[tuple[str, int]]] = {n: [] for n in up}
@@ -109,10 +115,11 @@ def plan_index_moves(
             )
         base[index_id] = topo.seq_num
         names[index_id] = (rec.name, rec.keyspace)
+        w = weights[index_id]
         for p, node in sorted(topo.assignment.items()):
             if node not in load:
                 continue  # a node no longer a member: nothing to copy from
-            load[node] += 1
+            load[node] += w
             per_index[(index_id, node)] += 1
             # Slices of an index with replicas stay put: a move onto a node holding another
             # copy of the partition would leave one node with two copies.
@@ -121,23 +128,26 @@ def plan_index_moves(
         for nodes in topo.replicas.values():
             for node in nodes:
                 if node in load:
-                    load[node] += 1
+                    load[node] += w
     out: list[PlannedIndexMove] = []
     exhausted: set[str] = set()
     while len(up) > 1:
         receiver = min(up, key=lambda n: (load[n], n))
-        donors = [n for n in up if n not in exhausted and load[n] - load[receiver] > 1]
+        donors = [n for n in up if n not in exhausted and load[n] > load[receiver]]
         if not donors:
             break
         donor = max(donors, key=lambda n: (load[n], n))
-        if not movable[donor]:
+        gap = load[donor] - load[receiver]
+        fits = [s for s in movable[donor] if weights[s[0]] < gap]
+        if not fits:
             exhausted.add(donor)
             continue
-        # The slice whose index gains the most spread: few slices of it on the receiver,
-        # many on the donor; then the highest partition (deterministic).
+        # Closest to half the gap; then the slice whose index gains the most spread (few
+        # slices of it on the receiver, many on the donor); then the highest partition.
         pick = min(
-            movable[donor],
+            fits,
             key=lambda s: (
+                abs(gap - 2 * weights[s[0]]),
                 per_index[(s[0], receiver)] - per_index[(s[0], donor)],
                 s[0],
                 -s[1],
@@ -145,8 +155,8 @@ def plan_index_moves(
         )
         movable[donor].remove(pick)
         index_id, p = pick
-        load[donor] -= 1
-        load[receiver] += 1
+        load[donor] -= weights[index_id]
+        load[receiver] += weights[index_id]
         per_index[(index_id, donor)] -= 1
         per_index[(index_id, receiver)] += 1
         name, keyspace = names[index_id]

@@ -33,6 +33,7 @@ from shardex.meta.index_rebalance_state import (
 )
 from shardex.meta.index_state import ACTIVE, BUILDING, IndexRecord
 from shardex.meta.rebalance_state import RebalanceRecord, finish
+from shardex.meta.slice_weight import UNIT
 from shardex.pipeline.project.router import IndexRoute, route
 from shardex.testing.index import FakeKeyspace, LocalPipeline, random_workload
 
@@ -53,19 +54,40 @@ def _index(index_id: str, n: int, *, state: str = ACTIVE, pinned: bool = False) 
     return IndexRecord(definition=d, state=state, nodes=["n1"] if pinned else None)
 
 
-def _load(moves, topologies) -> dict[str, int]:
+def _load(moves, topologies, indexes) -> dict[str, int]:
+    """Load per node (``slice_weight`` units) after ``moves``."""
     after = {i: dict(h[-1].assignment) for i, h in topologies.items()}
     for index_id, _name, _ks, p, src, dst, _seq, _kind in moves:
         assert after[index_id][p] == src
         after[index_id][p] = dst
     load: dict[str, int] = {}
-    for a in after.values():
+    for index_id, a in after.items():
         for n in a.values():
-            load[n] = load.get(n, 0) + 1
+            load[n] = load.get(n, 0) + UNIT // indexes[index_id].definition.num_partition
     return load
 
 
 def test_plan_balances_slices_over_a_new_node_with_the_fewest_moves() -> None:
+    indexes = {"a": _index("a", 4), "b": _index("b", 4)}
+    topologies = {
+        "a": [Topology(seq_num=1, assignment={0: "n1", 1: "n2", 2: "n3", 3: "n1"})],
+        "b": [Topology(seq_num=2, assignment={0: "n2", 1: "n3", 2: "n1", 3: "n2"})],
+    }
+    nodes = ["n1", "n2", "n3", "n4"]
+    moves = plan_index_moves(indexes, topologies, nodes, nodes)
+    load = _load(moves, topologies, indexes)
+    assert sorted(load.values()) == [UNIT // 2] * 4  # slices of one weight: 2 per node
+    assert len(moves) == 2
+    assert all(m[5] == "n4" for m in moves)
+    assert {m[0] for m in moves} == {"a", "b"}  # spread: one slice of each index
+    assert all(m[6] == topologies[m[0]][-1].seq_num for m in moves)
+    assert plan_index_moves(indexes, topologies, nodes, nodes) == moves  # deterministic
+    assert plan_index_moves(indexes, topologies, nodes[:2], nodes[:2]) == []  # 4/4
+
+
+def test_plan_weighs_an_unpartitioned_slice_as_its_whole_index() -> None:
+    # The same two indexes plus an unpartitioned one on n3: n3 carries 1.5 indexes' load.
+    # Its one slice (a whole index) goes to the new node, and nothing else is worth a move.
     indexes = {"a": _index("a", 4), "b": _index("b", 4), "c": _index("c", 1)}
     topologies = {
         "a": [Topology(seq_num=1, assignment={0: "n1", 1: "n2", 2: "n3", 3: "n1"})],
@@ -74,14 +96,25 @@ def test_plan_balances_slices_over_a_new_node_with_the_fewest_moves() -> None:
     }
     nodes = ["n1", "n2", "n3", "n4"]
     moves = plan_index_moves(indexes, topologies, nodes, nodes)
-    load = _load(moves, topologies)
-    assert max(load.values()) - min(load.values()) <= 1
-    assert len(moves) == 2  # 9 slices over 4 nodes: n4 needs 2, nothing else is worth a move
-    assert all(m[5] == "n4" for m in moves)
-    assert {m[0] for m in moves} == {"a", "b"}  # spread: one slice of each index
-    assert all(m[6] == topologies[m[0]][-1].seq_num for m in moves)
+    assert [(m[0], m[3], m[4], m[5]) for m in moves] == [("c", 0, "n3", "n4")]
+
+
+def test_plan_rebalances_partitioned_and_unpartitioned_indexes_by_weight() -> None:
+    # One index partitioned 8 ways over 3 nodes (3/3/2), then two unpartitioned ones on the
+    # nodes with the fewest slices. Counted in slices that is balanced (4/3/3); weighed,
+    # n1 carries 1.375 indexes and n2 0.375: the 8-way index's slices move to n2.
+    indexes = {"p": _index("p", 8), "x": _index("x", 1), "y": _index("y", 1)}
+    topologies = {
+        "p": [Topology(seq_num=1, assignment={i: f"n{i % 3 + 1}" for i in range(8)})],
+        "x": [Topology(seq_num=1, assignment={0: "n3"})],
+        "y": [Topology(seq_num=1, assignment={0: "n1"})],
+    }
+    nodes = ["n1", "n2", "n3"]
+    moves = plan_index_moves(indexes, topologies, nodes, nodes)
+    load = _load(moves, topologies, indexes)
+    assert max(load.values()) - min(load.values()) <= UNIT // 8, load
+    assert {m[0] for m in moves} == {"p"} and {m[5] for m in moves} == {"n2"}
     assert plan_index_moves(indexes, topologies, nodes, nodes) == moves  # deterministic
-    assert plan_index_moves(indexes, topologies, nodes[:3], nodes[:3]) == []  # 3/3/3
 
 
 def test_plan_moves_only_active_unpinned_indexes_and_refuses_a_down_holder() -> None:

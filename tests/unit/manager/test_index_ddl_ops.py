@@ -36,6 +36,7 @@ from shardex.meta.index_state import (
     IndexRecord,
     creation_base,
 )
+from shardex.meta.slice_weight import UNIT
 from shardex.meta.state import KeyspaceMeta, StateContext, stored_reply
 from tests.unit.manager import coordinator_fakes as fakes
 
@@ -208,27 +209,65 @@ def test_defaults_and_canonical_form() -> None:
 # --- placement ------------------------------------------------------------------------------
 
 
-def test_placement_balances_by_count_and_existing_slices() -> None:
-    assert place_partitions(4, ["b", "a"], Counter()) == {0: "a", 1: "b", 2: "a", 3: "b"}
-    # a already hosts 3 slices: the new index fills b and c first
+def test_placement_balances_by_load_and_existing_slices() -> None:
+    got = place_partitions(4, ["b", "a"], Counter(), weight=1)
+    assert got == {0: "a", 1: "b", 2: "a", 3: "b"}
+    # a already carries the load of 3 slices: the new index fills b and c first
     load = Counter({"a": 3})
-    got = place_partitions(4, ["a", "b", "c"], load)
+    got = place_partitions(4, ["a", "b", "c"], load, weight=1)
     assert Counter(got.values()) == Counter({"b": 2, "c": 2})
-    got = place_partitions(7, ["a", "b", "c"], load)
+    got = place_partitions(7, ["a", "b", "c"], load, weight=1)
     assert Counter(got.values()) == Counter({"a": 1, "b": 3, "c": 3})
+    # heavier slices: a's load is worth one and a half of them
+    got = place_partitions(4, ["a", "b", "c"], load, weight=2)
+    assert Counter(got.values()) == Counter({"b": 2, "c": 2})
 
 
 def test_pinned_placement_uses_exactly_the_named_nodes() -> None:
-    got = place_partitions(5, ["n3", "n1"], Counter({"n1": 10}), pinned=["n3", "n1"])
+    got = place_partitions(5, ["n3", "n1"], Counter({"n1": 10}), pinned=["n3", "n1"], weight=1)
     assert Counter(got.values()) == Counter({"n3": 3, "n1": 2})
 
 
 def test_slice_load_skips_indexes_being_dropped() -> None:
     state = state_with_existing()
-    assert slice_load(state) == Counter({"n1": 2})
+    assert slice_load(state) == Counter({"n1": 2 * UNIT})  # two unpartitioned indexes
     dropped = msgspec.structs.replace(state.indexes["1.1.old"], state=DELETED)
     state = msgspec.structs.replace(state, indexes={**state.indexes, "1.1.old": dropped})
-    assert slice_load(state) == Counter({"n1": 1})
+    assert slice_load(state) == Counter({"n1": UNIT})
+
+
+def _created(state: StateContext, msg: CreateIndex) -> StateContext:
+    """``state`` with the index ``msg`` creates, placed as ``validate_create`` places it."""
+    plan = validate_create(msg, state, UP3, UP3)
+    rec = IndexRecord(
+        definition=msgspec.structs.replace(plan.definition, id=f"1.1.{msg.name}"), state=ACTIVE
+    )
+    topo = Topology(seq_num=1, assignment=plan.assignment, replicas=plan.replicas)
+    return msgspec.structs.replace(
+        state,
+        indexes={**state.indexes, rec.id: rec},
+        index_topologies={**state.index_topologies, rec.id: [topo]},
+    )
+
+
+def test_placement_balances_unpartitioned_and_partitioned_indexes_by_weight() -> None:
+    # Two unpartitioned indexes, then one partitioned 8 ways, over 3 indexers. Each index
+    # carries the keyspace's key versions: counting slices put 3 of the 8 next to each
+    # unpartitioned one (1.375, 1.25 and 0.375 of an index per node).
+    state = FakeCtx().state
+    state = _created(state, create(name="by_a"))
+    state = _created(state, create(name="by_b"))
+    state = _created(state, create(name="by_c", partition_by=["META().id"], num_partition=8))
+    # Weighed here, not by ``slice_load``: a whole index on the unpartitioned ones' nodes.
+    load = Counter({n: 0 for n in UP3})
+    for index_id, (topo,) in state.index_topologies.items():
+        parts = state.indexes[index_id].definition.num_partition
+        for node in topo.assignment.values():
+            load[node] += UNIT // parts
+    assert max(load.values()) - min(load.values()) <= UNIT // 8, load
+    # Each unpartitioned index went to a node of its own.
+    homes = {state.index_topologies[f"1.1.by_{x}"][-1].assignment[0] for x in "ab"}
+    assert len(homes) == 2
 
 
 # --- CREATE ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from shardex.errors import ErrorCode, ShardexError
 from shardex.manager.index_copies import drop_index_copies, without_copies
 from shardex.manager.index_validate import place_replicas, slice_load, validate_create
 from shardex.meta.index_definition import MAX_INDEX_REPLICAS, IndexKey, check_num_replica
+from shardex.meta.slice_weight import UNIT
 from tests.unit.manager import coordinator_fakes as fakes
 from tests.unit.manager.test_index_ddl_ops import UP3, FakeCtx, ddl, run
 
@@ -80,16 +81,16 @@ def test_replicas_on_distinct_nodes_and_balanced() -> None:
 
 def test_replica_placement_leans_on_lightly_loaded_nodes() -> None:
     # one partition on a; b already hosts many slices: the replica goes to c
-    got = place_replicas({0: "a"}, 1, ["a", "b", "c"], Counter({"b": 5}))
+    got = place_replicas({0: "a"}, 1, ["a", "b", "c"], Counter({"b": 5}), weight=1)
     assert got == {0: ["c"]}
     # 4 partitions over 4 nodes, one replica each: every node ends with 2 slices
     assignment = {0: "a", 1: "b", 2: "c", 3: "d"}
-    got = place_replicas(assignment, 1, "abcd", Counter())
+    got = place_replicas(assignment, 1, "abcd", Counter(), weight=1)
     copies_per_partition(assignment, got)
     load = Counter(assignment.values())
     load.update(n for ns in got.values() for n in ns)
     assert set(load.values()) == {2}
-    assert place_replicas(assignment, 0, "abcd", Counter()) == {}
+    assert place_replicas(assignment, 0, "abcd", Counter(), weight=1) == {}
 
 
 def test_pinned_nodes_each_get_a_slice_with_replicas() -> None:
@@ -110,7 +111,7 @@ def test_topology_copies() -> None:
 def test_copies_distinct_and_even_for_one_index(n: int, r: int, nodes: int) -> None:
     names = [f"n{i}" for i in range(nodes)]
     assignment = {p: names[p % nodes] for p in range(n)}
-    got = place_replicas(assignment, r, names, Counter())
+    got = place_replicas(assignment, r, names, Counter(), weight=1)
     copies_per_partition(assignment, got)
     assert all(len(got[p]) == r for p in range(n))
     load = Counter({x: 0 for x in names})
@@ -130,7 +131,8 @@ async def test_create_allocates_every_copy_and_drop_reaches_them() -> None:
     allocs = {n: m.partitions for n, m in ctx.pool.sent if isinstance(m, AllocateSlices)}
     assert allocs == {n: topo.copies_of(n) for n in UP3}
     assert sorted(p for ps in allocs.values() for p in ps) == [0, 0, 1, 1, 2, 2]
-    assert slice_load(ctx.state) == Counter({"n1": 2, "n2": 2, "n3": 2})
+    # two copies per node, each a third of the index
+    assert slice_load(ctx.state) == Counter({n: 2 * (UNIT // 3) for n in UP3})
     await run(d.drop_index, DropIndex(keyspace="ks", name="ix", request_id="d-r"), ctx)
     dropped = sorted(n for n, m in ctx.pool.sent if isinstance(m, DropSlices))
     assert dropped == UP3

@@ -18,6 +18,7 @@ from shardex.meta.index_rebalance_state import (
     publish_index_move,
 )
 from shardex.meta.index_state import ACTIVE, BUILDING, IndexRecord
+from shardex.meta.slice_weight import UNIT
 
 
 def _index(
@@ -78,7 +79,7 @@ def test_copies_spread_by_load_and_prefer_a_new_server_group() -> None:
     other = {"o": _index("o", 6, num_replica=0)}
     busy = Topology(seq_num=1, assignment=dict.fromkeys(range(6), "n3"))
     topologies = {"r": [lost], "o": [busy]}
-    assert slice_load({**indexes, **other}, topologies)["n3"] == 6
+    assert slice_load({**indexes, **other}, topologies)["n3"] == 6 * (UNIT // 6)
     plan = plan_index_copies({**indexes, **other}, topologies, up, groups)
     assert [t for *_x, t in _adds(plan)] == ["n4", "n3", "n4", "n3"]
 

@@ -7,6 +7,8 @@
   results and errors as over the network;
 * scan stability in one round: when the nodes' newest snapshots differ, the oldest is pinned
   and only the nodes that read another one are asked again;
+* an indexer answers a ``ScanSlices`` that needs no wait in the receive callback (no task),
+  one that waits in a task;
 * an indexer reads on its event loop only when no slice lock is held; otherwise it waits in
   its scan pool and the loop keeps serving;
 * the client sends its next scans of an index to the node holding most of its slices.
@@ -28,9 +30,9 @@ from shardex.client import connect
 from shardex.client.scan import _EntryRows
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.scan_server import INLINE_ROWS
+from shardex.index.scan_server import INLINE_ROWS, IndexScanServer
 from shardex.testing.index import random_workload
-from tests.integration.scan_env import KS, NODES, SECRET, Env, as_rows, oracle_rows
+from tests.integration.scan_env import KS, NODES, SECRET, Env, _until, as_rows, oracle_rows
 
 CITIES = ("lima", "oslo", "paris", "rome")
 
@@ -142,13 +144,13 @@ async def test_stability_pins_the_oldest_snapshot_when_nodes_differ(env: Env) ->
     opened: list[tuple[str, Any]] = []
     for name in NODES:
         server = env.nodes[name].scan_server
-        real = server._open
+        real = server._arrival  # once per open, answered at once or after a wait
 
-        async def spy(msg: ScanSlices, real: Any = real, name: str = name) -> Any:
+        def spy(msg: ScanSlices, real: Any = real, name: str = name) -> Any:
             opened.append((name, msg.snapshot_ts))
-            return await real(msg)
+            return real(msg)
 
-        server._open = spy  # type: ignore[method-assign]
+        server._arrival = spy  # type: ignore[method-assign]
     assert env.client is not None
     client = env.client
     res = await asyncio.to_thread(client.scan, KS, "by_name", None, stability="scan")
@@ -165,6 +167,42 @@ async def test_stability_pins_the_oldest_snapshot_when_nodes_differ(env: Env) ->
     rows = await asyncio.to_thread(list, res)
     assert res.ts == new and len(opened) == 2
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(new), None)
+
+
+async def test_an_open_that_needs_no_wait_is_answered_in_the_receive_callback(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(16)
+    ts = await env.round(rng, 150)
+    in_task: list[bool] = []
+    waited: list[list[int]] = []
+    real_now, real_wait = IndexScanServer._open_now, IndexScanServer._scan_waiting
+
+    def now_spy(self: IndexScanServer, msg: ScanSlices, **kw: Any) -> Any:
+        in_task.append(asyncio.current_task() is not None)
+        return real_now(self, msg, **kw)
+
+    async def wait_spy(self: IndexScanServer, msg: ScanSlices, conn: Any) -> Any:
+        waited.append(msg.partitions)
+        return await real_wait(self, msg, conn)
+
+    monkeypatch.setattr(IndexScanServer, "_open_now", now_spy)
+    monkeypatch.setattr(IndexScanServer, "_scan_waiting", wait_spy)
+    want = oracle_rows(env.defs["by_name"], env.ks.documents_at(ts), None)
+    assert as_rows(await env.scan("by_name", consistency="at_plus", at=ts)) == want
+    assert as_rows(await env.scan("by_name", limit=7)) == want[:7]
+    # Every slice opened in the receive callback, outside any task, none waited.
+    assert in_task and not any(in_task)
+    assert waited == []
+    # A TS the slices do not cover yet: the open waits, in a task, for the delivery.
+    random_workload(env.ks, rng, 60)
+    new = env.ks.ts()
+    scan = asyncio.ensure_future(env.scan("by_name", consistency="at_plus", at=new))
+    await _until(lambda: len(waited) == len(NODES))
+    assert not scan.done()
+    await env.deliver(new)
+    await env.stabilise(new)
+    assert as_rows(await scan) == oracle_rows(env.defs["by_name"], env.ks.documents_at(new), None)
 
 
 async def test_a_held_slice_lock_sends_the_read_to_the_pool_not_the_loop(env: Env) -> None:

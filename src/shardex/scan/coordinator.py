@@ -76,7 +76,13 @@ from shardex.api.scan_streams import (
     Source,
     cancel_all,
 )
-from shardex.api.spans import eliminate, encode_spans, from_wire_spans, to_wire_spans
+from shardex.api.spans import (
+    decode_user_spans,
+    eliminate_decoded,
+    encode_decoded,
+    from_wire_spans,
+    to_wire_spans,
+)
 from shardex.core.spans import spans_after
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
@@ -199,11 +205,12 @@ class ScanCoordinator:
         check_request(msg)
         rec, topo = await self.resolve(msg.keyspace, msg.index)
         defn = rec.definition
-        spans = to_wire_spans(encode_spans(msg.spans, defn))
+        decoded = decode_user_spans(msg.spans, defn)  # once, for both uses
+        spans = to_wire_spans(encode_decoded(decoded, defn))
         # One deadline for the whole open, retries included: every indexer request gets the
         # time that is left, so no retry can make the scan outlive its own timeout.
         deadline = asyncio.get_running_loop().time() + msg.timeout
-        partitions = eliminate(msg.spans, defn)
+        partitions = eliminate_decoded(decoded, defn)
         by_node = placement(msg.index, topo, partitions)
         if msg.limit == 0:
             by_node = {}  # nothing to read; still resolved and validated above

@@ -2,9 +2,10 @@
 
 A development tool beside ``bench.scan`` (which needs PostgreSQL and a Spark build per run):
 
-* ``setup DIR``: a 3-node cluster in ``DIR/cluster``, the bench's documents (``--docs``,
-  default 20,000), both indexes built once by the Spark pipeline, then the cluster is
-  stopped. The directory is kept, so ``run`` can restart the same cluster many times.
+* ``setup DIR``: a 3-node cluster in ``DIR/cluster`` (``--tls``: TLS on every connection,
+  as ``shardex cluster start --tls``), the bench's documents (``--docs``, default 20,000),
+  both indexes built once by the Spark pipeline, then the cluster is stopped. The
+  directory is kept, so ``run`` can restart the same cluster many times.
 * ``run DIR``: start the cluster (no pipeline), run ``--scans`` scans of every case at
   not_bounded and request_plus from one in-process client, the two taking turns in rounds
   of 20 (a load spike from other work hits both), print p50/p90 per case, the CPU time per
@@ -43,14 +44,17 @@ ROUND = 20  # scans of one consistency before the other's turn
 
 
 @contextmanager
-def running(cdir: Path, new: bool, env: dict[str, str] | None = None) -> Iterator[None]:
+def running(
+    cdir: Path, new: bool, env: dict[str, str] | None = None, tls: bool = False
+) -> Iterator[None]:
     """The cluster in ``cdir`` started (its nodes with ``env``, default this one's), stopped
-    on exit."""
+    on exit; a ``new`` one with TLS on every connection when ``tls``."""
     from shardex.meta.cluster_dir import HTTP_PORT_OFFSET
 
     cmd = [*shardex_cli(), "cluster", "start", "--dir", str(cdir), "--no-pipeline"]
     if new:
         cmd += ["--nodes", "3", "--base-port", str(free_base_port(3, HTTP_PORT_OFFSET))]
+        cmd += ["--tls"] if tls else []
     try:
         proc = subprocess.run(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -95,7 +99,7 @@ def cpu_seconds(pids: Sequence[int]) -> tuple[float, float]:
     return total, t.user + t.system
 
 
-def setup(base: Path, docs: int) -> None:
+def setup(base: Path, docs: int, tls: bool = False) -> None:
     from bench.common.dataset import create_indexes
     from bench.common.driver import shardex_build
 
@@ -103,13 +107,16 @@ def setup(base: Path, docs: int) -> None:
         create_indexes(client)
         shardex_build(client, driver, docs, timeout=3600)
 
-    setup_cluster(base, docs, "shardex-scan-profile", build)
+    setup_cluster(base, docs, "shardex-scan-profile", build, tls=tls)
 
 
-def setup_cluster(base: Path, docs: int, app_name: str, build: Callable[[Any, Any], None]) -> None:
-    """The kept cluster of a ``setup DIR``: 3 nodes in ``DIR/cluster``, ``docs`` demo users
-    loaded, ``build(client, driver)`` run with a pipeline driver on a SparkSession of this
-    process, then the cluster stopped (``DIR/docs.txt`` records the count)."""
+def setup_cluster(
+    base: Path, docs: int, app_name: str, build: Callable[[Any, Any], None], tls: bool = False
+) -> None:
+    """The kept cluster of a ``setup DIR``: 3 nodes in ``DIR/cluster`` (TLS on every
+    connection when ``tls``), ``docs`` demo users loaded, ``build(client, driver)`` run with
+    a pipeline driver on a SparkSession of this process, then the cluster stopped
+    (``DIR/docs.txt`` records the count)."""
     from bench.common.dataset import shardex_load, write_docs
     from bench.common.harness import spark_driver
     from shardex.client import connect_local
@@ -117,7 +124,7 @@ def setup_cluster(base: Path, docs: int, app_name: str, build: Callable[[Any, An
     base.mkdir(parents=True, exist_ok=True)
     files, _ = write_docs(base, docs, SEED, 3)
     cdir = base / "cluster"
-    with running(cdir, new=True), connect_local(cdir) as client:
+    with running(cdir, new=True, tls=tls), connect_local(cdir) as client:
         client.create_keyspace(KEYSPACE, num_partitions=64, num_replicas=0)
         shardex_load(cdir, files, base)
         with spark_driver(base, cdir, app_name) as driver:
@@ -225,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("dir", type=Path)
     ap.add_argument("--docs", type=int, default=20_000)
     ap.add_argument("--scans", type=int, default=200)
+    ap.add_argument("--tls", action="store_true", help="setup: TLS on every connection")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--case", action="append", choices=CASES, help="only these cases")
     ap.add_argument("--consistency", action="append", choices=CONSISTENCIES)
@@ -236,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.command == "setup":
-        setup(args.dir, args.docs)
+        setup(args.dir, args.docs, args.tls)
     else:
         measure(
             args.dir,

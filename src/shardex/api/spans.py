@@ -165,11 +165,14 @@ def encode_spans(spans: Sequence[UserSpan], defn: IndexDefinition) -> list[Span]
     """Encoded spans for ``defn`` (None: the whole index). Empty bounds are open ends."""
     if not spans:
         return None
+    return encode_decoded(decode_user_spans(spans, defn), defn)
+
+
+def decode_user_spans(spans: Sequence[UserSpan], defn: IndexDefinition) -> list[DecodedSpan]:
+    """Every wire span decoded and checked against ``defn`` (``decode_user_span``): what
+    ``encode_decoded`` and ``eliminate_decoded`` take, so a scan decodes its spans once."""
     n_keys = len(defn.keys)
-    return encode_decoded(
-        [(*decode_user_span(span, i, n_keys), span.inclusion) for i, span in enumerate(spans)],
-        defn,
-    )
+    return [(*decode_user_span(span, i, n_keys), span.inclusion) for i, span in enumerate(spans)]
 
 
 # A span with its bounds' key parts decoded (None: open) and its inclusion.
@@ -251,11 +254,7 @@ def eliminate(spans: Sequence[UserSpan], defn: IndexDefinition) -> list[int]:
     has exactly those values: self-delimiting encodings make the prefix shared), so only the
     slice ``hash(values)`` (the router's and projector's hash, ``hash_partition``) can hold
     its entries. Every span must fix them for the scan to skip a slice."""
-    n_keys = len(defn.keys)
-    return eliminate_decoded(
-        [(*decode_user_span(span, i, n_keys), span.inclusion) for i, span in enumerate(spans)],
-        defn,
-    )
+    return eliminate_decoded(decode_user_spans(spans, defn), defn)
 
 
 def eliminate_decoded(spans: Sequence[DecodedSpan], defn: IndexDefinition) -> list[int]:

@@ -37,8 +37,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Final, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final, TypeAlias, TypeVar
 
 import msgspec
 
@@ -72,6 +72,10 @@ SCAN_THREADS: Final = 2
 INLINE_ROWS: Final = 1000
 INLINE_BYTES: Final = 256 * 1024
 
+# An opened scan: (the reply, the entries after its first block or None at the end, the
+# block size, the TS read).
+Opened: TypeAlias = tuple[SlicesOpened, EntryBlocks | None, int, Timestamp | None]
+
 
 class IndexScanServer:
     """Scan routes of one indexer node, over its index engine (``host``, the index
@@ -99,7 +103,9 @@ class IndexScanServer:
         return self.host.name
 
     def install(self, server: RpcServer) -> None:
-        server.route(ScanSlices, self.on_scan)
+        # In the receive callback: a scan that needs no wait is answered there, no task;
+        # one that must wait is finished in a task (``on_scan``).
+        server.router.route_inline(ScanSlices, self.on_scan)
         server.route(WaitStability, self.on_wait)
         self.host.listeners.append(self.watch.notify)
 
@@ -217,9 +223,24 @@ class IndexScanServer:
         ts = await self.stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
         return StabilityAt(node=self.node, ts=dict(ts.to_wire()), high_seqnos=seqnos)
 
-    async def on_scan(self, msg: ScanSlices, conn: Connection) -> SlicesOpened:
+    def on_scan(self, msg: ScanSlices, conn: Connection) -> SlicesOpened | Awaitable[SlicesOpened]:
+        """``ScanSlices`` in the receive callback (``Router.route_inline``): answered at once
+        when its slices open without waiting - the TS it reads is there and no slice lock is
+        held elsewhere, the common case - else an awaitable that waits (the connection runs
+        it in a task). Either way the same reply, stream and errors."""
         self.streams.check_new(conn, msg.scan_id)
-        opened, rest, block_rows, _ = await self._open(msg)
+        opened = self._open_now(msg)
+        if opened is None:
+            return self._scan_waiting(msg, conn)
+        return self._started(msg, conn, opened)
+
+    async def _scan_waiting(self, msg: ScanSlices, conn: Connection) -> SlicesOpened:
+        return self._started(msg, conn, await self._open(msg))
+
+    def _started(self, msg: ScanSlices, conn: Connection, opened: Opened) -> SlicesOpened:
+        """The reply of an opened scan; the entries after its first block stream (credit
+        flow control) from a task started here, before the reply is written."""
+        reply, rest, block_rows, _ = opened
         if rest is not None:
             left: EntryBlocks = rest
 
@@ -228,7 +249,7 @@ class IndexScanServer:
                     await stream.send(block)
 
             self.streams.start(conn, msg.scan_id, msg.credit, produce)
-        return opened
+        return reply
 
     async def open_local(
         self, msg: ScanSlices
@@ -240,40 +261,82 @@ class IndexScanServer:
         opened, rest, block_rows, read_ts = await self._open(msg, wire_ts=False)
         return opened, None if rest is None else self._blocks(rest, block_rows), read_ts
 
-    async def _open(
-        self, msg: ScanSlices, *, wire_ts: bool = True
-    ) -> tuple[SlicesOpened, EntryBlocks | None, int, Timestamp | None]:
+    def _open_now(self, msg: ScanSlices, *, wire_ts: bool = True) -> Opened | None:
+        """``_open`` when nothing has to wait: the TS to read is there (or none is wanted)
+        and no slice lock is held elsewhere; None otherwise (``_open`` then starts over,
+        reading the high seqnos again: still after the scan arrived)."""
+        seqnos, wait_for, slices = self._arrival(msg)
+        known, read_ts = self._ts_now(msg, slices, wait_for)
+        if not known:
+            return None
+        ran, entries = self._try_inline(slices, self._opener(msg, slices, read_ts))
+        if not ran:
+            return None
+        assert entries is not None
+        return self._first_block(msg, entries, read_ts, seqnos, wire_ts)
+
+    async def _open(self, msg: ScanSlices, *, wire_ts: bool = True) -> Opened:
         """Wait, pick the snapshot, open the slices and read the first block: (the reply,
         the entries after it or None at the end, the block size, the TS read)."""
+        seqnos, wait_for, slices = self._arrival(msg)
+        known, read_ts = self._ts_now(msg, slices, wait_for)
+        if not known:
+            # A wait looks the slices up again after it (a drop or rollback meanwhile).
+            stable = await self.stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
+            slices = self._slices(msg.index_id, msg.partitions)
+            read_ts = stable if msg.stability else None
+        # SNAPSHOT_TOO_OLD etc. answer the request. Opening only creates iterators; the first
+        # block is read on the loop too (bounded), and a scan that ends within it is answered
+        # by the reply alone: no stream, no thread hand-off.
+        entries = await self._run_unlocked(slices, self._opener(msg, slices, read_ts))
+        return self._first_block(msg, entries, read_ts, seqnos, wire_ts)
+
+    def _ts_now(
+        self, msg: ScanSlices, slices: list[Any], wait_for: Timestamp | None
+    ) -> tuple[bool, Timestamp | None]:
+        """(True, the TS to read - None: the tips) when it is known without waiting, else
+        (False, None): the slices' snapshots do not cover ``wait_for`` yet, or a slice lock
+        is held elsewhere."""
+        if msg.snapshot_ts is not None:
+            return True, Timestamp.from_wire(msg.snapshot_ts)
+        if not msg.stability and wait_for is None:
+            return True, None
+        # The common case (the pipeline keeps up) is answered by the slices just looked up.
+        stable = self._covering_now(slices, wait_for)
+        if stable is None:
+            return False, None
+        return True, stable if msg.stability else None
+
+    def _arrival(
+        self, msg: ScanSlices
+    ) -> tuple[dict[int, tuple[int, int]] | None, Timestamp | None, list[Any]]:
+        """What a ``ScanSlices`` reads as it arrives: the high seqnos asked for, the TS to
+        wait for, the slices (checked)."""
         # Read before anything else: the request arrived after the scan did at its
         # coordinator, so these cover every write acknowledged before the scan (scan-request
         # flow step 9).
         seqnos = self.high_seqnos_here(msg.seqnos_keyspace, msg.seqnos_of)
         wait_for = None if msg.wait_for is None else Timestamp.from_wire(msg.wait_for)
-        slices = self._slices(msg.index_id, msg.partitions)
-        read_ts: Timestamp | None = None
-        if msg.snapshot_ts is not None:
-            read_ts = Timestamp.from_wire(msg.snapshot_ts)
-        elif msg.stability or wait_for is not None:
-            # The common case (the pipeline keeps up) is answered by the slices just looked
-            # up; a wait looks them up again after it (a drop or rollback meanwhile).
-            stable = self._covering_now(slices, wait_for)
-            if stable is None:
-                stable = await self.stable_ts(msg.index_id, msg.partitions, wait_for, msg.timeout)
-                slices = self._slices(msg.index_id, msg.partitions)
-            read_ts = stable if msg.stability else None
-        spans = from_wire_spans(msg.spans)
-        limit = msg.limit
-        if limit is not None and limit < 0:
+        if msg.limit is not None and msg.limit < 0:
             raise ShardexError(
-                f"limit must be >= 0, got {limit}", code=ErrorCode.BAD_REQUEST, details={}
+                f"limit must be >= 0, got {msg.limit}", code=ErrorCode.BAD_REQUEST, details={}
             )
-        # SNAPSHOT_TOO_OLD etc. answer the request. Opening only creates iterators; the first
-        # block is read on the loop too (bounded), and a scan that ends within it is answered
-        # by the reply alone: no stream, no thread hand-off.
-        entries = await self._run_unlocked(
-            slices, functools.partial(open_entries, slices, spans, read_ts, limit, msg.ordered)
-        )
+        return seqnos, wait_for, self._slices(msg.index_id, msg.partitions)
+
+    def _opener(
+        self, msg: ScanSlices, slices: list[Any], read_ts: Timestamp | None
+    ) -> Callable[[], EntryBlocks]:
+        spans = from_wire_spans(msg.spans)
+        return functools.partial(open_entries, slices, spans, read_ts, msg.limit, msg.ordered)
+
+    def _first_block(
+        self,
+        msg: ScanSlices,
+        entries: EntryBlocks,
+        read_ts: Timestamp | None,
+        seqnos: dict[int, tuple[int, int]] | None,
+        wire_ts: bool,
+    ) -> Opened:
         block_rows = max(1, min(msg.block_rows, MAX_BLOCK_ROWS))
         first = entries.take(min(block_rows, INLINE_ROWS), INLINE_BYTES)
         rest = None if entries.exhausted() else entries

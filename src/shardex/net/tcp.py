@@ -5,9 +5,9 @@ this layer; encoding, authentication and request matching live in ``shardex.net.
 
 ``TcpTransport`` listens and dials; each connection is a ``TcpComm`` (``tcp_comm.py``), the
 asyncio protocol that cuts frames in the loop's callback. With a ``TlsConfig``
-(``shardex.net.tls``) every connection is TLS 1.3: outgoing ones through the loop's own TLS,
-incoming ones through a listener that refuses plaintext clients with a frame they can read
-and runs TLS in memory for the others (``tcp_tls.py``).
+(``shardex.net.tls``) every connection is TLS 1.3, run in memory by its comm over a plain
+transport: outgoing ones from their first byte, incoming ones through a listener that
+refuses plaintext clients with a frame they can read (``tcp_tls.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 
 from shardex.errors import NodeUnavailable
 from shardex.net.tcp_comm import PlainComm, TcpComm, fmt_addr
-from shardex.net.tcp_tls import TlsComm, TlsListener, bind_socket
+from shardex.net.tcp_tls import TlsListener, TlsMemoryComm, bind_socket
 from shardex.net.tls import TlsConfig, tls_failure
 from shardex.net.transport import (
     DEFAULT_MAX_FRAME,
@@ -102,19 +102,41 @@ class TcpTransport(Transport):
                         lambda: PlainComm(self.max_frame), host, port
                     )
                 else:
-                    _, comm = await loop.create_connection(
-                        lambda: TlsComm(self.max_frame, presents_cert=tls.is_node),
-                        host,
-                        port,
-                        ssl=tls.client_context(),
-                        server_hostname=host,  # checked against the certificate's SANs
-                        ssl_handshake_timeout=timeout,
-                    )
+                    comm = await self._connect_tls(tls, host, port)
         except OSError as e:  # refused, unreachable, timed out (TimeoutError), TLS failed
             failure = tls_failure(address, e) if tls is not None else None
             if failure is not None:
                 raise failure from e
             raise connect_failed(address, timeout, e) from e
+        return comm
+
+    async def _connect_tls(self, tls: TlsConfig, host: str, port: int) -> TcpComm:
+        """A connection to ``host:port`` with TLS run in memory by its comm, as the nodes
+        run their accepted ones (``tcp_tls.TlsMemoryComm``), once the handshake is done;
+        its failure (a certificate that does not verify, a peer not speaking TLS) raised
+        as ``ssl`` raises it. Cheaper per record than the loop's TLS, which after each
+        record tries another read that fails through ``ssl.SSLObject`` and passes every
+        write through its backlog."""
+        loop = asyncio.get_running_loop()
+        ctx = tls.client_context()
+        handshake: asyncio.Future[None] = loop.create_future()
+        transport, comm = await loop.create_connection(
+            lambda: TlsMemoryComm(
+                self.max_frame,
+                None,
+                ctx,
+                handshake,
+                server_hostname=host,  # checked against the certificate's SANs
+                presents_cert=tls.is_node,
+            ),
+            host,
+            port,
+        )
+        try:
+            await handshake
+        except BaseException:
+            transport.close()  # after our alert, if the handshake wrote one
+            raise
         return comm
 
 

@@ -7,8 +7,8 @@ so a frame costs no reader-task wake-up, no ``readexactly`` coroutines and no ex
 iteration; several frames that arrive in one ``recv`` are handled in one go. ``read()`` (the
 handshake, the simulator-compatible path) takes them from a queue.
 
-Made by ``TcpTransport`` (``tcp.py``): ``PlainComm`` in clear; under TLS the buffered comm of
-``tcp_tls.py``. Encryption is the transport's: this class only learns, once connected,
+Made by ``TcpTransport`` (``tcp.py``): ``PlainComm`` in clear; under TLS the in-memory comm
+of ``tcp_tls.py``. Encryption is the subclass's: this class only learns, once connected,
 whether the stream is encrypted and which node a verified certificate names.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from shardex.errors import AuthFailed, ConnectionClosed, NodeUnavailable, ShardexError
 from shardex.net.framing import HEADER, announced_too_large, sending_too_large
-from shardex.net.tls import TLS_RECORD_HANDSHAKE, cert_refused, peer_node_name, tls_failure
+from shardex.net.tls import TLS_RECORD_HANDSHAKE, cert_refused, tls_failure
 from shardex.net.transport import DEFAULT_MAX_FRAME, Comm, EndCallback, FrameCallback
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,8 @@ def fmt_addr(addr: object) -> str:
 
 class TcpComm(Comm, asyncio.BaseProtocol):
     """One TCP connection moving whole frames; also the connection's asyncio protocol: a
-    plain one (``PlainComm``) in clear, a buffered one (``tcp_tls.TlsComm``) under TLS."""
+    plain one (``PlainComm``) in clear, one running TLS in memory (``tcp_tls.TlsMemoryComm``)
+    under TLS."""
 
     def __init__(
         self,
@@ -60,8 +61,8 @@ class TcpComm(Comm, asyncio.BaseProtocol):
         self._max_frame = max_frame
         # An outgoing TLS comm that presented our certificate, and whether any byte came in:
         # a TLS 1.3 server checks a client's certificate after the client's handshake is
-        # done, and our loops drop its alert, so a close before its first byte is the only
-        # sign that it refused the certificate.
+        # done, so its alert or a close before its first frame is its refusal of the
+        # certificate.
         self._presents_cert = presents_cert
         self._got_data = False
         self._on_connected = on_connected
@@ -93,12 +94,7 @@ class TcpComm(Comm, asyncio.BaseProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._attach(transport)
-        # A loop's TLS transport calls this once its handshake is done: the peer's
-        # certificate, if it presented one, has been verified against the cluster CA.
-        if transport.get_extra_info("sslcontext") is not None:
-            self._connected(peer_node_name(transport.get_extra_info("peercert")))
-        else:
-            self._connected(None, encrypted=False)
+        self._connected(None, encrypted=False)  # in clear (TLS comms override this)
 
     def _attach(self, transport: asyncio.BaseTransport) -> None:
         """Take ``transport`` as this comm's byte stream (not yet ``_connected``)."""

@@ -1,22 +1,20 @@
-"""The TCP transport under TLS: the comms that carry frames over TLS, and the listener that
+"""The TCP transport under TLS: the comm that carries frames over TLS, and the listener that
 tells TLS clients from plaintext ones.
 
-Outgoing connections go through the loop's own TLS (``create_connection(ssl=...)``, in
-``tcp.py``) into a ``TlsComm``. Incoming ones go through a listener of our own
-(``TlsListener``) that looks at each new connection's first byte: a TLS ClientHello is
-handed to a ``TlsServerComm``, anything else - a plaintext client, which sends nothing and
-waits for the server's challenge - gets one ``ErrorReply`` frame saying the port requires
-TLS, and is closed. (A listener made by ``create_server`` reads the first bytes itself;
-once read they cannot be handed to TLS.) The contexts, certificates and failure messages
-are ``tls.py``'s.
-
-``TlsServerComm`` runs TLS itself, in memory (an ``ssl.SSLObject`` between two
-``MemoryBIO``s, as the blocking client does), over the loop's plain TCP transport, not
-through the loop's TLS transport: a node answers most requests on these connections, and
-the loop's TLS layer adds half again to OpenSSL's own work per request and reply (after
-each record it tries another read, which fails with an exception raised through
-``ssl.SSLObject``; a write passes a backlog, flow-control and state checks before it
-reaches OpenSSL); see docs/decisions/0114-tls-in-memory-on-the-server-side.md.
+Every TLS connection is a ``TlsMemoryComm``: TLS run in memory (an ``ssl.SSLObject``
+between two ``MemoryBIO``s, as the blocking client does) over the loop's plain TCP
+transport, not through the loop's TLS transport, whose layer adds half again to OpenSSL's
+own work per request and reply (after each record it tries another read, which fails with
+an exception raised through ``ssl.SSLObject``; a write passes a backlog, flow-control and
+state checks before it reaches OpenSSL); see
+docs/decisions/0114-tls-in-memory-on-the-server-side.md. Outgoing connections
+(``tcp.py``) start their handshake once connected. Incoming ones go through a listener of
+our own (``TlsListener``) that looks at each new connection's first byte: a TLS ClientHello
+is handed to a ``TlsMemoryComm``, anything else - a plaintext client, which sends nothing
+and waits for the server's challenge - gets one ``ErrorReply`` frame saying the port
+requires TLS, and is closed. (A listener made by ``create_server`` reads the first bytes
+itself; once read they cannot be handed to TLS.) The contexts, certificates and failure
+messages are ``tls.py``'s.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import socket
 import ssl
 from collections.abc import Callable
 
-from shardex.errors import ConnectionClosed, ErrorCode, NodeUnavailable
+from shardex.errors import AuthFailed, ConnectionClosed, ErrorCode, NodeUnavailable
 from shardex.net.framing import HEADER, header
 from shardex.net.messages import Envelope, ErrorReply, Kind, encode_frame
 from shardex.net.tcp_comm import TcpComm, fmt_addr
@@ -41,73 +39,58 @@ from shardex.net.tls import (
     records,
     tls_failure,
 )
-from shardex.net.transport import DEFAULT_MAX_FRAME, Listener
+from shardex.net.transport import Listener
 
 log = logging.getLogger(__name__)
 
 # A TLS handshake (both ways) must complete within this; the RPC handshake has its own bound.
 _TLS_HANDSHAKE_TIMEOUT = 5.0
 _BACKLOG = 1024
-# The buffer decrypted bytes are read into (one TLS record is at most 16 KiB).
-_TLS_READ = 64 * 1024
 # Frames this small are encrypted with their header, as one record (``TcpComm._send``).
 _JOIN_BELOW = 64 * 1024
 # The most a TLS record's payload holds (TLS 1.3: 2^14 bytes).
 _TLS_RECORD = 16 * 1024
 
 
-class TlsComm(TcpComm, asyncio.BufferedProtocol):
-    """A ``TcpComm`` under the loop's TLS. As a buffered protocol it gets the decrypted bytes
-    read into a buffer of its own: as a plain one, uvloop's TLS would allocate a 256 KiB
-    ``bytes`` per read, most of a small request's TLS cost. It must not be an
-    ``asyncio.Protocol`` too: uvloop takes any ``asyncio.Protocol`` for a plain one, even
-    with ``get_buffer`` (hence no such base on ``TcpComm``)."""
+class TlsMemoryComm(TcpComm, asyncio.Protocol):
+    """A ``TcpComm`` with TLS run here, in memory, over the loop's plain transport, on
+    either side of a connection: the records received (``data_received``: the loop's
+    ``bytes`` of each read cost less than a ``get_buffer`` call and a view) are fed to the
+    TLS object, what each record decrypts to is cut into frames; a frame sent is encrypted
+    (header and body as one record) and its records go out in one transport write.
 
-    def __init__(
-        self,
-        max_frame: int = DEFAULT_MAX_FRAME,
-        on_connected: Callable[[TcpComm], None] | None = None,
-        presents_cert: bool = False,
-    ) -> None:
-        super().__init__(max_frame, on_connected, presents_cert)
-        self._rbuf = memoryview(bytearray(_TLS_READ))
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._rbuf
-
-    def buffer_updated(self, nbytes: int) -> None:
-        # ``data_received`` keeps nothing of what it is given without copying it (frames are
-        # cut into bytes, a partial one appended to the comm's buffer): the view may be
-        # reused by the next read.
-        self.data_received(self._rbuf[:nbytes])  # type: ignore[arg-type]
-
-
-class TlsServerComm(TcpComm, asyncio.Protocol):
-    """An accepted connection's ``TcpComm`` with TLS run here, in memory, over the loop's
-    plain transport: the records received (``data_received``: a node's requests are small,
-    and the loop's ``bytes`` of each read cost less than a ``get_buffer`` call and a view)
-    are fed to the TLS object, what each record decrypts to is cut into frames; a frame
-    sent is encrypted (header and body as one record) and its records go out in one
-    transport write.
-
-    The handshake runs as the client's records arrive; ``handshake`` gets its outcome,
-    and the comm is connected (``on_connected``) only once it succeeded."""
+    An accepted connection's comm (``server_hostname`` None) answers the client's
+    handshake as its records arrive; a dialled one (``server_hostname``: the name the
+    server's certificate must carry) sends its ClientHello once connected. ``handshake``
+    gets the outcome, and the comm is connected (``on_connected``, ``peer_node``) only once
+    it succeeded."""
 
     def __init__(
         self,
         max_frame: int,
-        on_connected: Callable[[TcpComm], None],
+        on_connected: Callable[[TcpComm], None] | None,
         ctx: ssl.SSLContext,
         handshake: asyncio.Future[None],
+        *,
+        server_hostname: str | None = None,
+        presents_cert: bool = False,
     ) -> None:
-        super().__init__(max_frame, on_connected)
+        super().__init__(max_frame, on_connected, presents_cert)
         self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self._tls = ctx.wrap_bio(self._tls_in, self._tls_out, server_side=True)
+        self._client = server_hostname is not None
+        self._tls = ctx.wrap_bio(
+            self._tls_in,
+            self._tls_out,
+            server_side=not self._client,
+            server_hostname=server_hostname,
+        )
         self._handshake: asyncio.Future[None] | None = handshake  # None once done
         self._records = self._tls  # ``tls.records`` of it once the handshake is done
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._attach(transport)  # connected when the handshake is done
+        if self._client:
+            self._shake()  # our ClientHello
 
     def data_received(self, data: bytes) -> None:
         tls_in = self._tls_in
@@ -163,9 +146,14 @@ class TlsServerComm(TcpComm, asyncio.Protocol):
 
     def _broken(self, exc: ssl.SSLError) -> None:
         """The session failed (a record that does not decrypt, an alert): the stream ends
-        as a lost connection does on the loop's TLS."""
+        as a lost connection does on the loop's TLS. A server's alert before its first
+        frame, after we presented a certificate, is its refusal of that certificate (TLS
+        1.3 checks it after the client's side of the handshake)."""
+        refused = self._refused_cert() or tls_failure(self._peer, exc)
         self._ended(
-            ConnectionClosed(
+            refused
+            if isinstance(refused, AuthFailed)
+            else ConnectionClosed(
                 f"connection to {self._peer} lost: {exc}", details={"peer": self._peer}
             )
         )
@@ -218,7 +206,7 @@ class TlsServerComm(TcpComm, asyncio.Protocol):
 
 class TlsListener(Listener):
     """Accepts connections itself, sniffs each one's first byte, serves TLS clients with a
-    ``TlsServerComm`` (handed to ``on_connected`` once its handshake is done) and refuses
+    ``TlsMemoryComm`` (handed to ``on_connected`` once its handshake is done) and refuses
     plaintext ones with a frame they can read."""
 
     def __init__(
@@ -277,7 +265,7 @@ class TlsListener(Listener):
         transport: asyncio.BaseTransport | None = None
         try:
             transport, _ = await self._loop.connect_accepted_socket(
-                lambda: TlsServerComm(self._max_frame, self._on_connected, self._ctx, handshake),
+                lambda: TlsMemoryComm(self._max_frame, self._on_connected, self._ctx, handshake),
                 sock,
             )
             await asyncio.wait_for(handshake, _TLS_HANDSHAKE_TIMEOUT)
@@ -354,4 +342,4 @@ async def bind_socket(
     return sock
 
 
-__all__ = ["TlsComm", "TlsListener", "bind_socket"]
+__all__ = ["TlsListener", "TlsMemoryComm", "bind_socket"]

@@ -68,11 +68,21 @@ from shardex.api.scan import (
     IndexScan,
     IndexScanStarted,
     ScanSlices,
-    SlicesOpened,
-    packed_ts,
 )
-from shardex.api.scan_streams import Inboxes, LocalStream, OutStream, OutStreams, Source, cancel_all
-from shardex.api.spans import eliminate, encode_spans, from_wire_spans, to_wire_spans
+from shardex.api.scan_streams import (
+    Inboxes,
+    OutStream,
+    OutStreams,
+    Source,
+    cancel_all,
+)
+from shardex.api.spans import (
+    decode_user_spans,
+    eliminate_decoded,
+    encode_decoded,
+    from_wire_spans,
+    to_wire_spans,
+)
 from shardex.core.spans import spans_after
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
@@ -89,11 +99,12 @@ from shardex.net.transport import Transport
 from shardex.runtime.latency import Latencies
 from shardex.scan.at_plus import on_current_branches
 from shardex.scan.cluster_view import ClusterView
-from shardex.scan.failover import FAILOVER, Reopen, Resumable, failed_node, placement
+from shardex.scan.failover import Reopen, Resumable, failed_node, placement
 from shardex.scan.merge import interleave, merge_heads, merge_ordered, pushdown_limit, window
 from shardex.scan.request_plus import SeqnoRide, Speculation
 from shardex.scan.scan_checks import check_request, check_servable
 from shardex.scan.scan_ts import oldest_common, oldest_packed
+from shardex.scan.slice_opens import Opened, PackedTs, SliceOpens
 from shardex.scan.topology_retry import on_fresh_topology
 
 if TYPE_CHECKING:
@@ -104,7 +115,6 @@ __all__ = ["ScanCoordinator", "oldest_common"]
 log = logging.getLogger(__name__)
 
 OPEN_ATTEMPTS: Final = 3
-RPC_MARGIN: Final = 10.0  # beyond the scan's own wait timeout
 BLOCK_ROWS: Final = 1000  # entries per block to the client
 # Entries per block from the indexers: each block costs a fixed part on both ends (a read
 # in the indexer's scan pool, a frame, a credit, the stream's wake-ups) that a large scan
@@ -113,10 +123,6 @@ BLOCK_ROWS: Final = 1000  # entries per block to the client
 # in flight (decisions/0137).
 SLICE_BLOCK_ROWS: Final = 4000
 SLICE_CREDIT: Final = 2
-
-# A stability TS as the coordinator holds it: encoded (``Timestamp.packed``, canonical, so
-# equal bytes are equal TSs), None for the tips (``scan_ts``).
-PackedTs = bytes | None
 
 
 class ScanCoordinator:
@@ -199,11 +205,12 @@ class ScanCoordinator:
         check_request(msg)
         rec, topo = await self.resolve(msg.keyspace, msg.index)
         defn = rec.definition
-        spans = to_wire_spans(encode_spans(msg.spans, defn))
+        decoded = decode_user_spans(msg.spans, defn)  # once, for both uses
+        spans = to_wire_spans(encode_decoded(decoded, defn))
         # One deadline for the whole open, retries included: every indexer request gets the
         # time that is left, so no retry can make the scan outlive its own timeout.
         deadline = asyncio.get_running_loop().time() + msg.timeout
-        partitions = eliminate(msg.spans, defn)
+        partitions = eliminate_decoded(decoded, defn)
         by_node = placement(msg.index, topo, partitions)
         if msg.limit == 0:
             by_node = {}  # nothing to read; still resolved and validated above
@@ -413,15 +420,9 @@ class ScanCoordinator:
         pinned: Timestamp | None,
         deadline: float,
         ride: SeqnoRide | None = None,
-    ) -> list[tuple[str, PackedTs, Source]]:
-        """``ScanSlices`` to every node in parallel: (node, the TS it read - encoded, as the
-        reply carried it or as the local slices' snapshot caches it -, its stream).
-        The first failure cancels the other opens (a late reply would leave its stream
-        waiting for credit on the indexer). With ``ride``, the nodes of its plan read their
-        high seqnos too, into ``ride.got``."""
-        sources: list[Source] = []
-        snapshot_ts = None if pinned is None else dict(pinned.to_wire())
-        wait_for = None if pinned is not None else base.wait_for
+    ) -> list[Opened]:
+        """``ScanSlices`` to every node in parallel (``slice_opens.py``): (node, the TS it
+        read, encoded; its stream)."""
         left = deadline - asyncio.get_running_loop().time()
         if left <= 0:
             raise ShardexError(
@@ -430,78 +431,17 @@ class ScanCoordinator:
                 code=ErrorCode.SCAN_TIMEOUT,
                 details={"index": base.index_id, "timeout": base.timeout},
             )
-        base = _replace(base, timeout=left)
-        # The local read runs on this loop without yielding (a 100-row scan: a millisecond or
-        # two): it first lets the other nodes' opens (tasks) send, so their round trips
-        # overlap it. A request_plus scan's high-seqno requests are already out (sent
-        # without a task). A lone local read waits for nothing.
-        yields = 1 if len(by_node) > 1 else 0
-
-        async def open_one(node: str, parts: list[int]) -> tuple[str, PackedTs, Source]:
-            src: Source
-            if node == self.name and self.local_index is not None:
-                for _ in range(yields):
-                    await asyncio.sleep(0)
-                req = _replace(base, partitions=parts, snapshot_ts=snapshot_ts, wait_for=wait_for)
-                # ``timeout`` rather than ``wait_for``: no task per scan for the bound.
-                async with asyncio.timeout(left + RPC_MARGIN):
-                    reply, rest, local_ts = await self.local_index.open_local(req)
-                src = LocalStream(reply.entries, rest)
-                sources.append(src)
-                if ride is not None:
-                    ride.snapshot = local_ts  # checked against the seqnos without decoding
-                # The snapshot's own TS object, its encoding cached on it: no wire round
-                # trip, and encoded once per snapshot rather than per scan.
-                return node, None if local_ts is None else local_ts.packed(), src
-            else:
-                stream = self.inboxes.open()
-                sources.append(stream)
-                src = stream
-                seqnos_of = ride.plan.get(node) if ride is not None else None
-                req = _replace(
-                    base,
-                    scan_id=stream.scan_id,
-                    partitions=parts,
-                    snapshot_ts=snapshot_ts,
-                    wait_for=wait_for,
-                    seqnos_keyspace=ride.keyspace if seqnos_of else "",
-                    seqnos_of=seqnos_of or [],
-                )
-                try:
-                    conn = await self.pool.get(self.view.address(node))
-                    stream.attach(conn)
-                    reply = await conn.request(req, base.timeout + RPC_MARGIN, expect=SlicesOpened)
-                except ShardexError as exc:
-                    if exc.code in FAILOVER:
-                        exc.details.setdefault("indexer", node)  # another copy may stand in
-                    raise
-                stream.put_head(reply.entries, reply.done)
-                if ride is not None and reply.high_seqnos:
-                    ride.got.update(reply.high_seqnos)
-                src = Resumable(node, parts, stream, base.limit)  # armed once streaming
-            return node, packed_ts(reply.ts), src  # kept encoded (``scan_ts``)
-
-        if len(by_node) == 1:  # one node (a single-slice scan): no task to run it in
-            [(node, parts)] = by_node.items()
-            try:
-                return [await open_one(node, parts)]
-            except BaseException:
-                await cancel_all(sources)
-                raise
-        tasks = [asyncio.ensure_future(open_one(n, ps)) for n, ps in by_node.items()]
-        try:
-            if tasks:
-                await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for t in tasks:
-                if t.done() and not t.cancelled() and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
-            return [t.result() for t in tasks]
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await cancel_all(sources)
-            raise
+        opens = SliceOpens(
+            name=self.name,
+            local_index=self.local_index,
+            inboxes=self.inboxes,
+            pool=self.pool,
+            view=self.view,
+            base=_replace(base, timeout=left),
+            snapshot_ts=None if pinned is None else dict(pinned.to_wire()),
+            ride=ride,
+        )
+        return await opens.run(by_node)
 
     def _reopener(self, msg: IndexScan, base: ScanSlices, ts: bytes, topo: Topology) -> Reopen:
         """What re-opens a failed indexer's partitions on other copies mid-stream

@@ -132,36 +132,41 @@ def test_the_ca_is_a_file_or_pem_text(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"]
 )
-def test_tls_reads_go_into_the_client_comms_buffer(
+def test_both_ends_run_tls_in_memory_over_plain_transports(
     pki: dict[str, TlsConfig], loop_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both loops' TLS hand decrypted bytes to a client's TLS comm through ``get_buffer``
-    (uvloop takes any ``asyncio.Protocol`` for a plain one and would allocate a 256 KiB
-    ``bytes`` per read instead). The server's comm decrypts in memory itself
-    (``tests/unit/net/test_tls_server_comm.py``)."""
+    """Neither end uses the loop's TLS: the dialling comm runs it in memory as the accepted
+    one does (``TlsMemoryComm``), over a plain transport, on both loops; a frame of many
+    records (50 KB) and its reply cross whole, and the client's records are decrypted by
+    its comm, not the loop."""
     from shardex.net import tcp_tls
 
-    buffers: list[int] = []
-    get_buffer = tcp_tls.TlsComm.get_buffer
+    decrypted: list[int] = []
+    received = tcp_tls.TlsMemoryComm.data_received
 
-    def counted(self: Any, sizehint: int) -> memoryview:
-        buffers.append(sizehint)
-        return get_buffer(self, sizehint)
+    def counted(self: Any, data: bytes) -> None:
+        decrypted.append(len(data))
+        received(self, data)
 
-    monkeypatch.setattr(tcp_tls.TlsComm, "get_buffer", counted)
+    monkeypatch.setattr(tcp_tls.TlsMemoryComm, "data_received", counted)
 
     async def go() -> None:
-        server, address, _ = await _server(pki["n1"])
+        server, address, comms = await _server(pki["n1"])
         try:
-            conn = await _echo(pki["user"], address, "x" * 50_000)
+            conn = await _echo(pki["n2"], address, "x" * 50_000)
+            for comm in (conn._comm, comms[0]):
+                assert isinstance(comm, tcp_tls.TlsMemoryComm)
+                assert comm._transport is not None
+                assert comm._transport.get_extra_info("sslcontext") is None
+            assert conn._comm.peer_node == "n1" and comms[0].peer_node == "n2"
             await conn.close()
         finally:
             await server.stop()
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(go())
-    # The handshake's frames and a 50 KB reply, through the client comm's buffer.
-    assert len(buffers) >= 3
+    # Both ends' handshake records and the 50 KB request and reply.
+    assert sum(decrypted) > 2 * 50_000
 
 
 async def test_plaintext_comm_has_no_peer_node() -> None:

@@ -7,6 +7,9 @@
   results and errors as over the network;
 * scan stability in one round: when the nodes' newest snapshots differ, the oldest is pinned
   and only the nodes that read another one are asked again;
+* a coordinator sends the opens over live connections without a task per node;
+* an indexer answers a ``ScanSlices`` that needs no wait in the receive callback (no task),
+  one that waits in a task;
 * an indexer reads on its event loop only when no slice lock is held; otherwise it waits in
   its scan pool and the loop keeps serving;
 * the client sends its next scans of an index to the node holding most of its slices.
@@ -29,9 +32,10 @@ from shardex.client import connect
 from shardex.client.scan import _EntryRows
 from shardex.core.keycodec import decode_entry, encode_entry
 from shardex.errors import ErrorCode, ShardexError
-from shardex.index.scan_server import INLINE_ROWS
+from shardex.index.scan_server import INLINE_ROWS, IndexScanServer
+from shardex.scan.slice_opens import SliceOpens
 from shardex.testing.index import random_workload
-from tests.integration.scan_env import KS, NODES, SECRET, Env, as_rows, oracle_rows
+from tests.integration.scan_env import KS, NODES, SECRET, Env, _until, as_rows, oracle_rows
 
 CITIES = ("lima", "oslo", "paris", "rome")
 
@@ -143,13 +147,13 @@ async def test_stability_pins_the_oldest_snapshot_when_nodes_differ(env: Env) ->
     opened: list[tuple[str, Any]] = []
     for name in NODES:
         server = env.nodes[name].scan_server
-        real = server._open
+        real = server._arrival  # once per open, answered at once or after a wait
 
-        async def spy(msg: ScanSlices, real: Any = real, name: str = name) -> Any:
+        def spy(msg: ScanSlices, real: Any = real, name: str = name) -> Any:
             opened.append((name, msg.snapshot_ts))
-            return await real(msg)
+            return real(msg)
 
-        server._open = spy  # type: ignore[method-assign]
+        server._arrival = spy  # type: ignore[method-assign]
     assert env.client is not None
     client = env.client
     res = await asyncio.to_thread(client.scan, KS, "by_name", None, stability="scan")
@@ -166,6 +170,85 @@ async def test_stability_pins_the_oldest_snapshot_when_nodes_differ(env: Env) ->
     rows = await asyncio.to_thread(list, res)
     assert res.ts == new and len(opened) == 2
     assert as_rows(rows) == oracle_rows(env.defs["by_name"], env.ks.documents_at(new), None)
+
+
+async def test_an_open_that_needs_no_wait_is_answered_in_the_receive_callback(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(16)
+    ts = await env.round(rng, 150)
+    in_task: list[bool] = []
+    waited: list[list[int]] = []
+    real_now, real_wait = IndexScanServer._open_now, IndexScanServer._scan_waiting
+
+    def now_spy(self: IndexScanServer, msg: ScanSlices, **kw: Any) -> Any:
+        in_task.append(asyncio.current_task() is not None)
+        return real_now(self, msg, **kw)
+
+    async def wait_spy(self: IndexScanServer, msg: ScanSlices, conn: Any) -> Any:
+        waited.append(msg.partitions)
+        return await real_wait(self, msg, conn)
+
+    monkeypatch.setattr(IndexScanServer, "_open_now", now_spy)
+    monkeypatch.setattr(IndexScanServer, "_scan_waiting", wait_spy)
+    want = oracle_rows(env.defs["by_name"], env.ks.documents_at(ts), None)
+    assert as_rows(await env.scan("by_name", consistency="at_plus", at=ts)) == want
+    assert as_rows(await env.scan("by_name", limit=7)) == want[:7]
+    # Every slice opened in the receive callback, outside any task, none waited.
+    assert in_task and not any(in_task)
+    assert waited == []
+    # A TS the slices do not cover yet: the open waits, in a task, for the delivery.
+    random_workload(env.ks, rng, 60)
+    new = env.ks.ts()
+    scan = asyncio.ensure_future(env.scan("by_name", consistency="at_plus", at=new))
+    await _until(lambda: len(waited) == len(NODES))
+    assert not scan.done()
+    await env.deliver(new)
+    await env.stabilise(new)
+    assert as_rows(await scan) == oracle_rows(env.defs["by_name"], env.ks.documents_at(new), None)
+
+
+async def test_opens_over_live_connections_go_out_without_a_task_per_node(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for node in env.nodes.values():
+        node.coord.local_index = node.scan_server
+    ts = await env.round(random.Random(17), 200)
+    ways: list[str] = []
+    real_sent, real_tasks = SliceOpens._sent, SliceOpens._in_tasks
+
+    async def sent_spy(self: SliceOpens, *args: Any) -> Any:
+        ways.append("sent")
+        return await real_sent(self, *args)
+
+    async def tasks_spy(self: SliceOpens, *args: Any) -> Any:
+        ways.append("tasks")
+        return await real_tasks(self, *args)
+
+    monkeypatch.setattr(SliceOpens, "_sent", sent_spy)
+    monkeypatch.setattr(SliceOpens, "_in_tasks", tasks_spy)
+    want = oracle_rows(env.defs["by_name"], env.ks.documents_at(ts), None)
+    for _ in range(3):
+        assert as_rows(await env.scan("by_name", consistency="at_plus", at=ts)) == want
+        assert as_rows(await env.scan("by_name", limit=9, offset=2)) == want[2:11]
+    # by_name has slices on both nodes: once connected, no open runs in a task of its own.
+    assert ways[-4:] == ["sent"] * 4
+    # The other node's failure is the scan's error, and no stream is left open.
+    real_now = IndexScanServer._open_now
+    n2 = env.nodes["n2"].scan_server
+
+    def failing(self: IndexScanServer, msg: ScanSlices, **kw: Any) -> Any:
+        if self is n2:
+            raise ShardexError("slices not ready", code=ErrorCode.INDEX_NOT_READY)
+        return real_now(self, msg, **kw)
+
+    monkeypatch.setattr(IndexScanServer, "_open_now", failing)
+    with pytest.raises(ShardexError) as info:
+        await env.scan("by_name", consistency="at_plus", at=ts)
+    assert info.value.code is ErrorCode.INDEX_NOT_READY
+    assert ways[-1] == "sent"
+    for node in env.nodes.values():
+        assert node.streams.open_streams == 0
 
 
 async def test_a_held_slice_lock_sends_the_read_to_the_pool_not_the_loop(env: Env) -> None:

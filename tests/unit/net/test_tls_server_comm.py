@@ -1,4 +1,4 @@
-"""``TlsServerComm``: the node side of a TLS connection, run in memory over a plain
+"""``TlsMemoryComm``: the node side of a TLS connection, run in memory over a plain
 transport. Driven here byte by byte from a client ``ssl.SSLObject`` through a recording
 transport, so every way records can be cut by the network is exercised the same way each
 run: the handshake and records split across reads, several records in one read, frames
@@ -18,7 +18,7 @@ from shardex.errors import ConnectionClosed
 from shardex.net.certs import make_ca, make_node_cert
 from shardex.net.framing import header
 from shardex.net.tcp_comm import TcpComm
-from shardex.net.tcp_tls import TlsServerComm
+from shardex.net.tcp_tls import TlsMemoryComm
 from shardex.net.tls import TlsConfig
 
 
@@ -76,7 +76,7 @@ class Pair:
     def __init__(self, server: TlsConfig, client: TlsConfig) -> None:
         self.connected: list[TcpComm] = []
         self.handshake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.comm = TlsServerComm(
+        self.comm = TlsMemoryComm(
             1 << 20, self.connected.append, server.server_context(), self.handshake
         )
         self.wire = Wire()

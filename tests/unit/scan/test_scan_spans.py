@@ -8,6 +8,7 @@ import pytest
 
 from shardex.api.spans import (
     decode_user_span,
+    decode_user_spans,
     eliminate,
     eliminate_decoded,
     encode_decoded,
@@ -137,9 +138,14 @@ PLAIN_PARTS = [None, True, False, 0, -7, 2**70, "", "ann", 'é\u2028"\\x', "\ud8
 
 
 def _checked(spans, defn):  # type: ignore[no-untyped-def]
-    """The spans decoded the checked way (through the JSON text of the wire form)."""
+    """The spans decoded the checked way (through the JSON text of the wire form), span by
+    span; ``decode_user_spans`` (a scan's one decode) gives the same."""
     n = len(defn.keys)
-    return [(*decode_user_span(s, i, n), s.inclusion) for i, s in enumerate(to_user_spans(spans))]
+    one_by_one = [
+        (*decode_user_span(s, i, n), s.inclusion) for i, s in enumerate(to_user_spans(spans))
+    ]
+    assert decode_user_spans(to_user_spans(spans), defn) == one_by_one
+    return one_by_one
 
 
 @pytest.mark.parametrize("seed", range(20))

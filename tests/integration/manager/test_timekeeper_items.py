@@ -22,13 +22,13 @@ from shardex.manager.index_items import ItemsRecorder, drifted
 from shardex.manager.timekeeper import Timekeeper
 from shardex.meta.index_state import ACTIVE, BUILDING
 from shardex.meta.state import StateContext
-from shardex.net import ConnectionPool, RpcServer, TcpTransport
+from shardex.net import ConnectionPool, RpcServer
 from tests.integration.manager.test_timekeeper import (
-    SECRET,
     FakeIndexer,
     FakeMembership,
     FakeSlice,
     index,
+    serve_timekeeper,
     state_of,
     ts,
 )
@@ -93,27 +93,12 @@ async def world() -> AsyncIterator[World]:
     indexer.slices = {("a", 0): FakeSlice(items=60), ("a", 1): FakeSlice(items=40)}
     indexer.slices[("b", 0)] = FakeSlice(items=7)
     coordinator = MasterCoordinator(state)
-    membership = FakeMembership({"n1": indexer})
+    indexers = {"n1": indexer}
     now = [0.0]
-    tk = Timekeeper(
-        transport=TcpTransport(),
-        secret=SECRET,
-        name="m1",
-        coordinator=lambda: coordinator,
-        membership=lambda: membership,
-        items=ItemsRecorder(lambda: coordinator, interval=30.0, clock=lambda: now[0]),
-    )
-    server = RpcServer(TcpTransport(), SECRET, name="m1")
-    tk.install(server)
-    await server.start("127.0.0.1:0")
-    client = ConnectionPool(TcpTransport(), SECRET, name="driver")
-    try:
+    recorder = ItemsRecorder(lambda: coordinator, interval=30.0, clock=lambda: now[0])
+    served = serve_timekeeper(coordinator, FakeMembership(indexers), indexers, items=recorder)
+    async with served as (tk, server, client):
         yield World(tk, server, client, indexer, coordinator, now)
-    finally:
-        await client.close()
-        await tk.stop()
-        await server.stop()
-        await indexer.server.stop()
 
 
 async def test_items_count_follows_inserts_and_deletes_after_the_build(world: World) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "IndexesBuilding",
     "MarkIndexActive",
     "MarkIndexError",
+    "RecordIndexItems",
 ]
 
 
@@ -108,6 +109,16 @@ class MarkIndexActive(Message, tag="manager.MarkIndexActive"):
     build_ts: dict[int, tuple[int, int]]
     items_count: int = 0
     stability_ts: dict[int, tuple[int, int]] | None = None
+    request_id: str | None = None
+
+
+class RecordIndexItems(Message, tag="manager.RecordIndexItems"):
+    """The timekeeper -> the master: an ACTIVE index's entries over all slices have moved
+    away from ``IndexRecord.items_count`` (``manager/index_items.py``); record
+    ``items_count``. A no-op (nothing committed) for another state or the same count."""
+
+    index_id: str
+    items_count: int
     request_id: str | None = None
 
 

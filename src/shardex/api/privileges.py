@@ -259,7 +259,7 @@ INTERNAL_MESSAGES: frozenset[str] = frozenset(
     manager.IndexDropped manager.IndexUpdated manager.IndexesBuilding
     manager.KeyspaceCreated manager.KeyspaceDropped manager.KeyspaceList
     manager.KeyspaceReplicasSet manager.MarkIndexActive manager.MarkIndexError
-    manager.RebalanceReply manager.Recovered manager.StabilityAdvanced
+    manager.RebalanceReply manager.RecordIndexItems manager.Recovered manager.StabilityAdvanced
     manager.StabilityReply manager.UserInfo manager.UserList
     scan.IndexScanStarted scan.LeaseSnapshots scan.PageScanReply scan.ScanBlock
     scan.ScanEnd scan.ScanSlices scan.ShardBatch scan.ShardBatchResult scan.SlicesOpened

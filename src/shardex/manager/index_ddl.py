@@ -39,6 +39,8 @@ next one starts over.
 
 The load phase belongs to the index pipeline: it calls ``IndexBuildProgress`` while
 building, then ``MarkIndexActive`` (BUILDING -> ACTIVE) or ``MarkIndexError`` (-> ERROR).
+Afterwards the timekeeper keeps an ACTIVE index's ``items_count`` current with
+``RecordIndexItems`` (``index_items.py``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from shardex.api.index_ddl import (
     IndexUpdated,
     MarkIndexActive,
     MarkIndexError,
+    RecordIndexItems,
 )
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
@@ -162,6 +165,7 @@ class IndexDDL:
         c.register_op(IndexBuildProgress, self.build_progress)
         c.register_op(MarkIndexActive, self.mark_active)
         c.register_op(MarkIndexError, self.mark_error)
+        c.register_op(RecordIndexItems, self.record_items)
         c.register_op(DropIndexCopies, drop_index_copies)
         c.register_recovery(self.recover)
         c.on_change(self._on_apply)
@@ -425,6 +429,22 @@ class IndexDDL:
             progress=1.0,
             error="",
         )
+        reply = IndexUpdated(index=new)
+        await ctx.commit(with_record(ctx.state, new), reply=reply)
+        return reply
+
+    async def record_items(self, msg: RecordIndexItems, ctx: Any) -> IndexUpdated:
+        """An ACTIVE index's entries as the stability rounds see them (``index_items.py``);
+        nothing is committed for another state (the build writes them) or the same count."""
+        rec = self._record(ctx, msg.index_id)
+        if msg.items_count < 0:
+            raise BadRequest(
+                f"items_count must be >= 0, not {msg.items_count}",
+                details={"index_id": msg.index_id, "items_count": msg.items_count},
+            )
+        if rec.state != ACTIVE or rec.items_count == msg.items_count:
+            return IndexUpdated(index=rec)
+        new = msgspec.structs.replace(rec, items_count=msg.items_count)
         reply = IndexUpdated(index=new)
         await ctx.commit(with_record(ctx.state, new), reply=reply)
         return reply

@@ -34,8 +34,10 @@ timekeeper:
     could land in the wrong order and move it back.
 
 This runs every micro-batch (a few times a second): it reads the local replica's state and
-commits nothing. Requests for one keyspace are serialised (a later batch never overtakes an
-earlier one's publication); keyspaces proceed independently.
+commits nothing, but for the copies left behind (above) and, at a low rate, an index's
+entries when they moved away from the recorded ``items_count`` (``index_items.py``, in the
+background after the reply). Requests for one keyspace are serialised (a later batch never
+overtakes an earlier one's publication); keyspaces proceed independently.
 
 The held stability TSs live in the memory of the node that ran the requests: the pipeline
 must keep talking to the same manager node, and after a restart the held map starts empty
@@ -70,6 +72,7 @@ from shardex.core.tally import Tally
 from shardex.core.timestamp import Timestamp
 from shardex.core.topology import Topology
 from shardex.errors import ErrorCode, NodeUnavailable, ShardexError
+from shardex.manager.index_items import ItemsRecorder
 from shardex.meta.index_state import INIT, LIVE_STATES, latest_index_topology
 from shardex.meta.member_list import UP
 from shardex.meta.state import StateContext
@@ -246,8 +249,11 @@ class Timekeeper:
         membership: Callable[[], Any | None],
         stabilise_timeout: float = STABILISE_TIMEOUT,
         publish_timeout: float = PUBLISH_TIMEOUT,
+        items: ItemsRecorder | None = None,
     ) -> None:
         self.name = name
+        # keeps the indexes' recorded entries (their slice weights) current in the state
+        self.items = items or ItemsRecorder(coordinator)
         self._coordinator = coordinator
         self._membership = membership
         self.stabilise_timeout = stabilise_timeout
@@ -273,6 +279,7 @@ class Timekeeper:
             task.cancel()
         await asyncio.gather(*senders, return_exceptions=True)
         self._outbox.clear()
+        await self.items.stop()
         await self.pool.close()
 
     async def drain_publishes(self) -> None:
@@ -313,7 +320,8 @@ class Timekeeper:
         started = loop.time()
         ts = Timestamp.from_wire(msg.ts)  # BAD_REQUEST for a negative seqno
         wire = ts.to_wire()
-        plan = plan_stabilise(self._state(), msg.keyspace, msg.index_ids, msg.moving)
+        state = self._state()
+        plan = plan_stabilise(state, msg.keyspace, msg.index_ids, msg.moving)
         if msg.stabilised is not None:
             # The pipeline's DeliverAndStabilise did steps 13-15: the replies it brings are
             # checked like our own (a node of the plan that did not answer keeps its indexes
@@ -334,6 +342,7 @@ class Timekeeper:
                 if before is None or not before.covers(ts):
                     held[index_id] = ts
             self._queue_publishes(msg.keyspace, plan, ready, wire)
+            self.items.observe(state, ready)
         log.debug(
             "timekeeper %s: %s batch %d: stabilise on %d node(s) %.1f ms, check %.1f ms; "
             "published %d, skipped %d",

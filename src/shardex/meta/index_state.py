@@ -74,7 +74,8 @@ class IndexRecord(msgspec.Struct, frozen=True, kw_only=True):
     it; a master that finishes the work after a failover records the reply under them, so
     the client's retry gets the answer instead of a second CREATE (or INDEX_NOT_FOUND).
     ``build_ts``, ``stability_ts``, ``items_count``, ``progress`` are written by the index
-    pipeline through ``IndexBuildProgress`` / ``MarkIndexActive``; timestamps in
+    pipeline through ``IndexBuildProgress`` / ``MarkIndexActive``, and an ACTIVE index's
+    ``items_count`` by the timekeeper through ``RecordIndexItems``; timestamps in
     wire form (data partition -> (seqno, partition uuid)).
     """
 

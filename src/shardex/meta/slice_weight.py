@@ -11,9 +11,10 @@ The weight of an index, in integer units (exact sums, so every master plans the 
 from the same state), is ``UNIT`` for an index nothing is known about, ``ARRAY_FACTOR`` times
 that for an array index (one entry per element: more bytes and entries per document). Where
 the cluster has measured an index (``IndexRecord.items_count``: entries over all its slices,
-written by the index pipeline), the measured indexes share ``UNIT`` per index among them in
-proportion to their entries: a measured index twice the average weighs ``2 * UNIT``, and an
-unmeasured one is taken for an average one. A slice's weight is its index's weight divided by
+written by the build, then by the timekeeper as it drifts: ``manager/index_items.py``), the
+measured indexes share ``UNIT`` per index among them in proportion to their entries: a
+measured index twice the average weighs ``2 * UNIT``, and an unmeasured one is taken for an
+average one. A slice's weight is its index's weight divided by
 the index's partition count (at least 1); every copy of a partition (replicas too) weighs the
 same, since each applies every key version of it.
 """

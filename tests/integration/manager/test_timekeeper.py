@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,6 +231,16 @@ async def world() -> AsyncIterator[World]:
             indexers[node].slices[(rec.id, p)] = FakeSlice(items=10 * (p + 1))
     coordinator = FakeCoordinator(state_of(*recs))
     membership = FakeMembership(indexers)
+    async with serve_timekeeper(coordinator, membership, indexers) as (tk, server, client):
+        yield World(tk, server, client, indexers, membership, coordinator)
+
+
+@asynccontextmanager
+async def serve_timekeeper(
+    coordinator: Any, membership: FakeMembership, indexers: dict[str, FakeIndexer], **kw: Any
+) -> AsyncIterator[tuple[Timekeeper, RpcServer, ConnectionPool]]:
+    """Timekeeper ``m1`` serving on a real server (``kw``: its further arguments), a client
+    for the driver; everything (the indexers too) stopped on the way out."""
     tk = Timekeeper(
         transport=TcpTransport(),
         secret=SECRET,
@@ -238,13 +249,14 @@ async def world() -> AsyncIterator[World]:
         membership=lambda: membership,
         stabilise_timeout=5,
         publish_timeout=5,
+        **kw,
     )
     server = RpcServer(TcpTransport(), SECRET, name="m1")
     tk.install(server)
     await server.start("127.0.0.1:0")
     client = ConnectionPool(TcpTransport(), SECRET, name="driver")
     try:
-        yield World(tk, server, client, indexers, membership, coordinator)
+        yield tk, server, client
     finally:
         await client.close()
         await tk.stop()

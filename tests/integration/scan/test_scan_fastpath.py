@@ -18,8 +18,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -36,6 +38,27 @@ from shardex.index.scan_server import INLINE_ROWS, IndexScanServer
 from shardex.scan.slice_opens import SliceOpens
 from shardex.testing.index import random_workload
 from tests.integration.scan_env import KS, NODES, SECRET, Env, _until, as_rows, oracle_rows
+
+
+@contextlib.asynccontextmanager
+async def _held_elsewhere(lock: contextlib.AbstractContextManager[Any]) -> AsyncIterator[None]:
+    """``lock`` held by another thread for the block's duration (taken before it starts)."""
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            locked.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        await asyncio.to_thread(locked.wait, 10)
+        yield
+    finally:
+        release.set()
+        await asyncio.to_thread(holder.join)
+
 
 CITIES = ("lima", "oslo", "paris", "rome")
 
@@ -255,17 +278,7 @@ async def test_a_held_slice_lock_sends_the_read_to_the_pool_not_the_loop(env: En
     ts = await env.round(random.Random(14), 100)
     server = env.nodes["n1"].scan_server
     held = server.host.engine.slice(env.defs["by_city"].id, 0)
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:  # a stabilise's fsync, say
-        with held.lock:
-            locked.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        await asyncio.to_thread(locked.wait, 10)
+    async with _held_elsewhere(held.lock):  # as by a stabilise's fsync
         scan = asyncio.ensure_future(env.scan("by_city", consistency="at_plus", at=ts))
         # The node's event loop keeps serving (a blocked loop would not answer this) ...
         for _ in range(3):
@@ -273,9 +286,6 @@ async def test_a_held_slice_lock_sends_the_read_to_the_pool_not_the_loop(env: En
             assert not scan.done()
         ping = await env.scan("by_name", limit=1)  # n1 coordinates; by_name needs no lock
         assert len(ping) == 1
-    finally:
-        release.set()
-        await asyncio.to_thread(holder.join)
     got = await scan  # ... and the scan completes once the lock is free
     assert as_rows(got) == oracle_rows(env.defs["by_city"], env.ks.documents_at(ts), None)
 
@@ -299,21 +309,8 @@ async def test_a_point_read_takes_few_entries_on_the_loop_and_leaves_more_to_rea
         assert server.read_local_now(defn.id, parts, enc, ts, len(want) + 5) == want
         assert server.read_local_now(defn.id, parts, enc, ts, len(want) - 1) is None
     held = server.host.engine.slice(defn.id, parts[0])
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with held.lock:
-            locked.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        await asyncio.to_thread(locked.wait, 10)
+    async with _held_elsewhere(held.lock):
         assert server.read_local_now(defn.id, parts, None, ts, 10_000) is None
-    finally:
-        release.set()
-        await asyncio.to_thread(holder.join)
 
 
 def test_rows_decode_each_distinct_key_once_and_own_their_key_lists() -> None:

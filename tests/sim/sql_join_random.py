@@ -116,8 +116,11 @@ async def scenario(sim: Simulation) -> dict[str, Any]:
         if action == "close":
             await result.aclose()
         elif action == "suspect":
-            h.directory.suspected.add((rng.choice(others), "m1"))
-            await asyncio.sleep(2 * SIM_CONFIG.check_interval)  # the member's watch ran
+            suspecting = rng.choice(others)
+            h.directory.suspected.add((suspecting, "m1"))
+            # the member's watch acted: it holds nothing of the initiator's any more
+            registry = h.services[suspecting].registry
+            await h.until(lambda: "m1" not in registry.held_for_others())
             h.gate("suspected").set()
 
     rows, error = await drain_disturbed(result, disturb)

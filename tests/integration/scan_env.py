@@ -45,6 +45,7 @@ from shardex.pipeline.project.router import IndexRoute, route
 from shardex.scan.coordinator import ScanCoordinator
 from shardex.scan.elastic_adapters_index import IndexScanMigrations
 from shardex.testing.index import FakeKeyspace, random_workload, workload_definitions
+from shardex.testing.procs import until
 
 SECRET = "s" * 32
 KS = "ks"
@@ -203,12 +204,8 @@ class Env:
 
 
 async def _until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Poll ``cond`` on the loop until it holds; fail the test past ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
+    """``testing.procs.until`` with this module's longer default bound."""
+    await until(cond, timeout)
 
 
 def oracle_rows(defn: IndexDefinition, docs: dict[str, Any], spans: Any) -> list[tuple[Any, str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import tempfile
@@ -39,3 +40,14 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what} not met within {timeout}s (last: {last!r})")
         time.sleep(interval)
+
+
+async def until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> None:
+    """``wait_for`` on the running loop: poll ``cond`` between the loop's other work until it
+    holds; fail the test past ``timeout`` seconds (never a fixed sleep)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() >= deadline:
+            raise AssertionError(f"{what} not met within {timeout}s")
+        await asyncio.sleep(0.002)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -24,6 +24,7 @@ from shardex.net.auth import client_handshake
 from shardex.net.messages import TAG_FIELD, Envelope, ErrorReply, Kind, decode_frame
 from shardex.net.tcp import TcpComm
 from shardex.net.transport import Comm
+from shardex.testing.procs import until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -69,13 +70,6 @@ class RpcAskBack(Message):
     """Makes the server send a request back over the same connection."""
 
     text: str
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait for ``cond`` with a bound (polls the loop; never a fixed sleep)."""
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.002)
 
 
 class World:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from shardex.node.http.quick import IDLE, QuickProtocol
+from shardex.testing.procs import until
 
 
 @dataclass
@@ -90,8 +91,7 @@ async def test_a_whole_request_is_handed_to_the_waiting_task_or_answered_and_nev
     quick, reader = served.protocol, served.reader
     assert quick is not None and reader is not None
     waiting = asyncio.ensure_future(quick.next_request(60))
-    await asyncio.sleep(0)
-    assert quick.between
+    await until(lambda: quick.between, what="the task waiting between requests")
     await client.send(b"answer me")
     # answered in the callback: written back, the task still waiting, its reader empty
     assert await client.reader.readexactly(len(b"answered:answer me")) == b"answered:answer me"
@@ -118,8 +118,7 @@ async def test_bytes_not_taken_reach_the_reader_in_order(
     assert [d for _, d in served.offered] == [b"part of a request"]
     # bytes the reader holds already: the next wait does not wait, nor offer what follows
     await client.send(b"one")
-    while len(reader._buffer) < 3:
-        await asyncio.sleep(0.01)
+    await until(lambda: len(reader._buffer) >= 3, what="the bytes in the reader")
     assert await quick.next_request(60) is None
     assert not quick.between
     assert await reader.readexactly(3) == b"one"
